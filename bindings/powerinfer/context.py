@@ -1,0 +1,130 @@
+"""Context: the KV cache and decode calls of one model (one or more sequences)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._ffi import PowerInferError, check, ffi, lib
+from .model import Model
+
+_KV_TYPES = {"f16": lib.PI_TYPE_F16, "f32": lib.PI_TYPE_F32}
+
+
+class Context:
+    """Decoding state over a Model.
+
+    decode() runs a whole batch (e.g. a prompt) in one C call; logits(i) reads the
+    logits of batch row i afterwards.
+    """
+
+    def __init__(self, model: Model, *, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
+                 n_threads: int | None = None, kv_type: str = "f16"):
+        if kv_type not in _KV_TYPES:
+            raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
+        if n_ctx <= 0:
+            n_ctx = model.hparams.n_ctx_train
+        self.model = model
+        params = ffi.new("pi_context_params *", lib.pi_context_default_params())
+        params.n_ctx = n_ctx
+        params.n_batch = min(n_batch, n_ctx) if n_batch > 0 else n_ctx
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads or 0
+        params.kv_type = _KV_TYPES[kv_type]
+        out = ffi.new("pi_context **")
+        check(lib.pi_context_create(model._ptr, params, out), "creating context")
+        self._ptr = ffi.gc(out[0], lib.pi_context_free)
+        self.n_ctx = params.n_ctx
+        self.n_batch = params.n_batch
+        self.n_seq_max = n_seq_max
+        self.n_threads = params.n_threads if params.n_threads > 0 else None
+        self._abort_handle = None
+
+    def decode(self, tokens, pos=None, seq_id=0, logits: str | np.ndarray = "last") -> None:
+        """Evaluate tokens in one step.
+
+        tokens: ints; pos: their positions (default: continue seq_id after its last cached position);
+        seq_id: int or per-token ints; logits: "last", "all", "none" or a boolean mask per token.
+        Batches longer than n_batch are split; logits rows stay numbered over the whole call.
+        """
+        tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n = len(tok)
+        if n == 0:
+            raise ValueError("decode: no tokens")
+        seq = np.broadcast_to(np.asarray(seq_id, dtype=np.int32), (n,)).copy()
+        if pos is None:
+            if np.any(seq != seq[0]):
+                raise ValueError("decode: give pos explicitly when tokens belong to several sequences")
+            start = self.seq_pos_max(int(seq[0])) + 1
+            pos = np.arange(start, start + n, dtype=np.int32)
+        pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        if len(pos) != n:
+            raise ValueError("decode: pos and tokens differ in length")
+        if isinstance(logits, str):
+            want = np.zeros(n, dtype=np.int8)
+            if logits == "all":
+                want[:] = 1
+            elif logits == "last":
+                want[-1] = 1
+            elif logits != "none":
+                raise ValueError(f"decode: logits must be 'last', 'all', 'none' or a mask, got {logits!r}")
+        else:
+            want = np.ascontiguousarray(logits, dtype=np.int8).reshape(-1)
+            if len(want) != n:
+                raise ValueError("decode: logits mask and tokens differ in length")
+        batch = ffi.new("pi_batch *")
+        rows: dict[int, np.ndarray] = {}
+        for s in range(0, n, self.n_batch):
+            e = min(n, s + self.n_batch)
+            batch.n_tokens = e - s
+            batch.token = ffi.from_buffer("int32_t[]", tok[s:e])
+            batch.pos = ffi.from_buffer("int32_t[]", pos[s:e])
+            batch.seq_id = ffi.from_buffer("int32_t[]", seq[s:e])
+            batch.logits = ffi.from_buffer("int8_t[]", want[s:e])
+            check(lib.pi_decode(self._ptr, batch), "decode")
+            for i in np.flatnonzero(want[s:e]):
+                rows[s + int(i)] = self._read_logits(int(i))
+        self._logits = rows
+
+    def _read_logits(self, i: int) -> np.ndarray:
+        p = lib.pi_get_logits(self._ptr, i)
+        if p == ffi.NULL:
+            raise PowerInferError(ffi.string(lib.pi_last_error()).decode())
+        return np.frombuffer(ffi.buffer(p, 4 * self.model.n_vocab), dtype=np.float32).copy()
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        """[n_vocab] float32 logits of row i of the last decode (-1: the last row that has them)."""
+        if not getattr(self, "_logits", None):
+            raise PowerInferError("no logits: the last decode asked for none")
+        if i < 0:
+            i = max(self._logits)
+        if i not in self._logits:
+            raise PowerInferError(f"no logits for batch row {i}")
+        return self._logits[i]
+
+    # ---- KV cache ----
+    def seq_pos_max(self, seq: int = 0) -> int:
+        if not 0 <= seq < self.n_seq_max:
+            raise ValueError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
+        return int(lib.pi_kv_seq_pos_max(self._ptr, seq))
+
+    def kv_seq_rm(self, seq: int = -1, p0: int = 0, p1: int = -1) -> None:
+        check(lib.pi_kv_seq_rm(self._ptr, seq, p0, p1), "kv_seq_rm")
+
+    def kv_seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        check(lib.pi_kv_seq_cp(self._ptr, src, dst, p0, p1), "kv_seq_cp")
+
+    def kv_clear(self) -> None:
+        lib.pi_kv_clear(self._ptr)
+
+    @property
+    def kv_used(self) -> int:
+        return int(lib.pi_kv_used_cells(self._ptr))
+
+    def set_abort_callback(self, fn) -> None:
+        """fn() -> bool, called between layers; True aborts the running decode."""
+        if fn is None:
+            lib.pi_set_abort_callback(self._ptr, ffi.NULL, ffi.NULL)
+            self._abort_handle = None
+            return
+        cb = ffi.callback("int32_t(void *)", lambda _: 1 if fn() else 0)
+        self._abort_handle = cb
+        lib.pi_set_abort_callback(self._ptr, cb, ffi.NULL)

@@ -1,0 +1,179 @@
+"""Model: a GGUF/PWRI file's hyper-parameters and weights handed to the C core, zero-copy."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ._ffi import PowerInferError, check, ffi, lib
+from .gguf_file import GGUFFile, ModelLoadError, open_gguf
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("powerinfer")
+
+_ARCHS = {"llama": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO}
+_ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU}
+ACTIVATION_KEY = "powerinfer.ffn_activation"
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_layer: int
+    n_rot: int
+    ffn_act: str
+    ffn_gate: str          # "par" (act(gate)*up), "sym" (act(gate)*act(up)), "seq" (act(up))
+    norm_eps: float
+    rope_freq_base: float
+    rope_freq_scale: float
+
+
+def _hparams_from_metadata(path, meta: dict) -> HParams:
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise ModelLoadError(f"{path}: missing general.architecture")
+    if arch not in _ARCHS:
+        raise ModelLoadError(f"{path}: unsupported architecture '{arch}' (supported: {', '.join(_ARCHS)})")
+
+    def get(key, default=None, required=False):
+        full = f"{arch}.{key}"
+        if full in meta:
+            return meta[full]
+        if required:
+            raise ModelLoadError(f"{path}: missing metadata key {full}")
+        return default
+
+    def as_int(key, value):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or int(value) != value:
+            raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value!r} is not an integer")
+        if not 0 < int(value) < 2**31:
+            raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value} is out of range")
+        return int(value)
+
+    n_embd = as_int("embedding_length", get("embedding_length", required=True))
+    n_head = as_int("attention.head_count", get("attention.head_count", required=True))
+    n_head_kv = as_int("attention.head_count_kv", get("attention.head_count_kv", n_head))
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelLoadError(f"{path}: missing tokenizer.ggml.tokens")
+    if n_embd % n_head:
+        raise ModelLoadError(f"{path}: embedding_length {n_embd} is not a multiple of head_count {n_head}")
+    head_dim = n_embd // n_head
+    n_rot = as_int("rope.dimension_count", get("rope.dimension_count", head_dim))
+
+    scaling = get("rope.scaling.type", "linear")
+    factor = get("rope.scaling.factor", get("rope.scale_linear", 1.0))
+    if scaling == "none":
+        factor = 1.0
+    elif scaling != "linear":
+        raise ModelLoadError(f"{path}: rope scaling type '{scaling}' is not supported yet (none, linear)")
+    if not factor or factor <= 0:
+        raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
+
+    act = meta.get(ACTIVATION_KEY, "relu" if arch == "bamboo" else "silu")
+    if act not in _ACTS:
+        raise ModelLoadError(f"{path}: unknown FFN activation '{act}' in {ACTIVATION_KEY}")
+    return HParams(
+        arch=arch, n_vocab=len(tokens),
+        n_ctx_train=as_int("context_length", get("context_length", required=True)),
+        n_embd=n_embd, n_ff=as_int("feed_forward_length", get("feed_forward_length", required=True)),
+        n_head=n_head, n_head_kv=n_head_kv,
+        n_layer=as_int("block_count", get("block_count", required=True)),
+        n_rot=n_rot, ffn_act=act, ffn_gate="sym" if arch == "bamboo" else "par",
+        norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_freq_base=float(get("rope.freq_base", 10000.0)),
+        rope_freq_scale=1.0 / float(factor),
+    )
+
+
+class Model:
+    """A loaded model. Weights stay in the memory-mapped file; nothing is copied.
+
+    >>> model = Model("models/tiny.gguf")
+    >>> model.tokenizer.encode("Hello")
+    """
+
+    def __init__(self, path: str | os.PathLike, *, dense: bool = False):
+        t0 = time.perf_counter()
+        self.file: GGUFFile = open_gguf(path)
+        self.path = self.file.path
+        self.metadata = self.file.metadata
+        self.hparams = _hparams_from_metadata(self.path, self.metadata)
+        if self.file.is_sparse:
+            missing = [n for n in ("blk.0.ffn_down_t.weight", "blk.0.fc1.weight") if n not in self.file.tensors]
+            if missing:
+                raise ModelLoadError(f"{self.path}: PowerInfer (PWRI) file without {', '.join(missing)}")
+            raise ModelLoadError(
+                f"{self.path}: PowerInfer sparse model (PWRI magic) recognised, but sparse inference is not "
+                "implemented in this version yet; use a dense GGUF file of the model")
+        try:
+            self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+        except ValueError as e:
+            raise ModelLoadError(f"{self.path}: {e}") from None
+        self._ptr = self._create_c_model()
+        self.load_time_s = time.perf_counter() - t0
+
+    def _create_c_model(self):
+        hp = self.hparams
+        tensors = self.file.tensors
+        n = len(tensors)
+        descs = ffi.new("pi_tensor_desc[]", max(n, 1))
+        self._names = [ffi.new("char[]", name.encode()) for name in tensors]   # keep alive with the model
+        for i, t in enumerate(tensors.values()):
+            d = descs[i]
+            d.name = self._names[i]
+            d.type = t.type
+            d.n_dims = len(t.ne)
+            if d.n_dims > 4:
+                raise ModelLoadError(f"{self.path}: tensor '{t.name}' has {d.n_dims} dims (at most 4)")
+            for j, v in enumerate(t.ne):
+                d.ne[j] = v
+            d.data = ffi.from_buffer(t.data) if t.data.nbytes else ffi.NULL
+            d.nbytes = t.data.nbytes
+        desc = ffi.new("pi_model_desc *")
+        p = desc.hparams
+        p.arch = _ARCHS[hp.arch]
+        p.n_vocab, p.n_ctx_train, p.n_embd, p.n_ff = hp.n_vocab, hp.n_ctx_train, hp.n_embd, hp.n_ff
+        p.n_head, p.n_head_kv, p.n_layer, p.n_rot = hp.n_head, hp.n_head_kv, hp.n_layer, hp.n_rot
+        p.ffn_act = _ACTS[hp.ffn_act]
+        p.ffn_gate = {"par": lib.PI_FFN_PAR, "sym": lib.PI_FFN_SYM, "seq": lib.PI_FFN_SEQ}[hp.ffn_gate]
+        p.norm_eps, p.rope_freq_base, p.rope_freq_scale = hp.norm_eps, hp.rope_freq_base, hp.rope_freq_scale
+        desc.n_tensors = n
+        desc.tensors = descs
+        out = ffi.new("pi_model **")
+        try:
+            check(lib.pi_model_create(desc, out))
+        except PowerInferError as e:
+            raise ModelLoadError(f"{self.path}: {e}") from None
+        return ffi.gc(out[0], lib.pi_model_free)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams.n_vocab
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.data.nbytes for t in self.file.tensors.values())
+
+    @property
+    def n_params(self) -> int:
+        n = 0
+        for t in self.file.tensors.values():
+            c = 1
+            for v in t.ne:
+                c *= v
+            n += c
+        return n
+
+    def describe(self) -> str:
+        hp = self.hparams
+        return (f"{self.path.name}: arch={hp.arch} n_vocab={hp.n_vocab} n_embd={hp.n_embd} n_layer={hp.n_layer} "
+                f"n_head={hp.n_head} n_head_kv={hp.n_head_kv} n_ff={hp.n_ff} act={hp.ffn_act} "
+                f"params={self.n_params / 1e6:.2f}M size={self.size_bytes / 2**20:.2f} MiB")

@@ -1,0 +1,479 @@
+"""SentencePiece-style ("llama") tokenizer built from GGUF metadata alone.
+
+Encoding reproduces ``sentencepiece``'s BPE model (the kind llama uses):
+
+1. Normalise: prepend a space (the "dummy prefix") and replace every
+   U+0020 space with U+2581 ``"▁"``.  No other normalisation is applied
+   (llama models use sentencepiece's ``identity`` rule).
+2. Split into characters; user-defined pieces found in the text (longest
+   match first) become single *frozen* symbols that never merge.
+3. Repeatedly merge the adjacent pair whose concatenation is a vocabulary
+   piece with the highest score (leftmost first on ties), using a heap.
+4. Emit the id of each final symbol; ``unused`` pieces are split back into
+   the pieces they were merged from.  A character with no piece becomes the
+   byte tokens ``<0xXX>`` of its UTF-8 bytes when the vocabulary has byte
+   tokens, else the unknown token.
+
+Control tokens (``<s>``, ``</s>``, ...) never come out of plain text; with
+``parse_special=True`` their text in the input maps to their ids, and the
+text between them is encoded as separate fragments, each with its own dummy
+prefix (llama.cpp's behaviour).
+
+Decoding reassembles byte tokens into UTF-8, maps ``"▁"`` back to spaces and
+drops the dummy-prefix space from the first piece, as ``sentencepiece``'s
+``decode`` does.  Invalid UTF-8 is replaced with U+FFFD using Python's
+``errors="replace"`` rules.
+"""
+
+from __future__ import annotations
+
+import codecs
+import heapq
+import re
+from typing import Iterable
+
+__all__ = ["Tokenizer", "StreamDecoder"]
+
+# tokenizer.ggml.token_type values
+TOKEN_UNDEFINED = 0
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+_VALID_TYPES = frozenset(range(TOKEN_UNDEFINED, TOKEN_BYTE + 1))
+
+# pieces that merges may produce (sentencepiece's ``pieces_`` map)
+_MERGEABLE_TYPES = frozenset({TOKEN_UNDEFINED, TOKEN_NORMAL, TOKEN_USER_DEFINED, TOKEN_UNUSED})
+
+SPACE_SYMBOL = "\u2581"  # "▁"
+UNK_SURFACE = " \u2047 "  # sentencepiece's default rendering of <unk>: " ⁇ "
+EOT_TEXTS = ("<|eot_id|>", "<end_of_turn>")
+
+_BYTE_RE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_SPACE_CHUNK_RE = re.compile(SPACE_SYMBOL + "*[^" + SPACE_SYMBOL + "]*")
+
+_UNSUPPORTED_MODELS = {
+    "gpt2": "byte-level BPE (GPT-2 style)",
+    "bert": "WordPiece (BERT style)",
+    "t5": "SentencePiece unigram (T5 style)",
+    "rwkv": "RWKV trie",
+    "no_vocab": "no vocabulary",
+}
+
+# chunk cache bounds (see Tokenizer._encode_chunks)
+_CACHE_MAX_ENTRIES = 65536
+_CACHE_MAX_CHUNK_CHARS = 64
+
+
+def _as_list(value, key: str) -> list:
+    try:
+        return list(value)
+    except TypeError:
+        raise ValueError(f"{key} must be a sequence, got {type(value).__name__}") from None
+
+
+def _as_text(value, key: str) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{key} entries must be strings, got {type(value).__name__}")
+
+
+class Tokenizer:
+    """A llama/SentencePiece BPE tokenizer over a GGUF vocabulary."""
+
+    def __init__(self, tokens: list[str], scores: list[float] | None = None,
+                 types: list[int] | None = None, *, bos_id: int | None = None,
+                 eos_id: int | None = None, unk_id: int | None = None,
+                 pad_id: int | None = None, eot_id: int | None = None,
+                 add_bos: bool = True, add_eos: bool = False,
+                 add_space_prefix: bool = True):
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("tokenizer vocabulary is empty")
+        if scores is None:
+            scores = [0.0] * n
+        if len(scores) != n:
+            raise ValueError(f"tokenizer.ggml.scores has {len(scores)} entries but there are {n} tokens")
+        if types is not None and len(types) != n:
+            raise ValueError(f"tokenizer.ggml.token_type has {len(types)} entries but there are {n} tokens")
+        for name, tid in (("bos", bos_id), ("eos", eos_id), ("unknown", unk_id),
+                          ("padding", pad_id), ("eot", eot_id)):
+            if tid is not None and not 0 <= tid < n:
+                raise ValueError(f"{name} token id {tid} is out of range for a vocabulary of {n} tokens")
+
+        self._tokens = [str(t) for t in tokens]
+        self._scores = [float(s) for s in scores]
+        if types is None:
+            types = self._guess_types(self._tokens, bos_id, eos_id, unk_id, eot_id)
+        self._types = [int(t) for t in types]
+        for i, t in enumerate(self._types):
+            if t not in _VALID_TYPES:
+                raise ValueError(f"token {i} ({self._tokens[i]!r}) has unsupported token type {t}")
+
+        if unk_id is None:
+            unk_id = next((i for i, t in enumerate(self._types) if t == TOKEN_UNKNOWN), None)
+        if add_bos and bos_id is None:
+            raise ValueError("add_bos is set but the vocabulary has no BOS token id")
+        if add_eos and eos_id is None:
+            raise ValueError("add_eos is set but the vocabulary has no EOS token id")
+
+        self.n_vocab: int = n
+        self.bos_id: int | None = bos_id
+        self.eos_id: int | None = eos_id
+        self.unk_id: int | None = unk_id
+        self.pad_id: int | None = pad_id
+        self.add_bos: bool = bool(add_bos)
+        self.add_eos: bool = bool(add_eos)
+        self.add_space_prefix: bool = bool(add_space_prefix)
+        self._build_tables(eot_id)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict) -> "Tokenizer":
+        """Build from a dict of GGUF keys (``tokenizer.ggml.*``) to Python values."""
+        model = meta.get("tokenizer.ggml.model")
+        if model is None:
+            raise ValueError("GGUF metadata has no tokenizer.ggml.model; cannot build a tokenizer")
+        model = _as_text(model, "tokenizer.ggml.model")
+        if model != "llama":
+            kind = _UNSUPPORTED_MODELS.get(model, "unknown tokenizer model")
+            raise ValueError(f"tokenizer model {model!r} ({kind}) is not supported yet; "
+                             "only 'llama' (SentencePiece BPE) is supported")
+        if "tokenizer.ggml.tokens" not in meta:
+            raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
+        tokens = [_as_text(t, "tokenizer.ggml.tokens")
+                  for t in _as_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens")]
+        scores = meta.get("tokenizer.ggml.scores")
+        types = meta.get("tokenizer.ggml.token_type")
+        scores = None if scores is None else [float(s) for s in _as_list(scores, "tokenizer.ggml.scores")]
+        types = None if types is None else [int(t) for t in _as_list(types, "tokenizer.ggml.token_type")]
+
+        def special(name: str, fallback_text: str | None = None) -> int | None:
+            value = meta.get(f"tokenizer.ggml.{name}_token_id")
+            if value is not None:
+                return int(value)
+            if fallback_text is not None and fallback_text in tokens:
+                return tokens.index(fallback_text)
+            return None
+
+        bos_id = special("bos", "<s>")
+        eos_id = special("eos", "</s>")
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        add_bos = (bos_id is not None) if add_bos is None else bool(add_bos)
+        return cls(tokens, scores, types,
+                   bos_id=bos_id, eos_id=eos_id, unk_id=special("unknown"),
+                   pad_id=special("padding"), eot_id=special("eot"),
+                   add_bos=add_bos,
+                   add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+                   add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+
+    @staticmethod
+    def _guess_types(tokens, bos_id, eos_id, unk_id, eot_id) -> list[int]:
+        """Token types for a vocabulary without tokenizer.ggml.token_type."""
+        types = [TOKEN_BYTE if _BYTE_RE.fullmatch(t) else TOKEN_NORMAL for t in tokens]
+        for tid in (bos_id, eos_id, eot_id):
+            if tid is not None:
+                types[tid] = TOKEN_CONTROL
+        if unk_id is not None:
+            types[unk_id] = TOKEN_UNKNOWN
+        return types
+
+    def _build_tables(self, eot_id: int | None) -> None:
+        """Precompute the lookup dicts used by encode/decode."""
+        tokens, types = self._tokens, self._types
+        # sentencepiece's PieceToId: reserved pieces (control/unknown/byte) win over normal ones;
+        # among duplicates the first id wins.
+        self._piece_to_id: dict[str, int] = {}
+        self._merge_score: dict[str, float] = {}  # pieces a merge may produce -> score
+        self._byte_to_id: dict[int, int] = {}
+        self._unused: set[str] = set()
+        user_defined, specials = [], {}
+        for i, (text, t) in enumerate(zip(tokens, types)):
+            if t in _MERGEABLE_TYPES:
+                self._merge_score.setdefault(text, self._scores[i])
+                if t == TOKEN_UNUSED:
+                    self._unused.add(text)
+                if t == TOKEN_USER_DEFINED and text:
+                    user_defined.append(text)
+                continue
+            self._piece_to_id.setdefault(text, i)
+            if t == TOKEN_BYTE:
+                m = _BYTE_RE.fullmatch(text)
+                if m is None:
+                    raise ValueError(f"byte token {i} has malformed text {text!r} (expected '<0xXX>')")
+                self._byte_to_id.setdefault(int(m.group(1), 16), i)
+            elif text and (t == TOKEN_CONTROL or t == TOKEN_UNKNOWN):
+                specials.setdefault(text, i)
+        for i, (text, t) in enumerate(zip(tokens, types)):
+            if t in _MERGEABLE_TYPES:
+                self._piece_to_id.setdefault(text, i)
+        self._unused = {p for p in self._unused if self._types[self._piece_to_id[p]] == TOKEN_UNUSED}
+
+        self._user_re = _alternation(user_defined)
+        self._special_re = _alternation(list(specials))
+        self._special_ids = specials
+
+        # Merges can never cross the boundary in front of a run of "▁" when no mergeable
+        # piece has a "▁" right after another character; the text then splits into
+        # independent chunks ("▁▁word") that can be cached.  Unused pieces need the
+        # whole-text merge history for resegmentation, so they disable chunking too.
+        crossing = re.compile("[^" + SPACE_SYMBOL + "]" + SPACE_SYMBOL)
+        self._chunked = not self._unused and not any(crossing.search(p) for p in self._merge_score)
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+        # decode tables
+        self._piece_bytes: list[bytes] = []
+        self._lead_space: list[bool] = []
+        for i, (text, t) in enumerate(zip(tokens, types)):
+            if t == TOKEN_CONTROL:
+                b = b""
+            elif t == TOKEN_UNKNOWN:
+                b = UNK_SURFACE.encode()
+            elif t == TOKEN_BYTE:
+                b = bytes([int(_BYTE_RE.fullmatch(text).group(1), 16)])
+            else:
+                b = text.replace(SPACE_SYMBOL, " ").encode("utf-8", errors="surrogatepass")
+            self._piece_bytes.append(b)
+            self._lead_space.append(t not in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_BYTE)
+                                    and text.startswith(SPACE_SYMBOL))
+
+        self._eog: set[int] = {tid for tid in (self.eos_id, eot_id) if tid is not None}
+        for text in EOT_TEXTS:
+            tid = specials.get(text)
+            if tid is not None and types[tid] == TOKEN_CONTROL:
+                self._eog.add(tid)
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids for ``text``; ``add_special`` adds BOS/EOS per add_bos/add_eos."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() expects str, got {type(text).__name__}")
+        ids: list[int] = []
+        if add_special and self.add_bos:
+            ids.append(self.bos_id)
+        if parse_special and self._special_re is not None:
+            pos = 0
+            for m in self._special_re.finditer(text):
+                self._encode_fragment(text[pos:m.start()], ids)
+                ids.append(self._special_ids[m.group()])
+                pos = m.end()
+            self._encode_fragment(text[pos:], ids)
+        else:
+            self._encode_fragment(text, ids)
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def _encode_fragment(self, text: str, out: list[int]) -> None:
+        """Encode plain text (no control tokens) into ``out``."""
+        if not text:
+            return
+        if self.add_space_prefix:
+            text = " " + text
+        norm = text.replace(" ", SPACE_SYMBOL)
+        if not self._chunked:
+            self._emit(self._merge(self._split_symbols(norm)), out)
+            return
+        pos = 0
+        if self._user_re is not None:
+            for m in self._user_re.finditer(norm):
+                self._encode_chunks(norm[pos:m.start()], out)
+                out.append(self._piece_to_id[m.group()])
+                pos = m.end()
+        self._encode_chunks(norm[pos:], out)
+
+    def _encode_chunks(self, norm: str, out: list[int]) -> None:
+        """Encode normalised text without user-defined pieces, chunk by chunk (cached)."""
+        cache = self._cache
+        for chunk in _SPACE_CHUNK_RE.findall(norm):
+            if not chunk:
+                continue
+            ids = cache.get(chunk)
+            if ids is None:
+                buf: list[int] = []
+                self._emit(self._merge([(c, False) for c in chunk]), buf)
+                ids = tuple(buf)
+                if len(chunk) <= _CACHE_MAX_CHUNK_CHARS:
+                    if len(cache) >= _CACHE_MAX_ENTRIES:
+                        cache.clear()
+                    cache[chunk] = ids
+            out.extend(ids)
+
+    def _split_symbols(self, norm: str) -> list[tuple[str, bool]]:
+        """Characters of ``norm``, with user-defined pieces as frozen single symbols."""
+        if self._user_re is None:
+            return [(c, False) for c in norm]
+        symbols, pos = [], 0
+        for m in self._user_re.finditer(norm):
+            symbols.extend((c, False) for c in norm[pos:m.start()])
+            symbols.append((m.group(), True))
+            pos = m.end()
+        symbols.extend((c, False) for c in norm[pos:])
+        return symbols
+
+    def _merge(self, symbols: list[tuple[str, bool]]) -> list[str]:
+        """Heap-based BPE merge (sentencepiece's bpe_model.cc), then unused-piece resegmentation."""
+        n = len(symbols)
+        piece = [s for s, _ in symbols]
+        if n < 2:
+            return piece
+        frozen = [f for _, f in symbols]
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        scores, unused = self._merge_score, self._unused
+        rev_merge: dict[str, tuple[str, str]] = {}
+        heap: list[tuple[float, int, int, int]] = []
+
+        def candidate(left: int, right: int) -> None:
+            if frozen[left] or frozen[right]:
+                return
+            a, b = piece[left], piece[right]
+            score = scores.get(a + b)
+            if score is None:
+                return
+            heapq.heappush(heap, (-score, left, right, len(a) + len(b)))
+            if unused and a + b in unused:
+                rev_merge[a + b] = (a, b)
+
+        for i in range(n - 1):
+            candidate(i, i + 1)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            a, b = piece[left], piece[right]
+            if not a or not b or len(a) + len(b) != size:
+                continue  # stale: one side was merged since this pair was queued
+            piece[left] = a + b
+            piece[right] = ""
+            after = nxt[right]
+            nxt[left] = after
+            if after >= 0:
+                prev[after] = left
+            if prev[left] >= 0:
+                candidate(prev[left], left)
+            if after >= 0:
+                candidate(left, after)
+
+        result: list[str] = []
+        i = 0
+        while i >= 0:
+            self._resegment(piece[i], rev_merge, result)
+            i = nxt[i]
+        return result
+
+    def _resegment(self, w: str, rev_merge: dict, out: list[str]) -> None:
+        """Split merged ``unused`` pieces back into their parts (sentencepiece does this)."""
+        if w in self._unused and w in rev_merge:
+            a, b = rev_merge[w]
+            self._resegment(a, rev_merge, out)
+            self._resegment(b, rev_merge, out)
+        else:
+            out.append(w)
+
+    def _emit(self, pieces: list[str], out: list[int]) -> None:
+        """Append ids of final pieces, falling back to byte tokens / unk for unknown ones."""
+        lookup, types = self._piece_to_id, self._types
+        for w in pieces:
+            tid = lookup.get(w)
+            if tid is not None and types[tid] != TOKEN_UNKNOWN:
+                out.append(tid)
+                continue
+            if self._byte_to_id:
+                for byte in w.encode("utf-8"):
+                    bid = self._byte_to_id.get(byte)
+                    out.append(self._require_unk(w) if bid is None else bid)
+            else:
+                out.append(self._require_unk(w))
+
+    def _require_unk(self, w: str) -> int:
+        if self.unk_id is None:
+            raise ValueError(f"cannot encode {w!r}: not in the vocabulary and there is no unknown token")
+        return self.unk_id
+
+    # ------------------------------------------------------------------ decoding
+
+    def token_to_piece(self, id: int) -> bytes:
+        """Raw bytes of one token as it appears in text ("▁" -> b" ", control -> b"")."""
+        return self._piece_bytes[self._check_id(id)]
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Text of ``ids``; the dummy-prefix space of the first piece is dropped."""
+        out = bytearray()
+        at_start = True
+        for tid in ids:
+            piece, at_start = self._render(tid, at_start, skip_special)
+            out += piece
+        return out.decode("utf-8", errors="replace")
+
+    def _render(self, tid: int, at_start: bool, skip_special: bool) -> tuple[bytes, bool]:
+        """Bytes of one token in a decoded sequence and the new "at start" state."""
+        tid = self._check_id(tid)
+        t = self._types[tid]
+        if t == TOKEN_CONTROL:
+            if skip_special:
+                return b"", at_start  # invisible: does not consume the leading space
+            return self._tokens[tid].encode(), False
+        if t == TOKEN_UNKNOWN and not skip_special:
+            return self._tokens[tid].encode(), False
+        piece = self._piece_bytes[tid]
+        if at_start and self.add_space_prefix and self._lead_space[tid]:
+            piece = piece[1:]
+        return piece, False
+
+    def _check_id(self, tid) -> int:
+        tid = int(tid)
+        if not 0 <= tid < self.n_vocab:
+            raise ValueError(f"token id {tid} is out of range for a vocabulary of {self.n_vocab} tokens")
+        return tid
+
+    # ------------------------------------------------------------------ misc
+
+    def is_eog(self, id: int) -> bool:
+        """True for end-of-generation tokens: EOS, and EOT where the vocabulary has one."""
+        return int(id) in self._eog
+
+    def id_to_text(self, id: int) -> str:
+        """The vocabulary entry of ``id`` as stored (e.g. "▁the", "<0x0A>", "<s>")."""
+        return self._tokens[self._check_id(id)]
+
+    def token_type(self, id: int) -> int:
+        """The tokenizer.ggml.token_type value of ``id``."""
+        return self._types[self._check_id(id)]
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(n_vocab={self.n_vocab}, bos_id={self.bos_id}, eos_id={self.eos_id}, "
+                f"unk_id={self.unk_id}, add_bos={self.add_bos}, add_eos={self.add_eos})")
+
+
+def _alternation(texts: list[str]) -> re.Pattern | None:
+    """Regex matching any of ``texts``, longest first (leftmost-longest with finditer)."""
+    if not texts:
+        return None
+    ordered = sorted(set(texts), key=lambda s: (-len(s), s))
+    return re.compile("|".join(re.escape(s) for s in ordered))
+
+
+class StreamDecoder:
+    """Incremental, UTF-8-safe detokenizer: concatenated output equals ``Tokenizer.decode``."""
+
+    def __init__(self, tokenizer: Tokenizer, strip_leading_space: bool = True):
+        self._tokenizer = tokenizer
+        self._at_start = strip_leading_space
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, id: int) -> str:
+        """Add one token; return the text completed by it ("" while a character is partial)."""
+        piece, self._at_start = self._tokenizer._render(id, self._at_start, True)
+        return self._utf8.decode(piece)
+
+    def flush(self) -> str:
+        """Return any pending incomplete bytes (as U+FFFD) and reset the byte buffer."""
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text

@@ -1,0 +1,250 @@
+/*
+ * powerinfer.h: the public C API of libpowerinfer.
+ *
+ * This file is the single source of the Python bindings' declarations: the
+ * text between PI_CDEF_BEGIN and PI_CDEF_END is handed to cffi verbatim
+ * (minus preprocessor lines), and the same text is compiled by the C
+ * compiler with every source file of the library, so the two cannot drift.
+ * Keep that region free of macros and inline functions.
+ *
+ * Conventions
+ *  - Every function that can fail returns a pi_status (PI_OK == 0, errors < 0)
+ *    or NULL; pi_last_error() then gives a message (thread-local). The library
+ *    never calls exit() or abort() on user input.
+ *  - Tensor shapes follow GGUF/ggml: ne[0] is the contiguous dimension, so a
+ *    numpy array of shape (a, b) has ne = {b, a}. nb[] are byte strides.
+ *  - Type ids are the ggml type ids used in GGUF files.
+ *  - Python owns the memory-mapped model file; the model keeps pointers into it
+ *    and never copies weights.
+ */
+#ifndef POWERINFER_H
+#define POWERINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define PI_API __declspec(dllexport)
+#else
+#define PI_API __attribute__((visibility("default")))
+#endif
+
+/* PI_CDEF_BEGIN */
+
+typedef int32_t pi_status;
+
+enum {
+    PI_OK                =  0,
+    PI_ERR_INVALID_ARG   = -1,  /* a NULL pointer, bad shape or out-of-range value */
+    PI_ERR_OUT_OF_MEMORY = -2,  /* an allocation failed */
+    PI_ERR_UNSUPPORTED   = -3,  /* a dtype, op or architecture this build cannot run */
+    PI_ERR_BAD_MODEL     = -4,  /* missing tensor, wrong shape or type, inconsistent hparams */
+    PI_ERR_KV_FULL       = -5,  /* no room left in the KV cache for this batch */
+    PI_ERR_ABORTED       = -6   /* the abort callback asked to stop */
+};
+
+/* ggml type ids (the subset the core knows; see pi_type_supported). */
+enum {
+    PI_TYPE_F32  = 0,
+    PI_TYPE_F16  = 1,
+    PI_TYPE_Q4_0 = 2,
+    PI_TYPE_Q8_0 = 8,
+    PI_TYPE_I32  = 26,
+    PI_TYPE_BF16 = 30,
+    PI_TYPE_COUNT = 40
+};
+
+enum {  /* model architecture families */
+    PI_ARCH_LLAMA  = 0,
+    PI_ARCH_BAMBOO = 1
+};
+
+enum {  /* FFN activation */
+    PI_ACT_SILU = 0,
+    PI_ACT_RELU = 1,
+    PI_ACT_GELU = 2
+};
+
+enum {  /* how the FFN gate combines with up */
+    PI_FFN_PAR = 0,   /* h = act(gate x) * (up x)          SwiGLU, ReGLU */
+    PI_FFN_SYM = 1,   /* h = act(gate x) * act(up x)       dReLU (bamboo) */
+    PI_FFN_SEQ = 2    /* h = act(up x), no gate            falcon, opt */
+};
+
+enum {  /* unary and binary elementwise ops */
+    PI_UNARY_SILU = 0,
+    PI_UNARY_RELU = 1,
+    PI_UNARY_GELU = 2,
+    PI_BINARY_ADD = 0,
+    PI_BINARY_MUL = 1
+};
+
+/* ---- errors and library info ------------------------------------------ */
+
+/* Message of the last failed call on this thread ("" if none). */
+PI_API const char *pi_last_error(void);
+/* "AVX2 = 1 | AVX512 = 1 | ... " describing this build. */
+PI_API const char *pi_system_info(void);
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+/* 1 if the core can compute with this type (matmul, get_rows, dequantize). */
+PI_API int32_t     pi_type_supported(int32_t type);
+PI_API const char *pi_type_name(int32_t type);        /* "q4_0"; "unknown" if not known */
+PI_API int64_t     pi_type_block_size(int32_t type);  /* elements per block; 0 if unknown */
+PI_API int64_t     pi_type_block_bytes(int32_t type); /* bytes per block; 0 if unknown */
+/* Bytes of a row of n elements; -1 if n is not a multiple of the block size. */
+PI_API int64_t     pi_row_bytes(int32_t type, int64_t n);
+/* Convert n elements (n a multiple of the block size). */
+PI_API pi_status   pi_quantize_row(int32_t type, const float *src, void *dst, int64_t n);
+PI_API pi_status   pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
+
+/* ---- thread pool ------------------------------------------------------- */
+
+typedef struct pi_threadpool pi_threadpool;
+
+/* n_threads <= 0 picks the number of physical cores. */
+PI_API pi_status pi_threadpool_create(int32_t n_threads, pi_threadpool **out);
+PI_API void      pi_threadpool_free(pi_threadpool *pool);
+PI_API int32_t   pi_threadpool_size(const pi_threadpool *pool);
+
+/* ---- tensors and ops ----------------------------------------------------
+ * A pi_tensor is a view: a type, up to 4 dims and byte strides over memory
+ * the caller owns. Rows (dim 0) of quantized tensors must be contiguous and
+ * a whole number of blocks. Ops write f32 outputs and run on `pool` (NULL
+ * means the calling thread only). Outputs must not alias inputs unless the
+ * op says so.
+ */
+typedef struct pi_tensor {
+    int32_t type;
+    int32_t n_dims;
+    int64_t ne[4];     /* elements per dim, ne[0] contiguous */
+    int64_t nb[4];     /* byte strides */
+    void   *data;
+} pi_tensor;
+
+/* out[:, i] = dequant(table[:, ids[i]]);  table [n_embd, n_rows] any type, out [n_embd, n] f32 */
+PI_API pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int32_t *ids,
+                                int64_t n, pi_tensor *out);
+/* y = W x:  w [K, N] any type, x [K, T] f32, y [N, T] f32   (y[n,t] = sum_k w[k,n] x[k,t]) */
+PI_API pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y);
+/* RMSNorm over dim 0: out = x / sqrt(mean(x^2) + eps) * weight;  x, out [D, T]; weight [D] f32 or NULL. out may alias x. */
+PI_API pi_status pi_op_rms_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tensor *weight, float eps,
+                                pi_tensor *out);
+/* Rotary embedding, "normal" (GGUF llama) mode: pairs (2i, 2i+1) of the first n_rot dims rotate by
+ * pos[t] * freq_scale * base^(-2i/n_rot).  x, out [head_dim, n_head, T] f32; pos [T]. out may alias x. */
+PI_API pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot,
+                            float freq_base, float freq_scale, pi_tensor *out);
+/* Row-wise softmax over dim 0: x, out [D, R] f32. out may alias x. */
+PI_API pi_status pi_op_softmax(pi_threadpool *pool, const pi_tensor *x, pi_tensor *out);
+/* out = f(x) elementwise (PI_UNARY_*); f32. out may alias x. */
+PI_API pi_status pi_op_unary(pi_threadpool *pool, int32_t op, const pi_tensor *x, pi_tensor *out);
+/* out = a (op) b elementwise (PI_BINARY_*); b broadcasts over any dim where b.ne == 1; f32. out may alias a. */
+PI_API pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, const pi_tensor *b,
+                              pi_tensor *out);
+/* Scaled dot-product attention with grouped KV heads.
+ *   q [head_dim, n_head, T] f32;  k, v [head_dim, n_head_kv, n_kv] f32 or f16;
+ *   mask [n_kv, T] f32 added to the scores (use -INFINITY to hide) or NULL;
+ *   out [head_dim, n_head, T] f32.  Query head h reads KV head h / (n_head / n_head_kv). */
+PI_API pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
+                                 const pi_tensor *v, const pi_tensor *mask, float scale, pi_tensor *out);
+
+/* ---- models -----------------------------------------------------------
+ * Python parses the GGUF file and passes hyper-parameters plus a table of
+ * tensor views into the mapped file. Tensors are looked up by their GGUF
+ * names; shapes and types are checked against the hparams.
+ */
+typedef struct pi_hparams {
+    int32_t arch;            /* PI_ARCH_* */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_ff;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t n_layer;
+    int32_t n_rot;           /* rotary dims per head (== head_dim for llama) */
+    int32_t ffn_act;         /* PI_ACT_* */
+    int32_t ffn_gate;        /* PI_FFN_* */
+    float   norm_eps;
+    float   rope_freq_base;
+    float   rope_freq_scale; /* 1 / linear scaling factor */
+} pi_hparams;
+
+typedef struct pi_tensor_desc {
+    const char *name;        /* GGUF name, e.g. "blk.0.attn_q.weight" */
+    int32_t     type;
+    int32_t     n_dims;
+    int64_t     ne[4];
+    const void *data;
+    uint64_t    nbytes;      /* bytes available at data (checked against the shape) */
+} pi_tensor_desc;
+
+typedef struct pi_model_desc {
+    pi_hparams            hparams;
+    int32_t               n_tensors;
+    const pi_tensor_desc *tensors;
+} pi_model_desc;
+
+typedef struct pi_model pi_model;
+
+PI_API pi_status pi_model_create(const pi_model_desc *desc, pi_model **out);
+PI_API void      pi_model_free(pi_model *model);
+PI_API pi_status pi_model_hparams(const pi_model *model, pi_hparams *out);
+
+/* ---- contexts, batches, decoding -------------------------------------- */
+
+typedef struct pi_context_params {
+    int32_t n_ctx;       /* KV cache cells (tokens over all sequences) */
+    int32_t n_batch;     /* most tokens a single pi_decode call may carry */
+    int32_t n_seq_max;   /* sequence ids are 0 .. n_seq_max-1 (at most 64) */
+    int32_t n_threads;   /* <= 0: physical cores */
+    int32_t kv_type;     /* PI_TYPE_F16 or PI_TYPE_F32 */
+} pi_context_params;
+
+typedef struct pi_context pi_context;
+
+/* Returns 1 to stop a long decode (checked between layers), 0 to go on. */
+typedef int32_t (*pi_abort_callback)(void *user_data);
+
+PI_API pi_context_params pi_context_default_params(void);
+PI_API pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi_context **out);
+PI_API void      pi_context_free(pi_context *ctx);
+PI_API void      pi_set_abort_callback(pi_context *ctx, pi_abort_callback cb, void *user_data);
+PI_API pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads);
+
+/* One decode step over n_tokens tokens (prompt processing in one call).
+ * token[i] is placed at position pos[i] of sequence seq_id[i]; a token sees every
+ * cached cell of its sequence with position <= pos[i]. logits[i] != 0 asks for the
+ * logits of row i, readable with pi_get_logits(ctx, i) until the next decode. */
+typedef struct pi_batch {
+    int32_t        n_tokens;
+    const int32_t *token;    /* [n_tokens] */
+    const int32_t *pos;      /* [n_tokens] */
+    const int32_t *seq_id;   /* [n_tokens] */
+    const int8_t  *logits;   /* [n_tokens] or NULL: only the last row */
+} pi_batch;
+
+PI_API pi_status    pi_decode(pi_context *ctx, const pi_batch *batch);
+/* [n_vocab] logits of batch row i of the last decode; NULL (and an error) if none were asked for. */
+PI_API const float *pi_get_logits(pi_context *ctx, int32_t i);
+
+/* KV cache by sequence: positions in [p0, p1) (p1 < 0: to the end). seq < 0 means every sequence. */
+PI_API pi_status pi_kv_seq_rm(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1);
+PI_API pi_status pi_kv_seq_cp(pi_context *ctx, int32_t src, int32_t dst, int32_t p0, int32_t p1);
+PI_API void      pi_kv_clear(pi_context *ctx);
+/* Largest position stored for seq, or -1 when it has none. */
+PI_API int32_t   pi_kv_seq_pos_max(pi_context *ctx, int32_t seq);
+PI_API int32_t   pi_kv_used_cells(pi_context *ctx);
+
+/* PI_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* POWERINFER_H */

@@ -1,0 +1,210 @@
+/* vec_dot.c: the dot-product and axpy kernels behind the dtype traits table.
+ * This directory is the only place with SIMD intrinsics. Every kernel has a
+ * scalar version (compiled when the target lacks the ISA, e.g. -DPI_NATIVE=OFF)
+ * which is the reference the SIMD paths are tested against. */
+#include "../internal.h"
+
+#include <math.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX2__)
+static inline float hsum_256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+#endif
+
+/* ---- float dots ---- */
+
+float pi_dot_f32(int64_t n, const float *a, const float *b) {
+    int64_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    sum = hsum_256(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; i < n; i++) sum += a[i] * b[i];   /* leftovers, or the whole scalar path */
+    return sum;
+}
+
+void pi_axpy_f32(int64_t n, float a, const float *x, float *y) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x) { return pi_dot_f32(n, w, x); }
+
+float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x) {
+    const uint16_t *a = w;
+    const float *b = x;
+    int64_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i)));
+        __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i + 16)));
+        acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
+        acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(b + i), acc0);
+    }
+    sum = hsum_256(acc0);
+#endif
+    for (; i < n; i++) sum += pi_fp16_to_f32(a[i]) * b[i];
+    return sum;
+}
+
+float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
+    const uint16_t *a = w;
+    const float *b = x;
+    int64_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc0 = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512i wi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(a + i))), 16);
+        acc0 = _mm512_fmadd_ps(_mm512_castsi512_ps(wi), _mm512_loadu_ps(b + i), acc0);
+    }
+    sum = _mm512_reduce_add_ps(acc0);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256i wi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a + i))), 16);
+        acc0 = _mm256_fmadd_ps(_mm256_castsi256_ps(wi), _mm256_loadu_ps(b + i), acc0);
+    }
+    sum = hsum_256(acc0);
+#endif
+    for (; i < n; i++) sum += pi_bf16_to_f32(a[i]) * b[i];
+    return sum;
+}
+
+/* ---- 8-bit activations ---- */
+
+/* Q8_0 for activations: d = amax / 127, q = round(x / d). */
+void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
+    pi_block_q8_0 *y = dst;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+        const float *x = src + b * PI_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < PI_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = pi_f32_to_fp16(d);
+        for (int j = 0; j < PI_QK8_0; j++) y[b].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+#if defined(__AVX2__)
+/* Sum of 32 int8 products x*y as 8 int32 lanes (maddubs needs an unsigned operand). */
+static inline __m256i dot_i8_pairs(__m256i x, __m256i y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    const __m256i ax = _mm256_sign_epi8(x, x);
+    const __m256i sy = _mm256_sign_epi8(y, x);
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+#else
+    const __m256i ax = _mm256_sign_epi8(x, x);
+    const __m256i sy = _mm256_sign_epi8(y, x);
+    const __m256i dot16 = _mm256_maddubs_epi16(ax, sy);
+    return _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
+#endif
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles first, then high nibbles. */
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+#endif
+
+float pi_vec_dot_q4_0_q8_0(int64_t n, const void *w, const void *x) {
+    const pi_block_q4_0 *a = w;
+    const pi_block_q8_0 *b = x;
+    const int64_t nb = n / PI_QK4_0;
+    int64_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i qa0 = _mm256_sub_epi8(unpack_nibbles(a[i].qs), eight);
+        const __m256i qa1 = _mm256_sub_epi8(unpack_nibbles(a[i + 1].qs), eight);
+        const __m256i qb0 = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        const __m256i qb1 = _mm256_loadu_si256((const __m256i *)b[i + 1].qs);
+        const __m256 d0 = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
+        const __m256 d1 = _mm256_set1_ps(pi_fp16_to_f32(a[i + 1].d) * pi_fp16_to_f32(b[i + 1].d));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(dot_i8_pairs(qa0, qb0)), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(dot_i8_pairs(qa1, qb1)), acc1);
+    }
+    sum = hsum_256(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; i < nb; i++) {
+        int32_t s = 0;
+        for (int j = 0; j < PI_QK4_0 / 2; j++) {
+            s += ((a[i].qs[j] & 0x0f) - 8) * b[i].qs[j];
+            s += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + PI_QK4_0 / 2];
+        }
+        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+    }
+    return sum;
+}
+
+float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
+    const pi_block_q8_0 *a = w;
+    const pi_block_q8_0 *b = x;
+    const int64_t nb = n / PI_QK8_0;
+    int64_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i qa0 = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        const __m256i qa1 = _mm256_loadu_si256((const __m256i *)a[i + 1].qs);
+        const __m256i qb0 = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        const __m256i qb1 = _mm256_loadu_si256((const __m256i *)b[i + 1].qs);
+        const __m256 d0 = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
+        const __m256 d1 = _mm256_set1_ps(pi_fp16_to_f32(a[i + 1].d) * pi_fp16_to_f32(b[i + 1].d));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(dot_i8_pairs(qa0, qb0)), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(dot_i8_pairs(qa1, qb1)), acc1);
+    }
+    sum = hsum_256(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; i < nb; i++) {
+        int32_t s = 0;
+        for (int j = 0; j < PI_QK8_0; j++) s += a[i].qs[j] * b[i].qs[j];
+        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+    }
+    return sum;
+}

@@ -1,0 +1,286 @@
+/* context.c: contexts and the forward pass of the llama family.
+ *
+ * One pi_decode runs the whole model over a batch of T tokens:
+ *   x = token_embd[tokens]
+ *   for each layer:
+ *       h = rms_norm(x) * attn_norm
+ *       q, k, v = Wq h, Wk h, Wv h;  rope(q), rope(k);  store k, v in the cache
+ *       x += Wo attention(q, cached k, cached v)
+ *       h = rms_norm(x) * ffn_norm
+ *       x += W_down (act(W_gate h) * (W_up h))      (gate mode per hparams)
+ *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for
+ */
+#include "context.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+pi_context_params pi_context_default_params(void) {
+    return (pi_context_params){ .n_ctx = 512, .n_batch = 512, .n_seq_max = 1, .n_threads = 0, .kv_type = PI_TYPE_F16 };
+}
+
+static void free_buffers(pi_buffers *b) {
+    free(b->x); free(b->cur); free(b->q); free(b->k); free(b->v); free(b->att);
+    free(b->gate); free(b->up); free(b->scratch); free(b->cells);
+    memset(b, 0, sizeof *b);
+}
+
+static pi_status alloc_buffers(pi_buffers *b, const pi_hparams *hp, int32_t T) {
+    const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, Ekv = E / (size_t)hp->n_head * (size_t)hp->n_head_kv;
+    const size_t t = (size_t)T, f = sizeof(float);
+    b->x = malloc(t * E * f);  b->cur = malloc(t * E * f); b->q = malloc(t * E * f);
+    b->k = malloc(t * Ekv * f); b->v = malloc(t * Ekv * f); b->att = malloc(t * E * f);
+    b->gate = malloc(t * F * f); b->up = malloc(t * F * f);
+    b->scratch = malloc(t * PI_MAX(E, F) * f);
+    b->cells = malloc(t * sizeof(int32_t));
+    if (!b->x || !b->cur || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->scratch || !b->cells) {
+        free_buffers(b);
+        return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for activations of %d tokens", T);
+    }
+    return PI_OK;
+}
+
+void pi_context_free(pi_context *ctx) {
+    if (!ctx) return;
+    pi_threadpool_free(ctx->pool);
+    pi_kv_release(&ctx->kv);
+    free_buffers(&ctx->buf);
+    free(ctx->mask);
+    free(ctx->logits);
+    free(ctx->output_row);
+    free(ctx);
+}
+
+pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi_context **out) {
+    if (!out) return pi_fail(PI_ERR_INVALID_ARG, "pi_context_create: out is NULL");
+    *out = NULL;
+    if (!model || !params) return pi_fail(PI_ERR_INVALID_ARG, "pi_context_create: NULL model or params");
+    pi_context_params p = *params;
+    if (p.n_ctx < 1 || p.n_ctx > (1 << 24)) return pi_fail(PI_ERR_INVALID_ARG, "n_ctx = %d is out of range", p.n_ctx);
+    if (p.n_batch < 1) return pi_fail(PI_ERR_INVALID_ARG, "n_batch = %d must be >= 1", p.n_batch);
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.n_seq_max < 1 || p.n_seq_max > PI_MAX_SEQ)
+        return pi_fail(PI_ERR_INVALID_ARG, "n_seq_max = %d must be in [1, %d]", p.n_seq_max, PI_MAX_SEQ);
+    if (p.kv_type != PI_TYPE_F16 && p.kv_type != PI_TYPE_F32)
+        return pi_fail(PI_ERR_INVALID_ARG, "kv_type must be f16 or f32");
+
+    pi_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    ctx->model = model;
+    const pi_hparams *hp = &model->hp;
+    pi_status st = pi_threadpool_create(p.n_threads, &ctx->pool);
+    if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
+    ctx->params = p;
+    if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, (int64_t)hp->n_embd / hp->n_head * hp->n_head_kv, p.kv_type);
+    if (st == PI_OK) st = alloc_buffers(&ctx->buf, hp, p.n_batch);
+    if (st == PI_OK && !(ctx->output_row = malloc((size_t)p.n_batch * sizeof(int32_t))))
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st != PI_OK) { pi_context_free(ctx); return st; }
+    *out = ctx;
+    return PI_OK;
+}
+
+void pi_set_abort_callback(pi_context *ctx, pi_abort_callback cb, void *user_data) {
+    if (!ctx) return;
+    ctx->abort_cb = cb;
+    ctx->abort_data = user_data;
+}
+
+pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads) {
+    if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "context is NULL");
+    pi_threadpool *pool;
+    pi_status st = pi_threadpool_create(n_threads, &pool);
+    if (st != PI_OK) return st;
+    pi_threadpool_free(ctx->pool);
+    ctx->pool = pool;
+    ctx->params.n_threads = pi_threadpool_size(pool);
+    return PI_OK;
+}
+
+/* ---- forward pass helpers ---- */
+
+static pi_tensor f32_2d(float *data, int64_t ne0, int64_t ne1) {
+    return pi_tensor_view(PI_TYPE_F32, data, 2, (int64_t[]){ ne0, ne1 });
+}
+
+/* y [N, T] = W [K, N] x [K, T] */
+static void matmul(pi_context *ctx, const pi_tensor *w, float *x, float *y, int64_t T) {
+    pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
+    pi_mul_mat(ctx->pool, w, &xt, &yt, ctx->buf.scratch);
+}
+
+static void rms_norm(pi_context *ctx, const float *x, const pi_tensor *w, float *out, int64_t T) {
+    pi_tensor xt = f32_2d((float *)x, w->ne[0], T), ot = f32_2d(out, w->ne[0], T);
+    pi_op_rms_norm(ctx->pool, &xt, w, ctx->model->hp.norm_eps, &ot);
+}
+
+static void add_inplace(pi_context *ctx, float *x, float *y, int64_t D, int64_t T) {
+    pi_tensor xt = f32_2d(x, D, T), yt = f32_2d(y, D, T);
+    pi_op_binary(ctx->pool, PI_BINARY_ADD, &xt, &yt, &xt);
+}
+
+/* mask[t][c] = 0 if cell c belongs to token t's sequence at a position <= pos[t], else -inf. */
+static pi_status build_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
+    const size_t need = (size_t)n_kv * (size_t)b->n_tokens;
+    if (need > ctx->mask_cap) {
+        float *m = realloc(ctx->mask, need * sizeof(float));
+        if (!m) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for the attention mask");
+        ctx->mask = m;
+        ctx->mask_cap = need;
+    }
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        float *row = ctx->mask + (size_t)t * n_kv;
+        const uint64_t bit = (uint64_t)1 << b->seq_id[t];
+        for (int32_t c = 0; c < n_kv; c++) {
+            const pi_kv_cell *cell = &ctx->kv.cells[c];
+            row[c] = (cell->seqs & bit) && cell->pos <= b->pos[t] ? 0.0f : -INFINITY;
+        }
+    }
+    return PI_OK;
+}
+
+static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
+    const pi_hparams *hp = &ctx->model->hp;
+    pi_buffers *B = &ctx->buf;
+    const int64_t T = b->n_tokens, E = hp->n_embd, hd = E / hp->n_head, Ekv = hd * hp->n_head_kv;
+    pi_kv_cache *kv = &ctx->kv;
+
+    rms_norm(ctx, B->x, &L->attn_norm, B->cur, T);
+    matmul(ctx, &L->wq, B->cur, B->q, T);
+    matmul(ctx, &L->wk, B->cur, B->k, T);
+    matmul(ctx, &L->wv, B->cur, B->v, T);
+
+    pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ hd, hp->n_head, T });
+    pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, hp->n_head_kv, T });
+    pi_op_rope(ctx->pool, &q, b->pos, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale, &q);
+    pi_op_rope(ctx->pool, &k, b->pos, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale, &k);
+
+    const pi_type_traits *kvt = pi_traits(kv->type);
+    for (int64_t t = 0; t < T; t++) {
+        kvt->from_f32(B->k + t * Ekv, pi_kv_row(kv, kv->k, il, B->cells[t]), Ekv);
+        kvt->from_f32(B->v + t * Ekv, pi_kv_row(kv, kv->v, il, B->cells[t]), Ekv);
+    }
+
+    /* views over cells [0, n_kv) of this layer: [hd, n_head_kv, n_kv] */
+    pi_tensor kc = pi_tensor_view(kv->type, pi_kv_row(kv, kv->k, il, 0), 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
+    pi_tensor vc = pi_tensor_view(kv->type, pi_kv_row(kv, kv->v, il, 0), 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
+    pi_tensor mask = f32_2d(ctx->mask, n_kv, T);
+    pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
+    pi_status st = pi_attention(ctx->pool, &q, &kc, &vc, &mask, 1.0f / sqrtf((float)hd), &att);
+    if (st != PI_OK) return st;
+
+    matmul(ctx, &L->wo, B->att, B->cur, T);
+    add_inplace(ctx, B->x, B->cur, E, T);
+    return PI_OK;
+}
+
+typedef struct { float *gate, *up; int64_t n; int32_t act, mode; } ffn_act_args;
+
+static void ffn_act_task(void *p, int ith, int nth) {
+    ffn_act_args *a = p;
+    const int64_t per = (a->n + nth - 1) / nth, i0 = PI_MIN(a->n, per * ith), i1 = PI_MIN(a->n, i0 + per);
+    for (int64_t i = i0; i < i1; i++) {
+        switch (a->mode) {
+            case PI_FFN_PAR: a->up[i] = pi_activation(a->act, a->gate[i]) * a->up[i]; break;
+            case PI_FFN_SYM: a->up[i] = pi_activation(a->act, a->gate[i]) * pi_activation(a->act, a->up[i]); break;
+            default:         a->up[i] = pi_activation(a->act, a->up[i]); break;
+        }
+    }
+}
+
+static void ffn_block(pi_context *ctx, const pi_layer *L, int64_t T) {
+    const pi_hparams *hp = &ctx->model->hp;
+    pi_buffers *B = &ctx->buf;
+    rms_norm(ctx, B->x, &L->ffn_norm, B->cur, T);
+    if (hp->ffn_gate != PI_FFN_SEQ) matmul(ctx, &L->ffn_gate, B->cur, B->gate, T);
+    matmul(ctx, &L->ffn_up, B->cur, B->up, T);
+    ffn_act_args a = { B->gate, B->up, (int64_t)hp->n_ff * T, hp->ffn_act, hp->ffn_gate };
+    pi_threadpool_run(ctx->pool, ffn_act_task, &a);     /* h = up (in place) */
+    matmul(ctx, &L->ffn_down, B->up, B->cur, T);
+    add_inplace(ctx, B->x, B->cur, hp->n_embd, T);
+}
+
+static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
+    const pi_hparams *hp = &ctx->model->hp;
+    if (!b || !b->token || !b->pos || !b->seq_id) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: incomplete batch");
+    if (b->n_tokens < 1 || b->n_tokens > ctx->params.n_batch)
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: batch of %d tokens, must be 1..n_batch (%d)", b->n_tokens,
+                       ctx->params.n_batch);
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (b->token[i] < 0 || b->token[i] >= hp->n_vocab)
+            return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: token %d at %d is out of range [0, %d)", b->token[i], i,
+                           hp->n_vocab);
+        if (b->pos[i] < 0) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: negative position %d at %d", b->pos[i], i);
+        if (b->seq_id[i] < 0 || b->seq_id[i] >= ctx->params.n_seq_max)
+            return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: sequence id %d at %d is out of range [0, %d)",
+                           b->seq_id[i], i, ctx->params.n_seq_max);
+    }
+    return PI_OK;
+}
+
+/* Final norm and output head for the rows that asked for logits. */
+static pi_status compute_logits(pi_context *ctx, const pi_batch *b) {
+    const pi_model *m = ctx->model;
+    const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    int32_t n_out = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const bool want = b->logits ? b->logits[t] != 0 : t == b->n_tokens - 1;
+        ctx->output_row[t] = want ? n_out : -1;
+        if (want) memcpy(ctx->buf.cur + (size_t)n_out++ * E, ctx->buf.x + (size_t)t * E, (size_t)E * sizeof(float));
+    }
+    if (n_out == 0) return PI_OK;
+    if (n_out > ctx->logits_cap) {
+        float *l = realloc(ctx->logits, (size_t)n_out * (size_t)V * sizeof(float));
+        if (!l) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for logits of %d rows", n_out);
+        ctx->logits = l;
+        ctx->logits_cap = n_out;
+    }
+    rms_norm(ctx, ctx->buf.cur, &m->output_norm, ctx->buf.cur, n_out);
+    matmul(ctx, &m->output, ctx->buf.cur, ctx->logits, n_out);
+    return PI_OK;
+}
+
+pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
+    if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: context is NULL");
+    ctx->n_batch_last = 0;
+    pi_status st = check_batch(ctx, batch);
+    if (st != PI_OK) return st;
+    const pi_model *m = ctx->model;
+    const int32_t T = batch->n_tokens;
+    pi_buffers *B = &ctx->buf;
+
+    st = pi_kv_claim(&ctx->kv, T, batch->pos, batch->seq_id, B->cells);
+    if (st != PI_OK) return st;
+    const int32_t n_kv = pi_kv_span(&ctx->kv);
+    st = build_mask(ctx, batch, n_kv);
+
+    if (st == PI_OK) {
+        pi_tensor x = f32_2d(B->x, m->hp.n_embd, T);
+        st = pi_op_get_rows(ctx->pool, &m->token_embd, batch->token, T, &x);
+    }
+    for (int32_t il = 0; st == PI_OK && il < m->hp.n_layer; il++) {
+        if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) {
+            st = pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
+            break;
+        }
+        st = attention_block(ctx, &m->layers[il], il, batch, n_kv);
+        if (st == PI_OK) ffn_block(ctx, &m->layers[il], T);
+    }
+    if (st == PI_OK) st = compute_logits(ctx, batch);
+    if (st != PI_OK) {
+        pi_kv_unclaim(&ctx->kv, T, B->cells);   /* leave the cache as it was */
+        return st;
+    }
+    ctx->n_batch_last = T;
+    return PI_OK;
+}
+
+const float *pi_get_logits(pi_context *ctx, int32_t i) {
+    if (!ctx) { pi_fail(PI_ERR_INVALID_ARG, "pi_get_logits: context is NULL"); return NULL; }
+    if (i < 0 || i >= ctx->n_batch_last || ctx->output_row[i] < 0) {
+        pi_fail(PI_ERR_INVALID_ARG, "pi_get_logits: no logits for batch row %d", i);
+        return NULL;
+    }
+    return ctx->logits + (size_t)ctx->output_row[i] * (size_t)ctx->model->hp.n_vocab;
+}

@@ -1,0 +1,130 @@
+/* dtype.c: the dtype traits table and row conversions (scalar reference code). */
+#include "internal.h"
+
+#include <math.h>
+
+/* ---- conversions ---- */
+
+static void f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+static void f32_from_f32(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+
+static void f16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = pi_fp16_to_f32(s[i]);
+}
+static void f16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = pi_f32_to_fp16(src[i]);
+}
+static void bf16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = pi_bf16_to_f32(s[i]);
+}
+static void bf16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = pi_f32_to_bf16(src[i]);
+}
+
+/* Q4_0: d = max / -8 where max is the element of largest magnitude; q = clamp(x/d + 8.5). */
+static void q4_0_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q4_0 *y = dst;
+    for (int64_t b = 0; b < n / PI_QK4_0; b++) {
+        const float *x = src + b * PI_QK4_0;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < PI_QK4_0; j++) {
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = pi_f32_to_fp16(d);
+        for (int j = 0; j < PI_QK4_0 / 2; j++) {
+            int q0 = (int)(x[j] * id + 8.5f);
+            int q1 = (int)(x[j + PI_QK4_0 / 2] * id + 8.5f);
+            q0 = PI_MIN(15, PI_MAX(0, q0));
+            q1 = PI_MIN(15, PI_MAX(0, q1));
+            y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+static void q4_0_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q4_0 *x = src;
+    for (int64_t b = 0; b < n / PI_QK4_0; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK4_0 / 2; j++) {
+            dst[b * PI_QK4_0 + j]                = (float)((x[b].qs[j] & 0x0f) - 8) * d;
+            dst[b * PI_QK4_0 + j + PI_QK4_0 / 2] = (float)((x[b].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q8_0 *x = src;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK8_0; j++) dst[b * PI_QK8_0 + j] = (float)x[b].qs[j] * d;
+    }
+}
+
+/* ---- the table ---- */
+
+static const pi_type_traits traits[PI_TYPE_COUNT] = {
+    [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,  PI_TYPE_F32,  pi_vec_dot_f32_f32 },
+    [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,  PI_TYPE_F32,  pi_vec_dot_f16_f32 },
+    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32, PI_TYPE_F32,  pi_vec_dot_bf16_f32 },
+    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32, PI_TYPE_Q8_0, pi_vec_dot_q4_0_q8_0 },
+    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0 },
+};
+
+const pi_type_traits *pi_traits(int32_t type) {
+    if (type < 0 || type >= PI_TYPE_COUNT || traits[type].block_size == 0) return NULL;
+    return &traits[type];
+}
+
+int32_t pi_type_supported(int32_t type) { return pi_traits(type) != NULL; }
+
+const char *pi_type_name(int32_t type) {
+    if (type == PI_TYPE_I32) return "i32";
+    const pi_type_traits *t = pi_traits(type);
+    return t ? t->name : "unknown";
+}
+
+int64_t pi_type_block_size(int32_t type) {
+    if (type == PI_TYPE_I32) return 1;
+    const pi_type_traits *t = pi_traits(type);
+    return t ? t->block_size : 0;
+}
+
+int64_t pi_type_block_bytes(int32_t type) {
+    if (type == PI_TYPE_I32) return 4;
+    const pi_type_traits *t = pi_traits(type);
+    return t ? t->block_bytes : 0;
+}
+
+int64_t pi_row_bytes(int32_t type, int64_t n) {
+    const int64_t bs = pi_type_block_size(type);
+    if (bs == 0 || n < 0 || n % bs != 0) return -1;
+    return n / bs * pi_type_block_bytes(type);
+}
+
+static pi_status check_conversion(int32_t type, const void *a, const void *b, int64_t n) {
+    const pi_type_traits *t = pi_traits(type);
+    if (!t) return pi_fail(PI_ERR_UNSUPPORTED, "unsupported type id %d", (int)type);
+    if (!a || !b) return pi_fail(PI_ERR_INVALID_ARG, "NULL buffer");
+    if (n < 0 || n % t->block_size != 0)
+        return pi_fail(PI_ERR_INVALID_ARG, "%lld elements is not a multiple of the %s block size %lld",
+                       (long long)n, t->name, (long long)t->block_size);
+    return PI_OK;
+}
+
+pi_status pi_quantize_row(int32_t type, const float *src, void *dst, int64_t n) {
+    pi_status st = check_conversion(type, src, dst, n);
+    if (st != PI_OK) return st;
+    pi_traits(type)->from_f32(src, dst, n);
+    return PI_OK;
+}
+
+pi_status pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n) {
+    pi_status st = check_conversion(type, src, dst, n);
+    if (st != PI_OK) return st;
+    pi_traits(type)->to_f32(src, dst, n);
+    return PI_OK;
+}

@@ -1,0 +1,79 @@
+/* internal.h: declarations shared by the core's source files (not public). */
+#ifndef PI_INTERNAL_H
+#define PI_INTERNAL_H
+
+#include "powerinfer.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#define PI_MAX_DIMS   4
+#define PI_MAX_SEQ    64
+#define PI_UNUSED(x)  (void)(x)
+#define PI_MIN(a, b)  ((a) < (b) ? (a) : (b))
+#define PI_MAX(a, b)  ((a) > (b) ? (a) : (b))
+
+/* ---- errors (error.c) ---- */
+/* Records a printf-style message for pi_last_error() and returns status. */
+pi_status pi_fail(pi_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void      pi_clear_error(void);
+
+/* ---- dtypes (dtype.c) ---- */
+typedef void  (*pi_to_f32_fn)(const void *src, float *dst, int64_t n);
+typedef void  (*pi_from_f32_fn)(const float *src, void *dst, int64_t n);
+/* Dot product of n elements: w in the weight type, x in the traits' vec_dot_type. */
+typedef float (*pi_vec_dot_fn)(int64_t n, const void *w, const void *x);
+
+typedef struct pi_type_traits {
+    const char     *name;
+    int64_t         block_size;    /* elements per block (0: unknown type) */
+    int64_t         block_bytes;
+    pi_to_f32_fn    to_f32;
+    pi_from_f32_fn  from_f32;
+    int32_t         vec_dot_type;  /* type the activations are converted to for vec_dot */
+    pi_vec_dot_fn   vec_dot;
+} pi_type_traits;
+
+const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
+
+/* ---- fp16 / bf16 conversions (fp16.h) ---- */
+#include "fp16.h"
+
+/* ---- SIMD kernels (arch/vec_dot.c); each has a scalar fallback ---- */
+float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
+float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
+float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q4_0_q8_0(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x);
+void  pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
+float pi_dot_f32(int64_t n, const float *a, const float *b);
+void  pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
+
+/* Block layouts (spec section 8). */
+#define PI_QK4_0 32
+#define PI_QK8_0 32
+typedef struct { uint16_t d; uint8_t qs[PI_QK4_0 / 2]; } pi_block_q4_0;
+typedef struct { uint16_t d; int8_t  qs[PI_QK8_0]; }     pi_block_q8_0;
+
+/* ---- thread pool (threadpool.c) ---- */
+typedef void (*pi_task_fn)(void *arg, int ith, int nth);
+/* Runs fn(arg, ith, nth) for ith = 0..nth-1 on the pool (the caller is thread 0) and waits. */
+void    pi_threadpool_run(pi_threadpool *pool, pi_task_fn fn, void *arg);
+int32_t pi_physical_cores(void);
+
+/* ---- tensors (tensor.c) ---- */
+int64_t   pi_nelements(const pi_tensor *t);
+pi_tensor pi_tensor_view(int32_t type, void *data, int n_dims, const int64_t *ne);  /* contiguous */
+pi_status pi_check_tensor(const pi_tensor *t, const char *what);
+bool      pi_is_contiguous_rows(const pi_tensor *t);   /* dim 0 contiguous */
+
+/* ---- ops with explicit scratch (ops.c) ---- */
+/* Bytes of scratch pi_mul_mat needs for x [K, T]. */
+size_t    pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T);
+pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch);
+float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value */
+pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                       const pi_tensor *mask, float scale, pi_tensor *out);
+
+#endif

@@ -1,0 +1,39 @@
+/* kv_cache.h: the key/value cache, a pool of cells shared by all sequences.
+ * A cell holds one token's K and V rows for every layer, its position, and
+ * the set of sequences it belongs to (several after pi_kv_seq_cp, which shares
+ * a prompt without copying). A token attends to the cells of its sequence with
+ * position <= its own. */
+#ifndef PI_KV_CACHE_H
+#define PI_KV_CACHE_H
+
+#include "internal.h"
+
+typedef struct pi_kv_cell {
+    int32_t  pos;    /* -1 when free */
+    uint64_t seqs;   /* bit s set: the cell belongs to sequence s */
+} pi_kv_cell;
+
+typedef struct pi_kv_cache {
+    int32_t     n_ctx;       /* cells */
+    int32_t     n_layer;
+    int32_t     type;        /* PI_TYPE_F16 or PI_TYPE_F32 */
+    int64_t     n_embd_kv;   /* head_dim * n_head_kv */
+    int64_t     row_bytes;   /* bytes of one cell's row in one layer */
+    pi_kv_cell *cells;       /* [n_ctx] */
+    char       *k;           /* [n_layer][n_ctx][n_embd_kv] */
+    char       *v;           /* [n_layer][n_ctx][n_embd_kv] */
+} pi_kv_cache;
+
+pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_embd_kv, int32_t type);
+void      pi_kv_release(pi_kv_cache *kv);
+/* Claims one free cell per token (written to cells[i]) and tags it with pos/seq. */
+pi_status pi_kv_claim(pi_kv_cache *kv, int32_t n, const int32_t *pos, const int32_t *seq, int32_t *cells);
+void      pi_kv_unclaim(pi_kv_cache *kv, int32_t n, const int32_t *cells);
+/* Cells [0, n) cover every used cell. */
+int32_t   pi_kv_span(const pi_kv_cache *kv);
+/* Pointer to the K (or V) row of a cell in a layer. */
+static inline char *pi_kv_row(const pi_kv_cache *kv, char *base, int32_t layer, int32_t cell) {
+    return base + ((int64_t)layer * kv->n_ctx + cell) * kv->row_bytes;
+}
+
+#endif

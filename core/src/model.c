@@ -1,0 +1,144 @@
+/* model.c: builds a pi_model from hparams and a table of tensor views, checking
+ * every name, shape, type and size against the hparams. Weights are not copied. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DIM ((int64_t)1 << 24)   /* no real model has a dimension of 16M or more */
+
+static const pi_tensor_desc *find_tensor(const pi_model_desc *desc, const char *name) {
+    for (int32_t i = 0; i < desc->n_tensors; i++)
+        if (desc->tensors[i].name && strcmp(desc->tensors[i].name, name) == 0) return &desc->tensors[i];
+    return NULL;
+}
+
+/* Looks up `name`, checks it has shape ne0 x ne1 (ne1 == 0: 1-d) and a usable type, and makes a view.
+ * optional: a missing tensor leaves *out zeroed and is not an error. */
+static pi_status load_tensor(const pi_model_desc *desc, const char *name, int64_t ne0, int64_t ne1,
+                             bool must_be_f32, bool optional, pi_tensor *out) {
+    memset(out, 0, sizeof *out);
+    const pi_tensor_desc *d = find_tensor(desc, name);
+    if (!d) {
+        if (optional) return PI_OK;
+        return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
+    }
+    if (!pi_traits(d->type))
+        return pi_fail(PI_ERR_UNSUPPORTED, "tensor '%s' has type %s (id %d), which this build cannot compute with",
+                       name, pi_type_name(d->type), (int)d->type);
+    if (must_be_f32 && d->type != PI_TYPE_F32)
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' must be f32, got %s", name, pi_type_name(d->type));
+    const int want_dims = ne1 ? 2 : 1;
+    int64_t ne[4] = { ne0, ne1 ? ne1 : 1, 1, 1 };
+    bool ok = d->n_dims >= 1 && d->n_dims <= 4;
+    for (int i = 0; ok && i < 4; i++) ok = (i < d->n_dims ? d->ne[i] : 1) == ne[i];
+    if (!ok) {
+        char got[96] = "", buf[24];
+        for (int i = 0; i < d->n_dims && i < 4; i++) {
+            snprintf(buf, sizeof buf, i ? ", %lld" : "%lld", (long long)d->ne[i]);
+            strncat(got, buf, sizeof got - strlen(got) - 1);
+        }
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' has shape [%s], expected [%lld%s%lld]", name, got,
+                       (long long)ne0, ne1 ? ", " : "", ne1 ? (long long)ne1 : 0LL);
+    }
+    const int64_t row = pi_row_bytes(d->type, ne0);
+    if (row < 0)
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s': row length %lld is not a multiple of the %s block size", name,
+                       (long long)ne0, pi_type_name(d->type));
+    const uint64_t need = (uint64_t)row * (uint64_t)ne[1];
+    if (!d->data || d->nbytes < need)
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' needs %llu bytes but only %llu are available", name,
+                       (unsigned long long)need, (unsigned long long)d->nbytes);
+    *out = pi_tensor_view(d->type, (void *)d->data, want_dims, ne);
+    return PI_OK;
+}
+
+static pi_status check_hparams(const pi_hparams *hp) {
+#define CHECK_DIM(field)                                                                      \
+    if (hp->field <= 0 || hp->field >= MAX_DIM)                                               \
+        return pi_fail(PI_ERR_BAD_MODEL, "hparam " #field " = %d is out of range", hp->field)
+    CHECK_DIM(n_vocab); CHECK_DIM(n_embd); CHECK_DIM(n_ff); CHECK_DIM(n_head); CHECK_DIM(n_head_kv);
+    CHECK_DIM(n_layer); CHECK_DIM(n_ctx_train);
+#undef CHECK_DIM
+    if (hp->arch != PI_ARCH_LLAMA && hp->arch != PI_ARCH_BAMBOO)
+        return pi_fail(PI_ERR_UNSUPPORTED, "unknown architecture id %d", hp->arch);
+    if (hp->n_layer > 4096) return pi_fail(PI_ERR_BAD_MODEL, "n_layer = %d is absurd", hp->n_layer);
+    if (hp->n_embd % hp->n_head)
+        return pi_fail(PI_ERR_BAD_MODEL, "n_embd = %d is not a multiple of n_head = %d", hp->n_embd, hp->n_head);
+    if (hp->n_head % hp->n_head_kv)
+        return pi_fail(PI_ERR_BAD_MODEL, "n_head = %d is not a multiple of n_head_kv = %d", hp->n_head, hp->n_head_kv);
+    const int32_t head_dim = hp->n_embd / hp->n_head;
+    if (hp->n_rot <= 0 || hp->n_rot > head_dim || hp->n_rot % 2)
+        return pi_fail(PI_ERR_BAD_MODEL, "rope dimension %d must be even and at most head_dim %d", hp->n_rot, head_dim);
+    if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_GELU)
+        return pi_fail(PI_ERR_BAD_MODEL, "unknown FFN activation id %d", hp->ffn_act);
+    if (hp->ffn_gate < PI_FFN_PAR || hp->ffn_gate > PI_FFN_SEQ)
+        return pi_fail(PI_ERR_BAD_MODEL, "unknown FFN gate mode %d", hp->ffn_gate);
+    if (!(hp->norm_eps >= 0.0f && hp->norm_eps < 1.0f))
+        return pi_fail(PI_ERR_BAD_MODEL, "norm epsilon %g is out of range", (double)hp->norm_eps);
+    if (!(hp->rope_freq_base > 0.0f) || !(hp->rope_freq_scale > 0.0f))
+        return pi_fail(PI_ERR_BAD_MODEL, "rope freq base %g and scale %g must be > 0", (double)hp->rope_freq_base,
+                       (double)hp->rope_freq_scale);
+    return PI_OK;
+}
+
+#define TRY(expr) do { st = (expr); if (st != PI_OK) goto fail; } while (0)
+
+pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
+    if (!out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_create: out is NULL");
+    *out = NULL;
+    if (!desc) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_create: desc is NULL");
+    if (desc->n_tensors < 0 || (desc->n_tensors > 0 && !desc->tensors))
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_model_create: bad tensor table");
+    const pi_hparams *hp = &desc->hparams;
+    pi_status st = check_hparams(hp);
+    if (st != PI_OK) return st;
+
+    pi_model *m = calloc(1, sizeof *m);
+    if (!m) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    m->hp = *hp;
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) { st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory"); goto fail; }
+
+    const int64_t E = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
+    const int64_t E_kv = E / hp->n_head * hp->n_head_kv;
+    TRY(load_tensor(desc, "token_embd.weight", E, V, false, false, &m->token_embd));
+    TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
+    TRY(load_tensor(desc, "output.weight", E, V, false, true, &m->output));
+    if (!m->output.data) m->output = m->token_embd;   /* tied embeddings */
+
+    char name[96];
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        pi_layer *L = &m->layers[il];
+#define LAYER(suffix, ne0, ne1, f32, opt, dst) \
+        snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst))
+        LAYER("attn_norm.weight",   E, 0,    true,  false, &L->attn_norm);
+        LAYER("attn_q.weight",      E, E,    false, false, &L->wq);
+        LAYER("attn_k.weight",      E, E_kv, false, false, &L->wk);
+        LAYER("attn_v.weight",      E, E_kv, false, false, &L->wv);
+        LAYER("attn_output.weight", E, E,    false, false, &L->wo);
+        LAYER("ffn_norm.weight",    E, 0,    true,  false, &L->ffn_norm);
+        LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
+        LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);
+        LAYER("ffn_down.weight",    F, E,    false, false, &L->ffn_down);
+#undef LAYER
+    }
+    *out = m;
+    return PI_OK;
+fail:
+    pi_model_free(m);
+    return st;
+}
+
+void pi_model_free(pi_model *model) {
+    if (!model) return;
+    free(model->layers);
+    free(model);
+}
+
+pi_status pi_model_hparams(const pi_model *model, pi_hparams *out) {
+    if (!model || !out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_hparams: NULL argument");
+    *out = model->hp;
+    return PI_OK;
+}

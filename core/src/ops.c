@@ -1,0 +1,427 @@
+/* ops.c: the CPU ops of the core. Each public pi_op_* checks its arguments,
+ * then splits its work over the thread pool. f32 tensors must have contiguous
+ * rows (nb[0] == 4); higher dims may be strided. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROW_F32(t, i1, i2, i3) \
+    ((float *)((char *)(t)->data + (i1) * (t)->nb[1] + (i2) * (t)->nb[2] + (i3) * (t)->nb[3]))
+
+/* Static split of [0, n) into nth ranges. */
+static inline void split_range(int64_t n, int ith, int nth, int64_t *i0, int64_t *i1) {
+    const int64_t per = (n + nth - 1) / nth;
+    *i0 = PI_MIN(n, per * ith);
+    *i1 = PI_MIN(n, *i0 + per);
+}
+
+static pi_status check_f32(const pi_tensor *t, const char *what) {
+    pi_status st = pi_check_tensor(t, what);
+    if (st != PI_OK) return st;
+    if (t->type != PI_TYPE_F32) return pi_fail(PI_ERR_INVALID_ARG, "%s: must be f32, got %s", what, pi_type_name(t->type));
+    if (t->nb[0] != sizeof(float)) return pi_fail(PI_ERR_INVALID_ARG, "%s: rows must be contiguous", what);
+    return PI_OK;
+}
+
+static pi_status check_same_shape(const pi_tensor *a, const pi_tensor *b, const char *what) {
+    for (int i = 0; i < PI_MAX_DIMS; i++)
+        if (a->ne[i] != b->ne[i])
+            return pi_fail(PI_ERR_INVALID_ARG, "%s: shape mismatch in dim %d (%lld vs %lld)", what, i,
+                           (long long)a->ne[i], (long long)b->ne[i]);
+    return PI_OK;
+}
+
+#define RETURN_IF(st) do { pi_status st_ = (st); if (st_ != PI_OK) return st_; } while (0)
+
+/* ---- get_rows ---------------------------------------------------------- */
+
+typedef struct { const pi_tensor *table; const int32_t *ids; int64_t n; pi_tensor *out; } get_rows_args;
+
+static void get_rows_task(void *p, int ith, int nth) {
+    get_rows_args *a = p;
+    const pi_type_traits *tr = pi_traits(a->table->type);
+    int64_t i0, i1;
+    split_range(a->n, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        const char *row = (const char *)a->table->data + (int64_t)a->ids[i] * a->table->nb[1];
+        tr->to_f32(row, ROW_F32(a->out, i, 0, 0), a->table->ne[0]);
+    }
+}
+
+pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int32_t *ids, int64_t n, pi_tensor *out) {
+    RETURN_IF(pi_check_tensor(table, "get_rows table"));
+    RETURN_IF(check_f32(out, "get_rows out"));
+    if (!ids) return pi_fail(PI_ERR_INVALID_ARG, "get_rows: ids is NULL");
+    if (!pi_traits(table->type)) return pi_fail(PI_ERR_UNSUPPORTED, "get_rows: table type %s", pi_type_name(table->type));
+    if (out->ne[0] != table->ne[0] || out->ne[1] != n || n < 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "get_rows: out must be [%lld, %lld]", (long long)table->ne[0], (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= table->ne[1])
+            return pi_fail(PI_ERR_INVALID_ARG, "get_rows: id %d at %lld is out of range [0, %lld)", ids[i],
+                           (long long)i, (long long)table->ne[1]);
+    get_rows_args a = { table, ids, n, out };
+    pi_threadpool_run(pool, get_rows_task, &a);
+    return PI_OK;
+}
+
+/* ---- mul_mat ------------------------------------------------------------
+ * y[n, t] = dot(w row n, x column t). Activations are converted once to the
+ * weight type's vec_dot_type; rows are handed out in chunks through an atomic
+ * counter, and each chunk of rows is applied to every token while it is in cache. */
+
+#define MUL_MAT_CHUNK_ROWS 16
+
+typedef struct {
+    const pi_tensor *w, *x;
+    pi_tensor *y;
+    char *xq;             /* [T] rows of the vec_dot_type */
+    int64_t xq_row_bytes;
+    atomic_llong next_chunk;
+} mul_mat_args;
+
+static void mul_mat_convert_task(void *p, int ith, int nth) {
+    mul_mat_args *a = p;
+    const pi_type_traits *tr = pi_traits(a->w->type);
+    int64_t t0, t1;
+    split_range(a->x->ne[1], ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++)
+        pi_traits(tr->vec_dot_type)->from_f32(ROW_F32(a->x, t, 0, 0), a->xq + t * a->xq_row_bytes, a->x->ne[0]);
+}
+
+static void mul_mat_task(void *p, int ith, int nth) {
+    PI_UNUSED(ith); PI_UNUSED(nth);
+    mul_mat_args *a = p;
+    const pi_type_traits *tr = pi_traits(a->w->type);
+    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1];
+    for (;;) {
+        const int64_t r0 = atomic_fetch_add(&a->next_chunk, 1) * MUL_MAT_CHUNK_ROWS;
+        if (r0 >= N) return;
+        const int64_t r1 = PI_MIN(N, r0 + MUL_MAT_CHUNK_ROWS);
+        for (int64_t t = 0; t < T; t++) {
+            const char *xq = a->xq + t * a->xq_row_bytes;
+            float *y = ROW_F32(a->y, t, 0, 0);
+            for (int64_t r = r0; r < r1; r++)
+                y[r] = tr->vec_dot(K, (const char *)a->w->data + r * a->w->nb[1], xq);
+        }
+    }
+}
+
+size_t pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T) {
+    const pi_type_traits *tr = pi_traits(wtype);
+    if (!tr) return 0;
+    return (size_t)(pi_row_bytes(tr->vec_dot_type, K) * T);
+}
+
+pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch) {
+    mul_mat_args a = { .w = w, .x = x, .y = y, .xq = scratch };
+    a.xq_row_bytes = pi_row_bytes(pi_traits(w->type)->vec_dot_type, w->ne[0]);
+    atomic_init(&a.next_chunk, 0);
+    pi_threadpool_run(pool, mul_mat_convert_task, &a);
+    pi_threadpool_run(pool, mul_mat_task, &a);
+    return PI_OK;
+}
+
+pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y) {
+    RETURN_IF(pi_check_tensor(w, "mul_mat w"));
+    RETURN_IF(check_f32(x, "mul_mat x"));
+    RETURN_IF(check_f32(y, "mul_mat y"));
+    if (!pi_traits(w->type)) return pi_fail(PI_ERR_UNSUPPORTED, "mul_mat: weight type %s", pi_type_name(w->type));
+    if (w->n_dims > 2 || x->ne[2] * x->ne[3] != 1 || y->ne[2] * y->ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: only 2-d operands are supported");
+    if (x->ne[0] != w->ne[0] || y->ne[0] != w->ne[1] || y->ne[1] != x->ne[1])
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: shapes w [%lld, %lld], x [%lld, %lld], y [%lld, %lld] do not fit",
+                       (long long)w->ne[0], (long long)w->ne[1], (long long)x->ne[0], (long long)x->ne[1],
+                       (long long)y->ne[0], (long long)y->ne[1]);
+    const size_t bytes = pi_mul_mat_scratch(w->type, w->ne[0], x->ne[1]);
+    void *scratch = malloc(bytes ? bytes : 1);
+    if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "mul_mat: out of memory");
+    pi_status st = pi_mul_mat(pool, w, x, y, scratch);
+    free(scratch);
+    return st;
+}
+
+/* ---- rms_norm ------------------------------------------------------------ */
+
+typedef struct { const pi_tensor *x, *w; float eps; pi_tensor *out; } rms_norm_args;
+
+static void rms_norm_task(void *p, int ith, int nth) {
+    rms_norm_args *a = p;
+    const int64_t D = a->x->ne[0], R = a->x->ne[1] * a->x->ne[2] * a->x->ne[3];
+    const float *w = a->w ? a->w->data : NULL;
+    int64_t r0, r1;
+    split_range(R, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % a->x->ne[1], i2 = (r / a->x->ne[1]) % a->x->ne[2], i3 = r / (a->x->ne[1] * a->x->ne[2]);
+        const float *x = ROW_F32(a->x, i1, i2, i3);
+        float *y = ROW_F32(a->out, i1, i2, i3);
+        double ss = 0.0;
+        for (int64_t i = 0; i < D; i++) ss += (double)x[i] * x[i];
+        const float scale = (float)(1.0 / sqrt(ss / (double)D + a->eps));
+        for (int64_t i = 0; i < D; i++) y[i] = x[i] * scale * (w ? w[i] : 1.0f);
+    }
+}
+
+pi_status pi_op_rms_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tensor *weight, float eps, pi_tensor *out) {
+    RETURN_IF(check_f32(x, "rms_norm x"));
+    RETURN_IF(check_f32(out, "rms_norm out"));
+    RETURN_IF(check_same_shape(x, out, "rms_norm"));
+    if (weight) {
+        RETURN_IF(check_f32(weight, "rms_norm weight"));
+        if (weight->ne[0] != x->ne[0] || pi_nelements(weight) != weight->ne[0])
+            return pi_fail(PI_ERR_INVALID_ARG, "rms_norm: weight must be [%lld]", (long long)x->ne[0]);
+    }
+    if (!(eps >= 0.0f)) return pi_fail(PI_ERR_INVALID_ARG, "rms_norm: eps must be >= 0");
+    rms_norm_args a = { x, weight, eps, out };
+    pi_threadpool_run(pool, rms_norm_task, &a);
+    return PI_OK;
+}
+
+/* ---- rope ----------------------------------------------------------------- */
+
+typedef struct { const pi_tensor *x; const int32_t *pos; int32_t n_rot; float base, scale; pi_tensor *out; } rope_args;
+
+static void rope_task(void *p, int ith, int nth) {
+    rope_args *a = p;
+    const int64_t hd = a->x->ne[0], H = a->x->ne[1], T = a->x->ne[2];
+    int64_t t0, t1;
+    split_range(T, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        for (int64_t i = 0; i < a->n_rot / 2; i++) {
+            const double theta = (double)a->pos[t] * a->scale * pow(a->base, -2.0 * (double)i / a->n_rot);
+            const float c = (float)cos(theta), s = (float)sin(theta);
+            for (int64_t h = 0; h < H; h++) {
+                const float *x = ROW_F32(a->x, h, t, 0);
+                float *y = ROW_F32(a->out, h, t, 0);
+                const float x0 = x[2 * i], x1 = x[2 * i + 1];
+                y[2 * i]     = x0 * c - x1 * s;
+                y[2 * i + 1] = x0 * s + x1 * c;
+            }
+        }
+        if (a->out->data != a->x->data || a->out->nb[1] != a->x->nb[1] || a->out->nb[2] != a->x->nb[2])
+            for (int64_t h = 0; h < H; h++)   /* dims past n_rot pass through */
+                memcpy(ROW_F32(a->out, h, t, 0) + a->n_rot, ROW_F32(a->x, h, t, 0) + a->n_rot,
+                       (size_t)(hd - a->n_rot) * sizeof(float));
+    }
+}
+
+pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, float freq_base,
+                     float freq_scale, pi_tensor *out) {
+    RETURN_IF(check_f32(x, "rope x"));
+    RETURN_IF(check_f32(out, "rope out"));
+    RETURN_IF(check_same_shape(x, out, "rope"));
+    if (!pos) return pi_fail(PI_ERR_INVALID_ARG, "rope: pos is NULL");
+    if (n_rot <= 0 || n_rot % 2 || n_rot > x->ne[0])
+        return pi_fail(PI_ERR_INVALID_ARG, "rope: n_rot = %d must be even and in (0, %lld]", n_rot, (long long)x->ne[0]);
+    if (!(freq_base > 0.0f) || !(freq_scale > 0.0f))
+        return pi_fail(PI_ERR_INVALID_ARG, "rope: freq_base and freq_scale must be > 0");
+    rope_args a = { x, pos, n_rot, freq_base, freq_scale, out };
+    pi_threadpool_run(pool, rope_task, &a);
+    return PI_OK;
+}
+
+/* ---- softmax -------------------------------------------------------------- */
+
+static void softmax_row(float *y, const float *x, int64_t n) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; i++) max = fmaxf(max, x[i]);
+    if (max == -INFINITY) { for (int64_t i = 0; i < n; i++) y[i] = 0.0f; return; }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) { y[i] = expf(x[i] - max); sum += y[i]; }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) y[i] *= inv;
+}
+
+typedef struct { const pi_tensor *x; pi_tensor *out; } unary_rows_args;
+
+static void softmax_task(void *p, int ith, int nth) {
+    unary_rows_args *a = p;
+    const int64_t R = a->x->ne[1] * a->x->ne[2] * a->x->ne[3];
+    int64_t r0, r1;
+    split_range(R, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % a->x->ne[1], i2 = (r / a->x->ne[1]) % a->x->ne[2], i3 = r / (a->x->ne[1] * a->x->ne[2]);
+        softmax_row(ROW_F32(a->out, i1, i2, i3), ROW_F32(a->x, i1, i2, i3), a->x->ne[0]);
+    }
+}
+
+pi_status pi_op_softmax(pi_threadpool *pool, const pi_tensor *x, pi_tensor *out) {
+    RETURN_IF(check_f32(x, "softmax x"));
+    RETURN_IF(check_f32(out, "softmax out"));
+    RETURN_IF(check_same_shape(x, out, "softmax"));
+    unary_rows_args a = { x, out };
+    pi_threadpool_run(pool, softmax_task, &a);
+    return PI_OK;
+}
+
+/* ---- elementwise ---------------------------------------------------------- */
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float relu(float x) { return x > 0.0f ? x : 0.0f; }
+static inline float gelu(float x) {  /* tanh approximation, as ggml */
+    const float c = 0.7978845608028654f;   /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+float pi_activation(int32_t op, float x) {
+    switch (op) {
+        case PI_UNARY_SILU: return silu(x);
+        case PI_UNARY_RELU: return relu(x);
+        default:            return gelu(x);
+    }
+}
+
+typedef struct { int32_t op; const pi_tensor *x; pi_tensor *out; } unary_args;
+
+static void unary_task(void *p, int ith, int nth) {
+    unary_args *a = p;
+    const int64_t D = a->x->ne[0], R = a->x->ne[1] * a->x->ne[2] * a->x->ne[3];
+    int64_t r0, r1;
+    split_range(R, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % a->x->ne[1], i2 = (r / a->x->ne[1]) % a->x->ne[2], i3 = r / (a->x->ne[1] * a->x->ne[2]);
+        const float *x = ROW_F32(a->x, i1, i2, i3);
+        float *y = ROW_F32(a->out, i1, i2, i3);
+        for (int64_t i = 0; i < D; i++) y[i] = pi_activation(a->op, x[i]);
+    }
+}
+
+pi_status pi_op_unary(pi_threadpool *pool, int32_t op, const pi_tensor *x, pi_tensor *out) {
+    RETURN_IF(check_f32(x, "unary x"));
+    RETURN_IF(check_f32(out, "unary out"));
+    RETURN_IF(check_same_shape(x, out, "unary"));
+    if (op != PI_UNARY_SILU && op != PI_UNARY_RELU && op != PI_UNARY_GELU)
+        return pi_fail(PI_ERR_INVALID_ARG, "unary: unknown op %d", op);
+    unary_args a = { op, x, out };
+    pi_threadpool_run(pool, unary_task, &a);
+    return PI_OK;
+}
+
+typedef struct { int32_t op; const pi_tensor *a, *b; pi_tensor *out; } binary_args;
+
+static void binary_task(void *p, int ith, int nth) {
+    binary_args *a = p;
+    const pi_tensor *A = a->a, *B = a->b;
+    const int64_t D = A->ne[0], R = A->ne[1] * A->ne[2] * A->ne[3];
+    int64_t r0, r1;
+    split_range(R, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % A->ne[1], i2 = (r / A->ne[1]) % A->ne[2], i3 = r / (A->ne[1] * A->ne[2]);
+        const float *x = ROW_F32(A, i1, i2, i3);
+        const float *y = ROW_F32(B, i1 % B->ne[1], i2 % B->ne[2], i3 % B->ne[3]);
+        float *z = ROW_F32(a->out, i1, i2, i3);
+        const int64_t ystep = B->ne[0] == 1 ? 0 : 1;
+        if (a->op == PI_BINARY_ADD) for (int64_t i = 0; i < D; i++) z[i] = x[i] + y[i * ystep];
+        else                        for (int64_t i = 0; i < D; i++) z[i] = x[i] * y[i * ystep];
+    }
+}
+
+pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, const pi_tensor *b, pi_tensor *out) {
+    RETURN_IF(check_f32(a, "binary a"));
+    RETURN_IF(check_f32(b, "binary b"));
+    RETURN_IF(check_f32(out, "binary out"));
+    RETURN_IF(check_same_shape(a, out, "binary"));
+    if (op != PI_BINARY_ADD && op != PI_BINARY_MUL) return pi_fail(PI_ERR_INVALID_ARG, "binary: unknown op %d", op);
+    for (int i = 0; i < PI_MAX_DIMS; i++)
+        if (b->ne[i] != 1 && b->ne[i] != a->ne[i])
+            return pi_fail(PI_ERR_INVALID_ARG, "binary: b dim %d (%lld) neither 1 nor %lld", i, (long long)b->ne[i],
+                           (long long)a->ne[i]);
+    binary_args args = { op, a, b, out };
+    pi_threadpool_run(pool, binary_task, &args);
+    return PI_OK;
+}
+
+/* ---- attention -------------------------------------------------------------
+ * One (token, head) pair at a time: scores over the visible cells, softmax,
+ * weighted sum of V rows. Masked cells (-inf) are skipped entirely. */
+
+typedef struct {
+    const pi_tensor *q, *k, *v, *mask;
+    float scale;
+    pi_tensor *out;
+    float *scratch;       /* per thread: [n_kv] scores + [head_dim] row buffer */
+} attention_args;
+
+static void attention_task(void *p, int ith, int nth) {
+    attention_args *a = p;
+    const int64_t hd = a->q->ne[0], H = a->q->ne[1], T = a->q->ne[2];
+    const int64_t Hkv = a->k->ne[1], n_kv = a->k->ne[2];
+    const int64_t group = H / Hkv;
+    const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
+    float *scores = a->scratch + (size_t)ith * (size_t)(n_kv + hd);
+    float *vrow = scores + n_kv;
+    int64_t w0, w1;
+    split_range(T * H, ith, nth, &w0, &w1);
+    for (int64_t w = w0; w < w1; w++) {
+        const int64_t t = w / H, h = w % H, hk = h / group;
+        const float *q = ROW_F32(a->q, h, t, 0);
+        const float *mask = a->mask ? ROW_F32(a->mask, t, 0, 0) : NULL;
+        float max = -INFINITY;
+        for (int64_t c = 0; c < n_kv; c++) {
+            const float m = mask ? mask[c] : 0.0f;
+            if (m == -INFINITY) { scores[c] = -INFINITY; continue; }
+            const char *krow = (const char *)a->k->data + hk * a->k->nb[1] + c * a->k->nb[2];
+            scores[c] = kt->vec_dot(hd, krow, q) * a->scale + m;
+            max = fmaxf(max, scores[c]);
+        }
+        float *out = ROW_F32(a->out, h, t, 0);
+        memset(out, 0, (size_t)hd * sizeof(float));
+        if (max == -INFINITY) continue;   /* nothing visible: output zeros */
+        double sum = 0.0;
+        for (int64_t c = 0; c < n_kv; c++) {
+            if (scores[c] == -INFINITY) continue;
+            scores[c] = expf(scores[c] - max);
+            sum += scores[c];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t c = 0; c < n_kv; c++) {
+            if (scores[c] == -INFINITY) continue;
+            const char *vsrc = (const char *)a->v->data + hk * a->v->nb[1] + c * a->v->nb[2];
+            const float *vr = (const float *)vsrc;
+            if (a->v->type != PI_TYPE_F32) { vt->to_f32(vsrc, vrow, hd); vr = vrow; }
+            pi_axpy_f32(hd, scores[c] * inv, vr, out);
+        }
+    }
+}
+
+pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                       const pi_tensor *mask, float scale, pi_tensor *out) {
+    const int nth = pi_threadpool_size(pool);
+    const int64_t n_kv = k->ne[2], hd = q->ne[0];
+    float *scratch = malloc((size_t)nth * (size_t)(n_kv + hd) * sizeof(float));
+    if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
+    attention_args a = { q, k, v, mask, scale, out, scratch };
+    pi_threadpool_run(pool, attention_task, &a);
+    free(scratch);
+    return PI_OK;
+}
+
+pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                          const pi_tensor *mask, float scale, pi_tensor *out) {
+    RETURN_IF(check_f32(q, "attention q"));
+    RETURN_IF(pi_check_tensor(k, "attention k"));
+    RETURN_IF(pi_check_tensor(v, "attention v"));
+    RETURN_IF(check_f32(out, "attention out"));
+    RETURN_IF(check_same_shape(q, out, "attention q/out"));
+    RETURN_IF(check_same_shape(k, v, "attention k/v"));
+    if ((k->type != PI_TYPE_F32 && k->type != PI_TYPE_F16) || (v->type != PI_TYPE_F32 && v->type != PI_TYPE_F16))
+        return pi_fail(PI_ERR_UNSUPPORTED, "attention: k and v must be f32 or f16");
+    if (k->nb[0] != pi_type_block_bytes(k->type) || v->nb[0] != pi_type_block_bytes(v->type))
+        return pi_fail(PI_ERR_INVALID_ARG, "attention: k and v rows must be contiguous");
+    if (k->ne[0] != q->ne[0] || q->ne[3] != 1 || k->ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "attention: head_dim of q (%lld) and k (%lld) differ",
+                       (long long)q->ne[0], (long long)k->ne[0]);
+    if (q->ne[1] % k->ne[1] != 0)
+        return pi_fail(PI_ERR_INVALID_ARG, "attention: %lld query heads is not a multiple of %lld kv heads",
+                       (long long)q->ne[1], (long long)k->ne[1]);
+    if (mask) {
+        RETURN_IF(check_f32(mask, "attention mask"));
+        if (mask->ne[0] != k->ne[2] || mask->ne[1] != q->ne[2])
+            return pi_fail(PI_ERR_INVALID_ARG, "attention: mask must be [%lld, %lld]", (long long)k->ne[2],
+                           (long long)q->ne[2]);
+    }
+    if (!isfinite(scale)) return pi_fail(PI_ERR_INVALID_ARG, "attention: scale must be finite");
+    return pi_attention(pool, q, k, v, mask, scale, out);
+}

@@ -214,8 +214,8 @@ class Tokenizer:
                 self._piece_to_id.setdefault(text, i)
         self._unused = {p for p in self._unused if self._types[self._piece_to_id[p]] == TOKEN_UNUSED}
 
-        self._user_re = _alternation(user_defined)
-        self._special_re = _alternation(list(specials))
+        self._user_matcher = _PieceMatcher.build(user_defined)
+        self._special_matcher = _PieceMatcher.build(list(specials))
         self._special_ids = specials
 
         # Merges can never cross the boundary in front of a run of "▁" when no mergeable
@@ -257,12 +257,12 @@ class Tokenizer:
         ids: list[int] = []
         if add_special and self.add_bos:
             ids.append(self.bos_id)
-        if parse_special and self._special_re is not None:
+        if parse_special and self._special_matcher is not None:
             pos = 0
-            for m in self._special_re.finditer(text):
-                self._encode_fragment(text[pos:m.start()], ids)
-                ids.append(self._special_ids[m.group()])
-                pos = m.end()
+            for begin, end, special in self._special_matcher.finditer(text):
+                self._encode_fragment(text[pos:begin], ids)
+                ids.append(self._special_ids[special])
+                pos = end
             self._encode_fragment(text[pos:], ids)
         else:
             self._encode_fragment(text, ids)
@@ -277,19 +277,23 @@ class Tokenizer:
         if self.add_space_prefix:
             text = " " + text
         norm = text.replace(" ", SPACE_SYMBOL)
+        start = len(out)
         if not self._chunked:
-            self._emit(self._merge(self._split_symbols(norm)), out)
+            self._emit(self._merge(self._split_symbols(norm)), out, start)
             return
         pos = 0
-        if self._user_re is not None:
-            for m in self._user_re.finditer(norm):
-                self._encode_chunks(norm[pos:m.start()], out)
-                out.append(self._piece_to_id[m.group()])
-                pos = m.end()
-        self._encode_chunks(norm[pos:], out)
+        if self._user_matcher is not None:
+            for begin, end, piece in self._user_matcher.finditer(norm):
+                self._encode_chunks(norm[pos:begin], out, start)
+                out.append(self._piece_to_id[piece])
+                pos = end
+        self._encode_chunks(norm[pos:], out, start)
 
-    def _encode_chunks(self, norm: str, out: list[int]) -> None:
-        """Encode normalised text without user-defined pieces, chunk by chunk (cached)."""
+    def _encode_chunks(self, norm: str, out: list[int], start: int) -> None:
+        """Encode normalised text without user-defined pieces, chunk by chunk (cached).
+
+        ``start`` is where the current fragment begins in ``out`` (for unk-run merging).
+        """
         cache = self._cache
         for chunk in _SPACE_CHUNK_RE.findall(norm):
             if not chunk:
@@ -297,23 +301,25 @@ class Tokenizer:
             ids = cache.get(chunk)
             if ids is None:
                 buf: list[int] = []
-                self._emit(self._merge([(c, False) for c in chunk]), buf)
+                self._emit(self._merge([(c, False) for c in chunk]), buf, 0)
                 ids = tuple(buf)
                 if len(chunk) <= _CACHE_MAX_CHUNK_CHARS:
                     if len(cache) >= _CACHE_MAX_ENTRIES:
                         cache.clear()
                     cache[chunk] = ids
+            if self._continues_unk_run(ids[0], out, start):
+                ids = ids[1:]
             out.extend(ids)
 
     def _split_symbols(self, norm: str) -> list[tuple[str, bool]]:
         """Characters of ``norm``, with user-defined pieces as frozen single symbols."""
-        if self._user_re is None:
+        if self._user_matcher is None:
             return [(c, False) for c in norm]
         symbols, pos = [], 0
-        for m in self._user_re.finditer(norm):
-            symbols.extend((c, False) for c in norm[pos:m.start()])
-            symbols.append((m.group(), True))
-            pos = m.end()
+        for begin, end, piece in self._user_matcher.finditer(norm):
+            symbols.extend((c, False) for c in norm[pos:begin])
+            symbols.append((piece, True))
+            pos = end
         symbols.extend((c, False) for c in norm[pos:])
         return symbols
 
@@ -376,8 +382,12 @@ class Tokenizer:
         else:
             out.append(w)
 
-    def _emit(self, pieces: list[str], out: list[int]) -> None:
-        """Append ids of final pieces, falling back to byte tokens / unk for unknown ones."""
+    def _emit(self, pieces: list[str], out: list[int], start: int) -> None:
+        """Append ids of final pieces, falling back to byte tokens / unk for unknown ones.
+
+        Without byte fallback a run of unknown pieces becomes a single unk, as in
+        sentencepiece; ``start`` is where the current fragment begins in ``out``.
+        """
         lookup, types = self._piece_to_id, self._types
         for w in pieces:
             tid = lookup.get(w)
@@ -389,7 +399,14 @@ class Tokenizer:
                     bid = self._byte_to_id.get(byte)
                     out.append(self._require_unk(w) if bid is None else bid)
             else:
-                out.append(self._require_unk(w))
+                unk = self._require_unk(w)
+                if not self._continues_unk_run(unk, out, start):
+                    out.append(unk)
+
+    def _continues_unk_run(self, tid: int, out: list[int], start: int) -> bool:
+        """True if ``tid`` is an unk that extends an unk run already at the end of ``out``."""
+        return (not self._byte_to_id and tid == self.unk_id
+                and len(out) > start and out[-1] == tid)
 
     def _require_unk(self, w: str) -> int:
         if self.unk_id is None:
@@ -451,12 +468,50 @@ class Tokenizer:
                 f"unk_id={self.unk_id}, add_bos={self.add_bos}, add_eos={self.add_eos})")
 
 
-def _alternation(texts: list[str]) -> re.Pattern | None:
-    """Regex matching any of ``texts``, longest first (leftmost-longest with finditer)."""
-    if not texts:
-        return None
-    ordered = sorted(set(texts), key=lambda s: (-len(s), s))
-    return re.compile("|".join(re.escape(s) for s in ordered))
+class _PieceMatcher:
+    """Leftmost-longest matching of a fixed set of strings (sentencepiece's PrefixMatcher).
+
+    A character trie walked from each position whose character can start a piece, so
+    the cost does not grow with the number of pieces.
+    """
+
+    _END = ""  # trie key marking "a piece ends here" (never a real character)
+
+    def __init__(self, pieces: list[str]):
+        self._trie: dict = {}
+        for piece in pieces:
+            node = self._trie
+            for ch in piece:
+                node = node.setdefault(ch, {})
+            node[self._END] = piece
+        self._first = re.compile("[" + "".join(re.escape(ch) for ch in self._trie) + "]")
+
+    @classmethod
+    def build(cls, pieces: list[str]) -> "_PieceMatcher | None":
+        pieces = [p for p in pieces if p]
+        return cls(pieces) if pieces else None
+
+    def finditer(self, text: str):
+        """Yield (begin, end, piece) for non-overlapping matches, left to right."""
+        pos, n = 0, len(text)
+        while True:
+            m = self._first.search(text, pos)
+            if m is None:
+                return
+            begin = m.start()
+            node, j, found = self._trie, begin, None
+            while j < n:
+                node = node.get(text[j])
+                if node is None:
+                    break
+                j += 1
+                if self._END in node:
+                    found = (j, node[self._END])
+            if found is None:
+                pos = begin + 1
+                continue
+            yield begin, found[0], found[1]
+            pos = found[0]
 
 
 class StreamDecoder:

@@ -5,6 +5,7 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,5 +129,9 @@ void pi_threadpool_run(pi_threadpool *pool, pi_task_fn fn, void *arg) {
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
     fn(arg, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) CPU_RELAX();
+    /* wait for the workers; yield the core now and then in case one of them was preempted */
+    for (int spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_ROUNDS) CPU_RELAX();
+        else sched_yield();
+    }
 }

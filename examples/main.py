@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""main: generate text from a prompt, or chat interactively, like llama.cpp's `main`.
+
+    python examples/main.py -m models/tiny-q8_0.gguf -p "Once upon a time" -n 64
+    python examples/main.py -m MODEL -i -r "User:" -f chat-prompt.txt
+
+Generated text goes to stdout as it is produced; logs and timings go to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import codecs
+import signal
+import sys
+from pathlib import Path
+
+import powerinfer as pi
+from powerinfer.generate import ContextFull, Generator, Timings
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-q8_0.gguf"
+YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default=str(DEFAULT_MODEL), help="model path (GGUF) (default: %(default)s)")
+    p.add_argument("-p", "--prompt", default=None, help="prompt to start generation with")
+    p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    p.add_argument("-e", "--escape", action="store_true", help="process escapes (\\n, \\t, ...) in the prompt")
+    p.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="tokens to predict (-1 = until end of text or a full context, -2 = until the context is full)")
+    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context size (0 = from the model) (default: %(default)s)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per decode call for prompts (default: %(default)s)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: physical cores)")
+    p.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (-1 = random)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature, <= 0 for greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k sampling, <= 0 off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling, 1.0 off (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling, 0 off (default: %(default)s)")
+    p.add_argument("--repeat-penalty", type=float, default=1.1, help="repeat penalty, 1.0 off (default: %(default)s)")
+    p.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back over, -1 = all (default: %(default)s)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty (default: %(default)s)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (default: %(default)s)")
+    p.add_argument("--ignore-eos", action="store_true", help="never stop at the end-of-text token")
+    p.add_argument("-i", "--interactive", action="store_true", help="interactive mode: hand control to the user")
+    p.add_argument("--interactive-first", action="store_true", help="interactive mode, and wait for input first")
+    p.add_argument("-r", "--reverse-prompt", action="append", default=[],
+                   help="in interactive mode, stop generating at this text and wait for input (repeatable)")
+    p.add_argument("--in-prefix", default="", help="text added before each user input")
+    p.add_argument("--in-suffix", default="", help="text added after each user input")
+    p.add_argument("--color", action="store_true", help="colour the prompt and the user input")
+    p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens before generating")
+    p.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
+    args = p.parse_args(argv)
+    args.interactive = args.interactive or args.interactive_first
+    return args
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def read_prompt(args) -> str:
+    if args.file:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise SystemExit(f"error: cannot read prompt file: {e}")
+    else:
+        text = args.prompt if args.prompt is not None else ("" if args.interactive else "Once upon a time")
+    if args.escape:
+        text = codecs.decode(text.encode("utf-8"), "unicode_escape").encode("latin-1").decode("utf-8")
+    return text
+
+
+class Interrupt:
+    """Ctrl-C: in interactive mode the first press hands control to the user; otherwise it ends the run."""
+
+    def __init__(self, interactive: bool):
+        self.interactive = interactive
+        self.requested = False
+        signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum, frame):
+        if self.interactive and not self.requested:
+            self.requested = True
+            return
+        raise KeyboardInterrupt
+
+
+def run(args) -> int:
+    timings = Timings()
+    try:
+        model = pi.Model(args.model)
+    except pi.ModelLoadError as e:
+        log(f"error: failed to load model: {e}")
+        return 1
+    timings.load_ms = model.load_time_s * 1e3
+    tok = model.tokenizer
+    log(f"main: loaded {model.describe()}")
+    log(f"system_info: n_threads = {args.threads or 'auto'} | {pi.system_info()}")
+
+    params = pi.SamplingParams(
+        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        seed=args.seed, ignore_eos=args.ignore_eos)
+    try:
+        params.validate()
+        ctx = pi.Context(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads or None,
+                         kv_type=args.kv_type)
+    except (ValueError, pi.PowerInferError) as e:
+        log(f"error: {e}")
+        return 1
+    eog_ids = [] if args.ignore_eos else [i for i in (tok.eos_id,) if i is not None]
+    sampler = pi.Sampler(params, eos_ids=[i for i in (tok.eos_id,) if i is not None])
+    log(f"sampling: seed = {sampler.seed}, temp = {args.temp:.3f}, top_k = {args.top_k}, top_p = {args.top_p:.3f}, "
+        f"min_p = {args.min_p:.3f}, repeat_last_n = {args.repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}")
+    log(f"generate: n_ctx = {ctx.n_ctx}, n_batch = {ctx.n_batch}, n_predict = {args.n_predict}")
+
+    prompt = read_prompt(args)
+    prompt_ids = tok.encode(prompt, add_special=True)
+    if len(prompt_ids) > ctx.n_ctx - 4 and not args.interactive:
+        log(f"error: prompt is too long ({len(prompt_ids)} tokens, max {ctx.n_ctx - 4})")
+        return 1
+    if args.verbose_prompt:
+        log(f"\nmain: prompt: '{prompt}'\nmain: number of tokens in prompt = {len(prompt_ids)}")
+        for t in prompt_ids:
+            log(f"{t:6d} -> '{tok.id_to_text(t)}'")
+        log("")
+
+    gen = Generator(ctx, sampler, timings=timings)
+    interrupt = Interrupt(args.interactive)
+    out = sys.stdout
+    color = args.color and out.isatty() or args.color
+    if args.interactive:
+        log("== Running in interactive mode. ==\n - Press Ctrl+C to interject at any time.\n"
+            " - Press Return to return control to LLaMa.\n - If you want to submit another line, end your input with '\\'.\n")
+
+    def emit(text: str, colour: str | None = None) -> None:
+        out.write(f"{colour}{text}{RESET}" if colour and color and text else text)
+        out.flush()
+
+    n_predict = args.n_predict if args.n_predict >= 0 else -1
+    try:
+        if not args.no_display_prompt:
+            emit(prompt, YELLOW)
+        gen.feed(prompt_ids)
+        waiting_for_user = args.interactive_first
+        while True:
+            if not waiting_for_user:
+                decoder = pi.StreamDecoder(tok, strip_leading_space=False)
+                recent = ""
+                hit_eog = False
+                for t in gen.generate(n_predict, eog_ids=eog_ids):
+                    if t in eog_ids:
+                        hit_eog = True
+                        break
+                    piece = decoder.push(t)
+                    emit(piece)
+                    recent = (recent + piece)[-256:]
+                    if args.interactive and (interrupt.requested or any(recent.endswith(r) for r in args.reverse_prompt)):
+                        break
+                else:
+                    emit(decoder.flush())
+                if gen.context_full:
+                    log("\nmain: context is full, stopping (context shifting is not implemented)")
+                    break
+                if not args.interactive:
+                    if hit_eog:
+                        log(" [end of text]")
+                    break
+            waiting_for_user = False
+            interrupt.requested = False
+            emit("", None)
+            lines = []
+            while True:
+                if color:
+                    out.write(GREEN)
+                    out.flush()
+                line = sys.stdin.readline()
+                if color:
+                    out.write(RESET)
+                    out.flush()
+                if not line:
+                    log("EOF by user")
+                    raise EOFError
+                if line.endswith("\\\n"):
+                    lines.append(line[:-2] + "\n")
+                    continue
+                lines.append(line)
+                break
+            text = args.in_prefix + "".join(lines) + args.in_suffix
+            emit(args.in_suffix) if args.in_suffix else None
+            gen.feed(tok.encode(text, add_special=False))
+    except EOFError:
+        pass
+    except ContextFull as e:
+        log(f"\nmain: {e}")
+    except KeyboardInterrupt:
+        log("\nInterrupted by user")
+        log(timings.report())
+        return 130
+    except pi.PowerInferError as e:
+        log(f"\nerror: {e}")
+        return 1
+    log("\n" + timings.report())
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

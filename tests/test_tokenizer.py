@@ -31,7 +31,8 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2  # sentencepiece trainer defaults
 UNK_SURFACE = " \u2047 "  # how sentencepiece decodes <unk>
 SPACE_SYMBOL = "\u2581"  # "▁", sentencepiece's escaped space
 
-USER_DEFINED_SYMBOLS = ["<ud>", SPACE_SYMBOL + "foo" + SPACE_SYMBOL + "bar", "[TOOL]"]  # "▁foo▁bar" has an interior "▁"
+FOO_BAR = SPACE_SYMBOL + "foo" + SPACE_SYMBOL + "bar"  # "▁foo▁bar": a piece with an interior "▁"
+USER_DEFINED_SYMBOLS = ["<ud>", FOO_BAR, "[TOOL]"]
 CONTROL_SYMBOLS = ["<|eot_id|>", "<sep>"]
 SPECIAL_TEXTS = ["<s>", "</s>", "<unk>", *CONTROL_SYMBOLS]  # what parse_special=True may match
 
@@ -297,7 +298,7 @@ def test_user_defined_symbols_are_whole_pieces(models):
     ud = {s: p.sp.piece_to_id(s) for s in USER_DEFINED_SYMBOLS}
     assert all(p.tok.token_type(i) == USER_DEFINED for i in ud.values())
     ids = p.tok.encode("x<ud>y[TOOL] foo bar", add_special=False)
-    assert ud["<ud>"] in ids and ud["[TOOL]"] in ids and ud[SPACE_SYMBOL + "foo" + SPACE_SYMBOL + "bar"] in ids
+    assert ud["<ud>"] in ids and ud["[TOOL]"] in ids and ud[FOO_BAR] in ids
     assert ids == p.sp.encode("x<ud>y[TOOL] foo bar")
 
 
@@ -446,7 +447,8 @@ def test_is_eog(models):
     p = models["userdef"]
     eot = p.sp.piece_to_id("<|eot_id|>")
     assert p.tok.is_eog(EOS_ID) and p.tok.is_eog(eot)
-    assert not p.tok.is_eog(BOS_ID) and not p.tok.is_eog(UNK_ID) and not p.tok.is_eog(p.sp.piece_to_id("<sep>"))
+    for not_eog in (BOS_ID, UNK_ID, p.sp.piece_to_id("<sep>")):
+        assert not p.tok.is_eog(not_eog)
     assert not models["bytefb"].tok.is_eog(BOS_ID)
 
 
@@ -482,7 +484,8 @@ def test_numpy_metadata_and_missing_optional_lists(models):
             "tokenizer.ggml.token_type": np.asarray(p.meta["tokenizer.ggml.token_type"], dtype=np.int32)}
     text = "numpy metadata 🦀 works"
     assert Tokenizer.from_gguf_metadata(meta).encode(text) == p.tok.encode(text)
-    bare = {k: v for k, v in p.meta.items() if k not in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type")}
+    optional_lists = ("tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+    bare = {k: v for k, v in p.meta.items() if k not in optional_lists}
     tok = Tokenizer.from_gguf_metadata(bare)  # types guessed: <0xXX> are bytes, bos/eos control
     assert tok.token_type(p.sp.piece_to_id("<0x41>")) == BYTE and tok.token_type(BOS_ID) == CONTROL
     assert tok.decode(tok.encode("🦀 crab")) == "🦀 crab"
@@ -505,7 +508,8 @@ def test_metadata_errors(models):
     assert "empty" in _meta_error({**meta, "tokenizer.ggml.tokens": [], "tokenizer.ggml.scores": [],
                                    "tokenizer.ggml.token_type": []})
     assert "scores" in _meta_error({**meta, "tokenizer.ggml.scores": meta["tokenizer.ggml.scores"][:-1]})
-    assert "token_type" in _meta_error({**meta, "tokenizer.ggml.token_type": meta["tokenizer.ggml.token_type"][:-1]})
+    short_types = meta["tokenizer.ggml.token_type"][:-1]
+    assert "token_type" in _meta_error({**meta, "tokenizer.ggml.token_type": short_types})
     assert "bos" in _meta_error({**meta, "tokenizer.ggml.bos_token_id": n})
     assert "eos" in _meta_error({**meta, "tokenizer.ggml.eos_token_id": -1})
     assert "unknown" in _meta_error({**meta, "tokenizer.ggml.unknown_token_id": n + 5})

@@ -1,5 +1,6 @@
 """PowerInfer-py: fast LLM inference on one machine, built on activation sparsity."""
 from ._ffi import PowerInferError
+from .api import PowerInfer
 from .context import Context
 from .gguf_file import ModelLoadError
 from .model import HParams, Model
@@ -8,7 +9,7 @@ from .tokenizer import StreamDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "HParams", "Model", "ModelLoadError", "PowerInferError", "Sampler", "SamplingParams",
+__all__ = ["Context", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError", "Sampler", "SamplingParams",
            "StreamDecoder", "Tokenizer", "system_info", "__version__"]
 
 

@@ -25,6 +25,12 @@ class _Reader(GGUFReader):
     """GGUFReader that also accepts the PowerInfer magic (the rest of the format is plain GGUF v3)."""
 
     def _get(self, offset, dtype, count=1, override_order=None):
+        # gguf's reader silently returns short arrays past the end of the file (and then loops over
+        # a corrupt array length for as long as it says): stop at the first read that does not fit.
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if int(offset) < 0 or end > len(self.data):
+            raise ValueError(f"the file is truncated: reading {int(count)} x {np.dtype(dtype).name} at offset "
+                             f"{int(offset)} runs past its end ({len(self.data)} bytes)")
         value = super()._get(offset, dtype, count, override_order)
         if offset == 0 and count == 1 and value[0] == PWRI_MAGIC:
             return np.array([GGUF_MAGIC], dtype=value.dtype)

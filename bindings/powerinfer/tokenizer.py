@@ -12,7 +12,8 @@ Encoding reproduces ``sentencepiece``'s BPE model (the kind llama uses):
 4. Emit the id of each final symbol; ``unused`` pieces are split back into
    the pieces they were merged from.  A character with no piece becomes the
    byte tokens ``<0xXX>`` of its UTF-8 bytes when the vocabulary has byte
-   tokens, else the unknown token.
+   tokens, else the unknown token (one unk per run of unknown characters,
+   as sentencepiece does).
 
 Control tokens (``<s>``, ``</s>``, ...) never come out of plain text; with
 ``parse_special=True`` their text in the input maps to their ids, and the
@@ -21,8 +22,9 @@ prefix (llama.cpp's behaviour).
 
 Decoding reassembles byte tokens into UTF-8, maps ``"▁"`` back to spaces and
 drops the dummy-prefix space from the first piece, as ``sentencepiece``'s
-``decode`` does.  Invalid UTF-8 is replaced with U+FFFD using Python's
-``errors="replace"`` rules.
+``decode`` does; the unknown token renders as sentencepiece's " ⁇ ".
+Invalid UTF-8 is replaced with U+FFFD using Python's ``errors="replace"``
+rules (sentencepiece itself emits one U+FFFD per invalid byte).
 """
 
 from __future__ import annotations
@@ -416,7 +418,10 @@ class Tokenizer:
     # ------------------------------------------------------------------ decoding
 
     def token_to_piece(self, id: int) -> bytes:
-        """Raw bytes of one token as it appears in text ("▁" -> b" ", control -> b"")."""
+        """Raw bytes of one token as it appears in text.
+
+        "▁" -> b" ", byte tokens -> that byte, control -> b"", unknown -> " ⁇ ".
+        """
         return self._piece_bytes[self._check_id(id)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:

@@ -100,9 +100,10 @@ int64_t pi_type_block_bytes(int32_t type) {
 }
 
 int64_t pi_row_bytes(int32_t type, int64_t n) {
-    const int64_t bs = pi_type_block_size(type);
+    const int64_t bs = pi_type_block_size(type), bb = pi_type_block_bytes(type);
     if (bs == 0 || n < 0 || n % bs != 0) return -1;
-    return n / bs * pi_type_block_bytes(type);
+    if (n / bs > INT64_MAX / bb) return -1;   /* would overflow */
+    return n / bs * bb;
 }
 
 static pi_status check_conversion(int32_t type, const void *a, const void *b, int64_t n) {

@@ -8,6 +8,17 @@
 
 #define MAX_DIM ((int64_t)1 << 24)   /* no real model has a dimension of 16M or more */
 
+/* ggml's name for a type id, for messages about types this build cannot compute with. */
+static const char *ggml_type_name(int32_t type) {
+    static const char *const names[] = {
+        "f32", "f16", "q4_0", "q4_1", NULL, NULL, "q5_0", "q5_1", "q8_0", "q8_1", "q2_K", "q3_K", "q4_K", "q5_K",
+        "q6_K", "q8_K", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs", "i8", "i16",
+        "i32", "i64", "f64", "iq1_m", "bf16", NULL, NULL, NULL, "tq1_0", "tq2_0", NULL, NULL, NULL, "mxfp4",
+    };
+    if (type < 0 || type >= (int32_t)(sizeof names / sizeof names[0]) || !names[type]) return "unknown";
+    return names[type];
+}
+
 static const pi_tensor_desc *find_tensor(const pi_model_desc *desc, const char *name) {
     for (int32_t i = 0; i < desc->n_tensors; i++)
         if (desc->tensors[i].name && strcmp(desc->tensors[i].name, name) == 0) return &desc->tensors[i];
@@ -26,7 +37,7 @@ static pi_status load_tensor(const pi_model_desc *desc, const char *name, int64_
     }
     if (!pi_traits(d->type))
         return pi_fail(PI_ERR_UNSUPPORTED, "tensor '%s' has type %s (id %d), which this build cannot compute with",
-                       name, pi_type_name(d->type), (int)d->type);
+                       name, ggml_type_name(d->type), (int)d->type);
     if (must_be_f32 && d->type != PI_TYPE_F32)
         return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' must be f32, got %s", name, pi_type_name(d->type));
     const int want_dims = ne1 ? 2 : 1;

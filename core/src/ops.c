@@ -56,6 +56,8 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
     RETURN_IF(check_f32(out, "get_rows out"));
     if (!ids) return pi_fail(PI_ERR_INVALID_ARG, "get_rows: ids is NULL");
     if (!pi_traits(table->type)) return pi_fail(PI_ERR_UNSUPPORTED, "get_rows: table type %s", pi_type_name(table->type));
+    if (table->ne[2] * table->ne[3] != 1 || out->ne[2] * out->ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "get_rows: table and out must be 2-d");
     if (out->ne[0] != table->ne[0] || out->ne[1] != n || n < 1)
         return pi_fail(PI_ERR_INVALID_ARG, "get_rows: out must be [%lld, %lld]", (long long)table->ne[0], (long long)n);
     for (int64_t i = 0; i < n; i++)
@@ -213,6 +215,7 @@ pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos
     RETURN_IF(check_f32(out, "rope out"));
     RETURN_IF(check_same_shape(x, out, "rope"));
     if (!pos) return pi_fail(PI_ERR_INVALID_ARG, "rope: pos is NULL");
+    if (x->ne[3] != 1) return pi_fail(PI_ERR_INVALID_ARG, "rope: x must be [head_dim, n_head, T] (3-d at most)");
     if (n_rot <= 0 || n_rot % 2 || n_rot > x->ne[0])
         return pi_fail(PI_ERR_INVALID_ARG, "rope: n_rot = %d must be even and in (0, %lld]", n_rot, (long long)x->ne[0]);
     if (!(freq_base > 0.0f) || !(freq_scale > 0.0f))

@@ -201,15 +201,19 @@ class ReferenceModel:
             self.freq_scale = 1.0
         else:
             raise ValueError(f"unsupported rope scaling {scaling!r}")
+        W = {name: dequantize(raw, tt, ne) for name, (tt, ne, raw) in tensors.items()}
+        # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
+        self.sparse = "blk.0.ffn_down_t.weight" in W
+        self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
+        self.use_predictor = self.sparse      # False: compute every neuron
         act = meta.get("powerinfer.ffn_activation")
         if act is None:
-            act = "relu" if arch == "bamboo" else "silu"
+            act = "relu" if arch == "bamboo" or self.sparse else "silu"
         if act not in ACTS:
             raise ValueError(f"unsupported ffn activation {act!r}")
         self.ffn_act = act
         self.tokens = meta.get("tokenizer.ggml.tokens")
 
-        W = {name: dequantize(raw, tt, ne) for name, (tt, ne, raw) in tensors.items()}
         self.tensor_types = {name: tt for name, (tt, _, _) in tensors.items()}
         self.tok_embd = W["token_embd.weight"]                 # (n_vocab, n_embd)
         self.n_vocab = self.tok_embd.shape[0]
@@ -218,9 +222,15 @@ class ReferenceModel:
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
-            self.layers.append({k: W[p + k + ".weight"] for k in (
-                "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")})
+            L = {k: W[p + k + ".weight"] for k in (
+                "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up")}
+            if self.sparse:
+                L["ffn_down"] = W[p + "ffn_down_t.weight"].T          # (n_embd, n_ff)
+                L["fc1"] = W[p + "fc1.weight"]                        # (r, n_embd)
+                L["fc2"] = W[p + "fc2.weight"]                        # (n_ff, r)
+            else:
+                L["ffn_down"] = W[p + "ffn_down.weight"]
+            self.layers.append(L)
         assert self.n_rot <= self.head_dim and self.n_rot % 2 == 0
 
     # ---- building blocks ---------------------------------------------------------------
@@ -245,13 +255,21 @@ class ReferenceModel:
     def act(self, x):
         return ACTS[self.ffn_act](x)
 
-    def ffn(self, L, g):
+    def predictor_mask(self, L, x):
+        """Neurons the predictor selects for each row of the pre-norm residual x: (n, n_ff) bool."""
+        scores = relu(x @ L["fc1"].T) @ L["fc2"].T
+        return scores >= self.sparse_threshold
+
+    def ffn(self, L, g, x=None):
+        """g: normed FFN input; x: pre-norm residual (the predictor's input in sparse files)."""
         gate = g @ L["ffn_gate"].T
         up = g @ L["ffn_up"].T
         if self.arch == "bamboo":
             hid = self.act(gate) * self.act(up)
         else:
             hid = self.act(gate) * up
+        if self.use_predictor:
+            hid = np.where(self.predictor_mask(L, x), hid, 0.0)
         return hid @ L["ffn_down"].T
 
     # ---- forward -------------------------------------------------------------------------
@@ -304,7 +322,7 @@ class ReferenceModel:
                 att_out[:, hh, :] = p @ v[:, kv, :]
             x = x + att_out.reshape(n, nh * hd) @ L["attn_output"].T
             g = self.rmsnorm(x, L["ffn_norm"])
-            x = x + self.ffn(L, g)
+            x = x + self.ffn(L, g, x)
         cache.pos = all_pos
         x = self.rmsnorm(x, self.output_norm)
         return x @ self.output.T

@@ -1,12 +1,48 @@
 """Context: the KV cache and decode calls of one model (one or more sequences)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
 from .model import Model
 
 _KV_TYPES = {"f16": lib.PI_TYPE_F16, "f32": lib.PI_TYPE_F32}
+THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
+
+
+def resolve_threshold(model: Model, explicit: float | None) -> float:
+    """The predictor threshold: an explicit value, else $LLAMA_SPARSE_PRED_THRESHOLD, else the file's
+    powerinfer.sparse_threshold, else 0.0."""
+    if explicit is not None:
+        value = float(explicit)
+    elif os.environ.get(THRESHOLD_ENV, "").strip():
+        try:
+            value = float(os.environ[THRESHOLD_ENV])
+        except ValueError:
+            raise ValueError(f"{THRESHOLD_ENV}={os.environ[THRESHOLD_ENV]!r} is not a number") from None
+    else:
+        value = model.sparse_threshold
+    if value != value:
+        raise ValueError("sparse threshold is NaN")
+    return value
+
+
+def _int32s(values, what: str) -> np.ndarray:
+    """values as a flat int32 array; ValueError (never a silent wrap or truncation) for non-integers
+    and integers outside int32."""
+    a = np.asarray(values)
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        if a.dtype != object or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                        for v in a.reshape(-1)):
+            raise ValueError(f"decode: {what} must be integers, got {a.dtype} values")
+    lo, hi = int(a.min()), int(a.max())
+    if lo < -2**31 or hi >= 2**31:
+        raise ValueError(f"decode: {what} value {lo if lo < -2**31 else hi} does not fit in int32")
+    return np.ascontiguousarray(a, dtype=np.int32).reshape(-1)
 
 
 class Context:
@@ -17,7 +53,8 @@ class Context:
     """
 
     def __init__(self, model: Model, *, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
-                 n_threads: int | None = None, kv_type: str = "f16"):
+                 n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
+                 dense: bool = False):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
         if n_ctx <= 0:
@@ -29,6 +66,10 @@ class Context:
         params.n_seq_max = n_seq_max
         params.n_threads = n_threads or 0
         params.kv_type = _KV_TYPES[kv_type]
+        self.sparse = model.sparse and not dense
+        self.sparse_threshold = resolve_threshold(model, sparse_threshold)
+        params.sparse_threshold = self.sparse_threshold
+        params.sparse_mode = lib.PI_SPARSE_ALL if dense else lib.PI_SPARSE_PREDICT
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model._ptr, params, out), "creating context")
         self._ptr = ffi.gc(out[0], lib.pi_context_free)
@@ -45,17 +86,22 @@ class Context:
         seq_id: int or per-token ints; logits: "last", "all", "none" or a boolean mask per token.
         Batches longer than n_batch are split; logits rows stay numbered over the whole call.
         """
-        tok = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        tok = _int32s(tokens, "tokens")
         n = len(tok)
         if n == 0:
             raise ValueError("decode: no tokens")
-        seq = np.broadcast_to(np.asarray(seq_id, dtype=np.int32), (n,)).copy()
+        seq_arr = np.asarray(seq_id)
+        try:
+            seq_arr = np.broadcast_to(seq_arr, (n,))
+        except ValueError:
+            raise ValueError(f"decode: seq_id has shape {seq_arr.shape}, expected one id or {n}") from None
+        seq = _int32s(seq_arr, "seq_id")
         if pos is None:
             if np.any(seq != seq[0]):
                 raise ValueError("decode: give pos explicitly when tokens belong to several sequences")
             start = self.seq_pos_max(int(seq[0])) + 1
             pos = np.arange(start, start + n, dtype=np.int32)
-        pos = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        pos = _int32s(pos, "pos")
         if len(pos) != n:
             raise ValueError("decode: pos and tokens differ in length")
         if isinstance(logits, str):
@@ -67,7 +113,7 @@ class Context:
             elif logits != "none":
                 raise ValueError(f"decode: logits must be 'last', 'all', 'none' or a mask, got {logits!r}")
         else:
-            want = np.ascontiguousarray(logits, dtype=np.int8).reshape(-1)
+            want = (np.asarray(logits).reshape(-1) != 0).astype(np.int8)
             if len(want) != n:
                 raise ValueError("decode: logits mask and tokens differ in length")
         batch = ffi.new("pi_batch *")
@@ -118,6 +164,18 @@ class Context:
     @property
     def kv_used(self) -> int:
         return int(lib.pi_kv_used_cells(self._ptr))
+
+    # ---- sparse statistics ----
+    def sparse_stats(self) -> tuple[np.ndarray, int]:
+        """(active[n_layer], total): (neuron, token) pairs computed per layer since the last reset,
+        and the pairs a dense FFN would have computed per layer."""
+        active = np.zeros(self.model.hparams.n_layer, dtype=np.int64)
+        total = ffi.new("int64_t *")
+        check(lib.pi_sparse_stats(self._ptr, ffi.from_buffer("int64_t[]", active), total), "sparse_stats")
+        return active, int(total[0])
+
+    def sparse_stats_reset(self) -> None:
+        lib.pi_sparse_stats_reset(self._ptr)
 
     def set_abort_callback(self, fn) -> None:
         """fn() -> bool, called between layers; True aborts the running decode."""

@@ -15,6 +15,7 @@ log = logging.getLogger("powerinfer")
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO}
 _ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU}
 ACTIVATION_KEY = "powerinfer.ffn_activation"
+SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value} is out of range")
         return int(value)
 
+    def as_float(key, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value!r} is not a number")
+        return float(value)
+
     n_embd = as_int("embedding_length", get("embedding_length", required=True))
     n_head = as_int("attention.head_count", get("attention.head_count", required=True))
     n_head_kv = as_int("attention.head_count_kv", get("attention.head_count_kv", n_head))
@@ -69,7 +75,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     n_rot = as_int("rope.dimension_count", get("rope.dimension_count", head_dim))
 
     scaling = get("rope.scaling.type", "linear")
-    factor = get("rope.scaling.factor", get("rope.scale_linear", 1.0))
+    factor = as_float("rope.scaling.factor", get("rope.scaling.factor", get("rope.scale_linear", 1.0)))
     if scaling == "none":
         factor = 1.0
     elif scaling != "linear":
@@ -77,7 +83,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     if not factor or factor <= 0:
         raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
 
-    act = meta.get(ACTIVATION_KEY, "relu" if arch == "bamboo" else "silu")
+    # ReLU-LLaMA files from the original converter carry no activation key; a PWRI file is ReLU by definition
+    default_act = "relu" if arch == "bamboo" or meta.get("_pwri") else "silu"
+    act = meta.get(ACTIVATION_KEY, default_act)
     if act not in _ACTS:
         raise ModelLoadError(f"{path}: unknown FFN activation '{act}' in {ACTIVATION_KEY}")
     return HParams(
@@ -87,8 +95,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         n_head=n_head, n_head_kv=n_head_kv,
         n_layer=as_int("block_count", get("block_count", required=True)),
         n_rot=n_rot, ffn_act=act, ffn_gate="sym" if arch == "bamboo" else "par",
-        norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_freq_base=float(get("rope.freq_base", 10000.0)),
+        norm_eps=as_float("attention.layer_norm_rms_epsilon", get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_freq_base=as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),
     )
 
@@ -105,20 +113,33 @@ class Model:
         self.file: GGUFFile = open_gguf(path)
         self.path = self.file.path
         self.metadata = self.file.metadata
-        self.hparams = _hparams_from_metadata(self.path, self.metadata)
-        if self.file.is_sparse:
-            missing = [n for n in ("blk.0.ffn_down_t.weight", "blk.0.fc1.weight") if n not in self.file.tensors]
-            if missing:
-                raise ModelLoadError(f"{self.path}: PowerInfer (PWRI) file without {', '.join(missing)}")
-            raise ModelLoadError(
-                f"{self.path}: PowerInfer sparse model (PWRI magic) recognised, but sparse inference is not "
-                "implemented in this version yet; use a dense GGUF file of the model")
+        self.hparams = _hparams_from_metadata(self.path, {**self.metadata, "_pwri": self.file.is_sparse})
+        self.sparse = self.file.is_sparse
+        if self.sparse:
+            self._check_sparse()
         try:
             self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
         except ValueError as e:
             raise ModelLoadError(f"{self.path}: {e}") from None
         self._ptr = self._create_c_model()
         self.load_time_s = time.perf_counter() - t0
+
+    def _check_sparse(self) -> None:
+        hp = self.hparams
+        if hp.ffn_act != "relu":
+            raise ModelLoadError(f"{self.path}: sparse inference needs a ReLU-family FFN, but this {hp.arch} model "
+                                 f"uses {hp.ffn_act} (set {ACTIVATION_KEY} = relu only if the model really is ReLU)")
+        names = self.file.tensors
+        for il in range(hp.n_layer):
+            missing = [f"blk.{il}.{n}.weight" for n in ("ffn_down_t", "fc1", "fc2") if f"blk.{il}.{n}.weight" not in names]
+            if missing:
+                raise ModelLoadError(f"{self.path}: PowerInfer (PWRI) file without {', '.join(missing)}: a sparse "
+                                     "model needs a transposed down matrix and a predictor per layer")
+
+    @property
+    def sparse_threshold(self) -> float:
+        """The file's predictor threshold (powerinfer.sparse_threshold, default 0.0)."""
+        return float(self.metadata.get(SPARSE_THRESHOLD_KEY, 0.0))
 
     def _create_c_model(self):
         hp = self.hparams
@@ -145,6 +166,7 @@ class Model:
         p.ffn_act = _ACTS[hp.ffn_act]
         p.ffn_gate = {"par": lib.PI_FFN_PAR, "sym": lib.PI_FFN_SYM, "seq": lib.PI_FFN_SEQ}[hp.ffn_gate]
         p.norm_eps, p.rope_freq_base, p.rope_freq_scale = hp.norm_eps, hp.rope_freq_base, hp.rope_freq_scale
+        p.sparse = 1 if self.sparse else 0
         desc.n_tensors = n
         desc.tensors = descs
         out = ffi.new("pi_model **")
@@ -174,6 +196,6 @@ class Model:
 
     def describe(self) -> str:
         hp = self.hparams
-        return (f"{self.path.name}: arch={hp.arch} n_vocab={hp.n_vocab} n_embd={hp.n_embd} n_layer={hp.n_layer} "
+        return (f"{self.path.name}: {'sparse (PowerInfer)' if self.sparse else 'dense'} arch={hp.arch} n_vocab={hp.n_vocab} n_embd={hp.n_embd} n_layer={hp.n_layer} "
                 f"n_head={hp.n_head} n_head_kv={hp.n_head_kv} n_ff={hp.n_ff} act={hp.ffn_act} "
                 f"params={self.n_params / 1e6:.2f}M size={self.size_bytes / 2**20:.2f} MiB")

@@ -153,6 +153,27 @@ PI_API pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *
 PI_API pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
                                  const pi_tensor *v, const pi_tensor *mask, float scale, pi_tensor *out);
 
+/* ---- sparse FFN ---------------------------------------------------------
+ * PowerInfer's FFN: neuron i is row i of gate/up and row i of down_t (the
+ * transposed down matrix). A neuron is computed for token t only when
+ * scores[i, t] >= threshold; the others contribute exactly zero.
+ */
+typedef struct pi_sparse_ffn_weights {
+    pi_tensor gate;      /* [n_embd, n_ff]; data NULL when the FFN has no gate (PI_FFN_SEQ) */
+    pi_tensor up;        /* [n_embd, n_ff] */
+    pi_tensor down_t;    /* [n_embd, n_ff]   row i = output vector of neuron i */
+} pi_sparse_ffn_weights;
+
+/* scores = fc2 relu(fc1 x):  fc1 [n_embd, r], fc2 [r, n_ff], x [n_embd, T] f32, scores [n_ff, T] f32. */
+PI_API pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tensor *fc2,
+                                 const pi_tensor *x, pi_tensor *scores);
+/* out [n_embd, T] = sum over active i of h[i, t] * down_t[i, :], with h = act(gate x) * (up x) (gate_mode
+ * per PI_FFN_*, act per PI_ACT_*), for x [n_embd, T] f32 and scores [n_ff, T] f32. out must not alias x.
+ * n_active, if not NULL, receives the number of (neuron, token) pairs computed. */
+PI_API pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act,
+                                  int32_t gate_mode, const pi_tensor *x, const pi_tensor *scores,
+                                  float threshold, pi_tensor *out, int64_t *n_active);
+
 /* ---- models -----------------------------------------------------------
  * Python parses the GGUF file and passes hyper-parameters plus a table of
  * tensor views into the mapped file. Tensors are looked up by their GGUF
@@ -173,6 +194,7 @@ typedef struct pi_hparams {
     float   norm_eps;
     float   rope_freq_base;
     float   rope_freq_scale; /* 1 / linear scaling factor */
+    int32_t sparse;          /* 1: PowerInfer layout (ffn_down_t, predictors blk.N.fc1/fc2) */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {
@@ -204,7 +226,14 @@ typedef struct pi_context_params {
     int32_t n_seq_max;   /* sequence ids are 0 .. n_seq_max-1 (at most 64) */
     int32_t n_threads;   /* <= 0: physical cores */
     int32_t kv_type;     /* PI_TYPE_F16 or PI_TYPE_F32 */
+    float   sparse_threshold;  /* sparse models: a neuron runs when its predictor score >= this */
+    int32_t sparse_mode;       /* PI_SPARSE_PREDICT, or PI_SPARSE_ALL to compute every neuron */
 } pi_context_params;
+
+enum {
+    PI_SPARSE_PREDICT = 0,   /* run the predictor, compute the neurons it selects */
+    PI_SPARSE_ALL     = 1    /* skip the predictor, compute every neuron (dense result of a sparse file) */
+};
 
 typedef struct pi_context pi_context;
 
@@ -240,6 +269,11 @@ PI_API void      pi_kv_clear(pi_context *ctx);
 /* Largest position stored for seq, or -1 when it has none. */
 PI_API int32_t   pi_kv_seq_pos_max(pi_context *ctx, int32_t seq);
 PI_API int32_t   pi_kv_used_cells(pi_context *ctx);
+
+/* Sparse models: neuron evaluations per layer since the last reset. active[l] counts (neuron, token)
+ * pairs computed in layer l (array of n_layer), *total the pairs a dense FFN would have computed per layer. */
+PI_API pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total);
+PI_API void      pi_sparse_stats_reset(pi_context *ctx);
 
 /* PI_CDEF_END */
 

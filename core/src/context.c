@@ -17,24 +17,42 @@
 #include <string.h>
 
 pi_context_params pi_context_default_params(void) {
-    return (pi_context_params){ .n_ctx = 512, .n_batch = 512, .n_seq_max = 1, .n_threads = 0, .kv_type = PI_TYPE_F16 };
+    return (pi_context_params){ .n_ctx = 512, .n_batch = 512, .n_seq_max = 1, .n_threads = 0, .kv_type = PI_TYPE_F16,
+                                .sparse_threshold = 0.0f, .sparse_mode = PI_SPARSE_PREDICT };
 }
 
 static void free_buffers(pi_buffers *b) {
     free(b->x); free(b->cur); free(b->q); free(b->k); free(b->v); free(b->att);
     free(b->gate); free(b->up); free(b->scratch); free(b->cells);
+    free(b->scores); free(b->pred); free(b->sparse);
     memset(b, 0, sizeof *b);
 }
 
-static pi_status alloc_buffers(pi_buffers *b, const pi_hparams *hp, int32_t T) {
+static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T, int nth) {
+    const pi_hparams *hp = &m->hp;
     const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, Ekv = E / (size_t)hp->n_head * (size_t)hp->n_head_kv;
+    const size_t R = (size_t)m->max_rank;
     const size_t t = (size_t)T, f = sizeof(float);
     b->x = malloc(t * E * f);  b->cur = malloc(t * E * f); b->q = malloc(t * E * f);
     b->k = malloc(t * Ekv * f); b->v = malloc(t * Ekv * f); b->att = malloc(t * E * f);
     b->gate = malloc(t * F * f); b->up = malloc(t * F * f);
-    b->scratch = malloc(t * PI_MAX(E, F) * f);
+    b->scratch = malloc(t * PI_MAX(PI_MAX(E, F), R) * f);
     b->cells = malloc(t * sizeof(int32_t));
-    if (!b->x || !b->cur || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->scratch || !b->cells) {
+    bool sparse_ok = true;
+    if (hp->sparse) {
+        size_t sbytes = 0;
+        for (int32_t il = 0; il < hp->n_layer; il++) {   /* layers may mix dtypes */
+            const pi_layer *L = &m->layers[il];
+            pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t };
+            sbytes = PI_MAX(sbytes, pi_sparse_ffn_scratch(&w, (int64_t)E, (int64_t)F, T, nth));
+        }
+        b->scores = malloc(t * F * f);
+        b->pred = malloc(t * PI_MAX(R, 1) * f);
+        b->sparse = malloc(sbytes);
+        sparse_ok = b->scores && b->pred && b->sparse;
+    }
+    if (!b->x || !b->cur || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->scratch || !b->cells ||
+        !sparse_ok) {
         free_buffers(b);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for activations of %d tokens", T);
     }
@@ -49,6 +67,7 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->mask);
     free(ctx->logits);
     free(ctx->output_row);
+    free(ctx->sparse_active);
     free(ctx);
 }
 
@@ -73,7 +92,12 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
     ctx->params = p;
     if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, (int64_t)hp->n_embd / hp->n_head * hp->n_head_kv, p.kv_type);
-    if (st == PI_OK) st = alloc_buffers(&ctx->buf, hp, p.n_batch);
+    if (st == PI_OK) st = alloc_buffers(&ctx->buf, model, p.n_batch, p.n_threads);
+    if (st == PI_OK && !(ctx->sparse_active = calloc((size_t)hp->n_layer, sizeof(int64_t))))
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == PI_OK && (p.sparse_mode != PI_SPARSE_PREDICT && p.sparse_mode != PI_SPARSE_ALL))
+        st = pi_fail(PI_ERR_INVALID_ARG, "sparse_mode = %d is not PI_SPARSE_PREDICT or PI_SPARSE_ALL", p.sparse_mode);
+    if (st == PI_OK && isnan(p.sparse_threshold)) st = pi_fail(PI_ERR_INVALID_ARG, "sparse_threshold is NaN");
     if (st == PI_OK && !(ctx->output_row = malloc((size_t)p.n_batch * sizeof(int32_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st != PI_OK) { pi_context_free(ctx); return st; }
@@ -92,6 +116,11 @@ pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads) {
     pi_threadpool *pool;
     pi_status st = pi_threadpool_create(n_threads, &pool);
     if (st != PI_OK) return st;
+    pi_buffers fresh = { 0 };
+    st = alloc_buffers(&fresh, ctx->model, ctx->params.n_batch, pi_threadpool_size(pool));  /* scratch is per thread */
+    if (st != PI_OK) { pi_threadpool_free(pool); return st; }
+    free_buffers(&ctx->buf);
+    ctx->buf = fresh;
     pi_threadpool_free(ctx->pool);
     ctx->pool = pool;
     ctx->params.n_threads = pi_threadpool_size(pool);
@@ -189,6 +218,33 @@ static void ffn_act_task(void *p, int ith, int nth) {
     }
 }
 
+/* PowerInfer FFN: the predictor reads the pre-norm residual x, the FFN the normed input. */
+static pi_status sparse_ffn_block(pi_context *ctx, const pi_layer *L, int32_t il, int64_t T) {
+    const pi_hparams *hp = &ctx->model->hp;
+    pi_buffers *B = &ctx->buf;
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    rms_norm(ctx, B->x, &L->ffn_norm, B->cur, T);
+    pi_tensor scores = f32_2d(B->scores, F, T);
+    float threshold = ctx->params.sparse_threshold;
+    if (ctx->params.sparse_mode == PI_SPARSE_ALL) {
+        memset(B->scores, 0, (size_t)(F * T) * sizeof(float));
+        threshold = -INFINITY;
+    } else {
+        pi_tensor xt = f32_2d(B->x, E, T);
+        pi_status st = pi_predictor(ctx->pool, &L->fc1, &L->fc2, &xt, &scores, B->pred, B->scratch);
+        if (st != PI_OK) return st;
+    }
+    pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t };
+    pi_tensor in = f32_2d(B->cur, E, T), out = f32_2d(B->att, E, T);
+    int64_t n_active = 0;
+    pi_status st = pi_sparse_ffn(ctx->pool, &w, hp->ffn_act, hp->ffn_gate, &in, &scores, threshold, &out, &n_active,
+                                 B->sparse);
+    if (st != PI_OK) return st;
+    ctx->sparse_active[il] += n_active;
+    add_inplace(ctx, B->x, B->att, E, T);
+    return PI_OK;
+}
+
 static void ffn_block(pi_context *ctx, const pi_layer *L, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_buffers *B = &ctx->buf;
@@ -265,8 +321,11 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
             break;
         }
         st = attention_block(ctx, &m->layers[il], il, batch, n_kv);
-        if (st == PI_OK) ffn_block(ctx, &m->layers[il], T);
+        if (st != PI_OK) break;
+        if (m->hp.sparse) st = sparse_ffn_block(ctx, &m->layers[il], il, T);
+        else ffn_block(ctx, &m->layers[il], T);
     }
+    if (st == PI_OK && m->hp.sparse) ctx->sparse_total += (int64_t)T * m->hp.n_ff;
     if (st == PI_OK) st = compute_logits(ctx, batch);
     if (st != PI_OK) {
         pi_kv_unclaim(&ctx->kv, T, B->cells);   /* leave the cache as it was */
@@ -283,4 +342,17 @@ const float *pi_get_logits(pi_context *ctx, int32_t i) {
         return NULL;
     }
     return ctx->logits + (size_t)ctx->output_row[i] * (size_t)ctx->model->hp.n_vocab;
+}
+
+pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total) {
+    if (!ctx || !active || !total) return pi_fail(PI_ERR_INVALID_ARG, "pi_sparse_stats: NULL argument");
+    memcpy(active, ctx->sparse_active, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
+    *total = ctx->sparse_total;
+    return PI_OK;
+}
+
+void pi_sparse_stats_reset(pi_context *ctx) {
+    if (!ctx) return;
+    memset(ctx->sparse_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
+    ctx->sparse_total = 0;
 }

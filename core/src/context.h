@@ -15,7 +15,11 @@ typedef struct pi_buffers {
     float *att;      /* [T][n_embd]     attention output before wo */
     float *gate;     /* [T][n_ff] */
     float *up;       /* [T][n_ff] */
-    void  *scratch;  /* mul_mat activation conversion, [T][max(n_embd, n_ff)] floats */
+    void  *scratch;  /* mul_mat activation conversion, [T][max(n_embd, n_ff, rank)] floats */
+    /* sparse models */
+    float *scores;   /* [T][n_ff]   predictor output */
+    float *pred;     /* [T][rank]   predictor hidden layer */
+    void  *sparse;   /* pi_sparse_ffn scratch */
     int32_t *cells;  /* [T] KV cells of the batch's tokens */
 } pi_buffers;
 
@@ -31,6 +35,8 @@ struct pi_context {
     int32_t           logits_cap;  /* rows allocated */
     int32_t          *output_row;  /* [n_batch] batch row -> logits row, -1 if none */
     int32_t           n_batch_last;
+    int64_t          *sparse_active; /* [n_layer] (neuron, token) pairs computed */
+    int64_t           sparse_total;  /* pairs a dense FFN would have computed, per layer */
     pi_abort_callback abort_cb;
     void             *abort_data;
 };

@@ -132,7 +132,22 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         LAYER("ffn_norm.weight",    E, 0,    true,  false, &L->ffn_norm);
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
         LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);
-        LAYER("ffn_down.weight",    F, E,    false, false, &L->ffn_down);
+        if (!hp->sparse) {
+            LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);
+            continue;
+        }
+        LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
+        snprintf(name, sizeof name, "blk.%d.fc1.weight", il);
+        const pi_tensor_desc *fc1 = find_tensor(desc, name);
+        if (!fc1) { st = pi_fail(PI_ERR_BAD_MODEL, "sparse model without predictor: missing tensor '%s'", name); goto fail; }
+        const int64_t rank = fc1->n_dims == 2 ? fc1->ne[1] : 0;
+        if (rank < 1 || rank > MAX_DIM) {
+            st = pi_fail(PI_ERR_BAD_MODEL, "predictor '%s' must be 2-d [n_embd, rank]", name);
+            goto fail;
+        }
+        m->max_rank = PI_MAX(m->max_rank, rank);
+        LAYER("fc1.weight", E, rank, false, false, &L->fc1);
+        LAYER("fc2.weight", rank, F, false, false, &L->fc2);
 #undef LAYER
     }
     *out = m;

@@ -1,0 +1,265 @@
+/* sparse_ffn.c: PowerInfer's predictor-guided FFN.
+ *
+ *   scores = fc2 relu(fc1 x_pred)                         (the predictor, dense and small)
+ *   neuron i runs for token t  iff  scores[i, t] >= threshold
+ *   h[i, t] = act(gate_i . x_t) * (up_i . x_t)           only for running (i, t), else 0
+ *   out[:, t] = sum_i h[i, t] * down_t[i, :]               axpy over rows of the transposed down matrix
+ *
+ * A batch of T tokens is handled together: the union U of neurons active for any
+ * token is gathered once, each gathered row is applied to every token that needs
+ * it, and each down_t row is dequantized once for all tokens. The down step
+ * splits the output columns between threads, so no two threads write the same
+ * element and no reduction is needed. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GATHER_CHUNK 8      /* neurons per work item in the gather step */
+#define COLUMN_ALIGN 32     /* output column ranges start at block boundaries */
+
+typedef struct {
+    const pi_sparse_ffn_weights *w;
+    int32_t act, mode;
+    const pi_tensor *x, *scores;
+    float threshold;
+    pi_tensor *out;
+    int64_t E, F, T;
+    /* scratch */
+    uint8_t *active;     /* [T][F] */
+    int32_t *count;      /* [F] tokens for which neuron i is active */
+    int32_t *rows;       /* [nU] union of active neurons, ascending */
+    int64_t  n_rows;
+    float   *h;          /* [T][nU] */
+    char    *xq_gate, *xq_up;          /* [T] activation rows in the weights' vec_dot types */
+    int64_t  xq_gate_bytes, xq_up_bytes;
+    float   *row_buf;    /* [nth][E] dequantized down_t slices */
+    atomic_llong next;
+} sparse_args;
+
+static void select_task(void *p, int ith, int nth) {
+    sparse_args *a = p;
+    const int64_t per = (a->F + nth - 1) / nth, i0 = PI_MIN(a->F, per * ith), i1 = PI_MIN(a->F, i0 + per);
+    for (int64_t i = i0; i < i1; i++) a->count[i] = 0;
+    for (int64_t t = 0; t < a->T; t++) {
+        const float *s = (const float *)((const char *)a->scores->data + t * a->scores->nb[1]);
+        uint8_t *act = a->active + t * a->F;
+        for (int64_t i = i0; i < i1; i++) {
+            act[i] = s[i] >= a->threshold;
+            a->count[i] += act[i];
+        }
+    }
+}
+
+static void convert_task(void *p, int ith, int nth) {
+    sparse_args *a = p;
+    for (int64_t t = ith; t < a->T; t += nth) {
+        const float *x = (const float *)((const char *)a->x->data + t * a->x->nb[1]);
+        if (a->xq_gate)
+            pi_traits(pi_traits(a->w->gate.type)->vec_dot_type)->from_f32(x, a->xq_gate + t * a->xq_gate_bytes, a->E);
+        pi_traits(pi_traits(a->w->up.type)->vec_dot_type)->from_f32(x, a->xq_up + t * a->xq_up_bytes, a->E);
+    }
+}
+
+static void gather_task(void *p, int ith, int nth) {
+    PI_UNUSED(ith); PI_UNUSED(nth);
+    sparse_args *a = p;
+    const pi_sparse_ffn_weights *w = a->w;
+    const pi_vec_dot_fn dot_up = pi_traits(w->up.type)->vec_dot;
+    const pi_vec_dot_fn dot_gate = a->xq_gate ? pi_traits(w->gate.type)->vec_dot : NULL;
+    for (;;) {
+        const int64_t j0 = atomic_fetch_add(&a->next, 1) * GATHER_CHUNK;
+        if (j0 >= a->n_rows) return;
+        const int64_t j1 = PI_MIN(a->n_rows, j0 + GATHER_CHUNK);
+        for (int64_t j = j0; j < j1; j++) {
+            const int64_t i = a->rows[j];
+            const char *up_row = (const char *)w->up.data + i * w->up.nb[1];
+            const char *gate_row = dot_gate ? (const char *)w->gate.data + i * w->gate.nb[1] : NULL;
+            for (int64_t t = 0; t < a->T; t++) {
+                float h = 0.0f;
+                if (a->active[t * a->F + i]) {
+                    const float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
+                    switch (a->mode) {
+                        case PI_FFN_PAR:
+                            h = pi_activation(a->act, dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes)) * u;
+                            break;
+                        case PI_FFN_SYM:
+                            h = pi_activation(a->act, dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes)) *
+                                pi_activation(a->act, u);
+                            break;
+                        default:
+                            h = pi_activation(a->act, u);
+                            break;
+                    }
+                }
+                a->h[t * a->n_rows + j] = h;
+            }
+        }
+    }
+}
+
+static void down_task(void *p, int ith, int nth) {
+    sparse_args *a = p;
+    const pi_tensor *d = &a->w->down_t;
+    const pi_type_traits *tr = pi_traits(d->type);
+    /* this thread's output columns [e0, e1), aligned to whole blocks */
+    const int64_t n_units = (a->E + COLUMN_ALIGN - 1) / COLUMN_ALIGN;
+    const int64_t per = (n_units + nth - 1) / nth;
+    const int64_t e0 = PI_MIN(a->E, per * ith * COLUMN_ALIGN), e1 = PI_MIN(a->E, e0 + per * COLUMN_ALIGN);
+    if (e0 >= e1) return;
+    const int64_t offset_bytes = e0 / tr->block_size * tr->block_bytes;
+    float *buf = a->row_buf + (size_t)ith * (size_t)a->E;
+    for (int64_t t = 0; t < a->T; t++)
+        memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)(e1 - e0) * sizeof(float));
+    for (int64_t j = 0; j < a->n_rows; j++) {
+        const char *row = (const char *)d->data + a->rows[j] * d->nb[1] + offset_bytes;
+        bool loaded = false;
+        for (int64_t t = 0; t < a->T; t++) {
+            const float h = a->h[t * a->n_rows + j];
+            if (h == 0.0f) continue;
+            if (!loaded) {
+                if (d->type == PI_TYPE_F32) buf = (float *)row;   /* no conversion needed */
+                else tr->to_f32(row, buf, e1 - e0);
+                loaded = true;
+            }
+            pi_axpy_f32(e1 - e0, h, buf, (float *)((char *)a->out->data + t * a->out->nb[1]) + e0);
+        }
+        if (d->type == PI_TYPE_F32) buf = a->row_buf + (size_t)ith * (size_t)a->E;
+    }
+}
+
+size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T, int nth) {
+    size_t bytes = (size_t)(T * F) + 64;                          /* active */
+    bytes += (size_t)F * sizeof(int32_t) * 2 + 64;                /* count, rows */
+    bytes += (size_t)(T * F) * sizeof(float) + 64;                /* h */
+    if (w->gate.data) bytes += (size_t)pi_mul_mat_scratch(w->gate.type, E, T) + 64;
+    bytes += (size_t)pi_mul_mat_scratch(w->up.type, E, T) + 64;
+    bytes += (size_t)nth * (size_t)E * sizeof(float) + 64;        /* row_buf */
+    return bytes;
+}
+
+static void *carve(char **p, size_t bytes) {
+    void *r = *p;
+    *p += (bytes + 63) / 64 * 64;
+    return r;
+}
+
+pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
+                        const pi_tensor *x, const pi_tensor *scores, float threshold, pi_tensor *out,
+                        int64_t *n_active, void *scratch) {
+    sparse_args a = { .w = w, .act = act, .mode = gate_mode, .x = x, .scores = scores, .threshold = threshold,
+                      .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1] };
+    const int nth = pi_threadpool_size(pool);
+    char *p = scratch;
+    a.active = carve(&p, (size_t)(a.T * a.F));
+    a.count = carve(&p, (size_t)a.F * sizeof(int32_t));
+    a.rows = carve(&p, (size_t)a.F * sizeof(int32_t));
+    a.h = carve(&p, (size_t)(a.T * a.F) * sizeof(float));
+    if (gate_mode != PI_FFN_SEQ) {
+        a.xq_gate_bytes = pi_row_bytes(pi_traits(w->gate.type)->vec_dot_type, a.E);
+        a.xq_gate = carve(&p, (size_t)(a.xq_gate_bytes * a.T));
+    }
+    a.xq_up_bytes = pi_row_bytes(pi_traits(w->up.type)->vec_dot_type, a.E);
+    a.xq_up = carve(&p, (size_t)(a.xq_up_bytes * a.T));
+    a.row_buf = carve(&p, (size_t)nth * (size_t)a.E * sizeof(float));
+
+    pi_threadpool_run(pool, select_task, &a);
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < a.F; i++) {
+        pairs += a.count[i];
+        if (a.count[i]) a.rows[a.n_rows++] = (int32_t)i;
+    }
+    if (n_active) *n_active = pairs;
+    pi_threadpool_run(pool, convert_task, &a);
+    atomic_init(&a.next, 0);
+    pi_threadpool_run(pool, gather_task, &a);
+    pi_threadpool_run(pool, down_task, &a);
+    return PI_OK;
+}
+
+/* ---- predictor ---- */
+
+pi_status pi_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tensor *fc2, const pi_tensor *x,
+                       pi_tensor *scores, float *hidden, void *scratch) {
+    const int64_t T = x->ne[1], r = fc1->ne[1];
+    pi_tensor ht = pi_tensor_view(PI_TYPE_F32, hidden, 2, (int64_t[]){ r, T });
+    pi_status st = pi_mul_mat(pool, fc1, x, &ht, scratch);
+    if (st != PI_OK) return st;
+    st = pi_op_unary(pool, PI_UNARY_RELU, &ht, &ht);
+    if (st != PI_OK) return st;
+    return pi_mul_mat(pool, fc2, &ht, scores, scratch);
+}
+
+/* ---- public, checked entry points ---- */
+
+#define RETURN_IF(st) do { pi_status st_ = (st); if (st_ != PI_OK) return st_; } while (0)
+
+static pi_status check_f32_2d(const pi_tensor *t, int64_t ne0, int64_t ne1, const char *what) {
+    RETURN_IF(pi_check_tensor(t, what));
+    if (t->type != PI_TYPE_F32 || t->nb[0] != sizeof(float))
+        return pi_fail(PI_ERR_INVALID_ARG, "%s: must be f32 with contiguous rows", what);
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] * t->ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "%s: shape must be [%lld, %lld]", what, (long long)ne0, (long long)ne1);
+    return PI_OK;
+}
+
+static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, const char *what) {
+    RETURN_IF(pi_check_tensor(t, what));
+    if (!pi_traits(t->type)) return pi_fail(PI_ERR_UNSUPPORTED, "%s: type %s", what, pi_type_name(t->type));
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] * t->ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)ne0, (long long)ne1);
+    return PI_OK;
+}
+
+pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tensor *fc2, const pi_tensor *x,
+                          pi_tensor *scores) {
+    RETURN_IF(pi_check_tensor(x, "predictor x"));
+    RETURN_IF(pi_check_tensor(fc1, "predictor fc1"));
+    RETURN_IF(pi_check_tensor(fc2, "predictor fc2"));
+    const int64_t E = x->ne[0], T = x->ne[1], r = fc1->ne[1];
+    RETURN_IF(check_f32_2d(x, E, T, "predictor x"));
+    RETURN_IF(check_weight(fc1, E, r, "predictor fc1"));
+    RETURN_IF(check_weight(fc2, r, fc2->ne[1], "predictor fc2"));
+    RETURN_IF(check_f32_2d(scores, fc2->ne[1], T, "predictor scores"));
+    float *hidden = malloc((size_t)(r * T) * sizeof(float));
+    const size_t sbytes = PI_MAX(pi_mul_mat_scratch(fc1->type, E, T), pi_mul_mat_scratch(fc2->type, r, T));
+    void *scratch = malloc(sbytes + 1);
+    pi_status st = hidden && scratch ? pi_predictor(pool, fc1, fc2, x, scores, hidden, scratch)
+                                     : pi_fail(PI_ERR_OUT_OF_MEMORY, "predictor: out of memory");
+    free(hidden);
+    free(scratch);
+    return st;
+}
+
+pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_mode, int64_t E, int64_t F) {
+    if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
+    if (gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ)
+        return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown gate mode %d", gate_mode);
+    if (gate_mode != PI_FFN_SEQ) RETURN_IF(check_weight(&w->gate, E, F, "sparse_ffn gate"));
+    RETURN_IF(check_weight(&w->up, E, F, "sparse_ffn up"));
+    RETURN_IF(check_weight(&w->down_t, E, F, "sparse_ffn down_t"));
+    return PI_OK;
+}
+
+pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
+                           const pi_tensor *x, const pi_tensor *scores, float threshold, pi_tensor *out,
+                           int64_t *n_active) {
+    RETURN_IF(pi_check_tensor(x, "sparse_ffn x"));
+    if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
+    const int64_t E = x->ne[0], T = x->ne[1], F = w->up.ne[1];
+    RETURN_IF(pi_check_sparse_weights(w, gate_mode, E, F));
+    RETURN_IF(check_f32_2d(x, E, T, "sparse_ffn x"));
+    RETURN_IF(check_f32_2d(scores, F, T, "sparse_ffn scores"));
+    RETURN_IF(check_f32_2d(out, E, T, "sparse_ffn out"));
+    if (out->data == x->data) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: out must not alias x");
+    if (act < PI_ACT_SILU || act > PI_ACT_GELU) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown activation %d", act);
+    if (isnan(threshold)) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: threshold is NaN");
+    void *scratch = malloc(pi_sparse_ffn_scratch(w, E, F, T, pi_threadpool_size(pool)));
+    if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "sparse_ffn: out of memory");
+    pi_status st = pi_sparse_ffn(pool, w, act, gate_mode, x, scores, threshold, out, n_active, scratch);
+    free(scratch);
+    return st;
+}

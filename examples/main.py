@@ -52,6 +52,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens before generating")
     p.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
+    p.add_argument("--sparse-threshold", type=float, default=None,
+                   help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
+                        "else the file's powerinfer.sparse_threshold, else 0.0)")
+    p.add_argument("--dense", action="store_true",
+                   help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     args = p.parse_args(argv)
     args.interactive = args.interactive or args.interactive_first
     return args
@@ -109,7 +114,7 @@ def run(args) -> int:
     try:
         params.validate()
         ctx = pi.Context(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type)
+                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense)
     except (ValueError, pi.PowerInferError) as e:
         log(f"error: {e}")
         return 1
@@ -118,6 +123,9 @@ def run(args) -> int:
     log(f"sampling: seed = {sampler.seed}, temp = {args.temp:.3f}, top_k = {args.top_k}, top_p = {args.top_p:.3f}, "
         f"min_p = {args.min_p:.3f}, repeat_last_n = {args.repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}")
     log(f"generate: n_ctx = {ctx.n_ctx}, n_batch = {ctx.n_batch}, n_predict = {args.n_predict}")
+    if model.sparse:
+        log("PowerInfer model loaded. " + ("Every neuron is computed (--dense)." if args.dense else
+            f"Sparse inference will be used. sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))
 
     prompt = read_prompt(args)
     prompt_ids = tok.encode(prompt, add_special=True)
@@ -205,6 +213,10 @@ def run(args) -> int:
     except pi.PowerInferError as e:
         log(f"\nerror: {e}")
         return 1
+    if ctx.sparse:
+        active, total = ctx.sparse_stats()
+        if total:
+            log("\nsparse: neurons computed per layer: " + " ".join(f"{a / total:.1%}" for a in active))
     log("\n" + timings.report())
     return 0
 

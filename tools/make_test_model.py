@@ -22,8 +22,8 @@ float weights for every ``dtype`` (an f32 and a q8_0 model are "the same model"
 up to quantization error).  2-D matrices: ``normal * 1/sqrt(fan_in)``
 (``token_embd``: ``normal``, i.e. std 1 per element); 1-D norm weights:
 ``1 + 0.1*normal`` (always F32).  The float weights are then converted with the
-numpy quantizers in this file (``quantize_q8_0``, ``quantize_q4_0``,
-``float_to_bf16``), which follow ggml's reference quantizers.
+numpy quantizers of ``powerinfer.quants`` (``quantize_q8_0``, ``quantize_q4_0``,
+``float_to_bf16``, re-exported here), which follow ggml's reference quantizers.
 
 ``random_blocks=True`` (``--random-blocks``): quantized tensors are filled with
 random *valid* blocks directly (uniform random nibbles / int8 and random fp16
@@ -50,13 +50,47 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
+
+# --------------------------------------------------------------------------------------
+# quantizers
+# --------------------------------------------------------------------------------------
+def _load_quants():
+    """powerinfer.quants; from this checkout's bindings/ when the package is not importable, and
+    as a standalone module when the package is there but its C library is not built yet (the
+    quantizers are pure numpy)."""
+    try:
+        from powerinfer import quants
+        return quants
+    except ImportError:
+        pass
+    bindings = Path(__file__).resolve().parents[1] / "bindings"
+    if str(bindings) not in sys.path:
+        sys.path.insert(0, str(bindings))
+        try:
+            from powerinfer import quants
+            return quants
+        except ImportError:
+            pass
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_powerinfer_quants", bindings / "powerinfer" / "quants.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_quants = _load_quants()
+# the numpy quantizers (ggml reference arithmetic) live in powerinfer.quants; re-exported here
+QK = _quants.QK
+Q4_0_BYTES = _quants.Q4_0_BYTES
+Q8_0_BYTES = _quants.Q8_0_BYTES
+float_to_bf16 = _quants.float_to_bf16
+quantize_q8_0 = _quants.quantize_q8_0
+quantize_q4_0 = _quants.quantize_q4_0
+
 # --------------------------------------------------------------------------------------
 # block layouts
 # --------------------------------------------------------------------------------------
-QK = 32                  # elements per block, Q4_0 and Q8_0
-Q4_0_BYTES = 18          # fp16 d + 16 bytes of nibbles
-Q8_0_BYTES = 34          # fp16 d + 32 int8
-
 DTYPES = {
     # name: (ggml type, general.file_type, block elems, block bytes)
     "f32":  (QT.F32,  0,  1, 4),
@@ -78,79 +112,11 @@ PRESETS = {
 _CHUNK_BYTES = 64 << 20   # generation / write chunk size
 
 
-# --------------------------------------------------------------------------------------
-# quantizers (numpy, written from the block layouts; arithmetic in float32 like ggml)
-# --------------------------------------------------------------------------------------
-def float_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits (uint16): top 16 bits with round-to-nearest-even (NaN kept quiet)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    is_nan = (u & 0x7FFFFFFF) > 0x7F800000
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    r = np.where(is_nan, (u >> 16) | 0x40, r)
-    return r.astype(np.uint16)
-
-
-def quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """float rows (..., n) with n % 32 == 0 -> uint8 (..., n//32*34).
-
-    Per block: amax = max|x|, d = amax/127, id = 1/d (0 if d == 0),
-    q = roundf(x*id) (half away from zero); stored: fp16(d), int8 q[32].
-    """
-    x = np.asarray(x, dtype=np.float32)
-    assert x.shape[-1] % QK == 0, "Q8_0 row length must be a multiple of 32"
-    lead = x.shape[:-1]
-    b = x.reshape(-1, QK)
-    amax = np.abs(b).max(axis=1, keepdims=True)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        idv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    v = (b * idv).astype(np.float32)
-    a = np.abs(v)
-    fl = np.floor(a)
-    q = np.sign(v) * (fl + np.floor(2 * (a - fl)))                     # roundf, exact
-    out = np.empty((b.shape[0], Q8_0_BYTES), dtype=np.uint8)
-    out[:, :2] = d.astype(np.float16).view(np.uint8)
-    out[:, 2:] = q.astype(np.int8).view(np.uint8)
-    return out.reshape(*lead, -1)
-
-
-def quantize_q4_0(x: np.ndarray) -> np.ndarray:
-    """float rows (..., n) with n % 32 == 0 -> uint8 (..., n//32*18).
-
-    Per block: max = element with the largest |x| (sign kept), d = max/-8, id = 1/d,
-    q = min(15, int(x*id + 8.5)); stored: fp16(d), qs[16] with element j in the low
-    nibble of qs[j] and element j+16 in the high nibble.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    assert x.shape[-1] % QK == 0, "Q4_0 row length must be a multiple of 32"
-    lead = x.shape[:-1]
-    b = x.reshape(-1, QK)
-    imax = np.abs(b).argmax(axis=1)[:, None]
-    mx = np.take_along_axis(b, imax, axis=1)
-    d = (mx / np.float32(-8)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        idv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    v = (b * idv + np.float32(8.5)).astype(np.float32)
-    q = np.minimum(np.trunc(v), 15).astype(np.uint8)                   # v >= 0.5 always
-    out = np.empty((b.shape[0], Q4_0_BYTES), dtype=np.uint8)
-    out[:, :2] = d.astype(np.float16).view(np.uint8)
-    out[:, 2:] = q[:, :16] | (q[:, 16:] << np.uint8(4))
-    return out.reshape(*lead, -1)
-
-
 def encode(x: np.ndarray, dtype: str) -> np.ndarray:
     """float32 rows -> raw uint8 bytes of the GGUF tensor data for `dtype` (row-major)."""
-    if dtype == "f32":
-        return np.ascontiguousarray(x, dtype=np.float32).view(np.uint8)
-    if dtype == "f16":
-        return np.ascontiguousarray(x, dtype=np.float32).astype(np.float16).view(np.uint8)
-    if dtype == "bf16":
-        return float_to_bf16(x).view(np.uint8)
-    if dtype == "q8_0":
-        return quantize_q8_0(x)
-    if dtype == "q4_0":
-        return quantize_q4_0(x)
-    raise ValueError(f"unknown dtype {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return _quants.quantize(x, dtype)
 
 
 # --------------------------------------------------------------------------------------

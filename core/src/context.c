@@ -28,7 +28,7 @@ static void free_buffers(pi_buffers *b) {
     memset(b, 0, sizeof *b);
 }
 
-static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T, int nth) {
+static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T) {
     const pi_hparams *hp = &m->hp;
     const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, Ekv = E / (size_t)hp->n_head * (size_t)hp->n_head_kv;
     const size_t R = (size_t)m->max_rank;
@@ -44,7 +44,7 @@ static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T, int 
         for (int32_t il = 0; il < hp->n_layer; il++) {   /* layers may mix dtypes */
             const pi_layer *L = &m->layers[il];
             pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t };
-            sbytes = PI_MAX(sbytes, pi_sparse_ffn_scratch(&w, (int64_t)E, (int64_t)F, T, nth));
+            sbytes = PI_MAX(sbytes, pi_sparse_ffn_scratch(&w, (int64_t)E, (int64_t)F, T));
         }
         b->scores = malloc(t * F * f);
         b->pred = malloc(t * PI_MAX(R, 1) * f);
@@ -92,7 +92,7 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
     ctx->params = p;
     if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, (int64_t)hp->n_embd / hp->n_head * hp->n_head_kv, p.kv_type);
-    if (st == PI_OK) st = alloc_buffers(&ctx->buf, model, p.n_batch, p.n_threads);
+    if (st == PI_OK) st = alloc_buffers(&ctx->buf, model, p.n_batch);
     if (st == PI_OK && !(ctx->sparse_active = calloc((size_t)hp->n_layer, sizeof(int64_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && (p.sparse_mode != PI_SPARSE_PREDICT && p.sparse_mode != PI_SPARSE_ALL))
@@ -116,11 +116,6 @@ pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads) {
     pi_threadpool *pool;
     pi_status st = pi_threadpool_create(n_threads, &pool);
     if (st != PI_OK) return st;
-    pi_buffers fresh = { 0 };
-    st = alloc_buffers(&fresh, ctx->model, ctx->params.n_batch, pi_threadpool_size(pool));  /* scratch is per thread */
-    if (st != PI_OK) { pi_threadpool_free(pool); return st; }
-    free_buffers(&ctx->buf);
-    ctx->buf = fresh;
     pi_threadpool_free(ctx->pool);
     ctx->pool = pool;
     ctx->params.n_threads = pi_threadpool_size(pool);

@@ -67,11 +67,12 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 /* ---- the table ---- */
 
 static const pi_type_traits traits[PI_TYPE_COUNT] = {
-    [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,  PI_TYPE_F32,  pi_vec_dot_f32_f32 },
-    [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,  PI_TYPE_F32,  pi_vec_dot_f16_f32 },
-    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32, PI_TYPE_F32,  pi_vec_dot_bf16_f32 },
-    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32, PI_TYPE_Q8_0, pi_vec_dot_q4_0_q8_0 },
-    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0 },
+    /*               name    block bytes to_f32       from_f32              vec_dot_type  vec_dot               axpy */
+    [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,         PI_TYPE_F32,  pi_vec_dot_f32_f32,   pi_axpy_f32_row },
+    [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,         PI_TYPE_F32,  pi_vec_dot_f16_f32,   pi_axpy_f16 },
+    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,        PI_TYPE_F32,  pi_vec_dot_bf16_f32,  pi_axpy_bf16 },
+    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,        PI_TYPE_Q8_0, pi_vec_dot_q4_0_q8_0, pi_axpy_q4_0 },
+    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0, pi_axpy_q8_0 },
 };
 
 const pi_type_traits *pi_traits(int32_t type) {

@@ -24,6 +24,8 @@ typedef void  (*pi_to_f32_fn)(const void *src, float *dst, int64_t n);
 typedef void  (*pi_from_f32_fn)(const float *src, void *dst, int64_t n);
 /* Dot product of n elements: w in the weight type, x in the traits' vec_dot_type. */
 typedef float (*pi_vec_dot_fn)(int64_t n, const void *w, const void *x);
+/* y[0..n) += a * row[0..n), row in the weight type (n a multiple of the block size). */
+typedef void  (*pi_axpy_fn)(int64_t n, float a, const void *row, float *y);
 
 typedef struct pi_type_traits {
     const char     *name;
@@ -33,6 +35,7 @@ typedef struct pi_type_traits {
     pi_from_f32_fn  from_f32;
     int32_t         vec_dot_type;  /* type the activations are converted to for vec_dot */
     pi_vec_dot_fn   vec_dot;
+    pi_axpy_fn      axpy;          /* the sparse FFN's down step */
 } pi_type_traits;
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
@@ -49,6 +52,11 @@ float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x);
 void  pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
 float pi_dot_f32(int64_t n, const float *a, const float *b);
 void  pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
+void  pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);
+void  pi_axpy_f16(int64_t n, float a, const void *row, float *y);
+void  pi_axpy_bf16(int64_t n, float a, const void *row, float *y);
+void  pi_axpy_q4_0(int64_t n, float a, const void *row, float *y);
+void  pi_axpy_q8_0(int64_t n, float a, const void *row, float *y);
 
 /* Block layouts (spec section 8). */
 #define PI_QK4_0 32
@@ -78,7 +86,7 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
 
 
 /* ---- sparse FFN (sparse_ffn.c) ---- */
-size_t    pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T, int nth);
+size_t    pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T);
 pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
                         const pi_tensor *x, const pi_tensor *scores, float threshold, pi_tensor *out,
                         int64_t *n_active, void *scratch);

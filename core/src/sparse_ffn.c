@@ -7,7 +7,8 @@
  *
  * A batch of T tokens is handled together: the union U of neurons active for any
  * token is gathered once, each gathered row is applied to every token that needs
- * it, and each down_t row is dequantized once for all tokens. The down step
+ * it, and each down_t row is read once for all tokens (axpy straight from the
+ * weight type, no dequantized copy). The down step
  * splits the output columns between threads, so no two threads write the same
  * element and no reduction is needed. */
 #include "internal.h"
@@ -35,7 +36,6 @@ typedef struct {
     float   *h;          /* [T][nU] */
     char    *xq_gate, *xq_up;          /* [T] activation rows in the weights' vec_dot types */
     int64_t  xq_gate_bytes, xq_up_bytes;
-    float   *row_buf;    /* [nth][E] dequantized down_t slices */
     atomic_llong next;
 } sparse_args;
 
@@ -110,33 +110,23 @@ static void down_task(void *p, int ith, int nth) {
     const int64_t e0 = PI_MIN(a->E, per * ith * COLUMN_ALIGN), e1 = PI_MIN(a->E, e0 + per * COLUMN_ALIGN);
     if (e0 >= e1) return;
     const int64_t offset_bytes = e0 / tr->block_size * tr->block_bytes;
-    float *buf = a->row_buf + (size_t)ith * (size_t)a->E;
     for (int64_t t = 0; t < a->T; t++)
         memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)(e1 - e0) * sizeof(float));
     for (int64_t j = 0; j < a->n_rows; j++) {
         const char *row = (const char *)d->data + a->rows[j] * d->nb[1] + offset_bytes;
-        bool loaded = false;
         for (int64_t t = 0; t < a->T; t++) {
             const float h = a->h[t * a->n_rows + j];
-            if (h == 0.0f) continue;
-            if (!loaded) {
-                if (d->type == PI_TYPE_F32) buf = (float *)row;   /* no conversion needed */
-                else tr->to_f32(row, buf, e1 - e0);
-                loaded = true;
-            }
-            pi_axpy_f32(e1 - e0, h, buf, (float *)((char *)a->out->data + t * a->out->nb[1]) + e0);
+            if (h != 0.0f) tr->axpy(e1 - e0, h, row, (float *)((char *)a->out->data + t * a->out->nb[1]) + e0);
         }
-        if (d->type == PI_TYPE_F32) buf = a->row_buf + (size_t)ith * (size_t)a->E;
     }
 }
 
-size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T, int nth) {
+size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T) {
     size_t bytes = (size_t)(T * F) + 64;                          /* active */
     bytes += (size_t)F * sizeof(int32_t) * 2 + 64;                /* count, rows */
     bytes += (size_t)(T * F) * sizeof(float) + 64;                /* h */
     if (w->gate.data) bytes += (size_t)pi_mul_mat_scratch(w->gate.type, E, T) + 64;
     bytes += (size_t)pi_mul_mat_scratch(w->up.type, E, T) + 64;
-    bytes += (size_t)nth * (size_t)E * sizeof(float) + 64;        /* row_buf */
     return bytes;
 }
 
@@ -151,7 +141,6 @@ pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int
                         int64_t *n_active, void *scratch) {
     sparse_args a = { .w = w, .act = act, .mode = gate_mode, .x = x, .scores = scores, .threshold = threshold,
                       .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1] };
-    const int nth = pi_threadpool_size(pool);
     char *p = scratch;
     a.active = carve(&p, (size_t)(a.T * a.F));
     a.count = carve(&p, (size_t)a.F * sizeof(int32_t));
@@ -163,7 +152,6 @@ pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int
     }
     a.xq_up_bytes = pi_row_bytes(pi_traits(w->up.type)->vec_dot_type, a.E);
     a.xq_up = carve(&p, (size_t)(a.xq_up_bytes * a.T));
-    a.row_buf = carve(&p, (size_t)nth * (size_t)a.E * sizeof(float));
 
     pi_threadpool_run(pool, select_task, &a);
     int64_t pairs = 0;
@@ -257,7 +245,7 @@ pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, 
     if (out->data == x->data) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: out must not alias x");
     if (act < PI_ACT_SILU || act > PI_ACT_GELU) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown activation %d", act);
     if (isnan(threshold)) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: threshold is NaN");
-    void *scratch = malloc(pi_sparse_ffn_scratch(w, E, F, T, pi_threadpool_size(pool)));
+    void *scratch = malloc(pi_sparse_ffn_scratch(w, E, F, T));
     if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "sparse_ffn: out of memory");
     pi_status st = pi_sparse_ffn(pool, w, act, gate_mode, x, scores, threshold, out, n_active, scratch);
     free(scratch);

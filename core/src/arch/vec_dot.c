@@ -208,3 +208,90 @@ float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
     }
     return sum;
 }
+
+/* ---- axpy: y += a * row, row in a weight type (the sparse FFN's down step) ---- */
+
+void pi_axpy_f32_row(int64_t n, float a, const void *row, float *y) { pi_axpy_f32(n, a, row, y); }
+
+void pi_axpy_f16(int64_t n, float a, const void *row, float *y) {
+    const uint16_t *x = row;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 xv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, xv, _mm512_loadu_ps(y + i)));
+    }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
+    }
+#endif
+    for (; i < n; i++) y[i] += a * pi_fp16_to_f32(x[i]);
+}
+
+void pi_axpy_bf16(int64_t n, float a, const void *row, float *y) {
+    const uint16_t *x = row;
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) {
+        const __m256i xi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i))), 16);
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_castsi256_ps(xi), _mm256_loadu_ps(y + i)));
+    }
+#endif
+    for (; i < n; i++) y[i] += a * pi_bf16_to_f32(x[i]);
+}
+
+void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y) {
+    const pi_block_q4_0 *x = row;
+    const int64_t nb = n / PI_QK4_0;
+    int64_t b = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; b < nb; b++) {
+        const __m256 scale = _mm256_set1_ps(a * pi_fp16_to_f32(x[b].d));
+        /* 32 signed values q - 8 as bytes: low nibbles are elements 0..15, high nibbles 16..31 */
+        const __m256i q = _mm256_sub_epi8(unpack_nibbles(x[b].qs), _mm256_set1_epi8(8));
+        float *yb = y + b * PI_QK4_0;
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        const __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        const __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+        _mm256_storeu_ps(yb,      _mm256_fmadd_ps(scale, f0, _mm256_loadu_ps(yb)));
+        _mm256_storeu_ps(yb + 8,  _mm256_fmadd_ps(scale, f1, _mm256_loadu_ps(yb + 8)));
+        _mm256_storeu_ps(yb + 16, _mm256_fmadd_ps(scale, f2, _mm256_loadu_ps(yb + 16)));
+        _mm256_storeu_ps(yb + 24, _mm256_fmadd_ps(scale, f3, _mm256_loadu_ps(yb + 24)));
+    }
+#endif
+    for (; b < nb; b++) {
+        const float s = a * pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK4_0 / 2; j++) {
+            y[b * PI_QK4_0 + j]                += s * (float)((x[b].qs[j] & 0x0f) - 8);
+            y[b * PI_QK4_0 + j + PI_QK4_0 / 2] += s * (float)((x[b].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y) {
+    const pi_block_q8_0 *x = row;
+    const int64_t nb = n / PI_QK8_0;
+    int64_t b = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; b < nb; b++) {
+        const __m256 scale = _mm256_set1_ps(a * pi_fp16_to_f32(x[b].d));
+        float *yb = y + b * PI_QK8_0;
+        for (int k = 0; k < 4; k++) {
+            const __m128i q8 = _mm_loadl_epi64((const __m128i *)(x[b].qs + 8 * k));
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            _mm256_storeu_ps(yb + 8 * k, _mm256_fmadd_ps(scale, f, _mm256_loadu_ps(yb + 8 * k)));
+        }
+    }
+#endif
+    for (; b < nb; b++) {
+        const float s = a * pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK8_0; j++) y[b * PI_QK8_0 + j] += s * (float)x[b].qs[j];
+    }
+}

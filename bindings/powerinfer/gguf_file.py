@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
-from gguf.constants import GGUF_MAGIC
+from gguf.constants import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType
 
 PWRI_MAGIC = int.from_bytes(b"PWRI", "little")
 
@@ -29,12 +29,37 @@ class _Reader(GGUFReader):
         # a corrupt array length for as long as it says): stop at the first read that does not fit.
         end = int(offset) + np.dtype(dtype).itemsize * int(count)
         if int(offset) < 0 or end > len(self.data):
-            raise ValueError(f"the file is truncated: reading {int(count)} x {np.dtype(dtype).name} at offset "
-                             f"{int(offset)} runs past its end ({len(self.data)} bytes)")
+            raise ValueError(f"reading {int(count)} x {np.dtype(dtype).name} at offset {int(offset)} runs past "
+                             f"the end of the file ({len(self.data)} bytes)")
         value = super()._get(offset, dtype, count, override_order)
         if offset == 0 and count == 1 and value[0] == PWRI_MAGIC:
             return np.array([GGUF_MAGIC], dtype=value.dtype)
         return value
+
+    def _build_tensors(self, start_offs, fields):
+        # Check each tensor's type and extent first, so that the error names the tensor.
+        for field in fields:
+            _, name_data, _, dims, raw_dtype, offset_tensor = field.parts
+            name = bytes(name_data).decode("utf-8", "replace")
+            try:
+                qtype = GGMLQuantizationType(int(raw_dtype[0]))
+            except ValueError:
+                raise ValueError(f"tensor '{name}' has unknown ggml type id {int(raw_dtype[0])}") from None
+            if qtype not in GGML_QUANT_SIZES:
+                continue
+            block, size = GGML_QUANT_SIZES[qtype]
+            if dims.size and int(dims[0]) % block:
+                raise ValueError(f"tensor '{name}' has type {qtype.name} but its row length {int(dims[0])} is not "
+                                 f"a multiple of the {qtype.name} block size {block}")
+            n = 1
+            for d in dims.tolist():
+                n *= int(d)
+            start = int(start_offs) + int(offset_tensor[0])
+            end = start + n // block * size
+            if end > len(self.data):
+                raise ValueError(f"tensor '{name}' data [{start}, {end}) lies outside the file ({len(self.data)} "
+                                 "bytes): the file is truncated or the tensor's offset is corrupt")
+        super()._build_tensors(start_offs, fields)
 
 
 @dataclass

@@ -160,3 +160,12 @@ def test_abort_callback_stops_decode_and_keeps_cache(model_files):
     ctx.set_abort_callback(None)
     ctx.decode(PROMPT)
     assert ctx.kv_used == len(PROMPT)
+
+
+def test_failed_chunked_decode_leaves_cache_unchanged(model_files):
+    """A decode longer than n_batch runs in chunks; if a later chunk fails, the earlier ones are undone."""
+    ctx = pi.Context(pi.Model(model_files["f32"]), n_ctx=12, n_batch=4, kv_type="f32")
+    ctx.decode(PROMPT[:2])
+    with pytest.raises(pi.PowerInferError, match="KV cache full"):
+        ctx.decode(PROMPT[2:14])          # 12 more tokens: the first chunks fit, the third does not
+    assert ctx.kv_used == 2 and ctx.seq_pos_max(0) == 1

@@ -125,7 +125,13 @@ class Context:
             batch.pos = ffi.from_buffer("int32_t[]", pos[s:e])
             batch.seq_id = ffi.from_buffer("int32_t[]", seq[s:e])
             batch.logits = ffi.from_buffer("int8_t[]", want[s:e])
-            check(lib.pi_decode(self._ptr, batch), "decode")
+            status = lib.pi_decode(self._ptr, batch)
+            if status != lib.PI_OK and s > 0:
+                message = ffi.string(lib.pi_last_error()).decode("utf-8", "replace")
+                for q, p in zip(seq[:s].tolist(), pos[:s].tolist()):   # undo the chunks already cached
+                    lib.pi_kv_seq_rm(self._ptr, q, p, p + 1)
+                raise PowerInferError(f"decode: {message}", status)
+            check(status, "decode")
             for i in np.flatnonzero(want[s:e]):
                 rows[s + int(i)] = self._read_logits(int(i))
         self._logits = rows

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import powerinfer as pi
 from powerinfer.generate import ContextFull, Generator, Timings
+from powerinfer.hub import HubError, add_model_args, resolve_model
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-q8_0.gguf"
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
@@ -23,7 +24,7 @@ YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", default=str(DEFAULT_MODEL), help="model path (GGUF) (default: %(default)s)")
+    add_model_args(p, default=str(DEFAULT_MODEL))
     p.add_argument("-p", "--prompt", default=None, help="prompt to start generation with")
     p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     p.add_argument("-e", "--escape", action="store_true", help="process escapes (\\n, \\t, ...) in the prompt")
@@ -96,6 +97,11 @@ class Interrupt:
 
 def run(args) -> int:
     timings = Timings()
+    try:
+        args.model = str(resolve_model(args))
+    except HubError as e:
+        log(f"error: {e}")
+        return 1
     try:
         model = pi.Model(args.model)
     except pi.ModelLoadError as e:

@@ -714,7 +714,7 @@ def test_failure_while_writing_keeps_the_old_file(broken, ckpt):
 # ---------------------------------------------------------------------------------------------
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bindings")] + [env["PYTHONPATH"]] * bool(env.get("PYTHONPATH")))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bindings")] + [env.get("PYTHONPATH", "")] * bool(env.get("PYTHONPATH")))
     return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
                           env=env, timeout=120)
 

@@ -1,8 +1,19 @@
-"""PowerInfer: the object a Python user reaches for (load, tokenize, generate, logits)."""
+"""PowerInfer: the object a Python user reaches for (load, tokenize, generate, logits), with an
+OpenAI-shaped completion API in the spirit of llama-cpp-python's `Llama`.
+
+`create_completion` / `create_chat_completion` run through the same engine (slots, continuous
+batching; `powerinfer.server.engine`) and the same response shaping (`CompletionShaper`) as the
+HTTP server's OpenAI routes.
+"""
 from __future__ import annotations
 
+import logging
 import os
-from typing import Iterator
+import queue
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -10,7 +21,178 @@ from .context import Context
 from .generate import Generator, Timings
 from .model import Model
 from .sampling import Sampler, SamplingParams
-from .tokenizer import StreamDecoder
+from .server.engine import Engine, RequestError, Result, Task
+from .tokenizer import TOKEN_CONTROL, StreamDecoder
+
+log = logging.getLogger("powerinfer")
+
+__all__ = ["CompletionShaper", "PowerInfer"]
+
+
+def _as_stop_list(stop, param: str = "stop") -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return [s for s in stop if s]
+    raise RequestError(f"'{param}' must be a string or an array of strings", param=param)
+
+
+class CompletionShaper:
+    """Builds OpenAI response objects (`text_completion` / `chat.completion` and their chunks)
+    from engine events. One instance per request; shared by the Python API and the server."""
+
+    def __init__(self, kind: str, model: str, *, prefix: str = "", logprobs: int | None = None,
+                 tokenizer=None):
+        assert kind in ("text", "chat")
+        self.kind = kind
+        self.model = model
+        self.id = ("cmpl-" if kind == "text" else "chatcmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.prefix = prefix            # echo: the prompt text, sent first
+        self.logprobs = logprobs        # None: no logprobs; else the number of top alternatives
+        self.tokenizer = tokenizer
+        self.text = ""
+        self._lp: list = []             # per token: (piece, logprob, top [(id, lp)])
+        self._offset = len(prefix)
+
+    # ---- pieces
+    def _piece(self, tid: int) -> str:
+        return self.tokenizer.token_to_piece(tid).decode("utf-8", errors="replace")
+
+    def _logprob_entry(self, info) -> Any:
+        piece = info.get("piece", "")
+        if self.kind == "chat":
+            top = [{"token": self._piece(t), "logprob": lp, "bytes": list(self.tokenizer.token_to_piece(t))}
+                   for t, lp in info["top"][:self.logprobs]]
+            return {"token": piece, "logprob": info["logprob"], "bytes": list(piece.encode()), "top_logprobs": top}
+        return (piece, info["logprob"], {self._piece(t): lp for t, lp in info["top"][:max(self.logprobs, 1)]})
+
+    def _text_logprobs(self, entries) -> dict:
+        out = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+        for piece, lp, top in entries:
+            out["tokens"].append(piece)
+            out["text_offset"].append(self._offset)
+            self._offset += len(piece)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append(top)
+        return out
+
+    def _lp_field(self, entries):
+        if self.logprobs is None:
+            return None
+        if self.kind == "chat":
+            return {"content": list(entries)}
+        return self._text_logprobs(entries)
+
+    # ---- streaming
+    def _chunk(self, choice: dict, usage=None) -> dict:
+        obj = "text_completion" if self.kind == "text" else "chat.completion.chunk"
+        c = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+             "choices": [choice] if choice is not None else []}
+        if self.kind == "chat":
+            c["system_fingerprint"] = None
+        if usage is not None:
+            c["usage"] = usage
+        return c
+
+    def start_chunks(self) -> list[dict]:
+        if self.kind == "chat":
+            return [self._chunk({"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None})]
+        if self.prefix:
+            self.text += self.prefix
+            return [self._chunk({"text": self.prefix, "index": 0, "logprobs": None, "finish_reason": None})]
+        return []
+
+    def token_chunk(self, text: str, info) -> dict | None:
+        """The chunk for a ("token", text, info) event (None if there is nothing to send)."""
+        wanted = self.logprobs is not None and info is not None and "top" in info
+        entry = self._logprob_entry(info) if wanted else None
+        if not text and entry is None:
+            return None
+        self.text += text
+        lp = self._lp_field([entry]) if entry is not None else None
+        if self.kind == "chat":
+            return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})
+        return self._chunk({"text": text, "index": 0, "logprobs": lp, "finish_reason": None})
+
+    def final_chunks(self, res: Result, include_usage: bool = False) -> list[dict]:
+        if self.kind == "chat":
+            out = [self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason})]
+        else:
+            out = [self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": res.finish_reason})]
+        if include_usage:
+            out.append(self._chunk(None, usage=self.usage(res)))
+        return out
+
+    # ---- whole responses
+    @staticmethod
+    def usage(res: Result) -> dict:
+        return {"prompt_tokens": res.n_prompt, "completion_tokens": res.n_predicted,
+                "total_tokens": res.n_prompt + res.n_predicted}
+
+    def add(self, text: str, info) -> None:
+        """Non-streaming: accumulate one token event."""
+        self.text += text
+        if self.logprobs is not None and info is not None and "top" in info:
+            self._lp.append(self._logprob_entry(info))
+
+    def response(self, res: Result) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": self.text},
+                      "logprobs": self._lp_field(self._lp), "finish_reason": res.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"text": self.prefix + self.text, "index": 0, "logprobs": self._lp_field(self._lp),
+                      "finish_reason": res.finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": self.usage(res)}
+
+
+class _Stream:
+    """Iterator over a task's engine events; cancels the task when closed or dropped early."""
+
+    def __init__(self, engine: Engine, task: Task):
+        self.engine = engine
+        self.task = task
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        task.emit = self.q.put
+        self.done = False
+        engine.submit(task)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.done:
+            raise StopIteration
+        eng = self.engine
+        while True:
+            try:
+                ev = self.q.get_nowait() if not eng.threaded else self.q.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if eng.threaded:
+                    continue
+                with eng.lock:
+                    if self.q.empty() and not eng.step() and self.q.empty():
+                        raise RuntimeError("the engine has nothing to do but this request has not finished")
+        if ev[0] in ("done", "error"):
+            self.done = True
+        return ev
+
+    def close(self):
+        if not self.done:
+            self.done = True
+            self.engine.cancel(self.task)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 class PowerInfer:
@@ -19,15 +201,30 @@ class PowerInfer:
     >>> llm = PowerInfer("models/tiny-q8_0.gguf", n_ctx=256)
     >>> for piece in llm.generate("Once upon a time", max_tokens=16, stream=True):
     ...     print(piece, end="")
+    >>> llm.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"]
+    >>> llm.create_chat_completion([{"role": "user", "content": "Hi"}])["choices"][0]["message"]
+
+    n_parallel > 1 splits the context into that many slots (n_ctx / n_parallel tokens each) that
+    the completion engine decodes together (what the server's -np does).
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 512, n_batch: int = 512,
-                 n_threads: int | None = None, seed: int = -1, kv_type: str = "f16"):
+                 n_threads: int | None = None, seed: int = -1, kv_type: str = "f16", n_parallel: int = 1,
+                 chat_format: str | None = None, chat_template: str | None = None,
+                 sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None):
         self.model = Model(model_path)
+        self.model_path = str(model_path)
         self.tokenizer = self.model.tokenizer
-        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, kv_type=kv_type)
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
+                           kv_type=kv_type, sparse_threshold=sparse_threshold, dense=dense)
+        self.engine = Engine(self.ctx, self.tokenizer, n_parallel)
         self.seed = seed
+        self.model_name = model_alias or Path(model_path).name
+        self.chat_format = chat_format
+        self.chat_template = chat_template
+        self._chat = None
         self.last_timings: Timings | None = None
+        self.last_result: Result | None = None     # how the last create_* request ended
 
     # ---- tokens ----
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -41,12 +238,23 @@ class PowerInfer:
     def n_ctx(self) -> int:
         return self.ctx.n_ctx
 
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
     def token_eos(self) -> int | None:
         return self.tokenizer.eos_id
+
+    def token_bos(self) -> int | None:
+        return self.tokenizer.bos_id
+
+    @property
+    def metadata(self) -> dict:
+        return self.model.metadata
 
     # ---- logits ----
     def eval_logits(self, tokens) -> np.ndarray:
         """[len(tokens), n_vocab] logits of every position, from an empty cache."""
+        self.engine.invalidate()
         self.ctx.kv_clear()
         self.ctx.decode(tokens, pos=range(len(tokens)), logits="all")
         out = np.stack([self.ctx.logits(i) for i in range(len(tokens))])
@@ -56,6 +264,7 @@ class PowerInfer:
     # ---- generation ----
     def generate_tokens(self, prompt_tokens, sampling: SamplingParams, max_tokens: int = -1) -> Iterator[int]:
         """Stream token ids (end-of-generation token excluded), starting from an empty cache."""
+        self.engine.invalidate()
         self.ctx.kv_clear()
         sampling.validate()
         eos = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
@@ -103,7 +312,234 @@ class PowerInfer:
         if held:
             yield held
 
+    # ---- OpenAI-style completions (shared with the server) ----
+    def check_model_name(self, name) -> None:
+        """RequestError(404 model_not_found) unless `name` is None or names the served model: its
+        alias, or the model file's path, file name or file name without extension."""
+        if name is None:
+            return
+        if not isinstance(name, str):
+            raise RequestError("'model' must be a string", param="model")
+        p = Path(self.model_path)
+        if name in (self.model_name, self.model_path, p.name, p.stem, str(p.resolve())):
+            return
+        raise RequestError(f"The model '{name}' does not exist; this server serves '{self.model_name}'",
+                           code="model_not_found", param="model", status=404, type="not_found_error")
+
+    def tokenize_prompt(self, prompt, *, param: str = "prompt") -> list[int]:
+        """str -> tokens (BOS added per the model, special tokens parsed); a token list is used as is."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        if isinstance(prompt, (list, tuple)) and len(prompt) == 1 and isinstance(prompt[0], str):
+            return self.tokenize_prompt(prompt[0], param=param)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [int(t) for t in prompt]
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, str) for t in prompt):
+            raise RequestError("only one prompt per request is supported", param=param)
+        raise RequestError(f"'{param}' must be a string or an array of token ids", param=param)
+
+    def _logit_bias(self, logit_bias) -> dict[int, float]:
+        """OpenAI {"token_id": bias} (bias <= -100 bans the token) or llama.cpp [[id|text, bias|false]]."""
+        if logit_bias is None:
+            return {}
+        out: dict[int, float] = {}
+
+        def put(key, bias):
+            if bias is False:
+                bias = float("-inf")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+                raise RequestError("logit_bias values must be numbers (or false to ban a token)", param="logit_bias")
+            bias = float("-inf") if bias <= -100 else float(bias)
+            if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+                key = int(key)
+            if isinstance(key, int) and not isinstance(key, bool):
+                if not 0 <= key < self.model.n_vocab:
+                    raise RequestError(f"logit_bias token {key} is out of range [0, {self.model.n_vocab})",
+                                       param="logit_bias")
+                out[key] = bias
+            elif isinstance(key, str):
+                for t in self.tokenizer.encode(key, add_special=False):
+                    out[t] = bias
+            else:
+                raise RequestError("logit_bias keys must be token ids or strings", param="logit_bias")
+
+        if isinstance(logit_bias, dict):
+            for k, v in logit_bias.items():
+                put(k, v)
+        elif isinstance(logit_bias, list):
+            for pair in logit_bias:
+                if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                    raise RequestError("logit_bias entries must be [token, bias] pairs", param="logit_bias")
+                put(pair[0], pair[1])
+        else:
+            raise RequestError("logit_bias must be an object or an array of pairs", param="logit_bias")
+        return out
+
+    def make_task(self, prompt_tokens: list[int], *, max_tokens: int | None = -1, temperature: float = 0.8,
+                  top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, stop=None, seed: int | None = None,
+                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
+                  frequency_penalty: float = 0.0, logit_bias=None, ignore_eos: bool = False,
+                  cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=()) -> Task:
+        """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
+        the end of text or a full slot context; 0: evaluate the prompt only."""
+        if seed is None or seed == -1:
+            seed = self.seed
+        if isinstance(seed, int) and not isinstance(seed, bool) and seed > 0xFFFFFFFF:
+            seed &= 0xFFFFFFFF
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                seed=seed, ignore_eos=ignore_eos, logit_bias=self._logit_bias(logit_bias))
+        try:
+            params.validate()
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        n_predict = -1 if max_tokens is None or max_tokens < 0 else int(max_tokens)
+        task = Task(prompt_tokens, params, n_predict=n_predict, stop=_as_stop_list(stop),
+                    stop_token_ids=stop_token_ids, cache_prompt=cache_prompt, n_probs=n_probs)
+        self.engine.check(task)
+        return task
+
+    @property
+    def chat_formatter(self):
+        """The ChatFormatter in use (resolved on first use; see powerinfer.chat)."""
+        if self._chat is None:
+            from .chat import ChatFormatter
+            tok = self.tokenizer
+            bos = tok.id_to_text(tok.bos_id) if tok.bos_id is not None else ""
+            eos = tok.id_to_text(tok.eos_id) if tok.eos_id is not None else ""
+            self._chat = ChatFormatter.resolve(self.model.metadata, chat_format=self.chat_format,
+                                               chat_template=self.chat_template, bos_token=bos, eos_token=eos)
+        return self._chat
+
+    def chat_prompt(self, messages, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
+        """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages."""
+        from .chat import ChatTemplateError
+        fmt = self.chat_formatter
+        try:
+            text = fmt.render(messages, add_generation_prompt=True, **template_kwargs)
+        except ChatTemplateError as e:
+            raise RequestError(str(e), param="messages") from None
+        tok = self.tokenizer
+        bos = fmt.bos_token
+        add_bos = not (bos and text.startswith(bos))
+        tokens = tok.encode(text, add_special=add_bos, parse_special=True)
+        stops, stop_ids = [], []
+        for marker in fmt.end_of_turn:
+            ids = tok.encode(marker, add_special=False, parse_special=True)
+            if len(ids) == 1 and tok.token_type(ids[0]) == TOKEN_CONTROL:
+                stop_ids.append(ids[0])          # rendered as "" by the detokenizer: stop on the id
+            else:
+                stops.append(marker)
+        return text, tokens, stops, stop_ids
+
+    def _run(self, task: Task, shaper: CompletionShaper, stream: bool, include_usage: bool = False):
+        events = _Stream(self.engine, task)
+        if stream:
+            return self._stream_chunks(events, shaper, include_usage)
+        try:
+            for ev in events:
+                if ev[0] == "token":
+                    shaper.add(ev[1], ev[2])
+                elif ev[0] == "error":
+                    raise ev[1]
+                else:
+                    self.last_result = ev[1]
+                    return shaper.response(ev[1])
+        finally:
+            events.close()
+
+    def _stream_chunks(self, events: _Stream, shaper: CompletionShaper, include_usage: bool):
+        try:
+            yield from shaper.start_chunks()
+            for ev in events:
+                if ev[0] == "token":
+                    c = shaper.token_chunk(ev[1], ev[2])
+                    if c is not None:
+                        yield c
+                elif ev[0] == "error":
+                    raise ev[1]
+                else:
+                    self.last_result = ev[1]
+                    yield from shaper.final_chunks(ev[1], include_usage)
+        finally:
+            events.close()
+
+    def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
+                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
+                          typical_p: float = 1.0, logprobs: int | None = None, echo: bool = False,
+                          stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                          stream: bool = False, seed: int | None = None, model: str | None = None,
+                          logit_bias: dict | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
+                          stream_options: dict | None = None, **_ignored):
+        """OpenAI `text_completion` dict for `prompt`, or an iterator of chunk dicts with stream=True.
+
+        max_tokens None or <= 0 generates until the end of text or a full context (llama-cpp-python's
+        convention). Stop strings are not included in the text. `suffix` (infill) is not supported.
+        """
+        if suffix:
+            raise RequestError("suffix (infill) is not supported", param="suffix")
+        if typical_p != 1.0:
+            log.debug("typical_p is not implemented; ignored")
+        self.check_model_name(model)
+        tokens = self.tokenize_prompt(prompt)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= 20):
+            raise RequestError("logprobs must be an integer in [0, 20]", param="logprobs")
+        task = self.make_task(tokens, max_tokens=None if max_tokens is None or max_tokens <= 0 else max_tokens,
+                              temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, stop=stop, seed=seed,
+                              repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                              presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                              logit_bias=logit_bias, ignore_eos=ignore_eos,
+                              n_probs=0 if logprobs is None else max(logprobs, 1))
+        prefix = (prompt if isinstance(prompt, str) else self.detokenize(tokens)) if echo else ""
+        shaper = CompletionShaper("text", self.model_name, prefix=prefix, logprobs=logprobs, tokenizer=self.tokenizer)
+        include_usage = bool((stream_options or {}).get("include_usage"))
+        return self._run(task, shaper, stream, include_usage)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: list[dict], temperature: float = 0.2, top_p: float = 0.95,
+                               top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
+                               stop: str | list[str] | None = None, seed: int | None = None,
+                               max_tokens: int | None = None, presence_penalty: float = 0.0,
+                               frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                               model: str | None = None, logit_bias: dict | None = None, logprobs: bool | None = None,
+                               top_logprobs: int | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
+                               stream_options: dict | None = None, response_format: dict | None = None,
+                               tools: list | None = None, tool_choice: Any = None,
+                               chat_template_kwargs: dict | None = None, **_ignored):
+        """OpenAI `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts with
+        stream=True (first delta {"role": "assistant"}, then {"content": ...}, then an empty delta
+        with finish_reason). The prompt is rendered with the model's chat template."""
+        if response_format and response_format.get("type", "text") != "text":
+            raise RequestError("response_format other than text (grammars) is not supported yet",
+                               param="response_format", code="not_supported")
+        if tools and tool_choice != "none":
+            raise RequestError("tools / function calling is not supported", param="tools", code="not_supported")
+        self.check_model_name(model)
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise RequestError("logprobs must be a boolean", param="logprobs")
+        if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                         or not 0 <= top_logprobs <= 20):
+            raise RequestError("top_logprobs must be an integer in [0, 20]", param="top_logprobs")
+        _, tokens, extra_stops, stop_ids = self.chat_prompt(messages, **(chat_template_kwargs or {}))
+        n_lp = (top_logprobs or 0) if logprobs else None
+        task = self.make_task(tokens, max_tokens=None if max_tokens is None or max_tokens <= 0 else max_tokens,
+                              temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                              stop=_as_stop_list(stop) + extra_stops, seed=seed, repeat_penalty=repeat_penalty,
+                              repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, logit_bias=logit_bias, ignore_eos=ignore_eos,
+                              n_probs=0 if n_lp is None else max(n_lp, 1), stop_token_ids=stop_ids)
+        shaper = CompletionShaper("chat", self.model_name, logprobs=n_lp, tokenizer=self.tokenizer)
+        include_usage = bool((stream_options or {}).get("include_usage"))
+        return self._run(task, shaper, stream, include_usage)
+
     def close(self) -> None:
+        if getattr(self, "engine", None) is not None:
+            self.engine.stop()
+        self.engine = None
         self.ctx = None
         self.model = None
 

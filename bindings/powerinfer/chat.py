@@ -1,0 +1,230 @@
+"""Chat templates: turn a list of OpenAI-style messages into one prompt string.
+
+A model's own template comes from the GGUF key ``tokenizer.chat_template`` (Jinja2 text copied from
+the Hugging Face ``tokenizer_config.json``). It is rendered the way ``transformers`` renders it: in
+``jinja2.sandbox.ImmutableSandboxedEnvironment`` (a template cannot touch Python objects or files)
+with ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension, the helpers
+``raise_exception(msg)`` and ``strftime_now(fmt)``, a ``tojson`` filter that does not HTML-escape,
+and the variables ``messages``, ``bos_token``, ``eos_token`` and ``add_generation_prompt``.
+
+Built-in formats (``chat_format=``): ``chatml``, ``llama2`` (alias ``llama-2``), ``vicuna`` and
+``gemma``. Precedence: an explicit ``chat_template`` string > an explicit ``chat_format`` name >
+the file's template > ``chatml`` (with a logged warning, as llama.cpp does). A file template that
+does not parse also falls back to ``chatml`` with a warning.
+
+    >>> fmt = ChatFormatter.builtin("chatml")
+    >>> fmt.render([{"role": "user", "content": "Hi"}])
+    '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+"""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any, Iterable
+
+log = logging.getLogger("powerinfer")
+
+__all__ = ["BUILTIN_TEMPLATES", "ChatFormatter", "ChatTemplateError", "normalize_messages"]
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+
+# --- built-in templates (Jinja, rendered by the same sandbox as file templates) -------------------
+
+_CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Meta's Llama-2-chat template (as published in the HF tokenizer_config.json).
+_LLAMA2 = (
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}"
+    "{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+
+# Vicuna v1.1 (llama.cpp's "vicuna"): optional system text, then USER:/ASSISTANT: turns.
+_VICUNA = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'user' %}{{ 'USER: ' + message['content'] + '\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ 'ASSISTANT: ' + message['content'] + eos_token + '\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+# Gemma: no system role, so (like llama.cpp) a system message is prepended to the first user turn;
+# the assistant role is called "model".
+_GEMMA = (
+    "{{ bos_token }}"
+    "{% set ns = namespace(system='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = ns.system + message['content'] + '\n\n' %}"
+    "{% else %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + ns.system + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% set ns.system = '' %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+BUILTIN_TEMPLATES = {"chatml": _CHATML, "llama2": _LLAMA2, "vicuna": _VICUNA, "gemma": _GEMMA}
+_ALIASES = {"llama-2": "llama2", "llama_2": "llama2", "chat-ml": "chatml", "vicuna-1.1": "vicuna"}
+# text that ends an assistant turn, per built-in format (used as extra stop strings / stop tokens)
+_END_OF_TURN = {"chatml": ["<|im_end|>"], "gemma": ["<end_of_turn>"], "llama2": [], "vicuna": []}
+
+
+class ChatTemplateError(ValueError):
+    """The messages cannot be rendered (bad structure, or the template raised an exception)."""
+
+
+def _raise_exception(message):
+    from jinja2.exceptions import TemplateError
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' filter: no HTML escaping (Jinja's built-in tojson escapes <, >, &, ').
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+_ENV = None
+
+
+def _environment():
+    global _ENV
+    if _ENV is None:
+        try:
+            import jinja2.ext
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as e:  # pragma: no cover - jinja2 is a dependency of the server extra
+            raise ImportError("chat templates need jinja2: pip install 'powerinfer[server]' (or jinja2)") from e
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        _ENV = env
+    return _ENV
+
+
+def normalize_messages(messages) -> list[dict]:
+    """Check OpenAI-style messages and flatten content parts.
+
+    Each message must be a dict with a string ``role``; ``content`` may be a string, None, or a
+    list of ``{"type": "text", "text": ...}`` parts (joined with no separator). Other keys (name,
+    tool_calls, ...) are kept for templates that use them. Raises ChatTemplateError.
+    """
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ChatTemplateError("'messages' must be a non-empty array of messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ChatTemplateError(f"messages[{i}] must be an object, got {type(m).__name__}")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ChatTemplateError(f"messages[{i}].role must be a non-empty string")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if isinstance(part, str):
+                    parts.append(part)
+                elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                else:
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ChatTemplateError(f"messages[{i}].content[{j}]: content parts of type {kind!r} are not "
+                                            "supported (text only)")
+            content = "".join(parts)
+        elif not isinstance(content, str):
+            raise ChatTemplateError(f"messages[{i}].content must be a string or an array of text parts")
+        out.append({**m, "role": role, "content": content})
+    return out
+
+
+class ChatFormatter:
+    """A compiled chat template plus the special-token strings it is rendered with."""
+
+    def __init__(self, template: str, *, name: str = "custom", bos_token: str = "", eos_token: str = "",
+                 end_of_turn: Iterable[str] = ()):
+        from jinja2.exceptions import TemplateError
+        self.source = template
+        self.name = name
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.end_of_turn = list(end_of_turn)
+        try:
+            self._template = _environment().from_string(template)
+        except TemplateError as e:
+            raise ChatTemplateError(f"chat template {name!r} does not parse: {e}") from None
+
+    @classmethod
+    def builtin(cls, name: str, *, bos_token: str = "<s>", eos_token: str = "</s>") -> "ChatFormatter":
+        key = _ALIASES.get(name.lower(), name.lower())
+        if key not in BUILTIN_TEMPLATES:
+            raise ValueError(f"unknown chat format {name!r} (built-in: {', '.join(BUILTIN_TEMPLATES)})")
+        return cls(BUILTIN_TEMPLATES[key], name=key, bos_token=bos_token, eos_token=eos_token,
+                   end_of_turn=_END_OF_TURN[key])
+
+    @classmethod
+    def resolve(cls, metadata: dict | None = None, *, chat_format: str | None = None,
+                chat_template: str | None = None, bos_token: str = "<s>", eos_token: str = "</s>") -> "ChatFormatter":
+        """Pick the template: chat_template > chat_format > GGUF tokenizer.chat_template > chatml (warned)."""
+        if chat_template:
+            return cls(chat_template, name="custom", bos_token=bos_token, eos_token=eos_token,
+                       end_of_turn=_guess_end_of_turn(chat_template))
+        if chat_format:
+            return cls.builtin(chat_format, bos_token=bos_token, eos_token=eos_token)
+        source = (metadata or {}).get(TEMPLATE_KEY)
+        if isinstance(source, str) and source.strip():
+            try:
+                fmt = cls(source, name="gguf", bos_token=bos_token, eos_token=eos_token,
+                          end_of_turn=_guess_end_of_turn(source))
+                log.info("chat: using the model's chat template (%s)", TEMPLATE_KEY)
+                return fmt
+            except ChatTemplateError as e:
+                log.warning("chat: %s; falling back to chatml", e)
+        else:
+            log.warning("chat: the model file has no %s; using the chatml template", TEMPLATE_KEY)
+        return cls.builtin("chatml", bos_token=bos_token, eos_token=eos_token)
+
+    def render(self, messages, *, add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt text for messages. Raises ChatTemplateError for bad messages or template errors."""
+        from jinja2.exceptions import TemplateError
+        msgs = normalize_messages(messages)
+        try:
+            return self._template.render(messages=msgs, bos_token=self.bos_token, eos_token=self.eos_token,
+                                         add_generation_prompt=add_generation_prompt, **extra)
+        except TemplateError as e:
+            raise ChatTemplateError(f"chat template error: {e}") from None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            raise ChatTemplateError(f"chat template failed on these messages: {type(e).__name__}: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"ChatFormatter(name={self.name!r})"
+
+
+def _guess_end_of_turn(source: str) -> list[str]:
+    """End-of-turn markers a template uses, so generation can stop at them."""
+    return [m for m in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>") if m in source]

@@ -1,0 +1,20 @@
+"""PowerInfer's HTTP server (llama.cpp-compatible native routes + OpenAI-compatible routes).
+
+    python examples/server.py -m model.gguf -np 4
+
+`powerinfer.server.engine` (slots + continuous batching) has no web dependency; the web app in
+`powerinfer.server.app` needs the `server` extra (starlette, uvicorn, jinja2).
+"""
+from .engine import ContextLengthExceeded, Engine, RequestError, Result, Task
+
+__all__ = ["ContextLengthExceeded", "Engine", "RequestError", "Result", "Task", "create_app", "main"]
+
+
+def __getattr__(name):
+    if name == "create_app":
+        from .app import create_app
+        return create_app
+    if name == "main":
+        from .cli import main
+        return main
+    raise AttributeError(name)

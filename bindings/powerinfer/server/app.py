@@ -1,0 +1,653 @@
+"""The Starlette application: llama.cpp's native routes and the OpenAI-compatible routes.
+
+Routes
+------
+GET  /health                 503 {"status": "loading model"} while loading, then {"status": "ok", ...}
+GET  /v1/models, /models     the served model (answers while loading too)
+GET  /props, /slots          server settings / per-slot state
+POST /completion, /completions   llama.cpp native completion (SSE with "stream": true)
+POST /tokenize, /detokenize
+POST /v1/completions         OpenAI legacy completions
+POST /v1/chat/completions, /chat/completions   OpenAI chat
+
+Errors are `{"error": {"message", "type", "param", "code"}}` with 4xx for bad input. The `model`
+field of OpenAI requests must name the served model (its alias, or the model file's name with or
+without extension, or its path) -- anything else is 404 `model_not_found`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Any, Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import __version__
+from ..api import CompletionShaper, PowerInfer
+from .engine import RequestError, Result, Task
+
+log = logging.getLogger("powerinfer.server")
+
+PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models"}
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _json_default(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default)
+
+
+class JSON(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content).encode("utf-8")
+
+
+def error_body(message: str, type_: str = "invalid_request_error", code: Any = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, type_: str, code: Any = None, param: str | None = None,
+                   headers: dict | None = None) -> JSON:
+    return JSON(error_body(message, type_, code, param), status_code=status, headers=headers)
+
+
+def request_error_response(e: RequestError) -> JSON:
+    return error_response(e.status, e.message, e.type, e.code, e.param)
+
+
+class ServerState:
+    """What the routes share: the model (None while loading), settings, and start time."""
+
+    def __init__(self, *, model_path: str, alias: str | None = None, api_keys: list[str] | None = None,
+                 n_predict_max: int = -1, timeout: float = 600.0, loader: Callable[[], PowerInfer] | None = None,
+                 llm: PowerInfer | None = None):
+        from pathlib import Path
+        self.model_path = model_path
+        self.model_name = alias or Path(model_path).name
+        self.api_keys = [k for k in (api_keys or []) if k]
+        self.n_predict_max = n_predict_max
+        self.timeout = timeout
+        self.loader = loader
+        self.llm: PowerInfer | None = llm
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        self.ready = threading.Event()
+        if llm is not None:
+            self.ready.set()
+
+    def require(self) -> PowerInfer:
+        if self.llm is None:
+            if self.load_error:
+                raise RequestError(f"the model failed to load: {self.load_error}", code="model_load_failed",
+                                   status=500, type="server_error")
+            raise RequestError("Loading model", code="loading_model", status=503, type="unavailable_error")
+        return self.llm
+
+
+# ------------------------------------------------------------------------------------------ validation
+_MISSING = object()
+
+
+def _typename(v) -> str:
+    return "null" if v is None else {bool: "boolean", int: "integer", float: "number", str: "string",
+                                     list: "array", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def field(body: dict, name: str, kind: str, default=_MISSING, *, aliases: tuple = ()):
+    """body[name] checked against kind: int, num, bool, str, list, dict, any. null means the default."""
+    value = _MISSING
+    for key in (name, *aliases):
+        if key in body and body[key] is not None:
+            value = body[key]
+            break
+    if value is _MISSING:
+        if default is _MISSING:
+            raise RequestError(f"'{name}' is required", param=name)
+        return default
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "num": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        "bool": lambda v: isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "list": lambda v: isinstance(v, list),
+        "dict": lambda v: isinstance(v, dict),
+        "any": lambda v: True,
+    }[kind](value)
+    if not ok and kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not ok:
+        want = {"int": "an integer", "num": "a finite number", "bool": "a boolean", "str": "a string",
+                "list": "an array", "dict": "an object"}[kind]
+        raise RequestError(f"'{name}' must be {want}, got {_typename(value)}", param=name)
+    return value
+
+
+async def read_json(request: Request, state: ServerState) -> dict:
+    try:
+        raw = await asyncio.wait_for(request.body(), timeout=state.timeout)
+    except asyncio.TimeoutError:
+        raise RequestError("timed out reading the request body", code="request_timeout", status=408) from None
+    try:
+        body = json.loads(raw or b"")
+    except (ValueError, RecursionError) as e:      # JSONDecodeError, bad UTF-8, absurd nesting or numbers
+        raise RequestError(f"invalid JSON in the request body: {type(e).__name__}: {str(e)[:200]}",
+                           code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {_typename(body)}", code="invalid_json")
+    return body
+
+
+def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
+    """The sampling fields shared by every completion route (llama.cpp names and defaults)."""
+    stop = field(body, "stop", "any", None)
+    if stop is not None and not (isinstance(stop, str)
+                                 or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+        raise RequestError("'stop' must be a string or an array of strings", param="stop")
+    seed = field(body, "seed", "int", -1)
+    if seed == 0xFFFFFFFF:      # llama.cpp reports "random" as 4294967295
+        seed = -1
+    if seed < -1:
+        raise RequestError("'seed' must be -1 (random) or a non-negative integer", param="seed")
+    logit_bias = field(body, "logit_bias", "any", None)
+    if logit_bias is not None and not isinstance(logit_bias, (dict, list)):
+        raise RequestError("'logit_bias' must be an object or an array of [token, bias] pairs", param="logit_bias")
+    return dict(
+        temperature=float(field(body, "temperature", "num", temperature)),
+        top_k=field(body, "top_k", "int", 40),
+        top_p=float(field(body, "top_p", "num", 0.95)),
+        min_p=float(field(body, "min_p", "num", 0.05)),
+        repeat_penalty=float(field(body, "repeat_penalty", "num", 1.0)),
+        repeat_last_n=field(body, "repeat_last_n", "int", 64),
+        presence_penalty=float(field(body, "presence_penalty", "num", 0.0)),
+        frequency_penalty=float(field(body, "frequency_penalty", "num", 0.0)),
+        seed=seed, stop=stop, logit_bias=logit_bias,
+        ignore_eos=field(body, "ignore_eos", "bool", False),
+        cache_prompt=field(body, "cache_prompt", "bool", True),
+    )
+
+
+def _cap(state: ServerState, n: int) -> int:
+    if state.n_predict_max >= 0 and (n < 0 or n > state.n_predict_max):
+        return state.n_predict_max
+    return n
+
+
+# ------------------------------------------------------------------------------------------ engine I/O
+class EngineStream(StreamingResponse):
+    """SSE response whose engine task is cancelled however the response ends (client gone, error)."""
+
+    def __init__(self, content, task: Task, llm: PowerInfer):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.task = task
+        self.llm = llm
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.task.finished:
+                self.llm.engine.cancel(self.task)
+
+
+def attach(task: Task) -> asyncio.Queue:
+    """Route the task's engine events into an asyncio queue of this loop (thread-safe handoff)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+
+    def emit(ev):
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, ev)
+        except RuntimeError:     # the loop is closed: nobody is listening any more
+            pass
+    task.emit = emit
+    return q
+
+
+async def _watch_disconnect(request: Request, llm: PowerInfer, task: Task) -> None:
+    try:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                if not task.finished:
+                    log.info("client disconnected; cancelling its request")
+                    llm.engine.cancel(task)
+                return
+    except Exception:
+        return
+
+
+async def collect(request: Request, llm: PowerInfer, task: Task, on_token: Callable) -> Result:
+    """Run a task to completion for a non-streaming response; cancel it if the client goes away."""
+    q = attach(task)
+    llm.engine.submit(task)
+    watcher = asyncio.ensure_future(_watch_disconnect(request, llm, task))
+    try:
+        while True:
+            ev = await q.get()
+            if ev[0] == "token":
+                on_token(ev[1], ev[2])
+            elif ev[0] == "error":
+                raise ev[1]
+            else:
+                return ev[1]
+    finally:
+        watcher.cancel()
+        if not task.finished:
+            llm.engine.cancel(task)
+
+
+def sse(obj) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+def _stats(request: Request, **kv) -> None:
+    request.scope.setdefault("pi_stats", {}).update(kv)
+
+
+# ------------------------------------------------------------------------------------------ routes
+def build_routes(state: ServerState) -> list[Route]:
+
+    async def health(request: Request):
+        if state.llm is None:
+            if state.load_error:
+                return JSON({"status": "error", "error": error_body(state.load_error, "server_error")["error"]},
+                            status_code=500)
+            return JSON({"status": "loading model",
+                         "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                        status_code=503)
+        slots = state.llm.engine.slots_info()
+        busy = sum(1 for s in slots if s["is_processing"])
+        return JSON({"status": "ok", "slots_idle": len(slots) - busy, "slots_processing": busy})
+
+    async def models(request: Request):
+        entry = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "powerinfer"}
+        llm = state.llm
+        if llm is not None:
+            hp = llm.model.hparams
+            entry["meta"] = {"vocab_type": 1, "n_vocab": hp.n_vocab, "n_ctx_train": hp.n_ctx_train,
+                             "n_embd": hp.n_embd, "n_params": llm.model.n_params, "size": llm.model.size_bytes,
+                             "sparse": llm.model.sparse}
+        return JSON({"object": "list", "data": [entry]})
+
+    def generation_settings(llm: PowerInfer, s: dict | None = None, n_predict: int = -1, stream: bool = False,
+                            n_probs: int = 0) -> dict:
+        s = s or sampling_fields({})
+        bias = s.get("logit_bias")
+        return {
+            "n_ctx": llm.engine.n_ctx_slot, "n_predict": n_predict, "model": state.model_name,
+            "seed": 0xFFFFFFFF if s["seed"] == -1 else s["seed"], "temperature": s["temperature"],
+            "top_k": s["top_k"], "top_p": s["top_p"], "min_p": s["min_p"], "repeat_last_n": s["repeat_last_n"],
+            "repeat_penalty": s["repeat_penalty"], "presence_penalty": s["presence_penalty"],
+            "frequency_penalty": s["frequency_penalty"],
+            "stop": [s["stop"]] if isinstance(s["stop"], str) else list(s["stop"] or []),
+            "ignore_eos": s["ignore_eos"], "stream": stream, "n_probs": n_probs, "cache_prompt": s["cache_prompt"],
+            "logit_bias": [[k, (v if math.isfinite(v) else False)] for k, v in llm._logit_bias(bias).items()],
+        }
+
+    async def props(request: Request):
+        llm = state.require()
+        return JSON({
+            "default_generation_settings": generation_settings(llm),
+            "total_slots": llm.engine.n_slots,
+            "n_ctx": llm.ctx.n_ctx,
+            "model_path": state.model_path,
+            "model_alias": state.model_name,
+            "chat_template": llm.chat_formatter.source,
+            "chat_format": llm.chat_formatter.name,
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"powerinfer-py {__version__}",
+            "sparse": {"enabled": llm.ctx.sparse, "threshold": llm.ctx.sparse_threshold},
+            "engine": {"n_decode_calls": llm.engine.n_decode_calls, "max_batch_slots": llm.engine.max_batch_slots,
+                       "n_filler_tokens": llm.engine.n_filler_tokens},
+        })
+
+    async def slots(request: Request):
+        llm = state.require()
+        return JSON(llm.engine.slots_info())
+
+    async def tokenize(request: Request):
+        llm = state.require()
+        body = await read_json(request, state)
+        content = field(body, "content", "str")
+        add_special = field(body, "add_special", "bool", False)
+        parse_special = field(body, "parse_special", "bool", True)
+        with_pieces = field(body, "with_pieces", "bool", False)
+        toks = await run_in_threadpool(llm.tokenizer.encode, content, add_special=add_special,
+                                       parse_special=parse_special)
+        if not with_pieces:
+            return JSON({"tokens": toks})
+        out = []
+        for t in toks:
+            b = llm.tokenizer.token_to_piece(t)
+            try:
+                piece: Any = b.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": t, "piece": piece})
+        return JSON({"tokens": out})
+
+    async def detokenize(request: Request):
+        llm = state.require()
+        body = await read_json(request, state)
+        toks = field(body, "tokens", "list")
+        n = llm.model.n_vocab
+        for t in toks:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise RequestError("'tokens' must be an array of integers", param="tokens")
+            if not 0 <= t < n:
+                raise RequestError(f"token {t} is out of range [0, {n})", param="tokens")
+        return JSON({"content": llm.detokenize(toks)})
+
+    # ---- native completion
+    async def completion(request: Request):
+        llm = state.require()
+        body = await read_json(request, state)
+        prompt = field(body, "prompt", "any")
+        tokens = await run_in_threadpool(llm.tokenize_prompt, prompt)     # long prompts: off the event loop
+        n_predict = field(body, "n_predict", "int", -1, aliases=("max_tokens",))
+        if n_predict < -1:
+            raise RequestError("'n_predict' must be >= -1 (-1: no limit)", param="n_predict")
+        n_predict = _cap(state, n_predict)
+        n_probs = field(body, "n_probs", "int", 0)
+        if not 0 <= n_probs <= 100:
+            raise RequestError("'n_probs' must be in [0, 100]", param="n_probs")
+        stream = field(body, "stream", "bool", False)
+        s = sampling_fields(body)
+        task = llm.make_task(tokens, max_tokens=n_predict, n_probs=n_probs, **s)
+        settings = generation_settings(llm, s, n_predict, stream, n_probs)
+        prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(tokens)
+        _stats(request, prompt=len(tokens))
+        tok = llm.tokenizer
+
+        def probs(info) -> list:
+            if info is None or "top" not in info:
+                return []
+
+            def entry(t, lp):
+                b = tok.token_to_piece(t)
+                return {"id": t, "token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+            e = entry(info["id"], info["logprob"])
+            e["top_logprobs"] = [entry(t, lp) for t, lp in info["top"]]
+            return [e]
+
+        def final(res: Result, content: str, all_probs: list) -> dict:
+            out = {
+                "index": 0, "content": content, "tokens": [], "id_slot": res.slot, "stop": True,
+                "model": state.model_name, "tokens_predicted": res.n_predicted, "tokens_evaluated": res.n_prompt,
+                "generation_settings": settings, "prompt": prompt_text, "has_new_line": "\n" in res.text,
+                "truncated": res.truncated, "stopped_eos": res.stop_type == "eos",
+                "stopped_word": res.stop_type == "word", "stopped_limit": res.stop_type == "limit",
+                "stop_type": res.stop_type, "stopping_word": res.stopping_word, "tokens_cached": res.n_past,
+                "timings": res.timings(),
+            }
+            if n_probs:
+                out["completion_probabilities"] = all_probs
+            return out
+
+        if stream:
+            q = attach(task)
+            llm.engine.submit(task)
+
+            async def events():
+                while True:
+                    ev = await q.get()
+                    if ev[0] == "token":
+                        chunk = {"index": 0, "content": ev[1], "tokens": [], "stop": False, "id_slot": -1,
+                                 "multimodal": False}
+                        if n_probs:
+                            chunk["completion_probabilities"] = probs(ev[2])
+                        yield sse(chunk)
+                    elif ev[0] == "error":
+                        yield sse(_error_of(ev[1]))
+                        return
+                    else:
+                        _stats(request, predicted=ev[1].n_predicted)
+                        yield sse(final(ev[1], "", []))
+                        return
+            return EngineStream(events(), task, llm)
+
+        all_probs: list = []
+        res = await collect(request, llm, task, lambda text, info: all_probs.extend(probs(info)) if n_probs else None)
+        _stats(request, predicted=res.n_predicted)
+        return JSON(final(res, res.text, all_probs))
+
+    # ---- OpenAI
+    def openai_common(body: dict, llm: PowerInfer) -> tuple[dict, bool, bool]:
+        llm.check_model_name(field(body, "model", "str", None))
+        n = field(body, "n", "int", 1)
+        if n != 1:
+            raise RequestError("only n = 1 is supported", param="n")
+        stream = field(body, "stream", "bool", False)
+        opts = field(body, "stream_options", "dict", {})
+        include_usage = bool(opts.get("include_usage", False))
+        return sampling_fields(body), stream, include_usage
+
+    def max_tokens_field(body: dict, default):
+        mt = field(body, "max_tokens", "int", default, aliases=("max_completion_tokens", "n_predict"))
+        if mt is not None and mt <= 0:
+            raise RequestError(f"'max_tokens' must be at least 1, got {mt}", param="max_tokens")
+        return mt
+
+    async def run_openai(request: Request, llm: PowerInfer, task: Task, shaper: CompletionShaper, stream: bool,
+                         include_usage: bool):
+        _stats(request, prompt=len(task.prompt_tokens))
+        if stream:
+            q = attach(task)
+            llm.engine.submit(task)
+
+            async def events():
+                for c in shaper.start_chunks():
+                    yield sse(c)
+                while True:
+                    ev = await q.get()
+                    if ev[0] == "token":
+                        c = shaper.token_chunk(ev[1], ev[2])
+                        if c is not None:
+                            yield sse(c)
+                    elif ev[0] == "error":
+                        yield sse(_error_of(ev[1]))
+                        break
+                    else:
+                        _stats(request, predicted=ev[1].n_predicted)
+                        for c in shaper.final_chunks(ev[1], include_usage):
+                            yield sse(c)
+                        break
+                yield "data: [DONE]\n\n"
+            return EngineStream(events(), task, llm)
+        res = await collect(request, llm, task, shaper.add)
+        _stats(request, predicted=res.n_predicted)
+        out = shaper.response(res)
+        out["timings"] = res.timings()
+        return JSON(out)
+
+    async def v1_completions(request: Request):
+        llm = state.require()
+        body = await read_json(request, state)
+        s, stream, include_usage = openai_common(body, llm)
+        if field(body, "suffix", "str", ""):
+            raise RequestError("'suffix' (insertion) is not supported", param="suffix")
+        tokens = await run_in_threadpool(llm.tokenize_prompt, field(body, "prompt", "any"))
+        max_tokens = _cap(state, max_tokens_field(body, 16))
+        logprobs = field(body, "logprobs", "int", None)
+        if logprobs is not None and not 0 <= logprobs <= 20:
+            raise RequestError("'logprobs' must be in [0, 20]", param="logprobs")
+        echo = field(body, "echo", "bool", False)
+        task = llm.make_task(tokens, max_tokens=max_tokens, n_probs=0 if logprobs is None else max(1, logprobs), **s)
+        prompt = body["prompt"]
+        prefix = ((prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else "")
+        shaper = CompletionShaper("text", state.model_name, prefix=prefix, logprobs=logprobs, tokenizer=llm.tokenizer)
+        return await run_openai(request, llm, task, shaper, stream, include_usage)
+
+    async def v1_chat(request: Request):
+        llm = state.require()
+        body = await read_json(request, state)
+        s, stream, include_usage = openai_common(body, llm)
+        messages = field(body, "messages", "list")
+        rf = field(body, "response_format", "dict", None)
+        if rf is not None and rf.get("type", "text") != "text":
+            raise RequestError("response_format other than text is not supported yet", param="response_format",
+                               code="not_supported")
+        tools = field(body, "tools", "list", None)
+        if tools and body.get("tool_choice") != "none":
+            raise RequestError("tools / function calling is not supported", param="tools", code="not_supported")
+        max_tokens = _cap(state, max_tokens_field(body, None) or -1)     # no max_tokens: until EOS / full slot
+        logprobs = field(body, "logprobs", "bool", False)
+        top_logprobs = field(body, "top_logprobs", "int", 0)
+        if not 0 <= top_logprobs <= 20:
+            raise RequestError("'top_logprobs' must be in [0, 20]", param="top_logprobs")
+        kwargs = field(body, "chat_template_kwargs", "dict", {})
+        _, tokens, extra_stops, stop_ids = await run_in_threadpool(llm.chat_prompt, messages, **kwargs)
+        stop = s.pop("stop")
+        stop = ([stop] if isinstance(stop, str) else list(stop or [])) + extra_stops
+        n_lp = top_logprobs if logprobs else None
+        task = llm.make_task(tokens, max_tokens=max_tokens, stop=stop, stop_token_ids=stop_ids,
+                             n_probs=0 if n_lp is None else max(1, n_lp), **s)
+        shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer)
+        return await run_openai(request, llm, task, shaper, stream, include_usage)
+
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
+        Route("/props", props, methods=["GET"]),
+        Route("/slots", slots, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/completion", completion, methods=["POST"]),
+        Route("/completions", completion, methods=["POST"]),
+        Route("/v1/completions", v1_completions, methods=["POST"]),
+        Route("/v1/chat/completions", v1_chat, methods=["POST"]),
+        Route("/chat/completions", v1_chat, methods=["POST"]),
+    ]
+
+
+def _error_of(e: Exception) -> dict:
+    if isinstance(e, RequestError):
+        return error_body(e.message, e.type, e.code, e.param)
+    return error_body(f"{type(e).__name__}: {e}", "server_error", "internal_error")
+
+
+# ------------------------------------------------------------------------------------------ middleware
+class RequestLog:
+    """One log line per request: method, path, status, wall time, prompt / predicted tokens."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = [0]
+        stats = scope.setdefault("pi_stats", {})
+
+        async def send_(msg):
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+            await send(msg)
+        try:
+            await self.app(scope, receive, send_)
+        finally:
+            ms = (time.perf_counter() - t0) * 1e3
+            extra = ""
+            if "prompt" in stats:
+                extra = f" prompt={stats['prompt']} predicted={stats.get('predicted', 0)}"
+            log.info("request: %s %s %d %.1f ms%s", scope.get("method", "?"), scope.get("path", "?"),
+                     status[0] or 500, ms, extra)
+
+
+class APIKeyAuth:
+    """Authorization: Bearer <key> on every route but the public ones (and CORS preflights)."""
+
+    def __init__(self, app, keys: list[str]):
+        self.app = app
+        self.keys = set(keys)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.keys and scope.get("method") != "OPTIONS" \
+                and scope.get("path") not in PUBLIC_PATHS:
+            auth = ""
+            for k, v in scope.get("headers", []):
+                if k == b"authorization":
+                    auth = v.decode("latin-1")
+            token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            if token not in self.keys:
+                resp = error_response(401, "Invalid API Key", "authentication_error", "invalid_api_key",
+                                      headers={"WWW-Authenticate": "Bearer"})
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+# ------------------------------------------------------------------------------------------ app
+def create_app(state: ServerState) -> Starlette:
+    """The ASGI app. With `state.loader`, the model is loaded in a background thread at startup
+    (routes answer 503 meanwhile); with `state.llm`, it is served at once."""
+
+    async def on_request_error(request: Request, e: RequestError):
+        return request_error_response(e)
+
+    async def on_http_error(request: Request, e: HTTPException):
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(e.status_code, "invalid_request_error")
+        return error_response(e.status_code, f"{e.detail}: {request.method} {request.url.path}", kind,
+                              {404: "not_found", 405: "method_not_allowed"}.get(e.status_code))
+
+    async def on_error(request: Request, e: Exception):
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error", "internal_error",
+                              headers={"x-should-retry": "false"})
+
+    def load():
+        try:
+            llm = state.loader()
+            llm.engine.start()
+            state.llm = llm
+            log.info("server: model loaded; ready")
+        except Exception as e:   # reported by /health and the routes; the CLI exits on it
+            state.load_error = f"{type(e).__name__}: {e}"
+            log.error("server: failed to load the model: %s", state.load_error)
+        finally:
+            state.ready.set()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if state.llm is None and state.loader is not None:
+            threading.Thread(target=load, name="powerinfer-load", daemon=True).start()
+        elif state.llm is not None:
+            state.llm.engine.start()
+        try:
+            yield
+        finally:
+            if state.llm is not None and state.llm.engine is not None:
+                state.llm.engine.stop()
+
+    middleware = [
+        Middleware(RequestLog),
+        Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]),
+        Middleware(APIKeyAuth, keys=state.api_keys),
+    ]
+    app = Starlette(routes=build_routes(state), middleware=middleware, lifespan=lifespan,
+                    exception_handlers={RequestError: on_request_error, HTTPException: on_http_error,
+                                        Exception: on_error})
+    app.state.server = state
+    return app

@@ -1,0 +1,182 @@
+"""Command line of the HTTP server (examples/server.py), with llama.cpp server's flag names."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+
+log = logging.getLogger("powerinfer.server")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="server.py",
+        description="PowerInfer HTTP server: llama.cpp native routes (/completion, /tokenize, ...) and "
+                    "OpenAI-compatible routes (/v1/completions, /v1/chat/completions, /v1/models).")
+    p.add_argument("-m", "--model", required=True, help="model path (GGUF or PowerInfer GGUF)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
+    p.add_argument("-c", "--ctx-size", type=int, default=2048,
+                   help="KV cache size in tokens, shared by the slots: each slot gets ctx-size / parallel "
+                        "(0 = the model's training context) (default: %(default)s)")
+    p.add_argument("-np", "--parallel", type=int, default=1,
+                   help="number of slots: requests decoded together by continuous batching (default: %(default)s)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: physical cores)")
+    p.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="most tokens per decode step (prompt chunks + one per generating slot) (default: %(default)s)")
+    p.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="server-wide cap on generated tokens per request (-1 = none) (default: %(default)s)")
+    p.add_argument("-s", "--seed", type=int, default=-1, help="default RNG seed of requests (-1 = random)")
+    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
+    p.add_argument("--api-key", action="append", default=[],
+                   help="require 'Authorization: Bearer KEY' (repeatable, or comma-separated; also $LLAMA_API_KEY). "
+                        "/health and /v1/models stay public")
+    p.add_argument("--api-key-file", default=None, help="file with one API key per line")
+    p.add_argument("-a", "--alias", default=None, help="model name reported by the API (default: the file name)")
+    p.add_argument("--chat-template", default=None,
+                   help="built-in chat format (chatml, llama2, vicuna, gemma) or a Jinja template string; "
+                        "default: the model's tokenizer.chat_template, else chatml")
+    p.add_argument("--chat-template-file", default=None, help="read a Jinja chat template from this file")
+    p.add_argument("--sparse-threshold", type=float, default=None,
+                   help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
+                        "else the file's powerinfer.sparse_threshold, else 0.0)")
+    p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
+    p.add_argument("--vram-budget", type=float, default=None,
+                   help="GiB of VRAM for PowerInfer's GPU split (accepted for compatibility; this build has "
+                        "no GPU backend, so it is ignored)")
+    p.add_argument("-to", "--timeout", type=float, default=600.0,
+                   help="seconds to wait for a request body, and idle keep-alive time (default: %(default)s)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--log-disable", action="store_true", help="log warnings and errors only")
+    args = p.parse_args(argv)
+    if args.parallel < 1 or args.parallel > 64:
+        p.error("-np/--parallel must be in [1, 64]")
+    if args.ctx_size < 0:
+        p.error("-c/--ctx-size must be >= 0")
+    return args
+
+
+def _api_keys(args) -> list[str]:
+    keys = []
+    for k in args.api_key + [os.environ.get("LLAMA_API_KEY", "")]:
+        keys += [x.strip() for x in k.split(",") if x.strip()]
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            keys += [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    return keys
+
+
+def _prefault(model, out=sys.stderr) -> None:
+    """Touch every page of the weights once (the first request would otherwise pay for it), with a
+    progress bar on a terminal and llama.cpp-style dots otherwise."""
+    tensors = list(model.file.tensors.values())
+    total = sum(t.data.nbytes for t in tensors) or 1
+    tty = out.isatty()
+    done, shown, t0 = 0, -1, time.perf_counter()
+    if not tty:
+        out.write("load: ")
+    for t in tensors:
+        data = t.data
+        for s in range(0, data.nbytes, 64 << 20):
+            int(data[s:s + (64 << 20):4096].sum())
+            done += min(64 << 20, data.nbytes - s)
+            pct = done * 100 // total
+            if tty and pct != shown:
+                bar = "#" * (pct // 4)
+                out.write(f"\rload: [{bar:<25}] {pct:3d}% {done / 2**20:8.1f} / {total / 2**20:.1f} MiB")
+                out.flush()
+            elif not tty and pct // 5 != shown // 5:
+                out.write(".")
+                out.flush()
+            shown = pct
+    out.write(f" done ({time.perf_counter() - t0:.2f} s)\n" if not tty else f"  ({time.perf_counter() - t0:.2f} s)\n")
+    out.flush()
+
+
+def make_loader(args):
+    def load():
+        import powerinfer as pi
+        template = args.chat_template
+        chat_format = None
+        if args.chat_template_file:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                template = f.read()
+        elif template and ("{%" not in template and "{{" not in template):
+            chat_format, template = template, None
+        t0 = time.perf_counter()
+        log.info("loading model '%s'", args.model)
+        llm = pi.PowerInfer(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                            n_threads=args.threads or None, seed=args.seed, kv_type=args.kv_type,
+                            n_parallel=args.parallel, chat_format=chat_format, chat_template=template,
+                            sparse_threshold=args.sparse_threshold, dense=args.dense, model_alias=args.alias)
+        log.info("model: %s", llm.model.describe())
+        _prefault(llm.model)
+        ctx = llm.ctx
+        log.info("context: n_ctx = %d, %d slot(s) of %d tokens, n_batch = %d, threads = %s, kv = %s",
+                 ctx.n_ctx, llm.engine.n_slots, llm.engine.n_ctx_slot, ctx.n_batch, ctx.n_threads or "auto",
+                 args.kv_type)
+        if llm.model.sparse:
+            log.info("PowerInfer model: %s", "every neuron computed (--dense)" if args.dense else
+                     f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}")
+        log.info("chat template: %s", llm.chat_formatter.name)
+        log.info("system_info: %s", pi.system_info())
+        log.info("model loaded in %.2f s", time.perf_counter() - t0)
+        return llm
+    return load
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if args.log_disable else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        import uvicorn
+
+        from .app import ServerState, create_app
+    except ImportError as e:
+        print(f"error: the server needs starlette, uvicorn and jinja2 (pip install 'powerinfer[server]'): {e}",
+              file=sys.stderr)
+        return 1
+    if not os.path.isfile(args.model):
+        print(f"error: failed to load model: {args.model}: no such model file", file=sys.stderr)
+        return 1
+    if args.vram_budget is not None:
+        log.warning("--vram-budget %.2f: this build has no GPU backend; the option is ignored and the model "
+                    "runs on the CPU", args.vram_budget)
+    try:
+        keys = _api_keys(args)
+    except OSError as e:
+        print(f"error: cannot read --api-key-file: {e}", file=sys.stderr)
+        return 1
+    state = ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
+                        timeout=args.timeout, loader=make_loader(args))
+    app = create_app(state)
+    config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_config=None,
+                            timeout_keep_alive=max(1, int(args.timeout)), timeout_graceful_shutdown=5,
+                            log_level="debug" if args.verbose else "info")
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # end in-flight requests now (their streams finish cleanly) instead of waiting for them;
+            # from a thread, since a signal handler must not wait for the engine's locks
+            if state.llm is not None:
+                threading.Thread(target=state.llm.engine.cancel_all, daemon=True).start()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
+
+    def exit_on_load_error():
+        state.ready.wait()
+        if state.load_error:
+            server.should_exit = True
+    threading.Thread(target=exit_on_load_error, daemon=True).start()
+    log.info("server: listening on http://%s:%d (%s)", args.host, args.port,
+             "API key required" if keys else "no API key")
+    server.run()
+    if state.load_error:
+        print(f"error: failed to load model: {state.load_error}", file=sys.stderr)
+        return 1
+    return 0

@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+from ..hub import HubError, add_model_args, resolve_model
+
 log = logging.getLogger("powerinfer.server")
 
 
@@ -16,7 +18,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="server.py",
         description="PowerInfer HTTP server: llama.cpp native routes (/completion, /tokenize, ...) and "
                     "OpenAI-compatible routes (/v1/completions, /v1/chat/completions, /v1/models).")
-    p.add_argument("-m", "--model", required=True, help="model path (GGUF or PowerInfer GGUF)")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
     p.add_argument("-c", "--ctx-size", type=int, default=2048,
@@ -139,6 +141,11 @@ def main(argv=None) -> int:
     except ImportError as e:
         print(f"error: the server needs starlette, uvicorn and jinja2 (pip install 'powerinfer[server]'): {e}",
               file=sys.stderr)
+        return 1
+    try:
+        args.model = str(resolve_model(args))
+    except HubError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     if not os.path.isfile(args.model):
         print(f"error: failed to load model: {args.model}: no such model file", file=sys.stderr)

@@ -50,3 +50,59 @@ def bench(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", "bindings", "examples", "tools", "tests", "bench", "--select", "E,F,W", "--line-length", "120")
+
+
+def _find_tool(name: str, *extra_dirs: str) -> str | None:
+    import glob
+    import shutil
+    found = shutil.which(name)
+    if found:
+        return found
+    for pattern in extra_dirs:
+        for d in sorted(glob.glob(pattern), reverse=True):
+            if os.access(os.path.join(d, name), os.X_OK):
+                return os.path.join(d, name)
+    return None
+
+
+def _check_gpu_exports(session: nox.Session, lib: str, backend: int) -> None:
+    # ctypes, no package needed: the library loads and reports its backend (1 CUDA, 2 HIP); no GPU is used
+    session.run("python3", "-c", f"import ctypes, sys; L = ctypes.CDLL({lib!r}); b = L.pi_cuda_compiled(); "
+                f"n = L.pi_cuda_available(); print('backend', b, 'devices', n); sys.exit(b != {backend})",
+                external=True)
+
+
+@nox.session(venv_backend="none")
+def build_cuda(session: nox.Session) -> None:
+    """Compile and link libpowerinfer with the CUDA backend into build-cuda/ (no GPU needed).
+    nox -s build_cuda -- "80;90"   (CUDA architectures; default 80;90)"""
+    nvcc = _find_tool("nvcc", "/usr/local/cuda/bin", "/usr/local/cuda-*/bin")
+    if not nvcc:
+        session.skip("nvcc not found: install the CUDA toolkit to build the CUDA backend")
+    archs = session.posargs[0] if session.posargs else "80;90"
+    session.run("cmake", "-S", ".", "-B", "build-cuda", "-DPI_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}",
+                f"-DCMAKE_CUDA_ARCHITECTURES={archs}", "-DCMAKE_BUILD_TYPE=Release", external=True)
+    session.run("cmake", "--build", "build-cuda", "-j", str(os.cpu_count() or 2), external=True)
+    _check_gpu_exports(session, os.path.abspath("build-cuda/libpowerinfer.so"), 1)
+
+
+@nox.session(venv_backend="none")
+def build_rocm(session: nox.Session) -> None:
+    """Compile and link libpowerinfer with the ROCm/HIP backend (the core/cuda sources through hipcc)
+    into build-rocm/ (no GPU needed). nox -s build_rocm -- "gfx90a;gfx1100"   (AMD targets)"""
+    hipcc = _find_tool("hipcc", "/opt/rocm/bin", "/opt/rocm-*/bin")
+    if not hipcc:
+        session.skip("hipcc not found: install ROCm (or Debian's hipcc and libamdhip64-dev) to build the "
+                     "ROCm backend")
+    archs = session.posargs[0] if session.posargs else "gfx90a;gfx1100"
+    session.run("cmake", "-S", ".", "-B", "build-rocm", "-DPI_HIP=ON", f"-DPI_HIPCC={hipcc}",
+                f"-DPI_HIP_ARCHITECTURES={archs}", "-DCMAKE_BUILD_TYPE=Release", external=True)
+    session.run("cmake", "--build", "build-rocm", "-j", str(os.cpu_count() or 2), external=True)
+    _check_gpu_exports(session, os.path.abspath("build-rocm/libpowerinfer.so"), 2)
+
+
+@nox.session(venv_backend="none")
+def gpu_checks(session: nox.Session) -> None:
+    """On a GPU machine: build with CUDA, run the GPU suite and the kernel benchmark
+    (tests/gpu/run_gpu_checks.sh, under 8 minutes)."""
+    session.run("bash", "tests/gpu/run_gpu_checks.sh", external=True)

@@ -3,6 +3,7 @@
 
     python examples/main.py -m models/tiny-q8_0.gguf -p "Once upon a time" -n 64
     python examples/main.py -m MODEL -i -r "User:" -f chat-prompt.txt
+    python examples/main.py -m gemma-3-270m-q4_k_m.gguf -cnv -p "You are a helpful assistant."
 
 Generated text goes to stdout as it is produced; logs and timings go to stderr.
 """
@@ -47,6 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--interactive-first", action="store_true", help="interactive mode, and wait for input first")
     p.add_argument("-r", "--reverse-prompt", action="append", default=[],
                    help="in interactive mode, stop generating at this text and wait for input (repeatable)")
+    p.add_argument("-cnv", "--conversation", action="store_true",
+                   help="conversation mode: chat through the model's chat template (-p is the system message)")
+    p.add_argument("--chat-template", default=None,
+                   help="with -cnv: a built-in template name (chatml, llama2, vicuna, gemma) or Jinja template text "
+                        "(default: the file's tokenizer.chat_template)")
     p.add_argument("--in-prefix", default="", help="text added before each user input")
     p.add_argument("--in-suffix", default="", help="text added after each user input")
     p.add_argument("--color", action="store_true", help="colour the prompt and the user input")
@@ -133,6 +139,8 @@ def run(args) -> int:
         log("PowerInfer model loaded. " + ("Every neuron is computed (--dense)." if args.dense else
             f"Sparse inference will be used. sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))
 
+    if args.conversation:
+        return run_conversation(args, model, ctx, sampler, timings)
     prompt = read_prompt(args)
     prompt_ids = tok.encode(prompt, add_special=True)
     if len(prompt_ids) > ctx.n_ctx - 4 and not args.interactive:
@@ -223,6 +231,128 @@ def run(args) -> int:
         active, total = ctx.sparse_stats()
         if total:
             log("\nsparse: neurons computed per layer: " + " ".join(f"{a / total:.1%}" for a in active))
+    log("\n" + timings.report())
+    return 0
+
+
+def run_conversation(args, model, ctx, sampler, timings) -> int:
+    """-cnv: each user line becomes a message; the chat template renders the conversation and only the
+    new text (the rendering of all messages minus that of the previous ones) is fed; the reply ends at an
+    end-of-generation token or the template's end-of-turn marker and joins the conversation."""
+    from powerinfer.chat import BUILTIN_TEMPLATES, ChatFormatter, ChatTemplateError
+    tok = model.tokenizer
+    bos = tok.id_to_text(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.id_to_text(tok.eos_id) if tok.eos_id is not None else ""
+    name = args.chat_template
+    if name is None and not model.metadata.get("tokenizer.chat_template") and \
+            tok.encode("<start_of_turn>", add_special=False, parse_special=True) != \
+            tok.encode("<start_of_turn>", add_special=False):
+        name = "gemma"       # Gemma files converted without their template (e.g. gemma-3-270m Q4_K_M)
+    builtin = name is not None and name.lower() in set(BUILTIN_TEMPLATES) | {"llama-2"}
+    try:
+        fmt = ChatFormatter.resolve(model.metadata, chat_format=name if builtin else None,
+                                    chat_template=None if builtin else name, bos_token=bos, eos_token=eos)
+    except (ChatTemplateError, ValueError) as e:
+        log(f"error: {e}")
+        return 1
+    log(f"main: chat template: {fmt.name}")
+    eog_ids = {i for i in range(tok.n_vocab) if tok.is_eog(i)}
+    for marker in fmt.end_of_turn:       # e.g. <end_of_turn>, <|im_end|> as single tokens
+        ids = tok.encode(marker, add_special=False, parse_special=True)
+        if len(ids) == 1:
+            eog_ids.add(ids[0])
+    gen = Generator(ctx, sampler, timings=timings)
+    interrupt = Interrupt(True)
+    out = sys.stdout
+    color = args.color
+
+    def emit(text: str, colour: str | None = None) -> None:
+        out.write(f"{colour}{text}{RESET}" if colour and color and text else text)
+        out.flush()
+
+    system = read_prompt(args) if (args.prompt is not None or args.file) else ""
+    messages = [{"role": "system", "content": system}] if system else []
+    rendered = ""          # what has been fed so far, as text
+    log("== Running in conversation mode. ==\n - Press Ctrl+C to interject at any time.\n"
+        " - Enter an empty line to quit. End a line with '\\' to continue it on the next.\n")
+    try:
+        while True:
+            if color:
+                out.write(GREEN)
+            out.write("> ")
+            out.flush()
+            lines = []
+            while True:
+                line = sys.stdin.readline()
+                if not line:
+                    raise EOFError
+                if line.endswith("\\\n"):
+                    lines.append(line[:-2] + "\n")
+                    continue
+                lines.append(line)
+                break
+            if color:
+                out.write(RESET)
+                out.flush()
+            user = "".join(lines).rstrip("\n")
+            if not user:
+                break
+            messages.append({"role": "user", "content": user})
+            try:
+                text = fmt.render(messages, add_generation_prompt=True)
+            except ChatTemplateError as e:
+                log(f"error: {e}")
+                messages.pop()
+                continue
+            delta = text[len(rendered):] if text.startswith(rendered) else text
+            first = not rendered
+            # BOS once: from the template's own text (parsed as a special token) or added here
+            add_bos = first and not (bos and text.startswith(bos))
+            gen.feed(tok.encode(delta, add_special=add_bos, parse_special=True))
+            rendered = text
+            decoder = pi.StreamDecoder(tok, strip_leading_space=False)
+            reply = ""
+            interrupt.requested = False
+            for t in gen.generate(args.n_predict if args.n_predict >= 0 else -1, eog_ids=eog_ids):
+                if t in eog_ids:
+                    break
+                piece = decoder.push(t)
+                reply += piece
+                emit(piece)
+                if interrupt.requested or any(m and m in reply for m in fmt.end_of_turn):
+                    break
+            reply += decoder.flush()
+            emit("\n")
+            if gen.context_full:
+                log("main: context is full, stopping (context shifting is not implemented)")
+                break
+            for m in fmt.end_of_turn:
+                reply = reply.split(m)[0] if m else reply
+            reply = reply.strip()
+            messages.append({"role": "assistant", "content": reply})
+            # The cache now holds `text` + the reply's tokens. Feed the rest of the template's rendering
+            # of the finished turn (its end-of-turn marker), so that the next delta continues from it.
+            after = fmt.render(messages, add_generation_prompt=False)
+            if after.startswith(text) and after[len(text):].startswith(reply):
+                tail = after[len(text) + len(reply):]
+                if tail:
+                    gen.feed(tok.encode(tail, add_special=False, parse_special=True))
+                rendered = after
+            else:                    # the template rewrites earlier turns: re-feed everything next time
+                ctx.kv_clear()
+                gen = Generator(ctx, sampler, timings=timings)
+                rendered = ""
+    except EOFError:
+        pass
+    except ContextFull as e:
+        log(f"\nmain: {e}")
+    except KeyboardInterrupt:
+        log("\nInterrupted by user")
+        log(timings.report())
+        return 130
+    except pi.PowerInferError as e:
+        log(f"\nerror: {e}")
+        return 1
     log("\n" + timings.report())
     return 0
 

@@ -322,7 +322,7 @@ def test_type_traits():
     assert ffi.string(lib.pi_type_name(I32)).decode() == "i32"
     assert lib.pi_type_supported(I32) == 0
     assert lib.pi_type_block_size(I32) == 1 and lib.pi_type_block_bytes(I32) == 4
-    for t in (-1, 3, 6, 7, 12, 39, 40, 1000):
+    for t in (-1, 4, 5, 16, 20, 39, 40, 1000):     # 16, 20: iq2_xxs, iq4_nl (ggml types without kernels here)
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == "unknown"
         assert lib.pi_type_block_size(t) == 0 and lib.pi_type_block_bytes(t) == 0
@@ -442,7 +442,7 @@ def test_conversion_errors():
     expect_error(lib.pi_quantize_row(F32, ffi.NULL, dp, 4), lib.PI_ERR_INVALID_ARG)
     expect_error(lib.pi_dequantize_row(F32, dp, ffi.NULL, 4), lib.PI_ERR_INVALID_ARG)
     expect_error(lib.pi_quantize_row(I32, xp, dp, 4), lib.PI_ERR_UNSUPPORTED)
-    expect_error(lib.pi_dequantize_row(7, dp, xp, 32), lib.PI_ERR_UNSUPPORTED)
+    expect_error(lib.pi_dequantize_row(20, dp, xp, 32), lib.PI_ERR_UNSUPPORTED)
     assert lib.pi_quantize_row(F32, xp, dp, 0) == lib.PI_OK
     with pytest.raises(PowerInferError) as e:
         check(lib.pi_quantize_row(Q4_0, xp, dp, 48))
@@ -613,7 +613,7 @@ def test_mul_mat_errors():
     with pytest.raises(AssertionError):
         tensor(wq, Q4_0)
     wi = tensor(w)
-    wi.type = 7                                         # a ggml id the core does not know
+    wi.type = 20                                        # a ggml id the core cannot compute with (iq4_nl)
     expect_error(lib.pi_op_mul_mat(ffi.NULL, wi, tensor(x), tensor(y)), lib.PI_ERR_UNSUPPORTED)
     check(lib.pi_op_mul_mat(ffi.NULL, tensor(w), tensor(x), tensor(y)))
 
@@ -713,7 +713,16 @@ def test_rms_norm_errors():
 # ======================================================================================
 # rope
 # ======================================================================================
-def np_rope(x, pos, n_rot, base, scale):
+ROPE_NORMAL, ROPE_NEOX = 0, 2   # PI_ROPE_*
+
+
+def rope_pairs(n_rot, mode):
+    """Index arrays (first, second) of the rotating pairs: (2i, 2i+1) normal, (i, i + n_rot/2) NEOX."""
+    i = np.arange(n_rot // 2)
+    return (i, i + n_rot // 2) if mode == ROPE_NEOX else (2 * i, 2 * i + 1)
+
+
+def np_rope(x, pos, n_rot, base, scale, mode=ROPE_NORMAL):
     """x (T, H, hd) -> float64, and the |theta| of every pair (T, n_rot/2) for the tolerance."""
     base = float(np.float32(base))            # the op takes float parameters
     scale = float(np.float32(scale))
@@ -722,32 +731,35 @@ def np_rope(x, pos, n_rot, base, scale):
     theta = pos.astype(np.float64)[:, None] * scale * freq[None, :]       # (T, n_rot/2)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     y = x.astype(np.float64).copy()
-    x0, x1 = y[..., 0:n_rot:2].copy(), y[..., 1:n_rot:2].copy()
-    y[..., 0:n_rot:2] = x0 * c - x1 * s
-    y[..., 1:n_rot:2] = x0 * s + x1 * c
+    a, b = rope_pairs(n_rot, mode)
+    x0, x1 = y[..., a].copy(), y[..., b].copy()
+    y[..., a] = x0 * c - x1 * s
+    y[..., b] = x0 * s + x1 * c
     return y, np.abs(theta)
 
 
-def rope_tol(x, n_rot, abs_theta):
+def rope_tol(x, n_rot, abs_theta, mode=ROPE_NORMAL):
     x = x.astype(np.float64)
-    pair = np.abs(x[..., 0:n_rot:2]) + np.abs(x[..., 1:n_rot:2])            # (T, H, n_rot/2)
+    a, b = rope_pairs(n_rot, mode)
+    pair = np.abs(x[..., a]) + np.abs(x[..., b])                           # (T, H, n_rot/2)
     t = (ROPE_RTOL + ROPE_THETA_REL * abs_theta[:, None, :]) * pair
     tol = np.zeros(x.shape)
-    tol[..., 0:n_rot:2] = t
-    tol[..., 1:n_rot:2] = t
+    tol[..., a] = t
+    tol[..., b] = t
     return tol                                                             # 0 past n_rot: exact copy
 
 
 ROPE_POS = np.array([0, 1, 2, 17, 511, 4095, 32767, 131071, 1_000_000, 2**24 + 1, 2**31 - 1], np.int32)
 
 
+@pytest.mark.parametrize("mode", [ROPE_NORMAL, ROPE_NEOX], ids=["normal", "neox"])
 @pytest.mark.parametrize("hd,n_rot,base,scale", [
     (64, 64, 10000.0, 1.0),
     (64, 32, 10000.0, 1.0),          # partial rotary: dims 32..63 pass through
     (128, 128, 500000.0, 0.25),      # linear scaling
     (80, 26, 10000.0, 1.0 / 3.0),    # scale not exactly representable; n_rot not a power of two
 ])
-def test_rope(pools, hd, n_rot, base, scale):
+def test_rope(pools, hd, n_rot, base, scale, mode):
     rng = np.random.default_rng(hd + n_rot)
     T, H = ROPE_POS.size, 4
     x = rng.standard_normal((T, H, hd)).astype(np.float32)
@@ -756,18 +768,18 @@ def test_rope(pools, hd, n_rot, base, scale):
 
     def run(pool):
         y = sentinel_buffer(x.shape)
-        check(lib.pi_op_rope(pool, tensor(x), pp, n_rot, base, scale, tensor(y)))
+        check(lib.pi_op_rope(pool, tensor(x), pp, n_rot, mode, base, scale, tensor(y)))
         return y
 
     y = run_all(pools, run, "rope")
-    ref, th = np_rope(x, pos, n_rot, base, scale)
-    assert_within(y, ref, rope_tol(x, n_rot, th), "rope")
+    ref, th = np_rope(x, pos, n_rot, base, scale, mode)
+    assert_within(y, ref, rope_tol(x, n_rot, th, mode), "rope")
     assert_bit_equal(y[..., n_rot:], x[..., n_rot:], "rope pass-through dims")
     assert_bit_equal(y[0], x[0], "rope at pos 0 is the identity")
     # in place
     xi = x.copy()
-    check(lib.pi_op_rope(pools[3], tensor(xi), pp, n_rot, base, scale, tensor(xi)))
-    assert_within(xi, ref, rope_tol(x, n_rot, th), "rope in place")   # not bit-equal: see IN_PLACE_NOTE
+    check(lib.pi_op_rope(pools[3], tensor(xi), pp, n_rot, mode, base, scale, tensor(xi)))
+    assert_within(xi, ref, rope_tol(x, n_rot, th, mode), "rope in place")   # not bit-equal: see IN_PLACE_NOTE
     assert_bit_equal(xi[..., n_rot:], x[..., n_rot:], "rope in place pass-through dims")
 
 
@@ -782,7 +794,7 @@ def test_rope_strided(pools):
 
     def run(pool):
         obig = sentinel_buffer((T, H + 1, hd + 4))
-        check(lib.pi_op_rope(pool, tensor(k), pp, n_rot, 10000.0, 1.0, tensor(obig[:, :H, :hd])))
+        check(lib.pi_op_rope(pool, tensor(k), pp, n_rot, ROPE_NORMAL, 10000.0, 1.0, tensor(obig[:, :H, :hd])))
         return obig
 
     obig = run_all(pools, run, "rope strided")
@@ -791,7 +803,7 @@ def test_rope_strided(pools):
     assert np.all(obig[:, H] == -12345.5) and np.all(obig[:, :, hd:] == -12345.5)
     # in place on the strided view: rotates in the fused buffer, leaves q and v alone
     before = qkv.copy()
-    check(lib.pi_op_rope(pools[2], tensor(k), pp, n_rot, 10000.0, 1.0, tensor(k)))
+    check(lib.pi_op_rope(pools[2], tensor(k), pp, n_rot, ROPE_NORMAL, 10000.0, 1.0, tensor(k)))
     assert_within(k, ref, rope_tol(before[:, H:2 * H], n_rot, th), "rope in place, strided")
     assert_bit_equal(qkv[:, :H], before[:, :H])
     assert_bit_equal(qkv[:, 2 * H:], before[:, 2 * H:])
@@ -804,12 +816,15 @@ def test_rope_errors():
     pp = ffi.from_buffer("int32_t[]", pos)
     E = lib.PI_ERR_INVALID_ARG
     for n_rot in (0, -2, 31, 66):
-        expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, n_rot, 10000.0, 1.0, tensor(y)), E)
-    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, 0.0, 1.0, tensor(y)), E)
-    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, 10000.0, -1.0, tensor(y)), E)
-    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), ffi.NULL, 64, 10000.0, 1.0, tensor(y)), E)
-    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, 10000.0, 1.0, tensor(y[:1])), E)
-    check(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, 10000.0, 1.0, tensor(y)))
+        expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, n_rot, ROPE_NORMAL, 10000.0, 1.0, tensor(y)), E)
+    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, ROPE_NORMAL, 0.0, 1.0, tensor(y)), E)
+    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, ROPE_NORMAL, 10000.0, -1.0, tensor(y)), E)
+    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), ffi.NULL, 64, ROPE_NORMAL, 10000.0, 1.0, tensor(y)), E)
+    expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, ROPE_NORMAL, 10000.0, 1.0, tensor(y[:1])), E)
+    for mode in (1, 3, -1):          # only PI_ROPE_NORMAL (0) and PI_ROPE_NEOX (2)
+        expect_error(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, mode, 10000.0, 1.0, tensor(y)), E)
+    check(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, ROPE_NORMAL, 10000.0, 1.0, tensor(y)))
+    check(lib.pi_op_rope(ffi.NULL, tensor(x), pp, 64, ROPE_NEOX, 10000.0, 1.0, tensor(y)))
 
 
 # ======================================================================================

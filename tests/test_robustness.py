@@ -362,7 +362,8 @@ def test_unknown_tensor_type(tmp_file, type_id):
     assert f"tensor '{name}'" in msg and str(type_id) in msg, msg
 
 
-@pytest.mark.parametrize("type_id,type_name", [(13, "q5_k"), (3, "q4_1"), (26, "i32"), (28, "f64"), (10, "q2_k")])
+@pytest.mark.parametrize("type_id,type_name",
+                         [(23, "iq4_xs"), (20, "iq4_nl"), (26, "i32"), (28, "f64"), (16, "iq2_xxs")])
 def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
     """A valid ggml type the core does not compute with: the message names the tensor and the type."""
     name = "blk.0.attn_q.weight"
@@ -371,14 +372,14 @@ def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
     assert f"tensor '{name}'" in msg and type_name in msg.lower(), msg
 
 
-def test_q5_k_tensor_reaches_the_core(tmp_path):
-    """With rows of 256 the gguf layer accepts Q5_K and the C loader refuses it by name."""
+def test_iq4_xs_tensor_reaches_the_core(tmp_path):
+    """With rows of 256 the gguf layer accepts IQ4_XS and the C loader refuses it by name."""
     path = tmp_path / "wide.gguf"
     write_model(path, dtype="q8_0", n_vocab=320, n_embd=256, n_ff=256, n_head=4, n_head_kv=4, n_layer=1)
     name = "blk.0.attn_q.weight"
-    patch(path, tensor_fields(path)[name]["type_at"], "I", int(QT.Q5_K))
+    patch(path, tensor_fields(path)[name]["type_at"], "I", int(QT.IQ4_XS))
     msg = load_error(path)
-    assert f"tensor '{name}'" in msg and "q5_K" in msg and "cannot compute" in msg, msg
+    assert f"tensor '{name}'" in msg and "iq4_xs" in msg and "cannot compute" in msg, msg
 
 
 @pytest.mark.parametrize("name", ["token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
@@ -552,7 +553,7 @@ def test_error_info_functions():
     assert "AVX" in info and "NEON" in info
 
 
-@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 13, 39, 40, 41, 1000, INT32_MAX])
+@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 16, 39, 40, 41, 1000, INT32_MAX])
 def test_type_queries_out_of_range(t):
     assert lib.pi_type_supported(t) == 0
     assert ffi.string(lib.pi_type_name(t)) == b"unknown"
@@ -690,7 +691,7 @@ def op_cases():
     def rope():
         x, out = Tensor([16, 4, 3]), Tensor([16, 4, 3])
         pos = i32([0, 1, 7])
-        return lib.pi_op_rope, [None, x.t, pos[1], 16, 10000.0, 1.0, out.t], {1: "tensor", 2: "ptr", 6: "tensor"}, \
+        return lib.pi_op_rope, [None, x.t, pos[1], 16, 0, 10000.0, 1.0, out.t], {1: "tensor", 2: "ptr", 7: "tensor"}, \
             (x, out, pos)
 
     def softmax():
@@ -875,10 +876,11 @@ OP_MISMATCHES = {
         ("n_rot_odd", lambda a, k: a.__setitem__(3, 3), ["n_rot"]),
         ("n_rot_big", lambda a, k: a.__setitem__(3, 18), ["n_rot"]),
         ("n_rot_max", lambda a, k: a.__setitem__(3, INT32_MAX - 1), ["n_rot"]),
-        ("base_0", lambda a, k: a.__setitem__(4, 0.0), ["freq_base"]),
-        ("base_nan", lambda a, k: a.__setitem__(4, float("nan")), ["freq_base"]),
-        ("scale_neg", lambda a, k: a.__setitem__(5, -1.0), ["freq_scale"]),
-        ("scale_nan", lambda a, k: a.__setitem__(5, float("nan")), ["freq_scale"]),
+        ("mode_1", lambda a, k: a.__setitem__(4, 1), ["mode"]),
+        ("base_0", lambda a, k: a.__setitem__(5, 0.0), ["freq_base"]),
+        ("base_nan", lambda a, k: a.__setitem__(5, float("nan")), ["freq_base"]),
+        ("scale_neg", lambda a, k: a.__setitem__(6, -1.0), ["freq_scale"]),
+        ("scale_nan", lambda a, k: a.__setitem__(6, float("nan")), ["freq_scale"]),
         ("x_4d", lambda a, k: (setattr(k[0].t, "n_dims", 4), k[0].t.ne.__setitem__(2, 1),
                                k[0].t.ne.__setitem__(3, 3), setattr(k[1].t, "n_dims", 4),
                                k[1].t.ne.__setitem__(2, 1), k[1].t.ne.__setitem__(3, 3)), ["rope"]),
@@ -1071,12 +1073,19 @@ HP_CASES = [
     ("n_ctx_train", 0, ["n_ctx_train"]), ("n_ctx_train", -1, ["n_ctx_train"]),
     ("n_rot", 0, ["rope dimension"]), ("n_rot", 3, ["rope dimension"]), ("n_rot", 18, ["rope dimension"]),
     ("n_rot", -2, ["rope dimension"]),
-    ("arch", 2, ["architecture"]), ("arch", -1, ["architecture"]), ("arch", INT32_MAX, ["architecture"]),
+    ("arch", 4, ["architecture"]), ("arch", -1, ["architecture"]), ("arch", INT32_MAX, ["architecture"]),
     ("ffn_act", 3, ["activation"]), ("ffn_act", -1, ["activation"]),
     ("ffn_gate", 3, ["gate"]), ("ffn_gate", -1, ["gate"]),
     ("norm_eps", float("nan"), ["epsilon"]), ("norm_eps", -1e-5, ["epsilon"]), ("norm_eps", 1.0, ["epsilon"]),
     ("rope_freq_base", 0.0, ["rope freq"]), ("rope_freq_base", float("nan"), ["rope freq"]),
     ("rope_freq_scale", -1.0, ["rope freq"]), ("rope_freq_scale", float("nan"), ["rope freq"]),
+    # architecture details (issue 7): bad values, or flags whose tensors the file lacks
+    ("head_dim", -1, ["head_dim"]), ("head_dim", 2**24, ["head_dim"]), ("head_dim", 8, ["rope dimension"]),
+    ("rope_mode", 1, ["rope mode"]), ("attn_scale", float("nan"), ["attention scale"]),
+    ("embd_scale", -1.0, ["embedding scale"]), ("n_swa", -1, ["sliding window"]), ("swa_pattern", -6, ["pattern"]),
+    ("rope_freq_base_swa", float("nan"), ["local layers"]), ("qkv_bias", 2, ["qkv_bias"]),
+    ("qkv_bias", 1, ["missing tensor 'blk.0.attn_q.bias'"]), ("qk_norm", 1, ["missing tensor 'blk.0.attn_q_norm"]),
+    ("post_norms", 1, ["missing tensor 'blk.0.post_attention_norm"]),
 ]
 if "sparse" in dir(ffi.new("pi_hparams *")):
     HP_CASES.append(("sparse", 1, ["missing tensor 'blk.0.ffn_down_t.weight'"]))   # a dense file as sparse
@@ -1107,8 +1116,8 @@ TD_CASES = [
      ["blk.0.attn_q.weight", "99"]),
     ("type_-1", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", -1), UNSUPPORTED,
      ["blk.0.attn_q.weight", "-1"]),
-    ("type_q5_K", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 13), UNSUPPORTED,
-     ["blk.0.attn_q.weight", "q5_K", "id 13"]),
+    ("type_iq4_nl", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 20), UNSUPPORTED,
+     ["blk.0.attn_q.weight", "iq4_nl", "id 20"]),
     ("type_i32", lambda d: setattr(_td(d, "blk.1.ffn_up.weight"), "type", I32), UNSUPPORTED,
      ["blk.1.ffn_up.weight", "i32"]),
     ("norm_not_f32", lambda d: setattr(_td(d, "output_norm.weight"), "type", F16), BAD_MODEL,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -12,7 +13,11 @@ from .tokenizer import Tokenizer
 
 log = logging.getLogger("powerinfer")
 
-_ARCHS = {"llama": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO}
+# GGUF general.architecture -> the C family. Mistral and TinyLlama GGUF files declare "llama"; "mistral"
+# (the llama blocks under another name) is accepted too.
+_ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
+          "qwen2": lib.PI_ARCH_QWEN2, "gemma3": lib.PI_ARCH_GEMMA3}
+_ROPE_MODES = {"normal": lib.PI_ROPE_NORMAL, "neox": lib.PI_ROPE_NEOX}
 _ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU}
 ACTIVATION_KEY = "powerinfer.ffn_activation"
 SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
@@ -34,6 +39,21 @@ class HParams:
     norm_eps: float
     rope_freq_base: float
     rope_freq_scale: float
+    # architecture details (the defaults are llama's)
+    head_dim: int = 0               # q/k/v size per head; 0: n_embd // n_head
+    rope_mode: str = "normal"       # "normal": pairs (2i, 2i+1); "neox": pairs (i, i + n_rot/2)
+    attn_scale: float = 0.0         # 0: 1/sqrt(head_dim)
+    embd_scale: float = 0.0         # 0: none
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    n_swa: int = 0                  # sliding window of the local layers (0: every layer global)
+    swa_pattern: int = 0            # with n_swa: layer il is local iff il % swa_pattern < swa_pattern - 1
+    rope_freq_base_swa: float = 0.0   # local layers' rope (0: as the global layers)
+    rope_freq_scale_swa: float = 0.0
+
+    def is_swa_layer(self, il: int) -> bool:
+        return self.n_swa > 0 and (self.swa_pattern <= 0 or il % self.swa_pattern < self.swa_pattern - 1)
 
 
 def _hparams_from_metadata(path, meta: dict) -> HParams:
@@ -41,7 +61,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     if arch is None:
         raise ModelLoadError(f"{path}: missing general.architecture")
     if arch not in _ARCHS:
-        raise ModelLoadError(f"{path}: unsupported architecture '{arch}' (supported: {', '.join(_ARCHS)})")
+        raise ModelLoadError(f"{path}: unsupported architecture '{arch}' (general.architecture); this build runs "
+                             f"{', '.join(_ARCHS)}")
 
     def get(key, default=None, required=False):
         full = f"{arch}.{key}"
@@ -69,9 +90,16 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelLoadError(f"{path}: missing tokenizer.ggml.tokens")
-    if n_embd % n_head:
+    key_length = get("attention.key_length")
+    value_length = get("attention.value_length", key_length)
+    if key_length is not None:
+        key_length = as_int("attention.key_length", key_length)
+        if as_int("attention.value_length", value_length) != key_length:
+            raise ModelLoadError(f"{path}: attention.key_length {key_length} and value_length {value_length} differ "
+                                 "(not supported)")
+    if key_length is None and n_embd % n_head:
         raise ModelLoadError(f"{path}: embedding_length {n_embd} is not a multiple of head_count {n_head}")
-    head_dim = n_embd // n_head
+    head_dim = key_length if key_length is not None else n_embd // n_head
     n_rot = as_int("rope.dimension_count", get("rope.dimension_count", head_dim))
 
     scaling = get("rope.scaling.type", "linear")
@@ -83,11 +111,43 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     if not factor or factor <= 0:
         raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
 
+    if arch in ("qwen2", "gemma3") and meta.get("_pwri"):
+        raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama and bamboo only, not {arch}")
     # ReLU-LLaMA files from the original converter carry no activation key; a PWRI file is ReLU by definition
-    default_act = "relu" if arch == "bamboo" or meta.get("_pwri") else "silu"
+    default_act = "relu" if arch == "bamboo" or meta.get("_pwri") else "gelu" if arch == "gemma3" else "silu"
     act = meta.get(ACTIVATION_KEY, default_act)
     if act not in _ACTS:
         raise ModelLoadError(f"{path}: unknown FFN activation '{act}' in {ACTIVATION_KEY}")
+
+    # what the forward pass does differently from llama (see pi_hparams in powerinfer.h)
+    extra: dict = {"head_dim": head_dim if key_length is not None else 0}
+    if arch == "qwen2":
+        extra.update(rope_mode="neox", qkv_bias=True)
+    elif arch == "gemma3":
+        if get("attention.sliding_window") is None:
+            raise ModelLoadError(f"{path}: gemma3 without {arch}.attention.sliding_window (the global-only variant "
+                                 "with final logit soft-capping) is not supported")
+        n_swa = as_int("attention.sliding_window", get("attention.sliding_window"))
+        pattern = get("attention.sliding_window_pattern", 6)   # llama.cpp: every 6th layer is global
+        if isinstance(pattern, list):     # per-layer flags (newer converters): find the period
+            flags = [bool(v) for v in pattern]
+            period = 0 if all(flags) else next((p for p in range(1, len(flags) + 1)
+                                                 if all(f == (i % p < p - 1) for i, f in enumerate(flags))), None)
+            if period is None:
+                raise ModelLoadError(f"{path}: {arch}.attention.sliding_window_pattern {flags} is not periodic "
+                                     "(not supported)")
+            pattern = period
+        elif not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
+            raise ModelLoadError(f"{path}: metadata {arch}.attention.sliding_window_pattern = {pattern!r} is not a "
+                                 "layer period")
+        n_layer = as_int("block_count", get("block_count", required=True))
+        # llama.cpp (after gemma_pytorch): q is scaled by 1/sqrt(n_embd / n_head) in the 27B model
+        # (query_pre_attn_scalar), by 1/sqrt(head_dim) in the others
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_dim)
+        # local layers: rope base 10000 without scaling; global ones: rope.freq_base and the file's scaling
+        extra.update(rope_mode="neox", qk_norm=True, post_norms=True, embd_scale=math.sqrt(n_embd),
+                     attn_scale=attn_scale, n_swa=n_swa, swa_pattern=pattern,
+                     rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0)
     return HParams(
         arch=arch, n_vocab=len(tokens),
         n_ctx_train=as_int("context_length", get("context_length", required=True)),
@@ -98,6 +158,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         norm_eps=as_float("attention.layer_norm_rms_epsilon", get("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_freq_base=as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),
+        **extra,
     )
 
 
@@ -167,6 +228,11 @@ class Model:
         p.ffn_gate = {"par": lib.PI_FFN_PAR, "sym": lib.PI_FFN_SYM, "seq": lib.PI_FFN_SEQ}[hp.ffn_gate]
         p.norm_eps, p.rope_freq_base, p.rope_freq_scale = hp.norm_eps, hp.rope_freq_base, hp.rope_freq_scale
         p.sparse = 1 if self.sparse else 0
+        p.head_dim, p.rope_mode = hp.head_dim, _ROPE_MODES[hp.rope_mode]
+        p.attn_scale, p.embd_scale = hp.attn_scale, hp.embd_scale
+        p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
+        p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
+        p.rope_freq_base_swa, p.rope_freq_scale_swa = hp.rope_freq_base_swa, hp.rope_freq_scale_swa
         desc.n_tensors = n
         desc.tensors = descs
         out = ffi.new("pi_model **")

@@ -57,7 +57,6 @@ _BYTE_RE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SPACE_CHUNK_RE = re.compile(SPACE_SYMBOL + "*[^" + SPACE_SYMBOL + "]*")
 
 _UNSUPPORTED_MODELS = {
-    "gpt2": "byte-level BPE (GPT-2 style)",
     "bert": "WordPiece (BERT style)",
     "t5": "SentencePiece unigram (T5 style)",
     "rwkv": "RWKV trie",
@@ -137,15 +136,21 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict) -> "Tokenizer":
-        """Build from a dict of GGUF keys (``tokenizer.ggml.*``) to Python values."""
+        """Build from a dict of GGUF keys (``tokenizer.ggml.*``) to Python values.
+
+        A byte-level BPE vocabulary (model "gpt2") gives a ``tokenizer_bpe.BPETokenizer``, which has
+        the same interface (encode/decode/token_to_piece/is_eog/..., usable with StreamDecoder)."""
         model = meta.get("tokenizer.ggml.model")
         if model is None:
             raise ValueError("GGUF metadata has no tokenizer.ggml.model; cannot build a tokenizer")
         model = _as_text(model, "tokenizer.ggml.model")
+        if model == "gpt2":   # byte-level BPE: its own class with the same interface
+            from .tokenizer_bpe import BPETokenizer
+            return BPETokenizer.from_gguf_metadata(meta)
         if model != "llama":
             kind = _UNSUPPORTED_MODELS.get(model, "unknown tokenizer model")
             raise ValueError(f"tokenizer model {model!r} ({kind}) is not supported yet; "
-                             "only 'llama' (SentencePiece BPE) is supported")
+                             "supported: 'llama' (SentencePiece BPE) and 'gpt2' (byte-level BPE)")
         if "tokenizer.ggml.tokens" not in meta:
             raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
         tokens = [_as_text(t, "tokenizer.ggml.tokens")
@@ -194,6 +199,7 @@ class Tokenizer:
         self._merge_score: dict[str, float] = {}  # pieces a merge may produce -> score
         self._byte_to_id: dict[int, int] = {}
         self._unused: set[str] = set()
+        self._user_alias: dict[str, int] = {}
         user_defined, specials = [], {}
         for i, (text, t) in enumerate(zip(tokens, types)):
             if t in _MERGEABLE_TYPES:
@@ -201,7 +207,7 @@ class Tokenizer:
                 if t == TOKEN_UNUSED:
                     self._unused.add(text)
                 if t == TOKEN_USER_DEFINED and text:
-                    user_defined.append(text)
+                    user_defined.append((i, text))
                 continue
             self._piece_to_id.setdefault(text, i)
             if t == TOKEN_BYTE:
@@ -216,7 +222,19 @@ class Tokenizer:
                 self._piece_to_id.setdefault(text, i)
         self._unused = {p for p in self._unused if self._types[self._piece_to_id[p]] == TOKEN_UNUSED}
 
-        self._user_matcher = _PieceMatcher.build(user_defined)
+        # User-defined pieces are matched in the normalised text. Gemma's GGUF stores its whitespace-run
+        # pieces with plain spaces ("  "), which llama.cpp matches in the raw text before the spaces
+        # become "▁": match them as "▁▁" here, and let that text map to the user-defined id.
+        user_texts = []
+        for i, text in user_defined:
+            if " " in text:
+                norm = text.replace(" ", SPACE_SYMBOL)
+                if norm not in self._user_alias:
+                    self._user_alias[norm] = i
+                    self._piece_to_id[norm] = i
+                text = norm
+            user_texts.append(text)
+        self._user_matcher = _PieceMatcher.build(user_texts)
         self._special_matcher = _PieceMatcher.build(list(specials))
         self._special_ids = specials
 

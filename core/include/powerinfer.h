@@ -52,15 +52,32 @@ enum {
     PI_TYPE_F32  = 0,
     PI_TYPE_F16  = 1,
     PI_TYPE_Q4_0 = 2,
+    PI_TYPE_Q4_1 = 3,
+    PI_TYPE_Q5_0 = 6,
+    PI_TYPE_Q5_1 = 7,
     PI_TYPE_Q8_0 = 8,
+    PI_TYPE_Q8_1 = 9,    /* activations of Q4_1/Q5_1 (f32 d, f32 s = d * sum q, 32 x int8) */
+    PI_TYPE_Q2_K = 10,
+    PI_TYPE_Q3_K = 11,
+    PI_TYPE_Q4_K = 12,
+    PI_TYPE_Q5_K = 13,
+    PI_TYPE_Q6_K = 14,
+    PI_TYPE_Q8_K = 15,   /* activations of the K-quants (f32 d, 256 x int8, 16 x int16 block sums) */
     PI_TYPE_I32  = 26,
     PI_TYPE_BF16 = 30,
     PI_TYPE_COUNT = 40
 };
 
-enum {  /* model architecture families */
-    PI_ARCH_LLAMA  = 0,
-    PI_ARCH_BAMBOO = 1
+enum {  /* model architecture families (the forward pass reads the pi_hparams flags, not the id) */
+    PI_ARCH_LLAMA  = 0,   /* llama, mistral, tinyllama: the llama blocks */
+    PI_ARCH_BAMBOO = 1,
+    PI_ARCH_QWEN2  = 2,   /* llama + q/k/v biases, NEOX rope */
+    PI_ARCH_GEMMA3 = 3    /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers */
+};
+
+enum {  /* rotary embedding: which dims form a rotating pair */
+    PI_ROPE_NORMAL = 0,   /* (2i, 2i+1): llama GGUF files (q/k rows permuted by the converter) */
+    PI_ROPE_NEOX   = 2    /* (i, i + n_rot/2): qwen2, gemma3 (ggml's GGML_ROPE_TYPE_NEOX) */
 };
 
 enum {  /* FFN activation */
@@ -135,10 +152,11 @@ PI_API pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi
 /* RMSNorm over dim 0: out = x / sqrt(mean(x^2) + eps) * weight;  x, out [D, T]; weight [D] f32 or NULL. out may alias x. */
 PI_API pi_status pi_op_rms_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tensor *weight, float eps,
                                 pi_tensor *out);
-/* Rotary embedding, "normal" (GGUF llama) mode: pairs (2i, 2i+1) of the first n_rot dims rotate by
- * pos[t] * freq_scale * base^(-2i/n_rot).  x, out [head_dim, n_head, T] f32; pos [T]. out may alias x. */
+/* Rotary embedding of the first n_rot dims: pair i (0 <= i < n_rot/2) rotates by
+ * theta = pos[t] * freq_scale * base^(-2i/n_rot).  mode PI_ROPE_NORMAL: the pair is dims (2i, 2i+1);
+ * PI_ROPE_NEOX: dims (i, i + n_rot/2).  x, out [head_dim, n_head, T] f32; pos [T]. out may alias x. */
 PI_API pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot,
-                            float freq_base, float freq_scale, pi_tensor *out);
+                            int32_t mode, float freq_base, float freq_scale, pi_tensor *out);
 /* Row-wise softmax over dim 0: x, out [D, R] f32. out may alias x. */
 PI_API pi_status pi_op_softmax(pi_threadpool *pool, const pi_tensor *x, pi_tensor *out);
 /* out = f(x) elementwise (PI_UNARY_*); f32. out may alias x. */
@@ -195,6 +213,19 @@ typedef struct pi_hparams {
     float   rope_freq_base;
     float   rope_freq_scale; /* 1 / linear scaling factor */
     int32_t sparse;          /* 1: PowerInfer layout (ffn_down_t, predictors blk.N.fc1/fc2) */
+    /* Architecture details; all-zero is the llama forward pass. */
+    int32_t head_dim;        /* q/k/v size per head; 0: n_embd / n_head (gemma3: key_length, 256 for n_embd 640) */
+    int32_t rope_mode;       /* PI_ROPE_NORMAL or PI_ROPE_NEOX */
+    float   attn_scale;      /* attention scores are q.k * attn_scale; 0: 1/sqrt(head_dim) */
+    float   embd_scale;      /* token embeddings are multiplied by this; 0: 1 (gemma3: sqrt(n_embd)) */
+    int32_t qkv_bias;        /* 1: blk.N.attn_q/k/v.bias [f32] are added after the projections (qwen2) */
+    int32_t qk_norm;         /* 1: per-head RMSNorm of q and k with blk.N.attn_q_norm/attn_k_norm [head_dim] */
+    int32_t post_norms;      /* 1: RMSNorm of each block's output (post_attention_norm, post_ffw_norm) before the residual add */
+    int32_t n_swa;           /* > 0: local layers see only the last n_swa positions (pos[t] - pos[cell] < n_swa) */
+    int32_t swa_pattern;     /* with n_swa: layer il is local iff swa_pattern == 0 or il % swa_pattern < swa_pattern - 1
+                              * (llama.cpp's set_swa_pattern; gemma3: 6, every 6th layer global) */
+    float   rope_freq_base_swa;   /* rope base and scale of the local layers (gemma3: 10000, 1) */
+    float   rope_freq_scale_swa;
 } pi_hparams;
 
 typedef struct pi_tensor_desc {

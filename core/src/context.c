@@ -1,14 +1,19 @@
-/* context.c: contexts and the forward pass of the llama family.
+/* context.c: contexts and the forward pass of the llama family (llama, bamboo, qwen2, gemma3).
  *
  * One pi_decode runs the whole model over a batch of T tokens:
- *   x = token_embd[tokens]
+ *   x = token_embd[tokens] (* embd_scale)
  *   for each layer:
  *       h = rms_norm(x) * attn_norm
- *       q, k, v = Wq h, Wk h, Wv h;  rope(q), rope(k);  store k, v in the cache
- *       x += Wo attention(q, cached k, cached v)
+ *       q, k, v = Wq h, Wk h, Wv h  (+ biases)   (q, k: per-head rms_norm with qk_norm)
+ *       rope(q), rope(k)  (normal or NEOX pairs; local layers their own base)
+ *       store k, v in the cache
+ *       a = Wo attention(q, cached k, cached v)   (local layers: the last n_swa positions only)
+ *       x += a                    (post_norms: x += rms_norm(a) * post_attention_norm)
  *       h = rms_norm(x) * ffn_norm
- *       x += W_down (act(W_gate h) * (W_up h))      (gate mode per hparams)
+ *       f = W_down (act(W_gate h) * (W_up h))      (gate mode per hparams)
+ *       x += f                    (post_norms: x += rms_norm(f) * post_ffw_norm)
  *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for
+ * The architectures differ only in the pi_hparams flags read here.
  */
 #include "context.h"
 
@@ -30,13 +35,14 @@ static void free_buffers(pi_buffers *b) {
 
 static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T) {
     const pi_hparams *hp = &m->hp;
-    const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, Ekv = E / (size_t)hp->n_head * (size_t)hp->n_head_kv;
+    const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, hd = (size_t)pi_head_dim(hp);
+    const size_t Eq = hd * (size_t)hp->n_head, Ekv = hd * (size_t)hp->n_head_kv;
     const size_t R = (size_t)m->max_rank;
     const size_t t = (size_t)T, f = sizeof(float);
-    b->x = malloc(t * E * f);  b->cur = malloc(t * E * f); b->q = malloc(t * E * f);
-    b->k = malloc(t * Ekv * f); b->v = malloc(t * Ekv * f); b->att = malloc(t * E * f);
+    b->x = malloc(t * E * f);  b->cur = malloc(t * E * f); b->q = malloc(t * Eq * f);
+    b->k = malloc(t * Ekv * f); b->v = malloc(t * Ekv * f); b->att = malloc(t * PI_MAX(E, Eq) * f);
     b->gate = malloc(t * F * f); b->up = malloc(t * F * f);
-    b->scratch = malloc(t * PI_MAX(PI_MAX(E, F), R) * f);
+    b->scratch = malloc(t * PI_MAX(PI_MAX(E, F), PI_MAX(R, Eq)) * f);
     b->cells = malloc(t * sizeof(int32_t));
     bool sparse_ok = true;
     if (hp->sparse) {
@@ -65,6 +71,7 @@ void pi_context_free(pi_context *ctx) {
     pi_kv_release(&ctx->kv);
     free_buffers(&ctx->buf);
     free(ctx->mask);
+    free(ctx->mask_swa);
     free(ctx->logits);
     free(ctx->output_row);
     free(ctx->sparse_active);
@@ -91,7 +98,7 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     pi_status st = pi_threadpool_create(p.n_threads, &ctx->pool);
     if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
     ctx->params = p;
-    if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, (int64_t)hp->n_embd / hp->n_head * hp->n_head_kv, p.kv_type);
+    if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, pi_head_dim(hp) * hp->n_head_kv, p.kv_type);
     if (st == PI_OK) st = alloc_buffers(&ctx->buf, model, p.n_batch);
     if (st == PI_OK && !(ctx->sparse_active = calloc((size_t)hp->n_layer, sizeof(int64_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
@@ -144,41 +151,72 @@ static void add_inplace(pi_context *ctx, float *x, float *y, int64_t D, int64_t 
     pi_op_binary(ctx->pool, PI_BINARY_ADD, &xt, &yt, &xt);
 }
 
-/* mask[t][c] = 0 if cell c belongs to token t's sequence at a position <= pos[t], else -inf. */
+/* mask[t][c] = 0 if cell c belongs to token t's sequence at a position <= pos[t], else -inf.
+ * With a sliding window (n_swa > 0), mask_swa additionally hides cells with pos[t] - pos >= n_swa. */
 static pi_status build_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
+    const int32_t n_swa = ctx->model->hp.n_swa;
     const size_t need = (size_t)n_kv * (size_t)b->n_tokens;
     if (need > ctx->mask_cap) {
         float *m = realloc(ctx->mask, need * sizeof(float));
-        if (!m) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for the attention mask");
-        ctx->mask = m;
+        if (m) ctx->mask = m;
+        float *ms = n_swa > 0 && m ? realloc(ctx->mask_swa, need * sizeof(float)) : NULL;
+        if (ms) ctx->mask_swa = ms;
+        if (!m || (n_swa > 0 && !ms)) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for the attention mask");
         ctx->mask_cap = need;
     }
     for (int32_t t = 0; t < b->n_tokens; t++) {
         float *row = ctx->mask + (size_t)t * n_kv;
+        float *row_swa = n_swa > 0 ? ctx->mask_swa + (size_t)t * n_kv : NULL;
         const uint64_t bit = (uint64_t)1 << b->seq_id[t];
         for (int32_t c = 0; c < n_kv; c++) {
             const pi_kv_cell *cell = &ctx->kv.cells[c];
             row[c] = (cell->seqs & bit) && cell->pos <= b->pos[t] ? 0.0f : -INFINITY;
+            if (row_swa) row_swa[c] = (int64_t)b->pos[t] - cell->pos < n_swa ? row[c] : -INFINITY;
         }
     }
     return PI_OK;
 }
 
+/* y [D, T] += bias [D] */
+static void add_bias(pi_context *ctx, float *y, const pi_tensor *bias, int64_t T) {
+    pi_tensor yt = f32_2d(y, bias->ne[0], T);
+    pi_op_binary(ctx->pool, PI_BINARY_ADD, &yt, bias, &yt);
+}
+
+/* x += (post_norms ? rms_norm(y) * post_norm : y), y [n_embd, T] (y is overwritten) */
+static void residual_add(pi_context *ctx, float *y, const pi_tensor *post_norm, int64_t T) {
+    if (ctx->model->hp.post_norms) rms_norm(ctx, y, post_norm, y, T);
+    add_inplace(ctx, ctx->buf.x, y, ctx->model->hp.n_embd, T);
+}
+
 static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_buffers *B = &ctx->buf;
-    const int64_t T = b->n_tokens, E = hp->n_embd, hd = E / hp->n_head, Ekv = hd * hp->n_head_kv;
+    const int64_t T = b->n_tokens, hd = pi_head_dim(hp), Ekv = hd * hp->n_head_kv;
+    const bool local = pi_layer_is_swa(hp, il);
     pi_kv_cache *kv = &ctx->kv;
 
     rms_norm(ctx, B->x, &L->attn_norm, B->cur, T);
     matmul(ctx, &L->wq, B->cur, B->q, T);
     matmul(ctx, &L->wk, B->cur, B->k, T);
     matmul(ctx, &L->wv, B->cur, B->v, T);
+    if (hp->qkv_bias) {
+        add_bias(ctx, B->q, &L->bq, T);
+        add_bias(ctx, B->k, &L->bk, T);
+        add_bias(ctx, B->v, &L->bv, T);
+    }
 
     pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ hd, hp->n_head, T });
     pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, hp->n_head_kv, T });
-    pi_op_rope(ctx->pool, &q, b->pos, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale, &q);
-    pi_op_rope(ctx->pool, &k, b->pos, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale, &k);
+    if (hp->qk_norm) {   /* RMSNorm of each head's vector */
+        pi_op_rms_norm(ctx->pool, &q, &L->q_norm, hp->norm_eps, &q);
+        pi_op_rms_norm(ctx->pool, &k, &L->k_norm, hp->norm_eps, &k);
+    }
+    const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
+    const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
+    const float *ff = ctx->model->rope_freqs.data;   /* NULL unless the file has rope_freqs.weight */
+    pi_rope(ctx->pool, &q, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &q);
+    pi_rope(ctx->pool, &k, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &k);
 
     const pi_type_traits *kvt = pi_traits(kv->type);
     for (int64_t t = 0; t < T; t++) {
@@ -189,13 +227,14 @@ static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il,
     /* views over cells [0, n_kv) of this layer: [hd, n_head_kv, n_kv] */
     pi_tensor kc = pi_tensor_view(kv->type, pi_kv_row(kv, kv->k, il, 0), 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
     pi_tensor vc = pi_tensor_view(kv->type, pi_kv_row(kv, kv->v, il, 0), 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
-    pi_tensor mask = f32_2d(ctx->mask, n_kv, T);
+    pi_tensor mask = f32_2d(local ? ctx->mask_swa : ctx->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
-    pi_status st = pi_attention(ctx->pool, &q, &kc, &vc, &mask, 1.0f / sqrtf((float)hd), &att);
+    const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
+    pi_status st = pi_attention(ctx->pool, &q, &kc, &vc, &mask, scale, &att);
     if (st != PI_OK) return st;
 
     matmul(ctx, &L->wo, B->att, B->cur, T);
-    add_inplace(ctx, B->x, B->cur, E, T);
+    residual_add(ctx, B->cur, &L->post_attn_norm, T);
     return PI_OK;
 }
 
@@ -249,7 +288,7 @@ static void ffn_block(pi_context *ctx, const pi_layer *L, int64_t T) {
     ffn_act_args a = { B->gate, B->up, (int64_t)hp->n_ff * T, hp->ffn_act, hp->ffn_gate };
     pi_threadpool_run(ctx->pool, ffn_act_task, &a);     /* h = up (in place) */
     matmul(ctx, &L->ffn_down, B->up, B->cur, T);
-    add_inplace(ctx, B->x, B->cur, hp->n_embd, T);
+    residual_add(ctx, B->cur, &L->post_ffn_norm, T);
 }
 
 static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
@@ -309,6 +348,8 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
     if (st == PI_OK) {
         pi_tensor x = f32_2d(B->x, m->hp.n_embd, T);
         st = pi_op_get_rows(ctx->pool, &m->token_embd, batch->token, T, &x);
+        if (st == PI_OK && m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f)   /* gemma: * sqrt(n_embd) */
+            for (int64_t i = 0; i < (int64_t)T * m->hp.n_embd; i++) B->x[i] *= m->hp.embd_scale;
     }
     for (int32_t il = 0; st == PI_OK && il < m->hp.n_layer; il++) {
         if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) {

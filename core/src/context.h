@@ -30,6 +30,7 @@ struct pi_context {
     pi_kv_cache       kv;
     pi_buffers        buf;
     float            *mask;        /* [T][n_kv], grown on demand */
+    float            *mask_swa;    /* [T][n_kv] of the local layers (hparams.n_swa > 0), grown with mask */
     size_t            mask_cap;
     float            *logits;      /* [n_outputs][n_vocab] */
     int32_t           logits_cap;  /* rows allocated */

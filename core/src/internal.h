@@ -81,6 +81,10 @@ bool      pi_is_contiguous_rows(const pi_tensor *t);   /* dim 0 contiguous */
 size_t    pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T);
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch);
 float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value */
+/* pi_op_rope with per-pair frequency factors (theta_i /= freq_factors[i], n_rot/2 of them; NULL: none),
+ * llama.cpp's rope_freqs of Llama 3.1+ files. Arguments are not checked. */
+pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
+                  float freq_base, float freq_scale, const float *freq_factors, pi_tensor *out);
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                        const pi_tensor *mask, float scale, pi_tensor *out);
 

@@ -72,14 +72,18 @@ static pi_status check_hparams(const pi_hparams *hp) {
     CHECK_DIM(n_vocab); CHECK_DIM(n_embd); CHECK_DIM(n_ff); CHECK_DIM(n_head); CHECK_DIM(n_head_kv);
     CHECK_DIM(n_layer); CHECK_DIM(n_ctx_train);
 #undef CHECK_DIM
-    if (hp->arch != PI_ARCH_LLAMA && hp->arch != PI_ARCH_BAMBOO)
+    if (hp->arch != PI_ARCH_LLAMA && hp->arch != PI_ARCH_BAMBOO && hp->arch != PI_ARCH_QWEN2 && hp->arch != PI_ARCH_GEMMA3)
         return pi_fail(PI_ERR_UNSUPPORTED, "unknown architecture id %d", hp->arch);
+    if (hp->sparse && hp->arch != PI_ARCH_LLAMA && hp->arch != PI_ARCH_BAMBOO)
+        return pi_fail(PI_ERR_UNSUPPORTED, "sparse (PowerInfer) inference supports the llama and bamboo architectures only");
     if (hp->n_layer > 4096) return pi_fail(PI_ERR_BAD_MODEL, "n_layer = %d is absurd", hp->n_layer);
-    if (hp->n_embd % hp->n_head)
-        return pi_fail(PI_ERR_BAD_MODEL, "n_embd = %d is not a multiple of n_head = %d", hp->n_embd, hp->n_head);
     if (hp->n_head % hp->n_head_kv)
         return pi_fail(PI_ERR_BAD_MODEL, "n_head = %d is not a multiple of n_head_kv = %d", hp->n_head, hp->n_head_kv);
-    const int32_t head_dim = hp->n_embd / hp->n_head;
+    if (hp->head_dim < 0 || hp->head_dim >= MAX_DIM || (int64_t)hp->head_dim * hp->n_head >= MAX_DIM)
+        return pi_fail(PI_ERR_BAD_MODEL, "head_dim = %d is out of range", hp->head_dim);
+    if (hp->head_dim == 0 && hp->n_embd % hp->n_head)
+        return pi_fail(PI_ERR_BAD_MODEL, "n_embd = %d is not a multiple of n_head = %d", hp->n_embd, hp->n_head);
+    const int32_t head_dim = (int32_t)pi_head_dim(hp);
     if (hp->n_rot <= 0 || hp->n_rot > head_dim || hp->n_rot % 2)
         return pi_fail(PI_ERR_BAD_MODEL, "rope dimension %d must be even and at most head_dim %d", hp->n_rot, head_dim);
     if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_GELU)
@@ -91,6 +95,20 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (!(hp->rope_freq_base > 0.0f) || !(hp->rope_freq_scale > 0.0f))
         return pi_fail(PI_ERR_BAD_MODEL, "rope freq base %g and scale %g must be > 0", (double)hp->rope_freq_base,
                        (double)hp->rope_freq_scale);
+    if (hp->rope_mode != PI_ROPE_NORMAL && hp->rope_mode != PI_ROPE_NEOX)
+        return pi_fail(PI_ERR_BAD_MODEL, "unknown rope mode %d", hp->rope_mode);
+    if (!(hp->attn_scale >= 0.0f && hp->attn_scale < 1e6f) || !(hp->embd_scale >= 0.0f && hp->embd_scale < 1e6f))
+        return pi_fail(PI_ERR_BAD_MODEL, "attention scale %g and embedding scale %g must be finite and >= 0",
+                       (double)hp->attn_scale, (double)hp->embd_scale);
+    if (hp->n_swa < 0 || hp->swa_pattern < 0)
+        return pi_fail(PI_ERR_BAD_MODEL, "sliding window %d and its layer pattern %d must be >= 0", hp->n_swa,
+                       hp->swa_pattern);
+    if (!(hp->rope_freq_base_swa >= 0.0f) || !(hp->rope_freq_scale_swa >= 0.0f))
+        return pi_fail(PI_ERR_BAD_MODEL, "rope freq base %g and scale %g of the local layers must be >= 0",
+                       (double)hp->rope_freq_base_swa, (double)hp->rope_freq_scale_swa);
+    if (hp->qkv_bias < 0 || hp->qkv_bias > 1 || hp->qk_norm < 0 || hp->qk_norm > 1 || hp->post_norms < 0 ||
+        hp->post_norms > 1)
+        return pi_fail(PI_ERR_BAD_MODEL, "qkv_bias, qk_norm and post_norms must be 0 or 1");
     return PI_OK;
 }
 
@@ -113,11 +131,12 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     if (!m->layers) { st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory"); goto fail; }
 
     const int64_t E = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
-    const int64_t E_kv = E / hp->n_head * hp->n_head_kv;
+    const int64_t hd = pi_head_dim(hp), E_q = hd * hp->n_head, E_kv = hd * hp->n_head_kv;
     TRY(load_tensor(desc, "token_embd.weight", E, V, false, false, &m->token_embd));
     TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
     TRY(load_tensor(desc, "output.weight", E, V, false, true, &m->output));
     if (!m->output.data) m->output = m->token_embd;   /* tied embeddings */
+    TRY(load_tensor(desc, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs));
 
     char name[96];
     for (int32_t il = 0; il < hp->n_layer; il++) {
@@ -125,11 +144,24 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
 #define LAYER(suffix, ne0, ne1, f32, opt, dst) \
         snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst))
         LAYER("attn_norm.weight",   E, 0,    true,  false, &L->attn_norm);
-        LAYER("attn_q.weight",      E, E,    false, false, &L->wq);
+        LAYER("attn_q.weight",      E, E_q,  false, false, &L->wq);
         LAYER("attn_k.weight",      E, E_kv, false, false, &L->wk);
         LAYER("attn_v.weight",      E, E_kv, false, false, &L->wv);
-        LAYER("attn_output.weight", E, E,    false, false, &L->wo);
+        LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
         LAYER("ffn_norm.weight",    E, 0,    true,  false, &L->ffn_norm);
+        if (hp->qkv_bias) {
+            LAYER("attn_q.bias", E_q, 0, true, false, &L->bq);
+            LAYER("attn_k.bias", E_kv, 0, true, false, &L->bk);
+            LAYER("attn_v.bias", E_kv, 0, true, false, &L->bv);
+        }
+        if (hp->qk_norm) {
+            LAYER("attn_q_norm.weight", hd, 0, true, false, &L->q_norm);
+            LAYER("attn_k_norm.weight", hd, 0, true, false, &L->k_norm);
+        }
+        if (hp->post_norms) {
+            LAYER("post_attention_norm.weight", E, 0, true, false, &L->post_attn_norm);
+            LAYER("post_ffw_norm.weight", E, 0, true, false, &L->post_ffn_norm);
+        }
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
         LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);
         if (!hp->sparse) {

@@ -6,11 +6,16 @@
 
 typedef struct pi_layer {
     pi_tensor attn_norm;   /* [n_embd] f32 */
-    pi_tensor wq;          /* [n_embd, n_embd]      rows: query features (rope pairs adjacent) */
-    pi_tensor wk;          /* [n_embd, n_embd_gqa] */
-    pi_tensor wv;          /* [n_embd, n_embd_gqa] */
-    pi_tensor wo;          /* [n_embd, n_embd] */
+    pi_tensor wq;          /* [n_embd, n_head * head_dim]     rows: query features */
+    pi_tensor wk;          /* [n_embd, n_head_kv * head_dim] */
+    pi_tensor wv;          /* [n_embd, n_head_kv * head_dim] */
+    pi_tensor bq, bk, bv;  /* [n_head(_kv) * head_dim] f32, hparams.qkv_bias only */
+    pi_tensor q_norm;      /* [head_dim] f32, hparams.qk_norm only */
+    pi_tensor k_norm;
+    pi_tensor wo;          /* [n_head * head_dim, n_embd] */
+    pi_tensor post_attn_norm;  /* [n_embd] f32, hparams.post_norms only */
     pi_tensor ffn_norm;    /* [n_embd] f32 */
+    pi_tensor post_ffn_norm;   /* [n_embd] f32, hparams.post_norms only */
     pi_tensor ffn_gate;    /* [n_embd, n_ff]        row i = neuron i; absent (data NULL) for PI_FFN_SEQ */
     pi_tensor ffn_up;      /* [n_embd, n_ff] */
     pi_tensor ffn_down;    /* [n_ff, n_embd]        row j = output feature j (dense files) */
@@ -25,8 +30,19 @@ struct pi_model {
     pi_tensor  token_embd;   /* [n_embd, n_vocab] */
     pi_tensor  output_norm;  /* [n_embd] f32 */
     pi_tensor  output;       /* [n_embd, n_vocab] (token_embd when tied) */
+    pi_tensor  rope_freqs;   /* [n_rot/2] f32 frequency factors (Llama 3.1+ "llama3" rope); data NULL if absent */
     pi_layer  *layers;       /* [n_layer] */
     int64_t    max_rank;     /* largest predictor rank (sparse files) */
 };
+
+/* q/k/v size of one head. */
+static inline int64_t pi_head_dim(const pi_hparams *hp) {
+    return hp->head_dim > 0 ? hp->head_dim : hp->n_embd / hp->n_head;
+}
+
+/* Whether layer il is a local (sliding-window) layer: llama.cpp's set_swa_pattern(swa_pattern). */
+static inline bool pi_layer_is_swa(const pi_hparams *hp, int32_t il) {
+    return hp->n_swa > 0 && (hp->swa_pattern <= 0 || il % hp->swa_pattern < hp->swa_pattern - 1);
+}
 
 #endif

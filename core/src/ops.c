@@ -183,7 +183,9 @@ pi_status pi_op_rms_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tenso
 
 /* ---- rope ----------------------------------------------------------------- */
 
-typedef struct { const pi_tensor *x; const int32_t *pos; int32_t n_rot; float base, scale; pi_tensor *out; } rope_args;
+typedef struct {
+    const pi_tensor *x; const int32_t *pos; int32_t n_rot, mode; float base, scale; const float *ff; pi_tensor *out;
+} rope_args;
 
 static void rope_task(void *p, int ith, int nth) {
     rope_args *a = p;
@@ -192,14 +194,18 @@ static void rope_task(void *p, int ith, int nth) {
     split_range(T, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
         for (int64_t i = 0; i < a->n_rot / 2; i++) {
-            const double theta = (double)a->pos[t] * a->scale * pow(a->base, -2.0 * (double)i / a->n_rot);
+            double theta = (double)a->pos[t] * a->scale * pow(a->base, -2.0 * (double)i / a->n_rot);
+            if (a->ff) theta /= a->ff[i];   /* frequency factors (rope_freqs) */
             const float c = (float)cos(theta), s = (float)sin(theta);
             for (int64_t h = 0; h < H; h++) {
                 const float *x = ROW_F32(a->x, h, t, 0);
                 float *y = ROW_F32(a->out, h, t, 0);
-                const float x0 = x[2 * i], x1 = x[2 * i + 1];
-                y[2 * i]     = x0 * c - x1 * s;
-                y[2 * i + 1] = x0 * s + x1 * c;
+                /* the pair: (2i, 2i+1) normal, (i, i + n_rot/2) NEOX */
+                const int64_t i0 = a->mode == PI_ROPE_NEOX ? i : 2 * i;
+                const int64_t i1 = a->mode == PI_ROPE_NEOX ? i + a->n_rot / 2 : 2 * i + 1;
+                const float x0 = x[i0], x1 = x[i1];
+                y[i0] = x0 * c - x1 * s;
+                y[i1] = x0 * s + x1 * c;
             }
         }
         if (a->out->data != a->x->data || a->out->nb[1] != a->x->nb[1] || a->out->nb[2] != a->x->nb[2])
@@ -209,8 +215,8 @@ static void rope_task(void *p, int ith, int nth) {
     }
 }
 
-pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, float freq_base,
-                     float freq_scale, pi_tensor *out) {
+pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
+                     float freq_base, float freq_scale, pi_tensor *out) {
     RETURN_IF(check_f32(x, "rope x"));
     RETURN_IF(check_f32(out, "rope out"));
     RETURN_IF(check_same_shape(x, out, "rope"));
@@ -220,7 +226,14 @@ pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos
         return pi_fail(PI_ERR_INVALID_ARG, "rope: n_rot = %d must be even and in (0, %lld]", n_rot, (long long)x->ne[0]);
     if (!(freq_base > 0.0f) || !(freq_scale > 0.0f))
         return pi_fail(PI_ERR_INVALID_ARG, "rope: freq_base and freq_scale must be > 0");
-    rope_args a = { x, pos, n_rot, freq_base, freq_scale, out };
+    if (mode != PI_ROPE_NORMAL && mode != PI_ROPE_NEOX)
+        return pi_fail(PI_ERR_INVALID_ARG, "rope: mode %d is not PI_ROPE_NORMAL (0) or PI_ROPE_NEOX (2)", mode);
+    return pi_rope(pool, x, pos, n_rot, mode, freq_base, freq_scale, NULL, out);
+}
+
+pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
+                  float freq_base, float freq_scale, const float *freq_factors, pi_tensor *out) {
+    rope_args a = { x, pos, n_rot, mode, freq_base, freq_scale, freq_factors, out };
     pi_threadpool_run(pool, rope_task, &a);
     return PI_OK;
 }

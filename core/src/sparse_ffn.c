@@ -19,7 +19,7 @@
 #include <string.h>
 
 #define GATHER_CHUNK 8      /* neurons per work item in the gather step */
-#define COLUMN_ALIGN 32     /* output column ranges start at block boundaries */
+#define COLUMN_ALIGN 32     /* output column ranges start at block boundaries (or at the larger weight block) */
 
 typedef struct {
     const pi_sparse_ffn_weights *w;
@@ -105,9 +105,10 @@ static void down_task(void *p, int ith, int nth) {
     const pi_tensor *d = &a->w->down_t;
     const pi_type_traits *tr = pi_traits(d->type);
     /* this thread's output columns [e0, e1), aligned to whole blocks */
-    const int64_t n_units = (a->E + COLUMN_ALIGN - 1) / COLUMN_ALIGN;
+    const int64_t align = PI_MAX(COLUMN_ALIGN, tr->block_size);   /* K-quant rows: blocks of 256 */
+    const int64_t n_units = (a->E + align - 1) / align;
     const int64_t per = (n_units + nth - 1) / nth;
-    const int64_t e0 = PI_MIN(a->E, per * ith * COLUMN_ALIGN), e1 = PI_MIN(a->E, e0 + per * COLUMN_ALIGN);
+    const int64_t e0 = PI_MIN(a->E, per * ith * align), e1 = PI_MIN(a->E, e0 + per * align);
     if (e0 >= e1) return;
     const int64_t offset_bytes = e0 / tr->block_size * tr->block_bytes;
     for (int64_t t = 0; t < a->T; t++)

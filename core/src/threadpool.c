@@ -18,7 +18,7 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define SPIN_ROUNDS 20000
+#define SPIN_ROUNDS 2000   /* ~0.1 ms of spinning before yielding: short enough on a busy machine */
 
 struct pi_threadpool {
     int32_t           n_threads;

@@ -1,0 +1,381 @@
+"""Byte-level BPE tokenizer (``tokenizer.ggml.model == "gpt2"``) built from GGUF metadata alone.
+
+Encoding reproduces llama.cpp's BPE tokenizer (``llm_tokenizer_bpe`` in llama-vocab.cpp), which
+itself reproduces the Hugging Face ``tokenizers`` ByteLevel BPE models (GPT-2, Llama 3, Qwen2):
+
+1. Special partition: the text of every special token (control and unknown tokens only with
+   ``parse_special=True``; user-defined "added" tokens always) is cut out of the text, longest
+   token first, and becomes its id; the text between them is tokenized on its own.
+2. Pre-tokenization: the regular expressions of the pre-tokenizer named by ``tokenizer.ggml.pre``
+   split each piece of text into words (the text between matches is kept as words too).
+3. Byte-level encoding: each word's UTF-8 bytes map to printable characters (GPT-2's
+   ``bytes_to_unicode``: printable Latin-1 bytes map to themselves, the others to U+0100...).
+4. BPE: adjacent symbols merge, lowest merge rank (position in ``tokenizer.ggml.merges``) first,
+   leftmost first among equal ranks. With ``ignore_merges`` (the llama-3 pre-tokenizer) a word
+   that is itself a vocabulary entry is emitted directly.
+5. A final symbol missing from the vocabulary falls back to the tokens of its single characters.
+
+No dummy-prefix space is added. Decoding maps the byte-level characters back to bytes;
+control tokens render as nothing unless ``skip_special=False``; user-defined tokens render as
+their text. (llama.cpp's ``clean_spaces`` detokenization option is not applied: decode gives
+the concatenated pieces, as streaming does.)
+
+The ``\\p{L}``/``\\p{N}`` classes of the pre-tokenizer expressions need the ``regex`` package
+(Python's ``re`` has no Unicode property classes).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Iterable
+
+from .tokenizer import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, _VALID_TYPES,
+                        _as_list, _as_text)
+
+__all__ = ["BPETokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
+
+# --------------------------------------------------------------------------------------------
+# pre-tokenizers (llama.cpp's llm_tokenizer_bpe regex_exprs), applied one after another
+
+# GPT-4 style (llama-3): contractions, letters with one leading non-letter, numbers of 1..3 digits,
+# punctuation runs with trailing newlines, newline runs, whitespace. (The tokenizer.json form is
+# "(?i:'s|'t|...)"; llama.cpp spells the case-insensitivity out, which is the same thing.)
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2: as llama-3 but every digit is its own word
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-2
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+# tokenizer.ggml.pre -> (regular expressions, ignore_merges, add_bos default)
+PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {}
+for _name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"):
+    PRE_TOKENIZERS[_name] = ((_LLAMA3,), True, True)
+for _name in ("qwen2", "deepseek-r1-qwen", "megrez"):
+    PRE_TOKENIZERS[_name] = ((_QWEN2,), False, False)
+for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de"):
+    PRE_TOKENIZERS[_name] = ((_GPT2,), False, False)
+# llama.cpp's default (also used when the key is missing)
+PRE_TOKENIZERS["default"] = ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"), False, False)
+
+# end-of-generation tokens recognised by their text (llama.cpp's list)
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+             "<|eom_id|>", "<EOT>", "_<EOT>")
+
+# word cache bounds
+_CACHE_MAX_ENTRIES = 65536
+_CACHE_MAX_WORD_CHARS = 64
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+_BYTE_TO_CHAR = bytes_to_unicode()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+_ENCODE_TABLE = str.maketrans({chr(b): c for b, c in _BYTE_TO_CHAR.items()})   # latin-1 char -> byte char
+
+
+def _byte_encode(word: str) -> str:
+    return word.encode("utf-8").decode("latin-1").translate(_ENCODE_TABLE)
+
+
+def _byte_decode(text: str) -> bytes:
+    out = bytearray()
+    for ch in text:
+        b = _CHAR_TO_BYTE.get(ch)
+        if b is None:
+            out += ch.encode("utf-8")   # not a byte-level character (malformed vocabulary entry)
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+def _compile(patterns: tuple[str, ...]):
+    try:
+        import regex
+    except ImportError:  # pragma: no cover - regex is a dependency
+        raise ValueError("byte-level BPE tokenizers need the 'regex' package (pip install regex) for the "
+                         "Unicode classes of their pre-tokenizer") from None
+    return [regex.compile(p) for p in patterns]
+
+
+class BPETokenizer:
+    """A byte-level BPE tokenizer over a GGUF vocabulary (same interface as ``Tokenizer``)."""
+
+    add_space_prefix = False
+
+    def __init__(self, tokens: list[str], merges: list[str], types: list[int] | None = None, *,
+                 pre: str = "default", bos_id: int | None = None, eos_id: int | None = None,
+                 unk_id: int | None = None, pad_id: int | None = None, eot_id: int | None = None,
+                 eom_id: int | None = None, add_bos: bool | None = None, add_eos: bool = False):
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("tokenizer vocabulary is empty")
+        if pre not in PRE_TOKENIZERS:
+            raise ValueError(f"unknown BPE pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
+                             f"{', '.join(sorted(PRE_TOKENIZERS))}")
+        if types is not None and len(types) != n:
+            raise ValueError(f"tokenizer.ggml.token_type has {len(types)} entries but there are {n} tokens")
+        for name, tid in (("bos", bos_id), ("eos", eos_id), ("unknown", unk_id), ("padding", pad_id),
+                          ("eot", eot_id), ("eom", eom_id)):
+            if tid is not None and not 0 <= tid < n:
+                raise ValueError(f"{name} token id {tid} is out of range for a vocabulary of {n} tokens")
+        patterns, self._ignore_merges, default_bos = PRE_TOKENIZERS[pre]
+        if add_bos is None:   # the pre-tokenizer's default (llama-3: BOS), when there is a BOS token
+            add_bos = default_bos and bos_id is not None
+        if add_bos and bos_id is None:
+            raise ValueError("add_bos is set but the vocabulary has no BOS token id")
+        if add_eos and eos_id is None:
+            raise ValueError("add_eos is set but the vocabulary has no EOS token id")
+        self.pre = pre
+        self._regexes = _compile(patterns)
+        self._tokens = [str(t) for t in tokens]
+        self._types = [TOKEN_NORMAL] * n if types is None else [int(t) for t in types]
+        for i, t in enumerate(self._types):
+            if t not in _VALID_TYPES:
+                raise ValueError(f"token {i} ({self._tokens[i]!r}) has unsupported token type {t}")
+        self.n_vocab = n
+        self.bos_id, self.eos_id, self.unk_id, self.pad_id = bos_id, eos_id, unk_id, pad_id
+        self.add_bos, self.add_eos = bool(add_bos), bool(add_eos)
+
+        # text -> id: the last id wins for duplicates (llama.cpp's token_to_id[word] = i)
+        self._text_to_id = {t: i for i, t in enumerate(self._tokens)}
+        # merge ranks: "a b" split at the first space after the first character; the first rank wins
+        self._ranks: dict[tuple[str, str], int] = {}
+        for rank, m in enumerate(merges):
+            m = _as_text(m, "tokenizer.ggml.merges")
+            pos = m.find(" ", 1)
+            if pos < 0:
+                continue
+            self._ranks.setdefault((m[:pos], m[pos + 1:]), rank)
+
+        # special tokens for the partition step, longest first (llama.cpp's cache_special_tokens)
+        special = [i for i, t in enumerate(self._types)
+                   if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and self._tokens[i]]
+        special.sort(key=lambda i: -len(self._tokens[i].encode("utf-8")))
+        self._special = [(self._tokens[i], i, self._types[i] == TOKEN_USER_DEFINED) for i in special]
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+        # decode table
+        self._piece_bytes: list[bytes] = []
+        for text, t in zip(self._tokens, self._types):
+            if t == TOKEN_CONTROL:
+                b = b""
+            elif t in (TOKEN_USER_DEFINED, TOKEN_UNKNOWN):
+                b = text.encode("utf-8", errors="surrogatepass")
+            elif t == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+                b = bytes([int(text[3:5], 16)])
+            else:
+                b = _byte_decode(text)
+            self._piece_bytes.append(b)
+
+        self._eog = {tid for tid in (eos_id, eot_id, eom_id) if tid is not None}
+        for text in EOG_TEXTS:
+            tid = self._text_to_id.get(text)
+            if tid is not None:
+                self._eog.add(tid)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict) -> "BPETokenizer":
+        if "tokenizer.ggml.tokens" not in meta:
+            raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
+        if "tokenizer.ggml.merges" not in meta:
+            raise ValueError("byte-level BPE (gpt2) vocabulary without tokenizer.ggml.merges")
+        tokens = [_as_text(t, "tokenizer.ggml.tokens")
+                  for t in _as_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens")]
+        merges = _as_list(meta["tokenizer.ggml.merges"], "tokenizer.ggml.merges")
+        types = meta.get("tokenizer.ggml.token_type")
+        types = None if types is None else [int(t) for t in _as_list(types, "tokenizer.ggml.token_type")]
+        pre = meta.get("tokenizer.ggml.pre")
+        pre = "default" if pre is None else _as_text(pre, "tokenizer.ggml.pre")
+
+        def special(name: str) -> int | None:
+            value = meta.get(f"tokenizer.ggml.{name}_token_id")
+            return None if value is None else int(value)
+
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        return cls(tokens, merges, types, pre=pre,
+                   bos_id=special("bos"), eos_id=special("eos"), unk_id=special("unknown"),
+                   pad_id=special("padding"), eot_id=special("eot"), eom_id=special("eom"),
+                   add_bos=None if add_bos is None else bool(add_bos),
+                   add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids for ``text``; ``add_special`` adds BOS/EOS per add_bos/add_eos."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() expects str, got {type(text).__name__}")
+        ids: list[int] = []
+        if add_special and self.add_bos:
+            ids.append(self.bos_id)
+        for frag in self._partition(text, parse_special):
+            if isinstance(frag, int):
+                ids.append(frag)
+            else:
+                self._encode_text(frag, ids)
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def _partition(self, text: str, parse_special: bool) -> list:
+        """Text pieces (str) and special-token ids (int), longest special token first."""
+        frags: list = [text] if text else []
+        for tok_text, tid, user_defined in self._special:
+            if not (parse_special or user_defined):
+                continue
+            if not any(isinstance(f, str) and tok_text in f for f in frags):
+                continue
+            out: list = []
+            for f in frags:
+                if not isinstance(f, str) or tok_text not in f:
+                    out.append(f)
+                    continue
+                pos = 0
+                while True:
+                    j = f.find(tok_text, pos)
+                    if j < 0:
+                        break
+                    if j > pos:
+                        out.append(f[pos:j])
+                    out.append(tid)
+                    pos = j + len(tok_text)
+                if pos < len(f):
+                    out.append(f[pos:])
+            frags = out
+        return frags
+
+    def _split_words(self, text: str) -> list[str]:
+        """The pre-tokenizer: each expression splits the pieces of the previous one (gaps kept)."""
+        words = [text]
+        for rx in self._regexes:
+            out = []
+            for w in words:
+                pos = 0
+                for m in rx.finditer(w):
+                    if m.start() > pos:
+                        out.append(w[pos:m.start()])
+                    if m.end() > m.start():
+                        out.append(m.group())
+                    pos = m.end()
+                if pos < len(w):
+                    out.append(w[pos:])
+            words = out
+        return words
+
+    def _encode_text(self, text: str, out: list[int]) -> None:
+        cache = self._cache
+        for word in self._split_words(text):
+            ids = cache.get(word)
+            if ids is None:
+                ids = tuple(self._bpe(_byte_encode(word)))
+                if len(word) <= _CACHE_MAX_WORD_CHARS:
+                    if len(cache) >= _CACHE_MAX_ENTRIES:
+                        cache.clear()
+                    cache[word] = ids
+            out.extend(ids)
+
+    def _bpe(self, word: str) -> list[int]:
+        """Ids of one byte-encoded word (heap-based merges, as llama.cpp)."""
+        lookup = self._text_to_id
+        if self._ignore_merges and word in lookup:
+            return [lookup[word]]
+        n = len(word)
+        piece = list(word)
+        if n > 1:
+            ranks = self._ranks
+            nxt = list(range(1, n + 1))
+            nxt[-1] = -1
+            prev = list(range(-1, n - 1))
+            heap: list[tuple[int, int, int, str]] = []
+
+            def push(left: int, right: int) -> None:
+                rank = ranks.get((piece[left], piece[right]))
+                if rank is not None:
+                    heapq.heappush(heap, (rank, left, right, piece[left] + piece[right]))
+
+            for i in range(n - 1):
+                push(i, i + 1)
+            while heap:
+                _, left, right, text = heapq.heappop(heap)
+                if not piece[left] or not piece[right] or nxt[left] != right or piece[left] + piece[right] != text:
+                    continue   # stale: one side changed since this pair was queued
+                piece[left] = text
+                piece[right] = ""
+                after = nxt[right]
+                nxt[left] = after
+                if after >= 0:
+                    prev[after] = left
+                if prev[left] >= 0:
+                    push(prev[left], left)
+                if after >= 0:
+                    push(left, after)
+        ids: list[int] = []
+        for p in piece:
+            if not p:
+                continue
+            tid = lookup.get(p)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            for ch in p:   # fallback: each byte character on its own (skipped if absent)
+                tid = lookup.get(ch)
+                if tid is not None:
+                    ids.append(tid)
+        return ids
+
+    # ------------------------------------------------------------------ decoding
+
+    def token_to_piece(self, id: int) -> bytes:
+        """Raw bytes of one token as it appears in text (control tokens: b"")."""
+        return self._piece_bytes[self._check_id(id)]
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        out = bytearray()
+        for tid in ids:
+            out += self._render(tid, False, skip_special)[0]
+        return out.decode("utf-8", errors="replace")
+
+    def _render(self, tid: int, at_start: bool, skip_special: bool) -> tuple[bytes, bool]:
+        """Bytes of one token in a decoded sequence (StreamDecoder's hook; no leading-space rule)."""
+        tid = self._check_id(tid)
+        if self._types[tid] == TOKEN_CONTROL and not skip_special:
+            return self._tokens[tid].encode("utf-8", errors="surrogatepass"), False
+        return self._piece_bytes[tid], False
+
+    def _check_id(self, tid) -> int:
+        tid = int(tid)
+        if not 0 <= tid < self.n_vocab:
+            raise ValueError(f"token id {tid} is out of range for a vocabulary of {self.n_vocab} tokens")
+        return tid
+
+    # ------------------------------------------------------------------ misc
+
+    def is_eog(self, id: int) -> bool:
+        """True for end-of-generation tokens: EOS, EOT/EOM and the usual end-of-turn texts."""
+        return int(id) in self._eog
+
+    def id_to_text(self, id: int) -> str:
+        """The vocabulary entry of ``id`` as stored (byte-level characters, e.g. "Ġthe")."""
+        return self._tokens[self._check_id(id)]
+
+    def token_type(self, id: int) -> int:
+        return self._types[self._check_id(id)]
+
+    def __repr__(self) -> str:
+        return (f"BPETokenizer(n_vocab={self.n_vocab}, pre={self.pre!r}, bos_id={self.bos_id}, "
+                f"eos_id={self.eos_id}, add_bos={self.add_bos}, add_eos={self.add_eos})")
+

@@ -1,0 +1,468 @@
+/* vec_dot_k.c: dot products and axpy of Q4_1, Q5_0, Q5_1, Q8_1 and the K-quants.
+ *
+ * Every kernel has a scalar version (the reference, compiled when the target lacks AVX2,
+ * e.g. -DPI_NATIVE=OFF) and an AVX2 version.
+ *
+ * K-quants: the SIMD code computes only the exact integer sums of a 256-element
+ * super-block (sum_j scale_j * sum_l q_l * y_l, and sum_j min_j * bsum_j); the float
+ * combination is shared code. The SIMD and scalar results are therefore bit-identical.
+ * 32-element types keep 8-lane float accumulators (as the Q4_0/Q8_0 kernels), so SIMD and
+ * scalar differ only in the order of the f32 sum. */
+#include "../quants_k.h"
+
+#include <string.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static inline float hsum_f32_8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+static inline int32_t hsum_i32_8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones. */
+static inline __m256i nibbles_32(const uint8_t *qs) {
+    const __m128i packed = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+/* 32 bits -> 32 bytes: byte k is 0xff when bit k is set, else 0. */
+static inline __m256i bits_to_bytes(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    /* byte k takes source byte k/8, then tests its bit k%8 */
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+/* Sum of 32 int8 x int8 products as 8 int32 lanes (maddubs needs an unsigned first operand). */
+static inline __m256i dot_i8(__m256i x, __m256i y) {
+    const __m256i dot16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    return _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
+}
+
+/* Sum of 32 uint8 (< 128) x int8 products as 8 int32 lanes. */
+static inline __m256i dot_u8_i8(__m256i u, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+}
+
+/* 32 uint8 (< 64) x 32 int8 products, elements 0..15 weighted by s0 and 16..31 by s1, as 8 int32 lanes. */
+static inline __m256i dot_u8_i8_scaled(__m256i u, const int8_t *y, int s0, int s1) {
+    const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)y));
+    return _mm256_madd_epi16(p, _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0)));
+}
+
+/* Bytes of `bits` where `mask` is set -> `value`, else 0. */
+static inline __m256i select_bits(__m256i bits, uint8_t mask, uint8_t value) {
+    const __m256i m = _mm256_set1_epi8((char)mask);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, m), m), _mm256_set1_epi8((char)value));
+}
+#endif
+
+static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* ======================================================================================
+ * 32-element blocks
+ * ====================================================================================== */
+
+float pi_vec_dot_q5_0_q8_0(int64_t n, const void *w, const void *x) {
+    const pi_block_q5_0 *a = w;
+    const pi_block_q8_0 *b = x;
+    const int64_t nb = n / PI_QK;
+    int64_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        /* q - 16 = nibble - 16 where the high bit is clear */
+        const __m256i q = _mm256_sub_epi8(nibbles_32(a[i].qs),
+                                          _mm256_andnot_si256(bits_to_bytes(a[i].qh), _mm256_set1_epi8(16)));
+        const __m256 d = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs))), acc);
+    }
+    sum = hsum_f32_8(acc);
+#endif
+    for (; i < nb; i++) {
+        const uint32_t qh = load_u32(a[i].qh);
+        int32_t s = 0;
+        for (int j = 0; j < PI_QK / 2; j++) {
+            const int q0 = ((a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4)) - 16;
+            const int q1 = ((a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16;
+            s += q0 * b[i].qs[j] + q1 * b[i].qs[j + PI_QK / 2];
+        }
+        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+    }
+    return sum;
+}
+
+/* value = q d + m:  sum = d d_y sum(q q_y) + m s_y,  s_y = d_y sum(q_y) stored in the Q8_1 block */
+float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x) {
+    const pi_block_q4_1 *a = w;
+    const pi_block_q8_1 *b = x;
+    const int64_t nb = n / PI_QK;
+    int64_t i = 0;
+    float sum = 0.0f, summ = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const __m256i p = dot_u8_i8(nibbles_32(a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
+    }
+    sum = hsum_f32_8(acc);
+#endif
+    for (; i < nb; i++) {
+        int32_t s = 0;
+        for (int j = 0; j < PI_QK / 2; j++)
+            s += (a[i].qs[j] & 0x0f) * b[i].qs[j] + (a[i].qs[j] >> 4) * b[i].qs[j + PI_QK / 2];
+        sum += (float)s * pi_fp16_to_f32(a[i].d) * b[i].d;
+        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
+    }
+    return sum + summ;
+}
+
+float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x) {
+    const pi_block_q5_1 *a = w;
+    const pi_block_q8_1 *b = x;
+    const int64_t nb = n / PI_QK;
+    int64_t i = 0;
+    float sum = 0.0f, summ = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const __m256i q = _mm256_or_si256(nibbles_32(a[i].qs),
+                                          _mm256_and_si256(bits_to_bytes(a[i].qh), _mm256_set1_epi8(16)));
+        const __m256i p = dot_u8_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
+    }
+    sum = hsum_f32_8(acc);
+#endif
+    for (; i < nb; i++) {
+        const uint32_t qh = load_u32(a[i].qh);
+        int32_t s = 0;
+        for (int j = 0; j < PI_QK / 2; j++) {
+            const int q0 = (a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+            const int q1 = (a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            s += q0 * b[i].qs[j] + q1 * b[i].qs[j + PI_QK / 2];
+        }
+        sum += (float)s * pi_fp16_to_f32(a[i].d) * b[i].d;
+        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
+    }
+    return sum + summ;
+}
+
+/* Q8_1 is an activation type; as a weight (rare) it is dotted with plain scalar code. */
+float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x) {
+    const pi_block_q8_1 *a = w, *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        int32_t s = 0;
+        for (int j = 0; j < PI_QK; j++) s += a[i].qs[j] * b[i].qs[j];
+        sum += (float)s * a[i].d * b[i].d;
+    }
+    return sum;
+}
+
+/* ======================================================================================
+ * K-quants: integer sums of one super-block, then a shared float combination
+ * ====================================================================================== */
+
+/* Q2_K: *sumi = sum_j sc_j sum_l q_l y_l, *summ = sum_j m_j bsum_j  (16 sub-blocks of 16) */
+static inline void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+    int32_t m = 0;
+    for (int j = 0; j < 16; j++) m += (x->scales[j] >> 4) * y->bsums[j];
+    *summ = m;
+#if defined(__AVX2__)
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        for (int g = 0; g < 4; g++) {
+            const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
+            const int j = 8 * h + 2 * g;
+            acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u, y->qs + 128 * h + 32 * g, x->scales[j] & 0x0f,
+                                                         x->scales[j + 1] & 0x0f));
+        }
+    }
+    *sumi = hsum_i32_8(acc);
+#else
+    int32_t s = 0;
+    for (int e0 = 0; e0 < PI_QK_K; e0 += 16) {
+        int32_t t = 0;
+        for (int e = e0; e < e0 + 16; e++)
+            t += ((x->qs[e / 128 * 32 + e % 32] >> (2 * (e / 32 % 4))) & 3) * y->qs[e];
+        s += (x->scales[e0 / 16] & 0x0f) * t;
+    }
+    *sumi = s;
+#endif
+}
+
+/* Q3_K: *sumi = sum_j sc_j sum_l (u_l - 4) y_l with u = low 2 bits + 4 * high bit */
+static inline void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
+    int sc[16];
+    for (int j = 0; j < 16; j++) sc[j] = pi_k3_scale(j, x->scales);
+#if defined(__AVX2__)
+    int32_t corr = 0;
+    for (int j = 0; j < 16; j++) corr += sc[j] * y->bsums[j];
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        for (int g = 0; g < 4; g++) {
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
+            const __m256i u = _mm256_or_si256(lo, select_bits(hm, (uint8_t)(1 << (4 * h + g)), 4));
+            const int j = 8 * h + 2 * g;
+            acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u, y->qs + 128 * h + 32 * g, sc[j], sc[j + 1]));
+        }
+    }
+    *sumi = hsum_i32_8(acc) - 4 * corr;
+#else
+    int32_t s = 0;
+    for (int e0 = 0; e0 < PI_QK_K; e0 += 16) {
+        int32_t t = 0;
+        for (int e = e0; e < e0 + 16; e++) {
+            const int lo = (x->qs[e / 128 * 32 + e % 32] >> (2 * (e / 32 % 4))) & 3;
+            const int hi = (x->hmask[e % 32] >> (e / 32)) & 1;
+            t += (lo + 4 * hi - 4) * y->qs[e];
+        }
+        s += sc[e0 / 16] * t;
+    }
+    *sumi = s;
+#endif
+}
+
+/* Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins */
+static inline void k4_scales(const uint8_t *packed, const pi_block_q8_K *y, uint8_t sc[8], int32_t *summ) {
+    int32_t m = 0;
+    for (int j = 0; j < 8; j++) {
+        uint8_t mn;
+        pi_k4_scale_min(j, packed, &sc[j], &mn);
+        m += mn * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+    }
+    *summ = m;
+}
+
+static inline void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+    uint8_t sc[8];
+    k4_scales(x->scales, y, sc, summ);
+#if defined(__AVX2__)
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        const __m256i lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0f));
+        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(lo, y->qs + 64 * j, sc[2 * j], sc[2 * j]));
+        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(hi, y->qs + 64 * j + 32, sc[2 * j + 1], sc[2 * j + 1]));
+    }
+    *sumi = hsum_i32_8(acc);
+#else
+    int32_t s = 0;
+    for (int j = 0; j < 4; j++) {
+        int32_t s0 = 0, s1 = 0;
+        for (int l = 0; l < 32; l++) {
+            s0 += (x->qs[32 * j + l] & 0x0f) * y->qs[64 * j + l];
+            s1 += (x->qs[32 * j + l] >> 4) * y->qs[64 * j + 32 + l];
+        }
+        s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+    }
+    *sumi = s;
+#endif
+}
+
+static inline void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+    uint8_t sc[8];
+    k4_scales(x->scales, y, sc, summ);
+#if defined(__AVX2__)
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0f)),
+                                           select_bits(qh, (uint8_t)(1 << (2 * j)), 16));
+        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0f)),
+                                           select_bits(qh, (uint8_t)(1 << (2 * j + 1)), 16));
+        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(lo, y->qs + 64 * j, sc[2 * j], sc[2 * j]));
+        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(hi, y->qs + 64 * j + 32, sc[2 * j + 1], sc[2 * j + 1]));
+    }
+    *sumi = hsum_i32_8(acc);
+#else
+    int32_t s = 0;
+    for (int j = 0; j < 4; j++) {
+        int32_t s0 = 0, s1 = 0;
+        for (int l = 0; l < 32; l++) {
+            const int q0 = (x->qs[32 * j + l] & 0x0f) | (((x->qh[l] >> (2 * j)) & 1) << 4);
+            const int q1 = (x->qs[32 * j + l] >> 4) | (((x->qh[l] >> (2 * j + 1)) & 1) << 4);
+            s0 += q0 * y->qs[64 * j + l];
+            s1 += q1 * y->qs[64 * j + 32 + l];
+        }
+        s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+    }
+    *sumi = s;
+#endif
+}
+
+/* Q6_K: *sumi = sum_j sc_j sum_l (u_l - 32) y_l,  u = 4 low bits | 2 high bits << 4 */
+static inline void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi) {
+#if defined(__AVX2__)
+    int32_t corr = 0;
+    for (int j = 0; j < 16; j++) corr += x->scales[j] * y->bsums[j];
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        __m256i u[4];
+        u[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+        u[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+        u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        for (int k = 0; k < 4; k++) {
+            const int j = 8 * h + 2 * k;
+            acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u[k], y->qs + 128 * h + 32 * k, x->scales[j], x->scales[j + 1]));
+        }
+    }
+    *sumi = hsum_i32_8(acc) - 32 * corr;
+#else
+    int32_t s = 0;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+        const int8_t *yq = y->qs + 128 * h;
+        int32_t t[8] = { 0 };   /* sub-blocks 8h + 0..7 */
+        for (int l = 0; l < 32; l++) {
+            t[l / 16 + 0] += (((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32) * yq[l];
+            t[l / 16 + 2] += (((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32) * yq[l + 32];
+            t[l / 16 + 4] += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * yq[l + 64];
+            t[l / 16 + 6] += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * yq[l + 96];
+        }
+        for (int j = 0; j < 8; j++) s += x->scales[8 * h + j] * t[j];
+    }
+    *sumi = s;
+#endif
+}
+
+float pi_vec_dot_q2_K_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_q2_K *a = w;
+    const pi_block_q8_K *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int32_t sumi, summ;
+        q2_K_ints(&a[i], &b[i], &sumi, &summ);
+        sum += b[i].d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
+    }
+    return sum;
+}
+
+float pi_vec_dot_q3_K_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_q3_K *a = w;
+    const pi_block_q8_K *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int32_t sumi;
+        q3_K_ints(&a[i], &b[i], &sumi);
+        sum += b[i].d * pi_fp16_to_f32(a[i].d) * (float)sumi;
+    }
+    return sum;
+}
+
+float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_q4_K *a = w;
+    const pi_block_q8_K *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int32_t sumi, summ;
+        q4_K_ints(&a[i], &b[i], &sumi, &summ);
+        sum += b[i].d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
+    }
+    return sum;
+}
+
+float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_q5_K *a = w;
+    const pi_block_q8_K *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int32_t sumi, summ;
+        q5_K_ints(&a[i], &b[i], &sumi, &summ);
+        sum += b[i].d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
+    }
+    return sum;
+}
+
+float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_q6_K *a = w;
+    const pi_block_q8_K *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int32_t sumi;
+        q6_K_ints(&a[i], &b[i], &sumi);
+        sum += b[i].d * pi_fp16_to_f32(a[i].d) * (float)sumi;
+    }
+    return sum;
+}
+
+float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_q8_K *a = w, *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int32_t s = 0;
+#if defined(__AVX2__)
+        __m256i acc = _mm256_setzero_si256();
+        for (int k = 0; k < PI_QK_K; k += 32)
+            acc = _mm256_add_epi32(acc, dot_i8(_mm256_loadu_si256((const __m256i *)(a[i].qs + k)),
+                                               _mm256_loadu_si256((const __m256i *)(b[i].qs + k))));
+        s = hsum_i32_8(acc);
+#else
+        for (int j = 0; j < PI_QK_K; j++) s += a[i].qs[j] * b[i].qs[j];
+#endif
+        sum += a[i].d * b[i].d * (float)s;
+    }
+    return sum;
+}
+
+/* ======================================================================================
+ * axpy (the sparse FFN's down step): dequantize up to 256 elements at a time into a
+ * buffer on the stack, then the f32 axpy kernel (FMA where available).
+ * ====================================================================================== */
+
+static inline void axpy_blocks(int64_t n, float a, const void *row, float *y, pi_to_f32_fn to_f32, int64_t bs,
+                               int64_t bb) {
+    float tmp[PI_QK_K];
+    const int64_t per = PI_QK_K / bs;   /* blocks per chunk */
+    const char *src = row;
+    for (int64_t b = 0; b < n / bs; b += per) {
+        const int64_t nblk = PI_MIN(per, n / bs - b);
+        to_f32(src + b * bb, tmp, nblk * bs);
+        pi_axpy_f32(nblk * bs, a, tmp, y + b * bs);
+    }
+}
+
+#define AXPY(name, to_f32, bs, type) \
+    void name(int64_t n, float a, const void *row, float *y) { axpy_blocks(n, a, row, y, to_f32, bs, sizeof(type)); }
+
+AXPY(pi_axpy_q4_1, pi_q4_1_to_f32, PI_QK, pi_block_q4_1)
+AXPY(pi_axpy_q5_0, pi_q5_0_to_f32, PI_QK, pi_block_q5_0)
+AXPY(pi_axpy_q5_1, pi_q5_1_to_f32, PI_QK, pi_block_q5_1)
+AXPY(pi_axpy_q8_1, pi_q8_1_to_f32, PI_QK, pi_block_q8_1)
+AXPY(pi_axpy_q2_K, pi_q2_K_to_f32, PI_QK_K, pi_block_q2_K)
+AXPY(pi_axpy_q3_K, pi_q3_K_to_f32, PI_QK_K, pi_block_q3_K)
+AXPY(pi_axpy_q4_K, pi_q4_K_to_f32, PI_QK_K, pi_block_q4_K)
+AXPY(pi_axpy_q5_K, pi_q5_K_to_f32, PI_QK_K, pi_block_q5_K)
+AXPY(pi_axpy_q6_K, pi_q6_K_to_f32, PI_QK_K, pi_block_q6_K)
+AXPY(pi_axpy_q8_K, pi_q8_K_to_f32, PI_QK_K, pi_block_q8_K)

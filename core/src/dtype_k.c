@@ -1,0 +1,622 @@
+/* dtype_k.c: row conversions of Q4_1, Q5_0, Q5_1, Q8_1 and the K-quants (scalar reference code).
+ *
+ * to_f32 follows the block layouts of spec section 8 (and quants_k.h). The quantizers
+ * re-derive llama.cpp's reference quantizers (quantize_row_*_ref): the same search for
+ * scales and mins, so that a row quantized here has the values llama.cpp's `quantize`
+ * would give it without an importance matrix. */
+#include "quants_k.h"
+
+#include <string.h>
+
+#define GROUP_MAX_EPS 1e-15f
+
+/* ======================================================================================
+ * 32-element blocks
+ * ====================================================================================== */
+
+void pi_q4_1_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q4_1 *x = src;
+    for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {
+        const float d = pi_fp16_to_f32(x[b].d), m = pi_fp16_to_f32(x[b].m);
+        for (int j = 0; j < PI_QK / 2; j++) {
+            dst[j]            = (float)(x[b].qs[j] & 0x0f) * d + m;
+            dst[j + PI_QK / 2] = (float)(x[b].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+void pi_q5_0_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q5_0 *x = src;
+    for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        const uint32_t qh = load_u32(x[b].qh);
+        for (int j = 0; j < PI_QK / 2; j++) {
+            const int q0 = (x[b].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+            const int q1 = (x[b].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            dst[j]             = (float)(q0 - 16) * d;
+            dst[j + PI_QK / 2] = (float)(q1 - 16) * d;
+        }
+    }
+}
+
+void pi_q5_1_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q5_1 *x = src;
+    for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {
+        const float d = pi_fp16_to_f32(x[b].d), m = pi_fp16_to_f32(x[b].m);
+        const uint32_t qh = load_u32(x[b].qh);
+        for (int j = 0; j < PI_QK / 2; j++) {
+            const int q0 = (x[b].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+            const int q1 = (x[b].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            dst[j]             = (float)q0 * d + m;
+            dst[j + PI_QK / 2] = (float)q1 * d + m;
+        }
+    }
+}
+
+void pi_q8_1_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q8_1 *x = src;
+    for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK)
+        for (int j = 0; j < PI_QK; j++) dst[j] = (float)x[b].qs[j] * x[b].d;
+}
+
+/* Q4_1: d = (max - min) / 15, m = min, q = round-half-up((x - min) / d) in [0, 15]. */
+void pi_q4_1_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q4_1 *y = dst;
+    for (int64_t b = 0; b < n / PI_QK; b++, src += PI_QK) {
+        float min = src[0], max = src[0];
+        for (int j = 1; j < PI_QK; j++) { min = fminf(min, src[j]); max = fmaxf(max, src[j]); }
+        const float d = (max - min) / 15.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = pi_f32_to_fp16(d);
+        y[b].m = pi_f32_to_fp16(min);
+        for (int j = 0; j < PI_QK / 2; j++) {
+            const int q0 = PI_MIN(15, (int)((src[j] - min) * id + 0.5f));
+            const int q1 = PI_MIN(15, (int)((src[j + PI_QK / 2] - min) * id + 0.5f));
+            y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* Q5_0: d = max / -16 (max = the element of largest magnitude), q = trunc(x / d + 16.5) in [0, 31]. */
+void pi_q5_0_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q5_0 *y = dst;
+    for (int64_t b = 0; b < n / PI_QK; b++, src += PI_QK) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < PI_QK; j++)
+            if (fabsf(src[j]) > amax) { amax = fabsf(src[j]); max = src[j]; }
+        const float d = max / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = pi_f32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < PI_QK / 2; j++) {
+            const int q0 = PI_MAX(0, PI_MIN(31, (int)(src[j] * id + 16.5f)));
+            const int q1 = PI_MAX(0, PI_MIN(31, (int)(src[j + PI_QK / 2] * id + 16.5f)));
+            y[b].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)(q0 >> 4) << j;
+            qh |= (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        memcpy(y[b].qh, &qh, 4);
+    }
+}
+
+/* Q5_1: d = (max - min) / 31, m = min, q = round-half-up((x - min) / d) in [0, 31]. */
+void pi_q5_1_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q5_1 *y = dst;
+    for (int64_t b = 0; b < n / PI_QK; b++, src += PI_QK) {
+        float min = src[0], max = src[0];
+        for (int j = 1; j < PI_QK; j++) { min = fminf(min, src[j]); max = fmaxf(max, src[j]); }
+        const float d = (max - min) / 31.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = pi_f32_to_fp16(d);
+        y[b].m = pi_f32_to_fp16(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < PI_QK / 2; j++) {
+            const int q0 = PI_MIN(31, (int)((src[j] - min) * id + 0.5f));
+            const int q1 = PI_MIN(31, (int)((src[j + PI_QK / 2] - min) * id + 0.5f));
+            y[b].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)(q0 >> 4) << j;
+            qh |= (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        memcpy(y[b].qh, &qh, 4);
+    }
+}
+
+/* Q8_1 (activations): d = amax / 127, q = roundf(x / d), s = d * sum(q). */
+void pi_q8_1_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q8_1 *y = dst;
+    for (int64_t b = 0; b < n / PI_QK; b++, src += PI_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < PI_QK; j++) amax = fmaxf(amax, fabsf(src[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < PI_QK; j++) {
+            y[b].qs[j] = (int8_t)roundf(src[j] * id);
+            sum += y[b].qs[j];
+        }
+        y[b].d = d;
+        y[b].s = (float)sum * d;
+    }
+}
+
+/* ======================================================================================
+ * K-quants: dequantization
+ * ====================================================================================== */
+
+void pi_q2_K_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q2_K *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        const float d = pi_fp16_to_f32(x[b].d), dmin = pi_fp16_to_f32(x[b].dmin);
+        for (int e = 0; e < PI_QK_K; e++) {          /* element e: 2 bits at qs[e/128*32 + e%32] >> 2*(e/32%4) */
+            const int q = (x[b].qs[e / 128 * 32 + e % 32] >> (2 * (e / 32 % 4))) & 3;
+            const uint8_t sc = x[b].scales[e / 16];
+            *dst++ = d * (float)(sc & 0x0f) * (float)q - dmin * (float)(sc >> 4);
+        }
+    }
+}
+
+void pi_q3_K_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q3_K *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int e = 0; e < PI_QK_K; e++) {          /* low 2 bits as Q2_K; high bit e/32 of hmask[e%32] */
+            const int lo = (x[b].qs[e / 128 * 32 + e % 32] >> (2 * (e / 32 % 4))) & 3;
+            const int hi = (x[b].hmask[e % 32] >> (e / 32)) & 1;
+            *dst++ = d * (float)pi_k3_scale(e / 16, x[b].scales) * (float)(lo + 4 * hi - 4);
+        }
+    }
+}
+
+void pi_q4_K_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q4_K *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        const float d = pi_fp16_to_f32(x[b].d), dmin = pi_fp16_to_f32(x[b].dmin);
+        for (int j = 0; j < PI_QK_K / 64; j++) {     /* 64 elements: low nibbles of qs[32j..], then high */
+            uint8_t sc0, m0, sc1, m1;
+            pi_k4_scale_min(2 * j, x[b].scales, &sc0, &m0);
+            pi_k4_scale_min(2 * j + 1, x[b].scales, &sc1, &m1);
+            const float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
+            const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+            const uint8_t *q = x[b].qs + 32 * j;
+            for (int l = 0; l < 32; l++) *dst++ = d0 * (float)(q[l] & 0x0f) - mm0;
+            for (int l = 0; l < 32; l++) *dst++ = d1 * (float)(q[l] >> 4) - mm1;
+        }
+    }
+}
+
+void pi_q5_K_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q5_K *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        const float d = pi_fp16_to_f32(x[b].d), dmin = pi_fp16_to_f32(x[b].dmin);
+        for (int j = 0; j < PI_QK_K / 64; j++) {     /* as Q4_K; high bits 2j and 2j+1 of qh[l] */
+            uint8_t sc0, m0, sc1, m1;
+            pi_k4_scale_min(2 * j, x[b].scales, &sc0, &m0);
+            pi_k4_scale_min(2 * j + 1, x[b].scales, &sc1, &m1);
+            const float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
+            const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+            const uint8_t *q = x[b].qs + 32 * j;
+            for (int l = 0; l < 32; l++)
+                *dst++ = d0 * (float)((q[l] & 0x0f) | (((x[b].qh[l] >> (2 * j)) & 1) << 4)) - mm0;
+            for (int l = 0; l < 32; l++)
+                *dst++ = d1 * (float)((q[l] >> 4) | (((x[b].qh[l] >> (2 * j + 1)) & 1) << 4)) - mm1;
+        }
+    }
+}
+
+void pi_q6_K_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q6_K *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++, dst += PI_QK_K) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int h = 0; h < 2; h++) {                /* two halves of 128 (spec section 8) */
+            const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;
+            const int8_t *sc = x[b].scales + 8 * h;
+            float *y = dst + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l]      = d * (float)sc[l / 16 + 0] * (float)q1;
+                y[l + 32] = d * (float)sc[l / 16 + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[l / 16 + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[l / 16 + 6] * (float)q4;
+            }
+        }
+    }
+}
+
+void pi_q8_K_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q8_K *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++)
+        for (int j = 0; j < PI_QK_K; j++) *dst++ = x[b].d * (float)x[b].qs[j];
+}
+
+/* ======================================================================================
+ * K-quants: reference quantizers
+ * ====================================================================================== */
+
+/* Scale and min for n values with levels 0..nmax: x ~ scale * L - the_min. Starts from
+ * the min/max grid, then tries nstep+1 other grids (nmax + rmin + rdelta*is levels over
+ * the range) and keeps the weighted least-squares fit (or least absolute deviation) with
+ * the smallest weighted error. */
+static float make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min,
+                              uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
+    float min = x[0], max = x[0];
+    float sum_w = weights[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += weights[i];
+        sum_x += weights[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        *the_min = -min;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (max - min);
+    float scale = 1.0f / iscale;
+    float best_err = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int l = pi_nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
+        float diff = scale * (float)L[i] + min - x[i];
+        diff = use_mad ? fabsf(diff) : diff * diff;
+        best_err += weights[i] * diff;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = pi_nearest_int(iscale * (x[i] - min));
+            l = PI_MAX(0, PI_MIN(nmax, l));
+            Laux[i] = (uint8_t)l;
+            const float w = weights[i];
+            sum_l += w * (float)l;
+            sum_l2 += w * (float)l * (float)l;
+            sum_xl += w * (float)l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * (float)Laux[i] + this_min - x[i];
+                diff = use_mad ? fabsf(diff) : diff * diff;
+                err += weights[i] * diff;
+            }
+            if (err < best_err) {
+                memcpy(L, Laux, (size_t)n);
+                best_err = err;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* Symmetric scale for n values with levels -nmax..nmax-1 (stored as L + nmax), weighted by x^2:
+ * the best of 19 grids around nmax / max (rmse_type 1 of llama.cpp's make_qx_quants). */
+static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
+    if (amax < GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = -(float)nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = pi_nearest_int(iscale * x[i]);
+        l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
+        L[i] = (int8_t)(l + nmax);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = pi_nearest_int(iscale * x[i]);
+            l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
+            const float w = x[i] * x[i];
+            sumlx += w * x[i] * (float)l;
+            suml2 += w * (float)l * (float)l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) {
+                const int l = pi_nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + PI_MAX(-nmax, PI_MIN(nmax - 1, l)));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Symmetric 3-bit scale with a few rounds of coordinate descent on the levels (Q3_K). */
+static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
+    if (amax < GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    const float iscale = -(float)nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = pi_nearest_int(iscale * x[i]);
+        l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
+        L[i] = (int8_t)l;
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * (float)L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * (float)L[i] * (float)L[i];
+                int new_l = pi_nearest_int(x[i] * sl2 / slx);
+                new_l = PI_MAX(-nmax, PI_MIN(nmax - 1, new_l));
+                if (new_l != L[i]) {
+                    slx += w * x[i] * (float)new_l;
+                    sl2 += w * (float)new_l * (float)new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return sumlx / suml2;
+}
+
+void pi_q2_K_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q2_K *y = dst;
+    uint8_t L[PI_QK_K], Laux[16];
+    float weights[16], mins[PI_QK_K / 16], scales[PI_QK_K / 16];
+    const float q4scale = 15.0f;
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            for (int l = 0; l < 16; l++) weights[l] = fabsf(src[16 * j + l]);
+            scales[j] = make_qkx2_quants(16, 3, src + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
+            max_scale = fmaxf(max_scale, scales[j]);
+            max_min = fmaxf(max_min, mins[j]);
+        }
+        if (max_scale > 0) {
+            const float iscale = q4scale / max_scale;
+            for (int j = 0; j < PI_QK_K / 16; j++)
+                y[b].scales[j] = (uint8_t)PI_MAX(0, PI_MIN(15, pi_nearest_int(iscale * scales[j])));
+            y[b].d = pi_f32_to_fp16(max_scale / q4scale);
+        } else {
+            memset(y[b].scales, 0, sizeof y[b].scales);
+            y[b].d = pi_f32_to_fp16(0.0f);
+        }
+        if (max_min > 0) {
+            const float iscale = q4scale / max_min;
+            for (int j = 0; j < PI_QK_K / 16; j++)
+                y[b].scales[j] |= (uint8_t)(PI_MAX(0, PI_MIN(15, pi_nearest_int(iscale * mins[j]))) << 4);
+            y[b].dmin = pi_f32_to_fp16(max_min / q4scale);
+        } else {
+            y[b].dmin = pi_f32_to_fp16(0.0f);
+        }
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            const float d = pi_fp16_to_f32(y[b].d) * (float)(y[b].scales[j] & 0x0f);
+            if (d == 0.0f) continue;
+            const float dm = pi_fp16_to_f32(y[b].dmin) * (float)(y[b].scales[j] >> 4);
+            for (int i = 0; i < 16; i++) {
+                const int l = pi_nearest_int((src[16 * j + i] + dm) / d);
+                L[16 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(3, l));
+            }
+        }
+        for (int j = 0; j < PI_QK_K; j += 128)
+            for (int l = 0; l < 32; l++)
+                y[b].qs[j / 4 + l] =
+                    (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+    }
+}
+
+void pi_q3_K_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q3_K *y = dst;
+    int8_t L[PI_QK_K];
+    float scales[PI_QK_K / 16];
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            scales[j] = make_q3_quants(16, 4, src + 16 * j, L + 16 * j);
+            if (fabsf(scales[j]) > amax) { amax = fabsf(scales[j]); max_scale = scales[j]; }
+        }
+        memset(y[b].scales, 0, sizeof y[b].scales);
+        if (max_scale != 0.0f) {
+            const float iscale = -32.0f / max_scale;
+            for (int j = 0; j < PI_QK_K / 16; j++) {
+                int l = PI_MAX(-32, PI_MIN(31, pi_nearest_int(iscale * scales[j]))) + 32;
+                if (j < 8) y[b].scales[j] = (uint8_t)(l & 0x0f);
+                else       y[b].scales[j - 8] |= (uint8_t)((l & 0x0f) << 4);
+                y[b].scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+            }
+            y[b].d = pi_f32_to_fp16(1.0f / iscale);
+        } else {
+            y[b].d = pi_f32_to_fp16(0.0f);
+        }
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            const float d = pi_fp16_to_f32(y[b].d) * (float)pi_k3_scale(j, y[b].scales);
+            if (d == 0.0f) continue;
+            for (int i = 0; i < 16; i++) {
+                const int l = pi_nearest_int(src[16 * j + i] / d);
+                L[16 * j + i] = (int8_t)(PI_MAX(-4, PI_MIN(3, l)) + 4);
+            }
+        }
+        memset(y[b].hmask, 0, sizeof y[b].hmask);
+        for (int e = 0; e < PI_QK_K; e++) {       /* high bit of element e: bit e/32 of hmask[e%32] */
+            if (L[e] > 3) {
+                y[b].hmask[e % 32] |= (uint8_t)(1 << (e / 32));
+                L[e] = (int8_t)(L[e] - 4);
+            }
+        }
+        for (int j = 0; j < PI_QK_K; j += 128)
+            for (int l = 0; l < 32; l++)
+                y[b].qs[j / 4 + l] =
+                    (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+    }
+}
+
+/* Q4_K and Q5_K share the scale search and the 6-bit packing of scales and mins. */
+static void quantize_k45_scales(const float *src, int nmax, float rmin, int nstep, uint8_t *L, uint8_t packed[12],
+                                uint16_t *d_out, uint16_t *dmin_out) {
+    float mins[8], scales[8], weights[32];
+    uint8_t Laux[32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += src[32 * j + l] * src[32 * j + l];
+        const float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(src[32 * j + l]);
+        scales[j] = make_qkx2_quants(32, nmax, src + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep,
+                                     false);
+        max_scale = fmaxf(max_scale, scales[j]);
+        max_min = fmaxf(max_min, mins[j]);
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    memset(packed, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t ls = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_scale * scales[j])));
+        const uint8_t lm = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_min * mins[j])));
+        if (j < 4) {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
+            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            packed[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *d_out = pi_f32_to_fp16(max_scale / 63.0f);
+    *dmin_out = pi_f32_to_fp16(max_min / 63.0f);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        pi_k4_scale_min(j, packed, &sc, &m);
+        const float d = pi_fp16_to_f32(*d_out) * (float)sc;
+        if (d == 0.0f) continue;
+        const float dm = pi_fp16_to_f32(*dmin_out) * (float)m;
+        for (int i = 0; i < 32; i++) {
+            const int l = pi_nearest_int((src[32 * j + i] + dm) / d);
+            L[32 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
+        }
+    }
+}
+
+void pi_q4_K_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q4_K *y = dst;
+    uint8_t L[PI_QK_K];
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        quantize_k45_scales(src, 15, -1.0f, 20, L, y[b].scales, &y[b].d, &y[b].dmin);
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) y[b].qs[32 * j + l] = (uint8_t)(L[64 * j + l] | (L[64 * j + l + 32] << 4));
+    }
+}
+
+void pi_q5_K_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q5_K *y = dst;
+    uint8_t L[PI_QK_K];
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        quantize_k45_scales(src, 31, -0.5f, 15, L, y[b].scales, &y[b].d, &y[b].dmin);
+        memset(y[b].qh, 0, sizeof y[b].qh);
+        for (int j = 0; j < 4; j++) {
+            for (int l = 0; l < 32; l++) {
+                const int l1 = L[64 * j + l], l2 = L[64 * j + l + 32];
+                y[b].qs[32 * j + l] = (uint8_t)((l1 & 0x0f) | ((l2 & 0x0f) << 4));
+                y[b].qh[l] |= (uint8_t)(((l1 >> 4) << (2 * j)) | ((l2 >> 4) << (2 * j + 1)));
+            }
+        }
+    }
+}
+
+void pi_q6_K_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q6_K *y = dst;
+    int8_t L[PI_QK_K];
+    float scales[PI_QK_K / 16];
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        float max_scale = 0, max_abs_scale = 0;
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            scales[j] = make_qx_quants(16, 32, src + 16 * j, L + 16 * j);
+            if (fabsf(scales[j]) > max_abs_scale) { max_abs_scale = fabsf(scales[j]); max_scale = scales[j]; }
+        }
+        if (max_abs_scale < GROUP_MAX_EPS) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        const float iscale = -128.0f / max_scale;
+        y[b].d = pi_f32_to_fp16(1.0f / iscale);
+        for (int j = 0; j < PI_QK_K / 16; j++)
+            y[b].scales[j] = (int8_t)PI_MAX(-128, PI_MIN(127, pi_nearest_int(iscale * scales[j])));
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            const float d = pi_fp16_to_f32(y[b].d) * (float)y[b].scales[j];
+            if (d == 0.0f) continue;
+            for (int i = 0; i < 16; i++) {
+                const int l = pi_nearest_int(src[16 * j + i] / d);
+                L[16 * j + i] = (int8_t)(PI_MAX(-32, PI_MIN(31, l)) + 32);
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const int8_t *Lh = L + 128 * h;
+            uint8_t *ql = y[b].ql + 64 * h, *qh = y[b].qh + 32 * h;
+            for (int l = 0; l < 32; l++) {
+                const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+                ql[l]      = (uint8_t)((q1 & 0x0f) | ((q3 & 0x0f) << 4));
+                ql[l + 32] = (uint8_t)((q2 & 0x0f) | ((q4 & 0x0f) << 4));
+                qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+            }
+        }
+    }
+}
+
+/* Q8_K (activations): d = max / -127 of the element of largest magnitude, q = nearest(x / d)
+ * (so |q| <= 127), and the sums of each 16 quants for the K-quants' mins. */
+void pi_q8_K_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q8_K *y = dst;
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < PI_QK_K; j++)
+            if (fabsf(src[j]) > amax) { amax = fabsf(src[j]); max = src[j]; }
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < PI_QK_K; j++) y[b].qs[j] = (int8_t)PI_MAX(-127, PI_MIN(127, pi_nearest_int(iscale * src[j])));
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += y[b].qs[16 * j + i];
+            y[b].bsums[j] = (int16_t)sum;
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}

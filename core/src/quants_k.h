@@ -1,0 +1,106 @@
+/* quants_k.h: block layouts and kernels of the llama.cpp quantization types beyond Q4_0/Q8_0
+ * (spec section 8): the 32-element Q4_1, Q5_0, Q5_1 (+ the Q8_1 activation type) and the
+ * 256-element K-quants Q2_K..Q6_K (+ the Q8_K activation type).
+ *
+ * Conversions (to_f32, reference quantizers) are in dtype_k.c, dot products and axpy in
+ * arch/vec_dot_k.c. Activation types per weight type, as llama.cpp:
+ *   Q5_0 -> Q8_0,  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),  Q2_K..Q6_K -> Q8_K. */
+#ifndef PI_QUANTS_K_H
+#define PI_QUANTS_K_H
+
+#include "internal.h"
+
+#include <math.h>
+
+#define PI_QK   32     /* elements of a Q4_1/Q5_0/Q5_1/Q8_1 block */
+#define PI_QK_K 256    /* elements of a K-quant super-block */
+#define PI_K_SCALE_SIZE 12
+
+typedef struct { uint16_t d, m; uint8_t qs[PI_QK / 2]; }                   pi_block_q4_1;   /* 20 B */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[PI_QK / 2]; }       pi_block_q5_0;   /* 22 B */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[PI_QK / 2]; }    pi_block_q5_1;   /* 24 B */
+typedef struct { float d, s; int8_t qs[PI_QK]; }                           pi_block_q8_1;   /* 40 B */
+
+/* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
+typedef struct { uint8_t scales[PI_QK_K / 16]; uint8_t qs[PI_QK_K / 4]; uint16_t d, dmin; } pi_block_q2_K;
+/* Q3_K: 16 sub-blocks of 16, 6-bit signed scales (offset 32) packed in 12 bytes. 110 B */
+typedef struct { uint8_t hmask[PI_QK_K / 8]; uint8_t qs[PI_QK_K / 4]; uint8_t scales[12]; uint16_t d; } pi_block_q3_K;
+/* Q4_K: 8 sub-blocks of 32, 6-bit scales and mins packed in 12 bytes. 144 B */
+typedef struct { uint16_t d, dmin; uint8_t scales[PI_K_SCALE_SIZE]; uint8_t qs[PI_QK_K / 2]; } pi_block_q4_K;
+/* Q5_K: as Q4_K plus one high bit per element. 176 B */
+typedef struct {
+    uint16_t d, dmin; uint8_t scales[PI_K_SCALE_SIZE]; uint8_t qh[PI_QK_K / 8]; uint8_t qs[PI_QK_K / 2];
+} pi_block_q5_K;
+/* Q6_K: 16 sub-blocks of 16, int8 scales. 210 B */
+typedef struct { uint8_t ql[PI_QK_K / 2]; uint8_t qh[PI_QK_K / 4]; int8_t scales[PI_QK_K / 16]; uint16_t d; } pi_block_q6_K;
+/* Q8_K (activations): f32 d, 256 int8, sums of each 16 quants. 292 B */
+typedef struct { float d; int8_t qs[PI_QK_K]; int16_t bsums[PI_QK_K / 16]; } pi_block_q8_K;
+
+/* Round to nearest, ties to even (llama.cpp's nearest_int for the values quantizers produce). */
+static inline int pi_nearest_int(float v) { return (int)lrintf(v); }
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block. */
+static inline void pi_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m  = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+        *m  = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* The signed 6-bit scale of sub-block j (0..15) of a Q3_K block. */
+static inline int pi_k3_scale(int j, const uint8_t *s) {
+    const int lo = j < 8 ? (s[j] & 0x0f) : (s[j - 8] >> 4);
+    const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* ---- conversions (dtype_k.c) ---- */
+void pi_q4_1_to_f32(const void *src, float *dst, int64_t n);
+void pi_q5_0_to_f32(const void *src, float *dst, int64_t n);
+void pi_q5_1_to_f32(const void *src, float *dst, int64_t n);
+void pi_q8_1_to_f32(const void *src, float *dst, int64_t n);
+void pi_q2_K_to_f32(const void *src, float *dst, int64_t n);
+void pi_q3_K_to_f32(const void *src, float *dst, int64_t n);
+void pi_q4_K_to_f32(const void *src, float *dst, int64_t n);
+void pi_q5_K_to_f32(const void *src, float *dst, int64_t n);
+void pi_q6_K_to_f32(const void *src, float *dst, int64_t n);
+void pi_q8_K_to_f32(const void *src, float *dst, int64_t n);
+
+void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
+void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);
+void pi_q5_1_from_f32(const float *src, void *dst, int64_t n);
+void pi_q8_1_from_f32(const float *src, void *dst, int64_t n);
+void pi_q2_K_from_f32(const float *src, void *dst, int64_t n);
+void pi_q3_K_from_f32(const float *src, void *dst, int64_t n);
+void pi_q4_K_from_f32(const float *src, void *dst, int64_t n);
+void pi_q5_K_from_f32(const float *src, void *dst, int64_t n);
+void pi_q6_K_from_f32(const float *src, void *dst, int64_t n);
+void pi_q8_K_from_f32(const float *src, void *dst, int64_t n);
+
+/* ---- dot products and axpy (arch/vec_dot_k.c), SIMD with scalar fallbacks ---- */
+float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q5_0_q8_0(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q2_K_q8_K(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q3_K_q8_K(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
+
+void pi_axpy_q4_1(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q5_0(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q5_1(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q8_1(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q2_K(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q3_K(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q4_K(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q5_K(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q6_K(int64_t n, float a, const void *row, float *y);
+void pi_axpy_q8_K(int64_t n, float a, const void *row, float *y);
+
+#endif

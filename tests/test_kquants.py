@@ -1,0 +1,622 @@
+"""The llama.cpp quantization types added for issue 7: Q4_1, Q5_0, Q5_1 (+ the Q8_1 activation type)
+and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (+ the Q8_K activation type).
+
+Every check is against numpy code written in this file from the block layouts (spec section 8,
+core/src/quants_k.h), not against gguf's dequantizers:
+  - dequantization of arbitrary block bytes, bit-exact (the numpy code does the same f32 operations);
+  - the activation quantizers (Q8_K, Q8_1), bit-exact;
+  - the weight quantizers: a round trip within each format's error bound;
+  - dot products (mul_mat) against float64 sums of the dequantized operands, within a bound
+    derived from the f32 roundings (below);
+  - the SIMD build against the portable scalar build (-DPI_NATIVE=OFF): K-quant dot products
+    are bit-identical (the SIMD code computes only the exact integer sums), the 32-element types
+    agree within twice the dot bound;
+  - the sparse FFN op with these weights against numpy.
+
+Run: PYTHONPATH=bindings python -m pytest tests/test_kquants.py -q
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from powerinfer._ffi import check, ffi, lib
+
+REPO = Path(__file__).resolve().parents[1]
+F32, Q8_0 = 0, 8
+Q4_1, Q5_0, Q5_1, Q8_1 = 3, 6, 7, 9
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
+NAME = {Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", Q8_1: "q8_1", Q2_K: "q2_K", Q3_K: "q3_K", Q4_K: "q4_K",
+        Q5_K: "q5_K", Q6_K: "q6_K", Q8_K: "q8_K"}
+BLOCK = {Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_1: (32, 40), Q2_K: (256, 84), Q3_K: (256, 110),
+         Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q8_0: (32, 34)}
+WEIGHTS = [Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+KQUANTS = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+ACT_TYPE = {Q4_1: Q8_1, Q5_0: Q8_0, Q5_1: Q8_1, Q2_K: Q8_K, Q3_K: Q8_K, Q4_K: Q8_K, Q5_K: Q8_K, Q6_K: Q8_K}
+
+U32 = 2.0 ** -24
+U16 = 2.0 ** -11
+
+# ---------------------------------------------------------------------------------------------
+# Tolerances
+# ---------------------------------------------------------------------------------------------
+# Dot products. Within a block the dot product is an exact integer sum; the block then costs a
+# few f32 roundings (scale products, the int -> float conversion of sums up to 2^25, the
+# subtraction of the min term) relative to the magnitudes of its two terms, |sum_i x_i s_i| and
+# |sum_i x_i m_i| (value_i = s_i + m_i: scale part and min part): BLOCK_ULPS * U32 each. Summing
+# nb block results in f32 adds errors relative to the running sums, which behave like independent
+# variables (Higham & Mary 2019): DOT_LAMBDA * sqrt(nb) U32 of the summed magnitudes with
+# overwhelming probability. The errors seen are below 1/40 of this bound, and a single quant off by
+# one step exceeds it 16x (q5_1, whose min terms are large) to 1700x (checked in
+# test_dot_tolerance_is_tight).
+BLOCK_ULPS = 8
+DOT_LAMBDA = 5.0
+SIMD_VS_SCALAR_FACTOR = 2.0   # both results lie within the bound of the same exact value
+
+# Round trips of the weight quantizers: relative RMS error on standard normal rows. The bound is
+# the value measured for these quantizers (in parentheses) + 20%; the same algorithm as llama.cpp's
+# reference quantizers, so the same numbers as llama.cpp's `quantize` without an importance matrix.
+ROUND_TRIP_REL_RMS = {Q4_1: 0.094,   # (0.078)
+                      Q5_0: 0.052,   # (0.043)
+                      Q5_1: 0.046,   # (0.038)
+                      Q2_K: 0.36,    # (0.297)
+                      Q3_K: 0.18,    # (0.151)
+                      Q4_K: 0.086,   # (0.071)
+                      Q5_K: 0.044,   # (0.036)
+                      Q6_K: 0.022}   # (0.018)
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy dequantizers, written from the block layouts
+# ---------------------------------------------------------------------------------------------
+def f16(raw: np.ndarray, off: int, f=np.float32) -> np.ndarray:
+    """(nb, bytes) uint8 -> (nb,) values of the fp16 at byte offset off (as f32, or float64)."""
+    return raw[:, off:off + 2].copy().view(np.float16).astype(f).ravel()
+
+
+def f32_at(raw: np.ndarray, off: int, f=np.float32) -> np.ndarray:
+    return raw[:, off:off + 4].copy().view(np.float32).astype(f).ravel()
+
+
+def nibbles(qs: np.ndarray) -> np.ndarray:
+    """(nb, 16) packed -> (nb, 32): low nibbles are elements 0..15, high nibbles 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int32)
+
+
+def high_bits_32(qh: np.ndarray) -> np.ndarray:
+    """(nb, 4) little-endian u32 -> (nb, 32) bit j of the u32 for element j."""
+    u = qh.copy().view(np.uint32).ravel()
+    return ((u[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int32)
+
+
+def k4_scales_mins(s: np.ndarray):
+    """(nb, 12) packed Q4_K/Q5_K scales -> two (nb, 8) int arrays of 6-bit scales and mins."""
+    s = s.astype(np.int32)
+    sc = np.empty((s.shape[0], 8), np.int32)
+    mn = np.empty_like(sc)
+    for j in range(8):
+        if j < 4:
+            sc[:, j] = s[:, j] & 63
+            mn[:, j] = s[:, j + 4] & 63
+        else:
+            sc[:, j] = (s[:, j + 4] & 0xF) | ((s[:, j - 4] >> 6) << 4)
+            mn[:, j] = (s[:, j + 4] >> 4) | ((s[:, j] >> 6) << 4)
+    return sc, mn
+
+
+def k3_scales(s: np.ndarray) -> np.ndarray:
+    """(nb, 12) packed Q3_K scales -> (nb, 16) signed scales: low 4 bits in the nibbles of bytes 0..7
+    (sub-blocks 0..7 low nibbles, 8..15 high nibbles), high 2 bits in bytes 8..11."""
+    s = s.astype(np.int32)
+    out = np.empty((s.shape[0], 16), np.int32)
+    for j in range(16):
+        lo = s[:, j] & 0xF if j < 8 else s[:, j - 8] >> 4
+        hi = (s[:, 8 + j % 4] >> (2 * (j // 4))) & 3
+        out[:, j] = (lo | (hi << 4)) - 32
+    return out
+
+
+def two_bit_planes(qs: np.ndarray) -> np.ndarray:
+    """Q2_K/Q3_K low bits: (nb, 64) -> (nb, 256); element e = 128h + 32g + l sits in qs[32h + l] >> 2g."""
+    q = qs.astype(np.int32)
+    out = np.empty((qs.shape[0], 256), np.int32)
+    for h in range(2):
+        for g in range(4):
+            out[:, 128 * h + 32 * g:128 * h + 32 * g + 32] = (q[:, 32 * h:32 * h + 32] >> (2 * g)) & 3
+    return out
+
+
+def np_dequant(raw: np.ndarray, t: int, with_parts: bool = False):
+    """Flat uint8 blocks of type t -> f32 values, computed with the f32 operations of the C code.
+
+    with_parts: the exact values instead (float64 arithmetic, no rounding), as (value, s, m) with
+    value = s + m: the scale part s and the min part m, which the dot-product tolerance is relative to."""
+    bs, bb = BLOCK[t]
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, bb)
+    nb = b.shape[0]
+    f = np.float64 if with_parts else np.float32
+    m_part = np.zeros((nb, bs), f)
+    if t == Q4_1:
+        d, m = f16(b, 0, f), f16(b, 2, f)
+        q = nibbles(b[:, 4:20]).astype(f)
+        v = q * d[:, None] + m[:, None]
+        s_part, m_part = q * d[:, None], np.broadcast_to(m[:, None], q.shape)
+    elif t in (Q5_0, Q5_1):
+        off = 2 if t == Q5_0 else 4
+        d = f16(b, 0, f)
+        q = (nibbles(b[:, off + 4:off + 20]) | (high_bits_32(b[:, off:off + 4]) << 4))
+        if t == Q5_0:
+            v = (q - 16).astype(f) * d[:, None]
+            s_part = v
+        else:
+            m = f16(b, 2, f)
+            v = q.astype(f) * d[:, None] + m[:, None]
+            s_part, m_part = q.astype(f) * d[:, None], np.broadcast_to(m[:, None], q.shape)
+    elif t == Q8_1:
+        v = b[:, 8:40].view(np.int8).astype(f) * f32_at(b, 0, f)[:, None]
+        s_part = v
+    elif t == Q8_K:
+        v = f32_at(b, 0, f)[:, None] * b[:, 4:260].view(np.int8).astype(f)
+        s_part = v
+    elif t == Q2_K:   # scales[16] | qs[64] | d | dmin
+        sc = b[:, 0:16].astype(np.int32)
+        d, dmin = f16(b, 80, f), f16(b, 82, f)
+        q = two_bit_planes(b[:, 16:80]).astype(f)
+        dl = np.repeat(d[:, None] * (sc & 0xF).astype(f), 16, axis=1)      # exact: 11 x 4 bits
+        ml = np.repeat(dmin[:, None] * (sc >> 4).astype(f), 16, axis=1)
+        v = dl * q - ml
+        s_part, m_part = dl * q, -ml
+    elif t == Q3_K:   # hmask[32] | qs[64] | scales[12] | d
+        d = f16(b, 108, f)
+        sc = k3_scales(b[:, 96:108])
+        hm = b[:, 0:32].astype(np.int32)
+        hi = np.concatenate([(hm >> k) & 1 for k in range(8)], axis=1)     # element e: bit e/32 of hmask[e%32]
+        q = (two_bit_planes(b[:, 32:96]) + 4 * hi - 4).astype(f)
+        v = np.repeat(d[:, None] * sc.astype(f), 16, axis=1) * q
+        s_part = v
+    elif t in (Q4_K, Q5_K):   # d | dmin | scales[12] | (qh[32]) | qs[128]
+        d, dmin = f16(b, 0, f), f16(b, 2, f)
+        sc, mn = k4_scales_mins(b[:, 4:16])
+        qs = b[:, 16:144] if t == Q4_K else b[:, 48:176]
+        q = np.empty((nb, 256), np.int32)
+        for j in range(4):   # 64 elements: low nibbles of qs[32j..32j+31], then the high nibbles
+            q[:, 64 * j:64 * j + 32] = qs[:, 32 * j:32 * j + 32] & 0xF
+            q[:, 64 * j + 32:64 * j + 64] = qs[:, 32 * j:32 * j + 32] >> 4
+        if t == Q5_K:
+            qh = b[:, 16:48].astype(np.int32)
+            for j in range(8):    # sub-block j (32 elements) takes bit j of qh[l]
+                q[:, 32 * j:32 * j + 32] |= ((qh >> j) & 1) << 4
+        dl = np.repeat(d[:, None] * sc.astype(f), 32, axis=1)
+        ml = np.repeat(dmin[:, None] * mn.astype(f), 32, axis=1)
+        v = dl * q.astype(f) - ml
+        s_part, m_part = dl * q.astype(f), -ml
+    elif t == Q6_K:   # ql[128] | qh[64] | scales[16] int8 | d
+        d = f16(b, 208, f)
+        sc = b[:, 192:208].view(np.int8).astype(f)
+        ql, qh = b[:, 0:128].astype(np.int32), b[:, 128:192].astype(np.int32)
+        q = np.empty((nb, 256), np.int32)
+        for h in range(2):
+            L, H = ql[:, 64 * h:64 * h + 64], qh[:, 32 * h:32 * h + 32]
+            o = 128 * h
+            q[:, o + 0:o + 32] = (L[:, :32] & 0xF) | ((H & 3) << 4)
+            q[:, o + 32:o + 64] = (L[:, 32:] & 0xF) | (((H >> 2) & 3) << 4)
+            q[:, o + 64:o + 96] = (L[:, :32] >> 4) | (((H >> 4) & 3) << 4)
+            q[:, o + 96:o + 128] = (L[:, 32:] >> 4) | (((H >> 6) & 3) << 4)
+        v = np.repeat(d[:, None] * sc, 16, axis=1) * (q - 32).astype(f)
+        s_part = v
+    else:
+        raise ValueError(t)
+    if not with_parts:
+        return np.asarray(v, np.float32).reshape(-1)
+    s_part, m_part = np.asarray(s_part, np.float64).reshape(-1), np.asarray(m_part, np.float64).reshape(-1)
+    return s_part + m_part, s_part, m_part
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy activation quantizers (bit-exact models of the C ones)
+# ---------------------------------------------------------------------------------------------
+def np_quantize_q8_K(x: np.ndarray) -> np.ndarray:
+    """d = max / -127 (max: the element of largest magnitude, the first of ties),
+    q = round-half-even(x * (-127 / max))."""
+    x = np.asarray(x, np.float32).reshape(-1, 256)
+    nb = x.shape[0]
+    idx = np.abs(x).argmax(axis=1)
+    mx = x[np.arange(nb), idx]
+    out = np.zeros((nb, 292), np.uint8)
+    ok = mx != 0
+    with np.errstate(divide="ignore"):
+        iscale = np.where(ok, np.float32(-127.0) / np.where(ok, mx, 1), 0).astype(np.float32)
+    q = np.clip(np.rint((iscale[:, None] * x).astype(np.float32)), -127, 127).astype(np.int8)
+    q[~ok] = 0
+    d = np.where(ok, np.float32(1.0) / np.where(ok, iscale, 1), 0).astype(np.float32)
+    out[:, 0:4] = d.view(np.uint8).reshape(nb, 4)
+    out[:, 4:260] = q.view(np.uint8)
+    out[:, 260:292] = q.reshape(nb, 16, 16).astype(np.int16).sum(axis=2).astype(np.int16).view(np.uint8).reshape(nb, 32)
+    return out.reshape(-1)
+
+
+def np_quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """d = amax / 127, q = roundf(x / d) (half away from zero), s = sum(q) * d, as f32."""
+    x = np.asarray(x, np.float32).reshape(-1, 32)
+    nb = x.shape[0]
+    d = (np.abs(x).max(axis=1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    v = (x * inv[:, None]).astype(np.float32).astype(np.float64)
+    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
+    s = (q.astype(np.int32).sum(axis=1).astype(np.float32) * d).astype(np.float32)
+    out = np.zeros((nb, 40), np.uint8)
+    out[:, 0:4] = d.view(np.uint8).reshape(nb, 4)
+    out[:, 4:8] = s.view(np.uint8).reshape(nb, 4)
+    out[:, 8:40] = q.view(np.uint8)
+    return out.reshape(-1)
+
+
+def np_quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32).reshape(-1, 32)
+    nb = x.shape[0]
+    d = (np.abs(x).max(axis=1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    v = (x * inv[:, None]).astype(np.float32).astype(np.float64)
+    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
+    out = np.zeros((nb, 34), np.uint8)
+    out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    out[:, 2:34] = q.view(np.uint8)
+    return out.reshape(-1)
+
+
+def np_dequant_act(raw, t):
+    """Exact (float64) values of quantized activations."""
+    if t == Q8_0:
+        b = raw.reshape(-1, 34)
+        return (b[:, 2:].view(np.int8).astype(np.float64) * f16(b, 0, np.float64)[:, None]).reshape(-1)
+    return np_dequant(raw, t, with_parts=True)[0]
+
+
+NP_ACT_QUANT = {Q8_K: np_quantize_q8_K, Q8_1: np_quantize_q8_1, Q8_0: np_quantize_q8_0}
+
+
+# ---------------------------------------------------------------------------------------------
+# C helpers
+# ---------------------------------------------------------------------------------------------
+def c_quantize(t, x, L=lib) -> np.ndarray:
+    x = np.ascontiguousarray(x, np.float32).ravel()
+    dst = np.zeros(x.size // BLOCK[t][0] * BLOCK[t][1], np.uint8)
+    check(L.pi_quantize_row(t, ffi.from_buffer("float[]", x), ffi.from_buffer(dst), x.size))
+    return dst
+
+
+def c_dequantize(t, raw, L=lib) -> np.ndarray:
+    raw = np.ascontiguousarray(raw).view(np.uint8).ravel()
+    n = raw.size // BLOCK[t][1] * BLOCK[t][0]
+    out = np.zeros(n, np.float32)
+    check(L.pi_dequantize_row(t, ffi.from_buffer(raw), ffi.from_buffer("float[]", out), n))
+    return out
+
+
+def tensor(arr: np.ndarray, t: int, ne0: int, ne1: int):
+    """2-d pi_tensor [ne0, ne1] over a contiguous numpy buffer (rows of type t)."""
+    bs, bb = BLOCK.get(t, (1, 4))
+    p = ffi.new("pi_tensor *")
+    p.type, p.n_dims = t, 2
+    p.ne[0], p.ne[1], p.ne[2], p.ne[3] = ne0, ne1, 1, 1
+    p.nb[0] = bb
+    p.nb[1] = ne0 // bs * bb
+    p.nb[2] = p.nb[3] = p.nb[1] * ne1
+    p.data = ffi.cast("void *", arr.ctypes.data)
+    return p
+
+
+def c_mul_mat(t, raw, x, L=lib, pool=ffi.NULL) -> np.ndarray:
+    """y (T, N) = x (T, K) . W^T with W the N x K rows of type t in raw."""
+    T, K = x.shape
+    N = raw.size // (K // BLOCK[t][0] * BLOCK[t][1])
+    x = np.ascontiguousarray(x, np.float32)
+    y = np.zeros((T, N), np.float32)
+    check(L.pi_op_mul_mat(pool, tensor(raw, t, K, N), tensor(x, F32, K, T), tensor(y, F32, N, T)))
+    return y
+
+
+def random_blocks(rng, t, nb) -> np.ndarray:
+    """nb blocks of type t with random bytes and finite, moderate fp16/f32 scales."""
+    bs, bb = BLOCK[t]
+    b = rng.integers(0, 256, size=(nb, bb), dtype=np.uint8)
+
+    def put16(off, lo=1e-3, hi=1.0, signed=False):
+        v = rng.uniform(lo, hi, nb) * (rng.choice([-1, 1], nb) if signed else 1)
+        b[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(nb, 2)
+
+    def put32(off, lo=1e-3, hi=1.0):
+        b[:, off:off + 4] = rng.uniform(lo, hi, nb).astype(np.float32).view(np.uint8).reshape(nb, 4)
+
+    if t in (Q4_1, Q5_1):
+        put16(0), put16(2, signed=True)
+    elif t == Q5_0:
+        put16(0, signed=True)
+    elif t == Q8_1:
+        put32(0), put32(4)
+    elif t == Q8_K:
+        put32(0)
+        b[:, 4:260] = np.clip(b[:, 4:260].view(np.int8), -127, 127).view(np.uint8)
+        b[:, 260:292] = b[:, 4:260].view(np.int8).reshape(nb, 16, 16).astype(np.int16).sum(axis=2).astype(
+            np.int16).view(np.uint8)
+    elif t == Q2_K:
+        put16(80), put16(82)
+    elif t == Q3_K:
+        put16(108, signed=True)
+    elif t in (Q4_K, Q5_K):
+        put16(0), put16(2)
+    elif t == Q6_K:
+        put16(208, signed=True)
+    return b.reshape(-1)
+
+
+def assert_within(got, ref, tol, what=""):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    err = np.abs(got - ref)
+    bad = err > tol
+    if bad.any():
+        i = np.unravel_index(np.argmax(err - tol), err.shape)
+        raise AssertionError(f"{what}: {bad.sum()} of {bad.size} out of tolerance; worst at {i}: got {got[i]!r} "
+                             f"ref {ref[i]!r} err {err[i]:.3g} tol {np.broadcast_to(tol, err.shape)[i]:.3g}")
+
+
+def bits_equal(a, b) -> bool:
+    return np.array_equal(np.ascontiguousarray(a).view(np.uint32), np.ascontiguousarray(b).view(np.uint32))
+
+
+# =============================================================================================
+# traits
+# =============================================================================================
+def test_type_traits():
+    for t, (bs, bb) in BLOCK.items():
+        assert lib.pi_type_supported(t) == 1
+        assert lib.pi_type_block_size(t) == bs and lib.pi_type_block_bytes(t) == bb
+        assert lib.pi_row_bytes(t, 4096) == 4096 // bs * bb
+    for t in NAME:
+        assert ffi.string(lib.pi_type_name(t)).decode() == NAME[t]
+    for t in KQUANTS + [Q8_K]:
+        assert lib.pi_row_bytes(t, 128) == -1 and lib.pi_row_bytes(t, 512) == 2 * BLOCK[t][1]
+    assert lib.PI_TYPE_Q4_K == Q4_K and lib.PI_TYPE_Q8_K == Q8_K and lib.PI_TYPE_Q5_0 == Q5_0
+
+
+# =============================================================================================
+# dequantization: arbitrary block bytes, bit-exact against numpy
+# =============================================================================================
+@pytest.mark.parametrize("t", list(NAME), ids=NAME.get)
+def test_dequantize_random_blocks(t):
+    rng = np.random.default_rng(1000 + t)
+    raw = random_blocks(rng, t, 64)
+    got = c_dequantize(t, raw)
+    ref = np_dequant(raw, t)
+    assert bits_equal(got, ref), f"{NAME[t]}: {np.sum(got != ref)} values differ"
+
+
+@pytest.mark.parametrize("t", WEIGHTS, ids=NAME.get)
+def test_dequantize_matches_gguf_layout_of_real_quantizations(t):
+    """The rows the C quantizer writes decode identically with the numpy layout code."""
+    rng = np.random.default_rng(2000 + t)
+    x = (rng.standard_normal(8 * 256) * np.repeat(10.0 ** rng.uniform(-3, 2, 8), 256)).astype(np.float32)
+    raw = c_quantize(t, x)
+    assert bits_equal(c_dequantize(t, raw), np_dequant(raw, t))
+
+
+# =============================================================================================
+# activation quantizers
+# =============================================================================================
+@pytest.mark.parametrize("t", [Q8_K, Q8_1], ids=NAME.get)
+def test_activation_quantizer_bit_exact(t):
+    rng = np.random.default_rng(3000 + t)
+    x = (rng.standard_normal(16 * 256) * np.repeat(10.0 ** rng.uniform(-6, 4, 16 * 8), 32)).astype(np.float32)
+    x[:256] = 0.0                              # an all-zero block: d = 0
+    x[256:512] = np.linspace(-1, 1, 256)       # the max is the last element: ties of |x|
+    x[512 + 7] = -1e3                          # a negative max
+    got = c_quantize(t, x)
+    assert np.array_equal(got, NP_ACT_QUANT[t](x)), f"{NAME[t]} bytes differ"
+    # the round trip is within half a step per element
+    b = x.reshape(-1, BLOCK[t][0]).astype(np.float64)
+    step = np.abs(b).max(axis=1, keepdims=True) / 127.0
+    assert np.all(np.abs(np_dequant(got, t).reshape(b.shape) - b) <= step * (0.5 + 1e-5) + 1e-30)
+
+
+# =============================================================================================
+# weight quantizers: round trip
+# =============================================================================================
+@pytest.mark.parametrize("t", WEIGHTS, ids=NAME.get)
+def test_quantize_round_trip(t):
+    rng = np.random.default_rng(4000 + t)
+    x = rng.standard_normal(64 * 256).astype(np.float32)
+    raw = c_quantize(t, x)
+    y = np_dequant(raw, t)
+    rel = math.sqrt(np.mean((y.astype(np.float64) - x) ** 2) / np.mean(x.astype(np.float64) ** 2))
+    assert rel < ROUND_TRIP_REL_RMS[t], f"{NAME[t]}: relative RMS error {rel:.4f}"
+    # zeros stay zero; the error is relative at other scales (within fp16's range for the block
+    # scales: rows of ~1e-6 underflow to zero block scales, in llama.cpp as here)
+    z = c_dequantize(t, c_quantize(t, np.zeros(512, np.float32)))
+    assert np.all(z == 0)
+    for scale in (1e-2, 1e2):
+        xs = (rng.standard_normal(512) * scale).astype(np.float32)
+        ys = c_dequantize(t, c_quantize(t, xs))
+        assert np.sqrt(np.mean((ys - xs) ** 2) / np.mean(xs ** 2)) < 1.5 * ROUND_TRIP_REL_RMS[t]
+
+
+# =============================================================================================
+# dot products
+# =============================================================================================
+def dot_reference(t, raw, x):
+    """float64 sums of dequant(W) * dequant(quantize_act(x)) (T, N), and the tolerance of each."""
+    K = x.shape[1]
+    bs = BLOCK[t][0]
+    nb = K // bs
+    w, sp, mp = np_dequant(raw, t, with_parts=True)
+    w = w.reshape(-1, K).astype(np.float64)
+    at = ACT_TYPE[t]
+    xq = np.stack([np_dequant_act(NP_ACT_QUANT[at](row), at) for row in x]).astype(np.float64)
+    ref = xq @ w.T
+    # per block: |sum x s| + |sum x m|, summed over the blocks -> (T, N)
+    xb = xq.reshape(xq.shape[0], 1, nb, bs)
+    mag = (np.abs((xb * sp.reshape(1, -1, nb, bs)).sum(-1)) + np.abs((xb * mp.reshape(1, -1, nb, bs)).sum(-1))).sum(-1)
+    tol = (BLOCK_ULPS + DOT_LAMBDA * math.sqrt(nb + 2)) * U32 * mag
+    return ref, tol
+
+
+@pytest.mark.parametrize("t", WEIGHTS, ids=NAME.get)
+@pytest.mark.parametrize("K", [256, 4096])
+def test_mul_mat_against_numpy(t, K):
+    rng = np.random.default_rng(5000 + t + K)
+    N, T = 37, 3
+    raw = c_quantize(t, rng.standard_normal((N, K)).astype(np.float32))
+    scales = np.repeat(10.0 ** rng.uniform(-2, 2, (T, K // 32)), 32, axis=1)
+    x = (rng.standard_normal((T, K)) * scales).astype(np.float32)
+    y = c_mul_mat(t, raw, x)
+    ref, tol = dot_reference(t, raw, x)
+    assert_within(y, ref, tol, f"mul_mat {NAME[t]} K={K}")
+
+
+@pytest.mark.parametrize("t", WEIGHTS, ids=NAME.get)
+def test_mul_mat_random_blocks(t):
+    """Arbitrary block bytes (every scale, min and high-bit pattern) dotted with random activations."""
+    rng = np.random.default_rng(6000 + t)
+    K, N = 1024, 16
+    raw = random_blocks(rng, t, N * K // BLOCK[t][0])
+    x = rng.standard_normal((2, K)).astype(np.float32)
+    ref, tol = dot_reference(t, raw, x)
+    assert_within(c_mul_mat(t, raw, x), ref, tol, f"mul_mat {NAME[t]} random blocks")
+
+
+def test_mul_mat_thread_counts_identical():
+    rng = np.random.default_rng(7)
+    K, N, T = 512, 70, 4
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    for t in WEIGHTS:
+        raw = c_quantize(t, rng.standard_normal((N, K)).astype(np.float32))
+        outs = []
+        for n in (1, 2, 3):
+            p = ffi.new("pi_threadpool **")
+            check(lib.pi_threadpool_create(n, p))
+            outs.append(c_mul_mat(t, raw, x, pool=p[0]))
+            lib.pi_threadpool_free(p[0])
+        assert bits_equal(outs[0], outs[1]) and bits_equal(outs[0], outs[2]), NAME[t]
+
+
+# =============================================================================================
+# SIMD (native build) vs the portable scalar build
+# =============================================================================================
+@pytest.fixture(scope="module")
+def scalar_lib(tmp_path_factory):
+    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+    if not cmake or not ninja:
+        pytest.skip("cmake and ninja are needed to build the -DPI_NATIVE=OFF library")
+    bdir = tmp_path_factory.mktemp("pi_scalar_build_k")
+    subprocess.run([cmake, "-S", str(REPO), "-B", str(bdir), "-G", "Ninja", "-DPI_NATIVE=OFF",
+                    "-DCMAKE_BUILD_TYPE=Release"], check=True, capture_output=True)
+    subprocess.run([ninja, "-C", str(bdir)], check=True, capture_output=True)
+    so = next(p for p in bdir.iterdir() if p.name.startswith("libpowerinfer."))
+    return ffi.dlopen(str(so))
+
+
+def test_scalar_build_is_scalar(scalar_lib):
+    assert "AVX2 = 0" in ffi.string(scalar_lib.pi_system_info()).decode()
+
+
+@pytest.mark.parametrize("t", list(NAME), ids=NAME.get)
+def test_simd_vs_scalar_conversions(scalar_lib, t):
+    rng = np.random.default_rng(8000 + t)
+    x = (rng.standard_normal(16 * 256) * np.repeat(10.0 ** rng.uniform(-4, 3, 16), 256)).astype(np.float32)
+    a, b = c_quantize(t, x, scalar_lib), c_quantize(t, x, lib)
+    assert np.array_equal(a, b), f"quantize {NAME[t]}"
+    assert bits_equal(c_dequantize(t, a, scalar_lib), c_dequantize(t, a, lib)), f"dequantize {NAME[t]}"
+
+
+@pytest.mark.parametrize("t", WEIGHTS, ids=NAME.get)
+def test_simd_vs_scalar_mul_mat(scalar_lib, t):
+    rng = np.random.default_rng(9000 + t)
+    for K, N, T in [(256, 19, 2), (4096, 23, 3)]:
+        raw = c_quantize(t, rng.standard_normal((N, K)).astype(np.float32))
+        raw_r = random_blocks(rng, t, N * K // BLOCK[t][0])
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        for r in (raw, raw_r):
+            y_simd, y_scalar = c_mul_mat(t, r, x, lib), c_mul_mat(t, r, x, scalar_lib)
+            ref, tol = dot_reference(t, r, x)
+            assert_within(y_scalar, ref, tol, f"scalar mul_mat {NAME[t]} K={K}")
+            if t in KQUANTS:   # exact integer sums, shared float code
+                assert bits_equal(y_simd, y_scalar), f"SIMD vs scalar {NAME[t]} K={K}"
+            else:
+                assert_within(y_simd, y_scalar, SIMD_VS_SCALAR_FACTOR * tol, f"SIMD vs scalar {NAME[t]} K={K}")
+
+
+# =============================================================================================
+# sparse FFN op with these weights
+# =============================================================================================
+def _gelu(x):
+    return 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("t", WEIGHTS, ids=NAME.get)
+def test_sparse_ffn_op(t):
+    """pi_op_sparse_ffn with gate/up/down_t of type t against numpy: h = act(gate.xq) * (up.xq) for
+    the selected (neuron, token) pairs, out = sum_i h_i down_t[i]. The down rows (n_embd = 512 =
+    two K-quant blocks) are split between threads on block boundaries."""
+    rng = np.random.default_rng(10000 + t)
+    E, F, T = 512, 96, 3
+    act, gate_mode = lib.PI_ACT_SILU, lib.PI_FFN_PAR
+    W = {k: rng.standard_normal((F, E)).astype(np.float32) * 0.05 for k in ("gate", "up", "down_t")}
+    raw = {k: c_quantize(t, v) for k, v in W.items()}
+    deq = {k: np_dequant(v, t).reshape(F, E).astype(np.float64) for k, v in raw.items()}
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    scores = rng.standard_normal((T, F)).astype(np.float32)
+    thr = 0.3
+
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.gate, w.up, w.down_t = (tensor(raw[k], t, E, F)[0] for k in ("gate", "up", "down_t"))
+    outs = []
+    for n in (1, 3):
+        p = ffi.new("pi_threadpool **")
+        check(lib.pi_threadpool_create(n, p))
+        out = np.full((T, E), -7.0, np.float32)
+        n_active = ffi.new("int64_t *")
+        check(lib.pi_op_sparse_ffn(p[0], w, act, gate_mode, tensor(x, F32, E, T), tensor(scores, F32, F, T), thr,
+                                   tensor(out, F32, E, T), n_active))
+        lib.pi_threadpool_free(p[0])
+        assert n_active[0] == int((scores >= thr).sum())
+        outs.append(out)
+    assert bits_equal(outs[0], outs[1]), "thread counts"
+
+    at = ACT_TYPE[t]
+    xq = np.stack([np_dequant_act(NP_ACT_QUANT[at](row), at) for row in x]).astype(np.float64)
+    g, u = xq @ deq["gate"].T, xq @ deq["up"].T
+    h = np.where(scores >= thr, g / (1 + np.exp(-g)) * u, 0.0)          # (T, F) SiLU(gate) * up
+    ref = h @ deq["down_t"]
+    # gate/up dots are within a few 1e-6 relative (see dot_reference); h then carries that error
+    # into every output, the f32 axpy sums add sqrt(F) U32; 1e-4 of the output scale covers both
+    tol = 1e-4 * np.abs(h) @ np.abs(deq["down_t"]) + 1e-6
+    assert_within(outs[0], ref, tol, f"sparse ffn {NAME[t]}")
+
+
+QS_OFFSET = {Q4_1: 4, Q5_0: 6, Q5_1: 8, Q2_K: 16, Q3_K: 32, Q4_K: 16, Q5_K: 48, Q6_K: 0}   # first quant byte
+
+
+def test_dot_tolerance_is_tight():
+    """The dot bound is far above the errors actually seen, and far below the effect of a single
+    quant off by one step (the low bit of one of the first 8 quant bytes of a block, flipped): the
+    mul_mat tests would catch a wrong bit in any block."""
+    rng = np.random.default_rng(11)
+    K = 4096
+    for t in WEIGHTS:
+        raw = c_quantize(t, rng.standard_normal((1, K)).astype(np.float32))
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        ref, tol = dot_reference(t, raw, x)
+        err = np.abs(c_mul_mat(t, raw, x) - ref)
+        assert np.all(err < 0.1 * tol), (NAME[t], float((err / tol).max()))
+        effects = []
+        for k in range(8):
+            bad = raw.copy()
+            bad[BLOCK[t][1] * 3 + QS_OFFSET[t] + k] ^= 1     # block 3
+            effects.append(abs(float(dot_reference(t, bad, x)[0][0, 0] - ref[0, 0])))
+        assert max(effects) > 10 * tol[0, 0], (NAME[t], max(effects) / tol[0, 0])   # measured: 16x (q5_1) .. 1700x

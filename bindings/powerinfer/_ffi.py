@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import cffi
@@ -38,6 +39,8 @@ def _library_path() -> Path:
     env = os.environ.get("POWERINFER_LIB_PATH")
     dirs = [Path(env)] if env else []
     dirs += [_PKG, _REPO / "build"]
+    # running from a source checkout (PYTHONPATH=bindings) next to an installed copy: use its library
+    dirs += [Path(p) / "powerinfer" for p in sys.path if p and Path(p, "powerinfer") != _PKG]
     cands = [d if d.is_file() else d / n for d in dirs for n in (_LIB_NAMES if not d.is_file() else ("",))]
     return _find([Path(c) for c in cands], "the libpowerinfer shared library")
 

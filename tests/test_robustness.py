@@ -459,10 +459,16 @@ def test_bad_metadata(base_file, tmp_path, meta, words):
         assert w in msg, msg
 
 
-@pytest.mark.parametrize("arch", ["gptj", "falcon", "mistral-ish"])
+@pytest.mark.parametrize("arch", ["gptj", "bloom", "mistral-ish"])
 def test_unsupported_architecture(base_file, tmp_path, arch):
     msg = load_error(rewrite(base_file, tmp_path / "arch.gguf", arch=arch))
     assert f"unsupported architecture '{arch}'" in msg, msg
+
+
+@pytest.mark.parametrize("arch", ["falcon", "opt"])
+def test_dense_falcon_opt_refused(base_file, tmp_path, arch):
+    msg = load_error(rewrite(base_file, tmp_path / "arch.gguf", arch=arch))
+    assert "dense falcon/opt not supported; use the PowerInfer file" in msg, msg
 
 
 def test_pwri_without_predictors(tmp_path):
@@ -688,6 +694,11 @@ def op_cases():
         x, w, out = Tensor([64, 3]), Tensor([64]), Tensor([64, 3])
         return lib.pi_op_rms_norm, [None, x.t, w.t, 1e-5, out.t], {1: "tensor", 2: "opt", 4: "tensor"}, (x, w, out)
 
+    def layer_norm():
+        x, w, b, out = Tensor([64, 3]), Tensor([64]), Tensor([64]), Tensor([64, 3])
+        return lib.pi_op_layer_norm, [None, x.t, w.t, b.t, 1e-5, out.t], \
+            {1: "tensor", 2: "opt", 3: "opt", 5: "tensor"}, (x, w, b, out)
+
     def rope():
         x, out = Tensor([16, 4, 3]), Tensor([16, 4, 3])
         pos = i32([0, 1, 7])
@@ -727,7 +738,8 @@ def op_cases():
         return lib.pi_op_sparse_ffn, [None, w, lib.PI_ACT_RELU, lib.PI_FFN_PAR, x.t, scores.t, 0.0, out.t, n_active], \
             {1: "ptr", 4: "tensor", 5: "tensor", 7: "tensor", 8: "optptr"}, (w, x, scores, out, gate, up, down_t)
 
-    cases = dict(get_rows=get_rows, mul_mat=mul_mat, rms_norm=rms_norm, rope=rope, softmax=softmax, unary=unary,
+    cases = dict(get_rows=get_rows, mul_mat=mul_mat, rms_norm=rms_norm, layer_norm=layer_norm, rope=rope,
+                 softmax=softmax, unary=unary,
                  binary=binary, attention=attention)
     if hasattr(lib, "pi_op_predictor"):
         cases.update(predictor=predictor, sparse_ffn=sparse_ffn)
@@ -735,7 +747,8 @@ def op_cases():
 
 
 OPS = op_cases()
-OUT_INDEX = dict(get_rows=1, mul_mat=2, rms_norm=2, rope=1, softmax=1, unary=1, binary=2, attention=4, predictor=3,
+OUT_INDEX = dict(get_rows=1, mul_mat=2, rms_norm=2, layer_norm=3, rope=1, softmax=1, unary=1, binary=2, attention=4,
+                 predictor=3,
                  sparse_ffn=3)     # which kept Tensor is the op's output
 
 
@@ -1073,7 +1086,8 @@ HP_CASES = [
     ("n_ctx_train", 0, ["n_ctx_train"]), ("n_ctx_train", -1, ["n_ctx_train"]),
     ("n_rot", 0, ["rope dimension"]), ("n_rot", 3, ["rope dimension"]), ("n_rot", 18, ["rope dimension"]),
     ("n_rot", -2, ["rope dimension"]),
-    ("arch", 4, ["architecture"]), ("arch", -1, ["architecture"]), ("arch", INT32_MAX, ["architecture"]),
+    ("arch", 6, ["architecture"]), ("arch", 4, ["dense falcon/opt"]), ("arch", -1, ["architecture"]),
+    ("arch", INT32_MAX, ["architecture"]),
     ("ffn_act", 3, ["activation"]), ("ffn_act", -1, ["activation"]),
     ("ffn_gate", 3, ["gate"]), ("ffn_gate", -1, ["gate"]),
     ("norm_eps", float("nan"), ["epsilon"]), ("norm_eps", -1e-5, ["epsilon"]), ("norm_eps", 1.0, ["epsilon"]),
@@ -1499,7 +1513,8 @@ COVERED = {
     "pi_last_error", "pi_system_info", "pi_type_supported", "pi_type_name", "pi_type_block_size",
     "pi_type_block_bytes", "pi_row_bytes", "pi_quantize_row", "pi_dequantize_row", "pi_threadpool_create",
     "pi_threadpool_free", "pi_threadpool_size", "pi_op_get_rows", "pi_op_mul_mat", "pi_op_rms_norm", "pi_op_rope",
-    "pi_op_softmax", "pi_op_unary", "pi_op_binary", "pi_op_attention", "pi_model_create", "pi_model_free",
+    "pi_op_layer_norm", "pi_op_softmax", "pi_op_unary", "pi_op_binary", "pi_op_attention", "pi_model_create",
+    "pi_model_free",
     "pi_model_hparams", "pi_context_default_params", "pi_context_create", "pi_context_free",
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",

@@ -16,7 +16,12 @@ log = logging.getLogger("powerinfer")
 # GGUF general.architecture -> the C family. Mistral and TinyLlama GGUF files declare "llama"; "mistral"
 # (the llama blocks under another name) is accepted too.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
-          "qwen2": lib.PI_ARCH_QWEN2, "gemma3": lib.PI_ARCH_GEMMA3}
+          "qwen2": lib.PI_ARCH_QWEN2, "gemma3": lib.PI_ARCH_GEMMA3, "falcon": lib.PI_ARCH_FALCON,
+          "opt": lib.PI_ARCH_OPT}
+# architectures this build runs from PowerInfer (PWRI) files only
+_SPARSE_ONLY = ("falcon", "opt")
+# opt: the original reads no LayerNorm epsilon (it stays 0.0); HF OPT uses 1e-5, and so do we unless the file says
+OPT_DEFAULT_NORM_EPS = 1e-5
 _ROPE_MODES = {"normal": lib.PI_ROPE_NORMAL, "neox": lib.PI_ROPE_NEOX}
 _ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU}
 ACTIVATION_KEY = "powerinfer.ffn_activation"
@@ -84,6 +89,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value!r} is not a number")
         return float(value)
 
+    if arch in _SPARSE_ONLY and not meta.get("_pwri"):
+        raise ModelLoadError(f"{path}: dense falcon/opt not supported; use the PowerInfer file (a {arch} model is "
+                             "run from its PWRI file with predictors only)")
     n_embd = as_int("embedding_length", get("embedding_length", required=True))
     n_head = as_int("attention.head_count", get("attention.head_count", required=True))
     n_head_kv = as_int("attention.head_count_kv", get("attention.head_count_kv", n_head))
@@ -101,6 +109,13 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         raise ModelLoadError(f"{path}: embedding_length {n_embd} is not a multiple of head_count {n_head}")
     head_dim = key_length if key_length is not None else n_embd // n_head
     n_rot = as_int("rope.dimension_count", get("rope.dimension_count", head_dim))
+    if arch in _SPARSE_ONLY and key_length is not None and key_length != n_embd // n_head:
+        raise ModelLoadError(f"{path}: {arch}: attention.key_length {key_length} must be embedding_length / head_count")
+    if arch == "falcon" and n_rot != head_dim:
+        raise ModelLoadError(f"{path}: falcon: rope.dimension_count {n_rot} must equal embedding_length / head_count "
+                             f"= {head_dim}")
+    if arch == "opt":
+        n_rot = head_dim     # no rope; the value is not used
 
     scaling = get("rope.scaling.type", "linear")
     factor = as_float("rope.scaling.factor", get("rope.scaling.factor", get("rope.scale_linear", 1.0)))
@@ -112,7 +127,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
 
     if arch in ("qwen2", "gemma3") and meta.get("_pwri"):
-        raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama and bamboo only, not {arch}")
+        raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
+                             f"not {arch}")
     # ReLU-LLaMA files from the original converter carry no activation key; a PWRI file is ReLU by definition
     default_act = "relu" if arch == "bamboo" or meta.get("_pwri") else "gelu" if arch == "gemma3" else "silu"
     act = meta.get(ACTIVATION_KEY, default_act)
@@ -123,6 +139,10 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     extra: dict = {"head_dim": head_dim if key_length is not None else 0}
     if arch == "qwen2":
         extra.update(rope_mode="neox", qkv_bias=True)
+    elif arch == "falcon":
+        extra.update(rope_mode="neox")
+    elif arch == "opt":
+        extra.update(qkv_bias=True)
     elif arch == "gemma3":
         if get("attention.sliding_window") is None:
             raise ModelLoadError(f"{path}: gemma3 without {arch}.attention.sliding_window (the global-only variant "
@@ -148,14 +168,25 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(rope_mode="neox", qk_norm=True, post_norms=True, embd_scale=math.sqrt(n_embd),
                      attn_scale=attn_scale, n_swa=n_swa, swa_pattern=pattern,
                      rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0)
+    if arch == "falcon":
+        norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", required=True))
+    elif arch == "opt":
+        norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", OPT_DEFAULT_NORM_EPS))
+    else:
+        norm_eps = as_float("attention.layer_norm_rms_epsilon", get("attention.layer_norm_rms_epsilon", 1e-5))
+    if not 0.0 <= norm_eps < 1.0:
+        raise ModelLoadError(f"{path}: norm epsilon {norm_eps} is out of range")
+    # opt: the original hard-codes n_ctx_train = 2050 (the learned positions); the key is used when present
+    n_ctx_train = get("context_length", 2050 if arch == "opt" else None, required=arch != "opt")
     return HParams(
         arch=arch, n_vocab=len(tokens),
-        n_ctx_train=as_int("context_length", get("context_length", required=True)),
+        n_ctx_train=as_int("context_length", n_ctx_train),
         n_embd=n_embd, n_ff=as_int("feed_forward_length", get("feed_forward_length", required=True)),
         n_head=n_head, n_head_kv=n_head_kv,
         n_layer=as_int("block_count", get("block_count", required=True)),
-        n_rot=n_rot, ffn_act=act, ffn_gate="sym" if arch == "bamboo" else "par",
-        norm_eps=as_float("attention.layer_norm_rms_epsilon", get("attention.layer_norm_rms_epsilon", 1e-5)),
+        n_rot=n_rot, ffn_act=act,
+        ffn_gate="sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY else "par",
+        norm_eps=norm_eps,
         rope_freq_base=as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),
         **extra,
@@ -191,6 +222,10 @@ class Model:
             raise ModelLoadError(f"{self.path}: sparse inference needs a ReLU-family FFN, but this {hp.arch} model "
                                  f"uses {hp.ffn_act} (set {ACTIVATION_KEY} = relu only if the model really is ReLU)")
         names = self.file.tensors
+        required = {"falcon": ["output_norm.bias"], "opt": ["position_embd.weight", "output_norm.bias"]}
+        missing = [n for n in required.get(hp.arch, []) if n not in names]
+        if missing:
+            raise ModelLoadError(f"{self.path}: {hp.arch} PowerInfer file without {', '.join(missing)}")
         for il in range(hp.n_layer):
             missing = [f"blk.{il}.{n}.weight" for n in ("ffn_down_t", "fc1", "fc2") if f"blk.{il}.{n}.weight" not in names]
             if missing:

@@ -134,6 +134,8 @@ pi_status check_ffn_args(const pi_sparse_ffn_weights *w, int32_t act, int32_t ga
                          const pi_tensor *scores, float threshold, const pi_tensor *out, int64_t k, int64_t n_ff,
                          const char *what) {
     if (!w) return pi_fail(PI_ERR_INVALID_ARG, "%s: weights are NULL", what);
+    if (w->up_bias || w->down_bias)
+        return pi_fail(PI_ERR_UNSUPPORTED, "%s: FFN biases (opt) are not supported on the GPU yet", what);
     PI_TRY(pi_check_tensor(x, what));
     const int64_t E = x->ne[0], T = x->ne[1];
     if (gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ)

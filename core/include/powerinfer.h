@@ -72,7 +72,9 @@ enum {  /* model architecture families (the forward pass reads the pi_hparams fl
     PI_ARCH_LLAMA  = 0,   /* llama, mistral, tinyllama: the llama blocks */
     PI_ARCH_BAMBOO = 1,
     PI_ARCH_QWEN2  = 2,   /* llama + q/k/v biases, NEOX rope */
-    PI_ARCH_GEMMA3 = 3    /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers */
+    PI_ARCH_GEMMA3 = 3,   /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers */
+    PI_ARCH_FALCON = 4,   /* sparse only: LayerNorm, fused attn_qkv, NEOX rope, parallel attention + FFN */
+    PI_ARCH_OPT    = 5    /* sparse only: pre-LayerNorm, biases everywhere, learned positions (pos + 2), no rope */
 };
 
 enum {  /* rotary embedding: which dims form a rotating pair */
@@ -152,6 +154,10 @@ PI_API pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi
 /* RMSNorm over dim 0: out = x / sqrt(mean(x^2) + eps) * weight;  x, out [D, T]; weight [D] f32 or NULL. out may alias x. */
 PI_API pi_status pi_op_rms_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tensor *weight, float eps,
                                 pi_tensor *out);
+/* LayerNorm over dim 0: out = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias;  x, out [D, T];
+ * weight, bias [D] f32 or NULL. out may alias x. */
+PI_API pi_status pi_op_layer_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tensor *weight,
+                                  const pi_tensor *bias, float eps, pi_tensor *out);
 /* Rotary embedding of the first n_rot dims: pair i (0 <= i < n_rot/2) rotates by
  * theta = pos[t] * freq_scale * base^(-2i/n_rot).  mode PI_ROPE_NORMAL: the pair is dims (2i, 2i+1);
  * PI_ROPE_NEOX: dims (i, i + n_rot/2).  x, out [head_dim, n_head, T] f32; pos [T]. out may alias x. */
@@ -180,12 +186,14 @@ typedef struct pi_sparse_ffn_weights {
     pi_tensor gate;      /* [n_embd, n_ff]; data NULL when the FFN has no gate (PI_FFN_SEQ) */
     pi_tensor up;        /* [n_embd, n_ff] */
     pi_tensor down_t;    /* [n_embd, n_ff]   row i = output vector of neuron i */
+    const float *up_bias;    /* [n_ff] or NULL: added to up_i . x of active neurons before the activation (opt) */
+    const float *down_bias;  /* [n_embd] or NULL: added to the output after the sum over neurons (opt) */
 } pi_sparse_ffn_weights;
 
 /* scores = fc2 relu(fc1 x):  fc1 [n_embd, r], fc2 [r, n_ff], x [n_embd, T] f32, scores [n_ff, T] f32. */
 PI_API pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tensor *fc2,
                                  const pi_tensor *x, pi_tensor *scores);
-/* out [n_embd, T] = sum over active i of h[i, t] * down_t[i, :], with h = act(gate x) * (up x) (gate_mode
+/* out [n_embd, T] = sum over active i of h[i, t] * down_t[i, :] (+ down_bias), with h = act(gate x) * (up x + up_bias) (gate_mode
  * per PI_FFN_*, act per PI_ACT_*), for x [n_embd, T] f32 and scores [n_ff, T] f32. out must not alias x.
  * n_active, if not NULL, receives the number of (neuron, token) pairs computed. */
 PI_API pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act,

@@ -1,4 +1,4 @@
-/* context.c: contexts and the forward pass of the llama family (llama, bamboo, qwen2, gemma3).
+/* context.c: contexts and the forward pass (llama, bamboo, qwen2, gemma3; falcon and opt sparse files).
  *
  * One pi_decode runs the whole model over a batch of T tokens:
  *   x = token_embd[tokens] (* embd_scale)
@@ -13,7 +13,11 @@
  *       f = W_down (act(W_gate h) * (W_up h))      (gate mode per hparams)
  *       x += f                    (post_norms: x += rms_norm(f) * post_ffw_norm)
  *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for
- * The architectures differ only in the pi_hparams flags read here.
+ * The architectures differ only in the pi_hparams flags read here, except for
+ *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
+ *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
+ *   opt:    LayerNorm (+ bias) everywhere, biases on q/k/v/o and on the FFN's up and down, no rope,
+ *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd.
  */
 #include "context.h"
 
@@ -29,7 +33,7 @@ pi_context_params pi_context_default_params(void) {
 static void free_buffers(pi_buffers *b) {
     free(b->x); free(b->cur); free(b->q); free(b->k); free(b->v); free(b->att);
     free(b->gate); free(b->up); free(b->scratch); free(b->cells);
-    free(b->scores); free(b->pred); free(b->sparse);
+    free(b->scores); free(b->pred); free(b->sparse); free(b->qkv); free(b->ln);
     memset(b, 0, sizeof *b);
 }
 
@@ -45,17 +49,22 @@ static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T) {
     b->scratch = malloc(t * PI_MAX(PI_MAX(E, F), PI_MAX(R, Eq)) * f);
     b->cells = malloc(t * sizeof(int32_t));
     bool sparse_ok = true;
+    if (hp->arch == PI_ARCH_FALCON) {   /* fused q/k/v output, FFN input beside the attention's */
+        b->qkv = malloc(t * (Eq + 2 * Ekv) * f);
+        b->ln = malloc(t * E * f);
+        sparse_ok = b->qkv && b->ln;
+    }
     if (hp->sparse) {
         size_t sbytes = 0;
         for (int32_t il = 0; il < hp->n_layer; il++) {   /* layers may mix dtypes */
             const pi_layer *L = &m->layers[il];
-            pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t };
+            pi_sparse_ffn_weights w = { .gate = L->ffn_gate, .up = L->ffn_up, .down_t = L->ffn_down_t };
             sbytes = PI_MAX(sbytes, pi_sparse_ffn_scratch(&w, (int64_t)E, (int64_t)F, T));
         }
         b->scores = malloc(t * F * f);
         b->pred = malloc(t * PI_MAX(R, 1) * f);
         b->sparse = malloc(sbytes);
-        sparse_ok = b->scores && b->pred && b->sparse;
+        sparse_ok = sparse_ok && b->scores && b->pred && b->sparse;
     }
     if (!b->x || !b->cur || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->scratch || !b->cells ||
         !sparse_ok) {
@@ -146,6 +155,13 @@ static void rms_norm(pi_context *ctx, const float *x, const pi_tensor *w, float 
     pi_op_rms_norm(ctx->pool, &xt, w, ctx->model->hp.norm_eps, &ot);
 }
 
+/* The block norm: RMSNorm, or LayerNorm with an optional bias (falcon, opt). */
+static void norm(pi_context *ctx, const float *x, const pi_tensor *w, const pi_tensor *b, float *out, int64_t T) {
+    if (!pi_uses_layer_norm(&ctx->model->hp)) { rms_norm(ctx, x, w, out, T); return; }
+    pi_tensor xt = f32_2d((float *)x, w->ne[0], T), ot = f32_2d(out, w->ne[0], T);
+    pi_op_layer_norm(ctx->pool, &xt, w, b && b->data ? b : NULL, ctx->model->hp.norm_eps, &ot);
+}
+
 static void add_inplace(pi_context *ctx, float *x, float *y, int64_t D, int64_t T) {
     pi_tensor xt = f32_2d(x, D, T), yt = f32_2d(y, D, T);
     pi_op_binary(ctx->pool, PI_BINARY_ADD, &xt, &yt, &xt);
@@ -189,17 +205,29 @@ static void residual_add(pi_context *ctx, float *y, const pi_tensor *post_norm, 
     add_inplace(ctx, ctx->buf.x, y, ctx->model->hp.n_embd, T);
 }
 
-static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
+/* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
+ * the result in B->cur. */
+static pi_status attention_core(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_buffers *B = &ctx->buf;
-    const int64_t T = b->n_tokens, hd = pi_head_dim(hp), Ekv = hd * hp->n_head_kv;
+    const int64_t T = b->n_tokens, hd = pi_head_dim(hp), Ekv = hd * hp->n_head_kv, Eq = hd * hp->n_head;
     const bool local = pi_layer_is_swa(hp, il);
     pi_kv_cache *kv = &ctx->kv;
 
-    rms_norm(ctx, B->x, &L->attn_norm, B->cur, T);
-    matmul(ctx, &L->wq, B->cur, B->q, T);
-    matmul(ctx, &L->wk, B->cur, B->k, T);
-    matmul(ctx, &L->wv, B->cur, B->v, T);
+    if (L->wqkv.data) {   /* falcon: one matmul, rows = all Q heads, then all K heads, then all V heads */
+        const int64_t W = Eq + 2 * Ekv;
+        matmul(ctx, &L->wqkv, B->cur, B->qkv, T);
+        for (int64_t t = 0; t < T; t++) {
+            const float *r = B->qkv + t * W;
+            memcpy(B->q + t * Eq, r, (size_t)Eq * sizeof(float));
+            memcpy(B->k + t * Ekv, r + Eq, (size_t)Ekv * sizeof(float));
+            memcpy(B->v + t * Ekv, r + Eq + Ekv, (size_t)Ekv * sizeof(float));
+        }
+    } else {
+        matmul(ctx, &L->wq, B->cur, B->q, T);
+        matmul(ctx, &L->wk, B->cur, B->k, T);
+        matmul(ctx, &L->wv, B->cur, B->v, T);
+    }
     if (hp->qkv_bias) {
         add_bias(ctx, B->q, &L->bq, T);
         add_bias(ctx, B->k, &L->bk, T);
@@ -215,8 +243,10 @@ static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il,
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
     const float *ff = ctx->model->rope_freqs.data;   /* NULL unless the file has rope_freqs.weight */
-    pi_rope(ctx->pool, &q, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &q);
-    pi_rope(ctx->pool, &k, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &k);
+    if (hp->arch != PI_ARCH_OPT) {   /* opt: learned position embeddings, no rope */
+        pi_rope(ctx->pool, &q, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &q);
+        pi_rope(ctx->pool, &k, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &k);
+    }
 
     const pi_type_traits *kvt = pi_traits(kv->type);
     for (int64_t t = 0; t < T; t++) {
@@ -234,6 +264,16 @@ static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il,
     if (st != PI_OK) return st;
 
     matmul(ctx, &L->wo, B->att, B->cur, T);
+    if (L->bo.data) add_bias(ctx, B->cur, &L->bo, T);
+    return PI_OK;
+}
+
+static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
+    pi_buffers *B = &ctx->buf;
+    const int64_t T = b->n_tokens;
+    norm(ctx, B->x, &L->attn_norm, &L->attn_norm_b, B->cur, T);
+    pi_status st = attention_core(ctx, L, il, b, n_kv);
+    if (st != PI_OK) return st;
     residual_add(ctx, B->cur, &L->post_attn_norm, T);
     return PI_OK;
 }
@@ -252,37 +292,62 @@ static void ffn_act_task(void *p, int ith, int nth) {
     }
 }
 
-/* PowerInfer FFN: the predictor reads the pre-norm residual x, the FFN the normed input. */
-static pi_status sparse_ffn_block(pi_context *ctx, const pi_layer *L, int32_t il, int64_t T) {
+/* PowerInfer FFN of the normed input `in` into `out` (both [T][n_embd]); the predictor reads `pred_in`. */
+static pi_status sparse_ffn(pi_context *ctx, const pi_layer *L, int32_t il, int64_t T, float *in, float *pred_in,
+                            float *out) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_buffers *B = &ctx->buf;
     const int64_t E = hp->n_embd, F = hp->n_ff;
-    rms_norm(ctx, B->x, &L->ffn_norm, B->cur, T);
     pi_tensor scores = f32_2d(B->scores, F, T);
     float threshold = ctx->params.sparse_threshold;
     if (ctx->params.sparse_mode == PI_SPARSE_ALL) {
         memset(B->scores, 0, (size_t)(F * T) * sizeof(float));
         threshold = -INFINITY;
     } else {
-        pi_tensor xt = f32_2d(B->x, E, T);
+        pi_tensor xt = f32_2d(pred_in, E, T);
         pi_status st = pi_predictor(ctx->pool, &L->fc1, &L->fc2, &xt, &scores, B->pred, B->scratch);
         if (st != PI_OK) return st;
     }
-    pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t };
-    pi_tensor in = f32_2d(B->cur, E, T), out = f32_2d(B->att, E, T);
+    pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t, L->ffn_up_b.data, L->ffn_down_t_b.data };
+    pi_tensor it = f32_2d(in, E, T), ot = f32_2d(out, E, T);
     int64_t n_active = 0;
-    pi_status st = pi_sparse_ffn(ctx->pool, &w, hp->ffn_act, hp->ffn_gate, &in, &scores, threshold, &out, &n_active,
+    pi_status st = pi_sparse_ffn(ctx->pool, &w, hp->ffn_act, hp->ffn_gate, &it, &scores, threshold, &ot, &n_active,
                                  B->sparse);
     if (st != PI_OK) return st;
     ctx->sparse_active[il] += n_active;
-    add_inplace(ctx, B->x, B->att, E, T);
+    return PI_OK;
+}
+
+/* Pre-norm sparse FFN (llama, bamboo, opt): the predictor reads the pre-norm residual x, the FFN the normed input. */
+static pi_status sparse_ffn_block(pi_context *ctx, const pi_layer *L, int32_t il, int64_t T) {
+    pi_buffers *B = &ctx->buf;
+    norm(ctx, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T);
+    pi_status st = sparse_ffn(ctx, L, il, T, B->cur, B->x, B->att);
+    if (st != PI_OK) return st;
+    add_inplace(ctx, B->x, B->att, ctx->model->hp.n_embd, T);
+    return PI_OK;
+}
+
+/* Falcon's parallel block: x = attn(LN_2(x) or LN(x)) + FFN(LN(x); predictor on x) + x. */
+static pi_status falcon_layer(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
+    pi_buffers *B = &ctx->buf;
+    const int64_t T = b->n_tokens, E = ctx->model->hp.n_embd;
+    norm(ctx, B->x, &L->attn_norm, &L->attn_norm_b, B->ln, T);
+    if (L->attn_norm_2.data) norm(ctx, B->x, &L->attn_norm_2, &L->attn_norm_2_b, B->cur, T);
+    else memcpy(B->cur, B->ln, (size_t)(T * E) * sizeof(float));
+    pi_status st = attention_core(ctx, L, il, b, n_kv);   /* -> B->cur */
+    if (st != PI_OK) return st;
+    st = sparse_ffn(ctx, L, il, T, B->ln, B->x, B->att);   /* -> B->att */
+    if (st != PI_OK) return st;
+    add_inplace(ctx, B->cur, B->att, E, T);                /* attn_out + FFN, then + inpL */
+    add_inplace(ctx, B->x, B->cur, E, T);
     return PI_OK;
 }
 
 static void ffn_block(pi_context *ctx, const pi_layer *L, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_buffers *B = &ctx->buf;
-    rms_norm(ctx, B->x, &L->ffn_norm, B->cur, T);
+    norm(ctx, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T);
     if (hp->ffn_gate != PI_FFN_SEQ) matmul(ctx, &L->ffn_gate, B->cur, B->gate, T);
     matmul(ctx, &L->ffn_up, B->cur, B->up, T);
     ffn_act_args a = { B->gate, B->up, (int64_t)hp->n_ff * T, hp->ffn_act, hp->ffn_gate };
@@ -302,6 +367,9 @@ static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
             return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: token %d at %d is out of range [0, %d)", b->token[i], i,
                            hp->n_vocab);
         if (b->pos[i] < 0) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: negative position %d at %d", b->pos[i], i);
+        if (ctx->model->pos_embd.data && (int64_t)b->pos[i] + PI_OPT_POS_OFFSET >= ctx->model->pos_embd.ne[1])
+            return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: position %d at %d is past the %lld learned positions",
+                           b->pos[i], i, (long long)(ctx->model->pos_embd.ne[1] - PI_OPT_POS_OFFSET));
         if (b->seq_id[i] < 0 || b->seq_id[i] >= ctx->params.n_seq_max)
             return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: sequence id %d at %d is out of range [0, %d)",
                            b->seq_id[i], i, ctx->params.n_seq_max);
@@ -326,7 +394,7 @@ static pi_status compute_logits(pi_context *ctx, const pi_batch *b) {
         ctx->logits = l;
         ctx->logits_cap = n_out;
     }
-    rms_norm(ctx, ctx->buf.cur, &m->output_norm, ctx->buf.cur, n_out);
+    norm(ctx, ctx->buf.cur, &m->output_norm, &m->output_norm_b, ctx->buf.cur, n_out);
     matmul(ctx, &m->output, ctx->buf.cur, ctx->logits, n_out);
     return PI_OK;
 }
@@ -350,11 +418,24 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
         st = pi_op_get_rows(ctx->pool, &m->token_embd, batch->token, T, &x);
         if (st == PI_OK && m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f)   /* gemma: * sqrt(n_embd) */
             for (int64_t i = 0; i < (int64_t)T * m->hp.n_embd; i++) B->x[i] *= m->hp.embd_scale;
+        if (st == PI_OK && m->pos_embd.data) {   /* opt: + position_embd[pos + 2] */
+            pi_tensor pe = f32_2d(B->cur, m->hp.n_embd, T);
+            for (int32_t t = 0; st == PI_OK && t < T; t++) {
+                const int32_t id = batch->pos[t] + PI_OPT_POS_OFFSET;
+                pi_tensor one = f32_2d(B->cur + (size_t)t * m->hp.n_embd, m->hp.n_embd, 1);
+                st = pi_op_get_rows(NULL, &m->pos_embd, &id, 1, &one);
+            }
+            if (st == PI_OK) add_inplace(ctx, B->x, pe.data, m->hp.n_embd, T);
+        }
     }
     for (int32_t il = 0; st == PI_OK && il < m->hp.n_layer; il++) {
         if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) {
             st = pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
             break;
+        }
+        if (m->hp.arch == PI_ARCH_FALCON) {
+            st = falcon_layer(ctx, &m->layers[il], il, batch, n_kv);
+            continue;
         }
         st = attention_block(ctx, &m->layers[il], il, batch, n_kv);
         if (st != PI_OK) break;

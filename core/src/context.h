@@ -21,6 +21,9 @@ typedef struct pi_buffers {
     float *pred;     /* [T][rank]   predictor hidden layer */
     void  *sparse;   /* pi_sparse_ffn scratch */
     int32_t *cells;  /* [T] KV cells of the batch's tokens */
+    /* falcon */
+    float *qkv;      /* [T][n_embd + 2 n_embd_kv]  fused q/k/v projection */
+    float *ln;       /* [T][n_embd]  the FFN's normed input (parallel block) */
 } pi_buffers;
 
 struct pi_context {

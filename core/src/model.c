@@ -72,10 +72,17 @@ static pi_status check_hparams(const pi_hparams *hp) {
     CHECK_DIM(n_vocab); CHECK_DIM(n_embd); CHECK_DIM(n_ff); CHECK_DIM(n_head); CHECK_DIM(n_head_kv);
     CHECK_DIM(n_layer); CHECK_DIM(n_ctx_train);
 #undef CHECK_DIM
-    if (hp->arch != PI_ARCH_LLAMA && hp->arch != PI_ARCH_BAMBOO && hp->arch != PI_ARCH_QWEN2 && hp->arch != PI_ARCH_GEMMA3)
+    if (hp->arch < PI_ARCH_LLAMA || hp->arch > PI_ARCH_OPT)
         return pi_fail(PI_ERR_UNSUPPORTED, "unknown architecture id %d", hp->arch);
-    if (hp->sparse && hp->arch != PI_ARCH_LLAMA && hp->arch != PI_ARCH_BAMBOO)
-        return pi_fail(PI_ERR_UNSUPPORTED, "sparse (PowerInfer) inference supports the llama and bamboo architectures only");
+    if (hp->sparse && (hp->arch == PI_ARCH_QWEN2 || hp->arch == PI_ARCH_GEMMA3))
+        return pi_fail(PI_ERR_UNSUPPORTED,
+                       "sparse (PowerInfer) inference supports the llama, bamboo, falcon and opt architectures only");
+    if (!hp->sparse && (hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT))
+        return pi_fail(PI_ERR_UNSUPPORTED, "dense falcon/opt not supported; use the PowerInfer file");
+    if ((hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT) && hp->ffn_gate != PI_FFN_SEQ)
+        return pi_fail(PI_ERR_BAD_MODEL, "falcon and opt have no FFN gate (ffn_gate must be PI_FFN_SEQ)");
+    if (hp->arch == PI_ARCH_FALCON && (hp->qkv_bias || hp->qk_norm || hp->post_norms || hp->n_swa))
+        return pi_fail(PI_ERR_BAD_MODEL, "falcon: qkv_bias, qk_norm, post_norms and n_swa must be 0");
     if (hp->n_layer > 4096) return pi_fail(PI_ERR_BAD_MODEL, "n_layer = %d is absurd", hp->n_layer);
     if (hp->n_head % hp->n_head_kv)
         return pi_fail(PI_ERR_BAD_MODEL, "n_head = %d is not a multiple of n_head_kv = %d", hp->n_head, hp->n_head_kv);
@@ -133,7 +140,19 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     const int64_t E = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
     const int64_t hd = pi_head_dim(hp), E_q = hd * hp->n_head, E_kv = hd * hp->n_head_kv;
     TRY(load_tensor(desc, "token_embd.weight", E, V, false, false, &m->token_embd));
+    const bool falcon = hp->arch == PI_ARCH_FALCON, opt = hp->arch == PI_ARCH_OPT, ln = pi_uses_layer_norm(hp);
     TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
+    if (ln) TRY(load_tensor(desc, "output_norm.bias", E, 0, true, false, &m->output_norm_b));
+    if (opt) {
+        const pi_tensor_desc *pe = find_tensor(desc, "position_embd.weight");
+        if (!pe) { st = pi_fail(PI_ERR_BAD_MODEL, "opt: missing tensor 'position_embd.weight'"); goto fail; }
+        const int64_t n_pos = pe->n_dims == 2 ? pe->ne[1] : 0;
+        if (n_pos <= PI_OPT_POS_OFFSET || n_pos > MAX_DIM) {
+            st = pi_fail(PI_ERR_BAD_MODEL, "opt: 'position_embd.weight' must be 2-d [n_embd, n_pos > 2]");
+            goto fail;
+        }
+        TRY(load_tensor(desc, "position_embd.weight", E, n_pos, false, false, &m->pos_embd));
+    }
     TRY(load_tensor(desc, "output.weight", E, V, false, true, &m->output));
     if (!m->output.data) m->output = m->token_embd;   /* tied embeddings */
     TRY(load_tensor(desc, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs));
@@ -141,14 +160,23 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     char name[96];
     for (int32_t il = 0; il < hp->n_layer; il++) {
         pi_layer *L = &m->layers[il];
-#define LAYER(suffix, ne0, ne1, f32, opt, dst) \
-        snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst))
+#define LAYER(suffix, ne0, ne1, f32, opt, dst) do { \
+        snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst)); } while (0)
         LAYER("attn_norm.weight",   E, 0,    true,  false, &L->attn_norm);
-        LAYER("attn_q.weight",      E, E_q,  false, false, &L->wq);
-        LAYER("attn_k.weight",      E, E_kv, false, false, &L->wk);
-        LAYER("attn_v.weight",      E, E_kv, false, false, &L->wv);
+        if (ln) LAYER("attn_norm.bias", E, 0, true, false, &L->attn_norm_b);
+        if (falcon) {
+            LAYER("attn_norm_2.weight", E, 0, true, true, &L->attn_norm_2);
+            if (L->attn_norm_2.data) LAYER("attn_norm_2.bias", E, 0, true, false, &L->attn_norm_2_b);
+            LAYER("attn_qkv.weight", E, E_q + 2 * E_kv, false, false, &L->wqkv);
+        } else {
+            LAYER("attn_q.weight",      E, E_q,  false, false, &L->wq);
+            LAYER("attn_k.weight",      E, E_kv, false, false, &L->wk);
+            LAYER("attn_v.weight",      E, E_kv, false, false, &L->wv);
+        }
         LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
-        LAYER("ffn_norm.weight",    E, 0,    true,  false, &L->ffn_norm);
+        if (opt) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
+        if (!falcon) LAYER("ffn_norm.weight", E, 0, true, false, &L->ffn_norm);   /* falcon: parallel block */
+        if (opt) LAYER("ffn_norm.bias", E, 0, true, false, &L->ffn_norm_b);
         if (hp->qkv_bias) {
             LAYER("attn_q.bias", E_q, 0, true, false, &L->bq);
             LAYER("attn_k.bias", E_kv, 0, true, false, &L->bk);
@@ -164,11 +192,13 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         }
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
         LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);
+        if (opt) LAYER("ffn_up.bias", F, 0, true, false, &L->ffn_up_b);
         if (!hp->sparse) {
             LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);
             continue;
         }
         LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
+        if (opt) LAYER("ffn_down_t.bias", E, 0, true, false, &L->ffn_down_t_b);
         snprintf(name, sizeof name, "blk.%d.fc1.weight", il);
         const pi_tensor_desc *fc1 = find_tensor(desc, name);
         if (!fc1) { st = pi_fail(PI_ERR_BAD_MODEL, "sparse model without predictor: missing tensor '%s'", name); goto fail; }

@@ -6,6 +6,13 @@
 
 typedef struct pi_layer {
     pi_tensor attn_norm;   /* [n_embd] f32 */
+    pi_tensor attn_norm_b; /* [n_embd] f32, LayerNorm bias (falcon, opt) */
+    pi_tensor attn_norm_2, attn_norm_2_b;  /* falcon-40B: the attention's own LayerNorm; data NULL if absent */
+    pi_tensor wqkv;        /* falcon: [n_embd, (n_head + 2 n_head_kv) head_dim], rows: all Q, all K, all V heads */
+    pi_tensor bo;          /* [n_embd] f32 attn_output.bias (opt) */
+    pi_tensor ffn_norm_b;  /* [n_embd] f32 (opt) */
+    pi_tensor ffn_up_b;    /* [n_ff] f32 (opt) */
+    pi_tensor ffn_down_t_b;/* [n_embd] f32 (opt) */
     pi_tensor wq;          /* [n_embd, n_head * head_dim]     rows: query features */
     pi_tensor wk;          /* [n_embd, n_head_kv * head_dim] */
     pi_tensor wv;          /* [n_embd, n_head_kv * head_dim] */
@@ -29,11 +36,21 @@ struct pi_model {
     pi_hparams hp;
     pi_tensor  token_embd;   /* [n_embd, n_vocab] */
     pi_tensor  output_norm;  /* [n_embd] f32 */
+    pi_tensor  output_norm_b;/* [n_embd] f32 (falcon, opt) */
+    pi_tensor  pos_embd;     /* opt: [n_embd, n_pos] learned positions, row pos + 2 */
     pi_tensor  output;       /* [n_embd, n_vocab] (token_embd when tied) */
     pi_tensor  rope_freqs;   /* [n_rot/2] f32 frequency factors (Llama 3.1+ "llama3" rope); data NULL if absent */
     pi_layer  *layers;       /* [n_layer] */
     int64_t    max_rank;     /* largest predictor rank (sparse files) */
 };
+
+/* LayerNorm instead of RMSNorm (falcon, opt). */
+static inline bool pi_uses_layer_norm(const pi_hparams *hp) {
+    return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT;
+}
+
+/* opt: position embeddings are looked up at pos + 2 (fairseq's padding offset). */
+#define PI_OPT_POS_OFFSET 2
 
 /* q/k/v size of one head. */
 static inline int64_t pi_head_dim(const pi_hparams *hp) {

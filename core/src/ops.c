@@ -181,6 +181,50 @@ pi_status pi_op_rms_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tenso
     return PI_OK;
 }
 
+/* ---- layer_norm ------------------------------------------------------------ */
+
+typedef struct { const pi_tensor *x, *w, *b; float eps; pi_tensor *out; } layer_norm_args;
+
+static void layer_norm_task(void *p, int ith, int nth) {
+    layer_norm_args *a = p;
+    const int64_t D = a->x->ne[0], R = a->x->ne[1] * a->x->ne[2] * a->x->ne[3];
+    const float *w = a->w ? a->w->data : NULL, *b = a->b ? a->b->data : NULL;
+    int64_t r0, r1;
+    split_range(R, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % a->x->ne[1], i2 = (r / a->x->ne[1]) % a->x->ne[2], i3 = r / (a->x->ne[1] * a->x->ne[2]);
+        const float *x = ROW_F32(a->x, i1, i2, i3);
+        float *y = ROW_F32(a->out, i1, i2, i3);
+        double sum = 0.0;
+        for (int64_t i = 0; i < D; i++) sum += x[i];
+        const double mean = sum / (double)D;
+        double ss = 0.0;
+        for (int64_t i = 0; i < D; i++) ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+        const float scale = (float)(1.0 / sqrt(ss / (double)D + a->eps));
+        const float m = (float)mean;
+        for (int64_t i = 0; i < D; i++) y[i] = (x[i] - m) * scale * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+}
+
+pi_status pi_op_layer_norm(pi_threadpool *pool, const pi_tensor *x, const pi_tensor *weight, const pi_tensor *bias,
+                           float eps, pi_tensor *out) {
+    RETURN_IF(check_f32(x, "layer_norm x"));
+    RETURN_IF(check_f32(out, "layer_norm out"));
+    RETURN_IF(check_same_shape(x, out, "layer_norm"));
+    const pi_tensor *wb[2] = { weight, bias };
+    for (int i = 0; i < 2; i++) {
+        if (!wb[i]) continue;
+        RETURN_IF(check_f32(wb[i], i ? "layer_norm bias" : "layer_norm weight"));
+        if (wb[i]->ne[0] != x->ne[0] || pi_nelements(wb[i]) != wb[i]->ne[0])
+            return pi_fail(PI_ERR_INVALID_ARG, "layer_norm: %s must be [%lld]", i ? "bias" : "weight",
+                           (long long)x->ne[0]);
+    }
+    if (!(eps >= 0.0f)) return pi_fail(PI_ERR_INVALID_ARG, "layer_norm: eps must be >= 0");
+    layer_norm_args a = { x, weight, bias, eps, out };
+    pi_threadpool_run(pool, layer_norm_task, &a);
+    return PI_OK;
+}
+
 /* ---- rope ----------------------------------------------------------------- */
 
 typedef struct {

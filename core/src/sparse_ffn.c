@@ -2,8 +2,8 @@
  *
  *   scores = fc2 relu(fc1 x_pred)                         (the predictor, dense and small)
  *   neuron i runs for token t  iff  scores[i, t] >= threshold
- *   h[i, t] = act(gate_i . x_t) * (up_i . x_t)           only for running (i, t), else 0
- *   out[:, t] = sum_i h[i, t] * down_t[i, :]               axpy over rows of the transposed down matrix
+ *   h[i, t] = act(gate_i . x_t) * (up_i . x_t + b_up[i])  only for running (i, t), else 0 (b_up: opt)
+ *   out[:, t] = sum_i h[i, t] * down_t[i, :] + b_down      axpy over rows of the transposed down matrix
  *
  * A batch of T tokens is handled together: the union U of neurons active for any
  * token is gathered once, each gathered row is applied to every token that needs
@@ -80,7 +80,8 @@ static void gather_task(void *p, int ith, int nth) {
             for (int64_t t = 0; t < a->T; t++) {
                 float h = 0.0f;
                 if (a->active[t * a->F + i]) {
-                    const float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
+                    float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
+                    if (w->up_bias) u += w->up_bias[i];
                     switch (a->mode) {
                         case PI_FFN_PAR:
                             h = pi_activation(a->act, dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes)) * u;
@@ -120,6 +121,11 @@ static void down_task(void *p, int ith, int nth) {
             if (h != 0.0f) tr->axpy(e1 - e0, h, row, (float *)((char *)a->out->data + t * a->out->nb[1]) + e0);
         }
     }
+    if (a->w->down_bias)
+        for (int64_t t = 0; t < a->T; t++) {
+            float *o = (float *)((char *)a->out->data + t * a->out->nb[1]);
+            for (int64_t e = e0; e < e1; e++) o[e] += a->w->down_bias[e];
+        }
 }
 
 size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T) {

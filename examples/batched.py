@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import powerinfer as pi
 from powerinfer.generate import Timings
-from powerinfer.hub import HubError, add_model_args, resolve_model
+from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 
 POSITIONALS = ("prompt", "n_parallel", "n_len", "threads", "vram_budget", "ngl")
 
@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("positional", nargs="*", metavar="ARG",
                    help="MODEL PROMPT PARALLEL LEN N_THREAD, as the original takes them (MODEL is left out "
                         "when -m or -hf is given); VRAM_BUDGET and NGL after them are accepted and ignored")
-    add_model_args(p)
+    add_model_args(p, default=bundled_model())
     p.add_argument("-p", "--prompt", default=None, help='prompt (default: "Hello my name is")')
     p.add_argument("-np", "--parallel", dest="n_parallel", type=int, default=None,
                    help="number of sequences to decode together (default: 1)")
@@ -60,9 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     pos = list(args.positional)
     if args.model is None and args.hf_repo is None:
-        if not pos:
+        if not pos and not bundled_model():
             p.error("no model: give MODEL, -m MODEL or -hf OWNER/NAME")
-        args.model = pos.pop(0)
+        args.model = pos.pop(0) if pos else bundled_model()
     if len(pos) > len(POSITIONALS):
         p.error(f"too many positional arguments: {pos[len(POSITIONALS):]}")
     for name, value in zip(POSITIONALS, pos):

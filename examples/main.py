@@ -17,21 +17,21 @@ from pathlib import Path
 
 import powerinfer as pi
 from powerinfer.generate import ContextFull, Generator, Timings
-from powerinfer.hub import HubError, add_model_args, resolve_model
+from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-q8_0.gguf"
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(p, default=str(DEFAULT_MODEL))
+    add_model_args(p, default=bundled_model())
     p.add_argument("-p", "--prompt", default=None, help="prompt to start generation with")
     p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     p.add_argument("-e", "--escape", action="store_true", help="process escapes (\\n, \\t, ...) in the prompt")
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="tokens to predict (-1 = until end of text or a full context, -2 = until the context is full)")
-    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context size (0 = from the model) (default: %(default)s)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
+                   help="context size (0 = from the model) (default: 512, or the model's training context if smaller)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per decode call for prompts (default: %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: physical cores)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (-1 = random)")
@@ -125,7 +125,8 @@ def run(args) -> int:
         seed=args.seed, ignore_eos=args.ignore_eos)
     try:
         params.validate()
-        ctx = pi.Context(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads or None,
+        n_ctx = min(512, model.hparams.n_ctx_train) if args.ctx_size is None else args.ctx_size
+        ctx = pi.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads or None,
                          kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense)
     except (ValueError, pi.PowerInferError) as e:
         log(f"error: {e}")

@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 import powerinfer as pi
-from powerinfer.hub import HubError, add_model_args, resolve_model
+from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 from powerinfer.perplexity import KLDBase, perplexity
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(p)
+    add_model_args(p, default=bundled_model())
     p.add_argument("-f", "--file", default=None, help="text file to evaluate (e.g. wiki.test.raw)")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="window size in tokens (default: 512, "
                    "or the base's with --kl-divergence)")

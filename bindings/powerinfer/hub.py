@@ -56,6 +56,18 @@ def _reason(exc: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------------------- arguments
+BUNDLED_MODEL = Path("models") / "tinyrelu" / "tinyrelu.powerinfer.gguf"
+
+
+def bundled_model() -> str | None:
+    """The project's bundled sparse model (models/tinyrelu/, see models/README.md), found next to a
+    source checkout of the package or under the current directory; None when neither has it."""
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (root / BUNDLED_MODEL).is_file():
+            return str(root / BUNDLED_MODEL)
+    return None
+
+
 def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = None,
                    model_flags: Iterable[str] = ("-m", "--model")) -> None:
     """Add -m/--model, -hf/--hf-repo and -hff/--hf-file to parser (model default: `default`)."""
@@ -84,7 +96,8 @@ def resolve_model(args: argparse.Namespace, *, log: Callable[[str], None] | None
         raise HubError("--hf-file needs -hf/--hf-repo")
     model = model or getattr(args, "_model_default", None)
     if not model:
-        raise HubError("no model given (use -m FILE or -hf OWNER/NAME)")
+        raise HubError(f"no model given (use -m FILE or -hf OWNER/NAME; the bundled default {BUNDLED_MODEL} "
+                       "is not in this directory)")
     return Path(model)
 
 

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from ..hub import HubError, add_model_args, resolve_model
+from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
 log = logging.getLogger("powerinfer.server")
 
@@ -18,7 +18,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="server.py",
         description="PowerInfer HTTP server: llama.cpp native routes (/completion, /tokenize, ...) and "
                     "OpenAI-compatible routes (/v1/completions, /v1/chat/completions, /v1/models).")
-    add_model_args(p)
+    add_model_args(p, default=bundled_model())
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
     p.add_argument("-c", "--ctx-size", type=int, default=2048,

@@ -39,8 +39,8 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT / "bindings") not in sys.path:
     sys.path.insert(0, str(_ROOT / "bindings"))
 
-import powerinfer  # noqa: E402
-from powerinfer.gguf_file import open_gguf  # noqa: E402
+import powerinfer
+from powerinfer.gguf_file import open_gguf
 
 
 # --------------------------------------------------------------------------------------
@@ -252,32 +252,31 @@ def kernel_bench(sparse_path, dense_path, threads, reps=5, seed=0):
         def nb(*keys):
             return sum(L[0][k][1] for k in keys)
 
-        ops = [("predictor fc2.relu(fc1.x)", lambda il: lib.pi_op_predictor(pool, L[il]["fc1"][0], L[il]["fc2"][0], X, SC[il]),
+        ops = [("predictor fc2.relu(fc1.x)", lambda il, pool=pool: lib.pi_op_predictor(pool, L[il]["fc1"][0], L[il]["fc2"][0], X, SC[il]),
                 nb("fc1", "fc2")),
                (f"sparse_ffn, predicted set ({frac:.3f})",
-                lambda il: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], 0.0, OUT, na),
+                lambda il, pool=pool: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], 0.0, OUT, na),
                 int(frac * nb("ffn_gate", "ffn_up", "ffn_down_t"))),
-               ("sparse_ffn, no neuron", lambda il: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], inf, OUT, na), 0),
-               ("sparse_ffn, all neurons", lambda il: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], -inf, OUT, na),
+               ("sparse_ffn, no neuron", lambda il, pool=pool: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], inf, OUT, na), 0),
+               ("sparse_ffn, all neurons", lambda il, pool=pool: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], -inf, OUT, na),
                 nb("ffn_gate", "ffn_up", "ffn_down_t")),
-               ("mul_mat ffn_gate (dense)", lambda il: lib.pi_op_mul_mat(pool, L[il]["ffn_gate"][0], X, YF), nb("ffn_gate")),
-               ("mul_mat attn_q (dense)", lambda il: lib.pi_op_mul_mat(pool, L[il]["attn_q"][0], X, YE), nb("attn_q"))]
+               ("mul_mat ffn_gate (dense)", lambda il, pool=pool: lib.pi_op_mul_mat(pool, L[il]["ffn_gate"][0], X, YF), nb("ffn_gate")),
+               ("mul_mat attn_q (dense)", lambda il, pool=pool: lib.pi_op_mul_mat(pool, L[il]["attn_q"][0], X, YE), nb("attn_q"))]
         if fd:
-            ops.append(("mul_mat ffn_down (dense)", lambda il: lib.pi_op_mul_mat(pool, L[il]["ffn_down"][0], H, YE),
+            ops.append(("mul_mat ffn_down (dense)", lambda il, pool=pool: lib.pi_op_mul_mat(pool, L[il]["ffn_down"][0], H, YE),
                         nb("ffn_down")))
         for label, fn, nbytes in ops:
             cpu, wall = timeit(fn)
             rows.append((nth, label, cpu, wall, nbytes))
         lib.pi_threadpool_free(pool)
     print(f"\nop-level (E={E}, F={F}), one token, each op run on all {n_layer} layers in turn, median of {reps}x{n_layer}"
-          " calls. CPU ms = CPU time of the process (all threads, spin-waits included);"
-          " GB/s = weight bytes touched / (CPU time / threads)")
-    print("| threads | op | CPU ms | wall ms | MB | GB/s |")
+          " calls. CPU ms = CPU time of the process (only trustworthy at 1 thread: Linux updates the CPU time"
+          " of a thread running on another core lazily); GB/s = weight bytes touched / wall time")
+    print("| threads | op | wall ms | CPU ms | MB | GB/s (wall) |")
     print("|---:|---|---:|---:|---:|---:|")
     for nth, label, cpu, wall, nbytes in rows:
-        gbs = f"{nbytes / 1e6 / (cpu / nth):.2f}" if nbytes and cpu > 0 else "-"
-        print(f"| {nth} | {label} | {cpu:.3f} | {wall:.3f} | {nbytes / 1e6:.1f} | {gbs} |")
-    del keep, L
+        gbs = f"{nbytes / 1e6 / wall:.2f}" if nbytes and wall > 0 else "-"
+        print(f"| {nth} | {label} | {wall:.3f} | {cpu:.3f} | {nbytes / 1e6:.1f} | {gbs} |")
     return rows
 
 

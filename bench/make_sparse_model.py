@@ -71,9 +71,8 @@ for _p in (_ROOT / "tools", _ROOT / "bindings"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import gguf  # noqa: E402
-
-import make_test_model as mtm  # noqa: E402
+import gguf
+import make_test_model as mtm
 
 QK = 32
 Q4_BYTES = 18

@@ -83,7 +83,45 @@ def _as_text(value, key: str) -> str:
     raise ValueError(f"{key} entries must be strings, got {type(value).__name__}")
 
 
-class Tokenizer:
+class _VocabLookups:
+    """Per-id lookups and decoding shared by the SentencePiece and BPE tokenizers. A subclass sets
+    n_vocab, _tokens, _types, _piece_bytes, _eog and implements _render(tid, at_start, skip_special)."""
+
+    def token_to_piece(self, id: int) -> bytes:
+        """Raw bytes of one token as it appears in text (control tokens: b"")."""
+        return self._piece_bytes[self._check_id(id)]
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Text of ``ids`` (SentencePiece: the dummy-prefix space of the first piece is dropped)."""
+        out = bytearray()
+        at_start = True
+        for tid in ids:
+            piece, at_start = self._render(tid, at_start, skip_special)
+            out += piece
+        return out.decode("utf-8", errors="replace")
+
+    def _check_id(self, tid) -> int:
+        tid = int(tid)
+        if not 0 <= tid < self.n_vocab:
+            raise ValueError(f"token id {tid} is out of range for a vocabulary of {self.n_vocab} tokens")
+        return tid
+
+    # ------------------------------------------------------------------ misc
+
+    def is_eog(self, id: int) -> bool:
+        """True for end-of-generation tokens: EOS, and EOT/EOM/end-of-turn where the vocabulary has them."""
+        return int(id) in self._eog
+
+    def id_to_text(self, id: int) -> str:
+        """The vocabulary entry of ``id`` as stored (e.g. "▁the", "<0x0A>", "<s>", "Ġthe")."""
+        return self._tokens[self._check_id(id)]
+
+    def token_type(self, id: int) -> int:
+        """The tokenizer.ggml.token_type value of ``id``."""
+        return self._types[self._check_id(id)]
+
+
+class Tokenizer(_VocabLookups):
     """A llama/SentencePiece BPE tokenizer over a GGUF vocabulary."""
 
     def __init__(self, tokens: list[str], scores: list[float] | None = None,
@@ -435,22 +473,6 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ decoding
 
-    def token_to_piece(self, id: int) -> bytes:
-        """Raw bytes of one token as it appears in text.
-
-        "▁" -> b" ", byte tokens -> that byte, control -> b"", unknown -> " ⁇ ".
-        """
-        return self._piece_bytes[self._check_id(id)]
-
-    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        """Text of ``ids``; the dummy-prefix space of the first piece is dropped."""
-        out = bytearray()
-        at_start = True
-        for tid in ids:
-            piece, at_start = self._render(tid, at_start, skip_special)
-            out += piece
-        return out.decode("utf-8", errors="replace")
-
     def _render(self, tid: int, at_start: bool, skip_special: bool) -> tuple[bytes, bool]:
         """Bytes of one token in a decoded sequence and the new "at start" state."""
         tid = self._check_id(tid)
@@ -465,26 +487,6 @@ class Tokenizer:
         if at_start and self.add_space_prefix and self._lead_space[tid]:
             piece = piece[1:]
         return piece, False
-
-    def _check_id(self, tid) -> int:
-        tid = int(tid)
-        if not 0 <= tid < self.n_vocab:
-            raise ValueError(f"token id {tid} is out of range for a vocabulary of {self.n_vocab} tokens")
-        return tid
-
-    # ------------------------------------------------------------------ misc
-
-    def is_eog(self, id: int) -> bool:
-        """True for end-of-generation tokens: EOS, and EOT where the vocabulary has one."""
-        return int(id) in self._eog
-
-    def id_to_text(self, id: int) -> str:
-        """The vocabulary entry of ``id`` as stored (e.g. "▁the", "<0x0A>", "<s>")."""
-        return self._tokens[self._check_id(id)]
-
-    def token_type(self, id: int) -> int:
-        """The tokenizer.ggml.token_type value of ``id``."""
-        return self._types[self._check_id(id)]
 
     def __repr__(self) -> str:
         return (f"Tokenizer(n_vocab={self.n_vocab}, bos_id={self.bos_id}, eos_id={self.eos_id}, "

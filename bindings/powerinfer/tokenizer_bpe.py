@@ -26,10 +26,9 @@ The ``\\p{L}``/``\\p{N}`` classes of the pre-tokenizer expressions need the ``re
 from __future__ import annotations
 
 import heapq
-from typing import Iterable
 
 from .tokenizer import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, _VALID_TYPES,
-                        _as_list, _as_text)
+                        _as_list, _as_text, _VocabLookups)
 
 __all__ = ["BPETokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
 
@@ -110,7 +109,7 @@ def _compile(patterns: tuple[str, ...]):
     return [regex.compile(p) for p in patterns]
 
 
-class BPETokenizer:
+class BPETokenizer(_VocabLookups):
     """A byte-level BPE tokenizer over a GGUF vocabulary (same interface as ``Tokenizer``)."""
 
     add_space_prefix = False
@@ -339,41 +338,12 @@ class BPETokenizer:
 
     # ------------------------------------------------------------------ decoding
 
-    def token_to_piece(self, id: int) -> bytes:
-        """Raw bytes of one token as it appears in text (control tokens: b"")."""
-        return self._piece_bytes[self._check_id(id)]
-
-    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        out = bytearray()
-        for tid in ids:
-            out += self._render(tid, False, skip_special)[0]
-        return out.decode("utf-8", errors="replace")
-
     def _render(self, tid: int, at_start: bool, skip_special: bool) -> tuple[bytes, bool]:
         """Bytes of one token in a decoded sequence (StreamDecoder's hook; no leading-space rule)."""
         tid = self._check_id(tid)
         if self._types[tid] == TOKEN_CONTROL and not skip_special:
             return self._tokens[tid].encode("utf-8", errors="surrogatepass"), False
         return self._piece_bytes[tid], False
-
-    def _check_id(self, tid) -> int:
-        tid = int(tid)
-        if not 0 <= tid < self.n_vocab:
-            raise ValueError(f"token id {tid} is out of range for a vocabulary of {self.n_vocab} tokens")
-        return tid
-
-    # ------------------------------------------------------------------ misc
-
-    def is_eog(self, id: int) -> bool:
-        """True for end-of-generation tokens: EOS, EOT/EOM and the usual end-of-turn texts."""
-        return int(id) in self._eog
-
-    def id_to_text(self, id: int) -> str:
-        """The vocabulary entry of ``id`` as stored (byte-level characters, e.g. "Ġthe")."""
-        return self._tokens[self._check_id(id)]
-
-    def token_type(self, id: int) -> int:
-        return self._types[self._check_id(id)]
 
     def __repr__(self) -> str:
         return (f"BPETokenizer(n_vocab={self.n_vocab}, pre={self.pre!r}, bos_id={self.bos_id}, "

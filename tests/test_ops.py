@@ -322,7 +322,13 @@ def test_type_traits():
     assert ffi.string(lib.pi_type_name(I32)).decode() == "i32"
     assert lib.pi_type_supported(I32) == 0
     assert lib.pi_type_block_size(I32) == 1 and lib.pi_type_block_bytes(I32) == 4
-    for t in (-1, 4, 5, 16, 20, 39, 40, 1000):     # 16, 20: iq2_xxs, iq4_nl (ggml types without kernels here)
+    # ids from PI_TYPE_COUNT on are the core's internal layouts (activations, repacked weights): named
+    # for messages, never accepted from a file
+    internal = {lib.PI_TYPE_COUNT: "q8_0s", lib.PI_TYPE_COUNT + 1: "q4_0x8"}
+    for t, name in internal.items():
+        assert lib.pi_type_supported(t) == 0
+        assert ffi.string(lib.pi_type_name(t)).decode() == name
+    for t in (-1, 4, 5, 16, 20, 39, lib.PI_TYPE_COUNT + len(internal), 1000):   # 16, 20: iq2_xxs, iq4_nl
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == "unknown"
         assert lib.pi_type_block_size(t) == 0 and lib.pi_type_block_bytes(t) == 0

@@ -559,7 +559,7 @@ def test_error_info_functions():
     assert "AVX" in info and "NEON" in info
 
 
-@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 16, 39, 40, 41, 1000, INT32_MAX])
+@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 16, 39, 42, 1000, INT32_MAX])   # 40, 41: internal (test_ops)
 def test_type_queries_out_of_range(t):
     assert lib.pi_type_supported(t) == 0
     assert ffi.string(lib.pi_type_name(t)) == b"unknown"
@@ -835,6 +835,35 @@ def test_op_bad_tensor(op, i, label):
     mutate(t)
     poison_error()
     expect(fn(*args), codes, op)
+
+
+@pytest.mark.parametrize("label", [lab for lab, _, _ in _bad_variants(Tensor([64, 16], Q4_0).t)])
+def test_repack_bad_tensor(label):
+    """pi_repack_bytes says 0 (no layout) and pi_repack fails cleanly for every broken tensor."""
+    w = Tensor([64, 16], Q4_0)
+    dst = np.zeros(w.buf.nbytes, np.uint8)
+    [(mutate, codes)] = [(m, c) for lab, m, c in _bad_variants(w.t) if lab == label]
+    mutate(w.t)
+    assert lib.pi_repack_bytes(w.t) == 0
+    poison_error()
+    expect(lib.pi_repack(w.t, ffi.from_buffer(dst), dst.nbytes, ffi.new("pi_tensor *")), codes + (UNSUPPORTED,))
+
+
+def test_repack_null_and_small_arguments():
+    w = Tensor([64, 16], Q4_0)
+    dst = np.zeros(w.buf.nbytes, np.uint8)
+    out = ffi.new("pi_tensor *")
+    assert lib.pi_repack_bytes(ffi.NULL) == 0
+    for args in [(ffi.NULL, ffi.from_buffer(dst), dst.nbytes, out), (w.t, ffi.NULL, dst.nbytes, out),
+                 (w.t, ffi.from_buffer(dst), dst.nbytes, ffi.NULL)]:
+        poison_error()
+        expect(lib.pi_repack(*args), INVALID, "NULL")
+    if lib.pi_repack_bytes(w.t):      # a build with the interleaved layout
+        for n in (0, -1, dst.nbytes - 1, -2**63):
+            poison_error()
+            expect(lib.pi_repack(w.t, ffi.from_buffer(dst), n, out), INVALID, "dst")
+    poison_error()
+    expect(lib.pi_repack(Tensor([64, 16]).t, ffi.from_buffer(dst), dst.nbytes, out), UNSUPPORTED, "f32")
 
 
 def retype(t, type_id):
@@ -1519,6 +1548,7 @@ COVERED = {
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset",
+    "pi_repack_bytes", "pi_repack",
 }
 
 

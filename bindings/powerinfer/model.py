@@ -194,14 +194,20 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
 
 
 class Model:
-    """A loaded model. Weights stay in the memory-mapped file; nothing is copied.
+    """A loaded model. Weights stay in the memory-mapped file, except that the matmul weights of
+    types with a faster interleaved layout on this CPU (Q4_0 with AVX2) are copied into it at load
+    time, as llama.cpp's CPU repacking does; repack=False (or POWERINFER_NO_REPACK=1) reads the
+    file's layout directly and copies nothing (slower matmuls, same results bit for bit).
 
     >>> model = Model("models/tiny.gguf")
     >>> model.tokenizer.encode("Hello")
     """
 
-    def __init__(self, path: str | os.PathLike, *, dense: bool = False):
+    def __init__(self, path: str | os.PathLike, *, dense: bool = False, repack: bool | None = None):
         t0 = time.perf_counter()
+        if repack is None:
+            repack = os.environ.get("POWERINFER_NO_REPACK", "0") in ("", "0")
+        self.repack = repack
         self.file: GGUFFile = open_gguf(path)
         self.path = self.file.path
         self.metadata = self.file.metadata
@@ -270,6 +276,7 @@ class Model:
         p.rope_freq_base_swa, p.rope_freq_scale_swa = hp.rope_freq_base_swa, hp.rope_freq_scale_swa
         desc.n_tensors = n
         desc.tensors = descs
+        desc.no_repack = 0 if self.repack else 1
         out = ffi.new("pi_model **")
         try:
             check(lib.pi_model_create(desc, out))

@@ -67,12 +67,25 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 
 /* ---- the table ---- */
 
-static const pi_type_traits traits[PI_TYPE_COUNT] = {
+#if PI_HAVE_ROWS8
+#define Q4_0_DOT8    pi_vec_dot8_q4_0_q8_0s
+#define Q4_0_AXPY8   pi_axpy8_q4_0
+#define Q4_0_REPACK  PI_TYPE_Q4_0X8
+#define Q4_0X8_GEMM  pi_gemm8_q4_0x8_q8_0s
+#else
+#define Q4_0_DOT8    NULL
+#define Q4_0_AXPY8   NULL
+#define Q4_0_REPACK  0
+#define Q4_0X8_GEMM  NULL
+#endif
+
+static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
     /*               name    block bytes to_f32       from_f32              vec_dot_type  vec_dot               axpy */
     [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,         PI_TYPE_F32,  pi_vec_dot_f32_f32,   pi_axpy_f32_row },
     [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,         PI_TYPE_F32,  pi_vec_dot_f16_f32,   pi_axpy_f16 },
     [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,        PI_TYPE_F32,  pi_vec_dot_bf16_f32,  pi_axpy_bf16 },
-    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,        PI_TYPE_Q8_0, pi_vec_dot_q4_0_q8_0, pi_axpy_q4_0 },
+    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,        PI_TYPE_Q8_0S, pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0,
+                       .vec_dot8 = Q4_0_DOT8, .axpy8 = Q4_0_AXPY8, .repacked_type = Q4_0_REPACK },
     [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0, pi_axpy_q8_0 },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
     [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q4_1_q8_1, pi_axpy_q4_1 },
@@ -85,7 +98,13 @@ static const pi_type_traits traits[PI_TYPE_COUNT] = {
     [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K },
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q6_K_q8_K, pi_axpy_q6_K },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q8_K_q8_K, pi_axpy_q8_K },
+    /* internal types: an activation format, and an interleaved weight layout (no row access: no
+     * conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0) */
+    [PI_TYPE_Q8_0S]  = { "q8_0s", 32, 36, pi_q8_0s_to_f32, pi_quantize_row_q8_0s, PI_TYPE_Q8_0S, NULL, NULL },
+    [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S, NULL, NULL,
+                         .gemm8 = Q4_0X8_GEMM, .repack8 = pi_repack8_q4_0x8 },
 };
+_Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18, "internal block sizes");
 
 /* The block structs must have exactly the GGUF sizes. */
 _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && sizeof(pi_block_q5_1) == 24 &&
@@ -95,11 +114,12 @@ _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && si
                "K-quant block sizes");
 
 const pi_type_traits *pi_traits(int32_t type) {
-    if (type < 0 || type >= PI_TYPE_COUNT || traits[type].block_size == 0) return NULL;
+    if (type < 0 || type >= PI_TYPE_TABLE_END || traits[type].block_size == 0) return NULL;
     return &traits[type];
 }
 
-int32_t pi_type_supported(int32_t type) { return pi_traits(type) != NULL; }
+/* GGUF weight types the core computes with (the internal types are not among them). */
+int32_t pi_type_supported(int32_t type) { return type < PI_TYPE_COUNT && pi_traits(type) != NULL; }
 
 const char *pi_type_name(int32_t type) {
     if (type == PI_TYPE_I32) return "i32";
@@ -128,7 +148,7 @@ int64_t pi_row_bytes(int32_t type, int64_t n) {
 
 static pi_status check_conversion(int32_t type, const void *a, const void *b, int64_t n) {
     const pi_type_traits *t = pi_traits(type);
-    if (!t) return pi_fail(PI_ERR_UNSUPPORTED, "unsupported type id %d", (int)type);
+    if (!t || !t->to_f32 || !t->from_f32) return pi_fail(PI_ERR_UNSUPPORTED, "unsupported type id %d", (int)type);
     if (!a || !b) return pi_fail(PI_ERR_INVALID_ARG, "NULL buffer");
     if (n < 0 || n % t->block_size != 0)
         return pi_fail(PI_ERR_INVALID_ARG, "%lld elements is not a multiple of the %s block size %lld",

@@ -26,6 +26,20 @@ typedef void  (*pi_from_f32_fn)(const float *src, void *dst, int64_t n);
 typedef float (*pi_vec_dot_fn)(int64_t n, const void *w, const void *x);
 /* y[0..n) += a * row[0..n), row in the weight type (n a multiple of the block size). */
 typedef void  (*pi_axpy_fn)(int64_t n, float a, const void *row, float *y);
+/* Eight weight rows against nt <= PI_DOT8_MAX_T activation rows: y[t * y_stride + r] = dot(row r, x_t),
+ * row r at rows[r] (any addresses: dense rows or gathered neurons), x_t at x + t * x_stride.
+ * Bit-identical to vec_dot on each (row, token): the kernels differ in speed only. */
+#define PI_DOT8_MAX_T 4
+typedef void  (*pi_vec_dot8_fn)(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                float *y, int64_t y_stride);
+/* The same for one group of 8 rows of an interleaved (repacked) weight; group = the group's first byte. */
+typedef void  (*pi_gemm8_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                             float *y, int64_t y_stride);
+/* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
+ * loaded and stored once. */
+typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows, float *y);
+/* Writes 8 rows (n elements each, in the source type) as one group of the interleaved layout. */
+typedef void  (*pi_repack8_fn)(int64_t n, const void *const *rows, void *group);
 
 typedef struct pi_type_traits {
     const char     *name;
@@ -36,7 +50,22 @@ typedef struct pi_type_traits {
     int32_t         vec_dot_type;  /* type the activations are converted to for vec_dot */
     pi_vec_dot_fn   vec_dot;
     pi_axpy_fn      axpy;          /* the sparse FFN's down step */
+    pi_vec_dot8_fn  vec_dot8;      /* optional: 8 rows at once (NULL: row by row with vec_dot) */
+    pi_axpy8_fn     axpy8;         /* optional: 8 axpy at once (NULL: one by one) */
+    int32_t         repacked_type; /* optional: interleaved layout mul_mat reads faster (0: none) */
+    /* interleaved layouts only (rows are not addressable one by one; ne[1] % 8 == 0) */
+    pi_gemm8_fn     gemm8;
+    pi_repack8_fn   repack8;
 } pi_type_traits;
+
+/* Types that exist only inside the core (never in a GGUF file): activation formats and
+ * load-time weight layouts. They follow the GGUF ids in the traits table. */
+enum {
+    PI_TYPE_Q8_0S = PI_TYPE_COUNT,   /* activations of Q4_0: Q8_0 plus the block's sum of quants */
+    PI_TYPE_Q4_0X8,                  /* Q4_0 weights, 8 rows interleaved (pi_repack) */
+    PI_TYPE_TABLE_END
+};
+static inline bool pi_is_interleaved(int32_t type) { return type == PI_TYPE_Q4_0X8; }
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
 
@@ -47,9 +76,23 @@ const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cann
 float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
 float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
 float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q4_0_q8_0(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x);
 void  pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
+void  pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n);
+void  pi_q8_0s_to_f32(const void *src, float *dst, int64_t n);
+/* ---- 8-row kernels and the interleaved Q4_0 layout (arch/rows8.c); AVX2 only ---- */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PI_HAVE_ROWS8 1
+void  pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                             float *y, int64_t y_stride);
+void  pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                            float *y, int64_t y_stride);
+void  pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
+#else
+#define PI_HAVE_ROWS8 0   /* scalar build: mul_mat goes row by row and nothing is repacked */
+#endif
+void  pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
 float pi_dot_f32(int64_t n, const float *a, const float *b);
 void  pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
 void  pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);
@@ -63,6 +106,10 @@ void  pi_axpy_q8_0(int64_t n, float a, const void *row, float *y);
 #define PI_QK8_0 32
 typedef struct { uint16_t d; uint8_t qs[PI_QK4_0 / 2]; } pi_block_q4_0;
 typedef struct { uint16_t d; int8_t  qs[PI_QK8_0]; }     pi_block_q8_0;
+typedef struct { uint16_t d; int16_t s; int8_t qs[PI_QK8_0]; } pi_block_q8_0s;   /* s = sum of qs */
+typedef struct { uint16_t d[8]; uint8_t qs[8 * PI_QK4_0 / 2]; } pi_block_q4_0x8;  /* block b of rows 8g..8g+7:
+    qs[32 m + 4 r + k] = byte 4m + k of row r's Q4_0 block (m < 4, k < 4): every 4-byte word holds two runs
+    of 4 elements (low nibbles: 4m..4m+3, high nibbles: 16+4m..16+4m+3) */
 
 /* ---- thread pool (threadpool.c) ---- */
 typedef void (*pi_task_fn)(void *arg, int ith, int nth);

@@ -35,7 +35,7 @@ static pi_status load_tensor(const pi_model_desc *desc, const char *name, int64_
         if (optional) return PI_OK;
         return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
     }
-    if (!pi_traits(d->type))
+    if (!pi_type_supported(d->type))
         return pi_fail(PI_ERR_UNSUPPORTED, "tensor '%s' has type %s (id %d), which this build cannot compute with",
                        name, ggml_type_name(d->type), (int)d->type);
     if (must_be_f32 && d->type != PI_TYPE_F32)
@@ -120,6 +120,35 @@ static pi_status check_hparams(const pi_hparams *hp) {
 }
 
 #define TRY(expr) do { st = (expr); if (st != PI_OK) goto fail; } while (0)
+
+/* Replaces *t by an interleaved copy when its type has one (the file's mapping stays untouched). */
+static pi_status repack_one(pi_model *m, pi_tensor *t) {
+    const int64_t bytes = t->data ? pi_repack_bytes(t) : 0;
+    if (bytes == 0) return PI_OK;
+    void **list = realloc(m->repacked, (size_t)(m->n_repacked + 1) * sizeof *list);
+    if (!list) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    m->repacked = list;
+    void *buf = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    if (!buf) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory repacking weights (%lld bytes); "
+                             "load with no_repack to use the file's layout", (long long)bytes);
+    m->repacked[m->n_repacked++] = buf;
+    return pi_repack(t, buf, bytes, t);
+}
+
+/* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. */
+static pi_status repack_weights(pi_model *m) {
+    pi_status st = PI_OK;
+    if (m->output.data != m->token_embd.data) st = repack_one(m, &m->output);
+    for (int32_t il = 0; il < m->hp.n_layer && st == PI_OK; il++) {
+        pi_layer *L = &m->layers[il];
+        pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
+                           m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
+                           m->hp.sparse ? NULL : &L->ffn_down };
+        for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
+            if (w[i]) st = repack_one(m, w[i]);
+    }
+    return st;
+}
 
 pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     if (!out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_create: out is NULL");
@@ -212,6 +241,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         LAYER("fc2.weight", rank, F, false, false, &L->fc2);
 #undef LAYER
     }
+    if (!desc->no_repack) TRY(repack_weights(m));
     *out = m;
     return PI_OK;
 fail:
@@ -221,6 +251,8 @@ fail:
 
 void pi_model_free(pi_model *model) {
     if (!model) return;
+    for (int32_t i = 0; i < model->n_repacked; i++) free(model->repacked[i]);
+    free(model->repacked);
     free(model->layers);
     free(model);
 }

@@ -42,6 +42,8 @@ struct pi_model {
     pi_tensor  rope_freqs;   /* [n_rot/2] f32 frequency factors (Llama 3.1+ "llama3" rope); data NULL if absent */
     pi_layer  *layers;       /* [n_layer] */
     int64_t    max_rank;     /* largest predictor rank (sparse files) */
+    void     **repacked;     /* [n_repacked] interleaved copies this model owns (pi_repack) */
+    int32_t    n_repacked;
 };
 
 /* LayerNorm instead of RMSNorm (falcon, opt). */

@@ -63,16 +63,55 @@ static void convert_task(void *p, int ith, int nth) {
     }
 }
 
+/* h for union rows [j0, j0 + n) (n <= 8) and every token, from their up (and gate) dot products. */
+static float combine(const sparse_args *a, int64_t i, float u, float g) {
+    if (a->w->up_bias) u += a->w->up_bias[i];
+    switch (a->mode) {
+        case PI_FFN_PAR: return pi_activation(a->act, g) * u;
+        case PI_FFN_SYM: return pi_activation(a->act, g) * pi_activation(a->act, u);
+        default:         return pi_activation(a->act, u);
+    }
+}
+
+/* 8 gathered rows x every token with the 8-row kernels (same bits as vec_dot); h = 0 for inactive pairs. */
+static void gather8(const sparse_args *a, int64_t j0) {
+    const pi_sparse_ffn_weights *w = a->w;
+    const void *up[8], *gate[8];
+    for (int k = 0; k < 8; k++) {
+        const int64_t i = a->rows[j0 + k];
+        up[k] = (const char *)w->up.data + i * w->up.nb[1];
+        gate[k] = a->xq_gate ? (const char *)w->gate.data + i * w->gate.nb[1] : NULL;
+    }
+    for (int64_t t0 = 0; t0 < a->T; t0 += PI_DOT8_MAX_T) {
+        const int nt = (int)PI_MIN(PI_DOT8_MAX_T, a->T - t0);
+        float u[PI_DOT8_MAX_T][8], g[PI_DOT8_MAX_T][8] = { { 0 } };
+        pi_traits(w->up.type)->vec_dot8(a->E, up, a->xq_up + t0 * a->xq_up_bytes, a->xq_up_bytes, nt, u[0], 8);
+        if (a->xq_gate)
+            pi_traits(w->gate.type)->vec_dot8(a->E, gate, a->xq_gate + t0 * a->xq_gate_bytes, a->xq_gate_bytes, nt,
+                                              g[0], 8);
+        for (int t = 0; t < nt; t++)
+            for (int k = 0; k < 8; k++) {
+                const int64_t i = a->rows[j0 + k];
+                a->h[(t0 + t) * a->n_rows + j0 + k] = a->active[(t0 + t) * a->F + i] ? combine(a, i, u[t][k], g[t][k]) : 0.0f;
+            }
+    }
+}
+
 static void gather_task(void *p, int ith, int nth) {
     PI_UNUSED(ith); PI_UNUSED(nth);
     sparse_args *a = p;
     const pi_sparse_ffn_weights *w = a->w;
     const pi_vec_dot_fn dot_up = pi_traits(w->up.type)->vec_dot;
     const pi_vec_dot_fn dot_gate = a->xq_gate ? pi_traits(w->gate.type)->vec_dot : NULL;
+    const bool rows8 = pi_traits(w->up.type)->vec_dot8 && (!a->xq_gate || pi_traits(w->gate.type)->vec_dot8);
     for (;;) {
         const int64_t j0 = atomic_fetch_add(&a->next, 1) * GATHER_CHUNK;
         if (j0 >= a->n_rows) return;
         const int64_t j1 = PI_MIN(a->n_rows, j0 + GATHER_CHUNK);
+        if (rows8 && j1 - j0 == 8) {
+            gather8(a, j0);
+            continue;
+        }
         for (int64_t j = j0; j < j1; j++) {
             const int64_t i = a->rows[j];
             const char *up_row = (const char *)w->up.data + i * w->up.nb[1];
@@ -80,26 +119,20 @@ static void gather_task(void *p, int ith, int nth) {
             for (int64_t t = 0; t < a->T; t++) {
                 float h = 0.0f;
                 if (a->active[t * a->F + i]) {
-                    float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
-                    if (w->up_bias) u += w->up_bias[i];
-                    switch (a->mode) {
-                        case PI_FFN_PAR:
-                            h = pi_activation(a->act, dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes)) * u;
-                            break;
-                        case PI_FFN_SYM:
-                            h = pi_activation(a->act, dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes)) *
-                                pi_activation(a->act, u);
-                            break;
-                        default:
-                            h = pi_activation(a->act, u);
-                            break;
-                    }
+                    const float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
+                    const float g = dot_gate ? dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes) : 0.0f;
+                    h = combine(a, i, u, g);
                 }
                 a->h[t * a->n_rows + j] = h;
             }
         }
     }
 }
+
+/* The down step: each thread owns output columns [e0, e1) of every token and adds the rows of its
+ * union chunk in order (rows with h = 0 skipped), eight at a time where the type has axpy8 (which
+ * loads and stores the output once per eight rows; same bits as eight axpy calls). */
+#define DOWN_CHUNK 64   /* union rows per pass over the tokens: their column slices stay in cache */
 
 static void down_task(void *p, int ith, int nth) {
     sparse_args *a = p;
@@ -114,11 +147,26 @@ static void down_task(void *p, int ith, int nth) {
     const int64_t offset_bytes = e0 / tr->block_size * tr->block_bytes;
     for (int64_t t = 0; t < a->T; t++)
         memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)(e1 - e0) * sizeof(float));
-    for (int64_t j = 0; j < a->n_rows; j++) {
-        const char *row = (const char *)d->data + a->rows[j] * d->nb[1] + offset_bytes;
+    for (int64_t j0 = 0; j0 < a->n_rows; j0 += DOWN_CHUNK) {
+        const int64_t j1 = PI_MIN(a->n_rows, j0 + DOWN_CHUNK);
         for (int64_t t = 0; t < a->T; t++) {
-            const float h = a->h[t * a->n_rows + j];
-            if (h != 0.0f) tr->axpy(e1 - e0, h, row, (float *)((char *)a->out->data + t * a->out->nb[1]) + e0);
+            float *y = (float *)((char *)a->out->data + t * a->out->nb[1]) + e0;
+            const float *h = a->h + t * a->n_rows;
+            const void *rows[DOWN_CHUNK];
+            float coef[DOWN_CHUNK];
+            int n = 0;
+            for (int64_t j = j0; j < j1; j++)
+                if (h[j] != 0.0f) {
+                    rows[n] = (const char *)d->data + a->rows[j] * d->nb[1] + offset_bytes;
+                    coef[n++] = h[j];
+                }
+            int k = 0;
+            if (tr->axpy8)
+                for (; k + 8 <= n; k += 8) {
+                    for (int q = k + 8; q < PI_MIN(n, k + 16); q++) __builtin_prefetch(rows[q]);   /* next group */
+                    tr->axpy8(e1 - e0, coef + k, rows + k, y);
+                }
+            for (; k < n; k++) tr->axpy(e1 - e0, coef[k], rows[k], y);
         }
     }
     if (a->w->down_bias)
@@ -200,9 +248,14 @@ static pi_status check_f32_2d(const pi_tensor *t, int64_t ne0, int64_t ne1, cons
     return PI_OK;
 }
 
-static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, const char *what) {
+/* rows: whether single rows are read (the sparse FFN gathers neurons), which interleaved layouts do not allow */
+static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, bool rows, const char *what) {
     RETURN_IF(pi_check_tensor(t, what));
-    if (!pi_traits(t->type)) return pi_fail(PI_ERR_UNSUPPORTED, "%s: type %s", what, pi_type_name(t->type));
+    const pi_type_traits *tr = pi_traits(t->type);
+    if (!tr || (rows ? !tr->vec_dot || !tr->axpy : !tr->vec_dot && !tr->gemm8))
+        return pi_fail(PI_ERR_UNSUPPORTED, "%s: type %s", what, pi_type_name(t->type));
+    if (pi_is_interleaved(t->type) && t->ne[1] % 8)
+        return pi_fail(PI_ERR_INVALID_ARG, "%s: an interleaved weight needs a multiple of 8 rows", what);
     if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] * t->ne[3] != 1)
         return pi_fail(PI_ERR_INVALID_ARG, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
                        (long long)t->ne[0], (long long)t->ne[1], (long long)ne0, (long long)ne1);
@@ -216,8 +269,8 @@ pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_te
     RETURN_IF(pi_check_tensor(fc2, "predictor fc2"));
     const int64_t E = x->ne[0], T = x->ne[1], r = fc1->ne[1];
     RETURN_IF(check_f32_2d(x, E, T, "predictor x"));
-    RETURN_IF(check_weight(fc1, E, r, "predictor fc1"));
-    RETURN_IF(check_weight(fc2, r, fc2->ne[1], "predictor fc2"));
+    RETURN_IF(check_weight(fc1, E, r, false, "predictor fc1"));
+    RETURN_IF(check_weight(fc2, r, fc2->ne[1], false, "predictor fc2"));
     RETURN_IF(check_f32_2d(scores, fc2->ne[1], T, "predictor scores"));
     float *hidden = malloc((size_t)(r * T) * sizeof(float));
     const size_t sbytes = PI_MAX(pi_mul_mat_scratch(fc1->type, E, T), pi_mul_mat_scratch(fc2->type, r, T));
@@ -233,9 +286,9 @@ pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_m
     if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
     if (gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ)
         return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown gate mode %d", gate_mode);
-    if (gate_mode != PI_FFN_SEQ) RETURN_IF(check_weight(&w->gate, E, F, "sparse_ffn gate"));
-    RETURN_IF(check_weight(&w->up, E, F, "sparse_ffn up"));
-    RETURN_IF(check_weight(&w->down_t, E, F, "sparse_ffn down_t"));
+    if (gate_mode != PI_FFN_SEQ) RETURN_IF(check_weight(&w->gate, E, F, true, "sparse_ffn gate"));
+    RETURN_IF(check_weight(&w->up, E, F, true, "sparse_ffn up"));
+    RETURN_IF(check_weight(&w->down_t, E, F, true, "sparse_ffn down_t"));
     return PI_OK;
 }
 

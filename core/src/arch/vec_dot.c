@@ -5,6 +5,7 @@
 #include "../internal.h"
 
 #include <math.h>
+#include <string.h>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -149,36 +150,55 @@ static inline __m256i unpack_nibbles(const uint8_t *qs) {
 }
 #endif
 
-float pi_vec_dot_q4_0_q8_0(int64_t n, const void *w, const void *x) {
-    const pi_block_q4_0 *a = w;
-    const pi_block_q8_0 *b = x;
-    const int64_t nb = n / PI_QK4_0;
-    int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (; i + 2 <= nb; i += 2) {
-        const __m256i qa0 = _mm256_sub_epi8(unpack_nibbles(a[i].qs), eight);
-        const __m256i qa1 = _mm256_sub_epi8(unpack_nibbles(a[i + 1].qs), eight);
-        const __m256i qb0 = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        const __m256i qb1 = _mm256_loadu_si256((const __m256i *)b[i + 1].qs);
-        const __m256 d0 = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
-        const __m256 d1 = _mm256_set1_ps(pi_fp16_to_f32(a[i + 1].d) * pi_fp16_to_f32(b[i + 1].d));
-        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(dot_i8_pairs(qa0, qb0)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(dot_i8_pairs(qa1, qb1)), acc1);
-    }
-    sum = hsum_256(_mm256_add_ps(acc0, acc1));
-#endif
-    for (; i < nb; i++) {
+/* Q8_0S: Q8_0 plus s = sum of the block's quants, so that a Q4_0 dot can use the unsigned nibbles:
+ * sum (q - 8) y = sum q y - 8 s. */
+void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n) {
+    pi_block_q8_0s *y = dst;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+        pi_block_q8_0 q;
+        pi_quantize_row_q8_0(src + b * PI_QK8_0, &q, PI_QK8_0);
         int32_t s = 0;
-        for (int j = 0; j < PI_QK4_0 / 2; j++) {
-            s += ((a[i].qs[j] & 0x0f) - 8) * b[i].qs[j];
-            s += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + PI_QK4_0 / 2];
-        }
-        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+        for (int j = 0; j < PI_QK8_0; j++) s += q.qs[j];
+        y[b].d = q.d;
+        y[b].s = (int16_t)s;
+        memcpy(y[b].qs, q.qs, sizeof q.qs);
     }
-    return sum;
+}
+
+void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q8_0s *x = src;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK8_0; j++) dst[b * PI_QK8_0 + j] = (float)x[b].qs[j] * d;
+    }
+}
+
+/* Q4_0 . Q8_0S. The canonical order every Q4_0 kernel follows (so that the 8-row and interleaved
+ * kernels of rows8.c give the same bits): per block the exact integer i = sum q y - 8 s, then
+ * acc = fma(d_w * d_x, i, acc), blocks in order, one accumulator. */
+float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
+    const pi_block_q4_0 *a = w;
+    const pi_block_q8_0s *b = x;
+    const int64_t nb = n / PI_QK4_0;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t s;
+#if defined(__AVX2__)
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(unpack_nibbles(a[i].qs),
+                                                                   _mm256_loadu_si256((const __m256i *)b[i].qs)),
+                                              _mm256_set1_epi16(1));
+        __m128i v = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
+        v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+        s = _mm_cvtsi128_si32(v);
+#else
+        s = 0;
+        for (int j = 0; j < PI_QK4_0 / 2; j++)
+            s += (a[i].qs[j] & 0x0f) * b[i].qs[j] + (a[i].qs[j] >> 4) * b[i].qs[j + PI_QK4_0 / 2];
+#endif
+        acc = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)(s - 8 * b[i].s), acc);
+    }
+    return acc;
 }
 
 float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
@@ -266,11 +286,12 @@ void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y) {
         _mm256_storeu_ps(yb + 24, _mm256_fmadd_ps(scale, f3, _mm256_loadu_ps(yb + 24)));
     }
 #endif
-    for (; b < nb; b++) {
+    for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */
         const float s = a * pi_fp16_to_f32(x[b].d);
         for (int j = 0; j < PI_QK4_0 / 2; j++) {
-            y[b * PI_QK4_0 + j]                += s * (float)((x[b].qs[j] & 0x0f) - 8);
-            y[b * PI_QK4_0 + j + PI_QK4_0 / 2] += s * (float)((x[b].qs[j] >> 4) - 8);
+            float *lo = &y[b * PI_QK4_0 + j], *hi = lo + PI_QK4_0 / 2;
+            *lo = fmaf(s, (float)((x[b].qs[j] & 0x0f) - 8), *lo);
+            *hi = fmaf(s, (float)((x[b].qs[j] >> 4) - 8), *hi);
         }
     }
 }

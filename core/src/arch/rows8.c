@@ -1,0 +1,140 @@
+/* rows8.c: Q4_0 kernels that compute eight weight rows at once, and the interleaved
+ * layout (PI_TYPE_Q4_0X8) they read fastest.
+ *
+ * Eight rows are held "transposed" in four registers: 32-bit lane r of register m holds
+ * bytes 4m..4m+3 of row r's block, i.e. elements 4m..4m+3 (low nibbles) and
+ * 16+4m..16+4m+3 (high nibbles). Broadcasting four activation bytes against such a
+ * register with maddubs yields partial sums for all eight rows in their own lanes, so
+ * there is no horizontal reduction, the eight row scales are one vector, and the
+ * unpacked weights are reused for up to PI_DOT8_MAX_T tokens.
+ *
+ * The nibbles stay unsigned (0..15): sum (q - 8) y = sum q y - 8 s with s the activation
+ * block's sum (PI_TYPE_Q8_0S). Eight maddubs results (each lane |2 * 15 * 127| <= 3810)
+ * add up in int16 without overflow (<= 30480). Per (row, token) the arithmetic is the
+ * canonical one of pi_vec_dot_q4_0_q8_0s: exact integer per block, then
+ * acc = fma(d_w * d_x, i, acc) in block order, so all Q4_0 kernels agree bit for bit.
+ *
+ * Interleaved layout: a tensor of N = 8G rows is G groups; group g is nb blocks of
+ * pi_block_q4_0x8 (rows 8g..8g+7, 144 bytes each), so a group's weights are one
+ * contiguous stream. */
+#include "../internal.h"
+
+#include <string.h>
+
+#if PI_HAVE_ROWS8
+#include <immintrin.h>
+
+#define PREFETCH_BLOCKS 8   /* how far ahead (in blocks) the next weights are prefetched */
+
+/* Accumulates one block (8 rows x 32 elements, given as the four transposed registers and the
+ * 8 row scales) into acc[t] for nt tokens. */
+static inline void block8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const char *x,
+                          int64_t x_stride, int64_t b, int nt, __m256 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i w[8] = {
+        _mm256_and_si256(c0, m4), _mm256_and_si256(c1, m4), _mm256_and_si256(c2, m4), _mm256_and_si256(c3, m4),
+        _mm256_and_si256(_mm256_srli_epi16(c0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c1, 4), m4),
+        _mm256_and_si256(_mm256_srli_epi16(c2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c3, 4), m4),
+    };
+    for (int t = 0; t < nt; t++) {
+        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+        int32_t y4[8];                  /* the activation block as 8 words of 4 bytes */
+        memcpy(y4, xb->qs, sizeof y4);
+        __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(y4[0]));
+        for (int g = 1; g < 8; g++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(y4[g])));
+        const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
+                                             _mm256_set1_epi32(8 * (int32_t)xb->s));
+        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d)));
+        acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s32), acc[t]);
+    }
+}
+
+static inline void store8(const __m256 *acc, int nt, float *y, int64_t y_stride) {
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, acc[t]);
+}
+
+/* Transposes block b of 8 rows into the four registers (see the file comment). */
+static inline void load_rows8(const pi_block_q4_0 *const *r, int64_t b, __m256i *c) {
+#define ROWS(lo, hi) _mm256_loadu2_m128i((const __m128i *)r[hi][b].qs, (const __m128i *)r[lo][b].qs)
+    const __m256i t0 = ROWS(0, 4), t1 = ROWS(1, 5), t2 = ROWS(2, 6), t3 = ROWS(3, 7);
+#undef ROWS
+    const __m256i u0 = _mm256_unpacklo_epi32(t0, t1), u1 = _mm256_unpackhi_epi32(t0, t1);
+    const __m256i u2 = _mm256_unpacklo_epi32(t2, t3), u3 = _mm256_unpackhi_epi32(t2, t3);
+    c[0] = _mm256_unpacklo_epi64(u0, u2);
+    c[1] = _mm256_unpackhi_epi64(u0, u2);
+    c[2] = _mm256_unpacklo_epi64(u1, u3);
+    c[3] = _mm256_unpackhi_epi64(u1, u3);
+}
+
+void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
+    const int64_t nb = n / PI_QK4_0;
+    __m256 acc[PI_DOT8_MAX_T] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t b = 0; b < nb; b++) {
+        if ((b & 3) == 0)   /* 4 blocks = 72 bytes: about one new cache line per row */
+            for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(r[k] + b + PREFETCH_BLOCKS), _MM_HINT_T0);
+        __m256i c[4];
+        load_rows8(r, b, c);
+        const __m128i dh = _mm_setr_epi16((short)r[0][b].d, (short)r[1][b].d, (short)r[2][b].d, (short)r[3][b].d,
+                                          (short)r[4][b].d, (short)r[5][b].d, (short)r[6][b].d, (short)r[7][b].d);
+        block8(c[0], c[1], c[2], c[3], _mm256_cvtph_ps(dh), x, x_stride, b, nt, acc);
+    }
+    store8(acc, nt, y, y_stride);
+}
+
+void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                         int64_t y_stride) {
+    const pi_block_q4_0x8 *g = group;
+    const int64_t nb = n / PI_QK4_0;
+    __m256 acc[PI_DOT8_MAX_T] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t b = 0; b < nb; b++) {
+        const char *ahead = (const char *)(g + b + PREFETCH_BLOCKS);   /* 144 bytes: up to 3 lines */
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        _mm_prefetch(ahead + 128, _MM_HINT_T0);
+        const __m256i *q = (const __m256i *)g[b].qs;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        block8(_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1), _mm256_loadu_si256(q + 2), _mm256_loadu_si256(q + 3),
+               dw, x, x_stride, b, nt, acc);
+    }
+    store8(acc, nt, y, y_stride);
+}
+
+/* Eight Q4_0 axpy in one pass: per block the 32 outputs stay in registers while the eight rows are
+ * added in order, each exactly as pi_axpy_q4_0 adds it (fma(a_k d, q - 8, y)). */
+void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y) {
+    const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
+    const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    for (int64_t b = 0; b < n / PI_QK4_0; b++) {
+        float *yb = y + b * PI_QK4_0;
+        __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8), y2 = _mm256_loadu_ps(yb + 16),
+               y3 = _mm256_loadu_ps(yb + 24);
+        for (int k = 0; k < 8; k++) {
+            const __m256 scale = _mm256_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d));
+            const __m128i packed = _mm_loadu_si128((const __m128i *)r[k][b].qs);
+            const __m128i lo = _mm_sub_epi8(_mm_and_si128(packed, m4), eight);                      /* 0..15 */
+            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), m4), eight);   /* 16..31 */
+            y0 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), y0);
+            y1 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), y1);
+            y2 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), y2);
+            y3 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), y3);
+        }
+        _mm256_storeu_ps(yb, y0);
+        _mm256_storeu_ps(yb + 8, y1);
+        _mm256_storeu_ps(yb + 16, y2);
+        _mm256_storeu_ps(yb + 24, y3);
+    }
+}
+
+#endif
+
+void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group) {
+    const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
+    pi_block_q4_0x8 *g = group;
+    for (int64_t b = 0; b < n / PI_QK4_0; b++)
+        for (int k = 0; k < 8; k++) {
+            g[b].d[k] = r[k][b].d;
+            for (int m = 0; m < 4; m++) memcpy(g[b].qs + 32 * m + 4 * k, r[k][b].qs + 4 * m, 4);
+        }
+}

@@ -1,0 +1,190 @@
+"""Q4_0 matmul kernels and weight repacking (core/src/arch/rows8.c, core/src/repack.c).
+
+mul_mat has three Q4_0 kernels: one row at a time (the reference order), eight rows at any
+addresses, and eight interleaved rows of a repacked copy, each for up to 4 tokens per call.
+They must give the same bits for every (row, token), so decode, prompt processing, the sparse
+gather and a repacked model all agree; against float64 they are checked in test_ops.test_mul_mat.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import powerinfer as pi  # noqa: E402
+from powerinfer._ffi import check, ffi, lib  # noqa: E402
+from make_test_model import write_model  # noqa: E402
+from test_ops import (Q4_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
+                      np_encode, tensor)
+
+
+def np_encode_q4_0(w):
+    return np_encode(np.asarray(w, np.float32), Q4_0)
+
+HAVE_REPACK = lib.pi_repack_bytes(tensor(np.zeros((8, 18), np.uint8), Q4_0)) > 0
+needs_repack = pytest.mark.skipif(not HAVE_REPACK, reason="no interleaved layout on this CPU/build (scalar build)")
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    p = ffi.new("pi_threadpool **")
+    check(lib.pi_threadpool_create(2, p))
+    yield p[0]
+    lib.pi_threadpool_free(p[0])
+
+
+def mul_mat(pool, w, x, n_rows):
+    y = np.zeros((x.shape[0], n_rows), np.float32)
+    check(lib.pi_op_mul_mat(pool, w, tensor(x), tensor(y)))
+    return y
+
+
+def repacked(raw):
+    w = tensor(raw, Q4_0)
+    n = lib.pi_repack_bytes(w)
+    buf = np.zeros(n, np.uint8)
+    out = ffi.new("pi_tensor *")
+    check(lib.pi_repack(w, ffi.cast("void *", ffi.from_buffer(buf)), n, out))
+    return out, buf
+
+
+# N: below, at and around multiples of the 8-row kernel and the 16-row chunk; T: around the 4-token block
+@pytest.mark.parametrize("K,N,T", [(32, 8, 1), (64, 13, 1), (128, 16, 4), (96, 24, 5), (256, 40, 9), (4096, 64, 3),
+                                   (64, 7, 2)])
+def test_q4_0_kernels_agree(pool2, K, N, T):
+    raw, wd, x = mul_mat_case(Q4_0, K, N, T, seed=K + N + T)
+    y = mul_mat(pool2, tensor(raw, Q4_0), x, N)                 # 8-row kernel + single rows for the rest
+    one_by_one = np.concatenate([mul_mat(ffi.NULL, tensor(raw[i:i + 1], Q4_0), x, 1) for i in range(N)], axis=1)
+    assert_bit_equal(y, one_by_one, "8-row kernel vs one row at a time")
+    per_token = np.concatenate([mul_mat(pool2, tensor(raw, Q4_0), x[t:t + 1], N) for t in range(T)])
+    assert_bit_equal(y, per_token, "several tokens per call vs one token per call")
+    ref, tol, _, _ = mul_mat_reference_and_tol(Q4_0, wd, x)
+    assert np.all(np.abs(y - ref) <= tol)
+    if HAVE_REPACK and N % 8 == 0:
+        w8, keep = repacked(raw)
+        assert ffi.string(lib.pi_type_name(w8.type)).decode() == "q4_0x8"
+        assert_bit_equal(mul_mat(pool2, w8, x, N), y, "interleaved copy vs the file's layout")
+        assert_bit_equal(mul_mat(ffi.NULL, w8, x, N), y, "interleaved copy, no pool")
+
+
+def test_repack_bytes_and_errors():
+    raw = mul_mat_case(Q4_0, 64, 16, 1, seed=1)[0]
+    w = tensor(raw, Q4_0)
+    n = lib.pi_repack_bytes(w)
+    assert n == (raw.nbytes if HAVE_REPACK else 0)
+    # no layout: float weights, a row count that is not a multiple of 8, 1-d, NULL, garbage
+    assert lib.pi_repack_bytes(tensor(np.zeros((16, 64), np.float32))) == 0
+    assert lib.pi_repack_bytes(tensor(raw[:12], Q4_0)) == 0
+    assert lib.pi_repack_bytes(ffi.NULL) == 0
+    bad = tensor(raw, Q4_0)
+    bad.ne[0] = 33
+    assert lib.pi_repack_bytes(bad) == 0
+    out = ffi.new("pi_tensor *")
+    buf = np.zeros(max(n, 1), np.uint8)
+    p = ffi.cast("void *", ffi.from_buffer(buf))
+    expect_error(lib.pi_repack(ffi.NULL, p, n, out), lib.PI_ERR_INVALID_ARG)
+    expect_error(lib.pi_repack(w, ffi.NULL, n, out), lib.PI_ERR_INVALID_ARG)
+    expect_error(lib.pi_repack(w, p, n, ffi.NULL), lib.PI_ERR_INVALID_ARG)
+    expect_error(lib.pi_repack(tensor(raw[:12], Q4_0), p, n, out), lib.PI_ERR_UNSUPPORTED)
+    if HAVE_REPACK:
+        expect_error(lib.pi_repack(w, p, n - 1, out), lib.PI_ERR_INVALID_ARG)   # dst too small
+        check(lib.pi_repack(w, p, n, out))
+
+
+@needs_repack
+def test_interleaved_weights_are_matmul_only():
+    """Rows of an interleaved copy are not addressable: ops that read single rows refuse it."""
+    raw = mul_mat_case(Q4_0, 64, 16, 2, seed=2)[0]
+    w8, keep = repacked(raw)
+    out = np.zeros((2, 64), np.float32)
+    ids = np.array([0, 3], np.int32)
+    expect_error(lib.pi_op_get_rows(ffi.NULL, w8, ffi.cast("int32_t *", ids.ctypes.data), 2, tensor(out)),
+                 lib.PI_ERR_UNSUPPORTED)
+    x, scores = np.ones((2, 64), np.float32), np.ones((2, 16), np.float32)
+    sw = ffi.new("pi_sparse_ffn_weights *")
+    sw.gate = sw.up = sw.down_t = w8[0]
+    na = ffi.new("int64_t *")
+    expect_error(lib.pi_op_sparse_ffn(ffi.NULL, sw, lib.PI_ACT_RELU, lib.PI_FFN_PAR, tensor(x), tensor(scores), 0.0,
+                                      tensor(out), na), lib.PI_ERR_UNSUPPORTED)
+    q = np.zeros((8, 64), np.uint8)
+    expect_error(lib.pi_dequantize_row(w8.type, ffi.from_buffer(q), ffi.cast("float *", out.ctypes.data), 64),
+                 lib.PI_ERR_UNSUPPORTED)
+    w8.ne[1] = 12                                   # an interleaved weight must keep whole groups of 8 rows
+    expect_error(lib.pi_op_mul_mat(ffi.NULL, w8, tensor(x), tensor(np.zeros((2, 12), np.float32))),
+                 lib.PI_ERR_INVALID_ARG)
+
+
+@pytest.fixture(scope="module")
+def q4_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("repack") / "tiny-q4_0.gguf"
+    write_model(path, dtype="q4_0", seed=5, n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
+    return path
+
+
+def test_repacked_model_gives_the_same_logits(q4_model, monkeypatch):
+    prompt = [1, 17, 200, 45, 3, 99, 128, 7, 300]
+    logits = {}
+    for repack in (True, False):
+        model = pi.Model(q4_model, repack=repack)
+        ctx = pi.Context(model, n_ctx=32, n_threads=2)
+        ctx.decode(prompt, logits="all")
+        batch = np.stack([ctx.logits(i) for i in range(len(prompt))])
+        ctx.kv_clear()
+        steps = []
+        for tok in prompt:                              # token by token: T = 1 kernels
+            ctx.decode([tok])
+            steps.append(ctx.logits(0))
+        logits[repack] = (batch, np.stack(steps))
+    assert_bit_equal(logits[True][0], logits[False][0], "prompt logits, repacked vs file layout")
+    assert_bit_equal(logits[True][1], logits[False][1], "decode logits, repacked vs file layout")
+    assert_bit_equal(logits[True][0], logits[True][1], "prompt vs token-by-token decode")
+    monkeypatch.setenv("POWERINFER_NO_REPACK", "1")
+    assert pi.Model(q4_model).repack is False
+
+
+def fma32(a, b, c):
+    """float32 fma(a, b, c) for the Q4_0 axpy's operands: a * b is exact in float64 (24 + 4 bits), and
+    the float64 sum of it and c is exact too unless their exponents are far apart, so rounding the
+    float64 result once to float32 is the fused result (the test below would notice if it were not)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def q4_0_parts(raw):
+    """Q4_0 rows [N, row bytes] -> scales [N, nb] f32 and signed quants [N, nb * 32] f32 (in element order)."""
+    N = raw.shape[0]
+    blocks = raw.reshape(N, -1, 18)
+    d = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    qs = blocks[:, :, 2:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.float32) - 8   # elements 0..15, then 16..31
+    return d, q.reshape(N, -1)
+
+
+@pytest.mark.parametrize("T", [1, 3, 6])
+def test_sparse_ffn_q4_0_is_the_exact_axpy_chain(pool2, T):
+    """The gathered 8-row dot products and the 8-row axpy give exactly the bits of one row at a time:
+    h from mul_mat's dot products (equal to vec_dot's, test above), out = axpy over active rows in order."""
+    E, F = 128, 96
+    rng = np.random.default_rng(T)
+    gate, up, down_t = (np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E)) for _ in range(3))
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    scores = rng.standard_normal((T, F)).astype(np.float32)      # about half of the neurons per token
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.gate, w.up, w.down_t = tensor(gate, Q4_0)[0], tensor(up, Q4_0)[0], tensor(down_t, Q4_0)[0]
+    out = np.zeros((T, E), np.float32)
+    check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, lib.PI_FFN_PAR, tensor(x), tensor(scores), 0.0,
+                               tensor(out), ffi.NULL))
+    g = mul_mat(ffi.NULL, tensor(gate, Q4_0), x, F)
+    u = mul_mat(ffi.NULL, tensor(up, Q4_0), x, F)
+    h = np.where(scores >= 0.0, np.maximum(g, 0) * u, 0).astype(np.float32)
+    d, q = q4_0_parts(down_t)
+    for t in range(T):
+        y = np.zeros(E, np.float32)
+        for i in np.flatnonzero(h[t]):
+            scale = np.repeat((h[t, i] * d[i]).astype(np.float32), 32)
+            y = fma32(scale, q[i], y)
+        assert_bit_equal(out[t], y, f"token {t}: sparse FFN vs the one-row-at-a-time chain")

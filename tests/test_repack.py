@@ -188,3 +188,28 @@ def test_sparse_ffn_q4_0_is_the_exact_axpy_chain(pool2, T):
             scale = np.repeat((h[t, i] * d[i]).astype(np.float32), 32)
             y = fma32(scale, q[i], y)
         assert_bit_equal(out[t], y, f"token {t}: sparse FFN vs the one-row-at-a-time chain")
+
+
+def quantize(t, x, block_bytes):
+    x = np.ascontiguousarray(x, np.float32)
+    dst = np.zeros(x.size // 32 * block_bytes, np.uint8)
+    check(lib.pi_quantize_row(t, ffi.from_buffer("float[]", x), ffi.from_buffer(dst), x.size))
+    return dst.reshape(-1, block_bytes)
+
+
+def test_activation_quantizers_round_exactly():
+    """Q8_0 and Q8_0S (d = amax/127, roundf: halves away from zero) against numpy, bit for bit, on
+    random data and on values that land exactly on and next to .5 after scaling."""
+    from test_ops import np_quantize_q8_0
+    rng = np.random.default_rng(7)
+    ties = np.array([127, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 0.49999997, -0.49999997, 0.50000006,
+                     3.4999998, -3.4999998, 0, -0.0, 1e-30, 64.5, -64.5, 100.5, 5.5, -5.5, 7.5, 8.5, 9.5, 10.5,
+                     11.5, -11.5, 12.5, 13.5, 14.5, 15.5], np.float32)          # amax 127: d = 1, x * (1/d) = x
+    x = np.concatenate([ties, rng.standard_normal(32 * 200).astype(np.float32) * 10 ** rng.uniform(-3, 3),
+                        np.zeros(32, np.float32)])
+    want = np_quantize_q8_0(x).reshape(-1, 34)
+    assert np.array_equal(quantize(lib.PI_TYPE_Q8_0, x, 34), want)
+    q8s = quantize(lib.PI_TYPE_COUNT, x, 36)                      # PI_TYPE_Q8_0S: d, s = sum of quants, quants
+    assert np.array_equal(q8s[:, :2], want[:, :2]) and np.array_equal(q8s[:, 4:], want[:, 2:])
+    sums = q8s[:, 2:4].copy().view(np.int16)[:, 0]
+    assert np.array_equal(sums, want[:, 2:].view(np.int8).astype(np.int32).sum(axis=1))

@@ -25,6 +25,9 @@
 #include <immintrin.h>
 
 #define PREFETCH_BLOCKS 8   /* how far ahead (in blocks) the next weights are prefetched */
+#ifndef ROW_PREFETCH_BLOCKS
+#define ROW_PREFETCH_BLOCKS 8
+#endif
 
 /* Accumulates one block (8 rows x 32 elements, given as the four transposed registers and the
  * 8 row scales) into acc[t] for nt tokens. */
@@ -73,7 +76,7 @@ void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
     __m256 acc[PI_DOT8_MAX_T] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
     for (int64_t b = 0; b < nb; b++) {
         if ((b & 3) == 0)   /* 4 blocks = 72 bytes: about one new cache line per row */
-            for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(r[k] + b + PREFETCH_BLOCKS), _MM_HINT_T0);
+            for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(r[k] + b + ROW_PREFETCH_BLOCKS), _MM_HINT_T0);
         __m256i c[4];
         load_rows8(r, b, c);
         const __m128i dh = _mm_setr_epi16((short)r[0][b].d, (short)r[1][b].d, (short)r[2][b].d, (short)r[3][b].d,

@@ -113,18 +113,58 @@ float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
 
 /* ---- 8-bit activations ---- */
 
+/* One block of 32 activations to 8 bits: d = amax / 127, q = roundf(x * (1 / d)) (half away from
+ * zero); returns the sum of the quants. The AVX2 path gives exactly the scalar path's bits. */
+static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t *qs) {
+#if defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax8 = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        amax8 = _mm256_max_ps(_mm256_andnot_ps(sign, v[k]), amax8);   /* NaN lanes keep amax, as fmaxf */
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float amax = _mm_cvtss_f32(m);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_out = pi_f32_to_fp16(d);
+    __m256i q[4], sum = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        const __m256 y = _mm256_mul_ps(v[k], _mm256_set1_ps(id));
+        const __m256 a = _mm256_andnot_ps(sign, y);
+        const __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 up = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ),
+                                        _mm256_set1_ps(1.0f));
+        const __m256 r = _mm256_or_ps(_mm256_add_ps(t, up), _mm256_and_ps(sign, y));   /* roundf */
+        q[k] = _mm256_cvttps_epi32(r);
+        sum = _mm256_add_epi32(sum, q[k]);
+    }
+    /* int32 -> int8: packs work within 128-bit lanes, a final permute restores the order */
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    _mm256_storeu_si256((__m256i *)qs, _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+    return _mm_cvtsi128_si32(s4);
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < PI_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_out = pi_f32_to_fp16(d);
+    int32_t sum = 0;
+    for (int j = 0; j < PI_QK8_0; j++) sum += qs[j] = (int8_t)roundf(x[j] * id);
+    return sum;
+#endif
+}
+
 /* Q8_0 for activations: d = amax / 127, q = round(x / d). */
 void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
     pi_block_q8_0 *y = dst;
-    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
-        const float *x = src + b * PI_QK8_0;
-        float amax = 0.0f;
-        for (int j = 0; j < PI_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = pi_f32_to_fp16(d);
-        for (int j = 0; j < PI_QK8_0; j++) y[b].qs[j] = (int8_t)roundf(x[j] * id);
-    }
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) quantize_block_q8(src + b * PI_QK8_0, &y[b].d, y[b].qs);
 }
 
 #if defined(__AVX2__)
@@ -154,15 +194,8 @@ static inline __m256i unpack_nibbles(const uint8_t *qs) {
  * sum (q - 8) y = sum q y - 8 s. */
 void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n) {
     pi_block_q8_0s *y = dst;
-    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
-        pi_block_q8_0 q;
-        pi_quantize_row_q8_0(src + b * PI_QK8_0, &q, PI_QK8_0);
-        int32_t s = 0;
-        for (int j = 0; j < PI_QK8_0; j++) s += q.qs[j];
-        y[b].d = q.d;
-        y[b].s = (int16_t)s;
-        memcpy(y[b].qs, q.qs, sizeof q.qs);
-    }
+    for (int64_t b = 0; b < n / PI_QK8_0; b++)
+        y[b].s = (int16_t)quantize_block_q8(src + b * PI_QK8_0, &y[b].d, y[b].qs);
 }
 
 void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n) {

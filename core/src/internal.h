@@ -76,6 +76,7 @@ const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cann
 float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
 float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
 float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
+void  pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
 float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x);
 void  pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);

@@ -436,7 +436,8 @@ pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, cons
 
 /* ---- attention -------------------------------------------------------------
  * One (token, head) pair at a time: scores over the visible cells, softmax,
- * weighted sum of V rows. Masked cells (-inf) are skipped entirely. */
+ * weighted sum of V rows (axpy straight from the cache type). Masked cells (-inf)
+ * are skipped entirely. */
 
 typedef struct {
     const pi_tensor *q, *k, *v, *mask;
@@ -452,7 +453,6 @@ static void attention_task(void *p, int ith, int nth) {
     const int64_t group = H / Hkv;
     const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
     float *scores = a->scratch + (size_t)ith * (size_t)(n_kv + hd);
-    float *vrow = scores + n_kv;
     int64_t w0, w1;
     split_range(T * H, ith, nth, &w0, &w1);
     for (int64_t w = w0; w < w1; w++) {
@@ -460,11 +460,23 @@ static void attention_task(void *p, int ith, int nth) {
         const float *q = ROW_F32(a->q, h, t, 0);
         const float *mask = a->mask ? ROW_F32(a->mask, t, 0, 0) : NULL;
         float max = -INFINITY;
+        const char *kbase = (const char *)a->k->data + hk * a->k->nb[1];
+        for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four at a time where possible */
+            if (mask && mask[c] == -INFINITY) continue;
+            if (a->k->type == PI_TYPE_F16 && c + 4 <= n_kv && (!mask || (mask[c + 1] != -INFINITY &&
+                                            mask[c + 2] != -INFINITY && mask[c + 3] != -INFINITY))) {
+                const void *rows[4] = { kbase + c * a->k->nb[2], kbase + (c + 1) * a->k->nb[2],
+                                        kbase + (c + 2) * a->k->nb[2], kbase + (c + 3) * a->k->nb[2] };
+                pi_vec_dot4_f16_f32(hd, rows, q, scores + c);
+                c += 3;
+                continue;
+            }
+            scores[c] = kt->vec_dot(hd, kbase + c * a->k->nb[2], q);
+        }
         for (int64_t c = 0; c < n_kv; c++) {
             const float m = mask ? mask[c] : 0.0f;
             if (m == -INFINITY) { scores[c] = -INFINITY; continue; }
-            const char *krow = (const char *)a->k->data + hk * a->k->nb[1] + c * a->k->nb[2];
-            scores[c] = kt->vec_dot(hd, krow, q) * a->scale + m;
+            scores[c] = scores[c] * a->scale + m;
             max = fmaxf(max, scores[c]);
         }
         float *out = ROW_F32(a->out, h, t, 0);
@@ -479,10 +491,7 @@ static void attention_task(void *p, int ith, int nth) {
         const float inv = (float)(1.0 / sum);
         for (int64_t c = 0; c < n_kv; c++) {
             if (scores[c] == -INFINITY) continue;
-            const char *vsrc = (const char *)a->v->data + hk * a->v->nb[1] + c * a->v->nb[2];
-            const float *vr = (const float *)vsrc;
-            if (a->v->type != PI_TYPE_F32) { vt->to_f32(vsrc, vrow, hd); vr = vrow; }
-            pi_axpy_f32(hd, scores[c] * inv, vr, out);
+            vt->axpy(hd, scores[c] * inv, (const char *)a->v->data + hk * a->v->nb[1] + c * a->v->nb[2], out);
         }
     }
 }

@@ -87,6 +87,29 @@ float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x) {
     return sum;
 }
 
+/* Four f16 rows against one f32 vector: out[k] = pi_vec_dot_f16_f32(n, rows[k], x), the same bits (each
+ * row keeps its own accumulator in the same order); the four chains run interleaved, which hides the
+ * fma latency that a single dot product waits on (attention scores over the KV cache). */
+void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out) {
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(__AVX512F__)
+    const uint16_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r0 + i))), xv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r1 + i))), xv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r2 + i))), xv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r3 + i))), xv, a3);
+    }
+    out[0] = hsum_256(a0); out[1] = hsum_256(a1); out[2] = hsum_256(a2); out[3] = hsum_256(a3);
+    for (int k = 0; k < 4; k++)
+        for (int64_t j = i; j < n; j++) out[k] += pi_fp16_to_f32(((const uint16_t *)rows[k])[j]) * x[j];
+#else
+    for (int k = 0; k < 4; k++) out[k] = pi_vec_dot_f16_f32(n, rows[k], x);
+#endif
+}
+
 float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
     const uint16_t *a = w;
     const float *b = x;

@@ -79,12 +79,21 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *   vec_dot8  8 rows at any addresses x up to 4 tokens per call
  *   vec_dot   one row, one token */
 
-/* Rows per work item: long runs keep each thread streaming through contiguous memory (the hardware
- * prefetcher restarts at every jump: 16-row items cost 8% of decode speed against 256), while at least
- * 4 items per thread keep the threads balanced. A multiple of 16 (the 8-row kernels need multiples of 8). */
-static int64_t chunk_rows(int64_t N, int nth) {
-    const int64_t rows = N / (4 * (int64_t)nth) / 16 * 16;
-    return PI_MAX(16, PI_MIN(256, rows));
+/* Work items shrink as the rows run out ("guided" scheduling): long runs keep each thread streaming
+ * through contiguous memory (the hardware prefetcher restarts at every jump: 16-row items cost 8% of
+ * decode speed against 256), short last items keep the threads finishing together. Item sizes are
+ * multiples of 16 (the 8-row kernels need multiples of 8); which thread computes a row never changes
+ * its result. Returns the first row of the caller's next item, or N when none is left. */
+static int64_t next_rows(atomic_llong *next, int64_t N, int nth, int64_t *r1) {
+    long long r0 = atomic_load(next);
+    for (;;) {
+        if (r0 >= N) return N;
+        const int64_t size = PI_MAX(16, PI_MIN(256, (N - r0) / (2 * (int64_t)nth) / 16 * 16));
+        if (atomic_compare_exchange_weak(next, &r0, r0 + size)) {
+            *r1 = PI_MIN(N, r0 + size);
+            return r0;
+        }
+    }
 }
 
 typedef struct {
@@ -92,8 +101,8 @@ typedef struct {
     pi_tensor *y;
     char *xq;             /* [T] rows of the vec_dot_type */
     int64_t xq_row_bytes;
-    int64_t chunk_rows;
-    atomic_llong next_chunk;
+    int nth;
+    atomic_llong next_row;
 } mul_mat_args;
 
 static void mul_mat_convert_task(void *p, int ith, int nth) {
@@ -139,9 +148,10 @@ static void mul_mat_task(void *p, int ith, int nth) {
     const pi_type_traits *tr = pi_traits(a->w->type);
     const int64_t N = a->w->ne[1];
     for (;;) {
-        const int64_t r0 = atomic_fetch_add(&a->next_chunk, 1) * a->chunk_rows;
+        int64_t r1;
+        const int64_t r0 = next_rows(&a->next_row, N, a->nth, &r1);
         if (r0 >= N) return;
-        mul_mat_rows(a, tr, r0, PI_MIN(N, r0 + a->chunk_rows));
+        mul_mat_rows(a, tr, r0, r1);
     }
 }
 
@@ -154,8 +164,8 @@ size_t pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T) {
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch) {
     mul_mat_args a = { .w = w, .x = x, .y = y, .xq = scratch };
     a.xq_row_bytes = pi_row_bytes(pi_traits(w->type)->vec_dot_type, w->ne[0]);
-    a.chunk_rows = chunk_rows(w->ne[1], pi_threadpool_size(pool));
-    atomic_init(&a.next_chunk, 0);
+    a.nth = pi_threadpool_size(pool);
+    atomic_init(&a.next_row, 0);
     pi_threadpool_run(pool, mul_mat_convert_task, &a);
     pi_threadpool_run(pool, mul_mat_task, &a);
     return PI_OK;

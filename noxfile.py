@@ -41,8 +41,12 @@ def scalar(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """llama-bench style numbers for a model: nox -s bench -- -m MODEL.gguf [-p 512 -n 128]."""
+    """pp128/pp512/tg128 of a model, ours and llama.cpp's with the ratio: nox -s bench -- -m MODEL.gguf.
+
+    llama-cpp-python (the peer) is compiled once per nox environment (~4 min; reuse it with -r), with
+    -fno-dse: GCC 12 otherwise drops the AMX tile configuration and llama.cpp crashes on prompts."""
     session.install(".")
+    session.install("llama-cpp-python", env={"CMAKE_ARGS": "-DLLAVA_BUILD=OFF -DCMAKE_CXX_FLAGS=-fno-dse"})
     session.run("python", "bench/bench.py", *(session.posargs or ["--help"]))
 
 

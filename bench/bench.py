@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """llama-bench style throughput benchmark for PowerInfer-py (optionally against llama.cpp).
 
-    PYTHONPATH=bindings python bench/bench.py -m MODEL.gguf [-p 512] [-n 128] [-r 5] [-t 2]
-        [-b 512] [-o md|csv|json] [--peer llama.cpp]
+    PYTHONPATH=bindings python bench/bench.py -m MODEL.gguf [-p 128,512] [-n 128] [-r 5] [-t CORES]
+        [-b 512] [-o md|csv|json] [--peer llama.cpp|none] [--no-repack]
+
+Defaults: pp128, pp512 and tg128, on the physical cores, against llama.cpp when llama-cpp-python is
+installed (its rows follow ours, and ours get the ratio).
 
 Tests follow llama-bench: pp<N> = one decode of N random tokens (split in n_batch chunks) on a
 cleared KV cache; tg<N> = N single-token decodes starting from an empty cache.  Each test runs
@@ -25,7 +28,20 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings"))
 import powerinfer  # noqa: E402
 
-FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 32: "BF16"}
+FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+          11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
+          16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}   # llama.cpp's general.file_type names
+
+
+def physical_cores() -> int:
+    """The core's default thread count (physical cores), as every example uses it."""
+    from powerinfer._ffi import ffi, lib
+    pool = ffi.new("pi_threadpool **")
+    if lib.pi_threadpool_create(0, pool) != 0:
+        return os.cpu_count() or 1
+    n = lib.pi_threadpool_size(pool[0])
+    lib.pi_threadpool_free(pool[0])
+    return n
 
 
 def model_desc(m: powerinfer.Model) -> str:
@@ -39,8 +55,8 @@ def model_desc(m: powerinfer.Model) -> str:
 class Ours:
     name, backend = "powerinfer", "CPU"
 
-    def __init__(self, path, n_ctx, n_batch, n_threads):
-        self.m = powerinfer.Model(path)
+    def __init__(self, path, n_ctx, n_batch, n_threads, repack=True):
+        self.m = powerinfer.Model(path, repack=repack)
         self.ctx = powerinfer.Context(self.m, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
         self.desc, self.size, self.params = model_desc(self.m), self.m.size_bytes, self.m.n_params
         self.n_vocab = self.m.n_vocab
@@ -119,16 +135,20 @@ def md_line(cells, cols):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", required=True, help="GGUF file(s), comma separated")
-    ap.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma separated (0: none)")
+    ap.add_argument("-p", "--n-prompt", default="128,512", help="prompt sizes, comma separated (0: none)")
     ap.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma separated (0: none)")
     ap.add_argument("-r", "--repetitions", type=int, default=5)
-    ap.add_argument("-t", "--threads", default=str(os.cpu_count()), help="comma separated")
+    ap.add_argument("-t", "--threads", default=None, help="comma separated (default: physical cores)")
     ap.add_argument("-b", "--batch-size", type=int, default=512)
     ap.add_argument("-o", "--output", choices=["md", "csv", "json"], default="md")
-    ap.add_argument("--peer", choices=["llama.cpp"], default=None, help="also measure this implementation")
+    ap.add_argument("--peer", choices=["llama.cpp", "none"], default="llama.cpp",
+                    help="also measure this implementation (default: llama.cpp, skipped if not installed)")
+    ap.add_argument("--no-repack", action="store_true", help="ours: read the file's weight layout (no interleaved copies)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--verbose", action="store_true", help="let llama.cpp print its log")
     a = ap.parse_args()
+    if a.threads is None:
+        a.threads = str(physical_cores())
 
     tests = [(p, 0) for p in split_ints(a.n_prompt) if p > 0] + [(0, n) for n in split_ints(a.n_gen) if n > 0]
     impls = [Ours]
@@ -150,7 +170,7 @@ def main():
             n_ctx = max(p + n for p, n in tests)
             loaded = []
             for cls in impls:
-                kw = {"verbose": a.verbose} if cls is LlamaCpp else {}
+                kw = {"verbose": a.verbose} if cls is LlamaCpp else {"repack": not a.no_repack}
                 try:
                     loaded.append(cls(path, n_ctx, a.batch_size, threads, **kw))
                 except Exception as e:   # e.g. llama.cpp refusing the file: report it, keep our rows

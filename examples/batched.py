@@ -56,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's value, else 0.0)")
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
+    p.add_argument("-nr", "--no-repack", action="store_true", help="do not repack weights into the interleaved layout (llama.cpp's --no-repack): no copy, slower matmuls")
     args = p.parse_intermixed_args(argv)
 
     pos = list(args.positional)
@@ -167,7 +168,7 @@ def run(args) -> int:
         log(f"error: {e}")
         return 1
     try:
-        model = pi.Model(model_path)
+        model = pi.Model(model_path, repack=False if args.no_repack else None)
     except (pi.ModelLoadError, OSError) as e:
         log(f"error: failed to load model: {e}")
         return 1

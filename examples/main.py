@@ -62,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sparse-threshold", type=float, default=None,
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")
+    p.add_argument("-nr", "--no-repack", action="store_true",
+                   help="do not repack weights into the interleaved layout (llama.cpp's --no-repack): no copy, slower matmuls")
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     args = p.parse_args(argv)
@@ -109,7 +111,7 @@ def run(args) -> int:
         log(f"error: {e}")
         return 1
     try:
-        model = pi.Model(args.model)
+        model = pi.Model(args.model, repack=False if args.no_repack else None)
     except pi.ModelLoadError as e:
         log(f"error: failed to load model: {e}")
         return 1

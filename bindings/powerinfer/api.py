@@ -211,8 +211,9 @@ class PowerInfer:
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 512, n_batch: int = 512,
                  n_threads: int | None = None, seed: int = -1, kv_type: str = "f16", n_parallel: int = 1,
                  chat_format: str | None = None, chat_template: str | None = None,
-                 sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None):
-        self.model = Model(model_path)
+                 sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
+                 repack: bool | None = None):
+        self.model = Model(model_path, repack=repack)
         self.model_path = str(model_path)
         self.tokenizer = self.model.tokenizer
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,

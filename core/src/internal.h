@@ -137,6 +137,9 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
                        const pi_tensor *mask, float scale, pi_tensor *out);
 
 
+/* ---- repacking (repack.c): pi_repack on a thread pool ---- */
+pi_status pi_repack_on(pi_threadpool *pool, const pi_tensor *w, void *dst, int64_t dst_bytes, pi_tensor *out);
+
 /* ---- sparse FFN (sparse_ffn.c) ---- */
 size_t    pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T);
 pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,

@@ -122,7 +122,7 @@ static pi_status check_hparams(const pi_hparams *hp) {
 #define TRY(expr) do { st = (expr); if (st != PI_OK) goto fail; } while (0)
 
 /* Replaces *t by an interleaved copy when its type has one (the file's mapping stays untouched). */
-static pi_status repack_one(pi_model *m, pi_tensor *t) {
+static pi_status repack_one(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
     const int64_t bytes = t->data ? pi_repack_bytes(t) : 0;
     if (bytes == 0) return PI_OK;
     void **list = realloc(m->repacked, (size_t)(m->n_repacked + 1) * sizeof *list);
@@ -132,21 +132,24 @@ static pi_status repack_one(pi_model *m, pi_tensor *t) {
     if (!buf) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory repacking weights (%lld bytes); "
                              "load with no_repack to use the file's layout", (long long)bytes);
     m->repacked[m->n_repacked++] = buf;
-    return pi_repack(t, buf, bytes, t);
+    return pi_repack_on(pool, t, buf, bytes, t);
 }
 
 /* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. */
 static pi_status repack_weights(pi_model *m) {
+    pi_threadpool *pool = NULL;   /* the copies are made by all cores; without a pool, by this thread */
+    if (pi_threadpool_create(0, &pool) != PI_OK) { pool = NULL; pi_clear_error(); }
     pi_status st = PI_OK;
-    if (m->output.data != m->token_embd.data) st = repack_one(m, &m->output);
+    if (m->output.data != m->token_embd.data) st = repack_one(m, pool, &m->output);
     for (int32_t il = 0; il < m->hp.n_layer && st == PI_OK; il++) {
         pi_layer *L = &m->layers[il];
         pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
                            m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
                            m->hp.sparse ? NULL : &L->ffn_down };
         for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
-            if (w[i]) st = repack_one(m, w[i]);
+            if (w[i]) st = repack_one(m, pool, w[i]);
     }
+    pi_threadpool_free(pool);
     return st;
 }
 

@@ -46,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
+    p.add_argument("-nr", "--no-repack", action="store_true", help="do not repack weights into the interleaved layout (llama.cpp's --no-repack): no copy, slower matmuls")
     p.add_argument("--vram-budget", type=float, default=None,
                    help="GiB of VRAM for PowerInfer's GPU split (accepted for compatibility; this build has "
                         "no GPU backend, so it is ignored)")
@@ -113,7 +114,8 @@ def make_loader(args):
         llm = pi.PowerInfer(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                             n_threads=args.threads or None, seed=args.seed, kv_type=args.kv_type,
                             n_parallel=args.parallel, chat_format=chat_format, chat_template=template,
-                            sparse_threshold=args.sparse_threshold, dense=args.dense, model_alias=args.alias)
+                            sparse_threshold=args.sparse_threshold, dense=args.dense, model_alias=args.alias,
+                            repack=False if args.no_repack else None)
         log.info("model: %s", llm.model.describe())
         _prefault(llm.model)
         ctx = llm.ctx

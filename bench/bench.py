@@ -143,7 +143,8 @@ def main():
     ap.add_argument("-o", "--output", choices=["md", "csv", "json"], default="md")
     ap.add_argument("--peer", choices=["llama.cpp", "none"], default="llama.cpp",
                     help="also measure this implementation (default: llama.cpp, skipped if not installed)")
-    ap.add_argument("--no-repack", action="store_true", help="ours: read the file's weight layout (no interleaved copies)")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="ours: read the file's weight layout (no interleaved copies)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--verbose", action="store_true", help="let llama.cpp print its log")
     a = ap.parse_args()

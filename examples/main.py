@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")
     p.add_argument("-nr", "--no-repack", action="store_true",
-                   help="do not repack weights into the interleaved layout (llama.cpp's --no-repack): no copy, slower matmuls")
+                   help="keep the file's weight layout: no interleaved copy, slower matmuls")
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     args = p.parse_args(argv)

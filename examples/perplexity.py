@@ -40,7 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's value, else 0.0)")
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
-    p.add_argument("-nr", "--no-repack", action="store_true", help="do not repack weights into the interleaved layout (llama.cpp's --no-repack): no copy, slower matmuls")
+    p.add_argument("-nr", "--no-repack", action="store_true",
+                   help="keep the file's weight layout: no interleaved copy, slower matmuls")
     p.add_argument("--kl-divergence-base", metavar="FILE", default=None,
                    help="without --kl-divergence: save this run's scored log-probabilities to FILE; "
                         "with it: the saved run to compare against")

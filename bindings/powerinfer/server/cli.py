@@ -46,7 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
-    p.add_argument("-nr", "--no-repack", action="store_true", help="do not repack weights into the interleaved layout (llama.cpp's --no-repack): no copy, slower matmuls")
+    p.add_argument("-nr", "--no-repack", action="store_true",
+                   help="keep the file's weight layout: no interleaved copy, slower matmuls")
     p.add_argument("--vram-budget", type=float, default=None,
                    help="GiB of VRAM for PowerInfer's GPU split (accepted for compatibility; this build has "
                         "no GPU backend, so it is ignored)")

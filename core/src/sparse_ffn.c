@@ -56,14 +56,20 @@ static void select_task(void *p, int ith, int nth) {
     }
 }
 
-static void convert_task(void *p, int ith, int nth) {
-    sparse_args *a = p;
+/* The activations in the gate's and up's vec_dot types (once when they share it), tokens striped over
+ * the threads. */
+static void convert(sparse_args *a, int ith, int nth) {
     for (int64_t t = ith; t < a->T; t += nth) {
         const float *x = (const float *)((const char *)a->x->data + t * a->x->nb[1]);
-        if (a->xq_gate)
+        if (a->xq_gate && a->xq_gate != a->xq_up)
             pi_traits(pi_traits(a->w->gate.type)->vec_dot_type)->from_f32(x, a->xq_gate + t * a->xq_gate_bytes, a->E);
         pi_traits(pi_traits(a->w->up.type)->vec_dot_type)->from_f32(x, a->xq_up + t * a->xq_up_bytes, a->E);
     }
+}
+
+static void select_convert_task(void *p, int ith, int nth) {
+    select_task(p, ith, nth);
+    convert(p, nth - 1 - ith, nth);   /* for one token the conversion goes to the last thread */
 }
 
 /* h for union rows [j0, j0 + n) (n <= 8) and every token, from their up (and gate) dot products. */
@@ -217,21 +223,21 @@ pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int
     a.count = carve(&p, (size_t)a.F * sizeof(int32_t));
     a.rows = carve(&p, (size_t)a.F * sizeof(int32_t));
     a.h = carve(&p, (size_t)(a.T * a.F) * sizeof(float));
-    if (gate_mode != PI_FFN_SEQ) {
-        a.xq_gate_bytes = pi_row_bytes(pi_traits(w->gate.type)->vec_dot_type, a.E);
-        a.xq_gate = carve(&p, (size_t)(a.xq_gate_bytes * a.T));
-    }
     a.xq_up_bytes = pi_row_bytes(pi_traits(w->up.type)->vec_dot_type, a.E);
     a.xq_up = carve(&p, (size_t)(a.xq_up_bytes * a.T));
+    if (gate_mode != PI_FFN_SEQ) {
+        a.xq_gate_bytes = pi_row_bytes(pi_traits(w->gate.type)->vec_dot_type, a.E);
+        a.xq_gate = pi_traits(w->gate.type)->vec_dot_type == pi_traits(w->up.type)->vec_dot_type
+                        ? a.xq_up : carve(&p, (size_t)(a.xq_gate_bytes * a.T));
+    }
 
-    pi_threadpool_run(pool, select_task, &a);
+    pi_threadpool_run(pool, select_convert_task, &a);
     int64_t pairs = 0;
     for (int64_t i = 0; i < a.F; i++) {
         pairs += a.count[i];
         if (a.count[i]) a.rows[a.n_rows++] = (int32_t)i;
     }
     if (n_active) *n_active = pairs;
-    pi_threadpool_run(pool, convert_task, &a);
     atomic_init(&a.next, 0);
     pi_threadpool_run(pool, gather_task, &a);
     pi_threadpool_run(pool, down_task, &a);

@@ -53,9 +53,9 @@ def repacked(raw):
     return out, buf
 
 
-# N: below, at and around multiples of the 8-row kernel and the 16-row chunk; T: around the 4-token block
+# N: below, at and around multiples of the 8-row kernel and the 16-row work item; T: around the 8-token block
 @pytest.mark.parametrize("K,N,T", [(32, 8, 1), (64, 13, 1), (128, 16, 4), (96, 24, 5), (256, 40, 9), (4096, 64, 3),
-                                   (64, 7, 2)])
+                                   (64, 7, 2), (64, 272, 8), (128, 48, 17)])
 def test_q4_0_kernels_agree(pool2, K, N, T):
     raw, wd, x = mul_mat_case(Q4_0, K, N, T, seed=K + N + T)
     y = mul_mat(pool2, tensor(raw, Q4_0), x, N)                 # 8-row kernel + single rows for the rest

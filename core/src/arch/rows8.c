@@ -6,7 +6,7 @@
  * 16+4m..16+4m+3 (high nibbles). Broadcasting four activation bytes against such a
  * register with maddubs yields partial sums for all eight rows in their own lanes, so
  * there is no horizontal reduction, the eight row scales are one vector, and the
- * unpacked weights are reused for up to PI_DOT8_MAX_T tokens.
+ * unpacked weights are reused for up to PI_DOT8_MAX_T (8) tokens.
  *
  * The nibbles stay unsigned (0..15): sum (q - 8) y = sum q y - 8 s with s the activation
  * block's sum (PI_TYPE_Q8_0S). Eight maddubs results (each lane |2 * 15 * 127| <= 3810)
@@ -73,7 +73,8 @@ void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
                             int64_t y_stride) {
     const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
     const int64_t nb = n / PI_QK4_0;
-    __m256 acc[PI_DOT8_MAX_T] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    __m256 acc[PI_DOT8_MAX_T];
+    for (int t = 0; t < PI_DOT8_MAX_T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         if ((b & 3) == 0)   /* 4 blocks = 72 bytes: about one new cache line per row */
             for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(r[k] + b + ROW_PREFETCH_BLOCKS), _MM_HINT_T0);
@@ -90,7 +91,8 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
                          int64_t y_stride) {
     const pi_block_q4_0x8 *g = group;
     const int64_t nb = n / PI_QK4_0;
-    __m256 acc[PI_DOT8_MAX_T] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    __m256 acc[PI_DOT8_MAX_T];
+    for (int t = 0; t < PI_DOT8_MAX_T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *ahead = (const char *)(g + b + PREFETCH_BLOCKS);   /* 144 bytes: up to 3 lines */
         _mm_prefetch(ahead, _MM_HINT_T0);

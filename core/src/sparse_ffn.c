@@ -18,10 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GATHER_CHUNK 32     /* neurons per work item in the gather step */
-#ifndef PREFETCH_LINES
-#define PREFETCH_LINES 4    /* lines of the next 8 rows requested ahead in the gather step */
-#endif
+#define GATHER_CHUNK 32     /* neurons per work item in the gather step (a multiple of 8) */
 #define COLUMN_ALIGN 32     /* output column ranges start at block boundaries (or at the larger weight block) */
 
 typedef struct {
@@ -72,7 +69,7 @@ static void select_convert_task(void *p, int ith, int nth) {
     convert(p, nth - 1 - ith, nth);   /* for one token the conversion goes to the last thread */
 }
 
-/* h for union rows [j0, j0 + n) (n <= 8) and every token, from their up (and gate) dot products. */
+/* h of neuron i for one token, from its up (and gate) dot products. */
 static float combine(const sparse_args *a, int64_t i, float u, float g) {
     if (a->w->up_bias) u += a->w->up_bias[i];
     switch (a->mode) {
@@ -80,16 +77,6 @@ static float combine(const sparse_args *a, int64_t i, float u, float g) {
         case PI_FFN_SYM: return pi_activation(a->act, g) * pi_activation(a->act, u);
         default:         return pi_activation(a->act, u);
     }
-}
-
-/* Starts loading the first lines of union rows [j0, j1) of up (and gate) while the current rows compute. */
-static void prefetch_rows(const sparse_args *a, int64_t j0, int64_t j1) {
-    const pi_sparse_ffn_weights *w = a->w;
-    for (int64_t j = j0; j < j1; j++)
-        for (int line = 0; line < PREFETCH_LINES; line++) {
-            __builtin_prefetch((const char *)w->up.data + a->rows[j] * w->up.nb[1] + 64 * line);
-            if (a->xq_gate) __builtin_prefetch((const char *)w->gate.data + a->rows[j] * w->gate.nb[1] + 64 * line);
-        }
 }
 
 /* 8 gathered rows x every token with the 8-row kernels (same bits as vec_dot); h = 0 for inactive pairs. */
@@ -127,14 +114,10 @@ static void gather_task(void *p, int ith, int nth) {
         const int64_t j0 = atomic_fetch_add(&a->next, 1) * GATHER_CHUNK;
         if (j0 >= a->n_rows) return;
         const int64_t j1 = PI_MIN(a->n_rows, j0 + GATHER_CHUNK);
-        if (rows8 && (j1 - j0) % 8 == 0) {
-            for (int64_t j = j0; j < j1; j += 8) {
-                prefetch_rows(a, j + 8, PI_MIN(j1, j + 16));
-                gather8(a, j);
-            }
-            continue;
-        }
-        for (int64_t j = j0; j < j1; j++) {
+        int64_t j = j0;
+        if (rows8)
+            for (; j + 8 <= j1; j += 8) gather8(a, j);
+        for (; j < j1; j++) {
             const int64_t i = a->rows[j];
             const char *up_row = (const char *)w->up.data + i * w->up.nb[1];
             const char *gate_row = dot_gate ? (const char *)w->gate.data + i * w->gate.nb[1] : NULL;

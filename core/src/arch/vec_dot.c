@@ -257,32 +257,29 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
     return acc;
 }
 
+/* Q8_0 . Q8_0. The canonical order every Q8_0 kernel follows (the 8-row kernel of rows8_k.c too):
+ * per block the exact integer i = sum w y, then acc = fma(d_w * d_x, i, acc), blocks in order, one
+ * accumulator. SIMD and scalar give the same bits. */
 float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
     const pi_block_q8_0 *a = w;
     const pi_block_q8_0 *b = x;
-    const int64_t nb = n / PI_QK8_0;
-    int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 2 <= nb; i += 2) {
-        const __m256i qa0 = _mm256_loadu_si256((const __m256i *)a[i].qs);
-        const __m256i qa1 = _mm256_loadu_si256((const __m256i *)a[i + 1].qs);
-        const __m256i qb0 = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        const __m256i qb1 = _mm256_loadu_si256((const __m256i *)b[i + 1].qs);
-        const __m256 d0 = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
-        const __m256 d1 = _mm256_set1_ps(pi_fp16_to_f32(a[i + 1].d) * pi_fp16_to_f32(b[i + 1].d));
-        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(dot_i8_pairs(qa0, qb0)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(dot_i8_pairs(qa1, qb1)), acc1);
-    }
-    sum = hsum_256(_mm256_add_ps(acc0, acc1));
-#endif
-    for (; i < nb; i++) {
-        int32_t s = 0;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK8_0; i++) {
+        int32_t s;
+#if defined(__AVX2__)
+        const __m256i dot = dot_i8_pairs(_mm256_loadu_si256((const __m256i *)a[i].qs),
+                                         _mm256_loadu_si256((const __m256i *)b[i].qs));
+        __m128i v = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
+        v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+        s = _mm_cvtsi128_si32(v);
+#else
+        s = 0;
         for (int j = 0; j < PI_QK8_0; j++) s += a[i].qs[j] * b[i].qs[j];
-        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+#endif
+        acc = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)s, acc);
     }
-    return sum;
+    return acc;
 }
 
 /* ---- axpy: y += a * row, row in a weight type (the sparse FFN's down step) ---- */

@@ -78,34 +78,32 @@ static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4)
  * 32-element blocks
  * ====================================================================================== */
 
-float pi_vec_dot_q5_0_q8_0(int64_t n, const void *w, const void *x) {
+/* Q5_0 . Q8_0S. The canonical order every Q5_0 kernel follows (the 8-row kernel of rows8_k.c too):
+ * per block the exact integer i = sum u y - 16 s with u = the unsigned 5-bit quant (0..31) and s the
+ * activation block's sum of quants, then acc = fma(d_w * d_x, i, acc), blocks in order, one
+ * accumulator. SIMD and scalar give the same bits. */
+float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     const pi_block_q5_0 *a = w;
-    const pi_block_q8_0 *b = x;
-    const int64_t nb = n / PI_QK;
-    int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; i < nb; i++) {
-        /* q - 16 = nibble - 16 where the high bit is clear */
-        const __m256i q = _mm256_sub_epi8(nibbles_32(a[i].qs),
-                                          _mm256_andnot_si256(bits_to_bytes(a[i].qh), _mm256_set1_epi8(16)));
-        const __m256 d = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs))), acc);
-    }
-    sum = hsum_f32_8(acc);
-#endif
-    for (; i < nb; i++) {
+    const pi_block_q8_0s *b = x;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        int32_t s;
+#if defined(__AVX2__)
+        const __m256i u = _mm256_or_si256(nibbles_32(a[i].qs),
+                                          _mm256_and_si256(bits_to_bytes(a[i].qh), _mm256_set1_epi8(16)));
+        s = hsum_i32_8(dot_u8_i8(u, _mm256_loadu_si256((const __m256i *)b[i].qs)));
+#else
         const uint32_t qh = load_u32(a[i].qh);
-        int32_t s = 0;
+        s = 0;
         for (int j = 0; j < PI_QK / 2; j++) {
-            const int q0 = ((a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4)) - 16;
-            const int q1 = ((a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16;
-            s += q0 * b[i].qs[j] + q1 * b[i].qs[j + PI_QK / 2];
+            const int u0 = (a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+            const int u1 = (a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            s += u0 * b[i].qs[j] + u1 * b[i].qs[j + PI_QK / 2];
         }
-        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+#endif
+        acc = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)(s - 16 * b[i].s), acc);
     }
-    return sum;
+    return acc;
 }
 
 /* value = q d + m:  sum = d d_y sum(q q_y) + m s_y,  s_y = d_y sum(q_y) stored in the Q8_1 block */

@@ -78,6 +78,16 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }
 
+/* The kernels are written for a token count nt known at compile time (the accumulators stay in
+ * registers, the token loops unroll); the exported functions pick the instance. */
+#define DISPATCH_NT(kernel)                                                      \
+    switch (nt) {                                                                \
+    case 1: kernel(n, rows, x, x_stride, 1, y, y_stride); break;                 \
+    case 2: kernel(n, rows, x, x_stride, 2, y, y_stride); break;                 \
+    case 3: kernel(n, rows, x, x_stride, 3, y, y_stride); break;                 \
+    default: kernel(n, rows, x, x_stride, PI_DOT8_MAX_T, y, y_stride); break;    \
+    }
+
 #define ZERO4 { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() }
 
 /* ======================================================================================
@@ -95,8 +105,8 @@ static inline __m256i q5_high_bits(__m256i qh, int g) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
 }
 
-void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
+static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[PI_DOT8_MAX_T] = ZERO4;
@@ -129,13 +139,16 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
     store_acc(acc, nt, y, y_stride);
 }
 
+void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { DISPATCH_NT(q5_0_dot8); }
+
 /* ======================================================================================
  * Q8_0 . Q8_0. Canonical order (pi_vec_dot_q8_0_q8_0): per block the exact integer
  * i = sum w y, then acc = fma(d_w * d_x, i, acc), blocks in order. The weights are signed:
  * maddubs(|w|, sign(y, w)) per 4-byte group, widened to int32 at once (lanes up to 32512).
  * ====================================================================================== */
-void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) {
+static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK8_0;
     __m256 acc[PI_DOT8_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
@@ -162,13 +175,16 @@ void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, in
     store_acc(acc, nt, y, y_stride);
 }
 
+void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q8_0_dot8); }
+
 /* ======================================================================================
  * Q4_K . Q8_K. Canonical order (pi_vec_dot_q4_K_q8_K): per super-block the exact integers
  * sumi = sum_j sc_j sum_l q_l y_l and summ = sum_j m_j (bsum_2j + bsum_2j+1), then
  * acc = acc + d_x * (d * sumi - dmin * summ), super-blocks in order.
  * ====================================================================================== */
-void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) {
+static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[PI_DOT8_MAX_T] = ZERO4;
@@ -232,13 +248,16 @@ void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, in
     store_acc(acc, nt, y, y_stride);
 }
 
+void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q4_K_dot8); }
+
 /* ======================================================================================
  * Q6_K . Q8_K. Canonical order (pi_vec_dot_q6_K_q8_K): per super-block the exact integer
  * sumi = sum_j sc_j sum_l (u_l - 32) y_l (computed as sum_j sc_j sum_l u_l y_l
  * - 32 sum_j sc_j bsum_j), then acc = acc + (d_x * d) * sumi, super-blocks in order.
  * ====================================================================================== */
-void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) {
+static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
     __m256 acc[PI_DOT8_MAX_T] = ZERO4;
@@ -297,5 +316,8 @@ void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, in
     }
     store_acc(acc, nt, y, y_stride);
 }
+
+void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q6_K_dot8); }
 
 #endif

@@ -8,9 +8,9 @@ core/src/quants_k.h), not against gguf's dequantizers:
   - the weight quantizers: a round trip within each format's error bound;
   - dot products (mul_mat) against float64 sums of the dequantized operands, within a bound
     derived from the f32 roundings (below);
-  - the SIMD build against the portable scalar build (-DPI_NATIVE=OFF): K-quant dot products
-    are bit-identical (the SIMD code computes only the exact integer sums), the 32-element types
-    agree within twice the dot bound;
+  - the SIMD build against the portable scalar build (-DPI_NATIVE=OFF): K-quant and Q5_0 dot
+    products are bit-identical (the SIMD code computes only the exact integer sums), the other
+    32-element types agree within twice the dot bound;
   - the sparse FFN op with these weights against numpy.
 
 Run: PYTHONPATH=bindings python -m pytest tests/test_kquants.py -q
@@ -37,6 +37,7 @@ BLOCK = {Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_1: (32, 40), Q2_K: (
          Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q8_0: (32, 34)}
 WEIGHTS = [Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 KQUANTS = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+# activation types (Q5_0: the core's Q8_0S, which holds the Q8_0 quants plus their sum)
 ACT_TYPE = {Q4_1: Q8_1, Q5_0: Q8_0, Q5_1: Q8_1, Q2_K: Q8_K, Q3_K: Q8_K, Q4_K: Q8_K, Q5_K: Q8_K, Q6_K: Q8_K}
 
 U32 = 2.0 ** -24
@@ -545,7 +546,7 @@ def test_simd_vs_scalar_mul_mat(scalar_lib, t):
             y_simd, y_scalar = c_mul_mat(t, r, x, lib), c_mul_mat(t, r, x, scalar_lib)
             ref, tol = dot_reference(t, r, x)
             assert_within(y_scalar, ref, tol, f"scalar mul_mat {NAME[t]} K={K}")
-            if t in KQUANTS:   # exact integer sums, shared float code
+            if t in KQUANTS + [Q5_0]:   # exact integer sums, then the same float steps
                 assert bits_equal(y_simd, y_scalar), f"SIMD vs scalar {NAME[t]} K={K}"
             else:
                 assert_within(y_simd, y_scalar, SIMD_VS_SCALAR_FACTOR * tol, f"SIMD vs scalar {NAME[t]} K={K}")

@@ -72,7 +72,15 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define Q4_0_AXPY8   pi_axpy8_q4_0
 #define Q4_0_REPACK  PI_TYPE_Q4_0X8
 #define Q4_0X8_GEMM  pi_gemm8_q4_0x8_q8_0s
+#define Q5_0_DOT8    pi_vec_dot8_q5_0_q8_0s
+#define Q8_0_DOT8    pi_vec_dot8_q8_0_q8_0
+#define Q4_K_DOT8    pi_vec_dot8_q4_K_q8_K
+#define Q6_K_DOT8    pi_vec_dot8_q6_K_q8_K
 #else
+#define Q5_0_DOT8    NULL
+#define Q8_0_DOT8    NULL
+#define Q4_K_DOT8    NULL
+#define Q6_K_DOT8    NULL
 #define Q4_0_DOT8    NULL
 #define Q4_0_AXPY8   NULL
 #define Q4_0_REPACK  0
@@ -86,17 +94,21 @@ static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
     [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,        PI_TYPE_F32,  pi_vec_dot_bf16_f32,  pi_axpy_bf16 },
     [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,        PI_TYPE_Q8_0S, pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0,
                        .vec_dot8 = Q4_0_DOT8, .axpy8 = Q4_0_AXPY8, .repacked_type = Q4_0_REPACK },
-    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0, pi_axpy_q8_0 },
+    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0, pi_axpy_q8_0,
+                       .vec_dot8 = Q8_0_DOT8 },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
     [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q4_1_q8_1, pi_axpy_q4_1 },
-    [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0, pi_vec_dot_q5_0_q8_0, pi_axpy_q5_0 },
+    [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0S, pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0,
+                       .vec_dot8 = Q5_0_DOT8 },
     [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q5_1_q8_1, pi_axpy_q5_1 },
     [PI_TYPE_Q8_1] = { "q8_1", 32,  40,  pi_q8_1_to_f32, pi_q8_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q8_1_q8_1, pi_axpy_q8_1 },
     [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q2_K_q8_K, pi_axpy_q2_K },
     [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q3_K_q8_K, pi_axpy_q3_K },
-    [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q4_K_q8_K, pi_axpy_q4_K },
+    [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q4_K_q8_K, pi_axpy_q4_K,
+                       .vec_dot8 = Q4_K_DOT8 },
     [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K },
-    [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q6_K_q8_K, pi_axpy_q6_K },
+    [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q6_K_q8_K, pi_axpy_q6_K,
+                       .vec_dot8 = Q6_K_DOT8 },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q8_K_q8_K, pi_axpy_q8_K },
     /* internal types: an activation format, and an interleaved weight layout (no row access: no
      * conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0) */

@@ -32,6 +32,10 @@ typedef void  (*pi_axpy_fn)(int64_t n, float a, const void *row, float *y);
 #define PI_DOT8_MAX_T 8   /* 8 accumulators + 8 unpacked weight registers: 7% faster prompts than 4 */
 typedef void  (*pi_vec_dot8_fn)(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                 float *y, int64_t y_stride);
+/* Q5_0 and Q8_0 dot products keep 8 partial sums: block b is added (one fma) to p[b % 8], and the
+ * result is this fixed tree over them, which is also the order of an AVX2 horizontal sum of the 8
+ * lanes; every kernel of these types (single-row, 8-row, scalar) sums this way. */
+static inline float pi_tree8(const float p[8]) { return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7])); }
 /* The same for one group of 8 rows of an interleaved (repacked) weight; group = the group's first byte. */
 typedef void  (*pi_gemm8_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                              float *y, int64_t y_stride);

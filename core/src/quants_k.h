@@ -4,7 +4,7 @@
  *
  * Conversions (to_f32, reference quantizers) are in dtype_k.c, dot products and axpy in
  * arch/vec_dot_k.c. Activation types per weight type, as llama.cpp:
- *   Q5_0 -> Q8_0,  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),  Q2_K..Q6_K -> Q8_K. */
+ *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),  Q2_K..Q6_K -> Q8_K. */
 #ifndef PI_QUANTS_K_H
 #define PI_QUANTS_K_H
 
@@ -82,7 +82,7 @@ void pi_q8_K_from_f32(const float *src, void *dst, int64_t n);
 
 /* ---- dot products and axpy (arch/vec_dot_k.c), SIMD with scalar fallbacks ---- */
 float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q5_0_q8_0(int64_t n, const void *w, const void *x);
+float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q2_K_q8_K(int64_t n, const void *w, const void *x);
@@ -91,6 +91,18 @@ float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x);
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
+
+/* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
+#if PI_HAVE_ROWS8
+void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                            float *y, int64_t y_stride);
+void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+#endif
 
 void pi_axpy_q4_1(int64_t n, float a, const void *row, float *y);
 void pi_axpy_q5_0(int64_t n, float a, const void *row, float *y);

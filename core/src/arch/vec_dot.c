@@ -10,6 +10,9 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX2__)
+#include "avx2_util.h"
+#endif
 
 #if defined(__AVX2__)
 static inline float hsum_256(__m256 v) {
@@ -257,32 +260,45 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
     return acc;
 }
 
+/* Q8_0 . Q8_0. The canonical order every Q8_0 kernel follows (the 8-row kernel of rows8_k.c too):
+ * per block the exact integer i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in
+ * order, and pi_tree8(p). Eight partial sums: the AVX2 code adds 8 blocks with one vector fma
+ * (a single scalar chain would cost decode speed). SIMD and scalar give the same bits. */
 float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
     const pi_block_q8_0 *a = w;
     const pi_block_q8_0 *b = x;
     const int64_t nb = n / PI_QK8_0;
+    float p[8] = { 0 };
     int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 2 <= nb; i += 2) {
-        const __m256i qa0 = _mm256_loadu_si256((const __m256i *)a[i].qs);
-        const __m256i qa1 = _mm256_loadu_si256((const __m256i *)a[i + 1].qs);
-        const __m256i qb0 = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        const __m256i qb1 = _mm256_loadu_si256((const __m256i *)b[i + 1].qs);
-        const __m256 d0 = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
-        const __m256 d1 = _mm256_set1_ps(pi_fp16_to_f32(a[i + 1].d) * pi_fp16_to_f32(b[i + 1].d));
-        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(dot_i8_pairs(qa0, qb0)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(dot_i8_pairs(qa1, qb1)), acc1);
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    /* 8 blocks at a time: lane j = block i + j = partial sum j */
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= nb; i += 8) {
+        __m256i v[8];
+        for (int j = 0; j < 8; j++)
+            v[j] = dot_i8_pairs(_mm256_loadu_si256((const __m256i *)a[i + j].qs),
+                                _mm256_loadu_si256((const __m256i *)b[i + j].qs));
+        const __m256 d = _mm256_mul_ps(pi_f16x8_strided(&a[i].d, sizeof *a), pi_f16x8_strided(&b[i].d, sizeof *b));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pi_hsum8_i32(v)), acc);
     }
-    sum = hsum_256(_mm256_add_ps(acc0, acc1));
+    _mm256_storeu_ps(p, acc);
 #endif
     for (; i < nb; i++) {
-        int32_t s = 0;
+        int32_t s;
+#if defined(__AVX2__)
+        const __m256i dot = dot_i8_pairs(_mm256_loadu_si256((const __m256i *)a[i].qs),
+                                         _mm256_loadu_si256((const __m256i *)b[i].qs));
+        __m128i v = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
+        v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+        s = _mm_cvtsi128_si32(v);
+#else
+        s = 0;
         for (int j = 0; j < PI_QK8_0; j++) s += a[i].qs[j] * b[i].qs[j];
-        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+#endif
+        p[i % 8] = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)s, p[i % 8]);
     }
-    return sum;
+    return pi_tree8(p);
 }
 
 /* ---- axpy: y += a * row, row in a weight type (the sparse FFN's down step) ---- */

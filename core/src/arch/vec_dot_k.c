@@ -15,6 +15,8 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 
+#include "avx2_util.h"
+
 static inline float hsum_f32_8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);
@@ -65,6 +67,11 @@ static inline __m256i dot_u8_i8_scaled(__m256i u, const int8_t *y, int s0, int s
     return _mm256_madd_epi16(p, _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0)));
 }
 
+/* The 32 quants of a Q5_0 block as unsigned bytes 0..31 (element order). */
+static inline __m256i q5_0_unsigned(const pi_block_q5_0 *blk) {
+    return _mm256_or_si256(nibbles_32(blk->qs), _mm256_and_si256(bits_to_bytes(blk->qh), _mm256_set1_epi8(16)));
+}
+
 /* Bytes of `bits` where `mask` is set -> `value`, else 0. */
 static inline __m256i select_bits(__m256i bits, uint8_t mask, uint8_t value) {
     const __m256i m = _mm256_set1_epi8((char)mask);
@@ -78,34 +85,45 @@ static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4)
  * 32-element blocks
  * ====================================================================================== */
 
-float pi_vec_dot_q5_0_q8_0(int64_t n, const void *w, const void *x) {
+/* Q5_0 . Q8_0S. The canonical order every Q5_0 kernel follows (the 8-row kernel of rows8_k.c too):
+ * per block the exact integer i = sum u y - 16 s with u = the unsigned 5-bit quant (0..31) and s the
+ * activation block's sum of quants, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in order,
+ * and pi_tree8(p) (see internal.h). SIMD and scalar give the same bits. */
+float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     const pi_block_q5_0 *a = w;
-    const pi_block_q8_0 *b = x;
+    const pi_block_q8_0s *b = x;
     const int64_t nb = n / PI_QK;
+    float p[8] = { 0 };
     int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    /* 8 blocks at a time: lane j = block i + j = partial sum j */
     __m256 acc = _mm256_setzero_ps();
-    for (; i < nb; i++) {
-        /* q - 16 = nibble - 16 where the high bit is clear */
-        const __m256i q = _mm256_sub_epi8(nibbles_32(a[i].qs),
-                                          _mm256_andnot_si256(bits_to_bytes(a[i].qh), _mm256_set1_epi8(16)));
-        const __m256 d = _mm256_set1_ps(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs))), acc);
+    for (; i + 8 <= nb; i += 8) {
+        __m256i v[8];
+        for (int j = 0; j < 8; j++)
+            v[j] = dot_u8_i8(q5_0_unsigned(&a[i + j]), _mm256_loadu_si256((const __m256i *)b[i + j].qs));
+        const __m256i s16 = _mm256_slli_epi32(_mm256_cvtepi16_epi32(pi_i16x8_strided(&b[i].s, sizeof *b)), 4);
+        const __m256 d = _mm256_mul_ps(pi_f16x8_strided(&a[i].d, sizeof *a), pi_f16x8_strided(&b[i].d, sizeof *b));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(pi_hsum8_i32(v), s16)), acc);
     }
-    sum = hsum_f32_8(acc);
+    _mm256_storeu_ps(p, acc);
 #endif
     for (; i < nb; i++) {
+        int32_t s;
+#if defined(__AVX2__)
+        s = hsum_i32_8(dot_u8_i8(q5_0_unsigned(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs)));
+#else
         const uint32_t qh = load_u32(a[i].qh);
-        int32_t s = 0;
+        s = 0;
         for (int j = 0; j < PI_QK / 2; j++) {
-            const int q0 = ((a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4)) - 16;
-            const int q1 = ((a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16;
-            s += q0 * b[i].qs[j] + q1 * b[i].qs[j + PI_QK / 2];
+            const int u0 = (a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+            const int u1 = (a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            s += u0 * b[i].qs[j] + u1 * b[i].qs[j + PI_QK / 2];
         }
-        sum += (float)s * pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d);
+#endif
+        p[i % 8] = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)(s - 16 * b[i].s), p[i % 8]);
     }
-    return sum;
+    return pi_tree8(p);
 }
 
 /* value = q d + m:  sum = d d_y sum(q q_y) + m s_y,  s_y = d_y sum(q_y) stored in the Q8_1 block */

@@ -1,0 +1,36 @@
+/* avx2_util.h: small AVX2 helpers shared by the kernels of arch/ (include after immintrin.h). */
+#ifndef PI_AVX2_UTIL_H
+#define PI_AVX2_UTIL_H
+
+#include <immintrin.h>
+#include <stddef.h>
+
+/* v[r] holds 8 int32 partial sums of item r (a row, or a block) -> lane r = their total, exact.
+ * One add tree for all eight: ~15 instructions instead of eight horizontal sums. */
+static inline __m256i pi_hsum8_i32(const __m256i v[8]) {
+    __m256i a[4];   /* per 128-bit half: [v2i lanes 0+2, v2i+1 lanes 0+2, v2i lanes 1+3, v2i+1 lanes 1+3] */
+    for (int i = 0; i < 4; i++)
+        a[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    /* per 128-bit half: that half's totals of items 0..3 (b0) and 4..7 (b1) */
+    const __m256i b0 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1]));
+    const __m256i b1 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+/* The 16-bit words at byte 0 of 8 records `stride` bytes apart (block scales, sums) -> one vector. */
+static inline __m128i pi_i16x8_strided(const void *p, size_t stride) {
+    const char *c = p;
+    short h[8];
+    for (int k = 0; k < 8; k++) __builtin_memcpy(&h[k], c + k * stride, 2);
+    return _mm_loadu_si128((const __m128i *)h);
+}
+static inline __m256 pi_f16x8_strided(const void *p, size_t stride) { return _mm256_cvtph_ps(pi_i16x8_strided(p, stride)); }
+
+/* pi_tree8 of 8 vectors, lane by lane. */
+static inline __m256 pi_tree8_ps(const __m256 p[8]) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6])),
+                         _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7])));
+}
+
+#endif

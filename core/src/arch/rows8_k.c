@@ -1,0 +1,350 @@
+/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q4_K and Q6_K: eight weight rows
+ * against up to PI_DOT8_MAX_T tokens per call, the weights unpacked once per block and reused
+ * for every token.
+ *
+ * The scheme is the one of rows8.c (Q4_0): eight rows are "transposed" into registers, 32-bit
+ * lane r of a register holding 4 consecutive quants of row r. Four activation bytes broadcast
+ * against such a register with maddubs give partial sums of all eight rows in their own lanes:
+ * no horizontal reductions, the row scales of a block are one vector, and the float steps of
+ * the eight rows run side by side in the 8 float lanes.
+ *
+ * Bits: every lane follows exactly the per-block arithmetic of the type's single-row vec_dot
+ * (exact integer sums inside a block, then the same float operations in the same order; see
+ * the canonical order noted at each kernel), so all kernels of a type agree bit for bit.
+ *
+ * int16 budget of maddubs (unsigned weights u times int8 activations |y| <= 127; each maddubs
+ * lane is two products): 4-bit u: 2*15*127 = 3810 (8 may be summed in int16), 5-bit: 7874 (4),
+ * 6-bit: 16002 (2); signed 8-bit weights (sign trick): 2*128*127 = 32512 (1). */
+#include "../quants_k.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#if PI_HAVE_ROWS8
+#include <immintrin.h>
+
+#include "avx2_util.h"
+
+static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline short load_i16(const void *p) { short v; memcpy(&v, p, 2); return v; }
+
+/* Bytes off..off+15 of the 8 rows p[0..7] -> c[0..3]: 32-bit lane r of c[m] = bytes off+4m..off+4m+3
+ * of row r. */
+static inline void transpose8x16(const char *const *p, size_t off, __m256i c[4]) {
+#define ROWS(lo, hi) _mm256_loadu2_m128i((const __m128i *)(p[hi] + off), (const __m128i *)(p[lo] + off))
+    const __m256i t0 = ROWS(0, 4), t1 = ROWS(1, 5), t2 = ROWS(2, 6), t3 = ROWS(3, 7);
+#undef ROWS
+    const __m256i u0 = _mm256_unpacklo_epi32(t0, t1), u1 = _mm256_unpackhi_epi32(t0, t1);
+    const __m256i u2 = _mm256_unpacklo_epi32(t2, t3), u3 = _mm256_unpackhi_epi32(t2, t3);
+    c[0] = _mm256_unpacklo_epi64(u0, u2);
+    c[1] = _mm256_unpackhi_epi64(u0, u2);
+    c[2] = _mm256_unpacklo_epi64(u1, u3);
+    c[3] = _mm256_unpackhi_epi64(u1, u3);
+}
+
+/* The 16-bit words at byte off of the 8 rows (fp16 scales) as 8 floats. */
+static inline __m256 f16x8(const char *const *p, size_t off) {
+    return _mm256_cvtph_ps(_mm_setr_epi16(load_i16(p[0] + off), load_i16(p[1] + off), load_i16(p[2] + off),
+                                          load_i16(p[3] + off), load_i16(p[4] + off), load_i16(p[5] + off),
+                                          load_i16(p[6] + off), load_i16(p[7] + off)));
+}
+
+/* sum over g < n of maddubs(w[g], the 4 activation bytes y[4g..4g+3] in every lane), in int16:
+ * n is bounded by the caller so that no lane overflows (file comment). */
+static inline __m256i maddubs_sum(const __m256i *w, const int8_t *y, int n) {
+    __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load_i32(y)));
+    for (int g = 1; g < n; g++)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(load_i32(y + 4 * g))));
+    return s;
+}
+
+static inline __m256i pairs_to_i32(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
+
+/* Bytes j0 and j1 (< 4) of every 32-bit lane of v -> the lane's two int16 halves (zero- or
+ * sign-extended): a per-row scale (j0 == j1) or pair of scales for madd_epi16. */
+static inline __m256i lane_bytes_to_i16(__m256i v, int j0, int j1, int is_signed) {
+    /* pshufb index per lane L (of 4 per 128-bit half); 0x80 writes a zero byte */
+    const __m256i lane = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404, 0x08080808,
+                                           0x0c0c0c0c);
+    if (is_signed) {   /* the byte into the high half of each int16, then an arithmetic shift */
+        const __m256i idx = _mm256_or_si256(_mm256_and_si256(lane, _mm256_set1_epi32((int)0xff00ff00)),
+                                            _mm256_set1_epi32((int)(0x00800080u | (unsigned)j0 << 8 | (unsigned)j1 << 24)));
+        return _mm256_srai_epi16(_mm256_shuffle_epi8(v, idx), 8);
+    }
+    const __m256i idx = _mm256_or_si256(_mm256_and_si256(lane, _mm256_set1_epi32(0x00ff00ff)),
+                                        _mm256_set1_epi32((int)(0x80008000u | (unsigned)j0 | (unsigned)j1 << 16)));
+    return _mm256_shuffle_epi8(v, idx);
+}
+
+static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stride) {
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, acc[t]);
+}
+
+/* The kernels are written for a token count nt known at compile time (the accumulators stay in
+ * registers, the token loops unroll); the exported functions pick the instance. One token (decode,
+ * bound by memory bandwidth) goes row by row through the single-row kernel (the same bits, by the
+ * canonical order): with no other token to share the transposition it costs more than it saves,
+ * and eight short interleaved streams (rows of 640 elements in Gemma 3 270M: ~700 bytes) defeat
+ * the hardware prefetcher, which one sequential stream does not (measured: the output head of
+ * Gemma 3 270M took 10.8 ms per token with 8 rows at a time, 6 ms row by row). */
+#define DISPATCH_NT(kernel, one_row)                                             \
+    switch (nt) {                                                                \
+    case 1: one_row(n, rows, x, y); break;                                       \
+    case 2: kernel(n, rows, x, x_stride, 2, y, y_stride); break;                 \
+    case 3: kernel(n, rows, x, x_stride, 3, y, y_stride); break;                 \
+    default: kernel(n, rows, x, x_stride, PI_DOT8_MAX_T, y, y_stride); break;    \
+    }
+
+#define ZERO4 { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() }
+
+/* ======================================================================================
+ * Q5_0 . Q8_0S. Canonical order (pi_vec_dot_q5_0_q8_0s): per block the exact integer
+ * i = sum u y - 16 s (u = 5-bit unsigned quant, s = the activation block's sum), then
+ * p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in order, and pi_tree8(p).
+ * ====================================================================================== */
+
+/* qh holds each row's 32 high bits in its lane -> byte k of lane r = 16 if bit 4g + k of row r is set. */
+static inline __m256i q5_high_bits(__m256i qh, int g) {
+    const __m256i lane = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404, 0x08080808,
+                                           0x0c0c0c0c);
+    const __m256i spread = _mm256_shuffle_epi8(qh, _mm256_add_epi8(lane, _mm256_set1_epi8((char)(g / 2))));
+    const __m256i bit = _mm256_set1_epi32(g & 1 ? (int)0x80402010 : 0x08040201);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
+    const int64_t nb = n / PI_QK;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p[8];
+        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q5_0);
+        if (b % 3 == 0)   /* 3 blocks = 66 bytes: about one new cache line per row */
+            for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + 8 * sizeof(pi_block_q5_0), _MM_HINT_T0);
+        __m256i c[4];
+        transpose8x16(p, offsetof(pi_block_q5_0, qs), c);
+        const __m256i qh = _mm256_setr_epi32(load_i32(p[0] + 2), load_i32(p[1] + 2), load_i32(p[2] + 2),
+                                             load_i32(p[3] + 2), load_i32(p[4] + 2), load_i32(p[5] + 2),
+                                             load_i32(p[6] + 2), load_i32(p[7] + 2));
+        /* w[g]: elements 4g..4g+3 (g < 4: low nibbles of c[g]; g >= 4: high nibbles of c[g - 4]) */
+        __m256i w[8];
+        for (int m = 0; m < 4; m++) {
+            w[m] = _mm256_or_si256(_mm256_and_si256(c[m], m4), q5_high_bits(qh, m));
+            w[4 + m] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4), q5_high_bits(qh, 4 + m));
+        }
+        const __m256 dw = f16x8(p, 0);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+            const __m256i s = _mm256_add_epi32(pairs_to_i32(maddubs_sum(w, xb->qs, 4)),
+                                               pairs_to_i32(maddubs_sum(w + 4, xb->qs + 16, 4)));
+            const __m256i i = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * (int32_t)xb->s));
+            acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(i),
+                                           acc[t][b % 8]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(acc[t]));
+}
+
+static void q5_0_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q5_0_q8_0s(n, rows[k], x);
+}
+
+void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { DISPATCH_NT(q5_0_dot8, q5_0_dot8_one); }
+
+/* ======================================================================================
+ * Q8_0 . Q8_0. Canonical order (pi_vec_dot_q8_0_q8_0): per block the exact integer
+ * i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in order, and pi_tree8(p). The weights are signed:
+ * maddubs(|w|, sign(y, w)) per 4-byte group, widened to int32 at once (lanes up to 32512).
+ * ====================================================================================== */
+static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
+    const int64_t nb = n / PI_QK8_0;
+    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p[8];
+        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q8_0);
+        if (b % 2 == 0)   /* 2 blocks = 68 bytes */
+            for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + 6 * sizeof(pi_block_q8_0), _MM_HINT_T0);
+        __m256i w[8], aw[8];   /* w[g]: elements 4g..4g+3 */
+        transpose8x16(p, offsetof(pi_block_q8_0, qs), w);
+        transpose8x16(p, offsetof(pi_block_q8_0, qs) + 16, w + 4);
+        for (int g = 0; g < 8; g++) aw[g] = _mm256_sign_epi8(w[g], w[g]);   /* |w| (-128 -> 128 unsigned) */
+        const __m256 dw = f16x8(p, 0);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_0 *xb = (const pi_block_q8_0 *)(x + t * x_stride) + b;
+            __m256i s = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                const __m256i yg = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb->qs + 4 * g)), w[g]);
+                s = _mm256_add_epi32(s, pairs_to_i32(_mm256_maddubs_epi16(aw[g], yg)));
+            }
+            acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(s),
+                                           acc[t][b % 8]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(acc[t]));
+}
+
+static void q8_0_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q8_0_q8_0(n, rows[k], x);
+}
+
+void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one); }
+
+/* ======================================================================================
+ * Q4_K . Q8_K. Canonical order (pi_vec_dot_q4_K_q8_K): per super-block the exact integers
+ * sumi = sum_j sc_j sum_l q_l y_l and summ = sum_j m_j (bsum_2j + bsum_2j+1), then
+ * acc = acc + d_x * (d * sumi - dmin * summ), super-blocks in order.
+ * ====================================================================================== */
+static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
+    const int64_t nb = n / PI_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[PI_DOT8_MAX_T] = ZERO4;
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p[8];
+        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q4_K);
+        for (int k = 0; k < 8; k++)   /* the super-block after next: 144 bytes, up to 3 lines */
+            for (int l = 0; l < 3; l++) _mm_prefetch(p[k] + 2 * sizeof(pi_block_q4_K) + 64 * l, _MM_HINT_T0);
+        /* bytes 0..15 of a block: d, dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
+        __m256i h[4];
+        transpose8x16(p, 0, h);
+        /* sc/m of sub-blocks 0..3 and 4..7 as bytes of each row's lane (pi_k4_scale_min) */
+        const __m256i m6 = _mm256_set1_epi8(0x3f), m2h = _mm256_set1_epi8(0x30);
+        const __m256i sc03 = _mm256_and_si256(h[1], m6), mn03 = _mm256_and_si256(h[2], m6);
+        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(h[3], m4), _mm256_and_si256(_mm256_srli_epi32(h[1], 2), m2h));
+        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(h[3], 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi32(h[2], 2), m2h));
+        /* d (low half of each lane) and dmin (high half) as 8 floats each */
+        const __m256i dd = _mm256_permute4x64_epi64(
+            _mm256_packus_epi32(_mm256_and_si256(h[0], _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h[0], 16)),
+            _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
+        const __m256 dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
+
+        __m256i sumi[PI_DOT8_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                                        _mm256_setzero_si256() };
+        for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
+            const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
+            const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
+            for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
+                __m256i c[4], w[8];
+                transpose8x16(p, offsetof(pi_block_q4_K, qs) + 32 * j + 16 * half, c);
+                for (int m = 0; m < 4; m++) {
+                    w[m] = _mm256_and_si256(c[m], m4);
+                    w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
+                }
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 64 * j + 16 * half;
+                    const __m256i lo = _mm256_madd_epi16(maddubs_sum(w, yq, 4), sc_lo);
+                    const __m256i hi = _mm256_madd_epi16(maddubs_sum(w + 4, yq + 32, 4), sc_hi);
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(lo, hi));
+                }
+            }
+        }
+        /* mins: madd of (m_2i, m_2i+1) per lane against the activation's (bs_2i, bs_2i+1), bs_j = sum of 32 */
+        __m256i mp[4];
+        for (int i = 0; i < 4; i++) mp[i] = lane_bytes_to_i16(i < 2 ? mn03 : mn47, (2 * i) % 4, (2 * i) % 4 + 1, 0);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb->bsums),
+                                              _mm_loadu_si128((const __m128i *)xb->bsums + 1));   /* bs_0..bs_7 */
+            const __m256i bs8 = _mm256_castsi128_si256(bs);
+            __m256i summ = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++)
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[i], _mm256_permutevar8x32_epi32(bs8, _mm256_set1_epi32(i))));
+            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi[t])),
+                                           _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(summ)));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xb->d), v));
+        }
+    }
+    store_acc(acc, nt, y, y_stride);
+}
+
+static void q4_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q4_K_q8_K(n, rows[k], x);
+}
+
+void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q4_K_dot8, q4_K_dot8_one); }
+
+/* ======================================================================================
+ * Q6_K . Q8_K. Canonical order (pi_vec_dot_q6_K_q8_K): per super-block the exact integer
+ * sumi = sum_j sc_j sum_l (u_l - 32) y_l (computed as sum_j sc_j sum_l u_l y_l
+ * - 32 sum_j sc_j bsum_j), then acc = acc + (d_x * d) * sumi, super-blocks in order.
+ * ====================================================================================== */
+static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                        const int nt, float *y, int64_t y_stride) {
+    const int64_t nb = n / PI_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
+    __m256 acc[PI_DOT8_MAX_T] = ZERO4;
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p[8];
+        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q6_K);
+        for (int k = 0; k < 8; k++)   /* the super-block after next: 210 bytes, up to 4 lines */
+            for (int l = 0; l < 4; l++) _mm_prefetch(p[k] + 2 * sizeof(pi_block_q6_K) + 64 * l, _MM_HINT_T0);
+        __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
+        transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
+        const __m256 d = f16x8(p, offsetof(pi_block_q6_K, d));
+
+        __m256i sumi[PI_DOT8_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                                        _mm256_setzero_si256() };
+        for (int h = 0; h < 2; h++)
+            for (int half = 0; half < 2; half++) {
+                /* ql[64h + l] (a) and ql[64h + 32 + l] (bq), qh[32h + l] for l = 16 half .. 16 half + 15:
+                 * quarter q of the 128 elements 128h.. takes nibble (q / 2) of a (q even) or bq (q odd) and
+                 * bits 2q, 2q+1 of qh; its elements 128h + 32q + l are sub-block 8h + 2q + half */
+                __m256i a[4], bq[4], hb[4];
+                transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, a);
+                transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 32 + 16 * half, bq);
+                transpose8x16(p, offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half, hb);
+                for (int q = 0; q < 4; q++) {
+                    __m256i w[4];
+                    for (int m = 0; m < 4; m++) {
+                        const __m256i lo = q & 1 ? bq[m] : a[m];
+                        const __m256i nib = _mm256_and_si256(q < 2 ? lo : _mm256_srli_epi16(lo, 4), m4);
+                        /* bits 2q, 2q+1 of each qh byte -> bits 4, 5 */
+                        const __m256i hi2 = q == 0 ? _mm256_slli_epi16(hb[m], 4)
+                                          : q == 1 ? _mm256_slli_epi16(hb[m], 2)
+                                          : q == 2 ? hb[m] : _mm256_srli_epi16(hb[m], 2);
+                        w[m] = _mm256_or_si256(nib, _mm256_and_si256(hi2, m2h));
+                    }
+                    const int j = 8 * h + 2 * q + half;
+                    const __m256i scj = lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1);
+                    for (int t = 0; t < nt; t++) {
+                        const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 128 * h + 32 * q + 16 * half;
+                        const __m256i s0 = _mm256_madd_epi16(maddubs_sum(w, yq, 2), scj);
+                        const __m256i s1 = _mm256_madd_epi16(maddubs_sum(w + 2, yq + 8, 2), scj);
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(s0, s1));
+                    }
+                }
+            }
+        /* - 32 sum_j sc_j bsum_j: madd of (sc_2i, sc_2i+1) per lane against (bsum_2i, bsum_2i+1) */
+        __m256i scp[8];
+        for (int i = 0; i < 8; i++) scp[i] = lane_bytes_to_i16(sc[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, 1);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            __m256i corr = _mm256_setzero_si256();
+            for (int i = 0; i < 8; i++)
+                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(scp[i], _mm256_set1_epi32(load_i32(xb->bsums + 2 * i))));
+            const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 5));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xb->d), d), _mm256_cvtepi32_ps(s)));
+        }
+    }
+    store_acc(acc, nt, y, y_stride);
+}
+
+static void q6_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q6_K_q8_K(n, rows[k], x);
+}
+
+void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q6_K_dot8, q6_K_dot8_one); }
+
+#endif

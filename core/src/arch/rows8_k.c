@@ -1,6 +1,6 @@
 /* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q4_K and Q6_K: eight weight rows
- * against up to PI_DOT8_MAX_T tokens per call, the weights unpacked once per block and reused
- * for every token.
+ * against up to PI_DOT8_MAX_T tokens per call (in sub-blocks of K_MAX_T = 4: their accumulators
+ * then stay in registers), the weights unpacked once per block and reused for those tokens.
  *
  * The scheme is the one of rows8.c (Q4_0): eight rows are "transposed" into registers, 32-bit
  * lane r of a register holding 4 consecutive quants of row r. Four activation bytes broadcast
@@ -87,12 +87,18 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
  * and eight short interleaved streams (rows of 640 elements in Gemma 3 270M: ~700 bytes) defeat
  * the hardware prefetcher, which one sequential stream does not (measured: the output head of
  * Gemma 3 270M took 10.8 ms per token with 8 rows at a time, 6 ms row by row). */
-#define DISPATCH_NT(kernel, one_row)                                             \
-    switch (nt) {                                                                \
-    case 1: one_row(n, rows, x, y); break;                                       \
-    case 2: kernel(n, rows, x, x_stride, 2, y, y_stride); break;                 \
-    case 3: kernel(n, rows, x, x_stride, 3, y, y_stride); break;                 \
-    default: kernel(n, rows, x, x_stride, PI_DOT8_MAX_T, y, y_stride); break;    \
+#define K_MAX_T 4   /* tokens per kernel instance (more spill the accumulators) */
+#define DISPATCH_NT(kernel, one_row)                                                       \
+    if (nt == 1) { one_row(n, rows, x, y); return; }                                       \
+    for (int t0 = 0; t0 < nt; t0 += K_MAX_T) {   /* PI_DOT8_MAX_T (8) tokens: two blocks of 4 */ \
+        const char *xt = x + t0 * x_stride;                                                \
+        float *yt = y + t0 * y_stride;                                                     \
+        switch (nt - t0) {                                                                 \
+        case 1: kernel(n, rows, xt, x_stride, 1, yt, y_stride); break;                     \
+        case 2: kernel(n, rows, xt, x_stride, 2, yt, y_stride); break;                     \
+        case 3: kernel(n, rows, xt, x_stride, 3, yt, y_stride); break;                     \
+        default: kernel(n, rows, xt, x_stride, K_MAX_T, yt, y_stride); break;              \
+        }                                                                                  \
     }
 
 #define ZERO4 { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() }
@@ -116,7 +122,7 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
+    __m256 acc[K_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -163,7 +169,7 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
 static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK8_0;
-    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
+    __m256 acc[K_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -206,7 +212,7 @@ static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const voi
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[PI_DOT8_MAX_T] = ZERO4;
+    __m256 acc[K_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
         for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q4_K);
@@ -228,7 +234,7 @@ static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const voi
         const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
         const __m256 dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
 
-        __m256i sumi[PI_DOT8_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                         _mm256_setzero_si256() };
         for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
             const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
@@ -283,7 +289,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
-    __m256 acc[PI_DOT8_MAX_T] = ZERO4;
+    __m256 acc[K_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
         for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q6_K);
@@ -293,7 +299,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
         transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
         const __m256 d = f16x8(p, offsetof(pi_block_q6_K, d));
 
-        __m256i sumi[PI_DOT8_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                         _mm256_setzero_si256() };
         for (int h = 0; h < 2; h++)
             for (int half = 0; half < 2; half++) {

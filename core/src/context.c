@@ -283,12 +283,14 @@ typedef struct { float *gate, *up; int64_t n; int32_t act, mode; } ffn_act_args;
 static void ffn_act_task(void *p, int ith, int nth) {
     ffn_act_args *a = p;
     const int64_t per = (a->n + nth - 1) / nth, i0 = PI_MIN(a->n, per * ith), i1 = PI_MIN(a->n, i0 + per);
-    for (int64_t i = i0; i < i1; i++) {
-        switch (a->mode) {
-            case PI_FFN_PAR: a->up[i] = pi_activation(a->act, a->gate[i]) * a->up[i]; break;
-            case PI_FFN_SYM: a->up[i] = pi_activation(a->act, a->gate[i]) * pi_activation(a->act, a->up[i]); break;
-            default:         a->up[i] = pi_activation(a->act, a->up[i]); break;
-        }
+    float g[256];   /* act(gate) of a stretch of elements */
+    for (int64_t i = i0; i < i1; i += 256) {
+        const int64_t n = PI_MIN(256, i1 - i);
+        float *up = a->up + i;
+        if (a->mode == PI_FFN_SEQ) { pi_activation_row(a->act, n, up, up); continue; }
+        pi_activation_row(a->act, n, a->gate + i, g);
+        if (a->mode == PI_FFN_SYM) pi_activation_row(a->act, n, up, up);
+        for (int64_t k = 0; k < n; k++) up[k] = g[k] * up[k];
     }
 }
 

@@ -132,7 +132,10 @@ bool      pi_is_contiguous_rows(const pi_tensor *t);   /* dim 0 contiguous */
 /* Bytes of scratch pi_mul_mat needs for x [K, T]. */
 size_t    pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T);
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch);
-float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value */
+float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value (libm) */
+/* y[i] = op(x[i]) for a row (arch/activation.c: AVX2 exp-based SiLU/GELU; y may alias x). Each element's
+ * result depends only on its value, not on its position or the row length. */
+void      pi_activation_row(int32_t op, int64_t n, const float *x, float *y);
 /* pi_op_rope with per-pair frequency factors (theta_i /= freq_factors[i], n_rot/2 of them; NULL: none),
  * llama.cpp's rope_freqs of Llama 3.1+ files. Arguments are not checked. */
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,

@@ -395,7 +395,7 @@ static void unary_task(void *p, int ith, int nth) {
         const int64_t i1 = r % a->x->ne[1], i2 = (r / a->x->ne[1]) % a->x->ne[2], i3 = r / (a->x->ne[1] * a->x->ne[2]);
         const float *x = ROW_F32(a->x, i1, i2, i3);
         float *y = ROW_F32(a->out, i1, i2, i3);
-        for (int64_t i = 0; i < D; i++) y[i] = pi_activation(a->op, x[i]);
+        pi_activation_row(a->op, D, x, y);
     }
 }
 

@@ -27,6 +27,20 @@ static inline __m128i pi_i16x8_strided(const void *p, size_t stride) {
 }
 static inline __m256 pi_f16x8_strided(const void *p, size_t stride) { return _mm256_cvtph_ps(pi_i16x8_strided(p, stride)); }
 
+/* Bytes off..off+15 of the 8 rows p[0..7] -> c[0..3]: 32-bit lane r of c[m] = bytes off+4m..off+4m+3
+ * of row r. */
+static inline void pi_transpose8x16(const char *const *p, size_t off, __m256i c[4]) {
+#define ROWS(lo, hi) _mm256_loadu2_m128i((const __m128i *)(p[hi] + off), (const __m128i *)(p[lo] + off))
+    const __m256i t0 = ROWS(0, 4), t1 = ROWS(1, 5), t2 = ROWS(2, 6), t3 = ROWS(3, 7);
+#undef ROWS
+    const __m256i u0 = _mm256_unpacklo_epi32(t0, t1), u1 = _mm256_unpackhi_epi32(t0, t1);
+    const __m256i u2 = _mm256_unpacklo_epi32(t2, t3), u3 = _mm256_unpackhi_epi32(t2, t3);
+    c[0] = _mm256_unpacklo_epi64(u0, u2);
+    c[1] = _mm256_unpackhi_epi64(u0, u2);
+    c[2] = _mm256_unpacklo_epi64(u1, u3);
+    c[3] = _mm256_unpackhi_epi64(u1, u3);
+}
+
 /* pi_tree8 of 8 vectors, lane by lane. */
 static inline __m256 pi_tree8_ps(const __m256 p[8]) {
     return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6])),

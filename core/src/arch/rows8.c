@@ -23,6 +23,9 @@
 
 #if PI_HAVE_ROWS8
 #include <immintrin.h>
+#include <stddef.h>
+
+#include "avx2_util.h"
 
 #define PREFETCH_BLOCKS 8   /* how far ahead (in blocks) the next weights are prefetched */
 #ifndef ROW_PREFETCH_BLOCKS
@@ -56,19 +59,6 @@ static inline void store8(const __m256 *acc, int nt, float *y, int64_t y_stride)
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }
 
-/* Transposes block b of 8 rows into the four registers (see the file comment). */
-static inline void load_rows8(const pi_block_q4_0 *const *r, int64_t b, __m256i *c) {
-#define ROWS(lo, hi) _mm256_loadu2_m128i((const __m128i *)r[hi][b].qs, (const __m128i *)r[lo][b].qs)
-    const __m256i t0 = ROWS(0, 4), t1 = ROWS(1, 5), t2 = ROWS(2, 6), t3 = ROWS(3, 7);
-#undef ROWS
-    const __m256i u0 = _mm256_unpacklo_epi32(t0, t1), u1 = _mm256_unpackhi_epi32(t0, t1);
-    const __m256i u2 = _mm256_unpacklo_epi32(t2, t3), u3 = _mm256_unpackhi_epi32(t2, t3);
-    c[0] = _mm256_unpacklo_epi64(u0, u2);
-    c[1] = _mm256_unpackhi_epi64(u0, u2);
-    c[2] = _mm256_unpacklo_epi64(u1, u3);
-    c[3] = _mm256_unpackhi_epi64(u1, u3);
-}
-
 void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
     const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
@@ -78,8 +68,10 @@ void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
     for (int64_t b = 0; b < nb; b++) {
         if ((b & 3) == 0)   /* 4 blocks = 72 bytes: about one new cache line per row */
             for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(r[k] + b + ROW_PREFETCH_BLOCKS), _MM_HINT_T0);
+        const char *p[8];
+        for (int k = 0; k < 8; k++) p[k] = (const char *)(r[k] + b);
         __m256i c[4];
-        load_rows8(r, b, c);
+        pi_transpose8x16(p, offsetof(pi_block_q4_0, qs), c);
         const __m128i dh = _mm_setr_epi16((short)r[0][b].d, (short)r[1][b].d, (short)r[2][b].d, (short)r[3][b].d,
                                           (short)r[4][b].d, (short)r[5][b].d, (short)r[6][b].d, (short)r[7][b].d);
         block8(c[0], c[1], c[2], c[3], _mm256_cvtph_ps(dh), x, x_stride, b, nt, acc);

@@ -28,20 +28,6 @@
 static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
 static inline short load_i16(const void *p) { short v; memcpy(&v, p, 2); return v; }
 
-/* Bytes off..off+15 of the 8 rows p[0..7] -> c[0..3]: 32-bit lane r of c[m] = bytes off+4m..off+4m+3
- * of row r. */
-static inline void transpose8x16(const char *const *p, size_t off, __m256i c[4]) {
-#define ROWS(lo, hi) _mm256_loadu2_m128i((const __m128i *)(p[hi] + off), (const __m128i *)(p[lo] + off))
-    const __m256i t0 = ROWS(0, 4), t1 = ROWS(1, 5), t2 = ROWS(2, 6), t3 = ROWS(3, 7);
-#undef ROWS
-    const __m256i u0 = _mm256_unpacklo_epi32(t0, t1), u1 = _mm256_unpackhi_epi32(t0, t1);
-    const __m256i u2 = _mm256_unpacklo_epi32(t2, t3), u3 = _mm256_unpackhi_epi32(t2, t3);
-    c[0] = _mm256_unpacklo_epi64(u0, u2);
-    c[1] = _mm256_unpackhi_epi64(u0, u2);
-    c[2] = _mm256_unpacklo_epi64(u1, u3);
-    c[3] = _mm256_unpackhi_epi64(u1, u3);
-}
-
 /* The 16-bit words at byte off of the 8 rows (fp16 scales) as 8 floats. */
 static inline __m256 f16x8(const char *const *p, size_t off) {
     return _mm256_cvtph_ps(_mm_setr_epi16(load_i16(p[0] + off), load_i16(p[1] + off), load_i16(p[2] + off),
@@ -131,7 +117,7 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
         if (b % 3 == 0)   /* 3 blocks = 66 bytes: about one new cache line per row */
             for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + 8 * sizeof(pi_block_q5_0), _MM_HINT_T0);
         __m256i c[4];
-        transpose8x16(p, offsetof(pi_block_q5_0, qs), c);
+        pi_transpose8x16(p, offsetof(pi_block_q5_0, qs), c);
         const __m256i qh = _mm256_setr_epi32(load_i32(p[0] + 2), load_i32(p[1] + 2), load_i32(p[2] + 2),
                                              load_i32(p[3] + 2), load_i32(p[4] + 2), load_i32(p[5] + 2),
                                              load_i32(p[6] + 2), load_i32(p[7] + 2));
@@ -178,8 +164,8 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
         if (b % 2 == 0)   /* 2 blocks = 68 bytes */
             for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + 6 * sizeof(pi_block_q8_0), _MM_HINT_T0);
         __m256i w[8], aw[8];   /* w[g]: elements 4g..4g+3 */
-        transpose8x16(p, offsetof(pi_block_q8_0, qs), w);
-        transpose8x16(p, offsetof(pi_block_q8_0, qs) + 16, w + 4);
+        pi_transpose8x16(p, offsetof(pi_block_q8_0, qs), w);
+        pi_transpose8x16(p, offsetof(pi_block_q8_0, qs) + 16, w + 4);
         for (int g = 0; g < 8; g++) aw[g] = _mm256_sign_epi8(w[g], w[g]);   /* |w| (-128 -> 128 unsigned) */
         const __m256 dw = f16x8(p, 0);
         for (int t = 0; t < nt; t++) {
@@ -220,7 +206,7 @@ static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const voi
             for (int l = 0; l < 3; l++) _mm_prefetch(p[k] + 2 * sizeof(pi_block_q4_K) + 64 * l, _MM_HINT_T0);
         /* bytes 0..15 of a block: d, dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
         __m256i h[4];
-        transpose8x16(p, 0, h);
+        pi_transpose8x16(p, 0, h);
         /* sc/m of sub-blocks 0..3 and 4..7 as bytes of each row's lane (pi_k4_scale_min) */
         const __m256i m6 = _mm256_set1_epi8(0x3f), m2h = _mm256_set1_epi8(0x30);
         const __m256i sc03 = _mm256_and_si256(h[1], m6), mn03 = _mm256_and_si256(h[2], m6);
@@ -241,7 +227,7 @@ static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const voi
             const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
             for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
                 __m256i c[4], w[8];
-                transpose8x16(p, offsetof(pi_block_q4_K, qs) + 32 * j + 16 * half, c);
+                pi_transpose8x16(p, offsetof(pi_block_q4_K, qs) + 32 * j + 16 * half, c);
                 for (int m = 0; m < 4; m++) {
                     w[m] = _mm256_and_si256(c[m], m4);
                     w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
@@ -296,7 +282,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
         for (int k = 0; k < 8; k++)   /* the super-block after next: 210 bytes, up to 4 lines */
             for (int l = 0; l < 4; l++) _mm_prefetch(p[k] + 2 * sizeof(pi_block_q6_K) + 64 * l, _MM_HINT_T0);
         __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
-        transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
+        pi_transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
         const __m256 d = f16x8(p, offsetof(pi_block_q6_K, d));
 
         __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
@@ -307,9 +293,9 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                  * quarter q of the 128 elements 128h.. takes nibble (q / 2) of a (q even) or bq (q odd) and
                  * bits 2q, 2q+1 of qh; its elements 128h + 32q + l are sub-block 8h + 2q + half */
                 __m256i a[4], bq[4], hb[4];
-                transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, a);
-                transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 32 + 16 * half, bq);
-                transpose8x16(p, offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half, hb);
+                pi_transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, a);
+                pi_transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 32 + 16 * half, bq);
+                pi_transpose8x16(p, offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half, hb);
                 for (int q = 0; q < 4; q++) {
                     __m256i w[4];
                     for (int m = 0; m < 4; m++) {

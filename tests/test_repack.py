@@ -213,3 +213,23 @@ def test_activation_quantizers_round_exactly():
     assert np.array_equal(q8s[:, :2], want[:, :2]) and np.array_equal(q8s[:, 4:], want[:, 2:])
     sums = q8s[:, 2:4].copy().view(np.int16)[:, 0]
     assert np.array_equal(sums, want[:, 2:].view(np.int8).astype(np.int32).sum(axis=1))
+
+
+def test_examples_accept_no_repack(q4_model):
+    """-nr/--no-repack reaches the model in main.py (greedy text identical: the logits are) and the
+    other programs take the flag."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "PYTHONPATH": str(root / "bindings")}
+    outs = []
+    for extra in ([], ["-nr"], ["--no-repack"]):
+        r = subprocess.run([sys.executable, str(root / "examples" / "main.py"), "-m", str(q4_model), "-p", "hello",
+                            "-n", "12", "--temp", "0", "-t", "2", "--ignore-eos", *extra],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout)
+    assert outs[0] == outs[1] == outs[2] and outs[0].strip()
+    for prog in ("batched.py", "perplexity.py", "server.py"):
+        r = subprocess.run([sys.executable, str(root / "examples" / prog), "--help"], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert r.returncode == 0 and "--no-repack" in r.stdout, (prog, r.stderr[-500:])

@@ -1,7 +1,7 @@
 """Q4_0 matmul kernels and weight repacking (core/src/arch/rows8.c, core/src/repack.c).
 
 mul_mat has three Q4_0 kernels: one row at a time (the reference order), eight rows at any
-addresses, and eight interleaved rows of a repacked copy, each for up to 4 tokens per call.
+addresses, and eight interleaved rows of a repacked copy, each for up to 8 tokens per call.
 They must give the same bits for every (row, token), so decode, prompt processing, the sparse
 gather and a repacked model all agree; against float64 they are checked in test_ops.test_mul_mat.
 """

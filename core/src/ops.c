@@ -76,7 +76,7 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  * counter, and each chunk of rows is applied to every token while it is in cache.
  * Three kernels, fastest first, all giving the same bits per (row, token):
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
- *   vec_dot8  8 rows at any addresses x up to 4 tokens per call
+ *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
  *   vec_dot   one row, one token */
 
 /* Work items shrink as the rows run out ("guided" scheduling): long runs keep each thread streaming

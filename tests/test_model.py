@@ -169,3 +169,22 @@ def test_failed_chunked_decode_leaves_cache_unchanged(model_files):
     with pytest.raises(pi.PowerInferError, match="KV cache full"):
         ctx.decode(PROMPT[2:14])          # 12 more tokens: the first chunks fit, the third does not
     assert ctx.kv_used == 2 and ctx.seq_pos_max(0) == 1
+
+
+def test_one_token_fast_path_matches_the_general_path(model_files):
+    """decode([t]) / decode([t], pos=[p]) skip numpy (the generation loops' call); they must behave like
+    decode(np.array([t])): same logits, same cache positions, same errors."""
+    model = pi.Model(model_files["q4_0"])
+    fast, slow = pi.Context(model, n_ctx=32, n_seq_max=2), pi.Context(model, n_ctx=32, n_seq_max=2)
+    for ctx, conv in ((fast, list), (slow, np.array)):
+        ctx.decode(conv([1, 17, 200]))
+        ctx.decode(conv([45]))
+        ctx.decode(conv([3]), pos=conv([3]))
+        ctx.decode(conv([9]), seq_id=1)
+    assert np.array_equal(fast.logits(), slow.logits())
+    assert [fast.seq_pos_max(s) for s in (0, 1)] == [slow.seq_pos_max(s) for s in (0, 1)] == [3, 0]
+    for ctx in (fast, slow):
+        with pytest.raises(ValueError, match="sequence id 5"):
+            ctx.decode([1], seq_id=5)
+        with pytest.raises(pi.PowerInferError, match="token 320"):
+            ctx.decode([320])

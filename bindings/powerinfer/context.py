@@ -78,6 +78,7 @@ class Context:
         self.n_seq_max = n_seq_max
         self.n_threads = params.n_threads if params.n_threads > 0 else None
         self._abort_handle = None
+        self._one = None   # reused cffi buffers of the one-token decode
 
     def decode(self, tokens, pos=None, seq_id=0, logits: str | np.ndarray = "last") -> None:
         """Evaluate tokens in one step.
@@ -86,6 +87,12 @@ class Context:
         seq_id: int or per-token ints; logits: "last", "all", "none" or a boolean mask per token.
         Batches longer than n_batch are split; logits rows stay numbered over the whole call.
         """
+        if (isinstance(logits, str) and logits == "last" and type(seq_id) is int and -2**31 <= seq_id < 2**31
+                and type(tokens) in (list, tuple) and len(tokens) == 1 and type(tokens[0]) is int
+                and -2**31 <= tokens[0] < 2**31
+                and (pos is None or (type(pos) in (list, tuple) and len(pos) == 1 and type(pos[0]) is int
+                                     and -2**31 <= pos[0] < 2**31))):
+            return self._decode_one(tokens[0], seq_id, None if pos is None else pos[0])   # generation loops
         tok = _int32s(tokens, "tokens")
         n = len(tok)
         if n == 0:
@@ -135,6 +142,19 @@ class Context:
             for i in np.flatnonzero(want[s:e]):
                 rows[s + int(i)] = self._read_logits(int(i))
         self._logits = rows
+
+    def _decode_one(self, token: int, seq: int, p: int | None) -> None:
+        """decode([token], [p], seq_id=seq) (p None: after the sequence's last position), without numpy."""
+        if p is None:
+            p = self.seq_pos_max(seq) + 1   # checks seq (ValueError), as the general path
+        if self._one is None:
+            self._one = (ffi.new("pi_batch *"), ffi.new("int32_t[1]"), ffi.new("int32_t[1]"), ffi.new("int32_t[1]"),
+                         ffi.new("int8_t[1]", [1]))
+        batch, t, ps, sq, want = self._one
+        t[0], ps[0], sq[0] = token, p, seq
+        batch.n_tokens, batch.token, batch.pos, batch.seq_id, batch.logits = 1, t, ps, sq, want
+        check(lib.pi_decode(self._ptr, batch), "decode")
+        self._logits = {0: self._read_logits(0)}
 
     def _read_logits(self, i: int) -> np.ndarray:
         p = lib.pi_get_logits(self._ptr, i)

@@ -4,6 +4,24 @@
 
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
+
+/* The sum of the 8 float lanes, in a fixed order (lanes i and i+4, then pairs, then the last two). */
+static inline float pi_hsum_ps(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* The sum of the 8 int32 lanes (exact). */
+static inline int32_t pi_hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
 
 /* v[r] holds 8 int32 partial sums of item r (a row, or a block) -> lane r = their total, exact.
  * One add tree for all eight: ~15 instructions instead of eight horizontal sums. */
@@ -39,6 +57,13 @@ static inline void pi_transpose8x16(const char *const *p, size_t off, __m256i c[
     c[1] = _mm256_unpackhi_epi64(u0, u2);
     c[2] = _mm256_unpacklo_epi64(u1, u3);
     c[3] = _mm256_unpackhi_epi64(u1, u3);
+}
+
+/* The fp16 words at byte `off` of 8 rows p[0..7] (their block scales) as 8 floats. */
+static inline __m256 pi_f16x8_rows(const char *const *p, size_t off) {
+    short h[8];
+    for (int k = 0; k < 8; k++) __builtin_memcpy(&h[k], p[k] + off, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
 /* pi_tree8 of 8 vectors, lane by lane. */

@@ -72,9 +72,8 @@ void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
         for (int k = 0; k < 8; k++) p[k] = (const char *)(r[k] + b);
         __m256i c[4];
         pi_transpose8x16(p, offsetof(pi_block_q4_0, qs), c);
-        const __m128i dh = _mm_setr_epi16((short)r[0][b].d, (short)r[1][b].d, (short)r[2][b].d, (short)r[3][b].d,
-                                          (short)r[4][b].d, (short)r[5][b].d, (short)r[6][b].d, (short)r[7][b].d);
-        block8(c[0], c[1], c[2], c[3], _mm256_cvtph_ps(dh), x, x_stride, b, nt, acc);
+
+        block8(c[0], c[1], c[2], c[3], pi_f16x8_rows(p, offsetof(pi_block_q4_0, d)), x, x_stride, b, nt, acc);
     }
     store8(acc, nt, y, y_stride);
 }

@@ -26,14 +26,6 @@
 #include "avx2_util.h"
 
 static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
-static inline short load_i16(const void *p) { short v; memcpy(&v, p, 2); return v; }
-
-/* The 16-bit words at byte off of the 8 rows (fp16 scales) as 8 floats. */
-static inline __m256 f16x8(const char *const *p, size_t off) {
-    return _mm256_cvtph_ps(_mm_setr_epi16(load_i16(p[0] + off), load_i16(p[1] + off), load_i16(p[2] + off),
-                                          load_i16(p[3] + off), load_i16(p[4] + off), load_i16(p[5] + off),
-                                          load_i16(p[6] + off), load_i16(p[7] + off)));
-}
 
 /* sum over g < n of maddubs(w[g], the 4 activation bytes y[4g..4g+3] in every lane), in int16:
  * n is bounded by the caller so that no lane overflows (file comment). */
@@ -127,7 +119,7 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
             w[m] = _mm256_or_si256(_mm256_and_si256(c[m], m4), q5_high_bits(qh, m));
             w[4 + m] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4), q5_high_bits(qh, 4 + m));
         }
-        const __m256 dw = f16x8(p, 0);
+        const __m256 dw = pi_f16x8_rows(p, 0);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
             const __m256i s = _mm256_add_epi32(pairs_to_i32(maddubs_sum(w, xb->qs, 4)),
@@ -167,7 +159,7 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
         pi_transpose8x16(p, offsetof(pi_block_q8_0, qs), w);
         pi_transpose8x16(p, offsetof(pi_block_q8_0, qs) + 16, w + 4);
         for (int g = 0; g < 8; g++) aw[g] = _mm256_sign_epi8(w[g], w[g]);   /* |w| (-128 -> 128 unsigned) */
-        const __m256 dw = f16x8(p, 0);
+        const __m256 dw = pi_f16x8_rows(p, 0);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0 *xb = (const pi_block_q8_0 *)(x + t * x_stride) + b;
             __m256i s = _mm256_setzero_si256();
@@ -283,7 +275,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
             for (int l = 0; l < 4; l++) _mm_prefetch(p[k] + 2 * sizeof(pi_block_q6_K) + 64 * l, _MM_HINT_T0);
         __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
         pi_transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
-        const __m256 d = f16x8(p, offsetof(pi_block_q6_K, d));
+        const __m256 d = pi_f16x8_rows(p, offsetof(pi_block_q6_K, d));
 
         __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                         _mm256_setzero_si256() };

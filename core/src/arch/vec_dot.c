@@ -14,15 +14,6 @@
 #include "avx2_util.h"
 #endif
 
-#if defined(__AVX2__)
-static inline float hsum_256(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-#endif
 
 /* ---- float dots ---- */
 
@@ -42,7 +33,7 @@ float pi_dot_f32(int64_t n, const float *a, const float *b) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
     }
-    sum = hsum_256(_mm256_add_ps(acc0, acc1));
+    sum = pi_hsum_ps(_mm256_add_ps(acc0, acc1));
 #endif
     for (; i < n; i++) sum += a[i] * b[i];   /* leftovers, or the whole scalar path */
     return sum;
@@ -84,7 +75,7 @@ float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x) {
         __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
         acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(b + i), acc0);
     }
-    sum = hsum_256(acc0);
+    sum = pi_hsum_ps(acc0);
 #endif
     for (; i < n; i++) sum += pi_fp16_to_f32(a[i]) * b[i];
     return sum;
@@ -105,7 +96,7 @@ void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, flo
         a2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r2 + i))), xv, a2);
         a3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r3 + i))), xv, a3);
     }
-    out[0] = hsum_256(a0); out[1] = hsum_256(a1); out[2] = hsum_256(a2); out[3] = hsum_256(a3);
+    out[0] = pi_hsum_ps(a0); out[1] = pi_hsum_ps(a1); out[2] = pi_hsum_ps(a2); out[3] = pi_hsum_ps(a3);
     for (int k = 0; k < 4; k++)
         for (int64_t j = i; j < n; j++) out[k] += pi_fp16_to_f32(((const uint16_t *)rows[k])[j]) * x[j];
 #else
@@ -131,7 +122,7 @@ float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
         __m256i wi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a + i))), 16);
         acc0 = _mm256_fmadd_ps(_mm256_castsi256_ps(wi), _mm256_loadu_ps(b + i), acc0);
     }
-    sum = hsum_256(acc0);
+    sum = pi_hsum_ps(acc0);
 #endif
     for (; i < n; i++) sum += pi_bf16_to_f32(a[i]) * b[i];
     return sum;
@@ -171,10 +162,7 @@ static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t 
     const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
     const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
     _mm256_storeu_si256((__m256i *)qs, _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
-    return _mm_cvtsi128_si32(s4);
+    return pi_hsum_epi32(sum);
 #else
     float amax = 0.0f;
     for (int j = 0; j < PI_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
@@ -246,10 +234,7 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
         const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(unpack_nibbles(a[i].qs),
                                                                    _mm256_loadu_si256((const __m256i *)b[i].qs)),
                                               _mm256_set1_epi16(1));
-        __m128i v = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
-        v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
-        s = _mm_cvtsi128_si32(v);
+        s = pi_hsum_epi32(dot);
 #else
         s = 0;
         for (int j = 0; j < PI_QK4_0 / 2; j++)
@@ -288,10 +273,7 @@ float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
 #if defined(__AVX2__)
         const __m256i dot = dot_i8_pairs(_mm256_loadu_si256((const __m256i *)a[i].qs),
                                          _mm256_loadu_si256((const __m256i *)b[i].qs));
-        __m128i v = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
-        v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-        v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
-        s = _mm_cvtsi128_si32(v);
+        s = pi_hsum_epi32(dot);
 #else
         s = 0;
         for (int j = 0; j < PI_QK8_0; j++) s += a[i].qs[j] * b[i].qs[j];

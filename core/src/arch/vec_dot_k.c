@@ -17,21 +17,6 @@
 
 #include "avx2_util.h"
 
-static inline float hsum_f32_8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
-static inline int32_t hsum_i32_8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* 16 bytes of packed nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones. */
 static inline __m256i nibbles_32(const uint8_t *qs) {
     const __m128i packed = _mm_loadu_si128((const __m128i *)qs);
@@ -111,7 +96,7 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     for (; i < nb; i++) {
         int32_t s;
 #if defined(__AVX2__)
-        s = hsum_i32_8(dot_u8_i8(q5_0_unsigned(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs)));
+        s = pi_hsum_epi32(dot_u8_i8(q5_0_unsigned(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs)));
 #else
         const uint32_t qh = load_u32(a[i].qh);
         s = 0;
@@ -140,7 +125,7 @@ float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
-    sum = hsum_f32_8(acc);
+    sum = pi_hsum_ps(acc);
 #endif
     for (; i < nb; i++) {
         int32_t s = 0;
@@ -167,7 +152,7 @@ float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
-    sum = hsum_f32_8(acc);
+    sum = pi_hsum_ps(acc);
 #endif
     for (; i < nb; i++) {
         const uint32_t qh = load_u32(a[i].qh);
@@ -215,7 +200,7 @@ static inline void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int
                                                          x->scales[j + 1] & 0x0f));
         }
     }
-    *sumi = hsum_i32_8(acc);
+    *sumi = pi_hsum_epi32(acc);
 #else
     int32_t s = 0;
     for (int e0 = 0; e0 < PI_QK_K; e0 += 16) {
@@ -246,7 +231,7 @@ static inline void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int
             acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u, y->qs + 128 * h + 32 * g, sc[j], sc[j + 1]));
         }
     }
-    *sumi = hsum_i32_8(acc) - 4 * corr;
+    *sumi = pi_hsum_epi32(acc) - 4 * corr;
 #else
     int32_t s = 0;
     for (int e0 = 0; e0 < PI_QK_K; e0 += 16) {
@@ -285,7 +270,7 @@ static inline void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_K *y, int
         acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(lo, y->qs + 64 * j, sc[2 * j], sc[2 * j]));
         acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(hi, y->qs + 64 * j + 32, sc[2 * j + 1], sc[2 * j + 1]));
     }
-    *sumi = hsum_i32_8(acc);
+    *sumi = pi_hsum_epi32(acc);
 #else
     int32_t s = 0;
     for (int j = 0; j < 4; j++) {
@@ -315,7 +300,7 @@ static inline void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_K *y, int
         acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(lo, y->qs + 64 * j, sc[2 * j], sc[2 * j]));
         acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(hi, y->qs + 64 * j + 32, sc[2 * j + 1], sc[2 * j + 1]));
     }
-    *sumi = hsum_i32_8(acc);
+    *sumi = pi_hsum_epi32(acc);
 #else
     int32_t s = 0;
     for (int j = 0; j < 4; j++) {
@@ -356,7 +341,7 @@ static inline void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int
             acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u[k], y->qs + 128 * h + 32 * k, x->scales[j], x->scales[j + 1]));
         }
     }
-    *sumi = hsum_i32_8(acc) - 32 * corr;
+    *sumi = pi_hsum_epi32(acc) - 32 * corr;
 #else
     int32_t s = 0;
     for (int h = 0; h < 2; h++) {
@@ -445,7 +430,7 @@ float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
         for (int k = 0; k < PI_QK_K; k += 32)
             acc = _mm256_add_epi32(acc, dot_i8(_mm256_loadu_si256((const __m256i *)(a[i].qs + k)),
                                                _mm256_loadu_si256((const __m256i *)(b[i].qs + k))));
-        s = hsum_i32_8(acc);
+        s = pi_hsum_epi32(acc);
 #else
         for (int j = 0; j < PI_QK_K; j++) s += a[i].qs[j] * b[i].qs[j];
 #endif

@@ -45,6 +45,15 @@ def _int32s(values, what: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int32).reshape(-1)
 
 
+def _is_int32(v) -> bool:
+    return type(v) is int and -2**31 <= v < 2**31
+
+
+def _single_int32(values) -> bool:
+    """values is a list/tuple of exactly one plain int32 (the one-token decode's fast path)."""
+    return type(values) in (list, tuple) and len(values) == 1 and _is_int32(values[0])
+
+
 class Context:
     """Decoding state over a Model.
 
@@ -87,11 +96,8 @@ class Context:
         seq_id: int or per-token ints; logits: "last", "all", "none" or a boolean mask per token.
         Batches longer than n_batch are split; logits rows stay numbered over the whole call.
         """
-        if (isinstance(logits, str) and logits == "last" and type(seq_id) is int and -2**31 <= seq_id < 2**31
-                and type(tokens) in (list, tuple) and len(tokens) == 1 and type(tokens[0]) is int
-                and -2**31 <= tokens[0] < 2**31
-                and (pos is None or (type(pos) in (list, tuple) and len(pos) == 1 and type(pos[0]) is int
-                                     and -2**31 <= pos[0] < 2**31))):
+        if (isinstance(logits, str) and logits == "last" and _is_int32(seq_id) and _single_int32(tokens)
+                and (pos is None or _single_int32(pos))):
             return self._decode_one(tokens[0], seq_id, None if pos is None else pos[0])   # generation loops
         tok = _int32s(tokens, "tokens")
         n = len(tok)

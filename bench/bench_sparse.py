@@ -216,6 +216,13 @@ def kernel_bench(sparse_path, dense_path, threads, reps=5, seed=0):
         w = ffi.new("pi_sparse_ffn_weights *")
         w.gate, w.up, w.down_t = d["ffn_gate"][0][0], d["ffn_up"][0][0], d["ffn_down_t"][0][0]
         d["w"] = w
+        nbytes = lib.pi_sparse_pack_bytes(w, 0)
+        if nbytes > 0:   # the per-neuron packing pi_model_create makes (PI_FFN_PAR)
+            buf = np.empty(nbytes, np.uint8)
+            wp = ffi.new("pi_sparse_ffn_weights *")
+            lib.pi_sparse_pack(w, 0, ffi.from_buffer(buf), nbytes, wp)
+            keep.append(buf)
+            d["wp"] = wp
         L.append(d)
     E, F = L[0]["ffn_gate"][0].ne[0], L[0]["ffn_gate"][0].ne[1]
     rng = np.random.default_rng(seed)
@@ -257,6 +264,9 @@ def kernel_bench(sparse_path, dense_path, threads, reps=5, seed=0):
                (f"sparse_ffn, predicted set ({frac:.3f})",
                 lambda il, pool=pool: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], 0.0, OUT, na),
                 int(frac * nb("ffn_gate", "ffn_up", "ffn_down_t"))),
+               *([(f"sparse_ffn, predicted set ({frac:.3f}), packed",
+                   lambda il, pool=pool: lib.pi_op_sparse_ffn(pool, L[il]["wp"], 1, 0, X, SC[il], 0.0, OUT, na),
+                   int(frac * nb("ffn_gate", "ffn_up", "ffn_down_t")))] if "wp" in L[0] else []),
                ("sparse_ffn, no neuron", lambda il, pool=pool: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], inf, OUT, na), 0),
                ("sparse_ffn, all neurons", lambda il, pool=pool: lib.pi_op_sparse_ffn(pool, L[il]["w"], 1, 0, X, SC[il], -inf, OUT, na),
                 nb("ffn_gate", "ffn_up", "ffn_down_t")),

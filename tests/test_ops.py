@@ -324,7 +324,8 @@ def test_type_traits():
     assert lib.pi_type_block_size(I32) == 1 and lib.pi_type_block_bytes(I32) == 4
     # ids from PI_TYPE_COUNT on are the core's internal layouts (activations, repacked weights): named
     # for messages, never accepted from a file
-    internal = {lib.PI_TYPE_COUNT: "q8_0s", lib.PI_TYPE_COUNT + 1: "q4_0x8"}
+    internal = {lib.PI_TYPE_COUNT: "q8_0s", lib.PI_TYPE_COUNT + 1: "q4_0x8", lib.PI_TYPE_COUNT + 2: "q4_0r",
+                lib.PI_TYPE_COUNT + 3: "q8_0p"}
     for t, name in internal.items():
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == name

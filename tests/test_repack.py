@@ -164,15 +164,21 @@ def q4_0_parts(raw):
     return d, q.reshape(N, -1)
 
 
+SPARSE_RANGE = 512   # sparse_ffn.c: neurons per partial sum of the down step
+
+
 @pytest.mark.parametrize("T", [1, 3, 6])
 def test_sparse_ffn_q4_0_is_the_exact_axpy_chain(pool2, T):
     """The gathered 8-row dot products and the 8-row axpy give exactly the bits of one row at a time:
-    h from mul_mat's dot products (equal to vec_dot's, test above), out = axpy over active rows in order."""
-    E, F = 128, 96
+    h from mul_mat's dot products (equal to vec_dot's, test above); per range of SPARSE_RANGE neurons a
+    partial = axpy over its active rows in order, from 0; out = the partials added in range order. One
+    token (the fused path) and batches (gather, then the column-split down step) alike."""
+    E, F = 128, 2 * SPARSE_RANGE + 88   # three ranges, the last one short
     rng = np.random.default_rng(T)
     gate, up, down_t = (np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E)) for _ in range(3))
     x = rng.standard_normal((T, E)).astype(np.float32)
     scores = rng.standard_normal((T, F)).astype(np.float32)      # about half of the neurons per token
+    scores[:, SPARSE_RANGE:2 * SPARSE_RANGE] = -1.0               # the middle range: no neuron at all
     w = ffi.new("pi_sparse_ffn_weights *")
     w.gate, w.up, w.down_t = tensor(gate, Q4_0)[0], tensor(up, Q4_0)[0], tensor(down_t, Q4_0)[0]
     out = np.zeros((T, E), np.float32)
@@ -184,10 +190,116 @@ def test_sparse_ffn_q4_0_is_the_exact_axpy_chain(pool2, T):
     d, q = q4_0_parts(down_t)
     for t in range(T):
         y = np.zeros(E, np.float32)
-        for i in np.flatnonzero(h[t]):
-            scale = np.repeat((h[t, i] * d[i]).astype(np.float32), 32)
-            y = fma32(scale, q[i], y)
+        for r0 in range(0, F, SPARSE_RANGE):
+            part = np.zeros(E, np.float32)
+            for i in r0 + np.flatnonzero(h[t, r0:r0 + SPARSE_RANGE]):
+                scale = np.repeat((h[t, i] * d[i]).astype(np.float32), 32)
+                part = fma32(scale, q[i], part)
+            y = y + part
         assert_bit_equal(out[t], y, f"token {t}: sparse FFN vs the one-row-at-a-time chain")
+
+
+LANE_OF = [0, 4, 1, 5, 2, 6, 3, 7]   # arch/q4_0r.c: the lane of block b % 8 in the packed dot product
+
+
+def np_q4_0r_dot(raw, xq):
+    """The packed layout's dot products, emulated: Q4_0 rows raw [N, bytes] . Q8_0S activation xq
+    [nb, 36]: exact integer per block, lane LANE_OF[b % 8] accumulates fma(d_w * d_x, i_b) in block
+    order, then the fixed tree over the lanes."""
+    N = raw.shape[0]
+    blocks = raw.reshape(N, -1, 18)
+    dw = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    q = np.concatenate([blocks[:, :, 2:] & 15, blocks[:, :, 2:] >> 4], axis=2).astype(np.int64)
+    dx = xq[:, :2].copy().view(np.float16)[:, 0].astype(np.float32)
+    s = xq[:, 2:4].copy().view(np.int16)[:, 0].astype(np.int64)
+    isum = (q * xq[:, 4:].view(np.int8).astype(np.int64)[None]).sum(axis=2) - 8 * s[None]
+    prod = dw * dx[None]                                                 # float32 products
+    acc = np.zeros((N, 8), np.float32)
+    for b in range(blocks.shape[1]):
+        lane = LANE_OF[b % 8]
+        acc[:, lane] = fma32(prod[:, b], isum[:, b].astype(np.float32), acc[:, lane])
+    a = acc.T
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+
+
+def sparse_packed(gate, up, down_t, gate_mode):
+    w = ffi.new("pi_sparse_ffn_weights *")
+    if gate is not None:
+        w.gate = tensor(gate, Q4_0)[0]
+    w.up, w.down_t = tensor(up, Q4_0)[0], tensor(down_t, Q4_0)[0]
+    n = lib.pi_sparse_pack_bytes(w, gate_mode)
+    buf = np.zeros(max(n, 1), np.uint8)
+    out = ffi.new("pi_sparse_ffn_weights *")
+    if n > 0:
+        check(lib.pi_sparse_pack(w, gate_mode, ffi.cast("void *", ffi.from_buffer(buf)), n, out))
+    return w, out, buf, n
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("gate_mode", ["par", "seq"])
+def test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode):
+    """The packed layout (pi_sparse_pack: each neuron's rows together, scales ahead of the quants) gives
+    exactly its emulated arithmetic: h from the packed dot products (lane partials + tree), out from the
+    Q4_0 axpy chain over ranges. One token (fused path) and a batch; with and without a gate."""
+    E, F = 512, 2 * SPARSE_RANGE + 88
+    mode = lib.PI_FFN_PAR if gate_mode == "par" else lib.PI_FFN_SEQ
+    rng = np.random.default_rng(10 + T)
+    gate, up, down_t = (np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E)) for _ in range(3))
+    if mode == lib.PI_FFN_SEQ:
+        gate = None
+    w, packed, keep, n = sparse_packed(gate, up, down_t, mode)
+    assert n == (3 if gate is not None else 2) * E // 32 * 18 * F
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    scores = rng.standard_normal((T, F)).astype(np.float32)
+    scores[:, SPARSE_RANGE:2 * SPARSE_RANGE] = -1.0
+    out = np.zeros((T, E), np.float32)
+    check(lib.pi_op_sparse_ffn(pool2, packed, lib.PI_ACT_RELU, mode, tensor(x), tensor(scores), 0.0,
+                               tensor(out), ffi.NULL))
+    d, q = q4_0_parts(down_t)
+    for t in range(T):
+        xq = quantize(lib.PI_TYPE_COUNT, x[t], 36)                      # Q8_0S: what Q8_0P holds, rearranged
+        u = np_q4_0r_dot(up, xq)
+        h = np.maximum(u, 0) if gate is None else np.maximum(np_q4_0r_dot(gate, xq), 0) * u
+        h = np.where(scores[t] >= 0.0, h, 0).astype(np.float32)
+        y = np.zeros(E, np.float32)
+        for r0 in range(0, F, SPARSE_RANGE):
+            part = np.zeros(E, np.float32)
+            for i in r0 + np.flatnonzero(h[r0:r0 + SPARSE_RANGE]):
+                part = fma32(np.repeat((h[i] * d[i]).astype(np.float32), 32), q[i], part)
+            y = y + part
+        assert_bit_equal(out[t], y, f"token {t}: packed sparse FFN vs its emulation")
+    # and close to the file layout (other summation order of the dot products only)
+    ref = np.zeros((T, E), np.float32)
+    check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, mode, tensor(x), tensor(scores), 0.0, tensor(ref), ffi.NULL))
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
+def test_sparse_pack_refusals():
+    rng = np.random.default_rng(3)
+    q4 = np_encode_q4_0(rng.standard_normal((16, 256)))
+    w, packed, keep, n = sparse_packed(q4, q4, q4, lib.PI_FFN_PAR)
+    assert n == 3 * 256 // 32 * 18 * 16
+    small = np.zeros(n - 1, np.uint8)
+    out = ffi.new("pi_sparse_ffn_weights *")
+    def refused(status, code, text):
+        expect_error(status, code)
+        assert text in ffi.string(lib.pi_last_error()).decode()
+
+    refused(lib.pi_sparse_pack(w, lib.PI_FFN_PAR, ffi.cast("void *", ffi.from_buffer(small)), n - 1, out),
+            lib.PI_ERR_INVALID_ARG, "dst holds")
+    refused(lib.pi_sparse_pack(ffi.NULL, lib.PI_FFN_PAR, ffi.cast("void *", ffi.from_buffer(small)), n, out),
+            lib.PI_ERR_INVALID_ARG, "NULL")
+    assert lib.pi_sparse_pack_bytes(ffi.NULL, lib.PI_FFN_PAR) == 0
+    assert lib.pi_sparse_pack_bytes(w, 99) == 0                                    # unknown gate mode
+    q4_128 = np_encode_q4_0(rng.standard_normal((16, 128)))                         # n_embd not a multiple of 256
+    assert sparse_packed(q4_128, q4_128, q4_128, lib.PI_FFN_PAR)[3] == 0
+    assert sparse_packed(None, q4, q4, lib.PI_FFN_PAR)[3] == 0                      # par needs a gate
+    w8 = ffi.new("pi_sparse_ffn_weights *")
+    q8 = quantize(lib.PI_TYPE_Q8_0, rng.standard_normal(16 * 256).astype(np.float32), 34).reshape(16, -1)
+    w8.gate, w8.up, w8.down_t = tensor(q8, lib.PI_TYPE_Q8_0)[0], tensor(q4, Q4_0)[0], tensor(q4, Q4_0)[0]
+    assert lib.pi_sparse_pack_bytes(w8, lib.PI_FFN_PAR) == 0                        # q8_0 gate
+    refused(lib.pi_sparse_pack(w8, lib.PI_FFN_PAR, ffi.cast("void *", ffi.from_buffer(small)), n, out),
+            lib.PI_ERR_UNSUPPORTED, "q4_0")
 
 
 def quantize(t, x, block_bytes):

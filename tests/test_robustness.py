@@ -559,7 +559,7 @@ def test_error_info_functions():
     assert "AVX" in info and "NEON" in info
 
 
-@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 16, 39, 42, 1000, INT32_MAX])   # 40, 41: internal (test_ops)
+@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 16, 39, 44, 1000, INT32_MAX])   # 40..43: internal (test_ops)
 def test_type_queries_out_of_range(t):
     assert lib.pi_type_supported(t) == 0
     assert ffi.string(lib.pi_type_name(t)) == b"unknown"
@@ -864,6 +864,52 @@ def test_repack_null_and_small_arguments():
             expect(lib.pi_repack(w.t, ffi.from_buffer(dst), n, out), INVALID, "dst")
     poison_error()
     expect(lib.pi_repack(Tensor([64, 16]).t, ffi.from_buffer(dst), dst.nbytes, out), UNSUPPORTED, "f32")
+
+
+def _sparse_q4_0(E=256, F=16):
+    """Valid q4_0 sparse FFN weights that pi_sparse_pack accepts, and their keep-alive tensors."""
+    ts = [Tensor([E, F], Q4_0, rng=np.random.default_rng(i)) for i in range(3)]
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.gate, w.up, w.down_t = ts[0].t[0], ts[1].t[0], ts[2].t[0]
+    return w, ts
+
+
+@pytest.mark.parametrize("part", ["gate", "up", "down_t"])
+@pytest.mark.parametrize("label", [lab for lab, _, _ in _bad_variants(Tensor([256, 16], Q4_0).t)])
+def test_sparse_pack_bad_tensor(part, label):
+    """pi_sparse_pack_bytes says 0 and pi_sparse_pack fails cleanly when any of the three is broken."""
+    w, keep = _sparse_q4_0()
+    n = lib.pi_sparse_pack_bytes(w, 0)
+    assert n == 3 * 256 // 32 * 18 * 16
+    dst = np.zeros(n, np.uint8)
+    t = getattr(w, part)
+    [(mutate, codes)] = [(m, c) for lab, m, c in _bad_variants(t) if lab == label]
+    mutate(t)
+    assert lib.pi_sparse_pack_bytes(w, 0) == 0
+    poison_error()
+    expect(lib.pi_sparse_pack(w, 0, ffi.from_buffer(dst), n, ffi.new("pi_sparse_ffn_weights *")), (UNSUPPORTED,))
+
+
+def test_sparse_pack_null_and_small_arguments():
+    w, keep = _sparse_q4_0()
+    n = lib.pi_sparse_pack_bytes(w, 0)
+    dst = np.zeros(n, np.uint8)
+    out = ffi.new("pi_sparse_ffn_weights *")
+    assert lib.pi_sparse_pack_bytes(ffi.NULL, 0) == 0
+    for mode in (-1, 3, INT32_MAX, -2**31):
+        assert lib.pi_sparse_pack_bytes(w, mode) == 0
+        poison_error()
+        expect(lib.pi_sparse_pack(w, mode, ffi.from_buffer(dst), n, out), UNSUPPORTED, "q4_0")
+    for args in [(ffi.NULL, 0, ffi.from_buffer(dst), n, out), (w, 0, ffi.NULL, n, out),
+                 (w, 0, ffi.from_buffer(dst), n, ffi.NULL)]:
+        poison_error()
+        expect(lib.pi_sparse_pack(*args), INVALID, "NULL")
+    for size in (0, -1, n - 1, -2**63):
+        poison_error()
+        expect(lib.pi_sparse_pack(w, 0, ffi.from_buffer(dst), size, out), INVALID, "dst")
+    w.gate = ffi.new("pi_tensor *")[0]                       # no gate: fine for seq only
+    assert lib.pi_sparse_pack_bytes(w, 0) == 0 and lib.pi_sparse_pack_bytes(w, 2) == 2 * n // 3
+    assert lib.pi_model_n_packed_ffn(ffi.NULL) == 0
 
 
 def retype(t, type_id):
@@ -1548,7 +1594,7 @@ COVERED = {
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset",
-    "pi_repack_bytes", "pi_repack",
+    "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",
 }
 
 

@@ -195,3 +195,28 @@ def test_sparse_needs_relu(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(pi.ModelLoadError, match="ReLU"):
         pi.Model(path)
+
+
+def test_packed_sparse_ffn_model(tmp_path):
+    """q4_0 with n_embd a multiple of 256: the loader packs each neuron's rows together
+    (pi_sparse_pack). The packed model matches the file layout (tested against the reference above; it
+    differs in the last bits of the dot products only), and keeps the exact properties: every neuron selected == dense, and
+    the same bits for every thread count; batches agree with token-by-token decoding."""
+    path = write_sparse_model(tmp_path / "packed.powerinfer.gguf", dtype="q4_0", pred_dtype="f16", seed=4,
+                              n_embd=256, n_ff=1100)
+    packed, plain = pi.Model(path), pi.Model(path, repack=False)
+    assert (packed.n_packed_ffn, plain.n_packed_ffn) == (2, 0)
+    assert pi.Model(write_sparse_model(tmp_path / "e64.powerinfer.gguf", dtype="q4_0")).n_packed_ffn == 0  # n_embd 64
+    ours = logits_all(pi.Context(packed, n_ctx=64, kv_type="f32"), PROMPT)
+    file_layout = logits_all(pi.Context(plain, n_ctx=64, kv_type="f32"), PROMPT)
+    assert rel_rms(ours, file_layout) < 1e-3
+    every = logits_all(pi.Context(packed, n_ctx=64, kv_type="f32", sparse_threshold=-np.inf), PROMPT)
+    assert np.array_equal(every, logits_all(pi.Context(packed, n_ctx=64, kv_type="f32", dense=True), PROMPT))
+    outs = [logits_all(pi.Context(packed, n_ctx=64, n_threads=n, kv_type="f32"), PROMPT) for n in (1, 2, 3)]
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+    single = pi.Context(packed, n_ctx=64, kv_type="f32")
+    steps = []
+    for t in PROMPT:
+        single.decode([t])
+        steps.append(single.logits())
+    np.testing.assert_allclose(np.stack(steps), ours, rtol=0, atol=1e-5 * np.abs(ours).max())

@@ -285,6 +285,12 @@ class Model:
         return ffi.gc(out[0], lib.pi_model_free)
 
     @property
+    def n_packed_ffn(self) -> int:
+        """Layers whose sparse FFN was packed at load time (each neuron's rows together); 0 with
+        repack=False, for dense models and for FFN types without a packed layout."""
+        return int(lib.pi_model_n_packed_ffn(self._ptr))
+
+    @property
     def n_vocab(self) -> int:
         return self.hparams.n_vocab
 

@@ -197,6 +197,17 @@ typedef struct pi_sparse_ffn_weights {
     const float *down_bias;  /* [n_embd] or NULL: added to the output after the sum over neurons (opt) */
 } pi_sparse_ffn_weights;
 
+/* Sparse FFN packing: a copy of Q4_0 gate/up/down_t (n_embd a multiple of 256) in which each neuron's
+ * rows lie next to each other (gate_i, up_i, down_t_i: one contiguous read per neuron) in a layout with
+ * the block scales ahead of the quants (internal type q4_0r, read by single-row kernels).
+ * pi_model_create does this for sparse models unless pi_model_desc.no_repack. pi_sparse_pack_bytes:
+ * bytes of the copy, 0 if these weights have no packed layout. pi_sparse_pack writes it to
+ * dst and describes it in out (biases carried over), usable by pi_op_sparse_ffn. The results differ
+ * from the file layout's in the last bits (another summation order of the dot products). */
+PI_API int64_t   pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode);
+PI_API pi_status pi_sparse_pack(const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst, int64_t dst_bytes,
+                                pi_sparse_ffn_weights *out);
+
 /* scores = fc2 relu(fc1 x):  fc1 [n_embd, r], fc2 [r, n_ff], x [n_embd, T] f32, scores [n_ff, T] f32. */
 PI_API pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tensor *fc2,
                                  const pi_tensor *x, pi_tensor *scores);
@@ -264,6 +275,8 @@ typedef struct pi_model pi_model;
 PI_API pi_status pi_model_create(const pi_model_desc *desc, pi_model **out);
 PI_API void      pi_model_free(pi_model *model);
 PI_API pi_status pi_model_hparams(const pi_model *model, pi_hparams *out);
+/* Layers whose sparse FFN the loader packed (pi_sparse_pack); 0 for dense models, no_repack or NULL. */
+PI_API int32_t   pi_model_n_packed_ffn(const pi_model *model);
 
 /* ---- contexts, batches, decoding -------------------------------------- */
 

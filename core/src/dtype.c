@@ -72,6 +72,7 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define Q4_0_AXPY8   pi_axpy8_q4_0
 #define Q4_0_REPACK  PI_TYPE_Q4_0X8
 #define Q4_0X8_GEMM  pi_gemm8_q4_0x8_q8_0s
+#define Q4_0R_AXPY8  pi_axpy8_q4_0r
 #define Q5_0_DOT8    pi_vec_dot8_q5_0_q8_0s
 #define Q8_0_DOT8    pi_vec_dot8_q8_0_q8_0
 #define Q4_K_DOT8    pi_vec_dot8_q4_K_q8_K
@@ -85,6 +86,7 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define Q4_0_AXPY8   NULL
 #define Q4_0_REPACK  0
 #define Q4_0X8_GEMM  NULL
+#define Q4_0R_AXPY8  NULL
 #endif
 
 static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
@@ -115,6 +117,9 @@ static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_0S]  = { "q8_0s", 32, 36, pi_q8_0s_to_f32, pi_quantize_row_q8_0s, PI_TYPE_Q8_0S, NULL, NULL },
     [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S, NULL, NULL,
                          .gemm8 = Q4_0X8_GEMM, .repack8 = pi_repack8_q4_0x8 },
+    [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, pi_q4_0r_to_f32, NULL, PI_TYPE_Q8_0P, pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r,
+                         .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p, .axpy8 = Q4_0R_AXPY8 },
+    [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, pi_q8_0p_to_f32, pi_quantize_row_q8_0p, PI_TYPE_Q8_0P, NULL, NULL },
 };
 _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18, "internal block sizes");
 

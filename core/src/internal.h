@@ -67,6 +67,8 @@ typedef struct pi_type_traits {
 enum {
     PI_TYPE_Q8_0S = PI_TYPE_COUNT,   /* activations of Q4_0: Q8_0 plus the block's sum of quants */
     PI_TYPE_Q4_0X8,                  /* Q4_0 weights, 8 rows interleaved (pi_repack) */
+    PI_TYPE_Q4_0R,                   /* Q4_0 rows, 8 block scales ahead of their quants (pi_sparse_pack) */
+    PI_TYPE_Q8_0P,                   /* activations of Q4_0R (arch/q4_0r.c) */
     PI_TYPE_TABLE_END
 };
 static inline bool pi_is_interleaved(int32_t type) { return type == PI_TYPE_Q4_0X8; }
@@ -98,6 +100,18 @@ void  pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y
 #define PI_HAVE_ROWS8 0   /* scalar build: mul_mat goes row by row and nothing is repacked */
 #endif
 void  pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
+/* ---- the sparse FFN's Q4_0 layout (arch/q4_0r.c); n a multiple of 256 ---- */
+void  pi_q4_0r_from_q4_0(int64_t n, const void *src, void *dst);
+void  pi_q4_0r_to_f32(const void *src, float *dst, int64_t n);
+void  pi_quantize_row_q8_0p(const float *src, void *dst, int64_t n);
+void  pi_q8_0p_to_f32(const void *src, float *dst, int64_t n);
+float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x);
+void  pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride);
+void  pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y);
+#if PI_HAVE_ROWS8
+void  pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y);
+#endif
 float pi_dot_f32(int64_t n, const float *a, const float *b);
 void  pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
 void  pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);
@@ -146,6 +160,8 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
 
 /* ---- repacking (repack.c): pi_repack on a thread pool ---- */
 pi_status pi_repack_on(pi_threadpool *pool, const pi_tensor *w, void *dst, int64_t dst_bytes, pi_tensor *out);
+pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst,
+                            int64_t dst_bytes, pi_sparse_ffn_weights *out);
 
 /* ---- sparse FFN (sparse_ffn.c) ---- */
 size_t    pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T);

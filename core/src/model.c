@@ -1,10 +1,12 @@
 /* model.c: builds a pi_model from hparams and a table of tensor views, checking
- * every name, shape, type and size against the hparams. Weights are not copied. */
+ * every name, shape, type and size against the hparams. Weights stay in the caller's mapping, except
+ * the load-time interleaved copies (repack_weights) that the matmuls read faster. */
 #include "model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_DIM ((int64_t)1 << 24)   /* no real model has a dimension of 16M or more */
 
@@ -121,6 +123,19 @@ static pi_status check_hparams(const pi_hparams *hp) {
 
 #define TRY(expr) do { st = (expr); if (st != PI_OK) goto fail; } while (0)
 
+/* Memory for load-time weight copies. Large ones are aligned to and advised as 2 MiB pages: the
+ * kernels stream gigabytes per token, and with 4 KiB pages every 4 KiB costs a TLB miss. */
+static void *alloc_weights(int64_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < (int64_t)huge) return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    const size_t size = ((size_t)bytes + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, size);
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, size, MADV_HUGEPAGE);   /* advice only: ignored where THP is off */
+#endif
+    return p;
+}
+
 /* Replaces *t by an interleaved copy when its type has one (the file's mapping stays untouched). */
 static pi_status repack_one(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
     const int64_t bytes = t->data ? pi_repack_bytes(t) : 0;
@@ -128,11 +143,32 @@ static pi_status repack_one(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
     void **list = realloc(m->repacked, (size_t)(m->n_repacked + 1) * sizeof *list);
     if (!list) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     m->repacked = list;
-    void *buf = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    void *buf = alloc_weights(bytes);
     if (!buf) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory repacking weights (%lld bytes); "
                              "load with no_repack to use the file's layout", (long long)bytes);
     m->repacked[m->n_repacked++] = buf;
     return pi_repack_on(pool, t, buf, bytes, t);
+}
+
+/* Replaces a sparse layer's gate/up/down_t by their per-neuron packing when they have one. */
+static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
+    pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t, NULL, NULL };
+    const int64_t bytes = pi_sparse_pack_bytes(&w, m->hp.ffn_gate);
+    if (bytes == 0) return PI_OK;
+    void **list = realloc(m->repacked, (size_t)(m->n_repacked + 1) * sizeof *list);
+    if (!list) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    m->repacked = list;
+    void *buf = alloc_weights(bytes);
+    if (!buf) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory packing the sparse FFN (%lld bytes); "
+                             "load with no_repack to use the file's layout", (long long)bytes);
+    m->repacked[m->n_repacked++] = buf;
+    pi_status st = pi_sparse_pack_on(pool, &w, m->hp.ffn_gate, buf, bytes, &w);
+    if (st != PI_OK) return st;
+    if (m->hp.ffn_gate != PI_FFN_SEQ) L->ffn_gate = w.gate;
+    L->ffn_up = w.up;
+    L->ffn_down_t = w.down_t;
+    m->n_packed_ffn++;
+    return PI_OK;
 }
 
 /* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. */
@@ -148,6 +184,7 @@ static pi_status repack_weights(pi_model *m) {
                            m->hp.sparse ? NULL : &L->ffn_down };
         for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
             if (w[i]) st = repack_one(m, pool, w[i]);
+        if (m->hp.sparse && st == PI_OK) st = pack_sparse_ffn(m, pool, L);
     }
     pi_threadpool_free(pool);
     return st;
@@ -259,6 +296,8 @@ void pi_model_free(pi_model *model) {
     free(model->layers);
     free(model);
 }
+
+int32_t pi_model_n_packed_ffn(const pi_model *model) { return model ? model->n_packed_ffn : 0; }
 
 pi_status pi_model_hparams(const pi_model *model, pi_hparams *out) {
     if (!model || !out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_hparams: NULL argument");

@@ -44,6 +44,7 @@ struct pi_model {
     int64_t    max_rank;     /* largest predictor rank (sparse files) */
     void     **repacked;     /* [n_repacked] interleaved copies this model owns (pi_repack) */
     int32_t    n_repacked;
+    int32_t    n_packed_ffn; /* layers whose sparse FFN is packed (pi_sparse_pack) */
 };
 
 /* LayerNorm instead of RMSNorm (falcon, opt). */

@@ -1,5 +1,6 @@
-/* repack.c: load-time copies of weights in an interleaved layout (see arch/rows8.c).
- * Only for types whose traits name a repacked_type, 2-d, with a multiple of 8 rows. */
+/* repack.c: load-time copies of weights in layouts the kernels read faster: mul_mat's interleaved
+ * rows (see arch/rows8.c; types whose traits name a repacked_type, 2-d, a multiple of 8 rows) and
+ * the sparse FFN's per-neuron packing (see arch/q4_0r.c). */
 #include "internal.h"
 
 #include <string.h>
@@ -41,4 +42,66 @@ pi_status pi_repack_on(pi_threadpool *pool, const pi_tensor *w, void *dst, int64
 
 pi_status pi_repack(const pi_tensor *w, void *dst, int64_t dst_bytes, pi_tensor *out) {
     return pi_repack_on(NULL, w, dst, dst_bytes, out);
+}
+
+/* ---- the sparse FFN's per-neuron packing ---- */
+
+static bool is_q4_0_2d(const pi_tensor *t, int64_t E, int64_t F) {
+    return t->data && pi_check_tensor(t, "sparse pack") == PI_OK && t->type == PI_TYPE_Q4_0 && t->n_dims == 2 &&
+           t->ne[0] == E && t->ne[1] == F;
+}
+
+int64_t pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
+    if (!w || gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ) return 0;
+    const int64_t E = w->up.ne[0], F = w->up.ne[1];
+    const bool gate = gate_mode != PI_FFN_SEQ;
+    const bool ok = E % 256 == 0 && is_q4_0_2d(&w->up, E, F) && is_q4_0_2d(&w->down_t, E, F) &&
+                    (!gate || is_q4_0_2d(&w->gate, E, F));
+    pi_clear_error();
+    return ok ? (gate ? 3 : 2) * pi_row_bytes(PI_TYPE_Q4_0R, E) * F : 0;
+}
+
+typedef struct { const pi_sparse_ffn_weights *w; const pi_sparse_ffn_weights *out; int64_t stride; } pack_args;
+
+static void pack_task(void *p, int ith, int nth) {
+    const pack_args *a = p;
+    const pi_tensor *src[3] = { &a->w->gate, &a->w->up, &a->w->down_t }, *dst[3] = { &a->out->gate, &a->out->up,
+                                                                                   &a->out->down_t };
+    const int64_t E = a->w->up.ne[0], F = a->w->up.ne[1];
+    for (int64_t i = F * ith / nth; i < F * (ith + 1) / nth; i++)
+        for (int m = 0; m < 3; m++)
+            if (dst[m]->data)
+                pi_q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1], (char *)dst[m]->data + i * a->stride);
+}
+
+pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst,
+                            int64_t dst_bytes, pi_sparse_ffn_weights *out) {
+    if (!w || !dst || !out) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: NULL argument");
+    const int64_t bytes = pi_sparse_pack_bytes(w, gate_mode);
+    if (bytes == 0)
+        return pi_fail(PI_ERR_UNSUPPORTED, "sparse pack: needs 2-d q4_0 gate (unless the gate mode "
+                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256");
+    if (dst_bytes < bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
+                                          (long long)dst_bytes, (long long)bytes);
+    const int64_t E = w->up.ne[0], F = w->up.ne[1], row = pi_row_bytes(PI_TYPE_Q4_0R, E);
+    const int n_parts = gate_mode != PI_FFN_SEQ ? 3 : 2;
+    pi_sparse_ffn_weights o = { .up_bias = w->up_bias, .down_bias = w->down_bias };
+    pi_tensor *parts[3] = { n_parts == 3 ? &o.gate : NULL, &o.up, &o.down_t };
+    char *p = dst;
+    for (int m = 0; m < 3; m++) {
+        if (!parts[m]) continue;
+        *parts[m] = pi_tensor_view(PI_TYPE_Q4_0R, p, 2, (int64_t[]){ E, F });
+        parts[m]->nb[1] = n_parts * row;   /* neuron i's rows are n_parts * row bytes apart */
+        parts[m]->nb[2] = parts[m]->nb[3] = parts[m]->nb[1] * F;
+        p += row;
+    }
+    pack_args a = { w, &o, n_parts * row };
+    pi_threadpool_run(pool, pack_task, &a);
+    *out = o;
+    return PI_OK;
+}
+
+pi_status pi_sparse_pack(const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst, int64_t dst_bytes,
+                         pi_sparse_ffn_weights *out) {
+    return pi_sparse_pack_on(NULL, w, gate_mode, dst, dst_bytes, out);
 }

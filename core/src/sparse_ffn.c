@@ -5,12 +5,17 @@
  *   h[i, t] = act(gate_i . x_t) * (up_i . x_t + b_up[i])  only for running (i, t), else 0 (b_up: opt)
  *   out[:, t] = sum_i h[i, t] * down_t[i, :] + b_down      axpy over rows of the transposed down matrix
  *
- * A batch of T tokens is handled together: the union U of neurons active for any
- * token is gathered once, each gathered row is applied to every token that needs
- * it, and each down_t row is read once for all tokens (axpy straight from the
- * weight type, no dequantized copy). The down step
- * splits the output columns between threads, so no two threads write the same
- * element and no reduction is needed. */
+ * The sum over neurons has one fixed order, whatever the batch or the thread count: the neurons
+ * fall into ranges of SPARSE_RANGE consecutive indices; a range's partial sum p_r starts at 0 and
+ * adds its rows with h != 0 in index order (fma per element, as traits->axpy); out = ((0 + p_0) +
+ * p_1) + ... over the ranges in order.
+ *
+ * One token (decode) runs fused: a task is one range, its 8-neuron groups are gathered (gate/up dot
+ * products) and their down_t rows added to the range's partial right away, so each neuron's rows are
+ * read together, once; a last pass adds the partials. A batch of T tokens gathers the union U of the
+ * neurons active for any token once (each gathered row applied to every token that needs it), then
+ * the down step splits the output columns between threads and reads each down_t row once for all
+ * tokens. */
 #include "internal.h"
 
 #include <math.h>
@@ -20,6 +25,9 @@
 
 #define GATHER_CHUNK 32     /* neurons per work item in the gather step (a multiple of 8) */
 #define COLUMN_ALIGN 32     /* output column ranges start at block boundaries (or at the larger weight block) */
+#define SPARSE_RANGE 512    /* neurons per partial sum of the down step (fixes the summation order) */
+#define PREFETCH_LINES 4    /* first cache lines of the next 8 neurons requested ahead (fused path) */
+#define COLUMN_TILE 1024    /* output columns per pass of the batched down step (a multiple of 256) */
 
 typedef struct {
     const pi_sparse_ffn_weights *w;
@@ -33,6 +41,9 @@ typedef struct {
     int32_t *count;      /* [F] tokens for which neuron i is active */
     int32_t *rows;       /* [nU] union of active neurons, ascending */
     int64_t  n_rows;
+    int64_t *range_start;/* [n_ranges + 1] range r's rows are rows[range_start[r] .. range_start[r + 1]) */
+    int64_t  n_ranges;
+    float   *partial;    /* [n_ranges][E] one token's partial sums (fused path) */
     float   *h;          /* [T][nU] */
     char    *xq_gate, *xq_up;          /* [T] activation rows in the weights' vec_dot types */
     int64_t  xq_gate_bytes, xq_up_bytes;
@@ -91,10 +102,10 @@ static void gather8(const sparse_args *a, int64_t j0) {
     for (int64_t t0 = 0; t0 < a->T; t0 += PI_DOT8_MAX_T) {
         const int nt = (int)PI_MIN(PI_DOT8_MAX_T, a->T - t0);
         float u[PI_DOT8_MAX_T][8], g[PI_DOT8_MAX_T][8] = { { 0 } };
-        pi_traits(w->up.type)->vec_dot8(a->E, up, a->xq_up + t0 * a->xq_up_bytes, a->xq_up_bytes, nt, u[0], 8);
-        if (a->xq_gate)
+        if (a->xq_gate)   /* gate first: in the packed layout a neuron's up row follows its gate row */
             pi_traits(w->gate.type)->vec_dot8(a->E, gate, a->xq_gate + t0 * a->xq_gate_bytes, a->xq_gate_bytes, nt,
                                               g[0], 8);
+        pi_traits(w->up.type)->vec_dot8(a->E, up, a->xq_up + t0 * a->xq_up_bytes, a->xq_up_bytes, nt, u[0], 8);
         for (int t = 0; t < nt; t++)
             for (int k = 0; k < 8; k++) {
                 const int64_t i = a->rows[j0 + k];
@@ -103,42 +114,115 @@ static void gather8(const sparse_args *a, int64_t j0) {
     }
 }
 
-static void gather_task(void *p, int ith, int nth) {
-    PI_UNUSED(ith); PI_UNUSED(nth);
-    sparse_args *a = p;
+/* h of the union rows [j0, j1) for every token: 8 at a time where the types have 8-row kernels. */
+static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
     const pi_sparse_ffn_weights *w = a->w;
+    const bool rows8 = pi_traits(w->up.type)->vec_dot8 && (!a->xq_gate || pi_traits(w->gate.type)->vec_dot8);
+    int64_t j = j0;
+    if (rows8)
+        for (; j + 8 <= j1; j += 8) gather8(a, j);
     const pi_vec_dot_fn dot_up = pi_traits(w->up.type)->vec_dot;
     const pi_vec_dot_fn dot_gate = a->xq_gate ? pi_traits(w->gate.type)->vec_dot : NULL;
-    const bool rows8 = pi_traits(w->up.type)->vec_dot8 && (!a->xq_gate || pi_traits(w->gate.type)->vec_dot8);
-    for (;;) {
-        const int64_t j0 = atomic_fetch_add(&a->next, 1) * GATHER_CHUNK;
-        if (j0 >= a->n_rows) return;
-        const int64_t j1 = PI_MIN(a->n_rows, j0 + GATHER_CHUNK);
-        int64_t j = j0;
-        if (rows8)
-            for (; j + 8 <= j1; j += 8) gather8(a, j);
-        for (; j < j1; j++) {
-            const int64_t i = a->rows[j];
-            const char *up_row = (const char *)w->up.data + i * w->up.nb[1];
-            const char *gate_row = dot_gate ? (const char *)w->gate.data + i * w->gate.nb[1] : NULL;
-            for (int64_t t = 0; t < a->T; t++) {
-                float h = 0.0f;
-                if (a->active[t * a->F + i]) {
-                    const float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
-                    const float g = dot_gate ? dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes) : 0.0f;
-                    h = combine(a, i, u, g);
-                }
-                a->h[t * a->n_rows + j] = h;
+    for (; j < j1; j++) {
+        const int64_t i = a->rows[j];
+        const char *up_row = (const char *)w->up.data + i * w->up.nb[1];
+        const char *gate_row = dot_gate ? (const char *)w->gate.data + i * w->gate.nb[1] : NULL;
+        for (int64_t t = 0; t < a->T; t++) {
+            float h = 0.0f;
+            if (a->active[t * a->F + i]) {
+                const float g = dot_gate ? dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes) : 0.0f;
+                const float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
+                h = combine(a, i, u, g);
             }
+            a->h[t * a->n_rows + j] = h;
         }
     }
 }
 
-/* The down step: each thread owns output columns [e0, e1) of every token and adds the rows of its
- * union chunk in order (rows with h = 0 skipped), eight at a time where the type has axpy8 (which
- * loads and stores the output once per eight rows; same bits as eight axpy calls). */
-#define DOWN_CHUNK 64   /* union rows per pass over the tokens: their column slices stay in cache */
+static void gather_task(void *p, int ith, int nth) {
+    PI_UNUSED(ith); PI_UNUSED(nth);
+    sparse_args *a = p;
+    for (;;) {
+        const int64_t j0 = atomic_fetch_add(&a->next, 1) * GATHER_CHUNK;
+        if (j0 >= a->n_rows) return;
+        gather_rows(a, j0, PI_MIN(a->n_rows, j0 + GATHER_CHUNK));
+    }
+}
 
+/* Adds the rows with coef != 0 to y (n columns) in order, eight at a time where the type has axpy8
+ * (which loads and stores y once per eight rows; same bits as eight axpy calls). */
+typedef struct {
+    const pi_type_traits *tr;
+    int64_t n;
+    float *y;
+    const void *rows[8];
+    float coef[8];
+    int count;
+} axpy_queue;
+
+static void queue_flush(axpy_queue *q) {
+    int k = 0;
+    if (q->tr->axpy8 && q->count == 8) { q->tr->axpy8(q->n, q->coef, q->rows, q->y); k = 8; }
+    for (; k < q->count; k++) q->tr->axpy(q->n, q->coef[k], q->rows[k], q->y);
+    q->count = 0;
+}
+
+static void queue_push(axpy_queue *q, const void *row, float coef) {
+    if (coef == 0.0f) return;
+    q->rows[q->count] = row;
+    q->coef[q->count++] = coef;
+    if (q->count == 8) queue_flush(q);
+}
+
+/* One token, fused: a task is a range; h of its 8-neuron groups, then their down_t rows into the
+ * range's partial. In the packed layout (pi_sparse_pack) a neuron's gate, up and down_t rows are
+ * one contiguous run, read here as eight concurrent streams; the next group's streams are started
+ * early with a few prefetches. */
+static void fused_task(void *p, int ith, int nth) {
+    PI_UNUSED(ith); PI_UNUSED(nth);
+    sparse_args *a = p;
+    const pi_tensor *d = &a->w->down_t;
+    const pi_tensor *first = a->xq_gate ? &a->w->gate : &a->w->up;   /* a neuron's first row */
+    for (;;) {
+        const int64_t r = atomic_fetch_add(&a->next, 1);
+        if (r >= a->n_ranges) return;
+        const int64_t j0 = a->range_start[r], j1 = a->range_start[r + 1];
+        if (j0 == j1) continue;   /* no row: the reduction skips the range */
+        float *y = a->partial + r * a->E;
+        memset(y, 0, (size_t)a->E * sizeof(float));
+        axpy_queue q = { .tr = pi_traits(d->type), .n = a->E, .y = y };
+        for (int64_t j = j0; j < j1; j += 8) {
+            for (int64_t k = j + 8; k < PI_MIN(j1, j + 16); k++) {   /* start the next group's row streams */
+                const char *next = (const char *)first->data + a->rows[k] * first->nb[1];
+                for (int l = 0; l < PREFETCH_LINES; l++) __builtin_prefetch(next + 64 * l);
+            }
+            gather_rows(a, j, PI_MIN(j1, j + 8));
+            for (int64_t k = j; k < PI_MIN(j1, j + 8); k++)
+                queue_push(&q, (const char *)d->data + a->rows[k] * d->nb[1], a->h[k]);
+        }
+        queue_flush(&q);
+    }
+}
+
+/* out = ((0 + p_0) + p_1) + ... over the ranges that have rows, columns split between threads. */
+static void reduce_task(void *p, int ith, int nth) {
+    sparse_args *a = p;
+    const int64_t n_units = (a->E + COLUMN_ALIGN - 1) / COLUMN_ALIGN, per = (n_units + nth - 1) / nth;
+    const int64_t e0 = PI_MIN(a->E, per * ith * COLUMN_ALIGN), e1 = PI_MIN(a->E, e0 + per * COLUMN_ALIGN);
+    float *o = a->out->data;
+    for (int64_t e = e0; e < e1; e++) o[e] = 0.0f;
+    for (int64_t r = 0; r < a->n_ranges; r++) {
+        if (a->range_start[r] == a->range_start[r + 1]) continue;
+        const float *y = a->partial + r * a->E;
+        for (int64_t e = e0; e < e1; e++) o[e] += y[e];
+    }
+    if (a->w->down_bias)
+        for (int64_t e = e0; e < e1; e++) o[e] += a->w->down_bias[e];
+}
+
+/* The batched down step: each thread owns output columns [e0, e1) of every token, in tiles of
+ * COLUMN_TILE; per (tile, range, token) the range's rows with h != 0 go into a partial that is then
+ * added to the output: the same arithmetic per element as the fused path. */
 static void down_task(void *p, int ith, int nth) {
     sparse_args *a = p;
     const pi_tensor *d = &a->w->down_t;
@@ -148,31 +232,27 @@ static void down_task(void *p, int ith, int nth) {
     const int64_t n_units = (a->E + align - 1) / align;
     const int64_t per = (n_units + nth - 1) / nth;
     const int64_t e0 = PI_MIN(a->E, per * ith * align), e1 = PI_MIN(a->E, e0 + per * align);
-    if (e0 >= e1) return;
-    const int64_t offset_bytes = e0 / tr->block_size * tr->block_bytes;
+    float part[COLUMN_TILE];
     for (int64_t t = 0; t < a->T; t++)
-        memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)(e1 - e0) * sizeof(float));
-    for (int64_t j0 = 0; j0 < a->n_rows; j0 += DOWN_CHUNK) {
-        const int64_t j1 = PI_MIN(a->n_rows, j0 + DOWN_CHUNK);
-        for (int64_t t = 0; t < a->T; t++) {
-            float *y = (float *)((char *)a->out->data + t * a->out->nb[1]) + e0;
-            const float *h = a->h + t * a->n_rows;
-            const void *rows[DOWN_CHUNK];
-            float coef[DOWN_CHUNK];
-            int n = 0;
-            for (int64_t j = j0; j < j1; j++)
-                if (h[j] != 0.0f) {
-                    rows[n] = (const char *)d->data + a->rows[j] * d->nb[1] + offset_bytes;
-                    coef[n++] = h[j];
+        memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)PI_MAX(0, e1 - e0) * sizeof(float));
+    for (int64_t c0 = e0; c0 < e1; c0 += COLUMN_TILE) {
+        const int64_t c1 = PI_MIN(e1, c0 + COLUMN_TILE);
+        const int64_t offset_bytes = c0 / tr->block_size * tr->block_bytes;
+        for (int64_t r = 0; r < a->n_ranges; r++)
+            for (int64_t t = 0; t < a->T; t++) {
+                const float *h = a->h + t * a->n_rows;
+                axpy_queue q = { .tr = tr, .n = c1 - c0, .y = part };
+                memset(part, 0, (size_t)(c1 - c0) * sizeof(float));
+                bool any = false;
+                for (int64_t j = a->range_start[r]; j < a->range_start[r + 1]; j++) {
+                    any |= h[j] != 0.0f;
+                    queue_push(&q, (const char *)d->data + a->rows[j] * d->nb[1] + offset_bytes, h[j]);
                 }
-            int k = 0;
-            if (tr->axpy8)
-                for (; k + 8 <= n; k += 8) {
-                    for (int q = k + 8; q < PI_MIN(n, k + 16); q++) __builtin_prefetch(rows[q]);   /* next group */
-                    tr->axpy8(e1 - e0, coef + k, rows + k, y);
-                }
-            for (; k < n; k++) tr->axpy(e1 - e0, coef[k], rows[k], y);
-        }
+                queue_flush(&q);
+                if (!any) continue;
+                float *y = (float *)((char *)a->out->data + t * a->out->nb[1]) + c0;
+                for (int64_t e = 0; e < c1 - c0; e++) y[e] += part[e];
+            }
     }
     if (a->w->down_bias)
         for (int64_t t = 0; t < a->T; t++) {
@@ -184,6 +264,9 @@ static void down_task(void *p, int ith, int nth) {
 size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T) {
     size_t bytes = (size_t)(T * F) + 64;                          /* active */
     bytes += (size_t)F * sizeof(int32_t) * 2 + 64;                /* count, rows */
+    const int64_t n_ranges = (F + SPARSE_RANGE - 1) / SPARSE_RANGE;
+    bytes += (size_t)(n_ranges + 1) * sizeof(int64_t) + 64;       /* range_start */
+    if (T == 1) bytes += (size_t)(n_ranges * E) * sizeof(float) + 64;   /* partial */
     bytes += (size_t)(T * F) * sizeof(float) + 64;                /* h */
     if (w->gate.data) bytes += (size_t)pi_mul_mat_scratch(w->gate.type, E, T) + 64;
     bytes += (size_t)pi_mul_mat_scratch(w->up.type, E, T) + 64;
@@ -206,6 +289,9 @@ pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int
     a.count = carve(&p, (size_t)a.F * sizeof(int32_t));
     a.rows = carve(&p, (size_t)a.F * sizeof(int32_t));
     a.h = carve(&p, (size_t)(a.T * a.F) * sizeof(float));
+    a.n_ranges = (a.F + SPARSE_RANGE - 1) / SPARSE_RANGE;
+    a.range_start = carve(&p, (size_t)(a.n_ranges + 1) * sizeof(int64_t));
+    if (a.T == 1) a.partial = carve(&p, (size_t)(a.n_ranges * a.E) * sizeof(float));
     a.xq_up_bytes = pi_row_bytes(pi_traits(w->up.type)->vec_dot_type, a.E);
     a.xq_up = carve(&p, (size_t)(a.xq_up_bytes * a.T));
     if (gate_mode != PI_FFN_SEQ) {
@@ -217,13 +303,20 @@ pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int
     pi_threadpool_run(pool, select_convert_task, &a);
     int64_t pairs = 0;
     for (int64_t i = 0; i < a.F; i++) {
+        if (i % SPARSE_RANGE == 0) a.range_start[i / SPARSE_RANGE] = a.n_rows;
         pairs += a.count[i];
         if (a.count[i]) a.rows[a.n_rows++] = (int32_t)i;
     }
+    a.range_start[a.n_ranges] = a.n_rows;
     if (n_active) *n_active = pairs;
     atomic_init(&a.next, 0);
-    pi_threadpool_run(pool, gather_task, &a);
-    pi_threadpool_run(pool, down_task, &a);
+    if (a.T == 1) {
+        pi_threadpool_run(pool, fused_task, &a);
+        pi_threadpool_run(pool, reduce_task, &a);
+    } else {
+        pi_threadpool_run(pool, gather_task, &a);
+        pi_threadpool_run(pool, down_task, &a);
+    }
     return PI_OK;
 }
 

@@ -1,0 +1,236 @@
+/* q4_0r.c: the sparse FFN's load-time Q4_0 layout (PI_TYPE_Q4_0R), its activation format
+ * (PI_TYPE_Q8_0P) and their kernels.
+ *
+ * The sparse FFN reads single scattered neuron rows, eight at a time, where the 8-row kernels of
+ * rows8.c spend most of their instructions transposing rows and gathering scales. Here a row is
+ * read on its own, 256 elements (8 Q4_0 blocks, a "super-block") at a time:
+ *
+ *   Q4_0R super-block (144 bytes): the 8 fp16 block scales, then the 8 blocks' 16 nibble bytes
+ *                                  (each exactly as in Q4_0: byte j = elements j and j + 16)
+ *   Q8_0P super-block (320 bytes): the 8 activation block scales as f32, 8 x the 8 block sums
+ *                                  (int32), then 4 pairs of blocks (2p, 2p+1) as
+ *                                  [x_2p[0..15] x_2p+1[0..15] x_2p[16..31] x_2p+1[16..31]]
+ *
+ * so that one 32-byte load of nibbles pairs with two 32-byte activation loads, and a block's
+ * integer dot product ends in lane LANE_OF[b] of one vector after three horizontal adds. Scales
+ * and sums are stored in that lane order (block BLOCK_OF[l] in lane l).
+ *
+ * Canonical arithmetic (every kernel of this file, AVX2 or scalar, gives these bits):
+ *   dot:  lane l accumulates acc_l = fma(d_w * d_x, i_b, acc_l) over the super-blocks in order
+ *         (b = block BLOCK_OF[l] of each; i_b the exact integer sum q . x - 8 s), and the result is
+ *         pi_tree8 over the lanes.
+ *   axpy: y[e] = fma(a * d_b, q_e - 8, y[e]), as pi_axpy_q4_0.
+ * Rows must have a multiple of 256 elements (the types' block size). */
+#include "../internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static const int BLOCK_OF[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };   /* lane l holds block BLOCK_OF[l] */
+static const int LANE_OF[8] = { 0, 4, 1, 5, 2, 6, 3, 7 };    /* block b sits in lane LANE_OF[b] */
+
+typedef struct { uint16_t d[8]; uint8_t qs[8][16]; } sb_q4_0r;                  /* 144 bytes */
+typedef struct { float d[8]; int32_t s8[8]; int8_t qs[4][64]; } sb_q8_0p;       /* 320 bytes */
+_Static_assert(sizeof(sb_q4_0r) == 144 && sizeof(sb_q8_0p) == 320, "super-block sizes");
+
+/* ---- conversions ---- */
+
+void pi_q4_0r_from_q4_0(int64_t n, const void *src, void *dst) {
+    const pi_block_q4_0 *x = src;
+    sb_q4_0r *y = dst;
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int l = 0; l < 8; l++) {
+            const pi_block_q4_0 *b = &x[8 * s + BLOCK_OF[l]];
+            y[s].d[l] = b->d;
+            memcpy(y[s].qs[BLOCK_OF[l]], b->qs, 16);
+        }
+}
+
+void pi_q4_0r_to_f32(const void *src, float *dst, int64_t n) {
+    const sb_q4_0r *x = src;
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int b = 0; b < 8; b++) {
+            const float d = pi_fp16_to_f32(x[s].d[LANE_OF[b]]);
+            float *o = dst + 256 * s + 32 * b;
+            for (int j = 0; j < 16; j++) {
+                o[j] = (float)((x[s].qs[b][j] & 15) - 8) * d;
+                o[j + 16] = (float)((x[s].qs[b][j] >> 4) - 8) * d;
+            }
+        }
+}
+
+/* Quantized exactly as Q8_0S (same rounding), then rearranged. */
+void pi_quantize_row_q8_0p(const float *src, void *dst, int64_t n) {
+    sb_q8_0p *y = dst;
+    for (int64_t s = 0; s < n / 256; s++) {
+        pi_block_q8_0s q[8];
+        pi_quantize_row_q8_0s(src + 256 * s, q, 256);
+        for (int l = 0; l < 8; l++) {
+            y[s].d[l] = pi_fp16_to_f32(q[BLOCK_OF[l]].d);
+            y[s].s8[l] = 8 * (int32_t)q[BLOCK_OF[l]].s;
+        }
+        for (int p = 0; p < 4; p++) {
+            memcpy(y[s].qs[p], q[2 * p].qs, 16);
+            memcpy(y[s].qs[p] + 16, q[2 * p + 1].qs, 16);
+            memcpy(y[s].qs[p] + 32, q[2 * p].qs + 16, 16);
+            memcpy(y[s].qs[p] + 48, q[2 * p + 1].qs + 16, 16);
+        }
+    }
+}
+
+void pi_q8_0p_to_f32(const void *src, float *dst, int64_t n) {
+    const sb_q8_0p *x = src;
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int b = 0; b < 8; b++) {
+            const float d = x[s].d[LANE_OF[b]];
+            const int8_t *lo = x[s].qs[b / 2] + 16 * (b % 2), *hi = lo + 32;
+            for (int j = 0; j < 16; j++) {
+                dst[256 * s + 32 * b + j] = (float)lo[j] * d;
+                dst[256 * s + 32 * b + 16 + j] = (float)hi[j] * d;
+            }
+        }
+}
+
+/* ---- kernels ---- */
+
+#if PI_HAVE_ROWS8
+#include <immintrin.h>
+
+#include "avx2_util.h"
+
+static inline __m256 sb_dot(const sb_q4_0r *w, const sb_q8_0p *x, __m256 acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i v[4];
+    for (int p = 0; p < 4; p++) {   /* blocks 2p, 2p+1: lanes 0..3 and 4..7 hold their partial sums */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)w->qs[2 * p]);
+        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x->qs[p])),
+                                             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x->qs[p] + 32))));
+        v[p] = _mm256_madd_epi16(s16, ones);
+    }
+    /* three horizontal adds leave block BLOCK_OF[l]'s total in lane l */
+    __m256i i = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    i = _mm256_sub_epi32(i, _mm256_loadu_si256((const __m256i *)x->s8));
+    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w->d)), _mm256_loadu_ps(x->d));
+    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), acc);
+}
+
+float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
+    const sb_q4_0r *a = w;
+    const sb_q8_0p *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t s = 0; s < n / 256; s++) acc = sb_dot(&a[s], &b[s], acc);
+    return pi_hsum_ps(acc);   /* = pi_tree8 of the lanes */
+}
+
+/* y += a * row for one super-block range of one row, the scales of the 8 blocks given (a * d, lane order). */
+static inline void sb_axpy(const sb_q4_0r *w, const float *scale, float *y) {
+    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    for (int b = 0; b < 8; b++) {
+        float *yb = y + 32 * b;
+        const __m256 s = _mm256_broadcast_ss(&scale[LANE_OF[b]]);
+        const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)w->qs[b]));        /* 0..7 | 16..23 */
+        const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->qs[b] + 8)));  /* 8..15 | 24..31 */
+        _mm256_storeu_ps(yb, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, m4), eight)),
+                                             _mm256_loadu_ps(yb)));
+        _mm256_storeu_ps(yb + 8, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, m4), eight)),
+                                                 _mm256_loadu_ps(yb + 8)));
+        _mm256_storeu_ps(yb + 16, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)),
+                                                  _mm256_loadu_ps(yb + 16)));
+        _mm256_storeu_ps(yb + 24, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)),
+                                                  _mm256_loadu_ps(yb + 24)));
+    }
+}
+
+void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
+    const sb_q4_0r *w = row;
+    for (int64_t s = 0; s < n / 256; s++) {
+        float scale[8];
+        _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_set1_ps(a), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[s].d))));
+        sb_axpy(&w[s], scale, y + 256 * s);
+    }
+}
+
+/* Eight rows in order per block, the 32 outputs in registers (same bits as eight pi_axpy_q4_0r). */
+void pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y) {
+    const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
+    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    for (int64_t s = 0; s < n / 256; s++) {
+        float scale[8][8];   /* [row][lane] a_k * d */
+        for (int k = 0; k < 8; k++)
+            _mm256_storeu_ps(scale[k], _mm256_mul_ps(_mm256_set1_ps(a[k]),
+                                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r[k][s].d))));
+        for (int b = 0; b < 8; b++) {
+            float *yb = y + 256 * s + 32 * b;
+            __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8), y2 = _mm256_loadu_ps(yb + 16),
+                   y3 = _mm256_loadu_ps(yb + 24);
+            for (int k = 0; k < 8; k++) {
+                const __m256 sc = _mm256_broadcast_ss(&scale[k][LANE_OF[b]]);
+                const uint8_t *q = r[k][s].qs[b];
+                const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+                const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
+                y0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, m4), eight)), y0);
+                y1 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, m4), eight)), y1);
+                y2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)), y2);
+                y3 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)), y3);
+            }
+            _mm256_storeu_ps(yb, y0);
+            _mm256_storeu_ps(yb + 8, y1);
+            _mm256_storeu_ps(yb + 16, y2);
+            _mm256_storeu_ps(yb + 24, y3);
+        }
+    }
+}
+
+#else   /* scalar reference: the same canonical order */
+
+float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
+    const sb_q4_0r *a = w;
+    const sb_q8_0p *b = x;
+    float acc[8] = { 0 };
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int l = 0; l < 8; l++) {
+            const int blk = BLOCK_OF[l];
+            const int8_t *lo = b[s].qs[blk / 2] + 16 * (blk % 2), *hi = lo + 32;
+            int32_t i = 0;
+            for (int j = 0; j < 16; j++) i += (a[s].qs[blk][j] & 15) * lo[j] + (a[s].qs[blk][j] >> 4) * hi[j];
+            i -= b[s].s8[l];
+            acc[l] = fmaf(pi_fp16_to_f32(a[s].d[l]) * b[s].d[l], (float)i, acc[l]);
+        }
+    return pi_tree8(acc);
+}
+
+void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
+    const sb_q4_0r *w = row;
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int b = 0; b < 8; b++) {
+            const float scale = a * pi_fp16_to_f32(w[s].d[LANE_OF[b]]);
+            float *yb = y + 256 * s + 32 * b;
+            for (int j = 0; j < 16; j++) {
+                yb[j] = fmaf(scale, (float)((w[s].qs[b][j] & 15) - 8), yb[j]);
+                yb[j + 16] = fmaf(scale, (float)((w[s].qs[b][j] >> 4) - 8), yb[j + 16]);
+            }
+        }
+}
+
+#endif
+
+/* Eight rows against nt tokens. With AVX2 the eight rows advance together, one super-block at a time:
+ * eight concurrent streams keep more of the scattered rows' memory reads in flight than one. */
+void pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+#if PI_HAVE_ROWS8
+    const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
+    for (int t = 0; t < nt; t++) {
+        const sb_q8_0p *xt = (const sb_q8_0p *)(x + t * x_stride);
+        __m256 acc[8];
+        for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+        for (int64_t s = 0; s < n / 256; s++)
+            for (int k = 0; k < 8; k++) acc[k] = sb_dot(&r[k][s], &xt[s], acc[k]);
+        for (int k = 0; k < 8; k++) y[t * y_stride + k] = pi_hsum_ps(acc[k]);
+    }
+#else
+    for (int k = 0; k < 8; k++)
+        for (int t = 0; t < nt; t++) y[t * y_stride + k] = pi_vec_dot_q4_0r_q8_0p(n, rows[k], x + t * x_stride);
+#endif
+}

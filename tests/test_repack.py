@@ -167,34 +167,50 @@ def q4_0_parts(raw):
 SPARSE_RANGE = 512   # sparse_ffn.c: neurons per partial sum of the down step
 
 
+def f16_axpy_fused() -> bool:
+    """pi_axpy_f16 adds fma(a, x, y) with AVX2/FMA/F16C, a * x + y (two roundings) without."""
+    info = ffi.string(lib.pi_system_info()).decode()
+    return all(f"{f} = 1" in info for f in ("AVX2", "FMA", "F16C"))
+
+
+@pytest.mark.parametrize("down", ["q4_0", "f16"])
 @pytest.mark.parametrize("T", [1, 3, 6])
-def test_sparse_ffn_q4_0_is_the_exact_axpy_chain(pool2, T):
+def test_sparse_ffn_is_the_exact_axpy_chain(pool2, T, down):
     """The gathered 8-row dot products and the 8-row axpy give exactly the bits of one row at a time:
     h from mul_mat's dot products (equal to vec_dot's, test above); per range of SPARSE_RANGE neurons a
     partial = axpy over its active rows in order, from 0; out = the partials added in range order. One
-    token (the fused path) and batches (gather, then the column-split down step) alike."""
+    token (the fused path) and batches (gather, then the column-split down step) alike; q4_0 and f16
+    down_t rows (pi_axpy8_q4_0, pi_axpy8_f16)."""
     E, F = 128, 2 * SPARSE_RANGE + 88   # three ranges, the last one short
     rng = np.random.default_rng(T)
     gate, up, down_t = (np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E)) for _ in range(3))
+    if down == "f16":
+        down_t = (rng.standard_normal((F, E)) / np.sqrt(E)).astype(np.float16)
     x = rng.standard_normal((T, E)).astype(np.float32)
     scores = rng.standard_normal((T, F)).astype(np.float32)      # about half of the neurons per token
     scores[:, SPARSE_RANGE:2 * SPARSE_RANGE] = -1.0               # the middle range: no neuron at all
     w = ffi.new("pi_sparse_ffn_weights *")
-    w.gate, w.up, w.down_t = tensor(gate, Q4_0)[0], tensor(up, Q4_0)[0], tensor(down_t, Q4_0)[0]
+    w.gate, w.up = tensor(gate, Q4_0)[0], tensor(up, Q4_0)[0]
+    w.down_t = tensor(down_t, Q4_0)[0] if down == "q4_0" else tensor(down_t)[0]
     out = np.zeros((T, E), np.float32)
     check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, lib.PI_FFN_PAR, tensor(x), tensor(scores), 0.0,
                                tensor(out), ffi.NULL))
     g = mul_mat(ffi.NULL, tensor(gate, Q4_0), x, F)
     u = mul_mat(ffi.NULL, tensor(up, Q4_0), x, F)
     h = np.where(scores >= 0.0, np.maximum(g, 0) * u, 0).astype(np.float32)
-    d, q = q4_0_parts(down_t)
+    if down == "q4_0":
+        d, q = q4_0_parts(down_t)
+        add_row = lambda i, t, y: fma32(np.repeat((h[t, i] * d[i]).astype(np.float32), 32), q[i], y)  # noqa: E731
+    elif f16_axpy_fused():
+        add_row = lambda i, t, y: fma32(np.full(E, h[t, i]), down_t[i].astype(np.float32), y)  # noqa: E731
+    else:
+        add_row = lambda i, t, y: y + h[t, i] * down_t[i].astype(np.float32)  # noqa: E731
     for t in range(T):
         y = np.zeros(E, np.float32)
         for r0 in range(0, F, SPARSE_RANGE):
             part = np.zeros(E, np.float32)
             for i in r0 + np.flatnonzero(h[t, r0:r0 + SPARSE_RANGE]):
-                scale = np.repeat((h[t, i] * d[i]).astype(np.float32), 32)
-                part = fma32(scale, q[i], part)
+                part = add_row(i, t, part)
             y = y + part
         assert_bit_equal(out[t], y, f"token {t}: sparse FFN vs the one-row-at-a-time chain")
 

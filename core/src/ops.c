@@ -499,10 +499,18 @@ static void attention_task(void *p, int ith, int nth) {
             sum += scores[c];
         }
         const float inv = (float)(1.0 / sum);
-        for (int64_t c = 0; c < n_kv; c++) {
+        const char *vbase = (const char *)a->v->data + hk * a->v->nb[1];
+        const void *vrows[8];
+        float p8[8];
+        int nv = 0;
+        for (int64_t c = 0; c < n_kv; c++) {   /* out += p_c v_c in cell order, eight cells per pass where possible */
             if (scores[c] == -INFINITY) continue;
-            vt->axpy(hd, scores[c] * inv, (const char *)a->v->data + hk * a->v->nb[1] + c * a->v->nb[2], out);
+            vrows[nv] = vbase + c * a->v->nb[2];
+            p8[nv++] = scores[c] * inv;
+            if (nv == 8 && vt->axpy8) { vt->axpy8(hd, p8, vrows, out); nv = 0; }
+            else if (nv == 8 || !vt->axpy8) { for (int k = 0; k < nv; k++) vt->axpy(hd, p8[k], vrows[k], out); nv = 0; }
         }
+        for (int k = 0; k < nv; k++) vt->axpy(hd, p8[k], vrows[k], out);
     }
 }
 

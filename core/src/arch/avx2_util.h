@@ -6,6 +6,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* 4 bytes at p as an int32 (unaligned; compiles to a plain load or a broadcast from memory). */
+static inline int32_t pi_load_i32(const void *p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
 /* The sum of the 8 float lanes, in a fixed order (lanes i and i+4, then pairs, then the last two). */
 static inline float pi_hsum_ps(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);

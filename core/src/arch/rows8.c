@@ -55,6 +55,24 @@ static inline void block8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256
     }
 }
 
+/* block8 for one token, with the accumulator in a register (the generic loop keeps acc[t] in memory) and
+ * the activation words broadcast straight from the block. Same operations, same bits. */
+static inline __m256 block8_t1(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const pi_block_q8_0s *xb,
+                               __m256 acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i w[8] = {
+        _mm256_and_si256(c0, m4), _mm256_and_si256(c1, m4), _mm256_and_si256(c2, m4), _mm256_and_si256(c3, m4),
+        _mm256_and_si256(_mm256_srli_epi16(c0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c1, 4), m4),
+        _mm256_and_si256(_mm256_srli_epi16(c2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c3, 4), m4),
+    };
+    __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(pi_load_i32(xb->qs)));
+    for (int g = 1; g < 8; g++)
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g))));
+    const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(8 * (int32_t)xb->s));
+    const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d)));
+    return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s32), acc);
+}
+
 static inline void store8(const __m256 *acc, int nt, float *y, int64_t y_stride) {
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }
@@ -63,6 +81,21 @@ void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
                             int64_t y_stride) {
     const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
     const int64_t nb = n / PI_QK4_0;
+    if (nt == 1) {   /* decode */
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if ((b & 3) == 0)
+                for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(r[k] + b + ROW_PREFETCH_BLOCKS), _MM_HINT_T0);
+            const char *p[8];
+            for (int k = 0; k < 8; k++) p[k] = (const char *)(r[k] + b);
+            __m256i c[4];
+            pi_transpose8x16(p, offsetof(pi_block_q4_0, qs), c);
+            acc = block8_t1(c[0], c[1], c[2], c[3], pi_f16x8_rows(p, offsetof(pi_block_q4_0, d)),
+                            (const pi_block_q8_0s *)x + b, acc);
+        }
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
     __m256 acc[PI_DOT8_MAX_T];
     for (int t = 0; t < PI_DOT8_MAX_T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -82,6 +115,22 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
                          int64_t y_stride) {
     const pi_block_q4_0x8 *g = group;
     const int64_t nb = n / PI_QK4_0;
+    if (nt == 1) {   /* decode */
+        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)x;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const char *ahead = (const char *)(g + b + PREFETCH_BLOCKS);
+            _mm_prefetch(ahead, _MM_HINT_T0);
+            _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            _mm_prefetch(ahead + 128, _MM_HINT_T0);
+            const __m256i *q = (const __m256i *)g[b].qs;
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+            acc = block8_t1(_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1), _mm256_loadu_si256(q + 2),
+                            _mm256_loadu_si256(q + 3), dw, xb + b, acc);
+        }
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
     __m256 acc[PI_DOT8_MAX_T];
     for (int t = 0; t < PI_DOT8_MAX_T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {

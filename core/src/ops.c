@@ -445,80 +445,113 @@ pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, cons
 }
 
 /* ---- attention -------------------------------------------------------------
- * One (token, head) pair at a time: scores over the visible cells, softmax,
- * weighted sum of V rows (axpy straight from the cache type). Masked cells (-inf)
- * are skipped entirely. */
+ * Per (token, head): scores over the visible cells, softmax, weighted sum of V rows (axpy
+ * straight from the cache type). Masked cells (-inf) are skipped entirely. A thread takes up to
+ * ATT_HEADS heads of one token per pass and walks the cells once for all of them: the cache holds
+ * a cell's heads side by side, so each cell is read as one run of ATT_HEADS * head_dim values
+ * instead of one short row per head at a stride of the whole cell. Per head the arithmetic (and
+ * the order of the cells) is the same either way. */
+
+#define ATT_HEADS 16
 
 typedef struct {
     const pi_tensor *q, *k, *v, *mask;
     float scale;
     pi_tensor *out;
-    float *scratch;       /* per thread: [n_kv] scores + [head_dim] row buffer */
+    float *scratch;       /* per thread: [ATT_HEADS][n_kv] scores */
 } attention_args;
+
+/* Heads h0 .. h0+nh-1 of token t; scores [nh][n_kv]. */
+static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, float *scores) {
+    const int64_t hd = a->q->ne[0], H = a->q->ne[1], n_kv = a->k->ne[2];
+    const int64_t group = H / a->k->ne[1];
+    const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
+    const float *mask = a->mask ? ROW_F32(a->mask, t, 0, 0) : NULL;
+    const float *q[ATT_HEADS];
+    const char *kbase[ATT_HEADS], *vbase[ATT_HEADS];
+    for (int64_t j = 0; j < nh; j++) {
+        q[j] = ROW_F32(a->q, h0 + j, t, 0);
+        kbase[j] = (const char *)a->k->data + (h0 + j) / group * a->k->nb[1];
+        vbase[j] = (const char *)a->v->data + (h0 + j) / group * a->v->nb[1];
+    }
+    for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four at a time where possible */
+        if (mask && mask[c] == -INFINITY) continue;
+        if (a->k->type == PI_TYPE_F16 && c + 4 <= n_kv && (!mask || (mask[c + 1] != -INFINITY &&
+                                        mask[c + 2] != -INFINITY && mask[c + 3] != -INFINITY))) {
+            for (int64_t j = 0; j < nh; j++) {
+                const void *rows[4] = { kbase[j] + c * a->k->nb[2], kbase[j] + (c + 1) * a->k->nb[2],
+                                        kbase[j] + (c + 2) * a->k->nb[2], kbase[j] + (c + 3) * a->k->nb[2] };
+                pi_vec_dot4_f16_f32(hd, rows, q[j], scores + j * n_kv + c);
+            }
+            c += 3;
+            continue;
+        }
+        for (int64_t j = 0; j < nh; j++) scores[j * n_kv + c] = kt->vec_dot(hd, kbase[j] + c * a->k->nb[2], q[j]);
+    }
+    float inv[ATT_HEADS];
+    bool any = false;
+    for (int64_t j = 0; j < nh; j++) {
+        float *sc = scores + j * n_kv, max = -INFINITY;
+        for (int64_t c = 0; c < n_kv; c++) {
+            const float m = mask ? mask[c] : 0.0f;
+            if (m == -INFINITY) { sc[c] = -INFINITY; continue; }
+            sc[c] = sc[c] * a->scale + m;
+            max = fmaxf(max, sc[c]);
+        }
+        memset(ROW_F32(a->out, h0 + j, t, 0), 0, (size_t)hd * sizeof(float));
+        if (max == -INFINITY) { inv[j] = 0.0f; continue; }   /* nothing visible: output zeros */
+        any = true;
+        double sum = 0.0;
+        for (int64_t c = 0; c < n_kv; c++) {
+            if (sc[c] == -INFINITY) continue;
+            sc[c] = expf(sc[c] - max);
+            sum += sc[c];
+        }
+        inv[j] = (float)(1.0 / sum);
+    }
+    if (!any) return;
+    /* out += p_c v_c in cell order, eight visible cells per pass where the type has axpy8 */
+    int64_t cells[8];
+    int nv = 0;
+    for (int64_t c = 0; c <= n_kv; c++) {
+        if (c < n_kv) {
+            if (scores[c] == -INFINITY) continue;   /* the same cells are visible for every head */
+            cells[nv++] = c;
+            if (nv < 8) continue;
+        }
+        for (int64_t j = 0; j < nh; j++) {
+            float *out = ROW_F32(a->out, h0 + j, t, 0);
+            const void *rows[8];
+            float pc[8];
+            for (int k = 0; k < nv; k++) {
+                rows[k] = vbase[j] + cells[k] * a->v->nb[2];
+                pc[k] = scores[j * n_kv + cells[k]] * inv[j];
+            }
+            if (nv == 8 && vt->axpy8) vt->axpy8(hd, pc, rows, out);
+            else for (int k = 0; k < nv; k++) vt->axpy(hd, pc[k], rows[k], out);
+        }
+        nv = 0;
+    }
+}
 
 static void attention_task(void *p, int ith, int nth) {
     attention_args *a = p;
-    const int64_t hd = a->q->ne[0], H = a->q->ne[1], T = a->q->ne[2];
-    const int64_t Hkv = a->k->ne[1], n_kv = a->k->ne[2];
-    const int64_t group = H / Hkv;
-    const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
-    float *scores = a->scratch + (size_t)ith * (size_t)(n_kv + hd);
+    const int64_t H = a->q->ne[1], T = a->q->ne[2], n_kv = a->k->ne[2];
+    float *scores = a->scratch + (size_t)ith * (size_t)(ATT_HEADS * n_kv);
     int64_t w0, w1;
     split_range(T * H, ith, nth, &w0, &w1);
-    for (int64_t w = w0; w < w1; w++) {
-        const int64_t t = w / H, h = w % H, hk = h / group;
-        const float *q = ROW_F32(a->q, h, t, 0);
-        const float *mask = a->mask ? ROW_F32(a->mask, t, 0, 0) : NULL;
-        float max = -INFINITY;
-        const char *kbase = (const char *)a->k->data + hk * a->k->nb[1];
-        for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four at a time where possible */
-            if (mask && mask[c] == -INFINITY) continue;
-            if (a->k->type == PI_TYPE_F16 && c + 4 <= n_kv && (!mask || (mask[c + 1] != -INFINITY &&
-                                            mask[c + 2] != -INFINITY && mask[c + 3] != -INFINITY))) {
-                const void *rows[4] = { kbase + c * a->k->nb[2], kbase + (c + 1) * a->k->nb[2],
-                                        kbase + (c + 2) * a->k->nb[2], kbase + (c + 3) * a->k->nb[2] };
-                pi_vec_dot4_f16_f32(hd, rows, q, scores + c);
-                c += 3;
-                continue;
-            }
-            scores[c] = kt->vec_dot(hd, kbase + c * a->k->nb[2], q);
-        }
-        for (int64_t c = 0; c < n_kv; c++) {
-            const float m = mask ? mask[c] : 0.0f;
-            if (m == -INFINITY) { scores[c] = -INFINITY; continue; }
-            scores[c] = scores[c] * a->scale + m;
-            max = fmaxf(max, scores[c]);
-        }
-        float *out = ROW_F32(a->out, h, t, 0);
-        memset(out, 0, (size_t)hd * sizeof(float));
-        if (max == -INFINITY) continue;   /* nothing visible: output zeros */
-        double sum = 0.0;
-        for (int64_t c = 0; c < n_kv; c++) {
-            if (scores[c] == -INFINITY) continue;
-            scores[c] = expf(scores[c] - max);
-            sum += scores[c];
-        }
-        const float inv = (float)(1.0 / sum);
-        const char *vbase = (const char *)a->v->data + hk * a->v->nb[1];
-        const void *vrows[8];
-        float p8[8];
-        int nv = 0;
-        for (int64_t c = 0; c < n_kv; c++) {   /* out += p_c v_c in cell order, eight cells per pass where possible */
-            if (scores[c] == -INFINITY) continue;
-            vrows[nv] = vbase + c * a->v->nb[2];
-            p8[nv++] = scores[c] * inv;
-            if (nv == 8 && vt->axpy8) { vt->axpy8(hd, p8, vrows, out); nv = 0; }
-            else if (nv == 8 || !vt->axpy8) { for (int k = 0; k < nv; k++) vt->axpy(hd, p8[k], vrows[k], out); nv = 0; }
-        }
-        for (int k = 0; k < nv; k++) vt->axpy(hd, p8[k], vrows[k], out);
+    for (int64_t w = w0; w < w1;) {
+        const int64_t t = w / H, h = w % H, nh = PI_MIN(ATT_HEADS, PI_MIN(w1 - w, H - h));
+        attend(a, t, h, nh, scores);
+        w += nh;
     }
 }
 
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                        const pi_tensor *mask, float scale, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
-    const int64_t n_kv = k->ne[2], hd = q->ne[0];
-    float *scratch = malloc((size_t)nth * (size_t)(n_kv + hd) * sizeof(float));
+    const int64_t n_kv = k->ne[2];
+    float *scratch = malloc((size_t)nth * (size_t)(ATT_HEADS * n_kv) * sizeof(float));
     if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
     attention_args a = { q, k, v, mask, scale, out, scratch };
     pi_threadpool_run(pool, attention_task, &a);

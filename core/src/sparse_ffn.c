@@ -302,10 +302,13 @@ pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int
 
     pi_threadpool_run(pool, select_convert_task, &a);
     int64_t pairs = 0;
-    for (int64_t i = 0; i < a.F; i++) {
-        if (i % SPARSE_RANGE == 0) a.range_start[i / SPARSE_RANGE] = a.n_rows;
-        pairs += a.count[i];
-        if (a.count[i]) a.rows[a.n_rows++] = (int32_t)i;
+    for (int64_t r = 0; r < a.n_ranges; r++) {   /* the union, ascending; branch-free (which neurons run is random) */
+        a.range_start[r] = a.n_rows;
+        for (int64_t i = r * SPARSE_RANGE; i < PI_MIN(a.F, (r + 1) * SPARSE_RANGE); i++) {
+            pairs += a.count[i];
+            a.rows[a.n_rows] = (int32_t)i;
+            a.n_rows += a.count[i] != 0;
+        }
     }
     a.range_start[a.n_ranges] = a.n_rows;
     if (n_active) *n_active = pairs;

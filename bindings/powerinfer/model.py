@@ -196,8 +196,10 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
 class Model:
     """A loaded model. Weights stay in the memory-mapped file, except that the matmul weights of
     types with a faster interleaved layout on this CPU (Q4_0 with AVX2) are copied into it at load
-    time, as llama.cpp's CPU repacking does; repack=False (or POWERINFER_NO_REPACK=1) reads the
-    file's layout directly and copies nothing (slower matmuls, same results bit for bit).
+    time, as llama.cpp's CPU repacking does, and a sparse file's Q4_0 FFN (n_embd a multiple of 256)
+    is copied with each neuron's rows together (n_packed_ffn layers). repack=False (or
+    POWERINFER_NO_REPACK=1) reads the file's layout directly and copies nothing (slower; the same
+    bits for the matmuls, the last bits of the sparse FFN's dot products differ).
 
     >>> model = Model("models/tiny.gguf")
     >>> model.tokenizer.encode("Hello")

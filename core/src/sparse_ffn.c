@@ -14,8 +14,8 @@
  * products) and their down_t rows added to the range's partial right away, so each neuron's rows are
  * read together, once; a last pass adds the partials. A batch of T tokens gathers the union U of the
  * neurons active for any token once (each gathered row applied to every token that needs it), then
- * the down step splits the output columns between threads and reads each down_t row once for all
- * tokens. */
+ * the down step splits the output columns between threads; a range's rows, one column tile at a
+ * time, stay in cache while every token adds them, so each down_t row comes from memory once. */
 #include "internal.h"
 
 #include <math.h>

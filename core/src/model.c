@@ -136,18 +136,26 @@ static void *alloc_weights(int64_t bytes) {
     return p;
 }
 
+/* A load-time weight copy of `bytes` the model owns (freed with it); NULL after pi_fail. */
+static void *own_copy(pi_model *m, int64_t bytes, const char *what) {
+    void **list = realloc(m->repacked, (size_t)(m->n_repacked + 1) * sizeof *list);
+    if (!list) { pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory"); return NULL; }
+    m->repacked = list;
+    void *buf = alloc_weights(bytes);
+    if (!buf) {
+        pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory %s (%lld bytes); load with no_repack to use the file's layout",
+                what, (long long)bytes);
+        return NULL;
+    }
+    return m->repacked[m->n_repacked++] = buf;
+}
+
 /* Replaces *t by an interleaved copy when its type has one (the file's mapping stays untouched). */
 static pi_status repack_one(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
     const int64_t bytes = t->data ? pi_repack_bytes(t) : 0;
     if (bytes == 0) return PI_OK;
-    void **list = realloc(m->repacked, (size_t)(m->n_repacked + 1) * sizeof *list);
-    if (!list) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
-    m->repacked = list;
-    void *buf = alloc_weights(bytes);
-    if (!buf) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory repacking weights (%lld bytes); "
-                             "load with no_repack to use the file's layout", (long long)bytes);
-    m->repacked[m->n_repacked++] = buf;
-    return pi_repack_on(pool, t, buf, bytes, t);
+    void *buf = own_copy(m, bytes, "repacking weights");
+    return buf ? pi_repack_on(pool, t, buf, bytes, t) : PI_ERR_OUT_OF_MEMORY;
 }
 
 /* Replaces a sparse layer's gate/up/down_t by their per-neuron packing when they have one. */
@@ -155,13 +163,8 @@ static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) 
     pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t, NULL, NULL };
     const int64_t bytes = pi_sparse_pack_bytes(&w, m->hp.ffn_gate);
     if (bytes == 0) return PI_OK;
-    void **list = realloc(m->repacked, (size_t)(m->n_repacked + 1) * sizeof *list);
-    if (!list) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
-    m->repacked = list;
-    void *buf = alloc_weights(bytes);
-    if (!buf) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory packing the sparse FFN (%lld bytes); "
-                             "load with no_repack to use the file's layout", (long long)bytes);
-    m->repacked[m->n_repacked++] = buf;
+    void *buf = own_copy(m, bytes, "packing the sparse FFN");
+    if (!buf) return PI_ERR_OUT_OF_MEMORY;
     pi_status st = pi_sparse_pack_on(pool, &w, m->hp.ffn_gate, buf, bytes, &w);
     if (st != PI_OK) return st;
     if (m->hp.ffn_gate != PI_FFN_SEQ) L->ffn_gate = w.gate;

@@ -73,6 +73,27 @@ static inline __m256 pi_f16x8_rows(const char *const *p, size_t off) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
+/* y[0..3] (elements 0..31 of a Q4_0 block) += scale * (q - 8) for the block's 16 nibble bytes qs
+ * (byte j: element j in the low nibble, j + 16 in the high one), one fma per element as pi_axpy_q4_0
+ * adds it. The bytes are zero-extended straight into 32-bit lanes, where one and / one shift split
+ * the nibbles. */
+static inline void pi_q4_0_axpy_block(__m256 scale, const uint8_t *qs, __m256 y[4]) {
+    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));        /* 0..7 | 16..23 */
+    const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));  /* 8..15 | 24..31 */
+    y[0] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, m4), eight)), y[0]);
+    y[1] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, m4), eight)), y[1]);
+    y[2] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)), y[2]);
+    y[3] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)), y[3]);
+}
+
+static inline void pi_load4_ps(const float *p, __m256 y[4]) {
+    for (int i = 0; i < 4; i++) y[i] = _mm256_loadu_ps(p + 8 * i);
+}
+static inline void pi_store4_ps(float *p, const __m256 y[4]) {
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(p + 8 * i, y[i]);
+}
+
 /* pi_tree8 of 8 vectors, lane by lane. */
 static inline __m256 pi_tree8_ps(const __m256 p[8]) {
     return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6])),

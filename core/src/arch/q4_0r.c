@@ -123,61 +123,36 @@ float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
     return pi_hsum_ps(acc);   /* = pi_tree8 of the lanes */
 }
 
-/* y += a * row for one super-block range of one row, the scales of the 8 blocks given (a * d, lane order). */
-static inline void sb_axpy(const sb_q4_0r *w, const float *scale, float *y) {
-    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
-    for (int b = 0; b < 8; b++) {
-        float *yb = y + 32 * b;
-        const __m256 s = _mm256_broadcast_ss(&scale[LANE_OF[b]]);
-        const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)w->qs[b]));        /* 0..7 | 16..23 */
-        const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->qs[b] + 8)));  /* 8..15 | 24..31 */
-        _mm256_storeu_ps(yb, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, m4), eight)),
-                                             _mm256_loadu_ps(yb)));
-        _mm256_storeu_ps(yb + 8, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, m4), eight)),
-                                                 _mm256_loadu_ps(yb + 8)));
-        _mm256_storeu_ps(yb + 16, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)),
-                                                  _mm256_loadu_ps(yb + 16)));
-        _mm256_storeu_ps(yb + 24, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)),
-                                                  _mm256_loadu_ps(yb + 24)));
-    }
+/* The 8 block scales of super-block w times a, in lane order. */
+static inline __m256 sb_scales(const sb_q4_0r *w, float a) {
+    return _mm256_mul_ps(_mm256_set1_ps(a), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w->d)));
 }
 
 void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
     const sb_q4_0r *w = row;
     for (int64_t s = 0; s < n / 256; s++) {
         float scale[8];
-        _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_set1_ps(a), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w[s].d))));
-        sb_axpy(&w[s], scale, y + 256 * s);
+        _mm256_storeu_ps(scale, sb_scales(&w[s], a));
+        for (int b = 0; b < 8; b++) {
+            __m256 yb[4];
+            pi_load4_ps(y + 256 * s + 32 * b, yb);
+            pi_q4_0_axpy_block(_mm256_broadcast_ss(&scale[LANE_OF[b]]), w[s].qs[b], yb);
+            pi_store4_ps(y + 256 * s + 32 * b, yb);
+        }
     }
 }
 
 /* Eight rows in order per block, the 32 outputs in registers (same bits as eight pi_axpy_q4_0r). */
 void pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y) {
     const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
-    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
     for (int64_t s = 0; s < n / 256; s++) {
         float scale[8][8];   /* [row][lane] a_k * d */
-        for (int k = 0; k < 8; k++)
-            _mm256_storeu_ps(scale[k], _mm256_mul_ps(_mm256_set1_ps(a[k]),
-                                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r[k][s].d))));
+        for (int k = 0; k < 8; k++) _mm256_storeu_ps(scale[k], sb_scales(&r[k][s], a[k]));
         for (int b = 0; b < 8; b++) {
-            float *yb = y + 256 * s + 32 * b;
-            __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8), y2 = _mm256_loadu_ps(yb + 16),
-                   y3 = _mm256_loadu_ps(yb + 24);
-            for (int k = 0; k < 8; k++) {
-                const __m256 sc = _mm256_broadcast_ss(&scale[k][LANE_OF[b]]);
-                const uint8_t *q = r[k][s].qs[b];
-                const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
-                const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
-                y0 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, m4), eight)), y0);
-                y1 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, m4), eight)), y1);
-                y2 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)), y2);
-                y3 = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)), y3);
-            }
-            _mm256_storeu_ps(yb, y0);
-            _mm256_storeu_ps(yb + 8, y1);
-            _mm256_storeu_ps(yb + 16, y2);
-            _mm256_storeu_ps(yb + 24, y3);
+            __m256 yb[4];
+            pi_load4_ps(y + 256 * s + 32 * b, yb);
+            for (int k = 0; k < 8; k++) pi_q4_0_axpy_block(_mm256_broadcast_ss(&scale[k][LANE_OF[b]]), r[k][s].qs[b], yb);
+            pi_store4_ps(y + 256 * s + 32 * b, yb);
         }
     }
 }

@@ -147,29 +147,14 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
 }
 
 /* Eight Q4_0 axpy in one pass: per block the 32 outputs stay in registers while the eight rows are
- * added in order, each exactly as pi_axpy_q4_0 adds it (fma(a_k d, q - 8, y)). The 16 packed bytes are
- * zero-extended straight into 32-bit lanes (byte j holds elements j and j + 16), where the nibbles
- * split with one and / one shift: about a third fewer instructions than unpacking bytes first. */
+ * added in order, each exactly as pi_axpy_q4_0 adds it (fma(a_k d, q - 8, y)). */
 void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y) {
     const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
-    const __m256i m4 = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
     for (int64_t b = 0; b < n / PI_QK4_0; b++) {
-        float *yb = y + b * PI_QK4_0;
-        __m256 y0 = _mm256_loadu_ps(yb), y1 = _mm256_loadu_ps(yb + 8), y2 = _mm256_loadu_ps(yb + 16),
-               y3 = _mm256_loadu_ps(yb + 24);
-        for (int k = 0; k < 8; k++) {
-            const __m256 scale = _mm256_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d));
-            const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)r[k][b].qs));      /* 0..7 | 16..23 */
-            const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r[k][b].qs + 8)));/* 8..15 | 24..31 */
-            y0 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v0, m4), eight)), y0);
-            y1 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v1, m4), eight)), y1);
-            y2 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v0, 4), eight)), y2);
-            y3 = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)), y3);
-        }
-        _mm256_storeu_ps(yb, y0);
-        _mm256_storeu_ps(yb + 8, y1);
-        _mm256_storeu_ps(yb + 16, y2);
-        _mm256_storeu_ps(yb + 24, y3);
+        __m256 yb[4];
+        pi_load4_ps(y + b * PI_QK4_0, yb);
+        for (int k = 0; k < 8; k++) pi_q4_0_axpy_block(_mm256_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d)), r[k][b].qs, yb);
+        pi_store4_ps(y + b * PI_QK4_0, yb);
     }
 }
 

@@ -351,19 +351,10 @@ void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y) {
     int64_t b = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; b < nb; b++) {
-        const __m256 scale = _mm256_set1_ps(a * pi_fp16_to_f32(x[b].d));
-        /* 32 signed values q - 8 as bytes: low nibbles are elements 0..15, high nibbles 16..31 */
-        const __m256i q = _mm256_sub_epi8(unpack_nibbles(x[b].qs), _mm256_set1_epi8(8));
-        float *yb = y + b * PI_QK4_0;
-        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-        const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-        const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-        const __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-        const __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-        _mm256_storeu_ps(yb,      _mm256_fmadd_ps(scale, f0, _mm256_loadu_ps(yb)));
-        _mm256_storeu_ps(yb + 8,  _mm256_fmadd_ps(scale, f1, _mm256_loadu_ps(yb + 8)));
-        _mm256_storeu_ps(yb + 16, _mm256_fmadd_ps(scale, f2, _mm256_loadu_ps(yb + 16)));
-        _mm256_storeu_ps(yb + 24, _mm256_fmadd_ps(scale, f3, _mm256_loadu_ps(yb + 24)));
+        __m256 yb[4];
+        pi_load4_ps(y + b * PI_QK4_0, yb);
+        pi_q4_0_axpy_block(_mm256_set1_ps(a * pi_fp16_to_f32(x[b].d)), x[b].qs, yb);
+        pi_store4_ps(y + b * PI_QK4_0, yb);
     }
 #endif
     for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */

@@ -32,45 +32,42 @@
 #define ROW_PREFETCH_BLOCKS 8
 #endif
 
-/* Accumulates one block (8 rows x 32 elements, given as the four transposed registers and the
- * 8 row scales) into acc[t] for nt tokens. */
-static inline void block8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const char *x,
-                          int64_t x_stride, int64_t b, int nt, __m256 *acc) {
+/* The four transposed registers of a block -> its 8 registers of unsigned nibbles (low, then high). */
+static inline void unpack8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256i w[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i w[8] = {
-        _mm256_and_si256(c0, m4), _mm256_and_si256(c1, m4), _mm256_and_si256(c2, m4), _mm256_and_si256(c3, m4),
-        _mm256_and_si256(_mm256_srli_epi16(c0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c1, 4), m4),
-        _mm256_and_si256(_mm256_srli_epi16(c2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c3, 4), m4),
-    };
-    for (int t = 0; t < nt; t++) {
-        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-        int32_t y4[8];                  /* the activation block as 8 words of 4 bytes */
-        memcpy(y4, xb->qs, sizeof y4);
-        __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(y4[0]));
-        for (int g = 1; g < 8; g++) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(y4[g])));
-        const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
-                                             _mm256_set1_epi32(8 * (int32_t)xb->s));
-        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d)));
-        acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s32), acc[t]);
+    const __m256i c[4] = { c0, c1, c2, c3 };
+    for (int m = 0; m < 4; m++) {
+        w[m] = _mm256_and_si256(c[m], m4);
+        w[m + 4] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
     }
 }
 
-/* block8 for one token, with the accumulator in a register (the generic loop keeps acc[t] in memory) and
- * the activation words broadcast straight from the block. Same operations, same bits. */
-static inline __m256 block8_t1(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const pi_block_q8_0s *xb,
-                               __m256 acc) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i w[8] = {
-        _mm256_and_si256(c0, m4), _mm256_and_si256(c1, m4), _mm256_and_si256(c2, m4), _mm256_and_si256(c3, m4),
-        _mm256_and_si256(_mm256_srli_epi16(c0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c1, 4), m4),
-        _mm256_and_si256(_mm256_srli_epi16(c2, 4), m4), _mm256_and_si256(_mm256_srli_epi16(c3, 4), m4),
-    };
+/* One token's activation block xb against the unpacked block (8 row scales dw): acc + its 8 dot
+ * products, the activation words broadcast straight from the block. */
+static inline __m256 token8(const __m256i w[8], __m256 dw, const pi_block_q8_0s *xb, __m256 acc) {
     __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(pi_load_i32(xb->qs)));
     for (int g = 1; g < 8; g++)
         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g))));
     const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(8 * (int32_t)xb->s));
     const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d)));
     return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s32), acc);
+}
+
+/* Accumulates one block (8 rows x 32 elements, given as the four transposed registers and the
+ * 8 row scales) into acc[t] for nt tokens, unpacking the weights once. */
+static inline void block8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const char *x,
+                          int64_t x_stride, int64_t b, int nt, __m256 *acc) {
+    __m256i w[8];
+    unpack8(c0, c1, c2, c3, w);
+    for (int t = 0; t < nt; t++) acc[t] = token8(w, dw, (const pi_block_q8_0s *)(x + t * x_stride) + b, acc[t]);
+}
+
+/* block8 for one token, with the accumulator in a register (the nt loop keeps acc[t] in memory). */
+static inline __m256 block8_t1(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const pi_block_q8_0s *xb,
+                               __m256 acc) {
+    __m256i w[8];
+    unpack8(c0, c1, c2, c3, w);
+    return token8(w, dw, xb, acc);
 }
 
 static inline void store8(const __m256 *acc, int nt, float *y, int64_t y_stride) {

@@ -13,6 +13,15 @@ static inline int32_t pi_load_i32(const void *p) {
     return v;
 }
 
+/* sum over g < n of maddubs(w[g], the 4 activation bytes y[4g..4g+3] in every lane), in int16:
+ * the caller bounds n so that no lane overflows (8 for 4-bit unsigned weights). */
+static inline __m256i pi_maddubs_sum(const __m256i *w, const int8_t *y, int n) {
+    __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(pi_load_i32(y)));
+    for (int g = 1; g < n; g++)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(pi_load_i32(y + 4 * g))));
+    return s;
+}
+
 /* The sum of the 8 float lanes, in a fixed order (lanes i and i+4, then pairs, then the last two). */
 static inline float pi_hsum_ps(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);

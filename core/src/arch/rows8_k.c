@@ -18,23 +18,11 @@
 #include "../quants_k.h"
 
 #include <stddef.h>
-#include <string.h>
 
 #if PI_HAVE_ROWS8
 #include <immintrin.h>
 
 #include "avx2_util.h"
-
-static inline int32_t load_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
-
-/* sum over g < n of maddubs(w[g], the 4 activation bytes y[4g..4g+3] in every lane), in int16:
- * n is bounded by the caller so that no lane overflows (file comment). */
-static inline __m256i maddubs_sum(const __m256i *w, const int8_t *y, int n) {
-    __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load_i32(y)));
-    for (int g = 1; g < n; g++)
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(load_i32(y + 4 * g))));
-    return s;
-}
 
 static inline __m256i pairs_to_i32(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
 
@@ -110,9 +98,9 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
             for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + 8 * sizeof(pi_block_q5_0), _MM_HINT_T0);
         __m256i c[4];
         pi_transpose8x16(p, offsetof(pi_block_q5_0, qs), c);
-        const __m256i qh = _mm256_setr_epi32(load_i32(p[0] + 2), load_i32(p[1] + 2), load_i32(p[2] + 2),
-                                             load_i32(p[3] + 2), load_i32(p[4] + 2), load_i32(p[5] + 2),
-                                             load_i32(p[6] + 2), load_i32(p[7] + 2));
+        const __m256i qh = _mm256_setr_epi32(pi_load_i32(p[0] + 2), pi_load_i32(p[1] + 2), pi_load_i32(p[2] + 2),
+                                             pi_load_i32(p[3] + 2), pi_load_i32(p[4] + 2), pi_load_i32(p[5] + 2),
+                                             pi_load_i32(p[6] + 2), pi_load_i32(p[7] + 2));
         /* w[g]: elements 4g..4g+3 (g < 4: low nibbles of c[g]; g >= 4: high nibbles of c[g - 4]) */
         __m256i w[8];
         for (int m = 0; m < 4; m++) {
@@ -122,8 +110,8 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
         const __m256 dw = pi_f16x8_rows(p, 0);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-            const __m256i s = _mm256_add_epi32(pairs_to_i32(maddubs_sum(w, xb->qs, 4)),
-                                               pairs_to_i32(maddubs_sum(w + 4, xb->qs + 16, 4)));
+            const __m256i s = _mm256_add_epi32(pairs_to_i32(pi_maddubs_sum(w, xb->qs, 4)),
+                                               pairs_to_i32(pi_maddubs_sum(w + 4, xb->qs + 16, 4)));
             const __m256i i = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * (int32_t)xb->s));
             acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(i),
                                            acc[t][b % 8]);
@@ -164,7 +152,7 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
             const pi_block_q8_0 *xb = (const pi_block_q8_0 *)(x + t * x_stride) + b;
             __m256i s = _mm256_setzero_si256();
             for (int g = 0; g < 8; g++) {
-                const __m256i yg = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb->qs + 4 * g)), w[g]);
+                const __m256i yg = _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g)), w[g]);
                 s = _mm256_add_epi32(s, pairs_to_i32(_mm256_maddubs_epi16(aw[g], yg)));
             }
             acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(s),
@@ -226,8 +214,8 @@ static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const voi
                 }
                 for (int t = 0; t < nt; t++) {
                     const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 64 * j + 16 * half;
-                    const __m256i lo = _mm256_madd_epi16(maddubs_sum(w, yq, 4), sc_lo);
-                    const __m256i hi = _mm256_madd_epi16(maddubs_sum(w + 4, yq + 32, 4), sc_hi);
+                    const __m256i lo = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 4), sc_lo);
+                    const __m256i hi = _mm256_madd_epi16(pi_maddubs_sum(w + 4, yq + 32, 4), sc_hi);
                     sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(lo, hi));
                 }
             }
@@ -303,8 +291,8 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                     const __m256i scj = lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1);
                     for (int t = 0; t < nt; t++) {
                         const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 128 * h + 32 * q + 16 * half;
-                        const __m256i s0 = _mm256_madd_epi16(maddubs_sum(w, yq, 2), scj);
-                        const __m256i s1 = _mm256_madd_epi16(maddubs_sum(w + 2, yq + 8, 2), scj);
+                        const __m256i s0 = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 2), scj);
+                        const __m256i s1 = _mm256_madd_epi16(pi_maddubs_sum(w + 2, yq + 8, 2), scj);
                         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(s0, s1));
                     }
                 }
@@ -316,7 +304,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
             const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
             __m256i corr = _mm256_setzero_si256();
             for (int i = 0; i < 8; i++)
-                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(scp[i], _mm256_set1_epi32(load_i32(xb->bsums + 2 * i))));
+                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(scp[i], _mm256_set1_epi32(pi_load_i32(xb->bsums + 2 * i))));
             const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 5));
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xb->d), d), _mm256_cvtepi32_ps(s)));
         }

@@ -30,13 +30,6 @@ HAVE_REPACK = lib.pi_repack_bytes(tensor(np.zeros((8, 18), np.uint8), Q4_0)) > 0
 needs_repack = pytest.mark.skipif(not HAVE_REPACK, reason="no interleaved layout on this CPU/build (scalar build)")
 
 
-@pytest.fixture(scope="module")
-def pool2():
-    p = ffi.new("pi_threadpool **")
-    check(lib.pi_threadpool_create(2, p))
-    yield p[0]
-    lib.pi_threadpool_free(p[0])
-
 
 def mul_mat(pool, w, x, n_rows):
     y = np.zeros((x.shape[0], n_rows), np.float32)

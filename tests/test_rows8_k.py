@@ -37,13 +37,6 @@ ACT = {Q5_0: (np_quantize_q8_0, Q8_0), Q8_0: (np_quantize_q8_0, Q8_0), Q4_K: (np
 assert scalar_lib   # the fixture (builds the -DPI_NATIVE=OFF library once per module)
 
 
-@pytest.fixture(scope="module")
-def pool2():
-    p = ffi.new("pi_threadpool **")
-    check(lib.pi_threadpool_create(2, p))
-    yield p[0]
-    lib.pi_threadpool_free(p[0])
-
 
 def weights(t, K, N, seed, kind):
     """N rows of K weights of type t: quantized normal rows, or arbitrary block bytes."""

@@ -29,6 +29,15 @@ def logits_all(ctx, tokens):
     return np.stack([ctx.logits(i) for i in range(len(tokens))])
 
 
+def logits_one_by_one(ctx, tokens):
+    """The logits of decoding the tokens one call each."""
+    steps = []
+    for t in tokens:
+        ctx.decode([t])
+        steps.append(ctx.logits())
+    return np.stack(steps)
+
+
 @pytest.fixture(scope="module")
 def sparse_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("sparse")
@@ -93,12 +102,8 @@ def test_higher_threshold_computes_fewer_neurons(sparse_files):
 def test_sparse_batch_equals_token_by_token(sparse_files):
     model = pi.Model(sparse_files["q4_0"])
     batched = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
-    ctx = pi.Context(model, n_ctx=64, kv_type="f32")
-    single = []
-    for t in PROMPT:
-        ctx.decode([t])
-        single.append(ctx.logits())
-    np.testing.assert_allclose(np.stack(single), batched, rtol=0, atol=1e-5)
+    single = logits_one_by_one(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
+    np.testing.assert_allclose(single, batched, rtol=0, atol=1e-5)
 
 
 def test_sparse_thread_counts_identical(sparse_files):
@@ -214,9 +219,5 @@ def test_packed_sparse_ffn_model(tmp_path):
     assert np.array_equal(every, logits_all(pi.Context(packed, n_ctx=64, kv_type="f32", dense=True), PROMPT))
     outs = [logits_all(pi.Context(packed, n_ctx=64, n_threads=n, kv_type="f32"), PROMPT) for n in (1, 2, 3)]
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
-    single = pi.Context(packed, n_ctx=64, kv_type="f32")
-    steps = []
-    for t in PROMPT:
-        single.decode([t])
-        steps.append(single.logits())
-    np.testing.assert_allclose(np.stack(steps), ours, rtol=0, atol=1e-5 * np.abs(ours).max())
+    steps = logits_one_by_one(pi.Context(packed, n_ctx=64, kv_type="f32"), PROMPT)
+    np.testing.assert_allclose(steps, ours, rtol=0, atol=1e-5 * np.abs(ours).max())

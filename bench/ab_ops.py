@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bindings"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sparse import f32_tensor, gguf_tensor  # noqa: E402
 from powerinfer._ffi import ffi, lib as lib_a  # noqa: E402
 from powerinfer.gguf_file import open_gguf  # noqa: E402
 
@@ -40,27 +42,10 @@ def main(argv=None) -> int:
     keep = []
 
     def f32(arr):
-        t = ffi.new("pi_tensor *")
-        t.type, t.n_dims = lib_a.PI_TYPE_F32, 2
-        t.ne[0], t.ne[1], t.ne[2], t.ne[3] = arr.shape[1], arr.shape[0], 1, 1
-        t.nb[0], t.nb[1] = 4, 4 * arr.shape[1]
-        t.nb[2] = t.nb[3] = arr.nbytes
-        keep.append(arr)
-        t.data = ffi.cast("void *", ffi.from_buffer(arr))
-        return t
+        return f32_tensor(arr, keep)
 
     def weight(name):
-        g = f.tensors[name]
-        t = ffi.new("pi_tensor *")
-        t.type, t.n_dims = g.type, 2
-        t.ne[0], t.ne[1], t.ne[2], t.ne[3] = g.ne[0], g.ne[1], 1, 1
-        rb = lib_a.pi_row_bytes(g.type, g.ne[0])
-        t.nb[0], t.nb[1] = lib_a.pi_type_block_bytes(g.type), rb
-        t.nb[2] = t.nb[3] = rb * g.ne[1]
-        buf = ffi.from_buffer(g.data)
-        keep.append(buf)
-        t.data = ffi.cast("void *", buf)
-        return t, g.data.nbytes
+        return gguf_tensor(f.tensors[name], keep)
 
     md = f.metadata
     n_layer = int(md[f"{md.get('general.architecture', 'llama')}.block_count"])

@@ -170,6 +170,38 @@ def run_once(engine, tokens, n_prompt, n_gen):
 
 
 # --------------------------------------------------------------------------------------
+# pi_tensor views for op-level calls (also used by ab_ops.py); `keep` holds the buffers alive
+# --------------------------------------------------------------------------------------
+def gguf_tensor(t, keep):
+    """A 2-d GGUF tensor (gguf_file) as a pi_tensor over the mapped file -> (pi_tensor *, bytes)."""
+    from powerinfer._ffi import ffi, lib
+    p = ffi.new("pi_tensor *")
+    p.type, p.n_dims = t.type, 2
+    p.ne[0], p.ne[1], p.ne[2], p.ne[3] = t.ne[0], t.ne[1], 1, 1
+    rb = lib.pi_row_bytes(t.type, t.ne[0])
+    p.nb[0], p.nb[1] = lib.pi_type_block_bytes(t.type), rb
+    p.nb[2] = p.nb[3] = rb * t.ne[1]
+    buf = ffi.from_buffer(t.data)
+    keep.append(buf)
+    p.data = ffi.cast("void *", buf)
+    return p, t.data.nbytes
+
+
+def f32_tensor(arr, keep):
+    """A 2-d float32 numpy array [rows, cols] as a pi_tensor [cols, rows]."""
+    from powerinfer._ffi import ffi, lib
+    p = ffi.new("pi_tensor *")
+    p.type, p.n_dims = lib.PI_TYPE_F32, 2
+    p.ne[0], p.ne[1], p.ne[2], p.ne[3] = arr.shape[1], arr.shape[0], 1, 1
+    p.nb[0], p.nb[1] = 4, 4 * arr.shape[1]
+    p.nb[2] = p.nb[3] = arr.nbytes
+    buf = ffi.from_buffer(arr)
+    keep.append((arr, buf))
+    p.data = ffi.cast("void *", buf)
+    return p
+
+
+# --------------------------------------------------------------------------------------
 # op-level microbenchmark of one layer (CPU time, so that a shared machine matters less)
 # --------------------------------------------------------------------------------------
 def kernel_bench(sparse_path, dense_path, threads, reps=5, seed=0):
@@ -182,28 +214,10 @@ def kernel_bench(sparse_path, dense_path, threads, reps=5, seed=0):
     keep = []
 
     def wt(f, name):
-        t = f.tensors[name]
-        p = ffi.new("pi_tensor *")
-        p.type, p.n_dims = t.type, 2
-        p.ne[0], p.ne[1], p.ne[2], p.ne[3] = t.ne[0], t.ne[1], 1, 1
-        rb = lib.pi_row_bytes(t.type, t.ne[0])
-        p.nb[0], p.nb[1] = lib.pi_type_block_bytes(t.type), rb
-        p.nb[2] = p.nb[3] = rb * t.ne[1]
-        buf = ffi.from_buffer(t.data)
-        keep.append(buf)
-        p.data = ffi.cast("void *", buf)
-        return p, t.data.nbytes
+        return gguf_tensor(f.tensors[name], keep)
 
     def f32(arr):
-        p = ffi.new("pi_tensor *")
-        p.type, p.n_dims = 0, 2
-        p.ne[0], p.ne[1], p.ne[2], p.ne[3] = arr.shape[1], arr.shape[0], 1, 1
-        p.nb[0], p.nb[1] = 4, 4 * arr.shape[1]
-        p.nb[2] = p.nb[3] = arr.nbytes
-        buf = ffi.from_buffer(arr)
-        keep.append(buf)
-        p.data = ffi.cast("void *", buf)
-        return p
+        return f32_tensor(arr, keep)
 
     md = fs.metadata
     n_layer = int(md[f"{md.get('general.architecture', 'llama')}.block_count"])

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bindings"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sparse import f32_tensor, gguf_tensor  # noqa: E402
+from bench_sparse import f32_tensor, gguf_tensor, weight_buffer  # noqa: E402
 from powerinfer._ffi import ffi, lib as lib_a  # noqa: E402
 from powerinfer.gguf_file import open_gguf  # noqa: E402
 
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
             w.gate, w.up, w.down_t = gate[0], up[0], down[0]
             n = lib_a.pi_sparse_pack_bytes(w, lib_a.PI_FFN_PAR)
             if n > 0:   # what the loader does
-                buf = np.empty(n, np.uint8)
+                buf = weight_buffer(n, keep)
                 keep.append(buf)
                 packed = ffi.new("pi_sparse_ffn_weights *")
                 lib_a.pi_sparse_pack(w, lib_a.PI_FFN_PAR, ffi.from_buffer(buf), n, packed)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
                 t, nb = weight(f"blk.{il}.{m}.weight")
                 n = lib_a.pi_repack_bytes(t)
                 if n > 0:
-                    buf = np.empty(n, np.uint8)
+                    buf = weight_buffer(n, keep)
                     keep.append(buf)
                     r = ffi.new("pi_tensor *")
                     lib_a.pi_repack(t, ffi.from_buffer(buf), n, r)

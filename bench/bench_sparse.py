@@ -187,6 +187,19 @@ def gguf_tensor(t, keep):
     return p, t.data.nbytes
 
 
+def weight_buffer(nbytes, keep):
+    """nbytes of anonymous memory on 2 MiB pages where the kernel gives them (as pi_model_create allocates
+    its repacked and packed copies): a uint8 numpy array kept alive by `keep`."""
+    import mmap
+    m = mmap.mmap(-1, nbytes + (2 << 20))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    arr = np.frombuffer(m, np.uint8)
+    skip = -arr.ctypes.data % (2 << 20)          # start on a 2 MiB boundary
+    keep.append(m)
+    return arr[skip:skip + nbytes]
+
+
 def f32_tensor(arr, keep):
     """A 2-d float32 numpy array [rows, cols] as a pi_tensor [cols, rows]."""
     from powerinfer._ffi import ffi, lib
@@ -232,7 +245,7 @@ def kernel_bench(sparse_path, dense_path, threads, reps=5, seed=0):
         d["w"] = w
         nbytes = lib.pi_sparse_pack_bytes(w, 0)
         if nbytes > 0:   # the per-neuron packing pi_model_create makes (PI_FFN_PAR)
-            buf = np.empty(nbytes, np.uint8)
+            buf = weight_buffer(nbytes, keep)
             wp = ffi.new("pi_sparse_ffn_weights *")
             lib.pi_sparse_pack(w, 0, ffi.from_buffer(buf), nbytes, wp)
             keep.append(buf)

@@ -1581,6 +1581,12 @@ def test_sparse_stats_bad_args(model):
     assert total[0] == 0 and list(active) == [0] * TINY["n_layer"]
     lib.pi_sparse_stats_reset(ffi.NULL)
     lib.pi_sparse_stats_reset(ctx)
+    counts = ffi.new("int64_t[]", 4096)
+    for c, out in ((ffi.NULL, counts), (ctx, ffi.NULL)):
+        poison_error()
+        expect(lib.pi_neuron_counts(c, 0, out), INVALID, "NULL")
+    poison_error()
+    expect(lib.pi_neuron_counts(ctx, 0, counts), INVALID, "not a sparse")   # (test_sparse.py: sparse cases)
 
 
 # ---- every public function is exercised above -------------------------------------------
@@ -1593,7 +1599,7 @@ COVERED = {
     "pi_model_hparams", "pi_context_default_params", "pi_context_create", "pi_context_free",
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",
-    "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset",
+    "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset", "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",
 }
 

@@ -221,3 +221,66 @@ def test_packed_sparse_ffn_model(tmp_path):
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
     steps = logits_one_by_one(pi.Context(packed, n_ctx=64, kv_type="f32"), PROMPT)
     np.testing.assert_allclose(steps, ours, rtol=0, atol=1e-5 * np.abs(ours).max())
+
+
+
+def test_neuron_counts(tmp_path):
+    """count_neurons counts, per neuron of the file, the tokens that computed it: the same totals as
+    sparse_stats, every neuron for every token with dense=True, zeroed by sparse_stats_reset."""
+    path = write_sparse_model(tmp_path / "c.powerinfer.gguf", dtype="q4_0", pred_dtype="f16", seed=4,
+                              n_embd=256, n_ff=1100)
+    model = pi.Model(path)
+    ctx = pi.Context(model, n_ctx=64, kv_type="f32", count_neurons=True)
+    ours = logits_all(ctx, PROMPT)
+    counts = ctx.neuron_counts()
+    active, _ = ctx.sparse_stats()
+    assert counts.shape == (2, 1100) and counts.max() <= len(PROMPT)
+    assert np.array_equal(counts.sum(axis=1), active) and 0 < active.min()
+    assert 0 < (counts == 0).sum() and 0 < (counts == len(PROMPT)).sum()         # cold and always-on neurons
+    assert np.array_equal(ours, logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT))  # counting changes nothing
+    ctx.sparse_stats_reset()
+    assert not ctx.neuron_counts().any()
+    steps = pi.Context(model, n_ctx=64, kv_type="f32", count_neurons=True)
+    logits_one_by_one(steps, PROMPT)
+    assert np.array_equal(steps.neuron_counts(), counts)            # batch or token by token: the same choices
+    every = pi.Context(model, n_ctx=64, kv_type="f32", dense=True, count_neurons=True)
+    every.decode(PROMPT)
+    assert (every.neuron_counts() == len(PROMPT)).all()
+    with pytest.raises(pi.PowerInferError, match="count_neurons"):
+        pi.Context(model, n_ctx=8).neuron_counts()
+    c = ffi.new("int64_t[]", 1100)
+    for il in (-1, 2):
+        assert lib.pi_neuron_counts(ctx._ptr, il, c) == lib.PI_ERR_INVALID_ARG
+        assert "out of range" in ffi.string(lib.pi_last_error()).decode()
+
+
+def test_profile_sparse_tool(tmp_path, capsys):
+    """tools/profile_sparse.py: the engine's neuron counts as activation_N.pt next to the model, in the
+    format the GPU split reads; bad input is one line on stderr and exit 1."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import profile_sparse
+    from powerinfer import gpu_split
+    path = write_sparse_model(tmp_path / "p.powerinfer.gguf", dtype="q4_0", pred_dtype="f16", seed=4,
+                              n_embd=256, n_ff=1100)
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 8)
+    assert profile_sparse.main([str(path), str(text), "--ctx", "32", "-t", "2"]) == 0
+    acts = np.stack(gpu_split.load_activations(tmp_path / "activation", 2, 1100))
+    model = pi.Model(path)
+    windows = profile_sparse.token_windows(model, profile_sparse._parser().parse_args([str(path), str(text), "--ctx", "32"]))
+    assert len(windows) > 1 and all(w[0] == model.tokenizer.bos_id and len(w) <= 32 for w in windows)
+    ctx = pi.Context(model, n_ctx=32, count_neurons=True)
+    for w in windows:
+        ctx.kv_clear()
+        ctx.decode(w, logits="none")
+    assert np.array_equal(acts, ctx.neuron_counts()) and acts.sum() > 0
+    assert "hottest 10% share" in capsys.readouterr().out
+    assert profile_sparse.main([str(path), "--random", "40", "--out", str(tmp_path / "r")]) == 0
+    assert np.stack(gpu_split.load_activations(tmp_path / "r", 2, 1100)).sum() > 0
+    for args in ([str(path)], [str(path), str(tmp_path / "missing.txt")], [str(tmp_path / "none.gguf"), "--random", "4"],
+                 [str(path), "--random", "4", "--ctx", "1"]):
+        capsys.readouterr()
+        assert profile_sparse.main(args) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("profile_sparse: error: ") and err.count("\n") == 1

@@ -63,7 +63,7 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
-                 dense: bool = False):
+                 dense: bool = False, count_neurons: bool = False):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
         if n_ctx <= 0:
@@ -79,6 +79,7 @@ class Context:
         self.sparse_threshold = resolve_threshold(model, sparse_threshold)
         params.sparse_threshold = self.sparse_threshold
         params.sparse_mode = lib.PI_SPARSE_ALL if dense else lib.PI_SPARSE_PREDICT
+        params.count_neurons = 1 if count_neurons else 0
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model._ptr, params, out), "creating context")
         self._ptr = ffi.gc(out[0], lib.pi_context_free)
@@ -207,7 +208,18 @@ class Context:
         return active, int(total[0])
 
     def sparse_stats_reset(self) -> None:
+        """Zeroes sparse_stats and neuron_counts."""
         lib.pi_sparse_stats_reset(self._ptr)
+
+    def neuron_counts(self) -> np.ndarray:
+        """[n_layer, n_ff] int64: for each neuron (by its index in the file), the tokens for which the
+        FFN computed it since the context was made or the last reset; needs count_neurons=True. These
+        are activation statistics as PowerInfer's activation_N.pt hold them (tools/profile_sparse.py)."""
+        hp = self.model.hparams
+        out = np.zeros((hp.n_layer, hp.n_ff), dtype=np.int64)
+        for il in range(hp.n_layer):
+            check(lib.pi_neuron_counts(self._ptr, il, ffi.from_buffer("int64_t[]", out[il])), "neuron_counts")
+        return out
 
     def set_abort_callback(self, fn) -> None:
         """fn() -> bool, called between layers; True aborts the running decode."""

@@ -288,6 +288,7 @@ typedef struct pi_context_params {
     int32_t kv_type;     /* PI_TYPE_F16 or PI_TYPE_F32 */
     float   sparse_threshold;  /* sparse models: a neuron runs when its predictor score >= this */
     int32_t sparse_mode;       /* PI_SPARSE_PREDICT, or PI_SPARSE_ALL to compute every neuron */
+    int32_t count_neurons;     /* 1: count per neuron how many tokens computed it (pi_neuron_counts) */
 } pi_context_params;
 
 enum {
@@ -334,6 +335,10 @@ PI_API int32_t   pi_kv_used_cells(pi_context *ctx);
  * pairs computed in layer l (array of n_layer), *total the pairs a dense FFN would have computed per layer. */
 PI_API pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total);
 PI_API void      pi_sparse_stats_reset(pi_context *ctx);
+/* counts [n_ff]: for sparse layer il, the tokens for which each neuron (by its index in the file) was
+ * computed since the context was made or pi_sparse_stats_reset; needs count_neurons: activation
+ * statistics as PowerInfer's activation_N.pt hold them (tools/profile_sparse.py), measured by the engine. */
+PI_API pi_status pi_neuron_counts(pi_context *ctx, int32_t il, int64_t *counts);
 
 /* PI_CDEF_END */
 

@@ -84,6 +84,7 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->logits);
     free(ctx->output_row);
     free(ctx->sparse_active);
+    free(ctx->neuron_counts);
     free(ctx);
 }
 
@@ -110,6 +111,9 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, pi_head_dim(hp) * hp->n_head_kv, p.kv_type);
     if (st == PI_OK) st = alloc_buffers(&ctx->buf, model, p.n_batch);
     if (st == PI_OK && !(ctx->sparse_active = calloc((size_t)hp->n_layer, sizeof(int64_t))))
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == PI_OK && p.count_neurons && hp->sparse &&
+        !(ctx->neuron_counts = calloc((size_t)(hp->n_layer * (int64_t)hp->n_ff), sizeof(int64_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && (p.sparse_mode != PI_SPARSE_PREDICT && p.sparse_mode != PI_SPARSE_ALL))
         st = pi_fail(PI_ERR_INVALID_ARG, "sparse_mode = %d is not PI_SPARSE_PREDICT or PI_SPARSE_ALL", p.sparse_mode);
@@ -313,8 +317,9 @@ static pi_status sparse_ffn(pi_context *ctx, const pi_layer *L, int32_t il, int6
     pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t, L->ffn_up_b.data, L->ffn_down_t_b.data };
     pi_tensor it = f32_2d(in, E, T), ot = f32_2d(out, E, T);
     int64_t n_active = 0;
+    int64_t *counts = ctx->neuron_counts ? ctx->neuron_counts + il * F : NULL;
     pi_status st = pi_sparse_ffn(ctx->pool, &w, hp->ffn_act, hp->ffn_gate, &it, &scores, threshold, &ot, &n_active,
-                                 B->sparse);
+                                 counts, B->sparse);
     if (st != PI_OK) return st;
     ctx->sparse_active[il] += n_active;
     return PI_OK;
@@ -473,5 +478,19 @@ pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total) {
 void pi_sparse_stats_reset(pi_context *ctx) {
     if (!ctx) return;
     memset(ctx->sparse_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
+    if (ctx->neuron_counts)
+        memset(ctx->neuron_counts, 0, (size_t)(ctx->model->hp.n_layer * (int64_t)ctx->model->hp.n_ff) * sizeof(int64_t));
     ctx->sparse_total = 0;
+}
+
+pi_status pi_neuron_counts(pi_context *ctx, int32_t il, int64_t *counts) {
+    if (!ctx || !counts) return pi_fail(PI_ERR_INVALID_ARG, "pi_neuron_counts: NULL argument");
+    const pi_hparams *hp = &ctx->model->hp;
+    if (!ctx->neuron_counts)
+        return pi_fail(PI_ERR_INVALID_ARG, hp->sparse ? "pi_neuron_counts: the context was made without count_neurons"
+                                                      : "pi_neuron_counts: not a sparse (PowerInfer) model");
+    if (il < 0 || il >= hp->n_layer)
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_neuron_counts: layer %d is out of range [0, %d)", il, hp->n_layer);
+    memcpy(counts, ctx->neuron_counts + il * (int64_t)hp->n_ff, (size_t)hp->n_ff * sizeof(int64_t));
+    return PI_OK;
 }

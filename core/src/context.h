@@ -40,6 +40,7 @@ struct pi_context {
     int32_t          *output_row;  /* [n_batch] batch row -> logits row, -1 if none */
     int32_t           n_batch_last;
     int64_t          *sparse_active; /* [n_layer] (neuron, token) pairs computed */
+    int64_t          *neuron_counts; /* [n_layer][n_ff] tokens per neuron (params.count_neurons), else NULL */
     int64_t           sparse_total;  /* pairs a dense FFN would have computed, per layer */
     pi_abort_callback abort_cb;
     void             *abort_data;

@@ -168,7 +168,7 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
 size_t    pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T);
 pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
                         const pi_tensor *x, const pi_tensor *scores, float threshold, pi_tensor *out,
-                        int64_t *n_active, void *scratch);
+                        int64_t *n_active, int64_t *neuron_counts, void *scratch);
 pi_status pi_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tensor *fc2, const pi_tensor *x,
                        pi_tensor *scores, float *hidden, void *scratch);
 pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_mode, int64_t E, int64_t F);

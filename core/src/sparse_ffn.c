@@ -281,7 +281,7 @@ static void *carve(char **p, size_t bytes) {
 
 pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
                         const pi_tensor *x, const pi_tensor *scores, float threshold, pi_tensor *out,
-                        int64_t *n_active, void *scratch) {
+                        int64_t *n_active, int64_t *neuron_counts, void *scratch) {
     sparse_args a = { .w = w, .act = act, .mode = gate_mode, .x = x, .scores = scores, .threshold = threshold,
                       .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1] };
     char *p = scratch;
@@ -312,6 +312,8 @@ pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int
     }
     a.range_start[a.n_ranges] = a.n_rows;
     if (n_active) *n_active = pairs;
+    if (neuron_counts)
+        for (int64_t i = 0; i < a.F; i++) neuron_counts[i] += a.count[i];
     atomic_init(&a.next, 0);
     if (a.T == 1) {
         pi_threadpool_run(pool, fused_task, &a);
@@ -408,7 +410,7 @@ pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, 
     if (isnan(threshold)) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: threshold is NaN");
     void *scratch = malloc(pi_sparse_ffn_scratch(w, E, F, T));
     if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "sparse_ffn: out of memory");
-    pi_status st = pi_sparse_ffn(pool, w, act, gate_mode, x, scores, threshold, out, n_active, scratch);
+    pi_status st = pi_sparse_ffn(pool, w, act, gate_mode, x, scores, threshold, out, n_active, NULL, scratch);
     free(scratch);
     return st;
 }

@@ -27,7 +27,9 @@
 
 #include "avx2_util.h"
 
+#ifndef PREFETCH_BLOCKS
 #define PREFETCH_BLOCKS 16  /* how far ahead (in blocks: 2.3 KB) the next weights are prefetched */
+#endif
 #ifndef ROW_PREFETCH_BLOCKS
 #define ROW_PREFETCH_BLOCKS 8
 #endif

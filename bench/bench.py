@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """llama-bench style throughput benchmark for PowerInfer-py (optionally against llama.cpp).
 
-    PYTHONPATH=bindings python bench/bench.py -m MODEL.gguf [-p 128,512] [-n 128] [-r 5] [-t CORES]
+    PYTHONPATH=bindings python bench/bench.py -m MODEL.gguf [-p 128,512] [-n 128] [-d 0] [-r 5] [-t CORES]
         [-b 512] [-o md|csv|json] [--peer llama.cpp|none] [--no-repack]
 
 Defaults: pp128, pp512 and tg128, on the physical cores, against llama.cpp when llama-cpp-python is
 installed (its rows follow ours, and ours get the ratio).
 
 Tests follow llama-bench: pp<N> = one decode of N random tokens (split in n_batch chunks) on a
-cleared KV cache; tg<N> = N single-token decodes starting from an empty cache.  Each test runs
+cleared KV cache; tg<N> = N single-token decodes starting from an empty cache; with -d D (llama-bench's
+--n-depth) the cache first gets D random tokens, untimed, and the test is named "pp512 @ d4096" (how
+fast prompts and decoding stay at long contexts).  Each test runs
 once as warmup (tg: one token), then -r timed repetitions; t/s = mean ± sample stddev over the
 repetitions, plus their median.  With --peer llama.cpp the same tests run through
 llama-cpp-python's low-level API (llama_batch_get_one + llama_decode, as llama-bench does) on
@@ -102,11 +104,14 @@ class LlamaCpp:
         lc.llama_synchronize(self.ctx)
 
 
-def run_test(impl, n_prompt, n_gen, reps, rng):
+def run_test(impl, n_prompt, n_gen, reps, rng, n_depth=0):
     """Returns tokens/s of each repetition."""
     def once(n_tg_tokens):
-        toks = rng.integers(0, impl.n_vocab, size=max(n_prompt, n_tg_tokens)).tolist()
+        toks = rng.integers(0, impl.n_vocab, size=n_depth + max(n_prompt, n_tg_tokens)).tolist()
         impl.clear()
+        if n_depth:                                  # the context the test runs at, not timed
+            impl.decode(toks[:n_depth])
+            toks = toks[n_depth:]
         t0 = time.perf_counter()
         if n_prompt:
             impl.decode(toks[:n_prompt])
@@ -125,7 +130,7 @@ def split_ints(s):
 
 
 COLS = [("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"), ("backend", 15, "<"),
-        ("threads", 7, ">"), ("test", 13, ">"), ("t/s", 20, ">"), ("median", 10, ">")]
+        ("threads", 7, ">"), ("test", 15, ">"), ("t/s", 20, ">"), ("median", 10, ">")]
 
 
 def md_line(cells, cols):
@@ -137,6 +142,8 @@ def main():
     ap.add_argument("-m", "--model", required=True, help="GGUF file(s), comma separated")
     ap.add_argument("-p", "--n-prompt", default="128,512", help="prompt sizes, comma separated (0: none)")
     ap.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma separated (0: none)")
+    ap.add_argument("-d", "--n-depth", default="0",
+                    help="KV cache tokens before each test, comma separated (llama-bench's --n-depth; default 0)")
     ap.add_argument("-r", "--repetitions", type=int, default=5)
     ap.add_argument("-t", "--threads", default=None, help="comma separated (default: physical cores)")
     ap.add_argument("-b", "--batch-size", type=int, default=512)
@@ -151,7 +158,11 @@ def main():
     if a.threads is None:
         a.threads = str(physical_cores())
 
-    tests = [(p, 0) for p in split_ints(a.n_prompt) if p > 0] + [(0, n) for n in split_ints(a.n_gen) if n > 0]
+    depths = split_ints(a.n_depth) or [0]
+    if min(depths) < 0:
+        ap.error("-d/--n-depth values must be >= 0")
+    tests = [(p, 0, d) for d in depths for p in split_ints(a.n_prompt) if p > 0] + \
+            [(0, n, d) for d in depths for n in split_ints(a.n_gen) if n > 0]
     impls = [Ours]
     if a.peer == "llama.cpp":
         try:
@@ -168,7 +179,7 @@ def main():
     results = []
     for path in a.model.split(","):
         for threads in split_ints(a.threads):
-            n_ctx = max(p + n for p, n in tests)
+            n_ctx = max(p + n + d for p, n, d in tests)
             loaded = []
             for cls in impls:
                 kw = {"verbose": a.verbose} if cls is LlamaCpp else {"repack": not a.no_repack}
@@ -178,14 +189,15 @@ def main():
                     print(f"{cls.name}: cannot load {path}: {type(e).__name__}: {e}"
                           + ("  (rerun with --verbose for llama.cpp's log)" if cls is LlamaCpp else ""),
                           file=sys.stderr)
-            for p, n in tests:
+            for p, n, d in tests:
                 row_ts = {}
                 for impl in loaded:
-                    ts = run_test(impl, p, n, a.repetitions, np.random.default_rng(a.seed))
+                    ts = run_test(impl, p, n, a.repetitions, np.random.default_rng(a.seed), n_depth=d)
                     row_ts[impl.name] = ts
                     r = dict(impl=impl.name, model=impl.desc, model_filename=path, size=impl.size,
                              params=impl.params, backend=impl.backend, threads=threads, n_batch=a.batch_size,
-                             test=f"pp{p}" if p else f"tg{n}", n_prompt=p, n_gen=n,
+                             test=(f"pp{p}" if p else f"tg{n}") + (f" @ d{d}" if d else ""), n_prompt=p, n_gen=n,
+                             n_depth=d,
                              avg_ts=statistics.mean(ts), stddev_ts=statistics.stdev(ts) if len(ts) > 1 else 0.0,
                              median_ts=statistics.median(ts), samples_ts=ts)
                     if impl.name == "powerinfer" and "llama.cpp" in [x.name for x in loaded]:
@@ -209,7 +221,7 @@ def main():
         print(json.dumps(results, indent=2))
     elif a.output == "csv":
         keys = ["impl", "model", "model_filename", "size", "params", "backend", "threads", "n_batch", "test",
-                "n_prompt", "n_gen", "avg_ts", "stddev_ts", "median_ts", "ratio", "samples_ts"]
+                "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "median_ts", "ratio", "samples_ts"]
         print(",".join(keys))
         for r in results:
             vals = {**r, "samples_ts": " ".join(f"{x:.4f}" for x in r["samples_ts"])}

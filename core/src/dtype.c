@@ -77,11 +77,13 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define Q5_0_DOT8    pi_vec_dot8_q5_0_q8_0s
 #define Q8_0_DOT8    pi_vec_dot8_q8_0_q8_0
 #define Q4_K_DOT8    pi_vec_dot8_q4_K_q8_K
+#define Q5_K_DOT8    pi_vec_dot8_q5_K_q8_K
 #define Q6_K_DOT8    pi_vec_dot8_q6_K_q8_K
 #else
 #define Q5_0_DOT8    NULL
 #define Q8_0_DOT8    NULL
 #define Q4_K_DOT8    NULL
+#define Q5_K_DOT8    NULL
 #define Q6_K_DOT8    NULL
 #define Q4_0_DOT8    NULL
 #define Q4_0_AXPY8   NULL
@@ -111,7 +113,8 @@ static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q3_K_q8_K, pi_axpy_q3_K },
     [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q4_K_q8_K, pi_axpy_q4_K,
                        .vec_dot8 = Q4_K_DOT8 },
-    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K },
+    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K,
+                       .vec_dot8 = Q5_K_DOT8 },
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q6_K_q8_K, pi_axpy_q6_K,
                        .vec_dot8 = Q6_K_DOT8 },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q8_K_q8_K, pi_axpy_q8_K },

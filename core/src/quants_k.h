@@ -100,6 +100,8 @@ void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, in
                            float *y, int64_t y_stride);
 void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);
+void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
 void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);
 #endif

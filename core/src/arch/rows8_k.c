@@ -1,4 +1,4 @@
-/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q4_K and Q6_K: eight weight rows
+/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q4_K, Q5_K and Q6_K: eight weight rows
  * against up to PI_DOT8_MAX_T tokens per call (in sub-blocks of K_MAX_T = 4: their accumulators
  * then stay in registers), the weights unpacked once per block and reused for those tokens.
  *
@@ -170,20 +170,31 @@ void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, in
                            int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one); }
 
 /* ======================================================================================
- * Q4_K . Q8_K. Canonical order (pi_vec_dot_q4_K_q8_K): per super-block the exact integers
- * sumi = sum_j sc_j sum_l q_l y_l and summ = sum_j m_j (bsum_2j + bsum_2j+1), then
- * acc = acc + d_x * (d * sumi - dmin * summ), super-blocks in order.
+ * Q4_K and Q5_K . Q8_K. Canonical order (pi_vec_dot_q4_K_q8_K, pi_vec_dot_q5_K_q8_K): per
+ * super-block the exact integers sumi = sum_j sc_j sum_l q_l y_l and summ = sum_j m_j (bsum_2j +
+ * bsum_2j+1), then acc = acc + d_x * (d * sumi - dmin * summ), super-blocks in order. Q5_K is Q4_K
+ * with a fifth bit per quant: bit 2j (low nibbles, sub-block 2j) or 2j+1 (high nibbles) of qh[l].
  * ====================================================================================== */
-static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
-                                                        const int nt, float *y, int64_t y_stride) {
+
+/* Bit `bit` of every byte of qh, as 16 (the quant's fifth bit), for any bit 0..7 (16-bit shifts by at most
+ * 4 left or 3 right keep bit 4 of each byte inside its byte). */
+static inline __m256i q5_fifth_bit(__m256i qh, int bit) {
+    const __m256i moved = bit <= 4 ? _mm256_slli_epi16(qh, 4 - bit) : _mm256_srli_epi16(qh, bit - 4);
+    return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
+}
+
+static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                      const int nt, float *y, int64_t y_stride, const int five_bit) {
     const int64_t nb = n / PI_QK_K;
+    const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
+    const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[K_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
-        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q4_K);
-        for (int k = 0; k < 8; k++)   /* the super-block after next: 144 bytes, up to 3 lines */
-            for (int l = 0; l < 3; l++) _mm_prefetch(p[k] + 2 * sizeof(pi_block_q4_K) + 64 * l, _MM_HINT_T0);
+        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * block_bytes;
+        for (int k = 0; k < 8; k++)   /* the super-block after next: 144 (176) bytes, up to 3 (4) lines */
+            for (int l = 0; l < (five_bit ? 4 : 3); l++) _mm_prefetch(p[k] + 2 * block_bytes + 64 * l, _MM_HINT_T0);
         /* bytes 0..15 of a block: d, dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
         __m256i h[4];
         pi_transpose8x16(p, 0, h);
@@ -202,15 +213,22 @@ static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const voi
 
         __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                         _mm256_setzero_si256() };
+        __m256i qh[2][4];   /* Q5_K: qh[16 half .. 16 half + 15] transposed like the quants below */
+        if (five_bit)
+            for (int half = 0; half < 2; half++) pi_transpose8x16(p, offsetof(pi_block_q5_K, qh) + 16 * half, qh[half]);
         for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
             const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
             const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
             for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
                 __m256i c[4], w[8];
-                pi_transpose8x16(p, offsetof(pi_block_q4_K, qs) + 32 * j + 16 * half, c);
+                pi_transpose8x16(p, qs_offset + 32 * j + 16 * half, c);
                 for (int m = 0; m < 4; m++) {
                     w[m] = _mm256_and_si256(c[m], m4);
                     w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
+                    if (five_bit) {   /* 5-bit quants: 4 maddubs (2 x 31 x 127 each) still fit int16 */
+                        w[m] = _mm256_or_si256(w[m], q5_fifth_bit(qh[half][m], 2 * j));
+                        w[4 + m] = _mm256_or_si256(w[4 + m], q5_fifth_bit(qh[half][m], 2 * j + 1));
+                    }
                 }
                 for (int t = 0; t < nt; t++) {
                     const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 64 * j + 16 * half;
@@ -239,12 +257,29 @@ static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const voi
     store_acc(acc, nt, y, y_stride);
 }
 
+static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const void *const *rows, const char *x,
+                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
+    k4_dot8(n, rows, x, x_stride, nt, y, y_stride, 0);
+}
+
+static inline __attribute__((always_inline)) void q5_K_dot8(int64_t n, const void *const *rows, const char *x,
+                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
+    k4_dot8(n, rows, x, x_stride, nt, y, y_stride, 1);
+}
+
 static void q4_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
     for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q4_K_q8_K(n, rows[k], x);
 }
 
+static void q5_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q5_K_q8_K(n, rows[k], x);
+}
+
 void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride) { DISPATCH_NT(q4_K_dot8, q4_K_dot8_one); }
+
+void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q5_K_dot8, q5_K_dot8_one); }
 
 /* ======================================================================================
  * Q6_K . Q8_K. Canonical order (pi_vec_dot_q6_K_q8_K): per super-block the exact integer

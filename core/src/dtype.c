@@ -74,6 +74,11 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define Q4_0X8_GEMM  pi_gemm8_q4_0x8_q8_0s
 #define Q4_0R_AXPY8  pi_axpy8_q4_0r
 #define F16_AXPY8    pi_axpy8_f16
+#if defined(__AVX512F__)
+#define F16_DOT8     NULL
+#else
+#define F16_DOT8     pi_vec_dot8_f16_f32
+#endif
 #define Q5_0_DOT8    pi_vec_dot8_q5_0_q8_0s
 #define Q8_0_DOT8    pi_vec_dot8_q8_0_q8_0
 #define Q4_K_DOT8    pi_vec_dot8_q4_K_q8_K
@@ -91,13 +96,14 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define Q4_0X8_GEMM  NULL
 #define Q4_0R_AXPY8  NULL
 #define F16_AXPY8    NULL
+#define F16_DOT8     NULL
 #endif
 
 static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
     /*               name    block bytes to_f32       from_f32              vec_dot_type  vec_dot               axpy */
     [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,         PI_TYPE_F32,  pi_vec_dot_f32_f32,   pi_axpy_f32_row },
     [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,         PI_TYPE_F32,  pi_vec_dot_f16_f32,   pi_axpy_f16,
-                       .axpy8 = F16_AXPY8 },
+                       .vec_dot8 = F16_DOT8, .axpy8 = F16_AXPY8 },
     [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,        PI_TYPE_F32,  pi_vec_dot_bf16_f32,  pi_axpy_bf16 },
     [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,        PI_TYPE_Q8_0S, pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0,
                        .vec_dot8 = Q4_0_DOT8, .axpy8 = Q4_0_AXPY8, .repacked_type = Q4_0_REPACK },

@@ -97,6 +97,10 @@ void  pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t
                             float *y, int64_t y_stride);
 void  pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
 void  pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
+#if !defined(__AVX512F__)
+void  pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                          int64_t y_stride);
+#endif
 #else
 #define PI_HAVE_ROWS8 0   /* scalar build: mul_mat goes row by row and nothing is repacked */
 #endif

@@ -185,7 +185,7 @@ float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x) {
  * ====================================================================================== */
 
 /* Q2_K: *sumi = sum_j sc_j sum_l q_l y_l, *summ = sum_j m_j bsum_j  (16 sub-blocks of 16) */
-static inline void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
     int32_t m = 0;
     for (int j = 0; j < 16; j++) m += (x->scales[j] >> 4) * y->bsums[j];
     *summ = m;
@@ -214,7 +214,7 @@ static inline void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int
 }
 
 /* Q3_K: *sumi = sum_j sc_j sum_l (u_l - 4) y_l with u = low 2 bits + 4 * high bit */
-static inline void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
+static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
     int sc[16];
     for (int j = 0; j < 16; j++) sc[j] = pi_k3_scale(j, x->scales);
 #if defined(__AVX2__)
@@ -258,20 +258,57 @@ static inline void k4_scales(const uint8_t *packed, const pi_block_q8_K *y, uint
     *summ = m;
 }
 
-static inline void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+#if defined(__AVX2__)
+/* The 8 scales and 8 mins of a Q4_K/Q5_K super-block (6 bits each, packed in 12 bytes), decoded four at
+ * a time as pi_k4_scale_min decodes them one by one: bytes 0..7 = sc_0..7, bytes 8..15 = m_0..7. */
+static inline __m128i k4_scales_mins(const uint8_t *packed) {
+    uint32_t u[3];
+    memcpy(u, packed, 12);   /* q0..3 | q4..7 | q8..11 */
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const uint32_t sc03 = u[0] & m6, sc47 = (u[2] & m4) | ((u[0] >> 6 & m2) << 4);
+    const uint32_t mn03 = u[1] & m6, mn47 = (u[2] >> 4 & m4) | ((u[1] >> 6 & m2) << 4);
+    return _mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03);
+}
+
+/* summ = sum_j m_j (bsum_2j + bsum_2j+1), exact (|pair| <= 4096, m_j < 64). */
+static inline int32_t k4_summ(__m128i scales_mins, const pi_block_q8_K *y) {
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(scales_mins, 8));
+    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),
+                                         _mm_loadu_si128((const __m128i *)y->bsums + 1));
+    __m128i p = _mm_madd_epi16(mins, pairs);
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(p);
+}
+
+/* sumi = sum_s sc_s (the 32 quants of sub-block s . their activations), exact; q[s] holds sub-block s's
+ * quants as unsigned bytes (< 64), sc_s are bytes 0..7 of scales_mins. */
+static inline int32_t k4_sumi(const __m256i q[8], __m128i scales_mins, const pi_block_q8_K *y) {
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));   /* sc_0..7 as int16 */
+    __m256i acc = _mm256_setzero_si256();
+    for (int s = 0; s < 8; s++) {
+        const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * s)));   /* sc_s */
+        const __m256i p = _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * s)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+    }
+    return pi_hsum_epi32(acc);
+}
+#endif
+
+static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+#if defined(__AVX2__)
+    const __m128i sm = k4_scales_mins(x->scales);
+    __m256i q[8];   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
+    for (int j = 0; j < 4; j++) {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        q[2 * j] = _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+        q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0f));
+    }
+    *sumi = k4_sumi(q, sm, y);
+    *summ = k4_summ(sm, y);
+#else
     uint8_t sc[8];
     k4_scales(x->scales, y, sc, summ);
-#if defined(__AVX2__)
-    __m256i acc = _mm256_setzero_si256();
-    for (int j = 0; j < 4; j++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
-        const __m256i lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0f));
-        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(lo, y->qs + 64 * j, sc[2 * j], sc[2 * j]));
-        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(hi, y->qs + 64 * j + 32, sc[2 * j + 1], sc[2 * j + 1]));
-    }
-    *sumi = pi_hsum_epi32(acc);
-#else
     int32_t s = 0;
     for (int j = 0; j < 4; j++) {
         int32_t s0 = 0, s1 = 0;
@@ -285,23 +322,22 @@ static inline void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_K *y, int
 #endif
 }
 
-static inline void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+#if defined(__AVX2__)
+    const __m128i sm = k4_scales_mins(x->scales);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+    __m256i q[8];   /* as Q4_K, plus the fifth bit: bit 2j (low nibbles) or 2j+1 (high) of qh[l] */
+    for (int j = 0; j < 4; j++) {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        q[2 * j] = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi8(0x0f)), select_bits(qh, (uint8_t)(1 << (2 * j)), 16));
+        q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0f)),
+                                       select_bits(qh, (uint8_t)(1 << (2 * j + 1)), 16));
+    }
+    *sumi = k4_sumi(q, sm, y);
+    *summ = k4_summ(sm, y);
+#else
     uint8_t sc[8];
     k4_scales(x->scales, y, sc, summ);
-#if defined(__AVX2__)
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
-    __m256i acc = _mm256_setzero_si256();
-    for (int j = 0; j < 4; j++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
-        const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0f)),
-                                           select_bits(qh, (uint8_t)(1 << (2 * j)), 16));
-        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0f)),
-                                           select_bits(qh, (uint8_t)(1 << (2 * j + 1)), 16));
-        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(lo, y->qs + 64 * j, sc[2 * j], sc[2 * j]));
-        acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(hi, y->qs + 64 * j + 32, sc[2 * j + 1], sc[2 * j + 1]));
-    }
-    *sumi = pi_hsum_epi32(acc);
-#else
     int32_t s = 0;
     for (int j = 0; j < 4; j++) {
         int32_t s0 = 0, s1 = 0;
@@ -318,10 +354,12 @@ static inline void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_K *y, int
 }
 
 /* Q6_K: *sumi = sum_j sc_j sum_l (u_l - 32) y_l,  u = 4 low bits | 2 high bits << 4 */
-static inline void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi) {
+static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi) {
 #if defined(__AVX2__)
-    int32_t corr = 0;
-    for (int j = 0; j < 16; j++) corr += x->scales[j] * y->bsums[j];
+    /* the 16 signed scales as int16: corr = sum_j sc_j bsum_j, and the per-call pairs (sc_j | sc_j+1) */
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m256i cp = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums));
+    const int32_t corr = pi_hsum_epi32(cp);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
@@ -336,9 +374,12 @@ static inline void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
         u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-        for (int k = 0; k < 4; k++) {
-            const int j = 8 * h + 2 * k;
-            acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u[k], y->qs + 128 * h + 32 * k, x->scales[j], x->scales[j + 1]));
+        const __m256i half = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+        for (int k = 0; k < 4; k++) {   /* elements 0..15 weighted by sc_8h+2k, 16..31 by sc_8h+2k+1 */
+            const __m256i idx = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * 2 * k)),
+                                                  _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
+            const __m256i p = _mm256_maddubs_epi16(u[k], _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * k)));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, idx)));
         }
     }
     *sumi = pi_hsum_epi32(acc) - 32 * corr;

@@ -46,10 +46,19 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i y) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
 }
 
-/* 32 uint8 (< 64) x 32 int8 products, elements 0..15 weighted by s0 and 16..31 by s1, as 8 int32 lanes. */
-static inline __m256i dot_u8_i8_scaled(__m256i u, const int8_t *y, int s0, int s1) {
+/* 32 uint8 (< 64) x 32 int8 products, elements 0..15 weighted by sc[j] and 16..31 by sc[j + 1], as 8 int32
+ * lanes; sc: 16 int16 scales of a K-quant super-block (j even: sc[j], sc[j + 1] lie in one 128-bit half). */
+static inline __m256i dot_u8_i8_pair(__m256i u, const int8_t *y, __m256i sc, int j) {
+    const __m256i half = j < 8 ? _mm256_permute2x128_si256(sc, sc, 0x00) : _mm256_permute2x128_si256(sc, sc, 0x11);
+    const __m256i pick = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (j % 8))),
+                                           _mm_set1_epi16((short)(0x0100 + 0x0202 * (j % 8 + 1))));
     const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)y));
-    return _mm256_madd_epi16(p, _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0)));
+    return _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, pick));
+}
+
+/* sum of the 16 int16 products sc[j] * bsums[j], exact (|sc| < 64, |bsum| <= 2048). */
+static inline int32_t scales_dot_bsums(__m256i sc, const pi_block_q8_K *y) {
+    return pi_hsum_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums)));
 }
 
 /* The 32 quants of a Q5_0 block as unsigned bytes 0..31 (element order). */
@@ -186,22 +195,23 @@ float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x) {
 
 /* Q2_K: *sumi = sum_j sc_j sum_l q_l y_l, *summ = sum_j m_j bsum_j  (16 sub-blocks of 16) */
 static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
-    int32_t m = 0;
-    for (int j = 0; j < 16; j++) m += (x->scales[j] >> 4) * y->bsums[j];
-    *summ = m;
 #if defined(__AVX2__)
+    const __m256i packed = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)x->scales));   /* m << 4 | sc */
+    const __m256i sc = _mm256_and_si256(packed, _mm256_set1_epi16(0x0f));
+    *summ = scales_dot_bsums(_mm256_srli_epi16(packed, 4), y);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
         for (int g = 0; g < 4; g++) {
             const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
-            const int j = 8 * h + 2 * g;
-            acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u, y->qs + 128 * h + 32 * g, x->scales[j] & 0x0f,
-                                                         x->scales[j + 1] & 0x0f));
+            acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u, y->qs + 128 * h + 32 * g, sc, 8 * h + 2 * g));
         }
     }
     *sumi = pi_hsum_epi32(acc);
 #else
+    int32_t m = 0;
+    for (int j = 0; j < 16; j++) m += (x->scales[j] >> 4) * y->bsums[j];
+    *summ = m;
     int32_t s = 0;
     for (int e0 = 0; e0 < PI_QK_K; e0 += 16) {
         int32_t t = 0;
@@ -215,11 +225,16 @@ static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K 
 
 /* Q3_K: *sumi = sum_j sc_j sum_l (u_l - 4) y_l with u = low 2 bits + 4 * high bit */
 static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
-    int sc[16];
-    for (int j = 0; j < 16; j++) sc[j] = pi_k3_scale(j, x->scales);
 #if defined(__AVX2__)
-    int32_t corr = 0;
-    for (int j = 0; j < 16; j++) corr += sc[j] * y->bsums[j];
+    /* the 16 scales as pi_k3_scale decodes them: low 4 bits from bytes 0..7 (low nibbles: j < 8, high: j >= 8),
+     * high 2 bits from bytes 8..11 (bit pair j / 4 of byte 8 + j % 4), minus 32 */
+    uint32_t a[3];
+    memcpy(a, x->scales, 12);
+    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const __m128i b = _mm_set_epi32((int)((a[1] >> 4 & m4) | (a[2] >> 6 & m2) << 4), (int)((a[0] >> 4 & m4) | (a[2] >> 4 & m2) << 4),
+                                    (int)((a[1] & m4) | (a[2] >> 2 & m2) << 4), (int)((a[0] & m4) | (a[2] & m2) << 4));
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_sub_epi8(b, _mm_set1_epi8(32)));
+    const int32_t corr = scales_dot_bsums(sc, y);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
@@ -227,12 +242,13 @@ static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K 
         for (int g = 0; g < 4; g++) {
             const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
             const __m256i u = _mm256_or_si256(lo, select_bits(hm, (uint8_t)(1 << (4 * h + g)), 4));
-            const int j = 8 * h + 2 * g;
-            acc = _mm256_add_epi32(acc, dot_u8_i8_scaled(u, y->qs + 128 * h + 32 * g, sc[j], sc[j + 1]));
+            acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u, y->qs + 128 * h + 32 * g, sc, 8 * h + 2 * g));
         }
     }
     *sumi = pi_hsum_epi32(acc) - 4 * corr;
 #else
+    int sc[16];
+    for (int j = 0; j < 16; j++) sc[j] = pi_k3_scale(j, x->scales);
     int32_t s = 0;
     for (int e0 = 0; e0 < PI_QK_K; e0 += 16) {
         int32_t t = 0;
@@ -358,8 +374,7 @@ static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K 
 #if defined(__AVX2__)
     /* the 16 signed scales as int16: corr = sum_j sc_j bsum_j, and the per-call pairs (sc_j | sc_j+1) */
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-    const __m256i cp = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums));
-    const int32_t corr = pi_hsum_epi32(cp);
+    const int32_t corr = scales_dot_bsums(sc16, y);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
@@ -374,13 +389,8 @@ static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K 
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
         u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-        const __m256i half = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-        for (int k = 0; k < 4; k++) {   /* elements 0..15 weighted by sc_8h+2k, 16..31 by sc_8h+2k+1 */
-            const __m256i idx = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * 2 * k)),
-                                                  _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))));
-            const __m256i p = _mm256_maddubs_epi16(u[k], _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * k)));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, idx)));
-        }
+        for (int k = 0; k < 4; k++)
+            acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u[k], y->qs + 128 * h + 32 * k, sc16, 8 * h + 2 * k));
     }
     *sumi = pi_hsum_epi32(acc) - 32 * corr;
 #else

@@ -81,12 +81,16 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #endif
 #define Q5_0_DOT8    pi_vec_dot8_q5_0_q8_0s
 #define Q8_0_DOT8    pi_vec_dot8_q8_0_q8_0
+#define Q2_K_DOT8    pi_vec_dot8_q2_K_q8_K
+#define Q3_K_DOT8    pi_vec_dot8_q3_K_q8_K
 #define Q4_K_DOT8    pi_vec_dot8_q4_K_q8_K
 #define Q5_K_DOT8    pi_vec_dot8_q5_K_q8_K
 #define Q6_K_DOT8    pi_vec_dot8_q6_K_q8_K
 #else
 #define Q5_0_DOT8    NULL
 #define Q8_0_DOT8    NULL
+#define Q2_K_DOT8    NULL
+#define Q3_K_DOT8    NULL
 #define Q4_K_DOT8    NULL
 #define Q5_K_DOT8    NULL
 #define Q6_K_DOT8    NULL
@@ -115,8 +119,10 @@ static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
                        .vec_dot8 = Q5_0_DOT8 },
     [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q5_1_q8_1, pi_axpy_q5_1 },
     [PI_TYPE_Q8_1] = { "q8_1", 32,  40,  pi_q8_1_to_f32, pi_q8_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q8_1_q8_1, pi_axpy_q8_1 },
-    [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q2_K_q8_K, pi_axpy_q2_K },
-    [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q3_K_q8_K, pi_axpy_q3_K },
+    [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q2_K_q8_K, pi_axpy_q2_K,
+                       .vec_dot8 = Q2_K_DOT8 },
+    [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q3_K_q8_K, pi_axpy_q3_K,
+                       .vec_dot8 = Q3_K_DOT8 },
     [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q4_K_q8_K, pi_axpy_q4_K,
                        .vec_dot8 = Q4_K_DOT8 },
     [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K,

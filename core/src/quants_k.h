@@ -98,6 +98,10 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
                             float *y, int64_t y_stride);
 void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);
+void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+void pi_vec_dot8_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
 void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);
 void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,

@@ -1,4 +1,4 @@
-/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q4_K, Q5_K and Q6_K: eight weight rows
+/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K: eight weight rows
  * against up to PI_DOT8_MAX_T tokens per call (in sub-blocks of K_MAX_T = 4: their accumulators
  * then stay in registers), the weights unpacked once per block and reused for those tokens.
  *
@@ -18,6 +18,7 @@
 #include "../quants_k.h"
 
 #include <stddef.h>
+#include <string.h>
 
 #if PI_HAVE_ROWS8
 #include <immintrin.h>
@@ -280,6 +281,128 @@ void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, in
 
 void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride) { DISPATCH_NT(q5_K_dot8, q5_K_dot8_one); }
+
+/* ======================================================================================
+ * Q2_K and Q3_K . Q8_K: 16 sub-blocks of 16; element e = 128h + 32g + l (l < 32) has the 2 bits
+ * 2g, 2g+1 of qs[32h + l] (Q3_K: plus bit 4h + g of hmask[l] as its value 4) and belongs to sub-block
+ * 8h + 2g + l / 16. Canonical order (pi_vec_dot_q2_K_q8_K): sumi = sum_j sc_j sum_l u_l y_l and
+ * summ = sum_j m_j bsum_j (scale and min: the low and high nibble of scales[j]), then acc = acc + d_x *
+ * (d * sumi - dmin * summ). Q3_K (pi_vec_dot_q3_K_q8_K): sumi = sum_j sc_j sum_l (u_l - 4) y_l (computed
+ * as sum_j sc_j sum_l u_l y_l - 4 sum_j sc_j bsum_j, sc_j the signed 6-bit scales), then acc = acc +
+ * (d_x * d) * sumi.
+ * ====================================================================================== */
+static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void *const *rows, const char *x,
+                                                       int64_t x_stride, const int nt, float *y, int64_t y_stride,
+                                                       const int three_bit) {
+    const int64_t nb = n / PI_QK_K;
+    const int64_t block_bytes = three_bit ? (int64_t)sizeof(pi_block_q3_K) : (int64_t)sizeof(pi_block_q2_K);
+    const size_t qs_offset = three_bit ? offsetof(pi_block_q3_K, qs) : offsetof(pi_block_q2_K, qs);
+    const __m256i m2 = _mm256_set1_epi8(3);
+    __m256 acc[K_MAX_T] = ZERO4;
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p[8];
+        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * block_bytes;
+        for (int k = 0; k < 8; k++)   /* the super-block after next: 84 (110) bytes, up to 2 (3) lines */
+            for (int l = 0; l < (three_bit ? 3 : 2); l++) _mm_prefetch(p[k] + 2 * block_bytes + 64 * l, _MM_HINT_T0);
+        /* scale bytes: byte j % 4 of lane r of sc[j / 4] is row r's sub-block j (Q2_K: min << 4 | scale;
+         * Q3_K: the signed scale, decoded per row as pi_k3_scale does) */
+        __m256i sc[4], mn[4];
+        if (three_bit) {
+            char dec[8][16];
+            const char *dp[8];
+            for (int k = 0; k < 8; k++) {
+                uint32_t a[3];
+                memcpy(a, p[k] + offsetof(pi_block_q3_K, scales), 12);
+                const uint32_t m4w = 0x0f0f0f0f, m2w = 0x03030303;
+                const uint32_t w[4] = { (a[0] & m4w) | (a[2] & m2w) << 4, (a[1] & m4w) | (a[2] >> 2 & m2w) << 4,
+                                        (a[0] >> 4 & m4w) | (a[2] >> 4 & m2w) << 4, (a[1] >> 4 & m4w) | (a[2] >> 6 & m2w) << 4 };
+                memcpy(dec[k], w, 16);
+                for (int j = 0; j < 16; j++) dec[k][j] = (char)(dec[k][j] - 32);
+                dp[k] = dec[k];
+            }
+            pi_transpose8x16(dp, 0, sc);
+        } else {
+            __m256i packed[4];
+            pi_transpose8x16(p, offsetof(pi_block_q2_K, scales), packed);
+            for (int i = 0; i < 4; i++) {
+                sc[i] = _mm256_and_si256(packed[i], _mm256_set1_epi8(0x0f));
+                mn[i] = _mm256_and_si256(_mm256_srli_epi16(packed[i], 4), _mm256_set1_epi8(0x0f));
+            }
+        }
+        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                                        _mm256_setzero_si256() };
+        for (int half = 0; half < 2; half++) {
+            __m256i hb[4];   /* Q3_K: hmask[16 half .. 16 half + 15] */
+            if (three_bit) pi_transpose8x16(p, offsetof(pi_block_q3_K, hmask) + 16 * half, hb);
+            for (int h = 0; h < 2; h++) {
+                __m256i a[4];   /* qs[32h + 16 half .. + 15] */
+                pi_transpose8x16(p, qs_offset + 32 * h + 16 * half, a);
+                for (int g = 0; g < 4; g++) {
+                    __m256i w[4];
+                    for (int m = 0; m < 4; m++) {
+                        w[m] = _mm256_and_si256(_mm256_srli_epi16(a[m], 2 * g), m2);
+                        if (three_bit)   /* bit 4h + g of hmask -> value 4 */
+                            w[m] = _mm256_or_si256(w[m], _mm256_and_si256(
+                                4 * h + g >= 2 ? _mm256_srli_epi16(hb[m], 4 * h + g - 2) : _mm256_slli_epi16(hb[m], 2 - (4 * h + g)),
+                                _mm256_set1_epi8(4)));
+                    }
+                    const int j = 8 * h + 2 * g + half;
+                    const __m256i scj = lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, three_bit);
+                    for (int t = 0; t < nt; t++) {
+                        const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 128 * h + 32 * g + 16 * half;
+                        const __m256i s0 = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 2), scj);
+                        const __m256i s1 = _mm256_madd_epi16(pi_maddubs_sum(w + 2, yq + 8, 2), scj);
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(s0, s1));
+                    }
+                }
+            }
+        }
+        /* sum_j c_j bsum_j (Q2_K: c = the mins; Q3_K: c = the scales): madd of (c_2i, c_2i+1) per lane */
+        __m256i cp[8];
+        for (int i = 0; i < 8; i++) cp[i] = lane_bytes_to_i16(three_bit ? sc[i / 2] : mn[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, three_bit);
+        const __m256 d = pi_f16x8_rows(p, three_bit ? offsetof(pi_block_q3_K, d) : offsetof(pi_block_q2_K, d));
+        const __m256 dmin = three_bit ? d : pi_f16x8_rows(p, offsetof(pi_block_q2_K, dmin));
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            __m256i c = _mm256_setzero_si256();
+            for (int i = 0; i < 8; i++)
+                c = _mm256_add_epi32(c, _mm256_madd_epi16(cp[i], _mm256_set1_epi32(pi_load_i32(xb->bsums + 2 * i))));
+            if (three_bit) {
+                const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(c, 2));
+                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xb->d), d), _mm256_cvtepi32_ps(s)));
+            } else {
+                const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi[t])),
+                                               _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(c)));
+                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xb->d), v));
+            }
+        }
+    }
+    store_acc(acc, nt, y, y_stride);
+}
+
+static inline __attribute__((always_inline)) void q2_K_dot8(int64_t n, const void *const *rows, const char *x,
+                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
+    k23_dot8(n, rows, x, x_stride, nt, y, y_stride, 0);
+}
+
+static inline __attribute__((always_inline)) void q3_K_dot8(int64_t n, const void *const *rows, const char *x,
+                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
+    k23_dot8(n, rows, x, x_stride, nt, y, y_stride, 1);
+}
+
+static void q2_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q2_K_q8_K(n, rows[k], x);
+}
+
+static void q3_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q3_K_q8_K(n, rows[k], x);
+}
+
+void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q2_K_dot8, q2_K_dot8_one); }
+
+void pi_vec_dot8_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { DISPATCH_NT(q3_K_dot8, q3_K_dot8_one); }
 
 /* ======================================================================================
  * Q6_K . Q8_K. Canonical order (pi_vec_dot_q6_K_q8_K): per super-block the exact integer

@@ -337,8 +337,8 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
  * 8-lane accumulator, fed in the same order, then the same horizontal sum and tail. Blocks of ROWS_PER
  * rows x TOK_PER tokens keep their accumulators in registers, so each converted weight vector feeds
  * TOK_PER fmas. One token goes row by row (decode: one sequential stream at a time). */
-#define F16_ROWS_PER 4
-#define F16_TOK_PER 2   /* 4 x 2 (8 accumulators): 101 -> 106 t/s against 4 x 3 on a 542M f16 model's pp128 */
+#define F16_ROWS_PER 2   /* 2 x 4 (8 accumulators): pp128 of a 542M f16 llama 116 t/s; 4 x 2: 105, 4 x 3: 101, */
+#define F16_TOK_PER 4    /* 2 x 6: 85, 1 x 8: 95 */
 void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                          int64_t y_stride) {
     if (nt == 1) {

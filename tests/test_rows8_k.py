@@ -143,40 +143,51 @@ def test_every_leftover_row_count():
             assert np.all(np.abs(y - ref) <= tol), (TNAME[t], N)
 
 
-F16 = 1
-F16_REL_TOL = 1e-5   # float32 dot products of float16 weights vs float64 (relative to sum |w x|)
+F16, BF16 = 1, 30
+HALF_REL_TOL = 1e-5   # float32 dot products of 16-bit float weights vs float64 (relative to sum |w x|)
 
 
-def f16_mul_mat(w16, x, L=lib, pool=ffi.NULL):
-    """y (T, N) = x (T, K) . W^T for f16 rows W (N, K)."""
-    N, K = w16.shape
-    raw = np.ascontiguousarray(w16).view(np.uint8).reshape(-1)
+def half_rows(t, rng, N, K):
+    """N rows of K random weights as type t (f16 or bf16): (raw uint16 [N, K], their float64 values)."""
+    w = (rng.standard_normal((N, K)) / math.sqrt(K)).astype(np.float32)
+    if t == F16:
+        raw = w.astype(np.float16).view(np.uint16)
+        return raw, raw.view(np.float16).astype(np.float64)
+    raw = (w.view(np.uint32) >> 16).astype(np.uint16)                       # bf16: the top half of the float
+    return raw, (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def half_mul_mat(t, raw, x, L=lib, pool=ffi.NULL):
+    """y (T, N) = x (T, K) . W^T for f16/bf16 rows W given as raw uint16 (N, K)."""
+    N, K = raw.shape
     x = np.ascontiguousarray(x, np.float32)
     y = np.zeros((x.shape[0], N), np.float32)
     from test_kquants import tensor
-    wt = tensor(raw, F16, K, N)
+    buf = np.ascontiguousarray(raw)
+    wt = tensor(buf, t, K, N)
     wt.nb[0], wt.nb[1] = 2, 2 * K
     wt.nb[2] = wt.nb[3] = 2 * K * N
     check(L.pi_op_mul_mat(pool, wt, tensor(x, 0, K, x.shape[0]), tensor(y, 0, N, x.shape[0])))
     return y
 
 
+@pytest.mark.parametrize("t", [F16, BF16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("K", [640, 100, 7])
-def test_f16_rows8_agree(pool2, K):
-    """f16 weights: 8 rows x up to 8 tokens (blocks of 4 rows x 2 tokens) give, per (row, token), the bits
-    of the single-row kernel (own 8-lane accumulator, same order, same tail), whatever the token count
-    (odd counts: the last token runs alone), the leftover rows and the thread count; and float64 within
-    F16_REL_TOL."""
-    rng = np.random.default_rng(K)
+def test_half_float_rows8_agree(pool2, t, K):
+    """f16 and bf16 weights: 8 rows x up to 8 tokens (blocks of rows x tokens in registers) give, per (row,
+    token), the bits of the single-row kernel (own 8-lane accumulator, same order, same tail), whatever the
+    token count (short blocks repeat their last token), the leftover rows and the thread count; and
+    float64 within HALF_REL_TOL."""
+    rng = np.random.default_rng(K + t)
     for N in (8, 21, 5):
-        w = (rng.standard_normal((N, K)) / math.sqrt(K)).astype(np.float16)
-        for T in (1, 2, 3, 8, 9):
+        raw, w = half_rows(t, rng, N, K)
+        for T in (1, 2, 3, 5, 8, 9):
             x = rng.standard_normal((T, K)).astype(np.float32)
-            y = f16_mul_mat(w, x, pool=pool2)
-            one_by_one = np.concatenate([f16_mul_mat(w[i:i + 1], x) for i in range(N)], axis=1)
+            y = half_mul_mat(t, raw, x, pool=pool2)
+            one_by_one = np.concatenate([half_mul_mat(t, raw[i:i + 1], x) for i in range(N)], axis=1)
             assert bits_equal(y, one_by_one), f"N={N} T={T}: 8-row kernel vs one row at a time"
-            per_token = np.concatenate([f16_mul_mat(w, x[s:s + 1]) for s in range(T)])
+            per_token = np.concatenate([half_mul_mat(t, raw, x[s:s + 1]) for s in range(T)])
             assert bits_equal(y, per_token), f"N={N} T={T}: several tokens per call vs one"
-            ref = x.astype(np.float64) @ w.astype(np.float64).T
-            mag = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
-            assert np.all(np.abs(y - ref) <= F16_REL_TOL * mag), (N, T)
+            ref = x.astype(np.float64) @ w.T
+            mag = np.abs(x.astype(np.float64)) @ np.abs(w).T
+            assert np.all(np.abs(y - ref) <= HALF_REL_TOL * mag), (N, T)

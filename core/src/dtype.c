@@ -76,8 +76,10 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define F16_AXPY8    pi_axpy8_f16
 #if defined(__AVX512F__)
 #define F16_DOT8     NULL
+#define BF16_DOT8    NULL
 #else
 #define F16_DOT8     pi_vec_dot8_f16_f32
+#define BF16_DOT8    pi_vec_dot8_bf16_f32
 #endif
 #define Q5_0_DOT8    pi_vec_dot8_q5_0_q8_0s
 #define Q8_0_DOT8    pi_vec_dot8_q8_0_q8_0
@@ -101,6 +103,7 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 #define Q4_0R_AXPY8  NULL
 #define F16_AXPY8    NULL
 #define F16_DOT8     NULL
+#define BF16_DOT8    NULL
 #endif
 
 static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
@@ -108,7 +111,8 @@ static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
     [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,         PI_TYPE_F32,  pi_vec_dot_f32_f32,   pi_axpy_f32_row },
     [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,         PI_TYPE_F32,  pi_vec_dot_f16_f32,   pi_axpy_f16,
                        .vec_dot8 = F16_DOT8, .axpy8 = F16_AXPY8 },
-    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,        PI_TYPE_F32,  pi_vec_dot_bf16_f32,  pi_axpy_bf16 },
+    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,        PI_TYPE_F32,  pi_vec_dot_bf16_f32,  pi_axpy_bf16,
+                       .vec_dot8 = BF16_DOT8 },
     [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,        PI_TYPE_Q8_0S, pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0,
                        .vec_dot8 = Q4_0_DOT8, .axpy8 = Q4_0_AXPY8, .repacked_type = Q4_0_REPACK },
     [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0, pi_axpy_q8_0,

@@ -100,6 +100,8 @@ void  pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y)
 #if !defined(__AVX512F__)
 void  pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                           int64_t y_stride);
+void  pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride);
 #endif
 #else
 #define PI_HAVE_ROWS8 0   /* scalar build: mul_mat goes row by row and nothing is repacked */

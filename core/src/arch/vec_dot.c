@@ -331,20 +331,24 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
     for (int k = 0; k < 8; k++) pi_axpy_f16(n - i, a[k], x[k] + i, y + i);   /* the rest: n % 32 < 8 too */
 }
 
-#if !defined(__AVX512F__)   /* there the single-row kernel accumulates in 16 lanes: no 8-row kernel */
-/* Eight f16 rows against nt <= PI_DOT8_MAX_T f32 vectors (mul_mat on f16 weights: prompts, batches):
- * y[t y_stride + k] = pi_vec_dot_f16_f32(n, rows[k], x_t), the same bits: each (row, token) keeps its own
- * 8-lane accumulator, fed in the same order, then the same horizontal sum and tail. Blocks of ROWS_PER
- * rows x TOK_PER tokens keep their accumulators in registers, so each converted weight vector feeds
- * TOK_PER fmas. One token goes row by row (decode: one sequential stream at a time). */
+#if !defined(__AVX512F__)   /* there the single-row kernels accumulate in 16 lanes: no 8-row kernels */
+/* Eight 16-bit float rows (f16 or bf16) against nt <= PI_DOT8_MAX_T f32 vectors (mul_mat: prompts, batches):
+ * y[t y_stride + k] = the single-row kernel's dot product (pi_vec_dot_f16_f32 / pi_vec_dot_bf16_f32), the
+ * same bits: each (row, token) keeps its own 8-lane accumulator, fed in the same order, then the same
+ * horizontal sum and tail. Blocks of ROWS_PER rows x TOK_PER tokens keep their accumulators in registers,
+ * so each converted weight vector feeds TOK_PER fmas. One token goes row by row (decode: one sequential
+ * stream at a time). */
 #define F16_ROWS_PER 2   /* 2 x 4 (8 accumulators): pp128 of a 542M f16 llama 116 t/s; 4 x 2: 105, 4 x 3: 101, */
 #define F16_TOK_PER 4    /* 2 x 6: 85, 1 x 8: 95 */
-void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                         int64_t y_stride) {
-    if (nt == 1) {
-        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_f16_f32(n, rows[k], x);
-        return;
-    }
+
+static inline __m256 load8_f16(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }
+static inline __m256 load8_bf16(const uint16_t *w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
+}
+
+static inline __attribute__((always_inline)) void half_rows8(int64_t n, const void *const *rows, const char *x,
+                                                         int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                         const int bf16) {
     const int64_t n8 = n / 8 * 8;
     for (int r0 = 0; r0 < 8; r0 += F16_ROWS_PER) {
         const uint16_t *w[F16_ROWS_PER];
@@ -358,17 +362,36 @@ void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int6
                 for (int j = 0; j < F16_TOK_PER; j++) acc[k][j] = _mm256_setzero_ps();
             for (int64_t i = 0; i < n8; i += 8)
                 for (int k = 0; k < F16_ROWS_PER; k++) {
-                    const __m256 wk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w[k] + i)));
+                    const __m256 wk = bf16 ? load8_bf16(w[k] + i) : load8_f16(w[k] + i);
                     for (int j = 0; j < F16_TOK_PER; j++) acc[k][j] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xt[j] + i), acc[k][j]);
                 }
             for (int j = 0; j < n_tok; j++)
                 for (int k = 0; k < F16_ROWS_PER; k++) {
                     float sum = pi_hsum_ps(acc[k][j]);
-                    for (int64_t i = n8; i < n; i++) sum += pi_fp16_to_f32(w[k][i]) * xt[j][i];
+                    for (int64_t i = n8; i < n; i++)
+                        sum += (bf16 ? pi_bf16_to_f32(w[k][i]) : pi_fp16_to_f32(w[k][i])) * xt[j][i];
                     y[(t0 + j) * y_stride + r0 + k] = sum;
                 }
         }
     }
+}
+
+void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                         int64_t y_stride) {
+    if (nt == 1) {
+        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_f16_f32(n, rows[k], x);
+        return;
+    }
+    half_rows8(n, rows, x, x_stride, nt, y, y_stride, 0);
+}
+
+void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                          int64_t y_stride) {
+    if (nt == 1) {
+        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_bf16_f32(n, rows[k], x);
+        return;
+    }
+    half_rows8(n, rows, x, x_stride, nt, y, y_stride, 1);
 }
 #endif
 #endif

@@ -70,6 +70,52 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
 
 #define ZERO4 { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() }
 
+/* The exported 8-row kernel of a K-quant `name` whose body is kernel(..., flag), and its one-token path
+ * through the single-row kernel `single`. */
+#define K_ROWS8(name, kernel, flag, single)                                                                       \
+    static inline __attribute__((always_inline)) void name##_dot8(int64_t n, const void *const *rows, const char *x, \
+                                                                 int64_t x_stride, const int nt, float *y,          \
+                                                                 int64_t y_stride) {                                \
+        kernel(n, rows, x, x_stride, nt, y, y_stride, flag);                                                      \
+    }                                                                                                             \
+    static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
+        for (int k = 0; k < 8; k++) y[k] = single(n, rows[k], x);                                                 \
+    }                                                                                                             \
+    void pi_vec_dot8_##name##_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,     \
+                                   float *y, int64_t y_stride) { DISPATCH_NT(name##_dot8, name##_dot8_one); }
+
+/* p[k] = super-block b of row k, and the super-block after next requested (`lines` cache lines per row). */
+static inline void k_block_rows(const void *const *rows, int64_t b, int64_t block_bytes, int lines, const char *p[8]) {
+    for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * block_bytes;
+    for (int k = 0; k < 8; k++)
+        for (int l = 0; l < lines; l++) _mm_prefetch(p[k] + 2 * block_bytes + 64 * l, _MM_HINT_T0);
+}
+
+/* One sub-block of 16 (Q2_K, Q3_K, Q6_K): sumi[t] += sc * (its 16 quants w (4 per lane) . the activations at
+ * element `offset` of super-block b), for nt tokens; w < 64, so two maddubs fit int16. */
+static inline void k16_accumulate(const __m256i w[4], __m256i sc, const char *x, int64_t x_stride, int64_t b,
+                                  int offset, int nt, __m256i *sumi) {
+    for (int t = 0; t < nt; t++) {
+        const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + offset;
+        const __m256i s0 = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 2), sc);
+        const __m256i s1 = _mm256_madd_epi16(pi_maddubs_sum(w + 2, yq + 8, 2), sc);
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(s0, s1));
+    }
+}
+
+/* sum_j c_j bsum_j over the 16 sub-blocks of xb, per lane; cp[i] holds (c_2i, c_2i+1) of each row as int16. */
+static inline __m256i pairs_dot_bsums(const __m256i cp[8], const pi_block_q8_K *xb) {
+    __m256i c = _mm256_setzero_si256();
+    for (int i = 0; i < 8; i++) c = _mm256_add_epi32(c, _mm256_madd_epi16(cp[i], _mm256_set1_epi32(pi_load_i32(xb->bsums + 2 * i))));
+    return c;
+}
+
+/* acc + d_x * (d * sumi - dmin * summ): the float step of the K-quants with mins (Q2_K, Q4_K, Q5_K). */
+static inline __m256 k_min_step(__m256 acc, float dx, __m256 d, __m256 dmin, __m256i sumi, __m256i summ) {
+    const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(summ)));
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(dx), v));
+}
+
 /* ======================================================================================
  * Q5_0 . Q8_0S. Canonical order (pi_vec_dot_q5_0_q8_0s): per block the exact integer
  * i = sum u y - 16 s (u = 5-bit unsigned quant, s = the activation block's sum), then
@@ -193,9 +239,7 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
     __m256 acc[K_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
-        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * block_bytes;
-        for (int k = 0; k < 8; k++)   /* the super-block after next: 144 (176) bytes, up to 3 (4) lines */
-            for (int l = 0; l < (five_bit ? 4 : 3); l++) _mm_prefetch(p[k] + 2 * block_bytes + 64 * l, _MM_HINT_T0);
+        k_block_rows(rows, b, block_bytes, five_bit ? 4 : 3, p);   /* 144 (176) bytes: up to 3 (4) lines */
         /* bytes 0..15 of a block: d, dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
         __m256i h[4];
         pi_transpose8x16(p, 0, h);
@@ -250,37 +294,14 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
             __m256i summ = _mm256_setzero_si256();
             for (int i = 0; i < 4; i++)
                 summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[i], _mm256_permutevar8x32_epi32(bs8, _mm256_set1_epi32(i))));
-            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi[t])),
-                                           _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(summ)));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xb->d), v));
+            acc[t] = k_min_step(acc[t], xb->d, d, dmin, sumi[t], summ);
         }
     }
     store_acc(acc, nt, y, y_stride);
 }
 
-static inline __attribute__((always_inline)) void q4_K_dot8(int64_t n, const void *const *rows, const char *x,
-                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
-    k4_dot8(n, rows, x, x_stride, nt, y, y_stride, 0);
-}
-
-static inline __attribute__((always_inline)) void q5_K_dot8(int64_t n, const void *const *rows, const char *x,
-                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
-    k4_dot8(n, rows, x, x_stride, nt, y, y_stride, 1);
-}
-
-static void q4_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q4_K_q8_K(n, rows[k], x);
-}
-
-static void q5_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q5_K_q8_K(n, rows[k], x);
-}
-
-void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) { DISPATCH_NT(q4_K_dot8, q4_K_dot8_one); }
-
-void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) { DISPATCH_NT(q5_K_dot8, q5_K_dot8_one); }
+K_ROWS8(q4_K, k4_dot8, 0, pi_vec_dot_q4_K_q8_K)
+K_ROWS8(q5_K, k4_dot8, 1, pi_vec_dot_q5_K_q8_K)
 
 /* ======================================================================================
  * Q2_K and Q3_K . Q8_K: 16 sub-blocks of 16; element e = 128h + 32g + l (l < 32) has the 2 bits
@@ -301,9 +322,7 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
     __m256 acc[K_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
-        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * block_bytes;
-        for (int k = 0; k < 8; k++)   /* the super-block after next: 84 (110) bytes, up to 2 (3) lines */
-            for (int l = 0; l < (three_bit ? 3 : 2); l++) _mm_prefetch(p[k] + 2 * block_bytes + 64 * l, _MM_HINT_T0);
+        k_block_rows(rows, b, block_bytes, three_bit ? 3 : 2, p);   /* 84 (110) bytes: up to 2 (3) lines */
         /* scale bytes: byte j % 4 of lane r of sc[j / 4] is row r's sub-block j (Q2_K: min << 4 | scale;
          * Q3_K: the signed scale, decoded per row as pi_k3_scale does) */
         __m256i sc[4], mn[4];
@@ -347,13 +366,8 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
                                 _mm256_set1_epi8(4)));
                     }
                     const int j = 8 * h + 2 * g + half;
-                    const __m256i scj = lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, three_bit);
-                    for (int t = 0; t < nt; t++) {
-                        const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 128 * h + 32 * g + 16 * half;
-                        const __m256i s0 = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 2), scj);
-                        const __m256i s1 = _mm256_madd_epi16(pi_maddubs_sum(w + 2, yq + 8, 2), scj);
-                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(s0, s1));
-                    }
+                    k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, three_bit), x, x_stride, b,
+                                   128 * h + 32 * g + 16 * half, nt, sumi);
                 }
             }
         }
@@ -364,45 +378,20 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
         const __m256 dmin = three_bit ? d : pi_f16x8_rows(p, offsetof(pi_block_q2_K, dmin));
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
-            __m256i c = _mm256_setzero_si256();
-            for (int i = 0; i < 8; i++)
-                c = _mm256_add_epi32(c, _mm256_madd_epi16(cp[i], _mm256_set1_epi32(pi_load_i32(xb->bsums + 2 * i))));
+            const __m256i c = pairs_dot_bsums(cp, xb);
             if (three_bit) {
                 const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(c, 2));
                 acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xb->d), d), _mm256_cvtepi32_ps(s)));
             } else {
-                const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi[t])),
-                                               _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(c)));
-                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xb->d), v));
+                acc[t] = k_min_step(acc[t], xb->d, d, dmin, sumi[t], c);
             }
         }
     }
     store_acc(acc, nt, y, y_stride);
 }
 
-static inline __attribute__((always_inline)) void q2_K_dot8(int64_t n, const void *const *rows, const char *x,
-                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
-    k23_dot8(n, rows, x, x_stride, nt, y, y_stride, 0);
-}
-
-static inline __attribute__((always_inline)) void q3_K_dot8(int64_t n, const void *const *rows, const char *x,
-                                                        int64_t x_stride, const int nt, float *y, int64_t y_stride) {
-    k23_dot8(n, rows, x, x_stride, nt, y, y_stride, 1);
-}
-
-static void q2_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q2_K_q8_K(n, rows[k], x);
-}
-
-static void q3_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q3_K_q8_K(n, rows[k], x);
-}
-
-void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) { DISPATCH_NT(q2_K_dot8, q2_K_dot8_one); }
-
-void pi_vec_dot8_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) { DISPATCH_NT(q3_K_dot8, q3_K_dot8_one); }
+K_ROWS8(q2_K, k23_dot8, 0, pi_vec_dot_q2_K_q8_K)
+K_ROWS8(q3_K, k23_dot8, 1, pi_vec_dot_q3_K_q8_K)
 
 /* ======================================================================================
  * Q6_K . Q8_K. Canonical order (pi_vec_dot_q6_K_q8_K): per super-block the exact integer
@@ -416,9 +405,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
     __m256 acc[K_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
-        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * (int64_t)sizeof(pi_block_q6_K);
-        for (int k = 0; k < 8; k++)   /* the super-block after next: 210 bytes, up to 4 lines */
-            for (int l = 0; l < 4; l++) _mm_prefetch(p[k] + 2 * sizeof(pi_block_q6_K) + 64 * l, _MM_HINT_T0);
+        k_block_rows(rows, b, sizeof(pi_block_q6_K), 4, p);   /* 210 bytes: up to 4 lines */
         __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
         pi_transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
         const __m256 d = pi_f16x8_rows(p, offsetof(pi_block_q6_K, d));
@@ -446,13 +433,8 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                         w[m] = _mm256_or_si256(nib, _mm256_and_si256(hi2, m2h));
                     }
                     const int j = 8 * h + 2 * q + half;
-                    const __m256i scj = lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1);
-                    for (int t = 0; t < nt; t++) {
-                        const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 128 * h + 32 * q + 16 * half;
-                        const __m256i s0 = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 2), scj);
-                        const __m256i s1 = _mm256_madd_epi16(pi_maddubs_sum(w + 2, yq + 8, 2), scj);
-                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(s0, s1));
-                    }
+                    k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b,
+                                   128 * h + 32 * q + 16 * half, nt, sumi);
                 }
             }
         /* - 32 sum_j sc_j bsum_j: madd of (sc_2i, sc_2i+1) per lane against (bsum_2i, bsum_2i+1) */
@@ -460,10 +442,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
         for (int i = 0; i < 8; i++) scp[i] = lane_bytes_to_i16(sc[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, 1);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
-            __m256i corr = _mm256_setzero_si256();
-            for (int i = 0; i < 8; i++)
-                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(scp[i], _mm256_set1_epi32(pi_load_i32(xb->bsums + 2 * i))));
-            const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 5));
+            const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(pairs_dot_bsums(scp, xb), 5));
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xb->d), d), _mm256_cvtepi32_ps(s)));
         }
     }

@@ -376,23 +376,16 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
     }
 }
 
-void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                         int64_t y_stride) {
-    if (nt == 1) {
-        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_f16_f32(n, rows[k], x);
-        return;
+#define HALF_ROWS8(type, bf16)                                                                                   \
+    void pi_vec_dot8_##type##_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,      \
+                                  float *y, int64_t y_stride) {                                                    \
+        if (nt == 1)                                                                                               \
+            for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_##type##_f32(n, rows[k], x);                             \
+        else                                                                                                       \
+            half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16);                                               \
     }
-    half_rows8(n, rows, x, x_stride, nt, y, y_stride, 0);
-}
-
-void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                          int64_t y_stride) {
-    if (nt == 1) {
-        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_bf16_f32(n, rows[k], x);
-        return;
-    }
-    half_rows8(n, rows, x, x_stride, nt, y, y_stride, 1);
-}
+HALF_ROWS8(f16, 0)
+HALF_ROWS8(bf16, 1)
 #endif
 #endif
 

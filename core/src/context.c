@@ -37,25 +37,26 @@ static void free_buffers(pi_buffers *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* Activation buffers start on cache lines: the kernels' 32-byte loads of activation rows cost a quarter
- * more when they straddle lines (malloc's large blocks start 16 bytes into a page). */
-static void *amalloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
-
 static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T) {
     const pi_hparams *hp = &m->hp;
     const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, hd = (size_t)pi_head_dim(hp);
     const size_t Eq = hd * (size_t)hp->n_head, Ekv = hd * (size_t)hp->n_head_kv;
     const size_t R = (size_t)m->max_rank;
     const size_t t = (size_t)T, f = sizeof(float);
-    b->x = amalloc(t * E * f);  b->cur = amalloc(t * E * f); b->q = amalloc(t * Eq * f);
-    b->k = amalloc(t * Ekv * f); b->v = amalloc(t * Ekv * f); b->att = amalloc(t * PI_MAX(E, Eq) * f);
-    b->gate = amalloc(t * F * f); b->up = amalloc(t * F * f);
-    b->scratch = amalloc(t * PI_MAX(PI_MAX(E, F), PI_MAX(R, Eq)) * f);
-    b->cells = amalloc(t * sizeof(int32_t));
+    b->x = pi_alloc_lines(t * E * f);
+    b->cur = pi_alloc_lines(t * E * f);
+    b->q = pi_alloc_lines(t * Eq * f);
+    b->k = pi_alloc_lines(t * Ekv * f);
+    b->v = pi_alloc_lines(t * Ekv * f);
+    b->att = pi_alloc_lines(t * PI_MAX(E, Eq) * f);
+    b->gate = pi_alloc_lines(t * F * f);
+    b->up = pi_alloc_lines(t * F * f);
+    b->scratch = pi_alloc_lines(t * PI_MAX(PI_MAX(E, F), PI_MAX(R, Eq)) * f);
+    b->cells = pi_alloc_lines(t * sizeof(int32_t));
     bool sparse_ok = true;
     if (hp->arch == PI_ARCH_FALCON) {   /* fused q/k/v output, FFN input beside the attention's */
-        b->qkv = amalloc(t * (Eq + 2 * Ekv) * f);
-        b->ln = amalloc(t * E * f);
+        b->qkv = pi_alloc_lines(t * (Eq + 2 * Ekv) * f);
+        b->ln = pi_alloc_lines(t * E * f);
         sparse_ok = b->qkv && b->ln;
     }
     if (hp->sparse) {
@@ -65,9 +66,9 @@ static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T) {
             pi_sparse_ffn_weights w = { .gate = L->ffn_gate, .up = L->ffn_up, .down_t = L->ffn_down_t };
             sbytes = PI_MAX(sbytes, pi_sparse_ffn_scratch(&w, (int64_t)E, (int64_t)F, T));
         }
-        b->scores = amalloc(t * F * f);
-        b->pred = amalloc(t * PI_MAX(R, 1) * f);
-        b->sparse = amalloc(sbytes);
+        b->scores = pi_alloc_lines(t * F * f);
+        b->pred = pi_alloc_lines(t * PI_MAX(R, 1) * f);
+        b->sparse = pi_alloc_lines(sbytes);
         sparse_ok = sparse_ok && b->scores && b->pred && b->sparse;
     }
     if (!b->x || !b->cur || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->scratch || !b->cells ||

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #define PI_MAX_DIMS   4
 #define PI_MAX_SEQ    64
@@ -35,6 +36,11 @@ typedef void  (*pi_vec_dot8_fn)(int64_t n, const void *const *rows, const char *
 /* Q5_0 and Q8_0 dot products keep 8 partial sums: block b is added (one fma) to p[b % 8], and the
  * result is this fixed tree over them, which is also the order of an AVX2 horizontal sum of the 8
  * lanes; every kernel of these types (single-row, 8-row, scalar) sums this way. */
+/* Memory for activations and scratch (free() releases it): on 64-byte boundaries, because the kernels'
+ * 32-byte loads of activation rows cost a quarter more when they straddle cache lines, and malloc's
+ * large blocks start 16 bytes into a page. */
+static inline void *pi_alloc_lines(size_t bytes) { return aligned_alloc(64, (bytes + 64) / 64 * 64); }
+
 static inline float pi_tree8(const float p[8]) { return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7])); }
 /* The same for one group of 8 rows of an interleaved (repacked) weight; group = the group's first byte. */
 typedef void  (*pi_gemm8_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,

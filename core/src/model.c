@@ -127,7 +127,7 @@ static pi_status check_hparams(const pi_hparams *hp) {
  * kernels stream gigabytes per token, and with 4 KiB pages every 4 KiB costs a TLB miss. */
 static void *alloc_weights(int64_t bytes) {
     const size_t huge = (size_t)2 << 20;
-    if (bytes < (int64_t)huge) return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    if (bytes < (int64_t)huge) return pi_alloc_lines((size_t)bytes);
     const size_t size = ((size_t)bytes + huge - 1) / huge * huge;
     void *p = aligned_alloc(huge, size);
 #ifdef MADV_HUGEPAGE

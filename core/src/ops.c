@@ -189,7 +189,7 @@ pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor
                        (long long)w->ne[0], (long long)w->ne[1], (long long)x->ne[0], (long long)x->ne[1],
                        (long long)y->ne[0], (long long)y->ne[1]);
     const size_t bytes = pi_mul_mat_scratch(w->type, w->ne[0], x->ne[1]);
-    void *scratch = aligned_alloc(64, (bytes + 64) / 64 * 64);   /* rows of activations on cache lines */
+    void *scratch = pi_alloc_lines(bytes);
     if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "mul_mat: out of memory");
     pi_status st = pi_mul_mat(pool, w, x, y, scratch);
     free(scratch);

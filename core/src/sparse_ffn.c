@@ -375,9 +375,9 @@ pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_te
     RETURN_IF(check_weight(fc1, E, r, false, "predictor fc1"));
     RETURN_IF(check_weight(fc2, r, fc2->ne[1], false, "predictor fc2"));
     RETURN_IF(check_f32_2d(scores, fc2->ne[1], T, "predictor scores"));
-    float *hidden = malloc((size_t)(r * T) * sizeof(float));
+    float *hidden = pi_alloc_lines((size_t)(r * T) * sizeof(float));
     const size_t sbytes = PI_MAX(pi_mul_mat_scratch(fc1->type, E, T), pi_mul_mat_scratch(fc2->type, r, T));
-    void *scratch = malloc(sbytes + 1);
+    void *scratch = pi_alloc_lines(sbytes);
     pi_status st = hidden && scratch ? pi_predictor(pool, fc1, fc2, x, scores, hidden, scratch)
                                      : pi_fail(PI_ERR_OUT_OF_MEMORY, "predictor: out of memory");
     free(hidden);
@@ -408,7 +408,7 @@ pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, 
     if (out->data == x->data) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: out must not alias x");
     if (act < PI_ACT_SILU || act > PI_ACT_GELU) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown activation %d", act);
     if (isnan(threshold)) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: threshold is NaN");
-    void *scratch = malloc(pi_sparse_ffn_scratch(w, E, F, T));
+    void *scratch = pi_alloc_lines(pi_sparse_ffn_scratch(w, E, F, T));
     if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "sparse_ffn: out of memory");
     pi_status st = pi_sparse_ffn(pool, w, act, gate_mode, x, scores, threshold, out, n_active, NULL, scratch);
     free(scratch);

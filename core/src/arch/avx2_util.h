@@ -22,6 +22,19 @@ static inline __m256i pi_maddubs_sum(const __m256i *w, const int8_t *y, int n) {
     return s;
 }
 
+/* The 16 signed 6-bit scales of a Q3_K block (its 12 packed scale bytes s) as int8, in order: pi_k3_scale(j, s)
+ * for every j at once, four per 32-bit word (low 4 bits from bytes 0..7, high 2 bits from bytes 8..11). */
+static inline __m128i pi_k3_scales16(const uint8_t *s) {
+    uint32_t a[3];
+    __builtin_memcpy(a, s, 12);
+    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const __m128i u = _mm_set_epi32((int)((a[1] >> 4 & m4) | (a[2] >> 6 & m2) << 4),    /* scales 12..15 */
+                                    (int)((a[0] >> 4 & m4) | (a[2] >> 4 & m2) << 4),    /* 8..11 */
+                                    (int)((a[1] & m4) | (a[2] >> 2 & m2) << 4),         /* 4..7 */
+                                    (int)((a[0] & m4) | (a[2] & m2) << 4));             /* 0..3 */
+    return _mm_sub_epi8(u, _mm_set1_epi8(32));
+}
+
 /* The sum of the 8 float lanes, in a fixed order (lanes i and i+4, then pairs, then the last two). */
 static inline float pi_hsum_ps(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);

@@ -18,7 +18,6 @@
 #include "../quants_k.h"
 
 #include <stddef.h>
-#include <string.h>
 
 #if PI_HAVE_ROWS8
 #include <immintrin.h>
@@ -108,6 +107,11 @@ static inline __m256i pairs_dot_bsums(const __m256i cp[8], const pi_block_q8_K *
     __m256i c = _mm256_setzero_si256();
     for (int i = 0; i < 8; i++) c = _mm256_add_epi32(c, _mm256_madd_epi16(cp[i], _mm256_set1_epi32(pi_load_i32(xb->bsums + 2 * i))));
     return c;
+}
+
+/* acc + (d_x * d) * sumi: the float step of the K-quants without mins (Q3_K, Q6_K). */
+static inline __m256 k_step(__m256 acc, float dx, __m256 d, __m256i sumi) {
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(dx), d), _mm256_cvtepi32_ps(sumi)));
 }
 
 /* acc + d_x * (d * sumi - dmin * summ): the float step of the K-quants with mins (Q2_K, Q4_K, Q5_K). */
@@ -327,17 +331,11 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
          * Q3_K: the signed scale, decoded per row as pi_k3_scale does) */
         __m256i sc[4], mn[4];
         if (three_bit) {
-            char dec[8][16];
+            int8_t dec[8][16];
             const char *dp[8];
             for (int k = 0; k < 8; k++) {
-                uint32_t a[3];
-                memcpy(a, p[k] + offsetof(pi_block_q3_K, scales), 12);
-                const uint32_t m4w = 0x0f0f0f0f, m2w = 0x03030303;
-                const uint32_t w[4] = { (a[0] & m4w) | (a[2] & m2w) << 4, (a[1] & m4w) | (a[2] >> 2 & m2w) << 4,
-                                        (a[0] >> 4 & m4w) | (a[2] >> 4 & m2w) << 4, (a[1] >> 4 & m4w) | (a[2] >> 6 & m2w) << 4 };
-                memcpy(dec[k], w, 16);
-                for (int j = 0; j < 16; j++) dec[k][j] = (char)(dec[k][j] - 32);
-                dp[k] = dec[k];
+                _mm_storeu_si128((__m128i *)dec[k], pi_k3_scales16((const uint8_t *)p[k] + offsetof(pi_block_q3_K, scales)));
+                dp[k] = (const char *)dec[k];
             }
             pi_transpose8x16(dp, 0, sc);
         } else {
@@ -379,12 +377,8 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
             const __m256i c = pairs_dot_bsums(cp, xb);
-            if (three_bit) {
-                const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(c, 2));
-                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xb->d), d), _mm256_cvtepi32_ps(s)));
-            } else {
-                acc[t] = k_min_step(acc[t], xb->d, d, dmin, sumi[t], c);
-            }
+            acc[t] = three_bit ? k_step(acc[t], xb->d, d, _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(c, 2)))
+                               : k_min_step(acc[t], xb->d, d, dmin, sumi[t], c);
         }
     }
     store_acc(acc, nt, y, y_stride);
@@ -442,8 +436,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
         for (int i = 0; i < 8; i++) scp[i] = lane_bytes_to_i16(sc[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, 1);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
-            const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(pairs_dot_bsums(scp, xb), 5));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xb->d), d), _mm256_cvtepi32_ps(s)));
+            acc[t] = k_step(acc[t], xb->d, d, _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(pairs_dot_bsums(scp, xb), 5)));
         }
     }
     store_acc(acc, nt, y, y_stride);

@@ -226,14 +226,7 @@ static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K 
 /* Q3_K: *sumi = sum_j sc_j sum_l (u_l - 4) y_l with u = low 2 bits + 4 * high bit */
 static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
 #if defined(__AVX2__)
-    /* the 16 scales as pi_k3_scale decodes them: low 4 bits from bytes 0..7 (low nibbles: j < 8, high: j >= 8),
-     * high 2 bits from bytes 8..11 (bit pair j / 4 of byte 8 + j % 4), minus 32 */
-    uint32_t a[3];
-    memcpy(a, x->scales, 12);
-    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    const __m128i b = _mm_set_epi32((int)((a[1] >> 4 & m4) | (a[2] >> 6 & m2) << 4), (int)((a[0] >> 4 & m4) | (a[2] >> 4 & m2) << 4),
-                                    (int)((a[1] & m4) | (a[2] >> 2 & m2) << 4), (int)((a[0] & m4) | (a[2] & m2) << 4));
-    const __m256i sc = _mm256_cvtepi8_epi16(_mm_sub_epi8(b, _mm_set1_epi8(32)));
+    const __m256i sc = _mm256_cvtepi8_epi16(pi_k3_scales16(x->scales));
     const int32_t corr = scales_dot_bsums(sc, y);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
     __m256i acc = _mm256_setzero_si256();
@@ -286,15 +279,9 @@ static inline __m128i k4_scales_mins(const uint8_t *packed) {
     return _mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03);
 }
 
-/* summ = sum_j m_j (bsum_2j + bsum_2j+1), exact (|pair| <= 4096, m_j < 64). */
+/* summ = sum_j m_j (bsum_2j + bsum_2j+1) = sum_k m_(k/2) bsum_k: each min twice (m_0, m_0, m_1, ...). */
 static inline int32_t k4_summ(__m128i scales_mins, const pi_block_q8_K *y) {
-    const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(scales_mins, 8));
-    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),
-                                         _mm_loadu_si128((const __m128i *)y->bsums + 1));
-    __m128i p = _mm_madd_epi16(mins, pairs);
-    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
-    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(p);
+    return scales_dot_bsums(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scales_mins, scales_mins)), y);
 }
 
 /* sumi = sum_s sc_s (the 32 quants of sub-block s . their activations), exact; q[s] holds sub-block s's

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bindings"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 
 PROG = "profile_sparse"
@@ -61,13 +62,6 @@ def profile(model: pi.Model, windows: list[list[int]], n_threads: int | None, n_
         ctx.kv_clear()
         ctx.decode(w, logits="none")
     return ctx.neuron_counts()
-
-
-def save_counts(counts: np.ndarray, out: Path) -> None:
-    import torch   # an offline tool: torch writes the .pt files the original tools read
-    out.mkdir(parents=True, exist_ok=True)
-    for il, c in enumerate(counts):
-        torch.save(torch.tensor(c.astype(np.float32)), out / f"activation_{il}.pt")
 
 
 def summary(counts: np.ndarray, n_tokens: int) -> str:
@@ -107,7 +101,9 @@ def main(argv=None) -> int:
         windows = token_windows(model, a)
         counts = profile(model, windows, a.threads, a.batch)
         out = Path(a.out) if a.out else Path(model.path).parent / "activation"
-        save_counts(counts, out)
+        import torch   # an offline tool: torch writes the .pt files, as profile_activations.py does
+        from profile_activations import write_activations
+        write_activations([torch.from_numpy(c) for c in counts], str(out))
     except (ValueError, OSError, pi.ModelLoadError, pi.PowerInferError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1

@@ -25,9 +25,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
-from test_kquants import (BLOCK, BLOCK_ULPS, DOT_LAMBDA, NAME, Q2_K, Q3_K, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, U32, bits_equal,  # noqa: E402
-                          c_mul_mat, c_quantize, np_dequant, np_dequant_act, np_quantize_q8_0, np_quantize_q8_K,
-                          random_blocks, scalar_lib)
+from test_kquants import (BLOCK, BLOCK_ULPS, DOT_LAMBDA, NAME, Q2_K, Q3_K, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, U32,  # noqa: E402
+                          bits_equal, c_mul_mat, c_quantize, np_dequant, np_dequant_act, np_quantize_q8_0,
+                          np_quantize_q8_K, random_blocks, scalar_lib)
 
 TYPES = [Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 TNAME = {**NAME, Q8_0: "q8_0"}

@@ -237,7 +237,8 @@ def test_neuron_counts(tmp_path):
     assert counts.shape == (2, 1100) and counts.max() <= len(PROMPT)
     assert np.array_equal(counts.sum(axis=1), active) and 0 < active.min()
     assert 0 < (counts == 0).sum() and 0 < (counts == len(PROMPT)).sum()         # cold and always-on neurons
-    assert np.array_equal(ours, logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT))  # counting changes nothing
+    plain = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
+    assert np.array_equal(ours, plain)                                         # counting changes nothing
     ctx.sparse_stats_reset()
     assert not ctx.neuron_counts().any()
     steps = pi.Context(model, n_ctx=64, kv_type="f32", count_neurons=True)
@@ -268,7 +269,8 @@ def test_profile_sparse_tool(tmp_path, capsys):
     assert profile_sparse.main([str(path), str(text), "--ctx", "32", "-t", "2"]) == 0
     acts = np.stack(gpu_split.load_activations(tmp_path / "activation", 2, 1100))
     model = pi.Model(path)
-    windows = profile_sparse.token_windows(model, profile_sparse._parser().parse_args([str(path), str(text), "--ctx", "32"]))
+    args = profile_sparse._parser().parse_args([str(path), str(text), "--ctx", "32"])
+    windows = profile_sparse.token_windows(model, args)
     assert len(windows) > 1 and all(w[0] == model.tokenizer.bos_id and len(w) <= 32 for w in windows)
     ctx = pi.Context(model, n_ctx=32, count_neurons=True)
     for w in windows:
@@ -278,8 +280,8 @@ def test_profile_sparse_tool(tmp_path, capsys):
     assert "hottest 10% share" in capsys.readouterr().out
     assert profile_sparse.main([str(path), "--random", "40", "--out", str(tmp_path / "r")]) == 0
     assert np.stack(gpu_split.load_activations(tmp_path / "r", 2, 1100)).sum() > 0
-    for args in ([str(path)], [str(path), str(tmp_path / "missing.txt")], [str(tmp_path / "none.gguf"), "--random", "4"],
-                 [str(path), "--random", "4", "--ctx", "1"]):
+    for args in ([str(path)], [str(path), str(tmp_path / "missing.txt")],
+                 [str(tmp_path / "none.gguf"), "--random", "4"], [str(path), "--random", "4", "--ctx", "1"]):
         capsys.readouterr()
         assert profile_sparse.main(args) == 1
         err = capsys.readouterr().err

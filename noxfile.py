@@ -40,6 +40,22 @@ def scalar(session: nox.Session) -> None:
 
 
 @nox.session
+def isa(session: nox.Session) -> None:
+    """The test suite once per CPU kernel level this machine runs (POWERINFER_ISA=scalar, avx2, ...):
+    nox -s isa [-- LEVEL ...]. Levels the CPU lacks are reported and skipped."""
+    session.install(".[test]")
+    levels = [a for a in session.posargs if not a.startswith("-")] or ["scalar", "avx2", "avx512", "amx"]
+    args = [a for a in session.posargs if a.startswith("-")]
+    probe = "import sys, powerinfer as pi; sys.exit(0 if pi.cpu_isa_supported(sys.argv[1]) else 1)"
+    for level in levels:
+        if subprocess.run(["python", "-c", probe, level], env={**os.environ, "POWERINFER_ISA": ""},
+                          cwd=session.create_tmp()).returncode != 0:
+            session.log(f"{level}: not supported by this CPU/build, skipped")
+            continue
+        session.run("python", "-m", "pytest", "-q", *args, env={"POWERINFER_ISA": level})
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """pp128/pp512/tg128 of a model, ours and llama.cpp's with the ratio: nox -s bench -- -m MODEL.gguf.
 

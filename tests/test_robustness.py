@@ -556,7 +556,19 @@ def test_pwri_with_a_non_relu_activation(tmp_path):
 def test_error_info_functions():
     assert isinstance(last_error(), str)
     info = ffi.string(lib.pi_system_info()).decode()
-    assert "AVX" in info and "NEON" in info
+    assert "CPU_ISA = " in info and "NEON" in info
+
+
+def test_cpu_isa_functions():
+    level = ffi.string(lib.pi_cpu_isa()).decode()
+    for bad in (ffi.NULL, b"", b"AVX2", b"avx2 ", b"x" * 5000):
+        assert lib.pi_cpu_isa_supported(bad) == 0
+        poison_error()
+        expect(lib.pi_cpu_isa_set(bad), INVALID, "unknown ISA level")
+        assert ffi.string(lib.pi_cpu_isa()).decode() == level
+    assert lib.pi_cpu_isa_supported(b"scalar") == 1
+    assert lib.pi_cpu_isa_set(level.encode()) == lib.PI_OK
+    assert lib.pi_cpu_isa_env_error() == ffi.NULL or os.environ.get("POWERINFER_ISA")
 
 
 @pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 16, 39, 44, 1000, INT32_MAX])   # 40..43: internal (test_ops)
@@ -1601,6 +1613,7 @@ COVERED = {
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset", "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",
+    "pi_cpu_isa", "pi_cpu_isa_supported", "pi_cpu_isa_set", "pi_cpu_isa_env_error",
 }
 
 

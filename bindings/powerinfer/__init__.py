@@ -10,10 +10,31 @@ from .tokenizer import StreamDecoder, Tokenizer
 __version__ = "0.1.0"
 
 __all__ = ["Context", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError", "Sampler", "SamplingParams",
-           "StreamDecoder", "Tokenizer", "system_info", "__version__"]
+           "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "set_cpu_isa", "system_info", "__version__"]
+
+CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx")   # lowest first
 
 
 def system_info() -> str:
-    """The SIMD features libpowerinfer was built with."""
+    """The CPU kernel level in use, the levels this CPU runs, and its SIMD features."""
     from ._ffi import ffi, lib
     return ffi.string(lib.pi_system_info()).decode()
+
+
+def cpu_isa() -> str:
+    """The CPU kernel level in use: "scalar", "avx2", "avx512" or "amx" ($POWERINFER_ISA sets it at start)."""
+    from ._ffi import ffi, lib
+    return ffi.string(lib.pi_cpu_isa()).decode()
+
+
+def cpu_isa_supported(level: str) -> bool:
+    """Whether this build has the level and this CPU runs it."""
+    from ._ffi import lib
+    return bool(lib.pi_cpu_isa_supported(level.encode()))
+
+
+def set_cpu_isa(level: str) -> None:
+    """Switch the CPU kernels of the whole process to `level` (every level computes the same bits;
+    not while another thread is inside the library). Raises PowerInferError if it cannot run here."""
+    from ._ffi import check, lib
+    check(lib.pi_cpu_isa_set(level.encode()), "set_cpu_isa")

@@ -62,6 +62,8 @@ def _cdef_source(header: str) -> str:
 ffi = cffi.FFI()
 ffi.cdef(_cdef_source(_header_path().read_text()))
 lib = ffi.dlopen(str(_library_path()))
+if lib.pi_cpu_isa_env_error() != ffi.NULL:   # a POWERINFER_ISA the library could not apply
+    raise ImportError("powerinfer: " + ffi.string(lib.pi_cpu_isa_env_error()).decode())
 
 
 def last_error() -> str:

@@ -106,8 +106,22 @@ enum {  /* unary and binary elementwise ops */
 
 /* Message of the last failed call on this thread ("" if none). */
 PI_API const char *pi_last_error(void);
-/* "AVX2 = 1 | AVX512 = 1 | ... " describing this build. */
+/* "CPU_ISA = avx512 (of scalar, avx2, avx512) | AVX2 = 1 | AVX512 = 1 | ... ": the kernels in use, the
+ * levels this CPU runs, and its features. */
 PI_API const char *pi_system_info(void);
+
+/* ---- CPU kernels: one build, the ISA level chosen at run time ----------
+ * Levels, lowest first: "scalar" (portable C), "avx2" (AVX2, FMA, F16C), "avx512" (AVX-512 F/BW/VL/DQ/CD
+ * and VNNI), "amx" (AMX tiles, with AVX512-BF16). At load the library takes the best level that this build
+ * includes and this CPU and OS run, or the one $POWERINFER_ISA names if that is supported and not higher.
+ * Every level computes the same bits (docs/design.md, "numeric contract"). */
+PI_API const char *pi_cpu_isa(void);                     /* the level in use */
+PI_API int32_t     pi_cpu_isa_supported(const char *name); /* 1 if the build has it and this CPU runs it */
+/* Switches the level for the whole process; models and contexts made at any level work at any other.
+ * Not while other calls into the library run. */
+PI_API pi_status   pi_cpu_isa_set(const char *name);
+/* Why $POWERINFER_ISA was not applied at load (NULL if it was, or is unset). */
+PI_API const char *pi_cpu_isa_env_error(void);
 
 /* ---- dtypes ------------------------------------------------------------ */
 

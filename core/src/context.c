@@ -296,9 +296,9 @@ static void ffn_act_task(void *p, int ith, int nth) {
     for (int64_t i = i0; i < i1; i += 256) {
         const int64_t n = PI_MIN(256, i1 - i);
         float *up = a->up + i;
-        if (a->mode == PI_FFN_SEQ) { pi_activation_row(a->act, n, up, up); continue; }
-        pi_activation_row(a->act, n, a->gate + i, g);
-        if (a->mode == PI_FFN_SYM) pi_activation_row(a->act, n, up, up);
+        if (a->mode == PI_FFN_SEQ) { pi_cpu()->activation_row(a->act, n, up, up); continue; }
+        pi_cpu()->activation_row(a->act, n, a->gate + i, g);
+        if (a->mode == PI_FFN_SYM) pi_cpu()->activation_row(a->act, n, up, up);
         for (int64_t k = 0; k < n; k++) up[k] = g[k] * up[k];
     }
 }

@@ -67,82 +67,49 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
 
 /* ---- the table ---- */
 
-#if PI_HAVE_ROWS8
-#define Q4_0_DOT8    pi_vec_dot8_q4_0_q8_0s
-#define Q4_0_AXPY8   pi_axpy8_q4_0
-#define Q4_0_REPACK  PI_TYPE_Q4_0X8
-#define Q4_0X8_GEMM  pi_gemm8_q4_0x8_q8_0s
-#define Q4_0R_AXPY8  pi_axpy8_q4_0r
-#define F16_AXPY8    pi_axpy8_f16
-#if defined(__AVX512F__)
-#define F16_DOT8     NULL
-#define BF16_DOT8    NULL
-#else
-#define F16_DOT8     pi_vec_dot8_f16_f32
-#define BF16_DOT8    pi_vec_dot8_bf16_f32
-#endif
-#define Q5_0_DOT8    pi_vec_dot8_q5_0_q8_0s
-#define Q8_0_DOT8    pi_vec_dot8_q8_0_q8_0
-#define Q2_K_DOT8    pi_vec_dot8_q2_K_q8_K
-#define Q3_K_DOT8    pi_vec_dot8_q3_K_q8_K
-#define Q4_K_DOT8    pi_vec_dot8_q4_K_q8_K
-#define Q5_K_DOT8    pi_vec_dot8_q5_K_q8_K
-#define Q6_K_DOT8    pi_vec_dot8_q6_K_q8_K
-#else
-#define Q5_0_DOT8    NULL
-#define Q8_0_DOT8    NULL
-#define Q2_K_DOT8    NULL
-#define Q3_K_DOT8    NULL
-#define Q4_K_DOT8    NULL
-#define Q5_K_DOT8    NULL
-#define Q6_K_DOT8    NULL
-#define Q4_0_DOT8    NULL
-#define Q4_0_AXPY8   NULL
-#define Q4_0_REPACK  0
-#define Q4_0X8_GEMM  NULL
-#define Q4_0R_AXPY8  NULL
-#define F16_AXPY8    NULL
-#define F16_DOT8     NULL
-#define BF16_DOT8    NULL
-#endif
-
-static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
-    /*               name    block bytes to_f32       from_f32              vec_dot_type  vec_dot               axpy */
-    [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,         PI_TYPE_F32,  pi_vec_dot_f32_f32,   pi_axpy_f32_row },
-    [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,         PI_TYPE_F32,  pi_vec_dot_f16_f32,   pi_axpy_f16,
-                       .vec_dot8 = F16_DOT8, .axpy8 = F16_AXPY8 },
-    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,        PI_TYPE_F32,  pi_vec_dot_bf16_f32,  pi_axpy_bf16,
-                       .vec_dot8 = BF16_DOT8 },
-    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,        PI_TYPE_Q8_0S, pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0,
-                       .vec_dot8 = Q4_0_DOT8, .axpy8 = Q4_0_AXPY8, .repacked_type = Q4_0_REPACK },
-    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, pi_quantize_row_q8_0, PI_TYPE_Q8_0, pi_vec_dot_q8_0_q8_0, pi_axpy_q8_0,
-                       .vec_dot8 = Q8_0_DOT8 },
+/* What a type is (layout, conversions, activation type), whatever the CPU; the kernels come from the
+ * active ISA level's table (pi_traits_fill). */
+static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
+    /*               name    block bytes to_f32       from_f32          vec_dot_type */
+    [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,     PI_TYPE_F32 },
+    [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,     PI_TYPE_F32 },
+    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,    PI_TYPE_F32 },
+    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,    PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q4_0X8 },
+    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0 },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
-    [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q4_1_q8_1, pi_axpy_q4_1 },
-    [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0S, pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0,
-                       .vec_dot8 = Q5_0_DOT8 },
-    [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q5_1_q8_1, pi_axpy_q5_1 },
-    [PI_TYPE_Q8_1] = { "q8_1", 32,  40,  pi_q8_1_to_f32, pi_q8_1_from_f32, PI_TYPE_Q8_1, pi_vec_dot_q8_1_q8_1, pi_axpy_q8_1 },
-    [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q2_K_q8_K, pi_axpy_q2_K,
-                       .vec_dot8 = Q2_K_DOT8 },
-    [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q3_K_q8_K, pi_axpy_q3_K,
-                       .vec_dot8 = Q3_K_DOT8 },
-    [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q4_K_q8_K, pi_axpy_q4_K,
-                       .vec_dot8 = Q4_K_DOT8 },
-    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K,
-                       .vec_dot8 = Q5_K_DOT8 },
-    [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q6_K_q8_K, pi_axpy_q6_K,
-                       .vec_dot8 = Q6_K_DOT8 },
-    [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q8_K_q8_K, pi_axpy_q8_K },
-    /* internal types: an activation format, and an interleaved weight layout (no row access: no
-     * conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0) */
-    [PI_TYPE_Q8_0S]  = { "q8_0s", 32, 36, pi_q8_0s_to_f32, pi_quantize_row_q8_0s, PI_TYPE_Q8_0S, NULL, NULL },
-    [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S, NULL, NULL,
-                         .gemm8 = Q4_0X8_GEMM, .repack8 = pi_repack8_q4_0x8 },
-    [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, pi_q4_0r_to_f32, NULL, PI_TYPE_Q8_0P, pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r,
-                         .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p, .axpy8 = Q4_0R_AXPY8 },
-    [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, pi_q8_0p_to_f32, pi_quantize_row_q8_0p, PI_TYPE_Q8_0P, NULL, NULL },
+    [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1 },
+    [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0S },
+    [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1 },
+    [PI_TYPE_Q8_1] = { "q8_1", 32,  40,  pi_q8_1_to_f32, pi_q8_1_from_f32, PI_TYPE_Q8_1 },
+    [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K },
+    [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K },
+    [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_K },
+    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K },
+    [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K },
+    [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
+    /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
+     * no conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0), the sparse FFN's
+     * packed rows */
+    [PI_TYPE_Q8_0S]  = { "q8_0s", 32, 36, NULL, NULL, PI_TYPE_Q8_0S },
+    [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },
+    [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P },
+    [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, NULL, NULL, PI_TYPE_Q8_0P },
 };
+
+void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]) {
+    for (int32_t t = 0; t < PI_TYPE_TABLE_END; t++) {
+        const pi_type_kernels *kt = &k->type[t];
+        out[t] = formats[t];
+        out[t].vec_dot = kt->vec_dot;
+        out[t].axpy = kt->axpy;
+        out[t].vec_dot8 = kt->vec_dot8;
+        out[t].axpy8 = kt->axpy8;
+        out[t].gemm8 = kt->gemm8;
+        out[t].repack8 = kt->repack8;
+        if (kt->to_f32) out[t].to_f32 = kt->to_f32;
+        if (kt->from_f32) out[t].from_f32 = kt->from_f32;
+    }
+}
 _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18, "internal block sizes");
 
 /* The block structs must have exactly the GGUF sizes. */
@@ -153,8 +120,8 @@ _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && si
                "K-quant block sizes");
 
 const pi_type_traits *pi_traits(int32_t type) {
-    if (type < 0 || type >= PI_TYPE_TABLE_END || traits[type].block_size == 0) return NULL;
-    return &traits[type];
+    if (type < 0 || type >= PI_TYPE_TABLE_END || formats[type].block_size == 0) return NULL;
+    return pi_cpu_traits() + type;
 }
 
 /* GGUF weight types the core computes with (the internal types are not among them). */

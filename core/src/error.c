@@ -1,4 +1,4 @@
-/* error.c: thread-local last-error message and the build's system info line. */
+/* error.c: the thread-local last-error message. */
 #include "internal.h"
 
 #include <stdarg.h>
@@ -17,49 +17,3 @@ pi_status pi_fail(pi_status status, const char *fmt, ...) {
 void pi_clear_error(void) { last_error[0] = '\0'; }
 
 const char *pi_last_error(void) { return last_error; }
-
-const char *pi_system_info(void) {
-    return "AVX = "
-#ifdef __AVX__
-        "1"
-#else
-        "0"
-#endif
-        " | AVX2 = "
-#ifdef __AVX2__
-        "1"
-#else
-        "0"
-#endif
-        " | AVX512F = "
-#ifdef __AVX512F__
-        "1"
-#else
-        "0"
-#endif
-        " | AVX512_VNNI = "
-#ifdef __AVX512VNNI__
-        "1"
-#else
-        "0"
-#endif
-        " | F16C = "
-#ifdef __F16C__
-        "1"
-#else
-        "0"
-#endif
-        " | FMA = "
-#ifdef __FMA__
-        "1"
-#else
-        "0"
-#endif
-        " | NEON = "
-#ifdef __ARM_NEON
-        "1"
-#else
-        "0"
-#endif
-        ;
-}

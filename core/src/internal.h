@@ -84,54 +84,37 @@ const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cann
 /* ---- fp16 / bf16 conversions (fp16.h) ---- */
 #include "fp16.h"
 
-/* ---- SIMD kernels (arch/vec_dot.c); each has a scalar fallback ---- */
-float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
-float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
-float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
-void  pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
-float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x);
-void  pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
-void  pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n);
-void  pi_q8_0s_to_f32(const void *src, float *dst, int64_t n);
-/* ---- 8-row kernels and the interleaved Q4_0 layout (arch/rows8.c); AVX2 only ---- */
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define PI_HAVE_ROWS8 1
-void  pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                             float *y, int64_t y_stride);
-void  pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
-                            float *y, int64_t y_stride);
-void  pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
-void  pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
-#if !defined(__AVX512F__)
-void  pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                          int64_t y_stride);
-void  pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride);
-#endif
-#else
-#define PI_HAVE_ROWS8 0   /* scalar build: mul_mat goes row by row and nothing is repacked */
-#endif
-void  pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
-/* ---- the sparse FFN's Q4_0 layout (arch/q4_0r.c); n a multiple of 256 ---- */
-void  pi_q4_0r_from_q4_0(int64_t n, const void *src, void *dst);
-void  pi_q4_0r_to_f32(const void *src, float *dst, int64_t n);
-void  pi_quantize_row_q8_0p(const float *src, void *dst, int64_t n);
-void  pi_q8_0p_to_f32(const void *src, float *dst, int64_t n);
-float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x);
-void  pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                              int64_t y_stride);
-void  pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y);
-#if PI_HAVE_ROWS8
-void  pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y);
-#endif
-float pi_dot_f32(int64_t n, const float *a, const float *b);
-void  pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
-void  pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);
-void  pi_axpy_f16(int64_t n, float a, const void *row, float *y);
-void  pi_axpy_bf16(int64_t n, float a, const void *row, float *y);
-void  pi_axpy_q4_0(int64_t n, float a, const void *row, float *y);
-void  pi_axpy_q8_0(int64_t n, float a, const void *row, float *y);
+/* ---- CPU kernels: one table per ISA level (arch/level.c), one level active (cpu.c) ----
+ * The kernels of arch/ are compiled once per level (scalar, avx2, avx512, amx) into one translation
+ * unit each (arch/level.c), where they are static; a level exports only its table. The level is
+ * chosen once at library load (the best the CPU supports, or POWERINFER_ISA), pi_cpu_isa_set can
+ * lower it. Every level gives the scalar level's bits (the numeric contract, docs/design.md). */
+typedef struct pi_type_kernels {
+    pi_vec_dot_fn  vec_dot;
+    pi_axpy_fn     axpy;
+    pi_vec_dot8_fn vec_dot8;    /* optional */
+    pi_axpy8_fn    axpy8;       /* optional */
+    pi_gemm8_fn    gemm8;       /* interleaved layouts */
+    pi_repack8_fn  repack8;     /* interleaved layouts */
+    pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
+    pi_from_f32_fn from_f32;
+} pi_type_kernels;
+
+typedef struct pi_cpu_kernels {
+    const char     *isa;        /* "scalar", "avx2", "avx512", "amx" */
+    pi_type_kernels type[PI_TYPE_TABLE_END];
+    /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
+    void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);
+    /* y[i] = op(x[i]) for a row (SiLU/GELU/ReLU; y may alias x); an element's result depends only on its value */
+    void (*activation_row)(int32_t op, int64_t n, const float *x, float *y);
+    /* one Q4_0 row -> the sparse FFN's PI_TYPE_Q4_0R row (n a multiple of 256) */
+    void (*q4_0r_from_q4_0)(int64_t n, const void *src, void *dst);
+} pi_cpu_kernels;
+
+const pi_cpu_kernels *pi_cpu(void);          /* the active level's kernels (cpu.c) */
+const pi_type_traits *pi_cpu_traits(void);   /* [PI_TYPE_TABLE_END]: every type's traits at the active level */
+/* The traits of every type with k's kernels (dtype.c; cpu.c fills one table per compiled level). */
+void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]);
 
 /* Block layouts (spec section 8). */
 #define PI_QK4_0 32
@@ -160,9 +143,6 @@ bool      pi_is_contiguous_rows(const pi_tensor *t);   /* dim 0 contiguous */
 size_t    pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T);
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch);
 float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value (libm) */
-/* y[i] = op(x[i]) for a row (arch/activation.c: AVX2 exp-based SiLU/GELU; y may alias x). Each element's
- * result depends only on its value, not on its position or the row length. */
-void      pi_activation_row(int32_t op, int64_t n, const float *x, float *y);
 /* pi_op_rope with per-pair frequency factors (theta_i /= freq_factors[i], n_rot/2 of them; NULL: none),
  * llama.cpp's rope_freqs of Llama 3.1+ files. Arguments are not checked. */
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,

@@ -395,7 +395,7 @@ static void unary_task(void *p, int ith, int nth) {
         const int64_t i1 = r % a->x->ne[1], i2 = (r / a->x->ne[1]) % a->x->ne[2], i3 = r / (a->x->ne[1] * a->x->ne[2]);
         const float *x = ROW_F32(a->x, i1, i2, i3);
         float *y = ROW_F32(a->out, i1, i2, i3);
-        pi_activation_row(a->op, D, x, y);
+        pi_cpu()->activation_row(a->op, D, x, y);
     }
 }
 
@@ -474,6 +474,7 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
         kbase[j] = (const char *)a->k->data + (h0 + j) / group * a->k->nb[1];
         vbase[j] = (const char *)a->v->data + (h0 + j) / group * a->v->nb[1];
     }
+    void (*const dot4)(int64_t, const void *const *, const float *, float *) = pi_cpu()->vec_dot4_f16_f32;
     for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four at a time where possible */
         if (mask && mask[c] == -INFINITY) continue;
         if (a->k->type == PI_TYPE_F16 && c + 4 <= n_kv && (!mask || (mask[c + 1] != -INFINITY &&
@@ -481,7 +482,7 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
             for (int64_t j = 0; j < nh; j++) {
                 const void *rows[4] = { kbase[j] + c * a->k->nb[2], kbase[j] + (c + 1) * a->k->nb[2],
                                         kbase[j] + (c + 2) * a->k->nb[2], kbase[j] + (c + 3) * a->k->nb[2] };
-                pi_vec_dot4_f16_f32(hd, rows, q[j], scores + j * n_kv + c);
+                dot4(hd, rows, q[j], scores + j * n_kv + c);
             }
             c += 3;
             continue;

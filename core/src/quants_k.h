@@ -80,45 +80,4 @@ void pi_q5_K_from_f32(const float *src, void *dst, int64_t n);
 void pi_q6_K_from_f32(const float *src, void *dst, int64_t n);
 void pi_q8_K_from_f32(const float *src, void *dst, int64_t n);
 
-/* ---- dot products and axpy (arch/vec_dot_k.c), SIMD with scalar fallbacks ---- */
-float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q2_K_q8_K(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q3_K_q8_K(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x);
-float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
-
-/* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
-#if PI_HAVE_ROWS8
-void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                            float *y, int64_t y_stride);
-void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-void pi_vec_dot8_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-#endif
-
-void pi_axpy_q4_1(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q5_0(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q5_1(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q8_1(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q2_K(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q3_K(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q4_K(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q5_K(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q6_K(int64_t n, float a, const void *row, float *y);
-void pi_axpy_q8_K(int64_t n, float a, const void *row, float *y);
-
 #endif

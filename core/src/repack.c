@@ -71,7 +71,7 @@ static void pack_task(void *p, int ith, int nth) {
     for (int64_t i = F * ith / nth; i < F * (ith + 1) / nth; i++)
         for (int m = 0; m < 3; m++)
             if (dst[m]->data)
-                pi_q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1], (char *)dst[m]->data + i * a->stride);
+                pi_cpu()->q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1], (char *)dst[m]->data + i * a->stride);
 }
 
 pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst,

@@ -4,10 +4,11 @@
  * degree-6 polynomial for e^r, 2^n through the exponent bits), within 2 ulp of expf, and builds
  * SiLU = x / (1 + e^-x) and GELU = x / (1 + e^-2u) = 0.5 x (1 + tanh u) from it (the same tanh
  * approximation of GELU as ggml). Every element goes through the vector code, the tail through a
- * padded copy, so an element's result does not depend on its position in the row. The scalar build
- * uses libm (pi_activation); the two agree within the tolerances of tests/test_ops.py. */
+ * padded copy, so an element's result does not depend on its position in the row. The scalar level
+ * does the same operations one element at a time: every level gives the same bits. */
 #include "../internal.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -63,8 +64,39 @@ void pi_activation_row(int32_t op, int64_t n, const float *x, float *y) {
 
 #else
 
+/* The vector code's arithmetic one element at a time (the same operations, fused where it fuses), so
+ * every level gives the same bits. */
+static inline float exp1(float x) {
+    x = x < 89.0f ? x : 89.0f;          /* min(89, x), max(-103.97, x): NaN stays NaN, as the vector code */
+    x = -103.97f > x ? -103.97f : x;
+    if (x != x) return x;
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(-n, 0.693359375f, x);
+    r = fmaf(-n, -2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
+    const int32_t ni = (int32_t)n, half = ni >= 0 ? ni / 2 : -((1 - ni) / 2);   /* ni >> 1, arithmetic */
+    return p * pi_bits_to_f32((uint32_t)(half + 127) << 23) * pi_bits_to_f32((uint32_t)(ni - half + 127) << 23);
+}
+
+static inline float act1(int32_t op, float x) {
+    switch (op) {
+        case PI_UNARY_RELU: return x > 0.0f ? x : 0.0f;
+        case PI_UNARY_SILU: return x / (1.0f + exp1(0.0f - x));
+        default: {
+            const float u = 0.7978845608028654f * fmaf(0.044715f, x * x * x, x);
+            return x / (1.0f + exp1(-2.0f * u));
+        }
+    }
+}
+
 void pi_activation_row(int32_t op, int64_t n, const float *x, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = pi_activation(op, x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = act1(op, x[i]);
 }
 
 #endif

@@ -19,6 +19,7 @@
  * contiguous stream. */
 #include "../internal.h"
 
+#include <math.h>
 #include <string.h>
 
 #if PI_HAVE_ROWS8
@@ -152,6 +153,28 @@ void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y)
         pi_load4_ps(y + b * PI_QK4_0, yb);
         for (int k = 0; k < 8; k++) pi_q4_0_axpy_block(_mm256_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d)), r[k][b].qs, yb);
         pi_store4_ps(y + b * PI_QK4_0, yb);
+    }
+}
+
+#else   /* scalar: the canonical order of pi_vec_dot_q4_0_q8_0s per (row, token) */
+
+void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) {
+    const pi_block_q4_0x8 *g = group;
+    for (int t = 0; t < nt; t++) {
+        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride);
+        for (int r = 0; r < 8; r++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < n / PI_QK4_0; b++) {
+                int32_t s = 0;
+                for (int j = 0; j < PI_QK4_0 / 2; j++) {   /* byte j of row r: elements j and j + 16 */
+                    const uint8_t q = g[b].qs[32 * (j / 4) + 4 * r + j % 4];
+                    s += (q & 0x0f) * xb[b].qs[j] + (q >> 4) * xb[b].qs[j + PI_QK4_0 / 2];
+                }
+                acc = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)(s - 8 * xb[b].s), acc);
+            }
+            y[t * y_stride + r] = acc;
+        }
     }
 }
 

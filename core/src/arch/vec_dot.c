@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #if defined(__AVX2__)
@@ -19,36 +19,36 @@
 
 float pi_dot_f32(int64_t n, const float *a, const float *b) {
     int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-    }
-    sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#elif defined(__AVX2__) && defined(__FMA__)
+    float sum;
+#if defined(__AVX2__) && defined(__FMA__)
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (; i + 16 <= n; i += 16) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
     }
     sum = pi_hsum_ps(_mm256_add_ps(acc0, acc1));
+#else   /* the same order: two 8-lane accumulators, added lane by lane, then the tree */
+    float p0[8] = { 0 }, p1[8] = { 0 };
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 8; j++) {
+            p0[j] = fmaf(a[i + j], b[i + j], p0[j]);
+            p1[j] = fmaf(a[i + 8 + j], b[i + 8 + j], p1[j]);
+        }
+    for (int j = 0; j < 8; j++) p0[j] += p1[j];
+    sum = pi_tree8(p0);
 #endif
-    for (; i < n; i++) sum += a[i] * b[i];   /* leftovers, or the whole scalar path */
+    for (; i < n; i++) sum += a[i] * b[i];   /* leftovers */
     return sum;
 }
 
 void pi_axpy_f32(int64_t n, float a, const float *x, float *y) {
     int64_t i = 0;
-#if defined(__AVX512F__)
-    const __m512 va = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-#elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__)
     const __m256 va = _mm256_set1_ps(a);
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#else
+    for (; i < n / 8 * 8; i++) y[i] = fmaf(a, x[i], y[i]);   /* fused, as the vector body */
 #endif
     for (; i < n; i++) y[i] += a * x[i];
 }
@@ -59,23 +59,19 @@ float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x) {
     const uint16_t *a = w;
     const float *b = x;
     int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (; i + 32 <= n; i += 32) {
-        __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i)));
-        __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i + 16)));
-        acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(b + i), acc0);
-        acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(b + i + 16), acc1);
-    }
-    sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    float sum;
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
     __m256 acc0 = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
         __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));
         acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(b + i), acc0);
     }
     sum = pi_hsum_ps(acc0);
+#else   /* the same order: one 8-lane accumulator, then the tree */
+    float p[8] = { 0 };
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) p[j] = fmaf(pi_fp16_to_f32(a[i + j]), b[i + j], p[j]);
+    sum = pi_tree8(p);
 #endif
     for (; i < n; i++) sum += pi_fp16_to_f32(a[i]) * b[i];
     return sum;
@@ -85,7 +81,7 @@ float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x) {
  * row keeps its own accumulator in the same order); the four chains run interleaved, which hides the
  * fma latency that a single dot product waits on (attention scores over the KV cache). */
 void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out) {
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
     const uint16_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -108,21 +104,19 @@ float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
     const uint16_t *a = w;
     const float *b = x;
     int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 acc0 = _mm512_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        __m512i wi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(a + i))), 16);
-        acc0 = _mm512_fmadd_ps(_mm512_castsi512_ps(wi), _mm512_loadu_ps(b + i), acc0);
-    }
-    sum = _mm512_reduce_add_ps(acc0);
-#elif defined(__AVX2__) && defined(__FMA__)
+    float sum;
+#if defined(__AVX2__) && defined(__FMA__)
     __m256 acc0 = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
         __m256i wi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a + i))), 16);
         acc0 = _mm256_fmadd_ps(_mm256_castsi256_ps(wi), _mm256_loadu_ps(b + i), acc0);
     }
     sum = pi_hsum_ps(acc0);
+#else   /* the same order: one 8-lane accumulator, then the tree */
+    float p[8] = { 0 };
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) p[j] = fmaf(pi_bf16_to_f32(a[i + j]), b[i + j], p[j]);
+    sum = pi_tree8(p);
 #endif
     for (; i < n; i++) sum += pi_bf16_to_f32(a[i]) * b[i];
     return sum;
@@ -290,18 +284,14 @@ void pi_axpy_f32_row(int64_t n, float a, const void *row, float *y) { pi_axpy_f3
 void pi_axpy_f16(int64_t n, float a, const void *row, float *y) {
     const uint16_t *x = row;
     int64_t i = 0;
-#if defined(__AVX512F__)
-    const __m512 va = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16) {
-        const __m512 xv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, xv, _mm512_loadu_ps(y + i)));
-    }
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
     const __m256 va = _mm256_set1_ps(a);
     for (; i + 8 <= n; i += 8) {
         const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
     }
+#else
+    for (; i < n / 8 * 8; i++) y[i] = fmaf(a, pi_fp16_to_f32(x[i]), y[i]);   /* fused, as the vector body */
 #endif
     for (; i < n; i++) y[i] += a * pi_fp16_to_f32(x[i]);
 }
@@ -331,7 +321,6 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
     for (int k = 0; k < 8; k++) pi_axpy_f16(n - i, a[k], x[k] + i, y + i);   /* the rest: n % 32 < 8 too */
 }
 
-#if !defined(__AVX512F__)   /* there the single-row kernels accumulate in 16 lanes: no 8-row kernels */
 /* Eight 16-bit float rows (f16 or bf16) against nt <= PI_DOT8_MAX_T f32 vectors (mul_mat: prompts, batches):
  * y[t y_stride + k] = the single-row kernel's dot product (pi_vec_dot_f16_f32 / pi_vec_dot_bf16_f32), the
  * same bits: each (row, token) keeps its own 8-lane accumulator, fed in the same order, then the same
@@ -387,7 +376,6 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
 HALF_ROWS8(f16, 0)
 HALF_ROWS8(bf16, 1)
 #endif
-#endif
 
 void pi_axpy_bf16(int64_t n, float a, const void *row, float *y) {
     const uint16_t *x = row;
@@ -398,6 +386,8 @@ void pi_axpy_bf16(int64_t n, float a, const void *row, float *y) {
         const __m256i xi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i))), 16);
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_castsi256_ps(xi), _mm256_loadu_ps(y + i)));
     }
+#else
+    for (; i < n / 8 * 8; i++) y[i] = fmaf(a, pi_bf16_to_f32(x[i]), y[i]);   /* fused, as the vector body */
 #endif
     for (; i < n; i++) y[i] += a * pi_bf16_to_f32(x[i]);
 }
@@ -439,8 +429,8 @@ void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y) {
         }
     }
 #endif
-    for (; b < nb; b++) {
+    for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */
         const float s = a * pi_fp16_to_f32(x[b].d);
-        for (int j = 0; j < PI_QK8_0; j++) y[b * PI_QK8_0 + j] += s * (float)x[b].qs[j];
+        for (int j = 0; j < PI_QK8_0; j++) y[b * PI_QK8_0 + j] = fmaf(s, (float)x[b].qs[j], y[b * PI_QK8_0 + j]);
     }
 }

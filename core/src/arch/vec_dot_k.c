@@ -120,6 +120,18 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     return pi_tree8(p);
 }
 
+#if !(defined(__AVX2__) && defined(__FMA__))
+/* acc[j] = fma(d, sum of q[e] y[e] over e = 4j..4j+3, acc[j]): the scalar form of one AVX2 block step of
+ * Q4_1/Q5_1 (32 quants in element order, 8 lanes of 4). */
+static inline void lanes_fma(const uint8_t *q, const int8_t *y, float d, float acc[8]) {
+    for (int j = 0; j < 8; j++) {
+        int32_t s = 0;
+        for (int e = 4 * j; e < 4 * j + 4; e++) s += q[e] * y[e];
+        acc[j] = fmaf(d, (float)s, acc[j]);
+    }
+}
+#endif
+
 /* value = q d + m:  sum = d d_y sum(q q_y) + m s_y,  s_y = d_y sum(q_y) stored in the Q8_1 block */
 float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x) {
     const pi_block_q4_1 *a = w;
@@ -135,14 +147,16 @@ float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x) {
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
     sum = pi_hsum_ps(acc);
-#endif
+#else   /* the same order: lane j = the exact sum over elements 4j..4j+3, one fma chain per lane, the tree */
+    float acc[8] = { 0 };
     for (; i < nb; i++) {
-        int32_t s = 0;
-        for (int j = 0; j < PI_QK / 2; j++)
-            s += (a[i].qs[j] & 0x0f) * b[i].qs[j] + (a[i].qs[j] >> 4) * b[i].qs[j + PI_QK / 2];
-        sum += (float)s * pi_fp16_to_f32(a[i].d) * b[i].d;
+        uint8_t q[PI_QK];
+        for (int j = 0; j < PI_QK / 2; j++) { q[j] = a[i].qs[j] & 0x0f; q[j + PI_QK / 2] = a[i].qs[j] >> 4; }
+        lanes_fma(q, b[i].qs, pi_fp16_to_f32(a[i].d) * b[i].d, acc);
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
+    sum = pi_tree8(acc);
+#endif
     return sum + summ;
 }
 
@@ -162,18 +176,20 @@ float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x) {
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
     sum = pi_hsum_ps(acc);
-#endif
+#else   /* the same order as the AVX2 body (see pi_vec_dot_q4_1_q8_1) */
+    float acc[8] = { 0 };
     for (; i < nb; i++) {
         const uint32_t qh = load_u32(a[i].qh);
-        int32_t s = 0;
+        uint8_t q[PI_QK];
         for (int j = 0; j < PI_QK / 2; j++) {
-            const int q0 = (a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
-            const int q1 = (a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
-            s += q0 * b[i].qs[j] + q1 * b[i].qs[j + PI_QK / 2];
+            q[j] = (uint8_t)((a[i].qs[j] & 0x0f) | ((qh >> j) & 1) << 4);
+            q[j + PI_QK / 2] = (uint8_t)((a[i].qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
         }
-        sum += (float)s * pi_fp16_to_f32(a[i].d) * b[i].d;
+        lanes_fma(q, b[i].qs, pi_fp16_to_f32(a[i].d) * b[i].d, acc);
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
+    sum = pi_tree8(acc);
+#endif
     return sum + summ;
 }
 

@@ -1,0 +1,106 @@
+/* kernels.h: the kernels of arch/, declared static: each ISA level's translation unit (level.c)
+ * compiles all of them with that level's instruction set and exports only its pi_cpu_kernels table, so
+ * the same names exist once per level without clashing. Generic code reaches them through pi_cpu().
+ * Include this before anything else that declares them (quants_k.h's conversions are generic code). */
+#ifndef PI_ARCH_KERNELS_H
+#define PI_ARCH_KERNELS_H
+
+#include "../internal.h"
+
+/* The 8-row kernels and the AVX2 bodies of the others need AVX2 + FMA + F16C: every level above scalar. */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PI_HAVE_ROWS8 1
+#else
+#define PI_HAVE_ROWS8 0   /* the scalar level: mul_mat goes row by row (the same bits) */
+#endif
+
+/* ---- dot products, activation quantizers, axpy (arch/vec_dot.c); each has a scalar body ---- */
+static float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
+static void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
+static float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x);
+static void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
+static void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n);
+static void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n);
+static void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
+/* Q4_0X8 groups at every level (the scalar body in rows8.c), so a repacked model runs at any level. */
+static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                  float *y, int64_t y_stride);
+/* ---- 8-row kernels (arch/rows8.c, vec_dot.c); AVX2 and up ---- */
+#if PI_HAVE_ROWS8
+static void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                             float *y, int64_t y_stride);
+static void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
+static void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
+static void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                          int64_t y_stride);
+static void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride);
+#endif
+/* ---- the sparse FFN's Q4_0 layout (arch/q4_0r.c); n a multiple of 256 ---- */
+static void pi_q4_0r_from_q4_0(int64_t n, const void *src, void *dst);
+static void pi_q4_0r_to_f32(const void *src, float *dst, int64_t n);
+static void pi_quantize_row_q8_0p(const float *src, void *dst, int64_t n);
+static void pi_q8_0p_to_f32(const void *src, float *dst, int64_t n);
+static float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x);
+static void pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride);
+static void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y);
+#if PI_HAVE_ROWS8
+static void pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y);
+#endif
+static float pi_dot_f32(int64_t n, const float *a, const float *b);
+static void pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
+static void pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_f16(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_bf16(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y);
+/* ---- activations (arch/activation.c) ---- */
+static void pi_activation_row(int32_t op, int64_t n, const float *x, float *y);
+
+
+/* ---- dot products and axpy (arch/vec_dot_k.c), SIMD with scalar fallbacks ---- */
+static float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q2_K_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q3_K_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
+
+/* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
+#if PI_HAVE_ROWS8
+static void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                            float *y, int64_t y_stride);
+static void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+#endif
+
+static void pi_axpy_q4_1(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q5_0(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q5_1(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q8_1(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q2_K(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q3_K(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q4_K(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q5_K(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q6_K(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_q8_K(int64_t n, float a, const void *row, float *y);
+
+#endif

@@ -1,0 +1,60 @@
+/* level.c: one ISA level's kernels and their table.
+ *
+ * CMake compiles this file once per level with that level's instruction-set flags and
+ * PI_LEVEL=<name> (scalar, avx2, avx512, amx): the arch/ sources are included here, so their
+ * kernels (declared static in kernels.h) exist once per level without clashing, and the only
+ * symbol a level exports is its table, pi_kernels_<name>. cpu.c picks the table at load time.
+ * Inside the sources, `#if defined(__AVX2__)` and friends select each kernel's body for the level. */
+#include "kernels.h"
+
+#include "vec_dot.c"
+#include "vec_dot_k.c"
+#include "rows8.c"
+#include "rows8_k.c"
+#include "q4_0r.c"
+#include "activation.c"
+
+#if PI_HAVE_ROWS8
+#define ROWS8(kernel) kernel
+#else
+#define ROWS8(kernel) NULL   /* scalar: row by row with vec_dot, the same bits */
+#endif
+
+#define PI_TABLE_NAME(level) PI_TABLE_NAME_(level)
+#define PI_TABLE_NAME_(level) pi_kernels_##level
+#define PI_STR(x) PI_STR_(x)
+#define PI_STR_(x) #x
+
+const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
+    .isa = PI_STR(PI_LEVEL),
+    .type = {
+        /*                 vec_dot                   axpy */
+        [PI_TYPE_F32]  = { pi_vec_dot_f32_f32,    pi_axpy_f32_row },
+        [PI_TYPE_F16]  = { pi_vec_dot_f16_f32,    pi_axpy_f16,  .vec_dot8 = ROWS8(pi_vec_dot8_f16_f32),
+                           .axpy8 = ROWS8(pi_axpy8_f16) },
+        [PI_TYPE_BF16] = { pi_vec_dot_bf16_f32,   pi_axpy_bf16, .vec_dot8 = ROWS8(pi_vec_dot8_bf16_f32) },
+        [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),
+                           .axpy8 = ROWS8(pi_axpy8_q4_0) },
+        [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0,  pi_axpy_q8_0, .vec_dot8 = ROWS8(pi_vec_dot8_q8_0_q8_0),
+                           .from_f32 = pi_quantize_row_q8_0 },
+        [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1 },
+        [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s) },
+        [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1 },
+        [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1 },
+        [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K) },
+        [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8(pi_vec_dot8_q3_K_q8_K) },
+        [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K) },
+        [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8(pi_vec_dot8_q5_K_q8_K) },
+        [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K) },
+        [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K },
+        /* internal types */
+        [PI_TYPE_Q8_0S]  = { .to_f32 = pi_q8_0s_to_f32, .from_f32 = pi_quantize_row_q8_0s },
+        [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .repack8 = pi_repack8_q4_0x8 },
+        [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
+                             .axpy8 = ROWS8(pi_axpy8_q4_0r), .to_f32 = pi_q4_0r_to_f32 },
+        [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },
+    },
+    .vec_dot4_f16_f32 = pi_vec_dot4_f16_f32,
+    .activation_row = pi_activation_row,
+    .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,
+};

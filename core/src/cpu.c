@@ -1,0 +1,181 @@
+/* cpu.c: which ISA level's kernels run (arch/level.c builds one table per level).
+ *
+ * At library load the best level that the build has, the CPU implements and the OS enables is chosen
+ * (cpuid + xgetbv; for AMX also the kernel's permission, arch_prctl), unless POWERINFER_ISA names a
+ * lower one. pi_cpu_isa_set changes it later (tests, users hit by a kernel bug). Each compiled level's
+ * traits table (dtype.c formats + that level's kernels) is built once here, so pi_traits() is a lookup. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define PI_X86 1
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#else
+#define PI_X86 0
+#endif
+
+typedef enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX, ISA_COUNT } isa_level;
+static const char *const isa_names[ISA_COUNT] = { "scalar", "avx2", "avx512", "amx" };
+
+/* The tables CMake compiled in (PI_WITH_<LEVEL>, see CMakeLists.txt). */
+extern const pi_cpu_kernels pi_kernels_scalar;
+#if PI_WITH_AVX2
+extern const pi_cpu_kernels pi_kernels_avx2;
+#endif
+#if PI_WITH_AVX512
+extern const pi_cpu_kernels pi_kernels_avx512;
+#endif
+#if PI_WITH_AMX
+extern const pi_cpu_kernels pi_kernels_amx;
+#endif
+
+static const pi_cpu_kernels *compiled[ISA_COUNT];
+static pi_type_traits traits[ISA_COUNT][PI_TYPE_TABLE_END];
+static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
+static isa_level active = ISA_SCALAR;
+static char env_error[160];           /* why POWERINFER_ISA was not applied ("" if it was, or unset) */
+static char info[512];                /* pi_system_info: the level in use, the levels that run, the features */
+
+#if PI_X86
+static bool cpu_has(unsigned leaf, unsigned sub, int reg, int bit) {
+    unsigned r[4];
+    if (__get_cpuid_max(leaf & 0x80000000u, NULL) < leaf) return false;
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+    return (r[reg] >> bit) & 1;
+}
+enum { EAX, EBX, ECX, EDX };
+
+static uint64_t xcr0(void) {
+    if (!cpu_has(1, 0, ECX, 27)) return 0;   /* OSXSAVE */
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* Linux hands out AMX tile state only to processes that ask for it (ARCH_REQ_XCOMP_PERM). */
+static bool amx_permitted(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return false;
+#endif
+}
+
+static bool cpu_runs(isa_level level) {
+    const uint64_t x = xcr0();
+    const bool avx2 = (x & 0x6) == 0x6 && cpu_has(1, 0, ECX, 28) && cpu_has(7, 0, EBX, 5) &&   /* AVX, AVX2 */
+                      cpu_has(1, 0, ECX, 12) && cpu_has(1, 0, ECX, 29) &&                       /* FMA, F16C */
+                      cpu_has(7, 0, EBX, 3) && cpu_has(7, 0, EBX, 8) && cpu_has(1, 0, ECX, 23) && /* BMI1/2, POPCNT */
+                      cpu_has(0x80000001u, 0, ECX, 5);                                           /* LZCNT */
+    const bool avx512 = avx2 && (x & 0xe0) == 0xe0 &&
+                        cpu_has(7, 0, EBX, 16) && cpu_has(7, 0, EBX, 17) && cpu_has(7, 0, EBX, 28) &&  /* F DQ CD */
+                        cpu_has(7, 0, EBX, 30) && cpu_has(7, 0, EBX, 31) && cpu_has(7, 0, ECX, 11);    /* BW VL VNNI */
+    switch (level) {
+        case ISA_SCALAR: return true;
+        case ISA_AVX2:   return avx2;
+        case ISA_AVX512: return avx512;
+        case ISA_AMX:    return avx512 && cpu_has(7, 1, EAX, 5) &&                             /* AVX512_BF16 */
+                                cpu_has(7, 0, EDX, 24) && cpu_has(7, 0, EDX, 25) && cpu_has(7, 0, EDX, 22) &&
+                                (x & 0x60000) == 0x60000 && amx_permitted();
+        default:         return false;
+    }
+}
+
+static void describe_features(char *out, size_t size) {
+    const uint64_t x = xcr0();
+    const bool ymm = (x & 0x6) == 0x6, zmm = ymm && (x & 0xe0) == 0xe0, tiles = (x & 0x60000) == 0x60000;
+    snprintf(out, size,
+             "AVX = %d | AVX2 = %d | FMA = %d | F16C = %d | AVX512F = %d | AVX512BW = %d | AVX512_VNNI = %d | "
+             "AVX512_BF16 = %d | AMX_INT8 = %d | AMX_BF16 = %d | NEON = 0",
+             ymm && cpu_has(1, 0, ECX, 28), ymm && cpu_has(7, 0, EBX, 5), ymm && cpu_has(1, 0, ECX, 12),
+             cpu_has(1, 0, ECX, 29), zmm && cpu_has(7, 0, EBX, 16), zmm && cpu_has(7, 0, EBX, 30),
+             zmm && cpu_has(7, 0, ECX, 11), zmm && cpu_has(7, 1, EAX, 5), tiles && cpu_has(7, 0, EDX, 25),
+             tiles && cpu_has(7, 0, EDX, 22));
+}
+#else
+static bool cpu_runs(isa_level level) { return level == ISA_SCALAR; }
+static void describe_features(char *out, size_t size) {
+#if defined(__ARM_NEON)
+    snprintf(out, size, "NEON = 1 (no NEON kernels yet)");
+#else
+    snprintf(out, size, "no SIMD kernels for this architecture");
+#endif
+}
+#endif
+
+static int find_level(const char *name) {
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (name && strcmp(name, isa_names[i]) == 0) return i;
+    return -1;
+}
+
+__attribute__((constructor)) static void pi_cpu_init(void) {
+    compiled[ISA_SCALAR] = &pi_kernels_scalar;
+#if PI_WITH_AVX2
+    compiled[ISA_AVX2] = &pi_kernels_avx2;
+#endif
+#if PI_WITH_AVX512
+    compiled[ISA_AVX512] = &pi_kernels_avx512;
+#endif
+#if PI_WITH_AMX
+    compiled[ISA_AMX] = &pi_kernels_amx;
+#endif
+    for (int i = 0; i < ISA_COUNT; i++) {
+        if (!compiled[i]) continue;
+        pi_traits_fill(compiled[i], traits[i]);
+        runs[i] = cpu_runs((isa_level)i);
+        if (runs[i]) active = (isa_level)i;
+    }
+    const char *env = getenv("POWERINFER_ISA");
+    if (env && *env) {
+        const int want = find_level(env);
+        if (want < 0)
+            snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%.40s: unknown level (scalar, avx2, avx512, amx)", env);
+        else if (!runs[want])
+            snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%s: %s", env,
+                     compiled[want] ? "this CPU does not support it" : "this build does not include it");
+        else if (want > (int)active)
+            snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%s: above the best level here (%s)", env,
+                     isa_names[active]);
+        else
+            active = (isa_level)want;
+    }
+}
+
+const char *pi_system_info(void) {
+    char levels[64] = "";
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (runs[i]) snprintf(levels + strlen(levels), sizeof levels - strlen(levels), "%s%s", *levels ? ", " : "", isa_names[i]);
+    char features[384];
+    describe_features(features, sizeof features);
+    snprintf(info, sizeof info, "CPU_ISA = %s (runs: %s) | %s", isa_names[active], levels, features);
+    return info;
+}
+
+const pi_cpu_kernels *pi_cpu(void) { return compiled[active]; }
+const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
+
+const char *pi_cpu_isa(void) { return isa_names[active]; }
+
+int32_t pi_cpu_isa_supported(const char *name) {
+    const int i = find_level(name);
+    return i >= 0 && runs[i];
+}
+
+const char *pi_cpu_isa_env_error(void) { return env_error[0] ? env_error : NULL; }
+
+pi_status pi_cpu_isa_set(const char *name) {
+    const int i = find_level(name);
+    if (i < 0) return pi_fail(PI_ERR_INVALID_ARG, "unknown ISA level '%s' (scalar, avx2, avx512, amx)", name ? name : "");
+    if (!compiled[i]) return pi_fail(PI_ERR_UNSUPPORTED, "ISA level %s is not in this build", name);
+    if (!runs[i]) return pi_fail(PI_ERR_UNSUPPORTED, "this CPU does not support ISA level %s", name);
+    active = (isa_level)i;
+    return PI_OK;
+}

@@ -1,0 +1,219 @@
+"""The CPU kernel levels (scalar, avx2, avx512, amx) against the scalar level: the numeric contract.
+
+Every level must give the scalar level's bits, for every op and every weight type (docs/design.md,
+"Numeric contract"): the integer dot products are exact, and every float sum keeps one order that
+all levels share. Levels this CPU (or build) cannot run are skipped with the reason. The level is
+switched in-process with pi_cpu_isa_set; the whole suite also runs under POWERINFER_ISA=<level>
+(noxfile.py, session `isa`).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import powerinfer as pi  # noqa: E402
+from powerinfer._ffi import PowerInferError, check, ffi, lib  # noqa: E402
+from test_ops import assert_bit_equal, tensor  # noqa: E402
+
+LEVELS = pi.CPU_ISA_LEVELS
+MISSING = {"avx2": "AVX2/FMA/F16C", "avx512": "AVX-512 F/BW/VL/DQ/CD/VNNI", "amx": "AMX tiles + AVX512-BF16"}
+
+# every weight type the core computes with: GGUF id -> (name, elements per block, bytes per block)
+TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 30: ("bf16", 1, 2), 2: ("q4_0", 32, 18), 3: ("q4_1", 32, 20),
+         6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 8: ("q8_0", 32, 34), 10: ("q2_K", 256, 84),
+         11: ("q3_K", 256, 110), 12: ("q4_K", 256, 144), 13: ("q5_K", 256, 176), 14: ("q6_K", 256, 210)}
+
+
+@pytest.fixture
+def at_level():
+    """at_level(name): switch the process to that level (skip if it cannot run here); restored after."""
+    start = pi.cpu_isa()
+
+    def switch(level: str) -> None:
+        if not pi.cpu_isa_supported(level):
+            pytest.skip(f"{level}: this CPU or build lacks {MISSING.get(level, level)} ({pi.system_info()})")
+        pi.set_cpu_isa(level)
+
+    yield switch
+    pi.set_cpu_isa(start)
+
+
+def quantize(t: int, w: np.ndarray) -> np.ndarray:
+    """Rows of w (f32) in type t, as the core's own quantizer writes them."""
+    name, bs, bb = TYPES[t]
+    n, k = w.shape
+    raw = np.zeros((n, k // bs * bb), np.uint8)
+    for r in range(n):
+        src = np.ascontiguousarray(w[r])
+        check(lib.pi_quantize_row(t, ffi.cast("float *", src.ctypes.data), ffi.cast("void *", raw[r].ctypes.data), k))
+    return raw
+
+
+def wtensor(t: int, raw: np.ndarray):
+    name, bs, bb = TYPES[t]
+    p = ffi.new("pi_tensor *")
+    p.type, p.n_dims = t, 2
+    ne = [raw.shape[1] // bb * bs, raw.shape[0], 1, 1]
+    nb = [bb, raw.strides[0], raw.strides[0] * raw.shape[0], raw.strides[0] * raw.shape[0]]
+    for i in range(4):
+        p.ne[i], p.nb[i] = ne[i], nb[i]
+    p.data = ffi.cast("void *", raw.ctypes.data)
+    return p
+
+
+def mul_mat(w, x: np.ndarray, n: int, pool) -> np.ndarray:
+    y = np.zeros((x.shape[0], n), np.float32)
+    check(lib.pi_op_mul_mat(pool, w, tensor(x), tensor(y)))
+    return y
+
+
+def test_levels_are_reported():
+    assert pi.cpu_isa() in LEVELS
+    assert pi.cpu_isa_supported("scalar")
+    assert f"CPU_ISA = {pi.cpu_isa()}" in pi.system_info()
+    with pytest.raises(PowerInferError, match="unknown ISA level"):
+        pi.set_cpu_isa("sse9")
+    for level in LEVELS:   # the best level that runs is the one chosen at start (unless POWERINFER_ISA)
+        if pi.cpu_isa_supported(level) and LEVELS.index(level) > LEVELS.index(pi.cpu_isa()):
+            import os
+            assert os.environ.get("POWERINFER_ISA"), f"{level} runs here but {pi.cpu_isa()} was chosen"
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("t", list(TYPES), ids=lambda t: TYPES[t][0])
+def test_mul_mat_equals_scalar(at_level, pool2, level, t):
+    rng = np.random.default_rng(t)
+    K, N = 512, 40                       # N: five 8-row groups; K: two K-quant super-blocks
+    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
+    x = rng.standard_normal((17, K)).astype(np.float32)   # 17 tokens: 8 + 8 + 1 (every kernel tail)
+    x[:, :32] *= 30.0
+    x[3, 64:96] = 0.0
+    raw = quantize(t, w)
+    results = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        wt = wtensor(t, raw)
+        results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in (1, 3, 8, 17)]
+        if t == 2:   # Q4_0 also through the interleaved copy
+            nbytes = lib.pi_repack_bytes(wt)
+            buf = np.zeros(nbytes, np.uint8)
+            rt = ffi.new("pi_tensor *")
+            check(lib.pi_repack(wt, ffi.cast("void *", buf.ctypes.data), nbytes, rt))
+            results[lv] += [mul_mat(rt, x[:T], N, pool2) for T in (1, 3, 8, 17)]
+    for a, b in zip(results["scalar"], results[level]):
+        assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("t", [0, 1, 30, 2, 8, 3, 6, 12, 14], ids=lambda t: TYPES[t][0])
+def test_axpy_kernels_equal_scalar(at_level, pool2, level, t):
+    """The sparse FFN's down step (axpy, axpy8) through pi_op_sparse_ffn with every neuron active."""
+    rng = np.random.default_rng(100 + t)
+    E, F, T = 256, 64, 3
+    up = quantize(t, (rng.standard_normal((F, E)) / 16).astype(np.float32))
+    down_t = quantize(t, (rng.standard_normal((F, E)) / 8).astype(np.float32))
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    scores = rng.standard_normal((T, F)).astype(np.float32)
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        w = ffi.new("pi_sparse_ffn_weights *")
+        w.up = wtensor(t, up)[0]
+        w.down_t = wtensor(t, down_t)[0]
+        y = np.zeros((T, E), np.float32)
+        check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, lib.PI_FFN_SEQ, tensor(x), tensor(scores), -1.0,
+                                   tensor(y), ffi.NULL))
+        out[lv] = y
+    assert_bit_equal(out[level], out["scalar"], f"sparse ffn {TYPES[t][0]} {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("op", ["relu", "silu", "gelu"])
+def test_activations_equal_scalar(at_level, pool2, level, op):
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(4000) * 4, np.linspace(-120, 100, 997),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 88.9, -103.9, 3.4e38]]).astype(np.float32)
+    code = {"relu": lib.PI_UNARY_RELU, "silu": lib.PI_UNARY_SILU, "gelu": lib.PI_UNARY_GELU}[op]
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        y = np.zeros_like(x)
+        check(lib.pi_op_unary(pool2, code, tensor(x), tensor(y)))
+        out[lv] = y
+    assert_bit_equal(out[level], out["scalar"], f"{op} {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+def test_attention_f16_cache_equals_scalar(at_level, pool2, level):
+    rng = np.random.default_rng(11)
+    hd, nh, nkv, T, n_kv = 64, 4, 2, 3, 37
+    q = rng.standard_normal((T, nh, hd)).astype(np.float32)
+    k = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
+    mask = np.zeros((T, n_kv), np.float32)
+    mask[0, 30:] = -np.inf
+    mask[1, 5] = -np.inf
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        o = np.zeros((T, nh, hd), np.float32)
+        check(lib.pi_op_attention(pool2, tensor(q), tensor(k), tensor(v), tensor(mask), 0.125, tensor(o)))
+        out[lv] = o
+    assert_bit_equal(out[level], out["scalar"], f"attention {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "q4_0"])
+def test_model_logits_equal_scalar(at_level, tmp_path, level, dtype):
+    """A whole forward pass (prompt, then token by token) of a test model, each level against scalar."""
+    from make_test_model import write_model
+    path = tmp_path / f"m-{dtype}.gguf"
+    write_model(path, dtype=dtype, n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=5)
+    prompt = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64]
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        model = pi.Model(path)   # repacked at this level; the layout is the same at every level
+        ctx = pi.Context(model, n_ctx=64)
+        ctx.decode(prompt, logits="all")
+        logits = [ctx.logits(i) for i in range(len(prompt))]
+        for tok in (5, 9, 33):
+            ctx.decode([tok])
+            logits.append(ctx.logits())
+        out[lv] = np.stack(logits)
+    assert_bit_equal(out[level], out["scalar"], f"{dtype} model logits {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+def test_bundled_sparse_model_equals_scalar(at_level, level):
+    path = Path(__file__).resolve().parents[1] / "models" / "tinyrelu" / "tinyrelu.q4_0.powerinfer.gguf"
+    prompt = list(range(1, 40, 3))
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        ctx = pi.Context(pi.Model(path), n_ctx=64)
+        ctx.decode(prompt, logits="all")
+        rows = [ctx.logits(i) for i in range(len(prompt))]
+        ctx.decode([7])
+        out[lv] = np.stack(rows + [ctx.logits()])
+    assert_bit_equal(out[level], out["scalar"], f"sparse model {level} vs scalar")
+
+
+def test_model_made_at_one_level_runs_at_another(at_level):
+    """Repacked and packed weights have one layout for every level."""
+    path = Path(__file__).resolve().parents[1] / "models" / "tinyrelu" / "tinyrelu.q4_0.powerinfer.gguf"
+    best = pi.cpu_isa()
+    model = pi.Model(path)
+    ctx = pi.Context(model, n_ctx=32)
+    ctx.decode([1, 2, 3])
+    a = ctx.logits().copy()
+    at_level("scalar")
+    ctx2 = pi.Context(model, n_ctx=32)
+    ctx2.decode([1, 2, 3])
+    assert_bit_equal(ctx2.logits(), a, f"model repacked at {best}, run at scalar")

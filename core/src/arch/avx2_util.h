@@ -22,6 +22,34 @@ static inline __m256i pi_maddubs_sum(const __m256i *w, const int8_t *y, int n) {
     return s;
 }
 
+/* acc + the exact int32 dot products of 32 unsigned bytes u with 32 signed bytes y, lane j summing bytes 4j..4j+3:
+ * one VNNI instruction where the level has it, maddubs + madd otherwise (exact while no maddubs pair
+ * exceeds int16: the callers' operands are bounded so). */
+static inline __m256i pi_dpbusd(__m256i acc, __m256i u, __m256i y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, y);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* sum over g < n of the dot products of w[g]'s unsigned bytes with the 4 activation bytes y[4g..4g+3] (in
+ * every lane), as int32 lanes, exact: VNNI accumulates in int32 (two chains, for latency), AVX2 adds the
+ * maddubs results in int16 (the caller bounds n as for pi_maddubs_sum) and widens once. */
+static inline __m256i pi_dot_u8_bcast(const __m256i *w, const int8_t *y, int n) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (int g = 0; g + 1 < n; g += 2) {
+        s0 = _mm256_dpbusd_epi32(s0, w[g], _mm256_set1_epi32(pi_load_i32(y + 4 * g)));
+        s1 = _mm256_dpbusd_epi32(s1, w[g + 1], _mm256_set1_epi32(pi_load_i32(y + 4 * g + 4)));
+    }
+    if (n & 1) s0 = _mm256_dpbusd_epi32(s0, w[n - 1], _mm256_set1_epi32(pi_load_i32(y + 4 * (n - 1))));
+    return _mm256_add_epi32(s0, s1);
+#else
+    return _mm256_madd_epi16(pi_maddubs_sum(w, y, n), _mm256_set1_epi16(1));
+#endif
+}
+
 /* The 16 signed 6-bit scales of a Q3_K block (its 12 packed scale bytes s) as int8, in order: pi_k3_scale(j, s)
  * for every j at once, four per 32-bit word (low 4 bits from bytes 0..7, high 2 bits from bytes 8..11). */
 static inline __m128i pi_k3_scales16(const uint8_t *s) {

@@ -99,14 +99,13 @@ void pi_q8_0p_to_f32(const void *src, float *dst, int64_t n) {
 #include "avx2_util.h"
 
 static inline __m256 sb_dot(const sb_q4_0r *w, const sb_q8_0p *x, __m256 acc) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i v[4];
     for (int p = 0; p < 4; p++) {   /* blocks 2p, 2p+1: lanes 0..3 and 4..7 hold their partial sums */
         const __m256i q = _mm256_loadu_si256((const __m256i *)w->qs[2 * p]);
         const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x->qs[p])),
-                                             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x->qs[p] + 32))));
-        v[p] = _mm256_madd_epi16(s16, ones);
+        v[p] = pi_dpbusd(pi_dpbusd(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)x->qs[p])), hi,
+                         _mm256_loadu_si256((const __m256i *)(x->qs[p] + 32)));
     }
     /* three horizontal adds leave block BLOCK_OF[l]'s total in lane l */
     __m256i i = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));

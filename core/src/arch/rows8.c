@@ -48,8 +48,8 @@ static inline void unpack8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m25
 /* One token's activation block xb against the unpacked block (8 row scales dw): acc + its 8 dot
  * products, the activation words broadcast straight from the block. */
 static inline __m256 token8(const __m256i w[8], __m256 dw, const pi_block_q8_0s *xb, __m256 acc) {
-    const __m256i s16 = pi_maddubs_sum(w, xb->qs, 8);   /* 8 x 2 x 15 x 127 fits int16 */
-    const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), _mm256_set1_epi32(8 * (int32_t)xb->s));
+    const __m256i sum = pi_dot_u8_bcast(w, xb->qs, 8);   /* AVX2: 8 x 2 x 15 x 127 fits int16 */
+    const __m256i s32 = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * (int32_t)xb->s));
     const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d)));
     return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s32), acc);
 }

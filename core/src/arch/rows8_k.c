@@ -24,8 +24,6 @@
 
 #include "avx2_util.h"
 
-static inline __m256i pairs_to_i32(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
-
 /* Bytes j0 and j1 (< 4) of every 32-bit lane of v -> the lane's two int16 halves (zero- or
  * sign-extended): a per-row scale (j0 == j1) or pair of scales for madd_epi16. */
 static inline __m256i lane_bytes_to_i16(__m256i v, int j0, int j1, int is_signed) {
@@ -161,8 +159,7 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
         const __m256 dw = pi_f16x8_rows(p, 0);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-            const __m256i s = _mm256_add_epi32(pairs_to_i32(pi_maddubs_sum(w, xb->qs, 4)),
-                                               pairs_to_i32(pi_maddubs_sum(w + 4, xb->qs + 16, 4)));
+            const __m256i s = _mm256_add_epi32(pi_dot_u8_bcast(w, xb->qs, 4), pi_dot_u8_bcast(w + 4, xb->qs + 16, 4));
             const __m256i i = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * (int32_t)xb->s));
             acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(i),
                                            acc[t][b % 8]);
@@ -204,7 +201,7 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
             __m256i s = _mm256_setzero_si256();
             for (int g = 0; g < 8; g++) {
                 const __m256i yg = _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g)), w[g]);
-                s = _mm256_add_epi32(s, pairs_to_i32(_mm256_maddubs_epi16(aw[g], yg)));
+                s = pi_dpbusd(s, aw[g], yg);
             }
             acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(s),
                                            acc[t][b % 8]);

@@ -178,16 +178,7 @@ void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
 #if defined(__AVX2__)
 /* Sum of 32 int8 products x*y as 8 int32 lanes (maddubs needs an unsigned operand). */
 static inline __m256i dot_i8_pairs(__m256i x, __m256i y) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    const __m256i ax = _mm256_sign_epi8(x, x);
-    const __m256i sy = _mm256_sign_epi8(y, x);
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
-#else
-    const __m256i ax = _mm256_sign_epi8(x, x);
-    const __m256i sy = _mm256_sign_epi8(y, x);
-    const __m256i dot16 = _mm256_maddubs_epi16(ax, sy);
-    return _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
-#endif
+    return pi_dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
 /* 16 bytes of packed nibbles -> 32 bytes: low nibbles first, then high nibbles. */
@@ -225,9 +216,8 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
     for (int64_t i = 0; i < nb; i++) {
         int32_t s;
 #if defined(__AVX2__)
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(unpack_nibbles(a[i].qs),
-                                                                   _mm256_loadu_si256((const __m256i *)b[i].qs)),
-                                              _mm256_set1_epi16(1));
+        const __m256i dot = pi_dpbusd(_mm256_setzero_si256(), unpack_nibbles(a[i].qs),
+                                      _mm256_loadu_si256((const __m256i *)b[i].qs));
         s = pi_hsum_epi32(dot);
 #else
         s = 0;

@@ -37,13 +37,12 @@ static inline __m256i bits_to_bytes(const uint8_t *p) {
 
 /* Sum of 32 int8 x int8 products as 8 int32 lanes (maddubs needs an unsigned first operand). */
 static inline __m256i dot_i8(__m256i x, __m256i y) {
-    const __m256i dot16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-    return _mm256_madd_epi16(dot16, _mm256_set1_epi16(1));
+    return pi_dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
 /* Sum of 32 uint8 (< 128) x int8 products as 8 int32 lanes. */
 static inline __m256i dot_u8_i8(__m256i u, __m256i y) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+    return pi_dpbusd(_mm256_setzero_si256(), u, y);
 }
 
 /* 32 uint8 (< 64) x 32 int8 products, elements 0..15 weighted by sc[j] and 16..31 by sc[j + 1], as 8 int32

@@ -1,0 +1,105 @@
+"""One op at two or more CPU kernel levels of the same library, alternating in one process: what a
+level's kernels are worth without the run-to-run drift of a shared VM.
+
+    PYTHONPATH=bindings python bench/ab_isa.py --type q4_0 -K 4096 -N 4096 -T 1,8,128 --levels avx2,avx512
+
+Weights are random rows quantized by the core (repacked as the model loader would), activations
+random; each round runs every level once per T. Prints the median time per call and GFLOP/s
+(2 K N T / t) per level, and the ratio to the first level.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bindings"))
+import powerinfer as pi  # noqa: E402
+from powerinfer._ffi import check, ffi, lib  # noqa: E402
+
+TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+         "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13, "q6_K": 14}
+
+
+def f32_tensor(a: np.ndarray):
+    p = ffi.new("pi_tensor *")
+    p.type, p.n_dims = 0, 2
+    ne = [a.shape[1], a.shape[0], 1, 1]
+    nb = [4, a.strides[0], a.strides[0] * a.shape[0], a.strides[0] * a.shape[0]]
+    for i in range(4):
+        p.ne[i], p.nb[i] = ne[i], nb[i]
+    p.data = ffi.cast("void *", a.ctypes.data)
+    return p
+
+
+def weight(t: int, N: int, K: int, keep: list):
+    row = lib.pi_row_bytes(t, K)
+    raw = np.zeros((N, row), np.uint8)
+    rng = np.random.default_rng(0)
+    for r in range(N):
+        src = (rng.standard_normal(K) / 64).astype(np.float32)
+        check(lib.pi_quantize_row(t, ffi.cast("float *", src.ctypes.data), ffi.cast("void *", raw[r].ctypes.data), K))
+    w = ffi.new("pi_tensor *")
+    w.type, w.n_dims = t, 2
+    ne, nb = [K, N, 1, 1], [lib.pi_type_block_bytes(t), row, row * N, row * N]
+    for i in range(4):
+        w.ne[i], w.nb[i] = ne[i], nb[i]
+    w.data = ffi.cast("void *", raw.ctypes.data)
+    keep.append(raw)
+    nbytes = lib.pi_repack_bytes(w)
+    if nbytes:
+        buf = np.zeros(nbytes, np.uint8)
+        out = ffi.new("pi_tensor *")
+        check(lib.pi_repack(w, ffi.cast("void *", buf.ctypes.data), nbytes, out))
+        keep.append(buf)
+        return out
+    return w
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--type", default="q4_0", choices=list(TYPES))
+    ap.add_argument("-K", type=int, default=4096)
+    ap.add_argument("-N", type=int, default=4096)
+    ap.add_argument("-T", default="1,8,128", help="comma list of token counts")
+    ap.add_argument("--levels", default="avx2,avx512")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--rounds", type=int, default=7)
+    a = ap.parse_args(argv)
+    levels = [lv for lv in a.levels.split(",") if pi.cpu_isa_supported(lv)]
+    if not levels:
+        sys.exit("none of these levels runs here: " + pi.system_info())
+    keep: list = []
+    w = weight(TYPES[a.type], a.N, a.K, keep)
+    pool = ffi.new("pi_threadpool **")
+    check(lib.pi_threadpool_create(a.threads, pool))
+    print(f"# {a.type} [{a.N} x {a.K}], {a.threads} threads; {pi.system_info()}")
+    start = pi.cpu_isa()
+    for T in [int(v) for v in a.T.split(",")]:
+        x = np.random.default_rng(1).standard_normal((T, a.K)).astype(np.float32)
+        y = np.zeros((T, a.N), np.float32)
+        times: dict[str, list[float]] = {lv: [] for lv in levels}
+        reps = max(1, 64 // T)
+        for _ in range(a.rounds):
+            for lv in levels:
+                pi.set_cpu_isa(lv)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    check(lib.pi_op_mul_mat(pool[0], w, f32_tensor(x), f32_tensor(y)))
+                times[lv].append((time.perf_counter() - t0) / reps)
+        base = statistics.median(times[levels[0]])
+        for lv in levels:
+            med = statistics.median(times[lv])
+            print(f"T={T:4d} {lv:7s} {med * 1e3:9.3f} ms  {2 * a.K * a.N * T / med / 1e9:8.1f} GFLOP/s  "
+                  f"x{base / med:.2f}")
+    pi.set_cpu_isa(start)
+    lib.pi_threadpool_free(pool[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

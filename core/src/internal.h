@@ -65,6 +65,7 @@ typedef struct pi_type_traits {
     int32_t         repacked_type; /* optional: interleaved layout mul_mat reads faster (0: none) */
     /* interleaved layouts only (rows are not addressable one by one; ne[1] % 8 == 0) */
     pi_gemm8_fn     gemm8;
+    pi_gemm8_fn     gemm16;        /* optional: two consecutive groups (16 rows, y gets 16 outputs per token) */
     pi_repack8_fn   repack8;
 } pi_type_traits;
 
@@ -95,6 +96,7 @@ typedef struct pi_type_kernels {
     pi_vec_dot8_fn vec_dot8;    /* optional */
     pi_axpy8_fn    axpy8;       /* optional */
     pi_gemm8_fn    gemm8;       /* interleaved layouts */
+    pi_gemm8_fn    gemm16;      /* optional, interleaved layouts: two groups at once */
     pi_repack8_fn  repack8;     /* interleaved layouts */
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
     pi_from_f32_fn from_f32;

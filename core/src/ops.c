@@ -75,6 +75,7 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  * weight type's vec_dot_type; rows are handed out in chunks through an atomic
  * counter, and each chunk of rows is applied to every token while it is in cache.
  * Three kernels, fastest first, all giving the same bits per (row, token):
+ *   gemm16    interleaved weights, two groups (16 rows) x up to 8 tokens per call (AVX-512 levels)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
  *   vec_dot   one row, one token */
@@ -122,6 +123,11 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     float *y0 = a->y->data;
     int64_t r = r0;
     if (tr->gemm8) {   /* interleaved: group g = rows 8g..8g+7 at byte 8 g nb[1]; r0, r1 are multiples of 8 */
+        if (tr->gemm16 && T > 1)   /* prompts: two groups per call where the level has such a kernel */
+            for (; r + 16 <= r1; r += 16)
+                for (int64_t t = 0; t < T; t += PI_DOT8_MAX_T)
+                    tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                               (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
         for (; r < r1; r += 8)
             for (int64_t t = 0; t < T; t += PI_DOT8_MAX_T)
                 tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,

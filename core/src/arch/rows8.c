@@ -144,6 +144,48 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
     store8(acc, nt, y, y_stride);
 }
 
+#if PI_HAVE_ROWS16
+/* Two consecutive groups of the interleaved layout (rows 8g..8g+15) against nt <= PI_DOT8_MAX_T tokens,
+ * 512 bits wide: lane r < 8 is row r of the first group, lane 8 + r row r of the second, so each
+ * instruction does the work of two 8-row ones; per (row, token) the same integers (VNNI, exact) and
+ * the same fma chain as gemm8: the same bits. y[t y_stride + 0..15] receives the 16 rows. */
+void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    const int64_t nb = n / PI_QK4_0;
+    const pi_block_q4_0x8 *g0 = group, *g1 = g0 + nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[PI_DOT8_MAX_T];
+    for (int t = 0; t < PI_DOT8_MAX_T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int k = 0; k < 3; k++) {
+            _mm_prefetch((const char *)(g0 + b + PREFETCH_BLOCKS) + 64 * k, _MM_HINT_T0);
+            _mm_prefetch((const char *)(g1 + b + PREFETCH_BLOCKS) + 64 * k, _MM_HINT_T0);
+        }
+        __m512i w[8];   /* w[m] (m < 4): low nibbles = elements 4m..4m+3, w[4 + m]: high = 16+4m.. of each row */
+        for (int m = 0; m < 4; m++) {
+            const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)g0[b].qs + m)),
+                                                 _mm256_loadu_si256((const __m256i *)g1[b].qs + m), 1);
+            w[m] = _mm512_and_si512(c, m4);
+            w[m + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)g1[b].d),
+                                                           _mm_loadu_si128((const __m128i *)g0[b].d)));
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * k)));
+                s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * k + 4)));
+            }
+            const __m512i s32 = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(8 * (int32_t)xb->s));
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
+            acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s32), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
+}
+#endif
+
 /* Eight Q4_0 axpy in one pass: per block the 32 outputs stay in registers while the eight rows are
  * added in order, each exactly as pi_axpy_q4_0 adds it (fma(a_k d, q - 8, y)). */
 void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y) {

@@ -355,13 +355,61 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
     }
 }
 
+#if PI_HAVE_ROWS16
+/* half_rows8 512 bits wide: a register holds the 8-lane accumulators of two rows (lanes 0..7: row 2p, 8..15:
+ * row 2p + 1) for one token, fed in the same order as the single-row kernel, so the same bits with half
+ * the fma instructions; all 8 rows x 4 tokens stay in 16 registers. */
+#define H512_TOK 4
+static inline __m512 load_pair(const uint16_t *a, const uint16_t *b, int bf16) {
+    const __m256i h = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)b), _mm_loadu_si128((const __m128i *)a));
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, const void *const *rows, const char *x,
+                                                             int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                             const int bf16) {
+    const uint16_t *const *w = (const uint16_t *const *)rows;
+    const int64_t n8 = n / 8 * 8;
+    for (int t0 = 0; t0 < nt; t0 += H512_TOK) {
+        const int n_tok = PI_MIN(H512_TOK, nt - t0);   /* short last block: its last token repeated */
+        const float *xt[H512_TOK];
+        for (int j = 0; j < H512_TOK; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
+        __m512 acc[4][H512_TOK];
+        for (int p = 0; p < 4; p++)
+            for (int j = 0; j < H512_TOK; j++) acc[p][j] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n8; i += 8) {
+            __m512 xv[H512_TOK];
+            for (int j = 0; j < H512_TOK; j++) xv[j] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xt[j] + i));
+            for (int p = 0; p < 4; p++) {
+                const __m512 wp = load_pair(w[2 * p] + i, w[2 * p + 1] + i, bf16);
+                for (int j = 0; j < H512_TOK; j++) acc[p][j] = _mm512_fmadd_ps(wp, xv[j], acc[p][j]);
+            }
+        }
+        for (int j = 0; j < n_tok; j++)
+            for (int p = 0; p < 4; p++)
+                for (int h = 0; h < 2; h++) {
+                    const int k = 2 * p + h;
+                    const __m256 half = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][j]), 1))
+                                          : _mm512_castps512_ps256(acc[p][j]);
+                    float sum = pi_hsum_ps(half);
+                    for (int64_t i = n8; i < n; i++)
+                        sum += (bf16 ? pi_bf16_to_f32(w[k][i]) : pi_fp16_to_f32(w[k][i])) * xt[j][i];
+                    y[(t0 + j) * y_stride + k] = sum;
+                }
+    }
+}
+#define HALF_ROWS8_BODY half_rows8_512
+#else
+#define HALF_ROWS8_BODY half_rows8
+#endif
+
 #define HALF_ROWS8(type, bf16)                                                                                   \
     void pi_vec_dot8_##type##_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,      \
                                   float *y, int64_t y_stride) {                                                    \
         if (nt == 1)                                                                                               \
             for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_##type##_f32(n, rows[k], x);                             \
         else                                                                                                       \
-            half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16);                                               \
+            HALF_ROWS8_BODY(n, rows, x, x_stride, nt, y, y_stride, bf16);                                          \
     }
 HALF_ROWS8(f16, 0)
 HALF_ROWS8(bf16, 1)

@@ -75,7 +75,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,     PI_TYPE_F32 },
     [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,    PI_TYPE_F32 },
     [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,    PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q4_0X8 },
-    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0 },
+    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0S },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
     [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1 },
     [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0S },

@@ -20,7 +20,7 @@ static float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
 static void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
 static float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
-static float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q8_0_q8_0s(int64_t n, const void *w, const void *x);
 static void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
 static void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n);
 static void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n);
@@ -85,7 +85,7 @@ static float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
 #if PI_HAVE_ROWS8
 static void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                             float *y, int64_t y_stride);
-static void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+static void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);
 static void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);

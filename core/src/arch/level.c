@@ -40,7 +40,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_BF16] = { pi_vec_dot_bf16_f32,   pi_axpy_bf16, .vec_dot8 = ROWS8(pi_vec_dot8_bf16_f32) },
         [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),
                            .axpy8 = ROWS8(pi_axpy8_q4_0) },
-        [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0,  pi_axpy_q8_0, .vec_dot8 = ROWS8(pi_vec_dot8_q8_0_q8_0),
+        [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0s,  pi_axpy_q8_0, .vec_dot8 = ROWS8(pi_vec_dot8_q8_0_q8_0s),
                            .from_f32 = pi_quantize_row_q8_0 },
         [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1 },
         [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s) },

@@ -176,7 +176,7 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
                             int64_t y_stride) { DISPATCH_NT(q5_0_dot8, q5_0_dot8_one); }
 
 /* ======================================================================================
- * Q8_0 . Q8_0. Canonical order (pi_vec_dot_q8_0_q8_0): per block the exact integer
+ * Q8_0 . Q8_0S. Canonical order (pi_vec_dot_q8_0_q8_0s): per block the exact integer
  * i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in order, and pi_tree8(p). The weights are signed:
  * maddubs(|w|, sign(y, w)) per 4-byte group, widened to int32 at once (lanes up to 32512).
  * ====================================================================================== */
@@ -194,15 +194,24 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
         __m256i w[8], aw[8];   /* w[g]: elements 4g..4g+3 */
         pi_transpose8x16(p, offsetof(pi_block_q8_0, qs), w);
         pi_transpose8x16(p, offsetof(pi_block_q8_0, qs) + 16, w + 4);
-        for (int g = 0; g < 8; g++) aw[g] = _mm256_sign_epi8(w[g], w[g]);   /* |w| (-128 -> 128 unsigned) */
         const __m256 dw = pi_f16x8_rows(p, 0);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        /* VNNI: unsigned w + 128, and sum w y = sum (w + 128) y - 128 s */
+        for (int g = 0; g < 8; g++) aw[g] = _mm256_xor_si256(w[g], _mm256_set1_epi8((char)0x80));
         for (int t = 0; t < nt; t++) {
-            const pi_block_q8_0 *xb = (const pi_block_q8_0 *)(x + t * x_stride) + b;
+            const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+            const __m256i s = _mm256_sub_epi32(pi_dot_u8_bcast(aw, xb->qs, 8), _mm256_set1_epi32(128 * (int32_t)xb->s));
+#else
+        /* maddubs: |w| (-128 -> 128 unsigned) against sign(y, w) */
+        for (int g = 0; g < 8; g++) aw[g] = _mm256_sign_epi8(w[g], w[g]);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
             __m256i s = _mm256_setzero_si256();
             for (int g = 0; g < 8; g++) {
                 const __m256i yg = _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g)), w[g]);
                 s = pi_dpbusd(s, aw[g], yg);
             }
+#endif
             acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(s),
                                            acc[t][b % 8]);
         }
@@ -211,10 +220,10 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
 }
 
 static void q8_0_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q8_0_q8_0(n, rows[k], x);
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q8_0_q8_0s(n, rows[k], x);
 }
 
-void pi_vec_dot8_q8_0_q8_0(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one); }
 
 /* ======================================================================================

@@ -176,9 +176,17 @@ void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
 }
 
 #if defined(__AVX2__)
-/* Sum of 32 int8 products x*y as 8 int32 lanes (maddubs needs an unsigned operand). */
-static inline __m256i dot_i8_pairs(__m256i x, __m256i y) {
+/* The 32 int8 products of a Q8_0 weight block w and an activation block as 8 int32 lanes (lane sums
+ * differ between the two bodies, the total does not): VNNI takes w + 128 (unsigned) and subtracts 128 s
+ * from lane 0; AVX2's maddubs, whose int16 pairs would overflow with 255 x 127, takes |w| and sign(y, w). */
+static inline __m256i dot_i8_s8(const int8_t *w, const pi_block_q8_0s *xb) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)w), y = _mm256_loadu_si256((const __m256i *)xb->qs);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setr_epi32(-128 * (int32_t)xb->s, 0, 0, 0, 0, 0, 0, 0),
+                               _mm256_xor_si256(x, _mm256_set1_epi8((char)0x80)), y);
+#else
     return pi_dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+#endif
 }
 
 /* 16 bytes of packed nibbles -> 32 bytes: low nibbles first, then high nibbles. */
@@ -229,13 +237,14 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
     return acc;
 }
 
-/* Q8_0 . Q8_0. The canonical order every Q8_0 kernel follows (the 8-row kernel of rows8_k.c too):
+/* Q8_0 . Q8_0S. The canonical order every Q8_0 kernel follows (the 8-row kernel of rows8_k.c too):
  * per block the exact integer i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in
  * order, and pi_tree8(p). Eight partial sums: the AVX2 code adds 8 blocks with one vector fma
- * (a single scalar chain would cost decode speed). SIMD and scalar give the same bits. */
-float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
+ * (a single scalar chain would cost decode speed). SIMD and scalar give the same bits. The activation
+ * block's quant sum s lets VNNI use unsigned weights: sum w y = sum (w + 128) y - 128 s (dot_i8_s8). */
+float pi_vec_dot_q8_0_q8_0s(int64_t n, const void *w, const void *x) {
     const pi_block_q8_0 *a = w;
-    const pi_block_q8_0 *b = x;
+    const pi_block_q8_0s *b = x;
     const int64_t nb = n / PI_QK8_0;
     float p[8] = { 0 };
     int64_t i = 0;
@@ -244,9 +253,7 @@ float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
     __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= nb; i += 8) {
         __m256i v[8];
-        for (int j = 0; j < 8; j++)
-            v[j] = dot_i8_pairs(_mm256_loadu_si256((const __m256i *)a[i + j].qs),
-                                _mm256_loadu_si256((const __m256i *)b[i + j].qs));
+        for (int j = 0; j < 8; j++) v[j] = dot_i8_s8(a[i + j].qs, &b[i + j]);
         const __m256 d = _mm256_mul_ps(pi_f16x8_strided(&a[i].d, sizeof *a), pi_f16x8_strided(&b[i].d, sizeof *b));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pi_hsum8_i32(v)), acc);
     }
@@ -255,9 +262,7 @@ float pi_vec_dot_q8_0_q8_0(int64_t n, const void *w, const void *x) {
     for (; i < nb; i++) {
         int32_t s;
 #if defined(__AVX2__)
-        const __m256i dot = dot_i8_pairs(_mm256_loadu_si256((const __m256i *)a[i].qs),
-                                         _mm256_loadu_si256((const __m256i *)b[i].qs));
-        s = pi_hsum_epi32(dot);
+        s = pi_hsum_epi32(dot_i8_s8(a[i].qs, &b[i]));
 #else
         s = 0;
         for (int j = 0; j < PI_QK8_0; j++) s += a[i].qs[j] * b[i].qs[j];

@@ -99,13 +99,13 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
     for lv in ("scalar", level):
         at_level(lv)
         wt = wtensor(t, raw)
-        results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in (1, 3, 8, 17)]
+        results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in (1, 3, 6, 8, 17)]
         if t == 2:   # Q4_0 also through the interleaved copy
             nbytes = lib.pi_repack_bytes(wt)
             buf = np.zeros(nbytes, np.uint8)
             rt = ffi.new("pi_tensor *")
             check(lib.pi_repack(wt, ffi.cast("void *", buf.ctypes.data), nbytes, rt))
-            results[lv] += [mul_mat(rt, x[:T], N, pool2) for T in (1, 3, 8, 17)]
+            results[lv] += [mul_mat(rt, x[:T], N, pool2) for T in (1, 3, 6, 8, 17)]
     for a, b in zip(results["scalar"], results[level]):
         assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} {level} vs scalar")
 

@@ -1,5 +1,5 @@
 /* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K: eight weight rows
- * against up to PI_DOT8_MAX_T tokens per call (in sub-blocks of K_MAX_T = 4: their accumulators
+ * against up to PI_DOT8_MAX_T tokens per call (in sub-blocks of K_MAX_T = 4, 8 with AVX-512: their accumulators
  * then stay in registers), the weights unpacked once per block and reused for those tokens.
  *
  * The scheme is the one of rows8.c (Q4_0): eight rows are "transposed" into registers, 32-bit
@@ -51,17 +51,28 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
  * and eight short interleaved streams (rows of 640 elements in Gemma 3 270M: ~700 bytes) defeat
  * the hardware prefetcher, which one sequential stream does not (measured: the output head of
  * Gemma 3 270M took 10.8 ms per token with 8 rows at a time, 6 ms row by row). */
-#define K_MAX_T 4   /* tokens per kernel instance (more spill the accumulators) */
-#define DISPATCH_NT(kernel, one_row)                                                       \
+#if defined(__AVX512VL__)
+#define K_MAX_T 8   /* tokens per kernel instance: AVX-512 has 32 vector registers, so 8 fit */
+#else
+#define K_MAX_T 4   /* tokens per kernel instance (more spill the 16 registers) */
+#endif
+#define B8_MAX_T 4  /* the same for the kernels with 8 partial sums per token (Q5_0, Q8_0) */
+/* The kernel instance for each count of tokens up to max_t (<= PI_DOT8_MAX_T), one token row by row (cases
+ * above max_t are never reached; PI_MIN keeps them from instantiating a kernel for more tokens than it has room). */
+#define DISPATCH_NT(kernel, one_row, max_t)                                                \
     if (nt == 1) { one_row(n, rows, x, y); return; }                                       \
-    for (int t0 = 0; t0 < nt; t0 += K_MAX_T) {   /* PI_DOT8_MAX_T (8) tokens: two blocks of 4 */ \
+    for (int t0 = 0; t0 < nt; t0 += (max_t)) {   /* PI_DOT8_MAX_T (8) tokens: one or two blocks */ \
         const char *xt = x + t0 * x_stride;                                                \
         float *yt = y + t0 * y_stride;                                                     \
         switch (nt - t0) {                                                                 \
         case 1: kernel(n, rows, xt, x_stride, 1, yt, y_stride); break;                     \
         case 2: kernel(n, rows, xt, x_stride, 2, yt, y_stride); break;                     \
         case 3: kernel(n, rows, xt, x_stride, 3, yt, y_stride); break;                     \
-        default: kernel(n, rows, xt, x_stride, K_MAX_T, yt, y_stride); break;              \
+        case 4: kernel(n, rows, xt, x_stride, 4, yt, y_stride); break;                     \
+        case 5: kernel(n, rows, xt, x_stride, PI_MIN(5, (max_t)), yt, y_stride); break;    \
+        case 6: kernel(n, rows, xt, x_stride, PI_MIN(6, (max_t)), yt, y_stride); break;    \
+        case 7: kernel(n, rows, xt, x_stride, PI_MIN(7, (max_t)), yt, y_stride); break;    \
+        default: kernel(n, rows, xt, x_stride, (max_t), yt, y_stride); break;              \
         }                                                                                  \
     }
 
@@ -79,7 +90,7 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
         for (int k = 0; k < 8; k++) y[k] = single(n, rows[k], x);                                                 \
     }                                                                                                             \
     void pi_vec_dot8_##name##_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,     \
-                                   float *y, int64_t y_stride) { DISPATCH_NT(name##_dot8, name##_dot8_one); }
+                                   float *y, int64_t y_stride) { DISPATCH_NT(name##_dot8, name##_dot8_one, K_MAX_T); }
 
 /* p[k] = super-block b of row k, and the super-block after next requested (`lines` cache lines per row). */
 static inline void k_block_rows(const void *const *rows, int64_t b, int64_t block_bytes, int lines, const char *p[8]) {
@@ -137,7 +148,7 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[K_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
+    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= B8_MAX_T) */
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -173,7 +184,7 @@ static void q5_0_dot8_one(int64_t n, const void *const *rows, const char *x, flo
 }
 
 void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) { DISPATCH_NT(q5_0_dot8, q5_0_dot8_one); }
+                            int64_t y_stride) { DISPATCH_NT(q5_0_dot8, q5_0_dot8_one, B8_MAX_T); }
 
 /* ======================================================================================
  * Q8_0 . Q8_0S. Canonical order (pi_vec_dot_q8_0_q8_0s): per block the exact integer
@@ -183,7 +194,7 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
 static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK8_0;
-    __m256 acc[K_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector */
+    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= B8_MAX_T) */
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -224,7 +235,7 @@ static void q8_0_dot8_one(int64_t n, const void *const *rows, const char *x, flo
 }
 
 void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one); }
+                           int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one, B8_MAX_T); }
 
 /* ======================================================================================
  * Q4_K and Q5_K . Q8_K. Canonical order (pi_vec_dot_q4_K_q8_K, pi_vec_dot_q5_K_q8_K): per
@@ -453,6 +464,6 @@ static void q6_K_dot8_one(int64_t n, const void *const *rows, const char *x, flo
 }
 
 void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) { DISPATCH_NT(q6_K_dot8, q6_K_dot8_one); }
+                           int64_t y_stride) { DISPATCH_NT(q6_K_dot8, q6_K_dot8_one, K_MAX_T); }
 
 #endif

@@ -6,10 +6,17 @@ sparse FFN) on inputs the program makes from an integer PRNG, written by the sca
 program is compiled against the library Python loads and must reproduce those bytes at every ISA level
 this CPU runs (the numeric contract, at C level). Then library and program are cross-compiled for
 aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
-non-x86 builds have the scalar level only, and it must give the same bits there. Every op is compared
-bit for bit on aarch64 too; softmax, rope and attention call glibc's expf/sin/cos/pow, which agree
-between x86-64 and aarch64 on these inputs (glibc 2.36, Debian 12): should a future libm differ, the
-failure names the op and its ulps.
+non-x86 builds have the scalar level only, and it must give the same bits there.
+
+libm: softmax, attention and the sparse FFN's activation call glibc's expf (and tanhf), rope calls
+pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
+LIBM_ULPS: glibc 2.36's expf rounds one input of [-104, 0), x = -63.09946 (0xc27c65d9), 1 ulp differently
+on x86-64 with FMA (its __expf_fma variant: 0x11fa2993) than on aarch64 or x86-64 without FMA
+(0x11fa2992, the correctly rounded value). Case softmax.libm_expf feeds exactly that input, so the stored
+(x86 FMA) reference and an aarch64 run differ there by 1 ulp; everywhere else the comparison is exact, and
+a failure names the case, how many values differ and by how many ulps. (In [2^-11, 89) expf differs at one
+input too, x = 32.564632, 0x4202422f, which the sparse FFN's SiLU can reach as expf(-x); no case here
+does. pow/sin/cos agreed on every rope angle for positions < 32768, n_rot 64/128, base 1e4/1e6.)
 
 Regenerate the reference (only when an op's results are meant to change):
     python tests/test_cross_arch.py --regenerate
@@ -34,6 +41,8 @@ REF = ROOT / "tests" / "c" / "op_reference.bin"
 TOOLCHAIN = ROOT / "cmake" / "aarch64-linux-gnu.cmake"
 SYSROOT = Path("/usr/aarch64-linux-gnu")
 MAGIC = b"PIOPREF1"
+# cases whose outputs depend on how the platform's libm rounds (see the module docstring): max ulps allowed
+LIBM_ULPS = {"softmax.libm_expf": 1}
 
 
 def read_cases(path: Path) -> dict[str, np.ndarray]:
@@ -59,10 +68,12 @@ def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(ordered(a) - ordered(b))
 
 
-def compare(got: dict[str, np.ndarray], where: str) -> None:
+def compare(got: dict[str, np.ndarray], where: str) -> dict[str, int]:
+    """Every case bit for bit, except LIBM_ULPS's (within their ulps). Returns {case: max ulps} of those
+    libm cases that were not exact."""
     ref = read_cases(REF)
     assert list(got) == list(ref), f"{where}: cases {list(got)} != reference {list(ref)}"
-    bad = []
+    bad, libm = [], {}
     for name, r in ref.items():
         g = got[name]
         if g.shape != r.shape:
@@ -70,9 +81,14 @@ def compare(got: dict[str, np.ndarray], where: str) -> None:
         elif not np.array_equal(g, r):
             d = ulps(g, r)
             nan = np.isnan(g.view(np.float32)) != np.isnan(r.view(np.float32))
+            if name in LIBM_ULPS and not nan.any() and d.max() <= LIBM_ULPS[name]:
+                libm[name] = int(d.max())
+                continue
             bad.append(f"{name}: {np.count_nonzero(d)} of {d.size} values differ, max {int(d.max())} ulp"
-                       + (f", {int(nan.sum())} NaN mismatches" if nan.any() else ""))
+                       + (f", {int(nan.sum())} NaN mismatches" if nan.any() else "")
+                       + (f" (libm tolerance {LIBM_ULPS[name]} ulp)" if name in LIBM_ULPS else ""))
     assert not bad, f"{where} differs from tests/c/op_reference.bin (scalar level):\n  " + "\n  ".join(bad)
+    return libm
 
 
 def run_program(cmd: list[str], out: Path, env: dict[str, str] | None = None, timeout: float = 300) -> str:
@@ -154,7 +170,10 @@ def test_aarch64_reproduces_reference(aarch64, tmp_path):
     qemu, exe = aarch64
     stdout = run_program([qemu, str(exe)], tmp_path / "out.bin", env=qemu_env())
     assert stdout.rstrip().endswith("isa scalar"), stdout[-200:]
-    compare(read_cases(tmp_path / "out.bin"), "aarch64 (qemu)")
+    got = read_cases(tmp_path / "out.bin")
+    compare(got, "aarch64 (qemu)")
+    # aarch64's expf gives the correctly rounded exp(-63.09946) (module docstring)
+    assert got["softmax.libm_expf"][1] == 0x11fa2992, hex(got["softmax.libm_expf"][1])
 
 
 def test_aarch64_has_the_scalar_level_only(aarch64, tmp_path):

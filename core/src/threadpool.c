@@ -11,11 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+/* The spin-wait hint: tells the core (and its SMT sibling) that this thread is only polling. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__) || (defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7)
+#define CPU_RELAX() __asm__ __volatile__("yield" ::: "memory")
 #else
-#define CPU_RELAX() ((void)0)
+#define CPU_RELAX() __asm__ __volatile__("" ::: "memory")   /* no hint known here: a compiler barrier only */
 #endif
 
 #define SPIN_ROUNDS 2000   /* ~0.1 ms of spinning before yielding: short enough on a busy machine */

@@ -1,0 +1,252 @@
+/* op_reference.c: a fixed set of ops on deterministic inputs; every output's raw bytes go to a file.
+ *
+ * The outputs of the scalar level are stored in tests/c/op_reference.bin; tests/test_cross_arch.py runs
+ * this program at every ISA level the machine has (POWERINFER_ISA=<level>) and, cross-built for aarch64,
+ * under qemu-aarch64, and compares with the stored bytes: the numeric contract (docs/design.md), checked
+ * at C level and across architectures.
+ *
+ *   op_reference OUT.bin [n_threads]     (n_threads default 2; every thread count gives the same bits)
+ *
+ * OUT.bin: "PIOPREF1", then per case: uint32 name length, the name, uint32 count, count little-endian
+ * float32 values. stdout: one line per case, "<name> <count> <fnv1a-64 of the bytes>", then the level.
+ * Inputs come from an integer PRNG and exact integer-to-float conversions only (no libm), so they are the
+ * same bits on every machine; an input of the wrong shape here is a failed call, which exits 1. */
+#include "powerinfer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- deterministic inputs ------------------------------------------------------------------ */
+
+static uint64_t rng_state;
+static void rng_seed(uint64_t s) { rng_state = s * 0x9e3779b97f4a7c15ull + 1; }
+static uint64_t rng_next(void) {   /* splitmix64 */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+/* uniform in [-amp, amp): a 24-bit integer times a power of two, exact in f32 for amp a power of two */
+static float rng_uniform(float amp) { return ((float)(int32_t)(rng_next() >> 40) - 8388608.0f) * (amp / 8388608.0f); }
+static float *rng_array(int64_t n, float amp, uint64_t seed) {
+    float *a = malloc((size_t)n * sizeof(float));
+    if (!a) { fprintf(stderr, "out of memory\n"); exit(1); }
+    rng_seed(seed);
+    for (int64_t i = 0; i < n; i++) a[i] = rng_uniform(amp);
+    return a;
+}
+
+/* ---- tensors, output ------------------------------------------------------------------------ */
+
+static pi_tensor tensor(int32_t type, int64_t ne0, int64_t ne1, int64_t ne2, void *data) {
+    pi_tensor t = { type, ne2 > 1 ? 3 : ne1 > 1 ? 2 : 1, { ne0, ne1, ne2, 1 }, { 0 }, data };
+    const int64_t bs = pi_type_block_size(type);
+    t.nb[0] = pi_type_block_bytes(type);
+    t.nb[1] = pi_row_bytes(type, ne0);
+    t.nb[2] = t.nb[1] * ne1;
+    t.nb[3] = t.nb[2] * ne2;
+    if (bs <= 0 || ne0 % bs) { fprintf(stderr, "tensor: %lld elements are no whole %s blocks\n", (long long)ne0, pi_type_name(type)); exit(1); }
+    return t;
+}
+
+/* rows [n_rows][n] f32 -> one buffer of n_rows rows of `type` (pi_quantize_row, the library's own quantizer) */
+static void *quantize(int32_t type, const float *src, int64_t n, int64_t n_rows) {
+    const int64_t rb = pi_row_bytes(type, n);
+    char *dst = malloc((size_t)(rb * n_rows));
+    if (!dst) { fprintf(stderr, "out of memory\n"); exit(1); }
+    for (int64_t r = 0; r < n_rows; r++)
+        if (pi_quantize_row(type, src + r * n, dst + r * rb, n) != PI_OK) {
+            fprintf(stderr, "pi_quantize_row(%s): %s\n", pi_type_name(type), pi_last_error());
+            exit(1);
+        }
+    return dst;
+}
+
+static void check(pi_status st, const char *what) {
+    if (st != PI_OK) { fprintf(stderr, "%s: %s\n", what, pi_last_error()); exit(1); }
+}
+
+static FILE *out_file;
+
+static void emit(const char *name, const float *v, int64_t n) {
+    const uint32_t len = (uint32_t)strlen(name), count = (uint32_t)n;
+    uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a 64 over the little-endian bytes */
+    const unsigned char *b = (const unsigned char *)v;
+    for (size_t i = 0; i < (size_t)n * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    fwrite(&len, 4, 1, out_file);
+    fwrite(name, 1, len, out_file);
+    fwrite(&count, 4, 1, out_file);
+    fwrite(v, sizeof(float), (size_t)n, out_file);
+    printf("%s %u %016llx\n", name, count, (unsigned long long)h);
+}
+
+/* ---- the cases --------------------------------------------------------------------------------- */
+
+static pi_threadpool *pool;
+
+static void case_mul_mat(int32_t type, int64_t T) {
+    const int64_t K = 512, N = 24;   /* 2 super-blocks of 256 per row: every format, several blocks */
+    float *w = rng_array(K * N, 1.0f, 100 + (uint64_t)type);
+    float *x = rng_array(K * T, 2.0f, 200 + (uint64_t)T);
+    float *y = calloc((size_t)(N * T), sizeof(float));
+    void *wq = quantize(type, w, K, N);
+    pi_tensor tw = tensor(type, K, N, 1, wq), tx = tensor(PI_TYPE_F32, K, T, 1, x), ty = tensor(PI_TYPE_F32, N, T, 1, y);
+    check(pi_op_mul_mat(pool, &tw, &tx, &ty), "mul_mat");
+    char name[64];
+    snprintf(name, sizeof name, "mul_mat.%s.t%lld", pi_type_name(type), (long long)T);
+    emit(name, y, N * T);
+    free(w); free(x); free(y); free(wq);
+}
+
+static void case_get_rows(int32_t type) {
+    const int64_t K = 256, N = 8;
+    const int32_t ids[3] = { 5, 0, 7 };
+    float *w = rng_array(K * N, 1.0f, 300 + (uint64_t)type);
+    float *y = calloc((size_t)(K * 3), sizeof(float));
+    void *wq = quantize(type, w, K, N);
+    pi_tensor tw = tensor(type, K, N, 1, wq), ty = tensor(PI_TYPE_F32, K, 3, 1, y);
+    check(pi_op_get_rows(pool, &tw, ids, 3, &ty), "get_rows");
+    char name[64];
+    snprintf(name, sizeof name, "get_rows.%s", pi_type_name(type));
+    emit(name, y, K * 3);
+    free(w); free(y); free(wq);
+}
+
+static void case_norms(void) {
+    const int64_t D = 320, T = 3;
+    float *x = rng_array(D * T, 4.0f, 400), *g = rng_array(D, 1.0f, 401), *b = rng_array(D, 0.5f, 402);
+    float *y = calloc((size_t)(D * T), sizeof(float));
+    pi_tensor tx = tensor(PI_TYPE_F32, D, T, 1, x), tg = tensor(PI_TYPE_F32, D, 1, 1, g),
+              tb = tensor(PI_TYPE_F32, D, 1, 1, b), ty = tensor(PI_TYPE_F32, D, T, 1, y);
+    check(pi_op_rms_norm(pool, &tx, &tg, 1e-6f, &ty), "rms_norm");
+    emit("rms_norm", y, D * T);
+    check(pi_op_layer_norm(pool, &tx, &tg, &tb, 1e-5f, &ty), "layer_norm");
+    emit("layer_norm", y, D * T);
+    free(x); free(g); free(b); free(y);
+}
+
+static void case_rope(int32_t mode, const char *name) {
+    const int64_t hd = 64, H = 4, T = 4;
+    const int32_t pos[4] = { 0, 1, 37, 1000 };
+    float *x = rng_array(hd * H * T, 2.0f, 500), *y = calloc((size_t)(hd * H * T), sizeof(float));
+    pi_tensor tx = tensor(PI_TYPE_F32, hd, H, T, x), ty = tensor(PI_TYPE_F32, hd, H, T, y);
+    check(pi_op_rope(pool, &tx, pos, 48, mode, 10000.0f, 1.0f, &ty), "rope");   /* 48 of 64 dims: partial rotary */
+    emit(name, y, hd * H * T);
+    free(x); free(y);
+}
+
+static void case_softmax(void) {
+    const int64_t D = 100, R = 4;
+    float *x = rng_array(D * R, 16.0f, 600), *y = calloc((size_t)(D * R), sizeof(float));
+    for (int64_t i = 0; i < D; i += 3) x[D + i] = -INFINITY;   /* masked entries in row 1 */
+    pi_tensor tx = tensor(PI_TYPE_F32, D, R, 1, x), ty = tensor(PI_TYPE_F32, D, R, 1, y);
+    check(pi_op_softmax(pool, &tx, &ty), "softmax");
+    emit("softmax", y, D * R);
+    free(x); free(y);
+}
+
+/* expf(-63.09946) (bits 0xc27c65d9): glibc 2.36 rounds it to 0x11fa2993 on x86-64 with FMA (its __expf_fma
+ * variant) and to 0x11fa2992, the correctly rounded value, on aarch64 and on x86-64 without FMA: the one
+ * input in [-104, 0) where they differ. Softmax hands it through unchanged (the row sum rounds to 1), so
+ * this case is 1 ulp apart across those platforms (tests/test_cross_arch.py, LIBM_ULPS). */
+static void case_softmax_libm(void) {
+    const uint32_t hard = 0xc27c65d9u;
+    float x[2] = { 0.0f, 0.0f }, y[2];
+    memcpy(&x[1], &hard, 4);
+    pi_tensor tx = tensor(PI_TYPE_F32, 2, 1, 1, x), ty = tensor(PI_TYPE_F32, 2, 1, 1, y);
+    check(pi_op_softmax(pool, &tx, &ty), "softmax");
+    emit("softmax.libm_expf", y, 2);
+}
+
+static void case_unary(int32_t op, const char *name) {
+    const int64_t D = 256, R = 4;   /* [-16, 16): both tails, and the region around 0 */
+    float *x = rng_array(D * R, 16.0f, 700), *y = calloc((size_t)(D * R), sizeof(float));
+    x[0] = 0.0f; x[1] = -0.0f; x[2] = 100.0f; x[3] = -100.0f;
+    pi_tensor tx = tensor(PI_TYPE_F32, D, R, 1, x), ty = tensor(PI_TYPE_F32, D, R, 1, y);
+    check(pi_op_unary(pool, op, &tx, &ty), "unary");
+    emit(name, y, D * R);
+    free(x); free(y);
+}
+
+static void case_attention(int64_t T) {
+    const int64_t hd = 64, H = 4, Hkv = 2, n_kv = 13;
+    float *q = rng_array(hd * H * T, 1.0f, 800 + (uint64_t)T);
+    float *kf = rng_array(hd * Hkv * n_kv, 1.0f, 801), *vf = rng_array(hd * Hkv * n_kv, 1.0f, 802);
+    void *k = quantize(PI_TYPE_F16, kf, hd, Hkv * n_kv), *v = quantize(PI_TYPE_F16, vf, hd, Hkv * n_kv);
+    float *mask = malloc((size_t)(n_kv * T) * sizeof(float)), *y = calloc((size_t)(hd * H * T), sizeof(float));
+    for (int64_t t = 0; t < T; t++)   /* causal: token t of the batch sees cells 0 .. n_kv - T + t */
+        for (int64_t c = 0; c < n_kv; c++) mask[t * n_kv + c] = c <= n_kv - T + t ? 0.0f : -INFINITY;
+    pi_tensor tq = tensor(PI_TYPE_F32, hd, H, T, q), tk = tensor(PI_TYPE_F16, hd, Hkv, n_kv, k),
+              tv = tensor(PI_TYPE_F16, hd, Hkv, n_kv, v), tm = tensor(PI_TYPE_F32, n_kv, T, 1, mask),
+              ty = tensor(PI_TYPE_F32, hd, H, T, y);
+    check(pi_op_attention(pool, &tq, &tk, &tv, &tm, 0.125f, &ty), "attention");
+    char name[64];
+    snprintf(name, sizeof name, "attention.f16.t%lld", (long long)T);
+    emit(name, y, hd * H * T);
+    free(q); free(kf); free(vf); free(k); free(v); free(mask); free(y);
+}
+
+static void case_sparse_ffn(int32_t type, int32_t gate_mode, int32_t act, const char *mode_name, int packed) {
+    const int64_t E = 256, F = 64, T = 3;
+    float *g = rng_array(E * F, 1.0f, 900), *u = rng_array(E * F, 1.0f, 901), *d = rng_array(E * F, 1.0f, 902);
+    float *x = rng_array(E * T, 1.0f, 903), *scores = rng_array(F * T, 1.0f, 904);
+    float *y = calloc((size_t)(E * T), sizeof(float));
+    void *gq = quantize(type, g, E, F), *uq = quantize(type, u, E, F), *dq = quantize(type, d, E, F);
+    pi_sparse_ffn_weights w = { tensor(type, E, F, 1, gate_mode == PI_FFN_SEQ ? NULL : gq), tensor(type, E, F, 1, uq),
+                                tensor(type, E, F, 1, dq), NULL, NULL };
+    void *pack = NULL;
+    if (packed) {
+        const int64_t bytes = pi_sparse_pack_bytes(&w, gate_mode);
+        if (bytes <= 0) { fprintf(stderr, "sparse_pack: no packed layout for %s\n", pi_type_name(type)); exit(1); }
+        pack = malloc((size_t)bytes);
+        pi_sparse_ffn_weights wp;
+        check(pi_sparse_pack(&w, gate_mode, pack, bytes, &wp), "sparse_pack");
+        w = wp;
+    }
+    pi_tensor tx = tensor(PI_TYPE_F32, E, T, 1, x), ts = tensor(PI_TYPE_F32, F, T, 1, scores),
+              ty = tensor(PI_TYPE_F32, E, T, 1, y);
+    int64_t n_active = 0;
+    check(pi_op_sparse_ffn(pool, &w, act, gate_mode, &tx, &ts, 0.0f, &ty, &n_active), "sparse_ffn");
+    char name[64];
+    snprintf(name, sizeof name, "sparse_ffn.%s.%s%s", pi_type_name(type), mode_name, packed ? ".packed" : "");
+    emit(name, y, E * T);
+    free(g); free(u); free(d); free(x); free(scores); free(y); free(gq); free(uq); free(dq); free(pack);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fprintf(stderr, "usage: %s OUT.bin [n_threads]\n", argv[0]); return 2; }
+    const int n_threads = argc > 2 ? atoi(argv[2]) : 2;
+    if (pi_cpu_isa_env_error()) { fprintf(stderr, "%s\n", pi_cpu_isa_env_error()); return 1; }
+    out_file = fopen(argv[1], "wb");
+    if (!out_file) { perror(argv[1]); return 1; }
+    fwrite("PIOPREF1", 1, 8, out_file);
+    check(pi_threadpool_create(n_threads, &pool), "threadpool");
+
+    const int32_t types[] = { PI_TYPE_F32, PI_TYPE_F16, PI_TYPE_BF16, PI_TYPE_Q4_0, PI_TYPE_Q8_0, PI_TYPE_Q4_K, PI_TYPE_Q6_K };
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        case_mul_mat(types[i], 1);
+        case_mul_mat(types[i], 9);
+    }
+    case_get_rows(PI_TYPE_Q4_K);
+    case_get_rows(PI_TYPE_Q6_K);
+    case_norms();
+    case_rope(PI_ROPE_NORMAL, "rope.normal");
+    case_rope(PI_ROPE_NEOX, "rope.neox");
+    case_softmax();
+    case_softmax_libm();
+    case_unary(PI_UNARY_SILU, "unary.silu");
+    case_unary(PI_UNARY_GELU, "unary.gelu");
+    case_attention(1);
+    case_attention(4);
+    case_sparse_ffn(PI_TYPE_Q4_0, PI_FFN_PAR, PI_ACT_SILU, "par.silu", 0);
+    case_sparse_ffn(PI_TYPE_Q4_0, PI_FFN_PAR, PI_ACT_SILU, "par.silu", 1);
+    case_sparse_ffn(PI_TYPE_Q8_0, PI_FFN_SYM, PI_ACT_RELU, "sym.relu", 0);
+    case_sparse_ffn(PI_TYPE_F16, PI_FFN_SEQ, PI_ACT_GELU, "seq.gelu", 0);
+
+    pi_threadpool_free(pool);
+    if (fclose(out_file) != 0) { perror(argv[1]); return 1; }
+    printf("isa %s\n", pi_cpu_isa());
+    return 0;
+}

@@ -1,0 +1,193 @@
+"""The C op test (tests/c/op_reference.c) against the stored scalar-level outputs, here and on aarch64.
+
+tests/c/op_reference.bin holds the raw outputs of a fixed set of ops (mul_mat of every main weight type at
+1 and 9 tokens, get_rows, rms/layer norm, rope, softmax, SiLU/GELU, attention over an f16 cache, the
+sparse FFN) on inputs the program makes from an integer PRNG, written by the scalar level. Here the
+program is compiled against the library Python loads and must reproduce those bytes at every ISA level
+this CPU runs (the numeric contract, at C level). Then library and program are cross-compiled for
+aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
+non-x86 builds have the scalar level only, and it must give the same bits there.
+
+libm: softmax, attention and the sparse FFN's activation call glibc's expf (and tanhf), rope calls
+pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
+LIBM_ULPS: glibc 2.36's expf rounds one input of [-104, 0), x = -63.09946 (0xc27c65d9), 1 ulp differently
+on x86-64 with FMA (its __expf_fma variant: 0x11fa2993) than on aarch64 or x86-64 without FMA
+(0x11fa2992, the correctly rounded value). Case softmax.libm_expf feeds exactly that input, so the stored
+(x86 FMA) reference and an aarch64 run differ there by 1 ulp; everywhere else the comparison is exact, and
+a failure names the case, how many values differ and by how many ulps. (In [2^-11, 89) expf differs at one
+input too, x = 32.564632, 0x4202422f, which the sparse FFN's SiLU can reach as expf(-x); no case here
+does. pow/sin/cos agreed on every rope angle for positions < 32768, n_rot 64/128, base 1e4/1e6.)
+
+Regenerate the reference (only when an op's results are meant to change):
+    python tests/test_cross_arch.py --regenerate
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import powerinfer as pi
+from powerinfer import _ffi
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "tests" / "c" / "op_reference.c"
+REF = ROOT / "tests" / "c" / "op_reference.bin"
+TOOLCHAIN = ROOT / "cmake" / "aarch64-linux-gnu.cmake"
+SYSROOT = Path("/usr/aarch64-linux-gnu")
+MAGIC = b"PIOPREF1"
+# cases whose outputs depend on how the platform's libm rounds (see the module docstring): max ulps allowed
+LIBM_ULPS = {"softmax.libm_expf": 1}
+
+
+def read_cases(path: Path) -> dict[str, np.ndarray]:
+    """OUT.bin of op_reference -> {case name: its float32 outputs as uint32 bit patterns}, in file order."""
+    data = path.read_bytes()
+    assert data[:8] == MAGIC, f"{path}: not an op_reference output"
+    cases, off = {}, 8
+    while off < len(data):
+        n = int.from_bytes(data[off:off + 4], "little")
+        name = data[off + 4:off + 4 + n].decode()
+        off += 4 + n
+        count = int.from_bytes(data[off:off + 4], "little")
+        cases[name] = np.frombuffer(data, "<u4", count, off + 4).copy()
+        off += 4 + 4 * count
+    return cases
+
+
+def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in units in the last place between float32 bit patterns (same-sign ordering)."""
+    def ordered(u: np.ndarray) -> np.ndarray:
+        s = u.astype(np.int64)
+        return np.where(s & 0x80000000, 0x80000000 - s, s)
+    return np.abs(ordered(a) - ordered(b))
+
+
+def compare(got: dict[str, np.ndarray], where: str) -> dict[str, int]:
+    """Every case bit for bit, except LIBM_ULPS's (within their ulps). Returns {case: max ulps} of those
+    libm cases that were not exact."""
+    ref = read_cases(REF)
+    assert list(got) == list(ref), f"{where}: cases {list(got)} != reference {list(ref)}"
+    bad, libm = [], {}
+    for name, r in ref.items():
+        g = got[name]
+        if g.shape != r.shape:
+            bad.append(f"{name}: {g.size} values, reference {r.size}")
+        elif not np.array_equal(g, r):
+            d = ulps(g, r)
+            nan = np.isnan(g.view(np.float32)) != np.isnan(r.view(np.float32))
+            if name in LIBM_ULPS and not nan.any() and d.max() <= LIBM_ULPS[name]:
+                libm[name] = int(d.max())
+                continue
+            bad.append(f"{name}: {np.count_nonzero(d)} of {d.size} values differ, max {int(d.max())} ulp"
+                       + (f", {int(nan.sum())} NaN mismatches" if nan.any() else "")
+                       + (f" (libm tolerance {LIBM_ULPS[name]} ulp)" if name in LIBM_ULPS else ""))
+    assert not bad, f"{where} differs from tests/c/op_reference.bin (scalar level):\n  " + "\n  ".join(bad)
+    return libm
+
+
+def run_program(cmd: list[str], out: Path, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    p = subprocess.run(cmd + [str(out)], capture_output=True, text=True, env=env, timeout=timeout)
+    assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    return p.stdout
+
+
+# ---- natively, against the library Python loads -------------------------------------------------
+
+def build_native(out_dir: Path) -> Path:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        pytest.skip("no C compiler (cc, gcc or clang) to build tests/c/op_reference.c")
+    lib = _ffi._library_path()
+    exe = out_dir / "op_reference"
+    subprocess.run([cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'core' / 'include'}",
+                    str(SRC), str(lib), f"-Wl,-rpath,{lib.parent}", "-lm", "-o", str(exe)], check=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory) -> Path:
+    return build_native(tmp_path_factory.mktemp("op_reference_native"))
+
+
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+def test_native_level_reproduces_reference(native, level, tmp_path):
+    if not pi.cpu_isa_supported(level):
+        pytest.skip(f"{level}: not run by this CPU or build ({pi.system_info()})")
+    stdout = run_program([str(native)], tmp_path / "out.bin", env={**os.environ, "POWERINFER_ISA": level})
+    assert stdout.rstrip().endswith(f"isa {level}")
+    compare(read_cases(tmp_path / "out.bin"), f"native {level}")
+
+
+def test_native_one_thread(native, tmp_path):
+    """The reference is written with 2 threads; 1 thread gives the same bits."""
+    p = subprocess.run([str(native), str(tmp_path / "out.bin"), "1"], capture_output=True, text=True,
+                       env={**os.environ, "POWERINFER_ISA": "scalar"}, timeout=300)
+    assert p.returncode == 0, p.stderr
+    compare(read_cases(tmp_path / "out.bin"), "native scalar, 1 thread")
+
+
+# ---- aarch64: cross-compiled, run under qemu-user -------------------------------------------------
+
+def aarch64_tools() -> tuple[str, str]:
+    gcc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64") or shutil.which(
+        "qemu-aarch64-static")
+    missing = [what for what, ok in [
+        ("aarch64-linux-gnu-gcc (apt-get install gcc-aarch64-linux-gnu)", gcc),
+        ("the aarch64 C library (apt-get install libc6-dev-arm64-cross)", (SYSROOT / "lib" / "crt1.o").is_file()),
+        ("qemu-aarch64 (apt-get install qemu-user)", qemu),
+        ("cmake", shutil.which("cmake"))] if not ok]
+    if missing:
+        pytest.skip("aarch64 cross test: missing " + ", ".join(missing))
+    return gcc, qemu
+
+
+@pytest.fixture(scope="module")
+def aarch64(tmp_path_factory) -> tuple[str, Path]:
+    """(qemu, op_reference): the library and program cross-built with cmake/aarch64-linux-gnu.cmake."""
+    _, qemu = aarch64_tools()
+    build = tmp_path_factory.mktemp("build-aarch64")
+    subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN}",
+                    "-DPI_TESTS=ON", "-DPI_WERROR=ON", "-DCMAKE_BUILD_TYPE=Release"],
+                   check=True, capture_output=True)
+    p = subprocess.run(["cmake", "--build", str(build), "-j", str(min(os.cpu_count() or 1, 4))],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, f"aarch64 cross build failed:\n{p.stdout}\n{p.stderr}"
+    return qemu, build / "op_reference"
+
+
+def qemu_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "POWERINFER_ISA"}
+    return {**env, "QEMU_LD_PREFIX": str(SYSROOT), **extra}
+
+
+def test_aarch64_reproduces_reference(aarch64, tmp_path):
+    qemu, exe = aarch64
+    stdout = run_program([qemu, str(exe)], tmp_path / "out.bin", env=qemu_env())
+    assert stdout.rstrip().endswith("isa scalar"), stdout[-200:]
+    got = read_cases(tmp_path / "out.bin")
+    compare(got, "aarch64 (qemu)")
+    # aarch64's expf gives the correctly rounded exp(-63.09946) (module docstring)
+    assert got["softmax.libm_expf"][1] == 0x11fa2992, hex(got["softmax.libm_expf"][1])
+
+
+def test_aarch64_has_the_scalar_level_only(aarch64, tmp_path):
+    qemu, exe = aarch64
+    p = subprocess.run([qemu, str(exe), str(tmp_path / "out.bin")], capture_output=True, text=True,
+                       env=qemu_env(POWERINFER_ISA="avx2"), timeout=60)
+    assert p.returncode == 1 and "this build does not include it" in p.stderr, (p.returncode, p.stderr)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--regenerate"]:
+        sys.exit(__doc__)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        exe = build_native(Path(d))
+        print(run_program([str(exe)], REF, env={**os.environ, "POWERINFER_ISA": "scalar"}), end="")
+    print(f"wrote {REF}")

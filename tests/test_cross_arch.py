@@ -132,6 +132,26 @@ def test_native_one_thread(native, tmp_path):
     compare(read_cases(tmp_path / "out.bin"), "native scalar, 1 thread")
 
 
+# ---- older x86-64 CPUs, emulated: the level chosen and no illegal instruction ----------------------
+# qemu-user's x86-64 emulator reports the cpuid/xgetbv of the CPU model it is given (its TCG has no
+# AVX-512), so the one build must pick the scalar level on a CPU without AVX and avx2 on a Haswell, and
+# give the reference bits on both (glibc's expf without FMA: the libm case's 1 ulp, see above).
+X86_MODELS = {"Westmere": "scalar", "Haswell": "avx2", "Skylake-Server": "avx2"}   # -cpu model: expected level
+
+
+@pytest.mark.parametrize("model", list(X86_MODELS))
+def test_emulated_x86_cpu_picks_its_level(native, model, tmp_path):
+    if os.uname().machine != "x86_64":
+        pytest.skip("x86-64 host only")
+    qemu = shutil.which("qemu-x86_64") or shutil.which("qemu-x86_64-static")
+    if not qemu:
+        pytest.skip("qemu-x86_64 (apt-get install qemu-user) is needed to emulate older x86-64 CPUs")
+    env = {k: v for k, v in os.environ.items() if k != "POWERINFER_ISA"}
+    stdout = run_program([qemu, "-cpu", model, str(native)], tmp_path / "out.bin", env=env)
+    assert stdout.rstrip().endswith(f"isa {X86_MODELS[model]}"), stdout[-200:]
+    compare(read_cases(tmp_path / "out.bin"), f"qemu-x86_64 -cpu {model}")
+
+
 # ---- aarch64: cross-compiled, run under qemu-user -------------------------------------------------
 
 def aarch64_tools() -> tuple[str, str]:

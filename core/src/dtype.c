@@ -106,6 +106,7 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].axpy8 = kt->axpy8;
         out[t].gemm8 = kt->gemm8;
         out[t].repack8 = kt->repack8;
+        out[t].gemm16 = kt->gemm16;
         if (kt->to_f32) out[t].to_f32 = kt->to_f32;
         if (kt->from_f32) out[t].from_f32 = kt->from_f32;
     }

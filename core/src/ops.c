@@ -74,10 +74,17 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  * y[n, t] = dot(w row n, x column t). Activations are converted once to the
  * weight type's vec_dot_type; rows are handed out in chunks through an atomic
  * counter, and each chunk of rows is applied to every token while it is in cache.
- * Three kernels, fastest first, all giving the same bits per (row, token):
+ * Four kernels, fastest first, all giving the same bits per (row, token):
+ *   gemm16    interleaved weights on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of
+ *             at least PI_GEMM16_MIN_T tokens; the token and row tails go to gemm8)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
  *   vec_dot   one row, one token */
+
+/* The smallest batch mul_mat gives the AMX kernel (gemm16): measured on Sapphire Rapids (bench/ab_amx.py) */
+#ifndef PI_GEMM16_MIN_T
+#define PI_GEMM16_MIN_T 16
+#endif
 
 /* Work items shrink as the rows run out ("guided" scheduling): long runs keep each thread streaming
  * through contiguous memory (the hardware prefetcher restarts at every jump: 16-row items cost 8% of
@@ -122,10 +129,22 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     float *y0 = a->y->data;
     int64_t r = r0;
     if (tr->gemm8) {   /* interleaved: group g = rows 8g..8g+7 at byte 8 g nb[1]; r0, r1 are multiples of 8 */
-        for (; r < r1; r += 8)
-            for (int64_t t = 0; t < T; t += PI_DOT8_MAX_T)
+        const int64_t T16 = tr->gemm16 && T >= PI_GEMM16_MIN_T ? T / PI_GEMM16_T * PI_GEMM16_T : 0;
+        for (; r < r1; r += 8) {
+            int64_t t = 0;
+            if (T16 && r + 16 <= r1) {   /* two groups: 16 rows x T16 tokens on tiles, the other tokens below */
+                tr->gemm16(K, w + r * a->w->nb[1], a->xq, a->xq_row_bytes, (int)T16, y0 + r, y_stride);
+                for (t = T16; t < T; t += PI_DOT8_MAX_T)
+                    for (int64_t g = r; g < r + 16; g += 8)
+                        tr->gemm8(K, w + g * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                                  (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + g, y_stride);
+                r += 8;
+                continue;
+            }
+            for (; t < T; t += PI_DOT8_MAX_T)
                 tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
                           (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
+        }
         return;
     }
     if (tr->vec_dot8)

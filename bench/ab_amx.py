@@ -5,6 +5,10 @@ loader does; the results of the two levels are also checked bit for bit.
 
     PYTHONPATH=bindings python bench/ab_amx.py                       # 4096x4096, 11008x4096; T 16..512
     PYTHONPATH=bindings python bench/ab_amx.py --shapes 4096x4096 -T 128,512 -r 7 --levels avx512,amx
+    PYTHONPATH=bindings python bench/ab_amx.py --model /tmp/bench_7b_q4_0.gguf -T 128 -r 2   # whole prompts
+
+With --model, each round decodes one prompt of T random tokens on a cleared cache at each level (the model
+is loaded, and repacked, once: the layout is the same at every level) and the last logits are compared.
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--levels", default="avx512,amx")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=5)
+    ap.add_argument("--model", help="a GGUF file: time whole prompt decodes instead of single ops")
     ap.add_argument("--cpu-time", action="store_true",
                     help="-t 1 only: time the calling thread's CPU time, not the wall clock (less noise from "
                          "other processes on a shared machine)")
@@ -67,6 +72,8 @@ def main(argv=None) -> int:
         if not pi.cpu_isa_supported(lv):
             print(f"{lv}: not supported here ({pi.system_info()})")
             return 1
+    if a.model:
+        return model_ab(a, levels)
     pp = ffi.new("pi_threadpool **")
     check(lib.pi_threadpool_create(a.threads, pp))
     pool = pp[0]
@@ -95,6 +102,32 @@ def main(argv=None) -> int:
                   f"  bits {'equal' if same else 'DIFFER'}")
     pi.set_cpu_isa(start)
     lib.pi_threadpool_free(pool)
+    return 0
+
+
+def model_ab(a, levels) -> int:
+    start = pi.cpu_isa()
+    model = pi.Model(a.model)
+    ctx = pi.Context(model, n_ctx=max(int(v) for v in a.tokens.split(",")) + 8, n_threads=a.threads)
+    print(f"# {pi.system_info()}\n# {a.model}, threads {a.threads}, median of {a.rounds} alternating rounds")
+    for T in (int(v) for v in a.tokens.split(",")):
+        prompt = [int(v) for v in np.random.default_rng(T).integers(1, 32000, T)]
+        times = {lv: [] for lv in levels}
+        last = {}
+        for _ in range(a.rounds):
+            for lv in levels:
+                pi.set_cpu_isa(lv)
+                ctx.kv_clear()
+                t0 = time.perf_counter()
+                ctx.decode(prompt)
+                times[lv].append(time.perf_counter() - t0)
+                last[lv] = ctx.logits().copy()
+        same = all(np.array_equal(last[lv].view(np.uint32), last[levels[0]].view(np.uint32)) for lv in levels)
+        med = {lv: statistics.median(times[lv]) for lv in levels}
+        cols = "  ".join(f"{lv} {T / med[lv]:7.2f} t/s" for lv in levels)
+        print(f"pp{T}  {cols}  {levels[-1]}/{levels[0]} = {med[levels[0]] / med[levels[-1]]:.2f}x"
+              f"  logits {'equal' if same else 'DIFFER'}")
+    pi.set_cpu_isa(start)
     return 0
 
 

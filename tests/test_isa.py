@@ -110,6 +110,45 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
         assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} {level} vs scalar")
 
 
+AMX_MIN_T = 16   # ops.c PI_TILES_MIN_T: from this batch on, an interleaved Q4_0 weight runs on AMX tiles
+
+
+def repacked(wt):
+    nbytes = lib.pi_repack_bytes(wt)
+    buf = np.zeros(nbytes, np.uint8)
+    rt = ffi.new("pi_tensor *")
+    check(lib.pi_repack(wt, ffi.cast("void *", buf.ctypes.data), nbytes, rt))
+    return rt, buf
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("N", [48, 40], ids=["rows16x3", "rows16+8"])
+def test_prompt_batches_equal_scalar(at_level, pool2, level, N):
+    """Q4_0 (plain and interleaved) at prompt batch sizes, K = 4096: on the amx level the interleaved
+    weight's 16-row tiles take the batches of >= AMX_MIN_T tokens (16, 32: whole 16-token tiles; 100: six
+    tiles and a 4-token tail for gemm8), the 8-row remainder of N = 40 goes to gemm8."""
+    Ts = (16, 32, 100)
+    assert min(Ts) >= AMX_MIN_T and all(T % 16 == 0 for T in Ts[:2]) and Ts[2] % 16   # the AMX path and its tails
+    rng = np.random.default_rng(N)
+    K = 4096
+    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
+    w[5, :64] *= 40.0                      # large scales next to small ones
+    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x[:, 32:64] *= 30.0
+    x[7, 96:128] = 0.0                     # a zero activation block (d = 0)
+    x[9, :] = np.abs(x[9, :])              # quant sums far from 0 (the -8 s term)
+    raw = quantize(2, w)
+    results = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        wt = wtensor(2, raw)
+        rt, keep = repacked(wt)
+        results[lv] = [mul_mat(m, x[:T], N, pool2) for m in (rt, wt) for T in Ts]
+    for i, (a, b) in enumerate(zip(results["scalar"], results[level])):
+        assert_bit_equal(b, a, f"mul_mat q4_0 K={K} N={N} T={Ts[i % 3]} {'interleaved' if i < 3 else 'rows'} "
+                               f"{level} vs scalar")
+
+
 @pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("t", [0, 1, 30, 2, 8, 3, 6, 12, 14], ids=lambda t: TYPES[t][0])
 def test_axpy_kernels_equal_scalar(at_level, pool2, level, t):

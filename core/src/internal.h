@@ -45,6 +45,13 @@ static inline float pi_tree8(const float p[8]) { return ((p[0] + p[4]) + (p[2] +
 /* The same for one group of 8 rows of an interleaved (repacked) weight; group = the group's first byte. */
 typedef void  (*pi_gemm8_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                              float *y, int64_t y_stride);
+/* Sixteen interleaved rows (two consecutive groups, group = the first one's first byte) against nt activation
+ * rows, nt a multiple of PI_TILE_T: the same contract as gemm8 (y[t * y_stride + r], bit-identical to
+ * vec_dot per (row, token)). The AMX level's prompt kernel; mul_mat calls it for batches of at least
+ * PI_TILES_MIN_T tokens (ops.c) and does the token and row tails with gemm16/gemm8. */
+#define PI_TILE_T 16
+typedef void  (*pi_tiles_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                             float *y, int64_t y_stride);
 /* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
  * loaded and stored once. */
 typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows, float *y);
@@ -67,6 +74,7 @@ typedef struct pi_type_traits {
     pi_gemm8_fn     gemm8;
     pi_gemm8_fn     gemm16;        /* optional: two consecutive groups (16 rows, y gets 16 outputs per token) */
     pi_repack8_fn   repack8;
+    pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
 } pi_type_traits;
 
 /* Types that exist only inside the core (never in a GGUF file): activation formats and
@@ -98,6 +106,7 @@ typedef struct pi_type_kernels {
     pi_gemm8_fn    gemm8;       /* interleaved layouts */
     pi_gemm8_fn    gemm16;      /* optional, interleaved layouts: two groups at once */
     pi_repack8_fn  repack8;     /* interleaved layouts */
+    pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
     pi_from_f32_fn from_f32;
 } pi_type_kernels;

@@ -74,11 +74,21 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  * y[n, t] = dot(w row n, x column t). Activations are converted once to the
  * weight type's vec_dot_type; rows are handed out in chunks through an atomic
  * counter, and each chunk of rows is applied to every token while it is in cache.
- * Three kernels, fastest first, all giving the same bits per (row, token):
+ * Four kernels, fastest first, all giving the same bits per (row, token):
+ *   tiles     interleaved weights on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of
+ *             at least PI_TILES_MIN_T tokens; the token and row tails go to the kernels below)
  *   gemm16    interleaved weights, two groups (16 rows) x up to 8 tokens per call (AVX-512 levels)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
  *   vec_dot   one row, one token */
+
+/* The smallest batch mul_mat gives the AMX kernel (tiles): measured on Sapphire Rapids (bench/ab_amx.py) */
+#ifndef PI_TILES_MIN_T
+#define PI_TILES_MIN_T 16
+#endif
+#ifndef PI_TILES_CHUNK_T
+#define PI_TILES_CHUNK_T 128   /* tokens per pass over a work item's rows: 128 Q8_0S rows of K = 4096 are 590 KB, in L2 */
+#endif
 
 /* Work items shrink as the rows run out ("guided" scheduling): long runs keep each thread streaming
  * through contiguous memory (the hardware prefetcher restarts at every jump: 16-row items cost 8% of
@@ -123,13 +133,23 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     float *y0 = a->y->data;
     int64_t r = r0;
     if (tr->gemm8) {   /* interleaved: group g = rows 8g..8g+7 at byte 8 g nb[1]; r0, r1 are multiples of 8 */
+        const int64_t T16 = tr->tiles && T >= PI_TILES_MIN_T ? T / PI_TILE_T * PI_TILE_T : 0;
+        const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+        int64_t tiled = 0;   /* tokens [0, tiled) of rows [r0, r16) are done by the tile kernel */
+        if (T16 && r16 > r0) {   /* tiles: [r0, r16) x [0, T16), token chunks outside so they stay in cache */
+            for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T)
+                for (int64_t g = r0; g < r16; g += 16)
+                    tr->tiles(K, w + g * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                              (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t), y0 + t * y_stride + g, y_stride);
+            tiled = T16;
+        }
         if (tr->gemm16 && T > 1)   /* prompts: two groups per call where the level has such a kernel */
             for (; r + 16 <= r1; r += 16)
-                for (int64_t t = 0; t < T; t += PI_DOT8_MAX_T)
+                for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
                     tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
                                (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
         for (; r < r1; r += 8)
-            for (int64_t t = 0; t < T; t += PI_DOT8_MAX_T)
+            for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
                 tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
                           (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
         return;

@@ -1,7 +1,8 @@
 /* level.c: one ISA level's kernels and their table.
  *
  * CMake compiles this file once per level with that level's instruction-set flags and
- * PI_LEVEL=<name> (scalar, avx2, avx512, amx): the arch/ sources are included here, so their
+ * PI_LEVEL=<name> (scalar, avx2, avx512, amx): the arch/ sources are included here (amx.c only at the amx
+ * level: the avx512 table plus the AMX tile kernels), so their
  * kernels (declared static in kernels.h) exist once per level without clashing, and the only
  * symbol a level exports is its table, pi_kernels_<name>. cpu.c picks the table at load time.
  * Inside the sources, `#if defined(__AVX2__)` and friends select each kernel's body for the level. */
@@ -13,6 +14,12 @@
 #include "rows8_k.c"
 #include "q4_0r.c"
 #include "activation.c"
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include "amx.c"
+#define AMX(kernel) kernel
+#else
+#define AMX(kernel) NULL     /* below the amx level: no tile kernels */
+#endif
 
 #if PI_HAVE_ROWS16
 #define ROWS16(kernel) kernel
@@ -55,7 +62,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         /* internal types */
         [PI_TYPE_Q8_0S]  = { .to_f32 = pi_q8_0s_to_f32, .from_f32 = pi_quantize_row_q8_0s },
         [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_q4_0x8_q8_0s),
-                             .repack8 = pi_repack8_q4_0x8 },
+                             .tiles = AMX(pi_tiles_q4_0x8_q8_0s), .repack8 = pi_repack8_q4_0x8 },
         [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
                              .axpy8 = ROWS8(pi_axpy8_q4_0r), .to_f32 = pi_q4_0r_to_f32 },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },

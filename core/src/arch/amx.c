@@ -1,0 +1,148 @@
+/* amx.c: AMX tile kernels (the amx level only; level.c includes this file where __AMX_INT8__ is set).
+ *
+ * pi_tiles_q4_0x8_q8_0s: 16 interleaved Q4_0 rows (two PI_TYPE_Q4_0X8 groups) x nt tokens (a multiple of
+ * 16) of PI_TYPE_Q8_0S activations, for prompt batches. Bit-identical to pi_vec_dot_q4_0_q8_0s per
+ * (row, token): the canonical Q4_0 order (docs/design.md, "Fast kernels and one arithmetic order").
+ *
+ * How the canonical order survives the tiles: every tile product covers exactly one 32-element block
+ * (K = 32 bytes), so TDPBSSD (s8 x s8 -> exact int32 sums) yields, per block, the exact integer
+ * i = sum (q - 8) y (= sum q y - 8 s of the other kernels) for 16 tokens x 16 rows; the float epilogue
+ * then does, per (token, row) lane, acc = fma(d_w * d_x, (float)i, acc), block after block. Vector lanes
+ * are the 16 rows (never elements of one sum), one accumulator register per token.
+ *
+ * Tiles (palette 1), per block b and token tile of 16:
+ *   A  tmm2/tmm3: [16 tokens][32 bytes]    s8, read straight from the Q8_0S rows (block b's qs, row
+ *                                          stride x_stride): A[t][k] = x_t element k of block b
+ *   B  tmm4/tmm5: [8][16 rows x 4 bytes]   s8 q - 8 ("VNNI" layout: B[k/4][4 r + k%4] = row r element k),
+ *                                          unpacked at run time from the Q4_0X8 group into a stack tile
+ *   C  tmm0/tmm1: [16 tokens][16 rows]     int32, C = A B: the per-block integer sums
+ * Two blocks are in flight (even blocks on tmm0/2/4, odd blocks on tmm1/3/5), so the tile unit works
+ * on block b+1 while the vector unit does block b's epilogue. K goes in chunks of AMX_KC blocks whose B
+ * tiles are unpacked once and then serve every token tile of the call.
+ *
+ * The B tile from the interleaved layout: group block qs[32 m + 4 r + j] = byte 4m+j of row r, whose low
+ * nibble is element 4m+j and high nibble element 16+4m+j. So B row m (m < 4) is the 32 bytes qs[32m..]
+ * of group 0 and of group 1 side by side, low nibbles; B row 4+m the same bytes' high nibbles (minus 8). The
+ * layout on disk and in memory stays Q4_0X8 (level-independent); only this per-thread tile differs.
+ *
+ * Tile state is per thread: each call loads its configuration and releases the tiles at the end (a
+ * call covers 16 rows x all its tokens x K, so the configuration costs well under 1%). */
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+/* The 64-byte LDTILECFG operand. */
+typedef struct {
+    uint8_t  palette;
+    uint8_t  start_row;
+    uint8_t  reserved[14];
+    uint16_t colsb[16];   /* bytes per row of tile i */
+    uint8_t  rows[16];
+} __attribute__((aligned(64))) amx_tile_config;
+
+static void amx_configure(void) {
+    amx_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[0 + i] = 16; cfg.colsb[0 + i] = 16 * sizeof(int32_t);   /* C: 16 tokens x 16 rows int32 */
+        cfg.rows[2 + i] = 16; cfg.colsb[2 + i] = PI_QK8_0;               /* A: 16 tokens x 32 s8 */
+        cfg.rows[4 + i] = PI_QK4_0 / 4; cfg.colsb[4 + i] = 16 * 4;       /* B: 8 x (16 rows x 4 s8) */
+    }
+    /* GCC 12 sees no reader of cfg in _tile_loadconfig and drops the stores above without this barrier */
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&cfg);
+}
+
+/* Block b of the two groups -> the B tile bt [8][64] (layout in the header comment), the weights made
+ * signed: q - 8 in -8..7. */
+static inline void amx_unpack_b(const pi_block_q4_0x8 *g0, const pi_block_q4_0x8 *g1, int8_t *bt) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    for (int m = 0; m < 4; m++) {
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0->qs + 32 * m))),
+                                             _mm256_loadu_si256((const __m256i *)(g1->qs + 32 * m)), 1);
+        _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(_mm512_and_si512(v, m4), eight));
+        _mm512_store_si512((__m512i *)(bt + 64 * (4 + m)),
+                           _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), eight));
+    }
+}
+
+/* The float epilogue of one block: ct [16 tokens][16 rows] int32 = the exact i = sum (q - 8) y, dw the 16 row
+ * scales, xt the token tile's first activation row (block b at byte offset boff), tok[t] = t * x_stride.
+ * acc[t] = fma(d_w * d_x, (float)i, acc[t]), lanes = rows. */
+static inline void amx_epilogue(const int32_t *ct, __m512 dw, const char *xt, int64_t boff, __m512i tok,
+                                __m512 acc[16]) {
+    /* d (f16: the low half of each block's first 4 bytes) of block b for the 16 tokens */
+    float dx[16];
+    _mm512_storeu_ps(dx, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(tok, xt + boff, 1))));
+    for (int t = 0; t < 16; t++) {
+        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t]));   /* d_w * d_x, as the scalar code */
+        acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i *)(ct + 16 * t))), acc[t]);
+    }
+}
+
+/* The 16 row scales of block b (group 0's 8, then group 1's). */
+static inline __m512 amx_row_scales(const pi_block_q4_0x8 *g0, const pi_block_q4_0x8 *g1) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)g0->d)),
+                                                   _mm_loadu_si128((const __m128i *)g1->d), 1));
+}
+
+/* One block on tiles (C, A, B): B from the unpacked tile bt, A from the activations, ct = the integer sums.
+ * The tile macros are asm statements that take addresses only, so the compiler barrier orders the loads
+ * from ct after the tile store. Tile numbers must be literals. */
+#define AMX_BLOCK(C, A, B, bt, ct, xq)                      \
+    do {                                                    \
+        _tile_loadd(B, (bt), 64);                           \
+        _tile_loadd(A, (xq), x_stride);                     \
+        _tile_zero(C);                                      \
+        _tile_dpbssd(C, A, B);                              \
+        _tile_stored(C, (ct), 64);                          \
+        __asm__ volatile("" ::: "memory");                  \
+    } while (0)
+
+#ifndef AMX_KC
+#define AMX_KC 32   /* blocks per K chunk: their B tiles (32 x 512 bytes) are unpacked once for all token tiles */
+#endif
+
+void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    const int64_t nb = n / PI_QK4_0;
+    const pi_block_q4_0x8 *g0 = group, *g1 = g0 + nb;   /* rows 0..7, rows 8..15 */
+    const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
+    _Alignas(64) int8_t bt[AMX_KC][8 * 64];     /* the chunk's B tiles */
+    _Alignas(64) float dw[AMX_KC][16];         /* the chunk's row scales */
+    _Alignas(64) int32_t ct[2][16 * 16];
+    const __m512i tok = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int32_t)x_stride));
+    amx_configure();
+    /* K in chunks of AMX_KC blocks, all token tiles per chunk; between chunks the accumulators wait in y
+     * (a float stored and loaded is the same float: the block order per (row, token) is unchanged) */
+    for (int64_t c0 = 0; c0 < nb; c0 += AMX_KC) {
+        const int64_t kc = PI_MIN(AMX_KC, nb - c0);
+        for (int64_t b = 0; b < kc; b++) {
+            amx_unpack_b(g0 + c0 + b, g1 + c0 + b, bt[b]);
+            _mm512_store_ps(dw[b], amx_row_scales(g0 + c0 + b, g1 + c0 + b));
+        }
+        __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
+        for (int t0 = 0; t0 < nt; t0 += 16) {
+            const char *xt = x + t0 * x_stride + c0 * bsz;
+            __m512 acc[16];
+            for (int t = 0; t < 16; t++)
+                acc[t] = c0 ? _mm512_loadu_ps(y + (t0 + t) * y_stride) : _mm512_setzero_ps();
+            int64_t b = 0;
+            for (; b + 2 <= kc; b += 2) {   /* blocks b (tiles 0, 2, 4) and b+1 (tiles 1, 3, 5) */
+                AMX_BLOCK(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
+                AMX_BLOCK(1, 3, 5, bt[b + 1], ct[1], xt + (b + 1) * bsz + qoff);
+                amx_epilogue(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+                amx_epilogue(ct[1], _mm512_load_ps(dw[b + 1]), xt, (b + 1) * bsz, tok, acc);
+            }
+            if (b < kc) {
+                AMX_BLOCK(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
+                amx_epilogue(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+            }
+            for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
+        }
+        __asm__ volatile("" ::: "memory");   /* the next chunk's unpacking overwrites bt */
+    }
+    _tile_release();
+}

@@ -256,3 +256,22 @@ def test_model_made_at_one_level_runs_at_another(at_level):
     ctx2 = pi.Context(model, n_ctx=32)
     ctx2.decode([1, 2, 3])
     assert_bit_equal(ctx2.logits(), a, f"model repacked at {best}, run at scalar")
+
+
+def test_powerinfer_isa_environment_variable(tmp_path):
+    """POWERINFER_ISA picks the level at load; an unknown or unsupported one is a clear import error."""
+    import os
+    import subprocess
+    probe = "import powerinfer as pi; print(pi.cpu_isa())"
+    env = {k: v for k, v in os.environ.items() if k != "POWERINFER_ISA"}
+    best = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    best = best.stdout.strip()
+    for level in LEVELS[: LEVELS.index(best) + 1]:
+        p = subprocess.run([sys.executable, "-c", probe], env={**env, "POWERINFER_ISA": level},
+                           capture_output=True, text=True)
+        assert p.returncode == 0 and p.stdout.strip() == level, (level, p.stderr[-300:])
+    for bad, words in [("sse9", "unknown level"), ("AVX2", "unknown level")] + (
+            [(LEVELS[LEVELS.index(best) + 1], "does not")] if best != LEVELS[-1] else []):
+        p = subprocess.run([sys.executable, "-c", probe], env={**env, "POWERINFER_ISA": bad},
+                           capture_output=True, text=True)
+        assert p.returncode != 0 and f"POWERINFER_ISA={bad}" in p.stderr and words in p.stderr, p.stderr[-300:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import time
 import uuid
 from pathlib import Path
@@ -351,7 +352,7 @@ class PowerInfer:
             if isinstance(bias, bool) or not isinstance(bias, (int, float)):
                 raise RequestError("logit_bias values must be numbers (or false to ban a token)", param="logit_bias")
             bias = float("-inf") if bias <= -100 else float(bias)
-            if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            if isinstance(key, str) and re.fullmatch(r"\s*-?[0-9]+\s*", key):   # ASCII digits only: "²" is a text key
                 key = int(key)
             if isinstance(key, int) and not isinstance(key, bool):
                 if not 0 <= key < self.model.n_vocab:
@@ -413,9 +414,14 @@ class PowerInfer:
                                                chat_template=self.chat_template, bos_token=bos, eos_token=eos)
         return self._chat
 
-    def chat_prompt(self, messages, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
-        """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages."""
-        from .chat import ChatTemplateError
+    def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
+        """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages;
+        template_kwargs are extra template variables (chat_template_kwargs), never the template's own."""
+        from .chat import RESERVED_TEMPLATE_VARS, ChatTemplateError
+        clash = sorted(set(template_kwargs) & set(RESERVED_TEMPLATE_VARS))
+        if clash:
+            raise RequestError(f"chat_template_kwargs may not set {', '.join(repr(k) for k in clash)}: the server "
+                               "sets it", param="chat_template_kwargs")
         fmt = self.chat_formatter
         try:
             text = fmt.render(messages, add_generation_prompt=True, **template_kwargs)

@@ -185,7 +185,10 @@ def main(argv=None) -> int:
     threading.Thread(target=exit_on_load_error, daemon=True).start()
     log.info("server: listening on http://%s:%d (%s)", args.host, args.port,
              "API key required" if keys else "no API key")
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:     # uvicorn re-raises the SIGINT it shut down for: Ctrl+C is a clean exit
+        pass
     if state.load_error:
         print(f"error: failed to load model: {state.load_error}", file=sys.stderr)
         return 1

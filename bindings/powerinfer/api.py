@@ -205,11 +205,12 @@ class PowerInfer:
     >>> llm.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"]
     >>> llm.create_chat_completion([{"role": "user", "content": "Hi"}])["choices"][0]["message"]
 
-    n_parallel > 1 splits the context into that many slots (n_ctx / n_parallel tokens each) that
+    n_ctx None: 4096 tokens, or the model's training context if smaller (llama.cpp's default); 0: the
+    training context. n_parallel > 1 splits the context into that many slots (n_ctx / n_parallel tokens each) that
     the completion engine decodes together (what the server's -np does).
     """
 
-    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 512, n_batch: int = 512,
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, seed: int = -1, kv_type: str = "f16", n_parallel: int = 1,
                  chat_format: str | None = None, chat_template: str | None = None,
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,

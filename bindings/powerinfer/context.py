@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 
@@ -12,6 +13,20 @@ from .model import Model
 
 _KV_TYPES = {"f16": lib.PI_TYPE_F16, "f32": lib.PI_TYPE_F32}
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
+DEFAULT_N_CTX = 4096      # llama.cpp's default context size
+log = logging.getLogger("powerinfer")
+
+
+def resolve_n_ctx(model: Model, n_ctx: int | None) -> int:
+    """The context size for a request: None -> 4096, or the model's training context if that is
+    smaller; 0 or less -> the training context. Above the training context: a warning (the model
+    was not trained on positions that far; quality degrades)."""
+    train = model.hparams.n_ctx_train
+    n = min(DEFAULT_N_CTX, train) if n_ctx is None else train if n_ctx <= 0 else int(n_ctx)
+    if n > train:
+        log.warning("warning: n_ctx = %d is larger than the model's training context (%d): expect worse output "
+                    "past %d tokens", n, train, train)
+    return n
 
 
 def resolve_threshold(model: Model, explicit: float | None) -> float:
@@ -78,13 +93,12 @@ class Context:
     shares the context holds `with ctx.lock:` around both (the lock is re-entrant).
     """
 
-    def __init__(self, model: Model, *, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
+    def __init__(self, model: Model, *, n_ctx: int | None = 512, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
                  dense: bool = False, count_neurons: bool = False):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
-        if n_ctx <= 0:
-            n_ctx = model.hparams.n_ctx_train
+        n_ctx = resolve_n_ctx(model, n_ctx)
         self.model = model
         self.lock = threading.RLock()
         params = ffi.new("pi_context_params *", lib.pi_context_default_params())

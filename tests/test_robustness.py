@@ -217,7 +217,9 @@ def test_missing_file(tmp_path):
 def test_directory_instead_of_file(tmp_path):
     d = tmp_path / "adir.gguf"
     d.mkdir()
-    assert "no such model file" in load_error(d)
+    assert "is a directory, not a model file (no .gguf file in it)" in load_error(d)
+    (d / "m.gguf").write_bytes(b"")
+    assert "GGUF files in it: m.gguf" in load_error(d)
 
 
 def test_empty_file(tmp_path):

@@ -173,6 +173,10 @@ def _check_layout(reader: GGUFReader) -> None:
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.gguf"))[:5]
+        raise ModelLoadError(f"{path}: is a directory, not a model file" +
+                             (f" (GGUF files in it: {', '.join(found)})" if found else " (no .gguf file in it)"))
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such model file")
     size = path.stat().st_size

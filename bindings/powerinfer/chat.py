@@ -118,7 +118,7 @@ def _environment():
             import jinja2.ext
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError as e:  # pragma: no cover - jinja2 is a dependency of the server extra
-            raise ImportError("chat templates need jinja2: pip install 'powerinfer[server]' (or jinja2)") from e
+            raise ImportError("chat templates need jinja2: pip install 'powerinfer-py[server]' (or jinja2)") from e
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[jinja2.ext.loopcontrols])
         env.filters["tojson"] = _tojson

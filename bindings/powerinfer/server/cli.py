@@ -145,7 +145,7 @@ def main(argv=None) -> int:
 
         from .app import ServerState, create_app
     except ImportError as e:
-        print(f"error: the server needs starlette, uvicorn and jinja2 (pip install 'powerinfer[server]'): {e}",
+        print(f"error: the server needs starlette, uvicorn and jinja2 (pip install 'powerinfer-py[server]'): {e}",
               file=sys.stderr)
         return 1
     try:

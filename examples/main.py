@@ -88,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_llama_compat_args(p)
     args = p.parse_args(argv)
     apply_llama_compat(p, args, prog="main")
+    if args.keep and not args.context_shift:
+        log("main: note: --keep changes nothing without --context-shift (nothing is dropped when the context "
+            "is full: generation stops)")
     args.interactive = args.interactive or args.interactive_first
     return args
 

@@ -83,6 +83,10 @@ def test_fa_is_not_f_a_and_no_effect_flags_say_so_once(capsys):
         assert err.count(f"{flag} is accepted for llama.cpp compatibility and changes nothing") == 1, err
     main_mod.parse_args([])
     assert "changes nothing" not in capsys.readouterr().err
+    main_mod.parse_args(["--keep", "4"])
+    assert "--keep changes nothing without --context-shift" in capsys.readouterr().err
+    main_mod.parse_args(["--keep", "4", "--context-shift"])
+    assert "changes nothing" not in capsys.readouterr().err
 
 
 def test_cache_type_flags(capsys):

@@ -397,7 +397,10 @@ def run_conversation(args, model, ctx, sampler, timings, first_message: str | No
             first = not rendered
             # BOS once: from the template's own text (parsed as a special token) or added here
             add_bos = first and not (bos and text.startswith(bos))
-            gen.feed(tok.encode(delta, add_special=add_bos, parse_special=True))
+            ids = tok.encode(delta, add_special=add_bos, parse_special=True)
+            gen.feed(ids)
+            if first:            # --keep counts the tokens of the first rendering (system + first message)
+                gen.n_keep = n_keep(args, ids, tok)
             rendered = text
             decoder = pi.StreamDecoder(tok, strip_leading_space=False)
             reply = ""

@@ -231,9 +231,22 @@ def test_generator_context_shift(tiny):
     gen = Generator(ctx, pi.Sampler(params))
     gen.feed(prompt)
     assert len(list(gen.generate(100))) == 32 - len(prompt) + 1 and gen.context_full
-    # a feed larger than what a shift can free is still ContextFull
+    # a feed longer than the context keeps n_keep and the newest tokens (llama.cpp's prompt truncation)
     ctx.kv_clear()
-    gen = Generator(ctx, pi.Sampler(params), context_shift=True, n_keep=30)
+    gen = Generator(ctx, pi.Sampler(params), context_shift=True, n_keep=2)
+    long = [(7 * i) % 300 + 1 for i in range(50)]
+    gen.feed(long)
+    assert gen.tokens[:2] == long[:2] and gen.tokens[2:] == long[-len(gen.tokens) + 2:] and gen.n_past <= 32
+    assert len(list(gen.generate(40))) == 40
+    # n_keep is capped at n_ctx - 4 (as llama.cpp's server does), so a shift always frees room
+    ctx.kv_clear()
+    gen = Generator(ctx, pi.Sampler(params), context_shift=True, n_keep=40)
+    gen.feed(list(range(1, 31)))
+    gen.feed([7, 8, 9])
+    assert gen.tokens[:28] == list(range(1, 29)) and gen.tokens[-1] == 9 and gen.n_past <= 32
+    # without context shift a feed that overflows is ContextFull
+    ctx.kv_clear()
+    gen = Generator(ctx, pi.Sampler(params))
     gen.feed(list(range(1, 31)))
     with pytest.raises(ContextFull):
         gen.feed([7, 8, 9])

@@ -70,26 +70,27 @@ class Generator:
         self.n_keep = n_keep
         self.n_shifts = 0
 
-    def _shift(self, n_new: int) -> None:
-        """Make room for n_new more tokens by dropping the older half of the tokens after the first
-        n_keep (more if n_new needs it). The core cannot re-rotate cached keys to new positions, so the
-        kept tokens are evaluated again, in one batch. ContextFull if n_new cannot fit at all."""
-        n_keep = min(max(self.n_keep, 0), self.n_past)
-        n_left = self.n_past - n_keep
-        n_discard = max(n_left // 2, self.n_past + n_new - self.ctx.n_ctx)
-        if n_discard > n_left or n_discard <= 0:
-            raise ContextFull(f"{self.n_past + n_new} tokens do not fit in the context of {self.ctx.n_ctx}, "
-                              f"even after a context shift keeping {n_keep}")
-        kept = self.tokens[:n_keep] + self.tokens[n_keep + n_discard:]
+    def _shift(self, new: list[int]) -> None:
+        """Evaluate `new` after the cached tokens when together they overflow the context: keep the
+        first n_keep tokens, drop the older half of the others (more if `new` needs it) and evaluate
+        what is kept again, in one batch, since the core cannot re-rotate cached keys to new positions.
+        ContextFull if nothing but the kept tokens would remain."""
+        full = self.tokens + list(new)
+        n_keep = min(max(self.n_keep, 0), len(full), max(self.ctx.n_ctx - 4, 0))   # llama.cpp's cap
+        n_left = len(full) - n_keep
+        n_discard = max(n_left // 2, len(full) - self.ctx.n_ctx)
+        if n_discard >= n_left:
+            raise ContextFull(f"{len(full)} tokens do not fit in the context of {self.ctx.n_ctx}, even after a "
+                              f"context shift keeping {n_keep}")
+        kept = full[:n_keep] + full[n_keep + n_discard:]
         self.ctx.kv_seq_rm(self.seq_id, 0, -1)
         self.tokens = []
         t0 = time.perf_counter()
-        if kept:
-            self.ctx.decode(kept, seq_id=self.seq_id, pos=range(len(kept)))
-            self._pending_logits = self.ctx.logits()
+        self.ctx.decode(kept, seq_id=self.seq_id, pos=range(len(kept)))
         self.timings.prompt_ms += (time.perf_counter() - t0) * 1e3
         self.timings.n_prompt += len(kept)
         self.tokens = kept
+        self._pending_logits = self.ctx.logits()
         self.n_shifts += 1
 
     @property
@@ -106,15 +107,16 @@ class Generator:
             if not self.context_shift:
                 raise ContextFull(f"{self.n_past + len(tokens)} tokens do not fit in the context of "
                                   f"{self.ctx.n_ctx}")
-            self._shift(len(tokens))
-        t0 = time.perf_counter()
-        self.ctx.decode(tokens, seq_id=self.seq_id, pos=range(self.n_past, self.n_past + len(tokens)))
-        self.timings.prompt_ms += (time.perf_counter() - t0) * 1e3
-        self.timings.n_prompt += len(tokens)
-        self.tokens += tokens
+            self._shift(tokens)
+        else:
+            t0 = time.perf_counter()
+            self.ctx.decode(tokens, seq_id=self.seq_id, pos=range(self.n_past, self.n_past + len(tokens)))
+            self.timings.prompt_ms += (time.perf_counter() - t0) * 1e3
+            self.timings.n_prompt += len(tokens)
+            self.tokens += tokens
+            self._pending_logits = self.ctx.logits()
         for t in tokens:
             self.sampler.accept(t)
-        self._pending_logits = self.ctx.logits()
 
     def generate(self, n_predict: int = -1, *, eog_ids: Iterable[int] = ()) -> Iterator[int]:
         """Yield sampled tokens until an end-of-generation token (yielded, not evaluated),
@@ -140,7 +142,8 @@ class Generator:
                 self._pending_logits = None
                 return
             if self.n_past >= self.ctx.n_ctx and n != n_predict and self.context_shift:
-                self._shift(1)
+                self._shift([token])           # evaluates the token with what is kept
+                continue
             if n == n_predict or self.n_past >= self.ctx.n_ctx:
                 self._undecoded = [token]      # evaluated by the next feed(), if any
                 self._pending_logits = None

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import powerinfer as pi
 from powerinfer.generate import Timings
-from powerinfer.cli_args import ArgumentParser, add_llama_compat_args, apply_llama_compat
+from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 
 POSITIONALS = ("prompt", "n_parallel", "n_len", "threads", "vram_budget", "ngl")
@@ -172,7 +172,8 @@ def run(args) -> int:
         log(f"error: {e}")
         return 1
     try:
-        model = pi.Model(model_path, repack=False if args.no_repack else None)
+        with LoadProgress("batched"):
+            model = pi.Model(model_path, repack=False if args.no_repack else None)
     except (pi.ModelLoadError, OSError) as e:
         log(f"error: failed to load model: {e}")
         return 1

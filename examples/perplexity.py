@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import powerinfer as pi
-from powerinfer.cli_args import ArgumentParser, add_llama_compat_args, apply_llama_compat
+from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 from powerinfer.perplexity import KLDBase, perplexity
 
@@ -103,7 +103,8 @@ def run(args) -> int:
             log(f"error: cannot read {args.file}: {e.strerror or e}")
             return 1
     try:
-        model = pi.Model(model_path, repack=False if args.no_repack else None)
+        with LoadProgress("perplexity"):
+            model = pi.Model(model_path, repack=False if args.no_repack else None)
     except (pi.ModelLoadError, OSError) as e:
         log(f"error: failed to load model: {e}")
         return 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -78,6 +79,10 @@ def main(argv=None, *, sparse: bool = True) -> int:
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    def on_sigterm(signum, frame):        # unwind as Ctrl+C does, so the temporary file is removed
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     try:
         conv = _import_convert()

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 
 import powerinfer as pi
 from powerinfer.generate import Timings
+from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 
 POSITIONALS = ("prompt", "n_parallel", "n_len", "threads", "vram_budget", "ngl")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s [options] [MODEL] [PROMPT] [PARALLEL] [LEN] [N_THREAD]")
     p.add_argument("positional", nargs="*", metavar="ARG",
@@ -58,7 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
+    add_llama_compat_args(p)
     args = p.parse_intermixed_args(argv)
+    apply_llama_compat(p, args, prog="batched")
 
     pos = list(args.positional)
     if args.model is None and args.hf_repo is None:
@@ -169,7 +172,8 @@ def run(args) -> int:
         log(f"error: {e}")
         return 1
     try:
-        model = pi.Model(model_path, repack=False if args.no_repack else None)
+        with LoadProgress("batched"):
+            model = pi.Model(model_path, repack=False if args.no_repack else None)
     except (pi.ModelLoadError, OSError) as e:
         log(f"error: failed to load model: {e}")
         return 1

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 
 import powerinfer as pi
+from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 from powerinfer.perplexity import KLDBase, perplexity
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, default=bundled_model())
     p.add_argument("-f", "--file", default=None, help="text file to evaluate (e.g. wiki.test.raw)")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="window size in tokens (default: 512, "
@@ -47,7 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "with it: the saved run to compare against")
     p.add_argument("--kl-divergence", action="store_true",
                    help="compare this run with --kl-divergence-base: mean KL divergence, top-1 agreement, PPL ratio")
-    return p.parse_args(argv)
+    add_llama_compat_args(p)
+    args = p.parse_args(argv)
+    apply_llama_compat(p, args, prog="perplexity")
+    return args
 
 
 def log(msg: str = "", end: str = "\n") -> None:
@@ -99,7 +103,8 @@ def run(args) -> int:
             log(f"error: cannot read {args.file}: {e.strerror or e}")
             return 1
     try:
-        model = pi.Model(model_path, repack=False if args.no_repack else None)
+        with LoadProgress("perplexity"):
+            model = pi.Model(model_path, repack=False if args.no_repack else None)
     except (pi.ModelLoadError, OSError) as e:
         log(f"error: failed to load model: {e}")
         return 1

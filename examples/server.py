@@ -12,7 +12,7 @@ streams end with `data: [DONE]`). Any OpenAI client works:
     client = OpenAI(base_url="http://127.0.0.1:8080/v1", api_key="sk-no-key-required")
     client.chat.completions.create(model="tiny-q8_0.gguf", messages=[{"role": "user", "content": "Hi"}])
 
-Needs the server extra: pip install 'powerinfer[server]'.
+Needs the server extra: pip install 'powerinfer-py[server]'.
 """
 import sys
 

@@ -149,13 +149,19 @@ def test_main_conversation_mode(tmp_path):
     path = tmp_path / "chat-gemma3.gguf"
     write_arch_model(path, "gemma3", seed=1, chat_template=template)
     main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
-    r = subprocess.run([sys.executable, str(main), "-m", str(path), "-cnv", "-p", "be brief", "--temp", "0",
-                        "-n", "4", "-t", "1"], input="hello there\nand again\n\n",
+    r = subprocess.run([sys.executable, str(main), "-m", str(path), "-cnv", "-sys", "be brief", "--temp", "0",
+                        "-n", "4", "-t", "1"], input="hello there\n\nand again\n",
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "chat template: gguf" in r.stderr
-    assert r.stdout.count("> ") == 3                         # two turns, then the empty line ends the chat
+    assert r.stdout.count("> ") == 4     # two turns; the empty line is no message and ends nothing; then EOF
     assert "prompt eval time" in r.stderr
+    # the file has a chat template: conversation mode is on without -cnv; -p is the first message, -st one turn
+    r = subprocess.run([sys.executable, str(main), "-m", str(path), "-p", "hello", "-st", "--temp", "0",
+                        "-n", "4", "-t", "1"], input="never read\n", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "conversation mode is on" in r.stderr and r.stdout.startswith("> hello\n")
+    assert r.stdout.count("> ") == 1 and "never read" not in r.stdout
 
 
 def test_rope_freq_factors_matter(files):

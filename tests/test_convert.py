@@ -660,6 +660,9 @@ ERROR_CASES = {
                              "'MistralForCausalLM'"),
     "bad_activation": (lambda m, p: _edit_config(m, hidden_act="tanh"), "hidden_act 'tanh'"),
     "layer_count": (lambda m, p: _edit_config(m, num_hidden_layers=3), "the model has 3 layers"),
+    # the loader refuses a sparse file of a non-ReLU model, so the converter does not write one
+    "silu_model": (lambda m, p: _edit_config(m, hidden_act="silu"), "hidden_act 'silu': a sparse"),
+    "gelu_model": (lambda m, p: _edit_config(m, hidden_act="gelu"), "convert-dense.py"),
     "predictors_vs_n_ff": (lambda m, p: _edit_config(m, intermediate_size=96),
                            "fc2.weight has shape [128, 32], expected [96, 32]"),
 }
@@ -742,3 +745,43 @@ def test_cli_errors_exit_1_with_one_line(ckpt, tmp_path):
     assert r.returncode == 1 and "model directory does not exist" in r.stderr
     r = _run("convert-dense.py", "--outtype", "q5_k", str(ckpt["model_dir"]))
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "invalid choice: 'q5_k'" in r.stderr
+
+
+def test_next_run_removes_temporaries_of_a_killed_conversion(ckpt, tmp_path):
+    """A conversion killed with SIGKILL leaves .<out>.<pid>.tmp behind; the next conversion to the same
+    output deletes it (its process is gone) and keeps the temporary of a conversion still running."""
+    out = tmp_path / "out.gguf"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".out.gguf.{dead.pid}.tmp"
+    stale.write_bytes(b"half a model")
+    live = tmp_path / f".out.gguf.{os.getppid()}.tmp"        # our parent is alive
+    live.write_bytes(b"being written")
+    other = tmp_path / f".other.gguf.{dead.pid}.tmp"         # another output's: not ours to touch
+    other.write_bytes(b"x")
+    convert_dense(ckpt["model_dir"], out, "f16")
+    assert out.is_file() and not stale.exists() and live.exists() and other.exists()
+
+
+def test_sigterm_during_conversion_leaves_no_temporary(ckpt, tmp_path):
+    """convert.py unwinds on SIGTERM as on Ctrl+C: exit 130 and no temporary file."""
+    import signal
+    out = tmp_path / "big.gguf"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bindings")] + [env.get("PYTHONPATH", "")] * bool(env.get("PYTHONPATH")))
+    code = ("import sys, time, runpy; sys.argv = ['convert-dense.py', '--outfile', sys.argv[1], sys.argv[2]];"
+            "import powerinfer.convert.writer as w; real = w.encode_tensor;"
+            "w.encode_tensor = lambda *a: (print('writing', flush=True), time.sleep(60), real(*a))[2];"
+            "sys.exit(runpy.run_path(%r)['main'](sys.argv[1:]))" % str(ROOT / "convert-dense.py"))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out), str(ckpt["model_dir"])], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        assert [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -217,7 +217,9 @@ def test_missing_file(tmp_path):
 def test_directory_instead_of_file(tmp_path):
     d = tmp_path / "adir.gguf"
     d.mkdir()
-    assert "no such model file" in load_error(d)
+    assert "is a directory, not a model file (no .gguf file in it)" in load_error(d)
+    (d / "m.gguf").write_bytes(b"")
+    assert "GGUF files in it: m.gguf" in load_error(d)
 
 
 def test_empty_file(tmp_path):
@@ -346,6 +348,46 @@ def test_tensor_offset_out_of_bounds(tmp_file, rel):
     assert f"tensor '{name}'" in msg and "outside the file" in msg, msg
 
 
+def _data_offset(path) -> int:
+    return int(gguf.GGUFReader(path).data_offset)
+
+
+@pytest.mark.parametrize("delta", [1, 2, 4, 16])
+def test_misaligned_tensor_offset(tmp_file, delta):
+    """An offset that is not a multiple of general.alignment (32) is refused by name (llama.cpp's rule);
+    the C core would otherwise read floats and fp16 scales at misaligned addresses."""
+    name = "blk.0.attn_q.weight"
+    tf = tensor_fields(tmp_file)
+    patch(tmp_file, tf[name]["offset_at"], "Q", tf[name]["start"] - _data_offset(tmp_file) + delta)
+    msg = load_error(tmp_file)
+    assert f"tensor '{name}'" in msg and "general.alignment = 32" in msg, msg
+
+
+@pytest.mark.parametrize("onto", ["previous", "first", "next"])
+def test_overlapping_or_out_of_order_tensor_data(tmp_file, onto):
+    """Aligned offsets that make two tensors share bytes (or swap places) are refused."""
+    tf = tensor_fields(tmp_file)
+    names = list(tf)
+    i = names.index("blk.0.attn_k.weight")
+    target = {"previous": names[i - 1], "first": names[0], "next": names[i + 1]}[onto]
+    patch(tmp_file, tf[names[i]]["offset_at"], "Q", tf[target]["start"] - _data_offset(tmp_file))
+    msg = load_error(tmp_file)
+    assert "expected" in msg and ("overlaps" in msg or "gap" in msg), msg
+
+
+@pytest.mark.parametrize("new_type", [QT.Q4_0, QT.F16, QT.Q8_0])
+def test_tensor_type_changed_in_place(tmp_file, new_type):
+    """A type id patched to another type changes the tensor's size: a smaller one (q8_0 -> q4_0) used to
+    load and read the next tensor's bytes as its own; now the layout no longer adds up."""
+    name = "blk.0.ffn_up.weight" if new_type != QT.Q8_0 else "output_norm.weight"   # q8_0 / f32 tensors
+    tf = tensor_fields(tmp_file)
+    if name == list(tf)[-1]:
+        pytest.skip("the last tensor has no successor to collide with")
+    patch(tmp_file, tf[name]["type_at"], "I", int(new_type))
+    msg = load_error(tmp_file)
+    assert f"tensor '{name}' ({new_type.name}" in msg and ("gap" in msg or "overlaps" in msg), msg
+
+
 def test_tensor_n_dims_corrupt(tmp_file):
     tf = tensor_fields(tmp_file)
     info = tf["output_norm.weight"]["info_at"]
@@ -373,11 +415,13 @@ def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
 
 
 def test_iq4_xs_tensor_reaches_the_core(tmp_path):
-    """With rows of 256 the gguf layer accepts IQ4_XS and the C loader refuses it by name."""
-    path = tmp_path / "wide.gguf"
-    write_model(path, dtype="q8_0", n_vocab=320, n_embd=256, n_ff=256, n_head=4, n_head_kv=4, n_layer=1)
+    """With rows of 256 the gguf layer accepts IQ4_XS and the C loader refuses it by name (a
+    well-formed file: the tensor's bytes are IQ4_XS-sized, so the layout check passes)."""
+    src = tmp_path / "wide.gguf"
+    write_model(src, dtype="q8_0", n_vocab=320, n_embd=256, n_ff=256, n_head=4, n_head_kv=4, n_layer=1)
     name = "blk.0.attn_q.weight"
-    patch(path, tensor_fields(path)[name]["type_at"], "I", int(QT.IQ4_XS))
+    path = rewrite(src, tmp_path / "iq4_xs.gguf",
+                   replace={name: (np.zeros((256, 136), dtype=np.uint8), QT.IQ4_XS)})
     msg = load_error(path)
     assert f"tensor '{name}'" in msg and "iq4_xs" in msg and "cannot compute" in msg, msg
 
@@ -452,6 +496,9 @@ A = "llama."
     ({A + "block_count": None}, ["missing metadata key llama.block_count"]),
     ({A + "embedding_length": None}, ["missing metadata key llama.embedding_length"]),
     ({"tokenizer.ggml.tokens": None}, ["tokenizer.ggml.tokens"]),
+    ({"powerinfer.sparse_threshold": (float("nan"), VT.FLOAT32)}, ["powerinfer.sparse_threshold", "finite"]),
+    ({"powerinfer.sparse_threshold": (float("inf"), VT.FLOAT32)}, ["powerinfer.sparse_threshold", "finite"]),
+    ({"powerinfer.sparse_threshold": ("high", VT.STRING)}, ["powerinfer.sparse_threshold", "finite"]),
 ])
 def test_bad_metadata(base_file, tmp_path, meta, words):
     msg = load_error(rewrite(base_file, tmp_path / "meta.gguf", meta=meta))

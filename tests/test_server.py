@@ -253,12 +253,31 @@ ERRORS = [
     ("/detokenize", {"tokens": [-1]}, None, 400, None),
     ("/tokenize", {"content": 3}, None, 400, None),
     ("/no/such/route", {}, None, 404, None),
+    # lone UTF-16 surrogates are valid JSON but not text: 400 from whichever field holds one
+    ("/completion", {"prompt": "\ud800"}, None, 400, "invalid_json"),
+    ("/completion", {"prompt": "\ud800", "stream": True}, None, 400, "invalid_json"),
+    ("/completion", {"prompt": "x", "stop": ["ok", "\udfff"]}, None, 400, "invalid_json"),
+    ("/v1/completions", {"model": "\ud800", "prompt": "x"}, None, 400, "invalid_json"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\udc00b"}]}, None, 400, "invalid_json"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True,
+                              "stop": "\ud83d"}, None, 400, "invalid_json"),
+    ("/tokenize", {"content": "\ud800"}, None, 400, "invalid_json"),
+    ("/completion", None, b'{"prompt": "x", "\\ud800": 1}', 400, "invalid_json"),
+    # chat_template_kwargs may add variables, not replace the renderer's own
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "chat_template_kwargs": {"add_generation_prompt": False}}, None, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "chat_template_kwargs": {"messages": []}}, None, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "chat_template_kwargs": {"bos_token": "<x>"}}, None, 400, None),
 ]
 
 
 @pytest.mark.parametrize("path,body,raw,status,code", ERRORS)
 def test_bad_requests_get_4xx_envelopes(server, path, body, raw, status, code):
-    r = post(server, path, body, content=raw, headers={"content-type": "application/json"})
+    if body is not None:        # json.dumps escapes lone surrogates (\ud800); httpx's own encoder cannot
+        raw = json.dumps(body).encode()
+    r = post(server, path, content=raw, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str) and "code" in err
@@ -485,3 +504,67 @@ def test_inline_engine_is_bit_exact_with_staggered_requests(models):
                 acc.append((c["choices"][0]["text"], c["choices"][0]["logprobs"]))
     assert [got[i] for i in range(len(jobs))] == want
     assert llm.engine.max_batch_slots == 3 and llm.engine.n_filler_tokens > 0
+
+
+def test_logit_bias_non_ascii_digit_keys_are_text(server):
+    """"²" and "٣" pass str.isdigit() but are not token ids: they are text keys (tokenized), not a 500."""
+    for key in ("\u00b2", "\u0663", "12\u00b2"):
+        r = post(server, "/completion", {"prompt": "x", "n_predict": 1, "logit_bias": {key: 1.0}})
+        assert r.status_code == 200, r.text
+        r = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1, "logit_bias": [[key, 2.0]]})
+        assert r.status_code == 200, r.text
+
+
+def test_large_tokenize_bodies_are_handled_off_the_event_loop(models, monkeypatch):
+    """Parsing a large body, tokenizing, detokenizing and rendering the answer run in worker
+    threads, so one 2 MB request does not stall /health (checked by thread, not by timing)."""
+    import powerinfer.server.app as app_mod
+    path = models / "tiny-q8_0.gguf"
+    llm = pi.PowerInfer(path, n_ctx=256, n_threads=1)
+    seen: dict[str, set] = {"parse": set(), "encode": set(), "detokenize": set()}
+    parse, encode, detok = app_mod._parse_body, llm.tokenizer.encode, llm.detokenize
+
+    def spy(kind, fn):
+        def wrapped(*a, **kw):
+            seen[kind].add(threading.current_thread().name)
+            return fn(*a, **kw)
+        return wrapped
+    monkeypatch.setattr(app_mod, "_parse_body", spy("parse", parse))
+    llm.tokenizer.encode = spy("encode", encode)
+    llm.detokenize = spy("detokenize", detok)
+    srv = InProcessServer(create_app(ServerState(model_path=str(path), llm=llm)))
+    try:
+        wait_healthy(srv.base)
+        text = "the cat sat on the mat. " * 4000        # ~100 KB: parsed off the loop too
+        r = post(srv.base, "/tokenize", {"content": text, "with_pieces": True})
+        assert r.status_code == 200, r.text
+        toks = [t["id"] for t in r.json()["tokens"]]
+        r = post(srv.base, "/detokenize", {"tokens": toks})
+        assert r.status_code == 200 and r.json()["content"].strip() == text.strip()
+        r = post(srv.base, "/detokenize", {"tokens": toks + [10**9]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+    finally:
+        srv.close()
+    loop_thread = srv.thread.name
+    for kind, threads in seen.items():
+        assert threads and loop_thread not in threads, (kind, threads, loop_thread)
+
+
+def test_sigint_exits_cleanly(models):
+    """Ctrl+C (SIGINT) stops the server with status 0 and no traceback."""
+    import signal
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "bindings"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "server.py"), "-m", str(models / "tiny-q8_0.gguf"),
+                             "--port", str(port), "-t", "1", "-c", "256"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc=proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -465,3 +465,20 @@ def test_error_exit_subprocess(tmp_path):
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "model directory not found" in lines[0], res.stderr
+
+
+def test_train_warns_when_the_recall_target_is_missed(tiny, tmp_path):
+    """A threshold no score reaches predicts no neuron: recall 0 on every layer. The run warns (exit 0)
+    and, with --strict, exits 2; config.json lists the layers either way."""
+    base = [sys.executable, str(TOOLS / "train_predictor.py"), str(tiny["dir"]), str(tiny["text"]),
+            "--ctx", str(CTX), "--max-tokens", "1000", "--epochs", "1", "--rank", "8", "--threshold", "1e9",
+            "--target-recall", "0.5", "--threads", "1", "--no-progress"]
+    for strict, rc in ((False, 0), (True, 2)):
+        out = tmp_path / f"pred-{strict}"
+        res = subprocess.run(base + ["--out", str(out)] + ["--strict"] * strict, capture_output=True, text=True,
+                             timeout=180)
+        assert res.returncode == rc, res.stderr
+        assert "miss the recall target 0.5" in res.stderr
+        assert ("--strict" in res.stderr) == strict
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["layers_below_target_recall"] == list(range(N_LAYER)) and cfg["target_recall"] == 0.5

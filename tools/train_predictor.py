@@ -40,7 +40,9 @@ convert.py reads (``sparse_threshold``). Recall = TP/(TP+FN), precision = TP/(TP
 Memory: the (ffn_inp, mask) data of one layer takes N*(4*n_embd + n_ff/8) bytes for N tokens.
 Layers are processed in groups that fit --max-memory-gb (default 8): the model is run once per
 group, up to the group's last layer, and the group's data is freed after training. Cap the
-data with --max-tokens. Errors are one line on stderr, exit 1.
+data with --max-tokens. Errors are one line on stderr, exit 1. A layer whose validation recall
+is below --target-recall gets a warning (config.json: layers_below_target_recall); with --strict
+the run then exits with status 2.
 """
 from __future__ import annotations
 
@@ -215,6 +217,8 @@ def train(model_dir: str, text_file: str, out: str, ctx: int = 512,
     check_inputs(model_dir, text_file)
     if epochs < 1:
         raise ToolError("--epochs must be at least 1")
+    if not 0.0 <= target_recall <= 1.0 or not 0.0 <= target_precision <= 1.0:
+        raise ToolError("--target-recall and --target-precision must be in [0, 1]")
     if ctx < 2:
         raise ToolError("--ctx must be at least 2")
     if dtype not in ("f32", "f16"):
@@ -281,8 +285,15 @@ def train(model_dir: str, text_file: str, out: str, ctx: int = 512,
                 f"active rate {density:.4f}  ({time.time() - t0:.1f}s){extra}")
         del data
 
+    below = [il for il, rec in enumerate(recalls) if rec < target_recall]
+    if below:
+        log(f"{PROG}: warning: {len(below)} of {len(recalls)} layer(s) miss the recall target {target_recall} "
+            f"on the validation tokens: " + ", ".join(f"layer {il} {recalls[il]:.4f}" for il in below[:8])
+            + (", ..." if len(below) > 8 else "") + " (more data, epochs or rank; or a lower --threshold)")
     config = {
         "sparse_threshold": float(threshold),
+        "target_recall": float(target_recall),
+        "layers_below_target_recall": below,
         "ranks": ranks,
         "recall": recalls,
         "precision": precisions,
@@ -325,7 +336,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "and --target-precision on the validation tokens")
     ap.add_argument("--rank-candidates", type=_int_list, default=None,
                     help="comma-separated ranks for --rank-auto (default n_embd/32 ... n_embd)")
-    ap.add_argument("--target-recall", type=float, default=0.9, help="for --rank-auto (0.9)")
+    ap.add_argument("--target-recall", type=float, default=0.9,
+                    help="validation recall every layer should reach: picks ranks with --rank-auto; a layer "
+                         "below it is warned about (0.9)")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit with status 2 when a layer misses --target-recall (the files are still written)")
     ap.add_argument("--target-precision", type=float, default=0.5, help="for --rank-auto (0.5)")
     ap.add_argument("--threshold", type=float, default=0.0,
                     help="score threshold, written as sparse_threshold (0.0)")
@@ -356,6 +371,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"wrote {n} predictors to {args.out} (sparse_threshold {cfg['sparse_threshold']})")
     if n:
         print(f"mean recall {sum(cfg['recall']) / n:.4f}  mean precision {sum(cfg['precision']) / n:.4f}")
+    if cfg["layers_below_target_recall"] and args.strict:
+        print(f"{PROG}: error: --strict: layers {cfg['layers_below_target_recall']} are below the recall target "
+              f"{args.target_recall}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import time
 import uuid
 from pathlib import Path
@@ -204,11 +205,12 @@ class PowerInfer:
     >>> llm.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"]
     >>> llm.create_chat_completion([{"role": "user", "content": "Hi"}])["choices"][0]["message"]
 
-    n_parallel > 1 splits the context into that many slots (n_ctx / n_parallel tokens each) that
+    n_ctx None: 4096 tokens, or the model's training context if smaller (llama.cpp's default); 0: the
+    training context. n_parallel > 1 splits the context into that many slots (n_ctx / n_parallel tokens each) that
     the completion engine decodes together (what the server's -np does).
     """
 
-    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 512, n_batch: int = 512,
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, seed: int = -1, kv_type: str = "f16", n_parallel: int = 1,
                  chat_format: str | None = None, chat_template: str | None = None,
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
@@ -351,7 +353,7 @@ class PowerInfer:
             if isinstance(bias, bool) or not isinstance(bias, (int, float)):
                 raise RequestError("logit_bias values must be numbers (or false to ban a token)", param="logit_bias")
             bias = float("-inf") if bias <= -100 else float(bias)
-            if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            if isinstance(key, str) and re.fullmatch(r"\s*-?[0-9]+\s*", key):   # ASCII digits only: "²" is a text key
                 key = int(key)
             if isinstance(key, int) and not isinstance(key, bool):
                 if not 0 <= key < self.model.n_vocab:
@@ -413,9 +415,14 @@ class PowerInfer:
                                                chat_template=self.chat_template, bos_token=bos, eos_token=eos)
         return self._chat
 
-    def chat_prompt(self, messages, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
-        """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages."""
-        from .chat import ChatTemplateError
+    def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
+        """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages;
+        template_kwargs are extra template variables (chat_template_kwargs), never the template's own."""
+        from .chat import RESERVED_TEMPLATE_VARS, ChatTemplateError
+        clash = sorted(set(template_kwargs) & set(RESERVED_TEMPLATE_VARS))
+        if clash:
+            raise RequestError(f"chat_template_kwargs may not set {', '.join(repr(k) for k in clash)}: the server "
+                               "sets it", param="chat_template_kwargs")
         fmt = self.chat_formatter
         try:
             text = fmt.render(messages, add_generation_prompt=True, **template_kwargs)

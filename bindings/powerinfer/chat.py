@@ -28,6 +28,8 @@ log = logging.getLogger("powerinfer")
 __all__ = ["BUILTIN_TEMPLATES", "ChatFormatter", "ChatTemplateError", "normalize_messages"]
 
 TEMPLATE_KEY = "tokenizer.chat_template"
+# variables the renderer passes to every template; chat_template_kwargs cannot replace them
+RESERVED_TEMPLATE_VARS = ("messages", "add_generation_prompt", "bos_token", "eos_token")
 
 # --- built-in templates (Jinja, rendered by the same sandbox as file templates) -------------------
 
@@ -116,7 +118,7 @@ def _environment():
             import jinja2.ext
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError as e:  # pragma: no cover - jinja2 is a dependency of the server extra
-            raise ImportError("chat templates need jinja2: pip install 'powerinfer[server]' (or jinja2)") from e
+            raise ImportError("chat templates need jinja2: pip install 'powerinfer-py[server]' (or jinja2)") from e
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=[jinja2.ext.loopcontrols])
         env.filters["tojson"] = _tojson
@@ -209,9 +211,13 @@ class ChatFormatter:
             log.warning("chat: the model file has no %s; using the chatml template", TEMPLATE_KEY)
         return cls.builtin("chatml", bos_token=bos_token, eos_token=eos_token)
 
-    def render(self, messages, *, add_generation_prompt: bool = True, **extra: Any) -> str:
-        """The prompt text for messages. Raises ChatTemplateError for bad messages or template errors."""
+    def render(self, messages, /, *, add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt text for messages. Raises ChatTemplateError for bad messages or template errors
+        (extra variables may not replace the template's own, RESERVED_TEMPLATE_VARS)."""
         from jinja2.exceptions import TemplateError
+        clash = sorted(set(extra) & set(RESERVED_TEMPLATE_VARS))
+        if clash:
+            raise ChatTemplateError(f"template variables {clash} are set by the renderer, not by the caller")
         msgs = normalize_messages(messages)
         try:
             return self._template.render(messages=msgs, bos_token=self.bos_token, eos_token=self.eos_token,

@@ -1,7 +1,10 @@
 """Context: the KV cache and decode calls of one model (one or more sequences)."""
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import threading
 
 import numpy as np
 
@@ -10,6 +13,20 @@ from .model import Model
 
 _KV_TYPES = {"f16": lib.PI_TYPE_F16, "f32": lib.PI_TYPE_F32}
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
+DEFAULT_N_CTX = 4096      # llama.cpp's default context size
+log = logging.getLogger("powerinfer")
+
+
+def resolve_n_ctx(model: Model, n_ctx: int | None) -> int:
+    """The context size for a request: None -> 4096, or the model's training context if that is
+    smaller; 0 or less -> the training context. Above the training context: a warning (the model
+    was not trained on positions that far; quality degrades)."""
+    train = model.hparams.n_ctx_train
+    n = min(DEFAULT_N_CTX, train) if n_ctx is None else train if n_ctx <= 0 else int(n_ctx)
+    if n > train:
+        log.warning("warning: n_ctx = %d is larger than the model's training context (%d): expect worse output "
+                    "past %d tokens", n, train, train)
+    return n
 
 
 def resolve_threshold(model: Model, explicit: float | None) -> float:
@@ -54,21 +71,36 @@ def _single_int32(values) -> bool:
     return type(values) in (list, tuple) and len(values) == 1 and _is_int32(values[0])
 
 
+def _serialised(method):
+    """Run the method holding the context's lock: the C context (KV cache, scratch buffers, thread
+    pool) must never be entered by two threads at once."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class Context:
     """Decoding state over a Model.
 
     decode() runs a whole batch (e.g. a prompt) in one C call; logits(i) reads the
     logits of batch row i afterwards.
+
+    Threads: every call that touches the C context (decode, the kv_* calls, the sparse
+    statistics) holds `self.lock`, so calls from several threads are serialised, never
+    interleaved. A decode() and the logits() that reads its result are two calls: a thread that
+    shares the context holds `with ctx.lock:` around both (the lock is re-entrant).
     """
 
-    def __init__(self, model: Model, *, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
+    def __init__(self, model: Model, *, n_ctx: int | None = 512, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
                  dense: bool = False, count_neurons: bool = False):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
-        if n_ctx <= 0:
-            n_ctx = model.hparams.n_ctx_train
+        n_ctx = resolve_n_ctx(model, n_ctx)
         self.model = model
+        self.lock = threading.RLock()
         params = ffi.new("pi_context_params *", lib.pi_context_default_params())
         params.n_ctx = n_ctx
         params.n_batch = min(n_batch, n_ctx) if n_batch > 0 else n_ctx
@@ -90,6 +122,7 @@ class Context:
         self._abort_handle = None
         self._one = None   # reused cffi buffers of the one-token decode
 
+    @_serialised
     def decode(self, tokens, pos=None, seq_id=0, logits: str | np.ndarray = "last") -> None:
         """Evaluate tokens in one step.
 
@@ -180,25 +213,31 @@ class Context:
         return self._logits[i]
 
     # ---- KV cache ----
+    @_serialised
     def seq_pos_max(self, seq: int = 0) -> int:
         if not 0 <= seq < self.n_seq_max:
             raise ValueError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
         return int(lib.pi_kv_seq_pos_max(self._ptr, seq))
 
+    @_serialised
     def kv_seq_rm(self, seq: int = -1, p0: int = 0, p1: int = -1) -> None:
         check(lib.pi_kv_seq_rm(self._ptr, seq, p0, p1), "kv_seq_rm")
 
+    @_serialised
     def kv_seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         check(lib.pi_kv_seq_cp(self._ptr, src, dst, p0, p1), "kv_seq_cp")
 
+    @_serialised
     def kv_clear(self) -> None:
         lib.pi_kv_clear(self._ptr)
 
     @property
+    @_serialised
     def kv_used(self) -> int:
         return int(lib.pi_kv_used_cells(self._ptr))
 
     # ---- sparse statistics ----
+    @_serialised
     def sparse_stats(self) -> tuple[np.ndarray, int]:
         """(active[n_layer], total): (neuron, token) pairs computed per layer since the last reset,
         and the pairs a dense FFN would have computed per layer."""
@@ -207,10 +246,12 @@ class Context:
         check(lib.pi_sparse_stats(self._ptr, ffi.from_buffer("int64_t[]", active), total), "sparse_stats")
         return active, int(total[0])
 
+    @_serialised
     def sparse_stats_reset(self) -> None:
         """Zeroes sparse_stats and neuron_counts."""
         lib.pi_sparse_stats_reset(self._ptr)
 
+    @_serialised
     def neuron_counts(self) -> np.ndarray:
         """[n_layer, n_ff] int64: for each neuron (by its index in the file), the tokens for which the
         FFN computed it since the context was made or the last reset; needs count_neurons=True. These
@@ -221,6 +262,7 @@ class Context:
             check(lib.pi_neuron_counts(self._ptr, il, ffi.from_buffer("int64_t[]", out[il])), "neuron_counts")
         return out
 
+    @_serialised
     def set_abort_callback(self, fn) -> None:
         """fn() -> bool, called between layers; True aborts the running decode."""
         if fn is None:

@@ -139,8 +139,44 @@ def _field_value(field) -> Any:
     return bool(value) if main == GGUFValueType.BOOL else value.item()
 
 
+# The C core reads tensor data with aligned loads (floats, fp16 scales); the file's alignment
+# (general.alignment, 32 by default) keeps every tensor aligned when it is at least this.
+_MIN_DATA_ALIGN = 8
+
+
+def _check_layout(reader: GGUFReader) -> None:
+    """The tensor data layout llama.cpp's loader requires (gguf.cpp): in the order of the tensor
+    infos, each tensor starts at the running sum of the previous sizes, each padded to
+    general.alignment. This rejects misaligned offsets, overlapping or out-of-order tensors, gaps,
+    and a type that does not match the bytes the file reserves for a tensor (e.g. one changed to a
+    smaller type). ValueError naming the tensor."""
+    align = int(reader.alignment)
+    expected, prev = 0, None
+    for t in reader.tensors:
+        rel = int(t.data_offset) - int(reader.data_offset)
+        nbytes = int(t.n_bytes)
+        kind = f"tensor '{t.name}' ({t.tensor_type.name}, {nbytes} bytes)"
+        if rel % align:
+            raise ValueError(f"{kind} has data offset {rel}, not a multiple of general.alignment = {align}")
+        if int(t.data_offset) % _MIN_DATA_ALIGN:
+            raise ValueError(f"{kind} data at file offset {int(t.data_offset)} is not {_MIN_DATA_ALIGN}-byte "
+                             f"aligned (general.alignment = {align}); this build needs aligned tensor data")
+        if rel != expected:
+            prev_kind = f"tensor '{prev.name}' ({prev.tensor_type.name}, {int(prev.n_bytes)} bytes)" if prev else ""
+            what = f"overlaps {prev_kind}" if rel < expected else \
+                f"leaves a gap after {prev_kind}" if prev else "does not start the data section"
+            raise ValueError(f"{kind} has data offset {rel}, expected {expected}: it {what} (tensor data must be "
+                             "contiguous, in the order of the tensor infos, each padded to general.alignment; "
+                             "the file is corrupt or a tensor's type or shape was changed)")
+        expected, prev = rel + (nbytes + align - 1) // align * align, t
+
+
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.gguf"))[:5]
+        raise ModelLoadError(f"{path}: is a directory, not a model file" +
+                             (f" (GGUF files in it: {', '.join(found)})" if found else " (no .gguf file in it)"))
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such model file")
     size = path.stat().st_size
@@ -164,6 +200,10 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     except Exception as e:
         raise ModelLoadError(f"{path}: unreadable metadata ({type(e).__name__}: {e})") from None
 
+    try:
+        _check_layout(reader)
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
     tensors: dict[str, TensorInfo] = {}
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)

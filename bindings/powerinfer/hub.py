@@ -98,6 +98,10 @@ def resolve_model(args: argparse.Namespace, *, log: Callable[[str], None] | None
     if not model:
         raise HubError(f"no model given (use -m FILE or -hf OWNER/NAME; the bundled default {BUNDLED_MODEL} "
                        "is not in this directory)")
+    if Path(model).is_dir():
+        found = sorted(p.name for p in Path(model).glob("*.gguf"))[:5]
+        raise HubError(f"-m {model}: is a directory, not a model file"
+                       + (f" (GGUF files in it: {', '.join(found)})" if found else " (no .gguf file in it)"))
     return Path(model)
 
 

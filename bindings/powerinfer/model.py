@@ -215,6 +215,9 @@ class Model:
         self.metadata = self.file.metadata
         self.hparams = _hparams_from_metadata(self.path, {**self.metadata, "_pwri": self.file.is_sparse})
         self.sparse = self.file.is_sparse
+        threshold = self.metadata.get(SPARSE_THRESHOLD_KEY, 0.0)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            raise ModelLoadError(f"{self.path}: metadata {SPARSE_THRESHOLD_KEY} = {threshold!r} is not a finite number")
         if self.sparse:
             self._check_sparse()
         try:

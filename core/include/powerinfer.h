@@ -16,6 +16,10 @@
  *  - Type ids are the ggml type ids used in GGUF files.
  *  - Python owns the memory-mapped model file; the model keeps pointers into it
  *    and never copies weights.
+ *  - Threads: a pi_context is not thread-safe. It must not be used by two
+ *    threads at once (pi_decode, pi_get_logits, the pi_kv_* and statistics
+ *    calls on one context race on its KV cache and scratch buffers); the caller
+ *    serialises them (the Python Context holds a lock around each call).
  */
 #ifndef POWERINFER_H
 #define POWERINFER_H

@@ -210,13 +210,15 @@ def _convert(model_dir, predictor_dir, outfile, outtype, *, sparse: bool,
     if not (model_dir / "tokenizer.model").is_file():
         raise ConversionError(f"{model_dir}: no tokenizer.model (a SentencePiece vocabulary is required)")
     pred = None
+    if sparse and hp.ffn_act != "relu":
+        # the loader refuses such a file (Model._check_sparse): fail here, before hours of writing
+        raise ConversionError(f"{model_dir}: hidden_act {hp.hidden_act!r}: a sparse (PowerInfer) file needs a "
+                              "ReLU-family FFN (predictors skip the neurons ReLU zeroes); convert this model with "
+                              "convert-dense.py")
     if sparse:
         pred = load_predictors(Path(predictor_dir), n_layer=hp.n_layer, n_embd=hp.n_embd, n_ff=hp.n_ff)
         say(f"predictors: {len(pred.files)} layers, ranks {sorted(set(pred.ranks))}"
             + (f", sparse_threshold {pred.sparse_threshold}" if pred.sparse_threshold is not None else ""))
-        if hp.ffn_act != "relu":
-            log.warning("warning: sparse conversion of a model with hidden_act %r: PowerInfer's predictors "
-                        "assume a ReLU-family activation", hp.hidden_act)
     weights = load_tensors(model_dir)
     say(f"weights: {', '.join(p.name for p in weights.files)} ({len(weights.tensors)} tensors)")
     embd = weights.tensors.get("model.embed_tokens.weight")

@@ -8,6 +8,7 @@ PowerInfer mode patches bytes 0..3 to ``PWRI`` before the rename (spec 1.2).
 """
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,34 @@ def _temp_path(outfile: Path) -> Path:
     return outfile.with_name(f".{outfile.name}.{os.getpid()}.tmp")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0          # someone else's live process (or a pid we cannot ask about): keep
+    return True
+
+
+def remove_stale_temps(outfile: Path) -> list[Path]:
+    """Delete the temporary files (_temp_path) that conversions to outfile left when they were killed
+    (SIGKILL, power loss): those whose process is gone. A running conversion's file is kept."""
+    removed = []
+    prefix, suffix = f".{outfile.name}.", ".tmp"
+    for p in outfile.parent.glob(f".{glob.escape(outfile.name)}.*.tmp"):
+        pid = p.name[len(prefix):-len(suffix)]
+        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+            log.info("removed %s, left by an interrupted conversion", p)
+        except OSError:
+            pass
+    return removed
+
+
 def write_gguf(outfile: str | os.PathLike, arch: str, add_metadata: Callable[[gguf.GGUFWriter], None],
                tensors: list[TensorSpec], *, powerinfer_magic: bool = False,
                progress: Callable[[str], None] | None = None) -> Path:
@@ -76,6 +105,7 @@ def write_gguf(outfile: str | os.PathLike, arch: str, add_metadata: Callable[[gg
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise ConversionError("duplicate tensor names in the conversion plan")
+    remove_stale_temps(outfile)
     tmp = _temp_path(outfile)
     w = gguf.GGUFWriter(None, arch)
     try:

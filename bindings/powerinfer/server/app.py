@@ -141,11 +141,31 @@ def field(body: dict, name: str, kind: str, default=_MISSING, *, aliases: tuple 
     return value
 
 
-async def read_json(request: Request, state: ServerState) -> dict:
-    try:
-        raw = await asyncio.wait_for(request.body(), timeout=state.timeout)
-    except asyncio.TimeoutError:
-        raise RequestError("timed out reading the request body", code="request_timeout", status=408) from None
+def _lone_surrogate(value, path: str = "") -> str | None:
+    """The path of the first string (key or value) holding a lone UTF-16 surrogate ("\\ud800" is
+    valid JSON but not text: it cannot be encoded, tokenized or sent back), else None."""
+    stack = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return p or "(body)"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                sub = f"{p}.{k}" if p else str(k)
+                try:
+                    k.encode("utf-8")
+                except UnicodeEncodeError:
+                    return (p + "." if p else "") + ascii(k)
+                stack.append((x, sub))
+        elif isinstance(v, list):
+            stack.extend((x, f"{p}[{i}]") for i, x in enumerate(v))
+    return None
+
+
+def _parse_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw or b"")
     except (ValueError, RecursionError) as e:      # JSONDecodeError, bad UTF-8, absurd nesting or numbers
@@ -153,7 +173,25 @@ async def read_json(request: Request, state: ServerState) -> dict:
                            code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {_typename(body)}", code="invalid_json")
+    bad = _lone_surrogate(body)
+    if bad is not None:
+        raise RequestError(f"'{bad}' holds a lone UTF-16 surrogate (e.g. \\ud800), which is not text",
+                           code="invalid_json", param=bad.split(".")[0].split("[")[0])
     return body
+
+
+_BIG_BODY = 64 << 10      # bodies above this are parsed off the event loop
+
+
+async def read_json(request: Request, state: ServerState) -> dict:
+    """The request body as a JSON object whose strings are all valid text; RequestError (4xx) otherwise."""
+    try:
+        raw = await asyncio.wait_for(request.body(), timeout=state.timeout)
+    except asyncio.TimeoutError:
+        raise RequestError("timed out reading the request body", code="request_timeout", status=408) from None
+    if len(raw) > _BIG_BODY:
+        return await run_in_threadpool(_parse_body, raw)
+    return _parse_body(raw)
 
 
 def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
@@ -332,31 +370,35 @@ def build_routes(state: ServerState) -> list[Route]:
         add_special = field(body, "add_special", "bool", False)
         parse_special = field(body, "parse_special", "bool", True)
         with_pieces = field(body, "with_pieces", "bool", False)
-        toks = await run_in_threadpool(llm.tokenizer.encode, content, add_special=add_special,
-                                       parse_special=parse_special)
-        if not with_pieces:
-            return JSON({"tokens": toks})
-        out = []
-        for t in toks:
-            b = llm.tokenizer.token_to_piece(t)
-            try:
-                piece: Any = b.decode("utf-8")
-            except UnicodeDecodeError:
-                piece = list(b)
-            out.append({"id": t, "piece": piece})
-        return JSON({"tokens": out})
+        def work() -> bytes:      # long texts: off the event loop, the JSON rendering included
+            toks = llm.tokenizer.encode(content, add_special=add_special, parse_special=parse_special)
+            if not with_pieces:
+                return dumps({"tokens": toks}).encode("utf-8")
+            out = []
+            for t in toks:
+                b = llm.tokenizer.token_to_piece(t)
+                try:
+                    piece: Any = b.decode("utf-8")
+                except UnicodeDecodeError:
+                    piece = list(b)
+                out.append({"id": t, "piece": piece})
+            return dumps({"tokens": out}).encode("utf-8")
+        return Response(await run_in_threadpool(work), media_type="application/json")
 
     async def detokenize(request: Request):
         llm = state.require()
         body = await read_json(request, state)
         toks = field(body, "tokens", "list")
         n = llm.model.n_vocab
-        for t in toks:
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise RequestError("'tokens' must be an array of integers", param="tokens")
-            if not 0 <= t < n:
-                raise RequestError(f"token {t} is out of range [0, {n})", param="tokens")
-        return JSON({"content": llm.detokenize(toks)})
+
+        def work() -> bytes:      # long token lists: off the event loop
+            for t in toks:
+                if isinstance(t, bool) or not isinstance(t, int):
+                    raise RequestError("'tokens' must be an array of integers", param="tokens")
+                if not 0 <= t < n:
+                    raise RequestError(f"token {t} is out of range [0, {n})", param="tokens")
+            return dumps({"content": llm.detokenize(toks)}).encode("utf-8")
+        return Response(await run_in_threadpool(work), media_type="application/json")
 
     # ---- native completion
     async def completion(request: Request):

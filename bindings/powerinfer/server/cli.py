@@ -8,22 +8,23 @@ import sys
 import threading
 import time
 
+from ..cli_args import ArgumentParser, add_llama_compat_args, apply_llama_compat
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
 log = logging.getLogger("powerinfer.server")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="server.py",
         description="PowerInfer HTTP server: llama.cpp native routes (/completion, /tokenize, ...) and "
                     "OpenAI-compatible routes (/v1/completions, /v1/chat/completions, /v1/models).")
     add_model_args(p, default=bundled_model())
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
-    p.add_argument("-c", "--ctx-size", type=int, default=2048,
+    p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help="KV cache size in tokens, shared by the slots: each slot gets ctx-size / parallel "
-                        "(0 = the model's training context) (default: %(default)s)")
+                        "(0 = the model's training context) (default: 4096, or the training context if smaller)")
     p.add_argument("-np", "--parallel", type=int, default=1,
                    help="number of slots: requests decoded together by continuous batching (default: %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: physical cores)")
@@ -55,10 +56,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds to wait for a request body, and idle keep-alive time (default: %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--log-disable", action="store_true", help="log warnings and errors only")
+    add_llama_compat_args(p)
     args = p.parse_args(argv)
+    apply_llama_compat(p, args, prog="server")
     if args.parallel < 1 or args.parallel > 64:
         p.error("-np/--parallel must be in [1, 64]")
-    if args.ctx_size < 0:
+    if args.ctx_size is not None and args.ctx_size < 0:
         p.error("-c/--ctx-size must be >= 0")
     return args
 
@@ -142,7 +145,7 @@ def main(argv=None) -> int:
 
         from .app import ServerState, create_app
     except ImportError as e:
-        print(f"error: the server needs starlette, uvicorn and jinja2 (pip install 'powerinfer[server]'): {e}",
+        print(f"error: the server needs starlette, uvicorn and jinja2 (pip install 'powerinfer-py[server]'): {e}",
               file=sys.stderr)
         return 1
     try:
@@ -185,7 +188,10 @@ def main(argv=None) -> int:
     threading.Thread(target=exit_on_load_error, daemon=True).start()
     log.info("server: listening on http://%s:%d (%s)", args.host, args.port,
              "API key required" if keys else "no API key")
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:     # uvicorn re-raises the SIGINT it shut down for: Ctrl+C is a clean exit
+        pass
     if state.load_error:
         print(f"error: failed to load model: {state.load_error}", file=sys.stderr)
         return 1

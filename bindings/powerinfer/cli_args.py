@@ -1,0 +1,138 @@
+"""Command-line conventions shared by examples/main.py, the server, batched.py and perplexity.py.
+
+llama.cpp users bring llama.cpp's flags. Two things keep those from giving misleading errors:
+
+* `ArgumentParser` matches option names exactly. Python's argparse would otherwise read
+  `-ngl 99` as `-n gl` ("invalid int value 'gl'"), `-fa` as `-f a`, and `--temp` as any
+  unambiguous `--temp...` option; here an unknown flag is reported by its own name.
+* `add_llama_compat_args` accepts llama.cpp's common flags that this CPU build has no use
+  for (`-fa`, `--mlock`, `--no-mmap`, `--jinja`, `-tb`, `-ub`) and the KV cache type flags
+  `-ctk/-ctv`; `apply_llama_compat` then says once, on stderr, which of them change nothing,
+  and maps `-ctk/-ctv` onto `--kv-type` (types this build does not have are an error).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+KV_TYPES = ("f16", "f32")
+# llama.cpp's cache types (ggml_type names) that this build has no KV cache for
+_UNSUPPORTED_KV = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse without prefix matching: no abbreviated long options and no `-xVALUE` splitting of
+    single-dash options, so that every option is recognised by its full name or reported by it."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string):
+        return []          # exact names only (argparse's '--opt=value' form still works)
+
+
+# dest -> (flag as shown, why it changes nothing)
+_NO_EFFECT = {
+    "flash_attn": ("-fa/--flash-attn", "attention is computed by the one CPU kernel this build has"),
+    "mlock": ("--mlock", "weights are not locked in RAM (the memory-mapped file is paged as needed)"),
+    "no_mmap": ("--no-mmap", "the model file is always memory-mapped"),
+    "jinja": ("--jinja", "chat templates are always rendered with Jinja"),
+    "threads_batch": ("-tb/--threads-batch", "-t is used for prompts and generation alike"),
+    "ubatch_size": ("-ub/--ubatch-size", "-b is the only batch size"),
+}
+
+
+def add_llama_compat_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's common flags: accepted; see apply_llama_compat."""
+    g = p.add_argument_group("llama.cpp compatibility (accepted; the ones that change nothing say so)")
+    g.add_argument("-fa", "--flash-attn", nargs="?", const="on", default=None, choices=["on", "off", "auto"],
+                   help="no effect: one attention kernel")
+    g.add_argument("--mlock", action="store_true", default=None, help="no effect")
+    g.add_argument("--no-mmap", action="store_true", default=None, help="no effect: the file is always mapped")
+    g.add_argument("--jinja", action="store_true", default=None, help="no effect: templates are always Jinja")
+    g.add_argument("-tb", "--threads-batch", type=int, default=None, help="no effect: -t is used throughout")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=None, help="no effect: -b is the batch size")
+    g.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
+                   help=f"KV cache type (as --kv-type: {', '.join(KV_TYPES)}; K and V share one type)")
+    g.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", help="as -ctk")
+
+
+def apply_llama_compat(p: argparse.ArgumentParser, args: argparse.Namespace, *, prog: str,
+                       log: Callable[[str], None] | None = None) -> None:
+    """After parse_args: one stderr line per given flag that changes nothing, and -ctk/-ctv folded
+    into args.kv_type (p.error, exit status 2, for a type this build has no KV cache for)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    for dest, (flag, why) in _NO_EFFECT.items():
+        if getattr(args, dest, None) is not None:
+            log(f"{prog}: note: {flag} is accepted for llama.cpp compatibility and changes nothing: {why}")
+    types = {flag: getattr(args, dest, None) for flag, dest in (("-ctk", "cache_type_k"), ("-ctv", "cache_type_v"))}
+    given = {flag: t.lower() for flag, t in types.items() if t is not None}
+    for flag, t in given.items():
+        if t not in KV_TYPES:
+            known = t in _UNSUPPORTED_KV
+            p.error(f"{flag} {t}: {'a ' + t + ' KV cache is not supported by this build' if known else 'unknown type'}"
+                    f" (supported: {', '.join(KV_TYPES)})")
+    if len(set(given.values())) > 1:
+        p.error(f"-ctk {given['-ctk']} and -ctv {given['-ctv']} differ: K and V share one cache type here")
+    if given:
+        kv = next(iter(given.values()))
+        current = getattr(args, "kv_type", None)
+        if current is not None and current != p.get_default("kv_type") and current != kv:
+            p.error(f"--kv-type {current} and -ctk/-ctv {kv} disagree")
+        args.kv_type = kv
+
+
+def threads_in_use(n_threads: int | None) -> int:
+    """The thread count a context made with n_threads runs (<= 0 or None: the physical cores)."""
+    if n_threads and n_threads > 0:
+        return int(n_threads)
+    from ._ffi import ffi, lib
+    out = ffi.new("pi_threadpool **")
+    if lib.pi_threadpool_create(0, out) != lib.PI_OK:
+        return 0
+    try:
+        return int(lib.pi_threadpool_size(out[0]))
+    finally:
+        lib.pi_threadpool_free(out[0])
+
+
+class LoadProgress:
+    """`with LoadProgress(): model = Model(...)`: if loading takes more than `after` seconds, dots
+    on stderr as llama.cpp prints them (one per `every` seconds), then the time it took."""
+
+    def __init__(self, label: str = "load", *, after: float = 1.0, every: float = 0.25, out=None):
+        import threading
+        self.label, self.after, self.every = label, after, every
+        self.out = out or sys.stderr
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="powerinfer-load-progress", daemon=True)
+        self.shown = False
+
+    def _run(self) -> None:
+        import time
+        self.t0 = time.perf_counter()
+        if self._stop.wait(self.after):
+            return
+        self.shown = True
+        self.out.write(f"{self.label}: loading ")
+        self.out.flush()
+        while not self._stop.wait(self.every):
+            self.out.write(".")
+            self.out.flush()
+
+    def __enter__(self):
+        import time
+        self.t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        import time
+        self._stop.set()
+        self._thread.join()
+        if self.shown:
+            self.out.write(f" {'done' if exc[0] is None else 'failed'} ({time.perf_counter() - self.t0:.2f} s)\n")
+            self.out.flush()
+        return False

@@ -63,7 +63,9 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
-                 dense: bool = False, count_neurons: bool = False):
+                 dense: bool = False, count_neurons: bool = False, vram_budget: int | None = None,
+                 reset_gpu_index: bool = False, disable_gpu_index: bool = False, n_gpu_layers: int | None = None,
+                 main_gpu: int = 0):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
         if n_ctx <= 0:
@@ -89,6 +91,15 @@ class Context:
         self.n_threads = params.n_threads if params.n_threads > 0 else None
         self._abort_handle = None
         self._one = None   # reused cffi buffers of the one-token decode
+        # GPU placement (powerinfer.offload): sparse files by vram_budget (bytes; None: free device memory
+        # minus 256 MiB when there is a device) and the .gpuidx hot neurons, dense files by n_gpu_layers
+        self.gpu_plan = None
+        self.gpu_index = None
+        self.offload = None
+        self.gpu_warnings: list[str] = []
+        from .offload import place
+        place(self, vram_budget=vram_budget, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
+              n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, kv_type=kv_type)
 
     def decode(self, tokens, pos=None, seq_id=0, logits: str | np.ndarray = "last") -> None:
         """Evaluate tokens in one step.

@@ -14,6 +14,14 @@ __all__ = ["Context", "HParams", "PowerInfer", "Model", "ModelLoadError", "Power
 
 
 def system_info() -> str:
-    """The SIMD features libpowerinfer was built with."""
+    """The SIMD features libpowerinfer was built with, its GPU backend and devices."""
     from ._ffi import ffi, lib
-    return ffi.string(lib.pi_system_info()).decode()
+    info = ffi.string(lib.pi_system_info()).decode()
+    n = int(lib.pi_device_count())
+    devs = []
+    p = ffi.new("pi_device_info *")
+    for i in range(n):
+        if lib.pi_device_get_info(i, p) == 0:
+            devs.append(f"{i}: {ffi.string(p.name).decode()}, {p.total_bytes / 2**20:.0f} MiB")
+    gpu = ffi.string(lib.pi_gpu_backend_name()).decode()
+    return f"{info.rstrip(' |')} | GPU = {gpu} ({n} device{'s' if n != 1 else ''}{': ' if devs else ''}{'; '.join(devs)})"

@@ -400,6 +400,9 @@ typedef struct pi_offload_stats {
 PI_API int64_t   pi_offload_compute_bytes(const pi_model *model, int32_t device, int32_t n_ctx, int32_t n_batch);
 PI_API pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *params);
 PI_API pi_status pi_context_offload_stats(const pi_context *ctx, pi_offload_stats *out);
+/* The hot neurons of layer il as the device holds them (its copy of the bucket, read back), into ids
+ * (n_ff entries at most; NULL: only count them). Returns their number, or -1 and an error. */
+PI_API int32_t   pi_context_hot_neurons(pi_context *ctx, int32_t il, int32_t *ids);
 
 /* PI_CDEF_END */
 

@@ -360,3 +360,22 @@ fail:
     pi_offload_release(ctx);
     return st;
 }
+
+int32_t pi_context_hot_neurons(pi_context *ctx, int32_t il, int32_t *ids) {
+    if (!ctx) { pi_fail(PI_ERR_INVALID_ARG, "pi_context_hot_neurons: context is NULL"); return -1; }
+    const pi_hparams *hp = &ctx->model->hp;
+    if (il < 0 || il >= hp->n_layer) {
+        pi_fail(PI_ERR_INVALID_ARG, "pi_context_hot_neurons: layer %d is out of range [0, %d)", il, hp->n_layer);
+        return -1;
+    }
+    const pi_layer_exec *lx = &ctx->lx[il];
+    if (ids && lx->n_hot > 0) {
+        if (lx->bucket) {
+            pi_status st = ctx->dev.be->i->download(ctx->dev.be, ids, lx->bucket, (size_t)lx->n_hot * sizeof(int32_t));
+            if (st != PI_OK) return -1;
+        } else {
+            for (int32_t i = 0; i < hp->n_ff; i++) ids[i] = i;
+        }
+    }
+    return (int32_t)lx->n_hot;
+}

@@ -18,6 +18,7 @@ from pathlib import Path
 import powerinfer as pi
 from powerinfer.generate import ContextFull, Generator, Timings
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
+from powerinfer.offload import add_gpu_args, gpu_kwargs
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 
@@ -66,6 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
+    add_gpu_args(p)
     args = p.parse_args(argv)
     args.interactive = args.interactive or args.interactive_first
     return args
@@ -129,7 +131,10 @@ def run(args) -> int:
         params.validate()
         n_ctx = min(512, model.hparams.n_ctx_train) if args.ctx_size is None else args.ctx_size
         ctx = pi.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense)
+                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense,
+                         **gpu_kwargs(args))
+        for line in ctx.gpu_log:
+            log(line)
     except (ValueError, pi.PowerInferError) as e:
         log(f"error: {e}")
         return 1

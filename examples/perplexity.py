@@ -23,6 +23,7 @@ from pathlib import Path
 
 import powerinfer as pi
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
+from powerinfer.offload import add_gpu_args, gpu_kwargs
 from powerinfer.perplexity import KLDBase, perplexity
 
 
@@ -47,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "with it: the saved run to compare against")
     p.add_argument("--kl-divergence", action="store_true",
                    help="compare this run with --kl-divergence-base: mean KL divergence, top-1 agreement, PPL ratio")
+    add_gpu_args(p)
     return p.parse_args(argv)
 
 
@@ -106,7 +108,10 @@ def run(args) -> int:
     log(f"perplexity: loaded {model.describe()}")
     try:
         ctx = pi.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense)
+                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense,
+                         **gpu_kwargs(args))
+        for line in ctx.gpu_log:
+            log(line)
     except (ValueError, pi.PowerInferError) as e:
         log(f"error: {e}")
         return 1

@@ -279,3 +279,16 @@ else:
 
     def test_system_info_names_the_device():
         assert "emulated" in pi.system_info()
+
+    def test_examples_log_the_placement(tinyrelu, dense_llama):
+        main = str(REPO / "examples" / "main.py")
+        common = ["-p", "Once upon a time", "-n", "4", "--temp", "0", "-c", "64"]
+        b = budgets(tinyrelu, pi.Model(tinyrelu), 64)[3] / 2**30
+        r = subprocess.run([sys.executable, main, "-m", str(tinyrelu), *common, "--vram-budget", f"{b:.6f}"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "llm_load_gpu_split: offloaded" in r.stderr and "VRAM used" in r.stderr and "hot" in r.stderr
+        r = subprocess.run([sys.executable, main, "-m", str(dense_llama), *common, "-ngl", "2"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "offloading 2 repeating layers to GPU" in r.stderr and "offloaded 2/4 layers" in r.stderr

@@ -97,6 +97,7 @@ class Context:
         self.gpu_index = None
         self.offload = None
         self.gpu_warnings: list[str] = []
+        self.gpu_log: list[str] = []   # the placement's log lines (also logged at INFO)
         from .offload import place
         place(self, vram_budget=vram_budget, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
               n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, kv_type=kv_type)

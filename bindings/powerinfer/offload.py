@@ -85,24 +85,30 @@ def _offload(ctx, placements, output: bool, budget: int, device: int) -> None:
     check(lib.pi_context_offload(ctx._ptr, p), "offloading to the GPU")
 
 
-def _log_sparse(st: OffloadStats, budget: int) -> None:
-    log.info("llm_load_sparse_model_tensors: using %s for GPU acceleration (%s)", st.backend, st.device_name)
-    log.info("llm_load_sparse_model_tensors: offloaded layers from VRAM budget(%d bytes): %d/%d",
-             budget, st.n_attn_layers, st.n_layer)
-    log.info("llm_load_gpu_split: offloaded %.2f MiB of FFN weights to GPU (%d layers, %d of %d neurons hot)",
-             st.ffn_bytes / MIB, st.n_ffn_layers, st.n_hot, st.n_neurons)
-    log.info("llm_load_sparse_model_tensors: VRAM used: %.2f MiB (model %.2f MiB, KV cache %.2f MiB, compute %.2f MiB)",
-             st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB, st.compute_bytes / MIB)
+def _info(ctx, fmt: str, *args) -> None:
+    line = fmt % args
+    ctx.gpu_log.append(line)
+    log.info("%s", line)
 
 
-def _log_dense(st: OffloadStats, n_gpu_layers: int) -> None:
-    log.info("llm_load_tensors: using %s for GPU acceleration (%s)", st.backend, st.device_name)
-    log.info("llm_load_tensors: offloading %d repeating layers to GPU", st.n_attn_layers)
+def _log_sparse(ctx, st: OffloadStats, budget: int) -> None:
+    _info(ctx, "llm_load_sparse_model_tensors: using %s for GPU acceleration (%s)", st.backend, st.device_name)
+    _info(ctx, "llm_load_sparse_model_tensors: offloaded layers from VRAM budget(%d bytes): %d/%d",
+           budget, st.n_attn_layers, st.n_layer)
+    _info(ctx, "llm_load_gpu_split: offloaded %.2f MiB of FFN weights to GPU (%d layers, %d of %d neurons hot)",
+           st.ffn_bytes / MIB, st.n_ffn_layers, st.n_hot, st.n_neurons)
+    _info(ctx, "llm_load_sparse_model_tensors: VRAM used: %.2f MiB (model %.2f MiB, KV cache %.2f MiB, compute %.2f MiB)",
+           st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB, st.compute_bytes / MIB)
+
+
+def _log_dense(ctx, st: OffloadStats, n_gpu_layers: int) -> None:
+    _info(ctx, "llm_load_tensors: using %s for GPU acceleration (%s)", st.backend, st.device_name)
+    _info(ctx, "llm_load_tensors: offloading %d repeating layers to GPU", st.n_attn_layers)
     if st.output:
-        log.info("llm_load_tensors: offloading non-repeating layers to GPU")
-    log.info("llm_load_tensors: offloaded %d/%d layers to GPU", st.n_attn_layers + int(st.output), st.n_layer + 1)
-    log.info("llm_load_tensors: VRAM used: %.2f MiB (model %.2f MiB, KV cache %.2f MiB, compute %.2f MiB)",
-             st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB, st.compute_bytes / MIB)
+        _info(ctx, "llm_load_tensors: offloading non-repeating layers to GPU")
+    _info(ctx, "llm_load_tensors: offloaded %d/%d layers to GPU", st.n_attn_layers + int(st.output), st.n_layer + 1)
+    _info(ctx, "llm_load_tensors: VRAM used: %.2f MiB (model %.2f MiB, KV cache %.2f MiB, compute %.2f MiB)",
+           st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB, st.compute_bytes / MIB)
 
 
 def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_index: bool,
@@ -135,7 +141,7 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
         _offload(ctx, placements, output, 0, main_gpu)
         ctx.offload = _stats(ctx, main_gpu)
         if ctx.offload:
-            _log_dense(ctx.offload, ngl)
+            _log_dense(ctx, ctx.offload, ngl)
         return
     # sparse (PWRI) files
     if n_gpu_layers:
@@ -177,7 +183,34 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
     _offload(ctx, placements, True, budget, main_gpu)
     ctx.offload = _stats(ctx, main_gpu)
     if ctx.offload:
-        _log_sparse(ctx.offload, budget)
+        _log_sparse(ctx, ctx.offload, budget)
+
+
+def add_gpu_args(p, *, positional_note: str = "") -> None:
+    """--vram-budget, --reset-gpu-index, --disable-gpu-index, -ngl/--n-gpu-layers (the original's flags)."""
+    g = p.add_argument_group("GPU offload")
+    g.add_argument("--vram-budget", type=float, default=None, metavar="GIB",
+                   help="PowerInfer (sparse) files: GiB of GPU memory to use: attention, predictors, KV cache and "
+                        "compute buffers first, then the hottest FFN neurons (default: free GPU memory - 256 MiB; "
+                        "no GPU: ignored with a warning)")
+    g.add_argument("--reset-gpu-index", action="store_true",
+                   help="regenerate <model>.generated.gpuidx (the hot-neuron split) even if it is up to date")
+    g.add_argument("--disable-gpu-index", action="store_true",
+                   help="no hot FFN neurons on the GPU (attention etc. still go there)")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None,
+                   metavar="N", help="dense GGUF files: layers to put on the GPU, the last N (-1 or > n_layer: all, "
+                                     "with the output head) (default: 0)")
+
+
+def gpu_kwargs(args) -> dict:
+    """Context/PowerInfer keyword arguments of the flags add_gpu_args defines (GiB -> bytes)."""
+    vb = getattr(args, "vram_budget", None)
+    if vb is not None and not vb >= 0:
+        raise ValueError(f"--vram-budget must be >= 0 GiB, got {vb}")
+    return dict(vram_budget=None if vb is None else int(vb * 2**30),
+                reset_gpu_index=bool(getattr(args, "reset_gpu_index", False)),
+                disable_gpu_index=bool(getattr(args, "disable_gpu_index", False)),
+                n_gpu_layers=getattr(args, "n_gpu_layers", None))
 
 
 def lib_backend() -> str:

@@ -50,6 +50,9 @@ typedef struct pi_backend_i {
     int32_t   (*supports_op)(pi_backend *be, int32_t op, int32_t type);
     size_t    (*scratch_bytes)(pi_backend *be, const pi_scratch_need *need);
     void      (*release)(pi_backend *be);
+    /* optional (NULL: none): one device allocation of `bytes` that the following allocs are carved from
+     * (256-byte aligned), so the device holds exactly the counted bytes (no per-buffer rounding) */
+    pi_status (*reserve)(pi_backend *be, size_t bytes);
     /* ops: the semantics of the pi_op_* functions of powerinfer.h */
     pi_status (*mul_mat)(pi_backend *be, const pi_tensor *w, const pi_tensor *x, pi_tensor *y);
     pi_status (*rms_norm)(pi_backend *be, const pi_tensor *x, const pi_tensor *w, float eps, pi_tensor *out);

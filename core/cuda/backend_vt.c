@@ -11,9 +11,14 @@
 
 #include <stdio.h>
 
+#define N_COUNTERS 256   /* sparse FFN calls between two syncs before one is forced */
+
 typedef struct {
     pi_cuda_stream *stream;
-    uint64_t       *counter;   /* device: (neuron, token) pairs of the last sparse FFN */
+    uint64_t       *counter;   /* device [N_COUNTERS]: (neuron, token) pairs of each sparse FFN call */
+    uint64_t       *pairs;     /* pinned host [N_COUNTERS]: their asynchronous copies */
+    int64_t        *dst[N_COUNTERS];   /* where each is added at the next sync */
+    int32_t         n_pending;
     char           *arena;     /* reserve(): one allocation the buffers are carved from */
     size_t          arena_bytes, arena_used;
 } cuda_impl;
@@ -47,16 +52,23 @@ static pi_status cu_reserve(pi_backend *be, size_t bytes) {
     if (st == PI_OK) c->arena_bytes = PI_MAX(bytes, 256);
     return st;
 }
-static pi_status cu_sync(pi_backend *be) { return pi_cuda_stream_sync(S(be)); }
+/* Waits for the stream, then adds the pending sparse FFN counts where they belong. */
+static pi_status cu_sync(pi_backend *be) {
+    cuda_impl *c = be->impl;
+    pi_status st = pi_cuda_stream_sync(c->stream);
+    for (int32_t i = 0; i < c->n_pending; i++) *c->dst[i] += st == PI_OK ? (int64_t)c->pairs[i] : 0;
+    c->n_pending = 0;
+    return st;
+}
 
 static pi_status cu_upload(pi_backend *be, void *dst, const void *src, size_t bytes) {
     pi_status st = pi_cuda_upload(S(be), dst, src, bytes);
-    return st == PI_OK ? pi_cuda_stream_sync(S(be)) : st;
+    return st == PI_OK ? cu_sync(be) : st;
 }
 
 static pi_status cu_download(pi_backend *be, void *dst, const void *src, size_t bytes) {
     pi_status st = pi_cuda_download(S(be), dst, src, bytes);
-    return st == PI_OK ? pi_cuda_stream_sync(S(be)) : st;
+    return st == PI_OK ? cu_sync(be) : st;
 }
 
 static pi_status cu_copy(pi_backend *be, void *dst, const void *src, size_t bytes) {
@@ -82,6 +94,7 @@ static void cu_release(pi_backend *be) {
     if (be->scratch) pi_cuda_free(be->scratch);
     if (c) {
         if (c->counter) pi_cuda_free(c->counter);
+        if (c->pairs) pi_cuda_host_free(c->pairs);
         if (c->arena) pi_cuda_free(c->arena);
         if (c->stream) pi_cuda_stream_free(c->stream);
         free(c);
@@ -155,13 +168,18 @@ static pi_status cu_sparse_ffn(pi_backend *be, const pi_sparse_ffn_weights *w, c
     if (skip) return UNSUP("a skip mask (the GPU computes hot neurons only)");
     if (neuron_counts) return UNSUP("per-neuron counts");
     if (w->up_bias || w->down_bias) return UNSUP("FFN biases");
-    pi_status st = pi_cuda_memset(S(be), c->counter, 0, sizeof(uint64_t));
+    if (c->n_pending == N_COUNTERS) {
+        pi_status st = cu_sync(be);
+        if (st != PI_OK) return st;
+    }
+    const int32_t i = c->n_pending;
+    pi_status st = pi_cuda_memset(S(be), c->counter + i, 0, sizeof(uint64_t));
     if (st == PI_OK)
-        st = pi_cuda_sparse_ffn(S(be), w, bucket, act, mode, x, scores, threshold, out, c->counter, be->scratch);
-    if (st != PI_OK || !n_active) return st;
-    uint64_t pairs = 0;
-    st = cu_download(be, &pairs, c->counter, sizeof pairs);
-    *n_active = (int64_t)pairs;
+        st = pi_cuda_sparse_ffn(S(be), w, bucket, act, mode, x, scores, threshold, out, c->counter + i, be->scratch);
+    if (st == PI_OK && n_active) {   /* read at the next sync: the kernel runs while the CPU goes on */
+        st = pi_cuda_download(S(be), c->pairs + i, c->counter + i, sizeof(uint64_t));
+        if (st == PI_OK) c->dst[c->n_pending++] = n_active;
+    }
     return st;
 }
 
@@ -192,7 +210,7 @@ static size_t cu_scratch(pi_backend *be, const pi_scratch_need *need) {
             b = PI_MAX(b, pi_cuda_sparse_ffn_scratch(&sw, hp->n_embd, hp->n_ff, T));
         }
     }
-    return align_up(b, 256) + 256;   /* + the pairs counter */
+    return align_up(b, 256) + align_up(N_COUNTERS * sizeof(uint64_t), 256);   /* + the pairs counters */
 }
 
 size_t pi_backend_cuda_scratch_bytes(const pi_scratch_need *need) { return cu_scratch(NULL, need); }
@@ -205,10 +223,11 @@ pi_status pi_backend_cuda_create(int32_t device, const pi_scratch_need *need, pi
     cuda_impl *c = calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory"); }
     *be = (pi_backend){ .i = &cuda_ops, .host = 0, .device = device, .impl = c };
-    be->scratch_bytes = cu_scratch(be, need) - 256;
+    be->scratch_bytes = cu_scratch(be, need) - align_up(N_COUNTERS * sizeof(uint64_t), 256);
     st = pi_cuda_stream_create(&c->stream);
     if (st == PI_OK) st = pi_cuda_malloc(&be->scratch, be->scratch_bytes);
-    if (st == PI_OK) st = pi_cuda_malloc((void **)&c->counter, sizeof(uint64_t));
+    if (st == PI_OK) st = pi_cuda_malloc((void **)&c->counter, N_COUNTERS * sizeof(uint64_t));
+    if (st == PI_OK) st = pi_cuda_host_alloc((void **)&c->pairs, N_COUNTERS * sizeof(uint64_t));
     if (st != PI_OK) { cu_release(be); free(be); return st; }
     *out = be;
     return PI_OK;

@@ -76,7 +76,8 @@ typedef struct pi_backend_i {
                            pi_tensor *scores);
     /* The sparse FFN over the n_rows rows of w (compact [E, k] with bucket[j] = neuron of row j, or the
      * whole layer with bucket NULL), reading scores [n_ff, T]; skip[i] != 0 (host mask over neurons,
-     * NULL: none) leaves neuron i out. n_active (host) receives the pairs computed; neuron_counts
+     * NULL: none) leaves neuron i out. n_active (host) is incremented by the pairs computed, by the
+     * backend's next sync at the latest (so an asynchronous device need not wait here); neuron_counts
      * (host [n_ff] or NULL) is incremented per neuron by the tokens that computed it. */
     pi_status (*sparse_ffn)(pi_backend *be, const pi_sparse_ffn_weights *w, const int32_t *bucket, int32_t act,
                             int32_t mode, const pi_tensor *x, const pi_tensor *scores, float threshold,

@@ -149,10 +149,14 @@ static pi_status cpu_sparse_ffn(pi_backend *be, const pi_sparse_ffn_weights *w, 
                                 int32_t mode, const pi_tensor *x, const pi_tensor *scores, float threshold,
                                 const uint8_t *skip, pi_tensor *out, int64_t *n_active, int64_t *neuron_counts) {
     const int64_t T = x->ne[1], F = scores->ne[0];
-    if (!bucket)
-        return pi_sparse_ffn_skip(be->pool, w, act, mode, x, scores, threshold, skip, out, n_active, neuron_counts,
-                                  (char *)be->scratch + align_up((size_t)(T * F) * sizeof(float), 64) +
-                                      align_up((size_t)F * sizeof(int64_t), 64));
+    int64_t pairs = 0;
+    if (!bucket) {
+        pi_status r = pi_sparse_ffn_skip(be->pool, w, act, mode, x, scores, threshold, skip, out, &pairs, neuron_counts,
+                                         (char *)be->scratch + align_up((size_t)(T * F) * sizeof(float), 64) +
+                                             align_up((size_t)F * sizeof(int64_t), 64));
+        if (n_active) *n_active += pairs;
+        return r;
+    }
     /* compact rows: the scores of the bucket's neurons, gathered in bucket order, so row j reads neuron bucket[j] */
     if (skip) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: a bucket and a skip mask together");
     const int64_t k = w->up.ne[1];
@@ -164,8 +168,9 @@ static pi_status cpu_sparse_ffn(pi_backend *be, const pi_sparse_ffn_weights *w, 
     }
     pi_tensor st = pi_tensor_view(PI_TYPE_F32, sc, 2, (int64_t[]){ k, T });
     if (neuron_counts) memset(cnt, 0, (size_t)k * sizeof(int64_t));
-    pi_status r = pi_sparse_ffn_skip(be->pool, w, act, mode, x, &st, threshold, NULL, out, n_active,
+    pi_status r = pi_sparse_ffn_skip(be->pool, w, act, mode, x, &st, threshold, NULL, out, &pairs,
                                      neuron_counts ? cnt : NULL, (char *)cnt + align_up((size_t)F * sizeof(int64_t), 64));
+    if (n_active) *n_active += pairs;
     if (r == PI_OK && neuron_counts)
         for (int64_t j = 0; j < k; j++) neuron_counts[bucket[j]] += cnt[j];
     return r;

@@ -384,23 +384,21 @@ static pi_status sparse_ffn(pi_context *ctx, const pi_layer_exec *lx, int32_t il
         TRY(transfer(c, c_in, e, in, (size_t)(T * E) * sizeof(float)));
         TRY(transfer(c, c->buf.scores, e, e->buf.scores, (size_t)(T * F) * sizeof(float)));
     }
-    int64_t n_hot_pairs = 0, n_cold_pairs = 0;
-    if (hot) {
+    if (hot) {   /* asynchronous on a GPU: the CPU's cold neurons below run meanwhile */
         pi_tensor it = f32_2d(in, E, T), ot = f32_2d(cold ? e->buf.ffn_hot : out, E, T);
         TRY(OP(e, sparse_ffn, &lx->hot, lx->bucket, hp->ffn_act, hp->ffn_gate, &it, &scores, threshold, NULL, &ot,
-               &n_hot_pairs, counts));
+               &ctx->sparse_active[il], counts));
     }
     if (cold) {
         const pi_layer *CL = &ctx->model->layers[il];
         pi_sparse_ffn_weights w = { CL->ffn_gate, CL->ffn_up, CL->ffn_down_t, CL->ffn_up_b.data, CL->ffn_down_t_b.data };
         pi_tensor it = f32_2d(c_in, E, T), ot = f32_2d(c_out, E, T);
         TRY(OP(c, sparse_ffn, &w, NULL, hp->ffn_act, hp->ffn_gate, &it, &c_scores, threshold, lx->hot_mask, &ot,
-               &n_cold_pairs, counts));
+               &ctx->sparse_active[il], counts));
         TRY(transfer(e, out, c, c_out, (size_t)(T * E) * sizeof(float)));
         if (hot) TRY(add_inplace(e, out, e->buf.ffn_hot, E, T));
     }
-    ctx->sparse_active[il] += n_hot_pairs + n_cold_pairs;
-    return PI_OK;
+    return PI_OK;   /* sparse_active[il] is complete after the decode's final sync */
 }
 
 /* Pre-norm sparse FFN (llama, bamboo, opt): the predictor reads the pre-norm residual x, the FFN the normed input. */

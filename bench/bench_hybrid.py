@@ -42,8 +42,10 @@ def make(d: Path, n_layer: int, preset: str) -> tuple[Path, Path]:
         shutil.rmtree(d / "activation")
     (d / "activation").mkdir()
     for il, p in enumerate(summary["preds"]):
-        torch.save(torch.tensor(np.asarray(p.p) * 1000.0, dtype=torch.float32), d / "activation" / f"activation_{il}.pt")
-    print(f"wrote {sparse.name} and {dense.name} ({n_layer} layers of {preset} shape) in {time.time() - t0:.0f}s", flush=True)
+        stats = torch.tensor(np.asarray(p.p) * 1000.0, dtype=torch.float32)   # firing rates as token counts
+        torch.save(stats, d / "activation" / f"activation_{il}.pt")
+    print(f"wrote {sparse.name} and {dense.name} ({n_layer} layers of {preset} shape) in {time.time() - t0:.0f}s",
+          flush=True)
     return sparse, dense
 
 

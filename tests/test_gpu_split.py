@@ -575,6 +575,7 @@ def test_example_gpu_flags_parse():
     for name in ("main", "perplexity", "batched"):
         spec = importlib.util.spec_from_file_location(f"ex_{name}", root / "examples" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod   # dataclasses look their module up there
         spec.loader.exec_module(mod)
         extra = ["-m", "x.gguf"] if name != "batched" else ["x.gguf"]
         a = mod.parse_args([*extra, "-ngl", "7", "--vram-budget", "1.5", "--reset-gpu-index", "--disable-gpu-index"])

@@ -73,7 +73,8 @@ else:
         (d / "activation").mkdir(exist_ok=True)
         rng = np.random.default_rng(seed)
         for i in range(n_layer):
-            torch.save(torch.tensor(rng.pareto(1.5, n_ff), dtype=torch.float32), d / "activation" / f"activation_{i}.pt")
+            act = torch.tensor(rng.pareto(1.5, n_ff), dtype=torch.float32)
+            torch.save(act, d / "activation" / f"activation_{i}.pt")
 
     @pytest.fixture(scope="module")
     def tinyrelu(tmp_path_factory):
@@ -91,8 +92,8 @@ else:
         from make_sparse_model import write_models
         d = tmp_path_factory.mktemp("s7b")
         path = d / "m.powerinfer.gguf"
-        write_models(path, dense_out=d / "dense.gguf", dtype="q4_0", n_vocab=320, n_embd=256, n_ff=704, n_head=4, n_head_kv=4, n_layer=2,
-                     n_ctx_train=512, rank=96, log=lambda *a, **k: None)
+        write_models(path, dense_out=d / "dense.gguf", dtype="q4_0", n_vocab=320, n_embd=256, n_ff=704, n_head=4,
+                     n_head_kv=4, n_layer=2, n_ctx_train=512, rank=96, log=lambda *a, **k: None)
         write_acts(d, 2, 704)
         return path
 
@@ -129,7 +130,8 @@ else:
             if st is None or st.n_hot in (0, n_layer * n_ff):   # no layer is split: the CPU's summation order
                 np.testing.assert_array_equal(logits, cpu_logits, err_msg=f"budget {budget}")
             else:
-                np.testing.assert_allclose(logits, cpu_logits, rtol=HYBRID_TOL, atol=HYBRID_TOL, err_msg=f"budget {budget}")
+                np.testing.assert_allclose(logits, cpu_logits, rtol=HYBRID_TOL, atol=HYBRID_TOL,
+                                           err_msg=f"budget {budget}")
             seen.add("cpu" if st is None else "all" if st.n_hot == n_layer * n_ff else "none" if st.n_hot == 0
                      else "split")
         assert seen == {"cpu", "none", "split", "all"}, seen
@@ -292,3 +294,24 @@ else:
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert "offloading 2 repeating layers to GPU" in r.stderr and "offloaded 2/4 layers" in r.stderr
+
+    def test_models_the_device_cannot_run_stay_on_cpu(tmp_path):
+        """falcon/opt have no device path yet: one warning, the CPU runs them (never a failed Context)."""
+        from test_sparse_archs import write_arch_model
+        path = write_arch_model(tmp_path / "opt.powerinfer.gguf", "opt", ranks=(32, 32))
+        write_acts(tmp_path, 2, 256)
+        model = pi.Model(path)
+        ctx = pi.Context(model, n_ctx=32, vram_budget=64 << 20)
+        assert ctx.offload is None and any("CPU only" in w for w in ctx.gpu_warnings), ctx.gpu_warnings
+        ref = pi.Context(model, n_ctx=32, vram_budget=0)
+        assert greedy(ctx, n=3)[0] == greedy(ref, n=3)[0]
+
+    def test_index_that_cannot_be_written(tinyrelu, tmp_path):
+        """The index file cannot be read or written (here: a directory in its place, as a read-only model
+        directory would): one warning, no hot neurons, the rest still offloaded; never a failed Context."""
+        path = with_acts(tmp_path / "ro", tinyrelu, tinyrelu.parent / "activation")
+        gs.gpuidx_path(path).mkdir()
+        model = pi.Model(path)
+        ctx = pi.Context(model, n_ctx=64, vram_budget=budgets(path, model, 64)[4])
+        assert ctx.offload is not None and ctx.offload.n_hot == 0
+        assert any("empty one will be used" in w for w in ctx.gpu_warnings), ctx.gpu_warnings

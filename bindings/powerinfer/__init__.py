@@ -24,4 +24,5 @@ def system_info() -> str:
         if lib.pi_device_get_info(i, p) == 0:
             devs.append(f"{i}: {ffi.string(p.name).decode()}, {p.total_bytes / 2**20:.0f} MiB")
     gpu = ffi.string(lib.pi_gpu_backend_name()).decode()
-    return f"{info.rstrip(' |')} | GPU = {gpu} ({n} device{'s' if n != 1 else ''}{': ' if devs else ''}{'; '.join(devs)})"
+    listed = f": {'; '.join(devs)}" if devs else ""
+    return f"{info.rstrip(' |')} | GPU = {gpu} ({n} device{'s' if n != 1 else ''}{listed})"

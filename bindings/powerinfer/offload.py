@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import gpu_split as gs
-from ._ffi import check, ffi, lib
+from ._ffi import PowerInferError, check, ffi, lib
 
 log = logging.getLogger("powerinfer")
 MIB = 1 << 20
@@ -67,7 +67,9 @@ def _stats(ctx, device: int) -> OffloadStats | None:
                         compute_bytes=int(s.compute_bytes), total_bytes=int(s.total_bytes))
 
 
-def _offload(ctx, placements, output: bool, budget: int, device: int) -> None:
+def _offload(ctx, placements, output: bool, budget: int, device: int) -> bool:
+    """pi_context_offload; False (and one warning) when the device cannot run this model (falcon/opt,
+    types without GPU kernels): the context stays on the CPU. Other failures raise."""
     n = len(placements)
     arr = ffi.new("pi_layer_placement[]", n)
     keep = []
@@ -82,7 +84,14 @@ def _offload(ctx, placements, output: bool, budget: int, device: int) -> None:
     p = ffi.new("pi_offload_params *")
     p.device, p.budget_bytes, p.n_layer, p.layers = device, max(0, int(budget)), n, arr
     p.output = lib.PI_PLACE_DEVICE if output else lib.PI_PLACE_CPU
-    check(lib.pi_context_offload(ctx._ptr, p), "offloading to the GPU")
+    try:
+        check(lib.pi_context_offload(ctx._ptr, p), "offloading to the GPU")
+    except PowerInferError as e:
+        if e.status != lib.PI_ERR_UNSUPPORTED:
+            raise
+        _warn(ctx, f"{e}: running on the CPU")
+        return False
+    return True
 
 
 def _info(ctx, fmt: str, *args) -> None:
@@ -94,11 +103,12 @@ def _info(ctx, fmt: str, *args) -> None:
 def _log_sparse(ctx, st: OffloadStats, budget: int) -> None:
     _info(ctx, "llm_load_sparse_model_tensors: using %s for GPU acceleration (%s)", st.backend, st.device_name)
     _info(ctx, "llm_load_sparse_model_tensors: offloaded layers from VRAM budget(%d bytes): %d/%d",
-           budget, st.n_attn_layers, st.n_layer)
+          budget, st.n_attn_layers, st.n_layer)
     _info(ctx, "llm_load_gpu_split: offloaded %.2f MiB of FFN weights to GPU (%d layers, %d of %d neurons hot)",
-           st.ffn_bytes / MIB, st.n_ffn_layers, st.n_hot, st.n_neurons)
-    _info(ctx, "llm_load_sparse_model_tensors: VRAM used: %.2f MiB (model %.2f MiB, KV cache %.2f MiB, compute %.2f MiB)",
-           st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB, st.compute_bytes / MIB)
+          st.ffn_bytes / MIB, st.n_ffn_layers, st.n_hot, st.n_neurons)
+    _info(ctx, "llm_load_sparse_model_tensors: VRAM used: %.2f MiB (model %.2f MiB, KV cache %.2f MiB, "
+          "compute %.2f MiB)", st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB,
+          st.compute_bytes / MIB)
 
 
 def _log_dense(ctx, st: OffloadStats, n_gpu_layers: int) -> None:
@@ -108,7 +118,7 @@ def _log_dense(ctx, st: OffloadStats, n_gpu_layers: int) -> None:
         _info(ctx, "llm_load_tensors: offloading non-repeating layers to GPU")
     _info(ctx, "llm_load_tensors: offloaded %d/%d layers to GPU", st.n_attn_layers + int(st.output), st.n_layer + 1)
     _info(ctx, "llm_load_tensors: VRAM used: %.2f MiB (model %.2f MiB, KV cache %.2f MiB, compute %.2f MiB)",
-           st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB, st.compute_bytes / MIB)
+          st.total_bytes / MIB, (st.model_bytes + st.ffn_bytes) / MIB, st.kv_bytes / MIB, st.compute_bytes / MIB)
 
 
 def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_index: bool,
@@ -138,8 +148,8 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
         first = hp.n_layer - n
         output = ngl < 0 or ngl > hp.n_layer
         placements = [(il >= first, il >= first, None) for il in range(hp.n_layer)]
-        _offload(ctx, placements, output, 0, main_gpu)
-        ctx.offload = _stats(ctx, main_gpu)
+        if _offload(ctx, placements, output, 0, main_gpu):
+            ctx.offload = _stats(ctx, main_gpu)
         if ctx.offload:
             _log_dense(ctx, ctx.offload, ngl)
         return
@@ -162,7 +172,7 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
         plan, idx = gs.ensure_gpu_index(model.path, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, kv_type=kv_type,
                                         explicit=False, reset=reset_gpu_index, disable=disable_gpu_index,
                                         info=info, compute_bytes=compute)
-    except gs.GpuSplitError as e:
+    except (gs.GpuSplitError, OSError) as e:   # e.g. a read-only model directory
         _warn(ctx, f"failed to generate gpu split ({e}), an empty one will be used")
         plan, idx = gs.plan_budget(info, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, kv_type=kv_type,
                                    explicit=False, disable_gpu_index=True, compute_bytes=compute), None
@@ -180,8 +190,8 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
             raise gs.GpuIndexError(f"{gs.gpuidx_path(model.path)} is for {idx.n_layer} layers of {idx.n_ff} neurons")
         hot = [b if len(b) else None for b in idx.buckets]
     placements = [(True, False, hot[il]) for il in range(hp.n_layer)]
-    _offload(ctx, placements, True, budget, main_gpu)
-    ctx.offload = _stats(ctx, main_gpu)
+    if _offload(ctx, placements, True, budget, main_gpu):
+        ctx.offload = _stats(ctx, main_gpu)
     if ctx.offload:
         _log_sparse(ctx, ctx.offload, budget)
 

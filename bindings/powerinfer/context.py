@@ -59,6 +59,12 @@ class Context:
 
     decode() runs a whole batch (e.g. a prompt) in one C call; logits(i) reads the
     logits of batch row i afterwards.
+
+    GPU placement (once, here; see powerinfer.offload): for PowerInfer files vram_budget (bytes;
+    None: free device memory minus 256 MiB when the library sees a device, 0: CPU only),
+    reset_gpu_index and disable_gpu_index; for dense files n_gpu_layers (the last N layers, -1: all
+    with the output head). What was placed is in .offload (None: CPU only), the plan in .gpu_plan,
+    the hot sets in .gpu_index, warnings in .gpu_warnings, the original's log lines in .gpu_log.
     """
 
     def __init__(self, model: Model, *, n_ctx: int = 512, n_batch: int = 512, n_seq_max: int = 1,

@@ -295,7 +295,9 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
         goto fail;
     }
     pi_backend *be = ctx->dev.be;
-    if (be->i->reserve && (st = be->i->reserve(be, (size_t)s.total_bytes - pad(be->scratch_bytes))) != PI_OK) goto fail;
+    /* the rest in one device allocation where the backend can (the scratch is allocated already) */
+    const size_t created = pi_backend_device_scratch_bytes(p->device, &need);
+    if (be->i->reserve && (st = be->i->reserve(be, (size_t)s.total_bytes - created)) != PI_OK) goto fail;
     if (ctx->neuron_counts && s.n_hot > 0 && !be->i->supports_op(be, PI_BOP_NEURON_COUNTS, -1)) {
         st = pi_fail(PI_ERR_UNSUPPORTED, "offload: %s cannot count neurons (count_neurons)", be->i->name);
         goto fail;

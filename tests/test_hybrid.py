@@ -140,8 +140,8 @@ else:
         """A multi-token batch (the batched gather/down path) and two sequences through a split placement."""
         model = pi.Model(tinyrelu)
         b = budgets(tinyrelu, model, 64)[3]
-        ref = pi.Context(model, n_ctx=64, n_seq_max=2, vram_budget=0)
-        hyb = pi.Context(model, n_ctx=64, n_seq_max=2, vram_budget=b)
+        ref = pi.Context(model, n_ctx=64, n_seq_max=2, vram_budget=0, count_neurons=True)
+        hyb = pi.Context(model, n_ctx=64, n_seq_max=2, vram_budget=b, count_neurons=True)
         assert 0 < hyb.offload.n_hot < model.hparams.n_layer * model.hparams.n_ff
         for c in (ref, hyb):
             c.decode(PROMPT, logits="all")
@@ -152,6 +152,7 @@ else:
         a_ref, t_ref = ref.sparse_stats()
         a_hyb, t_hyb = hyb.sparse_stats()
         assert t_ref == t_hyb and np.array_equal(a_ref, a_hyb)   # each (neuron, token) pair counted once
+        np.testing.assert_array_equal(hyb.neuron_counts(), ref.neuron_counts())   # hot ones by their file index
 
     def test_dense_ngl_equals_cpu(dense_llama):
         model = pi.Model(dense_llama)

@@ -18,6 +18,12 @@
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
  *   opt:    LayerNorm (+ bias) everywhere, biases on q/k/v/o and on the FFN's up and down, no rope,
  *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd.
+ *
+ * Every op goes to a backend (backend.h) taken from the per-layer placement table ctx->lx (all CPU
+ * unless pi_context_offload placed parts on a device; offload.c). There is one path for every
+ * placement: a block runs on its backend's buffers, the residual stream x moves between backends only
+ * where consecutive blocks differ (move_x), and a sparse layer with hot neurons on the device runs
+ * them there and its cold ones on the CPU (sparse_ffn).
  */
 #include "context.h"
 

@@ -83,7 +83,7 @@ struct pi_context {
 size_t    pi_buffers_bytes(const pi_model *m, int64_t T, int64_t n_ctx, bool device);
 pi_status pi_buffers_alloc(pi_exec *e, const pi_model *m, int64_t T, int64_t n_ctx, bool device);
 void      pi_buffers_free(pi_exec *e);
-void      pi_offload_release(pi_context *ctx);
+void      pi_offload_release(pi_context *ctx);   /* device memory freed; reads no model (offload.c) */
 void      pi_context_place_cpu(pi_context *ctx);   /* every layer on the CPU (context.c) */   /* back to CPU only, device memory freed (offload.c) */
 
 #endif

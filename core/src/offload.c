@@ -20,6 +20,7 @@ struct pi_device_state {
     size_t   *bytes;
     int32_t   n, cap;
     uint8_t **masks;         /* [n_layer] host hot masks */
+    int32_t   n_layer;       /* (the release must not read the model: it may be gone at process exit) */
 };
 
 static size_t pad(size_t n) { return (n + 255) / 256 * 256; }
@@ -159,7 +160,7 @@ void pi_offload_release(pi_context *ctx) {
     pi_device_state *ds = ctx->ds;
     if (ds) {
         for (int32_t i = ds->n - 1; i >= 0; i--) ctx->dev.be->i->free(ctx->dev.be, ds->ptr[i], ds->bytes[i]);
-        for (int32_t il = 0; ds->masks && il < ctx->model->hp.n_layer; il++) free(ds->masks[il]);
+        for (int32_t il = 0; ds->masks && il < ds->n_layer; il++) free(ds->masks[il]);
         free(ds->masks);
         free(ds->ptr);
         free(ds->bytes);
@@ -172,7 +173,6 @@ void pi_offload_release(pi_context *ctx) {
     ctx->dev.be = NULL;
     memset(&ctx->ostats, 0, sizeof ctx->ostats);
     ctx->ostats.device = -1;
-    if (ctx->lx) pi_context_place_cpu(ctx);
 }
 
 static pi_scratch_need need_of(const pi_model *m, int32_t n_ctx, int32_t n_batch) {
@@ -294,6 +294,7 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
         goto fail;
     }
+    ctx->ds->n_layer = hp->n_layer;
     pi_backend *be = ctx->dev.be;
     /* the rest in one device allocation where the backend can (the scratch is allocated already) */
     const size_t created = pi_backend_device_scratch_bytes(p->device, &need);
@@ -361,6 +362,7 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
     return PI_OK;
 fail:
     pi_offload_release(ctx);
+    pi_context_place_cpu(ctx);   /* the table still points at the CPU (it is replaced only on success) */
     return st;
 }
 

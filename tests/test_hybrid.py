@@ -270,11 +270,12 @@ else:
         assert lib.pi_context_offload(ctx._ptr, p) == lib.PI_ERR_OUT_OF_MEMORY
         assert "budget" in ffi.string(lib.pi_last_error()).decode()
         assert lib.pi_device_allocated_bytes() == base
-        big = pi.Context(model, n_ctx=1 << 20, n_batch=512)     # KV cache + masks past the 1 GiB device
-        p.budget_bytes = 0
-        assert lib.pi_context_offload(big._ptr, p) == lib.PI_ERR_OUT_OF_MEMORY
-        assert "emulated GPU" in ffi.string(lib.pi_last_error()).decode()
-        assert lib.pi_device_allocated_bytes() == base
+        if int(os.environ[ENV]) <= 1024:
+            big = pi.Context(model, n_ctx=1 << 20, n_batch=512)     # KV cache + masks past a 1 GiB device
+            p.budget_bytes = 0
+            assert lib.pi_context_offload(big._ptr, p) == lib.PI_ERR_OUT_OF_MEMORY
+            assert "emulated GPU" in ffi.string(lib.pi_last_error()).decode()
+            assert lib.pi_device_allocated_bytes() == base
         assert greedy(ctx, n=2)[0] == greedy(pi.Context(model, n_ctx=64), n=2)[0]
         p.budget_bytes = 0
         assert lib.pi_context_offload(ctx._ptr, p) == lib.PI_ERR_INVALID_ARG   # after a decode

@@ -250,6 +250,11 @@ else:
         with pytest.raises(ValueError, match="vram_budget"):
             pi.Context(pi.Model(tinyrelu), n_ctx=64, vram_budget=-1)
 
+    def test_budget_above_free_memory_is_clamped(tinyrelu):
+        ctx = pi.Context(pi.Model(tinyrelu), n_ctx=64, vram_budget=1 << 40)
+        assert ctx.offload is not None and any("more than the device has free" in w for w in ctx.gpu_warnings)
+        assert ctx.gpu_plan.budget_bytes <= (int(os.environ[ENV]) << 20) - gs.DEFAULT_MARGIN
+
     def test_default_budget_offloads(tinyrelu):
         """No vram_budget: free device memory minus 256 MiB (the original's default)."""
         ctx = pi.Context(pi.Model(tinyrelu), n_ctx=64)

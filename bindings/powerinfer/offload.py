@@ -164,6 +164,11 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
     budget = int(vram_budget) if explicit else gs.default_budget_bytes(main_gpu)
     if budget is None:
         return
+    auto = gs.default_budget_bytes(main_gpu)
+    if explicit and auto is not None and budget > auto:
+        _warn(ctx, f"vram_budget {budget / 2**30:.2f} GiB is more than the device has free (minus "
+                   f"{gs.DEFAULT_MARGIN >> 20} MiB): using {auto / 2**30:.2f} GiB")
+        budget = auto
     compute = int(lib.pi_offload_compute_bytes(model._ptr, main_gpu, ctx.n_ctx, ctx.n_batch))
     if compute < 0:
         check(-1, "pi_offload_compute_bytes")

@@ -109,14 +109,15 @@ def build_cuda(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def build_rocm(session: nox.Session) -> None:
     """Compile and link libpowerinfer with the ROCm/HIP backend (the core/cuda sources through hipcc)
-    into build-rocm/ (no GPU needed). nox -s build_rocm -- "gfx90a;gfx1100"   (AMD targets)"""
+    into build-rocm/ (no GPU needed). nox -s build_rocm -- "gfx90a;gfx1100"   (AMD targets; default: those of
+    gfx90a, gfx1030, gfx1100 that the installed device libraries support)"""
     hipcc = _find_tool("hipcc", "/opt/rocm/bin", "/opt/rocm-*/bin")
     if not hipcc:
         session.skip("hipcc not found: install ROCm (or Debian's hipcc and libamdhip64-dev) to build the "
                      "ROCm backend")
-    archs = session.posargs[0] if session.posargs else "gfx90a;gfx1100"
-    session.run("cmake", "-S", ".", "-B", "build-rocm", "-DPI_HIP=ON", f"-DPI_HIPCC={hipcc}",
-                f"-DPI_HIP_ARCHITECTURES={archs}", "-DCMAKE_BUILD_TYPE=Release", external=True)
+    archs = [f"-DPI_HIP_ARCHITECTURES={session.posargs[0]}"] if session.posargs else []   # default: CMakeLists.txt's
+    session.run("cmake", "-S", ".", "-B", "build-rocm", "-DPI_HIP=ON", f"-DPI_HIPCC={hipcc}", *archs,
+                "-DCMAKE_BUILD_TYPE=Release", external=True)
     session.run("cmake", "--build", "build-rocm", "-j", str(os.cpu_count() or 2), external=True)
     _check_gpu_exports(session, os.path.abspath("build-rocm/libpowerinfer.so"), 2)
 

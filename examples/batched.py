@@ -26,8 +26,9 @@ import powerinfer as pi
 from powerinfer.generate import Timings
 from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
+from powerinfer.offload import add_gpu_args, gpu_kwargs
 
-POSITIONALS = ("prompt", "n_parallel", "n_len", "threads", "vram_budget", "ngl")
+POSITIONALS = ("prompt", "n_parallel", "n_len", "threads", "vram_budget", "n_gpu_layers")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         usage="%(prog)s [options] [MODEL] [PROMPT] [PARALLEL] [LEN] [N_THREAD]")
     p.add_argument("positional", nargs="*", metavar="ARG",
                    help="MODEL PROMPT PARALLEL LEN N_THREAD, as the original takes them (MODEL is left out "
-                        "when -m or -hf is given); VRAM_BUDGET and NGL after them are accepted and ignored")
+                        "when -m or -hf is given), then VRAM_BUDGET (GiB) and NGL as --vram-budget and -ngl")
     add_model_args(p, default=bundled_model())
     p.add_argument("-p", "--prompt", default=None, help='prompt (default: "Hello my name is")')
     p.add_argument("-np", "--parallel", dest="n_parallel", type=int, default=None,
@@ -60,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
     add_llama_compat_args(p)
+    add_gpu_args(p)
     args = p.parse_intermixed_args(argv)
     apply_llama_compat(p, args, prog="batched")
 
@@ -180,8 +182,6 @@ def run(args) -> int:
     timings.load_ms = model.load_time_s * 1e3
     tok = model.tokenizer
     log(f"main: loaded {model.describe()}")
-    if getattr(args, "vram_budget", None) is not None or getattr(args, "ngl", None) is not None:
-        log("main: VRAM_BUDGET and NGL are ignored (this build has no GPU offload)")
 
     prompt_ids = tok.encode(args.prompt, add_special=True)
     n_prompt = len(prompt_ids)
@@ -201,7 +201,9 @@ def run(args) -> int:
             for s in range(args.n_parallel)]
         ctx = pi.Context(model, n_ctx=n_kv_req, n_batch=n_batch, n_seq_max=args.n_parallel,
                          n_threads=args.threads or None, kv_type=args.kv_type,
-                         sparse_threshold=args.sparse_threshold, dense=args.dense)
+                         sparse_threshold=args.sparse_threshold, dense=args.dense, **gpu_kwargs(args))
+        for line in ctx.gpu_log:
+            log(line)
     except (ValueError, pi.PowerInferError) as e:
         log(f"error: {e}")
         return 1

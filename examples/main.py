@@ -20,6 +20,7 @@ from powerinfer.cli_args import (ArgumentParser, LoadProgress, add_llama_compat_
                                  threads_in_use)
 from powerinfer.generate import ContextFull, Generator, Timings
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
+from powerinfer.offload import add_gpu_args, gpu_kwargs
 
 _SP = pi.SamplingParams()        # the one set of sampling defaults (the API's and the server's too)
 
@@ -86,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     add_llama_compat_args(p)
+    add_gpu_args(p)
     args = p.parse_args(argv)
     apply_llama_compat(p, args, prog="main")
     if args.keep and not args.context_shift:
@@ -181,7 +183,10 @@ def run(args) -> int:
     try:
         params.validate()
         ctx = pi.Context(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense)
+                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense,
+                         **gpu_kwargs(args))
+        for line in ctx.gpu_log:
+            log(line)
     except (ValueError, pi.PowerInferError) as e:
         log(f"error: {e}")
         return 1

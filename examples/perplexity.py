@@ -24,6 +24,7 @@ from pathlib import Path
 import powerinfer as pi
 from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
+from powerinfer.offload import add_gpu_args, gpu_kwargs
 from powerinfer.perplexity import KLDBase, perplexity
 
 
@@ -49,6 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kl-divergence", action="store_true",
                    help="compare this run with --kl-divergence-base: mean KL divergence, top-1 agreement, PPL ratio")
     add_llama_compat_args(p)
+    add_gpu_args(p)
     args = p.parse_args(argv)
     apply_llama_compat(p, args, prog="perplexity")
     return args
@@ -111,7 +113,10 @@ def run(args) -> int:
     log(f"perplexity: loaded {model.describe()}")
     try:
         ctx = pi.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense)
+                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense,
+                         **gpu_kwargs(args))
+        for line in ctx.gpu_log:
+            log(line)
     except (ValueError, pi.PowerInferError) as e:
         log(f"error: {e}")
         return 1

@@ -2,6 +2,7 @@
 file format, the VRAM budget accounting, the index cache rules and bad input. CPU only."""
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import struct
@@ -564,3 +565,25 @@ def test_gpu_api_is_always_exported():
         msg = ffi.string(lib.pi_last_error()).decode()
         assert "no GPU device" in msg or "without a GPU backend" in msg
         assert gs.device_info() is None and gs.default_budget_bytes() is None
+
+
+def test_example_gpu_flags_parse():
+    """-ngl is its own option (argparse's prefix matching would read it as -n gl); --vram-budget is GiB."""
+    import importlib.util
+    root = Path(__file__).resolve().parents[1]
+    from powerinfer.offload import gpu_kwargs
+    for name in ("main", "perplexity", "batched"):
+        spec = importlib.util.spec_from_file_location(f"ex_{name}", root / "examples" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod   # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+        extra = ["-m", "x.gguf"] if name != "batched" else ["x.gguf"]
+        a = mod.parse_args([*extra, "-ngl", "7", "--vram-budget", "1.5", "--reset-gpu-index", "--disable-gpu-index"])
+        assert gpu_kwargs(a) == dict(vram_budget=int(1.5 * 2**30), reset_gpu_index=True, disable_gpu_index=True,
+                                     n_gpu_layers=7)
+        assert mod.parse_args([*extra, "--n-gpu-layers", "-1"]).n_gpu_layers == -1
+    from powerinfer.server.cli import parse_args
+    a = parse_args(["-m", "x.gguf", "-ngl", "3", "--vram-budget", "2"])
+    assert a.n_gpu_layers == 3 and a.vram_budget == 2.0
+    with pytest.raises(ValueError, match="vram-budget"):
+        gpu_kwargs(argparse.Namespace(vram_budget=-1.0))

@@ -61,7 +61,7 @@ def tiny(tmp_path_factory) -> Path:
 
 # ------------------------------------------------------------------------------------------ flags
 @pytest.mark.parametrize("argv,named", [
-    (["-ngl", "99"], "-ngl"),          # used to be "-n: invalid int value 'gl'"
+    (["-ngx", "99"], "-ngx"),          # a prefix of nothing: used to be "-n: invalid int value 'gx'"
     (["-n99"], "-n99"),                # no -xVALUE splitting either
     (["--temperature", "0"], "--temperature"),
     (["--tem", "0"], "--tem"),         # no abbreviations of --temp
@@ -73,6 +73,10 @@ def test_unknown_and_abbreviated_flags_are_reported_by_name(argv, named, capsys)
     assert ei.value.code == 2
     err = capsys.readouterr().err
     assert f"unrecognized arguments: {named}" in err, err
+
+
+def test_ngl_is_the_gpu_layer_count_not_n_gl():
+    assert main_mod.parse_args(["-ngl", "99"]).n_gpu_layers == 99
 
 
 def test_fa_is_not_f_a_and_no_effect_flags_say_so_once(capsys):
@@ -101,9 +105,9 @@ def test_cache_type_flags(capsys):
 
 @pytest.mark.parametrize("script", ["examples/server.py", "examples/batched.py", "examples/perplexity.py"])
 def test_other_tools_share_the_exact_flag_matching(script):
-    r = subprocess.run([sys.executable, str(ROOT / script), "-ngl", "99", "-fa"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(ROOT / script), "-ngx", "99", "-fa"], capture_output=True, text=True,
                        timeout=60, env=env())
-    assert r.returncode == 2 and "unrecognized arguments: -ngl" in r.stderr, r.stderr
+    assert r.returncode == 2 and "unrecognized arguments: -ngx" in r.stderr, r.stderr
     assert "invalid int value" not in r.stderr
 
 

@@ -1648,6 +1648,56 @@ def test_sparse_stats_bad_args(model):
     expect(lib.pi_neuron_counts(ctx, 0, counts), INVALID, "not a sparse")   # (test_sparse.py: sparse cases)
 
 
+def test_device_and_offload_bad_args(model):
+    """The GPU placement API (the device itself: tests/test_hybrid.py on the emulated device)."""
+    ctx = make_ctx(model, n_ctx=8)
+    n_dev = lib.pi_device_count()
+    assert n_dev >= 0 and ffi.string(lib.pi_gpu_backend_name())
+    info = ffi.new("pi_device_info *")
+    expect(lib.pi_device_get_info(0, ffi.NULL), INVALID, "NULL")
+    for dev in (-1, n_dev, 2**31 - 1):
+        poison_error()
+        expect(lib.pi_device_get_info(dev, info), INVALID, "does not exist")
+    assert lib.pi_device_allocated_bytes() >= 0 and lib.pi_device_peak_bytes() >= lib.pi_device_allocated_bytes()
+    lib.pi_device_reset_peak()
+    assert lib.pi_offload_compute_bytes(ffi.NULL, 0, 8, 8) == -1
+    assert lib.pi_offload_compute_bytes(model._ptr, 0, 0, 8) == -1
+    assert lib.pi_offload_compute_bytes(model._ptr, -1, 8, 8) == -1
+    st = ffi.new("pi_offload_stats *")
+    expect(lib.pi_context_offload_stats(ffi.NULL, st), INVALID, "NULL")
+    expect(lib.pi_context_offload_stats(ctx, ffi.NULL), INVALID, "NULL")
+    assert lib.pi_context_offload_stats(ctx, st) == OK and st.device == -1
+    assert lib.pi_context_hot_neurons(ffi.NULL, 0, ffi.NULL) == -1
+    assert lib.pi_context_hot_neurons(ctx, TINY["n_layer"], ffi.NULL) == -1
+    assert lib.pi_context_hot_neurons(ctx, 0, ffi.NULL) == 0
+    n_layer = TINY["n_layer"]
+    arr = ffi.new("pi_layer_placement[]", n_layer)
+    p = ffi.new("pi_offload_params *")
+    p.n_layer, p.layers = n_layer, arr
+    expect(lib.pi_context_offload(ffi.NULL, p), INVALID, "NULL")
+    expect(lib.pi_context_offload(ctx, ffi.NULL), INVALID, "NULL")
+    hot = ffi.new("int32_t[]", [3, 2])
+    cases = [(dict(n_layer=n_layer + 1), "layer placements"), (dict(layers=ffi.NULL), "layers is NULL"),
+             (dict(output=7), "output placement"), (dict(attn0=5), "PI_PLACE"), (dict(n_hot0=2), "sparse"),
+             (dict(n_hot0=-1), "sparse")]
+    for kw, words in cases:
+        p.n_layer, p.layers, p.output = kw.get("n_layer", n_layer), kw.get("layers", arr), kw.get("output", 0)
+        arr[0].attn, arr[0].n_hot, arr[0].hot = kw.get("attn0", 0), kw.get("n_hot0", 0), hot
+        poison_error()
+        expect(lib.pi_context_offload(ctx, p), INVALID, words)
+    p.n_layer, p.layers, p.output = n_layer, arr, 0
+    arr[0].attn, arr[0].n_hot = 0, 0
+    assert lib.pi_context_offload(ctx, p) == OK                 # everything on the CPU: nothing to do
+    p.device = 99
+    arr[0].attn = lib.PI_PLACE_DEVICE
+    poison_error()
+    expect(lib.pi_context_offload(ctx, p), UNSUPPORTED, "does not exist")
+    assert _decode(ctx, [1, 2], [0, 1]) == OK
+    p.device = 0
+    poison_error()
+    expect(lib.pi_context_offload(ctx, p), INVALID, "before the first decode")
+
+
 # ---- every public function is exercised above -------------------------------------------
 COVERED = {
     "pi_last_error", "pi_system_info", "pi_type_supported", "pi_type_name", "pi_type_block_size",
@@ -1661,6 +1711,9 @@ COVERED = {
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset", "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",
     "pi_cpu_isa", "pi_cpu_isa_supported", "pi_cpu_isa_set", "pi_cpu_isa_env_error",
+    "pi_device_count", "pi_device_get_info", "pi_device_allocated_bytes", "pi_device_peak_bytes",
+    "pi_device_reset_peak", "pi_gpu_backend_name", "pi_offload_compute_bytes", "pi_context_offload",
+    "pi_context_offload_stats", "pi_context_hot_neurons",
 }
 
 

@@ -16,9 +16,18 @@ CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx")   # lowest first
 
 
 def system_info() -> str:
-    """The CPU kernel level in use, the levels this CPU runs, and its SIMD features."""
+    """The CPU kernel level in use, the levels this CPU runs, its SIMD features, the GPU backend and devices."""
     from ._ffi import ffi, lib
-    return ffi.string(lib.pi_system_info()).decode()
+    info = ffi.string(lib.pi_system_info()).decode()
+    n = int(lib.pi_device_count())
+    devs = []
+    p = ffi.new("pi_device_info *")
+    for i in range(n):
+        if lib.pi_device_get_info(i, p) == 0:
+            devs.append(f"{i}: {ffi.string(p.name).decode()}, {p.total_bytes / 2**20:.0f} MiB")
+    gpu = ffi.string(lib.pi_gpu_backend_name()).decode()
+    listed = f": {'; '.join(devs)}" if devs else ""
+    return f"{info.rstrip(' |')} | GPU = {gpu} ({n} device{'s' if n != 1 else ''}{listed})"
 
 
 def cpu_isa() -> str:

@@ -91,11 +91,19 @@ class Context:
     statistics) holds `self.lock`, so calls from several threads are serialised, never
     interleaved. A decode() and the logits() that reads its result are two calls: a thread that
     shares the context holds `with ctx.lock:` around both (the lock is re-entrant).
+
+    GPU placement (once, here; see powerinfer.offload): for PowerInfer files vram_budget (bytes;
+    None: free device memory minus 256 MiB when the library sees a device, 0: CPU only),
+    reset_gpu_index and disable_gpu_index; for dense files n_gpu_layers (the last N layers, -1: all
+    with the output head). What was placed is in .offload (None: CPU only), the plan in .gpu_plan,
+    the hot sets in .gpu_index, warnings in .gpu_warnings, the original's log lines in .gpu_log.
     """
 
     def __init__(self, model: Model, *, n_ctx: int | None = 512, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
-                 dense: bool = False, count_neurons: bool = False):
+                 dense: bool = False, count_neurons: bool = False, vram_budget: int | None = None,
+                 reset_gpu_index: bool = False, disable_gpu_index: bool = False, n_gpu_layers: int | None = None,
+                 main_gpu: int = 0):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
         n_ctx = resolve_n_ctx(model, n_ctx)
@@ -121,6 +129,16 @@ class Context:
         self.n_threads = params.n_threads if params.n_threads > 0 else None
         self._abort_handle = None
         self._one = None   # reused cffi buffers of the one-token decode
+        # GPU placement (powerinfer.offload): sparse files by vram_budget (bytes; None: free device memory
+        # minus 256 MiB when there is a device) and the .gpuidx hot neurons, dense files by n_gpu_layers
+        self.gpu_plan = None
+        self.gpu_index = None
+        self.offload = None
+        self.gpu_warnings: list[str] = []
+        self.gpu_log: list[str] = []   # the placement's log lines (also logged at INFO)
+        from .offload import place
+        place(self, vram_budget=vram_budget, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
+              n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, kv_type=kv_type)
 
     @_serialised
     def decode(self, tokens, pos=None, seq_id=0, logits: str | np.ndarray = "last") -> None:

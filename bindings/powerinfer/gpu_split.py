@@ -755,10 +755,12 @@ def ffn_row_bytes(info: ModelInfo) -> list[int]:
 
 def plan_budget(info: ModelInfo, budget_bytes: int, *, n_ctx: int = 512, n_batch: int = 512,
                 kv_type: str = "f16", explicit: bool = True, disable_gpu_index: bool = False,
-                group: int = GROUP) -> Plan:
+                group: int = GROUP, compute_bytes: int | None = None) -> Plan:
     """The dense part in priority order, then the capacity left for hot FFN rows (spec 3, with the
     KV cache and compute buffers counted). Raises BudgetError when an explicit budget cannot hold
-    the dense part; with explicit=False returns a plan that offloads nothing, with a warning."""
+    the dense part; with explicit=False returns a plan that offloads nothing, with a warning.
+    compute_bytes: the device bytes of the compute buffers and scratch as the library allocates
+    them (pi_offload_compute_bytes, what Context passes); None: the estimate of compute_buffers()."""
     budget_bytes = int(budget_bytes)
     if budget_bytes < 0:
         raise GpuSplitError(f"VRAM budget {budget_bytes} bytes is negative")
@@ -777,8 +779,11 @@ def plan_budget(info: ModelInfo, budget_bytes: int, *, n_ctx: int = 512, n_batch
         items.append(PlanItem(f"blk.{il} V cache", "kv_v", padded(n_ctx * info.n_embd_kv * kvb)))
     for il in range(info.n_layer):
         items.append(PlanItem(f"blk.{il} K cache", "kv_k", padded(n_ctx * info.n_embd_kv * kvb)))
-    for name, b in compute_buffers(info, n_ctx, n_batch).items():
-        items.append(PlanItem(name, "compute", padded(b)))
+    if compute_bytes is not None:
+        items.append(PlanItem("compute buffers and scratch (libpowerinfer)", "compute", padded(int(compute_bytes))))
+    else:
+        for name, b in compute_buffers(info, n_ctx, n_batch).items():
+            items.append(PlanItem(name, "compute", padded(b)))
     items.append(PlanItem(f"allocator rounding ({ARENAS} arenas)", "reserve", ARENAS * ARENA_ROUNDING))
     dense = sum(i.nbytes for i in items)
     rb = ffn_row_bytes(info)
@@ -840,7 +845,7 @@ def _model_stamp(path: Path) -> dict[str, int]:
 def ensure_gpu_index(model_path: str | os.PathLike, budget_bytes: int, *, n_ctx: int = 512, n_batch: int = 512,
                      kv_type: str = "f16", explicit: bool = True, reset: bool = False, disable: bool = False,
                      activation_dir: str | os.PathLike | None = None, strict: bool = False,
-                     info: ModelInfo | None = None) -> tuple[Plan, GpuIndex | None]:
+                     info: ModelInfo | None = None, compute_bytes: int | None = None) -> tuple[Plan, GpuIndex | None]:
     """The placement of a model under a budget, with its hot sets from `<model>.generated.gpuidx`.
 
     The file is reused only when it was made for the same FFN budget (split.vram_capacity) and total
@@ -851,7 +856,7 @@ def ensure_gpu_index(model_path: str | os.PathLike, budget_bytes: int, *, n_ctx:
     model_path = Path(model_path)
     info = info or ModelInfo.from_gguf(model_path)
     plan = plan_budget(info, budget_bytes, n_ctx=n_ctx, n_batch=n_batch, kv_type=kv_type, explicit=explicit,
-                       disable_gpu_index=disable)
+                       disable_gpu_index=disable, compute_bytes=compute_bytes)
     if not plan.offload or plan.capacity_neurons == 0:
         return plan, None
     act_dir = Path(activation_dir) if activation_dir is not None else model_path.parent / "activation"
@@ -931,22 +936,21 @@ def cuda_api():
 
 
 def gpu_available() -> int:
-    api = cuda_api()
-    return int(api[1].pi_cuda_available()) if api else 0
+    """Devices the library reports: CUDA/HIP GPUs, or the emulated one (POWERINFER_EMULATED_GPU_MIB)."""
+    from ._ffi import lib
+    return int(lib.pi_device_count())
 
 
 def device_info(device: int = 0) -> dict[str, Any] | None:
-    """Name, compute capability, total and free bytes of a device; None without a GPU."""
-    api = cuda_api()
-    if not api or api[1].pi_cuda_available() <= device:
+    """Backend ("cuda", "hip", "emulated"), name, total and free bytes of a device; None without one."""
+    from ._ffi import ffi, lib
+    if not 0 <= device < lib.pi_device_count():
         return None
-    ffi, lib = api
-    p = ffi.new("pi_cuda_device_props *")
-    if lib.pi_cuda_device_info(device, p) != 0:
+    p = ffi.new("pi_device_info *")
+    if lib.pi_device_get_info(device, p) != 0:
         return None
-    return {"name": ffi.string(p.name).decode(), "cc": (p.cc_major, p.cc_minor), "n_sm": p.n_sm,
-            "total_bytes": p.total_bytes, "free_bytes": p.free_bytes,
-            "backend": {1: "cuda", 2: "hip"}.get(lib.pi_cuda_compiled(), "none")}
+    return {"name": ffi.string(p.name).decode(), "backend": ffi.string(p.backend).decode(),
+            "total_bytes": int(p.total_bytes), "free_bytes": int(p.free_bytes)}
 
 
 def default_budget_bytes(device: int = 0) -> int | None:

@@ -73,3 +73,20 @@ pi_status pi_cuda_bench(int32_t op, int32_t type, int64_t n_embd, int64_t n_ff, 
     if (out) memset(out, 0, sizeof *out);
     return NO_GPU("cuda_bench");
 }
+
+/* ---- the device backend of backend.h: none in this build ---- */
+#include "backend.h"
+
+pi_status pi_backend_cuda_create(int32_t device, const pi_scratch_need *need, pi_backend **out) {
+    if (out) *out = NULL;
+    return NO_GPU("GPU backend");
+}
+size_t    pi_backend_cuda_scratch_bytes(const pi_scratch_need *need) { return 0; }
+int32_t   pi_backend_cuda_devices(void) { return 0; }
+pi_status pi_backend_cuda_info(int32_t device, char *name, size_t name_len, int64_t *free_b, int64_t *total_b) {
+    return NO_GPU("GPU device info");
+}
+int64_t   pi_backend_cuda_allocated(void) { return 0; }
+int64_t   pi_backend_cuda_peak(void) { return 0; }
+void      pi_backend_cuda_reset_peak(void) {}
+const char *pi_backend_cuda_name(void) { return NULL; }

@@ -358,6 +358,70 @@ PI_API void      pi_sparse_stats_reset(pi_context *ctx);
  * statistics as PowerInfer's activation_N.pt hold them (tools/profile_sparse.py), measured by the engine. */
 PI_API pi_status pi_neuron_counts(pi_context *ctx, int32_t il, int64_t *counts);
 
+/* ---- GPU devices and the hybrid placement -------------------------------
+ * A device is a CUDA/HIP GPU, or the emulated device that POWERINFER_EMULATED_GPU_MIB=N (read once)
+ * turns on in every build: N MiB of separately counted host memory whose ops run the CPU kernels.
+ * pi_context_offload places a context's layers once, before its first decode: per layer the
+ * attention (norms, q/k/v/o, its KV cache, the predictor) and the FFN (dense files: the whole
+ * FFN; sparse files: the n_hot hot neurons, whose gate/up/down_t rows are copied to the device,
+ * the others computed on the CPU from the mapped file), and the output head. Every device byte
+ * (weights, KV cache, compute buffers, scratch) is counted before anything is allocated and must
+ * fit in budget_bytes. The forward pass is the same for every placement. */
+typedef struct pi_device_info {
+    int32_t device;
+    char    backend[16];      /* "cuda", "hip" or "emulated" */
+    char    name[256];
+    int64_t total_bytes;
+    int64_t free_bytes;
+} pi_device_info;
+
+PI_API int32_t     pi_device_count(void);      /* 0 without a device; never fails */
+PI_API pi_status   pi_device_get_info(int32_t device, pi_device_info *out);
+/* Device bytes held by contexts now / at most since the last reset (all contexts of the process). */
+PI_API int64_t     pi_device_allocated_bytes(void);
+PI_API int64_t     pi_device_peak_bytes(void);
+PI_API void        pi_device_reset_peak(void);
+PI_API const char *pi_gpu_backend_name(void);  /* "emulated", "CUDA", "HIP" or "none" */
+
+enum { PI_PLACE_CPU = 0, PI_PLACE_DEVICE = 1 };
+
+typedef struct pi_layer_placement {
+    int32_t        attn;     /* PI_PLACE_*: attention, KV cache, predictor, FFN norm */
+    int32_t        ffn;      /* dense files: PI_PLACE_* of the FFN; sparse files: unused (n_hot decides) */
+    int32_t        n_hot;    /* sparse files: neurons on the device, 0..n_ff (> 0 needs attn on the device) */
+    const int32_t *hot;      /* [n_hot] ascending neuron ids when 0 < n_hot < n_ff, else unused */
+} pi_layer_placement;
+
+typedef struct pi_offload_params {
+    int32_t                   device;
+    int64_t                   budget_bytes;   /* > 0: fail (nothing allocated) if the placement needs more */
+    int32_t                   n_layer;
+    const pi_layer_placement *layers;         /* [n_layer] */
+    int32_t                   output;         /* PI_PLACE_* of the output norm and head */
+} pi_offload_params;
+
+typedef struct pi_offload_stats {
+    int32_t device;          /* -1: nothing offloaded */
+    int32_t n_attn_layers;   /* layers whose attention runs on the device */
+    int32_t n_ffn_layers;    /* layers whose FFN (dense), or some of whose neurons (sparse), run there */
+    int32_t output;
+    int64_t n_hot;           /* hot neurons over all layers */
+    int64_t model_bytes;     /* dense weights (attention, predictors, norms, output head) */
+    int64_t ffn_bytes;       /* FFN weights (hot rows and their bucket, or whole dense FFNs) */
+    int64_t kv_bytes;
+    int64_t compute_bytes;   /* activation buffers and scratch */
+    int64_t total_bytes;
+} pi_offload_stats;
+
+/* Device bytes of a context's compute buffers and scratch (allocated by any offload that places
+ * something on the device), for the planner; -1 and an error without that device. */
+PI_API int64_t   pi_offload_compute_bytes(const pi_model *model, int32_t device, int32_t n_ctx, int32_t n_batch);
+PI_API pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *params);
+PI_API pi_status pi_context_offload_stats(const pi_context *ctx, pi_offload_stats *out);
+/* The hot neurons of layer il as the device holds them (its copy of the bucket, read back), into ids
+ * (n_ff entries at most; NULL: only count them). Returns their number, or -1 and an error. */
+PI_API int32_t   pi_context_hot_neurons(pi_context *ctx, int32_t il, int32_t *ids);
+
 /* PI_CDEF_END */
 
 #ifdef __cplusplus

@@ -18,6 +18,12 @@
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
  *   opt:    LayerNorm (+ bias) everywhere, biases on q/k/v/o and on the FFN's up and down, no rope,
  *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd.
+ *
+ * Every op goes to a backend (backend.h) taken from the per-layer placement table ctx->lx (all CPU
+ * unless pi_context_offload placed parts on a device; offload.c). There is one path for every
+ * placement: a block runs on its backend's buffers, the residual stream x moves between backends only
+ * where consecutive blocks differ (move_x), and a sparse layer with hot neurons on the device runs
+ * them there and its cold ones on the CPU (sparse_ffn).
  */
 #include "context.h"
 
@@ -30,67 +36,98 @@ pi_context_params pi_context_default_params(void) {
                                 .sparse_threshold = 0.0f, .sparse_mode = PI_SPARSE_PREDICT };
 }
 
-static void free_buffers(pi_buffers *b) {
-    free(b->x); free(b->cur); free(b->q); free(b->k); free(b->v); free(b->att);
-    free(b->gate); free(b->up); free(b->scratch); free(b->cells);
-    free(b->scores); free(b->pred); free(b->sparse); free(b->qkv); free(b->ln);
-    memset(b, 0, sizeof *b);
-}
+/* ---- buffers ---- */
 
-static pi_status alloc_buffers(pi_buffers *b, const pi_model *m, int32_t T) {
+typedef struct { void **ptr; size_t bytes; } buf_slot;
+
+/* The buffers of one backend and their sizes; device buffers include the logits. */
+static int buffer_slots(pi_buffers *b, const pi_model *m, int64_t T, int64_t n_ctx, bool device, buf_slot *s) {
     const pi_hparams *hp = &m->hp;
     const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, hd = (size_t)pi_head_dim(hp);
     const size_t Eq = hd * (size_t)hp->n_head, Ekv = hd * (size_t)hp->n_head_kv;
-    const size_t R = (size_t)m->max_rank;
     const size_t t = (size_t)T, f = sizeof(float);
-    b->x = pi_alloc_lines(t * E * f);
-    b->cur = pi_alloc_lines(t * E * f);
-    b->q = pi_alloc_lines(t * Eq * f);
-    b->k = pi_alloc_lines(t * Ekv * f);
-    b->v = pi_alloc_lines(t * Ekv * f);
-    b->att = pi_alloc_lines(t * PI_MAX(E, Eq) * f);
-    b->gate = pi_alloc_lines(t * F * f);
-    b->up = pi_alloc_lines(t * F * f);
-    b->scratch = pi_alloc_lines(t * PI_MAX(PI_MAX(E, F), PI_MAX(R, Eq)) * f);
-    b->cells = pi_alloc_lines(t * sizeof(int32_t));
-    bool sparse_ok = true;
-    if (hp->arch == PI_ARCH_FALCON) {   /* fused q/k/v output, FFN input beside the attention's */
-        b->qkv = pi_alloc_lines(t * (Eq + 2 * Ekv) * f);
-        b->ln = pi_alloc_lines(t * E * f);
-        sparse_ok = b->qkv && b->ln;
+    int n = 0;
+#define SLOT(field, nbytes) do { s[n].ptr = (void **)&b->field; s[n].bytes = (nbytes); n++; } while (0)
+    SLOT(x, t * E * f);
+    SLOT(cur, t * E * f);
+    SLOT(q, t * Eq * f);
+    SLOT(k, t * Ekv * f);
+    SLOT(v, t * Ekv * f);
+    SLOT(att, t * PI_MAX(E, Eq) * f);
+    if (!hp->sparse) { SLOT(gate, t * F * f); SLOT(up, t * F * f); }
+    if (hp->sparse) { SLOT(scores, t * F * f); SLOT(ffn_hot, t * E * f); }
+    if (hp->arch == PI_ARCH_FALCON) { SLOT(qkv, t * (Eq + 2 * Ekv) * f); SLOT(ln, t * E * f); }
+    SLOT(mask, t * (size_t)n_ctx * f);
+    if (hp->n_swa > 0) SLOT(mask_swa, t * (size_t)n_ctx * f);
+    SLOT(pos, t * sizeof(int32_t));
+    SLOT(cells, t * sizeof(int32_t));
+    SLOT(ids, t * sizeof(int32_t));
+    if (device) SLOT(logits, t * (size_t)hp->n_vocab * f);
+#undef SLOT
+    return n;
+}
+
+size_t pi_buffers_bytes(const pi_model *m, int64_t T, int64_t n_ctx, bool device) {
+    pi_buffers b;
+    buf_slot s[24];
+    const int n = buffer_slots(&b, m, T, n_ctx, device, s);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (s[i].bytes + 255) / 256 * 256;   /* as a device counts them */
+    return total;
+}
+
+void pi_buffers_free(pi_exec *e) {
+    for (int32_t i = 0; i < e->n_slots; i++)
+        if (*e->slot[i]) e->be->i->free(e->be, *e->slot[i], e->slot_bytes[i]);
+    memset(&e->buf, 0, sizeof e->buf);
+    e->n_slots = 0;
+}
+
+pi_status pi_buffers_alloc(pi_exec *e, const pi_model *m, int64_t T, int64_t n_ctx, bool device) {
+    memset(&e->buf, 0, sizeof e->buf);
+    buf_slot s[24];
+    e->n_slots = buffer_slots(&e->buf, m, T, n_ctx, device, s);
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        e->slot[i] = s[i].ptr;
+        e->slot_bytes[i] = s[i].bytes;
     }
-    if (hp->sparse) {
-        size_t sbytes = 0;
-        for (int32_t il = 0; il < hp->n_layer; il++) {   /* layers may mix dtypes */
-            const pi_layer *L = &m->layers[il];
-            pi_sparse_ffn_weights w = { .gate = L->ffn_gate, .up = L->ffn_up, .down_t = L->ffn_down_t };
-            sbytes = PI_MAX(sbytes, pi_sparse_ffn_scratch(&w, (int64_t)E, (int64_t)F, T));
+    for (int32_t i = 0; i < e->n_slots; i++) {
+        pi_status st = e->be->i->alloc(e->be, s[i].bytes, s[i].ptr);
+        if (st != PI_OK) {
+            pi_buffers_free(e);
+            return st;
         }
-        b->scores = pi_alloc_lines(t * F * f);
-        b->pred = pi_alloc_lines(t * PI_MAX(R, 1) * f);
-        b->sparse = pi_alloc_lines(sbytes);
-        sparse_ok = sparse_ok && b->scores && b->pred && b->sparse;
-    }
-    if (!b->x || !b->cur || !b->q || !b->k || !b->v || !b->att || !b->gate || !b->up || !b->scratch || !b->cells ||
-        !sparse_ok) {
-        free_buffers(b);
-        return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for activations of %d tokens", T);
     }
     return PI_OK;
 }
 
 void pi_context_free(pi_context *ctx) {
     if (!ctx) return;
+    pi_offload_release(ctx);
+    pi_buffers_free(&ctx->cpu);
+    pi_backend_free(ctx->cpu.be);
     pi_threadpool_free(ctx->pool);
     pi_kv_release(&ctx->kv);
-    free_buffers(&ctx->buf);
-    free(ctx->mask);
-    free(ctx->mask_swa);
+    free(ctx->lx);
     free(ctx->logits);
     free(ctx->output_row);
     free(ctx->sparse_active);
     free(ctx->neuron_counts);
     free(ctx);
+}
+
+/* Every layer on the CPU, over the model's (possibly repacked) weights and the host KV cache. */
+void pi_context_place_cpu(pi_context *ctx) {
+    const pi_model *m = ctx->model;
+    for (int32_t il = 0; il < m->hp.n_layer; il++)
+        ctx->lx[il] = (pi_layer_exec){ .attn = &ctx->cpu, .ffn = &ctx->cpu, .attn_w = &m->layers[il],
+                                       .ffn_w = &m->layers[il], .k = pi_kv_row(&ctx->kv, ctx->kv.k, il, 0),
+                                       .v = pi_kv_row(&ctx->kv, ctx->kv.v, il, 0),
+                                       .rope_freqs = m->rope_freqs.data };
+    ctx->out = &ctx->cpu;
+    ctx->out_w = &m->output;
+    ctx->out_norm = &m->output_norm;
+    ctx->out_norm_b = &m->output_norm_b;
 }
 
 pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi_context **out) {
@@ -109,12 +146,17 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     pi_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     ctx->model = model;
+    ctx->ostats.device = -1;
     const pi_hparams *hp = &model->hp;
     pi_status st = pi_threadpool_create(p.n_threads, &ctx->pool);
     if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
     ctx->params = p;
     if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, pi_head_dim(hp) * hp->n_head_kv, p.kv_type);
-    if (st == PI_OK) st = alloc_buffers(&ctx->buf, model, p.n_batch);
+    const pi_scratch_need need = { .model = model, .T = p.n_batch, .n_ctx = p.n_ctx };
+    if (st == PI_OK) st = pi_backend_cpu_create(ctx->pool, &need, &ctx->cpu.be);
+    if (st == PI_OK) st = pi_buffers_alloc(&ctx->cpu, model, p.n_batch, p.n_ctx, false);
+    if (st == PI_OK && !(ctx->lx = calloc((size_t)hp->n_layer, sizeof *ctx->lx)))
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && !(ctx->sparse_active = calloc((size_t)hp->n_layer, sizeof(int64_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && p.count_neurons && hp->sparse &&
@@ -126,6 +168,7 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (st == PI_OK && !(ctx->output_row = malloc((size_t)p.n_batch * sizeof(int32_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st != PI_OK) { pi_context_free(ctx); return st; }
+    pi_context_place_cpu(ctx);
     *out = ctx;
     return PI_OK;
 }
@@ -143,55 +186,81 @@ pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads) {
     if (st != PI_OK) return st;
     pi_threadpool_free(ctx->pool);
     ctx->pool = pool;
+    ctx->cpu.be->pool = pool;
+    if (ctx->dev.be) ctx->dev.be->pool = pool;
     ctx->params.n_threads = pi_threadpool_size(pool);
     return PI_OK;
 }
 
-/* ---- forward pass helpers ---- */
+/* ---- forward pass helpers: every op goes to the backend of the block that runs it ---- */
+
+#define TRY(expr) do { pi_status st_ = (expr); if (st_ != PI_OK) return st_; } while (0)
+#define OP(e, name, ...) ((e)->be->i->name((e)->be, __VA_ARGS__))
 
 static pi_tensor f32_2d(float *data, int64_t ne0, int64_t ne1) {
     return pi_tensor_view(PI_TYPE_F32, data, 2, (int64_t[]){ ne0, ne1 });
 }
 
-/* y [N, T] = W [K, N] x [K, T] */
-static void matmul(pi_context *ctx, const pi_tensor *w, float *x, float *y, int64_t T) {
-    pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
-    pi_mul_mat(ctx->pool, w, &xt, &yt, ctx->buf.scratch);
+/* bytes from src (on backend s) to dst (on backend d); nothing when they are the same memory */
+static pi_status transfer(pi_exec *d, void *dst, pi_exec *s, const void *src, size_t bytes) {
+    if (d == s) return dst == src ? PI_OK : OP(d, copy, dst, src, bytes);
+    if (s->be->host) return OP(d, upload, dst, src, bytes);
+    if (d->be->host) return OP(s, download, dst, src, bytes);
+    return pi_fail(PI_ERR_UNSUPPORTED, "copies between two devices are not supported");
 }
 
-static void rms_norm(pi_context *ctx, const float *x, const pi_tensor *w, float *out, int64_t T) {
+/* The residual stream x moves to the backend of the next block when it is elsewhere. */
+static pi_status move_x(pi_context *ctx, pi_exec **at, pi_exec *e, int64_t T) {
+    if (*at == e) return PI_OK;
+    TRY(transfer(e, e->buf.x, *at, (*at)->buf.x, (size_t)(T * ctx->model->hp.n_embd) * sizeof(float)));
+    *at = e;
+    return PI_OK;
+}
+
+/* y [N, T] = W [K, N] x [K, T] */
+static pi_status matmul(pi_exec *e, const pi_tensor *w, float *x, float *y, int64_t T) {
+    pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
+    return OP(e, mul_mat, w, &xt, &yt);
+}
+
+static pi_status rms_norm(pi_context *ctx, pi_exec *e, const float *x, const pi_tensor *w, float *out, int64_t T) {
     pi_tensor xt = f32_2d((float *)x, w->ne[0], T), ot = f32_2d(out, w->ne[0], T);
-    pi_op_rms_norm(ctx->pool, &xt, w, ctx->model->hp.norm_eps, &ot);
+    return OP(e, rms_norm, &xt, w, ctx->model->hp.norm_eps, &ot);
 }
 
 /* The block norm: RMSNorm, or LayerNorm with an optional bias (falcon, opt). */
-static void norm(pi_context *ctx, const float *x, const pi_tensor *w, const pi_tensor *b, float *out, int64_t T) {
-    if (!pi_uses_layer_norm(&ctx->model->hp)) { rms_norm(ctx, x, w, out, T); return; }
+static pi_status norm(pi_context *ctx, pi_exec *e, const float *x, const pi_tensor *w, const pi_tensor *b, float *out,
+                      int64_t T) {
+    if (!pi_uses_layer_norm(&ctx->model->hp)) return rms_norm(ctx, e, x, w, out, T);
     pi_tensor xt = f32_2d((float *)x, w->ne[0], T), ot = f32_2d(out, w->ne[0], T);
-    pi_op_layer_norm(ctx->pool, &xt, w, b && b->data ? b : NULL, ctx->model->hp.norm_eps, &ot);
+    return OP(e, layer_norm, &xt, w, b, ctx->model->hp.norm_eps, &ot);
 }
 
-static void add_inplace(pi_context *ctx, float *x, float *y, int64_t D, int64_t T) {
+static pi_status add_inplace(pi_exec *e, float *x, float *y, int64_t D, int64_t T) {
     pi_tensor xt = f32_2d(x, D, T), yt = f32_2d(y, D, T);
-    pi_op_binary(ctx->pool, PI_BINARY_ADD, &xt, &yt, &xt);
+    return OP(e, binary, PI_BINARY_ADD, &xt, &yt, &xt);
+}
+
+/* y [D, T] += bias [D] */
+static pi_status add_bias(pi_exec *e, float *y, const pi_tensor *bias, int64_t T) {
+    pi_tensor yt = f32_2d(y, bias->ne[0], T);
+    return OP(e, binary, PI_BINARY_ADD, &yt, bias, &yt);
+}
+
+/* x += (post_norms ? rms_norm(y) * post_norm : y), y [n_embd, T] (y is overwritten) */
+static pi_status residual_add(pi_context *ctx, pi_exec *e, float *y, const pi_tensor *post_norm, int64_t T) {
+    if (ctx->model->hp.post_norms) TRY(rms_norm(ctx, e, y, post_norm, y, T));
+    return add_inplace(e, e->buf.x, y, ctx->model->hp.n_embd, T);
 }
 
 /* mask[t][c] = 0 if cell c belongs to token t's sequence at a position <= pos[t], else -inf.
- * With a sliding window (n_swa > 0), mask_swa additionally hides cells with pos[t] - pos >= n_swa. */
-static pi_status build_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
+ * With a sliding window (n_swa > 0), mask_swa additionally hides cells with pos[t] - pos >= n_swa.
+ * Built in the CPU's buffers; each backend that runs attention gets a copy per batch. */
+static void build_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
     const int32_t n_swa = ctx->model->hp.n_swa;
-    const size_t need = (size_t)n_kv * (size_t)b->n_tokens;
-    if (need > ctx->mask_cap) {
-        float *m = realloc(ctx->mask, need * sizeof(float));
-        if (m) ctx->mask = m;
-        float *ms = n_swa > 0 && m ? realloc(ctx->mask_swa, need * sizeof(float)) : NULL;
-        if (ms) ctx->mask_swa = ms;
-        if (!m || (n_swa > 0 && !ms)) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for the attention mask");
-        ctx->mask_cap = need;
-    }
     for (int32_t t = 0; t < b->n_tokens; t++) {
-        float *row = ctx->mask + (size_t)t * n_kv;
-        float *row_swa = n_swa > 0 ? ctx->mask_swa + (size_t)t * n_kv : NULL;
+        float *row = ctx->cpu.buf.mask + (size_t)t * n_kv;
+        float *row_swa = n_swa > 0 ? ctx->cpu.buf.mask_swa + (size_t)t * n_kv : NULL;
         const uint64_t bit = (uint64_t)1 << b->seq_id[t];
         for (int32_t c = 0; c < n_kv; c++) {
             const pi_kv_cell *cell = &ctx->kv.cells[c];
@@ -199,173 +268,184 @@ static pi_status build_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
             if (row_swa) row_swa[c] = (int64_t)b->pos[t] - cell->pos < n_swa ? row[c] : -INFINITY;
         }
     }
+}
+
+/* The batch's positions, cells and masks on the device, when a layer's attention runs there. */
+static pi_status batch_inputs(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
+    pi_exec *c = &ctx->cpu, *d = &ctx->dev;
+    const size_t T = (size_t)b->n_tokens;
+    memcpy(c->buf.pos, b->pos, T * sizeof(int32_t));
+    build_mask(ctx, b, n_kv);
+    if (!d->be || ctx->ostats.n_attn_layers == 0) return PI_OK;
+    TRY(transfer(d, d->buf.pos, c, c->buf.pos, T * sizeof(int32_t)));
+    TRY(transfer(d, d->buf.cells, c, c->buf.cells, T * sizeof(int32_t)));
+    TRY(transfer(d, d->buf.mask, c, c->buf.mask, T * (size_t)n_kv * sizeof(float)));
+    if (ctx->model->hp.n_swa > 0) TRY(transfer(d, d->buf.mask_swa, c, c->buf.mask_swa, T * (size_t)n_kv * sizeof(float)));
     return PI_OK;
-}
-
-/* y [D, T] += bias [D] */
-static void add_bias(pi_context *ctx, float *y, const pi_tensor *bias, int64_t T) {
-    pi_tensor yt = f32_2d(y, bias->ne[0], T);
-    pi_op_binary(ctx->pool, PI_BINARY_ADD, &yt, bias, &yt);
-}
-
-/* x += (post_norms ? rms_norm(y) * post_norm : y), y [n_embd, T] (y is overwritten) */
-static void residual_add(pi_context *ctx, float *y, const pi_tensor *post_norm, int64_t T) {
-    if (ctx->model->hp.post_norms) rms_norm(ctx, y, post_norm, y, T);
-    add_inplace(ctx, ctx->buf.x, y, ctx->model->hp.n_embd, T);
 }
 
 /* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
  * the result in B->cur. */
-static pi_status attention_core(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
+static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
-    pi_buffers *B = &ctx->buf;
+    pi_exec *e = lx->attn;
+    const pi_layer *L = lx->attn_w;
+    pi_buffers *B = &e->buf;
     const int64_t T = b->n_tokens, hd = pi_head_dim(hp), Ekv = hd * hp->n_head_kv, Eq = hd * hp->n_head;
     const bool local = pi_layer_is_swa(hp, il);
-    pi_kv_cache *kv = &ctx->kv;
+    const pi_kv_cache *kv = &ctx->kv;
 
     if (L->wqkv.data) {   /* falcon: one matmul, rows = all Q heads, then all K heads, then all V heads */
         const int64_t W = Eq + 2 * Ekv;
-        matmul(ctx, &L->wqkv, B->cur, B->qkv, T);
-        for (int64_t t = 0; t < T; t++) {
-            const float *r = B->qkv + t * W;
-            memcpy(B->q + t * Eq, r, (size_t)Eq * sizeof(float));
-            memcpy(B->k + t * Ekv, r + Eq, (size_t)Ekv * sizeof(float));
-            memcpy(B->v + t * Ekv, r + Eq + Ekv, (size_t)Ekv * sizeof(float));
-        }
+        TRY(matmul(e, &L->wqkv, B->cur, B->qkv, T));
+        pi_tensor src = f32_2d(B->qkv, Eq, T), dst = f32_2d(B->q, Eq, T);
+        src.nb[1] = W * (int64_t)sizeof(float);
+        TRY(OP(e, copy_2d, &src, &dst));
+        src.ne[0] = Ekv; src.data = B->qkv + Eq;
+        dst = f32_2d(B->k, Ekv, T);
+        TRY(OP(e, copy_2d, &src, &dst));
+        src.data = B->qkv + Eq + Ekv;
+        dst = f32_2d(B->v, Ekv, T);
+        TRY(OP(e, copy_2d, &src, &dst));
     } else {
-        matmul(ctx, &L->wq, B->cur, B->q, T);
-        matmul(ctx, &L->wk, B->cur, B->k, T);
-        matmul(ctx, &L->wv, B->cur, B->v, T);
+        TRY(matmul(e, &L->wq, B->cur, B->q, T));
+        TRY(matmul(e, &L->wk, B->cur, B->k, T));
+        TRY(matmul(e, &L->wv, B->cur, B->v, T));
     }
     if (hp->qkv_bias) {
-        add_bias(ctx, B->q, &L->bq, T);
-        add_bias(ctx, B->k, &L->bk, T);
-        add_bias(ctx, B->v, &L->bv, T);
+        TRY(add_bias(e, B->q, &L->bq, T));
+        TRY(add_bias(e, B->k, &L->bk, T));
+        TRY(add_bias(e, B->v, &L->bv, T));
     }
 
     pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ hd, hp->n_head, T });
     pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, hp->n_head_kv, T });
     if (hp->qk_norm) {   /* RMSNorm of each head's vector */
-        pi_op_rms_norm(ctx->pool, &q, &L->q_norm, hp->norm_eps, &q);
-        pi_op_rms_norm(ctx->pool, &k, &L->k_norm, hp->norm_eps, &k);
+        TRY(OP(e, rms_norm, &q, &L->q_norm, hp->norm_eps, &q));
+        TRY(OP(e, rms_norm, &k, &L->k_norm, hp->norm_eps, &k));
     }
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
-    const float *ff = ctx->model->rope_freqs.data;   /* NULL unless the file has rope_freqs.weight */
     if (hp->arch != PI_ARCH_OPT) {   /* opt: learned position embeddings, no rope */
-        pi_rope(ctx->pool, &q, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &q);
-        pi_rope(ctx->pool, &k, b->pos, hp->n_rot, hp->rope_mode, base, fscale, ff, &k);
+        TRY(OP(e, rope, &q, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, &q));
+        TRY(OP(e, rope, &k, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, &k));
     }
 
-    const pi_type_traits *kvt = pi_traits(kv->type);
-    for (int64_t t = 0; t < T; t++) {
-        kvt->from_f32(B->k + t * Ekv, pi_kv_row(kv, kv->k, il, B->cells[t]), Ekv);
-        kvt->from_f32(B->v + t * Ekv, pi_kv_row(kv, kv->v, il, B->cells[t]), Ekv);
-    }
+    /* the KV store: rows cells[t] of this layer's cache */
+    pi_tensor kall = pi_tensor_view(kv->type, lx->k, 2, (int64_t[]){ Ekv, kv->n_ctx });
+    pi_tensor vall = pi_tensor_view(kv->type, lx->v, 2, (int64_t[]){ Ekv, kv->n_ctx });
+    pi_tensor k2 = f32_2d(B->k, Ekv, T), v2 = f32_2d(B->v, Ekv, T);
+    TRY(OP(e, set_rows, &kall, &k2, B->cells));
+    TRY(OP(e, set_rows, &vall, &v2, B->cells));
 
     /* views over cells [0, n_kv) of this layer: [hd, n_head_kv, n_kv] */
-    pi_tensor kc = pi_tensor_view(kv->type, pi_kv_row(kv, kv->k, il, 0), 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
-    pi_tensor vc = pi_tensor_view(kv->type, pi_kv_row(kv, kv->v, il, 0), 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
-    pi_tensor mask = f32_2d(local ? ctx->mask_swa : ctx->mask, n_kv, T);
+    pi_tensor kc = pi_tensor_view(kv->type, lx->k, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
+    pi_tensor vc = pi_tensor_view(kv->type, lx->v, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
+    pi_tensor mask = f32_2d(local ? B->mask_swa : B->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    pi_status st = pi_attention(ctx->pool, &q, &kc, &vc, &mask, scale, &att);
-    if (st != PI_OK) return st;
+    TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, &att));
 
-    matmul(ctx, &L->wo, B->att, B->cur, T);
-    if (L->bo.data) add_bias(ctx, B->cur, &L->bo, T);
+    TRY(matmul(e, &L->wo, B->att, B->cur, T));
+    if (L->bo.data) TRY(add_bias(e, B->cur, &L->bo, T));
     return PI_OK;
 }
 
-static pi_status attention_block(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
-    pi_buffers *B = &ctx->buf;
+static pi_status attention_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il,
+                                 const pi_batch *b, int32_t n_kv) {
+    pi_exec *e = lx->attn;
     const int64_t T = b->n_tokens;
-    norm(ctx, B->x, &L->attn_norm, &L->attn_norm_b, B->cur, T);
-    pi_status st = attention_core(ctx, L, il, b, n_kv);
-    if (st != PI_OK) return st;
-    residual_add(ctx, B->cur, &L->post_attn_norm, T);
-    return PI_OK;
+    TRY(move_x(ctx, at, e, T));
+    TRY(norm(ctx, e, e->buf.x, &lx->attn_w->attn_norm, &lx->attn_w->attn_norm_b, e->buf.cur, T));
+    TRY(attention_core(ctx, lx, il, b, n_kv));
+    return residual_add(ctx, e, e->buf.cur, &lx->attn_w->post_attn_norm, T);
 }
 
-typedef struct { float *gate, *up; int64_t n; int32_t act, mode; } ffn_act_args;
-
-static void ffn_act_task(void *p, int ith, int nth) {
-    ffn_act_args *a = p;
-    const int64_t per = (a->n + nth - 1) / nth, i0 = PI_MIN(a->n, per * ith), i1 = PI_MIN(a->n, i0 + per);
-    float g[256];   /* act(gate) of a stretch of elements */
-    for (int64_t i = i0; i < i1; i += 256) {
-        const int64_t n = PI_MIN(256, i1 - i);
-        float *up = a->up + i;
-        if (a->mode == PI_FFN_SEQ) { pi_cpu()->activation_row(a->act, n, up, up); continue; }
-        pi_cpu()->activation_row(a->act, n, a->gate + i, g);
-        if (a->mode == PI_FFN_SYM) pi_cpu()->activation_row(a->act, n, up, up);
-        for (int64_t k = 0; k < n; k++) up[k] = g[k] * up[k];
-    }
-}
-
-/* PowerInfer FFN of the normed input `in` into `out` (both [T][n_embd]); the predictor reads `pred_in`. */
-static pi_status sparse_ffn(pi_context *ctx, const pi_layer *L, int32_t il, int64_t T, float *in, float *pred_in,
-                            float *out) {
+/* PowerInfer FFN of the normed input `in` into `out` (both [T][n_embd] on the layer's main backend e =
+ * lx->attn); the predictor reads `pred_in`. The hot neurons (n_hot of them) run on e, the cold ones
+ * on the CPU from the model's weights with the hot ones skipped, at the same time where e is
+ * asynchronous; the two partial sums are added in one fixed order: out = cold + hot. A layer with
+ * every neuron hot (or none) has one part and the CPU-only summation order. */
+static pi_status sparse_ffn(pi_context *ctx, const pi_layer_exec *lx, int32_t il, int64_t T, float *in,
+                            float *pred_in, float *out) {
     const pi_hparams *hp = &ctx->model->hp;
-    pi_buffers *B = &ctx->buf;
+    pi_exec *e = lx->attn, *c = &ctx->cpu;
+    const pi_layer *L = lx->attn_w;
     const int64_t E = hp->n_embd, F = hp->n_ff;
-    pi_tensor scores = f32_2d(B->scores, F, T);
+    pi_tensor scores = f32_2d(e->buf.scores, F, T);
     float threshold = ctx->params.sparse_threshold;
     if (ctx->params.sparse_mode == PI_SPARSE_ALL) {
-        memset(B->scores, 0, (size_t)(F * T) * sizeof(float));
+        TRY(OP(e, fill, &scores, 0.0f));
         threshold = -INFINITY;
     } else {
         pi_tensor xt = f32_2d(pred_in, E, T);
-        pi_status st = pi_predictor(ctx->pool, &L->fc1, &L->fc2, &xt, &scores, B->pred, B->scratch);
-        if (st != PI_OK) return st;
+        TRY(OP(e, predictor, &L->fc1, &L->fc2, &xt, &scores));
     }
-    pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t, L->ffn_up_b.data, L->ffn_down_t_b.data };
-    pi_tensor it = f32_2d(in, E, T), ot = f32_2d(out, E, T);
-    int64_t n_active = 0;
     int64_t *counts = ctx->neuron_counts ? ctx->neuron_counts + il * F : NULL;
-    pi_status st = pi_sparse_ffn(ctx->pool, &w, hp->ffn_act, hp->ffn_gate, &it, &scores, threshold, &ot, &n_active,
-                                 counts, B->sparse);
-    if (st != PI_OK) return st;
-    ctx->sparse_active[il] += n_active;
-    return PI_OK;
+    const bool hot = lx->n_hot > 0, cold = lx->n_hot < F;
+    /* the CPU half's inputs: the CPU's own buffers (the same memory when e is the CPU) */
+    float *c_in = e == c ? in : c->buf.cur, *c_out = e == c ? out : c->buf.att;
+    pi_tensor c_scores = f32_2d(c->buf.scores, F, T);
+    if (cold) {
+        TRY(transfer(c, c_in, e, in, (size_t)(T * E) * sizeof(float)));
+        TRY(transfer(c, c->buf.scores, e, e->buf.scores, (size_t)(T * F) * sizeof(float)));
+    }
+    if (hot) {   /* asynchronous on a GPU: the CPU's cold neurons below run meanwhile */
+        pi_tensor it = f32_2d(in, E, T), ot = f32_2d(cold ? e->buf.ffn_hot : out, E, T);
+        TRY(OP(e, sparse_ffn, &lx->hot, lx->bucket, hp->ffn_act, hp->ffn_gate, &it, &scores, threshold, NULL, &ot,
+               &ctx->sparse_active[il], counts));
+    }
+    if (cold) {
+        const pi_layer *CL = &ctx->model->layers[il];
+        pi_sparse_ffn_weights w = { CL->ffn_gate, CL->ffn_up, CL->ffn_down_t, CL->ffn_up_b.data, CL->ffn_down_t_b.data };
+        pi_tensor it = f32_2d(c_in, E, T), ot = f32_2d(c_out, E, T);
+        TRY(OP(c, sparse_ffn, &w, NULL, hp->ffn_act, hp->ffn_gate, &it, &c_scores, threshold, lx->hot_mask, &ot,
+               &ctx->sparse_active[il], counts));
+        TRY(transfer(e, out, c, c_out, (size_t)(T * E) * sizeof(float)));
+        if (hot) TRY(add_inplace(e, out, e->buf.ffn_hot, E, T));
+    }
+    return PI_OK;   /* sparse_active[il] is complete after the decode's final sync */
 }
 
 /* Pre-norm sparse FFN (llama, bamboo, opt): the predictor reads the pre-norm residual x, the FFN the normed input. */
-static pi_status sparse_ffn_block(pi_context *ctx, const pi_layer *L, int32_t il, int64_t T) {
-    pi_buffers *B = &ctx->buf;
-    norm(ctx, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T);
-    pi_status st = sparse_ffn(ctx, L, il, T, B->cur, B->x, B->att);
-    if (st != PI_OK) return st;
-    add_inplace(ctx, B->x, B->att, ctx->model->hp.n_embd, T);
-    return PI_OK;
+static pi_status sparse_ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, int64_t T) {
+    pi_exec *e = lx->attn;
+    TRY(move_x(ctx, at, e, T));
+    TRY(norm(ctx, e, e->buf.x, &lx->attn_w->ffn_norm, &lx->attn_w->ffn_norm_b, e->buf.cur, T));
+    TRY(sparse_ffn(ctx, lx, il, T, e->buf.cur, e->buf.x, e->buf.att));
+    return add_inplace(e, e->buf.x, e->buf.att, ctx->model->hp.n_embd, T);
 }
 
 /* Falcon's parallel block: x = attn(LN_2(x) or LN(x)) + FFN(LN(x); predictor on x) + x. */
-static pi_status falcon_layer(pi_context *ctx, const pi_layer *L, int32_t il, const pi_batch *b, int32_t n_kv) {
-    pi_buffers *B = &ctx->buf;
+static pi_status falcon_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, const pi_batch *b,
+                              int32_t n_kv) {
+    pi_exec *e = lx->attn;
+    pi_buffers *B = &e->buf;
+    const pi_layer *L = lx->attn_w;
     const int64_t T = b->n_tokens, E = ctx->model->hp.n_embd;
-    norm(ctx, B->x, &L->attn_norm, &L->attn_norm_b, B->ln, T);
-    if (L->attn_norm_2.data) norm(ctx, B->x, &L->attn_norm_2, &L->attn_norm_2_b, B->cur, T);
-    else memcpy(B->cur, B->ln, (size_t)(T * E) * sizeof(float));
-    pi_status st = attention_core(ctx, L, il, b, n_kv);   /* -> B->cur */
-    if (st != PI_OK) return st;
-    st = sparse_ffn(ctx, L, il, T, B->ln, B->x, B->att);   /* -> B->att */
-    if (st != PI_OK) return st;
-    add_inplace(ctx, B->cur, B->att, E, T);                /* attn_out + FFN, then + inpL */
-    add_inplace(ctx, B->x, B->cur, E, T);
-    return PI_OK;
+    TRY(move_x(ctx, at, e, T));
+    TRY(norm(ctx, e, B->x, &L->attn_norm, &L->attn_norm_b, B->ln, T));
+    if (L->attn_norm_2.data) TRY(norm(ctx, e, B->x, &L->attn_norm_2, &L->attn_norm_2_b, B->cur, T));
+    else TRY(OP(e, copy, B->cur, B->ln, (size_t)(T * E) * sizeof(float)));
+    TRY(attention_core(ctx, lx, il, b, n_kv));           /* -> B->cur */
+    TRY(sparse_ffn(ctx, lx, il, T, B->ln, B->x, B->att)); /* -> B->att */
+    TRY(add_inplace(e, B->cur, B->att, E, T));            /* attn_out + FFN, then + inpL */
+    return add_inplace(e, B->x, B->cur, E, T);
 }
 
-static void ffn_block(pi_context *ctx, const pi_layer *L, int64_t T) {
+static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
-    pi_buffers *B = &ctx->buf;
-    norm(ctx, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T);
-    if (hp->ffn_gate != PI_FFN_SEQ) matmul(ctx, &L->ffn_gate, B->cur, B->gate, T);
-    matmul(ctx, &L->ffn_up, B->cur, B->up, T);
-    ffn_act_args a = { B->gate, B->up, (int64_t)hp->n_ff * T, hp->ffn_act, hp->ffn_gate };
-    pi_threadpool_run(ctx->pool, ffn_act_task, &a);     /* h = up (in place) */
-    matmul(ctx, &L->ffn_down, B->up, B->cur, T);
-    residual_add(ctx, B->cur, &L->post_ffn_norm, T);
+    pi_exec *e = lx->ffn;
+    const pi_layer *L = lx->ffn_w;
+    pi_buffers *B = &e->buf;
+    TRY(move_x(ctx, at, e, T));
+    TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
+    if (hp->ffn_gate != PI_FFN_SEQ) TRY(matmul(e, &L->ffn_gate, B->cur, B->gate, T));
+    TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
+    pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
+    TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
+    TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
+    return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
 }
 
 static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
@@ -389,15 +469,33 @@ static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
     return PI_OK;
 }
 
-/* Final norm and output head for the rows that asked for logits. */
-static pi_status compute_logits(pi_context *ctx, const pi_batch *b) {
+/* x = token_embd[tokens] (* embd_scale) (+ position_embd[pos + 2]), on the CPU (the table stays in the file). */
+static pi_status embeddings(pi_context *ctx, const pi_batch *b) {
     const pi_model *m = ctx->model;
+    pi_exec *c = &ctx->cpu;
+    const int64_t T = b->n_tokens, E = m->hp.n_embd;
+    pi_tensor x = f32_2d(c->buf.x, E, T);
+    TRY(OP(c, get_rows, &m->token_embd, b->token, T, &x));
+    if (m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f) TRY(OP(c, scale, &x, m->hp.embd_scale));   /* gemma */
+    if (m->pos_embd.data) {   /* opt: + position_embd[pos + 2] */
+        for (int64_t t = 0; t < T; t++) c->buf.ids[t] = b->pos[t] + PI_OPT_POS_OFFSET;
+        pi_tensor pe = f32_2d(c->buf.cur, E, T);
+        TRY(OP(c, get_rows, &m->pos_embd, c->buf.ids, T, &pe));
+        TRY(add_inplace(c, c->buf.x, c->buf.cur, E, T));
+    }
+    return PI_OK;
+}
+
+/* Final norm and output head for the rows that asked for logits, on the output's backend. */
+static pi_status compute_logits(pi_context *ctx, pi_exec **at, const pi_batch *b) {
+    const pi_model *m = ctx->model;
+    pi_exec *e = ctx->out, *c = &ctx->cpu;
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
     int32_t n_out = 0;
     for (int32_t t = 0; t < b->n_tokens; t++) {
         const bool want = b->logits ? b->logits[t] != 0 : t == b->n_tokens - 1;
         ctx->output_row[t] = want ? n_out : -1;
-        if (want) memcpy(ctx->buf.cur + (size_t)n_out++ * E, ctx->buf.x + (size_t)t * E, (size_t)E * sizeof(float));
+        if (want) c->buf.ids[n_out++] = t;
     }
     if (n_out == 0) return PI_OK;
     if (n_out > ctx->logits_cap) {
@@ -406,9 +504,34 @@ static pi_status compute_logits(pi_context *ctx, const pi_batch *b) {
         ctx->logits = l;
         ctx->logits_cap = n_out;
     }
-    norm(ctx, ctx->buf.cur, &m->output_norm, &m->output_norm_b, ctx->buf.cur, n_out);
-    matmul(ctx, &m->output, ctx->buf.cur, ctx->logits, n_out);
-    return PI_OK;
+    TRY(move_x(ctx, at, e, b->n_tokens));
+    TRY(transfer(e, e->buf.ids, c, c->buf.ids, (size_t)n_out * sizeof(int32_t)));
+    pi_tensor xt = f32_2d(e->buf.x, E, b->n_tokens), rows = f32_2d(e->buf.cur, E, n_out);
+    TRY(OP(e, get_rows, &xt, e->buf.ids, n_out, &rows));
+    TRY(norm(ctx, e, e->buf.cur, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
+    float *dst = e->buf.logits ? e->buf.logits : ctx->logits;
+    TRY(matmul(e, ctx->out_w, e->buf.cur, dst, n_out));
+    return transfer(c, ctx->logits, e, dst, (size_t)n_out * (size_t)V * sizeof(float));
+}
+
+static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
+    const pi_model *m = ctx->model;
+    pi_exec *at = &ctx->cpu;   /* the backend holding the valid residual stream */
+    TRY(batch_inputs(ctx, batch, n_kv));
+    TRY(embeddings(ctx, batch));
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) return pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
+        const pi_layer_exec *lx = &ctx->lx[il];
+        if (m->hp.arch == PI_ARCH_FALCON) {
+            TRY(falcon_layer(ctx, &at, lx, il, batch, n_kv));
+            continue;
+        }
+        TRY(attention_block(ctx, &at, lx, il, batch, n_kv));
+        if (m->hp.sparse) TRY(sparse_ffn_block(ctx, &at, lx, il, batch->n_tokens));
+        else TRY(ffn_block(ctx, &at, lx, batch->n_tokens));
+    }
+    TRY(compute_logits(ctx, &at, batch));
+    return ctx->dev.be ? ctx->dev.be->i->sync(ctx->dev.be) : PI_OK;
 }
 
 pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
@@ -416,50 +539,16 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
     ctx->n_batch_last = 0;
     pi_status st = check_batch(ctx, batch);
     if (st != PI_OK) return st;
-    const pi_model *m = ctx->model;
     const int32_t T = batch->n_tokens;
-    pi_buffers *B = &ctx->buf;
-
-    st = pi_kv_claim(&ctx->kv, T, batch->pos, batch->seq_id, B->cells);
+    st = pi_kv_claim(&ctx->kv, T, batch->pos, batch->seq_id, ctx->cpu.buf.cells);
     if (st != PI_OK) return st;
-    const int32_t n_kv = pi_kv_span(&ctx->kv);
-    st = build_mask(ctx, batch, n_kv);
-
-    if (st == PI_OK) {
-        pi_tensor x = f32_2d(B->x, m->hp.n_embd, T);
-        st = pi_op_get_rows(ctx->pool, &m->token_embd, batch->token, T, &x);
-        if (st == PI_OK && m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f)   /* gemma: * sqrt(n_embd) */
-            for (int64_t i = 0; i < (int64_t)T * m->hp.n_embd; i++) B->x[i] *= m->hp.embd_scale;
-        if (st == PI_OK && m->pos_embd.data) {   /* opt: + position_embd[pos + 2] */
-            pi_tensor pe = f32_2d(B->cur, m->hp.n_embd, T);
-            for (int32_t t = 0; st == PI_OK && t < T; t++) {
-                const int32_t id = batch->pos[t] + PI_OPT_POS_OFFSET;
-                pi_tensor one = f32_2d(B->cur + (size_t)t * m->hp.n_embd, m->hp.n_embd, 1);
-                st = pi_op_get_rows(NULL, &m->pos_embd, &id, 1, &one);
-            }
-            if (st == PI_OK) add_inplace(ctx, B->x, pe.data, m->hp.n_embd, T);
-        }
-    }
-    for (int32_t il = 0; st == PI_OK && il < m->hp.n_layer; il++) {
-        if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) {
-            st = pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
-            break;
-        }
-        if (m->hp.arch == PI_ARCH_FALCON) {
-            st = falcon_layer(ctx, &m->layers[il], il, batch, n_kv);
-            continue;
-        }
-        st = attention_block(ctx, &m->layers[il], il, batch, n_kv);
-        if (st != PI_OK) break;
-        if (m->hp.sparse) st = sparse_ffn_block(ctx, &m->layers[il], il, T);
-        else ffn_block(ctx, &m->layers[il], T);
-    }
-    if (st == PI_OK && m->hp.sparse) ctx->sparse_total += (int64_t)T * m->hp.n_ff;
-    if (st == PI_OK) st = compute_logits(ctx, batch);
+    st = forward(ctx, batch, pi_kv_span(&ctx->kv));
     if (st != PI_OK) {
-        pi_kv_unclaim(&ctx->kv, T, B->cells);   /* leave the cache as it was */
+        if (ctx->dev.be) ctx->dev.be->i->sync(ctx->dev.be);
+        pi_kv_unclaim(&ctx->kv, T, ctx->cpu.buf.cells);   /* leave the cache as it was */
         return st;
     }
+    if (ctx->model->hp.sparse) ctx->sparse_total += (int64_t)T * ctx->model->hp.n_ff;
     ctx->n_batch_last = T;
     return PI_OK;
 }

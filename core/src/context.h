@@ -1,40 +1,71 @@
-/* context.h: per-context state: thread pool, KV cache, activation buffers, logits. */
+/* context.h: per-context state: backends and their buffers, the placement, KV cache, logits. */
 #ifndef PI_CONTEXT_H
 #define PI_CONTEXT_H
 
+#include "backend.h"
 #include "kv_cache.h"
 #include "model.h"
 
-/* Activations of one decode step, allocated once for n_batch tokens (T). */
+/* Activations of one decode step on one backend, allocated once for n_batch tokens (T). */
 typedef struct pi_buffers {
     float *x;        /* [T][n_embd]     residual stream */
     float *cur;      /* [T][n_embd]     normed input of a block */
     float *q;        /* [T][n_embd] */
     float *k;        /* [T][n_embd_kv] */
     float *v;        /* [T][n_embd_kv] */
-    float *att;      /* [T][n_embd]     attention output before wo */
-    float *gate;     /* [T][n_ff] */
+    float *att;      /* [T][max(n_embd, n_embd_q)]  attention output before wo; FFN output */
+    float *gate;     /* [T][n_ff]  dense FFN */
     float *up;       /* [T][n_ff] */
-    void  *scratch;  /* mul_mat activation conversion, [T][max(n_embd, n_ff, rank)] floats */
-    /* sparse models */
-    float *scores;   /* [T][n_ff]   predictor output */
-    float *pred;     /* [T][rank]   predictor hidden layer */
-    void  *sparse;   /* pi_sparse_ffn scratch */
+    float *scores;   /* [T][n_ff]   sparse: predictor output */
+    float *ffn_hot;  /* [T][n_embd] sparse: the hot neurons' partial sum (hybrid layers) */
+    float *qkv;      /* [T][n_embd + 2 n_embd_kv]  falcon: fused q/k/v projection */
+    float *ln;       /* [T][n_embd]  falcon: the FFN's normed input (parallel block) */
+    float *mask;     /* [T][n_ctx] (the first T * n_kv used) */
+    float *mask_swa; /* [T][n_ctx] local layers (hparams.n_swa > 0) */
+    int32_t *pos;    /* [T] */
     int32_t *cells;  /* [T] KV cells of the batch's tokens */
-    /* falcon */
-    float *qkv;      /* [T][n_embd + 2 n_embd_kv]  fused q/k/v projection */
-    float *ln;       /* [T][n_embd]  the FFN's normed input (parallel block) */
+    int32_t *ids;    /* [T] row ids (logit rows, opt positions) */
+    float *logits;   /* [T][n_vocab] on a device; NULL on the CPU (written straight into ctx->logits) */
 } pi_buffers;
+
+/* A backend and the buffers the forward pass uses on it. */
+typedef struct pi_exec {
+    pi_backend *be;
+    pi_buffers  buf;
+    void      **slot[24];    /* the allocated buffers and their sizes (to free them with the same counts) */
+    size_t      slot_bytes[24];
+    int32_t     n_slots;
+} pi_exec;
+
+/* Where layer il runs, filled once (pi_context_create: all CPU; pi_context_offload). */
+typedef struct pi_layer_exec {
+    pi_exec        *attn;      /* attention, KV cache, predictor, FFN norm (sparse: the FFN's main backend) */
+    pi_exec        *ffn;       /* dense FFN */
+    const pi_layer *attn_w;    /* weights as that backend sees them (model->layers or a device copy) */
+    const pi_layer *ffn_w;
+    char           *k, *v;     /* this layer's KV rows [n_ctx][row_bytes] on attn */
+    /* sparse: hot neurons on attn (n_hot > 0), cold ones on the CPU (n_hot < n_ff) */
+    int64_t         n_hot;
+    pi_sparse_ffn_weights hot; /* compact [E, n_hot] rows (or the whole matrices when n_hot == n_ff) */
+    int32_t        *bucket;    /* [n_hot] on attn; NULL when n_hot == n_ff */
+    uint8_t        *hot_mask;  /* [n_ff] host, 1 = hot (skipped by the CPU); NULL when n_hot == 0 */
+    const float    *rope_freqs;/* on attn */
+} pi_layer_exec;
+
+typedef struct pi_device_state pi_device_state;   /* offload.c */
 
 struct pi_context {
     pi_model         *model;
     pi_context_params params;
     pi_threadpool    *pool;
     pi_kv_cache       kv;
-    pi_buffers        buf;
-    float            *mask;        /* [T][n_kv], grown on demand */
-    float            *mask_swa;    /* [T][n_kv] of the local layers (hparams.n_swa > 0), grown with mask */
-    size_t            mask_cap;
+    pi_exec           cpu;
+    pi_exec           dev;         /* dev.be NULL: CPU only */
+    pi_layer_exec    *lx;          /* [n_layer] */
+    pi_exec          *out;         /* output norm + head */
+    const pi_tensor  *out_w, *out_norm, *out_norm_b;
+    pi_device_state  *ds;          /* device allocations of the offload (offload.c) */
+    pi_offload_stats  ostats;
     float            *logits;      /* [n_outputs][n_vocab] */
     int32_t           logits_cap;  /* rows allocated */
     int32_t          *output_row;  /* [n_batch] batch row -> logits row, -1 if none */
@@ -45,5 +76,14 @@ struct pi_context {
     pi_abort_callback abort_cb;
     void             *abort_data;
 };
+
+/* Buffers of one backend: allocated (counted) with be->alloc; sizes for T tokens and n_ctx cells.
+ * pi_buffers_bytes gives the counted total without allocating (device: every buffer, as the planner
+ * needs an upper bound before the placement is known). */
+size_t    pi_buffers_bytes(const pi_model *m, int64_t T, int64_t n_ctx, bool device);
+pi_status pi_buffers_alloc(pi_exec *e, const pi_model *m, int64_t T, int64_t n_ctx, bool device);
+void      pi_buffers_free(pi_exec *e);
+void      pi_offload_release(pi_context *ctx);   /* device memory freed; reads no model (offload.c) */
+void      pi_context_place_cpu(pi_context *ctx);   /* every layer on the CPU (context.c) */   /* back to CPU only, device memory freed (offload.c) */
 
 #endif

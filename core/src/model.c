@@ -284,6 +284,12 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         LAYER("fc2.weight", rank, F, false, false, &L->fc2);
 #undef LAYER
     }
+    m->output_file = m->output;
+    if (!(m->file_layers = malloc((size_t)hp->n_layer * sizeof *m->file_layers))) {
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+    }
+    memcpy(m->file_layers, m->layers, (size_t)hp->n_layer * sizeof *m->file_layers);
     if (!desc->no_repack) TRY(repack_weights(m));
     *out = m;
     return PI_OK;
@@ -297,6 +303,7 @@ void pi_model_free(pi_model *model) {
     for (int32_t i = 0; i < model->n_repacked; i++) free(model->repacked[i]);
     free(model->repacked);
     free(model->layers);
+    free(model->file_layers);
     free(model);
 }
 

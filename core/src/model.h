@@ -41,6 +41,9 @@ struct pi_model {
     pi_tensor  output;       /* [n_embd, n_vocab] (token_embd when tied) */
     pi_tensor  rope_freqs;   /* [n_rot/2] f32 frequency factors (Llama 3.1+ "llama3" rope); data NULL if absent */
     pi_layer  *layers;       /* [n_layer] */
+    pi_layer  *file_layers;  /* [n_layer] the same views in the file's layout (before pi_repack / pi_sparse_pack):
+                              * what a device backend uploads */
+    pi_tensor  output_file;  /* the output head in the file's layout */
     int64_t    max_rank;     /* largest predictor rank (sparse files) */
     void     **repacked;     /* [n_repacked] interleaved copies this model owns (pi_repack) */
     int32_t    n_repacked;

@@ -17,6 +17,7 @@
  * the down step splits the output columns between threads; a range's rows, one column tile at a
  * time, stay in cache while every token adds them, so each down_t row comes from memory once. */
 #include "internal.h"
+#include "backend.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -34,6 +35,7 @@ typedef struct {
     int32_t act, mode;
     const pi_tensor *x, *scores;
     float threshold;
+    const uint8_t *skip; /* [F] neurons left out (computed by another backend), NULL: none */
     pi_tensor *out;
     int64_t E, F, T;
     /* scratch */
@@ -57,10 +59,16 @@ static void select_task(void *p, int ith, int nth) {
     for (int64_t t = 0; t < a->T; t++) {
         const float *s = (const float *)((const char *)a->scores->data + t * a->scores->nb[1]);
         uint8_t *act = a->active + t * a->F;
-        for (int64_t i = i0; i < i1; i++) {
-            act[i] = s[i] >= a->threshold;
-            a->count[i] += act[i];
-        }
+        if (a->skip)
+            for (int64_t i = i0; i < i1; i++) {
+                act[i] = s[i] >= a->threshold && !a->skip[i];
+                a->count[i] += act[i];
+            }
+        else
+            for (int64_t i = i0; i < i1; i++) {
+                act[i] = s[i] >= a->threshold;
+                a->count[i] += act[i];
+            }
     }
 }
 
@@ -282,8 +290,17 @@ static void *carve(char **p, size_t bytes) {
 pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
                         const pi_tensor *x, const pi_tensor *scores, float threshold, pi_tensor *out,
                         int64_t *n_active, int64_t *neuron_counts, void *scratch) {
+    return pi_sparse_ffn_skip(pool, w, act, gate_mode, x, scores, threshold, NULL, out, n_active, neuron_counts,
+                              scratch);
+}
+
+/* The hybrid FFN's CPU half: skip[i] != 0 marks the hot neurons another backend computes, so they are
+ * neither computed nor counted here (nothing is computed twice). */
+pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
+                             const pi_tensor *x, const pi_tensor *scores, float threshold, const uint8_t *skip,
+                             pi_tensor *out, int64_t *n_active, int64_t *neuron_counts, void *scratch) {
     sparse_args a = { .w = w, .act = act, .mode = gate_mode, .x = x, .scores = scores, .threshold = threshold,
-                      .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1] };
+                      .skip = skip, .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1] };
     char *p = scratch;
     a.active = carve(&p, (size_t)(a.T * a.F));
     a.count = carve(&p, (size_t)a.F * sizeof(int32_t));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_gpu_checks.sh: everything issue 6 needs a GPU for, in one run of under 8 minutes.
+# run_gpu_checks.sh: everything issues 6 and 14 need a GPU for, in one run of under 8 minutes.
 #
 #   tests/gpu/run_gpu_checks.sh            (from anywhere; the repository root is found from this file)
 #
@@ -8,8 +8,12 @@
 #    architecture, found with nvidia-smi; PI_CUDA_ARCH=90 overrides);
 # 2. gpu_smoke: a C program (no Python needed) comparing the main GPU ops with the CPU ops, plus
 #    kernel timings (mul_mat, hot FFN, attention);
-# 3. the pytest GPU suite tests/gpu (every op against the CPU, named tolerances) and the CPU tests
-#    of the placement (tests/test_gpu_split.py), when python has numpy, cffi, gguf and pytest.
+# 3. the pytest GPU suite tests/gpu (every op against the CPU, named tolerances; the hybrid model:
+#    greedy tokens equal to CPU-only at three budgets, -ngl, device memory under the budget) and the
+#    CPU tests of the placement (tests/test_gpu_split.py, tests/test_hybrid.py on the emulated device),
+#    when python has numpy, cffi, gguf and pytest;
+# 4. bench/bench_hybrid.py: decode speed of a sparse file with 7B-shaped layers (PI_BENCH_LAYERS of
+#    them, default 4) at budgets of 25/50/100% against CPU-only and dense -ngl at the same memory.
 # Every step has a timeout; a failing step does not stop the others. Logs go to $OUT (if set, e.g. by
 # the device runner) or build-cuda/gpu-checks/. Exit status: 0 when every step that ran passed.
 set -euo pipefail
@@ -112,8 +116,9 @@ if $PY -c "import numpy, cffi, gguf, pytest" >/dev/null 2>&1; then
         step library_sees_gpu 20 $PY -c "import sys; sys.path.insert(0, 'tests/gpu'); import gpu_helpers as g; \
 ok, why = g.gpu_ready(); print('library sees the GPU' if ok else 'library: ' + why); sys.exit(0 if ok else 1)"
     fi
-    step pytest_gpu 90 $PY -m pytest -q -rs tests/gpu -p no:cacheprovider
-    step pytest_gpu_split 60 $PY -m pytest -q tests/test_gpu_split.py -p no:cacheprovider
+    step pytest_gpu 120 $PY -m pytest -q -rs tests/gpu -p no:cacheprovider
+    step pytest_gpu_split 60 $PY -m pytest -q tests/test_gpu_split.py tests/test_hybrid.py -p no:cacheprovider
+    step bench_hybrid 200 $PY bench/bench_hybrid.py --n-layer "${PI_BENCH_LAYERS:-4}" --tokens 32
 else
     say "pytest"
     echo "python ($PY) lacks numpy/cffi/gguf/pytest: the pytest GPU suite is skipped (gpu_smoke covered the ops)"

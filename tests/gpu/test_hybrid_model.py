@@ -1,14 +1,13 @@
 """Whole-model GPU checks of issue 6: hybrid (hot rows on the GPU, cold on the CPU) greedy tokens equal
 CPU-only ones, and the device memory a hybrid context takes stays under its budget.
 
-They need the hybrid forward pass wired into context.c and a `vram_budget` (bytes) argument of
-Context (core/cuda/README.md, "Wiring the hybrid forward pass"); until then they skip with that
-reason, and run by themselves once the argument exists. The model: $PI_GPU_TEST_MODEL, else the
-bundled models/*/*.powerinfer.gguf with its activation/ folder, else a tiny random PWRI model.
+The same checks run on the emulated device in every CI run (tests/test_hybrid.py); here they run on
+the real one, whose kernels sum in their own order, so tokens (not logits bits) are compared. The
+model: $PI_GPU_TEST_MODEL, else the bundled models/*/*.powerinfer.gguf with its activation/ folder
+(copied, so the .gpuidx is written next to the copy), else a tiny random PWRI model.
 """
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from powerinfer import gpu_split as gs
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tools"))
 
 # cudaMemGetInfo also sees what the driver allocates for itself after the context exists (module
 # loading, per-stream buffers): the measured drop in free memory may exceed the library's own
@@ -31,14 +31,6 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5]
 N_GEN = 24
 
 
-def _wired() -> bool:
-    return "vram_budget" in inspect.signature(pi.Context.__init__).parameters
-
-
-pytestmark = pytest.mark.skipif(not _wired(), reason="the hybrid forward pass is not wired into Context yet "
-                                "(Context has no vram_budget argument; see core/cuda/README.md)")
-
-
 @pytest.fixture(scope="module")
 def sparse_model(tmp_path_factory) -> Path:
     env = os.environ.get("PI_GPU_TEST_MODEL")
@@ -46,7 +38,11 @@ def sparse_model(tmp_path_factory) -> Path:
         return Path(env)
     for p in sorted(REPO.glob("models/*/*.powerinfer.gguf")):
         if (p.parent / "activation").is_dir():
-            return p
+            import shutil
+            d = tmp_path_factory.mktemp("bundled")
+            shutil.copy(p, d / p.name)
+            shutil.copytree(p.parent / "activation", d / "activation")
+            return d / p.name
     from sparse_model import write_sparse_model
     import torch
     d = tmp_path_factory.mktemp("hybrid")
@@ -68,26 +64,41 @@ def greedy(ctx, prompt, n):
     return out
 
 
-def budgets(path: Path, n_ctx: int):
-    """Dense part only, dense + half of the FFN, everything."""
+def budgets(path: Path, model, n_ctx: int):
+    """Dense part only, dense + half of the FFN, everything (the library's own compute bytes counted)."""
     info = gs.ModelInfo.from_gguf(path)
-    plan = gs.plan_budget(info, 1 << 50, n_ctx=n_ctx, n_batch=n_ctx)
-    all_ffn = info.n_layer * info.n_ff * plan.neuron_bytes + (1 << 20)
+    comp = pi._ffi.lib.pi_offload_compute_bytes(model._ptr, 0, n_ctx, n_ctx)
+    plan = gs.plan_budget(info, 1 << 50, n_ctx=n_ctx, n_batch=n_ctx, compute_bytes=comp)
+    groups = -(-info.n_ff // gs.GROUP) * gs.GROUP
+    all_ffn = info.n_layer * (groups * plan.neuron_bytes + 4 * gs.ALIGN)
     return [plan.dense_bytes, plan.dense_bytes + all_ffn // 2, plan.dense_bytes + all_ffn]
 
 
 def test_hybrid_greedy_tokens_equal_cpu(sparse_model):
     model = pi.Model(sparse_model)
-    cpu = greedy(pi.Context(model, n_ctx=128), PROMPT, N_GEN)
-    for budget in budgets(sparse_model, 128):
+    cpu = greedy(pi.Context(model, n_ctx=128, vram_budget=0), PROMPT, N_GEN)
+    for budget in budgets(sparse_model, model, 128):
         ctx = pi.Context(model, n_ctx=128, vram_budget=budget, reset_gpu_index=True)
+        assert ctx.offload is not None and ctx.offload.backend in ("cuda", "hip", "CUDA", "HIP"), ctx.gpu_warnings
         assert greedy(ctx, PROMPT, N_GEN) == cpu, f"budget {budget}"
+
+
+def test_dense_ngl_tokens_equal_cpu(tmp_path):
+    from make_test_model import write_model
+    path = tmp_path / "llama-q4_0.gguf"
+    write_model(path, dtype="q4_0", n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=3)
+    model = pi.Model(path)
+    cpu = greedy(pi.Context(model, n_ctx=128), PROMPT, N_GEN)
+    for ngl in (1, 3, -1):
+        ctx = pi.Context(model, n_ctx=128, n_gpu_layers=ngl)
+        assert ctx.offload is not None
+        assert greedy(ctx, PROMPT, N_GEN) == cpu, f"-ngl {ngl}"
 
 
 def test_device_memory_stays_under_budget(sparse_model):
     ffi, lib = gpu_api()
     model = pi.Model(sparse_model)
-    for budget in budgets(sparse_model, 256):
+    for budget in budgets(sparse_model, model, 256):
         free0, total = ffi.new("int64_t *"), ffi.new("int64_t *")
         assert lib.pi_cuda_mem_get_info(free0, total) == 0
         base = lib.pi_cuda_allocated_bytes()

@@ -14,6 +14,9 @@ from ..hub import HubError, add_model_args, bundled_model, resolve_model
 log = logging.getLogger("powerinfer.server")
 
 
+from ..offload import add_gpu_args, gpu_kwargs
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="server.py",
@@ -49,9 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
-    p.add_argument("--vram-budget", type=float, default=None,
-                   help="GiB of VRAM for PowerInfer's GPU split (accepted for compatibility; this build has "
-                        "no GPU backend, so it is ignored)")
+    add_gpu_args(p)
     p.add_argument("-to", "--timeout", type=float, default=600.0,
                    help="seconds to wait for a request body, and idle keep-alive time (default: %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -119,7 +120,7 @@ def make_loader(args):
                             n_threads=args.threads or None, seed=args.seed, kv_type=args.kv_type,
                             n_parallel=args.parallel, chat_format=chat_format, chat_template=template,
                             sparse_threshold=args.sparse_threshold, dense=args.dense, model_alias=args.alias,
-                            repack=False if args.no_repack else None)
+                            repack=False if args.no_repack else None, **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
         _prefault(llm.model)
         ctx = llm.ctx
@@ -156,9 +157,6 @@ def main(argv=None) -> int:
     if not os.path.isfile(args.model):
         print(f"error: failed to load model: {args.model}: no such model file", file=sys.stderr)
         return 1
-    if args.vram_budget is not None:
-        log.warning("--vram-budget %.2f: this build has no GPU backend; the option is ignored and the model "
-                    "runs on the CPU", args.vram_budget)
     try:
         keys = _api_keys(args)
     except OSError as e:

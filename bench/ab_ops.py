@@ -4,7 +4,7 @@ worth without the run-to-run drift of this shared VM (+-10% between runs minutes
     cmake -S . -B /tmp/build-b -G Ninja && ninja -C /tmp/build-b       # the other build (e.g. git stash)
     PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op sparse_ffn -m /tmp/sparse7b.powerinfer.gguf
     PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op mul_mat --mats attn_q,attn_k,attn_v,attn_output
-    PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op mul_mat --mats attn_output -T 512   # prompt-sized
+    PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op mul_mat --mats attn_output -T 512   # prompts
 
 A is the library the bindings load (./build), B the one in --lib-b. Both see the same weights (read
 from the GGUF file, packed or repacked by A as the model loader would), the same input and their own

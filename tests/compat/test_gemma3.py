@@ -20,8 +20,9 @@ dequantized to f32 and run through our f32 path: no activation quantization at a
 (the kernels before the 8-row Q5_0/Q8_0/K-quant ones: 0.045 / 0.175 / 0.9956 / 96% against llama.cpp,
 0.043 / 0.132 / 0.9955 / 97% against the reference). Since Q4_K's activations are Q8_KM (a step per 32,
 issue 15; tests/compat/test_kld.py) ours moved closer to the reference and so a little further from
-llama.cpp, whose own error is unchanged: 0.045 / 0.191 / 0.9879 / 96% against llama.cpp. So a minimum cosine around 0.99 against
-llama.cpp is what two equally accurate programs show: llama.cpp's own worst position is 0.9886 from
+llama.cpp, whose own error is unchanged: 0.045 / 0.191 / 0.9879 / 96% against llama.cpp.
+So a minimum cosine around 0.99 against llama.cpp is what two equally accurate programs show:
+llama.cpp's own worst position is 0.9886 from
 the exact result, ours 0.9964 (tools/dequantize_gguf.py writes the f32 file). The tolerances are
 these numbers with a margin. Greedy decoding (slow test, teacher-forced, see there): top-1
 agreement 199/200 = 99.5%, the same as llama.cpp's batched evaluation against its own incremental

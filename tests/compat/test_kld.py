@@ -168,6 +168,7 @@ def test_kld_gemma_vs_llama_cpp(gemma, keep, bos):
     activations at the first positions are then far larger: KLDs 3-7x those with BOS)."""
     pytest.importorskip("llama_cpp", reason="the peer check needs llama-cpp-python")
     ours, theirs = gemma_kld(gemma, keep, kvr.ours_logits, bos), gemma_kld(gemma, keep, kvr.llama_logits, bos)
-    print(f"Gemma {keep}{'' if bos else ' (no BOS)'}: KLD mean ours {ours['mean']:.4g} llama.cpp {theirs['mean']:.4g}; p99 ours "
+    what = keep + ("" if bos else " (no BOS)")
+    print(f"Gemma {what}: KLD mean ours {ours['mean']:.4g} llama.cpp {theirs['mean']:.4g}; p99 ours "
           f"{ours['p99']:.4g} llama.cpp {theirs['p99']:.4g}; top-1 {ours['top1']:.4f} / {theirs['top1']:.4f}")
     assert ours["mean"] <= theirs["mean"] and ours["p99"] <= theirs["p99"], (ours, theirs)

@@ -4,6 +4,7 @@ worth without the run-to-run drift of this shared VM (+-10% between runs minutes
     cmake -S . -B /tmp/build-b -G Ninja && ninja -C /tmp/build-b       # the other build (e.g. git stash)
     PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op sparse_ffn -m /tmp/sparse7b.powerinfer.gguf
     PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op mul_mat --mats attn_q,attn_k,attn_v,attn_output
+    PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op mul_mat --mats attn_output -T 512   # prompts
 
 A is the library the bindings load (./build), B the one in --lib-b. Both see the same weights (read
 from the GGUF file, packed or repacked by A as the model loader would), the same input and their own
@@ -35,7 +36,14 @@ def main(argv=None) -> int:
     ap.add_argument("--mats", default="attn_q", help="mul_mat: comma list of per-layer weights")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=6)
+    ap.add_argument("-T", "--tokens", type=int, default=1, help="mul_mat: activation rows per call (1: decode)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time the calling thread's CPU (needs -t 1: the op then runs inline), not the wall clock: "
+                         "time spent descheduled on a loaded machine is not counted")
     a = ap.parse_args(argv)
+    if a.cpu_time and a.threads != 1:
+        ap.error("--cpu-time needs -t 1")
+    clock = time.thread_time if a.cpu_time else time.perf_counter
     b_path = Path(a.lib_b)
     lib_b = ffi.dlopen(str(b_path / "libpowerinfer.so" if b_path.is_dir() else b_path))
     f = open_gguf(a.model)
@@ -92,21 +100,23 @@ def main(argv=None) -> int:
                     lib_a.pi_repack(t, ffi.from_buffer(buf), n, r)
                     t = r
                 keep.append(t)
-                xi = f32(np.random.default_rng(il).standard_normal((1, t.ne[0])).astype(np.float32))
-                yi = f32(np.zeros((1, t.ne[1]), np.float32))
+                xi = f32(np.random.default_rng(il).standard_normal((a.tokens, t.ne[0])).astype(np.float32))
+                yi = f32(np.zeros((a.tokens, t.ne[1]), np.float32))
                 nbytes += nb
                 calls.append(lambda L, pool, t=t, xi=xi, yi=yi: L.pi_op_mul_mat(pool, t, xi, yi))
     times = [[], []]
-    for _ in range(a.rounds):
-        for k, L in enumerate((lib_a, lib_b)):
-            t0 = time.perf_counter()
+    for r in range(a.rounds):
+        for k in ((0, 1) if r % 2 == 0 else (1, 0)):   # A first, then B first: neither always runs warm
+            L = (lib_a, lib_b)[k]
+            t0 = clock()
             for c in calls:
                 c(L, pools[k])
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
     for k, name in enumerate(("A (./build)", f"B ({a.lib_b})")):
         t = statistics.median(times[k])
         print(f"{name}: {1e3 * t / len(calls):.3f} ms per call, {nbytes / t / 1e9:.1f} GB/s of weights "
-              f"({a.op}, {len(calls)} calls per round, median of {a.rounds})")
+              f"({a.op}, {len(calls)} calls per round, median of {a.rounds}{', CPU time' if a.cpu_time else ''})")
+    print(f"A/B = {statistics.median(times[0]) / statistics.median(times[1]):.3f}")
     for k, L in enumerate((lib_a, lib_b)):
         L.pi_threadpool_free(pools[k])
     return 0

@@ -233,6 +233,12 @@ void pi_q8_K_to_f32(const void *src, float *dst, int64_t n) {
         for (int j = 0; j < PI_QK_K; j++) *dst++ = x[b].d * (float)x[b].qs[j];
 }
 
+void pi_q8_Km_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q8_Km *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++)
+        for (int j = 0; j < PI_QK_K; j++) *dst++ = x[b].k.d * (float)x[b].m[j / 32] * (float)x[b].k.qs[j];
+}
+
 /* ======================================================================================
  * K-quants: reference quantizers
  * ====================================================================================== */

@@ -84,6 +84,7 @@ enum {
     PI_TYPE_Q4_0X8,                  /* Q4_0 weights, 8 rows interleaved (pi_repack) */
     PI_TYPE_Q4_0R,                   /* Q4_0 rows, 8 block scales ahead of their quants (pi_sparse_pack) */
     PI_TYPE_Q8_0P,                   /* activations of Q4_0R (arch/q4_0r.c) */
+    PI_TYPE_Q8_KM,                   /* activations of Q4_K/Q5_K: Q8_K + a step multiplier per 32 (quants_k.h) */
     PI_TYPE_TABLE_END
 };
 static inline bool pi_is_interleaved(int32_t type) { return type == PI_TYPE_Q4_0X8; }

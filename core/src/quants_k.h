@@ -4,7 +4,8 @@
  *
  * Conversions (to_f32, reference quantizers) are in dtype_k.c, dot products and axpy in
  * arch/vec_dot_k.c. Activation types per weight type, as llama.cpp:
- *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),  Q2_K..Q6_K -> Q8_K. */
+ *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),
+ *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K). */
 #ifndef PI_QUANTS_K_H
 #define PI_QUANTS_K_H
 
@@ -35,6 +36,16 @@ typedef struct {
 typedef struct { uint8_t ql[PI_QK_K / 2]; uint8_t qh[PI_QK_K / 4]; int8_t scales[PI_QK_K / 16]; uint16_t d; } pi_block_q6_K;
 /* Q8_K (activations): f32 d, 256 int8, sums of each 16 quants. 292 B */
 typedef struct { float d; int8_t qs[PI_QK_K]; int16_t bsums[PI_QK_K / 16]; } pi_block_q8_K;
+/* Q8_KM (activations of Q4_K/Q5_K, core-internal): a Q8_K block whose 8 sub-blocks of 32 have their own
+ * step, an integer multiple of the block's: element i of sub-block j is k.d * m[j] * k.qs[i], 1 <= m[j] <=
+ * PI_Q8_KM_M. One step per 256 (Q8_K) costs a sub-block far below the block's largest |x| most of its
+ * resolution (Gemma's activations have outliers); m[j] = ceil(M amax_j / amax) gives it a step within
+ * (1 + 1/(M amax_j / amax)) of its own amax_j / 127. The multipliers fold into the weights' sub-block
+ * scales and mins (sc_j m_j, mn_j m_j, in int16), so the dot products stay exact integer sums per super-block
+ * and cost one more int16 multiply per 8 scales. int32 budget of a Q5_K super-block: 256 * 31 * 127 * 63 * M
+ * < 2^31 for M = 32. 308 B */
+#define PI_Q8_KM_M 32
+typedef struct { pi_block_q8_K k; int16_t m[PI_QK_K / 32]; } pi_block_q8_Km;
 
 /* Round to nearest, ties to even (llama.cpp's nearest_int for the values quantizers produce). */
 static inline int pi_nearest_int(float v) { return (int)lrintf(v); }
@@ -68,6 +79,7 @@ void pi_q4_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q5_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q6_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q8_K_to_f32(const void *src, float *dst, int64_t n);
+void pi_q8_Km_to_f32(const void *src, float *dst, int64_t n);
 
 void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);
@@ -79,5 +91,6 @@ void pi_q4_K_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_K_from_f32(const float *src, void *dst, int64_t n);
 void pi_q6_K_from_f32(const float *src, void *dst, int64_t n);
 void pi_q8_K_from_f32(const float *src, void *dst, int64_t n);
+/* (Q8_KM's quantizer is a kernel: arch/vec_dot_k.c, declared in arch/kernels.h) */
 
 #endif

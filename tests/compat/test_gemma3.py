@@ -18,8 +18,11 @@ dequantized to f32 and run through our f32 path: no activation quantization at a
     ours vs reference       0.041 / 0.109         0.9964      94%
     llama.cpp vs reference  0.042 / 0.171         0.9886      99%
 (the kernels before the 8-row Q5_0/Q8_0/K-quant ones: 0.045 / 0.175 / 0.9956 / 96% against llama.cpp,
-0.043 / 0.132 / 0.9955 / 97% against the reference). So a minimum cosine around 0.99 against
-llama.cpp is what two equally accurate programs show: llama.cpp's own worst position is 0.9886 from
+0.043 / 0.132 / 0.9955 / 97% against the reference). Since Q4_K's activations are Q8_KM (a step per 32,
+issue 15; tests/compat/test_kld.py) ours moved closer to the reference and so a little further from
+llama.cpp, whose own error is unchanged: 0.045 / 0.191 / 0.9879 / 96% against llama.cpp.
+So a minimum cosine around 0.99 against llama.cpp is what two equally accurate programs show:
+llama.cpp's own worst position is 0.9886 from
 the exact result, ours 0.9964 (tools/dequantize_gguf.py writes the f32 file). The tolerances are
 these numbers with a margin. Greedy decoding (slow test, teacher-forced, see there): top-1
 agreement 199/200 = 99.5%, the same as llama.cpp's batched evaluation against its own incremental
@@ -42,9 +45,9 @@ PROMPTS = [
     "Les trois mousquetaires sont",
     "1, 2, 3, 5, 8, 13,",
 ]
-LOGIT_REL_RMS_MAX = 0.30      # any position (measured max 0.148)
+LOGIT_REL_RMS_MAX = 0.30      # any position (measured max 0.191; 0.148 before Q8_KM)
 LOGIT_REL_RMS_MEAN = 0.08     # over all positions (measured 0.046)
-LOGIT_COSINE_MIN = 0.98       # any position (measured 0.9897; llama.cpp vs the exact-weights reference: 0.9886)
+LOGIT_COSINE_MIN = 0.98       # any position (measured 0.9879; llama.cpp vs the exact-weights reference: 0.9886)
 TOP1_PROMPT_MIN = 0.85        # share of prompt positions with the same argmax (measured 0.93)
 GREEDY_STEPS = 200
 GREEDY_TOP1_MIN = 0.95        # issue 7's criterion (measured 0.995)

@@ -238,10 +238,11 @@ void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
                            int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one, B8_MAX_T); }
 
 /* ======================================================================================
- * Q4_K and Q5_K . Q8_K. Canonical order (pi_vec_dot_q4_K_q8_K, pi_vec_dot_q5_K_q8_K): per
- * super-block the exact integers sumi = sum_j sc_j sum_l q_l y_l and summ = sum_j m_j (bsum_2j +
- * bsum_2j+1), then acc = acc + d_x * (d * sumi - dmin * summ), super-blocks in order. Q5_K is Q4_K
- * with a fifth bit per quant: bit 2j (low nibbles, sub-block 2j) or 2j+1 (high nibbles) of qh[l].
+ * Q4_K and Q5_K . Q8_KM. Canonical order (pi_vec_dot_q4_K_q8_K, pi_vec_dot_q5_K_q8_K): per
+ * super-block the exact integers sumi = sum_j sc_j mx_j sum_l q_l y_l and summ = sum_j mn_j mx_j (bsum_2j +
+ * bsum_2j+1) (mx_j: the activation's step multipliers, quants_k.h), then acc = acc + d_x * (d * sumi -
+ * dmin * summ), super-blocks in order. Q5_K is Q4_K with a fifth bit per quant: bit 2j (low nibbles,
+ * sub-block 2j) or 2j+1 (high nibbles) of qh[l].
  * ====================================================================================== */
 
 /* Bit `bit` of every byte of qh, as 16 (the quant's fifth bit), for any bit 0..7 (16-bit shifts by at most
@@ -285,6 +286,12 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
         for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
             const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
             const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
+            __m256i scm_lo[K_MAX_T], scm_hi[K_MAX_T];   /* sc_2j mx_2j, sc_2j+1 mx_2j+1 per token (< 2^11) */
+            for (int t = 0; t < nt; t++) {
+                const int16_t *mx = ((const pi_block_q8_Km *)(x + t * x_stride) + b)->m;
+                scm_lo[t] = _mm256_mullo_epi16(sc_lo, _mm256_set1_epi16(mx[2 * j]));
+                scm_hi[t] = _mm256_mullo_epi16(sc_hi, _mm256_set1_epi16(mx[2 * j + 1]));
+            }
             for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
                 __m256i c[4], w[8];
                 pi_transpose8x16(p, qs_offset + 32 * j + 16 * half, c);
@@ -297,24 +304,31 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
                     }
                 }
                 for (int t = 0; t < nt; t++) {
-                    const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 64 * j + 16 * half;
-                    const __m256i lo = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 4), sc_lo);
-                    const __m256i hi = _mm256_madd_epi16(pi_maddubs_sum(w + 4, yq + 32, 4), sc_hi);
+                    const int8_t *yq = ((const pi_block_q8_Km *)(x + t * x_stride) + b)->k.qs + 64 * j + 16 * half;
+                    const __m256i lo = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 4), scm_lo[t]);
+                    const __m256i hi = _mm256_madd_epi16(pi_maddubs_sum(w + 4, yq + 32, 4), scm_hi[t]);
                     sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(lo, hi));
                 }
             }
         }
-        /* mins: madd of (m_2i, m_2i+1) per lane against the activation's (bs_2i, bs_2i+1), bs_j = sum of 32 */
+        /* mins: madd of (m_2i, m_2i+1) per lane against the activation's (mx_2i bs_2i, mx_2i+1 bs_2i+1), bs_j =
+         * sum of 32 (|mx bs| <= 32 * 4064: int16 no longer holds it, so mx goes to the mins, as in the sums) */
         __m256i mp[4];
         for (int i = 0; i < 4; i++) mp[i] = lane_bytes_to_i16(i < 2 ? mn03 : mn47, (2 * i) % 4, (2 * i) % 4 + 1, 0);
         for (int t = 0; t < nt; t++) {
-            const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            const pi_block_q8_Km *xm = (const pi_block_q8_Km *)(x + t * x_stride) + b;
+            const pi_block_q8_K *xb = &xm->k;
             const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb->bsums),
                                               _mm_loadu_si128((const __m128i *)xb->bsums + 1));   /* bs_0..bs_7 */
             const __m256i bs8 = _mm256_castsi128_si256(bs);
+            /* lane i of mx8 = (mx_2i, mx_2i+1) as its two int16 halves, i = 0..3: the 8 multipliers */
+            const __m256i mx8 = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)xm->m));
             __m256i summ = _mm256_setzero_si256();
-            for (int i = 0; i < 4; i++)
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[i], _mm256_permutevar8x32_epi32(bs8, _mm256_set1_epi32(i))));
+            for (int i = 0; i < 4; i++) {
+                const __m256i pick = _mm256_set1_epi32(i);
+                const __m256i mpm = _mm256_mullo_epi16(mp[i], _mm256_permutevar8x32_epi32(mx8, pick));
+                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mpm, _mm256_permutevar8x32_epi32(bs8, pick)));
+            }
             acc[t] = k_min_step(acc[t], xb->d, d, dmin, sumi[t], summ);
         }
     }

@@ -271,13 +271,16 @@ static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K 
 #endif
 }
 
-/* Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins */
-static inline void k4_scales(const uint8_t *packed, const pi_block_q8_K *y, uint8_t sc[8], int32_t *summ) {
+/* Q4_K / Q5_K . Q8_KM: 8 sub-blocks of 32 with 6-bit scales and mins; the activation's step multipliers m_j
+ * fold into them: sc_j m_j and mn_j m_j (< 2^11, int16 in the SIMD code). Exact integers:
+ * sumi = sum_j sc_j m_j sum_l q_l y_l, summ = sum_j mn_j m_j (bsum_2j + bsum_2j+1). */
+static inline void k4_scales(const uint8_t *packed, const pi_block_q8_Km *y, int32_t sc[8], int32_t *summ) {
     int32_t m = 0;
     for (int j = 0; j < 8; j++) {
-        uint8_t mn;
-        pi_k4_scale_min(j, packed, &sc[j], &mn);
-        m += mn * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+        uint8_t s, mn;
+        pi_k4_scale_min(j, packed, &s, &mn);
+        sc[j] = s * y->m[j];
+        m += mn * y->m[j] * (y->k.bsums[2 * j] + y->k.bsums[2 * j + 1]);
     }
     *summ = m;
 }
@@ -294,26 +297,30 @@ static inline __m128i k4_scales_mins(const uint8_t *packed) {
     return _mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03);
 }
 
-/* summ = sum_j m_j (bsum_2j + bsum_2j+1) = sum_k m_(k/2) bsum_k: each min twice (m_0, m_0, m_1, ...). */
-static inline int32_t k4_summ(__m128i scales_mins, const pi_block_q8_K *y) {
-    return scales_dot_bsums(_mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scales_mins, scales_mins)), y);
+/* summ = sum_j mn_j m_j (bsum_2j + bsum_2j+1) = sum_k (mn m)_(k/2) bsum_k: each product twice. */
+static inline int32_t k4_summ(__m128i scales_mins, const pi_block_q8_Km *y) {
+    const __m128i mult = _mm_loadu_si128((const __m128i *)y->m);   /* m_0..7 as int16 */
+    const __m256i mult2 = _mm256_setr_m128i(_mm_unpacklo_epi16(mult, mult), _mm_unpackhi_epi16(mult, mult));
+    const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scales_mins, scales_mins));
+    return scales_dot_bsums(_mm256_mullo_epi16(mins2, mult2), &y->k);
 }
 
-/* sumi = sum_s sc_s (the 32 quants of sub-block s . their activations), exact; q[s] holds sub-block s's
- * quants as unsigned bytes (< 64), sc_s are bytes 0..7 of scales_mins. */
-static inline int32_t k4_sumi(const __m256i q[8], __m128i scales_mins, const pi_block_q8_K *y) {
-    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));   /* sc_0..7 as int16 */
+/* sumi = sum_s sc_s m_s (the 32 quants of sub-block s . their activations), exact; q[s] holds sub-block s's
+ * quants as unsigned bytes (< 64), sc_s are bytes 0..7 of scales_mins, m_s the activation's multipliers. */
+static inline int32_t k4_sumi(const __m256i q[8], __m128i scales_mins, const pi_block_q8_Km *y) {
+    const __m128i scm = _mm_mullo_epi16(_mm_cvtepu8_epi16(scales_mins), _mm_loadu_si128((const __m128i *)y->m));
+    const __m256i sc16 = _mm256_broadcastsi128_si256(scm);   /* sc_0..7 m_0..7 as int16 */
     __m256i acc = _mm256_setzero_si256();
     for (int s = 0; s < 8; s++) {
-        const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * s)));   /* sc_s */
-        const __m256i p = _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * s)));
+        const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * s)));   /* sc_s m_s */
+        const __m256i p = _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(y->k.qs + 32 * s)));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
     }
     return pi_hsum_epi32(acc);
 }
 #endif
 
-static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
 #if defined(__AVX2__)
     const __m128i sm = k4_scales_mins(x->scales);
     __m256i q[8];   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
@@ -325,14 +332,14 @@ static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K 
     *sumi = k4_sumi(q, sm, y);
     *summ = k4_summ(sm, y);
 #else
-    uint8_t sc[8];
+    int32_t sc[8];
     k4_scales(x->scales, y, sc, summ);
     int32_t s = 0;
     for (int j = 0; j < 4; j++) {
         int32_t s0 = 0, s1 = 0;
         for (int l = 0; l < 32; l++) {
-            s0 += (x->qs[32 * j + l] & 0x0f) * y->qs[64 * j + l];
-            s1 += (x->qs[32 * j + l] >> 4) * y->qs[64 * j + 32 + l];
+            s0 += (x->qs[32 * j + l] & 0x0f) * y->k.qs[64 * j + l];
+            s1 += (x->qs[32 * j + l] >> 4) * y->k.qs[64 * j + 32 + l];
         }
         s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
     }
@@ -340,7 +347,7 @@ static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K 
 #endif
 }
 
-static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
 #if defined(__AVX2__)
     const __m128i sm = k4_scales_mins(x->scales);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
@@ -354,7 +361,7 @@ static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K 
     *sumi = k4_sumi(q, sm, y);
     *summ = k4_summ(sm, y);
 #else
-    uint8_t sc[8];
+    int32_t sc[8];
     k4_scales(x->scales, y, sc, summ);
     int32_t s = 0;
     for (int j = 0; j < 4; j++) {
@@ -362,8 +369,8 @@ static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K 
         for (int l = 0; l < 32; l++) {
             const int q0 = (x->qs[32 * j + l] & 0x0f) | (((x->qh[l] >> (2 * j)) & 1) << 4);
             const int q1 = (x->qs[32 * j + l] >> 4) | (((x->qh[l] >> (2 * j + 1)) & 1) << 4);
-            s0 += q0 * y->qs[64 * j + l];
-            s1 += q1 * y->qs[64 * j + 32 + l];
+            s0 += q0 * y->k.qs[64 * j + l];
+            s1 += q1 * y->k.qs[64 * j + 32 + l];
         }
         s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
     }
@@ -437,26 +444,26 @@ float pi_vec_dot_q3_K_q8_K(int64_t n, const void *w, const void *x) {
     return sum;
 }
 
-float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x) {
+float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x) {   /* x: Q8_KM */
     const pi_block_q4_K *a = w;
-    const pi_block_q8_K *b = x;
+    const pi_block_q8_Km *b = x;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / PI_QK_K; i++) {
         int32_t sumi, summ;
         q4_K_ints(&a[i], &b[i], &sumi, &summ);
-        sum += b[i].d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
+        sum += b[i].k.d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
     }
     return sum;
 }
 
-float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x) {
+float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x) {   /* x: Q8_KM */
     const pi_block_q5_K *a = w;
-    const pi_block_q8_K *b = x;
+    const pi_block_q8_Km *b = x;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / PI_QK_K; i++) {
         int32_t sumi, summ;
         q5_K_ints(&a[i], &b[i], &sumi, &summ);
-        sum += b[i].d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
+        sum += b[i].k.d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
     }
     return sum;
 }
@@ -490,6 +497,67 @@ float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
         sum += a[i].d * b[i].d * (float)s;
     }
     return sum;
+}
+
+/* ======================================================================================
+ * Q8_KM: the activation quantizer of Q4_K/Q5_K (quants_k.h), AVX2 with exactly the scalar bits
+ * ====================================================================================== */
+
+/* amax = the block's largest |x|, amax_j that of sub-block j; d = amax / (127 M), m_j = ceil(M amax_j /
+ * amax) (M for the sub-block of amax, at least 1), q = nearest(x / (d m_j)) in -127..127 (ties to even, the
+ * value clamped as a float first), f32 operations in this order; bsums as Q8_K's. A zero block is all zeros
+ * with m_j = 1. (NaN elements do not count for amax; they quantize to -127.) */
+void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_q8_Km *y = dst;
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        float sub[PI_QK_K / 32], amax = 0.0f;
+        for (int j = 0; j < PI_QK_K / 32; j++) {
+            const float *xj = src + 32 * j;
+            float a = 0.0f;
+#if defined(__AVX2__)
+            /* max is exact in any order; max_ps(v, acc) keeps acc where v is NaN, as the scalar compare */
+            __m256 acc = _mm256_setzero_ps();
+            for (int k = 0; k < 32; k += 8)
+                acc = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xj + k)), acc);
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            a = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#else
+            for (int i = 0; i < 32; i++) a = fabsf(xj[i]) > a ? fabsf(xj[i]) : a;
+#endif
+            sub[j] = a;
+            amax = a > amax ? a : amax;
+        }
+        memset(&y[b], 0, sizeof y[b]);
+        for (int j = 0; j < PI_QK_K / 32; j++) y[b].m[j] = 1;
+        if (amax == 0.0f) continue;
+        const float d = amax / (127.0f * PI_Q8_KM_M);
+        for (int j = 0; j < PI_QK_K / 32; j++) {
+            const int m = PI_MAX(1, PI_MIN(PI_Q8_KM_M, (int)ceilf((float)PI_Q8_KM_M * sub[j] / amax)));
+            const float iscale = 1.0f / (d * (float)m);
+            const float *xj = src + 32 * j;
+            int8_t *qj = y[b].k.qs + 32 * j;
+#if defined(__AVX2__)
+            /* max_ps(v, -127) gives -127 for NaN, as fmaxf; cvtps rounds to nearest even, as lrintf */
+            const __m256 is = _mm256_set1_ps(iscale), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+            __m256i v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(is, _mm256_loadu_ps(xj + 8 * k)), lo), hi));
+            const __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)qj, _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+            for (int i = 0; i < 32; i++)   /* clamped as floats: no int conversion of an out-of-range value */
+                qj[i] = (int8_t)pi_nearest_int(fminf(127.0f, fmaxf(-127.0f, iscale * xj[i])));
+#endif
+            y[b].m[j] = (int16_t)m;
+        }
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += y[b].k.qs[16 * j + i];
+            y[b].k.bsums[j] = (int16_t)sum;
+        }
+        y[b].k.d = d;
+    }
 }
 
 /* ======================================================================================

@@ -27,19 +27,24 @@ def field_value(f):
     return f.parts[f.data[0]].tolist()[0], None
 
 
+def writer_like(r: gguf.GGUFReader, dst: str) -> gguf.GGUFWriter:
+    """A GGUFWriter for dst with every key/value of r (its architecture included); tensors are the caller's."""
+    w = gguf.GGUFWriter(dst, field_value(r.fields["general.architecture"])[0])
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        val, sub = field_value(f)
+        w.add_key_value(f.name, val, f.types[0], sub_type=sub)
+    return w
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src")
     ap.add_argument("dst")
     a = ap.parse_args()
     r = gguf.GGUFReader(a.src)
-    arch = field_value(r.fields["general.architecture"])[0]
-    w = gguf.GGUFWriter(a.dst, arch)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        val, sub = field_value(f)
-        w.add_key_value(f.name, val, f.types[0], sub_type=sub)
+    w = writer_like(r, a.dst)
     for t in r.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         w.add_tensor(t.name, data.reshape(tuple(int(x) for x in reversed(t.shape.tolist()))))

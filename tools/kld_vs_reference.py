@@ -51,17 +51,11 @@ def write_copy(src: str, dst: str, keep: set[str]) -> None:
     """A copy of src in which the tensors whose type name is in `keep` stay as they are and every other
     tensor is dequantized to f32 (keep = {} gives the exact-weights reference)."""
     import gguf
-    from dequantize_gguf import field_value
+    from dequantize_gguf import writer_like
 
     r = gguf.GGUFReader(src)
-    arch = field_value(r.fields["general.architecture"])[0]
     tmp = dst + ".tmp"
-    w = gguf.GGUFWriter(tmp, arch)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        val, sub = field_value(f)
-        w.add_key_value(f.name, val, f.types[0], sub_type=sub)
+    w = writer_like(r, tmp)
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         if t.tensor_type.name in keep and t.tensor_type != gguf.GGMLQuantizationType.F32:

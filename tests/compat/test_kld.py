@@ -69,21 +69,15 @@ def write_synthetic_pair(dirpath: Path) -> tuple[str, str]:
     """(Q4_K file, its exact-weights f32 reference): a 2-layer llama (n_embd 256, n_ff 768) with outliers;
     every matrix except token_embd in Q4_K."""
     import gguf
-    from dequantize_gguf import field_value
+    from dequantize_gguf import writer_like
 
     src = dirpath / "synth-f32.gguf"
     write_model(src, dtype="f32", n_vocab=512, n_embd=256, n_ff=768, n_head=4, n_head_kv=4, n_layer=2, seed=15)
     r = gguf.GGUFReader(str(src))
-    arch = field_value(r.fields["general.architecture"])[0]
     out = {}
     for kind in ("q4_K", "ref"):
         path = dirpath / f"synth-{kind}.gguf"
-        w = gguf.GGUFWriter(str(path), arch)
-        for f in r.fields.values():
-            if f.name.startswith("GGUF.") or f.name == "general.architecture":
-                continue
-            val, sub = field_value(f)
-            w.add_key_value(f.name, val, f.types[0], sub_type=sub)
+        w = writer_like(r, str(path))
         for t in r.tensors:
             shape = tuple(int(x) for x in reversed(t.shape.tolist()))
             a = np.array(t.data, np.float32).reshape(shape)

@@ -275,3 +275,35 @@ def test_powerinfer_isa_environment_variable(tmp_path):
         p = subprocess.run([sys.executable, "-c", probe], env={**env, "POWERINFER_ISA": bad},
                            capture_output=True, text=True)
         assert p.returncode != 0 and f"POWERINFER_ISA={bad}" in p.stderr and words in p.stderr, p.stderr[-300:]
+
+
+AMX_ROWS_MIN_T = 16   # ops.c PI_TILES_ROWS_MIN_T: from this batch on, Q8_0/Q4_K/Q6_K rows run on AMX tiles (amx level)
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("K", [4096, 2048])
+@pytest.mark.parametrize("t", [8, 12, 14], ids=lambda t: TYPES[t][0])
+def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
+    """Q8_0, Q4_K and Q6_K at prompt batch sizes: on the amx level the row tile kernel (tiles_rows) takes
+    16-row groups x 16-token tiles of the batches of >= AMX_ROWS_MIN_T tokens (16, 32; 100: six tiles and a
+    4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows (vec_dot)."""
+    Ts = (16, 32, 100)
+    assert min(Ts) >= AMX_ROWS_MIN_T and Ts[2] % 16
+    N = 44
+    rng = np.random.default_rng(t * 10 + K)
+    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
+    w[5, :256] *= 40.0                     # large scales next to small ones
+    w[6, 256:512] = np.abs(w[6, 256:512])  # one-signed blocks (K-quant mins)
+    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x[:, 32:64] *= 30.0
+    x[7, 256:512] = 0.0                    # a zero activation (super-)block (d = 0)
+    x[9, :] = np.abs(x[9, :])              # quant sums far from 0
+    x[11, :] = -127.0                      # extreme quants
+    raw = quantize(t, w)
+    results = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        wt = wtensor(t, raw)
+        results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in Ts]
+    for T, a, b in zip(Ts, results["scalar"], results[level]):
+        assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} K={K} N={N} T={T} {level} vs scalar")

@@ -109,6 +109,7 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].gemm16 = kt->gemm16;
         out[t].repack8 = kt->repack8;
         out[t].tiles = kt->tiles;
+        out[t].tiles_rows = kt->tiles_rows;
         if (kt->to_f32) out[t].to_f32 = kt->to_f32;
         if (kt->from_f32) out[t].from_f32 = kt->from_f32;
     }

@@ -52,6 +52,12 @@ typedef void  (*pi_gemm8_fn)(int64_t n, const void *group, const char *x, int64_
 #define PI_TILE_T 16
 typedef void  (*pi_tiles_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                              float *y, int64_t y_stride);
+/* Sixteen weight rows at any addresses (rows[0..15], the file's layout) against nt activation rows, nt a multiple
+ * of PI_TILE_T: y[t * y_stride + r] = dot(row r, x_t), bit-identical to vec_dot per (row, token), as vec_dot8.
+ * The AMX level's prompt kernel of the non-interleaved types (Q8_0, Q4_K, Q6_K); mul_mat calls it for batches
+ * of at least PI_TILES_ROWS_MIN_T tokens (ops.c) and does the token and row tails with vec_dot8. */
+typedef void  (*pi_tiles_rows_fn)(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                  float *y, int64_t y_stride);
 /* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
  * loaded and stored once. */
 typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows, float *y);
@@ -75,6 +81,8 @@ typedef struct pi_type_traits {
     pi_gemm8_fn     gemm16;        /* optional: two consecutive groups (16 rows, y gets 16 outputs per token) */
     pi_repack8_fn   repack8;
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
+    /* rows at any addresses (not interleaved) */
+    pi_tiles_rows_fn tiles_rows;   /* optional: 16 rows x multiples of 16 tokens (AMX) */
 } pi_type_traits;
 
 /* Types that exist only inside the core (never in a GGUF file): activation formats and
@@ -108,6 +116,7 @@ typedef struct pi_type_kernels {
     pi_gemm8_fn    gemm16;      /* optional, interleaved layouts: two groups at once */
     pi_repack8_fn  repack8;     /* interleaved layouts */
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
+    pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
     pi_from_f32_fn from_f32;
 } pi_type_kernels;

@@ -79,12 +79,18 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *             at least PI_TILES_MIN_T tokens; the token and row tails go to the kernels below)
  *   gemm16    interleaved weights, two groups (16 rows) x up to 8 tokens per call (AVX-512 levels)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
+ *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at
+ *             least PI_TILES_ROWS_MIN_T tokens; the token and row tails go to vec_dot8)
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
  *   vec_dot   one row, one token */
 
 /* The smallest batch mul_mat gives the AMX kernel (tiles): measured on Sapphire Rapids (bench/ab_amx.py) */
 #ifndef PI_TILES_MIN_T
 #define PI_TILES_MIN_T 16
+#endif
+/* The same for the row kernels (tiles_rows: Q8_0, Q4_K, Q6_K), measured with bench/ab_isa.py */
+#ifndef PI_TILES_ROWS_MIN_T
+#define PI_TILES_ROWS_MIN_T 16
 #endif
 #ifndef PI_TILES_CHUNK_T
 #define PI_TILES_CHUNK_T 128   /* tokens per pass over a work item's rows: 128 Q8_0S rows of K = 4096 are 590 KB, in L2 */
@@ -154,11 +160,24 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
                           (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
         return;
     }
+    const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+    int64_t tiled = 0;   /* tokens [0, tiled) of rows [r0, r16) are done by the tile kernel */
+    if (tr->tiles_rows && T >= PI_TILES_ROWS_MIN_T && r16 > r0) {   /* token chunks outside: they stay in cache */
+        const int64_t T16 = T / PI_TILE_T * PI_TILE_T;
+        for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T)
+            for (int64_t g = r0; g < r16; g += 16) {
+                const void *rows[16];
+                for (int k = 0; k < 16; k++) rows[k] = w + (g + k) * a->w->nb[1];
+                tr->tiles_rows(K, rows, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                               (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t), y0 + t * y_stride + g, y_stride);
+            }
+        tiled = T16;
+    }
     if (tr->vec_dot8)
         for (; r + 8 <= r1; r += 8) {
             const void *rows[8];
             for (int k = 0; k < 8; k++) rows[k] = w + (r + k) * a->w->nb[1];
-            for (int64_t t = 0; t < T; t += PI_DOT8_MAX_T)
+            for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
                 tr->vec_dot8(K, rows, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
                              (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
         }

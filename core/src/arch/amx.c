@@ -27,32 +27,7 @@
  *
  * Tile state is per thread: each call loads its configuration and releases the tiles at the end (a
  * call covers 16 rows x all its tokens x K, so the configuration costs well under 1%). */
-#include <immintrin.h>
-#include <stddef.h>
-#include <string.h>
-
-/* The 64-byte LDTILECFG operand. */
-typedef struct {
-    uint8_t  palette;
-    uint8_t  start_row;
-    uint8_t  reserved[14];
-    uint16_t colsb[16];   /* bytes per row of tile i */
-    uint8_t  rows[16];
-} __attribute__((aligned(64))) amx_tile_config;
-
-static void amx_configure(void) {
-    amx_tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 2; i++) {
-        cfg.rows[0 + i] = 16; cfg.colsb[0 + i] = 16 * sizeof(int32_t);   /* C: 16 tokens x 16 rows int32 */
-        cfg.rows[2 + i] = 16; cfg.colsb[2 + i] = PI_QK8_0;               /* A: 16 tokens x 32 s8 */
-        cfg.rows[4 + i] = PI_QK4_0 / 4; cfg.colsb[4 + i] = 16 * 4;       /* B: 8 x (16 rows x 4 s8) */
-    }
-    /* GCC 12 sees no reader of cfg in _tile_loadconfig and drops the stores above without this barrier */
-    __asm__ volatile("" ::: "memory");
-    _tile_loadconfig(&cfg);
-}
+#include "amx_util.h"
 
 /* Block b of the two groups -> the B tile bt [8][64] (layout in the header comment), the weights made
  * signed: q - 8 in -8..7. */
@@ -67,38 +42,11 @@ static inline void amx_unpack_b(const pi_block_q4_0x8 *g0, const pi_block_q4_0x8
     }
 }
 
-/* The float epilogue of one block: ct [16 tokens][16 rows] int32 = the exact i = sum (q - 8) y, dw the 16 row
- * scales, xt the token tile's first activation row (block b at byte offset boff), tok[t] = t * x_stride.
- * acc[t] = fma(d_w * d_x, (float)i, acc[t]), lanes = rows. */
-static inline void amx_epilogue(const int32_t *ct, __m512 dw, const char *xt, int64_t boff, __m512i tok,
-                                __m512 acc[16]) {
-    /* d (f16: the low half of each block's first 4 bytes) of block b for the 16 tokens */
-    float dx[16];
-    _mm512_storeu_ps(dx, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(tok, xt + boff, 1))));
-    for (int t = 0; t < 16; t++) {
-        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t]));   /* d_w * d_x, as the scalar code */
-        acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i *)(ct + 16 * t))), acc[t]);
-    }
-}
-
 /* The 16 row scales of block b (group 0's 8, then group 1's). */
 static inline __m512 amx_row_scales(const pi_block_q4_0x8 *g0, const pi_block_q4_0x8 *g1) {
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)g0->d)),
                                                    _mm_loadu_si128((const __m128i *)g1->d), 1));
 }
-
-/* One block on tiles (C, A, B): B from the unpacked tile bt, A from the activations, ct = the integer sums.
- * The tile macros are asm statements that take addresses only, so the compiler barrier orders the loads
- * from ct after the tile store. Tile numbers must be literals. */
-#define AMX_BLOCK(C, A, B, bt, ct, xq)                      \
-    do {                                                    \
-        _tile_loadd(B, (bt), 64);                           \
-        _tile_loadd(A, (xq), x_stride);                     \
-        _tile_zero(C);                                      \
-        _tile_dpbssd(C, A, B);                              \
-        _tile_stored(C, (ct), 64);                          \
-        __asm__ volatile("" ::: "memory");                  \
-    } while (0)
 
 #ifndef AMX_KC
 #define AMX_KC 32   /* blocks per K chunk: their B tiles (32 x 512 bytes) are unpacked once for all token tiles */
@@ -112,9 +60,8 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
     _Alignas(64) int8_t bt[AMX_KC][8 * 64];     /* the chunk's B tiles */
     _Alignas(64) float dw[AMX_KC][16];         /* the chunk's row scales */
     _Alignas(64) int32_t ct[2][16 * 16];
-    const __m512i tok = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32((int32_t)x_stride));
-    amx_configure();
+    const __m512i tok = amx_token_offsets(x_stride);
+    amx_configure(PI_QK8_0);
     /* K in chunks of AMX_KC blocks, all token tiles per chunk; between chunks the accumulators wait in y
      * (a float stored and loaded is the same float: the block order per (row, token) is unchanged) */
     for (int64_t c0 = 0; c0 < nb; c0 += AMX_KC) {
@@ -131,14 +78,14 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
                 acc[t] = c0 ? _mm512_loadu_ps(y + (t0 + t) * y_stride) : _mm512_setzero_ps();
             int64_t b = 0;
             for (; b + 2 <= kc; b += 2) {   /* blocks b (tiles 0, 2, 4) and b+1 (tiles 1, 3, 5) */
-                AMX_BLOCK(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
-                AMX_BLOCK(1, 3, 5, bt[b + 1], ct[1], xt + (b + 1) * bsz + qoff);
-                amx_epilogue(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
-                amx_epilogue(ct[1], _mm512_load_ps(dw[b + 1]), xt, (b + 1) * bsz, tok, acc);
+                AMX_PRODUCT(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
+                AMX_PRODUCT(1, 3, 5, bt[b + 1], ct[1], xt + (b + 1) * bsz + qoff);
+                amx_epilogue_q8_0s(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+                amx_epilogue_q8_0s(ct[1], _mm512_load_ps(dw[b + 1]), xt, (b + 1) * bsz, tok, acc);
             }
             if (b < kc) {
-                AMX_BLOCK(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
-                amx_epilogue(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+                AMX_PRODUCT(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
+                amx_epilogue_q8_0s(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
             }
             for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
         }

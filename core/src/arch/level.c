@@ -15,7 +15,9 @@
 #include "q4_0r.c"
 #include "activation.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
-#include "amx.c"
+#include "amx.c"        /* Q4_0X8 */
+#include "amx_q8_0.c"   /* Q8_0 rows */
+#include "amx_k.c"      /* Q4_K, Q6_K rows */
 #define AMX(kernel) kernel
 #else
 #define AMX(kernel) NULL     /* below the amx level: no tile kernels */
@@ -48,6 +50,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),
                            .axpy8 = ROWS8(pi_axpy8_q4_0) },
         [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0s,  pi_axpy_q8_0, .vec_dot8 = ROWS8(pi_vec_dot8_q8_0_q8_0s),
+                           .tiles_rows = AMX(pi_tiles_rows_q8_0_q8_0s),
                            .from_f32 = pi_quantize_row_q8_0 },
         [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1 },
         [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s) },
@@ -55,9 +58,11 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1 },
         [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K) },
         [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8(pi_vec_dot8_q3_K_q8_K) },
-        [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K) },
+        [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K),
+                           .tiles_rows = AMX(pi_tiles_rows_q4_K_q8_K) },
         [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8(pi_vec_dot8_q5_K_q8_K) },
-        [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K) },
+        [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K),
+                           .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K) },
         [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K },
         /* internal types */
         [PI_TYPE_Q8_0S]  = { .to_f32 = pi_q8_0s_to_f32, .from_f32 = pi_quantize_row_q8_0s },

@@ -1,0 +1,225 @@
+/* amx_k.c: AMX tile kernels of the K-quants Q4_K and Q6_K (the amx level only; level.c includes it where
+ * __AMX_INT8__ is set). 16 rows at any addresses (the file's layout) x nt tokens (a multiple of 16) of Q8_K
+ * activations; bit-identical to pi_vec_dot_q4_K_q8_K / pi_vec_dot_q6_K_q8_K per (row, token).
+ *
+ * Canonical orders (vec_dot_k.c, rows8_k.c): per super-block the exact integer sumi = sum_j sc_j sum_l q_l y_l
+ * (Q4_K: 8 sub-blocks of 32, q unsigned 0..15; Q6_K: 16 sub-blocks of 16, q = u - 32 signed, sc_j int8) and,
+ * for Q4_K, summ = sum_j m_j (bsum_2j + bsum_2j+1); then one float step per super-block, in order:
+ *   Q4_K: acc = acc + d_x * (d * sumi - dmin * summ)        Q6_K: acc = acc + (d_x * d) * sumi
+ * How it survives the tiles: one tile product per sub-block (k = 32 bytes for Q4_K, 16 for Q6_K), so each
+ * C tile holds the exact sub-block sums sum_l q_l y_l of 16 tokens x 16 rows; an integer epilogue adds
+ * sc_j * C (vpmulld, lanes = rows: the scales are per row) into one int32 accumulator per token, which is
+ * sumi exactly (int32 never overflows: |sumi| < 2^25). summ comes from the activations' bsums (vpmaddwd of
+ * (m_2i, m_2i+1) pairs), and the float step runs per token with the 16 rows in the lanes.
+ *
+ * Tiles per sub-block j of super-block b (amx_util.h numbering):
+ *   A  [16 tokens][k bytes]            s8 activations, straight from the Q8_K rows (qs + 32 j, or + 16 j)
+ *   B  [k/4][16 rows x 4 bytes]        s8 weights of sub-block j (Q4_K: the nibble 0..15; Q6_K: u - 32),
+ *                                      built per K chunk from the 16 rows into a stack buffer
+ *   C  [16 tokens][16 rows]            int32 sub-block sums
+ * The B tiles, scales and mins of a chunk of AMX_K_KC super-blocks are decoded once and serve every token
+ * tile of the call (up to AMX_K_TG tokens per pass over K); between chunks the float accumulators wait in
+ * `accb` (a float stored and loaded is the same float). */
+#include "../quants_k.h"
+
+#include "amx_util.h"
+
+#include <stddef.h>
+
+#ifndef AMX_K_KC
+#define AMX_K_KC 4      /* super-blocks per K chunk: B tiles of 16 KB */
+#endif
+#define AMX_K_TG 128    /* tokens per pass over K */
+
+/* sumi[t] += sc * C[t] for the 16 tokens of the int32 tile ct [16 tokens][16 rows] (lanes = rows). */
+static inline void amx_scale_add(const int32_t *ct, __m512i sc, __m512i sumi[16]) {
+    for (int t = 0; t < 16; t++)
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sc, _mm512_load_si512((const __m512i *)(ct + 16 * t))));
+}
+
+/* Byte k (< 4) of every 32-bit lane, zero-extended. */
+static inline __m512i amx_lane_byte(__m512i v, int k) {
+    return _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xff));
+}
+
+/* ---- Q4_K ---- */
+
+typedef struct {
+    _Alignas(64) int8_t bt[8][8 * 64];   /* B tiles of the 8 sub-blocks */
+    _Alignas(64) int32_t sc[8][16];      /* sc_j per row */
+    _Alignas(64) int32_t mp[4][16];      /* (m_2i, m_2i+1) per row as two int16 */
+    _Alignas(64) float d[16], dmin[16];
+} amx_q4_K_block;
+
+/* Super-block b of the 16 rows p[] (p[r] = row r's block) -> its tiles and scales. */
+static inline void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi8(0x3f), m2h = _mm512_set1_epi8(0x30);
+    __m512i h[4];   /* bytes 0..15: d, dmin, the 12 packed scale bytes q[0..11] (pi_k4_scale_min) */
+    amx_transpose16x16(p, 0, h);
+    const __m512i sc03 = _mm512_and_si512(h[1], m6), mn03 = _mm512_and_si512(h[2], m6);
+    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(h[3], m4), _mm512_and_si512(_mm512_srli_epi32(h[1], 2), m2h));
+    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi32(h[2], 2), m2h));
+    for (int j = 0; j < 8; j++) _mm512_store_si512((__m512i *)o->sc[j], amx_lane_byte(j < 4 ? sc03 : sc47, j % 4));
+    for (int i = 0; i < 4; i++) {
+        const __m512i v = i < 2 ? mn03 : mn47;
+        const int k = (2 * i) % 4;
+        _mm512_store_si512((__m512i *)o->mp[i], _mm512_or_si512(amx_lane_byte(v, k), _mm512_slli_epi32(amx_lane_byte(v, k + 1), 16)));
+    }
+    _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+    _mm512_store_ps(o->dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+    for (int jj = 0; jj < 4; jj++) {   /* qs[32 jj ..]: low nibbles sub-block 2 jj, high nibbles 2 jj + 1 */
+        __m512i c[8];
+        amx_transpose16x16(p, offsetof(pi_block_q4_K, qs) + 32 * jj, c);
+        amx_transpose16x16(p, offsetof(pi_block_q4_K, qs) + 32 * jj + 16, c + 4);
+        for (int m = 0; m < 8; m++) {
+            _mm512_store_si512((__m512i *)(o->bt[2 * jj] + 64 * m), _mm512_and_si512(c[m], m4));
+            _mm512_store_si512((__m512i *)(o->bt[2 * jj + 1] + 64 * m), _mm512_and_si512(_mm512_srli_epi16(c[m], 4), m4));
+        }
+    }
+}
+
+void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
+    const int64_t qoff = (int64_t)offsetof(pi_block_q8_K, qs), boff = (int64_t)offsetof(pi_block_q8_K, bsums);
+    amx_q4_K_block blk[AMX_K_KC];
+    _Alignas(64) float accb[AMX_K_TG][16];
+    _Alignas(64) int32_t ct[2][16 * 16];
+    amx_configure(32);
+    for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
+        const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
+        memset(accb, 0, sizeof accb);
+        for (int64_t c0 = 0; c0 < nb; c0 += AMX_K_KC) {
+            const int64_t kc = PI_MIN(AMX_K_KC, nb - c0);
+            for (int64_t b = 0; b < kc; b++) {
+                const char *p[16];
+                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * (int64_t)sizeof(pi_block_q4_K);
+                amx_q4_K_decode(p, &blk[b]);
+            }
+            __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
+            for (int tt = 0; tt < ntiles; tt++) {
+                const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
+                for (int64_t b = 0; b < kc; b++) {
+                    const amx_q4_K_block *o = &blk[b];
+                    const char *xq = xt + b * bsz + qoff;
+                    __m512i sumi[16];
+                    for (int t = 0; t < 16; t++) sumi[t] = _mm512_setzero_si512();
+                    for (int j = 0; j < 8; j += 2) {   /* sub-blocks j (tiles 0, 2, 4) and j + 1 (tiles 1, 3, 5) */
+                        AMX_PRODUCT(0, 2, 4, o->bt[j], ct[0], xq + 32 * j);
+                        AMX_PRODUCT(1, 3, 5, o->bt[j + 1], ct[1], xq + 32 * (j + 1));
+                        amx_scale_add(ct[0], _mm512_load_si512((const __m512i *)o->sc[j]), sumi);
+                        amx_scale_add(ct[1], _mm512_load_si512((const __m512i *)o->sc[j + 1]), sumi);
+                    }
+                    const __m512 d = _mm512_load_ps(o->d), dmin = _mm512_load_ps(o->dmin);
+                    for (int t = 0; t < 16; t++) {
+                        const char *xb = xt + t * x_stride + b * bsz;
+                        float dx;
+                        memcpy(&dx, xb, sizeof dx);
+                        /* bs_i = bsum_2i + bsum_2i+1 (the 32-element sub-block sums), as int16 pairs per dword */
+                        _Alignas(16) int32_t bs[4];
+                        _mm_store_si128((__m128i *)bs, _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(xb + boff)),
+                                                                      _mm_loadu_si128((const __m128i *)(xb + boff + 16))));
+                        __m512i summ = _mm512_setzero_si512();
+                        for (int i = 0; i < 4; i++)
+                            summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_load_si512((const __m512i *)o->mp[i]),
+                                                                            _mm512_set1_epi32(bs[i])));
+                        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi[t])),
+                                                       _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
+                        float *acc = accb[16 * tt + t];
+                        _mm512_store_ps(acc, _mm512_add_ps(_mm512_load_ps(acc), _mm512_mul_ps(_mm512_set1_ps(dx), v)));
+                    }
+                }
+            }
+            __asm__ volatile("" ::: "memory");   /* the next chunk's decoding overwrites blk */
+        }
+        for (int t = 0; t < 16 * ntiles; t++) _mm512_storeu_ps(y + (g0 + t) * y_stride, _mm512_load_ps(accb[t]));
+    }
+    _tile_release();
+}
+
+/* ---- Q6_K ---- */
+
+typedef struct {
+    _Alignas(64) int8_t bt[16][4 * 64];  /* B tiles of the 16 sub-blocks (k = 16) */
+    _Alignas(64) int32_t sc[16][16];     /* sc_j per row (signed) */
+    _Alignas(64) float d[16];
+} amx_q6_K_block;
+
+static inline void amx_q6_K_decode(const char *const *p, amx_q6_K_block *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    __m512i s[4];
+    amx_transpose16x16(p, offsetof(pi_block_q6_K, scales), s);
+    for (int j = 0; j < 16; j++)   /* byte j % 4 of s[j / 4], sign-extended */
+        _mm512_store_si512((__m512i *)o->sc[j], _mm512_srai_epi32(_mm512_slli_epi32(s[j / 4], 24 - 8 * (j % 4)), 24));
+    _mm512_store_ps(o->d, amx_f16x16_rows(p, offsetof(pi_block_q6_K, d)));
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            /* ql[64h + l] (a) and ql[64h + 32 + l] (bq), qh[32h + l] (hb) for l = 16 half ..: quarter q of the
+             * 128 elements 128h.. takes nibble q / 2 of a (q even) or bq (q odd) and bits 2q, 2q+1 of qh; its
+             * elements 128h + 32q + l are sub-block 8h + 2q + half */
+            __m512i a[4], bq[4], hb[4];
+            amx_transpose16x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, a);
+            amx_transpose16x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 32 + 16 * half, bq);
+            amx_transpose16x16(p, offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half, hb);
+            for (int q = 0; q < 4; q++)
+                for (int m = 0; m < 4; m++) {
+                    const __m512i lo = q & 1 ? bq[m] : a[m];
+                    const __m512i nib = _mm512_and_si512(q < 2 ? lo : _mm512_srli_epi16(lo, 4), m4);
+                    const __m512i hi2 = q == 0 ? _mm512_slli_epi16(hb[m], 4)
+                                      : q == 1 ? _mm512_slli_epi16(hb[m], 2)
+                                      : q == 2 ? hb[m] : _mm512_srli_epi16(hb[m], 2);
+                    const __m512i u = _mm512_or_si512(nib, _mm512_and_si512(hi2, m2h));
+                    _mm512_store_si512((__m512i *)(o->bt[8 * h + 2 * q + half] + 64 * m), _mm512_sub_epi8(u, k32));
+                }
+        }
+}
+
+void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
+    const int64_t qoff = (int64_t)offsetof(pi_block_q8_K, qs);
+    amx_q6_K_block blk[AMX_K_KC];
+    _Alignas(64) float accb[AMX_K_TG][16];
+    _Alignas(64) int32_t ct[2][16 * 16];
+    amx_configure(16);
+    for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
+        const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
+        memset(accb, 0, sizeof accb);
+        for (int64_t c0 = 0; c0 < nb; c0 += AMX_K_KC) {
+            const int64_t kc = PI_MIN(AMX_K_KC, nb - c0);
+            for (int64_t b = 0; b < kc; b++) {
+                const char *p[16];
+                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * (int64_t)sizeof(pi_block_q6_K);
+                amx_q6_K_decode(p, &blk[b]);
+            }
+            __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
+            for (int tt = 0; tt < ntiles; tt++) {
+                const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
+                for (int64_t b = 0; b < kc; b++) {
+                    const amx_q6_K_block *o = &blk[b];
+                    const char *xq = xt + b * bsz + qoff;
+                    __m512i sumi[16];
+                    for (int t = 0; t < 16; t++) sumi[t] = _mm512_setzero_si512();
+                    for (int j = 0; j < 16; j += 2) {   /* sub-blocks j (tiles 0, 2, 4) and j + 1 (tiles 1, 3, 5) */
+                        AMX_PRODUCT(0, 2, 4, o->bt[j], ct[0], xq + 16 * j);
+                        AMX_PRODUCT(1, 3, 5, o->bt[j + 1], ct[1], xq + 16 * (j + 1));
+                        amx_scale_add(ct[0], _mm512_load_si512((const __m512i *)o->sc[j]), sumi);
+                        amx_scale_add(ct[1], _mm512_load_si512((const __m512i *)o->sc[j + 1]), sumi);
+                    }
+                    const __m512 d = _mm512_load_ps(o->d);
+                    for (int t = 0; t < 16; t++) {
+                        float dx;
+                        memcpy(&dx, xt + t * x_stride + b * bsz, sizeof dx);
+                        float *acc = accb[16 * tt + t];
+                        _mm512_store_ps(acc, _mm512_add_ps(_mm512_load_ps(acc),
+                                                           _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(dx), d), _mm512_cvtepi32_ps(sumi[t]))));
+                    }
+                }
+            }
+            __asm__ volatile("" ::: "memory");   /* the next chunk's decoding overwrites blk */
+        }
+        for (int t = 0; t < 16 * ntiles; t++) _mm512_storeu_ps(y + (g0 + t) * y_stride, _mm512_load_ps(accb[t]));
+    }
+    _tile_release();
+}

@@ -1,0 +1,91 @@
+/* amx_util.h: what the AMX tile kernels share (amx.c, amx_q8_0.c, amx_k.c; the amx level only): the tile
+ * configuration, the 16-row transposition that builds B tiles from rows at any addresses, and the Q8_0S
+ * float epilogue of one 32-element block.
+ *
+ * Tile numbering in every kernel (palette 1): tmm0/tmm1 C [16 tokens][16 rows] int32, tmm2/tmm3 A [16 tokens]
+ * [k bytes] s8 activations, tmm4/tmm5 B [k/4][16 rows x 4 bytes] s8 weights ("VNNI" layout: B[i/4][4 r + i%4]
+ * = row r element i), k = the elements of one product (32, or 16 for Q6_K's sub-blocks). Two products are in
+ * flight (even ones on tmm0/2/4, odd ones on tmm1/3/5). */
+#ifndef PI_AMX_UTIL_H
+#define PI_AMX_UTIL_H
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+/* The 64-byte LDTILECFG operand. */
+typedef struct {
+    uint8_t  palette;
+    uint8_t  start_row;
+    uint8_t  reserved[14];
+    uint16_t colsb[16];   /* bytes per row of tile i */
+    uint8_t  rows[16];
+} __attribute__((aligned(64))) amx_tile_config;
+
+/* Loads the configuration above for products of k bytes (k a multiple of 4, <= 64). */
+static inline void amx_configure(int k) {
+    amx_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[0 + i] = 16; cfg.colsb[0 + i] = 16 * sizeof(int32_t);   /* C: 16 tokens x 16 rows int32 */
+        cfg.rows[2 + i] = 16; cfg.colsb[2 + i] = (uint16_t)k;            /* A: 16 tokens x k s8 */
+        cfg.rows[4 + i] = (uint8_t)(k / 4); cfg.colsb[4 + i] = 16 * 4;   /* B: k/4 x (16 rows x 4 s8) */
+    }
+    /* GCC 12 sees no reader of cfg in _tile_loadconfig and drops the stores above without this barrier */
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&cfg);
+}
+
+/* One product on tiles (C, A, B): B from the tile buffer bt (64-byte rows), A from activation rows xq
+ * (stride x_stride, a variable of the caller), the int32 result stored to ct [16][16]. The tile macros are
+ * asm statements that take addresses only, so the compiler barrier orders the later loads from ct after
+ * the tile store. Tile numbers must be literals. */
+#define AMX_PRODUCT(C, A, B, bt, ct, xq)                    \
+    do {                                                    \
+        _tile_loadd(B, (bt), 64);                           \
+        _tile_loadd(A, (xq), x_stride);                     \
+        _tile_zero(C);                                      \
+        _tile_dpbssd(C, A, B);                              \
+        _tile_stored(C, (ct), 64);                          \
+        __asm__ volatile("" ::: "memory");                  \
+    } while (0)
+
+/* Bytes off..off+15 of the 16 rows p[0..15] -> c[0..3]: 32-bit lane r of c[m] = bytes off+4m..off+4m+3 of
+ * row r (c[m] is row m of a B tile when the 16 bytes are elements 4m.. of one product). */
+static inline void amx_transpose16x16(const char *const *p, size_t off, __m512i c[4]) {
+    __m256i lo[4], hi[4];
+    pi_transpose8x16(p, off, lo);
+    pi_transpose8x16(p + 8, off, hi);
+    for (int m = 0; m < 4; m++) c[m] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[m]), hi[m], 1);
+}
+
+/* The f16 words at byte `off` of the 16 rows p[0..15] as 16 floats (lane r = row r). */
+static inline __m512 amx_f16x16_rows(const char *const *p, size_t off) {
+    _Alignas(32) uint16_t h[16];
+    for (int r = 0; r < 16; r++) memcpy(&h[r], p[r] + off, 2);
+    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)h));
+}
+
+/* The float epilogue of one 32-element block against Q8_0S activations (Q4_0, Q8_0): ct [16 tokens][16 rows]
+ * int32 = the block's exact integer sums, dw the 16 row scales, xt the token tile's first activation row
+ * (block b at byte offset boff), tok[t] = t * x_stride. acc[t] = fma(d_w * d_x, (float)i, acc[t]), lanes =
+ * rows: the step of both types' canonical orders. */
+static inline void amx_epilogue_q8_0s(const int32_t *ct, __m512 dw, const char *xt, int64_t boff, __m512i tok,
+                                      __m512 acc[16]) {
+    /* d (f16: the low half of each block's first 4 bytes) of block b for the 16 tokens */
+    _Alignas(64) float dx[16];
+    _mm512_store_ps(dx, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(tok, xt + boff, 1))));
+    for (int t = 0; t < 16; t++) {
+        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t]));   /* d_w * d_x, as the scalar code */
+        acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i *)(ct + 16 * t))), acc[t]);
+    }
+}
+
+/* tok[t] = t * x_stride: the byte offsets of a token tile's 16 activation rows. */
+static inline __m512i amx_token_offsets(int64_t x_stride) {
+    return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                              _mm512_set1_epi32((int32_t)x_stride));
+}
+
+#endif

@@ -4,8 +4,8 @@
  *
  * Tile numbering in every kernel (palette 1): tmm0/tmm1 C [16 tokens][16 rows] int32, tmm2/tmm3 A [16 tokens]
  * [k bytes] s8 activations, tmm4/tmm5 B [k/4][16 rows x 4 bytes] s8 weights ("VNNI" layout: B[i/4][4 r + i%4]
- * = row r element i), k = the elements of one product (32, or 16 for Q6_K's sub-blocks). Two products are in
- * flight (even ones on tmm0/2/4, odd ones on tmm1/3/5). */
+ * = row r element i), tmm6/tmm7 two more B tiles, k = the elements of one product (32; 16 for Q6_K's sub-blocks,
+ * 64 for Q4_K). Two products are in flight (even ones on tmm0/2/4, odd ones on tmm1/3/5). */
 #ifndef PI_AMX_UTIL_H
 #define PI_AMX_UTIL_H
 
@@ -31,6 +31,7 @@ static inline void amx_configure(int k) {
         cfg.rows[0 + i] = 16; cfg.colsb[0 + i] = 16 * sizeof(int32_t);   /* C: 16 tokens x 16 rows int32 */
         cfg.rows[2 + i] = 16; cfg.colsb[2 + i] = (uint16_t)k;            /* A: 16 tokens x k s8 */
         cfg.rows[4 + i] = (uint8_t)(k / 4); cfg.colsb[4 + i] = 16 * 4;   /* B: k/4 x (16 rows x 4 s8) */
+        cfg.rows[6 + i] = (uint8_t)(k / 4); cfg.colsb[6 + i] = 16 * 4;   /* tmm6/tmm7: two more B tiles */
     }
     /* GCC 12 sees no reader of cfg in _tile_loadconfig and drops the stores above without this barrier */
     __asm__ volatile("" ::: "memory");

@@ -16,7 +16,7 @@
 #include "activation.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
-#include "amx_q8_0.c"   /* Q8_0 rows */
+#include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows */
 #include "amx_k.c"      /* Q4_K, Q6_K rows */
 #define AMX(kernel) kernel
 #else
@@ -53,7 +53,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                            .tiles_rows = AMX(pi_tiles_rows_q8_0_q8_0s),
                            .from_f32 = pi_quantize_row_q8_0 },
         [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1 },
-        [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s) },
+        [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s),
+                           .tiles_rows = AMX(pi_tiles_rows_q5_0_q8_0s) },
         [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1 },
         [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1 },
         [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K) },

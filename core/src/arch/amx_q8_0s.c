@@ -1,0 +1,140 @@
+/* amx_q8_0s.c: AMX tile kernels of the row types whose activations are Q8_0S, Q8_0 and Q5_0 (the amx level
+ * only; level.c includes it where __AMX_INT8__ is set).
+ *
+ * pi_tiles_rows_q8_0_q8_0s, pi_tiles_rows_q5_0_q8_0s: 16 rows at any addresses (the file's layout, not
+ * repacked) x nt tokens (a multiple of 16) of PI_TYPE_Q8_0S activations. Bit-identical to
+ * pi_vec_dot_q8_0_q8_0s / pi_vec_dot_q5_0_q8_0s per (row, token): both canonical orders are, per block b, the
+ * exact integer i (Q8_0: sum w y; Q5_0: sum (u - 16) y = sum u y - 16 s), then p[b % 8] = fma(d_w d_x, i,
+ * p[b % 8]) (blocks in order within each p[j]), and pi_tree8(p) at the end.
+ *
+ * One tile product per 32-element block (k = 32 bytes, amx_util.h): TDPBSSD of the signed weights (Q5_0:
+ * u - 16 in -16..15) and activations gives the exact i for 16 tokens x 16 rows; the epilogue is the one of
+ * Q4_0 (lanes = rows, one accumulator register per token). The 8 partial sums per (row, token) do not fit in
+ * registers for 16 tokens, so the blocks of a K chunk go by residue: all blocks b = j mod 8 (in order) into
+ * the 16 accumulators of p[j], which wait in `part` between residues and chunks. Each p[j] still sees its
+ * blocks in order, so the bits are those of the scalar loop.
+ *
+ * Tiles per block b:
+ *   A  [16 tokens][32 bytes]          s8 activations, straight from the Q8_0S rows (stride x_stride)
+ *   B  [8][16 rows x 4 bytes]         s8 weights: B[m][4 r + i] = row r element 4m + i, built per K chunk from
+ *                                     the 16 rows' blocks (4-byte words transposed) into a stack tile
+ *   C  [16 tokens][16 rows]           int32 i
+ * The B tiles of a chunk are built once and serve every token tile of the call (up to AMX_Q8_TG tokens per
+ * pass over K). */
+#include "../quants_k.h"
+
+#include "amx_util.h"
+
+#include <stddef.h>
+
+#ifndef AMX_Q8_KC
+#define AMX_Q8_KC 32    /* blocks per K chunk (a multiple of 8); their B tiles are 32 x 512 bytes */
+#endif
+#define AMX_Q8_TG 128   /* tokens per pass over K: the partials of 8 token tiles are 64 KB */
+
+/* Q8_0 block b of the 16 rows (p[r] = row r's block) -> the B tile bt [8][64]. */
+static inline void amx_q8_0_b(const char *const *p, int8_t *bt) {
+    __m512i c[8];
+    amx_transpose16x16(p, offsetof(pi_block_q8_0, qs), c);
+    amx_transpose16x16(p, offsetof(pi_block_q8_0, qs) + 16, c + 4);
+    for (int m = 0; m < 8; m++) _mm512_store_si512((__m512i *)(bt + 64 * m), c[m]);
+}
+
+/* Q5_0 block b of the 16 rows -> bt [8][64], u - 16. Element e < 16 is the low nibble of qs[e], e >= 16 the high
+ * nibble of qs[e - 16]; its fifth bit is bit e of qh. B row m holds elements 4m..4m+3 (m < 4: low nibbles of the
+ * transposed qs word m; m >= 4: high nibbles of word m - 4). */
+static inline void amx_q5_0_b(const char *const *p, int8_t *bt) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k16 = _mm512_set1_epi8(16);
+    __m512i c[4];
+    amx_transpose16x16(p, offsetof(pi_block_q5_0, qs), c);
+    _Alignas(64) uint32_t h[16];   /* qh of each row */
+    for (int r = 0; r < 16; r++) memcpy(&h[r], p[r] + offsetof(pi_block_q5_0, qh), 4);
+    const __m512i qh = _mm512_load_si512((const __m512i *)h);
+    for (int m = 0; m < 8; m++) {
+        /* bits 4m..4m+3 of qh -> bit 4 of bytes 0..3 of each lane: the multiply moves bit i to bit 8i */
+        const __m512i bits = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * m), _mm512_set1_epi32(0xf));
+        const __m512i spread = _mm512_and_si512(_mm512_mullo_epi32(bits, _mm512_set1_epi32(0x00204081)),
+                                                _mm512_set1_epi32(0x01010101));
+        const __m512i nib = _mm512_and_si512(m < 4 ? c[m] : _mm512_srli_epi16(c[m - 4], 4), m4);
+        _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(_mm512_or_si512(nib, _mm512_slli_epi32(spread, 4)), k16));
+    }
+}
+
+/* The blocks first, first + 8, ... (< kc) of one token tile into acc: each block's tile product is issued two
+ * blocks ahead of its epilogue (four C buffers), so the epilogue's loads find the tile store done instead of
+ * waiting for it. */
+static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t (*bt)[8 * 64], const float (*dw)[16],
+                                                                    const char *xt, int64_t x_stride, int64_t first,
+                                                                    int64_t kc, __m512i tok, int32_t (*ct)[16 * 16],
+                                                                    __m512 acc[16]) {
+    const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
+    const int64_t count = first < kc ? (kc - first + 7) / 8 : 0;
+    int64_t issued = 0;
+    for (int64_t i = 0; i < count; i++) {
+        for (; issued < PI_MIN(i + 3, count); issued++) {
+            const int64_t b = first + 8 * issued;
+            if (issued & 1) AMX_PRODUCT(1, 3, 5, bt[b], ct[issued % 4], xt + b * bsz + qoff);
+            else            AMX_PRODUCT(0, 2, 4, bt[b], ct[issued % 4], xt + b * bsz + qoff);
+        }
+        const int64_t b = first + 8 * i;
+        amx_epilogue_q8_0s(ct[i % 4], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+    }
+}
+
+/* The kernel of a row type with Q8_0S activations: build_b makes a block's B tile, block_bytes its size. */
+static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, const void *const *rows, const char *x,
+                                                                 int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                                 int64_t block_bytes,
+                                                                 void (*build_b)(const char *const *, int8_t *)) {
+    const int64_t nb = n / PI_QK8_0;
+    const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s);
+    _Alignas(64) int8_t bt[AMX_Q8_KC][8 * 64];        /* the chunk's B tiles */
+    _Alignas(64) float dw[AMX_Q8_KC][16];             /* the chunk's row scales */
+    _Alignas(64) float part[AMX_Q8_TG / 16][8][16][16];   /* p[j] per token tile: [tile][j][token][row] */
+    _Alignas(64) int32_t ct[4][16 * 16];
+    const __m512i tok = amx_token_offsets(x_stride);
+    amx_configure(PI_QK8_0);
+    for (int g0 = 0; g0 < nt; g0 += AMX_Q8_TG) {
+        const int ntiles = PI_MIN(AMX_Q8_TG, nt - g0) / 16;
+        for (int64_t c0 = 0; c0 < nb; c0 += AMX_Q8_KC) {
+            const int64_t kc = PI_MIN(AMX_Q8_KC, nb - c0);
+            for (int64_t b = 0; b < kc; b++) {
+                const char *p[16];
+                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
+                build_b(p, bt[b]);
+                _mm512_store_ps(dw[b], amx_f16x16_rows(p, 0));   /* d: the first 2 bytes of both block types */
+            }
+            __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
+            for (int tt = 0; tt < ntiles; tt++) {
+                const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
+                for (int j = 0; j < 8; j++) {   /* c0 is a multiple of 8: chunk block b is global block c0 + b = b mod 8 */
+                    __m512 acc[16];
+                    for (int t = 0; t < 16; t++) acc[t] = c0 ? _mm512_load_ps(part[tt][j][t]) : _mm512_setzero_ps();
+                    amx_q8_0s_residue(bt, dw, xt, x_stride, j, kc, tok, ct, acc);
+                    for (int t = 0; t < 16; t++) _mm512_store_ps(part[tt][j][t], acc[t]);
+                }
+            }
+            __asm__ volatile("" ::: "memory");   /* the next chunk's B tiles overwrite bt */
+        }
+        /* pi_tree8 over the partials, lanes = rows */
+        for (int tt = 0; tt < ntiles; tt++)
+            for (int t = 0; t < 16; t++) {
+                __m512 q[8];
+                for (int j = 0; j < 8; j++) q[j] = _mm512_load_ps(part[tt][j][t]);
+                const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(q[0], q[4]), _mm512_add_ps(q[2], q[6])),
+                                               _mm512_add_ps(_mm512_add_ps(q[1], q[5]), _mm512_add_ps(q[3], q[7])));
+                _mm512_storeu_ps(y + (g0 + 16 * tt + t) * y_stride, s);
+            }
+    }
+    _tile_release();
+}
+
+void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) {
+    amx_rows_q8_0s(n, rows, x, x_stride, nt, y, y_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
+}
+
+void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) {
+    amx_rows_q8_0s(n, rows, x, x_stride, nt, y, y_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
+}

@@ -277,14 +277,14 @@ def test_powerinfer_isa_environment_variable(tmp_path):
         assert p.returncode != 0 and f"POWERINFER_ISA={bad}" in p.stderr and words in p.stderr, p.stderr[-300:]
 
 
-AMX_ROWS_MIN_T = 16   # ops.c PI_TILES_ROWS_MIN_T: from this batch on, Q8_0/Q5_0/Q4_K/Q6_K rows run on AMX tiles (amx level)
+AMX_ROWS_MIN_T = 16   # ops.c PI_TILES_ROWS_MIN_T: from this batch on, Q8_0/Q5_0/Q4_K/Q5_K/Q6_K rows run on AMX tiles (amx level)
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("K", [4096, 2048])
-@pytest.mark.parametrize("t", [8, 6, 12, 14], ids=lambda t: TYPES[t][0])
+@pytest.mark.parametrize("t", [8, 6, 12, 13, 14], ids=lambda t: TYPES[t][0])
 def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
-    """Q8_0, Q5_0, Q4_K and Q6_K at prompt batch sizes: on the amx level the row tile kernel (tiles_rows) takes
+    """Q8_0, Q5_0, Q4_K, Q5_K and Q6_K at prompt batch sizes: on the amx level the row tile kernel (tiles_rows) takes
     16-row groups x 16-token tiles of the batches of >= AMX_ROWS_MIN_T tokens (16, 32; 100: six tiles and a
     4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows (vec_dot)."""
     Ts = (16, 32, 100)

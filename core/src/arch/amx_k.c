@@ -1,12 +1,12 @@
-/* amx_k.c: AMX tile kernels of the K-quants Q4_K and Q6_K (the amx level only; level.c includes it where
+/* amx_k.c: AMX tile kernels of the K-quants Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
  * __AMX_INT8__ is set). 16 rows at any addresses (the file's layout) x nt tokens (a multiple of 16) of Q8_K
- * activations; bit-identical to pi_vec_dot_q4_K_q8_K / pi_vec_dot_q6_K_q8_K per (row, token).
+ * activations; bit-identical to pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
  *
  * Canonical orders (vec_dot_k.c, rows8_k.c): per super-block the exact integer sumi = sum_j sc_j sum_l q_l y_l
- * (Q4_K: 8 sub-blocks of 32, q unsigned 0..15; Q6_K: 16 sub-blocks of 16, q = u - 32 signed, sc_j int8) and,
- * for Q4_K, summ = sum_j m_j (bsum_2j + bsum_2j+1); then one float step per super-block, in order:
+ * (Q4_K, Q5_K: 8 sub-blocks of 32, q unsigned 0..15 / 0..31; Q6_K: 16 sub-blocks of 16, q = u - 32 signed, sc_j int8) and,
+ * for Q4_K and Q5_K, summ = sum_j m_j (bsum_2j + bsum_2j+1); then one float step per super-block, in order:
  *   Q4_K: acc = acc + d_x * (d * sumi - dmin * summ)        Q6_K: acc = acc + (d_x * d) * sumi
- * How it survives the tiles: the tile products give exact integer sums (TDPBSSD, int32), and sumi is an
+ * How it survives the tiles: the tile products give exact integer sums (TDPBSSD/TDPBSUD, int32), and sumi is an
  * integer, so only the grouping of the integer additions changes. Q6_K: one product per sub-block (k = 16),
  * so a C tile holds the sub-block sums of 16 tokens x 16 rows, and an integer epilogue adds sc_j * C (vpmulld,
  * lanes = rows: the scales are per row) into one int32 accumulator per token. Q4_K: the scales go into the
@@ -43,7 +43,7 @@ static inline __m512i amx_lane_byte(__m512i v, int k) {
     return _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xff));
 }
 
-/* ---- Q4_K ----
+/* ---- Q4_K and Q5_K ----
  * The sub-block scales go into the B tiles, so the products themselves sum the super-block: sc_j (6 bits) =
  * 8 sh_j + sl_j with sh_j, sl_j in 0..7, and sh_j q, sl_j q <= 105 fit s8. Per pair jj of sub-blocks (2 jj: low
  * nibbles of qs[32 jj ..], 2 jj + 1: high nibbles; together the 64 activations qs[64 jj ..]) there are two
@@ -66,8 +66,9 @@ static inline __m512i amx_mul_bytes(__m512i v, __m512i s) {
     return _mm512_or_si512(even, odd);
 }
 
-/* Super-block b of the 16 rows p[] (p[r] = row r's block) -> its tiles and scales. */
-static inline void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o) {
+/* Super-block b of the 16 rows p[] (p[r] = row r's block) -> its tiles and scales; five_bit: Q5_K (q = nibble |
+ * bit 2jj (low nibbles) or 2jj + 1 (high nibbles) of qh[l] << 4, so q <= 31 and sh q <= 217: unsigned B tiles). */
+static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o, const int five_bit) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi8(0x3f), m2h = _mm512_set1_epi8(0x30);
     const __m512i halves = _mm512_set1_epi32(0x00010001);
     __m512i h[4];   /* bytes 0..15: d, dmin, the 12 packed scale bytes q[0..11] (pi_k4_scale_min) */
@@ -83,6 +84,12 @@ static inline void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o) {
     }
     _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
     _mm512_store_ps(o->dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+    const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
+    __m512i qh[8];   /* Q5_K: qh[0..31] transposed like the quants (the same bytes serve every pair jj) */
+    if (five_bit) {
+        amx_transpose16x16(p, offsetof(pi_block_q5_K, qh), qh);
+        amx_transpose16x16(p, offsetof(pi_block_q5_K, qh) + 16, qh + 4);
+    }
     for (int jj = 0; jj < 4; jj++) {
         __m512i sh[2], sl[2];   /* sc_2jj, sc_2jj+1 split, in both int16 halves of each row's lane */
         for (int e = 0; e < 2; e++) {
@@ -92,10 +99,15 @@ static inline void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o) {
             sl[e] = _mm512_mullo_epi32(_mm512_and_si512(sc, _mm512_set1_epi32(7)), halves);
         }
         __m512i c[8];
-        amx_transpose16x16(p, offsetof(pi_block_q4_K, qs) + 32 * jj, c);
-        amx_transpose16x16(p, offsetof(pi_block_q4_K, qs) + 32 * jj + 16, c + 4);
+        amx_transpose16x16(p, qs_offset + 32 * jj, c);
+        amx_transpose16x16(p, qs_offset + 32 * jj + 16, c + 4);
         for (int m = 0; m < 8; m++) {
-            const __m512i lo = _mm512_and_si512(c[m], m4), hi = _mm512_and_si512(_mm512_srli_epi16(c[m], 4), m4);
+            __m512i lo = _mm512_and_si512(c[m], m4), hi = _mm512_and_si512(_mm512_srli_epi16(c[m], 4), m4);
+            if (five_bit) {   /* bit 2jj (2jj + 1) of each qh byte -> bit 4 (16-bit shifts < 8 keep it in its byte) */
+                const __m512i one = _mm512_set1_epi8(1);
+                lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[m], 2 * jj), one), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[m], 2 * jj + 1), one), 4));
+            }
             _mm512_store_si512((__m512i *)(o->bh[jj] + 64 * m), amx_mul_bytes(lo, sh[0]));
             _mm512_store_si512((__m512i *)(o->bh[jj] + 64 * (8 + m)), amx_mul_bytes(hi, sh[1]));
             _mm512_store_si512((__m512i *)(o->bl[jj] + 64 * m), amx_mul_bytes(lo, sl[0]));
@@ -108,8 +120,10 @@ static inline void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o) {
 #define AMX_Q4_K_KC 2   /* super-blocks per K chunk: B tiles of 16 KB */
 #endif
 
-void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) {
+static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const void *const *rows, const char *x,
+                                                              int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                              const int five_bit) {
+    const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
     const int64_t qoff = (int64_t)offsetof(pi_block_q8_K, qs), boff = (int64_t)offsetof(pi_block_q8_K, bsums);
     amx_q4_K_block blk[AMX_Q4_K_KC];
@@ -123,8 +137,8 @@ void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, 
             const int64_t kc = PI_MIN(AMX_Q4_K_KC, nb - c0);
             for (int64_t b = 0; b < kc; b++) {
                 const char *p[16];
-                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * (int64_t)sizeof(pi_block_q4_K);
-                amx_q4_K_decode(p, &blk[b]);
+                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
+                amx_q4_K_decode(p, &blk[b], five_bit);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
@@ -132,30 +146,30 @@ void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, 
                 for (int64_t b = 0; b < kc; b++) {
                     const amx_q4_K_block *o = &blk[b];
                     const char *xq = xt + b * bsz + qoff;
-                    /* Ch (tmm0) and Cl (tmm1) over the 4 sub-block pairs; A on tmm2/tmm3, Bh on tmm4/tmm6,
+                    /* Ch (tmm0) and Cl (tmm1) over the 4 sub-block pairs (TDPBSUD: signed A, unsigned B); A on tmm2/tmm3, Bh on tmm4/tmm6,
                      * Bl on tmm5/tmm7 (even/odd pairs) */
                     _tile_zero(0);
                     _tile_zero(1);
                     _tile_loadd(2, xq, x_stride);
                     _tile_loadd(4, o->bh[0], 64);
                     _tile_loadd(5, o->bl[0], 64);
-                    _tile_dpbssd(0, 2, 4);
-                    _tile_dpbssd(1, 2, 5);
+                    _tile_dpbsud(0, 2, 4);
+                    _tile_dpbsud(1, 2, 5);
                     _tile_loadd(3, xq + 64, x_stride);
                     _tile_loadd(6, o->bh[1], 64);
                     _tile_loadd(7, o->bl[1], 64);
-                    _tile_dpbssd(0, 3, 6);
-                    _tile_dpbssd(1, 3, 7);
+                    _tile_dpbsud(0, 3, 6);
+                    _tile_dpbsud(1, 3, 7);
                     _tile_loadd(2, xq + 128, x_stride);
                     _tile_loadd(4, o->bh[2], 64);
                     _tile_loadd(5, o->bl[2], 64);
-                    _tile_dpbssd(0, 2, 4);
-                    _tile_dpbssd(1, 2, 5);
+                    _tile_dpbsud(0, 2, 4);
+                    _tile_dpbsud(1, 2, 5);
                     _tile_loadd(3, xq + 192, x_stride);
                     _tile_loadd(6, o->bh[3], 64);
                     _tile_loadd(7, o->bl[3], 64);
-                    _tile_dpbssd(0, 3, 6);
-                    _tile_dpbssd(1, 3, 7);
+                    _tile_dpbsud(0, 3, 6);
+                    _tile_dpbsud(1, 3, 7);
                     _tile_stored(0, ct[0], 64);
                     _tile_stored(1, ct[1], 64);
                     __asm__ volatile("" ::: "memory");   /* the loads from ct below follow the tile stores */
@@ -187,6 +201,12 @@ void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, 
     }
     _tile_release();
 }
+
+void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 0); }
+
+void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 1); }
 
 /* ---- Q6_K ---- */
 

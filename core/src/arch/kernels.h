@@ -45,6 +45,8 @@ static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const c
                                      float *y, int64_t y_stride);
 static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
+static void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
 static void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
 #endif

@@ -17,7 +17,7 @@
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
 #include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows */
-#include "amx_k.c"      /* Q4_K, Q6_K rows */
+#include "amx_k.c"      /* Q4_K, Q5_K, Q6_K rows */
 #define AMX(kernel) kernel
 #else
 #define AMX(kernel) NULL     /* below the amx level: no tile kernels */
@@ -61,7 +61,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8(pi_vec_dot8_q3_K_q8_K) },
         [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q4_K_q8_K) },
-        [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8(pi_vec_dot8_q5_K_q8_K) },
+        [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8(pi_vec_dot8_q5_K_q8_K),
+                           .tiles_rows = AMX(pi_tiles_rows_q5_K_q8_K) },
         [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K) },
         [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K },

@@ -280,13 +280,17 @@ def test_powerinfer_isa_environment_variable(tmp_path):
 AMX_ROWS_MIN_T = 16   # ops.c PI_TILES_ROWS_MIN_T: from this batch on, Q8_0/Q5_0/Q4_K/Q5_K/Q6_K rows run on AMX tiles (amx level)
 
 
+ROWS_CASES = [(t, K) for t in (8, 6, 12, 13, 14) for K in (4096, 2048)] + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
+
+
 @pytest.mark.parametrize("level", LEVELS[1:])
-@pytest.mark.parametrize("K", [4096, 2048])
-@pytest.mark.parametrize("t", [8, 6, 12, 13, 14], ids=lambda t: TYPES[t][0])
+@pytest.mark.parametrize("t,K", ROWS_CASES, ids=[f"{TYPES[t][0]}-K{K}" for t, K in ROWS_CASES])
 def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
     """Q8_0, Q5_0, Q4_K, Q5_K and Q6_K at prompt batch sizes: on the amx level the row tile kernel (tiles_rows) takes
     16-row groups x 16-token tiles of the batches of >= AMX_ROWS_MIN_T tokens (16, 32; 100: six tiles and a
-    4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows (vec_dot)."""
+    4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows (vec_dot). K = 640
+    (Gemma 3 270M's rows: 20 blocks, residues of 8 with 2 or 3 blocks) and 1088 (34 blocks: a second K chunk of 2
+    blocks) for the 32-element types."""
     Ts = (16, 32, 100)
     assert min(Ts) >= AMX_ROWS_MIN_T and Ts[2] % 16
     N = 44
@@ -294,6 +298,7 @@ def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
     w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
     w[5, :256] *= 40.0                     # large scales next to small ones
     w[6, 256:512] = np.abs(w[6, 256:512])  # one-signed blocks (K-quant mins)
+    w[8, :] = 0.0                          # a zero row (d = 0)
     x = rng.standard_normal((max(Ts), K)).astype(np.float32)
     x[:, 32:64] *= 30.0
     x[7, 256:512] = 0.0                    # a zero activation (super-)block (d = 0)

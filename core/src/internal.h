@@ -54,7 +54,7 @@ typedef void  (*pi_tiles_fn)(int64_t n, const void *group, const char *x, int64_
                              float *y, int64_t y_stride);
 /* Sixteen weight rows at any addresses (rows[0..15], the file's layout) against nt activation rows, nt a multiple
  * of PI_TILE_T: y[t * y_stride + r] = dot(row r, x_t), bit-identical to vec_dot per (row, token), as vec_dot8.
- * The AMX level's prompt kernel of the non-interleaved types (Q8_0, Q4_K, Q6_K); mul_mat calls it for batches
+ * The AMX level's prompt kernel of Q8_0, Q5_0, Q4_K, Q5_K and Q6_K rows; mul_mat calls it for batches
  * of at least PI_TILES_ROWS_MIN_T tokens (ops.c) and does the token and row tails with vec_dot8. */
 typedef void  (*pi_tiles_rows_fn)(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);

@@ -88,7 +88,8 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
 #ifndef PI_TILES_MIN_T
 #define PI_TILES_MIN_T 16
 #endif
-/* The same for the row kernels (tiles_rows: Q8_0, Q4_K, Q6_K), measured with bench/ab_isa.py */
+/* The same for the row kernels (tiles_rows: Q8_0, Q5_0, Q4_K, Q5_K, Q6_K): 16 is the smallest batch a tile takes,
+ * and there they already run 1.5-1.75x the avx512 kernels (bench/ab_isa.py --cpu-time, 4096x4096) */
 #ifndef PI_TILES_ROWS_MIN_T
 #define PI_TILES_ROWS_MIN_T 16
 #endif

@@ -25,8 +25,8 @@
  * of group 0 and of group 1 side by side, low nibbles; B row 4+m the same bytes' high nibbles (minus 8). The
  * layout on disk and in memory stays Q4_0X8 (level-independent); only this per-thread tile differs.
  *
- * Tile state is per thread: each call loads its configuration and releases the tiles at the end (a
- * call covers 16 rows x all its tokens x K, so the configuration costs well under 1%). */
+ * Tile state is per thread: each call saves the thread's configuration, loads its own and restores the saved
+ * one at the end (amx_begin/amx_end; a call covers 16 rows x all its tokens x K, so this costs well under 1%). */
 #include "amx_util.h"
 
 /* Block b of the two groups -> the B tile bt [8][64] (layout in the header comment), the weights made
@@ -61,7 +61,8 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
     _Alignas(64) float dw[AMX_KC][16];         /* the chunk's row scales */
     _Alignas(64) int32_t ct[2][16 * 16];
     const __m512i tok = amx_token_offsets(x_stride);
-    amx_configure(PI_QK8_0);
+    amx_tile_config saved;
+    amx_begin(PI_QK8_0, &saved);
     /* K in chunks of AMX_KC blocks, all token tiles per chunk; between chunks the accumulators wait in y
      * (a float stored and loaded is the same float: the block order per (row, token) is unchanged) */
     for (int64_t c0 = 0; c0 < nb; c0 += AMX_KC) {
@@ -91,5 +92,5 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
         }
         __asm__ volatile("" ::: "memory");   /* the next chunk's unpacking overwrites bt */
     }
-    _tile_release();
+    amx_end(&saved);
 }

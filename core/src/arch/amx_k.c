@@ -129,7 +129,8 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
     amx_q4_K_block blk[AMX_Q4_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
     _Alignas(64) int32_t ct[2][16 * 16];
-    amx_configure(64);
+    amx_tile_config saved;
+    amx_begin(64, &saved);
     for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
         const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
         memset(accb, 0, sizeof accb);
@@ -199,7 +200,7 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
         }
         for (int t = 0; t < 16 * ntiles; t++) _mm512_storeu_ps(y + (g0 + t) * y_stride, _mm512_load_ps(accb[t]));
     }
-    _tile_release();
+    amx_end(&saved);
 }
 
 void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
@@ -252,7 +253,8 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
     amx_q6_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
     _Alignas(64) int32_t ct[2][16 * 16];
-    amx_configure(16);
+    amx_tile_config saved;
+    amx_begin(16, &saved);
     for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
         const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
         memset(accb, 0, sizeof accb);
@@ -291,5 +293,5 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
         }
         for (int t = 0; t < 16 * ntiles; t++) _mm512_storeu_ps(y + (g0 + t) * y_stride, _mm512_load_ps(accb[t]));
     }
-    _tile_release();
+    amx_end(&saved);
 }

@@ -22,7 +22,8 @@ typedef struct {
     uint8_t  rows[16];
 } __attribute__((aligned(64))) amx_tile_config;
 
-/* Loads the configuration above for products of k bytes (k a multiple of 4, <= 64). */
+/* Loads the configuration above for products of k bytes (k a multiple of 4, <= 64). Kernels call
+ * amx_begin/amx_end around it instead. */
 static inline void amx_configure(int k) {
     amx_tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -36,6 +37,23 @@ static inline void amx_configure(int k) {
     /* GCC 12 sees no reader of cfg in _tile_loadconfig and drops the stores above without this barrier */
     __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&cfg);
+}
+
+/* A kernel's tile session on the calling thread: amx_begin saves the thread's tile configuration (all zero when
+ * no one had tiles configured) and loads ours for products of k bytes; amx_end puts the saved configuration back
+ * (the tile data is zeroed either way) or releases the tiles. Another library in the process may configure
+ * its tiles once per thread and rely on that: llama.cpp's AMX kernels do, and died with an illegal instruction
+ * in tests/compat after a TILERELEASE of ours on the same thread. */
+static inline void amx_begin(int k, amx_tile_config *saved) {
+    _tile_storeconfig(saved);
+    __asm__ volatile("" ::: "memory");   /* the read of saved->palette in amx_end follows the store */
+    amx_configure(k);
+}
+
+static inline void amx_end(const amx_tile_config *saved) {
+    __asm__ volatile("" ::: "memory");
+    if (saved->palette) _tile_loadconfig(saved);
+    else _tile_release();
 }
 
 /* One product on tiles (C, A, B): B from the tile buffer bt (64-byte rows), A from activation rows xq

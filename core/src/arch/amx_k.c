@@ -1,23 +1,23 @@
 /* amx_k.c: AMX tile kernels of the K-quants Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
- * __AMX_INT8__ is set). 16 rows at any addresses (the file's layout) x nt tokens (a multiple of 16) of Q8_K
- * activations; bit-identical to pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
+ * __AMX_INT8__ is set). 16 rows at any addresses (the file's layout) x nt tokens (a multiple of 16) of Q8_KM
+ * (Q4_K, Q5_K) or Q8_K (Q6_K) activations; bit-identical to pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
  *
- * Canonical orders (vec_dot_k.c, rows8_k.c): per super-block the exact integer sumi = sum_j sc_j sum_l q_l y_l
- * (Q4_K, Q5_K: 8 sub-blocks of 32, q unsigned 0..15 / 0..31; Q6_K: 16 sub-blocks of 16, q = u - 32 signed, sc_j int8) and,
- * for Q4_K and Q5_K, summ = sum_j m_j (bsum_2j + bsum_2j+1); then one float step per super-block, in order:
- *   Q4_K: acc = acc + d_x * (d * sumi - dmin * summ)        Q6_K: acc = acc + (d_x * d) * sumi
- * How it survives the tiles: the tile products give exact integer sums (TDPBSSD/TDPBSUD, int32), and sumi is an
- * integer, so only the grouping of the integer additions changes. Q6_K: one product per sub-block (k = 16),
- * so a C tile holds the sub-block sums of 16 tokens x 16 rows, and an integer epilogue adds sc_j * C (vpmulld,
- * lanes = rows: the scales are per row) into one int32 accumulator per token. Q4_K: the scales go into the
- * B tiles (see below), so the tiles sum a whole super-block. |sumi| < 2^25: int32 never overflows. Q4_K's summ
- * comes from the activations' bsums (vpmaddwd of (m_2i, m_2i+1) pairs), and the float step runs per token
- * with the 16 rows in the lanes.
+ * Canonical orders (vec_dot_k.c, rows8_k.c): per super-block exact integers, then one float step in order:
+ *   Q4_K, Q5_K (Q8_KM activations): sumi = sum_j sc_j m_j sum_l q_l y_l, summ = sum_j mn_j m_j (bsum_2j +
+ *   bsum_2j+1) over 8 sub-blocks of 32 (q unsigned 0..15 / 0..31), acc = acc + d_x * (d * sumi - dmin * summ)
+ *   Q6_K (Q8_K activations): sumi = sum_j sc_j sum_l (u_l - 32) y_l over 16 sub-blocks of 16 (sc_j int8),
+ *   acc = acc + (d_x * d) * sumi
+ * How it survives the tiles: one tile product per sub-block (k = 32 bytes, 16 for Q6_K) gives the exact
+ * sub-block sums C_j of 16 tokens x 16 rows (TDPBSSD, int32), and an integer epilogue adds the scale times C_j
+ * (vpmulld, lanes = rows: the scales are per row) into one int32 accumulator per token, which is sumi exactly:
+ * only the grouping of integer additions changes. summ comes from the activations' bsums (vpmaddwd of pairs),
+ * and the float step runs per token with the 16 rows in the lanes.
  *
- * Q6_K tiles per sub-block j of super-block b (amx_util.h numbering):
- *   A  [16 tokens][16 bytes]           s8 activations, straight from the Q8_K rows (qs + 16 j)
- *   B  [4][16 rows x 4 bytes]          s8 weights u - 32 of sub-block j, built per K chunk from the 16 rows
+ * Tiles per sub-block j of super-block b (amx_util.h numbering):
+ *   A  [16 tokens][k bytes]            s8 activations, straight from the Q8_KM / Q8_K rows
+ *   B  [k/4][16 rows x 4 bytes]        s8 weights of sub-block j (q, or u - 32 for Q6_K), built per K chunk
  *   C  [16 tokens][16 rows]            int32 sub-block sums
+ *
  * The B tiles, scales and mins of a chunk of AMX_K_KC super-blocks are decoded once and serve every token
  * tile of the call (up to AMX_K_TG tokens per pass over K); between chunks the float accumulators wait in
  * `accb` (a float stored and loaded is the same float). */
@@ -43,40 +43,32 @@ static inline __m512i amx_lane_byte(__m512i v, int k) {
     return _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xff));
 }
 
-/* ---- Q4_K and Q5_K ----
- * The sub-block scales go into the B tiles, so the products themselves sum the super-block: sc_j (6 bits) =
- * 8 sh_j + sl_j with sh_j, sl_j in 0..7, and sh_j q, sl_j q <= 105 fit s8. Per pair jj of sub-blocks (2 jj: low
- * nibbles of qs[32 jj ..], 2 jj + 1: high nibbles; together the 64 activations qs[64 jj ..]) there are two
- * B tiles [16][16 rows x 4 bytes] (k = 64): Bh = sh q and Bl = sl q, rows 0..7 sub-block 2 jj, rows 8..15
- * sub-block 2 jj + 1. Then Ch = sum_jj A_jj Bh_jj and Cl = sum_jj A_jj Bl_jj accumulate in tiles over the
- * super-block and sumi = 8 Ch + Cl exactly (int32): 8 products of k = 64 per super-block, two tile stores,
- * and no integer epilogue per sub-block. */
+/* ---- Q4_K and Q5_K (activations Q8_KM) ----
+ * Q8_KM's multipliers m_j (1..32, per token and sub-block: quants_k.h) fold into the weights' scales in the
+ * canonical order: sumi = sum_j (sc_j m_j) C_j and summ = sum_j (mn_j m_j) (bsum_2j + bsum_2j+1), where
+ * C_j = sum_l q_l y_l. Since m_j belongs to the token and sc_j to the row, the scales cannot go into the B
+ * tiles: one product per 32-element sub-block (k = 32; q <= 15, or <= 31 for Q5_K, as s8), then per token
+ * sumi += (sc_j m_j) * C_j, where sc_j m_j < 2^11 comes from one int16 multiply (vpmullw) and the product with
+ * C_j from vpmulld; |sumi| < 2^31 (quants_k.h's budget). */
 
 typedef struct {
-    _Alignas(64) int8_t bh[4][16 * 64];  /* Bh, Bl of the 4 sub-block pairs */
-    _Alignas(64) int8_t bl[4][16 * 64];
-    _Alignas(64) int32_t mp[4][16];      /* (m_2i, m_2i+1) per row as two int16 */
+    _Alignas(64) int8_t bt[8][8 * 64];   /* B tiles of the 8 sub-blocks: q of sub-block j, [8][16 rows x 4] */
+    _Alignas(64) int32_t sc[8][16];      /* sc_j per row, in the low int16 of each lane (high half zero) */
+    _Alignas(64) int32_t mp[4][16];      /* (mn_2i, mn_2i+1) per row as two int16 */
     _Alignas(64) float d[16], dmin[16];
 } amx_q4_K_block;
 
-/* Bytes v (each < 16) times the per-row factor s (< 8, in both int16 halves of each row's 32-bit lane). */
-static inline __m512i amx_mul_bytes(__m512i v, __m512i s) {
-    const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x00ff)), s);
-    const __m512i odd = _mm512_mullo_epi16(_mm512_and_si512(v, _mm512_set1_epi16((short)0xff00)), s);   /* < 256: no carry */
-    return _mm512_or_si512(even, odd);
-}
-
 /* Super-block b of the 16 rows p[] (p[r] = row r's block) -> its tiles and scales; five_bit: Q5_K (q = nibble |
- * bit 2jj (low nibbles) or 2jj + 1 (high nibbles) of qh[l] << 4, so q <= 31 and sh q <= 217: unsigned B tiles). */
+ * bit 2jj (low nibbles) or 2jj + 1 (high nibbles) of qh[l] << 4). */
 static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o, const int five_bit) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi8(0x3f), m2h = _mm512_set1_epi8(0x30);
-    const __m512i halves = _mm512_set1_epi32(0x00010001);
     __m512i h[4];   /* bytes 0..15: d, dmin, the 12 packed scale bytes q[0..11] (pi_k4_scale_min) */
     amx_transpose16x16(p, 0, h);
     const __m512i sc03 = _mm512_and_si512(h[1], m6), mn03 = _mm512_and_si512(h[2], m6);
     const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(h[3], m4), _mm512_and_si512(_mm512_srli_epi32(h[1], 2), m2h));
     const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
                                          _mm512_and_si512(_mm512_srli_epi32(h[2], 2), m2h));
+    for (int j = 0; j < 8; j++) _mm512_store_si512((__m512i *)o->sc[j], amx_lane_byte(j < 4 ? sc03 : sc47, j % 4));
     for (int i = 0; i < 4; i++) {
         const __m512i v = i < 2 ? mn03 : mn47;
         const int k = (2 * i) % 4;
@@ -90,14 +82,7 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
         amx_transpose16x16(p, offsetof(pi_block_q5_K, qh), qh);
         amx_transpose16x16(p, offsetof(pi_block_q5_K, qh) + 16, qh + 4);
     }
-    for (int jj = 0; jj < 4; jj++) {
-        __m512i sh[2], sl[2];   /* sc_2jj, sc_2jj+1 split, in both int16 halves of each row's lane */
-        for (int e = 0; e < 2; e++) {
-            const int j = 2 * jj + e;
-            const __m512i sc = amx_lane_byte(j < 4 ? sc03 : sc47, j % 4);
-            sh[e] = _mm512_mullo_epi32(_mm512_srli_epi32(sc, 3), halves);
-            sl[e] = _mm512_mullo_epi32(_mm512_and_si512(sc, _mm512_set1_epi32(7)), halves);
-        }
+    for (int jj = 0; jj < 4; jj++) {   /* qs[32 jj ..]: low nibbles sub-block 2 jj, high nibbles 2 jj + 1 */
         __m512i c[8];
         amx_transpose16x16(p, qs_offset + 32 * jj, c);
         amx_transpose16x16(p, qs_offset + 32 * jj + 16, c + 4);
@@ -108,34 +93,45 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
                 lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[m], 2 * jj), one), 4));
                 hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[m], 2 * jj + 1), one), 4));
             }
-            _mm512_store_si512((__m512i *)(o->bh[jj] + 64 * m), amx_mul_bytes(lo, sh[0]));
-            _mm512_store_si512((__m512i *)(o->bh[jj] + 64 * (8 + m)), amx_mul_bytes(hi, sh[1]));
-            _mm512_store_si512((__m512i *)(o->bl[jj] + 64 * m), amx_mul_bytes(lo, sl[0]));
-            _mm512_store_si512((__m512i *)(o->bl[jj] + 64 * (8 + m)), amx_mul_bytes(hi, sl[1]));
+            _mm512_store_si512((__m512i *)(o->bt[2 * jj] + 64 * m), lo);
+            _mm512_store_si512((__m512i *)(o->bt[2 * jj + 1] + 64 * m), hi);
         }
     }
 }
 
-#ifndef AMX_Q4_K_KC
-#define AMX_Q4_K_KC 2   /* super-blocks per K chunk: B tiles of 16 KB */
-#endif
+/* The 32-bit word at p, in every lane: its low int16 is the multiplier m_j (the high one, m_j+1, meets the zero
+ * high halves of sc / is used as the pair's second multiplier). */
+static inline __m512i amx_bcast32(const char *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* sumi[t] += (sc_j m_j(t)) * C[t] for the 16 tokens of the int32 tile ct; xm = token 0's m_j. */
+static inline void amx_scale_m_add(const int32_t *ct, __m512i sc, const char *xm, int64_t x_stride, __m512i sumi[16]) {
+    for (int t = 0; t < 16; t++) {
+        const __m512i scm = _mm512_mullo_epi16(sc, amx_bcast32(xm + t * x_stride));   /* < 2^11: exact */
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(scm, _mm512_load_si512((const __m512i *)(ct + 16 * t))));
+    }
+}
 
 static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const void *const *rows, const char *x,
                                                               int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                               const int five_bit) {
     const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
-    const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
-    const int64_t qoff = (int64_t)offsetof(pi_block_q8_K, qs), boff = (int64_t)offsetof(pi_block_q8_K, bsums);
-    amx_q4_K_block blk[AMX_Q4_K_KC];
+    const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_Km);
+    const int64_t qoff = (int64_t)offsetof(pi_block_q8_Km, k.qs), boff = (int64_t)offsetof(pi_block_q8_Km, k.bsums);
+    const int64_t moff = (int64_t)offsetof(pi_block_q8_Km, m);
+    amx_q4_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
     _Alignas(64) int32_t ct[2][16 * 16];
     amx_tile_config saved;
-    amx_begin(64, &saved);
+    amx_begin(32, &saved);
     for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
         const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
         memset(accb, 0, sizeof accb);
-        for (int64_t c0 = 0; c0 < nb; c0 += AMX_Q4_K_KC) {
-            const int64_t kc = PI_MIN(AMX_Q4_K_KC, nb - c0);
+        for (int64_t c0 = 0; c0 < nb; c0 += AMX_K_KC) {
+            const int64_t kc = PI_MIN(AMX_K_KC, nb - c0);
             for (int64_t b = 0; b < kc; b++) {
                 const char *p[16];
                 for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
@@ -146,50 +142,31 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                 const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
                 for (int64_t b = 0; b < kc; b++) {
                     const amx_q4_K_block *o = &blk[b];
-                    const char *xq = xt + b * bsz + qoff;
-                    /* Ch (tmm0) and Cl (tmm1) over the 4 sub-block pairs (TDPBSUD: signed A, unsigned B); A on tmm2/tmm3, Bh on tmm4/tmm6,
-                     * Bl on tmm5/tmm7 (even/odd pairs) */
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_loadd(2, xq, x_stride);
-                    _tile_loadd(4, o->bh[0], 64);
-                    _tile_loadd(5, o->bl[0], 64);
-                    _tile_dpbsud(0, 2, 4);
-                    _tile_dpbsud(1, 2, 5);
-                    _tile_loadd(3, xq + 64, x_stride);
-                    _tile_loadd(6, o->bh[1], 64);
-                    _tile_loadd(7, o->bl[1], 64);
-                    _tile_dpbsud(0, 3, 6);
-                    _tile_dpbsud(1, 3, 7);
-                    _tile_loadd(2, xq + 128, x_stride);
-                    _tile_loadd(4, o->bh[2], 64);
-                    _tile_loadd(5, o->bl[2], 64);
-                    _tile_dpbsud(0, 2, 4);
-                    _tile_dpbsud(1, 2, 5);
-                    _tile_loadd(3, xq + 192, x_stride);
-                    _tile_loadd(6, o->bh[3], 64);
-                    _tile_loadd(7, o->bl[3], 64);
-                    _tile_dpbsud(0, 3, 6);
-                    _tile_dpbsud(1, 3, 7);
-                    _tile_stored(0, ct[0], 64);
-                    _tile_stored(1, ct[1], 64);
-                    __asm__ volatile("" ::: "memory");   /* the loads from ct below follow the tile stores */
+                    const char *xq = xt + b * bsz + qoff, *xm = xt + b * bsz + moff;
+                    __m512i sumi[16];
+                    for (int t = 0; t < 16; t++) sumi[t] = _mm512_setzero_si512();
+                    for (int j = 0; j < 8; j += 2) {   /* sub-blocks j (tiles 0, 2, 4) and j + 1 (tiles 1, 3, 5) */
+                        AMX_PRODUCT(0, 2, 4, o->bt[j], ct[0], xq + 32 * j);
+                        AMX_PRODUCT(1, 3, 5, o->bt[j + 1], ct[1], xq + 32 * (j + 1));
+                        amx_scale_m_add(ct[0], _mm512_load_si512((const __m512i *)o->sc[j]), xm + 2 * j, x_stride, sumi);
+                        amx_scale_m_add(ct[1], _mm512_load_si512((const __m512i *)o->sc[j + 1]), xm + 2 * (j + 1), x_stride, sumi);
+                    }
                     const __m512 d = _mm512_load_ps(o->d), dmin = _mm512_load_ps(o->dmin);
                     for (int t = 0; t < 16; t++) {
                         const char *xb = xt + t * x_stride + b * bsz;
                         float dx;
                         memcpy(&dx, xb, sizeof dx);
-                        const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const __m512i *)(ct[0] + 16 * t)), 3),
-                                                              _mm512_load_si512((const __m512i *)(ct[1] + 16 * t)));
                         /* bs_i = bsum_2i + bsum_2i+1 (the 32-element sub-block sums), as int16 pairs per dword */
                         _Alignas(16) int32_t bs[4];
                         _mm_store_si128((__m128i *)bs, _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(xb + boff)),
                                                                       _mm_loadu_si128((const __m128i *)(xb + boff + 16))));
                         __m512i summ = _mm512_setzero_si512();
-                        for (int i = 0; i < 4; i++)
-                            summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_load_si512((const __m512i *)o->mp[i]),
-                                                                            _mm512_set1_epi32(bs[i])));
-                        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi)),
+                        for (int i = 0; i < 4; i++) {   /* (mn_2i m_2i, mn_2i+1 m_2i+1) < 2^11 . (bs_2i, bs_2i+1) */
+                            const __m512i mm = _mm512_mullo_epi16(_mm512_load_si512((const __m512i *)o->mp[i]),
+                                                                  amx_bcast32(xb + moff + 4 * i));
+                            summ = _mm512_add_epi32(summ, _mm512_madd_epi16(mm, _mm512_set1_epi32(bs[i])));
+                        }
+                        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi[t])),
                                                        _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
                         float *acc = accb[16 * tt + t];
                         _mm512_store_ps(acc, _mm512_add_ps(_mm512_load_ps(acc), _mm512_mul_ps(_mm512_set1_ps(dx), v)));
@@ -204,10 +181,10 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
 }
 
 void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 0); }
+                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 0); }   /* x: Q8_KM */
 
 void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 1); }
+                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 1); }   /* x: Q8_KM */
 
 /* ---- Q6_K ---- */
 

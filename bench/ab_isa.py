@@ -2,10 +2,14 @@
 level's kernels are worth without the run-to-run drift of a shared VM.
 
     PYTHONPATH=bindings python bench/ab_isa.py --type q4_0 -K 4096 -N 4096 -T 1,8,128 --levels avx2,avx512
+    PYTHONPATH=bindings python bench/ab_isa.py --model /tmp/bench_7b_q4_0.gguf -T 128,512 -r 3 --levels avx512,amx
 
 Weights are random rows quantized by the core (repacked as the model loader would), activations
 random; each round runs every level once per T. Prints the median time per call and GFLOP/s
-(2 K N T / t) per level, and the ratio to the first level.
+(2 K N T / t) per level, the ratio to the first level, and whether the levels' outputs are bit-equal
+(the numeric contract). With --model, each round decodes one prompt of T random tokens on a cleared
+cache at each level instead (the model is loaded and repacked once: the layout is the same at every
+level) and the last logits are compared.
 """
 from __future__ import annotations
 
@@ -69,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--levels", default="avx2,avx512")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=7)
+    ap.add_argument("--model", help="a GGUF file: time whole prompt decodes instead of one op")
     ap.add_argument("--cpu-time", action="store_true",
                     help="-t 1 only: time the calling thread's CPU time, not the wall clock (less noise from "
                          "other processes on a shared machine)")
@@ -79,6 +84,8 @@ def main(argv=None) -> int:
     levels = [lv for lv in a.levels.split(",") if pi.cpu_isa_supported(lv)]
     if not levels:
         sys.exit("none of these levels runs here: " + pi.system_info())
+    if a.model:
+        return model_ab(a, levels)
     keep: list = []
     w = weight(TYPES[a.type], a.N, a.K, keep)
     pool = ffi.new("pi_threadpool **")
@@ -89,6 +96,7 @@ def main(argv=None) -> int:
         x = np.random.default_rng(1).standard_normal((T, a.K)).astype(np.float32)
         y = np.zeros((T, a.N), np.float32)
         times: dict[str, list[float]] = {lv: [] for lv in levels}
+        out: dict[str, np.ndarray] = {}
         reps = max(1, 64 // T)
         for _ in range(a.rounds):
             for lv in levels:
@@ -97,13 +105,42 @@ def main(argv=None) -> int:
                 for _ in range(reps):
                     check(lib.pi_op_mul_mat(pool[0], w, f32_tensor(x), f32_tensor(y)))
                 times[lv].append((clock() - t0) / reps)
+                out[lv] = y.copy()
         base = statistics.median(times[levels[0]])
         for lv in levels:
             med = statistics.median(times[lv])
+            same = np.array_equal(out[lv].view(np.uint32), out[levels[0]].view(np.uint32))
             print(f"T={T:4d} {lv:7s} {med * 1e3:9.3f} ms  {2 * a.K * a.N * T / med / 1e9:8.1f} GFLOP/s  "
-                  f"x{base / med:.2f}")
+                  f"x{base / med:.2f}  bits {'equal' if same else 'DIFFER'}")
     pi.set_cpu_isa(start)
     lib.pi_threadpool_free(pool[0])
+    return 0
+
+
+def model_ab(a, levels) -> int:
+    start = pi.cpu_isa()
+    tokens = [int(v) for v in a.T.split(",")]
+    model = pi.Model(a.model)
+    ctx = pi.Context(model, n_ctx=max(tokens) + 8, n_batch=max(tokens), n_threads=a.threads)
+    print(f"# {pi.system_info()}\n# {a.model}, threads {a.threads}, median of {a.rounds} alternating rounds")
+    for T in tokens:
+        prompt = [int(v) for v in np.random.default_rng(T).integers(1, model.n_vocab, T)]
+        times: dict[str, list[float]] = {lv: [] for lv in levels}
+        last: dict[str, np.ndarray] = {}
+        for _ in range(a.rounds):
+            for lv in levels:
+                pi.set_cpu_isa(lv)
+                ctx.kv_clear()
+                t0 = time.perf_counter()
+                ctx.decode(prompt)
+                times[lv].append(time.perf_counter() - t0)
+                last[lv] = ctx.logits().copy()
+        same = all(np.array_equal(last[lv].view(np.uint32), last[levels[0]].view(np.uint32)) for lv in levels)
+        med = {lv: statistics.median(times[lv]) for lv in levels}
+        cols = "  ".join(f"{lv} {T / med[lv]:7.2f} t/s" for lv in levels)
+        print(f"pp{T}  {cols}  {levels[-1]}/{levels[0]} = {med[levels[0]] / med[levels[-1]]:.2f}x"
+              f"  logits {'equal' if same else 'DIFFER'}")
+    pi.set_cpu_isa(start)
     return 0
 
 

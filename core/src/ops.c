@@ -84,7 +84,7 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
  *   vec_dot   one row, one token */
 
-/* The smallest batch mul_mat gives the AMX kernel (tiles): measured on Sapphire Rapids (bench/ab_amx.py) */
+/* The smallest batch mul_mat gives the AMX kernel (tiles): measured on Sapphire Rapids (bench/ab_isa.py) */
 #ifndef PI_TILES_MIN_T
 #define PI_TILES_MIN_T 16
 #endif

@@ -408,11 +408,46 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
 #define HALF_ROWS8_BODY half_rows8
 #endif
 
+/* One token (decode): the eight rows' single-row dot products side by side, each in its own 8-lane
+ * accumulator in element order (the single-row kernel's order: the same bits), so eight independent fma
+ * chains hide the latency that one row's chain waits on (f16 decode was fma-latency bound, not memory
+ * bound). AVX-512: two rows per register, four chains. */
+static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, const void *const *rows, const float *x,
+                                                             float *y, const int bf16) {
+    const uint16_t *const *w = (const uint16_t *const *)rows;
+    const int64_t n8 = n / 8 * 8;
+    __m256 half[8];
+#if PI_HAVE_ROWS16
+    __m512 acc[4];
+    for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i));
+        for (int p = 0; p < 4; p++) acc[p] = _mm512_fmadd_ps(load_pair(w[2 * p] + i, w[2 * p + 1] + i, bf16), xv, acc[p]);
+    }
+    for (int p = 0; p < 4; p++) {
+        half[2 * p] = _mm512_castps512_ps256(acc[p]);
+        half[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1));
+    }
+#else
+    for (int k = 0; k < 8; k++) half[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        for (int k = 0; k < 8; k++)
+            half[k] = _mm256_fmadd_ps(bf16 ? load8_bf16(w[k] + i) : load8_f16(w[k] + i), xv, half[k]);
+    }
+#endif
+    for (int k = 0; k < 8; k++) {
+        float sum = pi_hsum_ps(half[k]);
+        for (int64_t i = n8; i < n; i++) sum += (bf16 ? pi_bf16_to_f32(w[k][i]) : pi_fp16_to_f32(w[k][i])) * x[i];
+        y[k] = sum;
+    }
+}
+
 #define HALF_ROWS8(type, bf16)                                                                                   \
     void pi_vec_dot8_##type##_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,      \
                                   float *y, int64_t y_stride) {                                                    \
         if (nt == 1)                                                                                               \
-            for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_##type##_f32(n, rows[k], x);                             \
+            half_rows8_one(n, rows, (const float *)x, y, bf16);                                                    \
         else                                                                                                       \
             HALF_ROWS8_BODY(n, rows, x, x_stride, nt, y, y_stride, bf16);                                          \
     }

@@ -68,36 +68,50 @@ static bool amx_permitted(void) {
 #endif
 }
 
-static bool cpu_runs(isa_level level) {
+/* The features the levels need, read once: each is the CPU's cpuid bit and, for register state, the OS's
+ * XCR0 bits (AVX: 0x6, AVX-512: 0xe0, AMX tiles: 0x60000). */
+typedef struct {
+    bool avx, avx2, fma, f16c, bmi1, bmi2, popcnt, lzcnt;
+    bool avx512f, avx512dq, avx512cd, avx512bw, avx512vl, avx512vnni, avx512bf16;
+    bool amx_tile, amx_int8, amx_bf16;
+} cpu_features;
+
+static cpu_features detect_features(void) {
     const uint64_t x = xcr0();
-    const bool avx2 = (x & 0x6) == 0x6 && cpu_has(1, 0, ECX, 28) && cpu_has(7, 0, EBX, 5) &&   /* AVX, AVX2 */
-                      cpu_has(1, 0, ECX, 12) && cpu_has(1, 0, ECX, 29) &&                       /* FMA, F16C */
-                      cpu_has(7, 0, EBX, 3) && cpu_has(7, 0, EBX, 8) && cpu_has(1, 0, ECX, 23) && /* BMI1/2, POPCNT */
-                      cpu_has(0x80000001u, 0, ECX, 5);                                           /* LZCNT */
-    const bool avx512 = avx2 && (x & 0xe0) == 0xe0 &&
-                        cpu_has(7, 0, EBX, 16) && cpu_has(7, 0, EBX, 17) && cpu_has(7, 0, EBX, 28) &&  /* F DQ CD */
-                        cpu_has(7, 0, EBX, 30) && cpu_has(7, 0, EBX, 31) && cpu_has(7, 0, ECX, 11);    /* BW VL VNNI */
+    const bool ymm = (x & 0x6) == 0x6, zmm = ymm && (x & 0xe0) == 0xe0, tiles = (x & 0x60000) == 0x60000;
+    return (cpu_features){
+        .avx = ymm && cpu_has(1, 0, ECX, 28), .avx2 = ymm && cpu_has(7, 0, EBX, 5),
+        .fma = ymm && cpu_has(1, 0, ECX, 12), .f16c = cpu_has(1, 0, ECX, 29),
+        .bmi1 = cpu_has(7, 0, EBX, 3), .bmi2 = cpu_has(7, 0, EBX, 8), .popcnt = cpu_has(1, 0, ECX, 23),
+        .lzcnt = cpu_has(0x80000001u, 0, ECX, 5),
+        .avx512f = zmm && cpu_has(7, 0, EBX, 16), .avx512dq = zmm && cpu_has(7, 0, EBX, 17),
+        .avx512cd = zmm && cpu_has(7, 0, EBX, 28), .avx512bw = zmm && cpu_has(7, 0, EBX, 30),
+        .avx512vl = zmm && cpu_has(7, 0, EBX, 31), .avx512vnni = zmm && cpu_has(7, 0, ECX, 11),
+        .avx512bf16 = zmm && cpu_has(7, 1, EAX, 5),
+        .amx_tile = tiles && cpu_has(7, 0, EDX, 24), .amx_int8 = tiles && cpu_has(7, 0, EDX, 25),
+        .amx_bf16 = tiles && cpu_has(7, 0, EDX, 22),
+    };
+}
+
+static bool cpu_runs(isa_level level) {
+    const cpu_features f = detect_features();
+    const bool avx2 = f.avx && f.avx2 && f.fma && f.f16c && f.bmi1 && f.bmi2 && f.popcnt && f.lzcnt;
+    const bool avx512 = avx2 && f.avx512f && f.avx512dq && f.avx512cd && f.avx512bw && f.avx512vl && f.avx512vnni;
     switch (level) {
         case ISA_SCALAR: return true;
         case ISA_AVX2:   return avx2;
         case ISA_AVX512: return avx512;
-        case ISA_AMX:    return avx512 && cpu_has(7, 1, EAX, 5) &&                             /* AVX512_BF16 */
-                                cpu_has(7, 0, EDX, 24) && cpu_has(7, 0, EDX, 25) && cpu_has(7, 0, EDX, 22) &&
-                                (x & 0x60000) == 0x60000 && amx_permitted();
+        case ISA_AMX:    return avx512 && f.avx512bf16 && f.amx_tile && f.amx_int8 && f.amx_bf16 && amx_permitted();
         default:         return false;
     }
 }
 
 static void describe_features(char *out, size_t size) {
-    const uint64_t x = xcr0();
-    const bool ymm = (x & 0x6) == 0x6, zmm = ymm && (x & 0xe0) == 0xe0, tiles = (x & 0x60000) == 0x60000;
+    const cpu_features f = detect_features();
     snprintf(out, size,
              "AVX = %d | AVX2 = %d | FMA = %d | F16C = %d | AVX512F = %d | AVX512BW = %d | AVX512_VNNI = %d | "
              "AVX512_BF16 = %d | AMX_INT8 = %d | AMX_BF16 = %d | NEON = 0",
-             ymm && cpu_has(1, 0, ECX, 28), ymm && cpu_has(7, 0, EBX, 5), ymm && cpu_has(1, 0, ECX, 12),
-             cpu_has(1, 0, ECX, 29), zmm && cpu_has(7, 0, EBX, 16), zmm && cpu_has(7, 0, EBX, 30),
-             zmm && cpu_has(7, 0, ECX, 11), zmm && cpu_has(7, 1, EAX, 5), tiles && cpu_has(7, 0, EDX, 25),
-             tiles && cpu_has(7, 0, EDX, 22));
+             f.avx, f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vnni, f.avx512bf16, f.amx_int8, f.amx_bf16);
 }
 #else
 static bool cpu_runs(isa_level level) { return level == ISA_SCALAR; }
@@ -141,10 +155,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
         else if (!runs[want])
             snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%s: %s", env,
                      compiled[want] ? "this CPU does not support it" : "this build does not include it");
-        else if (want > (int)active)
-            snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%s: above the best level here (%s)", env,
-                     isa_names[active]);
-        else
+        else   /* a level that runs is at most the best one (active, so far) */
             active = (isa_level)want;
     }
 }

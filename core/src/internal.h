@@ -55,7 +55,7 @@ typedef void  (*pi_tiles_fn)(int64_t n, const void *group, const char *x, int64_
 /* Sixteen weight rows at any addresses (rows[0..15], the file's layout) against nt activation rows, nt a multiple
  * of PI_TILE_T: y[t * y_stride + r] = dot(row r, x_t), bit-identical to vec_dot per (row, token), as vec_dot8.
  * The AMX level's prompt kernel of Q8_0, Q5_0, Q4_K, Q5_K and Q6_K rows; mul_mat calls it for batches
- * of at least PI_TILES_ROWS_MIN_T tokens (ops.c) and does the token and row tails with vec_dot8. */
+ * of at least PI_TILES_MIN_T tokens (ops.c) and does the token and row tails with vec_dot8. */
 typedef void  (*pi_tiles_rows_fn)(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);
 /* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
@@ -122,7 +122,6 @@ typedef struct pi_type_kernels {
 } pi_type_kernels;
 
 typedef struct pi_cpu_kernels {
-    const char     *isa;        /* "scalar", "avx2", "avx512", "amx" */
     pi_type_kernels type[PI_TYPE_TABLE_END];
     /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
     void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);

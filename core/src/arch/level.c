@@ -36,11 +36,8 @@
 
 #define PI_TABLE_NAME(level) PI_TABLE_NAME_(level)
 #define PI_TABLE_NAME_(level) pi_kernels_##level
-#define PI_STR(x) PI_STR_(x)
-#define PI_STR_(x) #x
 
 const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
-    .isa = PI_STR(PI_LEVEL),
     .type = {
         /*                 vec_dot                   axpy */
         [PI_TYPE_F32]  = { pi_vec_dot_f32_f32,    pi_axpy_f32_row },

@@ -80,18 +80,15 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *   gemm16    interleaved weights, two groups (16 rows) x up to 8 tokens per call (AVX-512 levels)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at
- *             least PI_TILES_ROWS_MIN_T tokens; the token and row tails go to vec_dot8)
+ *             least PI_TILES_MIN_T tokens; the token and row tails go to vec_dot8)
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
  *   vec_dot   one row, one token */
 
-/* The smallest batch mul_mat gives the AMX kernel (tiles): measured on Sapphire Rapids (bench/ab_isa.py) */
+/* The smallest batch mul_mat gives the AMX kernels (tiles, tiles_rows): 16 is the smallest a tile takes, and
+ * there they already beat the avx512 kernels (Sapphire Rapids, bench/ab_isa.py: Q4_0 1.25x at 2 threads,
+ * the row kernels of Q8_0, Q5_0, Q4_K, Q5_K, Q6_K 1.5-1.75x with --cpu-time, 4096x4096) */
 #ifndef PI_TILES_MIN_T
 #define PI_TILES_MIN_T 16
-#endif
-/* The same for the row kernels (tiles_rows: Q8_0, Q5_0, Q4_K, Q5_K, Q6_K): 16 is the smallest batch a tile takes,
- * and there they already run 1.5-1.75x the avx512 kernels (bench/ab_isa.py --cpu-time, 4096x4096) */
-#ifndef PI_TILES_ROWS_MIN_T
-#define PI_TILES_ROWS_MIN_T 16
 #endif
 #ifndef PI_TILES_CHUNK_T
 #define PI_TILES_CHUNK_T 128   /* tokens per pass over a work item's rows: 128 Q8_0S rows of K = 4096 are 590 KB, in L2 */
@@ -132,6 +129,31 @@ static void mul_mat_convert_task(void *p, int ith, int nth) {
         pi_traits(tr->vec_dot_type)->from_f32(ROW_F32(a->x, t, 0, 0), a->xq + t * a->xq_row_bytes, a->x->ne[0]);
 }
 
+/* The AMX part of mul_mat_rows: rows [r0, r16) (r16 - r0 a multiple of 16) x tokens [0, T16) on tiles, T16 the
+ * token count rounded down to whole tiles; token chunks outside so they stay in cache. Returns T16, or 0 (nothing
+ * done) without a tile kernel for this layout or below PI_TILES_MIN_T tokens. */
+static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, int64_t r0, int64_t r16) {
+    const int64_t K = a->w->ne[0], T = a->x->ne[1];
+    if ((!tr->tiles && !tr->tiles_rows) || T < PI_TILES_MIN_T || r16 <= r0) return 0;
+    const char *w = a->w->data;
+    const int64_t y_stride = a->y->nb[1] / (int64_t)sizeof(float), T16 = T / PI_TILE_T * PI_TILE_T;
+    float *y0 = a->y->data;
+    for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T) {
+        const char *xq = a->xq + t * a->xq_row_bytes;
+        const int nt = (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t);
+        for (int64_t g = r0; g < r16; g += 16) {
+            if (tr->tiles) {   /* interleaved: two groups from row g on */
+                tr->tiles(K, w + g * a->w->nb[1], xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride);
+                continue;
+            }
+            const void *rows[16];
+            for (int k = 0; k < 16; k++) rows[k] = w + (g + k) * a->w->nb[1];
+            tr->tiles_rows(K, rows, xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride);
+        }
+    }
+    return T16;
+}
+
 /* rows [r0, r1) for every token */
 static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_t r0, int64_t r1) {
     const int64_t K = a->w->ne[0], T = a->x->ne[1];
@@ -139,17 +161,9 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     const int64_t y_stride = a->y->nb[1] / (int64_t)sizeof(float);
     float *y0 = a->y->data;
     int64_t r = r0;
+    const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+    const int64_t tiled = mul_mat_tiles(a, tr, r0, r16);   /* tokens [0, tiled) of rows [r0, r16) are done */
     if (tr->gemm8) {   /* interleaved: group g = rows 8g..8g+7 at byte 8 g nb[1]; r0, r1 are multiples of 8 */
-        const int64_t T16 = tr->tiles && T >= PI_TILES_MIN_T ? T / PI_TILE_T * PI_TILE_T : 0;
-        const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
-        int64_t tiled = 0;   /* tokens [0, tiled) of rows [r0, r16) are done by the tile kernel */
-        if (T16 && r16 > r0) {   /* tiles: [r0, r16) x [0, T16), token chunks outside so they stay in cache */
-            for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T)
-                for (int64_t g = r0; g < r16; g += 16)
-                    tr->tiles(K, w + g * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                              (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t), y0 + t * y_stride + g, y_stride);
-            tiled = T16;
-        }
         if (tr->gemm16 && T > 1)   /* prompts: two groups per call where the level has such a kernel */
             for (; r + 16 <= r1; r += 16)
                 for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
@@ -160,19 +174,6 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
                 tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
                           (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
         return;
-    }
-    const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
-    int64_t tiled = 0;   /* tokens [0, tiled) of rows [r0, r16) are done by the tile kernel */
-    if (tr->tiles_rows && T >= PI_TILES_ROWS_MIN_T && r16 > r0) {   /* token chunks outside: they stay in cache */
-        const int64_t T16 = T / PI_TILE_T * PI_TILE_T;
-        for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T)
-            for (int64_t g = r0; g < r16; g += 16) {
-                const void *rows[16];
-                for (int k = 0; k < 16; k++) rows[k] = w + (g + k) * a->w->nb[1];
-                tr->tiles_rows(K, rows, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                               (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t), y0 + t * y_stride + g, y_stride);
-            }
-        tiled = T16;
     }
     if (tr->vec_dot8)
         for (; r + 8 <= r1; r += 8) {

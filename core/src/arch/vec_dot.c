@@ -330,6 +330,14 @@ static inline __m256 load8_bf16(const uint16_t *w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
 }
 
+/* The end of one 16-bit float row's dot product in the single-row kernel's order: the tree of its 8 lanes,
+ * then elements n8..n-1 unfused. */
+static inline float half_dot_end(__m256 lanes, const uint16_t *w, const float *x, int64_t n8, int64_t n, int bf16) {
+    float sum = pi_hsum_ps(lanes);
+    for (int64_t i = n8; i < n; i++) sum += (bf16 ? pi_bf16_to_f32(w[i]) : pi_fp16_to_f32(w[i])) * x[i];
+    return sum;
+}
+
 static inline __attribute__((always_inline)) void half_rows8(int64_t n, const void *const *rows, const char *x,
                                                          int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                          const int bf16) {
@@ -351,10 +359,7 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
                 }
             for (int j = 0; j < n_tok; j++)
                 for (int k = 0; k < F16_ROWS_PER; k++) {
-                    float sum = pi_hsum_ps(acc[k][j]);
-                    for (int64_t i = n8; i < n; i++)
-                        sum += (bf16 ? pi_bf16_to_f32(w[k][i]) : pi_fp16_to_f32(w[k][i])) * xt[j][i];
-                    y[(t0 + j) * y_stride + r0 + k] = sum;
+                    y[(t0 + j) * y_stride + r0 + k] = half_dot_end(acc[k][j], w[k], xt[j], n8, n, bf16);
                 }
         }
     }
@@ -396,10 +401,7 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
                     const int k = 2 * p + h;
                     const __m256 half = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][j]), 1))
                                           : _mm512_castps512_ps256(acc[p][j]);
-                    float sum = pi_hsum_ps(half);
-                    for (int64_t i = n8; i < n; i++)
-                        sum += (bf16 ? pi_bf16_to_f32(w[k][i]) : pi_fp16_to_f32(w[k][i])) * xt[j][i];
-                    y[(t0 + j) * y_stride + k] = sum;
+                    y[(t0 + j) * y_stride + k] = half_dot_end(half, w[k], xt[j], n8, n, bf16);
                 }
     }
 }
@@ -436,11 +438,7 @@ static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, cons
             half[k] = _mm256_fmadd_ps(bf16 ? load8_bf16(w[k] + i) : load8_f16(w[k] + i), xv, half[k]);
     }
 #endif
-    for (int k = 0; k < 8; k++) {
-        float sum = pi_hsum_ps(half[k]);
-        for (int64_t i = n8; i < n; i++) sum += (bf16 ? pi_bf16_to_f32(w[k][i]) : pi_fp16_to_f32(w[k][i])) * x[i];
-        y[k] = sum;
-    }
+    for (int k = 0; k < 8; k++) y[k] = half_dot_end(half[k], w[k], x, n8, n, bf16);
 }
 
 #define HALF_ROWS8(type, bf16)                                                                                   \

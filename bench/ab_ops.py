@@ -86,8 +86,8 @@ def main(argv=None) -> int:
             lib_a.pi_op_predictor(pools[0], weight(P + "fc1.weight")[0], weight(P + "fc2.weight")[0], x, scores)
             lib_a.pi_op_sparse_ffn(pools[0], w, lib_a.PI_ACT_RELU, lib_a.PI_FFN_PAR, x, scores, 0.0, out, n_active)
             nbytes += n_active[0] / F * (gb + ub + db)
-            calls.append(lambda L, pool, w=w, s=scores: L.pi_op_sparse_ffn(pool, w, lib_a.PI_ACT_RELU, lib_a.PI_FFN_PAR, x, s,
-                                                                       0.0, out, ffi.NULL))
+            calls.append(lambda L, pool, w=w, s=scores: L.pi_op_sparse_ffn(pool, w, lib_a.PI_ACT_RELU, lib_a.PI_FFN_PAR,
+                                                                       x, s, 0.0, out, ffi.NULL))
     else:
         for il in range(n_layer):
             for m in a.mats.split(","):

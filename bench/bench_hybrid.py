@@ -12,7 +12,6 @@ emulated device (the speeds are then CPU speeds: a check of the code path, not a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path

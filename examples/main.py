@@ -37,10 +37,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tokens to predict (-1 = until end of text or a full context, -2 = until the context is full)")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help="context size (0 = from the model) (default: 4096, or the model's training context if smaller)")
-    p.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per decode call for prompts (default: %(default)s)")
+    p.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="tokens per decode call for prompts (default: %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: physical cores)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (-1 = random)")
-    p.add_argument("--temp", type=float, default=_SP.temperature, help="temperature, <= 0 for greedy (default: %(default)s)")
+    p.add_argument("--temp", type=float, default=_SP.temperature,
+                   help="temperature, <= 0 for greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=_SP.top_k, help="top-k sampling, <= 0 off (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=_SP.top_p, help="top-p sampling, 1.0 off (default: %(default)s)")
     p.add_argument("--min-p", type=float, default=_SP.min_p, help="min-p sampling, 0 off (default: %(default)s)")

@@ -9,8 +9,8 @@ from .tokenizer import StreamDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError", "Sampler", "SamplingParams",
-           "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "set_cpu_isa", "system_info", "__version__"]
+__all__ = ["Context", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError", "Sampler",
+           "SamplingParams", "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "set_cpu_isa", "system_info", "__version__"]
 
 CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx")   # lowest first
 

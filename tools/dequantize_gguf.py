@@ -14,28 +14,7 @@ import argparse
 import gguf
 import numpy as np
 
-
-def field_value(f):
-    t = f.types[0]
-    if t == gguf.GGUFValueType.ARRAY:
-        sub = f.types[-1]
-        if sub == gguf.GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data], sub
-        return [f.parts[i].tolist()[0] for i in f.data], sub
-    if t == gguf.GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8"), None
-    return f.parts[f.data[0]].tolist()[0], None
-
-
-def writer_like(r: gguf.GGUFReader, dst: str) -> gguf.GGUFWriter:
-    """A GGUFWriter for dst with every key/value of r (its architecture included); tensors are the caller's."""
-    w = gguf.GGUFWriter(dst, field_value(r.fields["general.architecture"])[0])
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        val, sub = field_value(f)
-        w.add_key_value(f.name, val, f.types[0], sub_type=sub)
-    return w
+from powerinfer.gguf_copy import write, writer_like
 
 
 def main() -> None:
@@ -48,10 +27,7 @@ def main() -> None:
     for t in r.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         w.add_tensor(t.name, data.reshape(tuple(int(x) for x in reversed(t.shape.tolist()))))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(w)
 
 
 if __name__ == "__main__":

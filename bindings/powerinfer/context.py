@@ -103,7 +103,7 @@ class Context:
                  n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
                  dense: bool = False, count_neurons: bool = False, vram_budget: int | None = None,
                  reset_gpu_index: bool = False, disable_gpu_index: bool = False, n_gpu_layers: int | None = None,
-                 main_gpu: int = 0):
+                 main_gpu: int = 0, sparsity: float | None = None, act_histogram: bool = False):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
         n_ctx = resolve_n_ctx(model, n_ctx)
@@ -115,14 +115,32 @@ class Context:
         params.n_seq_max = n_seq_max
         params.n_threads = n_threads or 0
         params.kv_type = _KV_TYPES[kv_type]
-        self.sparse = model.sparse and not dense
+        self.sparse = (model.sparse or model.gate_sparse) and not dense
         self.sparse_threshold = resolve_threshold(model, sparse_threshold)
+        # gate-sparse files: one threshold per layer, from a stored level unless a threshold is given
+        self.layer_thresholds, self.sparsity = None, None
+        if sparsity is not None and not model.gate_sparse:
+            raise ValueError("sparsity levels need a gate-sparse file (tools/sparsify.py); "
+                             "PowerInfer files take --sparse-threshold")
+        if model.gate_sparse and not dense:
+            explicit = sparse_threshold is not None or os.environ.get(THRESHOLD_ENV, "").strip()
+            if sparsity is not None and explicit:
+                raise ValueError("give a sparsity level or a sparse threshold, not both")
+            levels = model.sparsity_levels
+            level = sparsity if sparsity is not None else None if explicit else levels.default
+            if level is not None:
+                self.sparsity = float(level)
+                self.layer_thresholds = levels.thresholds_for(float(level))
         params.sparse_threshold = self.sparse_threshold
         params.sparse_mode = lib.PI_SPARSE_ALL if dense else lib.PI_SPARSE_PREDICT
         params.count_neurons = 1 if count_neurons else 0
+        params.act_histogram = 1 if act_histogram else 0
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model._ptr, params, out), "creating context")
         self._ptr = ffi.gc(out[0], lib.pi_context_free)
+        if self.layer_thresholds is not None:
+            check(lib.pi_set_sparse_thresholds(self._ptr, ffi.from_buffer("float[]", self.layer_thresholds)),
+                  "setting the sparsity thresholds")
         self.n_ctx = params.n_ctx
         self.n_batch = params.n_batch
         self.n_seq_max = n_seq_max
@@ -279,6 +297,30 @@ class Context:
         for il in range(hp.n_layer):
             check(lib.pi_neuron_counts(self._ptr, il, ffi.from_buffer("int64_t[]", out[il])), "neuron_counts")
         return out
+
+    @_serialised
+    def act_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """(counts [n_layer, bins] int64, lower edges [bins] f32): how many FFN channel values |act(gate x)|
+        of each layer's dense FFN fell in each bin since the context was made or the last reset; needs
+        act_histogram=True (the calibration statistics of tools/sparsify.py)."""
+        n_bins = lib.PI_ACT_HIST_BINS
+        out = np.zeros((self.model.hparams.n_layer, n_bins), dtype=np.int64)
+        check(lib.pi_act_histogram(self._ptr, ffi.from_buffer("int64_t[]", out)), "act_histogram")
+        edges = np.array([lib.pi_act_histogram_edge(b) for b in range(n_bins)], dtype=np.float32)
+        return out, edges
+
+    @_serialised
+    def set_sparse_thresholds(self, thresholds) -> None:
+        """One threshold per layer (None: every layer back to sparse_threshold)."""
+        if thresholds is None:
+            check(lib.pi_set_sparse_thresholds(self._ptr, ffi.NULL), "set_sparse_thresholds")
+            self.layer_thresholds = None
+            return
+        t = np.ascontiguousarray(thresholds, dtype=np.float32).reshape(-1)
+        if t.size != self.model.hparams.n_layer:
+            raise ValueError(f"set_sparse_thresholds: {t.size} values for {self.model.hparams.n_layer} layers")
+        check(lib.pi_set_sparse_thresholds(self._ptr, ffi.from_buffer("float[]", t)), "set_sparse_thresholds")
+        self.layer_thresholds = t.copy()
 
     @_serialised
     def set_abort_callback(self, fn) -> None:

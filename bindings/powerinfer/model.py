@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from ._ffi import PowerInferError, check, ffi, lib
+from . import act_sparsity
 from .gguf_file import GGUFFile, ModelLoadError, open_gguf
 from .tokenizer import Tokenizer
 
@@ -220,6 +221,14 @@ class Model:
             raise ModelLoadError(f"{self.path}: metadata {SPARSE_THRESHOLD_KEY} = {threshold!r} is not a finite number")
         if self.sparse:
             self._check_sparse()
+        # gate-sparse (tools/sparsify.py): a dense file with a transposed down matrix in every layer
+        names = self.file.tensors
+        self.gate_sparse = (not self.sparse and self.hparams.ffn_gate != "seq" and
+                            all(f"blk.{il}.ffn_down_t.weight" in names for il in range(self.hparams.n_layer)))
+        try:
+            self.sparsity_levels = act_sparsity.read_levels(self.path, self.metadata, self.hparams.n_layer)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
         try:
             self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
         except ValueError as e:
@@ -274,6 +283,7 @@ class Model:
         p.ffn_gate = {"par": lib.PI_FFN_PAR, "sym": lib.PI_FFN_SYM, "seq": lib.PI_FFN_SEQ}[hp.ffn_gate]
         p.norm_eps, p.rope_freq_base, p.rope_freq_scale = hp.norm_eps, hp.rope_freq_base, hp.rope_freq_scale
         p.sparse = 1 if self.sparse else 0
+        p.gate_sparse = 1 if self.gate_sparse else 0
         p.head_dim, p.rope_mode = hp.head_dim, _ROPE_MODES[hp.rope_mode]
         p.attn_scale, p.embd_scale = hp.attn_scale, hp.embd_scale
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
@@ -315,6 +325,6 @@ class Model:
 
     def describe(self) -> str:
         hp = self.hparams
-        return (f"{self.path.name}: {'sparse (PowerInfer)' if self.sparse else 'dense'} arch={hp.arch} n_vocab={hp.n_vocab} n_embd={hp.n_embd} n_layer={hp.n_layer} "
+        return (f"{self.path.name}: {'sparse (PowerInfer)' if self.sparse else 'gate-sparse' if self.gate_sparse else 'dense'} arch={hp.arch} n_vocab={hp.n_vocab} n_embd={hp.n_embd} n_layer={hp.n_layer} "
                 f"n_head={hp.n_head} n_head_kv={hp.n_head_kv} n_ff={hp.n_ff} act={hp.ffn_act} "
                 f"params={self.n_params / 1e6:.2f}M size={self.size_bytes / 2**20:.2f} MiB")

@@ -231,6 +231,9 @@ PI_API pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, cons
                                  const pi_tensor *x, pi_tensor *scores);
 /* out [n_embd, T] = sum over active i of h[i, t] * down_t[i, :] (+ down_bias), with h = act(gate x) * (up x + up_bias) (gate_mode
  * per PI_FFN_*, act per PI_ACT_*), for x [n_embd, T] f32 and scores [n_ff, T] f32. out must not alias x.
+ * The gate given (activation sparsity): with w->gate.data NULL and gate_mode PI_FFN_PAR or PI_FFN_SYM, scores
+ * hold the gate's values g = gate x (computed by the caller) and neuron i runs for token t iff
+ * |act(g[i, t])| >= threshold; then only up and down_t rows are read.
  * n_active, if not NULL, receives the number of (neuron, token) pairs computed. */
 PI_API pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act,
                                   int32_t gate_mode, const pi_tensor *x, const pi_tensor *scores,
@@ -270,6 +273,9 @@ typedef struct pi_hparams {
                               * (llama.cpp's set_swa_pattern; gemma3: 6, every 6th layer global) */
     float   rope_freq_base_swa;   /* rope base and scale of the local layers (gemma3: 10000, 1) */
     float   rope_freq_scale_swa;
+    int32_t gate_sparse;     /* 1: a dense file with blk.N.ffn_down_t beside ffn_down (tools/sparsify.py): the FFN can
+                              * run activation-sparse, the gate dense and only the up/down_t rows of the channels with
+                              * |act(gate x)| >= the layer's threshold (pi_set_sparse_thresholds; <= 0: dense FFN) */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {
@@ -304,14 +310,17 @@ typedef struct pi_context_params {
     int32_t n_seq_max;   /* sequence ids are 0 .. n_seq_max-1 (at most 64) */
     int32_t n_threads;   /* <= 0: physical cores */
     int32_t kv_type;     /* PI_TYPE_F16 or PI_TYPE_F32 */
-    float   sparse_threshold;  /* sparse models: a neuron runs when its predictor score >= this */
+    float   sparse_threshold;  /* sparse models: a neuron runs when its predictor score >= this (every layer;
+                                * pi_set_sparse_thresholds sets one per layer); gate-sparse files: |act(gate)| >= this */
     int32_t sparse_mode;       /* PI_SPARSE_PREDICT, or PI_SPARSE_ALL to compute every neuron */
     int32_t count_neurons;     /* 1: count per neuron how many tokens computed it (pi_neuron_counts) */
+    int32_t act_histogram;     /* 1: histogram |act(gate x)| of every dense FFN run on the CPU (pi_act_histogram) */
 } pi_context_params;
 
 enum {
     PI_SPARSE_PREDICT = 0,   /* run the predictor, compute the neurons it selects */
-    PI_SPARSE_ALL     = 1    /* skip the predictor, compute every neuron (dense result of a sparse file) */
+    PI_SPARSE_ALL     = 1    /* skip the predictor, compute every neuron (dense result of a sparse file);
+                              * gate-sparse files: the dense FFN (ffn_down), exactly the file's dense model */
 };
 
 typedef struct pi_context pi_context;
@@ -324,6 +333,10 @@ PI_API pi_status pi_context_create(pi_model *model, const pi_context_params *par
 PI_API void      pi_context_free(pi_context *ctx);
 PI_API void      pi_set_abort_callback(pi_context *ctx, pi_abort_callback cb, void *user_data);
 PI_API pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads);
+/* Per-layer sparsity thresholds [n_layer] (copied), replacing params.sparse_threshold layer by layer: the
+ * predictor threshold of a PowerInfer file, the |act(gate)| threshold of a gate-sparse file; NULL: every
+ * layer back to params.sparse_threshold. NaN is refused. */
+PI_API pi_status pi_set_sparse_thresholds(pi_context *ctx, const float *thresholds);
 
 /* One decode step over n_tokens tokens (prompt processing in one call).
  * token[i] is placed at position pos[i] of sequence seq_id[i]; a token sees every
@@ -352,6 +365,14 @@ PI_API int32_t   pi_kv_used_cells(pi_context *ctx);
 /* Sparse models: neuron evaluations per layer since the last reset. active[l] counts (neuron, token)
  * pairs computed in layer l (array of n_layer), *total the pairs a dense FFN would have computed per layer. */
 PI_API pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total);
+/* hist [n_layer][PI_ACT_HIST_BINS]: per layer, how many FFN channel values |act(gate x)| fell in each bin
+ * since the context was made or pi_sparse_stats_reset (needs params.act_histogram; dense FFNs on the CPU,
+ * gated FFNs only): the calibration statistics of tools/sparsify.py. Bin b >= 1 holds values in
+ * [pi_act_histogram_edge(b), pi_act_histogram_edge(b + 1)), 16 bins per octave from 2^-24; bin 0 holds
+ * the values below 2^-24 (zeros among them), the last bin everything from its edge up. */
+enum { PI_ACT_HIST_BINS = 513 };
+PI_API pi_status pi_act_histogram(pi_context *ctx, int64_t *hist);
+PI_API float     pi_act_histogram_edge(int32_t bin);
 PI_API void      pi_sparse_stats_reset(pi_context *ctx);
 /* counts [n_ff]: for sparse layer il, the tokens for which each neuron (by its index in the file) was
  * computed since the context was made or pi_sparse_stats_reset; needs count_neurons: activation

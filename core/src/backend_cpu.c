@@ -44,10 +44,11 @@ size_t pi_cpu_scratch_bytes(const pi_scratch_need *need) {
             pi_sparse_ffn_weights sw = { .gate = L->ffn_gate, .up = L->ffn_up, .down_t = L->ffn_down_t };
             sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&sw, E, F, T));
         }
+        if (hp->gate_sparse) sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&m->layers[il].act_ffn, E, F, T));
     }
     mm = align_up(mm, 64);
     size_t need_b = mm + align_up((size_t)(T * PI_MAX(R, 1)) * sizeof(float), 64);   /* predictor: hidden + mm */
-    if (hp->sparse)   /* a bucket's gathered scores [k, T] and counts [k], then pi_sparse_ffn's own scratch */
+    if (hp->sparse || hp->gate_sparse)   /* a bucket's gathered scores [k, T] and counts [k], then pi_sparse_ffn's own scratch */
         need_b = PI_MAX(need_b, align_up((size_t)(T * F) * sizeof(float), 64) +
                                     align_up((size_t)F * sizeof(int64_t), 64) + align_up(sparse, 64));
     return need_b + 64;

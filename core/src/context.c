@@ -113,6 +113,8 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->output_row);
     free(ctx->sparse_active);
     free(ctx->neuron_counts);
+    free(ctx->layer_threshold);
+    free(ctx->act_hist);
     free(ctx);
 }
 
@@ -159,7 +161,13 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && !(ctx->sparse_active = calloc((size_t)hp->n_layer, sizeof(int64_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
-    if (st == PI_OK && p.count_neurons && hp->sparse &&
+    if (st == PI_OK && !(ctx->layer_threshold = malloc((size_t)hp->n_layer * sizeof(float))))
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int32_t il = 0; st == PI_OK && il < hp->n_layer; il++) ctx->layer_threshold[il] = p.sparse_threshold;
+    if (st == PI_OK && p.act_histogram &&
+        !(ctx->act_hist = calloc((size_t)hp->n_layer * PI_ACT_HIST_BINS, sizeof(int64_t))))
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == PI_OK && p.count_neurons && (hp->sparse || hp->gate_sparse) &&
         !(ctx->neuron_counts = calloc((size_t)(hp->n_layer * (int64_t)hp->n_ff), sizeof(int64_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && (p.sparse_mode != PI_SPARSE_PREDICT && p.sparse_mode != PI_SPARSE_ALL))
@@ -177,6 +185,15 @@ void pi_set_abort_callback(pi_context *ctx, pi_abort_callback cb, void *user_dat
     if (!ctx) return;
     ctx->abort_cb = cb;
     ctx->abort_data = user_data;
+}
+
+pi_status pi_set_sparse_thresholds(pi_context *ctx, const float *thresholds) {
+    if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "context is NULL");
+    const int32_t n = ctx->model->hp.n_layer;
+    for (int32_t il = 0; thresholds && il < n; il++)
+        if (isnan(thresholds[il])) return pi_fail(PI_ERR_INVALID_ARG, "sparse threshold of layer %d is NaN", il);
+    for (int32_t il = 0; il < n; il++) ctx->layer_threshold[il] = thresholds ? thresholds[il] : ctx->params.sparse_threshold;
+    return PI_OK;
 }
 
 pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads) {
@@ -373,7 +390,7 @@ static pi_status sparse_ffn(pi_context *ctx, const pi_layer_exec *lx, int32_t il
     const pi_layer *L = lx->attn_w;
     const int64_t E = hp->n_embd, F = hp->n_ff;
     pi_tensor scores = f32_2d(e->buf.scores, F, T);
-    float threshold = ctx->params.sparse_threshold;
+    float threshold = ctx->layer_threshold[il];
     if (ctx->params.sparse_mode == PI_SPARSE_ALL) {
         TRY(OP(e, fill, &scores, 0.0f));
         threshold = -INFINITY;
@@ -433,7 +450,34 @@ static pi_status falcon_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec
     return add_inplace(e, B->x, B->cur, E, T);
 }
 
-static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int64_t T) {
+/* bin of |v| in pi_act_histogram: 16 per octave from 2^-24, bin 0 below */
+static int32_t act_bin(float v) {
+    v = fabsf(v);
+    if (!(v >= 0x1p-24f)) return 0;
+    const int32_t b = 1 + (int32_t)floorf((log2f(v) + 24.0f) * 16.0f);
+    return PI_MIN(b, PI_ACT_HIST_BINS - 1);
+}
+
+float pi_act_histogram_edge(int32_t bin) {
+    if (bin <= 0) return 0.0f;
+    return exp2f((float)(bin - 1) / 16.0f - 24.0f);
+}
+
+static void act_histogram(pi_context *ctx, int32_t il, const float *gate, int64_t n) {
+    const int32_t act = ctx->model->hp.ffn_act;
+    int64_t *h = ctx->act_hist + (int64_t)il * PI_ACT_HIST_BINS;
+    for (int64_t i = 0; i < n; i++) h[act_bin(pi_activation(act, gate[i]))]++;
+}
+
+/* A gate-sparse file's layer runs activation-sparse when the predictor mode is on, its threshold keeps
+ * fewer than every channel (|act| >= t <= 0 keeps all: the dense kernels run, exactly the dense model)
+ * and its FFN is on the CPU. */
+static bool act_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il) {
+    return ctx->model->hp.gate_sparse && ctx->params.sparse_mode == PI_SPARSE_PREDICT &&
+           ctx->layer_threshold[il] > 0.0f && lx->ffn == &ctx->cpu;
+}
+
+static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_exec *e = lx->ffn;
     const pi_layer *L = lx->ffn_w;
@@ -441,8 +485,20 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     TRY(move_x(ctx, at, e, T));
     TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
     if (hp->ffn_gate != PI_FFN_SEQ) TRY(matmul(e, &L->ffn_gate, B->cur, B->gate, T));
-    TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
     pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
+    if (act_sparse(ctx, lx, il)) {   /* the gate's values select the channels; up/down_t rows of those only */
+        pi_tensor in = f32_2d(B->cur, hp->n_embd, T), o = f32_2d(B->att, hp->n_embd, T);
+        int64_t *counts = ctx->neuron_counts ? ctx->neuron_counts + il * hp->n_ff : NULL;
+        TRY(OP(e, sparse_ffn, &ctx->model->layers[il].act_ffn, NULL, hp->ffn_act, hp->ffn_gate, &in, &g,
+               ctx->layer_threshold[il], NULL, &o, &ctx->sparse_active[il], counts));
+        return residual_add(ctx, e, B->att, &L->post_ffn_norm, T);
+    }
+    if (hp->gate_sparse) {   /* every channel computed */
+        ctx->sparse_active[il] += T * hp->n_ff;
+        for (int64_t i = 0; ctx->neuron_counts && i < hp->n_ff; i++) ctx->neuron_counts[il * hp->n_ff + i] += T;
+    }
+    if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, T * hp->n_ff);
+    TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
     TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
@@ -528,7 +584,7 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
         }
         TRY(attention_block(ctx, &at, lx, il, batch, n_kv));
         if (m->hp.sparse) TRY(sparse_ffn_block(ctx, &at, lx, il, batch->n_tokens));
-        else TRY(ffn_block(ctx, &at, lx, batch->n_tokens));
+        else TRY(ffn_block(ctx, &at, lx, il, batch->n_tokens));
     }
     TRY(compute_logits(ctx, &at, batch));
     return ctx->dev.be ? ctx->dev.be->i->sync(ctx->dev.be) : PI_OK;
@@ -548,7 +604,7 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
         pi_kv_unclaim(&ctx->kv, T, ctx->cpu.buf.cells);   /* leave the cache as it was */
         return st;
     }
-    if (ctx->model->hp.sparse) ctx->sparse_total += (int64_t)T * ctx->model->hp.n_ff;
+    if (ctx->model->hp.sparse || ctx->model->hp.gate_sparse) ctx->sparse_total += (int64_t)T * ctx->model->hp.n_ff;
     ctx->n_batch_last = T;
     return PI_OK;
 }
@@ -574,15 +630,24 @@ void pi_sparse_stats_reset(pi_context *ctx) {
     memset(ctx->sparse_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     if (ctx->neuron_counts)
         memset(ctx->neuron_counts, 0, (size_t)(ctx->model->hp.n_layer * (int64_t)ctx->model->hp.n_ff) * sizeof(int64_t));
+    if (ctx->act_hist) memset(ctx->act_hist, 0, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_BINS * sizeof(int64_t));
     ctx->sparse_total = 0;
+}
+
+pi_status pi_act_histogram(pi_context *ctx, int64_t *hist) {
+    if (!ctx || !hist) return pi_fail(PI_ERR_INVALID_ARG, "pi_act_histogram: NULL argument");
+    if (!ctx->act_hist) return pi_fail(PI_ERR_INVALID_ARG, "pi_act_histogram: the context was made without act_histogram");
+    memcpy(hist, ctx->act_hist, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_BINS * sizeof(int64_t));
+    return PI_OK;
 }
 
 pi_status pi_neuron_counts(pi_context *ctx, int32_t il, int64_t *counts) {
     if (!ctx || !counts) return pi_fail(PI_ERR_INVALID_ARG, "pi_neuron_counts: NULL argument");
     const pi_hparams *hp = &ctx->model->hp;
     if (!ctx->neuron_counts)
-        return pi_fail(PI_ERR_INVALID_ARG, hp->sparse ? "pi_neuron_counts: the context was made without count_neurons"
-                                                      : "pi_neuron_counts: not a sparse (PowerInfer) model");
+        return pi_fail(PI_ERR_INVALID_ARG, hp->sparse || hp->gate_sparse
+                                                      ? "pi_neuron_counts: the context was made without count_neurons"
+                                                      : "pi_neuron_counts: not a sparse (PowerInfer or gate-sparse) model");
     if (il < 0 || il >= hp->n_layer)
         return pi_fail(PI_ERR_INVALID_ARG, "pi_neuron_counts: layer %d is out of range [0, %d)", il, hp->n_layer);
     memcpy(counts, ctx->neuron_counts + il * (int64_t)hp->n_ff, (size_t)hp->n_ff * sizeof(int64_t));

@@ -73,6 +73,8 @@ struct pi_context {
     int64_t          *sparse_active; /* [n_layer] (neuron, token) pairs computed */
     int64_t          *neuron_counts; /* [n_layer][n_ff] tokens per neuron (params.count_neurons), else NULL */
     int64_t           sparse_total;  /* pairs a dense FFN would have computed, per layer */
+    float            *layer_threshold; /* [n_layer] params.sparse_threshold or pi_set_sparse_thresholds */
+    int64_t          *act_hist;      /* [n_layer][PI_ACT_HIST_BINS] |act(gate)| of dense FFNs (params.act_histogram) */
     pi_abort_callback abort_cb;
     void             *abort_data;
 };

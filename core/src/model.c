@@ -79,6 +79,8 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (hp->sparse && (hp->arch == PI_ARCH_QWEN2 || hp->arch == PI_ARCH_GEMMA3))
         return pi_fail(PI_ERR_UNSUPPORTED,
                        "sparse (PowerInfer) inference supports the llama, bamboo, falcon and opt architectures only");
+    if (hp->gate_sparse && (hp->sparse || hp->ffn_gate == PI_FFN_SEQ))
+        return pi_fail(PI_ERR_BAD_MODEL, "gate_sparse needs a dense file with a gated FFN (PI_FFN_PAR or PI_FFN_SYM)");
     if (!hp->sparse && (hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT))
         return pi_fail(PI_ERR_UNSUPPORTED, "dense falcon/opt not supported; use the PowerInfer file");
     if ((hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT) && hp->ffn_gate != PI_FFN_SEQ)
@@ -174,6 +176,18 @@ static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) 
     return PI_OK;
 }
 
+/* A gate-sparse layer's up and down_t rows, packed per channel where they have a packed layout (the
+ * gate-less packing: up_i then down_t_i). */
+static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
+    const int64_t bytes = pi_sparse_pack_bytes(&L->act_ffn, PI_FFN_SEQ);
+    if (bytes == 0) return PI_OK;
+    void *buf = own_copy(m, bytes, "packing the activation-sparse FFN");
+    if (!buf) return PI_ERR_OUT_OF_MEMORY;
+    pi_status st = pi_sparse_pack_on(pool, &L->act_ffn, PI_FFN_SEQ, buf, bytes, &L->act_ffn);
+    if (st == PI_OK) m->n_packed_ffn++;
+    return st;
+}
+
 /* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. */
 static pi_status repack_weights(pi_model *m) {
     pi_threadpool *pool = NULL;   /* the copies are made by all cores; without a pool, by this thread */
@@ -188,6 +202,7 @@ static pi_status repack_weights(pi_model *m) {
         for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
             if (w[i]) st = repack_one(m, pool, w[i]);
         if (m->hp.sparse && st == PI_OK) st = pack_sparse_ffn(m, pool, L);
+        if (m->hp.gate_sparse && st == PI_OK) st = pack_act_ffn(m, pool, L);
     }
     pi_threadpool_free(pool);
     return st;
@@ -267,6 +282,10 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         if (opt) LAYER("ffn_up.bias", F, 0, true, false, &L->ffn_up_b);
         if (!hp->sparse) {
             LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);
+            if (hp->gate_sparse) {
+                LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
+                L->act_ffn = (pi_sparse_ffn_weights){ .up = L->ffn_up, .down_t = L->ffn_down_t };
+            }
             continue;
         }
         LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);

@@ -30,6 +30,10 @@ typedef struct pi_layer {
     pi_tensor ffn_down_t;  /* [n_embd, n_ff]        row i = output vector of neuron i */
     pi_tensor fc1;         /* [n_embd, r]           predictor layer 1 (rank r varies per layer) */
     pi_tensor fc2;         /* [r, n_ff]             predictor layer 2: raw scores per neuron */
+    /* gate-sparse files (hparams.gate_sparse): the rows the activation-sparse FFN gathers per channel: up (the
+     * file's layout, or packed with down_t by pi_sparse_pack) and ffn_down_t; gate.data NULL (the gate's values
+     * come from the dense gate matmul) */
+    pi_sparse_ffn_weights act_ffn;
 } pi_layer;
 
 struct pi_model {

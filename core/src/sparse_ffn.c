@@ -10,6 +10,11 @@
  * adds its rows with h != 0 in index order (fma per element, as traits->axpy); out = ((0 + p_0) +
  * p_1) + ... over the ranges in order.
  *
+ * The gate given (activation sparsity, tools/sparsify.py; CATS): with w->gate.data NULL and a gated mode
+ * (PI_FFN_PAR/SYM) the scores ARE the gate's pre-activation values g = gate x, computed densely by the
+ * caller; neuron i runs for token t iff |act(g[i, t])| >= threshold, and h uses g as it is (only up
+ * and down_t rows are read per neuron).
+ *
  * One token (decode) runs fused: a task is one range, its 8-neuron groups are gathered (gate/up dot
  * products) and their down_t rows added to the range's partial right away, so each neuron's rows are
  * read together, once; a last pass adds the partials. A batch of T tokens gathers the union U of the
@@ -36,6 +41,7 @@ typedef struct {
     const pi_tensor *x, *scores;
     float threshold;
     const uint8_t *skip; /* [F] neurons left out (computed by another backend), NULL: none */
+    bool gate_given;     /* the scores are the gate's values (see the top of the file) */
     pi_tensor *out;
     int64_t E, F, T;
     /* scratch */
@@ -59,7 +65,12 @@ static void select_task(void *p, int ith, int nth) {
     for (int64_t t = 0; t < a->T; t++) {
         const float *s = (const float *)((const char *)a->scores->data + t * a->scores->nb[1]);
         uint8_t *act = a->active + t * a->F;
-        if (a->skip)
+        if (a->gate_given)
+            for (int64_t i = i0; i < i1; i++) {
+                act[i] = fabsf(pi_activation(a->act, s[i])) >= a->threshold && !(a->skip && a->skip[i]);
+                a->count[i] += act[i];
+            }
+        else if (a->skip)
             for (int64_t i = i0; i < i1; i++) {
                 act[i] = s[i] >= a->threshold && !a->skip[i];
                 a->count[i] += act[i];
@@ -98,6 +109,10 @@ static float combine(const sparse_args *a, int64_t i, float u, float g) {
     }
 }
 
+static float gate_value(const sparse_args *a, int64_t i, int64_t t) {
+    return ((const float *)((const char *)a->scores->data + t * a->scores->nb[1]))[i];
+}
+
 /* 8 gathered rows x every token with the 8-row kernels (same bits as vec_dot); h = 0 for inactive pairs. */
 static void gather8(const sparse_args *a, int64_t j0) {
     const pi_sparse_ffn_weights *w = a->w;
@@ -113,6 +128,9 @@ static void gather8(const sparse_args *a, int64_t j0) {
         if (a->xq_gate)   /* gate first: in the packed layout a neuron's up row follows its gate row */
             pi_traits(w->gate.type)->vec_dot8(a->E, gate, a->xq_gate + t0 * a->xq_gate_bytes, a->xq_gate_bytes, nt,
                                               g[0], 8);
+        else if (a->gate_given)
+            for (int t = 0; t < nt; t++)
+                for (int k = 0; k < 8; k++) g[t][k] = gate_value(a, a->rows[j0 + k], t0 + t);
         pi_traits(w->up.type)->vec_dot8(a->E, up, a->xq_up + t0 * a->xq_up_bytes, a->xq_up_bytes, nt, u[0], 8);
         for (int t = 0; t < nt; t++)
             for (int k = 0; k < 8; k++) {
@@ -138,7 +156,8 @@ static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
         for (int64_t t = 0; t < a->T; t++) {
             float h = 0.0f;
             if (a->active[t * a->F + i]) {
-                const float g = dot_gate ? dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes) : 0.0f;
+                const float g = dot_gate     ? dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes)
+                                : a->gate_given ? gate_value(a, i, t) : 0.0f;
                 const float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
                 h = combine(a, i, u, g);
             }
@@ -276,7 +295,7 @@ size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t 
     bytes += (size_t)(n_ranges + 1) * sizeof(int64_t) + 64;       /* range_start */
     if (T == 1) bytes += (size_t)(n_ranges * E) * sizeof(float) + 64;   /* partial */
     bytes += (size_t)(T * F) * sizeof(float) + 64;                /* h */
-    if (w->gate.data) bytes += (size_t)pi_mul_mat_scratch(w->gate.type, E, T) + 64;
+    if (w->gate.data) bytes += (size_t)pi_mul_mat_scratch(w->gate.type, E, T) + 64;   /* NULL: the gate given */
     bytes += (size_t)pi_mul_mat_scratch(w->up.type, E, T) + 64;
     return bytes;
 }
@@ -300,7 +319,8 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
                              const pi_tensor *x, const pi_tensor *scores, float threshold, const uint8_t *skip,
                              pi_tensor *out, int64_t *n_active, int64_t *neuron_counts, void *scratch) {
     sparse_args a = { .w = w, .act = act, .mode = gate_mode, .x = x, .scores = scores, .threshold = threshold,
-                      .skip = skip, .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1] };
+                      .skip = skip, .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1],
+                      .gate_given = gate_mode != PI_FFN_SEQ && !w->gate.data };
     char *p = scratch;
     a.active = carve(&p, (size_t)(a.T * a.F));
     a.count = carve(&p, (size_t)a.F * sizeof(int32_t));
@@ -311,7 +331,7 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
     if (a.T == 1) a.partial = carve(&p, (size_t)(a.n_ranges * a.E) * sizeof(float));
     a.xq_up_bytes = pi_row_bytes(pi_traits(w->up.type)->vec_dot_type, a.E);
     a.xq_up = carve(&p, (size_t)(a.xq_up_bytes * a.T));
-    if (gate_mode != PI_FFN_SEQ) {
+    if (gate_mode != PI_FFN_SEQ && !a.gate_given) {
         a.xq_gate_bytes = pi_row_bytes(pi_traits(w->gate.type)->vec_dot_type, a.E);
         a.xq_gate = pi_traits(w->gate.type)->vec_dot_type == pi_traits(w->up.type)->vec_dot_type
                         ? a.xq_up : carve(&p, (size_t)(a.xq_gate_bytes * a.T));
@@ -406,7 +426,7 @@ pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_m
     if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
     if (gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ)
         return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown gate mode %d", gate_mode);
-    if (gate_mode != PI_FFN_SEQ) RETURN_IF(check_weight(&w->gate, E, F, true, "sparse_ffn gate"));
+    if (gate_mode != PI_FFN_SEQ && w->gate.data) RETURN_IF(check_weight(&w->gate, E, F, true, "sparse_ffn gate"));
     RETURN_IF(check_weight(&w->up, E, F, true, "sparse_ffn up"));
     RETURN_IF(check_weight(&w->down_t, E, F, true, "sparse_ffn down_t"));
     return PI_OK;

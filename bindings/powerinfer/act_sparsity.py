@@ -1,0 +1,83 @@
+"""Activation sparsity of ordinary (SwiGLU / GeGLU) models: the metadata tools/sparsify.py writes and
+the per-layer thresholds a context runs with.
+
+A gate-sparse file is a dense GGUF file with, per layer, ``blk.N.ffn_down_t.weight`` (the down matrix
+transposed: row i = channel i's output vector) beside ``ffn_down``, and these keys:
+
+    powerinfer.act_sparsity.method       "cats": a channel runs when |act(gate . x)| >= its layer's threshold
+    powerinfer.act_sparsity.levels       f32 [k]          target sparsities (fraction of channels skipped)
+    powerinfer.act_sparsity.thresholds   f32 [k * n_layer] level j's thresholds are [j * n_layer, (j + 1) * n_layer)
+    powerinfer.act_sparsity.default      f32              the level a context uses when none is asked for
+    powerinfer.act_sparsity.measured     f32 [k]          sparsity measured with the engine on held-out text
+
+The gate is computed densely; only the up rows and the down_t rows of the selected channels are read.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+PREFIX = "powerinfer.act_sparsity."
+METHOD_KEY = PREFIX + "method"
+LEVELS_KEY = PREFIX + "levels"
+THRESHOLDS_KEY = PREFIX + "thresholds"
+DEFAULT_KEY = PREFIX + "default"
+MEASURED_KEY = PREFIX + "measured"
+METHOD = "cats"
+
+
+@dataclass(frozen=True)
+class SparsityLevels:
+    """The stored levels of a gate-sparse file."""
+    levels: np.ndarray        # [k] target sparsities
+    thresholds: np.ndarray    # [k, n_layer]
+    default: float | None
+    measured: np.ndarray | None
+
+    def thresholds_for(self, sparsity: float) -> np.ndarray:
+        """The thresholds [n_layer] of the stored level `sparsity` (ValueError naming the levels otherwise)."""
+        for j, level in enumerate(self.levels):
+            if abs(float(level) - sparsity) < 1e-4:
+                return self.thresholds[j].astype(np.float32)
+        have = ", ".join(f"{float(v):g}" for v in self.levels) or "none"
+        raise ValueError(f"sparsity {sparsity:g} is not stored in this file (levels: {have}); "
+                         "run tools/sparsify.py with --sparsity to add it, or pass --sparse-threshold")
+
+
+def read_levels(path, meta: dict, n_layer: int) -> SparsityLevels:
+    """The levels in a file's metadata (empty when it has none); ValueError for malformed keys."""
+    method = meta.get(METHOD_KEY, METHOD)
+    if method != METHOD:
+        raise ValueError(f"{path}: {METHOD_KEY} = {method!r}; this build knows {METHOD!r} only")
+    levels = np.asarray(meta.get(LEVELS_KEY, []), dtype=np.float64).reshape(-1)
+    thr = np.asarray(meta.get(THRESHOLDS_KEY, []), dtype=np.float64).reshape(-1)
+    if thr.size != levels.size * n_layer:
+        raise ValueError(f"{path}: {THRESHOLDS_KEY} has {thr.size} values, expected {levels.size} levels x "
+                         f"{n_layer} layers")
+    if not np.all(np.isfinite(levels)) or np.any((levels < 0) | (levels >= 1)):
+        raise ValueError(f"{path}: {LEVELS_KEY} must be sparsities in [0, 1)")
+    if np.any(np.isnan(thr)):
+        raise ValueError(f"{path}: {THRESHOLDS_KEY} holds NaN")
+    default = meta.get(DEFAULT_KEY)
+    if default is not None:
+        if isinstance(default, bool) or not isinstance(default, (int, float)) or not math.isfinite(default):
+            raise ValueError(f"{path}: {DEFAULT_KEY} = {default!r} is not a number")
+        default = float(default)
+    measured = meta.get(MEASURED_KEY)
+    measured = None if measured is None else np.asarray(measured, dtype=np.float64).reshape(-1)
+    out = SparsityLevels(levels, thr.reshape(levels.size, n_layer), default, measured)
+    if default is not None:
+        out.thresholds_for(default)   # the default must be one of the levels
+    return out
+
+
+def metadata(levels, thresholds, default: float, measured=None) -> dict:
+    """The keys for a file: levels [k], thresholds [k, n_layer]."""
+    levels = [float(v) for v in levels]
+    meta = {METHOD_KEY: METHOD, LEVELS_KEY: levels, DEFAULT_KEY: float(default),
+            THRESHOLDS_KEY: [float(v) for v in np.asarray(thresholds, dtype=np.float64).reshape(-1)]}
+    if measured is not None:
+        meta[MEASURED_KEY] = [float(v) for v in measured]
+    return meta

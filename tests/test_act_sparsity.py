@@ -1,0 +1,223 @@
+"""Activation sparsity of dense SwiGLU / GeGLU files (tools/sparsify.py, CATS thresholds on |act(gate x)|):
+the op with the gate given, files made by the tool, their levels, --dense, and errors."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import powerinfer as pi  # noqa: E402
+from powerinfer._ffi import ffi, lib  # noqa: E402
+from test_sparse import FLOAT_REL_RMS, QUANT_REL_RMS, _tensor, _weight, rel_rms  # noqa: E402
+
+import sparsify  # noqa: E402
+
+DTYPES = ["f32", "f16", "q8_0", "q4_0"]
+PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 250, 31, 5]
+# every channel through the sparse kernels (threshold 1e-30) against the dense FFN of the same file:
+# f32/f16 sources transpose without loss (only the summation order differs); q8_0/q4_0 down_t are
+# re-quantized from the dequantized matrix (q8_0 for q8_0, q4_0 for q4_0), and the dense down matmul
+# quantizes its input h to 8 bits where the sparse axpy reads it in f32 (measured 3.2e-7, 2.5e-6, 0.012, 0.049)
+ALL_CHANNELS_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": 0.1}
+
+
+def logits_all(ctx, tokens):
+    ctx.kv_clear()
+    ctx.decode(tokens, logits="all")
+    return np.stack([ctx.logits(i) for i in range(len(tokens))])
+
+
+def logits_one_by_one(ctx, tokens):
+    ctx.kv_clear()
+    out = []
+    for t in tokens:
+        ctx.decode([t])
+        out.append(ctx.logits())
+    return np.stack(out)
+
+
+@pytest.fixture(scope="module")
+def sparse_files(tmp_path_factory):
+    """{dtype: (dense path, gate-sparse path)}: a 2-layer SwiGLU llama per dtype, sparsified at 0.25 and 0.5
+    (default 0.5) on data/heldout.txt."""
+    from make_test_model import write_model
+    d = tmp_path_factory.mktemp("act_sparse")
+    out = {}
+    for dtype in DTYPES:
+        src, dst = d / f"m-{dtype}.gguf", d / f"m-{dtype}.sparse.gguf"
+        write_model(src, dtype=dtype, n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=3)
+        down = "q4_0" if dtype == "q4_0" else "auto"
+        assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.25,0.5", "-o", str(dst),
+                              "--calib-tokens", "512", "--ctx", "128", "--eval-chunks", "0", "--down-type", down]) == 0
+        out[dtype] = (src, dst)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the op
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_op_with_the_gate_given_matches_numpy(dtype, act):
+    """gate.data NULL: the scores are the gate's values; |act(g)| >= t selects; h = act(g) * (up x)."""
+    rng = np.random.default_rng(11)
+    E, F, T = 64, 96, 6
+    up, down_t = (rng.standard_normal((F, E)).astype(np.float32) / 8 for _ in range(2))
+    (tu, u, ku), (td, d, kd) = _weight(up, dtype), _weight(down_t, dtype)
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    g = rng.standard_normal((T, F)).astype(np.float32)
+    g64 = g.astype(np.float64)
+    fn = {"silu": lambda v: v / (1 + np.exp(-v)),
+          "gelu": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))}[act]
+    threshold = 0.3
+    mask = np.abs(fn(g64)) >= threshold
+    assert 0.2 < mask.mean() < 0.8
+    out = np.zeros((T, E), np.float32)
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.up, w.down_t = tu[0], td[0]           # w.gate stays zero: the gate is given
+    n_active = ffi.new("int64_t *")
+    pi_act = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU}[act]
+    st = lib.pi_op_sparse_ffn(ffi.NULL, w, pi_act, lib.PI_FFN_PAR, _tensor(x), _tensor(g), threshold, _tensor(out),
+                              n_active)
+    assert st == 0, ffi.string(lib.pi_last_error())
+    assert n_active[0] == mask.sum()
+    expected = np.where(mask, fn(g64) * (x.astype(np.float64) @ u.T), 0.0) @ d
+    tol = FLOAT_REL_RMS * 10 if dtype in ("f32", "f16") else QUANT_REL_RMS
+    assert rel_rms(out, expected) < tol
+
+
+# ------------------------------------------------------------------------------------------ files
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_and_every_channel_kept_are_the_input_model_exactly(sparse_files, dtype):
+    """--dense, and thresholds that keep every channel (-inf, 0), run the file's dense FFN: the input's bits."""
+    src, dst = sparse_files[dtype]
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    model = pi.Model(dst)
+    assert model.gate_sparse and not model.sparse
+    for kw in (dict(dense=True), dict(sparse_threshold=-math.inf), dict(sparse_threshold=0.0)):
+        got = logits_all(pi.Context(model, n_ctx=64, **kw), PROMPT)
+        assert np.array_equal(got, ref), kw
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_channel_through_the_sparse_kernels_is_close_to_dense(sparse_files, dtype):
+    src, dst = sparse_files[dtype]
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    ctx = pi.Context(pi.Model(dst), n_ctx=64, sparse_threshold=1e-30)
+    got = logits_all(ctx, PROMPT)
+    active, total = ctx.sparse_stats()
+    assert active.sum() == total * len(active)      # every channel (SiLU of a random gate is never 0)
+    assert rel_rms(got, ref) < ALL_CHANNELS_REL_RMS[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_levels_give_their_sparsity(sparse_files, dtype):
+    """The stored levels skip about their share of the channels on the calibration text, and more for 0.5."""
+    _, dst = sparse_files[dtype]
+    model = pi.Model(dst)
+    text = (ROOT / "data" / "heldout.txt").read_text()
+    tokens = model.tokenizer.encode(text, add_special=False)[:128]
+    measured = {}
+    for level in (0.25, 0.5, None):        # None: the file's default (0.5)
+        ctx = pi.Context(model, n_ctx=128, sparsity=level)
+        ctx.decode(tokens, logits="none")
+        active, total = ctx.sparse_stats()
+        measured[level] = 1 - active.sum() / (total * len(active))
+        assert ctx.sparsity == (0.5 if level is None else level)
+    assert abs(measured[0.25] - 0.25) < 0.06 and abs(measured[0.5] - 0.5) < 0.06, measured
+    assert measured[None] == measured[0.5]
+
+
+def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
+    _, dst = sparse_files["q4_0"]
+    model = pi.Model(dst)
+    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1), PROMPT)
+    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2), PROMPT)
+    assert np.array_equal(a, b)
+    dense = logits_all(pi.Context(model, n_ctx=64, dense=True), PROMPT)
+    assert not np.array_equal(a, dense)      # the sparse level does change the result
+
+
+def test_packed_rows_equal_the_file_layout(sparse_files):
+    """Q4_0 up/down_t are packed per channel at load (n_embd 256): same selection, close results."""
+    _, dst = sparse_files["q4_0"]
+    packed, plain = pi.Model(dst), pi.Model(dst, repack=False)
+    assert packed.n_packed_ffn == 2 and plain.n_packed_ffn == 0
+    a = logits_all(pi.Context(packed, n_ctx=64), PROMPT)
+    b = logits_all(pi.Context(plain, n_ctx=64), PROMPT)
+    assert rel_rms(a, b) < 1e-5
+
+
+def test_isa_levels_give_the_scalar_bits(sparse_files):
+    _, dst = sparse_files["q4_0"]
+    before = pi.cpu_isa()
+    out = {}
+    try:
+        for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
+            pi.set_cpu_isa(level)
+            out[level] = logits_all(pi.Context(pi.Model(dst), n_ctx=64), PROMPT)
+    finally:
+        pi.set_cpu_isa(before)
+    for level, got in out.items():
+        assert np.array_equal(got, out["scalar"]), level
+
+
+def test_thresholds_per_layer_and_histogram(sparse_files):
+    src, dst = sparse_files["f32"]
+    model = pi.Model(dst)
+    ctx = pi.Context(model, n_ctx=64, dense=True, act_histogram=True)
+    ctx.decode(PROMPT, logits="none")
+    hist, edges = ctx.act_histogram()
+    assert hist.shape == (2, lib.PI_ACT_HIST_BINS) and np.all(hist.sum(axis=1) == len(PROMPT) * 512)
+    assert edges[0] == 0 and np.all(np.diff(edges) > 0)
+    ctx = pi.Context(model, n_ctx=64)
+    ctx.set_sparse_thresholds([0.0, 1e9])          # layer 0 dense, layer 1 nothing
+    ctx.decode(PROMPT, logits="none")
+    active, total = ctx.sparse_stats()
+    assert active.tolist() == [total, 0]
+    with pytest.raises(pi.PowerInferError, match="NaN"):
+        ctx.set_sparse_thresholds([0.1, math.nan])
+    with pytest.raises(ValueError, match="layers"):
+        ctx.set_sparse_thresholds([0.1])
+
+
+def test_thresholds_from_histogram():
+    edges = np.array([sparsify_edge(b) for b in range(lib.PI_ACT_HIST_BINS)], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    v = np.abs(rng.standard_normal(200000)).astype(np.float32)
+    bins = np.searchsorted(edges, v, side="right") - 1
+    hist = np.bincount(bins, minlength=len(edges))[None, :]
+    for level in (0.25, 0.5, 0.9):
+        t = sparsify.thresholds_from_histogram(hist, edges, level)[0]
+        assert abs((v < t).mean() - level) < 0.01
+
+
+def sparsify_edge(b):
+    return lib.pi_act_histogram_edge(b)
+
+
+# ----------------------------------------------------------------------------------------- errors
+def test_errors(sparse_files, tmp_path, capsys):
+    src, dst = sparse_files["f32"]
+    corpus = str(ROOT / "data" / "heldout.txt")
+    with pytest.raises(ValueError, match="not stored"):
+        pi.Context(pi.Model(dst), n_ctx=64, sparsity=0.4)
+    with pytest.raises(ValueError, match="not both"):
+        pi.Context(pi.Model(dst), n_ctx=64, sparsity=0.5, sparse_threshold=0.1)
+    with pytest.raises(ValueError, match="gate-sparse"):
+        pi.Context(pi.Model(src), n_ctx=64, sparsity=0.5)
+    for args, message in ((["--sparsity", "1.5"], "in \\(0, 1\\)"), (["--sparsity", "x"], "expected numbers"),
+                          (["--default-sparsity", "0.3"], "not one of the levels")):
+        with pytest.raises(SystemExit, match=message):
+            sparsify.main([str(src), corpus, "-o", str(tmp_path / "o.gguf"), *args])
+    pwri = ROOT / "models" / "tinyrelu" / "tinyrelu.q4_0.powerinfer.gguf"
+    with pytest.raises(SystemExit, match="PowerInfer"):
+        sparsify.main([str(pwri), corpus, "-o", str(tmp_path / "o.gguf")])
+    with pytest.raises(SystemExit, match="overwrite"):
+        sparsify.main([str(src), corpus, "-o", str(src)])
+    with pytest.raises(SystemExit, match="no such model file"):
+        sparsify.main([str(tmp_path / "missing.gguf"), corpus, "-o", str(tmp_path / "o.gguf")])

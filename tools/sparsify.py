@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Make an activation-sparse model from a dense SwiGLU / GeGLU GGUF file, with no retraining.
+
+    python tools/sparsify.py MODEL.gguf corpus.txt --sparsity 0.5 -o MODEL.sparse.gguf
+    python tools/sparsify.py MODEL.gguf corpus.txt --sparsity 0.25,0.4,0.5 --default-sparsity 0.5 -o OUT.gguf
+    python examples/main.py -m OUT.gguf -p "..."            # runs sparse at the default level
+    python examples/main.py -m OUT.gguf --sparsity 0.4 ...  # another stored level; --dense: the exact dense model
+
+Method (CATS, Lee et al. 2024: thresholds on the FFN's activated gate). For a gated FFN
+down(act(gate x) * up x), channel i contributes nothing when act(gate_i . x) is 0, and little when it
+is small. Per layer, a threshold t is chosen so that a fraction s (the sparsity) of the values
+|act(gate_i . x)| over the calibration text fall below it; at run time the gate is computed densely,
+and the up row and the down column of a channel are read only when |act(gate_i . x)| >= t. On a
+memory-bound CPU decode that saves the bytes of those rows: 2/3 of the FFN's weights times s.
+
+1. Calibration: the corpus is evaluated with our engine, dense, in windows of --ctx tokens (at most
+   --calib-tokens tokens from the start of the text), and each layer's |act(gate x)| values are
+   counted in a histogram (pi_act_histogram: 16 bins per octave); the thresholds are its quantiles,
+   interpolated geometrically inside a bin.
+2. Layout: the down matrix is needed by channel (row i = channel i's output vector), so the file
+   gets blk.N.ffn_down_t.weight beside ffn_down (which stays: --dense is the exact dense model). It is
+   re-quantized from the dequantized weights to --down-type; f32/f16/bf16 sources transpose without
+   loss, quantized ones do not (the model card measures what it costs). convert-dense.py can write it
+   from the original checkpoint with no second rounding (--sparse-down-t there).
+3. The model card (printed, and written to OUT.card.md): for the held-out text (--heldout, else the
+   part of the corpus after the calibration tokens), perplexity of the dense model, and for each
+   level the measured sparsity, perplexity, KL divergence from the dense model and top-1 agreement,
+   plus the cost of the re-quantized down_t alone (every channel through the sparse kernels).
+
+The thresholds of every level are stored (powerinfer.act_sparsity.*, see powerinfer/act_sparsity.py).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bindings"))
+
+from powerinfer import act_sparsity, quants                       # noqa: E402
+from powerinfer.context import Context                              # noqa: E402
+from powerinfer.gguf_copy import add_tensor_as_is, write, writer_like   # noqa: E402
+from powerinfer.model import Model                                  # noqa: E402
+from powerinfer.perplexity import perplexity                        # noqa: E402
+
+DOWN_TYPES = ("auto", "q4_0", "q8_0", "f16", "bf16", "f32")
+GGML = gguf.GGMLQuantizationType
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_levels(text: str) -> list[float]:
+    try:
+        levels = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"sparsify: --sparsity {text!r}: expected numbers like 0.5 or 0.25,0.4,0.5") from None
+    if not levels or any(not (0.0 < v < 1.0) for v in levels):
+        raise SystemExit(f"sparsify: --sparsity {text!r}: every level must be in (0, 1)")
+    return sorted(set(levels))
+
+
+# ----------------------------------------------------------------------------------- calibration
+def calibrate(model: Model, tokens: list[int], n_ctx: int, n_threads: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Histogram [n_layer, bins] of |act(gate x)| over the tokens (dense, windows of n_ctx) and the bins' edges."""
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, dense=True, act_histogram=True)
+    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    t0 = time.perf_counter()
+    for s in range(0, len(tokens), n_ctx):
+        window = tokens[s:s + n_ctx]
+        if bos is not None:
+            window = [bos] + window[:n_ctx - 1]
+        ctx.kv_clear()
+        ctx.decode(window, logits="none")
+        log(f"sparsify: calibration {min(len(tokens), s + n_ctx)}/{len(tokens)} tokens, "
+            f"{time.perf_counter() - t0:.1f} s")
+    return ctx.act_histogram()
+
+
+def thresholds_from_histogram(hist: np.ndarray, edges: np.ndarray, level: float) -> np.ndarray:
+    """Per layer the value below which a fraction `level` of the counted values lie (geometric interpolation
+    inside the bin that holds that quantile; bin 0 (below 2^-24) counts as zero)."""
+    out = np.zeros(hist.shape[0], dtype=np.float64)
+    for il, h in enumerate(hist):
+        cum = np.cumsum(h, dtype=np.float64)
+        target = level * cum[-1]
+        b = int(np.searchsorted(cum, target, side="left"))
+        if b == 0:
+            out[il] = edges[1] if len(edges) > 1 else 0.0   # the quantile is (numerically) zero: skip exact zeros
+            continue
+        lo = float(edges[b])
+        hi = float(edges[b + 1]) if b + 1 < len(edges) else lo * 2.0
+        below = cum[b - 1]
+        frac = (target - below) / h[b] if h[b] else 0.0
+        out[il] = lo * (hi / lo) ** frac
+    return out
+
+
+# ------------------------------------------------------------------------------------------ layout
+def down_t_type(src_type: int, n_embd: int, choice: str) -> str:
+    if choice != "auto":
+        return choice
+    lossless = {GGML.F32: "f32", GGML.F16: "f16", GGML.BF16: "bf16"}
+    if src_type in lossless:
+        return lossless[src_type]
+    # quantized sources are re-quantized: q8_0 adds the least error of the types rows of any n_embd take
+    return "q8_0" if n_embd % 32 == 0 else "f16"
+
+
+def transposed_down(t, type_name: str) -> tuple[np.ndarray, int]:
+    """ffn_down [n_embd rows of n_ff] -> down_t [n_ff rows of n_embd] in type_name: (raw bytes, ggml type)."""
+    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)   # [n_embd, n_ff]
+    wt = np.ascontiguousarray(w.T)                                         # [n_ff, n_embd]
+    if not quants.can_quantize(type_name, wt.shape[1]):
+        raise SystemExit(f"sparsify: {type_name} cannot hold rows of {wt.shape[1]} values (--down-type)")
+    return quants.quantize(wt, type_name), getattr(GGML, type_name.upper())
+
+
+def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict) -> dict:
+    """Copy of src with ffn_down_t per layer and the act_sparsity keys; returns {layer: down_t type}."""
+    r = gguf.GGUFReader(str(src))
+    w = writer_like(r, str(dst), skip=lambda name: name.startswith(act_sparsity.PREFIX))
+    for k, v in meta.items():
+        w.add_key_value(k, v, gguf.GGUFValueType.ARRAY if isinstance(v, list) else
+                        gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.FLOAT32,
+                        sub_type=gguf.GGUFValueType.FLOAT32 if isinstance(v, list) else None)
+    by_name = {t.name: t for t in r.tensors}
+    types = {}
+    for t in r.tensors:
+        if t.name.endswith(".ffn_down_t.weight"):
+            continue                     # re-sparsifying a sparse file: made anew below
+        add_tensor_as_is(w, t)
+        if t.name.endswith(".ffn_down.weight"):
+            il = int(t.name.split(".")[1])
+            name = down_t_type(t.tensor_type, int(t.shape[1]), down_type)
+            raw, ggml_type = transposed_down(by_name[t.name], name)
+            w.add_tensor(f"blk.{il}.ffn_down_t.weight", raw, raw_dtype=ggml_type)   # raw: [n_ff, row bytes]
+            types[il] = name
+    if len(types) != n_layer:
+        raise SystemExit(f"sparsify: {src}: found ffn_down in {len(types)} of {n_layer} layers")
+    write(w)
+    return types
+
+
+# ------------------------------------------------------------------------------------- model card
+def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ctx: int, chunks: int,
+             n_threads: int | None) -> list[dict]:
+    """Dense vs each level on the held-out tokens: PPL, KL, top-1, measured sparsity."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = os.path.join(tmp, "dense.kld")
+        dense = perplexity(Model(src), heldout, n_ctx=n_ctx, chunks=chunks, n_threads=n_threads, save_kld=base)
+        rows.append({"name": "dense (input file)", "ppl": dense.ppl, "sparsity": 0.0})
+        model = Model(out)
+        runs = [("down_t alone (every channel through the sparse kernels)", None, 1e-30)]
+        runs += [(f"sparsity {lv:g}", lv, None) for lv in levels]
+        for name, level, threshold in runs:
+            ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparsity=level,
+                          sparse_threshold=threshold)
+            r = perplexity(ctx, None, n_ctx=n_ctx, chunks=chunks, kld_base=base)
+            active, total = ctx.sparse_stats()
+            rows.append({"name": name, "ppl": r.ppl, "sparsity": 1.0 - float(active.sum()) / (total * len(active)),
+                         "kld": r.kld.mean, "kld_p99": r.kld.p99, "top1": r.kld.top1, "n": r.kld.n})
+    return rows
+
+
+def card(src: Path, out: Path, levels, thresholds, types: dict, rows: list[dict], n_calib: int, n_ctx: int,
+         fmt_bytes) -> str:
+    lines = [f"# {out.name}", "",
+             f"Activation-sparse (CATS) copy of `{src.name}` made by tools/sparsify.py: {n_calib} calibration "
+             f"tokens in windows of {n_ctx}; ffn_down_t types: {', '.join(sorted(set(types.values())))}; "
+             f"file {fmt_bytes(out.stat().st_size)} (input {fmt_bytes(src.stat().st_size)}).", "",
+             "| run | sparsity (measured) | PPL | KL mean | KL p99 | top-1 agreement |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "kld" in r:
+            lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['ppl']:.4f} | {r['kld']:.5f} | "
+                         f"{r['kld_p99']:.4f} | {r['top1']:.2%} |")
+        else:
+            lines.append(f"| {r['name']} | - | {r['ppl']:.4f} | - | - | - |")
+    lines += ["", f"Held-out: {rows[-1].get('n', 0)} scored positions. Thresholds per layer "
+              "(|act(gate x)| >= t runs):", ""]
+    for lv, t in zip(levels, thresholds):
+        lines.append(f"- {lv:g}: " + " ".join(f"{v:.4g}" for v in t))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("model", type=Path, help="dense GGUF file (llama / qwen2 / gemma3 family, gated FFN)")
+    ap.add_argument("corpus", type=Path, help="calibration text (UTF-8)")
+    ap.add_argument("--sparsity", default="0.5", help="target sparsity, or a comma list of levels to store "
+                    "(default 0.5)")
+    ap.add_argument("--default-sparsity", type=float, default=None,
+                    help="the level used when none is asked for (default: the largest stored)")
+    ap.add_argument("-o", "--output", type=Path, required=True)
+    ap.add_argument("--down-type", choices=DOWN_TYPES, default="auto",
+                    help="type of ffn_down_t (auto: the source's for f32/f16/bf16, q8_0 for quantized sources)")
+    ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
+    ap.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window (default 512)")
+    ap.add_argument("--heldout", type=Path, default=None, help="evaluation text (default: the corpus after "
+                    "the calibration tokens)")
+    ap.add_argument("--eval-chunks", type=int, default=4, help="evaluation windows (default 4; 0: no model card)")
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    levels = parse_levels(a.sparsity)
+    default = a.default_sparsity if a.default_sparsity is not None else max(levels)
+    if all(abs(default - v) > 1e-4 for v in levels):
+        raise SystemExit(f"sparsify: --default-sparsity {default:g} is not one of the levels {levels}")
+    if a.output.resolve() == a.model.resolve():
+        raise SystemExit("sparsify: the output would overwrite the input")
+    if a.calib_tokens < a.ctx or a.ctx < 16:
+        raise SystemExit("sparsify: --calib-tokens must be at least --ctx, and --ctx at least 16")
+    try:
+        model = Model(a.model)
+        text = a.corpus.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"sparsify: {e}") from None
+    except Exception as e:   # ModelLoadError and the like: one line, no traceback
+        raise SystemExit(f"sparsify: {e}") from None
+    hp = model.hparams
+    if model.sparse:
+        raise SystemExit(f"sparsify: {a.model} is a PowerInfer (PWRI) file, sparse already; give a dense file")
+    if hp.ffn_gate == "seq":
+        raise SystemExit(f"sparsify: {a.model}: the {hp.arch} FFN has no gate; CATS needs a gated FFN")
+    tokens = model.tokenizer.encode(text, add_special=False)
+    n_calib = min(a.calib_tokens, len(tokens)) // a.ctx * a.ctx
+    if n_calib < a.ctx:
+        raise SystemExit(f"sparsify: the corpus has {len(tokens)} tokens, fewer than one window of {a.ctx}")
+    log(f"sparsify: {a.model.name}: {hp.arch}, {hp.n_layer} layers, n_ff {hp.n_ff}, act {hp.ffn_act}; "
+        f"calibrating on {n_calib} tokens")
+    hist, edges = calibrate(model, tokens[:n_calib], a.ctx, a.threads)
+    thresholds = np.stack([thresholds_from_histogram(hist, edges, lv) for lv in levels])
+    meta = act_sparsity.metadata(levels, thresholds, default)
+    del model
+    t0 = time.perf_counter()
+    types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta)
+    log(f"sparsify: wrote {a.output} in {time.perf_counter() - t0:.1f} s")
+    if a.eval_chunks <= 0:
+        return 0
+    if a.heldout is not None:
+        held = Model(a.output).tokenizer.encode(a.heldout.read_text(encoding="utf-8"), add_special=False)
+    else:
+        held = tokens[n_calib:]
+    if len(held) < 2 * a.ctx:
+        log(f"sparsify: {len(held)} held-out tokens, fewer than 2 windows of {a.ctx}: no model card "
+            "(give --heldout or a longer corpus)")
+        return 0
+    rows = evaluate(a.model, a.output, levels, held, a.ctx, a.eval_chunks, a.threads)
+    fmt = lambda b: f"{b / 2**20:.1f} MiB"   # noqa: E731
+    text = card(a.model, a.output, levels, thresholds, types, rows, n_calib, a.ctx, fmt)
+    card_path = a.output.with_name(a.output.name + ".card.md")
+    card_path.write_text(text, encoding="utf-8")
+    print(text)
+    log(f"sparsify: model card in {card_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

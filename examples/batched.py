@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 import powerinfer as pi
+from powerinfer import act_sparsity
 from powerinfer.generate import Timings
 from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
@@ -57,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sparse-threshold", type=float, default=None,
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's value, else 0.0)")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
+                        "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
@@ -201,7 +205,7 @@ def run(args) -> int:
             for s in range(args.n_parallel)]
         ctx = pi.Context(model, n_ctx=n_kv_req, n_batch=n_batch, n_seq_max=args.n_parallel,
                          n_threads=args.threads or None, kv_type=args.kv_type,
-                         sparse_threshold=args.sparse_threshold, dense=args.dense, **gpu_kwargs(args))
+                         sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity, **gpu_kwargs(args))
         for line in ctx.gpu_log:
             log(line)
     except (ValueError, pi.PowerInferError) as e:
@@ -217,6 +221,8 @@ def run(args) -> int:
     if model.sparse:
         log("main: PowerInfer model, " + ("every neuron is computed (--dense)" if args.dense else
             f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))
+    elif model.gate_sparse:
+        log(act_sparsity.describe(ctx))
     log("")
     log(args.prompt)
     log("")

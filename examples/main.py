@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import powerinfer as pi
+from powerinfer import act_sparsity
 from powerinfer.cli_args import (ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat,
                                  threads_in_use)
 from powerinfer.generate import ContextFull, Generator, Timings
@@ -84,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sparse-threshold", type=float, default=None,
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
+                        "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
     p.add_argument("--dense", action="store_true",
@@ -185,7 +189,7 @@ def run(args) -> int:
     try:
         params.validate()
         ctx = pi.Context(model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense,
+                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
                          **gpu_kwargs(args))
         for line in ctx.gpu_log:
             log(line)
@@ -201,6 +205,8 @@ def run(args) -> int:
         log("PowerInfer model loaded. " + ("Every neuron is computed (--dense)." if args.dense else
             f"Sparse inference will be used. sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))
 
+    elif model.gate_sparse:
+        log(act_sparsity.describe(ctx))
     if args.conversation is None:        # llama.cpp: a chat template switches conversation mode on
         args.conversation = bool(model.metadata.get("tokenizer.chat_template")) and not args.interactive
         if args.conversation:

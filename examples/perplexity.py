@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import powerinfer as pi
+from powerinfer import act_sparsity
 from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
 from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
 from powerinfer.offload import add_gpu_args, gpu_kwargs
@@ -41,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sparse-threshold", type=float, default=None,
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's value, else 0.0)")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
+                        "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
@@ -113,7 +117,7 @@ def run(args) -> int:
     log(f"perplexity: loaded {model.describe()}")
     try:
         ctx = pi.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense,
+                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
                          **gpu_kwargs(args))
         for line in ctx.gpu_log:
             log(line)
@@ -124,6 +128,8 @@ def run(args) -> int:
         log("perplexity: PowerInfer model, " + ("every neuron is computed (--dense)" if args.dense else
             f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))
 
+    elif model.gate_sparse:
+        log(act_sparsity.describe(ctx))
     tokens = None
     if text is not None:
         log("perplexity: tokenizing the input ..")

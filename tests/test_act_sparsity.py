@@ -24,6 +24,8 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 250, 31, 5]
 # f32/f16 sources transpose without loss (only the summation order differs); q8_0/q4_0 down_t are
 # re-quantized from the dequantized matrix (q8_0 for q8_0, q4_0 for q4_0), and the dense down matmul
 # quantizes its input h to 8 bits where the sparse axpy reads it in f32 (measured 3.2e-7, 2.5e-6, 0.012, 0.049)
+# the same with the gate through ffn_gate_t too (measured 5.2e-6, 2.5e-6, 0.0125, 0.069)
+GATE_T_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": 0.15}
 ALL_CHANNELS_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": 0.1}
 
 
@@ -90,6 +92,31 @@ def test_op_with_the_gate_given_matches_numpy(dtype, act):
     assert rel_rms(out, expected) < tol
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "q4_0"])
+def test_op_as_an_input_sparse_matmul_matches_numpy(dtype):
+    """up and gate NULL (mode seq): h is the scores; out = sum over |h_i| >= t of h_i * w_t[i, :]."""
+    rng = np.random.default_rng(12)
+    n_in, n_out, T = 96, 160, 5
+    w_t = rng.standard_normal((n_in, n_out)).astype(np.float32) / 8
+    tw, wd, keep = _weight(w_t, dtype)
+    h = rng.standard_normal((T, n_in)).astype(np.float32)
+    threshold = 0.7
+    mask = np.abs(h) >= threshold
+    out = np.zeros((T, n_out), np.float32)
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.down_t = tw[0]
+    n_active = ffi.new("int64_t *")
+    st = lib.pi_op_sparse_ffn(ffi.NULL, w, lib.PI_ACT_SILU, lib.PI_FFN_SEQ, _tensor(h), _tensor(h), threshold,
+                              _tensor(out), n_active)
+    assert st == 0, ffi.string(lib.pi_last_error())
+    assert n_active[0] == mask.sum()
+    expected = np.where(mask, h.astype(np.float64), 0.0) @ wd
+    assert rel_rms(out, expected) < FLOAT_REL_RMS * 10
+    w.gate = tw[0]          # a gate with no up: refused
+    assert lib.pi_op_sparse_ffn(ffi.NULL, w, lib.PI_ACT_SILU, lib.PI_FFN_SEQ, _tensor(h), _tensor(h), threshold,
+                                _tensor(out), n_active) != 0
+
+
 # ------------------------------------------------------------------------------------------ files
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dense_and_every_channel_kept_are_the_input_model_exactly(sparse_files, dtype):
@@ -115,6 +142,19 @@ def test_every_channel_through_the_sparse_kernels_is_close_to_dense(sparse_files
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_every_gate_input_through_the_sparse_gate_is_close_to_dense(sparse_files, dtype):
+    """ffn_gate_t (the gate transposed) with every input entry read, and every channel: close to dense."""
+    src, dst = sparse_files[dtype]
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    ctx = pi.Context(pi.Model(dst), n_ctx=64, sparse_threshold=1e-30)
+    ctx.set_gate_input_thresholds([1e-30, 1e-30])
+    got = logits_all(ctx, PROMPT)
+    inp, inp_total = ctx.gate_input_stats()
+    assert inp.tolist() == [inp_total, inp_total]
+    assert rel_rms(got, ref) < GATE_T_REL_RMS[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_levels_give_their_sparsity(sparse_files, dtype):
     """The stored levels skip about their share of the channels on the calibration text, and more for 0.5."""
     _, dst = sparse_files[dtype]
@@ -126,9 +166,12 @@ def test_levels_give_their_sparsity(sparse_files, dtype):
         ctx = pi.Context(model, n_ctx=128, sparsity=level)
         ctx.decode(tokens, logits="none")
         active, total = ctx.sparse_stats()
+        inp, inp_total = ctx.gate_input_stats()
         measured[level] = 1 - active.sum() / (total * len(active))
+        measured[f"input {level}"] = 1 - inp.sum() / (inp_total * len(inp))
         assert ctx.sparsity == (0.5 if level is None else level)
-    assert abs(measured[0.25] - 0.25) < 0.06 and abs(measured[0.5] - 0.5) < 0.06, measured
+    assert abs(measured[0.25] - 0.25) < 0.08 and abs(measured[0.5] - 0.5) < 0.08, measured
+    assert abs(measured["input 0.25"] - 0.25) < 0.08 and abs(measured["input 0.5"] - 0.5) < 0.08, measured
     assert measured[None] == measured[0.5]
 
 
@@ -172,7 +215,8 @@ def test_thresholds_per_layer_and_histogram(sparse_files):
     ctx = pi.Context(model, n_ctx=64, dense=True, act_histogram=True)
     ctx.decode(PROMPT, logits="none")
     hist, edges = ctx.act_histogram()
-    assert hist.shape == (2, lib.PI_ACT_HIST_BINS) and np.all(hist.sum(axis=1) == len(PROMPT) * 512)
+    assert hist.shape == (2, 2, lib.PI_ACT_HIST_BINS)
+    assert np.all(hist[:, 0].sum(axis=1) == len(PROMPT) * 512) and np.all(hist[:, 1].sum(axis=1) == len(PROMPT) * 256)
     assert edges[0] == 0 and np.all(np.diff(edges) > 0)
     ctx = pi.Context(model, n_ctx=64)
     ctx.set_sparse_thresholds([0.0, 1e9])          # layer 0 dense, layer 1 nothing

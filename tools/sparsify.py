@@ -86,6 +86,13 @@ def calibrate(model: Model, tokens: list[int], n_ctx: int, n_threads: int | None
 
 
 def thresholds_from_histogram(hist: np.ndarray, edges: np.ndarray, level: float) -> np.ndarray:
+    """hist [n_layer, bins] -> [n_layer] thresholds."""
+    if level <= 0:
+        return np.zeros(hist.shape[0], dtype=np.float64)
+    return _quantiles(hist, edges, level)
+
+
+def _quantiles(hist: np.ndarray, edges: np.ndarray, level: float) -> np.ndarray:
     """Per layer the value below which a fraction `level` of the counted values lie (geometric interpolation
     inside the bin that holds that quantile; bin 0 (below 2^-24) counts as zero)."""
     out = np.zeros(hist.shape[0], dtype=np.float64)
@@ -115,17 +122,19 @@ def down_t_type(src_type: int, n_embd: int, choice: str) -> str:
     return "q8_0" if n_embd % 32 == 0 else "f16"
 
 
-def transposed_down(t, type_name: str) -> tuple[np.ndarray, int]:
-    """ffn_down [n_embd rows of n_ff] -> down_t [n_ff rows of n_embd] in type_name: (raw bytes, ggml type)."""
-    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)   # [n_embd, n_ff]
-    wt = np.ascontiguousarray(w.T)                                         # [n_ff, n_embd]
+def transposed(t, type_name: str) -> tuple[np.ndarray, int]:
+    """A matrix [rows of n] -> its transpose [n rows] in type_name: (raw bytes, ggml type). ffn_down
+    [n_embd rows of n_ff] -> ffn_down_t [n_ff rows of n_embd]; ffn_gate [n_ff rows of n_embd] -> ffn_gate_t."""
+    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+    wt = np.ascontiguousarray(w.T)
     if not quants.can_quantize(type_name, wt.shape[1]):
         raise SystemExit(f"sparsify: {type_name} cannot hold rows of {wt.shape[1]} values (--down-type)")
     return quants.quantize(wt, type_name), getattr(GGML, type_name.upper())
 
 
-def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict) -> dict:
-    """Copy of src with ffn_down_t per layer and the act_sparsity keys; returns {layer: down_t type}."""
+def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict, gate_t: bool) -> dict:
+    """Copy of src with ffn_down_t (and, with gate_t, ffn_gate_t) per layer and the act_sparsity keys;
+    returns {name: type} of the transposed tensors."""
     r = gguf.GGUFReader(str(src))
     w = writer_like(r, str(dst), skip=lambda name: name.startswith(act_sparsity.PREFIX))
     for k, v in meta.items():
@@ -135,17 +144,18 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict)
     by_name = {t.name: t for t in r.tensors}
     types = {}
     for t in r.tensors:
-        if t.name.endswith(".ffn_down_t.weight"):
+        if t.name.endswith((".ffn_down_t.weight", ".ffn_gate_t.weight")):
             continue                     # re-sparsifying a sparse file: made anew below
         add_tensor_as_is(w, t)
-        if t.name.endswith(".ffn_down.weight"):
-            il = int(t.name.split(".")[1])
-            name = down_t_type(t.tensor_type, int(t.shape[1]), down_type)
-            raw, ggml_type = transposed_down(by_name[t.name], name)
-            w.add_tensor(f"blk.{il}.ffn_down_t.weight", raw, raw_dtype=ggml_type)   # raw: [n_ff, row bytes]
-            types[il] = name
-    if len(types) != n_layer:
-        raise SystemExit(f"sparsify: {src}: found ffn_down in {len(types)} of {n_layer} layers")
+        base = t.name[:-len(".weight")]
+        if t.name.endswith(".ffn_down.weight") or (gate_t and t.name.endswith(".ffn_gate.weight")):
+            type_name = down_t_type(t.tensor_type, int(t.shape[1]), down_type)   # shape[1]: the new row length
+            raw, ggml_type = transposed(by_name[t.name], type_name)
+            w.add_tensor(base + "_t.weight", raw, raw_dtype=ggml_type)   # raw: [rows, row bytes]
+            types[base + "_t"] = type_name
+    n_down = sum(name.endswith("ffn_down_t") for name in types)
+    if n_down != n_layer:
+        raise SystemExit(f"sparsify: {src}: found ffn_down in {n_down} of {n_layer} layers")
     write(w)
     return types
 
@@ -167,29 +177,34 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
                           sparse_threshold=threshold)
             r = perplexity(ctx, None, n_ctx=n_ctx, chunks=chunks, kld_base=base)
             active, total = ctx.sparse_stats()
+            inp, inp_total = ctx.gate_input_stats()
             rows.append({"name": name, "ppl": r.ppl, "sparsity": 1.0 - float(active.sum()) / (total * len(active)),
+                         "input": 1.0 - float(inp.sum()) / (inp_total * len(inp)),
                          "kld": r.kld.mean, "kld_p99": r.kld.p99, "top1": r.kld.top1, "n": r.kld.n})
     return rows
 
 
-def card(src: Path, out: Path, levels, thresholds, types: dict, rows: list[dict], n_calib: int, n_ctx: int,
-         fmt_bytes) -> str:
+def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: list[dict], n_calib: int,
+         n_ctx: int, fmt_bytes) -> str:
     lines = [f"# {out.name}", "",
              f"Activation-sparse (CATS) copy of `{src.name}` made by tools/sparsify.py: {n_calib} calibration "
-             f"tokens in windows of {n_ctx}; ffn_down_t types: {', '.join(sorted(set(types.values())))}; "
+             f"tokens in windows of {n_ctx}; transposed copies: "
+             f"{', '.join(sorted({n.split('.')[-1] + ' ' + v for n, v in types.items()}))}; "
              f"file {fmt_bytes(out.stat().st_size)} (input {fmt_bytes(src.stat().st_size)}).", "",
-             "| run | sparsity (measured) | PPL | KL mean | KL p99 | top-1 agreement |",
-             "|---|---|---|---|---|---|"]
+             "| run | channels skipped (measured) | gate inputs skipped | PPL | KL mean | KL p99 | top-1 agreement |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "kld" in r:
-            lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['ppl']:.4f} | {r['kld']:.5f} | "
+            lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['input']:.1%} | {r['ppl']:.4f} | {r['kld']:.5f} | "
                          f"{r['kld_p99']:.4f} | {r['top1']:.2%} |")
         else:
-            lines.append(f"| {r['name']} | - | {r['ppl']:.4f} | - | - | - |")
+            lines.append(f"| {r['name']} | - | - | {r['ppl']:.4f} | - | - | - |")
     lines += ["", f"Held-out: {rows[-1].get('n', 0)} scored positions. Thresholds per layer "
-              "(|act(gate x)| >= t runs):", ""]
-    for lv, t in zip(levels, thresholds):
+              "(|act(gate x)| >= t runs; gate input: |x_j| >= t is read):", ""]
+    for j, (lv, t) in enumerate(zip(levels, thresholds)):
         lines.append(f"- {lv:g}: " + " ".join(f"{v:.4g}" for v in t))
+        if inputs is not None:
+            lines.append("  gate input: " + " ".join(f"{v:.4g}" for v in inputs[j]))
     return "\n".join(lines) + "\n"
 
 
@@ -205,6 +220,10 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--output", type=Path, required=True)
     ap.add_argument("--down-type", choices=DOWN_TYPES, default="auto",
                     help="type of ffn_down_t (auto: the source's for f32/f16/bf16, q8_0 for quantized sources)")
+    ap.add_argument("--gate-input-scale", type=float, default=1.0,
+                    help="TEAL on the gate's input: at level s, skip the fraction scale * s of the FFN input's "
+                         "entries in the gate (needs ffn_gate_t, written when > 0); 0: the dense gate, no ffn_gate_t "
+                         "(default 1.0)")
     ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     ap.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window (default 512)")
     ap.add_argument("--heldout", type=Path, default=None, help="evaluation text (default: the corpus after "
@@ -218,6 +237,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"sparsify: --default-sparsity {default:g} is not one of the levels {levels}")
     if a.output.resolve() == a.model.resolve():
         raise SystemExit("sparsify: the output would overwrite the input")
+    if not 0 <= a.gate_input_scale <= 1 / max(levels) or a.gate_input_scale != a.gate_input_scale:
+        raise SystemExit(f"sparsify: --gate-input-scale must be in [0, {1 / max(levels):g}] (scale x level < 1)")
     if a.calib_tokens < a.ctx or a.ctx < 16:
         raise SystemExit("sparsify: --calib-tokens must be at least --ctx, and --ctx at least 16")
     try:
@@ -239,11 +260,14 @@ def main(argv=None) -> int:
     log(f"sparsify: {a.model.name}: {hp.arch}, {hp.n_layer} layers, n_ff {hp.n_ff}, act {hp.ffn_act}; "
         f"calibrating on {n_calib} tokens")
     hist, edges = calibrate(model, tokens[:n_calib], a.ctx, a.threads)
-    thresholds = np.stack([thresholds_from_histogram(hist, edges, lv) for lv in levels])
-    meta = act_sparsity.metadata(levels, thresholds, default)
+    thresholds = np.stack([thresholds_from_histogram(hist[:, 0], edges, lv) for lv in levels])
+    gate_t = a.gate_input_scale > 0
+    inputs = (np.stack([thresholds_from_histogram(hist[:, 1], edges, lv * a.gate_input_scale) for lv in levels])
+              if gate_t else None)
+    meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs)
     del model
     t0 = time.perf_counter()
-    types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta)
+    types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta, gate_t)
     log(f"sparsify: wrote {a.output} in {time.perf_counter() - t0:.1f} s")
     if a.eval_chunks <= 0:
         return 0
@@ -257,7 +281,7 @@ def main(argv=None) -> int:
         return 0
     rows = evaluate(a.model, a.output, levels, held, a.ctx, a.eval_chunks, a.threads)
     fmt = lambda b: f"{b / 2**20:.1f} MiB"   # noqa: E731
-    text = card(a.model, a.output, levels, thresholds, types, rows, n_calib, a.ctx, fmt)
+    text = card(a.model, a.output, levels, thresholds, inputs, types, rows, n_calib, a.ctx, fmt)
     card_path = a.output.with_name(a.output.name + ".card.md")
     card_path.write_text(text, encoding="utf-8")
     print(text)

@@ -7,6 +7,9 @@ transposed: row i = channel i's output vector) beside ``ffn_down``, and these ke
     powerinfer.act_sparsity.method       "cats": a channel runs when |act(gate . x)| >= its layer's threshold
     powerinfer.act_sparsity.levels       f32 [k]          target sparsities (fraction of channels skipped)
     powerinfer.act_sparsity.thresholds   f32 [k * n_layer] level j's thresholds are [j * n_layer, (j + 1) * n_layer)
+    powerinfer.act_sparsity.input_thresholds f32 [k * n_layer] optional, with blk.N.ffn_gate_t.weight (the gate
+                                         transposed): the gate reads only the FFN input entries with |x_j| >= it
+                                         (TEAL on the gate's input; 0: the dense gate)
     powerinfer.act_sparsity.default      f32              the level a context uses when none is asked for
     powerinfer.act_sparsity.measured     f32 [k]          sparsity measured with the engine on held-out text
 
@@ -23,6 +26,7 @@ PREFIX = "powerinfer.act_sparsity."
 METHOD_KEY = PREFIX + "method"
 LEVELS_KEY = PREFIX + "levels"
 THRESHOLDS_KEY = PREFIX + "thresholds"
+INPUT_THRESHOLDS_KEY = PREFIX + "input_thresholds"
 DEFAULT_KEY = PREFIX + "default"
 MEASURED_KEY = PREFIX + "measured"
 METHOD = "cats"
@@ -35,15 +39,24 @@ class SparsityLevels:
     thresholds: np.ndarray    # [k, n_layer]
     default: float | None
     measured: np.ndarray | None
+    input_thresholds: np.ndarray | None = None   # [k, n_layer] or None
 
-    def thresholds_for(self, sparsity: float) -> np.ndarray:
-        """The thresholds [n_layer] of the stored level `sparsity` (ValueError naming the levels otherwise)."""
+    def index(self, sparsity: float) -> int:
         for j, level in enumerate(self.levels):
             if abs(float(level) - sparsity) < 1e-4:
-                return self.thresholds[j].astype(np.float32)
+                return j
         have = ", ".join(f"{float(v):g}" for v in self.levels) or "none"
         raise ValueError(f"sparsity {sparsity:g} is not stored in this file (levels: {have}); "
                          "run tools/sparsify.py with --sparsity to add it, or pass --sparse-threshold")
+
+    def thresholds_for(self, sparsity: float) -> np.ndarray:
+        """The channel thresholds [n_layer] of the stored level `sparsity` (ValueError naming the levels otherwise)."""
+        return self.thresholds[self.index(sparsity)].astype(np.float32)
+
+    def input_thresholds_for(self, sparsity: float) -> np.ndarray | None:
+        """The gate-input thresholds [n_layer] of the level, None when the file has none."""
+        j = self.index(sparsity)
+        return None if self.input_thresholds is None else self.input_thresholds[j].astype(np.float32)
 
 
 def read_levels(path, meta: dict, n_layer: int) -> SparsityLevels:
@@ -67,17 +80,37 @@ def read_levels(path, meta: dict, n_layer: int) -> SparsityLevels:
         default = float(default)
     measured = meta.get(MEASURED_KEY)
     measured = None if measured is None else np.asarray(measured, dtype=np.float64).reshape(-1)
-    out = SparsityLevels(levels, thr.reshape(levels.size, n_layer), default, measured)
+    inp = meta.get(INPUT_THRESHOLDS_KEY)
+    if inp is not None:
+        inp = np.asarray(inp, dtype=np.float64).reshape(-1)
+        if inp.size != levels.size * n_layer or np.any(np.isnan(inp)):
+            raise ValueError(f"{path}: {INPUT_THRESHOLDS_KEY} must hold {levels.size} x {n_layer} numbers")
+        inp = inp.reshape(levels.size, n_layer)
+    out = SparsityLevels(levels, thr.reshape(levels.size, n_layer), default, measured, inp)
     if default is not None:
         out.thresholds_for(default)   # the default must be one of the levels
     return out
 
 
-def metadata(levels, thresholds, default: float, measured=None) -> dict:
-    """The keys for a file: levels [k], thresholds [k, n_layer]."""
+def metadata(levels, thresholds, default: float, measured=None, input_thresholds=None) -> dict:
+    """The keys for a file: levels [k], thresholds [k, n_layer], input_thresholds [k, n_layer] or None."""
     levels = [float(v) for v in levels]
-    meta = {METHOD_KEY: METHOD, LEVELS_KEY: levels, DEFAULT_KEY: float(default),
-            THRESHOLDS_KEY: [float(v) for v in np.asarray(thresholds, dtype=np.float64).reshape(-1)]}
+    flat = lambda a: [float(v) for v in np.asarray(a, dtype=np.float64).reshape(-1)]   # noqa: E731
+    meta = {METHOD_KEY: METHOD, LEVELS_KEY: levels, DEFAULT_KEY: float(default), THRESHOLDS_KEY: flat(thresholds)}
+    if input_thresholds is not None:
+        meta[INPUT_THRESHOLDS_KEY] = flat(input_thresholds)
     if measured is not None:
         meta[MEASURED_KEY] = [float(v) for v in measured]
     return meta
+
+
+def describe(ctx) -> str:
+    """One log line: how a context runs a gate-sparse file."""
+    if not ctx.sparse:
+        return "gate-sparse file, every channel computed (--dense): the exact dense model"
+    if ctx.sparsity is not None:
+        t = ctx.layer_thresholds
+        gate = "" if ctx.input_thresholds is None else ", the gate over the input entries above their thresholds"
+        return (f"activation-sparse inference at the stored level {ctx.sparsity:g} "
+                f"(|act(gate)| thresholds {float(t.min()):.4g}..{float(t.max()):.4g}{gate})")
+    return f"activation-sparse inference, |act(gate)| >= {ctx.sparse_threshold:g} in every layer"

@@ -215,8 +215,8 @@ class PowerInfer:
                  chat_format: str | None = None, chat_template: str | None = None,
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
                  repack: bool | None = None, vram_budget: int | None = None, reset_gpu_index: bool = False,
-                 disable_gpu_index: bool = False, n_gpu_layers: int | None = None):
-        """vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
+                 disable_gpu_index: bool = False, n_gpu_layers: int | None = None, sparsity: float | None = None):
+        """sparsity: a stored level of a gate-sparse file (tools/sparsify.py). vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
         disable_gpu_index place a PowerInfer file on the GPU; n_gpu_layers (llama-cpp-python's name; -1: all)
         a dense GGUF file. See powerinfer.offload."""
         self.model = Model(model_path, repack=repack)
@@ -225,7 +225,7 @@ class PowerInfer:
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
                            kv_type=kv_type, sparse_threshold=sparse_threshold, dense=dense, vram_budget=vram_budget,
                            reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-                           n_gpu_layers=n_gpu_layers)
+                           n_gpu_layers=n_gpu_layers, sparsity=sparsity)
         self.engine = Engine(self.ctx, self.tokenizer, n_parallel)
         self.seed = seed
         self.model_name = model_alias or Path(model_path).name

@@ -118,7 +118,7 @@ class Context:
         self.sparse = (model.sparse or model.gate_sparse) and not dense
         self.sparse_threshold = resolve_threshold(model, sparse_threshold)
         # gate-sparse files: one threshold per layer, from a stored level unless a threshold is given
-        self.layer_thresholds, self.sparsity = None, None
+        self.layer_thresholds, self.input_thresholds, self.sparsity = None, None, None
         if sparsity is not None and not model.gate_sparse:
             raise ValueError("sparsity levels need a gate-sparse file (tools/sparsify.py); "
                              "PowerInfer files take --sparse-threshold")
@@ -131,6 +131,7 @@ class Context:
             if level is not None:
                 self.sparsity = float(level)
                 self.layer_thresholds = levels.thresholds_for(float(level))
+                self.input_thresholds = levels.input_thresholds_for(float(level))
         params.sparse_threshold = self.sparse_threshold
         params.sparse_mode = lib.PI_SPARSE_ALL if dense else lib.PI_SPARSE_PREDICT
         params.count_neurons = 1 if count_neurons else 0
@@ -141,6 +142,9 @@ class Context:
         if self.layer_thresholds is not None:
             check(lib.pi_set_sparse_thresholds(self._ptr, ffi.from_buffer("float[]", self.layer_thresholds)),
                   "setting the sparsity thresholds")
+        if self.input_thresholds is not None:
+            check(lib.pi_set_gate_input_thresholds(self._ptr, ffi.from_buffer("float[]", self.input_thresholds)),
+                  "setting the gate input thresholds")
         self.n_ctx = params.n_ctx
         self.n_batch = params.n_batch
         self.n_seq_max = n_seq_max
@@ -300,11 +304,11 @@ class Context:
 
     @_serialised
     def act_histogram(self) -> tuple[np.ndarray, np.ndarray]:
-        """(counts [n_layer, bins] int64, lower edges [bins] f32): how many FFN channel values |act(gate x)|
-        of each layer's dense FFN fell in each bin since the context was made or the last reset; needs
-        act_histogram=True (the calibration statistics of tools/sparsify.py)."""
+        """(counts [n_layer, 2, bins] int64, lower edges [bins] f32): how many values of each layer's dense FFN
+        fell in each bin since the context was made or the last reset, [:, 0] the channels' |act(gate x)|,
+        [:, 1] the FFN input's |x_j|; needs act_histogram=True (the calibration of tools/sparsify.py)."""
         n_bins = lib.PI_ACT_HIST_BINS
-        out = np.zeros((self.model.hparams.n_layer, n_bins), dtype=np.int64)
+        out = np.zeros((self.model.hparams.n_layer, lib.PI_ACT_HIST_KINDS, n_bins), dtype=np.int64)
         check(lib.pi_act_histogram(self._ptr, ffi.from_buffer("int64_t[]", out)), "act_histogram")
         edges = np.array([lib.pi_act_histogram_edge(b) for b in range(n_bins)], dtype=np.float32)
         return out, edges
@@ -321,6 +325,25 @@ class Context:
             raise ValueError(f"set_sparse_thresholds: {t.size} values for {self.model.hparams.n_layer} layers")
         check(lib.pi_set_sparse_thresholds(self._ptr, ffi.from_buffer("float[]", t)), "set_sparse_thresholds")
         self.layer_thresholds = t.copy()
+
+    @_serialised
+    def set_gate_input_thresholds(self, thresholds) -> None:
+        """Gate-sparse files with ffn_gate_t: one FFN-input threshold per layer (None or 0: the dense gate)."""
+        t = None if thresholds is None else np.ascontiguousarray(thresholds, dtype=np.float32).reshape(-1)
+        if t is not None and t.size != self.model.hparams.n_layer:
+            raise ValueError(f"set_gate_input_thresholds: {t.size} values for {self.model.hparams.n_layer} layers")
+        check(lib.pi_set_gate_input_thresholds(self._ptr, ffi.NULL if t is None else ffi.from_buffer("float[]", t)),
+              "set_gate_input_thresholds")
+        self.input_thresholds = None if t is None else t.copy()
+
+    @_serialised
+    def gate_input_stats(self) -> tuple[np.ndarray, int]:
+        """(active[n_layer], total): FFN input entries the gate read per layer since the last reset, and
+        the entries in that time (tokens x n_embd)."""
+        active = np.zeros(self.model.hparams.n_layer, dtype=np.int64)
+        total = ffi.new("int64_t *")
+        check(lib.pi_gate_input_stats(self._ptr, ffi.from_buffer("int64_t[]", active), total), "gate_input_stats")
+        return active, int(total[0])
 
     @_serialised
     def set_abort_callback(self, fn) -> None:

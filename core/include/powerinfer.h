@@ -234,6 +234,9 @@ PI_API pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, cons
  * The gate given (activation sparsity): with w->gate.data NULL and gate_mode PI_FFN_PAR or PI_FFN_SYM, scores
  * hold the gate's values g = gate x (computed by the caller) and neuron i runs for token t iff
  * |act(g[i, t])| >= threshold; then only up and down_t rows are read.
+ * Everything given (an input-sparse matmul): with w->up.data NULL too and gate_mode PI_FFN_SEQ, down_t is any
+ * transposed matrix [n_out, n_in] (row i = input i's column), scores [n_in, T] are the input h itself and
+ * out [n_out, T] = sum over |h[i, t]| >= threshold of h[i, t] * down_t[i, :]; x [.., T] only gives T.
  * n_active, if not NULL, receives the number of (neuron, token) pairs computed. */
 PI_API pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act,
                                   int32_t gate_mode, const pi_tensor *x, const pi_tensor *scores,
@@ -337,6 +340,13 @@ PI_API pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads);
  * predictor threshold of a PowerInfer file, the |act(gate)| threshold of a gate-sparse file; NULL: every
  * layer back to params.sparse_threshold. NaN is refused. */
 PI_API pi_status pi_set_sparse_thresholds(pi_context *ctx, const float *thresholds);
+/* Gate-sparse files with blk.N.ffn_gate_t: per-layer thresholds [n_layer] on the FFN input (after its norm):
+ * the gate is computed from the entries with |x_j| >= the threshold only (TEAL); <= 0 (the default, and
+ * NULL): the dense gate. Applies where the layer runs activation-sparse. NaN is refused. */
+PI_API pi_status pi_set_gate_input_thresholds(pi_context *ctx, const float *thresholds);
+/* active [n_layer]: FFN input entries the sparse gate read since the last reset; *total: entries per layer
+ * (tokens x n_embd) in the same time. */
+PI_API pi_status pi_gate_input_stats(pi_context *ctx, int64_t *active, int64_t *total);
 
 /* One decode step over n_tokens tokens (prompt processing in one call).
  * token[i] is placed at position pos[i] of sequence seq_id[i]; a token sees every
@@ -365,12 +375,13 @@ PI_API int32_t   pi_kv_used_cells(pi_context *ctx);
 /* Sparse models: neuron evaluations per layer since the last reset. active[l] counts (neuron, token)
  * pairs computed in layer l (array of n_layer), *total the pairs a dense FFN would have computed per layer. */
 PI_API pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total);
-/* hist [n_layer][PI_ACT_HIST_BINS]: per layer, how many FFN channel values |act(gate x)| fell in each bin
- * since the context was made or pi_sparse_stats_reset (needs params.act_histogram; dense FFNs on the CPU,
- * gated FFNs only): the calibration statistics of tools/sparsify.py. Bin b >= 1 holds values in
- * [pi_act_histogram_edge(b), pi_act_histogram_edge(b + 1)), 16 bins per octave from 2^-24; bin 0 holds
- * the values below 2^-24 (zeros among them), the last bin everything from its edge up. */
-enum { PI_ACT_HIST_BINS = 513 };
+/* hist [n_layer][PI_ACT_HIST_KINDS][PI_ACT_HIST_BINS]: per layer, how many values fell in each bin since the
+ * context was made or pi_sparse_stats_reset (needs params.act_histogram; dense gated FFNs run on the CPU):
+ * kind 0 the channels' |act(gate x)|, kind 1 the FFN input's |x_j| (after its norm): the calibration
+ * statistics of tools/sparsify.py. Bin b >= 1 holds values in [pi_act_histogram_edge(b),
+ * pi_act_histogram_edge(b + 1)), 16 bins per octave from 2^-24; bin 0 holds the values below 2^-24
+ * (zeros among them), the last bin everything from its edge up. */
+enum { PI_ACT_HIST_BINS = 513, PI_ACT_HIST_KINDS = 2 };
 PI_API pi_status pi_act_histogram(pi_context *ctx, int64_t *hist);
 PI_API float     pi_act_histogram_edge(int32_t bin);
 PI_API void      pi_sparse_stats_reset(pi_context *ctx);

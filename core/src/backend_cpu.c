@@ -44,7 +44,11 @@ size_t pi_cpu_scratch_bytes(const pi_scratch_need *need) {
             pi_sparse_ffn_weights sw = { .gate = L->ffn_gate, .up = L->ffn_up, .down_t = L->ffn_down_t };
             sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&sw, E, F, T));
         }
-        if (hp->gate_sparse) sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&m->layers[il].act_ffn, E, F, T));
+        if (hp->gate_sparse) {
+            const pi_sparse_ffn_weights wg = { .down_t = m->layers[il].ffn_gate_t };   /* the input-sparse gate */
+            sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&m->layers[il].act_ffn, E, F, T));
+            if (wg.down_t.data) sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&wg, E, E, T));
+        }
     }
     mm = align_up(mm, 64);
     size_t need_b = mm + align_up((size_t)(T * PI_MAX(R, 1)) * sizeof(float), 64);   /* predictor: hidden + mm */

@@ -115,6 +115,8 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->neuron_counts);
     free(ctx->layer_threshold);
     free(ctx->act_hist);
+    free(ctx->input_threshold);
+    free(ctx->input_active);
     free(ctx);
 }
 
@@ -165,7 +167,10 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     for (int32_t il = 0; st == PI_OK && il < hp->n_layer; il++) ctx->layer_threshold[il] = p.sparse_threshold;
     if (st == PI_OK && p.act_histogram &&
-        !(ctx->act_hist = calloc((size_t)hp->n_layer * PI_ACT_HIST_BINS, sizeof(int64_t))))
+        !(ctx->act_hist = calloc((size_t)hp->n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS, sizeof(int64_t))))
+        st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == PI_OK && (!(ctx->input_threshold = calloc((size_t)hp->n_layer, sizeof(float))) ||
+                        !(ctx->input_active = calloc((size_t)hp->n_layer, sizeof(int64_t)))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && p.count_neurons && (hp->sparse || hp->gate_sparse) &&
         !(ctx->neuron_counts = calloc((size_t)(hp->n_layer * (int64_t)hp->n_ff), sizeof(int64_t))))
@@ -193,6 +198,22 @@ pi_status pi_set_sparse_thresholds(pi_context *ctx, const float *thresholds) {
     for (int32_t il = 0; thresholds && il < n; il++)
         if (isnan(thresholds[il])) return pi_fail(PI_ERR_INVALID_ARG, "sparse threshold of layer %d is NaN", il);
     for (int32_t il = 0; il < n; il++) ctx->layer_threshold[il] = thresholds ? thresholds[il] : ctx->params.sparse_threshold;
+    return PI_OK;
+}
+
+pi_status pi_set_gate_input_thresholds(pi_context *ctx, const float *thresholds) {
+    if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "context is NULL");
+    const int32_t n = ctx->model->hp.n_layer;
+    for (int32_t il = 0; thresholds && il < n; il++)
+        if (isnan(thresholds[il])) return pi_fail(PI_ERR_INVALID_ARG, "gate input threshold of layer %d is NaN", il);
+    for (int32_t il = 0; il < n; il++) ctx->input_threshold[il] = thresholds ? thresholds[il] : 0.0f;
+    return PI_OK;
+}
+
+pi_status pi_gate_input_stats(pi_context *ctx, int64_t *active, int64_t *total) {
+    if (!ctx || !active || !total) return pi_fail(PI_ERR_INVALID_ARG, "pi_gate_input_stats: NULL argument");
+    memcpy(active, ctx->input_active, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
+    *total = ctx->input_total;
     return PI_OK;
 }
 
@@ -463,10 +484,13 @@ float pi_act_histogram_edge(int32_t bin) {
     return exp2f((float)(bin - 1) / 16.0f - 24.0f);
 }
 
-static void act_histogram(pi_context *ctx, int32_t il, const float *gate, int64_t n) {
-    const int32_t act = ctx->model->hp.ffn_act;
-    int64_t *h = ctx->act_hist + (int64_t)il * PI_ACT_HIST_BINS;
-    for (int64_t i = 0; i < n; i++) h[act_bin(pi_activation(act, gate[i]))]++;
+/* layer il's histograms: kind 0 |act(gate)| over T x n_ff, kind 1 |x| over the FFN input's T x n_embd */
+static void act_histogram(pi_context *ctx, int32_t il, const float *gate, const float *x, int64_t T) {
+    const pi_hparams *hp = &ctx->model->hp;
+    int64_t *h = ctx->act_hist + (int64_t)il * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS;
+    for (int64_t i = 0; i < T * hp->n_ff; i++) h[act_bin(pi_activation(hp->ffn_act, gate[i]))]++;
+    h += PI_ACT_HIST_BINS;
+    for (int64_t i = 0; i < T * hp->n_embd; i++) h[act_bin(x[i])]++;
 }
 
 /* A gate-sparse file's layer runs activation-sparse when the predictor mode is on, its threshold keeps
@@ -477,6 +501,27 @@ static bool act_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t i
            ctx->layer_threshold[il] > 0.0f && lx->ffn == &ctx->cpu;
 }
 
+/* The activation-sparse FFN of a gate-sparse layer: the gate (dense, or over the input entries with |x_j| >= the
+ * input threshold where the file has ffn_gate_t), then the channels with |act(gate)| >= the layer's threshold. */
+static pi_status act_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t il, int64_t T) {
+    const pi_hparams *hp = &ctx->model->hp;
+    const pi_layer *ML = &ctx->model->layers[il];
+    pi_buffers *B = &e->buf;
+    pi_tensor in = f32_2d(B->cur, hp->n_embd, T), g = f32_2d(B->gate, hp->n_ff, T), o = f32_2d(B->att, hp->n_embd, T);
+    if (ML->ffn_gate_t.data && ctx->input_threshold[il] > 0.0f) {
+        const pi_sparse_ffn_weights wg = { .down_t = ML->ffn_gate_t };   /* up NULL: an input-sparse matmul */
+        TRY(OP(e, sparse_ffn, &wg, NULL, hp->ffn_act, PI_FFN_SEQ, &in, &in, ctx->input_threshold[il], NULL, &g,
+               &ctx->input_active[il], NULL));
+    } else {
+        TRY(matmul(e, &L->ffn_gate, B->cur, B->gate, T));
+        ctx->input_active[il] += T * hp->n_embd;
+    }
+    int64_t *counts = ctx->neuron_counts ? ctx->neuron_counts + il * hp->n_ff : NULL;
+    TRY(OP(e, sparse_ffn, &ML->act_ffn, NULL, hp->ffn_act, hp->ffn_gate, &in, &g, ctx->layer_threshold[il], NULL, &o,
+           &ctx->sparse_active[il], counts));
+    return residual_add(ctx, e, B->att, &L->post_ffn_norm, T);
+}
+
 static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_exec *e = lx->ffn;
@@ -484,20 +529,15 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     pi_buffers *B = &e->buf;
     TRY(move_x(ctx, at, e, T));
     TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
+    if (act_sparse(ctx, lx, il)) return act_sparse_ffn(ctx, e, L, il, T);
     if (hp->ffn_gate != PI_FFN_SEQ) TRY(matmul(e, &L->ffn_gate, B->cur, B->gate, T));
     pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
-    if (act_sparse(ctx, lx, il)) {   /* the gate's values select the channels; up/down_t rows of those only */
-        pi_tensor in = f32_2d(B->cur, hp->n_embd, T), o = f32_2d(B->att, hp->n_embd, T);
-        int64_t *counts = ctx->neuron_counts ? ctx->neuron_counts + il * hp->n_ff : NULL;
-        TRY(OP(e, sparse_ffn, &ctx->model->layers[il].act_ffn, NULL, hp->ffn_act, hp->ffn_gate, &in, &g,
-               ctx->layer_threshold[il], NULL, &o, &ctx->sparse_active[il], counts));
-        return residual_add(ctx, e, B->att, &L->post_ffn_norm, T);
-    }
     if (hp->gate_sparse) {   /* every channel computed */
         ctx->sparse_active[il] += T * hp->n_ff;
+        ctx->input_active[il] += T * hp->n_embd;
         for (int64_t i = 0; ctx->neuron_counts && i < hp->n_ff; i++) ctx->neuron_counts[il * hp->n_ff + i] += T;
     }
-    if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, T * hp->n_ff);
+    if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->cur, T);
     TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
     TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
@@ -605,6 +645,7 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
         return st;
     }
     if (ctx->model->hp.sparse || ctx->model->hp.gate_sparse) ctx->sparse_total += (int64_t)T * ctx->model->hp.n_ff;
+    ctx->input_total += (int64_t)T * ctx->model->hp.n_embd;
     ctx->n_batch_last = T;
     return PI_OK;
 }
@@ -630,14 +671,17 @@ void pi_sparse_stats_reset(pi_context *ctx) {
     memset(ctx->sparse_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     if (ctx->neuron_counts)
         memset(ctx->neuron_counts, 0, (size_t)(ctx->model->hp.n_layer * (int64_t)ctx->model->hp.n_ff) * sizeof(int64_t));
-    if (ctx->act_hist) memset(ctx->act_hist, 0, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_BINS * sizeof(int64_t));
+    if (ctx->act_hist)
+        memset(ctx->act_hist, 0, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS * sizeof(int64_t));
+    memset(ctx->input_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     ctx->sparse_total = 0;
+    ctx->input_total = 0;
 }
 
 pi_status pi_act_histogram(pi_context *ctx, int64_t *hist) {
     if (!ctx || !hist) return pi_fail(PI_ERR_INVALID_ARG, "pi_act_histogram: NULL argument");
     if (!ctx->act_hist) return pi_fail(PI_ERR_INVALID_ARG, "pi_act_histogram: the context was made without act_histogram");
-    memcpy(hist, ctx->act_hist, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_BINS * sizeof(int64_t));
+    memcpy(hist, ctx->act_hist, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS * sizeof(int64_t));
     return PI_OK;
 }
 

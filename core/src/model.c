@@ -284,6 +284,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);
             if (hp->gate_sparse) {
                 LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
+                LAYER("ffn_gate_t.weight", F, E, false, true, &L->ffn_gate_t);
                 L->act_ffn = (pi_sparse_ffn_weights){ .up = L->ffn_up, .down_t = L->ffn_down_t };
             }
             continue;

@@ -34,6 +34,8 @@ typedef struct pi_layer {
      * file's layout, or packed with down_t by pi_sparse_pack) and ffn_down_t; gate.data NULL (the gate's values
      * come from the dense gate matmul) */
     pi_sparse_ffn_weights act_ffn;
+    pi_tensor ffn_gate_t;  /* [n_ff, n_embd] gate-sparse files, optional: row j = input j's gate column (the gate as an
+                            * input-sparse matmul over the FFN input's entries with |x_j| >= the input threshold) */
 } pi_layer;
 
 struct pi_model {

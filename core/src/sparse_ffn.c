@@ -15,6 +15,10 @@
  * caller; neuron i runs for token t iff |act(g[i, t])| >= threshold, and h uses g as it is (only up
  * and down_t rows are read per neuron).
  *
+ * Everything given (an input-sparse matmul, TEAL): with w->up.data NULL too (and gate_mode PI_FFN_SEQ)
+ * h IS the scores: out[:, t] = sum over i with |scores[i, t]| >= threshold of scores[i, t] * down_t[i, :],
+ * where down_t is any transposed matrix [n_out, n_in] (row i = input i's column) and x is unused.
+ *
  * One token (decode) runs fused: a task is one range, its 8-neuron groups are gathered (gate/up dot
  * products) and their down_t rows added to the range's partial right away, so each neuron's rows are
  * read together, once; a last pass adds the partials. A batch of T tokens gathers the union U of the
@@ -42,8 +46,10 @@ typedef struct {
     float threshold;
     const uint8_t *skip; /* [F] neurons left out (computed by another backend), NULL: none */
     bool gate_given;     /* the scores are the gate's values (see the top of the file) */
+    bool h_given;        /* the scores are h (an input-sparse matmul) */
     pi_tensor *out;
-    int64_t E, F, T;
+    int64_t E, F, T;     /* E: x's length, F: rows of down_t, T: tokens */
+    int64_t E_out;       /* out's length: down_t's row length (E, except for an input-sparse matmul) */
     /* scratch */
     uint8_t *active;     /* [T][F] */
     int32_t *count;      /* [F] tokens for which neuron i is active */
@@ -65,7 +71,12 @@ static void select_task(void *p, int ith, int nth) {
     for (int64_t t = 0; t < a->T; t++) {
         const float *s = (const float *)((const char *)a->scores->data + t * a->scores->nb[1]);
         uint8_t *act = a->active + t * a->F;
-        if (a->gate_given)
+        if (a->h_given)
+            for (int64_t i = i0; i < i1; i++) {
+                act[i] = fabsf(s[i]) >= a->threshold && !(a->skip && a->skip[i]);
+                a->count[i] += act[i];
+            }
+        else if (a->gate_given)
             for (int64_t i = i0; i < i1; i++) {
                 act[i] = fabsf(pi_activation(a->act, s[i])) >= a->threshold && !(a->skip && a->skip[i]);
                 a->count[i] += act[i];
@@ -86,7 +97,7 @@ static void select_task(void *p, int ith, int nth) {
 /* The activations in the gate's and up's vec_dot types (once when they share it), tokens striped over
  * the threads. */
 static void convert(sparse_args *a, int ith, int nth) {
-    for (int64_t t = ith; t < a->T; t += nth) {
+    for (int64_t t = ith; t < a->T && !a->h_given; t += nth) {
         const float *x = (const float *)((const char *)a->x->data + t * a->x->nb[1]);
         if (a->xq_gate && a->xq_gate != a->xq_up)
             pi_traits(pi_traits(a->w->gate.type)->vec_dot_type)->from_f32(x, a->xq_gate + t * a->xq_gate_bytes, a->E);
@@ -143,6 +154,12 @@ static void gather8(const sparse_args *a, int64_t j0) {
 /* h of the union rows [j0, j1) for every token: 8 at a time where the types have 8-row kernels. */
 static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
     const pi_sparse_ffn_weights *w = a->w;
+    if (a->h_given) {   /* h = the scores of the active pairs */
+        for (int64_t j = j0; j < j1; j++)
+            for (int64_t t = 0; t < a->T; t++)
+                a->h[t * a->n_rows + j] = a->active[t * a->F + a->rows[j]] ? gate_value(a, a->rows[j], t) : 0.0f;
+        return;
+    }
     const bool rows8 = pi_traits(w->up.type)->vec_dot8 && (!a->xq_gate || pi_traits(w->gate.type)->vec_dot8);
     int64_t j = j0;
     if (rows8)
@@ -209,15 +226,15 @@ static void fused_task(void *p, int ith, int nth) {
     PI_UNUSED(ith); PI_UNUSED(nth);
     sparse_args *a = p;
     const pi_tensor *d = &a->w->down_t;
-    const pi_tensor *first = a->xq_gate ? &a->w->gate : &a->w->up;   /* a neuron's first row */
+    const pi_tensor *first = a->xq_gate ? &a->w->gate : a->h_given ? d : &a->w->up;   /* a neuron's first row */
     for (;;) {
         const int64_t r = atomic_fetch_add(&a->next, 1);
         if (r >= a->n_ranges) return;
         const int64_t j0 = a->range_start[r], j1 = a->range_start[r + 1];
         if (j0 == j1) continue;   /* no row: the reduction skips the range */
-        float *y = a->partial + r * a->E;
-        memset(y, 0, (size_t)a->E * sizeof(float));
-        axpy_queue q = { .tr = pi_traits(d->type), .n = a->E, .y = y };
+        float *y = a->partial + r * a->E_out;
+        memset(y, 0, (size_t)a->E_out * sizeof(float));
+        axpy_queue q = { .tr = pi_traits(d->type), .n = a->E_out, .y = y };
         for (int64_t j = j0; j < j1; j += 8) {
             for (int64_t k = j + 8; k < PI_MIN(j1, j + 16); k++) {   /* start the next group's row streams */
                 const char *next = (const char *)first->data + a->rows[k] * first->nb[1];
@@ -234,13 +251,13 @@ static void fused_task(void *p, int ith, int nth) {
 /* out = ((0 + p_0) + p_1) + ... over the ranges that have rows, columns split between threads. */
 static void reduce_task(void *p, int ith, int nth) {
     sparse_args *a = p;
-    const int64_t n_units = (a->E + COLUMN_ALIGN - 1) / COLUMN_ALIGN, per = (n_units + nth - 1) / nth;
-    const int64_t e0 = PI_MIN(a->E, per * ith * COLUMN_ALIGN), e1 = PI_MIN(a->E, e0 + per * COLUMN_ALIGN);
+    const int64_t n_units = (a->E_out + COLUMN_ALIGN - 1) / COLUMN_ALIGN, per = (n_units + nth - 1) / nth;
+    const int64_t e0 = PI_MIN(a->E_out, per * ith * COLUMN_ALIGN), e1 = PI_MIN(a->E_out, e0 + per * COLUMN_ALIGN);
     float *o = a->out->data;
     for (int64_t e = e0; e < e1; e++) o[e] = 0.0f;
     for (int64_t r = 0; r < a->n_ranges; r++) {
         if (a->range_start[r] == a->range_start[r + 1]) continue;
-        const float *y = a->partial + r * a->E;
+        const float *y = a->partial + r * a->E_out;
         for (int64_t e = e0; e < e1; e++) o[e] += y[e];
     }
     if (a->w->down_bias)
@@ -256,9 +273,9 @@ static void down_task(void *p, int ith, int nth) {
     const pi_type_traits *tr = pi_traits(d->type);
     /* this thread's output columns [e0, e1), aligned to whole blocks */
     const int64_t align = PI_MAX(COLUMN_ALIGN, tr->block_size);   /* K-quant rows: blocks of 256 */
-    const int64_t n_units = (a->E + align - 1) / align;
+    const int64_t n_units = (a->E_out + align - 1) / align;
     const int64_t per = (n_units + nth - 1) / nth;
-    const int64_t e0 = PI_MIN(a->E, per * ith * align), e1 = PI_MIN(a->E, e0 + per * align);
+    const int64_t e0 = PI_MIN(a->E_out, per * ith * align), e1 = PI_MIN(a->E_out, e0 + per * align);
     float part[COLUMN_TILE];
     for (int64_t t = 0; t < a->T; t++)
         memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)PI_MAX(0, e1 - e0) * sizeof(float));
@@ -293,10 +310,10 @@ size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t 
     bytes += (size_t)F * sizeof(int32_t) * 2 + 64;                /* count, rows */
     const int64_t n_ranges = (F + SPARSE_RANGE - 1) / SPARSE_RANGE;
     bytes += (size_t)(n_ranges + 1) * sizeof(int64_t) + 64;       /* range_start */
-    if (T == 1) bytes += (size_t)(n_ranges * E) * sizeof(float) + 64;   /* partial */
+    if (T == 1) bytes += (size_t)(n_ranges * PI_MAX(E, w->down_t.ne[0])) * sizeof(float) + 64;   /* partial */
     bytes += (size_t)(T * F) * sizeof(float) + 64;                /* h */
     if (w->gate.data) bytes += (size_t)pi_mul_mat_scratch(w->gate.type, E, T) + 64;   /* NULL: the gate given */
-    bytes += (size_t)pi_mul_mat_scratch(w->up.type, E, T) + 64;
+    if (w->up.data) bytes += (size_t)pi_mul_mat_scratch(w->up.type, E, T) + 64;   /* NULL: h given */
     return bytes;
 }
 
@@ -319,8 +336,9 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
                              const pi_tensor *x, const pi_tensor *scores, float threshold, const uint8_t *skip,
                              pi_tensor *out, int64_t *n_active, int64_t *neuron_counts, void *scratch) {
     sparse_args a = { .w = w, .act = act, .mode = gate_mode, .x = x, .scores = scores, .threshold = threshold,
-                      .skip = skip, .out = out, .E = x->ne[0], .F = w->up.ne[1], .T = x->ne[1],
-                      .gate_given = gate_mode != PI_FFN_SEQ && !w->gate.data };
+                      .skip = skip, .out = out, .E = x->ne[0], .F = w->down_t.ne[1], .T = x->ne[1],
+                      .E_out = w->down_t.ne[0], .gate_given = gate_mode != PI_FFN_SEQ && !w->gate.data,
+                      .h_given = !w->up.data };
     char *p = scratch;
     a.active = carve(&p, (size_t)(a.T * a.F));
     a.count = carve(&p, (size_t)a.F * sizeof(int32_t));
@@ -328,10 +346,12 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
     a.h = carve(&p, (size_t)(a.T * a.F) * sizeof(float));
     a.n_ranges = (a.F + SPARSE_RANGE - 1) / SPARSE_RANGE;
     a.range_start = carve(&p, (size_t)(a.n_ranges + 1) * sizeof(int64_t));
-    if (a.T == 1) a.partial = carve(&p, (size_t)(a.n_ranges * a.E) * sizeof(float));
-    a.xq_up_bytes = pi_row_bytes(pi_traits(w->up.type)->vec_dot_type, a.E);
-    a.xq_up = carve(&p, (size_t)(a.xq_up_bytes * a.T));
-    if (gate_mode != PI_FFN_SEQ && !a.gate_given) {
+    if (a.T == 1) a.partial = carve(&p, (size_t)(a.n_ranges * a.E_out) * sizeof(float));
+    if (!a.h_given) {
+        a.xq_up_bytes = pi_row_bytes(pi_traits(w->up.type)->vec_dot_type, a.E);
+        a.xq_up = carve(&p, (size_t)(a.xq_up_bytes * a.T));
+    }
+    if (gate_mode != PI_FFN_SEQ && !a.gate_given && !a.h_given) {
         a.xq_gate_bytes = pi_row_bytes(pi_traits(w->gate.type)->vec_dot_type, a.E);
         a.xq_gate = pi_traits(w->gate.type)->vec_dot_type == pi_traits(w->up.type)->vec_dot_type
                         ? a.xq_up : carve(&p, (size_t)(a.xq_gate_bytes * a.T));
@@ -426,6 +446,11 @@ pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_m
     if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
     if (gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ)
         return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown gate mode %d", gate_mode);
+    if (!w->up.data) {   /* an input-sparse matmul: down_t [n_out, F] alone, the scores [F, T] are h */
+        if (gate_mode != PI_FFN_SEQ || w->gate.data)
+            return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: without up, the gate mode must be seq and no gate given");
+        return check_weight(&w->down_t, w->down_t.ne[0], F, true, "sparse_ffn down_t");
+    }
     if (gate_mode != PI_FFN_SEQ && w->gate.data) RETURN_IF(check_weight(&w->gate, E, F, true, "sparse_ffn gate"));
     RETURN_IF(check_weight(&w->up, E, F, true, "sparse_ffn up"));
     RETURN_IF(check_weight(&w->down_t, E, F, true, "sparse_ffn down_t"));
@@ -437,11 +462,11 @@ pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, 
                            int64_t *n_active) {
     RETURN_IF(pi_check_tensor(x, "sparse_ffn x"));
     if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
-    const int64_t E = x->ne[0], T = x->ne[1], F = w->up.ne[1];
+    const int64_t E = x->ne[0], T = x->ne[1], F = w->down_t.ne[1], E_out = w->up.data ? E : w->down_t.ne[0];
     RETURN_IF(pi_check_sparse_weights(w, gate_mode, E, F));
     RETURN_IF(check_f32_2d(x, E, T, "sparse_ffn x"));
     RETURN_IF(check_f32_2d(scores, F, T, "sparse_ffn scores"));
-    RETURN_IF(check_f32_2d(out, E, T, "sparse_ffn out"));
+    RETURN_IF(check_f32_2d(out, E_out, T, "sparse_ffn out"));
     if (out->data == x->data) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: out must not alias x");
     if (act < PI_ACT_SILU || act > PI_ACT_GELU) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown activation %d", act);
     if (isnan(threshold)) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: threshold is NaN");

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+from .. import act_sparsity
 from ..cli_args import ArgumentParser, add_llama_compat_args, apply_llama_compat
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
@@ -49,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sparse-threshold", type=float, default=None,
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
+                        "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
     p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
@@ -119,7 +123,7 @@ def make_loader(args):
         llm = pi.PowerInfer(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                             n_threads=args.threads or None, seed=args.seed, kv_type=args.kv_type,
                             n_parallel=args.parallel, chat_format=chat_format, chat_template=template,
-                            sparse_threshold=args.sparse_threshold, dense=args.dense, model_alias=args.alias,
+                            sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity, model_alias=args.alias,
                             repack=False if args.no_repack else None, **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
         _prefault(llm.model)
@@ -130,6 +134,8 @@ def make_loader(args):
         if llm.model.sparse:
             log.info("PowerInfer model: %s", "every neuron computed (--dense)" if args.dense else
                      f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}")
+        elif llm.model.gate_sparse:
+            log.info("%s", act_sparsity.describe(ctx))
         log.info("chat template: %s", llm.chat_formatter.name)
         log.info("system_info: %s", pi.system_info())
         log.info("model loaded in %.2f s", time.perf_counter() - t0)

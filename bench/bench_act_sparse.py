@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Decode speed of a gate-sparse file (tools/sparsify.py) at each stored level against its own dense model,
+in one process, with the bytes-read bound of each.
+
+    PYTHONPATH=bindings python bench/bench_act_sparse.py MODEL.sparse.gguf -t 2 -n 32 -r 3
+
+Runs: ``dense`` (dense=True: the file's dense FFN, exactly the input model) and one run per stored
+level, interleaved (dense, level 1, level 2, ..., then again) so that drift of the machine hits them
+alike. Each run clears the KV cache, decodes a fixed 8-token prompt as one batch and then -n fixed
+pseudo-random tokens one at a time; tokens/s is over those -n tokens, the median over -r runs.
+
+The bytes bound: the weights a token reads (attention, the output head, the FFN: dense gate + up + down,
+sparse gate + the measured fraction of up and down_t rows, from ctx.sparse_stats over the timed tokens)
+divided by the memory read bandwidth (bench_sparse.measure_bandwidth, or --bandwidth GB/s). The ratio
+dense_bytes / sparse_bytes is the speed-up bound when decode is memory-bound.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(_ROOT / "bindings"))
+sys.path.insert(0, str(_ROOT / "bench"))
+
+import powerinfer  # noqa: E402
+from bench_sparse import measure_bandwidth  # noqa: E402
+
+
+def weight_bytes(model: powerinfer.Model) -> dict[str, int]:
+    """Bytes per token by part: attn, out (head), gate, up, down (each summed over layers)."""
+    parts = {"attn": 0, "out": 0, "gate": 0, "up": 0, "down": 0}
+    for name, t in model.file.tensors.items():
+        n = int(t.data.nbytes)
+        if name.startswith("output.") and name.endswith("weight") and t.data.ndim >= 1 and "norm" not in name:
+            parts["out"] += n
+        elif ".attn_" in name and "norm" not in name:
+            parts["attn"] += n
+        elif ".ffn_gate." in name:
+            parts["gate"] += n
+        elif ".ffn_up." in name:
+            parts["up"] += n
+        elif ".ffn_down." in name:
+            parts["down"] += n
+    if parts["out"] == 0:          # tied head: token_embd is read in full by the output matmul
+        parts["out"] = int(model.file.tensors["token_embd.weight"].data.nbytes)
+    return parts
+
+
+def down_t_bytes(model: powerinfer.Model) -> int:
+    return sum(int(t.data.nbytes) for n, t in model.file.tensors.items() if n.endswith(".ffn_down_t.weight"))
+
+
+def run(ctx, prompt, tokens) -> float:
+    ctx.kv_clear()
+    ctx.decode(prompt, logits="last")
+    ctx.sparse_stats_reset()
+    t0 = time.perf_counter()
+    for t in tokens:
+        ctx.decode([t])
+    return len(tokens) / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", "--n-gen", type=int, default=32)
+    ap.add_argument("-r", "--repeat", type=int, default=3)
+    ap.add_argument("--levels", default=None, help="comma list of stored levels (default: all)")
+    ap.add_argument("--bandwidth", type=float, default=None, help="GB/s (default: measured)")
+    a = ap.parse_args(argv)
+    model = powerinfer.Model(a.model)
+    if not model.gate_sparse:
+        raise SystemExit(f"{a.model}: not a gate-sparse file (tools/sparsify.py)")
+    levels = ([float(v) for v in a.levels.split(",")] if a.levels else
+              [float(v) for v in model.sparsity_levels.levels])
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, model.n_vocab, 8).tolist()
+    tokens = rng.integers(3, model.n_vocab, a.n_gen).tolist()
+    ctxs = {"dense": powerinfer.Context(model, n_ctx=256, n_threads=a.threads, dense=True)}
+    for lv in levels:
+        ctxs[f"{lv:g}"] = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
+    speeds = {k: [] for k in ctxs}
+    active = {}
+    for name, ctx in ctxs.items():   # warm-up: page the file in for every path
+        run(ctx, prompt, tokens[:4])
+    for _ in range(a.repeat):
+        for name, ctx in ctxs.items():
+            speeds[name].append(run(ctx, prompt, tokens))
+            if ctx.sparse:
+                act, total = ctx.sparse_stats()
+                active[name] = float(act.sum()) / (total * len(act))
+    bw = a.bandwidth or measure_bandwidth(n_threads=a.threads)[a.threads]
+    parts = weight_bytes(model)
+    dt = down_t_bytes(model)
+    dense_bytes = sum(parts.values())
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"# {a.model.name}: {model.hparams.n_layer} layers, n_embd {model.hparams.n_embd}, n_ff {model.hparams.n_ff}; "
+          f"CPU {cpu}, ISA {powerinfer.cpu_isa()}, {a.threads} threads; bandwidth {bw:.1f} GB/s; "
+          f"tg{a.n_gen}, median of {a.repeat}")
+    print("| run | channels computed | tokens/s | vs dense | bytes/token | bound t/s | bound ratio | of bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = statistics.median(speeds["dense"])
+    for name, s in speeds.items():
+        med = statistics.median(s)
+        frac = active.get(name, 1.0)
+        if name == "dense":
+            nbytes = dense_bytes
+        else:
+            nbytes = parts["attn"] + parts["out"] + parts["gate"] + frac * (parts["up"] + dt)
+        bound = bw * 1e9 / nbytes
+        print(f"| {name} | {frac:.1%} | {med:.2f} | {med / base:.3f}x | {nbytes / 2**20:.1f} MiB | {bound:.2f} | "
+              f"{dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

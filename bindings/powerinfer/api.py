@@ -215,8 +215,9 @@ class PowerInfer:
                  chat_format: str | None = None, chat_template: str | None = None,
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
                  repack: bool | None = None, vram_budget: int | None = None, reset_gpu_index: bool = False,
-                 disable_gpu_index: bool = False, n_gpu_layers: int | None = None):
-        """vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
+                 disable_gpu_index: bool = False, n_gpu_layers: int | None = None, pooling: str | None = None):
+        """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
+        vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
         disable_gpu_index place a PowerInfer file on the GPU; n_gpu_layers (llama-cpp-python's name; -1: all)
         a dense GGUF file. See powerinfer.offload."""
         self.model = Model(model_path, repack=repack)
@@ -234,6 +235,7 @@ class PowerInfer:
         self._chat = None
         self.last_timings: Timings | None = None
         self.last_result: Result | None = None     # how the last create_* request ended
+        self.pooling, self._kv_type, self._embedder = pooling, kv_type, None
 
     # ---- tokens ----
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -269,6 +271,31 @@ class PowerInfer:
         out = np.stack([self.ctx.logits(i) for i in range(len(tokens))])
         self.ctx.kv_clear()
         return out
+
+    # ---- embeddings (powerinfer.embedding: a context of their own, so they never touch the slots) ----
+    @property
+    def embedder(self):
+        """The Embedder behind embed() (its own CPU context of one slot's size), made on first use."""
+        if self._embedder is None:
+            from .embedding import Embedder
+            self._embedder = Embedder(self.model, n_ctx=self.engine.n_ctx_slot, n_batch=self.ctx.n_batch,
+                                      n_threads=self.ctx.n_threads, kv_type=self._kv_type,
+                                      sparse_threshold=self.ctx.sparse_threshold,
+                                      dense=self.model.sparse and not self.ctx.sparse, pooling=self.pooling)
+        return self._embedder
+
+    def embed(self, input, normalize: bool = True, truncate: bool = True, return_count: bool = False,
+              pooling: str | None = None):
+        """Pooled final hidden state(s) of a string, token list, or list of those (L2-normalized unless
+        normalize=False; llama-cpp-python's default is False); see powerinfer.embedding.embed."""
+        from .embedding import embed
+        return embed(self, input, normalize=normalize, truncate=truncate, return_count=return_count,
+                     pooling=pooling)
+
+    def create_embedding(self, input, model: str | None = None, normalize: bool = True, pooling: str | None = None):
+        """OpenAI-shaped embeddings response (llama-cpp-python's create_embedding)."""
+        from .embedding import create_embedding
+        return create_embedding(self, input, model, normalize=normalize, pooling=pooling)
 
     # ---- generation ----
     def generate_tokens(self, prompt_tokens, sampling: SamplingParams, max_tokens: int = -1) -> Iterator[int]:

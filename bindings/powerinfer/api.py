@@ -441,11 +441,8 @@ class PowerInfer:
         """The ChatFormatter in use (resolved on first use; see powerinfer.chat)."""
         if self._chat is None:
             from .chat import ChatFormatter
-            tok = self.tokenizer
-            bos = tok.id_to_text(tok.bos_id) if tok.bos_id is not None else ""
-            eos = tok.id_to_text(tok.eos_id) if tok.eos_id is not None else ""
             self._chat = ChatFormatter.resolve(self.model.metadata, chat_format=self.chat_format,
-                                               chat_template=self.chat_template, bos_token=bos, eos_token=eos)
+                                               chat_template=self.chat_template, tokenizer=self.tokenizer)
         return self._chat
 
     def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:

@@ -350,17 +350,10 @@ class PowerInfer:
 
     # ---- OpenAI-style completions (shared with the server) ----
     def check_model_name(self, name) -> None:
-        """RequestError(404 model_not_found) unless `name` is None or names the served model: its
-        alias, or the model file's path, file name or file name without extension."""
-        if name is None:
-            return
-        if not isinstance(name, str):
+        """`model` of a request: None or any string (one model is served, whatever the name: many
+        OpenAI apps hard-code one); RequestError for other types."""
+        if name is not None and not isinstance(name, str):
             raise RequestError("'model' must be a string", param="model")
-        p = Path(self.model_path)
-        if name in (self.model_name, self.model_path, p.name, p.stem, str(p.resolve())):
-            return
-        raise RequestError(f"The model '{name}' does not exist; this server serves '{self.model_name}'",
-                           code="model_not_found", param="model", status=404, type="not_found_error")
 
     def tokenize_prompt(self, prompt, *, param: str = "prompt") -> list[int]:
         """str -> tokens (BOS added per the model, special tokens parsed); a token list is used as is."""

@@ -230,7 +230,9 @@ def test_slots_and_metrics_while_generating(full):
 def test_metrics_off_and_no_slots(plain, model_file):
     r = get(plain, "/metrics")
     assert r.status_code == 501 and "--metrics" in r.json()["error"]["message"]
-    assert get(plain, "/slots").status_code == 200
+    post(plain, "/completion", {"prompt": "x", "n_predict": 3, "top_k": 9})
+    last = [s for s in get(plain, "/slots").json() if "params" in s]        # the finished request, without --metrics
+    assert len(last) == 1 and last[0]["params"]["top_k"] == 9 and not last[0]["is_processing"]
     srv = _serve(model_file, slots=False, webui=False)
     try:
         r = get(srv.base, "/slots")

@@ -119,7 +119,7 @@ def _params(task: Task, model_name: str, n_ctx: int) -> dict:
 
 def slots_json(state: ServerState, llm) -> list[dict]:
     engine, tok = llm.engine, llm.tokenizer
-    last = state.metrics_store.last_task if state.metrics_store is not None else {}
+    last = state.stats.last_task
     out = []
     for s in list(engine.slots):
         task, res = s.task, s.result            # a snapshot: the engine thread may move on meanwhile

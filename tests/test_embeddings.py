@@ -158,3 +158,24 @@ def test_api_embed_and_create_embedding(f32_file):
     before = llm.create_completion("hello", max_tokens=6, temperature=0)["choices"][0]["text"]
     llm.embed(["x", "y z"])
     assert llm.create_completion("hello", max_tokens=6, temperature=0)["choices"][0]["text"] == before
+
+
+def test_embeddings_from_the_device_output_head(f32_file):
+    """-ngl 99 on the emulated device: the output norm runs there, its rows are copied back; the same bits."""
+    import os
+    import subprocess
+    code = f"""
+import numpy as np, powerinfer as pi
+m = pi.Model({str(f32_file)!r})
+cpu, dev = pi.Context(m, n_ctx=64), pi.Context(m, n_ctx=64, n_gpu_layers=-1)
+assert dev.offload is not None and dev.offload.output
+for c in (cpu, dev):
+    c.set_outputs(logits=True, embeddings=True)
+    c.decode({PROMPT!r}, logits="all")
+for i in range({len(PROMPT)}):
+    assert np.array_equal(cpu.embeddings(i), dev.embeddings(i)) and np.array_equal(cpu.logits(i), dev.logits(i))
+print("ok")
+"""
+    env = {**os.environ, "POWERINFER_EMULATED_GPU_MIB": "1024"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

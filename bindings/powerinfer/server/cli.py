@@ -206,8 +206,8 @@ def main(argv=None) -> int:
         if state.load_error:
             server.should_exit = True
     threading.Thread(target=exit_on_load_error, daemon=True).start()
-    log.info("server: listening on http://%s:%d (%s)", args.host, args.port,
-             "API key required" if keys else "no API key")
+    log.info("server: listening on http://%s:%d (%s)%s", args.host, args.port,
+             "API key required" if keys else "no API key", "; chat page at /" if args.webui else "")
     try:
         server.run()
     except KeyboardInterrupt:     # uvicorn re-raises the SIGINT it shut down for: Ctrl+C is a clean exit

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -223,8 +224,14 @@ def test_slots_and_metrics_while_generating(full):
         assert s["n_ctx"] == 256 and s["params"]["top_k"] == 7 and s["params"]["temperature"] == 0.5
         assert s["params"]["n_predict"] == 200 and s["next_token"]["has_next_token"]
         assert get(full, "/slots?fail_on_no_slot=1").status_code == 200       # one slot is still idle
-    idle = [s for s in get(full, "/slots").json() if s["id"] == busy[0]["id"]][0]
+    t0 = time.time()          # the client left: the server cancels the request on its next step
+    while time.time() - t0 < 10:
+        idle = [s for s in get(full, "/slots").json() if s["id"] == busy[0]["id"]][0]
+        if not idle["is_processing"]:
+            break
+        time.sleep(0.02)
     assert not idle["next_token"]["has_next_token"] and idle["id_task"] == busy[0]["id_task"]
+    assert idle["next_token"]["n_decoded"] < 200
 
 
 def test_metrics_off_and_no_slots(plain, model_file):

@@ -323,19 +323,10 @@ def run_conversation(args, model, ctx, sampler, timings, first_message: str | No
     end-of-generation token or the template's end-of-turn marker and joins the conversation.
     As llama.cpp: -sys is the system message, -p (`first_message`) the first user message, -st ends after one
     reply; an empty line is not a message (it quits nothing); Ctrl+C at the prompt or end of input exits."""
-    from powerinfer.chat import BUILTIN_TEMPLATES, ChatFormatter, ChatTemplateError
+    from powerinfer.chat import ChatFormatter, ChatTemplateError
     tok = model.tokenizer
-    bos = tok.id_to_text(tok.bos_id) if tok.bos_id is not None else ""
-    eos = tok.id_to_text(tok.eos_id) if tok.eos_id is not None else ""
-    name = args.chat_template
-    if name is None and not model.metadata.get("tokenizer.chat_template") and \
-            tok.encode("<start_of_turn>", add_special=False, parse_special=True) != \
-            tok.encode("<start_of_turn>", add_special=False):
-        name = "gemma"       # Gemma files converted without their template (e.g. gemma-3-270m Q4_K_M)
-    builtin = name is not None and name.lower() in set(BUILTIN_TEMPLATES) | {"llama-2"}
-    try:
-        fmt = ChatFormatter.resolve(model.metadata, chat_format=name if builtin else None,
-                                    chat_template=None if builtin else name, bos_token=bos, eos_token=eos)
+    try:       # the same resolution as the server and PowerInfer (Gemma files without a template: gemma)
+        fmt = ChatFormatter.resolve(model.metadata, chat_template=args.chat_template, tokenizer=tok)
     except (ChatTemplateError, ValueError) as e:
         log(f"error: {e}")
         return 1
@@ -409,7 +400,7 @@ def run_conversation(args, model, ctx, sampler, timings, first_message: str | No
             delta = text[len(rendered):] if text.startswith(rendered) else text
             first = not rendered
             # BOS once: from the template's own text (parsed as a special token) or added here
-            add_bos = first and not (bos and text.startswith(bos))
+            add_bos = first and not (fmt.bos_token and text.startswith(fmt.bos_token))
             ids = tok.encode(delta, add_special=add_bos, parse_special=True)
             gen.feed(ids)
             if first:            # --keep counts the tokens of the first rendering (system + first message)

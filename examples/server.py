@@ -4,7 +4,8 @@
     python examples/server.py -m models/tiny-q8_0.gguf                 # 127.0.0.1:8080
     python examples/server.py -m MODEL -np 4 -c 4096 --api-key secret  # 4 slots of 1024 tokens
 
-Routes: GET /health, /v1/models, /props, /slots; POST /completion (llama.cpp native, SSE with
+Routes: GET / (chat page), /health, /v1/models, /props, /slots, /metrics (--metrics); POST /v1/embeddings and
+/embedding (--embedding), /completion (llama.cpp native, SSE with
 "stream": true), /tokenize, /detokenize, /v1/completions, /v1/chat/completions (OpenAI shapes,
 streams end with `data: [DONE]`). Any OpenAI client works:
 

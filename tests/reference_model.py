@@ -276,8 +276,9 @@ class ReferenceModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.n_layer)
 
-    def forward(self, tokens, positions=None, cache: KVCache | None = None) -> np.ndarray:
-        """logits (len(tokens), n_vocab) float64.  Without `cache`: causal attention over
+    def forward(self, tokens, positions=None, cache: KVCache | None = None, hidden: bool = False) -> np.ndarray:
+        """logits (len(tokens), n_vocab) float64 (hidden: the final hidden states (len(tokens), n_embd),
+        rmsnorm(x) * output_norm, instead).  Without `cache`: causal attention over
         exactly the given sequence.  With a cache: the tokens are appended to it (their K/V
         stored) and attend to everything cached with pos <= their own."""
         tokens = np.asarray(list(tokens), dtype=np.int64)
@@ -325,7 +326,7 @@ class ReferenceModel:
             x = x + self.ffn(L, g, x)
         cache.pos = all_pos
         x = self.rmsnorm(x, self.output_norm)
-        return x @ self.output.T
+        return x if hidden else x @ self.output.T
 
     def greedy(self, prompt_tokens, n) -> list[int]:
         """Greedy-decode n new tokens after prompt_tokens (float64 KV cache); returns only

@@ -1556,6 +1556,33 @@ def test_get_logits_bad_index(model):
     assert lib.pi_get_logits(ctx, 0) == ffi.NULL
 
 
+def test_outputs_bad_args(model):
+    ctx = make_ctx(model, n_ctx=16)
+    for bad in (0, 4, -1, INT32_MAX, -2**31):
+        poison_error()
+        assert lib.pi_set_outputs(ctx, bad) == INVALID
+        expect(INVALID, INVALID, "pi_set_outputs", str(bad))
+    poison_error()
+    assert lib.pi_set_outputs(ffi.NULL, lib.PI_OUTPUT_EMBD) == INVALID
+    expect(INVALID, INVALID, "NULL")
+    assert _decode(ctx, [1, 2], [0, 1]) == OK
+    poison_error()
+    assert lib.pi_get_embeddings(ctx, 1) == ffi.NULL            # logits only (the default)
+    expect(INVALID, INVALID, "does not output embeddings")
+    assert lib.pi_set_outputs(ctx, lib.PI_OUTPUT_EMBD) == OK
+    assert lib.pi_get_logits(ctx, 1) == ffi.NULL                # embeddings only now
+    expect(INVALID, INVALID, "embeddings only")
+    assert _decode(ctx, [3, 4], [2, 3], logits=[1, 0]) == OK
+    assert lib.pi_get_embeddings(ctx, 0) != ffi.NULL
+    for i in (1, 2, -1, INT32_MAX, -2**31):
+        poison_error()
+        assert lib.pi_get_embeddings(ctx, i) == ffi.NULL
+        expect(INVALID, INVALID, "no embeddings", f"row {i}")
+    poison_error()
+    assert lib.pi_get_embeddings(ffi.NULL, 0) == ffi.NULL
+    expect(INVALID, INVALID, "NULL")
+
+
 def test_kv_seq_ops_bad_ids(model):
     ctx = make_ctx(model, n_ctx=16, n_seq_max=2)
     assert _decode(ctx, [1, 2, 3], [0, 1, 2]) == OK
@@ -1707,6 +1734,7 @@ COVERED = {
     "pi_model_free",
     "pi_model_hparams", "pi_context_default_params", "pi_context_create", "pi_context_free",
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
+    "pi_set_outputs", "pi_get_embeddings",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset", "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",

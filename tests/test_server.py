@@ -246,9 +246,7 @@ ERRORS = [
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, None, 400, None),
     ("/v1/completions", {"prompt": "x", "max_tokens": -3}, None, 400, None),
     ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, None),
-    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, None, 404, "model_not_found"),
-    ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, None, 404,
-     "model_not_found"),
+    ("/v1/completions", {"model": 7, "prompt": "x"}, None, 400, None),      # any name is fine, not any type
     ("/detokenize", {"tokens": [1, "a"]}, None, 400, None),
     ("/detokenize", {"tokens": [-1]}, None, 400, None),
     ("/tokenize", {"content": 3}, None, 400, None),
@@ -288,8 +286,6 @@ def test_bad_requests_get_4xx_envelopes(server, path, body, raw, status, code):
 
 def test_openai_client_errors(server):
     c = client(server)
-    with pytest.raises(openai.NotFoundError):
-        c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model="tiny", prompt=LONG, max_tokens=4)
     assert e.value.code == "context_length_exceeded"

@@ -215,8 +215,11 @@ class PowerInfer:
                  chat_format: str | None = None, chat_template: str | None = None,
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
                  repack: bool | None = None, vram_budget: int | None = None, reset_gpu_index: bool = False,
-                 disable_gpu_index: bool = False, n_gpu_layers: int | None = None, sparsity: float | None = None):
-        """sparsity: a stored level of a gate-sparse file (tools/sparsify.py). vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
+                 disable_gpu_index: bool = False, n_gpu_layers: int | None = None, pooling: str | None = None,
+                 sparsity: float | None = None):
+        """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
+        sparsity: a stored level of a gate-sparse file (tools/sparsify.py).
+        vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
         disable_gpu_index place a PowerInfer file on the GPU; n_gpu_layers (llama-cpp-python's name; -1: all)
         a dense GGUF file. See powerinfer.offload."""
         self.model = Model(model_path, repack=repack)
@@ -234,6 +237,7 @@ class PowerInfer:
         self._chat = None
         self.last_timings: Timings | None = None
         self.last_result: Result | None = None     # how the last create_* request ended
+        self.pooling, self._kv_type, self._embedder = pooling, kv_type, None
 
     # ---- tokens ----
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -269,6 +273,31 @@ class PowerInfer:
         out = np.stack([self.ctx.logits(i) for i in range(len(tokens))])
         self.ctx.kv_clear()
         return out
+
+    # ---- embeddings (powerinfer.embedding: a context of their own, so they never touch the slots) ----
+    @property
+    def embedder(self):
+        """The Embedder behind embed() (its own CPU context of one slot's size), made on first use."""
+        if self._embedder is None:
+            from .embedding import Embedder
+            self._embedder = Embedder(self.model, n_ctx=self.engine.n_ctx_slot, n_batch=self.ctx.n_batch,
+                                      n_threads=self.ctx.n_threads, kv_type=self._kv_type,
+                                      sparse_threshold=self.ctx.sparse_threshold,
+                                      dense=self.model.sparse and not self.ctx.sparse, pooling=self.pooling)
+        return self._embedder
+
+    def embed(self, input, normalize: bool = True, truncate: bool = True, return_count: bool = False,
+              pooling: str | None = None):
+        """Pooled final hidden state(s) of a string, token list, or list of those (L2-normalized unless
+        normalize=False; llama-cpp-python's default is False); see powerinfer.embedding.embed."""
+        from .embedding import embed
+        return embed(self, input, normalize=normalize, truncate=truncate, return_count=return_count,
+                     pooling=pooling)
+
+    def create_embedding(self, input, model: str | None = None, normalize: bool = True, pooling: str | None = None):
+        """OpenAI-shaped embeddings response (llama-cpp-python's create_embedding)."""
+        from .embedding import create_embedding
+        return create_embedding(self, input, model, normalize=normalize, pooling=pooling)
 
     # ---- generation ----
     def generate_tokens(self, prompt_tokens, sampling: SamplingParams, max_tokens: int = -1) -> Iterator[int]:
@@ -323,17 +352,10 @@ class PowerInfer:
 
     # ---- OpenAI-style completions (shared with the server) ----
     def check_model_name(self, name) -> None:
-        """RequestError(404 model_not_found) unless `name` is None or names the served model: its
-        alias, or the model file's path, file name or file name without extension."""
-        if name is None:
-            return
-        if not isinstance(name, str):
+        """`model` of a request: None or any string (one model is served, whatever the name: many
+        OpenAI apps hard-code one); RequestError for other types."""
+        if name is not None and not isinstance(name, str):
             raise RequestError("'model' must be a string", param="model")
-        p = Path(self.model_path)
-        if name in (self.model_name, self.model_path, p.name, p.stem, str(p.resolve())):
-            return
-        raise RequestError(f"The model '{name}' does not exist; this server serves '{self.model_name}'",
-                           code="model_not_found", param="model", status=404, type="not_found_error")
 
     def tokenize_prompt(self, prompt, *, param: str = "prompt") -> list[int]:
         """str -> tokens (BOS added per the model, special tokens parsed); a token list is used as is."""
@@ -414,11 +436,8 @@ class PowerInfer:
         """The ChatFormatter in use (resolved on first use; see powerinfer.chat)."""
         if self._chat is None:
             from .chat import ChatFormatter
-            tok = self.tokenizer
-            bos = tok.id_to_text(tok.bos_id) if tok.bos_id is not None else ""
-            eos = tok.id_to_text(tok.eos_id) if tok.eos_id is not None else ""
             self._chat = ChatFormatter.resolve(self.model.metadata, chat_format=self.chat_format,
-                                               chat_template=self.chat_template, bos_token=bos, eos_token=eos)
+                                               chat_template=self.chat_template, tokenizer=self.tokenizer)
         return self._chat
 
     def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:

@@ -8,9 +8,13 @@ with ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension, the help
 and the variables ``messages``, ``bos_token``, ``eos_token`` and ``add_generation_prompt``.
 
 Built-in formats (``chat_format=``): ``chatml``, ``llama2`` (alias ``llama-2``), ``vicuna`` and
-``gemma``. Precedence: an explicit ``chat_template`` string > an explicit ``chat_format`` name >
-the file's template > ``chatml`` (with a logged warning, as llama.cpp does). A file template that
-does not parse also falls back to ``chatml`` with a warning.
+``gemma``. ``ChatFormatter.resolve`` is the one place that picks a model's template, for
+``main.py -cnv``, the server and ``PowerInfer`` alike. Precedence: an explicit ``chat_template``
+(Jinja text, or a built-in name as ``--chat-template`` takes) > an explicit ``chat_format`` name >
+the file's template > the built-in format whose turn markers the vocabulary has as special tokens
+(``<start_of_turn>``: gemma, ``<|im_start|>``: chatml; e.g. Gemma files converted without their
+template) > ``chatml`` (with a logged warning, as llama.cpp does). A file template that does not
+parse falls back the same way, with a warning.
 
     >>> fmt = ChatFormatter.builtin("chatml")
     >>> fmt.render([{"role": "user", "content": "Hi"}])
@@ -191,8 +195,20 @@ class ChatFormatter:
 
     @classmethod
     def resolve(cls, metadata: dict | None = None, *, chat_format: str | None = None,
-                chat_template: str | None = None, bos_token: str = "<s>", eos_token: str = "</s>") -> "ChatFormatter":
-        """Pick the template: chat_template > chat_format > GGUF tokenizer.chat_template > chatml (warned)."""
+                chat_template: str | None = None, bos_token: str | None = None, eos_token: str | None = None,
+                tokenizer=None) -> "ChatFormatter":
+        """Pick the template: chat_template (Jinja text or a built-in name) > chat_format > GGUF
+        tokenizer.chat_template > the built-in format the tokenizer's special tokens name > chatml
+        (warned). bos/eos tokens: as given, else the tokenizer's, else <s> and </s>."""
+        if tokenizer is not None:
+            def text(tid):
+                return tokenizer.id_to_text(tid) if tid is not None else ""
+            bos_token = text(tokenizer.bos_id) if bos_token is None else bos_token
+            eos_token = text(tokenizer.eos_id) if eos_token is None else eos_token
+        bos_token = "<s>" if bos_token is None else bos_token
+        eos_token = "</s>" if eos_token is None else eos_token
+        if chat_template and _ALIASES.get(chat_template.lower(), chat_template.lower()) in BUILTIN_TEMPLATES:
+            chat_format, chat_template = chat_template, None
         if chat_template:
             return cls(chat_template, name="custom", bos_token=bos_token, eos_token=eos_token,
                        end_of_turn=_guess_end_of_turn(chat_template))
@@ -206,7 +222,14 @@ class ChatFormatter:
                 log.info("chat: using the model's chat template (%s)", TEMPLATE_KEY)
                 return fmt
             except ChatTemplateError as e:
-                log.warning("chat: %s; falling back to chatml", e)
+                log.warning("chat: %s; falling back to a built-in template", e)
+        guess = _format_from_vocab(tokenizer) if tokenizer is not None else None
+        if guess is not None:
+            log.info("chat: no usable %s; the vocabulary has %s's turn markers: using the %s template",
+                     TEMPLATE_KEY, guess, guess)
+            return cls.builtin(guess, bos_token=bos_token, eos_token=eos_token)
+        if isinstance(source, str) and source.strip():
+            log.warning("chat: using the chatml template")
         else:
             log.warning("chat: the model file has no %s; using the chatml template", TEMPLATE_KEY)
         return cls.builtin("chatml", bos_token=bos_token, eos_token=eos_token)
@@ -229,6 +252,18 @@ class ChatFormatter:
 
     def __repr__(self) -> str:
         return f"ChatFormatter(name={self.name!r})"
+
+
+# built-in formats whose turn marker, when the vocabulary has it as one special token, names the format
+_VOCAB_MARKERS = (("<start_of_turn>", "gemma"), ("<|im_start|>", "chatml"))
+
+
+def _format_from_vocab(tokenizer) -> str | None:
+    for marker, name in _VOCAB_MARKERS:
+        ids = tokenizer.encode(marker, add_special=False, parse_special=True)
+        if len(ids) == 1 and ids != tokenizer.encode(marker, add_special=False, parse_special=False):
+            return name
+    return None
 
 
 def _guess_end_of_turn(source: str) -> list[str]:

@@ -151,6 +151,8 @@ class Context:
         self.n_threads = params.n_threads if params.n_threads > 0 else None
         self._abort_handle = None
         self._one = None   # reused cffi buffers of the one-token decode
+        self.outputs = ("logits",)   # set_outputs: what a decode returns for its rows
+        self._embd: dict[int, np.ndarray] = {}
         # GPU placement (powerinfer.offload): sparse files by vram_budget (bytes; None: free device memory
         # minus 256 MiB when there is a device) and the .gpuidx hot neurons, dense files by n_gpu_layers
         self.gpu_plan = None
@@ -205,6 +207,7 @@ class Context:
                 raise ValueError("decode: logits mask and tokens differ in length")
         batch = ffi.new("pi_batch *")
         rows: dict[int, np.ndarray] = {}
+        embd: dict[int, np.ndarray] = {}
         for s in range(0, n, self.n_batch):
             e = min(n, s + self.n_batch)
             batch.n_tokens = e - s
@@ -220,8 +223,12 @@ class Context:
                 raise PowerInferError(f"decode: {message}", status)
             check(status, "decode")
             for i in np.flatnonzero(want[s:e]):
-                rows[s + int(i)] = self._read_logits(int(i))
+                if "logits" in self.outputs:
+                    rows[s + int(i)] = self._read_logits(int(i))
+                if "embeddings" in self.outputs:
+                    embd[s + int(i)] = self._read_embeddings(int(i))
         self._logits = rows
+        self._embd = embd
 
     def _decode_one(self, token: int, seq: int, p: int | None) -> None:
         """decode([token], [p], seq_id=seq) (p None: after the sequence's last position), without numpy."""
@@ -234,7 +241,8 @@ class Context:
         t[0], ps[0], sq[0] = token, p, seq
         batch.n_tokens, batch.token, batch.pos, batch.seq_id, batch.logits = 1, t, ps, sq, want
         check(lib.pi_decode(self._ptr, batch), "decode")
-        self._logits = {0: self._read_logits(0)}
+        self._logits = {0: self._read_logits(0)} if "logits" in self.outputs else {}
+        self._embd = {0: self._read_embeddings(0)} if "embeddings" in self.outputs else {}
 
     def _read_logits(self, i: int) -> np.ndarray:
         p = lib.pi_get_logits(self._ptr, i)
@@ -242,8 +250,41 @@ class Context:
             raise PowerInferError(ffi.string(lib.pi_last_error()).decode())
         return np.frombuffer(ffi.buffer(p, 4 * self.model.n_vocab), dtype=np.float32).copy()
 
+    @_serialised
+    def set_outputs(self, logits: bool = True, embeddings: bool = False) -> None:
+        """What decode() returns for the rows its `logits` argument selects: the logits (default),
+        the final hidden states (`embeddings(i)`: the output norm's result, the head's input), or
+        both. Embeddings alone skip the output head (a matmul over the whole vocabulary)."""
+        flags = (lib.PI_OUTPUT_LOGITS if logits else 0) | (lib.PI_OUTPUT_EMBD if embeddings else 0)
+        if not flags:
+            raise ValueError("set_outputs: ask for logits, embeddings or both")
+        check(lib.pi_set_outputs(self._ptr, flags), "set_outputs")
+        self.outputs = tuple(k for k, on in (("logits", logits), ("embeddings", embeddings)) if on)
+        self._logits, self._embd = {}, {}
+
+    def _read_embeddings(self, i: int) -> np.ndarray:
+        p = lib.pi_get_embeddings(self._ptr, i)
+        if p == ffi.NULL:
+            raise PowerInferError(ffi.string(lib.pi_last_error()).decode())
+        return np.frombuffer(ffi.buffer(p, 4 * self.model.hparams.n_embd), dtype=np.float32).copy()
+
+    def embeddings(self, i: int = -1) -> np.ndarray:
+        """[n_embd] float32 final hidden state of row i of the last decode (-1: the last row that
+        has one); needs set_outputs(embeddings=True)."""
+        if "embeddings" not in self.outputs:
+            raise PowerInferError("no embeddings: the context outputs logits only (set_outputs(embeddings=True))")
+        if not self._embd:
+            raise PowerInferError("no embeddings: the last decode asked for none")
+        if i < 0:
+            i = max(self._embd)
+        if i not in self._embd:
+            raise PowerInferError(f"no embeddings for batch row {i}")
+        return self._embd[i]
+
     def logits(self, i: int = -1) -> np.ndarray:
         """[n_vocab] float32 logits of row i of the last decode (-1: the last row that has them)."""
+        if "logits" not in self.outputs:
+            raise PowerInferError("no logits: the context outputs embeddings only (set_outputs(logits=True))")
         if not getattr(self, "_logits", None):
             raise PowerInferError("no logits: the last decode asked for none")
         if i < 0:

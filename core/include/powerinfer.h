@@ -364,6 +364,19 @@ PI_API pi_status    pi_decode(pi_context *ctx, const pi_batch *batch);
 /* [n_vocab] logits of batch row i of the last decode; NULL (and an error) if none were asked for. */
 PI_API const float *pi_get_logits(pi_context *ctx, int32_t i);
 
+/* What a decode outputs for the rows batch.logits asks for: the logits (the default), the final
+ * hidden state (embeddings: norm(x) * output_norm, the output head's input), or both. */
+enum {
+    PI_OUTPUT_LOGITS = 1,
+    PI_OUTPUT_EMBD   = 2
+};
+/* outputs: PI_OUTPUT_LOGITS, PI_OUTPUT_EMBD (the output head is skipped) or both ORed; for the
+ * decodes that follow (the last decode's outputs are dropped). PI_ERR_INVALID_ARG for anything else. */
+PI_API pi_status    pi_set_outputs(pi_context *ctx, int32_t outputs);
+/* [n_embd] final hidden state of batch row i of the last decode; NULL (and an error) if none was
+ * asked for or the context does not output embeddings. */
+PI_API const float *pi_get_embeddings(pi_context *ctx, int32_t i);
+
 /* KV cache by sequence: positions in [p0, p1) (p1 < 0: to the end). seq < 0 means every sequence. */
 PI_API pi_status pi_kv_seq_rm(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1);
 PI_API pi_status pi_kv_seq_cp(pi_context *ctx, int32_t src, int32_t dst, int32_t p0, int32_t p1);

@@ -12,7 +12,8 @@
  *       h = rms_norm(x) * ffn_norm
  *       f = W_down (act(W_gate h) * (W_up h))      (gate mode per hparams)
  *       x += f                    (post_norms: x += rms_norm(f) * post_ffw_norm)
- *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for
+ *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for (pi_set_outputs: or/and
+ *                                                    the embeddings rms_norm(x) * output_norm, no head)
  * The architectures differ only in the pi_hparams flags read here, except for
  *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
@@ -110,6 +111,7 @@ void pi_context_free(pi_context *ctx) {
     pi_kv_release(&ctx->kv);
     free(ctx->lx);
     free(ctx->logits);
+    free(ctx->embd);
     free(ctx->output_row);
     free(ctx->sparse_active);
     free(ctx->neuron_counts);
@@ -151,6 +153,7 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (!ctx) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     ctx->model = model;
     ctx->ostats.device = -1;
+    ctx->outputs = PI_OUTPUT_LOGITS;
     const pi_hparams *hp = &model->hp;
     pi_status st = pi_threadpool_create(p.n_threads, &ctx->pool);
     if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
@@ -582,11 +585,23 @@ static pi_status embeddings(pi_context *ctx, const pi_batch *b) {
     return PI_OK;
 }
 
-/* Final norm and output head for the rows that asked for logits, on the output's backend. */
+/* rows of n floats in *buf (capacity *cap rows), grown to n_rows */
+static pi_status reserve_rows(float **buf, int32_t *cap, int32_t n_rows, int64_t n, const char *what) {
+    if (n_rows <= *cap) return PI_OK;
+    float *p = realloc(*buf, (size_t)n_rows * (size_t)n * sizeof(float));
+    if (!p) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for %s of %d rows", what, n_rows);
+    *buf = p;
+    *cap = n_rows;
+    return PI_OK;
+}
+
+/* Final norm, then the output head, for the rows that asked for outputs, on the output's backend:
+ * ctx->outputs says whether the normed rows (embeddings) are kept and whether the head runs. */
 static pi_status compute_logits(pi_context *ctx, pi_exec **at, const pi_batch *b) {
     const pi_model *m = ctx->model;
     pi_exec *e = ctx->out, *c = &ctx->cpu;
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    const bool want_logits = ctx->outputs & PI_OUTPUT_LOGITS, want_embd = ctx->outputs & PI_OUTPUT_EMBD;
     int32_t n_out = 0;
     for (int32_t t = 0; t < b->n_tokens; t++) {
         const bool want = b->logits ? b->logits[t] != 0 : t == b->n_tokens - 1;
@@ -594,17 +609,15 @@ static pi_status compute_logits(pi_context *ctx, pi_exec **at, const pi_batch *b
         if (want) c->buf.ids[n_out++] = t;
     }
     if (n_out == 0) return PI_OK;
-    if (n_out > ctx->logits_cap) {
-        float *l = realloc(ctx->logits, (size_t)n_out * (size_t)V * sizeof(float));
-        if (!l) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for logits of %d rows", n_out);
-        ctx->logits = l;
-        ctx->logits_cap = n_out;
-    }
+    if (want_logits) TRY(reserve_rows(&ctx->logits, &ctx->logits_cap, n_out, V, "logits"));
+    if (want_embd) TRY(reserve_rows(&ctx->embd, &ctx->embd_cap, n_out, E, "embeddings"));
     TRY(move_x(ctx, at, e, b->n_tokens));
     TRY(transfer(e, e->buf.ids, c, c->buf.ids, (size_t)n_out * sizeof(int32_t)));
     pi_tensor xt = f32_2d(e->buf.x, E, b->n_tokens), rows = f32_2d(e->buf.cur, E, n_out);
     TRY(OP(e, get_rows, &xt, e->buf.ids, n_out, &rows));
     TRY(norm(ctx, e, e->buf.cur, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
+    if (want_embd) TRY(transfer(c, ctx->embd, e, e->buf.cur, (size_t)n_out * (size_t)E * sizeof(float)));
+    if (!want_logits) return PI_OK;
     float *dst = e->buf.logits ? e->buf.logits : ctx->logits;
     TRY(matmul(e, ctx->out_w, e->buf.cur, dst, n_out));
     return transfer(c, ctx->logits, e, dst, (size_t)n_out * (size_t)V * sizeof(float));
@@ -652,11 +665,37 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
 
 const float *pi_get_logits(pi_context *ctx, int32_t i) {
     if (!ctx) { pi_fail(PI_ERR_INVALID_ARG, "pi_get_logits: context is NULL"); return NULL; }
+    if (!(ctx->outputs & PI_OUTPUT_LOGITS)) {
+        pi_fail(PI_ERR_INVALID_ARG, "pi_get_logits: the context outputs embeddings only (pi_set_outputs)");
+        return NULL;
+    }
     if (i < 0 || i >= ctx->n_batch_last || ctx->output_row[i] < 0) {
         pi_fail(PI_ERR_INVALID_ARG, "pi_get_logits: no logits for batch row %d", i);
         return NULL;
     }
     return ctx->logits + (size_t)ctx->output_row[i] * (size_t)ctx->model->hp.n_vocab;
+}
+
+pi_status pi_set_outputs(pi_context *ctx, int32_t outputs) {
+    if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "pi_set_outputs: context is NULL");
+    if (outputs < 1 || outputs > (PI_OUTPUT_LOGITS | PI_OUTPUT_EMBD))
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_set_outputs: %d is not PI_OUTPUT_LOGITS, PI_OUTPUT_EMBD or both", outputs);
+    ctx->outputs = outputs;
+    ctx->n_batch_last = 0;   /* the last decode's rows were made for the old outputs */
+    return PI_OK;
+}
+
+const float *pi_get_embeddings(pi_context *ctx, int32_t i) {
+    if (!ctx) { pi_fail(PI_ERR_INVALID_ARG, "pi_get_embeddings: context is NULL"); return NULL; }
+    if (!(ctx->outputs & PI_OUTPUT_EMBD)) {
+        pi_fail(PI_ERR_INVALID_ARG, "pi_get_embeddings: the context does not output embeddings (pi_set_outputs)");
+        return NULL;
+    }
+    if (i < 0 || i >= ctx->n_batch_last || ctx->output_row[i] < 0) {
+        pi_fail(PI_ERR_INVALID_ARG, "pi_get_embeddings: no embeddings for batch row %d", i);
+        return NULL;
+    }
+    return ctx->embd + (size_t)ctx->output_row[i] * (size_t)ctx->model->hp.n_embd;
 }
 
 pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total) {

@@ -68,6 +68,9 @@ struct pi_context {
     pi_offload_stats  ostats;
     float            *logits;      /* [n_outputs][n_vocab] */
     int32_t           logits_cap;  /* rows allocated */
+    int32_t           outputs;     /* PI_OUTPUT_* of the next decodes (pi_set_outputs) */
+    float            *embd;        /* [n_outputs][n_embd] final hidden states (PI_OUTPUT_EMBD) */
+    int32_t           embd_cap;    /* rows allocated */
     int32_t          *output_row;  /* [n_batch] batch row -> logits row, -1 if none */
     int32_t           n_batch_last;
     int64_t          *sparse_active; /* [n_layer] (neuron, token) pairs computed */

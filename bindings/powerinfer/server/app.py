@@ -4,15 +4,18 @@ Routes
 ------
 GET  /health                 503 {"status": "loading model"} while loading, then {"status": "ok", ...}
 GET  /v1/models, /models     the served model (answers while loading too)
-GET  /props, /slots          server settings / per-slot state
+GET  /props                   server settings
+GET  /slots, /metrics        per-slot state (--no-slots: 501), Prometheus metrics (--metrics) (server/metrics.py)
+POST /v1/embeddings, /embedding   embeddings (--embedding; server/embeddings.py)
+GET  /                       the chat page (server/static/index.html; --no-webui: 404)
 POST /completion, /completions   llama.cpp native completion (SSE with "stream": true)
 POST /tokenize, /detokenize
 POST /v1/completions         OpenAI legacy completions
 POST /v1/chat/completions, /chat/completions   OpenAI chat
 
 Errors are `{"error": {"message", "type", "param", "code"}}` with 4xx for bad input. The `model`
-field of OpenAI requests must name the served model (its alias, or the model file's name with or
-without extension, or its path) -- anything else is 404 `model_not_found`.
+field of OpenAI requests may name any model (many OpenAI apps hard-code one): this server has one,
+which answers, and which responses and /v1/models name.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from .engine import RequestError, Result, Task
 
 log = logging.getLogger("powerinfer.server")
 
-PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models"}
+PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models", "/"}   # "/": the page asks for the key
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -79,8 +82,11 @@ class ServerState:
 
     def __init__(self, *, model_path: str, alias: str | None = None, api_keys: list[str] | None = None,
                  n_predict_max: int = -1, timeout: float = 600.0, loader: Callable[[], PowerInfer] | None = None,
-                 llm: PowerInfer | None = None):
+                 llm: PowerInfer | None = None, embedding: bool = False, metrics: bool = False, slots: bool = True,
+                 webui: bool = True):
         from pathlib import Path
+
+        from .metrics import Metrics
         self.model_path = model_path
         self.model_name = alias or Path(model_path).name
         self.api_keys = [k for k in (api_keys or []) if k]
@@ -90,6 +96,9 @@ class ServerState:
         self.llm: PowerInfer | None = llm
         self.load_error: str | None = None
         self.created = int(time.time())
+        self.embedding, self.slots, self.webui = embedding, slots, webui   # --embedding, --slots, --webui
+        self.metrics_store = Metrics() if metrics else None               # --metrics
+        self.stats = self.metrics_store or Metrics()                      # /slots reads the last requests
         self.ready = threading.Event()
         if llm is not None:
             self.ready.set()
@@ -247,12 +256,17 @@ class EngineStream(StreamingResponse):
                 self.llm.engine.cancel(self.task)
 
 
-def attach(task: Task) -> asyncio.Queue:
-    """Route the task's engine events into an asyncio queue of this loop (thread-safe handoff)."""
+def attach(task: Task, stats=None) -> asyncio.Queue:
+    """Route the task's engine events into an asyncio queue of this loop (thread-safe handoff);
+    `stats` (server/metrics.py) counts the finished request."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
+    if stats is not None:
+        task.id_task = stats.task_id()
 
     def emit(ev):
+        if stats is not None and ev[0] == "done":
+            stats.observe(task, ev[1])
         try:
             loop.call_soon_threadsafe(q.put_nowait, ev)
         except RuntimeError:     # the loop is closed: nobody is listening any more
@@ -276,7 +290,7 @@ async def _watch_disconnect(request: Request, llm: PowerInfer, task: Task) -> No
 
 async def collect(request: Request, llm: PowerInfer, task: Task, on_token: Callable) -> Result:
     """Run a task to completion for a non-streaming response; cancel it if the client goes away."""
-    q = attach(task)
+    q = attach(task, request.app.state.server.stats)
     llm.engine.submit(task)
     watcher = asyncio.ensure_future(_watch_disconnect(request, llm, task))
     try:
@@ -358,10 +372,6 @@ def build_routes(state: ServerState) -> list[Route]:
             "engine": {"n_decode_calls": llm.engine.n_decode_calls, "max_batch_slots": llm.engine.max_batch_slots,
                        "n_filler_tokens": llm.engine.n_filler_tokens},
         })
-
-    async def slots(request: Request):
-        llm = state.require()
-        return JSON(llm.engine.slots_info())
 
     async def tokenize(request: Request):
         llm = state.require()
@@ -447,7 +457,7 @@ def build_routes(state: ServerState) -> list[Route]:
             return out
 
         if stream:
-            q = attach(task)
+            q = attach(task, state.stats)
             llm.engine.submit(task)
 
             async def events():
@@ -494,7 +504,7 @@ def build_routes(state: ServerState) -> list[Route]:
                          include_usage: bool):
         _stats(request, prompt=len(task.prompt_tokens))
         if stream:
-            q = attach(task)
+            q = attach(task, state.stats)
             llm.engine.submit(task)
 
             async def events():
@@ -567,13 +577,19 @@ def build_routes(state: ServerState) -> list[Route]:
         shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer)
         return await run_openai(request, llm, task, shaper, stream, include_usage)
 
-    return [
+    async def index(request: Request):
+        if not state.webui:
+            raise HTTPException(404, "Not Found (the web page is off: --no-webui)")
+        return Response(_index_html(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+    from . import embeddings, metrics
+    return embeddings.routes(state) + metrics.routes(state) + [
+        Route("/", index, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/models", models, methods=["GET"]),
         Route("/props", props, methods=["GET"]),
-        Route("/slots", slots, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/completion", completion, methods=["POST"]),
@@ -582,6 +598,11 @@ def build_routes(state: ServerState) -> list[Route]:
         Route("/v1/chat/completions", v1_chat, methods=["POST"]),
         Route("/chat/completions", v1_chat, methods=["POST"]),
     ]
+
+
+def _index_html() -> bytes:
+    from pathlib import Path
+    return (Path(__file__).parent / "static" / "index.html").read_bytes()
 
 
 def _error_of(e: Exception) -> dict:

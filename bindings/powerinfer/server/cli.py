@@ -57,6 +57,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls")
     add_gpu_args(p)
+    g = p.add_argument_group("embeddings, monitoring, web page (llama.cpp's flags)")
+    g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="serve POST /v1/embeddings and /embedding (completions keep working) (default: off: 501)")
+    g.add_argument("--pooling", default=None, metavar="{none,mean,cls,last}",
+                   help="pooling of the embeddings (default: the file's <arch>.pooling_type, else mean)")
+    g.add_argument("--metrics", action="store_true", help="serve GET /metrics, Prometheus text (default: off: 501)")
+    g.add_argument("--slots", dest="slots", action="store_true", default=True,
+                   help="serve GET /slots (default: on)")
+    g.add_argument("--no-slots", dest="slots", action="store_false", help="GET /slots answers 501")
+    g.add_argument("--no-webui", dest="webui", action="store_false", default=True,
+                   help="no chat page at GET / (default: served)")
     p.add_argument("-to", "--timeout", type=float, default=600.0,
                    help="seconds to wait for a request body, and idle keep-alive time (default: %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -68,6 +79,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("-np/--parallel must be in [1, 64]")
     if args.ctx_size is not None and args.ctx_size < 0:
         p.error("-c/--ctx-size must be >= 0")
+    if args.pooling is not None:
+        from ..embedding import check_pooling
+        try:
+            check_pooling(args.pooling)
+        except ValueError as e:
+            p.error(f"--pooling: {e}")
+        if not args.embedding:
+            print("server: note: --pooling changes nothing without --embedding", file=sys.stderr)
     return args
 
 
@@ -123,8 +142,9 @@ def make_loader(args):
         llm = pi.PowerInfer(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
                             n_threads=args.threads or None, seed=args.seed, kv_type=args.kv_type,
                             n_parallel=args.parallel, chat_format=chat_format, chat_template=template,
-                            sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity, model_alias=args.alias,
-                            repack=False if args.no_repack else None, **gpu_kwargs(args))
+                            sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
+                            model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
+                            **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
         _prefault(llm.model)
         ctx = llm.ctx
@@ -137,6 +157,8 @@ def make_loader(args):
         elif llm.model.gate_sparse:
             log.info("%s", act_sparsity.describe(ctx))
         log.info("chat template: %s", llm.chat_formatter.name)
+        if args.embedding:      # made now: a bad --pooling or too little memory fails at startup, not later
+            log.info("embeddings: pooling %s, up to %d tokens per input", llm.embedder.pooling, llm.embedder.n_ctx)
         log.info("system_info: %s", pi.system_info())
         log.info("model loaded in %.2f s", time.perf_counter() - t0)
         return llm
@@ -169,7 +191,8 @@ def main(argv=None) -> int:
         print(f"error: cannot read --api-key-file: {e}", file=sys.stderr)
         return 1
     state = ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
-                        timeout=args.timeout, loader=make_loader(args))
+                        timeout=args.timeout, loader=make_loader(args), embedding=args.embedding,
+                        metrics=args.metrics, slots=args.slots, webui=args.webui)
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_config=None,
                             timeout_keep_alive=max(1, int(args.timeout)), timeout_graceful_shutdown=5,
@@ -190,8 +213,8 @@ def main(argv=None) -> int:
         if state.load_error:
             server.should_exit = True
     threading.Thread(target=exit_on_load_error, daemon=True).start()
-    log.info("server: listening on http://%s:%d (%s)", args.host, args.port,
-             "API key required" if keys else "no API key")
+    log.info("server: listening on http://%s:%d (%s)%s", args.host, args.port,
+             "API key required" if keys else "no API key", "; chat page at /" if args.webui else "")
     try:
         server.run()
     except KeyboardInterrupt:     # uvicorn re-raises the SIGINT it shut down for: Ctrl+C is a clean exit

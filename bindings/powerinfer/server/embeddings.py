@@ -1,0 +1,135 @@
+"""Embedding routes (with --embedding): OpenAI's POST /v1/embeddings and llama.cpp's POST /embedding.
+
+Both run on the model's `Embedder` (powerinfer.embedding: its own context, so they never wait for
+or disturb the completion slots; completions keep working with --embedding, unlike llama.cpp, whose
+--embedding server has one kind of context). Without --embedding both answer 501 with llama.cpp's
+message.
+
+/v1/embeddings  input: string | [string] | [token ids] | [[token ids]] (mixed lists too); encoding_format
+                "float" (default) or "base64" (little-endian float32, what the official `openai` client
+                asks for by default); dimensions, if given, must be n_embd; embd_normalize as below.
+                Pooling "none" is refused (400), as llama.cpp: OpenAI's shape has one vector per input.
+/embedding      content (or input), same forms; answers [{"index": i, "embedding": [[...]]}], per token
+                with --pooling none (not normalized, as llama.cpp), else one pooled vector.
+embd_normalize  llama.cpp's: -1 none, 0 max-abs to int16 range, 1 taxicab, 2 L2 (default), p > 2 p-norm.
+"""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.routing import Route
+
+from .app import JSON, ServerState, field, read_json
+from .engine import RequestError
+
+MAX_INPUTS = 2048        # OpenAI's limit on inputs per request
+
+
+def _token_list(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def parse_inputs(llm, value, param: str) -> list[list[int]]:
+    """Token lists for an OpenAI-style input (string, token ids, or a list of strings / token-id lists)."""
+    def tokens(x, where: str) -> list[int]:
+        if isinstance(x, str):
+            if not x:
+                raise RequestError(f"'{where}' is an empty string", param=param)
+            return llm.tokenizer.encode(x, add_special=True, parse_special=True)
+        if _token_list(x):
+            return list(x)
+        raise RequestError(f"'{where}' must be a string or an array of token ids", param=param)
+    if isinstance(value, str) or _token_list(value):
+        return [tokens(value, param)]
+    if not isinstance(value, list) or not value:
+        raise RequestError(f"'{param}' must be a string, an array of token ids, or a non-empty array of those",
+                           param=param)
+    if len(value) > MAX_INPUTS:
+        raise RequestError(f"'{param}' has {len(value)} inputs; at most {MAX_INPUTS} per request", param=param)
+    return [tokens(x, f"{param}[{i}]") for i, x in enumerate(value)]
+
+
+def _normalize_field(body: dict) -> int:
+    n = field(body, "embd_normalize", "int", 2)
+    if n < -1:
+        raise RequestError("'embd_normalize' must be -1 (none), 0 (max abs), 1 (taxicab), 2 (L2) or p > 2",
+                           param="embd_normalize")
+    return n
+
+
+def routes(state: ServerState) -> list[Route]:
+
+    def require():
+        if not state.embedding:
+            raise RequestError("This server does not support embeddings. Start it with `--embeddings`",
+                               code=501, status=501, type="not_supported_error")
+        return state.require()
+
+    async def compute(llm, inputs: list[list[int]], embd_normalize: int, pooling: str | None = None):
+        emb = llm.embedder
+        for i, t in enumerate(inputs):
+            if len(t) > emb.n_ctx:
+                raise RequestError(f"input {i} has {len(t)} tokens, more than the embedding context of {emb.n_ctx} "
+                                   "(-c / -np)", code="context_length_exceeded", param="input")
+        bad = next((t for ts in inputs for t in ts if not 0 <= t < llm.model.n_vocab), None)
+        if bad is not None:
+            raise RequestError(f"token {bad} is out of range [0, {llm.model.n_vocab})", param="input")
+        pooling = pooling or emb.pooling
+        norm = -1 if pooling == "none" else embd_normalize      # llama.cpp normalizes pooled vectors only
+        vecs = await run_in_threadpool(emb.embed_tokens, inputs, pooling=pooling, embd_normalize=norm)
+        if state.metrics_store is not None:
+            state.metrics_store.add_prompt(sum(len(t) for t in inputs))
+        return vecs
+
+    async def v1_embeddings(request: Request):
+        llm = require()
+        body = await read_json(request, state)
+        field(body, "model", "str", None)            # any name: this server has one model
+        fmt = field(body, "encoding_format", "str", "float")
+        if fmt not in ("float", "base64"):
+            raise RequestError("'encoding_format' must be 'float' or 'base64'", param="encoding_format")
+        dims = field(body, "dimensions", "int", None)
+        n_embd = llm.model.hparams.n_embd
+        if dims is not None and dims != n_embd:
+            raise RequestError(f"'dimensions' must be this model's embedding size ({n_embd}), got {dims}",
+                               param="dimensions")
+        if llm.embedder.pooling == "none":
+            raise RequestError("Pooling type 'none' is not OAI compatible. Please use a different pooling type",
+                               param="input")
+        value = field(body, "input", "any", None, aliases=("content",))
+        if value is None:
+            raise RequestError("'input' is required", param="input")
+        inputs = parse_inputs(llm, value, "input")
+        vecs = await compute(llm, inputs, _normalize_field(body))
+
+        def encode(v: np.ndarray):
+            if fmt == "base64":
+                return base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode("ascii")
+            return v.tolist()
+        n = sum(len(t) for t in inputs)
+        return JSON({"object": "list", "model": state.model_name,
+                     "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vecs)],
+                     "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+    async def native_embedding(request: Request):
+        llm = require()
+        body = await read_json(request, state)
+        value = field(body, "content", "any", None, aliases=("input",))
+        if value is None:
+            raise RequestError("'content' is required", param="content")
+        inputs = parse_inputs(llm, value, "content")
+        vecs = await compute(llm, inputs, _normalize_field(body))
+        return JSON([{"index": i, "embedding": v.tolist() if v.ndim == 2 else [v.tolist()]}
+                     for i, v in enumerate(vecs)])
+
+    return [
+        Route("/v1/embeddings", v1_embeddings, methods=["POST"]),
+        Route("/embeddings", v1_embeddings, methods=["POST"]),
+        Route("/embedding", native_embedding, methods=["POST"]),
+    ]
+
+
+__all__ = ["MAX_INPUTS", "parse_inputs", "routes"]

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -243,6 +244,10 @@ def main(argv=None) -> int:
         print(f"error: failed to load model: {args.model}: no such model file", file=sys.stderr)
         return 1
     app = application(args)
+
+    def on_term(sig, frame):      # `kill`, a service manager: shut Serve down as Ctrl+C does
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
     ray.init(address=args.address)
     serve.start(http_options={"host": args.host, "port": args.port,
                               "keep_alive_timeout_s": max(1, int(args.timeout))})

@@ -103,6 +103,21 @@ class ServerState:
         if llm is not None:
             self.ready.set()
 
+    def readiness(self) -> tuple[int, dict]:
+        """(HTTP status, body) of /health: 200 ready, 503 still loading, 500 failed to load or the
+        engine's scheduler is not running. Ray Serve's health check asks the same (powerinfer.serve)."""
+        if self.llm is None:
+            if self.load_error:
+                return 500, {"status": "error", "error": error_body(self.load_error, "server_error")["error"]}
+            return 503, {"status": "loading model",
+                         "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        engine = self.llm.engine
+        if engine.thread is None or not engine.thread.is_alive():
+            return 500, {"status": "error", "error": error_body("the engine is not running", "server_error")["error"]}
+        slots = engine.slots_info()
+        busy = sum(1 for s in slots if s["is_processing"])
+        return 200, {"status": "ok", "slots_idle": len(slots) - busy, "slots_processing": busy}
+
     def require(self) -> PowerInfer:
         if self.llm is None:
             if self.load_error:
@@ -320,16 +335,8 @@ def _stats(request: Request, **kv) -> None:
 def build_routes(state: ServerState) -> list[Route]:
 
     async def health(request: Request):
-        if state.llm is None:
-            if state.load_error:
-                return JSON({"status": "error", "error": error_body(state.load_error, "server_error")["error"]},
-                            status_code=500)
-            return JSON({"status": "loading model",
-                         "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
-                        status_code=503)
-        slots = state.llm.engine.slots_info()
-        busy = sum(1 for s in slots if s["is_processing"])
-        return JSON({"status": "ok", "slots_idle": len(slots) - busy, "slots_processing": busy})
+        status, body = state.readiness()
+        return JSON(body, status_code=status)
 
     async def models(request: Request):
         entry = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "powerinfer"}

@@ -18,9 +18,10 @@ log = logging.getLogger("powerinfer.server")
 from ..offload import add_gpu_args, gpu_kwargs
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def make_parser(prog: str = "server.py") -> ArgumentParser:
+    """The server's flags; powerinfer.serve adds its own to them."""
     p = ArgumentParser(
-        prog="server.py",
+        prog=prog,
         description="PowerInfer HTTP server: llama.cpp native routes (/completion, /tokenize, ...) and "
                     "OpenAI-compatible routes (/v1/completions, /v1/chat/completions, /v1/models).")
     add_model_args(p, default=bundled_model())
@@ -73,6 +74,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--log-disable", action="store_true", help="log warnings and errors only")
     add_llama_compat_args(p)
+    return p
+
+
+def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Namespace:
+    p = parser or make_parser()
     args = p.parse_args(argv)
     apply_llama_compat(p, args, prog="server")
     if args.parallel < 1 or args.parallel > 64:
@@ -165,6 +171,25 @@ def make_loader(args):
     return load
 
 
+def make_state(args):
+    """The server's state for parsed flags (the model resolved, not loaded yet: `state.loader` does
+    that). ValueError with the message to show when the model or the key file is not there."""
+    from .app import ServerState
+    try:
+        args.model = str(resolve_model(args))
+    except HubError as e:
+        raise ValueError(str(e)) from None
+    if not os.path.isfile(args.model):
+        raise ValueError(f"failed to load model: {args.model}: no such model file")
+    try:
+        keys = _api_keys(args)
+    except OSError as e:
+        raise ValueError(f"cannot read --api-key-file: {e}") from None
+    return ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
+                       timeout=args.timeout, loader=make_loader(args), embedding=args.embedding,
+                       metrics=args.metrics, slots=args.slots, webui=args.webui)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if args.log_disable else logging.INFO,
@@ -172,27 +197,17 @@ def main(argv=None) -> int:
     try:
         import uvicorn
 
-        from .app import ServerState, create_app
+        from .app import create_app
     except ImportError as e:
         print(f"error: the server needs starlette, uvicorn and jinja2 (pip install 'powerinfer-py[server]'): {e}",
               file=sys.stderr)
         return 1
     try:
-        args.model = str(resolve_model(args))
-    except HubError as e:
+        state = make_state(args)
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if not os.path.isfile(args.model):
-        print(f"error: failed to load model: {args.model}: no such model file", file=sys.stderr)
-        return 1
-    try:
-        keys = _api_keys(args)
-    except OSError as e:
-        print(f"error: cannot read --api-key-file: {e}", file=sys.stderr)
-        return 1
-    state = ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
-                        timeout=args.timeout, loader=make_loader(args), embedding=args.embedding,
-                        metrics=args.metrics, slots=args.slots, webui=args.webui)
+    keys = state.api_keys
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_config=None,
                             timeout_keep_alive=max(1, int(args.timeout)), timeout_graceful_shutdown=5,

@@ -69,6 +69,17 @@ def parse_levels(text: str) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------- calibration
+def encode_prefix(tokenizer, text: str, n_tokens: int) -> list[int]:
+    """At least n_tokens tokens of text (all of it when shorter), tokenizing a growing prefix cut at a
+    line end (a 6 MB corpus takes minutes to tokenize whole in Python; a calibration needs a few thousand)."""
+    n_chars = 8 * n_tokens
+    while True:
+        cut = text.find("\n", n_chars)
+        prefix = text if cut < 0 else text[:cut]
+        tokens = tokenizer.encode(prefix, add_special=False)
+        if len(tokens) >= n_tokens or len(prefix) == len(text):
+            return tokens
+        n_chars *= 2
 def calibrate(model: Model, tokens: list[int], n_ctx: int, n_threads: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Histogram [n_layer, bins] of |act(gate x)| over the tokens (dense, windows of n_ctx) and the bins' edges."""
     ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, dense=True, act_histogram=True)
@@ -253,7 +264,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"sparsify: {a.model} is a PowerInfer (PWRI) file, sparse already; give a dense file")
     if hp.ffn_gate == "seq":
         raise SystemExit(f"sparsify: {a.model}: the {hp.arch} FFN has no gate; CATS needs a gated FFN")
-    tokens = model.tokenizer.encode(text, add_special=False)
+    n_eval = 0 if a.heldout else a.ctx * max(2, a.eval_chunks)   # the held-out part after the calibration
+    tokens = encode_prefix(model.tokenizer, text, a.calib_tokens + n_eval)
     n_calib = min(a.calib_tokens, len(tokens)) // a.ctx * a.ctx
     if n_calib < a.ctx:
         raise SystemExit(f"sparsify: the corpus has {len(tokens)} tokens, fewer than one window of {a.ctx}")
@@ -272,7 +284,8 @@ def main(argv=None) -> int:
     if a.eval_chunks <= 0:
         return 0
     if a.heldout is not None:
-        held = Model(a.output).tokenizer.encode(a.heldout.read_text(encoding="utf-8"), add_special=False)
+        held = encode_prefix(Model(a.output).tokenizer, a.heldout.read_text(encoding="utf-8"),
+                             2 * a.ctx * max(2, a.eval_chunks))
     else:
         held = tokens[n_calib:]
     if len(held) < 2 * a.ctx:

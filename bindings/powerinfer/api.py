@@ -2,7 +2,7 @@
 OpenAI-shaped completion API in the spirit of llama-cpp-python's `Llama`.
 
 `create_completion` / `create_chat_completion` run through the same engine (slots, continuous
-batching; `powerinfer.server.engine`) and the same response shaping (`CompletionShaper`) as the
+batching; `powerinfer.engine`) and the same response shaping (`CompletionShaper`) as the
 HTTP server's OpenAI routes.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .context import Context
 from .generate import Generator, Timings
 from .model import Model
 from .sampling import Sampler, SamplingParams
-from .server.engine import Engine, RequestError, Result, Task
+from .engine import Engine, RequestError, Result, Task
 from .tokenizer import TOKEN_CONTROL, StreamDecoder
 
 log = logging.getLogger("powerinfer")

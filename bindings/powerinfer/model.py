@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ._ffi import PowerInferError, check, ffi, lib
 from .gguf_file import GGUFFile, ModelLoadError, open_gguf
-from .tokenizer import Tokenizer
+from . import tokenizer as _tokenizer
 
 log = logging.getLogger("powerinfer")
 
@@ -221,7 +221,7 @@ class Model:
         if self.sparse:
             self._check_sparse()
         try:
-            self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+            self.tokenizer = _tokenizer.load(self.metadata)
         except ValueError as e:
             raise ModelLoadError(f"{self.path}: {e}") from None
         self._ptr = self._create_c_model()

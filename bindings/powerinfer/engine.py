@@ -44,9 +44,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..context import Context
-from ..sampling import Sampler, SamplingParams
-from ..tokenizer import StreamDecoder, Tokenizer
+from .context import Context
+from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamDecoder, Tokenizer
 
 log = logging.getLogger("powerinfer.engine")
 

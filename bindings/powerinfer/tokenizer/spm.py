@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import heapq
 import re
-from typing import Iterable
-
 from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNDEFINED, TOKEN_UNKNOWN, TOKEN_UNUSED,
                     TOKEN_USER_DEFINED, VALID_TYPES, Tokenizer, as_list, as_text)
 

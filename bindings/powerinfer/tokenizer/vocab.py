@@ -101,6 +101,11 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ misc
 
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """The end-of-generation tokens (what is_eog is true for)."""
+        return frozenset(self._eog)
+
     def is_eog(self, id: int) -> bool:
         """True for end-of-generation tokens: EOS, and EOT/EOM/end-of-turn where the vocabulary has them."""
         return int(id) in self._eog

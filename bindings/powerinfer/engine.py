@@ -338,12 +338,7 @@ class Engine:
         if self.thread is not None:
             self.thread.join(timeout=10)
             self.thread = None
-        with self.lock:
-            with self.cond:
-                tasks = list(self.pending)
-            for t in tasks + [s.task for s in self.slots if s.task]:
-                t.cancel()
-            self._reap()
+        self.cancel_all()                # no thread now: reaped at once
 
     def check(self, task: Task) -> None:
         """Raise RequestError for a task that cannot run (before queueing it)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 
 from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VALID_TYPES,
-                    Tokenizer, as_list, as_text)
+                    Tokenizer, as_list, as_text, merge_symbols)
 
 __all__ = ["BPETokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
 
@@ -297,9 +297,6 @@ class BPETokenizer(Tokenizer, model="gpt2"):
         piece = list(word)
         if n > 1:
             ranks = self._ranks
-            nxt = list(range(1, n + 1))
-            nxt[-1] = -1
-            prev = list(range(-1, n - 1))
             heap: list[tuple[int, int, int, str]] = []
 
             def push(left: int, right: int) -> None:
@@ -307,22 +304,7 @@ class BPETokenizer(Tokenizer, model="gpt2"):
                 if rank is not None:
                     heapq.heappush(heap, (rank, left, right, piece[left] + piece[right]))
 
-            for i in range(n - 1):
-                push(i, i + 1)
-            while heap:
-                _, left, right, text = heapq.heappop(heap)
-                if not piece[left] or not piece[right] or nxt[left] != right or piece[left] + piece[right] != text:
-                    continue   # stale: one side changed since this pair was queued
-                piece[left] = text
-                piece[right] = ""
-                after = nxt[right]
-                nxt[left] = after
-                if after >= 0:
-                    prev[after] = left
-                if prev[left] >= 0:
-                    push(prev[left], left)
-                if after >= 0:
-                    push(left, after)
+            merge_symbols(piece, push, heap, lambda entry, a, b, adjacent: adjacent and a + b == entry[3])
         ids: list[int] = []
         for p in piece:
             if not p:

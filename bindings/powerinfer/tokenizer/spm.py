@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import re
 from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNDEFINED, TOKEN_UNKNOWN, TOKEN_UNUSED,
-                    TOKEN_USER_DEFINED, VALID_TYPES, Tokenizer, as_list, as_text)
+                    TOKEN_USER_DEFINED, VALID_TYPES, Tokenizer, as_list, as_text, merge_symbols)
 
 __all__ = ["SPMTokenizer"]
 
@@ -304,9 +304,6 @@ class SPMTokenizer(Tokenizer, model="llama"):
         if n < 2:
             return piece
         frozen = [f for _, f in symbols]
-        prev = list(range(-1, n - 1))
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
         scores, unused = self._merge_score, self._unused
         rev_merge: dict[str, tuple[str, str]] = {}
         heap: list[tuple[float, int, int, int]] = []
@@ -322,29 +319,11 @@ class SPMTokenizer(Tokenizer, model="llama"):
             if unused and a + b in unused:
                 rev_merge[a + b] = (a, b)
 
-        for i in range(n - 1):
-            candidate(i, i + 1)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            a, b = piece[left], piece[right]
-            if not a or not b or len(a) + len(b) != size:
-                continue  # stale: one side was merged since this pair was queued
-            piece[left] = a + b
-            piece[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            if after >= 0:
-                prev[after] = left
-            if prev[left] >= 0:
-                candidate(prev[left], left)
-            if after >= 0:
-                candidate(left, after)
-
+        merge_symbols(piece, candidate, heap, lambda entry, a, b, adjacent: len(a) + len(b) == entry[3])
         result: list[str] = []
-        i = 0
-        while i >= 0:
-            self._resegment(piece[i], rev_merge, result)
-            i = nxt[i]
+        for p in piece:
+            if p:
+                self._resegment(p, rev_merge, result)
         return result
 
     def _resegment(self, w: str, rev_merge: dict, out: list[str]) -> None:

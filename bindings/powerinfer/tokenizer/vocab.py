@@ -8,6 +8,7 @@ _tokens, _types, _piece_bytes, _eog and implements encode() and _render(tid, at_
 from __future__ import annotations
 
 import codecs
+import heapq
 from typing import Iterable
 
 __all__ = ["StreamDecoder", "Tokenizer"]
@@ -21,6 +22,37 @@ TOKEN_USER_DEFINED = 4
 TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 VALID_TYPES = frozenset(range(TOKEN_UNDEFINED, TOKEN_BYTE + 1))
+
+
+def merge_symbols(piece: list[str], candidate, heap: list, fresh) -> None:
+    """The heap-driven BPE merge both tokenizers run (sentencepiece's bpe_model.cc, llama.cpp's
+    llm_tokenizer_bpe), in place: piece[i] is a symbol of a linked list ("" once merged into its left
+    neighbour). candidate(left, right) pushes a pair worth merging onto heap as (order, left, right, x),
+    best first; a popped pair merges when both symbols are still there and fresh(entry, a, b, adjacent)
+    says the entry was queued for the symbols a and b that stand there now (adjacent: still neighbours)."""
+    n = len(piece)
+    prev = list(range(-1, n - 1))
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    for i in range(n - 1):
+        candidate(i, i + 1)
+    while heap:
+        entry = heapq.heappop(heap)
+        left, right = entry[1], entry[2]
+        a, b = piece[left], piece[right]
+        if not a or not b or not fresh(entry, a, b, nxt[left] == right):
+            continue   # stale: one side was merged since this pair was queued
+        piece[left] = a + b
+        piece[right] = ""
+        after = nxt[right]
+        nxt[left] = after
+        if after >= 0:
+            prev[after] = left
+        if prev[left] >= 0:
+            candidate(prev[left], left)
+        if after >= 0:
+            candidate(left, after)
+
 
 _UNSUPPORTED_MODELS = {
     "bert": "WordPiece (BERT style)",

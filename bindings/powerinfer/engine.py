@@ -370,19 +370,16 @@ class Engine:
 
     def cancel(self, task: Task) -> None:
         """Cancel a task; its slot is released at the next step (at once when no thread runs)."""
-        task.cancel()
-        if self.thread is None:
-            with self.lock:
-                self._reap()
-        else:
-            with self.cond:
-                self.cond.notify_all()
+        self._cancel([task])
 
     def cancel_all(self) -> None:
         """Cancel every queued and running request (shutdown): their consumers get ("done", ...)."""
         with self.cond:
             tasks = list(self.pending)
-        for t in tasks + [s.task for s in self.slots if s.task is not None]:
+        self._cancel(tasks + [s.task for s in self.slots if s.task is not None])
+
+    def _cancel(self, tasks: list[Task]) -> None:
+        for t in tasks:
             t.cancel()
         if self.thread is None:
             with self.lock:

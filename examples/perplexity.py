@@ -15,53 +15,28 @@ x.xxxx +/- y.yyyyy` (and the KL-divergence statistics with --kl-divergence); std
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 from pathlib import Path
 
 import powerinfer as pi
-from powerinfer import act_sparsity
-from powerinfer.cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
-from powerinfer.hub import HubError, add_model_args, bundled_model, resolve_model
-from powerinfer.offload import add_gpu_args, gpu_kwargs
+from powerinfer import cli
+from powerinfer.cli import CLIError, log
 from powerinfer.perplexity import KLDBase, perplexity
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(p, default=bundled_model())
+def parse_args(argv=None):
+    p = cli.parser(__doc__)
     p.add_argument("-f", "--file", default=None, help="text file to evaluate (e.g. wiki.test.raw)")
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="window size in tokens (default: 512, "
-                   "or the base's with --kl-divergence)")
-    p.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per decode call (default: %(default)s)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: physical cores)")
+    cli.add_context_args(p, ctx_size="window size in tokens (default: 512, or the base's with --kl-divergence)")
     p.add_argument("--chunks", type=int, default=-1, help="evaluate at most this many windows (default: all)")
-    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
-    p.add_argument("--sparse-threshold", type=float, default=None,
-                   help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
-                        "else the file's value, else 0.0)")
-    p.add_argument("--sparsity", type=float, default=None,
-                   help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
-                        "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
-    p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
-    p.add_argument("-nr", "--no-repack", action="store_true",
-                   help="keep the file's weight layout: no interleaved copy, slower matmuls")
     p.add_argument("--kl-divergence-base", metavar="FILE", default=None,
                    help="without --kl-divergence: save this run's scored log-probabilities to FILE; "
                         "with it: the saved run to compare against")
     p.add_argument("--kl-divergence", action="store_true",
                    help="compare this run with --kl-divergence-base: mean KL divergence, top-1 agreement, PPL ratio")
-    add_llama_compat_args(p)
-    add_gpu_args(p)
-    args = p.parse_args(argv)
-    apply_llama_compat(p, args, prog="perplexity")
-    return args
-
-
-def log(msg: str = "", end: str = "\n") -> None:
-    print(msg, file=sys.stderr, end=end, flush=True)
+    return cli.parse(p, argv, prog="perplexity")
 
 
 def eta_line(seconds_per_pass: float, n_chunk: int) -> str:
@@ -96,11 +71,6 @@ def run(args) -> int:
             f"{', sparse' if base.header.get('sparse') else ', dense'})")
     n_ctx = base.n_ctx if base is not None else (512 if args.ctx_size is None else args.ctx_size)
 
-    try:
-        model_path = resolve_model(args)
-    except HubError as e:
-        log(f"error: {e}")
-        return 1
     text = None
     if args.file:
         try:
@@ -109,27 +79,12 @@ def run(args) -> int:
             log(f"error: cannot read {args.file}: {e.strerror or e}")
             return 1
     try:
-        with LoadProgress("perplexity"):
-            model = pi.Model(model_path, repack=False if args.no_repack else None)
-    except (pi.ModelLoadError, OSError) as e:
-        log(f"error: failed to load model: {e}")
-        return 1
-    log(f"perplexity: loaded {model.describe()}")
-    try:
-        ctx = pi.Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_threads=args.threads or None,
-                         kv_type=args.kv_type, sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
-                         **gpu_kwargs(args))
-        for line in ctx.gpu_log:
-            log(line)
-    except (ValueError, pi.PowerInferError) as e:
+        model = cli.load_model(args, "perplexity")
+        ctx = cli.make_context(args, model, "perplexity", n_ctx=n_ctx)
+    except CLIError as e:
         log(f"error: {e}")
         return 1
-    if model.sparse:
-        log("perplexity: PowerInfer model, " + ("every neuron is computed (--dense)" if args.dense else
-            f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))
 
-    elif model.gate_sparse:
-        log(act_sparsity.describe(ctx))
     tokens = None
     if text is not None:
         log("perplexity: tokenizing the input ..")
@@ -187,10 +142,7 @@ def run(args) -> int:
         print(f"Median  KLD           : {k.median:.6f}")
         print(f"Same top p            : {100 * k.top1:.3f} +/- {100 * k.top1_stderr:.3f} %")
     sys.stdout.flush()
-    if ctx.sparse:
-        active, total = ctx.sparse_stats()
-        if total:
-            log("sparse: neurons computed per layer: " + " ".join(f"{a / total:.1%}" for a in active))
+    cli.sparse_report(ctx)
     log(f"perplexity: {res.n_chunks} chunks, {res.n_scored} scored tokens in {res.seconds:.2f} s")
     return 0
 

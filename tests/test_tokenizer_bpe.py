@@ -10,7 +10,7 @@ import json
 import pytest
 
 from powerinfer.tokenizer import StreamDecoder, Tokenizer
-from powerinfer.tokenizer_bpe import _LLAMA3, _QWEN2, BPETokenizer, bytes_to_unicode
+from powerinfer.tokenizer.bpe import _LLAMA3, _QWEN2, BPETokenizer, bytes_to_unicode
 
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
 B2U = bytes_to_unicode()

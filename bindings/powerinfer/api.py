@@ -2,7 +2,7 @@
 OpenAI-shaped completion API in the spirit of llama-cpp-python's `Llama`.
 
 `create_completion` / `create_chat_completion` run through the same engine (slots, continuous
-batching; `powerinfer.server.engine`) and the same response shaping (`CompletionShaper`) as the
+batching; `powerinfer.engine`) and the same response shaping (`CompletionShaper`) as the
 HTTP server's OpenAI routes.
 """
 from __future__ import annotations
@@ -19,11 +19,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from .context import Context
-from .generate import Generator, Timings
+from .engine import Engine, RequestError, Result, Task
 from .model import Model
-from .sampling import Sampler, SamplingParams
-from .server.engine import Engine, RequestError, Result, Task
-from .tokenizer import TOKEN_CONTROL, StreamDecoder
+from .sampling import SamplingParams
+from .tokenizer import TOKEN_CONTROL
 
 log = logging.getLogger("powerinfer")
 
@@ -235,7 +234,6 @@ class PowerInfer:
         self.chat_format = chat_format
         self.chat_template = chat_template
         self._chat = None
-        self.last_timings: Timings | None = None
         self.last_result: Result | None = None     # how the last create_* request ended
         self.pooling, self._kv_type, self._embedder = pooling, kv_type, None
 
@@ -301,19 +299,13 @@ class PowerInfer:
 
     # ---- generation ----
     def generate_tokens(self, prompt_tokens, sampling: SamplingParams, max_tokens: int = -1) -> Iterator[int]:
-        """Stream token ids (end-of-generation token excluded), starting from an empty cache."""
-        self.engine.invalidate()
-        self.ctx.kv_clear()
+        """Stream token ids (end-of-generation token excluded) through the engine."""
         sampling.validate()
-        eos = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
-        gen = Generator(self.ctx, Sampler(sampling, eos_ids=eos))
-        self.last_timings = gen.timings
-        gen.feed(prompt_tokens)
-        eog = [] if sampling.ignore_eos else eos
-        for tok in gen.generate(max_tokens, eog_ids=eog):
-            if tok in eog:
-                return
-            yield tok
+        task = Task(prompt_tokens, sampling, n_predict=max_tokens, want_ids=True)
+        self.engine.check(task)
+        for kind, _, info in self._events(task):
+            if kind == "token" and info is not None:
+                yield info["id"]
 
     def generate(self, prompt: str, max_tokens: int = 128, *, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
@@ -326,29 +318,25 @@ class PowerInfer:
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                 seed=self.seed if seed is None else seed, ignore_eos=ignore_eos)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        pieces = self._stream_text(self.tokenize(prompt), params, max_tokens, stops)
+        params.validate()
+        task = Task(self.tokenize(prompt), params, n_predict=max_tokens, stop=_as_stop_list(stop))
+        self.engine.check(task)
+        pieces = (text for kind, text, _ in self._events(task) if kind == "token" and text)
         return pieces if stream else "".join(pieces)
 
-    def _stream_text(self, prompt_tokens, params, max_tokens, stops) -> Iterator[str]:
-        decoder = StreamDecoder(self.tokenizer, strip_leading_space=False)
-        keep = max((len(s) - 1 for s in stops), default=0)   # tail that could begin a stop string
-        held = ""
-        for tok in self.generate_tokens(prompt_tokens, params, max_tokens):
-            held += decoder.push(tok)
-            cut = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
-                if cut:
-                    yield held[:cut]
-                return
-            if len(held) > keep:
-                yield held[:len(held) - keep]
-                held = held[len(held) - keep:]
-        held += decoder.flush()
-        cut = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
-        held = held[:cut] if cut >= 0 else held
-        if held:
-            yield held
+    def _events(self, task: Task) -> Iterator[tuple]:
+        """("token", text, info) events of a task as the engine runs it; its Result in last_result."""
+        events = _Stream(self.engine, task)
+        try:
+            for ev in events:
+                if ev[0] == "error":
+                    raise ev[1]
+                if ev[0] == "done":
+                    self.last_result = ev[1]
+                    return
+                yield ev
+        finally:
+            events.close()
 
     # ---- OpenAI-style completions (shared with the server) ----
     def check_model_name(self, name) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
 from .gguf_file import GGUFFile, ModelLoadError, open_gguf
-from .tokenizer import Tokenizer
+from . import tokenizer as _tokenizer
 
 log = logging.getLogger("powerinfer")
 
@@ -230,7 +230,7 @@ class Model:
         except ValueError as e:
             raise ModelLoadError(str(e)) from None
         try:
-            self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+            self.tokenizer = _tokenizer.load(self.metadata)
         except ValueError as e:
             raise ModelLoadError(f"{self.path}: {e}") from None
         self._ptr = self._create_c_model()

@@ -2,10 +2,11 @@
 
     python examples/server.py -m model.gguf -np 4
 
-`powerinfer.server.engine` (slots + continuous batching) has no web dependency; the web app in
-`powerinfer.server.app` needs the `server` extra (starlette, uvicorn, jinja2).
+The engine it serves from (slots + continuous batching) is `powerinfer.engine`, below the API and with
+no web dependency; the web app in `powerinfer.server.app` needs the `server` extra (starlette, uvicorn,
+jinja2). Engine, Task, Result and the request errors are re-exported here.
 """
-from .engine import ContextLengthExceeded, Engine, RequestError, Result, Task
+from ..engine import ContextLengthExceeded, Engine, RequestError, Result, Task
 
 __all__ = ["ContextLengthExceeded", "Engine", "RequestError", "Result", "Task", "create_app", "main"]
 

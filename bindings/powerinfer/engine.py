@@ -1,7 +1,18 @@
-"""The completion engine: parallel slots over one Context, with continuous batching.
+"""Generation: sampling, end of generation, stop strings and the batch layouts that drive a Context.
 
-Used by both `PowerInfer.create_completion` (driven inline by the calling thread) and the HTTP
-server (driven by one scheduler thread). Each engine step gathers, into ONE `Context.decode` call,
+Every program generates through this module, and each piece has one definition here:
+`sample_token` (sample + accept + the error for invalid logits), `end_of_generation` (the tokens
+that end a generation: the vocabulary's end-of-generation tokens unless ignore_eos, plus a request's
+stop tokens), `StopMatcher` (stop strings over streamed text), `Timings` (llama.cpp's report).
+Three drivers put them over the KV cache:
+
+* `Engine`: parallel slots with continuous batching (below): `PowerInfer` (its completions and
+  `generate`, driven inline by the calling thread) and the HTTP server (one scheduler thread);
+* `Generator`: one sequence that a caller keeps feeding, with llama.cpp's context shift: main.py's
+  plain, interactive and conversation modes;
+* `decode_parallel`: N continuations of one prompt decoded once and shared (kv_seq_cp): batched.py.
+
+The Engine's slots: Each engine step gathers, into ONE `Context.decode` call,
 the next prompt chunk of every slot still processing its prompt and the last sampled token of
 every generating slot; then each slot samples from its own row of logits with its own `Sampler`
 and hands text to its request through the request's `emit` callback.
@@ -40,17 +51,125 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..context import Context
-from ..sampling import Sampler, SamplingParams
-from ..tokenizer import StreamDecoder, Tokenizer
+from ._ffi import PowerInferError
+from .context import Context
+from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamDecoder, Tokenizer
 
 log = logging.getLogger("powerinfer.engine")
 
-__all__ = ["ContextLengthExceeded", "Engine", "RequestError", "Result", "Task"]
+__all__ = ["BatchedResult", "ContextFull", "ContextLengthExceeded", "Engine", "Generator", "RequestError", "Result",
+           "StopMatcher", "Task", "Timings", "decode_parallel", "end_of_generation", "sample_token"]
+
+@dataclass
+class Timings:
+    """Wall-clock time spent per stage, in milliseconds, as llama.cpp reports them."""
+    load_ms: float = 0.0
+    sample_ms: float = 0.0
+    n_sample: int = 0
+    prompt_ms: float = 0.0
+    n_prompt: int = 0
+    eval_ms: float = 0.0
+    n_eval: int = 0
+    t_start: float = field(default_factory=time.perf_counter)
+
+    def report(self, prefix: str = "llama_print_timings") -> str:
+        def rate(ms, n):
+            return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
+        s_pt, s_ps = rate(self.sample_ms, self.n_sample)
+        p_pt, p_ps = rate(self.prompt_ms, self.n_prompt)
+        e_pt, e_ps = rate(self.eval_ms, self.n_eval)
+        # wall time since this object was made: callers make it before loading the model, so the
+        # load time is already inside (adding load_ms counted it twice)
+        total = (time.perf_counter() - self.t_start) * 1e3
+        return "\n".join([
+            f"{prefix}:        load time = {self.load_ms:10.2f} ms",
+            f"{prefix}:      sample time = {self.sample_ms:10.2f} ms / {self.n_sample:5d} runs   "
+            f"({s_pt:8.2f} ms per token, {s_ps:8.2f} tokens per second)",
+            f"{prefix}: prompt eval time = {self.prompt_ms:10.2f} ms / {self.n_prompt:5d} tokens "
+            f"({p_pt:8.2f} ms per token, {p_ps:8.2f} tokens per second)",
+            f"{prefix}:        eval time = {self.eval_ms:10.2f} ms / {self.n_eval:5d} runs   "
+            f"({e_pt:8.2f} ms per token, {e_ps:8.2f} tokens per second)",
+            f"{prefix}:       total time = {total:10.2f} ms",
+        ])
+
+
+class ContextFull(Exception):
+    """The context has no room for another token (and context shifting is off or cannot help)."""
+
+
+def sample_token(sampler: Sampler, logits: np.ndarray) -> int:
+    """The next token (accepted into the sampler's history); PowerInferError for NaN / +inf logits."""
+    try:
+        token = sampler.sample(logits)
+    except ValueError as e:       # the model's fault, not the caller's
+        raise PowerInferError(f"cannot sample the next token: {e} (the model produced invalid logits; "
+                              "the file may be corrupt)") from None
+    sampler.accept(token)
+    return token
+
+
+def end_of_generation(tokenizer: Tokenizer, *, ignore_eos: bool = False, stop_token_ids=()) -> frozenset[int]:
+    """The tokens that end a generation (and are not part of its text): the vocabulary's
+    end-of-generation tokens (EOS, EOT, end-of-turn...) unless ignore_eos, and stop_token_ids."""
+    stop = frozenset(int(t) for t in stop_token_ids)
+    return stop if ignore_eos else tokenizer.eog_ids | stop
+
+
+def _partial_stop(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class StopMatcher:
+    """Stop strings over text as it streams: `push(piece)` returns the text to pass on; once a stop
+    string has appeared, `word` is that string and generation should end.
+
+    hide=True (completions: the API, the server): the stop string and what follows it are not passed
+    on, and a tail that could begin one is held back until it cannot (flush() returns it at the end).
+    hide=False (main.py's reverse prompts and a chat turn's end-of-turn text, llama.cpp's antiprompt):
+    text passes on at once, and `word` is set by the piece that completes a stop string."""
+
+    def __init__(self, stops=(), *, hide: bool = True):
+        self.stops = [s for s in stops if s]
+        self.hide = hide
+        self.word: str | None = None
+        self._held = ""             # hide: text not passed on yet; else the tail a stop string may span
+
+    def push(self, text: str) -> str:
+        if self.word is not None:
+            return ""
+        if not self.stops:
+            return text
+        self._held += text
+        cut = -1
+        for w in self.stops:
+            i = self._held.find(w)
+            if i >= 0 and (cut < 0 or i < cut):
+                cut, self.word = i, w
+        if cut >= 0:
+            out = self._held[:cut] if self.hide else text
+            self._held = ""
+            return out
+        keep = _partial_stop(self._held, self.stops) if self.hide else max(len(w) for w in self.stops) - 1
+        out, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
+        return out if self.hide else text
+
+    def flush(self) -> str:
+        """hide=True: the held-back tail (no stop string came); "" otherwise."""
+        out, self._held = (self._held if self.hide and self.word is None else ""), ""
+        return out
+
 
 
 class RequestError(ValueError):
@@ -113,13 +232,15 @@ class Task:
     """One completion request.
 
     emit(event) is called from the engine's thread with ("token", text, info) for each piece of
-    text (info: {"id": token id, "probs": ...}), then exactly one of ("done", Result) or
-    ("error", RequestError/Exception). A cancelled task gets ("done", Result) with stop_type "none".
+    text (info: {"id": token id, "logprob", "top", "piece"} with n_probs, else None), then exactly
+    one of ("done", Result) or ("error", RequestError/Exception). A cancelled task gets ("done",
+    Result) with stop_type "none". want_ids: an event for every token, info {"id": ...} at least.
+    sampler: use this Sampler (its history and random state go on) instead of a new one of params.
     """
 
     def __init__(self, prompt_tokens: list[int], params: SamplingParams, *, n_predict: int = -1,
                  stop: list[str] | None = None, stop_token_ids=(), cache_prompt: bool = True, n_probs: int = 0,
-                 emit: Callable | None = None):
+                 emit: Callable | None = None, want_ids: bool = False, sampler: Sampler | None = None):
         self.prompt_tokens = list(prompt_tokens)
         self.params = params
         self.n_predict = n_predict
@@ -127,6 +248,8 @@ class Task:
         self.stop_token_ids = set(int(t) for t in stop_token_ids)
         self.cache_prompt = cache_prompt
         self.n_probs = n_probs
+        self.want_ids = want_ids
+        self.sampler = sampler
         self.emit = emit or (lambda ev: None)
         self.cancelled = False
         self.finished = False
@@ -152,7 +275,8 @@ class _Slot:
         self.last = -1                  # sampled token not yet evaluated (-1: none)
         self.sampler: Sampler | None = None
         self.decoder: StreamDecoder | None = None
-        self.held = ""
+        self.stop = StopMatcher()
+        self.eog: frozenset[int] = frozenset()
         self.result: Result | None = None
         self.t_start = self.t_first = 0.0
 
@@ -167,17 +291,6 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-def _partial_stop(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
 
 
 class Engine:
@@ -204,8 +317,6 @@ class Engine:
         self.n_filler_tokens = 0
         self.max_batch_slots = 0       # most slots seen in one decode (continuous batching at work)
         self.background_fill = True    # threaded mode: prepare the KV layout while idle
-        eos = tokenizer.eos_id
-        self._eos_ids = [eos] if eos is not None else []
         self._filler = tokenizer.bos_id if tokenizer.bos_id is not None else 0
 
     # ---------------------------------------------------------------- public
@@ -227,12 +338,7 @@ class Engine:
         if self.thread is not None:
             self.thread.join(timeout=10)
             self.thread = None
-        with self.lock:
-            with self.cond:
-                tasks = list(self.pending)
-            for t in tasks + [s.task for s in self.slots if s.task]:
-                t.cancel()
-            self._reap()
+        self.cancel_all()                # no thread now: reaped at once
 
     def check(self, task: Task) -> None:
         """Raise RequestError for a task that cannot run (before queueing it)."""
@@ -264,19 +370,16 @@ class Engine:
 
     def cancel(self, task: Task) -> None:
         """Cancel a task; its slot is released at the next step (at once when no thread runs)."""
-        task.cancel()
-        if self.thread is None:
-            with self.lock:
-                self._reap()
-        else:
-            with self.cond:
-                self.cond.notify_all()
+        self._cancel([task])
 
     def cancel_all(self) -> None:
         """Cancel every queued and running request (shutdown): their consumers get ("done", ...)."""
         with self.cond:
             tasks = list(self.pending)
-        for t in tasks + [s.task for s in self.slots if s.task is not None]:
+        self._cancel(tasks + [s.task for s in self.slots if s.task is not None])
+
+    def _cancel(self, tasks: list[Task]) -> None:
+        for t in tasks:
             t.cancel()
         if self.thread is None:
             with self.lock:
@@ -332,11 +435,10 @@ class Engine:
         task, res = slot.task, slot.result
         if error is None:
             if slot.decoder is not None and res.stop_type != "word":
-                tail = slot.held + slot.decoder.flush()
+                tail = slot.stop.flush() + slot.decoder.flush()
                 if tail:
                     res.text += tail
                     self._emit(task, ("token", tail, None))
-            slot.held = ""
             now = time.perf_counter()
             if slot.t_first:
                 res.predicted_ms = (now - slot.t_first) * 1e3
@@ -395,10 +497,16 @@ class Engine:
             slot.n_past = n_reuse
             slot.cache = slot.cache[:n_reuse]
             slot.todo = task.prompt_tokens[n_reuse:]
-            slot.sampler = Sampler(task.params, eos_ids=self._eos_ids)
-            for t in task.prompt_tokens:
-                slot.sampler.accept(t)
+            if task.sampler is not None:
+                slot.sampler = task.sampler
+            else:
+                slot.sampler = Sampler(task.params, eos_ids=self.tokenizer.eog_ids)
+                for t in task.prompt_tokens:
+                    slot.sampler.accept(t)
             slot.decoder = StreamDecoder(self.tokenizer, strip_leading_space=False)
+            slot.stop = StopMatcher(task.stop)
+            slot.eog = end_of_generation(self.tokenizer, ignore_eos=task.params.ignore_eos,
+                                         stop_token_ids=task.stop_token_ids)
             slot.result = Result(n_prompt=len(task.prompt_tokens), n_cached=n_reuse, slot=slot.id)
             slot.t_start = time.perf_counter()
 
@@ -527,44 +635,27 @@ class Engine:
             res.stop_type = "limit"
             self._finish(s)
             return
-        tok = s.sampler.sample(logits)
-        s.sampler.accept(tok)
+        tok = sample_token(s.sampler, logits)
         info = None
         if task.n_probs > 0:
             info = self._probs(logits, tok, task.n_probs)
-        if (self.tokenizer.is_eog(tok) and not task.params.ignore_eos) or tok in task.stop_token_ids:
+        elif task.want_ids:
+            info = {"id": tok}
+        if tok in s.eog:
             res.stop_type = "eos"
             self._finish(s)
             return
         res.tokens.append(tok)
         res.n_predicted += 1
         piece = s.decoder.push(tok)
-        s.held += piece
-        emitted = ""
-        stopped = False
-        if task.stop:
-            cut, word = -1, ""
-            for w in task.stop:
-                i = s.held.find(w)
-                if i >= 0 and (cut < 0 or i < cut):
-                    cut, word = i, w
-            if cut >= 0:
-                emitted = s.held[:cut]
-                s.held = ""
-                res.stop_type, res.stopping_word = "word", word
-                stopped = True
-            else:
-                keep = _partial_stop(s.held, task.stop)
-                emitted = s.held[:len(s.held) - keep]
-                s.held = s.held[len(s.held) - keep:]
-        else:
-            emitted, s.held = s.held, ""
+        emitted = s.stop.push(piece)
         if emitted or info is not None:
             res.text += emitted
             if info is not None:
                 info["piece"] = piece
             self._emit(task, ("token", emitted, info))
-        if stopped:
+        if s.stop.word is not None:
+            res.stop_type, res.stopping_word = "word", s.stop.word
             self._finish(s)
             return
         if task.n_predict > 0 and res.n_predicted >= task.n_predict:
@@ -587,3 +678,185 @@ class Engine:
         top = top[np.lexsort((top, -x[top]))]
         return {"id": int(tok), "logprob": float(x[tok] - lse),
                 "top": [(int(t), float(x[t] - lse)) for t in top]}
+
+
+# ------------------------------------------------------------------ one sequence, fed by its caller
+class Generator:
+    """One sequence of a Context that a caller keeps feeding (main.py): feed() evaluates tokens,
+    generate() samples a continuation.
+
+    The generator remembers what is in the KV cache (`self.tokens`, and nothing else of its
+    sequence is), so an interactive loop can keep appending user input and generating; with
+    context_shift a full context drops old tokens instead of ending (llama.cpp's --context-shift).
+    """
+
+    def __init__(self, ctx: Context, sampler: Sampler, *, seq_id: int = 0, timings: Timings | None = None,
+                 context_shift: bool = False, n_keep: int = 0):
+        self.ctx = ctx
+        self.sampler = sampler
+        self.seq_id = seq_id
+        self.tokens: list[int] = []
+        self.timings = timings or Timings()
+        self._pending_logits = None
+        self._undecoded: list[int] = []
+        self.context_full = False
+        # context shift (llama.cpp's --context-shift / --keep): when the context is full, keep the first
+        # n_keep tokens, drop the older half of the others and go on
+        self.context_shift = context_shift
+        self.n_keep = n_keep
+        self.n_shifts = 0
+
+    def _shift(self, new: list[int]) -> None:
+        """Evaluate `new` after the cached tokens when together they overflow the context: keep the
+        first n_keep tokens, drop the older half of the others (more if `new` needs it) and evaluate
+        what is kept again, in one batch, since the core cannot re-rotate cached keys to new positions.
+        ContextFull if nothing but the kept tokens would remain."""
+        full = self.tokens + list(new)
+        n_keep = min(max(self.n_keep, 0), len(full), max(self.ctx.n_ctx - 4, 0))   # llama.cpp's cap
+        n_left = len(full) - n_keep
+        n_discard = max(n_left // 2, len(full) - self.ctx.n_ctx)
+        if n_discard >= n_left:
+            raise ContextFull(f"{len(full)} tokens do not fit in the context of {self.ctx.n_ctx}, even after a "
+                              f"context shift keeping {n_keep}")
+        kept = full[:n_keep] + full[n_keep + n_discard:]
+        self.ctx.kv_seq_rm(self.seq_id, 0, -1)
+        self.tokens = []
+        t0 = time.perf_counter()
+        self.ctx.decode(kept, seq_id=self.seq_id, pos=range(len(kept)))
+        self.timings.prompt_ms += (time.perf_counter() - t0) * 1e3
+        self.timings.n_prompt += len(kept)
+        self.tokens = kept
+        self._pending_logits = self.ctx.logits()
+        self.n_shifts += 1
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def feed(self, tokens: Iterable[int]) -> None:
+        """Evaluate tokens (a prompt or user input) in one batched decode."""
+        tokens = self._undecoded + list(tokens)
+        self._undecoded = []
+        if not tokens:
+            return
+        if self.n_past + len(tokens) > self.ctx.n_ctx:
+            if not self.context_shift:
+                raise ContextFull(f"{self.n_past + len(tokens)} tokens do not fit in the context of "
+                                  f"{self.ctx.n_ctx}")
+            self._shift(tokens)
+        else:
+            t0 = time.perf_counter()
+            self.ctx.decode(tokens, seq_id=self.seq_id, pos=range(self.n_past, self.n_past + len(tokens)))
+            self.timings.prompt_ms += (time.perf_counter() - t0) * 1e3
+            self.timings.n_prompt += len(tokens)
+            self.tokens += tokens
+            self._pending_logits = self.ctx.logits()
+        for t in tokens:
+            self.sampler.accept(t)
+
+    def generate(self, n_predict: int = -1, *, eog_ids: Iterable[int] = ()) -> Iterator[int]:
+        """Yield sampled tokens until one of eog_ids (see end_of_generation; yielded, not evaluated),
+        n_predict tokens (-1: no limit) or a full context (then `context_full` is set)."""
+        if self._pending_logits is None:
+            raise RuntimeError("generate: feed() a prompt first")
+        eog = set(eog_ids)
+        self.context_full = False
+        n = 0
+        while n_predict < 0 or n < n_predict:
+            t0 = time.perf_counter()
+            token = sample_token(self.sampler, self._pending_logits)
+            self.timings.sample_ms += (time.perf_counter() - t0) * 1e3
+            self.timings.n_sample += 1
+            n += 1
+            yield token
+            if token in eog:
+                self._pending_logits = None
+                return
+            if self.n_past >= self.ctx.n_ctx and n != n_predict and self.context_shift:
+                self._shift([token])           # evaluates the token with what is kept
+                continue
+            if n == n_predict or self.n_past >= self.ctx.n_ctx:
+                self._undecoded = [token]      # evaluated by the next feed(), if any
+                self._pending_logits = None
+                self.context_full = n != n_predict
+                return
+            t0 = time.perf_counter()
+            self.ctx.decode([token], seq_id=self.seq_id, pos=[self.n_past])
+            self.timings.eval_ms += (time.perf_counter() - t0) * 1e3
+            self.timings.n_eval += 1
+            self.tokens.append(token)
+            self._pending_logits = self.ctx.logits()
+
+
+# ------------------------------------------------------------------ N continuations of one prompt
+@dataclass
+class BatchedResult:
+    tokens: list[list[int]]              # generated tokens of each sequence (the end-of-text token excluded)
+    finished_at: list[int]               # n_cur when each sequence ended
+    n_decode: int = 0                    # tokens decoded after the prompt (all sequences)
+    n_steps: int = 0                     # decode calls after the prompt
+    t_gen_s: float = 0.0                 # seconds from the first sample to the end
+    timings: Timings = field(default_factory=Timings)
+
+
+def decode_parallel(ctx: Context, prompt_ids: list[int], n_len: int, samplers: list[Sampler],
+                    eog_ids=(), on_token=None, on_finish=None, timings: Timings | None = None) -> BatchedResult:
+    """Decode prompt_ids once into sequence 0, share it with sequences 1..N-1 (N = len(samplers)),
+    then extend every sequence by one token per step in a single decode call until end-of-text
+    or a total length of n_len. on_token(s, token) / on_finish(s, n_cur) are called as it goes.
+    Sequence s equals a single-sequence run with samplers[s] (every row is computed independently)."""
+    n_parallel = len(samplers)
+    n_prompt = len(prompt_ids)
+    eog = set(eog_ids)
+    timings = timings or Timings()
+    res = BatchedResult(tokens=[[] for _ in range(n_parallel)], finished_at=[-1] * n_parallel, timings=timings)
+
+    ctx.kv_clear()
+    t0 = time.perf_counter()
+    ctx.decode(prompt_ids, pos=range(n_prompt), seq_id=0, logits="last")
+    timings.prompt_ms += (time.perf_counter() - t0) * 1e3
+    timings.n_prompt += n_prompt
+    for s in range(1, n_parallel):
+        ctx.kv_seq_cp(0, s)
+    for smp in samplers:
+        for t in prompt_ids:
+            smp.accept(t)
+
+    # row of the decode output holding each sequence's next-token logits (-1: finished)
+    row = [n_prompt - 1] * n_parallel
+    logits_of = {n_prompt - 1: ctx.logits(n_prompt - 1)}
+    n_cur = n_prompt
+    t_start = time.perf_counter()
+    while n_cur <= n_len:
+        batch_tok, batch_seq = [], []
+        t_s = time.perf_counter()
+        for s in range(n_parallel):
+            if row[s] < 0:
+                continue
+            tok = sample_token(samplers[s], logits_of[row[s]])
+            timings.n_sample += 1
+            if tok in eog or n_cur == n_len:
+                row[s] = -1
+                res.finished_at[s] = n_cur
+                if on_finish:
+                    on_finish(s, n_cur)
+                continue
+            res.tokens[s].append(tok)
+            if on_token:
+                on_token(s, tok)
+            row[s] = len(batch_tok)
+            batch_tok.append(tok)
+            batch_seq.append(s)
+        timings.sample_ms += (time.perf_counter() - t_s) * 1e3
+        if not batch_tok:
+            break
+        t_d = time.perf_counter()
+        ctx.decode(batch_tok, pos=[n_cur] * len(batch_tok), seq_id=batch_seq, logits="all")
+        timings.eval_ms += (time.perf_counter() - t_d) * 1e3
+        timings.n_eval += len(batch_tok)
+        logits_of = {i: ctx.logits(i) for i in range(len(batch_tok))}
+        res.n_decode += len(batch_tok)
+        res.n_steps += 1
+        n_cur += 1
+    res.t_gen_s = time.perf_counter() - t_start
+    return res

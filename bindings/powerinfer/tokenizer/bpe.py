@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import heapq
 
-from .tokenizer import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, _VALID_TYPES,
-                        _as_list, _as_text, _VocabLookups)
+from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VALID_TYPES,
+                    Tokenizer, as_list, as_text, merge_symbols)
 
 __all__ = ["BPETokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
 
@@ -109,7 +109,7 @@ def _compile(patterns: tuple[str, ...]):
     return [regex.compile(p) for p in patterns]
 
 
-class BPETokenizer(_VocabLookups):
+class BPETokenizer(Tokenizer, model="gpt2"):
     """A byte-level BPE tokenizer over a GGUF vocabulary (same interface as ``Tokenizer``)."""
 
     add_space_prefix = False
@@ -142,7 +142,7 @@ class BPETokenizer(_VocabLookups):
         self._tokens = [str(t) for t in tokens]
         self._types = [TOKEN_NORMAL] * n if types is None else [int(t) for t in types]
         for i, t in enumerate(self._types):
-            if t not in _VALID_TYPES:
+            if t not in VALID_TYPES:
                 raise ValueError(f"token {i} ({self._tokens[i]!r}) has unsupported token type {t}")
         self.n_vocab = n
         self.bos_id, self.eos_id, self.unk_id, self.pad_id = bos_id, eos_id, unk_id, pad_id
@@ -153,7 +153,7 @@ class BPETokenizer(_VocabLookups):
         # merge ranks: "a b" split at the first space after the first character; the first rank wins
         self._ranks: dict[tuple[str, str], int] = {}
         for rank, m in enumerate(merges):
-            m = _as_text(m, "tokenizer.ggml.merges")
+            m = as_text(m, "tokenizer.ggml.merges")
             pos = m.find(" ", 1)
             if pos < 0:
                 continue
@@ -188,18 +188,19 @@ class BPETokenizer(_VocabLookups):
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict) -> "BPETokenizer":
+    def from_metadata(cls, meta: dict) -> "BPETokenizer":
+        """Build from a dict of GGUF keys (``tokenizer.ggml.*``, model "gpt2") to Python values."""
         if "tokenizer.ggml.tokens" not in meta:
             raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
         if "tokenizer.ggml.merges" not in meta:
             raise ValueError("byte-level BPE (gpt2) vocabulary without tokenizer.ggml.merges")
-        tokens = [_as_text(t, "tokenizer.ggml.tokens")
-                  for t in _as_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens")]
-        merges = _as_list(meta["tokenizer.ggml.merges"], "tokenizer.ggml.merges")
+        tokens = [as_text(t, "tokenizer.ggml.tokens")
+                  for t in as_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens")]
+        merges = as_list(meta["tokenizer.ggml.merges"], "tokenizer.ggml.merges")
         types = meta.get("tokenizer.ggml.token_type")
-        types = None if types is None else [int(t) for t in _as_list(types, "tokenizer.ggml.token_type")]
+        types = None if types is None else [int(t) for t in as_list(types, "tokenizer.ggml.token_type")]
         pre = meta.get("tokenizer.ggml.pre")
-        pre = "default" if pre is None else _as_text(pre, "tokenizer.ggml.pre")
+        pre = "default" if pre is None else as_text(pre, "tokenizer.ggml.pre")
 
         def special(name: str) -> int | None:
             value = meta.get(f"tokenizer.ggml.{name}_token_id")
@@ -296,9 +297,6 @@ class BPETokenizer(_VocabLookups):
         piece = list(word)
         if n > 1:
             ranks = self._ranks
-            nxt = list(range(1, n + 1))
-            nxt[-1] = -1
-            prev = list(range(-1, n - 1))
             heap: list[tuple[int, int, int, str]] = []
 
             def push(left: int, right: int) -> None:
@@ -306,22 +304,7 @@ class BPETokenizer(_VocabLookups):
                 if rank is not None:
                     heapq.heappush(heap, (rank, left, right, piece[left] + piece[right]))
 
-            for i in range(n - 1):
-                push(i, i + 1)
-            while heap:
-                _, left, right, text = heapq.heappop(heap)
-                if not piece[left] or not piece[right] or nxt[left] != right or piece[left] + piece[right] != text:
-                    continue   # stale: one side changed since this pair was queued
-                piece[left] = text
-                piece[right] = ""
-                after = nxt[right]
-                nxt[left] = after
-                if after >= 0:
-                    prev[after] = left
-                if prev[left] >= 0:
-                    push(prev[left], left)
-                if after >= 0:
-                    push(left, after)
+            merge_symbols(piece, push, heap, lambda entry, a, b, adjacent: adjacent and a + b == entry[3])
         ids: list[int] = []
         for p in piece:
             if not p:

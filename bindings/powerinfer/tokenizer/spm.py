@@ -29,22 +29,12 @@ rules (sentencepiece itself emits one U+FFFD per invalid byte).
 
 from __future__ import annotations
 
-import codecs
 import heapq
 import re
-from typing import Iterable
+from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNDEFINED, TOKEN_UNKNOWN, TOKEN_UNUSED,
+                    TOKEN_USER_DEFINED, VALID_TYPES, Tokenizer, as_list, as_text, merge_symbols)
 
-__all__ = ["Tokenizer", "StreamDecoder"]
-
-# tokenizer.ggml.token_type values
-TOKEN_UNDEFINED = 0
-TOKEN_NORMAL = 1
-TOKEN_UNKNOWN = 2
-TOKEN_CONTROL = 3
-TOKEN_USER_DEFINED = 4
-TOKEN_UNUSED = 5
-TOKEN_BYTE = 6
-_VALID_TYPES = frozenset(range(TOKEN_UNDEFINED, TOKEN_BYTE + 1))
+__all__ = ["SPMTokenizer"]
 
 # pieces that merges may produce (sentencepiece's ``pieces_`` map)
 _MERGEABLE_TYPES = frozenset({TOKEN_UNDEFINED, TOKEN_NORMAL, TOKEN_USER_DEFINED, TOKEN_UNUSED})
@@ -56,72 +46,12 @@ EOT_TEXTS = ("<|eot_id|>", "<end_of_turn>")
 _BYTE_RE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SPACE_CHUNK_RE = re.compile(SPACE_SYMBOL + "*[^" + SPACE_SYMBOL + "]*")
 
-_UNSUPPORTED_MODELS = {
-    "bert": "WordPiece (BERT style)",
-    "t5": "SentencePiece unigram (T5 style)",
-    "rwkv": "RWKV trie",
-    "no_vocab": "no vocabulary",
-}
-
-# chunk cache bounds (see Tokenizer._encode_chunks)
+# chunk cache bounds (see SPMTokenizer._encode_chunks)
 _CACHE_MAX_ENTRIES = 65536
 _CACHE_MAX_CHUNK_CHARS = 64
 
 
-def _as_list(value, key: str) -> list:
-    try:
-        return list(value)
-    except TypeError:
-        raise ValueError(f"{key} must be a sequence, got {type(value).__name__}") from None
-
-
-def _as_text(value, key: str) -> str:
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", errors="replace")
-    if isinstance(value, str):
-        return value
-    raise ValueError(f"{key} entries must be strings, got {type(value).__name__}")
-
-
-class _VocabLookups:
-    """Per-id lookups and decoding shared by the SentencePiece and BPE tokenizers. A subclass sets
-    n_vocab, _tokens, _types, _piece_bytes, _eog and implements _render(tid, at_start, skip_special)."""
-
-    def token_to_piece(self, id: int) -> bytes:
-        """Raw bytes of one token as it appears in text (control tokens: b"")."""
-        return self._piece_bytes[self._check_id(id)]
-
-    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        """Text of ``ids`` (SentencePiece: the dummy-prefix space of the first piece is dropped)."""
-        out = bytearray()
-        at_start = True
-        for tid in ids:
-            piece, at_start = self._render(tid, at_start, skip_special)
-            out += piece
-        return out.decode("utf-8", errors="replace")
-
-    def _check_id(self, tid) -> int:
-        tid = int(tid)
-        if not 0 <= tid < self.n_vocab:
-            raise ValueError(f"token id {tid} is out of range for a vocabulary of {self.n_vocab} tokens")
-        return tid
-
-    # ------------------------------------------------------------------ misc
-
-    def is_eog(self, id: int) -> bool:
-        """True for end-of-generation tokens: EOS, and EOT/EOM/end-of-turn where the vocabulary has them."""
-        return int(id) in self._eog
-
-    def id_to_text(self, id: int) -> str:
-        """The vocabulary entry of ``id`` as stored (e.g. "▁the", "<0x0A>", "<s>", "Ġthe")."""
-        return self._tokens[self._check_id(id)]
-
-    def token_type(self, id: int) -> int:
-        """The tokenizer.ggml.token_type value of ``id``."""
-        return self._types[self._check_id(id)]
-
-
-class Tokenizer(_VocabLookups):
+class SPMTokenizer(Tokenizer, model="llama"):
     """A llama/SentencePiece BPE tokenizer over a GGUF vocabulary."""
 
     def __init__(self, tokens: list[str], scores: list[float] | None = None,
@@ -150,7 +80,7 @@ class Tokenizer(_VocabLookups):
             types = self._guess_types(self._tokens, bos_id, eos_id, unk_id, eot_id)
         self._types = [int(t) for t in types]
         for i, t in enumerate(self._types):
-            if t not in _VALID_TYPES:
+            if t not in VALID_TYPES:
                 raise ValueError(f"token {i} ({self._tokens[i]!r}) has unsupported token type {t}")
 
         if unk_id is None:
@@ -173,30 +103,16 @@ class Tokenizer(_VocabLookups):
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict) -> "Tokenizer":
-        """Build from a dict of GGUF keys (``tokenizer.ggml.*``) to Python values.
-
-        A byte-level BPE vocabulary (model "gpt2") gives a ``tokenizer_bpe.BPETokenizer``, which has
-        the same interface (encode/decode/token_to_piece/is_eog/..., usable with StreamDecoder)."""
-        model = meta.get("tokenizer.ggml.model")
-        if model is None:
-            raise ValueError("GGUF metadata has no tokenizer.ggml.model; cannot build a tokenizer")
-        model = _as_text(model, "tokenizer.ggml.model")
-        if model == "gpt2":   # byte-level BPE: its own class with the same interface
-            from .tokenizer_bpe import BPETokenizer
-            return BPETokenizer.from_gguf_metadata(meta)
-        if model != "llama":
-            kind = _UNSUPPORTED_MODELS.get(model, "unknown tokenizer model")
-            raise ValueError(f"tokenizer model {model!r} ({kind}) is not supported yet; "
-                             "supported: 'llama' (SentencePiece BPE) and 'gpt2' (byte-level BPE)")
+    def from_metadata(cls, meta: dict) -> "SPMTokenizer":
+        """Build from a dict of GGUF keys (``tokenizer.ggml.*``, model "llama") to Python values."""
         if "tokenizer.ggml.tokens" not in meta:
             raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
-        tokens = [_as_text(t, "tokenizer.ggml.tokens")
-                  for t in _as_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens")]
+        tokens = [as_text(t, "tokenizer.ggml.tokens")
+                  for t in as_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens")]
         scores = meta.get("tokenizer.ggml.scores")
         types = meta.get("tokenizer.ggml.token_type")
-        scores = None if scores is None else [float(s) for s in _as_list(scores, "tokenizer.ggml.scores")]
-        types = None if types is None else [int(t) for t in _as_list(types, "tokenizer.ggml.token_type")]
+        scores = None if scores is None else [float(s) for s in as_list(scores, "tokenizer.ggml.scores")]
+        types = None if types is None else [int(t) for t in as_list(types, "tokenizer.ggml.token_type")]
 
         def special(name: str, fallback_text: str | None = None) -> int | None:
             value = meta.get(f"tokenizer.ggml.{name}_token_id")
@@ -388,9 +304,6 @@ class Tokenizer(_VocabLookups):
         if n < 2:
             return piece
         frozen = [f for _, f in symbols]
-        prev = list(range(-1, n - 1))
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
         scores, unused = self._merge_score, self._unused
         rev_merge: dict[str, tuple[str, str]] = {}
         heap: list[tuple[float, int, int, int]] = []
@@ -406,29 +319,11 @@ class Tokenizer(_VocabLookups):
             if unused and a + b in unused:
                 rev_merge[a + b] = (a, b)
 
-        for i in range(n - 1):
-            candidate(i, i + 1)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            a, b = piece[left], piece[right]
-            if not a or not b or len(a) + len(b) != size:
-                continue  # stale: one side was merged since this pair was queued
-            piece[left] = a + b
-            piece[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            if after >= 0:
-                prev[after] = left
-            if prev[left] >= 0:
-                candidate(prev[left], left)
-            if after >= 0:
-                candidate(left, after)
-
+        merge_symbols(piece, candidate, heap, lambda entry, a, b, adjacent: len(a) + len(b) == entry[3])
         result: list[str] = []
-        i = 0
-        while i >= 0:
-            self._resegment(piece[i], rev_merge, result)
-            i = nxt[i]
+        for p in piece:
+            if p:
+                self._resegment(p, rev_merge, result)
         return result
 
     def _resegment(self, w: str, rev_merge: dict, out: list[str]) -> None:
@@ -537,23 +432,3 @@ class _PieceMatcher:
                 continue
             yield begin, found[0], found[1]
             pos = found[0]
-
-
-class StreamDecoder:
-    """Incremental, UTF-8-safe detokenizer: concatenated output equals ``Tokenizer.decode``."""
-
-    def __init__(self, tokenizer: Tokenizer, strip_leading_space: bool = True):
-        self._tokenizer = tokenizer
-        self._at_start = strip_leading_space
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, id: int) -> str:
-        """Add one token; return the text completed by it ("" while a character is partial)."""
-        piece, self._at_start = self._tokenizer._render(id, self._at_start, True)
-        return self._utf8.decode(piece)
-
-    def flush(self) -> str:
-        """Return any pending incomplete bytes (as U+FFFD) and reset the byte buffer."""
-        text = self._utf8.decode(b"", final=True)
-        self._utf8.reset()
-        return text

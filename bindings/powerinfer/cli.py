@@ -1,0 +1,253 @@
+"""The examples' shared command line, as llama.cpp keeps it in common/arg.cpp: the model, context,
+sampling, sparse and GPU flags are defined here once, with the steps every program takes with them
+(load the model, make the context, log what was made), so that each example is the program it is about.
+
+Built on cli_args (exact flag matching, llama.cpp's compatibility flags), hub (-m / -hf) and offload
+(the GPU flags). Messages go to stderr; a step that fails raises CLIError, which the program prints
+as `error: ...` with exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from . import act_sparsity
+from ._ffi import PowerInferError
+from .cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
+from .context import Context
+from .gguf_file import ModelLoadError
+from .hub import HubError, add_model_args, bundled_model, resolve_model
+from .model import Model
+from .offload import add_gpu_args, gpu_kwargs
+from .sampling import SamplingParams
+
+__all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_interactive_args", "add_sampling_args",
+           "load_model", "log", "make_context", "parse", "parser", "read_input", "sampling_params", "sparse_report"]
+
+YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
+_SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)
+
+
+class CLIError(Exception):
+    """A failed step: the program prints `error: <message>` and exits with status 1."""
+
+
+def log(msg: str = "", end: str = "\n") -> None:
+    print(msg, file=sys.stderr, end=end, flush=True)
+
+
+def parser(doc: str, **kwargs) -> ArgumentParser:
+    """The program's parser (exact flag names), described by the first paragraph of its docstring,
+    with the model flags (-m, -hf, ...; default: the bundled model)."""
+    p = ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                       **kwargs)
+    add_model_args(p, default=bundled_model())
+    return p
+
+
+def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None, batch_size: bool = True) -> None:
+    """-c (when ctx_size, its help), -b, -t, --kv-type, and the sparse model's --sparse-threshold, --sparsity,
+    --dense, -nr."""
+    if ctx_size is not None:
+        p.add_argument("-c", "--ctx-size", type=int, default=None, help=ctx_size)
+    if batch_size:
+        p.add_argument("-b", "--batch-size", type=int, default=512,
+                       help="tokens per decode call for prompts (default: %(default)s)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
+    p.add_argument("--sparse-threshold", type=float, default=None,
+                   help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
+                        "else the file's powerinfer.sparse_threshold, else 0.0)")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
+                        "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
+    p.add_argument("--dense", action="store_true",
+                   help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
+    p.add_argument("-nr", "--no-repack", action="store_true",
+                   help="keep the file's weight layout: no interleaved copy, slower matmuls")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP, *, seed: int = -1,
+                      seed_help: str = "RNG seed (-1 = random)", penalties: bool = True) -> None:
+    """-s, --temp, --top-k, --top-p, --min-p, (penalties) --repeat-penalty, --repeat-last-n,
+    --presence-penalty, --frequency-penalty, and --ignore-eos; defaults from `defaults`."""
+    p.add_argument("-s", "--seed", type=int, default=seed, help=seed_help + " (default: %(default)s)")
+    p.add_argument("--temp", type=float, default=defaults.temperature,
+                   help="temperature, <= 0 for greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=defaults.top_k, help="top-k sampling, <= 0 off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=defaults.top_p, help="top-p sampling, 1.0 off (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=defaults.min_p, help="min-p sampling, 0 off (default: %(default)s)")
+    if penalties:
+        p.add_argument("--repeat-penalty", type=float, default=defaults.repeat_penalty,
+                       help="repeat penalty, 1.0 off (default: %(default)s)")
+        p.add_argument("--repeat-last-n", type=int, default=defaults.repeat_last_n,
+                       help="tokens the penalties look back over, -1 = all (default: %(default)s)")
+        p.add_argument("--presence-penalty", type=float, default=defaults.presence_penalty,
+                       help="presence penalty (default: %(default)s)")
+        p.add_argument("--frequency-penalty", type=float, default=defaults.frequency_penalty,
+                       help="frequency penalty (default: %(default)s)")
+    p.add_argument("--ignore-eos", action="store_true", help="never stop at an end-of-generation token")
+
+
+def add_interactive_args(p: argparse.ArgumentParser) -> None:
+    """Interactive and conversation mode (-i, -r, -cnv, -sys, ...), context shift, prompt display."""
+    p.add_argument("-i", "--interactive", action="store_true", help="interactive mode: hand control to the user")
+    p.add_argument("--interactive-first", action="store_true", help="interactive mode, and wait for input first")
+    p.add_argument("-r", "--reverse-prompt", action="append", default=[],
+                   help="in interactive mode, stop generating at this text and wait for input (repeatable)")
+    p.add_argument("-cnv", "--conversation", action="store_true", default=None,
+                   help="conversation mode: chat through the model's chat template (-sys: the system message, "
+                        "-p: the first user message) (default: on when the model has a chat template)")
+    p.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false",
+                   help="plain text completion even when the model has a chat template")
+    p.add_argument("-sys", "--system-prompt", default=None, help="with -cnv: the system message")
+    p.add_argument("-st", "--single-turn", action="store_true",
+                   help="with -cnv: answer one message (-p, else the first typed line), then exit")
+    p.add_argument("--context-shift", action="store_true",
+                   help="when the context is full, drop the older half of the tokens after --keep and go on "
+                        "(default: stop, as llama.cpp)")
+    p.add_argument("--keep", type=int, default=0,
+                   help="with --context-shift: prompt tokens to keep (-1 = the whole prompt) (default: %(default)s)")
+    p.add_argument("--chat-template", default=None,
+                   help="with -cnv: a built-in template name (chatml, llama2, vicuna, gemma) or Jinja template text "
+                        "(default: the file's tokenizer.chat_template)")
+    p.add_argument("--in-prefix", default="", help="text added before each user input")
+    p.add_argument("--in-suffix", default="", help="text added after each user input")
+    p.add_argument("--color", action="store_true", help="colour the prompt and the user input")
+    p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens before generating")
+    p.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+
+
+def parse(p: argparse.ArgumentParser, argv, *, prog: str, intermixed: bool = False) -> argparse.Namespace:
+    """Add llama.cpp's compatibility flags and the GPU flags, parse, and apply the compatibility flags."""
+    add_llama_compat_args(p)
+    add_gpu_args(p)
+    args = p.parse_intermixed_args(argv) if intermixed else p.parse_args(argv)
+    apply_llama_compat(p, args, prog=prog)
+    return args
+
+
+def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
+    """SamplingParams from the flags of add_sampling_args (validated; ValueError if out of range)."""
+    kw = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+              ignore_eos=args.ignore_eos)
+    for name in ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty"):
+        if hasattr(args, name):
+            kw[name] = getattr(args, name)
+    params = SamplingParams(**{**kw, **overrides})
+    params.validate()
+    return params
+
+
+def load_model(args: argparse.Namespace, prog: str) -> Model:
+    """The model of -m / -hf (dots on stderr while a slow load runs); CLIError if it cannot load."""
+    try:
+        path = resolve_model(args)
+    except HubError as e:
+        raise CLIError(str(e)) from None
+    try:
+        with LoadProgress(prog):
+            model = Model(path, repack=False if args.no_repack else None)
+    except (ModelLoadError, OSError) as e:
+        raise CLIError(f"failed to load model: {e}") from None
+    log(f"{prog}: loaded {model.describe()}")
+    return model
+
+
+def make_context(args: argparse.Namespace, model: Model, prog: str, **kwargs) -> Context:
+    """A Context with the flags of add_context_args and the GPU flags (kwargs: n_ctx, n_batch,
+    n_seq_max... override them); logs the GPU placement and the sparse mode. CLIError on failure."""
+    kw = dict(n_ctx=getattr(args, "ctx_size", None), n_batch=getattr(args, "batch_size", 512),
+              n_threads=args.threads or None, kv_type=args.kv_type, sparse_threshold=args.sparse_threshold,
+              dense=args.dense, sparsity=getattr(args, "sparsity", None), **gpu_kwargs(args))
+    try:
+        ctx = Context(model, **{**kw, **kwargs})
+    except (ValueError, PowerInferError) as e:
+        raise CLIError(str(e)) from None
+    for line in ctx.gpu_log:
+        log(line)
+    if model.sparse:
+        log(f"{prog}: PowerInfer model, " + ("every neuron is computed (--dense)" if args.dense else
+            f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))
+    elif model.gate_sparse:
+        log(f"{prog}: {act_sparsity.describe(ctx)}")
+    return ctx
+
+
+def sparse_report(ctx: Context) -> None:
+    """The share of FFN neurons each layer computed (sparse models; gate-sparse: and the gate's inputs), on stderr."""
+    if ctx.sparse:
+        active, total = ctx.sparse_stats()
+        if total:
+            log("sparse: neurons computed per layer: " + " ".join(f"{a / total:.1%}" for a in active))
+        if ctx.input_thresholds is not None:
+            active, total = ctx.gate_input_stats()
+            if total:
+                log("sparse: gate inputs read per layer: " + " ".join(f"{a / total:.1%}" for a in active))
+
+
+def read_input(readline) -> str | None:
+    """One user input from readline(): a line ending in a backslash continues on the next (the
+    backslash becomes a newline). None at end of input."""
+    lines = []
+    while True:
+        line = readline()
+        if not line:
+            return None
+        if line.endswith("\\\n"):
+            lines.append(line[:-2] + "\n")
+            continue
+        lines.append(line)
+        return "".join(lines)
+
+
+# ------------------------------------------------------------------ the terminal (llama.cpp's common/console)
+class Interrupt:
+    """Ctrl-C: in interactive mode the first press during generation hands control to the user;
+    otherwise (a second press, or at the input prompt) it ends the run."""
+
+    def __init__(self, interactive: bool):
+        self.interactive, self.requested, self.reading = interactive, False, False
+        signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum, frame):
+        if self.interactive and not self.requested and not self.reading:
+            self.requested = True
+            return
+        raise KeyboardInterrupt
+
+    def begin_input(self) -> None:
+        """From here until readline() returns, Ctrl-C exits: call it before showing the input prompt."""
+        self.requested, self.reading = False, True
+
+    def readline(self) -> str:
+        """A line of user input; Ctrl-C here exits (a plain handler return would resume the read)."""
+        self.reading = True
+        try:
+            return sys.stdin.readline()
+        finally:
+            self.reading = False
+
+
+class Console:
+    """stdout, coloured with --color; remembers whether the last text written ended its line."""
+
+    def __init__(self, color: bool):
+        self.color, self.line_open = color, False
+
+    def write(self, text: str, colour: str | None = None) -> None:
+        sys.stdout.write(f"{colour}{text}{RESET}" if colour and self.color and text else text)
+        sys.stdout.flush()
+        self.line_open = (not text.endswith("\n")) if text else self.line_open
+
+    def read(self, interrupt: Interrupt, prompt: str) -> str:
+        """The user's next input, after `prompt`; EOFError at the end of input."""
+        interrupt.begin_input()
+        self.write(prompt + (GREEN if self.color else ""))
+        text = read_input(interrupt.readline)
+        self.write(RESET if self.color else "")
+        if text is None:
+            raise EOFError
+        self.line_open = False
+        return text

@@ -1,0 +1,15 @@
+"""Tokenizers built from GGUF metadata alone: the vocabulary side every kind shares (vocab.py),
+SentencePiece BPE (spm.py, tokenizer.ggml.model "llama") and byte-level BPE (bpe.py, "gpt2").
+`load(metadata)` picks one; every kind is a `Tokenizer` (encode/decode/token_to_piece/is_eog/...,
+usable with StreamDecoder)."""
+from __future__ import annotations
+
+from .bpe import BPETokenizer
+from .spm import SPMTokenizer
+from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNDEFINED, TOKEN_UNKNOWN, TOKEN_UNUSED,
+                    TOKEN_USER_DEFINED, StreamDecoder, Tokenizer)
+
+__all__ = ["BPETokenizer", "SPMTokenizer", "StreamDecoder", "Tokenizer", "load", "TOKEN_BYTE", "TOKEN_CONTROL",
+           "TOKEN_NORMAL", "TOKEN_UNDEFINED", "TOKEN_UNKNOWN", "TOKEN_UNUSED", "TOKEN_USER_DEFINED"]
+
+load = Tokenizer.from_gguf_metadata     # (both modules above have registered their model names)

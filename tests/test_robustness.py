@@ -1095,7 +1095,7 @@ OP_MISMATCHES = {
         ("down_t_E", lambda a, k: k[0].down_t.ne.__setitem__(0, 32), ["sparse_ffn down_t"]),
         ("down_t_transposed", lambda a, k: (k[0].down_t.ne.__setitem__(0, 96), k[0].down_t.ne.__setitem__(1, 64),
                                             k[0].down_t.nb.__setitem__(1, 192)), ["sparse_ffn down_t"]),
-        ("gate_missing", lambda a, k: setattr(k[0].gate, "data", ffi.NULL), ["sparse_ffn gate", "NULL"]),
+        # gate.data NULL in PAR mode is the gate given (the scores are its values): tests/test_act_sparsity.py
         ("up_missing", lambda a, k: setattr(k[0].up, "data", ffi.NULL), ["sparse_ffn up", "NULL"]),
         ("up_type_99", lambda a, k: setattr(k[0].up, "type", 99), ["sparse_ffn up"]),
         ("down_t_i32", lambda a, k: retype(k[0].down_t, I32), ["sparse_ffn down_t"]),
@@ -1123,6 +1123,8 @@ needs_sparse = pytest.mark.skipif(not hasattr(lib, "pi_op_sparse_ffn"), reason="
 def test_sparse_ffn_bad_weight_member(member):
     _, args0, _, keep0 = OPS["sparse_ffn"]()
     for label, _, _ in list(_bad_variants(getattr(keep0[0], member))):
+        if member == "gate" and label == "data_null":
+            continue      # the gate given: valid (test_sparse_ffn_without_gate_in_seq_mode)
         fn, args, _, keep = OPS["sparse_ffn"]()
         args[0] = ffi.NULL
         [(mutate, codes)] = [(m, c) for lab, m, c in _bad_variants(getattr(keep[0], member)) if lab == label]
@@ -1138,9 +1140,11 @@ def test_sparse_ffn_without_gate_in_seq_mode():
     keep[0].gate.data = ffi.NULL
     args[3] = lib.PI_FFN_SEQ
     assert fn(*args) == OK, last_error()
-    args[3] = lib.PI_FFN_PAR
+    args[3] = lib.PI_FFN_PAR        # no gate rows in a gated mode: the scores are the gate's values (activation
+    assert fn(*args) == OK, last_error()   # sparsity, tests/test_act_sparsity.py checks the result)
+    keep[0].up.data = ffi.NULL      # neither gate nor up: only as an input-sparse matmul (mode seq)
     poison_error()
-    expect(fn(*args), INVALID, "sparse_ffn gate")
+    expect(fn(*args), INVALID, "sparse_ffn up", "NULL")
 
 
 def test_op_huge_sizes_do_not_read_out_of_bounds():
@@ -1675,6 +1679,32 @@ def test_sparse_stats_bad_args(model):
     expect(lib.pi_neuron_counts(ctx, 0, counts), INVALID, "not a sparse")   # (test_sparse.py: sparse cases)
 
 
+def test_thresholds_histogram_and_input_stats_bad_args(model):
+    """Per-layer thresholds, the calibration histogram and the gate-input statistics (the sparse cases:
+    tests/test_act_sparsity.py)."""
+    ctx = make_ctx(model, n_ctx=8)
+    n = TINY["n_layer"]
+    good, nan = ffi.new("float[]", [0.5] * n), ffi.new("float[]", [0.5] * (n - 1) + [float("nan")])
+    for fn in (lib.pi_set_sparse_thresholds, lib.pi_set_gate_input_thresholds):
+        poison_error()
+        expect(fn(ffi.NULL, good), INVALID, "NULL")
+        poison_error()
+        expect(fn(ctx, nan), INVALID, "NaN", f"layer {n - 1}")
+        assert fn(ctx, good) == OK and fn(ctx, ffi.NULL) == OK
+    active, total = ffi.new("int64_t[]", n), ffi.new("int64_t *")
+    for c, a, t in ((ffi.NULL, active, total), (ctx, ffi.NULL, total), (ctx, active, ffi.NULL)):
+        poison_error()
+        expect(lib.pi_gate_input_stats(c, a, t), INVALID, "NULL")
+    hist = ffi.new("int64_t[]", n * lib.PI_ACT_HIST_KINDS * lib.PI_ACT_HIST_BINS)
+    for c, h in ((ffi.NULL, hist), (ctx, ffi.NULL)):
+        poison_error()
+        expect(lib.pi_act_histogram(c, h), INVALID, "NULL")
+    poison_error()
+    expect(lib.pi_act_histogram(ctx, hist), INVALID, "without act_histogram")
+    assert lib.pi_act_histogram_edge(-5) == 0.0 and lib.pi_act_histogram_edge(0) == 0.0
+    assert lib.pi_act_histogram_edge(1) == 2.0**-24 and lib.pi_act_histogram_edge(2**31 - 1) > 0
+
+
 def test_device_and_offload_bad_args(model):
     """The GPU placement API (the device itself: tests/test_hybrid.py on the emulated device)."""
     ctx = make_ctx(model, n_ctx=8)
@@ -1742,6 +1772,8 @@ COVERED = {
     "pi_device_count", "pi_device_get_info", "pi_device_allocated_bytes", "pi_device_peak_bytes",
     "pi_device_reset_peak", "pi_gpu_backend_name", "pi_offload_compute_bytes", "pi_context_offload",
     "pi_context_offload_stats", "pi_context_hot_neurons",
+    "pi_set_sparse_thresholds", "pi_set_gate_input_thresholds", "pi_gate_input_stats", "pi_act_histogram",
+    "pi_act_histogram_edge",
 }
 
 

@@ -448,7 +448,8 @@ pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_m
         return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: unknown gate mode %d", gate_mode);
     if (!w->up.data) {   /* an input-sparse matmul: down_t [n_out, F] alone, the scores [F, T] are h */
         if (gate_mode != PI_FFN_SEQ || w->gate.data)
-            return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: without up, the gate mode must be seq and no gate given");
+            return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn up: NULL with a gate (an input-sparse matmul has neither: "
+                                               "gate mode seq, gate and up NULL)");
         return check_weight(&w->down_t, w->down_t.ne[0], F, true, "sparse_ffn down_t");
     }
     if (gate_mode != PI_FFN_SEQ && w->gate.data) RETURN_IF(check_weight(&w->gate, E, F, true, "sparse_ffn gate"));
@@ -462,7 +463,9 @@ pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, 
                            int64_t *n_active) {
     RETURN_IF(pi_check_tensor(x, "sparse_ffn x"));
     if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
-    const int64_t E = x->ne[0], T = x->ne[1], F = w->down_t.ne[1], E_out = w->up.data ? E : w->down_t.ne[0];
+    /* F from up (the FFN's channels), or from down_t for an input-sparse matmul */
+    const int64_t E = x->ne[0], T = x->ne[1], F = w->up.data ? w->up.ne[1] : w->down_t.ne[1];
+    const int64_t E_out = w->up.data ? E : w->down_t.ne[0];
     RETURN_IF(pi_check_sparse_weights(w, gate_mode, E, F));
     RETURN_IF(check_f32_2d(x, E, T, "sparse_ffn x"));
     RETURN_IF(check_f32_2d(scores, F, T, "sparse_ffn scores"));

@@ -137,6 +137,19 @@ static inline void pi_q4_0_axpy_block(__m256 scale, const uint8_t *qs, __m256 y[
     y[3] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)), y[3]);
 }
 
+#if defined(__AVX512F__)
+/* The same 32 fmas with 512-bit registers: y[0] elements 0..15 (low nibbles), y[1] 16..31 (high nibbles);
+ * q - 8 comes from a 16-entry table (vpermps reads an index's low 4 bits), the same exact values. */
+static inline __m512 pi_q4_0_minus8_table(void) {
+    return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+static inline void pi_q4_0_axpy_block16(__m512 table, __m512 scale, const uint8_t *qs, __m512 y[2]) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    y[0] = _mm512_fmadd_ps(scale, _mm512_permutexvar_ps(v, table), y[0]);
+    y[1] = _mm512_fmadd_ps(scale, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table), y[1]);
+}
+#endif
+
 static inline void pi_load4_ps(const float *p, __m256 y[4]) {
     for (int i = 0; i < 4; i++) y[i] = _mm256_loadu_ps(p + 8 * i);
 }

@@ -144,6 +144,22 @@ void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
 /* Eight rows in order per block, the 32 outputs in registers (same bits as eight pi_axpy_q4_0r). */
 void pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y) {
     const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
+#if PI_HAVE_ROWS16
+    const __m512 table = pi_q4_0_minus8_table();
+    for (int64_t s = 0; s < n / 256; s++) {
+        float scale[8][8];   /* [row][lane] a_k * d */
+        for (int k = 0; k < 8; k++) _mm256_storeu_ps(scale[k], sb_scales(&r[k][s], a[k]));
+        for (int b = 0; b < 8; b++) {
+            float *yp = y + 256 * s + 32 * b;
+            __m512 yb[2] = { _mm512_loadu_ps(yp), _mm512_loadu_ps(yp + 16) };
+            for (int k = 0; k < 8; k++)
+                pi_q4_0_axpy_block16(table, _mm512_set1_ps(scale[k][LANE_OF[b]]), r[k][s].qs[b], yb);
+            _mm512_storeu_ps(yp, yb[0]);
+            _mm512_storeu_ps(yp + 16, yb[1]);
+        }
+    }
+    return;
+#endif
     for (int64_t s = 0; s < n / 256; s++) {
         float scale[8][8];   /* [row][lane] a_k * d */
         for (int k = 0; k < 8; k++) _mm256_storeu_ps(scale[k], sb_scales(&r[k][s], a[k]));

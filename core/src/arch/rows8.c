@@ -190,6 +190,17 @@ void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t
  * added in order, each exactly as pi_axpy_q4_0 adds it (fma(a_k d, q - 8, y)). */
 void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y) {
     const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
+#if PI_HAVE_ROWS16
+    const __m512 table = pi_q4_0_minus8_table();
+    for (int64_t b = 0; b < n / PI_QK4_0; b++) {
+        __m512 yb[2] = { _mm512_loadu_ps(y + b * PI_QK4_0), _mm512_loadu_ps(y + b * PI_QK4_0 + 16) };
+        for (int k = 0; k < 8; k++)
+            pi_q4_0_axpy_block16(table, _mm512_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d)), r[k][b].qs, yb);
+        _mm512_storeu_ps(y + b * PI_QK4_0, yb[0]);
+        _mm512_storeu_ps(y + b * PI_QK4_0 + 16, yb[1]);
+    }
+    return;
+#endif
     for (int64_t b = 0; b < n / PI_QK4_0; b++) {
         __m256 yb[4];
         pi_load4_ps(y + b * PI_QK4_0, yb);

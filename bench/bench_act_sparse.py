@@ -4,13 +4,15 @@ in one process, with the bytes-read bound of each.
 
     PYTHONPATH=bindings python bench/bench_act_sparse.py MODEL.sparse.gguf -t 2 -n 32 -r 3
 
-Runs: ``dense`` (dense=True: the file's dense FFN, exactly the input model) and one run per stored
-level, interleaved (dense, level 1, level 2, ..., then again) so that drift of the machine hits them
-alike. Each run clears the KV cache, decodes a fixed 8-token prompt as one batch and then -n fixed
+Runs: ``dense`` (dense=True: the file's dense FFN, exactly the input model) and per stored level ``L``
+(channels by |act(gate)|, the gate dense: CATS) and, when the file has gate-input thresholds
+(ffn_gate_t), ``L+in`` (the gate over the input entries above their thresholds too: TEAL on the gate),
+interleaved (dense, then each, then again) so that drift of the machine hits them alike. Each run clears the KV cache, decodes a fixed 8-token prompt as one batch and then -n fixed
 pseudo-random tokens one at a time; tokens/s is over those -n tokens, the median over -r runs.
 
 The bytes bound: the weights a token reads (attention, the output head, the FFN: dense gate + up + down,
-sparse gate + the measured fraction of up and down_t rows, from ctx.sparse_stats over the timed tokens)
+sparse gate (or the measured fraction of ffn_gate_t's rows) + the measured fraction of up and down_t rows,
+from ctx.sparse_stats / ctx.gate_input_stats over the timed tokens)
 divided by the memory read bandwidth (bench_sparse.measure_bandwidth, or --bandwidth GB/s). The ratio
 dense_bytes / sparse_bytes is the speed-up bound when decode is memory-bound.
 """
@@ -53,8 +55,8 @@ def weight_bytes(model: powerinfer.Model) -> dict[str, int]:
     return parts
 
 
-def down_t_bytes(model: powerinfer.Model) -> int:
-    return sum(int(t.data.nbytes) for n, t in model.file.tensors.items() if n.endswith(".ffn_down_t.weight"))
+def bytes_of(model: powerinfer.Model, suffix: str) -> int:
+    return sum(int(t.data.nbytes) for n, t in model.file.tensors.items() if n.endswith(suffix))
 
 
 def run(ctx, prompt, tokens) -> float:
@@ -86,9 +88,15 @@ def main(argv=None) -> int:
     tokens = rng.integers(3, model.n_vocab, a.n_gen).tolist()
     ctxs = {"dense": powerinfer.Context(model, n_ctx=256, n_threads=a.threads, dense=True)}
     for lv in levels:
-        ctxs[f"{lv:g}"] = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
+        ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
+        if ctx.input_thresholds is not None:
+            ctxs[f"{lv:g}+in"] = ctx
+            ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
+            ctx.set_gate_input_thresholds(None)
+        ctxs[f"{lv:g}"] = ctx
+    ctxs = dict(sorted(ctxs.items(), key=lambda kv: (kv[0] != "dense", kv[0])))
     speeds = {k: [] for k in ctxs}
-    active = {}
+    active, inputs = {}, {}
     for name, ctx in ctxs.items():   # warm-up: page the file in for every path
         run(ctx, prompt, tokens[:4])
     for _ in range(a.repeat):
@@ -97,9 +105,11 @@ def main(argv=None) -> int:
             if ctx.sparse:
                 act, total = ctx.sparse_stats()
                 active[name] = float(act.sum()) / (total * len(act))
+                act, total = ctx.gate_input_stats()
+                inputs[name] = float(act.sum()) / (total * len(act))
     bw = a.bandwidth or measure_bandwidth(n_threads=a.threads)[a.threads]
     parts = weight_bytes(model)
-    dt = down_t_bytes(model)
+    dt, gt = bytes_of(model, ".ffn_down_t.weight"), bytes_of(model, ".ffn_gate_t.weight")
     dense_bytes = sum(parts.values())
     cpu = platform.processor() or platform.machine()
     try:
@@ -109,19 +119,21 @@ def main(argv=None) -> int:
     print(f"# {a.model.name}: {model.hparams.n_layer} layers, n_embd {model.hparams.n_embd}, n_ff {model.hparams.n_ff}; "
           f"CPU {cpu}, ISA {powerinfer.cpu_isa()}, {a.threads} threads; bandwidth {bw:.1f} GB/s; "
           f"tg{a.n_gen}, median of {a.repeat}")
-    print("| run | channels computed | tokens/s | vs dense | bytes/token | bound t/s | bound ratio | of bound |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | channels computed | gate inputs read | tokens/s | vs dense | bytes/token | bound t/s | bound ratio "
+          "| of bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = statistics.median(speeds["dense"])
     for name, s in speeds.items():
         med = statistics.median(s)
-        frac = active.get(name, 1.0)
+        frac, inp = active.get(name, 1.0), inputs.get(name, 1.0)
         if name == "dense":
             nbytes = dense_bytes
         else:
-            nbytes = parts["attn"] + parts["out"] + parts["gate"] + frac * (parts["up"] + dt)
+            gate = inp * gt if name.endswith("+in") else parts["gate"]
+            nbytes = parts["attn"] + parts["out"] + gate + frac * (parts["up"] + dt)
         bound = bw * 1e9 / nbytes
-        print(f"| {name} | {frac:.1%} | {med:.2f} | {med / base:.3f}x | {nbytes / 2**20:.1f} MiB | {bound:.2f} | "
-              f"{dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")
+        print(f"| {name} | {frac:.1%} | {inp:.1%} | {med:.2f} | {med / base:.3f}x | {nbytes / 2**20:.1f} MiB | "
+              f"{bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")
     return 0
 
 

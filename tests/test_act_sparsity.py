@@ -56,7 +56,8 @@ def sparse_files(tmp_path_factory):
         write_model(src, dtype=dtype, n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=3)
         down = "q4_0" if dtype == "q4_0" else "auto"
         assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.25,0.5", "-o", str(dst),
-                              "--calib-tokens", "512", "--ctx", "128", "--eval-chunks", "0", "--down-type", down]) == 0
+                              "--calib-tokens", "512", "--ctx", "128", "--eval-chunks", "0", "--down-type", down,
+                              "--gate-input-scale", "1"]) == 0
         out[dtype] = (src, dst)
     return out
 
@@ -244,6 +245,28 @@ def sparsify_edge(b):
     return lib.pi_act_histogram_edge(b)
 
 
+def test_model_card(sparse_files, tmp_path, capsys):
+    """The tool's evaluation: dense PPL equal to perplexity() of the input, every level's row, the card file."""
+    from powerinfer.perplexity import perplexity
+    src, _ = sparse_files["f32"]
+    out = tmp_path / "card.gguf"
+    heldout = ROOT / "data" / "heldout.txt"
+    assert sparsify.main([str(src), str(heldout), "--sparsity", "0.3", "-o", str(out), "--calib-tokens", "256",
+                          "--ctx", "64", "--eval-chunks", "2"]) == 0
+    card = (tmp_path / "card.gguf.card.md").read_text()
+    assert card in capsys.readouterr().out
+    rows = [line for line in card.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| dense (input file)",
+                                                 "| down_t alone (every channel through the sparse kernels)",
+                                                 "| sparsity 0.3"]
+    held = pi.Model(src).tokenizer.encode(heldout.read_text(), add_special=False)[256:]
+    dense = perplexity(pi.Model(src), held, n_ctx=64, chunks=2)
+    assert f"| {dense.ppl:.4f} |" in rows[0]
+    assert "| 0.0% |" in rows[1]                 # f32: down_t is exact, every channel runs
+    measured = float(rows[2].split(" | ")[1].rstrip("%")) / 100
+    assert 0.2 < measured < 0.4
+
+
 # ----------------------------------------------------------------------------------------- errors
 def test_errors(sparse_files, tmp_path, capsys):
     src, dst = sparse_files["f32"]
@@ -255,7 +278,8 @@ def test_errors(sparse_files, tmp_path, capsys):
     with pytest.raises(ValueError, match="gate-sparse"):
         pi.Context(pi.Model(src), n_ctx=64, sparsity=0.5)
     for args, message in ((["--sparsity", "1.5"], "in \\(0, 1\\)"), (["--sparsity", "x"], "expected numbers"),
-                          (["--default-sparsity", "0.3"], "not one of the levels")):
+                          (["--default-sparsity", "0.3"], "not one of the levels"),
+                          (["--gate-input-scale", "2"], "scale x level < 1")):
         with pytest.raises(SystemExit, match=message):
             sparsify.main([str(src), corpus, "-o", str(tmp_path / "o.gguf"), *args])
     pwri = ROOT / "models" / "tinyrelu" / "tinyrelu.q4_0.powerinfer.gguf"

@@ -184,11 +184,16 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
         dense = perplexity(Model(src), heldout, n_ctx=n_ctx, chunks=chunks, n_threads=n_threads, save_kld=base)
         rows.append({"name": "dense (input file)", "ppl": dense.ppl, "sparsity": 0.0})
         model = Model(out)
-        runs = [("down_t alone (every channel through the sparse kernels)", None, 1e-30)]
-        runs += [(f"sparsity {lv:g}", lv, None) for lv in levels]
-        for name, level, threshold in runs:
+        runs = [("down_t alone (every channel through the sparse kernels)", None, 1e-30, False)]
+        for lv in levels:
+            runs.append((f"sparsity {lv:g}", lv, None, False))
+            if model.sparsity_levels.input_thresholds is not None:
+                runs.append((f"sparsity {lv:g} + gate input", lv, None, True))
+        for name, level, threshold, gate_input in runs:
             ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparsity=level,
                           sparse_threshold=threshold)
+            if not gate_input:
+                ctx.set_gate_input_thresholds(None)
             r = perplexity(ctx, None, n_ctx=n_ctx, chunks=chunks, kld_base=base)
             active, total = ctx.sparse_stats()
             inp, inp_total = ctx.gate_input_stats()

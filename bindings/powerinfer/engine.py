@@ -810,9 +810,11 @@ class Generator:
         for t in tokens:
             self.sampler.accept(t)
 
-    def generate(self, n_predict: int = -1, *, eog_ids: Iterable[int] = ()) -> Iterator[int]:
+    def generate(self, n_predict: int = -1, *, eog_ids: Iterable[int] = (), matcher=None) -> Iterator[int]:
         """Yield sampled tokens until one of eog_ids (see end_of_generation; yielded, not evaluated),
-        n_predict tokens (-1: no limit) or a full context (then `context_full` is set)."""
+        n_predict tokens (-1: no limit) or a full context (then `context_full` is set). matcher: a
+        powerinfer.grammar.GrammarMatcher the tokens must follow; generation ends when it is complete
+        (its last token is left for the next feed(), as at n_predict)."""
         if self._pending_logits is None:
             raise RuntimeError("generate: feed() a prompt first")
         eog = set(eog_ids)
@@ -820,7 +822,10 @@ class Generator:
         n = 0
         while n_predict < 0 or n < n_predict:
             t0 = time.perf_counter()
-            token = sample_token(self.sampler, self._pending_logits)
+            token = sample_token(self.sampler, self._pending_logits,
+                                 matcher.banned() if matcher is not None else None)
+            if matcher is not None and token not in eog:
+                matcher.accept(token)
             self.timings.sample_ms += (time.perf_counter() - t0) * 1e3
             self.timings.n_sample += 1
             n += 1
@@ -828,6 +833,8 @@ class Generator:
             if token in eog:
                 self._pending_logits = None
                 return
+            if matcher is not None and matcher.done:
+                n_predict = n          # evaluate this token below, then end
             if self.n_past >= self.ctx.n_ctx and n != n_predict and self.context_shift:
                 self._shift([token])           # evaluates the token with what is kept
                 continue

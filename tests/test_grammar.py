@@ -267,3 +267,43 @@ def test_server_accepts_the_off_values(server):
            "tfs_z": 1.0, "top_n_sigma": -1}
     r = post(server, "/completion", {"prompt": "x", "n_predict": 2, **off})
     assert r.status_code == 200, r.text
+
+
+# ------------------------------------------------------------------------------------------ llama-cpp-python parity
+def test_llama_keywords_aliases_and_refusals(model_file):
+    m = pi.PowerInfer(model_file, n_ctx=128, n_threads=1, verbose=False, type_k=0, type_v=0, pooling_type=3,
+                      n_threads_batch=1, n_ubatch=512)
+    assert m._kv_type == "f32" and m.pooling == "last"
+    m.close()
+    for kw, name in ((dict(lora_path="a.gguf"), "lora_path"), (dict(n_threads_batch=2), "n_threads_batch"),
+                     (dict(use_mmap=False), "use_mmap"), (dict(type_k=8), "type_k"),
+                     (dict(type_k=0, type_v=1), "type_k"), (dict(pooling_type=4), "pooling_type"),
+                     (dict(rope_freq_base=1e4), "rope_freq_base")):
+        with pytest.raises(ValueError, match=name):
+            pi.PowerInfer(model_file, n_ctx=128, n_threads=1, **kw)
+
+
+def test_save_and_load_state(model_file):
+    import pickle
+    m = pi.PowerInfer(model_file, n_ctx=256, n_parallel=2, n_threads=1, verbose=False)
+    a = m.create_completion("Once upon a time", max_tokens=6, temperature=0)["choices"][0]["text"]
+    st = pickle.loads(pickle.dumps(m.save_state()))
+    assert [len(c) for c in st.slots] == [m.last_result.n_past, 0]
+    m.eval_logits(m.tokenize("x"))                       # clears the KV cache
+    m.load_state(st)
+    b = m.create_completion("Once upon a time", max_tokens=6, temperature=0)["choices"][0]["text"]
+    assert a == b and m.last_result.n_cached == m.last_result.n_prompt - 1     # the restored KV was reused
+    other = pi.PowerInfer(model_file, n_ctx=128, n_threads=1, verbose=False)
+    with pytest.raises(ValueError, match="n_ctx"):
+        other.load_state(st)
+    other.close()
+    m.close()
+
+
+def test_from_pretrained_glob_picks_one_file():
+    from powerinfer.hub import HubError, pick_model_file
+    files = ["a/model-Q4_K_M.gguf", "a/model-Q8_0.gguf", "README.md"]
+    assert pick_model_file(files, "*Q4_K_M.gguf") == "a/model-Q4_K_M.gguf"
+    with pytest.raises(HubError, match="2 files"):
+        pick_model_file(files, "*.gguf")
+    assert callable(pi.PowerInfer.from_pretrained)

@@ -13,6 +13,7 @@ import queue
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -284,6 +285,36 @@ class _Stream:
             pass
 
 
+def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
+    """llama-cpp-python's type_k / type_v (ggml type ids 0 = f32, 1 = f16, or names) and pooling_type
+    (-1 = the file's, 0 none, 1 mean, 2 cls, 3 last) -> kv_type, pooling."""
+    names = {0: "f32", 1: "f16", "f32": "f32", "f16": "f16"}
+    for name, v in (("type_k", type_k), ("type_v", type_v)):
+        if v is not None:
+            if v not in names:
+                raise ValueError(f"{name}={v!r}: the KV cache is f16 or f32 (ggml types 1 / 0) here")
+            kv_type = names[v]
+    if type_k is not None and type_v is not None and names[type_k] != names[type_v]:
+        raise ValueError("type_k and type_v must be the same here (one KV cache type)")
+    if pooling_type is not None:
+        table = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last"}
+        if pooling_type not in table:
+            raise ValueError(f"pooling_type={pooling_type!r}: -1 (the file's), 0 none, 1 mean, 2 cls or 3 last "
+                             "(rank is not supported)")
+        pooling = table[pooling_type]
+    return kv_type, pooling
+
+
+@dataclass
+class PowerInferState:
+    """PowerInfer.save_state(): each slot's cached tokens, with what they must be restored into."""
+    model_path: str
+    n_ctx: int
+    n_slots: int
+    slots: list
+    seed: int
+
+
 class PowerInfer:
     """A model with one context, in the spirit of llama-cpp-python's `Llama`.
 
@@ -304,12 +335,45 @@ class PowerInfer:
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
                  repack: bool | None = None, vram_budget: int | None = None, reset_gpu_index: bool = False,
                  disable_gpu_index: bool = False, n_gpu_layers: int | None = None, pooling: str | None = None,
-                 sparsity: float | None = None):
+                 sparsity: float | None = None, verbose: bool = True, n_threads_batch: int | None = None,
+                 n_ubatch: int | None = None, type_k=None, type_v=None, pooling_type: int | None = None,
+                 flash_attn: bool = False, use_mmap: bool = True, use_mlock: bool = False, logits_all: bool = False,
+                 embedding: bool = False, offload_kqv: bool = True, last_n_tokens_size: int = 64,
+                 numa=False, main_gpu: int = 0, **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         sparsity: a stored level of a gate-sparse file (tools/sparsify.py).
         vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
         disable_gpu_index place a PowerInfer file on the GPU; n_gpu_layers (llama-cpp-python's name; -1: all)
-        a dense GGUF file. See powerinfer.offload."""
+        a dense GGUF file. See powerinfer.offload.
+
+        llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
+        count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (as kv_type: "f16",
+        "f32" or ggml's 1 / 0), pooling_type (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
+        flash_attn, use_mlock, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
+        here (said once when set). Anything else of Llama's (lora_path, rope_freq_base, draft_model, ...)
+        raises ValueError naming it."""
+        kv_type, pooling = _llama_aliases(kv_type, pooling, type_k=type_k, type_v=type_v, pooling_type=pooling_type)
+        if unsupported:
+            raise ValueError(f"PowerInfer(): {', '.join(sorted(unsupported))} not supported (llama-cpp-python's "
+                             "Llama keywords this engine does not implement)")
+        if n_threads_batch is not None and n_threads_batch != n_threads:
+            raise ValueError("n_threads_batch: one thread count serves prompts and generation here; pass n_threads")
+        if n_ubatch is not None and n_ubatch != n_batch:
+            raise ValueError("n_ubatch: prompts are decoded in chunks of n_batch here; pass n_batch")
+        if main_gpu != 0:
+            raise ValueError("main_gpu: only device 0 is used")
+        if not use_mmap:
+            raise ValueError("use_mmap=False is not supported: weights are always memory-mapped")
+        noop = [n for n, v, d in (("flash_attn", flash_attn, False), ("use_mlock", use_mlock, False),
+                                  ("logits_all", logits_all, False), ("embedding", embedding, False),
+                                  ("offload_kqv", offload_kqv, True), ("numa", numa, False),
+                                  ("last_n_tokens_size", last_n_tokens_size, 64)) if v != d]
+        if noop and verbose:
+            log.warning("PowerInfer(): %s change nothing here (llama-cpp-python keywords: one attention kernel, "
+                        "logits and embeddings always available, the KV cache follows the offload policy)",
+                        ", ".join(noop))
+        self.verbose = verbose
+        t0 = time.perf_counter()
         self.model = Model(model_path, repack=repack)
         self.model_path = str(model_path)
         self.tokenizer = self.model.tokenizer
@@ -325,6 +389,44 @@ class PowerInfer:
         self._chat = None
         self.last_result: Result | None = None     # how the last create_* request ended
         self.pooling, self._kv_type, self._embedder = pooling, kv_type, None
+        self._init_kwargs = dict(n_ctx=n_ctx, n_parallel=n_parallel)
+        if verbose:
+            log.info("PowerInfer: %s loaded in %.2f s: n_ctx %d (%d slot%s), n_batch %d, %d threads, %s%s",
+                     self.model_name, time.perf_counter() - t0, self.ctx.n_ctx, n_parallel,
+                     "s" if n_parallel > 1 else "", self.ctx.n_batch, self.ctx.n_threads,
+                     "sparse" if self.ctx.sparse else "dense", f", {n_gpu_layers} GPU layers" if n_gpu_layers else "")
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, *, revision: str | None = None,
+                        cache_dir=None, **kwargs) -> "PowerInfer":
+        """A model from the Hugging Face Hub (llama-cpp-python's Llama.from_pretrained): filename is the
+        file's name or a glob ("*Q4_K_M.gguf"), None: the repository's one .gguf (a PowerInfer file
+        first); downloaded once into the Hugging Face cache, with the activation/ folder (powerinfer.hub)."""
+        from .hub import HubError, resolve_hf
+        try:
+            path = resolve_hf(repo_id, filename, revision=revision, cache_dir=cache_dir,
+                              log=(lambda m: log.info("%s", m)))
+        except HubError as e:
+            raise ValueError(str(e)) from None
+        return cls(path, **kwargs)
+
+    # ---- state (llama-cpp-python's save_state / load_state) ----
+    def save_state(self) -> "PowerInferState":
+        """What the KV cache holds: each slot's cached tokens (no request may be in flight)."""
+        return PowerInferState(model_path=self.model_path, n_ctx=self.ctx.n_ctx, n_slots=self.engine.n_slots,
+                               slots=self.engine.snapshot(), seed=self.seed)
+
+    def load_state(self, state: "PowerInferState") -> None:
+        """Restore a save_state() of the same model and context: the KV cache holds those tokens again
+        (evaluated again: the same KV bits), so a completion whose prompt starts with them reuses them.
+        The seed comes back too."""
+        if not isinstance(state, PowerInferState):
+            raise ValueError("load_state takes a PowerInferState (from save_state)")
+        if state.n_ctx != self.ctx.n_ctx or state.n_slots != self.engine.n_slots:
+            raise ValueError(f"the state is of n_ctx {state.n_ctx} / {state.n_slots} slots, this model has "
+                             f"{self.ctx.n_ctx} / {self.engine.n_slots}")
+        self.engine.restore(state.slots)
+        self.seed = state.seed
 
     # ---- tokens ----
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:

@@ -419,6 +419,40 @@ class Engine:
                 raise RuntimeError("the engine has requests in flight; finish or cancel them first")
             self._dirty = True
 
+    def snapshot(self) -> list[list[int]]:
+        """The tokens whose KV each slot holds (its prompt cache); see restore()."""
+        with self.lock:
+            if self.busy():
+                raise RuntimeError("the engine has requests in flight; finish or cancel them first")
+            return [list(s.cache) for s in self.slots]
+
+    def restore(self, caches: list[list[int]]) -> None:
+        """Make each slot hold the KV of caches[i] (a snapshot() of an engine over the same model and
+        slot size), by evaluating the tokens again in the slot layout of the module doc: the same KV
+        bits (rows are computed independently), so a request that starts with them reuses them."""
+        if len(caches) != self.n_slots:
+            raise ValueError(f"the state has {len(caches)} slots, this engine {self.n_slots}")
+        vocab = self.tokenizer.n_vocab
+        for c in caches:
+            if len(c) > self.n_ctx_slot or any(not 0 <= int(t) < vocab for t in c):
+                raise ValueError("the state does not fit this model or slot size")
+        with self.lock:
+            if self.busy():
+                raise RuntimeError("the engine has requests in flight; finish or cancel them first")
+            self.ctx.kv_clear()
+            top = max((i for i, c in enumerate(caches) if c), default=-1)
+            for s, c in zip(self.slots, caches):
+                s.cache, s.hw = [], 0
+                toks = [int(t) for t in c]
+                if s.id < top:            # a higher region follows: fill this one (the layout invariant)
+                    toks = toks + [self._filler] * (s.n_ctx - len(toks))
+                for i in range(0, len(toks), self.n_batch):
+                    chunk = toks[i:i + self.n_batch]
+                    self.ctx.decode(chunk, pos=range(i, i + len(chunk)), seq_id=s.id,
+                                    logits=np.zeros(len(chunk), dtype=np.int8))
+                s.cache, s.hw = [int(t) for t in c], len(toks)
+            self._dirty = False
+
     def slots_info(self) -> list[dict]:
         """Per-slot state (read without waiting for a running step)."""
         return [{"id": s.id, "n_ctx": s.n_ctx, "is_processing": s.busy, "n_past": s.n_past,

@@ -264,7 +264,7 @@ def test_server_accepts_the_off_values(server):
     from test_server import post
     off = {"typical_p": 1.0, "mirostat": 0, "mirostat_tau": 5.0, "dry_multiplier": 0.0, "dry_base": 1.75,
            "xtc_probability": 0.0, "xtc_threshold": 0.1, "dynatemp_range": 0.0, "samplers": "edkypmxt",
-           "tfs_z": 1.0, "top_n_sigma": -1}
+           "tfs_z": 1.0, "top_n_sigma": -1, "grammar": ""}
     r = post(server, "/completion", {"prompt": "x", "n_predict": 2, **off})
     assert r.status_code == 200, r.text
 

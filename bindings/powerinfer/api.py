@@ -69,6 +69,8 @@ def check_unimplemented(values: dict) -> None:
 def resolve_grammar(grammar=None, json_schema=None, response_format=None) -> Grammar | None:
     """The one Grammar of a request: `grammar` (GBNF text or a Grammar), `json_schema` (llama.cpp's
     /completion), `response_format` (OpenAI); RequestError if it is invalid or more than one is given."""
+    if isinstance(grammar, str) and not grammar.strip():
+        grammar = None                   # llama.cpp's web UI and many clients send "grammar": "" for none
     given = [n for n, v in (("grammar", grammar), ("json_schema", json_schema)) if v is not None]
     rf = grammar_of_response_format_or_error(response_format)
     if rf is not None:

@@ -44,7 +44,6 @@ def main():
         rates[name] = res.timings()["predicted_per_second"]
         print(f"{name:12s} {res.n_predicted:4d} tokens  {rates[name]:6.1f} tokens/s   {r['choices'][0]['text'][:70]!r}")
     # the grammar's share alone, over the tokens of the constrained reply
-    toks = llm.last_result.tokens if False else None
     llm.create_completion(PROMPT, max_tokens=a.n, temperature=0,
                           response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}})
     toks = llm.last_result.tokens

@@ -30,6 +30,7 @@ def parse_args(argv=None):
     cli.add_context_args(p, ctx_size="context size (0 = from the model) (default: 4096, or the model's training "
                                      "context if smaller)")
     cli.add_sampling_args(p)
+    cli.add_grammar_args(p)
     cli.add_interactive_args(p)
     args = cli.parse(p, argv, prog="main")
     if args.keep and not args.context_shift:
@@ -61,13 +62,15 @@ def n_keep(args, prompt_ids: list[int], tok) -> int:
 
 
 def reply(gen, tok, eog, n_predict, stops: StopMatcher, interrupt: Interrupt, out: Console,
-          show_tail: bool = True) -> tuple[str, bool]:
+          show_tail: bool = True, grammar=None) -> tuple[str, bool]:
     """Generate and show text until an end-of-generation token (then True), a stop string, Ctrl-C,
-    n_predict tokens or a full context. The text returned ends with the decoder's pending bytes, which
-    are shown (show_tail) only when generation ran to its end."""
+    n_predict tokens, a full context or the end of `grammar` (--grammar, -j: each reply matches it).
+    The text returned ends with the decoder's pending bytes, which are shown (show_tail) only when
+    generation ran to its end."""
     decoder = pi.StreamDecoder(tok, strip_leading_space=False)
     text, hit_eog = "", False
-    for t in gen.generate(n_predict, eog_ids=eog):
+    matcher = pi.grammar.GrammarMatcher(grammar, tok, gen.ctx.model.n_vocab) if grammar is not None else None
+    for t in gen.generate(n_predict, eog_ids=eog, matcher=matcher):
         if t in eog:
             hit_eog = True
             break
@@ -92,6 +95,7 @@ def run(args) -> int:
         timings.load_ms = model.load_time_s * 1e3
         log(f"system_info: n_threads = {threads_in_use(args.threads)} | {pi.system_info()}")
         params = cli.sampling_params(args)
+        args.grammar_obj = cli.grammar_of(args)
         ctx = cli.make_context(args, model, "main")
     except (CLIError, ValueError) as e:
         log(f"error: {e}")
@@ -160,7 +164,7 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
         while True:
             if not waiting_for_user:
                 stops = StopMatcher(args.reverse_prompt if args.interactive else (), hide=False)
-                _, hit_eog = reply(gen, tok, eog, n_predict, stops, interrupt, out)
+                _, hit_eog = reply(gen, tok, eog, n_predict, stops, interrupt, out, grammar=args.grammar_obj)
                 if gen.context_full:
                     log("\nmain: context is full, stopping (--context-shift goes on instead)")
                     return 0
@@ -228,7 +232,8 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
             rendered = text
             interrupt.requested = False
             stops = StopMatcher(fmt.end_of_turn, hide=False)
-            answer, _ = reply(gen, tok, eog, n_predict, stops, interrupt, out, show_tail=False)
+            answer, _ = reply(gen, tok, eog, n_predict, stops, interrupt, out, show_tail=False,
+                              grammar=args.grammar_obj)
             out.write("\n")
             if gen.context_full:
                 log("main: context is full, stopping (--context-shift goes on instead)")

@@ -170,6 +170,18 @@ else:
                 assert st.n_attn_layers == min(n_layer, ngl if ngl >= 0 else n_layer)
                 assert st.output == (ngl < 0 or ngl > n_layer)
 
+    def test_api_n_gpu_layers_reaches_the_device(dense_llama):
+        """PowerInfer(n_gpu_layers=) (llama-cpp-python's keyword) places layers as Context(-ngl) does."""
+        cpu = pi.PowerInfer(dense_llama, n_ctx=64, n_threads=1, verbose=False)
+        gpu = pi.PowerInfer(dense_llama, n_ctx=64, n_threads=1, n_gpu_layers=-1, verbose=False)
+        assert cpu.ctx.offload is None
+        assert gpu.ctx.offload.n_attn_layers == gpu.model.hparams.n_layer and gpu.ctx.offload.output
+        assert lib.pi_device_allocated_bytes() > 0
+        a = cpu.create_completion(PROMPT, max_tokens=8, temperature=0)["choices"][0]["text"]
+        assert gpu.create_completion(PROMPT, max_tokens=8, temperature=0)["choices"][0]["text"] == a
+        gpu.close()
+        cpu.close()
+
     def test_peak_device_memory_under_budget(sparse7b_small):
         model = pi.Model(sparse7b_small)
         b = budgets(sparse7b_small, model, 128)

@@ -176,7 +176,10 @@ def test_openai_completions(server):
     assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
     e = c.completions.create(model="tiny", prompt="the cat", max_tokens=4, temperature=0, echo=True, logprobs=2,
                              extra_body={"ignore_eos": True})
-    assert e.choices[0].text.startswith("the cat") and len(e.choices[0].logprobs.token_logprobs) == 4
+    # echo: the prompt's tokens come first (the first has no logprob), as llama-cpp-python returns them
+    lp = e.choices[0].logprobs.token_logprobs
+    assert e.choices[0].text.startswith("the cat") and len(lp) == e.usage.prompt_tokens + 4
+    assert lp[0] is None and all(isinstance(x, float) for x in lp[1:])
 
 
 def test_native_completion(server):

@@ -1,6 +1,7 @@
 """PowerInfer-py: fast LLM inference on one machine, built on activation sparsity."""
 from ._ffi import PowerInferError
 from .api import PowerInfer
+from .grammar import Grammar, GrammarError
 from .context import Context
 from .gguf_file import ModelLoadError
 from .model import HParams, Model
@@ -9,7 +10,7 @@ from .tokenizer import StreamDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError", "Sampler",
+__all__ = ["Context", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError", "Sampler",
            "SamplingParams", "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "set_cpu_isa", "system_info", "__version__"]
 
 CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx")   # lowest first

@@ -13,6 +13,7 @@ import queue
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,13 +21,81 @@ import numpy as np
 
 from .context import Context
 from .engine import Engine, RequestError, Result, Task
+from .grammar import Grammar, GrammarError, grammar_of_response_format
 from .model import Model
 from .sampling import SamplingParams
 from .tokenizer import TOKEN_CONTROL
 
 log = logging.getLogger("powerinfer")
 
-__all__ = ["CompletionShaper", "PowerInfer"]
+__all__ = ["CompletionShaper", "PowerInfer", "PowerInferState", "check_unimplemented", "resolve_grammar"]
+
+# Sampling parameters of llama.cpp, llama-cpp-python and OpenAI that the sampler does not implement, each
+# with the test for the value that switches it off. Any other value is refused (400 / ValueError naming
+# the parameter), so a request never gets a sampler it did not ask for without a word.
+UNIMPLEMENTED = {
+    "typical_p": lambda v: v >= 1.0,
+    "tfs_z": lambda v: v >= 1.0,
+    "mirostat": lambda v: v == 0,
+    "mirostat_mode": lambda v: v == 0,
+    "dry_multiplier": lambda v: v <= 0.0,
+    "xtc_probability": lambda v: v <= 0.0,
+    "dynatemp_range": lambda v: v <= 0.0,
+    "top_n_sigma": lambda v: v <= 0.0,
+    "min_keep": lambda v: v <= 1,
+    "penalize_nl": lambda v: v is True,        # the penalties apply to newlines as to every token
+    "post_sampling_probs": lambda v: v is False,
+    "n_cmpl": lambda v: v == 1,
+    "t_max_predict_ms": lambda v: v <= 0,
+    "grammar_lazy": lambda v: v is False,
+}
+
+
+def check_unimplemented(values: dict) -> None:
+    """RequestError (400) naming the first parameter of `values` that asks for a sampler we lack."""
+    for name, off in UNIMPLEMENTED.items():
+        v = values.get(name)
+        if v is None:
+            continue
+        try:
+            ok = off(v)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise RequestError(f"'{name}' = {v!r} is not implemented by this server's sampler (only the value "
+                               "that turns it off is accepted)", param=name, code="not_supported")
+
+
+def resolve_grammar(grammar=None, json_schema=None, response_format=None) -> Grammar | None:
+    """The one Grammar of a request: `grammar` (GBNF text or a Grammar), `json_schema` (llama.cpp's
+    /completion), `response_format` (OpenAI); RequestError if it is invalid or more than one is given."""
+    if isinstance(grammar, str) and not grammar.strip():
+        grammar = None                   # llama.cpp's web UI and many clients send "grammar": "" for none
+    given = [n for n, v in (("grammar", grammar), ("json_schema", json_schema)) if v is not None]
+    rf = grammar_of_response_format_or_error(response_format)
+    if rf is not None:
+        given.append("response_format")
+    if len(given) > 1:
+        raise RequestError(f"give one of {', '.join(given)}, not several", param=given[1])
+    try:
+        if grammar is not None:
+            if isinstance(grammar, Grammar):
+                return grammar
+            if not isinstance(grammar, str):
+                raise RequestError("'grammar' must be a GBNF string", param="grammar")
+            return Grammar.from_gbnf(grammar)
+        if json_schema is not None:
+            return Grammar.from_json_schema(json_schema)
+    except GrammarError as e:
+        raise RequestError(str(e), param=given[0], code="invalid_grammar") from None
+    return rf
+
+
+def grammar_of_response_format_or_error(rf) -> Grammar | None:
+    try:
+        return grammar_of_response_format(rf)
+    except GrammarError as e:
+        raise RequestError(str(e), param="response_format", code="invalid_grammar") from None
 
 
 def _as_stop_list(stop, param: str = "stop") -> list[str]:
@@ -44,8 +113,9 @@ class CompletionShaper:
     from engine events. One instance per request; shared by the Python API and the server."""
 
     def __init__(self, kind: str, model: str, *, prefix: str = "", logprobs: int | None = None,
-                 tokenizer=None):
+                 tokenizer=None, tools=None):
         assert kind in ("text", "chat")
+        self.tools = tools              # powerinfer.tools.ToolCalls: the reply is a call
         self.kind = kind
         self.model = model
         self.id = ("cmpl-" if kind == "text" else "chatcmpl-") + uuid.uuid4().hex
@@ -63,6 +133,8 @@ class CompletionShaper:
 
     def _logprob_entry(self, info) -> Any:
         piece = info.get("piece", "")
+        if info.get("logprob") is None:      # the prompt's first token (echo): nothing before it
+            return (piece, None, None)
         if self.kind == "chat":
             top = [{"token": self._piece(t), "logprob": lp, "bytes": list(self.tokenizer.token_to_piece(t))}
                    for t, lp in info["top"][:self.logprobs]]
@@ -107,6 +179,9 @@ class CompletionShaper:
 
     def token_chunk(self, text: str, info) -> dict | None:
         """The chunk for a ("token", text, info) event (None if there is nothing to send)."""
+        if self.tools is not None:           # a call is sent whole, at the end
+            self.text += text
+            return None
         wanted = self.logprobs is not None and info is not None and "top" in info
         entry = self._logprob_entry(info) if wanted else None
         if not text and entry is None:
@@ -118,7 +193,15 @@ class CompletionShaper:
         return self._chunk({"text": text, "index": 0, "logprobs": lp, "finish_reason": None})
 
     def final_chunks(self, res: Result, include_usage: bool = False) -> list[dict]:
-        if self.kind == "chat":
+        msg = self._tool_message(res)
+        if msg is not None:
+            calls = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
+            out = [self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}),
+                   self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"})]
+        elif self.tools is not None:         # no call (cut off): the text as content
+            out = [self._chunk({"index": 0, "delta": {"content": self.text}, "logprobs": None, "finish_reason": None}),
+                   self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason})]
+        elif self.kind == "chat":
             out = [self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason})]
         else:
             out = [self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": res.finish_reason})]
@@ -138,13 +221,22 @@ class CompletionShaper:
         if self.logprobs is not None and info is not None and "top" in info:
             self._lp.append(self._logprob_entry(info))
 
+    def _tool_message(self, res: Result) -> dict | None:
+        return self.tools.message(self.text) if self.tools is not None and res.stop_type == "eos" else None
+
     def response(self, res: Result) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text},
-                      "logprobs": self._lp_field(self._lp), "finish_reason": res.finish_reason}
+            msg = self._tool_message(res)
+            choice = {"index": 0, "message": msg or {"role": "assistant", "content": self.text},
+                      "logprobs": self._lp_field(self._lp),
+                      "finish_reason": "tool_calls" if msg is not None else res.finish_reason}
             obj = "chat.completion"
         else:
-            choice = {"text": self.prefix + self.text, "index": 0, "logprobs": self._lp_field(self._lp),
+            lp = self._lp
+            if res.prompt_probs and self.logprobs is not None:   # echo: the prompt's tokens first, offsets from 0
+                self._offset = 0
+                lp = [self._logprob_entry(dict(i, piece=self._piece(i["id"]))) for i in res.prompt_probs] + lp
+            choice = {"text": self.prefix + self.text, "index": 0, "logprobs": self._lp_field(lp),
                       "finish_reason": res.finish_reason}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -195,6 +287,36 @@ class _Stream:
             pass
 
 
+def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
+    """llama-cpp-python's type_k / type_v (ggml type ids 0 = f32, 1 = f16, or names) and pooling_type
+    (-1 = the file's, 0 none, 1 mean, 2 cls, 3 last) -> kv_type, pooling."""
+    names = {0: "f32", 1: "f16", "f32": "f32", "f16": "f16"}
+    for name, v in (("type_k", type_k), ("type_v", type_v)):
+        if v is not None:
+            if v not in names:
+                raise ValueError(f"{name}={v!r}: the KV cache is f16 or f32 (ggml types 1 / 0) here")
+            kv_type = names[v]
+    if type_k is not None and type_v is not None and names[type_k] != names[type_v]:
+        raise ValueError("type_k and type_v must be the same here (one KV cache type)")
+    if pooling_type is not None:
+        table = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last"}
+        if pooling_type not in table:
+            raise ValueError(f"pooling_type={pooling_type!r}: -1 (the file's), 0 none, 1 mean, 2 cls or 3 last "
+                             "(rank is not supported)")
+        pooling = table[pooling_type]
+    return kv_type, pooling
+
+
+@dataclass
+class PowerInferState:
+    """PowerInfer.save_state(): each slot's cached tokens, with what they must be restored into."""
+    model_path: str
+    n_ctx: int
+    n_slots: int
+    slots: list
+    seed: int
+
+
 class PowerInfer:
     """A model with one context, in the spirit of llama-cpp-python's `Llama`.
 
@@ -215,12 +337,45 @@ class PowerInfer:
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
                  repack: bool | None = None, vram_budget: int | None = None, reset_gpu_index: bool = False,
                  disable_gpu_index: bool = False, n_gpu_layers: int | None = None, pooling: str | None = None,
-                 sparsity: float | None = None):
+                 sparsity: float | None = None, verbose: bool = True, n_threads_batch: int | None = None,
+                 n_ubatch: int | None = None, type_k=None, type_v=None, pooling_type: int | None = None,
+                 flash_attn: bool = False, use_mmap: bool = True, use_mlock: bool = False, logits_all: bool = False,
+                 embedding: bool = False, offload_kqv: bool = True, last_n_tokens_size: int = 64,
+                 numa=False, main_gpu: int = 0, **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         sparsity: a stored level of a gate-sparse file (tools/sparsify.py).
         vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
         disable_gpu_index place a PowerInfer file on the GPU; n_gpu_layers (llama-cpp-python's name; -1: all)
-        a dense GGUF file. See powerinfer.offload."""
+        a dense GGUF file. See powerinfer.offload.
+
+        llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
+        count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (as kv_type: "f16",
+        "f32" or ggml's 1 / 0), pooling_type (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
+        flash_attn, use_mlock, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
+        here (said once when set). Anything else of Llama's (lora_path, rope_freq_base, draft_model, ...)
+        raises ValueError naming it."""
+        kv_type, pooling = _llama_aliases(kv_type, pooling, type_k=type_k, type_v=type_v, pooling_type=pooling_type)
+        if unsupported:
+            raise ValueError(f"PowerInfer(): {', '.join(sorted(unsupported))} not supported (llama-cpp-python's "
+                             "Llama keywords this engine does not implement)")
+        if n_threads_batch is not None and n_threads_batch != n_threads:
+            raise ValueError("n_threads_batch: one thread count serves prompts and generation here; pass n_threads")
+        if n_ubatch is not None and n_ubatch != n_batch:
+            raise ValueError("n_ubatch: prompts are decoded in chunks of n_batch here; pass n_batch")
+        if main_gpu != 0:
+            raise ValueError("main_gpu: only device 0 is used")
+        if not use_mmap:
+            raise ValueError("use_mmap=False is not supported: weights are always memory-mapped")
+        noop = [n for n, v, d in (("flash_attn", flash_attn, False), ("use_mlock", use_mlock, False),
+                                  ("logits_all", logits_all, False), ("embedding", embedding, False),
+                                  ("offload_kqv", offload_kqv, True), ("numa", numa, False),
+                                  ("last_n_tokens_size", last_n_tokens_size, 64)) if v != d]
+        if noop and verbose:
+            log.warning("PowerInfer(): %s change nothing here (llama-cpp-python keywords: one attention kernel, "
+                        "logits and embeddings always available, the KV cache follows the offload policy)",
+                        ", ".join(noop))
+        self.verbose = verbose
+        t0 = time.perf_counter()
         self.model = Model(model_path, repack=repack)
         self.model_path = str(model_path)
         self.tokenizer = self.model.tokenizer
@@ -236,6 +391,44 @@ class PowerInfer:
         self._chat = None
         self.last_result: Result | None = None     # how the last create_* request ended
         self.pooling, self._kv_type, self._embedder = pooling, kv_type, None
+        self._init_kwargs = dict(n_ctx=n_ctx, n_parallel=n_parallel)
+        if verbose:
+            log.info("PowerInfer: %s loaded in %.2f s: n_ctx %d (%d slot%s), n_batch %d, %d threads, %s%s",
+                     self.model_name, time.perf_counter() - t0, self.ctx.n_ctx, n_parallel,
+                     "s" if n_parallel > 1 else "", self.ctx.n_batch, self.ctx.n_threads,
+                     "sparse" if self.ctx.sparse else "dense", f", {n_gpu_layers} GPU layers" if n_gpu_layers else "")
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, *, revision: str | None = None,
+                        cache_dir=None, **kwargs) -> "PowerInfer":
+        """A model from the Hugging Face Hub (llama-cpp-python's Llama.from_pretrained): filename is the
+        file's name or a glob ("*Q4_K_M.gguf"), None: the repository's one .gguf (a PowerInfer file
+        first); downloaded once into the Hugging Face cache, with the activation/ folder (powerinfer.hub)."""
+        from .hub import HubError, resolve_hf
+        try:
+            path = resolve_hf(repo_id, filename, revision=revision, cache_dir=cache_dir,
+                              log=(lambda m: log.info("%s", m)))
+        except HubError as e:
+            raise ValueError(str(e)) from None
+        return cls(path, **kwargs)
+
+    # ---- state (llama-cpp-python's save_state / load_state) ----
+    def save_state(self) -> "PowerInferState":
+        """What the KV cache holds: each slot's cached tokens (no request may be in flight)."""
+        return PowerInferState(model_path=self.model_path, n_ctx=self.ctx.n_ctx, n_slots=self.engine.n_slots,
+                               slots=self.engine.snapshot(), seed=self.seed)
+
+    def load_state(self, state: "PowerInferState") -> None:
+        """Restore a save_state() of the same model and context: the KV cache holds those tokens again
+        (evaluated again: the same KV bits), so a completion whose prompt starts with them reuses them.
+        The seed comes back too."""
+        if not isinstance(state, PowerInferState):
+            raise ValueError("load_state takes a PowerInferState (from save_state)")
+        if state.n_ctx != self.ctx.n_ctx or state.n_slots != self.engine.n_slots:
+            raise ValueError(f"the state is of n_ctx {state.n_ctx} / {state.n_slots} slots, this model has "
+                             f"{self.ctx.n_ctx} / {self.engine.n_slots}")
+        self.engine.restore(state.slots)
+        self.seed = state.seed
 
     # ---- tokens ----
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -398,7 +591,8 @@ class PowerInfer:
                   top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, stop=None, seed: int | None = None,
                   repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
                   frequency_penalty: float = 0.0, logit_bias=None, ignore_eos: bool = False,
-                  cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=()) -> Task:
+                  cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
+                  logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only."""
         if seed is None or seed == -1:
@@ -414,8 +608,13 @@ class PowerInfer:
         except ValueError as e:
             raise RequestError(str(e)) from None
         n_predict = -1 if max_tokens is None or max_tokens < 0 else int(max_tokens)
+        for name, fns in (("logits_processor", logits_processor), ("stopping_criteria", stopping_criteria)):
+            if fns is not None and not all(callable(f) for f in fns):
+                raise RequestError(f"{name} must be a list of callables", param=name)
         task = Task(prompt_tokens, params, n_predict=n_predict, stop=_as_stop_list(stop),
-                    stop_token_ids=stop_token_ids, cache_prompt=cache_prompt, n_probs=n_probs)
+                    stop_token_ids=stop_token_ids, cache_prompt=cache_prompt, n_probs=n_probs, grammar=grammar,
+                    logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                    prompt_logprobs=prompt_logprobs)
         self.engine.check(task)
         return task
 
@@ -454,6 +653,20 @@ class PowerInfer:
                 stops.append(marker)
         return text, tokens, stops, stop_ids
 
+    def tool_messages(self, messages, tc, template_kwargs: dict):
+        """The tools to the template (its `tools` variable) or, when it does not read them, into the
+        system message (powerinfer.tools)."""
+        from .tools import tools_system_message
+        if "tools" in (self.chat_formatter.source or ""):
+            template_kwargs.setdefault("tools", tc.tools)
+            return messages
+        sys_msg = tools_system_message(tc.tools)
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict) \
+                and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+            first = dict(messages[0], content=messages[0]["content"] + "\n\n" + sys_msg["content"])
+            return [first] + list(messages[1:])
+        return [sys_msg] + list(messages or [])
+
     def _run(self, task: Task, shaper: CompletionShaper, stream: bool, include_usage: bool = False):
         events = _Stream(self.engine, task)
         if stream:
@@ -491,29 +704,41 @@ class PowerInfer:
                           typical_p: float = 1.0, logprobs: int | None = None, echo: bool = False,
                           stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
-                          stream: bool = False, seed: int | None = None, model: str | None = None,
+                          stream: bool = False, seed: int | None = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                          mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
+                          stopping_criteria=None, logits_processor=None, grammar: Grammar | str | None = None,
                           logit_bias: dict | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
-                          stream_options: dict | None = None, **_ignored):
+                          stream_options: dict | None = None, response_format: dict | None = None):
         """OpenAI `text_completion` dict for `prompt`, or an iterator of chunk dicts with stream=True.
 
-        max_tokens None or <= 0 generates until the end of text or a full context (llama-cpp-python's
-        convention). Stop strings are not included in the text. `suffix` (infill) is not supported.
+        llama-cpp-python's signature: max_tokens None or <= 0 generates until the end of text or a full
+        context; stop strings are not included in the text; grammar (a Grammar or GBNF text) or
+        response_format ({"type": "json_object" | "json_schema", ...}) constrain the output;
+        logits_processor / stopping_criteria are lists of llama-cpp-python's callables; echo with
+        logprobs reports the prompt's tokens too (the first with logprob None). Parameters of
+        samplers we lack (typical_p, tfs_z, mirostat_mode) must keep their off values (ValueError).
+        `suffix` (infill) is not supported.
         """
         if suffix:
             raise RequestError("suffix (infill) is not supported", param="suffix")
-        if typical_p != 1.0:
-            log.debug("typical_p is not implemented; ignored")
+        check_unimplemented({"typical_p": typical_p, "tfs_z": tfs_z, "mirostat_mode": mirostat_mode})
         self.check_model_name(model)
         tokens = self.tokenize_prompt(prompt)
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= 20):
             raise RequestError("logprobs must be an integer in [0, 20]", param="logprobs")
+        prompt_lp = bool(echo and logprobs is not None)
+        if prompt_lp and stream:
+            raise RequestError("echo with logprobs is not supported with stream=True", param="echo")
         task = self.make_task(tokens, max_tokens=None if max_tokens is None or max_tokens <= 0 else max_tokens,
                               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, stop=stop, seed=seed,
                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                               logit_bias=logit_bias, ignore_eos=ignore_eos,
-                              n_probs=0 if logprobs is None else max(logprobs, 1))
+                              n_probs=0 if logprobs is None else max(logprobs, 1),
+                              grammar=resolve_grammar(grammar, response_format=response_format),
+                              logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                              prompt_logprobs=prompt_lp)
         prefix = (prompt if isinstance(prompt, str) else self.detokenize(tokens)) if echo else ""
         shaper = CompletionShaper("text", self.model_name, prefix=prefix, logprobs=logprobs, tokenizer=self.tokenizer)
         include_usage = bool((stream_options or {}).get("include_usage"))
@@ -521,39 +746,54 @@ class PowerInfer:
 
     __call__ = create_completion
 
-    def create_chat_completion(self, messages: list[dict], temperature: float = 0.2, top_p: float = 0.95,
-                               top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
-                               stop: str | list[str] | None = None, seed: int | None = None,
-                               max_tokens: int | None = None, presence_penalty: float = 0.0,
-                               frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
-                               model: str | None = None, logit_bias: dict | None = None, logprobs: bool | None = None,
+    def create_chat_completion(self, messages: list[dict], functions: list | None = None, function_call=None,
+                               tools: list | None = None, tool_choice: Any = None, temperature: float = 0.2,
+                               top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0,
+                               stream: bool = False, stop: str | list[str] | None = None, seed: int | None = None,
+                               response_format: dict | None = None, max_tokens: int | None = None,
+                               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                               repeat_penalty: float = 1.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
+                               logits_processor=None, grammar: Grammar | str | None = None,
+                               logit_bias: dict | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
-                               stream_options: dict | None = None, response_format: dict | None = None,
-                               tools: list | None = None, tool_choice: Any = None,
-                               chat_template_kwargs: dict | None = None, **_ignored):
+                               stream_options: dict | None = None, chat_template_kwargs: dict | None = None,
+                               stopping_criteria=None):
         """OpenAI `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts with
         stream=True (first delta {"role": "assistant"}, then {"content": ...}, then an empty delta
-        with finish_reason). The prompt is rendered with the model's chat template."""
-        if response_format and response_format.get("type", "text") != "text":
-            raise RequestError("response_format other than text (grammars) is not supported yet",
-                               param="response_format", code="not_supported")
-        if tools and tool_choice != "none":
-            raise RequestError("tools / function calling is not supported", param="tools", code="not_supported")
+        with finish_reason). The prompt is rendered with the model's chat template; response_format
+        json_object / json_schema or grammar constrain the reply (llama-cpp-python's signature).
+        tools: see powerinfer.tools (tool_choice "required" or a named function; "auto" is refused)."""
+        check_unimplemented({"typical_p": typical_p, "tfs_z": tfs_z, "mirostat_mode": mirostat_mode})
+        if functions or function_call is not None:
+            raise RequestError("the legacy 'functions' / 'function_call' are not supported; use 'tools'",
+                               param="functions", code="not_supported")
         self.check_model_name(model)
         if logprobs is not None and not isinstance(logprobs, bool):
             raise RequestError("logprobs must be a boolean", param="logprobs")
         if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
                                          or not 0 <= top_logprobs <= 20):
             raise RequestError("top_logprobs must be an integer in [0, 20]", param="top_logprobs")
-        _, tokens, extra_stops, stop_ids = self.chat_prompt(messages, **(chat_template_kwargs or {}))
+        g = resolve_grammar(grammar, response_format=response_format)
+        from .tools import ToolCalls
+        tc = ToolCalls.of_request(tools, tool_choice)
+        if tc is not None:
+            if g is not None:
+                raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")
+            g = tc.grammar
+        kwargs = dict(chat_template_kwargs or {})
+        if tc is not None:
+            messages = self.tool_messages(messages, tc, kwargs)
+        _, tokens, extra_stops, stop_ids = self.chat_prompt(messages, **kwargs)
         n_lp = (top_logprobs or 0) if logprobs else None
         task = self.make_task(tokens, max_tokens=None if max_tokens is None or max_tokens <= 0 else max_tokens,
                               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                               stop=_as_stop_list(stop) + extra_stops, seed=seed, repeat_penalty=repeat_penalty,
                               repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, logit_bias=logit_bias, ignore_eos=ignore_eos,
-                              n_probs=0 if n_lp is None else max(n_lp, 1), stop_token_ids=stop_ids)
-        shaper = CompletionShaper("chat", self.model_name, logprobs=n_lp, tokenizer=self.tokenizer)
+                              n_probs=0 if n_lp is None else max(n_lp, 1), stop_token_ids=stop_ids, grammar=g,
+                              logits_processor=logits_processor, stopping_criteria=stopping_criteria)
+        shaper = CompletionShaper("chat", self.model_name, logprobs=n_lp, tokenizer=self.tokenizer, tools=tc)
         include_usage = bool((stream_options or {}).get("include_usage"))
         return self._run(task, shaper, stream, include_usage)
 

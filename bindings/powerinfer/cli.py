@@ -22,8 +22,8 @@ from .model import Model
 from .offload import add_gpu_args, gpu_kwargs
 from .sampling import SamplingParams
 
-__all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_interactive_args", "add_sampling_args",
-           "load_model", "log", "make_context", "parse", "parser", "read_input", "sampling_params", "sparse_report"]
+__all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args", "add_sampling_args",
+           "grammar_of", "load_model", "log", "make_context", "parse", "parser", "read_input", "sampling_params", "sparse_report"]
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 _SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)
@@ -88,6 +88,37 @@ def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP
         p.add_argument("--frequency-penalty", type=float, default=defaults.frequency_penalty,
                        help="frequency penalty (default: %(default)s)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop at an end-of-generation token")
+
+
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's constrained-output flags: --grammar, --grammar-file, -j/--json-schema, -jf."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--grammar", default=None, help="GBNF grammar the output must match (llama.cpp's syntax)")
+    g.add_argument("--grammar-file", default=None, help="file holding a GBNF grammar")
+    g.add_argument("-j", "--json-schema", default=None,
+                   help="JSON schema the output must match, e.g. '{}' for any JSON value")
+    g.add_argument("-jf", "--json-schema-file", default=None, help="file holding a JSON schema")
+
+
+def grammar_of(args: argparse.Namespace):
+    """The Grammar of add_grammar_args' flags, or None; CLIError for a bad grammar or file."""
+    from .grammar import Grammar, GrammarError
+    try:
+        if args.grammar is not None:
+            return Grammar.from_gbnf(args.grammar)
+        if args.grammar_file is not None:
+            return Grammar.from_file(args.grammar_file)
+        if args.json_schema is not None:
+            return Grammar.from_json_schema(args.json_schema)
+        if args.json_schema_file is not None:
+            try:
+                text = open(args.json_schema_file, encoding="utf-8").read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise GrammarError(f"cannot read JSON schema file {args.json_schema_file}: {e}") from None
+            return Grammar.from_json_schema(text)
+    except GrammarError as e:
+        raise CLIError(str(e)) from None
+    return None
 
 
 def add_interactive_args(p: argparse.ArgumentParser) -> None:

@@ -102,10 +102,11 @@ class ContextFull(Exception):
     """The context has no room for another token (and context shifting is off or cannot help)."""
 
 
-def sample_token(sampler: Sampler, logits: np.ndarray) -> int:
-    """The next token (accepted into the sampler's history); PowerInferError for NaN / +inf logits."""
+def sample_token(sampler: Sampler, logits: np.ndarray, banned: np.ndarray | None = None) -> int:
+    """The next token (accepted into the sampler's history); PowerInferError for NaN / +inf logits.
+    banned: the tokens a grammar forbids (GrammarMatcher.banned())."""
     try:
-        token = sampler.sample(logits)
+        token = sampler.sample(logits, banned)
     except ValueError as e:       # the model's fault, not the caller's
         raise PowerInferError(f"cannot sample the next token: {e} (the model produced invalid logits; "
                               "the file may be corrupt)") from None
@@ -210,6 +211,7 @@ class Result:
     predicted_ms: float = 0.0
     slot: int = -1
     n_past: int = 0                 # tokens of this request in the slot's KV at the end
+    prompt_probs: list = field(default_factory=list)   # Task.prompt_logprobs: {"id", "logprob", "top"} per token
 
     @property
     def finish_reason(self) -> str:
@@ -236,11 +238,17 @@ class Task:
     one of ("done", Result) or ("error", RequestError/Exception). A cancelled task gets ("done",
     Result) with stop_type "none". want_ids: an event for every token, info {"id": ...} at least.
     sampler: use this Sampler (its history and random state go on) instead of a new one of params.
+    grammar: a powerinfer.grammar.Grammar the output must match (constrained decoding; the request
+    ends, stop_type "eos", once the grammar is complete). logits_processor: callables
+    (input_ids int32 [n], scores float32 [n_vocab]) -> scores, applied in order before sampling;
+    stopping_criteria: callables (input_ids, scores) -> bool, checked after each token (stop_type
+    "word" when one says True) -- llama-cpp-python's, input_ids = prompt + generated tokens.
     """
 
     def __init__(self, prompt_tokens: list[int], params: SamplingParams, *, n_predict: int = -1,
                  stop: list[str] | None = None, stop_token_ids=(), cache_prompt: bool = True, n_probs: int = 0,
-                 emit: Callable | None = None, want_ids: bool = False, sampler: Sampler | None = None):
+                 emit: Callable | None = None, want_ids: bool = False, sampler: Sampler | None = None,
+                 grammar=None, logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False):
         self.prompt_tokens = list(prompt_tokens)
         self.params = params
         self.n_predict = n_predict
@@ -250,6 +258,14 @@ class Task:
         self.n_probs = n_probs
         self.want_ids = want_ids
         self.sampler = sampler
+        self.grammar = grammar
+        self.logits_processor = list(logits_processor or [])
+        self.stopping_criteria = list(stopping_criteria or [])
+        # echo with logprobs: Result.prompt_probs gets an entry per prompt token (the first has no logprob),
+        # so the whole prompt is evaluated (no prompt cache)
+        self.prompt_logprobs = prompt_logprobs
+        if prompt_logprobs:
+            self.cache_prompt = False
         self.emit = emit or (lambda ev: None)
         self.cancelled = False
         self.finished = False
@@ -274,6 +290,7 @@ class _Slot:
         self.n_past = 0
         self.last = -1                  # sampled token not yet evaluated (-1: none)
         self.sampler: Sampler | None = None
+        self.matcher = None                 # GrammarMatcher of a constrained request
         self.decoder: StreamDecoder | None = None
         self.stop = StopMatcher()
         self.eog: frozenset[int] = frozenset()
@@ -402,6 +419,40 @@ class Engine:
                 raise RuntimeError("the engine has requests in flight; finish or cancel them first")
             self._dirty = True
 
+    def snapshot(self) -> list[list[int]]:
+        """The tokens whose KV each slot holds (its prompt cache); see restore()."""
+        with self.lock:
+            if self.busy():
+                raise RuntimeError("the engine has requests in flight; finish or cancel them first")
+            return [list(s.cache) for s in self.slots]
+
+    def restore(self, caches: list[list[int]]) -> None:
+        """Make each slot hold the KV of caches[i] (a snapshot() of an engine over the same model and
+        slot size), by evaluating the tokens again in the slot layout of the module doc: the same KV
+        bits (rows are computed independently), so a request that starts with them reuses them."""
+        if len(caches) != self.n_slots:
+            raise ValueError(f"the state has {len(caches)} slots, this engine {self.n_slots}")
+        vocab = self.tokenizer.n_vocab
+        for c in caches:
+            if len(c) > self.n_ctx_slot or any(not 0 <= int(t) < vocab for t in c):
+                raise ValueError("the state does not fit this model or slot size")
+        with self.lock:
+            if self.busy():
+                raise RuntimeError("the engine has requests in flight; finish or cancel them first")
+            self.ctx.kv_clear()
+            top = max((i for i, c in enumerate(caches) if c), default=-1)
+            for s, c in zip(self.slots, caches):
+                s.cache, s.hw = [], 0
+                toks = [int(t) for t in c]
+                if s.id < top:            # a higher region follows: fill this one (the layout invariant)
+                    toks = toks + [self._filler] * (s.n_ctx - len(toks))
+                for i in range(0, len(toks), self.n_batch):
+                    chunk = toks[i:i + self.n_batch]
+                    self.ctx.decode(chunk, pos=range(i, i + len(chunk)), seq_id=s.id,
+                                    logits=np.zeros(len(chunk), dtype=np.int8))
+                s.cache, s.hw = [int(t) for t in c], len(toks)
+            self._dirty = False
+
     def slots_info(self) -> list[dict]:
         """Per-slot state (read without waiting for a running step)."""
         return [{"id": s.id, "n_ctx": s.n_ctx, "is_processing": s.busy, "n_past": s.n_past,
@@ -503,6 +554,14 @@ class Engine:
                 slot.sampler = Sampler(task.params, eos_ids=self.tokenizer.eog_ids)
                 for t in task.prompt_tokens:
                     slot.sampler.accept(t)
+            if task.grammar is not None:
+                from .grammar import GrammarMatcher
+                try:
+                    slot.matcher = GrammarMatcher(task.grammar, self.tokenizer, self.ctx.model.n_vocab)
+                except Exception as e:
+                    slot.result = Result(n_prompt=len(task.prompt_tokens))
+                    self._finish(slot, error=RequestError(str(e), param="grammar"))
+                    continue
             slot.decoder = StreamDecoder(self.tokenizer, strip_leading_space=False)
             slot.stop = StopMatcher(task.stop)
             slot.eog = end_of_generation(self.tokenizer, ignore_eos=task.params.ignore_eos,
@@ -561,6 +620,7 @@ class Engine:
                 return True
             # --- the batch, ordered by target cell
             tokens, pos, seq, want, rows = [], [], [], [], {}
+            prompt_rows: dict[int, tuple[int, list[int]]] = {}     # slot -> (first row, its tokens): echo logprobs
             for s in self.slots[:want_top + 1]:
                 if s.id in plan:
                     toks, logits = plan[s.id]
@@ -570,7 +630,11 @@ class Engine:
                     tokens += toks
                     pos += range(n0, n0 + len(toks))
                     seq += [s.id] * len(toks)
-                    want += [0] * (len(toks) - 1) + [1 if logits else 0]
+                    if s.task.prompt_logprobs and s.todo:
+                        prompt_rows[s.id] = (len(tokens) - len(toks), toks)
+                        want += [1] * (len(toks) - 1) + [1 if logits else 0]
+                    else:
+                        want += [0] * (len(toks) - 1) + [1 if logits else 0]
                     if logits:
                         rows[s.id] = len(tokens) - 1
                 if s.id in fills:
@@ -599,6 +663,14 @@ class Engine:
                     s.last = -1
             for sid, (start, k) in fills.items():
                 self.slots[sid].hw = start + k
+            for sid, (r0, toks) in prompt_rows.items():     # logprob of each prompt token after the first
+                s = self.slots[sid]
+                pp = s.result.prompt_probs
+                if not pp:
+                    pp.append({"id": toks[0], "logprob": None, "top": None})
+                nxt = s.task.prompt_tokens[len(pp):len(pp) + len(toks)]
+                for j, t in enumerate(nxt):
+                    pp.append(self._probs(self.ctx.logits(r0 + j), t, max(s.task.n_probs, 1)))
             expected = sum(s.hw for s in self.slots)
             if self.ctx.kv_used != expected:   # the layout invariant; cannot happen unless the context was shared
                 self._decode_failed(RuntimeError(f"KV cache layout mismatch ({self.ctx.kv_used} cells used, "
@@ -635,7 +707,13 @@ class Engine:
             res.stop_type = "limit"
             self._finish(s)
             return
-        tok = sample_token(s.sampler, logits)
+        if task.logits_processor or task.stopping_criteria:
+            ids = np.asarray(task.prompt_tokens + res.tokens, dtype=np.intc)
+        if task.logits_processor:
+            logits = np.array(logits, dtype=np.float32)
+            for proc in task.logits_processor:
+                logits = np.asarray(proc(ids, logits), dtype=np.float32)
+        tok = sample_token(s.sampler, logits, s.matcher.banned() if s.matcher is not None else None)
         info = None
         if task.n_probs > 0:
             info = self._probs(logits, tok, task.n_probs)
@@ -645,6 +723,8 @@ class Engine:
             res.stop_type = "eos"
             self._finish(s)
             return
+        if s.matcher is not None:
+            s.matcher.accept(tok)
         res.tokens.append(tok)
         res.n_predicted += 1
         piece = s.decoder.push(tok)
@@ -658,6 +738,16 @@ class Engine:
             res.stop_type, res.stopping_word = "word", s.stop.word
             self._finish(s)
             return
+        if s.matcher is not None and s.matcher.done:     # only end of generation may follow
+            res.stop_type = "eos"
+            self._finish(s)
+            return
+        if task.stopping_criteria:
+            ids = np.append(ids, np.intc(tok))
+            if any(bool(c(ids, logits)) for c in task.stopping_criteria):
+                res.stop_type = "word"
+                self._finish(s)
+                return
         if task.n_predict > 0 and res.n_predicted >= task.n_predict:
             res.stop_type = "limit"
             self._finish(s)
@@ -754,9 +844,11 @@ class Generator:
         for t in tokens:
             self.sampler.accept(t)
 
-    def generate(self, n_predict: int = -1, *, eog_ids: Iterable[int] = ()) -> Iterator[int]:
+    def generate(self, n_predict: int = -1, *, eog_ids: Iterable[int] = (), matcher=None) -> Iterator[int]:
         """Yield sampled tokens until one of eog_ids (see end_of_generation; yielded, not evaluated),
-        n_predict tokens (-1: no limit) or a full context (then `context_full` is set)."""
+        n_predict tokens (-1: no limit) or a full context (then `context_full` is set). matcher: a
+        powerinfer.grammar.GrammarMatcher the tokens must follow; generation ends when it is complete
+        (its last token is left for the next feed(), as at n_predict)."""
         if self._pending_logits is None:
             raise RuntimeError("generate: feed() a prompt first")
         eog = set(eog_ids)
@@ -764,7 +856,10 @@ class Generator:
         n = 0
         while n_predict < 0 or n < n_predict:
             t0 = time.perf_counter()
-            token = sample_token(self.sampler, self._pending_logits)
+            token = sample_token(self.sampler, self._pending_logits,
+                                 matcher.banned() if matcher is not None else None)
+            if matcher is not None and token not in eog:
+                matcher.accept(token)
             self.timings.sample_ms += (time.perf_counter() - t0) * 1e3
             self.timings.n_sample += 1
             n += 1
@@ -772,6 +867,8 @@ class Generator:
             if token in eog:
                 self._pending_logits = None
                 return
+            if matcher is not None and matcher.done:
+                n_predict = n          # evaluate this token below, then end
             if self.n_past >= self.ctx.n_ctx and n != n_predict and self.context_shift:
                 self._shift([token])           # evaluates the token with what is kept
                 continue

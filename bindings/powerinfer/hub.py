@@ -134,6 +134,12 @@ def pick_model_file(files: Iterable[str], hf_file: str | None = None, tag: str |
         want = hf_file.strip("/")
         if want in files:
             return want
+        if any(c in want for c in "*?["):      # a glob, as llama-cpp-python's from_pretrained takes
+            import fnmatch
+            hits = [f for f in files if fnmatch.fnmatch(f, want) or fnmatch.fnmatch(f.rsplit("/", 1)[-1], want)]
+            if len(hits) == 1:
+                return hits[0]
+            raise HubError(f"{repo} has {len(hits)} files matching '{hf_file}'" + (f": {_listing(hits)}" if hits else ""))
         same = [f for f in files if f.rsplit("/", 1)[-1] == want]
         if len(same) == 1:
             return same[0]

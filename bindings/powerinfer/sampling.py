@@ -3,7 +3,7 @@
 The chain follows llama.cpp's classic order::
 
     logit_bias -> penalties (repeat / presence / frequency) -> ignore_eos mask
-    -> [greedy argmax if temperature <= 0]
+    -> grammar mask (``banned``: powerinfer.grammar) -> [greedy argmax if temperature <= 0]
     -> top_k -> top_p -> min_p -> temperature -> softmax -> draw
 
 Everything is vectorised numpy; there is no Python loop over the vocabulary,
@@ -20,7 +20,9 @@ Conventions
   among equal logits at its boundary, and greedy picks the lowest id).
 * ``-inf`` logits are "masked" tokens and are never sampled, unless *every*
   token ends up masked, in which case the sampler falls back to the argmax of
-  the raw, unprocessed logits instead of failing.
+  the raw, unprocessed logits instead of failing -- among the tokens a grammar
+  allows when there is one (a grammar is a hard constraint; bias and
+  ignore_eos are not).
 * NaN (and +inf) logits are rejected with ``ValueError``.
 """
 
@@ -190,15 +192,16 @@ class Sampler:
 
     # ------------------------------------------------------------ public API
 
-    def process_logits(self, logits) -> np.ndarray:
-        """Return a float32 copy of ``logits`` after logit_bias, penalties and
-        ignore_eos masking (the stages before the truncation samplers)."""
-        return self._process(self._check(logits)).copy()
+    def process_logits(self, logits, banned: np.ndarray | None = None) -> np.ndarray:
+        """Return a float32 copy of ``logits`` after logit_bias, penalties,
+        ignore_eos and grammar masking (the stages before the truncation samplers)."""
+        return self._process(self._check(logits), banned).copy()
 
-    def sample(self, logits) -> int:
-        """Run the chain on a copy of ``logits`` and draw one token id."""
+    def sample(self, logits, banned: np.ndarray | None = None) -> int:
+        """Run the chain on a copy of ``logits`` and draw one token id. banned: bool
+        [n_vocab], True for the tokens a grammar forbids (GrammarMatcher.banned())."""
         raw = self._check(logits)
-        ids, p = self._chain(raw, need_sorted=False)
+        ids, p = self._chain(raw, need_sorted=False, banned=banned)
         if p is None:  # greedy, or everything masked
             return int(ids[0])
         cdf = np.cumsum(p)
@@ -206,12 +209,12 @@ class Sampler:
         i = int(np.searchsorted(cdf, u, side="right"))
         return int(ids[min(i, ids.size - 1)])
 
-    def probs(self, logits) -> tuple[np.ndarray, np.ndarray]:
+    def probs(self, logits, banned: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, probabilities) after the whole chain, sorted by
         probability descending (ties: lower id first).  Greedy mode returns the
         single argmax token with probability 1.  Does not touch the RNG."""
         raw = self._check(logits)
-        ids, p = self._chain(raw, need_sorted=True)
+        ids, p = self._chain(raw, need_sorted=True, banned=banned)
         if p is None:
             return ids, np.ones(ids.size, dtype=np.float64)
         return ids, p
@@ -242,14 +245,16 @@ class Sampler:
             return []
         return self._history if n < 0 else self._history[-n:]
 
-    def _process(self, raw: np.ndarray) -> np.ndarray:
-        """logit_bias -> penalties -> ignore_eos.  Never writes into ``raw``:
-        returns ``raw`` itself when nothing applies, else an edited copy."""
+    def _process(self, raw: np.ndarray, banned: np.ndarray | None = None) -> np.ndarray:
+        """logit_bias -> penalties -> ignore_eos -> grammar mask.  Never writes into
+        ``raw``: returns ``raw`` itself when nothing applies, else an edited copy."""
         n_vocab = raw.size
         prm = self.params
         window = self._penalty_window()
         masks_eos = bool(prm.ignore_eos and self.eos_ids.size)
-        if not (self._bias_ids.size or window or masks_eos):
+        if banned is not None and banned.shape != raw.shape:
+            raise ValueError(f"the grammar mask has {banned.size} entries for {raw.size} logits")
+        if not (self._bias_ids.size or window or masks_eos or banned is not None):
             return raw
         # Edit a reusable scratch buffer rather than a fresh copy: allocating
         # a vocab-sized array each token costs more (page faults) than the
@@ -287,21 +292,33 @@ class Sampler:
                 )
             x[self.eos_ids] = -np.inf
 
+        if banned is not None:
+            np.copyto(x, -np.inf, where=banned)
+
         # A huge bias can overflow float32 to +inf; keep the token as the top one.
         if np.isposinf(x).any():
             x[np.isposinf(x)] = np.finfo(_F32).max
         return x
 
-    def _chain(self, raw: np.ndarray, need_sorted: bool):
+    @staticmethod
+    def _fallback(raw: np.ndarray, banned: np.ndarray | None) -> np.ndarray:
+        """Everything masked: the raw argmax (among the tokens the grammar allows)."""
+        if banned is None:
+            return np.array([int(np.argmax(raw))], dtype=np.int64)
+        if banned.all():
+            raise ValueError("the grammar allows no token at all")
+        return np.array([int(np.argmax(np.where(banned, -np.inf, raw)))], dtype=np.int64)
+
+    def _chain(self, raw: np.ndarray, need_sorted: bool, banned: np.ndarray | None = None):
         """Run the chain.  Returns (ids, probs) or (ids, None) for a forced
         single token (greedy / fallback)."""
         prm = self.params
-        x = self._process(raw)
+        x = self._process(raw, banned)
 
         if prm.temperature <= 0:
             t = int(np.argmax(x))
             if x[t] == -np.inf:  # everything masked
-                t = int(np.argmax(raw))
+                return self._fallback(raw, banned), None
             return np.array([t], dtype=np.int64), None
 
         # candidates: the unmasked tokens (ascending id)
@@ -312,7 +329,7 @@ class Sampler:
         else:
             ids = np.flatnonzero(finite)
             if ids.size == 0:  # everything masked: fall back to raw argmax
-                return np.array([int(np.argmax(raw))], dtype=np.int64), None
+                return self._fallback(raw, banned), None
             vals = x[ids]
 
         # top_k: keep the k largest logits (ties at the boundary: lower ids)

@@ -38,7 +38,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import __version__
-from ..api import CompletionShaper, PowerInfer
+from ..api import CompletionShaper, PowerInfer, check_unimplemented, resolve_grammar
 from ..engine import RequestError, Result, Task
 
 log = logging.getLogger("powerinfer.server")
@@ -218,8 +218,41 @@ async def read_json(request: Request, state: ServerState) -> dict:
     return _parse_body(raw)
 
 
+# llama.cpp's `samplers` names (and one-letter codes) of the samplers this chain has, in its order
+_CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
+_SAMPLER_NAMES = {"e": "penalties", "penalties": "penalties", "k": "top_k", "top_k": "top_k", "p": "top_p",
+                  "top_p": "top_p", "m": "min_p", "min_p": "min_p", "t": "temperature", "temperature": "temperature",
+                  "d": "dry", "dry": "dry", "y": "typ_p", "typ_p": "typ_p", "typical_p": "typ_p", "x": "xtc",
+                  "xtc": "xtc", "n": "top_n_sigma", "top_n_sigma": "top_n_sigma"}
+
+
+def _check_samplers(samplers, active: set[str]) -> None:
+    """llama.cpp's `samplers` (a string of letters or a list of names): accepted when it names every
+    sampler the request turns on and in this chain's order (the others are off: checked elsewhere)."""
+    if samplers is None:
+        return
+    items = list(samplers) if isinstance(samplers, str) else samplers
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise RequestError("'samplers' must be a string of sampler letters or an array of names", param="samplers")
+    names = []
+    for x in items:
+        if x not in _SAMPLER_NAMES:
+            raise RequestError(f"'samplers': unknown sampler {x!r}", param="samplers")
+        names.append(_SAMPLER_NAMES[x])
+    ours = [n for n in names if n in _CHAIN]
+    missing = sorted(active - set(ours))
+    if missing:
+        raise RequestError(f"'samplers' leaves out {', '.join(missing)}, which the request turns on; this server "
+                           "cannot skip a sampler that is on (turn it off instead)", param="samplers")
+    if ours != sorted(ours, key=_CHAIN.index):
+        raise RequestError(f"'samplers' orders them {ours}; this server's chain is fixed: {list(_CHAIN)}",
+                           param="samplers")
+
+
 def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
-    """The sampling fields shared by every completion route (llama.cpp names and defaults)."""
+    """The sampling fields shared by every completion route (llama.cpp names and defaults), and the
+    output's grammar (grammar, json_schema or response_format). Samplers we lack are refused unless off."""
+    check_unimplemented(body)
     stop = field(body, "stop", "any", None)
     if stop is not None and not (isinstance(stop, str)
                                  or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
@@ -232,7 +265,7 @@ def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
     logit_bias = field(body, "logit_bias", "any", None)
     if logit_bias is not None and not isinstance(logit_bias, (dict, list)):
         raise RequestError("'logit_bias' must be an object or an array of [token, bias] pairs", param="logit_bias")
-    return dict(
+    out = dict(
         temperature=float(field(body, "temperature", "num", temperature)),
         top_k=field(body, "top_k", "int", 40),
         top_p=float(field(body, "top_p", "num", 0.95)),
@@ -245,6 +278,14 @@ def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
         ignore_eos=field(body, "ignore_eos", "bool", False),
         cache_prompt=field(body, "cache_prompt", "bool", True),
     )
+    active = {n for n, on in (("top_k", out["top_k"] > 0), ("top_p", out["top_p"] < 1.0), ("min_p", out["min_p"] > 0),
+                              ("temperature", out["temperature"] > 0),
+                              ("penalties", out["repeat_penalty"] != 1.0 or out["presence_penalty"] != 0
+                               or out["frequency_penalty"] != 0)) if on}
+    _check_samplers(body.get("samplers"), active)
+    rf = field(body, "response_format", "dict", None)
+    out["grammar"] = resolve_grammar(field(body, "grammar", "str", None), field(body, "json_schema", "any", None), rf)
+    return out
 
 
 def _cap(state: ServerState, n: int) -> int:
@@ -360,6 +401,7 @@ def build_routes(state: ServerState) -> list[Route]:
             "frequency_penalty": s["frequency_penalty"],
             "stop": [s["stop"]] if isinstance(s["stop"], str) else list(s["stop"] or []),
             "ignore_eos": s["ignore_eos"], "stream": stream, "n_probs": n_probs, "cache_prompt": s["cache_prompt"],
+            "grammar": s["grammar"].source if s.get("grammar") is not None else "",
             "logit_bias": [[k, (v if math.isfinite(v) else False)] for k, v in llm._logit_bias(bias).items()],
         }
 
@@ -431,6 +473,7 @@ def build_routes(state: ServerState) -> list[Route]:
         if not 0 <= n_probs <= 100:
             raise RequestError("'n_probs' must be in [0, 100]", param="n_probs")
         stream = field(body, "stream", "bool", False)
+        return_tokens = field(body, "return_tokens", "bool", False)
         s = sampling_fields(body)
         task = llm.make_task(tokens, max_tokens=n_predict, n_probs=n_probs, **s)
         settings = generation_settings(llm, s, n_predict, stream, n_probs)
@@ -451,7 +494,8 @@ def build_routes(state: ServerState) -> list[Route]:
 
         def final(res: Result, content: str, all_probs: list) -> dict:
             out = {
-                "index": 0, "content": content, "tokens": [], "id_slot": res.slot, "stop": True,
+                "index": 0, "content": content, "tokens": res.tokens if return_tokens else [], "id_slot": res.slot,
+                "stop": True,
                 "model": state.model_name, "tokens_predicted": res.n_predicted, "tokens_evaluated": res.n_prompt,
                 "generation_settings": settings, "prompt": prompt_text, "has_new_line": "\n" in res.text,
                 "truncated": res.truncated, "stopped_eos": res.stop_type == "eos",
@@ -551,7 +595,11 @@ def build_routes(state: ServerState) -> list[Route]:
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise RequestError("'logprobs' must be in [0, 20]", param="logprobs")
         echo = field(body, "echo", "bool", False)
-        task = llm.make_task(tokens, max_tokens=max_tokens, n_probs=0 if logprobs is None else max(1, logprobs), **s)
+        prompt_lp = bool(echo and logprobs is not None)
+        if prompt_lp and stream:
+            raise RequestError("'echo' with 'logprobs' is not supported when streaming", param="echo")
+        task = llm.make_task(tokens, max_tokens=max_tokens, n_probs=0 if logprobs is None else max(1, logprobs),
+                             prompt_logprobs=prompt_lp, **s)
         prompt = body["prompt"]
         prefix = ((prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else "")
         shaper = CompletionShaper("text", state.model_name, prefix=prefix, logprobs=logprobs, tokenizer=llm.tokenizer)
@@ -562,26 +610,30 @@ def build_routes(state: ServerState) -> list[Route]:
         body = await read_json(request, state)
         s, stream, include_usage = openai_common(body, llm)
         messages = field(body, "messages", "list")
-        rf = field(body, "response_format", "dict", None)
-        if rf is not None and rf.get("type", "text") != "text":
-            raise RequestError("response_format other than text is not supported yet", param="response_format",
-                               code="not_supported")
-        tools = field(body, "tools", "list", None)
-        if tools and body.get("tool_choice") != "none":
-            raise RequestError("tools / function calling is not supported", param="tools", code="not_supported")
+        if body.get("functions") or body.get("function_call") is not None:
+            raise RequestError("the legacy 'functions' / 'function_call' are not supported; use 'tools'",
+                               param="functions", code="not_supported")
+        from ..tools import ToolCalls
+        tc = ToolCalls.of_request(field(body, "tools", "list", None), body.get("tool_choice"))
+        if tc is not None:
+            if s["grammar"] is not None:
+                raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")
+            s["grammar"] = tc.grammar
         max_tokens = _cap(state, max_tokens_field(body, None) or -1)     # no max_tokens: until EOS / full slot
         logprobs = field(body, "logprobs", "bool", False)
         top_logprobs = field(body, "top_logprobs", "int", 0)
         if not 0 <= top_logprobs <= 20:
             raise RequestError("'top_logprobs' must be in [0, 20]", param="top_logprobs")
-        kwargs = field(body, "chat_template_kwargs", "dict", {})
+        kwargs = dict(field(body, "chat_template_kwargs", "dict", {}))
+        if tc is not None:
+            messages = llm.tool_messages(messages, tc, kwargs)
         _, tokens, extra_stops, stop_ids = await run_in_threadpool(llm.chat_prompt, messages, **kwargs)
         stop = s.pop("stop")
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + extra_stops
         n_lp = top_logprobs if logprobs else None
         task = llm.make_task(tokens, max_tokens=max_tokens, stop=stop, stop_token_ids=stop_ids,
                              n_probs=0 if n_lp is None else max(1, n_lp), **s)
-        shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer)
+        shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer, tools=tc)
         return await run_openai(request, llm, task, shaper, stream, include_usage)
 
     async def index(request: Request):

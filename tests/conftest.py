@@ -1,9 +1,15 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules (shared helpers and tolerances: helpers.py)."""
 from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from powerinfer._ffi import check, ffi, lib
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -13,3 +19,18 @@ def pool2():
     check(lib.pi_threadpool_create(2, p))
     yield p[0]
     lib.pi_threadpool_free(p[0])
+
+
+@pytest.fixture(scope="session")
+def scalar_lib(tmp_path_factory):
+    """The portable scalar build (-DPI_NATIVE=OFF) of this checkout, built once per test run, opened
+    with the package's declarations (the SIMD build's tests compare against it bit for bit)."""
+    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+    if not cmake or not ninja:
+        pytest.skip("cmake and ninja are needed to build the -DPI_NATIVE=OFF library")
+    bdir = tmp_path_factory.mktemp("pi_scalar_build")
+    subprocess.run([cmake, "-S", str(REPO), "-B", str(bdir), "-G", "Ninja", "-DPI_NATIVE=OFF",
+                    "-DCMAKE_BUILD_TYPE=Release"], check=True, capture_output=True)
+    subprocess.run([ninja, "-C", str(bdir)], check=True, capture_output=True)
+    so = next(p for p in bdir.iterdir() if p.name.startswith("libpowerinfer."))
+    return ffi.dlopen(str(so))

@@ -2,6 +2,7 @@
 the op with the gate given, files made by the tool, their levels, --dense, and errors."""
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
-from test_sparse import FLOAT_REL_RMS, QUANT_REL_RMS, _tensor, _weight, rel_rms  # noqa: E402
+from test_sparse import _tensor, _weight  # noqa: E402
+import helpers  # noqa: E402
+from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, rel_rms  # noqa: E402
 
 import sparsify  # noqa: E402
 
@@ -29,19 +32,8 @@ GATE_T_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": 0.15}
 ALL_CHANNELS_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": 0.1}
 
 
-def logits_all(ctx, tokens):
-    ctx.kv_clear()
-    ctx.decode(tokens, logits="all")
-    return np.stack([ctx.logits(i) for i in range(len(tokens))])
-
-
-def logits_one_by_one(ctx, tokens):
-    ctx.kv_clear()
-    out = []
-    for t in tokens:
-        ctx.decode([t])
-        out.append(ctx.logits())
-    return np.stack(out)
+logits_all = functools.partial(helpers.logits_all, clear=True)
+logits_one_by_one = functools.partial(helpers.logits_one_by_one, clear=True)
 
 
 @pytest.fixture(scope="module")

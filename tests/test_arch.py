@@ -19,17 +19,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from arch_models import CONFIGS, forward, make_weights, write_arch_model  # noqa: E402
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, rel_rms  # noqa: E402
 from powerinfer.gguf_file import ModelLoadError  # noqa: E402
 
 # f32 weights and KV cache: float32 arithmetic against float64 (rel. RMS of the logits; measured
 # ~1e-7 .. 4e-7); an f16 KV cache rounds K and V to 11 bits (measured ~3e-4).
-F32_REL_RMS = 1e-5
-F16_KV_REL_RMS = 3e-3
+F32_REL_RMS = FLOAT_REL_RMS
+F16_KV_REL_RMS = KV_F16_REL_RMS
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]   # 16 > the window of 5
-
-
-def rel_rms(a, b) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +42,6 @@ def files(tmp_path_factory):
     write_arch_model(path, "mistral", weights=out["llama"][1])
     out["mistral"] = (path, out["llama"][1])
     return out
-
-
-def logits_all(ctx, tokens):
-    ctx.decode(tokens, logits="all")
-    return np.stack([ctx.logits(i) for i in range(len(tokens))])
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "llama-ff"])

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 import powerinfer as pi
+from helpers import rel_rms
 from powerinfer import quants
 from powerinfer.convert import ConversionError, convert_dense, convert_sparse, permute_qk
 from powerinfer.convert.torch_pickle import load_state_dict
@@ -281,10 +282,6 @@ def stored_weights(w: dict, outtype: str) -> dict:
         else:
             out[k] = quants.dequantize(quants.quantize(v, outtype), outtype)
     return out
-
-
-def rel_rms(ours, ref) -> float:
-    return float(np.sqrt(np.mean((ours - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
 
 
 def engine_logits(path: Path, tokens, **ctx_kw) -> np.ndarray:

@@ -20,15 +20,12 @@ from make_test_model import write_model  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
 from powerinfer.embedding import Embedder, normalize  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
+from helpers import FLOAT_REL_RMS, rel_rms  # noqa: E402
 
-HIDDEN_REL_RMS = 1e-5     # float32 accumulation vs float64 (f32 weights, f32 KV cache)
+HIDDEN_REL_RMS = FLOAT_REL_RMS     # float32 accumulation vs float64 (f32 weights, f32 KV cache)
 PACKED_ABS = 1e-6         # one sequence alone vs packed with others in one decode (float32 noise at most)
 TINY = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
-
-
-def rel_rms(ours, ref) -> float:
-    return float(np.sqrt(np.mean((ours - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
 
 
 @pytest.fixture(scope="module")

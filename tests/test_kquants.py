@@ -19,8 +19,6 @@ Run: PYTHONPATH=bindings python -m pytest tests/test_kquants.py -q
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -623,17 +621,7 @@ def test_mul_mat_thread_counts_identical():
 # =============================================================================================
 # SIMD (native build) vs the portable scalar build
 # =============================================================================================
-@pytest.fixture(scope="module")
-def scalar_lib(tmp_path_factory):
-    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
-    if not cmake or not ninja:
-        pytest.skip("cmake and ninja are needed to build the -DPI_NATIVE=OFF library")
-    bdir = tmp_path_factory.mktemp("pi_scalar_build_k")
-    subprocess.run([cmake, "-S", str(REPO), "-B", str(bdir), "-G", "Ninja", "-DPI_NATIVE=OFF",
-                    "-DCMAKE_BUILD_TYPE=Release"], check=True, capture_output=True)
-    subprocess.run([ninja, "-C", str(bdir)], check=True, capture_output=True)
-    so = next(p for p in bdir.iterdir() if p.name.startswith("libpowerinfer."))
-    return ffi.dlopen(str(so))
+# scalar_lib: the session fixture of conftest.py (the library built once with -DPI_NATIVE=OFF)
 
 
 def test_scalar_build_is_scalar(scalar_lib):

@@ -20,16 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, QUANT_REL_RMS, rel_rms  # noqa: E402
+from helpers import logits_all as all_logits  # noqa: E402
 
-FLOAT_REL_RMS = 1e-5      # float32 accumulation vs float64
-QUANT_REL_RMS = 3e-2      # + 8-bit activation quantization (measured ~1.1%)
-KV_F16_REL_RMS = 3e-3     # f16 KV cache on top of float weights
 TINY = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_0"]
-
-
-def rel_rms(ours: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((ours - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +35,6 @@ def model_files(tmp_path_factory):
         files[dt] = d / f"tiny-{dt}.gguf"
         write_model(files[dt], dtype=dt, seed=3, **TINY)
     return files
-
-
-def all_logits(ctx: pi.Context, tokens) -> np.ndarray:
-    ctx.decode(tokens, logits="all")
-    return np.stack([ctx.logits(i) for i in range(len(tokens))])
 
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]

@@ -1720,6 +1720,10 @@ def test_device_and_offload_bad_args(model):
     assert lib.pi_offload_compute_bytes(ffi.NULL, 0, 8, 8) == -1
     assert lib.pi_offload_compute_bytes(model._ptr, 0, 0, 8) == -1
     assert lib.pi_offload_compute_bytes(model._ptr, -1, 8, 8) == -1
+    assert lib.pi_offload_plan_compute_bytes(ffi.NULL, 8, 8) == -1
+    assert lib.pi_offload_plan_compute_bytes(model._ptr, 8, 0) == -1
+    planned = lib.pi_offload_plan_compute_bytes(model._ptr, 8, 8)
+    assert planned > 0 and (n_dev == 0 or planned == lib.pi_offload_compute_bytes(model._ptr, 0, 8, 8))
     st = ffi.new("pi_offload_stats *")
     expect(lib.pi_context_offload_stats(ffi.NULL, st), INVALID, "NULL")
     expect(lib.pi_context_offload_stats(ctx, ffi.NULL), INVALID, "NULL")
@@ -1770,7 +1774,8 @@ COVERED = {
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",
     "pi_cpu_isa", "pi_cpu_isa_supported", "pi_cpu_isa_set", "pi_cpu_isa_env_error",
     "pi_device_count", "pi_device_get_info", "pi_device_allocated_bytes", "pi_device_peak_bytes",
-    "pi_device_reset_peak", "pi_gpu_backend_name", "pi_offload_compute_bytes", "pi_context_offload",
+    "pi_device_reset_peak", "pi_gpu_backend_name", "pi_offload_compute_bytes", "pi_offload_plan_compute_bytes",
+    "pi_context_offload",
     "pi_context_offload_stats", "pi_context_hot_neurons",
     "pi_set_sparse_thresholds", "pi_set_gate_input_thresholds", "pi_gate_input_stats", "pi_act_histogram",
     "pi_act_histogram_edge",

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from test_kquants import (BLOCK, BLOCK_ULPS, DOT_LAMBDA, NAME, Q2_K, Q3_K, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, Q8_K,  # noqa: E402
                           Q8_KM, U32, bits_equal, c_mul_mat, c_quantize, np_dequant, np_dequant_act, np_quantize_q8_0,
-                          np_quantize_q8_K, np_quantize_q8_Km, random_blocks, scalar_lib)
+                          np_quantize_q8_K, np_quantize_q8_Km, random_blocks)
 
 TYPES = [Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 TNAME = {**NAME, Q8_0: "q8_0"}
@@ -35,7 +35,7 @@ ACT = {Q5_0: (np_quantize_q8_0, Q8_0), Q8_0: (np_quantize_q8_0, Q8_0), Q4_K: (np
        Q2_K: (np_quantize_q8_K, Q8_K), Q3_K: (np_quantize_q8_K, Q8_K), Q5_K: (np_quantize_q8_Km, Q8_KM),
        Q6_K: (np_quantize_q8_K, Q8_K)}
 
-assert scalar_lib   # the fixture (builds the -DPI_NATIVE=OFF library once per module)
+# scalar_lib: the session fixture of conftest.py (the -DPI_NATIVE=OFF library, built once per run)
 
 
 

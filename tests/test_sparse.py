@@ -13,29 +13,10 @@ import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
 from reference_model import ReferenceModel, dequantize  # noqa: E402
 from sparse_model import TYPES, write_sparse_model  # noqa: E402
+from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, logits_all, logits_one_by_one, rel_rms  # noqa: E402
 
-FLOAT_REL_RMS = 1e-5      # float32 arithmetic vs float64 (f32/f16/bf16 weights)
-QUANT_REL_RMS = 3e-2      # + 8-bit activation quantization before q8_0/q4_0 dot products
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_0"]
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5]
-
-
-def rel_rms(a, b) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
-
-
-def logits_all(ctx, tokens):
-    ctx.decode(tokens, logits="all")
-    return np.stack([ctx.logits(i) for i in range(len(tokens))])
-
-
-def logits_one_by_one(ctx, tokens):
-    """The logits of decoding the tokens one call each."""
-    steps = []
-    for t in tokens:
-        ctx.decode([t])
-        steps.append(ctx.logits())
-    return np.stack(steps)
 
 
 @pytest.fixture(scope="module")

@@ -14,21 +14,16 @@ import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
 from reference_model import dequantize, read_gguf  # noqa: E402
 from sparse_model import _encode  # noqa: E402
+from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, logits_all, rel_rms  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_test_model import write_model  # noqa: E402
 
-FLOAT_REL_RMS = 1e-5
-QUANT_REL_RMS = 3e-2      # + 8-bit activation quantization before the q8_0 dot products
 # with the predictor on, the quantization drift of the residual (the predictor's input) flips a few
 # neurons that sit near the threshold; each flip moves the logits by a whole neuron's contribution
 QUANT_PRED_REL_RMS = 8e-2
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5]
 SHAPE = dict(n_vocab=320, n_embd=64, n_ff=256, n_head=4)
-
-
-def rel_rms(a, b) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
 # ---- writing test files ---------------------------------------------------------------------
@@ -217,11 +212,6 @@ class ArchReference:
 
 
 # ---- tests ----------------------------------------------------------------------------------
-
-def logits_all(ctx, tokens):
-    ctx.decode(tokens, logits="all")
-    return np.stack([ctx.logits(i) for i in range(len(tokens))])
-
 
 CASES = [("falcon", "f32"), ("falcon", "q8_0"), ("opt", "f32"), ("opt", "q8_0")]
 

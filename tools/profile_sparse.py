@@ -10,7 +10,7 @@ tools/profile_activations.py counts activations of the original Hugging Face che
 this tool needs only the GGUF file: it runs the model with its predictors (the file's threshold) and
 counts, per layer and neuron, the tokens for which the FFN computed the neuron
 (``Context(count_neurons=True)``): the neurons the engine actually reads, which is what the GPU split
-(bindings/powerinfer/gpu_split.py) needs to put the hottest on the GPU, with no Hugging Face
+(bindings/powerinfer/gpu_split/) needs to put the hottest on the GPU, with no Hugging Face
 checkpoint at hand.
 
 Input: the text is tokenized with the model's tokenizer and cut into windows of --ctx tokens (BOS

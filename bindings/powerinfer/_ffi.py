@@ -1,8 +1,11 @@
 """cffi layer: loads libpowerinfer and declares its API from core/include/powerinfer.h.
 
 The declarations are the PI_CDEF_BEGIN..PI_CDEF_END region of the header, the
-same text the C compiler checks when it builds the library. `check(status)` is
-the one place where C status codes become Python exceptions.
+same text the C compiler checks when it builds the library, followed by the
+PI_CUDA_CDEF_BEGIN..PI_CUDA_CDEF_END region of powerinfer_cuda.h (the GPU API,
+which every build exports: a CPU-only one answers pi_cuda_available() == 0).
+This is the package's one FFI: one `ffi`, one `lib`. `check(status)` is the one
+place where C status codes become Python exceptions.
 """
 from __future__ import annotations
 
@@ -45,14 +48,15 @@ def _library_path() -> Path:
     return _find([Path(c) for c in cands], "the libpowerinfer shared library")
 
 
-def _header_path() -> Path:
-    return _find([_PKG / "powerinfer.h", _REPO / "core" / "include" / "powerinfer.h"], "powerinfer.h")
+def _header_path(name: str = "powerinfer.h") -> Path:
+    return _find([_PKG / name, _REPO / "core" / "include" / name], name)
 
 
-def _cdef_source(header: str) -> str:
-    m = re.search(r"/\* PI_CDEF_BEGIN \*/(.*)/\* PI_CDEF_END \*/", header, re.S)
+def _cdef_source(header: str, region: str = "PI_CDEF") -> str:
+    """The declarations between /* {region}_BEGIN */ and /* {region}_END */, as cffi takes them."""
+    m = re.search(rf"/\* {region}_BEGIN \*/(.*)/\* {region}_END \*/", header, re.S)
     if not m:
-        raise ImportError("powerinfer.h has no PI_CDEF_BEGIN/PI_CDEF_END region")
+        raise ImportError(f"the header has no {region}_BEGIN/{region}_END region")
     text = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)   # comments
     text = re.sub(r"//[^\n]*", "", text)
     text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
@@ -61,6 +65,7 @@ def _cdef_source(header: str) -> str:
 
 ffi = cffi.FFI()
 ffi.cdef(_cdef_source(_header_path().read_text()))
+ffi.cdef(_cdef_source(_header_path("powerinfer_cuda.h").read_text(), "PI_CUDA_CDEF"))
 lib = ffi.dlopen(str(_library_path()))
 if lib.pi_cpu_isa_env_error() != ffi.NULL:   # a POWERINFER_ISA the library could not apply
     raise ImportError("powerinfer: " + ffi.string(lib.pi_cpu_isa_env_error()).decode())

@@ -8,7 +8,7 @@
  * ops.c / sparse_ffn.c (see powerinfer.h). Ops that need temporary device
  * memory take a `scratch` pointer of at least the bytes their *_scratch()
  * function returns, so a context allocates everything once and the VRAM
- * budget (bindings/powerinfer/gpu_split.py) can count it in advance.
+ * budget (bindings/powerinfer/gpu_split/plan.py) can count it in advance.
  * Every function returns a pi_status and never aborts: CUDA errors become
  * PI_ERR_DEVICE / PI_ERR_OUT_OF_MEMORY / PI_ERR_UNSUPPORTED with a message.
  */
@@ -87,8 +87,8 @@ pi_status pi_cuda_sparse_ffn(pi_cuda_stream *s, const pi_sparse_ffn_weights *w_h
                              int32_t act, int32_t gate_mode, const pi_tensor *x, const pi_tensor *scores,
                              float threshold, pi_tensor *out, uint64_t *n_active_dev, void *scratch);
 /* out [E, T] = sum_j [scores[map(j), t] >= thr, h[map(j), t] != 0] h[map(j), t] * down[:, j]
- * (map = bucket or identity; h/scores NULL-able as in pi_cuda_op_axpy_sparse). */
-size_t    pi_cuda_axpy_sparse_scratch(int64_t E, int64_t k, int64_t T);
+ * (map = bucket or identity; h/scores NULL-able as in pi_cuda_op_axpy_sparse); its scratch:
+ * pi_cuda_axpy_sparse_scratch (powerinfer_cuda.h). */
 pi_status pi_cuda_axpy_sparse(pi_cuda_stream *s, const pi_tensor *down, const int32_t *bucket_dev,
                               const pi_tensor *h, const pi_tensor *scores, float threshold, pi_tensor *out,
                               void *scratch);

@@ -12,12 +12,11 @@
  * each row through the dtype traits) and the rows into R chunks; each chunk writes its own partial
  * vector and a second kernel adds the R partials in chunk order. No atomics: results are
  * reproducible run to run. Rows whose h is zero for every token of the tile are skipped. */
+#include "axpy_chunks.h"   /* AXPY_COLS, AXPY_NT, the row chunks (shared with stub.c) */
 #include "dtype.cuh"
 
 #define FFN_WARPS   4      /* hot rows per block in k_ffn_hidden */
-#define AXPY_COLS   256    /* output columns per block (threads) */
 #define AXPY_TILE   64     /* rows staged in shared memory at a time */
-#define AXPY_NT     8      /* tokens per block when T > 1 */
 
 template <class T, int NT>
 __global__ void k_ffn_hidden(const char *__restrict__ gate, int64_t g_nb1, const char *__restrict__ up, int64_t u_nb1,
@@ -140,23 +139,11 @@ __global__ void k_sum_chunks(const float *__restrict__ part, int64_t R, int64_t 
     ((float *)(out + t * o_nb1))[c] = s;
 }
 
-static int axpy_nt(int64_t T) { return T == 1 ? 1 : AXPY_NT; }
+/* Row chunks (axpy_chunks.h): a pure function of (E, k, T), so scratch sizes and results depend on
+ * the shapes only. */
+static int64_t axpy_chunks(int64_t E, int64_t k, int64_t T) { return pi_axpy_chunks(E, k, T); }
 
-/* Row chunks: enough blocks to fill a large GPU (~1024), chunks of at least 64 rows. A pure
- * function of (E, k, T), so scratch sizes and results depend on the shapes only. */
-static int64_t axpy_chunks(int64_t E, int64_t k, int64_t T) {
-    const int64_t base = pi_ceil_div(E, AXPY_COLS) * pi_ceil_div(T, axpy_nt(T));
-    int64_t R = pi_ceil_div(1024, base);
-    const int64_t rmax = pi_ceil_div(k, 64);
-    if (R > rmax) R = rmax;
-    if (R > 65535) R = 65535;
-    return R < 1 ? 1 : R;
-}
-
-size_t pi_cuda_axpy_sparse_scratch(int64_t E, int64_t k, int64_t T) {
-    const int64_t R = axpy_chunks(E, k, T);
-    return R > 1 ? (size_t)(R * T * E) * sizeof(float) : 0;
-}
+size_t pi_cuda_axpy_sparse_scratch(int64_t E, int64_t k, int64_t T) { return pi_axpy_partials_bytes(E, k, T); }
 
 template <class T, int NT>
 static pi_status launch_axpy(cudaStream_t st, const pi_tensor *down, const int32_t *map, const char *h, int64_t h_nb1,
@@ -187,7 +174,7 @@ static pi_status launch_axpy(cudaStream_t st, const pi_tensor *down, const int32
 static pi_status axpy_dispatch(cudaStream_t st, const pi_tensor *down, const int32_t *map, const char *h,
                                int64_t h_nb1, const pi_tensor *scores, float thr, pi_tensor *out, void *scratch) {
     const int64_t Tn = out->ne[1];
-    if (Tn < 1 || pi_ceil_div(Tn, axpy_nt(Tn)) > 65535)
+    if (Tn < 1 || pi_ceil_div(Tn, pi_axpy_nt(Tn)) > 65535)
         return pi_fail(PI_ERR_INVALID_ARG, "GPU axpy_sparse: %lld tokens", (long long)Tn);
     return pi_cuda_dispatch_type(down->type, false, [&](auto tr) -> pi_status {
         typedef decltype(tr) T;

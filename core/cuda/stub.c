@@ -1,5 +1,6 @@
 /* stub.c: the GPU API of a library built without -DPI_CUDA=ON / -DPI_HIP=ON. pi_cuda_available()
  * returns 0 and every other call fails with PI_ERR_UNSUPPORTED, so callers can always ask. */
+#include "axpy_chunks.h"
 #include "internal.h"
 #include "powerinfer_cuda.h"
 
@@ -12,6 +13,8 @@ int32_t   pi_cuda_compiled(void) { return PI_GPU_NONE; }
 int32_t   pi_cuda_available(void) { return 0; }
 int64_t   pi_cuda_allocated_bytes(void) { return 0; }
 int64_t   pi_cuda_peak_allocated_bytes(void) { return 0; }
+/* A size, not a device call: the same answer as a GPU build's (axpy_chunks.h). */
+size_t    pi_cuda_axpy_sparse_scratch(int64_t E, int64_t k, int64_t T) { return pi_axpy_partials_bytes(E, k, T); }
 void      pi_cuda_reset_peak(void) {}
 
 pi_status pi_cuda_device_info(int32_t device, pi_cuda_device_props *out) {

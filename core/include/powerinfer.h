@@ -461,6 +461,11 @@ typedef struct pi_offload_stats {
 /* Device bytes of a context's compute buffers and scratch (allocated by any offload that places
  * something on the device), for the planner; -1 and an error without that device. */
 PI_API int64_t   pi_offload_compute_bytes(const pi_model *model, int32_t device, int32_t n_ctx, int32_t n_batch);
+/* The same bytes for a device of this build's kind, without one being present (a plan made on another
+ * machine, or before a device is chosen): the CUDA/HIP backend's sizes in a GPU build, the emulated
+ * device's otherwise (and whenever POWERINFER_EMULATED_GPU_MIB is set). Equals pi_offload_compute_bytes
+ * of device 0 wherever that exists. -1 and an error for a NULL model or n_ctx, n_batch < 1. */
+PI_API int64_t   pi_offload_plan_compute_bytes(const pi_model *model, int32_t n_ctx, int32_t n_batch);
 PI_API pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *params);
 PI_API pi_status pi_context_offload_stats(const pi_context *ctx, pi_offload_stats *out);
 /* The hot neurons of layer il as the device holds them (its copy of the bucket, read back), into ids

@@ -101,6 +101,10 @@ PI_API pi_status pi_cuda_op_mul_mat_sparse(const pi_tensor *w_hot, const int32_t
  * bucket NULL means the identity; scores NULL skips only zero h. */
 PI_API pi_status pi_cuda_op_axpy_sparse(const pi_tensor *down_hot, const int32_t *bucket, const pi_tensor *h,
                                         const pi_tensor *scores, float threshold, pi_tensor *out);
+/* Device scratch bytes of that axpy for down [E, k] and T tokens (its partial sums when the rows are
+ * split into chunks, else 0): a function of the shapes only, answered by every build (a build without
+ * a GPU backend too), so a VRAM plan can be made on any machine. */
+PI_API size_t    pi_cuda_axpy_sparse_scratch(int64_t E, int64_t k, int64_t T);
 
 /* ---- micro-benchmark: device-resident random data, timed with events ---- */
 

@@ -2,7 +2,7 @@
  *
  * A backend is a vtable over one kind of memory and the ops the forward pass (context.c) uses:
  * buffers with byte accounting, upload/download/copy, and the ops themselves. There is no graph
- * and no scheduler: PowerInfer's placement is decided offline (gpu_split.py), so context.c takes
+ * and no scheduler: PowerInfer's placement is decided offline (powerinfer.gpu_split), so context.c takes
  * each block's backend from a per-layer placement table filled once by pi_context_offload and
  * calls the same ops whatever the backend is.
  *
@@ -103,6 +103,8 @@ pi_status pi_backend_device_create(int32_t device, pi_threadpool *pool, const pi
 void      pi_backend_free(pi_backend *be);
 /* Bytes pi_backend_device_create would allocate as scratch for `need` (0 without a device). */
 size_t    pi_backend_device_scratch_bytes(int32_t device, const pi_scratch_need *need);
+/* The same for the device kind of this build when none is present: CUDA/HIP, else emulated. */
+size_t    pi_backend_plan_scratch_bytes(const pi_scratch_need *need);
 
 /* The CPU ops' scratch for a model (mul_mat activations, predictor hidden, sparse FFN with or
  * without a bucket); file_layout: for the weights as they are in the file (no repacked copies). */

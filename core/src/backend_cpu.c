@@ -9,6 +9,7 @@
  * readable with pi_device_allocated_bytes / pi_device_peak_bytes. */
 #include "backend.h"
 #include "model.h"
+#include "powerinfer_cuda.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -319,7 +320,11 @@ pi_status pi_backend_device_create(int32_t device, pi_threadpool *pool, const pi
 
 size_t pi_backend_device_scratch_bytes(int32_t device, const pi_scratch_need *need) {
     if (device < 0 || device >= pi_device_count()) return 0;
-    if (pi_emulated_capacity() <= 0) return pi_backend_cuda_scratch_bytes(need);
+    return pi_backend_plan_scratch_bytes(need);
+}
+
+size_t pi_backend_plan_scratch_bytes(const pi_scratch_need *need) {
+    if (pi_emulated_capacity() <= 0 && pi_cuda_compiled() != PI_GPU_NONE) return pi_backend_cuda_scratch_bytes(need);
     return align_up(emu_scratch(NULL, need), EMU_ALIGN);
 }
 

@@ -190,6 +190,16 @@ int64_t pi_offload_compute_bytes(const pi_model *model, int32_t device, int32_t 
     return (int64_t)(pi_buffers_bytes(model, need.T, n_ctx, true) + pad(pi_backend_device_scratch_bytes(device, &need)));
 }
 
+int64_t pi_offload_plan_compute_bytes(const pi_model *model, int32_t n_ctx, int32_t n_batch) {
+    if (!model) { pi_fail(PI_ERR_INVALID_ARG, "pi_offload_plan_compute_bytes: model is NULL"); return -1; }
+    if (n_ctx < 1 || n_batch < 1) {
+        pi_fail(PI_ERR_INVALID_ARG, "pi_offload_plan_compute_bytes: n_ctx, n_batch >= 1");
+        return -1;
+    }
+    const pi_scratch_need need = need_of(model, n_ctx, n_batch);
+    return (int64_t)(pi_buffers_bytes(model, need.T, n_ctx, true) + pad(pi_backend_plan_scratch_bytes(&need)));
+}
+
 pi_status pi_context_offload_stats(const pi_context *ctx, pi_offload_stats *out) {
     if (!ctx || !out) return pi_fail(PI_ERR_INVALID_ARG, "pi_context_offload_stats: NULL argument");
     *out = ctx->ostats;

@@ -68,6 +68,10 @@ def main(argv=None, *, sparse: bool = True) -> int:
     if sparse:
         ap.add_argument("predictor_dir", type=Path, metavar="PREDICTOR_DIR",
                         help="directory with model_0.pt, model_1.pt, ...")
+    else:
+        ap.add_argument("--down-t", action="store_true",
+                        help="also write blk.N.ffn_down_t (the down matrix transposed, quantized from the checkpoint "
+                             "itself): tools/sparsify.py keeps it instead of re-quantizing a quantized ffn_down")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     a = ap.parse_args(argv)
 
@@ -94,7 +98,8 @@ def main(argv=None, *, sparse: bool = True) -> int:
             conv.convert_sparse(a.model_dir, a.predictor_dir, a.outfile, a.outtype,
                                 progress=None if a.quiet else progress)
         else:
-            conv.convert_dense(a.model_dir, a.outfile, a.outtype, progress=None if a.quiet else progress)
+            conv.convert_dense(a.model_dir, a.outfile, a.outtype, progress=None if a.quiet else progress,
+                               down_t=a.down_t)
     except conv.ConversionError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1

@@ -782,3 +782,23 @@ def test_sigterm_during_conversion_leaves_no_temporary(ckpt, tmp_path):
             proc.kill()
     assert proc.returncode == 130, err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_dense_down_t_from_the_checkpoint_is_kept_by_sparsify(ckpt, tmp_path):
+    """convert-dense.py --down-t writes ffn_down_t quantized from the checkpoint's own matrix; tools/sparsify.py
+    keeps those bytes (no second rounding) instead of transposing the quantized ffn_down."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import sparsify
+    out, sparse = tmp_path / "dense-down-t.gguf", tmp_path / "dense-down-t.sparse.gguf"
+    convert_dense(ckpt["model_dir"], out, "q4_0", down_t=True)
+    f = open_gguf(out)
+    down = ckpt["weights"]["model.layers.0.mlp.down_proj.weight"]            # [n_embd, n_ff]
+    raw = np.asarray(f.tensors["blk.0.ffn_down_t.weight"].data).reshape(-1)
+    assert np.array_equal(raw, quants.quantize(np.ascontiguousarray(down.T), "q4_0").reshape(-1))
+    assert sparsify.main([str(out), str(Path(__file__).resolve().parents[1] / "data" / "heldout.txt"), "-o",
+                          str(sparse), "--calib-tokens", "128", "--ctx", "64", "--eval-chunks", "0"]) == 0
+    g = open_gguf(sparse)
+    for il in range(CFG["num_hidden_layers"]):
+        name = f"blk.{il}.ffn_down_t.weight"
+        assert np.array_equal(np.asarray(g.tensors[name].data), np.asarray(f.tensors[name].data)), name
+    assert pi.Model(sparse).gate_sparse

@@ -23,8 +23,9 @@ memory-bound CPU decode that saves the bytes of those rows: 2/3 of the FFN's wei
 2. Layout: the down matrix is needed by channel (row i = channel i's output vector), so the file
    gets blk.N.ffn_down_t.weight beside ffn_down (which stays: --dense is the exact dense model). It is
    re-quantized from the dequantized weights to --down-type; f32/f16/bf16 sources transpose without
-   loss, quantized ones do not (the model card measures what it costs). convert-dense.py can write it
-   from the original checkpoint with no second rounding (--sparse-down-t there).
+   loss, quantized ones do not (the model card measures what it costs). `convert-dense.py --down-t`
+   writes it from the original checkpoint with no second rounding; a file that has it keeps it (unless
+   --down-type asks for another type).
 3. The model card (printed, and written to OUT.card.md): for the held-out text (--heldout, else the
    part of the corpus after the calibration tokens), perplexity of the dense model, and for each
    level the measured sparsity, perplexity, KL divergence from the dense model and top-1 agreement,
@@ -146,7 +147,8 @@ def transposed(t, type_name: str) -> tuple[np.ndarray, int]:
     return quants.quantize(wt, type_name), getattr(GGML, type_name.upper())
 
 
-def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict, gate_t: bool) -> dict:
+def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict, gate_t: bool,
+                 keep_down_t: bool) -> dict:
     """Copy of src with ffn_down_t (and, with gate_t, ffn_gate_t) per layer and the act_sparsity keys;
     returns {name: type} of the transposed tensors."""
     r = gguf.GGUFReader(str(src))
@@ -158,11 +160,16 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
     by_name = {t.name: t for t in r.tensors}
     types = {}
     for t in r.tensors:
+        base = t.name[:-len(".weight")]
+        if t.name.endswith(".ffn_down_t.weight") and keep_down_t:
+            add_tensor_as_is(w, t)       # written from the checkpoint (convert-dense.py --down-t): no second rounding
+            types[base] = f"{gguf.GGMLQuantizationType(t.tensor_type).name.lower()} (kept)"
+            continue
         if t.name.endswith((".ffn_down_t.weight", ".ffn_gate_t.weight")):
             continue                     # re-sparsifying a sparse file: made anew below
         add_tensor_as_is(w, t)
-        base = t.name[:-len(".weight")]
-        if t.name.endswith(".ffn_down.weight") or (gate_t and t.name.endswith(".ffn_gate.weight")):
+        if (t.name.endswith(".ffn_down.weight") and not keep_down_t) or \
+                (gate_t and t.name.endswith(".ffn_gate.weight")):
             type_name = down_t_type(t.tensor_type, int(t.shape[1]), down_type)   # shape[1]: the new row length
             raw, ggml_type = transposed(by_name[t.name], type_name)
             w.add_tensor(base + "_t.weight", raw, raw_dtype=ggml_type)   # raw: [rows, row bytes]
@@ -286,9 +293,13 @@ def main(argv=None) -> int:
     inputs = (np.stack([thresholds_from_histogram(hist[:, 1], edges, lv * a.gate_input_scale) for lv in levels])
               if gate_t else None)
     meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs)
+    model_names = set(model.file.tensors)
     del model
     t0 = time.perf_counter()
-    types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta, gate_t)
+    keep = a.down_type == "auto" and all(f"blk.{il}.ffn_down_t.weight" in model_names for il in range(hp.n_layer))
+    if keep:
+        log("sparsify: keeping the file's ffn_down_t (no re-quantization)")
+    types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta, gate_t, keep)
     log(f"sparsify: wrote {a.output} in {time.perf_counter() - t0:.1f} s")
     if a.eval_chunks <= 0:
         return 0

@@ -15,7 +15,8 @@ blk.N.attn_v/output     self_attn.v_proj/o_proj
 blk.N.ffn_norm          post_attention_layernorm    F32
 blk.N.ffn_gate/up       mlp.gate_proj/up_proj       row i = neuron i
 blk.N.ffn_down          mlp.down_proj               dense files only, as is (ne [n_ff, n_embd])
-blk.N.ffn_down_t        mlp.down_proj transposed    sparse files only (ne [n_embd, n_ff])
+blk.N.ffn_down_t        mlp.down_proj transposed    sparse files, and dense ones with down_t=True (beside
+                                                    ffn_down, for tools/sparsify.py) (ne [n_embd, n_ff])
 blk.N.fc1 / fc2         predictor model_N.pt        sparse files only (ne [n_embd, r], [r, n_ff])
 ======================  ==========================  ================================
 
@@ -104,7 +105,7 @@ def _get(tensors: dict[str, LazyTensor], name: str, shape: tuple[int, ...], wher
 
 
 def _plan_model(model_dir: Path, hp: HParams, tensors: dict[str, LazyTensor], qk_interleaved: bool,
-                plan: _Plan, *, sparse: bool) -> None:
+                plan: _Plan, *, sparse: bool, down_t: bool = False) -> None:
     E, F, V = hp.n_embd, hp.n_ff, hp.n_vocab
     E_kv = hp.head_dim * hp.n_head_kv
     used = set()
@@ -142,10 +143,10 @@ def _plan_model(model_dir: Path, hp: HParams, tensors: dict[str, LazyTensor], qk
         plan.add(b + "ffn_gate.weight", (F, E), get(p + "mlp.gate_proj.weight", (F, E)).load_f32)
         plan.add(b + "ffn_up.weight", (F, E), get(p + "mlp.up_proj.weight", (F, E)).load_f32)
         down = get(p + "mlp.down_proj.weight", (E, F))
-        if sparse:
-            plan.add(b + "ffn_down_t.weight", (F, E), lambda t=down: np.ascontiguousarray(t.load_f32().T))
-        else:
+        if not sparse:
             plan.add(b + "ffn_down.weight", (E, F), down.load_f32)
+        if sparse or down_t:
+            plan.add(b + "ffn_down_t.weight", (F, E), lambda t=down: np.ascontiguousarray(t.load_f32().T))
 
     unused = sorted(n for n in tensors if n not in used and not n.endswith(_IGNORED))
     if unused:
@@ -200,7 +201,7 @@ def _metadata(hp: HParams, vocab: Vocab, name: str, outtype: str, threshold: flo
 
 
 def _convert(model_dir, predictor_dir, outfile, outtype, *, sparse: bool,
-             progress: Callable[[str], None] | None) -> ConversionResult:
+             progress: Callable[[str], None] | None, down_t: bool = False) -> ConversionResult:
     outtype = _check_outtype(outtype)
     model_dir = Path(model_dir)
     say = progress or (lambda s: None)
@@ -228,7 +229,7 @@ def _convert(model_dir, predictor_dir, outfile, outtype, *, sparse: bool,
     vocab = load_vocab(model_dir, hp.n_vocab)
 
     plan = _Plan(outtype)
-    _plan_model(model_dir, hp, weights.tensors, weights.qk_interleaved, plan, sparse=sparse)
+    _plan_model(model_dir, hp, weights.tensors, weights.qk_interleaved, plan, sparse=sparse, down_t=down_t)
     if pred is not None:
         _plan_predictors(pred, plan)
 
@@ -265,9 +266,10 @@ def convert_sparse(model_dir, predictor_dir, outfile=None, outtype: str = "f16",
 
 
 def convert_dense(model_dir, outfile=None, outtype: str = "f16", *,
-                  progress: Callable[[str], None] | None = None) -> ConversionResult:
-    """HF llama/bamboo checkpoint -> dense GGUF (GGUF magic, untransposed ffn_down, no predictors)."""
-    return _convert(model_dir, None, outfile, outtype, sparse=False, progress=progress)
+                  progress: Callable[[str], None] | None = None, down_t: bool = False) -> ConversionResult:
+    """HF llama/bamboo checkpoint -> dense GGUF (GGUF magic, untransposed ffn_down, no predictors); down_t:
+    also ffn_down_t, the transpose quantized from the checkpoint (tools/sparsify.py keeps it)."""
+    return _convert(model_dir, None, outfile, outtype, sparse=False, progress=progress, down_t=down_t)
 
 
 __all__ = ["OUTTYPES", "ConversionResult", "convert_dense", "convert_sparse", "default_outfile", "permute_qk"]

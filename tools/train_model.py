@@ -5,7 +5,7 @@ Hugging Face style llama checkpoint.
     python tools/train_model.py [--text data/corpus/train.txt] [--val data/heldout.txt]
         [--tokenizer models/tinyrelu-hf/tokenizer.model] [--out models/tinyrelu-hf]
         [--steps 640] [--stage-ends E1,..] [--batch 8] [--ctx 256] [--threads 2] [--seed 0] [--resume]
-        [--n-embd 192 --n-layer 4 --n-head 6 --n-head-kv 2 --n-ff 768] [--l1 0.02]
+        [--n-embd 192 --n-layer 4 --n-head 6 --n-head-kv 2 --n-ff 768] [--l1 0.02] [--act relu|silu]
 
 Model (HF ``LlamaForCausalLM`` semantics, hidden_act relu): token embedding, n_layer blocks
 of [RMSNorm -> attention (RoPE, HF rotate_half convention, GQA) -> residual, RMSNorm ->
@@ -103,9 +103,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c["n_embd"], c["n_ff"], bias=False)
         self.up_proj = nn.Linear(c["n_embd"], c["n_ff"], bias=False)
         self.down_proj = nn.Linear(c["n_ff"], c["n_embd"], bias=False)
+        self.act = {"relu": torch.relu, "silu": torch.nn.functional.silu}[c.get("act", "relu")]
 
     def forward(self, x):
-        g = torch.relu(self.gate_proj(x))
+        g = self.act(self.gate_proj(x))
         return self.down_proj(g * self.up_proj(x)), g
 
 
@@ -168,7 +169,7 @@ def hf_config(c) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_act": "relu",
+        "hidden_act": c.get("act", "relu"),
         "vocab_size": c["vocab"],
         "hidden_size": c["n_embd"],
         "intermediate_size": c["n_ff"],
@@ -271,7 +272,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--l1", type=float, default=0.02)
+    ap.add_argument("--l1", type=float, default=0.02, help="L1 penalty on the ReLU gate outputs (relu only)")
+    ap.add_argument("--act", choices=["relu", "silu"], default="relu",
+                    help="FFN activation: relu (the bundled ReLU-LLaMA) or silu (a SwiGLU llama: the dense model "
+                         "tools/sparsify.py is measured on)")
     ap.add_argument("--n-embd", type=int, default=192)
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-head", type=int, default=6)
@@ -292,7 +296,7 @@ def main(argv=None) -> int:
     sp = spm.SentencePieceProcessor(model_file=a.tokenizer)
     c = dict(vocab=sp.get_piece_size(), n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head,
              n_head_kv=a.n_head_kv, head_dim=a.n_embd // a.n_head, n_ff=a.n_ff, ctx=a.ctx,
-             eps=1e-5, rope_theta=10000.0)
+             eps=1e-5, rope_theta=10000.0, act=a.act)
     if a.n_ff % 256 or a.n_embd % 32 or (a.n_head * c["head_dim"]) % 32 or a.n_head % a.n_head_kv:
         print("train_model: error: n_ff must be a multiple of 256, n_embd and the attention "
               "width multiples of 32, n_head a multiple of n_head_kv", file=sys.stderr)
@@ -345,7 +349,7 @@ def main(argv=None) -> int:
         logits, gates = model(x)
         ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
         loss = ce
-        if a.l1 > 0:
+        if a.l1 > 0 and a.act == "relu":
             loss = ce + a.l1 * torch.stack([g.mean() for g in gates]).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -7,7 +7,8 @@ in one process, with the bytes-read bound of each.
 Runs: ``dense`` (dense=True: the file's dense FFN, exactly the input model) and per stored level ``L``
 (channels by |act(gate)|, the gate dense: CATS) and, when the file has gate-input thresholds
 (ffn_gate_t), ``L+in`` (the gate over the input entries above their thresholds too: TEAL on the gate),
-interleaved (dense, then each, then again) so that drift of the machine hits them alike. Each run clears the KV cache, decodes a fixed 8-token prompt as one batch and then -n fixed
+interleaved (dense, then each, then again) so that drift of the machine hits them alike. Each run clears
+the KV cache, decodes a fixed 8-token prompt as one batch and then -n fixed
 pseudo-random tokens one at a time; tokens/s is over those -n tokens, the median over -r runs.
 
 The bytes bound: the weights a token reads (attention, the output head, the FFN: dense gate + up + down,
@@ -116,7 +117,8 @@ def main(argv=None) -> int:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    print(f"# {a.model.name}: {model.hparams.n_layer} layers, n_embd {model.hparams.n_embd}, n_ff {model.hparams.n_ff}; "
+    hp = model.hparams
+    print(f"# {a.model.name}: {hp.n_layer} layers, n_embd {hp.n_embd}, n_ff {hp.n_ff}; "
           f"CPU {cpu}, ISA {powerinfer.cpu_isa()}, {a.threads} threads; bandwidth {bw:.1f} GB/s; "
           f"tg{a.n_gen}, median of {a.repeat}")
     print("| run | channels computed | gate inputs read | tokens/s | vs dense | bytes/token | bound t/s | bound ratio "

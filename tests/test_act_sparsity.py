@@ -85,7 +85,8 @@ def test_op_with_the_gate_given_matches_numpy(dtype, act):
     rng = np.random.default_rng(11)
     E, F, T = 64, 96, 6
     up, down_t = (rng.standard_normal((F, E)).astype(np.float32) / 8 for _ in range(2))
-    (tu, u, ku), (td, d, kd) = _weight(up, dtype), _weight(down_t, dtype)
+    weights = [_weight(up, dtype), _weight(down_t, dtype)]   # (tensor, dequantized, raw buffer): keep alive
+    (tu, u, _), (td, d, _) = weights
     x = rng.standard_normal((T, E)).astype(np.float32)
     g = rng.standard_normal((T, F)).astype(np.float32)
     g64 = g.astype(np.float64)

@@ -714,7 +714,8 @@ def test_failure_while_writing_keeps_the_old_file(broken, ckpt):
 # ---------------------------------------------------------------------------------------------
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bindings")] + [env.get("PYTHONPATH", "")] * bool(env.get("PYTHONPATH")))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bindings")]
+                                        + [env.get("PYTHONPATH", "")] * bool(env.get("PYTHONPATH")))
     return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
                           env=env, timeout=120)
 
@@ -765,7 +766,8 @@ def test_sigterm_during_conversion_leaves_no_temporary(ckpt, tmp_path):
     import signal
     out = tmp_path / "big.gguf"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bindings")] + [env.get("PYTHONPATH", "")] * bool(env.get("PYTHONPATH")))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bindings")]
+                                        + [env.get("PYTHONPATH", "")] * bool(env.get("PYTHONPATH")))
     code = ("import sys, time, runpy; sys.argv = ['convert-dense.py', '--outfile', sys.argv[1], sys.argv[2]];"
             "import powerinfer.convert.writer as w; real = w.encode_tensor;"
             "w.encode_tensor = lambda *a: (print('writing', flush=True), time.sleep(60), real(*a))[2];"

@@ -36,7 +36,6 @@ The thresholds of every level are stored (powerinfer.act_sparsity.*, see powerin
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile

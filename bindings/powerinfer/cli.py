@@ -22,8 +22,9 @@ from .model import Model
 from .offload import add_gpu_args, gpu_kwargs
 from .sampling import SamplingParams
 
-__all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args", "add_sampling_args",
-           "grammar_of", "load_model", "log", "make_context", "parse", "parser", "read_input", "sampling_params", "sparse_report"]
+__all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args",
+           "add_sampling_args", "grammar_of", "load_model", "log", "make_context", "parse", "parser", "read_input",
+           "sampling_params", "sparse_report"]
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 _SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)

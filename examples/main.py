@@ -129,6 +129,8 @@ def run(args) -> int:
         log(f"\nerror: {e}")
         return 1
     if status == 0:
+        if ctx.sparse:
+            log("")           # the generated text ends without a newline
         cli.sparse_report(ctx)
         log("\n" + timings.report())
     return status

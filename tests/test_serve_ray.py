@@ -341,14 +341,19 @@ def test_two_replicas_load_kill_replace(ps, reference, ray_serve):
     lost = [r for r in res2 if not r["ok"]]
     gap = sum(1 for r in res2 if kill["t_read"] <= r["t_start"] <= kill["t_kill"])
     print(f"phase 2: {PHASE2} requests in {t2:.1f} s; killed pid {pid} (replica {victim}) with "
-          f"{kill['in_flight']} request(s) in flight on it; {len(lost)} lost; "
+          f"{kill['in_flight']} request(s) in flight on it by its own count (Serve allows {FLAGS['parallel']}); "
+          f"{len(lost)} lost; "
           f"{sum(1 for r in res2 if r['ok'] and r['replica'] == victim)} answered by it before the kill; "
           f"errors: {sorted({r['error'][:80] for r in lost})}", file=sys.stderr)
     late = [r for r in lost if r["t_start"] > kill["t_kill"]]
     assert not late, f"requests sent after the kill failed: {late[:3]}"
     early = [r for r in lost if r["t_end"] < kill["t_read"]]
     assert not early, f"requests that had finished before the kill failed: {early[:3]}"
-    assert len(lost) <= kill["in_flight"] + gap, (len(lost), kill, gap)
+    # In flight on the victim at the kill: at least the replica's own count (read just before; a request
+    # the proxy had already routed to it may still have been in transit: seen once, 2 lost with a count of
+    # 1), at most what Serve lets one replica hold (max_ongoing_requests = -np). Nothing beyond that is lost.
+    cap = FLAGS["parallel"]
+    assert len(lost) <= max(cap, kill["in_flight"] + gap), (len(lost), kill, gap, cap)
     wrong = [(r["spec"], r["text"]) for r in res2 if r["ok"] and r["text"] != reference[r["spec"]]]
     assert not wrong, wrong[:3]
     assert all(r["replica"] != victim for r in res2 if r["ok"] and r["t_start"] > kill["t_kill"])

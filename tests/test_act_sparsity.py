@@ -305,3 +305,33 @@ def test_errors(sparse_files, tmp_path, capsys):
         sparsify.main([str(src), corpus, "-o", str(src)])
     with pytest.raises(SystemExit, match="no such model file"):
         sparsify.main([str(tmp_path / "missing.gguf"), corpus, "-o", str(tmp_path / "o.gguf")])
+
+
+@pytest.mark.parametrize("meta,words", [
+    ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1]}, ["thresholds", "2 layers"]),
+    ({"powerinfer.act_sparsity.levels": [1.5], "powerinfer.act_sparsity.thresholds": [0.1, 0.1]}, ["levels"]),
+    ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1, float("nan")]}, ["NaN"]),
+    ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1, 0.1],
+      "powerinfer.act_sparsity.default": 0.25}, ["not stored"]),
+    ({"powerinfer.act_sparsity.method": "teal"}, ["method"]),
+])
+def test_malformed_metadata_is_refused(sparse_files, tmp_path, meta, words):
+    """A file whose act_sparsity keys are inconsistent does not load (one line naming the key), nothing runs."""
+    import gguf
+    from powerinfer.gguf_copy import add_tensor_as_is, write, writer_like
+    _, dst = sparse_files["f32"]
+    r = gguf.GGUFReader(str(dst))
+    bad = tmp_path / "bad.gguf"
+    w = writer_like(r, str(bad), skip=lambda name: name.startswith("powerinfer.act_sparsity."))
+    for k, v in meta.items():
+        if isinstance(v, list):
+            w.add_key_value(k, v, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.FLOAT32)
+        else:
+            w.add_key_value(k, v, gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.FLOAT32)
+    for t in r.tensors:
+        add_tensor_as_is(w, t)
+    write(w)
+    with pytest.raises(pi.ModelLoadError) as e:
+        pi.Model(bad)
+    for word in words:
+        assert word in str(e.value), str(e.value)

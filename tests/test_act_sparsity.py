@@ -308,7 +308,8 @@ def test_errors(sparse_files, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("meta,words", [
-    ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1]}, ["thresholds", "2 layers"]),
+    ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1]},
+     ["thresholds", "2 layers"]),
     ({"powerinfer.act_sparsity.levels": [1.5], "powerinfer.act_sparsity.thresholds": [0.1, 0.1]}, ["levels"]),
     ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1, float("nan")]}, ["NaN"]),
     ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1, 0.1],

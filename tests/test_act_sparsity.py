@@ -255,6 +255,15 @@ def test_thresholds_from_histogram():
     for level in (0.25, 0.5, 0.9):
         t = sparsify.thresholds_from_histogram(hist, edges, level)[0]
         assert abs((v < t).mean() - level) < 0.01
+    # --allocation energy: one threshold relative to each layer's RMS, the mean sparsity at the level
+    w = np.abs(rng.standard_normal(200000) ** 3).astype(np.float32) * 4     # a heavier-tailed, wider layer
+    hist2 = np.stack([hist[0], np.bincount(np.searchsorted(edges, w, side="right") - 1, minlength=len(edges))])
+    for level in (0.3, 0.5):
+        t = sparsify.thresholds_by_energy(hist2, edges, level)
+        skipped = [(v < t[0]).mean(), (w < t[1]).mean()]
+        assert abs(np.mean(skipped) - level) < 0.01, skipped
+        rms = [np.sqrt(np.mean(a.astype(np.float64) ** 2)) for a in (v, w)]
+        assert abs(t[0] / rms[0] - t[1] / rms[1]) < 0.05 * t[0] / rms[0]    # (the rms from the bins: ~1%)
 
 
 def sparsify_edge(b):

@@ -36,6 +36,7 @@ The thresholds of every level are stored (powerinfer.act_sparsity.*, see powerin
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -123,6 +124,44 @@ def _quantiles(hist: np.ndarray, edges: np.ndarray, level: float) -> np.ndarray:
         frac = (target - below) / h[b] if h[b] else 0.0
         out[il] = lo * (hi / lo) ** frac
     return out
+
+
+def _fraction_below(hist: np.ndarray, edges: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per layer the fraction of the counted values below t[layer] (the inverse of _quantiles)."""
+    out = np.zeros(hist.shape[0], dtype=np.float64)
+    for il, h in enumerate(hist):
+        total = float(h.sum())
+        b = int(np.searchsorted(edges, t[il], side="right")) - 1      # the bin holding t
+        if b <= 0:
+            out[il] = h[0] / total if t[il] > 0 else 0.0
+            continue
+        lo = float(edges[b])
+        hi = float(edges[b + 1]) if b + 1 < len(edges) else lo * 2.0
+        frac = math.log(t[il] / lo) / math.log(hi / lo)
+        out[il] = (float(h[:b].sum()) + min(1.0, frac) * h[b]) / total
+    return out
+
+
+def thresholds_by_energy(hist: np.ndarray, edges: np.ndarray, level: float) -> np.ndarray:
+    """Thresholds t_l = c * rms_l (rms_l: layer l's RMS of |act(gate x)|), c chosen so that the layers skip a
+    fraction `level` of the channels on average. Dropping the channels below t costs about their share of
+    the activation energy; with the same t / rms everywhere the marginal cost of one more skipped channel is
+    the same in every layer, which minimises the total for a given mean sparsity (layers whose activations
+    are spread out give more channels, layers with a few large ones fewer)."""
+    if level <= 0:
+        return np.zeros(hist.shape[0], dtype=np.float64)
+    centers = np.sqrt(edges[1:] * edges[:-1])
+    centers = np.concatenate([centers, [edges[-1] * 1.5]])               # the open last bin
+    centers[0] = 0.0
+    rms = np.sqrt((hist * centers ** 2).sum(axis=1) / hist.sum(axis=1))
+    lo, hi = 0.0, 64.0
+    for _ in range(60):                                                  # bisection on c
+        c = 0.5 * (lo + hi)
+        if _fraction_below(hist, edges, c * rms).mean() < level:
+            lo = c
+        else:
+            hi = c
+    return 0.5 * (lo + hi) * rms
 
 
 # ------------------------------------------------------------------------------------------ layout
@@ -250,6 +289,9 @@ def main(argv=None) -> int:
                          "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default: "
                          "0; on the CPUs measured the input-sparse gate costs more quality than it saves time, "
                          "bench/README.md)")
+    ap.add_argument("--allocation", choices=["uniform", "energy"], default="uniform",
+                    help="per-layer sparsity: uniform (every layer skips the level's fraction) or energy (the same "
+                         "threshold relative to each layer's RMS activation, the mean sparsity at the level)")
     ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     ap.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window (default 512)")
     ap.add_argument("--heldout", type=Path, default=None, help="evaluation text (default: the corpus after "
@@ -287,7 +329,8 @@ def main(argv=None) -> int:
     log(f"sparsify: {a.model.name}: {hp.arch}, {hp.n_layer} layers, n_ff {hp.n_ff}, act {hp.ffn_act}; "
         f"calibrating on {n_calib} tokens")
     hist, edges = calibrate(model, tokens[:n_calib], a.ctx, a.threads)
-    thresholds = np.stack([thresholds_from_histogram(hist[:, 0], edges, lv) for lv in levels])
+    by = thresholds_by_energy if a.allocation == "energy" else thresholds_from_histogram
+    thresholds = np.stack([by(hist[:, 0], edges, lv) for lv in levels])
     gate_t = a.gate_input_scale > 0
     inputs = (np.stack([thresholds_from_histogram(hist[:, 1], edges, lv * a.gate_input_scale) for lv in levels])
               if gate_t else None)

@@ -345,3 +345,23 @@ def test_malformed_metadata_is_refused(sparse_files, tmp_path, meta, words):
         pi.Model(bad)
     for word in words:
         assert word in str(e.value), str(e.value)
+
+
+def test_api_and_server_flags_take_a_level(sparse_files):
+    """PowerInfer(sparsity=) and the shared CLI's --sparsity reach the context; a level the file lacks is refused."""
+    from powerinfer import cli
+    from powerinfer.server.cli import parse_args as server_args
+    _, dst = sparse_files["q4_0"]
+    llm = pi.PowerInfer(str(dst), n_ctx=64, sparsity=0.25)
+    try:
+        assert llm.ctx.sparsity == 0.25 and llm.ctx.sparse
+        out = llm.create_completion("The function returns", max_tokens=4, temperature=0)
+        assert out["choices"][0]["text"] is not None
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="not stored"):
+        pi.PowerInfer(str(dst), n_ctx=64, sparsity=0.3)
+    p = cli.parser("x")
+    cli.add_context_args(p, ctx_size="c")
+    assert p.parse_args(["--sparsity", "0.5"]).sparsity == 0.5
+    assert server_args(["-m", str(dst), "--sparsity", "0.25"]).sparsity == 0.25

@@ -195,22 +195,23 @@ void pi_set_abort_callback(pi_context *ctx, pi_abort_callback cb, void *user_dat
     ctx->abort_data = user_data;
 }
 
+/* dst[il] = src[il] for every layer (src NULL: fallback), after refusing a NaN; what names the value. */
+static pi_status set_per_layer(pi_context *ctx, float *dst, const float *src, float fallback, const char *what) {
+    const int32_t n = ctx->model->hp.n_layer;
+    for (int32_t il = 0; src && il < n; il++)
+        if (isnan(src[il])) return pi_fail(PI_ERR_INVALID_ARG, "%s of layer %d is NaN", what, il);
+    for (int32_t il = 0; il < n; il++) dst[il] = src ? src[il] : fallback;
+    return PI_OK;
+}
+
 pi_status pi_set_sparse_thresholds(pi_context *ctx, const float *thresholds) {
     if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "context is NULL");
-    const int32_t n = ctx->model->hp.n_layer;
-    for (int32_t il = 0; thresholds && il < n; il++)
-        if (isnan(thresholds[il])) return pi_fail(PI_ERR_INVALID_ARG, "sparse threshold of layer %d is NaN", il);
-    for (int32_t il = 0; il < n; il++) ctx->layer_threshold[il] = thresholds ? thresholds[il] : ctx->params.sparse_threshold;
-    return PI_OK;
+    return set_per_layer(ctx, ctx->layer_threshold, thresholds, ctx->params.sparse_threshold, "sparse threshold");
 }
 
 pi_status pi_set_gate_input_thresholds(pi_context *ctx, const float *thresholds) {
     if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "context is NULL");
-    const int32_t n = ctx->model->hp.n_layer;
-    for (int32_t il = 0; thresholds && il < n; il++)
-        if (isnan(thresholds[il])) return pi_fail(PI_ERR_INVALID_ARG, "gate input threshold of layer %d is NaN", il);
-    for (int32_t il = 0; il < n; il++) ctx->input_threshold[il] = thresholds ? thresholds[il] : 0.0f;
-    return PI_OK;
+    return set_per_layer(ctx, ctx->input_threshold, thresholds, 0.0f, "gate input threshold");
 }
 
 pi_status pi_gate_input_stats(pi_context *ctx, int64_t *active, int64_t *total) {

@@ -23,8 +23,8 @@ from .offload import add_gpu_args, gpu_kwargs
 from .sampling import SamplingParams
 
 __all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args",
-           "add_sampling_args", "grammar_of", "load_model", "log", "make_context", "parse", "parser", "read_input",
-           "sampling_params", "sparse_report"]
+           "add_sampling_args", "add_sparse_args", "grammar_of", "load_model", "log", "make_context", "parse", "parser",
+           "read_input", "sampling_params", "sparse_report"]
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 _SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)
@@ -57,6 +57,11 @@ def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None,
                        help="tokens per decode call for prompts (default: %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
+    add_sparse_args(p)
+
+
+def add_sparse_args(p: argparse.ArgumentParser) -> None:
+    """--sparse-threshold, --sparsity, --dense and -nr (the programs' and the server's)."""
     p.add_argument("--sparse-threshold", type=float, default=None,
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")

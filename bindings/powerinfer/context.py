@@ -140,11 +140,9 @@ class Context:
         check(lib.pi_context_create(model._ptr, params, out), "creating context")
         self._ptr = ffi.gc(out[0], lib.pi_context_free)
         if self.layer_thresholds is not None:
-            check(lib.pi_set_sparse_thresholds(self._ptr, ffi.from_buffer("float[]", self.layer_thresholds)),
-                  "setting the sparsity thresholds")
+            self.set_sparse_thresholds(self.layer_thresholds)
         if self.input_thresholds is not None:
-            check(lib.pi_set_gate_input_thresholds(self._ptr, ffi.from_buffer("float[]", self.input_thresholds)),
-                  "setting the gate input thresholds")
+            self.set_gate_input_thresholds(self.input_thresholds)
         self.n_ctx = params.n_ctx
         self.n_batch = params.n_batch
         self.n_seq_max = n_seq_max
@@ -318,14 +316,17 @@ class Context:
         return int(lib.pi_kv_used_cells(self._ptr))
 
     # ---- sparse statistics ----
+    def _layer_stats(self, fn, what: str) -> tuple[np.ndarray, int]:
+        active = np.zeros(self.model.hparams.n_layer, dtype=np.int64)
+        total = ffi.new("int64_t *")
+        check(fn(self._ptr, ffi.from_buffer("int64_t[]", active), total), what)
+        return active, int(total[0])
+
     @_serialised
     def sparse_stats(self) -> tuple[np.ndarray, int]:
         """(active[n_layer], total): (neuron, token) pairs computed per layer since the last reset,
         and the pairs a dense FFN would have computed per layer."""
-        active = np.zeros(self.model.hparams.n_layer, dtype=np.int64)
-        total = ffi.new("int64_t *")
-        check(lib.pi_sparse_stats(self._ptr, ffi.from_buffer("int64_t[]", active), total), "sparse_stats")
-        return active, int(total[0])
+        return self._layer_stats(lib.pi_sparse_stats, "sparse_stats")
 
     @_serialised
     def sparse_stats_reset(self) -> None:
@@ -354,37 +355,30 @@ class Context:
         edges = np.array([lib.pi_act_histogram_edge(b) for b in range(n_bins)], dtype=np.float32)
         return out, edges
 
+    def _per_layer(self, fn, values, what: str):
+        """fn(ctx, values [n_layer] f32 or NULL); returns the copy kept (None for None)."""
+        t = None if values is None else np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        if t is not None and t.size != self.model.hparams.n_layer:
+            raise ValueError(f"{what}: {t.size} values for {self.model.hparams.n_layer} layers")
+        check(fn(self._ptr, ffi.NULL if t is None else ffi.from_buffer("float[]", t)), what)
+        return None if t is None else t.copy()
+
     @_serialised
     def set_sparse_thresholds(self, thresholds) -> None:
         """One threshold per layer (None: every layer back to sparse_threshold)."""
-        if thresholds is None:
-            check(lib.pi_set_sparse_thresholds(self._ptr, ffi.NULL), "set_sparse_thresholds")
-            self.layer_thresholds = None
-            return
-        t = np.ascontiguousarray(thresholds, dtype=np.float32).reshape(-1)
-        if t.size != self.model.hparams.n_layer:
-            raise ValueError(f"set_sparse_thresholds: {t.size} values for {self.model.hparams.n_layer} layers")
-        check(lib.pi_set_sparse_thresholds(self._ptr, ffi.from_buffer("float[]", t)), "set_sparse_thresholds")
-        self.layer_thresholds = t.copy()
+        self.layer_thresholds = self._per_layer(lib.pi_set_sparse_thresholds, thresholds, "set_sparse_thresholds")
 
     @_serialised
     def set_gate_input_thresholds(self, thresholds) -> None:
         """Gate-sparse files with ffn_gate_t: one FFN-input threshold per layer (None or 0: the dense gate)."""
-        t = None if thresholds is None else np.ascontiguousarray(thresholds, dtype=np.float32).reshape(-1)
-        if t is not None and t.size != self.model.hparams.n_layer:
-            raise ValueError(f"set_gate_input_thresholds: {t.size} values for {self.model.hparams.n_layer} layers")
-        check(lib.pi_set_gate_input_thresholds(self._ptr, ffi.NULL if t is None else ffi.from_buffer("float[]", t)),
-              "set_gate_input_thresholds")
-        self.input_thresholds = None if t is None else t.copy()
+        self.input_thresholds = self._per_layer(lib.pi_set_gate_input_thresholds, thresholds,
+                                                "set_gate_input_thresholds")
 
     @_serialised
     def gate_input_stats(self) -> tuple[np.ndarray, int]:
         """(active[n_layer], total): FFN input entries the gate read per layer since the last reset, and
         the entries in that time (tokens x n_embd)."""
-        active = np.zeros(self.model.hparams.n_layer, dtype=np.int64)
-        total = ffi.new("int64_t *")
-        check(lib.pi_gate_input_stats(self._ptr, ffi.from_buffer("int64_t[]", active), total), "gate_input_stats")
-        return active, int(total[0])
+        return self._layer_stats(lib.pi_gate_input_stats, "gate_input_stats")
 
     @_serialised
     def set_abort_callback(self, fn) -> None:

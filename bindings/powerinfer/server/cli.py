@@ -9,6 +9,7 @@ import threading
 import time
 
 from .. import act_sparsity
+from ..cli import add_sparse_args
 from ..cli_args import ArgumentParser, add_llama_compat_args, apply_llama_compat
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
@@ -48,15 +49,7 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                    help="built-in chat format (chatml, llama2, vicuna, gemma) or a Jinja template string; "
                         "default: the model's tokenizer.chat_template, else chatml")
     p.add_argument("--chat-template-file", default=None, help="read a Jinja chat template from this file")
-    p.add_argument("--sparse-threshold", type=float, default=None,
-                   help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
-                        "else the file's powerinfer.sparse_threshold, else 0.0)")
-    p.add_argument("--sparsity", type=float, default=None,
-                   help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
-                        "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
-    p.add_argument("--dense", action="store_true", help="compute every FFN neuron of a PowerInfer model")
-    p.add_argument("-nr", "--no-repack", action="store_true",
-                   help="keep the file's weight layout: no interleaved copy, slower matmuls")
+    add_sparse_args(p)
     add_gpu_args(p)
     g = p.add_argument_group("embeddings, monitoring, web page (llama.cpp's flags)")
     g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",

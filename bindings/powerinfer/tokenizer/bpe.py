@@ -215,21 +215,12 @@ class BPETokenizer(Tokenizer, model="gpt2"):
 
     # ------------------------------------------------------------------ encoding
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids for ``text``; ``add_special`` adds BOS/EOS per add_bos/add_eos."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode() expects str, got {type(text).__name__}")
-        ids: list[int] = []
-        if add_special and self.add_bos:
-            ids.append(self.bos_id)
+    def _encode_text_into(self, text: str, parse_special: bool, ids: list[int]) -> None:
         for frag in self._partition(text, parse_special):
             if isinstance(frag, int):
                 ids.append(frag)
             else:
                 self._encode_text(frag, ids)
-        if add_special and self.add_eos:
-            ids.append(self.eos_id)
-        return ids
 
     def _partition(self, text: str, parse_special: bool) -> list:
         """Text pieces (str) and special-token ids (int), longest special token first."""

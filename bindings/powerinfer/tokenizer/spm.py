@@ -224,13 +224,7 @@ class SPMTokenizer(Tokenizer, model="llama"):
 
     # ------------------------------------------------------------------ encoding
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids for ``text``; ``add_special`` adds BOS/EOS per add_bos/add_eos."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode() expects str, got {type(text).__name__}")
-        ids: list[int] = []
-        if add_special and self.add_bos:
-            ids.append(self.bos_id)
+    def _encode_text_into(self, text: str, parse_special: bool, ids: list[int]) -> None:
         if parse_special and self._special_matcher is not None:
             pos = 0
             for begin, end, special in self._special_matcher.finditer(text):
@@ -240,9 +234,6 @@ class SPMTokenizer(Tokenizer, model="llama"):
             self._encode_fragment(text[pos:], ids)
         else:
             self._encode_fragment(text, ids)
-        if add_special and self.add_eos:
-            ids.append(self.eos_id)
-        return ids
 
     def _encode_fragment(self, text: str, out: list[int]) -> None:
         """Encode plain text (no control tokens) into ``out``."""

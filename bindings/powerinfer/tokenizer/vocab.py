@@ -107,6 +107,19 @@ class Tokenizer:
         return Tokenizer._kinds[model].from_metadata(meta)
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids for ``text``; ``add_special`` adds BOS/EOS per add_bos/add_eos."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() expects str, got {type(text).__name__}")
+        ids: list[int] = []
+        if add_special and self.add_bos:
+            ids.append(self.bos_id)
+        self._encode_text_into(text, parse_special, ids)
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def _encode_text_into(self, text: str, parse_special: bool, ids: list[int]) -> None:
+        """Appends the ids of ``text`` (special-token texts become their ids with parse_special) to ids."""
         raise NotImplementedError
 
     def _render(self, tid: int, at_start: bool, skip_special: bool) -> tuple[bytes, bool]:

@@ -51,7 +51,7 @@ def write_copy(src: str, dst: str, keep: set[str]) -> None:
     """A copy of src in which the tensors whose type name is in `keep` stay as they are and every other
     tensor is dequantized to f32 (keep = {} gives the exact-weights reference)."""
     import gguf
-    from dequantize_gguf import writer_like
+    from powerinfer.gguf_copy import add_tensor_as_is, write, writer_like
 
     r = gguf.GGUFReader(src)
     tmp = dst + ".tmp"
@@ -59,14 +59,11 @@ def write_copy(src: str, dst: str, keep: set[str]) -> None:
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         if t.tensor_type.name in keep and t.tensor_type != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)   # bytes as stored
+            add_tensor_as_is(w, t)   # bytes as stored
         else:
             data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
             w.add_tensor(t.name, data.reshape(shape))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(w)
     os.replace(tmp, dst)
 
 

@@ -69,7 +69,7 @@ def write_synthetic_pair(dirpath: Path) -> tuple[str, str]:
     """(Q4_K file, its exact-weights f32 reference): a 2-layer llama (n_embd 256, n_ff 768) with outliers;
     every matrix except token_embd in Q4_K."""
     import gguf
-    from dequantize_gguf import writer_like
+    from powerinfer.gguf_copy import write, writer_like
 
     src = dirpath / "synth-f32.gguf"
     write_model(src, dtype="f32", n_vocab=512, n_embd=256, n_ff=768, n_head=4, n_head_kv=4, n_layer=2, seed=15)
@@ -94,10 +94,7 @@ def write_synthetic_pair(dirpath: Path) -> tuple[str, str]:
                     continue
                 a = _dequantize_q4_K(q, a.shape)
             w.add_tensor(t.name, a)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        write(w)
         out[kind] = str(path)
     return out["q4_K"], out["ref"]
 

@@ -195,7 +195,6 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
         w.add_key_value(k, v, gguf.GGUFValueType.ARRAY if isinstance(v, list) else
                         gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.FLOAT32,
                         sub_type=gguf.GGUFValueType.FLOAT32 if isinstance(v, list) else None)
-    by_name = {t.name: t for t in r.tensors}
     types = {}
     for t in r.tensors:
         base = t.name[:-len(".weight")]
@@ -209,7 +208,7 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
         if (t.name.endswith(".ffn_down.weight") and not keep_down_t) or \
                 (gate_t and t.name.endswith(".ffn_gate.weight")):
             type_name = down_t_type(t.tensor_type, int(t.shape[1]), down_type)   # shape[1]: the new row length
-            raw, ggml_type = transposed(by_name[t.name], type_name)
+            raw, ggml_type = transposed(t, type_name)
             w.add_tensor(base + "_t.weight", raw, raw_dtype=ggml_type)   # raw: [rows, row bytes]
             types[base + "_t"] = type_name
     n_down = sum(name.endswith("ffn_down_t") for name in types)

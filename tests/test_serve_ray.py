@@ -116,34 +116,6 @@ class Client:
         return out
 
 
-class InProcessServer:
-    """The single-server reference: uvicorn in a thread on a socket bound here."""
-
-    def __init__(self, app):
-        import uvicorn
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        import httpx
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30:
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError("the reference server did not start")
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
-
-
 # ---------------------------------------------------------------------------------------------- flags
 @pytest.fixture(scope="module")
 def ray_env():
@@ -222,12 +194,14 @@ def reference(ps):
     """What one server (the same flags, no Ray) answers to every request spec of the test."""
     from powerinfer.server.app import create_app
     from powerinfer.server.cli import make_state, parse_args
+    from test_server import InProcessServer, wait_healthy    # uvicorn in a thread, on a socket bound here
     args = parse_args(ps.argv_of(FLAGS))
     state = make_state(args)
     state.llm = state.loader()
     state.ready.set()
     srv = InProcessServer(create_app(state))
     try:
+        wait_healthy(srv.base, timeout=30)
         c = Client(srv.base)
         specs = {_spec(i, n) for i in range(4 * len(PROMPTS)) for n in (TOKENS1, TOKENS2)}
         out = {s: c.request(s) for s in sorted(specs)}

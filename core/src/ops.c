@@ -164,7 +164,7 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
     const int64_t tiled = mul_mat_tiles(a, tr, r0, r16);   /* tokens [0, tiled) of rows [r0, r16) are done */
     if (tr->gemm8) {   /* interleaved: group g = rows 8g..8g+7 at byte 8 g nb[1]; r0, r1 are multiples of 8 */
-        if (tr->gemm16 && T > 1)   /* prompts: two groups per call where the level has such a kernel */
+        if (tr->gemm16)   /* two groups per call where the level has such a kernel */
             for (; r + 16 <= r1; r += 16)
                 for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
                     tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,

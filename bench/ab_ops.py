@@ -89,21 +89,26 @@ def main(argv=None) -> int:
             calls.append(lambda L, pool, w=w, s=scores: L.pi_op_sparse_ffn(pool, w, lib_a.PI_ACT_RELU, lib_a.PI_FFN_PAR,
                                                                        x, s, 0.0, out, ffi.NULL))
     else:
+        def as_loaded(L, t):   # the layout library L's loader gives the weight (each repacks for itself)
+            n = L.pi_repack_bytes(t)
+            if n <= 0:
+                return t
+            buf = weight_buffer(n, keep)
+            keep.append(buf)
+            r = ffi.new("pi_tensor *")
+            L.pi_repack(t, ffi.from_buffer(buf), n, r)
+            keep.append(r)
+            return r
+
         for il in range(n_layer):
             for m in a.mats.split(","):
                 t, nb = weight(f"blk.{il}.{m}.weight")
-                n = lib_a.pi_repack_bytes(t)
-                if n > 0:
-                    buf = weight_buffer(n, keep)
-                    keep.append(buf)
-                    r = ffi.new("pi_tensor *")
-                    lib_a.pi_repack(t, ffi.from_buffer(buf), n, r)
-                    t = r
                 keep.append(t)
+                ts = {id(L): as_loaded(L, t) for L in (lib_a, lib_b)}
                 xi = f32(np.random.default_rng(il).standard_normal((a.tokens, t.ne[0])).astype(np.float32))
                 yi = f32(np.zeros((a.tokens, t.ne[1]), np.float32))
                 nbytes += nb
-                calls.append(lambda L, pool, t=t, xi=xi, yi=yi: L.pi_op_mul_mat(pool, t, xi, yi))
+                calls.append(lambda L, pool, ts=ts, xi=xi, yi=yi: L.pi_op_mul_mat(pool, ts[id(L)], xi, yi))
     times = [[], []]
     for r in range(a.rounds):
         for k in ((0, 1) if r % 2 == 0 else (1, 0)):   # A first, then B first: neither always runs warm

@@ -313,3 +313,33 @@ def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
         results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in Ts]
     for T, a, b in zip(Ts, results["scalar"], results[level]):
         assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} K={K} N={N} T={T} {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("K", [640, 1088, 4096])
+def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K):
+    """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack) at every level gives the bits of the file's
+    layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel (3, 8),
+    and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K as in
+    test_prompt_batches_rows_equal_scalar (residues of 8 blocks, a second AMX K chunk); N = 48: three groups."""
+    Ts = (1, 3, 8, 16, 32, 100)
+    N = 48
+    rng = np.random.default_rng(K)
+    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
+    w[5, :256] *= 40.0                     # large scales next to small ones
+    w[8, :] = 0.0                          # a zero row (d = 0)
+    w[9, :64] = -1.0                       # quants of -127
+    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x[:, 32:64] *= 30.0
+    x[7, 256:512] = 0.0                    # a zero activation block (d = 0)
+    x[9, :] = np.abs(x[9, :])              # quant sums far from 0 (the -128 s term of VNNI)
+    x[11, :] = -127.0                      # extreme quants
+    raw = quantize(8, w)
+    at_level("scalar")
+    expected = [mul_mat(wtensor(8, raw), x[:T], N, pool2) for T in Ts]
+    at_level(level)
+    rt, keep = repacked(wtensor(8, raw))
+    assert ffi.string(lib.pi_type_name(rt.type)).decode() == "q8_0x16"
+    for T, want in zip(Ts, expected):
+        assert_bit_equal(mul_mat(rt, x[:T], N, pool2), want, f"mul_mat q8_0x16 K={K} T={T} {level} vs scalar rows")
+        assert_bit_equal(mul_mat(rt, x[:T], N, ffi.NULL), want, f"mul_mat q8_0x16 K={K} T={T} {level}, no pool")

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from make_test_model import write_model  # noqa: E402
-from test_ops import (Q4_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
+from test_ops import (Q4_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
                       np_encode, tensor)
 
 
@@ -37,8 +37,8 @@ def mul_mat(pool, w, x, n_rows):
     return y
 
 
-def repacked(raw):
-    w = tensor(raw, Q4_0)
+def repacked(raw, dtype=Q4_0):
+    w = tensor(raw, dtype)
     n = lib.pi_repack_bytes(w)
     buf = np.zeros(n, np.uint8)
     out = ffi.new("pi_tensor *")
@@ -63,6 +63,33 @@ def test_q4_0_kernels_agree(pool2, K, N, T):
         assert ffi.string(lib.pi_type_name(w8.type)).decode() == "q4_0x8"
         assert_bit_equal(mul_mat(pool2, w8, x, N), y, "interleaved copy vs the file's layout")
         assert_bit_equal(mul_mat(ffi.NULL, w8, x, N), y, "interleaved copy, no pool")
+
+
+@pytest.mark.parametrize("K,N,T", [(32, 16, 1), (64, 48, 3), (640, 32, 17), (1088, 16, 2), (4096, 64, 9), (128, 272, 100)])
+def test_q8_0_interleaved_copy(pool2, K, N, T):
+    """Q8_0 repacks to 16-row groups (Q8_0X16) with the bits of the file's layout, and within the tolerance of the
+    float64 reference; row counts that are not a multiple of 16 keep the file's layout."""
+    raw, wd, x = mul_mat_case(Q8_0, K, N, T, seed=K + N + T)
+    y = mul_mat(pool2, tensor(raw, Q8_0), x, N)
+    ref, tol, _, _ = mul_mat_reference_and_tol(Q8_0, wd, x)
+    assert np.all(np.abs(y - ref) <= tol)
+    w16, keep = repacked(raw, Q8_0)
+    assert ffi.string(lib.pi_type_name(w16.type)).decode() == "q8_0x16"
+    assert_bit_equal(mul_mat(pool2, w16, x, N), y, "interleaved copy vs the file's layout")
+    assert_bit_equal(mul_mat(ffi.NULL, w16, x, N), y, "interleaved copy, no pool")
+    per_token = np.concatenate([mul_mat(pool2, w16, x[t:t + 1], N) for t in range(T)])
+    assert_bit_equal(per_token, y, "interleaved copy, one token per call")
+
+
+def test_q8_0_repack_needs_whole_groups():
+    raw = mul_mat_case(Q8_0, 64, 40, 1, seed=3)[0]
+    assert lib.pi_repack_bytes(tensor(raw, Q8_0)) == 0          # 40 rows: not a multiple of 16
+    assert lib.pi_repack_bytes(tensor(raw[:32], Q8_0)) == raw[:32].nbytes
+    w16, keep = repacked(raw[:32], Q8_0)
+    w16.ne[1] = 24                                  # an interleaved weight must keep whole groups of 16 rows
+    x = np.ones((2, 64), np.float32)
+    expect_error(lib.pi_op_mul_mat(ffi.NULL, w16, tensor(x), tensor(np.zeros((2, 24), np.float32))),
+                 lib.PI_ERR_INVALID_ARG)
 
 
 def test_repack_bytes_and_errors():

@@ -75,7 +75,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,     PI_TYPE_F32 },
     [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,    PI_TYPE_F32 },
     [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,    PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q4_0X8 },
-    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0S },
+    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q8_0X16 },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
     [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1 },
     [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0S },
@@ -95,6 +95,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, NULL /* arch */, PI_TYPE_Q8_KM },
+    [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S },
 };
 
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]) {
@@ -107,14 +108,15 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].axpy8 = kt->axpy8;
         out[t].gemm8 = kt->gemm8;
         out[t].gemm16 = kt->gemm16;
-        out[t].repack8 = kt->repack8;
+        out[t].repack = kt->repack;
         out[t].tiles = kt->tiles;
         out[t].tiles_rows = kt->tiles_rows;
         if (kt->to_f32) out[t].to_f32 = kt->to_f32;
         if (kt->from_f32) out[t].from_f32 = kt->from_f32;
     }
 }
-_Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18, "internal block sizes");
+_Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18 &&
+               sizeof(pi_block_q8_0x16) == 16 * 34, "internal block sizes");
 
 /* The block structs must have exactly the GGUF sizes. */
 _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && sizeof(pi_block_q5_1) == 24 &&

@@ -61,8 +61,9 @@ typedef void  (*pi_tiles_rows_fn)(int64_t n, const void *const *rows, const char
 /* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
  * loaded and stored once. */
 typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows, float *y);
-/* Writes 8 rows (n elements each, in the source type) as one group of the interleaved layout. */
-typedef void  (*pi_repack8_fn)(int64_t n, const void *const *rows, void *group);
+/* Writes one group's rows (pi_group_rows of the interleaved type: 8 or 16; n elements each, in the source type)
+ * as one group of the interleaved layout. */
+typedef void  (*pi_repack_fn)(int64_t n, const void *const *rows, void *group);
 
 typedef struct pi_type_traits {
     const char     *name;
@@ -76,10 +77,10 @@ typedef struct pi_type_traits {
     pi_vec_dot8_fn  vec_dot8;      /* optional: 8 rows at once (NULL: row by row with vec_dot) */
     pi_axpy8_fn     axpy8;         /* optional: 8 axpy at once (NULL: one by one) */
     int32_t         repacked_type; /* optional: interleaved layout mul_mat reads faster (0: none) */
-    /* interleaved layouts only (rows are not addressable one by one; ne[1] % 8 == 0) */
-    pi_gemm8_fn     gemm8;
-    pi_gemm8_fn     gemm16;        /* optional: two consecutive groups (16 rows, y gets 16 outputs per token) */
-    pi_repack8_fn   repack8;
+    /* interleaved layouts only (rows are not addressable one by one; ne[1] a multiple of pi_group_rows) */
+    pi_gemm8_fn     gemm8;         /* Q4_0X8: one group of 8 rows */
+    pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; Q8_0X16: one) */
+    pi_repack_fn    repack;
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
     /* rows at any addresses (not interleaved) */
     pi_tiles_rows_fn tiles_rows;   /* optional: 16 rows x multiples of 16 tokens (AMX) */
@@ -93,9 +94,14 @@ enum {
     PI_TYPE_Q4_0R,                   /* Q4_0 rows, 8 block scales ahead of their quants (pi_sparse_pack) */
     PI_TYPE_Q8_0P,                   /* activations of Q4_0R (arch/q4_0r.c) */
     PI_TYPE_Q8_KM,                   /* activations of Q4_K/Q5_K: Q8_K + a step multiplier per 32 (quants_k.h) */
+    PI_TYPE_Q8_0X16,                 /* Q8_0 weights, 16 rows interleaved (pi_repack) */
     PI_TYPE_TABLE_END
 };
-static inline bool pi_is_interleaved(int32_t type) { return type == PI_TYPE_Q4_0X8; }
+/* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
+static inline int64_t pi_group_rows(int32_t type) {
+    return type == PI_TYPE_Q4_0X8 ? 8 : type == PI_TYPE_Q8_0X16 ? 16 : 0;
+}
+static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
 
@@ -112,9 +118,9 @@ typedef struct pi_type_kernels {
     pi_axpy_fn     axpy;
     pi_vec_dot8_fn vec_dot8;    /* optional */
     pi_axpy8_fn    axpy8;       /* optional */
-    pi_gemm8_fn    gemm8;       /* interleaved layouts */
-    pi_gemm8_fn    gemm16;      /* optional, interleaved layouts: two groups at once */
-    pi_repack8_fn  repack8;     /* interleaved layouts */
+    pi_gemm8_fn    gemm8;       /* interleaved layouts of 8-row groups */
+    pi_gemm8_fn    gemm16;      /* interleaved layouts: 16 rows at once (optional for 8-row groups) */
+    pi_repack_fn   repack;      /* interleaved layouts */
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
@@ -145,6 +151,9 @@ typedef struct { uint16_t d; int16_t s; int8_t qs[PI_QK8_0]; } pi_block_q8_0s;  
 typedef struct { uint16_t d[8]; uint8_t qs[8 * PI_QK4_0 / 2]; } pi_block_q4_0x8;  /* block b of rows 8g..8g+7:
     qs[32 m + 4 r + k] = byte 4m + k of row r's Q4_0 block (m < 4, k < 4): every 4-byte word holds two runs
     of 4 elements (low nibbles: 4m..4m+3, high nibbles: 16+4m..16+4m+3) */
+typedef struct { uint16_t d[16]; int8_t qs[8][64]; } pi_block_q8_0x16;  /* block b of rows 16g..16g+15:
+    qs[m][4 r + k] = element 4m + k of row r's Q8_0 block (m < 8, k < 4): row m of an AMX B tile, and two
+    256-bit halves (rows 0..7, 8..15) in the transposed form of the 8-row kernels */
 
 /* ---- thread pool (threadpool.c) ---- */
 typedef void (*pi_task_fn)(void *arg, int ith, int nth);

@@ -77,7 +77,8 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  * Four kernels, fastest first, all giving the same bits per (row, token):
  *   tiles     interleaved weights on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of
  *             at least PI_TILES_MIN_T tokens; the token and row tails go to the kernels below)
- *   gemm16    interleaved weights, two groups (16 rows) x up to 8 tokens per call (AVX-512 levels)
+ *   gemm16    interleaved weights, 16 rows x up to 8 tokens per call (Q4_0X8: two groups, AVX-512 levels;
+ *             Q8_0X16: one group, every level)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at
  *             least PI_TILES_MIN_T tokens; the token and row tails go to vec_dot8)
@@ -163,13 +164,13 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     int64_t r = r0;
     const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
     const int64_t tiled = mul_mat_tiles(a, tr, r0, r16);   /* tokens [0, tiled) of rows [r0, r16) are done */
-    if (tr->gemm8) {   /* interleaved: group g = rows 8g..8g+7 at byte 8 g nb[1]; r0, r1 are multiples of 8 */
-        if (tr->gemm16)   /* two groups per call where the level has such a kernel */
+    if (pi_is_interleaved(a->w->type)) {   /* rows r of group r / R at byte r nb[1]; r0, r1 are multiples of R */
+        if (tr->gemm16)   /* 16 rows per call where the level (Q4_0X8) or the layout (Q8_0X16) has such a kernel */
             for (; r + 16 <= r1; r += 16)
                 for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
                     tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
                                (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
-        for (; r < r1; r += 8)
+        for (; r < r1; r += 8)   /* 8-row groups only: 16-row layouts end above */
             for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
                 tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
                           (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
@@ -223,10 +224,11 @@ pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor
     RETURN_IF(check_f32(x, "mul_mat x"));
     RETURN_IF(check_f32(y, "mul_mat y"));
     const pi_type_traits *tr = pi_traits(w->type);
-    if (!tr || (!tr->vec_dot && !tr->gemm8))
+    if (!tr || (!tr->vec_dot && !tr->gemm8 && !tr->gemm16))
         return pi_fail(PI_ERR_UNSUPPORTED, "mul_mat: weight type %s", pi_type_name(w->type));
-    if (pi_is_interleaved(w->type) && w->ne[1] % 8)
-        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: an interleaved weight needs a multiple of 8 rows");
+    if (pi_is_interleaved(w->type) && w->ne[1] % pi_group_rows(w->type))
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: an interleaved %s weight needs a multiple of %lld rows",
+                       pi_type_name(w->type), (long long)pi_group_rows(w->type));
     if (y->nb[1] % (int64_t)sizeof(float))
         return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: y rows must be float aligned");
     if (w->n_dims > 2 || x->ne[2] * x->ne[3] != 1 || y->ne[2] * y->ne[3] != 1)

@@ -1,5 +1,6 @@
 /* repack.c: load-time copies of weights in layouts the kernels read faster: mul_mat's interleaved
- * rows (see arch/rows8.c; types whose traits name a repacked_type, 2-d, a multiple of 8 rows) and
+ * rows (see arch/rows8.c, arch/q8_0x16.c; types whose traits name a repacked_type, 2-d, a multiple of its
+ * group's 8 or 16 rows) and
  * the sparse FFN's per-neuron packing (see arch/q4_0r.c). */
 #include "internal.h"
 
@@ -8,7 +9,7 @@
 int64_t pi_repack_bytes(const pi_tensor *w) {
     if (!w || pi_check_tensor(w, "repack") != PI_OK) { pi_clear_error(); return 0; }
     const pi_type_traits *tr = pi_traits(w->type);
-    if (!tr->repacked_type || w->n_dims != 2 || w->ne[1] % 8) return 0;
+    if (!tr->repacked_type || w->n_dims != 2 || w->ne[1] % pi_group_rows(tr->repacked_type)) return 0;
     return pi_row_bytes(tr->repacked_type, w->ne[0]) * w->ne[1];
 }
 
@@ -16,11 +17,12 @@ typedef struct { const pi_tensor *w; char *dst; int32_t type; } repack_args;
 
 static void repack_task(void *p, int ith, int nth) {
     const repack_args *a = p;
-    const int64_t K = a->w->ne[0], G = a->w->ne[1] / 8, group_bytes = 8 * pi_row_bytes(a->type, K);
+    const int64_t K = a->w->ne[0], R = pi_group_rows(a->type), G = a->w->ne[1] / R;
+    const int64_t group_bytes = R * pi_row_bytes(a->type, K);
     for (int64_t g = G * ith / nth; g < G * (ith + 1) / nth; g++) {
-        const void *rows[8];
-        for (int k = 0; k < 8; k++) rows[k] = (const char *)a->w->data + (8 * g + k) * a->w->nb[1];
-        pi_traits(a->type)->repack8(K, rows, a->dst + g * group_bytes);
+        const void *rows[16];
+        for (int k = 0; k < R; k++) rows[k] = (const char *)a->w->data + (R * g + k) * a->w->nb[1];
+        pi_traits(a->type)->repack(K, rows, a->dst + g * group_bytes);
     }
 }
 

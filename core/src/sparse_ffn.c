@@ -412,10 +412,11 @@ static pi_status check_f32_2d(const pi_tensor *t, int64_t ne0, int64_t ne1, cons
 static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, bool rows, const char *what) {
     RETURN_IF(pi_check_tensor(t, what));
     const pi_type_traits *tr = pi_traits(t->type);
-    if (!tr || (rows ? !tr->vec_dot || !tr->axpy : !tr->vec_dot && !tr->gemm8))
+    if (!tr || (rows ? !tr->vec_dot || !tr->axpy : !tr->vec_dot && !tr->gemm8 && !tr->gemm16))
         return pi_fail(PI_ERR_UNSUPPORTED, "%s: type %s", what, pi_type_name(t->type));
-    if (pi_is_interleaved(t->type) && t->ne[1] % 8)
-        return pi_fail(PI_ERR_INVALID_ARG, "%s: an interleaved weight needs a multiple of 8 rows", what);
+    if (pi_is_interleaved(t->type) && t->ne[1] % pi_group_rows(t->type))
+        return pi_fail(PI_ERR_INVALID_ARG, "%s: an interleaved weight needs a multiple of %lld rows", what,
+                       (long long)pi_group_rows(t->type));
     if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] * t->ne[3] != 1)
         return pi_fail(PI_ERR_INVALID_ARG, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
                        (long long)t->ne[0], (long long)t->ne[1], (long long)ne0, (long long)ne1);

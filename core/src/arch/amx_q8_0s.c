@@ -2,7 +2,8 @@
  * only; level.c includes it where __AMX_INT8__ is set).
  *
  * pi_tiles_rows_q8_0_q8_0s, pi_tiles_rows_q5_0_q8_0s: 16 rows at any addresses (the file's layout, not
- * repacked) x nt tokens (a multiple of 16) of PI_TYPE_Q8_0S activations. Bit-identical to
+ * repacked) x nt tokens (a multiple of 16) of PI_TYPE_Q8_0S activations; pi_tiles_q8_0x16_q8_0s: the same for
+ * one group of the interleaved Q8_0X16 layout, whose quants are the B tiles as they stand (no transposition). Bit-identical to
  * pi_vec_dot_q8_0_q8_0s / pi_vec_dot_q5_0_q8_0s per (row, token): both canonical orders are, per block b, the
  * exact integer i (Q8_0: sum w y; Q5_0: sum (u - 16) y = sum u y - 16 s), then p[b % 8] = fma(d_w d_x, i,
  * p[b % 8]) (blocks in order within each p[j]), and pi_tree8(p) at the end.
@@ -63,7 +64,7 @@ static inline void amx_q5_0_b(const char *const *p, int8_t *bt) {
 /* The blocks first, first + 8, ... (< kc) of one token tile into acc: each block's tile product is issued two
  * blocks ahead of its epilogue (four C buffers), so the epilogue's loads find the tile store done instead of
  * waiting for it. */
-static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t (*bt)[8 * 64], const float (*dw)[16],
+static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t *bt, int64_t bt_stride, const float (*dw)[16],
                                                                     const char *xt, int64_t x_stride, int64_t first,
                                                                     int64_t kc, __m512i tok, int32_t (*ct)[16 * 16],
                                                                     __m512 acc[16]) {
@@ -73,16 +74,33 @@ static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t
     for (int64_t i = 0; i < count; i++) {
         for (; issued < PI_MIN(i + 3, count); issued++) {
             const int64_t b = first + 8 * issued;
-            if (issued & 1) AMX_PRODUCT(1, 3, 5, bt[b], ct[issued % 4], xt + b * bsz + qoff);
-            else            AMX_PRODUCT(0, 2, 4, bt[b], ct[issued % 4], xt + b * bsz + qoff);
+            if (issued & 1) AMX_PRODUCT(1, 3, 5, bt + b * bt_stride, ct[issued % 4], xt + b * bsz + qoff);
+            else            AMX_PRODUCT(0, 2, 4, bt + b * bt_stride, ct[issued % 4], xt + b * bsz + qoff);
         }
         const int64_t b = first + 8 * i;
         amx_epilogue_q8_0s(ct[i % 4], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
     }
 }
 
-/* The kernel of a row type with Q8_0S activations: build_b makes a block's B tile, block_bytes its size. */
-static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, const void *const *rows, const char *x,
+/* Blocks c0..c0+kc-1 of 16 rows at any addresses -> their B tiles bt and row scales dw. */
+static inline __attribute__((always_inline)) void amx_build_b_tiles(const void *const *rows, int64_t c0, int64_t kc,
+                                                                    int64_t block_bytes,
+                                                                    void (*build_b)(const char *const *, int8_t *),
+                                                                    int8_t (*bt)[8 * 64], float (*dw)[16]) {
+    for (int64_t b = 0; b < kc; b++) {
+        const char *p[16];
+        for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
+        build_b(p, bt[b]);
+        _mm512_store_ps(dw[b], amx_f16x16_rows(p, 0));   /* d: the first 2 bytes of both block types */
+    }
+}
+
+/* The kernel of a weight type with Q8_0S activations: either 16 rows at any addresses (rows; build_b makes a
+ * block's B tile, block_bytes its size) or one Q8_0X16 group (interleaved: group, whose quants are the B tiles;
+ * a constant, so each instance keeps one of the two). */
+static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, const void *const *rows,
+                                                                 const pi_block_q8_0x16 *group, const int interleaved,
+                                                                 const char *x,
                                                                  int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                                  int64_t block_bytes,
                                                                  void (*build_b)(const char *const *, int8_t *)) {
@@ -99,19 +117,20 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
         const int ntiles = PI_MIN(AMX_Q8_TG, nt - g0) / 16;
         for (int64_t c0 = 0; c0 < nb; c0 += AMX_Q8_KC) {
             const int64_t kc = PI_MIN(AMX_Q8_KC, nb - c0);
-            for (int64_t b = 0; b < kc; b++) {
-                const char *p[16];
-                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
-                build_b(p, bt[b]);
-                _mm512_store_ps(dw[b], amx_f16x16_rows(p, 0));   /* d: the first 2 bytes of both block types */
-            }
+            const int8_t *b0 = interleaved ? group[c0].qs[0] : bt[0];   /* the chunk's B tiles, b_stride bytes apart */
+            const int64_t b_stride = interleaved ? (int64_t)sizeof *group : (int64_t)sizeof bt[0];
+            if (interleaved)
+                for (int64_t b = 0; b < kc; b++)
+                    _mm512_store_ps(dw[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)group[c0 + b].d)));
+            else
+                amx_build_b_tiles(rows, c0, kc, block_bytes, build_b, bt, dw);
             __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
             for (int tt = 0; tt < ntiles; tt++) {
                 const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
                 for (int j = 0; j < 8; j++) {   /* c0 is a multiple of 8: chunk block b is global block c0 + b = b mod 8 */
                     __m512 acc[16];
                     for (int t = 0; t < 16; t++) acc[t] = c0 ? _mm512_load_ps(part[tt][j][t]) : _mm512_setzero_ps();
-                    amx_q8_0s_residue(bt, dw, xt, x_stride, j, kc, tok, ct, acc);
+                    amx_q8_0s_residue(b0, b_stride, dw, xt, x_stride, j, kc, tok, ct, acc);
                     for (int t = 0; t < 16; t++) _mm512_store_ps(part[tt][j][t], acc[t]);
                 }
             }
@@ -132,10 +151,15 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
 
 void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride) {
-    amx_rows_q8_0s(n, rows, x, x_stride, nt, y, y_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
+    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
+}
+
+void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    amx_rows_q8_0s(n, NULL, group, 1, x, x_stride, nt, y, y_stride, 0, NULL);
 }
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride) {
-    amx_rows_q8_0s(n, rows, x, x_stride, nt, y, y_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
+    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
 }

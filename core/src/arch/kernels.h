@@ -25,6 +25,10 @@ static void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
 static void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n);
 static void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n);
 static void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
+/* Q8_0X16 groups at every level (arch/q8_0x16.c) */
+static void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group);
+static void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
 /* Q4_0X8 groups at every level (the scalar body in rows8.c), so a repacked model runs at any level. */
 static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);
@@ -39,6 +43,8 @@ static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);
+static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);
 static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                      float *y, int64_t y_stride);
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,

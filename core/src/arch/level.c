@@ -13,10 +13,11 @@
 #include "rows8.c"
 #include "rows8_k.c"
 #include "q4_0r.c"
+#include "q8_0x16.c"
 #include "activation.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
-#include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows */
+#include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows, Q8_0X16 */
 #include "amx_k.c"      /* Q4_K, Q5_K, Q6_K rows */
 #define AMX(kernel) kernel
 #else
@@ -66,7 +67,9 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         /* internal types */
         [PI_TYPE_Q8_0S]  = { .to_f32 = pi_q8_0s_to_f32, .from_f32 = pi_quantize_row_q8_0s },
         [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_q4_0x8_q8_0s),
-                             .tiles = AMX(pi_tiles_q4_0x8_q8_0s), .repack8 = pi_repack8_q4_0x8 },
+                             .tiles = AMX(pi_tiles_q4_0x8_q8_0s), .repack = pi_repack8_q4_0x8 },
+        [PI_TYPE_Q8_0X16] = { .gemm16 = pi_gemm16_q8_0x16_q8_0s, .tiles = AMX(pi_tiles_q8_0x16_q8_0s),
+                              .repack = pi_repack_q8_0x16 },
         [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
                              .axpy8 = ROWS8(pi_axpy8_q4_0r), .to_f32 = pi_q4_0r_to_f32 },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },

@@ -1,0 +1,124 @@
+/* q8_0x16.c: Q8_0 weights interleaved 16 rows to a group (PI_TYPE_Q8_0X16, pi_block_q8_0x16), the layout
+ * mul_mat reads fastest: a group is one contiguous stream, its quants are already in the "transposed" form the
+ * multi-row kernels compute on (32-bit lane r of a 64-byte row m = elements 4m..4m+3 of row r), so no kernel
+ * shuffles bytes, and each 64-byte row m is row m of an AMX B tile as it stands (amx_q8_0s.c).
+ *
+ * pi_gemm16_q8_0x16_q8_0s: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_0S activations, every level:
+ * AVX-512 in 16 lanes, AVX2 as two halves of 8 rows, scalar loops. All follow Q8_0's canonical order
+ * (pi_vec_dot_q8_0_q8_0s): per block the exact integer i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8])
+ * in block order, and pi_tree8(p); so a repacked model gives the file layout's bits at every level.
+ *
+ * Why (Sapphire Rapids, one thread, weights in L2): the 8-row kernel on the file's layout spends its time
+ * transposing (vec_dot8, 14.5 GB/s of Q8_0); see bench/README.md for this kernel's figures. */
+#include "../internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#if PI_HAVE_ROWS8
+#include <immintrin.h>
+
+#include "avx2_util.h"
+#endif
+
+void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group) {
+    const pi_block_q8_0 *const *r = (const pi_block_q8_0 *const *)rows;
+    pi_block_q8_0x16 *g = group;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++)
+        for (int k = 0; k < 16; k++) {
+            g[b].d[k] = r[k][b].d;
+            for (int m = 0; m < 8; m++) memcpy(&g[b].qs[m][4 * k], r[k][b].qs + 4 * m, 4);
+        }
+}
+
+#if PI_HAVE_ROWS16
+/* nt (1 or 2, a constant after inlining) tokens: 8 partial sums per token in registers (16 zmm at most) */
+static inline __attribute__((always_inline)) void q8_0x16_tokens(int64_t nb, const pi_block_q8_0x16 *g,
+                                                               const char *x, int64_t x_stride, const int nt,
+                                                               float *y, int64_t y_stride) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 p[2][8];
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 8; j++) p[t][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        _mm_prefetch((const char *)(g + b + 4), _MM_HINT_T0);   /* 544 bytes a block: 9 lines, 4 blocks ahead */
+        _mm_prefetch((const char *)(g + b + 4) + 64 * 4, _MM_HINT_T0);
+        _mm_prefetch((const char *)(g + b + 4) + 64 * 8, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g[b].d));
+        __m512i u[8];   /* w + 128, unsigned: sum w y = sum (w + 128) y - 128 s */
+        for (int m = 0; m < 8; m++) u[m] = _mm512_xor_si512(_mm512_loadu_si512(g[b].qs[m]), bias);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int m = 0; m < 8; m += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, u[m], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * m)));
+                s1 = _mm512_dpbusd_epi32(s1, u[m + 1], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * m + 4)));
+            }
+            const __m512i i = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * (int32_t)xb->s));
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
+            p[t][b % 8] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), p[t][b % 8]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(p[t][0], p[t][4]), _mm512_add_ps(p[t][2], p[t][6])),
+                                       _mm512_add_ps(_mm512_add_ps(p[t][1], p[t][5]), _mm512_add_ps(p[t][3], p[t][7])));
+        _mm512_storeu_ps(y + t * y_stride, s);
+    }
+}
+
+void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    const int64_t nb = n / PI_QK8_0;
+    int t = 0;
+    for (; t + 2 <= nt; t += 2) q8_0x16_tokens(nb, group, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
+    if (t < nt) q8_0x16_tokens(nb, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+}
+
+#elif PI_HAVE_ROWS8
+/* AVX2: the group as two halves of 8 rows (bytes 0..31 and 32..63 of every row m), one token per pass, the
+ * arithmetic of rows8_k.c's q8_0_dot8 (maddubs of |w| against sign(y, w), widened at once). */
+static void q8_0x16_half(int64_t nb, const pi_block_q8_0x16 *g, int half, const pi_block_q8_0s *xb, float *y) {
+    __m256 p[8];
+    for (int j = 0; j < 8; j++) p[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        _mm_prefetch((const char *)(g + b + 4) + 32 * half, _MM_HINT_T0);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g[b].d + 8 * half)));
+        __m256i s = _mm256_setzero_si256();
+        for (int m = 0; m < 8; m++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs[m] + 32 * half));
+            const __m256i yg = _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb[b].qs + 4 * m)), w);
+            s = pi_dpbusd(s, _mm256_sign_epi8(w, w), yg);
+        }
+        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb[b].d)));
+        p[b % 8] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), p[b % 8]);
+    }
+    _mm256_storeu_ps(y, pi_tree8_ps(p));
+}
+
+void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    for (int t = 0; t < nt; t++)
+        for (int half = 0; half < 2; half++)
+            q8_0x16_half(n / PI_QK8_0, group, half, (const pi_block_q8_0s *)(x + t * x_stride), y + t * y_stride + 8 * half);
+}
+
+#else   /* scalar: the canonical order of pi_vec_dot_q8_0_q8_0s per (row, token) */
+
+void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    const pi_block_q8_0x16 *g = group;
+    for (int t = 0; t < nt; t++) {
+        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride);
+        for (int r = 0; r < 16; r++) {
+            float p[8] = { 0 };
+            for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+                int32_t s = 0;
+                for (int e = 0; e < PI_QK8_0; e++) s += g[b].qs[e / 4][4 * r + e % 4] * xb[b].qs[e];
+                p[b % 8] = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)s, p[b % 8]);
+            }
+            y[t * y_stride + r] = pi_tree8(p);
+        }
+    }
+}
+
+#endif

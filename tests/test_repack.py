@@ -146,9 +146,33 @@ def q4_model(tmp_path_factory):
     return path
 
 
-def test_repacked_model_gives_the_same_logits(q4_model, monkeypatch):
+@pytest.fixture(scope="module")
+def q8_tied_model(tmp_path_factory):
+    """Q8_0 with the output head tied to the embedding table: both are read from one interleaved copy."""
+    path = tmp_path_factory.mktemp("repack") / "tiny-q8_0-tied.gguf"
+    write_model(path, dtype="q8_0", seed=6, n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2,
+                tied_output=True)
+    return path
+
+
+def test_q8_0x16_rows_for_get_rows(pool2):
+    """get_rows reads a Q8_0X16 table (a tied head's copy) as the file's rows; Q4_0X8 stays matmul-only."""
+    raw, wd, x = mul_mat_case(Q8_0, 96, 48, 1, seed=9)
+    ids = np.array([0, 15, 16, 47, 5, 5], np.int32)
+    got = {}
+    w16, keep = repacked(raw, Q8_0)
+    for name, w in (("rows", tensor(raw, Q8_0)), ("x16", w16)):
+        out = np.zeros((len(ids), 96), np.float32)
+        check(lib.pi_op_get_rows(pool2, w, ffi.cast("int32_t *", ids.ctypes.data), len(ids), tensor(out)))
+        got[name] = out
+    assert_bit_equal(got["x16"], got["rows"], "get_rows of the interleaved copy vs the file's rows")
+
+
+@pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model"])
+def test_repacked_model_gives_the_same_logits(request, model_name, monkeypatch):
     prompt = [1, 17, 200, 45, 3, 99, 128, 7, 300]
     logits = {}
+    q4_model = request.getfixturevalue(model_name)
     for repack in (True, False):
         model = pi.Model(q4_model, repack=repack)
         ctx = pi.Context(model, n_ctx=32, n_threads=2)

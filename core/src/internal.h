@@ -102,6 +102,9 @@ static inline int64_t pi_group_rows(int32_t type) {
     return type == PI_TYPE_Q4_0X8 ? 8 : type == PI_TYPE_Q8_0X16 ? 16 : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }
+/* Row r of a Q8_0X16 weight [n, N] as floats, the values of the file's row (get_rows of a tied embedding table
+ * whose copy mul_mat reads; repack.c). */
+void pi_q8_0x16_row_to_f32(const pi_tensor *w, int64_t r, float *dst);
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
 

@@ -266,6 +266,42 @@ def test_thresholds_from_histogram():
         assert abs(t[0] / rms[0] - t[1] / rms[1]) < 0.05 * t[0] / rms[0]    # (the rms from the bins: ~1%)
 
 
+def test_allocation_by_sensitivity():
+    """The greedy allocation: the mean sparsity is the level, cheap layers give more, a layer whose cost jumps
+    early stays dense, and costs measured non-monotone (noise) are treated as monotone."""
+    grid = np.array(sparsify.SENSITIVITY_GRID)
+    kl = np.stack([grid ** 2 * 0.01,                 # cheap
+                   grid ** 2 * 0.1,                  # ten times dearer
+                   np.full_like(grid, 5.0),          # dear from the first step
+                   grid ** 2 * 0.01 * np.where(grid == 0.5, 0.5, 1.0)])   # noisy: a dip at 0.5
+    for level in (0.1, 0.25, 0.5):
+        s = sparsify.allocate_by_sensitivity(kl, level)
+        assert abs(s.mean() - level) < 1e-9, s
+        assert s[0] >= s[1] and s[2] == 0.0 and np.all((s >= 0) & (s <= grid[-1])), s
+    assert sparsify.allocate_by_sensitivity(kl, 0.0).tolist() == [0.0] * 4
+    top = sparsify.allocate_by_sensitivity(kl, 1.0)               # beyond the grid: every layer at its top
+    assert np.allclose(top, grid[-1])
+
+
+def test_allocation_by_sensitivity_end_to_end(sparse_files, tmp_path):
+    """--allocation sensitivity measures each layer alone and stores thresholds whose mean sparsity is the level."""
+    src, _ = sparse_files["f32"]
+    out = tmp_path / "sens.gguf"
+    heldout = ROOT / "data" / "heldout.txt"
+    assert sparsify.main([str(src), str(heldout), "--sparsity", "0.4", "-o", str(out), "--calib-tokens", "256",
+                          "--ctx", "64", "--eval-chunks", "0", "--allocation", "sensitivity"]) == 0
+    model = pi.Model(out)
+    ctx = pi.Context(model, n_ctx=64, n_threads=1)
+    toks = model.tokenizer.encode(heldout.read_text(), add_special=False)[:256]
+    for s in range(0, 256, 64):
+        ctx.kv_clear()
+        ctx.decode(toks[s:s + 64], logits="none")
+    active, total = ctx.sparse_stats()
+    measured = 1.0 - float(active.sum()) / (total * len(active))
+    assert abs(measured - 0.4) < 0.05, measured   # the calibration tokens: their own quantiles
+    assert np.allclose(pi.Model(out).sparsity_levels.levels, [0.4])
+
+
 def sparsify_edge(b):
     return lib.pi_act_histogram_edge(b)
 

@@ -164,6 +164,66 @@ def thresholds_by_energy(hist: np.ndarray, edges: np.ndarray, level: float) -> n
     return 0.5 * (lo + hi) * rms
 
 
+SENSITIVITY_GRID = (0.2, 0.35, 0.5, 0.65, 0.8)
+
+
+def layer_sensitivity(src: Path, out: Path, hist: np.ndarray, edges: np.ndarray, tokens: list[int], n_ctx: int,
+                      windows: int, n_threads: int | None) -> np.ndarray:
+    """kl [n_layer, len(SENSITIVITY_GRID)]: the mean KL divergence from the dense model over `windows` windows of
+    calibration tokens when layer l alone skips the fraction SENSITIVITY_GRID[k] of its channels (the others
+    dense); out is a sparse file of src (its thresholds are not used)."""
+    n_layer = hist.shape[0]
+    kl = np.zeros((n_layer, len(SENSITIVITY_GRID)))
+    with tempfile.TemporaryDirectory() as tmp:
+        base = os.path.join(tmp, "dense.kld")
+        perplexity(Model(src), tokens[:windows * n_ctx], n_ctx=n_ctx, chunks=windows, n_threads=n_threads,
+                   save_kld=base)
+        ctx = Context(Model(out), n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
+        ctx.set_gate_input_thresholds(None)
+        t0 = time.perf_counter()
+        for k, level in enumerate(SENSITIVITY_GRID):
+            q = _quantiles(hist, edges, level)
+            for il in range(n_layer):
+                t = np.zeros(n_layer)            # threshold 0: the layer's exact dense FFN
+                t[il] = q[il]
+                ctx.set_sparse_thresholds(t)
+                kl[il, k] = perplexity(ctx, None, n_ctx=n_ctx, chunks=windows, kld_base=base).kld.mean
+            log(f"sparsify: sensitivity at {level:g} measured for every layer, {time.perf_counter() - t0:.0f} s")
+    return kl
+
+
+def allocate_by_sensitivity(kl: np.ndarray, level: float) -> np.ndarray:
+    """Per-layer sparsities with mean `level` that keep the sum of the layers' KL costs low (TEAL's greedy
+    allocation, on costs measured one layer at a time, kl [n_layer, grid]): every layer starts dense; the step
+    to a layer's next grid point with the least KL per unit of sparsity is taken until the mean reaches the
+    level; the last step is taken only as far as needed."""
+    n_layer = kl.shape[0]
+    grid = np.array((0.0,) + SENSITIVITY_GRID)
+    cost = np.concatenate([np.zeros((n_layer, 1)), np.maximum.accumulate(kl, axis=1)], axis=1)   # monotone
+    at = np.zeros(n_layer, dtype=int)
+    s = np.zeros(n_layer)
+    while s.mean() < level - 1e-12:
+        best, best_rate = -1, math.inf
+        for il in range(n_layer):
+            if at[il] + 1 < len(grid):
+                rate = (cost[il, at[il] + 1] - cost[il, at[il]]) / (grid[at[il] + 1] - grid[at[il]])
+                if rate < best_rate:
+                    best, best_rate = il, rate
+        if best < 0:
+            break                                # every layer at the grid's top
+        step = grid[at[best] + 1] - grid[at[best]]
+        need = (level - s.mean()) * n_layer
+        s[best] += min(step, need)
+        at[best] += 1
+    return s
+
+
+def thresholds_for(hist: np.ndarray, edges: np.ndarray, sparsities: np.ndarray) -> np.ndarray:
+    """Per layer the threshold that skips the fraction sparsities[l] of its calibration values (0: dense)."""
+    return np.array([_quantiles(hist[il:il + 1], edges, float(v))[0] if v > 0 else 0.0
+                     for il, v in enumerate(sparsities)])
+
+
 # ------------------------------------------------------------------------------------------ layout
 def down_t_type(src_type: int, n_embd: int, choice: str) -> str:
     if choice != "auto":
@@ -288,9 +348,14 @@ def main(argv=None) -> int:
                          "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default: "
                          "0; on the CPUs measured the input-sparse gate costs more quality than it saves time, "
                          "bench/README.md)")
-    ap.add_argument("--allocation", choices=["uniform", "energy"], default="uniform",
-                    help="per-layer sparsity: uniform (every layer skips the level's fraction) or energy (the same "
-                         "threshold relative to each layer's RMS activation, the mean sparsity at the level)")
+    ap.add_argument("--allocation", choices=["uniform", "energy", "sensitivity"], default="uniform",
+                    help="per-layer sparsity: uniform (every layer skips the level's fraction), energy (the same "
+                         "threshold relative to each layer's RMS activation, the mean sparsity at the level) or "
+                         "sensitivity (each layer's KL cost measured alone at 0.2..0.8 on calibration windows, then "
+                         "the greedy allocation of TEAL with the level as the mean; n_layer x 5 short runs)")
+    ap.add_argument("--sensitivity-windows", type=int, default=2,
+                    help="--allocation sensitivity: calibration windows per measurement (default 2, the least "
+                         "perplexity scores)")
     ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     ap.add_argument("--ctx", type=int, default=512, help="calibration / evaluation window (default 512)")
     ap.add_argument("--heldout", type=Path, default=None, help="evaluation text (default: the corpus after "
@@ -306,6 +371,8 @@ def main(argv=None) -> int:
         raise SystemExit("sparsify: the output would overwrite the input")
     if not (0 <= a.gate_input_scale and a.gate_input_scale * max(levels) < 1):
         raise SystemExit(f"sparsify: --gate-input-scale must be in [0, {1 / max(levels):g}) (scale x level < 1)")
+    if a.allocation == "sensitivity" and a.sensitivity_windows < 2:
+        raise SystemExit("sparsify: --sensitivity-windows must be at least 2")
     if a.calib_tokens < a.ctx or a.ctx < 16:
         raise SystemExit("sparsify: --calib-tokens must be at least --ctx, and --ctx at least 16")
     try:
@@ -325,6 +392,9 @@ def main(argv=None) -> int:
     n_calib = min(a.calib_tokens, len(tokens)) // a.ctx * a.ctx
     if n_calib < a.ctx:
         raise SystemExit(f"sparsify: the corpus has {len(tokens)} tokens, fewer than one window of {a.ctx}")
+    if a.allocation == "sensitivity" and n_calib < a.sensitivity_windows * a.ctx:
+        raise SystemExit(f"sparsify: --allocation sensitivity measures on {a.sensitivity_windows} windows of "
+                         f"{a.ctx} calibration tokens; there are {n_calib}")
     log(f"sparsify: {a.model.name}: {hp.arch}, {hp.n_layer} layers, n_ff {hp.n_ff}, act {hp.ffn_act}; "
         f"calibrating on {n_calib} tokens")
     hist, edges = calibrate(model, tokens[:n_calib], a.ctx, a.threads)
@@ -342,6 +412,17 @@ def main(argv=None) -> int:
         log("sparsify: keeping the file's ffn_down_t (no re-quantization)")
     types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta, gate_t, keep)
     log(f"sparsify: wrote {a.output} in {time.perf_counter() - t0:.1f} s")
+    if a.allocation == "sensitivity":
+        kl = layer_sensitivity(a.model, a.output, hist[:, 0], edges, tokens[:n_calib], a.ctx,
+                               a.sensitivity_windows, a.threads)
+        thresholds = np.stack([thresholds_for(hist[:, 0], edges, allocate_by_sensitivity(kl, lv)) for lv in levels])
+        meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs)
+        with tempfile.TemporaryDirectory(dir=a.output.parent) as tmp:   # the file is read while it is rewritten
+            staged = Path(tmp) / a.output.name
+            os.replace(a.output, staged)
+            write_sparse(staged, a.output, hp.n_layer, a.down_type, meta, gate_t, True)   # types: as first written
+        log(f"sparsify: per-layer sparsity by sensitivity: " + "; ".join(
+            f"{lv:g}: " + " ".join(f"{v:.2f}" for v in allocate_by_sensitivity(kl, lv)) for lv in levels))
     if a.eval_chunks <= 0:
         return 0
     if a.heldout is not None:

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define PI_MAX_DIMS   4
 #define PI_MAX_SEQ    64
@@ -157,6 +158,20 @@ typedef struct { uint16_t d[8]; uint8_t qs[8 * PI_QK4_0 / 2]; } pi_block_q4_0x8;
 typedef struct { uint16_t d[16]; int8_t qs[8][64]; } pi_block_q8_0x16;  /* block b of rows 16g..16g+15:
     qs[m][4 r + k] = element 4m + k of row r's Q8_0 block (m < 8, k < 4): row m of an AMX B tile, and two
     256-bit halves (rows 0..7, 8..15) in the transposed form of the 8-row kernels */
+
+/* The interleaved layouts' repack (Q4_0X8, Q8_0X16): nb blocks of R rows (block_bytes each: a 2-byte scale, then
+ * the quants) -> per block the R scales, then the quants as 4-byte words, word m of row k at (m R + k) 4. */
+static inline void pi_interleave_blocks(int64_t nb, const void *const *rows, int R, int64_t block_bytes, void *group) {
+    const int64_t words = (block_bytes - 2) / 4;
+    for (int64_t b = 0; b < nb; b++) {
+        char *g = (char *)group + b * R * block_bytes;
+        for (int k = 0; k < R; k++) {
+            const char *src = (const char *)rows[k] + b * block_bytes;
+            memcpy(g + 2 * k, src, 2);
+            for (int64_t m = 0; m < words; m++) memcpy(g + 2 * R + (m * R + k) * 4, src + 2 + 4 * m, 4);
+        }
+    }
+}
 
 /* ---- thread pool (threadpool.c) ---- */
 typedef void (*pi_task_fn)(void *arg, int ith, int nth);

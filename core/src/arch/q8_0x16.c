@@ -22,13 +22,7 @@
 #endif
 
 void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group) {
-    const pi_block_q8_0 *const *r = (const pi_block_q8_0 *const *)rows;
-    pi_block_q8_0x16 *g = group;
-    for (int64_t b = 0; b < n / PI_QK8_0; b++)
-        for (int k = 0; k < 16; k++) {
-            g[b].d[k] = r[k][b].d;
-            for (int m = 0; m < 8; m++) memcpy(&g[b].qs[m][4 * k], r[k][b].qs + 4 * m, 4);
-        }
+    pi_interleave_blocks(n / PI_QK8_0, rows, 16, sizeof(pi_block_q8_0), group);
 }
 
 #if PI_HAVE_ROWS16
@@ -49,12 +43,7 @@ static inline __attribute__((always_inline)) void q8_0x16_tokens(int64_t nb, con
         for (int m = 0; m < 8; m++) u[m] = _mm512_xor_si512(_mm512_loadu_si512(g[b].qs[m]), bias);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int m = 0; m < 8; m += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, u[m], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * m)));
-                s1 = _mm512_dpbusd_epi32(s1, u[m + 1], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * m + 4)));
-            }
-            const __m512i i = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * (int32_t)xb->s));
+            const __m512i i = pi_dot16_q8_0s(u, xb, 128);
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
             p[t][b % 8] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), p[t][b % 8]);
         }

@@ -172,12 +172,7 @@ void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t
                                                            _mm_loadu_si128((const __m128i *)g0[b].d)));
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int k = 0; k < 8; k += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * k)));
-                s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * k + 4)));
-            }
-            const __m512i s32 = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(8 * (int32_t)xb->s));
+            const __m512i s32 = pi_dot16_q8_0s(w, xb, 8);
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
             acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s32), acc[t]);
         }
@@ -234,11 +229,5 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
 #endif
 
 void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group) {
-    const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
-    pi_block_q4_0x8 *g = group;
-    for (int64_t b = 0; b < n / PI_QK4_0; b++)
-        for (int k = 0; k < 8; k++) {
-            g[b].d[k] = r[k][b].d;
-            for (int m = 0; m < 4; m++) memcpy(g[b].qs + 32 * m + 4 * k, r[k][b].qs + 4 * m, 4);
-        }
+    pi_interleave_blocks(n / PI_QK4_0, rows, 8, sizeof(pi_block_q4_0), group);
 }

@@ -347,14 +347,14 @@ def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K):
 
 def q4_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
     """raw (Q4_K rows from the quantizer) with rows 0..3 replaced by random blocks over the whole format: every
-    6-bit scale and min (63 included), every nibble, d and dmin of either sign up to 2^4, and a zero row (16)."""
+    6-bit scale and min (63 included), every nibble, d and dmin of either sign up to 2^4, and a zero row (16, or the last)."""
     raw = raw.copy()
     blocks = raw.reshape(N, K // 256, 144)
     blocks[:4] = rng.integers(0, 256, blocks[:4].shape, dtype=np.uint8)
     blocks[:4, :, 0:4] = rng.uniform(-16, 16, (4, K // 256, 2)).astype(np.float16).view(np.uint8)
     blocks[3, :, 4:16] = 0xff                     # sc = mn = 63 in every sub-block
     blocks[3, :, 16:] = 0xff                      # q = 15
-    blocks[16] = 0                                # a zero row (d = dmin = 0)
+    blocks[min(16, N - 1)] = 0                    # a zero row (d = dmin = 0)
     return raw
 
 

@@ -39,6 +39,12 @@ void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) {
 }
 
 #if PI_HAVE_ROWS16
+#ifndef Q4KX16_PF_DIST
+#define Q4KX16_PF_DIST 2   /* super-blocks ahead (2304 bytes each) */
+#endif
+#ifndef Q4KX16_PF_HINT
+#define Q4KX16_PF_HINT _MM_HINT_T0
+#endif
 /* Byte j0 of every 32-bit lane of v zero-extended into the lane's low int16, byte j1 into its high int16 (j1 < 0:
  * zero): per-row scales as int32 (sc_j) or int16 pairs (mn_2i, mn_2i+1). */
 static inline __m512i q4kx16_lane_bytes(__m512i v, int j0, int j1) {
@@ -73,7 +79,7 @@ static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, con
             sumi[t] = _mm512_setzero_si512();
         }
         for (int jj = 0; jj < 4; jj++) {   /* qs[8jj..8jj+7]: low nibbles sub-block 2jj, high nibbles 2jj + 1 */
-            for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(gb + 2) + 64 * (9 * jj + i), _MM_HINT_T0);
+            for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(gb + Q4KX16_PF_DIST) + 64 * (9 * jj + i), Q4KX16_PF_HINT);
             __m512i c[2][4];
             for (int t = 0; t < nt; t++)
                 for (int k = 0; k < 4; k++) c[t][k] = _mm512_setzero_si512();

@@ -334,15 +334,22 @@ def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K):
     x[7, 256:512] = 0.0                    # a zero activation block (d = 0)
     x[9, :] = np.abs(x[9, :])              # quant sums far from 0 (the -128 s term of VNNI)
     x[11, :] = -127.0                      # extreme quants
-    raw = quantize(8, w)
+    interleaved_equals_scalar_rows(at_level, pool2, level, 8, quantize(8, w), x, Ts, "q8_0x16")
+
+
+def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name):
+    """mul_mat over raw (rows of type t) at the scalar level == over its interleaved copy (type `name`) at `level`,
+    for the first T rows of x, T in Ts, with and without a pool."""
+    N = raw.shape[0]
     at_level("scalar")
-    expected = [mul_mat(wtensor(8, raw), x[:T], N, pool2) for T in Ts]
+    expected = [mul_mat(wtensor(t, raw), x[:T], N, pool2) for T in Ts]
     at_level(level)
-    rt, keep = repacked(wtensor(8, raw))
-    assert ffi.string(lib.pi_type_name(rt.type)).decode() == "q8_0x16"
+    rt, keep = repacked(wtensor(t, raw))
+    assert ffi.string(lib.pi_type_name(rt.type)).decode() == name
     for T, want in zip(Ts, expected):
-        assert_bit_equal(mul_mat(rt, x[:T], N, pool2), want, f"mul_mat q8_0x16 K={K} T={T} {level} vs scalar rows")
-        assert_bit_equal(mul_mat(rt, x[:T], N, ffi.NULL), want, f"mul_mat q8_0x16 K={K} T={T} {level}, no pool")
+        K = x.shape[1]
+        assert_bit_equal(mul_mat(rt, x[:T], N, pool2), want, f"mul_mat {name} K={K} T={T} {level} vs scalar rows")
+        assert_bit_equal(mul_mat(rt, x[:T], N, ffi.NULL), want, f"mul_mat {name} K={K} T={T} {level}, no pool")
 
 
 def q4_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
@@ -378,11 +385,4 @@ def test_q4_K_interleaved_equals_scalar(at_level, pool2, level, K):
     x[9, :] = np.abs(x[9, :]) * 50         # large activations, bsums far from 0
     x[11, :] = -127.0                      # extreme quants
     raw = q4_K_extreme_rows(rng, N, K, quantize(12, w))
-    at_level("scalar")
-    expected = [mul_mat(wtensor(12, raw), x[:T], N, pool2) for T in Ts]
-    at_level(level)
-    rt, keep = repacked(wtensor(12, raw))
-    assert ffi.string(lib.pi_type_name(rt.type)).decode() == "q4_Kx16"
-    for T, want in zip(Ts, expected):
-        assert_bit_equal(mul_mat(rt, x[:T], N, pool2), want, f"mul_mat q4_Kx16 K={K} T={T} {level} vs scalar rows")
-        assert_bit_equal(mul_mat(rt, x[:T], N, ffi.NULL), want, f"mul_mat q4_Kx16 K={K} T={T} {level}, no pool")
+    interleaved_equals_scalar_rows(at_level, pool2, level, 12, raw, x, Ts, "q4_Kx16")

@@ -40,7 +40,7 @@ void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) {
 
 #if PI_HAVE_ROWS16
 #ifndef Q4KX16_PF_DIST
-#define Q4KX16_PF_DIST 2   /* super-blocks ahead (2304 bytes each) */
+#define Q4KX16_PF_DIST 4   /* super-blocks ahead (2304 bytes each): 4 beat 2 by 4% from DRAM (ab_ops, one thread) */
 #endif
 #ifndef Q4KX16_PF_HINT
 #define Q4KX16_PF_HINT _MM_HINT_T0
@@ -129,10 +129,7 @@ static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, con
 
 void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    const int64_t nb = n / PI_QK_K;
-    int t = 0;
-    for (; t + 2 <= nt; t += 2) q4_Kx16_tokens(nb, group, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
-    if (t < nt) q4_Kx16_tokens(nb, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+    PI_GEMM16_PAIRS(q4_Kx16_tokens, n / PI_QK_K, group, x, x_stride, nt, y, y_stride);
 }
 
 #elif PI_HAVE_ROWS8

@@ -334,12 +334,55 @@ def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K):
     x[7, 256:512] = 0.0                    # a zero activation block (d = 0)
     x[9, :] = np.abs(x[9, :])              # quant sums far from 0 (the -128 s term of VNNI)
     x[11, :] = -127.0                      # extreme quants
-    raw = quantize(8, w)
+    interleaved_equals_scalar_rows(at_level, pool2, level, 8, quantize(8, w), x, Ts, "q8_0x16")
+
+
+def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name):
+    """mul_mat over raw (rows of type t) at the scalar level == over its interleaved copy (type `name`) at `level`,
+    for the first T rows of x, T in Ts, with and without a pool."""
+    N = raw.shape[0]
     at_level("scalar")
-    expected = [mul_mat(wtensor(8, raw), x[:T], N, pool2) for T in Ts]
+    expected = [mul_mat(wtensor(t, raw), x[:T], N, pool2) for T in Ts]
     at_level(level)
-    rt, keep = repacked(wtensor(8, raw))
-    assert ffi.string(lib.pi_type_name(rt.type)).decode() == "q8_0x16"
+    rt, keep = repacked(wtensor(t, raw))
+    assert ffi.string(lib.pi_type_name(rt.type)).decode() == name
     for T, want in zip(Ts, expected):
-        assert_bit_equal(mul_mat(rt, x[:T], N, pool2), want, f"mul_mat q8_0x16 K={K} T={T} {level} vs scalar rows")
-        assert_bit_equal(mul_mat(rt, x[:T], N, ffi.NULL), want, f"mul_mat q8_0x16 K={K} T={T} {level}, no pool")
+        K = x.shape[1]
+        assert_bit_equal(mul_mat(rt, x[:T], N, pool2), want, f"mul_mat {name} K={K} T={T} {level} vs scalar rows")
+        assert_bit_equal(mul_mat(rt, x[:T], N, ffi.NULL), want, f"mul_mat {name} K={K} T={T} {level}, no pool")
+
+
+def q4_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
+    """raw (Q4_K rows from the quantizer) with rows 0..3 replaced by random blocks over the whole format: every
+    6-bit scale and min (63 included), every nibble, d and dmin of either sign up to 2^4, and a zero row (16, or the last)."""
+    raw = raw.copy()
+    blocks = raw.reshape(N, K // 256, 144)
+    blocks[:4] = rng.integers(0, 256, blocks[:4].shape, dtype=np.uint8)
+    blocks[:4, :, 0:4] = rng.uniform(-16, 16, (4, K // 256, 2)).astype(np.float16).view(np.uint8)
+    blocks[3, :, 4:16] = 0xff                     # sc = mn = 63 in every sub-block
+    blocks[3, :, 16:] = 0xff                      # q = 15
+    blocks[min(16, N - 1)] = 0                    # a zero row (d = dmin = 0)
+    return raw
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("K", [256, 2048, 4352])
+def test_q4_K_interleaved_equals_scalar(at_level, pool2, level, K):
+    """Q4_K's interleaved copy (Q4_KX16: 16 rows a group, pi_repack) at every level (scalar included: its own
+    gemm16) gives the bits of the file's
+    layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel (3, 8),
+    and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K: one
+    super-block, two AMX K chunks (4 super-blocks each), 17 super-blocks (a chunk of one). N = 48: three groups."""
+    Ts = (1, 3, 8, 16, 32, 100)
+    N = 48
+    rng = np.random.default_rng(K + 1)
+    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
+    w[5, :256] *= 40.0                     # large scales next to small ones
+    w[9, :] = np.abs(w[9, :]) + 0.5        # mins far from 0
+    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x[:, 32:64] *= 30.0                    # step multipliers > 1 in the other sub-blocks
+    x[7, :256] = 0.0                       # a zero activation super-block (d = 0)
+    x[9, :] = np.abs(x[9, :]) * 50         # large activations, bsums far from 0
+    x[11, :] = -127.0                      # extreme quants
+    raw = q4_K_extreme_rows(rng, N, K, quantize(12, w))
+    interleaved_equals_scalar_rows(at_level, pool2, level, 12, raw, x, Ts, "q4_Kx16")

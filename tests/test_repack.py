@@ -19,8 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from make_test_model import write_model  # noqa: E402
+from test_isa import q4_K_extreme_rows, wtensor  # noqa: E402
+from test_isa import quantize as quantize_rows  # noqa: E402
+from test_isa import repacked as repacked_t  # noqa: E402
 from test_ops import (Q4_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
                       np_encode, tensor)
+
+
+Q4_K = 12
 
 
 def np_encode_q4_0(w):
@@ -90,6 +96,43 @@ def test_q8_0_repack_needs_whole_groups():
     x = np.ones((2, 64), np.float32)
     expect_error(lib.pi_op_mul_mat(ffi.NULL, w16, tensor(x), tensor(np.zeros((2, 24), np.float32))),
                  lib.PI_ERR_INVALID_ARG)
+
+
+@pytest.mark.parametrize("K", [256, 2048, 4096])
+@pytest.mark.parametrize("N,T", [(16, 1), (48, 3), (48, 8), (272, 16), (32, 32), (48, 100)])
+def test_q4_K_interleaved_copy(pool2, K, N, T):
+    """Q4_K repacks to 16-row groups (Q4_KX16, as many bytes as the file) with the bits of the file's layout at
+    this level: every token count (decode, the AVX-512 pairs, AMX tiles and their tails), with and without a pool
+    (272 rows: a work item of 256 and one of 16), one token per call; rows over the whole format (extreme scales
+    and mins, a zero row), large activations."""
+    rng = np.random.default_rng(K + N + T)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[:, :32] *= 40.0
+    x[-1, :] = np.abs(x[-1, :]) * 30
+    raw = q4_K_extreme_rows(rng, N, K, quantize_rows(Q4_K, w))
+    y = mul_mat(pool2, wtensor(Q4_K, raw), x, N)
+    w16, keep = repacked_t(wtensor(Q4_K, raw))
+    assert ffi.string(lib.pi_type_name(w16.type)).decode() == "q4_Kx16"
+    assert keep.nbytes == raw.nbytes                        # the same bytes per weight as the file
+    assert_bit_equal(mul_mat(pool2, w16, x, N), y, "interleaved copy vs the file's layout")
+    assert_bit_equal(mul_mat(ffi.NULL, w16, x, N), y, "interleaved copy, no pool")
+    per_token = np.concatenate([mul_mat(pool2, w16, x[t:t + 1], N) for t in range(min(T, 9))])
+    assert_bit_equal(per_token, y[:min(T, 9)], "interleaved copy, one token per call")
+
+
+def test_q4_K_repack_needs_whole_groups():
+    """40 rows keep the file's layout; a Q4_KX16 weight is matmul-only (get_rows refuses it) and keeps whole groups."""
+    raw = quantize_rows(Q4_K, np.random.default_rng(4).standard_normal((40, 256)).astype(np.float32))
+    assert lib.pi_repack_bytes(wtensor(Q4_K, raw)) == 0
+    w16, keep = repacked_t(wtensor(Q4_K, raw[:32]))
+    ids = np.array([0, 3], np.int32)
+    out = np.zeros((2, 256), np.float32)
+    expect_error(lib.pi_op_get_rows(ffi.NULL, w16, ffi.cast("int32_t *", ids.ctypes.data), 2, tensor(out)),
+                 lib.PI_ERR_UNSUPPORTED)
+    w16.ne[1] = 24
+    expect_error(lib.pi_op_mul_mat(ffi.NULL, w16, tensor(np.ones((2, 256), np.float32)),
+                                   tensor(np.zeros((2, 24), np.float32))), lib.PI_ERR_INVALID_ARG)
 
 
 def test_repack_bytes_and_errors():

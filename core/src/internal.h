@@ -80,7 +80,7 @@ typedef struct pi_type_traits {
     int32_t         repacked_type; /* optional: interleaved layout mul_mat reads faster (0: none) */
     /* interleaved layouts only (rows are not addressable one by one; ne[1] a multiple of pi_group_rows) */
     pi_gemm8_fn     gemm8;         /* Q4_0X8: one group of 8 rows */
-    pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; Q8_0X16: one) */
+    pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; *X16: one) */
     pi_repack_fn    repack;
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
     /* rows at any addresses (not interleaved) */
@@ -96,11 +96,12 @@ enum {
     PI_TYPE_Q8_0P,                   /* activations of Q4_0R (arch/q4_0r.c) */
     PI_TYPE_Q8_KM,                   /* activations of Q4_K/Q5_K: Q8_K + a step multiplier per 32 (quants_k.h) */
     PI_TYPE_Q8_0X16,                 /* Q8_0 weights, 16 rows interleaved (pi_repack) */
+    PI_TYPE_Q4_KX16,                 /* Q4_K weights, 16 rows interleaved (pi_repack; quants_k.h) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
 static inline int64_t pi_group_rows(int32_t type) {
-    return type == PI_TYPE_Q4_0X8 ? 8 : type == PI_TYPE_Q8_0X16 ? 16 : 0;
+    return type == PI_TYPE_Q4_0X8 ? 8 : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q4_KX16 ? 16 : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }
 /* Row r of a Q8_0X16 weight [n, N] as floats, the values of the file's row (get_rows of a tied embedding table

@@ -46,6 +46,13 @@ typedef struct { float d; int8_t qs[PI_QK_K]; int16_t bsums[PI_QK_K / 16]; } pi_
  * < 2^31 for M = 32. 308 B */
 #define PI_Q8_KM_M 32
 typedef struct { pi_block_q8_K k; int16_t m[PI_QK_K / 32]; } pi_block_q8_Km;
+/* Q4_KX16 (core-internal, pi_repack): super-block b of Q4_K rows 16g..16g+15, the file's bytes regrouped (16 x 144
+ * B: the same bytes per weight), so that every 64-byte row holds one 32-bit word of each of the 16 rows (lane r =
+ * row r, the "transposed" form of the multi-row kernels): d, dmin as two vectors of 16 fp16; scales[w][4r + k] =
+ * byte 4w + k of row r's 12 packed scale bytes (pi_k4_scale_min decodes them lane-wise); qs[8 jj + m][4r + k] =
+ * byte 32 jj + 4m + k of row r's qs (jj < 4, m < 8): low nibbles of qs[8jj..8jj+7] are the AMX B tile of
+ * sub-block 2jj, high nibbles that of 2jj + 1. arch/q4_Kx16.c. */
+typedef struct { uint16_t d[16], dmin[16]; uint8_t scales[3][64]; uint8_t qs[32][64]; } pi_block_q4_Kx16;
 
 /* Round to nearest, ties to even (llama.cpp's nearest_int for the values quantizers produce). */
 static inline int pi_nearest_int(float v) { return (int)lrintf(v); }

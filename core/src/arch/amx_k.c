@@ -1,5 +1,6 @@
 /* amx_k.c: AMX tile kernels of the K-quants Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
- * __AMX_INT8__ is set). 16 rows at any addresses (the file's layout) x nt tokens (a multiple of 16) of Q8_KM
+ * __AMX_INT8__ is set). 16 rows at any addresses (the file's layout), or one Q4_KX16 group (pi_tiles_q4_Kx16_q8_K:
+ * its quant words are the B tiles' rows, only the nibbles are split) x nt tokens (a multiple of 16) of Q8_KM
  * (Q4_K, Q5_K) or Q8_K (Q6_K) activations; bit-identical to pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
  *
  * Canonical orders (vec_dot_k.c, rows8_k.c): per super-block exact integers, then one float step in order:
@@ -60,10 +61,12 @@ typedef struct {
 
 /* Super-block b of the 16 rows p[] (p[r] = row r's block) -> its tiles and scales; five_bit: Q5_K (q = nibble |
  * bit 2jj (low nibbles) or 2jj + 1 (high nibbles) of qh[l] << 4). */
-static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o, const int five_bit) {
+static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o, const int five_bit,
+                                                                  const pi_block_q4_Kx16 *gb, const int interleaved) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi8(0x3f), m2h = _mm512_set1_epi8(0x30);
     __m512i h[4];   /* bytes 0..15: d, dmin, the 12 packed scale bytes q[0..11] (pi_k4_scale_min) */
-    amx_transpose16x16(p, 0, h);
+    if (interleaved) for (int w = 0; w < 3; w++) h[1 + w] = _mm512_loadu_si512(gb->scales[w]);   /* interleaved: lanes as they stand */
+    else amx_transpose16x16(p, 0, h);
     const __m512i sc03 = _mm512_and_si512(h[1], m6), mn03 = _mm512_and_si512(h[2], m6);
     const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(h[3], m4), _mm512_and_si512(_mm512_srli_epi32(h[1], 2), m2h));
     const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
@@ -74,8 +77,9 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
         const int k = (2 * i) % 4;
         _mm512_store_si512((__m512i *)o->mp[i], _mm512_or_si512(amx_lane_byte(v, k), _mm512_slli_epi32(amx_lane_byte(v, k + 1), 16)));
     }
-    _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
-    _mm512_store_ps(o->dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+    _mm512_store_ps(o->d, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->d) : _mm512_cvtepi32_epi16(h[0])));
+    _mm512_store_ps(o->dmin, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->dmin)
+                                                : _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
     const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
     __m512i qh[8];   /* Q5_K: qh[0..31] transposed like the quants (the same bytes serve every pair jj) */
     if (five_bit) {
@@ -84,8 +88,11 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
     }
     for (int jj = 0; jj < 4; jj++) {   /* qs[32 jj ..]: low nibbles sub-block 2 jj, high nibbles 2 jj + 1 */
         __m512i c[8];
-        amx_transpose16x16(p, qs_offset + 32 * jj, c);
-        amx_transpose16x16(p, qs_offset + 32 * jj + 16, c + 4);
+        if (interleaved) for (int m = 0; m < 8; m++) c[m] = _mm512_loadu_si512(gb->qs[8 * jj + m]);
+        else {
+            amx_transpose16x16(p, qs_offset + 32 * jj, c);
+            amx_transpose16x16(p, qs_offset + 32 * jj + 16, c + 4);
+        }
         for (int m = 0; m < 8; m++) {
             __m512i lo = _mm512_and_si512(c[m], m4), hi = _mm512_and_si512(_mm512_srli_epi16(c[m], 4), m4);
             if (five_bit) {   /* bit 2jj (2jj + 1) of each qh byte -> bit 4 (16-bit shifts < 8 keep it in its byte) */
@@ -115,7 +122,10 @@ static inline void amx_scale_m_add(const int32_t *ct, __m512i sc, const char *xm
     }
 }
 
-static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const void *const *rows, const char *x,
+/* 16 rows at any addresses (rows) or one Q4_KX16 group (interleaved: group, Q4_K only). */
+static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const void *const *rows,
+                                                              const pi_block_q4_Kx16 *group, const int interleaved,
+                                                              const char *x,
                                                               int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                               const int five_bit) {
     const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
@@ -134,8 +144,9 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
             const int64_t kc = PI_MIN(AMX_K_KC, nb - c0);
             for (int64_t b = 0; b < kc; b++) {
                 const char *p[16];
-                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
-                amx_q4_K_decode(p, &blk[b], five_bit);
+                if (!interleaved)
+                    for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
+                amx_q4_K_decode(p, &blk[b], five_bit, interleaved ? group + c0 + b : NULL, interleaved);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
@@ -181,10 +192,13 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
 }
 
 void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 0); }   /* x: Q8_KM */
+                             int64_t y_stride) { amx_k4_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, 0); }   /* x: Q8_KM */
 
 void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) { amx_k4_rows(n, rows, x, x_stride, nt, y, y_stride, 1); }   /* x: Q8_KM */
+                             int64_t y_stride) { amx_k4_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, 1); }   /* x: Q8_KM */
+
+void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { amx_k4_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, 0); }   /* x: Q8_KM */
 
 /* ---- Q6_K ---- */
 

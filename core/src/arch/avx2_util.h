@@ -177,4 +177,13 @@ static inline __m256 pi_tree8_ps(const __m256 p[8]) {
                          _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7])));
 }
 
+/* A 16-row group kernel's tokens in pairs, then the odd one: tokens(nb, group, x, x_stride, nt, y, y_stride) is an
+ * always-inline body for nt = 1 or 2 (a constant there, so its accumulators stay in registers). */
+#define PI_GEMM16_PAIRS(tokens, nb, group, x, x_stride, nt, y, y_stride)                                        \
+    do {                                                                                                     \
+        int t_ = 0;                                                                                          \
+        for (; t_ + 2 <= (nt); t_ += 2) tokens(nb, group, (x) + t_ * (x_stride), x_stride, 2, (y) + t_ * (y_stride), y_stride); \
+        if (t_ < (nt)) tokens(nb, group, (x) + t_ * (x_stride), x_stride, 1, (y) + t_ * (y_stride), y_stride); \
+    } while (0)
+
 #endif

@@ -14,11 +14,12 @@
 #include "rows8_k.c"
 #include "q4_0r.c"
 #include "q8_0x16.c"
+#include "q4_Kx16.c"
 #include "activation.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
 #include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows, Q8_0X16 */
-#include "amx_k.c"      /* Q4_K, Q5_K, Q6_K rows */
+#include "amx_k.c"      /* Q4_K, Q5_K, Q6_K rows, Q4_KX16 */
 #define AMX(kernel) kernel
 #else
 #define AMX(kernel) NULL     /* below the amx level: no tile kernels */
@@ -70,6 +71,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                              .tiles = AMX(pi_tiles_q4_0x8_q8_0s), .repack = pi_repack8_q4_0x8 },
         [PI_TYPE_Q8_0X16] = { .gemm16 = pi_gemm16_q8_0x16_q8_0s, .tiles = AMX(pi_tiles_q8_0x16_q8_0s),
                               .repack = pi_repack_q8_0x16 },
+        [PI_TYPE_Q4_KX16] = { .gemm16 = pi_gemm16_q4_Kx16_q8_K, .tiles = AMX(pi_tiles_q4_Kx16_q8_K),
+                              .repack = pi_repack_q4_Kx16 },
         [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
                              .axpy8 = ROWS8(pi_axpy8_q4_0r), .to_f32 = pi_q4_0r_to_f32 },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },

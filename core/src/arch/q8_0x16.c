@@ -57,10 +57,7 @@ static inline __attribute__((always_inline)) void q8_0x16_tokens(int64_t nb, con
 
 void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
-    const int64_t nb = n / PI_QK8_0;
-    int t = 0;
-    for (; t + 2 <= nt; t += 2) q8_0x16_tokens(nb, group, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
-    if (t < nt) q8_0x16_tokens(nb, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+    PI_GEMM16_PAIRS(q8_0x16_tokens, n / PI_QK8_0, group, x, x_stride, nt, y, y_stride);
 }
 
 #elif PI_HAVE_ROWS8

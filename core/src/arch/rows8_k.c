@@ -256,8 +256,12 @@ static inline __m256i q5_fifth_bit(__m256i qh, int bit) {
     return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
 }
 
-static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
-                                                      const int nt, float *y, int64_t y_stride, const int five_bit) {
+/* Eight rows at any addresses (rows; gh < 0), or half gh (rows 8gh..8gh+7) of one Q4_KX16 group (g, Q4_K only:
+ * the same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after inlining. */
+static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const void *const *rows,
+                                                              const pi_block_q4_Kx16 *g, const int gh, const char *x,
+                                                              int64_t x_stride, const int nt, float *y, int64_t y_stride,
+                                                              const int five_bit) {
     const int64_t nb = n / PI_QK_K;
     const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
     const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
@@ -265,22 +269,28 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
     __m256 acc[K_MAX_T] = ZERO4;
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
-        k_block_rows(rows, b, block_bytes, five_bit ? 4 : 3, p);   /* 144 (176) bytes: up to 3 (4) lines */
-        /* bytes 0..15 of a block: d, dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
-        __m256i h[4];
-        pi_transpose8x16(p, 0, h);
+        __m256i h[4];   /* lane r: bytes 0..15 of row r's block: d | dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
+        __m256 d, dmin;
+        if (gh < 0) {
+            k_block_rows(rows, b, block_bytes, five_bit ? 4 : 3, p);   /* 144 (176) bytes: up to 3 (4) lines */
+            pi_transpose8x16(p, 0, h);
+            /* d (low half of each lane) and dmin (high half) as 8 floats each */
+            const __m256i dd = _mm256_permute4x64_epi64(
+                _mm256_packus_epi32(_mm256_and_si256(h[0], _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h[0], 16)),
+                _MM_SHUFFLE(3, 1, 2, 0));
+            d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
+            dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
+        } else {
+            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g[b].d + 8 * gh)));
+            dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g[b].dmin + 8 * gh)));
+            for (int w = 0; w < 3; w++) h[1 + w] = _mm256_loadu_si256((const __m256i *)(g[b].scales[w] + 32 * gh));
+        }
         /* sc/m of sub-blocks 0..3 and 4..7 as bytes of each row's lane (pi_k4_scale_min) */
         const __m256i m6 = _mm256_set1_epi8(0x3f), m2h = _mm256_set1_epi8(0x30);
         const __m256i sc03 = _mm256_and_si256(h[1], m6), mn03 = _mm256_and_si256(h[2], m6);
         const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(h[3], m4), _mm256_and_si256(_mm256_srli_epi32(h[1], 2), m2h));
         const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(h[3], 4), m4),
                                              _mm256_and_si256(_mm256_srli_epi32(h[2], 2), m2h));
-        /* d (low half of each lane) and dmin (high half) as 8 floats each */
-        const __m256i dd = _mm256_permute4x64_epi64(
-            _mm256_packus_epi32(_mm256_and_si256(h[0], _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h[0], 16)),
-            _MM_SHUFFLE(3, 1, 2, 0));
-        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
-        const __m256 dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
 
         __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                         _mm256_setzero_si256() };
@@ -298,7 +308,9 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
             }
             for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
                 __m256i c[4], w[8];
-                pi_transpose8x16(p, qs_offset + 32 * j + 16 * half, c);
+                if (gh < 0) pi_transpose8x16(p, qs_offset + 32 * j + 16 * half, c);
+                else
+                    for (int m = 0; m < 4; m++) c[m] = _mm256_loadu_si256((const __m256i *)(g[b].qs[8 * j + 4 * half + m] + 32 * gh));
                 for (int m = 0; m < 4; m++) {
                     w[m] = _mm256_and_si256(c[m], m4);
                     w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
@@ -337,6 +349,11 @@ static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void 
         }
     }
     store_acc(acc, nt, y, y_stride);
+}
+
+static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
+                                                      const int nt, float *y, int64_t y_stride, const int five_bit) {
+    k4_dot8_src(n, rows, NULL, -1, x, x_stride, nt, y, y_stride, five_bit);
 }
 
 K_ROWS8(q4_K, k4_dot8, 0, pi_vec_dot_q4_K_q8_K)

@@ -1,0 +1,164 @@
+/* q4_Kx16.c: Q4_K weights interleaved 16 rows to a group (PI_TYPE_Q4_KX16, pi_block_q4_Kx16 in quants_k.h), the
+ * layout decode reads fastest: a group is one contiguous stream with the file's bytes (144 per row and super-block),
+ * regrouped so that every 64-byte row holds one 32-bit word of each row: the quants are already in the "transposed"
+ * form of the multi-row kernels (no byte shuffles), d and dmin are two fp16 vectors, and the packed 6-bit scales
+ * decode lane-wise (pi_k4_scale_min on all 16 rows at once); amx_k.c's tile kernel takes its B tiles from the
+ * quants with a nibble mask.
+ *
+ * pi_gemm16_q4_Kx16_q8_K: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_KM activations, every level:
+ * AVX-512 in 16 lanes with VNNI, AVX2 as two halves of 8 rows through rows8_k.c's k4_dot8_src, scalar loops.
+ * All follow Q4_K's canonical order (pi_vec_dot_q4_K_q8_K, rows8_k.c): per super-block the exact integers
+ * sumi = sum_j sc_j mx_j sum_l q_l y_l and summ = sum_j mn_j mx_j (bsum_2j + bsum_2j+1), then
+ * acc = acc + d_x * (d * sumi - dmin * summ), super-blocks in order; so a repacked model gives the file layout's
+ * bits at every level. */
+#include "../quants_k.h"
+
+#include <string.h>
+
+#if PI_HAVE_ROWS8
+#include <immintrin.h>
+
+#include "avx2_util.h"
+#endif
+
+/* Row r's super-block between a group's block gb and a Q4_K block rb: into the group (to_group) or out of it. */
+static void q4_Kx16_copy(pi_block_q4_Kx16 *gb, pi_block_q4_K *rb, int r, int to_group) {
+#define Q4KX16_MOVE(group_bytes, row_bytes, n) \
+    (to_group ? memcpy((group_bytes), (row_bytes), (n)) : memcpy((row_bytes), (group_bytes), (n)))
+    Q4KX16_MOVE(&gb->d[r], &rb->d, 2);
+    Q4KX16_MOVE(&gb->dmin[r], &rb->dmin, 2);
+    for (int w = 0; w < 3; w++) Q4KX16_MOVE(gb->scales[w] + 4 * r, rb->scales + 4 * w, 4);
+    for (int i = 0; i < 32; i++) Q4KX16_MOVE(gb->qs[i] + 4 * r, rb->qs + 4 * i, 4);
+#undef Q4KX16_MOVE
+}
+
+void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) {
+    pi_block_q4_Kx16 *g = group;
+    for (int64_t b = 0; b < n / PI_QK_K; b++)
+        for (int r = 0; r < 16; r++) q4_Kx16_copy(&g[b], (pi_block_q4_K *)((const pi_block_q4_K *)rows[r] + b), r, 1);
+}
+
+#if PI_HAVE_ROWS16
+#ifndef Q4KX16_PF_DIST
+#define Q4KX16_PF_DIST 4   /* super-blocks ahead (2304 bytes each): 4 beat 2 by 4% from DRAM (ab_ops, one thread) */
+#endif
+#ifndef Q4KX16_PF_HINT
+#define Q4KX16_PF_HINT _MM_HINT_T0
+#endif
+/* Byte j0 of every 32-bit lane of v zero-extended into the lane's low int16, byte j1 into its high int16 (j1 < 0:
+ * zero): per-row scales as int32 (sc_j) or int16 pairs (mn_2i, mn_2i+1). */
+static inline __m512i q4kx16_lane_bytes(__m512i v, int j0, int j1) {
+    const __m512i lane = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0);
+    const int hi = j1 < 0 ? 0x8080 : 0x8000 | j1;
+    const __m512i idx = _mm512_or_si512(_mm512_and_si512(lane, _mm512_set1_epi32(j1 < 0 ? 0xff : 0x00ff00ff)),
+                                        _mm512_set1_epi32((int)((unsigned)hi << 16 | 0x8000u | (unsigned)j0)));
+    return _mm512_shuffle_epi8(v, idx);
+}
+
+/* nt (1 or 2, a constant after inlining) tokens. Sub-block sums C_j of the 16 rows by VNNI (u8 weights, s8
+ * activations broadcast; two chains per sub-block); the high nibbles enter as 16 q (the byte & 0xf0), their sum is
+ * shifted back exactly once per sub-block. sumi += (sc_j mx_j) C_j in int32 (quants_k.h's budget). */
+static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, const pi_block_q4_Kx16 *g,
+                                                               const char *x, int64_t x_stride, const int nt,
+                                                               float *y, int64_t y_stride) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0), m6 = _mm512_set1_epi8(0x3f);
+    const __m512i m2h = _mm512_set1_epi8(0x30);
+    __m512 acc[2] = { _mm512_setzero_ps(), _mm512_setzero_ps() };
+    for (int64_t b = 0; b < nb; b++) {
+        const pi_block_q4_Kx16 *gb = g + b;
+        const __m512i u0 = _mm512_loadu_si512(gb->scales[0]), u1 = _mm512_loadu_si512(gb->scales[1]);
+        const __m512i u2 = _mm512_loadu_si512(gb->scales[2]);
+        const __m512i sc03 = _mm512_and_si512(u0, m6), mn03 = _mm512_and_si512(u1, m6);
+        const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, m4), _mm512_and_si512(_mm512_srli_epi32(u0, 2), m2h));
+        const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
+                                             _mm512_and_si512(_mm512_srli_epi32(u1, 2), m2h));
+        const pi_block_q8_Km *xm[2];
+        __m512i sumi[2];
+        for (int t = 0; t < nt; t++) {
+            xm[t] = (const pi_block_q8_Km *)(x + t * x_stride) + b;
+            sumi[t] = _mm512_setzero_si512();
+        }
+        for (int jj = 0; jj < 4; jj++) {   /* qs[8jj..8jj+7]: low nibbles sub-block 2jj, high nibbles 2jj + 1 */
+            for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(gb + Q4KX16_PF_DIST) + 64 * (9 * jj + i), Q4KX16_PF_HINT);
+            __m512i c[2][4];
+            for (int t = 0; t < nt; t++)
+                for (int k = 0; k < 4; k++) c[t][k] = _mm512_setzero_si512();
+            for (int m = 0; m < 8; m++) {
+                const __m512i v = _mm512_loadu_si512(gb->qs[8 * jj + m]);
+                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(v, mf0);
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *yq = xm[t]->k.qs + 64 * jj + 4 * m;
+                    c[t][m & 1] = _mm512_dpbusd_epi32(c[t][m & 1], lo, _mm512_set1_epi32(pi_load_i32(yq)));
+                    c[t][2 + (m & 1)] = _mm512_dpbusd_epi32(c[t][2 + (m & 1)], hi, _mm512_set1_epi32(pi_load_i32(yq + 32)));
+                }
+            }
+            const __m512i sc_lo = q4kx16_lane_bytes(jj < 2 ? sc03 : sc47, (2 * jj) % 4, -1);
+            const __m512i sc_hi = q4kx16_lane_bytes(jj < 2 ? sc03 : sc47, (2 * jj + 1) % 4, -1);
+            for (int t = 0; t < nt; t++) {   /* sc_j mx_j < 2^11: one int16 multiply (the high halves stay 0) */
+                const __m512i scm_lo = _mm512_mullo_epi16(sc_lo, _mm512_set1_epi32(xm[t]->m[2 * jj]));
+                const __m512i scm_hi = _mm512_mullo_epi16(sc_hi, _mm512_set1_epi32(xm[t]->m[2 * jj + 1]));
+                const __m512i c_lo = _mm512_add_epi32(c[t][0], c[t][1]);
+                const __m512i c_hi = _mm512_srai_epi32(_mm512_add_epi32(c[t][2], c[t][3]), 4);
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(scm_lo, c_lo),
+                                                                     _mm512_mullo_epi32(scm_hi, c_hi)));
+            }
+        }
+        /* summ: madd of (mn_2i, mn_2i+1) mx per lane against (bs_2i, bs_2i+1), bs_j = bsum_2j + bsum_2j+1 */
+        __m512i mp[4];
+        for (int i = 0; i < 4; i++) mp[i] = q4kx16_lane_bytes(i < 2 ? mn03 : mn47, (2 * i) % 4, (2 * i) % 4 + 1);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->d));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->dmin));
+        for (int t = 0; t < nt; t++) {
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xm[t]->k.bsums),
+                                              _mm_loadu_si128((const __m128i *)xm[t]->k.bsums + 1));
+            const __m512i bsv = _mm512_broadcast_i32x4(bs);
+            const __m512i mxv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xm[t]->m));
+            __m512i summ = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) {
+                const _MM_PERM_ENUM pick = (_MM_PERM_ENUM)(0x55 * i);
+                const __m512i mm = _mm512_mullo_epi16(mp[i], _mm512_shuffle_epi32(mxv, pick));
+                summ = _mm512_add_epi32(summ, _mm512_madd_epi16(mm, _mm512_shuffle_epi32(bsv, pick)));
+            }
+            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi[t])),
+                                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xm[t]->k.d), v));
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
+}
+
+void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    PI_GEMM16_PAIRS(q4_Kx16_tokens, n / PI_QK_K, group, x, x_stride, nt, y, y_stride);
+}
+
+#elif PI_HAVE_ROWS8
+/* AVX2: the group as two halves of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each the 8-row kernel of
+ * the file's layout with its transposes replaced by loads. */
+#define Q4KX16_HALF(n, group, xt, xs, nt, yt, ys) k4_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys, 0)
+#define Q4KX16_HALF_ONE(n, group, xt, yt) k4_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0, 0)
+
+static inline __attribute__((always_inline)) void q4_Kx16_half(int64_t n, const pi_block_q4_Kx16 *rows, const int gh, const char *x, int64_t x_stride,
+                         int nt, float *y, int64_t y_stride) {
+    DISPATCH_NT(Q4KX16_HALF, Q4KX16_HALF_ONE, K_MAX_T);
+}
+
+void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    q4_Kx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
+    q4_Kx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+}
+
+#else   /* scalar: each row copied out of the group, then pi_vec_dot_q4_K_q8_K per token (the reference itself) */
+
+void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    pi_block_q4_Kx16 *g = (pi_block_q4_Kx16 *)group;   /* read only: q4_Kx16_copy with to_group = 0 */
+    pi_block_q4_K row[n / PI_QK_K];
+    for (int r = 0; r < 16; r++) {
+        for (int64_t b = 0; b < n / PI_QK_K; b++) q4_Kx16_copy(&g[b], &row[b], r, 0);
+        for (int t = 0; t < nt; t++) y[t * y_stride + r] = pi_vec_dot_q4_K_q8_K(n, row, x + t * x_stride);
+    }
+}
+
+#endif

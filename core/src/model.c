@@ -184,7 +184,16 @@ static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     void *buf = own_copy(m, bytes, "packing the activation-sparse FFN");
     if (!buf) return PI_ERR_OUT_OF_MEMORY;
     pi_status st = pi_sparse_pack_on(pool, &L->act_ffn, PI_FFN_SEQ, buf, bytes, &L->act_ffn);
-    if (st == PI_OK) m->n_packed_ffn++;
+    if (st != PI_OK) return st;
+    m->n_packed_ffn++;
+    /* ffn_gate_t (the input-sparse gate's rows, added, never dotted) in the layout made for adding rows */
+    pi_sparse_ffn_weights g = { .down_t = L->ffn_gate_t };
+    const int64_t gbytes = L->ffn_gate_t.data ? pi_sparse_pack_bytes(&g, PI_FFN_SEQ) : 0;
+    if (gbytes == 0) return PI_OK;
+    void *gbuf = own_copy(m, gbytes, "packing ffn_gate_t");
+    if (!gbuf) return PI_ERR_OUT_OF_MEMORY;
+    st = pi_sparse_pack_on(pool, &g, PI_FFN_SEQ, gbuf, gbytes, &g);
+    if (st == PI_OK) L->ffn_gate_t = g.down_t;
     return st;
 }
 

@@ -323,8 +323,7 @@ def test_type_traits():
     # ids from PI_TYPE_COUNT on are the core's internal layouts (activations, repacked weights): named
     # for messages, never accepted from a file
     internal = {lib.PI_TYPE_COUNT: "q8_0s", lib.PI_TYPE_COUNT + 1: "q4_0x8", lib.PI_TYPE_COUNT + 2: "q4_0r",
-                lib.PI_TYPE_COUNT + 3: "q8_0p", lib.PI_TYPE_COUNT + 4: "q8_Km",
-                lib.PI_TYPE_COUNT + 5: "q4_0a"}
+                lib.PI_TYPE_COUNT + 3: "q8_0p", lib.PI_TYPE_COUNT + 4: "q8_Km"}
     for t, name in internal.items():
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == name

@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from make_test_model import write_model  # noqa: E402
-from helpers import rel_rms  # noqa: E402
 from test_ops import (Q4_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
                       np_encode, tensor)
 
@@ -224,24 +223,6 @@ def np_q4_0r_dot(raw, xq):
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 
 
-def np_q4_0a_add(y, h, d, q):
-    """The packed down step (PI_TYPE_Q4_0A, arch/q4_0r.c) emulated: y += sum_k h_k d_k (q_k - 8) over rows k in
-    order, in groups of 8: per block the coefficients c = h_k d_kb rounded relative to the group's largest
-    (n = rint(c * 16256 / amax)), the exact integer sum n (q - 8), one fma by amax / 16256; the last
-    len(h) % 8 rows one by one (fma(h d, q - 8, y)). d [rows, nb] f32 scales, q [rows, nb * 32] q - 8."""
-    n8 = len(h) // 8 * 8
-    for k0 in range(0, n8, 8):
-        c = h[k0:k0 + 8, None].astype(np.float32) * d[k0:k0 + 8]        # f32 products [8, nb]
-        amax = np.abs(c).max(axis=0)
-        inv = np.where(amax > 0, np.float32(16256) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-        n = np.rint(c * inv).astype(np.int64)
-        acc = (np.repeat(n, 32, axis=1) * q[k0:k0 + 8].astype(np.int64)).sum(axis=0)
-        y = fma32(np.repeat(amax / np.float32(16256), 32), acc.astype(np.float32), y)
-    for k in range(n8, len(h)):
-        y = fma32(np.repeat((h[k] * d[k]).astype(np.float32), 32), q[k], y)
-    return y
-
-
 def sparse_packed(gate, up, down_t, gate_mode):
     w = ffi.new("pi_sparse_ffn_weights *")
     if gate is not None:
@@ -283,14 +264,15 @@ def test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode):
         h = np.where(scores[t] >= 0.0, h, 0).astype(np.float32)
         y = np.zeros(E, np.float32)
         for r0 in range(0, F, SPARSE_RANGE):
-            rows = r0 + np.flatnonzero(h[r0:r0 + SPARSE_RANGE])
-            y = y + np_q4_0a_add(np.zeros(E, np.float32), h[rows], d[rows], q[rows])
+            part = np.zeros(E, np.float32)
+            for i in r0 + np.flatnonzero(h[r0:r0 + SPARSE_RANGE]):
+                part = fma32(np.repeat((h[i] * d[i]).astype(np.float32), 32), q[i], part)
+            y = y + part
         assert_bit_equal(out[t], y, f"token {t}: packed sparse FFN vs its emulation")
-    # and close to the file layout: another summation order of the dot products, and h rounded to 8 bits per
-    # (row, block) in the down step's groups of 8 rows (measured rel. RMS 0.0039-0.0048)
+    # and close to the file layout (other summation order of the dot products only)
     ref = np.zeros((T, E), np.float32)
     check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, mode, tensor(x), tensor(scores), 0.0, tensor(ref), ffi.NULL))
-    assert rel_rms(out, ref) < 0.01
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
 
 
 def test_sparse_pack_refusals():
@@ -364,3 +346,70 @@ def test_examples_accept_no_repack(q4_model):
         r = subprocess.run([sys.executable, str(root / "examples" / prog), "--help"], capture_output=True, text=True,
                            timeout=120, env=env)
         assert r.returncode == 0 and "--no-repack" in r.stdout, (prog, r.stderr[-500:])
+
+
+def supported_levels():
+    return [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]
+
+
+def test_sparse_pack_is_its_exact_chain_at_every_level(pool2):
+    """The packed rows (dotted: words of a super-block's 8 blocks interleaved; added: the f32 axpy chain)
+    give their emulated bits at every level this CPU runs, packed at that level too."""
+    before = pi.cpu_isa()
+    try:
+        for level in supported_levels():
+            pi.set_cpu_isa(level)
+            for T in (1, 3):
+                for gate_mode in ("par", "seq"):
+                    test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode)
+    finally:
+        pi.set_cpu_isa(before)
+
+
+def test_input_sparse_matmul_packed_alone_is_the_file_layouts_bits(pool2):
+    """A Q4_0 down_t packed alone (up NULL: ffn_gate_t, pi_model_create packs it) is only added, so it gives
+    the file layout's bits, which are the exact axpy chain over ranges; one token (fused: whole rows per
+    range) and a batch (column tiles) alike, at every level this CPU runs."""
+    E, F, T = 512, 2 * SPARSE_RANGE + 88, 3
+    rng = np.random.default_rng(77)
+    down_t = np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E))
+    h = rng.standard_normal((T, F)).astype(np.float32)
+    h[:, SPARSE_RANGE:2 * SPARSE_RANGE] = 0.1                     # the middle range: below the threshold
+    threshold = 0.6
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.down_t = tensor(down_t, Q4_0)[0]
+    n = lib.pi_sparse_pack_bytes(w, lib.PI_FFN_SEQ)
+    assert n == E // 32 * 18 * F
+    assert lib.pi_sparse_pack_bytes(w, lib.PI_FFN_PAR) == 0       # a gated mode needs gate and up
+    d, q = q4_0_parts(down_t)
+    ref = np.zeros((T, E), np.float32)
+    for t in range(T):
+        for r0 in range(0, F, SPARSE_RANGE):
+            part = np.zeros(E, np.float32)
+            for i in r0 + np.flatnonzero(np.abs(h[t, r0:r0 + SPARSE_RANGE]) >= threshold):
+                part = fma32(np.repeat((h[t, i] * d[i]).astype(np.float32), 32), q[i], part)
+            ref[t] = ref[t] + part
+
+    def run(weights, x):
+        y = np.zeros((x.shape[0], E), np.float32)
+        check(lib.pi_op_sparse_ffn(pool2, weights, lib.PI_ACT_SILU, lib.PI_FFN_SEQ, tensor(x), tensor(x), threshold,
+                                   tensor(y), ffi.NULL))
+        return y
+
+    before = pi.cpu_isa()
+    try:
+        for level in supported_levels():
+            pi.set_cpu_isa(level)
+            buf = np.zeros(n, np.uint8)
+            packed = ffi.new("pi_sparse_ffn_weights *")
+            check(lib.pi_sparse_pack(w, lib.PI_FFN_SEQ, ffi.cast("void *", ffi.from_buffer(buf)), n, packed))
+            assert packed.up.data == ffi.NULL and packed.gate.data == ffi.NULL
+            for weights, layout in ((w, "file layout"), (packed, "packed")):
+                assert_bit_equal(run(weights, h), ref, f"{level}, {layout}: a batch vs the axpy chain")
+                for t in range(T):
+                    assert_bit_equal(run(weights, h[t:t + 1])[0], ref[t], f"{level}, {layout}: token {t} alone")
+    finally:
+        pi.set_cpu_isa(before)
+    q4_128 = np_encode_q4_0(rng.standard_normal((16, 128)))      # rows not a multiple of 256
+    w.down_t = tensor(q4_128, Q4_0)[0]
+    assert lib.pi_sparse_pack_bytes(w, lib.PI_FFN_SEQ) == 0

@@ -195,10 +195,7 @@ def test_packed_sparse_ffn_model(tmp_path):
     assert pi.Model(write_sparse_model(tmp_path / "e64.powerinfer.gguf", dtype="q4_0")).n_packed_ffn == 0  # n_embd 64
     ours = logits_all(pi.Context(packed, n_ctx=64, kv_type="f32"), PROMPT)
     file_layout = logits_all(pi.Context(plain, n_ctx=64, kv_type="f32"), PROMPT)
-    # the packed down step sums 8 rows in integers, h rounded to 1/32512 of each group's largest coefficient
-    # (arch/q4_0r.c): the FFN's output within 4e-5 (test_repack); this random model amplifies that to 3.6e-3
-    # in its logits (an f16 KV cache instead of f32: 1e-2)
-    assert rel_rms(ours, file_layout) < 1e-2
+    assert rel_rms(ours, file_layout) < 1e-3
     every = logits_all(pi.Context(packed, n_ctx=64, kv_type="f32", sparse_threshold=-np.inf), PROMPT)
     assert np.array_equal(every, logits_all(pi.Context(packed, n_ctx=64, kv_type="f32", dense=True), PROMPT))
     outs = [logits_all(pi.Context(packed, n_ctx=64, n_threads=n, kv_type="f32"), PROMPT) for n in (1, 2, 3)]

@@ -95,7 +95,6 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, NULL /* arch */, PI_TYPE_Q8_KM },
-    [PI_TYPE_Q4_0A]  = { "q4_0a", 256, 144, NULL, NULL, PI_TYPE_Q8_0P },   /* added, never dotted */
 };
 
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]) {

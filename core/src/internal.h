@@ -93,7 +93,6 @@ enum {
     PI_TYPE_Q4_0R,                   /* Q4_0 rows, 8 block scales ahead of their quants (pi_sparse_pack) */
     PI_TYPE_Q8_0P,                   /* activations of Q4_0R (arch/q4_0r.c) */
     PI_TYPE_Q8_KM,                   /* activations of Q4_K/Q5_K: Q8_K + a step multiplier per 32 (quants_k.h) */
-    PI_TYPE_Q4_0A,                   /* Q4_0 rows that are added (down_t, gate_t), four rows interleave (arch/q4_0r.c) */
     PI_TYPE_TABLE_END
 };
 static inline bool pi_is_interleaved(int32_t type) { return type == PI_TYPE_Q4_0X8; }
@@ -130,8 +129,6 @@ typedef struct pi_cpu_kernels {
     void (*activation_row)(int32_t op, int64_t n, const float *x, float *y);
     /* one Q4_0 row -> the sparse FFN's PI_TYPE_Q4_0R row (n a multiple of 256) */
     void (*q4_0r_from_q4_0)(int64_t n, const void *src, void *dst);
-    /* one Q4_0 row -> a PI_TYPE_Q4_0A row (n a multiple of 256) */
-    void (*q4_0a_from_q4_0)(int64_t n, const void *src, void *dst);
 } pi_cpu_kernels;
 
 const pi_cpu_kernels *pi_cpu(void);          /* the active level's kernels (cpu.c) */

@@ -51,39 +51,30 @@ static bool is_q4_0_2d(const pi_tensor *t, int64_t E, int64_t F) {
            t->ne[0] == E && t->ne[1] == F;
 }
 
-/* Packed rows are dotted (gate, up: PI_TYPE_Q4_0R) or added (down_t: PI_TYPE_Q4_0A); with up NULL (an
- * input-sparse matmul, gate mode seq) down_t [n_out, F] alone is packed, n_out a multiple of 256. */
+/* With up NULL (an input-sparse matmul: gate mode seq, no gate) down_t [n_out, F] alone is packed, n_out a
+ * multiple of 256: its rows are only added, with the same bits as the file layout's Q4_0 axpy. */
 int64_t pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
     if (!w || gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ) return 0;
-    bool ok;
-    int64_t bytes = 0;
-    if (!w->up.data) {
-        const int64_t n = w->down_t.ne[0], F = w->down_t.ne[1];
-        ok = gate_mode == PI_FFN_SEQ && !w->gate.data && n % 256 == 0 && is_q4_0_2d(&w->down_t, n, F);
-        bytes = pi_row_bytes(PI_TYPE_Q4_0A, n) * F;
-    } else {
-        const int64_t E = w->up.ne[0], F = w->up.ne[1];
-        const bool gate = gate_mode != PI_FFN_SEQ;
-        ok = E % 256 == 0 && is_q4_0_2d(&w->up, E, F) && is_q4_0_2d(&w->down_t, E, F) &&
-             (!gate || is_q4_0_2d(&w->gate, E, F));
-        bytes = (gate ? 2 : 1) * pi_row_bytes(PI_TYPE_Q4_0R, E) * F + pi_row_bytes(PI_TYPE_Q4_0A, E) * F;
-    }
+    const int64_t E = w->down_t.ne[0], F = w->down_t.ne[1];
+    const bool gate = gate_mode != PI_FFN_SEQ, up = w->up.data != NULL;
+    const bool ok = E % 256 == 0 && is_q4_0_2d(&w->down_t, E, F) &&
+                    (up ? is_q4_0_2d(&w->up, E, F) && (!gate || is_q4_0_2d(&w->gate, E, F))
+                        : !gate && !w->gate.data);
     pi_clear_error();
-    return ok ? bytes : 0;
+    return ok ? (up ? gate ? 3 : 2 : 1) * pi_row_bytes(PI_TYPE_Q4_0R, E) * F : 0;
 }
 
-typedef struct { const pi_sparse_ffn_weights *w; const pi_sparse_ffn_weights *out; } pack_args;
+typedef struct { const pi_sparse_ffn_weights *w; const pi_sparse_ffn_weights *out; int64_t stride; } pack_args;
 
 static void pack_task(void *p, int ith, int nth) {
     const pack_args *a = p;
     const pi_tensor *src[3] = { &a->w->gate, &a->w->up, &a->w->down_t }, *dst[3] = { &a->out->gate, &a->out->up,
                                                                                    &a->out->down_t };
-    const int64_t F = a->w->down_t.ne[1];
+    const int64_t E = a->w->down_t.ne[0], F = a->w->down_t.ne[1];
     for (int64_t i = F * ith / nth; i < F * (ith + 1) / nth; i++)
         for (int m = 0; m < 3; m++)
             if (dst[m]->data)
-                (dst[m]->type == PI_TYPE_Q4_0A ? pi_cpu()->q4_0a_from_q4_0 : pi_cpu()->q4_0r_from_q4_0)(
-                    src[m]->ne[0], (const char *)src[m]->data + i * src[m]->nb[1], (char *)dst[m]->data + i * dst[m]->nb[1]);
+                pi_cpu()->q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1], (char *)dst[m]->data + i * a->stride);
 }
 
 pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst,
@@ -96,22 +87,20 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
                        "a q4_0 down_t alone with rows of a multiple of 256)");
     if (dst_bytes < bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
                                           (long long)dst_bytes, (long long)bytes);
-    const int64_t F = w->down_t.ne[1];
+    const int64_t E = w->down_t.ne[0], F = w->down_t.ne[1], row = pi_row_bytes(PI_TYPE_Q4_0R, E);
+    const bool up = w->up.data != NULL;
+    const int n_parts = !up ? 1 : gate_mode != PI_FFN_SEQ ? 3 : 2;
     pi_sparse_ffn_weights o = { .up_bias = w->up_bias, .down_bias = w->down_bias };
-    pi_tensor *parts[3] = { gate_mode != PI_FFN_SEQ ? &o.gate : NULL, w->up.data ? &o.up : NULL, &o.down_t };
-    int64_t stride = 0;   /* neuron i's rows lie together: one run of stride bytes */
-    for (int m = 0; m < 3; m++)
-        if (parts[m]) stride += pi_row_bytes(m == 2 ? PI_TYPE_Q4_0A : PI_TYPE_Q4_0R, w->down_t.ne[0]);
+    pi_tensor *parts[3] = { n_parts == 3 ? &o.gate : NULL, up ? &o.up : NULL, &o.down_t };
     char *p = dst;
     for (int m = 0; m < 3; m++) {
         if (!parts[m]) continue;
-        const int32_t type = m == 2 ? PI_TYPE_Q4_0A : PI_TYPE_Q4_0R;
-        *parts[m] = pi_tensor_view(type, p, 2, (int64_t[]){ w->down_t.ne[0], F });
-        parts[m]->nb[1] = stride;
-        parts[m]->nb[2] = parts[m]->nb[3] = stride * F;
-        p += pi_row_bytes(type, w->down_t.ne[0]);
+        *parts[m] = pi_tensor_view(PI_TYPE_Q4_0R, p, 2, (int64_t[]){ E, F });
+        parts[m]->nb[1] = n_parts * row;   /* neuron i's rows are n_parts * row bytes apart */
+        parts[m]->nb[2] = parts[m]->nb[3] = parts[m]->nb[1] * F;
+        p += row;
     }
-    pack_args a = { w, &o };
+    pack_args a = { w, &o, n_parts * row };
     pi_threadpool_run(pool, pack_task, &a);
     *out = o;
     return PI_OK;

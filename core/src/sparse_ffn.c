@@ -372,7 +372,7 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
     if (neuron_counts)
         for (int64_t i = 0; i < a.F; i++) neuron_counts[i] += a.count[i];
     atomic_init(&a.next, 0);
-    if (a.T == 1) {   /* fused: whole rows, one range per task */
+    if (a.T == 1) {   /* fused: whole rows, one range per task (the same arithmetic as the tiles) */
         pi_threadpool_run(pool, fused_task, &a);
         pi_threadpool_run(pool, reduce_task, &a);
     } else {
@@ -408,14 +408,11 @@ static pi_status check_f32_2d(const pi_tensor *t, int64_t ne0, int64_t ne1, cons
     return PI_OK;
 }
 
-/* How a weight is read: by mul_mat, or as single rows (the sparse FFN gathers neurons, which interleaved
- * layouts do not allow) that are dotted (gate, up) or added (down_t). */
-enum { READ_MATMUL, READ_DOT_ROWS, READ_ADD_ROWS };
-
-static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, int read, const char *what) {
+/* rows: whether single rows are read (the sparse FFN gathers neurons), which interleaved layouts do not allow */
+static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, bool rows, const char *what) {
     RETURN_IF(pi_check_tensor(t, what));
     const pi_type_traits *tr = pi_traits(t->type);
-    if (!tr || (read == READ_ADD_ROWS ? !tr->axpy : read == READ_DOT_ROWS ? !tr->vec_dot : !tr->vec_dot && !tr->gemm8))
+    if (!tr || (rows ? !tr->vec_dot || !tr->axpy : !tr->vec_dot && !tr->gemm8))
         return pi_fail(PI_ERR_UNSUPPORTED, "%s: type %s", what, pi_type_name(t->type));
     if (pi_is_interleaved(t->type) && t->ne[1] % 8)
         return pi_fail(PI_ERR_INVALID_ARG, "%s: an interleaved weight needs a multiple of 8 rows", what);
@@ -432,8 +429,8 @@ pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_te
     RETURN_IF(pi_check_tensor(fc2, "predictor fc2"));
     const int64_t E = x->ne[0], T = x->ne[1], r = fc1->ne[1];
     RETURN_IF(check_f32_2d(x, E, T, "predictor x"));
-    RETURN_IF(check_weight(fc1, E, r, READ_MATMUL, "predictor fc1"));
-    RETURN_IF(check_weight(fc2, r, fc2->ne[1], READ_MATMUL, "predictor fc2"));
+    RETURN_IF(check_weight(fc1, E, r, false, "predictor fc1"));
+    RETURN_IF(check_weight(fc2, r, fc2->ne[1], false, "predictor fc2"));
     RETURN_IF(check_f32_2d(scores, fc2->ne[1], T, "predictor scores"));
     float *hidden = pi_alloc_lines((size_t)(r * T) * sizeof(float));
     const size_t sbytes = PI_MAX(pi_mul_mat_scratch(fc1->type, E, T), pi_mul_mat_scratch(fc2->type, r, T));
@@ -453,11 +450,11 @@ pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_m
         if (gate_mode != PI_FFN_SEQ || w->gate.data)
             return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn up: NULL with a gate (an input-sparse matmul has neither: "
                                                "gate mode seq, gate and up NULL)");
-        return check_weight(&w->down_t, w->down_t.ne[0], F, READ_ADD_ROWS, "sparse_ffn down_t");
+        return check_weight(&w->down_t, w->down_t.ne[0], F, true, "sparse_ffn down_t");
     }
-    if (gate_mode != PI_FFN_SEQ && w->gate.data) RETURN_IF(check_weight(&w->gate, E, F, READ_DOT_ROWS, "sparse_ffn gate"));
-    RETURN_IF(check_weight(&w->up, E, F, READ_DOT_ROWS, "sparse_ffn up"));
-    RETURN_IF(check_weight(&w->down_t, E, F, READ_ADD_ROWS, "sparse_ffn down_t"));
+    if (gate_mode != PI_FFN_SEQ && w->gate.data) RETURN_IF(check_weight(&w->gate, E, F, true, "sparse_ffn gate"));
+    RETURN_IF(check_weight(&w->up, E, F, true, "sparse_ffn up"));
+    RETURN_IF(check_weight(&w->down_t, E, F, true, "sparse_ffn down_t"));
     return PI_OK;
 }
 

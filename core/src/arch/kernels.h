@@ -70,10 +70,9 @@ static float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x);
 static void pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride);
 static void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y);
-static void pi_q4_0a_from_q4_0(int64_t n, const void *src, void *dst);
-static void pi_q4_0a_to_f32(const void *src, float *dst, int64_t n);
-static void pi_axpy_q4_0a(int64_t n, float a, const void *row, float *y);
-static void pi_axpy8_q4_0a(int64_t n, const float *a, const void *const *rows, float *y);
+#if PI_HAVE_ROWS8
+static void pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y);
+#endif
 static float pi_dot_f32(int64_t n, const float *a, const float *b);
 static void pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
 static void pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);

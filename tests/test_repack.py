@@ -440,3 +440,70 @@ def test_examples_accept_no_repack(q4_model):
         r = subprocess.run([sys.executable, str(root / "examples" / prog), "--help"], capture_output=True, text=True,
                            timeout=120, env=env)
         assert r.returncode == 0 and "--no-repack" in r.stdout, (prog, r.stderr[-500:])
+
+
+def supported_levels():
+    return [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]
+
+
+def test_sparse_pack_is_its_exact_chain_at_every_level(pool2):
+    """The packed rows (dotted: words of a super-block's 8 blocks interleaved; added: the f32 axpy chain)
+    give their emulated bits at every level this CPU runs, packed at that level too."""
+    before = pi.cpu_isa()
+    try:
+        for level in supported_levels():
+            pi.set_cpu_isa(level)
+            for T in (1, 3):
+                for gate_mode in ("par", "seq"):
+                    test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode)
+    finally:
+        pi.set_cpu_isa(before)
+
+
+def test_input_sparse_matmul_packed_alone_is_the_file_layouts_bits(pool2):
+    """A Q4_0 down_t packed alone (up NULL: ffn_gate_t, pi_model_create packs it) is only added, so it gives
+    the file layout's bits, which are the exact axpy chain over ranges; one token (fused: whole rows per
+    range) and a batch (column tiles) alike, at every level this CPU runs."""
+    E, F, T = 512, 2 * SPARSE_RANGE + 88, 3
+    rng = np.random.default_rng(77)
+    down_t = np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E))
+    h = rng.standard_normal((T, F)).astype(np.float32)
+    h[:, SPARSE_RANGE:2 * SPARSE_RANGE] = 0.1                     # the middle range: below the threshold
+    threshold = 0.6
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.down_t = tensor(down_t, Q4_0)[0]
+    n = lib.pi_sparse_pack_bytes(w, lib.PI_FFN_SEQ)
+    assert n == E // 32 * 18 * F
+    assert lib.pi_sparse_pack_bytes(w, lib.PI_FFN_PAR) == 0       # a gated mode needs gate and up
+    d, q = q4_0_parts(down_t)
+    ref = np.zeros((T, E), np.float32)
+    for t in range(T):
+        for r0 in range(0, F, SPARSE_RANGE):
+            part = np.zeros(E, np.float32)
+            for i in r0 + np.flatnonzero(np.abs(h[t, r0:r0 + SPARSE_RANGE]) >= threshold):
+                part = fma32(np.repeat((h[t, i] * d[i]).astype(np.float32), 32), q[i], part)
+            ref[t] = ref[t] + part
+
+    def run(weights, x):
+        y = np.zeros((x.shape[0], E), np.float32)
+        check(lib.pi_op_sparse_ffn(pool2, weights, lib.PI_ACT_SILU, lib.PI_FFN_SEQ, tensor(x), tensor(x), threshold,
+                                   tensor(y), ffi.NULL))
+        return y
+
+    before = pi.cpu_isa()
+    try:
+        for level in supported_levels():
+            pi.set_cpu_isa(level)
+            buf = np.zeros(n, np.uint8)
+            packed = ffi.new("pi_sparse_ffn_weights *")
+            check(lib.pi_sparse_pack(w, lib.PI_FFN_SEQ, ffi.cast("void *", ffi.from_buffer(buf)), n, packed))
+            assert packed.up.data == ffi.NULL and packed.gate.data == ffi.NULL
+            for weights, layout in ((w, "file layout"), (packed, "packed")):
+                assert_bit_equal(run(weights, h), ref, f"{level}, {layout}: a batch vs the axpy chain")
+                for t in range(T):
+                    assert_bit_equal(run(weights, h[t:t + 1])[0], ref[t], f"{level}, {layout}: token {t} alone")
+    finally:
+        pi.set_cpu_isa(before)
+    q4_128 = np_encode_q4_0(rng.standard_normal((16, 128)))      # rows not a multiple of 256
+    w.down_t = tensor(q4_128, Q4_0)[0]
+    assert lib.pi_sparse_pack_bytes(w, lib.PI_FFN_SEQ) == 0

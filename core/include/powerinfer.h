@@ -221,7 +221,9 @@ typedef struct pi_sparse_ffn_weights {
  * pi_model_create does this for sparse models unless pi_model_desc.no_repack. pi_sparse_pack_bytes:
  * bytes of the copy, 0 if these weights have no packed layout. pi_sparse_pack writes it to
  * dst and describes it in out (biases carried over), usable by pi_op_sparse_ffn. The results differ
- * from the file layout's in the last bits (another summation order of the dot products). */
+ * from the file layout's in the last bits (another summation order of the dot products). With up NULL
+ * (an input-sparse matmul: gate mode seq, no gate) a Q4_0 down_t alone is packed (rows of a multiple of
+ * 256 elements); its rows are only added, so the results are the file layout's bits. */
 PI_API int64_t   pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode);
 PI_API pi_status pi_sparse_pack(const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst, int64_t dst_bytes,
                                 pi_sparse_ffn_weights *out);

@@ -177,14 +177,23 @@ static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) 
 }
 
 /* A gate-sparse layer's up and down_t rows, packed per channel where they have a packed layout (the
- * gate-less packing: up_i then down_t_i). */
+ * gate-less packing: up_i then down_t_i), and ffn_gate_t's rows alone. */
 static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     const int64_t bytes = pi_sparse_pack_bytes(&L->act_ffn, PI_FFN_SEQ);
     if (bytes == 0) return PI_OK;
     void *buf = own_copy(m, bytes, "packing the activation-sparse FFN");
     if (!buf) return PI_ERR_OUT_OF_MEMORY;
     pi_status st = pi_sparse_pack_on(pool, &L->act_ffn, PI_FFN_SEQ, buf, bytes, &L->act_ffn);
-    if (st == PI_OK) m->n_packed_ffn++;
+    if (st != PI_OK) return st;
+    m->n_packed_ffn++;
+    /* ffn_gate_t (the input-sparse gate's rows, only added: the file layout's bits) packed alone */
+    pi_sparse_ffn_weights g = { .down_t = L->ffn_gate_t };
+    const int64_t gbytes = L->ffn_gate_t.data ? pi_sparse_pack_bytes(&g, PI_FFN_SEQ) : 0;
+    if (gbytes == 0) return PI_OK;
+    void *gbuf = own_copy(m, gbytes, "packing ffn_gate_t");
+    if (!gbuf) return PI_ERR_OUT_OF_MEMORY;
+    st = pi_sparse_pack_on(pool, &g, PI_FFN_SEQ, gbuf, gbytes, &g);
+    if (st == PI_OK) L->ffn_gate_t = g.down_t;
     return st;
 }
 

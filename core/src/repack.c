@@ -62,14 +62,17 @@ static bool is_q4_0_2d(const pi_tensor *t, int64_t E, int64_t F) {
            t->ne[0] == E && t->ne[1] == F;
 }
 
+/* With up NULL (an input-sparse matmul: gate mode seq, no gate) down_t [n_out, F] alone is packed, n_out a
+ * multiple of 256: its rows are only added, with the same bits as the file layout's Q4_0 axpy. */
 int64_t pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
     if (!w || gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ) return 0;
-    const int64_t E = w->up.ne[0], F = w->up.ne[1];
-    const bool gate = gate_mode != PI_FFN_SEQ;
-    const bool ok = E % 256 == 0 && is_q4_0_2d(&w->up, E, F) && is_q4_0_2d(&w->down_t, E, F) &&
-                    (!gate || is_q4_0_2d(&w->gate, E, F));
+    const int64_t E = w->down_t.ne[0], F = w->down_t.ne[1];
+    const bool gate = gate_mode != PI_FFN_SEQ, up = w->up.data != NULL;
+    const bool ok = E % 256 == 0 && is_q4_0_2d(&w->down_t, E, F) &&
+                    (up ? is_q4_0_2d(&w->up, E, F) && (!gate || is_q4_0_2d(&w->gate, E, F))
+                        : !gate && !w->gate.data);
     pi_clear_error();
-    return ok ? (gate ? 3 : 2) * pi_row_bytes(PI_TYPE_Q4_0R, E) * F : 0;
+    return ok ? (up ? gate ? 3 : 2 : 1) * pi_row_bytes(PI_TYPE_Q4_0R, E) * F : 0;
 }
 
 typedef struct { const pi_sparse_ffn_weights *w; const pi_sparse_ffn_weights *out; int64_t stride; } pack_args;
@@ -78,7 +81,7 @@ static void pack_task(void *p, int ith, int nth) {
     const pack_args *a = p;
     const pi_tensor *src[3] = { &a->w->gate, &a->w->up, &a->w->down_t }, *dst[3] = { &a->out->gate, &a->out->up,
                                                                                    &a->out->down_t };
-    const int64_t E = a->w->up.ne[0], F = a->w->up.ne[1];
+    const int64_t E = a->w->down_t.ne[0], F = a->w->down_t.ne[1];
     for (int64_t i = F * ith / nth; i < F * (ith + 1) / nth; i++)
         for (int m = 0; m < 3; m++)
             if (dst[m]->data)
@@ -91,13 +94,15 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
     const int64_t bytes = pi_sparse_pack_bytes(w, gate_mode);
     if (bytes == 0)
         return pi_fail(PI_ERR_UNSUPPORTED, "sparse pack: needs 2-d q4_0 gate (unless the gate mode "
-                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256");
+                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256 (or, up NULL, "
+                       "a q4_0 down_t alone with rows of a multiple of 256)");
     if (dst_bytes < bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
                                           (long long)dst_bytes, (long long)bytes);
-    const int64_t E = w->up.ne[0], F = w->up.ne[1], row = pi_row_bytes(PI_TYPE_Q4_0R, E);
-    const int n_parts = gate_mode != PI_FFN_SEQ ? 3 : 2;
+    const int64_t E = w->down_t.ne[0], F = w->down_t.ne[1], row = pi_row_bytes(PI_TYPE_Q4_0R, E);
+    const bool up = w->up.data != NULL;
+    const int n_parts = !up ? 1 : gate_mode != PI_FFN_SEQ ? 3 : 2;
     pi_sparse_ffn_weights o = { .up_bias = w->up_bias, .down_bias = w->down_bias };
-    pi_tensor *parts[3] = { n_parts == 3 ? &o.gate : NULL, &o.up, &o.down_t };
+    pi_tensor *parts[3] = { n_parts == 3 ? &o.gate : NULL, up ? &o.up : NULL, &o.down_t };
     char *p = dst;
     for (int m = 0; m < 3; m++) {
         if (!parts[m]) continue;

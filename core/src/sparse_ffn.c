@@ -372,7 +372,7 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
     if (neuron_counts)
         for (int64_t i = 0; i < a.F; i++) neuron_counts[i] += a.count[i];
     atomic_init(&a.next, 0);
-    if (a.T == 1 && !a.h_given) {
+    if (a.T == 1) {   /* fused: whole rows, one range per task (the same arithmetic as the tiles) */
         pi_threadpool_run(pool, fused_task, &a);
         pi_threadpool_run(pool, reduce_task, &a);
     } else {

@@ -22,7 +22,8 @@ import sys
 import powerinfer as pi
 from powerinfer import cli
 from powerinfer.cli import CLIError, log
-from powerinfer.engine import Timings, decode_parallel, end_of_generation
+from powerinfer.engine import Timings
+from powerinfer.generator import decode_parallel
 
 POSITIONALS = ("prompt", "n_parallel", "n_len", "threads", "vram_budget", "n_gpu_layers")
 # the original's sampling: top-k 40 -> top-p 0.9 -> temperature 0.4, no min-p, no penalties
@@ -101,7 +102,6 @@ def run(args) -> int:
     log(args.prompt)
     log("")
 
-    eog = end_of_generation(tok, ignore_eos=args.ignore_eos)
     decoders = [pi.StreamDecoder(tok, strip_leading_space=False) for _ in range(args.n_parallel)]
     texts = [""] * args.n_parallel
     out = sys.stdout
@@ -123,7 +123,8 @@ def run(args) -> int:
             log(f"main: stream {s} finished at n_cur = {n_cur}")
 
     try:
-        res = decode_parallel(ctx, prompt_ids, args.n_len, samplers, eog, on_token, on_finish, timings)
+        res = decode_parallel(ctx, prompt_ids, args.n_len, samplers, on_token=on_token, on_finish=on_finish,
+                              timings=timings)
     except pi.PowerInferError as e:
         log(f"\nerror: {e}")
         return 1

@@ -18,7 +18,9 @@ from powerinfer import cli
 from powerinfer.chat import ChatFormatter, ChatTemplateError
 from powerinfer.cli import GREEN, YELLOW, CLIError, Console, Interrupt, log
 from powerinfer.cli_args import threads_in_use
-from powerinfer.engine import ContextFull, Generator, StopMatcher, Timings, end_of_generation
+from powerinfer.engine import ContextFull, Timings
+from powerinfer.generator import Generator
+
 
 def parse_args(argv=None):
     p = cli.parser(__doc__)
@@ -61,30 +63,26 @@ def n_keep(args, prompt_ids: list[int], tok) -> int:
     return len(prompt_ids) if args.keep < 0 or args.keep + bos > len(prompt_ids) else args.keep + bos
 
 
-def reply(gen, tok, eog, n_predict, stops: StopMatcher, interrupt: Interrupt, out: Console,
-          show_tail: bool = True, grammar=None) -> tuple[str, bool]:
-    """Generate and show text until an end-of-generation token (then True), a stop string, Ctrl-C,
-    n_predict tokens, a full context or the end of `grammar` (--grammar, -j: each reply matches it).
-    The text returned ends with the decoder's pending bytes, which are shown (show_tail) only when
-    generation ran to its end."""
+def reply(gen: Generator, tok, n_predict: int, stops, interrupt: Interrupt, out: Console, *, stop_token_ids=(),
+          show_tail: bool = True, grammar=None) -> str:
+    """Generate and show text until an end-of-generation token, a stop string, Ctrl-C, n_predict tokens,
+    a full context or the end of `grammar` (--grammar, -j: each reply matches it). The text returned
+    ends with the decoder's pending bytes, which are shown (show_tail) only when generation ran to its end."""
     decoder = pi.StreamDecoder(tok, strip_leading_space=False)
-    text, hit_eog = "", False
-    matcher = pi.grammar.GrammarMatcher(grammar, tok, gen.ctx.model.n_vocab) if grammar is not None else None
-    for t in gen.generate(n_predict, eog_ids=eog, matcher=matcher):
-        if t in eog:
-            hit_eog = True
-            break
+    text, interrupted = "", False
+    tokens = gen.generate(n_predict, stop=stops, stop_token_ids=stop_token_ids, grammar=grammar)
+    for t in tokens:
         piece = decoder.push(t)
         text += piece
         out.write(piece)
-        stops.push(piece)
-        if interrupt.requested or stops.word is not None:
+        if interrupt.requested:
+            interrupted = True
             break
-    else:
-        tail = decoder.flush()
-        out.write(tail if show_tail else "")
-        return text + tail, False
-    return text + decoder.flush(), hit_eog
+    tokens.close()                 # ends the generation if it was interrupted
+    tail = decoder.flush()
+    if show_tail and not (interrupted or gen.hit_eog or gen.stop_word):
+        out.write(tail)
+    return text + tail
 
 
 def run(args) -> int:
@@ -151,7 +149,6 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
             log(f"{t:6d} -> '{tok.id_to_text(t)}'")
         log("")
     gen.n_keep = n_keep(args, prompt_ids, tok)
-    eog = end_of_generation(tok, ignore_eos=args.ignore_eos)
     interrupt = Interrupt(args.interactive)
     if args.interactive:
         log("== Running in interactive mode. ==\n - Press Ctrl+C to interject at any time.\n"
@@ -165,16 +162,16 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
     try:
         while True:
             if not waiting_for_user:
-                stops = StopMatcher(args.reverse_prompt if args.interactive else (), hide=False)
-                _, hit_eog = reply(gen, tok, eog, n_predict, stops, interrupt, out, grammar=args.grammar_obj)
+                reply(gen, tok, n_predict, args.reverse_prompt if args.interactive else (), interrupt, out,
+                      grammar=args.grammar_obj)
                 if gen.context_full:
                     log("\nmain: context is full, stopping (--context-shift goes on instead)")
                     return 0
                 if not args.interactive:
-                    if hit_eog:
+                    if gen.hit_eog:
                         log(" [end of text]")
                     return 0
-                at_reverse_prompt = stops.word is not None
+                at_reverse_prompt = gen.stop_word is not None
             waiting_for_user = False
             # the user's text starts on a line of its own, not glued to the model's
             text = out.read(interrupt, "" if at_reverse_prompt else ("\n> " if out.line_open else "> "))
@@ -199,7 +196,7 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
         return 1
     log(f"main: chat template: {fmt.name}")
     markers = [tok.encode(m, add_special=False, parse_special=True) for m in fmt.end_of_turn]
-    eog = end_of_generation(tok, ignore_eos=args.ignore_eos, stop_token_ids=[i[0] for i in markers if len(i) == 1])
+    marker_ids = [i[0] for i in markers if len(i) == 1]
     interrupt = Interrupt(True)
     system = unescape(args.system_prompt) if args.escape and args.system_prompt else (args.system_prompt or "")
     messages = [{"role": "system", "content": system}] if system else []
@@ -233,9 +230,8 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
                 gen.n_keep = n_keep(args, ids, tok)
             rendered = text
             interrupt.requested = False
-            stops = StopMatcher(fmt.end_of_turn, hide=False)
-            answer, _ = reply(gen, tok, eog, n_predict, stops, interrupt, out, show_tail=False,
-                              grammar=args.grammar_obj)
+            answer = reply(gen, tok, n_predict, fmt.end_of_turn, interrupt, out, stop_token_ids=marker_ids,
+                           show_tail=False, grammar=args.grammar_obj)
             out.write("\n")
             if gen.context_full:
                 log("main: context is full, stopping (--context-shift goes on instead)")

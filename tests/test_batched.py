@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import powerinfer as pi  # noqa: E402
-from powerinfer.engine import Generator  # noqa: E402
+from powerinfer.generator import Generator  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("examples_batched", ROOT / "examples" / "batched.py")

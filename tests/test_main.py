@@ -25,7 +25,8 @@ from gguf import GGUFReader, GGUFWriter  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 from powerinfer.cli_args import LoadProgress, threads_in_use  # noqa: E402
 from powerinfer.context import resolve_n_ctx  # noqa: E402
-from powerinfer.engine import ContextFull, Generator, Timings  # noqa: E402
+from powerinfer.engine import ContextFull, Timings  # noqa: E402
+from powerinfer.generator import Generator  # noqa: E402
 
 MAIN = ROOT / "examples" / "main.py"
 SHAPE = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)

@@ -19,9 +19,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from .context import Context
-from .engine import Engine, RequestError, Result, Task, TaskEvents
+from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
 from .model import Model
+from .request import RequestError, Result, Task, TaskEvents
 from .sampling import SamplingParams
 from .tokenizer import TOKEN_CONTROL
 

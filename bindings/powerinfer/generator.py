@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from .context import Context
-from .engine import ContextFull, Engine, Result, Task, Timings, shift_tokens
+from .engine import ContextFull, Engine, Timings, shift_tokens
+from .request import Result, Task
 from .sampling import Sampler
+from .tokenizer import StreamDecoder
 
 __all__ = ["BatchedResult", "Generator", "decode_parallel"]
 
@@ -61,6 +63,18 @@ class Generator:
         """The last generate() ended at an end-of-generation token."""
         return self.result is not None and self.result.eog_token >= 0
 
+    def keep_prompt(self, prompt_ids: list[int], keep: int) -> None:
+        """n_keep from --keep as llama.cpp counts it: prompt tokens after the BOS (-1: the whole
+        prompt); the BOS is kept too."""
+        bos_id = self.ctx.model.tokenizer.bos_id
+        bos = 1 if prompt_ids and bos_id is not None and prompt_ids[0] == bos_id else 0
+        self.n_keep = len(prompt_ids) if keep < 0 or keep + bos > len(prompt_ids) else keep + bos
+
+    def restart(self) -> None:
+        """Forget the sequence: the next feed() starts a new one in an empty KV cache."""
+        self.engine.invalidate()
+        self.tokens, self._undecoded, self._fed = [], [], False
+
     def feed(self, tokens: Iterable[int]) -> None:
         """Add tokens (a prompt or user input) to the sequence; ContextFull if they do not fit (and
         context_shift is off)."""
@@ -69,9 +83,9 @@ class Generator:
         if not tokens:
             return
         seq = self.tokens + tokens
-        if len(seq) >= self.ctx.n_ctx:          # a request leaves room for one generated token
-            if not self.context_shift:
-                raise ContextFull(f"{len(seq)} tokens do not fit in the context of {self.ctx.n_ctx}")
+        if len(seq) >= self.ctx.n_ctx and not self.context_shift:    # leaves no room to generate
+            raise ContextFull(f"{len(seq)} tokens do not fit in the context of {self.ctx.n_ctx}")
+        if len(seq) > self.ctx.n_ctx:            # a full context shifts after the next token
             seq, _ = shift_tokens(seq, self.n_keep, self.ctx.n_ctx)
             self.n_shifts += 1
         self.tokens = seq
@@ -125,6 +139,7 @@ class Generator:
 @dataclass
 class BatchedResult:
     tokens: list[list[int]]              # generated tokens of each sequence (the end-of-text token excluded)
+    texts: list[str]                     # their text
     finished_at: list[int]               # n_cur (prompt + generated tokens) when each sequence ended
     n_decode: int = 0                    # tokens decoded after the prompt (all sequences)
     n_steps: int = 0                     # decode calls after the prompt
@@ -137,14 +152,16 @@ def decode_parallel(ctx: Context, prompt_ids: list[int], n_len: int, samplers: l
     """Decode prompt_ids once into sequence 0, share it with sequences 1..N-1 (N = len(samplers);
     Task.prompt_from), then extend every sequence by one token per step in a single decode call until
     an end-of-generation token (end_of_generation with eog_ids as stop tokens) or a total length of
-    n_len. on_token(s, token) / on_finish(s, n_cur) are called as it goes. Sequence s equals a
+    n_len. on_token(s, token, piece) / on_finish(s, n_cur) are called as it goes. Sequence s equals a
     single-sequence run with samplers[s] (every row is computed independently).
     As llama.cpp's batched, a sequence's last token is evaluated too: the engine samples one more,
     which is not kept (so its n_predict is n_len - n_prompt + 1)."""
     n_gen = n_len - len(prompt_ids)           # tokens kept per sequence at most
     ctx.kv_clear()
     engine = Engine(ctx, ctx.model.tokenizer, len(samplers), regions=False, timings=timings)
-    res = BatchedResult(tokens=[[] for _ in samplers], finished_at=[-1] * len(samplers), timings=engine.timings)
+    res = BatchedResult(tokens=[[] for _ in samplers], texts=[""] * len(samplers), finished_at=[-1] * len(samplers),
+                        timings=engine.timings)
+    decoders = [StreamDecoder(ctx.model.tokenizer, strip_leading_space=False) for _ in samplers]
     errors: list[Exception] = []
     t_first: list[float] = []
 
@@ -154,9 +171,12 @@ def decode_parallel(ctx: Context, prompt_ids: list[int], n_len: int, samplers: l
                 t_first[:] = t_first or [time.perf_counter()]
                 if len(res.tokens[s]) < n_gen:
                     res.tokens[s].append(ev[2]["id"])
+                    piece = decoders[s].push(ev[2]["id"])
+                    res.texts[s] += piece
                     if on_token:
-                        on_token(s, ev[2]["id"])
+                        on_token(s, ev[2]["id"], piece)
             elif ev[0] == "done":
+                res.texts[s] += decoders[s].flush()
                 res.finished_at[s] = len(prompt_ids) + len(res.tokens[s])
                 if on_finish:
                     on_finish(s, res.finished_at[s])

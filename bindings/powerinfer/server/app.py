@@ -39,7 +39,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..api import CompletionShaper, PowerInfer, check_unimplemented, resolve_grammar
-from ..engine import RequestError, Result, Task
+from ..request import RequestError, Result, Task
 
 log = logging.getLogger("powerinfer.server")
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from .app import JSON, ServerState, field, read_json
-from ..engine import RequestError
+from ..request import RequestError
 
 MAX_INPUTS = 2048        # OpenAI's limit on inputs per request
 

@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .app import JSON, ServerState, error_response
-from ..engine import RequestError, Result, Task
+from ..request import RequestError, Result, Task
 
 
 class Metrics:

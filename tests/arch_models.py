@@ -1,12 +1,10 @@
 """Tiny random GGUF models of the llama-family architectures added in issue 7 (llama/mistral, qwen2,
-gemma3), with the tensor names and metadata llama.cpp's converters write, and a float64 numpy
-forward pass written from llama.cpp's graphs (src/models/llama.cpp, qwen2.cpp, gemma3.cpp).
+gemma3), with the tensor names and metadata llama.cpp's converters write.
 
-    write_arch_model(path, "gemma3", dtype="f32", seed=0)  -> dict of the float weights
-    forward(weights, cfg, tokens)                           -> (T, n_vocab) float64 logits
+    write_arch_model(path, "gemma3", seed=0)  -> dict of the float weights
 
-The numpy forward is the reference of tests/test_arch.py; llama.cpp itself is the reference of
-tests/compat/ (these same files, loaded by llama-cpp-python).
+reference_model.ReferenceModel is the reference of tests/test_arch.py; llama.cpp itself is the
+reference of tests/compat/ (these same files, loaded by llama-cpp-python).
 """
 from __future__ import annotations
 
@@ -115,71 +113,3 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
     writer.write_tensors_to_file()
     writer.close()
     return w
-
-
-# --------------------------------------------------------------------------------------------
-# float64 forward pass
-# --------------------------------------------------------------------------------------------
-def _rms(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def _rope(x, pos, base, neox, freq_factors=None):
-    """x (T, H, hd): rotate pairs (2i, 2i+1) (normal) or (i, i + hd/2) (NEOX) by pos * base^(-2i/hd) / ff_i."""
-    hd = x.shape[-1]
-    theta = pos[:, None] * base ** (-np.arange(hd // 2) * 2.0 / hd)
-    if freq_factors is not None:
-        theta = theta / freq_factors[None, :]
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    a, b = (np.arange(hd // 2), np.arange(hd // 2) + hd // 2) if neox else (np.arange(0, hd, 2), np.arange(1, hd, 2))
-    y = x.copy()
-    y[..., a] = x[..., a] * c - x[..., b] * s
-    y[..., b] = x[..., a] * s + x[..., b] * c
-    return y
-
-
-def _gelu(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def forward(w: dict[str, np.ndarray], arch: str, tokens, **overrides) -> np.ndarray:
-    """(T, n_vocab) logits of one sequence at positions 0..T-1 (overrides: config values, e.g. n_swa)."""
-    c = {**CONFIGS[arch], **overrides}
-    W = {k: v.astype(np.float64) for k, v in w.items()}
-    E, H, Hkv, hd, eps = c["n_embd"], c["n_head"], c["n_head_kv"], c["head_dim"], c["eps"]
-    tokens = np.asarray(tokens)
-    T = len(tokens)
-    pos = np.arange(T, dtype=np.float64)
-    gemma = arch == "gemma3"
-    x = W["token_embd.weight"][tokens] * (math.sqrt(E) if gemma else 1.0)
-    causal = pos[None, :] <= pos[:, None]
-    for il in range(c["n_layer"]):
-        p = f"blk.{il}."
-        local = gemma and il % 6 < 5
-        h = _rms(x, W[p + "attn_norm.weight"], eps)
-        q, k, v = (h @ W[p + f"attn_{n}.weight"].T for n in "qkv")
-        if arch == "qwen2":
-            q, k, v = q + W[p + "attn_q.bias"], k + W[p + "attn_k.bias"], v + W[p + "attn_v.bias"]
-        q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
-        if gemma:
-            q, k = _rms(q, W[p + "attn_q_norm.weight"], eps), _rms(k, W[p + "attn_k_norm.weight"], eps)
-        base = c.get("rope_base_swa", 10000.0) if local else c["rope_base"]
-        neox = arch in ("qwen2", "gemma3")
-        ff = W.get("rope_freqs.weight")
-        q, k = _rope(q, pos, base, neox, ff), _rope(k, pos, base, neox, ff)
-        mask = causal & ((pos[:, None] - pos[None, :]) < c["n_swa"]) if local else causal
-        out = np.zeros((T, H, hd))
-        for hh in range(H):
-            kv = hh // (H // Hkv)
-            s = q[:, hh] @ k[:, kv].T / math.sqrt(hd)
-            s = np.where(mask, s, -np.inf)
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            out[:, hh] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv]
-        a = out.reshape(T, H * hd) @ W[p + "attn_output.weight"].T
-        x = x + (_rms(a, W[p + "post_attention_norm.weight"], eps) if gemma else a)
-        h = _rms(x, W[p + "ffn_norm.weight"], eps)
-        g, u = h @ W[p + "ffn_gate.weight"].T, h @ W[p + "ffn_up.weight"].T
-        f = ((_gelu(g) if gemma else g / (1 + np.exp(-g))) * u) @ W[p + "ffn_down.weight"].T
-        x = x + (_rms(f, W[p + "post_ffw_norm.weight"], eps) if gemma else f)
-    x = _rms(x, W["output_norm.weight"], eps)
-    return x @ W.get("output.weight", W["token_embd.weight"]).T

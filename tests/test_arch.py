@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
-from arch_models import CONFIGS, make_weights, write_arch_model  # noqa: E402
+from model_files import CONFIGS, make_weights, write_arch_model  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
 from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, rel_rms  # noqa: E402
 from powerinfer.gguf_file import ModelLoadError  # noqa: E402

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import powerinfer as pi  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 from powerinfer.perplexity import KLDBase, perplexity  # noqa: E402
-from sparse_model import write_sparse_model  # noqa: E402
+from model_files import write_sparse_model  # noqa: E402
 
 WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by "
          "word but not what all were we when your can said there use an each which she do how their if will up "

@@ -1,5 +1,6 @@
-"""Sparse (PowerInfer) falcon and opt: small random PWRI files written here, the C forward pass
-against an independent float64 numpy implementation of each architecture (spec 1.4, 4.1, 4.3)."""
+"""Sparse (PowerInfer) falcon and opt: small random PWRI files (model_files), the C forward pass
+against the independent float64 numpy implementation of each architecture (reference_model;
+spec 1.4, 4.1, 4.3)."""
 from __future__ import annotations
 
 import sys
@@ -7,119 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
 from reference_model import ReferenceModel, layer_norm  # noqa: E402
-from sparse_model import _encode  # noqa: E402
+from model_files import SPARSE_ARCH_SHAPE as SHAPE  # noqa: E402
+from model_files import write_sparse_arch_model as write_arch_model  # noqa: E402
 from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, logits_all, rel_rms  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from make_test_model import write_model  # noqa: E402
 
 # with the predictor on, the quantization drift of the residual (the predictor's input) flips a few
 # neurons that sit near the threshold; each flip moves the logits by a whole neuron's contribution
 QUANT_PRED_REL_RMS = 8e-2
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5]
-SHAPE = dict(n_vocab=320, n_embd=64, n_ff=256, n_head=4)
-
-
-# ---- writing test files ---------------------------------------------------------------------
-
-def _tokenizer_fields(tmp: Path):
-    """The tokenizer.* keys of the tiny llama test model (a SentencePiece vocabulary of n_vocab tokens)."""
-    dense = tmp / "tok-source.gguf"
-    if not dense.exists():
-        write_model(dense, dtype="f32", seed=0, n_vocab=SHAPE["n_vocab"], n_embd=32, n_ff=64, n_head=2,
-                    n_head_kv=2, n_layer=1)
-    reader = GGUFReader(dense)
-    return [(n, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
-            for n, f in reader.fields.items() if n.startswith("tokenizer.")]
-
-
-def arch_tensors(arch, *, n_vocab, n_embd, n_ff, n_head, n_head_kv, ranks, attn_norm_2, seed):
-    """numpy float32 weights, numpy shape = reversed GGUF ne (row i of an [E, N] tensor = output i)."""
-    rng = np.random.default_rng(seed)
-    E, F, hd = n_embd, n_ff, n_embd // n_head
-    Ekv = hd * n_head_kv
-
-    def mat(n_out, n_in):
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-
-    def normw(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    def bias(n):
-        return (0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    t = {"token_embd.weight": rng.standard_normal((n_vocab, E)).astype(np.float32),
-         "output_norm.weight": normw(E), "output_norm.bias": bias(E)}
-    if arch == "falcon":
-        t["output.weight"] = mat(n_vocab, E)
-    else:
-        t["position_embd.weight"] = (0.5 * rng.standard_normal((2050, E))).astype(np.float32)
-    for il, r in enumerate(ranks):
-        p = f"blk.{il}."
-        t[p + "attn_norm.weight"], t[p + "attn_norm.bias"] = normw(E), bias(E)
-        if arch == "falcon":
-            if attn_norm_2:
-                t[p + "attn_norm_2.weight"], t[p + "attn_norm_2.bias"] = normw(E), bias(E)
-            t[p + "attn_qkv.weight"] = mat(E + 2 * Ekv, E)
-            t[p + "attn_output.weight"] = mat(E, E)
-        else:
-            for n, rows in (("q", E), ("k", Ekv), ("v", Ekv), ("output", E)):
-                t[p + f"attn_{n}.weight"], t[p + f"attn_{n}.bias"] = mat(rows, E), bias(rows)
-            t[p + "ffn_norm.weight"], t[p + "ffn_norm.bias"] = normw(E), bias(E)
-            t[p + "ffn_up.bias"] = bias(F)
-            t[p + "ffn_down_t.bias"] = bias(E)
-        t[p + "ffn_up.weight"] = mat(F, E)
-        t[p + "ffn_down_t.weight"] = (rng.standard_normal((F, E)) / np.sqrt(F)).astype(np.float32)
-        t[p + "fc1.weight"] = mat(r, E)
-        t[p + "fc2.weight"] = mat(F, r)
-    return t
-
-
-def write_arch_model(path, arch, *, dtype="f32", ranks=(32, 64), n_head_kv=None, attn_norm_2=True, seed=0,
-                     drop=(), replace=None, pwri=True, eps="default") -> Path:
-    """A small random PWRI falcon/opt file. drop: tensor names to leave out; replace: {name: array};
-    eps: {arch}.attention.layer_norm_epsilon (default: 1e-5 for falcon, none for opt, as the converters)."""
-    path = Path(path)
-    n_head_kv = n_head_kv or (2 if arch == "falcon" else SHAPE["n_head"])
-    tensors = arch_tensors(arch, **SHAPE, n_head_kv=n_head_kv, ranks=ranks, attn_norm_2=attn_norm_2, seed=seed)
-    tensors.update(replace or {})
-    w = GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_context_length(2048)
-    w.add_embedding_length(SHAPE["n_embd"])
-    w.add_feed_forward_length(SHAPE["n_ff"])
-    w.add_block_count(len(ranks))
-    w.add_head_count(SHAPE["n_head"])
-    w.add_head_count_kv(n_head_kv)
-    if eps == "default":
-        eps = 1e-5 if arch == "falcon" else None
-    if eps is not None:
-        w.add_layer_norm_eps(eps)
-    if arch == "falcon":
-        w.add_string("falcon.tensor_data_layout", "jploski")
-    for name, value, vtype, sub in _tokenizer_fields(path.parent):
-        w.add_key_value(name, value, vtype, sub_type=sub)
-    for name, arr in tensors.items():
-        if name in drop:
-            continue
-        pred = name.endswith(("fc1.weight", "fc2.weight"))
-        # f16 predictors keep the selection free of activation quantization (as tests/test_sparse.py)
-        data, q = _encode(arr, "f16" if pred and dtype != "f32" else dtype)
-        w.add_tensor(name, data, raw_dtype=q)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if pwri:
-        with open(path, "r+b") as f:
-            f.write(b"PWRI")
-    return path
 
 
 # ---- tests ----------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def rewrite(src, dst, *, meta=None, drop=(), replace=None, extra=None, arch=None
     return Path(dst)
 
 
-def _random(seed: int):
+def random_weights(seed: int):
     """mat(n_out, n_in) (std 1/sqrt(n_in)), norm(n) (1 + 0.1 N(0, 1)), bias(n) (0.1 N(0, 1)) of one generator."""
     rng = np.random.default_rng(seed)
 
@@ -104,6 +104,13 @@ def _random(seed: int):
     def bias(n):
         return (0.1 * rng.standard_normal(n)).astype(np.float32)
     return rng, mat, norm, bias
+
+
+def layer_weights(mat, norm, E: int, F: int, Eq: int, Ekv: int) -> dict[str, np.ndarray]:
+    """One llama layer's random weights under their GGUF names (without .weight), drawn in this order."""
+    return {"attn_norm": norm(E), "attn_q": mat(Eq, E), "attn_k": mat(Ekv, E), "attn_v": mat(Ekv, E),
+            "attn_output": mat(E, Eq), "ffn_norm": norm(E), "ffn_gate": mat(F, E), "ffn_up": mat(F, E),
+            "ffn_down": mat(E, F)}
 
 
 # ------------------------------------------------------------------ llama/mistral, qwen2, gemma3 (issue 7)
@@ -126,7 +133,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     """Float32 weights (numpy shapes: (out, in) for matrices) under their GGUF names. rope_freqs: add
     Llama 3.1-style frequency factors (rope_freqs.weight, [head_dim/2], from 1 up to 8 for low frequencies)."""
     c = CONFIGS[arch]
-    rng, mat, norm, _ = _random(seed)
+    rng, mat, norm, _ = random_weights(seed)
     E, F, V, hd = c["n_embd"], c["n_ff"], c["n_vocab"], c["head_dim"]
     Eq, Ekv = c["n_head"] * hd, c["n_head_kv"] * hd
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch == "gemma3" else 1.0),
@@ -137,15 +144,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
     for il in range(c["n_layer"]):
         p = f"blk.{il}."
-        w[p + "attn_norm.weight"] = norm(E)
-        w[p + "attn_q.weight"] = mat(Eq, E)
-        w[p + "attn_k.weight"] = mat(Ekv, E)
-        w[p + "attn_v.weight"] = mat(Ekv, E)
-        w[p + "attn_output.weight"] = mat(E, Eq)
-        w[p + "ffn_norm.weight"] = norm(E)
-        w[p + "ffn_gate.weight"] = mat(F, E)
-        w[p + "ffn_up.weight"] = mat(F, E)
-        w[p + "ffn_down.weight"] = mat(E, F)
+        w.update((p + k + ".weight", v) for k, v in layer_weights(mat, norm, E, F, Eq, Ekv).items())
         if arch == "qwen2":
             for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
                 w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
@@ -224,7 +223,7 @@ SPARSE_ARCH_SHAPE = dict(n_vocab=320, n_embd=64, n_ff=256, n_head=4)
 
 def sparse_arch_tensors(arch, *, n_vocab, n_embd, n_ff, n_head, n_head_kv, ranks, attn_norm_2, seed):
     """numpy float32 weights, numpy shape = reversed GGUF ne (row i of an [E, N] tensor = output i)."""
-    rng, mat, normw, bias = _random(seed)
+    rng, mat, normw, bias = random_weights(seed)
     E, F, hd = n_embd, n_ff, n_embd // n_head
     Ekv = hd * n_head_kv
     t = {"token_embd.weight": rng.standard_normal((n_vocab, E)).astype(np.float32),

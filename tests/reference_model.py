@@ -190,6 +190,7 @@ HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm
             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
             "mlp.down_proj": "ffn_down"}
+HF_OF_GGUF = {gguf_name: hf for hf, gguf_name in HF_NAMES.items()}
 
 
 class KVCache:

@@ -36,7 +36,8 @@ from powerinfer import quants
 from powerinfer.convert import ConversionError, convert_dense, convert_sparse, permute_qk
 from powerinfer.convert.torch_pickle import load_state_dict
 from powerinfer.gguf_file import open_gguf
-from reference_model import ReferenceModel
+from model_files import layer_weights, random_weights
+from reference_model import HF_OF_GGUF, ReferenceModel
 
 spm = pytest.importorskip("sentencepiece")
 
@@ -164,30 +165,14 @@ def train_tokenizer(vocab_size: int = 300) -> bytes:
 
 
 def make_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
+    rng, mat, norm, _ = random_weights(seed)
     E, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = E // cfg["num_attention_heads"]
     E_kv = hd * cfg["num_key_value_heads"]
-
-    def mat(rows, cols):
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
     w = {"model.embed_tokens.weight": rng.standard_normal((V, E)).astype(np.float32),
          "model.norm.weight": norm(E)}
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = norm(E)
-        w[p + "self_attn.q_proj.weight"] = mat(E, E)
-        w[p + "self_attn.k_proj.weight"] = mat(E_kv, E)
-        w[p + "self_attn.v_proj.weight"] = mat(E_kv, E)
-        w[p + "self_attn.o_proj.weight"] = mat(E, E)
-        w[p + "post_attention_layernorm.weight"] = norm(E)
-        w[p + "mlp.gate_proj.weight"] = mat(F, E)
-        w[p + "mlp.up_proj.weight"] = mat(F, E)
-        w[p + "mlp.down_proj.weight"] = mat(E, F)
+        w.update((f"model.layers.{i}.{HF_OF_GGUF[k]}.weight", v) for k, v in layer_weights(mat, norm, E, F, E, E_kv).items())
     if not cfg.get("tie_word_embeddings"):
         w["lm_head.weight"] = mat(V, E)
     return w

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import powerinfer as pi
-from helpers import rel_rms
+from helpers import reaped, rel_rms
 from powerinfer import quants
 from powerinfer.convert import ConversionError, convert_dense, convert_sparse, permute_qk
 from powerinfer.convert.torch_pickle import load_state_dict
@@ -719,14 +719,11 @@ def test_sigterm_during_conversion_leaves_no_temporary(ckpt, tmp_path):
             "sys.exit(runpy.run_path(%r)['main'](sys.argv[1:]))" % str(ROOT / "convert-dense.py"))
     proc = subprocess.Popen([sys.executable, "-c", code, str(out), str(ckpt["model_dir"])], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped(proc):
         assert proc.stdout.readline().strip() == "writing"
         assert [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from model_files import CONFIGS, make_weights, write_arch_model  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
-from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, rel_rms  # noqa: E402
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, logits_one_by_one, rel_rms  # noqa: E402
 from powerinfer.gguf_file import ModelLoadError  # noqa: E402
 
 # f32 weights and KV cache: float32 arithmetic against float64 (rel. RMS of the logits; measured
@@ -81,12 +81,8 @@ def test_batch_equals_token_by_token(files, arch):
     """Incremental decoding (the sliding window over cached cells) gives the batched logits."""
     model = pi.Model(files[arch][0])
     batched = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
-    ctx = pi.Context(model, n_ctx=64, kv_type="f32")
-    single = []
-    for t in PROMPT:
-        ctx.decode([t])
-        single.append(ctx.logits())
-    np.testing.assert_allclose(np.stack(single), batched, rtol=0, atol=1e-4 * np.abs(batched).max())
+    single = logits_one_by_one(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
+    np.testing.assert_allclose(single, batched, rtol=0, atol=1e-4 * np.abs(batched).max())
 
 
 def test_local_layers_matter(files):

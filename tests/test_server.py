@@ -518,18 +518,18 @@ def test_logit_bias_non_ascii_digit_keys_are_text(server):
 def test_large_tokenize_bodies_are_handled_off_the_event_loop(models, monkeypatch):
     """Parsing a large body, tokenizing, detokenizing and rendering the answer run in worker
     threads, so one 2 MB request does not stall /health (checked by thread, not by timing)."""
-    import powerinfer.server.app as app_mod
+    import powerinfer.server.protocol as protocol     # the request-body reader of every route
     path = models / "tiny-q8_0.gguf"
     llm = pi.PowerInfer(path, n_ctx=256, n_threads=1)
     seen: dict[str, set] = {"parse": set(), "encode": set(), "detokenize": set()}
-    parse, encode, detok = app_mod._parse_body, llm.tokenizer.encode, llm.detokenize
+    parse, encode, detok = protocol._parse_body, llm.tokenizer.encode, llm.detokenize
 
     def spy(kind, fn):
         def wrapped(*a, **kw):
             seen[kind].add(threading.current_thread().name)
             return fn(*a, **kw)
         return wrapped
-    monkeypatch.setattr(app_mod, "_parse_body", spy("parse", parse))
+    monkeypatch.setattr(protocol, "_parse_body", spy("parse", parse))
     llm.tokenizer.encode = spy("encode", encode)
     llm.detokenize = spy("detokenize", detok)
     srv = InProcessServer(create_app(ServerState(model_path=str(path), llm=llm)))

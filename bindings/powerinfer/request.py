@@ -7,12 +7,9 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .sampling import Sampler, SamplingParams
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 __all__ = ["ContextLengthExceeded", "RequestError", "Result", "Task", "TaskEvents"]
 
@@ -134,9 +131,10 @@ class Task:
 
 
 class TaskEvents:
-    """Iterator over a task's engine events; cancels the task when closed or dropped early."""
+    """Iterator over a task's events in the Engine `engine` (submitted here); cancels the task when
+    closed or dropped early. (request.py does not import the engine, which imports it.)"""
 
-    def __init__(self, engine: Engine, task: Task):
+    def __init__(self, engine, task: Task):
         self.engine = engine
         self.task = task
         self.q: queue.SimpleQueue = queue.SimpleQueue()

@@ -603,9 +603,11 @@ class Engine:
                     want += [0] * k
             prompt_chunks = [toks for sid, (toks, _) in plan.items() if self.slots[sid].todo]
             t0 = time.perf_counter()
+            one_seq = len(set(seq)) == 1
+            # one token of one sequence (a single request generating): Context.decode's path without numpy
+            logits = "last" if one_seq and want == [1] else np.asarray(want, dtype=np.int8)
             try:
-                self.ctx.decode(tokens, pos=pos, seq_id=seq[0] if len(set(seq)) == 1 else seq,
-                                logits=np.asarray(want, dtype=np.int8))
+                self.ctx.decode(tokens, pos=pos, seq_id=seq[0] if one_seq else seq, logits=logits)
             except Exception as e:
                 self._decode_failed(e)
                 return True

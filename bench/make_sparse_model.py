@@ -325,15 +325,7 @@ def _add_kv(w: gguf.GGUFWriter, *, dtype, n_vocab, n_embd, n_ff, n_head, n_head_
             w.add_float32(k, v)
         else:
             w.add_uint32(k, int(v))
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([float(s) for s in scores])
-    w.add_token_types([int(t) for t in types])
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    mtm.add_vocab(w, tokens, scores, types)
 
 
 def write_models(out, *, dense_out=None, dtype="q4_0", n_vocab, n_embd, n_ff, n_head, n_head_kv, n_layer,

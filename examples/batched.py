@@ -22,7 +22,8 @@ import sys
 import powerinfer as pi
 from powerinfer import cli
 from powerinfer.cli import CLIError, log
-from powerinfer.engine import Timings, decode_parallel, end_of_generation
+from powerinfer.engine import Timings
+from powerinfer.generator import decode_parallel
 
 POSITIONALS = ("prompt", "n_parallel", "n_len", "threads", "vram_budget", "n_gpu_layers")
 # the original's sampling: top-k 40 -> top-p 0.9 -> temperature 0.4, no min-p, no penalties
@@ -101,20 +102,16 @@ def run(args) -> int:
     log(args.prompt)
     log("")
 
-    eog = end_of_generation(tok, ignore_eos=args.ignore_eos)
-    decoders = [pi.StreamDecoder(tok, strip_leading_space=False) for _ in range(args.n_parallel)]
-    texts = [""] * args.n_parallel
-    out = sys.stdout
+    out, shown = sys.stdout, []
     if args.n_parallel == 1:
         out.write(args.prompt)
         out.flush()
     else:
         log(f"main: generating {args.n_parallel} sequences ...\n")
 
-    def on_token(s: int, t: int) -> None:
-        piece = decoders[s].push(t)
-        texts[s] += piece
+    def on_token(s: int, t: int, piece: str) -> None:
         if args.n_parallel == 1 and piece:
+            shown.append(piece)
             out.write(piece)
             out.flush()
 
@@ -123,21 +120,19 @@ def run(args) -> int:
             log(f"main: stream {s} finished at n_cur = {n_cur}")
 
     try:
-        res = decode_parallel(ctx, prompt_ids, args.n_len, samplers, eog, on_token, on_finish, timings)
+        res = decode_parallel(ctx, prompt_ids, args.n_len, samplers, on_token=on_token, on_finish=on_finish,
+                              timings=timings)
     except pi.PowerInferError as e:
         log(f"\nerror: {e}")
         return 1
     except KeyboardInterrupt:
         log("\nInterrupted by user")
         return 130
-    tails = [d.flush() for d in decoders]
-    for s in range(args.n_parallel):
-        texts[s] += tails[s]
     if args.n_parallel == 1:
-        out.write(tails[0] + "\n")
+        out.write(res.texts[0][len("".join(shown)):] + "\n")     # the decoder's pending bytes
     else:
-        for s in range(args.n_parallel):
-            out.write(f"\nsequence {s}:\n\n{args.prompt}{texts[s]}\n")
+        for s, text in enumerate(res.texts):
+            out.write(f"\nsequence {s}:\n\n{args.prompt}{text}\n")
     out.flush()
     speed = res.n_decode / res.t_gen_s if res.t_gen_s > 0 else 0.0
     log(f"\nmain: decoded {res.n_decode} tokens in {res.t_gen_s:.2f} s, speed: {speed:.2f} t/s")

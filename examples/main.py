@@ -9,22 +9,20 @@ Generated text goes to stdout as it is produced; logs and timings go to stderr.
 """
 from __future__ import annotations
 
-import codecs
 import sys
-from pathlib import Path
 
 import powerinfer as pi
 from powerinfer import cli
-from powerinfer.chat import ChatFormatter, ChatTemplateError
+from powerinfer.chat import ChatFormatter, ChatTemplateError, ChatTurns
 from powerinfer.cli import GREEN, YELLOW, CLIError, Console, Interrupt, log
 from powerinfer.cli_args import threads_in_use
-from powerinfer.engine import ContextFull, Generator, StopMatcher, Timings, end_of_generation
+from powerinfer.engine import ContextFull, Timings
+from powerinfer.generator import Generator
+
 
 def parse_args(argv=None):
     p = cli.parser(__doc__)
-    p.add_argument("-p", "--prompt", default=None, help="prompt to start generation with")
-    p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
-    p.add_argument("-e", "--escape", action="store_true", help="process escapes (\\n, \\t, ...) in the prompt")
+    cli.add_prompt_args(p)
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="tokens to predict (-1 = until end of text or a full context, -2 = until the context is full)")
     cli.add_context_args(p, ctx_size="context size (0 = from the model) (default: 4096, or the model's training "
@@ -32,65 +30,36 @@ def parse_args(argv=None):
     cli.add_sampling_args(p)
     cli.add_grammar_args(p)
     cli.add_interactive_args(p)
-    args = cli.parse(p, argv, prog="main")
-    if args.keep and not args.context_shift:
-        log("main: note: --keep changes nothing without --context-shift (nothing is dropped when the context "
-            "is full: generation stops)")
-    args.interactive = args.interactive or args.interactive_first
-    return args
+    return cli.parse(p, argv, prog="main")
 
 
-def unescape(text: str) -> str:
-    return codecs.decode(text.encode("utf-8"), "unicode_escape").encode("latin-1").decode("utf-8")
-
-
-def read_prompt(args) -> str:
-    if args.file:
-        try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise CLIError(f"cannot read prompt file {args.file}: {e}") from None
-    else:
-        text = args.prompt if args.prompt is not None else ("" if args.interactive else "Once upon a time")
-    return unescape(text) if args.escape else text
-
-
-def n_keep(args, prompt_ids: list[int], tok) -> int:
-    """--keep as llama.cpp counts it: prompt tokens after the BOS (-1: the whole prompt); BOS is kept."""
-    bos = 1 if prompt_ids and tok.bos_id is not None and prompt_ids[0] == tok.bos_id else 0
-    return len(prompt_ids) if args.keep < 0 or args.keep + bos > len(prompt_ids) else args.keep + bos
-
-
-def reply(gen, tok, eog, n_predict, stops: StopMatcher, interrupt: Interrupt, out: Console,
-          show_tail: bool = True, grammar=None) -> tuple[str, bool]:
-    """Generate and show text until an end-of-generation token (then True), a stop string, Ctrl-C,
-    n_predict tokens, a full context or the end of `grammar` (--grammar, -j: each reply matches it).
-    The text returned ends with the decoder's pending bytes, which are shown (show_tail) only when
-    generation ran to its end."""
+def reply(gen: Generator, tok, n_predict: int, stops, interrupt: Interrupt, out: Console, *, stop_token_ids=(),
+          show_tail: bool = True, grammar=None) -> str:
+    """Generate and show text until an end-of-generation token, a stop string, Ctrl-C, n_predict tokens,
+    a full context or the end of `grammar` (--grammar, -j: each reply matches it). The text returned
+    ends with the decoder's pending bytes, which are shown (show_tail) only when generation ran to its end."""
     decoder = pi.StreamDecoder(tok, strip_leading_space=False)
-    text, hit_eog = "", False
-    matcher = pi.grammar.GrammarMatcher(grammar, tok, gen.ctx.model.n_vocab) if grammar is not None else None
-    for t in gen.generate(n_predict, eog_ids=eog, matcher=matcher):
-        if t in eog:
-            hit_eog = True
-            break
+    text, interrupted = "", False
+    tokens = gen.generate(n_predict, stop=stops, stop_token_ids=stop_token_ids, grammar=grammar)
+    for t in tokens:
         piece = decoder.push(t)
         text += piece
         out.write(piece)
-        stops.push(piece)
-        if interrupt.requested or stops.word is not None:
+        if interrupt.requested:
+            interrupted = True
             break
-    else:
-        tail = decoder.flush()
-        out.write(tail if show_tail else "")
-        return text + tail, False
-    return text + decoder.flush(), hit_eog
+    tokens.close()                 # ends the generation if it was interrupted
+    tail = decoder.flush()
+    if show_tail and not (interrupted or gen.hit_eog or gen.stop_word):
+        out.write(tail)
+    return text + tail
 
 
 def run(args) -> int:
     timings = Timings()
     try:
-        prompt = read_prompt(args)       # a missing -f file fails before the model loads
+        # a missing -f file fails before the model loads
+        prompt = cli.prompt_text(args, "" if args.interactive else "Once upon a time")
         model = cli.load_model(args, "main")
         timings.load_ms = model.load_time_s * 1e3
         log(f"system_info: n_threads = {threads_in_use(args.threads)} | {pi.system_info()}")
@@ -146,12 +115,8 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
         log(f"error: prompt is too long ({len(prompt_ids)} tokens, max {gen.ctx.n_ctx - 4})")
         return 1
     if args.verbose_prompt:
-        log(f"\nmain: prompt: '{prompt}'\nmain: number of tokens in prompt = {len(prompt_ids)}")
-        for t in prompt_ids:
-            log(f"{t:6d} -> '{tok.id_to_text(t)}'")
-        log("")
-    gen.n_keep = n_keep(args, prompt_ids, tok)
-    eog = end_of_generation(tok, ignore_eos=args.ignore_eos)
+        cli.log_prompt_tokens(prompt, prompt_ids, tok)
+    gen.keep_prompt(prompt_ids, args.keep)
     interrupt = Interrupt(args.interactive)
     if args.interactive:
         log("== Running in interactive mode. ==\n - Press Ctrl+C to interject at any time.\n"
@@ -165,16 +130,16 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
     try:
         while True:
             if not waiting_for_user:
-                stops = StopMatcher(args.reverse_prompt if args.interactive else (), hide=False)
-                _, hit_eog = reply(gen, tok, eog, n_predict, stops, interrupt, out, grammar=args.grammar_obj)
+                reply(gen, tok, n_predict, args.reverse_prompt if args.interactive else (), interrupt, out,
+                      grammar=args.grammar_obj)
                 if gen.context_full:
                     log("\nmain: context is full, stopping (--context-shift goes on instead)")
                     return 0
                 if not args.interactive:
-                    if hit_eog:
+                    if gen.hit_eog:
                         log(" [end of text]")
                     return 0
-                at_reverse_prompt = stops.word is not None
+                at_reverse_prompt = gen.stop_word is not None
             waiting_for_user = False
             # the user's text starts on a line of its own, not glued to the model's
             text = out.read(interrupt, "" if at_reverse_prompt else ("\n> " if out.line_open else "> "))
@@ -199,11 +164,10 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
         return 1
     log(f"main: chat template: {fmt.name}")
     markers = [tok.encode(m, add_special=False, parse_special=True) for m in fmt.end_of_turn]
-    eog = end_of_generation(tok, ignore_eos=args.ignore_eos, stop_token_ids=[i[0] for i in markers if len(i) == 1])
+    marker_ids = [i[0] for i in markers if len(i) == 1]
     interrupt = Interrupt(True)
-    system = unescape(args.system_prompt) if args.escape and args.system_prompt else (args.system_prompt or "")
-    messages = [{"role": "system", "content": system}] if system else []
-    rendered = ""          # what has been fed so far, as text
+    system = cli.unescape(args.system_prompt) if args.escape and args.system_prompt else (args.system_prompt or "")
+    chat = ChatTurns(fmt, tok, system)
     log("== Running in conversation mode. ==\n - Press Ctrl+C to interject at any time; at the prompt, to quit.\n"
         " - End of input (Ctrl+D) quits. End a line with '\\' to continue it on the next.\n")
     turns = 0
@@ -217,45 +181,29 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
                 if not user.strip():
                     continue            # an empty line is no message (llama.cpp asks again)
             turns += 1
-            messages.append({"role": "user", "content": user})
+            first = not chat.rendered
             try:
-                text = fmt.render(messages, add_generation_prompt=True)
+                ids = chat.user(user)
             except ChatTemplateError as e:
                 log(f"error: {e}")
-                messages.pop()
                 continue
-            delta = text[len(rendered):] if text.startswith(rendered) else text
-            # BOS once: from the template's own text (parsed as a special token) or added here
-            ids = tok.encode(delta, add_special=not rendered and not (fmt.bos_token and text.startswith(fmt.bos_token)),
-                             parse_special=True)
             gen.feed(ids)
-            if not rendered:     # --keep counts the tokens of the first rendering (system + first message)
-                gen.n_keep = n_keep(args, ids, tok)
-            rendered = text
+            if first:     # --keep counts the tokens of the first rendering (system + first message)
+                gen.keep_prompt(ids, args.keep)
             interrupt.requested = False
-            stops = StopMatcher(fmt.end_of_turn, hide=False)
-            answer, _ = reply(gen, tok, eog, n_predict, stops, interrupt, out, show_tail=False,
-                              grammar=args.grammar_obj)
+            answer = reply(gen, tok, n_predict, fmt.end_of_turn, interrupt, out, stop_token_ids=marker_ids,
+                           show_tail=False, grammar=args.grammar_obj)
             out.write("\n")
             if gen.context_full:
                 log("main: context is full, stopping (--context-shift goes on instead)")
                 break
-            for m in fmt.end_of_turn:
-                answer = answer.split(m)[0] if m else answer
-            answer = answer.strip()
-            messages.append({"role": "assistant", "content": answer})
-            # The cache now holds `text` + the reply's tokens. Feed the rest of the template's rendering
-            # of the finished turn (its end-of-turn marker), so that the next delta continues from it.
-            after = fmt.render(messages, add_generation_prompt=False)
-            if after.startswith(text) and after[len(text):].startswith(answer):
-                tail = after[len(text) + len(answer):]
-                if tail:
-                    gen.feed(tok.encode(tail, add_special=False, parse_special=True))
-                rendered = after
-            else:                    # the template rewrites earlier turns: re-feed everything next time
-                gen.ctx.kv_clear()
-                gen = Generator(gen.ctx, gen.sampler, timings=gen.timings, context_shift=args.context_shift)
-                rendered = ""
+            # the cache holds the rendering + the reply: feed the rest of the finished turn (its end-of-turn
+            # marker), or start over when the template rewrites earlier turns
+            tail = chat.assistant(answer)
+            if tail is None:
+                gen.restart()
+            elif tail:
+                gen.feed(tail)
     except EOFError:
         pass
     return 0

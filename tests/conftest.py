@@ -3,13 +3,32 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import TINY_SHAPE
 from powerinfer._ffi import check, ffi, lib
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+from make_test_model import write_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(dtype, seed, **write_model arguments) -> the path of the tiny llama (TINY_SHAPE) of
+    tools/make_test_model.py, written once per test run."""
+    made = {}
+
+    def path_of(dtype: str = "f32", seed: int = 0, **kw) -> Path:
+        key = (dtype, seed, tuple(sorted(kw.items())))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp("tiny") / f"tiny-{dtype}.gguf"
+            write_model(made[key], dtype=dtype, seed=seed, **{**TINY_SHAPE, **kw})
+        return made[key]
+    return path_of
 
 
 @pytest.fixture(scope="module")

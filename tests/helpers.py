@@ -5,12 +5,17 @@ tests import by name (`from helpers import rel_rms`): with three conftest.py fil
 (tests/, tests/gpu/, tests/compat/) `import conftest` names whichever pytest loaded last."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 # Relative RMS error of the engine's logits / hidden states against a float64 numpy reference.
 FLOAT_REL_RMS = 1e-5      # float32 arithmetic vs float64 (f32/f16/bf16 weights, f32 KV cache)
 QUANT_REL_RMS = 3e-2      # + 8-bit activation quantization before q8_0/q4_0 dot products (measured ~1.1%)
 KV_F16_REL_RMS = 3e-3     # an f16 KV cache on top of float weights
+
+# the tiny llama of tools/make_test_model.py that the program and API tests run (conftest.tiny_model)
+TINY_SHAPE = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
 
 
 def rel_rms(ours, ref) -> float:
@@ -35,3 +40,15 @@ def logits_one_by_one(ctx, tokens, *, clear: bool = False) -> np.ndarray:
         ctx.decode([t])
         steps.append(ctx.logits())
     return np.stack(steps)
+
+
+@contextmanager
+def reaped(proc):
+    """Kill the subprocess proc at the end of the block if it still runs (a failed check inside it
+    must not leave it behind)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

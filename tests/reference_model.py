@@ -1,26 +1,38 @@
-"""Independent float64 numpy reference implementation of the PowerInfer-py forward pass.
+"""Independent float64 numpy reference implementation of the PowerInfer-py forward pass: the one
+reference forward of every architecture the engine runs (llama/mistral, bamboo, qwen2, gemma3, and
+the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
 
 Reads a GGUF file (or a PWRI-magic file: same layout, first 4 bytes b"PWRI") with
 ``gguf.GGUFReader``, dequantizes every tensor with the numpy dequantizers below
 (written from the ggml block layouts, NOT gguf.quants), and computes logits in float64.
+`ReferenceModel.from_weights` takes float weights under their GGUF names instead (with the file's
+metadata), `ReferenceModel.from_hf` a Hugging Face llama/bamboo checkpoint's weights and config.
 
 Contract (what the engine must match):
-  x = token_embd[tok]
+  x = token_embd[tok]  (gemma3: * sqrt(n_embd); opt: + position_embd[pos + 2])
   per layer:
-    h = rmsnorm(x) * attn_norm,   rmsnorm(x) = x / sqrt(mean(x^2) + eps)
-    q = Wq h, k = Wk h, v = Wv h                 (W numpy shape (out, in))
-    RoPE "normal" mode per head on q, k: for i < head_dim/2,
-        theta = pos * freq_scale * base^(-2i/n_rot),
-        (x[2i], x[2i+1]) -> (x0 cos - x1 sin, x0 sin + x1 cos)
-        freq_scale = 1/rope.scaling.factor for linear scaling, else 1
+    h = norm(x, attn_norm),   rmsnorm(x) = x / sqrt(mean(x^2) + eps); falcon/opt: LayerNorm with bias
+    q = Wq h, k = Wk h, v = Wv h                 (W numpy shape (out, in); + bias where the file has one;
+                                                  falcon: one fused attn_qkv, all Q heads, then K, then V)
+    gemma3: q, k = rmsnorm per head (attn_q_norm, attn_k_norm)
+    RoPE per head on q, k (not opt) over the first n_rot dims, pairs (2i, 2i+1) ("normal": llama,
+        bamboo) or (i, i + n_rot/2) ("neox": qwen2, gemma3, falcon, HF checkpoints):
+        theta = pos * freq_scale * base^(-2i/n_rot) / rope_freqs[i],
+        freq_scale = 1/rope.scaling.factor for linear scaling, else 1; rope_freqs: 1 unless the file has them
     attention per head, scale 1/sqrt(head_dim), causal (key j visible to query i iff
-        pos[j] <= pos[i]), GQA: query head h uses kv head h // (n_head/n_head_kv)
-    x += Wo concat(heads)
-    g = rmsnorm(x) * ffn_norm
-    llama  (PAR): hid = act(W_gate g) * (W_up g),   act = powerinfer.ffn_activation or silu
-    bamboo (SYM): hid = act(W_gate g) * act(W_up g), act = powerinfer.ffn_activation or relu
+        pos[j] <= pos[i]; gemma3's local layers, il % 6 < 5: also pos[i] - pos[j] < n_swa, rope base
+        10000), GQA: query head h uses kv head h // (n_head/n_head_kv)
+    a = Wo concat(heads) (+ bias); gemma3: a = rmsnorm(a, post_attention_norm)
+    falcon (parallel): x += a(norm(x, attn_norm_2 if present else attn_norm)) + ffn(norm(x, attn_norm))
+    else: x += a; g = norm(x, ffn_norm); x += ffn(g) (gemma3: rmsnorm(ffn(g), post_ffw_norm))
+    ffn:
+      llama  (PAR): hid = act(W_gate g) * (W_up g),   act = powerinfer.ffn_activation or silu (gemma3: gelu)
+      bamboo (SYM): hid = act(W_gate g) * act(W_up g), act = powerinfer.ffn_activation or relu
+      falcon/opt (SEQ): hid = relu(W_up g + up bias)
+      sparse files: hid of neurons the predictor does not select is 0: relu(x W_fc1^T) W_fc2^T >= threshold
+      over the pre-norm residual x; W_down = ffn_down_t^T; opt: + down bias
     x += W_down hid
-  logits = W_out (rmsnorm(x) * output_norm), W_out = output.weight or token_embd (tied)
+  logits = W_out norm(x, output_norm), W_out = output.weight or token_embd (tied)
 """
 from __future__ import annotations
 
@@ -164,6 +176,23 @@ def gelu(x):
 ACTS = {"silu": silu, "relu": relu, "gelu": gelu}
 
 
+def layer_norm(x, w, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+NEOX_ARCHS = ("qwen2", "gemma3", "falcon")      # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
+LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "gemma3") + LAYER_NORM_ARCHS
+# Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
+# unpermuted q/k weights: the reference reads the checkpoint as it is)
+HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
+            "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+            "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+            "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+            "mlp.down_proj": "ffn_down"}
+HF_OF_GGUF = {gguf_name: hf for hf, gguf_name in HF_NAMES.items()}
+
+
 class KVCache:
     def __init__(self, n_layer: int):
         self.k = [None] * n_layer   # per layer: (n_tok, n_head_kv, head_dim), post-RoPE
@@ -172,11 +201,54 @@ class KVCache:
 
 
 class ReferenceModel:
-    def __init__(self, path):
+    neox = False          # rope pairs (i, i + n_rot/2) instead of (2i, 2i+1)
+    rope_freqs = None     # per-pair frequency divisors (rope_freqs.weight)
+
+    def __init__(self, path, **overrides):
+        """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
+        rope_base_swa, rope_freqs, neox, ...: for tests that show a feature matters)."""
         meta, tensors = read_gguf(path)
+        self._setup(meta, {name: dequantize(raw, tt, ne) for name, (tt, ne, raw) in tensors.items()},
+                    {name: tt for name, (tt, _, _) in tensors.items()}, overrides)
+
+    @classmethod
+    def from_weights(cls, meta: dict, weights: dict, **overrides) -> ReferenceModel:
+        """The model of float weights under their GGUF names (numpy shape: reversed ne) and metadata."""
+        m = cls.__new__(cls)
+        W = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
+        m._setup(meta, W, {k: GGML_F32 for k in W}, overrides)
+        return m
+
+    @classmethod
+    def from_hf(cls, weights: dict, cfg: dict) -> ReferenceModel:
+        """The model of a Hugging Face llama/bamboo checkpoint (config.json as a dict), read as it is."""
+        arch = "bamboo" if cfg["model_type"] == "bamboo" else "llama"
+        W = {}
+        for name, w in weights.items():
+            stem, kind = name.rsplit(".", 1)
+            layer = stem.split(".")
+            if stem.startswith("model.layers."):
+                stem = f"blk.{layer[2]}." + HF_NAMES[".".join(layer[3:])]
+            else:
+                stem = HF_NAMES[stem]
+            W[f"{stem}.{kind}"] = w
+        n_head = cfg["num_attention_heads"]
+        factor = (cfg.get("rope_scaling") or {}).get("factor")
+        meta = {"general.architecture": arch, f"{arch}.embedding_length": cfg["hidden_size"],
+                f"{arch}.feed_forward_length": cfg["intermediate_size"], f"{arch}.block_count":
+                cfg["num_hidden_layers"], f"{arch}.attention.head_count": n_head,
+                f"{arch}.attention.head_count_kv": cfg.get("num_key_value_heads", n_head),
+                f"{arch}.rope.freq_base": cfg.get("rope_theta", 10000.0),
+                f"{arch}.attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"],
+                "powerinfer.ffn_activation": "relu" if arch == "bamboo" else cfg["hidden_act"]}
+        if factor:
+            meta.update({f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": factor})
+        return cls.from_weights(meta, W, neox=True)
+
+    def _setup(self, meta: dict, W: dict, tensor_types: dict, overrides: dict) -> None:
         self.meta = meta
         arch = meta["general.architecture"]
-        if arch not in ("llama", "bamboo"):
+        if arch not in ARCHS:
             raise ValueError(f"unsupported architecture {arch!r}")
         self.arch = arch
 
@@ -189,10 +261,15 @@ class ReferenceModel:
         self.n_head_kv = int(m("attention.head_count_kv", self.n_head))
         self.n_layer = int(m("block_count"))
         self.n_ctx_train = int(m("context_length", 0))
-        self.head_dim = self.n_embd // self.n_head
+        self.head_dim = int(m("attention.key_length", self.n_embd // self.n_head))
         self.n_rot = int(m("rope.dimension_count", self.head_dim))
         self.rope_base = float(m("rope.freq_base", 10000.0))
-        self.eps = float(m("attention.layer_norm_rms_epsilon", 1e-5))
+        self.rope_base_swa = 10000.0
+        self.n_swa = int(m("attention.sliding_window", 0)) if arch == "gemma3" else 0
+        self.neox = arch in NEOX_ARCHS
+        self.layer_norm = arch in LAYER_NORM_ARCHS
+        self.eps = float(m("attention.layer_norm_epsilon", 1e-5) if self.layer_norm
+                         else m("attention.layer_norm_rms_epsilon", 1e-5))
         scaling = m("rope.scaling.type")
         factor = m("rope.scaling.factor")
         if scaling == "linear" and factor:
@@ -201,55 +278,63 @@ class ReferenceModel:
             self.freq_scale = 1.0
         else:
             raise ValueError(f"unsupported rope scaling {scaling!r}")
-        W = {name: dequantize(raw, tt, ne) for name, (tt, ne, raw) in tensors.items()}
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
         self.use_predictor = self.sparse      # False: compute every neuron
         act = meta.get("powerinfer.ffn_activation")
         if act is None:
-            act = "relu" if arch == "bamboo" or self.sparse else "silu"
+            act = "relu" if arch == "bamboo" or self.sparse else "gelu" if arch == "gemma3" else "silu"
         if act not in ACTS:
             raise ValueError(f"unsupported ffn activation {act!r}")
         self.ffn_act = act
         self.tokens = meta.get("tokenizer.ggml.tokens")
+        self.rope_freqs = W.get("rope_freqs.weight")
 
-        self.tensor_types = {name: tt for name, (tt, _, _) in tensors.items()}
+        self.tensor_types = tensor_types
         self.tok_embd = W["token_embd.weight"]                 # (n_vocab, n_embd)
         self.n_vocab = self.tok_embd.shape[0]
-        self.output_norm = W["output_norm.weight"]
+        self.pos_embd = W.get("position_embd.weight")          # opt: (n_pos, n_embd)
+        self.output_norm = (W["output_norm.weight"], W.get("output_norm.bias"))
         self.output = W.get("output.weight", self.tok_embd)    # tied if absent
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
-            L = {k: W[p + k + ".weight"] for k in (
-                "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up")}
+            # short names: "attn_q" (weight), "attn_q.bias"; sparse files: ffn_down = ffn_down_t^T
+            L = {k[len(p):].removesuffix(".weight"): v for k, v in W.items() if k.startswith(p)}
             if self.sparse:
-                L["ffn_down"] = W[p + "ffn_down_t.weight"].T          # (n_embd, n_ff)
-                L["fc1"] = W[p + "fc1.weight"]                        # (r, n_embd)
-                L["fc2"] = W[p + "fc2.weight"]                        # (n_ff, r)
-            else:
-                L["ffn_down"] = W[p + "ffn_down.weight"]
+                L["ffn_down"] = L.pop("ffn_down_t").T                  # (n_embd, n_ff)
+                if "ffn_down_t.bias" in L:
+                    L["ffn_down.bias"] = L.pop("ffn_down_t.bias")
             self.layers.append(L)
+        for k, v in overrides.items():
+            setattr(self, k, v)
         assert self.n_rot <= self.head_dim and self.n_rot % 2 == 0
 
     # ---- building blocks ---------------------------------------------------------------
     def rmsnorm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def rope(self, x, pos):
-        """x: (n_tok, n_heads, head_dim); 'normal' mode (adjacent pairs) on the first n_rot dims."""
+    def norm(self, x, w, b=None):
+        """rmsnorm, or (falcon, opt) LayerNorm with bias."""
+        return layer_norm(x, w, b, self.eps) if self.layer_norm else self.rmsnorm(x, w)
+
+    def rope(self, x, pos, base=None):
+        """x: (n_tok, n_heads, head_dim); the first n_rot dims, pairs (2i, 2i+1) or (neox) (i, i + n_rot/2)."""
         half = self.n_rot // 2
         i = np.arange(half, dtype=np.float64)
-        inv = self.rope_base ** (-2.0 * i / self.n_rot)
+        inv = (self.rope_base if base is None else base) ** (-2.0 * i / self.n_rot)
         theta = (np.asarray(pos, dtype=np.float64) * self.freq_scale)[:, None] * inv[None, :]
+        if self.rope_freqs is not None:
+            theta = theta / self.rope_freqs[None, :]
         c = np.cos(theta)[:, None, :]
         s = np.sin(theta)[:, None, :]
         out = x.copy()
-        x0 = x[..., 0:self.n_rot:2]
-        x1 = x[..., 1:self.n_rot:2]
-        out[..., 0:self.n_rot:2] = x0 * c - x1 * s
-        out[..., 1:self.n_rot:2] = x0 * s + x1 * c
+        a, b = (np.arange(half), np.arange(half) + half) if self.neox else (np.arange(0, self.n_rot, 2),
+                                                                            np.arange(1, self.n_rot, 2))
+        x0, x1 = x[..., a], x[..., b]
+        out[..., a] = x0 * c - x1 * s
+        out[..., b] = x0 * s + x1 * c
         return out
 
     def act(self, x):
@@ -260,27 +345,77 @@ class ReferenceModel:
         scores = relu(x @ L["fc1"].T) @ L["fc2"].T
         return scores >= self.sparse_threshold
 
-    def ffn(self, L, g, x=None):
-        """g: normed FFN input; x: pre-norm residual (the predictor's input in sparse files)."""
-        gate = g @ L["ffn_gate"].T
+    def ffn(self, L, g, x=None, trace=None):
+        """g: normed FFN input; x: pre-norm residual (the predictor's input in sparse files);
+        trace: a dict whose lists "gate" / "up" get act(W_gate g) / (bamboo: act) W_up g."""
         up = g @ L["ffn_up"].T
-        if self.arch == "bamboo":
-            hid = self.act(gate) * self.act(up)
+        if self.layer_norm:                 # falcon/opt: no gate
+            hid = relu(up + L.get("ffn_up.bias", 0.0))
         else:
-            hid = self.act(gate) * up
+            gate = self.act(g @ L["ffn_gate"].T)
+            if self.arch == "bamboo":
+                up = self.act(up)
+            if trace is not None:
+                trace.setdefault("gate", []).append(gate)
+                trace.setdefault("up", []).append(up)
+            hid = gate * up
         if self.use_predictor:
             hid = np.where(self.predictor_mask(L, x), hid, 0.0)
-        return hid @ L["ffn_down"].T
+        return hid @ L["ffn_down"].T + L.get("ffn_down.bias", 0.0)
+
+    def qkv(self, L, h):
+        """(q, k, v) of the normed attention input h, (n, heads, head_dim) each, before rope."""
+        n, hd = len(h), self.head_dim
+        if "attn_qkv" in L:                 # falcon: all Q heads, then all K heads, then all V heads
+            qkv = h @ L["attn_qkv"].T
+            e, ekv = self.n_head * hd, self.n_head_kv * hd
+            q, k, v = qkv[:, :e], qkv[:, e:e + ekv], qkv[:, e + ekv:]
+        else:
+            q, k, v = (h @ L[f"attn_{t}"].T + L.get(f"attn_{t}.bias", 0.0) for t in "qkv")
+        q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
+        if "attn_q_norm" in L:              # gemma3
+            q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
+        return q, k, v
+
+    def attention(self, L, li, h, pos, all_pos, cache):
+        """The attention block's output for the normed input h (its K/V appended to the cache)."""
+        n, nh, hd = len(h), self.n_head, self.head_dim
+        local = self.n_swa > 0 and li % 6 < 5
+        mask = all_pos[None, :] <= pos[:, None]                       # (n, n_kv_tot)
+        if local:
+            mask &= (pos[:, None] - all_pos[None, :]) < self.n_swa
+        q, k, v = self.qkv(L, h)
+        if self.arch != "opt":
+            base = self.rope_base_swa if local else None
+            q, k = self.rope(q, pos, base), self.rope(k, pos, base)
+        if cache.k[li] is not None:
+            k = np.concatenate([cache.k[li], k], axis=0)
+            v = np.concatenate([cache.v[li], v], axis=0)
+        cache.k[li], cache.v[li] = k, v
+        group = nh // self.n_head_kv
+        att_out = np.empty((n, nh, hd))
+        for hh in range(nh):
+            kv = hh // group
+            s = (q[:, hh, :] @ k[:, kv, :].T) / math.sqrt(hd)           # (n, n_kv_tot)
+            s = np.where(mask, s, -np.inf)
+            s = s - s.max(axis=1, keepdims=True)
+            p = np.exp(s)
+            p /= p.sum(axis=1, keepdims=True)
+            att_out[:, hh, :] = p @ v[:, kv, :]
+        a = att_out.reshape(n, nh * hd) @ L["attn_output"].T + L.get("attn_output.bias", 0.0)
+        return self.rmsnorm(a, L["post_attention_norm"]) if "post_attention_norm" in L else a
 
     # ---- forward -------------------------------------------------------------------------
     def new_cache(self) -> KVCache:
         return KVCache(self.n_layer)
 
-    def forward(self, tokens, positions=None, cache: KVCache | None = None, hidden: bool = False) -> np.ndarray:
+    def forward(self, tokens, positions=None, cache: KVCache | None = None, hidden: bool = False,
+                trace: dict | None = None) -> np.ndarray:
         """logits (len(tokens), n_vocab) float64 (hidden: the final hidden states (len(tokens), n_embd),
-        rmsnorm(x) * output_norm, instead).  Without `cache`: causal attention over
+        norm(x, output_norm), instead).  Without `cache`: causal attention over
         exactly the given sequence.  With a cache: the tokens are appended to it (their K/V
-        stored) and attend to everything cached with pos <= their own."""
+        stored) and attend to everything cached with pos <= their own.  trace: a dict that gets
+        the list "ffn_inp" (each layer's pre-norm residual before its FFN) and those of ffn()."""
         tokens = np.asarray(list(tokens), dtype=np.int64)
         n = len(tokens)
         if n == 0:
@@ -295,37 +430,26 @@ class ReferenceModel:
         pos = np.asarray(list(positions), dtype=np.int64)
         assert pos.shape == (n,)
         all_pos = np.concatenate([cache.pos, pos])
-        mask = all_pos[None, :] <= pos[:, None]                       # (n, n_kv_tot)
-        hd, nh, nkv = self.head_dim, self.n_head, self.n_head_kv
-        group = nh // nkv
-        scale = 1.0 / math.sqrt(hd)
 
         x = self.tok_embd[tokens].copy()                              # (n, n_embd)
+        if self.arch == "gemma3":
+            x *= math.sqrt(self.n_embd)
+        if self.pos_embd is not None:                                 # opt
+            x += self.pos_embd[pos + 2]
         for li, L in enumerate(self.layers):
-            h = self.rmsnorm(x, L["attn_norm"])
-            q = (h @ L["attn_q"].T).reshape(n, nh, hd)
-            k = (h @ L["attn_k"].T).reshape(n, nkv, hd)
-            v = (h @ L["attn_v"].T).reshape(n, nkv, hd)
-            q = self.rope(q, pos)
-            k = self.rope(k, pos)
-            if cache.k[li] is not None:
-                k = np.concatenate([cache.k[li], k], axis=0)
-                v = np.concatenate([cache.v[li], v], axis=0)
-            cache.k[li], cache.v[li] = k, v
-            att_out = np.empty((n, nh, hd))
-            for hh in range(nh):
-                kv = hh // group
-                s = (q[:, hh, :] @ k[:, kv, :].T) * scale               # (n, n_kv_tot)
-                s = np.where(mask, s, -np.inf)
-                s = s - s.max(axis=1, keepdims=True)
-                p = np.exp(s)
-                p /= p.sum(axis=1, keepdims=True)
-                att_out[:, hh, :] = p @ v[:, kv, :]
-            x = x + att_out.reshape(n, nh * hd) @ L["attn_output"].T
-            g = self.rmsnorm(x, L["ffn_norm"])
-            x = x + self.ffn(L, g, x)
+            h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias"))
+            if self.arch == "falcon":                                 # parallel attention and FFN
+                a_in = self.norm(x, L["attn_norm_2"], L["attn_norm_2.bias"]) if "attn_norm_2" in L else h
+                x = x + self.attention(L, li, a_in, pos, all_pos, cache) + self.ffn(L, h, x, trace)
+                continue
+            x = x + self.attention(L, li, h, pos, all_pos, cache)
+            if trace is not None:
+                trace.setdefault("ffn_inp", []).append(x.copy())
+            g = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias"))
+            f = self.ffn(L, g, x, trace)
+            x = x + (self.rmsnorm(f, L["post_ffw_norm"]) if "post_ffw_norm" in L else f)
         cache.pos = all_pos
-        x = self.rmsnorm(x, self.output_norm)
+        x = self.norm(x, *self.output_norm)
         return x if hidden else x @ self.output.T
 
     def greedy(self, prompt_tokens, n) -> list[int]:

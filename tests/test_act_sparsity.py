@@ -59,7 +59,7 @@ def test_architectures(tmp_path, arch):
     """qwen2 (biases, tied head) and gemma3 (GeGLU, post norms, sliding window) run sparse too: --dense is the
     input, every channel through the sparse kernels is the dense model up to f32 rounding, a level is sparse
     and its prompt equals token by token."""
-    from arch_models import write_arch_model
+    from model_files import write_arch_model
     src, dst = tmp_path / f"{arch}.gguf", tmp_path / f"{arch}.sparse.gguf"
     write_arch_model(src, arch, seed=4)
     assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),

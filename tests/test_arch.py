@@ -18,8 +18,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
-from arch_models import CONFIGS, forward, make_weights, write_arch_model  # noqa: E402
-from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, rel_rms  # noqa: E402
+from model_files import CONFIGS, make_weights, write_arch_model  # noqa: E402
+from reference_model import ReferenceModel  # noqa: E402
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, logits_one_by_one, rel_rms  # noqa: E402
 from powerinfer.gguf_file import ModelLoadError  # noqa: E402
 
 # f32 weights and KV cache: float32 arithmetic against float64 (rel. RMS of the logits; measured
@@ -46,10 +47,10 @@ def files(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "llama-ff"])
 def test_forward_matches_numpy(files, arch):
-    path, w = files[arch]
+    path, _ = files[arch]
     model = pi.Model(path)
     ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
-    ref = forward(w, arch.split("-")[0], PROMPT)
+    ref = ReferenceModel(path).forward(PROMPT)
     assert rel_rms(ours, ref) < F32_REL_RMS, rel_rms(ours, ref)
     ours16 = logits_all(pi.Context(model, n_ctx=64, kv_type="f16"), PROMPT)
     assert rel_rms(ours16, ref) < F16_KV_REL_RMS
@@ -80,23 +81,19 @@ def test_batch_equals_token_by_token(files, arch):
     """Incremental decoding (the sliding window over cached cells) gives the batched logits."""
     model = pi.Model(files[arch][0])
     batched = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
-    ctx = pi.Context(model, n_ctx=64, kv_type="f32")
-    single = []
-    for t in PROMPT:
-        ctx.decode([t])
-        single.append(ctx.logits())
-    np.testing.assert_allclose(np.stack(single), batched, rtol=0, atol=1e-4 * np.abs(batched).max())
+    single = logits_one_by_one(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
+    np.testing.assert_allclose(single, batched, rtol=0, atol=1e-4 * np.abs(batched).max())
 
 
 def test_local_layers_matter(files):
     """The window and the local rope base change the result: the logits match the reference with
     them and are far from the reference without them (all layers global, or local layers with the
     global rope base)."""
-    path, w = files["gemma3"]
+    path, _ = files["gemma3"]
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32"), PROMPT)
-    assert rel_rms(ours, forward(w, "gemma3", PROMPT)) < F32_REL_RMS
-    assert rel_rms(ours, forward(w, "gemma3", PROMPT, n_swa=1000)) > 1e-3
-    assert rel_rms(ours, forward(w, "gemma3", PROMPT, rope_base_swa=1000000.0)) > 1e-3
+    assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < F32_REL_RMS
+    assert rel_rms(ours, ReferenceModel(path, n_swa=1000).forward(PROMPT)) > 1e-3
+    assert rel_rms(ours, ReferenceModel(path, rope_base_swa=1000000.0).forward(PROMPT)) > 1e-3
 
 
 def test_thread_counts_identical(files):
@@ -157,7 +154,6 @@ def test_main_conversation_mode(tmp_path):
 
 
 def test_rope_freq_factors_matter(files):
-    path, w = files["llama-ff"]
+    path, _ = files["llama-ff"]
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32"), PROMPT)
-    plain = {k: v for k, v in w.items() if k != "rope_freqs.weight"}
-    assert rel_rms(ours, forward(plain, "llama", PROMPT)) > 1e-3
+    assert rel_rms(ours, ReferenceModel(path, rope_freqs=None).forward(PROMPT)) > 1e-3

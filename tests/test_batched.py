@@ -13,8 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import powerinfer as pi  # noqa: E402
-from powerinfer.engine import Generator  # noqa: E402
-from make_test_model import write_model  # noqa: E402
+from powerinfer.generator import Generator  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("examples_batched", ROOT / "examples" / "batched.py")
 batched = importlib.util.module_from_spec(_spec)
@@ -25,10 +24,8 @@ PROMPT = "Hello my name is"
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("batched") / "tiny.gguf"
-    write_model(path, dtype="q8_0", n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)
-    return path
+def model_path(tiny_model):
+    return tiny_model("q8_0", seed=1)
 
 
 @pytest.fixture(scope="module")

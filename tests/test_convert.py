@@ -31,11 +31,13 @@ import numpy as np
 import pytest
 
 import powerinfer as pi
-from helpers import rel_rms
+from helpers import reaped, rel_rms
 from powerinfer import quants
 from powerinfer.convert import ConversionError, convert_dense, convert_sparse, permute_qk
 from powerinfer.convert.torch_pickle import load_state_dict
 from powerinfer.gguf_file import open_gguf
+from model_files import layer_weights, random_weights
+from reference_model import HF_OF_GGUF, ReferenceModel
 
 spm = pytest.importorskip("sentencepiece")
 
@@ -163,30 +165,14 @@ def train_tokenizer(vocab_size: int = 300) -> bytes:
 
 
 def make_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
+    rng, mat, norm, _ = random_weights(seed)
     E, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = E // cfg["num_attention_heads"]
     E_kv = hd * cfg["num_key_value_heads"]
-
-    def mat(rows, cols):
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
     w = {"model.embed_tokens.weight": rng.standard_normal((V, E)).astype(np.float32),
          "model.norm.weight": norm(E)}
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = norm(E)
-        w[p + "self_attn.q_proj.weight"] = mat(E, E)
-        w[p + "self_attn.k_proj.weight"] = mat(E_kv, E)
-        w[p + "self_attn.v_proj.weight"] = mat(E_kv, E)
-        w[p + "self_attn.o_proj.weight"] = mat(E, E)
-        w[p + "post_attention_layernorm.weight"] = norm(E)
-        w[p + "mlp.gate_proj.weight"] = mat(F, E)
-        w[p + "mlp.up_proj.weight"] = mat(F, E)
-        w[p + "mlp.down_proj.weight"] = mat(E, F)
+        w.update((f"model.layers.{i}.{HF_OF_GGUF[k]}.weight", v) for k, v in layer_weights(mat, norm, E, F, E, E_kv).items())
     if not cfg.get("tie_word_embeddings"):
         w["lm_head.weight"] = mat(V, E)
     return w
@@ -227,47 +213,6 @@ def write_predictor_dir(d: Path, preds, threshold=THRESHOLD) -> Path:
     if threshold is not None:
         (d / "config.json").write_text(json.dumps({"sparse_threshold": threshold}))
     return d
-
-
-# ---------------------------------------------------------------------------------------------
-# float64 reference in HF conventions
-# ---------------------------------------------------------------------------------------------
-def hf_forward(w: dict, cfg: dict, tokens) -> np.ndarray:
-    E, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd, eps = E // H, cfg["rms_norm_eps"]
-    W = {k: v.astype(np.float64) for k, v in w.items()}
-    T = len(tokens)
-    factor = (cfg.get("rope_scaling") or {}).get("factor", 1.0)
-    inv = cfg.get("rope_theta", 10000.0) ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    ang = np.arange(T, dtype=np.float64)[:, None] / factor * inv[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
-
-    def rms(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
-
-    def rope(x):                         # (T, heads, hd), rotate_half convention
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-        return x * cos[:, None, :] + np.concatenate([-x2, x1], -1) * sin[:, None, :]
-
-    x = W["model.embed_tokens.weight"][np.asarray(tokens)]
-    mask = np.triu(np.full((T, T), -np.inf), 1)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        h = rms(x, W[p + "input_layernorm.weight"])
-        q = rope((h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd))
-        k = rope((h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, KV, hd))
-        v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, KV, hd)
-        k, v = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + mask
-        s = np.exp(s - s.max(-1, keepdims=True))
-        s /= s.sum(-1, keepdims=True)
-        x = x + np.einsum("hts,shd->thd", s, v).reshape(T, E) @ W[p + "self_attn.o_proj.weight"].T
-        h = rms(x, W[p + "post_attention_layernorm.weight"])
-        a = np.maximum(h @ W[p + "mlp.gate_proj.weight"].T, 0) * (h @ W[p + "mlp.up_proj.weight"].T)
-        x = x + a @ W[p + "mlp.down_proj.weight"].T
-    x = rms(x, W["model.norm.weight"])
-    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else W["lm_head.weight"]
-    return x @ head.T
 
 
 def stored_weights(w: dict, outtype: str) -> dict:
@@ -316,7 +261,7 @@ def ckpt(tmp_path_factory, sp_model):
     sp = spm.SentencePieceProcessor(model_proto=sp_model)
     tokens = [sp.bos_id()] + sp.encode(PROMPT_TEXT)
     return dict(base=base, model_dir=model_dir, pred_dir=pred_dir, weights=weights, preds=preds,
-                tokens=tokens, sp=sp, ref=hf_forward(weights, CFG, tokens), out={})
+                tokens=tokens, sp=sp, ref=ReferenceModel.from_hf(weights, CFG).forward(tokens), out={})
 
 
 def converted(ckpt, kind: str, outtype: str) -> Path:
@@ -361,7 +306,7 @@ def test_dense_outtypes_match_hf_reference(ckpt, outtype, tol):
         assert quants.type_name_of(t.type) == want, name
     ours = engine_logits(path, ckpt["tokens"])
     assert rel_rms(ours, ckpt["ref"]) < tol
-    stored_ref = hf_forward(stored_weights(ckpt["weights"], outtype), CFG, ckpt["tokens"])
+    stored_ref = ReferenceModel.from_hf(stored_weights(ckpt["weights"], outtype), CFG).forward(ckpt["tokens"])
     assert rel_rms(ours, stored_ref) < (STORED_F16_REL_RMS if outtype == "f16" else STORED_QUANT_REL_RMS)
 
 
@@ -598,7 +543,7 @@ def test_tied_embeddings_added_tokens_rope_scaling_and_bamboo(ckpt, sp_model):
     (d / "config.json").write_text(json.dumps(cfg_llama))
     out2 = ckpt["base"] / "tied-llama.gguf"
     convert_dense(d, out2, "f32")
-    ref = hf_forward(weights, cfg_llama, ckpt["tokens"])
+    ref = ReferenceModel.from_hf(weights, cfg_llama).forward(ckpt["tokens"])
     assert rel_rms(engine_logits(out2, ckpt["tokens"]), ref) < F32_REL_RMS
 
 
@@ -774,14 +719,11 @@ def test_sigterm_during_conversion_leaves_no_temporary(ckpt, tmp_path):
             "sys.exit(runpy.run_path(%r)['main'](sys.argv[1:]))" % str(ROOT / "convert-dense.py"))
     proc = subprocess.Popen([sys.executable, "-c", code, str(out), str(ckpt["model_dir"])], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped(proc):
         assert proc.stdout.readline().strip() == "writing"
         assert [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

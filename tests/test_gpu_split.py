@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from powerinfer import gpu_split as gs  # noqa: E402
-from sparse_model import write_sparse_model  # noqa: E402
+from model_files import write_sparse_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

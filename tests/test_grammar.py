@@ -21,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 import powerinfer as pi  # noqa: E402
-from make_test_model import write_model  # noqa: E402
 from powerinfer.grammar import Grammar, GrammarError, GrammarMatcher  # noqa: E402
 from powerinfer.sampling import Sampler, SamplingParams  # noqa: E402
 
@@ -33,10 +32,8 @@ YES_NO = 'root ::= answer "." \nanswer ::= "yes" | "no" | "maybe"'
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("grammar") / "tiny-f32.gguf"
-    write_model(path, dtype="f32", n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)
-    return path
+def model_file(tiny_model):
+    return tiny_model("f32", seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import powerinfer as pi  # noqa: E402
-from gguf import GGUFReader, GGUFWriter  # noqa: E402
-from make_test_model import write_model  # noqa: E402
+from gguf import GGMLQuantizationType  # noqa: E402
+from model_files import rewrite  # noqa: E402
+from helpers import TINY_SHAPE, reaped  # noqa: E402
 from powerinfer.cli_args import LoadProgress, threads_in_use  # noqa: E402
 from powerinfer.context import resolve_n_ctx  # noqa: E402
-from powerinfer.engine import ContextFull, Generator, Timings  # noqa: E402
+from powerinfer.engine import ContextFull, Timings  # noqa: E402
+from powerinfer.generator import Generator  # noqa: E402
 
 MAIN = ROOT / "examples" / "main.py"
-SHAPE = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
 
 
 def _load_main():
@@ -53,10 +54,8 @@ def run_main(*args, input: str | None = "", timeout: float = 120) -> subprocess.
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("main") / "tiny-f32.gguf"
-    write_model(path, dtype="f32", seed=7, n_ctx_train=512, **SHAPE)
-    return path
+def tiny(tiny_model) -> Path:
+    return tiny_model("f32", seed=7, n_ctx_train=512)
 
 
 # ------------------------------------------------------------------------------------------ flags
@@ -190,22 +189,8 @@ def test_model_directory_and_missing_prompt_file(tiny, tmp_path):
 
 def test_nan_logits_are_one_error_line(tiny, tmp_path):
     """A file whose weights make NaN logits: one error line and status 1, not a sampler traceback."""
-    r = GGUFReader(tiny)
-    out = tmp_path / "nan.gguf"
-    w = GGUFWriter(str(out), "llama")
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
-    for t in r.tensors:
-        data = np.array(t.data)
-        if t.name == "output_norm.weight":
-            data = np.full_like(data, np.nan)
-        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    nan = np.full(TINY_SHAPE["n_embd"], np.nan, np.float32)
+    out = rewrite(tiny, tmp_path / "nan.gguf", replace={"output_norm.weight": (nan, GGMLQuantizationType.F32)})
     res = run_main("-m", out, "-p", "x", "-n", "4", "-t", "1")
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr
@@ -292,14 +277,10 @@ def test_ctrl_c_at_the_input_prompt_exits(tiny, threads):
                 ready.set()
     t = threading.Thread(target=reader, daemon=True)
     t.start()
-    try:
+    with reaped(proc):
         assert ready.wait(60), seen
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     err = err.decode()
     assert proc.returncode == 130, err
     assert "Interrupted by user" in err and "Traceback" not in err

@@ -22,6 +22,7 @@ from make_test_model import write_model  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
 from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, QUANT_REL_RMS, rel_rms  # noqa: E402
 from helpers import logits_all as all_logits  # noqa: E402
+from helpers import logits_one_by_one  # noqa: E402
 
 TINY = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_0"]
@@ -76,13 +77,9 @@ def test_greedy_32_tokens_match_reference_exactly(model_files):
 def test_batch_equals_token_by_token(model_files, dtype):
     model = pi.Model(model_files[dtype])
     batched = all_logits(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
-    ctx = pi.Context(model, n_ctx=64, kv_type="f32")
-    single = []
-    for t in PROMPT:
-        ctx.decode([t])
-        single.append(ctx.logits())
+    single = logits_one_by_one(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
     # same math, one row at a time: equal up to float32 summation order in attention
-    np.testing.assert_allclose(np.stack(single), batched, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(single, batched, rtol=0, atol=1e-5)
 
 
 def test_small_n_batch_splits_prompt(model_files):

@@ -15,9 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 import powerinfer as pi  # noqa: E402
-from make_test_model import write_model  # noqa: E402
 from powerinfer.perplexity import KLDBase, perplexity  # noqa: E402
-from sparse_model import write_sparse_model  # noqa: E402
+from model_files import write_sparse_model  # noqa: E402
 
 WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by "
          "word but not what all were we when your can said there use an each which she do how their if will up "
@@ -26,10 +25,8 @@ N_CTX = 64
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ppl") / "tiny.gguf"
-    write_model(path, dtype="q8_0", n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=3)
-    return path
+def model_path(tiny_model):
+    return tiny_model("q8_0", seed=3)
 
 
 @pytest.fixture(scope="module")

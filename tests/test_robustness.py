@@ -40,6 +40,7 @@ import powerinfer as pi  # noqa: E402
 from powerinfer import ModelLoadError, PowerInferError  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
 from make_test_model import write_model  # noqa: E402
+from model_files import rewrite  # noqa: E402
 
 TINY = dict(n_vocab=320, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, n_layer=2)
 
@@ -137,37 +138,6 @@ def patch(path, at: int, fmt: str, value) -> None:
 
 def copy_to(src, dst) -> Path:
     Path(dst).write_bytes(Path(src).read_bytes())
-    return Path(dst)
-
-
-def rewrite(src, dst, *, meta=None, drop=(), replace=None, extra=None, arch=None) -> Path:
-    """Copy a GGUF file through gguf.GGUFReader/GGUFWriter with changes.
-
-    meta: {key: (value, GGUFValueType) | None (delete)}; drop: tensor names to leave out;
-    replace / extra: {name: (numpy data, ggml type)} for changed / additional tensors.
-    """
-    meta, replace, extra = meta or {}, replace or {}, extra or {}
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), arch or r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in meta:
-            continue
-        vtype = f.types[0]
-        w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1] if vtype == VT.ARRAY else None)
-    for key, v in meta.items():
-        if v is not None:
-            w.add_key_value(key, v[0], v[1])
-    for t in r.tensors:
-        if t.name in drop:
-            continue
-        data, dt = replace.get(t.name, (t.data, t.tensor_type))
-        w.add_tensor(t.name, np.ascontiguousarray(data), raw_dtype=dt)
-    for name, (data, dt) in extra.items():
-        w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=dt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
     return Path(dst)
 
 
@@ -540,7 +510,7 @@ def test_pwri_with_incomplete_predictors(base_file, tmp_path):
 def _sparse_writer():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
-        from sparse_model import write_sparse_model
+        from model_files import write_sparse_model
     except ImportError:
         pytest.skip("tests/sparse_model.py is not available")
     return write_sparse_model

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import powerinfer as pi  # noqa: E402
 from make_test_model import write_model  # noqa: E402
+from helpers import reaped  # noqa: E402
 from powerinfer.server.app import ServerState, create_app  # noqa: E402
 
 SHAPE = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)
@@ -517,18 +518,18 @@ def test_logit_bias_non_ascii_digit_keys_are_text(server):
 def test_large_tokenize_bodies_are_handled_off_the_event_loop(models, monkeypatch):
     """Parsing a large body, tokenizing, detokenizing and rendering the answer run in worker
     threads, so one 2 MB request does not stall /health (checked by thread, not by timing)."""
-    import powerinfer.server.app as app_mod
+    import powerinfer.server.protocol as protocol     # the request-body reader of every route
     path = models / "tiny-q8_0.gguf"
     llm = pi.PowerInfer(path, n_ctx=256, n_threads=1)
     seen: dict[str, set] = {"parse": set(), "encode": set(), "detokenize": set()}
-    parse, encode, detok = app_mod._parse_body, llm.tokenizer.encode, llm.detokenize
+    parse, encode, detok = protocol._parse_body, llm.tokenizer.encode, llm.detokenize
 
     def spy(kind, fn):
         def wrapped(*a, **kw):
             seen[kind].add(threading.current_thread().name)
             return fn(*a, **kw)
         return wrapped
-    monkeypatch.setattr(app_mod, "_parse_body", spy("parse", parse))
+    monkeypatch.setattr(protocol, "_parse_body", spy("parse", parse))
     llm.tokenizer.encode = spy("encode", encode)
     llm.detokenize = spy("detokenize", detok)
     srv = InProcessServer(create_app(ServerState(model_path=str(path), llm=llm)))
@@ -557,13 +558,9 @@ def test_sigint_exits_cleanly(models):
     proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "server.py"), "-m", str(models / "tiny-q8_0.gguf"),
                              "--port", str(port), "-t", "1", "-c", "256"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with reaped(proc):
         wait_healthy(f"http://127.0.0.1:{port}", proc=proc)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
 from reference_model import ReferenceModel, dequantize  # noqa: E402
-from sparse_model import TYPES, write_sparse_model  # noqa: E402
+from model_files import TYPES, write_sparse_model  # noqa: E402
 from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, logits_all, logits_one_by_one, rel_rms  # noqa: E402
 
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_0"]

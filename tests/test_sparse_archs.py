@@ -1,5 +1,6 @@
-"""Sparse (PowerInfer) falcon and opt: small random PWRI files written here, the C forward pass
-against an independent float64 numpy implementation of each architecture (spec 1.4, 4.1, 4.3)."""
+"""Sparse (PowerInfer) falcon and opt: small random PWRI files (model_files), the C forward pass
+against the independent float64 numpy implementation of each architecture (reference_model;
+spec 1.4, 4.1, 4.3)."""
 from __future__ import annotations
 
 import sys
@@ -7,208 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
-from reference_model import dequantize, read_gguf  # noqa: E402
-from sparse_model import _encode  # noqa: E402
+from reference_model import ReferenceModel, layer_norm  # noqa: E402
+from model_files import SPARSE_ARCH_SHAPE as SHAPE  # noqa: E402
+from model_files import write_sparse_arch_model as write_arch_model  # noqa: E402
 from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, logits_all, rel_rms  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from make_test_model import write_model  # noqa: E402
 
 # with the predictor on, the quantization drift of the residual (the predictor's input) flips a few
 # neurons that sit near the threshold; each flip moves the logits by a whole neuron's contribution
 QUANT_PRED_REL_RMS = 8e-2
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5]
-SHAPE = dict(n_vocab=320, n_embd=64, n_ff=256, n_head=4)
-
-
-# ---- writing test files ---------------------------------------------------------------------
-
-def _tokenizer_fields(tmp: Path):
-    """The tokenizer.* keys of the tiny llama test model (a SentencePiece vocabulary of n_vocab tokens)."""
-    dense = tmp / "tok-source.gguf"
-    if not dense.exists():
-        write_model(dense, dtype="f32", seed=0, n_vocab=SHAPE["n_vocab"], n_embd=32, n_ff=64, n_head=2,
-                    n_head_kv=2, n_layer=1)
-    reader = GGUFReader(dense)
-    return [(n, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
-            for n, f in reader.fields.items() if n.startswith("tokenizer.")]
-
-
-def arch_tensors(arch, *, n_vocab, n_embd, n_ff, n_head, n_head_kv, ranks, attn_norm_2, seed):
-    """numpy float32 weights, numpy shape = reversed GGUF ne (row i of an [E, N] tensor = output i)."""
-    rng = np.random.default_rng(seed)
-    E, F, hd = n_embd, n_ff, n_embd // n_head
-    Ekv = hd * n_head_kv
-
-    def mat(n_out, n_in):
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-
-    def normw(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    def bias(n):
-        return (0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    t = {"token_embd.weight": rng.standard_normal((n_vocab, E)).astype(np.float32),
-         "output_norm.weight": normw(E), "output_norm.bias": bias(E)}
-    if arch == "falcon":
-        t["output.weight"] = mat(n_vocab, E)
-    else:
-        t["position_embd.weight"] = (0.5 * rng.standard_normal((2050, E))).astype(np.float32)
-    for il, r in enumerate(ranks):
-        p = f"blk.{il}."
-        t[p + "attn_norm.weight"], t[p + "attn_norm.bias"] = normw(E), bias(E)
-        if arch == "falcon":
-            if attn_norm_2:
-                t[p + "attn_norm_2.weight"], t[p + "attn_norm_2.bias"] = normw(E), bias(E)
-            t[p + "attn_qkv.weight"] = mat(E + 2 * Ekv, E)
-            t[p + "attn_output.weight"] = mat(E, E)
-        else:
-            for n, rows in (("q", E), ("k", Ekv), ("v", Ekv), ("output", E)):
-                t[p + f"attn_{n}.weight"], t[p + f"attn_{n}.bias"] = mat(rows, E), bias(rows)
-            t[p + "ffn_norm.weight"], t[p + "ffn_norm.bias"] = normw(E), bias(E)
-            t[p + "ffn_up.bias"] = bias(F)
-            t[p + "ffn_down_t.bias"] = bias(E)
-        t[p + "ffn_up.weight"] = mat(F, E)
-        t[p + "ffn_down_t.weight"] = (rng.standard_normal((F, E)) / np.sqrt(F)).astype(np.float32)
-        t[p + "fc1.weight"] = mat(r, E)
-        t[p + "fc2.weight"] = mat(F, r)
-    return t
-
-
-def write_arch_model(path, arch, *, dtype="f32", ranks=(32, 64), n_head_kv=None, attn_norm_2=True, seed=0,
-                     drop=(), replace=None, pwri=True, eps="default") -> Path:
-    """A small random PWRI falcon/opt file. drop: tensor names to leave out; replace: {name: array};
-    eps: {arch}.attention.layer_norm_epsilon (default: 1e-5 for falcon, none for opt, as the converters)."""
-    path = Path(path)
-    n_head_kv = n_head_kv or (2 if arch == "falcon" else SHAPE["n_head"])
-    tensors = arch_tensors(arch, **SHAPE, n_head_kv=n_head_kv, ranks=ranks, attn_norm_2=attn_norm_2, seed=seed)
-    tensors.update(replace or {})
-    w = GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_context_length(2048)
-    w.add_embedding_length(SHAPE["n_embd"])
-    w.add_feed_forward_length(SHAPE["n_ff"])
-    w.add_block_count(len(ranks))
-    w.add_head_count(SHAPE["n_head"])
-    w.add_head_count_kv(n_head_kv)
-    if eps == "default":
-        eps = 1e-5 if arch == "falcon" else None
-    if eps is not None:
-        w.add_layer_norm_eps(eps)
-    if arch == "falcon":
-        w.add_string("falcon.tensor_data_layout", "jploski")
-    for name, value, vtype, sub in _tokenizer_fields(path.parent):
-        w.add_key_value(name, value, vtype, sub_type=sub)
-    for name, arr in tensors.items():
-        if name in drop:
-            continue
-        pred = name.endswith(("fc1.weight", "fc2.weight"))
-        # f16 predictors keep the selection free of activation quantization (as tests/test_sparse.py)
-        data, q = _encode(arr, "f16" if pred and dtype != "f32" else dtype)
-        w.add_tensor(name, data, raw_dtype=q)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if pwri:
-        with open(path, "r+b") as f:
-            f.write(b"PWRI")
-    return path
-
-
-# ---- the float64 reference ------------------------------------------------------------------
-
-def layer_norm(x, w, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
-
-
-def rope_neox(x, pos, base=10000.0):
-    """x [T, H, hd]: pairs (i, i + hd/2) rotate by pos * base^(-2i/hd)."""
-    hd = x.shape[-1]
-    half = hd // 2
-    theta = np.asarray(pos, dtype=np.float64)[:, None] * base ** (-2.0 * np.arange(half) / hd)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    x0, x1 = x[..., :half], x[..., half:]
-    return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
-
-
-def attention(q, k, v):
-    """q [T, H, hd], k/v [T, Hkv, hd], causal over the T tokens (positions 0..T-1)."""
-    T, H, hd = q.shape
-    group = H // k.shape[1]
-    out = np.empty_like(q)
-    mask = np.triu(np.full((T, T), -np.inf), 1)
-    for h in range(H):
-        s = q[:, h] @ k[:, h // group].T / np.sqrt(hd) + mask
-        p = np.exp(s - s.max(-1, keepdims=True))
-        out[:, h] = (p / p.sum(-1, keepdims=True)) @ v[:, h // group]
-    return out.reshape(T, H * hd)
-
-
-class ArchReference:
-    def __init__(self, path, threshold=0.0, use_predictor=True):
-        meta, raw = read_gguf(path)
-        self.arch = meta["general.architecture"]
-        self.t = {n: dequantize(r, typ, ne) for n, (typ, ne, r) in raw.items()}
-        self.n_layer = meta[f"{self.arch}.block_count"]
-        self.n_head = meta[f"{self.arch}.attention.head_count"]
-        self.n_head_kv = meta[f"{self.arch}.attention.head_count_kv"]
-        self.eps = float(meta.get(f"{self.arch}.attention.layer_norm_epsilon", 1e-5))
-        self.threshold, self.use_predictor = threshold, use_predictor
-
-    def ffn(self, p, x_norm, x_pred, up_bias=None, down_bias=None):
-        t = self.t
-        u = x_norm @ t[p + "ffn_up.weight"].T
-        if up_bias is not None:
-            u = u + up_bias
-        h = np.maximum(u, 0.0)
-        if self.use_predictor:
-            score = np.maximum(x_pred @ t[p + "fc1.weight"].T, 0.0) @ t[p + "fc2.weight"].T
-            h = h * (score >= self.threshold)
-        out = h @ t[p + "ffn_down_t.weight"]
-        return out if down_bias is None else out + down_bias
-
-    def forward(self, tokens):
-        t, T = self.t, len(tokens)
-        E = t["token_embd.weight"].shape[1]
-        hd = E // self.n_head
-        pos = np.arange(T)
-        x = t["token_embd.weight"][tokens]
-        if self.arch == "opt":
-            x = x + t["position_embd.weight"][pos + 2]
-        for il in range(self.n_layer):
-            p = f"blk.{il}."
-            ln1 = layer_norm(x, t[p + "attn_norm.weight"], t[p + "attn_norm.bias"], self.eps)
-            if self.arch == "falcon":
-                a_in = (layer_norm(x, t[p + "attn_norm_2.weight"], t[p + "attn_norm_2.bias"], self.eps)
-                        if p + "attn_norm_2.weight" in t else ln1)
-                qkv = a_in @ t[p + "attn_qkv.weight"].T
-                Ekv = hd * self.n_head_kv
-                q = qkv[:, :E].reshape(T, self.n_head, hd)
-                k = qkv[:, E:E + Ekv].reshape(T, self.n_head_kv, hd)
-                v = qkv[:, E + Ekv:].reshape(T, self.n_head_kv, hd)
-                att = attention(rope_neox(q, pos), rope_neox(k, pos), v) @ t[p + "attn_output.weight"].T
-                x = att + self.ffn(p, ln1, x) + x
-            else:
-                def proj(n):
-                    return ln1 @ t[p + f"attn_{n}.weight"].T + t[p + f"attn_{n}.bias"]
-                q = proj("q").reshape(T, self.n_head, hd)
-                k = proj("k").reshape(T, self.n_head_kv, hd)
-                v = proj("v").reshape(T, self.n_head_kv, hd)
-                att = attention(q, k, v) @ t[p + "attn_output.weight"].T + t[p + "attn_output.bias"]
-                x = x + att
-                h = layer_norm(x, t[p + "ffn_norm.weight"], t[p + "ffn_norm.bias"], self.eps)
-                x = x + self.ffn(p, h, x, t[p + "ffn_up.bias"], t[p + "ffn_down_t.bias"])
-        x = layer_norm(x, t["output_norm.weight"], t["output_norm.bias"], self.eps)
-        return x @ t.get("output.weight", t["token_embd.weight"]).T
 
 
 # ---- tests ----------------------------------------------------------------------------------
@@ -271,7 +83,7 @@ def test_arch_matches_reference(files, arch, dtype):
     assert model.sparse and model.hparams.arch == arch and model.hparams.ffn_gate == "seq"
     ctx = pi.Context(model, n_ctx=64, kv_type="f32")
     ours = logits_all(ctx, PROMPT)
-    ref = ArchReference(files[arch, dtype]).forward(PROMPT)
+    ref = ReferenceModel(files[arch, dtype]).forward(PROMPT)
     assert rel_rms(ours, ref) < (FLOAT_REL_RMS if dtype == "f32" else QUANT_PRED_REL_RMS)
     active, total = ctx.sparse_stats()
     assert total == len(PROMPT) * model.hparams.n_ff
@@ -284,7 +96,7 @@ def test_arch_every_neuron(files, arch, dtype):
     every = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", sparse_threshold=-np.inf), PROMPT)
     dense = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", dense=True), PROMPT)
     assert np.array_equal(every, dense)
-    ref = ArchReference(files[arch, dtype], use_predictor=False).forward(PROMPT)
+    ref = ReferenceModel(files[arch, dtype], use_predictor=False).forward(PROMPT)
     assert rel_rms(dense, ref) < (FLOAT_REL_RMS if dtype == "f32" else QUANT_REL_RMS)
     # the predictor changes the result (it does skip neurons)
     assert not np.allclose(dense, logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT))
@@ -306,7 +118,7 @@ def test_falcon_without_attn_norm_2(tmp_path):
     path = write_arch_model(tmp_path / "f7b.powerinfer.gguf", "falcon", attn_norm_2=False, n_head_kv=1, seed=5)
     model = pi.Model(path)
     ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
-    assert rel_rms(ours, ArchReference(path).forward(PROMPT)) < FLOAT_REL_RMS
+    assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < FLOAT_REL_RMS
 
 
 def test_opt_position_past_learned_table(files):
@@ -357,4 +169,4 @@ def test_opt_eps_default_and_key(tmp_path):
     path = write_arch_model(tmp_path / "b.powerinfer.gguf", "opt", eps=1e-3)
     assert pi.Model(path).hparams.norm_eps == pytest.approx(1e-3)
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32"), PROMPT)
-    assert rel_rms(ours, ArchReference(path).forward(PROMPT)) < FLOAT_REL_RMS
+    assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < FLOAT_REL_RMS

@@ -37,6 +37,7 @@ sys.path.insert(0, str(TOOLS))
 import hf_llama_torch as hfl  # noqa: E402
 import profile_activations as pa  # noqa: E402
 import train_predictor as tp  # noqa: E402
+from reference_model import ReferenceModel  # noqa: E402
 
 # max |logits_torch32 - logits_numpy64| / max |logits_numpy64|
 LOGITS_REL_TOL = 1e-4
@@ -172,60 +173,14 @@ def tiny(tmp_path_factory):
 # ------------------------------------------------------------------------------ numpy reference
 
 def numpy_forward(cfg: dict, w: dict, tokens) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-    """Independent float64 forward: (logits [T, V], ffn_inp per layer, active mask per layer)."""
-    w = {k: np.asarray(v, dtype=np.float64) for k, v in w.items()}
-    E, H = cfg["hidden_size"], cfg["num_attention_heads"]
-    KV = cfg.get("num_key_value_heads", H)
-    D = E // H
-    eps = cfg["rms_norm_eps"]
-    factor = (cfg.get("rope_scaling") or {}).get("factor", 1.0)
-    theta = cfg.get("rope_theta", 10000.0)
-    bamboo = cfg["model_type"] == "bamboo"
-    act = {"relu": lambda v: np.maximum(v, 0.0),
-           "silu": lambda v: v / (1.0 + np.exp(-v))}["relu" if bamboo else cfg["hidden_act"]]
-
-    def rms(v, g):
-        return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * g
-
-    T = len(tokens)
-    pos = np.arange(T, dtype=np.float64) / factor
-    inv = theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)
-    ang = pos[:, None] * inv[None, :]                        # [T, D/2]
-    cos, sin = np.cos(ang), np.sin(ang)
-
-    def rope(v):                                             # v [T, heads, D], halves rotated
-        a, b = v[..., :D // 2], v[..., D // 2:]
-        c, s = cos[:, None, :], sin[:, None, :]
-        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
-
-    x = w["model.embed_tokens.weight"][np.asarray(tokens)]
-    ffn_inps, masks = [], []
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        a = rms(x, w[p + "input_layernorm.weight"])
-        q = rope((a @ w[p + "self_attn.q_proj.weight"].T).reshape(T, H, D))
-        k = rope((a @ w[p + "self_attn.k_proj.weight"].T).reshape(T, KV, D))
-        v = (a @ w[p + "self_attn.v_proj.weight"].T).reshape(T, KV, D)
-        out = np.zeros((T, H, D))
-        for h in range(H):
-            kh = h // (H // KV)
-            sc = q[:, h] @ k[:, kh].T / np.sqrt(D)
-            sc[np.triu(np.ones((T, T), dtype=bool), 1)] = -np.inf
-            pr = np.exp(sc - sc.max(-1, keepdims=True))
-            out[:, h] = (pr / pr.sum(-1, keepdims=True)) @ v[:, kh]
-        x = x + out.reshape(T, H * D) @ w[p + "self_attn.o_proj.weight"].T
-        ffn_inps.append(x.copy())
-        f = rms(x, w[p + "post_attention_layernorm.weight"])
-        g = act(f @ w[p + "mlp.gate_proj.weight"].T)
-        u = f @ w[p + "mlp.up_proj.weight"].T
-        if bamboo:
-            u = np.maximum(u, 0.0)
-            masks.append((g > 0) & (u > 0))
-        else:
-            masks.append(g != 0)
-        x = x + (g * u) @ w[p + "mlp.down_proj.weight"].T
-    head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
-    return rms(x, w["model.norm.weight"]) @ head.T, ffn_inps, masks
+    """The float64 reference (reference_model): (logits [T, V], ffn_inp per layer, active mask per layer)."""
+    trace: dict = {}
+    logits = ReferenceModel.from_hf(w, cfg).forward(tokens, trace=trace)
+    if cfg["model_type"] == "bamboo":
+        masks = [(g > 0) & (u > 0) for g, u in zip(trace["gate"], trace["up"])]
+    else:
+        masks = [g != 0 for g in trace["gate"]]
+    return logits, trace["ffn_inp"], masks
 
 
 def _rel_err(a, b) -> float:

@@ -174,6 +174,20 @@ def synthetic_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 # --------------------------------------------------------------------------------------
 # model layout
 # --------------------------------------------------------------------------------------
+def add_vocab(w: gguf.GGUFWriter, tokens, scores, types) -> None:
+    """The tokenizer.* keys of a test model: a SentencePiece ("llama") vocabulary, unk 0, BOS 1 (added),
+    EOS 2 (not added)."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([float(s) for s in scores])
+    w.add_token_types([int(t) for t in types])
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+
 def tensor_specs(*, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_layer, tied_output=False):
     """[(name, ne (GGUF order, ne[0] contiguous), kind)] with kind 'norm' | 'embd' | 'mat'."""
     if n_embd % n_head or n_head % n_head_kv:
@@ -295,15 +309,7 @@ def write_model(path, *, dtype, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_laye
         w.add_rope_scaling_factor(float(rope_scale_linear))
     if ffn_act is not None:
         w.add_string("powerinfer.ffn_activation", ffn_act)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([float(s) for s in scores])
-    w.add_token_types([int(t) for t in types])
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    add_vocab(w, tokens, scores, types)
 
     # tensor infos (shapes in numpy order of the raw bytes: (rows..., row_bytes))
     plan = []

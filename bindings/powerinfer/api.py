@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import re
 import time
 import uuid
@@ -20,9 +19,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from .context import Context
-from .engine import Engine, RequestError, Result, Task
+from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
 from .model import Model
+from .request import RequestError, Result, Task, TaskEvents
 from .sampling import SamplingParams
 from .tokenizer import TOKEN_CONTROL
 
@@ -241,50 +241,6 @@ class CompletionShaper:
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice], "usage": self.usage(res)}
-
-
-class _Stream:
-    """Iterator over a task's engine events; cancels the task when closed or dropped early."""
-
-    def __init__(self, engine: Engine, task: Task):
-        self.engine = engine
-        self.task = task
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        task.emit = self.q.put
-        self.done = False
-        engine.submit(task)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.done:
-            raise StopIteration
-        eng = self.engine
-        while True:
-            try:
-                ev = self.q.get_nowait() if not eng.threaded else self.q.get(timeout=0.5)
-                break
-            except queue.Empty:
-                if eng.threaded:
-                    continue
-                with eng.lock:
-                    if self.q.empty() and not eng.step() and self.q.empty():
-                        raise RuntimeError("the engine has nothing to do but this request has not finished")
-        if ev[0] in ("done", "error"):
-            self.done = True
-        return ev
-
-    def close(self):
-        if not self.done:
-            self.done = True
-            self.engine.cancel(self.task)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
@@ -519,7 +475,7 @@ class PowerInfer:
 
     def _events(self, task: Task) -> Iterator[tuple]:
         """("token", text, info) events of a task as the engine runs it; its Result in last_result."""
-        events = _Stream(self.engine, task)
+        events = self.engine.events(task)
         try:
             for ev in events:
                 if ev[0] == "error":
@@ -668,7 +624,7 @@ class PowerInfer:
         return [sys_msg] + list(messages or [])
 
     def _run(self, task: Task, shaper: CompletionShaper, stream: bool, include_usage: bool = False):
-        events = _Stream(self.engine, task)
+        events = self.engine.events(task)
         if stream:
             return self._stream_chunks(events, shaper, include_usage)
         try:
@@ -683,7 +639,7 @@ class PowerInfer:
         finally:
             events.close()
 
-    def _stream_chunks(self, events: _Stream, shaper: CompletionShaper, include_usage: bool):
+    def _stream_chunks(self, events: TaskEvents, shaper: CompletionShaper, include_usage: bool):
         try:
             yield from shaper.start_chunks()
             for ev in events:

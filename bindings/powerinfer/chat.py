@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 log = logging.getLogger("powerinfer")
 
-__all__ = ["BUILTIN_TEMPLATES", "ChatFormatter", "ChatTemplateError", "normalize_messages"]
+__all__ = ["BUILTIN_TEMPLATES", "ChatFormatter", "ChatTemplateError", "ChatTurns", "normalize_messages"]
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 # variables the renderer passes to every template; chat_template_kwargs cannot replace them
@@ -269,3 +269,46 @@ def _format_from_vocab(tokenizer) -> str | None:
 def _guess_end_of_turn(source: str) -> list[str]:
     """End-of-turn markers a template uses, so generation can stop at them."""
     return [m for m in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>") if m in source]
+
+
+class ChatTurns:
+    """A conversation fed turn by turn into one sequence (main.py -cnv): the template renders all the
+    messages, and only the new text -- that rendering minus the one fed before -- is tokenized."""
+
+    def __init__(self, fmt: ChatFormatter, tokenizer, system: str = ""):
+        self.fmt = fmt
+        self.tokenizer = tokenizer
+        self.messages = [{"role": "system", "content": system}] if system else []
+        self.rendered = ""          # what has been fed so far, as text
+
+    def user(self, content: str) -> list[int]:
+        """Add a user message: the ids of the new text, up to the assistant's turn (ChatTemplateError:
+        the message is not added)."""
+        self.messages.append({"role": "user", "content": content})
+        try:
+            text = self.fmt.render(self.messages, add_generation_prompt=True)
+        except ChatTemplateError:
+            self.messages.pop()
+            raise
+        delta = text[len(self.rendered):] if text.startswith(self.rendered) else text
+        # BOS once: from the template's own text (parsed as a special token) or added here
+        bos = not self.rendered and not (self.fmt.bos_token and text.startswith(self.fmt.bos_token))
+        self.rendered = text
+        return self.tokenizer.encode(delta, add_special=bos, parse_special=True)
+
+    def assistant(self, reply: str) -> list[int] | None:
+        """Add the reply (cut at an end-of-turn marker, stripped): the ids of the rest of the template's
+        rendering of the finished turn (its end-of-turn marker), so that the next user() continues from
+        it; None when the template rewrites earlier turns: the sequence must start over, and the next
+        user() renders every message again."""
+        for m in self.fmt.end_of_turn:
+            reply = reply.split(m)[0] if m else reply
+        reply = reply.strip()
+        self.messages.append({"role": "assistant", "content": reply})
+        before, after = self.rendered, self.fmt.render(self.messages, add_generation_prompt=False)
+        if not (after.startswith(before) and after[len(before):].startswith(reply)):
+            self.rendered = ""
+            return None
+        self.rendered = after
+        tail = after[len(before) + len(reply):]
+        return self.tokenizer.encode(tail, add_special=False, parse_special=True) if tail else []

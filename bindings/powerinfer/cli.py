@@ -9,12 +9,19 @@ as `error: ...` with exit status 1.
 from __future__ import annotations
 
 import argparse
+import codecs
 import signal
 import sys
+from pathlib import Path
 
 from . import act_sparsity
 from ._ffi import PowerInferError
-from .cli_args import ArgumentParser, LoadProgress, add_llama_compat_args, apply_llama_compat
+from .cli_args import (
+    ArgumentParser,
+    LoadProgress,
+    add_llama_compat_args,
+    apply_llama_compat,
+)
 from .context import Context
 from .gguf_file import ModelLoadError
 from .hub import HubError, add_model_args, bundled_model, resolve_model
@@ -23,8 +30,8 @@ from .offload import add_gpu_args, gpu_kwargs
 from .sampling import SamplingParams
 
 __all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args",
-           "add_sampling_args", "add_sparse_args", "grammar_of", "load_model", "log", "make_context", "parse", "parser",
-           "read_input", "sampling_params", "sparse_report"]
+           "add_prompt_args", "add_sampling_args", "add_sparse_args", "grammar_of", "load_model", "log", "log_prompt_tokens", "make_context", "parse",
+           "parser", "prompt_text", "read_input", "sampling_params", "sparse_report", "unescape"]
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 _SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)
@@ -127,6 +134,30 @@ def grammar_of(args: argparse.Namespace):
     return None
 
 
+def add_prompt_args(p: argparse.ArgumentParser) -> None:
+    """-p, -f, -e (read by prompt_text)."""
+    p.add_argument("-p", "--prompt", default=None, help="prompt to start generation with")
+    p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    p.add_argument("-e", "--escape", action="store_true", help="process escapes (\\n, \\t, ...) in the prompt")
+
+
+def unescape(text: str) -> str:
+    """-e: the escapes (\\n, \\t, \\xNN, ...) of text processed."""
+    return codecs.decode(text.encode("utf-8"), "unicode_escape").encode("latin-1").decode("utf-8")
+
+
+def prompt_text(args: argparse.Namespace, default: str) -> str:
+    """The prompt of -f or -p (else default), unescaped with -e; CLIError if the file cannot be read."""
+    if args.file:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"cannot read prompt file {args.file}: {e}") from None
+    else:
+        text = args.prompt if args.prompt is not None else default
+    return unescape(text) if args.escape else text
+
+
 def add_interactive_args(p: argparse.ArgumentParser) -> None:
     """Interactive and conversation mode (-i, -r, -cnv, -sys, ...), context shift, prompt display."""
     p.add_argument("-i", "--interactive", action="store_true", help="interactive mode: hand control to the user")
@@ -157,12 +188,26 @@ def add_interactive_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse(p: argparse.ArgumentParser, argv, *, prog: str, intermixed: bool = False) -> argparse.Namespace:
-    """Add llama.cpp's compatibility flags and the GPU flags, parse, and apply the compatibility flags."""
+    """Add llama.cpp's compatibility flags and the GPU flags, parse, and apply the compatibility flags
+    (and, with add_interactive_args, --interactive-first's -i and the note on a --keep without effect)."""
     add_llama_compat_args(p)
     add_gpu_args(p)
     args = p.parse_intermixed_args(argv) if intermixed else p.parse_args(argv)
     apply_llama_compat(p, args, prog=prog)
+    if hasattr(args, "interactive_first"):
+        args.interactive = args.interactive or args.interactive_first
+        if args.keep and not args.context_shift:
+            log(f"{prog}: note: --keep changes nothing without --context-shift (nothing is dropped when the "
+                "context is full: generation stops)")
     return args
+
+
+def log_prompt_tokens(prompt: str, ids: list[int], tokenizer) -> None:
+    """--verbose-prompt: the prompt, its length in tokens and each token."""
+    log(f"\nmain: prompt: '{prompt}'\nmain: number of tokens in prompt = {len(ids)}")
+    for t in ids:
+        log(f"{t:6d} -> '{tokenizer.id_to_text(t)}'")
+    log("")
 
 
 def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:

@@ -1,16 +1,13 @@
-"""Generation: sampling, end of generation, stop strings and the batch layouts that drive a Context.
+"""Generation: the Engine, the one place that schedules decode steps, samples, ends generations and
+matches stop strings, and the pieces it is made of.
 
-Every program generates through this module, and each piece has one definition here:
-`sample_token` (sample + accept + the error for invalid logits), `end_of_generation` (the tokens
-that end a generation: the vocabulary's end-of-generation tokens unless ignore_eos, plus a request's
-stop tokens), `StopMatcher` (stop strings over streamed text), `Timings` (llama.cpp's report).
-Three drivers put them over the KV cache:
-
-* `Engine`: parallel slots with continuous batching (below): `PowerInfer` (its completions and
-  `generate`, driven inline by the calling thread) and the HTTP server (one scheduler thread);
-* `Generator`: one sequence that a caller keeps feeding, with llama.cpp's context shift: main.py's
-  plain, interactive and conversation modes;
-* `decode_parallel`: N continuations of one prompt decoded once and shared (kv_seq_cp): batched.py.
+Every program generates through the Engine: `PowerInfer` (its completions and `generate`, driven
+inline by the calling thread), the HTTP server (one scheduler thread), and through powerinfer.generator
+main.py (`Generator`: one sequence a caller keeps feeding) and batched.py (`decode_parallel`). Each
+piece has one definition here: `sample_token` (sample + accept + the error for invalid logits),
+`end_of_generation` (the tokens that end a generation: the vocabulary's end-of-generation tokens
+unless ignore_eos, plus a request's stop tokens), `StopMatcher` (stop strings over streamed text),
+`shift_tokens` (llama.cpp's context shift), `Timings` (llama.cpp's report).
 
 The Engine's slots: Each engine step gathers, into ONE `Context.decode` call,
 the next prompt chunk of every slot still processing its prompt and the last sampled token of
@@ -51,19 +48,18 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from ._ffi import PowerInferError
 from .context import Context
-from .sampling import Sampler, SamplingParams
+from .request import ContextLengthExceeded, RequestError, Result, Task, TaskEvents
+from .sampling import Sampler
 from .tokenizer import StreamDecoder, Tokenizer
 
 log = logging.getLogger("powerinfer.engine")
 
-__all__ = ["BatchedResult", "ContextFull", "ContextLengthExceeded", "Engine", "Generator", "RequestError", "Result",
-           "StopMatcher", "Task", "Timings", "decode_parallel", "end_of_generation", "sample_token"]
+__all__ = ["ContextFull", "Engine", "StopMatcher", "Timings", "end_of_generation", "sample_token", "shift_tokens"]
 
 @dataclass
 class Timings:
@@ -121,6 +117,20 @@ def end_of_generation(tokenizer: Tokenizer, *, ignore_eos: bool = False, stop_to
     return stop if ignore_eos else tokenizer.eog_ids | stop
 
 
+def shift_tokens(tokens: list[int], n_keep: int, n_ctx: int) -> tuple[list[int], int]:
+    """llama.cpp's context shift of a sequence that does not fit in n_ctx (or fills it): keep the
+    first n_keep tokens (capped at n_ctx - 4, as llama.cpp's server does, so a shift always frees
+    room), drop the older half of the others (more if the sequence needs it). Returns (the tokens
+    kept, the capped n_keep); ContextFull if nothing but the kept tokens would remain."""
+    n_keep = min(max(n_keep, 0), len(tokens), max(n_ctx - 4, 0))
+    n_left = len(tokens) - n_keep
+    n_discard = max(n_left // 2, len(tokens) - n_ctx)
+    if n_discard >= n_left:
+        raise ContextFull(f"{len(tokens)} tokens do not fit in the context of {n_ctx}, even after a "
+                          f"context shift keeping {n_keep}")
+    return tokens[:n_keep] + tokens[n_keep + n_discard:], n_keep
+
+
 def _partial_stop(text: str, stops: list[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string."""
     best = 0
@@ -173,108 +183,6 @@ class StopMatcher:
 
 
 
-class RequestError(ValueError):
-    """A request the engine cannot run, with the OpenAI error fields the server reports."""
-
-    status = 400
-    type = "invalid_request_error"
-
-    def __init__(self, message: str, code: str | None = "invalid_request_error", param: str | None = None,
-                 status: int | None = None, type: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.param = param
-        if status is not None:
-            self.status = status
-        if type is not None:
-            self.type = type
-
-
-class ContextLengthExceeded(RequestError):
-    def __init__(self, message: str, param: str | None = "prompt"):
-        super().__init__(message, code="context_length_exceeded", param=param)
-
-
-@dataclass
-class Result:
-    """How a request ended."""
-    text: str = ""
-    tokens: list = field(default_factory=list)   # generated token ids (end-of-generation token excluded)
-    stop_type: str = "none"         # "eos" | "word" | "limit" | "none" (cancelled / n_predict == 0)
-    stopping_word: str = ""
-    truncated: bool = False         # stopped because the slot's context was full
-    n_prompt: int = 0               # prompt tokens
-    n_cached: int = 0               # prompt tokens reused from the slot's cache
-    n_predicted: int = 0
-    prompt_ms: float = 0.0
-    predicted_ms: float = 0.0
-    slot: int = -1
-    n_past: int = 0                 # tokens of this request in the slot's KV at the end
-    prompt_probs: list = field(default_factory=list)   # Task.prompt_logprobs: {"id", "logprob", "top"} per token
-
-    @property
-    def finish_reason(self) -> str:
-        return "stop" if self.stop_type in ("eos", "word") else "length"
-
-    def timings(self) -> dict:
-        pn, pm, gn, gm = self.n_prompt - self.n_cached, self.prompt_ms, self.n_predicted, self.predicted_ms
-        return {
-            "cache_n": self.n_cached,
-            "prompt_n": pn, "prompt_ms": pm,
-            "prompt_per_token_ms": pm / pn if pn else 0.0,
-            "prompt_per_second": 1e3 * pn / pm if pm > 0 else 0.0,
-            "predicted_n": gn, "predicted_ms": gm,
-            "predicted_per_token_ms": gm / gn if gn else 0.0,
-            "predicted_per_second": 1e3 * gn / gm if gm > 0 else 0.0,
-        }
-
-
-class Task:
-    """One completion request.
-
-    emit(event) is called from the engine's thread with ("token", text, info) for each piece of
-    text (info: {"id": token id, "logprob", "top", "piece"} with n_probs, else None), then exactly
-    one of ("done", Result) or ("error", RequestError/Exception). A cancelled task gets ("done",
-    Result) with stop_type "none". want_ids: an event for every token, info {"id": ...} at least.
-    sampler: use this Sampler (its history and random state go on) instead of a new one of params.
-    grammar: a powerinfer.grammar.Grammar the output must match (constrained decoding; the request
-    ends, stop_type "eos", once the grammar is complete). logits_processor: callables
-    (input_ids int32 [n], scores float32 [n_vocab]) -> scores, applied in order before sampling;
-    stopping_criteria: callables (input_ids, scores) -> bool, checked after each token (stop_type
-    "word" when one says True) -- llama-cpp-python's, input_ids = prompt + generated tokens.
-    """
-
-    def __init__(self, prompt_tokens: list[int], params: SamplingParams, *, n_predict: int = -1,
-                 stop: list[str] | None = None, stop_token_ids=(), cache_prompt: bool = True, n_probs: int = 0,
-                 emit: Callable | None = None, want_ids: bool = False, sampler: Sampler | None = None,
-                 grammar=None, logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False):
-        self.prompt_tokens = list(prompt_tokens)
-        self.params = params
-        self.n_predict = n_predict
-        self.stop = [s for s in (stop or []) if s]
-        self.stop_token_ids = set(int(t) for t in stop_token_ids)
-        self.cache_prompt = cache_prompt
-        self.n_probs = n_probs
-        self.want_ids = want_ids
-        self.sampler = sampler
-        self.grammar = grammar
-        self.logits_processor = list(logits_processor or [])
-        self.stopping_criteria = list(stopping_criteria or [])
-        # echo with logprobs: Result.prompt_probs gets an entry per prompt token (the first has no logprob),
-        # so the whole prompt is evaluated (no prompt cache)
-        self.prompt_logprobs = prompt_logprobs
-        if prompt_logprobs:
-            self.cache_prompt = False
-        self.emit = emit or (lambda ev: None)
-        self.cancelled = False
-        self.finished = False
-        self.t_submit = time.perf_counter()
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
 class _Slot:
     def __init__(self, sid: int, n_ctx: int):
         self.id = sid
@@ -295,6 +203,7 @@ class _Slot:
         self.stop = StopMatcher()
         self.eog: frozenset[int] = frozenset()
         self.result: Result | None = None
+        self.fork_of: _Slot | None = None   # the slot whose prompt KV this one waits to share (Task.prompt_from)
         self.t_start = self.t_first = 0.0
 
     @property
@@ -311,15 +220,25 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Engine:
-    """Slots + continuous batching over `ctx` (created with n_seq_max >= n_slots)."""
+    """Slots + continuous batching over `ctx` (created with n_seq_max >= n_slots).
 
-    def __init__(self, ctx: Context, tokenizer: Tokenizer, n_slots: int = 1, *, n_batch: int | None = None):
+    regions=True: slot s owns the cells [s*L, (s+1)*L) (the module doc). regions=False: the slots share
+    the whole context (each may hold up to n_ctx tokens, their sum must fit), a sequence's cells are
+    wherever `pi_decode` puts them and a rewritten position drops the slot's cells from there on; one
+    run of requests that start together (main.py, batched.py) is laid out in position order just the
+    same, and prompts can be shared (Task.prompt_from). timings: add the engine's sampling and
+    decode times to this Timings (a decode holding prompt tokens counts as prompt evaluation)."""
+
+    def __init__(self, ctx: Context, tokenizer: Tokenizer, n_slots: int = 1, *, n_batch: int | None = None,
+                 regions: bool = True, timings: Timings | None = None):
         if n_slots < 1 or n_slots > ctx.n_seq_max:
             raise ValueError(f"n_slots = {n_slots} must be in [1, n_seq_max = {ctx.n_seq_max}]")
         self.ctx = ctx
         self.tokenizer = tokenizer
         self.n_slots = n_slots
-        self.n_ctx_slot = ctx.n_ctx // n_slots
+        self.regions = regions
+        self.timings = timings or Timings()
+        self.n_ctx_slot = ctx.n_ctx // n_slots if regions else ctx.n_ctx
         if self.n_ctx_slot < 2:
             raise ValueError(f"context of {ctx.n_ctx} is too small for {n_slots} slots")
         self.n_batch = n_batch or ctx.n_batch
@@ -362,7 +281,7 @@ class Engine:
         n = len(task.prompt_tokens)
         if n == 0:
             raise RequestError("the prompt is empty (and the model adds no BOS token)", param="prompt")
-        if n >= self.n_ctx_slot:
+        if n > self.n_ctx_slot or (n == self.n_ctx_slot and not task.context_shift):   # no room to generate
             raise ContextLengthExceeded(
                 f"the prompt has {n} tokens, but the context of a slot holds {self.n_ctx_slot} "
                 f"(n_ctx {self.ctx.n_ctx} / {self.n_slots} slots); shorten the prompt or raise -c")
@@ -458,6 +377,10 @@ class Engine:
         return [{"id": s.id, "n_ctx": s.n_ctx, "is_processing": s.busy, "n_past": s.n_past,
                      "n_cached": len(s.cache)} for s in self.slots]
 
+    def events(self, task: Task) -> TaskEvents:
+        """Submit task; iterate over its events (see Task), stepping the engine when no thread runs it."""
+        return TaskEvents(self, task)
+
     def run_until_done(self, task: Task) -> None:
         """Inline mode: step until `task` has finished."""
         while not task.finished:
@@ -548,6 +471,9 @@ class Engine:
             slot.n_past = n_reuse
             slot.cache = slot.cache[:n_reuse]
             slot.todo = task.prompt_tokens[n_reuse:]
+            source = self._prompt_source(task)
+            if source is not None:          # shares source's prompt KV once evaluated (_share_prompts)
+                slot.fork_of, slot.todo, slot.n_past, slot.cache = source, [], 0, []
             if task.sampler is not None:
                 slot.sampler = task.sampler
             else:
@@ -563,15 +489,45 @@ class Engine:
                     self._finish(slot, error=RequestError(str(e), param="grammar"))
                     continue
             slot.decoder = StreamDecoder(self.tokenizer, strip_leading_space=False)
-            slot.stop = StopMatcher(task.stop)
+            slot.stop = StopMatcher(task.stop, hide=task.hide_stop)
             slot.eog = end_of_generation(self.tokenizer, ignore_eos=task.params.ignore_eos,
                                          stop_token_ids=task.stop_token_ids)
             slot.result = Result(n_prompt=len(task.prompt_tokens), n_cached=n_reuse, slot=slot.id)
             slot.t_start = time.perf_counter()
 
+    def _prompt_source(self, task: Task) -> _Slot | None:
+        """The slot still evaluating task.prompt_from's prompt, whose KV task can share; None: evaluate it."""
+        src = task.prompt_from
+        if self.regions or src is None or src.prompt_tokens != task.prompt_tokens:
+            return None
+        return next((s for s in self.slots if s.task is src and s.todo and s.fork_of is None), None)
+
+    def _share_prompts(self, rows: dict[int, int]) -> None:
+        """Slots waiting for another's prompt: share its cells (kv_seq_cp) once its last prompt chunk
+        is decoded (its logits row in `rows`, which the waiting slot samples from too); evaluate the
+        prompt themselves if that request went away first."""
+        for s in self.slots:
+            src = s.fork_of
+            if src is None:
+                continue
+            if src.id in rows and not src.todo and src.task is s.task.prompt_from:
+                n = len(s.task.prompt_tokens)
+                if s.hw:
+                    self.ctx.kv_seq_rm(s.id, 0, -1)
+                self.ctx.kv_seq_cp(src.id, s.id, 0, n)
+                s.n_past = s.hw = n
+                s.cache = list(s.task.prompt_tokens)
+                s.result.n_cached = n
+                rows[s.id] = rows[src.id]
+            elif src.task is not s.task.prompt_from:
+                s.todo = list(s.task.prompt_tokens)
+            else:
+                continue
+            s.fork_of = None
+
     def fill_pending(self) -> bool:
         """True while some region below the top one is not fully occupied yet (see the module doc)."""
-        return any(s.hw < s.n_ctx for s in self.slots[:-1])
+        return self.regions and any(s.hw < s.n_ctx for s in self.slots[:-1])
 
     def step(self, *, idle_fill: bool = False) -> bool:
         """One engine step. Returns False when there was nothing to do.
@@ -587,6 +543,7 @@ class Engine:
                 self._dirty = False
             self._reap()
             self._admit()
+            self._share_prompts({})           # a waiting slot whose source went away evaluates its prompt
             active = [s for s in self.slots if s.busy]
             if not active and not (idle_fill and self.fill_pending()):
                 return False
@@ -607,7 +564,7 @@ class Engine:
                         k = min(len(s.todo), budget)
                         plan[s.id] = (s.todo[:k], k == len(s.todo))
                         budget -= k
-                if s.id < want_top:
+                if self.regions and s.id < want_top:
                     start = max(s.hw, s.n_past + len(plan[s.id][0]) if s.id in plan else 0)
                     need = s.n_ctx - start
                     if need > 0:
@@ -626,7 +583,8 @@ class Engine:
                     toks, logits = plan[s.id]
                     n0 = s.n_past
                     if n0 < s.hw:
-                        self.ctx.kv_seq_rm(s.id, n0, n0 + len(toks))
+                        self.ctx.kv_seq_rm(s.id, n0, n0 + len(toks) if self.regions else -1)
+                        s.hw = s.hw if self.regions else n0
                     tokens += toks
                     pos += range(n0, n0 + len(toks))
                     seq += [s.id] * len(toks)
@@ -643,11 +601,17 @@ class Engine:
                     pos += range(start, start + k)
                     seq += [s.id] * k
                     want += [0] * k
+            prompt_chunks = [toks for sid, (toks, _) in plan.items() if self.slots[sid].todo]
+            t0 = time.perf_counter()
+            one_seq = len(set(seq)) == 1
+            # one token of one sequence (a single request generating): Context.decode's path without numpy
+            logits = "last" if one_seq and want == [1] else np.asarray(want, dtype=np.int8)
             try:
-                self.ctx.decode(tokens, pos=pos, seq_id=seq, logits=np.asarray(want, dtype=np.int8))
+                self.ctx.decode(tokens, pos=pos, seq_id=seq[0] if one_seq else seq, logits=logits)
             except Exception as e:
                 self._decode_failed(e)
                 return True
+            self._count_decode(time.perf_counter() - t0, sum(map(len, prompt_chunks)), len(plan) - len(prompt_chunks))
             self.n_decode_calls += 1
             self.n_filler_tokens += sum(k for _, k in fills.values())
             self.max_batch_slots = max(self.max_batch_slots, len(plan))
@@ -672,19 +636,32 @@ class Engine:
                 for j, t in enumerate(nxt):
                     pp.append(self._probs(self.ctx.logits(r0 + j), t, max(s.task.n_probs, 1)))
             expected = sum(s.hw for s in self.slots)
-            if self.ctx.kv_used != expected:   # the layout invariant; cannot happen unless the context was shared
+            if self.regions and self.ctx.kv_used != expected:   # the layout invariant; cannot happen unless the context was shared
                 self._decode_failed(RuntimeError(f"KV cache layout mismatch ({self.ctx.kv_used} cells used, "
                                                  f"{expected} expected)"))
                 return True
+            self._share_prompts(rows)
             # --- sample
-            for sid, row in rows.items():
+            for sid, row in sorted(rows.items()):
                 s = self.slots[sid]
                 try:
                     self._sample(s, self.ctx.logits(row))
                 except Exception as e:   # a sampler error fails that request only
-                    log.exception("sampling failed")
+                    if isinstance(e, (PowerInferError, ContextFull)):   # the model's / the request's: reported to it
+                        log.debug("sampling failed: %s", e)
+                    else:
+                        log.exception("sampling failed")
                     self._finish(s, error=e)
             return True
+
+    def _count_decode(self, seconds: float, n_prompt: int, n_eval: int) -> None:
+        t = self.timings
+        t.n_prompt += n_prompt
+        t.n_eval += n_eval
+        if n_prompt:
+            t.prompt_ms += seconds * 1e3
+        else:
+            t.eval_ms += seconds * 1e3
 
     def _decode_failed(self, e: Exception) -> None:
         """A decode error: fail every active request and start from an empty cache."""
@@ -713,14 +690,17 @@ class Engine:
             logits = np.array(logits, dtype=np.float32)
             for proc in task.logits_processor:
                 logits = np.asarray(proc(ids, logits), dtype=np.float32)
+        t0 = time.perf_counter()
         tok = sample_token(s.sampler, logits, s.matcher.banned() if s.matcher is not None else None)
+        self.timings.sample_ms += (time.perf_counter() - t0) * 1e3
+        self.timings.n_sample += 1
         info = None
         if task.n_probs > 0:
             info = self._probs(logits, tok, task.n_probs)
         elif task.want_ids:
             info = {"id": tok}
         if tok in s.eog:
-            res.stop_type = "eos"
+            res.stop_type, res.eog_token = "eos", tok
             self._finish(s)
             return
         if s.matcher is not None:
@@ -752,12 +732,27 @@ class Engine:
             res.stop_type = "limit"
             self._finish(s)
             return
+        if s.n_past >= s.n_ctx and task.context_shift:
+            self._shift(s, tok)
+            return
         if s.n_past >= s.n_ctx:
             res.stop_type = "limit"
             res.truncated = True
             self._finish(s)
             return
         s.last = tok
+
+    def _shift(self, s: _Slot, tok: int) -> None:
+        """Context shift of a full slot (Task.context_shift): keep what shift_tokens keeps of its
+        tokens and `tok`; the cells after the first n_keep are dropped and the rest is evaluated again
+        (the core cannot move cached keys to new positions), then generation goes on."""
+        kept, n_keep = shift_tokens(s.cache[:s.n_past] + [tok], s.task.n_keep, s.n_ctx)
+        self.ctx.kv_seq_rm(s.id, n_keep, -1)
+        s.cache = s.cache[:n_keep]
+        s.n_past = s.hw = n_keep
+        s.todo = kept[n_keep:]
+        s.last = -1
+        s.result.n_shifts += 1
 
     def _probs(self, logits: np.ndarray, tok: int, n: int) -> dict:
         x = logits.astype(np.float64)
@@ -768,192 +763,3 @@ class Engine:
         top = top[np.lexsort((top, -x[top]))]
         return {"id": int(tok), "logprob": float(x[tok] - lse),
                 "top": [(int(t), float(x[t] - lse)) for t in top]}
-
-
-# ------------------------------------------------------------------ one sequence, fed by its caller
-class Generator:
-    """One sequence of a Context that a caller keeps feeding (main.py): feed() evaluates tokens,
-    generate() samples a continuation.
-
-    The generator remembers what is in the KV cache (`self.tokens`, and nothing else of its
-    sequence is), so an interactive loop can keep appending user input and generating; with
-    context_shift a full context drops old tokens instead of ending (llama.cpp's --context-shift).
-    """
-
-    def __init__(self, ctx: Context, sampler: Sampler, *, seq_id: int = 0, timings: Timings | None = None,
-                 context_shift: bool = False, n_keep: int = 0):
-        self.ctx = ctx
-        self.sampler = sampler
-        self.seq_id = seq_id
-        self.tokens: list[int] = []
-        self.timings = timings or Timings()
-        self._pending_logits = None
-        self._undecoded: list[int] = []
-        self.context_full = False
-        # context shift (llama.cpp's --context-shift / --keep): when the context is full, keep the first
-        # n_keep tokens, drop the older half of the others and go on
-        self.context_shift = context_shift
-        self.n_keep = n_keep
-        self.n_shifts = 0
-
-    def _shift(self, new: list[int]) -> None:
-        """Evaluate `new` after the cached tokens when together they overflow the context: keep the
-        first n_keep tokens, drop the older half of the others (more if `new` needs it) and evaluate
-        what is kept again, in one batch, since the core cannot re-rotate cached keys to new positions.
-        ContextFull if nothing but the kept tokens would remain."""
-        full = self.tokens + list(new)
-        n_keep = min(max(self.n_keep, 0), len(full), max(self.ctx.n_ctx - 4, 0))   # llama.cpp's cap
-        n_left = len(full) - n_keep
-        n_discard = max(n_left // 2, len(full) - self.ctx.n_ctx)
-        if n_discard >= n_left:
-            raise ContextFull(f"{len(full)} tokens do not fit in the context of {self.ctx.n_ctx}, even after a "
-                              f"context shift keeping {n_keep}")
-        kept = full[:n_keep] + full[n_keep + n_discard:]
-        self.ctx.kv_seq_rm(self.seq_id, 0, -1)
-        self.tokens = []
-        t0 = time.perf_counter()
-        self.ctx.decode(kept, seq_id=self.seq_id, pos=range(len(kept)))
-        self.timings.prompt_ms += (time.perf_counter() - t0) * 1e3
-        self.timings.n_prompt += len(kept)
-        self.tokens = kept
-        self._pending_logits = self.ctx.logits()
-        self.n_shifts += 1
-
-    @property
-    def n_past(self) -> int:
-        return len(self.tokens)
-
-    def feed(self, tokens: Iterable[int]) -> None:
-        """Evaluate tokens (a prompt or user input) in one batched decode."""
-        tokens = self._undecoded + list(tokens)
-        self._undecoded = []
-        if not tokens:
-            return
-        if self.n_past + len(tokens) > self.ctx.n_ctx:
-            if not self.context_shift:
-                raise ContextFull(f"{self.n_past + len(tokens)} tokens do not fit in the context of "
-                                  f"{self.ctx.n_ctx}")
-            self._shift(tokens)
-        else:
-            t0 = time.perf_counter()
-            self.ctx.decode(tokens, seq_id=self.seq_id, pos=range(self.n_past, self.n_past + len(tokens)))
-            self.timings.prompt_ms += (time.perf_counter() - t0) * 1e3
-            self.timings.n_prompt += len(tokens)
-            self.tokens += tokens
-            self._pending_logits = self.ctx.logits()
-        for t in tokens:
-            self.sampler.accept(t)
-
-    def generate(self, n_predict: int = -1, *, eog_ids: Iterable[int] = (), matcher=None) -> Iterator[int]:
-        """Yield sampled tokens until one of eog_ids (see end_of_generation; yielded, not evaluated),
-        n_predict tokens (-1: no limit) or a full context (then `context_full` is set). matcher: a
-        powerinfer.grammar.GrammarMatcher the tokens must follow; generation ends when it is complete
-        (its last token is left for the next feed(), as at n_predict)."""
-        if self._pending_logits is None:
-            raise RuntimeError("generate: feed() a prompt first")
-        eog = set(eog_ids)
-        self.context_full = False
-        n = 0
-        while n_predict < 0 or n < n_predict:
-            t0 = time.perf_counter()
-            token = sample_token(self.sampler, self._pending_logits,
-                                 matcher.banned() if matcher is not None else None)
-            if matcher is not None and token not in eog:
-                matcher.accept(token)
-            self.timings.sample_ms += (time.perf_counter() - t0) * 1e3
-            self.timings.n_sample += 1
-            n += 1
-            yield token
-            if token in eog:
-                self._pending_logits = None
-                return
-            if matcher is not None and matcher.done:
-                n_predict = n          # evaluate this token below, then end
-            if self.n_past >= self.ctx.n_ctx and n != n_predict and self.context_shift:
-                self._shift([token])           # evaluates the token with what is kept
-                continue
-            if n == n_predict or self.n_past >= self.ctx.n_ctx:
-                self._undecoded = [token]      # evaluated by the next feed(), if any
-                self._pending_logits = None
-                self.context_full = n != n_predict
-                return
-            t0 = time.perf_counter()
-            self.ctx.decode([token], seq_id=self.seq_id, pos=[self.n_past])
-            self.timings.eval_ms += (time.perf_counter() - t0) * 1e3
-            self.timings.n_eval += 1
-            self.tokens.append(token)
-            self._pending_logits = self.ctx.logits()
-
-
-# ------------------------------------------------------------------ N continuations of one prompt
-@dataclass
-class BatchedResult:
-    tokens: list[list[int]]              # generated tokens of each sequence (the end-of-text token excluded)
-    finished_at: list[int]               # n_cur when each sequence ended
-    n_decode: int = 0                    # tokens decoded after the prompt (all sequences)
-    n_steps: int = 0                     # decode calls after the prompt
-    t_gen_s: float = 0.0                 # seconds from the first sample to the end
-    timings: Timings = field(default_factory=Timings)
-
-
-def decode_parallel(ctx: Context, prompt_ids: list[int], n_len: int, samplers: list[Sampler],
-                    eog_ids=(), on_token=None, on_finish=None, timings: Timings | None = None) -> BatchedResult:
-    """Decode prompt_ids once into sequence 0, share it with sequences 1..N-1 (N = len(samplers)),
-    then extend every sequence by one token per step in a single decode call until end-of-text
-    or a total length of n_len. on_token(s, token) / on_finish(s, n_cur) are called as it goes.
-    Sequence s equals a single-sequence run with samplers[s] (every row is computed independently)."""
-    n_parallel = len(samplers)
-    n_prompt = len(prompt_ids)
-    eog = set(eog_ids)
-    timings = timings or Timings()
-    res = BatchedResult(tokens=[[] for _ in range(n_parallel)], finished_at=[-1] * n_parallel, timings=timings)
-
-    ctx.kv_clear()
-    t0 = time.perf_counter()
-    ctx.decode(prompt_ids, pos=range(n_prompt), seq_id=0, logits="last")
-    timings.prompt_ms += (time.perf_counter() - t0) * 1e3
-    timings.n_prompt += n_prompt
-    for s in range(1, n_parallel):
-        ctx.kv_seq_cp(0, s)
-    for smp in samplers:
-        for t in prompt_ids:
-            smp.accept(t)
-
-    # row of the decode output holding each sequence's next-token logits (-1: finished)
-    row = [n_prompt - 1] * n_parallel
-    logits_of = {n_prompt - 1: ctx.logits(n_prompt - 1)}
-    n_cur = n_prompt
-    t_start = time.perf_counter()
-    while n_cur <= n_len:
-        batch_tok, batch_seq = [], []
-        t_s = time.perf_counter()
-        for s in range(n_parallel):
-            if row[s] < 0:
-                continue
-            tok = sample_token(samplers[s], logits_of[row[s]])
-            timings.n_sample += 1
-            if tok in eog or n_cur == n_len:
-                row[s] = -1
-                res.finished_at[s] = n_cur
-                if on_finish:
-                    on_finish(s, n_cur)
-                continue
-            res.tokens[s].append(tok)
-            if on_token:
-                on_token(s, tok)
-            row[s] = len(batch_tok)
-            batch_tok.append(tok)
-            batch_seq.append(s)
-        timings.sample_ms += (time.perf_counter() - t_s) * 1e3
-        if not batch_tok:
-            break
-        t_d = time.perf_counter()
-        ctx.decode(batch_tok, pos=[n_cur] * len(batch_tok), seq_id=batch_seq, logits="all")
-        timings.eval_ms += (time.perf_counter() - t_d) * 1e3
-        timings.n_eval += len(batch_tok)
-        logits_of = {i: ctx.logits(i) for i in range(len(batch_tok))}
-        res.n_decode += len(batch_tok)
-        res.n_steps += 1
-        n_cur += 1
-    res.t_gen_s = time.perf_counter() - t_start
-    return res

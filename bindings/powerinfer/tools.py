@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import uuid
 
-from .engine import RequestError
 from .grammar import Grammar, GrammarError
+from .request import RequestError
 
 __all__ = ["ToolCalls", "tools_system_message"]
 

@@ -19,7 +19,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
-from arch_models import make_weights, write_arch_model  # noqa: E402
+from model_files import make_weights, write_arch_model  # noqa: E402
 
 REL_RMS = {"llama": 1e-5,     # (measured 4e-7)
            "llama-ff": 1e-5,  # llama with rope_freqs.weight (Llama 3.1-style frequency factors; measured 4e-7)

@@ -6,7 +6,8 @@ The engine it serves from (slots + continuous batching) is `powerinfer.engine`, 
 no web dependency; the web app in `powerinfer.server.app` needs the `server` extra (starlette, uvicorn,
 jinja2). Engine, Task, Result and the request errors are re-exported here.
 """
-from ..engine import ContextLengthExceeded, Engine, RequestError, Result, Task
+from ..engine import Engine
+from ..request import ContextLengthExceeded, RequestError, Result, Task
 
 __all__ = ["ContextLengthExceeded", "Engine", "RequestError", "Result", "Task", "create_app", "main"]
 

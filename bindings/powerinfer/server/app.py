@@ -20,7 +20,6 @@ which answers, and which responses and /v1/models name.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import threading
@@ -39,42 +38,20 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..api import CompletionShaper, PowerInfer, check_unimplemented, resolve_grammar
-from ..engine import RequestError, Result, Task
+from ..request import RequestError, Result, Task
+from .protocol import (
+    JSON,
+    dumps,
+    error_body,
+    error_response,
+    field,
+    read_json,
+    request_error_response,
+)
 
 log = logging.getLogger("powerinfer.server")
 
 PUBLIC_PATHS = {"/health", "/v1/health", "/v1/models", "/models", "/"}   # "/": the page asks for the key
-
-
-# ------------------------------------------------------------------------------------------ helpers
-def _json_default(o):
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"{type(o).__name__} is not JSON serializable")
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default)
-
-
-class JSON(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return dumps(content).encode("utf-8")
-
-
-def error_body(message: str, type_: str = "invalid_request_error", code: Any = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def error_response(status: int, message: str, type_: str, code: Any = None, param: str | None = None,
-                   headers: dict | None = None) -> JSON:
-    return JSON(error_body(message, type_, code, param), status_code=status, headers=headers)
-
-
-def request_error_response(e: RequestError) -> JSON:
-    return error_response(e.status, e.message, e.type, e.code, e.param)
 
 
 class ServerState:
@@ -128,96 +105,6 @@ class ServerState:
 
 
 # ------------------------------------------------------------------------------------------ validation
-_MISSING = object()
-
-
-def _typename(v) -> str:
-    return "null" if v is None else {bool: "boolean", int: "integer", float: "number", str: "string",
-                                     list: "array", dict: "object"}.get(type(v), type(v).__name__)
-
-
-def field(body: dict, name: str, kind: str, default=_MISSING, *, aliases: tuple = ()):
-    """body[name] checked against kind: int, num, bool, str, list, dict, any. null means the default."""
-    value = _MISSING
-    for key in (name, *aliases):
-        if key in body and body[key] is not None:
-            value = body[key]
-            break
-    if value is _MISSING:
-        if default is _MISSING:
-            raise RequestError(f"'{name}' is required", param=name)
-        return default
-    ok = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "num": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-        "bool": lambda v: isinstance(v, bool),
-        "str": lambda v: isinstance(v, str),
-        "list": lambda v: isinstance(v, list),
-        "dict": lambda v: isinstance(v, dict),
-        "any": lambda v: True,
-    }[kind](value)
-    if not ok and kind == "int" and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not ok:
-        want = {"int": "an integer", "num": "a finite number", "bool": "a boolean", "str": "a string",
-                "list": "an array", "dict": "an object"}[kind]
-        raise RequestError(f"'{name}' must be {want}, got {_typename(value)}", param=name)
-    return value
-
-
-def _lone_surrogate(value, path: str = "") -> str | None:
-    """The path of the first string (key or value) holding a lone UTF-16 surrogate ("\\ud800" is
-    valid JSON but not text: it cannot be encoded, tokenized or sent back), else None."""
-    stack = [(value, path)]
-    while stack:
-        v, p = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                return p or "(body)"
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                sub = f"{p}.{k}" if p else str(k)
-                try:
-                    k.encode("utf-8")
-                except UnicodeEncodeError:
-                    return (p + "." if p else "") + ascii(k)
-                stack.append((x, sub))
-        elif isinstance(v, list):
-            stack.extend((x, f"{p}[{i}]") for i, x in enumerate(v))
-    return None
-
-
-def _parse_body(raw: bytes) -> dict:
-    try:
-        body = json.loads(raw or b"")
-    except (ValueError, RecursionError) as e:      # JSONDecodeError, bad UTF-8, absurd nesting or numbers
-        raise RequestError(f"invalid JSON in the request body: {type(e).__name__}: {str(e)[:200]}",
-                           code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {_typename(body)}", code="invalid_json")
-    bad = _lone_surrogate(body)
-    if bad is not None:
-        raise RequestError(f"'{bad}' holds a lone UTF-16 surrogate (e.g. \\ud800), which is not text",
-                           code="invalid_json", param=bad.split(".")[0].split("[")[0])
-    return body
-
-
-_BIG_BODY = 64 << 10      # bodies above this are parsed off the event loop
-
-
-async def read_json(request: Request, state: ServerState) -> dict:
-    """The request body as a JSON object whose strings are all valid text; RequestError (4xx) otherwise."""
-    try:
-        raw = await asyncio.wait_for(request.body(), timeout=state.timeout)
-    except asyncio.TimeoutError:
-        raise RequestError("timed out reading the request body", code="request_timeout", status=408) from None
-    if len(raw) > _BIG_BODY:
-        return await run_in_threadpool(_parse_body, raw)
-    return _parse_body(raw)
-
-
 # llama.cpp's `samplers` names (and one-letter codes) of the samplers this chain has, in its order
 _CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
 _SAMPLER_NAMES = {"e": "penalties", "penalties": "penalties", "k": "top_k", "top_k": "top_k", "p": "top_p",

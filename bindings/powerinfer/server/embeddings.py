@@ -16,14 +16,18 @@ embd_normalize  llama.cpp's: -1 none, 0 max-abs to int16 range, 1 taxicab, 2 L2 
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
-from .app import JSON, ServerState, field, read_json
-from ..engine import RequestError
+from ..request import RequestError
+from .protocol import JSON, field, read_json
+
+if TYPE_CHECKING:
+    from .app import ServerState
 
 MAX_INPUTS = 2048        # OpenAI's limit on inputs per request
 

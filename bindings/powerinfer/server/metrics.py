@@ -24,13 +24,17 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .app import JSON, ServerState, error_response
-from ..engine import RequestError, Result, Task
+from ..request import RequestError, Result, Task
+from .protocol import JSON, error_response
+
+if TYPE_CHECKING:
+    from .app import ServerState
 
 
 class Metrics:

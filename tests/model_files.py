@@ -1,0 +1,283 @@
+"""The test suite's small model files, all written by `write_gguf` (one GGUFWriter path: keys,
+tensors encoded to the file's types, the PWRI magic) and `rewrite` (a copy with changes). The dense
+llama/bamboo files of every size come from tools/make_test_model.py (write_model), whose vocabulary
+(add_vocab) every file here shares.
+
+    write_arch_model(path, "gemma3", seed=0)             llama/mistral, qwen2, gemma3 (f32), issue 7
+    write_sparse_model(path, dtype="q4_0", ranks=(32, 64))  the tiny llama in the PowerInfer (PWRI) layout
+    write_sparse_arch_model(path, "falcon", dtype="q8_0")   sparse falcon / opt (PWRI)
+    rewrite(src, dst, meta=..., drop=..., replace=...)    a copy with changed keys or tensors
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFValueType as VT
+from gguf.quants import quantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from make_test_model import add_vocab, synthetic_vocab, write_model  # noqa: E402
+
+TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+
+
+def encode(w: np.ndarray, dtype: str):
+    """(data, ggml type) of a float tensor stored as dtype (1-D tensors stay f32)."""
+    if w.ndim == 1 or dtype == "f32":
+        return w.astype(np.float32), Q.F32
+    if dtype == "f16":
+        return w.astype(np.float16), Q.F16
+    return quantize(w.astype(np.float32), TYPES[dtype]), TYPES[dtype]
+
+
+def write_gguf(path, arch: str, tensors: dict, *, dtype: str = "f32", pred_dtype: str | None = None,
+               keys=None, fields=(), pwri: bool = False) -> Path:
+    """Write a model file. tensors: {name: float array (numpy shape = reversed ne)}, stored as dtype
+    (predictors fc1/fc2 as pred_dtype, default dtype); keys(writer): adds the file's keys; fields:
+    (name, value, type, sub type) keys copied as they are; pwri: the PowerInfer magic."""
+    path = Path(path)
+    w = GGUFWriter(str(path), arch)
+    for name, value, vtype, sub in fields:
+        w.add_key_value(name, value, vtype, sub_type=sub)
+    if keys is not None:
+        keys(w)
+    for name, arr in tensors.items():
+        pred = name.endswith(("fc1.weight", "fc2.weight"))
+        data, q = encode(np.asarray(arr), (pred_dtype or dtype) if pred else dtype)
+        w.add_tensor(name, data, raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if pwri:
+        with open(path, "r+b") as f:
+            f.write(b"PWRI")
+    return path
+
+
+def rewrite(src, dst, *, meta=None, drop=(), replace=None, extra=None, arch=None) -> Path:
+    """Copy a GGUF file through gguf.GGUFReader/GGUFWriter with changes.
+
+    meta: {key: (value, GGUFValueType) | None (delete)}; drop: tensor names to leave out;
+    replace / extra: {name: (numpy data, ggml type)} for changed / additional tensors.
+    """
+    meta, replace, extra = meta or {}, replace or {}, extra or {}
+    r = GGUFReader(src)
+    w = GGUFWriter(str(dst), arch or r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in meta:
+            continue
+        vtype = f.types[0]
+        w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1] if vtype == VT.ARRAY else None)
+    for key, v in meta.items():
+        if v is not None:
+            w.add_key_value(key, v[0], v[1])
+    for t in r.tensors:
+        if t.name in drop:
+            continue
+        data, dt = replace.get(t.name, (t.data, t.tensor_type))
+        w.add_tensor(t.name, np.ascontiguousarray(data), raw_dtype=dt)
+    for name, (data, dt) in extra.items():
+        w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=dt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
+
+
+def random_weights(seed: int):
+    """mat(n_out, n_in) (std 1/sqrt(n_in)), norm(n) (1 + 0.1 N(0, 1)), bias(n) (0.1 N(0, 1)) of one generator."""
+    rng = np.random.default_rng(seed)
+
+    def mat(n_out, n_in):
+        return (rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def bias(n):
+        return (0.1 * rng.standard_normal(n)).astype(np.float32)
+    return rng, mat, norm, bias
+
+
+def layer_weights(mat, norm, E: int, F: int, Eq: int, Ekv: int) -> dict[str, np.ndarray]:
+    """One llama layer's random weights under their GGUF names (without .weight), drawn in this order."""
+    return {"attn_norm": norm(E), "attn_q": mat(Eq, E), "attn_k": mat(Ekv, E), "attn_v": mat(Ekv, E),
+            "attn_output": mat(E, Eq), "ffn_norm": norm(E), "ffn_gate": mat(F, E), "ffn_up": mat(F, E),
+            "ffn_down": mat(E, F)}
+
+
+# ------------------------------------------------------------------ llama/mistral, qwen2, gemma3 (issue 7)
+CONFIGS = {
+    # llama: GQA, rope "normal" pairs
+    "llama": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32,
+                  rope_base=10000.0, eps=1e-5),
+    # qwen2: llama + q/k/v biases, NEOX rope, tied output
+    "qwen2": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32,
+                  rope_base=1000000.0, eps=1e-6),
+    # gemma3: head_dim (key_length 64) != n_embd / n_head (32); 7 layers = 5 local, 1 global (il = 5),
+    # 1 local; a sliding window of 5 positions so that a 16-token prompt exercises it
+    "gemma3": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=1, n_layer=7, head_dim=64,
+                   rope_base=1000000.0, eps=1e-6, n_swa=5),
+}
+CONFIGS["mistral"] = CONFIGS["llama"]
+
+
+def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str, np.ndarray]:
+    """Float32 weights (numpy shapes: (out, in) for matrices) under their GGUF names. rope_freqs: add
+    Llama 3.1-style frequency factors (rope_freqs.weight, [head_dim/2], from 1 up to 8 for low frequencies)."""
+    c = CONFIGS[arch]
+    rng, mat, norm, _ = random_weights(seed)
+    E, F, V, hd = c["n_embd"], c["n_ff"], c["n_vocab"], c["head_dim"]
+    Eq, Ekv = c["n_head"] * hd, c["n_head_kv"] * hd
+    w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch == "gemma3" else 1.0),
+         "output_norm.weight": norm(E)}
+    if arch in ("llama", "mistral"):
+        w["output.weight"] = mat(V, E)
+    if rope_freqs:
+        w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
+    for il in range(c["n_layer"]):
+        p = f"blk.{il}."
+        w.update((p + k + ".weight", v) for k, v in layer_weights(mat, norm, E, F, Eq, Ekv).items())
+        if arch == "qwen2":
+            for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
+                w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
+        if arch == "gemma3":
+            w[p + "attn_q_norm.weight"] = norm(hd)
+            w[p + "attn_k_norm.weight"] = norm(hd)
+            w[p + "post_attention_norm.weight"] = norm(E)
+            w[p + "post_ffw_norm.weight"] = norm(E)
+    return w
+
+
+def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None,
+                     chat_template: str | None = None) -> dict[str, np.ndarray]:
+    """Write an f32 GGUF of `arch` (general.architecture as given) and return its weights."""
+    c = CONFIGS[arch]
+    w = make_weights(arch, seed) if weights is None else weights
+
+    def keys(writer):
+        writer.add_context_length(512)
+        writer.add_embedding_length(c["n_embd"])
+        writer.add_block_count(c["n_layer"])
+        writer.add_feed_forward_length(c["n_ff"])
+        writer.add_head_count(c["n_head"])
+        writer.add_head_count_kv(c["n_head_kv"])
+        writer.add_layer_norm_rms_eps(c["eps"])
+        writer.add_rope_freq_base(c["rope_base"])
+        if arch == "gemma3":
+            writer.add_key_length(c["head_dim"])
+            writer.add_value_length(c["head_dim"])
+            writer.add_sliding_window(c["n_swa"])
+        else:
+            writer.add_rope_dimension_count(c["head_dim"])
+        add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)
+    write_gguf(path, arch, w, keys=keys)
+    return w
+
+
+# ------------------------------------------------------------------ the tiny llama, sparse (PWRI)
+def write_sparse_model(path, *, dtype="f32", pred_dtype=None, ranks=(32, 64), seed=0, threshold=None,
+                       arch="llama", predictors=True, **shape) -> Path:
+    """Write a PWRI file: the tiny random llama of tools/make_test_model.py with ffn_down_t = ffn_down
+    transposed and random per-layer predictors fc1/fc2; ranks gives the predictor rank per layer
+    (n_layer = len(ranks)). predictors=False leaves fc1/fc2 out (an invalid sparse file, for error tests)."""
+    path = Path(path)
+    dense = path.with_suffix(".dense-f32.gguf")
+    shape = {**dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2), **shape, "n_layer": len(ranks)}
+    write_model(dense, dtype="f32", seed=seed, arch=arch, ffn_act="relu", **shape)
+    reader = GGUFReader(dense)
+    fields = [(name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+              for name, f in reader.fields.items() if not name.startswith("GGUF.") and name != "general.architecture"]
+    tensors = {}
+    for t in reader.tensors:
+        w = np.array(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+        if t.name.endswith("ffn_down.weight"):
+            tensors[t.name.replace("ffn_down", "ffn_down_t")] = np.ascontiguousarray(w.T)   # (n_ff, n_embd)
+        else:
+            tensors[t.name] = w
+    rng = np.random.default_rng(seed + 1000)
+    E, F = shape["n_embd"], shape["n_ff"]
+    for il, r in enumerate(ranks if predictors else ()):
+        tensors[f"blk.{il}.fc1.weight"] = rng.standard_normal((r, E)).astype(np.float32) / np.sqrt(E)
+        tensors[f"blk.{il}.fc2.weight"] = rng.standard_normal((F, r)).astype(np.float32) / np.sqrt(r)
+    del reader
+    write_gguf(path, arch, tensors, dtype=dtype, pred_dtype=pred_dtype or ("f16" if dtype in ("f32", "bf16") else dtype),
+               fields=fields, pwri=True,
+               keys=None if threshold is None else lambda w: w.add_float32("powerinfer.sparse_threshold", threshold))
+    dense.unlink()
+    return path
+
+
+# ------------------------------------------------------------------ sparse falcon and opt (PWRI)
+SPARSE_ARCH_SHAPE = dict(n_vocab=320, n_embd=64, n_ff=256, n_head=4)
+
+
+def sparse_arch_tensors(arch, *, n_vocab, n_embd, n_ff, n_head, n_head_kv, ranks, attn_norm_2, seed):
+    """numpy float32 weights, numpy shape = reversed GGUF ne (row i of an [E, N] tensor = output i)."""
+    rng, mat, normw, bias = random_weights(seed)
+    E, F, hd = n_embd, n_ff, n_embd // n_head
+    Ekv = hd * n_head_kv
+    t = {"token_embd.weight": rng.standard_normal((n_vocab, E)).astype(np.float32),
+         "output_norm.weight": normw(E), "output_norm.bias": bias(E)}
+    if arch == "falcon":
+        t["output.weight"] = mat(n_vocab, E)
+    else:
+        t["position_embd.weight"] = (0.5 * rng.standard_normal((2050, E))).astype(np.float32)
+    for il, r in enumerate(ranks):
+        p = f"blk.{il}."
+        t[p + "attn_norm.weight"], t[p + "attn_norm.bias"] = normw(E), bias(E)
+        if arch == "falcon":
+            if attn_norm_2:
+                t[p + "attn_norm_2.weight"], t[p + "attn_norm_2.bias"] = normw(E), bias(E)
+            t[p + "attn_qkv.weight"] = mat(E + 2 * Ekv, E)
+            t[p + "attn_output.weight"] = mat(E, E)
+        else:
+            for n, rows in (("q", E), ("k", Ekv), ("v", Ekv), ("output", E)):
+                t[p + f"attn_{n}.weight"], t[p + f"attn_{n}.bias"] = mat(rows, E), bias(rows)
+            t[p + "ffn_norm.weight"], t[p + "ffn_norm.bias"] = normw(E), bias(E)
+            t[p + "ffn_up.bias"] = bias(F)
+            t[p + "ffn_down_t.bias"] = bias(E)
+        t[p + "ffn_up.weight"] = mat(F, E)
+        t[p + "ffn_down_t.weight"] = (rng.standard_normal((F, E)) / np.sqrt(F)).astype(np.float32)
+        t[p + "fc1.weight"] = mat(r, E)
+        t[p + "fc2.weight"] = mat(F, r)
+    return t
+
+
+def write_sparse_arch_model(path, arch, *, dtype="f32", ranks=(32, 64), n_head_kv=None, attn_norm_2=True,
+                            seed=0, drop=(), replace=None, pwri=True, eps="default") -> Path:
+    """A small random PWRI falcon/opt file. drop: tensor names to leave out; replace: {name: array};
+    eps: {arch}.attention.layer_norm_epsilon (default: 1e-5 for falcon, none for opt, as the converters)."""
+    shape = SPARSE_ARCH_SHAPE
+    n_head_kv = n_head_kv or (2 if arch == "falcon" else shape["n_head"])
+    tensors = sparse_arch_tensors(arch, **shape, n_head_kv=n_head_kv, ranks=ranks, attn_norm_2=attn_norm_2,
+                                  seed=seed)
+    tensors.update(replace or {})
+    if eps == "default":
+        eps = 1e-5 if arch == "falcon" else None
+
+    def keys(w):
+        w.add_name(f"tiny-{arch}")
+        w.add_context_length(2048)
+        w.add_embedding_length(shape["n_embd"])
+        w.add_feed_forward_length(shape["n_ff"])
+        w.add_block_count(len(ranks))
+        w.add_head_count(shape["n_head"])
+        w.add_head_count_kv(n_head_kv)
+        if eps is not None:
+            w.add_layer_norm_eps(eps)
+        if arch == "falcon":
+            w.add_string("falcon.tensor_data_layout", "jploski")
+        add_vocab(w, *synthetic_vocab(shape["n_vocab"]))
+    # f16 predictors keep the selection free of activation quantization (as tests/test_sparse.py)
+    return write_gguf(path, arch, {k: v for k, v in tensors.items() if k not in drop}, dtype=dtype,
+                      pred_dtype="f16" if dtype != "f32" else "f32", keys=keys, pwri=pwri)

@@ -414,6 +414,9 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
  * accumulator in element order (the single-row kernel's order: the same bits), so eight independent fma
  * chains hide the latency that one row's chain waits on (f16 decode was fma-latency bound, not memory
  * bound). AVX-512: two rows per register, four chains. */
+#ifndef F16_PREFETCH
+#define F16_PREFETCH 256   /* elements (512 bytes) ahead in each of the eight rows: eight streams outrun the hardware prefetcher */
+#endif
 static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, const void *const *rows, const float *x,
                                                              float *y, const int bf16) {
     const uint16_t *const *w = (const uint16_t *const *)rows;
@@ -423,6 +426,8 @@ static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, cons
     __m512 acc[4];
     for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n8; i += 8) {
+        if (i % 32 == 0)   /* a cache line of each row per 32 elements, F16_PREFETCH elements ahead */
+            for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
         const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i));
         for (int p = 0; p < 4; p++) acc[p] = _mm512_fmadd_ps(load_pair(w[2 * p] + i, w[2 * p + 1] + i, bf16), xv, acc[p]);
     }
@@ -433,6 +438,8 @@ static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, cons
 #else
     for (int k = 0; k < 8; k++) half[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n8; i += 8) {
+        if (i % 32 == 0)
+            for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
         const __m256 xv = _mm256_loadu_ps(x + i);
         for (int k = 0; k < 8; k++)
             half[k] = _mm256_fmadd_ps(bf16 ? load8_bf16(w[k] + i) : load8_f16(w[k] + i), xv, half[k]);

@@ -209,6 +209,10 @@ def test_q8_0x16_rows_for_get_rows(pool2):
         check(lib.pi_op_get_rows(pool2, w, ffi.cast("int32_t *", ids.ctypes.data), len(ids), tensor(out)))
         got[name] = out
     assert_bit_equal(got["x16"], got["rows"], "get_rows of the interleaved copy vs the file's rows")
+    w16.ne[1] = 40                                  # an interleaved table must keep whole groups of 16 rows
+    out = np.zeros((len(ids), 96), np.float32)
+    expect_error(lib.pi_op_get_rows(pool2, w16, ffi.cast("int32_t *", ids.ctypes.data), len(ids), tensor(out)),
+                 lib.PI_ERR_INVALID_ARG)
 
 
 @pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model"])

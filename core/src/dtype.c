@@ -65,6 +65,15 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
     }
 }
 
+/* Row k of one Q8_0X16 group (n elements): q8_0_to_f32 of the row the group was made from. */
+static void q8_0x16_row_to_f32(const void *group, int k, float *dst, int64_t n) {
+    const pi_block_q8_0x16 *g = group;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+        const float d = pi_fp16_to_f32(g[b].d[k]);
+        for (int e = 0; e < PI_QK8_0; e++) dst[b * PI_QK8_0 + e] = (float)g[b].qs[e / 4][4 * k + e % 4] * d;
+    }
+}
+
 /* ---- the table ---- */
 
 /* What a type is (layout, conversions, activation type), whatever the CPU; the kernels come from the
@@ -96,7 +105,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, NULL /* arch */, PI_TYPE_Q8_KM },
-    [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S },
+    [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q8_0x16_row_to_f32 },
     [PI_TYPE_Q4_KX16] = { "q4_Kx16", 256, 144, NULL, NULL, PI_TYPE_Q8_KM },
 };
 

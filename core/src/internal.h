@@ -83,6 +83,9 @@ typedef struct pi_type_traits {
     pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; *X16: one) */
     pi_repack_fn    repack;
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
+    /* optional: row k of one group as floats, the file row's values (get_rows reads such a table, so a tied
+     * embedding table can be repacked for the output head) */
+    void          (*group_row_to_f32)(const void *group, int k, float *dst, int64_t n);
     /* rows at any addresses (not interleaved) */
     pi_tiles_rows_fn tiles_rows;   /* optional: 16 rows x multiples of 16 tokens (AMX) */
 } pi_type_traits;
@@ -104,9 +107,6 @@ static inline int64_t pi_group_rows(int32_t type) {
     return type == PI_TYPE_Q4_0X8 ? 8 : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q4_KX16 ? 16 : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }
-/* Row r of a Q8_0X16 weight [n, N] as floats, the values of the file's row (get_rows of a tied embedding table
- * whose copy mul_mat reads; repack.c). */
-void pi_q8_0x16_row_to_f32(const pi_tensor *w, int64_t r, float *dst);
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
 

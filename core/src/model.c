@@ -198,14 +198,15 @@ static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
 }
 
 /* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. A tied table is
- * repacked where get_rows reads the interleaved layout too (Q8_0X16: Gemma's 262144-row head), so the head is
- * read fast without a second copy. */
+ * repacked where get_rows reads the interleaved layout too (a group_row_to_f32: Q8_0X16, Gemma's 262144-row
+ * head), so the head is read fast without a second copy. */
 static pi_status repack_weights(pi_model *m) {
     pi_threadpool *pool = NULL;   /* the copies are made by all cores; without a pool, by this thread */
     if (pi_threadpool_create(0, &pool) != PI_OK) { pool = NULL; pi_clear_error(); }
     pi_status st = PI_OK;
     if (m->output.data != m->token_embd.data) st = repack_one(m, pool, &m->output);
-    else if (m->output.data && pi_traits(m->output.type)->repacked_type == PI_TYPE_Q8_0X16) {
+    else if (m->output.data && pi_traits(m->output.type)->repacked_type &&
+             pi_traits(pi_traits(m->output.type)->repacked_type)->group_row_to_f32) {
         st = repack_one(m, pool, &m->output);
         m->token_embd = m->output;
     }

@@ -45,13 +45,15 @@ static void get_rows_task(void *p, int ith, int nth) {
     const pi_type_traits *tr = pi_traits(a->table->type);
     int64_t i0, i1;
     split_range(a->n, ith, nth, &i0, &i1);
+    const int64_t R = pi_group_rows(a->table->type);   /* > 0: an interleaved table (a tied head's copy) */
     for (int64_t i = i0; i < i1; i++) {
-        if (a->table->type == PI_TYPE_Q8_0X16) {   /* a tied embedding table, interleaved for the output head */
-            pi_q8_0x16_row_to_f32(a->table, a->ids[i], ROW_F32(a->out, i, 0, 0));
-            continue;
+        const int64_t r = a->ids[i];
+        if (R) {
+            const char *group = (const char *)a->table->data + r / R * R * a->table->nb[1];
+            tr->group_row_to_f32(group, (int)(r % R), ROW_F32(a->out, i, 0, 0), a->table->ne[0]);
+        } else {
+            tr->to_f32((const char *)a->table->data + r * a->table->nb[1], ROW_F32(a->out, i, 0, 0), a->table->ne[0]);
         }
-        const char *row = (const char *)a->table->data + (int64_t)a->ids[i] * a->table->nb[1];
-        tr->to_f32(row, ROW_F32(a->out, i, 0, 0), a->table->ne[0]);
     }
 }
 
@@ -59,8 +61,12 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
     RETURN_IF(pi_check_tensor(table, "get_rows table"));
     RETURN_IF(check_f32(out, "get_rows out"));
     if (!ids) return pi_fail(PI_ERR_INVALID_ARG, "get_rows: ids is NULL");
-    if (!pi_traits(table->type) || (!pi_traits(table->type)->to_f32 && table->type != PI_TYPE_Q8_0X16))
+    const pi_type_traits *tr = pi_traits(table->type);
+    if (!tr || (pi_is_interleaved(table->type) ? !tr->group_row_to_f32 : !tr->to_f32))
         return pi_fail(PI_ERR_UNSUPPORTED, "get_rows: table type %s", pi_type_name(table->type));
+    if (pi_is_interleaved(table->type) && table->ne[1] % pi_group_rows(table->type))
+        return pi_fail(PI_ERR_INVALID_ARG, "get_rows: an interleaved %s table needs a multiple of %lld rows",
+                       pi_type_name(table->type), (long long)pi_group_rows(table->type));
     if (table->ne[2] * table->ne[3] != 1 || out->ne[2] * out->ne[3] != 1)
         return pi_fail(PI_ERR_INVALID_ARG, "get_rows: table and out must be 2-d");
     if (out->ne[0] != table->ne[0] || out->ne[1] != n || n < 1)

@@ -42,15 +42,6 @@ pi_status pi_repack_on(pi_threadpool *pool, const pi_tensor *w, void *dst, int64
     return PI_OK;
 }
 
-void pi_q8_0x16_row_to_f32(const pi_tensor *w, int64_t r, float *dst) {
-    const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)((const char *)w->data + r / 16 * 16 * w->nb[1]);
-    const int k = (int)(r % 16);
-    for (int64_t b = 0; b < w->ne[0] / PI_QK8_0; b++) {
-        const float d = pi_fp16_to_f32(g[b].d[k]);
-        for (int e = 0; e < PI_QK8_0; e++) dst[b * PI_QK8_0 + e] = d * (float)g[b].qs[e / 4][4 * k + e % 4];
-    }
-}
-
 pi_status pi_repack(const pi_tensor *w, void *dst, int64_t dst_bytes, pi_tensor *out) {
     return pi_repack_on(NULL, w, dst, dst_bytes, out);
 }

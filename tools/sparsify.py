@@ -415,14 +415,15 @@ def main(argv=None) -> int:
     if a.allocation == "sensitivity":
         kl = layer_sensitivity(a.model, a.output, hist[:, 0], edges, tokens[:n_calib], a.ctx,
                                a.sensitivity_windows, a.threads)
-        thresholds = np.stack([thresholds_for(hist[:, 0], edges, allocate_by_sensitivity(kl, lv)) for lv in levels])
+        allocated = [allocate_by_sensitivity(kl, lv) for lv in levels]   # per level: per-layer sparsities
+        thresholds = np.stack([thresholds_for(hist[:, 0], edges, s) for s in allocated])
         meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs)
         with tempfile.TemporaryDirectory(dir=a.output.parent) as tmp:   # the file is read while it is rewritten
             staged = Path(tmp) / a.output.name
             os.replace(a.output, staged)
             write_sparse(staged, a.output, hp.n_layer, a.down_type, meta, gate_t, True)   # types: as first written
-        log(f"sparsify: per-layer sparsity by sensitivity: " + "; ".join(
-            f"{lv:g}: " + " ".join(f"{v:.2f}" for v in allocate_by_sensitivity(kl, lv)) for lv in levels))
+        log("sparsify: per-layer sparsity by sensitivity: " + "; ".join(
+            f"{lv:g}: " + " ".join(f"{v:.2f}" for v in s) for lv, s in zip(levels, allocated)))
     if a.eval_chunks <= 0:
         return 0
     if a.heldout is not None:

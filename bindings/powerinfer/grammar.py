@@ -62,12 +62,7 @@ class Grammar:
         """llama.cpp's GBNF (`root ::= ...`); Lark text is accepted too, as llama.cpp's llguidance build does."""
         if not isinstance(text, str) or not text.strip():
             raise GrammarError("the grammar must be a non-empty string")
-        llg = _llg()
-        try:
-            spec = llg.grammar_from("gbnf", text)
-        except Exception as e:
-            raise GrammarError(f"failed to parse grammar: {e}") from None
-        return cls._checked("gbnf", text, spec)
+        return cls._compiled("gbnf", text, "failed to parse grammar", lambda llg: llg.grammar_from("gbnf", text))
 
     # llama-cpp-python's LlamaGrammar names
     from_string = from_gbnf
@@ -82,21 +77,12 @@ class Grammar:
 
     @classmethod
     def from_lark(cls, text: str) -> "Grammar":
-        llg = _llg()
-        try:
-            spec = llg.LLMatcher.grammar_from_lark(text)
-        except Exception as e:
-            raise GrammarError(f"failed to parse grammar: {e}") from None
-        return cls._checked("lark", text, spec)
+        return cls._compiled("lark", text, "failed to parse grammar", lambda llg: llg.LLMatcher.grammar_from_lark(text))
 
     @classmethod
     def from_regex(cls, pattern: str) -> "Grammar":
-        llg = _llg()
-        try:
-            spec = llg.LLMatcher.grammar_from_regex(pattern)
-        except Exception as e:
-            raise GrammarError(f"invalid regular expression: {e}") from None
-        return cls._checked("regex", pattern, spec)
+        return cls._compiled("regex", pattern, "invalid regular expression",
+                             lambda llg: llg.LLMatcher.grammar_from_regex(pattern))
 
     @classmethod
     def from_json_schema(cls, schema) -> "Grammar":
@@ -110,15 +96,12 @@ class Grammar:
             schema = {}
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        llg = _llg()
         text = json.dumps(schema)
-        try:
-            # whitespace between tokens as llama.cpp's json-schema-to-grammar allows it (its `space` rule):
-            # bounded, so that a model cannot pad the object with whitespace until max_tokens
-            spec = llg.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_pattern": _JSON_SPACE})
-        except Exception as e:
-            raise GrammarError(f"unsupported JSON schema: {e}") from None
-        return cls._checked("json_schema", text, spec)
+        # whitespace between tokens as llama.cpp's json-schema-to-grammar allows it (its `space` rule):
+        # bounded, so that a model cannot pad the object with whitespace until max_tokens
+        return cls._compiled("json_schema", text, "unsupported JSON schema",
+                             lambda llg: llg.LLMatcher.grammar_from_json_schema(
+                                 text, defaults={"whitespace_pattern": _JSON_SPACE}))
 
     @classmethod
     def json_object(cls) -> "Grammar":
@@ -126,8 +109,14 @@ class Grammar:
         return cls.from_json_schema({"type": "object"})
 
     @classmethod
-    def _checked(cls, kind: str, source: str, spec: str) -> "Grammar":
+    def _compiled(cls, kind: str, source: str, failure: str, compile_spec) -> "Grammar":
+        """compile_spec(llguidance) -> the grammar definition; its exception becomes GrammarError(failure: ...),
+        then the definition is validated."""
         llg = _llg()
+        try:
+            spec = compile_spec(llg)
+        except Exception as e:
+            raise GrammarError(f"{failure}: {e}") from None
         is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(spec)
         if is_error:
             what = "JSON schema" if kind == "json_schema" else "grammar"

@@ -177,7 +177,8 @@ def build(op, a, f, n_layer, weight, f32, pools, keep):
                 y = f32(np.zeros((1, E), np.float32))
                 nbytes += ub + db
                 calls.append(lambda L, pool, ups=ups, downs=downs, xi=x, h=h, y=y:
-                             (L.pi_op_mul_mat(pool, ups[L is lib_b], xi, h), L.pi_op_mul_mat(pool, downs[L is lib_b], h, y)))
+                             (L.pi_op_mul_mat(pool, ups[L is lib_b], xi, h),
+                              L.pi_op_mul_mat(pool, downs[L is lib_b], h, y)))
             elif op == "cats":
                 w = ffi.new("pi_sparse_ffn_weights *")
                 (up, ub), (down, db) = weight(P + "ffn_up.weight"), weight(P + "ffn_down_t.weight")

@@ -210,7 +210,8 @@ def write_sparse_model(path, *, dtype="f32", pred_dtype=None, ranks=(32, 64), se
         tensors[f"blk.{il}.fc1.weight"] = rng.standard_normal((r, E)).astype(np.float32) / np.sqrt(E)
         tensors[f"blk.{il}.fc2.weight"] = rng.standard_normal((F, r)).astype(np.float32) / np.sqrt(r)
     del reader
-    write_gguf(path, arch, tensors, dtype=dtype, pred_dtype=pred_dtype or ("f16" if dtype in ("f32", "bf16") else dtype),
+    write_gguf(path, arch, tensors, dtype=dtype,
+               pred_dtype=pred_dtype or ("f16" if dtype in ("f32", "bf16") else dtype),
                fields=fields, pwri=True,
                keys=None if threshold is None else lambda w: w.add_float32("powerinfer.sparse_threshold", threshold))
     dense.unlink()

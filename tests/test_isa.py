@@ -354,7 +354,8 @@ def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name):
 
 def q4_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
     """raw (Q4_K rows from the quantizer) with rows 0..3 replaced by random blocks over the whole format: every
-    6-bit scale and min (63 included), every nibble, d and dmin of either sign up to 2^4, and a zero row (16, or the last)."""
+    6-bit scale and min (63 included), every nibble, d and dmin of either sign up to 2^4, and a zero row (16, or
+    the last)."""
     raw = raw.copy()
     blocks = raw.reshape(N, K // 256, 144)
     blocks[:4] = rng.integers(0, 256, blocks[:4].shape, dtype=np.uint8)

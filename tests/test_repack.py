@@ -71,7 +71,8 @@ def test_q4_0_kernels_agree(pool2, K, N, T):
         assert_bit_equal(mul_mat(ffi.NULL, w8, x, N), y, "interleaved copy, no pool")
 
 
-@pytest.mark.parametrize("K,N,T", [(32, 16, 1), (64, 48, 3), (640, 32, 17), (1088, 16, 2), (4096, 64, 9), (128, 272, 100)])
+@pytest.mark.parametrize("K,N,T", [(32, 16, 1), (64, 48, 3), (640, 32, 17), (1088, 16, 2), (4096, 64, 9),
+                                   (128, 272, 100)])
 def test_q8_0_interleaved_copy(pool2, K, N, T):
     """Q8_0 repacks to 16-row groups (Q8_0X16) with the bits of the file's layout, and within the tolerance of the
     float64 reference; row counts that are not a multiple of 16 keep the file's layout."""

@@ -30,8 +30,9 @@ from .offload import add_gpu_args, gpu_kwargs
 from .sampling import SamplingParams
 
 __all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args",
-           "add_prompt_args", "add_sampling_args", "add_sparse_args", "grammar_of", "load_model", "log", "log_prompt_tokens", "make_context", "parse",
-           "parser", "prompt_text", "read_input", "sampling_params", "sparse_report", "unescape"]
+           "add_prompt_args", "add_sampling_args", "add_sparse_args", "grammar_of", "load_model", "log",
+           "log_prompt_tokens", "make_context", "parse", "parser", "prompt_text", "read_input", "sampling_params",
+           "sparse_report", "unescape"]
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 _SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)

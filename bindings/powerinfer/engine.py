@@ -636,7 +636,8 @@ class Engine:
                 for j, t in enumerate(nxt):
                     pp.append(self._probs(self.ctx.logits(r0 + j), t, max(s.task.n_probs, 1)))
             expected = sum(s.hw for s in self.slots)
-            if self.regions and self.ctx.kv_used != expected:   # the layout invariant; cannot happen unless the context was shared
+            # the layout invariant; cannot happen unless the context was shared
+            if self.regions and self.ctx.kv_used != expected:
                 self._decode_failed(RuntimeError(f"KV cache layout mismatch ({self.ctx.kv_used} cells used, "
                                                  f"{expected} expected)"))
                 return True

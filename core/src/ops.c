@@ -88,7 +88,7 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *   tiles     interleaved weights on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of
  *             at least PI_TILES_MIN_T tokens; the token and row tails go to the kernels below)
  *   gemm16    interleaved weights, 16 rows x up to 8 tokens per call (Q4_0X8: two groups, AVX-512 levels;
- *             Q8_0X16: one group, every level)
+ *             Q8_0X16, Q4_KX16: one group, every level)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at
  *             least PI_TILES_MIN_T tokens; the token and row tails go to vec_dot8)
@@ -175,7 +175,7 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
     const int64_t tiled = mul_mat_tiles(a, tr, r0, r16);   /* tokens [0, tiled) of rows [r0, r16) are done */
     if (pi_is_interleaved(a->w->type)) {   /* rows r of group r / R at byte r nb[1]; r0, r1 are multiples of R */
-        if (tr->gemm16)   /* 16 rows per call where the level (Q4_0X8) or the layout (Q8_0X16) has such a kernel */
+        if (tr->gemm16)   /* 16 rows per call where the level (Q4_0X8) or the layout (Q8_0X16, Q4_KX16) has such a kernel */
             for (; r + 16 <= r1; r += 16)
                 for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
                     tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,

@@ -281,13 +281,14 @@ def test_powerinfer_isa_environment_variable(tmp_path):
 AMX_ROWS_MIN_T = 16
 
 
-ROWS_CASES = [(t, K) for t in (8, 6, 12, 13, 14) for K in (4096, 2048)] + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
+ROWS_CASES = ([(t, K) for t in (8, 6, 12, 13, 14) for K in (4096, 2048)] + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
+              + [(t, K) for t in (3, 7) for K in (4096, 1088, 640)])   # Q4_1, Q5_1: vec_dot8 only (no tiles)
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("t,K", ROWS_CASES, ids=[f"{TYPES[t][0]}-K{K}" for t, K in ROWS_CASES])
 def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
-    """Q8_0, Q5_0, Q4_K, Q5_K and Q6_K at prompt batch sizes: on the amx level the row tile kernel (tiles_rows) takes
+    """Q8_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_1 and Q5_1 at prompt batch sizes: on the amx level the row tile kernel (tiles_rows) takes
     16-row groups x 16-token tiles of the batches of >= AMX_ROWS_MIN_T tokens (16, 32; 100: six tiles and a
     4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows (vec_dot). K = 640
     (Gemma 3 270M's rows: 20 blocks, residues of 8 with 2 or 3 blocks) and 1088 (34 blocks: a second K chunk of 2

@@ -110,6 +110,10 @@ static float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
 
 /* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
 #if PI_HAVE_ROWS8
+static void pi_vec_dot8_q4_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                  float *y, int64_t y_stride);
+static void pi_vec_dot8_q5_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                  float *y, int64_t y_stride);
 static void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                             float *y, int64_t y_stride);
 static void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,

@@ -8,7 +8,8 @@
  *       -c $M/core/src/arch/level.c -o /tmp/level_avx2.o
  *   gcc $F -DPI_LEVEL=scalar -Wno-unused-function -c $M/core/src/arch/level.c -o /tmp/level_scalar.o
  *   gcc $F -o /tmp/sparse_row_kernels bench/sparse_row_kernels.c /tmp/level_avx2.o /tmp/level_scalar.o \
- *       $M/core/src/{error,dtype,dtype_k,tensor,threadpool,ops,model,kv_cache,context,backend_cpu,offload,sparse_ffn,repack,cpu}.c \
+ *       $M/core/src/{error,dtype,dtype_k,tensor,threadpool,ops,model,kv_cache,context,backend_cpu,offload}.c \
+ *       $M/core/src/{sparse_ffn,repack,cpu}.c \
  *       $M/core/cuda/stub.c -DPI_WITH_AVX2=1 -lm -lpthread
  *   /tmp/sparse_row_kernels 8 0.5      # 8 layers (memory-resident), half the channels
  *   /tmp/sparse_row_kernels 1 0.02     # ~220 channels: the rows stay in L2

@@ -209,10 +209,12 @@ static inline __m256i q5_1_quants(const void *blk) {
  * by side (542M Q4_1 prompts 1.2x, Q5_1 1.1x before the unpacking was shared; see bench/README.md). One
  * token goes row by row: its rows then stream from memory one after another (decode was 15-20% slower with
  * eight concurrent row streams). Both types start with the fp16 d and m. */
+typedef float (*q4_1_row_fn)(int64_t n, const void *w, const void *x);
+
 static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, const void *const *rows, const char *x,
                                                                    int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                                    int64_t block_bytes, __m256i (*quants)(const void *),
-                                                                   float (*one_row)(int64_t, const void *, const void *)) {
+                                                                   q4_1_row_fn one_row) {
     if (nt == 1) {
         for (int k = 0; k < 8; k++) y[k] = one_row(n, rows[k], x);
         return;

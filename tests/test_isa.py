@@ -290,9 +290,9 @@ ROWS_CASES = ([(t, K) for t in (8, 6, 12, 13, 14) for K in (4096, 2048)] + [(8, 
 def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
     """Q8_0, Q5_0, Q4_K, Q5_K, Q6_K (and Q4_1, Q5_1: vec_dot8 only) at prompt batch sizes: on the amx level the row
     tile kernel (tiles_rows) takes 16-row groups x 16-token tiles of the batches of >= AMX_ROWS_MIN_T tokens (16, 32;
-    100: six tiles and a 4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows (vec_dot). K = 640
-    (Gemma 3 270M's rows: 20 blocks, residues of 8 with 2 or 3 blocks) and 1088 (34 blocks: a second K chunk of 2
-    blocks) for the 32-element types."""
+    100: six tiles and a 4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows
+    (vec_dot). K = 640 (Gemma 3 270M's rows: 20 blocks, residues of 8 with 2 or 3 blocks) and 1088 (34 blocks: a
+    second K chunk of 2 blocks) for the 32-element types."""
     Ts = (16, 32, 100)
     assert min(Ts) >= AMX_ROWS_MIN_T and Ts[2] % 16
     N = 44

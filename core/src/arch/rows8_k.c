@@ -187,6 +187,73 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
                             int64_t y_stride) { DISPATCH_NT(q5_0_dot8, q5_0_dot8_one, B8_MAX_T); }
 
 /* ======================================================================================
+ * Q4_1 / Q5_1 . Q8_1. Each row gets exactly the single-row kernel's arithmetic (pi_vec_dot_q4_1_q8_1: one 8-lane
+ * fma chain and one scalar chain of the mins over the blocks in order, then sum + summ), so the results are its
+ * bits. Each pass over Q4_1_CHUNK blocks unpacks the eight rows' quants and converts their d and m once for every
+ * token, and the eight rows' chains run side by side (542M Q4_1 prompts 1.9x, Q5_1 2.3x at the op level; see
+ * bench/README.md). Both types start with the fp16 d and m.
+ * ====================================================================================== */
+#define Q4_1_CHUNK 32   /* blocks per pass: the eight rows' unpacked quants of a pass take 8 KB (L1) */
+
+static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, const void *const *rows, const char *x,
+                                                                   int64_t x_stride, const int nt, float *y,
+                                                                   int64_t y_stride, int64_t block_bytes,
+                                                                   __m256i (*quants)(const void *)) {
+    const int64_t nb = n / PI_QK;
+    __m256 acc[PI_DOT8_MAX_T][8];   /* [token][row] */
+    float summ[PI_DOT8_MAX_T][8];
+    for (int t = 0; t < nt; t++)
+        for (int k = 0; k < 8; k++) { acc[t][k] = _mm256_setzero_ps(); summ[t][k] = 0.0f; }
+    for (int64_t i0 = 0; i0 < nb; i0 += Q4_1_CHUNK) {
+        const int nc = (int)PI_MIN(Q4_1_CHUNK, nb - i0);
+        __m256i q[Q4_1_CHUNK][8];   /* [block][row] */
+        float dw[Q4_1_CHUNK][8], mw[Q4_1_CHUNK][8];
+        for (int c = 0; c < nc; c++)
+            for (int k = 0; k < 8; k++) {
+                const char *blk = (const char *)rows[k] + (i0 + c) * block_bytes;
+                const pi_block_q4_1 *dm = (const pi_block_q4_1 *)blk;   /* d, m: the same offsets in Q5_1 */
+                q[c][k] = quants(blk);
+                dw[c][k] = pi_fp16_to_f32(dm->d);
+                mw[c][k] = pi_fp16_to_f32(dm->m);
+            }
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_1 *b = (const pi_block_q8_1 *)(x + t * x_stride) + i0;
+            __m256 a[8];
+            float s[8];
+            for (int k = 0; k < 8; k++) { a[k] = acc[t][k]; s[k] = summ[t][k]; }
+            for (int c = 0; c < nc; c++) {
+                const __m256i yq = _mm256_loadu_si256((const __m256i *)b[c].qs);
+                for (int k = 0; k < 8; k++) {
+                    const __m256i p = dot_u8_i8(q[c][k], yq);
+                    a[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw[c][k] * b[c].d), _mm256_cvtepi32_ps(p), a[k]);
+                    s[k] += mw[c][k] * b[c].s;
+                }
+            }
+            for (int k = 0; k < 8; k++) { acc[t][k] = a[k]; summ[t][k] = s[k]; }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int k = 0; k < 8; k++) y[t * y_stride + k] = pi_hsum_ps(acc[t][k]) + summ[t][k];
+}
+
+/* The exported 8-row kernel of Q4_1 or Q5_1 (`name`), and its one-token path through the single-row kernel. */
+#define Q4_1_FAMILY_ROWS8(name, block)                                                                            \
+    static inline __attribute__((always_inline)) void name##_dot8(int64_t n, const void *const *rows, const char *x, \
+                                                                 int64_t x_stride, const int nt, float *y,          \
+                                                                 int64_t y_stride) {                                \
+        q4_1_family_dot8(n, rows, x, x_stride, nt, y, y_stride, sizeof(block), name##_quants);                    \
+    }                                                                                                             \
+    static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
+        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_##name##_q8_1(n, rows[k], x);                               \
+    }                                                                                                             \
+    void pi_vec_dot8_##name##_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,     \
+                                   float *y, int64_t y_stride) {                                                  \
+        DISPATCH_NT(name##_dot8, name##_dot8_one, PI_DOT8_MAX_T);                                                 \
+    }
+Q4_1_FAMILY_ROWS8(q4_1, pi_block_q4_1)
+Q4_1_FAMILY_ROWS8(q5_1, pi_block_q5_1)
+
+/* ======================================================================================
  * Q8_0 . Q8_0S. Canonical order (pi_vec_dot_q8_0_q8_0s): per block the exact integer
  * i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in order, and pi_tree8(p). The weights are signed:
  * maddubs(|w|, sign(y, w)) per 4-byte group, widened to int32 at once (lanes up to 32512).

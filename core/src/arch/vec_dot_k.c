@@ -60,9 +60,17 @@ static inline int32_t scales_dot_bsums(__m256i sc, const pi_block_q8_K *y) {
     return pi_hsum_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums)));
 }
 
-/* The 32 quants of a Q5_0 block as unsigned bytes 0..31 (element order). */
-static inline __m256i q5_0_unsigned(const pi_block_q5_0 *blk) {
-    return _mm256_or_si256(nibbles_32(blk->qs), _mm256_and_si256(bits_to_bytes(blk->qh), _mm256_set1_epi8(16)));
+/* The 32 quants of a Q5_0 / Q5_1 block (16 nibble bytes qs, 32 fifth bits qh) as unsigned bytes 0..31, element order. */
+static inline __m256i quants_5bit(const uint8_t *qs, const uint8_t *qh) {
+    return _mm256_or_si256(nibbles_32(qs), _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(16)));
+}
+static inline __m256i q5_0_unsigned(const pi_block_q5_0 *blk) { return quants_5bit(blk->qs, blk->qh); }
+/* The 32 quants of a Q4_1 / Q5_1 block (unsigned, < 32) in element order; void *: Q4_1/Q5_1's 8-row kernel
+ * (rows8_k.c) takes either through one pointer type. */
+static inline __m256i q4_1_quants(const void *blk) { return nibbles_32(((const pi_block_q4_1 *)blk)->qs); }
+static inline __m256i q5_1_quants(const void *blk) {
+    const pi_block_q5_1 *b = blk;
+    return quants_5bit(b->qs, b->qh);
 }
 
 /* Bytes of `bits` where `mask` is set -> `value`, else 0. */
@@ -141,7 +149,7 @@ float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x) {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc = _mm256_setzero_ps();
     for (; i < nb; i++) {
-        const __m256i p = dot_u8_i8(nibbles_32(a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs));
+        const __m256i p = dot_u8_i8(q4_1_quants(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
@@ -168,9 +176,7 @@ float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x) {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc = _mm256_setzero_ps();
     for (; i < nb; i++) {
-        const __m256i q = _mm256_or_si256(nibbles_32(a[i].qs),
-                                          _mm256_and_si256(bits_to_bytes(a[i].qh), _mm256_set1_epi8(16)));
-        const __m256i p = dot_u8_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
+        const __m256i p = dot_u8_i8(q5_1_quants(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }
@@ -191,81 +197,6 @@ float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x) {
 #endif
     return sum + summ;
 }
-
-#if PI_HAVE_ROWS8
-/* The 32 quants of a Q4_1 / Q5_1 block (unsigned, < 32) in element order. */
-static inline __m256i q4_1_quants(const void *blk) { return nibbles_32(((const pi_block_q4_1 *)blk)->qs); }
-static inline __m256i q5_1_quants(const void *blk) {
-    const pi_block_q5_1 *b = blk;
-    return _mm256_or_si256(nibbles_32(b->qs), _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(16)));
-}
-
-#define Q4_1_CHUNK 32   /* blocks per pass: the eight rows' unpacked quants of a pass take 8 KB (L1) */
-
-/* Eight Q4_1 / Q5_1 rows against nt tokens (pi_vec_dot8_fn). Each row gets exactly the single-row kernel's
- * arithmetic (one 8-lane fma chain and one scalar chain of the mins over the blocks in order, then
- * sum + summ), so the results are its bits. For a batch, each pass over Q4_1_CHUNK blocks unpacks the
- * eight rows' quants and converts their d and m once for every token, and the eight rows' chains run side
- * by side (542M Q4_1 prompts 1.2x, Q5_1 1.1x before the unpacking was shared; see bench/README.md). One
- * token goes row by row: its rows then stream from memory one after another (decode was 15-20% slower with
- * eight concurrent row streams). Both types start with the fp16 d and m. */
-typedef float (*q4_1_row_fn)(int64_t n, const void *w, const void *x);
-
-static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, const void *const *rows, const char *x,
-                                                                   int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                                   int64_t block_bytes, __m256i (*quants)(const void *),
-                                                                   q4_1_row_fn one_row) {
-    if (nt == 1) {
-        for (int k = 0; k < 8; k++) y[k] = one_row(n, rows[k], x);
-        return;
-    }
-    const int64_t nb = n / PI_QK;
-    __m256 acc[PI_DOT8_MAX_T][8];   /* [token][row] */
-    float summ[PI_DOT8_MAX_T][8];
-    for (int t = 0; t < nt; t++)
-        for (int k = 0; k < 8; k++) { acc[t][k] = _mm256_setzero_ps(); summ[t][k] = 0.0f; }
-    for (int64_t i0 = 0; i0 < nb; i0 += Q4_1_CHUNK) {
-        const int nc = (int)PI_MIN(Q4_1_CHUNK, nb - i0);
-        __m256i q[Q4_1_CHUNK][8];   /* [block][row] */
-        float dw[Q4_1_CHUNK][8], mw[Q4_1_CHUNK][8];
-        for (int c = 0; c < nc; c++)
-            for (int k = 0; k < 8; k++) {
-                const char *blk = (const char *)rows[k] + (i0 + c) * block_bytes;
-                const pi_block_q4_1 *dm = (const pi_block_q4_1 *)blk;   /* d, m: the same offsets in Q5_1 */
-                q[c][k] = quants(blk);
-                dw[c][k] = pi_fp16_to_f32(dm->d);
-                mw[c][k] = pi_fp16_to_f32(dm->m);
-            }
-        for (int t = 0; t < nt; t++) {
-            const pi_block_q8_1 *b = (const pi_block_q8_1 *)(x + t * x_stride) + i0;
-            __m256 a[8];
-            float s[8];
-            for (int k = 0; k < 8; k++) { a[k] = acc[t][k]; s[k] = summ[t][k]; }
-            for (int c = 0; c < nc; c++) {
-                const __m256i yq = _mm256_loadu_si256((const __m256i *)b[c].qs);
-                for (int k = 0; k < 8; k++) {
-                    const __m256i p = dot_u8_i8(q[c][k], yq);
-                    a[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw[c][k] * b[c].d), _mm256_cvtepi32_ps(p), a[k]);
-                    s[k] += mw[c][k] * b[c].s;
-                }
-            }
-            for (int k = 0; k < 8; k++) { acc[t][k] = a[k]; summ[t][k] = s[k]; }
-        }
-    }
-    for (int t = 0; t < nt; t++)
-        for (int k = 0; k < 8; k++) y[t * y_stride + k] = pi_hsum_ps(acc[t][k]) + summ[t][k];
-}
-
-static void pi_vec_dot8_q4_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride) {
-    q4_1_family_dot8(n, rows, x, x_stride, nt, y, y_stride, sizeof(pi_block_q4_1), q4_1_quants, pi_vec_dot_q4_1_q8_1);
-}
-
-static void pi_vec_dot8_q5_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride) {
-    q4_1_family_dot8(n, rows, x, x_stride, nt, y, y_stride, sizeof(pi_block_q5_1), q5_1_quants, pi_vec_dot_q5_1_q8_1);
-}
-#endif
 
 /* Q8_1 is an activation type; as a weight (rare) it is dotted with plain scalar code. */
 float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x) {

@@ -271,15 +271,21 @@ def np_quantize_q8_Km(x: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
-def np_quantize_q8_1(x: np.ndarray) -> np.ndarray:
-    """d = amax / 127, q = roundf(x / d) (half away from zero), s = sum(q) * d, as f32."""
+def np_q8_act_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-bit activation blocks of 32 (Q8_0S, Q8_1): d = amax / 127 and q = rint(x * (127 / amax))
+    (halves to even), both per block."""
     x = np.asarray(x, np.float32).reshape(-1, 32)
-    nb = x.shape[0]
-    d = (np.abs(x).max(axis=1) / np.float32(127)).astype(np.float32)
+    amax = np.abs(x).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    v = (x * inv[:, None]).astype(np.float32).astype(np.float64)
-    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
+        inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 0).astype(np.float32)
+    return d, np.rint((x * inv[:, None]).astype(np.float32)).astype(np.int8)
+
+
+def np_quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """Q8_1: the activation blocks (np_q8_act_blocks) with f32 d and s = sum(q) * d."""
+    d, q = np_q8_act_blocks(x)
+    nb = d.size
     s = (q.astype(np.int32).sum(axis=1).astype(np.float32) * d).astype(np.float32)
     out = np.zeros((nb, 40), np.uint8)
     out[:, 0:4] = d.view(np.uint8).reshape(nb, 4)
@@ -289,13 +295,9 @@ def np_quantize_q8_1(x: np.ndarray) -> np.ndarray:
 
 
 def np_quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float32).reshape(-1, 32)
-    nb = x.shape[0]
-    d = (np.abs(x).max(axis=1) / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    v = (x * inv[:, None]).astype(np.float32).astype(np.float64)
-    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
+    """Q8_0 activations (Q8_0S's d and quants, np_q8_act_blocks) with fp16 d."""
+    d, q = np_q8_act_blocks(x)
+    nb = d.size
     out = np.zeros((nb, 34), np.uint8)
     out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
     out[:, 2:34] = q.view(np.uint8)
@@ -454,6 +456,8 @@ def test_activation_quantizer_bit_exact(t):
     x[:256] = 0.0                              # an all-zero block: d = 0
     x[256:512] = np.linspace(-1, 1, 256)       # the max is the last element: ties of |x|
     x[512 + 7] = -1e3                          # a negative max
+    x[768:800] = (np.arange(32) - 15.5) / 8    # 32-blocks: amax 15.875 (below), 127 / amax = 8, so every other
+    x[768] = -15.875                           # product is a half: ties to even
     got = c_quantize(t, x)
     assert np.array_equal(got, NP_ACT_QUANT[t](x)), f"{NAME[t]} bytes differ"
     # the round trip is within half a step per element

@@ -115,16 +115,21 @@ def np_bf16_bits(x) -> np.ndarray:
     return r.astype(np.uint16)
 
 
-def np_quantize_q8_0(x) -> np.ndarray:
-    """(..., n) f32 -> (..., n/32*34) uint8: d = amax/127, q = roundf(x*(1/d))."""
+def np_quantize_q8_0(x, activations: bool = False) -> np.ndarray:
+    """(..., n) f32 -> (..., n/32*34) uint8, d = amax/127. As stored (weights, a q8_0 KV cache):
+    q = roundf(x*(1/d)), halves away from zero; activations=True (Q8_0S, what mul_mat multiplies):
+    q = rint(x*(127/amax)), halves to even."""
     x = np.asarray(x, np.float32)
     b = x.reshape(-1, QK)
     amax = np.abs(b).max(axis=1, keepdims=True)
     d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        if activations:
+            inv = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+        else:
+            inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
     v = (b * inv).astype(np.float32).astype(np.float64)
-    q = np.sign(v) * np.floor(np.abs(v) + 0.5)              # roundf: half away from zero (exact in f64)
+    q = np.rint(v) if activations else np.sign(v) * np.floor(np.abs(v) + 0.5)   # exact in f64
     out = np.empty((b.shape[0], 34), np.uint8)
     out[:, :2] = np_f16_bits(d).view(np.uint8).reshape(-1, 2)
     out[:, 2:] = q.astype(np.int8).view(np.uint8)
@@ -546,7 +551,7 @@ def mul_mat_reference_and_tol(t, wd, x):
     ref = x64 @ wd.T
     aw = np.abs(wd)
     if t in (Q8_0, Q4_0):
-        xq = np_decode(np_quantize_q8_0(x), Q8_0).astype(np.float64)
+        xq = np_decode(np_quantize_q8_0(x, activations=True), Q8_0).astype(np.float64)
         ref_q = xq @ wd.T
         tol_q = dot_tol(K, np.abs(xq) @ aw.T)
         amax = np.repeat(np.abs(x64).reshape(x.shape[0], -1, QK).max(axis=2), QK, axis=1)

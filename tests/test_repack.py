@@ -410,8 +410,9 @@ def quantize(t, x, block_bytes):
 
 
 def test_activation_quantizers_round_exactly():
-    """Q8_0 and Q8_0S (d = amax/127, roundf: halves away from zero) against numpy, bit for bit, on
-    random data and on values that land exactly on and next to .5 after scaling."""
+    """Q8_0 as stored (d = amax/127, roundf: halves away from zero) and the Q8_0S activations (rint(x *
+    127/amax): halves to even) against numpy, bit for bit, on random data and on values that land exactly on
+    and next to .5 after scaling."""
     from test_ops import np_quantize_q8_0
     rng = np.random.default_rng(7)
     ties = np.array([127, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 0.49999997, -0.49999997, 0.50000006,
@@ -419,8 +420,9 @@ def test_activation_quantizers_round_exactly():
                      11.5, -11.5, 12.5, 13.5, 14.5, 15.5], np.float32)          # amax 127: d = 1, x * (1/d) = x
     x = np.concatenate([ties, rng.standard_normal(32 * 200).astype(np.float32) * 10 ** rng.uniform(-3, 3),
                         np.zeros(32, np.float32)])
-    want = np_quantize_q8_0(x).reshape(-1, 34)
-    assert np.array_equal(quantize(lib.PI_TYPE_Q8_0, x, 34), want)
+    assert np.array_equal(quantize(lib.PI_TYPE_Q8_0, x, 34), np_quantize_q8_0(x).reshape(-1, 34))
+    want = np_quantize_q8_0(x, activations=True).reshape(-1, 34)
+    assert not np.array_equal(want, np_quantize_q8_0(x).reshape(-1, 34))   # the ties round differently
     q8s = quantize(lib.PI_TYPE_COUNT, x, 36)                      # PI_TYPE_Q8_0S: d, s = sum of quants, quants
     assert np.array_equal(q8s[:, :2], want[:, :2]) and np.array_equal(q8s[:, 4:], want[:, 2:])
     sums = q8s[:, 2:4].copy().view(np.int16)[:, 0]

@@ -9,7 +9,8 @@
 
 #define MM_WARPS 4        /* rows per block */
 
-/* q8_0 quantization of activation rows, bit-identical to the CPU's pi_quantize_row_q8_0. */
+/* q8_0 quantization of activation rows, bit-identical to the CPU's (Q8_0S: d = amax / 127,
+ * q = rint(x * (127 / amax)), ties to even). */
 __global__ void k_quantize_q8_0(const char *__restrict__ x, int64_t x_nb1, int64_t nblk,
                                 pi_dblock_q8_0 *__restrict__ out) {
     const int lane = threadIdx.x % PI_WARP;
@@ -19,9 +20,9 @@ __global__ void k_quantize_q8_0(const char *__restrict__ x, int64_t x_nb1, int64
     const float v = ((const float *)(x + t * x_nb1))[ib * 32 + lane];
     const float amax = pi_warp_max(fabsf(v));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     pi_dblock_q8_0 *b = out + t * nblk + ib;
-    b->qs[lane] = (int8_t)roundf(v * id);
+    b->qs[lane] = (int8_t)rintf(v * id);
     if (lane == 0) b->d = pi_f2h(d);
 }
 

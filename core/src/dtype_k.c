@@ -123,17 +123,18 @@ void pi_q5_1_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
-/* Q8_1 (activations): d = amax / 127, q = roundf(x / d), s = d * sum(q). */
+/* Q8_1 (activations): d = amax / 127, q = rint(x * (127 / amax)) (ties to even, as Q8_0S: see
+ * quantize_block_q8 in arch/vec_dot.c), s = d * sum(q). */
 void pi_q8_1_from_f32(const float *src, void *dst, int64_t n) {
     pi_block_q8_1 *y = dst;
     for (int64_t b = 0; b < n / PI_QK; b++, src += PI_QK) {
         float amax = 0.0f;
         for (int j = 0; j < PI_QK; j++) amax = fmaxf(amax, fabsf(src[j]));
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < PI_QK; j++) {
-            y[b].qs[j] = (int8_t)roundf(src[j] * id);
+            y[b].qs[j] = (int8_t)rintf(src[j] * id);
             sum += y[b].qs[j];
         }
         y[b].d = d;

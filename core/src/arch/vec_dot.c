@@ -124,9 +124,15 @@ float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
 
 /* ---- 8-bit activations ---- */
 
-/* One block of 32 activations to 8 bits: d = amax / 127, q = roundf(x * (1 / d)) (half away from
- * zero); returns the sum of the quants. The AVX2 path gives exactly the scalar path's bits. */
-static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t *qs) {
+/* One block of 32 floats to 8 bits, d = amax / 127; returns the sum of the quants. Two roundings:
+ * - storage (Q8_0 weights, a q8_0 KV cache): q = roundf(x * (1 / d)), halves away from zero, the bytes of
+ *   llama.cpp's reference quantizer and gguf-py's;
+ * - activations (Q8_0S, ties_even): q = rint(x * (127 / amax)), halves to even, as llama.cpp's SIMD
+ *   activation quantizers and our Q8_K/Q8_KM. Halves away are biased where many products land exactly on
+ *   .5, as in layer 0 of a model whose embeddings are Q8_0 (integers times one scale per block): on Gemma 3
+ *   270M Q4_K_M that bias alone raised the KL divergence from the exact weights by 36% (bench/README.md).
+ * The AVX2 path gives exactly the scalar path's bits. */
+static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t *qs, const bool ties_even) {
 #if defined(__AVX2__)
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], amax8 = _mm256_setzero_ps();
@@ -139,11 +145,16 @@ static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t 
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float amax = _mm_cvtss_f32(m);
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = ties_even ? (amax != 0.0f ? 127.0f / amax : 0.0f) : (d != 0.0f ? 1.0f / d : 0.0f);
     *d_out = pi_f32_to_fp16(d);
     __m256i q[4], sum = _mm256_setzero_si256();
     for (int k = 0; k < 4; k++) {
         const __m256 y = _mm256_mul_ps(v[k], _mm256_set1_ps(id));
+        if (ties_even) {
+            q[k] = _mm256_cvtps_epi32(y);   /* the default rounding mode: nearest, ties to even */
+            sum = _mm256_add_epi32(sum, q[k]);
+            continue;
+        }
         const __m256 a = _mm256_andnot_ps(sign, y);
         const __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         const __m256 up = _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ),
@@ -161,18 +172,18 @@ static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t 
     float amax = 0.0f;
     for (int j = 0; j < PI_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = ties_even ? (amax != 0.0f ? 127.0f / amax : 0.0f) : (d != 0.0f ? 1.0f / d : 0.0f);
     *d_out = pi_f32_to_fp16(d);
     int32_t sum = 0;
-    for (int j = 0; j < PI_QK8_0; j++) sum += qs[j] = (int8_t)roundf(x[j] * id);
+    for (int j = 0; j < PI_QK8_0; j++) sum += qs[j] = (int8_t)(ties_even ? rintf(x[j] * id) : roundf(x[j] * id));
     return sum;
 #endif
 }
 
-/* Q8_0 for activations: d = amax / 127, q = round(x / d). */
+/* Q8_0 as stored (weights, a q8_0 KV cache): d = amax / 127, q = roundf(x / d). */
 void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
     pi_block_q8_0 *y = dst;
-    for (int64_t b = 0; b < n / PI_QK8_0; b++) quantize_block_q8(src + b * PI_QK8_0, &y[b].d, y[b].qs);
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) quantize_block_q8(src + b * PI_QK8_0, &y[b].d, y[b].qs, false);
 }
 
 #if defined(__AVX2__)
@@ -197,12 +208,12 @@ static inline __m256i unpack_nibbles(const uint8_t *qs) {
 }
 #endif
 
-/* Q8_0S: Q8_0 plus s = sum of the block's quants, so that a Q4_0 dot can use the unsigned nibbles:
- * sum (q - 8) y = sum q y - 8 s. */
+/* Q8_0S (activations, ties to even: quantize_block_q8): Q8_0 plus s = sum of the block's quants, so that
+ * a Q4_0 dot can use the unsigned nibbles: sum (q - 8) y = sum q y - 8 s. */
 void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n) {
     pi_block_q8_0s *y = dst;
     for (int64_t b = 0; b < n / PI_QK8_0; b++)
-        y[b].s = (int16_t)quantize_block_q8(src + b * PI_QK8_0, &y[b].d, y[b].qs);
+        y[b].s = (int16_t)quantize_block_q8(src + b * PI_QK8_0, &y[b].d, y[b].qs, true);
 }
 
 void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n) {

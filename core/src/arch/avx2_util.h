@@ -101,6 +101,13 @@ static inline __m128i pi_i16x8_strided(const void *p, size_t stride) {
     return _mm_loadu_si128((const __m128i *)h);
 }
 static inline __m256 pi_f16x8_strided(const void *p, size_t stride) { return _mm256_cvtph_ps(pi_i16x8_strided(p, stride)); }
+/* The f32 values at byte 0 of 8 records `stride` bytes apart (activation blocks' steps) -> one vector. */
+static inline __m256 pi_f32x8_strided(const void *p, size_t stride) {
+    const char *c = p;
+    float f[8];
+    for (int k = 0; k < 8; k++) __builtin_memcpy(&f[k], c + k * stride, 4);
+    return _mm256_loadu_ps(f);
+}
 
 /* Bytes off..off+15 of the 8 rows p[0..7] -> c[0..3]: 32-bit lane r of c[m] = bytes off+4m..off+4m+3
  * of row r. */

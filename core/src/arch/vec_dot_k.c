@@ -55,9 +55,10 @@ static inline __m256i dot_u8_i8_pair(__m256i u, const int8_t *y, __m256i sc, int
     return _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, pick));
 }
 
-/* sum of the 16 int16 products sc[j] * bsums[j], exact (|sc| < 64, |bsum| <= 2048). */
-static inline int32_t scales_dot_bsums(__m256i sc, const pi_block_q8_K *y) {
-    return pi_hsum_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums)));
+/* The 16 int16 products sc[j] * bsums[j] summed in pairs: 8 int32 lanes whose total is exact (|sc| < 64,
+ * |bsum| <= 2048). */
+static inline __m256i scales_bsums_lanes(__m256i sc, const pi_block_q8_K *y) {
+    return _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums));
 }
 
 /* The 32 quants of a Q5_0 / Q5_1 block (16 nibble bytes qs, 32 fifth bits qh) as unsigned bytes 0..31, element order. */
@@ -81,6 +82,19 @@ static inline __m256i select_bits(__m256i bits, uint8_t mask, uint8_t value) {
 #endif
 
 static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* Decode streams one row per thread; asking for the super-block K_PREFETCH_AHEAD blocks on (all its cache lines)
+ * keeps that stream's misses overlapped. */
+#ifndef K_PREFETCH_AHEAD
+#define K_PREFETCH_AHEAD 2
+#endif
+static inline void prefetch_block(const void *block, int64_t bytes) {
+#if defined(__AVX2__)
+    for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)block + K_PREFETCH_AHEAD * bytes + l, _MM_HINT_T0);
+#else
+    PI_UNUSED(block); PI_UNUSED(bytes);
+#endif
+}
 
 /* ======================================================================================
  * 32-element blocks
@@ -214,12 +228,15 @@ float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x) {
  * K-quants: integer sums of one super-block, then a shared float combination
  * ====================================================================================== */
 
-/* Q2_K: *sumi = sum_j sc_j sum_l q_l y_l, *summ = sum_j m_j bsum_j  (16 sub-blocks of 16) */
-static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+/* Q2_K: *sumi = sum_j sc_j sum_l q_l y_l, *summ = sum_j m_j bsum_j  (16 sub-blocks of 16). The AVX2 code
+ * (q2_K_lanes) leaves each as 8 int32 lanes whose total is the integer, so that a row's blocks can share the
+ * horizontal sums (k_row_dot); the same for every K-quant below. */
 #if defined(__AVX2__)
+static inline __attribute__((always_inline)) void q2_K_lanes(const pi_block_q2_K *x, const pi_block_q8_K *y, __m256i *li,
+                                                             __m256i *lm) {
     const __m256i packed = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)x->scales));   /* m << 4 | sc */
     const __m256i sc = _mm256_and_si256(packed, _mm256_set1_epi16(0x0f));
-    *summ = scales_dot_bsums(_mm256_srli_epi16(packed, 4), y);
+    *lm = scales_bsums_lanes(_mm256_srli_epi16(packed, 4), y);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
@@ -228,7 +245,16 @@ static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K 
             acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u, y->qs + 128 * h + 32 * g, sc, 8 * h + 2 * g));
         }
     }
-    *sumi = pi_hsum_epi32(acc);
+    *li = acc;
+}
+#endif
+
+static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+#if defined(__AVX2__)
+    __m256i li, lm;
+    q2_K_lanes(x, y, &li, &lm);
+    *sumi = pi_hsum_epi32(li);
+    *summ = pi_hsum_epi32(lm);
 #else
     int32_t m = 0;
     for (int j = 0; j < 16; j++) m += (x->scales[j] >> 4) * y->bsums[j];
@@ -245,10 +271,12 @@ static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K 
 }
 
 /* Q3_K: *sumi = sum_j sc_j sum_l (u_l - 4) y_l with u = low 2 bits + 4 * high bit */
-static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
 #if defined(__AVX2__)
+static inline __attribute__((always_inline)) void q3_K_lanes(const pi_block_q3_K *x, const pi_block_q8_K *y, __m256i *li,
+                                                             __m256i *lm) {   /* lm: 0, no mins */
+    *lm = _mm256_setzero_si256();
     const __m256i sc = _mm256_cvtepi8_epi16(pi_k3_scales16(x->scales));
-    const int32_t corr = scales_dot_bsums(sc, y);
+    const __m256i corr = scales_bsums_lanes(sc, y);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
@@ -259,7 +287,15 @@ static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K 
             acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u, y->qs + 128 * h + 32 * g, sc, 8 * h + 2 * g));
         }
     }
-    *sumi = pi_hsum_epi32(acc) - 4 * corr;
+    *li = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 2));   /* - 4 corr */
+}
+#endif
+
+static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
+#if defined(__AVX2__)
+    __m256i li, lm;
+    q3_K_lanes(x, y, &li, &lm);
+    *sumi = pi_hsum_epi32(li);
 #else
     int sc[16];
     for (int j = 0; j < 16; j++) sc[j] = pi_k3_scale(j, x->scales);
@@ -303,17 +339,17 @@ static inline __m128i k4_scales_mins(const uint8_t *packed) {
     return _mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03);
 }
 
-/* summ = sum_j mn_j m_j (bsum_2j + bsum_2j+1) = sum_k (mn m)_(k/2) bsum_k: each product twice. */
-static inline int32_t k4_summ(__m128i scales_mins, const pi_block_q8_Km *y) {
+/* summ = sum_j mn_j m_j (bsum_2j + bsum_2j+1) = sum_k (mn m)_(k/2) bsum_k: each product twice (as lanes). */
+static inline __m256i k4_summ_lanes(__m128i scales_mins, const pi_block_q8_Km *y) {
     const __m128i mult = _mm_loadu_si128((const __m128i *)y->m);   /* m_0..7 as int16 */
     const __m256i mult2 = _mm256_setr_m128i(_mm_unpacklo_epi16(mult, mult), _mm_unpackhi_epi16(mult, mult));
     const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scales_mins, scales_mins));
-    return scales_dot_bsums(_mm256_mullo_epi16(mins2, mult2), &y->k);
+    return scales_bsums_lanes(_mm256_mullo_epi16(mins2, mult2), &y->k);
 }
 
-/* sumi = sum_s sc_s m_s (the 32 quants of sub-block s . their activations), exact; q[s] holds sub-block s's
- * quants as unsigned bytes (< 64), sc_s are bytes 0..7 of scales_mins, m_s the activation's multipliers. */
-static inline int32_t k4_sumi(const __m256i q[8], __m128i scales_mins, const pi_block_q8_Km *y) {
+/* sumi = sum_s sc_s m_s (the 32 quants of sub-block s . their activations), exact, as lanes; q[s] holds sub-block
+ * s's quants as unsigned bytes (< 64), sc_s are bytes 0..7 of scales_mins, m_s the activation's multipliers. */
+static inline __m256i k4_sumi_lanes(const __m256i q[8], __m128i scales_mins, const pi_block_q8_Km *y) {
     const __m128i scm = _mm_mullo_epi16(_mm_cvtepu8_epi16(scales_mins), _mm_loadu_si128((const __m128i *)y->m));
     const __m256i sc16 = _mm256_broadcastsi128_si256(scm);   /* sc_0..7 m_0..7 as int16 */
     __m256i acc = _mm256_setzero_si256();
@@ -322,12 +358,13 @@ static inline int32_t k4_sumi(const __m256i q[8], __m128i scales_mins, const pi_
         const __m256i p = _mm256_maddubs_epi16(q[s], _mm256_loadu_si256((const __m256i *)(y->k.qs + 32 * s)));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
     }
-    return pi_hsum_epi32(acc);
+    return acc;
 }
 #endif
 
-static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
 #if defined(__AVX2__)
+static inline __attribute__((always_inline)) void q4_K_lanes(const pi_block_q4_K *x, const pi_block_q8_Km *y, __m256i *li,
+                                                             __m256i *lm) {
     const __m128i sm = k4_scales_mins(x->scales);
     __m256i q[8];   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
     for (int j = 0; j < 4; j++) {
@@ -335,8 +372,17 @@ static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K 
         q[2 * j] = _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
         q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0f));
     }
-    *sumi = k4_sumi(q, sm, y);
-    *summ = k4_summ(sm, y);
+    *li = k4_sumi_lanes(q, sm, y);
+    *lm = k4_summ_lanes(sm, y);
+}
+#endif
+
+static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
+#if defined(__AVX2__)
+    __m256i li, lm;
+    q4_K_lanes(x, y, &li, &lm);
+    *sumi = pi_hsum_epi32(li);
+    *summ = pi_hsum_epi32(lm);
 #else
     int32_t sc[8];
     k4_scales(x->scales, y, sc, summ);
@@ -353,8 +399,9 @@ static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K 
 #endif
 }
 
-static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
 #if defined(__AVX2__)
+static inline __attribute__((always_inline)) void q5_K_lanes(const pi_block_q5_K *x, const pi_block_q8_Km *y, __m256i *li,
+                                                             __m256i *lm) {
     const __m128i sm = k4_scales_mins(x->scales);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
     __m256i q[8];   /* as Q4_K, plus the fifth bit: bit 2j (low nibbles) or 2j+1 (high) of qh[l] */
@@ -364,8 +411,17 @@ static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K 
         q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0f)),
                                        select_bits(qh, (uint8_t)(1 << (2 * j + 1)), 16));
     }
-    *sumi = k4_sumi(q, sm, y);
-    *summ = k4_summ(sm, y);
+    *li = k4_sumi_lanes(q, sm, y);
+    *lm = k4_summ_lanes(sm, y);
+}
+#endif
+
+static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
+#if defined(__AVX2__)
+    __m256i li, lm;
+    q5_K_lanes(x, y, &li, &lm);
+    *sumi = pi_hsum_epi32(li);
+    *summ = pi_hsum_epi32(lm);
 #else
     int32_t sc[8];
     k4_scales(x->scales, y, sc, summ);
@@ -385,11 +441,13 @@ static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K 
 }
 
 /* Q6_K: *sumi = sum_j sc_j sum_l (u_l - 32) y_l,  u = 4 low bits | 2 high bits << 4 */
-static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi) {
 #if defined(__AVX2__)
+static inline __attribute__((always_inline)) void q6_K_lanes(const pi_block_q6_K *x, const pi_block_q8_K *y, __m256i *li,
+                                                             __m256i *lm) {   /* lm: 0, no mins */
+    *lm = _mm256_setzero_si256();
     /* the 16 signed scales as int16: corr = sum_j sc_j bsum_j, and the per-call pairs (sc_j | sc_j+1) */
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-    const int32_t corr = scales_dot_bsums(sc16, y);
+    const __m256i corr = scales_bsums_lanes(sc16, y);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
@@ -407,7 +465,15 @@ static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K 
         for (int k = 0; k < 4; k++)
             acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u[k], y->qs + 128 * h + 32 * k, sc16, 8 * h + 2 * k));
     }
-    *sumi = pi_hsum_epi32(acc) - 32 * corr;
+    *li = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));   /* - 32 corr */
+}
+#endif
+
+static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi) {
+#if defined(__AVX2__)
+    __m256i li, lm;
+    q6_K_lanes(x, y, &li, &lm);
+    *sumi = pi_hsum_epi32(li);
 #else
     int32_t s = 0;
     for (int h = 0; h < 2; h++) {
@@ -426,65 +492,78 @@ static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K 
 #endif
 }
 
-float pi_vec_dot_q2_K_q8_K(int64_t n, const void *w, const void *x) {
-    const pi_block_q2_K *a = w;
-    const pi_block_q8_K *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / PI_QK_K; i++) {
-        int32_t sumi, summ;
-        q2_K_ints(&a[i], &b[i], &sumi, &summ);
-        sum += b[i].d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
-    }
+/* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
+ * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the
+ * others, bd the activation block's f32 step; the 8-row kernels of rows8_k.c keep the same order. The AVX2 code
+ * takes eight blocks at a time: their lanes (X_lanes) share one horizontal sum (pi_hsum8_i32) instead of one or
+ * two per block, the products are computed lane by lane (the same f32 operations: the same bits) and added to
+ * sum one by one (542M Q2_K/Q3_K/Q5_K decode: bench/README.md). Decode streams a row through one thread, so
+ * each block asks for the one K_PREFETCH_AHEAD blocks on. */
+#if defined(__AVX2__)
+static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, __m256 d, const __m256i li[8],
+                                                          __m256 dmin, const __m256i lm[8], const bool mins) {
+    const __m256 si = _mm256_cvtepi32_ps(pi_hsum8_i32(li));
+    const __m256 t = mins ? _mm256_mul_ps(bd, _mm256_sub_ps(_mm256_mul_ps(d, si),
+                                                            _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(pi_hsum8_i32(lm)))))
+                          : _mm256_mul_ps(_mm256_mul_ps(bd, d), si);
+    float tk[8];
+    _mm256_storeu_ps(tk, t);
+    for (int k = 0; k < 8; k++) sum += tk[k];
     return sum;
 }
+/* dmin: the weight block's field of that name, or any fp16 field when !mins (unused) */
+#define K_EIGHTS(name, bd, mins, dmin)                                                                              \
+    for (; i + 8 <= nb; i += 8) {                                                                                   \
+        __m256i li[8], lm[8];                                                                                       \
+        for (int k = 0; k < 8; k++) {                                                                               \
+            prefetch_block(&a[i + k], sizeof *a);                                                                   \
+            name##_lanes(&a[i + k], &b[i + k], &li[k], &lm[k]);                                                     \
+        }                                                                                                           \
+        sum = k_add8(sum, pi_f32x8_strided(&b[i].bd, sizeof *b), pi_f16x8_strided(&a[i].d, sizeof *a), li,         \
+                     pi_f16x8_strided(&a[i].dmin, sizeof *a), lm, mins);                                           \
+    }
+#else
+#define K_EIGHTS(name, bd, mins, dmin)
+#endif
 
-float pi_vec_dot_q3_K_q8_K(int64_t n, const void *w, const void *x) {
-    const pi_block_q3_K *a = w;
-    const pi_block_q8_K *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / PI_QK_K; i++) {
-        int32_t sumi;
-        q3_K_ints(&a[i], &b[i], &sumi);
-        sum += b[i].d * pi_fp16_to_f32(a[i].d) * (float)sumi;
+#define K_ROW_DOT_MINS(name, wtype, atype, bd)                                                                      \
+    float pi_vec_dot_##name##_q8_K(int64_t n, const void *w, const void *x) {                                       \
+        const wtype *a = w;                                                                                         \
+        const atype *b = x;                                                                                         \
+        const int64_t nb = n / PI_QK_K;                                                                             \
+        float sum = 0.0f;                                                                                           \
+        int64_t i = 0;                                                                                              \
+        K_EIGHTS(name, bd, true, dmin)                                                                              \
+        for (; i < nb; i++) {                                                                                       \
+            prefetch_block(&a[i], sizeof *a);                                                                       \
+            int32_t sumi, summ;                                                                                     \
+            name##_ints(&a[i], &b[i], &sumi, &summ);                                                                \
+            sum += b[i].bd * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);     \
+        }                                                                                                           \
+        return sum;                                                                                                 \
     }
-    return sum;
-}
+#define K_ROW_DOT_PLAIN(name, wtype, atype, bd)                                                                     \
+    float pi_vec_dot_##name##_q8_K(int64_t n, const void *w, const void *x) {                                       \
+        const wtype *a = w;                                                                                         \
+        const atype *b = x;                                                                                         \
+        const int64_t nb = n / PI_QK_K;                                                                             \
+        float sum = 0.0f;                                                                                           \
+        int64_t i = 0;                                                                                              \
+        K_EIGHTS(name, bd, false, d)                                                                                \
+        for (; i < nb; i++) {                                                                                       \
+            prefetch_block(&a[i], sizeof *a);                                                                       \
+            int32_t sumi;                                                                                           \
+            name##_ints(&a[i], &b[i], &sumi);                                                                       \
+            sum += b[i].bd * pi_fp16_to_f32(a[i].d) * (float)sumi;                                                  \
+        }                                                                                                           \
+        return sum;                                                                                                 \
+    }
 
-float pi_vec_dot_q4_K_q8_K(int64_t n, const void *w, const void *x) {   /* x: Q8_KM */
-    const pi_block_q4_K *a = w;
-    const pi_block_q8_Km *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / PI_QK_K; i++) {
-        int32_t sumi, summ;
-        q4_K_ints(&a[i], &b[i], &sumi, &summ);
-        sum += b[i].k.d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
-    }
-    return sum;
-}
-
-float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x) {   /* x: Q8_KM */
-    const pi_block_q5_K *a = w;
-    const pi_block_q8_Km *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / PI_QK_K; i++) {
-        int32_t sumi, summ;
-        q5_K_ints(&a[i], &b[i], &sumi, &summ);
-        sum += b[i].k.d * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);
-    }
-    return sum;
-}
-
-float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x) {
-    const pi_block_q6_K *a = w;
-    const pi_block_q8_K *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / PI_QK_K; i++) {
-        int32_t sumi;
-        q6_K_ints(&a[i], &b[i], &sumi);
-        sum += b[i].d * pi_fp16_to_f32(a[i].d) * (float)sumi;
-    }
-    return sum;
-}
+K_ROW_DOT_MINS(q2_K, pi_block_q2_K, pi_block_q8_K, d)
+K_ROW_DOT_PLAIN(q3_K, pi_block_q3_K, pi_block_q8_K, d)
+K_ROW_DOT_MINS(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d)   /* x: Q8_KM */
+K_ROW_DOT_MINS(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d)   /* x: Q8_KM */
+K_ROW_DOT_PLAIN(q6_K, pi_block_q6_K, pi_block_q8_K, d)
 
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
     const pi_block_q8_K *a = w, *b = x;

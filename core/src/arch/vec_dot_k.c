@@ -90,7 +90,8 @@ static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4)
 #endif
 static inline void prefetch_block(const void *block, int64_t bytes) {
 #if defined(__AVX2__)
-    for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)block + K_PREFETCH_AHEAD * bytes + l, _MM_HINT_T0);
+    const char *ahead = (const char *)block + K_PREFETCH_AHEAD * bytes;
+    for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
 #else
     PI_UNUSED(block); PI_UNUSED(bytes);
 #endif
@@ -230,10 +231,10 @@ float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x) {
 
 /* Q2_K: *sumi = sum_j sc_j sum_l q_l y_l, *summ = sum_j m_j bsum_j  (16 sub-blocks of 16). The AVX2 code
  * (q2_K_lanes) leaves each as 8 int32 lanes whose total is the integer, so that a row's blocks can share the
- * horizontal sums (k_row_dot); the same for every K-quant below. */
+ * horizontal sums (K_EIGHTS, below); the same for every K-quant. */
 #if defined(__AVX2__)
-static inline __attribute__((always_inline)) void q2_K_lanes(const pi_block_q2_K *x, const pi_block_q8_K *y, __m256i *li,
-                                                             __m256i *lm) {
+static inline __attribute__((always_inline)) void q2_K_lanes(const pi_block_q2_K *x, const pi_block_q8_K *y,
+                                                             __m256i *li, __m256i *lm) {
     const __m256i packed = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)x->scales));   /* m << 4 | sc */
     const __m256i sc = _mm256_and_si256(packed, _mm256_set1_epi16(0x0f));
     *lm = scales_bsums_lanes(_mm256_srli_epi16(packed, 4), y);
@@ -272,8 +273,8 @@ static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K 
 
 /* Q3_K: *sumi = sum_j sc_j sum_l (u_l - 4) y_l with u = low 2 bits + 4 * high bit */
 #if defined(__AVX2__)
-static inline __attribute__((always_inline)) void q3_K_lanes(const pi_block_q3_K *x, const pi_block_q8_K *y, __m256i *li,
-                                                             __m256i *lm) {   /* lm: 0, no mins */
+static inline __attribute__((always_inline)) void q3_K_lanes(const pi_block_q3_K *x, const pi_block_q8_K *y,
+                                                             __m256i *li, __m256i *lm) {   /* lm: 0, no mins */
     *lm = _mm256_setzero_si256();
     const __m256i sc = _mm256_cvtepi8_epi16(pi_k3_scales16(x->scales));
     const __m256i corr = scales_bsums_lanes(sc, y);
@@ -363,8 +364,8 @@ static inline __m256i k4_sumi_lanes(const __m256i q[8], __m128i scales_mins, con
 #endif
 
 #if defined(__AVX2__)
-static inline __attribute__((always_inline)) void q4_K_lanes(const pi_block_q4_K *x, const pi_block_q8_Km *y, __m256i *li,
-                                                             __m256i *lm) {
+static inline __attribute__((always_inline)) void q4_K_lanes(const pi_block_q4_K *x, const pi_block_q8_Km *y,
+                                                             __m256i *li, __m256i *lm) {
     const __m128i sm = k4_scales_mins(x->scales);
     __m256i q[8];   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
     for (int j = 0; j < 4; j++) {
@@ -400,8 +401,8 @@ static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K 
 }
 
 #if defined(__AVX2__)
-static inline __attribute__((always_inline)) void q5_K_lanes(const pi_block_q5_K *x, const pi_block_q8_Km *y, __m256i *li,
-                                                             __m256i *lm) {
+static inline __attribute__((always_inline)) void q5_K_lanes(const pi_block_q5_K *x, const pi_block_q8_Km *y,
+                                                             __m256i *li, __m256i *lm) {
     const __m128i sm = k4_scales_mins(x->scales);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
     __m256i q[8];   /* as Q4_K, plus the fifth bit: bit 2j (low nibbles) or 2j+1 (high) of qh[l] */
@@ -442,8 +443,8 @@ static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K 
 
 /* Q6_K: *sumi = sum_j sc_j sum_l (u_l - 32) y_l,  u = 4 low bits | 2 high bits << 4 */
 #if defined(__AVX2__)
-static inline __attribute__((always_inline)) void q6_K_lanes(const pi_block_q6_K *x, const pi_block_q8_K *y, __m256i *li,
-                                                             __m256i *lm) {   /* lm: 0, no mins */
+static inline __attribute__((always_inline)) void q6_K_lanes(const pi_block_q6_K *x, const pi_block_q8_K *y,
+                                                             __m256i *li, __m256i *lm) {   /* lm: 0, no mins */
     *lm = _mm256_setzero_si256();
     /* the 16 signed scales as int16: corr = sum_j sc_j bsum_j, and the per-call pairs (sc_j | sc_j+1) */
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));

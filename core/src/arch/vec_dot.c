@@ -333,8 +333,13 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
  * horizontal sum and tail. Blocks of ROWS_PER rows x TOK_PER tokens keep their accumulators in registers,
  * so each converted weight vector feeds TOK_PER fmas. One token goes row by row (decode: one sequential
  * stream at a time). */
-#define F16_ROWS_PER 2   /* 2 x 4 (8 accumulators): pp128 of a 542M f16 llama 116 t/s; 4 x 2: 105, 4 x 3: 101, */
-#define F16_TOK_PER 4    /* 2 x 6: 85, 1 x 8: 95 */
+/* Tiles (8 accumulators either way), measured on a Zen 3 (542M llama, ffn_up + ffn_down, T = 128, one core,
+ * bench/README.md): f16 4 rows x 2 tokens, 0.75 of the time of 2 x 4 (4 x 3: 0.82, 8 x 1: 1.01, 4 x 4: 1.14);
+ * bf16 keeps 2 x 4 (4 x 2: 1.08), its widening costs integer shuffles where f16 has one vcvtph2ps. An older
+ * note measured 2 x 4 ahead for f16 too (116 vs 105 t/s), on a machine not recorded. */
+#define F16_ROWS_PER(bf16) ((bf16) ? 2 : 4)
+#define F16_TOK_PER(bf16) ((bf16) ? 4 : 2)
+#define F16_TILE_MAX 4
 
 static inline __m256 load8_f16(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }
 static inline __m256 load8_bf16(const uint16_t *w) {
@@ -353,23 +358,24 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
                                                          int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                          const int bf16) {
     const int64_t n8 = n / 8 * 8;
-    for (int r0 = 0; r0 < 8; r0 += F16_ROWS_PER) {
-        const uint16_t *w[F16_ROWS_PER];
-        for (int k = 0; k < F16_ROWS_PER; k++) w[k] = rows[r0 + k];
-        for (int t0 = 0; t0 < nt; t0 += F16_TOK_PER) {
-            const int n_tok = PI_MIN(F16_TOK_PER, nt - t0);   /* short last block: its last token repeated */
-            const float *xt[F16_TOK_PER];
-            for (int j = 0; j < F16_TOK_PER; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
-            __m256 acc[F16_ROWS_PER][F16_TOK_PER];
-            for (int k = 0; k < F16_ROWS_PER; k++)
-                for (int j = 0; j < F16_TOK_PER; j++) acc[k][j] = _mm256_setzero_ps();
+    const int rows_per = F16_ROWS_PER(bf16), tok_per = F16_TOK_PER(bf16);
+    for (int r0 = 0; r0 < 8; r0 += rows_per) {
+        const uint16_t *w[F16_TILE_MAX];
+        for (int k = 0; k < rows_per; k++) w[k] = rows[r0 + k];
+        for (int t0 = 0; t0 < nt; t0 += tok_per) {
+            const int n_tok = PI_MIN(tok_per, nt - t0);   /* short last block: its last token repeated */
+            const float *xt[F16_TILE_MAX];
+            for (int j = 0; j < tok_per; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
+            __m256 acc[F16_TILE_MAX][F16_TILE_MAX];
+            for (int k = 0; k < rows_per; k++)
+                for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_setzero_ps();
             for (int64_t i = 0; i < n8; i += 8)
-                for (int k = 0; k < F16_ROWS_PER; k++) {
+                for (int k = 0; k < rows_per; k++) {
                     const __m256 wk = bf16 ? load8_bf16(w[k] + i) : load8_f16(w[k] + i);
-                    for (int j = 0; j < F16_TOK_PER; j++) acc[k][j] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xt[j] + i), acc[k][j]);
+                    for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xt[j] + i), acc[k][j]);
                 }
             for (int j = 0; j < n_tok; j++)
-                for (int k = 0; k < F16_ROWS_PER; k++) {
+                for (int k = 0; k < rows_per; k++) {
                     y[(t0 + j) * y_stride + r0 + k] = half_dot_end(acc[k][j], w[k], xt[j], n8, n, bf16);
                 }
         }

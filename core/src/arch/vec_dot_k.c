@@ -231,7 +231,8 @@ float pi_vec_dot_q8_1_q8_1(int64_t n, const void *w, const void *x) {
 
 /* Q2_K: *sumi = sum_j sc_j sum_l q_l y_l, *summ = sum_j m_j bsum_j  (16 sub-blocks of 16). The AVX2 code
  * (q2_K_lanes) leaves each as 8 int32 lanes whose total is the integer, so that a row's blocks can share the
- * horizontal sums (K_EIGHTS, below); the same for every K-quant. */
+ * horizontal sums (K_EIGHTS, below); the scalar code (q2_K_ints) computes the integers. The same for every
+ * K-quant; the types without mins give summ = 0. */
 #if defined(__AVX2__)
 static inline __attribute__((always_inline)) void q2_K_lanes(const pi_block_q2_K *x, const pi_block_q8_K *y,
                                                              __m256i *li, __m256i *lm) {
@@ -248,15 +249,8 @@ static inline __attribute__((always_inline)) void q2_K_lanes(const pi_block_q2_K
     }
     *li = acc;
 }
-#endif
-
-static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
-#if defined(__AVX2__)
-    __m256i li, lm;
-    q2_K_lanes(x, y, &li, &lm);
-    *sumi = pi_hsum_epi32(li);
-    *summ = pi_hsum_epi32(lm);
 #else
+static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
     int32_t m = 0;
     for (int j = 0; j < 16; j++) m += (x->scales[j] >> 4) * y->bsums[j];
     *summ = m;
@@ -268,8 +262,8 @@ static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K 
         s += (x->scales[e0 / 16] & 0x0f) * t;
     }
     *sumi = s;
-#endif
 }
+#endif
 
 /* Q3_K: *sumi = sum_j sc_j sum_l (u_l - 4) y_l with u = low 2 bits + 4 * high bit */
 #if defined(__AVX2__)
@@ -290,14 +284,10 @@ static inline __attribute__((always_inline)) void q3_K_lanes(const pi_block_q3_K
     }
     *li = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 2));   /* - 4 corr */
 }
-#endif
-
-static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi) {
-#if defined(__AVX2__)
-    __m256i li, lm;
-    q3_K_lanes(x, y, &li, &lm);
-    *sumi = pi_hsum_epi32(li);
 #else
+static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi,
+                                                            int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
     int sc[16];
     for (int j = 0; j < 16; j++) sc[j] = pi_k3_scale(j, x->scales);
     int32_t s = 0;
@@ -311,8 +301,8 @@ static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K 
         s += sc[e0 / 16] * t;
     }
     *sumi = s;
-#endif
 }
+#endif
 
 /* Q4_K / Q5_K . Q8_KM: 8 sub-blocks of 32 with 6-bit scales and mins; the activation's step multipliers m_j
  * fold into them: sc_j m_j and mn_j m_j (< 2^11, int16 in the SIMD code). Exact integers:
@@ -376,15 +366,8 @@ static inline __attribute__((always_inline)) void q4_K_lanes(const pi_block_q4_K
     *li = k4_sumi_lanes(q, sm, y);
     *lm = k4_summ_lanes(sm, y);
 }
-#endif
-
-static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
-#if defined(__AVX2__)
-    __m256i li, lm;
-    q4_K_lanes(x, y, &li, &lm);
-    *sumi = pi_hsum_epi32(li);
-    *summ = pi_hsum_epi32(lm);
 #else
+static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
     int32_t sc[8];
     k4_scales(x->scales, y, sc, summ);
     int32_t s = 0;
@@ -397,8 +380,8 @@ static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K 
         s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
     }
     *sumi = s;
-#endif
 }
+#endif
 
 #if defined(__AVX2__)
 static inline __attribute__((always_inline)) void q5_K_lanes(const pi_block_q5_K *x, const pi_block_q8_Km *y,
@@ -415,15 +398,8 @@ static inline __attribute__((always_inline)) void q5_K_lanes(const pi_block_q5_K
     *li = k4_sumi_lanes(q, sm, y);
     *lm = k4_summ_lanes(sm, y);
 }
-#endif
-
-static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
-#if defined(__AVX2__)
-    __m256i li, lm;
-    q5_K_lanes(x, y, &li, &lm);
-    *sumi = pi_hsum_epi32(li);
-    *summ = pi_hsum_epi32(lm);
 #else
+static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
     int32_t sc[8];
     k4_scales(x->scales, y, sc, summ);
     int32_t s = 0;
@@ -438,8 +414,8 @@ static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K 
         s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
     }
     *sumi = s;
-#endif
 }
+#endif
 
 /* Q6_K: *sumi = sum_j sc_j sum_l (u_l - 32) y_l,  u = 4 low bits | 2 high bits << 4 */
 #if defined(__AVX2__)
@@ -468,14 +444,10 @@ static inline __attribute__((always_inline)) void q6_K_lanes(const pi_block_q6_K
     }
     *li = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));   /* - 32 corr */
 }
-#endif
-
-static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi) {
-#if defined(__AVX2__)
-    __m256i li, lm;
-    q6_K_lanes(x, y, &li, &lm);
-    *sumi = pi_hsum_epi32(li);
 #else
+static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi,
+                                                            int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
     int32_t s = 0;
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
@@ -490,8 +462,8 @@ static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K 
         for (int j = 0; j < 8; j++) s += x->scales[8 * h + j] * t[j];
     }
     *sumi = s;
-#endif
 }
+#endif
 
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
  * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the
@@ -527,44 +499,49 @@ static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, 
 #define K_EIGHTS(name, bd, mins, dmin)
 #endif
 
-#define K_ROW_DOT_MINS(name, wtype, atype, bd)                                                                      \
+/* One block's integers: the lanes' horizontal sums (AVX2) or the scalar X_ints. */
+#if defined(__AVX2__)
+#define K_INTS(name, x, y, sumi, summ)                                                                              \
+    do {                                                                                                            \
+        __m256i li_, lm_;                                                                                           \
+        name##_lanes(x, y, &li_, &lm_);                                                                             \
+        *(sumi) = pi_hsum_epi32(li_);                                                                               \
+        *(summ) = pi_hsum_epi32(lm_);                                                                               \
+    } while (0)
+#else
+#define K_INTS(name, x, y, sumi, summ) name##_ints(x, y, sumi, summ)
+#endif
+
+/* One block's float term in the order above (mins: a compile-time constant). */
+static inline __attribute__((always_inline)) float k_term(float bd, uint16_t d, uint16_t dmin, int32_t sumi, int32_t summ,
+                                                          const bool mins) {
+    return mins ? bd * (pi_fp16_to_f32(d) * (float)sumi - pi_fp16_to_f32(dmin) * (float)summ)
+                : bd * pi_fp16_to_f32(d) * (float)sumi;
+}
+
+/* dmin: the weight block's field of that name, or any fp16 field (d) where !mins */
+#define K_ROW_DOT(name, wtype, atype, bd, mins, dmin)                                                               \
     float pi_vec_dot_##name##_q8_K(int64_t n, const void *w, const void *x) {                                       \
         const wtype *a = w;                                                                                         \
         const atype *b = x;                                                                                         \
         const int64_t nb = n / PI_QK_K;                                                                             \
         float sum = 0.0f;                                                                                           \
         int64_t i = 0;                                                                                              \
-        K_EIGHTS(name, bd, true, dmin)                                                                              \
+        K_EIGHTS(name, bd, mins, dmin)                                                                              \
         for (; i < nb; i++) {                                                                                       \
             prefetch_block(&a[i], sizeof *a);                                                                       \
             int32_t sumi, summ;                                                                                     \
-            name##_ints(&a[i], &b[i], &sumi, &summ);                                                                \
-            sum += b[i].bd * (pi_fp16_to_f32(a[i].d) * (float)sumi - pi_fp16_to_f32(a[i].dmin) * (float)summ);     \
-        }                                                                                                           \
-        return sum;                                                                                                 \
-    }
-#define K_ROW_DOT_PLAIN(name, wtype, atype, bd)                                                                     \
-    float pi_vec_dot_##name##_q8_K(int64_t n, const void *w, const void *x) {                                       \
-        const wtype *a = w;                                                                                         \
-        const atype *b = x;                                                                                         \
-        const int64_t nb = n / PI_QK_K;                                                                             \
-        float sum = 0.0f;                                                                                           \
-        int64_t i = 0;                                                                                              \
-        K_EIGHTS(name, bd, false, d)                                                                                \
-        for (; i < nb; i++) {                                                                                       \
-            prefetch_block(&a[i], sizeof *a);                                                                       \
-            int32_t sumi;                                                                                           \
-            name##_ints(&a[i], &b[i], &sumi);                                                                       \
-            sum += b[i].bd * pi_fp16_to_f32(a[i].d) * (float)sumi;                                                  \
+            K_INTS(name, &a[i], &b[i], &sumi, &summ);                                                               \
+            sum += k_term(b[i].bd, a[i].d, a[i].dmin, sumi, summ, mins);                                            \
         }                                                                                                           \
         return sum;                                                                                                 \
     }
 
-K_ROW_DOT_MINS(q2_K, pi_block_q2_K, pi_block_q8_K, d)
-K_ROW_DOT_PLAIN(q3_K, pi_block_q3_K, pi_block_q8_K, d)
-K_ROW_DOT_MINS(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d)   /* x: Q8_KM */
-K_ROW_DOT_MINS(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d)   /* x: Q8_KM */
-K_ROW_DOT_PLAIN(q6_K, pi_block_q6_K, pi_block_q8_K, d)
+K_ROW_DOT(q2_K, pi_block_q2_K, pi_block_q8_K, d, true, dmin)
+K_ROW_DOT(q3_K, pi_block_q3_K, pi_block_q8_K, d, false, d)
+K_ROW_DOT(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d, true, dmin)   /* x: Q8_KM */
+K_ROW_DOT(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d, true, dmin)   /* x: Q8_KM */
+K_ROW_DOT(q6_K, pi_block_q6_K, pi_block_q8_K, d, false, d)
 
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
     const pi_block_q8_K *a = w, *b = x;

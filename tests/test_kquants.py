@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 
 from powerinfer._ffi import check, ffi, lib
+from test_ops import np_q8_act_blocks
+from test_ops import np_quantize_q8_0 as np_quantize_q8_0_ops
 
 REPO = Path(__file__).resolve().parents[1]
 F32, Q8_0 = 0, 8
@@ -271,17 +273,6 @@ def np_quantize_q8_Km(x: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
-def np_q8_act_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 8-bit activation blocks of 32 (Q8_0S, Q8_1): d = amax / 127 and q = rint(x * (127 / amax))
-    (halves to even), both per block."""
-    x = np.asarray(x, np.float32).reshape(-1, 32)
-    amax = np.abs(x).max(axis=1)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 0).astype(np.float32)
-    return d, np.rint((x * inv[:, None]).astype(np.float32)).astype(np.int8)
-
-
 def np_quantize_q8_1(x: np.ndarray) -> np.ndarray:
     """Q8_1: the activation blocks (np_q8_act_blocks) with f32 d and s = sum(q) * d."""
     d, q = np_q8_act_blocks(x)
@@ -295,13 +286,8 @@ def np_quantize_q8_1(x: np.ndarray) -> np.ndarray:
 
 
 def np_quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """Q8_0 activations (Q8_0S's d and quants, np_q8_act_blocks) with fp16 d."""
-    d, q = np_q8_act_blocks(x)
-    nb = d.size
-    out = np.zeros((nb, 34), np.uint8)
-    out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
-    out[:, 2:34] = q.view(np.uint8)
-    return out.reshape(-1)
+    """Q8_0 activations (Q8_0S's d and quants), flat bytes."""
+    return np_quantize_q8_0_ops(x, activations=True).reshape(-1)
 
 
 def np_dequant_act(raw, t):

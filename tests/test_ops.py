@@ -115,24 +115,34 @@ def np_bf16_bits(x) -> np.ndarray:
     return r.astype(np.uint16)
 
 
+def np_q8_act_blocks(x) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-bit activation blocks of 32 (Q8_0S, Q8_1): f32 d = amax / 127 and int8 q = rint(x * (127 / amax))
+    (halves to even), one row per block."""
+    b = np.asarray(x, np.float32).reshape(-1, QK)
+    amax = np.abs(b).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 0).astype(np.float32)
+    return d, np.rint((b * inv[:, None]).astype(np.float32)).astype(np.int8)
+
+
 def np_quantize_q8_0(x, activations: bool = False) -> np.ndarray:
     """(..., n) f32 -> (..., n/32*34) uint8, d = amax/127. As stored (weights, a q8_0 KV cache):
     q = roundf(x*(1/d)), halves away from zero; activations=True (Q8_0S, what mul_mat multiplies):
-    q = rint(x*(127/amax)), halves to even."""
+    np_q8_act_blocks."""
     x = np.asarray(x, np.float32)
-    b = x.reshape(-1, QK)
-    amax = np.abs(b).max(axis=1, keepdims=True)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        if activations:
-            inv = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
-        else:
+    if activations:
+        d, q = np_q8_act_blocks(x)
+    else:
+        b = x.reshape(-1, QK)
+        d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
+        with np.errstate(divide="ignore"):
             inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    v = (b * inv).astype(np.float32).astype(np.float64)
-    q = np.rint(v) if activations else np.sign(v) * np.floor(np.abs(v) + 0.5)   # exact in f64
-    out = np.empty((b.shape[0], 34), np.uint8)
+        v = (b * inv[:, None]).astype(np.float32).astype(np.float64)
+        q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)   # roundf, exact in f64
+    out = np.empty((d.size, 34), np.uint8)
     out[:, :2] = np_f16_bits(d).view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = q.astype(np.int8).view(np.uint8)
+    out[:, 2:] = q.view(np.uint8)
     return out.reshape(*x.shape[:-1], -1)
 
 

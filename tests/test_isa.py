@@ -388,3 +388,43 @@ def test_q4_K_interleaved_equals_scalar(at_level, pool2, level, K):
     x[11, :] = -127.0                      # extreme quants
     raw = q4_K_extreme_rows(rng, N, K, quantize(12, w))
     interleaved_equals_scalar_rows(at_level, pool2, level, 12, raw, x, Ts, "q4_Kx16")
+
+
+
+def q5_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
+    """raw (Q5_K rows from the quantizer) with rows 0..3 replaced by random blocks over the whole format: every
+    6-bit scale and min, every quant bit, d and dmin of either sign up to 2^4; row 3 with sc = mn = 63 and every
+    quant 31; a zero row (16, or the last)."""
+    raw = raw.copy()
+    blocks = raw.reshape(N, K // 256, 176)
+    blocks[:4] = rng.integers(0, 256, blocks[:4].shape, dtype=np.uint8)
+    blocks[:4, :, 0:4] = rng.uniform(-16, 16, (4, K // 256, 2)).astype(np.float16).view(np.uint8)
+    blocks[3, :, 4:] = 0xff                       # scales, qh, qs
+    blocks[min(16, N - 1)] = 0                    # a zero row (d = dmin = 0)
+    return raw
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("K", [256, 2048, 4352])
+def test_q5_K_interleaved_equals_scalar(at_level, pool2, level, K):
+    """Q5_K's interleaved copy (Q5_KX16: 16 rows a group, pi_repack) at every level that makes it (not amx: there
+    the file's layout has tile kernels and stays) gives the bits of the file's layout at the scalar level: decode
+    (1 token), the 4-token blocks of the AVX2 kernel and their tails (3, 8, 16, 100). K: one super-block, eight,
+    seventeen. N = 48: three groups."""
+    Ts = (1, 3, 8, 16, 100)
+    N = 48
+    rng = np.random.default_rng(K + 13)
+    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
+    w[5, :256] *= 40.0                     # large scales next to small ones
+    w[9, :] = np.abs(w[9, :]) + 0.5        # mins far from 0
+    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x[:, 32:64] *= 30.0                    # step multipliers > 1 in the other sub-blocks (Q8_KM)
+    x[7, :256] = 0.0                       # a zero activation super-block (d = 0)
+    x[9, :] = np.abs(x[9, :]) * 50         # large activations, bsums far from 0
+    x[11, :] = -127.0                      # extreme quants
+    raw = q5_K_extreme_rows(rng, N, K, quantize(13, w))
+    at_level(level)
+    if lib.pi_repack_bytes(wtensor(13, raw)) == 0:
+        assert level == "amx", f"q5_K: no interleaved copy at {level}"
+        pytest.skip(f"{level}: q5_K stays in the file's layout (its tile kernels read only that)")
+    interleaved_equals_scalar_rows(at_level, pool2, level, 13, raw, x, Ts, "q5_Kx16")

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from make_test_model import write_model  # noqa: E402
-from test_isa import q4_K_extreme_rows, wtensor  # noqa: E402
+from test_isa import q4_K_extreme_rows, q5_K_extreme_rows, wtensor  # noqa: E402
 from test_isa import quantize as quantize_rows  # noqa: E402
 from test_isa import repacked as repacked_t  # noqa: E402
 from test_ops import (Q4_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
@@ -27,6 +27,7 @@ from test_ops import (Q4_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case, 
 
 
 Q4_K = 12
+Q5_K = 13
 
 
 def np_encode_q4_0(w):
@@ -99,22 +100,28 @@ def test_q8_0_repack_needs_whole_groups():
                  lib.PI_ERR_INVALID_ARG)
 
 
+@pytest.mark.parametrize("qtype,name,extreme",
+                         [(Q4_K, "q4_Kx16", q4_K_extreme_rows), (Q5_K, "q5_Kx16", q5_K_extreme_rows)],
+                         ids=["q4_K", "q5_K"])
 @pytest.mark.parametrize("K", [256, 2048, 4096])
 @pytest.mark.parametrize("N,T", [(16, 1), (48, 3), (48, 8), (272, 16), (32, 32), (48, 100)])
-def test_q4_K_interleaved_copy(pool2, K, N, T):
-    """Q4_K repacks to 16-row groups (Q4_KX16, as many bytes as the file) with the bits of the file's layout at
-    this level: every token count (decode, the AVX-512 pairs, AMX tiles and their tails), with and without a pool
-    (272 rows: a work item of 256 and one of 16), one token per call; rows over the whole format (extreme scales
-    and mins, a zero row), large activations."""
+def test_K_interleaved_copy(pool2, qtype, name, extreme, K, N, T):
+    """Q4_K and Q5_K repack to 16-row groups (Q4_KX16, Q5_KX16: as many bytes as the file) with the bits of the file's
+    layout at this level: every token count (decode, the AVX-512 pairs, AMX tiles and their tails), with and without
+    a pool (272 rows: a work item of 256 and one of 16), one token per call; rows over the whole format (extreme
+    scales and mins, a zero row), large activations."""
     rng = np.random.default_rng(K + N + T)
     w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
     x = rng.standard_normal((T, K)).astype(np.float32)
     x[:, :32] *= 40.0
     x[-1, :] = np.abs(x[-1, :]) * 30
-    raw = q4_K_extreme_rows(rng, N, K, quantize_rows(Q4_K, w))
-    y = mul_mat(pool2, wtensor(Q4_K, raw), x, N)
-    w16, keep = repacked_t(wtensor(Q4_K, raw))
-    assert ffi.string(lib.pi_type_name(w16.type)).decode() == "q4_Kx16"
+    raw = extreme(rng, N, K, quantize_rows(qtype, w))
+    if lib.pi_repack_bytes(wtensor(qtype, raw)) == 0:
+        assert pi.cpu_isa() == "amx", f"{name}: no interleaved copy at {pi.cpu_isa()}"
+        pytest.skip(f"{pi.cpu_isa()}: {name[:4]} stays in the file's layout (its tile kernels read only that)")
+    y = mul_mat(pool2, wtensor(qtype, raw), x, N)
+    w16, keep = repacked_t(wtensor(qtype, raw))
+    assert ffi.string(lib.pi_type_name(w16.type)).decode() == name
     assert keep.nbytes == raw.nbytes                        # the same bytes per weight as the file
     assert_bit_equal(mul_mat(pool2, w16, x, N), y, "interleaved copy vs the file's layout")
     assert_bit_equal(mul_mat(ffi.NULL, w16, x, N), y, "interleaved copy, no pool")

@@ -94,7 +94,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K },
     [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_KM,
                        .repacked_type = PI_TYPE_Q4_KX16 },
-    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_KM },
+    [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_KM,
+                       .repacked_type = PI_TYPE_Q5_KX16 },
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
     /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
@@ -107,6 +108,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, NULL /* arch */, PI_TYPE_Q8_KM },
     [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q8_0x16_row_to_f32 },
     [PI_TYPE_Q4_KX16] = { "q4_Kx16", 256, 144, NULL, NULL, PI_TYPE_Q8_KM },
+    [PI_TYPE_Q5_KX16] = { "q5_Kx16", 256, 176, NULL, NULL, PI_TYPE_Q8_KM },
 };
 
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]) {
@@ -134,7 +136,8 @@ _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && siz
                sizeof(pi_block_q8_1) == 40, "32-element block sizes");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
-               sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144,
+               sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144 &&
+               sizeof(pi_block_q5_Kx16) == 16 * 176,
                "K-quant block sizes");
 
 const pi_type_traits *pi_traits(int32_t type) {

@@ -51,8 +51,13 @@ typedef struct { pi_block_q8_K k; int16_t m[PI_QK_K / 32]; } pi_block_q8_Km;
  * row r, the "transposed" form of the multi-row kernels): d, dmin as two vectors of 16 fp16; scales[w][4r + k] =
  * byte 4w + k of row r's 12 packed scale bytes (pi_k4_scale_min decodes them lane-wise); qs[8 jj + m][4r + k] =
  * byte 32 jj + 4m + k of row r's qs (jj < 4, m < 8): low nibbles of qs[8jj..8jj+7] are the AMX B tile of
- * sub-block 2jj, high nibbles that of 2jj + 1. arch/q4_Kx16.c. */
+ * sub-block 2jj, high nibbles that of 2jj + 1. arch/kx16.c. */
 typedef struct { uint16_t d[16], dmin[16]; uint8_t scales[3][64]; uint8_t qs[32][64]; } pi_block_q4_Kx16;
+/* Q5_KX16 (core-internal, pi_repack): the same regrouping of Q5_K super-blocks (16 x 176 B): d, dmin as vectors of
+ * 16 fp16, then every 4-byte word of a row's block after them as one 64-byte row of the group, word i of row r at
+ * words[i][4r..4r+3], in the row block's order; so the word at byte `off` (>= 4) of the row block is
+ * words[(off - 4) / 4], and Q4_KX16's scales and qs are its words[0..2] and [3..34] the same way. arch/kx16.c. */
+typedef struct { uint16_t d[16], dmin[16]; uint8_t words[43][64]; } pi_block_q5_Kx16;
 
 /* Round to nearest, ties to even (llama.cpp's nearest_int for the values quantizers produce). */
 static inline int pi_nearest_int(float v) { return (int)lrintf(v); }

@@ -29,9 +29,12 @@ static void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
 static void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group);
 static void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
-/* Q4_KX16 groups at every level (arch/q4_Kx16.c); x: Q8_KM */
+/* Q4_KX16 and Q5_KX16 groups at every level (arch/kx16.c); x: Q8_KM */
 static void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group);
+static void pi_repack_q5_Kx16(int64_t n, const void *const *rows, void *group);
 static void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);
+static void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
 /* Q4_0X8 groups at every level (the scalar body in rows8.c), so a repacked model runs at any level. */
 static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,

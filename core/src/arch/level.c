@@ -14,7 +14,7 @@
 #include "rows8_k.c"
 #include "q4_0r.c"
 #include "q8_0x16.c"
-#include "q4_Kx16.c"
+#include "kx16.c"
 #include "activation.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
@@ -73,6 +73,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                               .repack = pi_repack_q8_0x16 },
         [PI_TYPE_Q4_KX16] = { .gemm16 = pi_gemm16_q4_Kx16_q8_K, .tiles = AMX(pi_tiles_q4_Kx16_q8_K),
                               .repack = pi_repack_q4_Kx16 },
+        /* no tile kernels: at the amx level Q5_K stays in the file's layout (pi_repack_bytes) */
+        [PI_TYPE_Q5_KX16] = { .gemm16 = pi_gemm16_q5_Kx16_q8_K, .repack = pi_repack_q5_Kx16 },
         [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
                              .axpy8 = ROWS8(pi_axpy8_q4_0r), .to_f32 = pi_q4_0r_to_f32 },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },

@@ -99,6 +99,15 @@ static inline void k_block_rows(const void *const *rows, int64_t b, int64_t bloc
         for (int l = 0; l < lines; l++) _mm_prefetch(p[k] + 2 * block_bytes + 64 * l, _MM_HINT_T0);
 }
 
+/* The 16 bytes at byte `off` of the eight rows' super-blocks as four registers of 32-bit lanes (lane r = row r): gh < 0,
+ * transposed from the rows p; gh = 0 or 1, loaded from half gh of an interleaved group's super-block, whose
+ * words[i..i+3] (quants_k.h) hold those bytes (gh is a constant after inlining). */
+static inline void k_lanes4(const char *const *p, size_t off, const uint8_t (*words)[64], int i, const int gh,
+                            __m256i c[4]) {
+    if (gh < 0) { pi_transpose8x16(p, off, c); return; }
+    for (int m = 0; m < 4; m++) c[m] = _mm256_loadu_si256((const __m256i *)(words[i + m] + 32 * gh));
+}
+
 /* One sub-block of 16 (Q2_K, Q3_K, Q6_K): sumi[t] += sc * (its 16 quants w (4 per lane) . the activations at
  * element `offset` of super-block b), for nt tokens; w < 64, so two maddubs fit int16. */
 static inline void k16_accumulate(const __m256i w[4], __m256i sc, const char *x, int64_t x_stride, int64_t b,
@@ -323,10 +332,10 @@ static inline __m256i q5_fifth_bit(__m256i qh, int bit) {
     return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
 }
 
-/* Eight rows at any addresses (rows; gh < 0), or half gh (rows 8gh..8gh+7) of one Q4_KX16 group (g, Q4_K only:
- * the same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after inlining. */
+/* Eight rows at any addresses (rows; gh < 0), or half gh (rows 8gh..8gh+7) of one Q4_KX16 or Q5_KX16 group (the
+ * same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after inlining. */
 static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const void *const *rows,
-                                                              const pi_block_q4_Kx16 *g, const int gh, const char *x,
+                                                              const void *group, const int gh, const char *x,
                                                               int64_t x_stride, const int nt, float *y, int64_t y_stride,
                                                               const int five_bit) {
     const int64_t nb = n / PI_QK_K;
@@ -338,6 +347,9 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
         const char *p[8];
         __m256i h[4];   /* lane r: bytes 0..15 of row r's block: d | dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
         __m256 d, dmin;
+        /* an interleaved group's super-block b (Q4_KX16 and Q5_KX16 begin alike: d[16], dmin[16], words from byte 4) */
+        const pi_block_q5_Kx16 *gb = gh < 0 ? NULL : (const void *)((const char *)group + b * 16 * block_bytes);
+        const uint8_t (*words)[64] = gh < 0 ? NULL : gb->words;
         if (gh < 0) {
             k_block_rows(rows, b, block_bytes, five_bit ? 4 : 3, p);   /* 144 (176) bytes: up to 3 (4) lines */
             pi_transpose8x16(p, 0, h);
@@ -348,9 +360,9 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
             d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
             dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
         } else {
-            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g[b].d + 8 * gh)));
-            dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g[b].dmin + 8 * gh)));
-            for (int w = 0; w < 3; w++) h[1 + w] = _mm256_loadu_si256((const __m256i *)(g[b].scales[w] + 32 * gh));
+            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb->d + 8 * gh)));
+            dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb->dmin + 8 * gh)));
+            for (int w = 0; w < 3; w++) h[1 + w] = _mm256_loadu_si256((const __m256i *)(words[w] + 32 * gh));
         }
         /* sc/m of sub-blocks 0..3 and 4..7 as bytes of each row's lane (pi_k4_scale_min) */
         const __m256i m6 = _mm256_set1_epi8(0x3f), m2h = _mm256_set1_epi8(0x30);
@@ -363,7 +375,7 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
                                         _mm256_setzero_si256() };
         __m256i qh[2][4];   /* Q5_K: qh[16 half .. 16 half + 15] transposed like the quants below */
         if (five_bit)
-            for (int half = 0; half < 2; half++) pi_transpose8x16(p, offsetof(pi_block_q5_K, qh) + 16 * half, qh[half]);
+            for (int half = 0; half < 2; half++) k_lanes4(p, offsetof(pi_block_q5_K, qh) + 16 * half, words, 3 + 4 * half, gh, qh[half]);
         for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
             const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
             const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
@@ -375,9 +387,7 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
             }
             for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
                 __m256i c[4], w[8];
-                if (gh < 0) pi_transpose8x16(p, qs_offset + 32 * j + 16 * half, c);
-                else
-                    for (int m = 0; m < 4; m++) c[m] = _mm256_loadu_si256((const __m256i *)(g[b].qs[8 * j + 4 * half + m] + 32 * gh));
+                k_lanes4(p, qs_offset + 32 * j + 16 * half, words, (int)(qs_offset - 4) / 4 + 8 * j + 4 * half, gh, c);
                 for (int m = 0; m < 4; m++) {
                     w[m] = _mm256_and_si256(c[m], m4);
                     w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);

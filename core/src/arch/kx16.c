@@ -1,9 +1,14 @@
-/* q4_Kx16.c: Q4_K weights interleaved 16 rows to a group (PI_TYPE_Q4_KX16, pi_block_q4_Kx16 in quants_k.h), the
- * layout decode reads fastest: a group is one contiguous stream with the file's bytes (144 per row and super-block),
- * regrouped so that every 64-byte row holds one 32-bit word of each row: the quants are already in the "transposed"
- * form of the multi-row kernels (no byte shuffles), d and dmin are two fp16 vectors, and the packed 6-bit scales
- * decode lane-wise (pi_k4_scale_min on all 16 rows at once); amx_k.c's tile kernel takes its B tiles from the
- * quants with a nibble mask.
+/* kx16.c: K-quant weights interleaved 16 rows to a group: Q4_K and Q5_K (PI_TYPE_Q4_KX16, Q5_KX16; pi_block_q4_Kx16,
+ * pi_block_q5_Kx16 in quants_k.h), the layout decode reads fastest: a group is one contiguous stream with the file's
+ * bytes (144 or 176 per row and super-block), regrouped so that every 64-byte row holds one 32-bit word of each row:
+ * the quants are already in the "transposed" form of the multi-row kernels (no byte shuffles), d and dmin are two
+ * fp16 vectors, and the packed 6-bit scales decode lane-wise (pi_k4_scale_min on all 16 rows at once); amx_k.c's
+ * tile kernel takes its B tiles from Q4_KX16's quants with a nibble mask.
+ *
+ * Measured on a Zen 3 (AVX2, one thread, bench/ab_ops.py against a build that keeps the file's layout): Q5_KX16
+ * prompt matmuls (T = 128) 0.93x the time, decode 0.76-1.09x (weights from DRAM; 0.67x from cache). Q6_K has no
+ * such copy: the same regrouping made its prompts 0.87-0.92x but decode 1.4-2x the time of its single-row kernel
+ * (pi_vec_dot_q6_K_q8_K), with the 16 rows in one pass or two, in the file's word order or in the reading order.
  *
  * pi_gemm16_q4_Kx16_q8_K: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_KM activations, every level:
  * AVX-512 in 16 lanes with VNNI, AVX2 as two halves of 8 rows through rows8_k.c's k4_dot8_src, scalar loops.
@@ -21,22 +26,36 @@
 #include "avx2_util.h"
 #endif
 
-/* Row r's super-block between a group's block gb and a Q4_K block rb: into the group (to_group) or out of it. */
-static void q4_Kx16_copy(pi_block_q4_Kx16 *gb, pi_block_q4_K *rb, int r, int to_group) {
-#define Q4KX16_MOVE(group_bytes, row_bytes, n) \
+/* Where a row's super-block goes in its group's (quants_k.h): the fp16 scales at row bytes f16_row[i] become the
+ * vectors of 16 at group bytes f16_group[i], the words at row bytes w0 + 4i (i < n_words) the 64-byte rows at group
+ * bytes words_group + 64i. */
+typedef struct {
+    int64_t row_bytes;
+    int n_f16, f16_row[2], f16_group[2];
+    int w0, n_words, words_group;
+} kx16_layout;
+static const kx16_layout q4_Kx16_layout = { sizeof(pi_block_q4_K), 2, { 0, 2 }, { 0, 32 }, 4, 35, 64 };
+static const kx16_layout q5_Kx16_layout = { sizeof(pi_block_q5_K), 2, { 0, 2 }, { 0, 32 }, 4, 43, 64 };
+
+/* Row r's super-block between a group's block gb and a row block rb: into the group (to_group) or out of it. */
+static void kx16_copy(const kx16_layout *L, char *gb, char *rb, int r, int to_group) {
+#define KX16_MOVE(group_bytes, row_bytes, n) \
     (to_group ? memcpy((group_bytes), (row_bytes), (n)) : memcpy((row_bytes), (group_bytes), (n)))
-    Q4KX16_MOVE(&gb->d[r], &rb->d, 2);
-    Q4KX16_MOVE(&gb->dmin[r], &rb->dmin, 2);
-    for (int w = 0; w < 3; w++) Q4KX16_MOVE(gb->scales[w] + 4 * r, rb->scales + 4 * w, 4);
-    for (int i = 0; i < 32; i++) Q4KX16_MOVE(gb->qs[i] + 4 * r, rb->qs + 4 * i, 4);
-#undef Q4KX16_MOVE
+    for (int i = 0; i < L->n_f16; i++) KX16_MOVE(gb + L->f16_group[i] + 2 * r, rb + L->f16_row[i], 2);
+    for (int i = 0; i < L->n_words; i++)
+        KX16_MOVE(gb + L->words_group + 64 * i + 4 * r, rb + L->w0 + 4 * i, 4);
+#undef KX16_MOVE
 }
 
-void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) {
-    pi_block_q4_Kx16 *g = group;
+static void kx16_repack(const kx16_layout *L, int64_t n, const void *const *rows, void *group) {
     for (int64_t b = 0; b < n / PI_QK_K; b++)
-        for (int r = 0; r < 16; r++) q4_Kx16_copy(&g[b], (pi_block_q4_K *)((const pi_block_q4_K *)rows[r] + b), r, 1);
+        for (int r = 0; r < 16; r++)
+            kx16_copy(L, (char *)group + 16 * L->row_bytes * b, (char *)rows[r] + L->row_bytes * b, r, 1);
 }
+
+void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q4_Kx16_layout, n, rows, group); }
+void pi_repack_q5_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q5_Kx16_layout, n, rows, group); }
+
 
 #if PI_HAVE_ROWS16
 #ifndef Q4KX16_PF_DIST
@@ -149,16 +168,48 @@ void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     q4_Kx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
 }
 
-#else   /* scalar: each row copied out of the group, then pi_vec_dot_q4_K_q8_K per token (the reference itself) */
+#endif
+
+#if PI_HAVE_ROWS8
+/* Q5_KX16 at every level above scalar (the AVX-512 levels too: it has no 16-lane kernel yet): the group as two
+ * halves of 8 rows, each the 8-row kernel of the file's layout (rows8_k.c) with its transposes replaced by loads, so
+ * the bits are the file layout's. */
+#define Q5KX16_HALF(n, group, xt, xs, nt, yt, ys) k4_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys, 1)
+#define Q5KX16_HALF_ONE(n, group, xt, yt) k4_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0, 1)
+
+static inline __attribute__((always_inline)) void q5_Kx16_half(int64_t n, const void *rows, const int gh, const char *x,
+                                                               int64_t x_stride, int nt, float *y, int64_t y_stride) {
+    DISPATCH_NT(Q5KX16_HALF, Q5KX16_HALF_ONE, K_MAX_T);
+}
+
+void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    q5_Kx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
+    q5_Kx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+}
+
+
+#else   /* scalar: each row copied out of the group, then the type's vec_dot per token (the reference itself) */
+
+static void kx16_gemm16_rows(const kx16_layout *L, pi_vec_dot_fn dot, int64_t n, const void *group, const char *x,
+                             int64_t x_stride, int nt, float *y, int64_t y_stride) {
+    char row[n / PI_QK_K * L->row_bytes];
+    for (int r = 0; r < 16; r++) {
+        for (int64_t b = 0; b < n / PI_QK_K; b++)   /* read only: kx16_copy with to_group = 0 */
+            kx16_copy(L, (char *)group + 16 * L->row_bytes * b, row + L->row_bytes * b, r, 0);
+        for (int t = 0; t < nt; t++) y[t * y_stride + r] = dot(n, row, x + t * x_stride);
+    }
+}
 
 void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    pi_block_q4_Kx16 *g = (pi_block_q4_Kx16 *)group;   /* read only: q4_Kx16_copy with to_group = 0 */
-    pi_block_q4_K row[n / PI_QK_K];
-    for (int r = 0; r < 16; r++) {
-        for (int64_t b = 0; b < n / PI_QK_K; b++) q4_Kx16_copy(&g[b], &row[b], r, 0);
-        for (int t = 0; t < nt; t++) y[t * y_stride + r] = pi_vec_dot_q4_K_q8_K(n, row, x + t * x_stride);
-    }
+    kx16_gemm16_rows(&q4_Kx16_layout, pi_vec_dot_q4_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
+
+void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    kx16_gemm16_rows(&q5_Kx16_layout, pi_vec_dot_q5_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
+}
+
 
 #endif

@@ -224,7 +224,9 @@ def measure(op, a, calls, nbytes, clock, lib_b, pools):
         t = statistics.median(times[k])
         print(f"{name}: {1e3 * t / len(calls):.3f} ms per call, {nbytes / t / 1e9:.1f} GB/s of weights "
               f"({op}, {len(calls)} calls per round, median of {a.rounds}{', CPU time' if a.cpu_time else ''})")
-    print(f"A/B = {statistics.median(times[0]) / statistics.median(times[1]):.3f}")
+    paired = statistics.median(ta / tb for ta, tb in zip(*times))
+    print(f"A/B = {statistics.median(times[0]) / statistics.median(times[1]):.3f} (medians; paired: median of the "
+          f"rounds' A/B {paired:.3f}, fastest rounds {min(times[0]) / min(times[1]):.3f})")
 
 
 if __name__ == "__main__":

@@ -373,33 +373,37 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
 
         __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                         _mm256_setzero_si256() };
-        __m256i qh[2][4];   /* Q5_K: qh[16 half .. 16 half + 15] transposed like the quants below */
-        if (five_bit)
-            for (int half = 0; half < 2; half++) k_lanes4(p, offsetof(pi_block_q5_K, qh) + 16 * half, words, 3 + 4 * half, gh, qh[half]);
+        /* Q5_K: qh[16 half .. 16 half + 15] transposed like the quants below, once per super-block from the rows; a
+         * group's are loaded where they are used (eight registers fewer held across the loop below) */
+        __m256i qh[2][4];
+        if (five_bit && gh < 0)
+            for (int half = 0; half < 2; half++) pi_transpose8x16(p, offsetof(pi_block_q5_K, qh) + 16 * half, qh[half]);
         for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
             const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
             const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
-            __m256i scm_lo[K_MAX_T], scm_hi[K_MAX_T];   /* sc_2j mx_2j, sc_2j+1 mx_2j+1 per token (< 2^11) */
-            for (int t = 0; t < nt; t++) {
-                const int16_t *mx = ((const pi_block_q8_Km *)(x + t * x_stride) + b)->m;
-                scm_lo[t] = _mm256_mullo_epi16(sc_lo, _mm256_set1_epi16(mx[2 * j]));
-                scm_hi[t] = _mm256_mullo_epi16(sc_hi, _mm256_set1_epi16(mx[2 * j + 1]));
-            }
             for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
-                __m256i c[4], w[8];
+                __m256i c[4], w[8], qhh[4];
                 k_lanes4(p, qs_offset + 32 * j + 16 * half, words, (int)(qs_offset - 4) / 4 + 8 * j + 4 * half, gh, c);
+                if (five_bit) {
+                    if (gh < 0) for (int m = 0; m < 4; m++) qhh[m] = qh[half][m];
+                    else k_lanes4(p, offsetof(pi_block_q5_K, qh) + 16 * half, words, 3 + 4 * half, gh, qhh);
+                }
                 for (int m = 0; m < 4; m++) {
                     w[m] = _mm256_and_si256(c[m], m4);
                     w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
                     if (five_bit) {   /* 5-bit quants: 4 maddubs (2 x 31 x 127 each) still fit int16 */
-                        w[m] = _mm256_or_si256(w[m], q5_fifth_bit(qh[half][m], 2 * j));
-                        w[4 + m] = _mm256_or_si256(w[4 + m], q5_fifth_bit(qh[half][m], 2 * j + 1));
+                        w[m] = _mm256_or_si256(w[m], q5_fifth_bit(qhh[m], 2 * j));
+                        w[4 + m] = _mm256_or_si256(w[4 + m], q5_fifth_bit(qhh[m], 2 * j + 1));
                     }
                 }
                 for (int t = 0; t < nt; t++) {
-                    const int8_t *yq = ((const pi_block_q8_Km *)(x + t * x_stride) + b)->k.qs + 64 * j + 16 * half;
-                    const __m256i lo = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 4), scm_lo[t]);
-                    const __m256i hi = _mm256_madd_epi16(pi_maddubs_sum(w + 4, yq + 32, 4), scm_hi[t]);
+                    const pi_block_q8_Km *xm = (const pi_block_q8_Km *)(x + t * x_stride) + b;
+                    const int8_t *yq = xm->k.qs + 64 * j + 16 * half;
+                    /* sc_2j mx_2j, sc_2j+1 mx_2j+1 (< 2^11), made where used: no per-token registers held */
+                    const __m256i scm_lo = _mm256_mullo_epi16(sc_lo, _mm256_set1_epi16(xm->m[2 * j]));
+                    const __m256i scm_hi = _mm256_mullo_epi16(sc_hi, _mm256_set1_epi16(xm->m[2 * j + 1]));
+                    const __m256i lo = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 4), scm_lo);
+                    const __m256i hi = _mm256_madd_epi16(pi_maddubs_sum(w + 4, yq + 32, 4), scm_hi);
                     sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(lo, hi));
                 }
             }

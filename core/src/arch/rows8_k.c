@@ -1,6 +1,5 @@
 /* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K: eight weight rows
- * against up to PI_DOT8_MAX_T tokens per call (in sub-blocks of K_MAX_T = 4, 8 with AVX-512: their accumulators
- * then stay in registers), the weights unpacked once per block and reused for those tokens.
+ * against up to PI_DOT8_MAX_T tokens per call, the weights unpacked once per block and reused for all of them.
  *
  * The scheme is the one of rows8.c (Q4_0): eight rows are "transposed" into registers, 32-bit
  * lane r of a register holding 4 consecutive quants of row r. Four activation bytes broadcast
@@ -51,12 +50,11 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
  * and eight short interleaved streams (rows of 640 elements in Gemma 3 270M: ~700 bytes) defeat
  * the hardware prefetcher, which one sequential stream does not (measured: the output head of
  * Gemma 3 270M took 10.8 ms per token with 8 rows at a time, 6 ms row by row). */
-#if defined(__AVX512VL__)
-#define K_MAX_T 8   /* tokens per kernel instance: AVX-512 has 32 vector registers, so 8 fit */
-#else
-#define K_MAX_T 4   /* tokens per kernel instance (more spill the 16 registers) */
-#endif
-#define B8_MAX_T 4  /* the same for the kernels with 8 partial sums per token (Q5_0, Q8_0) */
+/* Tokens per kernel instance: all of a call's (PI_DOT8_MAX_T), so a block's weights are unpacked once per call. With
+ * AVX2's 16 registers the per-token sums then live partly on the stack, which costs less than unpacking twice:
+ * against 4 tokens (Zen 3, one thread, 542M files, ffn_up + ffn_down, T = 128, bench/ab_ops.py) Q6_K 0.76x the
+ * time, Q2_K 0.76x, Q3_K_M 0.85x, Q4_K_M 0.92-0.96x, Q5_K_M 0.95x; Gemma 3's Q5_0 gate and up (T = 512) 0.76-0.78x. */
+#define K_MAX_T PI_DOT8_MAX_T
 /* The kernel instance for each count of tokens up to max_t (<= PI_DOT8_MAX_T), one token row by row (cases
  * above max_t are never reached; PI_MIN keeps them from instantiating a kernel for more tokens than it has room). */
 #define DISPATCH_NT(kernel, one_row, max_t)                                                \
@@ -75,8 +73,6 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
         default: kernel(n, rows, xt, x_stride, (max_t), yt, y_stride); break;              \
         }                                                                                  \
     }
-
-#define ZERO4 { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() }
 
 /* The exported 8-row kernel of a K-quant `name` whose body is kernel(..., flag), and its one-token path
  * through the single-row kernel `single`. */
@@ -157,7 +153,7 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= B8_MAX_T) */
+    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= K_MAX_T) */
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -193,7 +189,7 @@ static void q5_0_dot8_one(int64_t n, const void *const *rows, const char *x, flo
 }
 
 void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) { DISPATCH_NT(q5_0_dot8, q5_0_dot8_one, B8_MAX_T); }
+                            int64_t y_stride) { DISPATCH_NT(q5_0_dot8, q5_0_dot8_one, K_MAX_T); }
 
 /* ======================================================================================
  * Q4_1 / Q5_1 . Q8_1. Each row gets exactly the single-row kernel's arithmetic (pi_vec_dot_q4_1_q8_1: one 8-lane
@@ -270,7 +266,7 @@ Q4_1_FAMILY_ROWS8(q5_1, pi_block_q5_1)
 static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK8_0;
-    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= B8_MAX_T) */
+    __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= K_MAX_T) */
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) acc[t][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -315,7 +311,7 @@ static void q8_0_dot8_one(int64_t n, const void *const *rows, const char *x, flo
 }
 
 void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one, B8_MAX_T); }
+                            int64_t y_stride) { DISPATCH_NT(q8_0_dot8, q8_0_dot8_one, K_MAX_T); }
 
 /* ======================================================================================
  * Q4_K and Q5_K . Q8_KM. Canonical order (pi_vec_dot_q4_K_q8_K, pi_vec_dot_q5_K_q8_K): per
@@ -342,7 +338,7 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
     const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
     const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[K_MAX_T] = ZERO4;
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
         __m256i h[4];   /* lane r: bytes 0..15 of row r's block: d | dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
@@ -371,8 +367,7 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
         const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(h[3], 4), m4),
                                              _mm256_and_si256(_mm256_srli_epi32(h[2], 2), m2h));
 
-        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                                        _mm256_setzero_si256() };
+        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
         /* Q5_K: qh[16 half .. 16 half + 15] transposed like the quants below, once per super-block from the rows; a
          * group's are loaded where they are used (eight registers fewer held across the loop below) */
         __m256i qh[2][4];
@@ -456,7 +451,7 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
     const int64_t block_bytes = three_bit ? (int64_t)sizeof(pi_block_q3_K) : (int64_t)sizeof(pi_block_q2_K);
     const size_t qs_offset = three_bit ? offsetof(pi_block_q3_K, qs) : offsetof(pi_block_q2_K, qs);
     const __m256i m2 = _mm256_set1_epi8(3);
-    __m256 acc[K_MAX_T] = ZERO4;
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
         k_block_rows(rows, b, block_bytes, three_bit ? 3 : 2, p);   /* 84 (110) bytes: up to 2 (3) lines */
@@ -479,8 +474,7 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
                 mn[i] = _mm256_and_si256(_mm256_srli_epi16(packed[i], 4), _mm256_set1_epi8(0x0f));
             }
         }
-        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                                        _mm256_setzero_si256() };
+        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
         for (int half = 0; half < 2; half++) {
             __m256i hb[4];   /* Q3_K: hmask[16 half .. 16 half + 15] */
             if (three_bit) pi_transpose8x16(p, offsetof(pi_block_q3_K, hmask) + 16 * half, hb);
@@ -529,7 +523,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
-    __m256 acc[K_MAX_T] = ZERO4;
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
         k_block_rows(rows, b, sizeof(pi_block_q6_K), 4, p);   /* 210 bytes: up to 4 lines */
@@ -537,8 +531,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
         pi_transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
         const __m256 d = pi_f16x8_rows(p, offsetof(pi_block_q6_K, d));
 
-        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                                        _mm256_setzero_si256() };
+        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
         for (int h = 0; h < 2; h++)
             for (int half = 0; half < 2; half++) {
                 /* ql[64h + l] (a) and ql[64h + 32 + l] (bq), qh[32h + l] for l = 16 half .. 16 half + 15:

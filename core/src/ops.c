@@ -339,6 +339,8 @@ pi_status pi_op_layer_norm(pi_threadpool *pool, const pi_tensor *x, const pi_ten
 
 typedef struct {
     const pi_tensor *x; const int32_t *pos; int32_t n_rot, mode; float base, scale; const float *ff; pi_tensor *out;
+    const double *inv_freq;   /* [n_rot / 2] base^(-2i / n_rot), computed once per call (pow per token and pair
+                               * was ~3% of a Gemma 3 prompt) */
 } rope_args;
 
 static void rope_task(void *p, int ith, int nth) {
@@ -348,7 +350,7 @@ static void rope_task(void *p, int ith, int nth) {
     split_range(T, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
         for (int64_t i = 0; i < a->n_rot / 2; i++) {
-            double theta = (double)a->pos[t] * a->scale * pow(a->base, -2.0 * (double)i / a->n_rot);
+            double theta = (double)a->pos[t] * a->scale * a->inv_freq[i];
             if (a->ff) theta /= a->ff[i];   /* frequency factors (rope_freqs) */
             const float c = (float)cos(theta), s = (float)sin(theta);
             for (int64_t h = 0; h < H; h++) {
@@ -387,8 +389,12 @@ pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos
 
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
                   float freq_base, float freq_scale, const float *freq_factors, pi_tensor *out) {
-    rope_args a = { x, pos, n_rot, mode, freq_base, freq_scale, freq_factors, out };
+    double *inv_freq = malloc((size_t)(n_rot / 2 + 1) * sizeof *inv_freq);   /* + 1: never malloc(0) */
+    if (!inv_freq) return pi_fail(PI_ERR_OUT_OF_MEMORY, "rope: out of memory");
+    for (int32_t i = 0; i < n_rot / 2; i++) inv_freq[i] = pow(freq_base, -2.0 * (double)i / n_rot);
+    rope_args a = { x, pos, n_rot, mode, freq_base, freq_scale, freq_factors, out, inv_freq };
     pi_threadpool_run(pool, rope_task, &a);
+    free(inv_freq);
     return PI_OK;
 }
 

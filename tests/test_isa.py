@@ -367,30 +367,6 @@ def q4_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
     return raw
 
 
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("K", [256, 2048, 4352])
-def test_q4_K_interleaved_equals_scalar(at_level, pool2, level, K):
-    """Q4_K's interleaved copy (Q4_KX16: 16 rows a group, pi_repack) at every level (scalar included: its own
-    gemm16) gives the bits of the file's
-    layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel (3, 8),
-    and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K: one
-    super-block, two AMX K chunks (4 super-blocks each), 17 super-blocks (a chunk of one). N = 48: three groups."""
-    Ts = (1, 3, 8, 16, 32, 100)
-    N = 48
-    rng = np.random.default_rng(K + 1)
-    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
-    w[5, :256] *= 40.0                     # large scales next to small ones
-    w[9, :] = np.abs(w[9, :]) + 0.5        # mins far from 0
-    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
-    x[:, 32:64] *= 30.0                    # step multipliers > 1 in the other sub-blocks
-    x[7, :256] = 0.0                       # a zero activation super-block (d = 0)
-    x[9, :] = np.abs(x[9, :]) * 50         # large activations, bsums far from 0
-    x[11, :] = -127.0                      # extreme quants
-    raw = q4_K_extreme_rows(rng, N, K, quantize(12, w))
-    interleaved_equals_scalar_rows(at_level, pool2, level, 12, raw, x, Ts, "q4_Kx16")
-
-
-
 def q5_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
     """raw (Q5_K rows from the quantizer) with rows 0..3 replaced by random blocks over the whole format: every
     6-bit scale and min, every quant bit, d and dmin of either sign up to 2^4; row 3 with sc = mn = 63 and every
@@ -405,26 +381,30 @@ def q5_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("t,name,extreme", [(12, "q4_Kx16", q4_K_extreme_rows), (13, "q5_Kx16", q5_K_extreme_rows)],
+                         ids=["q4_K", "q5_K"])
 @pytest.mark.parametrize("K", [256, 2048, 4352])
-def test_q5_K_interleaved_equals_scalar(at_level, pool2, level, K):
-    """Q5_K's interleaved copy (Q5_KX16: 16 rows a group, pi_repack) at every level that makes it (not amx: there
-    the file's layout has tile kernels and stays) gives the bits of the file's layout at the scalar level: decode
-    (1 token), the 4-token blocks of the AVX2 kernel and their tails (3, 8, 16, 100). K: one super-block, eight,
-    seventeen. N = 48: three groups."""
-    Ts = (1, 3, 8, 16, 100)
+def test_K_interleaved_equals_scalar(at_level, pool2, level, t, name, extreme, K):
+    """Q4_K's and Q5_K's interleaved copies (Q4_KX16, Q5_KX16: 16 rows a group, pi_repack) at every level that makes
+    them (scalar included: its own gemm16; Q5_K not at amx, where the file's layout has tile kernels and stays) give
+    the bits of the file's layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the
+    AVX-512 Q4_K kernel (3, 8), calls of 8 tokens and their tails, and prompt batches whose whole 16-token tiles go to
+    AMX (16, 32; 100: six tiles and a 4-token tail). K: one super-block, two AMX K chunks (4 super-blocks each), 17
+    super-blocks (a chunk of one). N = 48: three groups."""
+    Ts = (1, 3, 8, 16, 32, 100)
     N = 48
-    rng = np.random.default_rng(K + 13)
+    rng = np.random.default_rng(K + t - 11)
     w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
     w[5, :256] *= 40.0                     # large scales next to small ones
     w[9, :] = np.abs(w[9, :]) + 0.5        # mins far from 0
     x = rng.standard_normal((max(Ts), K)).astype(np.float32)
-    x[:, 32:64] *= 30.0                    # step multipliers > 1 in the other sub-blocks (Q8_KM)
+    x[:, 32:64] *= 30.0                    # step multipliers > 1 in the other sub-blocks
     x[7, :256] = 0.0                       # a zero activation super-block (d = 0)
     x[9, :] = np.abs(x[9, :]) * 50         # large activations, bsums far from 0
     x[11, :] = -127.0                      # extreme quants
-    raw = q5_K_extreme_rows(rng, N, K, quantize(13, w))
+    raw = extreme(rng, N, K, quantize(t, w))
     at_level(level)
-    if lib.pi_repack_bytes(wtensor(13, raw)) == 0:
-        assert level == "amx", f"q5_K: no interleaved copy at {level}"
+    if lib.pi_repack_bytes(wtensor(t, raw)) == 0:
+        assert (t, level) == (13, "amx"), f"{name}: no interleaved copy at {level}"
         pytest.skip(f"{level}: q5_K stays in the file's layout (its tile kernels read only that)")
-    interleaved_equals_scalar_rows(at_level, pool2, level, 13, raw, x, Ts, "q5_Kx16")
+    interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name)

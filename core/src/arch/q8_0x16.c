@@ -62,9 +62,9 @@ void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_
 
 #elif PI_HAVE_ROWS8
 /* AVX2: the group as two halves of 8 rows (bytes 0..31 and 32..63 of every row m), all nt tokens per pass so that
- * each weight register and its absolute value are made once for them (one token per pass made them nt times:
- * 542M Q8_0 prompts took 0.80-0.90 of the time on a Zen 3, bench/README.md), with the arithmetic of rows8_k.c's q8_0_dot8 (maddubs of |w|
- * against sign(y, w), widened at once); the partial sums p[b % 8] of each token live on the stack. */
+ * each weight register and its absolute value are made once for them, not once per token (542M Q8_0 prompt
+ * matmuls: 0.80-0.90x the time on a Zen 3, bench/README.md), with the arithmetic of rows8_k.c's q8_0_dot8 (maddubs
+ * of |w| against sign(y, w), widened at once); the partial sums p[b % 8] of each token live on the stack. */
 static inline __attribute__((always_inline)) void q8_0x16_half(int64_t nb, const pi_block_q8_0x16 *g, const int half,
                                                                const char *x, int64_t x_stride, const int nt,
                                                                float *y, int64_t y_stride) {

@@ -56,7 +56,6 @@ static void kx16_repack(const kx16_layout *L, int64_t n, const void *const *rows
 void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q4_Kx16_layout, n, rows, group); }
 void pi_repack_q5_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q5_Kx16_layout, n, rows, group); }
 
-
 #if PI_HAVE_ROWS16
 #ifndef Q4KX16_PF_DIST
 #define Q4KX16_PF_DIST 4   /* super-blocks ahead (2304 bytes each): 4 beat 2 by 4% from DRAM (ab_ops, one thread) */
@@ -151,43 +150,40 @@ void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     PI_GEMM16_PAIRS(q4_Kx16_tokens, n / PI_QK_K, group, x, x_stride, nt, y, y_stride);
 }
 
-#elif PI_HAVE_ROWS8
-/* AVX2: the group as two halves of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each the 8-row kernel of
- * the file's layout with its transposes replaced by loads. */
-#define Q4KX16_HALF(n, group, xt, xs, nt, yt, ys) k4_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys, 0)
-#define Q4KX16_HALF_ONE(n, group, xt, yt) k4_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0, 0)
-
-static inline __attribute__((always_inline)) void q4_Kx16_half(int64_t n, const pi_block_q4_Kx16 *rows, const int gh, const char *x, int64_t x_stride,
-                         int nt, float *y, int64_t y_stride) {
-    DISPATCH_NT(Q4KX16_HALF, Q4KX16_HALF_ONE, K_MAX_T);
-}
-
-void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
-    q4_Kx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
-    q4_Kx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
-}
-
 #endif
 
 #if PI_HAVE_ROWS8
-/* Q5_KX16 at every level above scalar (the AVX-512 levels too: it has no 16-lane kernel yet): the group as two
- * halves of 8 rows, each the 8-row kernel of the file's layout (rows8_k.c) with its transposes replaced by loads, so
- * the bits are the file layout's. */
-#define Q5KX16_HALF(n, group, xt, xs, nt, yt, ys) k4_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys, 1)
-#define Q5KX16_HALF_ONE(n, group, xt, yt) k4_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0, 1)
+/* Q4_KX16 at the AVX2 level, Q5_KX16 at every level above scalar (the AVX-512 levels too: it has no 16-lane kernel
+ * yet): the group as two halves of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each the 8-row kernel of
+ * the file's layout (rows8_k.c's k4_dot8_src) with its transposes replaced by loads, so the bits are the file
+ * layout's; gh and five_bit are constants after inlining. */
+#define K4X16_HALF(n, group, xt, xs, nt, yt, ys) k4_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys, five_bit)
+#define K4X16_HALF_ONE(n, group, xt, yt) k4_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0, five_bit)
 
-static inline __attribute__((always_inline)) void q5_Kx16_half(int64_t n, const void *rows, const int gh, const char *x,
-                                                               int64_t x_stride, int nt, float *y, int64_t y_stride) {
-    DISPATCH_NT(Q5KX16_HALF, Q5KX16_HALF_ONE, K_MAX_T);
+static inline __attribute__((always_inline)) void k4x16_half(int64_t n, const void *rows, const int gh, const char *x,
+                                                             int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                             const int five_bit) {
+    DISPATCH_NT(K4X16_HALF, K4X16_HALF_ONE, K_MAX_T);
 }
+
+static inline __attribute__((always_inline)) void k4x16_gemm16(int64_t n, const void *group, const char *x,
+                                                               int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                               const int five_bit) {
+    k4x16_half(n, group, 0, x, x_stride, nt, y, y_stride, five_bit);
+    k4x16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride, five_bit);
+}
+
+#if !PI_HAVE_ROWS16
+void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    k4x16_gemm16(n, group, x, x_stride, nt, y, y_stride, 0);
+}
+#endif
 
 void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    q5_Kx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
-    q5_Kx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+    k4x16_gemm16(n, group, x, x_stride, nt, y, y_stride, 1);
 }
-
 
 #else   /* scalar: each row copied out of the group, then the type's vec_dot per token (the reference itself) */
 
@@ -210,6 +206,5 @@ void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
                             int64_t y_stride) {
     kx16_gemm16_rows(&q5_Kx16_layout, pi_vec_dot_q5_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
-
 
 #endif

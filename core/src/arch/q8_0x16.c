@@ -93,21 +93,20 @@ static inline __attribute__((always_inline)) void q8_0x16_half(int64_t nb, const
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(p[t]));
 }
 
+/* A kernel instance per token count (rows8_k.c's DISPATCH_NT): the per-token sums stay in registers. */
+#define Q8X16_HALF(n, group, xt, xs, nt, yt, ys) q8_0x16_half((n) / PI_QK8_0, group, half, xt, xs, nt, yt, ys)
+#define Q8X16_HALF_ONE(n, group, xt, yt) q8_0x16_half((n) / PI_QK8_0, group, half, xt, 0, 1, yt, 0)
+
+static inline __attribute__((always_inline)) void q8_0x16_half_nt(int64_t n, const pi_block_q8_0x16 *rows,
+                                                                  const int half, const char *x, int64_t x_stride,
+                                                                  int nt, float *y, int64_t y_stride) {
+    DISPATCH_NT(Q8X16_HALF, Q8X16_HALF_ONE, K_MAX_T);
+}
+
 void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
-    for (int half = 0; half < 2; half++) {
-        float *yh = y + 8 * half;
-        switch (nt) {   /* a kernel instance per token count: the per-token sums stay in registers */
-        case 1: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 1, yh, y_stride); break;
-        case 2: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 2, yh, y_stride); break;
-        case 3: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 3, yh, y_stride); break;
-        case 4: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 4, yh, y_stride); break;
-        case 5: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 5, yh, y_stride); break;
-        case 6: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 6, yh, y_stride); break;
-        case 7: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 7, yh, y_stride); break;
-        default: q8_0x16_half(n / PI_QK8_0, group, half, x, x_stride, 8, yh, y_stride); break;
-        }
-    }
+    q8_0x16_half_nt(n, group, 0, x, x_stride, nt, y, y_stride);
+    q8_0x16_half_nt(n, group, 1, x, x_stride, nt, y + 8, y_stride);
 }
 
 #else   /* scalar: the canonical order of pi_vec_dot_q8_0_q8_0s per (row, token) */

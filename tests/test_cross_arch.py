@@ -8,8 +8,8 @@ this CPU runs (the numeric contract, at C level). Then library and program are c
 aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
 non-x86 builds have the scalar level only, and it must give the same bits there.
 
-libm: softmax, attention and the sparse FFN's activation call glibc's expf (and tanhf), rope calls
-pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
+libm: softmax and the sparse FFN's activation call glibc's expf (and tanhf; attention has its own exp),
+rope calls pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
 LIBM_ULPS: glibc 2.36's expf rounds one input of [-104, 0), x = -63.09946 (0xc27c65d9), 1 ulp differently
 on x86-64 with FMA (its __expf_fma variant: 0x11fa2993) than on aarch64 or x86-64 without FMA
 (0x11fa2992, the correctly rounded value). Case softmax.libm_expf feeds exactly that input, so the stored

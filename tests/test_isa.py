@@ -189,15 +189,17 @@ def test_activations_equal_scalar(at_level, pool2, level, op):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
-def test_attention_f16_cache_equals_scalar(at_level, pool2, level):
+@pytest.mark.parametrize("T", [1, 3, 11])   # one token (decode), prompts: one block and a block and a tail
+def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
     rng = np.random.default_rng(11)
-    hd, nh, nkv, T, n_kv = 64, 4, 2, 3, 37
+    hd, nh, nkv, n_kv = 64, 4, 2, 37
     q = rng.standard_normal((T, nh, hd)).astype(np.float32)
     k = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
     v = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
     mask = np.zeros((T, n_kv), np.float32)
     mask[0, 30:] = -np.inf
-    mask[1, 5] = -np.inf
+    mask[min(1, T - 1), 5] = -np.inf
+    mask[T - 1, 33:] = -0.5
     out = {}
     for lv in ("scalar", level):
         at_level(lv)

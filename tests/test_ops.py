@@ -1137,6 +1137,39 @@ def test_attention(pools, kt, vt, use_mask):
         assert np.all(out[T - 1] == 0.0), "fully masked query row must give zeros"
 
 
+@pytest.mark.parametrize("kt,vt", KV_TYPES, ids=lambda t: TYPE_NAME[t])
+def test_attention_prompt_equals_query_by_query(pools, kt, vt):
+    """A prompt's queries go through attention in blocks of up to 8 tokens (keys dotted with the whole block,
+    cells hidden from some of its queries computed and dropped); every query's output is the bits of that query
+    alone (the one-token path). 21 queries: two full blocks and a tail; 45 cells: groups of 8 and a tail;
+    causal, a sliding window, a hole and a fully masked query."""
+    rng = np.random.default_rng(77)
+    T, H, Hkv, hd, n_kv = 21, 4, 2, 64, 45
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    ke = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), kt)
+    ve = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), vt)
+    mask = np.full((T, n_kv), -np.inf, np.float32)
+    for t in range(T):
+        last = n_kv - T + t                       # causal
+        mask[t, max(0, last - 29):last + 1] = -0.01 * t   # a window of 30 cells
+    mask[5, 3:17] = -np.inf
+    mask[12] = -np.inf
+    scale = 0.125
+
+    def run(pool):
+        out = sentinel_buffer(q.shape)
+        check(lib.pi_op_attention(pool, tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, tensor(out)))
+        return out
+
+    out = run_all(pools, run, "attention prompt")
+    for t in range(T):
+        one = sentinel_buffer((1, H, hd))
+        check(lib.pi_op_attention(pools[0], tensor(q[t:t + 1]), tensor(ke, kt), tensor(ve, vt), tensor(mask[t:t + 1]),
+                                  scale, tensor(one)))
+        assert np.array_equal(out[t], one[0]), f"query {t}"
+    assert np.all(out[12] == 0.0)
+
+
 def test_attention_no_gqa_and_strided(pools):
     """H == Hkv, and every operand a view with strides in dims >= 1 (fused qkv, padded cache)."""
     T, H, hd, n_kv = 3, 4, 32, 7

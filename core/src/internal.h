@@ -139,8 +139,16 @@ typedef struct pi_cpu_kernels {
     pi_type_kernels type[PI_TYPE_TABLE_END];
     /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
     void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);
+    /* eight f16 rows added to nq vectors: y[j] += sum_k a[8 j + k] rows[k], each y[j] element as pi_axpy_f16
+     * adds them (a prompt's queries, the V rows of cells they all see) */
+    void (*axpy8xq_f16)(int64_t n, int nq, const float *a, const void *const *rows, float *const *y);
     /* y[i] = op(x[i]) for a row (SiLU/GELU/ReLU; y may alias x); an element's result depends only on its value */
     void (*activation_row)(int32_t op, int64_t n, const float *x, float *y);
+    /* attention's softmax numerator over a row of n scores: hidden cells (mask[i] == -inf) become -inf, the
+     * others e_i = exp(x_i * scale + mask[i] - max) (mask NULL: 0; max over the visible values, NaN passed
+     * over) with arch/activation.c's exp; returns sum e_i, element i in lane i % 8, then pi_tree8 (0: nothing
+     * visible, every x_i -inf) */
+    float (*softmax_exp)(int64_t n, float *x, const float *mask, float scale);
     /* one Q4_0 row -> the sparse FFN's PI_TYPE_Q4_0R row (n a multiple of 256) */
     void (*q4_0r_from_q4_0)(int64_t n, const void *src, void *dst);
 } pi_cpu_kernels;

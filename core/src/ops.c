@@ -557,23 +557,11 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     float inv[ATT_HEADS];
     bool any = false;
     for (int64_t j = 0; j < nh; j++) {
-        float *sc = scores + j * n_kv, max = -INFINITY;
-        for (int64_t c = 0; c < n_kv; c++) {
-            const float m = mask ? mask[c] : 0.0f;
-            if (m == -INFINITY) { sc[c] = -INFINITY; continue; }
-            sc[c] = sc[c] * a->scale + m;
-            max = fmaxf(max, sc[c]);
-        }
         memset(ROW_F32(a->out, h0 + j, t, 0), 0, (size_t)hd * sizeof(float));
-        if (max == -INFINITY) { inv[j] = 0.0f; continue; }   /* nothing visible: output zeros */
+        const float sum = pi_cpu()->softmax_exp(n_kv, scores + j * n_kv, mask, a->scale);
+        if (sum == 0.0f) { inv[j] = 0.0f; continue; }   /* nothing visible: output zeros */
         any = true;
-        double sum = 0.0;
-        for (int64_t c = 0; c < n_kv; c++) {
-            if (sc[c] == -INFINITY) continue;
-            sc[c] = expf(sc[c] - max);
-            sum += sc[c];
-        }
-        inv[j] = (float)(1.0 / sum);
+        inv[j] = 1.0f / sum;
     }
     if (!any) return;
     /* out += p_c v_c in cell order, eight visible cells per pass where the type has axpy8 */
@@ -600,11 +588,110 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     }
 }
 
+/* Prompts: head h of tokens t0 .. t0+nt-1 (nt <= ATT_TOKENS); scores [nt][n_kv]. Each group of 8 cells is
+ * dotted with every query of the block in one vec_dot8 call (8 key rows x nt queries: each key row converted
+ * once per block, not once per query), wherever a cell of the group is visible to a query of the block; a
+ * score of a cell a query does not see is computed and then dropped. Per (query, cell) that is vec_dot's
+ * result, and softmax and the V sum are attend's, query by query: the same bits as attend. */
+#define ATT_TOKENS PI_DOT8_MAX_T
+_Static_assert(ATT_TOKENS <= ATT_HEADS, "attention scratch holds ATT_HEADS rows of scores per thread");
+
+static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, float *scores) {
+    const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2], group = a->q->ne[1] / a->k->ne[1];
+    const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
+    const char *kbase = (const char *)a->k->data + h / group * a->k->nb[1];
+    const char *vbase = (const char *)a->v->data + h / group * a->v->nb[1];
+    const float *mask[ATT_TOKENS];
+    for (int j = 0; j < nt; j++) mask[j] = a->mask ? ROW_F32(a->mask, t0 + j, 0, 0) : NULL;
+    const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
+    const int64_t q_stride = a->q->nb[2];
+#define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
+    for (int64_t c = 0; c < n_kv;) {
+        bool any = false;
+        const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
+        for (int j = 0; j < nt && !any; j++)
+            for (int64_t k = c; k < c + len && !any; k++) any = SEEN(j, k);
+        if (any && len == 8) {
+            const void *rows[8];
+            for (int k = 0; k < 8; k++) rows[k] = kbase + (c + k) * a->k->nb[2];
+            kt->vec_dot8(hd, rows, q0, q_stride, nt, scores + c, n_kv);
+        } else if (any) {
+            for (int j = 0; j < nt; j++)
+                if (SEEN(j, c)) scores[j * n_kv + c] = kt->vec_dot(hd, kbase + c * a->k->nb[2], q0 + j * q_stride);
+        }
+        c += len;
+    }
+    float inv[ATT_TOKENS], *out[ATT_TOKENS];
+    int live[ATT_TOKENS], n_live = 0;   /* the queries that see any cell */
+    for (int j = 0; j < nt; j++) {      /* softmax, as attend */
+        out[j] = ROW_F32(a->out, h, t0 + j, 0);
+        memset(out[j], 0, (size_t)hd * sizeof(float));
+        const float sum = pi_cpu()->softmax_exp(n_kv, scores + j * n_kv, mask[j], a->scale);
+        if (sum == 0.0f) continue;   /* nothing visible: output zeros */
+        inv[j] = 1.0f / sum;
+        live[n_live++] = j;
+    }
+    /* out_j += p_jc v_c in cell order, query by query as attend does it. Cells every live query sees go in groups
+     * of 8 through axpy8xq (each V row converted once for the block); before a cell only some of them see, the
+     * pending group is added, so each query still gets its cells in order. */
+    void (*const axpy8xq)(int64_t, int, const float *, const void *const *, float *const *) =
+        a->v->type == PI_TYPE_F16 ? pi_cpu()->axpy8xq_f16 : NULL;
+    const void *rows[8];
+    int64_t cells[8];
+    int nv = 0;
+    for (int64_t c = 0; c <= n_kv; c++) {
+        bool all = true, none = true;
+        for (int i = 0; c < n_kv && i < n_live; i++) {
+            const bool seen = scores[live[i] * n_kv + c] != -INFINITY;
+            all = all && seen;
+            none = none && !seen;
+        }
+        if (c < n_kv && none) continue;
+        if (c < n_kv && all) {
+            rows[nv] = vbase + c * a->v->nb[2];
+            cells[nv++] = c;
+            if (nv < 8) continue;
+        }
+        if (nv == 8 && axpy8xq) {   /* the pending group, for every live query */
+            float pa[ATT_TOKENS * 8], *ya[ATT_TOKENS];
+            for (int i = 0; i < n_live; i++) {
+                ya[i] = out[live[i]];
+                for (int k = 0; k < 8; k++) pa[8 * i + k] = scores[live[i] * n_kv + cells[k]] * inv[live[i]];
+            }
+            axpy8xq(hd, n_live, pa, rows, ya);
+        } else if (nv) {
+            for (int i = 0; i < n_live; i++) {
+                const int j = live[i];
+                float pc[8];
+                for (int k = 0; k < nv; k++) pc[k] = scores[j * n_kv + cells[k]] * inv[j];
+                if (nv == 8 && vt->axpy8) vt->axpy8(hd, pc, rows, out[j]);
+                else for (int k = 0; k < nv; k++) vt->axpy(hd, pc[k], rows[k], out[j]);
+            }
+        }
+        nv = 0;
+        if (c < n_kv && !all)   /* a cell some of the queries see */
+            for (int i = 0; i < n_live; i++) {
+                const float p = scores[live[i] * n_kv + c];
+                if (p != -INFINITY) vt->axpy(hd, p * inv[live[i]], vbase + c * a->v->nb[2], out[live[i]]);
+            }
+    }
+#undef SEEN
+}
+
 static void attention_task(void *p, int ith, int nth) {
     attention_args *a = p;
     const int64_t H = a->q->ne[1], T = a->q->ne[2], n_kv = a->k->ne[2];
     float *scores = a->scratch + (size_t)ith * (size_t)(ATT_HEADS * n_kv);
     int64_t w0, w1;
+    if (T > 1) {   /* prompts: work items of (ATT_TOKENS tokens, one head) */
+        const int64_t n_blocks = (T + ATT_TOKENS - 1) / ATT_TOKENS;
+        split_range(n_blocks * H, ith, nth, &w0, &w1);
+        for (int64_t w = w0; w < w1; w++) {
+            const int64_t t0 = w / H * ATT_TOKENS;
+            attend_block(a, t0, (int)PI_MIN(ATT_TOKENS, T - t0), w % H, scores);
+        }
+        return;
+    }
     split_range(T * H, ith, nth, &w0, &w1);
     for (int64_t w = w0; w < w1;) {
         const int64_t t = w / H, h = w % H, nh = PI_MIN(ATT_HEADS, PI_MIN(w1 - w, H - h));

@@ -1,4 +1,5 @@
-/* activation.c: SiLU, ReLU and GELU over a row (pi_activation_row).
+/* activation.c: SiLU, ReLU and GELU over a row (pi_activation_row), and attention's softmax numerator
+ * (pi_softmax_exp), both on the same exp.
  *
  * The AVX2 path evaluates exp with the classic range reduction (x = n ln2 + r, |r| <= ln2/2, a
  * degree-6 polynomial for e^r, 2^n through the exponent bits), within 2 ulp of expf, and builds
@@ -62,6 +63,51 @@ void pi_activation_row(int32_t op, int64_t n, const float *x, float *y) {
     }
 }
 
+/* Eight scores with their mask values: x * scale + m where m > -inf, else -inf (the cell is hidden). */
+static inline __m256 masked8(__m256 x, __m256 m, __m256 scale, __m256 *hidden) {
+    *hidden = _mm256_cmp_ps(m, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    return _mm256_blendv_ps(_mm256_add_ps(_mm256_mul_ps(x, scale), m), m, *hidden);
+}
+
+float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
+    const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    const int64_t n8 = n / 8 * 8;
+    float xt[8], mt[8];   /* the tail, padded with hidden cells */
+    for (int j = 0; j < 8; j++) {
+        xt[j] = n8 + j < n ? x[n8 + j] : 0.0f;
+        mt[j] = n8 + j < n ? (mask ? mask[n8 + j] : 0.0f) : -INFINITY;
+    }
+#define SCORES(i, m) (i < n8 ? _mm256_loadu_ps(x + i) : _mm256_loadu_ps(xt)), \
+                     (i < n8 ? (mask ? _mm256_loadu_ps(mask + i) : _mm256_setzero_ps()) : _mm256_loadu_ps(mt))
+    __m256 vmax = ninf, hidden;
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 s = masked8(SCORES(i, m), vs, &hidden);
+        vmax = _mm256_max_ps(s, vmax);   /* a NaN score is passed over, as fmaxf does */
+    }
+    float lanes[8], max = -INFINITY;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int j = 0; j < 8; j++) max = fmaxf(max, lanes[j]);
+    if (max == -INFINITY) {   /* nothing visible */
+        for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+        return 0.0f;
+    }
+    const __m256 vm = _mm256_set1_ps(max);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 s = masked8(SCORES(i, m), vs, &hidden);
+        const __m256 e = exp8(_mm256_sub_ps(s, vm));
+        sum = _mm256_add_ps(sum, _mm256_blendv_ps(e, _mm256_setzero_ps(), hidden));
+        const __m256 out = _mm256_blendv_ps(e, ninf, hidden);
+        if (i < n8) _mm256_storeu_ps(x + i, out);
+        else {
+            _mm256_storeu_ps(xt, out);
+            memcpy(x + i, xt, (size_t)(n - i) * sizeof(float));
+        }
+    }
+#undef SCORES
+    return pi_hsum_ps(sum);
+}
+
 #else
 
 /* The vector code's arithmetic one element at a time (the same operations, fused where it fuses), so
@@ -97,6 +143,26 @@ static inline float act1(int32_t op, float x) {
 
 void pi_activation_row(int32_t op, int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = act1(op, x[i]);
+}
+
+float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        const float m = mask ? mask[i] : 0.0f;
+        x[i] = m == -INFINITY ? -INFINITY : x[i] * scale + m;
+        max = fmaxf(max, x[i]);
+    }
+    if (max == -INFINITY) {   /* nothing visible */
+        for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+        return 0.0f;
+    }
+    float lanes[8] = { 0 };
+    for (int64_t i = 0; i < n; i++) {
+        if (mask && mask[i] == -INFINITY) continue;   /* hidden: stays -inf, adds 0 to its lane */
+        x[i] = exp1(x[i] - max);
+        lanes[i % 8] += x[i];
+    }
+    return pi_tree8(lanes);
 }
 
 #endif

@@ -71,6 +71,7 @@ static void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const cha
                              float *y, int64_t y_stride);
 static void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
 static void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
+static void pi_axpy8xq_f16(int64_t n, int nq, const float *a, const void *const *rows, float *const *y);
 static void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                           int64_t y_stride);
 static void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
@@ -97,6 +98,7 @@ static void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y);
 /* ---- activations (arch/activation.c) ---- */
 static void pi_activation_row(int32_t op, int64_t n, const float *x, float *y);
+static float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale);
 
 
 /* ---- dot products and axpy (arch/vec_dot_k.c), SIMD with scalar fallbacks ---- */

@@ -81,6 +81,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q8_KM]  = { .from_f32 = pi_q8_Km_from_f32 },
     },
     .vec_dot4_f16_f32 = pi_vec_dot4_f16_f32,
+    .axpy8xq_f16 = pi_axpy8xq_f16,
     .activation_row = pi_activation_row,
+    .softmax_exp = pi_softmax_exp,
     .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,
 };

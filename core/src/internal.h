@@ -135,8 +135,18 @@ typedef struct pi_type_kernels {
     pi_from_f32_fn from_f32;
 } pi_type_kernels;
 
+/* A thread's AMX tile session (the amx level): the tile configuration it found, put back at the end. */
+typedef struct {
+    _Alignas(64) uint8_t saved[64];
+} pi_tile_session;
+
 typedef struct pi_cpu_kernels {
     pi_type_kernels type[PI_TYPE_TABLE_END];
+    /* the amx level: the tile kernels (tiles, tiles_rows) of a weight type run between tiles_begin(type), which
+     * saves the calling thread's tile configuration and loads the one they need, and tiles_end, which puts the
+     * saved one back (or releases the tiles); NULL below the amx level */
+    void (*tiles_begin)(int32_t type, pi_tile_session *s);
+    void (*tiles_end)(const pi_tile_session *s);
     /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
     void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);
     /* eight f16 rows added to nq vectors: y[j] += sum_k a[8 j + k] rows[k], each y[j] element as pi_axpy_f16

@@ -149,6 +149,8 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
     const char *w = a->w->data;
     const int64_t y_stride = a->y->nb[1] / (int64_t)sizeof(float), T16 = T / PI_TILE_T * PI_TILE_T;
     float *y0 = a->y->data;
+    pi_tile_session session;
+    pi_cpu()->tiles_begin(a->w->type, &session);
     for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T) {
         const char *xq = a->xq + t * a->xq_row_bytes;
         const int nt = (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t);
@@ -162,6 +164,7 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
             tr->tiles_rows(K, rows, xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride);
         }
     }
+    pi_cpu()->tiles_end(&session);
     return T16;
 }
 

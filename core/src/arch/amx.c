@@ -25,8 +25,7 @@
  * of group 0 and of group 1 side by side, low nibbles; B row 4+m the same bytes' high nibbles (minus 8). The
  * layout on disk and in memory stays Q4_0X8 (level-independent); only this per-thread tile differs.
  *
- * Tile state is per thread: each call saves the thread's configuration, loads its own and restores the saved
- * one at the end (amx_begin/amx_end; a call covers 16 rows x all its tokens x K, so this costs well under 1%). */
+ * Tile state is per thread: the caller (mul_mat) opens a tile session around its calls (pi_tiles_begin below). */
 #include "amx_util.h"
 
 /* Block b of the two groups -> the B tile bt [8][64] (layout in the header comment), the weights made
@@ -59,10 +58,8 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
     const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
     _Alignas(64) int8_t bt[AMX_KC][8 * 64];     /* the chunk's B tiles */
     _Alignas(64) float dw[AMX_KC][16];         /* the chunk's row scales */
-    _Alignas(64) int32_t ct[2][16 * 16];
+    _Alignas(64) int32_t ct[2][2][16 * 16];   /* two pairs' C slots */
     const __m512i tok = amx_token_offsets(x_stride);
-    amx_tile_config saved;
-    amx_begin(PI_QK8_0, &saved);
     /* K in chunks of AMX_KC blocks, all token tiles per chunk; between chunks the accumulators wait in y
      * (a float stored and loaded is the same float: the block order per (row, token) is unchanged) */
     for (int64_t c0 = 0; c0 < nb; c0 += AMX_KC) {
@@ -77,20 +74,34 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
             __m512 acc[16];
             for (int t = 0; t < 16; t++)
                 acc[t] = c0 ? _mm512_loadu_ps(y + (t0 + t) * y_stride) : _mm512_setzero_ps();
-            int64_t b = 0;
-            for (; b + 2 <= kc; b += 2) {   /* blocks b (tiles 0, 2, 4) and b+1 (tiles 1, 3, 5) */
-                AMX_PRODUCT(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
-                AMX_PRODUCT(1, 3, 5, bt[b + 1], ct[1], xt + (b + 1) * bsz + qoff);
-                amx_epilogue_q8_0s(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
-                amx_epilogue_q8_0s(ct[1], _mm512_load_ps(dw[b + 1]), xt, (b + 1) * bsz, tok, acc);
+            /* pairs of blocks (2p, 2p + 1), each pair's products issued one pair ahead of its epilogue (two C
+             * slots), so the tile unit works while the vector unit does the epilogue before */
+            const int64_t npairs = kc / 2;
+            for (int64_t q = 0; q <= npairs; q++) {
+                if (q < npairs) {
+                    const int64_t b = 2 * q;
+                    AMX_PRODUCT_PAIR(bt[b], xt + b * bsz + qoff, ct[q % 2][0], bt[b + 1], xt + (b + 1) * bsz + qoff,
+                                     ct[q % 2][1]);
+                }
+                if (q > 0) {
+                    const int64_t b = 2 * (q - 1);
+                    amx_epilogue_q8_0s(ct[(q - 1) % 2][0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+                    amx_epilogue_q8_0s(ct[(q - 1) % 2][1], _mm512_load_ps(dw[b + 1]), xt, (b + 1) * bsz, tok, acc);
+                }
             }
-            if (b < kc) {
-                AMX_PRODUCT(0, 2, 4, bt[b], ct[0], xt + b * bsz + qoff);
-                amx_epilogue_q8_0s(ct[0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+            if (kc % 2) {
+                const int64_t b = kc - 1;
+                AMX_PRODUCT(0, 2, 4, bt[b], ct[0][0], xt + b * bsz + qoff);
+                amx_epilogue_q8_0s(ct[0][0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
             }
             for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
         }
         __asm__ volatile("" ::: "memory");   /* the next chunk's unpacking overwrites bt */
     }
-    amx_end(&saved);
 }
+
+/* The tile session of a weight type's tile kernels (pi_cpu_kernels.tiles_begin/tiles_end): products of 32 bytes
+ * (one Q4_0/Q5_0/Q8_0 block, one Q4_K/Q5_K sub-block), 16 for Q6_K's sub-blocks. */
+void pi_tiles_begin(int32_t type, pi_tile_session *s) { amx_begin(type == PI_TYPE_Q6_K ? 16 : 32, s); }
+
+void pi_tiles_end(const pi_tile_session *s) { amx_end(s); }

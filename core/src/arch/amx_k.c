@@ -55,6 +55,7 @@ static inline __m512i amx_lane_byte(__m512i v, int k) {
 typedef struct {
     _Alignas(64) int8_t bt[8][8 * 64];   /* B tiles of the 8 sub-blocks: q of sub-block j, [8][16 rows x 4] */
     _Alignas(64) int32_t sc[8][16];      /* sc_j per row, in the low int16 of each lane (high half zero) */
+    _Alignas(64) int32_t sp[4][16];      /* (sc_2i, sc_2i+1) per row as two int16 (Q4_K's pair epilogue) */
     _Alignas(64) int32_t mp[4][16];      /* (mn_2i, mn_2i+1) per row as two int16 */
     _Alignas(64) float d[16], dmin[16];
 } amx_q4_K_block;
@@ -73,9 +74,10 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
                                          _mm512_and_si512(_mm512_srli_epi32(h[2], 2), m2h));
     for (int j = 0; j < 8; j++) _mm512_store_si512((__m512i *)o->sc[j], amx_lane_byte(j < 4 ? sc03 : sc47, j % 4));
     for (int i = 0; i < 4; i++) {
-        const __m512i v = i < 2 ? mn03 : mn47;
+        const __m512i v = i < 2 ? mn03 : mn47, u = i < 2 ? sc03 : sc47;
         const int k = (2 * i) % 4;
         _mm512_store_si512((__m512i *)o->mp[i], _mm512_or_si512(amx_lane_byte(v, k), _mm512_slli_epi32(amx_lane_byte(v, k + 1), 16)));
+        _mm512_store_si512((__m512i *)o->sp[i], _mm512_or_si512(amx_lane_byte(u, k), _mm512_slli_epi32(amx_lane_byte(u, k + 1), 16)));
     }
     _mm512_store_ps(o->d, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->d) : _mm512_cvtepi32_epi16(h[0])));
     _mm512_store_ps(o->dmin, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->dmin)
@@ -100,6 +102,10 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
                 lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[m], 2 * jj), one), 4));
                 hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[m], 2 * jj + 1), one), 4));
             }
+            if (!five_bit) {   /* Q4_K: q - 8, so that a sub-block's product fits int16 (the pair epilogue) */
+                lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(8));
+                hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(8));
+            }
             _mm512_store_si512((__m512i *)(o->bt[2 * jj] + 64 * m), lo);
             _mm512_store_si512((__m512i *)(o->bt[2 * jj + 1] + 64 * m), hi);
         }
@@ -122,6 +128,25 @@ static inline void amx_scale_m_add(const int32_t *ct, __m512i sc, const char *xm
     }
 }
 
+/* Q4_K's epilogue of sub-blocks 2i, 2i+1 at once: with B = q - 8, the tiles ct[0], ct[1] hold C'_j = sum (q - 8) y
+ * = C_j - 8 S_j (S_j the activations' sub-block sum), |C'_j| <= 32 * 8 * 127 < 2^15, so one vpshufb packs the two
+ * into int16 pairs per row and one vpdpwssd adds (sc_j m_j) C'_j for both; a second adds (sc_j m_j) 8 S_j
+ * (8 |S_j| <= 32512). The sum is sumi's exact integer sum_j sc_j m_j C_j, grouped differently (every partial
+ * sum < 2^30). sp = (sc_2i, sc_2i+1) per row, xm = token 0's (m_2i, m_2i+1), bs8[t][i] = token t's (8 S_2i,
+ * 8 S_2i+1). */
+static inline void amx_q4_K_pair_add(const int32_t ct[2][16 * 16], __m512i sp, const char *xm, int64_t x_stride,
+                                     const int32_t bs8[16][4], int i, __m512i sumi[16]) {
+    /* bytes 0, 1 of every dword of C'_2i+1 to bytes 2, 3 (vpshufb indices within each 128-bit lane) */
+    const __m512i up = _mm512_set4_epi32(0x0d0c8080, 0x09088080, 0x05048080, 0x01008080);
+    for (int t = 0; t < 16; t++) {
+        const __m512i pair = _mm512_mask_shuffle_epi8(_mm512_load_si512((const __m512i *)(ct[0] + 16 * t)), 0xCCCCCCCCCCCCCCCCull,
+                                                      _mm512_load_si512((const __m512i *)(ct[1] + 16 * t)), up);
+        const __m512i scm = _mm512_mullo_epi16(sp, amx_bcast32(xm + t * x_stride));   /* (sc_j m_j) < 2^11: exact */
+        sumi[t] = _mm512_dpwssd_epi32(sumi[t], pair, scm);
+        sumi[t] = _mm512_dpwssd_epi32(sumi[t], scm, _mm512_set1_epi32(bs8[t][i]));
+    }
+}
+
 /* 16 rows at any addresses (rows) or one Q4_KX16 group (interleaved: group, Q4_K only). */
 static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const void *const *rows,
                                                               const pi_block_q4_Kx16 *group, const int interleaved,
@@ -134,9 +159,7 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
     const int64_t moff = (int64_t)offsetof(pi_block_q8_Km, m);
     amx_q4_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
-    _Alignas(64) int32_t ct[2][16 * 16];
-    amx_tile_config saved;
-    amx_begin(32, &saved);
+    _Alignas(64) int32_t ct[4][2][16 * 16];   /* four pairs' C slots */
     for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
         const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
         memset(accb, 0, sizeof accb);
@@ -151,31 +174,53 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
                 const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
-                for (int64_t b = 0; b < kc; b++) {
-                    const amx_q4_K_block *o = &blk[b];
-                    const char *xq = xt + b * bsz + qoff, *xm = xt + b * bsz + moff;
-                    __m512i sumi[16];
-                    for (int t = 0; t < 16; t++) sumi[t] = _mm512_setzero_si512();
-                    for (int j = 0; j < 8; j += 2) {   /* sub-blocks j (tiles 0, 2, 4) and j + 1 (tiles 1, 3, 5) */
-                        AMX_PRODUCT(0, 2, 4, o->bt[j], ct[0], xq + 32 * j);
-                        AMX_PRODUCT(1, 3, 5, o->bt[j + 1], ct[1], xq + 32 * (j + 1));
-                        amx_scale_m_add(ct[0], _mm512_load_si512((const __m512i *)o->sc[j]), xm + 2 * j, x_stride, sumi);
-                        amx_scale_m_add(ct[1], _mm512_load_si512((const __m512i *)o->sc[j + 1]), xm + 2 * (j + 1), x_stride, sumi);
+                /* pairs of sub-blocks q = 4 b + j / 2 in order; each pair's two products are issued two pairs ahead of
+                 * its epilogue (four C slots), so the epilogue's loads find the tile stores done */
+                const int64_t npairs = 4 * kc;
+                int64_t issued = 0;
+                __m512i sumi[16];
+                _Alignas(16) int32_t bs[16][4], bs8[16][4];   /* per token (S_2i, S_2i+1) and 8 times that, int16 pairs */
+                for (int64_t q = 0; q < npairs; q++) {
+                    for (; issued < PI_MIN(q + 3, npairs); issued++) {
+                        const int64_t ib = issued / 4, j = 2 * (issued % 4);
+                        const char *xq = xt + ib * bsz + qoff + 32 * j;
+                        AMX_PRODUCT_PAIR(blk[ib].bt[j], xq, ct[issued % 4][0], blk[ib].bt[j + 1], xq + 32, ct[issued % 4][1]);
                     }
+                    const int64_t b = q / 4;
+                    const int i = (int)(q % 4);
+                    const amx_q4_K_block *o = &blk[b];
+                    const char *xm = xt + b * bsz + moff;
+                    if (i == 0) {
+                        for (int t = 0; t < 16; t++) {
+                            sumi[t] = _mm512_setzero_si512();
+                            const char *bsum = xt + t * x_stride + b * bsz + boff;
+                            const __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsum),
+                                                             _mm_loadu_si128((const __m128i *)(bsum + 16)));
+                            _mm_store_si128((__m128i *)bs[t], v);
+                            _mm_store_si128((__m128i *)bs8[t], _mm_slli_epi16(v, 3));
+                        }
+                    }
+                    if (!five_bit)
+                        amx_q4_K_pair_add(ct[q % 4], _mm512_load_si512((const __m512i *)o->sp[i]), xm + 4 * i, x_stride,
+                                          bs8, i, sumi);
+                    else {
+                        amx_scale_m_add(ct[q % 4][0], _mm512_load_si512((const __m512i *)o->sc[2 * i]), xm + 4 * i, x_stride,
+                                        sumi);
+                        amx_scale_m_add(ct[q % 4][1], _mm512_load_si512((const __m512i *)o->sc[2 * i + 1]), xm + 4 * i + 2,
+                                        x_stride, sumi);
+                    }
+                    if (i < 3) continue;
+                    /* the super-block's float step: summ = sum_i (mn_2i m_2i, mn_2i+1 m_2i+1) . (S_2i, S_2i+1) */
                     const __m512 d = _mm512_load_ps(o->d), dmin = _mm512_load_ps(o->dmin);
                     for (int t = 0; t < 16; t++) {
                         const char *xb = xt + t * x_stride + b * bsz;
                         float dx;
                         memcpy(&dx, xb, sizeof dx);
-                        /* bs_i = bsum_2i + bsum_2i+1 (the 32-element sub-block sums), as int16 pairs per dword */
-                        _Alignas(16) int32_t bs[4];
-                        _mm_store_si128((__m128i *)bs, _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(xb + boff)),
-                                                                      _mm_loadu_si128((const __m128i *)(xb + boff + 16))));
                         __m512i summ = _mm512_setzero_si512();
-                        for (int i = 0; i < 4; i++) {   /* (mn_2i m_2i, mn_2i+1 m_2i+1) < 2^11 . (bs_2i, bs_2i+1) */
-                            const __m512i mm = _mm512_mullo_epi16(_mm512_load_si512((const __m512i *)o->mp[i]),
-                                                                  amx_bcast32(xb + moff + 4 * i));
-                            summ = _mm512_add_epi32(summ, _mm512_madd_epi16(mm, _mm512_set1_epi32(bs[i])));
+                        for (int k = 0; k < 4; k++) {   /* mn_j m_j < 2^11 */
+                            const __m512i mm = _mm512_mullo_epi16(_mm512_load_si512((const __m512i *)o->mp[k]),
+                                                                  amx_bcast32(xb + moff + 4 * k));
+                            summ = _mm512_dpwssd_epi32(summ, mm, _mm512_set1_epi32(bs[t][k]));
                         }
                         const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi[t])),
                                                        _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
@@ -188,7 +233,6 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
         }
         for (int t = 0; t < 16 * ntiles; t++) _mm512_storeu_ps(y + (g0 + t) * y_stride, _mm512_load_ps(accb[t]));
     }
-    amx_end(&saved);
 }
 
 void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
@@ -244,8 +288,6 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
     amx_q6_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
     _Alignas(64) int32_t ct[2][16 * 16];
-    amx_tile_config saved;
-    amx_begin(16, &saved);
     for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
         const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
         memset(accb, 0, sizeof accb);
@@ -284,5 +326,4 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
         }
         for (int t = 0; t < 16 * ntiles; t++) _mm512_storeu_ps(y + (g0 + t) * y_stride, _mm512_load_ps(accb[t]));
     }
-    amx_end(&saved);
 }

@@ -111,8 +111,6 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
     _Alignas(64) float part[AMX_Q8_TG / 16][8][16][16];   /* p[j] per token tile: [tile][j][token][row] */
     _Alignas(64) int32_t ct[4][16 * 16];
     const __m512i tok = amx_token_offsets(x_stride);
-    amx_tile_config saved;
-    amx_begin(PI_QK8_0, &saved);
     for (int g0 = 0; g0 < nt; g0 += AMX_Q8_TG) {
         const int ntiles = PI_MIN(AMX_Q8_TG, nt - g0) / 16;
         for (int64_t c0 = 0; c0 < nb; c0 += AMX_Q8_KC) {
@@ -146,7 +144,6 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
                 _mm512_storeu_ps(y + (g0 + 16 * tt + t) * y_stride, s);
             }
     }
-    amx_end(&saved);
 }
 
 void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,

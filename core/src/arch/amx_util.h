@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <string.h>
 
-/* The 64-byte LDTILECFG operand. */
+/* The 64-byte LDTILECFG operand (pi_tile_session.saved holds one). */
 typedef struct {
     uint8_t  palette;
     uint8_t  start_row;
@@ -22,8 +22,7 @@ typedef struct {
     uint8_t  rows[16];
 } __attribute__((aligned(64))) amx_tile_config;
 
-/* Loads the configuration above for products of k bytes (k a multiple of 4, <= 64). Kernels call
- * amx_begin/amx_end around it instead. */
+/* Loads the configuration above for products of k bytes (k a multiple of 4, <= 64). */
 static inline void amx_configure(int k) {
     amx_tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -39,20 +38,22 @@ static inline void amx_configure(int k) {
     _tile_loadconfig(&cfg);
 }
 
-/* A kernel's tile session on the calling thread: amx_begin saves the thread's tile configuration (all zero when
+/* A tile session on the calling thread (pi_cpu_kernels.tiles_begin/tiles_end: mul_mat opens one per work item,
+ * around all the tile kernel calls of its rows; STTILECFG and LDTILECFG cost thousands of cycles, 16% of a Q4_K
+ * prompt matmul when every kernel call paid them). amx_begin saves the thread's tile configuration (all zero when
  * no one had tiles configured) and loads ours for products of k bytes; amx_end puts the saved configuration back
- * (the tile data is zeroed either way) or releases the tiles. Another library in the process may configure
- * its tiles once per thread and rely on that: llama.cpp's AMX kernels do, and died with an illegal instruction
- * in tests/compat after a TILERELEASE of ours on the same thread. */
-static inline void amx_begin(int k, amx_tile_config *saved) {
-    _tile_storeconfig(saved);
-    __asm__ volatile("" ::: "memory");   /* the read of saved->palette in amx_end follows the store */
+ * (the tile data is zeroed either way) or releases the tiles. Another library in the process may configure its
+ * tiles once per thread and rely on that: llama.cpp's AMX kernels do, and died with an illegal instruction in
+ * tests/compat after a TILERELEASE of ours on the same thread. */
+static inline void amx_begin(int k, pi_tile_session *s) {
+    _tile_storeconfig(s->saved);
+    __asm__ volatile("" ::: "memory");   /* the read of the saved palette in amx_end follows the store */
     amx_configure(k);
 }
 
-static inline void amx_end(const amx_tile_config *saved) {
+static inline void amx_end(const pi_tile_session *s) {
     __asm__ volatile("" ::: "memory");
-    if (saved->palette) _tile_loadconfig(saved);
+    if (s->saved[0]) _tile_loadconfig(s->saved);   /* byte 0: the palette (0: no configuration) */
     else _tile_release();
 }
 
@@ -67,6 +68,24 @@ static inline void amx_end(const amx_tile_config *saved) {
         _tile_zero(C);                                      \
         _tile_dpbssd(C, A, B);                              \
         _tile_stored(C, (ct), 64);                          \
+        __asm__ volatile("" ::: "memory");                  \
+    } while (0)
+
+/* Two products (C0, A0, B0) = tiles 0, 2, 4 and (C1, A1, B1) = tiles 1, 3, 5, both multiplies issued before either
+ * store: the tile unit works on the second while the first drains (AMX_PRODUCT twice stores C0 before it starts
+ * C1). bt0/bt1 B tiles, xq0/xq1 activation rows (stride x_stride), ct0/ct1 the int32 results. */
+#define AMX_PRODUCT_PAIR(bt0, xq0, ct0, bt1, xq1, ct1)      \
+    do {                                                    \
+        _tile_loadd(4, (bt0), 64);                          \
+        _tile_loadd(2, (xq0), x_stride);                    \
+        _tile_loadd(5, (bt1), 64);                          \
+        _tile_loadd(3, (xq1), x_stride);                    \
+        _tile_zero(0);                                      \
+        _tile_zero(1);                                      \
+        _tile_dpbssd(0, 2, 4);                              \
+        _tile_dpbssd(1, 3, 5);                              \
+        _tile_stored(0, (ct0), 64);                         \
+        _tile_stored(1, (ct1), 64);                         \
         __asm__ volatile("" ::: "memory");                  \
     } while (0)
 

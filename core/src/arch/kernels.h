@@ -48,6 +48,8 @@ static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, 
 #endif
 /* ---- AMX tile kernels (arch/amx.c); the amx level only ---- */
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+static void pi_tiles_begin(int32_t type, pi_tile_session *s);
+static void pi_tiles_end(const pi_tile_session *s);
 static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);
 static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,

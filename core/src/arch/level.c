@@ -80,6 +80,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },
         [PI_TYPE_Q8_KM]  = { .from_f32 = pi_q8_Km_from_f32 },
     },
+    .tiles_begin = AMX(pi_tiles_begin),
+    .tiles_end = AMX(pi_tiles_end),
     .vec_dot4_f16_f32 = pi_vec_dot4_f16_f32,
     .axpy8xq_f16 = pi_axpy8xq_f16,
     .activation_row = pi_activation_row,

@@ -101,6 +101,9 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
 #ifndef PI_TILES_MIN_T
 #define PI_TILES_MIN_T 16
 #endif
+#ifndef PI_DOT8_CHUNK_BYTES
+#define PI_DOT8_CHUNK_BYTES (512 * 1024)   /* activation bytes per token chunk of vec_dot8 (mul_mat_rows) */
+#endif
 #ifndef PI_TILES_CHUNK_T
 #define PI_TILES_CHUNK_T 128   /* tokens per pass over a work item's rows: 128 Q8_0S rows of K = 4096 are 590 KB, in L2 */
 #endif
@@ -189,14 +192,22 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
                           (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
         return;
     }
-    if (tr->vec_dot8)
-        for (; r + 8 <= r1; r += 8) {
-            const void *rows[8];
-            for (int k = 0; k < 8; k++) rows[k] = w + (r + k) * a->w->nb[1];
-            for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
-                tr->vec_dot8(K, rows, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                             (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
-        }
+    if (tr->vec_dot8) {
+        /* token chunks outside the row groups, so each chunk's activations stay in L2 while every 8-row group
+         * of the work item reads them (f32 activations of 512 tokens are 4 MB at K = 2048) */
+        const int64_t r8 = r + (r1 - r) / 8 * 8;
+        const int64_t chunk = PI_MAX(PI_DOT8_MAX_T, PI_DOT8_CHUNK_BYTES / a->xq_row_bytes / PI_DOT8_MAX_T * PI_DOT8_MAX_T);
+        for (int64_t c0 = 0; c0 < T; c0 += chunk)
+            for (int64_t g = r; g < r8; g += 8) {
+                const void *rows[8];
+                for (int k = 0; k < 8; k++) rows[k] = w + (g + k) * a->w->nb[1];
+                const int64_t c1 = PI_MIN(T, c0 + chunk);
+                for (int64_t t = PI_MAX(c0, g < r16 ? tiled : 0); t < c1; t += PI_DOT8_MAX_T)
+                    tr->vec_dot8(K, rows, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                                 (int)PI_MIN(PI_DOT8_MAX_T, c1 - t), y0 + t * y_stride + g, y_stride);
+            }
+        r = r8;
+    }
     for (int64_t t = 0; t < T; t++) {
         const char *xq = a->xq + t * a->xq_row_bytes;
         for (int64_t k = r; k < r1; k++) y0[t * y_stride + k] = tr->vec_dot(K, w + k * a->w->nb[1], xq);

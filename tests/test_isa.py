@@ -286,7 +286,7 @@ AMX_ROWS_MIN_T = 16
 ROWS_CASES = ([(t, K) for t in (8, 6, 12, 13, 14) for K in (4096, 2048)] + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
               + [(t, K) for t in (3, 7) for K in (4096, 1088, 640)]   # Q4_1, Q5_1: vec_dot8 only (no tiles)
               + [(t, 4096) for t in (1, 30)])   # f16, bf16: 16 KB of f32 activations per token, so T = 100 spans
-                                                # four of mul_mat's token chunks (PI_DOT8_CHUNK_BYTES)
+                                                # several of mul_mat's token chunks (L2 / 4 of activations)
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])

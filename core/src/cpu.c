@@ -9,13 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define PI_X86 1
 #if defined(__linux__)
 #include <sys/syscall.h>
-#include <unistd.h>
 #endif
 #else
 #define PI_X86 0
@@ -38,6 +38,7 @@ extern const pi_cpu_kernels pi_kernels_amx;
 
 static const pi_cpu_kernels *compiled[ISA_COUNT];
 static pi_type_traits traits[ISA_COUNT][PI_TYPE_TABLE_END];
+static int64_t l2_bytes = 1 << 20;   /* the L2 cache per core, read at load where the C library tells it */
 static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
 static isa_level active = ISA_SCALAR;
 static char env_error[160];           /* why POWERINFER_ISA was not applied ("" if it was, or unset) */
@@ -131,6 +132,10 @@ static int find_level(const char *name) {
 }
 
 __attribute__((constructor)) static void pi_cpu_init(void) {
+#ifdef _SC_LEVEL2_CACHE_SIZE   /* glibc (cpuid on x86); elsewhere, or where it answers 0, the 1 MB default */
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 > 0) l2_bytes = l2;
+#endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;
 #if PI_WITH_AVX2
     compiled[ISA_AVX2] = &pi_kernels_avx2;
@@ -171,6 +176,7 @@ const char *pi_system_info(void) {
 }
 
 const pi_cpu_kernels *pi_cpu(void) { return compiled[active]; }
+int64_t pi_cpu_l2_bytes(void) { return l2_bytes; }
 const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
 
 const char *pi_cpu_isa(void) { return isa_names[active]; }

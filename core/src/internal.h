@@ -137,7 +137,7 @@ typedef struct pi_type_kernels {
 
 /* A thread's AMX tile session (the amx level): the tile configuration it found, put back at the end. */
 typedef struct {
-    _Alignas(64) uint8_t saved[64];
+    uint8_t saved[64] __attribute__((aligned(64)));   /* (not _Alignas: nvcc compiles this header as C++) */
 } pi_tile_session;
 
 typedef struct pi_cpu_kernels {

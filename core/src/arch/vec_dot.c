@@ -415,41 +415,54 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
 #if PI_HAVE_ROWS16
 /* half_rows8 512 bits wide: a register holds the 8-lane accumulators of two rows (lanes 0..7: row 2p, 8..15:
  * row 2p + 1) for one token, fed in the same order as the single-row kernel, so the same bits with half
- * the fma instructions; all 8 rows x 4 tokens stay in 16 registers. */
-#define H512_TOK 4
+ * the fma instructions. Blocks of 8 tokens x 2 row pairs (16 accumulators; each converted pair feeds 8 fmas),
+ * or, for 4 tokens or fewer, 4 tokens x all 4 pairs (a short block repeats its last token: fewer repeats).
+ * Sapphire Rapids, f16 ffn_up/ffn_down T = 512: 8 x 2 took 0.92x the time of 4 x 4 (bf16 0.90x) once the
+ * activations came from L2 (mul_mat's token chunks); streaming them from L3 it had been 1.13x. */
 static inline __m512 load_pair(const uint16_t *a, const uint16_t *b, int bf16) {
     const __m256i h = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)b), _mm_loadu_si128((const __m128i *)a));
     return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+/* tokens t0..t0+tok-1 (n_tok of them real) x row pairs p0..p0+pairs-1; tok, pairs constants after inlining */
+static inline __attribute__((always_inline)) void half_block_512(int64_t n, const uint16_t *const *w,
+                                                             const float *const *xt, int n_tok, int p0, float *y,
+                                                             int64_t y_stride, const int tok, const int pairs,
+                                                             const int bf16) {
+    const int64_t n8 = n / 8 * 8;
+    __m512 acc[4][8];
+    for (int p = 0; p < pairs; p++)
+        for (int j = 0; j < tok; j++) acc[p][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m512 wp[4];
+        for (int p = 0; p < pairs; p++) wp[p] = load_pair(w[2 * (p0 + p)] + i, w[2 * (p0 + p) + 1] + i, bf16);
+        for (int j = 0; j < tok; j++) {
+            const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xt[j] + i));
+            for (int p = 0; p < pairs; p++) acc[p][j] = _mm512_fmadd_ps(wp[p], xv, acc[p][j]);
+        }
+    }
+    for (int j = 0; j < n_tok; j++)
+        for (int p = 0; p < pairs; p++)
+            for (int h = 0; h < 2; h++) {
+                const int k = 2 * (p0 + p) + h;
+                const __m256 half = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][j]), 1))
+                                      : _mm512_castps512_ps256(acc[p][j]);
+                y[j * y_stride + k] = half_dot_end(half, w[k], xt[j], n8, n, bf16);
+            }
 }
 
 static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, const void *const *rows, const char *x,
                                                              int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                              const int bf16) {
     const uint16_t *const *w = (const uint16_t *const *)rows;
-    const int64_t n8 = n / 8 * 8;
-    for (int t0 = 0; t0 < nt; t0 += H512_TOK) {
-        const int n_tok = PI_MIN(H512_TOK, nt - t0);   /* short last block: its last token repeated */
-        const float *xt[H512_TOK];
-        for (int j = 0; j < H512_TOK; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
-        __m512 acc[4][H512_TOK];
-        for (int p = 0; p < 4; p++)
-            for (int j = 0; j < H512_TOK; j++) acc[p][j] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n8; i += 8) {
-            __m512 xv[H512_TOK];
-            for (int j = 0; j < H512_TOK; j++) xv[j] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xt[j] + i));
-            for (int p = 0; p < 4; p++) {
-                const __m512 wp = load_pair(w[2 * p] + i, w[2 * p + 1] + i, bf16);
-                for (int j = 0; j < H512_TOK; j++) acc[p][j] = _mm512_fmadd_ps(wp, xv[j], acc[p][j]);
-            }
-        }
-        for (int j = 0; j < n_tok; j++)
-            for (int p = 0; p < 4; p++)
-                for (int h = 0; h < 2; h++) {
-                    const int k = 2 * p + h;
-                    const __m256 half = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][j]), 1))
-                                          : _mm512_castps512_ps256(acc[p][j]);
-                    y[(t0 + j) * y_stride + k] = half_dot_end(half, w[k], xt[j], n8, n, bf16);
-                }
+    for (int t0 = 0; t0 < nt; t0 += 8) {
+        const int n_tok = PI_MIN(8, nt - t0);
+        const float *xt[8];
+        for (int j = 0; j < 8; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
+        if (n_tok > 4)
+            for (int p0 = 0; p0 < 4; p0 += 2) half_block_512(n, w, xt, n_tok, p0, y + t0 * y_stride, y_stride, 8, 2, bf16);
+        else
+            half_block_512(n, w, xt, n_tok, 0, y + t0 * y_stride, y_stride, 4, 4, bf16);
     }
 }
 #define HALF_ROWS8_BODY half_rows8_512

@@ -113,6 +113,14 @@ static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) 
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
 
+/* y[0..n) += a[k] * rows[k] for k = 0..count-1 (count <= 8) in order: one axpy8 call where count is 8 and the type has
+ * one (y loaded and stored once), otherwise axpy row by row; the same bits either way. */
+static inline void pi_axpy_rows(const pi_type_traits *tr, int64_t n, int count, const float *a, const void *const *rows,
+                                float *y) {
+    if (count == 8 && tr->axpy8) { tr->axpy8(n, a, rows, y); return; }
+    for (int k = 0; k < count; k++) tr->axpy(n, a[k], rows[k], y);
+}
+
 /* ---- fp16 / bf16 conversions (fp16.h) ---- */
 #include "fp16.h"
 

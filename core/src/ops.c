@@ -593,8 +593,7 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
                 rows[k] = vbase[j] + cells[k] * a->v->nb[2];
                 pc[k] = scores[j * n_kv + cells[k]] * inv[j];
             }
-            if (nv == 8 && vt->axpy8) vt->axpy8(hd, pc, rows, out);
-            else for (int k = 0; k < nv; k++) vt->axpy(hd, pc[k], rows[k], out);
+            pi_axpy_rows(vt, hd, nv, pc, rows, out);
         }
         nv = 0;
     }
@@ -676,8 +675,7 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
                 const int j = live[i];
                 float pc[8];
                 for (int k = 0; k < nv; k++) pc[k] = scores[j * n_kv + cells[k]] * inv[j];
-                if (nv == 8 && vt->axpy8) vt->axpy8(hd, pc, rows, out[j]);
-                else for (int k = 0; k < nv; k++) vt->axpy(hd, pc[k], rows[k], out[j]);
+                pi_axpy_rows(vt, hd, nv, pc, rows, out[j]);
             }
         }
         nv = 0;

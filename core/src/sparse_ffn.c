@@ -205,9 +205,7 @@ typedef struct {
 } axpy_queue;
 
 static void queue_flush(axpy_queue *q) {
-    int k = 0;
-    if (q->tr->axpy8 && q->count == 8) { q->tr->axpy8(q->n, q->coef, q->rows, q->y); k = 8; }
-    for (; k < q->count; k++) q->tr->axpy(q->n, q->coef[k], q->rows[k], q->y);
+    pi_axpy_rows(q->tr, q->n, q->count, q->coef, q->rows, q->y);
     q->count = 0;
 }
 

@@ -10,13 +10,14 @@
  *   acc = acc + (d_x * d) * sumi
  * How it survives the tiles: one tile product per sub-block (k = 32 bytes, 16 for Q6_K) gives the exact
  * sub-block sums C_j of 16 tokens x 16 rows (TDPBSSD, int32), and an integer epilogue adds the scale times C_j
- * (vpmulld, lanes = rows: the scales are per row) into one int32 accumulator per token, which is sumi exactly:
+ * (lanes = rows: the scales are per row) into one int32 accumulator per token, which is sumi exactly:
  * only the grouping of integer additions changes. summ comes from the activations' bsums (vpmaddwd of pairs),
  * and the float step runs per token with the 16 rows in the lanes.
  *
  * Tiles per sub-block j of super-block b (amx_util.h numbering):
  *   A  [16 tokens][k bytes]            s8 activations, straight from the Q8_KM / Q8_K rows
- *   B  [k/4][16 rows x 4 bytes]        s8 weights of sub-block j (q, or u - 32 for Q6_K), built per K chunk
+ *   B  [k/4][16 rows x 4 bytes]        s8 weights of sub-block j (q for Q5_K, q - 8 for Q4_K, u - 32 for Q6_K),
+ *                                      built per K chunk
  *   C  [16 tokens][16 rows]            int32 sub-block sums
  *
  * The B tiles, scales and mins of a chunk of AMX_K_KC super-blocks are decoded once and serve every token
@@ -48,14 +49,15 @@ static inline __m512i amx_lane_byte(__m512i v, int k) {
  * Q8_KM's multipliers m_j (1..32, per token and sub-block: quants_k.h) fold into the weights' scales in the
  * canonical order: sumi = sum_j (sc_j m_j) C_j and summ = sum_j (mn_j m_j) (bsum_2j + bsum_2j+1), where
  * C_j = sum_l q_l y_l. Since m_j belongs to the token and sc_j to the row, the scales cannot go into the B
- * tiles: one product per 32-element sub-block (k = 32; q <= 15, or <= 31 for Q5_K, as s8), then per token
- * sumi += (sc_j m_j) * C_j, where sc_j m_j < 2^11 comes from one int16 multiply (vpmullw) and the product with
- * C_j from vpmulld; |sumi| < 2^31 (quants_k.h's budget). */
+ * tiles: one product per 32-element sub-block (k = 32), then per token sumi += (sc_j m_j) * C_j, where
+ * sc_j m_j < 2^11 comes from one int16 multiply (vpmullw); |sumi| < 2^31 (quants_k.h's budget). Q5_K (q <= 31
+ * as s8) takes the product with C_j from vpmulld (amx_scale_m_add); Q4_K's B tiles hold q - 8, so that two
+ * sub-blocks' sums fit int16 pairs and one vpdpwssd adds both (amx_q4_K_pair_add). */
 
 typedef struct {
-    _Alignas(64) int8_t bt[8][8 * 64];   /* B tiles of the 8 sub-blocks: q of sub-block j, [8][16 rows x 4] */
-    _Alignas(64) int32_t sc[8][16];      /* sc_j per row, in the low int16 of each lane (high half zero) */
-    _Alignas(64) int32_t sp[4][16];      /* (sc_2i, sc_2i+1) per row as two int16 (Q4_K's pair epilogue) */
+    _Alignas(64) int8_t bt[8][8 * 64];   /* B tiles of the 8 sub-blocks: q (Q5_K) or q - 8 (Q4_K), [8][16 rows x 4] */
+    _Alignas(64) int32_t sc[8][16];      /* Q5_K: sc_j per row, in the low int16 of each lane (high half zero) */
+    _Alignas(64) int32_t sp[4][16];      /* Q4_K: (sc_2i, sc_2i+1) per row as two int16 (the pair epilogue) */
     _Alignas(64) int32_t mp[4][16];      /* (mn_2i, mn_2i+1) per row as two int16 */
     _Alignas(64) float d[16], dmin[16];
 } amx_q4_K_block;
@@ -72,12 +74,14 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
     const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(h[3], m4), _mm512_and_si512(_mm512_srli_epi32(h[1], 2), m2h));
     const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
                                          _mm512_and_si512(_mm512_srli_epi32(h[2], 2), m2h));
-    for (int j = 0; j < 8; j++) _mm512_store_si512((__m512i *)o->sc[j], amx_lane_byte(j < 4 ? sc03 : sc47, j % 4));
+    if (five_bit)
+        for (int j = 0; j < 8; j++) _mm512_store_si512((__m512i *)o->sc[j], amx_lane_byte(j < 4 ? sc03 : sc47, j % 4));
     for (int i = 0; i < 4; i++) {
         const __m512i v = i < 2 ? mn03 : mn47, u = i < 2 ? sc03 : sc47;
         const int k = (2 * i) % 4;
         _mm512_store_si512((__m512i *)o->mp[i], _mm512_or_si512(amx_lane_byte(v, k), _mm512_slli_epi32(amx_lane_byte(v, k + 1), 16)));
-        _mm512_store_si512((__m512i *)o->sp[i], _mm512_or_si512(amx_lane_byte(u, k), _mm512_slli_epi32(amx_lane_byte(u, k + 1), 16)));
+        if (!five_bit)
+            _mm512_store_si512((__m512i *)o->sp[i], _mm512_or_si512(amx_lane_byte(u, k), _mm512_slli_epi32(amx_lane_byte(u, k + 1), 16)));
     }
     _mm512_store_ps(o->d, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->d) : _mm512_cvtepi32_epi16(h[0])));
     _mm512_store_ps(o->dmin, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->dmin)
@@ -179,7 +183,7 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                 const int64_t npairs = 4 * kc;
                 int64_t issued = 0;
                 __m512i sumi[16];
-                _Alignas(16) int32_t bs[16][4], bs8[16][4];   /* per token (S_2i, S_2i+1) and 8 times that, int16 pairs */
+                _Alignas(16) int32_t bs[16][4], bs8[16][4];   /* per token (S_2i, S_2i+1) and (Q4_K) 8 times that, int16 pairs */
                 for (int64_t q = 0; q < npairs; q++) {
                     for (; issued < PI_MIN(q + 3, npairs); issued++) {
                         const int64_t ib = issued / 4, j = 2 * (issued % 4);
@@ -197,7 +201,7 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                             const __m128i v = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsum),
                                                              _mm_loadu_si128((const __m128i *)(bsum + 16)));
                             _mm_store_si128((__m128i *)bs[t], v);
-                            _mm_store_si128((__m128i *)bs8[t], _mm_slli_epi16(v, 3));
+                            if (!five_bit) _mm_store_si128((__m128i *)bs8[t], _mm_slli_epi16(v, 3));
                         }
                     }
                     if (!five_bit)

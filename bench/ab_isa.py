@@ -3,13 +3,15 @@ level's kernels are worth without the run-to-run drift of a shared VM.
 
     PYTHONPATH=bindings python bench/ab_isa.py --type q4_0 -K 4096 -N 4096 -T 1,8,128 --levels avx2,avx512
     PYTHONPATH=bindings python bench/ab_isa.py --model /tmp/bench_7b_q4_0.gguf -T 128,512 -r 3 --levels avx512,amx
+    PYTHONPATH=bindings python bench/ab_isa.py --type f16 -K 2048 -N 5632 -T 1,512 --layouts   # file vs repacked
 
 Weights are random rows quantized by the core (repacked as the model loader would), activations
 random; each round runs every level once per T. Prints the median time per call and GFLOP/s
 (2 K N T / t) per level, the ratio to the first level, and whether the levels' outputs are bit-equal
-(the numeric contract). With --model, each round decodes one prompt of T random tokens on a cleared
-cache at each level instead (the model is loaded and repacked once: the layout is the same at every
-level) and the last logits are compared.
+(the numeric contract). With --layouts, the two variants are the load-time interleaved copy (pi_repack) and
+the file's row layout, at the first level. With --model, each round decodes one prompt of T random tokens on
+a cleared cache at each level instead (the model is loaded and repacked once: the layout is the same at
+every level) and the last logits are compared.
 """
 from __future__ import annotations
 
@@ -60,8 +62,8 @@ def weight(t: int, N: int, K: int, keep: list):
         out = ffi.new("pi_tensor *")
         check(lib.pi_repack(w, ffi.cast("void *", buf.ctypes.data), nbytes, out))
         keep.append(buf)
-        return out
-    return w
+        return out, w
+    return w, w
 
 
 def main(argv=None) -> int:
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--levels", default="avx2,avx512")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=7)
+    ap.add_argument("--layouts", action="store_true",
+                    help="compare the file's layout with the repacked copy (at the first level) instead of levels")
     ap.add_argument("--model", help="a GGUF file: time whole prompt decodes instead of one op")
     ap.add_argument("--cpu-time", action="store_true",
                     help="-t 1 only: time the calling thread's CPU time, not the wall clock (less noise from "
@@ -87,7 +91,12 @@ def main(argv=None) -> int:
     if a.model:
         return model_ab(a, levels)
     keep: list = []
-    w = weight(TYPES[a.type], a.N, a.K, keep)
+    repacked, file_rows = weight(TYPES[a.type], a.N, a.K, keep)
+    if a.layouts and repacked is file_rows:
+        sys.exit(f"{a.type} [{a.N} x {a.K}] has no repacked layout at this level")
+    variants = {"repacked": (levels[0], repacked), "file": (levels[0], file_rows)} if a.layouts else \
+        {lv: (lv, repacked) for lv in levels}
+    names = list(variants)
     pool = ffi.new("pi_threadpool **")
     check(lib.pi_threadpool_create(a.threads, pool))
     print(f"# {a.type} [{a.N} x {a.K}], {a.threads} threads{', CPU time' if a.cpu_time else ''}; {pi.system_info()}")
@@ -95,22 +104,23 @@ def main(argv=None) -> int:
     for T in [int(v) for v in a.T.split(",")]:
         x = np.random.default_rng(1).standard_normal((T, a.K)).astype(np.float32)
         y = np.zeros((T, a.N), np.float32)
-        times: dict[str, list[float]] = {lv: [] for lv in levels}
+        times: dict[str, list[float]] = {v: [] for v in names}
         out: dict[str, np.ndarray] = {}
         reps = max(1, 64 // T)
         for _ in range(a.rounds):
-            for lv in levels:
+            for v in names:
+                lv, w = variants[v]
                 pi.set_cpu_isa(lv)
                 t0 = clock()
                 for _ in range(reps):
                     check(lib.pi_op_mul_mat(pool[0], w, f32_tensor(x), f32_tensor(y)))
-                times[lv].append((clock() - t0) / reps)
-                out[lv] = y.copy()
-        base = statistics.median(times[levels[0]])
-        for lv in levels:
-            med = statistics.median(times[lv])
-            same = np.array_equal(out[lv].view(np.uint32), out[levels[0]].view(np.uint32))
-            print(f"T={T:4d} {lv:7s} {med * 1e3:9.3f} ms  {2 * a.K * a.N * T / med / 1e9:8.1f} GFLOP/s  "
+                times[v].append((clock() - t0) / reps)
+                out[v] = y.copy()
+        base = statistics.median(times[names[0]])
+        for v in names:
+            med = statistics.median(times[v])
+            same = np.array_equal(out[v].view(np.uint32), out[names[0]].view(np.uint32))
+            print(f"T={T:4d} {v:8s} {med * 1e3:9.3f} ms  {2 * a.K * a.N * T / med / 1e9:8.1f} GFLOP/s  "
                   f"x{base / med:.2f}  bits {'equal' if same else 'DIFFER'}")
     pi.set_cpu_isa(start)
     lib.pi_threadpool_free(pool[0])

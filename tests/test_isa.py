@@ -357,6 +357,28 @@ def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name):
         assert_bit_equal(mul_mat(rt, x[:T], N, ffi.NULL), want, f"mul_mat {name} K={K} T={T} {level}, no pool")
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("t,name", [(1, "f16x8"), (30, "bf16x8")], ids=["f16", "bf16"])
+@pytest.mark.parametrize("K", [8, 200, 2048])
+def test_16bit_interleaved_equals_scalar(at_level, pool2, level, t, name, K):
+    """f16 and bf16 weights' interleaved copies (F16X8, BF16X8: 8 rows a group in two halves of 4, pi_repack) give the
+    bits of the file's rows at the scalar level, at every level: decode (1 token: one half after the other), the
+    short blocks (3, 4) and 8-token blocks of the prompt kernels with their tails (13), and, at K = 2048, a prompt of
+    100 tokens whose f32 activations (800 KB) go in several L2 token chunks. K: one chunk of 8, 25 chunks (no whole
+    512-bit step pairs), 256 chunks. N = 40: five groups."""
+    Ts = (1, 3, 4, 8, 13, 100)
+    N = 40
+    rng = np.random.default_rng(K + t)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    w[3] *= 1e4                            # large and tiny weights next to each other
+    w[6] *= 1e-4
+    w[11] = 0.0                            # a zero row
+    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x[2] *= 1e3
+    at_level(level)
+    interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Ts, name)
+
+
 def q4_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
     """raw (Q4_K rows from the quantizer) with rows 0..3 replaced by random blocks over the whole format: every
     6-bit scale and min (63 included), every nibble, d and dmin of either sign up to 2^4, and a zero row (16, or
@@ -391,11 +413,11 @@ def q5_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
 def test_K_interleaved_equals_scalar(at_level, pool2, level, t, name, extreme, K):
     """Q4_K's and Q5_K's interleaved copies (Q4_KX16, Q5_KX16: 16 rows a group, pi_repack) at every level that makes
     them (scalar included: its own gemm16; Q5_K not at amx, where the file's layout has tile kernels and stays) give
-    the bits of the file's layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the
-    AVX-512 Q4_K kernel (3, 8), calls of 8 tokens and their tails, and prompt batches whose whole 16-token tiles go to
-    AMX (16, 32; 100: six tiles and a 4-token tail). K: one super-block, two AMX K chunks (4 super-blocks each), 17
-    super-blocks (a chunk of one). N = 48: three groups."""
-    Ts = (1, 3, 8, 16, 32, 100)
+    the bits of the file's layout at the scalar level: decode (1 token), the 4-token blocks, 2-token pair and 1-token
+    tail of the AVX-512 Q4_K kernel (3, 7, 8), calls of 8 tokens and their tails, and prompt batches whose whole
+    16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K: one super-block, two AMX K chunks (4
+    super-blocks each), 17 super-blocks (a chunk of one). N = 48: three groups."""
+    Ts = (1, 3, 7, 8, 16, 32, 100)
     N = 48
     rng = np.random.default_rng(K + t - 11)
     w = (rng.standard_normal((N, K)) / 20).astype(np.float32)

@@ -22,7 +22,7 @@ from make_test_model import write_model  # noqa: E402
 from test_isa import q4_K_extreme_rows, q5_K_extreme_rows, wtensor  # noqa: E402
 from test_isa import quantize as quantize_rows  # noqa: E402
 from test_isa import repacked as repacked_t  # noqa: E402
-from test_ops import (Q4_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
+from test_ops import (BF16, F16, Q4_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
                       np_encode, tensor)
 
 
@@ -223,7 +223,36 @@ def test_q8_0x16_rows_for_get_rows(pool2):
                  lib.PI_ERR_INVALID_ARG)
 
 
-@pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model"])
+@pytest.fixture(scope="module")
+def f16_tied_model(tmp_path_factory):
+    """f16 with the output head tied to the embedding table: both are read from one F16X8 copy."""
+    path = tmp_path_factory.mktemp("repack") / "tiny-f16-tied.gguf"
+    write_model(path, dtype="f16", seed=7, n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2,
+                tied_output=True)
+    return path
+
+
+@pytest.mark.parametrize("qtype", [F16, BF16], ids=["f16", "bf16"])
+def test_16bit_interleaved_rows_for_get_rows(pool2, qtype):
+    """get_rows reads an F16X8/BF16X8 table (a tied head's copy) as the file's rows; rows whose length is not a
+    multiple of 8 keep the file's layout."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((48, 96)).astype(np.float32)
+    raw = w.astype(np.float16).view(np.uint16) if qtype == F16 else (w.view(np.uint32) >> 16).astype(np.uint16)
+    ids = np.array([0, 3, 4, 7, 8, 47, 5, 5], np.int32)
+    w8, keep = repacked(raw, qtype)
+    assert ffi.string(lib.pi_type_name(w8.type)).decode() == ("f16x8" if qtype == F16 else "bf16x8")
+    got = {}
+    for name, t in (("rows", tensor(raw, qtype)), ("x8", w8)):
+        out = np.zeros((len(ids), 96), np.float32)
+        check(lib.pi_op_get_rows(pool2, t, ffi.cast("int32_t *", ids.ctypes.data), len(ids), tensor(out)))
+        got[name] = out
+    assert_bit_equal(got["x8"], got["rows"], "get_rows of the interleaved copy vs the file's rows")
+    assert lib.pi_repack_bytes(tensor(np.zeros((16, 36), np.uint16), qtype)) == 0   # 36: not whole 8-element chunks
+    assert lib.pi_repack_bytes(tensor(np.zeros((16, 40), np.uint16), qtype)) == 16 * 40 * 2
+
+
+@pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model", "f16_tied_model"])
 def test_repacked_model_gives_the_same_logits(request, model_name, monkeypatch):
     prompt = [1, 17, 200, 45, 3, 99, 128, 7, 300]
     logits = {}

@@ -74,6 +74,20 @@ static void q8_0x16_row_to_f32(const void *group, int k, float *dst, int64_t n) 
     }
 }
 
+/* Row k of one F16X8 / BF16X8 group (n elements, a multiple of 8; arch/vec_dot.c's layout): the values of the row
+ * the group was made from. */
+static int64_t x8_at(int64_t n, int k, int64_t i) { return k / 4 * 4 * n + i / 8 * 32 + k % 4 * 8 + i % 8; }
+
+static void f16x8_row_to_f32(const void *group, int k, float *dst, int64_t n) {
+    const uint16_t *g = group;
+    for (int64_t i = 0; i < n; i++) dst[i] = pi_fp16_to_f32(g[x8_at(n, k, i)]);
+}
+
+static void bf16x8_row_to_f32(const void *group, int k, float *dst, int64_t n) {
+    const uint16_t *g = group;
+    for (int64_t i = 0; i < n; i++) dst[i] = pi_bf16_to_f32(g[x8_at(n, k, i)]);
+}
+
 /* ---- the table ---- */
 
 /* What a type is (layout, conversions, activation type), whatever the CPU; the kernels come from the
@@ -81,8 +95,8 @@ static void q8_0x16_row_to_f32(const void *group, int k, float *dst, int64_t n) 
 static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     /*               name    block bytes to_f32       from_f32          vec_dot_type */
     [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,     PI_TYPE_F32 },
-    [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,     PI_TYPE_F32 },
-    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,    PI_TYPE_F32 },
+    [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,     PI_TYPE_F32, .repacked_type = PI_TYPE_F16X8 },
+    [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,    PI_TYPE_F32, .repacked_type = PI_TYPE_BF16X8 },
     [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,    PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q4_0X8 },
     [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q8_0X16 },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
@@ -109,6 +123,9 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q8_0x16_row_to_f32 },
     [PI_TYPE_Q4_KX16] = { "q4_Kx16", 256, 144, NULL, NULL, PI_TYPE_Q8_KM },
     [PI_TYPE_Q5_KX16] = { "q5_Kx16", 256, 176, NULL, NULL, PI_TYPE_Q8_KM },
+    /* blocks of 8 elements per row (n a multiple of 8) */
+    [PI_TYPE_F16X8]  = { "f16x8", 8, 16, NULL, NULL, PI_TYPE_F32, .group_row_to_f32 = f16x8_row_to_f32 },
+    [PI_TYPE_BF16X8] = { "bf16x8", 8, 16, NULL, NULL, PI_TYPE_F32, .group_row_to_f32 = bf16x8_row_to_f32 },
 };
 
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]) {

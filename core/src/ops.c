@@ -177,24 +177,31 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     int64_t r = r0;
     const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
     const int64_t tiled = mul_mat_tiles(a, tr, r0, r16);   /* tokens [0, tiled) of rows [r0, r16) are done */
+    /* token chunks outside the row groups, so each chunk's activations (a quarter of L2: 512 KB on Sapphire
+     * Rapids, where 1/8 and 1/2 measured slower) stay in L2 while every row group of the work item reads
+     * them (f32 activations of 512 tokens are 4 MB at K = 2048) */
+    const int64_t chunk = PI_MAX(PI_DOT8_MAX_T, pi_cpu_l2_bytes() / 4 / a->xq_row_bytes / PI_DOT8_MAX_T * PI_DOT8_MAX_T);
     if (pi_is_interleaved(a->w->type)) {   /* rows r of group r / R at byte r nb[1]; r0, r1 are multiples of R */
-        if (tr->gemm16)   /* 16 rows per call where the level (Q4_0X8) or the layout (Q8_0X16, Q4_KX16) has such a kernel */
-            for (; r + 16 <= r1; r += 16)
-                for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
-                    tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                               (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
-        for (; r < r1; r += 8)   /* 8-row groups only: 16-row layouts end above */
-            for (int64_t t = r < r16 ? tiled : 0; t < T; t += PI_DOT8_MAX_T)
-                tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                          (int)PI_MIN(PI_DOT8_MAX_T, T - t), y0 + t * y_stride + r, y_stride);
+        /* only f32 activations (F16X8, BF16X8) in chunks: the quantized layouts' prompts measured as fast or faster
+         * with every token per row group (Zen 4, pp512: Q8_0 0.6-0.8x with chunks, Q4_K_M and 7B Q4_0 within noise) */
+        const int64_t tokens_per_pass = tr->vec_dot_type == PI_TYPE_F32 ? chunk : T;
+        for (int64_t c0 = 0; c0 < T; c0 += tokens_per_pass) {
+            const int64_t c1 = PI_MIN(T, c0 + tokens_per_pass);
+            r = r0;
+            if (tr->gemm16)   /* 16 rows per call where the level (Q4_0X8) or the layout (Q8_0X16, Q4_KX16) has one */
+                for (; r + 16 <= r1; r += 16)
+                    for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += PI_DOT8_MAX_T)
+                        tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                                   (int)PI_MIN(PI_DOT8_MAX_T, c1 - t), y0 + t * y_stride + r, y_stride);
+            for (; r < r1; r += 8)   /* 8-row groups only: 16-row layouts end above */
+                for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += PI_DOT8_MAX_T)
+                    tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                              (int)PI_MIN(PI_DOT8_MAX_T, c1 - t), y0 + t * y_stride + r, y_stride);
+        }
         return;
     }
     if (tr->vec_dot8) {
-        /* token chunks outside the row groups, so each chunk's activations (a quarter of L2: 512 KB on Sapphire
-         * Rapids, where 1/8 and 1/2 measured slower) stay in L2 while every 8-row group of the work item reads
-         * them (f32 activations of 512 tokens are 4 MB at K = 2048) */
         const int64_t r8 = r + (r1 - r) / 8 * 8;
-        const int64_t chunk = PI_MAX(PI_DOT8_MAX_T, pi_cpu_l2_bytes() / 4 / a->xq_row_bytes / PI_DOT8_MAX_T * PI_DOT8_MAX_T);
         for (int64_t c0 = 0; c0 < T; c0 += chunk)
             for (int64_t g = r; g < r8; g += 8) {
                 const void *rows[8];

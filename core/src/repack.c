@@ -9,7 +9,9 @@
 int64_t pi_repack_bytes(const pi_tensor *w) {
     if (!w || pi_check_tensor(w, "repack") != PI_OK) { pi_clear_error(); return 0; }
     const pi_type_traits *tr = pi_traits(w->type);
-    if (!tr->repacked_type || w->n_dims != 2 || w->ne[1] % pi_group_rows(tr->repacked_type)) return 0;
+    if (!tr->repacked_type || w->n_dims != 2 || w->ne[1] % pi_group_rows(tr->repacked_type) ||
+        w->ne[0] % pi_traits(tr->repacked_type)->block_size)   /* F16X8: rows of whole 8-element chunks */
+        return 0;
     /* where the file's layout has tile kernels (AMX) and the interleaved one none, the file's layout is faster */
     if (tr->tiles_rows && !pi_traits(tr->repacked_type)->tiles) return 0;
     return pi_row_bytes(tr->repacked_type, w->ne[0]) * w->ne[1];

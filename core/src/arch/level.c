@@ -69,6 +69,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q8_0S]  = { .to_f32 = pi_q8_0s_to_f32, .from_f32 = pi_quantize_row_q8_0s },
         [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_q4_0x8_q8_0s),
                              .tiles = AMX(pi_tiles_q4_0x8_q8_0s), .repack = pi_repack8_q4_0x8 },
+        [PI_TYPE_F16X8]  = { .gemm8 = pi_gemm8_f16x8_f32, .repack = pi_repack_16bit_x8 },
+        [PI_TYPE_BF16X8] = { .gemm8 = pi_gemm8_bf16x8_f32, .repack = pi_repack_16bit_x8 },
         [PI_TYPE_Q8_0X16] = { .gemm16 = pi_gemm16_q8_0x16_q8_0s, .tiles = AMX(pi_tiles_q8_0x16_q8_0s),
                               .repack = pi_repack_q8_0x16 },
         [PI_TYPE_Q4_KX16] = { .gemm16 = pi_gemm16_q4_Kx16_q8_K, .tiles = AMX(pi_tiles_q4_Kx16_q8_K),

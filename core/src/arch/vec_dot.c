@@ -361,8 +361,11 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
  * y[t y_stride + k] = the single-row kernel's dot product (pi_vec_dot_f16_f32 / pi_vec_dot_bf16_f32), the
  * same bits: each (row, token) keeps its own 8-lane accumulator, fed in the same order, then the same
  * horizontal sum and tail. Blocks of ROWS_PER rows x TOK_PER tokens keep their accumulators in registers,
- * so each converted weight vector feeds TOK_PER fmas. One token goes row by row (decode: one sequential
- * stream at a time). */
+ * so each converted weight vector feeds TOK_PER fmas.
+ * The rows are either the file's (S = 1: elements i..i+7 of row k at w[k] + i) or one group of the interleaved
+ * copy F16X8/BF16X8 (S = 4: two halves of 4 rows, and in a half every 8-element chunk holds the 4 rows' elements
+ * i..i+7 one after the other, so they sit at w[k] + 4 i with w[k] = group + (k / 4) 4 n + (k % 4) 8; n is a
+ * multiple of 8); S is a constant after inlining. */
 /* Tiles (8 accumulators either way), measured on a Zen 3 (542M llama, ffn_up + ffn_down, T = 128, one core,
  * bench/README.md): f16 4 rows x 2 tokens, 0.75 of the time of 2 x 4 (4 x 3: 0.82, 8 x 1: 1.01, 4 x 4: 1.14);
  * bf16 keeps 2 x 4 (4 x 2: 1.08), its widening costs integer shuffles where f16 has one vcvtph2ps. An older
@@ -386,7 +389,7 @@ static inline float half_dot_end(__m256 lanes, const uint16_t *w, const float *x
 
 static inline __attribute__((always_inline)) void half_rows8(int64_t n, const void *const *rows, const char *x,
                                                          int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                         const int bf16) {
+                                                         const int bf16, const int S) {
     const int64_t n8 = n / 8 * 8;
     const int rows_per = F16_ROWS_PER(bf16), tok_per = F16_TOK_PER(bf16);
     for (int r0 = 0; r0 < 8; r0 += rows_per) {
@@ -401,7 +404,7 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
                 for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_setzero_ps();
             for (int64_t i = 0; i < n8; i += 8)
                 for (int k = 0; k < rows_per; k++) {
-                    const __m256 wk = bf16 ? load8_bf16(w[k] + i) : load8_f16(w[k] + i);
+                    const __m256 wk = bf16 ? load8_bf16(w[k] + i * S) : load8_f16(w[k] + i * S);
                     for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xt[j] + i), acc[k][j]);
                 }
             for (int j = 0; j < n_tok; j++)
@@ -419,8 +422,9 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
  * or, for 4 tokens or fewer, 4 tokens x all 4 pairs (a short block repeats its last token: fewer repeats).
  * Sapphire Rapids, f16 ffn_up/ffn_down T = 512: 8 x 2 took 0.92x the time of 4 x 4 (bf16 0.90x) once the
  * activations came from L2 (mul_mat's token chunks); streaming them from L3 it had been 1.13x. */
-static inline __m512 load_pair(const uint16_t *a, const uint16_t *b, int bf16) {
-    const __m256i h = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)b), _mm_loadu_si128((const __m128i *)a));
+static inline __m512 load_pair(const uint16_t *a, const uint16_t *b, int bf16, const int S) {
+    const __m256i h = S != 1 ? _mm256_loadu_si256((const __m256i *)a)   /* interleaved: b = a + 8, one load */
+                             : _mm256_set_m128i(_mm_loadu_si128((const __m128i *)b), _mm_loadu_si128((const __m128i *)a));
     return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 }
 
@@ -428,14 +432,14 @@ static inline __m512 load_pair(const uint16_t *a, const uint16_t *b, int bf16) {
 static inline __attribute__((always_inline)) void half_block_512(int64_t n, const uint16_t *const *w,
                                                              const float *const *xt, int n_tok, int p0, float *y,
                                                              int64_t y_stride, const int tok, const int pairs,
-                                                             const int bf16) {
+                                                             const int bf16, const int S) {
     const int64_t n8 = n / 8 * 8;
     __m512 acc[4][8];
     for (int p = 0; p < pairs; p++)
         for (int j = 0; j < tok; j++) acc[p][j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n8; i += 8) {
         __m512 wp[4];
-        for (int p = 0; p < pairs; p++) wp[p] = load_pair(w[2 * (p0 + p)] + i, w[2 * (p0 + p) + 1] + i, bf16);
+        for (int p = 0; p < pairs; p++) wp[p] = load_pair(w[2 * (p0 + p)] + i * S, w[2 * (p0 + p) + 1] + i * S, bf16, S);
         for (int j = 0; j < tok; j++) {
             const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xt[j] + i));
             for (int p = 0; p < pairs; p++) acc[p][j] = _mm512_fmadd_ps(wp[p], xv, acc[p][j]);
@@ -453,16 +457,17 @@ static inline __attribute__((always_inline)) void half_block_512(int64_t n, cons
 
 static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, const void *const *rows, const char *x,
                                                              int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                             const int bf16) {
+                                                             const int bf16, const int S) {
     const uint16_t *const *w = (const uint16_t *const *)rows;
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int n_tok = PI_MIN(8, nt - t0);
         const float *xt[8];
         for (int j = 0; j < 8; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
         if (n_tok > 4)
-            for (int p0 = 0; p0 < 4; p0 += 2) half_block_512(n, w, xt, n_tok, p0, y + t0 * y_stride, y_stride, 8, 2, bf16);
+            for (int p0 = 0; p0 < 4; p0 += 2)
+                half_block_512(n, w, xt, n_tok, p0, y + t0 * y_stride, y_stride, 8, 2, bf16, S);
         else
-            half_block_512(n, w, xt, n_tok, 0, y + t0 * y_stride, y_stride, 4, 4, bf16);
+            half_block_512(n, w, xt, n_tok, 0, y + t0 * y_stride, y_stride, 4, 4, bf16, S);
     }
 }
 #define HALF_ROWS8_BODY half_rows8_512
@@ -470,54 +475,108 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
 #define HALF_ROWS8_BODY half_rows8
 #endif
 
-/* One token (decode): the eight rows' single-row dot products side by side, each in its own 8-lane
- * accumulator in element order (the single-row kernel's order: the same bits), so eight independent fma
- * chains hide the latency that one row's chain waits on (f16 decode was fma-latency bound, not memory
- * bound). AVX-512: two rows per register, four chains. */
+/* One token (decode): the rows' single-row dot products side by side, each in its own 8-lane accumulator in
+ * element order (the single-row kernel's order: the same bits), so independent fma chains hide the latency that
+ * one row's chain waits on (f16 decode was fma-latency bound, not memory bound). The file's rows (S = 1): all eight
+ * at once (AVX-512: two rows per register, four chains), with software prefetch. The interleaved copy (S = 4): one
+ * half after the other with four 256-bit chains at every level, so the weights are read as one sequential stream.
+ * On a Zen 4 the 542M f16 file decoded 1.45-1.54x as fast as from the file's rows (eight streams); with two
+ * rows per 512-bit register (two chains) 1.27-1.35x, with the two halves side by side 1.17-1.23x. */
 #ifndef F16_PREFETCH
 #define F16_PREFETCH 256   /* elements (512 bytes) ahead in each of the eight rows: eight streams outrun the hardware prefetcher */
 #endif
 static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, const void *const *rows, const float *x,
-                                                             float *y, const int bf16) {
+                                                             float *y, const int bf16, const int S) {
     const uint16_t *const *w = (const uint16_t *const *)rows;
     const int64_t n8 = n / 8 * 8;
     __m256 half[8];
 #if PI_HAVE_ROWS16
-    __m512 acc[4];
-    for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n8; i += 8) {
-        if (i % 32 == 0)   /* a cache line of each row per 32 elements, F16_PREFETCH elements ahead */
-            for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
-        const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i));
-        for (int p = 0; p < 4; p++) acc[p] = _mm512_fmadd_ps(load_pair(w[2 * p] + i, w[2 * p + 1] + i, bf16), xv, acc[p]);
-    }
-    for (int p = 0; p < 4; p++) {
-        half[2 * p] = _mm512_castps512_ps256(acc[p]);
-        half[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1));
-    }
-#else
-    for (int k = 0; k < 8; k++) half[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n8; i += 8) {
-        if (i % 32 == 0)
-            for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
-        const __m256 xv = _mm256_loadu_ps(x + i);
-        for (int k = 0; k < 8; k++)
-            half[k] = _mm256_fmadd_ps(bf16 ? load8_bf16(w[k] + i) : load8_f16(w[k] + i), xv, half[k]);
+    if (S == 1) {
+        __m512 acc[4];
+        for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n8; i += 8) {
+            if (i % 32 == 0)   /* a cache line of each row per 32 elements, F16_PREFETCH elements ahead */
+                for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
+            const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + i));
+            for (int p = 0; p < 4; p++) acc[p] = _mm512_fmadd_ps(load_pair(w[2 * p] + i, w[2 * p + 1] + i, bf16, 1), xv, acc[p]);
+        }
+        for (int p = 0; p < 4; p++) {
+            half[2 * p] = _mm512_castps512_ps256(acc[p]);
+            half[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1));
+        }
+        for (int k = 0; k < 8; k++) y[k] = half_dot_end(half[k], w[k], x, n8, n, bf16);
+        return;
     }
 #endif
+    const int rows_per = S == 1 ? 8 : 4;   /* rows per pass */
+    for (int k = 0; k < 8; k++) half[k] = _mm256_setzero_ps();
+    for (int k0 = 0; k0 < 8; k0 += rows_per)
+        for (int64_t i = 0; i < n8; i += 8) {
+            if (S == 1 && i % 32 == 0)
+                for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
+            const __m256 xv = _mm256_loadu_ps(x + i);
+            for (int k = k0; k < k0 + rows_per; k++)
+                half[k] = _mm256_fmadd_ps(bf16 ? load8_bf16(w[k] + i * S) : load8_f16(w[k] + i * S), xv, half[k]);
+        }
     for (int k = 0; k < 8; k++) y[k] = half_dot_end(half[k], w[k], x, n8, n, bf16);
+}
+
+static inline __attribute__((always_inline)) void half_rows8_any(int64_t n, const void *const *rows, const char *x,
+                                                             int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                             const int bf16, const int S) {
+    if (nt == 1)
+        half_rows8_one(n, rows, (const float *)x, y, bf16, S);
+    else
+        HALF_ROWS8_BODY(n, rows, x, x_stride, nt, y, y_stride, bf16, S);
 }
 
 #define HALF_ROWS8(type, bf16)                                                                                   \
     void pi_vec_dot8_##type##_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,      \
                                   float *y, int64_t y_stride) {                                                    \
-        if (nt == 1)                                                                                               \
-            half_rows8_one(n, rows, (const float *)x, y, bf16);                                                    \
-        else                                                                                                       \
-            HALF_ROWS8_BODY(n, rows, x, x_stride, nt, y, y_stride, bf16);                                          \
+        half_rows8_any(n, rows, x, x_stride, nt, y, y_stride, bf16, 1);                                            \
+    }                                                                                                              \
+    void pi_gemm8_##type##x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,  \
+                                 int64_t y_stride) {                                                               \
+        const void *rows[8];                                                                                       \
+        for (int k = 0; k < 8; k++) rows[k] = (const uint16_t *)group + k / 4 * 4 * n + k % 4 * 8;                 \
+        half_rows8_any(n, rows, x, x_stride, nt, y, y_stride, bf16, 4);                                            \
     }
 HALF_ROWS8(f16, 0)
 HALF_ROWS8(bf16, 1)
+#endif
+
+/* The interleaved copies F16X8 and BF16X8 (pi_repack; n a multiple of 8): two halves of 4 rows (4 n elements each),
+ * and in a half, for every 8-element chunk c, the 4 rows' elements 8c..8c+7 one after the other (64 bytes: one cache
+ * line). Decode reads two sequential streams instead of eight rows side by side; a pass of the prompt kernels over
+ * 4 rows reads one contiguous run of whole lines, and the AVX-512 kernels load a pair of rows' chunks at once.
+ * (Eight rows per chunk, 128 bytes, made 4-row passes read every other line: prompts took 1.1-1.2x the time.) */
+static inline int64_t x8_at(int64_t n, int k, int64_t i) { return k / 4 * 4 * n + i / 8 * 32 + k % 4 * 8 + i % 8; }
+
+void pi_repack_16bit_x8(int64_t n, const void *const *rows, void *group) {
+    uint16_t *g = group;
+    for (int k = 0; k < 8; k++)
+        for (int64_t c = 0; c < n / 8; c++) memcpy(g + x8_at(n, k, 8 * c), (const uint16_t *)rows[k] + 8 * c, 16);
+}
+
+#if !PI_HAVE_ROWS8   /* scalar: each row copied out of the group, then the single-row kernel (the reference itself) */
+static void x8_gemm8_rows(pi_vec_dot_fn dot, int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                          float *y, int64_t y_stride) {
+    uint16_t row[n];
+    for (int k = 0; k < 8; k++) {
+        for (int64_t c = 0; c < n / 8; c++) memcpy(row + 8 * c, (const uint16_t *)group + x8_at(n, k, 8 * c), 16);
+        for (int t = 0; t < nt; t++) y[t * y_stride + k] = dot(n, row, x + t * x_stride);
+    }
+}
+
+void pi_gemm8_f16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                        int64_t y_stride) {
+    x8_gemm8_rows(pi_vec_dot_f16_f32, n, group, x, x_stride, nt, y, y_stride);
+}
+
+void pi_gemm8_bf16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                         int64_t y_stride) {
+    x8_gemm8_rows(pi_vec_dot_bf16_f32, n, group, x, x_stride, nt, y, y_stride);
+}
 #endif
 
 void pi_axpy_bf16(int64_t n, float a, const void *row, float *y) {

@@ -197,13 +197,18 @@ def q4_model(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def q8_tied_model(tmp_path_factory):
-    """Q8_0 with the output head tied to the embedding table: both are read from one interleaved copy."""
-    path = tmp_path_factory.mktemp("repack") / "tiny-q8_0-tied.gguf"
-    write_model(path, dtype="q8_0", seed=6, n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2,
+def tied_model(tmp_path_factory, dtype: str, seed: int):
+    """A tiny model of dtype with the output head tied to the embedding table: both are read from one interleaved
+    copy (Q8_0X16, F16X8)."""
+    path = tmp_path_factory.mktemp("repack") / f"tiny-{dtype}-tied.gguf"
+    write_model(path, dtype=dtype, seed=seed, n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2,
                 tied_output=True)
     return path
+
+
+@pytest.fixture(scope="module")
+def q8_tied_model(tmp_path_factory):
+    return tied_model(tmp_path_factory, "q8_0", 6)
 
 
 def test_q8_0x16_rows_for_get_rows(pool2):
@@ -225,11 +230,7 @@ def test_q8_0x16_rows_for_get_rows(pool2):
 
 @pytest.fixture(scope="module")
 def f16_tied_model(tmp_path_factory):
-    """f16 with the output head tied to the embedding table: both are read from one F16X8 copy."""
-    path = tmp_path_factory.mktemp("repack") / "tiny-f16-tied.gguf"
-    write_model(path, dtype="f16", seed=7, n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2,
-                tied_output=True)
-    return path
+    return tied_model(tmp_path_factory, "f16", 7)
 
 
 @pytest.mark.parametrize("qtype", [F16, BF16], ids=["f16", "bf16"])

@@ -74,18 +74,16 @@ static void q8_0x16_row_to_f32(const void *group, int k, float *dst, int64_t n) 
     }
 }
 
-/* Row k of one F16X8 / BF16X8 group (n elements, a multiple of 8; arch/vec_dot.c's layout): the values of the row
- * the group was made from. */
-static int64_t x8_at(int64_t n, int k, int64_t i) { return k / 4 * 4 * n + i / 8 * 32 + k % 4 * 8 + i % 8; }
-
+/* Row k of one F16X8 / BF16X8 group (n elements, a multiple of 8; pi_x8_index): the values of the row the group was
+ * made from. */
 static void f16x8_row_to_f32(const void *group, int k, float *dst, int64_t n) {
     const uint16_t *g = group;
-    for (int64_t i = 0; i < n; i++) dst[i] = pi_fp16_to_f32(g[x8_at(n, k, i)]);
+    for (int64_t i = 0; i < n; i++) dst[i] = pi_fp16_to_f32(g[pi_x8_index(n, k, i)]);
 }
 
 static void bf16x8_row_to_f32(const void *group, int k, float *dst, int64_t n) {
     const uint16_t *g = group;
-    for (int64_t i = 0; i < n; i++) dst[i] = pi_bf16_to_f32(g[x8_at(n, k, i)]);
+    for (int64_t i = 0; i < n; i++) dst[i] = pi_bf16_to_f32(g[pi_x8_index(n, k, i)]);
 }
 
 /* ---- the table ---- */

@@ -101,7 +101,7 @@ enum {
     PI_TYPE_Q8_0X16,                 /* Q8_0 weights, 16 rows interleaved (pi_repack) */
     PI_TYPE_Q4_KX16,                 /* Q4_K weights, 16 rows interleaved (pi_repack; quants_k.h) */
     PI_TYPE_Q5_KX16,                 /* Q5_K weights, the same */
-    PI_TYPE_F16X8,                   /* f16 weights, 8 rows interleaved per 8 elements (pi_repack) */
+    PI_TYPE_F16X8,                   /* f16 weights, 8 rows as two halves of 4 interleaved per 8 elements (pi_x8_index) */
     PI_TYPE_BF16X8,                  /* bf16 weights, the same */
     PI_TYPE_TABLE_END
 };
@@ -112,6 +112,10 @@ static inline int64_t pi_group_rows(int32_t type) {
          : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }
+/* Where element i of row k sits in one F16X8/BF16X8 group of rows of n elements (n a multiple of 8), in 16-bit
+ * values: two halves of 4 rows (4 n values each), and in a half every 8-element chunk holds the 4 rows' elements
+ * one after the other (64 bytes, one cache line). arch/vec_dot.c says why. */
+static inline int64_t pi_x8_index(int64_t n, int k, int64_t i) { return k / 4 * 4 * n + i / 8 * 32 + k % 4 * 8 + i % 8; }
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
 

@@ -187,7 +187,7 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
         const int64_t tokens_per_pass = tr->vec_dot_type == PI_TYPE_F32 ? chunk : T;
         /* one token where 512-bit instructions run as two halves (Zen 4): Q4_0X8's groups one after the other
          * through the 256-bit gemm8 (one weight stream) rather than two side by side in gemm16: 7B Q4_0 decode
-         * at the avx512 level 0.95-0.98x the avx2 level's speed instead of 0.77-0.90x (Sapphire Rapids: gemm16
+         * at the avx512 level 0.95-1.09x the avx2 level's speed instead of 0.77-0.90x (Sapphire Rapids: gemm16
          * doubled the one-token speed from L2) */
         const bool two_groups = tr->gemm16 && !(T == 1 && tr->gemm8 && pi_cpu_split_512());
         for (int64_t c0 = 0; c0 < T; c0 += tokens_per_pass) {

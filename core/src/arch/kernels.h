@@ -36,7 +36,7 @@ static void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, 
                                    float *y, int64_t y_stride);
 static void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
-/* F16X8 and BF16X8 groups at every level (arch/vec_dot.c): 8 rows, per 8-element chunk the rows one after the other */
+/* F16X8 and BF16X8 groups at every level (arch/vec_dot.c; layout: pi_x8_index) */
 static void pi_repack_16bit_x8(int64_t n, const void *const *rows, void *group);
 static void pi_gemm8_f16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                                int64_t y_stride);

@@ -491,7 +491,7 @@ static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, cons
     const int64_t n8 = n / 8 * 8;
     __m256 half[8];
 #if PI_HAVE_ROWS16
-    if (S == 1) {
+    if (S == 1) {   /* the file's rows: four 512-bit chains of two rows */
         __m512 acc[4];
         for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
         for (int64_t i = 0; i < n8; i += 8) {
@@ -504,20 +504,20 @@ static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, cons
             half[2 * p] = _mm512_castps512_ps256(acc[p]);
             half[2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1));
         }
-        for (int k = 0; k < 8; k++) y[k] = half_dot_end(half[k], w[k], x, n8, n, bf16);
-        return;
-    }
+    } else
 #endif
-    const int rows_per = S == 1 ? 8 : 4;   /* rows per pass */
-    for (int k = 0; k < 8; k++) half[k] = _mm256_setzero_ps();
-    for (int k0 = 0; k0 < 8; k0 += rows_per)
-        for (int64_t i = 0; i < n8; i += 8) {
-            if (S == 1 && i % 32 == 0)
-                for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
-            const __m256 xv = _mm256_loadu_ps(x + i);
-            for (int k = k0; k < k0 + rows_per; k++)
-                half[k] = _mm256_fmadd_ps(bf16 ? load8_bf16(w[k] + i * S) : load8_f16(w[k] + i * S), xv, half[k]);
-        }
+    {
+        const int rows_per = S == 1 ? 8 : 4;   /* rows per pass */
+        for (int k = 0; k < 8; k++) half[k] = _mm256_setzero_ps();
+        for (int k0 = 0; k0 < 8; k0 += rows_per)
+            for (int64_t i = 0; i < n8; i += 8) {
+                if (S == 1 && i % 32 == 0)
+                    for (int k = 0; k < 8; k++) _mm_prefetch((const char *)(w[k] + i + F16_PREFETCH), _MM_HINT_T0);
+                const __m256 xv = _mm256_loadu_ps(x + i);
+                for (int k = k0; k < k0 + rows_per; k++)
+                    half[k] = _mm256_fmadd_ps(bf16 ? load8_bf16(w[k] + i * S) : load8_f16(w[k] + i * S), xv, half[k]);
+            }
+    }
     for (int k = 0; k < 8; k++) y[k] = half_dot_end(half[k], w[k], x, n8, n, bf16);
 }
 
@@ -538,24 +538,24 @@ static inline __attribute__((always_inline)) void half_rows8_any(int64_t n, cons
     void pi_gemm8_##type##x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,  \
                                  int64_t y_stride) {                                                               \
         const void *rows[8];                                                                                       \
-        for (int k = 0; k < 8; k++) rows[k] = (const uint16_t *)group + k / 4 * 4 * n + k % 4 * 8;                 \
+        for (int k = 0; k < 8; k++) rows[k] = (const uint16_t *)group + pi_x8_index(n, k, 0);                      \
         half_rows8_any(n, rows, x, x_stride, nt, y, y_stride, bf16, 4);                                            \
     }
 HALF_ROWS8(f16, 0)
 HALF_ROWS8(bf16, 1)
 #endif
 
-/* The interleaved copies F16X8 and BF16X8 (pi_repack; n a multiple of 8): two halves of 4 rows (4 n elements each),
- * and in a half, for every 8-element chunk c, the 4 rows' elements 8c..8c+7 one after the other (64 bytes: one cache
- * line). Decode reads two sequential streams instead of eight rows side by side; a pass of the prompt kernels over
- * 4 rows reads one contiguous run of whole lines, and the AVX-512 kernels load a pair of rows' chunks at once.
- * (Eight rows per chunk, 128 bytes, made 4-row passes read every other line: prompts took 1.1-1.2x the time.) */
-static inline int64_t x8_at(int64_t n, int k, int64_t i) { return k / 4 * 4 * n + i / 8 * 32 + k % 4 * 8 + i % 8; }
+/* The interleaved copies F16X8 and BF16X8 (pi_repack; n a multiple of 8; pi_x8_index): two halves of 4 rows, and in
+ * a half, for every 8-element chunk c, the 4 rows' elements 8c..8c+7 one after the other (64 bytes: one cache line).
+ * Decode reads one half after the other, one sequential stream, instead of eight rows side by side; a pass of the
+ * prompt kernels over 4 rows reads one contiguous run of whole lines, and the AVX-512 kernels load a pair of rows'
+ * chunks at once. (Eight rows per chunk, 128 bytes, made 4-row passes read every other line: prompts took 1.1-1.2x
+ * the time.) */
 
 void pi_repack_16bit_x8(int64_t n, const void *const *rows, void *group) {
     uint16_t *g = group;
     for (int k = 0; k < 8; k++)
-        for (int64_t c = 0; c < n / 8; c++) memcpy(g + x8_at(n, k, 8 * c), (const uint16_t *)rows[k] + 8 * c, 16);
+        for (int64_t c = 0; c < n / 8; c++) memcpy(g + pi_x8_index(n, k, 8 * c), (const uint16_t *)rows[k] + 8 * c, 16);
 }
 
 #if !PI_HAVE_ROWS8   /* scalar: each row copied out of the group, then the single-row kernel (the reference itself) */
@@ -563,7 +563,7 @@ static void x8_gemm8_rows(pi_vec_dot_fn dot, int64_t n, const void *group, const
                           float *y, int64_t y_stride) {
     uint16_t row[n];
     for (int k = 0; k < 8; k++) {
-        for (int64_t c = 0; c < n / 8; c++) memcpy(row + 8 * c, (const uint16_t *)group + x8_at(n, k, 8 * c), 16);
+        for (int64_t c = 0; c < n / 8; c++) memcpy(row + 8 * c, (const uint16_t *)group + pi_x8_index(n, k, 8 * c), 16);
         for (int t = 0; t < nt; t++) y[t * y_stride + k] = dot(n, row, x + t * x_stride);
     }
 }

@@ -39,7 +39,7 @@ extern const pi_cpu_kernels pi_kernels_amx;
 static const pi_cpu_kernels *compiled[ISA_COUNT];
 static pi_type_traits traits[ISA_COUNT][PI_TYPE_TABLE_END];
 static int64_t l2_bytes = 1 << 20;   /* the L2 cache per core, read at load where the C library tells it */
-static bool split_512;                /* 512-bit instructions run as two 256-bit halves (pi_cpu_split_512) */
+static bool one_stream_decode;        /* one token reads one weight stream per thread (pi_cpu_one_stream_decode) */
 static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
 static isa_level active = ISA_SCALAR;
 static char env_error[160];           /* why POWERINFER_ISA was not applied ("" if it was, or unset) */
@@ -95,13 +95,14 @@ static cpu_features detect_features(void) {
     };
 }
 
-/* AMD family 19h: Zen 3 (no AVX-512) and Zen 4, which runs each 512-bit instruction as two 256-bit halves. */
-static bool amd_family_19h(void) {
+/* AMD family 19h or later: Zen 3 (no AVX-512), Zen 4 (512-bit instructions as two 256-bit halves), Zen 5 (1Ah,
+ * a full 512-bit data path). */
+static bool amd_zen3_or_later(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u || c != 0x444d4163u)   /* AuthenticAMD */
         return false;
     __get_cpuid(1, &a, &b, &c, &d);
-    return ((a >> 8) & 0xf) + ((a >> 20) & 0xff) == 0x19;
+    return ((a >> 8) & 0xf) + ((a >> 20) & 0xff) >= 0x19;
 }
 
 static bool cpu_runs(isa_level level) {
@@ -147,7 +148,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
     if (l2 > 0) l2_bytes = l2;
 #endif
 #if PI_X86
-    split_512 = amd_family_19h();
+    one_stream_decode = amd_zen3_or_later();
 #endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;
 #if PI_WITH_AVX2
@@ -190,7 +191,7 @@ const char *pi_system_info(void) {
 
 const pi_cpu_kernels *pi_cpu(void) { return compiled[active]; }
 int64_t pi_cpu_l2_bytes(void) { return l2_bytes; }
-bool pi_cpu_split_512(void) { return split_512; }
+bool pi_cpu_one_stream_decode(void) { return one_stream_decode; }
 const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
 
 const char *pi_cpu_isa(void) { return isa_names[active]; }

@@ -185,11 +185,12 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
         /* only f32 activations (F16X8, BF16X8) in chunks: the quantized layouts' prompts measured as fast or faster
          * with every token per row group (Zen 4, pp512: Q8_0 0.6-0.8x with chunks, Q4_K_M and 7B Q4_0 within noise) */
         const int64_t tokens_per_pass = tr->vec_dot_type == PI_TYPE_F32 ? chunk : T;
-        /* one token where 512-bit instructions run as two halves (Zen 4): Q4_0X8's groups one after the other
-         * through the 256-bit gemm8 (one weight stream) rather than two side by side in gemm16: 7B Q4_0 decode
-         * at the avx512 level 0.95-1.09x the avx2 level's speed instead of 0.77-0.90x (Sapphire Rapids: gemm16
-         * doubled the one-token speed from L2) */
-        const bool two_groups = tr->gemm16 && !(T == 1 && tr->gemm8 && pi_cpu_split_512());
+        /* one token on AMD Zen 4 and Zen 5: Q4_0X8's groups one after the other through the 256-bit gemm8 (one
+         * weight stream) rather than two side by side in gemm16. 7B Q4_0 decode at the avx512 level went from
+         * 0.77-0.90x the avx2 level's speed to 0.95-1.09x on a Zen 4; the decode matmuls took 0.89x the time on a
+         * Zen 5, whose 512-bit data path is full width (so the two halves are not the whole cost).
+         * Sapphire Rapids keeps gemm16: it doubled the one-token speed from L2 there (from DRAM: not measured). */
+        const bool two_groups = tr->gemm16 && !(T == 1 && tr->gemm8 && pi_cpu_one_stream_decode());
         for (int64_t c0 = 0; c0 < T; c0 += tokens_per_pass) {
             const int64_t c1 = PI_MIN(T, c0 + tokens_per_pass);
             r = r0;

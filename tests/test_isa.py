@@ -322,24 +322,27 @@ def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
 
 @pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("K", [640, 1088, 4096])
-def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K):
-    """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack) at every level gives the bits of the file's
-    layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel (3, 8),
-    and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K as in
-    test_prompt_batches_rows_equal_scalar (residues of 8 blocks, a second AMX K chunk); N = 48: three groups."""
+@pytest.mark.parametrize("t", [8, 6], ids=["q8_0", "q5_0"])
+def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
+    """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack), and Q5_0's (the same layout: each block as Q8_0,
+    quants u - 16), at every level give the bits of the file's layout at the scalar level: decode (1 token), the
+    2-token pairs and 1-token tail of the AVX-512 kernel (3, 8), and prompt batches whose whole 16-token tiles go
+    to AMX (16, 32; 100: six tiles and a 4-token tail). K as in test_prompt_batches_rows_equal_scalar (residues of 8
+    blocks, a second AMX K chunk); N = 48: three groups."""
     Ts = (1, 3, 8, 16, 32, 100)
     N = 48
     rng = np.random.default_rng(K)
     w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
     w[5, :256] *= 40.0                     # large scales next to small ones
     w[8, :] = 0.0                          # a zero row (d = 0)
-    w[9, :64] = -1.0                       # quants of -127
+    w[9, :64] = -1.0                       # quants of -127 (Q5_0: u = 0, -16 as Q8_0)
+    w[10, :64] = np.tile(np.linspace(-1.0, 1.0, 32, dtype=np.float32), 2)   # Q5_0: every u from 0 to 31
     x = rng.standard_normal((max(Ts), K)).astype(np.float32)
     x[:, 32:64] *= 30.0
     x[7, 256:512] = 0.0                    # a zero activation block (d = 0)
     x[9, :] = np.abs(x[9, :])              # quant sums far from 0 (the -128 s term of VNNI)
     x[11, :] = -127.0                      # extreme quants
-    interleaved_equals_scalar_rows(at_level, pool2, level, 8, quantize(8, w), x, Ts, "q8_0x16")
+    interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Ts, "q8_0x16")
 
 
 def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name):

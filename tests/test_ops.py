@@ -22,10 +22,10 @@ from powerinfer._ffi import PowerInferError, check, ffi, lib
 
 REPO = Path(__file__).resolve().parents[1]
 
-F32, F16, BF16, Q8_0, Q4_0, I32 = 0, 1, 30, 8, 2, 26
+F32, F16, BF16, Q8_0, Q4_0, Q5_0, I32 = 0, 1, 30, 8, 2, 6, 26
 WEIGHT_TYPES = [F32, F16, BF16, Q8_0, Q4_0]
-TYPE_NAME = {F32: "f32", F16: "f16", BF16: "bf16", Q8_0: "q8_0", Q4_0: "q4_0"}
-BLOCK = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18)}  # (elements, bytes)
+TYPE_NAME = {F32: "f32", F16: "f16", BF16: "bf16", Q8_0: "q8_0", Q4_0: "q4_0", Q5_0: "q5_0"}
+BLOCK = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q5_0: (32, 22)}  # (elements, bytes)
 QK = 32
 THREADS = (0, 1, 2, 3)   # 0 = NULL pool: the calling thread only
 
@@ -176,6 +176,11 @@ def np_encode(x, t) -> np.ndarray:
         return np_quantize_q8_0(x)
     if t == Q4_0:
         return np_quantize_q4_0(x)
+    if t == Q5_0:   # ggml's reference quantizer, as the test models' writer has it
+        import sys
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+        from make_test_model import quantize_q5_0
+        return quantize_q5_0(x)
     raise ValueError(t)
 
 
@@ -199,6 +204,13 @@ def np_decode(raw, t) -> np.ndarray:
         qs = b[:, 2:]
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32) - 8
         v = q * d
+    elif t == Q5_0:
+        b = raw.reshape(-1, 22)
+        d = b[:, :2].copy().view(np.float16).astype(np.float32)
+        qh = b[:, 2:6].copy().view("<u4")                               # [blocks, 1]: bit j = 5th bit of element j
+        hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+        q = np.concatenate([b[:, 6:] & 0x0F, b[:, 6:] >> 4], axis=1) | hi
+        v = (q.astype(np.float32) - 16) * d
     else:
         raise ValueError(t)
     return v.reshape(*lead, -1)
@@ -561,7 +573,7 @@ def mul_mat_reference_and_tol(t, wd, x):
     x64 = x.astype(np.float64)
     ref = x64 @ wd.T
     aw = np.abs(wd)
-    if t in (Q8_0, Q4_0):
+    if t in (Q8_0, Q4_0, Q5_0):   # Q8_0 (Q8_0S) activations
         xq = np_decode(np_quantize_q8_0(x, activations=True), Q8_0).astype(np.float64)
         ref_q = xq @ wd.T
         tol_q = dot_tol(K, np.abs(xq) @ aw.T)

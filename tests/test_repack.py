@@ -27,6 +27,7 @@ from test_ops import (BF16, F16, Q4_0, Q8_0, assert_bit_equal, expect_error, mul
 
 
 Q4_K = 12
+Q5_0 = 6
 Q5_K = 13
 
 
@@ -74,14 +75,16 @@ def test_q4_0_kernels_agree(pool2, K, N, T):
 
 @pytest.mark.parametrize("K,N,T", [(32, 16, 1), (64, 48, 3), (640, 32, 17), (1088, 16, 2), (4096, 64, 9),
                                    (128, 272, 100)])
-def test_q8_0_interleaved_copy(pool2, K, N, T):
+@pytest.mark.parametrize("qtype", [Q8_0, Q5_0], ids=["q8_0", "q5_0"])
+def test_q8_0_interleaved_copy(pool2, K, N, T, qtype):
     """Q8_0 repacks to 16-row groups (Q8_0X16) with the bits of the file's layout, and within the tolerance of the
-    float64 reference; row counts that are not a multiple of 16 keep the file's layout."""
-    raw, wd, x = mul_mat_case(Q8_0, K, N, T, seed=K + N + T)
-    y = mul_mat(pool2, tensor(raw, Q8_0), x, N)
-    ref, tol, _, _ = mul_mat_reference_and_tol(Q8_0, wd, x)
+    float64 reference; so does Q5_0, as Q8_0 blocks (d, u - 16) in the same layout, 34 bytes per block for its 22."""
+    raw, wd, x = mul_mat_case(qtype, K, N, T, seed=K + N + T)
+    y = mul_mat(pool2, tensor(raw, qtype), x, N)
+    ref, tol, _, _ = mul_mat_reference_and_tol(qtype, wd, x)
     assert np.all(np.abs(y - ref) <= tol)
-    w16, keep = repacked(raw, Q8_0)
+    assert lib.pi_repack_bytes(tensor(raw, qtype)) == N * K // 32 * 34
+    w16, keep = repacked(raw, qtype)
     assert ffi.string(lib.pi_type_name(w16.type)).decode() == "q8_0x16"
     assert_bit_equal(mul_mat(pool2, w16, x, N), y, "interleaved copy vs the file's layout")
     assert_bit_equal(mul_mat(ffi.NULL, w16, x, N), y, "interleaved copy, no pool")
@@ -211,6 +214,12 @@ def q8_tied_model(tmp_path_factory):
     return tied_model(tmp_path_factory, "q8_0", 6)
 
 
+@pytest.fixture(scope="module")
+def q5_tied_model(tmp_path_factory):
+    """Q5_0 weights and a tied Q5_0 table: all repacked as Q8_0X16 (get_rows reads the table's copy too)."""
+    return tied_model(tmp_path_factory, "q5_0", 7)
+
+
 def test_q8_0x16_rows_for_get_rows(pool2):
     """get_rows reads a Q8_0X16 table (a tied head's copy) as the file's rows; Q4_0X8 stays matmul-only."""
     raw, wd, x = mul_mat_case(Q8_0, 96, 48, 1, seed=9)
@@ -253,7 +262,7 @@ def test_16bit_interleaved_rows_for_get_rows(pool2, qtype):
     assert lib.pi_repack_bytes(tensor(np.zeros((16, 40), np.uint16), qtype)) == 16 * 40 * 2
 
 
-@pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model", "f16_tied_model"])
+@pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model", "q5_tied_model", "f16_tied_model"])
 def test_repacked_model_gives_the_same_logits(request, model_name, monkeypatch):
     prompt = [1, 17, 200, 45, 3, 99, 128, 7, 300]
     logits = {}

@@ -84,6 +84,26 @@ _quants = _load_quants()
 QK = _quants.QK
 Q4_0_BYTES = _quants.Q4_0_BYTES
 Q8_0_BYTES = _quants.Q8_0_BYTES
+Q5_0_BYTES = 22          # fp16 d, qh[4] (the 5th bits), qs[16] (nibbles as Q4_0's)
+
+
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    """float rows (..., n) -> Q5_0 bytes (..., n / 32 * 22) as ggml's reference quantizer does it: d = m / -16 for
+    the block's value m of largest magnitude, u = min(31, trunc(x / d + 16.5)), value d (u - 16). Test models only
+    (the converters do not write Q5_0)."""
+    x = np.asarray(x, np.float32)
+    blocks = x.reshape(-1, QK)
+    m = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)]
+    d = (m / np.float32(-16)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0).astype(np.float32)
+    u = np.minimum(31, (blocks * inv[:, None] + np.float32(16.5)).astype(np.int8)).astype(np.uint32)
+    qs = (u[:, :16] & 15) | ((u[:, 16:] & 15) << 4)
+    qh = ((u >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    out = np.zeros((len(blocks), Q5_0_BYTES), np.uint8)
+    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:6] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
+    out[:, 6:] = qs.astype(np.uint8)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // QK * Q5_0_BYTES)
 float_to_bf16 = _quants.float_to_bf16
 quantize_q8_0 = _quants.quantize_q8_0
 quantize_q4_0 = _quants.quantize_q4_0
@@ -98,6 +118,7 @@ DTYPES = {
     "bf16": (QT.BF16, 32, 1, 2),
     "q8_0": (QT.Q8_0, 7,  QK, Q8_0_BYTES),
     "q4_0": (QT.Q4_0, 2,  QK, Q4_0_BYTES),
+    "q5_0": (QT.Q5_0, 8,  QK, Q5_0_BYTES),
 }
 
 FFN_ACTS = ("silu", "relu", "gelu")
@@ -116,7 +137,7 @@ def encode(x: np.ndarray, dtype: str) -> np.ndarray:
     """float32 rows -> raw uint8 bytes of the GGUF tensor data for `dtype` (row-major)."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}")
-    return _quants.quantize(x, dtype)
+    return quantize_q5_0(x) if dtype == "q5_0" else _quants.quantize(x, dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -240,6 +261,8 @@ def _random_blocks(rng, dtype, kind, ne, r0, r1) -> np.ndarray:
     nb = rows * (n0 // QK)
     if dtype == "q4_0":
         bsz, qstd = Q4_0_BYTES, 4.61      # std of uniform{-8..7}
+    elif dtype == "q5_0":
+        bsz, qstd = Q5_0_BYTES, 9.23      # std of uniform{-16..15}
     else:
         bsz, qstd = Q8_0_BYTES, 73.9      # std of uniform{-128..127}
     fan = 1.0 if kind == "embd" else 1.0 / math.sqrt(n0)

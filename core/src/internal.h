@@ -81,7 +81,7 @@ typedef struct pi_type_traits {
     /* interleaved layouts only (rows are not addressable one by one; ne[1] a multiple of pi_group_rows) */
     pi_gemm8_fn     gemm8;         /* Q4_0X8: one group of 8 rows */
     pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; *X16: one) */
-    pi_repack_fn    repack;
+    pi_repack_fn    repack;        /* types with a repacked_type (not the layout): R rows -> one group */
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
     /* optional: row k of one group as floats, the file row's values (get_rows reads such a table, so a tied
      * embedding table can be repacked for the output head) */
@@ -142,7 +142,7 @@ typedef struct pi_type_kernels {
     pi_axpy8_fn    axpy8;       /* optional */
     pi_gemm8_fn    gemm8;       /* interleaved layouts of 8-row groups */
     pi_gemm8_fn    gemm16;      /* interleaved layouts: 16 rows at once (optional for 8-row groups) */
-    pi_repack_fn   repack;      /* interleaved layouts */
+    pi_repack_fn   repack;      /* types with a repacked_type: R of its rows -> one group of that layout */
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */

@@ -26,7 +26,7 @@ static void repack_task(void *p, int ith, int nth) {
     for (int64_t g = G * ith / nth; g < G * (ith + 1) / nth; g++) {
         const void *rows[16];
         for (int k = 0; k < R; k++) rows[k] = (const char *)a->w->data + (R * g + k) * a->w->nb[1];
-        pi_traits(a->type)->repack(K, rows, a->dst + g * group_bytes);
+        pi_traits(a->w->type)->repack(K, rows, a->dst + g * group_bytes);   /* the source type's rows -> a group */
     }
 }
 

@@ -11,6 +11,7 @@
  * Why (Sapphire Rapids, one thread, weights in L2): the 8-row kernel on the file's layout spends its time
  * transposing (vec_dot8, 14.5 GB/s of Q8_0); see bench/README.md for this kernel's figures. */
 #include "../internal.h"
+#include "../quants_k.h"
 
 #include <math.h>
 #include <string.h>
@@ -23,6 +24,30 @@
 
 void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group) {
     pi_interleave_blocks(n / PI_QK8_0, rows, 16, sizeof(pi_block_q8_0), group);
+}
+
+/* Q5_0 rows into the same layout, losslessly: a Q5_0 element is d (u - 16) with u in 0..31, so its Q8_0 block has the
+ * same d and the quants u - 16. The kernels then compute Q5_0's canonical order exactly (per block the integer
+ * sum (u - 16) y = sum u y - 16 s, then Q8_0's fma into p[b % 8]: amx_q8_0s.c names both orders), so the bits are the
+ * file layout's. The copy takes 34 bytes per block where the file has 22 (1.55x): Q5_0 tensors are typically the
+ * 256-indivisible rows of a K-quant mix (Gemma 3 270M's n_embd 640). */
+void pi_repack_q5_0_q8_0x16(int64_t n, const void *const *rows, void *group) {
+    for (int64_t b = 0; b < n / PI_QK; b++) {
+        pi_block_q8_0 blk[16];
+        const void *src[16];
+        for (int k = 0; k < 16; k++) {
+            const pi_block_q5_0 *x = (const pi_block_q5_0 *)rows[k] + b;
+            uint32_t qh;
+            memcpy(&qh, x->qh, 4);
+            blk[k].d = x->d;
+            for (int j = 0; j < PI_QK / 2; j++) {
+                blk[k].qs[j] = (int8_t)(((x->qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4)) - 16);
+                blk[k].qs[j + PI_QK / 2] = (int8_t)(((x->qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16);
+            }
+            src[k] = &blk[k];
+        }
+        pi_interleave_blocks(1, src, 16, sizeof(pi_block_q8_0), (char *)group + b * 16 * (int64_t)sizeof(pi_block_q8_0));
+    }
 }
 
 #if PI_HAVE_ROWS16

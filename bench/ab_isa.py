@@ -4,6 +4,7 @@ level's kernels are worth without the run-to-run drift of a shared VM.
     PYTHONPATH=bindings python bench/ab_isa.py --type q4_0 -K 4096 -N 4096 -T 1,8,128 --levels avx2,avx512
     PYTHONPATH=bindings python bench/ab_isa.py --model /tmp/bench_7b_q4_0.gguf -T 128,512 -r 3 --levels avx512,amx
     PYTHONPATH=bindings python bench/ab_isa.py --type f16 -K 2048 -N 5632 -T 1,512 --layouts   # file vs repacked
+    PYTHONPATH=bindings python bench/ab_isa.py --model /tmp/m1b_f16.gguf -T 8 --gen 64 -r 5     # tg64, paired
 
 Weights are random rows quantized by the core (repacked as the model loader would), activations
 random; each round runs every level once per T. Prints the median time per call and GFLOP/s
@@ -11,7 +12,8 @@ random; each round runs every level once per T. Prints the median time per call 
 (the numeric contract). With --layouts, the two variants are the load-time interleaved copy (pi_repack) and
 the file's row layout, at the first level. With --model, each round decodes one prompt of T random tokens on
 a cleared cache at each level instead (the model is loaded and repacked once: the layout is the same at
-every level) and the last logits are compared.
+every level) and the last logits are compared; with --gen N, the prompt is not timed and each round times N
+more tokens decoded one at a time (bench.py's tg N, paired).
 """
 from __future__ import annotations
 
@@ -78,6 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", action="store_true",
                     help="compare the file's layout with the repacked copy (at the first level) instead of levels")
     ap.add_argument("--model", help="a GGUF file: time whole prompt decodes instead of one op")
+    ap.add_argument("--gen", type=int, default=0,
+                    help="with --model: after each prompt of T tokens, time N tokens decoded one at a time "
+                         "(tg N, the cache growing as in bench.py) instead of the prompt")
     ap.add_argument("--cpu-time", action="store_true",
                     help="-t 1 only: time the calling thread's CPU time, not the wall clock (less noise from "
                          "other processes on a shared machine)")
@@ -131,10 +136,11 @@ def model_ab(a, levels) -> int:
     start = pi.cpu_isa()
     tokens = [int(v) for v in a.T.split(",")]
     model = pi.Model(a.model)
-    ctx = pi.Context(model, n_ctx=max(tokens) + 8, n_batch=max(tokens), n_threads=a.threads)
+    ctx = pi.Context(model, n_ctx=max(tokens) + a.gen + 8, n_batch=max(tokens), n_threads=a.threads)
     print(f"# {pi.system_info()}\n# {a.model}, threads {a.threads}, median of {a.rounds} alternating rounds")
     for T in tokens:
         prompt = [int(v) for v in np.random.default_rng(T).integers(1, model.n_vocab, T)]
+        gen = [int(v) for v in np.random.default_rng(T + 1).integers(1, model.n_vocab, a.gen)]
         times: dict[str, list[float]] = {lv: [] for lv in levels}
         last: dict[str, np.ndarray] = {}
         for _ in range(a.rounds):
@@ -143,12 +149,18 @@ def model_ab(a, levels) -> int:
                 ctx.kv_clear()
                 t0 = time.perf_counter()
                 ctx.decode(prompt)
+                if gen:   # tg: the prompt untimed, then one token per decode
+                    t0 = time.perf_counter()
+                    for tok in gen:
+                        ctx.decode([tok])
                 times[lv].append(time.perf_counter() - t0)
                 last[lv] = ctx.logits().copy()
         same = all(np.array_equal(last[lv].view(np.uint32), last[levels[0]].view(np.uint32)) for lv in levels)
         med = {lv: statistics.median(times[lv]) for lv in levels}
-        cols = "  ".join(f"{lv} {T / med[lv]:7.2f} t/s" for lv in levels)
-        print(f"pp{T}  {cols}  {levels[-1]}/{levels[0]} = {med[levels[0]] / med[levels[-1]]:.2f}x"
+        n = a.gen or T
+        cols = "  ".join(f"{lv} {n / med[lv]:7.2f} t/s" for lv in levels)
+        test = f"tg{a.gen} after pp{T}" if a.gen else f"pp{T}"
+        print(f"{test}  {cols}  {levels[-1]}/{levels[0]} = {med[levels[0]] / med[levels[-1]]:.2f}x"
               f"  logits {'equal' if same else 'DIFFER'}")
     pi.set_cpu_isa(start)
     return 0

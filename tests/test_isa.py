@@ -210,7 +210,7 @@ def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
-@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "q4_0", "q5_0"])
 def test_model_logits_equal_scalar(at_level, tmp_path, level, dtype):
     """A whole forward pass (prompt, then token by token) of a test model, each level against scalar."""
     from make_test_model import write_model
@@ -229,6 +229,22 @@ def test_model_logits_equal_scalar(at_level, tmp_path, level, dtype):
             logits.append(ctx.logits())
         out[lv] = np.stack(logits)
     assert_bit_equal(out[level], out["scalar"], f"{dtype} model logits {level} vs scalar")
+
+
+def test_ab_isa_model_modes(tmp_path):
+    """bench/ab_isa.py's whole-model A/B (prompt, and --gen: tokens one at a time) runs and finds the levels' logits
+    equal: the numeric contract seen through the benchmark tool."""
+    import subprocess
+    from make_test_model import write_model
+    path = tmp_path / "m.gguf"
+    write_model(path, dtype="q4_0", n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=3)
+    script = Path(__file__).resolve().parents[1] / "bench" / "ab_isa.py"
+    for extra, test in (([], "pp4"), (["--gen", "3"], "tg3 after pp4")):
+        p = subprocess.run([sys.executable, str(script), "--model", str(path), "-T", "4", "-r", "1", "-t", "1",
+                            "--levels", ",".join(LEVELS)] + extra, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-500:]
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith(test)]
+        assert line and line[0].endswith("logits equal"), p.stdout
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])

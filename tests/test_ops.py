@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from powerinfer._ffi import PowerInferError, check, ffi, lib
+from make_test_model import quantize_q5_0  # tools/ (conftest.py puts it on the path)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -177,9 +178,6 @@ def np_encode(x, t) -> np.ndarray:
     if t == Q4_0:
         return np_quantize_q4_0(x)
     if t == Q5_0:   # ggml's reference quantizer, as the test models' writer has it
-        import sys
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-        from make_test_model import quantize_q5_0
         return quantize_q5_0(x)
     raise ValueError(t)
 

@@ -22,12 +22,11 @@ from make_test_model import write_model  # noqa: E402
 from test_isa import q4_K_extreme_rows, q5_K_extreme_rows, wtensor  # noqa: E402
 from test_isa import quantize as quantize_rows  # noqa: E402
 from test_isa import repacked as repacked_t  # noqa: E402
-from test_ops import (BF16, F16, Q4_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case, mul_mat_reference_and_tol,  # noqa: E402
-                      np_encode, tensor)
+from test_ops import (BF16, F16, Q4_0, Q5_0, Q8_0, assert_bit_equal, expect_error, mul_mat_case,  # noqa: E402
+                      mul_mat_reference_and_tol, np_encode, tensor)
 
 
 Q4_K = 12
-Q5_0 = 6
 Q5_K = 13
 
 

@@ -25,19 +25,13 @@ void pi_q4_1_to_f32(const void *src, float *dst, int64_t n) {
     }
 }
 
-static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-
 void pi_q5_0_to_f32(const void *src, float *dst, int64_t n) {
     const pi_block_q5_0 *x = src;
     for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {
         const float d = pi_fp16_to_f32(x[b].d);
-        const uint32_t qh = load_u32(x[b].qh);
-        for (int j = 0; j < PI_QK / 2; j++) {
-            const int q0 = (x[b].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
-            const int q1 = (x[b].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
-            dst[j]             = (float)(q0 - 16) * d;
-            dst[j + PI_QK / 2] = (float)(q1 - 16) * d;
-        }
+        uint8_t u[PI_QK];
+        pi_quants_5bit(x[b].qs, x[b].qh, u);
+        for (int j = 0; j < PI_QK; j++) dst[j] = (float)(u[j] - 16) * d;
     }
 }
 
@@ -45,13 +39,9 @@ void pi_q5_1_to_f32(const void *src, float *dst, int64_t n) {
     const pi_block_q5_1 *x = src;
     for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {
         const float d = pi_fp16_to_f32(x[b].d), m = pi_fp16_to_f32(x[b].m);
-        const uint32_t qh = load_u32(x[b].qh);
-        for (int j = 0; j < PI_QK / 2; j++) {
-            const int q0 = (x[b].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
-            const int q1 = (x[b].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
-            dst[j]             = (float)q0 * d + m;
-            dst[j + PI_QK / 2] = (float)q1 * d + m;
-        }
+        uint8_t u[PI_QK];
+        pi_quants_5bit(x[b].qs, x[b].qh, u);
+        for (int j = 0; j < PI_QK; j++) dst[j] = (float)u[j] * d + m;
     }
 }
 

@@ -22,6 +22,17 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[PI_QK / 2]; }       pi_bl
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[PI_QK / 2]; }    pi_block_q5_1;   /* 24 B */
 typedef struct { float d, s; int8_t qs[PI_QK]; }                           pi_block_q8_1;   /* 40 B */
 
+/* The 32 unsigned 5-bit quants u of a Q5_0 / Q5_1 block: element j (j < 16) is the low nibble of qs[j], element
+ * j + 16 its high nibble, and bit j of the 32-bit qh is element j's fifth bit. */
+static inline void pi_quants_5bit(const uint8_t qs[PI_QK / 2], const uint8_t qh_bytes[4], uint8_t u[PI_QK]) {
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, 4);
+    for (int j = 0; j < PI_QK / 2; j++) {
+        u[j] = (uint8_t)((qs[j] & 0x0f) | ((qh >> j) & 1) << 4);
+        u[j + PI_QK / 2] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
 /* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
 typedef struct { uint8_t scales[PI_QK_K / 16]; uint8_t qs[PI_QK_K / 4]; uint16_t d, dmin; } pi_block_q2_K;
 /* Q3_K: 16 sub-blocks of 16, 6-bit signed scales (offset 32) packed in 12 bytes. 110 B */

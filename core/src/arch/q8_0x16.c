@@ -37,13 +37,10 @@ void pi_repack_q5_0_q8_0x16(int64_t n, const void *const *rows, void *group) {
         const void *src[16];
         for (int k = 0; k < 16; k++) {
             const pi_block_q5_0 *x = (const pi_block_q5_0 *)rows[k] + b;
-            uint32_t qh;
-            memcpy(&qh, x->qh, 4);
+            uint8_t u[PI_QK];
+            pi_quants_5bit(x->qs, x->qh, u);
             blk[k].d = x->d;
-            for (int j = 0; j < PI_QK / 2; j++) {
-                blk[k].qs[j] = (int8_t)(((x->qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4)) - 16);
-                blk[k].qs[j + PI_QK / 2] = (int8_t)(((x->qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16);
-            }
+            for (int j = 0; j < PI_QK; j++) blk[k].qs[j] = (int8_t)(u[j] - 16);
             src[k] = &blk[k];
         }
         pi_interleave_blocks(1, src, 16, sizeof(pi_block_q8_0), (char *)group + b * 16 * (int64_t)sizeof(pi_block_q8_0));

@@ -81,8 +81,6 @@ static inline __m256i select_bits(__m256i bits, uint8_t mask, uint8_t value) {
 }
 #endif
 
-static inline uint32_t load_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-
 /* Decode streams one row per thread; asking for the super-block K_PREFETCH_AHEAD blocks on (all its cache lines)
  * keeps that stream's misses overlapped. */
 #ifndef K_PREFETCH_AHEAD
@@ -129,13 +127,10 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
 #if defined(__AVX2__)
         s = pi_hsum_epi32(dot_u8_i8(q5_0_unsigned(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs)));
 #else
-        const uint32_t qh = load_u32(a[i].qh);
+        uint8_t u[PI_QK];
+        pi_quants_5bit(a[i].qs, a[i].qh, u);
         s = 0;
-        for (int j = 0; j < PI_QK / 2; j++) {
-            const int u0 = (a[i].qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
-            const int u1 = (a[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
-            s += u0 * b[i].qs[j] + u1 * b[i].qs[j + PI_QK / 2];
-        }
+        for (int j = 0; j < PI_QK; j++) s += u[j] * b[i].qs[j];
 #endif
         p[i % 8] = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)(s - 16 * b[i].s), p[i % 8]);
     }
@@ -199,12 +194,8 @@ float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x) {
 #else   /* the same order as the AVX2 body (see pi_vec_dot_q4_1_q8_1) */
     float acc[8] = { 0 };
     for (; i < nb; i++) {
-        const uint32_t qh = load_u32(a[i].qh);
         uint8_t q[PI_QK];
-        for (int j = 0; j < PI_QK / 2; j++) {
-            q[j] = (uint8_t)((a[i].qs[j] & 0x0f) | ((qh >> j) & 1) << 4);
-            q[j + PI_QK / 2] = (uint8_t)((a[i].qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
-        }
+        pi_quants_5bit(a[i].qs, a[i].qh, q);
         lanes_fma(q, b[i].qs, pi_fp16_to_f32(a[i].d) * b[i].d, acc);
         summ += pi_fp16_to_f32(a[i].m) * b[i].s;
     }

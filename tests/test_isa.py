@@ -361,14 +361,15 @@ def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
     interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Ts, "q8_0x16")
 
 
-def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name):
-    """mul_mat over raw (rows of type t) at the scalar level == over its interleaved copy (type `name`) at `level`,
-    for the first T rows of x, T in Ts, with and without a pool."""
+def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name, repack_level=None):
+    """mul_mat over raw (rows of type t) at the scalar level == over its interleaved copy (type `name`, made at
+    repack_level, default `level`) at `level`, for the first T rows of x, T in Ts, with and without a pool."""
     N = raw.shape[0]
     at_level("scalar")
     expected = [mul_mat(wtensor(t, raw), x[:T], N, pool2) for T in Ts]
-    at_level(level)
+    at_level(repack_level or level)
     rt, keep = repacked(wtensor(t, raw))
+    at_level(level)
     assert ffi.string(lib.pi_type_name(rt.type)).decode() == name
     for T, want in zip(Ts, expected):
         K = x.shape[1]
@@ -425,13 +426,29 @@ def q5_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
     return raw
 
 
+def q6_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
+    """raw (Q6_K rows from the quantizer) with rows 0..3 replaced by random blocks over the whole format: every quant
+    bit, every int8 scale (-128 included), d of either sign up to 2^4; row 3 with every quant 63 and every scale
+    -128 (the int32 budget's extreme); a zero row (16, or the last)."""
+    raw = raw.copy()
+    blocks = raw.reshape(N, K // 256, 210)
+    blocks[:4] = rng.integers(0, 256, blocks[:4].shape, dtype=np.uint8)
+    blocks[:4, :, 208:210] = rng.uniform(-16, 16, (4, K // 256, 1)).astype(np.float16).view(np.uint8)
+    blocks[3, :, :192] = 0xff                     # u = 63
+    blocks[3, :, 192:208] = 0x80                  # sc = -128
+    blocks[min(16, N - 1)] = 0                    # a zero row (d = 0)
+    return raw
+
+
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("t,name,extreme", [(12, "q4_Kx16", q4_K_extreme_rows), (13, "q5_Kx16", q5_K_extreme_rows)],
-                         ids=["q4_K", "q5_K"])
+@pytest.mark.parametrize("t,name,extreme", [(12, "q4_Kx16", q4_K_extreme_rows), (13, "q5_Kx16", q5_K_extreme_rows),
+                                            (14, "q6_Kx16", q6_K_extreme_rows)],
+                         ids=["q4_K", "q5_K", "q6_K"])
 @pytest.mark.parametrize("K", [256, 2048, 4352])
 def test_K_interleaved_equals_scalar(at_level, pool2, level, t, name, extreme, K):
-    """Q4_K's and Q5_K's interleaved copies (Q4_KX16, Q5_KX16: 16 rows a group, pi_repack) at every level that makes
-    them (scalar included: its own gemm16; Q5_K not at amx, where the file's layout has tile kernels and stays) give
+    """Q4_K's, Q5_K's and Q6_K's interleaved copies (Q4_KX16, Q5_KX16, Q6_KX16: 16 rows a group, pi_repack) at every
+    level that makes them (scalar included: its own gemm16; Q5_K and Q6_K not at amx, where the file's layout has tile
+    kernels and stays; Q6_K only at avx512, and its copy made there runs at the levels below) give
     the bits of the file's layout at the scalar level: decode (1 token), the 4-token blocks, 2-token pair and 1-token
     tail of the AVX-512 Q4_K kernel (3, 7, 8), calls of 8 tokens and their tails, and prompt batches whose whole
     16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K: one super-block, two AMX K chunks (4
@@ -449,7 +466,11 @@ def test_K_interleaved_equals_scalar(at_level, pool2, level, t, name, extreme, K
     x[11, :] = -127.0                      # extreme quants
     raw = extreme(rng, N, K, quantize(t, w))
     at_level(level)
+    repack_level = None
+    if t == 14 and level in ("scalar", "avx2"):   # no Q6_K copy made here: run the avx512 level's
+        at_level("avx512")
+        repack_level = "avx512"
     if lib.pi_repack_bytes(wtensor(t, raw)) == 0:
-        assert (t, level) == (13, "amx"), f"{name}: no interleaved copy at {level}"
-        pytest.skip(f"{level}: q5_K stays in the file's layout (its tile kernels read only that)")
-    interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name)
+        assert t in (13, 14) and level == "amx", f"{name}: no interleaved copy at {level}"
+        pytest.skip(f"{level}: {name[:4]} stays in the file's layout (its tile kernels read only that)")
+    interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name, repack_level)

@@ -109,7 +109,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
                        .repacked_type = PI_TYPE_Q4_KX16 },
     [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_KM,
                        .repacked_type = PI_TYPE_Q5_KX16 },
-    [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K },
+    [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K,
+                       .repacked_type = PI_TYPE_Q6_KX16 /* where the level has a repack kernel for it */ },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
     /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
      * no conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0), the sparse FFN's
@@ -122,6 +123,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q8_0x16_row_to_f32 },
     [PI_TYPE_Q4_KX16] = { "q4_Kx16", 256, 144, NULL, NULL, PI_TYPE_Q8_KM },
     [PI_TYPE_Q5_KX16] = { "q5_Kx16", 256, 176, NULL, NULL, PI_TYPE_Q8_KM },
+    [PI_TYPE_Q6_KX16] = { "q6_Kx16", 256, 210, NULL, NULL, PI_TYPE_Q8_K },
     /* blocks of 8 elements per row (n a multiple of 8) */
     [PI_TYPE_F16X8]  = { "f16x8", 8, 16, NULL, NULL, PI_TYPE_F32, .group_row_to_f32 = f16x8_row_to_f32 },
     [PI_TYPE_BF16X8] = { "bf16x8", 8, 16, NULL, NULL, PI_TYPE_F32, .group_row_to_f32 = bf16x8_row_to_f32 },
@@ -153,7 +155,7 @@ _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && siz
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
                sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144 &&
-               sizeof(pi_block_q5_Kx16) == 16 * 176,
+               sizeof(pi_block_q5_Kx16) == 16 * 176 && sizeof(pi_block_q6_Kx16) == 16 * 210,
                "K-quant block sizes");
 
 const pi_type_traits *pi_traits(int32_t type) {

@@ -103,12 +103,14 @@ enum {
     PI_TYPE_Q5_KX16,                 /* Q5_K weights, the same */
     PI_TYPE_F16X8,                   /* f16 weights, 8 rows as two halves of 4 interleaved per 8 elements (pi_x8_index) */
     PI_TYPE_BF16X8,                  /* bf16 weights, the same */
+    PI_TYPE_Q6_KX16,                 /* Q6_K weights, 16 rows interleaved (pi_repack; quants_k.h) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
 static inline int64_t pi_group_rows(int32_t type) {
     return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
-         : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 ? 16
+         : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 ||
+           type == PI_TYPE_Q6_KX16 ? 16
          : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }

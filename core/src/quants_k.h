@@ -69,6 +69,10 @@ typedef struct { uint16_t d[16], dmin[16]; uint8_t scales[3][64]; uint8_t qs[32]
  * words[i][4r..4r+3], in the row block's order; so the word at byte `off` (>= 4) of the row block is
  * words[(off - 4) / 4], and Q4_KX16's scales and qs are its words[0..2] and [3..34] the same way. arch/kx16.c. */
 typedef struct { uint16_t d[16], dmin[16]; uint8_t words[43][64]; } pi_block_q5_Kx16;
+/* Q6_KX16 (core-internal, pi_repack): the same regrouping of Q6_K super-blocks (16 x 210 B): d as a vector of 16
+ * fp16, then the row block's 52 words before it (ql: words 0..31, qh: 32..47, scales: 48..51) as 52 x 64, word i of
+ * row r at words[i][4r..4r+3]. arch/kx16.c. */
+typedef struct { uint16_t d[16]; uint8_t words[52][64]; } pi_block_q6_Kx16;
 
 /* Round to nearest, ties to even (llama.cpp's nearest_int for the values quantizers produce). */
 static inline int pi_nearest_int(float v) { return (int)lrintf(v); }

@@ -1,6 +1,7 @@
 /* repack.c: load-time copies of weights in layouts the kernels read faster: mul_mat's interleaved
- * rows (see arch/rows8.c, arch/q8_0x16.c, arch/kx16.c; types whose traits name a repacked_type, 2-d, a multiple of
- * its group's 8 or 16 rows, unless the level's tile kernels read only the file's layout) and
+ * rows (see arch/rows8.c, arch/q8_0x16.c, arch/kx16.c; types whose traits name a repacked_type and whose level has a
+ * repack kernel for it (Q6_K: the AVX-512 levels only), 2-d, a multiple of its group's 8 or 16 rows, unless the
+ * level's tile kernels read only the file's layout) and
  * the sparse FFN's per-neuron packing (see arch/q4_0r.c). */
 #include "internal.h"
 
@@ -9,7 +10,7 @@
 int64_t pi_repack_bytes(const pi_tensor *w) {
     if (!w || pi_check_tensor(w, "repack") != PI_OK) { pi_clear_error(); return 0; }
     const pi_type_traits *tr = pi_traits(w->type);
-    if (!tr->repacked_type || w->n_dims != 2 || w->ne[1] % pi_group_rows(tr->repacked_type) ||
+    if (!tr->repacked_type || !tr->repack || w->n_dims != 2 || w->ne[1] % pi_group_rows(tr->repacked_type) ||
         w->ne[0] % pi_traits(tr->repacked_type)->block_size)   /* F16X8: rows of whole 8-element chunks */
         return 0;
     /* where the file's layout has tile kernels (AMX) and the interleaved one none, the file's layout is faster */

@@ -37,6 +37,9 @@ static void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, 
                                    float *y, int64_t y_stride);
 static void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
+/* Q6_KX16 groups at every level (arch/kx16.c; x: Q8_K); only the AVX-512 levels make them (pi_repack_q6_Kx16 below) */
+static void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);
 /* F16X8 and BF16X8 groups at every level (arch/vec_dot.c; layout: pi_x8_index) */
 static void pi_repack_16bit_x8(int64_t n, const void *const *rows, void *group);
 static void pi_gemm8_f16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
@@ -48,6 +51,7 @@ static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, i
                                   float *y, int64_t y_stride);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PI_HAVE_ROWS16 1   /* 512-bit kernels over two 8-row groups */
+static void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group);
 static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
 #else

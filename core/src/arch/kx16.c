@@ -6,9 +6,10 @@
  * tile kernel takes its B tiles from Q4_KX16's quants with a nibble mask.
  *
  * Measured on a Zen 3 (AVX2, one thread, bench/ab_ops.py against a build that keeps the file's layout): Q5_KX16
- * prompt matmuls (T = 128) 0.93x the time, decode 0.76-1.09x (weights from DRAM; 0.67x from cache). Q6_K has no
- * such copy: the same regrouping made its prompts 0.87-0.92x but decode 1.4-2x the time of its single-row kernel
- * (pi_vec_dot_q6_K_q8_K), with the 16 rows in one pass or two, in the file's word order or in the reading order.
+ * prompt matmuls (T = 128) 0.93x the time, decode 0.76-1.09x (weights from DRAM; 0.67x from cache). Q6_K's copy
+ * (Q6_KX16) is made only at the AVX-512 levels: on the Zen 3 the same regrouping made its AVX2 prompts 0.87-0.92x but
+ * decode 1.4-2x the time of its single-row kernel (pi_vec_dot_q6_K_q8_K); its AVX-512 kernel (below) takes 0.47x
+ * the time of the file layout's kernels for prompts and for decode on a Zen 5.
  *
  * pi_gemm16_q4_Kx16_q8_K: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_KM activations, every level:
  * AVX-512 in 16 lanes with VNNI, AVX2 as two halves of 8 rows through rows8_k.c's k4_dot8_src, scalar loops.
@@ -36,6 +37,7 @@ typedef struct {
 } kx16_layout;
 static const kx16_layout q4_Kx16_layout = { sizeof(pi_block_q4_K), 2, { 0, 2 }, { 0, 32 }, 4, 35, 64 };
 static const kx16_layout q5_Kx16_layout = { sizeof(pi_block_q5_K), 2, { 0, 2 }, { 0, 32 }, 4, 43, 64 };
+static const kx16_layout q6_Kx16_layout = { sizeof(pi_block_q6_K), 1, { 208, 0 }, { 0, 0 }, 0, 52, 32 };
 
 /* Row r's super-block between a group's block gb and a row block rb: into the group (to_group) or out of it. */
 static void kx16_copy(const kx16_layout *L, char *gb, char *rb, int r, int to_group) {
@@ -55,6 +57,18 @@ static void kx16_repack(const kx16_layout *L, int64_t n, const void *const *rows
 
 void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q4_Kx16_layout, n, rows, group); }
 void pi_repack_q5_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q5_Kx16_layout, n, rows, group); }
+
+/* Rows copied out of the group, then the type's vec_dot per token (the reference itself): every layout's kernel at the
+ * scalar level, and Q6_KX16's below the AVX-512 levels (which do not make that copy, but run one made above them). */
+static inline void kx16_gemm16_rows(const kx16_layout *L, pi_vec_dot_fn dot, int64_t n, const void *group, const char *x,
+                                    int64_t x_stride, int nt, float *y, int64_t y_stride) {
+    char row[n / PI_QK_K * L->row_bytes];
+    for (int r = 0; r < 16; r++) {
+        for (int64_t b = 0; b < n / PI_QK_K; b++)   /* read only: kx16_copy with to_group = 0 */
+            kx16_copy(L, (char *)group + 16 * L->row_bytes * b, row + L->row_bytes * b, r, 0);
+        for (int t = 0; t < nt; t++) y[t * y_stride + r] = dot(n, row, x + t * x_stride);
+    }
+}
 
 #if PI_HAVE_ROWS16
 #ifndef Q4KX16_PF_DIST
@@ -196,16 +210,6 @@ void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
 
 #else   /* scalar: each row copied out of the group, then the type's vec_dot per token (the reference itself) */
 
-static void kx16_gemm16_rows(const kx16_layout *L, pi_vec_dot_fn dot, int64_t n, const void *group, const char *x,
-                             int64_t x_stride, int nt, float *y, int64_t y_stride) {
-    char row[n / PI_QK_K * L->row_bytes];
-    for (int r = 0; r < 16; r++) {
-        for (int64_t b = 0; b < n / PI_QK_K; b++)   /* read only: kx16_copy with to_group = 0 */
-            kx16_copy(L, (char *)group + 16 * L->row_bytes * b, row + L->row_bytes * b, r, 0);
-        for (int t = 0; t < nt; t++) y[t * y_stride + r] = dot(n, row, x + t * x_stride);
-    }
-}
-
 void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
     kx16_gemm16_rows(&q4_Kx16_layout, pi_vec_dot_q4_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
@@ -216,4 +220,104 @@ void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     kx16_gemm16_rows(&q5_Kx16_layout, pi_vec_dot_q5_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
 
+#endif
+
+/* ---- Q6_KX16 ----
+ * Q6_K's canonical order (pi_vec_dot_q6_K_q8_K): per super-block the exact integer
+ * sumi = sum_j sc_j sum_l u_l y_l - 32 sum_j sc_j bsum_j (u = 4 low bits | 2 high bits << 4, sc_j int8), then
+ * acc = acc + (d_x * d) * sumi, super-blocks in order. Word m (m < 8) of half h's ql (words 16h + m and 16h + 8 + m)
+ * and qh (word 32 + 8h + m) make four registers u_q (q < 4) of elements 128h + 32q + 4m..+3 (sub-block
+ * 8h + 2q + m / 4): u_0 = ql lo | qh bits 0-1, u_1 = ql' lo | bits 2-3, u_2 = ql hi | bits 4-5, u_3 = ql' hi | bits 6-7.
+ *
+ * Only the AVX-512 levels make this copy (level.c; the amx level keeps the file's layout for its tile kernels): on
+ * a Zen 3 the regrouping in two AVX2 halves made decode 1.4-2x slower than the single-row kernel. The levels below
+ * run a copy made above them row by row (kx16_gemm16_rows).
+ *
+ * The loop goes sub-block by sub-block (u_q of four words, then sc_j C_j) with up to 8 tokens per unpacked register:
+ * keeping all four u_q and their 16 chains of 4 tokens live spilled registers (Zen 5, one thread, 542M Q6_K ffn_up,
+ * T = 512, bench/ab_ops.py: this order took 0.5-0.7x the time of that one, 8 tokens 0.88x the time of 4; the
+ * file layout's 8-row kernel 2.1x). */
+#if PI_HAVE_ROWS16
+void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q6_Kx16_layout, n, rows, group); }
+
+#ifndef Q6KX16_PF_DIST
+#define Q6KX16_PF_DIST 2   /* super-blocks ahead (3360 bytes each) */
+#endif
+/* Signed bytes j0 and j1 of every 32-bit lane of v as the lane's int16 pair (j0 low, j1 high). */
+static inline __m512i q6kx16_pair(__m512i v, int j0, int j1) {
+    const __m512i lane = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0);   /* 0x80 | offset: still zero */
+    const __m512i idx = _mm512_or_si512(lane, _mm512_set1_epi32((int)((unsigned)j1 << 24 | 0x800000u | (unsigned)j0 << 8 | 0x80u)));
+    return _mm512_srai_epi16(_mm512_shuffle_epi8(v, idx), 8);
+}
+
+#ifndef Q6KX16_MAX_T
+#define Q6KX16_MAX_T 8
+#endif
+/* nt (1, 2 or 4, a constant after inlining) tokens; sub-block sums C_j of the 16 rows by VNNI (u8 weights, s8
+ * activations broadcast), then sumi += sc_j C_j in int32 (|sumi| <= 256 * 63 * 127 * 128 < 2^31). */
+static inline __attribute__((always_inline)) void q6_Kx16_tokens(int64_t nb, const pi_block_q6_Kx16 *g, const char *x,
+                                                               int64_t x_stride, const int nt, float *y,
+                                                               int64_t y_stride) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30);
+    __m512 acc[Q6KX16_MAX_T];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const pi_block_q6_Kx16 *gb = g + b;
+        const pi_block_q8_K *xb[Q6KX16_MAX_T];
+        __m512i sumi[Q6KX16_MAX_T];   /* starts at - 32 sum_j sc_j bsum_j: a madd of (sc_2i, sc_2i+1) per lane */
+        for (int t = 0; t < nt; t++) {
+            xb[t] = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            sumi[t] = _mm512_setzero_si512();
+        }
+        for (int i = 0; i < 8; i++) {
+            const __m512i scp = q6kx16_pair(_mm512_loadu_si512(gb->words[48 + i / 2]), (2 * i) % 4, (2 * i) % 4 + 1);
+            for (int t = 0; t < nt; t++)
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], scp, _mm512_set1_epi32(pi_load_i32(xb[t]->bsums + 2 * i)));
+        }
+        for (int t = 0; t < nt; t++) sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sumi[t], 5));
+        for (int h = 0; h < 2; h++)
+            for (int q = 0; q < 4; q++) {   /* u_q of words m < 8: sub-blocks 8h + 2q (m < 4) and 8h + 2q + 1 */
+                for (int i = 0; i < 7; i++)
+                    _mm_prefetch((const char *)(gb + Q6KX16_PF_DIST) + 64 * (7 * (4 * h + q) + i), _MM_HINT_T0);
+                for (int mq = 0; mq < 2; mq++) {
+                    __m512i c[Q6KX16_MAX_T];
+                    for (int t = 0; t < nt; t++) c[t] = _mm512_setzero_si512();
+                    for (int mm = 0; mm < 4; mm++) {
+                        const int m = 4 * mq + mm;
+                        const __m512i lo = _mm512_loadu_si512(gb->words[16 * h + 8 * (q & 1) + m]);
+                        const __m512i hb = _mm512_loadu_si512(gb->words[32 + 8 * h + m]);
+                        const __m512i nib = _mm512_and_si512(q < 2 ? lo : _mm512_srli_epi32(lo, 4), m4);
+                        const __m512i hi2 = q == 0 ? _mm512_slli_epi32(hb, 4) : q == 1 ? _mm512_slli_epi32(hb, 2)
+                                          : q == 2 ? hb : _mm512_srli_epi32(hb, 2);   /* bits 2q, 2q+1 -> 4, 5 */
+                        const __m512i u = _mm512_or_si512(nib, _mm512_and_si512(hi2, m2h));
+                        for (int t = 0; t < nt; t++)
+                            c[t] = _mm512_dpbusd_epi32(c[t], u, _mm512_set1_epi32(pi_load_i32(xb[t]->qs + 128 * h + 32 * q + 4 * m)));
+                    }
+                    const int j = 8 * h + 2 * q + mq;   /* sc_j, sign-extended from byte j % 4 of scale word j / 4 */
+                    const __m512i sw = _mm512_loadu_si512(gb->words[48 + j / 4]);
+                    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sw, 24 - 8 * (j % 4)), 24);
+                    for (int t = 0; t < nt; t++) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sc, c[t]));
+                }
+            }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->d));
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(xb[t]->d), d), _mm512_cvtepi32_ps(sumi[t])));
+    }
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
+}
+
+void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    int t = 0;
+    for (; Q6KX16_MAX_T >= 8 && t + 8 <= nt; t += 8) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 8, y + t * y_stride, y_stride);
+    for (; Q6KX16_MAX_T >= 4 && t + 4 <= nt; t += 4) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
+    for (; t + 2 <= nt; t += 2) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
+    if (t < nt) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+}
+
+#else
+void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    kx16_gemm16_rows(&q6_Kx16_layout, pi_vec_dot_q6_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
+}
 #endif

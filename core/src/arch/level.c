@@ -64,7 +64,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8(pi_vec_dot8_q5_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q5_K_q8_K), .repack = pi_repack_q5_Kx16 },
         [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K),
-                           .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K) },
+                           .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16) },
         [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K },
         /* internal types */
         [PI_TYPE_Q8_0S]  = { .to_f32 = pi_q8_0s_to_f32, .from_f32 = pi_quantize_row_q8_0s },
@@ -76,6 +76,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q4_KX16] = { .gemm16 = pi_gemm16_q4_Kx16_q8_K, .tiles = AMX(pi_tiles_q4_Kx16_q8_K) },
         /* no tile kernels: at the amx level Q5_K stays in the file's layout (pi_repack_bytes) */
         [PI_TYPE_Q5_KX16] = { .gemm16 = pi_gemm16_q5_Kx16_q8_K },
+        [PI_TYPE_Q6_KX16] = { .gemm16 = pi_gemm16_q6_Kx16_q8_K },
         [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
                              .axpy8 = ROWS8(pi_axpy8_q4_0r), .to_f32 = pi_q4_0r_to_f32 },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },

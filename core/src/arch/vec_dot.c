@@ -422,6 +422,9 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
  * or, for 4 tokens or fewer, 4 tokens x all 4 pairs (a short block repeats its last token: fewer repeats).
  * Sapphire Rapids, f16 ffn_up/ffn_down T = 512: 8 x 2 took 0.92x the time of 4 x 4 (bf16 0.90x) once the
  * activations came from L2 (mul_mat's token chunks); streaming them from L3 it had been 1.13x. */
+#ifndef F16_PREFETCH_NEXT
+#define F16_PREFETCH_NEXT 1
+#endif
 static inline __m512 load_pair(const uint16_t *a, const uint16_t *b, int bf16, const int S) {
     const __m256i h = S != 1 ? _mm256_loadu_si256((const __m256i *)a)   /* interleaved: b = a + 8, one load */
                              : _mm256_set_m128i(_mm_loadu_si128((const __m128i *)b), _mm_loadu_si128((const __m128i *)a));
@@ -432,12 +435,14 @@ static inline __m512 load_pair(const uint16_t *a, const uint16_t *b, int bf16, c
 static inline __attribute__((always_inline)) void half_block_512(int64_t n, const uint16_t *const *w,
                                                              const float *const *xt, int n_tok, int p0, float *y,
                                                              int64_t y_stride, const int tok, const int pairs,
-                                                             const int bf16, const int S) {
+                                                             const int bf16, const int S, const char *pf) {
     const int64_t n8 = n / 8 * 8;
     __m512 acc[4][8];
     for (int p = 0; p < pairs; p++)
         for (int j = 0; j < tok; j++) acc[p][j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n8; i += 8) {
+        if (pf)   /* a cache line of the next group per step (pf: where this block's share of it begins) */
+            for (int l = 0; l < pairs / 2; l++) _mm_prefetch(pf + 8 * i * (pairs / 2) + 64 * l, _MM_HINT_T1);
         __m512 wp[4];
         for (int p = 0; p < pairs; p++) wp[p] = load_pair(w[2 * (p0 + p)] + i * S, w[2 * (p0 + p) + 1] + i * S, bf16, S);
         for (int j = 0; j < tok; j++) {
@@ -459,15 +464,22 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
                                                              int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                              const int bf16, const int S) {
     const uint16_t *const *w = (const uint16_t *const *)rows;
+    /* the interleaved copy: the next group (16 n bytes on) into L2 while this one computes. Where a pass holds few
+     * tokens (mul_mat's L2 chunks: 8 at K = 5632), each group comes from DRAM with its first 8 tokens at 8 bytes a
+     * cycle, more than one core's stream gives. Zen 5, one thread: 8 tokens over 16 MB of groups at K = 2048 ran
+     * at 59 GFLOP/s without, 162 with (182 from L2); the 542M f16 ffn_down at T = 512 took 0.95x the time
+     * (bench/ab_ops.py --cpu-time), ffn_up (32 tokens a pass) the same */
+    const char *next = S != 1 && F16_PREFETCH_NEXT ? (const char *)w[0] + 16 * n : NULL;
     for (int t0 = 0; t0 < nt; t0 += 8) {
         const int n_tok = PI_MIN(8, nt - t0);
         const float *xt[8];
         for (int j = 0; j < 8; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
         if (n_tok > 4)
             for (int p0 = 0; p0 < 4; p0 += 2)
-                half_block_512(n, w, xt, n_tok, p0, y + t0 * y_stride, y_stride, 8, 2, bf16, S);
+                half_block_512(n, w, xt, n_tok, p0, y + t0 * y_stride, y_stride, 8, 2, bf16, S,
+                               next ? next + 4 * n * p0 : NULL);
         else
-            half_block_512(n, w, xt, n_tok, 0, y + t0 * y_stride, y_stride, 4, 4, bf16, S);
+            half_block_512(n, w, xt, n_tok, 0, y + t0 * y_stride, y_stride, 4, 4, bf16, S, next);
     }
 }
 #define HALF_ROWS8_BODY half_rows8_512

@@ -235,8 +235,8 @@ void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
  *
  * The loop goes sub-block by sub-block (u_q of four words, then sc_j C_j) with up to 8 tokens per unpacked register:
  * keeping all four u_q and their 16 chains of 4 tokens live spilled registers (Zen 5, one thread, 542M Q6_K ffn_up,
- * T = 512, bench/ab_ops.py: this order took 0.5-0.7x the time of that one, 8 tokens 0.88x the time of 4; the
- * file layout's 8-row kernel 2.1x). */
+ * T = 512, bench/ab_ops.py: 50 ms a call against this order's 36-38; 8 tokens took 0.88x the time of 4; the file
+ * layout's 8-row kernel 76-78 ms). */
 #if PI_HAVE_ROWS16
 void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q6_Kx16_layout, n, rows, group); }
 

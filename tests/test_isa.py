@@ -361,6 +361,18 @@ def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
     interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Ts, "q8_0x16")
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_q6_K_copied_only_at_avx512(at_level, level):
+    """Which levels make Q6_K's interleaved copy: only avx512 (the avx2 regrouping decoded 1.4-2x slower on a Zen 3;
+    the amx level keeps the file's layout for its tile kernels), while Q4_K's copy is made at every level: the rule
+    is the level's repack kernel for the type, not the type alone."""
+    raw = quantize(14, np.random.default_rng(1).standard_normal((16, 256)).astype(np.float32))
+    at_level(level)
+    assert lib.pi_repack_bytes(wtensor(14, raw)) == (raw.nbytes if level == "avx512" else 0)
+    raw4 = quantize(12, np.random.default_rng(2).standard_normal((16, 256)).astype(np.float32))
+    assert lib.pi_repack_bytes(wtensor(12, raw4)) == raw4.nbytes
+
+
 def interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name, repack_level=None):
     """mul_mat over raw (rows of type t) at the scalar level == over its interleaved copy (type `name`, made at
     repack_level, default `level`) at `level`, for the first T rows of x, T in Ts, with and without a pool."""

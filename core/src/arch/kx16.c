@@ -253,7 +253,7 @@ static inline __m512i q6kx16_pair(__m512i v, int j0, int j1) {
 #ifndef Q6KX16_MAX_T
 #define Q6KX16_MAX_T 8
 #endif
-/* nt (1, 2 or 4, a constant after inlining) tokens; sub-block sums C_j of the 16 rows by VNNI (u8 weights, s8
+/* nt (1, 2, 4 or 8, a constant after inlining) tokens; sub-block sums C_j of the 16 rows by VNNI (u8 weights, s8
  * activations broadcast), then sumi += sc_j C_j in int32 (|sumi| <= 256 * 63 * 127 * 128 < 2^31). */
 static inline __attribute__((always_inline)) void q6_Kx16_tokens(int64_t nb, const pi_block_q6_Kx16 *g, const char *x,
                                                                int64_t x_stride, const int nt, float *y,

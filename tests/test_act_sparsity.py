@@ -202,14 +202,22 @@ def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
     assert not np.array_equal(a, dense)      # the sparse level does change the result
 
 
+PACKED_TOL = 2e-2   # logits' rel. RMS, packed vs file layout: measured 1.3e-2 (1.6e-3 .. 8e-3 per token with every
+                    # channel kept), from the group sums' 14-bit coefficients (1e-4 of one FFN's output, tests/test_repack.py
+                    # holds their bits and bound) grown through this random 2-layer model and a few channels near the thresholds
+
+
 def test_packed_rows_equal_the_file_layout(sparse_files):
-    """Q4_0 up/down_t are packed per channel at load (n_embd 256): same selection, close results."""
+    """Q4_0 up/down_t (and gate_t) are packed per channel at load (n_embd 256): their rows are added in integer
+    groups (arch/q4_0r.c axpy_group), the file layout's by f32 axpy: close results, nearly the same selection."""
     _, dst = sparse_files["q4_0"]
     packed, plain = pi.Model(dst), pi.Model(dst, repack=False)
     assert packed.n_packed_ffn == 2 and plain.n_packed_ffn == 0
-    a = logits_all(pi.Context(packed, n_ctx=64), PROMPT)
-    b = logits_all(pi.Context(plain, n_ctx=64), PROMPT)
-    assert rel_rms(a, b) < 1e-5
+    ca, cb = pi.Context(packed, n_ctx=64), pi.Context(plain, n_ctx=64)
+    a, b = logits_all(ca, PROMPT), logits_all(cb, PROMPT)
+    assert 0 < rel_rms(a, b) < PACKED_TOL
+    na, nb = ca.sparse_stats()[0], cb.sparse_stats()[0]
+    assert np.abs(na - nb).max() <= 0.01 * nb.max()
 
 
 def test_isa_levels_give_the_scalar_bits(sparse_files):

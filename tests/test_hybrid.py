@@ -32,6 +32,13 @@ import pytest
 ENV = "POWERINFER_EMULATED_GPU_MIB"
 REPO = Path(__file__).resolve().parents[1]
 HYBRID_TOL = 2e-4
+# Packed Q4_0R rows on the CPU add their down_t rows in integer groups (arch/q4_0r.c axpy_group: 14-bit
+# coefficients, 1e-4 of an FFN output), the device the file's rows by f32 axpy. This planted random model is
+# sensitive: the CPU alone with the f32 axpy (before the groups) and with the groups differs by 1.4e-3 .. 7e-3 per
+# token and by 0.14 on one token (a predictor decision near its threshold), and greedy continuations can part, so
+# the hybrid runs are fed the CPU's tokens. Measured, the logits' relative RMS difference (printed with -s): see
+# bench/README.md; this bound is what the test holds.
+PACKED_HYBRID_TOL = 0.1
 
 if not os.environ.get(ENV):
     def test_hybrid_suite_on_the_emulated_device():
@@ -50,14 +57,15 @@ else:
 
     PROMPT = [1, 17, 200, 45, 3, 99, 128, 7]
 
-    def greedy(ctx, n=12, prompt=PROMPT):
+    def greedy(ctx, n=12, prompt=PROMPT, forced=None):
+        """The greedy continuation's tokens and logits; with forced, those tokens are fed instead (teacher forcing)."""
         ctx.decode(prompt)
         out, logits = [], []
-        for _ in range(n):
+        for i in range(n):
             lg = ctx.logits(-1)
             logits.append(lg)
             out.append(int(np.argmax(lg)))
-            ctx.decode([out[-1]])
+            ctx.decode([out[-1] if forced is None else forced[i]])
         return out, np.array(logits)
 
     def with_acts(tmp: Path, src: Path, act_dir: Path | None = None) -> Path:
@@ -121,14 +129,20 @@ else:
             assert lib.pi_model_n_packed_ffn(model._ptr) == model.hparams.n_layer
         cpu_tokens, cpu_logits = greedy(pi.Context(model, n_ctx=64, vram_budget=0))
         n_ff, n_layer = model.hparams.n_ff, model.hparams.n_layer
+        packed = which == "sparse7b_small"
         seen = set()
         for budget in budgets(path, model, 64):
             ctx = pi.Context(model, n_ctx=64, vram_budget=budget, reset_gpu_index=True)
-            tokens, logits = greedy(ctx)
-            assert tokens == cpu_tokens, f"budget {budget}"
+            tokens, logits = greedy(ctx, forced=cpu_tokens if packed else None)
+            if not packed:
+                assert tokens == cpu_tokens, f"budget {budget}"
             st = ctx.offload
-            if st is None or st.n_hot in (0, n_layer * n_ff):   # no layer is split: the CPU's summation order
-                np.testing.assert_array_equal(logits, cpu_logits, err_msg=f"budget {budget}")
+            if st is None or st.n_hot == 0 or (st.n_hot == n_layer * n_ff and not packed):
+                np.testing.assert_array_equal(logits, cpu_logits, err_msg=f"budget {budget}")   # the CPU's order
+            elif packed:
+                err = np.sqrt(np.mean((logits - cpu_logits) ** 2) / np.mean(cpu_logits ** 2))
+                print(f"budget {budget}: hot {st.n_hot}, logits rel. RMS {err:.2e}")
+                assert err < PACKED_HYBRID_TOL, f"budget {budget}"
             else:
                 np.testing.assert_allclose(logits, cpu_logits, rtol=HYBRID_TOL, atol=HYBRID_TOL,
                                            err_msg=f"budget {budget}")

@@ -183,10 +183,15 @@ def test_sparse_needs_relu(tmp_path):
         pi.Model(path)
 
 
+PACKED_TOL = 2e-2
+
+
 def test_packed_sparse_ffn_model(tmp_path):
     """q4_0 with n_embd a multiple of 256: the loader packs each neuron's rows together
-    (pi_sparse_pack). The packed model matches the file layout (tested against the reference above; it
-    differs in the last bits of the dot products only), and keeps the exact properties: every neuron selected == dense, and
+    (pi_sparse_pack). The packed model matches the file layout (tested against the reference above) within
+    PACKED_TOL: its dot products differ in the last bits and its down_t rows are added in integer groups with
+    14-bit coefficients (arch/q4_0r.c; 1e-4 of an FFN output, measured 7.5e-3 on these logits); and it keeps the
+    exact properties: every neuron selected == dense, and
     the same bits for every thread count; batches agree with token-by-token decoding."""
     path = write_sparse_model(tmp_path / "packed.powerinfer.gguf", dtype="q4_0", pred_dtype="f16", seed=4,
                               n_embd=256, n_ff=1100)
@@ -195,7 +200,7 @@ def test_packed_sparse_ffn_model(tmp_path):
     assert pi.Model(write_sparse_model(tmp_path / "e64.powerinfer.gguf", dtype="q4_0")).n_packed_ffn == 0  # n_embd 64
     ours = logits_all(pi.Context(packed, n_ctx=64, kv_type="f32"), PROMPT)
     file_layout = logits_all(pi.Context(plain, n_ctx=64, kv_type="f32"), PROMPT)
-    assert rel_rms(ours, file_layout) < 1e-3
+    assert 0 < rel_rms(ours, file_layout) < PACKED_TOL
     every = logits_all(pi.Context(packed, n_ctx=64, kv_type="f32", sparse_threshold=-np.inf), PROMPT)
     assert np.array_equal(every, logits_all(pi.Context(packed, n_ctx=64, kv_type="f32", dense=True), PROMPT))
     outs = [logits_all(pi.Context(packed, n_ctx=64, n_threads=n, kv_type="f32"), PROMPT) for n in (1, 2, 3)]

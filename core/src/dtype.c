@@ -137,6 +137,7 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].axpy = kt->axpy;
         out[t].vec_dot8 = kt->vec_dot8;
         out[t].axpy8 = kt->axpy8;
+        out[t].axpy_group = kt->axpy_group;
         out[t].gemm8 = kt->gemm8;
         out[t].gemm16 = kt->gemm16;
         out[t].repack = kt->repack;

@@ -62,6 +62,11 @@ typedef void  (*pi_tiles_rows_fn)(int64_t n, const void *const *rows, const char
 /* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
  * loaded and stored once. */
 typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows, float *y);
+/* y[0..n) += the sum over k < count (1 <= count <= PI_AXPY_GROUP) of a[k] * rows[k], computed as one group whose
+ * bits are the type's own (arch/q4_0r.c: coefficients quantized together, an exact integer sum), not those of
+ * count axpy calls. */
+#define PI_AXPY_GROUP 16
+typedef void  (*pi_axpy_group_fn)(int64_t n, int count, const float *a, const void *const *rows, float *y);
 /* Writes one group's rows (pi_group_rows of the interleaved type: 8 or 16; n elements each, in the source type)
  * as one group of the interleaved layout. */
 typedef void  (*pi_repack_fn)(int64_t n, const void *const *rows, void *group);
@@ -77,6 +82,7 @@ typedef struct pi_type_traits {
     pi_axpy_fn      axpy;          /* the sparse FFN's down step */
     pi_vec_dot8_fn  vec_dot8;      /* optional: 8 rows at once (NULL: row by row with vec_dot) */
     pi_axpy8_fn     axpy8;         /* optional: 8 axpy at once (NULL: one by one) */
+    pi_axpy_group_fn axpy_group;   /* optional: the sparse FFN adds rows in groups through it, not by axpy/axpy8 */
     int32_t         repacked_type; /* optional: interleaved layout mul_mat reads faster (0: none) */
     /* interleaved layouts only (rows are not addressable one by one; ne[1] a multiple of pi_group_rows) */
     pi_gemm8_fn     gemm8;         /* Q4_0X8: one group of 8 rows */
@@ -121,10 +127,12 @@ static inline int64_t pi_x8_index(int64_t n, int k, int64_t i) { return k / 4 * 
 
 const pi_type_traits *pi_traits(int32_t type);   /* NULL for types the core cannot compute with */
 
-/* y[0..n) += a[k] * rows[k] for k = 0..count-1 (count <= 8) in order: one axpy8 call where count is 8 and the type has
- * one (y loaded and stored once), otherwise axpy row by row; the same bits either way. */
+/* y[0..n) += a[k] * rows[k] for k = 0..count-1 (count <= 8, or <= PI_AXPY_GROUP for a type with axpy_group): one
+ * axpy_group call where the type has one (its own bits); else one axpy8 call where count is 8 and the type has one
+ * (y loaded and stored once), otherwise axpy row by row, in order, the same bits either way. */
 static inline void pi_axpy_rows(const pi_type_traits *tr, int64_t n, int count, const float *a, const void *const *rows,
                                 float *y) {
+    if (tr->axpy_group) { if (count > 0) tr->axpy_group(n, count, a, rows, y); return; }
     if (count == 8 && tr->axpy8) { tr->axpy8(n, a, rows, y); return; }
     for (int k = 0; k < count; k++) tr->axpy(n, a[k], rows[k], y);
 }
@@ -142,6 +150,7 @@ typedef struct pi_type_kernels {
     pi_axpy_fn     axpy;
     pi_vec_dot8_fn vec_dot8;    /* optional */
     pi_axpy8_fn    axpy8;       /* optional */
+    pi_axpy_group_fn axpy_group; /* optional */
     pi_gemm8_fn    gemm8;       /* interleaved layouts of 8-row groups */
     pi_gemm8_fn    gemm16;      /* interleaved layouts: 16 rows at once (optional for 8-row groups) */
     pi_repack_fn   repack;      /* types with a repacked_type: R of its rows -> one group of that layout */

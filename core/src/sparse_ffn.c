@@ -193,16 +193,20 @@ static void gather_task(void *p, int ith, int nth) {
     }
 }
 
-/* Adds the rows with coef != 0 to y (n columns) in order, eight at a time where the type has axpy8
- * (which loads and stores y once per eight rows; same bits as eight axpy calls). */
+/* Adds the rows with coef != 0 to y (n columns) in order: in groups of PI_AXPY_GROUP where the type has
+ * axpy_group (Q4_0R: one integer sum per group, arch/q4_0r.c), else eight at a time where it has axpy8
+ * (which loads and stores y once per eight rows; same bits as eight axpy calls). The groups are the range's
+ * rows with h != 0, in order: the same for one token and a batch. */
 typedef struct {
     const pi_type_traits *tr;
     int64_t n;
     float *y;
-    const void *rows[8];
-    float coef[8];
+    const void *rows[PI_AXPY_GROUP];
+    float coef[PI_AXPY_GROUP];
     int count;
 } axpy_queue;
+
+static int queue_capacity(const axpy_queue *q) { return q->tr->axpy_group ? PI_AXPY_GROUP : 8; }
 
 static void queue_flush(axpy_queue *q) {
     pi_axpy_rows(q->tr, q->n, q->count, q->coef, q->rows, q->y);
@@ -213,7 +217,7 @@ static void queue_push(axpy_queue *q, const void *row, float coef) {
     if (coef == 0.0f) return;
     q->rows[q->count] = row;
     q->coef[q->count++] = coef;
-    if (q->count == 8) queue_flush(q);
+    if (q->count == queue_capacity(q)) queue_flush(q);
 }
 
 /* One token, fused: a task is a range; h of its 8-neuron groups, then their down_t rows into the

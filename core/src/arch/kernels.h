@@ -99,9 +99,7 @@ static float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x);
 static void pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride);
 static void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y);
-#if PI_HAVE_ROWS8
-static void pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y);
-#endif
+static void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const *rows, float *y);
 static float pi_dot_f32(int64_t n, const float *a, const float *b);
 static void pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
 static void pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);

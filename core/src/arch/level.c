@@ -78,7 +78,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q5_KX16] = { .gemm16 = pi_gemm16_q5_Kx16_q8_K },
         [PI_TYPE_Q6_KX16] = { .gemm16 = pi_gemm16_q6_Kx16_q8_K },
         [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
-                             .axpy8 = ROWS8(pi_axpy8_q4_0r), .to_f32 = pi_q4_0r_to_f32 },
+                             .axpy_group = pi_axpy_group_q4_0r, .to_f32 = pi_q4_0r_to_f32 },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },
         [PI_TYPE_Q8_KM]  = { .from_f32 = pi_q8_Km_from_f32 },
     },

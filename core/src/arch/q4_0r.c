@@ -16,17 +16,28 @@
  *
  * so the low nibbles of c_m pair with X_m, the high ones with X_{4+m}, and eight VNNI products (or
  * maddubs) accumulate each block's exact integer dot product in its own lane: no horizontal adds.
- * The rows that are added (down_t, ffn_gate_t) keep the f32 axpy: a 4x4 transpose of 32-bit words per
- * 128-bit lane turns c_0..c_3 back into the blocks in order (lanes p and 4 + p are blocks 2p and 2p + 1).
+ * The rows that are added (down_t, ffn_gate_t) go in groups of up to 16 through axpy_group: a 4x4 byte
+ * transpose of four rows' c_m per 128-bit lane puts the four rows' quants of one output into one 32-bit lane,
+ * where one VNNI product (or two maddubs) multiplies them by the group's int8 coefficients. A single axpy
+ * keeps the f32 fma per weight: a 4x4 transpose of 32-bit words per 128-bit lane turns c_0..c_3 back into the
+ * blocks in order (lanes p and 4 + p are blocks 2p and 2p + 1).
  *
  * Canonical arithmetic (every kernel of this file, AVX2 or scalar, gives these bits):
  *   dot:  lane l accumulates acc_l = fma(d_w * d_x, i_b, acc_l) over the super-blocks in order
  *         (b = block BLOCK_OF[l] of each; i_b the exact integer sum q . x - 8 s), and the result is
  *         pi_tree8 over the lanes.
- *   axpy: y[e] = fma(a * d_b, q_e - 8, y[e]), as pi_axpy_q4_0; axpy8 adds its eight rows in order.
+ *   axpy: y[e] = fma(a * d_b, q_e - 8, y[e]), as pi_axpy_q4_0 (one row on its own).
+ *   axpy_group (the sparse FFN's down step: up to PI_AXPY_GROUP rows k with coefficients a_k, added as one
+ *         integer sum): per block b of 32 outputs, c_k = a_k * d_kb (f32), M = max_k |c_k|, the 14-bit
+ *         coefficients m_k = rint(c_k * (8191 / M)) (0 where M is 0 or not finite, or c_k is NaN), S = M / 8191;
+ *         then y[e] = fma(S, (float)(sum_k m_k (q_ke - 8)), y[e]) with the integer sum exact. Each m_k is
+ *         split as 128 hi_k + lo_k (hi_k in [-64, 64], lo_k in [-64, 63]), two int8 coefficients, so the sum
+ *         is two VNNI (or maddubs) products per four rows instead of an f32 fma per weight; a coefficient is
+ *         off by at most M / 16382, 1/64 of what one int8 (Q8_0-like) step would cost.
  * Rows must have a multiple of 256 elements (the types' block size). */
 #include "../internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -177,41 +188,166 @@ void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
     }
 }
 
-/* Eight rows in order per block, the 32 outputs in registers (same bits as eight pi_axpy_q4_0r). */
-void pi_axpy8_q4_0r(int64_t n, const float *a, const void *const *rows, float *y) {
+/* The group's coefficients for super-block s, from its rows' block scales: Wh[q] and Wl[q] (lane l = block
+ * BLOCK_OF[l]) pack hi_k and lo_k of rows 4q..4q+3 as the four bytes of a 32-bit word; S[l] = M / 8191;
+ * sum8[l] = 8 sum_k m_k. Rows past count have m_k = 0. */
+static inline void group_coefs(int count, const float *a, const sb_q4_0r *const *r, int64_t s,
+                               __m256i Wh[PI_AXPY_GROUP / 4], __m256i Wl[PI_AXPY_GROUP / 4], float S[8],
+                               __m256i *sum8) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 M = _mm256_setzero_ps();
+    for (int k = 0; k < count; k++)   /* max_ps(x, M) keeps M where x is NaN, as the scalar body's x > M ? x : M */
+        M = _mm256_max_ps(_mm256_and_ps(sb_scales(&r[k][s], a[k]), absmask), M);
+    const __m256 finite = _mm256_and_ps(_mm256_cmp_ps(M, _mm256_setzero_ps(), _CMP_GT_OQ),
+                                        _mm256_cmp_ps(M, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
+    const __m256 inv = _mm256_and_ps(finite, _mm256_div_ps(_mm256_set1_ps(8191.0f), M));
+    _mm256_storeu_ps(S, _mm256_div_ps(M, _mm256_set1_ps(8191.0f)));
+    const __m256i byte = _mm256_set1_epi32(0xff);
+    __m256i sum = _mm256_setzero_si256();
+    for (int q = 0; q < PI_AXPY_GROUP / 4; q++) Wh[q] = Wl[q] = _mm256_setzero_si256();
+    for (int q = 0; q < (count + 3) / 4; q++) {
+        for (int k = 0; k < 4 && 4 * q + k < count; k++) {
+            const __m256 v = _mm256_mul_ps(sb_scales(&r[4 * q + k][s], a[4 * q + k]), inv);
+            const __m256i m = _mm256_and_si256(_mm256_cvtps_epi32(v), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
+            const __m256i hi = _mm256_srai_epi32(_mm256_add_epi32(m, _mm256_set1_epi32(64)), 7);
+            const __m256i lo = _mm256_sub_epi32(m, _mm256_slli_epi32(hi, 7));
+            sum = _mm256_add_epi32(sum, m);
+            Wh[q] = _mm256_or_si256(Wh[q], _mm256_slli_epi32(_mm256_and_si256(hi, byte), 8 * k));
+            Wl[q] = _mm256_or_si256(Wl[q], _mm256_slli_epi32(_mm256_and_si256(lo, byte), 8 * k));
+        }
+    }
+    *sum8 = _mm256_slli_epi32(sum, 3);
+}
+
+/* Four rows' 32-byte vectors c_m side by side: X[j] (j < 4) holds, in 32-bit lane i of 128-bit lane p, byte i of
+ * lane 4p + j of each row's vector (rows 0..3 as its four bytes): a 4x4 byte transpose per 128-bit lane. */
+#define INTERLEAVE4(vec, pre, N0, N1, N2, N3, X) do {                                               \
+        const vec A_ = pre##_unpacklo_epi8(N0, N1), B_ = pre##_unpackhi_epi8(N0, N1);                     \
+        const vec C_ = pre##_unpacklo_epi8(N2, N3), D_ = pre##_unpackhi_epi8(N2, N3);                     \
+        X[0] = pre##_unpacklo_epi16(A_, C_); X[1] = pre##_unpackhi_epi16(A_, C_);                         \
+        X[2] = pre##_unpacklo_epi16(B_, D_); X[3] = pre##_unpackhi_epi16(B_, D_);                         \
+    } while (0)
+
+/* The group's integer sums per super-block, then one fma per output. In X[j] of vector c_m, 128-bit lane p
+ * holds block 2j + p (lane j + 4p), elements 4m..4m+3 (low nibbles) and 16+4m.. (high ones). */
+void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const *rows, float *y) {
     const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
-    float scale[8][8];      /* [row][lane] a_k * d */
-    uint8_t qs[8][8][16];   /* [row][block] */
+    const sb_q4_0r *rp[PI_AXPY_GROUP];   /* rows past count: any row (m_k = 0) */
+    for (int k = 0; k < PI_AXPY_GROUP; k++) rp[k] = r[k < count ? k : 0];
+    enum { nq = PI_AXPY_GROUP / 4 };   /* a short group runs whole (its missing rows have m_k = 0): fixed loops */
 #if PI_HAVE_ROWS16
-    const __m512 table = pi_q4_0_minus8_table();
+    /* c_0|c_1 and c_2|c_3 as two 512-bit vectors (Z = 0, 1); full = sum m_k * byte, lo = sum m_k * low nibble,
+     * so the high nibbles' sum is (full - lo) / 16, exact */
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512i idx[4];
+    for (int j = 0; j < 4; j++)
+        idx[j] = _mm512_setr_epi32(j, j, j, j, 4 + j, 4 + j, 4 + j, 4 + j, j, j, j, j, 4 + j, 4 + j, 4 + j, 4 + j);
     for (int64_t s = 0; s < n / 256; s++) {
-        for (int k = 0; k < 8; k++) {
-            _mm256_storeu_ps(scale[k], sb_scales(&r[k][s], a[k]));
-            sb_blocks(&r[k][s], qs[k]);
+        __m256i Wh[PI_AXPY_GROUP / 4], Wl[PI_AXPY_GROUP / 4], sum8;
+        float S[8];
+        group_coefs(count, a, r, s, Wh, Wl, S, &sum8);
+        __m512i Ph[PI_AXPY_GROUP / 4][4], Pl[PI_AXPY_GROUP / 4][4];   /* [quad][j]: each 32-bit lane's block's bytes */
+        for (int q = 0; q < nq; q++)
+            for (int j = 0; j < 4; j++) {
+                Ph[q][j] = _mm512_permutexvar_epi32(idx[j], _mm512_castsi256_si512(Wh[q]));
+                Pl[q][j] = _mm512_permutexvar_epi32(idx[j], _mm512_castsi256_si512(Wl[q]));
+            }
+        __m512i R[2][2][4];   /* [Z][nibble][j] the exact integer sums, lane order */
+        for (int Z = 0; Z < 2; Z++) {
+            __m512i full[4], lo[4], full_l[4], lo_l[4];   /* by hi_k, by lo_k */
+            for (int j = 0; j < 4; j++) full[j] = lo[j] = full_l[j] = lo_l[j] = _mm512_setzero_si512();
+            for (int q = 0; q < nq; q++) {
+                __m512i X[4];
+                INTERLEAVE4(__m512i, _mm512, _mm512_loadu_si512((const char *)rp[4 * q][s].qs + 64 * Z),
+                            _mm512_loadu_si512((const char *)rp[4 * q + 1][s].qs + 64 * Z),
+                            _mm512_loadu_si512((const char *)rp[4 * q + 2][s].qs + 64 * Z),
+                            _mm512_loadu_si512((const char *)rp[4 * q + 3][s].qs + 64 * Z), X);
+                for (int j = 0; j < 4; j++) {
+                    const __m512i xl = _mm512_and_si512(X[j], m4);
+                    full[j] = _mm512_dpbusd_epi32(full[j], X[j], Ph[q][j]);
+                    lo[j] = _mm512_dpbusd_epi32(lo[j], xl, Ph[q][j]);
+                    full_l[j] = _mm512_dpbusd_epi32(full_l[j], X[j], Pl[q][j]);
+                    lo_l[j] = _mm512_dpbusd_epi32(lo_l[j], xl, Pl[q][j]);
+                }
+            }
+            for (int j = 0; j < 4; j++) {   /* sum m_k x = 128 sum hi_k x + sum lo_k x */
+                full[j] = _mm512_add_epi32(_mm512_slli_epi32(full[j], 7), full_l[j]);
+                lo[j] = _mm512_add_epi32(_mm512_slli_epi32(lo[j], 7), lo_l[j]);
+            }
+            for (int j = 0; j < 4; j++) {
+                const __m512i off = _mm512_permutexvar_epi32(idx[j], _mm512_castsi256_si512(sum8));
+                R[Z][0][j] = _mm512_sub_epi32(lo[j], off);
+                R[Z][1][j] = _mm512_sub_epi32(_mm512_srai_epi32(_mm512_sub_epi32(full[j], lo[j]), 4), off);
+            }
         }
-        for (int b = 0; b < 8; b++) {
-            float *yp = y + 256 * s + 32 * b;
-            __m512 yb[2] = { _mm512_loadu_ps(yp), _mm512_loadu_ps(yp + 16) };
-            for (int k = 0; k < 8; k++)
-                pi_q4_0_axpy_block16(table, _mm512_set1_ps(scale[k][LANE_OF[b]]), qs[k][b], yb);
-            _mm512_storeu_ps(yp, yb[0]);
-            _mm512_storeu_ps(yp + 16, yb[1]);
-        }
+        for (int j = 0; j < 4; j++)   /* block 2j + odd, elements 16 nib ..: 128-bit lanes odd, 2 + odd of Z = 0, 1 */
+            for (int nib = 0; nib < 2; nib++)
+                for (int odd = 0; odd < 2; odd++) {
+                    const int b = 2 * j + odd;
+                    const __m512i i = odd ? _mm512_shuffle_i32x4(R[0][nib][j], R[1][nib][j], _MM_SHUFFLE(3, 1, 3, 1))
+                                          : _mm512_shuffle_i32x4(R[0][nib][j], R[1][nib][j], _MM_SHUFFLE(2, 0, 2, 0));
+                    float *yp = y + 256 * s + 32 * b + 16 * nib;
+                    _mm512_storeu_ps(yp, _mm512_fmadd_ps(_mm512_set1_ps(S[LANE_OF[b]]), _mm512_cvtepi32_ps(i),
+                                                         _mm512_loadu_ps(yp)));
+                }
     }
-    return;
+#else
+    /* maddubs of the nibbles (|pair| <= 2 * 15 * 64) adds up over four quads in int16 without overflow */
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i idx[4];
+    for (int j = 0; j < 4; j++) idx[j] = _mm256_setr_epi32(j, j, j, j, 4 + j, 4 + j, 4 + j, 4 + j);
+    for (int64_t s = 0; s < n / 256; s++) {
+        __m256i Wh[PI_AXPY_GROUP / 4], Wl[PI_AXPY_GROUP / 4], sum8;
+        float S[8];
+        int32_t sum8_l[8];
+        group_coefs(count, a, r, s, Wh, Wl, S, &sum8);
+        _mm256_storeu_si256((__m256i *)sum8_l, sum8);
+        __m256i Ph[PI_AXPY_GROUP / 4][4], Pl[PI_AXPY_GROUP / 4][4];
+        for (int q = 0; q < nq; q++)
+            for (int j = 0; j < 4; j++) {
+                Ph[q][j] = _mm256_permutevar8x32_epi32(Wh[q], idx[j]);
+                Pl[q][j] = _mm256_permutevar8x32_epi32(Wl[q], idx[j]);
+            }
+        __m256i R[4][2][4];   /* [m][nibble][j] */
+        for (int m = 0; m < 4; m++) {
+            __m256i lo[4], hi[4], lo_l[4], hi_l[4];   /* low / high nibbles, by hi_k and by lo_k */
+            for (int j = 0; j < 4; j++) lo[j] = hi[j] = lo_l[j] = hi_l[j] = _mm256_setzero_si256();
+            for (int q = 0; q < nq; q++) {
+                __m256i X[4];
+                INTERLEAVE4(__m256i, _mm256, _mm256_loadu_si256((const __m256i *)rp[4 * q][s].qs[m]),
+                            _mm256_loadu_si256((const __m256i *)rp[4 * q + 1][s].qs[m]),
+                            _mm256_loadu_si256((const __m256i *)rp[4 * q + 2][s].qs[m]),
+                            _mm256_loadu_si256((const __m256i *)rp[4 * q + 3][s].qs[m]), X);
+                for (int j = 0; j < 4; j++) {
+                    const __m256i xl = _mm256_and_si256(X[j], m4), xh = _mm256_and_si256(_mm256_srli_epi16(X[j], 4), m4);
+                    lo[j] = _mm256_add_epi16(lo[j], _mm256_maddubs_epi16(xl, Ph[q][j]));
+                    hi[j] = _mm256_add_epi16(hi[j], _mm256_maddubs_epi16(xh, Ph[q][j]));
+                    lo_l[j] = _mm256_add_epi16(lo_l[j], _mm256_maddubs_epi16(xl, Pl[q][j]));
+                    hi_l[j] = _mm256_add_epi16(hi_l[j], _mm256_maddubs_epi16(xh, Pl[q][j]));
+                }
+            }
+            for (int j = 0; j < 4; j++) {   /* sum m_k x = 128 sum hi_k x + sum lo_k x */
+                R[m][0][j] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(lo[j], ones), 7),
+                                              _mm256_madd_epi16(lo_l[j], ones));
+                R[m][1][j] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi[j], ones), 7),
+                                              _mm256_madd_epi16(hi_l[j], ones));
+            }
+        }
+        for (int j = 0; j < 4; j++)   /* block 2j + odd, elements 16 nib + 8 h ..: 128-bit lane odd of m = 2h, 2h + 1 */
+            for (int nib = 0; nib < 2; nib++)
+                for (int h = 0; h < 2; h++)
+                    for (int odd = 0; odd < 2; odd++) {
+                        const int b = 2 * j + odd;
+                        const __m256i i = _mm256_sub_epi32(
+                            odd ? _mm256_permute2x128_si256(R[2 * h][nib][j], R[2 * h + 1][nib][j], 0x31)
+                                : _mm256_permute2x128_si256(R[2 * h][nib][j], R[2 * h + 1][nib][j], 0x20),
+                            _mm256_set1_epi32(sum8_l[LANE_OF[b]]));
+                        float *yp = y + 256 * s + 32 * b + 16 * nib + 8 * h;
+                        _mm256_storeu_ps(yp, _mm256_fmadd_ps(_mm256_set1_ps(S[LANE_OF[b]]), _mm256_cvtepi32_ps(i),
+                                                             _mm256_loadu_ps(yp)));
+                    }
+    }
 #endif
-    for (int64_t s = 0; s < n / 256; s++) {
-        for (int k = 0; k < 8; k++) {
-            _mm256_storeu_ps(scale[k], sb_scales(&r[k][s], a[k]));
-            sb_blocks(&r[k][s], qs[k]);
-        }
-        for (int b = 0; b < 8; b++) {
-            __m256 yb[4];
-            pi_load4_ps(y + 256 * s + 32 * b, yb);
-            for (int k = 0; k < 8; k++) pi_q4_0_axpy_block(_mm256_broadcast_ss(&scale[k][LANE_OF[b]]), qs[k][b], yb);
-            pi_store4_ps(y + 256 * s + 32 * b, yb);
-        }
-    }
 }
 
 #else   /* scalar reference: the same canonical order */
@@ -245,6 +381,37 @@ void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
                 const uint8_t q = w[s].qs[j / 4][LANE_OF[b]][j % 4];
                 yb[j] = fmaf(scale, (float)((q & 15) - 8), yb[j]);
                 yb[j + 16] = fmaf(scale, (float)((q >> 4) - 8), yb[j + 16]);
+            }
+        }
+}
+
+void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const *rows, float *y) {
+    const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int l = 0; l < 8; l++) {
+            float c[PI_AXPY_GROUP], M = 0.0f;
+            for (int k = 0; k < count; k++) {
+                c[k] = a[k] * pi_fp16_to_f32(r[k][s].d[l]);
+                const float ac = fabsf(c[k]);
+                M = ac > M ? ac : M;
+            }
+            const float inv = M > 0.0f && M <= FLT_MAX ? 8191.0f / M : 0.0f, S = M / 8191.0f;
+            int32_t m[PI_AXPY_GROUP], sum = 0;
+            for (int k = 0; k < count; k++) {
+                const float v = c[k] * inv;
+                m[k] = v == v ? (int32_t)lrintf(v) : 0;
+                sum += m[k];
+            }
+            float *yb = y + 256 * s + 32 * BLOCK_OF[l];
+            for (int j = 0; j < 16; j++) {
+                int32_t lo = 0, hi = 0;
+                for (int k = 0; k < count; k++) {
+                    const uint8_t q = r[k][s].qs[j / 4][l][j % 4];
+                    lo += m[k] * (q & 15);
+                    hi += m[k] * (q >> 4);
+                }
+                yb[j] = fmaf(S, (float)(lo - 8 * sum), yb[j]);
+                yb[j + 16] = fmaf(S, (float)(hi - 8 * sum), yb[j + 16]);
             }
         }
 }

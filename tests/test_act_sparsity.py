@@ -202,9 +202,10 @@ def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
     assert not np.array_equal(a, dense)      # the sparse level does change the result
 
 
-PACKED_TOL = 2e-2   # logits' rel. RMS, packed vs file layout: measured 1.3e-2 (1.6e-3 .. 8e-3 per token with every
-                    # channel kept), from the group sums' 14-bit coefficients (1e-4 of one FFN's output, tests/test_repack.py
-                    # holds their bits and bound) grown through this random 2-layer model and a few channels near the thresholds
+# logits' rel. RMS, packed vs file layout: measured 1.3e-2 (1.6e-3 .. 8e-3 per token with every channel kept),
+# from the group sums' 14-bit coefficients (1e-4 of one FFN's output; tests/test_repack.py holds their bits and
+# bound) grown through this random 2-layer model and a few channels near the thresholds
+PACKED_TOL = 2e-2
 
 
 def test_packed_rows_equal_the_file_layout(sparse_files):

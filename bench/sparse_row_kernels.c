@@ -1,7 +1,7 @@
 /* sparse_row_kernels.c: the speed of the sparse FFN's two row kernels alone, one thread, at the avx2 level:
- * the 8-row dot of packed up rows (Q4_0R, pi_vec_dot8_q4_0r_q8_0p) and the 8-row f32 axpy of packed down_t
- * rows (pi_axpy8_q4_0r), one after the other as the fused one-token path runs them, over the 7B shape's
- * packed channels (n_embd 4096: an up row and a down_t row of 2304 bytes each, contiguous per channel).
+ * the 8-row dot of packed up rows (Q4_0R, pi_vec_dot8_q4_0r_q8_0p) and the integer group axpy of packed down_t
+ * rows (pi_axpy_group_q4_0r, groups of 8 here), one after the other as the fused one-token path runs them, over the
+ * 7B shape's packed channels (n_embd 4096: an up row and a down_t row of 2304 bytes each, contiguous per channel).
  *
  *   M=.; F="-O3 -fno-math-errno -ffp-contract=off -D_GNU_SOURCE -I$M/core/include -I$M/core/src"
  *   gcc $F -DPI_LEVEL=avx2 -mavx2 -mfma -mf16c -mbmi -mbmi2 -mlzcnt -mpopcnt -Wno-unused-function \
@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
                             down[q] = (const char *)up[q] + row_bytes;
                         }
                         if (mode != 1) k->vec_dot8(E, up, xq, 0, 1, h, 1);
-                        if (mode != 0) k->axpy8(E, h, down, y);
+                        if (mode != 0) k->axpy_group(E, 8, h, down, y);
                         sink += h[0];
                     }
                 }

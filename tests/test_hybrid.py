@@ -36,8 +36,8 @@ HYBRID_TOL = 2e-4
 # coefficients, 1e-4 of an FFN output), the device the file's rows by f32 axpy. This planted random model is
 # sensitive: the CPU alone with the f32 axpy (before the groups) and with the groups differs by 1.4e-3 .. 7e-3 per
 # token and by 0.14 on one token (a predictor decision near its threshold), and greedy continuations can part, so
-# the hybrid runs are fed the CPU's tokens. Measured, the logits' relative RMS difference (printed with -s): see
-# bench/README.md; this bound is what the test holds.
+# the hybrid runs are fed the CPU's tokens. Measured, the logits' relative RMS difference (printed with -s):
+# 6.0e-4 with a quarter of the neurons hot, 4.4e-2 with half, 3.9e-2 with all.
 PACKED_HYBRID_TOL = 0.1
 
 if not os.environ.get(ENV):
@@ -52,6 +52,7 @@ else:
     sys.path.insert(0, str(REPO / "tools"))
     sys.path.insert(0, str(REPO / "bench"))
     import powerinfer as pi
+    from helpers import rel_rms
     from powerinfer import gpu_split as gs
     from powerinfer._ffi import ffi, lib
 
@@ -140,7 +141,7 @@ else:
             if st is None or st.n_hot == 0 or (st.n_hot == n_layer * n_ff and not packed):
                 np.testing.assert_array_equal(logits, cpu_logits, err_msg=f"budget {budget}")   # the CPU's order
             elif packed:
-                err = np.sqrt(np.mean((logits - cpu_logits) ** 2) / np.mean(cpu_logits ** 2))
+                err = rel_rms(logits, cpu_logits)
                 print(f"budget {budget}: hot {st.n_hot}, logits rel. RMS {err:.2e}")
                 assert err < PACKED_HYBRID_TOL, f"budget {budget}"
             else:

@@ -323,18 +323,35 @@ def np_q4_0r_group_axpy(part, coefs, d, q):
     return fma32(np.repeat(S, 32), i.reshape(-1).astype(np.float32), part)
 
 
-def np_q4_0r_down(h, d, q):
-    """The Q4_0R down step of one token, emulated: per range of SPARSE_RANGE channels, its rows with h != 0 in
-    groups of AXPY_GROUP into a partial from 0; out = ((0 + p_0) + p_1) + ..."""
-    y = np.zeros(q.shape[1], np.float32)
+def down_groups(h):
+    """Per range of SPARSE_RANGE channels, the list of its groups: its rows with h != 0 in order, AXPY_GROUP at a
+    time (sparse_ffn.c's axpy queue)."""
     for r0 in range(0, len(h), SPARSE_RANGE):
-        part = np.zeros(q.shape[1], np.float32)
         nz = r0 + np.flatnonzero(h[r0:r0 + SPARSE_RANGE])
-        for g in range(0, len(nz), AXPY_GROUP):
-            rows = nz[g:g + AXPY_GROUP]
+        yield [nz[g:g + AXPY_GROUP] for g in range(0, len(nz), AXPY_GROUP)]
+
+
+def np_q4_0r_down(h, d, q):
+    """The Q4_0R down step of one token, emulated: per range, its groups into a partial from 0;
+    out = ((0 + p_0) + p_1) + ..."""
+    y = np.zeros(q.shape[1], np.float32)
+    for groups in down_groups(h):
+        part = np.zeros(q.shape[1], np.float32)
+        for rows in groups:
             part = np_q4_0r_group_axpy(part, h[rows], d[rows], q[rows])
         y = y + part
     return y
+
+
+def np_q4_0r_down_bound(h, d, q):
+    """How far np_q4_0r_down may be from the exact sum of h_i * row_i: each 14-bit coefficient is off by at most
+    half a step S of its group and block (times |q - 8| per output), plus a little for S's own rounding."""
+    bound = np.zeros(q.shape[1], np.float64)
+    for groups in down_groups(h):
+        for rows in groups:
+            S = np.abs(h[rows, None].astype(np.float64) * d[rows]).max(axis=0) / 8191       # [nb]
+            bound += np.repeat(S, 32) * (0.5 + 1e-5) * np.abs(q[rows]).sum(axis=0)
+    return bound
 
 
 @pytest.mark.parametrize("down", ["q4_0", "f16"])
@@ -442,7 +459,7 @@ def test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode):
         h = np.where(scores[t] >= 0.0, h, 0).astype(np.float32)
         assert_bit_equal(out[t], np_q4_0r_down(h, d, q), f"token {t}: packed sparse FFN vs its emulation")
         hs.append(h)
-    # and close to the file layout (f32 axpy per row): within the int8 coefficients' rounding, at most half a step
+    # and close to the file layout (f32 axpy per row): within the 14-bit coefficients' rounding, at most half a step
     # S of each group per |q - 8| (np_q4_0r_down_bound), plus the dot products' other summation order
     ref = np.zeros((T, E), np.float32)
     check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, mode, tensor(x), tensor(scores), 0.0, tensor(ref), ffi.NULL))
@@ -531,21 +548,8 @@ def supported_levels():
     return [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]
 
 
-
-def np_q4_0r_down_bound(h, d, q):
-    """How far np_q4_0r_down may be from the exact sum of h_i * row_i: each 14-bit coefficient is off by at most
-    half a step S of its group and block (times |q - 8| per output), plus a little for S's own rounding."""
-    bound = np.zeros(q.shape[1], np.float64)
-    for r0 in range(0, len(h), SPARSE_RANGE):
-        nz = r0 + np.flatnonzero(h[r0:r0 + SPARSE_RANGE])
-        for g in range(0, len(nz), AXPY_GROUP):
-            rows = nz[g:g + AXPY_GROUP]
-            S = np.abs(h[rows, None].astype(np.float64) * d[rows]).max(axis=0) / 8191       # [nb]
-            bound += np.repeat(S, 32) * (0.5 + 1e-5) * np.abs(q[rows]).sum(axis=0)
-    return bound
-
 def test_sparse_pack_is_its_exact_chain_at_every_level(pool2):
-    """The packed rows (dotted: words of a super-block's 8 blocks interleaved; added: the f32 axpy chain)
+    """The packed rows (dotted: words of a super-block's 8 blocks interleaved; added: the integer group sums)
     give their emulated bits at every level this CPU runs, packed at that level too."""
     before = pi.cpu_isa()
     try:

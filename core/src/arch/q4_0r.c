@@ -195,9 +195,11 @@ static inline void group_coefs(int count, const float *a, const sb_q4_0r *const 
                                __m256i Wh[PI_AXPY_GROUP / 4], __m256i Wl[PI_AXPY_GROUP / 4], float S[8],
                                __m256i *sum8) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 M = _mm256_setzero_ps();
-    for (int k = 0; k < count; k++)   /* max_ps(x, M) keeps M where x is NaN, as the scalar body's x > M ? x : M */
-        M = _mm256_max_ps(_mm256_and_ps(sb_scales(&r[k][s], a[k]), absmask), M);
+    __m256 c[PI_AXPY_GROUP], M = _mm256_setzero_ps();   /* c[k]: a_k d_kb per lane */
+    for (int k = 0; k < count; k++) {   /* max_ps(x, M) keeps M where x is NaN, as the scalar body's x > M ? x : M */
+        c[k] = sb_scales(&r[k][s], a[k]);
+        M = _mm256_max_ps(_mm256_and_ps(c[k], absmask), M);
+    }
     const __m256 finite = _mm256_and_ps(_mm256_cmp_ps(M, _mm256_setzero_ps(), _CMP_GT_OQ),
                                         _mm256_cmp_ps(M, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
     const __m256 inv = _mm256_and_ps(finite, _mm256_div_ps(_mm256_set1_ps(8191.0f), M));
@@ -207,7 +209,7 @@ static inline void group_coefs(int count, const float *a, const sb_q4_0r *const 
     for (int q = 0; q < PI_AXPY_GROUP / 4; q++) Wh[q] = Wl[q] = _mm256_setzero_si256();
     for (int q = 0; q < (count + 3) / 4; q++) {
         for (int k = 0; k < 4 && 4 * q + k < count; k++) {
-            const __m256 v = _mm256_mul_ps(sb_scales(&r[4 * q + k][s], a[4 * q + k]), inv);
+            const __m256 v = _mm256_mul_ps(c[4 * q + k], inv);
             const __m256i m = _mm256_and_si256(_mm256_cvtps_epi32(v), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
             const __m256i hi = _mm256_srai_epi32(_mm256_add_epi32(m, _mm256_set1_epi32(64)), 7);
             const __m256i lo = _mm256_sub_epi32(m, _mm256_slli_epi32(hi, 7));
@@ -252,6 +254,8 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
                 Ph[q][j] = _mm512_permutexvar_epi32(idx[j], _mm512_castsi256_si512(Wh[q]));
                 Pl[q][j] = _mm512_permutexvar_epi32(idx[j], _mm512_castsi256_si512(Wl[q]));
             }
+        __m512i off[4];   /* [j]: 8 sum_k m_k of each 32-bit lane's block */
+        for (int j = 0; j < 4; j++) off[j] = _mm512_permutexvar_epi32(idx[j], _mm512_castsi256_si512(sum8));
         __m512i R[2][2][4];   /* [Z][nibble][j] the exact integer sums, lane order */
         for (int Z = 0; Z < 2; Z++) {
             __m512i full[4], lo[4], full_l[4], lo_l[4];   /* by hi_k, by lo_k */
@@ -275,9 +279,8 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
                 lo[j] = _mm512_add_epi32(_mm512_slli_epi32(lo[j], 7), lo_l[j]);
             }
             for (int j = 0; j < 4; j++) {
-                const __m512i off = _mm512_permutexvar_epi32(idx[j], _mm512_castsi256_si512(sum8));
-                R[Z][0][j] = _mm512_sub_epi32(lo[j], off);
-                R[Z][1][j] = _mm512_sub_epi32(_mm512_srai_epi32(_mm512_sub_epi32(full[j], lo[j]), 4), off);
+                R[Z][0][j] = _mm512_sub_epi32(lo[j], off[j]);
+                R[Z][1][j] = _mm512_sub_epi32(_mm512_srai_epi32(_mm512_sub_epi32(full[j], lo[j]), 4), off[j]);
             }
         }
         for (int j = 0; j < 4; j++)   /* block 2j + odd, elements 16 nib ..: 128-bit lanes odd, 2 + odd of Z = 0, 1 */

@@ -46,7 +46,8 @@ def main(argv=None) -> int:
                     help="comma list of: sparse_ffn, mul_mat, and for gate-sparse files cats, gate_t, gate, dense_ffn")
     ap.add_argument("--layers", type=int, default=None, help="the first N layers only (default: all)")
     ap.add_argument("--sparsity", type=float, default=0.5, help="cats, gate_t: the share of rows skipped")
-    ap.add_argument("--mats", default="attn_q", help="mul_mat: comma list of per-layer weights")
+    ap.add_argument("--mats", default="attn_q", help="mul_mat: comma list of per-layer weights (each layer's) or of "
+                    "whole-model ones (token_embd, output: the head)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=6)
     ap.add_argument("-T", "--tokens", type=int, default=1, help="mul_mat: activation rows per call (1: decode)")
@@ -146,14 +147,16 @@ def build(op, a, f, n_layer, weight, f32, pools, keep):
             calls.append(lambda L, pool, ws=ws, s=scores: L.pi_op_sparse_ffn(
                 pool, ws[L is lib_b], lib_a.PI_ACT_RELU, lib_a.PI_FFN_PAR, x, s, 0.0, out, ffi.NULL))
     elif op == "mul_mat":
-        for il in range(n_layer):
-            for m in a.mats.split(","):
-                t, nb = weight(f"blk.{il}.{m}.weight")
-                ts = repacked(t, keep)
-                xi = f32(np.random.default_rng(il).standard_normal((a.tokens, t.ne[0])).astype(np.float32))
-                yi = f32(np.zeros((a.tokens, t.ne[1]), np.float32))
-                nbytes += nb
-                calls.append(lambda L, pool, ts=ts, xi=xi, yi=yi: L.pi_op_mul_mat(pool, ts[L is lib_b], xi, yi))
+        names = [f"blk.{il}.{m}.weight" for il in range(n_layer) for m in a.mats.split(",")
+                 if f"{m}.weight" not in f.tensors]
+        names += [f"{m}.weight" for m in a.mats.split(",") if f"{m}.weight" in f.tensors]   # token_embd, output
+        for il, name in enumerate(names):
+            t, nb = weight(name)
+            ts = repacked(t, keep)
+            xi = f32(np.random.default_rng(il).standard_normal((a.tokens, t.ne[0])).astype(np.float32))
+            yi = f32(np.zeros((a.tokens, t.ne[1]), np.float32))
+            nbytes += nb
+            calls.append(lambda L, pool, ts=ts, xi=xi, yi=yi: L.pi_op_mul_mat(pool, ts[L is lib_b], xi, yi))
     elif op in ("cats", "gate_t", "gate", "dense_ffn"):
         E = f.tensors["blk.0.ffn_up.weight"].ne[0]
         F = f.tensors["blk.0.ffn_up.weight"].ne[1]

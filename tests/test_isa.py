@@ -336,16 +336,8 @@ def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
         assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} K={K} N={N} T={T} {level} vs scalar")
 
 
-@pytest.mark.parametrize("level", LEVELS[1:])
-@pytest.mark.parametrize("K", [640, 1088, 4096])
-@pytest.mark.parametrize("t", [8, 6], ids=["q8_0", "q5_0"])
-def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
-    """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack), and Q5_0's (the same layout: each block as Q8_0,
-    quants u - 16), at every level give the bits of the file's layout at the scalar level: decode (1 token), the
-    2-token pairs and 1-token tail of the AVX-512 kernel (3, 8), and prompt batches whose whole 16-token tiles go
-    to AMX (16, 32; 100: six tiles and a 4-token tail). K as in test_prompt_batches_rows_equal_scalar (residues of 8
-    blocks, a second AMX K chunk); N = 48: three groups."""
-    Ts = (1, 3, 8, 16, 32, 100)
+def q8_0_cases(K):
+    """Q8_0/Q5_0 weights [48, K] (three 16-row groups) and activations [100, K] with the edge cases of both types."""
     N = 48
     rng = np.random.default_rng(K)
     w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
@@ -353,12 +345,40 @@ def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
     w[8, :] = 0.0                          # a zero row (d = 0)
     w[9, :64] = -1.0                       # quants of -127 (Q5_0: u = 0, -16 as Q8_0)
     w[10, :64] = np.tile(np.linspace(-1.0, 1.0, 32, dtype=np.float32), 2)   # Q5_0: every u from 0 to 31
-    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x = rng.standard_normal((100, K)).astype(np.float32)
     x[:, 32:64] *= 30.0
     x[7, 256:512] = 0.0                    # a zero activation block (d = 0)
     x[9, :] = np.abs(x[9, :])              # quant sums far from 0 (the -128 s term of VNNI)
     x[11, :] = -127.0                      # extreme quants
-    interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Ts, "q8_0x16")
+    return w, x
+
+
+Q8_0_TS = (1, 3, 8, 16, 32, 100)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("K", [640, 1088, 4096])
+@pytest.mark.parametrize("t", [8, 6], ids=["q8_0", "q5_0"])
+def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
+    """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack), and Q5_0's (Q5_0X16: the same order at 22 bytes
+    a row; at the amx level Q8_0X16, each block as Q8_0 with quants u - 16), at every level give the bits of the
+    file's layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel
+    (3, 8), and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K as
+    in test_prompt_batches_rows_equal_scalar (residues of 8 blocks, a second AMX K chunk); N = 48: three groups."""
+    w, x = q8_0_cases(K)
+    name = "q8_0x16" if t == 8 or level == "amx" else "q5_0x16"
+    interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Q8_0_TS, name)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("K", [640, 4096])
+def test_q5_0x16_runs_at_every_level(at_level, pool2, level, K):
+    """A Q5_0X16 copy made at the best level below amx (the layout is level-independent) gives the file layout's
+    scalar bits at every level, the amx level included (it would make Q8_0X16 itself)."""
+    w, x = q8_0_cases(K)
+    made_at = [lv for lv in LEVELS if lv != "amx" and pi.cpu_isa_supported(lv)][-1]
+    interleaved_equals_scalar_rows(at_level, pool2, level, 6, quantize(6, w), x, Q8_0_TS, "q5_0x16",
+                                   repack_level=made_at)
 
 
 @pytest.mark.parametrize("level", LEVELS)

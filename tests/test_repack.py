@@ -78,14 +78,16 @@ def test_q4_0_kernels_agree(pool2, K, N, T):
 @pytest.mark.parametrize("qtype", [Q8_0, Q5_0], ids=["q8_0", "q5_0"])
 def test_q8_0_interleaved_copy(pool2, K, N, T, qtype):
     """Q8_0 repacks to 16-row groups (Q8_0X16) with the bits of the file's layout, and within the tolerance of the
-    float64 reference; so does Q5_0, as Q8_0 blocks (d, u - 16) in the same layout, 34 bytes per block for its 22."""
+    float64 reference; so does Q5_0, as Q5_0X16 (the same order, 22 bytes per block as in the file), or at the amx
+    level as Q8_0 blocks (d, u - 16) in Q8_0X16, 34 bytes per block for its 22."""
     raw, wd, x = mul_mat_case(qtype, K, N, T, seed=K + N + T)
     y = mul_mat(pool2, tensor(raw, qtype), x, N)
     ref, tol, _, _ = mul_mat_reference_and_tol(qtype, wd, x)
     assert np.all(np.abs(y - ref) <= tol)
-    assert lib.pi_repack_bytes(tensor(raw, qtype)) == N * K // 32 * 34
+    as_q8 = qtype == Q8_0 or pi.cpu_isa() == "amx"
+    assert lib.pi_repack_bytes(tensor(raw, qtype)) == N * K // 32 * (34 if as_q8 else 22)
     w16, keep = repacked(raw, qtype)
-    assert ffi.string(lib.pi_type_name(w16.type)).decode() == "q8_0x16"
+    assert ffi.string(lib.pi_type_name(w16.type)).decode() == ("q8_0x16" if as_q8 else "q5_0x16")
     assert_bit_equal(mul_mat(pool2, w16, x, N), y, "interleaved copy vs the file's layout")
     assert_bit_equal(mul_mat(ffi.NULL, w16, x, N), y, "interleaved copy, no pool")
     per_token = np.concatenate([mul_mat(pool2, w16, x[t:t + 1], N) for t in range(T)])
@@ -219,17 +221,19 @@ def q8_tied_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def q5_tied_model(tmp_path_factory):
-    """Q5_0 weights and a tied Q5_0 table: all repacked as Q8_0X16 (get_rows reads the table's copy too)."""
+    """Q5_0 weights and a tied Q5_0 table: all repacked (Q5_0X16; Q8_0X16 at the amx level), and get_rows reads the
+    table's copy too."""
     return tied_model(tmp_path_factory, "q5_0", 7)
 
 
-def test_q8_0x16_rows_for_get_rows(pool2):
-    """get_rows reads a Q8_0X16 table (a tied head's copy) as the file's rows; Q4_0X8 stays matmul-only."""
-    raw, wd, x = mul_mat_case(Q8_0, 96, 48, 1, seed=9)
+@pytest.mark.parametrize("qtype", [Q8_0, Q5_0], ids=["q8_0", "q5_0"])
+def test_x16_rows_for_get_rows(pool2, qtype):
+    """get_rows reads a Q8_0X16 or Q5_0X16 table (a tied head's copy) as the file's rows; Q4_0X8 stays matmul-only."""
+    raw, wd, x = mul_mat_case(qtype, 96, 48, 1, seed=9)
     ids = np.array([0, 15, 16, 47, 5, 5], np.int32)
     got = {}
-    w16, keep = repacked(raw, Q8_0)
-    for name, w in (("rows", tensor(raw, Q8_0)), ("x16", w16)):
+    w16, keep = repacked(raw, qtype)
+    for name, w in (("rows", tensor(raw, qtype)), ("x16", w16)):
         out = np.zeros((len(ids), 96), np.float32)
         check(lib.pi_op_get_rows(pool2, w, ffi.cast("int32_t *", ids.ctypes.data), len(ids), tensor(out)))
         got[name] = out

@@ -87,6 +87,7 @@ typedef struct pi_type_traits {
     /* interleaved layouts only (rows are not addressable one by one; ne[1] a multiple of pi_group_rows) */
     pi_gemm8_fn     gemm8;         /* Q4_0X8: one group of 8 rows */
     pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; *X16: one) */
+    int32_t         gemm16_max_t;  /* tokens one gemm16 call takes: PI_DOT8_MAX_T, or more where the kernel says */
     pi_repack_fn    repack;        /* types with a repacked_type (not the layout): R rows -> one group */
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
     /* optional: row k of one group as floats, the file row's values (get_rows reads such a table, so a tied
@@ -110,13 +111,14 @@ enum {
     PI_TYPE_F16X8,                   /* f16 weights, 8 rows as two halves of 4 interleaved per 8 elements (pi_x8_index) */
     PI_TYPE_BF16X8,                  /* bf16 weights, the same */
     PI_TYPE_Q6_KX16,                 /* Q6_K weights, 16 rows interleaved (pi_repack; quants_k.h) */
+    PI_TYPE_Q5_0X16,                 /* Q5_0 weights, 16 rows interleaved (pi_repack; arch/q8_0x16.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
 static inline int64_t pi_group_rows(int32_t type) {
     return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
-         : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 ||
-           type == PI_TYPE_Q6_KX16 ? 16
+         : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q5_0X16 || type == PI_TYPE_Q4_KX16 ||
+           type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 ? 16
          : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }
@@ -153,7 +155,9 @@ typedef struct pi_type_kernels {
     pi_axpy_group_fn axpy_group; /* optional */
     pi_gemm8_fn    gemm8;       /* interleaved layouts of 8-row groups */
     pi_gemm8_fn    gemm16;      /* interleaved layouts: 16 rows at once (optional for 8-row groups) */
+    int32_t        gemm16_max_t; /* optional: gemm16 takes up to this many tokens a call (0: PI_DOT8_MAX_T) */
     pi_repack_fn   repack;      /* types with a repacked_type: R of its rows -> one group of that layout */
+    int32_t        repacked_type; /* optional: the layout repack makes at this level, if not the format's */
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
@@ -207,6 +211,15 @@ typedef struct { uint16_t d[8]; uint8_t qs[8 * PI_QK4_0 / 2]; } pi_block_q4_0x8;
 typedef struct { uint16_t d[16]; int8_t qs[8][64]; } pi_block_q8_0x16;  /* block b of rows 16g..16g+15:
     qs[m][4 r + k] = element 4m + k of row r's Q8_0 block (m < 8, k < 4): row m of an AMX B tile, and two
     256-bit halves (rows 0..7, 8..15) in the transposed form of the 8-row kernels */
+typedef struct { uint16_t d[16]; uint8_t qh[8][8]; uint8_t qs[4][64]; } pi_block_q5_0x16;  /* block b of rows
+    16g..16g+15, Q8_0X16's order at 22 bytes a row: qs[j][4 r + k] = byte 4j + k of row r's Q5_0 quants (j < 4:
+    low nibbles = elements 4j + k, high nibbles = 16 + 4j + k); bit i = 4 r + k of the 64-bit little-endian word
+    qh[m] = the high bit of element 4m + k of row r (m < 8), so byte i of Q8_0X16's row m gets bit i of qh[m] */
+/* The unsigned 5-bit quant u (0..31; the value is d (u - 16)) of element e of row r in one Q5_0X16 block. */
+static inline int pi_q5_0x16_u(const pi_block_q5_0x16 *g, int r, int e) {
+    const int m = e / 4, i = 4 * r + e % 4, q = g->qs[m % 4][i];
+    return (m < 4 ? q & 0x0f : q >> 4) | (g->qh[m][i / 8] >> (i % 8) & 1) << 4;
+}
 
 /* The interleaved layouts' repack (Q4_0X8, Q8_0X16): nb blocks of R rows (block_bytes each: a 2-byte scale, then
  * the quants) -> per block the R scales, then the quants as 4-byte words, word m of row k at (m R + k) 4. */

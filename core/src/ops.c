@@ -88,7 +88,8 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *   tiles     interleaved weights on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of
  *             at least PI_TILES_MIN_T tokens; the token and row tails go to the kernels below)
  *   gemm16    interleaved weights, 16 rows x up to 8 tokens per call (Q4_0X8: two groups, AVX-512 levels;
- *             Q8_0X16, Q4_KX16: one group, every level)
+ *             Q8_0X16, Q5_0X16, Q4_KX16: one group, every level; Q5_0X16 at the AVX-512 levels: up to
+ *             PI_Q5_0X16_MAX_T tokens, so that each call's unpacking serves more of them)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at
  *             least PI_TILES_MIN_T tokens; the token and row tails go to vec_dot8)
@@ -196,9 +197,9 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
             r = r0;
             if (two_groups)   /* 16 rows per call where the level (Q4_0X8) or the layout (Q8_0X16, Q4_KX16) has one */
                 for (; r + 16 <= r1; r += 16)
-                    for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += PI_DOT8_MAX_T)
+                    for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += tr->gemm16_max_t)
                         tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                                   (int)PI_MIN(PI_DOT8_MAX_T, c1 - t), y0 + t * y_stride + r, y_stride);
+                                   (int)PI_MIN(tr->gemm16_max_t, c1 - t), y0 + t * y_stride + r, y_stride);
             for (; r < r1; r += 8)   /* 8-row groups only: 16-row layouts end above */
                 for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += PI_DOT8_MAX_T)
                     tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,

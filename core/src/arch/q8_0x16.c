@@ -1,12 +1,15 @@
 /* q8_0x16.c: Q8_0 weights interleaved 16 rows to a group (PI_TYPE_Q8_0X16, pi_block_q8_0x16), the layout
  * mul_mat reads fastest: a group is one contiguous stream, its quants are already in the "transposed" form the
  * multi-row kernels compute on (32-bit lane r of a 64-byte row m = elements 4m..4m+3 of row r), so no kernel
- * shuffles bytes, and each 64-byte row m is row m of an AMX B tile as it stands (amx_q8_0s.c).
+ * shuffles bytes, and each 64-byte row m is row m of an AMX B tile as it stands (amx_q8_0s.c). Q5_0 weights in the
+ * same order at 22 bytes a row (PI_TYPE_Q5_0X16, pi_block_q5_0x16): nibbles and high bits, which the kernels turn
+ * into the same transposed rows of unsigned 5-bit quants u in registers (the Q5_0 value is d (u - 16)).
  *
- * pi_gemm16_q8_0x16_q8_0s: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_0S activations, every level:
- * AVX-512 in 16 lanes, AVX2 as two halves of 8 rows, scalar loops. All follow Q8_0's canonical order
- * (pi_vec_dot_q8_0_q8_0s): per block the exact integer i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8])
- * in block order, and pi_tree8(p); so a repacked model gives the file layout's bits at every level.
+ * pi_gemm16_q8_0x16_q8_0s, pi_gemm16_q5_0x16_q8_0s: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_0S
+ * activations, every level: AVX-512 in 16 lanes, AVX2 as two halves of 8 rows, scalar loops. All follow Q8_0's
+ * canonical order (pi_vec_dot_q8_0_q8_0s; Q5_0's is the same with i = sum (u - 16) y): per block the exact integer
+ * i = sum w y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]) in block order, and pi_tree8(p); so a repacked model
+ * gives the file layout's bits at every level.
  *
  * Why (Sapphire Rapids, one thread, weights in L2): the 8-row kernel on the file's layout spends its time
  * transposing (vec_dot8, 14.5 GB/s of Q8_0); see bench/README.md for this kernel's figures.
@@ -51,59 +54,210 @@ void pi_repack_q5_0_q8_0x16(int64_t n, const void *const *rows, void *group) {
     }
 }
 
-#if PI_HAVE_ROWS16
-/* nt (1 or 2, a constant after inlining) tokens: 8 partial sums per token in registers (16 zmm at most) */
-static inline __attribute__((always_inline)) void q8_0x16_tokens(int64_t nb, const pi_block_q8_0x16 *g,
-                                                               const char *x, int64_t x_stride, const int nt,
-                                                               float *y, int64_t y_stride) {
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512 p[2][8];
-    for (int t = 0; t < nt; t++)
-        for (int j = 0; j < 8; j++) p[t][j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g[b].d));
-        __m512i u[8];   /* w + 128, unsigned: sum w y = sum (w + 128) y - 128 s */
-        for (int m = 0; m < 8; m++) u[m] = _mm512_xor_si512(_mm512_loadu_si512(g[b].qs[m]), bias);
-        for (int t = 0; t < nt; t++) {
-            const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-            const __m512i i = pi_dot16_q8_0s(u, xb, 128);
-            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
-            p[t][b % 8] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), p[t][b % 8]);
+/* Q5_0 rows -> Q5_0X16 (pi_block_q5_0x16 says where each bit goes). */
+void pi_repack_q5_0x16(int64_t n, const void *const *rows, void *group) {
+    pi_block_q5_0x16 *g = group;
+    for (int64_t b = 0; b < n / PI_QK; b++) {
+        memset(g[b].qh, 0, sizeof g[b].qh);
+        for (int r = 0; r < 16; r++) {
+            const pi_block_q5_0 *x = (const pi_block_q5_0 *)rows[r] + b;
+            uint32_t qh;
+            memcpy(&qh, x->qh, 4);
+            g[b].d[r] = x->d;
+            for (int j = 0; j < 4; j++) memcpy(&g[b].qs[j][4 * r], x->qs + 4 * j, 4);
+            for (int e = 0; e < PI_QK; e++) {   /* element e = 4m + k: bit 4r + k of qh[m] */
+                const int i = 4 * r + e % 4;
+                g[b].qh[e / 4][i / 8] |= (uint8_t)((qh >> e & 1) << (i % 8));
+            }
         }
     }
+}
+
+#if PI_HAVE_ROWS16
+static inline uint64_t load_u64(const void *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Block g of a group as 16 rows of unsigned bytes in transposed registers (lane r of u[m]: elements 4m..4m+3 of row
+ * r), and the rows' scales: Q8_0X16's w + 128; Q5_0X16's u, the nibble plus 16 where bit i of qh[m] is set (one
+ * masked add per register). */
+static inline __attribute__((always_inline)) __m512 q8_0x16_unsigned(const pi_block_q8_0x16 *g, __m512i u[8]) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int m = 0; m < 8; m++) u[m] = _mm512_xor_si512(_mm512_loadu_si512(g->qs[m]), bias);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
+}
+
+static inline __attribute__((always_inline)) __m512 q5_0x16_unsigned(const pi_block_q5_0x16 *g, __m512i u[8]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi8(0x10);
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512(g->qs[j]);
+        const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        u[j] = _mm512_mask_add_epi8(lo, _cvtu64_mask64(load_u64(g->qh[j])), lo, high);
+        u[j + 4] = _mm512_mask_add_epi8(hi, _cvtu64_mask64(load_u64(g->qh[j + 4])), hi, high);
+    }
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
+}
+
+/* What a group holds: Q8_0X16 blocks, Q5_0X16 blocks, or (UNPACKED_Q5) Q8_0X16-shaped blocks of Q5_0's u already */
+enum { X16_Q8, X16_Q5, X16_UNPACKED_Q5 };
+
+/* Block b against nt tokens: p[t][j] += its products (j = b % 8); kind a constant */
+static inline __attribute__((always_inline)) void x16_block(const void *group, const int kind, int64_t b,
+                                                          const char *x, int64_t x_stride, const int nt,
+                                                          __m512 p[][8], const int j) {
+    __m512i u[8];
+    __m512 dw;
+    if (kind == X16_Q5) {
+        dw = q5_0x16_unsigned((const pi_block_q5_0x16 *)group + b, u);
+    } else if (kind == X16_Q8) {
+        dw = q8_0x16_unsigned((const pi_block_q8_0x16 *)group + b, u);
+    } else {
+        const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
+        for (int m = 0; m < 8; m++) u[m] = _mm512_loadu_si512(g->qs[m]);
+        dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
+    }
     for (int t = 0; t < nt; t++) {
-        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(p[t][0], p[t][4]), _mm512_add_ps(p[t][2], p[t][6])),
-                                       _mm512_add_ps(_mm512_add_ps(p[t][1], p[t][5]), _mm512_add_ps(p[t][3], p[t][7])));
+        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+        const __m512i i = pi_dot16_q8_0s(u, xb, kind == X16_Q8 ? 128 : 16);   /* sum w y = sum u y - offset s */
+        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
+        p[t][j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), p[t][j]);
+    }
+}
+
+/* nb blocks (b = 0 a multiple of 8 into the row: the partial sums keep their blocks in order) against nt (1 or 2, a
+ * constant after inlining) tokens, their 8 partial sums each taken from and put back into ps (in registers
+ * meanwhile: 16 zmm at most); kind (a constant) says what group holds */
+static inline __attribute__((always_inline)) void x16_tokens(int64_t nb, const void *group, const int kind,
+                                                           const char *x, int64_t x_stride, const int nt,
+                                                           __m512 ps[][8]) {
+    __m512 p[2][8];
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 8; j++) p[t][j] = ps[t][j];
+    int64_t b8 = 0;
+    for (; b8 + 8 <= nb; b8 += 8)   /* 8 blocks per pass, j a constant in each copy: p[t][j] stay in registers */
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) x16_block(group, kind, b8 + j, x, x_stride, nt, p, j);
+    for (int j = 0; b8 + j < nb; j++) x16_block(group, kind, b8 + j, x, x_stride, nt, p, j);
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 8; j++) ps[t][j] = p[t][j];
+}
+
+/* nb blocks of group (kind) against tokens [0, nt) in pairs, into ps */
+static inline __attribute__((always_inline)) void x16_pairs(int64_t nb, const void *group, const int kind, const char *x,
+                                                          int64_t x_stride, int nt, __m512 ps[][8]) {
+    int t = 0;
+    for (; t + 2 <= nt; t += 2) x16_tokens(nb, group, kind, x + t * x_stride, x_stride, 2, ps + t);
+    if (t < nt) x16_tokens(nb, group, kind, x + t * x_stride, x_stride, 1, ps + t);
+}
+
+static inline void x16_store(int nt, __m512 ps[][8], float *y, int64_t y_stride) {
+    for (int t = 0; t < nt; t++) {
+        const __m512 *p = ps[t];
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[4]), _mm512_add_ps(p[2], p[6])),
+                                       _mm512_add_ps(_mm512_add_ps(p[1], p[5]), _mm512_add_ps(p[3], p[7])));
         _mm512_storeu_ps(y + t * y_stride, s);
     }
 }
 
 void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
-    PI_GEMM16_PAIRS(q8_0x16_tokens, n / PI_QK8_0, group, x, x_stride, nt, y, y_stride);
+    __m512 ps[PI_DOT8_MAX_T][8];
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();
+    x16_pairs(n / PI_QK8_0, group, X16_Q8, x, x_stride, nt, ps);
+    x16_store(nt, ps, y, y_stride);
+}
+
+/* Q5_0X16: one token or a pair unpacks each block in registers, once. More tokens (prompts) would unpack it once per
+ * pair, a mask load and a masked add more per register than Q8_0X16's bias: 1.19-1.34x the time of the Q8_0X16 copy
+ * at T = 512 (Zen 4, Gemma 3 270M's Q5_0 matrices). So their blocks are unpacked Q5X16_CHUNK at a time (a multiple of
+ * 8) into Q8_0X16-shaped blocks of u, and every pair of tokens runs the Q8_0X16 body over that copy, in L1, without
+ * even its bias (X16_UNPACKED_Q5); and a call takes up to Q5X16_MAX_T tokens (mul_mat: the traits' gemm16_max_t), so
+ * that one unpacking serves them all (with 8 tokens a call it still took 1.06-1.23x the time). */
+#define Q5X16_CHUNK 32
+#define Q5X16_MAX_T 32
+
+void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    const int64_t nb = n / PI_QK;
+    __m512 ps[Q5X16_MAX_T][8];
+    for (int t = 0; t < nt; t++)
+        for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();
+    if (nt <= 2) {
+        x16_pairs(nb, group, X16_Q5, x, x_stride, nt, ps);
+    } else {
+        pi_block_q8_0x16 copy[Q5X16_CHUNK];
+        for (int64_t b0 = 0; b0 < nb; b0 += Q5X16_CHUNK) {
+            const int64_t cn = PI_MIN(Q5X16_CHUNK, nb - b0);
+            for (int64_t b = 0; b < cn; b++) {
+                const pi_block_q5_0x16 *g = (const pi_block_q5_0x16 *)group + b0 + b;
+                __m512i u[8];
+                q5_0x16_unsigned(g, u);
+                memcpy(copy[b].d, g->d, sizeof g->d);
+                for (int m = 0; m < 8; m++) _mm512_storeu_si512(copy[b].qs[m], u[m]);
+            }
+            x16_pairs(cn, copy, X16_UNPACKED_Q5, x + b0 * (int64_t)sizeof(pi_block_q8_0s), x_stride, nt, ps);
+        }
+    }
+    x16_store(nt, ps, y, y_stride);
 }
 
 #elif PI_HAVE_ROWS8
+#define Q5X16_MAX_T 0   /* PI_DOT8_MAX_T */
+
+/* Byte k of the result = 16 where bit k of the 32 bits at qh is set, else 0. */
+static inline __m256i q5_high16(const uint8_t *qh) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(pi_load_i32(qh)),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
 /* AVX2: the group as two halves of 8 rows (bytes 0..31 and 32..63 of every row m), all nt tokens per pass so that
  * each weight register and its absolute value are made once for them, not once per token (542M Q8_0 prompt
  * matmuls: 0.80-0.90x the time on a Zen 3, bench/README.md), with the arithmetic of rows8_k.c's q8_0_dot8 (maddubs
- * of |w| against sign(y, w), widened at once); the partial sums p[b % 8] of each token live on the stack. */
-static inline __attribute__((always_inline)) void q8_0x16_half(int64_t nb, const pi_block_q8_0x16 *g, const int half,
-                                                               const char *x, int64_t x_stride, const int nt,
-                                                               float *y, int64_t y_stride) {
+ * of |w| against sign(y, w), widened at once; Q5_0X16: maddubs of u, as q5_0_dot8); the partial sums p[b % 8] of
+ * each token live on the stack. q5 (a constant) picks the layout. */
+static inline __attribute__((always_inline)) void x16_half(int64_t nb, const void *group, const int q5,
+                                                         const int half, const char *x, int64_t x_stride,
+                                                         const int nt, float *y, int64_t y_stride) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 p[PI_DOT8_MAX_T][8];
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) p[t][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g[b].d + 8 * half)));
         __m256i s[PI_DOT8_MAX_T];
-        for (int t = 0; t < nt; t++) s[t] = _mm256_setzero_si256();
-        for (int m = 0; m < 8; m++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs[m] + 32 * half));
-            const __m256i aw = _mm256_sign_epi8(w, w);
-            for (int t = 0; t < nt; t++) {
+        __m256 dw;
+        if (q5) {
+            const pi_block_q5_0x16 *g = (const pi_block_q5_0x16 *)group + b;
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->d + 8 * half)));
+            __m256i u[8];
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(g->qs[j] + 32 * half));
+                u[j] = _mm256_or_si256(_mm256_and_si256(v, m4), q5_high16(g->qh[j] + 4 * half));
+                u[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                           q5_high16(g->qh[j + 4] + 4 * half));
+            }
+            for (int t = 0; t < nt; t++) {   /* two sums of 4 (pi_maddubs_sum's bound at u < 32) */
                 const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-                s[t] = pi_dpbusd(s[t], aw, _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * m)), w));
+                s[t] = _mm256_sub_epi32(_mm256_add_epi32(pi_dot_u8_bcast(u, xb->qs, 4),
+                                                         pi_dot_u8_bcast(u + 4, xb->qs + 16, 4)),
+                                        _mm256_set1_epi32(16 * (int32_t)xb->s));
+            }
+        } else {
+            const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->d + 8 * half)));
+            for (int t = 0; t < nt; t++) s[t] = _mm256_setzero_si256();
+            for (int m = 0; m < 8; m++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(g->qs[m] + 32 * half));
+                const __m256i aw = _mm256_sign_epi8(w, w);
+                for (int t = 0; t < nt; t++) {
+                    const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+                    s[t] = pi_dpbusd(s[t], aw, _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * m)), w));
+                }
             }
         }
         for (int t = 0; t < nt; t++) {
@@ -116,22 +270,29 @@ static inline __attribute__((always_inline)) void q8_0x16_half(int64_t nb, const
 }
 
 /* A kernel instance per token count (rows8_k.c's DISPATCH_NT): the per-token sums stay in registers. */
-#define Q8X16_HALF(n, group, xt, xs, nt, yt, ys) q8_0x16_half((n) / PI_QK8_0, group, half, xt, xs, nt, yt, ys)
-#define Q8X16_HALF_ONE(n, group, xt, yt) q8_0x16_half((n) / PI_QK8_0, group, half, xt, 0, 1, yt, 0)
+#define Q8X16_HALF(n, group, xt, xs, nt, yt, ys) x16_half((n) / PI_QK8_0, group, q5, half, xt, xs, nt, yt, ys)
+#define Q8X16_HALF_ONE(n, group, xt, yt) x16_half((n) / PI_QK8_0, group, q5, half, xt, 0, 1, yt, 0)
 
-static inline __attribute__((always_inline)) void q8_0x16_half_nt(int64_t n, const pi_block_q8_0x16 *rows,
-                                                                  const int half, const char *x, int64_t x_stride,
-                                                                  int nt, float *y, int64_t y_stride) {
+static inline __attribute__((always_inline)) void x16_half_nt(int64_t n, const void *rows, const int q5,
+                                                            const int half, const char *x, int64_t x_stride, int nt,
+                                                            float *y, int64_t y_stride) {
     DISPATCH_NT(Q8X16_HALF, Q8X16_HALF_ONE, K_MAX_T);
 }
 
 void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
-    q8_0x16_half_nt(n, group, 0, x, x_stride, nt, y, y_stride);
-    q8_0x16_half_nt(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+    x16_half_nt(n, group, 0, 0, x, x_stride, nt, y, y_stride);
+    x16_half_nt(n, group, 0, 1, x, x_stride, nt, y + 8, y_stride);
 }
 
-#else   /* scalar: the canonical order of pi_vec_dot_q8_0_q8_0s per (row, token) */
+void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    x16_half_nt(n, group, 1, 0, x, x_stride, nt, y, y_stride);
+    x16_half_nt(n, group, 1, 1, x, x_stride, nt, y + 8, y_stride);
+}
+
+#else   /* scalar: the canonical order of pi_vec_dot_q8_0_q8_0s (pi_vec_dot_q5_0_q8_0s) per (row, token) */
+#define Q5X16_MAX_T 0   /* PI_DOT8_MAX_T */
 
 void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
@@ -143,6 +304,23 @@ void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_
             for (int64_t b = 0; b < n / PI_QK8_0; b++) {
                 int32_t s = 0;
                 for (int e = 0; e < PI_QK8_0; e++) s += g[b].qs[e / 4][4 * r + e % 4] * xb[b].qs[e];
+                p[b % 8] = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)s, p[b % 8]);
+            }
+            y[t * y_stride + r] = pi_tree8(p);
+        }
+    }
+}
+
+void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    const pi_block_q5_0x16 *g = group;
+    for (int t = 0; t < nt; t++) {
+        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride);
+        for (int r = 0; r < 16; r++) {
+            float p[8] = { 0 };
+            for (int64_t b = 0; b < n / PI_QK; b++) {
+                int32_t s = 0;
+                for (int e = 0; e < PI_QK; e++) s += (pi_q5_0x16_u(&g[b], r, e) - 16) * xb[b].qs[e];
                 p[b % 8] = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)s, p[b % 8]);
             }
             y[t * y_stride + r] = pi_tree8(p);

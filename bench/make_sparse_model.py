@@ -432,7 +432,7 @@ def write_models(out, *, dense_out=None, dtype="q4_0", n_vocab, n_embd, n_ff, n_
             put("s", data)
             if "d" in writers:
                 layer_cache["down_t"] = data
-        elif kind == "down":
+        elif kind == "down" and "d" in starts:   # the dense twin's only (without --dense-out: nothing to write)
             dt_raw = layer_cache.pop("down_t")
             vals = dequantize(dt_raw, tdt, n_embd)                 # (n_ff, n_embd)
             put("d", quantize(np.ascontiguousarray(vals.T), tdt))  # (n_embd, n_ff): ne [n_ff, n_embd]

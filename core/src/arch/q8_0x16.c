@@ -145,8 +145,8 @@ static inline __attribute__((always_inline)) void x16_tokens(int64_t nb, const v
 }
 
 /* nb blocks of group (kind) against tokens [0, nt) in pairs, into ps */
-static inline __attribute__((always_inline)) void x16_pairs(int64_t nb, const void *group, const int kind, const char *x,
-                                                          int64_t x_stride, int nt, __m512 ps[][8]) {
+static inline __attribute__((always_inline)) void x16_pairs(int64_t nb, const void *group, const int kind,
+                                                          const char *x, int64_t x_stride, int nt, __m512 ps[][8]) {
     int t = 0;
     for (; t + 2 <= nt; t += 2) x16_tokens(nb, group, kind, x + t * x_stride, x_stride, 2, ps + t);
     if (t < nt) x16_tokens(nb, group, kind, x + t * x_stride, x_stride, 1, ps + t);
@@ -294,38 +294,38 @@ void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_
 #else   /* scalar: the canonical order of pi_vec_dot_q8_0_q8_0s (pi_vec_dot_q5_0_q8_0s) per (row, token) */
 #define Q5X16_MAX_T 0   /* PI_DOT8_MAX_T */
 
-void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) {
-    const pi_block_q8_0x16 *g = group;
+/* weight element e of row r in block b: Q8_0X16's quant, or Q5_0X16's u - 16 */
+static inline int x16_weight(const void *group, const int q5, int64_t b, int r, int e) {
+    return q5 ? pi_q5_0x16_u((const pi_block_q5_0x16 *)group + b, r, e) - 16
+              : ((const pi_block_q8_0x16 *)group)[b].qs[e / 4][4 * r + e % 4];
+}
+
+static void x16_scalar(int64_t n, const void *group, const int q5, const char *x, int64_t x_stride, int nt, float *y,
+                       int64_t y_stride) {
     for (int t = 0; t < nt; t++) {
         const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride);
         for (int r = 0; r < 16; r++) {
             float p[8] = { 0 };
             for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+                const uint16_t d = q5 ? ((const pi_block_q5_0x16 *)group)[b].d[r]
+                                      : ((const pi_block_q8_0x16 *)group)[b].d[r];
                 int32_t s = 0;
-                for (int e = 0; e < PI_QK8_0; e++) s += g[b].qs[e / 4][4 * r + e % 4] * xb[b].qs[e];
-                p[b % 8] = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)s, p[b % 8]);
+                for (int e = 0; e < PI_QK8_0; e++) s += x16_weight(group, q5, b, r, e) * xb[b].qs[e];
+                p[b % 8] = fmaf(pi_fp16_to_f32(d) * pi_fp16_to_f32(xb[b].d), (float)s, p[b % 8]);
             }
             y[t * y_stride + r] = pi_tree8(p);
         }
     }
 }
 
+void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    x16_scalar(n, group, 0, x, x_stride, nt, y, y_stride);
+}
+
 void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
-    const pi_block_q5_0x16 *g = group;
-    for (int t = 0; t < nt; t++) {
-        const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride);
-        for (int r = 0; r < 16; r++) {
-            float p[8] = { 0 };
-            for (int64_t b = 0; b < n / PI_QK; b++) {
-                int32_t s = 0;
-                for (int e = 0; e < PI_QK; e++) s += (pi_q5_0x16_u(&g[b], r, e) - 16) * xb[b].qs[e];
-                p[b % 8] = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)s, p[b % 8]);
-            }
-            y[t * y_stride + r] = pi_tree8(p);
-        }
-    }
+    x16_scalar(n, group, 1, x, x_stride, nt, y, y_stride);
 }
 
 #endif

@@ -33,31 +33,8 @@ sys.path.insert(0, str(_ROOT / "bindings"))
 sys.path.insert(0, str(_ROOT / "bench"))
 
 import powerinfer  # noqa: E402
+from powerinfer import act_sparsity  # noqa: E402
 from bench_sparse import measure_bandwidth  # noqa: E402
-
-
-def weight_bytes(model: powerinfer.Model) -> dict[str, int]:
-    """Bytes per token by part: attn, out (head), gate, up, down (each summed over layers)."""
-    parts = {"attn": 0, "out": 0, "gate": 0, "up": 0, "down": 0}
-    for name, t in model.file.tensors.items():
-        n = int(t.data.nbytes)
-        if name.startswith("output.") and name.endswith("weight") and t.data.ndim >= 1 and "norm" not in name:
-            parts["out"] += n
-        elif ".attn_" in name and "norm" not in name:
-            parts["attn"] += n
-        elif ".ffn_gate." in name:
-            parts["gate"] += n
-        elif ".ffn_up." in name:
-            parts["up"] += n
-        elif ".ffn_down." in name:
-            parts["down"] += n
-    if parts["out"] == 0:          # tied head: token_embd is read in full by the output matmul
-        parts["out"] = int(model.file.tensors["token_embd.weight"].data.nbytes)
-    return parts
-
-
-def bytes_of(model: powerinfer.Model, suffix: str) -> int:
-    return sum(int(t.data.nbytes) for n, t in model.file.tensors.items() if n.endswith(suffix))
 
 
 def run(ctx, prompt, tokens) -> float:
@@ -109,9 +86,8 @@ def main(argv=None) -> int:
                 act, total = ctx.gate_input_stats()
                 inputs[name] = float(act.sum()) / (total * len(act))
     bw = a.bandwidth or measure_bandwidth(n_threads=a.threads)[a.threads]
-    parts = weight_bytes(model)
-    dt, gt = bytes_of(model, ".ffn_down_t.weight"), bytes_of(model, ".ffn_gate_t.weight")
-    dense_bytes = sum(parts.values())
+    parts = act_sparsity.decode_bytes(model.file.tensors)
+    dense_bytes = act_sparsity.dense_bytes(parts)
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -131,8 +107,7 @@ def main(argv=None) -> int:
         if name == "dense":
             nbytes = dense_bytes
         else:
-            gate = inp * gt if name.endswith("+in") else parts["gate"]
-            nbytes = parts["attn"] + parts["out"] + gate + frac * (parts["up"] + dt)
+            nbytes = act_sparsity.level_bytes(parts, frac, inp if name.endswith("+in") else None)
         bound = bw * 1e9 / nbytes
         print(f"| {name} | {frac:.1%} | {inp:.1%} | {med:.2f} | {med / base:.3f}x | {nbytes / 2**20:.1f} MiB | "
               f"{bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")

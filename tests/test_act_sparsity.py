@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import powerinfer as pi  # noqa: E402
+from powerinfer import act_sparsity  # noqa: E402
 from powerinfer._ffi import ffi, lib  # noqa: E402
 from test_sparse import _tensor, _weight  # noqa: E402
 import helpers  # noqa: E402
@@ -335,6 +336,15 @@ def test_model_card(sparse_files, tmp_path, capsys):
     assert "| 0.0% |" in rows[1]                 # f32: down_t is exact, every channel runs
     measured = float(rows[2].split(" | ")[1].rstrip("%")) / 100
     assert 0.2 < measured < 0.4
+    # the decode-bytes column: the dense bytes, and each level's from its measured share of channels
+    parts = act_sparsity.decode_bytes(pi.Model(out).file.tensors)
+    assert min(parts[k] for k in ("attn", "out", "gate", "up", "down", "down_t")) > 0 and parts["gate_t"] == 0
+    dense_b = act_sparsity.dense_bytes(parts)
+    assert rows[0].endswith(f"| {dense_b / 2**20:.1f} MiB (1x) |")
+    level_b = act_sparsity.level_bytes(parts, 1.0 - measured)   # measured as printed: rounded to 0.1%
+    bound = float(rows[2].rsplit("(", 1)[1].split("x)")[0])
+    assert bound == pytest.approx(dense_b / level_b, abs=0.005)
+    assert 1.0 < bound < dense_b / (parts["attn"] + parts["out"] + parts["gate"])
 
 
 # ----------------------------------------------------------------------------------------- errors

@@ -314,15 +314,23 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
              f"tokens in windows of {n_ctx}; transposed copies: "
              f"{', '.join(sorted({n.split('.')[-1] + ' ' + v for n, v in types.items()}))}; "
              f"file {fmt_bytes(out.stat().st_size)} (input {fmt_bytes(src.stat().st_size)}).", "",
-             "| run | channels skipped (measured) | gate inputs skipped | PPL | KL mean | KL p99 | top-1 agreement |",
-             "|---|---|---|---|---|---|---|"]
+             "| run | channels skipped (measured) | gate inputs skipped | PPL | KL mean | KL p99 | top-1 agreement "
+             "| decode bytes (bound) |",
+             "|---|---|---|---|---|---|---|---|"]
+    parts = act_sparsity.decode_bytes(Model(out).file.tensors)
+    dense = act_sparsity.dense_bytes(parts)
     for r in rows:
         if "kld" in r:
+            inputs = 1.0 - r["input"] if "gate input" in r["name"] else None
+            n = act_sparsity.level_bytes(parts, 1.0 - r["sparsity"], inputs)
             lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['input']:.1%} | {r['ppl']:.4f} | {r['kld']:.5f} | "
-                         f"{r['kld_p99']:.4f} | {r['top1']:.2%} |")
+                         f"{r['kld_p99']:.4f} | {r['top1']:.2%} | {fmt_bytes(n)} ({dense / n:.3f}x) |")
         else:
-            lines.append(f"| {r['name']} | - | - | {r['ppl']:.4f} | - | - | - |")
-    lines += ["", f"Held-out: {rows[-1].get('n', 0)} scored positions. Thresholds per layer "
+            lines.append(f"| {r['name']} | - | - | {r['ppl']:.4f} | - | - | - | {fmt_bytes(dense)} (1x) |")
+    lines += ["", "Decode bytes: the weights one token reads at that level (attention, the head, the gate, the "
+              "measured share of up and down_t rows); dense bytes / level bytes is the speed-up bound of "
+              "memory-bound CPU decode, which the sparse kernels reach only in part (bench/README.md).", "",
+              f"Held-out: {rows[-1].get('n', 0)} scored positions. Thresholds per layer "
               "(|act(gate x)| >= t runs; gate input: |x_j| >= t is read):", ""]
     for j, (lv, t) in enumerate(zip(levels, thresholds)):
         lines.append(f"- {lv:g}: " + " ".join(f"{v:.4g}" for v in t))

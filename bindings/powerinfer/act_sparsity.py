@@ -114,3 +114,37 @@ def describe(ctx) -> str:
         return (f"activation-sparse inference at the stored level {ctx.sparsity:g} "
                 f"(|act(gate)| thresholds {float(t.min()):.4g}..{float(t.max()):.4g}{gate})")
     return f"activation-sparse inference, |act(gate)| >= {ctx.sparse_threshold:g} in every layer"
+
+
+def decode_bytes(tensors) -> dict[str, int]:
+    """Weight bytes one decoded token reads, by part, from a file's tensors (name -> tensor with .data): attn,
+    out (the output head; token_embd when the head is tied), gate, up, down, and a gate-sparse file's down_t and
+    gate_t (the transposed copies a level reads instead of down and, with gate inputs, of gate)."""
+    parts = {"attn": 0, "out": 0, "gate": 0, "up": 0, "down": 0, "down_t": 0, "gate_t": 0}
+    for name, t in tensors.items():
+        n = int(t.data.nbytes)
+        if name.startswith("output.") and name.endswith("weight") and t.data.ndim >= 1 and "norm" not in name:
+            parts["out"] += n
+        elif ".attn_" in name and "norm" not in name:
+            parts["attn"] += n
+        else:
+            for part in ("gate", "up", "down", "down_t", "gate_t"):
+                if name.endswith(f".ffn_{part}.weight"):
+                    parts[part] += n
+    if parts["out"] == 0 and "token_embd.weight" in tensors:   # tied head: the output matmul reads all of it
+        parts["out"] = int(tensors["token_embd.weight"].data.nbytes)
+    return parts
+
+
+def dense_bytes(parts: dict[str, int]) -> int:
+    """What a dense token reads (decode_bytes' parts)."""
+    return sum(parts[k] for k in ("attn", "out", "gate", "up", "down"))
+
+
+def level_bytes(parts: dict[str, int], channels: float, inputs: float | None = None) -> int:
+    """What a token reads at a level: attention and the head, the gate (dense; with gate inputs the fraction
+    `inputs` of ffn_gate_t's rows), and the fraction `channels` of the up and down_t rows. dense_bytes / this is
+    the speed-up bound of memory-bound decode."""
+    gate = parts["gate"] if inputs is None else inputs * parts["gate_t"]
+    return int(parts["attn"] + parts["out"] + gate + channels * (parts["up"] + parts["down_t"]))
+

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
+from powerinfer import quants  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 from test_isa import q4_K_extreme_rows, q5_K_extreme_rows, q6_K_extreme_rows, wtensor  # noqa: E402
 from test_isa import quantize as quantize_rows  # noqa: E402
@@ -358,25 +359,27 @@ def np_q4_0r_down_bound(h, d, q):
     return bound
 
 
-@pytest.mark.parametrize("down", ["q4_0", "f16"])
+@pytest.mark.parametrize("down", ["q4_0", "f16", "q8_0"])
 @pytest.mark.parametrize("T", [1, 3, 6])
 def test_sparse_ffn_is_the_exact_axpy_chain(pool2, T, down):
     """The gathered 8-row dot products and the 8-row axpy give exactly the bits of one row at a time:
     h from mul_mat's dot products (equal to vec_dot's, test above); per range of SPARSE_RANGE neurons a
     partial = axpy over its active rows in order, from 0; out = the partials added in range order. One
-    token (the fused path) and batches (gather, then the column-split down step) alike; q4_0 and f16
-    down_t rows (pi_axpy8_q4_0, pi_axpy8_f16)."""
+    token (the fused path) and batches (gather, then the column-split down step) alike; q4_0, f16 and q8_0
+    down_t rows (pi_axpy8_q4_0, pi_axpy8_f16, pi_axpy8_q8_0)."""
     E, F = 128, 2 * SPARSE_RANGE + 88   # three ranges, the last one short
     rng = np.random.default_rng(T)
     gate, up, down_t = (np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E)) for _ in range(3))
     if down == "f16":
         down_t = (rng.standard_normal((F, E)) / np.sqrt(E)).astype(np.float16)
+    if down == "q8_0":
+        down_t = quants.quantize_q8_0(rng.standard_normal((F, E)).astype(np.float32) / np.sqrt(E)).reshape(F, -1)
     x = rng.standard_normal((T, E)).astype(np.float32)
     scores = rng.standard_normal((T, F)).astype(np.float32)      # about half of the neurons per token
     scores[:, SPARSE_RANGE:2 * SPARSE_RANGE] = -1.0               # the middle range: no neuron at all
     w = ffi.new("pi_sparse_ffn_weights *")
     w.gate, w.up = tensor(gate, Q4_0)[0], tensor(up, Q4_0)[0]
-    w.down_t = tensor(down_t, Q4_0)[0] if down == "q4_0" else tensor(down_t)[0]
+    w.down_t = tensor(down_t, {"q4_0": Q4_0, "q8_0": Q8_0}[down])[0] if down != "f16" else tensor(down_t)[0]
     out = np.zeros((T, E), np.float32)
     check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, lib.PI_FFN_PAR, tensor(x), tensor(scores), 0.0,
                                tensor(out), ffi.NULL))
@@ -385,6 +388,11 @@ def test_sparse_ffn_is_the_exact_axpy_chain(pool2, T, down):
     h = np.where(scores >= 0.0, np.maximum(g, 0) * u, 0).astype(np.float32)
     if down == "q4_0":
         d, q = q4_0_parts(down_t)
+        add_row = lambda i, t, y: fma32(np.repeat((h[t, i] * d[i]).astype(np.float32), 32), q[i], y)  # noqa: E731
+    elif down == "q8_0":   # pi_axpy_q8_0: fma(a d_b, q, y) per element
+        blocks = down_t.reshape(F, E // 32, 34)
+        d = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+        q = blocks[:, :, 2:].copy().view(np.int8).reshape(F, E).astype(np.float32)
         add_row = lambda i, t, y: fma32(np.repeat((h[t, i] * d[i]).astype(np.float32), 32), q[i], y)  # noqa: E731
     else:   # pi_axpy_f16 adds fma(a, x, y) at every level (E is a multiple of 8: no unfused tail)
         add_row = lambda i, t, y: fma32(np.full(E, h[t, i]), down_t[i].astype(np.float32), y)  # noqa: E731

@@ -86,6 +86,7 @@ static void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const ch
 static void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                              float *y, int64_t y_stride);
 static void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
+static void pi_axpy8_q8_0(int64_t n, const float *a, const void *const *rows, float *y);
 static void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
 static void pi_axpy8xq_f16(int64_t n, int nq, const float *a, const void *const *rows, float *const *y);
 static void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,

@@ -54,6 +54,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),
                            .axpy8 = ROWS8(pi_axpy8_q4_0), .repack = pi_repack8_q4_0x8 },
         [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0s,  pi_axpy_q8_0, .vec_dot8 = ROWS8(pi_vec_dot8_q8_0_q8_0s),
+                           .axpy8 = ROWS8(pi_axpy8_q8_0),
                            .tiles_rows = AMX(pi_tiles_rows_q8_0_q8_0s),
                            .from_f32 = pi_quantize_row_q8_0, .repack = pi_repack_q8_0x16 },
         [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1, .vec_dot8 = ROWS8(pi_vec_dot8_q4_1_q8_1) },

@@ -648,3 +648,24 @@ void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y) {
         for (int j = 0; j < PI_QK8_0; j++) y[b * PI_QK8_0 + j] = fmaf(s, (float)x[b].qs[j], y[b * PI_QK8_0 + j]);
     }
 }
+
+#if PI_HAVE_ROWS8
+/* Eight pi_axpy_q8_0 calls (rows k = 0..7 in order, the same fma per element: the same bits) with each block of y
+ * loaded and stored once: a Q8_0 down_t's rows (Gemma 3's sparse FFN, n_embd 640) took 10.8% of its decode's
+ * samples added one at a time. */
+void pi_axpy8_q8_0(int64_t n, const float *a, const void *const *rows, float *y) {
+    const pi_block_q8_0 *const *r = (const pi_block_q8_0 *const *)rows;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+        __m256 yb[4];
+        pi_load4_ps(y + b * PI_QK8_0, yb);
+        for (int k = 0; k < 8; k++) {
+            const __m256 scale = _mm256_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d));
+            for (int i = 0; i < 4; i++) {
+                const __m128i q8 = _mm_loadl_epi64((const __m128i *)(r[k][b].qs + 8 * i));
+                yb[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), yb[i]);
+            }
+        }
+        pi_store4_ps(y + b * PI_QK8_0, yb);
+    }
+}
+#endif

@@ -184,8 +184,12 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(acc[t]));
 }
 
+/* One token: the eight rows side by side too (not one row after the other, as the other types here). Dense Q5_0
+ * decode reads the Q5_0X16 copy; what comes here is the sparse FFN's gathered up rows (scattered: eight streams
+ * keep more reads in flight; Gemma 3 270M's sparse FFN 0.83-0.87x the time, Zen 4) and --no-repack (consecutive
+ * rows: 1.05-1.14x the time of one row after the other). */
 static void q5_0_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q5_0_q8_0s(n, rows[k], x);
+    q5_0_dot8(n, rows, x, 0, 1, y, 0);
 }
 
 void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,

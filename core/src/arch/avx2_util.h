@@ -13,6 +13,13 @@ static inline int32_t pi_load_i32(const void *p) {
     return v;
 }
 
+/* 8 bytes at p as a uint64 (unaligned). */
+static inline uint64_t pi_load_u64(const void *p) {
+    uint64_t v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
 /* sum over g < n of maddubs(w[g], the 4 activation bytes y[4g..4g+3] in every lane), in int16:
  * the caller bounds n so that no lane overflows (8 for 4-bit unsigned weights). */
 static inline __m256i pi_maddubs_sum(const __m256i *w, const int8_t *y, int n) {
@@ -144,6 +151,14 @@ static inline void pi_q4_0_axpy_block(__m256 scale, const uint8_t *qs, __m256 y[
     y[3] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v1, 4), eight)), y[3]);
 }
 
+/* y[0..3] (32 elements) += scale * the 32 quants of a Q8_0 block, one fma per element. */
+static inline void pi_q8_0_axpy_block(__m256 scale, const int8_t *qs, __m256 y[4]) {
+    for (int i = 0; i < 4; i++) {
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * i)));
+        y[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(q), y[i]);
+    }
+}
+
 #if defined(__AVX512F__)
 /* The same 32 fmas with 512-bit registers: y[0] elements 0..15 (low nibbles), y[1] 16..31 (high nibbles);
  * q - 8 comes from a 16-entry table (vpermps reads an index's low 4 bits), the same exact values. */
@@ -183,14 +198,5 @@ static inline __m256 pi_tree8_ps(const __m256 p[8]) {
     return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6])),
                          _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7])));
 }
-
-/* A 16-row group kernel's tokens in pairs, then the odd one: tokens(nb, group, x, x_stride, nt, y, y_stride) is an
- * always-inline body for nt = 1 or 2 (a constant there, so its accumulators stay in registers). */
-#define PI_GEMM16_PAIRS(tokens, nb, group, x, x_stride, nt, y, y_stride)                                        \
-    do {                                                                                                     \
-        int t_ = 0;                                                                                          \
-        for (; t_ + 2 <= (nt); t_ += 2) tokens(nb, group, (x) + t_ * (x_stride), x_stride, 2, (y) + t_ * (y_stride), y_stride); \
-        if (t_ < (nt)) tokens(nb, group, (x) + t_ * (x_stride), x_stride, 1, (y) + t_ * (y_stride), y_stride); \
-    } while (0)
 
 #endif

@@ -74,12 +74,6 @@ void pi_repack_q5_0x16(int64_t n, const void *const *rows, void *group) {
 }
 
 #if PI_HAVE_ROWS16
-static inline uint64_t load_u64(const void *p) {
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* Block g of a group as 16 rows of unsigned bytes in transposed registers (lane r of u[m]: elements 4m..4m+3 of row
  * r), and the rows' scales: Q8_0X16's w + 128; Q5_0X16's u, the nibble plus 16 where bit i of qh[m] is set (one
  * masked add per register). */
@@ -94,8 +88,8 @@ static inline __attribute__((always_inline)) __m512 q5_0x16_unsigned(const pi_bl
     for (int j = 0; j < 4; j++) {
         const __m512i v = _mm512_loadu_si512(g->qs[j]);
         const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        u[j] = _mm512_mask_add_epi8(lo, _cvtu64_mask64(load_u64(g->qh[j])), lo, high);
-        u[j + 4] = _mm512_mask_add_epi8(hi, _cvtu64_mask64(load_u64(g->qh[j + 4])), hi, high);
+        u[j] = _mm512_mask_add_epi8(lo, _cvtu64_mask64(pi_load_u64(g->qh[j])), lo, high);
+        u[j + 4] = _mm512_mask_add_epi8(hi, _cvtu64_mask64(pi_load_u64(g->qh[j + 4])), hi, high);
     }
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
 }

@@ -634,13 +634,10 @@ void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y) {
     int64_t b = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; b < nb; b++) {
-        const __m256 scale = _mm256_set1_ps(a * pi_fp16_to_f32(x[b].d));
-        float *yb = y + b * PI_QK8_0;
-        for (int k = 0; k < 4; k++) {
-            const __m128i q8 = _mm_loadl_epi64((const __m128i *)(x[b].qs + 8 * k));
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-            _mm256_storeu_ps(yb + 8 * k, _mm256_fmadd_ps(scale, f, _mm256_loadu_ps(yb + 8 * k)));
-        }
+        __m256 yb[4];
+        pi_load4_ps(y + b * PI_QK8_0, yb);
+        pi_q8_0_axpy_block(_mm256_set1_ps(a * pi_fp16_to_f32(x[b].d)), x[b].qs, yb);
+        pi_store4_ps(y + b * PI_QK8_0, yb);
     }
 #endif
     for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */
@@ -658,13 +655,8 @@ void pi_axpy8_q8_0(int64_t n, const float *a, const void *const *rows, float *y)
     for (int64_t b = 0; b < n / PI_QK8_0; b++) {
         __m256 yb[4];
         pi_load4_ps(y + b * PI_QK8_0, yb);
-        for (int k = 0; k < 8; k++) {
-            const __m256 scale = _mm256_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d));
-            for (int i = 0; i < 4; i++) {
-                const __m128i q8 = _mm_loadl_epi64((const __m128i *)(r[k][b].qs + 8 * i));
-                yb[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), yb[i]);
-            }
-        }
+        for (int k = 0; k < 8; k++)
+            pi_q8_0_axpy_block(_mm256_set1_ps(a[k] * pi_fp16_to_f32(r[k][b].d)), r[k][b].qs, yb);
         pi_store4_ps(y + b * PI_QK8_0, yb);
     }
 }

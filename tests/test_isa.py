@@ -189,6 +189,30 @@ def test_activations_equal_scalar(at_level, pool2, level, op):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
+def test_q8_K_quantizer_equals_scalar(at_level, level):
+    """Q8_K (the activations of Q2_K/Q3_K/Q6_K; each level has its own quantizer): the scalar level's bytes,
+    with ties of |x|, a negative max, NaN and infinities."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(8 * 256) * np.repeat(10.0 ** rng.uniform(-6, 4, 8 * 8), 32)).astype(np.float32)
+    x[:256] = 0.0                                   # all zero
+    x[256:512] = np.linspace(-1, 1, 256)            # +-1 at both ends: the first one sets the sign
+    x[512 + 100], x[512 + 200] = -7.0, 7.0
+    x[768 + 5] = np.nan                             # NaN does not count for the max; it quantizes to -127
+    x[1024 + 9] = np.inf                            # an infinite max: every product NaN or -0
+    x[1280 + 3], x[1280 + 4] = -np.inf, np.nan
+
+    def q8_K() -> np.ndarray:
+        out = np.zeros(8 * 292, np.uint8)
+        check(lib.pi_quantize_row(15, ffi.cast("float *", x.ctypes.data), ffi.cast("void *", out.ctypes.data), x.size))
+        return out
+
+    at_level("scalar")
+    ref = q8_K()
+    at_level(level)
+    assert np.array_equal(q8_K(), ref)
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("T", [1, 3, 11])   # one token (decode), prompts: one block and a block and a tail
 def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
     rng = np.random.default_rng(11)

@@ -91,7 +91,7 @@ struct pi_backend {
     pi_threadpool  *pool;       /* CPU kernels (cpu and emulated) */
     void           *scratch;    /* one area, carved by the ops (never two ops at once) */
     size_t          scratch_bytes;
-    void           *impl;       /* backend-private state (CUDA: the stream) */
+    void           *impl;       /* backend-private state (CUDA: the stream; CPU: its pi_rope_cache) */
 };
 
 /* The CPU backend over `pool` (not owned). Its scratch is sized for `need` and owned. */

@@ -76,7 +76,7 @@ static pi_status cpu_layer_norm(pi_backend *be, const pi_tensor *x, const pi_ten
 
 static pi_status cpu_rope(pi_backend *be, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
                           float base, float scale, const float *ff, pi_tensor *out) {
-    return pi_rope(be->pool, x, pos, n_rot, mode, base, scale, ff, out);
+    return pi_rope(be->pool, x, pos, n_rot, mode, base, scale, ff, be->impl, out);   /* impl: the CPU's rope tables */
 }
 
 static pi_status cpu_attention(pi_backend *be, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
@@ -203,7 +203,11 @@ static pi_status host_copy(pi_backend *be, void *dst, const void *src, size_t by
     return PI_OK;
 }
 static pi_status host_sync(pi_backend *be) { return PI_OK; }
-static void cpu_release(pi_backend *be) { free(be->scratch); }
+static void cpu_release(pi_backend *be) {
+    free(be->scratch);
+    pi_rope_cache_free(be->impl);
+    free(be->impl);
+}
 
 const pi_backend_i pi_cpu_ops_template = {
     .name = "CPU", .alloc = host_alloc, .free = host_free, .upload = host_copy, .download = host_copy,
@@ -220,8 +224,11 @@ pi_status pi_backend_cpu_create(pi_threadpool *pool, const pi_scratch_need *need
     if (!be) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     *be = (pi_backend){ .i = &pi_cpu_ops_template, .host = 1, .device = -1, .pool = pool };
     be->scratch_bytes = pi_cpu_scratch_bytes(need);
-    if (!(be->scratch = pi_alloc_lines(be->scratch_bytes))) {
+    be->impl = calloc(1, sizeof(pi_rope_cache));   /* the emulated device keeps none: a GPU computes its own */
+    if (!(be->scratch = pi_alloc_lines(be->scratch_bytes)) || !be->impl) {
         const size_t bytes = be->scratch_bytes;
+        free(be->scratch);
+        free(be->impl);
         free(be);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for %zu bytes of scratch", bytes);
     }

@@ -250,7 +250,8 @@ pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x
     a.xq_row_bytes = pi_row_bytes(pi_traits(w->type)->vec_dot_type, w->ne[0]);
     a.nth = pi_threadpool_size(pool);
     atomic_init(&a.next_row, 0);
-    pi_threadpool_run(pool, mul_mat_convert_task, &a);
+    if (x->ne[1] == 1) mul_mat_convert_task(&a, 0, 1);   /* one token: one thread's work, without a pool run */
+    else pi_threadpool_run(pool, mul_mat_convert_task, &a);
     pi_threadpool_run(pool, mul_mat_task, &a);
     return PI_OK;
 }
@@ -363,37 +364,96 @@ pi_status pi_op_layer_norm(pi_threadpool *pool, const pi_tensor *x, const pi_ten
 
 /* ---- rope ----------------------------------------------------------------- */
 
-typedef struct {
-    const pi_tensor *x; const int32_t *pos; int32_t n_rot, mode; float base, scale; const float *ff; pi_tensor *out;
-    const double *inv_freq;   /* [n_rot / 2] base^(-2i / n_rot), computed once per call (pow per token and pair
-                               * was ~3% of a Gemma 3 prompt) */
-} rope_args;
+/* The table's cos/sin for its key, split over the threads by (token, pair). */
+typedef struct { pi_rope_table *tb; const double *inv_freq; } rope_table_args;
 
+static void rope_table_task(void *p, int ith, int nth) {
+    rope_table_args *a = p;
+    pi_rope_table *tb = a->tb;
+    const int64_t P = tb->n_rot / 2;
+    int64_t j0, j1;
+    split_range(tb->T * P, ith, nth, &j0, &j1);
+    for (int64_t j = j0; j < j1; j++) {
+        const int64_t t = j / P, i = j % P;
+        double theta = (double)tb->pos[t] * tb->scale * a->inv_freq[i];
+        if (tb->factors) theta /= tb->factors[i];   /* frequency factors (rope_freqs) */
+        tb->cs[2 * j] = (float)cos(theta);
+        tb->cs[2 * j + 1] = (float)sin(theta);
+    }
+}
+
+static bool rope_table_is(const pi_rope_table *tb, const int32_t *pos, int64_t T, int32_t n_rot, float base,
+                          float scale, const float *factors) {
+    return tb->T == T && tb->n_rot == n_rot && tb->base == base && tb->scale == scale && tb->factors == factors &&
+           memcmp(tb->pos, pos, (size_t)T * sizeof *pos) == 0;
+}
+
+/* The cache's table for this key (computed into the oldest one where none matches), or *fresh for the call alone. */
+static pi_status rope_table(pi_threadpool *pool, pi_rope_cache *cache, pi_rope_table *fresh, const int32_t *pos,
+                            int64_t T, int32_t n_rot, float base, float scale, const float *factors,
+                            pi_rope_table **out) {
+    pi_rope_table *tb = fresh;
+    if (cache) {
+        tb = &cache->t[0];
+        for (int i = 0; i < PI_ROPE_TABLES; i++) {
+            pi_rope_table *c = &cache->t[i];
+            if (rope_table_is(c, pos, T, n_rot, base, scale, factors)) {
+                c->used = ++cache->clock;
+                *out = c;
+                return PI_OK;
+            }
+            if (c->used < tb->used) tb = c;
+        }
+        tb->used = ++cache->clock;
+    }
+    tb->T = 0;   /* empty until filled */
+    const int64_t n_cs = T * n_rot;
+    if (tb->cap_T < T || tb->cap_cs < n_cs) {
+        int32_t *p = realloc(tb->pos, (size_t)PI_MAX(T, tb->cap_T) * sizeof *p);
+        if (p) { tb->pos = p; tb->cap_T = PI_MAX(T, tb->cap_T); }
+        float *cs = p ? realloc(tb->cs, (size_t)PI_MAX(n_cs, tb->cap_cs) * sizeof *cs) : NULL;
+        if (cs) { tb->cs = cs; tb->cap_cs = PI_MAX(n_cs, tb->cap_cs); }
+        if (!p || !cs) return pi_fail(PI_ERR_OUT_OF_MEMORY, "rope: out of memory for %lld tokens", (long long)T);
+    }
+    double inv_freq[n_rot / 2 + 1];   /* base^(-2i / n_rot); + 1: never a zero-length array */
+    for (int32_t i = 0; i < n_rot / 2; i++) inv_freq[i] = pow(base, -2.0 * (double)i / n_rot);
+    memcpy(tb->pos, pos, (size_t)T * sizeof *pos);
+    tb->n_rot = n_rot; tb->base = base; tb->scale = scale; tb->factors = factors;
+    tb->T = T;
+    rope_table_args a = { tb, inv_freq };
+    pi_threadpool_run(pool, rope_table_task, &a);
+    *out = tb;
+    return PI_OK;
+}
+
+void pi_rope_cache_free(pi_rope_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < PI_ROPE_TABLES; i++) { free(c->t[i].pos); free(c->t[i].cs); }
+    memset(c, 0, sizeof *c);
+}
+
+typedef struct { const pi_tensor *x; int32_t mode; const pi_rope_table *tb; pi_tensor *out; } rope_args;
+
+/* Rows (token t, head h) split over the threads: one token's heads go to several threads. */
 static void rope_task(void *p, int ith, int nth) {
     rope_args *a = p;
-    const int64_t hd = a->x->ne[0], H = a->x->ne[1], T = a->x->ne[2];
-    int64_t t0, t1;
-    split_range(T, ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++) {
-        for (int64_t i = 0; i < a->n_rot / 2; i++) {
-            double theta = (double)a->pos[t] * a->scale * a->inv_freq[i];
-            if (a->ff) theta /= a->ff[i];   /* frequency factors (rope_freqs) */
-            const float c = (float)cos(theta), s = (float)sin(theta);
-            for (int64_t h = 0; h < H; h++) {
-                const float *x = ROW_F32(a->x, h, t, 0);
-                float *y = ROW_F32(a->out, h, t, 0);
-                /* the pair: (2i, 2i+1) normal, (i, i + n_rot/2) NEOX */
-                const int64_t i0 = a->mode == PI_ROPE_NEOX ? i : 2 * i;
-                const int64_t i1 = a->mode == PI_ROPE_NEOX ? i + a->n_rot / 2 : 2 * i + 1;
-                const float x0 = x[i0], x1 = x[i1];
-                y[i0] = x0 * c - x1 * s;
-                y[i1] = x0 * s + x1 * c;
-            }
+    const int64_t hd = a->x->ne[0], H = a->x->ne[1], T = a->x->ne[2], P = a->tb->n_rot / 2;
+    int64_t r0, r1;
+    split_range(T * H, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t t = r / H, h = r % H;
+        const float *cs = a->tb->cs + 2 * P * t;
+        const float *x = ROW_F32(a->x, h, t, 0);
+        float *y = ROW_F32(a->out, h, t, 0);
+        for (int64_t i = 0; i < P; i++) {
+            /* the pair: (2i, 2i+1) normal, (i, i + n_rot/2) NEOX */
+            const int64_t i0 = a->mode == PI_ROPE_NEOX ? i : 2 * i, i1 = a->mode == PI_ROPE_NEOX ? i + P : 2 * i + 1;
+            const float c = cs[2 * i], s = cs[2 * i + 1], x0 = x[i0], x1 = x[i1];
+            y[i0] = x0 * c - x1 * s;
+            y[i1] = x0 * s + x1 * c;
         }
-        if (a->out->data != a->x->data || a->out->nb[1] != a->x->nb[1] || a->out->nb[2] != a->x->nb[2])
-            for (int64_t h = 0; h < H; h++)   /* dims past n_rot pass through */
-                memcpy(ROW_F32(a->out, h, t, 0) + a->n_rot, ROW_F32(a->x, h, t, 0) + a->n_rot,
-                       (size_t)(hd - a->n_rot) * sizeof(float));
+        if (y != x)   /* dims past n_rot pass through */
+            memcpy(y + 2 * P, x + 2 * P, (size_t)(hd - 2 * P) * sizeof(float));
     }
 }
 
@@ -410,18 +470,20 @@ pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos
         return pi_fail(PI_ERR_INVALID_ARG, "rope: freq_base and freq_scale must be > 0");
     if (mode != PI_ROPE_NORMAL && mode != PI_ROPE_NEOX)
         return pi_fail(PI_ERR_INVALID_ARG, "rope: mode %d is not PI_ROPE_NORMAL (0) or PI_ROPE_NEOX (2)", mode);
-    return pi_rope(pool, x, pos, n_rot, mode, freq_base, freq_scale, NULL, out);
+    return pi_rope(pool, x, pos, n_rot, mode, freq_base, freq_scale, NULL, NULL, out);
 }
 
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
-                  float freq_base, float freq_scale, const float *freq_factors, pi_tensor *out) {
-    double *inv_freq = malloc((size_t)(n_rot / 2 + 1) * sizeof *inv_freq);   /* + 1: never malloc(0) */
-    if (!inv_freq) return pi_fail(PI_ERR_OUT_OF_MEMORY, "rope: out of memory");
-    for (int32_t i = 0; i < n_rot / 2; i++) inv_freq[i] = pow(freq_base, -2.0 * (double)i / n_rot);
-    rope_args a = { x, pos, n_rot, mode, freq_base, freq_scale, freq_factors, out, inv_freq };
-    pi_threadpool_run(pool, rope_task, &a);
-    free(inv_freq);
-    return PI_OK;
+                  float freq_base, float freq_scale, const float *freq_factors, pi_rope_cache *cache, pi_tensor *out) {
+    pi_rope_table fresh = { 0 }, *tb = NULL;
+    pi_status st = rope_table(pool, cache, &fresh, pos, x->ne[2], n_rot, freq_base, freq_scale, freq_factors, &tb);
+    if (st == PI_OK) {
+        rope_args a = { x, mode, tb, out };
+        pi_threadpool_run(pool, rope_task, &a);
+    }
+    free(fresh.pos);
+    free(fresh.cs);
+    return st;
 }
 
 /* ---- softmax -------------------------------------------------------------- */

@@ -162,5 +162,7 @@ static void pi_axpy_q6_K(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_q8_K(int64_t n, float a, const void *row, float *y);
 /* Q8_KM: the activations of Q4_K/Q5_K (quants_k.h), SIMD with the scalar bits */
 static void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n);
+/* Q8_K: the activations of Q2_K/Q3_K/Q6_K, SIMD with the bits of dtype_k.c's pi_q8_K_from_f32 */
+static void pi_quantize_row_q8_K(const float *src, void *dst, int64_t n);
 
 #endif

@@ -615,6 +615,64 @@ void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
 }
 
 /* ======================================================================================
+ * Q8_K: the activations of Q2_K, Q3_K and Q6_K, with the bits of dtype_k.c's pi_q8_K_from_f32
+ * (the reference): d = max / -127 of the first element of largest magnitude, q = nearest(x / d).
+ * It runs once per matmul call on one thread, so at one token a Q6_K ffn_down (K = 2048) spent
+ * 5.4 us here on a Zen 4 with the reference's lrintf per element, ~15% of its own matmul.
+ * ====================================================================================== */
+
+void pi_quantize_row_q8_K(const float *src, void *dst, int64_t n) {
+#if defined(__AVX2__)
+    pi_block_q8_K *y = dst;
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        /* amax in any order (max is exact; max_ps(v, acc) keeps acc where v is NaN, as the reference's >) */
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < PI_QK_K; j += 8) acc = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(src + j), absmask), acc);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        float max = amax;   /* the sign of the first element of that magnitude */
+        for (int j = 0; j < PI_QK_K; j += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(src + j), absmask),
+                                                             _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (hit) { max = src[j + __builtin_ctz((unsigned)hit)]; break; }
+        }
+        const float iscale = -127.0f / max;
+        /* clamped as floats, then cvtps rounds to nearest even, as lrintf; a NaN product (a NaN element, or
+         * 0 * inf) gives 0, as the reference's (int)lrintf(NaN) on x86-64 and aarch64 */
+        const __m256 is = _mm256_set1_ps(iscale), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+        for (int j = 0; j < PI_QK_K; j += 32) {
+            __m256i v[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256 p = _mm256_mul_ps(is, _mm256_loadu_ps(src + j + 8 * k));
+                const __m256 c = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(p, lo), hi), _mm256_cmp_ps(p, p, _CMP_ORD_Q));
+                v[k] = _mm256_cvtps_epi32(c);
+            }
+            const __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(y[b].qs + j),
+                                _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        }
+        for (int j = 0; j < PI_QK_K / 16; j += 2) {   /* two sums of 16 per 32 bytes */
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(y[b].qs + 16 * j));
+            const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+            __m128i s = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            s = _mm_hadd_epi32(s, s);   /* lanes 0, 1: the sums of bytes 0..15 and 16..31 */
+            y[b].bsums[j] = (int16_t)_mm_cvtsi128_si32(s);
+            y[b].bsums[j + 1] = (int16_t)_mm_extract_epi32(s, 1);
+        }
+        y[b].d = 1.0f / iscale;
+    }
+#else
+    pi_q8_K_from_f32(src, dst, n);
+#endif
+}
+
+/* ======================================================================================
  * axpy (the sparse FFN's down step): dequantize up to 256 elements at a time into a
  * buffer on the stack, then the f32 axpy kernel (FMA where available).
  * ====================================================================================== */

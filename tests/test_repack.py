@@ -624,3 +624,44 @@ def test_input_sparse_matmul_packed_alone_is_its_group_sums(pool2):
     q4_128 = np_encode_q4_0(rng.standard_normal((16, 128)))      # rows not a multiple of 256
     w.down_t = tensor(q4_128, Q4_0)[0]
     assert lib.pi_sparse_pack_bytes(w, lib.PI_FFN_SEQ) == 0
+
+
+# q, k, v of one input: (type, rows) each; the weights are repacked where this CPU has a layout for them
+MUL_MATS_CASES = {
+    "q5_0 x3 (one activation format: one pass)": [(Q5_0, 64), (Q5_0, 16), (Q5_0, 32)],
+    "q5_0, q8_0 (both Q8_0 activations: one pass)": [(Q5_0, 48), (Q8_0, 32)],
+    "q4_K, q4_K, q6_K (two formats: one call each)": [(Q4_K, 32), (Q4_K, 16), (Q6_K, 16)],
+    "q4_0 of 13 rows (not whole 16-row items: one call each)": [(Q4_0, 13), (Q4_0, 32)],
+    "f16 alone": [(F16, 24)],
+}
+
+
+@pytest.mark.parametrize("case", MUL_MATS_CASES, ids=str)
+@pytest.mark.parametrize("T", [1, 6])
+def test_mul_mats_equal_mul_mat_each(pool2, case, T):
+    """pi_op_mul_mats (the forward pass's q/k/v and gate/up) gives every weight pi_op_mul_mat's bits."""
+    rng = np.random.default_rng(7 + T)
+    K = 512
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    ws, keep = [], []
+    for t, n in MUL_MATS_CASES[case]:
+        raw = quantize_rows(t, (rng.standard_normal((n, K)) / 16).astype(np.float32))
+        w = wtensor(t, raw)
+        keep.append(raw)
+        if lib.pi_repack_bytes(w) > 0:
+            w, buf = repacked_t(w)
+            keep.append(buf)
+        ws.append(w)
+    ys = [np.zeros((T, w.ne[1]), np.float32) for w in ws]
+    check(lib.pi_op_mul_mats(pool2, len(ws), ws, tensor(x), [tensor(y) for y in ys]))
+    for w, y in zip(ws, ys):
+        assert_bit_equal(y, mul_mat(pool2, w, x, w.ne[1]), f"{case}: {ffi.string(lib.pi_type_name(w.type)).decode()}")
+
+
+def test_mul_mats_rejects_bad_arguments(pool2):
+    w = tensor(np.zeros((16, 64), np.float32))
+    x, y = np.zeros((1, 64), np.float32), np.zeros((1, 16), np.float32)
+    expect_error(lib.pi_op_mul_mats(pool2, 0, [w], tensor(x), [tensor(y)]), lib.PI_ERR_INVALID_ARG)
+    expect_error(lib.pi_op_mul_mats(pool2, 4, [w] * 4, tensor(x), [tensor(y)] * 4), lib.PI_ERR_INVALID_ARG)
+    expect_error(lib.pi_op_mul_mats(pool2, 2, [w, w], tensor(x), [tensor(y), tensor(y[:, :8])]), lib.PI_ERR_INVALID_ARG)
+    expect_error(lib.pi_op_mul_mats(pool2, 1, [w], tensor(x), ffi.NULL), lib.PI_ERR_INVALID_ARG)

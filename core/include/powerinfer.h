@@ -169,6 +169,10 @@ PI_API pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, con
                                 int64_t n, pi_tensor *out);
 /* y = W x:  w [K, N] any type, x [K, T] f32, y [N, T] f32   (y[n,t] = sum_k w[k,n] x[k,t]) */
 PI_API pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y);
+/* y[i] = W[i] x for n (1..3) weights of one input (a layer's q, k, v; gate, up): pi_op_mul_mat's bits for each,
+ * in one pass over all their rows where the weights share the activation format (fewer waits at one token) */
+PI_API pi_status pi_op_mul_mats(pi_threadpool *pool, int32_t n, const pi_tensor *const *w, const pi_tensor *x,
+                                pi_tensor *const *y);
 /* Weight repacking: an interleaved copy of a 2-d weight that mul_mat reads faster on this CPU
  * (Q4_0 with AVX2: 8 rows interleaved). pi_model_create does this for the weights only mul_mat
  * reads, unless pi_model_desc.no_repack. pi_repack_bytes: bytes of the copy, 0 if the tensor has

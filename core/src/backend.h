@@ -55,6 +55,8 @@ typedef struct pi_backend_i {
     pi_status (*reserve)(pi_backend *be, size_t bytes);
     /* ops: the semantics of the pi_op_* functions of powerinfer.h */
     pi_status (*mul_mat)(pi_backend *be, const pi_tensor *w, const pi_tensor *x, pi_tensor *y);
+    /* optional (NULL: mul_mat each): y[i] = w[i] x for n <= PI_MUL_MATS_MAX weights of one input */
+    pi_status (*mul_mats)(pi_backend *be, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y);
     pi_status (*rms_norm)(pi_backend *be, const pi_tensor *x, const pi_tensor *w, float eps, pi_tensor *out);
     pi_status (*layer_norm)(pi_backend *be, const pi_tensor *x, const pi_tensor *w, const pi_tensor *b, float eps,
                             pi_tensor *out);

@@ -265,6 +265,18 @@ static pi_status matmul(pi_exec *e, const pi_tensor *w, float *x, float *y, int6
     return OP(e, mul_mat, w, &xt, &yt);
 }
 
+/* y[i] [N_i, T] = W[i] x for n weights of one input x [K, T] (q, k, v; gate, up): one op where the backend has it */
+static pi_status matmuls(pi_exec *e, int n, const pi_tensor *const *w, float *x, float *const *y, int64_t T) {
+    if (!e->be->i->mul_mats) {
+        for (int i = 0; i < n; i++) TRY(matmul(e, w[i], x, y[i], T));
+        return PI_OK;
+    }
+    pi_tensor xt = f32_2d(x, w[0]->ne[0], T), yt[PI_MUL_MATS_MAX];
+    pi_tensor *yp[PI_MUL_MATS_MAX];
+    for (int i = 0; i < n; i++) { yt[i] = f32_2d(y[i], w[i]->ne[1], T); yp[i] = &yt[i]; }
+    return OP(e, mul_mats, n, w, &xt, yp);
+}
+
 static pi_status rms_norm(pi_context *ctx, pi_exec *e, const float *x, const pi_tensor *w, float *out, int64_t T) {
     pi_tensor xt = f32_2d((float *)x, w->ne[0], T), ot = f32_2d(out, w->ne[0], T);
     return OP(e, rms_norm, &xt, w, ctx->model->hp.norm_eps, &ot);
@@ -350,9 +362,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         dst = f32_2d(B->v, Ekv, T);
         TRY(OP(e, copy_2d, &src, &dst));
     } else {
-        TRY(matmul(e, &L->wq, B->cur, B->q, T));
-        TRY(matmul(e, &L->wk, B->cur, B->k, T));
-        TRY(matmul(e, &L->wv, B->cur, B->v, T));
+        TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, B->cur, (float *[]){ B->q, B->k, B->v }, T));
     }
     if (hp->qkv_bias) {
         TRY(add_bias(e, B->q, &L->bq, T));
@@ -534,7 +544,10 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     TRY(move_x(ctx, at, e, T));
     TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
     if (act_sparse(ctx, lx, il)) return act_sparse_ffn(ctx, e, L, il, T);
-    if (hp->ffn_gate != PI_FFN_SEQ) TRY(matmul(e, &L->ffn_gate, B->cur, B->gate, T));
+    if (hp->ffn_gate != PI_FFN_SEQ)
+        TRY(matmuls(e, 2, (const pi_tensor *[]){ &L->ffn_gate, &L->ffn_up }, B->cur, (float *[]){ B->gate, B->up }, T));
+    else
+        TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
     pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
     if (hp->gate_sparse) {   /* every channel computed */
         ctx->sparse_active[il] += T * hp->n_ff;
@@ -542,7 +555,6 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
         for (int64_t i = 0; ctx->neuron_counts && i < hp->n_ff; i++) ctx->neuron_counts[il * hp->n_ff + i] += T;
     }
     if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->cur, T);
-    TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
     TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);

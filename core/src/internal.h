@@ -251,6 +251,11 @@ bool      pi_is_contiguous_rows(const pi_tensor *t);   /* dim 0 contiguous */
 /* Bytes of scratch pi_mul_mat needs for x [K, T]. */
 size_t    pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T);
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch);
+/* y[i] = w[i] x for n <= PI_MUL_MATS_MAX weights of one input (q, k, v; gate, up): the bits of pi_mul_mat each,
+ * in one pass where they share x's conversion. Arguments checked as pi_op_mul_mat's by the caller. */
+enum { PI_MUL_MATS_MAX = 3 };
+pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
+                      void *scratch);
 float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value (libm) */
 /* The rotations of one batch: cos and sin of theta = pos[t] * scale * base^(-2i / n_rot) (/ freq_factors[i]) for
  * T tokens and the n_rot / 2 pairs, as pi_rope computes them. A forward pass ropes q and k of every layer with the

@@ -866,6 +866,40 @@ def test_op_bad_tensor(op, i, label):
     expect(fn(*args), codes, op)
 
 
+def _mul_mats_args():
+    ws = [Tensor([64, 16], Q8_0, rng=np.random.default_rng(i)) for i in range(3)]
+    x, ys = Tensor([64, 3]), [Tensor([16, 3]) for _ in range(3)]
+    return ws, x, ys
+
+
+_MUL_MATS_ARGS = (("w1", Tensor([64, 16], Q8_0)), ("x", Tensor([64, 3])), ("y2", Tensor([16, 3])))
+
+
+@pytest.mark.parametrize("which,label", [(which, lab) for which, t in _MUL_MATS_ARGS
+                                          for lab, _, _ in _bad_variants(t.t)])
+def test_mul_mats_bad_tensor(which, label):
+    """pi_op_mul_mats: any broken weight, input or output fails cleanly, as pi_op_mul_mat's would."""
+    ws, x, ys = _mul_mats_args()
+    t = {"w1": ws[1].t, "x": x.t, "y2": ys[2].t}[which]
+    [(mutate, codes)] = [(m, c) for lab, m, c in _bad_variants(t) if lab == label]
+    mutate(t)
+    poison_error()
+    expect(lib.pi_op_mul_mats(ffi.NULL, 3, [w.t for w in ws], x.t, [y.t for y in ys]), codes, "mul_mat")
+
+
+def test_mul_mats_null_and_counts():
+    ws, x, ys = _mul_mats_args()
+    w, y = [v.t for v in ws], [v.t for v in ys]
+    for n in (0, -1, 4, 2**31 - 1):
+        poison_error()
+        expect(lib.pi_op_mul_mats(ffi.NULL, n, w, x.t, y), INVALID, "not 1..3")
+    for args in [(ffi.NULL, x.t, y), (w, x.t, ffi.NULL), (w, ffi.NULL, y), ([w[0], ffi.NULL, w[2]], x.t, y),
+                 (w, x.t, [y[0], y[1], ffi.NULL])]:
+        poison_error()
+        expect(lib.pi_op_mul_mats(ffi.NULL, 3, *args), INVALID, "NULL")
+    assert lib.pi_op_mul_mats(ffi.NULL, 3, w, x.t, y) == OK
+
+
 @pytest.mark.parametrize("label", [lab for lab, _, _ in _bad_variants(Tensor([64, 16], Q4_0).t)])
 def test_repack_bad_tensor(label):
     """pi_repack_bytes says 0 (no layout) and pi_repack fails cleanly for every broken tensor."""
@@ -1733,7 +1767,8 @@ def test_device_and_offload_bad_args(model):
 COVERED = {
     "pi_last_error", "pi_system_info", "pi_type_supported", "pi_type_name", "pi_type_block_size",
     "pi_type_block_bytes", "pi_row_bytes", "pi_quantize_row", "pi_dequantize_row", "pi_threadpool_create",
-    "pi_threadpool_free", "pi_threadpool_size", "pi_op_get_rows", "pi_op_mul_mat", "pi_op_rms_norm", "pi_op_rope",
+    "pi_threadpool_free", "pi_threadpool_size", "pi_op_get_rows", "pi_op_mul_mat", "pi_op_mul_mats", "pi_op_rms_norm",
+    "pi_op_rope",
     "pi_op_layer_norm", "pi_op_softmax", "pi_op_unary", "pi_op_binary", "pi_op_attention", "pi_model_create",
     "pi_model_free",
     "pi_model_hparams", "pi_context_default_params", "pi_context_create", "pi_context_free",

@@ -320,8 +320,9 @@ pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor
 
 pi_status pi_op_mul_mats(pi_threadpool *pool, int32_t n, const pi_tensor *const *w, const pi_tensor *x,
                          pi_tensor *const *y) {
-    if (n < 1 || n > PI_MUL_MATS_MAX || !w || !y)
-        return pi_fail(PI_ERR_INVALID_ARG, "mul_mats: n = %d weights (1..%d) and their outputs", n, PI_MUL_MATS_MAX);
+    if (n < 1 || n > PI_MUL_MATS_MAX)
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mats: n = %d weights is not 1..%d", n, PI_MUL_MATS_MAX);
+    if (!w || !y) return pi_fail(PI_ERR_INVALID_ARG, "mul_mats: the weight or output array is NULL");
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
         RETURN_IF(check_mul_mat(w[i], x, y[i]));

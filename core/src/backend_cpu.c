@@ -217,9 +217,9 @@ static void cpu_release(pi_backend *be) {
 const pi_backend_i pi_cpu_ops_template = {
     .name = "CPU", .alloc = host_alloc, .free = host_free, .upload = host_copy, .download = host_copy,
     .copy = host_copy, .sync = host_sync, .supports_op = cpu_supports, .scratch_bytes = cpu_scratch,
-    .release = cpu_release, .mul_mat = cpu_mul_mat, .mul_mats = cpu_mul_mats, .rms_norm = cpu_rms_norm, .layer_norm = cpu_layer_norm,
-    .rope = cpu_rope, .attention = cpu_attention, .binary = cpu_binary, .glu = cpu_glu, .scale = cpu_scale,
-    .fill = cpu_fill, .get_rows = cpu_get_rows, .set_rows = cpu_set_rows, .copy_2d = cpu_copy_2d,
+    .release = cpu_release, .mul_mat = cpu_mul_mat, .mul_mats = cpu_mul_mats, .rms_norm = cpu_rms_norm,
+    .layer_norm = cpu_layer_norm, .rope = cpu_rope, .attention = cpu_attention, .binary = cpu_binary, .glu = cpu_glu,
+    .scale = cpu_scale, .fill = cpu_fill, .get_rows = cpu_get_rows, .set_rows = cpu_set_rows, .copy_2d = cpu_copy_2d,
     .predictor = cpu_predictor, .sparse_ffn = cpu_sparse_ffn,
 };
 

@@ -128,8 +128,6 @@ typedef struct {
     pi_tensor *y;
     char *xq;             /* [T] rows of the vec_dot_type */
     int64_t xq_row_bytes;
-    int nth;
-    atomic_llong next_row;
 } mul_mat_args;
 
 static void mul_mat_convert_task(void *p, int ith, int nth) {
@@ -226,31 +224,18 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     }
 }
 
-static void mul_mat_task(void *p, int ith, int nth) {
-    PI_UNUSED(ith); PI_UNUSED(nth);
-    mul_mat_args *a = p;
-    const pi_type_traits *tr = pi_traits(a->w->type);
-    const int64_t N = a->w->ne[1];
-    for (;;) {
-        int64_t r1;
-        const int64_t r0 = next_rows(&a->next_row, N, a->nth, &r1);
-        if (r0 >= N) return;
-        mul_mat_rows(a, tr, r0, r1);
-    }
-}
-
-/* Several weights of one input: rows numbered across them (weight i's rows after those of weights < i), handed out
- * as one matmul's, an item cut where a weight ends. */
+/* One pass of mul_mat over the rows of n weights of one input (one weight: a plain mul_mat): rows numbered across
+ * them (weight i's after those of weights < i), handed out as one matmul's, an item cut where a weight ends. */
 typedef struct {
-    mul_mat_args m[PI_MUL_MATS_MAX];   /* next_row unused */
+    mul_mat_args m[PI_MUL_MATS_MAX];
     int64_t end[PI_MUL_MATS_MAX];      /* rows of weights 0..i */
     int n, nth;
     atomic_llong next_row;
-} mul_mats_args;
+} mul_mat_pass;
 
-static void mul_mats_task(void *p, int ith, int nth) {
+static void mul_mat_task(void *p, int ith, int nth) {
     PI_UNUSED(ith); PI_UNUSED(nth);
-    mul_mats_args *a = p;
+    mul_mat_pass *a = p;
     const int64_t N = a->end[a->n - 1];
     for (;;) {
         int64_t r1;
@@ -263,8 +248,23 @@ static void mul_mats_task(void *p, int ith, int nth) {
     }
 }
 
+/* x converted once (to weight 0's vec_dot_type, which every weight shares), then one pass over all the rows. */
+static void mul_mat_run(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
+                        void *scratch) {
+    mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool) };
+    for (int i = 0; i < n; i++) {
+        a.m[i] = (mul_mat_args){ .w = w[i], .x = x, .y = y[i], .xq = scratch };
+        a.m[i].xq_row_bytes = pi_row_bytes(pi_traits(w[i]->type)->vec_dot_type, w[i]->ne[0]);
+        a.end[i] = (i ? a.end[i - 1] : 0) + w[i]->ne[1];
+    }
+    atomic_init(&a.next_row, 0);
+    if (x->ne[1] == 1) mul_mat_convert_task(&a.m[0], 0, 1);   /* one token: one thread's work, without a pool run */
+    else pi_threadpool_run(pool, mul_mat_convert_task, &a.m[0]);
+    pi_threadpool_run(pool, mul_mat_task, &a);
+}
+
 /* One conversion and one pass over the rows where every weight has x's vec_dot_type and whole 16-row items
- * (so an item cut at a weight's end keeps the kernels' row groups); else one pi_mul_mat each. At one token
+ * (so an item cut at a weight's end keeps the kernels' row groups); else one mul_mat each. At one token
  * this saves a pool run and a tail per weight (Gemma 3 270M: q, k, v of 1024, 256, 256 rows, gate and up). */
 pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
                       void *scratch) {
@@ -272,20 +272,9 @@ pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, con
     for (int i = 0; merge && i < n; i++)
         merge = pi_traits(w[i]->type)->vec_dot_type == pi_traits(w[0]->type)->vec_dot_type &&
                 w[i]->ne[0] == w[0]->ne[0] && w[i]->ne[1] % 16 == 0;
-    if (!merge) {
-        for (int i = 0; i < n; i++) RETURN_IF(pi_mul_mat(pool, w[i], x, y[i], scratch));
-        return PI_OK;
-    }
-    mul_mats_args a = { .n = n, .nth = pi_threadpool_size(pool) };
-    for (int i = 0; i < n; i++) {
-        a.m[i] = (mul_mat_args){ .w = w[i], .x = x, .y = y[i], .xq = scratch, .nth = a.nth };
-        a.m[i].xq_row_bytes = pi_row_bytes(pi_traits(w[i]->type)->vec_dot_type, w[i]->ne[0]);
-        a.end[i] = (i ? a.end[i - 1] : 0) + w[i]->ne[1];
-    }
-    atomic_init(&a.next_row, 0);
-    if (x->ne[1] == 1) mul_mat_convert_task(&a.m[0], 0, 1);
-    else pi_threadpool_run(pool, mul_mat_convert_task, &a.m[0]);
-    pi_threadpool_run(pool, mul_mats_task, &a);
+    if (merge) mul_mat_run(pool, n, w, x, y, scratch);
+    else
+        for (int i = 0; i < n; i++) mul_mat_run(pool, 1, &w[i], x, &y[i], scratch);
     return PI_OK;
 }
 
@@ -296,17 +285,31 @@ size_t pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T) {
 }
 
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch) {
-    mul_mat_args a = { .w = w, .x = x, .y = y, .xq = scratch };
-    a.xq_row_bytes = pi_row_bytes(pi_traits(w->type)->vec_dot_type, w->ne[0]);
-    a.nth = pi_threadpool_size(pool);
-    atomic_init(&a.next_row, 0);
-    if (x->ne[1] == 1) mul_mat_convert_task(&a, 0, 1);   /* one token: one thread's work, without a pool run */
-    else pi_threadpool_run(pool, mul_mat_convert_task, &a);
-    pi_threadpool_run(pool, mul_mat_task, &a);
+    mul_mat_run(pool, 1, &w, x, &y, scratch);
     return PI_OK;
 }
 
-static pi_status check_mul_mat(const pi_tensor *w, const pi_tensor *x, const pi_tensor *y);
+static pi_status check_mul_mat(const pi_tensor *w, const pi_tensor *x, const pi_tensor *y) {
+    if (!w || !y) return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: w or y is NULL");
+    RETURN_IF(pi_check_tensor(w, "mul_mat w"));
+    RETURN_IF(check_f32(x, "mul_mat x"));
+    RETURN_IF(check_f32(y, "mul_mat y"));
+    const pi_type_traits *tr = pi_traits(w->type);
+    if (!tr || (!tr->vec_dot && !tr->gemm8 && !tr->gemm16))
+        return pi_fail(PI_ERR_UNSUPPORTED, "mul_mat: weight type %s", pi_type_name(w->type));
+    if (pi_is_interleaved(w->type) && w->ne[1] % pi_group_rows(w->type))
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: an interleaved %s weight needs a multiple of %lld rows",
+                       pi_type_name(w->type), (long long)pi_group_rows(w->type));
+    if (y->nb[1] % (int64_t)sizeof(float))
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: y rows must be float aligned");
+    if (w->n_dims > 2 || x->ne[2] * x->ne[3] != 1 || y->ne[2] * y->ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: only 2-d operands are supported");
+    if (x->ne[0] != w->ne[0] || y->ne[0] != w->ne[1] || y->ne[1] != x->ne[1])
+        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: shapes w [%lld, %lld], x [%lld, %lld], y [%lld, %lld] do not fit",
+                       (long long)w->ne[0], (long long)w->ne[1], (long long)x->ne[0], (long long)x->ne[1],
+                       (long long)y->ne[0], (long long)y->ne[1]);
+    return PI_OK;
+}
 
 pi_status pi_op_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y) {
     RETURN_IF(check_mul_mat(w, x, y));
@@ -333,28 +336,6 @@ pi_status pi_op_mul_mats(pi_threadpool *pool, int32_t n, const pi_tensor *const 
     pi_status st = pi_mul_mats(pool, n, w, x, y, scratch);
     free(scratch);
     return st;
-}
-
-static pi_status check_mul_mat(const pi_tensor *w, const pi_tensor *x, const pi_tensor *y) {
-    if (!w || !y) return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: w or y is NULL");
-    RETURN_IF(pi_check_tensor(w, "mul_mat w"));
-    RETURN_IF(check_f32(x, "mul_mat x"));
-    RETURN_IF(check_f32(y, "mul_mat y"));
-    const pi_type_traits *tr = pi_traits(w->type);
-    if (!tr || (!tr->vec_dot && !tr->gemm8 && !tr->gemm16))
-        return pi_fail(PI_ERR_UNSUPPORTED, "mul_mat: weight type %s", pi_type_name(w->type));
-    if (pi_is_interleaved(w->type) && w->ne[1] % pi_group_rows(w->type))
-        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: an interleaved %s weight needs a multiple of %lld rows",
-                       pi_type_name(w->type), (long long)pi_group_rows(w->type));
-    if (y->nb[1] % (int64_t)sizeof(float))
-        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: y rows must be float aligned");
-    if (w->n_dims > 2 || x->ne[2] * x->ne[3] != 1 || y->ne[2] * y->ne[3] != 1)
-        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: only 2-d operands are supported");
-    if (x->ne[0] != w->ne[0] || y->ne[0] != w->ne[1] || y->ne[1] != x->ne[1])
-        return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: shapes w [%lld, %lld], x [%lld, %lld], y [%lld, %lld] do not fit",
-                       (long long)w->ne[0], (long long)w->ne[1], (long long)x->ne[0], (long long)x->ne[1],
-                       (long long)y->ne[0], (long long)y->ne[1]);
-    return PI_OK;
 }
 
 /* ---- rms_norm ------------------------------------------------------------ */
@@ -490,13 +471,16 @@ static pi_status rope_table(pi_threadpool *pool, pi_rope_cache *cache, pi_rope_t
         if (cs) { tb->cs = cs; tb->cap_cs = PI_MAX(n_cs, tb->cap_cs); }
         if (!p || !cs) return pi_fail(PI_ERR_OUT_OF_MEMORY, "rope: out of memory for %lld tokens", (long long)T);
     }
-    double inv_freq[n_rot / 2 + 1];   /* base^(-2i / n_rot); + 1: never a zero-length array */
+    /* base^(-2i / n_rot) on the heap: n_rot of pi_op_rope is the caller's; + 1: never malloc(0) */
+    double *inv_freq = malloc((size_t)(n_rot / 2 + 1) * sizeof *inv_freq);
+    if (!inv_freq) return pi_fail(PI_ERR_OUT_OF_MEMORY, "rope: out of memory");
     for (int32_t i = 0; i < n_rot / 2; i++) inv_freq[i] = pow(base, -2.0 * (double)i / n_rot);
     memcpy(tb->pos, pos, (size_t)T * sizeof *pos);
     tb->n_rot = n_rot; tb->base = base; tb->scale = scale; tb->factors = factors;
     tb->T = T;
     rope_table_args a = { tb, inv_freq };
     pi_threadpool_run(pool, rope_table_task, &a);
+    free(inv_freq);
     *out = tb;
     return PI_OK;
 }

@@ -557,6 +557,39 @@ float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
  * Q8_KM: the activation quantizer of Q4_K/Q5_K (quants_k.h), AVX2 with exactly the scalar bits
  * ====================================================================================== */
 
+#if defined(__AVX2__)
+/* The largest |x[i]| of n (a multiple of 8) floats: exact in any order; max_ps(v, acc) keeps acc where v is NaN,
+ * as the scalar references' compares (NaN does not count). */
+static inline float amax_ps(const float *x, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8)
+        acc = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + k)), acc);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+#endif
+
+/* Q8_K's bsums: the sums of each 16 of the block's quants. */
+static inline void q8_K_bsums(pi_block_q8_K *y) {
+#if defined(__AVX2__)
+    for (int j = 0; j < PI_QK_K / 16; j += 2) {   /* two sums of 16 per 32 bytes */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(y->qs + 16 * j));
+        const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+        __m128i s = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+        s = _mm_hadd_epi32(s, s);   /* lanes 0, 1: the sums of bytes 0..15 and 16..31 */
+        y->bsums[j] = (int16_t)_mm_cvtsi128_si32(s);
+        y->bsums[j + 1] = (int16_t)_mm_extract_epi32(s, 1);
+    }
+#else
+    for (int j = 0; j < PI_QK_K / 16; j++) {
+        int sum = 0;
+        for (int i = 0; i < 16; i++) sum += y->qs[16 * j + i];
+        y->bsums[j] = (int16_t)sum;
+    }
+#endif
+}
+
 /* amax = the block's largest |x|, amax_j that of sub-block j; d = amax / (127 M), m_j = ceil(M amax_j /
  * amax) (M for the sub-block of amax, at least 1), q = nearest(x / (d m_j)) in -127..127 (ties to even, the
  * value clamped as a float first), f32 operations in this order; bsums as Q8_K's. A zero block is all zeros
@@ -569,13 +602,7 @@ void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
             const float *xj = src + 32 * j;
             float a = 0.0f;
 #if defined(__AVX2__)
-            /* max is exact in any order; max_ps(v, acc) keeps acc where v is NaN, as the scalar compare */
-            __m256 acc = _mm256_setzero_ps();
-            for (int k = 0; k < 32; k += 8)
-                acc = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xj + k)), acc);
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            a = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            a = amax_ps(xj, 32);
 #else
             for (int i = 0; i < 32; i++) a = fabsf(xj[i]) > a ? fabsf(xj[i]) : a;
 #endif
@@ -605,11 +632,7 @@ void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
 #endif
             y[b].m[j] = (int16_t)m;
         }
-        for (int j = 0; j < PI_QK_K / 16; j++) {
-            int sum = 0;
-            for (int i = 0; i < 16; i++) sum += y[b].k.qs[16 * j + i];
-            y[b].k.bsums[j] = (int16_t)sum;
-        }
+        q8_K_bsums(&y[b].k);
         y[b].k.d = d;
     }
 }
@@ -625,13 +648,8 @@ void pi_quantize_row_q8_K(const float *src, void *dst, int64_t n) {
 #if defined(__AVX2__)
     pi_block_q8_K *y = dst;
     for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
-        /* amax in any order (max is exact; max_ps(v, acc) keeps acc where v is NaN, as the reference's >) */
         const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        __m256 acc = _mm256_setzero_ps();
-        for (int j = 0; j < PI_QK_K; j += 8) acc = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(src + j), absmask), acc);
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        const float amax = amax_ps(src, PI_QK_K);
         if (amax == 0.0f) {
             memset(&y[b], 0, sizeof y[b]);
             continue;
@@ -657,14 +675,7 @@ void pi_quantize_row_q8_K(const float *src, void *dst, int64_t n) {
             _mm256_storeu_si256((__m256i *)(y[b].qs + j),
                                 _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         }
-        for (int j = 0; j < PI_QK_K / 16; j += 2) {   /* two sums of 16 per 32 bytes */
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(y[b].qs + 16 * j));
-            const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-            __m128i s = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-            s = _mm_hadd_epi32(s, s);   /* lanes 0, 1: the sums of bytes 0..15 and 16..31 */
-            y[b].bsums[j] = (int16_t)_mm_cvtsi128_si32(s);
-            y[b].bsums[j + 1] = (int16_t)_mm_extract_epi32(s, 1);
-        }
+        q8_K_bsums(&y[b]);
         y[b].d = 1.0f / iscale;
     }
 #else

@@ -7,6 +7,11 @@ worth without the run-to-run drift of this shared VM (+-10% between runs minutes
     PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op mul_mat --mats attn_output -T 512   # prompts
     PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op cats,gate_t,dense_ffn -t 1 --cpu-time \
         -m /tmp/bench_7b_q4_0.sparse.gguf --layers 8 --sparsity 0.5      # activation sparsity (issue 16)
+    PYTHONPATH=bindings python bench/ab_ops.py --lib-b /tmp/build-b --op attention -m MODEL -T 512 --depth 4096
+
+`attention` = pi_op_attention of -T queries (f32) over an f16 K/V cache of --depth + T cells with a causal mask,
+the model's head count, kv head count and head size, one K/V cache per layer (random values); a prompt at depth
+when -T > 1, one decoded token when -T is 1. GB/s counts the K and V bytes once.
 
 The activation-sparsity ops (a gate-sparse file of tools/sparsify.py, one token): `cats` = the sparse FFN with
 the gate given (packed up + down_t rows of the channels with |act(g)| >= the --sparsity quantile of this input),
@@ -43,14 +48,17 @@ def main(argv=None) -> int:
     ap.add_argument("--lib-b", required=True, help="directory (or file) of the other libpowerinfer.so")
     ap.add_argument("-m", "--model", default="/tmp/sparse7b.powerinfer.gguf")
     ap.add_argument("--op", default="sparse_ffn",
-                    help="comma list of: sparse_ffn, mul_mat, and for gate-sparse files cats, gate_t, gate, dense_ffn")
+                    help="comma list of: sparse_ffn, mul_mat, attention, and for gate-sparse files cats, gate_t, gate, "
+                    "dense_ffn")
     ap.add_argument("--layers", type=int, default=None, help="the first N layers only (default: all)")
     ap.add_argument("--sparsity", type=float, default=0.5, help="cats, gate_t: the share of rows skipped")
     ap.add_argument("--mats", default="attn_q", help="mul_mat: comma list of per-layer weights (each layer's) or of "
                     "whole-model ones (token_embd, output: the head)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=6)
-    ap.add_argument("-T", "--tokens", type=int, default=1, help="mul_mat: activation rows per call (1: decode)")
+    ap.add_argument("-T", "--tokens", type=int, default=1, help="mul_mat: activation rows per call (1: decode); "
+                    "attention: queries")
+    ap.add_argument("--depth", type=int, default=0, help="attention: cells in the cache before the queries")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the calling thread's CPU (needs -t 1: the op then runs inline), not the wall clock: "
                          "time spent descheduled on a loaded machine is not counted")
@@ -204,9 +212,40 @@ def build(op, a, f, n_layer, weight, f32, pools, keep):
                 nbytes += n_active[0] / E * tb
                 calls.append(lambda L, pool, ws=ws, xi=x, thr=thr, y=gt: L.pi_op_sparse_ffn(
                     pool, ws[L is lib_b], lib_a.PI_ACT_SILU, lib_a.PI_FFN_SEQ, xi, xi, thr, y, ffi.NULL))
+    elif op == "attention":
+        md, arch = f.metadata, f.metadata.get("general.architecture", "llama")
+        H, E = int(md[f"{arch}.attention.head_count"]), int(md[f"{arch}.embedding_length"])
+        H_kv = int(md.get(f"{arch}.attention.head_count_kv", H))
+        hd = int(md.get(f"{arch}.attention.key_length", E // H))
+        T, n_kv = a.tokens, a.depth + a.tokens
+        rng = np.random.default_rng(0)
+        mask = np.where(np.arange(n_kv)[None, :] <= a.depth + np.arange(T)[:, None], 0, -np.inf).astype(np.float32)
+        mask_t = array_tensor(mask, lib_a.PI_TYPE_F32, keep)
+        for il in range(n_layer):
+            q = array_tensor(rng.standard_normal((T, H, hd)).astype(np.float32), lib_a.PI_TYPE_F32, keep)
+            k, v = (array_tensor(rng.standard_normal((n_kv, H_kv, hd)).astype(np.float16).view(np.uint16),
+                                 lib_a.PI_TYPE_F16, keep) for _ in range(2))
+            out = array_tensor(np.zeros((T, H, hd), np.float32), lib_a.PI_TYPE_F32, keep)
+            nbytes += 2 * n_kv * H_kv * hd * 2
+            calls.append(lambda L, pool, q=q, k=k, v=v, out=out: L.pi_op_attention(
+                pool, q, k, v, mask_t, 1.0 / np.sqrt(hd), out))
     else:
         raise SystemExit(f"unknown op {op}")
     return calls, nbytes
+
+
+def array_tensor(arr, dtype, keep):
+    """A C-contiguous numpy array (f32, or uint16 holding f16) as a pi_tensor of its shape reversed (GGUF order)."""
+    p = ffi.new("pi_tensor *")
+    p.type, p.n_dims = dtype, arr.ndim
+    shape = list(arr.shape[::-1]) + [1] * (4 - arr.ndim)
+    for i in range(4):
+        p.ne[i] = shape[i]
+        p.nb[i] = arr.itemsize * int(np.prod(shape[:i]))
+    buf = ffi.from_buffer(arr)
+    keep.append((arr, buf, p))
+    p.data = ffi.cast("void *", buf)
+    return p
 
 
 def values(x, n):

@@ -1150,21 +1150,23 @@ def test_attention(pools, kt, vt, use_mask):
 
 @pytest.mark.parametrize("kt,vt", KV_TYPES, ids=lambda t: TYPE_NAME[t])
 def test_attention_prompt_equals_query_by_query(pools, kt, vt):
-    """A prompt's queries go through attention in blocks of up to 8 tokens (keys dotted with the whole block,
-    cells hidden from some of its queries computed and dropped); every query's output is the bits of that query
-    alone (the one-token path). 21 queries: two full blocks and a tail; 45 cells: groups of 8 and a tail;
-    causal, a sliding window, a hole and a fully masked query."""
+    """A prompt's queries go through attention in blocks of up to 32 tokens (ops.c ATT_QUERIES; keys dotted with
+    sub-blocks of 8 queries, cells hidden from some of them computed and dropped; the V rows of cells only some
+    queries see queued per query); every query's output is the bits of that query alone (the one-token path).
+    75 queries: two full blocks and a tail; 99 cells: groups of 8 and a tail; causal, a sliding window (cells
+    some queries see at both ends of a block's range), a hole and a fully masked query."""
     rng = np.random.default_rng(77)
-    T, H, Hkv, hd, n_kv = 21, 4, 2, 64, 45
+    T, H, Hkv, hd, n_kv = 75, 4, 2, 64, 99
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     ke = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), kt)
     ve = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), vt)
     mask = np.full((T, n_kv), -np.inf, np.float32)
     for t in range(T):
         last = n_kv - T + t                       # causal
-        mask[t, max(0, last - 29):last + 1] = -0.01 * t   # a window of 30 cells
+        mask[t, max(0, last - 39):last + 1] = -0.01 * t   # a window of 40 cells
     mask[5, 3:17] = -np.inf
     mask[12] = -np.inf
+    mask[40, 30:50] = -np.inf
     scale = 0.125
 
     def run(pool):

@@ -178,9 +178,10 @@ typedef struct pi_cpu_kernels {
     void (*tiles_end)(const pi_tile_session *s);
     /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
     void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);
-    /* eight f16 rows added to nq vectors: y[j] += sum_k a[8 j + k] rows[k], each y[j] element as pi_axpy_f16
-     * adds them (a prompt's queries, the V rows of cells they all see) */
-    void (*axpy8xq_f16)(int64_t n, int nq, const float *a, const void *const *rows, float *const *y);
+    /* a prompt's attention V step (arch/attention.c): y[j][e] += p[j][c] v_c[e] over cells c0 <= c < c1 in order,
+     * v_c = the f16 row at v + c v_stride, skipping cells with p[j][c] == -inf; each element as pi_axpy_f16 adds */
+    void (*attn_pv_f16)(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
+                        int64_t v_stride, float *const *y);
     /* y[i] = op(x[i]) for a row (SiLU/GELU/ReLU; y may alias x); an element's result depends only on its value */
     void (*activation_row)(int32_t op, int64_t n, const float *x, float *y);
     /* attention's softmax numerator over a row of n scores: hidden cells (mask[i] == -inf) become -inf, the

@@ -670,7 +670,8 @@ typedef struct {
     const pi_tensor *q, *k, *v, *mask;
     float scale;
     pi_tensor *out;
-    float *scratch;       /* per thread: [ATT_HEADS][n_kv] scores */
+    float *scratch;       /* per thread: [ATT_SCORE_ROWS][n_kv] scores */
+    int64_t *items;       /* prompts: thread i's work items are [items[i], items[i + 1]) */
 } attention_args;
 
 /* Heads h0 .. h0+nh-1 of token t; scores [nh][n_kv]. */
@@ -734,41 +735,48 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     }
 }
 
-/* Prompts: head h of tokens t0 .. t0+nt-1 (nt <= ATT_TOKENS); scores [nt][n_kv]. Each group of 8 cells is
- * dotted with every query of the block in one vec_dot8 call (8 key rows x nt queries: each key row converted
- * once per block, not once per query), wherever a cell of the group is visible to a query of the block; a
- * score of a cell a query does not see is computed and then dropped. Per (query, cell) that is vec_dot's
- * result, and softmax and the V sum are attend's, query by query: the same bits as attend. */
-#define ATT_TOKENS PI_DOT8_MAX_T
-_Static_assert(ATT_TOKENS <= ATT_HEADS, "attention scratch holds ATT_HEADS rows of scores per thread");
+/* Prompts: head h of queries t0 .. t0+nt-1 (nt <= ATT_QUERIES); scores [nt][n_kv]. Each group of 8 cells is
+ * dotted with the block's queries in vec_dot8 calls of up to PI_DOT8_MAX_T queries (8 key rows x 8 queries: each key
+ * row converted once per call, and the group stays in L1 for the block's other calls), for each sub-block of queries
+ * of which one sees a cell of the group; a score of a cell a query does not see is computed and then dropped. Per
+ * (query, cell) that is vec_dot's result, and softmax and the V sum are attend's, query by query: the same bits as
+ * attend. A block of ATT_QUERIES queries reads the head's K and V rows once: with 8 queries a block, a 542M llama's
+ * pp512 at depth 4096 read 19 GB of K and V (each head's 2.4 MB of them per block, beyond L2); with 32 its attention
+ * took 0.8x the time (bench/ab_ops.py --op attention; 64: about the same, 128: slower at depth 0). */
+#define ATT_QUERIES 32
+_Static_assert(ATT_QUERIES % PI_DOT8_MAX_T == 0, "whole vec_dot8 calls per block");
+#define ATT_SCORE_ROWS PI_MAX(ATT_HEADS, ATT_QUERIES)   /* rows of scores per thread: heads of a token, or queries */
 
 static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, float *scores) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2], group = a->q->ne[1] / a->k->ne[1];
     const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
     const char *kbase = (const char *)a->k->data + h / group * a->k->nb[1];
     const char *vbase = (const char *)a->v->data + h / group * a->v->nb[1];
-    const float *mask[ATT_TOKENS];
+    const float *mask[ATT_QUERIES];
     for (int j = 0; j < nt; j++) mask[j] = a->mask ? ROW_F32(a->mask, t0 + j, 0, 0) : NULL;
     const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
     const int64_t q_stride = a->q->nb[2];
 #define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
     for (int64_t c = 0; c < n_kv;) {
-        bool any = false;
         const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
-        for (int j = 0; j < nt && !any; j++)
-            for (int64_t k = c; k < c + len && !any; k++) any = SEEN(j, k);
-        if (any && len == 8) {
-            const void *rows[8];
-            for (int k = 0; k < 8; k++) rows[k] = kbase + (c + k) * a->k->nb[2];
-            kt->vec_dot8(hd, rows, q0, q_stride, nt, scores + c, n_kv);
-        } else if (any) {
-            for (int j = 0; j < nt; j++)
-                if (SEEN(j, c)) scores[j * n_kv + c] = kt->vec_dot(hd, kbase + c * a->k->nb[2], q0 + j * q_stride);
+        for (int j0 = 0; j0 < nt; j0 += PI_DOT8_MAX_T) {   /* sub-blocks of queries */
+            const int n_sub = PI_MIN(PI_DOT8_MAX_T, nt - j0);
+            bool any = false;
+            for (int j = j0; j < j0 + n_sub && !any; j++)
+                for (int64_t k = c; k < c + len && !any; k++) any = SEEN(j, k);
+            if (any && len == 8) {
+                const void *rows[8];
+                for (int k = 0; k < 8; k++) rows[k] = kbase + (c + k) * a->k->nb[2];
+                kt->vec_dot8(hd, rows, q0 + j0 * q_stride, q_stride, n_sub, scores + j0 * n_kv + c, n_kv);
+            } else if (any) {
+                for (int j = j0; j < j0 + n_sub; j++)
+                    if (SEEN(j, c)) scores[j * n_kv + c] = kt->vec_dot(hd, kbase + c * a->k->nb[2], q0 + j * q_stride);
+            }
         }
         c += len;
     }
-    float inv[ATT_TOKENS], *out[ATT_TOKENS];
-    int live[ATT_TOKENS], n_live = 0;   /* the queries that see any cell */
+    float inv[ATT_QUERIES], *out[ATT_QUERIES];
+    int live[ATT_QUERIES], n_live = 0;   /* the queries that see any cell */
     for (int j = 0; j < nt; j++) {      /* softmax, as attend */
         out[j] = ROW_F32(a->out, h, t0 + j, 0);
         memset(out[j], 0, (size_t)hd * sizeof(float));
@@ -777,63 +785,58 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         inv[j] = 1.0f / sum;
         live[n_live++] = j;
     }
-    /* out_j += p_jc v_c in cell order, query by query as attend does it. Cells every live query sees go in groups
-     * of 8 through axpy8xq (each V row converted once for the block); before a cell only some of them see, the
-     * pending group is added, so each query still gets its cells in order. */
-    void (*const axpy8xq)(int64_t, int, const float *, const void *const *, float *const *) =
-        a->v->type == PI_TYPE_F16 ? pi_cpu()->axpy8xq_f16 : NULL;
-    const void *rows[8];
-    int64_t cells[8];
-    int nv = 0;
-    for (int64_t c = 0; c <= n_kv; c++) {
-        bool all = true, none = true;
-        for (int i = 0; c < n_kv && i < n_live; i++) {
-            const bool seen = scores[live[i] * n_kv + c] != -INFINITY;
-            all = all && seen;
-            none = none && !seen;
-        }
-        if (c < n_kv && none) continue;
-        if (c < n_kv && all) {
-            rows[nv] = vbase + c * a->v->nb[2];
-            cells[nv++] = c;
-            if (nv < 8) continue;
-        }
-        if (nv == 8 && axpy8xq) {   /* the pending group, for every live query */
-            float pa[ATT_TOKENS * 8], *ya[ATT_TOKENS];
-            for (int i = 0; i < n_live; i++) {
-                ya[i] = out[live[i]];
-                for (int k = 0; k < 8; k++) pa[8 * i + k] = scores[live[i] * n_kv + cells[k]] * inv[live[i]];
-            }
-            axpy8xq(hd, n_live, pa, rows, ya);
-        } else if (nv) {
-            for (int i = 0; i < n_live; i++) {
-                const int j = live[i];
-                float pc[8];
-                for (int k = 0; k < nv; k++) pc[k] = scores[j * n_kv + cells[k]] * inv[j];
-                pi_axpy_rows(vt, hd, nv, pc, rows, out[j]);
-            }
-        }
-        nv = 0;
-        if (c < n_kv && !all)   /* a cell some of the queries see */
-            for (int i = 0; i < n_live; i++) {
-                const float p = scores[live[i] * n_kv + c];
-                if (p != -INFINITY) vt->axpy(hd, p * inv[live[i]], vbase + c * a->v->nb[2], out[live[i]]);
-            }
+    /* out_j += p_jc v_c over the cells query j sees, in cell order, p_jc = score * (1 / sum) as attend computes it:
+     * an f16 cache through attn_pv_f16 (tiles of 8 queries, each V vector converted once per tile), any other
+     * cache query by query, 8 cells at a time (pi_axpy_rows); either way the bits of attend's axpy per cell. */
+    for (int i = 0; i < n_live; i++) {   /* hidden cells stay -inf */
+        float *s = scores + live[i] * n_kv;
+        for (int64_t c = 0; c < n_kv; c++)
+            if (s[c] != -INFINITY) s[c] *= inv[live[i]];
     }
+    if (a->v->type == PI_TYPE_F16) {
+        const float *p[ATT_QUERIES];
+        float *y[ATT_QUERIES];
+        int64_t c0 = n_kv, c1 = 0;   /* the cells some query sees are within [c0, c1) */
+        for (int i = 0; i < n_live; i++) {
+            p[i] = scores + live[i] * n_kv;
+            y[i] = out[live[i]];
+            int64_t first = 0, last = n_kv - 1;
+            while (p[i][first] == -INFINITY) first++;   /* a live query sees a cell */
+            while (p[i][last] == -INFINITY) last--;
+            c0 = PI_MIN(c0, first);
+            c1 = PI_MAX(c1, last + 1);
+        }
+        if (n_live) pi_cpu()->attn_pv_f16(hd, n_live, p, c0, c1, vbase, a->v->nb[2], y);
+    } else
+        for (int i = 0; i < n_live; i++) {
+            const float *pi_row = scores + live[i] * n_kv;
+            const void *rows[8];
+            float pc[8];
+            int nv = 0;
+            for (int64_t c = 0; c <= n_kv; c++) {
+                if (c < n_kv && pi_row[c] == -INFINITY) continue;
+                if (c < n_kv) {
+                    rows[nv] = vbase + c * a->v->nb[2];
+                    pc[nv++] = pi_row[c];
+                }
+                if (nv == 8 || (c == n_kv && nv)) {
+                    pi_axpy_rows(vt, hd, nv, pc, rows, out[live[i]]);
+                    nv = 0;
+                }
+            }
+        }
 #undef SEEN
 }
 
 static void attention_task(void *p, int ith, int nth) {
     attention_args *a = p;
     const int64_t H = a->q->ne[1], T = a->q->ne[2], n_kv = a->k->ne[2];
-    float *scores = a->scratch + (size_t)ith * (size_t)(ATT_HEADS * n_kv);
+    float *scores = a->scratch + (size_t)ith * (size_t)(ATT_SCORE_ROWS * n_kv);
     int64_t w0, w1;
-    if (T > 1) {   /* prompts: work items of (ATT_TOKENS tokens, one head) */
-        const int64_t n_blocks = (T + ATT_TOKENS - 1) / ATT_TOKENS;
-        split_range(n_blocks * H, ith, nth, &w0, &w1);
-        for (int64_t w = w0; w < w1; w++) {
-            const int64_t t0 = w / H * ATT_TOKENS;
-            attend_block(a, t0, (int)PI_MIN(ATT_TOKENS, T - t0), w % H, scores);
+    if (T > 1) {   /* prompts: work items of (ATT_QUERIES tokens, one head), block by block */
+        for (int64_t w = a->items[ith]; w < a->items[ith + 1]; w++) {
+            const int64_t t0 = w / H * ATT_QUERIES;
+            attend_block(a, t0, (int)PI_MIN(ATT_QUERIES, T - t0), w % H, scores);
         }
         return;
     }
@@ -845,15 +848,53 @@ static void attention_task(void *p, int ith, int nth) {
     }
 }
 
+/* Cells query t sees (all of them without a mask). */
+static int64_t visible_cells(const pi_tensor *mask, int64_t t, int64_t n_kv) {
+    if (!mask) return n_kv;
+    const float *m = ROW_F32(mask, t, 0, 0);
+    int64_t n = 0;
+    for (int64_t c = 0; c < n_kv; c++) n += m[c] != -INFINITY;
+    return n;
+}
+
+/* A prompt's work items (query block, head), block-major, cut into one contiguous range per thread of about equal
+ * cost, a block costing the cells its first and last queries see: under a causal mask the later blocks see more
+ * (at depth 0 the second half of a prompt has 3x the work of the first). Contiguous ranges measured faster than
+ * handing items out one by one (a 542M llama, T = 512 at depth 4096: 0.8x the time). */
+static void split_blocks(const pi_tensor *mask, int64_t T, int64_t H, int64_t n_kv, int nth, int64_t *items) {
+    const int64_t n_blocks = (T + ATT_QUERIES - 1) / ATT_QUERIES;
+    int64_t total = 0;
+    for (int64_t b = 0; b < n_blocks; b++)
+        total += 1 + visible_cells(mask, b * ATT_QUERIES, n_kv) + visible_cells(mask, PI_MIN(T, (b + 1) * ATT_QUERIES) - 1, n_kv);
+    int64_t done = 0, w = 0;
+    items[0] = 0;
+    for (int i = 1; i <= nth; i++) {   /* thread i - 1 ends where the cost so far reaches i / nth of the total */
+        while (w < n_blocks * H && done * nth < total * H * i) {
+            const int64_t b = w / H;
+            done += 1 + visible_cells(mask, b * ATT_QUERIES, n_kv) +
+                    visible_cells(mask, PI_MIN(T, (b + 1) * ATT_QUERIES) - 1, n_kv);
+            w++;
+        }
+        items[i] = i == nth ? n_blocks * H : w;
+    }
+}
+
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                        const pi_tensor *mask, float scale, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
-    const int64_t n_kv = k->ne[2];
-    float *scratch = malloc((size_t)nth * (size_t)(ATT_HEADS * n_kv) * sizeof(float));
-    if (!scratch) return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
-    attention_args a = { q, k, v, mask, scale, out, scratch };
+    const int64_t n_kv = k->ne[2], T = q->ne[2];
+    float *scratch = malloc((size_t)nth * (size_t)(ATT_SCORE_ROWS * n_kv) * sizeof(float));
+    int64_t *items = malloc((size_t)(nth + 1) * sizeof *items);
+    if (!scratch || !items) {
+        free(scratch);
+        free(items);
+        return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
+    }
+    if (T > 1) split_blocks(mask, T, q->ne[1], n_kv, nth, items);
+    attention_args a = { q, k, v, mask, scale, out, scratch, items };
     pi_threadpool_run(pool, attention_task, &a);
     free(scratch);
+    free(items);
     return PI_OK;
 }
 

@@ -19,6 +19,8 @@ static float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
 static void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
+static void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
+                           int64_t v_stride, float *const *y);
 static float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_q8_0_q8_0s(int64_t n, const void *w, const void *x);
 static void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
@@ -88,7 +90,6 @@ static void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const cha
 static void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
 static void pi_axpy8_q8_0(int64_t n, const float *a, const void *const *rows, float *y);
 static void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
-static void pi_axpy8xq_f16(int64_t n, int nq, const float *a, const void *const *rows, float *const *y);
 static void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                           int64_t y_stride);
 static void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,

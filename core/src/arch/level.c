@@ -16,6 +16,7 @@
 #include "q8_0x16.c"
 #include "kx16.c"
 #include "activation.c"
+#include "attention.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
 #include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows, Q8_0X16 */
@@ -91,7 +92,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .tiles_begin = AMX(pi_tiles_begin),
     .tiles_end = AMX(pi_tiles_end),
     .vec_dot4_f16_f32 = pi_vec_dot4_f16_f32,
-    .axpy8xq_f16 = pi_axpy8xq_f16,
+    .attn_pv_f16 = pi_attn_pv_f16,
     .activation_row = pi_activation_row,
     .softmax_exp = pi_softmax_exp,
     .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,

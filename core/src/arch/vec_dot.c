@@ -285,36 +285,6 @@ float pi_vec_dot_q8_0_q8_0s(int64_t n, const void *w, const void *x) {
 
 /* ---- axpy: y += a * row, row in a weight type (the sparse FFN's down step) ---- */
 
-/* The same eight f16 rows added to nq vectors: y[j] += sum_k a[8 j + k] rows[k], rows in order (a prompt's
- * queries and the V rows of cells they all see). Each element of each y[j] gets exactly pi_axpy_f16's
- * operations; the AVX2 body converts each row vector once for four queries. */
-void pi_axpy8xq_f16(int64_t n, int nq, const float *a, const void *const *rows, float *const *y) {
-    const uint16_t *const *x = (const uint16_t *const *)rows;
-    int64_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-    for (; i + 16 <= n; i += 16)
-        for (int j0 = 0; j0 < nq; j0 += 4) {
-            const int m = PI_MIN(4, nq - j0);
-            __m256 acc[4][2];
-            for (int j = 0; j < 4; j++)
-                for (int h = 0; h < 2; h++) acc[j][h] = _mm256_loadu_ps(y[j0 + PI_MIN(j, m - 1)] + i + 8 * h);
-            for (int k = 0; k < 8; k++) {
-                const __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x[k] + i)));
-                const __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x[k] + i + 8)));
-                for (int j = 0; j < 4; j++) {
-                    const __m256 aj = _mm256_broadcast_ss(a + 8 * (j0 + PI_MIN(j, m - 1)) + k);
-                    acc[j][0] = _mm256_fmadd_ps(aj, v0, acc[j][0]);
-                    acc[j][1] = _mm256_fmadd_ps(aj, v1, acc[j][1]);
-                }
-            }
-            for (int j = 0; j < 4; j++)   /* a short group repeats its last query: the same values, stored again */
-                for (int h = 0; h < 2; h++) _mm256_storeu_ps(y[j0 + PI_MIN(j, m - 1)] + i + 8 * h, acc[j][h]);
-        }
-#endif
-    for (int j = 0; j < nq; j++)
-        for (int k = 0; k < 8; k++) pi_axpy_f16(n - i, a[8 * j + k], x[k] + i, y[j] + i);
-}
-
 void pi_axpy_f32_row(int64_t n, float a, const void *row, float *y) { pi_axpy_f32(n, a, row, y); }
 
 void pi_axpy_f16(int64_t n, float a, const void *row, float *y) {

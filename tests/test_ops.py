@@ -1148,15 +1148,17 @@ def test_attention(pools, kt, vt, use_mask):
         assert np.all(out[T - 1] == 0.0), "fully masked query row must give zeros"
 
 
+@pytest.mark.parametrize("hd", [64, 68])
 @pytest.mark.parametrize("kt,vt", KV_TYPES, ids=lambda t: TYPE_NAME[t])
-def test_attention_prompt_equals_query_by_query(pools, kt, vt):
+def test_attention_prompt_equals_query_by_query(pools, kt, vt, hd):
     """A prompt's queries go through attention in blocks of up to 32 tokens (ops.c ATT_QUERIES; keys dotted with
     sub-blocks of 8 queries, cells hidden from some of them computed and dropped; the V rows of cells only some
     queries see queued per query); every query's output is the bits of that query alone (the one-token path).
     75 queries: two full blocks and a tail; 99 cells: groups of 8 and a tail; causal, a sliding window (cells
-    some queries see at both ends of a block's range), a hole and a fully masked query."""
+    some queries see at both ends of a block's range), a hole and a fully masked query. Head size 64, and 68 (a
+    partial vector of elements, and vec_dot's unfused tail of 4)."""
     rng = np.random.default_rng(77)
-    T, H, Hkv, hd, n_kv = 75, 4, 2, 64, 99
+    T, H, Hkv, n_kv = 75, 4, 2, 99
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     ke = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), kt)
     ve = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), vt)

@@ -169,6 +169,8 @@ typedef struct {
     uint8_t saved[64] __attribute__((aligned(64)));   /* (not _Alignas: nvcc compiles this header as C++) */
 } pi_tile_session;
 
+#define PI_ATT_QK_MAX_HD 512   /* the largest head size attn_qk_f16 takes (its transposed K rows are on the stack) */
+
 typedef struct pi_cpu_kernels {
     pi_type_kernels type[PI_TYPE_TABLE_END];
     /* the amx level: the tile kernels (tiles, tiles_rows) of a weight type run between tiles_begin(type), which
@@ -178,6 +180,10 @@ typedef struct pi_cpu_kernels {
     void (*tiles_end)(const pi_tile_session *s);
     /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
     void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);
+    /* a prompt's attention scores (arch/attention.c; NULL below the AVX-512 levels): s[j][c] = the f16 vec_dot of
+     * the row at k + c k_stride with q[j], for j < nq and c0 <= c < c1 (hd <= PI_ATT_QK_MAX_HD) */
+    void (*attn_qk_f16)(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
+                        int64_t k_stride, float *const *s);
     /* a prompt's attention V step (arch/attention.c): y[j][e] += p[j][c] v_c[e] over cells c0 <= c < c1 in order,
      * v_c = the f16 row at v + c v_stride, skipping cells with p[j][c] == -inf; each element as pi_axpy_f16 adds */
     void (*attn_pv_f16)(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,

@@ -757,6 +757,23 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
     const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
     const int64_t q_stride = a->q->nb[2];
 #define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
+    if (a->k->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 && hd <= PI_ATT_QK_MAX_HD) {
+        /* every query against the cells any of them sees (softmax_exp hides the others): the bits of vec_dot */
+        const float *qr[ATT_QUERIES];
+        float *sr[ATT_QUERIES];
+        int64_t c0 = n_kv, c1 = 0;
+        for (int j = 0; j < nt; j++) {
+            qr[j] = (const float *)(q0 + j * q_stride);
+            sr[j] = scores + j * n_kv;
+            int64_t first = 0, last = n_kv - 1;
+            while (first < n_kv && !SEEN(j, first)) first++;
+            while (last > first && !SEEN(j, last)) last--;
+            if (first == n_kv) continue;   /* a query that sees nothing */
+            c0 = PI_MIN(c0, first);
+            c1 = PI_MAX(c1, last + 1);
+        }
+        if (c0 < c1) pi_cpu()->attn_qk_f16(hd, nt, qr, c0, c1, kbase, a->k->nb[2], sr);
+    } else
     for (int64_t c = 0; c < n_kv;) {
         const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
         for (int j0 = 0; j0 < nt; j0 += PI_DOT8_MAX_T) {   /* sub-blocks of queries */

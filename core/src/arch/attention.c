@@ -1,5 +1,14 @@
-/* attention.c: the V step of a prompt's attention (ops.c attend_block), for an f16 cache.
+/* attention.c: a prompt's attention kernels (ops.c attend_block) for an f16 cache: the scores (AVX-512) and the V step.
  *
+ * Scores: s[j][c] = pi_vec_dot_f16_f32(hd, k_c, q_j) bit for bit, for the queries j < nq and cells c0 <= c < c1. The
+ * 8-row kernels keep each (cell, query) dot in its own 8-lane accumulator and end with a horizontal tree per pair
+ * (a quarter of the work at hd = 128). Here 16 cells' K rows are transposed once (converted to f32, 16 x 16 at a
+ * time) so that a register holds one element of 16 cells; each query keeps eight such accumulators, one per lane
+ * of vec_dot's order (element i goes to accumulator i % 8, in element order), so the same fma chains run with the
+ * cells in the lanes, and vec_dot's tree ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) and its unfused tail
+ * are vertical adds, 16 cells at once.
+ *
+ * V step:
  *   y[j][e] += p[j][c] * v_c[e]   for the queries j < nq, the cells c0 <= c < c1 in order, e < hd
  *
  * where p[j][c] == -inf marks a cell query j does not see: it is skipped for that query. Each element of each y[j]
@@ -25,6 +34,76 @@ static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
             if (p[j][k] == -INFINITY) return false;
     return true;
 }
+
+#if PI_HAVE_ROWS16
+/* r[i] = row i (16 floats) -> r[j] = column j (lane i = row i). */
+static inline void transpose16x16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {   /* u[g + m], 128-bit lane L: rows g..g+3 of column 4L + m */
+        u[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
+        u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
+        u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+        u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; m++) {
+        const __m512 a0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), a1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xDD);
+        const __m512 b0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+        const __m512 b1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xDD);
+        r[m] = _mm512_shuffle_f32x4(a0, b0, 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(a0, b0, 0xDD);
+        r[4 + m] = _mm512_shuffle_f32x4(a1, b1, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(a1, b1, 0xDD);
+    }
+}
+
+#define ATT_QK_QUERIES 3   /* queries per pass: 3 x 8 accumulators */
+
+void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k, int64_t k_stride,
+                    float *const *s) {
+    const int64_t hd8 = hd / 8 * 8;
+    float kt[PI_ATT_QK_MAX_HD][16] __attribute__((aligned(64)));   /* kt[d][r]: element d of cell c + r */
+    int64_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+        const char *kc = (const char *)k + c * k_stride;
+        for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+            const __mmask16 keep = (__mmask16)(hd - d0 >= 16 ? 0xffff : (1u << (hd - d0)) - 1);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * k_stride) + d0));
+            transpose16x16(r);
+            for (int i = 0; i < 16 && d0 + i < hd; i++) _mm512_store_ps(kt[d0 + i], r[i]);
+        }
+        for (int j0 = 0; j0 < nq; j0 += ATT_QK_QUERIES) {
+            const int m = PI_MIN(ATT_QK_QUERIES, nq - j0);
+            const float *qj[ATT_QK_QUERIES];
+            for (int j = 0; j < ATT_QK_QUERIES; j++) qj[j] = q[j0 + PI_MIN(j, m - 1)];
+            __m512 acc[ATT_QK_QUERIES][8];
+            for (int j = 0; j < ATT_QK_QUERIES; j++)
+                for (int l = 0; l < 8; l++) acc[j][l] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < hd8; d += 8)
+                for (int l = 0; l < 8; l++) {
+                    __m512 kv = _mm512_load_ps(kt[d + l]);
+                    __asm__("" : "+v"(kv));   /* one load for the queries, not one folded into each fma */
+                    for (int j = 0; j < ATT_QK_QUERIES; j++)
+                        acc[j][l] = _mm512_fmadd_ps(kv, _mm512_set1_ps(qj[j][d + l]), acc[j][l]);
+                }
+            for (int j = 0; j < m; j++) {
+                __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][4]), _mm512_add_ps(acc[j][2], acc[j][6])),
+                                           _mm512_add_ps(_mm512_add_ps(acc[j][1], acc[j][5]), _mm512_add_ps(acc[j][3], acc[j][7])));
+                for (int64_t d = hd8; d < hd; d++)   /* vec_dot's unfused tail */
+                    sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_load_ps(kt[d]), _mm512_set1_ps(qj[j][d])));
+                _mm512_storeu_ps(s[j0 + j] + c, sum);
+            }
+        }
+    }
+    for (; c < c1; c++)
+        for (int j = 0; j < nq; j++) s[j][c] = pi_vec_dot_f16_f32(hd, (const char *)k + c * k_stride, q[j]);
+}
+#endif
 
 /* Elements [e, hd) past the last whole vector, query by query (the m real ones of the tile): pi_axpy_f16 from
  * element e (a multiple of 8) on gives them the operations its call over the whole row does. */

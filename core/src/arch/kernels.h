@@ -56,6 +56,8 @@ static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, i
                                   float *y, int64_t y_stride);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PI_HAVE_ROWS16 1   /* 512-bit kernels over two 8-row groups */
+static void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
+                           int64_t k_stride, float *const *s);
 static void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group);
 static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);

@@ -115,50 +115,36 @@ static void tail(int64_t hd, int64_t e, const float *const *p, int m, int64_t c0
             if (p[j][c] != -INFINITY) pi_axpy_f16(hd - e, p[j][c], (const uint16_t *)(v + c * v_stride) + e, y[j] + e);
 }
 
+/* One vector of the V step at this level: PV_W floats (AVX-512: 16, AVX2: 8). pv_fma_seen adds p v to acc where p
+ * is not -inf (a seen cell; NaN counts as seen, as in attend) and keeps acc otherwise. */
 #if PI_HAVE_ROWS16
-void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
-                    int64_t v_stride, float *const *y) {
-    const char *vb = v;
-    const __m512 hidden = _mm512_set1_ps(-INFINITY);
-    for (int64_t cb = c0; cb < c1; cb += ATT_PV_CELLS) {
-        const int64_t ce = PI_MIN(c1, cb + ATT_PV_CELLS);
-        for (int j0 = 0; j0 < nq; j0 += 8) {
-            const int m = PI_MIN(8, nq - j0);
-            const float *pj[8];
-            float *yj[8];
-            for (int j = 0; j < 8; j++) {   /* a short tile repeats its last query: the same values, stored again */
-                pj[j] = p[j0 + PI_MIN(j, m - 1)];
-                yj[j] = y[j0 + PI_MIN(j, m - 1)];
-            }
-            const bool all = tile_all_seen(pj, m, cb, ce - cb);
-            int64_t e = 0;
-            for (; e + 16 <= hd; e += 16) {
-                __m512 acc[8];
-                for (int j = 0; j < 8; j++) acc[j] = _mm512_loadu_ps(yj[j] + e);
-                if (all)
-                    for (int64_t c = cb; c < ce; c++) {
-                        const __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vb + c * v_stride) + e / 16));
-                        for (int j = 0; j < 8; j++) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(pj[j][c]), vv, acc[j]);
-                    }
-                else
-                    for (int64_t c = cb; c < ce; c++) {
-                        const __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vb + c * v_stride) + e / 16));
-                        for (int j = 0; j < 8; j++) {
-                            const __m512 pc = _mm512_set1_ps(pj[j][c]);
-                            acc[j] = _mm512_mask3_fmadd_ps(pc, vv, acc[j], _mm512_cmp_ps_mask(pc, hidden, _CMP_NEQ_UQ));
-                        }
-                    }
-                for (int j = 0; j < 8; j++) _mm512_storeu_ps(yj[j] + e, acc[j]);
-            }
-            tail(hd, e, pj, m, cb, ce, vb, v_stride, yj);
-        }
-    }
+#define PV_W 16
+typedef __m512 pv_vec;
+static inline pv_vec pv_load(const float *x) { return _mm512_loadu_ps(x); }
+static inline void pv_store(float *x, pv_vec v) { _mm512_storeu_ps(x, v); }
+static inline pv_vec pv_f16(const void *x) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x)); }
+static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(*p), v, acc); }
+static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {
+    const __m512 pc = _mm512_set1_ps(*p);
+    return _mm512_mask3_fmadd_ps(pc, v, acc, _mm512_cmp_ps_mask(pc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ));
 }
 #elif PI_HAVE_ROWS8
+#define PV_W 8
+typedef __m256 pv_vec;
+static inline pv_vec pv_load(const float *x) { return _mm256_loadu_ps(x); }
+static inline void pv_store(float *x, pv_vec v) { _mm256_storeu_ps(x, v); }
+static inline pv_vec pv_f16(const void *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
+static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) { return _mm256_fmadd_ps(_mm256_broadcast_ss(p), v, acc); }
+static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {   /* a hidden cell's result (maybe NaN) dropped */
+    const __m256 pc = _mm256_broadcast_ss(p);
+    return _mm256_blendv_ps(acc, _mm256_fmadd_ps(pc, v, acc), _mm256_cmp_ps(pc, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ));
+}
+#endif
+
+#if PI_HAVE_ROWS8
 void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
                     int64_t v_stride, float *const *y) {
     const char *vb = v;
-    const __m256 hidden = _mm256_set1_ps(-INFINITY);
     for (int64_t cb = c0; cb < c1; cb += ATT_PV_CELLS) {
         const int64_t ce = PI_MIN(c1, cb + ATT_PV_CELLS);
         for (int j0 = 0; j0 < nq; j0 += 8) {
@@ -171,24 +157,20 @@ void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64
             }
             const bool all = tile_all_seen(pj, m, cb, ce - cb);
             int64_t e = 0;
-            for (; e + 8 <= hd; e += 8) {
-                __m256 acc[8];
-                for (int j = 0; j < 8; j++) acc[j] = _mm256_loadu_ps(yj[j] + e);
+            for (; e + PV_W <= hd; e += PV_W) {
+                pv_vec acc[8];
+                for (int j = 0; j < 8; j++) acc[j] = pv_load(yj[j] + e);
                 if (all)
                     for (int64_t c = cb; c < ce; c++) {
-                        const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vb + c * v_stride) + e / 8));
-                        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&pj[j][c]), vv, acc[j]);
+                        const pv_vec vv = pv_f16((const uint16_t *)(vb + c * v_stride) + e);
+                        for (int j = 0; j < 8; j++) acc[j] = pv_fma(&pj[j][c], vv, acc[j]);
                     }
                 else
                     for (int64_t c = cb; c < ce; c++) {
-                        const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vb + c * v_stride) + e / 8));
-                        for (int j = 0; j < 8; j++) {   /* a hidden cell's fma result is dropped (it may be NaN) */
-                            const __m256 pc = _mm256_broadcast_ss(&pj[j][c]);
-                            acc[j] = _mm256_blendv_ps(acc[j], _mm256_fmadd_ps(pc, vv, acc[j]),
-                                                      _mm256_cmp_ps(pc, hidden, _CMP_NEQ_UQ));
-                        }
+                        const pv_vec vv = pv_f16((const uint16_t *)(vb + c * v_stride) + e);
+                        for (int j = 0; j < 8; j++) acc[j] = pv_fma_seen(&pj[j][c], vv, acc[j]);
                     }
-                for (int j = 0; j < 8; j++) _mm256_storeu_ps(yj[j] + e, acc[j]);
+                for (int j = 0; j < 8; j++) pv_store(yj[j] + e, acc[j]);
             }
             tail(hd, e, pj, m, cb, ce, vb, v_stride, yj);
         }

@@ -53,14 +53,18 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--n-gen", type=int, default=32)
     ap.add_argument("-r", "--repeat", type=int, default=3)
-    ap.add_argument("--levels", default=None, help="comma list of stored levels (default: all)")
+    ap.add_argument("--levels", default=None, help="comma list of stored levels (default: all); a level runs as L and, "
+                    "where the file has gate-input thresholds, L+in (so 0.5 and 0.5+in name the same runs)")
     ap.add_argument("--bandwidth", type=float, default=None, help="GB/s (default: measured)")
     a = ap.parse_args(argv)
     model = powerinfer.Model(a.model)
     if not model.gate_sparse:
         raise SystemExit(f"{a.model}: not a gate-sparse file (tools/sparsify.py)")
-    levels = ([float(v) for v in a.levels.split(",")] if a.levels else
-              [float(v) for v in model.sparsity_levels.levels])
+    try:
+        levels = (sorted({float(v.strip().removesuffix("+in")) for v in a.levels.split(",")}) if a.levels else
+                  [float(v) for v in model.sparsity_levels.levels])
+    except ValueError:
+        raise SystemExit(f"--levels {a.levels!r}: expected a comma list of levels such as 0.25,0.5 (or 0.5+in)")
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, model.n_vocab, 8).tolist()
     tokens = rng.integers(3, model.n_vocab, a.n_gen).tolist()

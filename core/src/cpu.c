@@ -40,6 +40,7 @@ static const pi_cpu_kernels *compiled[ISA_COUNT];
 static pi_type_traits traits[ISA_COUNT][PI_TYPE_TABLE_END];
 static int64_t l2_bytes = 1 << 20;   /* the L2 cache per core, read at load where the C library tells it */
 static bool one_stream_decode;        /* one token reads one weight stream per thread (pi_cpu_one_stream_decode) */
+static bool half_width_512;           /* 512-bit instructions run as two 256-bit halves (pi_cpu_half_width_512) */
 static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
 static isa_level active = ISA_SCALAR;
 static char env_error[160];           /* why POWERINFER_ISA was not applied ("" if it was, or unset) */
@@ -97,13 +98,15 @@ static cpu_features detect_features(void) {
 
 /* AMD family 19h or later: Zen 3 (no AVX-512), Zen 4 (512-bit instructions as two 256-bit halves), Zen 5 (1Ah,
  * a full 512-bit data path). */
-static bool amd_zen3_or_later(void) {
+static int amd_family(void) {   /* 0: not AMD */
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u || c != 0x444d4163u)   /* AuthenticAMD */
-        return false;
+        return 0;
     __get_cpuid(1, &a, &b, &c, &d);
-    return ((a >> 8) & 0xf) + ((a >> 20) & 0xff) >= 0x19;
+    return (int)(((a >> 8) & 0xf) + ((a >> 20) & 0xff));
 }
+
+static bool amd_zen3_or_later(void) { return amd_family() >= 0x19; }
 
 static bool cpu_runs(isa_level level) {
     const cpu_features f = detect_features();
@@ -149,6 +152,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
 #endif
 #if PI_X86
     one_stream_decode = amd_zen3_or_later();
+    half_width_512 = amd_family() == 0x19;   /* Zen 4 (Zen 3, the same family, runs no 512-bit level) */
 #endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;
 #if PI_WITH_AVX2
@@ -192,6 +196,7 @@ const char *pi_system_info(void) {
 const pi_cpu_kernels *pi_cpu(void) { return compiled[active]; }
 int64_t pi_cpu_l2_bytes(void) { return l2_bytes; }
 bool pi_cpu_one_stream_decode(void) { return one_stream_decode; }
+bool pi_cpu_half_width_512(void) { return half_width_512; }
 const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
 
 const char *pi_cpu_isa(void) { return isa_names[active]; }

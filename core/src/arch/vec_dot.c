@@ -391,7 +391,10 @@ static inline __attribute__((always_inline)) void half_rows8(int64_t n, const vo
  * the fma instructions. Blocks of 8 tokens x 2 row pairs (16 accumulators; each converted pair feeds 8 fmas),
  * or, for 4 tokens or fewer, 4 tokens x all 4 pairs (a short block repeats its last token: fewer repeats).
  * Sapphire Rapids, f16 ffn_up/ffn_down T = 512: 8 x 2 took 0.92x the time of 4 x 4 (bf16 0.90x) once the
- * activations came from L2 (mul_mat's token chunks); streaming them from L3 it had been 1.13x. */
+ * activations came from L2 (mul_mat's token chunks); streaming them from L3 it had been 1.13x. A Zen 4, which runs
+ * 512-bit instructions as two halves (pi_cpu_half_width_512), is the other way round: 4 x 4 (twice for 8 tokens: four
+ * conversions and four broadcasts per 16 fmas, not two and eight) took 0.90-0.91x the time of 8 x 2 (542M f16
+ * ffn_up/ffn_down/attn_q, T = 512, one thread CPU time and two threads; bf16 0.94x; T = 8 0.87x). */
 #ifndef F16_PREFETCH_NEXT
 #define F16_PREFETCH_NEXT 1
 #endif
@@ -444,12 +447,15 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
         const int n_tok = PI_MIN(8, nt - t0);
         const float *xt[8];
         for (int j = 0; j < 8; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
-        if (n_tok > 4)
+        if (n_tok > 4 && !pi_cpu_half_width_512())
             for (int p0 = 0; p0 < 4; p0 += 2)
                 half_block_512(n, w, xt, n_tok, p0, y + t0 * y_stride, y_stride, 8, 2, bf16, S,
                                next ? next + 4 * n * p0 : NULL);
-        else
-            half_block_512(n, w, xt, n_tok, 0, y + t0 * y_stride, y_stride, 4, 4, bf16, S, next);
+        else {   /* 4 tokens x 4 pairs, twice for more than 4 tokens */
+            half_block_512(n, w, xt, PI_MIN(4, n_tok), 0, y + t0 * y_stride, y_stride, 4, 4, bf16, S, next);
+            if (n_tok > 4)
+                half_block_512(n, w, xt + 4, n_tok - 4, 0, y + (t0 + 4) * y_stride, y_stride, 4, 4, bf16, S, next);
+        }
     }
 }
 #define HALF_ROWS8_BODY half_rows8_512

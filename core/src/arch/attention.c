@@ -92,8 +92,9 @@ void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64
                         acc[j][l] = _mm512_fmadd_ps(kv, _mm512_set1_ps(qj[j][d + l]), acc[j][l]);
                 }
             for (int j = 0; j < m; j++) {
-                __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][4]), _mm512_add_ps(acc[j][2], acc[j][6])),
-                                           _mm512_add_ps(_mm512_add_ps(acc[j][1], acc[j][5]), _mm512_add_ps(acc[j][3], acc[j][7])));
+                const __m512 *a8 = acc[j];   /* vec_dot's tree */
+                __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8[0], a8[4]), _mm512_add_ps(a8[2], a8[6])),
+                                           _mm512_add_ps(_mm512_add_ps(a8[1], a8[5]), _mm512_add_ps(a8[3], a8[7])));
                 for (int64_t d = hd8; d < hd; d++)   /* vec_dot's unfused tail */
                     sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_load_ps(kt[d]), _mm512_set1_ps(qj[j][d])));
                 _mm512_storeu_ps(s[j0 + j] + c, sum);
@@ -123,7 +124,9 @@ typedef __m512 pv_vec;
 static inline pv_vec pv_load(const float *x) { return _mm512_loadu_ps(x); }
 static inline void pv_store(float *x, pv_vec v) { _mm512_storeu_ps(x, v); }
 static inline pv_vec pv_f16(const void *x) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x)); }
-static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(*p), v, acc); }
+static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) {
+    return _mm512_fmadd_ps(_mm512_set1_ps(*p), v, acc);
+}
 static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {
     const __m512 pc = _mm512_set1_ps(*p);
     return _mm512_mask3_fmadd_ps(pc, v, acc, _mm512_cmp_ps_mask(pc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ));
@@ -134,10 +137,13 @@ typedef __m256 pv_vec;
 static inline pv_vec pv_load(const float *x) { return _mm256_loadu_ps(x); }
 static inline void pv_store(float *x, pv_vec v) { _mm256_storeu_ps(x, v); }
 static inline pv_vec pv_f16(const void *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
-static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) { return _mm256_fmadd_ps(_mm256_broadcast_ss(p), v, acc); }
-static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {   /* a hidden cell's result (maybe NaN) dropped */
+static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) {
+    return _mm256_fmadd_ps(_mm256_broadcast_ss(p), v, acc);
+}
+static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {   /* a hidden cell's fma (maybe NaN) dropped */
     const __m256 pc = _mm256_broadcast_ss(p);
-    return _mm256_blendv_ps(acc, _mm256_fmadd_ps(pc, v, acc), _mm256_cmp_ps(pc, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ));
+    const __m256 seen = _mm256_cmp_ps(pc, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ);
+    return _mm256_blendv_ps(acc, _mm256_fmadd_ps(pc, v, acc), seen);
 }
 #endif
 

@@ -41,6 +41,7 @@ from powerinfer._ffi import ffi, lib as lib_a  # noqa: E402
 from powerinfer.gguf_file import open_gguf  # noqa: E402
 
 lib_b = None   # the other library (main)
+FILE_LAYOUT_B = False   # --file-layout-b (main)
 
 
 def main(argv=None) -> int:
@@ -52,6 +53,8 @@ def main(argv=None) -> int:
                     "dense_ffn")
     ap.add_argument("--layers", type=int, default=None, help="the first N layers only (default: all)")
     ap.add_argument("--sparsity", type=float, default=0.5, help="cats, gate_t: the share of rows skipped")
+    ap.add_argument("--file-layout-b", action="store_true", help="mul_mat: B reads the file's layout, not the "
+                    "interleaved copy (with --lib-b the same build: what the copy is worth)")
     ap.add_argument("--mats", default="attn_q", help="mul_mat: comma list of per-layer weights (each layer's) or of "
                     "whole-model ones (token_embd, output: the head)")
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -67,7 +70,8 @@ def main(argv=None) -> int:
         ap.error("--cpu-time needs -t 1")
     clock = time.thread_time if a.cpu_time else time.perf_counter
     b_path = Path(a.lib_b)
-    global lib_b
+    global lib_b, FILE_LAYOUT_B
+    FILE_LAYOUT_B = a.file_layout_b
     lib_b = ffi.dlopen(str(b_path / "libpowerinfer.so" if b_path.is_dir() else b_path))
     f = open_gguf(a.model)
     keep = []
@@ -100,7 +104,7 @@ def repacked(t, keep):
     may not share a layout (a type one of them lacks)."""
     out = []
     for L in (lib_a, lib_b):
-        n = L.pi_repack_bytes(t)
+        n = 0 if L is lib_b and FILE_LAYOUT_B else L.pi_repack_bytes(t)
         r = t
         if n > 0:
             buf = weight_buffer(n, keep)

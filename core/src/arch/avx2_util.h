@@ -87,6 +87,13 @@ static inline int32_t pi_hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* [a.lo, b.lo] (hi = 0) or [a.hi, b.hi] (hi = 1): _mm256_permute2x128_si256(a, b, 0x20 / 0x31) as an insert (and an
+ * extract), which a Zen 1 runs as 2-3 uops where vperm2i128 takes 8 (Zen 2 and later: one either way). */
+static inline __m256i pi_halves(__m256i a, __m256i b, int hi) {
+    return hi ? _mm256_inserti128_si256(b, _mm256_extracti128_si256(a, 1), 0)
+              : _mm256_inserti128_si256(a, _mm256_castsi256_si128(b), 1);
+}
+
 /* v[r] holds 8 int32 partial sums of item r (a row, or a block) -> lane r = their total, exact.
  * One add tree for all eight: ~15 instructions instead of eight horizontal sums. */
 static inline __m256i pi_hsum8_i32(const __m256i v[8]) {

@@ -293,20 +293,19 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
 #else
     /* maddubs of the nibbles (|pair| <= 2 * 15 * 64) adds up over four quads in int16 without overflow */
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256i idx[4];
-    for (int j = 0; j < 4; j++) idx[j] = _mm256_setr_epi32(j, j, j, j, 4 + j, 4 + j, 4 + j, 4 + j);
     for (int64_t s = 0; s < n / 256; s++) {
         __m256i Wh[PI_AXPY_GROUP / 4], Wl[PI_AXPY_GROUP / 4], sum8;
         float S[8];
         int32_t sum8_l[8];
         group_coefs(count, a, r, s, Wh, Wl, S, &sum8);
         _mm256_storeu_si256((__m256i *)sum8_l, sum8);
-        __m256i Ph[PI_AXPY_GROUP / 4][4], Pl[PI_AXPY_GROUP / 4][4];
-        for (int q = 0; q < nq; q++)
-            for (int j = 0; j < 4; j++) {
-                Ph[q][j] = _mm256_permutevar8x32_epi32(Wh[q], idx[j]);
-                Pl[q][j] = _mm256_permutevar8x32_epi32(Wl[q], idx[j]);
-            }
+        __m256i Ph[PI_AXPY_GROUP / 4][4], Pl[PI_AXPY_GROUP / 4][4];   /* lane j in 128-bit lane 0, 4 + j in lane 1 */
+        for (int q = 0; q < nq; q++) {   /* in-lane shuffles: a lane-crossing vpermd costs 3-4x on a Zen 1 */
+            Ph[q][0] = _mm256_shuffle_epi32(Wh[q], 0x00), Pl[q][0] = _mm256_shuffle_epi32(Wl[q], 0x00);
+            Ph[q][1] = _mm256_shuffle_epi32(Wh[q], 0x55), Pl[q][1] = _mm256_shuffle_epi32(Wl[q], 0x55);
+            Ph[q][2] = _mm256_shuffle_epi32(Wh[q], 0xaa), Pl[q][2] = _mm256_shuffle_epi32(Wl[q], 0xaa);
+            Ph[q][3] = _mm256_shuffle_epi32(Wh[q], 0xff), Pl[q][3] = _mm256_shuffle_epi32(Wl[q], 0xff);
+        }
         __m256i R[4][2][4];   /* [m][nibble][j] */
         for (int m = 0; m < 4; m++) {
             __m256i lo[4], hi[4], lo_l[4], hi_l[4];   /* low / high nibbles, by hi_k and by lo_k */
@@ -337,10 +336,8 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
                 for (int h = 0; h < 2; h++)
                     for (int odd = 0; odd < 2; odd++) {
                         const int b = 2 * j + odd;
-                        const __m256i i = _mm256_sub_epi32(
-                            odd ? _mm256_permute2x128_si256(R[2 * h][nib][j], R[2 * h + 1][nib][j], 0x31)
-                                : _mm256_permute2x128_si256(R[2 * h][nib][j], R[2 * h + 1][nib][j], 0x20),
-                            _mm256_set1_epi32(sum8_l[LANE_OF[b]]));
+                        const __m256i i = _mm256_sub_epi32(pi_halves(R[2 * h][nib][j], R[2 * h + 1][nib][j], odd),
+                                                           _mm256_set1_epi32(sum8_l[LANE_OF[b]]));
                         float *yp = y + 256 * s + 32 * b + 16 * nib + 8 * h;
                         _mm256_storeu_ps(yp, _mm256_fmadd_ps(_mm256_set1_ps(S[LANE_OF[b]]), _mm256_cvtepi32_ps(i),
                                                              _mm256_loadu_ps(yp)));

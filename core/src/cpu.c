@@ -41,6 +41,7 @@ static pi_type_traits traits[ISA_COUNT][PI_TYPE_TABLE_END];
 static int64_t l2_bytes = 1 << 20;   /* the L2 cache per core, read at load where the C library tells it */
 static bool one_stream_decode;        /* one token reads one weight stream per thread (pi_cpu_one_stream_decode) */
 static bool half_width_512;           /* 512-bit instructions run as two 256-bit halves (pi_cpu_half_width_512) */
+static bool half_width_256;           /* 256-bit instructions run as two 128-bit halves (pi_cpu_half_width_256) */
 static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
 static isa_level active = ISA_SCALAR;
 static char env_error[160];           /* why POWERINFER_ISA was not applied ("" if it was, or unset) */
@@ -108,6 +109,13 @@ static int amd_family(void) {   /* 0: not AMD */
 
 static bool amd_zen3_or_later(void) { return amd_family() >= 0x19; }
 
+/* Zen 1 and Zen+ (family 17h, models below 30h; Zen 2 is 17h from model 30h on, with 256-bit units). */
+static bool amd_zen1(void) {
+    unsigned a, b, c, d;
+    if (amd_family() != 0x17 || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (((a >> 4) & 0xf) | (((a >> 16) & 0xf) << 4)) < 0x30;
+}
+
 static bool cpu_runs(isa_level level) {
     const cpu_features f = detect_features();
     const bool avx2 = f.avx && f.avx2 && f.fma && f.f16c && f.bmi1 && f.bmi2 && f.popcnt && f.lzcnt;
@@ -153,6 +161,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
 #if PI_X86
     one_stream_decode = amd_zen3_or_later();
     half_width_512 = amd_family() == 0x19;   /* Zen 4 (Zen 3, the same family, runs no 512-bit level) */
+    half_width_256 = amd_zen1();
 #endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;
 #if PI_WITH_AVX2
@@ -197,6 +206,7 @@ const pi_cpu_kernels *pi_cpu(void) { return compiled[active]; }
 int64_t pi_cpu_l2_bytes(void) { return l2_bytes; }
 bool pi_cpu_one_stream_decode(void) { return one_stream_decode; }
 bool pi_cpu_half_width_512(void) { return half_width_512; }
+bool pi_cpu_half_width_256(void) { return half_width_256; }
 const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
 
 const char *pi_cpu_isa(void) { return isa_names[active]; }

@@ -339,10 +339,13 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
 /* Tiles (8 accumulators either way), measured on a Zen 3 (542M llama, ffn_up + ffn_down, T = 128, one core,
  * bench/README.md): f16 4 rows x 2 tokens, 0.75 of the time of 2 x 4 (4 x 3: 0.82, 8 x 1: 1.01, 4 x 4: 1.14);
  * bf16 keeps 2 x 4 (4 x 2: 1.08), its widening costs integer shuffles where f16 has one vcvtph2ps. An older
- * note measured 2 x 4 ahead for f16 too (116 vs 105 t/s), on a machine not recorded. */
+ * note measured 2 x 4 ahead for f16 too (116 vs 105 t/s), on a machine not recorded. A Zen 1, which runs 256-bit
+ * instructions as two halves (pi_cpu_half_width_256), is bound by the conversions instead: there f16 blocks of 8
+ * tokens run as 1 row x 8 tokens, one vcvtph2ps per 8 fmas (542M f16 ffn_up/ffn_down/attn_q, T = 512, one thread, CPU
+ * time: 0.71-0.74x the time of 4 x 2; 2 x 4: 0.76x, 4 x 3: 0.94x; bf16 there at 1 x 8: 1.11x its 2 x 4). */
 #define F16_ROWS_PER(bf16) ((bf16) ? 2 : 4)
 #define F16_TOK_PER(bf16) ((bf16) ? 4 : 2)
-#define F16_TILE_MAX 4
+#define F16_TILE_MAX 8
 
 static inline __m256 load8_f16(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }
 static inline __m256 load8_bf16(const uint16_t *w) {
@@ -359,9 +362,9 @@ static inline float half_dot_end(__m256 lanes, const uint16_t *w, const float *x
 
 static inline __attribute__((always_inline)) void half_rows8(int64_t n, const void *const *rows, const char *x,
                                                          int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                         const int bf16, const int S) {
+                                                         const int bf16, const int S, const int rows_per,
+                                                         const int tok_per) {
     const int64_t n8 = n / 8 * 8;
-    const int rows_per = F16_ROWS_PER(bf16), tok_per = F16_TOK_PER(bf16);
     for (int r0 = 0; r0 < 8; r0 += rows_per) {
         const uint16_t *w[F16_TILE_MAX];
         for (int k = 0; k < rows_per; k++) w[k] = rows[r0 + k];
@@ -460,7 +463,15 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
 }
 #define HALF_ROWS8_BODY half_rows8_512
 #else
-#define HALF_ROWS8_BODY half_rows8
+static inline __attribute__((always_inline)) void half_rows8_avx2(int64_t n, const void *const *rows, const char *x,
+                                                              int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                              const int bf16, const int S) {
+    if (!bf16 && nt == 8 && pi_cpu_half_width_256())
+        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 1, 8);
+    else
+        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, F16_ROWS_PER(bf16), F16_TOK_PER(bf16));
+}
+#define HALF_ROWS8_BODY half_rows8_avx2
 #endif
 
 /* One token (decode): the rows' single-row dot products side by side, each in its own 8-lane accumulator in

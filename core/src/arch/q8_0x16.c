@@ -210,6 +210,17 @@ static inline __m256i q5_high16(const uint8_t *qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
 }
 
+/* Half `half` (rows 8 half..8 half + 7) of a Q5_0X16 block as Q8_0X16's transposed rows of unsigned 5-bit quants u
+ * (u[m]: row m's bytes, as the Q8_0X16 body's w). */
+static inline void q5x16_half_u(const pi_block_q5_0x16 *g, const int half, __m256i u[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(g->qs[j] + 32 * half));
+        u[j] = _mm256_or_si256(_mm256_and_si256(v, m4), q5_high16(g->qh[j] + 4 * half));
+        u[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q5_high16(g->qh[j + 4] + 4 * half));
+    }
+}
+
 /* AVX2: the group as two halves of 8 rows (bytes 0..31 and 32..63 of every row m), all nt tokens per pass so that
  * each weight register and its absolute value are made once for them, not once per token (542M Q8_0 prompt
  * matmuls: 0.80-0.90x the time on a Zen 3, bench/README.md), with the arithmetic of rows8_k.c's q8_0_dot8 (maddubs
@@ -218,7 +229,6 @@ static inline __m256i q5_high16(const uint8_t *qh) {
 static inline __attribute__((always_inline)) void x16_half(int64_t nb, const void *group, const int q5,
                                                          const int half, const char *x, int64_t x_stride,
                                                          const int nt, float *y, int64_t y_stride) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 p[PI_DOT8_MAX_T][8];
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) p[t][j] = _mm256_setzero_ps();
@@ -229,12 +239,7 @@ static inline __attribute__((always_inline)) void x16_half(int64_t nb, const voi
             const pi_block_q5_0x16 *g = (const pi_block_q5_0x16 *)group + b;
             dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->d + 8 * half)));
             __m256i u[8];
-            for (int j = 0; j < 4; j++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(g->qs[j] + 32 * half));
-                u[j] = _mm256_or_si256(_mm256_and_si256(v, m4), q5_high16(g->qh[j] + 4 * half));
-                u[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                           q5_high16(g->qh[j + 4] + 4 * half));
-            }
+            q5x16_half_u(g, half, u);
             for (int t = 0; t < nt; t++) {   /* two sums of 4 (pi_maddubs_sum's bound at u < 32) */
                 const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
                 s[t] = _mm256_sub_epi32(_mm256_add_epi32(pi_dot_u8_bcast(u, xb->qs, 4),
@@ -279,14 +284,8 @@ static inline __m256i x16_one_sum(const void *group, const int q5, int64_t b, co
     __m256i s = _mm256_setzero_si256();
     if (q5) {
         const pi_block_q5_0x16 *g = (const pi_block_q5_0x16 *)group + b;
-        const __m256i m4 = _mm256_set1_epi8(0x0f);
         __m256i u[8];
-        for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(g->qs[j] + 32 * half));
-            u[j] = _mm256_or_si256(_mm256_and_si256(v, m4), q5_high16(g->qh[j] + 4 * half));
-            u[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                       q5_high16(g->qh[j + 4] + 4 * half));
-        }
+        q5x16_half_u(g, half, u);
         s = _mm256_sub_epi32(_mm256_add_epi32(pi_dot_u8_bcast(u, xb->qs, 4), pi_dot_u8_bcast(u + 4, xb->qs + 16, 4)),
                              _mm256_set1_epi32(16 * (int32_t)xb->s));
         *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->d + 8 * half)));

@@ -221,6 +221,13 @@ static inline void q5x16_half_u(const pi_block_q5_0x16 *g, const int half, __m25
     }
 }
 
+/* One token's exact integers sum (u - 16) y of those 8 rows (lanes), from q5x16_half_u's u: two sums of 4
+ * (pi_maddubs_sum's bound at u < 32). */
+static inline __m256i q5x16_token_sum(const __m256i u[8], const pi_block_q8_0s *xb) {
+    return _mm256_sub_epi32(_mm256_add_epi32(pi_dot_u8_bcast(u, xb->qs, 4), pi_dot_u8_bcast(u + 4, xb->qs + 16, 4)),
+                            _mm256_set1_epi32(16 * (int32_t)xb->s));
+}
+
 /* AVX2: the group as two halves of 8 rows (bytes 0..31 and 32..63 of every row m), all nt tokens per pass so that
  * each weight register and its absolute value are made once for them, not once per token (542M Q8_0 prompt
  * matmuls: 0.80-0.90x the time on a Zen 3, bench/README.md), with the arithmetic of rows8_k.c's q8_0_dot8 (maddubs
@@ -240,12 +247,7 @@ static inline __attribute__((always_inline)) void x16_half(int64_t nb, const voi
             dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->d + 8 * half)));
             __m256i u[8];
             q5x16_half_u(g, half, u);
-            for (int t = 0; t < nt; t++) {   /* two sums of 4 (pi_maddubs_sum's bound at u < 32) */
-                const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-                s[t] = _mm256_sub_epi32(_mm256_add_epi32(pi_dot_u8_bcast(u, xb->qs, 4),
-                                                         pi_dot_u8_bcast(u + 4, xb->qs + 16, 4)),
-                                        _mm256_set1_epi32(16 * (int32_t)xb->s));
-            }
+            for (int t = 0; t < nt; t++) s[t] = q5x16_token_sum(u, (const pi_block_q8_0s *)(x + t * x_stride) + b);
         } else {
             const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
             dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->d + 8 * half)));
@@ -286,8 +288,7 @@ static inline __m256i x16_one_sum(const void *group, const int q5, int64_t b, co
         const pi_block_q5_0x16 *g = (const pi_block_q5_0x16 *)group + b;
         __m256i u[8];
         q5x16_half_u(g, half, u);
-        s = _mm256_sub_epi32(_mm256_add_epi32(pi_dot_u8_bcast(u, xb->qs, 4), pi_dot_u8_bcast(u + 4, xb->qs + 16, 4)),
-                             _mm256_set1_epi32(16 * (int32_t)xb->s));
+        s = q5x16_token_sum(u, xb);
         *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->d + 8 * half)));
     } else {
         const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;

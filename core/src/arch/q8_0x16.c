@@ -270,14 +270,24 @@ static inline __attribute__((always_inline)) void x16_half(int64_t nb, const voi
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(p[t]));
 }
 
-/* A kernel instance per token count (rows8_k.c's DISPATCH_NT): the per-token sums stay in registers. */
+/* A kernel instance per token count (rows8_k.c's DISPATCH_NT): the per-token sums stay in registers. Up to
+ * K_MAX_T (8) tokens per pass; Q8_0X16 at most Q8X16_MAX_T_HALF_WIDTH on a CPU that runs 256-bit instructions as two
+ * halves (pi_cpu_half_width_256, a Zen 1): there its ymm multiplies issue once every two cycles and 8 tokens' sums
+ * spill, while a Q8_0 weight register costs only a load and a sign to remake (542M Q8_0 ffn_up, T = 512, one thread,
+ * CPU time: 4 tokens 0.87x the time of 8, 3 tokens 0.88x, 6 tokens 1.00x; Q5_0X16, whose unpacking is dearer, keeps
+ * 8: 4 took 1.09x; not measured on other CPUs). */
+#define Q8X16_MAX_T_HALF_WIDTH 4
 #define Q8X16_HALF(n, group, xt, xs, nt, yt, ys) x16_half((n) / PI_QK8_0, group, q5, half, xt, xs, nt, yt, ys)
 #define Q8X16_HALF_ONE(n, group, xt, yt) x16_half((n) / PI_QK8_0, group, q5, half, xt, 0, 1, yt, 0)
 
 static inline __attribute__((always_inline)) void x16_half_nt(int64_t n, const void *rows, const int q5,
                                                             const int half, const char *x, int64_t x_stride, int nt,
                                                             float *y, int64_t y_stride) {
-    DISPATCH_NT(Q8X16_HALF, Q8X16_HALF_ONE, K_MAX_T);
+    if (!q5 && pi_cpu_half_width_256()) {
+        DISPATCH_NT(Q8X16_HALF, Q8X16_HALF_ONE, Q8X16_MAX_T_HALF_WIDTH);
+    } else {
+        DISPATCH_NT(Q8X16_HALF, Q8X16_HALF_ONE, K_MAX_T);
+    }
 }
 
 /* One token's integer sums of half `half` of block b (8 rows' lanes) and those rows' scales: x16_half at nt = 1. */

@@ -206,7 +206,8 @@ static inline void group_coefs(int count, const float *a, const sb_q4_0r *const 
     for (int q = 0; q < (count + 3) / 4; q++) {
         for (int k = 0; k < 4 && 4 * q + k < count; k++) {
             const __m256 v = _mm256_mul_ps(c[4 * q + k], inv);
-            const __m256i m = _mm256_and_si256(_mm256_cvtps_epi32(v), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
+            const __m256i m = _mm256_and_si256(_mm256_cvtps_epi32(v),
+                                               _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));   /* NaN: 0 */
             const __m256i hi = _mm256_srai_epi32(_mm256_add_epi32(m, _mm256_set1_epi32(64)), 7);
             const __m256i lo = _mm256_sub_epi32(m, _mm256_slli_epi32(hi, 7));
             sum = _mm256_add_epi32(sum, m);
@@ -225,6 +226,17 @@ static inline void group_coefs(int count, const float *a, const sb_q4_0r *const 
         X[0] = pre##_unpacklo_epi16(A_, C_); X[1] = pre##_unpackhi_epi16(A_, C_);                         \
         X[2] = pre##_unpacklo_epi16(B_, D_); X[3] = pre##_unpackhi_epi16(B_, D_);                         \
     } while (0)
+
+#if !PI_HAVE_ROWS16
+/* X[j] of INTERLEAVE4 alone, from the four rows' 32-byte vectors: bytes of 8-bit half j / 2, then 16-bit half j % 2. */
+static inline __m256i interleave4_column(const int j, const void *n0, const void *n1, const void *n2, const void *n3) {
+    const __m256i N0 = _mm256_loadu_si256(n0), N1 = _mm256_loadu_si256(n1);
+    const __m256i N2 = _mm256_loadu_si256(n2), N3 = _mm256_loadu_si256(n3);
+    const __m256i A = j < 2 ? _mm256_unpacklo_epi8(N0, N1) : _mm256_unpackhi_epi8(N0, N1);
+    const __m256i C = j < 2 ? _mm256_unpacklo_epi8(N2, N3) : _mm256_unpackhi_epi8(N2, N3);
+    return j % 2 ? _mm256_unpackhi_epi16(A, C) : _mm256_unpacklo_epi16(A, C);
+}
+#endif
 
 /* The group's integer sums per super-block, then one fma per output. In X[j] of vector c_m, 128-bit lane p
  * holds block 2j + p (lane j + 4p), elements 4m..4m+3 (low nibbles) and 16+4m.. (high ones). */
@@ -291,7 +303,13 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
                 }
     }
 #else
-    /* maddubs of the nibbles (|pair| <= 2 * 15 * 64) adds up over four quads in int16 without overflow */
+    /* maddubs of the nibbles (|pair| <= 2 * 15 * 64) adds up over four quads in int16 without overflow. One column j
+     * of the 4x4 byte transposes (X[j] of INTERLEAVE4: blocks 2j and 2j + 1) and two vectors c_m at a time, the quads'
+     * rows loaded again for each (from L1) and the coefficients read from the stack, so that the four sums of a column
+     * and the two R of a pair of vectors stay in registers; all four columns' 16 sums and 32 coefficient vectors at
+     * once spilled. On a Zen 1 (one thread, CPU time): 16 rows of 4096 from L2, 0.91-0.94x the time (1355-1405 cycles a
+     * super-block against 1483-1492; about 400 are the coefficients and the output); the 7B shape's ffn_gate_t at
+     * 50% (bench/ab_ops.py --op gate_t) 0.905x, up + down at 50% (--op cats) 0.92x. */
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (int64_t s = 0; s < n / 256; s++) {
         __m256i Wh[PI_AXPY_GROUP / 4], Wl[PI_AXPY_GROUP / 4], sum8;
@@ -299,49 +317,44 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
         int32_t sum8_l[8];
         group_coefs(count, a, r, s, Wh, Wl, S, &sum8);
         _mm256_storeu_si256((__m256i *)sum8_l, sum8);
-        __m256i Ph[PI_AXPY_GROUP / 4][4], Pl[PI_AXPY_GROUP / 4][4];   /* lane j in 128-bit lane 0, 4 + j in lane 1 */
+        __m256i P[4][PI_AXPY_GROUP / 4][2];   /* [j][quad][by hi_k, lo_k]: lane j in 128-bit lane 0, 4 + j in 1 */
         for (int q = 0; q < nq; q++) {   /* in-lane shuffles: a lane-crossing vpermd costs 3-4x on a Zen 1 */
-            Ph[q][0] = _mm256_shuffle_epi32(Wh[q], 0x00), Pl[q][0] = _mm256_shuffle_epi32(Wl[q], 0x00);
-            Ph[q][1] = _mm256_shuffle_epi32(Wh[q], 0x55), Pl[q][1] = _mm256_shuffle_epi32(Wl[q], 0x55);
-            Ph[q][2] = _mm256_shuffle_epi32(Wh[q], 0xaa), Pl[q][2] = _mm256_shuffle_epi32(Wl[q], 0xaa);
-            Ph[q][3] = _mm256_shuffle_epi32(Wh[q], 0xff), Pl[q][3] = _mm256_shuffle_epi32(Wl[q], 0xff);
+            P[0][q][0] = _mm256_shuffle_epi32(Wh[q], 0x00), P[0][q][1] = _mm256_shuffle_epi32(Wl[q], 0x00);
+            P[1][q][0] = _mm256_shuffle_epi32(Wh[q], 0x55), P[1][q][1] = _mm256_shuffle_epi32(Wl[q], 0x55);
+            P[2][q][0] = _mm256_shuffle_epi32(Wh[q], 0xaa), P[2][q][1] = _mm256_shuffle_epi32(Wl[q], 0xaa);
+            P[3][q][0] = _mm256_shuffle_epi32(Wh[q], 0xff), P[3][q][1] = _mm256_shuffle_epi32(Wl[q], 0xff);
         }
-        __m256i R[4][2][4];   /* [m][nibble][j] */
-        for (int m = 0; m < 4; m++) {
-            __m256i lo[4], hi[4], lo_l[4], hi_l[4];   /* low / high nibbles, by hi_k and by lo_k */
-            for (int j = 0; j < 4; j++) lo[j] = hi[j] = lo_l[j] = hi_l[j] = _mm256_setzero_si256();
-            for (int q = 0; q < nq; q++) {
-                __m256i X[4];
-                INTERLEAVE4(__m256i, _mm256, _mm256_loadu_si256((const __m256i *)rp[4 * q][s].qs[m]),
-                            _mm256_loadu_si256((const __m256i *)rp[4 * q + 1][s].qs[m]),
-                            _mm256_loadu_si256((const __m256i *)rp[4 * q + 2][s].qs[m]),
-                            _mm256_loadu_si256((const __m256i *)rp[4 * q + 3][s].qs[m]), X);
-                for (int j = 0; j < 4; j++) {
-                    const __m256i xl = _mm256_and_si256(X[j], m4), xh = _mm256_and_si256(_mm256_srli_epi16(X[j], 4), m4);
-                    lo[j] = _mm256_add_epi16(lo[j], _mm256_maddubs_epi16(xl, Ph[q][j]));
-                    hi[j] = _mm256_add_epi16(hi[j], _mm256_maddubs_epi16(xh, Ph[q][j]));
-                    lo_l[j] = _mm256_add_epi16(lo_l[j], _mm256_maddubs_epi16(xl, Pl[q][j]));
-                    hi_l[j] = _mm256_add_epi16(hi_l[j], _mm256_maddubs_epi16(xh, Pl[q][j]));
+        for (int j = 0; j < 4; j++)
+            for (int h = 0; h < 2; h++) {   /* vectors c_2h, c_2h+1: elements 8h.. (low nibbles) and 16 + 8h.. (high) */
+                __m256i R[2][2];   /* [m - 2h][nibble]: the exact sums sum m_k x */
+                for (int mm = 0; mm < 2; mm++) {
+                    const int m = 2 * h + mm;
+                    __m256i lo = _mm256_setzero_si256(), hi = lo, lo_l = lo, hi_l = lo;   /* by hi_k, by lo_k */
+                    for (int q = 0; q < nq; q++) {
+                        const __m256i X = interleave4_column(j, rp[4 * q][s].qs[m], rp[4 * q + 1][s].qs[m],
+                                                             rp[4 * q + 2][s].qs[m], rp[4 * q + 3][s].qs[m]);
+                        const __m256i xl = _mm256_and_si256(X, m4), xh = _mm256_and_si256(_mm256_srli_epi16(X, 4), m4);
+                        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(xl, P[j][q][0]));
+                        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(xh, P[j][q][0]));
+                        lo_l = _mm256_add_epi16(lo_l, _mm256_maddubs_epi16(xl, P[j][q][1]));
+                        hi_l = _mm256_add_epi16(hi_l, _mm256_maddubs_epi16(xh, P[j][q][1]));
+                    }
+                    /* sum m_k x = 128 sum hi_k x + sum lo_k x */
+                    R[mm][0] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(lo, ones), 7),
+                                                _mm256_madd_epi16(lo_l, ones));
+                    R[mm][1] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 7),
+                                                _mm256_madd_epi16(hi_l, ones));
                 }
-            }
-            for (int j = 0; j < 4; j++) {   /* sum m_k x = 128 sum hi_k x + sum lo_k x */
-                R[m][0][j] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(lo[j], ones), 7),
-                                              _mm256_madd_epi16(lo_l[j], ones));
-                R[m][1][j] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi[j], ones), 7),
-                                              _mm256_madd_epi16(hi_l[j], ones));
-            }
-        }
-        for (int j = 0; j < 4; j++)   /* block 2j + odd, elements 16 nib + 8 h ..: 128-bit lane odd of m = 2h, 2h + 1 */
-            for (int nib = 0; nib < 2; nib++)
-                for (int h = 0; h < 2; h++)
+                for (int nib = 0; nib < 2; nib++)   /* block 2j + odd, elements 16 nib + 8h..: 128-bit lane odd */
                     for (int odd = 0; odd < 2; odd++) {
                         const int b = 2 * j + odd;
-                        const __m256i i = _mm256_sub_epi32(pi_halves(R[2 * h][nib][j], R[2 * h + 1][nib][j], odd),
+                        const __m256i i = _mm256_sub_epi32(pi_halves(R[0][nib], R[1][nib], odd),
                                                            _mm256_set1_epi32(sum8_l[LANE_OF[b]]));
                         float *yp = y + 256 * s + 32 * b + 16 * nib + 8 * h;
                         _mm256_storeu_ps(yp, _mm256_fmadd_ps(_mm256_set1_ps(S[LANE_OF[b]]), _mm256_cvtepi32_ps(i),
                                                              _mm256_loadu_ps(yp)));
                     }
+            }
     }
 #endif
 }

@@ -308,8 +308,9 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
      * rows loaded again for each (from L1) and the coefficients read from the stack, so that the four sums of a column
      * and the two R of a pair of vectors stay in registers; all four columns' 16 sums and 32 coefficient vectors at
      * once spilled. On a Zen 1 (one thread, CPU time): 16 rows of 4096 from L2, 0.91-0.94x the time (1355-1405 cycles a
-     * super-block against 1483-1492; about 400 are the coefficients and the output); the 7B shape's ffn_gate_t at
-     * 50% (bench/ab_ops.py --op gate_t) 0.905x, up + down at 50% (--op cats) 0.92x. */
+     * super-block against 1483-1492; about 400 are the coefficients and the output). In the model, rows from DRAM
+     * (the 7B shape's ffn_gate_t at 50%, bench/ab_ops.py --op gate_t), 0.905x, 0.965x and 1.027x in three runs: there
+     * the scattered rows' reads bound it, not these instructions (bench/README.md). */
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (int64_t s = 0; s < n / 256; s++) {
         __m256i Wh[PI_AXPY_GROUP / 4], Wl[PI_AXPY_GROUP / 4], sum8;

@@ -197,7 +197,7 @@ def build(op, a, f, n_layer, weight, f32, pools, keep):
             elif op == "cats":
                 w = ffi.new("pi_sparse_ffn_weights *")
                 (up, ub), (down, db) = weight(P + "ffn_up.weight"), weight(P + "ffn_down_t.weight")
-                w.up, w.down_t = up[0], down[0]
+                w.up, w.down_t, w.down = up[0], down[0], weight(P + "ffn_down.weight")[0][0]   # as the loader
                 ws = packed_per_lib(w, keep)   # the gate-less packing pi_model_create makes
                 thr = float(np.quantile(np.abs(silu(g[0])), a.sparsity))
                 lib_a.pi_op_sparse_ffn(pools[0], ws[0], lib_a.PI_ACT_SILU, lib_a.PI_FFN_PAR, x, gt, thr,
@@ -209,7 +209,7 @@ def build(op, a, f, n_layer, weight, f32, pools, keep):
             else:   # gate_t: up and gate NULL, the scores are h = x
                 w = ffi.new("pi_sparse_ffn_weights *")
                 gt_t, tb = weight(P + "ffn_gate_t.weight")
-                w.down_t = gt_t[0]
+                w.down_t, w.down = gt_t[0], gate[0]   # as the loader: a build may lay out ffn_gate's own blocks
                 ws = packed_per_lib(w, keep)   # the loader's packed copy, where a build has one for a matrix alone
                 thr = float(np.quantile(np.abs(values(x, E)), a.sparsity))
                 lib_a.pi_op_sparse_ffn(pools[0], ws[0], lib_a.PI_ACT_SILU, lib_a.PI_FFN_SEQ, x, x, thr, gt, n_active)

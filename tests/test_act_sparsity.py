@@ -25,12 +25,14 @@ import sparsify  # noqa: E402
 DTYPES = ["f32", "f16", "q8_0", "q4_0"]
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 250, 31, 5]
 # every channel through the sparse kernels (threshold 1e-30) against the dense FFN of the same file:
-# f32/f16 sources transpose without loss (only the summation order differs); q8_0/q4_0 down_t are
-# re-quantized from the dequantized matrix (q8_0 for q8_0, q4_0 for q4_0), and the dense down matmul
-# quantizes its input h to 8 bits where the sparse axpy reads it in f32 (measured 3.2e-7, 2.5e-6, 0.012, 0.049)
-# the same with the gate through ffn_gate_t too (measured 5.2e-6, 2.5e-6, 0.0125, 0.069)
-GATE_T_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": 0.15}
-ALL_CHANNELS_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": 0.1}
+# f32/f16 sources transpose without loss (only the summation order differs); a q8_0 down_t is re-quantized
+# from the dequantized matrix, and the dense down matmul quantizes its input h to 8 bits where the sparse
+# axpy reads it in f32 (measured 3.2e-7, 2.5e-6, 0.012); q4_0 files run the down step from their own ffn_down
+# (pi_sparse_pack's Q4_0C layout, h quantized as the dense path does), equal to dense up to the f32 summation
+# order (measured 0: this model's 512 channels are one range, summed in the dense kernel's order)
+# the same with the gate through ffn_gate_t (q4_0: ffn_gate's own blocks) too (measured 5.2e-6, 2.5e-6, 0.0125, 0)
+GATE_T_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": FLOAT_REL_RMS}
+ALL_CHANNELS_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": FLOAT_REL_RMS}
 
 
 logits_all = functools.partial(helpers.logits_all, clear=True)
@@ -203,23 +205,26 @@ def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
     assert not np.array_equal(a, dense)      # the sparse level does change the result
 
 
-# logits' rel. RMS, packed vs file layout: measured 1.3e-2 (1.6e-3 .. 8e-3 per token with every channel kept),
-# from the group sums' 14-bit coefficients (1e-4 of one FFN's output; tests/test_repack.py holds their bits and
-# bound) grown through this random 2-layer model and a few channels near the thresholds
-PACKED_TOL = 2e-2
-
-
-def test_packed_rows_equal_the_file_layout(sparse_files):
-    """Q4_0 up/down_t (and gate_t) are packed per channel at load (n_embd 256): their rows are added in integer
-    groups (arch/q4_0r.c axpy_group), the file layout's by f32 axpy: close results, nearly the same selection."""
-    _, dst = sparse_files["q4_0"]
+def test_packed_down_step_is_the_files_own_down_matrix(sparse_files):
+    """At load a Q4_0 file's up rows are packed per channel with its ffn_down laid out by channel (arch/q4_0c.c: the
+    file's quants and scales, nothing re-quantized), and ffn_gate for the input-sparse gate: with every channel and
+    gate input kept the packed model is the dense one up to f32 summation order, where the file layout (ffn_down_t
+    and ffn_gate_t, re-quantized by the tool, added by f32 axpy) is not (measured 0.049 and 0.069)."""
+    src, dst = sparse_files["q4_0"]
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
     packed, plain = pi.Model(dst), pi.Model(dst, repack=False)
     assert packed.n_packed_ffn == 2 and plain.n_packed_ffn == 0
+    errors = []
+    for model in (packed, plain):
+        ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
+        ctx.set_gate_input_thresholds([1e-30, 1e-30])
+        errors.append(rel_rms(logits_all(ctx, PROMPT), ref))
+    assert errors[0] < FLOAT_REL_RMS and errors[1] > 0.01, errors
+    # at the file's default level both select nearly the same channels
     ca, cb = pi.Context(packed, n_ctx=64), pi.Context(plain, n_ctx=64)
-    a, b = logits_all(ca, PROMPT), logits_all(cb, PROMPT)
-    assert 0 < rel_rms(a, b) < PACKED_TOL
+    logits_all(ca, PROMPT), logits_all(cb, PROMPT)
     na, nb = ca.sparse_stats()[0], cb.sparse_stats()[0]
-    assert np.abs(na - nb).max() <= 0.01 * nb.max()
+    assert np.abs(na - nb).max() <= 0.02 * nb.max()
 
 
 def test_isa_levels_give_the_scalar_bits(sparse_files):

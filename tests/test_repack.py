@@ -20,6 +20,8 @@ import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from powerinfer import quants  # noqa: E402
 from make_test_model import write_model  # noqa: E402
+from test_isa import at_level  # noqa: E402,F401
+from helpers import rel_rms  # noqa: E402
 from test_isa import q4_K_extreme_rows, q5_K_extreme_rows, q6_K_extreme_rows, wtensor  # noqa: E402
 from test_isa import quantize as quantize_rows  # noqa: E402
 from test_isa import repacked as repacked_t  # noqa: E402
@@ -479,6 +481,77 @@ def test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode):
         bound = np_q4_0r_down_bound(hs[t], d, q)
         assert np.all(np.abs(out[t] - ref[t]) <= bound + 1e-4 * np.abs(ref).max()), f"token {t}"
         assert 0 < np.abs(out[t] - ref[t]).max()                 # the coefficients were rounded: not the f32 chain
+
+
+def np_q4_0c_down(h, raw_down):
+    """The Q4_0C down step of one token (arch/q4_0c.c), emulated from the file's Q4_0 matrix raw_down [E rows of F
+    inputs]: per range of SPARSE_RANGE neurons, its rows with h != 0 in each block of 32 neurons are one group, whose
+    coefficients are quantized as one Q8_0S block (m = rint(h * (127 / M)), S = M / 127 in fp16), an exact integer
+    sum per output and y = fma(d_eb * S, sum, y); out = ((0 + p_0) + p_1) + ..."""
+    d, q = q4_0_parts(raw_down)                       # [E, F / 32] scales, [E, F] signed quants
+    y = np.zeros(d.shape[0], np.float32)
+    for r0 in range(0, len(h), SPARSE_RANGE):
+        part = np.zeros_like(y)
+        for b0 in range(r0, min(r0 + SPARSE_RANGE, len(h)), 32):
+            rows = b0 + np.flatnonzero(h[b0:b0 + 32])
+            if len(rows) == 0:
+                continue
+            M = np.abs(h[rows]).max()
+            m = np.rint((h[rows] * (np.float32(127) / M)).astype(np.float32)).astype(np.int64)
+            S = np.float32(M / np.float32(127)).astype(np.float16).astype(np.float32)   # as Q8_0S: fp16
+            isum = (q[:, rows].astype(np.int64) * m[None]).sum(axis=1)
+            part = fma32((d[:, b0 // 32] * S).astype(np.float32), isum.astype(np.float32), part)
+        y = y + part
+    return y
+
+
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("gate_mode", ["par", "seq", "input"])
+def test_sparse_pack_from_down_is_its_exact_chain(at_level, pool2, level, T, gate_mode):  # noqa: F811
+    """With the file's Q4_0 down matrix given (w.down), pi_sparse_pack lays the down step out by neuron from its own
+    quants and scales (Q4_0C), nothing re-quantized: out is exactly its emulation (np_q4_0c_down) at every level, one
+    token (fused path) and a batch; with a gate, without, and as an input-sparse matmul (up NULL, h = the scores)."""
+    at_level(level)
+    E, F = 512 if gate_mode != "input" else 192, 2 * SPARSE_RANGE + 96   # three ranges, the last one short
+    rng = np.random.default_rng(20 + T)
+    gate, up = (np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E)) for _ in range(2))
+    down = np_encode_q4_0(rng.standard_normal((E, F)) / np.sqrt(F))    # [E rows, F inputs]: ffn_down as in the file
+    w = ffi.new("pi_sparse_ffn_weights *")
+    mode = {"par": lib.PI_FFN_PAR, "seq": lib.PI_FFN_SEQ, "input": lib.PI_FFN_SEQ}[gate_mode]
+    if gate_mode == "par":
+        w.gate = tensor(gate, Q4_0)[0]
+    if gate_mode != "input":
+        w.up = tensor(up, Q4_0)[0]
+    w.down = tensor(down, Q4_0)[0]
+    n = lib.pi_sparse_pack_bytes(w, mode)
+    n_r = {"par": 2, "seq": 1, "input": 0}[gate_mode]
+    assert n == F * (n_r * E // 32 * 18 + E // 2) + F // 32 * E * 2
+    buf = np.zeros(n, np.uint8)
+    packed = ffi.new("pi_sparse_ffn_weights *")
+    check(lib.pi_sparse_pack(w, mode, ffi.cast("void *", ffi.from_buffer(buf)), n, packed))
+    assert ffi.string(lib.pi_type_name(packed.down_t.type)) == b"q4_0c" and packed.down_t_scales != ffi.NULL
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    scores = rng.standard_normal((T, F)).astype(np.float32)
+    scores[:, SPARSE_RANGE:2 * SPARSE_RANGE] = -1.0 if gate_mode != "input" else 0.0   # the middle range: none
+    out = np.zeros((T, E), np.float32)
+    threshold = 0.0 if gate_mode != "input" else 0.5
+    check(lib.pi_op_sparse_ffn(pool2, packed, lib.PI_ACT_RELU, mode, tensor(x), tensor(scores), threshold,
+                               tensor(out), ffi.NULL))
+    exact = np.zeros((T, E))
+    dd, qq = q4_0_parts(down)
+    for t in range(T):
+        if gate_mode == "input":
+            h = np.where(np.abs(scores[t]) >= threshold, scores[t], 0).astype(np.float32)
+        else:
+            xq = quantize(lib.PI_TYPE_COUNT, x[t], 36)
+            u = np_q4_0r_dot(up, xq)
+            h = np.maximum(u, 0) if gate_mode == "seq" else np.maximum(np_q4_0r_dot(gate, xq), 0) * u
+            h = np.where(scores[t] >= 0.0, h, 0).astype(np.float32)
+        assert_bit_equal(out[t], np_q4_0c_down(h, down), f"token {t}: packed sparse FFN vs its emulation")
+        exact[t] = (np.repeat(dd, 32, axis=1).astype(np.float64) * qq) @ h.astype(np.float64)
+    # against the exact product with the file's weights: the coefficients' 8-bit rounding (Q8_0's, as the dense path)
+    assert rel_rms(out, exact) < 0.01
 
 
 def test_sparse_pack_refusals():

@@ -217,6 +217,11 @@ typedef struct pi_sparse_ffn_weights {
     pi_tensor down_t;    /* [n_embd, n_ff]   row i = output vector of neuron i */
     const float *up_bias;    /* [n_ff] or NULL: added to up_i . x of active neurons before the activation (opt) */
     const float *down_bias;  /* [n_embd] or NULL: added to the output after the sum over neurons (opt) */
+    pi_tensor down;      /* optional, [n_ff, n_embd]: the untransposed down matrix. A Q4_0 one is what pi_sparse_pack
+                          * lays the down step out from (by neuron, its own quants and scales: nothing re-quantized);
+                          * the kernels read down_t, not this */
+    const uint16_t *down_t_scales;   /* set by pi_sparse_pack where down_t is that layout (internal type q4_0c):
+                                      * [n_ff / 32][n_embd] fp16 block scales; else NULL */
 } pi_sparse_ffn_weights;
 
 /* Sparse FFN packing: a copy of Q4_0 gate/up/down_t (n_embd a multiple of 256) in which each neuron's

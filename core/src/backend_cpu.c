@@ -46,7 +46,7 @@ size_t pi_cpu_scratch_bytes(const pi_scratch_need *need) {
             sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&sw, E, F, T));
         }
         if (hp->gate_sparse) {
-            const pi_sparse_ffn_weights wg = { .down_t = m->layers[il].ffn_gate_t };   /* the input-sparse gate */
+            const pi_sparse_ffn_weights wg = m->layers[il].act_gate;   /* the input-sparse gate */
             sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&m->layers[il].act_ffn, E, F, T));
             if (wg.down_t.data) sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&wg, E, E, T));
         }

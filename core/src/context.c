@@ -449,7 +449,8 @@ static pi_status sparse_ffn(pi_context *ctx, const pi_layer_exec *lx, int32_t il
     }
     if (cold) {
         const pi_layer *CL = &ctx->model->layers[il];
-        pi_sparse_ffn_weights w = { CL->ffn_gate, CL->ffn_up, CL->ffn_down_t, CL->ffn_up_b.data, CL->ffn_down_t_b.data };
+        pi_sparse_ffn_weights w = { .gate = CL->ffn_gate, .up = CL->ffn_up, .down_t = CL->ffn_down_t,
+                                    .up_bias = CL->ffn_up_b.data, .down_bias = CL->ffn_down_t_b.data };
         pi_tensor it = f32_2d(c_in, E, T), ot = f32_2d(c_out, E, T);
         TRY(OP(c, sparse_ffn, &w, NULL, hp->ffn_act, hp->ffn_gate, &it, &c_scores, threshold, lx->hot_mask, &ot,
                &ctx->sparse_active[il], counts));
@@ -522,9 +523,8 @@ static pi_status act_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, 
     const pi_layer *ML = &ctx->model->layers[il];
     pi_buffers *B = &e->buf;
     pi_tensor in = f32_2d(B->cur, hp->n_embd, T), g = f32_2d(B->gate, hp->n_ff, T), o = f32_2d(B->att, hp->n_embd, T);
-    if (ML->ffn_gate_t.data && ctx->input_threshold[il] > 0.0f) {
-        const pi_sparse_ffn_weights wg = { .down_t = ML->ffn_gate_t };   /* up NULL: an input-sparse matmul */
-        TRY(OP(e, sparse_ffn, &wg, NULL, hp->ffn_act, PI_FFN_SEQ, &in, &in, ctx->input_threshold[il], NULL, &g,
+    if (ML->act_gate.down_t.data && ctx->input_threshold[il] > 0.0f) {   /* up NULL: an input-sparse matmul */
+        TRY(OP(e, sparse_ffn, &ML->act_gate, NULL, hp->ffn_act, PI_FFN_SEQ, &in, &in, ctx->input_threshold[il], NULL, &g,
                &ctx->input_active[il], NULL));
     } else {
         TRY(matmul(e, &L->ffn_gate, B->cur, B->gate, T));

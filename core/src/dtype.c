@@ -127,6 +127,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_0S]  = { "q8_0s", 32, 36, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P },
+    [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32 },   /* rows without scales: axpy_cols only */
     [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, NULL /* arch */, PI_TYPE_Q8_KM },
     [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q8_0x16_row_to_f32 },
@@ -148,6 +149,7 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].vec_dot8 = kt->vec_dot8;
         out[t].axpy8 = kt->axpy8;
         out[t].axpy_group = kt->axpy_group;
+        out[t].axpy_cols = kt->axpy_cols;
         out[t].gemm8 = kt->gemm8;
         out[t].gemm16 = kt->gemm16;
         out[t].gemm16_max_t = kt->gemm16_max_t ? kt->gemm16_max_t : PI_DOT8_MAX_T;

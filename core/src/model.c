@@ -162,7 +162,7 @@ static pi_status repack_one(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
 
 /* Replaces a sparse layer's gate/up/down_t by their per-neuron packing when they have one. */
 static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
-    pi_sparse_ffn_weights w = { L->ffn_gate, L->ffn_up, L->ffn_down_t, NULL, NULL };
+    pi_sparse_ffn_weights w = { .gate = L->ffn_gate, .up = L->ffn_up, .down_t = L->ffn_down_t };
     const int64_t bytes = pi_sparse_pack_bytes(&w, m->hp.ffn_gate);
     if (bytes == 0) return PI_OK;
     void *buf = own_copy(m, bytes, "packing the sparse FFN");
@@ -176,8 +176,9 @@ static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) 
     return PI_OK;
 }
 
-/* A gate-sparse layer's up and down_t rows, packed per channel where they have a packed layout (the
- * gate-less packing: up_i then down_t_i), and ffn_gate_t's rows alone. */
+/* A gate-sparse layer's up rows and down step, packed per channel where they have a packed layout (the gate-less
+ * packing: up_i then the down step's row i, from the file's Q4_0 ffn_down where it is one), and the input-sparse
+ * gate's rows alone (from ffn_gate, or ffn_gate_t). */
 static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     const int64_t bytes = pi_sparse_pack_bytes(&L->act_ffn, PI_FFN_SEQ);
     if (bytes == 0) return PI_OK;
@@ -186,15 +187,11 @@ static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     pi_status st = pi_sparse_pack_on(pool, &L->act_ffn, PI_FFN_SEQ, buf, bytes, &L->act_ffn);
     if (st != PI_OK) return st;
     m->n_packed_ffn++;
-    /* ffn_gate_t (the input-sparse gate's rows, only added: the file layout's bits) packed alone */
-    pi_sparse_ffn_weights g = { .down_t = L->ffn_gate_t };
-    const int64_t gbytes = L->ffn_gate_t.data ? pi_sparse_pack_bytes(&g, PI_FFN_SEQ) : 0;
+    const int64_t gbytes = L->act_gate.down_t.data ? pi_sparse_pack_bytes(&L->act_gate, PI_FFN_SEQ) : 0;
     if (gbytes == 0) return PI_OK;
-    void *gbuf = own_copy(m, gbytes, "packing ffn_gate_t");
+    void *gbuf = own_copy(m, gbytes, "packing the input-sparse gate");
     if (!gbuf) return PI_ERR_OUT_OF_MEMORY;
-    st = pi_sparse_pack_on(pool, &g, PI_FFN_SEQ, gbuf, gbytes, &g);
-    if (st == PI_OK) L->ffn_gate_t = g.down_t;
-    return st;
+    return pi_sparse_pack_on(pool, &L->act_gate, PI_FFN_SEQ, gbuf, gbytes, &L->act_gate);
 }
 
 /* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. A tied table is
@@ -301,7 +298,8 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             if (hp->gate_sparse) {
                 LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
                 LAYER("ffn_gate_t.weight", F, E, false, true, &L->ffn_gate_t);
-                L->act_ffn = (pi_sparse_ffn_weights){ .up = L->ffn_up, .down_t = L->ffn_down_t };
+                L->act_ffn = (pi_sparse_ffn_weights){ .up = L->ffn_up, .down_t = L->ffn_down_t, .down = L->ffn_down };
+                L->act_gate = (pi_sparse_ffn_weights){ .down_t = L->ffn_gate_t, .down = L->ffn_gate };
             }
             continue;
         }

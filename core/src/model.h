@@ -30,12 +30,14 @@ typedef struct pi_layer {
     pi_tensor ffn_down_t;  /* [n_embd, n_ff]        row i = output vector of neuron i */
     pi_tensor fc1;         /* [n_embd, r]           predictor layer 1 (rank r varies per layer) */
     pi_tensor fc2;         /* [r, n_ff]             predictor layer 2: raw scores per neuron */
-    /* gate-sparse files (hparams.gate_sparse): the rows the activation-sparse FFN gathers per channel: up (the
-     * file's layout, or packed with down_t by pi_sparse_pack) and ffn_down_t; gate.data NULL (the gate's values
-     * come from the dense gate matmul) */
+    /* gate-sparse files (hparams.gate_sparse): the rows the activation-sparse FFN gathers per channel: up and the
+     * down step (the file's ffn_up and ffn_down_t; packed by pi_sparse_pack: up with a Q4_0 ffn_down laid out by
+     * channel, or with ffn_down_t); gate.data NULL (the gate's values come from the dense gate matmul) */
     pi_sparse_ffn_weights act_ffn;
     pi_tensor ffn_gate_t;  /* [n_ff, n_embd] gate-sparse files, optional: row j = input j's gate column (the gate as an
                             * input-sparse matmul over the FFN input's entries with |x_j| >= the input threshold) */
+    pi_sparse_ffn_weights act_gate;   /* that input-sparse gate: down_t = ffn_gate_t (data NULL: none), down = ffn_gate;
+                                       * packed as act_ffn's down step */
 } pi_layer;
 
 struct pi_model {

@@ -145,7 +145,7 @@ static pi_status upload_hot(pi_context *ctx, int32_t il, const pi_layer_placemen
         lx->bucket = b;
     }
     lx->n_hot = k;
-    lx->hot = (pi_sparse_ffn_weights){ DL->ffn_gate, DL->ffn_up, DL->ffn_down_t, NULL, NULL };
+    lx->hot = (pi_sparse_ffn_weights){ .gate = DL->ffn_gate, .up = DL->ffn_up, .down_t = DL->ffn_down_t };
     if (k < F) {
         uint8_t *mask = calloc((size_t)F, 1);
         if (!mask) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");

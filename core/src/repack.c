@@ -53,61 +53,90 @@ pi_status pi_repack(const pi_tensor *w, void *dst, int64_t dst_bytes, pi_tensor 
 
 /* ---- the sparse FFN's per-neuron packing ---- */
 
-static bool is_q4_0_2d(const pi_tensor *t, int64_t E, int64_t F) {
+static bool is_q4_0_2d(const pi_tensor *t, int64_t ne0, int64_t ne1) {
     return t->data && pi_check_tensor(t, "sparse pack") == PI_OK && t->type == PI_TYPE_Q4_0 && t->n_dims == 2 &&
-           t->ne[0] == E && t->ne[1] == F;
+           t->ne[0] == ne0 && t->ne[1] == ne1;
 }
 
-/* With up NULL (an input-sparse matmul: gate mode seq, no gate) down_t [n_out, F] alone is packed, n_out a
- * multiple of 256: its rows are only added, with the same bits as the file layout's Q4_0 axpy. */
-int64_t pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
-    if (!w || gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ) return 0;
-    const int64_t E = w->down_t.ne[0], F = w->down_t.ne[1];
+/* The packing's shape: E outputs, F neurons (or inputs), which parts, and the bytes of each; 0 bytes: none. The down
+ * step is read from w->down (the file's Q4_0 matrix [F, E], laid out by neuron as Q4_0C: nothing re-quantized)
+ * where it has one, with E a multiple of 64 and F of 32, else from down_t as Q4_0R rows. */
+typedef struct { int64_t E, F; int n_rows_r; bool cols; int64_t row_r, row_c, stride, scales, bytes; } pack_shape;
+
+static pack_shape sparse_pack_shape(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
+    pack_shape p = { 0 };
+    if (!w || gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ) return p;
+    const bool cols = w->down.data && w->down.n_dims == 2 && w->down.ne[1] % 64 == 0 && w->down.ne[0] % 32 == 0 &&
+                      is_q4_0_2d(&w->down, w->down.ne[0], w->down.ne[1]);
+    const int64_t E = cols ? w->down.ne[1] : w->down_t.ne[0], F = cols ? w->down.ne[0] : w->down_t.ne[1];
     const bool gate = gate_mode != PI_FFN_SEQ, up = w->up.data != NULL;
-    const bool ok = E % 256 == 0 && is_q4_0_2d(&w->down_t, E, F) &&
-                    (up ? is_q4_0_2d(&w->up, E, F) && (!gate || is_q4_0_2d(&w->gate, E, F))
+    const bool ok = (cols || (E % 256 == 0 && is_q4_0_2d(&w->down_t, E, F))) &&
+                    (up ? E % 256 == 0 && is_q4_0_2d(&w->up, E, F) && (!gate || is_q4_0_2d(&w->gate, E, F))
                         : !gate && !w->gate.data);
     pi_clear_error();
-    return ok ? (up ? gate ? 3 : 2 : 1) * pi_row_bytes(PI_TYPE_Q4_0R, E) * F : 0;
+    if (!ok) return p;
+    p.E = E, p.F = F, p.cols = cols;
+    p.n_rows_r = (up ? gate ? 2 : 1 : 0) + !cols;   /* gate, up, down_t rows as Q4_0R */
+    p.row_r = pi_row_bytes(PI_TYPE_Q4_0R, E);
+    p.row_c = cols ? pi_row_bytes(PI_TYPE_Q4_0C, E) : 0;
+    p.stride = p.n_rows_r * p.row_r + p.row_c;
+    p.scales = cols ? F / 32 * E * (int64_t)sizeof(uint16_t) : 0;
+    p.bytes = p.stride * F + p.scales;
+    return p;
 }
 
-typedef struct { const pi_sparse_ffn_weights *w; const pi_sparse_ffn_weights *out; int64_t stride; } pack_args;
+/* With up NULL (an input-sparse matmul: gate mode seq, no gate) the down step alone is packed: down_t [n_out, F]
+ * (n_out a multiple of 256; its rows are only added, with the same bits as the file layout's Q4_0 axpy) or down. */
+int64_t pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
+    return sparse_pack_shape(w, gate_mode).bytes;
+}
+
+typedef struct { const pi_sparse_ffn_weights *w; const pi_sparse_ffn_weights *out; pack_shape p; } pack_args;
 
 static void pack_task(void *p, int ith, int nth) {
     const pack_args *a = p;
     const pi_tensor *src[3] = { &a->w->gate, &a->w->up, &a->w->down_t }, *dst[3] = { &a->out->gate, &a->out->up,
                                                                                    &a->out->down_t };
-    const int64_t E = a->w->down_t.ne[0], F = a->w->down_t.ne[1];
+    const int64_t E = a->p.E, F = a->p.F;
     for (int64_t i = F * ith / nth; i < F * (ith + 1) / nth; i++)
         for (int m = 0; m < 3; m++)
-            if (dst[m]->data)
-                pi_cpu()->q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1], (char *)dst[m]->data + i * a->stride);
+            if (dst[m]->data && dst[m]->type == PI_TYPE_Q4_0R)
+                pi_cpu()->q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1],
+                                          (char *)dst[m]->data + i * a->p.stride);
+    if (!a->p.cols) return;
+    const pi_tensor *down = &a->w->down, *cols = &a->out->down_t;
+    for (int64_t b = F / 32 * ith / nth; b < F / 32 * (ith + 1) / nth; b++) {   /* blocks of 32 neurons */
+        void *rows[32];
+        for (int k = 0; k < 32; k++) rows[k] = (char *)cols->data + (32 * b + k) * a->p.stride;
+        pi_cpu()->q4_0c_from_q4_0(E, down->data, down->nb[1], b, rows, (uint16_t *)a->out->down_t_scales + b * E);
+    }
 }
 
 pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst,
                             int64_t dst_bytes, pi_sparse_ffn_weights *out) {
     if (!w || !dst || !out) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: NULL argument");
-    const int64_t bytes = pi_sparse_pack_bytes(w, gate_mode);
-    if (bytes == 0)
+    const pack_shape s = sparse_pack_shape(w, gate_mode);
+    if (s.bytes == 0)
         return pi_fail(PI_ERR_UNSUPPORTED, "sparse pack: needs 2-d q4_0 gate (unless the gate mode "
-                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256 (or, up NULL, "
-                       "a q4_0 down_t alone with rows of a multiple of 256)");
-    if (dst_bytes < bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
-                                          (long long)dst_bytes, (long long)bytes);
-    const int64_t E = w->down_t.ne[0], F = w->down_t.ne[1], row = pi_row_bytes(PI_TYPE_Q4_0R, E);
+                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256, or a q4_0 down "
+                       "[n_ff, n_embd] instead of down_t with n_embd a multiple of 64 and n_ff of 32 (or, up NULL, "
+                       "a q4_0 down_t alone with rows of a multiple of 256, or such a down)");
+    if (dst_bytes < s.bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
+                                            (long long)dst_bytes, (long long)s.bytes);
     const bool up = w->up.data != NULL;
-    const int n_parts = !up ? 1 : gate_mode != PI_FFN_SEQ ? 3 : 2;
     pi_sparse_ffn_weights o = { .up_bias = w->up_bias, .down_bias = w->down_bias };
-    pi_tensor *parts[3] = { n_parts == 3 ? &o.gate : NULL, up ? &o.up : NULL, &o.down_t };
+    pi_tensor *parts[3] = { up && gate_mode != PI_FFN_SEQ ? &o.gate : NULL, up ? &o.up : NULL, &o.down_t };
     char *p = dst;
-    for (int m = 0; m < 3; m++) {
+    for (int m = 0; m < 3; m++) {   /* neuron i's rows: one run of s.stride bytes */
         if (!parts[m]) continue;
-        *parts[m] = pi_tensor_view(PI_TYPE_Q4_0R, p, 2, (int64_t[]){ E, F });
-        parts[m]->nb[1] = n_parts * row;   /* neuron i's rows are n_parts * row bytes apart */
-        parts[m]->nb[2] = parts[m]->nb[3] = parts[m]->nb[1] * F;
-        p += row;
+        const bool cols = m == 2 && s.cols;
+        *parts[m] = pi_tensor_view(cols ? PI_TYPE_Q4_0C : PI_TYPE_Q4_0R, p, 2, (int64_t[]){ s.E, s.F });
+        parts[m]->nb[1] = s.stride;
+        parts[m]->nb[2] = parts[m]->nb[3] = parts[m]->nb[1] * s.F;
+        p += cols ? s.row_c : s.row_r;
     }
-    pack_args a = { w, &o, n_parts * row };
+    if (s.cols) o.down_t_scales = (const uint16_t *)((char *)dst + s.stride * s.F);
+    pack_args a = { w, &o, s };
     pi_threadpool_run(pool, pack_task, &a);
     *out = o;
     return PI_OK;

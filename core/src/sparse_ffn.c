@@ -194,29 +194,47 @@ static void gather_task(void *p, int ith, int nth) {
     }
 }
 
-/* Adds the rows with coef != 0 to y (n columns) in order: in groups of PI_AXPY_GROUP where the type has
- * axpy_group (Q4_0R: one integer sum per group, arch/q4_0r.c), else eight at a time where it has axpy8
- * (which loads and stores y once per eight rows; same bits as eight axpy calls). The groups are the range's
- * rows with h != 0, in order: the same for one token and a batch. */
+/* Adds the rows with coef != 0 to y (n columns from column c0 on) in order: for a column-block layout (Q4_0C, built
+ * from the file's down matrix: arch/q4_0c.c) the rows of one block of 32 neurons as one group through axpy_cols;
+ * else in groups of PI_AXPY_GROUP where the type has axpy_group (Q4_0R: one integer sum per group, arch/q4_0r.c),
+ * else eight at a time where it has axpy8 (which loads and stores y once per eight rows; same bits as eight axpy
+ * calls). The groups are the range's rows with h != 0, in order: the same for one token and a batch. */
 typedef struct {
+    const pi_tensor *d;          /* down_t */
     const pi_type_traits *tr;
-    int64_t n;
+    const uint16_t *scales;      /* Q4_0C: the block scales [F / 32][E_out] */
+    int64_t c0, n;               /* the columns [c0, c0 + n) */
     float *y;
-    const void *rows[PI_AXPY_GROUP];
-    float coef[PI_AXPY_GROUP];
+    const void *rows[PI_AXPY_COLS];
+    float coef[PI_AXPY_COLS];
     int count;
+    int64_t block;               /* Q4_0C: the queued rows' block of 32 */
 } axpy_queue;
 
-static int queue_capacity(const axpy_queue *q) { return q->tr->axpy_group ? PI_AXPY_GROUP : 8; }
+static axpy_queue queue_init(const sparse_args *a, int64_t c0, int64_t n, float *y) {
+    const pi_tensor *d = &a->w->down_t;
+    return (axpy_queue){ .d = d, .tr = pi_traits(d->type), .scales = a->w->down_t_scales, .c0 = c0, .n = n, .y = y };
+}
+
+static int queue_capacity(const axpy_queue *q) {
+    return q->tr->axpy_cols ? PI_AXPY_COLS : q->tr->axpy_group ? PI_AXPY_GROUP : 8;
+}
 
 static void queue_flush(axpy_queue *q) {
-    pi_axpy_rows(q->tr, q->n, q->count, q->coef, q->rows, q->y);
+    if (q->tr->axpy_cols) {
+        if (q->count) q->tr->axpy_cols(q->n, q->count, q->coef, q->scales + q->block * q->d->ne[0] + q->c0, q->rows, q->y);
+    } else {
+        pi_axpy_rows(q->tr, q->n, q->count, q->coef, q->rows, q->y);
+    }
     q->count = 0;
 }
 
-static void queue_push(axpy_queue *q, const void *row, float coef) {
+/* Queues row i of down_t with coefficient coef. */
+static void queue_push(axpy_queue *q, int64_t i, float coef) {
     if (coef == 0.0f) return;
-    q->rows[q->count] = row;
+    if (q->tr->axpy_cols && q->count && i / 32 != q->block) queue_flush(q);
+    q->block = i / 32;
+    q->rows[q->count] = (const char *)q->d->data + i * q->d->nb[1] + q->c0 / q->tr->block_size * q->tr->block_bytes;
     q->coef[q->count++] = coef;
     if (q->count == queue_capacity(q)) queue_flush(q);
 }
@@ -237,7 +255,7 @@ static void fused_task(void *p, int ith, int nth) {
         if (j0 == j1) continue;   /* no row: the reduction skips the range */
         float *y = a->partial + r * a->E_out;
         memset(y, 0, (size_t)a->E_out * sizeof(float));
-        axpy_queue q = { .tr = pi_traits(d->type), .n = a->E_out, .y = y };
+        axpy_queue q = queue_init(a, 0, a->E_out, y);
         for (int64_t j = j0; j < j1; j += 8) {
             for (int64_t k = j + 8; k < PI_MIN(j1, j + 16); k++) {   /* start the next group's row streams */
                 const char *next = (const char *)first->data + a->rows[k] * first->nb[1];
@@ -245,7 +263,7 @@ static void fused_task(void *p, int ith, int nth) {
             }
             gather_rows(a, j, PI_MIN(j1, j + 8));
             for (int64_t k = j; k < PI_MIN(j1, j + 8); k++)
-                queue_push(&q, (const char *)d->data + a->rows[k] * d->nb[1], a->h[k]);
+                queue_push(&q, a->rows[k], a->h[k]);
         }
         queue_flush(&q);
     }
@@ -284,16 +302,15 @@ static void down_task(void *p, int ith, int nth) {
         memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)PI_MAX(0, e1 - e0) * sizeof(float));
     for (int64_t c0 = e0; c0 < e1; c0 += COLUMN_TILE) {
         const int64_t c1 = PI_MIN(e1, c0 + COLUMN_TILE);
-        const int64_t offset_bytes = c0 / tr->block_size * tr->block_bytes;
         for (int64_t r = 0; r < a->n_ranges; r++)
             for (int64_t t = 0; t < a->T; t++) {
                 const float *h = a->h + t * a->n_rows;
-                axpy_queue q = { .tr = tr, .n = c1 - c0, .y = part };
+                axpy_queue q = queue_init(a, c0, c1 - c0, part);
                 memset(part, 0, (size_t)(c1 - c0) * sizeof(float));
                 bool any = false;
                 for (int64_t j = a->range_start[r]; j < a->range_start[r + 1]; j++) {
                     any |= h[j] != 0.0f;
-                    queue_push(&q, (const char *)d->data + a->rows[j] * d->nb[1] + offset_bytes, h[j]);
+                    queue_push(&q, a->rows[j], h[j]);
                 }
                 queue_flush(&q);
                 if (!any) continue;
@@ -446,6 +463,19 @@ pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_te
     return st;
 }
 
+/* down_t: rows of a type the down step can add, or pi_sparse_pack's column-block layout (Q4_0C) with its scales */
+static pi_status check_down_t(const pi_sparse_ffn_weights *w, int64_t E_out, int64_t F) {
+    if (w->down_t.type != PI_TYPE_Q4_0C) return check_weight(&w->down_t, E_out, F, true, "sparse_ffn down_t");
+    RETURN_IF(pi_check_tensor(&w->down_t, "sparse_ffn down_t"));
+    if (!w->down_t_scales || F % 32)
+        return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn down_t: a q4_0c layout needs its block scales and a multiple "
+                                           "of 32 rows (made by pi_sparse_pack)");
+    if (w->down_t.ne[0] != E_out || w->down_t.ne[1] != F || w->down_t.ne[2] * w->down_t.ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn down_t: shape [%lld, %lld], expected [%lld, %lld]",
+                       (long long)w->down_t.ne[0], (long long)w->down_t.ne[1], (long long)E_out, (long long)F);
+    return PI_OK;
+}
+
 pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_mode, int64_t E, int64_t F) {
     if (!w) return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn: weights are NULL");
     if (gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ)
@@ -454,12 +484,11 @@ pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_m
         if (gate_mode != PI_FFN_SEQ || w->gate.data)
             return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn up: NULL with a gate (an input-sparse matmul has neither: "
                                                "gate mode seq, gate and up NULL)");
-        return check_weight(&w->down_t, w->down_t.ne[0], F, true, "sparse_ffn down_t");
+        return check_down_t(w, w->down_t.ne[0], F);
     }
     if (gate_mode != PI_FFN_SEQ && w->gate.data) RETURN_IF(check_weight(&w->gate, E, F, true, "sparse_ffn gate"));
     RETURN_IF(check_weight(&w->up, E, F, true, "sparse_ffn up"));
-    RETURN_IF(check_weight(&w->down_t, E, F, true, "sparse_ffn down_t"));
-    return PI_OK;
+    return check_down_t(w, E, F);
 }
 
 pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,

@@ -194,8 +194,8 @@ static void case_sparse_ffn(int32_t type, int32_t gate_mode, int32_t act, const 
     float *x = rng_array(E * T, 1.0f, 903), *scores = rng_array(F * T, 1.0f, 904);
     float *y = calloc((size_t)(E * T), sizeof(float));
     void *gq = quantize(type, g, E, F), *uq = quantize(type, u, E, F), *dq = quantize(type, d, E, F);
-    pi_sparse_ffn_weights w = { tensor(type, E, F, 1, gate_mode == PI_FFN_SEQ ? NULL : gq), tensor(type, E, F, 1, uq),
-                                tensor(type, E, F, 1, dq), NULL, NULL };
+    pi_sparse_ffn_weights w = { .gate = tensor(type, E, F, 1, gate_mode == PI_FFN_SEQ ? NULL : gq),
+                                .up = tensor(type, E, F, 1, uq), .down_t = tensor(type, E, F, 1, dq) };
     void *pack = NULL;
     if (packed) {
         const int64_t bytes = pi_sparse_pack_bytes(&w, gate_mode);

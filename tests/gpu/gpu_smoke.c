@@ -100,8 +100,10 @@ static void check_ffn(int32_t type, int64_t E, int64_t F, int64_t T, int hot_eve
     memcpy(s_cold, s, (size_t)(F * T) * 4);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < k; j++) s_cold[t * F + bucket[j]] = -INFINITY;
-    pi_sparse_ffn_weights w = { view(type, gq, 2, E, F, 1), view(type, uq, 2, E, F, 1), view(type, dq, 2, E, F, 1) };
-    pi_sparse_ffn_weights wh = { view(type, gh, 2, E, k, 1), view(type, uh, 2, E, k, 1), view(type, dh, 2, E, k, 1) };
+    pi_sparse_ffn_weights w = { .gate = view(type, gq, 2, E, F, 1), .up = view(type, uq, 2, E, F, 1),
+                                .down_t = view(type, dq, 2, E, F, 1) };
+    pi_sparse_ffn_weights wh = { .gate = view(type, gh, 2, E, k, 1), .up = view(type, uh, 2, E, k, 1),
+                                 .down_t = view(type, dh, 2, E, k, 1) };
     float *full = calloc((size_t)(E * T), 4), *cold = calloc((size_t)(E * T), 4), *hot = calloc((size_t)(E * T), 4);
     float *whole = calloc((size_t)(E * T), 4);
     pi_tensor tx = view(PI_TYPE_F32, x, 2, E, T, 1), ts = view(PI_TYPE_F32, s, 2, F, T, 1);

@@ -1,0 +1,118 @@
+/* q4_0c.c: the sparse down step read from the file's own Q4_0 matrix (PI_TYPE_Q4_0C), without re-quantizing it.
+ *
+ * An input-sparse product y = W h, W [n_out rows, n_in] in Q4_0 (one fp16 scale per output and 32 inputs), adds
+ * h_i times input i's column for every input i with h_i != 0. The file's blocks run along the inputs, so a column
+ * is not a row of the file, and the transposed copies the Q4_0R path reads (down_t, ffn_gate_t) are re-quantized
+ * along the other axis. Q4_0C keeps the file's quants and scales and only lays them out by input:
+ *
+ *   scales (pi_sparse_ffn_weights.down_t_scales): per block b of 32 inputs, n_out fp16, [b][e] = W's block (e, b)
+ *   row i (input i): n_out / 2 bytes; chunk c (outputs 64c .. 64c + 63) is 32 bytes, byte j holds q(64c + j) in
+ *                    its low nibble and q(64c + 32 + j) in its high one (q = the file's 4-bit quant, 0..15)
+ *
+ * axpy_cols adds 1..PI_AXPY_COLS rows k of one block b at once: their coefficients quantized together as one
+ * Q8_0 block as the dense path's activations (Q8_0S: M = max |a_k|, S = M / 127 rounded to fp16, m_k =
+ * rint(a_k * 127 / M); all m_k = 0 where M is 0 or not finite, m_k = 0 where a_k is NaN), an exact integer sum per
+ * output, one fma:
+ *
+ *   y[e] = fma(scales[b][e] * S, (float)(sum_k m_k (q_ke - 8)), y[e])
+ *
+ * That is the block term of the dense Q4_0 x Q8_0S dot product for the rows kept, to the bit where every row of
+ * the block is (the dense path quantizes h by the same blocks): with every neuron kept the sparse step is the dense
+ * one up to the f32 summation order. Per 64 outputs and two rows the AVX2 body is one byte interleave and
+ * one maddubs per 32 outputs: about half the multiplies per weight of the dense one-token dot, none spent on
+ * per-block coefficients (Q4_0R's axpy_group re-quantizes a_k d_kb for every row and 32 outputs). Every level
+ * gives the scalar body's bits. n_out must be a multiple of 64, n_in of 32. */
+#include "../internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* Block b (inputs 32b .. 32b + 31) of the Q4_0 matrix w (n_out rows of n_in, row stride w_stride bytes) ->
+ * rows[k] (input 32b + k, n_out / 2 bytes each) and scales[0 .. n_out). */
+void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const rows[32],
+                        uint16_t *scales) {
+    for (int k = 0; k < 32; k++) memset(rows[k], 0, (size_t)n_out / 2);
+    for (int64_t e = 0; e < n_out; e++) {
+        const pi_block_q4_0 *blk = (const pi_block_q4_0 *)((const char *)w + e * w_stride) + b;
+        scales[e] = blk->d;
+        const int64_t byte = e / 64 * 32 + e % 32, shift = e % 64 < 32 ? 0 : 4;
+        for (int k = 0; k < 32; k++) {   /* Q4_0: byte j holds inputs j (low nibble) and j + 16 (high) */
+            const int q = k < 16 ? blk->qs[k] & 15 : blk->qs[k - 16] >> 4;
+            ((uint8_t *)rows[k])[byte] |= (uint8_t)(q << shift);
+        }
+    }
+}
+
+/* The group's int8 coefficients (count entries) and their step S; returns sum_k m_k. */
+static inline int32_t cols_coefs(int count, const float *a, int8_t m[PI_AXPY_COLS], float *S) {
+    float M = 0.0f;
+    for (int k = 0; k < count; k++) M = fabsf(a[k]) > M ? fabsf(a[k]) : M;   /* NaN never wins */
+    const bool ok = M > 0.0f && M <= FLT_MAX;
+    const float id = ok ? 127.0f / M : 0.0f;
+    *S = ok ? pi_fp16_to_f32(pi_f32_to_fp16(M / 127.0f)) : 0.0f;   /* as the dense path's Q8_0S activations */
+    int32_t sum = 0;
+    for (int k = 0; k < count; k++) {
+        const float v = a[k] * id;
+        sum += m[k] = (int8_t)(v == v ? rintf(v) : 0.0f);
+    }
+    return sum;
+}
+
+void pi_axpy_cols_q4_0c(int64_t n, int count, const float *a, const uint16_t *scales, const void *const *rows,
+                        float *y) {
+    int8_t m[PI_AXPY_COLS];
+    float S;
+    const int32_t msum = cols_coefs(count, a, m, &S);
+#if defined(__AVX2__)
+    const uint8_t *r[PI_AXPY_COLS];   /* an odd count is padded with the first row at m = 0 */
+    const int n_rows = (count + 1) & ~1;
+    if (count < n_rows) m[count] = 0;
+    for (int k = 0; k < n_rows; k++) r[k] = rows[k < count ? k : 0];
+    __m256i P[PI_AXPY_COLS / 2];   /* rows 2p, 2p + 1: (m_2p, m_2p+1) in every 16-bit lane, maddubs' signed bytes */
+    for (int p = 0; p < n_rows / 2; p++)
+        P[p] = _mm256_set1_epi16((int16_t)(uint16_t)((uint8_t)m[2 * p] | (uint16_t)(uint8_t)m[2 * p + 1] << 8));
+    const __m256i m4 = _mm256_set1_epi8(0x0f), neg_off = _mm256_set1_epi32(-8 * msum);
+    const __m256 vS = _mm256_set1_ps(S);
+    /* unpacklo/hi work per 128-bit lane: the four int16 sums of a chunk hold outputs {0-7, 16-23}, {8-15, 24-31},
+     * and the same + 32; OUT[v] is the first output of their 8-output halves in widening order */
+    static const int OUT[8] = { 0, 16, 8, 24, 32, 48, 40, 56 };
+    for (int64_t c = 0; c < n / 64; c++) {
+        __m256i acc[8];   /* int32: sum_k m_k (q_ke - 8) for the outputs OUT[v] .. OUT[v] + 7 */
+        for (int v = 0; v < 8; v++) acc[v] = neg_off;
+        for (int k0 = 0; k0 < n_rows; k0 += 16) {   /* int16 sums over at most 16 rows: |sum| <= 16 * 15 * 127 */
+            __m256i s[4] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                             _mm256_setzero_si256() };
+            for (int k = k0; k < n_rows && k < k0 + 16; k += 2) {   /* two rows' bytes side by side, then nibbles */
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(r[k] + 32 * c));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(r[k + 1] + 32 * c));
+                const __m256i lo = _mm256_unpacklo_epi8(v0, v1), hi = _mm256_unpackhi_epi8(v0, v1);
+                s[0] = _mm256_add_epi16(s[0], _mm256_maddubs_epi16(_mm256_and_si256(lo, m4), P[k / 2]));
+                s[1] = _mm256_add_epi16(s[1], _mm256_maddubs_epi16(_mm256_and_si256(hi, m4), P[k / 2]));
+                s[2] = _mm256_add_epi16(s[2], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
+                                                                   P[k / 2]));
+                s[3] = _mm256_add_epi16(s[3], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
+                                                                   P[k / 2]));
+            }
+            for (int i = 0; i < 4; i++) {
+                acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s[i])));
+                acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1],
+                                                  _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s[i], 1)));
+            }
+        }
+        for (int v = 0; v < 8; v++) {
+            float *yp = y + 64 * c + OUT[v];
+            const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 64 * c + OUT[v]))),
+                                           vS);
+            _mm256_storeu_ps(yp, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(acc[v]), _mm256_loadu_ps(yp)));
+        }
+    }
+#else
+    for (int64_t e = 0; e < n; e++) {
+        const int64_t byte = e / 64 * 32 + e % 32, shift = e % 64 < 32 ? 0 : 4;
+        int32_t sum = 0;
+        for (int k = 0; k < count; k++) sum += m[k] * (((const uint8_t *)rows[k])[byte] >> shift & 15);
+        y[e] = fmaf(pi_fp16_to_f32(scales[e]) * S, (float)(sum - 8 * msum), y[e]);
+    }
+#endif
+}

@@ -232,7 +232,12 @@ typedef struct pi_sparse_ffn_weights {
  * dst and describes it in out (biases carried over), usable by pi_op_sparse_ffn. The results differ
  * from the file layout's in the last bits (another summation order of the dot products). With up NULL
  * (an input-sparse matmul: gate mode seq, no gate) a Q4_0 down_t alone is packed (rows of a multiple of
- * 256 elements); its rows are only added, so the results are the file layout's bits. */
+ * 256 elements); its rows are only added, so the results are the file layout's bits. Where w->down is a
+ * Q4_0 matrix [n_ff, n_embd] (n_embd a multiple of 64, n_ff of 32) the down step is packed from it instead,
+ * by neuron with the block scales apart (out->down_t of internal type q4_0c, out->down_t_scales): the
+ * file's own quants, each block of 32 neurons' h quantized as the dense path quantizes it, so that with
+ * every neuron kept the result is the dense product's up to the f32 summation order; down_t may then be
+ * absent. */
 PI_API int64_t   pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode);
 PI_API pi_status pi_sparse_pack(const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst, int64_t dst_bytes,
                                 pi_sparse_ffn_weights *out);

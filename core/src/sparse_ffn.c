@@ -9,7 +9,8 @@
  * fall into ranges of SPARSE_RANGE consecutive indices; a range's partial sum p_r starts at 0 and
  * adds its rows with h != 0 in index order (fma per element, as traits->axpy; or, for a type with
  * axpy_group such as the packed Q4_0R rows, in consecutive groups of PI_AXPY_GROUP, each one integer
- * sum); out = ((0 + p_0) + p_1) + ... over the ranges in order.
+ * sum; for the packed Q4_0C layout of a file's own down matrix, each block of 32 neurons' rows as one
+ * group); out = ((0 + p_0) + p_1) + ... over the ranges in order.
  *
  * The gate given (activation sparsity, tools/sparsify.py; CATS): with w->gate.data NULL and a gated mode
  * (PI_FFN_PAR/SYM) the scores ARE the gate's pre-activation values g = gate x, computed densely by the

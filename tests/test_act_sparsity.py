@@ -227,6 +227,26 @@ def test_packed_down_step_is_the_files_own_down_matrix(sparse_files):
     assert np.abs(na - nb).max() <= 0.02 * nb.max()
 
 
+def test_packed_down_step_with_the_up_rows_in_the_file(tmp_path):
+    """n_embd 192: the up rows have no packed layout (Q4_0R wants a multiple of 256) and stay in the file's, the down
+    step and the input-sparse gate (64 is enough) are packed from the file's own matrices: with every channel and
+    gate input kept, dense up to f32 summation order (measured 0; the file layout 0.071)."""
+    from make_test_model import write_model
+    src, dst = tmp_path / "m.gguf", tmp_path / "m.sparse.gguf"
+    write_model(src, dtype="q4_0", n_vocab=320, n_embd=192, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=3)
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),
+                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--down-type", "q4_0",
+                          "--gate-input-scale", "1"]) == 0
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    model = pi.Model(dst)
+    assert model.n_packed_ffn == 2
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
+    ctx.set_gate_input_thresholds([1e-30, 1e-30])
+    assert rel_rms(logits_all(ctx, PROMPT), ref) < FLOAT_REL_RMS
+    ctx = pi.Context(model, n_ctx=64)
+    assert np.array_equal(logits_all(ctx, PROMPT), logits_one_by_one(ctx, PROMPT))
+
+
 def test_isa_levels_give_the_scalar_bits(sparse_files):
     _, dst = sparse_files["q4_0"]
     before = pi.cpu_isa()

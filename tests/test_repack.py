@@ -507,30 +507,33 @@ def np_q4_0c_down(h, raw_down):
 
 @pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
 @pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("gate_mode", ["par", "seq", "input"])
+@pytest.mark.parametrize("gate_mode", ["par", "seq", "input", "seq_in_place"])
 def test_sparse_pack_from_down_is_its_exact_chain(at_level, pool2, level, T, gate_mode):  # noqa: F811
     """With the file's Q4_0 down matrix given (w.down), pi_sparse_pack lays the down step out by neuron from its own
     quants and scales (Q4_0C), nothing re-quantized: out is exactly its emulation (np_q4_0c_down) at every level, one
-    token (fused path) and a batch; with a gate, without, and as an input-sparse matmul (up NULL, h = the scores)."""
+    token (fused path) and a batch; with a gate, without, as an input-sparse matmul (up NULL, h = the scores), and
+    with n_embd 192, whose up rows have no packed layout and stay in the file's (the down step alone is packed)."""
     at_level(level)
-    E, F = 512 if gate_mode != "input" else 192, 2 * SPARSE_RANGE + 96   # three ranges, the last one short
+    E, F = 512 if gate_mode in ("par", "seq") else 192, 2 * SPARSE_RANGE + 96   # three ranges, the last one short
     rng = np.random.default_rng(20 + T)
     gate, up = (np_encode_q4_0(rng.standard_normal((F, E)) / np.sqrt(E)) for _ in range(2))
     down = np_encode_q4_0(rng.standard_normal((E, F)) / np.sqrt(F))    # [E rows, F inputs]: ffn_down as in the file
     w = ffi.new("pi_sparse_ffn_weights *")
-    mode = {"par": lib.PI_FFN_PAR, "seq": lib.PI_FFN_SEQ, "input": lib.PI_FFN_SEQ}[gate_mode]
+    mode = lib.PI_FFN_PAR if gate_mode == "par" else lib.PI_FFN_SEQ
     if gate_mode == "par":
         w.gate = tensor(gate, Q4_0)[0]
     if gate_mode != "input":
         w.up = tensor(up, Q4_0)[0]
     w.down = tensor(down, Q4_0)[0]
     n = lib.pi_sparse_pack_bytes(w, mode)
-    n_r = {"par": 2, "seq": 1, "input": 0}[gate_mode]
+    n_r = {"par": 2, "seq": 1, "input": 0, "seq_in_place": 0}[gate_mode]
     assert n == F * (n_r * E // 32 * 18 + E // 2) + F // 32 * E * 2
     buf = np.zeros(n, np.uint8)
     packed = ffi.new("pi_sparse_ffn_weights *")
     check(lib.pi_sparse_pack(w, mode, ffi.cast("void *", ffi.from_buffer(buf)), n, packed))
     assert ffi.string(lib.pi_type_name(packed.down_t.type)) == b"q4_0c" and packed.down_t_scales != ffi.NULL
+    if gate_mode == "seq_in_place":
+        assert packed.up.data == w.up.data and packed.up.type == Q4_0   # the file's rows
     x = rng.standard_normal((T, E)).astype(np.float32)
     scores = rng.standard_normal((T, F)).astype(np.float32)
     scores[:, SPARSE_RANGE:2 * SPARSE_RANGE] = -1.0 if gate_mode != "input" else 0.0   # the middle range: none
@@ -543,6 +546,9 @@ def test_sparse_pack_from_down_is_its_exact_chain(at_level, pool2, level, T, gat
     for t in range(T):
         if gate_mode == "input":
             h = np.where(np.abs(scores[t]) >= threshold, scores[t], 0).astype(np.float32)
+        elif gate_mode == "seq_in_place":   # the file layout's dot products: mul_mat's bits
+            u = mul_mat(ffi.NULL, tensor(up, Q4_0), x[t:t + 1], F)[0]
+            h = np.where(scores[t] >= 0.0, np.maximum(u, 0), 0).astype(np.float32)
         else:
             xq = quantize(lib.PI_TYPE_COUNT, x[t], 36)
             u = np_q4_0r_dot(up, xq)

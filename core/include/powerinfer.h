@@ -237,7 +237,8 @@ typedef struct pi_sparse_ffn_weights {
  * by neuron with the block scales apart (out->down_t of internal type q4_0c, out->down_t_scales): the
  * file's own quants, each block of 32 neurons' h quantized as the dense path quantizes it, so that with
  * every neuron kept the result is the dense product's up to the f32 summation order; down_t may then be
- * absent. */
+ * absent, and gate/up rows without a packed layout (n_embd not a multiple of 256) stay where they are
+ * (out->gate/up = w's). */
 PI_API int64_t   pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode);
 PI_API pi_status pi_sparse_pack(const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst, int64_t dst_bytes,
                                 pi_sparse_ffn_weights *out);

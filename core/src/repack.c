@@ -60,8 +60,16 @@ static bool is_q4_0_2d(const pi_tensor *t, int64_t ne0, int64_t ne1) {
 
 /* The packing's shape: E outputs, F neurons (or inputs), which parts, and the bytes of each; 0 bytes: none. The down
  * step is read from w->down (the file's Q4_0 matrix [F, E], laid out by neuron as Q4_0C: nothing re-quantized)
- * where it has one, with E a multiple of 64 and F of 32, else from down_t as Q4_0R rows. */
-typedef struct { int64_t E, F; int n_rows_r; bool cols; int64_t row_r, row_c, stride, scales, bytes; } pack_shape;
+ * where it has one, with E a multiple of 64 and F of 32, else from down_t as Q4_0R rows. Gate and up rows are
+ * packed as Q4_0R (E a multiple of 256); where they cannot be and the down step is Q4_0C, it alone is packed and
+ * they stay where they are (rows_in_place). */
+typedef struct {
+    int64_t E, F;
+    int n_rows_r;         /* Q4_0R rows per neuron: gate, up, down_t as packed */
+    bool cols;            /* the down step as Q4_0C */
+    bool rows_in_place;   /* gate and up are w's */
+    int64_t row_r, row_c, stride, scales, bytes;
+} pack_shape;
 
 static pack_shape sparse_pack_shape(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
     pack_shape p = { 0 };
@@ -70,13 +78,14 @@ static pack_shape sparse_pack_shape(const pi_sparse_ffn_weights *w, int32_t gate
                       is_q4_0_2d(&w->down, w->down.ne[0], w->down.ne[1]);
     const int64_t E = cols ? w->down.ne[1] : w->down_t.ne[0], F = cols ? w->down.ne[0] : w->down_t.ne[1];
     const bool gate = gate_mode != PI_FFN_SEQ, up = w->up.data != NULL;
-    const bool ok = (cols || (E % 256 == 0 && is_q4_0_2d(&w->down_t, E, F))) &&
-                    (up ? E % 256 == 0 && is_q4_0_2d(&w->up, E, F) && (!gate || is_q4_0_2d(&w->gate, E, F))
-                        : !gate && !w->gate.data);
+    const bool rows = up ? E % 256 == 0 && is_q4_0_2d(&w->up, E, F) && (!gate || is_q4_0_2d(&w->gate, E, F))
+                         : !gate && !w->gate.data;
+    const bool in_place = !rows && cols && up && w->up.ne[0] == E && w->up.ne[1] == F && (!gate || w->gate.data);
+    const bool ok = (cols || (E % 256 == 0 && is_q4_0_2d(&w->down_t, E, F))) && (rows || in_place);
     pi_clear_error();
     if (!ok) return p;
-    p.E = E, p.F = F, p.cols = cols;
-    p.n_rows_r = (up ? gate ? 2 : 1 : 0) + !cols;   /* gate, up, down_t rows as Q4_0R */
+    p.E = E, p.F = F, p.cols = cols, p.rows_in_place = in_place;
+    p.n_rows_r = (up && !in_place ? gate ? 2 : 1 : 0) + !cols;   /* gate, up, down_t rows as Q4_0R */
     p.row_r = pi_row_bytes(PI_TYPE_Q4_0R, E);
     p.row_c = cols ? pi_row_bytes(PI_TYPE_Q4_0C, E) : 0;
     p.stride = p.n_rows_r * p.row_r + p.row_c;
@@ -100,7 +109,7 @@ static void pack_task(void *p, int ith, int nth) {
     const int64_t E = a->p.E, F = a->p.F;
     for (int64_t i = F * ith / nth; i < F * (ith + 1) / nth; i++)
         for (int m = 0; m < 3; m++)
-            if (dst[m]->data && dst[m]->type == PI_TYPE_Q4_0R)
+            if (dst[m]->data && dst[m]->type == PI_TYPE_Q4_0R && !(a->p.rows_in_place && m < 2))
                 pi_cpu()->q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1],
                                           (char *)dst[m]->data + i * a->p.stride);
     if (!a->p.cols) return;
@@ -123,8 +132,9 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
                        "a q4_0 down_t alone with rows of a multiple of 256, or such a down)");
     if (dst_bytes < s.bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
                                             (long long)dst_bytes, (long long)s.bytes);
-    const bool up = w->up.data != NULL;
+    const bool up = w->up.data != NULL && !s.rows_in_place;
     pi_sparse_ffn_weights o = { .up_bias = w->up_bias, .down_bias = w->down_bias };
+    if (s.rows_in_place) o.gate = w->gate, o.up = w->up;
     pi_tensor *parts[3] = { up && gate_mode != PI_FFN_SEQ ? &o.gate : NULL, up ? &o.up : NULL, &o.down_t };
     char *p = dst;
     for (int m = 0; m < 3; m++) {   /* neuron i's rows: one run of s.stride bytes */

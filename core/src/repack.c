@@ -109,7 +109,7 @@ static void pack_task(void *p, int ith, int nth) {
     const int64_t E = a->p.E, F = a->p.F;
     for (int64_t i = F * ith / nth; i < F * (ith + 1) / nth; i++)
         for (int m = 0; m < 3; m++)
-            if (dst[m]->data && dst[m]->type == PI_TYPE_Q4_0R && !(a->p.rows_in_place && m < 2))
+            if (dst[m]->data && dst[m]->type == PI_TYPE_Q4_0R)   /* not rows left in place, nor Q4_0C */
                 pi_cpu()->q4_0r_from_q4_0(E, (const char *)src[m]->data + i * src[m]->nb[1],
                                           (char *)dst[m]->data + i * a->p.stride);
     if (!a->p.cols) return;

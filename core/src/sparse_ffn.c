@@ -205,6 +205,7 @@ typedef struct {
     const pi_type_traits *tr;
     const uint16_t *scales;      /* Q4_0C: the block scales [F / 32][E_out] */
     int64_t c0, n;               /* the columns [c0, c0 + n) */
+    int64_t c0_bytes;            /* where column c0 starts in a row */
     float *y;
     const void *rows[PI_AXPY_COLS];
     float coef[PI_AXPY_COLS];
@@ -214,7 +215,9 @@ typedef struct {
 
 static axpy_queue queue_init(const sparse_args *a, int64_t c0, int64_t n, float *y) {
     const pi_tensor *d = &a->w->down_t;
-    return (axpy_queue){ .d = d, .tr = pi_traits(d->type), .scales = a->w->down_t_scales, .c0 = c0, .n = n, .y = y };
+    const pi_type_traits *tr = pi_traits(d->type);
+    return (axpy_queue){ .d = d, .tr = tr, .scales = a->w->down_t_scales, .c0 = c0, .n = n,
+                         .c0_bytes = c0 / tr->block_size * tr->block_bytes, .y = y };
 }
 
 static int queue_capacity(const axpy_queue *q) {
@@ -235,7 +238,7 @@ static void queue_push(axpy_queue *q, int64_t i, float coef) {
     if (coef == 0.0f) return;
     if (q->tr->axpy_cols && q->count && i / 32 != q->block) queue_flush(q);
     q->block = i / 32;
-    q->rows[q->count] = (const char *)q->d->data + i * q->d->nb[1] + q->c0 / q->tr->block_size * q->tr->block_bytes;
+    q->rows[q->count] = (const char *)q->d->data + i * q->d->nb[1] + q->c0_bytes;
     q->coef[q->count++] = coef;
     if (q->count == queue_capacity(q)) queue_flush(q);
 }
@@ -430,6 +433,13 @@ static pi_status check_f32_2d(const pi_tensor *t, int64_t ne0, int64_t ne1, cons
 }
 
 /* rows: whether single rows are read (the sparse FFN gathers neurons), which interleaved layouts do not allow */
+static pi_status check_shape(const pi_tensor *t, int64_t ne0, int64_t ne1, const char *what) {
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] * t->ne[3] != 1)
+        return pi_fail(PI_ERR_INVALID_ARG, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)ne0, (long long)ne1);
+    return PI_OK;
+}
+
 static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, bool rows, const char *what) {
     RETURN_IF(pi_check_tensor(t, what));
     const pi_type_traits *tr = pi_traits(t->type);
@@ -438,10 +448,7 @@ static pi_status check_weight(const pi_tensor *t, int64_t ne0, int64_t ne1, bool
     if (pi_is_interleaved(t->type) && t->ne[1] % pi_group_rows(t->type))
         return pi_fail(PI_ERR_INVALID_ARG, "%s: an interleaved weight needs a multiple of %lld rows", what,
                        (long long)pi_group_rows(t->type));
-    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] * t->ne[3] != 1)
-        return pi_fail(PI_ERR_INVALID_ARG, "%s: shape [%lld, %lld], expected [%lld, %lld]", what,
-                       (long long)t->ne[0], (long long)t->ne[1], (long long)ne0, (long long)ne1);
-    return PI_OK;
+    return check_shape(t, ne0, ne1, what);
 }
 
 pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tensor *fc2, const pi_tensor *x,
@@ -471,10 +478,7 @@ static pi_status check_down_t(const pi_sparse_ffn_weights *w, int64_t E_out, int
     if (!w->down_t_scales || F % 32)
         return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn down_t: a q4_0c layout needs its block scales and a multiple "
                                            "of 32 rows (made by pi_sparse_pack)");
-    if (w->down_t.ne[0] != E_out || w->down_t.ne[1] != F || w->down_t.ne[2] * w->down_t.ne[3] != 1)
-        return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn down_t: shape [%lld, %lld], expected [%lld, %lld]",
-                       (long long)w->down_t.ne[0], (long long)w->down_t.ne[1], (long long)E_out, (long long)F);
-    return PI_OK;
+    return check_shape(&w->down_t, E_out, F, "sparse_ffn down_t");
 }
 
 pi_status pi_check_sparse_weights(const pi_sparse_ffn_weights *w, int32_t gate_mode, int64_t E, int64_t F) {

@@ -247,6 +247,59 @@ def test_packed_down_step_with_the_up_rows_in_the_file(tmp_path):
     assert np.array_equal(logits_all(ctx, PROMPT), logits_one_by_one(ctx, PROMPT))
 
 
+def _q4_k_ffn_model(path):
+    """The 2-layer test llama (n_embd 256, n_ff 512) with its FFN matrices in Q4_K (the core's quantizer), the rest
+    f32: what matters of a llama.cpp Q4_K_M file here."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from make_test_model import write_model
+    from model_files import rewrite
+
+    def q4_k(w):
+        w = np.ascontiguousarray(w, np.float32)
+        raw = np.zeros((w.shape[0], w.shape[1] // 256 * 144), np.uint8)
+        for r in range(w.shape[0]):
+            assert lib.pi_quantize_row(lib.PI_TYPE_Q4_K, ffi.cast("float *", w[r].ctypes.data),
+                                       ffi.cast("void *", raw[r].ctypes.data), w.shape[1]) == 0
+        return raw
+    f32 = path.with_suffix(".f32.gguf")
+    write_model(f32, dtype="f32", n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=3)
+    ffn = {t.name: (q4_k(np.array(t.data)), GGMLQuantizationType.Q4_K) for t in GGUFReader(f32).tensors
+           if t.name.split(".")[-2] in ("ffn_gate", "ffn_up", "ffn_down")}
+    return rewrite(f32, path, replace=ffn)
+
+
+def test_packed_down_step_from_a_q4_k_file(tmp_path):
+    """A Q4_K file's ffn_down and ffn_gate (the input-sparse gate) are packed at load by channel from their own quants,
+    scales and mins (arch/q4_kc.c), h quantized as the dense Q4_K path quantizes it: with every channel and gate input
+    kept, the dense model up to f32 summation order (measured 0), where the tool's re-quantized q8_0 ffn_down_t and
+    ffn_gate_t (repack=False) are not (measured 0.0078 / 0.0086); every level gives the same bits, a batch the
+    one-by-one bits."""
+    src, dst = _q4_k_ffn_model(tmp_path / "m.gguf"), tmp_path / "m.sparse.gguf"
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),
+                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1"]) == 0
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    packed, plain = pi.Model(dst), pi.Model(dst, repack=False)
+    assert packed.n_packed_ffn == 2 and plain.n_packed_ffn == 0
+    errors = []
+    for model in (packed, plain):
+        ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
+        ctx.set_gate_input_thresholds([1e-30, 1e-30])
+        errors.append(rel_rms(logits_all(ctx, PROMPT), ref))
+    assert errors[0] < FLOAT_REL_RMS and errors[1] > 0.002, errors
+    before, out = pi.cpu_isa(), {}
+    try:
+        for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
+            pi.set_cpu_isa(level)
+            ctx = pi.Context(pi.Model(dst), n_ctx=64)
+            out[level] = logits_all(ctx, PROMPT)
+            assert np.array_equal(out[level], logits_one_by_one(ctx, PROMPT)), level
+            assert ctx.gate_input_stats()[0].sum() < 0.8 * ctx.gate_input_stats()[1] * 2   # the gate input is sparse
+    finally:
+        pi.set_cpu_isa(before)
+    for level, got in out.items():
+        assert np.array_equal(got, out["scalar"]), level
+
+
 def test_isa_levels_give_the_scalar_bits(sparse_files):
     _, dst = sparse_files["q4_0"]
     before = pi.cpu_isa()

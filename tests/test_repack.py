@@ -21,7 +21,7 @@ from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from powerinfer import quants  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 from test_isa import at_level  # noqa: E402,F401
-from helpers import rel_rms  # noqa: E402
+from helpers import FLOAT_REL_RMS, rel_rms  # noqa: E402
 from test_isa import q4_K_extreme_rows, q5_K_extreme_rows, q6_K_extreme_rows, wtensor  # noqa: E402
 from test_isa import quantize as quantize_rows  # noqa: E402
 from test_isa import repacked as repacked_t  # noqa: E402
@@ -558,6 +558,61 @@ def test_sparse_pack_from_down_is_its_exact_chain(at_level, pool2, level, T, gat
         exact[t] = (np.repeat(dd, 32, axis=1).astype(np.float64) * qq) @ h.astype(np.float64)
     # against the exact product with the file's weights: the coefficients' 8-bit rounding (Q8_0's, as the dense path)
     assert rel_rms(out, exact) < 0.01
+
+
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("gate_mode", ["input", "seq", "par"])
+@pytest.mark.parametrize("F", [512, 2 * SPARSE_RANGE + 256])
+def test_sparse_pack_from_q4_k_down_is_the_dense_product(at_level, pool2, level, T, gate_mode, F):  # noqa: F811
+    """A Q4_K down matrix given (w.down: ffn_down of a llama.cpp Q4_K_M file) is laid out by neuron from its own
+    quants, scales and mins (Q4_KC, arch/q4_kc.c): each super-block of 256 neurons' h quantized as the dense Q4_K
+    path quantizes it (Q8_KM), so within one range of SPARSE_RANGE neurons the sparse down step IS the dense Q4_K
+    product of the kept h, to the bit, at every level, one token (fused path) and a batch; over several ranges it
+    differs by the f32 order of the range sums (FLOAT_REL_RMS). As an input-sparse matmul (h = the scores), and after
+    the file's Q4_K up (and gate) rows, which have no packed layout and stay where they are."""
+    at_level(level)
+    rng = np.random.default_rng(30 + T)
+    E_in = 256                                       # Q4_K up rows need a multiple of 256 inputs
+    gate, up = (quantize_rows(Q4_K, (rng.standard_normal((F, E_in)) / np.sqrt(E_in)).astype(np.float32))
+                for _ in range(2))
+    down = quantize_rows(Q4_K, (rng.standard_normal((E_in, F)) / np.sqrt(F)).astype(np.float32))   # [E rows, F]
+    w = ffi.new("pi_sparse_ffn_weights *")
+    mode = lib.PI_FFN_PAR if gate_mode == "par" else lib.PI_FFN_SEQ
+    if gate_mode == "par":
+        w.gate = wtensor(Q4_K, gate)[0]
+    if gate_mode != "input":
+        w.up = wtensor(Q4_K, up)[0]
+    w.down = wtensor(Q4_K, down)[0]
+    n = lib.pi_sparse_pack_bytes(w, mode)
+    assert n == F * E_in // 2 + F // 256 * E_in * 20
+    buf = np.zeros(n, np.uint8)
+    packed = ffi.new("pi_sparse_ffn_weights *")
+    check(lib.pi_sparse_pack(w, mode, ffi.cast("void *", ffi.from_buffer(buf)), n, packed))
+    assert ffi.string(lib.pi_type_name(packed.down_t.type)) == b"q4_kc" and packed.down_t_scales != ffi.NULL
+    if gate_mode != "input":
+        assert packed.up.data == w.up.data and packed.up.type == Q4_K   # the file's rows
+    x = rng.standard_normal((T, E_in)).astype(np.float32)
+    scores = rng.standard_normal((T, F)).astype(np.float32)
+    scores[:, 100:356] = 0.0 if gate_mode == "input" else -1.0     # a whole super-block and parts of two: none
+    out = np.zeros((T, E_in), np.float32)
+    threshold = 0.0 if gate_mode != "input" else 0.5
+    check(lib.pi_op_sparse_ffn(pool2, packed, lib.PI_ACT_RELU, mode, tensor(x), tensor(scores), threshold,
+                               tensor(out), ffi.NULL))
+    hs = np.zeros((T, F), np.float32)
+    for t in range(T):
+        if gate_mode == "input":
+            hs[t] = np.where(np.abs(scores[t]) >= threshold, scores[t], 0)
+        else:   # the file layout's dot products: mul_mat's bits
+            u = mul_mat(ffi.NULL, wtensor(Q4_K, up), x[t:t + 1], F)[0]
+            g = mul_mat(ffi.NULL, wtensor(Q4_K, gate), x[t:t + 1], F)[0] if gate_mode == "par" else u
+            h = np.maximum(g, 0) * u if gate_mode == "par" else np.maximum(u, 0)
+            hs[t] = np.where(scores[t] >= 0.0, h, 0)
+    dense = mul_mat(ffi.NULL, wtensor(Q4_K, down), hs, E_in)
+    if F <= SPARSE_RANGE:
+        assert_bit_equal(out, dense, "packed sparse down step vs the dense Q4_K product")
+    else:
+        assert 0 < rel_rms(out, dense) < FLOAT_REL_RMS
 
 
 def test_sparse_pack_refusals():

@@ -116,11 +116,31 @@ def describe(ctx) -> str:
     return f"activation-sparse inference, |act(gate)| >= {ctx.sparse_threshold:g} in every layer"
 
 
+# The column-block layouts the loader packs a file's own Q4_0 / Q4_K ffn_down (and, for gate inputs, ffn_gate) into
+# instead of reading the tool's re-quantized ffn_down_t / ffn_gate_t (core/src/repack.c): ggml type id -> (inputs per
+# unit, bytes of scales per unit and output, read in full for every unit with a kept channel).
+_COLS = {2: (32, 2), 12: (256, 20)}   # Q4_0 -> Q4_0C, Q4_K -> Q4_KC
+
+
+def _cols_bytes(t) -> tuple[int, int] | None:
+    """(quant bytes, scale bytes) of the column layout the loader makes of matrix t [n_in, n_out], None if none."""
+    if t.type not in _COLS or len(t.ne) != 2:
+        return None
+    unit, aux = _COLS[t.type]
+    n_in, n_out = int(t.ne[0]), int(t.ne[1])
+    if n_out % 64 or n_in % unit:
+        return None
+    return n_in * n_out // 2, n_in // unit * n_out * aux
+
+
 def decode_bytes(tensors) -> dict[str, int]:
-    """Weight bytes one decoded token reads, by part, from a file's tensors (name -> tensor with .data): attn,
-    out (the output head; token_embd when the head is tied), gate, up, down, and a gate-sparse file's down_t and
-    gate_t (the transposed copies a level reads instead of down and, with gate inputs, of gate)."""
-    parts = {"attn": 0, "out": 0, "gate": 0, "up": 0, "down": 0, "down_t": 0, "gate_t": 0}
+    """Weight bytes one decoded token reads, by part, from a file's tensors (name -> TensorInfo): attn, out (the
+    output head; token_embd when the head is tied), gate, up, down, and a gate-sparse file's down_t and gate_t (what a
+    level reads instead of down and, with gate inputs, of gate: the loader's column layout of the file's Q4_0 / Q4_K
+    matrix where it makes one, its quants in down_t / gate_t and its scales, read in full, in down_aux / gate_aux;
+    else the file's transposed copy)."""
+    parts = {"attn": 0, "out": 0, "gate": 0, "up": 0, "down": 0, "down_t": 0, "gate_t": 0, "down_aux": 0,
+             "gate_aux": 0}
     for name, t in tensors.items():
         n = int(t.data.nbytes)
         if name.startswith("output.") and name.endswith("weight") and t.data.ndim >= 1 and "norm" not in name:
@@ -128,9 +148,14 @@ def decode_bytes(tensors) -> dict[str, int]:
         elif ".attn_" in name and "norm" not in name:
             parts["attn"] += n
         else:
-            for part in ("gate", "up", "down", "down_t", "gate_t"):
+            for part in ("gate", "up", "down"):
                 if name.endswith(f".ffn_{part}.weight"):
                     parts[part] += n
+            for part in ("down", "gate"):   # a level's down step / input-sparse gate
+                if name.endswith(f".ffn_{part}_t.weight"):
+                    cols = _cols_bytes(tensors.get(name.replace(f"ffn_{part}_t", f"ffn_{part}")))
+                    parts[f"{part}_t"] += n if cols is None else cols[0]
+                    parts[f"{part}_aux"] += 0 if cols is None else cols[1]
     if parts["out"] == 0 and "token_embd.weight" in tensors:   # tied head: the output matmul reads all of it
         parts["out"] = int(tensors["token_embd.weight"].data.nbytes)
     return parts
@@ -143,8 +168,9 @@ def dense_bytes(parts: dict[str, int]) -> int:
 
 def level_bytes(parts: dict[str, int], channels: float, inputs: float | None = None) -> int:
     """What a token reads at a level: attention and the head, the gate (dense; with gate inputs the fraction
-    `inputs` of ffn_gate_t's rows), and the fraction `channels` of the up and down_t rows. dense_bytes / this is
-    the speed-up bound of memory-bound decode."""
-    gate = parts["gate"] if inputs is None else inputs * parts["gate_t"]
-    return int(parts["attn"] + parts["out"] + gate + channels * (parts["up"] + parts["down_t"]))
+    `inputs` of gate_t's rows and gate_aux), the fraction `channels` of the up and down_t rows, and down_aux.
+    dense_bytes / this is the speed-up bound of memory-bound decode."""
+    gate = parts["gate"] if inputs is None else inputs * parts["gate_t"] + parts.get("gate_aux", 0)
+    return int(parts["attn"] + parts["out"] + gate + channels * (parts["up"] + parts["down_t"]) +
+               parts.get("down_aux", 0))
 

@@ -67,12 +67,15 @@ typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows,
  * count axpy calls. */
 #define PI_AXPY_GROUP 16
 typedef void  (*pi_axpy_group_fn)(int64_t n, int count, const float *a, const void *const *rows, float *y);
-/* y[0..n) += the sum over k < count (1 <= count <= PI_AXPY_COLS) of a[k] * row k, for rows of one block of 32 inputs
- * of a column-block layout (PI_TYPE_Q4_0C, arch/q4_0c.c), whose block scales for outputs 0..n) are scales[0..n):
- * one group, the type's own bits. */
-#define PI_AXPY_COLS 32
-typedef void  (*pi_axpy_cols_fn)(int64_t n, int count, const float *a, const uint16_t *scales, const void *const *rows,
-                                 float *y);
+/* Column-block layouts (a matrix laid out by input: PI_TYPE_Q4_0C, arch/q4_0c.c; PI_TYPE_Q4_KC, arch/q4_kc.c): their
+ * rows are added by unit of traits->cols_unit consecutive inputs (32: a Q4_0 block, 256: a K-quant super-block):
+ * y[0..n) += the sum over k < count (1 <= count <= cols_unit) of a[k] * row k, idx[k] = row k's input within the
+ * unit (ascending), aux = the unit's per-output data (block scales...) for outputs 0..n: one group, the type's own
+ * bits. The unit's aux for outputs c0.. of a matrix of n_out outputs lies traits->cols_aux (unit n_out + c0) bytes
+ * into the layout's aux (pi_sparse_ffn_weights.down_t_scales; c0 a multiple of 64). */
+#define PI_COLS_MAX 256
+typedef void  (*pi_axpy_cols_fn)(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
+                                 const void *const *rows, float *y);
 /* Writes one group's rows (pi_group_rows of the interleaved type: 8 or 16; n elements each, in the source type)
  * as one group of the interleaved layout. */
 typedef void  (*pi_repack_fn)(int64_t n, const void *const *rows, void *group);
@@ -89,7 +92,9 @@ typedef struct pi_type_traits {
     pi_vec_dot8_fn  vec_dot8;      /* optional: 8 rows at once (NULL: row by row with vec_dot) */
     pi_axpy8_fn     axpy8;         /* optional: 8 axpy at once (NULL: one by one) */
     pi_axpy_group_fn axpy_group;   /* optional: the sparse FFN adds rows in groups through it, not by axpy/axpy8 */
-    pi_axpy_cols_fn axpy_cols;     /* column-block layouts (Q4_0C) only: their rows are added by block through it */
+    pi_axpy_cols_fn axpy_cols;     /* column-block layouts only: their rows are added by unit through it */
+    int32_t         cols_unit;     /* column-block layouts: inputs per unit (32, 256) */
+    int32_t         cols_aux;      /* column-block layouts: aux bytes per unit and output */
     int32_t         repacked_type; /* optional: interleaved layout mul_mat reads faster (0: none) */
     /* interleaved layouts only (rows are not addressable one by one; ne[1] a multiple of pi_group_rows) */
     pi_gemm8_fn     gemm8;         /* Q4_0X8: one group of 8 rows */
@@ -120,6 +125,7 @@ enum {
     PI_TYPE_Q6_KX16,                 /* Q6_K weights, 16 rows interleaved (pi_repack; quants_k.h) */
     PI_TYPE_Q5_0X16,                 /* Q5_0 weights, 16 rows interleaved (pi_repack; arch/q8_0x16.c) */
     PI_TYPE_Q4_0C,                   /* a Q4_0 matrix by input: quants only, scales apart (pi_sparse_pack; arch/q4_0c.c) */
+    PI_TYPE_Q4_KC,                   /* a Q4_K matrix by input, the same (arch/q4_kc.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
@@ -209,6 +215,8 @@ typedef struct pi_cpu_kernels {
     /* block b of 32 inputs of a Q4_0 matrix [n_out rows] -> 32 PI_TYPE_Q4_0C rows and n_out scales (arch/q4_0c.c) */
     void (*q4_0c_from_q4_0)(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const rows[32],
                             uint16_t *scales);
+    /* super-block B of 256 inputs of a Q4_K matrix [n_out rows] -> 256 PI_TYPE_Q4_KC rows and their aux (arch/q4_kc.c) */
+    void (*q4_kc_from_q4_k)(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux);
 } pi_cpu_kernels;
 
 const pi_cpu_kernels *pi_cpu(void);          /* the active level's kernels (cpu.c) */

@@ -53,20 +53,30 @@ pi_status pi_repack(const pi_tensor *w, void *dst, int64_t dst_bytes, pi_tensor 
 
 /* ---- the sparse FFN's per-neuron packing ---- */
 
-static bool is_q4_0_2d(const pi_tensor *t, int64_t ne0, int64_t ne1) {
-    return t->data && pi_check_tensor(t, "sparse pack") == PI_OK && t->type == PI_TYPE_Q4_0 && t->n_dims == 2 &&
+static bool is_2d(const pi_tensor *t, int32_t type, int64_t ne0, int64_t ne1) {
+    return t->data && pi_check_tensor(t, "sparse pack") == PI_OK && t->type == type && t->n_dims == 2 &&
            t->ne[0] == ne0 && t->ne[1] == ne1;
+}
+static bool is_q4_0_2d(const pi_tensor *t, int64_t ne0, int64_t ne1) { return is_2d(t, PI_TYPE_Q4_0, ne0, ne1); }
+
+/* The column-block layout of the file's down matrix [F, E] (arch/q4_0c.c, arch/q4_kc.c), 0 where it has none:
+ * Q4_0 -> Q4_0C (F a multiple of 32), Q4_K -> Q4_KC (F a multiple of 256); E a multiple of 64. */
+static int32_t cols_type(const pi_tensor *down) {
+    if (!down->data || down->n_dims != 2 || down->ne[1] % 64) return 0;
+    const int32_t t = is_2d(down, PI_TYPE_Q4_0, down->ne[0], down->ne[1]) ? PI_TYPE_Q4_0C
+                    : is_2d(down, PI_TYPE_Q4_K, down->ne[0], down->ne[1]) ? PI_TYPE_Q4_KC : 0;
+    return t && down->ne[0] % pi_traits(t)->cols_unit == 0 ? t : 0;
 }
 
 /* The packing's shape: E outputs, F neurons (or inputs), which parts, and the bytes of each; 0 bytes: none. The down
- * step is read from w->down (the file's Q4_0 matrix [F, E], laid out by neuron as Q4_0C: nothing re-quantized)
- * where it has one, with E a multiple of 64 and F of 32, else from down_t as Q4_0R rows. Gate and up rows are
- * packed as Q4_0R (E a multiple of 256); where they cannot be and the down step is Q4_0C, it alone is packed and
- * they stay where they are (rows_in_place). */
+ * step is read from w->down (the file's Q4_0 or Q4_K matrix [F, E], laid out by neuron as Q4_0C / Q4_KC: nothing
+ * re-quantized) where it has such a layout (cols_type), else from down_t as Q4_0R rows. Gate and up rows are
+ * packed as Q4_0R (Q4_0, E a multiple of 256); where they cannot be and the down step is a column layout, it alone is
+ * packed and they stay where they are (rows_in_place). */
 typedef struct {
     int64_t E, F;
     int n_rows_r;         /* Q4_0R rows per neuron: gate, up, down_t as packed */
-    bool cols;            /* the down step as Q4_0C */
+    int32_t cols;         /* the down step's column layout (Q4_0C, Q4_KC), 0: none */
     bool rows_in_place;   /* gate and up are w's */
     int64_t row_r, row_c, stride, scales, bytes;
 } pack_shape;
@@ -74,8 +84,7 @@ typedef struct {
 static pack_shape sparse_pack_shape(const pi_sparse_ffn_weights *w, int32_t gate_mode) {
     pack_shape p = { 0 };
     if (!w || gate_mode < PI_FFN_PAR || gate_mode > PI_FFN_SEQ) return p;
-    const bool cols = w->down.data && w->down.n_dims == 2 && w->down.ne[1] % 64 == 0 && w->down.ne[0] % 32 == 0 &&
-                      is_q4_0_2d(&w->down, w->down.ne[0], w->down.ne[1]);
+    const int32_t cols = cols_type(&w->down);
     const int64_t E = cols ? w->down.ne[1] : w->down_t.ne[0], F = cols ? w->down.ne[0] : w->down_t.ne[1];
     const bool gate = gate_mode != PI_FFN_SEQ, up = w->up.data != NULL;
     const bool rows = up ? E % 256 == 0 && is_q4_0_2d(&w->up, E, F) && (!gate || is_q4_0_2d(&w->gate, E, F))
@@ -87,9 +96,9 @@ static pack_shape sparse_pack_shape(const pi_sparse_ffn_weights *w, int32_t gate
     p.E = E, p.F = F, p.cols = cols, p.rows_in_place = in_place;
     p.n_rows_r = (up && !in_place ? gate ? 2 : 1 : 0) + !cols;   /* gate, up, down_t rows as Q4_0R */
     p.row_r = pi_row_bytes(PI_TYPE_Q4_0R, E);
-    p.row_c = cols ? pi_row_bytes(PI_TYPE_Q4_0C, E) : 0;
+    p.row_c = cols ? pi_row_bytes(cols, E) : 0;
     p.stride = p.n_rows_r * p.row_r + p.row_c;
-    p.scales = cols ? F / 32 * E * (int64_t)sizeof(uint16_t) : 0;
+    p.scales = cols ? F / pi_traits(cols)->cols_unit * E * pi_traits(cols)->cols_aux : 0;
     p.bytes = p.stride * F + p.scales;
     return p;
 }
@@ -114,10 +123,13 @@ static void pack_task(void *p, int ith, int nth) {
                                           (char *)dst[m]->data + i * a->p.stride);
     if (!a->p.cols) return;
     const pi_tensor *down = &a->w->down, *cols = &a->out->down_t;
-    for (int64_t b = F / 32 * ith / nth; b < F / 32 * (ith + 1) / nth; b++) {   /* blocks of 32 neurons */
-        void *rows[32];
-        for (int k = 0; k < 32; k++) rows[k] = (char *)cols->data + (32 * b + k) * a->p.stride;
-        pi_cpu()->q4_0c_from_q4_0(E, down->data, down->nb[1], b, rows, (uint16_t *)a->out->down_t_scales + b * E);
+    const int64_t unit = pi_traits(a->p.cols)->cols_unit, aux = pi_traits(a->p.cols)->cols_aux * E;
+    for (int64_t b = F / unit * ith / nth; b < F / unit * (ith + 1) / nth; b++) {   /* units of 32 / 256 neurons */
+        void *rows[256];
+        for (int64_t k = 0; k < unit; k++) rows[k] = (char *)cols->data + (unit * b + k) * a->p.stride;
+        char *b_aux = (char *)a->out->down_t_scales + b * aux;
+        if (a->p.cols == PI_TYPE_Q4_KC) pi_cpu()->q4_kc_from_q4_k(E, down->data, down->nb[1], b, rows, b_aux);
+        else pi_cpu()->q4_0c_from_q4_0(E, down->data, down->nb[1], b, rows, (uint16_t *)b_aux);
     }
 }
 
@@ -127,9 +139,9 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
     const pack_shape s = sparse_pack_shape(w, gate_mode);
     if (s.bytes == 0)
         return pi_fail(PI_ERR_UNSUPPORTED, "sparse pack: needs 2-d q4_0 gate (unless the gate mode "
-                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256, or a q4_0 down "
-                       "[n_ff, n_embd] instead of down_t with n_embd a multiple of 64 and n_ff of 32 (or, up NULL, "
-                       "a q4_0 down_t alone with rows of a multiple of 256, or such a down)");
+                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256, or a q4_0 (q4_K) down "
+                       "[n_ff, n_embd] instead of down_t with n_embd a multiple of 64 and n_ff of 32 (256) (or, up "
+                       "NULL, a q4_0 down_t alone with rows of a multiple of 256, or such a down)");
     if (dst_bytes < s.bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
                                             (long long)dst_bytes, (long long)s.bytes);
     const bool up = w->up.data != NULL && !s.rows_in_place;
@@ -140,12 +152,12 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
     for (int m = 0; m < 3; m++) {   /* neuron i's rows: one run of s.stride bytes */
         if (!parts[m]) continue;
         const bool cols = m == 2 && s.cols;
-        *parts[m] = pi_tensor_view(cols ? PI_TYPE_Q4_0C : PI_TYPE_Q4_0R, p, 2, (int64_t[]){ s.E, s.F });
+        *parts[m] = pi_tensor_view(cols ? s.cols : PI_TYPE_Q4_0R, p, 2, (int64_t[]){ s.E, s.F });
         parts[m]->nb[1] = s.stride;
         parts[m]->nb[2] = parts[m]->nb[3] = parts[m]->nb[1] * s.F;
         p += cols ? s.row_c : s.row_r;
     }
-    if (s.cols) o.down_t_scales = (const uint16_t *)((char *)dst + s.stride * s.F);
+    if (s.cols) o.down_t_scales = (char *)dst + s.stride * s.F;
     pack_args a = { w, &o, s };
     pi_threadpool_run(pool, pack_task, &a);
     *out = o;

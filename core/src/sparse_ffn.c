@@ -9,8 +9,8 @@
  * fall into ranges of SPARSE_RANGE consecutive indices; a range's partial sum p_r starts at 0 and
  * adds its rows with h != 0 in index order (fma per element, as traits->axpy; or, for a type with
  * axpy_group such as the packed Q4_0R rows, in consecutive groups of PI_AXPY_GROUP, each one integer
- * sum; for the packed Q4_0C layout of a file's own down matrix, each block of 32 neurons' rows as one
- * group); out = ((0 + p_0) + p_1) + ... over the ranges in order.
+ * sum; for the packed Q4_0C / Q4_KC layouts of a file's own down matrix, each block of 32 / super-block of
+ * 256 neurons' rows as one group); out = ((0 + p_0) + p_1) + ... over the ranges in order.
  *
  * The gate given (activation sparsity, tools/sparsify.py; CATS): with w->gate.data NULL and a gated mode
  * (PI_FFN_PAR/SYM) the scores ARE the gate's pre-activation values g = gate x, computed densely by the
@@ -195,38 +195,42 @@ static void gather_task(void *p, int ith, int nth) {
     }
 }
 
-/* Adds the rows with coef != 0 to y (n columns from column c0 on) in order: for a column-block layout (Q4_0C, built
- * from the file's down matrix: arch/q4_0c.c) the rows of one block of 32 neurons as one group through axpy_cols;
- * else in groups of PI_AXPY_GROUP where the type has axpy_group (Q4_0R: one integer sum per group, arch/q4_0r.c),
- * else eight at a time where it has axpy8 (which loads and stores y once per eight rows; same bits as eight axpy
- * calls). The groups are the range's rows with h != 0, in order: the same for one token and a batch. */
+/* Adds the rows with coef != 0 to y (n columns from column c0 on) in order: for a column-block layout (Q4_0C, Q4_KC:
+ * built from the file's down matrix, arch/q4_0c.c, arch/q4_kc.c) the rows of one unit (32 or 256 neurons) as one
+ * group through axpy_cols; else in groups of PI_AXPY_GROUP where the type has axpy_group (Q4_0R: one integer sum per
+ * group, arch/q4_0r.c), else eight at a time where it has axpy8 (which loads and stores y once per eight rows; same
+ * bits as eight axpy calls). The groups are the range's rows with h != 0, in order: the same for one token and a
+ * batch. */
 typedef struct {
     const pi_tensor *d;          /* down_t */
     const pi_type_traits *tr;
-    const uint16_t *scales;      /* Q4_0C: the block scales [F / 32][E_out] */
+    const char *aux;             /* column layouts: their per-unit data (down_t_scales) */
     int64_t c0, n;               /* the columns [c0, c0 + n) */
     int64_t c0_bytes;            /* where column c0 starts in a row */
     float *y;
-    const void *rows[PI_AXPY_COLS];
-    float coef[PI_AXPY_COLS];
+    const void *rows[PI_COLS_MAX];
+    float coef[PI_COLS_MAX];
+    uint8_t idx[PI_COLS_MAX];    /* column layouts: the rows' places in their unit */
     int count;
-    int64_t block;               /* Q4_0C: the queued rows' block of 32 */
+    int64_t unit;                /* column layouts: the queued rows' unit */
 } axpy_queue;
 
 static axpy_queue queue_init(const sparse_args *a, int64_t c0, int64_t n, float *y) {
     const pi_tensor *d = &a->w->down_t;
     const pi_type_traits *tr = pi_traits(d->type);
-    return (axpy_queue){ .d = d, .tr = tr, .scales = a->w->down_t_scales, .c0 = c0, .n = n,
+    return (axpy_queue){ .d = d, .tr = tr, .aux = a->w->down_t_scales, .c0 = c0, .n = n,
                          .c0_bytes = c0 / tr->block_size * tr->block_bytes, .y = y };
 }
 
 static int queue_capacity(const axpy_queue *q) {
-    return q->tr->axpy_cols ? PI_AXPY_COLS : q->tr->axpy_group ? PI_AXPY_GROUP : 8;
+    return q->tr->axpy_cols ? q->tr->cols_unit : q->tr->axpy_group ? PI_AXPY_GROUP : 8;
 }
 
 static void queue_flush(axpy_queue *q) {
     if (q->tr->axpy_cols) {
-        if (q->count) q->tr->axpy_cols(q->n, q->count, q->coef, q->scales + q->block * q->d->ne[0] + q->c0, q->rows, q->y);
+        if (q->count)
+            q->tr->axpy_cols(q->n, q->count, q->idx, q->coef, q->aux + q->tr->cols_aux * (q->unit * q->d->ne[0] + q->c0),
+                             q->rows, q->y);
     } else {
         pi_axpy_rows(q->tr, q->n, q->count, q->coef, q->rows, q->y);
     }
@@ -236,8 +240,11 @@ static void queue_flush(axpy_queue *q) {
 /* Queues row i of down_t with coefficient coef. */
 static void queue_push(axpy_queue *q, int64_t i, float coef) {
     if (coef == 0.0f) return;
-    if (q->tr->axpy_cols && q->count && i / 32 != q->block) queue_flush(q);
-    q->block = i / 32;
+    if (q->tr->axpy_cols) {
+        if (q->count && i / q->tr->cols_unit != q->unit) queue_flush(q);
+        q->unit = i / q->tr->cols_unit;
+        q->idx[q->count] = (uint8_t)(i % q->tr->cols_unit);
+    }
     q->rows[q->count] = (const char *)q->d->data + i * q->d->nb[1] + q->c0_bytes;
     q->coef[q->count++] = coef;
     if (q->count == queue_capacity(q)) queue_flush(q);
@@ -471,13 +478,16 @@ pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_te
     return st;
 }
 
-/* down_t: rows of a type the down step can add, or pi_sparse_pack's column-block layout (Q4_0C) with its scales */
+/* down_t: rows of a type the down step can add, or one of pi_sparse_pack's column-block layouts (Q4_0C, Q4_KC) with
+ * its aux */
 static pi_status check_down_t(const pi_sparse_ffn_weights *w, int64_t E_out, int64_t F) {
-    if (w->down_t.type != PI_TYPE_Q4_0C) return check_weight(&w->down_t, E_out, F, true, "sparse_ffn down_t");
+    const pi_type_traits *tr = pi_traits(w->down_t.type);
+    if (!tr || !tr->axpy_cols) return check_weight(&w->down_t, E_out, F, true, "sparse_ffn down_t");
     RETURN_IF(pi_check_tensor(&w->down_t, "sparse_ffn down_t"));
-    if (!w->down_t_scales || F % 32)
-        return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn down_t: a q4_0c layout needs its block scales and a multiple "
-                                           "of 32 rows (made by pi_sparse_pack)");
+    if (!w->down_t_scales || F % tr->cols_unit || w->down_t.ne[0] % 64)
+        return pi_fail(PI_ERR_INVALID_ARG, "sparse_ffn down_t: a %s layout needs its aux (down_t_scales), a multiple "
+                       "of %d rows and of 64 columns (made by pi_sparse_pack)", pi_type_name(w->down_t.type),
+                       (int)tr->cols_unit);
     return check_shape(&w->down_t, E_out, F, "sparse_ffn down_t");
 }
 

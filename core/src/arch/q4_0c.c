@@ -9,7 +9,7 @@
  *   row i (input i): n_out / 2 bytes; chunk c (outputs 64c .. 64c + 63) is 32 bytes, byte j holds q(64c + j) in
  *                    its low nibble and q(64c + 32 + j) in its high one (q = the file's 4-bit quant, 0..15)
  *
- * axpy_cols adds 1..PI_AXPY_COLS rows k of one block b at once: their coefficients quantized together as one
+ * axpy_cols adds 1..32 rows k of one block b at once (aux: the block's scales for outputs 0..n): their coefficients quantized together as one
  * Q8_0 block as the dense path's activations (Q8_0S: M = max |a_k|, S = M / 127 rounded to fp16, m_k =
  * rint(a_k * 127 / M); all m_k = 0 where M is 0 or not finite, m_k = 0 where a_k is NaN), an exact integer sum per
  * output, one fma:
@@ -45,7 +45,7 @@ void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t 
 }
 
 /* The group's int8 coefficients (count entries) and their step S; returns sum_k m_k. */
-static inline int32_t cols_coefs(int count, const float *a, int8_t m[PI_AXPY_COLS], float *S) {
+static inline int32_t cols_coefs(int count, const float *a, int8_t m[32], float *S) {
     float M = 0.0f;
     for (int k = 0; k < count; k++) M = fabsf(a[k]) > M ? fabsf(a[k]) : M;   /* NaN never wins */
     const bool ok = M > 0.0f && M <= FLT_MAX;
@@ -59,17 +59,19 @@ static inline int32_t cols_coefs(int count, const float *a, int8_t m[PI_AXPY_COL
     return sum;
 }
 
-void pi_axpy_cols_q4_0c(int64_t n, int count, const float *a, const uint16_t *scales, const void *const *rows,
-                        float *y) {
-    int8_t m[PI_AXPY_COLS];
+void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
+                        const void *const *rows, float *y) {
+    PI_UNUSED(idx);   /* the coefficients are the rows' own: their places in the block do not matter */
+    const uint16_t *scales = aux;
+    int8_t m[32];
     float S;
     const int32_t msum = cols_coefs(count, a, m, &S);
 #if defined(__AVX2__)
-    const uint8_t *r[PI_AXPY_COLS];   /* an odd count is padded with the first row at m = 0 */
+    const uint8_t *r[32];   /* an odd count is padded with the first row at m = 0 */
     const int n_rows = (count + 1) & ~1;
     if (count < n_rows) m[count] = 0;
     for (int k = 0; k < n_rows; k++) r[k] = rows[k < count ? k : 0];
-    __m256i P[PI_AXPY_COLS / 2];   /* rows 2p, 2p + 1: (m_2p, m_2p+1) in every 16-bit lane, maddubs' signed bytes */
+    __m256i P[16];   /* rows 2p, 2p + 1: (m_2p, m_2p+1) in every 16-bit lane, maddubs' signed bytes */
     for (int p = 0; p < n_rows / 2; p++)
         P[p] = _mm256_set1_epi16((int16_t)(uint16_t)((uint8_t)m[2 * p] | (uint16_t)(uint8_t)m[2 * p + 1] << 8));
     const __m256i m4 = _mm256_set1_epi8(0x0f), neg_off = _mm256_set1_epi32(-8 * msum);

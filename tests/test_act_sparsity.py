@@ -248,32 +248,36 @@ def test_packed_down_step_with_the_up_rows_in_the_file(tmp_path):
 
 
 def _q4_k_ffn_model(path):
-    """The 2-layer test llama (n_embd 256, n_ff 512) with its FFN matrices in Q4_K (the core's quantizer), the rest
-    f32: what matters of a llama.cpp Q4_K_M file here."""
+    """The 2-layer test llama (n_embd 256, n_ff 512) with its FFN matrices in Q4_K (the core's quantizer), layer 0's
+    ffn_down in Q6_K, the rest f32: what matters of a llama.cpp Q4_K_M file here."""
     from gguf import GGMLQuantizationType, GGUFReader
     from make_test_model import write_model
     from model_files import rewrite
 
-    def q4_k(w):
+    def quantized(w, t, block_bytes):
         w = np.ascontiguousarray(w, np.float32)
-        raw = np.zeros((w.shape[0], w.shape[1] // 256 * 144), np.uint8)
+        raw = np.zeros((w.shape[0], w.shape[1] // 256 * block_bytes), np.uint8)
         for r in range(w.shape[0]):
-            assert lib.pi_quantize_row(lib.PI_TYPE_Q4_K, ffi.cast("float *", w[r].ctypes.data),
+            assert lib.pi_quantize_row(t, ffi.cast("float *", w[r].ctypes.data),
                                        ffi.cast("void *", raw[r].ctypes.data), w.shape[1]) == 0
         return raw
+    q4_k = (lib.PI_TYPE_Q4_K, 144, GGMLQuantizationType.Q4_K)
+    q6_k = (lib.PI_TYPE_Q6_K, 210, GGMLQuantizationType.Q6_K)
     f32 = path.with_suffix(".f32.gguf")
     write_model(f32, dtype="f32", n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=3)
-    ffn = {t.name: (q4_k(np.array(t.data)), GGMLQuantizationType.Q4_K) for t in GGUFReader(f32).tensors
-           if t.name.split(".")[-2] in ("ffn_gate", "ffn_up", "ffn_down")}
+    ffn = {}
+    for t in GGUFReader(f32).tensors:
+        if t.name.split(".")[-2] in ("ffn_gate", "ffn_up", "ffn_down"):
+            kind = q6_k if t.name == "blk.0.ffn_down.weight" else q4_k
+            ffn[t.name] = (quantized(np.array(t.data), kind[0], kind[1]), kind[2])
     return rewrite(f32, path, replace=ffn)
 
 
-def test_packed_down_step_from_a_q4_k_file(tmp_path):
-    """A Q4_K file's ffn_down and ffn_gate (the input-sparse gate) are packed at load by channel from their own quants,
-    scales and mins (arch/q4_kc.c), h quantized as the dense Q4_K path quantizes it: with every channel and gate input
-    kept, the dense model up to f32 summation order (measured 0), where the tool's re-quantized q8_0 ffn_down_t and
-    ffn_gate_t (repack=False) are not (measured 0.0078 / 0.0086); every level gives the same bits, a batch the
-    one-by-one bits."""
+def test_packed_down_step_from_a_q4_k_m_file(tmp_path):
+    """A Q4_K_M-like file's ffn_down (Q4_K, Q6_K) and ffn_gate (the input-sparse gate) are packed at load by channel
+    from their own quants and scales (arch/kc.c), h quantized as the dense path quantizes it: with every channel and
+    gate input kept, the dense model up to f32 summation order (measured 0), where the tool's re-quantized q8_0
+    ffn_down_t and ffn_gate_t (repack=False) are not; every level gives the same bits, a batch the one-by-one bits."""
     src, dst = _q4_k_ffn_model(tmp_path / "m.gguf"), tmp_path / "m.sparse.gguf"
     assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),
                           "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1"]) == 0

@@ -564,32 +564,36 @@ def test_sparse_pack_from_down_is_its_exact_chain(at_level, pool2, level, T, gat
 @pytest.mark.parametrize("T", [1, 3])
 @pytest.mark.parametrize("gate_mode", ["input", "seq", "par"])
 @pytest.mark.parametrize("F", [512, 2 * SPARSE_RANGE + 256])
-def test_sparse_pack_from_q4_k_down_is_the_dense_product(at_level, pool2, level, T, gate_mode, F):  # noqa: F811
-    """A Q4_K down matrix given (w.down: ffn_down of a llama.cpp Q4_K_M file) is laid out by neuron from its own
-    quants, scales and mins (Q4_KC, arch/q4_kc.c): each super-block of 256 neurons' h quantized as the dense Q4_K
-    path quantizes it (Q8_KM), so within one range of SPARSE_RANGE neurons the sparse down step IS the dense Q4_K
-    product of the kept h, to the bit, at every level, one token (fused path) and a batch; over several ranges it
-    differs by the f32 order of the range sums (FLOAT_REL_RMS). As an input-sparse matmul (h = the scores), and after
-    the file's Q4_K up (and gate) rows, which have no packed layout and stay where they are."""
+@pytest.mark.parametrize("kind", ["q4_K", "q6_K"])
+def test_sparse_pack_from_k_quant_down_is_the_dense_product(at_level, pool2, level, T, gate_mode, F,  # noqa: F811
+                                                            kind):
+    """A Q4_K or Q6_K down matrix given (w.down: ffn_down of a llama.cpp Q4_K_M file, which has both) is laid out by
+    neuron from its own quants, scales (and mins) (Q4_KC / Q6_KC, arch/kc.c): each super-block of 256 neurons' h
+    quantized as the dense path quantizes it (Q8_KM / Q8_K), so within one range of SPARSE_RANGE neurons the sparse
+    down step IS the dense product of the kept h, to the bit, at every level, one token (fused path) and a batch;
+    over several ranges it differs by the f32 order of the range sums (FLOAT_REL_RMS). As an input-sparse matmul
+    (h = the scores), and after the file's Q4_K up (and gate) rows, which have no packed layout and stay put."""
     at_level(level)
     rng = np.random.default_rng(30 + T)
     E_in = 256                                       # Q4_K up rows need a multiple of 256 inputs
     gate, up = (quantize_rows(Q4_K, (rng.standard_normal((F, E_in)) / np.sqrt(E_in)).astype(np.float32))
                 for _ in range(2))
-    down = quantize_rows(Q4_K, (rng.standard_normal((E_in, F)) / np.sqrt(F)).astype(np.float32))   # [E rows, F]
+    dt = {"q4_K": Q4_K, "q6_K": Q6_K}[kind]
+    down = quantize_rows(dt, (rng.standard_normal((E_in, F)) / np.sqrt(F)).astype(np.float32))   # [E rows, F]
     w = ffi.new("pi_sparse_ffn_weights *")
     mode = lib.PI_FFN_PAR if gate_mode == "par" else lib.PI_FFN_SEQ
     if gate_mode == "par":
         w.gate = wtensor(Q4_K, gate)[0]
     if gate_mode != "input":
         w.up = wtensor(Q4_K, up)[0]
-    w.down = wtensor(Q4_K, down)[0]
+    w.down = wtensor(dt, down)[0]
     n = lib.pi_sparse_pack_bytes(w, mode)
-    assert n == F * E_in // 2 + F // 256 * E_in * 20
+    assert n == (F * E_in // 2 + F // 256 * E_in * 20 if kind == "q4_K" else F * E_in * 3 // 4 + F // 256 * E_in * 18)
     buf = np.zeros(n, np.uint8)
     packed = ffi.new("pi_sparse_ffn_weights *")
     check(lib.pi_sparse_pack(w, mode, ffi.cast("void *", ffi.from_buffer(buf)), n, packed))
-    assert ffi.string(lib.pi_type_name(packed.down_t.type)) == b"q4_kc" and packed.down_t_scales != ffi.NULL
+    assert ffi.string(lib.pi_type_name(packed.down_t.type)).decode() == kind.lower() + "c"
+    assert packed.down_t_scales != ffi.NULL
     if gate_mode != "input":
         assert packed.up.data == w.up.data and packed.up.type == Q4_K   # the file's rows
     x = rng.standard_normal((T, E_in)).astype(np.float32)
@@ -608,9 +612,9 @@ def test_sparse_pack_from_q4_k_down_is_the_dense_product(at_level, pool2, level,
             g = mul_mat(ffi.NULL, wtensor(Q4_K, gate), x[t:t + 1], F)[0] if gate_mode == "par" else u
             h = np.maximum(g, 0) * u if gate_mode == "par" else np.maximum(u, 0)
             hs[t] = np.where(scores[t] >= 0.0, h, 0)
-    dense = mul_mat(ffi.NULL, wtensor(Q4_K, down), hs, E_in)
+    dense = mul_mat(ffi.NULL, wtensor(dt, down), hs, E_in)
     if F <= SPARSE_RANGE:
-        assert_bit_equal(out, dense, "packed sparse down step vs the dense Q4_K product")
+        assert_bit_equal(out, dense, "packed sparse down step vs the dense product")
     else:
         assert 0 < rel_rms(out, dense) < FLOAT_REL_RMS
 

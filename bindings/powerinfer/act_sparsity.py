@@ -116,29 +116,29 @@ def describe(ctx) -> str:
     return f"activation-sparse inference, |act(gate)| >= {ctx.sparse_threshold:g} in every layer"
 
 
-# The column-block layouts the loader packs a file's own Q4_0 / Q4_K ffn_down (and, for gate inputs, ffn_gate) into
-# instead of reading the tool's re-quantized ffn_down_t / ffn_gate_t (core/src/repack.c): ggml type id -> (inputs per
-# unit, bytes of scales per unit and output, read in full for every unit with a kept channel).
-_COLS = {2: (32, 2), 12: (256, 20)}   # Q4_0 -> Q4_0C, Q4_K -> Q4_KC
+# The column-block layouts the loader packs a file's own Q4_0 / Q4_K / Q6_K ffn_down (and, for gate inputs, ffn_gate)
+# into instead of reading the tool's re-quantized ffn_down_t / ffn_gate_t (core/src/repack.c): ggml type id -> (inputs
+# per unit, bits per quant, bytes of scales per unit and output, read in full for every unit with a kept channel).
+_COLS = {2: (32, 4, 2), 12: (256, 4, 20), 14: (256, 6, 18)}   # Q4_0 -> Q4_0C, Q4_K -> Q4_KC, Q6_K -> Q6_KC
 
 
 def _cols_bytes(t) -> tuple[int, int] | None:
     """(quant bytes, scale bytes) of the column layout the loader makes of matrix t [n_in, n_out], None if none."""
-    if t.type not in _COLS or len(t.ne) != 2:
+    if t is None or t.type not in _COLS or len(t.ne) != 2:
         return None
-    unit, aux = _COLS[t.type]
+    unit, bits, aux = _COLS[t.type]
     n_in, n_out = int(t.ne[0]), int(t.ne[1])
     if n_out % 64 or n_in % unit:
         return None
-    return n_in * n_out // 2, n_in // unit * n_out * aux
+    return n_in * n_out * bits // 8, n_in // unit * n_out * aux
 
 
 def decode_bytes(tensors) -> dict[str, int]:
     """Weight bytes one decoded token reads, by part, from a file's tensors (name -> TensorInfo): attn, out (the
     output head; token_embd when the head is tied), gate, up, down, and a gate-sparse file's down_t and gate_t (what a
-    level reads instead of down and, with gate inputs, of gate: the loader's column layout of the file's Q4_0 / Q4_K
-    matrix where it makes one, its quants in down_t / gate_t and its scales, read in full, in down_aux / gate_aux;
-    else the file's transposed copy)."""
+    level reads instead of down and, with gate inputs, of gate: the loader's column layout of the file's Q4_0 / Q4_K /
+    Q6_K matrix where it makes one, its quants in down_t / gate_t and its scales, read in full, in down_aux /
+    gate_aux; else the file's transposed copy)."""
     parts = {"attn": 0, "out": 0, "gate": 0, "up": 0, "down": 0, "down_t": 0, "gate_t": 0, "down_aux": 0,
              "gate_aux": 0}
     for name, t in tensors.items():

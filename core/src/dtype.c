@@ -130,6 +130,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     /* rows without scales: axpy_cols only */
     [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 32, .cols_aux = 2 },
     [PI_TYPE_Q4_KC]  = { "q4_kc", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 256, .cols_aux = 20 },
+    [PI_TYPE_Q6_KC]  = { "q6_kc", 64, 48, NULL, NULL, PI_TYPE_F32, .cols_unit = 256, .cols_aux = 18 },
     [PI_TYPE_Q8_0P]  = { "q8_0p", 256, 320, NULL, NULL, PI_TYPE_Q8_0P },
     [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, NULL /* arch */, PI_TYPE_Q8_KM },
     [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q8_0x16_row_to_f32 },

@@ -67,7 +67,7 @@ typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows,
  * count axpy calls. */
 #define PI_AXPY_GROUP 16
 typedef void  (*pi_axpy_group_fn)(int64_t n, int count, const float *a, const void *const *rows, float *y);
-/* Column-block layouts (a matrix laid out by input: PI_TYPE_Q4_0C, arch/q4_0c.c; PI_TYPE_Q4_KC, arch/q4_kc.c): their
+/* Column-block layouts (a matrix laid out by input: PI_TYPE_Q4_0C, arch/q4_0c.c; PI_TYPE_Q4_KC, Q6_KC, arch/kc.c): their
  * rows are added by unit of traits->cols_unit consecutive inputs (32: a Q4_0 block, 256: a K-quant super-block):
  * y[0..n) += the sum over k < count (1 <= count <= cols_unit) of a[k] * row k, idx[k] = row k's input within the
  * unit (ascending), aux = the unit's per-output data (block scales...) for outputs 0..n: one group, the type's own
@@ -125,7 +125,8 @@ enum {
     PI_TYPE_Q6_KX16,                 /* Q6_K weights, 16 rows interleaved (pi_repack; quants_k.h) */
     PI_TYPE_Q5_0X16,                 /* Q5_0 weights, 16 rows interleaved (pi_repack; arch/q8_0x16.c) */
     PI_TYPE_Q4_0C,                   /* a Q4_0 matrix by input: quants only, scales apart (pi_sparse_pack; arch/q4_0c.c) */
-    PI_TYPE_Q4_KC,                   /* a Q4_K matrix by input, the same (arch/q4_kc.c) */
+    PI_TYPE_Q4_KC,                   /* a Q4_K matrix by input, the same (arch/kc.c) */
+    PI_TYPE_Q6_KC,                   /* a Q6_K matrix by input, the same (arch/kc.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
@@ -215,8 +216,10 @@ typedef struct pi_cpu_kernels {
     /* block b of 32 inputs of a Q4_0 matrix [n_out rows] -> 32 PI_TYPE_Q4_0C rows and n_out scales (arch/q4_0c.c) */
     void (*q4_0c_from_q4_0)(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const rows[32],
                             uint16_t *scales);
-    /* super-block B of 256 inputs of a Q4_K matrix [n_out rows] -> 256 PI_TYPE_Q4_KC rows and their aux (arch/q4_kc.c) */
+    /* super-block B of 256 inputs of a Q4_K (Q6_K) matrix [n_out rows] -> 256 PI_TYPE_Q4_KC (Q6_KC) rows and their aux
+     * (arch/kc.c) */
     void (*q4_kc_from_q4_k)(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux);
+    void (*q6_kc_from_q6_k)(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux);
 } pi_cpu_kernels;
 
 const pi_cpu_kernels *pi_cpu(void);          /* the active level's kernels (cpu.c) */
@@ -285,7 +288,7 @@ pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x
 enum { PI_MUL_MATS_MAX = 3 };
 pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
                       void *scratch);
-float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value (libm) */
+float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value (the active level's activation_row) */
 /* The rotations of one batch: cos and sin of theta = pos[t] * scale * base^(-2i / n_rot) (/ freq_factors[i]) for
  * T tokens and the n_rot / 2 pairs, as pi_rope computes them. A forward pass ropes q and k of every layer with the
  * same few (pos, base, scale, factors), so a backend keeps PI_ROPE_TABLES of them and recomputes one only when its

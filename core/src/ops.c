@@ -581,19 +581,12 @@ pi_status pi_op_softmax(pi_threadpool *pool, const pi_tensor *x, pi_tensor *out)
 
 /* ---- elementwise ---------------------------------------------------------- */
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-static inline float relu(float x) { return x > 0.0f ? x : 0.0f; }
-static inline float gelu(float x) {  /* tanh approximation, as ggml */
-    const float c = 0.7978845608028654f;   /* sqrt(2 / pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
-
+/* One value through the active level's activation_row (arch/activation.c: its own exp and tanh): the bits the dense
+ * FFN's rows get, so that the sparse FFN's h (sparse_ffn.c) and its selection agree with them. */
 float pi_activation(int32_t op, float x) {
-    switch (op) {
-        case PI_UNARY_SILU: return silu(x);
-        case PI_UNARY_RELU: return relu(x);
-        default:            return gelu(x);
-    }
+    float y;
+    pi_cpu()->activation_row(op, 1, &x, &y);
+    return y;
 }
 
 typedef struct { int32_t op; const pi_tensor *x; pi_tensor *out; } unary_args;

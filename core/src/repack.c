@@ -59,24 +59,25 @@ static bool is_2d(const pi_tensor *t, int32_t type, int64_t ne0, int64_t ne1) {
 }
 static bool is_q4_0_2d(const pi_tensor *t, int64_t ne0, int64_t ne1) { return is_2d(t, PI_TYPE_Q4_0, ne0, ne1); }
 
-/* The column-block layout of the file's down matrix [F, E] (arch/q4_0c.c, arch/q4_kc.c), 0 where it has none:
- * Q4_0 -> Q4_0C (F a multiple of 32), Q4_K -> Q4_KC (F a multiple of 256); E a multiple of 64. */
+/* The column-block layout of the file's down matrix [F, E] (arch/q4_0c.c, arch/kc.c), 0 where it has none:
+ * Q4_0 -> Q4_0C (F a multiple of 32), Q4_K -> Q4_KC, Q6_K -> Q6_KC (F a multiple of 256); E a multiple of 64. */
 static int32_t cols_type(const pi_tensor *down) {
     if (!down->data || down->n_dims != 2 || down->ne[1] % 64) return 0;
     const int32_t t = is_2d(down, PI_TYPE_Q4_0, down->ne[0], down->ne[1]) ? PI_TYPE_Q4_0C
-                    : is_2d(down, PI_TYPE_Q4_K, down->ne[0], down->ne[1]) ? PI_TYPE_Q4_KC : 0;
+                    : is_2d(down, PI_TYPE_Q4_K, down->ne[0], down->ne[1]) ? PI_TYPE_Q4_KC
+                    : is_2d(down, PI_TYPE_Q6_K, down->ne[0], down->ne[1]) ? PI_TYPE_Q6_KC : 0;
     return t && down->ne[0] % pi_traits(t)->cols_unit == 0 ? t : 0;
 }
 
 /* The packing's shape: E outputs, F neurons (or inputs), which parts, and the bytes of each; 0 bytes: none. The down
- * step is read from w->down (the file's Q4_0 or Q4_K matrix [F, E], laid out by neuron as Q4_0C / Q4_KC: nothing
- * re-quantized) where it has such a layout (cols_type), else from down_t as Q4_0R rows. Gate and up rows are
+ * step is read from w->down (the file's Q4_0, Q4_K or Q6_K matrix [F, E], laid out by neuron as Q4_0C / Q4_KC / Q6_KC:
+ * nothing re-quantized) where it has such a layout (cols_type), else from down_t as Q4_0R rows. Gate and up rows are
  * packed as Q4_0R (Q4_0, E a multiple of 256); where they cannot be and the down step is a column layout, it alone is
  * packed and they stay where they are (rows_in_place). */
 typedef struct {
     int64_t E, F;
     int n_rows_r;         /* Q4_0R rows per neuron: gate, up, down_t as packed */
-    int32_t cols;         /* the down step's column layout (Q4_0C, Q4_KC), 0: none */
+    int32_t cols;         /* the down step's column layout (Q4_0C, Q4_KC, Q6_KC), 0: none */
     bool rows_in_place;   /* gate and up are w's */
     int64_t row_r, row_c, stride, scales, bytes;
 } pack_shape;
@@ -129,6 +130,7 @@ static void pack_task(void *p, int ith, int nth) {
         for (int64_t k = 0; k < unit; k++) rows[k] = (char *)cols->data + (unit * b + k) * a->p.stride;
         char *b_aux = (char *)a->out->down_t_scales + b * aux;
         if (a->p.cols == PI_TYPE_Q4_KC) pi_cpu()->q4_kc_from_q4_k(E, down->data, down->nb[1], b, rows, b_aux);
+        else if (a->p.cols == PI_TYPE_Q6_KC) pi_cpu()->q6_kc_from_q6_k(E, down->data, down->nb[1], b, rows, b_aux);
         else pi_cpu()->q4_0c_from_q4_0(E, down->data, down->nb[1], b, rows, (uint16_t *)b_aux);
     }
 }
@@ -139,7 +141,7 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
     const pack_shape s = sparse_pack_shape(w, gate_mode);
     if (s.bytes == 0)
         return pi_fail(PI_ERR_UNSUPPORTED, "sparse pack: needs 2-d q4_0 gate (unless the gate mode "
-                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256, or a q4_0 (q4_K) down "
+                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256, or a q4_0 (q4_K, q6_K) down "
                        "[n_ff, n_embd] instead of down_t with n_embd a multiple of 64 and n_ff of 32 (256) (or, up "
                        "NULL, a q4_0 down_t alone with rows of a multiple of 256, or such a down)");
     if (dst_bytes < s.bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",

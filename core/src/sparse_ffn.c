@@ -196,7 +196,7 @@ static void gather_task(void *p, int ith, int nth) {
 }
 
 /* Adds the rows with coef != 0 to y (n columns from column c0 on) in order: for a column-block layout (Q4_0C, Q4_KC:
- * built from the file's down matrix, arch/q4_0c.c, arch/q4_kc.c) the rows of one unit (32 or 256 neurons) as one
+ * built from the file's down matrix, arch/q4_0c.c, arch/kc.c) the rows of one unit (32 or 256 neurons) as one
  * group through axpy_cols; else in groups of PI_AXPY_GROUP where the type has axpy_group (Q4_0R: one integer sum per
  * group, arch/q4_0r.c), else eight at a time where it has axpy8 (which loads and stores y once per eight rows; same
  * bits as eight axpy calls). The groups are the range's rows with h != 0, in order: the same for one token and a
@@ -478,7 +478,7 @@ pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_te
     return st;
 }
 
-/* down_t: rows of a type the down step can add, or one of pi_sparse_pack's column-block layouts (Q4_0C, Q4_KC) with
+/* down_t: rows of a type the down step can add, or one of pi_sparse_pack's column-block layouts (Q4_0C, Q4_KC, Q6_KC) with
  * its aux */
 static pi_status check_down_t(const pi_sparse_ffn_weights *w, int64_t E_out, int64_t F) {
     const pi_type_traits *tr = pi_traits(w->down_t.type);

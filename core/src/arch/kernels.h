@@ -112,10 +112,14 @@ static void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, i
                                uint16_t *scales);
 static void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
                                const void *const *rows, float *y);
-/* ---- the file's Q4_K matrix laid out by input, the same (arch/q4_kc.c) ---- */
+/* ---- the file's Q4_K / Q6_K matrix laid out by input, the same (arch/kc.c) ---- */
 static void pi_q4_kc_from_q4_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256],
                                void *aux);
 static void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
+                               const void *const *rows, float *y);
+static void pi_q6_kc_from_q6_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256],
+                               void *aux);
+static void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
                                const void *const *rows, float *y);
 static float pi_dot_f32(int64_t n, const float *a, const float *b);
 static void pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */

@@ -14,7 +14,7 @@
 #include "rows8_k.c"
 #include "q4_0r.c"
 #include "q4_0c.c"
-#include "q4_kc.c"
+#include "kc.c"
 #include "q8_0x16.c"
 #include "kx16.c"
 #include "activation.c"
@@ -90,6 +90,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                              .axpy_group = pi_axpy_group_q4_0r, .to_f32 = pi_q4_0r_to_f32 },
         [PI_TYPE_Q4_0C]  = { .axpy_cols = pi_axpy_cols_q4_0c },
         [PI_TYPE_Q4_KC]  = { .axpy_cols = pi_axpy_cols_q4_kc },
+        [PI_TYPE_Q6_KC]  = { .axpy_cols = pi_axpy_cols_q6_kc },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },
         [PI_TYPE_Q8_KM]  = { .from_f32 = pi_q8_Km_from_f32 },
     },
@@ -103,4 +104,5 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,
     .q4_0c_from_q4_0 = pi_q4_0c_from_q4_0,
     .q4_kc_from_q4_k = pi_q4_kc_from_q4_k,
+    .q6_kc_from_q6_k = pi_q6_kc_from_q6_k,
 };

@@ -8,15 +8,14 @@ this CPU runs (the numeric contract, at C level). Then library and program are c
 aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
 non-x86 builds have the scalar level only, and it must give the same bits there.
 
-libm: softmax and the sparse FFN's activation call glibc's expf (and tanhf; attention has its own exp),
+libm: softmax calls glibc's expf (the activations, the sparse FFN's too, and attention have their own exp),
 rope calls pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
 LIBM_ULPS: glibc 2.36's expf rounds one input of [-104, 0), x = -63.09946 (0xc27c65d9), 1 ulp differently
 on x86-64 with FMA (its __expf_fma variant: 0x11fa2993) than on aarch64 or x86-64 without FMA
 (0x11fa2992, the correctly rounded value). Case softmax.libm_expf feeds exactly that input, so the stored
 (x86 FMA) reference and an aarch64 run differ there by 1 ulp; everywhere else the comparison is exact, and
-a failure names the case, how many values differ and by how many ulps. (In [2^-11, 89) expf differs at one
-input too, x = 32.564632, 0x4202422f, which the sparse FFN's SiLU can reach as expf(-x); no case here
-does. pow/sin/cos agreed on every rope angle for positions < 32768, n_rot 64/128, base 1e4/1e6.)
+a failure names the case, how many values differ and by how many ulps. (pow/sin/cos agreed on every rope angle
+for positions < 32768, n_rot 64/128, base 1e4/1e6.)
 
 Regenerate the reference (only when an op's results are meant to change):
     python tests/test_cross_arch.py --regenerate

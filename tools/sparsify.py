@@ -25,10 +25,11 @@ memory-bound CPU decode that saves the bytes of those rows: 2/3 of the FFN's wei
    re-quantized from the dequantized weights to --down-type; f32/f16/bf16 sources transpose without
    loss, quantized ones do not (the model card measures what it costs). `convert-dense.py --down-t`
    writes it from the original checkpoint with no second rounding; a file that has it keeps it (unless
-   --down-type asks for another type). A Q4_0 file's ffn_down_t (and ffn_gate_t) are read only where the
-   loader does not pack (no_repack): it lays the file's own Q4_0 ffn_down (ffn_gate) out by channel
-   instead (pi_sparse_pack, PI_TYPE_Q4_0C), with no second rounding, so for Q4_0 the card's
-   every-channel row measures only the f32 summation order.
+   --down-type asks for another type). Where ffn_down (ffn_gate) is Q4_0, Q4_K or Q6_K (the Q4_0 and
+   Q4_K_M files of llama.cpp), ffn_down_t (ffn_gate_t) is read only where the loader does not pack
+   (no_repack): it lays the file's own matrix out by channel instead (pi_sparse_pack, PI_TYPE_Q4_0C,
+   Q4_KC, Q6_KC), with no second rounding, so for those the card's every-channel row measures only the
+   f32 summation order.
 3. The model card (printed, and written to OUT.card.md): for the held-out text (--heldout, else the
    part of the corpus after the calibration tokens), perplexity of the dense model, and for each
    level the measured sparsity, perplexity, KL divergence from the dense model and top-1 agreement,

@@ -79,9 +79,14 @@ static void select_task(void *p, int ith, int nth) {
                 a->count[i] += act[i];
             }
         else if (a->gate_given)
-            for (int64_t i = i0; i < i1; i++) {
-                act[i] = fabsf(pi_activation(a->act, s[i])) >= a->threshold && !(a->skip && a->skip[i]);
-                a->count[i] += act[i];
+            for (int64_t c = i0; c < i1; c += 256) {   /* act(g) a row at a time: the dense FFN's bits */
+                float v[256];
+                const int64_t n = PI_MIN(256, i1 - c);
+                pi_cpu()->activation_row(a->act, n, s + c, v);
+                for (int64_t k = 0; k < n; k++) {
+                    act[c + k] = fabsf(v[k]) >= a->threshold && !(a->skip && a->skip[c + k]);
+                    a->count[c + k] += act[c + k];
+                }
             }
         else if (a->skip)
             for (int64_t i = i0; i < i1; i++) {

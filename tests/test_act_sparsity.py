@@ -205,6 +205,13 @@ def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
     assert not np.array_equal(a, dense)      # the sparse level does change the result
 
 
+def every_channel_error(model, ref):
+    """rel. RMS of the 2-layer model's logits with every channel and gate input kept, against ref."""
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
+    ctx.set_gate_input_thresholds([1e-30, 1e-30])
+    return rel_rms(logits_all(ctx, PROMPT), ref)
+
+
 def test_packed_down_step_is_the_files_own_down_matrix(sparse_files):
     """At load a Q4_0 file's up rows are packed per channel with its ffn_down laid out by channel (arch/q4_0c.c: the
     file's quants and scales, nothing re-quantized), and ffn_gate for the input-sparse gate: with every channel and
@@ -214,11 +221,7 @@ def test_packed_down_step_is_the_files_own_down_matrix(sparse_files):
     ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
     packed, plain = pi.Model(dst), pi.Model(dst, repack=False)
     assert packed.n_packed_ffn == 2 and plain.n_packed_ffn == 0
-    errors = []
-    for model in (packed, plain):
-        ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
-        ctx.set_gate_input_thresholds([1e-30, 1e-30])
-        errors.append(rel_rms(logits_all(ctx, PROMPT), ref))
+    errors = [every_channel_error(model, ref) for model in (packed, plain)]
     assert errors[0] < FLOAT_REL_RMS and errors[1] > 0.01, errors
     # at the file's default level both select nearly the same channels
     ca, cb = pi.Context(packed, n_ctx=64), pi.Context(plain, n_ctx=64)
@@ -284,11 +287,7 @@ def test_packed_down_step_from_a_q4_k_m_file(tmp_path):
     ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
     packed, plain = pi.Model(dst), pi.Model(dst, repack=False)
     assert packed.n_packed_ffn == 2 and plain.n_packed_ffn == 0
-    errors = []
-    for model in (packed, plain):
-        ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
-        ctx.set_gate_input_thresholds([1e-30, 1e-30])
-        errors.append(rel_rms(logits_all(ctx, PROMPT), ref))
+    errors = [every_channel_error(model, ref) for model in (packed, plain)]
     assert errors[0] < FLOAT_REL_RMS and errors[1] > 0.002, errors
     before, out = pi.cpu_isa(), {}
     try:

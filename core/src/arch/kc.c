@@ -96,6 +96,20 @@ static inline void kc_lo_sums(const kc_runs *R, int u, int64_t off, __m256i s[4]
         s[3] = _mm256_add_epi16(s[3], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 4), m4), R->P[p]));
     }
 }
+
+/* acc[2i] += a . wa + b . wb lane-wise over the low 4 int16 lanes of each 128-bit half, acc[2i + 1] over the high
+ * ones: int32 per output, in the lane order KC_BASE describes (outputs KC_BASE[i] + {0-3 | 16-19}, {4-7 | 20-23}) */
+static inline void kc_madd2(__m256i acc[8], int i, __m256i a, __m256i b, __m256i wa, __m256i wb) {
+    acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b),
+                                                                _mm256_unpacklo_epi16(wa, wb)));
+    acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b),
+                                                                        _mm256_unpackhi_epi16(wa, wb)));
+}
+
+/* outputs KC_BASE[i] + 16 h .. + 7 of the chunk's int32 sums, in order */
+static inline __m256i kc_outputs8(const __m256i acc[8], int i, int h) {
+    return _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], h ? 0x31 : 0x20);
+}
 #endif
 
 /* Super-block B (inputs 256B .. 256B + 255) of the Q4_K matrix w (n_out rows, row stride w_stride bytes) ->
@@ -156,11 +170,7 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
                         _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ax + 256 + 64 * ja + 16 * i))), ma);
                     const __m256i wb = _mm256_mullo_epi16(
                         _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ax + 256 + 64 * jb + 16 * i))), mb);
-                    acc[c][2 * i] = _mm256_add_epi32(acc[c][2 * i], _mm256_madd_epi16(_mm256_unpacklo_epi16(s[0][i], s[1][i]),
-                                                                                      _mm256_unpacklo_epi16(wa, wb)));
-                    acc[c][2 * i + 1] = _mm256_add_epi32(acc[c][2 * i + 1],
-                                                         _mm256_madd_epi16(_mm256_unpackhi_epi16(s[0][i], s[1][i]),
-                                                                           _mm256_unpackhi_epi16(wa, wb)));
+                    kc_madd2(acc[c], i, s[0][i], s[1][i], wa, wb);
                 }
             }
         }
@@ -170,7 +180,7 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
             for (int i = 0; i < 4; i++)
                 for (int h2 = 0; h2 < 2; h2++) {   /* outputs o0 .. o0 + 7 in order */
                     const int o0 = KC_BASE[i] + 16 * h2;
-                    const __m256i si = _mm256_permute2x128_si256(acc[c][2 * i], acc[c][2 * i + 1], h2 ? 0x31 : 0x20);
+                    const __m256i si = kc_outputs8(acc[c], i, h2);
                     __m256i sm = _mm256_setzero_si256();
                     for (int t = 0; t < n_act; t++)
                         sm = _mm256_add_epi32(sm, _mm256_mullo_epi32(
@@ -287,11 +297,7 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
                 for (int i = 0; i < 4; i++) {   /* |sc (s_lo + 16 (s_hi - b2))| <= 128 * (30480 + 16 * 4064) */
                     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ax + 128 + 64 * j + 16 * i)));
                     const __m256i sh = _mm256_sub_epi16(hi[i], vb2), sc16 = _mm256_slli_epi16(sc, 4);
-                    acc[c][2 * i] = _mm256_add_epi32(acc[c][2 * i], _mm256_madd_epi16(_mm256_unpacklo_epi16(lo[i], sh),
-                                                                                      _mm256_unpacklo_epi16(sc, sc16)));
-                    acc[c][2 * i + 1] = _mm256_add_epi32(acc[c][2 * i + 1],
-                                                         _mm256_madd_epi16(_mm256_unpackhi_epi16(lo[i], sh),
-                                                                           _mm256_unpackhi_epi16(sc, sc16)));
+                    kc_madd2(acc[c], i, lo[i], sh, sc, sc16);
                 }
             }
         }
@@ -301,7 +307,7 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
             for (int i = 0; i < 4; i++)
                 for (int h2 = 0; h2 < 2; h2++) {   /* outputs o0 .. o0 + 7 in order */
                     const int o0 = KC_BASE[i] + 16 * h2;
-                    const __m256i si = _mm256_permute2x128_si256(acc[c][2 * i], acc[c][2 * i + 1], h2 ? 0x31 : 0x20);
+                    const __m256i si = kc_outputs8(acc[c], i, h2);
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ax + 2 * o0)));
                     const __m256 t = _mm256_mul_ps(_mm256_mul_ps(vbd, d), _mm256_cvtepi32_ps(si));
                     float *yp = y + 64 * cc + o0;

@@ -217,12 +217,13 @@ typedef struct pi_sparse_ffn_weights {
     pi_tensor down_t;    /* [n_embd, n_ff]   row i = output vector of neuron i */
     const float *up_bias;    /* [n_ff] or NULL: added to up_i . x of active neurons before the activation (opt) */
     const float *down_bias;  /* [n_embd] or NULL: added to the output after the sum over neurons (opt) */
-    pi_tensor down;      /* optional, [n_ff, n_embd]: the untransposed down matrix. A Q4_0 or Q4_K one is what
+    pi_tensor down;      /* optional, [n_ff, n_embd]: the untransposed down matrix. A Q4_0, Q4_K or Q6_K one is what
                           * pi_sparse_pack lays the down step out from (by neuron, its own quants and scales: nothing
                           * re-quantized); the kernels read down_t, not this */
-    const void *down_t_scales;   /* set by pi_sparse_pack where down_t is that layout (internal types q4_0c, q4_kc):
-                                  * its scales by block of neurons (q4_0c: [n_ff / 32][n_embd] fp16; q4_kc: per
-                                  * super-block of 256 neurons d, dmin, the sub-blocks' scales and mins); else NULL */
+    const void *down_t_scales;   /* set by pi_sparse_pack where down_t is that layout (internal types q4_0c, q4_kc,
+                                  * q6_kc): its scales by block of neurons (q4_0c: [n_ff / 32][n_embd] fp16; q4_kc,
+                                  * q6_kc: per super-block of 256 neurons d (dmin), the sub-blocks' scales (mins));
+                                  * else NULL */
 } pi_sparse_ffn_weights;
 
 /* Sparse FFN packing: a copy of Q4_0 gate/up/down_t (n_embd a multiple of 256) in which each neuron's
@@ -239,9 +240,10 @@ typedef struct pi_sparse_ffn_weights {
  * file's own quants, each block of 32 neurons' h quantized as the dense path quantizes it, so that with
  * every neuron kept the result is the dense product's up to the f32 summation order; down_t may then be
  * absent, and gate/up rows without a packed layout (n_embd not a multiple of 256) stay where they are
- * (out->gate/up = w's). A Q4_K w->down (n_embd a multiple of 64, n_ff of 256) is laid out the same way (internal
- * type q4_kc): each super-block of 256 neurons' h quantized as the dense Q4_K path quantizes it, so that with every
- * neuron kept the result is again the dense product's up to the f32 summation order; gate/up stay where they are. */
+ * (out->gate/up = w's). A Q4_K or Q6_K w->down (n_embd a multiple of 64, n_ff of 256) is laid out the same way
+ * (internal types q4_kc, q6_kc): each super-block of 256 neurons' h quantized as the dense path quantizes it, so that
+ * with every neuron kept the result is again the dense product's up to the f32 summation order; gate/up stay where
+ * they are. */
 PI_API int64_t   pi_sparse_pack_bytes(const pi_sparse_ffn_weights *w, int32_t gate_mode);
 PI_API pi_status pi_sparse_pack(const pi_sparse_ffn_weights *w, int32_t gate_mode, void *dst, int64_t dst_bytes,
                                 pi_sparse_ffn_weights *out);

@@ -115,7 +115,6 @@ static inline __m256i kc_outputs8(const __m256i acc[8], int i, int h) {
 /* Super-block B (inputs 256B .. 256B + 255) of the Q4_K matrix w (n_out rows, row stride w_stride bytes) ->
  * rows[k] (input 256B + k, n_out / 2 bytes each) and the super-block's aux (n_out / 64 Q4_KC_AUX bytes). */
 void pi_q4_kc_from_q4_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux) {
-    for (int k = 0; k < 256; k++) memset(rows[k], 0, (size_t)n_out / 2);
     for (int64_t e = 0; e < n_out; e++) {
         const pi_block_q4_K *blk = (const pi_block_q4_K *)((const char *)w + e * w_stride) + B;
         uint8_t *ax = (uint8_t *)aux + e / 64 * Q4_KC_AUX;
@@ -123,12 +122,19 @@ void pi_q4_kc_from_q4_k(int64_t n_out, const void *w, int64_t w_stride, int64_t 
         memcpy(ax + 2 * o, &blk->d, 2);
         memcpy(ax + 128 + 2 * o, &blk->dmin, 2);
         for (int j = 0; j < 8; j++) pi_k4_scale_min(j, blk->scales, &ax[256 + 64 * j + sc_slot(o)], &ax[768 + 64 * j + o]);
-        const int64_t byte = e / 64 * 32 + e % 32, shift = e % 64 < 32 ? 0 : 4;
-        for (int k = 0; k < 256; k++) {   /* Q4_K: qs[32p + l] holds sub-block 2p's element l (low), 2p + 1's (high) */
-            const int j = k / 32, q = blk->qs[32 * (j / 2) + k % 32] >> (4 * (j % 2)) & 15;
-            ((uint8_t *)rows[k])[byte] |= (uint8_t)(q << shift);
-        }
     }
+    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* chunk e0 / 64: byte j of each row from outputs e0 + j, e0 + 32 + j */
+        for (int j = 0; j < 32; j++) {
+            const pi_block_q4_K *lo = (const pi_block_q4_K *)((const char *)w + (e0 + j) * w_stride) + B;
+            const pi_block_q4_K *hi = (const pi_block_q4_K *)((const char *)w + (e0 + 32 + j) * w_stride) + B;
+            const int64_t at = e0 / 2 + j;
+            for (int p = 0; p < 4; p++)   /* Q4_K: qs[32p + l] holds sub-block 2p's element l (low), 2p + 1's (high) */
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t a = lo->qs[32 * p + l], c = hi->qs[32 * p + l];
+                    ((uint8_t *)rows[64 * p + l])[at] = (uint8_t)((a & 15) | (c & 15) << 4);
+                    ((uint8_t *)rows[64 * p + 32 + l])[at] = (uint8_t)((a >> 4) | (c >> 4) << 4);
+                }
+        }
 }
 
 void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
@@ -235,7 +241,8 @@ static inline void hi_place(int o, int *t, int *m) {
 /* Super-block B of the Q6_K matrix w (n_out rows) -> rows[k] (input 256B + k, 3 n_out / 4 bytes) and its aux
  * (n_out / 64 Q6_KC_AUX bytes). */
 void pi_q6_kc_from_q6_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux) {
-    for (int k = 0; k < 256; k++) memset(rows[k], 0, (size_t)n_out / 4 * 3);
+    for (int k = 0; k < 256; k++)   /* the hi planes are or-ed together below */
+        for (int64_t c = 0; c < n_out / 64; c++) memset((uint8_t *)rows[k] + 48 * c + 32, 0, 16);
     for (int64_t e = 0; e < n_out; e++) {
         const pi_block_q6_K *blk = (const pi_block_q6_K *)((const char *)w + e * w_stride) + B;
         uint8_t *ax = (uint8_t *)aux + e / 64 * Q6_KC_AUX;
@@ -244,14 +251,17 @@ void pi_q6_kc_from_q6_k(int64_t n_out, const void *w, int64_t w_stride, int64_t 
         for (int j = 0; j < 16; j++) ax[128 + 64 * j + sc_slot(o)] = (uint8_t)blk->scales[j];
         int t, m;
         hi_place(o, &t, &m);
-        const int64_t chunk = e / 64 * 48, lo_shift = o < 32 ? 0 : 4;
-        for (int k = 0; k < 256; k++) {
-            const int q = q6_K_quant(blk, k);
-            uint8_t *r = (uint8_t *)rows[k] + chunk;
-            r[o % 32] |= (uint8_t)((q & 15) << lo_shift);
-            r[32 + t] |= (uint8_t)((q >> 4) << (2 * m));
-        }
+        const int64_t chunk = e / 64 * 48;
+        for (int k = 0; k < 256; k++) ((uint8_t *)rows[k])[chunk + 32 + t] |= (uint8_t)((q6_K_quant(blk, k) >> 4) << (2 * m));
     }
+    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* the lo nibbles: byte j of chunk e0 / 64 from outputs e0 + j, + 32 */
+        for (int j = 0; j < 32; j++) {
+            const pi_block_q6_K *lo = (const pi_block_q6_K *)((const char *)w + (e0 + j) * w_stride) + B;
+            const pi_block_q6_K *hi = (const pi_block_q6_K *)((const char *)w + (e0 + 32 + j) * w_stride) + B;
+            const int64_t at = e0 / 64 * 48 + j;
+            for (int k = 0; k < 256; k++)
+                ((uint8_t *)rows[k])[at] = (uint8_t)((q6_K_quant(lo, k) & 15) | (q6_K_quant(hi, k) & 15) << 4);
+        }
 }
 
 void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,

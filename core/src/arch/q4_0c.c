@@ -32,16 +32,18 @@
  * rows[k] (input 32b + k, n_out / 2 bytes each) and scales[0 .. n_out). */
 void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const rows[32],
                         uint16_t *scales) {
-    for (int k = 0; k < 32; k++) memset(rows[k], 0, (size_t)n_out / 2);
-    for (int64_t e = 0; e < n_out; e++) {
-        const pi_block_q4_0 *blk = (const pi_block_q4_0 *)((const char *)w + e * w_stride) + b;
-        scales[e] = blk->d;
-        const int64_t byte = e / 64 * 32 + e % 32, shift = e % 64 < 32 ? 0 : 4;
-        for (int k = 0; k < 32; k++) {   /* Q4_0: byte j holds inputs j (low nibble) and j + 16 (high) */
-            const int q = k < 16 ? blk->qs[k] & 15 : blk->qs[k - 16] >> 4;
-            ((uint8_t *)rows[k])[byte] |= (uint8_t)(q << shift);
+    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* chunk e0 / 64: byte j of each row from outputs e0 + j, e0 + 32 + j */
+        for (int j = 0; j < 32; j++) {
+            const pi_block_q4_0 *lo = (const pi_block_q4_0 *)((const char *)w + (e0 + j) * w_stride) + b;
+            const pi_block_q4_0 *hi = (const pi_block_q4_0 *)((const char *)w + (e0 + 32 + j) * w_stride) + b;
+            scales[e0 + j] = lo->d;
+            scales[e0 + 32 + j] = hi->d;
+            const int64_t at = e0 / 2 + j;   /* the byte in every row */
+            for (int k = 0; k < 16; k++) {   /* Q4_0: byte k holds inputs k (low nibble) and k + 16 (high) */
+                ((uint8_t *)rows[k])[at] = (uint8_t)((lo->qs[k] & 15) | (hi->qs[k] & 15) << 4);
+                ((uint8_t *)rows[k + 16])[at] = (uint8_t)((lo->qs[k] >> 4) | (hi->qs[k] >> 4) << 4);
+            }
         }
-    }
 }
 
 /* The group's int8 coefficients (count entries) and their step S; returns sum_k m_k. */

@@ -153,6 +153,7 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].axpy8 = kt->axpy8;
         out[t].axpy_group = kt->axpy_group;
         out[t].axpy_cols = kt->axpy_cols;
+        out[t].cols_pack = kt->cols_pack;
         out[t].gemm8 = kt->gemm8;
         out[t].gemm16 = kt->gemm16;
         out[t].gemm16_max_t = kt->gemm16_max_t ? kt->gemm16_max_t : PI_DOT8_MAX_T;

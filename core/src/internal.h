@@ -67,8 +67,8 @@ typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows,
  * count axpy calls. */
 #define PI_AXPY_GROUP 16
 typedef void  (*pi_axpy_group_fn)(int64_t n, int count, const float *a, const void *const *rows, float *y);
-/* Column-block layouts (a matrix laid out by input: PI_TYPE_Q4_0C, arch/q4_0c.c; PI_TYPE_Q4_KC, Q6_KC, arch/kc.c): their
- * rows are added by unit of traits->cols_unit consecutive inputs (32: a Q4_0 block, 256: a K-quant super-block):
+/* Column-block layouts (a matrix laid out by input: PI_TYPE_Q4_0C, arch/q4_0c.c; PI_TYPE_Q4_KC, Q6_KC, arch/kc.c):
+ * their rows are added by unit of traits->cols_unit consecutive inputs (32: a Q4_0 block, 256: a K-quant super-block):
  * y[0..n) += the sum over k < count (1 <= count <= cols_unit) of a[k] * row k, idx[k] = row k's input within the
  * unit (ascending), aux = the unit's per-output data (block scales...) for outputs 0..n: one group, the type's own
  * bits. The unit's aux for outputs c0.. of a matrix of n_out outputs lies traits->cols_aux (unit n_out + c0) bytes
@@ -76,6 +76,10 @@ typedef void  (*pi_axpy_group_fn)(int64_t n, int count, const float *a, const vo
 #define PI_COLS_MAX 256
 typedef void  (*pi_axpy_cols_fn)(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
                                  const void *const *rows, float *y);
+/* Unit u (inputs u cols_unit ..) of the file's matrix w [n_out rows, row stride w_stride bytes] in the layout's
+ * source type (Q4_0, Q4_K, Q6_K) -> its cols_unit rows of the layout and the unit's aux (cols_aux n_out bytes). */
+typedef void  (*pi_cols_pack_fn)(int64_t n_out, const void *w, int64_t w_stride, int64_t u, void *const *rows,
+                                 void *aux);
 /* Writes one group's rows (pi_group_rows of the interleaved type: 8 or 16; n elements each, in the source type)
  * as one group of the interleaved layout. */
 typedef void  (*pi_repack_fn)(int64_t n, const void *const *rows, void *group);
@@ -93,6 +97,7 @@ typedef struct pi_type_traits {
     pi_axpy8_fn     axpy8;         /* optional: 8 axpy at once (NULL: one by one) */
     pi_axpy_group_fn axpy_group;   /* optional: the sparse FFN adds rows in groups through it, not by axpy/axpy8 */
     pi_axpy_cols_fn axpy_cols;     /* column-block layouts only: their rows are added by unit through it */
+    pi_cols_pack_fn cols_pack;     /* column-block layouts: made from the file's matrix by unit through it */
     int32_t         cols_unit;     /* column-block layouts: inputs per unit (32, 256) */
     int32_t         cols_aux;      /* column-block layouts: aux bytes per unit and output */
     int32_t         repacked_type; /* optional: interleaved layout mul_mat reads faster (0: none) */
@@ -169,6 +174,7 @@ typedef struct pi_type_kernels {
     pi_axpy8_fn    axpy8;       /* optional */
     pi_axpy_group_fn axpy_group; /* optional */
     pi_axpy_cols_fn axpy_cols;   /* column-block layouts */
+    pi_cols_pack_fn cols_pack;   /* column-block layouts */
     pi_gemm8_fn    gemm8;       /* interleaved layouts of 8-row groups */
     pi_gemm8_fn    gemm16;      /* interleaved layouts: 16 rows at once (optional for 8-row groups) */
     int32_t        gemm16_max_t; /* optional: gemm16 takes up to this many tokens a call (0: PI_DOT8_MAX_T) */
@@ -213,13 +219,6 @@ typedef struct pi_cpu_kernels {
     float (*softmax_exp)(int64_t n, float *x, const float *mask, float scale);
     /* one Q4_0 row -> the sparse FFN's PI_TYPE_Q4_0R row (n a multiple of 256) */
     void (*q4_0r_from_q4_0)(int64_t n, const void *src, void *dst);
-    /* block b of 32 inputs of a Q4_0 matrix [n_out rows] -> 32 PI_TYPE_Q4_0C rows and n_out scales (arch/q4_0c.c) */
-    void (*q4_0c_from_q4_0)(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const rows[32],
-                            uint16_t *scales);
-    /* super-block B of 256 inputs of a Q4_K (Q6_K) matrix [n_out rows] -> 256 PI_TYPE_Q4_KC (Q6_KC) rows and their aux
-     * (arch/kc.c) */
-    void (*q4_kc_from_q4_k)(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux);
-    void (*q6_kc_from_q6_k)(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux);
 } pi_cpu_kernels;
 
 const pi_cpu_kernels *pi_cpu(void);          /* the active level's kernels (cpu.c) */

@@ -128,10 +128,7 @@ static void pack_task(void *p, int ith, int nth) {
     for (int64_t b = F / unit * ith / nth; b < F / unit * (ith + 1) / nth; b++) {   /* units of 32 / 256 neurons */
         void *rows[256];
         for (int64_t k = 0; k < unit; k++) rows[k] = (char *)cols->data + (unit * b + k) * a->p.stride;
-        char *b_aux = (char *)a->out->down_t_scales + b * aux;
-        if (a->p.cols == PI_TYPE_Q4_KC) pi_cpu()->q4_kc_from_q4_k(E, down->data, down->nb[1], b, rows, b_aux);
-        else if (a->p.cols == PI_TYPE_Q6_KC) pi_cpu()->q6_kc_from_q6_k(E, down->data, down->nb[1], b, rows, b_aux);
-        else pi_cpu()->q4_0c_from_q4_0(E, down->data, down->nb[1], b, rows, (uint16_t *)b_aux);
+        pi_traits(a->p.cols)->cols_pack(E, down->data, down->nb[1], b, rows, (char *)a->out->down_t_scales + b * aux);
     }
 }
 
@@ -141,9 +138,9 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
     const pack_shape s = sparse_pack_shape(w, gate_mode);
     if (s.bytes == 0)
         return pi_fail(PI_ERR_UNSUPPORTED, "sparse pack: needs 2-d q4_0 gate (unless the gate mode "
-                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256, or a q4_0 (q4_K, q6_K) down "
-                       "[n_ff, n_embd] instead of down_t with n_embd a multiple of 64 and n_ff of 32 (256) (or, up "
-                       "NULL, a q4_0 down_t alone with rows of a multiple of 256, or such a down)");
+                       "is seq), up and down_t of the same shape, with n_embd a multiple of 256, or a q4_0 (q4_K, "
+                       "q6_K) down [n_ff, n_embd] instead of down_t with n_embd a multiple of 64 and n_ff of 32 "
+                       "(256) (or, up NULL, a q4_0 down_t alone with rows of a multiple of 256, or such a down)");
     if (dst_bytes < s.bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
                                             (long long)dst_bytes, (long long)s.bytes);
     const bool up = w->up.data != NULL && !s.rows_in_place;

@@ -9,8 +9,8 @@
  * fall into ranges of SPARSE_RANGE consecutive indices; a range's partial sum p_r starts at 0 and
  * adds its rows with h != 0 in index order (fma per element, as traits->axpy; or, for a type with
  * axpy_group such as the packed Q4_0R rows, in consecutive groups of PI_AXPY_GROUP, each one integer
- * sum; for the packed Q4_0C / Q4_KC layouts of a file's own down matrix, each block of 32 / super-block of
- * 256 neurons' rows as one group); out = ((0 + p_0) + p_1) + ... over the ranges in order.
+ * sum; for the packed Q4_0C / Q4_KC / Q6_KC layouts of a file's own down matrix, each block of 32 / super-block
+ * of 256 neurons' rows as one group); out = ((0 + p_0) + p_1) + ... over the ranges in order.
  *
  * The gate given (activation sparsity, tools/sparsify.py; CATS): with w->gate.data NULL and a gated mode
  * (PI_FFN_PAR/SYM) the scores ARE the gate's pre-activation values g = gate x, computed densely by the
@@ -200,8 +200,8 @@ static void gather_task(void *p, int ith, int nth) {
     }
 }
 
-/* Adds the rows with coef != 0 to y (n columns from column c0 on) in order: for a column-block layout (Q4_0C, Q4_KC:
- * built from the file's down matrix, arch/q4_0c.c, arch/kc.c) the rows of one unit (32 or 256 neurons) as one
+/* Adds the rows with coef != 0 to y (n columns from column c0 on) in order: for a column-block layout (Q4_0C, Q4_KC,
+ * Q6_KC: built from the file's down matrix, arch/q4_0c.c, arch/kc.c) the rows of one unit (32 or 256 neurons) as one
  * group through axpy_cols; else in groups of PI_AXPY_GROUP where the type has axpy_group (Q4_0R: one integer sum per
  * group, arch/q4_0r.c), else eight at a time where it has axpy8 (which loads and stores y once per eight rows; same
  * bits as eight axpy calls). The groups are the range's rows with h != 0, in order: the same for one token and a
@@ -233,9 +233,8 @@ static int queue_capacity(const axpy_queue *q) {
 
 static void queue_flush(axpy_queue *q) {
     if (q->tr->axpy_cols) {
-        if (q->count)
-            q->tr->axpy_cols(q->n, q->count, q->idx, q->coef, q->aux + q->tr->cols_aux * (q->unit * q->d->ne[0] + q->c0),
-                             q->rows, q->y);
+        const int64_t at = q->tr->cols_aux * (q->unit * q->d->ne[0] + q->c0);   /* the unit's aux from column c0 */
+        if (q->count) q->tr->axpy_cols(q->n, q->count, q->idx, q->coef, q->aux + at, q->rows, q->y);
     } else {
         pi_axpy_rows(q->tr, q->n, q->count, q->coef, q->rows, q->y);
     }
@@ -483,8 +482,8 @@ pi_status pi_op_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_te
     return st;
 }
 
-/* down_t: rows of a type the down step can add, or one of pi_sparse_pack's column-block layouts (Q4_0C, Q4_KC, Q6_KC) with
- * its aux */
+/* down_t: rows of a type the down step can add, or one of pi_sparse_pack's column-block layouts (Q4_0C, Q4_KC,
+ * Q6_KC) with its aux */
 static pi_status check_down_t(const pi_sparse_ffn_weights *w, int64_t E_out, int64_t F) {
     const pi_type_traits *tr = pi_traits(w->down_t.type);
     if (!tr || !tr->axpy_cols) return check_weight(&w->down_t, E_out, F, true, "sparse_ffn down_t");

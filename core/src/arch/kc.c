@@ -113,24 +113,25 @@ static inline __m256i kc_outputs8(const __m256i acc[8], int i, int h) {
 #endif
 
 /* Super-block B (inputs 256B .. 256B + 255) of the Q4_K matrix w (n_out rows, row stride w_stride bytes) ->
- * rows[k] (input 256B + k, n_out / 2 bytes each) and the super-block's aux (n_out / 64 Q4_KC_AUX bytes). */
-void pi_q4_kc_from_q4_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux) {
-    for (int64_t e = 0; e < n_out; e++) {
-        const pi_block_q4_K *blk = (const pi_block_q4_K *)((const char *)w + e * w_stride) + B;
-        uint8_t *ax = (uint8_t *)aux + e / 64 * Q4_KC_AUX;
-        const int o = (int)(e % 64);
-        memcpy(ax + 2 * o, &blk->d, 2);
-        memcpy(ax + 128 + 2 * o, &blk->dmin, 2);
-        for (int j = 0; j < 8; j++) pi_k4_scale_min(j, blk->scales, &ax[256 + 64 * j + sc_slot(o)], &ax[768 + 64 * j + o]);
-    }
-    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* chunk e0 / 64: byte j of each row from outputs e0 + j, e0 + 32 + j */
+ * rows[k] (input 256B + k, n_out / 2 bytes each) and the super-block's aux (n_out / 64 Q4_KC_AUX bytes): chunk by
+ * chunk, each byte stored once. */
+void pi_q4_kc_from_q4_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const *rows, void *aux) {
+    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* chunk e0 / 64: byte j of a row from outputs e0 + j, e0 + 32 + j */
         for (int j = 0; j < 32; j++) {
-            const pi_block_q4_K *lo = (const pi_block_q4_K *)((const char *)w + (e0 + j) * w_stride) + B;
-            const pi_block_q4_K *hi = (const pi_block_q4_K *)((const char *)w + (e0 + 32 + j) * w_stride) + B;
+            const pi_block_q4_K *blk[2];
+            for (int h = 0; h < 2; h++) {   /* the two outputs' d, dmin, scales and mins */
+                const int o = j + 32 * h;
+                blk[h] = (const pi_block_q4_K *)((const char *)w + (e0 + o) * w_stride) + B;
+                uint8_t *ax = (uint8_t *)aux + e0 / 64 * Q4_KC_AUX;
+                memcpy(ax + 2 * o, &blk[h]->d, 2);
+                memcpy(ax + 128 + 2 * o, &blk[h]->dmin, 2);
+                for (int sb = 0; sb < 8; sb++)
+                    pi_k4_scale_min(sb, blk[h]->scales, &ax[256 + 64 * sb + sc_slot(o)], &ax[768 + 64 * sb + o]);
+            }
             const int64_t at = e0 / 2 + j;
             for (int p = 0; p < 4; p++)   /* Q4_K: qs[32p + l] holds sub-block 2p's element l (low), 2p + 1's (high) */
                 for (int l = 0; l < 32; l++) {
-                    const uint8_t a = lo->qs[32 * p + l], c = hi->qs[32 * p + l];
+                    const uint8_t a = blk[0]->qs[32 * p + l], c = blk[1]->qs[32 * p + l];
                     ((uint8_t *)rows[64 * p + l])[at] = (uint8_t)((a & 15) | (c & 15) << 4);
                     ((uint8_t *)rows[64 * p + 32 + l])[at] = (uint8_t)((a >> 4) | (c >> 4) << 4);
                 }
@@ -159,7 +160,7 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
      * up to 32 rows side by side (all of a super-block's rows at once would be up to 256 concurrent streams) */
     for (int64_t c0 = 0; c0 < n / 64; c0 += KC_TILE) {
         const int nc = (int)PI_MIN(KC_TILE, n / 64 - c0);
-        __m256i acc[KC_TILE][8];   /* sumi: acc[.][2i] outputs KC_BASE[i] + {0-3 | 16-19}, [2i + 1] KC_BASE[i] + {4-7 | 20-23} */
+        __m256i acc[KC_TILE][8];   /* sumi, lanes as kc_madd2 leaves them */
         memset(acc, 0, sizeof acc);
         for (int u = 0; u < n_runs; u += 2) {   /* two runs per madd: (s_a, s_b) . (sc_a m_a, sc_b m_b) */
             const int ja = R.run_j[u], jb = u + 1 < n_runs ? R.run_j[u + 1] : ja;
@@ -240,27 +241,29 @@ static inline void hi_place(int o, int *t, int *m) {
 
 /* Super-block B of the Q6_K matrix w (n_out rows) -> rows[k] (input 256B + k, 3 n_out / 4 bytes) and its aux
  * (n_out / 64 Q6_KC_AUX bytes). */
-void pi_q6_kc_from_q6_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256], void *aux) {
+void pi_q6_kc_from_q6_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const *rows, void *aux) {
     for (int k = 0; k < 256; k++)   /* the hi planes are or-ed together below */
         for (int64_t c = 0; c < n_out / 64; c++) memset((uint8_t *)rows[k] + 48 * c + 32, 0, 16);
-    for (int64_t e = 0; e < n_out; e++) {
-        const pi_block_q6_K *blk = (const pi_block_q6_K *)((const char *)w + e * w_stride) + B;
-        uint8_t *ax = (uint8_t *)aux + e / 64 * Q6_KC_AUX;
-        const int o = (int)(e % 64);
-        memcpy(ax + 2 * o, &blk->d, 2);
-        for (int j = 0; j < 16; j++) ax[128 + 64 * j + sc_slot(o)] = (uint8_t)blk->scales[j];
-        int t, m;
-        hi_place(o, &t, &m);
-        const int64_t chunk = e / 64 * 48;
-        for (int k = 0; k < 256; k++) ((uint8_t *)rows[k])[chunk + 32 + t] |= (uint8_t)((q6_K_quant(blk, k) >> 4) << (2 * m));
-    }
-    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* the lo nibbles: byte j of chunk e0 / 64 from outputs e0 + j, + 32 */
+    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* chunk e0 / 64: lo byte j from outputs e0 + j, e0 + 32 + j */
         for (int j = 0; j < 32; j++) {
-            const pi_block_q6_K *lo = (const pi_block_q6_K *)((const char *)w + (e0 + j) * w_stride) + B;
-            const pi_block_q6_K *hi = (const pi_block_q6_K *)((const char *)w + (e0 + 32 + j) * w_stride) + B;
-            const int64_t at = e0 / 64 * 48 + j;
-            for (int k = 0; k < 256; k++)
-                ((uint8_t *)rows[k])[at] = (uint8_t)((q6_K_quant(lo, k) & 15) | (q6_K_quant(hi, k) & 15) << 4);
+            const pi_block_q6_K *blk[2];
+            int t[2], m[2];
+            for (int h = 0; h < 2; h++) {   /* the two outputs' d and scales, and where their hi bits go */
+                const int o = j + 32 * h;
+                blk[h] = (const pi_block_q6_K *)((const char *)w + (e0 + o) * w_stride) + B;
+                uint8_t *ax = (uint8_t *)aux + e0 / 64 * Q6_KC_AUX;
+                memcpy(ax + 2 * o, &blk[h]->d, 2);
+                for (int sb = 0; sb < 16; sb++) ax[128 + 64 * sb + sc_slot(o)] = (uint8_t)blk[h]->scales[sb];
+                hi_place(o, &t[h], &m[h]);
+            }
+            uint8_t *const *r = (uint8_t *const *)rows;
+            const int64_t at = e0 / 64 * 48;
+            for (int k = 0; k < 256; k++) {
+                const int qa = q6_K_quant(blk[0], k), qb = q6_K_quant(blk[1], k);
+                r[k][at + j] = (uint8_t)((qa & 15) | (qb & 15) << 4);
+                r[k][at + 32 + t[0]] |= (uint8_t)((qa >> 4) << (2 * m[0]));
+                r[k][at + 32 + t[1]] |= (uint8_t)((qb >> 4) << (2 * m[1]));
+            }
         }
 }
 
@@ -305,7 +308,8 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
                 }
                 const uint8_t *ax = (const uint8_t *)aux + cc * Q6_KC_AUX;
                 for (int i = 0; i < 4; i++) {   /* |sc (s_lo + 16 (s_hi - b2))| <= 128 * (30480 + 16 * 4064) */
-                    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ax + 128 + 64 * j + 16 * i)));
+                    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(ax + 128 + 64 * j + 16 * i));
+                    const __m256i sc = _mm256_cvtepi8_epi16(sc8);
                     const __m256i sh = _mm256_sub_epi16(hi[i], vb2), sc16 = _mm256_slli_epi16(sc, 4);
                     kc_madd2(acc[c], i, lo[i], sh, sc, sc16);
                 }

@@ -108,16 +108,16 @@ static void pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const ch
 static void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const *rows, float *y);
 /* ---- the file's Q4_0 matrix laid out by input, for the sparse down step (arch/q4_0c.c) ---- */
-static void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const rows[32],
-                               uint16_t *scales);
+static void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const *rows,
+                               void *aux);
 static void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
                                const void *const *rows, float *y);
 /* ---- the file's Q4_K / Q6_K matrix laid out by input, the same (arch/kc.c) ---- */
-static void pi_q4_kc_from_q4_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256],
+static void pi_q4_kc_from_q4_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const *rows,
                                void *aux);
 static void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
                                const void *const *rows, float *y);
-static void pi_q6_kc_from_q6_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const rows[256],
+static void pi_q6_kc_from_q6_k(int64_t n_out, const void *w, int64_t w_stride, int64_t B, void *const *rows,
                                void *aux);
 static void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
                                const void *const *rows, float *y);

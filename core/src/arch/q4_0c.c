@@ -9,10 +9,10 @@
  *   row i (input i): n_out / 2 bytes; chunk c (outputs 64c .. 64c + 63) is 32 bytes, byte j holds q(64c + j) in
  *                    its low nibble and q(64c + 32 + j) in its high one (q = the file's 4-bit quant, 0..15)
  *
- * axpy_cols adds 1..32 rows k of one block b at once (aux: the block's scales for outputs 0..n): their coefficients quantized together as one
- * Q8_0 block as the dense path's activations (Q8_0S: M = max |a_k|, S = M / 127 rounded to fp16, m_k =
- * rint(a_k * 127 / M); all m_k = 0 where M is 0 or not finite, m_k = 0 where a_k is NaN), an exact integer sum per
- * output, one fma:
+ * axpy_cols adds 1..32 rows k of one block b at once (aux: the block's scales for outputs 0..n): their
+ * coefficients quantized together as one Q8_0 block as the dense path's activations (Q8_0S: M = max |a_k|,
+ * S = M / 127 rounded to fp16, m_k = rint(a_k * 127 / M); all m_k = 0 where M is 0 or not finite, m_k = 0 where a_k
+ * is NaN), an exact integer sum per output, one fma:
  *
  *   y[e] = fma(scales[b][e] * S, (float)(sum_k m_k (q_ke - 8)), y[e])
  *
@@ -29,10 +29,10 @@
 #include <string.h>
 
 /* Block b (inputs 32b .. 32b + 31) of the Q4_0 matrix w (n_out rows of n_in, row stride w_stride bytes) ->
- * rows[k] (input 32b + k, n_out / 2 bytes each) and scales[0 .. n_out). */
-void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const rows[32],
-                        uint16_t *scales) {
-    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* chunk e0 / 64: byte j of each row from outputs e0 + j, e0 + 32 + j */
+ * rows[k] (input 32b + k, n_out / 2 bytes each) and aux: the n_out fp16 scales. */
+void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const *rows, void *aux) {
+    uint16_t *scales = aux;
+    for (int64_t e0 = 0; e0 < n_out; e0 += 64)   /* chunk e0 / 64: byte j of a row from outputs e0 + j, e0 + 32 + j */
         for (int j = 0; j < 32; j++) {
             const pi_block_q4_0 *lo = (const pi_block_q4_0 *)((const char *)w + (e0 + j) * w_stride) + b;
             const pi_block_q4_0 *hi = (const pi_block_q4_0 *)((const char *)w + (e0 + 32 + j) * w_stride) + b;

@@ -279,16 +279,27 @@ def _q4_k_ffn_model(path):
 def test_packed_down_step_from_a_q4_k_m_file(tmp_path):
     """A Q4_K_M-like file's ffn_down (Q4_K, Q6_K) and ffn_gate (the input-sparse gate) are packed at load by channel
     from their own quants and scales (arch/kc.c), h quantized as the dense path quantizes it: with every channel and
-    gate input kept, the dense model up to f32 summation order (measured 0), where the tool's re-quantized q8_0
-    ffn_down_t and ffn_gate_t (repack=False) are not; every level gives the same bits, a batch the one-by-one bits."""
+    gate input kept, the dense model up to f32 summation order (measured 0). The tool writes no transposed copy of
+    them (the sparse file is the input's tensors plus metadata), so no_repack packs them too; asked for q8_0 copies
+    (--down-type q8_0) it writes them, and no_repack reads those, which are not the dense model. Every level gives
+    the same bits, a batch the one-by-one bits."""
+    from gguf import GGUFReader
     src, dst = _q4_k_ffn_model(tmp_path / "m.gguf"), tmp_path / "m.sparse.gguf"
-    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),
-                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1"]) == 0
+    copies = tmp_path / "m.copies.sparse.gguf"
+    for out_path, down in ((dst, "auto"), (copies, "q8_0")):
+        assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(out_path),
+                              "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1",
+                              "--down-type", down]) == 0
+    names = [t.name for t in GGUFReader(dst).tensors]
+    assert names == [t.name for t in GGUFReader(src).tensors]      # nothing transposed: the input's tensors
+    assert sum(t.name.endswith(("ffn_down_t.weight", "ffn_gate_t.weight")) for t in GGUFReader(copies).tensors) == 4
     ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
-    packed, plain = pi.Model(dst), pi.Model(dst, repack=False)
-    assert packed.n_packed_ffn == 2 and plain.n_packed_ffn == 0
-    errors = [every_channel_error(model, ref) for model in (packed, plain)]
-    assert errors[0] < FLOAT_REL_RMS and errors[1] > 0.002, errors
+    packed, no_repack = pi.Model(dst), pi.Model(dst, repack=False)
+    assert packed.gate_input_sparse and packed.n_packed_ffn == 2 and no_repack.n_packed_ffn == 2
+    with_copies, plain = pi.Model(copies), pi.Model(copies, repack=False)
+    assert with_copies.n_packed_ffn == 2 and plain.n_packed_ffn == 0
+    errors = [every_channel_error(model, ref) for model in (packed, no_repack, with_copies, plain)]
+    assert errors[:3] == [0, 0, 0] and errors[3] > 0.002, errors
     before, out = pi.cpu_isa(), {}
     try:
         for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
@@ -408,9 +419,9 @@ def test_model_card(sparse_files, tmp_path, capsys):
     card = (tmp_path / "card.gguf.card.md").read_text()
     assert card in capsys.readouterr().out
     rows = [line for line in card.splitlines() if line.startswith("| ")][1:]
-    assert [r.split(" | ")[0] for r in rows] == ["| dense (input file)",
-                                                 "| down_t alone (every channel through the sparse kernels)",
-                                                 "| sparsity 0.3"]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| dense (input file)", "| every channel through the sparse kernels (the down step's layout alone)",
+        "| sparsity 0.3"]
     held = pi.Model(src).tokenizer.encode(heldout.read_text(), add_special=False)[256:]
     dense = perplexity(pi.Model(src), held, n_ctx=64, chunks=2)
     assert f"| {dense.ppl:.4f} |" in rows[0]
@@ -501,3 +512,14 @@ def test_api_and_server_flags_take_a_level(sparse_files):
     cli.add_context_args(p, ctx_size="c")
     assert p.parse_args(["--sparsity", "0.5"]).sparsity == 0.5
     assert server_args(["-m", str(dst), "--sparsity", "0.25"]).sparsity == 0.25
+
+
+@pytest.mark.parametrize("part", ["ffn_down_t", "ffn_gate_t"])
+def test_a_layer_without_its_transposed_copy_or_a_column_layout_is_refused(sparse_files, tmp_path, part):
+    """A q8_0 file's ffn_down / ffn_gate have no column layout: the tool writes ffn_down_t / ffn_gate_t, and a file
+    without one of them is refused at load with a message naming the tensor (not a crash, nor a silent dense run)."""
+    from model_files import rewrite
+    _, dst = sparse_files["q8_0"]
+    bad = rewrite(dst, tmp_path / "bad.gguf", drop=(f"blk.1.{part}.weight",))
+    with pytest.raises(pi.ModelLoadError, match=f"gate-sparse layer 1: .*no 'blk.1.{part}.weight'"):
+        pi.Model(bad)

@@ -20,20 +20,23 @@ memory-bound CPU decode that saves the bytes of those rows: 2/3 of the FFN's wei
    interpolated geometrically inside a bin. With --gate-input-scale c the FFN input's |x_j| are counted
    too and the gate reads only the entries above the quantile c * s (an input-sparse matmul over
    ffn_gate_t, the gate transposed).
-2. Layout: the down matrix is needed by channel (row i = channel i's output vector), so the file
-   gets blk.N.ffn_down_t.weight beside ffn_down (which stays: --dense is the exact dense model). It is
-   re-quantized from the dequantized weights to --down-type; f32/f16/bf16 sources transpose without
-   loss, quantized ones do not (the model card measures what it costs). `convert-dense.py --down-t`
-   writes it from the original checkpoint with no second rounding; a file that has it keeps it (unless
-   --down-type asks for another type). Where ffn_down (ffn_gate) is Q4_0, Q4_K or Q6_K (the Q4_0 and
-   Q4_K_M files of llama.cpp), ffn_down_t (ffn_gate_t) is read only where the loader does not pack
-   (no_repack): it lays the file's own matrix out by channel instead (pi_sparse_pack, PI_TYPE_Q4_0C,
-   Q4_KC, Q6_KC), with no second rounding, so for those the card's every-channel row measures only the
-   f32 summation order.
+2. Layout: the down matrix is needed by channel (row i = channel i's output vector). Where ffn_down
+   (ffn_gate, for the gate inputs) is Q4_0, Q4_K or Q6_K (the Q4_0 and Q4_K_M files of llama.cpp), the
+   loader lays the file's own matrix out by channel (pi_sparse_pack: PI_TYPE_Q4_0C, Q4_KC, Q6_KC), with
+   no second rounding, and the tool writes nothing more: the sparse file is the input plus metadata (with
+   every channel kept the sparse down step is then the dense product). Elsewhere the file gets
+   blk.N.ffn_down_t.weight (ffn_gate_t) beside ffn_down (which stays: --dense is the exact dense model),
+   re-quantized from the dequantized weights to --down-type; f32/f16/bf16 sources transpose without loss,
+   quantized ones do not (the model card measures what it costs). `convert-dense.py --down-t` writes it
+   from the original checkpoint with no second rounding; a file that has it keeps it (unless --down-type
+   asks for another type). An explicit --down-type writes the copies for every layer (the loader still
+   prefers the column layout; the copies are read with no_repack).
 3. The model card (printed, and written to OUT.card.md): for the held-out text (--heldout, else the
    part of the corpus after the calibration tokens), perplexity of the dense model, and for each
    level the measured sparsity, perplexity, KL divergence from the dense model and top-1 agreement,
-   plus the cost of the re-quantized down_t alone (every channel through the sparse kernels).
+   plus the cost of the down step's layout alone (every channel through the sparse kernels: about 0 where
+   the loader lays the file's own matrix out by channel, the re-quantization's cost where ffn_down_t was
+   written).
 
 The thresholds of every level are stored (powerinfer.act_sparsity.*, see powerinfer/act_sparsity.py).
 """
@@ -252,17 +255,18 @@ def transposed(t, type_name: str) -> tuple[np.ndarray, int]:
 
 def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict, gate_t: bool,
                  keep_down_t: bool) -> dict:
-    """Copy of src with ffn_down_t (and, with gate_t, ffn_gate_t) per layer and the act_sparsity keys;
-    returns {name: type} of the transposed tensors."""
+    """Copy of src with ffn_down_t (and, with gate_t, ffn_gate_t) per layer where the loader cannot lay the file's
+    matrix out by channel, and the act_sparsity keys; returns {name: type} of the transposed tensors."""
     r = gguf.GGUFReader(str(src))
     w = writer_like(r, str(dst), skip=lambda name: name.startswith(act_sparsity.PREFIX))
     for k, v in meta.items():
         w.add_key_value(k, v, gguf.GGUFValueType.ARRAY if isinstance(v, list) else
                         gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.FLOAT32,
                         sub_type=gguf.GGUFValueType.FLOAT32 if isinstance(v, list) else None)
-    types = {}
+    types, n_down = {}, 0
     for t in r.tensors:
         base = t.name[:-len(".weight")]
+        n_down += t.name.endswith(".ffn_down.weight")
         if t.name.endswith(".ffn_down_t.weight") and keep_down_t:
             add_tensor_as_is(w, t)       # written from the checkpoint (convert-dense.py --down-t): no second rounding
             types[base] = f"{gguf.GGMLQuantizationType(t.tensor_type).name.lower()} (kept)"
@@ -272,11 +276,14 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
         add_tensor_as_is(w, t)
         if (t.name.endswith(".ffn_down.weight") and not keep_down_t) or \
                 (gate_t and t.name.endswith(".ffn_gate.weight")):
+            if down_type == "auto" and act_sparsity.has_column_layout(int(t.tensor_type), t.shape):
+                src_type = gguf.GGMLQuantizationType(t.tensor_type).name.lower()
+                types[base + "_t"] = f"none ({src_type}: by channel at load)"
+                continue
             type_name = down_t_type(t.tensor_type, int(t.shape[1]), down_type)   # shape[1]: the new row length
             raw, ggml_type = transposed(t, type_name)
             w.add_tensor(base + "_t.weight", raw, raw_dtype=ggml_type)   # raw: [rows, row bytes]
             types[base + "_t"] = type_name
-    n_down = sum(name.endswith("ffn_down_t") for name in types)
     if n_down != n_layer:
         raise SystemExit(f"sparsify: {src}: found ffn_down in {n_down} of {n_layer} layers")
     write(w)
@@ -293,7 +300,7 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
         dense = perplexity(Model(src), heldout, n_ctx=n_ctx, chunks=chunks, n_threads=n_threads, save_kld=base)
         rows.append({"name": "dense (input file)", "ppl": dense.ppl, "sparsity": 0.0})
         model = Model(out)
-        runs = [("down_t alone (every channel through the sparse kernels)", None, 1e-30, False)]
+        runs = [("every channel through the sparse kernels (the down step's layout alone)", None, 1e-30, False)]
         for lv in levels:
             runs.append((f"sparsity {lv:g}", lv, None, False))
             if model.sparsity_levels.input_thresholds is not None:
@@ -355,7 +362,10 @@ def main(argv=None) -> int:
                     help="the level used when none is asked for (default: the largest stored)")
     ap.add_argument("-o", "--output", type=Path, required=True)
     ap.add_argument("--down-type", choices=DOWN_TYPES, default="auto",
-                    help="type of ffn_down_t (auto: the source's for f32/f16/bf16, q8_0 for quantized sources)")
+                    help="type of ffn_down_t / ffn_gate_t (auto: none where ffn_down / ffn_gate is Q4_0, Q4_K or "
+                         "Q6_K, which the loader lays out by channel; the source's type for f32/f16/bf16; else "
+                         "q8_0). Another choice writes the copies for every layer (read with --no-repack only "
+                         "where the column layout exists)")
     ap.add_argument("--gate-input-scale", type=float, default=0.0,
                     help="TEAL on the gate's input: at level s, skip the fraction scale * s of the FFN input's "
                          "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default: "

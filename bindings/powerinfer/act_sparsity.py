@@ -122,14 +122,18 @@ def describe(ctx) -> str:
 _COLS = {2: (32, 4, 2), 12: (256, 4, 20), 14: (256, 6, 18)}   # Q4_0 -> Q4_0C, Q4_K -> Q4_KC, Q6_K -> Q6_KC
 
 
+def has_column_layout(ggml_type: int, ne) -> bool:
+    """Whether the loader lays a matrix of this type and ne [n_in, n_out] out by input (core/src/repack.c cols_type):
+    then a gate-sparse file needs no transposed copy of it."""
+    return ggml_type in _COLS and len(ne) == 2 and int(ne[1]) % 64 == 0 and int(ne[0]) % _COLS[ggml_type][0] == 0
+
+
 def _cols_bytes(t) -> tuple[int, int] | None:
     """(quant bytes, scale bytes) of the column layout the loader makes of matrix t [n_in, n_out], None if none."""
-    if t is None or t.type not in _COLS or len(t.ne) != 2:
+    if t is None or not has_column_layout(t.type, t.ne):
         return None
     unit, bits, aux = _COLS[t.type]
     n_in, n_out = int(t.ne[0]), int(t.ne[1])
-    if n_out % 64 or n_in % unit:
-        return None
     return n_in * n_out * bits // 8, n_in // unit * n_out * aux
 
 
@@ -151,11 +155,14 @@ def decode_bytes(tensors) -> dict[str, int]:
             for part in ("gate", "up", "down"):
                 if name.endswith(f".ffn_{part}.weight"):
                     parts[part] += n
-            for part in ("down", "gate"):   # a level's down step / input-sparse gate
-                if name.endswith(f".ffn_{part}_t.weight"):
-                    cols = _cols_bytes(tensors.get(name.replace(f"ffn_{part}_t", f"ffn_{part}")))
-                    parts[f"{part}_t"] += n if cols is None else cols[0]
-                    parts[f"{part}_aux"] += 0 if cols is None else cols[1]
+            for part in ("down", "gate"):   # a level's down step / input-sparse gate: the column layout, else _t
+                cols = _cols_bytes(t) if name.endswith(f".ffn_{part}.weight") else None
+                if cols is not None:
+                    parts[f"{part}_t"] += cols[0]
+                    parts[f"{part}_aux"] += cols[1]
+                elif name.endswith(f".ffn_{part}_t.weight") and \
+                        _cols_bytes(tensors.get(name.replace(f"ffn_{part}_t", f"ffn_{part}"))) is None:
+                    parts[f"{part}_t"] += n
     if parts["out"] == 0 and "token_embd.weight" in tensors:   # tied head: the output matmul reads all of it
         parts["out"] = int(tensors["token_embd.weight"].data.nbytes)
     return parts

@@ -222,14 +222,20 @@ class Model:
             raise ModelLoadError(f"{self.path}: metadata {SPARSE_THRESHOLD_KEY} = {threshold!r} is not a finite number")
         if self.sparse:
             self._check_sparse()
-        # gate-sparse (tools/sparsify.py): a dense file with a transposed down matrix in every layer
-        names = self.file.tensors
-        self.gate_sparse = (not self.sparse and self.hparams.ffn_gate != "seq" and
-                            all(f"blk.{il}.ffn_down_t.weight" in names for il in range(self.hparams.n_layer)))
         try:
             self.sparsity_levels = act_sparsity.read_levels(self.path, self.metadata, self.hparams.n_layer)
         except ValueError as e:
             raise ModelLoadError(str(e)) from None
+        # gate-sparse (tools/sparsify.py): a dense file with sparsity levels, or with a transposed down matrix in
+        # every layer (files of earlier versions of the tool); the input-sparse gate where the levels have gate input
+        # thresholds or every layer has ffn_gate_t. The loader lays the file's own ffn_down (ffn_gate) out by channel
+        # where it is Q4_0 / Q4_K / Q6_K, and says so where a layer has neither that nor the transposed copy.
+        names, n_layer = self.file.tensors, self.hparams.n_layer
+        every = lambda part: all(f"blk.{il}.{part}.weight" in names for il in range(n_layer))  # noqa: E731
+        self.gate_sparse = (not self.sparse and self.hparams.ffn_gate != "seq" and
+                            (len(self.sparsity_levels.levels) > 0 or every("ffn_down_t")))
+        self.gate_input_sparse = self.gate_sparse and (self.sparsity_levels.input_thresholds is not None or
+                                                       every("ffn_gate_t"))
         try:
             self.tokenizer = _tokenizer.load(self.metadata)
         except ValueError as e:
@@ -285,6 +291,7 @@ class Model:
         p.norm_eps, p.rope_freq_base, p.rope_freq_scale = hp.norm_eps, hp.rope_freq_base, hp.rope_freq_scale
         p.sparse = 1 if self.sparse else 0
         p.gate_sparse = 1 if self.gate_sparse else 0
+        p.gate_input_sparse = 1 if self.gate_input_sparse else 0
         p.head_dim, p.rope_mode = hp.head_dim, _ROPE_MODES[hp.rope_mode]
         p.attn_scale, p.embd_scale = hp.attn_scale, hp.embd_scale
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)

@@ -298,9 +298,14 @@ typedef struct pi_hparams {
                               * (llama.cpp's set_swa_pattern; gemma3: 6, every 6th layer global) */
     float   rope_freq_base_swa;   /* rope base and scale of the local layers (gemma3: 10000, 1) */
     float   rope_freq_scale_swa;
-    int32_t gate_sparse;     /* 1: a dense file with blk.N.ffn_down_t beside ffn_down (tools/sparsify.py): the FFN can
-                              * run activation-sparse, the gate dense and only the up/down_t rows of the channels with
-                              * |act(gate x)| >= the layer's threshold (pi_set_sparse_thresholds; <= 0: dense FFN) */
+    int32_t gate_sparse;     /* 1: a dense file made activation-sparse (tools/sparsify.py): the FFN can run with the
+                              * gate dense and only the up rows and the down step's rows of the channels with
+                              * |act(gate x)| >= the layer's threshold (pi_set_sparse_thresholds; <= 0: dense FFN). The
+                              * down step: the file's Q4_0 / Q4_K / Q6_K ffn_down laid out by channel at load
+                              * (pi_sparse_pack), else blk.N.ffn_down_t (the transposed copy the tool writes) */
+    int32_t gate_input_sparse;   /* 1 (with gate_sparse): the gate can read only the FFN input's entries with
+                              * |x_j| >= the layer's input threshold (pi_set_gate_input_thresholds): the file's Q4_0 /
+                              * Q4_K / Q6_K ffn_gate laid out by input at load, else blk.N.ffn_gate_t */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {
@@ -316,7 +321,9 @@ typedef struct pi_model_desc {
     pi_hparams            hparams;
     int32_t               n_tensors;
     const pi_tensor_desc *tensors;
-    int32_t               no_repack;   /* 1: use the file's weights as they are (no interleaved copies) */
+    int32_t               no_repack;   /* 1: use the file's weights as they are (no interleaved copies); a gate-sparse
+                                        * layer without ffn_down_t (ffn_gate_t) still gets the column layout of its
+                                        * ffn_down (ffn_gate), the only form its sparse step can read */
 } pi_model_desc;
 
 typedef struct pi_model pi_model;
@@ -324,7 +331,8 @@ typedef struct pi_model pi_model;
 PI_API pi_status pi_model_create(const pi_model_desc *desc, pi_model **out);
 PI_API void      pi_model_free(pi_model *model);
 PI_API pi_status pi_model_hparams(const pi_model *model, pi_hparams *out);
-/* Layers whose sparse FFN the loader packed (pi_sparse_pack); 0 for dense models, no_repack or NULL. */
+/* Layers whose sparse FFN the loader packed (pi_sparse_pack); 0 for dense models or NULL; with no_repack, the
+ * gate-sparse layers without ffn_down_t. */
 PI_API int32_t   pi_model_n_packed_ffn(const pi_model *model);
 
 /* ---- contexts, batches, decoding -------------------------------------- */

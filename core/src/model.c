@@ -81,6 +81,7 @@ static pi_status check_hparams(const pi_hparams *hp) {
                        "sparse (PowerInfer) inference supports the llama, bamboo, falcon and opt architectures only");
     if (hp->gate_sparse && (hp->sparse || hp->ffn_gate == PI_FFN_SEQ))
         return pi_fail(PI_ERR_BAD_MODEL, "gate_sparse needs a dense file with a gated FFN (PI_FFN_PAR or PI_FFN_SYM)");
+    if (hp->gate_input_sparse && !hp->gate_sparse) return pi_fail(PI_ERR_BAD_MODEL, "gate_input_sparse needs gate_sparse");
     if (!hp->sparse && (hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT))
         return pi_fail(PI_ERR_UNSUPPORTED, "dense falcon/opt not supported; use the PowerInfer file");
     if ((hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT) && hp->ffn_gate != PI_FFN_SEQ)
@@ -160,6 +161,29 @@ static pi_status repack_one(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
     return buf ? pi_repack_on(pool, t, buf, bytes, t) : PI_ERR_OUT_OF_MEMORY;
 }
 
+/* A gate-sparse layer's down step (and, with gate_input_sparse, its input-sparse gate): the transposed copies the tool
+ * writes where the file's matrix has no column layout (pi_sparse_pack's Q4_0C / Q4_KC / Q6_KC, made at load instead). */
+static pi_status load_act_sparse(const pi_model_desc *desc, const pi_hparams *hp, int32_t il, pi_layer *L) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_down_t.weight", il);
+    pi_status st = load_tensor(desc, name, hp->n_embd, hp->n_ff, false, true, &L->ffn_down_t);
+    if (st != PI_OK) return st;
+    L->act_ffn = (pi_sparse_ffn_weights){ .up = L->ffn_up, .down_t = L->ffn_down_t, .down = L->ffn_down };
+    if (!L->ffn_down_t.data && !pi_sparse_pack_bytes(&L->act_ffn, PI_FFN_SEQ))
+        return pi_fail(PI_ERR_BAD_MODEL, "gate-sparse layer %d: no '%s', and its ffn_down (%s) has no column layout "
+                       "(Q4_0, Q4_K or Q6_K with n_embd a multiple of 64); sparsify the file again", il, name,
+                       pi_type_name(L->ffn_down.type));
+    if (!hp->gate_input_sparse) return PI_OK;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_t.weight", il);
+    if ((st = load_tensor(desc, name, hp->n_ff, hp->n_embd, false, true, &L->ffn_gate_t)) != PI_OK) return st;
+    L->act_gate = (pi_sparse_ffn_weights){ .down_t = L->ffn_gate_t, .down = L->ffn_gate };
+    if (!L->ffn_gate_t.data && !pi_sparse_pack_bytes(&L->act_gate, PI_FFN_SEQ))
+        return pi_fail(PI_ERR_BAD_MODEL, "gate-sparse layer %d: gate input thresholds, but no '%s', and its ffn_gate "
+                       "(%s) has no column layout (Q4_0, Q4_K or Q6_K with n_ff a multiple of 64)", il, name,
+                       pi_type_name(L->ffn_gate.type));
+    return PI_OK;
+}
+
 /* Replaces a sparse layer's gate/up/down_t by their per-neuron packing when they have one. */
 static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     pi_sparse_ffn_weights w = { .gate = L->ffn_gate, .up = L->ffn_up, .down_t = L->ffn_down_t };
@@ -177,17 +201,20 @@ static pi_status pack_sparse_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) 
 }
 
 /* A gate-sparse layer's up rows and down step, packed per channel where they have a packed layout (the gate-less
- * packing: up_i then the down step's row i, from the file's Q4_0 ffn_down where it is one), and the input-sparse
- * gate's rows alone (from ffn_gate, or ffn_gate_t). */
-static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
-    const int64_t bytes = pi_sparse_pack_bytes(&L->act_ffn, PI_FFN_SEQ);
-    if (bytes == 0) return PI_OK;
-    void *buf = own_copy(m, bytes, "packing the activation-sparse FFN");
-    if (!buf) return PI_ERR_OUT_OF_MEMORY;
-    pi_status st = pi_sparse_pack_on(pool, &L->act_ffn, PI_FFN_SEQ, buf, bytes, &L->act_ffn);
-    if (st != PI_OK) return st;
-    m->n_packed_ffn++;
-    const int64_t gbytes = L->act_gate.down_t.data ? pi_sparse_pack_bytes(&L->act_gate, PI_FFN_SEQ) : 0;
+ * packing: up_i then the down step's row i, from the file's Q4_0 / Q4_K / Q6_K ffn_down where it is one), and the
+ * input-sparse gate's rows alone (from ffn_gate, or ffn_gate_t). only_missing (no_repack): only the parts the file has
+ * no transposed copy of, which the sparse step cannot read otherwise. */
+static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L, bool only_missing) {
+    const int64_t bytes = only_missing && L->act_ffn.down_t.data ? 0 : pi_sparse_pack_bytes(&L->act_ffn, PI_FFN_SEQ);
+    if (bytes > 0) {
+        void *buf = own_copy(m, bytes, "packing the activation-sparse FFN");
+        if (!buf) return PI_ERR_OUT_OF_MEMORY;
+        pi_status st = pi_sparse_pack_on(pool, &L->act_ffn, PI_FFN_SEQ, buf, bytes, &L->act_ffn);
+        if (st != PI_OK) return st;
+        m->n_packed_ffn++;
+    }
+    const bool gate = m->hp.gate_input_sparse && !(only_missing && L->act_gate.down_t.data);
+    const int64_t gbytes = gate ? pi_sparse_pack_bytes(&L->act_gate, PI_FFN_SEQ) : 0;
     if (gbytes == 0) return PI_OK;
     void *gbuf = own_copy(m, gbytes, "packing the input-sparse gate");
     if (!gbuf) return PI_ERR_OUT_OF_MEMORY;
@@ -196,13 +223,15 @@ static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L) {
 
 /* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. A tied table is
  * repacked where get_rows reads the interleaved layout too (a group_row_to_f32: Q8_0X16, Gemma's 262144-row
- * head), so the head is read fast without a second copy. */
-static pi_status repack_weights(pi_model *m) {
+ * head), so the head is read fast without a second copy. And the sparse FFNs' packings. no_repack: only the packings
+ * of the gate-sparse parts the file has no transposed copy of. */
+static pi_status repack_weights(pi_model *m, bool no_repack) {
     pi_threadpool *pool = NULL;   /* the copies are made by all cores; without a pool, by this thread */
     if (pi_threadpool_create(0, &pool) != PI_OK) { pool = NULL; pi_clear_error(); }
     pi_status st = PI_OK;
-    if (m->output.data != m->token_embd.data) st = repack_one(m, pool, &m->output);
-    else if (m->output.data && pi_traits(m->output.type)->repacked_type &&
+    const bool tied = m->output.data == m->token_embd.data;
+    if (!no_repack && !tied) st = repack_one(m, pool, &m->output);
+    else if (!no_repack && m->output.data && pi_traits(m->output.type)->repacked_type &&
              pi_traits(pi_traits(m->output.type)->repacked_type)->group_row_to_f32) {
         st = repack_one(m, pool, &m->output);
         m->token_embd = m->output;
@@ -212,10 +241,10 @@ static pi_status repack_weights(pi_model *m) {
         pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
                            m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
                            m->hp.sparse ? NULL : &L->ffn_down };
-        for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
+        for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK && !no_repack; i++)
             if (w[i]) st = repack_one(m, pool, w[i]);
-        if (m->hp.sparse && st == PI_OK) st = pack_sparse_ffn(m, pool, L);
-        if (m->hp.gate_sparse && st == PI_OK) st = pack_act_ffn(m, pool, L);
+        if (m->hp.sparse && st == PI_OK && !no_repack) st = pack_sparse_ffn(m, pool, L);
+        if (m->hp.gate_sparse && st == PI_OK) st = pack_act_ffn(m, pool, L, no_repack);
     }
     pi_threadpool_free(pool);
     return st;
@@ -295,12 +324,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         if (opt) LAYER("ffn_up.bias", F, 0, true, false, &L->ffn_up_b);
         if (!hp->sparse) {
             LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);
-            if (hp->gate_sparse) {
-                LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
-                LAYER("ffn_gate_t.weight", F, E, false, true, &L->ffn_gate_t);
-                L->act_ffn = (pi_sparse_ffn_weights){ .up = L->ffn_up, .down_t = L->ffn_down_t, .down = L->ffn_down };
-                L->act_gate = (pi_sparse_ffn_weights){ .down_t = L->ffn_gate_t, .down = L->ffn_gate };
-            }
+            if (hp->gate_sparse) TRY(load_act_sparse(desc, hp, il, L));
             continue;
         }
         LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
@@ -324,7 +348,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         goto fail;
     }
     memcpy(m->file_layers, m->layers, (size_t)hp->n_layer * sizeof *m->file_layers);
-    if (!desc->no_repack) TRY(repack_weights(m));
+    if (!desc->no_repack || hp->gate_sparse) TRY(repack_weights(m, desc->no_repack));
     *out = m;
     return PI_OK;
 fail:

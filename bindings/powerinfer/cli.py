@@ -79,7 +79,8 @@ def add_sparse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     p.add_argument("-nr", "--no-repack", action="store_true",
-                   help="keep the file's weight layout: no interleaved copy, slower matmuls")
+                   help="keep the file's weight layout: no interleaved copy, slower matmuls (a gate-sparse "
+                        "file's down step is still laid out by channel where the file has no ffn_down_t)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP, *, seed: int = -1,

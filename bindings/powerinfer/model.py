@@ -201,7 +201,9 @@ class Model:
     Q5_0's copy is Q8_0's layout: 1.55x its bytes), and a sparse file's Q4_0 FFN (n_embd a multiple of 256) is
     copied with each neuron's rows together (n_packed_ffn layers). repack=False (or
     POWERINFER_NO_REPACK=1) reads the file's layout directly and copies nothing (slower; the same bits
-    for the matmuls, the last bits of the sparse FFN's dot products differ).
+    for the matmuls, the last bits of the sparse FFN's dot products differ), except the column layouts of a
+    gate-sparse file's Q4_0 / Q4_K / Q6_K ffn_down (ffn_gate) where the file has no ffn_down_t (ffn_gate_t):
+    its sparse step reads nothing else.
 
     >>> model = Model("models/tiny.gguf")
     >>> model.tokenizer.encode("Hello")

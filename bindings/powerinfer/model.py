@@ -256,7 +256,8 @@ class Model:
         if missing:
             raise ModelLoadError(f"{self.path}: {hp.arch} PowerInfer file without {', '.join(missing)}")
         for il in range(hp.n_layer):
-            missing = [f"blk.{il}.{n}.weight" for n in ("ffn_down_t", "fc1", "fc2") if f"blk.{il}.{n}.weight" not in names]
+            missing = [f"blk.{il}.{n}.weight" for n in ("ffn_down_t", "fc1", "fc2")
+                       if f"blk.{il}.{n}.weight" not in names]
             if missing:
                 raise ModelLoadError(f"{self.path}: PowerInfer (PWRI) file without {', '.join(missing)}: a sparse "
                                      "model needs a transposed down matrix and a predictor per layer")
@@ -335,6 +336,7 @@ class Model:
 
     def describe(self) -> str:
         hp = self.hparams
-        return (f"{self.path.name}: {'sparse (PowerInfer)' if self.sparse else 'gate-sparse' if self.gate_sparse else 'dense'} arch={hp.arch} n_vocab={hp.n_vocab} n_embd={hp.n_embd} n_layer={hp.n_layer} "
+        kind = "sparse (PowerInfer)" if self.sparse else "gate-sparse" if self.gate_sparse else "dense"
+        return (f"{self.path.name}: {kind} arch={hp.arch} n_vocab={hp.n_vocab} n_embd={hp.n_embd} n_layer={hp.n_layer} "
                 f"n_head={hp.n_head} n_head_kv={hp.n_head_kv} n_ff={hp.n_ff} act={hp.ffn_act} "
                 f"params={self.n_params / 1e6:.2f}M size={self.size_bytes / 2**20:.2f} MiB")

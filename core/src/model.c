@@ -221,30 +221,38 @@ static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L, boo
     return pi_sparse_pack_on(pool, &L->act_gate, PI_FFN_SEQ, gbuf, gbytes, &L->act_gate);
 }
 
-/* The weights only mul_mat reads; not token_embd (get_rows) nor the sparse FFN's gathered rows. A tied table is
- * repacked where get_rows reads the interleaved layout too (a group_row_to_f32: Q8_0X16, Gemma's 262144-row
- * head), so the head is read fast without a second copy. And the sparse FFNs' packings. no_repack: only the packings
- * of the gate-sparse parts the file has no transposed copy of. */
+/* The output head's copy for mul_mat. A tied table is repacked where get_rows reads the interleaved layout too (a
+ * group_row_to_f32: Q8_0X16, Gemma's 262144-row head), so the head is read fast without a second copy. */
+static pi_status repack_output(pi_model *m, pi_threadpool *pool) {
+    if (m->output.data != m->token_embd.data) return repack_one(m, pool, &m->output);
+    if (!m->output.data || !pi_traits(m->output.type)->repacked_type ||
+        !pi_traits(pi_traits(m->output.type)->repacked_type)->group_row_to_f32)
+        return PI_OK;
+    pi_status st = repack_one(m, pool, &m->output);
+    m->token_embd = m->output;
+    return st;
+}
+
+/* A layer's weights only mul_mat reads (not the sparse FFN's gathered rows), and a PowerInfer layer's packing. */
+static pi_status repack_layer(pi_model *m, pi_threadpool *pool, pi_layer *L) {
+    pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
+                       m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
+                       m->hp.sparse ? NULL : &L->ffn_down };
+    pi_status st = PI_OK;
+    for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
+        if (w[i]) st = repack_one(m, pool, w[i]);
+    return st == PI_OK && m->hp.sparse ? pack_sparse_ffn(m, pool, L) : st;
+}
+
+/* The load-time copies: the weights only mul_mat reads (not token_embd: get_rows) and the sparse FFNs' packings.
+ * no_repack: only the packings of the gate-sparse parts the file has no transposed copy of. */
 static pi_status repack_weights(pi_model *m, bool no_repack) {
     pi_threadpool *pool = NULL;   /* the copies are made by all cores; without a pool, by this thread */
     if (pi_threadpool_create(0, &pool) != PI_OK) { pool = NULL; pi_clear_error(); }
-    pi_status st = PI_OK;
-    const bool tied = m->output.data == m->token_embd.data;
-    if (!no_repack && !tied) st = repack_one(m, pool, &m->output);
-    else if (!no_repack && m->output.data && pi_traits(m->output.type)->repacked_type &&
-             pi_traits(pi_traits(m->output.type)->repacked_type)->group_row_to_f32) {
-        st = repack_one(m, pool, &m->output);
-        m->token_embd = m->output;
-    }
+    pi_status st = no_repack ? PI_OK : repack_output(m, pool);
     for (int32_t il = 0; il < m->hp.n_layer && st == PI_OK; il++) {
-        pi_layer *L = &m->layers[il];
-        pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
-                           m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
-                           m->hp.sparse ? NULL : &L->ffn_down };
-        for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK && !no_repack; i++)
-            if (w[i]) st = repack_one(m, pool, w[i]);
-        if (m->hp.sparse && st == PI_OK && !no_repack) st = pack_sparse_ffn(m, pool, L);
-        if (m->hp.gate_sparse && st == PI_OK) st = pack_act_ffn(m, pool, L, no_repack);
+        if (!no_repack) st = repack_layer(m, pool, &m->layers[il]);
+        if (st == PI_OK && m->hp.gate_sparse) st = pack_act_ffn(m, pool, &m->layers[il], no_repack);
     }
     pi_threadpool_free(pool);
     return st;

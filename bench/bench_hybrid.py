@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Decode speed of a sparse 7B-shaped file on the GPU at VRAM budgets of 25/50/100% of the model,
-against our CPU-only run and against the dense twin with -ngl at the same device memory.
+"""Decode speed of a sparse 7B-shaped file on the GPU at VRAM budgets that hold the dense part (attention,
+predictors, head, KV cache) and 0/25/50/100% of the FFN neurons, against our CPU-only run and against the
+dense twin with -ngl at the same device memory.
 
     python bench/bench_hybrid.py [--dir DIR] [--n-layer 8] [--tokens 48] [--threads N]
 
@@ -59,6 +60,18 @@ def speed(ctx, n_tokens: int, prompt: list[int]) -> float:
     return n_tokens / (time.perf_counter() - t0)
 
 
+def most_layers_within(model, n_max: int, budget: int, kw: dict) -> int:
+    """The largest -ngl (0..n_max) whose device bytes fit in budget: a bisection (bytes grow with -ngl)."""
+    lo, hi = 0, n_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        c = pi.Context(model, n_gpu_layers=mid, **kw)
+        fits = c.offload is not None and c.offload.total_bytes <= budget
+        del c
+        lo, hi = (mid, hi) if fits else (lo, mid - 1)
+    return lo
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=str(ROOT / "build-cuda" / "bench-hybrid"))
@@ -83,9 +96,11 @@ def main(argv=None) -> int:
     info = gs.ModelInfo.from_gguf(sparse)
     comp = lib.pi_offload_compute_bytes(ms._ptr, 0, a.ctx_size, 64)
     plan = gs.plan_budget(info, 1 << 50, n_ctx=a.ctx_size, n_batch=64, compute_bytes=comp)
-    full = plan.dense_bytes + info.n_layer * (-(-info.n_ff // gs.GROUP) * gs.GROUP * plan.neuron_bytes + 4 * gs.ALIGN)
-    for frac in (0.25, 0.5, 1.0):
-        budget = int(full * frac)
+    all_ffn = info.n_layer * (-(-info.n_ff // gs.GROUP) * gs.GROUP * plan.neuron_bytes + 4 * gs.ALIGN)
+    print(f"device bytes: dense part {plan.dense_bytes / 2**20:.1f} MiB, all FFN neurons {all_ffn / 2**20:.1f} MiB",
+          flush=True)
+    for frac in (0.0, 0.25, 0.5, 1.0):
+        budget = plan.dense_bytes + int(all_ffn * frac)
         lib.pi_device_reset_peak()
         ctx = pi.Context(ms, vram_budget=budget, reset_gpu_index=True, **kw)
         st = ctx.offload
@@ -94,17 +109,14 @@ def main(argv=None) -> int:
         t_s = speed(ctx, a.tokens, prompt)
         peak = lib.pi_device_peak_bytes()
         del ctx
-        ngl, t_d = 0, None
-        for n in range(info.n_layer + 1, 0, -1):   # the most dense layers that fit in the same memory
-            c = pi.Context(md, n_gpu_layers=n, **kw)
-            if c.offload is not None and c.offload.total_bytes <= budget:
-                ngl, t_d = n, speed(c, a.tokens, prompt)
-                del c
-                break
+        ngl, t_d = most_layers_within(md, info.n_layer + 1, budget, kw), None
+        if ngl:
+            c = pi.Context(md, n_gpu_layers=ngl, **kw)
+            t_d = speed(c, a.tokens, prompt)
             del c
         dense_s = f"dense -ngl {ngl}: {t_d:8.2f} t/s" if t_d else "dense: no layer fits"
-        print(f"budget {frac:4.0%} ({budget / 2**20:8.1f} MiB): sparse {t_s:8.2f} t/s ({t_s / cpu:5.2f}x CPU; {where}; "
-              f"peak {peak / 2**20:.1f} MiB) | {dense_s}", flush=True)
+        print(f"budget dense + {frac:4.0%} FFN ({budget / 2**20:8.1f} MiB): sparse {t_s:8.2f} t/s "
+              f"({t_s / cpu:5.2f}x CPU; {where}; peak {peak / 2**20:.1f} MiB) | {dense_s}", flush=True)
         assert peak <= max(budget, 1), f"device peak {peak} > budget {budget}"
     return 0
 

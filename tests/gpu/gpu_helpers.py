@@ -2,6 +2,8 @@
 powerinfer_cuda.h through powerinfer.gpu_split.cuda_api), pi_tensor views and dtype encoders."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
@@ -57,7 +59,9 @@ def decode(raw: np.ndarray, t: int) -> np.ndarray:
 
 
 def tensor(ffi, arr: np.ndarray, t: int | None = None):
-    """pi_tensor (of this ffi) over numpy arr, GGUF order (ne[0] = last axis). Keep arr alive."""
+    """pi_tensor (of this ffi) over numpy arr, GGUF order (ne[0] = last axis). The tensor keeps arr alive
+    (a temporary array would otherwise be freed while the op reads it); a copy of the struct (tensor(...)[0])
+    does not: ffn_weights keeps its own."""
     if t is None:
         t = {np.dtype(np.float32): F32, np.dtype(np.int32): I32}[arr.dtype]
     bs, bb = BLOCK[t]
@@ -74,7 +78,12 @@ def tensor(ffi, arr: np.ndarray, t: int | None = None):
     for i in range(4):
         p.ne[i], p.nb[i] = ne[i], nb[i]
     p.data = ffi.cast("void *", arr.__array_interface__["data"][0])
+    weakref.finalize(p, _keep_until_freed, arr)
     return p
+
+
+def _keep_until_freed(*arrays):
+    """weakref.finalize's callback: its arguments (the arrays) live as long as the cdata they back."""
 
 
 def ffn_weights(ffi, gate, up, down_t, t):
@@ -83,6 +92,7 @@ def ffn_weights(ffi, gate, up, down_t, t):
         w.gate = tensor(ffi, gate, t)[0]
     w.up = tensor(ffi, up, t)[0]
     w.down_t = tensor(ffi, down_t, t)[0]
+    weakref.finalize(w, _keep_until_freed, gate, up, down_t)
     return w
 
 

@@ -3,6 +3,7 @@
  *
  *   cc -O2 tests/gpu/gpu_smoke.c -Icore/include -Lbuild-cuda -lpowerinfer -Wl,-rpath,$PWD/build-cuda -lm
  *
+ * `gpu_smoke --no-bench` runs the checks without the timings (for compute-sanitizer).
  * Exit status: 0 all passed, 1 a comparison failed, 77 no GPU (skipped). */
 #include "powerinfer.h"
 #include "powerinfer_cuda.h"
@@ -161,7 +162,8 @@ static void bench(int32_t op, int32_t type, int64_t E, int64_t F, int64_t T, flo
     printf("BENCH %-44s %8.3f ms  %8.1f GB/s\n", what, r.ms_per_iter, r.weight_gbps);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    const int timings = !(argc > 1 && strcmp(argv[1], "--no-bench") == 0);   /* --no-bench: checks only */
     if (pi_cuda_compiled() == PI_GPU_NONE || pi_cuda_available() == 0) {
         printf("SKIP: %s\n", pi_cuda_compiled() == PI_GPU_NONE ? "library built without a GPU backend" : "no GPU device");
         return 77;
@@ -178,14 +180,16 @@ int main(void) {
     }
     check_small_ops();
     const int64_t before = pi_cuda_allocated_bytes();
-    bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_F16, 4096, 11008, 1, 1, 1, "mul_mat f16 4096x11008 T=1");
-    bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_Q4_0, 4096, 11008, 1, 1, 1, "mul_mat q4_0 4096x11008 T=1");
-    bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_Q8_0, 4096, 11008, 1, 1, 1, "mul_mat q8_0 4096x11008 T=1");
-    bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_F16, 4096, 11008, 64, 1, 1, "mul_mat f16 4096x11008 T=64");
-    bench(PI_CUDA_BENCH_SPARSE_FFN, PI_TYPE_F16, 4096, 11008, 1, 0.3f, 0.3f, "hot ffn f16 30% hot, 30% active T=1");
-    bench(PI_CUDA_BENCH_SPARSE_FFN, PI_TYPE_Q4_0, 4096, 11008, 1, 0.3f, 0.3f, "hot ffn q4_0 30% hot, 30% active T=1");
-    bench(PI_CUDA_BENCH_SPARSE_FFN, PI_TYPE_F16, 4096, 11008, 32, 0.3f, 0.3f, "hot ffn f16 30% hot, 30% active T=32");
-    bench(PI_CUDA_BENCH_ATTENTION, PI_TYPE_F16, 4096, 4096, 1, 1, 1, "attention 32 heads, 4096 cells T=1");
+    if (timings) {
+        bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_F16, 4096, 11008, 1, 1, 1, "mul_mat f16 4096x11008 T=1");
+        bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_Q4_0, 4096, 11008, 1, 1, 1, "mul_mat q4_0 4096x11008 T=1");
+        bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_Q8_0, 4096, 11008, 1, 1, 1, "mul_mat q8_0 4096x11008 T=1");
+        bench(PI_CUDA_BENCH_MUL_MAT, PI_TYPE_F16, 4096, 11008, 64, 1, 1, "mul_mat f16 4096x11008 T=64");
+        bench(PI_CUDA_BENCH_SPARSE_FFN, PI_TYPE_F16, 4096, 11008, 1, 0.3f, 0.3f, "hot ffn f16 30% hot, 30% active T=1");
+        bench(PI_CUDA_BENCH_SPARSE_FFN, PI_TYPE_Q4_0, 4096, 11008, 1, 0.3f, 0.3f, "hot ffn q4_0 30% hot, 30% active T=1");
+        bench(PI_CUDA_BENCH_SPARSE_FFN, PI_TYPE_F16, 4096, 11008, 32, 0.3f, 0.3f, "hot ffn f16 30% hot, 30% active T=32");
+        bench(PI_CUDA_BENCH_ATTENTION, PI_TYPE_F16, 4096, 4096, 1, 1, 1, "attention 32 heads, 4096 cells T=1");
+    }
     if (pi_cuda_allocated_bytes() != before) {
         printf("FAIL device memory leaked: %lld bytes\n", (long long)(pi_cuda_allocated_bytes() - before));
         failures++;

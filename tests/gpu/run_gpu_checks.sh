@@ -13,7 +13,11 @@
 #    CPU tests of the placement (tests/test_gpu_split.py, tests/test_hybrid.py on the emulated device),
 #    when python has numpy, cffi, gguf and pytest;
 # 4. bench/bench_hybrid.py: decode speed of a sparse file with 7B-shaped layers (PI_BENCH_LAYERS of
-#    them, default 4) at budgets of 25/50/100% against CPU-only and dense -ngl at the same memory.
+#    them, default 4) at budgets of the dense part + 0/25/50/100% of the FFN against CPU-only and dense -ngl at the same memory.
+# Options (environment): PI_GPU_PREBUILT=1 uses a build-cuda/libpowerinfer.so already there (built on
+# another machine: step 1 is skipped); PI_GPU_SKIP_CPU_TESTS=1 leaves out the CPU-only placement tests;
+# PI_BENCH_LAYERS / PI_BENCH_TIMEOUT_S set step 4's layers (4) and time limit (200 s); when compute-sanitizer
+# is on the PATH, gpu_smoke also runs under its memcheck, last.
 # Every step has a timeout; a failing step does not stop the others. Logs go to $OUT (if set, e.g. by
 # the device runner) or build-cuda/gpu-checks/. Exit status: 0 when every step that ran passed.
 set -euo pipefail
@@ -93,7 +97,10 @@ build_direct() {
     nvcc -shared -cudart static -o build-cuda/libpowerinfer.so "$obj"/*.o -lpthread -lm
 }
 
-if command -v cmake >/dev/null 2>&1; then
+if [ "${PI_GPU_PREBUILT:-0}" = 1 ] && [ -f build-cuda/libpowerinfer.so ]; then
+    say "build"
+    echo "using the prebuilt build-cuda/libpowerinfer.so (PI_GPU_PREBUILT=1)"
+elif command -v cmake >/dev/null 2>&1; then
     step configure 45 cmake -S . -B build-cuda "${GEN[@]}" -DPI_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" \
         -DCMAKE_BUILD_TYPE=Release
     step build 200 cmake --build build-cuda -j "$(nproc)"
@@ -116,10 +123,15 @@ if $PY -c "import numpy, cffi, gguf, pytest" >/dev/null 2>&1; then
         step library_sees_gpu 20 $PY -c "import sys; sys.path.insert(0, 'tests/gpu'); import gpu_helpers as g; \
 ok, why = g.gpu_ready(); print('library sees the GPU' if ok else 'library: ' + why); sys.exit(0 if ok else 1)"
     fi
-    step pytest_gpu 120 $PY -m pytest -q -rs tests/gpu -p no:cacheprovider
-    step pytest_gpu_split 60 $PY -m pytest -q tests/test_gpu_split.py tests/test_hybrid.py -p no:cacheprovider
-    step bench_hybrid 200 $PY bench/bench_hybrid.py --n-layer "${PI_BENCH_LAYERS:-4}" --tokens 32
-else
+    step pytest_gpu 150 $PY -m pytest -q -rs --durations=8 tests/gpu -p no:cacheprovider
+    [ "${PI_GPU_SKIP_CPU_TESTS:-0}" = 1 ] || step pytest_gpu_split 60 $PY -m pytest -q tests/test_gpu_split.py tests/test_hybrid.py -p no:cacheprovider
+    step bench_hybrid "${PI_BENCH_TIMEOUT_S:-200}" $PY bench/bench_hybrid.py --n-layer "${PI_BENCH_LAYERS:-4}" --tokens 32
+fi
+# last: whatever time is left (compute-sanitizer runs the kernels tens of times slower)
+if [ -x build-cuda/gpu_smoke ] && [ "$HAVE_GPU" -eq 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+    step gpu_smoke_memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 3 build-cuda/gpu_smoke --no-bench
+fi
+if ! $PY -c "import numpy, cffi, gguf, pytest" >/dev/null 2>&1; then
     say "pytest"
     echo "python ($PY) lacks numpy/cffi/gguf/pytest: the pytest GPU suite is skipped (gpu_smoke covered the ops)"
 fi

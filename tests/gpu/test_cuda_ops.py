@@ -254,8 +254,8 @@ def test_hybrid_split_sums_to_the_whole_ffn(t, hot_fraction, n_tok):
     cold, n_cold = cpu_ffn(t, mode, act, gate, up, down_t, x, cold_scores)
     gpu_part, n_hot = np.zeros_like(x), gffi.new("int64_t *")
     if k:
-        w_hot = ffn_weights(gffi, np.ascontiguousarray(gate[hot]), np.ascontiguousarray(up[hot]),
-                            np.ascontiguousarray(down_t[hot]), t)
+        hot_rows = [np.ascontiguousarray(m[hot]) for m in (gate, up, down_t)]   # kept alive: the views point into them
+        w_hot = ffn_weights(gffi, *hot_rows, t)
         gpu_call(glib.pi_cuda_op_sparse_ffn_hot, w_hot, gffi.cast("int32_t *", hot.ctypes.data), F, act, mode,
                  T(gffi, x), T(gffi, scores), np.float32(0.0), T(gffi, gpu_part), n_hot)
     assert n_cold + (n_hot[0] if k else 0) == n_full
@@ -290,11 +290,11 @@ def test_axpy_sparse(t, n_tok):
     E, N = 384, 900
     hot = np.sort(RNG.choice(N, 400, replace=False)).astype(np.int32)
     down_hot = encode(RNG.standard_normal((len(hot), E), dtype=np.float32), t)
-    h = RNG.standard_normal((n_tok, N), dtype=np.float32) * (RNG.random((n_tok, N)) < 0.5)
+    h = (RNG.standard_normal((n_tok, N), dtype=np.float32) * (RNG.random((n_tok, N)) < 0.5)).astype(np.float32)
     scores = RNG.standard_normal((n_tok, N), dtype=np.float32)
     out = np.full((n_tok, E), np.nan, np.float32)
     gpu_call(glib.pi_cuda_op_axpy_sparse, T(gffi, down_hot, t), gffi.cast("int32_t *", hot.ctypes.data),
-             T(gffi, h.astype(np.float32)), T(gffi, scores), np.float32(0.0), T(gffi, out))
+             T(gffi, h), T(gffi, scores), np.float32(0.0), T(gffi, out))
     coef = np.where(scores[:, hot] >= 0, h[:, hot], 0).astype(np.float64)
     ref = coef @ decode(down_hot, t).astype(np.float64)
     assert rel_err(out, ref) < dot_tol(t)

@@ -196,8 +196,10 @@ def build(op, a, f, n_layer, weight, f32, pools, keep):
                               L.pi_op_mul_mat(pool, downs[L is lib_b], h, y)))
             elif op == "cats":
                 w = ffi.new("pi_sparse_ffn_weights *")
-                (up, ub), (down, db) = weight(P + "ffn_up.weight"), weight(P + "ffn_down_t.weight")
-                w.up, w.down_t, w.down = up[0], down[0], weight(P + "ffn_down.weight")[0][0]   # as the loader
+                (up, ub), (down, db) = weight(P + "ffn_up.weight"), weight(P + "ffn_down.weight")
+                w.up, w.down = up[0], down[0]   # as the loader: the down step from ffn_down's column layout,
+                if P + "ffn_down_t.weight" in f.tensors:   # else from the transposed copy where the file has one
+                    w.down_t = weight(P + "ffn_down_t.weight")[0][0]
                 ws = packed_per_lib(w, keep)   # the gate-less packing pi_model_create makes
                 thr = float(np.quantile(np.abs(silu(g[0])), a.sparsity))
                 lib_a.pi_op_sparse_ffn(pools[0], ws[0], lib_a.PI_ACT_SILU, lib_a.PI_FFN_PAR, x, gt, thr,
@@ -208,8 +210,11 @@ def build(op, a, f, n_layer, weight, f32, pools, keep):
                     pool, ws[L is lib_b], lib_a.PI_ACT_SILU, lib_a.PI_FFN_PAR, xi, s, thr, y, ffi.NULL))
             else:   # gate_t: up and gate NULL, the scores are h = x
                 w = ffi.new("pi_sparse_ffn_weights *")
-                gt_t, tb = weight(P + "ffn_gate_t.weight")
-                w.down_t, w.down = gt_t[0], gate[0]   # as the loader: a build may lay out ffn_gate's own blocks
+                tb = gb   # the loader lays out ffn_gate's own blocks by input where it can (the same bytes),
+                w.down = gate[0]   # else reads the transposed copy, where the file has one
+                if P + "ffn_gate_t.weight" in f.tensors:
+                    gt_t, tb = weight(P + "ffn_gate_t.weight")
+                    w.down_t = gt_t[0]
                 ws = packed_per_lib(w, keep)   # the loader's packed copy, where a build has one for a matrix alone
                 thr = float(np.quantile(np.abs(values(x, E)), a.sparsity))
                 lib_a.pi_op_sparse_ffn(pools[0], ws[0], lib_a.PI_ACT_SILU, lib_a.PI_FFN_SEQ, x, x, thr, gt, n_active)

@@ -52,13 +52,16 @@ typedef void  (*pi_gemm8_fn)(int64_t n, const void *group, const char *x, int64_
  * PI_TILES_MIN_T tokens (ops.c) and does the token and row tails with gemm16/gemm8. */
 #define PI_TILE_T 16
 typedef void  (*pi_tiles_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
-                             float *y, int64_t y_stride);
+                             float *y, int64_t y_stride, const float *xd, int64_t xd_stride);
 /* Sixteen weight rows at any addresses (rows[0..15], the file's layout) against nt activation rows, nt a multiple
  * of PI_TILE_T: y[t * y_stride + r] = dot(row r, x_t), bit-identical to vec_dot per (row, token), as vec_dot8.
  * The AMX level's prompt kernel of Q8_0, Q5_0, Q4_K, Q5_K and Q6_K rows; mul_mat calls it for batches
  * of at least PI_TILES_MIN_T tokens (ops.c) and does the token and row tails with vec_dot8. */
 typedef void  (*pi_tiles_rows_fn)(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride);
+                                  float *y, int64_t y_stride, const float *xd, int64_t xd_stride);
+/* Both tile kernels' xd: the block scales of Q8_0S activations as floats, xd[b * xd_stride + t] = d of block b of
+ * activation row t (t < nt), which mul_mat converts once per call (ops.c) instead of every 16-row kernel call
+ * gathering them from the rows; kernels over other activation types ignore it (NULL). */
 /* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
  * loaded and stored once. */
 typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows, float *y);

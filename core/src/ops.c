@@ -128,15 +128,27 @@ typedef struct {
     pi_tensor *y;
     char *xq;             /* [T] rows of the vec_dot_type */
     int64_t xq_row_bytes;
+    float *xd;            /* [K / 32][T]: the Q8_0S rows' block scales for the tile kernels (pi_tiles_fn), or NULL */
 } mul_mat_args;
+
+/* Whether mul_mat gives the tile kernels a table of the activations' block scales: Q8_0S activations of a batch the
+ * AMX kernels take (the tile kernels of the K-quants read their Q8_K scales themselves). */
+static bool wants_scale_table(const pi_type_traits *tr, int64_t T) {
+    return tr->vec_dot_type == PI_TYPE_Q8_0S && T >= PI_TILES_MIN_T && pi_cpu()->tiles_begin;
+}
 
 static void mul_mat_convert_task(void *p, int ith, int nth) {
     mul_mat_args *a = p;
     const pi_type_traits *tr = pi_traits(a->w->type);
+    const int64_t T = a->x->ne[1], nb = a->x->ne[0] / PI_QK8_0;
     int64_t t0, t1;
-    split_range(a->x->ne[1], ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++)
-        pi_traits(tr->vec_dot_type)->from_f32(ROW_F32(a->x, t, 0, 0), a->xq + t * a->xq_row_bytes, a->x->ne[0]);
+    split_range(T, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        char *row = a->xq + t * a->xq_row_bytes;
+        pi_traits(tr->vec_dot_type)->from_f32(ROW_F32(a->x, t, 0, 0), row, a->x->ne[0]);
+        if (a->xd)
+            for (int64_t b = 0; b < nb; b++) a->xd[b * T + t] = pi_fp16_to_f32(((const pi_block_q8_0s *)row)[b].d);
+    }
 }
 
 /* The AMX part of mul_mat_rows: rows [r0, r16) (r16 - r0 a multiple of 16) x tokens [0, T16) on tiles, T16 the
@@ -152,15 +164,16 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
     pi_cpu()->tiles_begin(a->w->type, &session);
     for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T) {
         const char *xq = a->xq + t * a->xq_row_bytes;
+        const float *xd = a->xd ? a->xd + t : NULL;   /* token t's column of the scale table */
         const int nt = (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t);
         for (int64_t g = r0; g < r16; g += 16) {
             if (tr->tiles) {   /* interleaved: two groups from row g on */
-                tr->tiles(K, w + g * a->w->nb[1], xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride);
+                tr->tiles(K, w + g * a->w->nb[1], xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride, xd, T);
                 continue;
             }
             const void *rows[16];
             for (int k = 0; k < 16; k++) rows[k] = w + (g + k) * a->w->nb[1];
-            tr->tiles_rows(K, rows, xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride);
+            tr->tiles_rows(K, rows, xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride, xd, T);
         }
     }
     pi_cpu()->tiles_end(&session);
@@ -252,8 +265,11 @@ static void mul_mat_task(void *p, int ith, int nth) {
 static void mul_mat_run(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
                         void *scratch) {
     mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool) };
+    const pi_type_traits *tr = pi_traits(w[0]->type);   /* every weight has its activation format and K */
+    const int64_t xq_bytes = pi_row_bytes(tr->vec_dot_type, w[0]->ne[0]) * x->ne[1];
+    float *xd = wants_scale_table(tr, x->ne[1]) ? (float *)((char *)scratch + (xq_bytes + 63) / 64 * 64) : NULL;
     for (int i = 0; i < n; i++) {
-        a.m[i] = (mul_mat_args){ .w = w[i], .x = x, .y = y[i], .xq = scratch };
+        a.m[i] = (mul_mat_args){ .w = w[i], .x = x, .y = y[i], .xq = scratch, .xd = xd };
         a.m[i].xq_row_bytes = pi_row_bytes(pi_traits(w[i]->type)->vec_dot_type, w[i]->ne[0]);
         a.end[i] = (i ? a.end[i - 1] : 0) + w[i]->ne[1];
     }
@@ -281,7 +297,8 @@ pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, con
 size_t pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T) {
     const pi_type_traits *tr = pi_traits(wtype);
     if (!tr) return 0;
-    return (size_t)(pi_row_bytes(tr->vec_dot_type, K) * T);
+    const size_t xq = (size_t)(pi_row_bytes(tr->vec_dot_type, K) * T);
+    return wants_scale_table(tr, T) ? (xq + 63) / 64 * 64 + (size_t)(K / PI_QK8_0 * T) * sizeof(float) : xq;
 }
 
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch) {

@@ -52,14 +52,13 @@ static inline __m512 amx_row_scales(const pi_block_q4_0x8 *g0, const pi_block_q4
 #endif
 
 void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
+                            int64_t y_stride, const float *xd, int64_t xd_stride) {
     const int64_t nb = n / PI_QK4_0;
     const pi_block_q4_0x8 *g0 = group, *g1 = g0 + nb;   /* rows 0..7, rows 8..15 */
     const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
     _Alignas(64) int8_t bt[AMX_KC][8 * 64];     /* the chunk's B tiles */
     _Alignas(64) float dw[AMX_KC][16];         /* the chunk's row scales */
     _Alignas(64) int32_t ct[2][2][16 * 16];   /* two pairs' C slots */
-    const __m512i tok = amx_token_offsets(x_stride);
     /* K in chunks of AMX_KC blocks, all token tiles per chunk; between chunks the accumulators wait in y
      * (a float stored and loaded is the same float: the block order per (row, token) is unchanged) */
     for (int64_t c0 = 0; c0 < nb; c0 += AMX_KC) {
@@ -71,6 +70,7 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
         __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
         for (int t0 = 0; t0 < nt; t0 += 16) {
             const char *xt = x + t0 * x_stride + c0 * bsz;
+            const float *dx = xd + c0 * xd_stride + t0;   /* block c0 + b: dx + b * xd_stride */
             __m512 acc[16];
             for (int t = 0; t < 16; t++)
                 acc[t] = c0 ? _mm512_loadu_ps(y + (t0 + t) * y_stride) : _mm512_setzero_ps();
@@ -85,14 +85,14 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
                 }
                 if (q > 0) {
                     const int64_t b = 2 * (q - 1);
-                    amx_epilogue_q8_0s(ct[(q - 1) % 2][0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
-                    amx_epilogue_q8_0s(ct[(q - 1) % 2][1], _mm512_load_ps(dw[b + 1]), xt, (b + 1) * bsz, tok, acc);
+                    amx_epilogue_q8_0s(ct[(q - 1) % 2][0], _mm512_load_ps(dw[b]), dx + b * xd_stride, acc);
+                    amx_epilogue_q8_0s(ct[(q - 1) % 2][1], _mm512_load_ps(dw[b + 1]), dx + (b + 1) * xd_stride, acc);
                 }
             }
             if (kc % 2) {
                 const int64_t b = kc - 1;
                 AMX_PRODUCT(0, 2, 4, bt[b], ct[0][0], xt + b * bsz + qoff);
-                amx_epilogue_q8_0s(ct[0][0], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+                amx_epilogue_q8_0s(ct[0][0], _mm512_load_ps(dw[b]), dx + b * xd_stride, acc);
             }
             for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
         }

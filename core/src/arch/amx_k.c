@@ -240,13 +240,22 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
 }
 
 void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) { amx_k4_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, 0); }   /* x: Q8_KM */
+                             int64_t y_stride, const float *xd, int64_t xd_stride) {
+    PI_UNUSED(xd); PI_UNUSED(xd_stride);   /* x: Q8_KM, whose scales the kernel reads itself */
+    amx_k4_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, 0);
+}
 
 void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) { amx_k4_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, 1); }   /* x: Q8_KM */
+                             int64_t y_stride, const float *xd, int64_t xd_stride) {
+    PI_UNUSED(xd); PI_UNUSED(xd_stride);   /* x: Q8_KM, whose scales the kernel reads itself */
+    amx_k4_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, 1);
+}
 
 void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) { amx_k4_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, 0); }   /* x: Q8_KM */
+                           int64_t y_stride, const float *xd, int64_t xd_stride) {
+    PI_UNUSED(xd); PI_UNUSED(xd_stride);   /* x: Q8_KM, whose scales the kernel reads itself */
+    amx_k4_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, 0);
+}
 
 /* ---- Q6_K ---- */
 
@@ -286,7 +295,8 @@ static inline void amx_q6_K_decode(const char *const *p, amx_q6_K_block *o) {
 }
 
 void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) {
+                             int64_t y_stride, const float *xd, int64_t xd_stride) {
+    PI_UNUSED(xd); PI_UNUSED(xd_stride);   /* x: Q8_K, whose scales the kernel reads itself */
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
     const int64_t qoff = (int64_t)offsetof(pi_block_q8_K, qs);
     amx_q6_K_block blk[AMX_K_KC];

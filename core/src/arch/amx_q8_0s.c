@@ -66,8 +66,8 @@ static inline void amx_q5_0_b(const char *const *p, int8_t *bt) {
  * waiting for it. */
 static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t *bt, int64_t bt_stride, const float (*dw)[16],
                                                                     const char *xt, int64_t x_stride, int64_t first,
-                                                                    int64_t kc, __m512i tok, int32_t (*ct)[16 * 16],
-                                                                    __m512 acc[16]) {
+                                                                    int64_t kc, const float *dx, int64_t xd_stride,
+                                                                    int32_t (*ct)[16 * 16], __m512 acc[16]) {
     const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
     const int64_t count = first < kc ? (kc - first + 7) / 8 : 0;
     int64_t issued = 0;
@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t
             else            AMX_PRODUCT(0, 2, 4, bt + b * bt_stride, ct[issued % 4], xt + b * bsz + qoff);
         }
         const int64_t b = first + 8 * i;
-        amx_epilogue_q8_0s(ct[i % 4], _mm512_load_ps(dw[b]), xt, b * bsz, tok, acc);
+        amx_epilogue_q8_0s(ct[i % 4], _mm512_load_ps(dw[b]), dx + b * xd_stride, acc);
     }
 }
 
@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
                                                                  const pi_block_q8_0x16 *group, const int interleaved,
                                                                  const char *x,
                                                                  int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                                 int64_t block_bytes,
+                                                                 const float *xd, int64_t xd_stride, int64_t block_bytes,
                                                                  void (*build_b)(const char *const *, int8_t *)) {
     const int64_t nb = n / PI_QK8_0;
     const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s);
@@ -110,7 +110,6 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
     _Alignas(64) float dw[AMX_Q8_KC][16];             /* the chunk's row scales */
     _Alignas(64) float part[AMX_Q8_TG / 16][8][16][16];   /* p[j] per token tile: [tile][j][token][row] */
     _Alignas(64) int32_t ct[4][16 * 16];
-    const __m512i tok = amx_token_offsets(x_stride);
     for (int g0 = 0; g0 < nt; g0 += AMX_Q8_TG) {
         const int ntiles = PI_MIN(AMX_Q8_TG, nt - g0) / 16;
         for (int64_t c0 = 0; c0 < nb; c0 += AMX_Q8_KC) {
@@ -128,7 +127,8 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
                 for (int j = 0; j < 8; j++) {   /* c0 is a multiple of 8: chunk block b is global block c0 + b = b mod 8 */
                     __m512 acc[16];
                     for (int t = 0; t < 16; t++) acc[t] = c0 ? _mm512_load_ps(part[tt][j][t]) : _mm512_setzero_ps();
-                    amx_q8_0s_residue(b0, b_stride, dw, xt, x_stride, j, kc, tok, ct, acc);
+                    amx_q8_0s_residue(b0, b_stride, dw, xt, x_stride, j, kc, xd + c0 * xd_stride + g0 + 16 * tt,
+                                      xd_stride, ct, acc);
                     for (int t = 0; t < 16; t++) _mm512_store_ps(part[tt][j][t], acc[t]);
                 }
             }
@@ -147,16 +147,16 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
 }
 
 void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                              int64_t y_stride) {
-    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
+                              int64_t y_stride, const float *xd, int64_t xd_stride) {
+    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xd, xd_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
 }
 
 void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
-    amx_rows_q8_0s(n, NULL, group, 1, x, x_stride, nt, y, y_stride, 0, NULL);
+                            int64_t y_stride, const float *xd, int64_t xd_stride) {
+    amx_rows_q8_0s(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xd, xd_stride, 0, NULL);
 }
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                              int64_t y_stride) {
-    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
+                              int64_t y_stride, const float *xd, int64_t xd_stride) {
+    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xd, xd_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
 }

@@ -106,28 +106,16 @@ static inline __m512 amx_f16x16_rows(const char *const *p, size_t off) {
 }
 
 /* The float epilogue of one 32-element block against Q8_0S activations (Q4_0, Q8_0): ct [16 tokens][16 rows]
- * int32 = the block's exact integer sums, dw the 16 row scales, xt the token tile's first activation row
- * (block b at byte offset boff), tok[t] = t * x_stride. acc[t] = fma(d_w * d_x, (float)i, acc[t]), lanes =
- * rows: the step of both types' canonical orders. */
-static inline void amx_epilogue_q8_0s(const int32_t *ct, __m512 dw, const char *xt, int64_t boff, __m512i tok,
-                                      __m512 acc[16]) {
-    /* d (f16: the low half of each block's first 4 bytes) of block b for the 16 tokens */
-    _Alignas(64) float dx[16];
-    _mm512_store_ps(dx, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(tok, xt + boff, 1))));
-    /* dx[t] is broadcast from memory (a load port): without this barrier GCC keeps dx in a register and broadcasts
-     * each lane with vpermd, 16 shuffles per block on the one port that also multiplies (26% of a 7B Q4_0 prompt
-     * matmul's time on Sapphire Rapids, bench/README.md) */
-    __asm__ volatile("" ::: "memory");
+ * int32 = the block's exact integer sums, dw the 16 row scales, dx the 16 tokens' scales of the block (mul_mat's
+ * table, pi_tiles_fn). acc[t] = fma(d_w * d_x, (float)i, acc[t]), lanes = rows: the step of both types' canonical
+ * orders. Each dx[t] is broadcast from memory by the multiply (a load port): gathering them here per call, and
+ * GCC's vpermd broadcasts of a register, cost 15% and 26% of a 7B Q4_0 prompt matmul on Sapphire Rapids. */
+static inline void amx_epilogue_q8_0s(const int32_t *ct, __m512 dw, const float *dx, __m512 acc[16]) {
     for (int t = 0; t < 16; t++) {
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t]));   /* d_w * d_x, as the scalar code */
         acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i *)(ct + 16 * t))), acc[t]);
     }
 }
 
-/* tok[t] = t * x_stride: the byte offsets of a token tile's 16 activation rows. */
-static inline __m512i amx_token_offsets(int64_t x_stride) {
-    return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                              _mm512_set1_epi32((int32_t)x_stride));
-}
 
 #endif

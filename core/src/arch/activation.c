@@ -95,6 +95,11 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
     __m256 sum = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
         const __m256 s = masked8(SCORES(i, m), vs, &hidden);
+        if (_mm256_movemask_ps(hidden) == 0xff) {   /* 8 hidden cells (a causal prompt's future): -inf, adding 0 */
+            if (i < n8) _mm256_storeu_ps(x + i, ninf);
+            else for (int64_t k = i; k < n; k++) x[k] = -INFINITY;
+            continue;
+        }
         const __m256 e = exp8(_mm256_sub_ps(s, vm));
         sum = _mm256_add_ps(sum, _mm256_blendv_ps(e, _mm256_setzero_ps(), hidden));
         const __m256 out = _mm256_blendv_ps(e, ninf, hidden);

@@ -75,7 +75,11 @@ static inline void kx16_gemm16_rows(const kx16_layout *L, pi_vec_dot_fn dot, int
 #define Q4KX16_PF_DIST 4   /* super-blocks ahead (2304 bytes each): 4 beat 2 by 4% from DRAM (ab_ops, one thread) */
 #endif
 #ifndef Q4KX16_PF_HINT
+#if defined(__AMX_INT8__)   /* the amx level (Intel): into L2. Sapphire Rapids, 542M Q4_K_M decode 1.10x (bench/README.md) */
+#define Q4KX16_PF_HINT _MM_HINT_T1
+#else                       /* into L1: what the AMD CPUs were measured with */
 #define Q4KX16_PF_HINT _MM_HINT_T0
+#endif
 #endif
 /* Byte j0 of every 32-bit lane of v zero-extended into the lane's low int16, byte j1 into its high int16 (j1 < 0:
  * zero): per-row scales as int32 (sc_j) or int16 pairs (mn_2i, mn_2i+1). */

@@ -301,7 +301,7 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
     const int64_t qoff = (int64_t)offsetof(pi_block_q8_K, qs);
     amx_q6_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
-    _Alignas(64) int32_t ct[2][16 * 16];
+    _Alignas(64) int32_t ct[2][2][16 * 16];   /* two pairs' C slots */
     for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
         const int ntiles = PI_MIN(AMX_K_TG, nt - g0) / 16;
         memset(accb, 0, sizeof accb);
@@ -320,11 +320,16 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
                     const char *xq = xt + b * bsz + qoff;
                     __m512i sumi[16];
                     for (int t = 0; t < 16; t++) sumi[t] = _mm512_setzero_si512();
-                    for (int j = 0; j < 16; j += 2) {   /* sub-blocks j (tiles 0, 2, 4) and j + 1 (tiles 1, 3, 5) */
-                        AMX_PRODUCT(0, 2, 4, o->bt[j], ct[0], xq + 16 * j);
-                        AMX_PRODUCT(1, 3, 5, o->bt[j + 1], ct[1], xq + 16 * (j + 1));
-                        amx_scale_add(ct[0], _mm512_load_si512((const __m512i *)o->sc[j]), sumi);
-                        amx_scale_add(ct[1], _mm512_load_si512((const __m512i *)o->sc[j + 1]), sumi);
+                    /* sub-blocks j, j + 1 as a pair of products, each pair issued one pair ahead of its epilogue (two
+                     * C slot pairs): the tile unit works while the vector unit adds the pair before */
+                    AMX_PRODUCT_PAIR(o->bt[0], xq, ct[0][0], o->bt[1], xq + 16, ct[0][1]);
+                    for (int j = 0; j < 16; j += 2) {
+                        const int slot = j / 2 % 2;
+                        if (j + 2 < 16)
+                            AMX_PRODUCT_PAIR(o->bt[j + 2], xq + 16 * (j + 2), ct[!slot][0], o->bt[j + 3],
+                                             xq + 16 * (j + 3), ct[!slot][1]);
+                        amx_scale_add(ct[slot][0], _mm512_load_si512((const __m512i *)o->sc[j]), sumi);
+                        amx_scale_add(ct[slot][1], _mm512_load_si512((const __m512i *)o->sc[j + 1]), sumi);
                     }
                     const __m512 d = _mm512_load_ps(o->d);
                     for (int t = 0; t < 16; t++) {

@@ -767,6 +767,15 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
     const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
     const int64_t q_stride = a->q->nb[2];
 #define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
+    /* query j sees no cell outside [lo[j], hi[j]) (empty: lo = hi = n_kv); found once, used by all three steps */
+    int64_t lo[ATT_QUERIES], hi[ATT_QUERIES];
+    for (int j = 0; j < nt; j++) {
+        int64_t first = 0, last = n_kv - 1;
+        while (first < n_kv && !SEEN(j, first)) first++;
+        while (last > first && !SEEN(j, last)) last--;
+        lo[j] = first;
+        hi[j] = first == n_kv ? n_kv : last + 1;
+    }
     if (a->k->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 && hd <= PI_ATT_QK_MAX_HD) {
         /* every query against the cells any of them sees (softmax_exp hides the others): the bits of vec_dot */
         const float *qr[ATT_QUERIES];
@@ -775,12 +784,9 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         for (int j = 0; j < nt; j++) {
             qr[j] = (const float *)(q0 + j * q_stride);
             sr[j] = scores + j * n_kv;
-            int64_t first = 0, last = n_kv - 1;
-            while (first < n_kv && !SEEN(j, first)) first++;
-            while (last > first && !SEEN(j, last)) last--;
-            if (first == n_kv) continue;   /* a query that sees nothing */
-            c0 = PI_MIN(c0, first);
-            c1 = PI_MAX(c1, last + 1);
+            if (lo[j] == n_kv) continue;   /* a query that sees nothing */
+            c0 = PI_MIN(c0, lo[j]);
+            c1 = PI_MAX(c1, hi[j]);
         }
         if (c0 < c1) pi_cpu()->attn_qk_f16(hd, nt, qr, c0, c1, kbase, a->k->nb[2], sr);
     } else
@@ -815,10 +821,10 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
     /* out_j += p_jc v_c over the cells query j sees, in cell order, p_jc = score * (1 / sum) as attend computes it:
      * an f16 cache through attn_pv_f16 (tiles of 8 queries, each V vector converted once per tile), any other
      * cache query by query, 8 cells at a time (pi_axpy_rows); either way the bits of attend's axpy per cell. */
-    for (int i = 0; i < n_live; i++) {   /* hidden cells stay -inf */
+    for (int i = 0; i < n_live; i++) {   /* hidden cells stay -inf (all of them outside [lo, hi)) */
         float *s = scores + live[i] * n_kv;
-        for (int64_t c = 0; c < n_kv; c++)
-            if (s[c] != -INFINITY) s[c] *= inv[live[i]];
+        const float f = inv[live[i]];
+        for (int64_t c = lo[live[i]]; c < hi[live[i]]; c++) s[c] = s[c] != -INFINITY ? s[c] * f : s[c];
     }
     if (a->v->type == PI_TYPE_F16) {
         const float *p[ATT_QUERIES];
@@ -827,11 +833,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         for (int i = 0; i < n_live; i++) {
             p[i] = scores + live[i] * n_kv;
             y[i] = out[live[i]];
-            int64_t first = 0, last = n_kv - 1;
-            while (p[i][first] == -INFINITY) first++;   /* a live query sees a cell */
-            while (p[i][last] == -INFINITY) last--;
-            c0 = PI_MIN(c0, first);
-            c1 = PI_MAX(c1, last + 1);
+            c0 = PI_MIN(c0, lo[live[i]]);   /* a live query's probabilities are -inf exactly where it sees nothing */
+            c1 = PI_MAX(c1, hi[live[i]]);
         }
         if (n_live) pi_cpu()->attn_pv_f16(hd, n_live, p, c0, c1, vbase, a->v->nb[2], y);
     } else

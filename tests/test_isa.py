@@ -213,6 +213,32 @@ def test_q8_K_quantizer_equals_scalar(at_level, level):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
+def test_f16_conversion_equals_scalar(at_level, level):
+    """f32 -> f16 rows (the KV cache's stores; a SIMD body from the avx2 level on): the scalar level's bits, numpy's
+    too, for ties, overflow, subnormals, zeros, infinities and NaNs with payloads (which become sign | 0x7e00)."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal(1000) * 10.0 ** rng.uniform(-9, 6, 1000)).astype(np.float32)
+    x[:8] = [65504.0, 65519.99, 65520.0, -1e9, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, -0.0]
+    x[8:16] = [1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, np.inf, -np.inf, 1e-40, -6e-8, 0.0, 2049.0]   # ties to even
+    x[16:24] = np.array([0x7FC00001, 0xFF800001, 0x7F800100, 0x7FFFFFFF, 0, 0, 0, 0], np.uint32).view(np.float32)
+    x[997] = np.nan   # the scalar tail
+
+    def f16() -> np.ndarray:
+        out = np.zeros(x.size, np.uint16)
+        check(lib.pi_quantize_row(1, ffi.cast("float *", x.ctypes.data), ffi.cast("void *", out.ctypes.data), x.size))
+        return out
+
+    at_level("scalar")
+    ref = f16()
+    finite = ~np.isnan(x)
+    with np.errstate(over="ignore"):   # 1e9 and 65520 overflow to inf, as intended
+        assert np.array_equal(ref[finite], x[finite].astype(np.float16).view(np.uint16))
+    assert np.array_equal(ref[~finite], np.where(np.signbit(x[~finite]), 0xFE00, 0x7E00))
+    at_level(level)
+    assert np.array_equal(f16(), ref)
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("T", [1, 3, 11])   # one token (decode), prompts: one block and a block and a tail
 def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
     rng = np.random.default_rng(11)

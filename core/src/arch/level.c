@@ -51,7 +51,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         /*                 vec_dot                   axpy */
         [PI_TYPE_F32]  = { pi_vec_dot_f32_f32,    pi_axpy_f32_row },
         [PI_TYPE_F16]  = { pi_vec_dot_f16_f32,    pi_axpy_f16,  .vec_dot8 = ROWS8(pi_vec_dot8_f16_f32),
-                           .axpy8 = ROWS8(pi_axpy8_f16), .repack = pi_repack_16bit_x8 },
+                           .axpy8 = ROWS8(pi_axpy8_f16), .repack = pi_repack_16bit_x8,
+                           .from_f32 = ROWS8(pi_f16_from_f32) },
         [PI_TYPE_BF16] = { pi_vec_dot_bf16_f32,   pi_axpy_bf16, .vec_dot8 = ROWS8(pi_vec_dot8_bf16_f32),
                            .repack = pi_repack_16bit_x8 },
         [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),

@@ -137,6 +137,11 @@ static bool wants_scale_table(const pi_type_traits *tr, int64_t T) {
     return tr->vec_dot_type == PI_TYPE_Q8_0S && T >= PI_TILES_MIN_T && pi_cpu()->tiles_begin;
 }
 
+/* mul_mat's scratch: T activation rows of the vec_dot_type, then (at a 64-byte boundary) the scale table, if any. */
+static size_t scale_table_offset(const pi_type_traits *tr, int64_t K, int64_t T) {
+    return ((size_t)(pi_row_bytes(tr->vec_dot_type, K) * T) + 63) / 64 * 64;
+}
+
 static void mul_mat_convert_task(void *p, int ith, int nth) {
     mul_mat_args *a = p;
     const pi_type_traits *tr = pi_traits(a->w->type);
@@ -266,8 +271,8 @@ static void mul_mat_run(pi_threadpool *pool, int n, const pi_tensor *const *w, c
                         void *scratch) {
     mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool) };
     const pi_type_traits *tr = pi_traits(w[0]->type);   /* every weight has its activation format and K */
-    const int64_t xq_bytes = pi_row_bytes(tr->vec_dot_type, w[0]->ne[0]) * x->ne[1];
-    float *xd = wants_scale_table(tr, x->ne[1]) ? (float *)((char *)scratch + (xq_bytes + 63) / 64 * 64) : NULL;
+    float *xd = NULL;   /* the scale table, where the tile kernels take one */
+    if (wants_scale_table(tr, x->ne[1])) xd = (float *)((char *)scratch + scale_table_offset(tr, w[0]->ne[0], x->ne[1]));
     for (int i = 0; i < n; i++) {
         a.m[i] = (mul_mat_args){ .w = w[i], .x = x, .y = y[i], .xq = scratch, .xd = xd };
         a.m[i].xq_row_bytes = pi_row_bytes(pi_traits(w[i]->type)->vec_dot_type, w[i]->ne[0]);
@@ -297,8 +302,8 @@ pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, con
 size_t pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T) {
     const pi_type_traits *tr = pi_traits(wtype);
     if (!tr) return 0;
-    const size_t xq = (size_t)(pi_row_bytes(tr->vec_dot_type, K) * T);
-    return wants_scale_table(tr, T) ? (xq + 63) / 64 * 64 + (size_t)(K / PI_QK8_0 * T) * sizeof(float) : xq;
+    if (!wants_scale_table(tr, T)) return (size_t)(pi_row_bytes(tr->vec_dot_type, K) * T);
+    return scale_table_offset(tr, K, T) + (size_t)(K / PI_QK8_0 * T) * sizeof(float);
 }
 
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch) {

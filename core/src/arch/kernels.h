@@ -73,25 +73,25 @@ static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, i
                                   int64_t xd_stride);
 static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
+                                   int64_t xd_stride);
 static void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride, const float *xd,
                                   int64_t xd_stride);
 static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                      float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
+                                     int64_t xd_stride);
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                      float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
+                                     int64_t xd_stride);
 static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
+                                    int64_t xd_stride);
 static void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
+                                    int64_t xd_stride);
 static void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
+                                    int64_t xd_stride);
 #endif
 /* ---- 8-row kernels (arch/rows8.c, vec_dot.c); AVX2 and up ---- */
 #if PI_HAVE_ROWS8

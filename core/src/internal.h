@@ -52,16 +52,20 @@ typedef void  (*pi_gemm8_fn)(int64_t n, const void *group, const char *x, int64_
  * PI_TILES_MIN_T tokens (ops.c) and does the token and row tails with gemm16/gemm8. */
 #define PI_TILE_T 16
 typedef void  (*pi_tiles_fn)(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
-                             float *y, int64_t y_stride, const float *xd, int64_t xd_stride);
+                             float *y, int64_t y_stride, const char *xt, int64_t xt_stride);
 /* Sixteen weight rows at any addresses (rows[0..15], the file's layout) against nt activation rows, nt a multiple
  * of PI_TILE_T: y[t * y_stride + r] = dot(row r, x_t), bit-identical to vec_dot per (row, token), as vec_dot8.
  * The AMX level's prompt kernel of Q8_0, Q5_0, Q4_K, Q5_K and Q6_K rows; mul_mat calls it for batches
  * of at least PI_TILES_MIN_T tokens (ops.c) and does the token and row tails with vec_dot8. */
 typedef void  (*pi_tiles_rows_fn)(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride, const float *xd, int64_t xd_stride);
-/* Both tile kernels' xd: the block scales of Q8_0S activations as floats, xd[b * xd_stride + t] = d of block b of
- * activation row t (t < nt), which mul_mat converts once per call (ops.c) instead of every 16-row kernel call
- * gathering them from the rows; kernels over other activation types ignore it (NULL). */
+                                  float *y, int64_t y_stride, const char *xt, int64_t xt_stride);
+/* Both tile kernels' xt: the activations' tile table, what the kernels need of the activation rows in the form
+ * their tiles and epilogues read, made once per mul_mat (pi_tiles_prep_fn) instead of in every 16-row kernel call:
+ * token tile i of the call (activation rows 16 i .. 16 i + 15) at xt + i xt_stride. Its layout belongs to the
+ * activation type's prep and the kernels that read it (arch/amx_util.h). */
+/* Activation row `row` (the vec_dot_type, n elements) -> its part of the tile table of its token tile at `tile`,
+ * as row r (< 16) of that tile. */
+typedef void  (*pi_tiles_prep_fn)(int64_t n, const void *row, int r, char *tile);
 /* y[0..n) += a[k] * rows[k][0..n) for k = 0..7 in order: the same bits as eight axpy calls, with y
  * loaded and stored once. */
 typedef void  (*pi_axpy8_fn)(int64_t n, const float *a, const void *const *rows, float *y);
@@ -115,6 +119,9 @@ typedef struct pi_type_traits {
     void          (*group_row_to_f32)(const void *group, int k, float *dst, int64_t n);
     /* rows at any addresses (not interleaved) */
     pi_tiles_rows_fn tiles_rows;   /* optional: 16 rows x multiples of 16 tokens (AMX) */
+    /* activation types: the tile table of the tile kernels (pi_type_kernels) */
+    pi_tiles_prep_fn tiles_prep;
+    int32_t         tiles_bits;
 } pi_type_traits;
 
 /* Types that exist only inside the core (never in a GGUF file): activation formats and
@@ -185,6 +192,10 @@ typedef struct pi_type_kernels {
     int32_t        repacked_type; /* optional: the layout repack makes at this level, if not the format's */
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
+    /* activation types whose weights have tile kernels (the amx level): their tile table (pi_tiles_fn's xt) takes
+     * n * tiles_bits / 8 bytes per activation row of n elements (a token tile's part starts at 64 bytes) */
+    pi_tiles_prep_fn tiles_prep;
+    int32_t        tiles_bits;
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
     pi_from_f32_fn from_f32;
 } pi_type_kernels;

@@ -128,31 +128,33 @@ typedef struct {
     pi_tensor *y;
     char *xq;             /* [T] rows of the vec_dot_type */
     int64_t xq_row_bytes;
-    float *xd;            /* [K / 32][T]: the Q8_0S rows' block scales for the tile kernels (pi_tiles_fn), or NULL */
+    char *xt;             /* the tile table of the batch's whole token tiles (pi_tiles_fn's xt), or NULL */
+    int64_t xt_stride;    /* its bytes per token tile */
 } mul_mat_args;
 
-/* Whether mul_mat gives the tile kernels a table of the activations' block scales: Q8_0S activations of a batch the
- * AMX kernels take (the tile kernels of the K-quants read their Q8_K scales themselves). */
-static bool wants_scale_table(const pi_type_traits *tr, int64_t T) {
-    return tr->vec_dot_type == PI_TYPE_Q8_0S && T >= PI_TILES_MIN_T && pi_cpu()->tiles_begin;
+/* Bytes per token tile of the activations' tile table (pi_tiles_fn's xt) where a batch of T goes to tile kernels
+ * that read one, else 0. */
+static int64_t tile_table_stride(const pi_type_traits *tr, int64_t K, int64_t T) {
+    const pi_type_traits *xtr = pi_traits(tr->vec_dot_type);
+    if (T < PI_TILES_MIN_T || (!tr->tiles && !tr->tiles_rows) || !pi_cpu()->tiles_begin || !xtr->tiles_prep) return 0;
+    return (2 * K * xtr->tiles_bits + 63) / 64 * 64;   /* 16 rows of K * tiles_bits / 8 bytes */
 }
 
-/* mul_mat's scratch: T activation rows of the vec_dot_type, then (at a 64-byte boundary) the scale table, if any. */
-static size_t scale_table_offset(const pi_type_traits *tr, int64_t K, int64_t T) {
+/* mul_mat's scratch: T activation rows of the vec_dot_type, then (at a 64-byte boundary) the tile table, if any. */
+static size_t tile_table_offset(const pi_type_traits *tr, int64_t K, int64_t T) {
     return ((size_t)(pi_row_bytes(tr->vec_dot_type, K) * T) + 63) / 64 * 64;
 }
 
 static void mul_mat_convert_task(void *p, int ith, int nth) {
     mul_mat_args *a = p;
-    const pi_type_traits *tr = pi_traits(a->w->type);
-    const int64_t T = a->x->ne[1], nb = a->x->ne[0] / PI_QK8_0;
+    const pi_type_traits *xtr = pi_traits(pi_traits(a->w->type)->vec_dot_type);
+    const int64_t K = a->x->ne[0], T = a->x->ne[1], T16 = a->xt ? T / PI_TILE_T * PI_TILE_T : 0;
     int64_t t0, t1;
     split_range(T, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
         char *row = a->xq + t * a->xq_row_bytes;
-        pi_traits(tr->vec_dot_type)->from_f32(ROW_F32(a->x, t, 0, 0), row, a->x->ne[0]);
-        if (a->xd)
-            for (int64_t b = 0; b < nb; b++) a->xd[b * T + t] = pi_fp16_to_f32(((const pi_block_q8_0s *)row)[b].d);
+        xtr->from_f32(ROW_F32(a->x, t, 0, 0), row, K);
+        if (t < T16) xtr->tiles_prep(K, row, (int)(t % PI_TILE_T), a->xt + t / PI_TILE_T * a->xt_stride);
     }
 }
 
@@ -169,16 +171,17 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
     pi_cpu()->tiles_begin(a->w->type, &session);
     for (int64_t t = 0; t < T16; t += PI_TILES_CHUNK_T) {
         const char *xq = a->xq + t * a->xq_row_bytes;
-        const float *xd = a->xd ? a->xd + t : NULL;   /* token t's column of the scale table */
+        const char *xt = a->xt ? a->xt + t / PI_TILE_T * a->xt_stride : NULL;   /* token t's tile */
         const int nt = (int)PI_MIN(PI_TILES_CHUNK_T, T16 - t);
         for (int64_t g = r0; g < r16; g += 16) {
             if (tr->tiles) {   /* interleaved: two groups from row g on */
-                tr->tiles(K, w + g * a->w->nb[1], xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride, xd, T);
+                tr->tiles(K, w + g * a->w->nb[1], xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride, xt,
+                          a->xt_stride);
                 continue;
             }
             const void *rows[16];
             for (int k = 0; k < 16; k++) rows[k] = w + (g + k) * a->w->nb[1];
-            tr->tiles_rows(K, rows, xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride, xd, T);
+            tr->tiles_rows(K, rows, xq, a->xq_row_bytes, nt, y0 + t * y_stride + g, y_stride, xt, a->xt_stride);
         }
     }
     pi_cpu()->tiles_end(&session);
@@ -271,10 +274,12 @@ static void mul_mat_run(pi_threadpool *pool, int n, const pi_tensor *const *w, c
                         void *scratch) {
     mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool) };
     const pi_type_traits *tr = pi_traits(w[0]->type);   /* every weight has its activation format and K */
-    float *xd = NULL;   /* the scale table, where the tile kernels take one */
-    if (wants_scale_table(tr, x->ne[1])) xd = (float *)((char *)scratch + scale_table_offset(tr, w[0]->ne[0], x->ne[1]));
+    const int64_t K = w[0]->ne[0], T = x->ne[1];
+    int64_t xt_stride = 0;   /* the tile table, where a weight's tile kernels read one */
+    for (int i = 0; i < n; i++) xt_stride = PI_MAX(xt_stride, tile_table_stride(pi_traits(w[i]->type), K, T));
+    char *xt = xt_stride ? (char *)scratch + tile_table_offset(tr, K, T) : NULL;
     for (int i = 0; i < n; i++) {
-        a.m[i] = (mul_mat_args){ .w = w[i], .x = x, .y = y[i], .xq = scratch, .xd = xd };
+        a.m[i] = (mul_mat_args){ .w = w[i], .x = x, .y = y[i], .xq = scratch, .xt = xt, .xt_stride = xt_stride };
         a.m[i].xq_row_bytes = pi_row_bytes(pi_traits(w[i]->type)->vec_dot_type, w[i]->ne[0]);
         a.end[i] = (i ? a.end[i - 1] : 0) + w[i]->ne[1];
     }
@@ -302,8 +307,9 @@ pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, con
 size_t pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T) {
     const pi_type_traits *tr = pi_traits(wtype);
     if (!tr) return 0;
-    if (!wants_scale_table(tr, T)) return (size_t)(pi_row_bytes(tr->vec_dot_type, K) * T);
-    return scale_table_offset(tr, K, T) + (size_t)(K / PI_QK8_0 * T) * sizeof(float);
+    const int64_t xt_stride = tile_table_stride(tr, K, T);
+    if (!xt_stride) return (size_t)(pi_row_bytes(tr->vec_dot_type, K) * T);
+    return tile_table_offset(tr, K, T) + (size_t)(T / PI_TILE_T * xt_stride);
 }
 
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch) {

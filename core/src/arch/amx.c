@@ -52,7 +52,7 @@ static inline __m512 amx_row_scales(const pi_block_q4_0x8 *g0, const pi_block_q4
 #endif
 
 void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride, const float *xd, int64_t xd_stride) {
+                            int64_t y_stride, const char *xtab, int64_t xt_stride) {
     const int64_t nb = n / PI_QK4_0;
     const pi_block_q4_0x8 *g0 = group, *g1 = g0 + nb;   /* rows 0..7, rows 8..15 */
     const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
@@ -70,7 +70,7 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
         __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
         for (int t0 = 0; t0 < nt; t0 += 16) {
             const char *xt = x + t0 * x_stride + c0 * bsz;
-            const float *dx = xd + c0 * xd_stride + t0;   /* block c0 + b: dx + b * xd_stride */
+            const float *dx = amx_q8_0s_scales(xtab + t0 / 16 * xt_stride) + 16 * c0;   /* block c0 + b: dx + 16 b */
             __m512 acc[16];
             for (int t = 0; t < 16; t++)
                 acc[t] = c0 ? _mm512_loadu_ps(y + (t0 + t) * y_stride) : _mm512_setzero_ps();
@@ -85,14 +85,14 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
                 }
                 if (q > 0) {
                     const int64_t b = 2 * (q - 1);
-                    amx_epilogue_q8_0s(ct[(q - 1) % 2][0], _mm512_load_ps(dw[b]), dx + b * xd_stride, acc);
-                    amx_epilogue_q8_0s(ct[(q - 1) % 2][1], _mm512_load_ps(dw[b + 1]), dx + (b + 1) * xd_stride, acc);
+                    amx_epilogue_q8_0s(ct[(q - 1) % 2][0], _mm512_load_ps(dw[b]), dx + 16 * b, acc);
+                    amx_epilogue_q8_0s(ct[(q - 1) % 2][1], _mm512_load_ps(dw[b + 1]), dx + 16 * (b + 1), acc);
                 }
             }
             if (kc % 2) {
                 const int64_t b = kc - 1;
                 AMX_PRODUCT(0, 2, 4, bt[b], ct[0][0], xt + b * bsz + qoff);
-                amx_epilogue_q8_0s(ct[0][0], _mm512_load_ps(dw[b]), dx + b * xd_stride, acc);
+                amx_epilogue_q8_0s(ct[0][0], _mm512_load_ps(dw[b]), dx + 16 * b, acc);
             }
             for (int t = 0; t < 16; t++) _mm512_storeu_ps(y + (t0 + t) * y_stride, acc[t]);
         }
@@ -101,7 +101,10 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
 }
 
 /* The tile session of a weight type's tile kernels (pi_cpu_kernels.tiles_begin/tiles_end): products of 32 bytes
- * (one Q4_0/Q5_0/Q8_0 block, one Q4_K/Q5_K sub-block), 16 for Q6_K's sub-blocks. */
-void pi_tiles_begin(int32_t type, pi_tile_session *s) { amx_begin(type == PI_TYPE_Q6_K ? 16 : 32, s); }
+ * (one Q4_0/Q5_0/Q8_0 block), 64 for the K-quants (a quarter super-block: amx_k.c). */
+void pi_tiles_begin(int32_t type, pi_tile_session *s) {
+    const bool k_quant = type == PI_TYPE_Q4_K || type == PI_TYPE_Q5_K || type == PI_TYPE_Q6_K || type == PI_TYPE_Q4_KX16;
+    amx_begin(k_quant ? 64 : 32, s);
+}
 
 void pi_tiles_end(const pi_tile_session *s) { amx_end(s); }

@@ -66,7 +66,7 @@ static inline void amx_q5_0_b(const char *const *p, int8_t *bt) {
  * waiting for it. */
 static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t *bt, int64_t bt_stride, const float (*dw)[16],
                                                                     const char *xt, int64_t x_stride, int64_t first,
-                                                                    int64_t kc, const float *dx, int64_t xd_stride,
+                                                                    int64_t kc, const float *dx, int64_t dx_stride,
                                                                     int32_t (*ct)[16 * 16], __m512 acc[16]) {
     const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
     const int64_t count = first < kc ? (kc - first + 7) / 8 : 0;
@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t
             else            AMX_PRODUCT(0, 2, 4, bt + b * bt_stride, ct[issued % 4], xt + b * bsz + qoff);
         }
         const int64_t b = first + 8 * i;
-        amx_epilogue_q8_0s(ct[i % 4], _mm512_load_ps(dw[b]), dx + b * xd_stride, acc);
+        amx_epilogue_q8_0s(ct[i % 4], _mm512_load_ps(dw[b]), dx + b * dx_stride, acc);
     }
 }
 
@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
                                                                  const pi_block_q8_0x16 *group, const int interleaved,
                                                                  const char *x,
                                                                  int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                                 const float *xd, int64_t xd_stride, int64_t block_bytes,
+                                                                 const char *xtab, int64_t xt_stride, int64_t block_bytes,
                                                                  void (*build_b)(const char *const *, int8_t *)) {
     const int64_t nb = n / PI_QK8_0;
     const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s);
@@ -127,8 +127,8 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
                 for (int j = 0; j < 8; j++) {   /* c0 is a multiple of 8: chunk block b is global block c0 + b = b mod 8 */
                     __m512 acc[16];
                     for (int t = 0; t < 16; t++) acc[t] = c0 ? _mm512_load_ps(part[tt][j][t]) : _mm512_setzero_ps();
-                    amx_q8_0s_residue(b0, b_stride, dw, xt, x_stride, j, kc, xd + c0 * xd_stride + g0 + 16 * tt,
-                                      xd_stride, ct, acc);
+                    const float *dx = amx_q8_0s_scales(xtab + (g0 / 16 + tt) * xt_stride) + 16 * c0;
+                    amx_q8_0s_residue(b0, b_stride, dw, xt, x_stride, j, kc, dx, 16, ct, acc);
                     for (int t = 0; t < 16; t++) _mm512_store_ps(part[tt][j][t], acc[t]);
                 }
             }
@@ -147,16 +147,23 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
 }
 
 void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                              int64_t y_stride, const float *xd, int64_t xd_stride) {
-    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xd, xd_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
+                              int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
 }
 
 void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride, const float *xd, int64_t xd_stride) {
-    amx_rows_q8_0s(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xd, xd_stride, 0, NULL);
+                            int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL);
 }
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                              int64_t y_stride, const float *xd, int64_t xd_stride) {
-    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xd, xd_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
+                              int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
+}
+
+/* Q8_0S's tile table (amx_q8_0s_scales): the block scales d as floats, [block][16 rows] per token tile. */
+void pi_tiles_prep_q8_0s(int64_t n, const void *row, int r, char *tile) {
+    const pi_block_q8_0s *x = row;
+    float *d = (float *)tile;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) d[16 * b + r] = pi_fp16_to_f32(x[b].d);
 }

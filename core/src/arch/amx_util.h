@@ -4,8 +4,9 @@
  *
  * Tile numbering in every kernel (palette 1): tmm0/tmm1 C [16 tokens][16 rows] int32, tmm2/tmm3 A [16 tokens]
  * [k bytes] s8 activations, tmm4/tmm5 B [k/4][16 rows x 4 bytes] s8 weights ("VNNI" layout: B[i/4][4 r + i%4]
- * = row r element i), tmm6/tmm7 two more B tiles, k = the elements of one product (32; 16 for Q6_K's sub-blocks,
- * 64 for Q4_K). Two products are in flight (even ones on tmm0/2/4, odd ones on tmm1/3/5). */
+ * = row r element i), tmm6/tmm7 two more B tiles, k = the elements of one product (32; 64 for the K-quants, whose
+ * kernels number their tiles themselves: amx_k.c). Two products are in flight (even ones on tmm0/2/4, odd ones on
+ * tmm1/3/5). */
 #ifndef PI_AMX_UTIL_H
 #define PI_AMX_UTIL_H
 
@@ -105,9 +106,13 @@ static inline __m512 amx_f16x16_rows(const char *const *p, size_t off) {
     return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)h));
 }
 
+/* The tile table of Q8_0S activations (pi_tiles_prep_q8_0s): per token tile, the rows' block scales d as floats,
+ * [K / 32 blocks][16 rows]. */
+static inline const float *amx_q8_0s_scales(const char *tile) { return (const float *)tile; }
+
 /* The float epilogue of one 32-element block against Q8_0S activations (Q4_0, Q8_0): ct [16 tokens][16 rows]
- * int32 = the block's exact integer sums, dw the 16 row scales, dx the 16 tokens' scales of the block (mul_mat's
- * table, pi_tiles_fn). acc[t] = fma(d_w * d_x, (float)i, acc[t]), lanes = rows: the step of both types' canonical
+ * int32 = the block's exact integer sums, dw the 16 row scales, dx the 16 tokens' scales of the block (its row of
+ * the tile table). acc[t] = fma(d_w * d_x, (float)i, acc[t]), lanes = rows: the step of both types' canonical
  * orders. Each dx[t] is broadcast from memory by the multiply (a load port): gathering them here per call, and
  * GCC's vpermd broadcasts of a register, cost 15% and 26% of a 7B Q4_0 prompt matmul on Sapphire Rapids. */
 static inline void amx_epilogue_q8_0s(const int32_t *ct, __m512 dw, const float *dx, __m512 acc[16]) {

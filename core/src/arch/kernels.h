@@ -68,30 +68,20 @@ static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 static void pi_tiles_begin(int32_t type, pi_tile_session *s);
 static void pi_tiles_end(const pi_tile_session *s);
-static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
-static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
-                                   float *y, int64_t y_stride, const float *xd,
-                                   int64_t xd_stride);
-static void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride, const float *xd,
-                                  int64_t xd_stride);
-static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                     float *y, int64_t y_stride, const float *xd,
-                                     int64_t xd_stride);
-static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                     float *y, int64_t y_stride, const float *xd,
-                                     int64_t xd_stride);
-static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                    float *y, int64_t y_stride, const float *xd,
-                                    int64_t xd_stride);
-static void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                    float *y, int64_t y_stride, const float *xd,
-                                    int64_t xd_stride);
-static void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                    float *y, int64_t y_stride, const float *xd,
-                                    int64_t xd_stride);
+#define PI_TILES_ARGS const char *x, int64_t x_stride, int nt, float *y, int64_t y_stride, const char *xt, int64_t xt_stride
+static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
+#undef PI_TILES_ARGS
+/* the tile tables (pi_tiles_prep_fn) of the activation types Q8_0S, Q8_K, Q8_KM */
+static void pi_tiles_prep_q8_0s(int64_t n, const void *row, int r, char *tile);
+static void pi_tiles_prep_q8_K(int64_t n, const void *row, int r, char *tile);
+static void pi_tiles_prep_q8_Km(int64_t n, const void *row, int r, char *tile);
 #endif
 /* ---- 8-row kernels (arch/rows8.c, vec_dot.c); AVX2 and up ---- */
 #if PI_HAVE_ROWS8

@@ -522,6 +522,34 @@ def q6_K_extreme_rows(rng, N: int, K: int, raw: np.ndarray) -> np.ndarray:
     return raw
 
 
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("t,extreme", [(12, q4_K_extreme_rows), (13, q5_K_extreme_rows), (14, q6_K_extreme_rows)],
+                         ids=["q4_K", "q5_K", "q6_K"])
+@pytest.mark.parametrize("K", [1280, 4352])
+def test_K_rows_extremes_equal_scalar(at_level, pool2, level, t, extreme, K):
+    """The K-quants' row kernels (on the amx level the tile kernels, whose tiles sum whole super-blocks of the scales
+    times the quants split in bytes, amx_k.c) over blocks that cover the whole format (every scale and min, the
+    largest products) against activations with every Q8_KM step multiplier (1..32) and extreme quants, at prompt
+    batch sizes, give the scalar level's bits. K: 5 and 17 super-blocks, so the last K chunk is a partial one."""
+    Ts = (16, 32, 100)
+    N = 44
+    rng = np.random.default_rng(K + t)
+    w = (rng.standard_normal((N, K)) / 20).astype(np.float32)
+    raw = extreme(rng, N, K, quantize(t, w))
+    x = rng.standard_normal((max(Ts), K)).astype(np.float32)
+    x[:, ::32] *= 1000.0                   # an outlier per sub-block: m near 32 wherever the rest is small
+    x[:, 64:96] *= 0.001                   # one sub-block far below its super-block's largest value (m = 1)
+    x[5, :] = -1.0                         # every quant -127 (or -128), m = 32
+    x[6, :] = np.where(np.arange(K) % 2, 1.0, -1.0)
+    results = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        wt = wtensor(t, raw)
+        results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in Ts]
+    for T, a, b in zip(Ts, results["scalar"], results[level]):
+        assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} K={K} N={N} T={T} {level} vs scalar (extreme blocks)")
+
+
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("t,name,extreme", [(12, "q4_Kx16", q4_K_extreme_rows), (13, "q5_Kx16", q5_K_extreme_rows),
                                             (14, "q6_Kx16", q6_K_extreme_rows)],

@@ -162,7 +162,8 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].tiles = kt->tiles;
         out[t].tiles_rows = kt->tiles_rows;
         out[t].tiles_prep = kt->tiles_prep;
-        out[t].tiles_bits = kt->tiles_bits;
+        out[t].tiles_unit = kt->tiles_unit;
+        out[t].tiles_unit_bytes = kt->tiles_unit_bytes;
         if (kt->to_f32) out[t].to_f32 = kt->to_f32;
         if (kt->from_f32) out[t].from_f32 = kt->from_f32;
     }

@@ -121,7 +121,7 @@ typedef struct pi_type_traits {
     pi_tiles_rows_fn tiles_rows;   /* optional: 16 rows x multiples of 16 tokens (AMX) */
     /* activation types: the tile table of the tile kernels (pi_type_kernels) */
     pi_tiles_prep_fn tiles_prep;
-    int32_t         tiles_bits;
+    int32_t         tiles_unit, tiles_unit_bytes;
 } pi_type_traits;
 
 /* Types that exist only inside the core (never in a GGUF file): activation formats and
@@ -193,9 +193,9 @@ typedef struct pi_type_kernels {
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
     /* activation types whose weights have tile kernels (the amx level): their tile table (pi_tiles_fn's xt) takes
-     * n * tiles_bits / 8 bytes per activation row of n elements (a token tile's part starts at 64 bytes) */
+     * tiles_unit_bytes (a multiple of 64) per token tile and tiles_unit elements of K */
     pi_tiles_prep_fn tiles_prep;
-    int32_t        tiles_bits;
+    int32_t        tiles_unit, tiles_unit_bytes;
     pi_to_f32_fn   to_f32;      /* set where arch/ implements the conversion (activation formats) */
     pi_from_f32_fn from_f32;
 } pi_type_kernels;

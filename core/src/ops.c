@@ -137,7 +137,7 @@ typedef struct {
 static int64_t tile_table_stride(const pi_type_traits *tr, int64_t K, int64_t T) {
     const pi_type_traits *xtr = pi_traits(tr->vec_dot_type);
     if (T < PI_TILES_MIN_T || (!tr->tiles && !tr->tiles_rows) || !pi_cpu()->tiles_begin || !xtr->tiles_prep) return 0;
-    return (2 * K * xtr->tiles_bits + 63) / 64 * 64;   /* 16 rows of K * tiles_bits / 8 bytes */
+    return K / xtr->tiles_unit * xtr->tiles_unit_bytes;
 }
 
 /* mul_mat's scratch: T activation rows of the vec_dot_type, then (at a 64-byte boundary) the tile table, if any. */

@@ -68,22 +68,48 @@ static inline __m512i amx_scale_words(__m512i sc) {
 }
 
 /* ---- Q8_K's and Q8_KM's tile tables (pi_tiles_prep_fn) ----
- * Per token tile, k-step g = 4 b + i (super-block b, elements 64 i ..) of every row:
- *   Q8_K:  [K / 64][16 rows][64]                  the quants y, as they stand
- *   Q8_KM: [K / 64][2 planes][16 rows][64]        v = m_j y (int16): plane 0 v >> 8 (s8), plane 1 its low byte
+ * Per token tile and super-block b, its k-steps i (elements 64 i ..) of the 16 rows:
+ *   Q8_K:  [4 steps][16 rows][64]                 the quants y, as they stand (the epilogue reads d from the rows:
+ *          the rows' d in the table, 64 bytes more per super-block, made the Q6_K head 1.07x slower)
+ *   Q8_KM: [4 steps][2 planes][16 rows][64]       v = m_j y (int16): plane 0 v >> 8 (s8), plane 1 its low byte,
+ *          then the epilogue's record (amx_q8_Km_record): the rows' d, bsum pairs and multiplier pairs, lanes = rows
  * (unaligned stores: mul_mat's scratch is 64-byte aligned, but nothing here needs it) */
 #define AMX_TILE_BYTES (16 * 64)
 
+typedef struct {
+    float d[16];              /* d of row r */
+    int32_t s[4][16];         /* (S_2k, S_2k+1) of row r as two int16: the sums of sub-blocks' bsum pairs */
+    int32_t m[4][16];         /* (m_2k, m_2k+1) of row r as two int16 */
+} amx_q8_Km_record;
+#define AMX_Q8_K_TABLE (4 * AMX_TILE_BYTES)
+#define AMX_Q8_KM_TABLE (8 * AMX_TILE_BYTES + (int)sizeof(amx_q8_Km_record))
+_Static_assert(sizeof(amx_q8_Km_record) % 64 == 0, "the Q8_KM table's units stay 64-byte aligned");
+
 void pi_tiles_prep_q8_K(int64_t n, const void *row, int r, char *tile) {
     const pi_block_q8_K *x = row;
-    for (int64_t g = 0; g < n / 64; g++)
-        _mm512_storeu_si512((__m512i *)(tile + g * AMX_TILE_BYTES + 64 * r), _mm512_loadu_si512(x[g / 4].qs + 64 * (g % 4)));
+    for (int64_t b = 0; b < n / PI_QK_K; b++)
+        for (int i = 0; i < 4; i++)
+            _mm512_storeu_si512((__m512i *)(tile + b * AMX_Q8_K_TABLE + i * AMX_TILE_BYTES + 64 * r),
+                                _mm512_loadu_si512(x[b].qs + 64 * i));
 }
 
 void pi_tiles_prep_q8_Km(int64_t n, const void *row, int r, char *tile) {
     const pi_block_q8_Km *x = row;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {   /* the record */
+        const pi_block_q8_Km *xb = &x[b];
+        amx_q8_Km_record *rec = (amx_q8_Km_record *)(tile + b * AMX_Q8_KM_TABLE + 8 * AMX_TILE_BYTES);
+        _Alignas(16) int32_t s[4];
+        _mm_store_si128((__m128i *)s, _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb->k.bsums),
+                                                      _mm_loadu_si128((const __m128i *)(xb->k.bsums + 8))));
+        rec->d[r] = xb->k.d;
+        for (int k = 0; k < 4; k++) {
+            rec->s[k][r] = s[k];
+            memcpy(&rec->m[k][r], &xb->m[2 * k], 4);
+        }
+    }
     for (int64_t g = 0; g < n / 64; g++) {
         const pi_block_q8_Km *xb = &x[g / 4];
+        char *planes = tile + g / 4 * AMX_Q8_KM_TABLE + g % 4 * 2 * AMX_TILE_BYTES;
         const int i = (int)(g % 4);
         const __m512i y = _mm512_loadu_si512(xb->k.qs + 64 * i);
         /* sub-blocks 2i and 2i + 1: |m_j y| <= 32 * 127 */
@@ -93,8 +119,8 @@ void pi_tiles_prep_q8_Km(int64_t n, const void *row, int r, char *tile) {
         const __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(v0, 8))),
                                               _mm512_cvtepi16_epi8(_mm512_srai_epi16(v1, 8)), 1);
         const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(v0)), _mm512_cvtepi16_epi8(v1), 1);
-        _mm512_storeu_si512((__m512i *)(tile + (2 * g) * AMX_TILE_BYTES + 64 * r), hi);
-        _mm512_storeu_si512((__m512i *)(tile + (2 * g + 1) * AMX_TILE_BYTES + 64 * r), lo);
+        _mm512_storeu_si512((__m512i *)(planes + 64 * r), hi);
+        _mm512_storeu_si512((__m512i *)(planes + AMX_TILE_BYTES + 64 * r), lo);
     }
 }
 
@@ -162,13 +188,6 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
     }
 }
 
-/* The 32-bit word at p, in every lane. */
-static inline __m512i amx_bcast32(const char *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* Super-block o's plane products for one token tile (a: its Q8_KM table at the super-block) -> ct[0] = Chh,
  * ct[1] = Cmid, ct[2] = Cll. Tiles: C 0, 1, 6; A 2 (vh), 3 (vl); B 4 (wh), 5 (wl). */
 static inline void amx_q4_K_products(const amx_q4_K_block *o, const char *a, int32_t ct[3][16 * 16]) {
@@ -198,9 +217,9 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                                                               int64_t y_stride, const char *xtab, int64_t xt_stride,
                                                               const int five_bit) {
     const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
-    const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_Km);
-    const int64_t boff = (int64_t)offsetof(pi_block_q8_Km, k.bsums), moff = (int64_t)offsetof(pi_block_q8_Km, m);
-    const int64_t sb_table = 8 * AMX_TILE_BYTES;   /* a super-block's part of a token tile's Q8_KM table */
+    PI_UNUSED(x); PI_UNUSED(x_stride);   /* everything the kernel reads of the activations is in the tile table */
+    const int64_t nb = n / PI_QK_K;
+    const int64_t sb_table = AMX_Q8_KM_TABLE;   /* a super-block's part of a token tile's Q8_KM table */
     amx_q4_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
     _Alignas(64) int32_t ct[2][3][16 * 16];   /* two super-blocks' (Chh, Cmid, Cll) */
@@ -216,7 +235,6 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
-                const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
                 const char *at = xtab + (g0 / 16 + tt) * xt_stride + c0 * sb_table;
                 /* each super-block's products are issued one super-block ahead of its epilogue (two C slots) */
                 amx_q4_K_products(&blk[0], at, ct[0]);
@@ -224,26 +242,21 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                     if (b + 1 < kc) amx_q4_K_products(&blk[b + 1], at + (b + 1) * sb_table, ct[(b + 1) % 2]);
                     const int32_t (*c)[16 * 16] = ct[b % 2];
                     const amx_q4_K_block *o = &blk[b];
+                    const amx_q8_Km_record *rec = (const amx_q8_Km_record *)(at + b * sb_table + 8 * AMX_TILE_BYTES);
                     const __m512 d = _mm512_load_ps(o->d), dmin = _mm512_load_ps(o->dmin);
                     for (int t = 0; t < 16; t++) {
-                        const char *xb = xt + t * x_stride + b * bsz;
                         const __m512i sumi = _mm512_add_epi32(
                             _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const __m512i *)(c[0] + 16 * t)), 16),
                                              _mm512_slli_epi32(_mm512_load_si512((const __m512i *)(c[1] + 16 * t)), 8)),
                             _mm512_load_si512((const __m512i *)(c[2] + 16 * t)));
                         /* summ = sum_k (mn_2k m_2k, mn_2k+1 m_2k+1) . (S_2k, S_2k+1), S the sub-blocks' bsum pairs */
-                        const __m128i s = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(xb + boff)),
-                                                         _mm_loadu_si128((const __m128i *)(xb + boff + 16)));
-                        _Alignas(16) int32_t bs[4];
-                        _mm_store_si128((__m128i *)bs, s);
                         __m512i summ = _mm512_setzero_si512();
                         for (int k = 0; k < 4; k++) {   /* mn_j m_j < 2^11 */
                             const __m512i mm = _mm512_mullo_epi16(_mm512_load_si512((const __m512i *)o->mp[k]),
-                                                                  amx_bcast32(xb + moff + 4 * k));
-                            summ = _mm512_dpwssd_epi32(summ, mm, _mm512_set1_epi32(bs[k]));
+                                                                  _mm512_set1_epi32(rec->m[k][t]));
+                            summ = _mm512_dpwssd_epi32(summ, mm, _mm512_set1_epi32(rec->s[k][t]));
                         }
-                        float dx;
-                        memcpy(&dx, xb, sizeof dx);
+                        const float dx = rec->d[t];
                         const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi)),
                                                        _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
                         float *acc = accb[16 * tt + t];
@@ -342,7 +355,7 @@ static inline void amx_q6_K_products(const amx_q6_K_block *o, const char *a, int
 void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride, const char *xtab, int64_t xt_stride) {
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
-    const int64_t sb_table = 4 * AMX_TILE_BYTES;   /* a super-block's part of a token tile's Q8_K table */
+    const int64_t sb_table = AMX_Q8_K_TABLE;   /* a super-block's part of a token tile's Q8_K table */
     amx_q6_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
     _Alignas(64) int32_t ct[2][2][16 * 16];   /* two super-blocks' (Ch, Cl) */

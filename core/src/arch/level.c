@@ -30,6 +30,8 @@
 #else
 #define AMX(kernel) NULL     /* below the amx level: no tile kernels */
 #define Q5_0_REPACK pi_repack_q5_0x16
+#define AMX_Q8_K_TABLE 0
+#define AMX_Q8_KM_TABLE 0
 #endif
 
 #if PI_HAVE_ROWS16
@@ -75,10 +77,12 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16) },
         [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K, .from_f32 = pi_quantize_row_q8_K,
-                           .tiles_prep = AMX(pi_tiles_prep_q8_K), .tiles_bits = 8 },
+                           .tiles_prep = AMX(pi_tiles_prep_q8_K),
+                           .tiles_unit = PI_QK_K, .tiles_unit_bytes = AMX_Q8_K_TABLE },
         /* internal types */
         [PI_TYPE_Q8_0S]  = { .to_f32 = pi_q8_0s_to_f32, .from_f32 = pi_quantize_row_q8_0s,
-                             .tiles_prep = AMX(pi_tiles_prep_q8_0s), .tiles_bits = 1 },
+                             .tiles_prep = AMX(pi_tiles_prep_q8_0s),
+                             .tiles_unit = PI_QK8_0, .tiles_unit_bytes = 16 * sizeof(float) },
         [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_q4_0x8_q8_0s),
                              .tiles = AMX(pi_tiles_q4_0x8_q8_0s) },
         [PI_TYPE_F16X8]  = { .gemm8 = pi_gemm8_f16x8_f32 },
@@ -95,7 +99,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q4_KC]  = { .axpy_cols = pi_axpy_cols_q4_kc, .cols_pack = pi_q4_kc_from_q4_k },
         [PI_TYPE_Q6_KC]  = { .axpy_cols = pi_axpy_cols_q6_kc, .cols_pack = pi_q6_kc_from_q6_k },
         [PI_TYPE_Q8_0P]  = { .to_f32 = pi_q8_0p_to_f32, .from_f32 = pi_quantize_row_q8_0p },
-        [PI_TYPE_Q8_KM]  = { .from_f32 = pi_q8_Km_from_f32, .tiles_prep = AMX(pi_tiles_prep_q8_Km), .tiles_bits = 16 },
+        [PI_TYPE_Q8_KM]  = { .from_f32 = pi_q8_Km_from_f32, .tiles_prep = AMX(pi_tiles_prep_q8_Km),
+                             .tiles_unit = PI_QK_K, .tiles_unit_bytes = AMX_Q8_KM_TABLE },
     },
     .tiles_begin = AMX(pi_tiles_begin),
     .tiles_end = AMX(pi_tiles_end),

@@ -72,7 +72,7 @@ static inline __m512i amx_scale_words(__m512i sc) {
  *   Q8_K:  [4 steps][16 rows][64]                 the quants y, as they stand (the epilogue reads d from the rows:
  *          the rows' d in the table, 64 bytes more per super-block, made the Q6_K head 1.07x slower)
  *   Q8_KM: [4 steps][2 planes][16 rows][64]       v = m_j y (int16): plane 0 v >> 8 (s8), plane 1 its low byte,
- *          then the epilogue's record (amx_q8_Km_record): the rows' d, bsum pairs and multiplier pairs, lanes = rows
+ *          then the epilogue's record (amx_q8_Km_record): each activation row's d, bsum pairs and multiplier pairs
  * (unaligned stores: mul_mat's scratch is 64-byte aligned, but nothing here needs it) */
 #define AMX_TILE_BYTES (16 * 64)
 

@@ -432,13 +432,13 @@ def test_q5_0x16_runs_at_every_level(at_level, pool2, level, K):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_q6_K_copied_only_at_avx512(at_level, level):
-    """Which levels make Q6_K's interleaved copy: only avx512 (the avx2 regrouping decoded 1.4-2x slower on a Zen 3;
-    the amx level keeps the file's layout for its tile kernels), while Q4_K's copy is made at every level: the rule
-    is the level's repack kernel for the type, not the type alone."""
+def test_q6_K_copied_only_at_avx512_and_amx(at_level, level):
+    """Which levels make Q6_K's interleaved copy: the AVX-512 ones (the avx2 regrouping decoded 1.4-2x slower on a
+    Zen 3; at the amx level the copy has tile kernels as the file's layout does, and decodes 1.09x faster), while
+    Q4_K's copy is made at every level: the rule is the level's repack kernel for the type, not the type alone."""
     raw = quantize(14, np.random.default_rng(1).standard_normal((16, 256)).astype(np.float32))
     at_level(level)
-    assert lib.pi_repack_bytes(wtensor(14, raw)) == (raw.nbytes if level == "avx512" else 0)
+    assert lib.pi_repack_bytes(wtensor(14, raw)) == (raw.nbytes if level in ("avx512", "amx") else 0)
     raw4 = quantize(12, np.random.default_rng(2).standard_normal((16, 256)).astype(np.float32))
     assert lib.pi_repack_bytes(wtensor(12, raw4)) == raw4.nbytes
 
@@ -557,8 +557,8 @@ def test_K_rows_extremes_equal_scalar(at_level, pool2, level, t, extreme, K):
 @pytest.mark.parametrize("K", [256, 2048, 4352])
 def test_K_interleaved_equals_scalar(at_level, pool2, level, t, name, extreme, K):
     """Q4_K's, Q5_K's and Q6_K's interleaved copies (Q4_KX16, Q5_KX16, Q6_KX16: 16 rows a group, pi_repack) at every
-    level that makes them (scalar included: its own gemm16; Q5_K and Q6_K not at amx, where the file's layout has tile
-    kernels and stays; Q6_K only at avx512, and its copy made there runs at the levels below) give
+    level that makes them (scalar included: its own gemm16; Q5_K not at amx, where the file's layout has tile
+    kernels and stays; Q6_K only at avx512 and amx, and the avx512 copy runs at the levels below) give
     the bits of the file's layout at the scalar level: decode (1 token), the 4-token blocks, 2-token pair and 1-token
     tail of the AVX-512 Q4_K kernel (3, 7, 8), calls of 8 tokens and their tails, and prompt batches whose whole
     16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K: one super-block, two AMX K chunks (4

@@ -297,22 +297,33 @@ typedef struct {
     _Alignas(64) float d[16];
 } amx_q6_K_block;
 
-static inline void amx_q6_K_decode(const char *const *p, amx_q6_K_block *o) {
+/* Bytes off..off+15 of the 16 rows' Q6_K blocks as four vectors of 32-bit lanes (lane r = row r): transposed from
+ * the rows p, or loaded from the Q6_KX16 group gb, whose words are those lanes (quants_k.h). */
+static inline __attribute__((always_inline)) void amx_q6_K_words(const char *const *p, const pi_block_q6_Kx16 *gb,
+                                                                  const int interleaved, size_t off, __m512i c[4]) {
+    if (interleaved) for (int m = 0; m < 4; m++) c[m] = _mm512_loadu_si512(gb->words[off / 4 + m]);
+    else amx_transpose16x16(p, off, c);
+}
+
+/* Super-block b of the 16 rows p[] (p[r] = row r's block), or of the Q6_KX16 group gb (interleaved; p unused) -> its
+ * planes. */
+static inline __attribute__((always_inline)) void amx_q6_K_decode(const char *const *p, const pi_block_q6_Kx16 *gb,
+                                                                  const int interleaved, amx_q6_K_block *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
     __m512i s[4], scw[16];
-    amx_transpose16x16(p, offsetof(pi_block_q6_K, scales), s);
+    amx_q6_K_words(p, gb, interleaved, offsetof(pi_block_q6_K, scales), s);
     for (int j = 0; j < 16; j++)   /* byte j % 4 of s[j / 4], sign-extended */
         scw[j] = amx_scale_words(_mm512_srai_epi32(_mm512_slli_epi32(s[j / 4], 24 - 8 * (j % 4)), 24));
-    _mm512_store_ps(o->d, amx_f16x16_rows(p, offsetof(pi_block_q6_K, d)));
+    _mm512_store_ps(o->d, interleaved ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->d)) : amx_f16x16_rows(p, offsetof(pi_block_q6_K, d)));
     for (int h = 0; h < 2; h++)
         for (int half = 0; half < 2; half++) {
             /* ql[64h + l] (a) and ql[64h + 32 + l] (bq), qh[32h + l] (hb) for l = 16 half ..: quarter q of the
              * 128 elements 128h.. takes nibble q / 2 of a (q even) or bq (q odd) and bits 2q, 2q+1 of qh; its
              * elements 128h + 32q + l are sub-block 8h + 2q + half */
             __m512i a[4], bq[4], hb[4];
-            amx_transpose16x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, a);
-            amx_transpose16x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 32 + 16 * half, bq);
-            amx_transpose16x16(p, offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half, hb);
+            amx_q6_K_words(p, gb, interleaved, offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, a);
+            amx_q6_K_words(p, gb, interleaved, offsetof(pi_block_q6_K, ql) + 64 * h + 32 + 16 * half, bq);
+            amx_q6_K_words(p, gb, interleaved, offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half, hb);
             for (int q = 0; q < 4; q++)
                 for (int m = 0; m < 4; m++) {
                     const __m512i lo = q & 1 ? bq[m] : a[m];
@@ -352,8 +363,12 @@ static inline void amx_q6_K_products(const amx_q6_K_block *o, const char *a, int
     __asm__ volatile("" ::: "memory");
 }
 
-void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride, const char *xtab, int64_t xt_stride) {
+/* 16 rows at any addresses (rows) or one Q6_KX16 group (interleaved: group). */
+static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const void *const *rows,
+                                                                const pi_block_q6_Kx16 *group, const int interleaved,
+                                                                const char *x,
+                                                                int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                                const char *xtab, int64_t xt_stride) {
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
     const int64_t sb_table = AMX_Q8_K_TABLE;   /* a super-block's part of a token tile's Q8_K table */
     amx_q6_K_block blk[AMX_K_KC];
@@ -365,8 +380,9 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
             const int64_t kc = PI_MIN(AMX_K_KC, nb - c0);
             for (int64_t b = 0; b < kc; b++) {
                 const char *p[16];
-                for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * (int64_t)sizeof(pi_block_q6_K);
-                amx_q6_K_decode(p, &blk[b]);
+                if (!interleaved)
+                    for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * (int64_t)sizeof(pi_block_q6_K);
+                amx_q6_K_decode(p, interleaved ? group + c0 + b : NULL, interleaved, &blk[b]);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
@@ -394,4 +410,14 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
         }
         for (int t = 0; t < 16 * ntiles; t++) _mm512_storeu_ps(y + (g0 + t) * y_stride, _mm512_load_ps(accb[t]));
     }
+}
+
+void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride);
+}
+
+void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_q6_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride);
 }

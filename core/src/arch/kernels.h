@@ -42,7 +42,8 @@ static void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, 
                                    float *y, int64_t y_stride);
 static void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
-/* Q6_KX16 groups at every level (arch/kx16.c; x: Q8_K); only the AVX-512 levels make them (pi_repack_q6_Kx16 below) */
+/* Q6_KX16 groups at every level (arch/kx16.c; x: Q8_K); only the AVX-512 levels make them (pi_repack_q6_Kx16 below; the
+ * amx level's prompts take them on tiles, pi_tiles_q6_Kx16_q8_K) */
 static void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
 /* F16X8 and BF16X8 groups at every level (arch/vec_dot.c; layout: pi_x8_index) */
@@ -72,6 +73,7 @@ static void pi_tiles_end(const pi_tile_session *s);
 static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);

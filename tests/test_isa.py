@@ -557,8 +557,8 @@ def test_K_rows_extremes_equal_scalar(at_level, pool2, level, t, extreme, K):
 @pytest.mark.parametrize("K", [256, 2048, 4352])
 def test_K_interleaved_equals_scalar(at_level, pool2, level, t, name, extreme, K):
     """Q4_K's, Q5_K's and Q6_K's interleaved copies (Q4_KX16, Q5_KX16, Q6_KX16: 16 rows a group, pi_repack) at every
-    level that makes them (scalar included: its own gemm16; Q5_K not at amx, where the file's layout has tile
-    kernels and stays; Q6_K only at avx512 and amx, and the avx512 copy runs at the levels below) give
+    level that makes them (scalar included: its own gemm16; the amx level makes all three, with tile kernels over the
+    copies; Q6_K only at avx512 and amx, and the avx512 copy runs at the levels below) give
     the bits of the file's layout at the scalar level: decode (1 token), the 4-token blocks, 2-token pair and 1-token
     tail of the AVX-512 Q4_K kernel (3, 7, 8), calls of 8 tokens and their tails, and prompt batches whose whole
     16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K: one super-block, two AMX K chunks (4

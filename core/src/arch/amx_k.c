@@ -135,13 +135,23 @@ typedef struct {
     _Alignas(64) float d[16], dmin[16];
 } amx_q4_K_block;
 
-/* Super-block b of the 16 rows p[] (p[r] = row r's block) -> its planes and scales; five_bit: Q5_K (q = nibble |
- * bit 2jj (low nibbles) or 2jj + 1 (high nibbles) of qh[l] << 4). */
+/* Bytes off..off+15 (off >= 4) of the 16 rows' Q4_K / Q5_K blocks as four vectors of 32-bit lanes (lane r = row r):
+ * transposed from the rows p, or loaded from a Q4_KX16 / Q5_KX16 group super-block gb, whose 64-byte words after d
+ * and dmin are those lanes (the row block's word at byte off is the group's word (off - 4) / 4, quants_k.h). */
+static inline __attribute__((always_inline)) void amx_k4_words(const char *const *p, const char *gb, const int interleaved,
+                                                               size_t off, __m512i c[4]) {
+    if (interleaved) for (int m = 0; m < 4; m++) c[m] = _mm512_loadu_si512(gb + 64 + 64 * ((off - 4) / 4 + m));
+    else amx_transpose16x16(p, off, c);
+}
+
+/* Super-block b of the 16 rows p[] (p[r] = row r's block), or of a group (interleaved: gb, a Q4_KX16 or Q5_KX16
+ * super-block) -> its planes and scales; five_bit: Q5_K (q = nibble | bit 2jj (low nibbles) or 2jj + 1 (high
+ * nibbles) of qh[l] << 4). */
 static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *const *p, amx_q4_K_block *o, const int five_bit,
-                                                                  const pi_block_q4_Kx16 *gb, const int interleaved) {
+                                                                  const char *gb, const int interleaved) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi8(0x3f), m2h = _mm512_set1_epi8(0x30);
     __m512i h[4];   /* bytes 0..15: d, dmin, the 12 packed scale bytes q[0..11] (pi_k4_scale_min) */
-    if (interleaved) for (int w = 0; w < 3; w++) h[1 + w] = _mm512_loadu_si512(gb->scales[w]);   /* interleaved: lanes as they stand */
+    if (interleaved) for (int w = 0; w < 3; w++) h[1 + w] = _mm512_loadu_si512(gb + 64 + 64 * w);   /* lanes as they stand */
     else amx_transpose16x16(p, 0, h);
     const __m512i sc03 = _mm512_and_si512(h[1], m6), mn03 = _mm512_and_si512(h[2], m6);
     const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(h[3], m4), _mm512_and_si512(_mm512_srli_epi32(h[1], 2), m2h));
@@ -152,22 +162,20 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
         const int k = (2 * i) % 4;
         _mm512_store_si512((__m512i *)o->mp[i], _mm512_or_si512(amx_lane_byte(v, k), _mm512_slli_epi32(amx_lane_byte(v, k + 1), 16)));
     }
-    _mm512_store_ps(o->d, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->d) : _mm512_cvtepi32_epi16(h[0])));
-    _mm512_store_ps(o->dmin, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb->dmin)
+    /* a group super-block starts with d[16] and dmin[16] as fp16 (both group types) */
+    _mm512_store_ps(o->d, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)gb) : _mm512_cvtepi32_epi16(h[0])));
+    _mm512_store_ps(o->dmin, _mm512_cvtph_ps(interleaved ? _mm256_loadu_si256((const __m256i *)(gb + 32))
                                                 : _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
     const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
     __m512i qh[8];   /* Q5_K: qh[0..31] transposed like the quants (the same bytes serve every pair jj) */
     if (five_bit) {
-        amx_transpose16x16(p, offsetof(pi_block_q5_K, qh), qh);
-        amx_transpose16x16(p, offsetof(pi_block_q5_K, qh) + 16, qh + 4);
+        amx_k4_words(p, gb, interleaved, offsetof(pi_block_q5_K, qh), qh);
+        amx_k4_words(p, gb, interleaved, offsetof(pi_block_q5_K, qh) + 16, qh + 4);
     }
     for (int jj = 0; jj < 4; jj++) {   /* qs[32 jj ..]: low nibbles sub-block 2 jj, high nibbles 2 jj + 1 */
         __m512i c[8];
-        if (interleaved) for (int m = 0; m < 8; m++) c[m] = _mm512_loadu_si512(gb->qs[8 * jj + m]);
-        else {
-            amx_transpose16x16(p, qs_offset + 32 * jj, c);
-            amx_transpose16x16(p, qs_offset + 32 * jj + 16, c + 4);
-        }
+        amx_k4_words(p, gb, interleaved, qs_offset + 32 * jj, c);
+        amx_k4_words(p, gb, interleaved, qs_offset + 32 * jj + 16, c + 4);
         const __m512i sc = jj < 2 ? sc03 : sc47;
         const __m512i sclo = amx_scale_words(amx_lane_byte(sc, (2 * jj) % 4)), schi = amx_scale_words(amx_lane_byte(sc, (2 * jj) % 4 + 1));
         for (int m = 0; m < 8; m++) {
@@ -210,9 +218,9 @@ static inline void amx_q4_K_products(const amx_q4_K_block *o, const char *a, int
     __asm__ volatile("" ::: "memory");
 }
 
-/* 16 rows at any addresses (rows) or one Q4_KX16 group (interleaved: group, Q4_K only). */
+/* 16 rows at any addresses (rows) or one Q4_KX16 / Q5_KX16 group (interleaved: group). */
 static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const void *const *rows,
-                                                              const pi_block_q4_Kx16 *group, const int interleaved,
+                                                              const char *group, const int interleaved,
                                                               const char *x, int64_t x_stride, int nt, float *y,
                                                               int64_t y_stride, const char *xtab, int64_t xt_stride,
                                                               const int five_bit) {
@@ -231,7 +239,8 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                 const char *p[16];
                 if (!interleaved)
                     for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
-                amx_q4_K_decode(p, &blk[b], five_bit, interleaved ? group + c0 + b : NULL, interleaved);
+                const int64_t group_block = five_bit ? (int64_t)sizeof(pi_block_q5_Kx16) : (int64_t)sizeof(pi_block_q4_Kx16);
+                amx_q4_K_decode(p, &blk[b], five_bit, interleaved ? group + (c0 + b) * group_block : NULL, interleaved);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
@@ -285,6 +294,11 @@ void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, 
 void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride, const char *xt, int64_t xt_stride) {
     amx_k4_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, 0);
+}
+
+void pi_tiles_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_k4_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, 1);
 }
 
 /* ---- Q6_K (activations Q8_K) ----

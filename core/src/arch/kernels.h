@@ -73,6 +73,7 @@ static void pi_tiles_end(const pi_tile_session *s);
 static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_q5_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);

@@ -90,8 +90,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q8_0X16] = { .gemm16 = pi_gemm16_q8_0x16_q8_0s, .tiles = AMX(pi_tiles_q8_0x16_q8_0s) },
         [PI_TYPE_Q5_0X16] = { .gemm16 = pi_gemm16_q5_0x16_q8_0s, .gemm16_max_t = Q5X16_MAX_T },
         [PI_TYPE_Q4_KX16] = { .gemm16 = pi_gemm16_q4_Kx16_q8_K, .tiles = AMX(pi_tiles_q4_Kx16_q8_K) },
-        /* no tile kernels: at the amx level Q5_K stays in the file's layout (pi_repack_bytes) */
-        [PI_TYPE_Q5_KX16] = { .gemm16 = pi_gemm16_q5_Kx16_q8_K },
+        [PI_TYPE_Q5_KX16] = { .gemm16 = pi_gemm16_q5_Kx16_q8_K, .tiles = AMX(pi_tiles_q5_Kx16_q8_K) },
         [PI_TYPE_Q6_KX16] = { .gemm16 = pi_gemm16_q6_Kx16_q8_K, .tiles = AMX(pi_tiles_q6_Kx16_q8_K) },
         [PI_TYPE_Q4_0R]  = { pi_vec_dot_q4_0r_q8_0p, pi_axpy_q4_0r, .vec_dot8 = pi_vec_dot8_q4_0r_q8_0p,
                              .axpy_group = pi_axpy_group_q4_0r, .to_f32 = pi_q4_0r_to_f32 },

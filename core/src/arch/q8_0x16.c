@@ -14,9 +14,11 @@
  * Why (Sapphire Rapids, one thread, weights in L2): the 8-row kernel on the file's layout spends its time
  * transposing (vec_dot8, 14.5 GB/s of Q8_0); see bench/README.md for this kernel's figures.
  *
- * No software prefetch: a group is one sequential stream, which the hardware prefetchers follow. Prefetching 3 of
- * the 9 lines of the block 4 ahead made one-token matmuls 1.1-1.27x slower on a Zen 4 at both the avx512 and the
- * avx2 level (Gemma 3 270M's Q8_0 head, the 542M Q8_0 layers; prompts unchanged); not measured on Intel. */
+ * Software prefetch on Intel only (pi_cpu_prefetch_one_token; one token, the AVX-512 kernel): a group is one
+ * sequential stream, which AMD's hardware prefetchers follow best alone (prefetching 3 of the 9 lines of the block 4
+ * ahead made one-token matmuls 1.1-1.27x slower on a Zen 4 at both the avx512 and the avx2 level: Gemma 3 270M's
+ * Q8_0 head, the 542M Q8_0 layers), while on a Sapphire Rapids all 9 lines of the block 8 ahead made Gemma's head
+ * 0.9x the time (2 threads; 4 or 16 ahead the same). The AVX2 kernel was not measured on Intel with it. */
 #include "../internal.h"
 #include "../quants_k.h"
 
@@ -94,8 +96,10 @@ static inline __attribute__((always_inline)) __m512 q5_0x16_unsigned(const pi_bl
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
 }
 
-/* What a group holds: Q8_0X16 blocks, Q5_0X16 blocks, or (UNPACKED_Q5) Q8_0X16-shaped blocks of Q5_0's u already */
-enum { X16_Q8, X16_Q5, X16_UNPACKED_Q5 };
+/* What a group holds: Q8_0X16 blocks (X16_Q8_PF: the same, prefetched ahead, for one token where
+ * pi_cpu_prefetch_one_token says so), Q5_0X16 blocks, or (UNPACKED_Q5) Q8_0X16-shaped blocks of Q5_0's u already */
+enum { X16_Q8, X16_Q8_PF, X16_Q5, X16_UNPACKED_Q5 };
+#define X16_PREFETCH_BLOCKS 8   /* how far ahead (4 and 16: the same) */
 
 /* Block b against nt tokens: p[t][j] += its products (j = b % 8); kind a constant */
 static inline __attribute__((always_inline)) void x16_block(const void *group, const int kind, int64_t b,
@@ -105,8 +109,12 @@ static inline __attribute__((always_inline)) void x16_block(const void *group, c
     __m512 dw;
     if (kind == X16_Q5) {
         dw = q5_0x16_unsigned((const pi_block_q5_0x16 *)group + b, u);
-    } else if (kind == X16_Q8) {
-        dw = q8_0x16_unsigned((const pi_block_q8_0x16 *)group + b, u);
+    } else if (kind == X16_Q8 || kind == X16_Q8_PF) {
+        const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
+        if (kind == X16_Q8_PF)   /* the 9 lines of the block X16_PREFETCH_BLOCKS ahead (past the group: harmless) */
+            for (int l = 0; l < (int)(sizeof *g + 63) / 64; l++)
+                _mm_prefetch((const char *)(g + X16_PREFETCH_BLOCKS) + 64 * l, _MM_HINT_T0);
+        dw = q8_0x16_unsigned(g, u);
     } else {
         const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
         for (int m = 0; m < 8; m++) u[m] = _mm512_loadu_si512(g->qs[m]);
@@ -114,7 +122,7 @@ static inline __attribute__((always_inline)) void x16_block(const void *group, c
     }
     for (int t = 0; t < nt; t++) {
         const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-        const __m512i i = pi_dot16_q8_0s(u, xb, kind == X16_Q8 ? 128 : 16);   /* sum w y = sum u y - offset s */
+        const __m512i i = pi_dot16_q8_0s(u, xb, kind == X16_Q8 || kind == X16_Q8_PF ? 128 : 16);   /* sum w y = sum u y - offset s */
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
         p[t][j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), p[t][j]);
     }
@@ -160,7 +168,8 @@ void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_
     __m512 ps[PI_DOT8_MAX_T][8];
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();
-    x16_pairs(n / PI_QK8_0, group, X16_Q8, x, x_stride, nt, ps);
+    if (nt == 1 && pi_cpu_prefetch_one_token()) x16_pairs(n / PI_QK8_0, group, X16_Q8_PF, x, x_stride, nt, ps);
+    else x16_pairs(n / PI_QK8_0, group, X16_Q8, x, x_stride, nt, ps);
     x16_store(nt, ps, y, y_stride);
 }
 

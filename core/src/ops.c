@@ -160,10 +160,10 @@ static void mul_mat_convert_task(void *p, int ith, int nth) {
 
 /* The AMX part of mul_mat_rows: rows [r0, r16) (r16 - r0 a multiple of 16) x tokens [0, T16) on tiles, T16 the
  * token count rounded down to whole tiles; token chunks outside so they stay in cache. Returns T16, or 0 (nothing
- * done) without a tile kernel for this layout or below PI_TILES_MIN_T tokens. */
+ * done) without a tile kernel for this layout, below PI_TILES_MIN_T tokens, or without the tile table they read. */
 static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, int64_t r0, int64_t r16) {
     const int64_t K = a->w->ne[0], T = a->x->ne[1];
-    if ((!tr->tiles && !tr->tiles_rows) || T < PI_TILES_MIN_T || r16 <= r0) return 0;
+    if ((!tr->tiles && !tr->tiles_rows) || T < PI_TILES_MIN_T || r16 <= r0 || !a->xt) return 0;
     const char *w = a->w->data;
     const int64_t y_stride = a->y->nb[1] / (int64_t)sizeof(float), T16 = T / PI_TILE_T * PI_TILE_T;
     float *y0 = a->y->data;

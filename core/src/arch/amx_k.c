@@ -177,7 +177,8 @@ static inline __attribute__((always_inline)) void amx_q4_K_decode(const char *co
         amx_k4_words(p, gb, interleaved, qs_offset + 32 * jj, c);
         amx_k4_words(p, gb, interleaved, qs_offset + 32 * jj + 16, c + 4);
         const __m512i sc = jj < 2 ? sc03 : sc47;
-        const __m512i sclo = amx_scale_words(amx_lane_byte(sc, (2 * jj) % 4)), schi = amx_scale_words(amx_lane_byte(sc, (2 * jj) % 4 + 1));
+        const __m512i sclo = amx_scale_words(amx_lane_byte(sc, (2 * jj) % 4));       /* sub-block 2 jj */
+        const __m512i schi = amx_scale_words(amx_lane_byte(sc, (2 * jj) % 4 + 1));   /* sub-block 2 jj + 1 */
         for (int m = 0; m < 8; m++) {
             __m512i lo = _mm512_and_si512(c[m], m4), hi = _mm512_and_si512(_mm512_srli_epi16(c[m], 4), m4);
             if (five_bit) {   /* bit 2jj (2jj + 1) of each qh byte -> bit 4 (16-bit shifts < 8 keep it in its byte) */
@@ -328,7 +329,8 @@ static inline __attribute__((always_inline)) void amx_q6_K_decode(const char *co
     amx_q6_K_words(p, gb, interleaved, offsetof(pi_block_q6_K, scales), s);
     for (int j = 0; j < 16; j++)   /* byte j % 4 of s[j / 4], sign-extended */
         scw[j] = amx_scale_words(_mm512_srai_epi32(_mm512_slli_epi32(s[j / 4], 24 - 8 * (j % 4)), 24));
-    _mm512_store_ps(o->d, interleaved ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->d)) : amx_f16x16_rows(p, offsetof(pi_block_q6_K, d)));
+    _mm512_store_ps(o->d, interleaved ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->d))
+                                      : amx_f16x16_rows(p, offsetof(pi_block_q6_K, d)));
     for (int h = 0; h < 2; h++)
         for (int half = 0; half < 2; half++) {
             /* ql[64h + l] (a) and ql[64h + 32 + l] (bq), qh[32h + l] (hb) for l = 16 half ..: quarter q of the
@@ -411,7 +413,8 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
                     for (int t = 0; t < 16; t++) {
                         float dx;
                         memcpy(&dx, xt + t * x_stride + b * bsz, sizeof dx);
-                        const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const __m512i *)(c[0] + 16 * t)), 8),
+                        const __m512i ch = _mm512_load_si512((const __m512i *)(c[0] + 16 * t));
+                        const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(ch, 8),
                                                               _mm512_load_si512((const __m512i *)(c[1] + 16 * t)));
                         float *acc = accb[16 * tt + t];
                         const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(dx), d), _mm512_cvtepi32_ps(sumi));

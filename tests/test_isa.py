@@ -376,14 +376,20 @@ def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
     x[7, 256:512] = 0.0                    # a zero activation (super-)block (d = 0)
     x[9, :] = np.abs(x[9, :])              # quant sums far from 0
     x[11, :] = -127.0                      # extreme quants
-    raw = quantize(t, w)
+    rows_equal_scalar(at_level, pool2, level, t, quantize(t, w), x, Ts)
+
+
+def rows_equal_scalar(at_level, pool2, level, t, raw, x, Ts, what=""):
+    """mul_mat over raw (rows of type t, the file's layout) at `level` == at the scalar level, bit for bit, for the
+    first T rows of x, T in Ts."""
+    N, K = raw.shape[0], x.shape[1]
     results = {}
     for lv in ("scalar", level):
         at_level(lv)
         wt = wtensor(t, raw)
         results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in Ts]
     for T, a, b in zip(Ts, results["scalar"], results[level]):
-        assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} K={K} N={N} T={T} {level} vs scalar")
+        assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} K={K} N={N} T={T} {level} vs scalar{what}")
 
 
 def q8_0_cases(K):
@@ -541,13 +547,7 @@ def test_K_rows_extremes_equal_scalar(at_level, pool2, level, t, extreme, K):
     x[:, 64:96] *= 0.001                   # one sub-block far below its super-block's largest value (m = 1)
     x[5, :] = -1.0                         # every quant -127 (or -128), m = 32
     x[6, :] = np.where(np.arange(K) % 2, 1.0, -1.0)
-    results = {}
-    for lv in ("scalar", level):
-        at_level(lv)
-        wt = wtensor(t, raw)
-        results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in Ts]
-    for T, a, b in zip(Ts, results["scalar"], results[level]):
-        assert_bit_equal(b, a, f"mul_mat {TYPES[t][0]} K={K} N={N} T={T} {level} vs scalar (extreme blocks)")
+    rows_equal_scalar(at_level, pool2, level, t, raw, x, Ts, " (extreme blocks)")
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -91,24 +91,29 @@ static inline __m512i q4kx16_lane_bytes(__m512i v, int j0, int j1) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
-/* nt (1, 2 or 4, a constant after inlining) tokens. Sub-block sums C_j of the 16 rows by VNNI (u8 weights, s8
- * activations broadcast; below 4 tokens two chains per sub-block and token, so at least four chains hide vpdpbusd's
- * latency); the high nibbles enter as 16 q (the byte & 0xf0), their sum is shifted back exactly once per
- * sub-block. sumi += (sc_j mx_j) C_j in int32 (quants_k.h's budget). Each unpacked weight register feeds nt tokens:
- * 4 tokens took 0.8x the time of 2 on a Zen 4 (542M ffn_up/ffn_gate, T = 512). */
+/* nt (1, 2 or 4, a constant after inlining) tokens of one Q4_KX16 group, or (five_bit) of one Q5_KX16 group: both
+ * start each super-block with d[16], dmin[16], then 64-byte words (the rows' scales, for Q5_K qh, then qs). Sub-block
+ * sums C_j of the 16 rows by VNNI (u8 weights, s8 activations broadcast; below 4 tokens two chains per sub-block and
+ * token, so at least four chains hide vpdpbusd's latency); Q4_K's high nibbles enter as 16 q (the byte & 0xf0), their
+ * sum is shifted back exactly once per sub-block; Q5_K's quants (q up to 31) are built whole, nibble | fifth bit << 4.
+ * sumi += (sc_j mx_j) C_j in int32 (quants_k.h's budget). Each unpacked weight register feeds nt tokens: 4 tokens
+ * took 0.8x the time of 2 on a Zen 4 (542M ffn_up/ffn_gate, T = 512). */
 #define Q4KX16_MAX_T 4
-static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, const pi_block_q4_Kx16 *g,
+static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, const void *group, const int five_bit,
                                                                const char *x, int64_t x_stride, const int nt,
                                                                float *y, int64_t y_stride) {
+    const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_Kx16) : (int64_t)sizeof(pi_block_q4_Kx16);
+    const int qs_word = five_bit ? 11 : 3;   /* the word of qs[0] (after the scales' 3 and, for Q5_K, qh's 8) */
     const __m512i m4 = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0), m6 = _mm512_set1_epi8(0x3f);
     const __m512i m2h = _mm512_set1_epi8(0x30);
     const int ch = nt >= 4 ? 1 : 2;   /* chains per token and nibble half */
     __m512 acc[Q4KX16_MAX_T];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const pi_block_q4_Kx16 *gb = g + b;
-        const __m512i u0 = _mm512_loadu_si512(gb->scales[0]), u1 = _mm512_loadu_si512(gb->scales[1]);
-        const __m512i u2 = _mm512_loadu_si512(gb->scales[2]);
+        const char *gb = (const char *)group + b * block_bytes;
+        const uint8_t (*words)[64] = (const uint8_t (*)[64])(gb + 64);   /* after d[16], dmin[16] */
+        const __m512i u0 = _mm512_loadu_si512(words[0]), u1 = _mm512_loadu_si512(words[1]);
+        const __m512i u2 = _mm512_loadu_si512(words[2]);
         const __m512i sc03 = _mm512_and_si512(u0, m6), mn03 = _mm512_and_si512(u1, m6);
         const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, m4), _mm512_and_si512(_mm512_srli_epi32(u0, 2), m2h));
         const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
@@ -120,13 +125,20 @@ static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, con
             sumi[t] = _mm512_setzero_si512();
         }
         for (int jj = 0; jj < 4; jj++) {   /* qs[8jj..8jj+7]: low nibbles sub-block 2jj, high nibbles 2jj + 1 */
-            for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(gb + Q4KX16_PF_DIST) + 64 * (9 * jj + i), Q4KX16_PF_HINT);
+            for (int i = 0; i < (five_bit ? 11 : 9); i++)   /* a quarter of the super-block PF_DIST ahead */
+                _mm_prefetch(gb + Q4KX16_PF_DIST * block_bytes + 64 * ((five_bit ? 11 : 9) * jj + i), Q4KX16_PF_HINT);
             __m512i c[Q4KX16_MAX_T][4];
             for (int t = 0; t < nt; t++)
                 for (int k = 0; k < 2 * ch; k++) c[t][k] = _mm512_setzero_si512();
             for (int m = 0; m < 8; m++) {
-                const __m512i v = _mm512_loadu_si512(gb->qs[8 * jj + m]);
-                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(v, mf0);
+                const __m512i v = _mm512_loadu_si512(words[qs_word + 8 * jj + m]);
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(v, mf0);
+                if (five_bit) {   /* bit 2jj (2jj + 1) of qh byte l is the fifth bit of element l of sub-block 2jj (+ 1) */
+                    const __m512i qh = _mm512_loadu_si512(words[3 + m]), one = _mm512_set1_epi8(1);
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * jj), one), 4));
+                    hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * jj + 1), one), 4));
+                }
                 for (int t = 0; t < nt; t++) {
                     const int8_t *yq = xm[t]->k.qs + 64 * jj + 4 * m;
                     const int k = ch == 2 ? (m & 1) : 0;   /* c[t][k]: low nibbles, c[t][ch + k]: high */
@@ -140,7 +152,8 @@ static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, con
                 const __m512i scm_lo = _mm512_mullo_epi16(sc_lo, _mm512_set1_epi32(xm[t]->m[2 * jj]));
                 const __m512i scm_hi = _mm512_mullo_epi16(sc_hi, _mm512_set1_epi32(xm[t]->m[2 * jj + 1]));
                 const __m512i c_lo = ch == 2 ? _mm512_add_epi32(c[t][0], c[t][1]) : c[t][0];
-                const __m512i c_hi = _mm512_srai_epi32(ch == 2 ? _mm512_add_epi32(c[t][2], c[t][3]) : c[t][1], 4);
+                const __m512i c_hi16 = ch == 2 ? _mm512_add_epi32(c[t][2], c[t][3]) : c[t][1];
+                const __m512i c_hi = five_bit ? c_hi16 : _mm512_srai_epi32(c_hi16, 4);   /* Q4_K: 16 q entered */
                 sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(scm_lo, c_lo),
                                                                      _mm512_mullo_epi32(scm_hi, c_hi)));
             }
@@ -148,8 +161,8 @@ static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, con
         /* summ: madd of (mn_2i, mn_2i+1) mx per lane against (bs_2i, bs_2i+1), bs_j = bsum_2j + bsum_2j+1 */
         __m512i mp[4];
         for (int i = 0; i < 4; i++) mp[i] = q4kx16_lane_bytes(i < 2 ? mn03 : mn47, (2 * i) % 4, (2 * i) % 4 + 1);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->d));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->dmin));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
         for (int t = 0; t < nt; t++) {
             const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xm[t]->k.bsums),
                                               _mm_loadu_si128((const __m128i *)xm[t]->k.bsums + 1));
@@ -169,19 +182,31 @@ static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, con
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
 }
 
+static inline __attribute__((always_inline)) void k4x16_gemm16_512(int64_t n, const void *group, const int five_bit,
+                                                                   const char *x, int64_t x_stride, int nt, float *y,
+                                                                   int64_t y_stride) {
+    int t = 0;
+    for (; t + 4 <= nt; t += 4) q4_Kx16_tokens(n / PI_QK_K, group, five_bit, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
+    for (; t + 2 <= nt; t += 2) q4_Kx16_tokens(n / PI_QK_K, group, five_bit, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
+    if (t < nt) q4_Kx16_tokens(n / PI_QK_K, group, five_bit, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+}
+
 void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    int t = 0;
-    for (; t + 4 <= nt; t += 4) q4_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
-    for (; t + 2 <= nt; t += 2) q4_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
-    if (t < nt) q4_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+    k4x16_gemm16_512(n, group, 0, x, x_stride, nt, y, y_stride);
+}
+
+void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    k4x16_gemm16_512(n, group, 1, x, x_stride, nt, y, y_stride);
 }
 
 #endif
 
 #if PI_HAVE_ROWS8
-/* Q4_KX16 at the AVX2 level, Q5_KX16 at every level above scalar (the AVX-512 levels too: it has no 16-lane kernel
- * yet): the group as two halves of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each the 8-row kernel of
+/* Q4_KX16 and Q5_KX16 at the AVX2 level (the AVX-512 levels take both through q4_Kx16_tokens: for Q5_KX16 one-token
+ * decode 1.45x as fast as these halves on a Sapphire Rapids, 542M Q5_K_M; AMD not measured): the group as two halves
+ * of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each the 8-row kernel of
  * the file's layout (rows8_k.c's k4_dot8_src) with its transposes replaced by loads, so the bits are the file
  * layout's; gh and five_bit are constants after inlining. */
 #define K4X16_HALF(n, group, xt, xs, nt, yt, ys) k4_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys, five_bit)
@@ -205,12 +230,12 @@ void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
                             int64_t y_stride) {
     k4x16_gemm16(n, group, x, x_stride, nt, y, y_stride, 0);
 }
-#endif
 
 void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
     k4x16_gemm16(n, group, x, x_stride, nt, y, y_stride, 1);
 }
+#endif
 
 #else   /* scalar: each row copied out of the group, then the type's vec_dot per token (the reference itself) */
 

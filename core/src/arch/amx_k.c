@@ -125,8 +125,8 @@ void pi_tiles_prep_q8_Km(int64_t n, const void *row, int r, char *tile) {
 }
 
 /* ---- Q4_K and Q5_K (activations Q8_KM) ----
- * w_l = sc_j q_l <= 63 * 31: planes wh <= 7, wl; the activation planes come from Q8_KM's table. summ and the float
- * step read the Q8_KM rows (bsums, m, d). */
+ * w_l = sc_j q_l <= 63 * 31: planes wh <= 7, wl; the activation planes come from Q8_KM's table, and so do summ's and
+ * the float step's per-token values (its record: d, bsum pairs, multiplier pairs). */
 
 typedef struct {
     _Alignas(64) int8_t wh[4][16 * 64];    /* k-step i: B plane of w >> 8 (sub-block 2i: rows 0..7, 2i + 1: 8..15) */
@@ -140,8 +140,7 @@ typedef struct {
  * and dmin are those lanes (the row block's word at byte off is the group's word (off - 4) / 4, quants_k.h). */
 static inline __attribute__((always_inline)) void amx_k4_words(const char *const *p, const char *gb, const int interleaved,
                                                                size_t off, __m512i c[4]) {
-    if (interleaved) for (int m = 0; m < 4; m++) c[m] = _mm512_loadu_si512(gb + 64 + 64 * ((off - 4) / 4 + m));
-    else amx_transpose16x16(p, off, c);
+    amx_rows_or_words(p, off, interleaved, interleaved ? gb + 64 + 64 * ((off - 4) / 4) : NULL, c);
 }
 
 /* Super-block b of the 16 rows p[] (p[r] = row r's block), or of a group (interleaved: gb, a Q4_KX16 or Q5_KX16
@@ -226,6 +225,7 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                                                               int64_t y_stride, const char *xtab, int64_t xt_stride,
                                                               const int five_bit) {
     const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
+    const int64_t group_block = five_bit ? (int64_t)sizeof(pi_block_q5_Kx16) : (int64_t)sizeof(pi_block_q4_Kx16);
     PI_UNUSED(x); PI_UNUSED(x_stride);   /* everything the kernel reads of the activations is in the tile table */
     const int64_t nb = n / PI_QK_K;
     const int64_t sb_table = AMX_Q8_KM_TABLE;   /* a super-block's part of a token tile's Q8_KM table */
@@ -240,7 +240,6 @@ static inline __attribute__((always_inline)) void amx_k4_rows(int64_t n, const v
                 const char *p[16];
                 if (!interleaved)
                     for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
-                const int64_t group_block = five_bit ? (int64_t)sizeof(pi_block_q5_Kx16) : (int64_t)sizeof(pi_block_q4_Kx16);
                 amx_q4_K_decode(p, &blk[b], five_bit, interleaved ? group + (c0 + b) * group_block : NULL, interleaved);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
@@ -316,8 +315,7 @@ typedef struct {
  * the rows p, or loaded from the Q6_KX16 group gb, whose words are those lanes (quants_k.h). */
 static inline __attribute__((always_inline)) void amx_q6_K_words(const char *const *p, const pi_block_q6_Kx16 *gb,
                                                                   const int interleaved, size_t off, __m512i c[4]) {
-    if (interleaved) for (int m = 0; m < 4; m++) c[m] = _mm512_loadu_si512(gb->words[off / 4 + m]);
-    else amx_transpose16x16(p, off, c);
+    amx_rows_or_words(p, off, interleaved, interleaved ? (const char *)gb->words[off / 4] : NULL, c);
 }
 
 /* Super-block b of the 16 rows p[] (p[r] = row r's block), or of the Q6_KX16 group gb (interleaved; p unused) -> its

@@ -99,6 +99,15 @@ static inline void amx_transpose16x16(const char *const *p, size_t off, __m512i 
     for (int m = 0; m < 4; m++) c[m] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[m]), hi[m], 1);
 }
 
+/* The same four vectors from the rows p (interleaved = 0: amx_transpose16x16), or from an interleaved group whose
+ * 64-byte words are those lanes already: the four consecutive words at w, where the group keeps the rows' bytes
+ * off.. (the caller's layout says where). */
+static inline __attribute__((always_inline)) void amx_rows_or_words(const char *const *p, size_t off,
+                                                                    const int interleaved, const char *w, __m512i c[4]) {
+    if (interleaved) for (int m = 0; m < 4; m++) c[m] = _mm512_loadu_si512(w + 64 * m);
+    else amx_transpose16x16(p, off, c);
+}
+
 /* The f16 words at byte `off` of the 16 rows p[0..15] as 16 floats (lane r = row r). */
 static inline __m512 amx_f16x16_rows(const char *const *p, size_t off) {
     _Alignas(32) uint16_t h[16];

@@ -17,8 +17,10 @@
  * Software prefetch on Intel only (pi_cpu_prefetch_one_token; one token, the AVX-512 kernel): a group is one
  * sequential stream, which AMD's hardware prefetchers follow best alone (prefetching 3 of the 9 lines of the block 4
  * ahead made one-token matmuls 1.1-1.27x slower on a Zen 4 at both the avx512 and the avx2 level: Gemma 3 270M's
- * Q8_0 head, the 542M Q8_0 layers), while on a Sapphire Rapids all 9 lines of the block 8 ahead made Gemma's head
- * 0.9x the time (2 threads; 4 or 16 ahead the same). The AVX2 kernel was not measured on Intel with it. */
+ * Q8_0 head, the 542M Q8_0 layers), while on a Sapphire Rapids all 9 lines of the block 8 ahead into L1 made Gemma's
+ * head 0.9x the time (2 threads; 4 or 16 ahead the same), and every line PI_STREAM_AHEAD bytes ahead into L2
+ * (pi_prefetch_ahead, Q5_0X16 too) lifted 542M Q8_0 decode 3% more and Gemma's 5%. The AVX2 kernel was not measured
+ * on Intel with it. */
 #include "../internal.h"
 #include "../quants_k.h"
 
@@ -96,25 +98,24 @@ static inline __attribute__((always_inline)) __m512 q5_0x16_unsigned(const pi_bl
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
 }
 
-/* What a group holds: Q8_0X16 blocks (X16_Q8_PF: the same, prefetched ahead, for one token where
- * pi_cpu_prefetch_one_token says so), Q5_0X16 blocks, or (UNPACKED_Q5) Q8_0X16-shaped blocks of Q5_0's u already */
-enum { X16_Q8, X16_Q8_PF, X16_Q5, X16_UNPACKED_Q5 };
-#define X16_PREFETCH_BLOCKS 8   /* how far ahead (4 and 16: the same) */
+/* What a group holds: Q8_0X16 blocks, Q5_0X16 blocks, or (UNPACKED_Q5) Q8_0X16-shaped blocks of Q5_0's u already */
+enum { X16_Q8, X16_Q5, X16_UNPACKED_Q5 };
 
-/* Block b against nt tokens: p[t][j] += its products (j = b % 8); kind a constant */
-static inline __attribute__((always_inline)) void x16_block(const void *group, const int kind, int64_t b,
-                                                          const char *x, int64_t x_stride, const int nt,
+/* Block b against nt tokens: p[t][j] += its products (j = b % 8); kind a constant; ahead (a constant): request the
+ * block's lines PI_STREAM_AHEAD bytes ahead (pi_prefetch_ahead) */
+static inline __attribute__((always_inline)) void x16_block(const void *group, const int kind, const int ahead,
+                                                          int64_t b, const char *x, int64_t x_stride, const int nt,
                                                           __m512 p[][8], const int j) {
+    if (ahead) {
+        const int bytes = kind == X16_Q5 ? (int)sizeof(pi_block_q5_0x16) : (int)sizeof(pi_block_q8_0x16);
+        for (int l = 0; l < (bytes + 63) / 64; l++) pi_prefetch_ahead((const char *)group + b * bytes + 64 * l);
+    }
     __m512i u[8];
     __m512 dw;
     if (kind == X16_Q5) {
         dw = q5_0x16_unsigned((const pi_block_q5_0x16 *)group + b, u);
-    } else if (kind == X16_Q8 || kind == X16_Q8_PF) {
-        const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
-        if (kind == X16_Q8_PF)   /* the 9 lines of the block X16_PREFETCH_BLOCKS ahead (past the group: harmless) */
-            for (int l = 0; l < (int)(sizeof *g + 63) / 64; l++)
-                _mm_prefetch((const char *)(g + X16_PREFETCH_BLOCKS) + 64 * l, _MM_HINT_T0);
-        dw = q8_0x16_unsigned(g, u);
+    } else if (kind == X16_Q8) {
+        dw = q8_0x16_unsigned((const pi_block_q8_0x16 *)group + b, u);
     } else {
         const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
         for (int m = 0; m < 8; m++) u[m] = _mm512_loadu_si512(g->qs[m]);
@@ -122,7 +123,7 @@ static inline __attribute__((always_inline)) void x16_block(const void *group, c
     }
     for (int t = 0; t < nt; t++) {
         const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-        const __m512i i = pi_dot16_q8_0s(u, xb, kind == X16_Q8 || kind == X16_Q8_PF ? 128 : 16);   /* sum w y = sum u y - offset s */
+        const __m512i i = pi_dot16_q8_0s(u, xb, kind == X16_Q8 ? 128 : 16);   /* sum w y = sum u y - offset s */
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
         p[t][j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), p[t][j]);
     }
@@ -132,26 +133,30 @@ static inline __attribute__((always_inline)) void x16_block(const void *group, c
  * constant after inlining) tokens, their 8 partial sums each taken from and put back into ps (in registers
  * meanwhile: 16 zmm at most); kind (a constant) says what group holds */
 static inline __attribute__((always_inline)) void x16_tokens(int64_t nb, const void *group, const int kind,
-                                                           const char *x, int64_t x_stride, const int nt,
-                                                           __m512 ps[][8]) {
+                                                           const int ahead, const char *x, int64_t x_stride,
+                                                           const int nt, __m512 ps[][8]) {
     __m512 p[2][8];
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) p[t][j] = ps[t][j];
     int64_t b8 = 0;
     for (; b8 + 8 <= nb; b8 += 8)   /* 8 blocks per pass, j a constant in each copy: p[t][j] stay in registers */
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) x16_block(group, kind, b8 + j, x, x_stride, nt, p, j);
-    for (int j = 0; b8 + j < nb; j++) x16_block(group, kind, b8 + j, x, x_stride, nt, p, j);
+        for (int j = 0; j < 8; j++) x16_block(group, kind, ahead, b8 + j, x, x_stride, nt, p, j);
+    for (int j = 0; b8 + j < nb; j++) x16_block(group, kind, ahead, b8 + j, x, x_stride, nt, p, j);
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) ps[t][j] = p[t][j];
 }
 
-/* nb blocks of group (kind) against tokens [0, nt) in pairs, into ps */
+/* nb blocks of group (kind) against tokens [0, nt) in pairs, into ps; one token on a CPU where
+ * pi_cpu_prefetch_one_token says so with software prefetch */
 static inline __attribute__((always_inline)) void x16_pairs(int64_t nb, const void *group, const int kind,
                                                           const char *x, int64_t x_stride, int nt, __m512 ps[][8]) {
     int t = 0;
-    for (; t + 2 <= nt; t += 2) x16_tokens(nb, group, kind, x + t * x_stride, x_stride, 2, ps + t);
-    if (t < nt) x16_tokens(nb, group, kind, x + t * x_stride, x_stride, 1, ps + t);
+    for (; t + 2 <= nt; t += 2) x16_tokens(nb, group, kind, 0, x + t * x_stride, x_stride, 2, ps + t);
+    if (t < nt) {
+        if (nt == 1 && pi_cpu_prefetch_one_token()) x16_tokens(nb, group, kind, 1, x, x_stride, 1, ps);
+        else x16_tokens(nb, group, kind, 0, x + t * x_stride, x_stride, 1, ps + t);
+    }
 }
 
 static inline void x16_store(int nt, __m512 ps[][8], float *y, int64_t y_stride) {
@@ -168,8 +173,7 @@ void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_
     __m512 ps[PI_DOT8_MAX_T][8];
     for (int t = 0; t < nt; t++)
         for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();
-    if (nt == 1 && pi_cpu_prefetch_one_token()) x16_pairs(n / PI_QK8_0, group, X16_Q8_PF, x, x_stride, nt, ps);
-    else x16_pairs(n / PI_QK8_0, group, X16_Q8, x, x_stride, nt, ps);
+    x16_pairs(n / PI_QK8_0, group, X16_Q8, x, x_stride, nt, ps);
     x16_store(nt, ps, y, y_stride);
 }
 

@@ -7,6 +7,8 @@ in one process, with the bytes-read bound of each.
 Runs: ``dense`` (dense=True: the file's dense FFN, exactly the input model) and per stored level ``L``
 (channels by |act(gate)|, the gate dense: CATS) and, when the file has gate-input thresholds
 (ffn_gate_t), ``L+in`` (the gate over the input entries above their thresholds too: TEAL on the gate),
+and when it has attention thresholds ``L+in+attn`` (q/k/v and wo over their input entries above their thresholds
+too: TEAL on every linear input but the FFN's channels' own; ``L`` and ``L+in`` then run with dense attention),
 interleaved (dense, then each, then again) so that drift of the machine hits them alike. Each run clears
 the KV cache, decodes a fixed 8-token prompt as one batch and then -n fixed
 pseudo-random tokens one at a time; tokens/s is over those -n tokens, the median over -r runs.
@@ -71,14 +73,20 @@ def main(argv=None) -> int:
     ctxs = {"dense": powerinfer.Context(model, n_ctx=256, n_threads=a.threads, dense=True)}
     for lv in levels:
         ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
+        if ctx.attn_thresholds is not None:
+            ctxs[f"{lv:g}+in+attn"] = ctx
+            ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
+            ctx.set_attn_input_thresholds(None)
         if ctx.input_thresholds is not None:
             ctxs[f"{lv:g}+in"] = ctx
             ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
             ctx.set_gate_input_thresholds(None)
+            if model.attn_input_sparse:
+                ctx.set_attn_input_thresholds(None)
         ctxs[f"{lv:g}"] = ctx
     ctxs = dict(sorted(ctxs.items(), key=lambda kv: (kv[0] != "dense", kv[0])))
     speeds = {k: [] for k in ctxs}
-    active, inputs = {}, {}
+    active, inputs, attn = {}, {}, {}
     for name, ctx in ctxs.items():   # warm-up: page the file in for every path
         run(ctx, prompt, tokens[:4])
     for _ in range(a.repeat):
@@ -89,6 +97,9 @@ def main(argv=None) -> int:
                 active[name] = float(act.sum()) / (total * len(act))
                 act, total = ctx.gate_input_stats()
                 inputs[name] = float(act.sum()) / (total * len(act))
+                if name.endswith("+attn"):
+                    act, total = ctx.attn_input_stats()
+                    attn[name] = float(act.sum()) / (total * len(act))
     bw = a.bandwidth or measure_bandwidth(n_threads=a.threads)[a.threads]
     parts = act_sparsity.decode_bytes(model.file.tensors)
     dense_bytes = act_sparsity.dense_bytes(parts)
@@ -101,20 +112,21 @@ def main(argv=None) -> int:
     print(f"# {a.model.name}: {hp.n_layer} layers, n_embd {hp.n_embd}, n_ff {hp.n_ff}; "
           f"CPU {cpu}, ISA {powerinfer.cpu_isa()}, {a.threads} threads; bandwidth {bw:.1f} GB/s; "
           f"tg{a.n_gen}, median of {a.repeat}")
-    print("| run | channels computed | gate inputs read | tokens/s | vs dense | bytes/token | bound t/s | bound ratio "
-          "| of bound |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| run | channels computed | gate inputs read | attention inputs read | tokens/s | vs dense | bytes/token "
+          "| bound t/s | bound ratio | of bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base = statistics.median(speeds["dense"])
     for name, s in speeds.items():
         med = statistics.median(s)
-        frac, inp = active.get(name, 1.0), inputs.get(name, 1.0)
+        frac, inp, att = active.get(name, 1.0), inputs.get(name, 1.0), attn.get(name, 1.0)
         if name == "dense":
             nbytes = dense_bytes
-        else:
-            nbytes = act_sparsity.level_bytes(parts, frac, inp if name.endswith("+in") else None)
+        else:   # the attention's measured share read applies to q/k/v and wo alike
+            nbytes = act_sparsity.level_bytes(parts, frac, inp if "+in" in name else None,
+                                              (att, att) if name.endswith("+attn") else None)
         bound = bw * 1e9 / nbytes
-        print(f"| {name} | {frac:.1%} | {inp:.1%} | {med:.2f} | {med / base:.3f}x | {nbytes / 2**20:.1f} MiB | "
-              f"{bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")
+        print(f"| {name} | {frac:.1%} | {inp:.1%} | {att:.1%} | {med:.2f} | {med / base:.3f}x | "
+              f"{nbytes / 2**20:.1f} MiB | {bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")
     return 0
 
 

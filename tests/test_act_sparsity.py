@@ -205,6 +205,90 @@ def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
     assert not np.array_equal(a, dense)      # the sparse level does change the result
 
 
+@pytest.fixture(scope="module")
+def attn_file(sparse_files, tmp_path_factory):
+    """The q4_0 model sparsified with attention input thresholds too (TEAL on q/k/v's and wo's inputs)."""
+    src, _ = sparse_files["q4_0"]
+    dst = tmp_path_factory.mktemp("act_sparse_attn") / "m-q4_0.attn.gguf"
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.25,0.5", "-o", str(dst),
+                          "--calib-tokens", "512", "--ctx", "128", "--eval-chunks", "0", "--gate-input-scale", "1",
+                          "--attn-input-scale", "1"]) == 0
+    return src, dst
+
+
+def test_attention_inputs_every_entry_read_is_close_to_dense(attn_file):
+    """q/k/v and wo by input (the file's Q4_0 quants and scales laid out by input) with every entry read: the dense
+    matmuls up to the f32 summation order; thresholds 0 (and --dense, and an explicit channel threshold): the
+    file's dense attention exactly."""
+    src, dst = attn_file
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    model = pi.Model(dst)
+    assert model.attn_input_sparse
+    for kw in (dict(dense=True), dict(sparse_threshold=0.0)):
+        assert np.array_equal(logits_all(pi.Context(model, n_ctx=64, **kw), PROMPT), ref), kw
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=0.0)
+    ctx.set_attn_input_thresholds(np.zeros((2, 2)))
+    assert np.array_equal(logits_all(ctx, PROMPT), ref)
+    ctx.set_attn_input_thresholds(np.full((2, 2), 1e-30))
+    ctx.sparse_stats_reset()
+    got = logits_all(ctx, PROMPT)
+    att, att_total = ctx.attn_input_stats()
+    # every nonzero entry: layer 0's input holds exact zeros (the Q4_0 embedding's zero quants), which add nothing
+    assert att_total == len(PROMPT) * (256 + 256) and att[1] == att_total and 0.8 * att_total < att[0] < att_total
+    assert rel_rms(got, ref) < FLOAT_REL_RMS   # measured 0: 256 inputs are one range, summed in the dense order
+    with pytest.raises(ValueError, match="expected \\[2, 2\\]"):
+        ctx.set_attn_input_thresholds([0.1, 0.1])
+    with pytest.raises(pi.PowerInferError, match="NaN"):
+        ctx.set_attn_input_thresholds(np.full((2, 2), np.nan))
+
+
+def test_attention_levels_give_their_sparsity_and_batches_equal_tokens(attn_file):
+    """The stored levels skip about their share of the attention's input and output entries; a prompt's logits are
+    its tokens' one by one, at any thread count; the attention inputs change the result."""
+    _, dst = attn_file
+    model = pi.Model(dst)
+    text = (ROOT / "data" / "heldout.txt").read_text()
+    tokens = model.tokenizer.encode(text, add_special=False)[:128]
+    for level in (0.25, 0.5):
+        ctx = pi.Context(model, n_ctx=128, sparsity=level)
+        assert ctx.attn_thresholds.shape == (2, 2) and np.all(ctx.attn_thresholds > 0)
+        ctx.decode(tokens, logits="none")
+        att, att_total = ctx.attn_input_stats()
+        assert abs(1 - att.sum() / (att_total * len(att)) - level) < 0.08, (level, att, att_total)
+    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1), PROMPT)
+    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2), PROMPT)
+    assert np.array_equal(a, b)
+    ctx = pi.Context(model, n_ctx=64)
+    ctx.set_attn_input_thresholds(None)
+    assert not np.array_equal(a, logits_all(ctx, PROMPT))
+
+
+def test_model_card_with_gate_and_attention_inputs(sparse_files, tmp_path):
+    """The card's rows for gate inputs and attention inputs, their measured shares, and every level's thresholds
+    (the card once crashed on files with gate inputs)."""
+    src, _ = sparse_files["q4_0"]
+    out = tmp_path / "card.gguf"
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(out),
+                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "2", "--gate-input-scale", "1",
+                          "--attn-input-scale", "1"]) == 0
+    card = (tmp_path / "card.gguf.card.md").read_text()
+    rows = {r.split(" | ")[0][2:]: r.split(" | ") for r in card.splitlines() if r.startswith("| ")}
+    both = rows["sparsity 0.5 + gate input + attention inputs"]
+    assert abs(float(both[2].rstrip("%")) - 50) < 10 and abs(float(both[3].rstrip("%")) - 50) < 10, both
+    assert rows["sparsity 0.5 + gate input"][3] == "0.0%"
+    assert "  gate input: " in card and "  attention input: " in card and "  attention output: " in card
+
+
+def test_attention_inputs_need_a_column_layout(sparse_files, tmp_path):
+    src, _ = sparse_files["f16"]
+    with pytest.raises(SystemExit, match="attn_q.weight has ggml type 1"):
+        sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "-o", str(tmp_path / "o.gguf"),
+                       "--attn-input-scale", "1"])
+    with pytest.raises(SystemExit, match="scale x level < 1"):
+        sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "-o", str(tmp_path / "o.gguf"),
+                       "--attn-input-scale", "2"])
+
+
 def every_channel_error(model, ref):
     """rel. RMS of the 2-layer model's logits with every channel and gate input kept, against ref."""
     ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
@@ -334,8 +418,9 @@ def test_thresholds_per_layer_and_histogram(sparse_files):
     ctx = pi.Context(model, n_ctx=64, dense=True, act_histogram=True)
     ctx.decode(PROMPT, logits="none")
     hist, edges = ctx.act_histogram()
-    assert hist.shape == (2, 2, lib.PI_ACT_HIST_BINS)
+    assert hist.shape == (2, 4, lib.PI_ACT_HIST_BINS)   # per layer: |act(gate)|, FFN input, attention input, output
     assert np.all(hist[:, 0].sum(axis=1) == len(PROMPT) * 512) and np.all(hist[:, 1].sum(axis=1) == len(PROMPT) * 256)
+    assert np.all(hist[:, 2].sum(axis=1) == len(PROMPT) * 256) and np.all(hist[:, 3].sum(axis=1) == len(PROMPT) * 256)
     assert edges[0] == 0 and np.all(np.diff(edges) > 0)
     ctx = pi.Context(model, n_ctx=64)
     ctx.set_sparse_thresholds([0.0, 1e9])          # layer 0 dense, layer 1 nothing
@@ -471,6 +556,8 @@ def test_errors(sparse_files, tmp_path, capsys):
     ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1, 0.1],
       "powerinfer.act_sparsity.default": 0.25}, ["not stored"]),
     ({"powerinfer.act_sparsity.method": "teal"}, ["method"]),
+    ({"powerinfer.act_sparsity.levels": [0.5], "powerinfer.act_sparsity.thresholds": [0.1, 0.1],
+      "powerinfer.act_sparsity.attn_thresholds": [0.1, 0.1]}, ["attn_thresholds", "1 x 2 x 2"]),
 ])
 def test_malformed_metadata_is_refused(sparse_files, tmp_path, meta, words):
     """A file whose act_sparsity keys are inconsistent does not load (one line naming the key), nothing runs."""

@@ -1695,10 +1695,18 @@ def test_thresholds_histogram_and_input_stats_bad_args(model):
         poison_error()
         expect(fn(ctx, nan), INVALID, "NaN", f"layer {n - 1}")
         assert fn(ctx, good) == OK and fn(ctx, ffi.NULL) == OK
+    poison_error()
+    expect(lib.pi_set_attn_input_thresholds(ffi.NULL, good, good), INVALID, "NULL")
+    for q, o, which in ((nan, good, "input"), (good, nan, "output"), (ffi.NULL, nan, "output")):
+        poison_error()
+        expect(lib.pi_set_attn_input_thresholds(ctx, q, o), INVALID, "NaN", which, f"layer {n - 1}")
+    assert lib.pi_set_attn_input_thresholds(ctx, good, ffi.NULL) == OK
+    assert lib.pi_set_attn_input_thresholds(ctx, ffi.NULL, ffi.NULL) == OK
     active, total = ffi.new("int64_t[]", n), ffi.new("int64_t *")
     for c, a, t in ((ffi.NULL, active, total), (ctx, ffi.NULL, total), (ctx, active, ffi.NULL)):
-        poison_error()
-        expect(lib.pi_gate_input_stats(c, a, t), INVALID, "NULL")
+        for fn in (lib.pi_gate_input_stats, lib.pi_attn_input_stats):
+            poison_error()
+            expect(fn(c, a, t), INVALID, "NULL")
     hist = ffi.new("int64_t[]", n * lib.PI_ACT_HIST_KINDS * lib.PI_ACT_HIST_BINS)
     for c, h in ((ffi.NULL, hist), (ctx, ffi.NULL)):
         poison_error()
@@ -1783,6 +1791,7 @@ COVERED = {
     "pi_context_offload",
     "pi_context_offload_stats", "pi_context_hot_neurons",
     "pi_set_sparse_thresholds", "pi_set_gate_input_thresholds", "pi_gate_input_stats", "pi_act_histogram",
+    "pi_set_attn_input_thresholds", "pi_attn_input_stats",
     "pi_act_histogram_edge",
 }
 

@@ -303,42 +303,51 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
         runs = [("every channel through the sparse kernels (the down step's layout alone)", None, 1e-30, False)]
         for lv in levels:
             runs.append((f"sparsity {lv:g}", lv, None, False))
-            if model.sparsity_levels.input_thresholds is not None:
+            levels_ = model.sparsity_levels
+            if levels_.input_thresholds is not None:
                 runs.append((f"sparsity {lv:g} + gate input", lv, None, True))
+            if levels_.attn_thresholds is not None:
+                runs.append((f"sparsity {lv:g} + gate input + attention inputs" if levels_.input_thresholds is not None
+                             else f"sparsity {lv:g} + attention inputs", lv, None, "attn"))
         for name, level, threshold, gate_input in runs:
             ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparsity=level,
                           sparse_threshold=threshold)
             if not gate_input:
                 ctx.set_gate_input_thresholds(None)
+            if gate_input != "attn" and model.attn_input_sparse:
+                ctx.set_attn_input_thresholds(None)
             r = perplexity(ctx, None, n_ctx=n_ctx, chunks=chunks, kld_base=base)
             active, total = ctx.sparse_stats()
             inp, inp_total = ctx.gate_input_stats()
+            att, att_total = ctx.attn_input_stats()
             rows.append({"name": name, "ppl": r.ppl, "sparsity": 1.0 - float(active.sum()) / (total * len(active)),
                          "input": 1.0 - float(inp.sum()) / (inp_total * len(inp)),
+                         "attn": 1.0 - float(att.sum()) / (att_total * len(att)) if gate_input == "attn" else 0.0,
                          "kld": r.kld.mean, "kld_p99": r.kld.p99, "top1": r.kld.top1, "n": r.kld.n})
     return rows
 
 
 def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: list[dict], n_calib: int,
-         n_ctx: int, fmt_bytes) -> str:
+         n_ctx: int, fmt_bytes, attn=None) -> str:
     lines = [f"# {out.name}", "",
              f"Activation-sparse (CATS) copy of `{src.name}` made by tools/sparsify.py: {n_calib} calibration "
              f"tokens in windows of {n_ctx}; transposed copies: "
              f"{', '.join(sorted({n.split('.')[-1] + ' ' + v for n, v in types.items()}))}; "
              f"file {fmt_bytes(out.stat().st_size)} (input {fmt_bytes(src.stat().st_size)}).", "",
-             "| run | channels skipped (measured) | gate inputs skipped | PPL | KL mean | KL p99 | top-1 agreement "
-             "| decode bytes (bound) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| run | channels skipped (measured) | gate inputs skipped | attention inputs skipped | PPL | KL mean "
+             "| KL p99 | top-1 agreement | decode bytes (bound) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     parts = act_sparsity.decode_bytes(open_gguf(out).tensors)   # sizes only: no model to load
     dense = act_sparsity.dense_bytes(parts)
     for r in rows:
         if "kld" in r:
-            inputs = 1.0 - r["input"] if "gate input" in r["name"] else None
-            n = act_sparsity.level_bytes(parts, 1.0 - r["sparsity"], inputs)
-            lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['input']:.1%} | {r['ppl']:.4f} | {r['kld']:.5f} | "
-                         f"{r['kld_p99']:.4f} | {r['top1']:.2%} | {fmt_bytes(n)} ({dense / n:.3f}x) |")
+            read = 1.0 - r["input"] if "gate input" in r["name"] else None
+            att = (1.0 - r["attn"],) * 2 if "attention" in r["name"] else None   # the measured share, both parts
+            n = act_sparsity.level_bytes(parts, 1.0 - r["sparsity"], read, att)
+            lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['input']:.1%} | {r['attn']:.1%} | {r['ppl']:.4f} | "
+                         f"{r['kld']:.5f} | {r['kld_p99']:.4f} | {r['top1']:.2%} | {fmt_bytes(n)} ({dense / n:.3f}x) |")
         else:
-            lines.append(f"| {r['name']} | - | - | {r['ppl']:.4f} | - | - | - | {fmt_bytes(dense)} (1x) |")
+            lines.append(f"| {r['name']} | - | - | - | {r['ppl']:.4f} | - | - | - | {fmt_bytes(dense)} (1x) |")
     lines += ["", "Decode bytes: the weights one token reads at that level (attention, the head, the gate, the "
               "measured share of up and down_t rows); dense bytes / level bytes is the speed-up bound of "
               "memory-bound CPU decode, which the sparse kernels reach only in part (bench/README.md).", "",
@@ -348,6 +357,9 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
         lines.append(f"- {lv:g}: " + " ".join(f"{v:.4g}" for v in t))
         if inputs is not None:
             lines.append("  gate input: " + " ".join(f"{v:.4g}" for v in inputs[j]))
+        if attn is not None:
+            lines.append("  attention input: " + " ".join(f"{v:.4g}" for v in attn[j][0]))
+            lines.append("  attention output: " + " ".join(f"{v:.4g}" for v in attn[j][1]))
     return "\n".join(lines) + "\n"
 
 
@@ -371,6 +383,10 @@ def main(argv=None) -> int:
                          "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default: "
                          "0; on the CPUs measured the input-sparse gate costs more quality than it saves time, "
                          "bench/README.md)")
+    ap.add_argument("--attn-input-scale", type=float, default=0.0,
+                    help="TEAL on the attention's inputs: at level s, q/k/v skip the fraction scale * s of the "
+                         "attention input's entries and wo of the attention output's (the matrices must be Q4_0, "
+                         "Q4_K or Q6_K, which the loader lays out by input); 0: dense attention (default)")
     ap.add_argument("--allocation", choices=["uniform", "energy", "sensitivity"], default="uniform",
                     help="per-layer sparsity: uniform (every layer skips the level's fraction), energy (the same "
                          "threshold relative to each layer's RMS activation, the mean sparsity at the level) or "
@@ -394,6 +410,8 @@ def main(argv=None) -> int:
         raise SystemExit("sparsify: the output would overwrite the input")
     if not (0 <= a.gate_input_scale and a.gate_input_scale * max(levels) < 1):
         raise SystemExit(f"sparsify: --gate-input-scale must be in [0, {1 / max(levels):g}) (scale x level < 1)")
+    if not (0 <= a.attn_input_scale and a.attn_input_scale * max(levels) < 1):
+        raise SystemExit(f"sparsify: --attn-input-scale must be in [0, {1 / max(levels):g}) (scale x level < 1)")
     if a.allocation == "sensitivity" and a.sensitivity_windows < 2:
         raise SystemExit("sparsify: --sensitivity-windows must be at least 2")
     if a.calib_tokens < a.ctx or a.ctx < 16:
@@ -418,6 +436,12 @@ def main(argv=None) -> int:
     if a.allocation == "sensitivity" and n_calib < a.sensitivity_windows * a.ctx:
         raise SystemExit(f"sparsify: --allocation sensitivity measures on {a.sensitivity_windows} windows of "
                          f"{a.ctx} calibration tokens; there are {n_calib}")
+    if a.attn_input_scale > 0:
+        for name, t in model.file.tensors.items():
+            if name.endswith((".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight")) and \
+                    not act_sparsity.has_column_layout(t.type, t.ne):
+                raise SystemExit(f"sparsify: --attn-input-scale: {name} has ggml type {t.type}; the input-sparse "
+                                 "attention reads Q4_0, Q4_K or Q6_K matrices (with a multiple of 64 rows) only")
     log(f"sparsify: {a.model.name}: {hp.arch}, {hp.n_layer} layers, n_ff {hp.n_ff}, act {hp.ffn_act}; "
         f"calibrating on {n_calib} tokens")
     hist, edges = calibrate(model, tokens[:n_calib], a.ctx, a.threads)
@@ -426,7 +450,9 @@ def main(argv=None) -> int:
     gate_t = a.gate_input_scale > 0
     inputs = (np.stack([thresholds_from_histogram(hist[:, 1], edges, lv * a.gate_input_scale) for lv in levels])
               if gate_t else None)
-    meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs)
+    attn = (np.stack([[thresholds_from_histogram(hist[:, k], edges, lv * a.attn_input_scale) for k in (2, 3)]
+                      for lv in levels]) if a.attn_input_scale > 0 else None)   # [k, 2, n_layer]
+    meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs, attn_thresholds=attn)
     model_names = set(model.file.tensors)
     del model
     t0 = time.perf_counter()
@@ -440,7 +466,7 @@ def main(argv=None) -> int:
                                a.sensitivity_windows, a.threads)
         allocated = [allocate_by_sensitivity(kl, lv) for lv in levels]   # per level: per-layer sparsities
         thresholds = np.stack([thresholds_for(hist[:, 0], edges, s) for s in allocated])
-        meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs)
+        meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs, attn_thresholds=attn)
         with tempfile.TemporaryDirectory(dir=a.output.parent) as tmp:   # the file is read while it is rewritten
             staged = Path(tmp) / a.output.name
             os.replace(a.output, staged)
@@ -460,7 +486,7 @@ def main(argv=None) -> int:
         return 0
     rows = evaluate(a.model, a.output, levels, held, a.ctx, a.eval_chunks, a.threads)
     fmt = lambda b: f"{b / 2**20:.1f} MiB"   # noqa: E731
-    text = card(a.model, a.output, levels, thresholds, inputs, types, rows, n_calib, a.ctx, fmt)
+    text = card(a.model, a.output, levels, thresholds, inputs, types, rows, n_calib, a.ctx, fmt, attn)
     card_path = a.output.with_name(a.output.name + ".card.md")
     card_path.write_text(text, encoding="utf-8")
     print(text)

@@ -10,6 +10,9 @@ transposed: row i = channel i's output vector) beside ``ffn_down``, and these ke
     powerinfer.act_sparsity.input_thresholds f32 [k * n_layer] optional, with blk.N.ffn_gate_t.weight (the gate
                                          transposed): the gate reads only the FFN input entries with |x_j| >= it
                                          (TEAL on the gate's input; 0: the dense gate)
+    powerinfer.act_sparsity.attn_thresholds f32 [2 * k * n_layer] optional (Q4_0 / Q4_K / Q6_K attention): level j's
+                                         [j][0][il] on the attention input (q, k and v read the entries with
+                                         |x_j| >= it), [j][1][il] on the attention output (wo's input); TEAL
     powerinfer.act_sparsity.default      f32              the level a context uses when none is asked for
     powerinfer.act_sparsity.measured     f32 [k]          sparsity measured with the engine on held-out text
 
@@ -27,6 +30,7 @@ METHOD_KEY = PREFIX + "method"
 LEVELS_KEY = PREFIX + "levels"
 THRESHOLDS_KEY = PREFIX + "thresholds"
 INPUT_THRESHOLDS_KEY = PREFIX + "input_thresholds"
+ATTN_THRESHOLDS_KEY = PREFIX + "attn_thresholds"
 DEFAULT_KEY = PREFIX + "default"
 MEASURED_KEY = PREFIX + "measured"
 METHOD = "cats"
@@ -40,6 +44,7 @@ class SparsityLevels:
     default: float | None
     measured: np.ndarray | None
     input_thresholds: np.ndarray | None = None   # [k, n_layer] or None
+    attn_thresholds: np.ndarray | None = None    # [k, 2, n_layer] (attention input, output) or None
 
     def index(self, sparsity: float) -> int:
         for j, level in enumerate(self.levels):
@@ -57,6 +62,11 @@ class SparsityLevels:
         """The gate-input thresholds [n_layer] of the level, None when the file has none."""
         j = self.index(sparsity)
         return None if self.input_thresholds is None else self.input_thresholds[j].astype(np.float32)
+
+    def attn_thresholds_for(self, sparsity: float) -> np.ndarray | None:
+        """The attention thresholds [2, n_layer] (input, output) of the level, None when the file has none."""
+        j = self.index(sparsity)
+        return None if self.attn_thresholds is None else self.attn_thresholds[j].astype(np.float32)
 
 
 def read_levels(path, meta: dict, n_layer: int) -> SparsityLevels:
@@ -86,19 +96,28 @@ def read_levels(path, meta: dict, n_layer: int) -> SparsityLevels:
         if inp.size != levels.size * n_layer or np.any(np.isnan(inp)):
             raise ValueError(f"{path}: {INPUT_THRESHOLDS_KEY} must hold {levels.size} x {n_layer} numbers")
         inp = inp.reshape(levels.size, n_layer)
-    out = SparsityLevels(levels, thr.reshape(levels.size, n_layer), default, measured, inp)
+    attn = meta.get(ATTN_THRESHOLDS_KEY)
+    if attn is not None:
+        attn = np.asarray(attn, dtype=np.float64).reshape(-1)
+        if attn.size != 2 * levels.size * n_layer or np.any(np.isnan(attn)):
+            raise ValueError(f"{path}: {ATTN_THRESHOLDS_KEY} must hold {levels.size} x 2 x {n_layer} numbers")
+        attn = attn.reshape(levels.size, 2, n_layer)
+    out = SparsityLevels(levels, thr.reshape(levels.size, n_layer), default, measured, inp, attn)
     if default is not None:
         out.thresholds_for(default)   # the default must be one of the levels
     return out
 
 
-def metadata(levels, thresholds, default: float, measured=None, input_thresholds=None) -> dict:
-    """The keys for a file: levels [k], thresholds [k, n_layer], input_thresholds [k, n_layer] or None."""
+def metadata(levels, thresholds, default: float, measured=None, input_thresholds=None, attn_thresholds=None) -> dict:
+    """The keys for a file: levels [k], thresholds [k, n_layer], input_thresholds [k, n_layer] or None,
+    attn_thresholds [k, 2, n_layer] or None."""
     levels = [float(v) for v in levels]
     flat = lambda a: [float(v) for v in np.asarray(a, dtype=np.float64).reshape(-1)]   # noqa: E731
     meta = {METHOD_KEY: METHOD, LEVELS_KEY: levels, DEFAULT_KEY: float(default), THRESHOLDS_KEY: flat(thresholds)}
     if input_thresholds is not None:
         meta[INPUT_THRESHOLDS_KEY] = flat(input_thresholds)
+    if attn_thresholds is not None:
+        meta[ATTN_THRESHOLDS_KEY] = flat(attn_thresholds)
     if measured is not None:
         meta[MEASURED_KEY] = [float(v) for v in measured]
     return meta
@@ -144,13 +163,21 @@ def decode_bytes(tensors) -> dict[str, int]:
     Q6_K matrix where it makes one, its quants in down_t / gate_t and its scales, read in full, in down_aux /
     gate_aux; else the file's transposed copy)."""
     parts = {"attn": 0, "out": 0, "gate": 0, "up": 0, "down": 0, "down_t": 0, "gate_t": 0, "down_aux": 0,
-             "gate_aux": 0}
+             "gate_aux": 0, "qkv": 0, "qkv_t": 0, "qkv_aux": 0, "wo": 0, "wo_t": 0, "wo_aux": 0}
     for name, t in tensors.items():
         n = int(t.data.nbytes)
         if name.startswith("output.") and name.endswith("weight") and t.data.ndim >= 1 and "norm" not in name:
             parts["out"] += n
         elif ".attn_" in name and "norm" not in name:
             parts["attn"] += n
+            # the input-sparse attention (attn_thresholds): q, k, v and wo by input, where the loader lays them out
+            part = "wo" if name.endswith(".attn_output.weight") else "qkv" if name.endswith(
+                (".attn_q.weight", ".attn_k.weight", ".attn_v.weight")) else None
+            cols = _cols_bytes(t) if part else None
+            if cols is not None:
+                parts[part] += n
+                parts[f"{part}_t"] += cols[0]
+                parts[f"{part}_aux"] += cols[1]
         else:
             for part in ("gate", "up", "down"):
                 if name.endswith(f".ffn_{part}.weight"):
@@ -173,11 +200,17 @@ def dense_bytes(parts: dict[str, int]) -> int:
     return sum(parts[k] for k in ("attn", "out", "gate", "up", "down"))
 
 
-def level_bytes(parts: dict[str, int], channels: float, inputs: float | None = None) -> int:
+def level_bytes(parts: dict[str, int], channels: float, inputs: float | None = None,
+                attn: tuple[float, float] | None = None) -> int:
     """What a token reads at a level: attention and the head, the gate (dense; with gate inputs the fraction
-    `inputs` of gate_t's rows and gate_aux), the fraction `channels` of the up and down_t rows, and down_aux.
+    `inputs` of gate_t's rows and gate_aux), the fraction `channels` of the up and down_t rows, and down_aux;
+    with attn = (fraction of the attention input read, of its output read) q/k/v and wo by input likewise.
     dense_bytes / this is the speed-up bound of memory-bound decode."""
     gate = parts["gate"] if inputs is None else inputs * parts["gate_t"] + parts.get("gate_aux", 0)
-    return int(parts["attn"] + parts["out"] + gate + channels * (parts["up"] + parts["down_t"]) +
+    att = parts["attn"]
+    if attn is not None:
+        att += (attn[0] * parts["qkv_t"] + parts["qkv_aux"] - parts["qkv"] +
+                attn[1] * parts["wo_t"] + parts["wo_aux"] - parts["wo"])
+    return int(att + parts["out"] + gate + channels * (parts["up"] + parts["down_t"]) +
                parts.get("down_aux", 0))
 

@@ -119,6 +119,7 @@ class Context:
         self.sparse_threshold = resolve_threshold(model, sparse_threshold)
         # gate-sparse files: one threshold per layer, from a stored level unless a threshold is given
         self.layer_thresholds, self.input_thresholds, self.sparsity = None, None, None
+        self.attn_thresholds = None
         if sparsity is not None and not model.gate_sparse:
             raise ValueError("sparsity levels need a gate-sparse file (tools/sparsify.py); "
                              "PowerInfer files take --sparse-threshold")
@@ -132,6 +133,7 @@ class Context:
                 self.sparsity = float(level)
                 self.layer_thresholds = levels.thresholds_for(float(level))
                 self.input_thresholds = levels.input_thresholds_for(float(level))
+                self.attn_thresholds = levels.attn_thresholds_for(float(level))
         params.sparse_threshold = self.sparse_threshold
         params.sparse_mode = lib.PI_SPARSE_ALL if dense else lib.PI_SPARSE_PREDICT
         params.count_neurons = 1 if count_neurons else 0
@@ -143,6 +145,8 @@ class Context:
             self.set_sparse_thresholds(self.layer_thresholds)
         if self.input_thresholds is not None:
             self.set_gate_input_thresholds(self.input_thresholds)
+        if self.attn_thresholds is not None:
+            self.set_attn_input_thresholds(self.attn_thresholds)
         self.n_ctx = params.n_ctx
         self.n_batch = params.n_batch
         self.n_seq_max = n_seq_max
@@ -346,9 +350,10 @@ class Context:
 
     @_serialised
     def act_histogram(self) -> tuple[np.ndarray, np.ndarray]:
-        """(counts [n_layer, 2, bins] int64, lower edges [bins] f32): how many values of each layer's dense FFN
+        """(counts [n_layer, 4, bins] int64, lower edges [bins] f32): how many values of each layer's dense pass
         fell in each bin since the context was made or the last reset, [:, 0] the channels' |act(gate x)|,
-        [:, 1] the FFN input's |x_j|; needs act_histogram=True (the calibration of tools/sparsify.py)."""
+        [:, 1] the FFN input's |x_j|, [:, 2] the attention input's, [:, 3] the attention output's; needs
+        act_histogram=True (the calibration of tools/sparsify.py)."""
         n_bins = lib.PI_ACT_HIST_BINS
         out = np.zeros((self.model.hparams.n_layer, lib.PI_ACT_HIST_KINDS, n_bins), dtype=np.int64)
         check(lib.pi_act_histogram(self._ptr, ffi.from_buffer("int64_t[]", out)), "act_histogram")
@@ -373,6 +378,28 @@ class Context:
         """Gate-sparse files with ffn_gate_t: one FFN-input threshold per layer (None or 0: the dense gate)."""
         self.input_thresholds = self._per_layer(lib.pi_set_gate_input_thresholds, thresholds,
                                                 "set_gate_input_thresholds")
+
+    @_serialised
+    def set_attn_input_thresholds(self, thresholds) -> None:
+        """Files with attention thresholds: [2, n_layer] (the attention input's, the attention output's; None or 0:
+        the dense matmuls)."""
+        n = self.model.hparams.n_layer
+        if thresholds is None:
+            check(lib.pi_set_attn_input_thresholds(self._ptr, ffi.NULL, ffi.NULL), "set_attn_input_thresholds")
+            self.attn_thresholds = None
+            return
+        arr = np.ascontiguousarray(np.asarray(thresholds, dtype=np.float32))
+        if arr.shape != (2, n):
+            raise ValueError(f"set_attn_input_thresholds: expected [2, {n}] thresholds, got shape {arr.shape}")
+        qkv, out = ffi.from_buffer("float[]", arr[0].copy()), ffi.from_buffer("float[]", arr[1].copy())
+        check(lib.pi_set_attn_input_thresholds(self._ptr, qkv, out), "set_attn_input_thresholds")
+        self.attn_thresholds = arr
+
+    @_serialised
+    def attn_input_stats(self) -> tuple[np.ndarray, int]:
+        """(active[n_layer], total): attention input and output entries q/k/v and wo read per layer since the last
+        reset, and the entries in that time (tokens x (n_embd + n_head x head_dim))."""
+        return self._layer_stats(lib.pi_attn_input_stats, "attn_input_stats")
 
     @_serialised
     def gate_input_stats(self) -> tuple[np.ndarray, int]:

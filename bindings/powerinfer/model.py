@@ -238,6 +238,7 @@ class Model:
                             (len(self.sparsity_levels.levels) > 0 or every("ffn_down_t")))
         self.gate_input_sparse = self.gate_sparse and (self.sparsity_levels.input_thresholds is not None or
                                                        every("ffn_gate_t"))
+        self.attn_input_sparse = self.gate_sparse and self.sparsity_levels.attn_thresholds is not None
         try:
             self.tokenizer = _tokenizer.load(self.metadata)
         except ValueError as e:
@@ -295,6 +296,7 @@ class Model:
         p.sparse = 1 if self.sparse else 0
         p.gate_sparse = 1 if self.gate_sparse else 0
         p.gate_input_sparse = 1 if self.gate_input_sparse else 0
+        p.attn_input_sparse = 1 if self.attn_input_sparse else 0
         p.head_dim, p.rope_mode = hp.head_dim, _ROPE_MODES[hp.rope_mode]
         p.attn_scale, p.embd_scale = hp.attn_scale, hp.embd_scale
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)

@@ -306,6 +306,10 @@ typedef struct pi_hparams {
     int32_t gate_input_sparse;   /* 1 (with gate_sparse): the gate can read only the FFN input's entries with
                               * |x_j| >= the layer's input threshold (pi_set_gate_input_thresholds): the file's Q4_0 /
                               * Q4_K / Q6_K ffn_gate laid out by input at load, else blk.N.ffn_gate_t */
+    int32_t attn_input_sparse;   /* 1 (with gate_sparse): attn_q/k/v can read only the attention input's entries with
+                              * |x_j| >= the layer's attention input threshold, attn_output only the attention
+                              * output's (pi_set_attn_input_thresholds, TEAL): the four matrices (Q4_0, Q4_K or Q6_K)
+                              * laid out by input at load, beside the file's */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {
@@ -377,6 +381,14 @@ PI_API pi_status pi_set_gate_input_thresholds(pi_context *ctx, const float *thre
 /* active [n_layer]: FFN input entries the sparse gate read since the last reset; *total: entries per layer
  * (tokens x n_embd) in the same time. */
 PI_API pi_status pi_gate_input_stats(pi_context *ctx, int64_t *active, int64_t *total);
+/* Files with attn_input_sparse: per-layer thresholds [n_layer] on the attention input (after its norm; q, k and v
+ * read the entries with |x_j| >= qkv[il]) and on the attention output (wo reads those with |o_j| >= out[il]);
+ * <= 0 (the default, and NULL): the dense matmuls. Applies with sparse_mode PI_SPARSE_PREDICT where the layer's
+ * attention is on the CPU. NaN is refused. */
+PI_API pi_status pi_set_attn_input_thresholds(pi_context *ctx, const float *qkv, const float *out);
+/* active [n_layer]: attention input and output entries the sparse q/k/v and wo read since the last reset; *total:
+ * entries per layer (tokens x (n_embd + n_head x head_dim)) in the same time. */
+PI_API pi_status pi_attn_input_stats(pi_context *ctx, int64_t *active, int64_t *total);
 
 /* One decode step over n_tokens tokens (prompt processing in one call).
  * token[i] is placed at position pos[i] of sequence seq_id[i]; a token sees every
@@ -420,11 +432,12 @@ PI_API int32_t   pi_kv_used_cells(pi_context *ctx);
 PI_API pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *total);
 /* hist [n_layer][PI_ACT_HIST_KINDS][PI_ACT_HIST_BINS]: per layer, how many values fell in each bin since the
  * context was made or pi_sparse_stats_reset (needs params.act_histogram; dense gated FFNs run on the CPU):
- * kind 0 the channels' |act(gate x)|, kind 1 the FFN input's |x_j| (after its norm): the calibration
+ * kind 0 the channels' |act(gate x)|, kind 1 the FFN input's |x_j| (after its norm), kind 2 the attention input's
+ * (after its norm), kind 3 the attention output's |o_j| (wo's input; attention on the CPU): the calibration
  * statistics of tools/sparsify.py. Bin b >= 1 holds values in [pi_act_histogram_edge(b),
  * pi_act_histogram_edge(b + 1)), 16 bins per octave from 2^-24; bin 0 holds the values below 2^-24
  * (zeros among them), the last bin everything from its edge up. */
-enum { PI_ACT_HIST_BINS = 513, PI_ACT_HIST_KINDS = 2 };
+enum { PI_ACT_HIST_BINS = 513, PI_ACT_HIST_KINDS = 4 };
 PI_API pi_status pi_act_histogram(pi_context *ctx, int64_t *hist);
 PI_API float     pi_act_histogram_edge(int32_t bin);
 PI_API void      pi_sparse_stats_reset(pi_context *ctx);

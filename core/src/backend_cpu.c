@@ -49,6 +49,10 @@ size_t pi_cpu_scratch_bytes(const pi_scratch_need *need) {
             const pi_sparse_ffn_weights wg = m->layers[il].act_gate;   /* the input-sparse gate */
             sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&m->layers[il].act_ffn, E, F, T));
             if (wg.down_t.data) sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(&wg, E, E, T));
+            for (int k = 0; k < 4; k++) {   /* the input-sparse q, k, v, wo: n_in rows of their layout by input */
+                const pi_sparse_ffn_weights *wa = &m->layers[il].act_attn[k];
+                if (wa->down_t.data) sparse = PI_MAX(sparse, pi_sparse_ffn_scratch(wa, wa->down_t.ne[1], wa->down_t.ne[1], T));
+            }
         }
     }
     mm = align_up(mm, 64);

@@ -119,6 +119,8 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->act_hist);
     free(ctx->input_threshold);
     free(ctx->input_active);
+    free(ctx->attn_threshold);
+    free(ctx->attn_active);
     free(ctx);
 }
 
@@ -173,7 +175,9 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
         !(ctx->act_hist = calloc((size_t)hp->n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS, sizeof(int64_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && (!(ctx->input_threshold = calloc((size_t)hp->n_layer, sizeof(float))) ||
-                        !(ctx->input_active = calloc((size_t)hp->n_layer, sizeof(int64_t)))))
+                        !(ctx->input_active = calloc((size_t)hp->n_layer, sizeof(int64_t))) ||
+                        !(ctx->attn_threshold = calloc((size_t)hp->n_layer * 2, sizeof(float))) ||
+                        !(ctx->attn_active = calloc((size_t)hp->n_layer, sizeof(int64_t)))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && p.count_neurons && (hp->sparse || hp->gate_sparse) &&
         !(ctx->neuron_counts = calloc((size_t)(hp->n_layer * (int64_t)hp->n_ff), sizeof(int64_t))))
@@ -218,6 +222,27 @@ pi_status pi_gate_input_stats(pi_context *ctx, int64_t *active, int64_t *total) 
     if (!ctx || !active || !total) return pi_fail(PI_ERR_INVALID_ARG, "pi_gate_input_stats: NULL argument");
     memcpy(active, ctx->input_active, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     *total = ctx->input_total;
+    return PI_OK;
+}
+
+pi_status pi_set_attn_input_thresholds(pi_context *ctx, const float *qkv, const float *out) {
+    if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "context is NULL");
+    const int32_t n = ctx->model->hp.n_layer;
+    for (int32_t il = 0; il < n; il++)
+        if ((qkv && isnan(qkv[il])) || (out && isnan(out[il])))
+            return pi_fail(PI_ERR_INVALID_ARG, "attention %s threshold of layer %d is NaN",
+                           qkv && isnan(qkv[il]) ? "input" : "output", il);
+    for (int32_t il = 0; il < n; il++) {
+        ctx->attn_threshold[2 * il] = qkv ? qkv[il] : 0.0f;
+        ctx->attn_threshold[2 * il + 1] = out ? out[il] : 0.0f;
+    }
+    return PI_OK;
+}
+
+pi_status pi_attn_input_stats(pi_context *ctx, int64_t *active, int64_t *total) {
+    if (!ctx || !active || !total) return pi_fail(PI_ERR_INVALID_ARG, "pi_attn_input_stats: NULL argument");
+    memcpy(active, ctx->attn_active, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
+    *total = ctx->attn_total;
     return PI_OK;
 }
 
@@ -338,6 +363,39 @@ static pi_status batch_inputs(pi_context *ctx, const pi_batch *b, int32_t n_kv) 
     return PI_OK;
 }
 
+/* bin of |v| in pi_act_histogram: 16 per octave from 2^-24, bin 0 below */
+static int32_t act_bin(float v) {
+    v = fabsf(v);
+    if (!(v >= 0x1p-24f)) return 0;
+    const int32_t b = 1 + (int32_t)floorf((log2f(v) + 24.0f) * 16.0f);
+    return PI_MIN(b, PI_ACT_HIST_BINS - 1);
+}
+
+/* layer il's histogram of this kind (pi_act_histogram) += the n values |x_i| */
+static void act_histogram_of(pi_context *ctx, int32_t il, int kind, const float *x, int64_t n) {
+    int64_t *h = ctx->act_hist + ((int64_t)il * PI_ACT_HIST_KINDS + kind) * PI_ACT_HIST_BINS;
+    for (int64_t i = 0; i < n; i++) h[act_bin(x[i])]++;
+}
+
+/* Whether layer il's q/k/v (part 0) or wo (part 1) runs as an input-sparse matmul (a file with attn_input_sparse,
+ * predictor mode, a threshold > 0, the attention on the CPU). */
+static bool attn_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il, int part) {
+    return ctx->model->hp.attn_input_sparse && ctx->params.sparse_mode == PI_SPARSE_PREDICT &&
+           ctx->attn_threshold[2 * il + part] > 0.0f && lx->attn == &ctx->cpu;
+}
+
+/* y[T][n_out] = w x over the entries of x [T][n_in] with |x_j| >= layer il's attention threshold (part 0: the input,
+ * 1: the output) only, through the matrix's layout by input (TEAL); the entries read counted. */
+static pi_status attn_sparse_matmul(pi_context *ctx, pi_exec *e, const pi_sparse_ffn_weights *w, int32_t il, int part,
+                                    float *x, int64_t n_in, float *y, int64_t n_out, int64_t T) {
+    pi_tensor in = f32_2d(x, n_in, T), out = f32_2d(y, n_out, T);
+    int64_t n_read = 0;
+    TRY(OP(e, sparse_ffn, w, NULL, PI_ACT_RELU, PI_FFN_SEQ, &in, &in, ctx->attn_threshold[2 * il + part], NULL, &out,
+           &n_read, NULL));
+    if (part == 1 || w == &ctx->model->layers[il].act_attn[0]) ctx->attn_active[il] += n_read;   /* q/k/v: once */
+    return PI_OK;
+}
+
 /* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
  * the result in B->cur. */
 static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
@@ -361,9 +419,15 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         src.data = B->qkv + Eq + Ekv;
         dst = f32_2d(B->v, Ekv, T);
         TRY(OP(e, copy_2d, &src, &dst));
+    } else if (attn_sparse(ctx, lx, il, 0)) {
+        const pi_sparse_ffn_weights *W = ctx->model->layers[il].act_attn;
+        TRY(attn_sparse_matmul(ctx, e, &W[0], il, 0, B->cur, hp->n_embd, B->q, Eq, T));
+        TRY(attn_sparse_matmul(ctx, e, &W[1], il, 0, B->cur, hp->n_embd, B->k, Ekv, T));
+        TRY(attn_sparse_matmul(ctx, e, &W[2], il, 0, B->cur, hp->n_embd, B->v, Ekv, T));
     } else {
         TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, B->cur, (float *[]){ B->q, B->k, B->v }, T));
     }
+    if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 2, B->cur, T * hp->n_embd);
     if (hp->qkv_bias) {
         TRY(add_bias(e, B->q, &L->bq, T));
         TRY(add_bias(e, B->k, &L->bk, T));
@@ -398,7 +462,11 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, &att));
 
-    TRY(matmul(e, &L->wo, B->att, B->cur, T));
+    if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
+    if (!L->wqkv.data && attn_sparse(ctx, lx, il, 1))
+        TRY(attn_sparse_matmul(ctx, e, &ctx->model->layers[il].act_attn[3], il, 1, B->att, Eq, B->cur, hp->n_embd, T));
+    else
+        TRY(matmul(e, &L->wo, B->att, B->cur, T));
     if (L->bo.data) TRY(add_bias(e, B->cur, &L->bo, T));
     return PI_OK;
 }
@@ -486,13 +554,6 @@ static pi_status falcon_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec
     return add_inplace(e, B->x, B->cur, E, T);
 }
 
-/* bin of |v| in pi_act_histogram: 16 per octave from 2^-24, bin 0 below */
-static int32_t act_bin(float v) {
-    v = fabsf(v);
-    if (!(v >= 0x1p-24f)) return 0;
-    const int32_t b = 1 + (int32_t)floorf((log2f(v) + 24.0f) * 16.0f);
-    return PI_MIN(b, PI_ACT_HIST_BINS - 1);
-}
 
 float pi_act_histogram_edge(int32_t bin) {
     if (bin <= 0) return 0.0f;
@@ -504,8 +565,7 @@ static void act_histogram(pi_context *ctx, int32_t il, const float *gate, const 
     const pi_hparams *hp = &ctx->model->hp;
     int64_t *h = ctx->act_hist + (int64_t)il * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS;
     for (int64_t i = 0; i < T * hp->n_ff; i++) h[act_bin(pi_activation(hp->ffn_act, gate[i]))]++;
-    h += PI_ACT_HIST_BINS;
-    for (int64_t i = 0; i < T * hp->n_embd; i++) h[act_bin(x[i])]++;
+    act_histogram_of(ctx, il, 1, x, T * hp->n_embd);
 }
 
 /* A gate-sparse file's layer runs activation-sparse when the predictor mode is on, its threshold keeps
@@ -672,6 +732,7 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
     }
     if (ctx->model->hp.sparse || ctx->model->hp.gate_sparse) ctx->sparse_total += (int64_t)T * ctx->model->hp.n_ff;
     ctx->input_total += (int64_t)T * ctx->model->hp.n_embd;
+    ctx->attn_total += (int64_t)T * (ctx->model->hp.n_embd + pi_head_dim(&ctx->model->hp) * ctx->model->hp.n_head);
     ctx->n_batch_last = T;
     return PI_OK;
 }
@@ -726,8 +787,10 @@ void pi_sparse_stats_reset(pi_context *ctx) {
     if (ctx->act_hist)
         memset(ctx->act_hist, 0, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS * sizeof(int64_t));
     memset(ctx->input_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
+    memset(ctx->attn_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     ctx->sparse_total = 0;
     ctx->input_total = 0;
+    ctx->attn_total = 0;
 }
 
 pi_status pi_act_histogram(pi_context *ctx, int64_t *hist) {

@@ -81,6 +81,9 @@ struct pi_context {
     float            *input_threshold; /* [n_layer] pi_set_gate_input_thresholds (0: dense gate) */
     int64_t          *input_active;  /* [n_layer] FFN input entries the sparse gate read */
     int64_t           input_total;   /* tokens x n_embd, per layer */
+    float            *attn_threshold; /* [n_layer][2] pi_set_attn_input_thresholds: q/k/v input, wo input (0: dense) */
+    int64_t          *attn_active;   /* [n_layer] attention input and output entries the sparse q/k/v and wo read */
+    int64_t           attn_total;    /* tokens x (n_embd + n_head x head_dim), per layer */
     pi_abort_callback abort_cb;
     void             *abort_data;
 };

@@ -82,6 +82,7 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (hp->gate_sparse && (hp->sparse || hp->ffn_gate == PI_FFN_SEQ))
         return pi_fail(PI_ERR_BAD_MODEL, "gate_sparse needs a dense file with a gated FFN (PI_FFN_PAR or PI_FFN_SYM)");
     if (hp->gate_input_sparse && !hp->gate_sparse) return pi_fail(PI_ERR_BAD_MODEL, "gate_input_sparse needs gate_sparse");
+    if (hp->attn_input_sparse && !hp->gate_sparse) return pi_fail(PI_ERR_BAD_MODEL, "attn_input_sparse needs gate_sparse");
     if (!hp->sparse && (hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT))
         return pi_fail(PI_ERR_UNSUPPORTED, "dense falcon/opt not supported; use the PowerInfer file");
     if ((hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT) && hp->ffn_gate != PI_FFN_SEQ)
@@ -173,6 +174,15 @@ static pi_status load_act_sparse(const pi_model_desc *desc, const pi_hparams *hp
         return pi_fail(PI_ERR_BAD_MODEL, "gate-sparse layer %d: no '%s', and its ffn_down (%s) has no column layout "
                        "(Q4_0, Q4_K or Q6_K with n_embd a multiple of 64); sparsify the file again", il, name,
                        pi_type_name(L->ffn_down.type));
+    static const char *const attn_names[4] = { "attn_q", "attn_k", "attn_v", "attn_output" };
+    const pi_tensor *attn[4] = { &L->wq, &L->wk, &L->wv, &L->wo };
+    for (int k = 0; hp->attn_input_sparse && k < 4; k++) {   /* laid out by input at load (pack_act_ffn) */
+        L->act_attn[k] = (pi_sparse_ffn_weights){ .down = *attn[k] };
+        if (!pi_sparse_pack_bytes(&L->act_attn[k], PI_FFN_SEQ))
+            return pi_fail(PI_ERR_BAD_MODEL, "gate-sparse layer %d: attention input thresholds, but its %s (%s) has no "
+                           "column layout (Q4_0, Q4_K or Q6_K with a multiple of 64 rows); sparsify the file without "
+                           "--attn-input-scale", il, attn_names[k], pi_type_name(attn[k]->type));
+    }
     if (!hp->gate_input_sparse) return PI_OK;
     snprintf(name, sizeof name, "blk.%d.ffn_gate_t.weight", il);
     if ((st = load_tensor(desc, name, hp->n_ff, hp->n_embd, false, true, &L->ffn_gate_t)) != PI_OK) return st;
@@ -215,10 +225,20 @@ static pi_status pack_act_ffn(pi_model *m, pi_threadpool *pool, pi_layer *L, boo
     }
     const bool gate = m->hp.gate_input_sparse && !(only_missing && L->act_gate.down_t.data);
     const int64_t gbytes = gate ? pi_sparse_pack_bytes(&L->act_gate, PI_FFN_SEQ) : 0;
-    if (gbytes == 0) return PI_OK;
-    void *gbuf = own_copy(m, gbytes, "packing the input-sparse gate");
-    if (!gbuf) return PI_ERR_OUT_OF_MEMORY;
-    return pi_sparse_pack_on(pool, &L->act_gate, PI_FFN_SEQ, gbuf, gbytes, &L->act_gate);
+    if (gbytes > 0) {
+        void *gbuf = own_copy(m, gbytes, "packing the input-sparse gate");
+        if (!gbuf) return PI_ERR_OUT_OF_MEMORY;
+        pi_status st = pi_sparse_pack_on(pool, &L->act_gate, PI_FFN_SEQ, gbuf, gbytes, &L->act_gate);
+        if (st != PI_OK) return st;
+    }
+    for (int k = 0; m->hp.attn_input_sparse && k < 4; k++) {   /* q, k, v, wo by input: their only sparse form */
+        const int64_t abytes = pi_sparse_pack_bytes(&L->act_attn[k], PI_FFN_SEQ);
+        void *abuf = own_copy(m, abytes, "laying out the attention by input");
+        if (!abuf) return PI_ERR_OUT_OF_MEMORY;
+        pi_status st = pi_sparse_pack_on(pool, &L->act_attn[k], PI_FFN_SEQ, abuf, abytes, &L->act_attn[k]);
+        if (st != PI_OK) return st;
+    }
+    return PI_OK;
 }
 
 /* The output head's copy for mul_mat. A tied table is repacked where get_rows reads the interleaved layout too (a

@@ -157,8 +157,9 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
 
 
 def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None,
-                     chat_template: str | None = None) -> dict[str, np.ndarray]:
-    """Write an f32 GGUF of `arch` (general.architecture as given) and return its weights."""
+                     chat_template: str | None = None, dtype: str = "f32") -> dict[str, np.ndarray]:
+    """Write a GGUF of `arch` (general.architecture as given; matrices as dtype, f32 by default) and return its
+    weights."""
     c = CONFIGS[arch]
     w = make_weights(arch, seed) if weights is None else weights
 
@@ -180,7 +181,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
         if chat_template is not None:
             writer.add_chat_template(chat_template)
-    write_gguf(path, arch, w, keys=keys)
+    write_gguf(path, arch, w, keys=keys, dtype=dtype)
     return w
 
 

@@ -80,6 +80,33 @@ def test_architectures(tmp_path, arch):
     assert np.array_equal(a, logits_one_by_one(ctx, prompt))
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_architectures_with_attention_inputs(tmp_path, arch):
+    """The attention's inputs sparse in qwen2 (q/k/v biases) and gemma3 (q/k norms, head_dim != n_embd / n_head,
+    sliding window) too, Q4_0 matrices: --dense is the input, every entry read is the dense model up to f32
+    rounding, a level reads about its share and its prompt equals token by token."""
+    from model_files import write_arch_model
+    src, dst = tmp_path / f"{arch}.gguf", tmp_path / f"{arch}.sparse.gguf"
+    write_arch_model(src, arch, seed=4, dtype="q4_0")
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),
+                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--attn-input-scale", "1"]) == 0
+    prompt = PROMPT[:12]
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), prompt)
+    model = pi.Model(dst)
+    n = model.hparams.n_layer
+    assert model.attn_input_sparse
+    assert np.array_equal(logits_all(pi.Context(model, n_ctx=64, dense=True), prompt), ref)
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=0.0)
+    ctx.set_attn_input_thresholds(np.full((2, n), 1e-30))
+    assert rel_rms(logits_all(ctx, prompt), ref) < FLOAT_REL_RMS * 10
+    ctx = pi.Context(model, n_ctx=64)
+    ctx.sparse_stats_reset()
+    a = logits_all(ctx, prompt)
+    att, att_total = ctx.attn_input_stats()
+    assert 0.3 < 1 - att.sum() / (att_total * n) < 0.7
+    assert np.array_equal(a, logits_one_by_one(ctx, prompt))
+
+
 # ------------------------------------------------------------------------------------------- the op
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("act", ["silu", "gelu"])

@@ -385,15 +385,13 @@ static bool attn_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t 
 }
 
 /* y[T][n_out] = w x over the entries of x [T][n_in] with |x_j| >= layer il's attention threshold (part 0: the input,
- * 1: the output) only, through the matrix's layout by input (TEAL); the entries read counted. */
+ * 1: the output) only, through the matrix's layout by input (TEAL); the entries read added to *n_read (NULL: not
+ * counted: q, k and v read the same entries, counted once). */
 static pi_status attn_sparse_matmul(pi_context *ctx, pi_exec *e, const pi_sparse_ffn_weights *w, int32_t il, int part,
-                                    float *x, int64_t n_in, float *y, int64_t n_out, int64_t T) {
+                                    float *x, int64_t n_in, float *y, int64_t n_out, int64_t T, int64_t *n_read) {
     pi_tensor in = f32_2d(x, n_in, T), out = f32_2d(y, n_out, T);
-    int64_t n_read = 0;
-    TRY(OP(e, sparse_ffn, w, NULL, PI_ACT_RELU, PI_FFN_SEQ, &in, &in, ctx->attn_threshold[2 * il + part], NULL, &out,
-           &n_read, NULL));
-    if (part == 1 || w == &ctx->model->layers[il].act_attn[0]) ctx->attn_active[il] += n_read;   /* q/k/v: once */
-    return PI_OK;
+    return OP(e, sparse_ffn, w, NULL, PI_ACT_RELU, PI_FFN_SEQ, &in, &in, ctx->attn_threshold[2 * il + part], NULL, &out,
+              n_read, NULL);
 }
 
 /* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
@@ -421,9 +419,9 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         TRY(OP(e, copy_2d, &src, &dst));
     } else if (attn_sparse(ctx, lx, il, 0)) {
         const pi_sparse_ffn_weights *W = ctx->model->layers[il].act_attn;
-        TRY(attn_sparse_matmul(ctx, e, &W[0], il, 0, B->cur, hp->n_embd, B->q, Eq, T));
-        TRY(attn_sparse_matmul(ctx, e, &W[1], il, 0, B->cur, hp->n_embd, B->k, Ekv, T));
-        TRY(attn_sparse_matmul(ctx, e, &W[2], il, 0, B->cur, hp->n_embd, B->v, Ekv, T));
+        TRY(attn_sparse_matmul(ctx, e, &W[0], il, 0, B->cur, hp->n_embd, B->q, Eq, T, &ctx->attn_active[il]));
+        TRY(attn_sparse_matmul(ctx, e, &W[1], il, 0, B->cur, hp->n_embd, B->k, Ekv, T, NULL));
+        TRY(attn_sparse_matmul(ctx, e, &W[2], il, 0, B->cur, hp->n_embd, B->v, Ekv, T, NULL));
     } else {
         TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, B->cur, (float *[]){ B->q, B->k, B->v }, T));
     }
@@ -464,7 +462,8 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
 
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
     if (!L->wqkv.data && attn_sparse(ctx, lx, il, 1))
-        TRY(attn_sparse_matmul(ctx, e, &ctx->model->layers[il].act_attn[3], il, 1, B->att, Eq, B->cur, hp->n_embd, T));
+        TRY(attn_sparse_matmul(ctx, e, &ctx->model->layers[il].act_attn[3], il, 1, B->att, Eq, B->cur, hp->n_embd, T,
+                               &ctx->attn_active[il]));
     else
         TRY(matmul(e, &L->wo, B->att, B->cur, T));
     if (L->bo.data) TRY(add_bias(e, B->cur, &L->bo, T));
@@ -553,7 +552,6 @@ static pi_status falcon_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec
     TRY(add_inplace(e, B->cur, B->att, E, T));            /* attn_out + FFN, then + inpL */
     return add_inplace(e, B->x, B->cur, E, T);
 }
-
 
 float pi_act_histogram_edge(int32_t bin) {
     if (bin <= 0) return 0.0f;

@@ -306,6 +306,29 @@ def test_model_card_with_gate_and_attention_inputs(sparse_files, tmp_path):
     assert "  gate input: " in card and "  attention input: " in card and "  attention output: " in card
 
 
+def test_sparse_batch_max_runs_prompts_dense(attn_file):
+    """sparse_batch_max: decode calls of more tokens run the dense model exactly (FFN, gate and attention), calls
+    within it the level; the one-token steps after a dense prompt are sparse."""
+    src, dst = attn_file
+    dense = pi.Context(pi.Model(src), n_ctx=64)
+    ref = logits_all(dense, PROMPT)
+    model = pi.Model(dst)
+    ctx = pi.Context(model, n_ctx=64, sparse_batch_max=4)
+    assert "more than 4 tokens" in act_sparsity.describe(ctx)
+    ctx.sparse_stats_reset()
+    assert np.array_equal(logits_all(ctx, PROMPT), ref)          # one call of 14 tokens: dense
+    att, _ = ctx.attn_input_stats()
+    assert att.sum() == 0                                        # no attention entry through the sparse path
+    ctx.decode([PROMPT[0]], logits="last")                        # 1 token after the dense prompt: sparse
+    dense.decode([PROMPT[0]], logits="last")
+    assert not np.array_equal(ctx.logits(0), dense.logits(0))
+    level = logits_all(pi.Context(model, n_ctx=64), PROMPT[:4])  # a call of 4: the level, as without the limit
+    assert np.array_equal(logits_all(ctx, PROMPT[:4]), level)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="sparse_batch_max"):
+            pi.Context(model, n_ctx=64, sparse_batch_max=bad)
+
+
 def test_attention_inputs_need_a_column_layout(sparse_files, tmp_path):
     src, _ = sparse_files["f16"]
     with pytest.raises(SystemExit, match="attn_q.weight has ggml type 1"):

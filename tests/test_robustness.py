@@ -1353,7 +1353,9 @@ CTX_CASES = [
 if "sparse_mode" in dir(lib.pi_context_default_params()):
     CTX_CASES += [("sparse_mode", 2, INVALID, ["sparse_mode"]), ("sparse_mode", -1, INVALID, ["sparse_mode"]),
                   ("sparse_mode", INT32_MAX, INVALID, ["sparse_mode"]),
-                  ("sparse_threshold", float("nan"), INVALID, ["sparse_threshold"])]
+                  ("sparse_threshold", float("nan"), INVALID, ["sparse_threshold"]),
+                  ("sparse_batch_max", -1, INVALID, ["sparse_batch_max"]),
+                  ("sparse_batch_max", -2**31, INVALID, ["sparse_batch_max"])]
 
 
 @pytest.mark.parametrize("field,value,code,words", CTX_CASES, ids=[f"{f}={v}" for f, v, _, _ in CTX_CASES])

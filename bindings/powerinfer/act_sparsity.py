@@ -127,12 +127,15 @@ def describe(ctx) -> str:
     """One log line: how a context runs a gate-sparse file."""
     if not ctx.sparse:
         return "gate-sparse file, every channel computed (--dense): the exact dense model"
+    batches = (f"; decode calls of more than {ctx.sparse_batch_max} tokens (prompts) run the dense model"
+               if ctx.sparse_batch_max > 0 else "")
     if ctx.sparsity is not None:
         t = ctx.layer_thresholds
         gate = "" if ctx.input_thresholds is None else ", the gate over the input entries above their thresholds"
+        attn = "" if ctx.attn_thresholds is None else ", q/k/v and wo over the attention's entries above theirs"
         return (f"activation-sparse inference at the stored level {ctx.sparsity:g} "
-                f"(|act(gate)| thresholds {float(t.min()):.4g}..{float(t.max()):.4g}{gate})")
-    return f"activation-sparse inference, |act(gate)| >= {ctx.sparse_threshold:g} in every layer"
+                f"(|act(gate)| thresholds {float(t.min()):.4g}..{float(t.max()):.4g}{gate}{attn}){batches}")
+    return f"activation-sparse inference, |act(gate)| >= {ctx.sparse_threshold:g} in every layer{batches}"
 
 
 # The column-block layouts the loader packs a file's own Q4_0 / Q4_K / Q6_K ffn_down (and, for gate inputs, ffn_gate)

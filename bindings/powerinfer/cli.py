@@ -76,6 +76,10 @@ def add_sparse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparsity", type=float, default=None,
                    help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
                         "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
+    p.add_argument("--sparse-batch-max", type=int, default=0, metavar="N",
+                   help="gate-sparse files: decode calls of more than N tokens (prompts) run the dense model, "
+                        "exactly and several times faster; generation stays sparse (default 0: every call runs the "
+                        "level, prompt logits as one token at a time's)")
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     p.add_argument("-nr", "--no-repack", action="store_true",
@@ -244,7 +248,8 @@ def make_context(args: argparse.Namespace, model: Model, prog: str, **kwargs) ->
     n_seq_max... override them); logs the GPU placement and the sparse mode. CLIError on failure."""
     kw = dict(n_ctx=getattr(args, "ctx_size", None), n_batch=getattr(args, "batch_size", 512),
               n_threads=args.threads or None, kv_type=args.kv_type, sparse_threshold=args.sparse_threshold,
-              dense=args.dense, sparsity=getattr(args, "sparsity", None), **gpu_kwargs(args))
+              dense=args.dense, sparsity=getattr(args, "sparsity", None),
+              sparse_batch_max=getattr(args, "sparse_batch_max", 0), **gpu_kwargs(args))
     try:
         ctx = Context(model, **{**kw, **kwargs})
     except (ValueError, PowerInferError) as e:
@@ -260,7 +265,8 @@ def make_context(args: argparse.Namespace, model: Model, prog: str, **kwargs) ->
 
 
 def sparse_report(ctx: Context) -> None:
-    """The share of FFN neurons each layer computed (sparse models; gate-sparse: and the gate's inputs), on stderr."""
+    """The share of FFN neurons each layer computed (sparse models; gate-sparse: and the gate's and the attention's
+    inputs), on stderr."""
     if ctx.sparse:
         active, total = ctx.sparse_stats()
         if total:
@@ -269,6 +275,10 @@ def sparse_report(ctx: Context) -> None:
             active, total = ctx.gate_input_stats()
             if total:
                 log("sparse: gate inputs read per layer: " + " ".join(f"{a / total:.1%}" for a in active))
+        if getattr(ctx, "attn_thresholds", None) is not None:
+            active, total = ctx.attn_input_stats()
+            if total:
+                log("sparse: attention inputs read per layer: " + " ".join(f"{a / total:.1%}" for a in active))
 
 
 def read_input(readline) -> str | None:

@@ -352,6 +352,9 @@ typedef struct pi_context_params {
     int32_t sparse_mode;       /* PI_SPARSE_PREDICT, or PI_SPARSE_ALL to compute every neuron */
     int32_t count_neurons;     /* 1: count per neuron how many tokens computed it (pi_neuron_counts) */
     int32_t act_histogram;     /* 1: histogram |act(gate x)| of every dense FFN run on the CPU (pi_act_histogram) */
+    int32_t sparse_batch_max;  /* gate-sparse files: pi_decode calls of more than this many tokens (prompts) run the
+                                * dense FFN and attention, the file's dense model exactly; 0 (the default): every
+                                * call runs the level token by token (prompt logits = one token at a time's) */
 } pi_context_params;
 
 enum {

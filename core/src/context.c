@@ -185,6 +185,8 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (st == PI_OK && (p.sparse_mode != PI_SPARSE_PREDICT && p.sparse_mode != PI_SPARSE_ALL))
         st = pi_fail(PI_ERR_INVALID_ARG, "sparse_mode = %d is not PI_SPARSE_PREDICT or PI_SPARSE_ALL", p.sparse_mode);
     if (st == PI_OK && isnan(p.sparse_threshold)) st = pi_fail(PI_ERR_INVALID_ARG, "sparse_threshold is NaN");
+    if (st == PI_OK && p.sparse_batch_max < 0)
+        st = pi_fail(PI_ERR_INVALID_ARG, "sparse_batch_max = %d must be >= 0 (0: no limit)", p.sparse_batch_max);
     if (st == PI_OK && !(ctx->output_row = malloc((size_t)p.n_batch * sizeof(int32_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st != PI_OK) { pi_context_free(ctx); return st; }
@@ -377,11 +379,17 @@ static void act_histogram_of(pi_context *ctx, int32_t il, int kind, const float 
     for (int64_t i = 0; i < n; i++) h[act_bin(x[i])]++;
 }
 
+/* Whether a decode call of T tokens runs a gate-sparse file's levels (params.sparse_batch_max: larger ones run dense). */
+static bool batch_sparse(const pi_context *ctx, int64_t T) {
+    return ctx->params.sparse_mode == PI_SPARSE_PREDICT &&
+           (ctx->params.sparse_batch_max <= 0 || T <= ctx->params.sparse_batch_max);
+}
+
 /* Whether layer il's q/k/v (part 0) or wo (part 1) runs as an input-sparse matmul (a file with attn_input_sparse,
- * predictor mode, a threshold > 0, the attention on the CPU). */
-static bool attn_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il, int part) {
-    return ctx->model->hp.attn_input_sparse && ctx->params.sparse_mode == PI_SPARSE_PREDICT &&
-           ctx->attn_threshold[2 * il + part] > 0.0f && lx->attn == &ctx->cpu;
+ * predictor mode and a batch within sparse_batch_max, a threshold > 0, the attention on the CPU). */
+static bool attn_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il, int part, int64_t T) {
+    return ctx->model->hp.attn_input_sparse && batch_sparse(ctx, T) && ctx->attn_threshold[2 * il + part] > 0.0f &&
+           lx->attn == &ctx->cpu;
 }
 
 /* y[T][n_out] = w x over the entries of x [T][n_in] with |x_j| >= layer il's attention threshold (part 0: the input,
@@ -417,7 +425,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         src.data = B->qkv + Eq + Ekv;
         dst = f32_2d(B->v, Ekv, T);
         TRY(OP(e, copy_2d, &src, &dst));
-    } else if (attn_sparse(ctx, lx, il, 0)) {
+    } else if (attn_sparse(ctx, lx, il, 0, T)) {
         const pi_sparse_ffn_weights *W = ctx->model->layers[il].act_attn;
         TRY(attn_sparse_matmul(ctx, e, &W[0], il, 0, B->cur, hp->n_embd, B->q, Eq, T, &ctx->attn_active[il]));
         TRY(attn_sparse_matmul(ctx, e, &W[1], il, 0, B->cur, hp->n_embd, B->k, Ekv, T, NULL));
@@ -461,7 +469,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, &att));
 
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
-    if (!L->wqkv.data && attn_sparse(ctx, lx, il, 1))
+    if (!L->wqkv.data && attn_sparse(ctx, lx, il, 1, T))
         TRY(attn_sparse_matmul(ctx, e, &ctx->model->layers[il].act_attn[3], il, 1, B->att, Eq, B->cur, hp->n_embd, T,
                                &ctx->attn_active[il]));
     else
@@ -566,12 +574,12 @@ static void act_histogram(pi_context *ctx, int32_t il, const float *gate, const 
     act_histogram_of(ctx, il, 1, x, T * hp->n_embd);
 }
 
-/* A gate-sparse file's layer runs activation-sparse when the predictor mode is on, its threshold keeps
- * fewer than every channel (|act| >= t <= 0 keeps all: the dense kernels run, exactly the dense model)
- * and its FFN is on the CPU. */
-static bool act_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il) {
-    return ctx->model->hp.gate_sparse && ctx->params.sparse_mode == PI_SPARSE_PREDICT &&
-           ctx->layer_threshold[il] > 0.0f && lx->ffn == &ctx->cpu;
+/* A gate-sparse file's layer runs activation-sparse when the predictor mode is on and the call's T tokens are within
+ * params.sparse_batch_max, its threshold keeps fewer than every channel (|act| >= t <= 0 keeps all: the dense
+ * kernels run, exactly the dense model) and its FFN is on the CPU. */
+static bool act_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il, int64_t T) {
+    return ctx->model->hp.gate_sparse && batch_sparse(ctx, T) && ctx->layer_threshold[il] > 0.0f &&
+           lx->ffn == &ctx->cpu;
 }
 
 /* The activation-sparse FFN of a gate-sparse layer: the gate (dense, or over the input entries with |x_j| >= the
@@ -601,7 +609,7 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     pi_buffers *B = &e->buf;
     TRY(move_x(ctx, at, e, T));
     TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
-    if (act_sparse(ctx, lx, il)) return act_sparse_ffn(ctx, e, L, il, T);
+    if (act_sparse(ctx, lx, il, T)) return act_sparse_ffn(ctx, e, L, il, T);
     if (hp->ffn_gate != PI_FFN_SEQ)
         TRY(matmuls(e, 2, (const pi_tensor *[]){ &L->ffn_gate, &L->ffn_up }, B->cur, (float *[]){ B->gate, B->up }, T));
     else

@@ -207,14 +207,25 @@ def test_metrics_count_tokens(full):
     assert metrics(full)["prompt_tokens_total"] - after["prompt_tokens_total"] == 5
 
 
-def test_slots_and_metrics_while_generating(full):
-    with httpx.stream("POST", full + "/completion", json={"prompt": "busy", "n_predict": 200, "ignore_eos": True,
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    """--metrics over a model large enough (14M f32 weights, a few ms a token) that 200 tokens outlast the requests
+    made while they are generated: with the tiny model they were sometimes all done before the client left."""
+    path = tmp_path_factory.mktemp("feat_slow") / "small-f32.gguf"
+    write_model(path, dtype="f32", n_vocab=320, n_embd=512, n_ff=1536, n_head=8, n_head_kv=8, n_layer=4, seed=1)
+    srv = _serve(path, metrics=True)
+    yield srv.base
+    srv.close()
+
+
+def test_slots_and_metrics_while_generating(slow):
+    with httpx.stream("POST", slow + "/completion", json={"prompt": "busy", "n_predict": 200, "ignore_eos": True,
                                                            "stream": True, "temperature": 0.5, "top_k": 7},
                       timeout=30) as resp:
         it = resp.iter_lines()
         next(line for line in it if line.startswith("data: "))
-        assert metrics(full)["requests_processing"] == 1
-        slots = get(full, "/slots").json()
+        assert metrics(slow)["requests_processing"] == 1
+        slots = get(slow, "/slots").json()
         busy = [s for s in slots if s["is_processing"]]
         assert len(slots) == 2 and len(busy) == 1
         s = busy[0]
@@ -223,10 +234,10 @@ def test_slots_and_metrics_while_generating(full):
             assert k in s
         assert s["n_ctx"] == 256 and s["params"]["top_k"] == 7 and s["params"]["temperature"] == 0.5
         assert s["params"]["n_predict"] == 200 and s["next_token"]["has_next_token"]
-        assert get(full, "/slots?fail_on_no_slot=1").status_code == 200       # one slot is still idle
+        assert get(slow, "/slots?fail_on_no_slot=1").status_code == 200       # one slot is still idle
     t0 = time.time()          # the client left: the server cancels the request on its next step
     while time.time() - t0 < 10:
-        idle = [s for s in get(full, "/slots").json() if s["id"] == busy[0]["id"]][0]
+        idle = [s for s in get(slow, "/slots").json() if s["id"] == busy[0]["id"]][0]
         if not idle["is_processing"]:
             break
         time.sleep(0.02)

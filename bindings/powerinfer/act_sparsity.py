@@ -69,6 +69,17 @@ class SparsityLevels:
         return None if self.attn_thresholds is None else self.attn_thresholds[j].astype(np.float32)
 
 
+def _optional_thresholds(path, meta: dict, key: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The thresholds under key as an array of this shape, None when the file has none; ValueError when malformed."""
+    values = meta.get(key)
+    if values is None:
+        return None
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if values.size != math.prod(shape) or np.any(np.isnan(values)):
+        raise ValueError(f"{path}: {key} must hold {' x '.join(str(n) for n in shape)} numbers")
+    return values.reshape(shape)
+
+
 def read_levels(path, meta: dict, n_layer: int) -> SparsityLevels:
     """The levels in a file's metadata (empty when it has none); ValueError for malformed keys."""
     method = meta.get(METHOD_KEY, METHOD)
@@ -90,18 +101,8 @@ def read_levels(path, meta: dict, n_layer: int) -> SparsityLevels:
         default = float(default)
     measured = meta.get(MEASURED_KEY)
     measured = None if measured is None else np.asarray(measured, dtype=np.float64).reshape(-1)
-    inp = meta.get(INPUT_THRESHOLDS_KEY)
-    if inp is not None:
-        inp = np.asarray(inp, dtype=np.float64).reshape(-1)
-        if inp.size != levels.size * n_layer or np.any(np.isnan(inp)):
-            raise ValueError(f"{path}: {INPUT_THRESHOLDS_KEY} must hold {levels.size} x {n_layer} numbers")
-        inp = inp.reshape(levels.size, n_layer)
-    attn = meta.get(ATTN_THRESHOLDS_KEY)
-    if attn is not None:
-        attn = np.asarray(attn, dtype=np.float64).reshape(-1)
-        if attn.size != 2 * levels.size * n_layer or np.any(np.isnan(attn)):
-            raise ValueError(f"{path}: {ATTN_THRESHOLDS_KEY} must hold {levels.size} x 2 x {n_layer} numbers")
-        attn = attn.reshape(levels.size, 2, n_layer)
+    inp = _optional_thresholds(path, meta, INPUT_THRESHOLDS_KEY, (levels.size, n_layer))
+    attn = _optional_thresholds(path, meta, ATTN_THRESHOLDS_KEY, (levels.size, 2, n_layer))
     out = SparsityLevels(levels, thr.reshape(levels.size, n_layer), default, measured, inp, attn)
     if default is not None:
         out.thresholds_for(default)   # the default must be one of the levels

@@ -275,7 +275,7 @@ def sparse_report(ctx: Context) -> None:
             active, total = ctx.gate_input_stats()
             if total:
                 log("sparse: gate inputs read per layer: " + " ".join(f"{a / total:.1%}" for a in active))
-        if getattr(ctx, "attn_thresholds", None) is not None:
+        if ctx.attn_thresholds is not None:
             active, total = ctx.attn_input_stats()
             if total:
                 log("sparse: attention inputs read per layer: " + " ".join(f"{a / total:.1%}" for a in active))

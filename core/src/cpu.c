@@ -42,7 +42,7 @@ static int64_t l2_bytes = 1 << 20;   /* the L2 cache per core, read at load wher
 static bool one_stream_decode;        /* one token reads one weight stream per thread (pi_cpu_one_stream_decode) */
 static bool half_width_512;           /* 512-bit instructions run as two 256-bit halves (pi_cpu_half_width_512) */
 static bool half_width_256;           /* 256-bit instructions run as two 128-bit halves (pi_cpu_half_width_256) */
-static bool prefetch_one_token;       /* software prefetch in one-token interleaved kernels (pi_cpu_prefetch_one_token) */
+static bool software_prefetch;        /* the kernels' software prefetches measured to pay here (pi_cpu_software_prefetch) */
 static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
 static isa_level active = ISA_SCALAR;
 static char env_error[160];           /* why POWERINFER_ISA was not applied ("" if it was, or unset) */
@@ -168,7 +168,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
     one_stream_decode = amd_zen3_or_later();
     half_width_512 = amd_family() == 0x19;   /* Zen 4 (Zen 3, the same family, runs no 512-bit level) */
     half_width_256 = amd_zen1();
-    prefetch_one_token = intel();
+    software_prefetch = intel();
 #endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;
 #if PI_WITH_AVX2
@@ -214,7 +214,7 @@ int64_t pi_cpu_l2_bytes(void) { return l2_bytes; }
 bool pi_cpu_one_stream_decode(void) { return one_stream_decode; }
 bool pi_cpu_half_width_512(void) { return half_width_512; }
 bool pi_cpu_half_width_256(void) { return half_width_256; }
-bool pi_cpu_prefetch_one_token(void) { return prefetch_one_token; }
+bool pi_cpu_software_prefetch(void) { return software_prefetch; }
 const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
 
 const char *pi_cpu_isa(void) { return isa_names[active]; }

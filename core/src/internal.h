@@ -240,9 +240,10 @@ int64_t pi_cpu_l2_bytes(void);               /* the CPU's L2 cache per core in b
 bool pi_cpu_one_stream_decode(void);         /* whether one token decodes faster from one weight stream (AMD Zen 4, 5) */
 bool pi_cpu_half_width_512(void);            /* whether 512-bit instructions run as two 256-bit halves (AMD Zen 4) */
 bool pi_cpu_half_width_256(void);            /* whether 256-bit instructions run as two 128-bit halves (AMD Zen 1) */
-/* whether one-token matmuls over Q8_0X16 (the AVX-512 levels) prefetch the group's blocks ahead: Intel (Sapphire Rapids:
- * Gemma 3 270M's head 0.9x the time); on AMD the hardware prefetchers do better alone (Zen 4: 1.1-1.27x slower with) */
-bool pi_cpu_prefetch_one_token(void);
+/* whether the kernels' software prefetches run: Intel (Sapphire Rapids: the one-token weight streams into L2, the sparse
+ * FFN's scattered rows; each kernel names its gain); on AMD the hardware prefetchers did better alone (Zen 4: Q8_0X16
+ * one-token matmuls 1.1-1.27x slower with) */
+bool pi_cpu_software_prefetch(void);
 const pi_type_traits *pi_cpu_traits(void);   /* [PI_TYPE_TABLE_END]: every type's traits at the active level */
 /* The traits of every type with k's kernels (dtype.c; cpu.c fills one table per compiled level). */
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]);

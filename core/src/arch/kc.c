@@ -37,7 +37,7 @@
 #define Q4_KC_AUX 1280   /* aux bytes per super-block and 64 outputs: 20 per output */
 #define Q6_KC_AUX 1152   /* 18 per output */
 #define KC_TILE 8        /* chunks of 64 outputs per pass over the rows (AVX2) */
-/* How far ahead (bytes) kc_lo_sums requests each row's line on Intel (pi_cpu_prefetch_one_token): a super-block's
+/* How far ahead (bytes) kc_lo_sums requests each row's line on Intel (pi_cpu_software_prefetch): a super-block's
  * rows are up to 256 short streams side by side. 542M Q4_K_M at half the channels, 2 threads, Sapphire Rapids:
  * decode 0.69x -> 0.80x its dense model's speed (128 and 512 bytes: the same; into L2 512 ahead 0.76x); the next
  * tile's scales into L2 as well: +2-4% more (into L1: +1-2%). AMD not measured with it. */
@@ -165,7 +165,7 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
     for (int j = 0; j < 8; j++)
         if (cm[j]) act[n_act++] = j;
     const __m256 vbd = _mm256_set1_ps(bd);
-    const bool ahead = pi_cpu_prefetch_one_token();
+    const bool ahead = pi_cpu_software_prefetch();
     /* Outputs in tiles of KC_TILE chunks, the runs two at a time over a tile: each row is read in runs of 256 bytes,
      * up to 32 rows side by side (all of a super-block's rows at once would be up to 256 concurrent streams) */
     for (int64_t c0 = 0; c0 < n / 64; c0 += KC_TILE) {
@@ -294,7 +294,7 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
     const int n_runs = kc_make_runs(count, idx, q, rows, 16, &R);
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m256 vbd = _mm256_set1_ps(bd);
-    const bool ahead = pi_cpu_prefetch_one_token();
+    const bool ahead = pi_cpu_software_prefetch();
     for (int64_t c0 = 0; c0 < n / 64; c0 += KC_TILE) {
         const int nc = (int)PI_MIN(KC_TILE, n / 64 - c0);
         __m256i acc[KC_TILE][8];   /* sumi, lanes as Q4_KC's */

@@ -32,7 +32,7 @@
  * side by side, more streams than a core's hardware prefetchers follow well: on a Sapphire Rapids (7B shape, half
  * the rows, 2 threads, ab_ops.py) 8 ahead made the input-sparse gate 0.85-0.87x the time and the CATS FFN's
  * 0.92x (4: 0.87x / 0.93x, 12: 0.91x / 0.96x; into L2 instead: 0.88x / 0.95x). On Intel only
- * (pi_cpu_prefetch_one_token): AMD not measured with it. */
+ * (pi_cpu_software_prefetch): AMD not measured with it. */
 #define COLS_PREFETCH 8
 
 /* Block b (inputs 32b .. 32b + 31) of the Q4_0 matrix w (n_out rows of n_in, row stride w_stride bytes) ->
@@ -85,7 +85,7 @@ void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a
         P[p] = _mm256_set1_epi16((int16_t)(uint16_t)((uint8_t)m[2 * p] | (uint16_t)(uint8_t)m[2 * p + 1] << 8));
     const __m256i m4 = _mm256_set1_epi8(0x0f), neg_off = _mm256_set1_epi32(-8 * msum);
     const __m256 vS = _mm256_set1_ps(S);
-    const bool ahead = pi_cpu_prefetch_one_token();   /* Intel: COLS_PREFETCH */
+    const bool ahead = pi_cpu_software_prefetch();   /* Intel: COLS_PREFETCH */
     /* unpacklo/hi work per 128-bit lane: the four int16 sums of a chunk hold outputs {0-7, 16-23}, {8-15, 24-31},
      * and the same + 32; OUT[v] is the first output of their 8-output halves in widening order */
     static const int OUT[8] = { 0, 16, 8, 24, 32, 48, 40, 56 };

@@ -76,12 +76,12 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
 
 /* The exported 8-row kernel of a K-quant `name` whose body is kernel(..., flag), and its one-token path
  * through the single-row kernel `single`. */
-/* One token, row by row; on Intel (pi_cpu_prefetch_one_token) each row's lines are requested while the row before it
+/* One token, row by row; on Intel (pi_cpu_software_prefetch) each row's lines are requested while the row before it
  * is computed: the gathered up rows of a K-quant sparse FFN lie anywhere (542M Q4_K_M at half the channels, 2
  * threads, Sapphire Rapids: decode +3-5%). Rows of a dense matrix follow each other, where it changes little. */
 static inline void k_rows_one(int64_t n, const void *const *rows, const char *x, float *y, pi_vec_dot_fn single,
                               int64_t block_bytes) {
-    const bool ahead = pi_cpu_prefetch_one_token();
+    const bool ahead = pi_cpu_software_prefetch();
     for (int k = 0; k < 8; k++) {
         if (ahead && k + 1 < 8)
             for (int64_t l = 0; l < n / PI_QK_K * block_bytes; l += 64) _mm_prefetch((const char *)rows[k + 1] + l, _MM_HINT_T0);

@@ -117,13 +117,24 @@ static void select_convert_task(void *p, int ith, int nth) {
     convert(p, nth - 1 - ith, nth);   /* for one token the conversion goes to the last thread */
 }
 
-/* h of neuron i for one token, from its up (and gate) dot products. */
-static float combine(const sparse_args *a, int64_t i, float u, float g) {
-    if (a->w->up_bias) u += a->w->up_bias[i];
+/* h of n <= 8 neurons (ids) for one token, from their up (and gate) dot products; the activations in one
+ * activation_row call (an element's result does not depend on its place in the row, arch/activation.c). */
+static void combine(const sparse_args *a, int n, const int32_t *ids, const float *u_in, const float *g, float *h) {
+    float u[8], act_g[8], act_u[8];
+    for (int k = 0; k < n; k++) u[k] = a->w->up_bias ? u_in[k] + a->w->up_bias[ids[k]] : u_in[k];
+    const pi_cpu_kernels *cpu = pi_cpu();
     switch (a->mode) {
-        case PI_FFN_PAR: return pi_activation(a->act, g) * u;
-        case PI_FFN_SYM: return pi_activation(a->act, g) * pi_activation(a->act, u);
-        default:         return pi_activation(a->act, u);
+        case PI_FFN_PAR:
+            cpu->activation_row(a->act, n, g, act_g);
+            for (int k = 0; k < n; k++) h[k] = act_g[k] * u[k];
+            break;
+        case PI_FFN_SYM:
+            cpu->activation_row(a->act, n, g, act_g);
+            cpu->activation_row(a->act, n, u, act_u);
+            for (int k = 0; k < n; k++) h[k] = act_g[k] * act_u[k];
+            break;
+        default:
+            cpu->activation_row(a->act, n, u, h);
     }
 }
 
@@ -150,11 +161,12 @@ static void gather8(const sparse_args *a, int64_t j0) {
             for (int t = 0; t < nt; t++)
                 for (int k = 0; k < 8; k++) g[t][k] = gate_value(a, a->rows[j0 + k], t0 + t);
         pi_traits(w->up.type)->vec_dot8(a->E, up, a->xq_up + t0 * a->xq_up_bytes, a->xq_up_bytes, nt, u[0], 8);
-        for (int t = 0; t < nt; t++)
-            for (int k = 0; k < 8; k++) {
-                const int64_t i = a->rows[j0 + k];
-                a->h[(t0 + t) * a->n_rows + j0 + k] = a->active[(t0 + t) * a->F + i] ? combine(a, i, u[t][k], g[t][k]) : 0.0f;
-            }
+        for (int t = 0; t < nt; t++) {
+            float h[8];
+            combine(a, 8, a->rows + j0, u[t], g[t], h);
+            for (int k = 0; k < 8; k++)
+                a->h[(t0 + t) * a->n_rows + j0 + k] = a->active[(t0 + t) * a->F + a->rows[j0 + k]] ? h[k] : 0.0f;
+        }
     }
 }
 
@@ -183,7 +195,7 @@ static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
                 const float g = dot_gate     ? dot_gate(a->E, gate_row, a->xq_gate + t * a->xq_gate_bytes)
                                 : a->gate_given ? gate_value(a, i, t) : 0.0f;
                 const float u = dot_up(a->E, up_row, a->xq_up + t * a->xq_up_bytes);
-                h = combine(a, i, u, g);
+                combine(a, 1, &a->rows[j], &u, &g, &h);
             }
             a->h[t * a->n_rows + j] = h;
         }

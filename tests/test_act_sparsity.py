@@ -263,6 +263,11 @@ def test_attention_inputs_every_entry_read_is_close_to_dense(attn_file):
     # every nonzero entry: layer 0's input holds exact zeros (the Q4_0 embedding's zero quants), which add nothing
     assert att_total == len(PROMPT) * (256 + 256) and att[1] == att_total and 0.8 * att_total < att[0] < att_total
     assert rel_rms(got, ref) < FLOAT_REL_RMS   # measured 0: 256 inputs are one range, summed in the dense order
+    ctx.set_attn_input_thresholds(np.array([[0.0, 0.0], [1e-30, 1e-30]]))   # wo alone input-sparse
+    ctx.sparse_stats_reset()
+    logits_all(ctx, PROMPT)
+    only_wo, _ = ctx.attn_input_stats()
+    assert np.all(only_wo >= len(PROMPT) * 256) and only_wo[1] == att_total, only_wo   # dense q/k/v: all read
     with pytest.raises(ValueError, match="expected \\[2, 2\\]"):
         ctx.set_attn_input_thresholds([0.1, 0.1])
     with pytest.raises(pi.PowerInferError, match="NaN"):
@@ -317,8 +322,8 @@ def test_sparse_batch_max_runs_prompts_dense(attn_file):
     assert "more than 4 tokens" in act_sparsity.describe(ctx)
     ctx.sparse_stats_reset()
     assert np.array_equal(logits_all(ctx, PROMPT), ref)          # one call of 14 tokens: dense
-    att, _ = ctx.attn_input_stats()
-    assert att.sum() == 0                                        # no attention entry through the sparse path
+    att, att_total = ctx.attn_input_stats()
+    assert np.all(att == att_total)                              # the dense attention reads every entry
     ctx.decode([PROMPT[0]], logits="last")                        # 1 token after the dense prompt: sparse
     dense.decode([PROMPT[0]], logits="last")
     assert not np.array_equal(ctx.logits(0), dense.logits(0))
@@ -537,6 +542,33 @@ def test_allocation_by_sensitivity_end_to_end(sparse_files, tmp_path):
     measured = 1.0 - float(active.sum()) / (total * len(active))
     assert abs(measured - 0.4) < 0.05, measured   # the calibration tokens: their own quantiles
     assert np.allclose(pi.Model(out).sparsity_levels.levels, [0.4])
+
+
+def test_allocation_by_sensitivity_of_every_kind(sparse_files, tmp_path):
+    """With gate and attention inputs, --allocation sensitivity allocates each kind per layer (its own measurements):
+    each kind's mean sparsity on the calibration tokens is its level."""
+    src, _ = sparse_files["q4_0"]
+    out = tmp_path / "sens.gguf"
+    heldout = ROOT / "data" / "heldout.txt"
+    assert sparsify.main([str(src), str(heldout), "--sparsity", "0.4", "-o", str(out), "--calib-tokens", "256",
+                          "--ctx", "64", "--eval-chunks", "0", "--allocation", "sensitivity", "--gate-input-scale", "1",
+                          "--attn-input-scale", "0.5"]) == 0
+    model = pi.Model(out)
+    ctx = pi.Context(model, n_ctx=64, n_threads=1)
+    toks = model.tokenizer.encode(heldout.read_text(), add_special=False)[:256]
+    for s in range(0, 256, 64):
+        ctx.kv_clear()
+        ctx.decode(toks[s:s + 64], logits="none")
+    for stats, level in ((ctx.sparse_stats, 0.4), (ctx.gate_input_stats, 0.4), (ctx.attn_input_stats, 0.2)):
+        active, total = stats()
+        measured = 1.0 - float(active.sum()) / (total * len(active))
+        assert abs(measured - level) < 0.06, (stats.__name__, measured, level)
+    uniform = tmp_path / "uniform.gguf"   # the same levels, the same share in every layer
+    assert sparsify.main([str(src), str(heldout), "--sparsity", "0.4", "-o", str(uniform), "--calib-tokens", "256",
+                          "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1",
+                          "--attn-input-scale", "0.5"]) == 0
+    a, b = model.sparsity_levels, pi.Model(uniform).sparsity_levels
+    assert not np.allclose(a.input_thresholds_for(0.4), b.input_thresholds_for(0.4))   # here 0.35 / 0.45
 
 
 def sparsify_edge(b):

@@ -175,28 +175,46 @@ def thresholds_by_energy(hist: np.ndarray, edges: np.ndarray, level: float) -> n
 SENSITIVITY_GRID = (0.2, 0.35, 0.5, 0.65, 0.8)
 
 
-def layer_sensitivity(src: Path, out: Path, hist: np.ndarray, edges: np.ndarray, tokens: list[int], n_ctx: int,
-                      windows: int, n_threads: int | None) -> np.ndarray:
+KINDS = ("channels", "gate input", "attention input", "attention output")   # the calibration histogram's kinds
+
+
+def layer_sensitivity(src: Path, out: Path, kind: int, hist: np.ndarray, edges: np.ndarray, tokens: list[int],
+                      n_ctx: int, windows: int, n_threads: int | None) -> np.ndarray:
     """kl [n_layer, len(SENSITIVITY_GRID)]: the mean KL divergence from the dense model over `windows` windows of
-    calibration tokens when layer l alone skips the fraction SENSITIVITY_GRID[k] of its channels (the others
-    dense); out is a sparse file of src (its thresholds are not used)."""
+    calibration tokens when layer l alone skips the fraction SENSITIVITY_GRID[k] of one kind's values (KINDS[kind];
+    hist: that kind's histogram) and everything else is dense. For the channels the other layers run their dense
+    FFN; for the inputs every channel runs through the sparse kernels (the input thresholds act only there), the
+    other inputs read in full. out is a sparse file of src with that kind's layout (its thresholds are not used)."""
     n_layer = hist.shape[0]
     kl = np.zeros((n_layer, len(SENSITIVITY_GRID)))
     with tempfile.TemporaryDirectory() as tmp:
         base = os.path.join(tmp, "dense.kld")
         perplexity(Model(src), tokens[:windows * n_ctx], n_ctx=n_ctx, chunks=windows, n_threads=n_threads,
                    save_kld=base)
-        ctx = Context(Model(out), n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
+        model = Model(out)
+        ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
         ctx.set_gate_input_thresholds(None)
+        if model.attn_input_sparse:
+            ctx.set_attn_input_thresholds(None)
+        if kind > 0:
+            ctx.set_sparse_thresholds(np.full(n_layer, 1e-30))   # every channel, through the sparse kernels
         t0 = time.perf_counter()
         for k, level in enumerate(SENSITIVITY_GRID):
             q = _quantiles(hist, edges, level)
             for il in range(n_layer):
-                t = np.zeros(n_layer)            # threshold 0: the layer's exact dense FFN
+                t = np.zeros(n_layer)            # threshold 0: the layer's exact dense FFN, or its dense matmul
                 t[il] = q[il]
-                ctx.set_sparse_thresholds(t)
+                if kind == 0:
+                    ctx.set_sparse_thresholds(t)
+                elif kind == 1:
+                    ctx.set_gate_input_thresholds(t)
+                else:                            # [the attention input's, the attention output's]
+                    pair = np.zeros((2, n_layer))
+                    pair[kind - 2] = t
+                    ctx.set_attn_input_thresholds(pair)
                 kl[il, k] = perplexity(ctx, None, n_ctx=n_ctx, chunks=windows, kld_base=base).kld.mean
-            log(f"sparsify: sensitivity at {level:g} measured for every layer, {time.perf_counter() - t0:.0f} s")
+            log(f"sparsify: sensitivity of the {KINDS[kind]} at {level:g} measured for every layer, "
+                f"{time.perf_counter() - t0:.0f} s")
     return kl
 
 
@@ -391,7 +409,9 @@ def main(argv=None) -> int:
                     help="per-layer sparsity: uniform (every layer skips the level's fraction), energy (the same "
                          "threshold relative to each layer's RMS activation, the mean sparsity at the level) or "
                          "sensitivity (each layer's KL cost measured alone at 0.2..0.8 on calibration windows, then "
-                         "the greedy allocation of TEAL with the level as the mean; n_layer x 5 short runs)")
+                         "the greedy allocation of TEAL with the level as the mean; n_layer x 5 short runs per kind: "
+                         "the channels and, with --gate-input-scale / --attn-input-scale, the gate's inputs and the "
+                         "attention's input and output, each with its scaled level as the mean)")
     ap.add_argument("--sensitivity-windows", type=int, default=2,
                     help="--allocation sensitivity: calibration windows per measurement (default 2, the least "
                          "perplexity scores)")
@@ -461,18 +481,28 @@ def main(argv=None) -> int:
         log("sparsify: keeping the file's ffn_down_t (no re-quantization)")
     types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta, gate_t, keep)
     log(f"sparsify: wrote {a.output} in {time.perf_counter() - t0:.1f} s")
-    if a.allocation == "sensitivity":
-        kl = layer_sensitivity(a.model, a.output, hist[:, 0], edges, tokens[:n_calib], a.ctx,
-                               a.sensitivity_windows, a.threads)
-        allocated = [allocate_by_sensitivity(kl, lv) for lv in levels]   # per level: per-layer sparsities
-        thresholds = np.stack([thresholds_for(hist[:, 0], edges, s) for s in allocated])
+    if a.allocation == "sensitivity":   # each kind the file sparsifies, its mean sparsity the kind's level
+        kinds = [(0, 1.0)] + ([(1, a.gate_input_scale)] if gate_t else []) + \
+            ([(2, a.attn_input_scale), (3, a.attn_input_scale)] if attn is not None else [])
+        allocated = {}   # kind -> per level: per-layer sparsities
+        for kind, scale in kinds:
+            kl = layer_sensitivity(a.model, a.output, kind, hist[:, kind], edges, tokens[:n_calib], a.ctx,
+                                   a.sensitivity_windows, a.threads)
+            allocated[kind] = [allocate_by_sensitivity(kl, lv * scale) for lv in levels]
+        by_kind = {kind: np.stack([thresholds_for(hist[:, kind], edges, s) for s in allocated[kind]])
+                   for kind, _ in kinds}
+        thresholds = by_kind[0]
+        inputs = by_kind.get(1, inputs)
+        if attn is not None:
+            attn = np.stack([by_kind[2], by_kind[3]], axis=1)   # [k, 2, n_layer]
         meta = act_sparsity.metadata(levels, thresholds, default, input_thresholds=inputs, attn_thresholds=attn)
         with tempfile.TemporaryDirectory(dir=a.output.parent) as tmp:   # the file is read while it is rewritten
             staged = Path(tmp) / a.output.name
             os.replace(a.output, staged)
             write_sparse(staged, a.output, hp.n_layer, a.down_type, meta, gate_t, True)   # types: as first written
-        log("sparsify: per-layer sparsity by sensitivity: " + "; ".join(
-            f"{lv:g}: " + " ".join(f"{v:.2f}" for v in s) for lv, s in zip(levels, allocated)))
+        for kind, _ in kinds:
+            log(f"sparsify: per-layer sparsity of the {KINDS[kind]} by sensitivity: " + "; ".join(
+                f"{lv:g}: " + " ".join(f"{v:.2f}" for v in s) for lv, s in zip(levels, allocated[kind])))
     if a.eval_chunks <= 0:
         return 0
     if a.heldout is not None:

@@ -389,7 +389,8 @@ PI_API pi_status pi_gate_input_stats(pi_context *ctx, int64_t *active, int64_t *
  * <= 0 (the default, and NULL): the dense matmuls. Applies with sparse_mode PI_SPARSE_PREDICT where the layer's
  * attention is on the CPU. NaN is refused. */
 PI_API pi_status pi_set_attn_input_thresholds(pi_context *ctx, const float *qkv, const float *out);
-/* active [n_layer]: attention input and output entries the sparse q/k/v and wo read since the last reset; *total:
+/* active [n_layer]: attention input and output entries q/k/v and wo read since the last reset (a matmul that runs
+ * dense, below its threshold or in a call beyond sparse_batch_max, reads all of its entries); *total:
  * entries per layer (tokens x (n_embd + n_head x head_dim)) in the same time. */
 PI_API pi_status pi_attn_input_stats(pi_context *ctx, int64_t *active, int64_t *total);
 

@@ -432,6 +432,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         TRY(attn_sparse_matmul(ctx, e, &W[2], il, 0, B->cur, hp->n_embd, B->v, Ekv, T, NULL));
     } else {
         TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, B->cur, (float *[]){ B->q, B->k, B->v }, T));
+        if (hp->attn_input_sparse) ctx->attn_active[il] += T * hp->n_embd;   /* every entry read */
     }
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 2, B->cur, T * hp->n_embd);
     if (hp->qkv_bias) {
@@ -472,8 +473,10 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     if (!L->wqkv.data && attn_sparse(ctx, lx, il, 1, T))
         TRY(attn_sparse_matmul(ctx, e, &ctx->model->layers[il].act_attn[3], il, 1, B->att, Eq, B->cur, hp->n_embd, T,
                                &ctx->attn_active[il]));
-    else
+    else {
         TRY(matmul(e, &L->wo, B->att, B->cur, T));
+        if (hp->attn_input_sparse) ctx->attn_active[il] += T * Eq;
+    }
     if (L->bo.data) TRY(add_bias(e, B->cur, &L->bo, T));
     return PI_OK;
 }

@@ -532,16 +532,26 @@ def test_allocation_by_sensitivity_end_to_end(sparse_files, tmp_path):
     heldout = ROOT / "data" / "heldout.txt"
     assert sparsify.main([str(src), str(heldout), "--sparsity", "0.4", "-o", str(out), "--calib-tokens", "256",
                           "--ctx", "64", "--eval-chunks", "0", "--allocation", "sensitivity"]) == 0
-    model = pi.Model(out)
+    measured = skipped(on_calibration_tokens(out).sparse_stats)
+    assert abs(measured - 0.4) < 0.05, measured   # the calibration tokens: their own quantiles
+    assert np.allclose(pi.Model(out).sparsity_levels.levels, [0.4])
+
+
+def on_calibration_tokens(path) -> pi.Context:
+    """A context of the file at its default level that has decoded the 256 calibration tokens (windows of 64)."""
+    model = pi.Model(path)
     ctx = pi.Context(model, n_ctx=64, n_threads=1)
-    toks = model.tokenizer.encode(heldout.read_text(), add_special=False)[:256]
+    toks = model.tokenizer.encode((ROOT / "data" / "heldout.txt").read_text(), add_special=False)[:256]
     for s in range(0, 256, 64):
         ctx.kv_clear()
         ctx.decode(toks[s:s + 64], logits="none")
-    active, total = ctx.sparse_stats()
-    measured = 1.0 - float(active.sum()) / (total * len(active))
-    assert abs(measured - 0.4) < 0.05, measured   # the calibration tokens: their own quantiles
-    assert np.allclose(pi.Model(out).sparsity_levels.levels, [0.4])
+    return ctx
+
+
+def skipped(stats) -> float:
+    """The share skipped from a (active[n_layer], total) statistic."""
+    active, total = stats()
+    return 1.0 - float(active.sum()) / (total * len(active))
 
 
 def test_allocation_by_sensitivity_of_every_kind(sparse_files, tmp_path):
@@ -553,21 +563,14 @@ def test_allocation_by_sensitivity_of_every_kind(sparse_files, tmp_path):
     assert sparsify.main([str(src), str(heldout), "--sparsity", "0.4", "-o", str(out), "--calib-tokens", "256",
                           "--ctx", "64", "--eval-chunks", "0", "--allocation", "sensitivity", "--gate-input-scale", "1",
                           "--attn-input-scale", "0.5"]) == 0
-    model = pi.Model(out)
-    ctx = pi.Context(model, n_ctx=64, n_threads=1)
-    toks = model.tokenizer.encode(heldout.read_text(), add_special=False)[:256]
-    for s in range(0, 256, 64):
-        ctx.kv_clear()
-        ctx.decode(toks[s:s + 64], logits="none")
+    ctx = on_calibration_tokens(out)
     for stats, level in ((ctx.sparse_stats, 0.4), (ctx.gate_input_stats, 0.4), (ctx.attn_input_stats, 0.2)):
-        active, total = stats()
-        measured = 1.0 - float(active.sum()) / (total * len(active))
-        assert abs(measured - level) < 0.06, (stats.__name__, measured, level)
+        assert abs(skipped(stats) - level) < 0.06, (stats.__name__, skipped(stats), level)
     uniform = tmp_path / "uniform.gguf"   # the same levels, the same share in every layer
     assert sparsify.main([str(src), str(heldout), "--sparsity", "0.4", "-o", str(uniform), "--calib-tokens", "256",
                           "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1",
                           "--attn-input-scale", "0.5"]) == 0
-    a, b = model.sparsity_levels, pi.Model(uniform).sparsity_levels
+    a, b = pi.Model(out).sparsity_levels, pi.Model(uniform).sparsity_levels
     assert not np.allclose(a.input_thresholds_for(0.4), b.input_thresholds_for(0.4))   # here 0.35 / 0.45
 
 

@@ -110,8 +110,10 @@ def test_architectures_with_attention_inputs(tmp_path, arch):
 # ------------------------------------------------------------------------------------------- the op
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("act", ["silu", "gelu"])
-def test_op_with_the_gate_given_matches_numpy(dtype, act):
-    """gate.data NULL: the scores are the gate's values; |act(g)| >= t selects; h = act(g) * (up x)."""
+@pytest.mark.parametrize("weighted", [False, True])
+def test_op_with_the_gate_given_matches_numpy(dtype, act, weighted):
+    """gate.data NULL: the scores are the gate's values; |act(g)| (times act_scale, the channel weights) >= t selects;
+    h = act(g) * (up x)."""
     rng = np.random.default_rng(11)
     E, F, T = 64, 96, 6
     up, down_t = (rng.standard_normal((F, E)).astype(np.float32) / 8 for _ in range(2))
@@ -123,11 +125,14 @@ def test_op_with_the_gate_given_matches_numpy(dtype, act):
     fn = {"silu": lambda v: v / (1 + np.exp(-v)),
           "gelu": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))}[act]
     threshold = 0.3
-    mask = np.abs(fn(g64)) >= threshold
+    scale = rng.uniform(0.2, 3.0, F).astype(np.float32) if weighted else np.ones(F, np.float32)
+    mask = np.abs(fn(g64)) * scale >= threshold
     assert 0.2 < mask.mean() < 0.8
     out = np.zeros((T, E), np.float32)
     w = ffi.new("pi_sparse_ffn_weights *")
     w.up, w.down_t = tu[0], td[0]           # w.gate stays zero: the gate is given
+    if weighted:
+        w.act_scale = ffi.from_buffer("float[]", scale)
     n_active = ffi.new("int64_t *")
     pi_act = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU}[act]
     st = lib.pi_op_sparse_ffn(ffi.NULL, w, pi_act, lib.PI_FFN_PAR, _tensor(x), _tensor(g), threshold, _tensor(out),
@@ -220,6 +225,44 @@ def test_levels_give_their_sparsity(sparse_files, dtype):
     assert abs(measured[0.25] - 0.25) < 0.08 and abs(measured[0.5] - 0.5) < 0.08, measured
     assert abs(measured["input 0.25"] - 0.25) < 0.08 and abs(measured["input 0.5"] - 0.5) < 0.08, measured
     assert measured[None] == measured[0.5]
+
+
+def test_channel_weights(sparse_files, tmp_path):
+    """The tool writes each layer's blk.N.ffn_act_scale (mean |up x| over the layer's mean); weights of 1 give the
+    unweighted selection's bits; the loader refuses weights that are NaN, negative or of the wrong shape."""
+    import gguf
+    src, dst = sparse_files["q4_0"]
+    reader = gguf.GGUFReader(dst)
+    scales = {t.name: np.array(t.data) for t in reader.tensors if t.name.endswith("ffn_act_scale")}
+    assert sorted(scales) == ["blk.0.ffn_act_scale", "blk.1.ffn_act_scale"]
+    for v in scales.values():
+        assert v.shape == (512,) and v.dtype == np.float32 and abs(v.mean() - 1) < 1e-4 and v.std() > 0.05
+    plain = tmp_path / "plain.gguf"
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(plain),
+                          "--calib-tokens", "512", "--ctx", "128", "--eval-chunks", "0",
+                          "--channel-weighting", "none"]) == 0
+    assert not any(t.name.endswith("ffn_act_scale") for t in gguf.GGUFReader(plain).tensors)
+    meta = act_sparsity.metadata([0.5], pi.Model(plain).sparsity_levels.thresholds, 0.5)
+
+    def with_scales(path, values):
+        sparsify.write_sparse(plain, path, 2, "auto", meta, False, False, np.array(values, dtype=np.float32))
+        return path
+    ones = with_scales(tmp_path / "ones.gguf", np.ones((2, 512)))
+    a = logits_all(pi.Context(pi.Model(plain), n_ctx=64), PROMPT)
+    assert np.array_equal(a, logits_all(pi.Context(pi.Model(ones), n_ctx=64), PROMPT))
+    half = np.ones((2, 512))
+    half[:, ::2] = 0.0                     # weight 0: the channel never runs
+    ctx = pi.Context(pi.Model(with_scales(tmp_path / "half.gguf", half)), n_ctx=64, sparse_threshold=1e-30)
+    ctx.decode(PROMPT, logits="none")
+    active, total = ctx.sparse_stats()
+    assert np.all(active == total // 2), (active, total)
+    for bad, words in ((np.nan, "is nan"), (-1.0, "is -1")):
+        values = np.ones((2, 512))
+        values[1, 7] = bad
+        with pytest.raises(pi.ModelLoadError, match=f"blk.1.ffn_act_scale.*element 7 {words}.*finite"):
+            pi.Model(with_scales(tmp_path / "bad.gguf", values))
+    with pytest.raises(pi.ModelLoadError, match="ffn_act_scale' has shape \\[256\\], expected \\[512\\]"):
+        pi.Model(with_scales(tmp_path / "short.gguf", np.ones((2, 256))))
 
 
 def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
@@ -430,7 +473,8 @@ def test_packed_down_step_from_a_q4_k_m_file(tmp_path):
                               "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1",
                               "--down-type", down]) == 0
     names = [t.name for t in GGUFReader(dst).tensors]
-    assert names == [t.name for t in GGUFReader(src).tensors]      # nothing transposed: the input's tensors
+    assert names == [t.name for t in GGUFReader(src).tensors] + [f"blk.{il}.ffn_act_scale" for il in range(2)]
+    # nothing transposed: the input's tensors and the channel weights
     assert sum(t.name.endswith(("ffn_down_t.weight", "ffn_gate_t.weight")) for t in GGUFReader(copies).tensors) == 4
     ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
     packed, no_repack = pi.Model(dst), pi.Model(dst, repack=False)

@@ -1715,6 +1715,12 @@ def test_thresholds_histogram_and_input_stats_bad_args(model):
         expect(lib.pi_act_histogram(c, h), INVALID, "NULL")
     poison_error()
     expect(lib.pi_act_histogram(ctx, hist), INVALID, "without act_histogram")
+    means = ffi.new("float[]", n * 4096)
+    for c, mm in ((ffi.NULL, means), (ctx, ffi.NULL)):
+        poison_error()
+        expect(lib.pi_act_channel_means(c, mm), INVALID, "NULL")
+    poison_error()
+    expect(lib.pi_act_channel_means(ctx, means), INVALID, "without act_histogram")
     assert lib.pi_act_histogram_edge(-5) == 0.0 and lib.pi_act_histogram_edge(0) == 0.0
     assert lib.pi_act_histogram_edge(1) == 2.0**-24 and lib.pi_act_histogram_edge(2**31 - 1) > 0
 
@@ -1794,7 +1800,7 @@ COVERED = {
     "pi_context_offload_stats", "pi_context_hot_neurons",
     "pi_set_sparse_thresholds", "pi_set_gate_input_thresholds", "pi_gate_input_stats", "pi_act_histogram",
     "pi_set_attn_input_thresholds", "pi_attn_input_stats",
-    "pi_act_histogram_edge",
+    "pi_act_histogram_edge", "pi_act_channel_means",
 }
 
 

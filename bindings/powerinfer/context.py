@@ -365,6 +365,15 @@ class Context:
         edges = np.array([lib.pi_act_histogram_edge(b) for b in range(n_bins)], dtype=np.float32)
         return out, edges
 
+    @_serialised
+    def act_channel_means(self) -> np.ndarray:
+        """[n_layer, n_ff] f32: per layer and channel the mean |up_i . x| over the tokens the histogram counted
+        (act_histogram=True): the channel weights of tools/sparsify.py (blk.N.ffn_act_scale)."""
+        hp = self.model.hparams
+        out = np.zeros((hp.n_layer, hp.n_ff), dtype=np.float32)
+        check(lib.pi_act_channel_means(self._ptr, ffi.from_buffer("float[]", out)), "act_channel_means")
+        return out
+
     def _per_layer(self, fn, values, what: str):
         """fn(ctx, values [n_layer] f32 or NULL); returns the copy kept (None for None)."""
         t = None if values is None else np.ascontiguousarray(values, dtype=np.float32).reshape(-1)

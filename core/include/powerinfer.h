@@ -224,6 +224,9 @@ typedef struct pi_sparse_ffn_weights {
                                   * q6_kc): its scales by block of neurons (q4_0c: [n_ff / 32][n_embd] fp16; q4_kc,
                                   * q6_kc: per super-block of 256 neurons d (dmin), the sub-blocks' scales (mins));
                                   * else NULL */
+    const float *act_scale;  /* [n_ff] or NULL (= all 1): with the gate given (activation sparsity), neuron i runs for
+                              * token t iff |act(g[i, t])| * act_scale[i] >= threshold (finite, >= 0; a gate-sparse
+                              * file's blk.N.ffn_act_scale, tools/sparsify.py: the channel's mean |up x|) */
 } pi_sparse_ffn_weights;
 
 /* Sparse FFN packing: a copy of Q4_0 gate/up/down_t (n_embd a multiple of 256) in which each neuron's
@@ -443,6 +446,11 @@ PI_API pi_status pi_sparse_stats(pi_context *ctx, int64_t *active, int64_t *tota
  * (zeros among them), the last bin everything from its edge up. */
 enum { PI_ACT_HIST_BINS = 513, PI_ACT_HIST_KINDS = 4 };
 PI_API pi_status pi_act_histogram(pi_context *ctx, int64_t *hist);
+/* means [n_layer][n_ff]: per layer and channel the mean |up_i . x| over the tokens of the dense gated FFNs counted by
+ * pi_act_histogram (needs params.act_histogram; 0 for a layer with no token yet): tools/sparsify.py's channel
+ * weights (pi_sparse_ffn_weights.act_scale). Kind 0 of the histogram counts |act(gate x)| times the layer's act_scale
+ * where the file has one. */
+PI_API pi_status pi_act_channel_means(pi_context *ctx, float *means);
 PI_API float     pi_act_histogram_edge(int32_t bin);
 PI_API void      pi_sparse_stats_reset(pi_context *ctx);
 /* counts [n_ff]: for sparse layer il, the tokens for which each neuron (by its index in the file) was

@@ -117,6 +117,8 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->neuron_counts);
     free(ctx->layer_threshold);
     free(ctx->act_hist);
+    free(ctx->act_usum);
+    free(ctx->act_utokens);
     free(ctx->input_threshold);
     free(ctx->input_active);
     free(ctx->attn_threshold);
@@ -172,7 +174,9 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     for (int32_t il = 0; st == PI_OK && il < hp->n_layer; il++) ctx->layer_threshold[il] = p.sparse_threshold;
     if (st == PI_OK && p.act_histogram &&
-        !(ctx->act_hist = calloc((size_t)hp->n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS, sizeof(int64_t))))
+        (!(ctx->act_hist = calloc((size_t)hp->n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS, sizeof(int64_t))) ||
+         !(ctx->act_usum = calloc((size_t)hp->n_layer * (size_t)hp->n_ff, sizeof(double))) ||
+         !(ctx->act_utokens = calloc((size_t)hp->n_layer, sizeof(int64_t)))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st == PI_OK && (!(ctx->input_threshold = calloc((size_t)hp->n_layer, sizeof(float))) ||
                         !(ctx->input_active = calloc((size_t)hp->n_layer, sizeof(int64_t))) ||
@@ -569,11 +573,23 @@ float pi_act_histogram_edge(int32_t bin) {
     return exp2f((float)(bin - 1) / 16.0f - 24.0f);
 }
 
-/* layer il's histograms: kind 0 |act(gate)| over T x n_ff, kind 1 |x| over the FFN input's T x n_embd */
-static void act_histogram(pi_context *ctx, int32_t il, const float *gate, const float *x, int64_t T) {
+/* layer il's histograms: kind 0 |act(gate)| (times the channel's act_scale where the file has one) over T x n_ff,
+ * kind 1 |x| over the FFN input's T x n_embd; and the channels' sums of |up x| */
+static void act_histogram(pi_context *ctx, int32_t il, const float *gate, const float *up, const float *x, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     int64_t *h = ctx->act_hist + (int64_t)il * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS;
-    for (int64_t i = 0; i < T * hp->n_ff; i++) h[act_bin(pi_activation(hp->ffn_act, gate[i]))]++;
+    const float *scale = ctx->model->layers[il].act_ffn.act_scale;
+    float a[256];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < hp->n_ff; c += 256) {   /* act(g) a row at a time, as the sparse step selects */
+            const int64_t n = PI_MIN(256, hp->n_ff - c);
+            pi_cpu()->activation_row(hp->ffn_act, n, gate + t * hp->n_ff + c, a);
+            for (int64_t k = 0; k < n; k++) h[act_bin(scale ? a[k] * scale[c + k] : a[k])]++;
+        }
+    double *usum = ctx->act_usum + (int64_t)il * hp->n_ff;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < hp->n_ff; i++) usum[i] += fabsf(up[t * hp->n_ff + i]);
+    ctx->act_utokens[il] += T;
     act_histogram_of(ctx, il, 1, x, T * hp->n_embd);
 }
 
@@ -623,7 +639,7 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
         ctx->input_active[il] += T * hp->n_embd;
         for (int64_t i = 0; ctx->neuron_counts && i < hp->n_ff; i++) ctx->neuron_counts[il * hp->n_ff + i] += T;
     }
-    if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->cur, T);
+    if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->up, B->cur, T);
     TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
@@ -793,8 +809,11 @@ void pi_sparse_stats_reset(pi_context *ctx) {
     memset(ctx->sparse_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     if (ctx->neuron_counts)
         memset(ctx->neuron_counts, 0, (size_t)(ctx->model->hp.n_layer * (int64_t)ctx->model->hp.n_ff) * sizeof(int64_t));
-    if (ctx->act_hist)
+    if (ctx->act_hist) {
         memset(ctx->act_hist, 0, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS * sizeof(int64_t));
+        memset(ctx->act_usum, 0, (size_t)ctx->model->hp.n_layer * (size_t)ctx->model->hp.n_ff * sizeof(double));
+        memset(ctx->act_utokens, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
+    }
     memset(ctx->input_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     memset(ctx->attn_active, 0, (size_t)ctx->model->hp.n_layer * sizeof(int64_t));
     ctx->sparse_total = 0;
@@ -806,6 +825,18 @@ pi_status pi_act_histogram(pi_context *ctx, int64_t *hist) {
     if (!ctx || !hist) return pi_fail(PI_ERR_INVALID_ARG, "pi_act_histogram: NULL argument");
     if (!ctx->act_hist) return pi_fail(PI_ERR_INVALID_ARG, "pi_act_histogram: the context was made without act_histogram");
     memcpy(hist, ctx->act_hist, (size_t)ctx->model->hp.n_layer * PI_ACT_HIST_KINDS * PI_ACT_HIST_BINS * sizeof(int64_t));
+    return PI_OK;
+}
+
+pi_status pi_act_channel_means(pi_context *ctx, float *means) {
+    if (!ctx || !means) return pi_fail(PI_ERR_INVALID_ARG, "pi_act_channel_means: NULL argument");
+    if (!ctx->act_hist)
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_act_channel_means: the context was made without act_histogram");
+    const int64_t n_ff = ctx->model->hp.n_ff;
+    for (int32_t il = 0; il < ctx->model->hp.n_layer; il++)
+        for (int64_t i = 0; i < n_ff; i++)
+            means[il * n_ff + i] = ctx->act_utokens[il] ? (float)(ctx->act_usum[il * n_ff + i] / (double)ctx->act_utokens[il])
+                                                        : 0.0f;
     return PI_OK;
 }
 

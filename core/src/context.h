@@ -78,6 +78,8 @@ struct pi_context {
     int64_t           sparse_total;  /* pairs a dense FFN would have computed, per layer */
     float            *layer_threshold; /* [n_layer] params.sparse_threshold or pi_set_sparse_thresholds */
     int64_t          *act_hist;      /* [n_layer][PI_ACT_HIST_KINDS][PI_ACT_HIST_BINS] (params.act_histogram) */
+    double           *act_usum;      /* [n_layer][n_ff] sum of |up_i . x| over act_utokens[l] tokens (the same) */
+    int64_t          *act_utokens;   /* [n_layer] */
     float            *input_threshold; /* [n_layer] pi_set_gate_input_thresholds (0: dense gate) */
     int64_t          *input_active;  /* [n_layer] FFN input entries the sparse gate read */
     int64_t           input_total;   /* tokens x n_embd, per layer */

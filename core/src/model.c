@@ -3,6 +3,7 @@
  * the load-time interleaved copies (repack_weights) that the matmuls read faster. */
 #include "model.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +53,10 @@ static pi_status load_tensor(const pi_model_desc *desc, const char *name, int64_
             snprintf(buf, sizeof buf, i ? ", %lld" : "%lld", (long long)d->ne[i]);
             strncat(got, buf, sizeof got - strlen(got) - 1);
         }
-        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' has shape [%s], expected [%lld%s%lld]", name, got,
-                       (long long)ne0, ne1 ? ", " : "", ne1 ? (long long)ne1 : 0LL);
+        char want[48];
+        if (ne1) snprintf(want, sizeof want, "%lld, %lld", (long long)ne0, (long long)ne1);
+        else snprintf(want, sizeof want, "%lld", (long long)ne0);
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' has shape [%s], expected [%s]", name, got, want);
     }
     const int64_t row = pi_row_bytes(d->type, ne0);
     if (row < 0)
@@ -170,6 +173,18 @@ static pi_status load_act_sparse(const pi_model_desc *desc, const pi_hparams *hp
     pi_status st = load_tensor(desc, name, hp->n_embd, hp->n_ff, false, true, &L->ffn_down_t);
     if (st != PI_OK) return st;
     L->act_ffn = (pi_sparse_ffn_weights){ .up = L->ffn_up, .down_t = L->ffn_down_t, .down = L->ffn_down };
+    pi_tensor scale;   /* the channels' weights in the selection (optional) */
+    snprintf(name, sizeof name, "blk.%d.ffn_act_scale", il);
+    if ((st = load_tensor(desc, name, hp->n_ff, 0, true, true, &scale)) != PI_OK) return st;
+    for (int64_t i = 0; scale.data && i < hp->n_ff; i++) {
+        float v;
+        memcpy(&v, (const char *)scale.data + i * sizeof v, sizeof v);
+        if (!(v >= 0.0f && v <= FLT_MAX))
+            return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s': element %lld is %g; the channel weights must be finite and "
+                           ">= 0", name, (long long)i, (double)v);
+    }
+    L->act_ffn.act_scale = scale.data;
+    snprintf(name, sizeof name, "blk.%d.ffn_down_t.weight", il);
     if (!L->ffn_down_t.data && !pi_sparse_pack_bytes(&L->act_ffn, PI_FFN_SEQ))
         return pi_fail(PI_ERR_BAD_MODEL, "gate-sparse layer %d: no '%s', and its ffn_down (%s) has no column layout "
                        "(Q4_0, Q4_K or Q6_K with n_embd a multiple of 64); sparsify the file again", il, name,

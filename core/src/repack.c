@@ -144,7 +144,7 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
     if (dst_bytes < s.bytes) return pi_fail(PI_ERR_INVALID_ARG, "sparse pack: dst holds %lld bytes, %lld needed",
                                             (long long)dst_bytes, (long long)s.bytes);
     const bool up = w->up.data != NULL && !s.rows_in_place;
-    pi_sparse_ffn_weights o = { .up_bias = w->up_bias, .down_bias = w->down_bias };
+    pi_sparse_ffn_weights o = { .up_bias = w->up_bias, .down_bias = w->down_bias, .act_scale = w->act_scale };
     if (s.rows_in_place) o.gate = w->gate, o.up = w->up;
     pi_tensor *parts[3] = { up && gate_mode != PI_FFN_SEQ ? &o.gate : NULL, up ? &o.up : NULL, &o.down_t };
     char *p = dst;

@@ -14,8 +14,8 @@
  *
  * The gate given (activation sparsity, tools/sparsify.py; CATS): with w->gate.data NULL and a gated mode
  * (PI_FFN_PAR/SYM) the scores ARE the gate's pre-activation values g = gate x, computed densely by the
- * caller; neuron i runs for token t iff |act(g[i, t])| >= threshold, and h uses g as it is (only up
- * and down_t rows are read per neuron).
+ * caller; neuron i runs for token t iff |act(g[i, t])| * act_scale[i] >= threshold (act_scale NULL: 1), and h uses g
+ * as it is (only up and down_t rows are read per neuron).
  *
  * Everything given (an input-sparse matmul, TEAL): with w->up.data NULL too (and gate_mode PI_FFN_SEQ)
  * h IS the scores: out[:, t] = sum over i with |scores[i, t]| >= threshold of scores[i, t] * down_t[i, :],
@@ -83,6 +83,8 @@ static void select_task(void *p, int ith, int nth) {
                 float v[256];
                 const int64_t n = PI_MIN(256, i1 - c);
                 pi_cpu()->activation_row(a->act, n, s + c, v);
+                if (a->w->act_scale)   /* the channel's weight (exact where every weight is 1) */
+                    for (int64_t k = 0; k < n; k++) v[k] *= a->w->act_scale[c + k];
                 for (int64_t k = 0; k < n; k++) {
                     act[c + k] = fabsf(v[k]) >= a->threshold && !(a->skip && a->skip[c + k]);
                     a->count[c + k] += act[c + k];

@@ -305,7 +305,6 @@ pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x
 enum { PI_MUL_MATS_MAX = 3 };
 pi_status pi_mul_mats(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
                       void *scratch);
-float     pi_activation(int32_t op, float x);   /* PI_UNARY_* on one value (the active level's activation_row) */
 /* The rotations of one batch: cos and sin of theta = pos[t] * scale * base^(-2i / n_rot) (/ freq_factors[i]) for
  * T tokens and the n_rot / 2 pairs, as pi_rope computes them. A forward pass ropes q and k of every layer with the
  * same few (pos, base, scale, factors), so a backend keeps PI_ROPE_TABLES of them and recomputes one only when its

@@ -609,14 +609,6 @@ pi_status pi_op_softmax(pi_threadpool *pool, const pi_tensor *x, pi_tensor *out)
 
 /* ---- elementwise ---------------------------------------------------------- */
 
-/* One value through the active level's activation_row (arch/activation.c: its own exp and tanh): the bits the dense
- * FFN's rows get, so that the sparse FFN's h (sparse_ffn.c) and its selection agree with them. */
-float pi_activation(int32_t op, float x) {
-    float y;
-    pi_cpu()->activation_row(op, 1, &x, &y);
-    return y;
-}
-
 typedef struct { int32_t op; const pi_tensor *x; pi_tensor *out; } unary_args;
 
 static void unary_task(void *p, int ith, int nth) {

@@ -295,6 +295,7 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
                         gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.FLOAT32,
                         sub_type=gguf.GGUFValueType.FLOAT32 if isinstance(v, list) else None)
     types, n_down = {}, 0
+    keep_scale = isinstance(act_scale, str)   # "keep"
     for t in r.tensors:
         base = t.name[:-len(".weight")]
         n_down += t.name.endswith(".ffn_down.weight")
@@ -302,7 +303,7 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
             add_tensor_as_is(w, t)       # written from the checkpoint (convert-dense.py --down-t): no second rounding
             types[base] = f"{gguf.GGMLQuantizationType(t.tensor_type).name.lower()} (kept)"
             continue
-        if t.name.endswith(".ffn_act_scale") and isinstance(act_scale, str) and act_scale == "keep":
+        if t.name.endswith(".ffn_act_scale") and keep_scale:
             add_tensor_as_is(w, t)
             continue
         if t.name.endswith((".ffn_down_t.weight", ".ffn_gate_t.weight", ".ffn_act_scale")):
@@ -320,7 +321,7 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
             types[base + "_t"] = type_name
     if n_down != n_layer:
         raise SystemExit(f"sparsify: {src}: found ffn_down in {n_down} of {n_layer} layers")
-    if act_scale is not None and not isinstance(act_scale, str):
+    if act_scale is not None and not keep_scale:
         for il in range(n_layer):
             w.add_tensor(f"blk.{il}.ffn_act_scale", np.ascontiguousarray(act_scale[il], dtype=np.float32))
     write(w)

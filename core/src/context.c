@@ -581,10 +581,10 @@ static void act_histogram(pi_context *ctx, int32_t il, const float *gate, const 
     const float *scale = ctx->model->layers[il].act_ffn.act_scale;
     float a[256];
     for (int64_t t = 0; t < T; t++)
-        for (int64_t c = 0; c < hp->n_ff; c += 256) {   /* act(g) a row at a time, as the sparse step selects */
+        for (int64_t c = 0; c < hp->n_ff; c += 256) {   /* the values the sparse step's selection compares */
             const int64_t n = PI_MIN(256, hp->n_ff - c);
-            pi_cpu()->activation_row(hp->ffn_act, n, gate + t * hp->n_ff + c, a);
-            for (int64_t k = 0; k < n; k++) h[act_bin(scale ? a[k] * scale[c + k] : a[k])]++;
+            pi_gate_scores(hp->ffn_act, n, gate + t * hp->n_ff + c, scale ? scale + c : NULL, a);
+            for (int64_t k = 0; k < n; k++) h[act_bin(a[k])]++;
         }
     double *usum = ctx->act_usum + (int64_t)il * hp->n_ff;
     for (int64_t t = 0; t < T; t++)

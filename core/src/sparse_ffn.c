@@ -66,6 +66,12 @@ typedef struct {
     atomic_llong next;
 } sparse_args;
 
+void pi_gate_scores(int32_t act, int64_t n, const float *g, const float *w, float *out) {
+    pi_cpu()->activation_row(act, n, g, out);
+    if (w)   /* the channel's weight (exact where every weight is 1) */
+        for (int64_t k = 0; k < n; k++) out[k] *= w[k];
+}
+
 static void select_task(void *p, int ith, int nth) {
     sparse_args *a = p;
     const int64_t per = (a->F + nth - 1) / nth, i0 = PI_MIN(a->F, per * ith), i1 = PI_MIN(a->F, i0 + per);
@@ -82,9 +88,7 @@ static void select_task(void *p, int ith, int nth) {
             for (int64_t c = i0; c < i1; c += 256) {   /* act(g) a row at a time: the dense FFN's bits */
                 float v[256];
                 const int64_t n = PI_MIN(256, i1 - c);
-                pi_cpu()->activation_row(a->act, n, s + c, v);
-                if (a->w->act_scale)   /* the channel's weight (exact where every weight is 1) */
-                    for (int64_t k = 0; k < n; k++) v[k] *= a->w->act_scale[c + k];
+                pi_gate_scores(a->act, n, s + c, a->w->act_scale ? a->w->act_scale + c : NULL, v);
                 for (int64_t k = 0; k < n; k++) {
                     act[c + k] = fabsf(v[k]) >= a->threshold && !(a->skip && a->skip[c + k]);
                     a->count[c + k] += act[c + k];

@@ -190,43 +190,37 @@ SENSITIVITY_GRID = (0.2, 0.35, 0.5, 0.65, 0.8)
 KINDS = ("channels", "gate input", "attention input", "attention output")   # the calibration histogram's kinds
 
 
-def layer_sensitivity(src: Path, out: Path, kind: int, hist: np.ndarray, edges: np.ndarray, tokens: list[int],
-                      n_ctx: int, windows: int, n_threads: int | None) -> np.ndarray:
-    """kl [n_layer, len(SENSITIVITY_GRID)]: the mean KL divergence from the dense model over `windows` windows of
-    calibration tokens when layer l alone skips the fraction SENSITIVITY_GRID[k] of one kind's values (KINDS[kind];
-    hist: that kind's histogram) and everything else is dense. For the channels the other layers run their dense
-    FFN; for the inputs every channel runs through the sparse kernels (the input thresholds act only there), the
-    other inputs read in full. out is a sparse file of src with that kind's layout (its thresholds are not used)."""
+def layer_sensitivity(ctx: Context, base: str, kind: int, hist: np.ndarray, edges: np.ndarray, n_ctx: int,
+                      windows: int) -> np.ndarray:
+    """kl [n_layer, len(SENSITIVITY_GRID)]: the mean KL divergence from the dense model (base: its saved KLD file over
+    `windows` windows of calibration tokens) when layer l alone skips the fraction SENSITIVITY_GRID[k] of one kind's
+    values (KINDS[kind]; hist: that kind's histogram) and everything else is dense. For the channels the other layers
+    run their dense FFN; for the inputs every channel runs through the sparse kernels (the input thresholds act only
+    there), the other inputs read in full. ctx: a context of the sparse file (its thresholds are set here)."""
     n_layer = hist.shape[0]
     kl = np.zeros((n_layer, len(SENSITIVITY_GRID)))
-    with tempfile.TemporaryDirectory() as tmp:
-        base = os.path.join(tmp, "dense.kld")
-        perplexity(Model(src), tokens[:windows * n_ctx], n_ctx=n_ctx, chunks=windows, n_threads=n_threads,
-                   save_kld=base)
-        model = Model(out)
-        ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
-        ctx.set_gate_input_thresholds(None)
-        if model.attn_input_sparse:
-            ctx.set_attn_input_thresholds(None)
-        if kind > 0:
-            ctx.set_sparse_thresholds(np.full(n_layer, 1e-30))   # every channel, through the sparse kernels
-        t0 = time.perf_counter()
-        for k, level in enumerate(SENSITIVITY_GRID):
-            q = _quantiles(hist, edges, level)
-            for il in range(n_layer):
-                t = np.zeros(n_layer)            # threshold 0: the layer's exact dense FFN, or its dense matmul
-                t[il] = q[il]
-                if kind == 0:
-                    ctx.set_sparse_thresholds(t)
-                elif kind == 1:
-                    ctx.set_gate_input_thresholds(t)
-                else:                            # [the attention input's, the attention output's]
-                    pair = np.zeros((2, n_layer))
-                    pair[kind - 2] = t
-                    ctx.set_attn_input_thresholds(pair)
-                kl[il, k] = perplexity(ctx, None, n_ctx=n_ctx, chunks=windows, kld_base=base).kld.mean
-            log(f"sparsify: sensitivity of the {KINDS[kind]} at {level:g} measured for every layer, "
-                f"{time.perf_counter() - t0:.0f} s")
+    ctx.set_gate_input_thresholds(None)
+    if ctx.model.attn_input_sparse:
+        ctx.set_attn_input_thresholds(None)
+    if kind > 0:
+        ctx.set_sparse_thresholds(np.full(n_layer, 1e-30))   # every channel, through the sparse kernels
+    t0 = time.perf_counter()
+    for k, level in enumerate(SENSITIVITY_GRID):
+        q = _quantiles(hist, edges, level)
+        for il in range(n_layer):
+            t = np.zeros(n_layer)            # threshold 0: the layer's exact dense FFN, or its dense matmul
+            t[il] = q[il]
+            if kind == 0:
+                ctx.set_sparse_thresholds(t)
+            elif kind == 1:
+                ctx.set_gate_input_thresholds(t)
+            else:                            # [the attention input's, the attention output's]
+                pair = np.zeros((2, n_layer))
+                pair[kind - 2] = t
+                ctx.set_attn_input_thresholds(pair)
+            kl[il, k] = perplexity(ctx, None, n_ctx=n_ctx, chunks=windows, kld_base=base).kld.mean
+        log(f"sparsify: sensitivity of the {KINDS[kind]} at {level:g} measured for every layer, "
+            f"{time.perf_counter() - t0:.0f} s")
     return kl
 
 
@@ -526,10 +520,16 @@ def main(argv=None) -> int:
         kinds = [(0, 1.0)] + ([(1, a.gate_input_scale)] if gate_t else []) + \
             ([(2, a.attn_input_scale), (3, a.attn_input_scale)] if attn is not None else [])
         allocated = {}   # kind -> per level: per-layer sparsities
-        for kind, scale in kinds:
-            kl = layer_sensitivity(a.model, a.output, kind, hist[:, kind], edges, tokens[:n_calib], a.ctx,
-                                   a.sensitivity_windows, a.threads)
-            allocated[kind] = [allocate_by_sensitivity(kl, lv * scale) for lv in levels]
+        with tempfile.TemporaryDirectory() as tmp:   # the dense model's KLD base once, one context for every kind
+            base = os.path.join(tmp, "dense.kld")
+            windows = a.sensitivity_windows
+            perplexity(Model(a.model), tokens[:windows * a.ctx], n_ctx=a.ctx, chunks=windows, n_threads=a.threads,
+                       save_kld=base)
+            ctx = Context(Model(a.output), n_ctx=a.ctx, n_batch=a.ctx, n_threads=a.threads)
+            for kind, scale in kinds:
+                kl = layer_sensitivity(ctx, base, kind, hist[:, kind], edges, a.ctx, windows)
+                allocated[kind] = [allocate_by_sensitivity(kl, lv * scale) for lv in levels]
+            del ctx   # before the file is rewritten
         by_kind = {kind: np.stack([thresholds_for(hist[:, kind], edges, s) for s in allocated[kind]])
                    for kind, _ in kinds}
         thresholds = by_kind[0]

@@ -22,13 +22,9 @@ dense_bytes / sparse_bytes is the speed-up bound when decode is memory-bound.
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_ROOT / "bindings"))
@@ -37,16 +33,6 @@ sys.path.insert(0, str(_ROOT / "bench"))
 import powerinfer  # noqa: E402
 from powerinfer import act_sparsity  # noqa: E402
 from bench_sparse import measure_bandwidth  # noqa: E402
-
-
-def run(ctx, prompt, tokens) -> float:
-    ctx.kv_clear()
-    ctx.decode(prompt, logits="last")
-    ctx.sparse_stats_reset()
-    t0 = time.perf_counter()
-    for t in tokens:
-        ctx.decode([t])
-    return len(tokens) / (time.perf_counter() - t0)
 
 
 def main(argv=None) -> int:
@@ -67,47 +53,16 @@ def main(argv=None) -> int:
                   [float(v) for v in model.sparsity_levels.levels])
     except ValueError:
         raise SystemExit(f"--levels {a.levels!r}: expected a comma list of levels such as 0.25,0.5 (or 0.5+in)")
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(3, model.n_vocab, 8).tolist()
-    tokens = rng.integers(3, model.n_vocab, a.n_gen).tolist()
-    ctxs = {"dense": powerinfer.Context(model, n_ctx=256, n_threads=a.threads, dense=True)}
-    for lv in levels:
-        ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
-        if ctx.attn_thresholds is not None:
-            ctxs[f"{lv:g}+in+attn"] = ctx
-            ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
-            ctx.set_attn_input_thresholds(None)
-        if ctx.input_thresholds is not None:
-            ctxs[f"{lv:g}+in"] = ctx
-            ctx = powerinfer.Context(model, n_ctx=256, n_threads=a.threads, sparsity=lv)
-            ctx.set_gate_input_thresholds(None)
-            if model.attn_input_sparse:
-                ctx.set_attn_input_thresholds(None)
-        ctxs[f"{lv:g}"] = ctx
-    ctxs = dict(sorted(ctxs.items(), key=lambda kv: (kv[0] != "dense", kv[0])))
-    speeds = {k: [] for k in ctxs}
-    active, inputs, attn = {}, {}, {}
-    for name, ctx in ctxs.items():   # warm-up: page the file in for every path
-        run(ctx, prompt, tokens[:4])
-    for _ in range(a.repeat):
-        for name, ctx in ctxs.items():
-            speeds[name].append(run(ctx, prompt, tokens))
-            if ctx.sparse:
-                act, total = ctx.sparse_stats()
-                active[name] = float(act.sum()) / (total * len(act))
-                act, total = ctx.gate_input_stats()
-                inputs[name] = float(act.sum()) / (total * len(act))
-                if name.endswith("+attn"):
-                    act, total = ctx.attn_input_stats()
-                    attn[name] = float(act.sum()) / (total * len(act))
+    try:
+        runs = act_sparsity.level_runs(model.sparsity_levels, levels)
+    except ValueError as e:
+        raise SystemExit(f"--levels {a.levels!r}: {e}")
+    ctxs = {r.name: act_sparsity.level_context(model, r, n_ctx=256, n_threads=a.threads) for r in runs}
+    results = act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=a.n_gen, repeat=a.repeat)
     bw = a.bandwidth or measure_bandwidth(n_threads=a.threads)[a.threads]
     parts = act_sparsity.decode_bytes(model.file.tensors)
     dense_bytes = act_sparsity.dense_bytes(parts)
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = powerinfer.cpu_name()
     hp = model.hparams
     print(f"# {a.model.name}: {hp.n_layer} layers, n_embd {hp.n_embd}, n_ff {hp.n_ff}; "
           f"CPU {cpu}, ISA {powerinfer.cpu_isa()}, {a.threads} threads; bandwidth {bw:.1f} GB/s; "
@@ -115,15 +70,13 @@ def main(argv=None) -> int:
     print("| run | channels computed | gate inputs read | attention inputs read | tokens/s | vs dense | bytes/token "
           "| bound t/s | bound ratio | of bound |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    base = statistics.median(speeds["dense"])
-    for name, s in speeds.items():
-        med = statistics.median(s)
-        frac, inp, att = active.get(name, 1.0), inputs.get(name, 1.0), attn.get(name, 1.0)
+    base = results["dense"][0]
+    for name, (med, _, (frac, inp, att)) in results.items():
         if name == "dense":
             nbytes = dense_bytes
         else:   # the attention's measured share read applies to q/k/v and wo alike
             nbytes = act_sparsity.level_bytes(parts, frac, inp if "+in" in name else None,
-                                              (att, att) if name.endswith("+attn") else None)
+                                              (att, att) if name.endswith("attn") else None)
         bound = bw * 1e9 / nbytes
         print(f"| {name} | {frac:.1%} | {inp:.1%} | {att:.1%} | {med:.2f} | {med / base:.3f}x | "
               f"{nbytes / 2**20:.1f} MiB | {bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")

@@ -338,6 +338,32 @@ def test_attention_levels_give_their_sparsity_and_batches_equal_tokens(attn_file
     assert not np.array_equal(a, logits_all(ctx, PROMPT))
 
 
+def test_level_runs_apply_their_kinds_of_thresholds(attn_file):
+    """act_sparsity.level_runs names a file's runs (dense, L, L+in, L+in+attn per level), level_context applies just
+    those thresholds (the bench and the model card's decode column run them), decode_speeds reports each run's read
+    shares (no timing asserted)."""
+    _, dst = attn_file
+    model = pi.Model(dst)
+    runs = act_sparsity.level_runs(model.sparsity_levels)
+    assert [r.name for r in runs] == ["dense", "0.25", "0.25+in", "0.25+in+attn", "0.5", "0.5+in", "0.5+in+attn"]
+    assert [r.name for r in act_sparsity.level_runs(model.sparsity_levels, [0.5])][1:] == ["0.5", "0.5+in",
+                                                                                          "0.5+in+attn"]
+    with pytest.raises(ValueError, match="not stored"):
+        act_sparsity.level_runs(model.sparsity_levels, [0.4])
+    ctxs = {r.name: act_sparsity.level_context(model, r, n_ctx=64, n_threads=1) for r in runs[:4]}
+    assert not ctxs["dense"].sparse
+    assert ctxs["0.25"].input_thresholds is None and ctxs["0.25"].attn_thresholds is None
+    assert ctxs["0.25+in"].input_thresholds is not None and ctxs["0.25+in"].attn_thresholds is None
+    assert ctxs["0.25+in+attn"].input_thresholds is not None and ctxs["0.25+in+attn"].attn_thresholds is not None
+    got = act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=4, repeat=1)
+    assert list(got) == list(ctxs) and all(med > 0 and len(each) == 1 for med, each, _ in got.values())
+    assert got["dense"][2] == (1.0, 1.0, 1.0)
+    ch, inp, att = got["0.25"][2]
+    assert 0.5 < ch < 0.95 and inp == 1.0 and att == 1.0
+    ch, inp, att = got["0.25+in+attn"][2]
+    assert 0.5 < ch < 0.95 and 0.5 < inp < 0.95 and 0.5 < att < 0.95
+
+
 def test_model_card_with_gate_and_attention_inputs(sparse_files, tmp_path):
     """The card's rows for gate inputs and attention inputs, their measured shares, and every level's thresholds
     (the card once crashed on files with gate inputs)."""
@@ -646,11 +672,32 @@ def test_model_card(sparse_files, tmp_path, capsys):
     parts = act_sparsity.decode_bytes(pi.Model(out).file.tensors)
     assert min(parts[k] for k in ("attn", "out", "gate", "up", "down", "down_t")) > 0 and parts["gate_t"] == 0
     dense_b = act_sparsity.dense_bytes(parts)
-    assert rows[0].endswith(f"| {dense_b / 2**20:.1f} MiB (1x) |")
+    assert f"| {dense_b / 2**20:.1f} MiB (1x) |" in rows[0]
     level_b = act_sparsity.level_bytes(parts, 1.0 - measured)   # measured as printed: rounded to 0.1%
-    bound = float(rows[2].rsplit("(", 1)[1].split("x)")[0])
+    bound = float(rows[2].split(" | ")[8].rsplit("(", 1)[1].split("x)")[0])
     assert bound == pytest.approx(dense_b / level_b, abs=0.005)
     assert 1.0 < bound < dense_b / (parts["attn"] + parts["out"] + parts["gate"])
+    # the decode t/s column: measured for the dense model and the level (x dense: their ratio), not for the layout row
+    speeds = [r.rstrip(" |").split(" | ")[-1] for r in rows]
+    assert speeds[1] == "-"
+    (dense_tps, one), (level_tps, ratio) = [(float(v.split(" (")[0]), float(v.split(" (")[1].rstrip("x)")))
+                                            for v in (speeds[0], speeds[2])]
+    assert dense_tps > 0 and level_tps > 0 and one == 1.0
+    assert ratio == pytest.approx(level_tps / dense_tps, abs=0.001 + 0.005 * ratio)
+    assert f"Decode t/s: measured on this machine ({pi.cpu_name()}, kernel level {pi.cpu_isa()}" in card
+
+
+def test_model_card_without_speed(sparse_files, tmp_path):
+    """--speed-tokens 0: no decode timing; the column says "-" and the card has no paragraph about it."""
+    src, _ = sparse_files["f32"]
+    out = tmp_path / "card.gguf"
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.3", "-o", str(out),
+                          "--calib-tokens", "128", "--ctx", "64", "--eval-chunks", "2", "--speed-tokens", "0"]) == 0
+    card = (tmp_path / "card.gguf.card.md").read_text()
+    rows = [line for line in card.splitlines() if line.startswith("| ")][1:]
+    assert all(r.endswith("| - |") for r in rows[1:]) and "Decode t/s" not in card
+    with pytest.raises(SystemExit, match="speed-tokens"):
+        sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "-o", str(out), "--speed-tokens", "-1"])
 
 
 # ----------------------------------------------------------------------------------------- errors

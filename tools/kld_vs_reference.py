@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -35,16 +34,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bindings"))
 sys.path.insert(0, str(HERE))
 import powerinfer as pi  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def write_copy(src: str, dst: str, keep: set[str]) -> None:
@@ -166,7 +155,7 @@ def main() -> None:
     del ref_run
     print(f"reference: {len(wins)} windows of {a.ctx} tokens in {time.time() - t0:.1f} s", file=sys.stderr)
 
-    results = {"cpu": cpu_name(), "model": os.path.basename(model), "windows": a.windows, "ctx": a.ctx,
+    results = {"cpu": pi.cpu_name(), "model": os.path.basename(model), "windows": a.windows, "ctx": a.ctx,
                "threads": a.threads, "lib": os.environ.get("POWERINFER_LIB_PATH", "(package)"), "rows": []}
     engines = [("ours", ours_logits)] + ([("llama.cpp", llama_logits)] if a.peer == "llama.cpp" else [])
     print(f"CPU: {results['cpu']}; {a.windows} x {a.ctx} positions of {os.path.basename(a.file)}; "

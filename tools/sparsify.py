@@ -39,7 +39,8 @@ its thresholds come from a second calibration pass over the written file, which 
    level the measured sparsity, perplexity, KL divergence from the dense model and top-1 agreement,
    plus the cost of the down step's layout alone (every channel through the sparse kernels: about 0 where
    the loader lays the file's own matrix out by channel, the re-quantization's cost where ffn_down_t was
-   written).
+   written), and the decode tokens/s of the dense model and of each level measured on this machine
+   (--speed-tokens: whether a level pays here, which the bytes bound alone does not say).
 
 The thresholds of every level are stored (powerinfer.act_sparsity.*, see powerinfer/act_sparsity.py).
 """
@@ -58,6 +59,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bindings"))
 
+import powerinfer                                                   # noqa: E402
 from powerinfer import act_sparsity, quants                       # noqa: E402
 from powerinfer.context import Context                              # noqa: E402
 from powerinfer.gguf_copy import add_tensor_as_is, write, writer_like   # noqa: E402
@@ -323,6 +325,14 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
 
 
 # ------------------------------------------------------------------------------------- model card
+def run_label(run: act_sparsity.LevelRun, levels: act_sparsity.SparsityLevels) -> str:
+    """The model card's name of a run: "sparsity 0.5", "... + gate input", "... + gate input + attention inputs"."""
+    label = f"sparsity {run.level:g}"
+    if run.reads in ("gate", "attn") and levels.input_thresholds is not None:
+        label += " + gate input"
+    return label + (" + attention inputs" if run.reads == "attn" else "")
+
+
 def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ctx: int, chunks: int,
              n_threads: int | None) -> list[dict]:
     """Dense vs each level on the held-out tokens: PPL, KL, top-1, measured sparsity."""
@@ -332,35 +342,40 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
         dense = perplexity(Model(src), heldout, n_ctx=n_ctx, chunks=chunks, n_threads=n_threads, save_kld=base)
         rows.append({"name": "dense (input file)", "ppl": dense.ppl, "sparsity": 0.0})
         model = Model(out)
-        runs = [("every channel through the sparse kernels (the down step's layout alone)", None, 1e-30, False)]
-        for lv in levels:
-            runs.append((f"sparsity {lv:g}", lv, None, False))
-            levels_ = model.sparsity_levels
-            if levels_.input_thresholds is not None:
-                runs.append((f"sparsity {lv:g} + gate input", lv, None, True))
-            if levels_.attn_thresholds is not None:
-                runs.append((f"sparsity {lv:g} + gate input + attention inputs" if levels_.input_thresholds is not None
-                             else f"sparsity {lv:g} + attention inputs", lv, None, "attn"))
-        for name, level, threshold, gate_input in runs:
-            ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparsity=level,
-                          sparse_threshold=threshold)
-            if not gate_input:
-                ctx.set_gate_input_thresholds(None)
-            if gate_input != "attn" and model.attn_input_sparse:
-                ctx.set_attn_input_thresholds(None)
+        runs = [("every channel through the sparse kernels (the down step's layout alone)", None,
+                 act_sparsity.LevelRun("all", None))]
+        runs += [(run_label(r, model.sparsity_levels), r.name, r)
+                 for r in act_sparsity.level_runs(model.sparsity_levels) if r.level is not None]
+        for label, key, run in runs:
+            if run.level is None:   # every channel kept: threshold -inf in effect
+                ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparse_threshold=1e-30)
+            else:
+                ctx = act_sparsity.level_context(model, run, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
             r = perplexity(ctx, None, n_ctx=n_ctx, chunks=chunks, kld_base=base)
             active, total = ctx.sparse_stats()
             inp, inp_total = ctx.gate_input_stats()
             att, att_total = ctx.attn_input_stats()
-            rows.append({"name": name, "ppl": r.ppl, "sparsity": 1.0 - float(active.sum()) / (total * len(active)),
+            rows.append({"name": label, "run": key, "ppl": r.ppl,
+                         "sparsity": 1.0 - float(active.sum()) / (total * len(active)),
                          "input": 1.0 - float(inp.sum()) / (inp_total * len(inp)),
-                         "attn": 1.0 - float(att.sum()) / (att_total * len(att)) if gate_input == "attn" else 0.0,
+                         "attn": 1.0 - float(att.sum()) / (att_total * len(att)) if run.reads == "attn" else 0.0,
                          "kld": r.kld.mean, "kld_p99": r.kld.p99, "top1": r.kld.top1, "n": r.kld.n})
     return rows
 
 
+def decode_speeds(out: Path, n_gen: int, n_threads: int | None) -> dict:
+    """{run name: (median tokens/s, the threads in words)} of the sparse file's dense model and of each run, on
+    this machine."""
+    model = Model(out)
+    ctxs = {r.name: act_sparsity.level_context(model, r, n_ctx=16 + n_gen, n_threads=n_threads)
+            for r in act_sparsity.level_runs(model.sparsity_levels)}
+    n = ctxs["dense"].n_threads
+    threads = f"{n} threads" if n else "a thread per physical core"
+    return {name: (v[0], threads) for name, v in act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=n_gen).items()}
+
+
 def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: list[dict], n_calib: int,
-         n_ctx: int, fmt_bytes, attn=None, weighted: bool = False) -> str:
+         n_ctx: int, fmt_bytes, attn=None, weighted: bool = False, speeds: dict | None = None) -> str:
     rule = ("|act(gate x)| w >= t runs, w the channel's weight (blk.N.ffn_act_scale)" if weighted
             else "|act(gate x)| >= t runs")
     lines = [f"# {out.name}", "",
@@ -369,22 +384,34 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
              f"{', '.join(sorted({n.split('.')[-1] + ' ' + v for n, v in types.items()}))}; "
              f"file {fmt_bytes(out.stat().st_size)} (input {fmt_bytes(src.stat().st_size)}).", "",
              "| run | channels skipped (measured) | gate inputs skipped | attention inputs skipped | PPL | KL mean "
-             "| KL p99 | top-1 agreement | decode bytes (bound) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| KL p99 | top-1 agreement | decode bytes (bound) | decode t/s (x dense) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     parts = act_sparsity.decode_bytes(open_gguf(out).tensors)   # sizes only: no model to load
     dense = act_sparsity.dense_bytes(parts)
+
+    def speed(key: str) -> str:
+        if not speeds or key not in speeds:
+            return "-"
+        return f"{speeds[key][0]:.2f} ({speeds[key][0] / speeds['dense'][0]:.3f}x)"
     for r in rows:
         if "kld" in r:
             read = 1.0 - r["input"] if "gate input" in r["name"] else None
             att = (1.0 - r["attn"],) * 2 if "attention" in r["name"] else None   # the measured share, both parts
             n = act_sparsity.level_bytes(parts, 1.0 - r["sparsity"], read, att)
             lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['input']:.1%} | {r['attn']:.1%} | {r['ppl']:.4f} | "
-                         f"{r['kld']:.5f} | {r['kld_p99']:.4f} | {r['top1']:.2%} | {fmt_bytes(n)} ({dense / n:.3f}x) |")
+                         f"{r['kld']:.5f} | {r['kld_p99']:.4f} | {r['top1']:.2%} | {fmt_bytes(n)} ({dense / n:.3f}x) | "
+                         f"{speed(r['run'])} |")
         else:
-            lines.append(f"| {r['name']} | - | - | - | {r['ppl']:.4f} | - | - | - | {fmt_bytes(dense)} (1x) |")
+            lines.append(f"| {r['name']} | - | - | - | {r['ppl']:.4f} | - | - | - | {fmt_bytes(dense)} (1x) | "
+                         f"{speed('dense')} |")
     lines += ["", "Decode bytes: the weights one token reads at that level (attention, the head, the gate, the "
               "measured share of up and down_t rows); dense bytes / level bytes is the speed-up bound of "
               "memory-bound CPU decode, which the sparse kernels reach only in part (bench/README.md).", "",
+              *([f"Decode t/s: measured on this machine ({powerinfer.cpu_name()}, kernel level "
+                 f"{powerinfer.cpu_isa()}, {next(iter(speeds.values()))[1]}) right after the evaluation: "
+                 "an 8-token prompt, then tokens one at a time (tools/sparsify.py --speed-tokens), median of 3 "
+                 "interleaved runs; the dense row is the sparse file with every channel computed (--dense), "
+                 "exactly the input model.", ""] if speeds else []),
               f"Held-out: {rows[-1].get('n', 0)} scored positions. Thresholds per layer "
               f"({rule}; gate input: |x_j| >= t is read):", ""]
     for j, (lv, t) in enumerate(zip(levels, thresholds)):
@@ -441,6 +468,9 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", type=Path, default=None, help="evaluation text (default: the corpus after "
                     "the calibration tokens)")
     ap.add_argument("--eval-chunks", type=int, default=4, help="evaluation windows (default 4; 0: no model card)")
+    ap.add_argument("--speed-tokens", type=int, default=32,
+                    help="model card: decode tokens/s of the dense model and of each run on this machine, over this "
+                         "many tokens one at a time (median of 3, interleaved; default 32; 0: not measured)")
     ap.add_argument("-t", "--threads", type=int, default=None)
     a = ap.parse_args(argv)
     levels = parse_levels(a.sparsity)
@@ -455,6 +485,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"sparsify: --attn-input-scale must be in [0, {1 / max(levels):g}) (scale x level < 1)")
     if a.allocation == "sensitivity" and a.sensitivity_windows < 2:
         raise SystemExit("sparsify: --sensitivity-windows must be at least 2")
+    if a.speed_tokens < 0:
+        raise SystemExit("sparsify: --speed-tokens must be >= 0")
     if a.calib_tokens < a.ctx or a.ctx < 16:
         raise SystemExit("sparsify: --calib-tokens must be at least --ctx, and --ctx at least 16")
     try:
@@ -552,9 +584,13 @@ def main(argv=None) -> int:
             "(give --heldout or a longer corpus)")
         return 0
     rows = evaluate(a.model, a.output, levels, held, a.ctx, a.eval_chunks, a.threads)
+    speeds = None
+    if a.speed_tokens > 0:
+        log(f"sparsify: timing decode (tg{a.speed_tokens}) of the dense model and of each run")
+        speeds = decode_speeds(a.output, a.speed_tokens, a.threads)
     fmt = lambda b: f"{b / 2**20:.1f} MiB"   # noqa: E731
     text = card(a.model, a.output, levels, thresholds, inputs, types, rows, n_calib, a.ctx, fmt, attn,
-                weighted=act_scale is not None)
+                weighted=act_scale is not None, speeds=speeds)
     card_path = a.output.with_name(a.output.name + ".card.md")
     card_path.write_text(text, encoding="utf-8")
     print(text)

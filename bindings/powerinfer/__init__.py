@@ -10,8 +10,9 @@ from .tokenizer import StreamDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError", "Sampler",
-           "SamplingParams", "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "set_cpu_isa", "system_info", "__version__"]
+__all__ = ["Context", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError",
+           "Sampler", "SamplingParams", "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "cpu_name",
+           "set_cpu_isa", "system_info", "__version__"]
 
 CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx")   # lowest first
 
@@ -35,6 +36,19 @@ def cpu_isa() -> str:
     """The CPU kernel level in use: "scalar", "avx2", "avx512" or "amx" ($POWERINFER_ISA sets it at start)."""
     from ._ffi import ffi, lib
     return ffi.string(lib.pi_cpu_isa()).decode()
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's "model name"), else what platform says: for benchmark figures."""
+    import platform
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_isa_supported(level: str) -> bool:

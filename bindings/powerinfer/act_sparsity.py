@@ -218,3 +218,85 @@ def level_bytes(parts: dict[str, int], channels: float, inputs: float | None = N
     return int(att + parts["out"] + gate + channels * (parts["up"] + parts["down_t"]) +
                parts.get("down_aux", 0))
 
+
+
+# ---------------------------------------------------------------------------- running and timing the levels
+@dataclass(frozen=True)
+class LevelRun:
+    """One way to run a gate-sparse file: `name` ("dense", "0.5", "0.5+in", "0.5+in+attn"), the stored level
+    (None: dense), and which thresholds of it apply: "channels" (CATS, the gate dense), "gate" (the gate's input
+    too: TEAL on the gate), "attn" (every kind the file stores, the attention's inputs too)."""
+    name: str
+    level: float | None
+    reads: str = "channels"
+
+
+def level_runs(levels: SparsityLevels, which=None) -> list[LevelRun]:
+    """The runs of a file, dense first: per stored level (or per level of `which`) the channels alone, and with
+    the gate's input and the attention's inputs where the file stores thresholds for them."""
+    runs = [LevelRun("dense", None)]
+    for lv in (levels.levels if which is None else which):
+        lv = float(levels.levels[levels.index(float(lv))])
+        runs.append(LevelRun(f"{lv:g}", lv, "channels"))
+        if levels.input_thresholds is not None:
+            runs.append(LevelRun(f"{lv:g}+in", lv, "gate"))
+        if levels.attn_thresholds is not None:
+            runs.append(LevelRun(f"{lv:g}+in+attn" if levels.input_thresholds is not None else f"{lv:g}+attn",
+                                 lv, "attn"))
+    return runs
+
+
+def level_context(model, run: LevelRun, **kw):
+    """A Context that runs `run` on a gate-sparse model (kw: Context's arguments). Dense: dense=True, exactly
+    the input model."""
+    from .context import Context
+    if run.level is None:
+        return Context(model, dense=True, **kw)
+    ctx = Context(model, sparsity=run.level, **kw)
+    if run.reads == "channels" and ctx.input_thresholds is not None:
+        ctx.set_gate_input_thresholds(None)
+    if run.reads != "attn" and ctx.attn_thresholds is not None:
+        ctx.set_attn_input_thresholds(None)
+    return ctx
+
+
+def read_shares(ctx) -> tuple[float, float, float]:
+    """(channels computed, gate inputs read, attention inputs read) since the stats' last reset, as fractions
+    (1.0 for what the context reads densely)."""
+    def share(stats) -> float:
+        active, total = stats()
+        return float(active.sum()) / (total * len(active)) if total else 1.0
+    if not ctx.sparse:
+        return 1.0, 1.0, 1.0
+    return (share(ctx.sparse_stats), share(ctx.gate_input_stats) if ctx.input_thresholds is not None else 1.0,
+            share(ctx.attn_input_stats) if ctx.attn_thresholds is not None else 1.0)
+
+
+def decode_speeds(ctxs: dict, n_vocab: int, n_gen: int = 32, repeat: int = 3, seed: int = 0) -> dict:
+    """Decode tokens/s of each context ({name: ctx}), interleaved (every context once, then again, -r times) so that
+    drift of the machine hits them alike: each run clears the KV cache, decodes a fixed 8-token prompt as one batch,
+    then n_gen fixed pseudo-random tokens one at a time, timed. A warm-up of 4 tokens each first (pages the file in
+    for every path). Returns {name: (median tokens/s, [each run's], read_shares over the last run)}."""
+    import statistics
+    import time
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(3, n_vocab, 8).tolist()
+    tokens = rng.integers(3, n_vocab, n_gen).tolist()
+
+    def run(ctx, toks) -> float:
+        ctx.kv_clear()
+        ctx.decode(prompt, logits="last")
+        if ctx.sparse:
+            ctx.sparse_stats_reset()
+        t0 = time.perf_counter()
+        for t in toks:
+            ctx.decode([t])
+        return len(toks) / (time.perf_counter() - t0)
+
+    for ctx in ctxs.values():
+        run(ctx, tokens[:4])
+    speeds = {name: [] for name in ctxs}
+    for _ in range(repeat):
+        for name, ctx in ctxs.items():
+            speeds[name].append(run(ctx, tokens))
+    return {name: (statistics.median(s), s, read_shares(ctxs[name])) for name, s in speeds.items()}

@@ -442,8 +442,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gate-input-scale", type=float, default=0.0,
                     help="TEAL on the gate's input: at level s, skip the fraction scale * s of the FFN input's "
                          "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default: "
-                         "0; on the CPUs measured the input-sparse gate costs more quality than it saves time, "
-                         "bench/README.md)")
+                         "0; on the model and CPUs measured the input-sparse gate costs more quality than it saves "
+                         "time: a higher level without it reaches the same quality faster, bench/README.md)")
     ap.add_argument("--attn-input-scale", type=float, default=0.0,
                     help="TEAL on the attention's inputs: at level s, q/k/v skip the fraction scale * s of the "
                          "attention input's entries and wo of the attention output's (the matrices must be Q4_0, "

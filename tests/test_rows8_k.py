@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from test_kquants import (BLOCK, BLOCK_ULPS, DOT_LAMBDA, NAME, Q2_K, Q3_K, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, Q8_K,  # noqa: E402
                           Q8_KM, U32, bits_equal, c_mul_mat, c_quantize, np_dequant, np_dequant_act, np_quantize_q8_0,
@@ -129,6 +130,36 @@ def test_rows8_thread_counts_and_scalar_build(scalar_lib, t):
             lib.pi_threadpool_free(p[0])
         assert bits_equal(outs[0], outs[1]) and bits_equal(outs[0], outs[2]), TNAME[t]
         assert bits_equal(outs[0], mul_mat(t, raw, x, K, L=scalar_lib)), f"{TNAME[t]} {kind}: native vs scalar build"
+
+
+@pytest.mark.parametrize("t", TYPES, ids=TNAME.get)
+def test_rows8_apart_one_token(pool2, t):
+    """One token over rows that do not follow each other in memory (the sparse FFN's gathered rows: here a matrix
+    view with a row stride of two rows) goes through the 8-row kernel side by side, consecutive rows through the
+    single-row kernel one by one: the same bits either way, every level's the scalar level's."""
+    from test_kquants import tensor
+    K = 512 if BLOCK[t][0] == 256 else 640
+    N = 21
+    raw = weights(t, K, 2 * N, seed=3 * t, kind="random")
+    rb = raw.size // (2 * N)
+    rows = raw.reshape(2 * N, rb)
+    every_other = np.ascontiguousarray(rows[::2]).reshape(-1)   # the same N rows, consecutive
+    x = activations(K, 1, seed=t)
+    want = mul_mat(t, every_other, x, K, pool=pool2)
+
+    def strided():
+        y = np.zeros((1, N), np.float32)
+        w = tensor(raw, t, K, N)
+        w.nb[1] = 2 * rb
+        check(lib.pi_op_mul_mat(pool2, w, tensor(x, 0, K, 1), tensor(y, 0, N, 1)))
+        return y
+    before = pi.cpu_isa()
+    try:
+        for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
+            pi.set_cpu_isa(level)
+            assert bits_equal(strided(), want), f"{TNAME[t]} at {level}: rows apart vs consecutive"
+    finally:
+        pi.set_cpu_isa(before)
 
 
 def test_every_leftover_row_count():

@@ -45,17 +45,27 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
 
 /* The kernels are written for a token count nt known at compile time (the accumulators stay in
  * registers, the token loops unroll); the exported functions pick the instance. One token (decode,
- * bound by memory bandwidth) goes row by row through the single-row kernel (the same bits, by the
- * canonical order): with no other token to share the transposition it costs more than it saves,
- * and eight short interleaved streams (rows of 640 elements in Gemma 3 270M: ~700 bytes) defeat
- * the hardware prefetcher, which one sequential stream does not (measured: the output head of
- * Gemma 3 270M took 10.8 ms per token with 8 rows at a time, 6 ms row by row). */
+ * bound by memory bandwidth) reads the rows one after the other through the single-row kernel (the same
+ * bits, by the canonical order) where they follow each other in memory, a dense matrix's rows: one
+ * sequential stream, which the hardware prefetchers follow best (eight short interleaved streams took the
+ * output head of Gemma 3 270M 10.8 ms per token, row by row 6 ms). Rows that lie apart, the sparse FFN's
+ * gathered up rows, go side by side through the 8-row kernel: eight streams keep more reads in flight than one
+ * row and the next one's prefetch (542M files at half the channels, Sapphire Rapids, 2 threads: the CATS op
+ * 0.91-0.94x the time with Q4_K_M, 0.94x Q5_K_M, 0.95-0.98x Q6_K; bench/README.md). Q8_0 goes side by side either
+ * way (below). */
+/* Whether the 8 rows lie one after the other, row_bytes apart (a dense matrix's consecutive rows). */
+static inline bool rows_consecutive(const void *const *rows, int64_t row_bytes) {
+    for (int k = 1; k < 8; k++)
+        if ((const char *)rows[k] != (const char *)rows[k - 1] + row_bytes) return false;
+    return true;
+}
+
 /* Tokens per kernel instance: all of a call's (PI_DOT8_MAX_T), so a block's weights are unpacked once per call. With
  * AVX2's 16 registers the per-token sums then live partly on the stack, which costs less than unpacking twice:
  * against 4 tokens (Zen 3, one thread, 542M files, ffn_up + ffn_down, T = 128, bench/ab_ops.py) Q6_K 0.76x the
  * time, Q2_K 0.76x, Q3_K_M 0.85x, Q4_K_M 0.92-0.96x, Q5_K_M 0.95x; Gemma 3's Q5_0 gate and up (T = 512) 0.76-0.78x. */
 #define K_MAX_T PI_DOT8_MAX_T
-/* The kernel instance for each count of tokens up to max_t (<= PI_DOT8_MAX_T), one token row by row (cases
+/* The kernel instance for each count of tokens up to max_t (<= PI_DOT8_MAX_T), one token through one_row (cases
  * above max_t are never reached; PI_MIN keeps them from instantiating a kernel for more tokens than it has room). */
 #define DISPATCH_NT(kernel, one_row, max_t)                                                \
     if (nt == 1) { one_row(n, rows, x, y); return; }                                       \
@@ -74,11 +84,9 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
         }                                                                                  \
     }
 
-/* The exported 8-row kernel of a K-quant `name` whose body is kernel(..., flag), and its one-token path
- * through the single-row kernel `single`. */
-/* One token, row by row; on Intel (pi_cpu_software_prefetch) each row's lines are requested while the row before it
- * is computed: the gathered up rows of a K-quant sparse FFN lie anywhere (542M Q4_K_M at half the channels, 2
- * threads, Sapphire Rapids: decode +3-5%). Rows of a dense matrix follow each other, where it changes little. */
+/* Consecutive rows one by one; on Intel (pi_cpu_software_prefetch) each row's lines are requested while the row
+ * before it is computed (the dense Q3_K_M matrices at one token, Sapphire Rapids, 2 threads: without it
+ * 1.08x the time). */
 static inline void k_rows_one(int64_t n, const void *const *rows, const char *x, float *y, pi_vec_dot_fn single,
                               int64_t block_bytes) {
     const bool ahead = pi_cpu_software_prefetch();
@@ -89,6 +97,8 @@ static inline void k_rows_one(int64_t n, const void *const *rows, const char *x,
     }
 }
 
+/* The exported 8-row kernel of a K-quant `name` whose body is kernel(..., flag), and its one-token path: the
+ * single-row kernel `single` row by row where the rows are consecutive, else the body side by side. */
 #define K_ROWS8(name, kernel, flag, single)                                                                       \
     static inline __attribute__((always_inline)) void name##_dot8(int64_t n, const void *const *rows, const char *x, \
                                                                  int64_t x_stride, const int nt, float *y,          \
@@ -96,7 +106,10 @@ static inline void k_rows_one(int64_t n, const void *const *rows, const char *x,
         kernel(n, rows, x, x_stride, nt, y, y_stride, flag);                                                      \
     }                                                                                                             \
     static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
-        k_rows_one(n, rows, x, y, single, (int64_t)sizeof(pi_block_##name));                                    \
+        if (rows_consecutive(rows, n / PI_QK_K * (int64_t)sizeof(pi_block_##name)))                              \
+            k_rows_one(n, rows, x, y, single, (int64_t)sizeof(pi_block_##name));                                \
+        else                                                                                                      \
+            kernel(n, rows, x, 0, 1, y, 0, flag);                                                                 \
     }                                                                                                             \
     void pi_vec_dot8_##name##_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,     \
                                    float *y, int64_t y_stride) { DISPATCH_NT(name##_dot8, name##_dot8_one, K_MAX_T); }
@@ -197,12 +210,14 @@ static inline __attribute__((always_inline)) void q5_0_dot8(int64_t n, const voi
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(acc[t]));
 }
 
-/* One token: the eight rows side by side too (not one row after the other, as the other types here). Dense Q5_0
- * decode reads the Q5_0X16 copy; what comes here is the sparse FFN's gathered up rows (scattered: eight streams
- * keep more reads in flight; Gemma 3 270M's sparse FFN 0.83-0.87x the time, Zen 4) and --no-repack (consecutive
- * rows: 1.05-1.14x the time of one row after the other). */
+/* One token as the K-quants: dense Q5_0 decode reads the Q5_0X16 copy; what comes here is the sparse FFN's gathered
+ * up rows (scattered: side by side, Gemma 3 270M's sparse FFN 0.83-0.87x the time of row by row, Zen 4) and
+ * --no-repack (consecutive: row by row, side by side took 1.05-1.14x the time). */
 static void q5_0_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    q5_0_dot8(n, rows, x, 0, 1, y, 0);
+    if (rows_consecutive(rows, n / PI_QK * (int64_t)sizeof(pi_block_q5_0)))
+        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q5_0_q8_0s(n, rows[k], x);
+    else
+        q5_0_dot8(n, rows, x, 0, 1, y, 0);
 }
 
 void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
@@ -266,7 +281,10 @@ static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, co
         q4_1_family_dot8(n, rows, x, x_stride, nt, y, y_stride, sizeof(block), name##_quants);                    \
     }                                                                                                             \
     static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
-        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_##name##_q8_1(n, rows[k], x);                               \
+        if (rows_consecutive(rows, n / PI_QK * (int64_t)sizeof(block)))                                          \
+            for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_##name##_q8_1(n, rows[k], x);                           \
+        else                                                                                                      \
+            name##_dot8(n, rows, x, 0, 1, y, 0);                                                                  \
     }                                                                                                             \
     void pi_vec_dot8_##name##_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,     \
                                    float *y, int64_t y_stride) {                                                  \
@@ -319,8 +337,8 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(acc[t]));
 }
 
-/* One token goes through the 8-row kernel too, unlike the other types: Q8_0's single-row kernel spends about
- * 12 cycles a block (scale gathers, a horizontal sum per 8 blocks), the 8-row one a third of that per row,
+/* One token goes through the 8-row kernel even where the rows are consecutive, unlike the other types: Q8_0's
+ * single-row kernel spends about 12 cycles a block (scale gathers, a horizontal sum per 8 blocks), the 8-row one a third of that per row,
  * which outweighs the eight short streams (542M Q8_0 decode 26.7 -> 31.4 t/s, Gemma 3 270M's Q8_0 head
  * +2-10%, on Sapphire Rapids). */
 static void q8_0_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
@@ -586,7 +604,10 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
 }
 
 static void q6_K_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
-    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q6_K_q8_K(n, rows[k], x);
+    if (rows_consecutive(rows, n / PI_QK_K * (int64_t)sizeof(pi_block_q6_K)))
+        for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q6_K_q8_K(n, rows[k], x);
+    else
+        q6_K_dot8(n, rows, x, 0, 1, y, 0);
 }
 
 void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,

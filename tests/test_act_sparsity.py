@@ -684,7 +684,8 @@ def test_model_card(sparse_files, tmp_path, capsys):
                                             for v in (speeds[0], speeds[2])]
     assert dense_tps > 0 and level_tps > 0 and one == 1.0
     assert ratio == pytest.approx(level_tps / dense_tps, abs=0.001 + 0.005 * ratio)
-    assert f"Decode t/s: measured on this machine ({pi.cpu_name()}, kernel level {pi.cpu_isa()}" in card
+    assert f"Decode t/s: measured on this machine right after the evaluation ({pi.cpu_name()}, kernel level " \
+           f"{pi.cpu_isa()}, " in card and "then 32 tokens one at a time" in card
 
 
 def test_model_card_without_speed(sparse_files, tmp_path):

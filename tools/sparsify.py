@@ -363,19 +363,21 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
     return rows
 
 
-def decode_speeds(out: Path, n_gen: int, n_threads: int | None) -> dict:
-    """{run name: (median tokens/s, the threads in words)} of the sparse file's dense model and of each run, on
-    this machine."""
+def decode_speeds(out: Path, n_gen: int, n_threads: int | None) -> tuple[dict, str]:
+    """The median decode tokens/s of the sparse file's dense model and of each run on this machine ({run name: t/s}),
+    and how they were measured, in words."""
     model = Model(out)
     ctxs = {r.name: act_sparsity.level_context(model, r, n_ctx=16 + n_gen, n_threads=n_threads)
             for r in act_sparsity.level_runs(model.sparsity_levels)}
     n = ctxs["dense"].n_threads
-    threads = f"{n} threads" if n else "a thread per physical core"
-    return {name: (v[0], threads) for name, v in act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=n_gen).items()}
+    setup = (f"{powerinfer.cpu_name()}, kernel level {powerinfer.cpu_isa()}, "
+             f"{f'{n} threads' if n else 'a thread per physical core'}; an 8-token prompt, then {n_gen} tokens one "
+             "at a time, median of 3 interleaved runs")
+    return {name: v[0] for name, v in act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=n_gen).items()}, setup
 
 
 def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: list[dict], n_calib: int,
-         n_ctx: int, fmt_bytes, attn=None, weighted: bool = False, speeds: dict | None = None) -> str:
+         n_ctx: int, fmt_bytes, attn=None, weighted: bool = False, speeds: tuple[dict, str] | None = None) -> str:
     rule = ("|act(gate x)| w >= t runs, w the channel's weight (blk.N.ffn_act_scale)" if weighted
             else "|act(gate x)| >= t runs")
     lines = [f"# {out.name}", "",
@@ -389,10 +391,10 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
     parts = act_sparsity.decode_bytes(open_gguf(out).tensors)   # sizes only: no model to load
     dense = act_sparsity.dense_bytes(parts)
 
+    tps, setup = speeds if speeds else ({}, "")
+
     def speed(key: str) -> str:
-        if not speeds or key not in speeds:
-            return "-"
-        return f"{speeds[key][0]:.2f} ({speeds[key][0] / speeds['dense'][0]:.3f}x)"
+        return f"{tps[key]:.2f} ({tps[key] / tps['dense']:.3f}x)" if key in tps else "-"
     for r in rows:
         if "kld" in r:
             read = 1.0 - r["input"] if "gate input" in r["name"] else None
@@ -407,11 +409,9 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
     lines += ["", "Decode bytes: the weights one token reads at that level (attention, the head, the gate, the "
               "measured share of up and down_t rows); dense bytes / level bytes is the speed-up bound of "
               "memory-bound CPU decode, which the sparse kernels reach only in part (bench/README.md).", "",
-              *([f"Decode t/s: measured on this machine ({powerinfer.cpu_name()}, kernel level "
-                 f"{powerinfer.cpu_isa()}, {next(iter(speeds.values()))[1]}) right after the evaluation: "
-                 "an 8-token prompt, then tokens one at a time (tools/sparsify.py --speed-tokens), median of 3 "
-                 "interleaved runs; the dense row is the sparse file with every channel computed (--dense), "
-                 "exactly the input model.", ""] if speeds else []),
+              *([f"Decode t/s: measured on this machine right after the evaluation ({setup}; "
+                 "tools/sparsify.py --speed-tokens); the dense row is the sparse file with every channel computed "
+                 "(--dense), exactly the input model.", ""] if speeds else []),
               f"Held-out: {rows[-1].get('n', 0)} scored positions. Thresholds per layer "
               f"({rule}; gate input: |x_j| >= t is read):", ""]
     for j, (lv, t) in enumerate(zip(levels, thresholds)):

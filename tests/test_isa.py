@@ -417,12 +417,12 @@ Q8_0_TS = (1, 3, 8, 16, 32, 100)
 @pytest.mark.parametrize("t", [8, 6], ids=["q8_0", "q5_0"])
 def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
     """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack), and Q5_0's (Q5_0X16: the same order at 22 bytes
-    a row; at the amx level Q8_0X16, each block as Q8_0 with quants u - 16), at every level give the bits of the
-    file's layout at the scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel
+    a row; at the amx level its prompt tiles unpack it), at every level give the bits of the file's layout at the
+    scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel
     (3, 8), and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K as
     in test_prompt_batches_rows_equal_scalar (residues of 8 blocks, a second AMX K chunk); N = 48: three groups."""
     w, x = q8_0_cases(K)
-    name = "q8_0x16" if t == 8 or level == "amx" else "q5_0x16"
+    name = "q8_0x16" if t == 8 else "q5_0x16"
     interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Q8_0_TS, name)
 
 
@@ -430,7 +430,7 @@ def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
 @pytest.mark.parametrize("K", [640, 4096])
 def test_q5_0x16_runs_at_every_level(at_level, pool2, level, K):
     """A Q5_0X16 copy made at the best level below amx (the layout is level-independent) gives the file layout's
-    scalar bits at every level, the amx level included (it would make Q8_0X16 itself)."""
+    scalar bits at every level, the amx level included."""
     w, x = q8_0_cases(K)
     made_at = [lv for lv in LEVELS if lv != "amx" and pi.cpu_isa_supported(lv)][-1]
     interleaved_equals_scalar_rows(at_level, pool2, level, 6, quantize(6, w), x, Q8_0_TS, "q5_0x16",

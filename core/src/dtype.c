@@ -109,7 +109,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
     [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1 },
     [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0S,
-                       .repacked_type = PI_TYPE_Q5_0X16 /* the amx level: Q8_0X16 (arch/level.c) */ },
+                       .repacked_type = PI_TYPE_Q5_0X16 },
     [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1 },
     [PI_TYPE_Q8_1] = { "q8_1", 32,  40,  pi_q8_1_to_f32, pi_q8_1_from_f32, PI_TYPE_Q8_1 },
     [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K },

@@ -3,7 +3,9 @@
  *
  * pi_tiles_rows_q8_0_q8_0s, pi_tiles_rows_q5_0_q8_0s: 16 rows at any addresses (the file's layout, not
  * repacked) x nt tokens (a multiple of 16) of PI_TYPE_Q8_0S activations; pi_tiles_q8_0x16_q8_0s: the same for
- * one group of the interleaved Q8_0X16 layout, whose quants are the B tiles as they stand (no transposition). Bit-identical to
+ * one group of the interleaved Q8_0X16 layout, whose quants are the B tiles as they stand (no transposition);
+ * pi_tiles_q5_0x16_q8_0s: one Q5_0X16 group, its blocks unpacked into B tiles (u - 16) once per K chunk, as a
+ * Q5_0 row's are, so that decode reads the 22-byte blocks (not a 34-byte Q8_0X16 copy). Bit-identical to
  * pi_vec_dot_q8_0_q8_0s / pi_vec_dot_q5_0_q8_0s per (row, token): both canonical orders are, per block b, the
  * exact integer i (Q8_0: sum w y; Q5_0: sum (u - 16) y = sum u y - 16 s), then p[b % 8] = fma(d_w d_x, i,
  * p[b % 8]) (blocks in order within each p[j]), and pi_tree8(p) at the end.
@@ -95,11 +97,22 @@ static inline __attribute__((always_inline)) void amx_build_b_tiles(const void *
     }
 }
 
-/* The kernel of a weight type with Q8_0S activations: either 16 rows at any addresses (rows; build_b makes a
- * block's B tile, block_bytes its size) or one Q8_0X16 group (interleaved: group, whose quants are the B tiles;
- * a constant, so each instance keeps one of the two). */
+/* Q5_0X16 block g -> its B tile bt [8][64] (u - 16: the layout of Q8_0X16's quants, q8_0x16.c) and the 16 rows'
+ * scales dw. */
+static inline void amx_q5_0x16_b(const pi_block_q5_0x16 *g, int8_t *bt, float *dw) {
+    __m512i u[8];
+    _mm512_store_ps(dw, q5_0x16_unsigned(g, u));
+    for (int m = 0; m < 8; m++) _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(u[m], _mm512_set1_epi8(16)));
+}
+
+/* What amx_rows_q8_0s reads: 16 rows at any addresses (build_b makes a block's B tile, block_bytes its size), one
+ * Q8_0X16 group (its quants are the B tiles) or one Q5_0X16 group (unpacked into B tiles per K chunk) */
+enum { AMX_ROWS, AMX_Q8_0X16, AMX_Q5_0X16 };
+
+/* The kernel of a weight type with Q8_0S activations; `kind` (a constant, so each instance keeps one) says what it
+ * reads: rows or group. */
 static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, const void *const *rows,
-                                                                 const pi_block_q8_0x16 *group, const int interleaved,
+                                                                 const void *group, const int kind,
                                                                  const char *x,
                                                                  int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                                  const char *xtab, int64_t xt_stride, int64_t block_bytes,
@@ -114,11 +127,14 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
         const int ntiles = PI_MIN(AMX_Q8_TG, nt - g0) / 16;
         for (int64_t c0 = 0; c0 < nb; c0 += AMX_Q8_KC) {
             const int64_t kc = PI_MIN(AMX_Q8_KC, nb - c0);
-            const int8_t *b0 = interleaved ? group[c0].qs[0] : bt[0];   /* the chunk's B tiles, b_stride bytes apart */
-            const int64_t b_stride = interleaved ? (int64_t)sizeof *group : (int64_t)sizeof bt[0];
-            if (interleaved)
+            const pi_block_q8_0x16 *g8 = group;
+            const int8_t *b0 = kind == AMX_Q8_0X16 ? g8[c0].qs[0] : bt[0];   /* the chunk's B tiles, b_stride apart */
+            const int64_t b_stride = kind == AMX_Q8_0X16 ? (int64_t)sizeof *g8 : (int64_t)sizeof bt[0];
+            if (kind == AMX_Q8_0X16)
                 for (int64_t b = 0; b < kc; b++)
-                    _mm512_store_ps(dw[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)group[c0 + b].d)));
+                    _mm512_store_ps(dw[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g8[c0 + b].d)));
+            else if (kind == AMX_Q5_0X16)
+                for (int64_t b = 0; b < kc; b++) amx_q5_0x16_b((const pi_block_q5_0x16 *)group + c0 + b, bt[b], dw[b]);
             else
                 amx_build_b_tiles(rows, c0, kc, block_bytes, build_b, bt, dw);
             __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
@@ -148,17 +164,24 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
 
 void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q8_0), amx_q8_0_b);
+    amx_rows_q8_0s(n, rows, NULL, AMX_ROWS, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q8_0),
+                   amx_q8_0_b);
 }
 
 void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL);
+    amx_rows_q8_0s(n, NULL, group, AMX_Q8_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL);
+}
+
+void pi_tiles_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, NULL, group, AMX_Q5_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL);
 }
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q5_0), amx_q5_0_b);
+    amx_rows_q8_0s(n, rows, NULL, AMX_ROWS, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q5_0),
+                   amx_q5_0_b);
 }
 
 /* Q8_0S's tile table (amx_q8_0s_scales): the block scales d as floats, [block][16 rows] per token tile. */

@@ -21,15 +21,11 @@
 #include "attention.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
-#include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows, Q8_0X16 */
+#include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows, Q8_0X16, Q5_0X16 */
 #include "amx_k.c"      /* Q4_K, Q5_K, Q6_K rows, Q4_KX16 */
 #define AMX(kernel) kernel
-/* Q5_0 as Q8_0X16 (34 bytes a block: its tile kernels read B tiles straight from the copy); below, as Q5_0X16 (22
- * bytes, the quants unpacked in registers: one-token matmuls read 0.65x the bytes) */
-#define Q5_0_REPACK pi_repack_q5_0_q8_0x16, .repacked_type = PI_TYPE_Q8_0X16
 #else
 #define AMX(kernel) NULL     /* below the amx level: no tile kernels */
-#define Q5_0_REPACK pi_repack_q5_0x16
 #define AMX_Q8_K_TABLE 0
 #define AMX_Q8_KM_TABLE 0
 #endif
@@ -65,7 +61,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                            .from_f32 = pi_quantize_row_q8_0, .repack = pi_repack_q8_0x16 },
         [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1, .vec_dot8 = ROWS8(pi_vec_dot8_q4_1_q8_1) },
         [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s),
-                           .tiles_rows = AMX(pi_tiles_rows_q5_0_q8_0s), .repack = Q5_0_REPACK },
+                           .tiles_rows = AMX(pi_tiles_rows_q5_0_q8_0s), .repack = pi_repack_q5_0x16 },
         [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1, .vec_dot8 = ROWS8(pi_vec_dot8_q5_1_q8_1) },
         [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1 },
         [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K) },
@@ -88,7 +84,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_F16X8]  = { .gemm8 = pi_gemm8_f16x8_f32 },
         [PI_TYPE_BF16X8] = { .gemm8 = pi_gemm8_bf16x8_f32 },
         [PI_TYPE_Q8_0X16] = { .gemm16 = pi_gemm16_q8_0x16_q8_0s, .tiles = AMX(pi_tiles_q8_0x16_q8_0s) },
-        [PI_TYPE_Q5_0X16] = { .gemm16 = pi_gemm16_q5_0x16_q8_0s, .gemm16_max_t = Q5X16_MAX_T },
+        [PI_TYPE_Q5_0X16] = { .gemm16 = pi_gemm16_q5_0x16_q8_0s, .gemm16_max_t = Q5X16_MAX_T,
+                              .tiles = AMX(pi_tiles_q5_0x16_q8_0s) },
         [PI_TYPE_Q4_KX16] = { .gemm16 = pi_gemm16_q4_Kx16_q8_K, .tiles = AMX(pi_tiles_q4_Kx16_q8_K) },
         [PI_TYPE_Q5_KX16] = { .gemm16 = pi_gemm16_q5_Kx16_q8_K, .tiles = AMX(pi_tiles_q5_Kx16_q8_K) },
         [PI_TYPE_Q6_KX16] = { .gemm16 = pi_gemm16_q6_Kx16_q8_K, .tiles = AMX(pi_tiles_q6_Kx16_q8_K) },

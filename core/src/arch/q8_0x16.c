@@ -37,27 +37,6 @@ void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group) {
     pi_interleave_blocks(n / PI_QK8_0, rows, 16, sizeof(pi_block_q8_0), group);
 }
 
-/* Q5_0 rows into the same layout, losslessly: a Q5_0 element is d (u - 16) with u in 0..31, so its Q8_0 block has the
- * same d and the quants u - 16. The kernels then compute Q5_0's canonical order exactly (per block the integer
- * sum (u - 16) y = sum u y - 16 s, then Q8_0's fma into p[b % 8]: amx_q8_0s.c names both orders), so the bits are the
- * file layout's. The copy takes 34 bytes per block where the file has 22 (1.55x): Q5_0 tensors are typically the
- * 256-indivisible rows of a K-quant mix (Gemma 3 270M's n_embd 640). */
-void pi_repack_q5_0_q8_0x16(int64_t n, const void *const *rows, void *group) {
-    for (int64_t b = 0; b < n / PI_QK; b++) {
-        pi_block_q8_0 blk[16];
-        const void *src[16];
-        for (int k = 0; k < 16; k++) {
-            const pi_block_q5_0 *x = (const pi_block_q5_0 *)rows[k] + b;
-            uint8_t u[PI_QK];
-            pi_quants_5bit(x->qs, x->qh, u);
-            blk[k].d = x->d;
-            for (int j = 0; j < PI_QK; j++) blk[k].qs[j] = (int8_t)(u[j] - 16);
-            src[k] = &blk[k];
-        }
-        pi_interleave_blocks(1, src, 16, sizeof(pi_block_q8_0), (char *)group + b * 16 * (int64_t)sizeof(pi_block_q8_0));
-    }
-}
-
 /* Q5_0 rows -> Q5_0X16 (pi_block_q5_0x16 says where each bit goes). */
 void pi_repack_q5_0x16(int64_t n, const void *const *rows, void *group) {
     pi_block_q5_0x16 *g = group;

@@ -21,6 +21,8 @@ The gate is computed densely; only the up rows and the down_t rows of the select
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,7 +221,6 @@ def level_bytes(parts: dict[str, int], channels: float, inputs: float | None = N
                parts.get("down_aux", 0))
 
 
-
 # ---------------------------------------------------------------------------- running and timing the levels
 @dataclass(frozen=True)
 class LevelRun:
@@ -277,8 +278,6 @@ def decode_speeds(ctxs: dict, n_vocab: int, n_gen: int = 32, repeat: int = 3, se
     drift of the machine hits them alike: each run clears the KV cache, decodes a fixed 8-token prompt as one batch,
     then n_gen fixed pseudo-random tokens one at a time, timed. A warm-up of 4 tokens each first (pages the file in
     for every path). Returns {name: (median tokens/s, [each run's], read_shares over the last run)}."""
-    import statistics
-    import time
     rng = np.random.default_rng(seed)
     prompt = rng.integers(3, n_vocab, 8).tolist()
     tokens = rng.integers(3, n_vocab, n_gen).tolist()

@@ -697,8 +697,9 @@ def test_model_card_without_speed(sparse_files, tmp_path):
     card = (tmp_path / "card.gguf.card.md").read_text()
     rows = [line for line in card.splitlines() if line.startswith("| ")][1:]
     assert all(r.endswith("| - |") for r in rows[1:]) and "Decode t/s" not in card
-    with pytest.raises(SystemExit, match="speed-tokens"):
-        sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "-o", str(out), "--speed-tokens", "-1"])
+    for bad in ("-1", "1025"):
+        with pytest.raises(SystemExit, match="speed-tokens"):
+            sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "-o", str(out), "--speed-tokens", bad])
 
 
 # ----------------------------------------------------------------------------------------- errors

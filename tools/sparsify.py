@@ -470,7 +470,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-chunks", type=int, default=4, help="evaluation windows (default 4; 0: no model card)")
     ap.add_argument("--speed-tokens", type=int, default=32,
                     help="model card: decode tokens/s of the dense model and of each run on this machine, over this "
-                         "many tokens one at a time (median of 3, interleaved; default 32; 0: not measured)")
+                         "many tokens one at a time (median of 3, interleaved; default 32, at most 1024; 0: not measured)")
     ap.add_argument("-t", "--threads", type=int, default=None)
     a = ap.parse_args(argv)
     levels = parse_levels(a.sparsity)
@@ -485,8 +485,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"sparsify: --attn-input-scale must be in [0, {1 / max(levels):g}) (scale x level < 1)")
     if a.allocation == "sensitivity" and a.sensitivity_windows < 2:
         raise SystemExit("sparsify: --sensitivity-windows must be at least 2")
-    if a.speed_tokens < 0:
-        raise SystemExit("sparsify: --speed-tokens must be >= 0")
+    if not 0 <= a.speed_tokens <= 1024:
+        raise SystemExit("sparsify: --speed-tokens must be in [0, 1024]")
     if a.calib_tokens < a.ctx or a.ctx < 16:
         raise SystemExit("sparsify: --calib-tokens must be at least --ctx, and --ctx at least 16")
     try:

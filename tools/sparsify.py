@@ -470,7 +470,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-chunks", type=int, default=4, help="evaluation windows (default 4; 0: no model card)")
     ap.add_argument("--speed-tokens", type=int, default=32,
                     help="model card: decode tokens/s of the dense model and of each run on this machine, over this "
-                         "many tokens one at a time (median of 3, interleaved; default 32, at most 1024; 0: not measured)")
+                         "many tokens one at a time (median of 3, interleaved; default 32, at most 1024; 0: not "
+                         "measured)")
     ap.add_argument("-t", "--threads", type=int, default=None)
     a = ap.parse_args(argv)
     levels = parse_levels(a.sparsity)

@@ -51,8 +51,8 @@ static inline void store_acc(const __m256 *acc, int nt, float *y, int64_t y_stri
  * output head of Gemma 3 270M 10.8 ms per token, row by row 6 ms). Rows that lie apart, the sparse FFN's
  * gathered up rows, go side by side through the 8-row kernel: eight streams keep more reads in flight than one
  * row and the next one's prefetch (542M files at half the channels, Sapphire Rapids, 2 threads: the CATS op
- * 0.91-0.94x the time with Q4_K_M, 0.94x Q5_K_M, 0.95-0.98x Q6_K; bench/README.md). Q8_0 goes side by side either
- * way (below). */
+ * 0.91-0.94x the time with Q4_K_M, 0.94x Q5_K_M, 0.95-0.98x Q6_K; bench/README.md). Q8_0, Q4_1 and Q5_1 go side by
+ * side either way (below: their single-row kernels are slow). */
 /* Whether the 8 rows lie one after the other, row_bytes apart (a dense matrix's consecutive rows). */
 static inline bool rows_consecutive(const void *const *rows, int64_t row_bytes) {
     for (int k = 1; k < 8; k++)
@@ -228,7 +228,10 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
  * fma chain and one scalar chain of the mins over the blocks in order, then sum + summ), so the results are its
  * bits. Each pass over Q4_1_CHUNK blocks unpacks the eight rows' quants and converts their d and m once for every
  * token, and the eight rows' chains run side by side (542M Q4_1 prompts 1.9x, Q5_1 2.3x at the op level; see
- * bench/README.md). Both types start with the fp16 d and m.
+ * bench/README.md). One token goes side by side too, consecutive rows included: the single-row kernel is two
+ * dependent chains a block (4.7 GB/s a core), and eight of them side by side took the 542M files' matrices 0.69x /
+ * 0.61x the time at the amx level, 0.73x / 0.50x at avx2 (Q4_1 / Q5_1, Sapphire Rapids, 2 threads). Both types
+ * start with the fp16 d and m.
  * ====================================================================================== */
 #define Q4_1_CHUNK 32   /* blocks per pass: the eight rows' unpacked quants of a pass take 8 KB (L1) */
 
@@ -281,10 +284,7 @@ static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, co
         q4_1_family_dot8(n, rows, x, x_stride, nt, y, y_stride, sizeof(block), name##_quants);                    \
     }                                                                                                             \
     static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
-        if (rows_consecutive(rows, n / PI_QK * (int64_t)sizeof(block)))                                          \
-            for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_##name##_q8_1(n, rows[k], x);                           \
-        else                                                                                                      \
-            name##_dot8(n, rows, x, 0, 1, y, 0);                                                                  \
+        name##_dot8(n, rows, x, 0, 1, y, 0);                                                                      \
     }                                                                                                             \
     void pi_vec_dot8_##name##_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,     \
                                    float *y, int64_t y_stride) {                                                  \

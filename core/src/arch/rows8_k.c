@@ -229,9 +229,9 @@ void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
  * bits. Each pass over Q4_1_CHUNK blocks unpacks the eight rows' quants and converts their d and m once for every
  * token, and the eight rows' chains run side by side (542M Q4_1 prompts 1.9x, Q5_1 2.3x at the op level; see
  * bench/README.md). One token goes side by side too, consecutive rows included: the single-row kernel is two
- * dependent chains a block (4.7 GB/s a core), and eight of them side by side took the 542M files' matrices 0.69x /
- * 0.61x the time at the amx level, 0.73x / 0.50x at avx2 (Q4_1 / Q5_1, Sapphire Rapids, 2 threads). Both types
- * start with the fp16 d and m.
+ * dependent chains a block (4.7 GB/s a core); q4_1_family_one reads the eight rows' blocks in place with the rows'
+ * next lines requested (542M Q4_1 / Q5_1 matrices, Sapphire Rapids, 2 threads: 0.46x / 0.44x the single-row time at
+ * the amx level; decode 26.6 -> 57.3 t/s, 24.3 -> 46.5). Both types start with the fp16 d and m.
  * ====================================================================================== */
 #define Q4_1_CHUNK 32   /* blocks per pass: the eight rows' unpacked quants of a pass take 8 KB (L1) */
 
@@ -276,7 +276,45 @@ static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, co
         for (int k = 0; k < 8; k++) y[t * y_stride + k] = pi_hsum_ps(acc[t][k]) + summ[t][k];
 }
 
-/* The exported 8-row kernel of Q4_1 or Q5_1 (`name`), and its one-token path through the single-row kernel. */
+/* How far ahead (bytes) each row's line is requested, once every 3 blocks (a line), on Intel (pi_cpu_software_prefetch;
+ * AMD not measured): 542M Q4_1, Sapphire Rapids, 2 threads: none 1.25x the time, 256 1.21x, 1280 / 2560 1.2x. */
+#define Q4_1_PREFETCH 640
+/* One token: the eight rows' blocks straight from memory (no unpacked copy), each row with the single-row kernel's
+ * arithmetic: its lane-wise fma chain, d times d_y rounded once, and its summ chain (a multiply, then an add, per
+ * block), here for the 8 rows in the lanes of one vector (the same two roundings per lane). */
+static inline __attribute__((always_inline)) void q4_1_family_one(int64_t n, const void *const *rows, const char *x,
+                                                                  float *y, int64_t block_bytes,
+                                                                  __m256i (*quants)(const void *)) {
+    const pi_block_q8_1 *b = (const pi_block_q8_1 *)x;
+    const bool ahead = pi_cpu_software_prefetch();
+    __m256 acc[8], summ = _mm256_setzero_ps();
+    for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        const char *p[8];
+        for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + i * block_bytes;
+        if (ahead && i % 3 == 0)
+            for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + Q4_1_PREFETCH, _MM_HINT_T0);
+        /* lane k: row k's d (low half) and m (high half), side by side at the block's start (Q5_1 too) */
+        const __m256i dm = _mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]), pi_load_i32(p[3]),
+                                             pi_load_i32(p[4]), pi_load_i32(p[5]), pi_load_i32(p[6]), pi_load_i32(p[7]));
+        const __m256i halves = _mm256_permute4x64_epi64(   /* per 128-bit lane: the 4 d, then the 4 m */
+            _mm256_shuffle_epi8(dm, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                                     0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)),
+            _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(halves)), _mm256_set1_ps(b[i].d));
+        const __m256 m = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+        summ = _mm256_add_ps(summ, _mm256_mul_ps(m, _mm256_set1_ps(b[i].s)));
+        const __m256i yq = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        for (int k = 0; k < 8; k++)
+            acc[k] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(d, _mm256_set1_epi32(k)),
+                                     _mm256_cvtepi32_ps(dot_u8_i8(quants(p[k]), yq)), acc[k]);
+    }
+    float s[8];
+    _mm256_storeu_ps(s, summ);
+    for (int k = 0; k < 8; k++) y[k] = pi_hsum_ps(acc[k]) + s[k];
+}
+
+/* The exported 8-row kernel of Q4_1 or Q5_1 (`name`), and its one-token path. */
 #define Q4_1_FAMILY_ROWS8(name, block)                                                                            \
     static inline __attribute__((always_inline)) void name##_dot8(int64_t n, const void *const *rows, const char *x, \
                                                                  int64_t x_stride, const int nt, float *y,          \
@@ -284,7 +322,7 @@ static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, co
         q4_1_family_dot8(n, rows, x, x_stride, nt, y, y_stride, sizeof(block), name##_quants);                    \
     }                                                                                                             \
     static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
-        name##_dot8(n, rows, x, 0, 1, y, 0);                                                                      \
+        q4_1_family_one(n, rows, x, y, sizeof(block), name##_quants);                                            \
     }                                                                                                             \
     void pi_vec_dot8_##name##_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,     \
                                    float *y, int64_t y_stride) {                                                  \

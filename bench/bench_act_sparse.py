@@ -71,12 +71,15 @@ def main(argv=None) -> int:
           "| bound t/s | bound ratio | of bound |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     base = results["dense"][0]
-    for name, (med, _, (frac, inp, att)) in results.items():
-        if name == "dense":
+    gate_inputs = model.sparsity_levels.input_thresholds is not None
+    for run in runs:
+        name = run.name
+        med, _, (frac, inp, att) = results[name]
+        if run.level is None:
             nbytes = dense_bytes
         else:   # the attention's measured share read applies to q/k/v and wo alike
-            nbytes = act_sparsity.level_bytes(parts, frac, inp if "+in" in name else None,
-                                              (att, att) if name.endswith("attn") else None)
+            nbytes = act_sparsity.level_bytes(parts, frac, inp if gate_inputs and run.reads != "channels" else None,
+                                              (att, att) if run.reads == "attn" else None)
         bound = bw * 1e9 / nbytes
         print(f"| {name} | {frac:.1%} | {inp:.1%} | {att:.1%} | {med:.2f} | {med / base:.3f}x | "
               f"{nbytes / 2**20:.1f} MiB | {bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")

@@ -342,24 +342,24 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
         dense = perplexity(Model(src), heldout, n_ctx=n_ctx, chunks=chunks, n_threads=n_threads, save_kld=base)
         rows.append({"name": "dense (input file)", "ppl": dense.ppl, "sparsity": 0.0})
         model = Model(out)
-        runs = [("every channel through the sparse kernels (the down step's layout alone)", None,
-                 act_sparsity.LevelRun("all", None))]
-        runs += [(run_label(r, model.sparsity_levels), r.name, r)
-                 for r in act_sparsity.level_runs(model.sparsity_levels) if r.level is not None]
-        for label, key, run in runs:
-            if run.level is None:   # every channel kept: threshold -inf in effect
-                ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparse_threshold=1e-30)
-            else:
-                ctx = act_sparsity.level_context(model, run, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
+
+        def runs():   # (label, run name, which inputs it reads sparsely, its context), one context at a time
+            yield ("every channel through the sparse kernels (the down step's layout alone)", None, "channels",
+                   Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparse_threshold=1e-30))
+            for run in act_sparsity.level_runs(model.sparsity_levels)[1:]:   # after dense
+                yield (run_label(run, model.sparsity_levels), run.name, run.reads,
+                       act_sparsity.level_context(model, run, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads))
+        for label, key, reads, ctx in runs():
             r = perplexity(ctx, None, n_ctx=n_ctx, chunks=chunks, kld_base=base)
             active, total = ctx.sparse_stats()
             inp, inp_total = ctx.gate_input_stats()
             att, att_total = ctx.attn_input_stats()
-            rows.append({"name": label, "run": key, "ppl": r.ppl,
+            rows.append({"name": label, "run": key, "reads": reads, "ppl": r.ppl,
                          "sparsity": 1.0 - float(active.sum()) / (total * len(active)),
                          "input": 1.0 - float(inp.sum()) / (inp_total * len(inp)),
-                         "attn": 1.0 - float(att.sum()) / (att_total * len(att)) if run.reads == "attn" else 0.0,
+                         "attn": 1.0 - float(att.sum()) / (att_total * len(att)) if reads == "attn" else 0.0,
                          "kld": r.kld.mean, "kld_p99": r.kld.p99, "top1": r.kld.top1, "n": r.kld.n})
+            del ctx
     return rows
 
 
@@ -397,8 +397,9 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
         return f"{tps[key]:.2f} ({tps[key] / tps['dense']:.3f}x)" if key in tps else "-"
     for r in rows:
         if "kld" in r:
-            read = 1.0 - r["input"] if "gate input" in r["name"] else None
-            att = (1.0 - r["attn"],) * 2 if "attention" in r["name"] else None   # the measured share, both parts
+            gate_read = r["reads"] in ("gate", "attn") and inputs is not None   # the gate over its input entries
+            read = 1.0 - r["input"] if gate_read else None
+            att = (1.0 - r["attn"],) * 2 if r["reads"] == "attn" else None   # the measured share, both parts
             n = act_sparsity.level_bytes(parts, 1.0 - r["sparsity"], read, att)
             lines.append(f"| {r['name']} | {r['sparsity']:.1%} | {r['input']:.1%} | {r['attn']:.1%} | {r['ppl']:.4f} | "
                          f"{r['kld']:.5f} | {r['kld_p99']:.4f} | {r['top1']:.2%} | {fmt_bytes(n)} ({dense / n:.3f}x) | "

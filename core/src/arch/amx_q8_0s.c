@@ -102,7 +102,8 @@ static inline __attribute__((always_inline)) void amx_build_b_tiles(const void *
 static inline void amx_q5_0x16_b(const pi_block_q5_0x16 *g, int8_t *bt, float *dw) {
     __m512i u[8];
     _mm512_store_ps(dw, q5_0x16_unsigned(g, u));
-    for (int m = 0; m < 8; m++) _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(u[m], _mm512_set1_epi8(16)));
+    for (int m = 0; m < 8; m++)
+        _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(u[m], _mm512_set1_epi8(16)));
 }
 
 /* What amx_rows_q8_0s reads: 16 rows at any addresses (build_b makes a block's B tile, block_bytes its size), one

@@ -277,7 +277,8 @@ static inline __attribute__((always_inline)) void q4_1_family_dot8(int64_t n, co
 }
 
 /* How far ahead (bytes) each row's line is requested, once every 3 blocks (a line), on Intel (pi_cpu_software_prefetch;
- * AMD not measured): 542M Q4_1, Sapphire Rapids, 2 threads: none 1.25x the time, 256 1.21x, 1280 / 2560 1.2x. */
+ * AMD not measured). 542M Q4_1 matrices, Sapphire Rapids, 2 threads, against 640: none 1.25x the time, 256 1.03x,
+ * 1280 and 2560 1.19-1.2x. */
 #define Q4_1_PREFETCH 640
 /* One token: the eight rows' blocks straight from memory (no unpacked copy), each row with the single-row kernel's
  * arithmetic: its lane-wise fma chain, d times d_y rounded once, and its summ chain (a multiply, then an add, per
@@ -295,8 +296,9 @@ static inline __attribute__((always_inline)) void q4_1_family_one(int64_t n, con
         if (ahead && i % 3 == 0)
             for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + Q4_1_PREFETCH, _MM_HINT_T0);
         /* lane k: row k's d (low half) and m (high half), side by side at the block's start (Q5_1 too) */
-        const __m256i dm = _mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]), pi_load_i32(p[3]),
-                                             pi_load_i32(p[4]), pi_load_i32(p[5]), pi_load_i32(p[6]), pi_load_i32(p[7]));
+        const __m256i dm = _mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]),
+                                             pi_load_i32(p[3]), pi_load_i32(p[4]), pi_load_i32(p[5]),
+                                             pi_load_i32(p[6]), pi_load_i32(p[7]));
         const __m256i halves = _mm256_permute4x64_epi64(   /* per 128-bit lane: the 4 d, then the 4 m */
             _mm256_shuffle_epi8(dm, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
                                                      0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)),
@@ -376,8 +378,8 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
 }
 
 /* One token goes through the 8-row kernel even where the rows are consecutive, unlike the other types: Q8_0's
- * single-row kernel spends about 12 cycles a block (scale gathers, a horizontal sum per 8 blocks), the 8-row one a third of that per row,
- * which outweighs the eight short streams (542M Q8_0 decode 26.7 -> 31.4 t/s, Gemma 3 270M's Q8_0 head
+ * single-row kernel spends about 12 cycles a block (scale gathers, a horizontal sum per 8 blocks), the 8-row one a
+ * third of that per row, which outweighs the eight short streams (542M Q8_0 decode 26.7 -> 31.4 t/s, Gemma 3 270M's Q8_0 head
  * +2-10%, on Sapphire Rapids). */
 static void q8_0_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
     q8_0_dot8(n, rows, x, 0, 1, y, 0);

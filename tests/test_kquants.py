@@ -593,20 +593,6 @@ def test_mul_mat_random_blocks(t):
     assert_within(c_mul_mat(t, raw, x), ref, tol, f"mul_mat {NAME[t]} random blocks")
 
 
-@pytest.mark.parametrize("t", [Q4_1, Q5_1], ids=NAME.get)
-@pytest.mark.parametrize("T", [1, 3])
-def test_q4_1_family_rows8_are_the_single_row_bits(t, T):
-    """Q4_1 / Q5_1: the 8-row kernel (decode too, consecutive rows included) gives each row the single-row kernel's
-    bits (a matrix of one row goes through the single-row kernel)."""
-    rng = np.random.default_rng(300 + t + T)
-    K, N = 640, 16
-    raw = random_blocks(rng, t, N * K // BLOCK[t][0])
-    x = rng.standard_normal((T, K)).astype(np.float32)
-    rb = raw.size // N
-    one_by_one = np.concatenate([c_mul_mat(t, raw[i * rb:(i + 1) * rb], x) for i in range(N)], axis=1)
-    assert bits_equal(c_mul_mat(t, raw, x), one_by_one), NAME[t]
-
-
 def test_mul_mat_thread_counts_identical():
     rng = np.random.default_rng(7)
     K, N, T = 512, 70, 4

@@ -1,4 +1,4 @@
-"""8-row matmul kernels of Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (core/src/arch/rows8_k.c).
+"""8-row matmul kernels of Q5_0, Q4_1, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (core/src/arch/rows8_k.c).
 
 mul_mat runs 8 rows x up to 8 tokens per call (blocks of 4 inside the kernels) through the type's vec_dot8 and the leftover rows
 through the single-row vec_dot; decode (T = 1), prompts, thread counts and the sparse FFN mix
@@ -26,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import powerinfer as pi  # noqa: E402
 from powerinfer._ffi import check, ffi, lib  # noqa: E402
-from test_kquants import (BLOCK, BLOCK_ULPS, DOT_LAMBDA, NAME, Q2_K, Q3_K, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, Q8_K,  # noqa: E402
-                          Q8_KM, U32, bits_equal, c_mul_mat, c_quantize, np_dequant, np_dequant_act, np_quantize_q8_0,
-                          np_quantize_q8_K, np_quantize_q8_Km, random_blocks)
+from test_kquants import (BLOCK, BLOCK_ULPS, DOT_LAMBDA, NAME, Q2_K, Q3_K, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K,  # noqa: E402
+                          Q8_0, Q8_1, Q8_K, Q8_KM, U32, bits_equal, c_mul_mat, c_quantize, np_dequant, np_dequant_act,
+                          np_quantize_q8_0, np_quantize_q8_1, np_quantize_q8_K, np_quantize_q8_Km, random_blocks)
 
-TYPES = [Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+TYPES = [Q5_0, Q4_1, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 TNAME = {**NAME, Q8_0: "q8_0"}
 ACT = {Q5_0: (np_quantize_q8_0, Q8_0), Q8_0: (np_quantize_q8_0, Q8_0), Q4_K: (np_quantize_q8_Km, Q8_KM),
        Q2_K: (np_quantize_q8_K, Q8_K), Q3_K: (np_quantize_q8_K, Q8_K), Q5_K: (np_quantize_q8_Km, Q8_KM),
-       Q6_K: (np_quantize_q8_K, Q8_K)}
+       Q6_K: (np_quantize_q8_K, Q8_K), Q4_1: (np_quantize_q8_1, Q8_1), Q5_1: (np_quantize_q8_1, Q8_1)}
 
 # scalar_lib: the session fixture of conftest.py (the -DPI_NATIVE=OFF library, built once per run)
 
@@ -71,14 +71,14 @@ def dequant_w(t, raw, K):
 
 def reference(t, raw, x):
     """float64 dot of the dequantized weights and quantized activations (T, N), and its tolerance:
-    test_kquants' bound (BLOCK_ULPS + DOT_LAMBDA sqrt(nb + 2)) U32 of the summed |block dots|; the K-quant
-    min parts (Q2_K, Q4_K, Q5_K) are added as a term of their own magnitude."""
+    test_kquants' bound (BLOCK_ULPS + DOT_LAMBDA sqrt(nb + 2)) U32 of the summed |block dots|; the min parts
+    (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) are added as a term of their own magnitude."""
     K = x.shape[1]
     bs = BLOCK[t][0]
     nb = K // bs
     quant, at = ACT[t]
     xq = np.stack([np_dequant_act(quant(row), at) for row in x]).astype(np.float64)
-    if t in (Q2_K, Q4_K, Q5_K):
+    if t in (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K):
         w, sp, mp = np_dequant(raw, t, with_parts=True)
         parts = [sp.reshape(-1, K), mp.reshape(-1, K)]
         w = w.reshape(-1, K).astype(np.float64)

@@ -1,5 +1,9 @@
-/* amx_q8_0s.c: AMX tile kernels of the row types whose activations are Q8_0S, Q8_0 and Q5_0 (the amx level
- * only; level.c includes it where __AMX_INT8__ is set).
+/* amx_q8_0s.c: AMX tile kernels of the 32-element row types: Q8_0 and Q5_0 (activations Q8_0S), Q4_1 and Q5_1
+ * (activations Q8_1; the amx level only; level.c includes it where __AMX_INT8__ is set).
+ *
+ * pi_tiles_rows_q4_1_q8_1, pi_tiles_rows_q5_1_q8_1: Q5_0's row kernel with B = u (no offset) and the min term: their
+ * canonical order (pi_vec_dot_q4_1_q8_1) is Q5_0's with p[b % 8] = fma(m_w, s_x, p[b % 8]) after each block's step,
+ * which the epilogue adds (the tile table holds s_x beside d_x).
  *
  * pi_tiles_rows_q8_0_q8_0s, pi_tiles_rows_q5_0_q8_0s: 16 rows at any addresses (the file's layout, not
  * repacked) x nt tokens (a multiple of 16) of PI_TYPE_Q8_0S activations; pi_tiles_q8_0x16_q8_0s: the same for
@@ -43,34 +47,50 @@ static inline void amx_q8_0_b(const char *const *p, int8_t *bt) {
     for (int m = 0; m < 8; m++) _mm512_store_si512((__m512i *)(bt + 64 * m), c[m]);
 }
 
-/* Q5_0 block b of the 16 rows -> bt [8][64], u - 16. Element e < 16 is the low nibble of qs[e], e >= 16 the high
- * nibble of qs[e - 16]; its fifth bit is bit e of qh. B row m holds elements 4m..4m+3 (m < 4: low nibbles of the
+/* Block b of 16 rows of a type with unsigned quants u (Q5_0, Q4_1, Q5_1; p[r] = row r's block) -> bt [8][64], u - bias
+ * (Q5_0: 16, the others 0). Element e < 16 is the low nibble of qs[e], e >= 16 the high nibble of qs[e - 16]; its
+ * fifth bit (qh_off >= 0: Q5_0, Q5_1) is bit e of qh. B row m holds elements 4m..4m+3 (m < 4: low nibbles of the
  * transposed qs word m; m >= 4: high nibbles of word m - 4). */
-static inline void amx_q5_0_b(const char *const *p, int8_t *bt) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), k16 = _mm512_set1_epi8(16);
+static inline __attribute__((always_inline)) void amx_u32_b(const char *const *p, int8_t *bt, size_t qs_off,
+                                                            int64_t qh_off, int bias) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512i c[4];
-    amx_transpose16x16(p, offsetof(pi_block_q5_0, qs), c);
+    amx_transpose16x16(p, qs_off, c);
     _Alignas(64) uint32_t h[16];   /* qh of each row */
-    for (int r = 0; r < 16; r++) memcpy(&h[r], p[r] + offsetof(pi_block_q5_0, qh), 4);
-    const __m512i qh = _mm512_load_si512((const __m512i *)h);
+    if (qh_off >= 0)
+        for (int r = 0; r < 16; r++) memcpy(&h[r], p[r] + qh_off, 4);
+    const __m512i qh = qh_off >= 0 ? _mm512_load_si512((const __m512i *)h) : _mm512_setzero_si512();
     for (int m = 0; m < 8; m++) {
-        /* bits 4m..4m+3 of qh -> bit 4 of bytes 0..3 of each lane: the multiply moves bit i to bit 8i */
-        const __m512i bits = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * m), _mm512_set1_epi32(0xf));
-        const __m512i spread = _mm512_and_si512(_mm512_mullo_epi32(bits, _mm512_set1_epi32(0x00204081)),
-                                                _mm512_set1_epi32(0x01010101));
-        const __m512i nib = _mm512_and_si512(m < 4 ? c[m] : _mm512_srli_epi16(c[m - 4], 4), m4);
-        _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(_mm512_or_si512(nib, _mm512_slli_epi32(spread, 4)), k16));
+        __m512i u = _mm512_and_si512(m < 4 ? c[m] : _mm512_srli_epi16(c[m - 4], 4), m4);
+        if (qh_off >= 0) {
+            /* bits 4m..4m+3 of qh -> bit 4 of bytes 0..3 of each lane: the multiply moves bit i to bit 8i */
+            const __m512i bits = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * m), _mm512_set1_epi32(0xf));
+            const __m512i spread = _mm512_and_si512(_mm512_mullo_epi32(bits, _mm512_set1_epi32(0x00204081)),
+                                                    _mm512_set1_epi32(0x01010101));
+            u = _mm512_or_si512(u, _mm512_slli_epi32(spread, 4));
+        }
+        if (bias) u = _mm512_sub_epi8(u, _mm512_set1_epi8((char)bias));
+        _mm512_store_si512((__m512i *)(bt + 64 * m), u);
     }
+}
+static void amx_q5_0_b(const char *const *p, int8_t *bt) {
+    amx_u32_b(p, bt, offsetof(pi_block_q5_0, qs), offsetof(pi_block_q5_0, qh), 16);
+}
+static void amx_q4_1_b(const char *const *p, int8_t *bt) { amx_u32_b(p, bt, offsetof(pi_block_q4_1, qs), -1, 0); }
+static void amx_q5_1_b(const char *const *p, int8_t *bt) {
+    amx_u32_b(p, bt, offsetof(pi_block_q5_1, qs), offsetof(pi_block_q5_1, qh), 0);
 }
 
 /* The blocks first, first + 8, ... (< kc) of one token tile into acc: each block's tile product is issued two
  * blocks ahead of its epilogue (four C buffers), so the epilogue's loads find the tile store done instead of
- * waiting for it. */
+ * waiting for it. With mins (Q4_1, Q5_1: mw the rows' m per block, sx the tokens' s_x at dx + 16), each block's step
+ * adds fma(m_w, s_x, .) after the scale's. */
 static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t *bt, int64_t bt_stride, const float (*dw)[16],
-                                                                    const char *xt, int64_t x_stride, int64_t first,
-                                                                    int64_t kc, const float *dx, int64_t dx_stride,
-                                                                    int32_t (*ct)[16 * 16], __m512 acc[16]) {
-    const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s), qoff = (int64_t)offsetof(pi_block_q8_0s, qs);
+                                                                    const float (*mw)[16], const char *xt,
+                                                                    int64_t x_stride, int64_t bsz, int64_t qoff,
+                                                                    int64_t first, int64_t kc, const float *dx,
+                                                                    int64_t dx_stride, int32_t (*ct)[16 * 16],
+                                                                    __m512 acc[16]) {
     const int64_t count = first < kc ? (kc - first + 7) / 8 : 0;
     int64_t issued = 0;
     for (int64_t i = 0; i < count; i++) {
@@ -81,19 +101,27 @@ static inline __attribute__((always_inline)) void amx_q8_0s_residue(const int8_t
         }
         const int64_t b = first + 8 * i;
         amx_epilogue_q8_0s(ct[i % 4], _mm512_load_ps(dw[b]), dx + b * dx_stride, acc);
+        if (mw) {
+            const __m512 m = _mm512_load_ps(mw[b]);
+            const float *sx = dx + b * dx_stride + 16;
+            for (int t = 0; t < 16; t++) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[t]), acc[t]);
+        }
     }
 }
 
-/* Blocks c0..c0+kc-1 of 16 rows at any addresses -> their B tiles bt and row scales dw. */
+/* Blocks c0..c0+kc-1 of 16 rows at any addresses -> their B tiles bt, row scales dw and (mw not NULL: Q4_1, Q5_1)
+ * row mins mw. */
 static inline __attribute__((always_inline)) void amx_build_b_tiles(const void *const *rows, int64_t c0, int64_t kc,
                                                                     int64_t block_bytes,
                                                                     void (*build_b)(const char *const *, int8_t *),
-                                                                    int8_t (*bt)[8 * 64], float (*dw)[16]) {
+                                                                    int8_t (*bt)[8 * 64], float (*dw)[16],
+                                                                    float (*mw)[16]) {
     for (int64_t b = 0; b < kc; b++) {
         const char *p[16];
         for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * block_bytes;
         build_b(p, bt[b]);
-        _mm512_store_ps(dw[b], amx_f16x16_rows(p, 0));   /* d: the first 2 bytes of both block types */
+        _mm512_store_ps(dw[b], amx_f16x16_rows(p, 0));   /* d: the first 2 bytes of every block type here */
+        if (mw) _mm512_store_ps(mw[b], amx_f16x16_rows(p, 2));   /* m: bytes 2-3 of Q4_1 and Q5_1 */
     }
 }
 
@@ -110,18 +138,22 @@ static inline void amx_q5_0x16_b(const pi_block_q5_0x16 *g, int8_t *bt, float *d
  * Q8_0X16 group (its quants are the B tiles) or one Q5_0X16 group (unpacked into B tiles per K chunk) */
 enum { AMX_ROWS, AMX_Q8_0X16, AMX_Q5_0X16 };
 
-/* The kernel of a weight type with Q8_0S activations; `kind` (a constant, so each instance keeps one) says what it
- * reads: rows or group. */
+/* The kernel of a weight type with Q8_0S activations, or (with_min: Q4_1, Q5_1) Q8_1 ones and the min term; `kind` (a
+ * constant, so each instance keeps one) says what it reads: rows or group. */
 static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, const void *const *rows,
                                                                  const void *group, const int kind,
                                                                  const char *x,
                                                                  int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                                  const char *xtab, int64_t xt_stride, int64_t block_bytes,
-                                                                 void (*build_b)(const char *const *, int8_t *)) {
+                                                                 void (*build_b)(const char *const *, int8_t *),
+                                                                 const int with_min) {
     const int64_t nb = n / PI_QK8_0;
-    const int64_t bsz = (int64_t)sizeof(pi_block_q8_0s);
+    const int64_t bsz = with_min ? (int64_t)sizeof(pi_block_q8_1) : (int64_t)sizeof(pi_block_q8_0s);
+    const int64_t qoff = with_min ? (int64_t)offsetof(pi_block_q8_1, qs) : (int64_t)offsetof(pi_block_q8_0s, qs);
+    const int64_t dx_stride = with_min ? 32 : 16;   /* floats per block in the tile table: d_x (+ s_x) of 16 tokens */
     _Alignas(64) int8_t bt[AMX_Q8_KC][8 * 64];        /* the chunk's B tiles */
     _Alignas(64) float dw[AMX_Q8_KC][16];             /* the chunk's row scales */
+    _Alignas(64) float mw[AMX_Q8_KC][16];             /* the chunk's row mins (with_min) */
     _Alignas(64) float part[AMX_Q8_TG / 16][8][16][16];   /* p[j] per token tile: [tile][j][token][row] */
     _Alignas(64) int32_t ct[4][16 * 16];
     for (int g0 = 0; g0 < nt; g0 += AMX_Q8_TG) {
@@ -137,15 +169,16 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
             else if (kind == AMX_Q5_0X16)
                 for (int64_t b = 0; b < kc; b++) amx_q5_0x16_b((const pi_block_q5_0x16 *)group + c0 + b, bt[b], dw[b]);
             else
-                amx_build_b_tiles(rows, c0, kc, block_bytes, build_b, bt, dw);
+                amx_build_b_tiles(rows, c0, kc, block_bytes, build_b, bt, dw, with_min ? mw : NULL);
             __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
             for (int tt = 0; tt < ntiles; tt++) {
                 const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
                 for (int j = 0; j < 8; j++) {   /* c0 is a multiple of 8: chunk block b is global block c0 + b = b mod 8 */
                     __m512 acc[16];
                     for (int t = 0; t < 16; t++) acc[t] = c0 ? _mm512_load_ps(part[tt][j][t]) : _mm512_setzero_ps();
-                    const float *dx = amx_q8_0s_scales(xtab + (g0 / 16 + tt) * xt_stride) + 16 * c0;
-                    amx_q8_0s_residue(b0, b_stride, dw, xt, x_stride, j, kc, dx, 16, ct, acc);
+                    const float *dx = amx_q8_0s_scales(xtab + (g0 / 16 + tt) * xt_stride) + dx_stride * c0;
+                    amx_q8_0s_residue(b0, b_stride, dw, with_min ? mw : NULL, xt, x_stride, bsz, qoff, j, kc, dx,
+                                      dx_stride, ct, acc);
                     for (int t = 0; t < 16; t++) _mm512_store_ps(part[tt][j][t], acc[t]);
                 }
             }
@@ -166,23 +199,35 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
 void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride, const char *xt, int64_t xt_stride) {
     amx_rows_q8_0s(n, rows, NULL, AMX_ROWS, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q8_0),
-                   amx_q8_0_b);
+                   amx_q8_0_b, 0);
 }
 
 void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, NULL, group, AMX_Q8_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL);
+    amx_rows_q8_0s(n, NULL, group, AMX_Q8_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 0);
 }
 
 void pi_tiles_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, NULL, group, AMX_Q5_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL);
+    amx_rows_q8_0s(n, NULL, group, AMX_Q5_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 0);
 }
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride, const char *xt, int64_t xt_stride) {
     amx_rows_q8_0s(n, rows, NULL, AMX_ROWS, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q5_0),
-                   amx_q5_0_b);
+                   amx_q5_0_b, 0);
+}
+
+void pi_tiles_rows_q4_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, rows, NULL, AMX_ROWS, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q4_1),
+                   amx_q4_1_b, 1);
+}
+
+void pi_tiles_rows_q5_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, rows, NULL, AMX_ROWS, x, x_stride, nt, y, y_stride, xt, xt_stride, sizeof(pi_block_q5_1),
+                   amx_q5_1_b, 1);
 }
 
 /* Q8_0S's tile table (amx_q8_0s_scales): the block scales d as floats, [block][16 rows] per token tile. */
@@ -190,4 +235,14 @@ void pi_tiles_prep_q8_0s(int64_t n, const void *row, int r, char *tile) {
     const pi_block_q8_0s *x = row;
     float *d = (float *)tile;
     for (int64_t b = 0; b < n / PI_QK8_0; b++) d[16 * b + r] = pi_fp16_to_f32(x[b].d);
+}
+
+/* Q8_1's tile table: per block the d_x of the token tile's 16 rows, then their s_x, as floats: [block][2][16 rows]. */
+void pi_tiles_prep_q8_1(int64_t n, const void *row, int r, char *tile) {
+    const pi_block_q8_1 *x = row;
+    float *d = (float *)tile;
+    for (int64_t b = 0; b < n / PI_QK; b++) {
+        d[32 * b + r] = x[b].d;
+        d[32 * b + 16 + r] = x[b].s;
+    }
 }

@@ -77,12 +77,15 @@ static void pi_tiles_q5_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q4_1_q8_1(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q5_1_q8_1(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 #undef PI_TILES_ARGS
-/* the tile tables (pi_tiles_prep_fn) of the activation types Q8_0S, Q8_K, Q8_KM */
+/* the tile tables (pi_tiles_prep_fn) of the activation types Q8_0S, Q8_1, Q8_K, Q8_KM */
 static void pi_tiles_prep_q8_0s(int64_t n, const void *row, int r, char *tile);
+static void pi_tiles_prep_q8_1(int64_t n, const void *row, int r, char *tile);
 static void pi_tiles_prep_q8_K(int64_t n, const void *row, int r, char *tile);
 static void pi_tiles_prep_q8_Km(int64_t n, const void *row, int r, char *tile);
 #endif

@@ -21,7 +21,7 @@
 #include "attention.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
-#include "amx_q8_0s.c"  /* Q8_0, Q5_0 rows, Q8_0X16, Q5_0X16 */
+#include "amx_q8_0s.c"  /* Q8_0, Q5_0, Q4_1, Q5_1 rows, Q8_0X16, Q5_0X16 */
 #include "amx_k.c"      /* Q4_K, Q5_K, Q6_K rows, Q4_KX16 */
 #define AMX(kernel) kernel
 #else
@@ -59,11 +59,14 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                            .axpy8 = ROWS8(pi_axpy8_q8_0),
                            .tiles_rows = AMX(pi_tiles_rows_q8_0_q8_0s),
                            .from_f32 = pi_quantize_row_q8_0, .repack = pi_repack_q8_0x16 },
-        [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1, .vec_dot8 = ROWS8(pi_vec_dot8_q4_1_q8_1) },
+        [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1, .vec_dot8 = ROWS8(pi_vec_dot8_q4_1_q8_1),
+                           .tiles_rows = AMX(pi_tiles_rows_q4_1_q8_1) },
         [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s),
                            .tiles_rows = AMX(pi_tiles_rows_q5_0_q8_0s), .repack = pi_repack_q5_0x16 },
-        [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1, .vec_dot8 = ROWS8(pi_vec_dot8_q5_1_q8_1) },
-        [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1 },
+        [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1, .vec_dot8 = ROWS8(pi_vec_dot8_q5_1_q8_1),
+                           .tiles_rows = AMX(pi_tiles_rows_q5_1_q8_1) },
+        [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1, .tiles_prep = AMX(pi_tiles_prep_q8_1),
+                           .tiles_unit = PI_QK, .tiles_unit_bytes = 32 * sizeof(float) },
         [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K) },
         [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8(pi_vec_dot8_q3_K_q8_K) },
         [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K),

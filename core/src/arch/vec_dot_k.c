@@ -6,8 +6,8 @@
  * K-quants: the SIMD code computes only the exact integer sums of a 256-element
  * super-block (sum_j scale_j * sum_l q_l * y_l, and sum_j min_j * bsum_j); the float
  * combination is shared code. The SIMD and scalar results are therefore bit-identical.
- * 32-element types keep 8-lane float accumulators (as the Q4_0/Q8_0 kernels), so SIMD and
- * scalar differ only in the order of the f32 sum. */
+ * 32-element types: per block an exact integer, then float steps into p[b % 8] (the canonical orders
+ * at each kernel), which the scalar code spells out: the same bits too. */
 #include "../quants_k.h"
 
 #include <string.h>
@@ -137,71 +137,60 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     return pi_tree8(p);
 }
 
-#if !(defined(__AVX2__) && defined(__FMA__))
-/* acc[j] = fma(d, sum of q[e] y[e] over e = 4j..4j+3, acc[j]): the scalar form of one AVX2 block step of
- * Q4_1/Q5_1 (32 quants in element order, 8 lanes of 4). */
-static inline void lanes_fma(const uint8_t *q, const int8_t *y, float d, float acc[8]) {
-    for (int j = 0; j < 8; j++) {
-        int32_t s = 0;
-        for (int e = 4 * j; e < 4 * j + 4; e++) s += q[e] * y[e];
-        acc[j] = fmaf(d, (float)s, acc[j]);
-    }
-}
-#endif
-
-/* value = q d + m:  sum = d d_y sum(q q_y) + m s_y,  s_y = d_y sum(q_y) stored in the Q8_1 block */
-float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x) {
-    const pi_block_q4_1 *a = w;
-    const pi_block_q8_1 *b = x;
+/* Q4_1 / Q5_1 . Q8_1, value = d u + m with u the unsigned quant (Q4_1 0..15, Q5_1 0..31):
+ * sum = d d_y sum(u q_y) + m s_y, s_y = d_y sum(q_y) stored in the Q8_1 block. The canonical order every Q4_1 / Q5_1
+ * kernel follows (the 8-row kernel of rows8_k.c and the tile kernel of amx_q8_0s.c too): per block the exact integer
+ * i = sum u y, then p[b % 8] = fma(d_w * d_y, i, p[b % 8]) and p[b % 8] = fma(m_w, s_y, p[b % 8]), blocks in order,
+ * and pi_tree8(p): Q5_0's order plus the min term in the same partial sum, so that a tile product per block (AMX)
+ * keeps it. SIMD and scalar give the same bits. */
+static inline __attribute__((always_inline)) float q4_1_family_dot(int64_t n, const char *w, const pi_block_q8_1 *b,
+                                                                   const int64_t block_bytes, const bool five_bit) {
     const int64_t nb = n / PI_QK;
+    float p[8] = { 0 };
     int64_t i = 0;
-    float sum = 0.0f, summ = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    /* 8 blocks at a time: lane j = block i + j = partial sum j */
     __m256 acc = _mm256_setzero_ps();
-    for (; i < nb; i++) {
-        const __m256i p = dot_u8_i8(q4_1_quants(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
-        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
+    for (; i + 8 <= nb; i += 8) {
+        __m256i v[8];
+        for (int j = 0; j < 8; j++) {
+            const char *blk = w + (i + j) * block_bytes;
+            v[j] = dot_u8_i8(five_bit ? q5_1_quants(blk) : q4_1_quants(blk), _mm256_loadu_si256((const __m256i *)b[i + j].qs));
+        }
+        const char *w8 = w + i * block_bytes;   /* d at byte 0 and m at byte 2 of Q4_1 and Q5_1 blocks */
+        const __m256 d = _mm256_mul_ps(pi_f16x8_strided(w8, (size_t)block_bytes), pi_f32x8_strided(&b[i].d, sizeof *b));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pi_hsum8_i32(v)), acc);
+        acc = _mm256_fmadd_ps(pi_f16x8_strided(w8 + 2, (size_t)block_bytes), pi_f32x8_strided(&b[i].s, sizeof *b), acc);
     }
-    sum = pi_hsum_ps(acc);
-#else   /* the same order: lane j = the exact sum over elements 4j..4j+3, one fma chain per lane, the tree */
-    float acc[8] = { 0 };
-    for (; i < nb; i++) {
-        uint8_t q[PI_QK];
-        for (int j = 0; j < PI_QK / 2; j++) { q[j] = a[i].qs[j] & 0x0f; q[j + PI_QK / 2] = a[i].qs[j] >> 4; }
-        lanes_fma(q, b[i].qs, pi_fp16_to_f32(a[i].d) * b[i].d, acc);
-        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
-    }
-    sum = pi_tree8(acc);
+    _mm256_storeu_ps(p, acc);
 #endif
-    return sum + summ;
+    for (; i < nb; i++) {
+        const char *blk = w + i * block_bytes;
+        const pi_block_q4_1 *dm = (const pi_block_q4_1 *)blk;   /* d, m: the same offsets in Q5_1 */
+        int32_t s;
+#if defined(__AVX2__)
+        s = pi_hsum_epi32(dot_u8_i8(five_bit ? q5_1_quants(blk) : q4_1_quants(blk),
+                                    _mm256_loadu_si256((const __m256i *)b[i].qs)));
+#else
+        uint8_t u[PI_QK];
+        if (five_bit) pi_quants_5bit(((const pi_block_q5_1 *)blk)->qs, ((const pi_block_q5_1 *)blk)->qh, u);
+        else
+            for (int j = 0; j < PI_QK / 2; j++) { u[j] = dm->qs[j] & 0x0f; u[j + PI_QK / 2] = dm->qs[j] >> 4; }
+        s = 0;
+        for (int j = 0; j < PI_QK; j++) s += u[j] * b[i].qs[j];
+#endif
+        p[i % 8] = fmaf(pi_fp16_to_f32(dm->d) * b[i].d, (float)s, p[i % 8]);
+        p[i % 8] = fmaf(pi_fp16_to_f32(dm->m), b[i].s, p[i % 8]);
+    }
+    return pi_tree8(p);
+}
+
+float pi_vec_dot_q4_1_q8_1(int64_t n, const void *w, const void *x) {
+    return q4_1_family_dot(n, w, x, sizeof(pi_block_q4_1), false);
 }
 
 float pi_vec_dot_q5_1_q8_1(int64_t n, const void *w, const void *x) {
-    const pi_block_q5_1 *a = w;
-    const pi_block_q8_1 *b = x;
-    const int64_t nb = n / PI_QK;
-    int64_t i = 0;
-    float sum = 0.0f, summ = 0.0f;
-#if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; i < nb; i++) {
-        const __m256i p = dot_u8_i8(q5_1_quants(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(pi_fp16_to_f32(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
-        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
-    }
-    sum = pi_hsum_ps(acc);
-#else   /* the same order as the AVX2 body (see pi_vec_dot_q4_1_q8_1) */
-    float acc[8] = { 0 };
-    for (; i < nb; i++) {
-        uint8_t q[PI_QK];
-        pi_quants_5bit(a[i].qs, a[i].qh, q);
-        lanes_fma(q, b[i].qs, pi_fp16_to_f32(a[i].d) * b[i].d, acc);
-        summ += pi_fp16_to_f32(a[i].m) * b[i].s;
-    }
-    sum = pi_tree8(acc);
-#endif
-    return sum + summ;
+    return q4_1_family_dot(n, w, x, sizeof(pi_block_q5_1), true);
 }
 
 /* Q8_1 is an activation type; as a weight (rare) it is dotted with plain scalar code. */

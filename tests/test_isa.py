@@ -414,15 +414,16 @@ Q8_0_TS = (1, 3, 8, 16, 32, 100)
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("K", [640, 1088, 4096])
-@pytest.mark.parametrize("t", [8, 6], ids=["q8_0", "q5_0"])
+@pytest.mark.parametrize("t", [8, 6, 3, 7], ids=["q8_0", "q5_0", "q4_1", "q5_1"])
 def test_q8_0_interleaved_equals_scalar(at_level, pool2, level, K, t):
-    """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack), and Q5_0's (Q5_0X16: the same order at 22 bytes
-    a row; at the amx level its prompt tiles unpack it), at every level give the bits of the file's layout at the
-    scalar level: decode (1 token), the 2-token pairs and 1-token tail of the AVX-512 kernel
-    (3, 8), and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles and a 4-token tail). K as
-    in test_prompt_batches_rows_equal_scalar (residues of 8 blocks, a second AMX K chunk); N = 48: three groups."""
+    """Q8_0's interleaved copy (Q8_0X16: 16 rows a group, pi_repack), and Q5_0's, Q4_1's and Q5_1's (Q5_0X16,
+    Q4_1X16, Q5_1X16: the same order at the file's bytes a row; at the amx level their prompt tiles unpack them), at
+    every level give the bits of the file's layout at the scalar level: decode (1 token), the 2-token pairs and 1-token
+    tail of the AVX-512 kernel (3, 8), and prompt batches whose whole 16-token tiles go to AMX (16, 32; 100: six tiles
+    and a 4-token tail). K as in test_prompt_batches_rows_equal_scalar (residues of 8 blocks, a second AMX K chunk);
+    N = 48: three groups."""
     w, x = q8_0_cases(K)
-    name = "q8_0x16" if t == 8 else "q5_0x16"
+    name = {8: "q8_0x16", 6: "q5_0x16", 3: "q4_1x16", 7: "q5_1x16"}[t]
     interleaved_equals_scalar_rows(at_level, pool2, level, t, quantize(t, w), x, Q8_0_TS, name)
 
 

@@ -247,6 +247,34 @@ def test_x16_rows_for_get_rows(pool2, qtype):
                  lib.PI_ERR_INVALID_ARG)
 
 
+@pytest.mark.parametrize("qtype", [3, 7], ids=["q4_1", "q5_1"])
+def test_q4_1_family_interleaved_copy(pool2, qtype):
+    """Q4_1 and Q5_1 repack to 16-row groups (Q4_1X16, Q5_1X16: the file's bytes a row) with the bits of the file's
+    layout (decode, pairs, AMX prompt tiles at T 17 / 100) and within test_kquants' tolerance of the float64 dot; a
+    tied head's copy gives get_rows the file's rows."""
+    from test_isa import mul_mat as mul_mat_t
+    from test_kquants import BLOCK, assert_within, c_quantize, dot_reference
+    rng = np.random.default_rng(qtype)
+    K, N = 1088, 48
+    raw = c_quantize(qtype, (rng.standard_normal((N, K)) / 30).astype(np.float32)).reshape(N, -1)
+    assert lib.pi_repack_bytes(wtensor(qtype, raw)) == N * K // 32 * BLOCK[qtype][1]
+    w16, keep = repacked_t(wtensor(qtype, raw))
+    assert ffi.string(lib.pi_type_name(w16.type)).decode() == ("q4_1x16" if qtype == 3 else "q5_1x16")
+    for T in (1, 3, 17, 100):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        y = mul_mat_t(wtensor(qtype, raw), x, N, pool2)
+        assert_bit_equal(mul_mat_t(w16, x, N, pool2), y, f"interleaved copy vs the file's layout, T={T}")
+        ref, tol = dot_reference(qtype, raw.reshape(-1), x)
+        assert_within(y, ref, tol, f"mul_mat {qtype} T={T}")
+    ids = np.array([0, 15, 16, 47, 5, 5], np.int32)
+    got = []
+    for w in (wtensor(qtype, raw), w16):
+        out = np.zeros((len(ids), K), np.float32)
+        check(lib.pi_op_get_rows(pool2, w, ffi.cast("int32_t *", ids.ctypes.data), len(ids), tensor(out)))
+        got.append(out)
+    assert_bit_equal(got[1], got[0], "get_rows of the interleaved copy vs the file's rows")
+
+
 @pytest.fixture(scope="module")
 def f16_tied_model(tmp_path_factory):
     return tied_model(tmp_path_factory, "f16", 7)

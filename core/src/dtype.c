@@ -83,6 +83,23 @@ static void q5_0x16_row_to_f32(const void *group, int k, float *dst, int64_t n) 
     }
 }
 
+/* Row k of one Q4_1X16 / Q5_1X16 group (n elements): pi_q4_1_to_f32 / pi_q5_1_to_f32 of the row it was made from. */
+static void q4_1x16_row_to_f32(const void *group, int k, float *dst, int64_t n) {
+    const pi_block_q4_1x16 *g = group;
+    for (int64_t b = 0; b < n / PI_QK; b++) {
+        const float d = pi_fp16_to_f32(g[b].d[k]), m = pi_fp16_to_f32(g[b].m[k]);
+        for (int e = 0; e < PI_QK; e++) dst[b * PI_QK + e] = (float)pi_x16_u(g[b].qs, NULL, k, e) * d + m;
+    }
+}
+
+static void q5_1x16_row_to_f32(const void *group, int k, float *dst, int64_t n) {
+    const pi_block_q5_1x16 *g = group;
+    for (int64_t b = 0; b < n / PI_QK; b++) {
+        const float d = pi_fp16_to_f32(g[b].d[k]), m = pi_fp16_to_f32(g[b].m[k]);
+        for (int e = 0; e < PI_QK; e++) dst[b * PI_QK + e] = (float)pi_x16_u(g[b].qs, g[b].qh, k, e) * d + m;
+    }
+}
+
 /* Row k of one F16X8 / BF16X8 group (n elements, a multiple of 8; pi_x8_index): the values of the row the group was
  * made from. */
 static void f16x8_row_to_f32(const void *group, int k, float *dst, int64_t n) {
@@ -107,10 +124,12 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,    PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q4_0X8 },
     [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q8_0X16 },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
-    [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1 },
+    [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1,
+                       .repacked_type = PI_TYPE_Q4_1X16 },
     [PI_TYPE_Q5_0] = { "q5_0", 32,  22,  pi_q5_0_to_f32, pi_q5_0_from_f32, PI_TYPE_Q8_0S,
                        .repacked_type = PI_TYPE_Q5_0X16 },
-    [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1 },
+    [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1,
+                       .repacked_type = PI_TYPE_Q5_1X16 },
     [PI_TYPE_Q8_1] = { "q8_1", 32,  40,  pi_q8_1_to_f32, pi_q8_1_from_f32, PI_TYPE_Q8_1 },
     [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K },
     [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K },
@@ -135,6 +154,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_KM]  = { "q8_Km", 256, 308, pi_q8_Km_to_f32, NULL /* arch */, PI_TYPE_Q8_KM },
     [PI_TYPE_Q8_0X16] = { "q8_0x16", 32, 34, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q8_0x16_row_to_f32 },
     [PI_TYPE_Q5_0X16] = { "q5_0x16", 32, 22, NULL, NULL, PI_TYPE_Q8_0S, .group_row_to_f32 = q5_0x16_row_to_f32 },
+    [PI_TYPE_Q4_1X16] = { "q4_1x16", 32, 20, NULL, NULL, PI_TYPE_Q8_1, .group_row_to_f32 = q4_1x16_row_to_f32 },
+    [PI_TYPE_Q5_1X16] = { "q5_1x16", 32, 24, NULL, NULL, PI_TYPE_Q8_1, .group_row_to_f32 = q5_1x16_row_to_f32 },
     [PI_TYPE_Q4_KX16] = { "q4_Kx16", 256, 144, NULL, NULL, PI_TYPE_Q8_KM },
     [PI_TYPE_Q5_KX16] = { "q5_Kx16", 256, 176, NULL, NULL, PI_TYPE_Q8_KM },
     [PI_TYPE_Q6_KX16] = { "q6_Kx16", 256, 210, NULL, NULL, PI_TYPE_Q8_K },
@@ -169,7 +190,8 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
     }
 }
 _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18 &&
-               sizeof(pi_block_q8_0x16) == 16 * 34 && sizeof(pi_block_q5_0x16) == 16 * 22, "internal block sizes");
+               sizeof(pi_block_q8_0x16) == 16 * 34 && sizeof(pi_block_q5_0x16) == 16 * 22 &&
+               sizeof(pi_block_q4_1x16) == 16 * 20 && sizeof(pi_block_q5_1x16) == 16 * 24, "internal block sizes");
 
 /* The block structs must have exactly the GGUF sizes. */
 _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && sizeof(pi_block_q5_1) == 24 &&

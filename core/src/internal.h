@@ -142,13 +142,15 @@ enum {
     PI_TYPE_Q4_0C,                   /* a Q4_0 matrix by input: quants only, scales apart (pi_sparse_pack; arch/q4_0c.c) */
     PI_TYPE_Q4_KC,                   /* a Q4_K matrix by input, the same (arch/kc.c) */
     PI_TYPE_Q6_KC,                   /* a Q6_K matrix by input, the same (arch/kc.c) */
+    PI_TYPE_Q4_1X16,                 /* Q4_1 weights, 16 rows interleaved (pi_repack; arch/q8_0x16.c) */
+    PI_TYPE_Q5_1X16,                 /* Q5_1 weights, the same */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
 static inline int64_t pi_group_rows(int32_t type) {
     return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
-         : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q5_0X16 || type == PI_TYPE_Q4_KX16 ||
-           type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 ? 16
+         : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q5_0X16 || type == PI_TYPE_Q4_1X16 || type == PI_TYPE_Q5_1X16 ||
+           type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 ? 16
          : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }
@@ -264,11 +266,17 @@ typedef struct { uint16_t d[16]; uint8_t qh[8][8]; uint8_t qs[4][64]; } pi_block
     16g..16g+15, Q8_0X16's order at 22 bytes a row: qs[j][4 r + k] = byte 4j + k of row r's Q5_0 quants (j < 4:
     low nibbles = elements 4j + k, high nibbles = 16 + 4j + k); bit i = 4 r + k of the 64-bit little-endian word
     qh[m] = the high bit of element 4m + k of row r (m < 8), so byte i of Q8_0X16's row m gets bit i of qh[m] */
-/* The unsigned 5-bit quant u (0..31; the value is d (u - 16)) of element e of row r in one Q5_0X16 block. */
-static inline int pi_q5_0x16_u(const pi_block_q5_0x16 *g, int r, int e) {
-    const int m = e / 4, i = 4 * r + e % 4, q = g->qs[m % 4][i];
-    return (m < 4 ? q & 0x0f : q >> 4) | (g->qh[m][i / 8] >> (i % 8) & 1) << 4;
+typedef struct { uint16_t d[16], m[16]; uint8_t qs[4][64]; } pi_block_q4_1x16;   /* block b of rows 16g..16g+15:
+    the rows' d and m, then their quants as Q5_0X16's qs (20 bytes a row) */
+typedef struct { uint16_t d[16], m[16]; uint8_t qh[8][8]; uint8_t qs[4][64]; } pi_block_q5_1x16;   /* the same
+    with Q5_0X16's qh (24 bytes a row) */
+/* The unsigned quant u of element e of row r in one block of an interleaved group of nibbles qs and (qh not NULL)
+ * fifth bits qh: Q5_0X16 (u 0..31, the value d (u - 16)), Q4_1X16 (qh NULL: u 0..15, d u + m), Q5_1X16. */
+static inline int pi_x16_u(const uint8_t (*qs)[64], const uint8_t (*qh)[8], int r, int e) {
+    const int m = e / 4, i = 4 * r + e % 4, q = qs[m % 4][i];
+    return (m < 4 ? q & 0x0f : q >> 4) | (qh ? (qh[m][i / 8] >> (i % 8) & 1) << 4 : 0);
 }
+static inline int pi_q5_0x16_u(const pi_block_q5_0x16 *g, int r, int e) { return pi_x16_u(g->qs, g->qh, r, e); }
 
 /* The interleaved layouts' repack (Q4_0X8, Q8_0X16): nb blocks of R rows (block_bytes each: a 2-byte scale, then
  * the quants) -> per block the R scales, then the quants as 4-byte words, word m of row k at (m R + k) 4. */

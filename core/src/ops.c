@@ -88,7 +88,7 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *   tiles     interleaved weights on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of
  *             at least PI_TILES_MIN_T tokens; the token and row tails go to the kernels below)
  *   gemm16    interleaved weights, 16 rows x up to 8 tokens per call (Q4_0X8: two groups, AVX-512 levels;
- *             Q8_0X16, Q5_0X16, Q4_KX16: one group, every level; Q5_0X16 at the AVX-512 levels: up to
+ *             Q8_0X16, Q5_0X16, Q4_1X16, Q5_1X16, Q4_KX16: one group, every level; Q5_0X16 at the AVX-512 levels: up to
  *             32 tokens (its gemm16_max_t), so that each call's unpacking serves more of them)
  *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
  *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at

@@ -1,7 +1,8 @@
 /* amx_q8_0s.c: AMX tile kernels of the 32-element row types: Q8_0 and Q5_0 (activations Q8_0S), Q4_1 and Q5_1
  * (activations Q8_1; the amx level only; level.c includes it where __AMX_INT8__ is set).
  *
- * pi_tiles_rows_q4_1_q8_1, pi_tiles_rows_q5_1_q8_1: Q5_0's row kernel with B = u (no offset) and the min term: their
+ * pi_tiles_rows_q4_1_q8_1, pi_tiles_rows_q5_1_q8_1 (and pi_tiles_q4_1x16_q8_1, pi_tiles_q5_1x16_q8_1 over their
+ * interleaved copies, unpacked per K chunk as Q5_0X16's): Q5_0's row kernel with B = u (no offset) and the min term: their
  * canonical order (pi_vec_dot_q4_1_q8_1) is Q5_0's with p[b % 8] = fma(m_w, s_x, p[b % 8]) after each block's step,
  * which the epilogue adds (the tile table holds s_x beside d_x).
  *
@@ -134,9 +135,24 @@ static inline void amx_q5_0x16_b(const pi_block_q5_0x16 *g, int8_t *bt, float *d
         _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(u[m], _mm512_set1_epi8(16)));
 }
 
+/* Block b of a Q4_1X16 / Q5_1X16 group (x16_kind: X16_Q4_1, X16_Q5_1) -> its B tile bt [8][64] (u), the 16 rows'
+ * scales dw and mins mw. */
+static inline __attribute__((always_inline)) void amx_nibbles_x16_b(const void *group, const int x16_kind, int64_t b,
+                                                                    int8_t *bt, float *dw, float *mw) {
+    const uint8_t (*qs)[64], (*qh)[8];
+    const uint16_t *d, *m;
+    x16_nibble_parts(group, x16_kind, b, &qs, &qh, &d, &m);
+    __m512i u[8];
+    x16_nibbles_u(qs, qh, u);
+    for (int k = 0; k < 8; k++) _mm512_store_si512((__m512i *)(bt + 64 * k), u[k]);
+    _mm512_store_ps(dw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d)));
+    _mm512_store_ps(mw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)m)));
+}
+
 /* What amx_rows_q8_0s reads: 16 rows at any addresses (build_b makes a block's B tile, block_bytes its size), one
- * Q8_0X16 group (its quants are the B tiles) or one Q5_0X16 group (unpacked into B tiles per K chunk) */
-enum { AMX_ROWS, AMX_Q8_0X16, AMX_Q5_0X16 };
+ * Q8_0X16 group (its quants are the B tiles) or one Q5_0X16, Q4_1X16 or Q5_1X16 group (unpacked into B tiles per K
+ * chunk) */
+enum { AMX_ROWS, AMX_Q8_0X16, AMX_Q5_0X16, AMX_Q4_1X16, AMX_Q5_1X16 };
 
 /* The kernel of a weight type with Q8_0S activations, or (with_min: Q4_1, Q5_1) Q8_1 ones and the min term; `kind` (a
  * constant, so each instance keeps one) says what it reads: rows or group. */
@@ -168,6 +184,9 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
                     _mm512_store_ps(dw[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g8[c0 + b].d)));
             else if (kind == AMX_Q5_0X16)
                 for (int64_t b = 0; b < kc; b++) amx_q5_0x16_b((const pi_block_q5_0x16 *)group + c0 + b, bt[b], dw[b]);
+            else if (kind == AMX_Q4_1X16 || kind == AMX_Q5_1X16)
+                for (int64_t b = 0; b < kc; b++)
+                    amx_nibbles_x16_b(group, kind == AMX_Q4_1X16 ? X16_Q4_1 : X16_Q5_1, c0 + b, bt[b], dw[b], mw[b]);
             else
                 amx_build_b_tiles(rows, c0, kc, block_bytes, build_b, bt, dw, with_min ? mw : NULL);
             __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */
@@ -210,6 +229,16 @@ void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t
 void pi_tiles_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride, const char *xt, int64_t xt_stride) {
     amx_rows_q8_0s(n, NULL, group, AMX_Q5_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 0);
+}
+
+void pi_tiles_q4_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, NULL, group, AMX_Q4_1X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 1);
+}
+
+void pi_tiles_q5_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, NULL, group, AMX_Q5_1X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 1);
 }
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,

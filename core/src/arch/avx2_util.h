@@ -196,13 +196,16 @@ static inline void pi_q4_0_axpy_block16(__m512 table, __m512 scale, const uint8_
 /* One Q8_0S activation block against 16 rows in transposed registers (lane r of u[m]: 4 unsigned weight bytes of
  * row r, elements 4m..4m+3): the exact integers sum u y - offset s per row lane, offset the weights' bias (8 for
  * Q4_0's nibbles, 128 for Q8_0's w + 128). Two VNNI chains, for latency. */
-static inline __m512i pi_dot16_q8_0s(const __m512i u[8], const pi_block_q8_0s *xb, int32_t offset) {
+static inline __m512i pi_dot16_u8(const __m512i u[8], const int8_t *qs) {   /* sum u y of 32 activation quants qs */
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     for (int m = 0; m < 8; m += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, u[m], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * m)));
-        s1 = _mm512_dpbusd_epi32(s1, u[m + 1], _mm512_set1_epi32(pi_load_i32(xb->qs + 4 * m + 4)));
+        s0 = _mm512_dpbusd_epi32(s0, u[m], _mm512_set1_epi32(pi_load_i32(qs + 4 * m)));
+        s1 = _mm512_dpbusd_epi32(s1, u[m + 1], _mm512_set1_epi32(pi_load_i32(qs + 4 * m + 4)));
     }
-    return _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(offset * (int32_t)xb->s));
+    return _mm512_add_epi32(s0, s1);
+}
+static inline __m512i pi_dot16_q8_0s(const __m512i u[8], const pi_block_q8_0s *xb, int32_t offset) {
+    return _mm512_sub_epi32(pi_dot16_u8(u, xb->qs), _mm512_set1_epi32(offset * (int32_t)xb->s));
 }
 #endif
 

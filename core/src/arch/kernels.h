@@ -30,9 +30,15 @@ static void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
 /* Q8_0X16 and Q5_0X16 groups at every level (arch/q8_0x16.c) */
 static void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group);
 static void pi_repack_q5_0x16(int64_t n, const void *const *rows, void *group);
+static void pi_repack_q4_1x16(int64_t n, const void *const *rows, void *group);
+static void pi_repack_q5_1x16(int64_t n, const void *const *rows, void *group);
 static void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
 static void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
+static void pi_gemm16_q4_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
+static void pi_gemm16_q5_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
 /* Q4_KX16 and Q5_KX16 groups at every level (arch/kx16.c); x: Q8_KM */
 static void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group);
@@ -72,6 +78,8 @@ static void pi_tiles_end(const pi_tile_session *s);
 static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q5_0x16_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_q4_1x16_q8_1(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_q5_1x16_q8_1(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q5_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);

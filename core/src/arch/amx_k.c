@@ -1,4 +1,4 @@
-/* amx_k.c: AMX tile kernels of the K-quants Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
+/* amx_k.c: AMX tile kernels of the K-quants Q3_K, Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
  * __AMX_INT8__ is set), and the tile tables of their activations Q8_KM and Q8_K. 16 rows at any addresses (the
  * file's layout), or one Q4_KX16 group (pi_tiles_q4_Kx16_q8_K) x nt tokens (a multiple of 16); bit-identical to
  * pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
@@ -355,6 +355,62 @@ static inline __attribute__((always_inline)) void amx_q6_K_decode(const char *co
         }
 }
 
+/* ---- Q3_K (activations Q8_K) through Q6_K's kernel ----
+ * sumi = sum_j sc_j sum_l q_l y_l over 16 sub-blocks of 16, q_l = u_l - 4 (u: 2 low bits + 4 x the hmask bit), sc_j
+ * 6-bit signed (-32..31): w_l = sc_j q_l lies in -124..128, so its negation -w_l (-128..124) is one s8 plane, stored
+ * where Q6_K keeps wh: C = sum (-w) y (TDPBSSD, one product per k-step), sumi = -C. The float step is Q6_K's. */
+
+/* Super-block b of the 16 rows p[] (p[r] = row r's Q3_K block) -> its plane -w in o->wh (o->wl unused) and d. */
+static inline __attribute__((always_inline)) void amx_q3_K_decode(const char *const *p, amx_q6_K_block *o) {
+    const __m512i m3 = _mm512_set1_epi32(0x03030303), one = _mm512_set1_epi32(0x01010101), k4 = _mm512_set1_epi8(4);
+    /* bytes 94..109 of each row: qs[62..63], scales[0..11] (byte 2 + i of the 16), d: lane r of sw[w] = bytes 4w.. */
+    __m512i sw[4], scw[16];
+    amx_transpose16x16(p, offsetof(pi_block_q3_K, scales) - 2, sw);
+    for (int j = 0; j < 16; j++) {   /* pi_k3_scale per lane, negated (the plane holds -sc q) */
+        const int lo_byte = 2 + (j < 8 ? j : j - 8), hi_byte = 2 + 8 + j % 4;
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(amx_lane_byte(sw[lo_byte / 4], lo_byte % 4), j < 8 ? 0 : 4),
+                                            _mm512_set1_epi32(0x0f));
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(amx_lane_byte(sw[hi_byte / 4], hi_byte % 4), 2 * (j / 4)),
+                                            _mm512_set1_epi32(3));
+        const __m512i sc = _mm512_sub_epi32(_mm512_set1_epi32(32), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)));
+        scw[j] = amx_scale_words(sc);
+    }
+    _mm512_store_ps(o->d, amx_f16x16_rows(p, offsetof(pi_block_q3_K, d)));
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            /* qs[32h + l] holds elements 128h + 32g + l in bits 2g, 2g + 1; hmask[l] their high bits at bit 4h + g;
+             * l = 16 half + 4m + k: sub-block 8h + 2g + half, B row m of its tile */
+            __m512i qw[4], hw[4];
+            amx_transpose16x16(p, offsetof(pi_block_q3_K, qs) + 32 * h + 16 * half, qw);
+            amx_transpose16x16(p, offsetof(pi_block_q3_K, hmask) + 16 * half, hw);
+            for (int g = 0; g < 4; g++)
+                for (int m = 0; m < 4; m++) {
+                    const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(qw[m], 2 * g), m3);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(hw[m], 4 * h + g), one);
+                    const __m512i q = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 2)), k4);
+                    const int j = 8 * h + 2 * g + half;
+                    __m512i wl, wh;   /* -sc q fits a byte: its low byte, as s8, is the value */
+                    amx_scale_split(q, scw[j], &wl, &wh);
+                    _mm512_store_si512((__m512i *)(o->wh[j] + 64 * m), wl);
+                }
+        }
+}
+
+/* Super-block o's products for one token tile (a: its Q8_K table at the super-block) -> ct[0] = -sumi. */
+static inline void amx_q3_K_products(const amx_q6_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
+    _tile_zero(0);
+    for (int i = 0; i < 4; i += 2) {
+        _tile_loadd(2, a + i * AMX_TILE_BYTES, 64);
+        _tile_loadd(4, o->wh[4 * i], 64);
+        _tile_loadd(3, a + (i + 1) * AMX_TILE_BYTES, 64);
+        _tile_loadd(6, o->wh[4 * (i + 1)], 64);
+        _tile_dpbssd(0, 2, 4);
+        _tile_dpbssd(0, 3, 6);
+    }
+    _tile_stored(0, ct[0], 64);
+    __asm__ volatile("" ::: "memory");
+}
+
 /* Super-block o's plane products for one token tile (a: its Q8_K table at the super-block) -> ct[0] = Ch, ct[1] = Cl.
  * Tiles: C 0, 1; A 2 (steps 0, 2), 3 (steps 1, 3); B 4, 5 and 6, 7 the same way. */
 static inline void amx_q6_K_products(const amx_q6_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
@@ -377,12 +433,13 @@ static inline void amx_q6_K_products(const amx_q6_K_block *o, const char *a, int
     __asm__ volatile("" ::: "memory");
 }
 
-/* 16 rows at any addresses (rows) or one Q6_KX16 group (interleaved: group). */
+/* 16 rows at any addresses (rows) or one Q6_KX16 group (interleaved: group); q3: the rows are Q3_K. */
 static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const void *const *rows,
                                                                 const pi_block_q6_Kx16 *group, const int interleaved,
                                                                 const char *x,
                                                                 int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                                const char *xtab, int64_t xt_stride) {
+                                                                const char *xtab, int64_t xt_stride, const int q3) {
+    const int64_t row_block = q3 ? (int64_t)sizeof(pi_block_q3_K) : (int64_t)sizeof(pi_block_q6_K);
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
     const int64_t sb_table = AMX_Q8_K_TABLE;   /* a super-block's part of a token tile's Q8_K table */
     amx_q6_K_block blk[AMX_K_KC];
@@ -395,25 +452,31 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
             for (int64_t b = 0; b < kc; b++) {
                 const char *p[16];
                 if (!interleaved)
-                    for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * (int64_t)sizeof(pi_block_q6_K);
-                amx_q6_K_decode(p, interleaved ? group + c0 + b : NULL, interleaved, &blk[b]);
+                    for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * row_block;
+                if (q3) amx_q3_K_decode(p, &blk[b]);
+                else amx_q6_K_decode(p, interleaved ? group + c0 + b : NULL, interleaved, &blk[b]);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
                 const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
                 const char *at = xtab + (g0 / 16 + tt) * xt_stride + c0 * sb_table;
                 /* each super-block's products are issued one super-block ahead of its epilogue (two C slots) */
-                amx_q6_K_products(&blk[0], at, ct[0]);
+                if (q3) amx_q3_K_products(&blk[0], at, ct[0]);
+                else amx_q6_K_products(&blk[0], at, ct[0]);
                 for (int64_t b = 0; b < kc; b++) {
-                    if (b + 1 < kc) amx_q6_K_products(&blk[b + 1], at + (b + 1) * sb_table, ct[(b + 1) % 2]);
+                    if (b + 1 < kc) {
+                        if (q3) amx_q3_K_products(&blk[b + 1], at + (b + 1) * sb_table, ct[(b + 1) % 2]);
+                        else amx_q6_K_products(&blk[b + 1], at + (b + 1) * sb_table, ct[(b + 1) % 2]);
+                    }
                     const int32_t (*c)[16 * 16] = ct[b % 2];
                     const __m512 d = _mm512_load_ps(blk[b].d);
                     for (int t = 0; t < 16; t++) {
                         float dx;
                         memcpy(&dx, xt + t * x_stride + b * bsz, sizeof dx);
                         const __m512i ch = _mm512_load_si512((const __m512i *)(c[0] + 16 * t));
-                        const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(ch, 8),
-                                                              _mm512_load_si512((const __m512i *)(c[1] + 16 * t)));
+                        const __m512i sumi = q3 ? _mm512_sub_epi32(_mm512_setzero_si512(), ch)
+                                                : _mm512_add_epi32(_mm512_slli_epi32(ch, 8),
+                                                                   _mm512_load_si512((const __m512i *)(c[1] + 16 * t)));
                         float *acc = accb[16 * tt + t];
                         const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(dx), d), _mm512_cvtepi32_ps(sumi));
                         /* 0 + v first, as the scalar loop's first step (-0 becomes +0) */
@@ -429,10 +492,15 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
 
 void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride);
+    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, 0);
 }
 
 void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride);
+    amx_q6_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, 0);
+}
+
+void pi_tiles_rows_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, 1);
 }

@@ -345,11 +345,11 @@ def test_powerinfer_isa_environment_variable(tmp_path):
         assert p.returncode != 0 and f"POWERINFER_ISA={bad}" in p.stderr and words in p.stderr, p.stderr[-300:]
 
 
-# ops.c PI_TILES_MIN_T: from this batch on, Q8_0/Q5_0/Q4_1/Q5_1/Q3_K/Q4_K/Q5_K/Q6_K rows run on AMX tiles (amx level)
+# ops.c PI_TILES_MIN_T: from this batch on, Q8_0/Q5_0/Q4_1/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K rows run on AMX tiles (amx level)
 AMX_ROWS_MIN_T = 16
 
 
-ROWS_CASES = ([(t, K) for t in (8, 6, 11, 12, 13, 14) for K in (4096, 2048)] + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
+ROWS_CASES = ([(t, K) for t in (8, 6, 10, 11, 12, 13, 14) for K in (4096, 2048)] + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
               + [(t, K) for t in (3, 7) for K in (4096, 1088, 640)]   # Q4_1, Q5_1
               + [(t, 4096) for t in (1, 30)])   # f16, bf16: 16 KB of f32 activations per token, so T = 100 spans
                                                 # several of mul_mat's token chunks (L2 / 4 of activations)
@@ -358,7 +358,7 @@ ROWS_CASES = ([(t, K) for t in (8, 6, 11, 12, 13, 14) for K in (4096, 2048)] + [
 @pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("t,K", ROWS_CASES, ids=[f"{TYPES[t][0]}-K{K}" for t, K in ROWS_CASES])
 def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
-    """Q8_0, Q5_0, Q4_1, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K at prompt batch sizes: on the amx level the row
+    """Q8_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K at prompt batch sizes: on the amx level the row
     tile kernel (tiles_rows) takes 16-row groups x 16-token tiles of the batches of >= AMX_ROWS_MIN_T tokens (16, 32;
     100: six tiles and a 4-token tail for vec_dot8); N = 44 leaves an 8-row remainder (vec_dot8) and 4 single rows
     (vec_dot). K = 640 (Gemma 3 270M's rows: 20 blocks, residues of 8 with 2 or 3 blocks) and 1088 (34 blocks: a
@@ -377,6 +377,22 @@ def test_prompt_batches_rows_equal_scalar(at_level, pool2, level, t, K):
     x[9, :] = np.abs(x[9, :])              # quant sums far from 0
     x[11, :] = -127.0                      # extreme quants
     rows_equal_scalar(at_level, pool2, level, t, quantize(t, w), x, Ts)
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+def test_q2_K_random_blocks_rows_equal_scalar(at_level, pool2, level):
+    """Q2_K blocks of any bytes at prompt batch sizes (the amx level's tiles hold sc q in one byte, the mins' sum comes
+    from VNNI word pairs) give the scalar level's bits; rows 0-3 have every scale, min and quant at its maximum."""
+    from test_kquants import random_blocks
+    rng = np.random.default_rng(22)
+    N, K = 44, 1024
+    raw = random_blocks(rng, 10, N * K // 256).reshape(N, -1)
+    raw[:4, :80] = 0xff                                  # scale 15, min 15, quant 3 (d, dmin kept)
+    raw[4, 80:82] = np.frombuffer(np.float16(0).tobytes(), np.uint8)   # d = 0
+    x = rng.standard_normal((100, K)).astype(np.float32)
+    x[3, :] = -127.0
+    x[5, :] = np.abs(x[5, :])                            # bsums far from 0
+    rows_equal_scalar(at_level, pool2, level, 10, np.ascontiguousarray(raw), x, (16, 32, 100))
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])

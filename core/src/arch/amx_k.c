@@ -1,4 +1,4 @@
-/* amx_k.c: AMX tile kernels of the K-quants Q3_K, Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
+/* amx_k.c: AMX tile kernels of the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
  * __AMX_INT8__ is set), and the tile tables of their activations Q8_KM and Q8_K. 16 rows at any addresses (the
  * file's layout), or one Q4_KX16 group (pi_tiles_q4_Kx16_q8_K) x nt tokens (a multiple of 16); bit-identical to
  * pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
@@ -309,7 +309,9 @@ typedef struct {
     _Alignas(64) int8_t wh[16][4 * 64];    /* w >> 8, sub-block j's B tile rows at [j]: k-step i = [4i .. 4i + 3] */
     _Alignas(64) uint8_t wl[16][4 * 64];   /* the low bytes, the same layout */
     _Alignas(64) float d[16];
-} amx_q6_K_block;
+    _Alignas(64) float dmin[16];           /* Q2_K */
+    _Alignas(64) int32_t mpair[8][16];     /* Q2_K: lane r of [k] = row r's mins m_2k, m_2k+1 as two int16 */
+} amx_q6_K_block;   /* (Q3_K and Q2_K too: one plane, in wh) */
 
 /* Bytes off..off+15 of the 16 rows' Q6_K blocks as four vectors of 32-bit lanes (lane r = row r): transposed from
  * the rows p, or loaded from the Q6_KX16 group gb, whose words are those lanes (quants_k.h). */
@@ -396,7 +398,42 @@ static inline __attribute__((always_inline)) void amx_q3_K_decode(const char *co
         }
 }
 
-/* Super-block o's products for one token tile (a: its Q8_K table at the super-block) -> ct[0] = -sumi. */
+/* ---- Q2_K (activations Q8_K) through the same kernel ----
+ * sumi = sum_j sc_j sum_l q_l y_l, summ = sum_j m_j bsum_j over 16 sub-blocks of 16 (sc_j, m_j 0..15, q 0..3): w_l =
+ * sc_j q_l (0..45) is one s8 plane, C = sumi; summ per token from the activation row's bsums (VNNI word pairs); the
+ * float step acc + d_x (d sumi - dmin summ), the K-quants' with mins. */
+
+/* Super-block b of the 16 rows p[] (Q2_K blocks) -> its plane w in o->wh, d, dmin and the mins' word pairs. */
+static inline __attribute__((always_inline)) void amx_q2_K_decode(const char *const *p, amx_q6_K_block *o) {
+    const __m512i m3 = _mm512_set1_epi32(0x03030303), m4 = _mm512_set1_epi32(0x0f);
+    __m512i sw[4], scw[16];   /* scales[0..15] of each row: byte j of the 16 = scale j (low nibble) | min j (high) */
+    amx_transpose16x16(p, offsetof(pi_block_q2_K, scales), sw);
+    for (int j = 0; j < 16; j++) scw[j] = amx_scale_words(_mm512_and_si512(amx_lane_byte(sw[j / 4], j % 4), m4));
+    for (int k = 0; k < 8; k++) {
+        const __m512i ma = _mm512_srli_epi32(amx_lane_byte(sw[2 * k / 4], 2 * k % 4), 4);
+        const __m512i mb = _mm512_srli_epi32(amx_lane_byte(sw[(2 * k + 1) / 4], (2 * k + 1) % 4), 4);
+        _mm512_store_si512((__m512i *)o->mpair[k], _mm512_or_si512(ma, _mm512_slli_epi32(mb, 16)));
+    }
+    _mm512_store_ps(o->d, amx_f16x16_rows(p, offsetof(pi_block_q2_K, d)));
+    _mm512_store_ps(o->dmin, amx_f16x16_rows(p, offsetof(pi_block_q2_K, dmin)));
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            /* qs[32h + l] holds elements 128h + 32g + l in bits 2g, 2g + 1 (l = 16 half + 4m + k: sub-block
+             * 8h + 2g + half, B row m of its tile) */
+            __m512i qw[4];
+            amx_transpose16x16(p, offsetof(pi_block_q2_K, qs) + 32 * h + 16 * half, qw);
+            for (int g = 0; g < 4; g++)
+                for (int m = 0; m < 4; m++) {
+                    const __m512i q = _mm512_and_si512(_mm512_srli_epi32(qw[m], 2 * g), m3);
+                    __m512i wl, wh;   /* sc q fits a byte: its low byte is the value */
+                    amx_scale_split(q, scw[8 * h + 2 * g + half], &wl, &wh);
+                    _mm512_store_si512((__m512i *)(o->wh[8 * h + 2 * g + half] + 64 * m), wl);
+                }
+        }
+}
+
+/* Super-block o's products for one token tile (a: its Q8_K table at the super-block) -> ct[0] = the plane's sum
+ * (Q3_K: -sumi, Q2_K: sumi). */
 static inline void amx_q3_K_products(const amx_q6_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
     _tile_zero(0);
     for (int i = 0; i < 4; i += 2) {
@@ -433,13 +470,18 @@ static inline void amx_q6_K_products(const amx_q6_K_block *o, const char *a, int
     __asm__ volatile("" ::: "memory");
 }
 
-/* 16 rows at any addresses (rows) or one Q6_KX16 group (interleaved: group); q3: the rows are Q3_K. */
+/* What amx_q6_K_rows reads: Q6_K rows or groups, Q3_K rows, Q2_K rows */
+enum { AMX_KQ6, AMX_KQ3, AMX_KQ2 };
+
+/* 16 rows at any addresses (rows) or one Q6_KX16 group (interleaved: group); kind (a constant): the rows' type. */
 static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const void *const *rows,
                                                                 const pi_block_q6_Kx16 *group, const int interleaved,
                                                                 const char *x,
                                                                 int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                                const char *xtab, int64_t xt_stride, const int q3) {
-    const int64_t row_block = q3 ? (int64_t)sizeof(pi_block_q3_K) : (int64_t)sizeof(pi_block_q6_K);
+                                                                const char *xtab, int64_t xt_stride, const int kind) {
+    const int64_t row_block = kind == AMX_KQ3 ? (int64_t)sizeof(pi_block_q3_K)
+                            : kind == AMX_KQ2 ? (int64_t)sizeof(pi_block_q2_K) : (int64_t)sizeof(pi_block_q6_K);
+    const int one_plane = kind != AMX_KQ6;
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
     const int64_t sb_table = AMX_Q8_K_TABLE;   /* a super-block's part of a token tile's Q8_K table */
     amx_q6_K_block blk[AMX_K_KC];
@@ -453,7 +495,8 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
                 const char *p[16];
                 if (!interleaved)
                     for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * row_block;
-                if (q3) amx_q3_K_decode(p, &blk[b]);
+                if (kind == AMX_KQ3) amx_q3_K_decode(p, &blk[b]);
+                else if (kind == AMX_KQ2) amx_q2_K_decode(p, &blk[b]);
                 else amx_q6_K_decode(p, interleaved ? group + c0 + b : NULL, interleaved, &blk[b]);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
@@ -461,24 +504,37 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
                 const char *xt = x + (g0 + 16 * tt) * x_stride + c0 * bsz;
                 const char *at = xtab + (g0 / 16 + tt) * xt_stride + c0 * sb_table;
                 /* each super-block's products are issued one super-block ahead of its epilogue (two C slots) */
-                if (q3) amx_q3_K_products(&blk[0], at, ct[0]);
+                if (one_plane) amx_q3_K_products(&blk[0], at, ct[0]);
                 else amx_q6_K_products(&blk[0], at, ct[0]);
                 for (int64_t b = 0; b < kc; b++) {
                     if (b + 1 < kc) {
-                        if (q3) amx_q3_K_products(&blk[b + 1], at + (b + 1) * sb_table, ct[(b + 1) % 2]);
+                        if (one_plane) amx_q3_K_products(&blk[b + 1], at + (b + 1) * sb_table, ct[(b + 1) % 2]);
                         else amx_q6_K_products(&blk[b + 1], at + (b + 1) * sb_table, ct[(b + 1) % 2]);
                     }
                     const int32_t (*c)[16 * 16] = ct[b % 2];
                     const __m512 d = _mm512_load_ps(blk[b].d);
                     for (int t = 0; t < 16; t++) {
+                        const char *xb = xt + t * x_stride + b * bsz;
                         float dx;
-                        memcpy(&dx, xt + t * x_stride + b * bsz, sizeof dx);
+                        memcpy(&dx, xb, sizeof dx);
                         const __m512i ch = _mm512_load_si512((const __m512i *)(c[0] + 16 * t));
-                        const __m512i sumi = q3 ? _mm512_sub_epi32(_mm512_setzero_si512(), ch)
-                                                : _mm512_add_epi32(_mm512_slli_epi32(ch, 8),
-                                                                   _mm512_load_si512((const __m512i *)(c[1] + 16 * t)));
+                        const __m512i sumi = kind == AMX_KQ3 ? _mm512_sub_epi32(_mm512_setzero_si512(), ch)
+                                           : kind == AMX_KQ2 ? ch
+                                           : _mm512_add_epi32(_mm512_slli_epi32(ch, 8),
+                                                              _mm512_load_si512((const __m512i *)(c[1] + 16 * t)));
                         float *acc = accb[16 * tt + t];
-                        const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(dx), d), _mm512_cvtepi32_ps(sumi));
+                        __m512 v;
+                        if (kind == AMX_KQ2) {   /* summ = sum_j m_j bsum_j, the bsums in word pairs */
+                            __m512i summ = _mm512_setzero_si512();
+                            for (int k = 0; k < 8; k++)
+                                summ = _mm512_dpwssd_epi32(summ, _mm512_load_si512((const __m512i *)blk[b].mpair[k]),
+                                                           _mm512_set1_epi32(pi_load_i32(xb + offsetof(pi_block_q8_K, bsums) + 4 * k)));
+                            v = _mm512_mul_ps(_mm512_set1_ps(dx),
+                                              _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi)),
+                                                            _mm512_mul_ps(_mm512_load_ps(blk[b].dmin), _mm512_cvtepi32_ps(summ))));
+                        } else {
+                            v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(dx), d), _mm512_cvtepi32_ps(sumi));
+                        }
                         /* 0 + v first, as the scalar loop's first step (-0 becomes +0) */
                         _mm512_store_ps(acc, _mm512_add_ps(c0 || b ? _mm512_load_ps(acc) : _mm512_setzero_ps(), v));
                     }
@@ -492,15 +548,20 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
 
 void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, 0);
+    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
 }
 
 void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, 0);
+    amx_q6_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
 }
 
 void pi_tiles_rows_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, 1);
+    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ3);
+}
+
+void pi_tiles_rows_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ2);
 }

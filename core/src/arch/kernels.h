@@ -87,6 +87,7 @@ static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, PI_TILE
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q4_1_q8_1(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_1_q8_1(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q2_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q3_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);

@@ -22,7 +22,7 @@
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
 #include "amx_q8_0s.c"  /* Q8_0, Q5_0, Q4_1, Q5_1 rows, Q8_0X16, Q5_0X16 */
-#include "amx_k.c"      /* Q3_K, Q4_K, Q5_K, Q6_K rows, Q4_KX16 */
+#include "amx_k.c"      /* Q2_K, Q3_K, Q4_K, Q5_K, Q6_K rows, Q4_KX16 */
 #define AMX(kernel) kernel
 #else
 #define AMX(kernel) NULL     /* below the amx level: no tile kernels */
@@ -67,7 +67,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                            .tiles_rows = AMX(pi_tiles_rows_q5_1_q8_1), .repack = pi_repack_q5_1x16 },
         [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1, .tiles_prep = AMX(pi_tiles_prep_q8_1),
                            .tiles_unit = PI_QK, .tiles_unit_bytes = 32 * sizeof(float) },
-        [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K) },
+        [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K),
+                           .tiles_rows = AMX(pi_tiles_rows_q2_K_q8_K) },
         [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8(pi_vec_dot8_q3_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q3_K_q8_K) },
         [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K),

@@ -87,7 +87,8 @@ static inline bool rows_consecutive(const void *const *rows, int64_t row_bytes) 
 
 /* Consecutive rows one by one; on Intel (pi_cpu_software_prefetch) each row's lines are requested while the row
  * before it is computed (the dense Q3_K_M matrices at one token, Sapphire Rapids, 2 threads: without it
- * 1.08x the time). */
+ * 1.08x the time; Q6_K's at the avx2 level, which has no Q6_K copy: 0.91-0.93x the time with it; Q5_0's, which only
+ * --no-repack leaves in rows, not measured). */
 static inline void rows_one(int64_t n, const void *const *rows, const char *x, float *y, pi_vec_dot_fn single,
                             int64_t row_bytes) {
     const bool ahead = pi_cpu_software_prefetch();

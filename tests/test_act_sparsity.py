@@ -245,7 +245,7 @@ def test_channel_weights(sparse_files, tmp_path):
     meta = act_sparsity.metadata([0.5], pi.Model(plain).sparsity_levels.thresholds, 0.5)
 
     def with_scales(path, values):
-        sparsify.write_sparse(plain, path, 2, "auto", meta, False, False, np.array(values, dtype=np.float32))
+        sparsify.write_sparse(plain, path, 2, "auto", meta, False, False, act_scale=np.array(values, dtype=np.float32))
         return path
     ones = with_scales(tmp_path / "ones.gguf", np.ones((2, 512)))
     a = logits_all(pi.Context(pi.Model(plain), n_ctx=64), PROMPT)

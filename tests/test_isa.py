@@ -345,11 +345,12 @@ def test_powerinfer_isa_environment_variable(tmp_path):
         assert p.returncode != 0 and f"POWERINFER_ISA={bad}" in p.stderr and words in p.stderr, p.stderr[-300:]
 
 
-# ops.c PI_TILES_MIN_T: from this batch on, Q8_0/Q5_0/Q4_1/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K rows run on AMX tiles (amx level)
+# ops.c PI_TILES_MIN_T: from this batch on, Q8_0/Q5_0/Q4_1/Q5_1/Q2_K..Q6_K rows run on AMX tiles (amx level)
 AMX_ROWS_MIN_T = 16
 
 
-ROWS_CASES = ([(t, K) for t in (8, 6, 10, 11, 12, 13, 14) for K in (4096, 2048)] + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
+ROWS_CASES = ([(t, K) for t in (8, 6, 10, 11, 12, 13, 14) for K in (4096, 2048)]
+              + [(8, 640), (6, 640), (8, 1088), (6, 1088)]
               + [(t, K) for t in (3, 7) for K in (4096, 1088, 640)]   # Q4_1, Q5_1
               + [(t, 4096) for t in (1, 30)])   # f16, bf16: 16 KB of f32 activations per token, so T = 100 spans
                                                 # several of mul_mat's token chunks (L2 / 4 of activations)

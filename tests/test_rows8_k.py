@@ -1,7 +1,7 @@
 """8-row matmul kernels of Q5_0, Q4_1, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (core/src/arch/rows8_k.c).
 
-mul_mat runs 8 rows x up to 8 tokens per call (blocks of 4 inside the kernels) through the type's vec_dot8 and the leftover rows
-through the single-row vec_dot; decode (T = 1), prompts, thread counts and the sparse FFN mix
+mul_mat runs 8 rows x up to 8 tokens per call (blocks of 4 inside the kernels) through the type's vec_dot8 and the
+leftover rows through the single-row vec_dot; decode (T = 1), prompts, thread counts and the sparse FFN mix
 them. Every kernel of a type follows one canonical order (exact integers per block, then fixed
 float steps), so for every (row, token):
   - the 8-row result equals the one-row-at-a-time result, bit for bit;

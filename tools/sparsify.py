@@ -280,10 +280,13 @@ def transposed(t, type_name: str) -> tuple[np.ndarray, int]:
 
 
 def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict, gate_t: bool,
-                 keep_down_t: bool, act_scale) -> dict:
+                 keep_down_t: bool, act_scale: np.ndarray | None = None, keep_act_scale: bool = False) -> dict:
     """Copy of src with ffn_down_t (and, with gate_t, ffn_gate_t) per layer where the loader cannot lay the file's
-    matrix out by channel, the channel weights (act_scale [n_layer, n_ff]: blk.N.ffn_act_scale; "keep": src's;
-    None: none) and the act_sparsity keys; returns {name: type} of the transposed tensors."""
+    matrix out by channel, the channel weights (act_scale [n_layer, n_ff] as blk.N.ffn_act_scale, or with
+    keep_act_scale src's own; neither: none) and the act_sparsity keys; returns {name: type} of the transposed
+    tensors."""
+    if act_scale is not None and keep_act_scale:
+        raise ValueError("write_sparse: act_scale and keep_act_scale exclude each other")
     r = gguf.GGUFReader(str(src))
     w = writer_like(r, str(dst), skip=lambda name: name.startswith(act_sparsity.PREFIX))
     for k, v in meta.items():
@@ -291,7 +294,6 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
                         gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.FLOAT32,
                         sub_type=gguf.GGUFValueType.FLOAT32 if isinstance(v, list) else None)
     types, n_down = {}, 0
-    keep_scale = isinstance(act_scale, str)   # "keep"
     for t in r.tensors:
         base = t.name[:-len(".weight")]
         n_down += t.name.endswith(".ffn_down.weight")
@@ -299,7 +301,7 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
             add_tensor_as_is(w, t)       # written from the checkpoint (convert-dense.py --down-t): no second rounding
             types[base] = f"{gguf.GGMLQuantizationType(t.tensor_type).name.lower()} (kept)"
             continue
-        if t.name.endswith(".ffn_act_scale") and keep_scale:
+        if t.name.endswith(".ffn_act_scale") and keep_act_scale:
             add_tensor_as_is(w, t)
             continue
         if t.name.endswith((".ffn_down_t.weight", ".ffn_gate_t.weight", ".ffn_act_scale")):
@@ -317,7 +319,7 @@ def write_sparse(src: Path, dst: Path, n_layer: int, down_type: str, meta: dict,
             types[base + "_t"] = type_name
     if n_down != n_layer:
         raise SystemExit(f"sparsify: {src}: found ffn_down in {n_down} of {n_layer} layers")
-    if act_scale is not None and not keep_scale:
+    if act_scale is not None:
         for il in range(n_layer):
             w.add_tensor(f"blk.{il}.ffn_act_scale", np.ascontiguousarray(act_scale[il], dtype=np.float32))
     write(w)
@@ -535,14 +537,15 @@ def main(argv=None) -> int:
     keep = a.down_type == "auto" and all(f"blk.{il}.ffn_down_t.weight" in model_names for il in range(hp.n_layer))
     if keep:
         log("sparsify: keeping the file's ffn_down_t (no re-quantization)")
-    types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta, gate_t, keep, act_scale)
+    types = write_sparse(a.model, a.output, hp.n_layer, a.down_type, meta, gate_t, keep, act_scale=act_scale)
     log(f"sparsify: wrote {a.output} in {time.perf_counter() - t0:.1f} s")
 
     def rewrite(meta: dict) -> None:   # the file with new thresholds (it is read while it is rewritten)
         with tempfile.TemporaryDirectory(dir=a.output.parent) as tmp:
             staged = Path(tmp) / a.output.name
             os.replace(a.output, staged)
-            write_sparse(staged, a.output, hp.n_layer, a.down_type, meta, gate_t, True, "keep")   # types: as written
+            write_sparse(staged, a.output, hp.n_layer, a.down_type, meta, gate_t, True,
+                         keep_act_scale=True)   # types: as written
 
     if act_scale is not None:   # the channels' thresholds on the weighted |act(gate x)|: a second pass, on the file
         log("sparsify: calibrating the weighted channel selection")

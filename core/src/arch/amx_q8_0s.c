@@ -221,25 +221,16 @@ void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x,
                    amx_q8_0_b, 0);
 }
 
-void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, NULL, group, AMX_Q8_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 0);
-}
-
-void pi_tiles_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, NULL, group, AMX_Q5_0X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 0);
-}
-
-void pi_tiles_q4_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, NULL, group, AMX_Q4_1X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 1);
-}
-
-void pi_tiles_q5_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_rows_q8_0s(n, NULL, group, AMX_Q5_1X16, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 1);
-}
+/* The exported tile kernel of an interleaved group kind `kind` (activations `act`; with_min: Q8_1's min term). */
+#define AMX_GROUP_TILES(name, act, kind, with_min)                                                                  \
+    void pi_tiles_##name##_##act(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,    \
+                                 int64_t y_stride, const char *xt, int64_t xt_stride) {                             \
+        amx_rows_q8_0s(n, NULL, group, kind, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, with_min);      \
+    }
+AMX_GROUP_TILES(q8_0x16, q8_0s, AMX_Q8_0X16, 0)
+AMX_GROUP_TILES(q5_0x16, q8_0s, AMX_Q5_0X16, 0)
+AMX_GROUP_TILES(q4_1x16, q8_1, AMX_Q4_1X16, 1)
+AMX_GROUP_TILES(q5_1x16, q8_1, AMX_Q5_1X16, 1)
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride, const char *xt, int64_t xt_stride) {

@@ -219,14 +219,21 @@ static inline void x16_store(int nt, __m512 ps[][8], float *y, int64_t y_stride)
     }
 }
 
-void pi_gemm16_q8_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) {
-    __m512 ps[PI_DOT8_MAX_T][8];
-    for (int t = 0; t < nt; t++)
-        for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();
-    x16_pairs(n / PI_QK8_0, group, X16_Q8, x, x_stride, nt, ps);
-    x16_store(nt, ps, y, y_stride);
-}
+/* The exported kernel of a layout whose tokens go in pairs over the group itself (`name`, activations `act`, group
+ * kind `kind`): Q8_0X16; Q4_1X16 / Q5_1X16 too, each pair unpacking the block in registers (no copy as Q5_0X16's
+ * below: their nibbles need no mask loads, Q5_1's one masked add per register as Q5_0X16's pairs). */
+#define X16_PAIRS_GEMM16(name, act, kind)                                                                        \
+    void pi_gemm16_##name##_##act(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y, \
+                                  int64_t y_stride) {                                                            \
+        __m512 ps[PI_DOT8_MAX_T][8];                                                                             \
+        for (int t = 0; t < nt; t++)                                                                             \
+            for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();                                          \
+        x16_pairs(n / PI_QK, group, kind, x, x_stride, nt, ps);                                                  \
+        x16_store(nt, ps, y, y_stride);                                                                          \
+    }
+X16_PAIRS_GEMM16(q8_0x16, q8_0s, X16_Q8)
+X16_PAIRS_GEMM16(q4_1x16, q8_1, X16_Q4_1)
+X16_PAIRS_GEMM16(q5_1x16, q8_1, X16_Q5_1)
 
 /* Q5_0X16: one token or a pair unpacks each block in registers, once. More tokens (prompts) would unpack it once per
  * pair, a mask load and a masked add more per register than Q8_0X16's bias: 1.19-1.34x the time of the Q8_0X16 copy
@@ -259,26 +266,6 @@ void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_
             x16_pairs(cn, copy, X16_UNPACKED_Q5, x + b0 * (int64_t)sizeof(pi_block_q8_0s), x_stride, nt, ps);
         }
     }
-    x16_store(nt, ps, y, y_stride);
-}
-
-/* Q4_1X16 / Q5_1X16: pairs of tokens, each unpacking the block in registers (no copy: their nibbles need no mask
- * loads, Q5_1's one masked add per register as Q5_0X16's pairs). */
-void pi_gemm16_q4_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
-    __m512 ps[PI_DOT8_MAX_T][8];
-    for (int t = 0; t < nt; t++)
-        for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();
-    x16_pairs(n / PI_QK, group, X16_Q4_1, x, x_stride, nt, ps);
-    x16_store(nt, ps, y, y_stride);
-}
-
-void pi_gemm16_q5_1x16_q8_1(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
-    __m512 ps[PI_DOT8_MAX_T][8];
-    for (int t = 0; t < nt; t++)
-        for (int j = 0; j < 8; j++) ps[t][j] = _mm512_setzero_ps();
-    x16_pairs(n / PI_QK, group, X16_Q5_1, x, x_stride, nt, ps);
     x16_store(nt, ps, y, y_stride);
 }
 

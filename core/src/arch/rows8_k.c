@@ -179,9 +179,11 @@ static inline __m256i q5_high_bits(__m256i qh, int g) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
 }
 
-/* Bytes ahead of each row's block that u32_dot8 requests, once every 3 blocks (about a line). Q4_1 / Q5_1 at one
- * token on Intel (542M Q4_1 matrices, Sapphire Rapids, 2 threads, against 640: none 1.25x the time, 256 1.03x, 1280
- * and 2560 1.19-1.2x, measured with the kernel before this one); Q5_0 8 blocks, as it was tuned (Zen 4). */
+/* Bytes ahead of each row's block that u32_dot8 requests, once every 3 blocks (about a line). Q4_1 / Q5_1 on Intel
+ * only (pi_cpu_software_prefetch; AMD not measured), 542M Q4_1 matrices at one token, Sapphire Rapids, 2 threads,
+ * against 640: none 1.25x the time, 256 1.03x, 1280 and 2560 1.19-1.2x (the kernel before this one); this one's
+ * rows, before the Q4_1X16 copies: 320 0.97x (fastest rounds 1.0x), 1280 1.17x. Q5_0 8 blocks ahead everywhere, as it
+ * was tuned (Zen 4). */
 #ifndef Q4_1_PREFETCH
 #define Q4_1_PREFETCH 640
 #endif
@@ -197,6 +199,7 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
     const int64_t qh_off = kind == U32_Q5_0 ? (int64_t)offsetof(pi_block_q5_0, qh)
                            : kind == U32_Q5_1 ? (int64_t)offsetof(pi_block_q5_1, qh) : -1;
     const int64_t ahead = kind == U32_Q5_0 ? 8 * bsz : Q4_1_PREFETCH;
+    const bool prefetch = kind == U32_Q5_0 || pi_cpu_software_prefetch();
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= K_MAX_T) */
     for (int t = 0; t < nt; t++)
@@ -204,7 +207,7 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
         for (int k = 0; k < 8; k++) p[k] = (const char *)rows[k] + b * bsz;
-        if (b % 3 == 0)   /* 3 blocks = 60-72 bytes: about one new cache line per row */
+        if (prefetch && b % 3 == 0)   /* 3 blocks = 60-72 bytes: about one new cache line per row */
             for (int k = 0; k < 8; k++) _mm_prefetch(p[k] + ahead, _MM_HINT_T0);
         __m256i c[4];
         pi_transpose8x16(p, qs_off, c);

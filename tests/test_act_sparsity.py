@@ -458,30 +458,62 @@ def test_packed_down_step_with_the_up_rows_in_the_file(tmp_path):
     assert np.array_equal(logits_all(ctx, PROMPT), logits_one_by_one(ctx, PROMPT))
 
 
-def _q4_k_ffn_model(path):
-    """The 2-layer test llama (n_embd 256, n_ff 512) with its FFN matrices in Q4_K (the core's quantizer), layer 0's
-    ffn_down in Q6_K, the rest f32: what matters of a llama.cpp Q4_K_M file here."""
+def _ffn_model(path, type_of):
+    """The 2-layer test llama (n_embd 256, n_ff 512) with its FFN matrices in the llama.cpp type type_of(name) (a
+    GGMLQuantizationType name, quantized by the core's quantizer), the rest f32."""
     from gguf import GGMLQuantizationType, GGUFReader
     from make_test_model import write_model
     from model_files import rewrite
 
-    def quantized(w, t, block_bytes):
+    def quantized(w, name):
+        t = int(GGMLQuantizationType[name])
         w = np.ascontiguousarray(w, np.float32)
-        raw = np.zeros((w.shape[0], w.shape[1] // 256 * block_bytes), np.uint8)
+        raw = np.zeros((w.shape[0], lib.pi_row_bytes(t, w.shape[1])), np.uint8)
         for r in range(w.shape[0]):
             assert lib.pi_quantize_row(t, ffi.cast("float *", w[r].ctypes.data),
                                        ffi.cast("void *", raw[r].ctypes.data), w.shape[1]) == 0
-        return raw
-    q4_k = (lib.PI_TYPE_Q4_K, 144, GGMLQuantizationType.Q4_K)
-    q6_k = (lib.PI_TYPE_Q6_K, 210, GGMLQuantizationType.Q6_K)
+        return raw, GGMLQuantizationType[name]
     f32 = path.with_suffix(".f32.gguf")
     write_model(f32, dtype="f32", n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=3)
-    ffn = {}
-    for t in GGUFReader(f32).tensors:
-        if t.name.split(".")[-2] in ("ffn_gate", "ffn_up", "ffn_down"):
-            kind = q6_k if t.name == "blk.0.ffn_down.weight" else q4_k
-            ffn[t.name] = (quantized(np.array(t.data), kind[0], kind[1]), kind[2])
+    ffn = {t.name: quantized(np.array(t.data), type_of(t.name)) for t in GGUFReader(f32).tensors
+           if t.name.split(".")[-2] in ("ffn_gate", "ffn_up", "ffn_down")}
     return rewrite(f32, path, replace=ffn)
+
+
+def _q4_k_ffn_model(path):
+    """The test llama with its FFN matrices in Q4_K, layer 0's ffn_down in Q6_K: what matters of a llama.cpp Q4_K_M
+    file here."""
+    return _ffn_model(path, lambda name: "Q6_K" if name == "blk.0.ffn_down.weight" else "Q4_K")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q5_1"])
+def test_32_element_types_run_sparse(tmp_path, qtype):
+    """FFN matrices in Q4_1, Q5_0 or Q5_1 (the tool writes q8_0 ffn_down_t / ffn_gate_t for them): --dense and every
+    channel kept by threshold are the input's bits; every channel and gate input through the sparse kernels is the
+    dense model up to the q8_0 copies' rounding (measured 0.012-0.014 on llama.cpp-quantized twins); a level gives the
+    scalar level's bits at every level and a batch the one-by-one bits."""
+    src, dst = _ffn_model(tmp_path / "m.gguf", lambda name: qtype), tmp_path / "m.sparse.gguf"
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),
+                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1",
+                          "--speed-tokens", "0"]) == 0
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    model = pi.Model(dst)
+    for kw in (dict(dense=True), dict(sparse_threshold=-math.inf)):
+        assert np.array_equal(logits_all(pi.Context(model, n_ctx=64, **kw), PROMPT), ref), kw
+    assert every_channel_error(model, ref) < ALL_CHANNELS_REL_RMS["q8_0"]
+    before, out = pi.cpu_isa(), {}
+    try:
+        for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
+            pi.set_cpu_isa(level)
+            ctx = pi.Context(pi.Model(dst), n_ctx=64)
+            out[level] = logits_all(ctx, PROMPT)
+            assert np.array_equal(out[level], logits_one_by_one(ctx, PROMPT)), level
+            active, total = ctx.sparse_stats()
+            assert active.sum() < 0.8 * total * len(active), level   # the level is sparse
+    finally:
+        pi.set_cpu_isa(before)
+    for level, got in out.items():
+        assert np.array_equal(got, out["scalar"]), level
 
 
 def test_packed_down_step_from_a_q4_k_m_file(tmp_path):

@@ -1,5 +1,5 @@
-/* amx_k.c: AMX tile kernels of the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (the amx level only; level.c includes it where
- * __AMX_INT8__ is set), and the tile tables of their activations Q8_KM and Q8_K. 16 rows at any addresses (the
+/* amx_k.c: AMX tile kernels of the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (the amx level only; level.c includes
+ * it where __AMX_INT8__ is set), and the tile tables of their activations Q8_KM and Q8_K. 16 rows at any addresses (the
  * file's layout), or one Q4_KX16 group (pi_tiles_q4_Kx16_q8_K) x nt tokens (a multiple of 16); bit-identical to
  * pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
  *
@@ -370,10 +370,10 @@ static inline __attribute__((always_inline)) void amx_q3_K_decode(const char *co
     amx_transpose16x16(p, offsetof(pi_block_q3_K, scales) - 2, sw);
     for (int j = 0; j < 16; j++) {   /* pi_k3_scale per lane, negated (the plane holds -sc q) */
         const int lo_byte = 2 + (j < 8 ? j : j - 8), hi_byte = 2 + 8 + j % 4;
-        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(amx_lane_byte(sw[lo_byte / 4], lo_byte % 4), j < 8 ? 0 : 4),
-                                            _mm512_set1_epi32(0x0f));
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(amx_lane_byte(sw[hi_byte / 4], hi_byte % 4), 2 * (j / 4)),
-                                            _mm512_set1_epi32(3));
+        const __m512i lb = amx_lane_byte(sw[lo_byte / 4], lo_byte % 4);
+        const __m512i hb = amx_lane_byte(sw[hi_byte / 4], hi_byte % 4);
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(lb, j < 8 ? 0 : 4), _mm512_set1_epi32(0x0f));
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(hb, 2 * (j / 4)), _mm512_set1_epi32(3));
         const __m512i sc = _mm512_sub_epi32(_mm512_set1_epi32(32), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)));
         scw[j] = amx_scale_words(sc);
     }
@@ -525,13 +525,15 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
                         float *acc = accb[16 * tt + t];
                         __m512 v;
                         if (kind == AMX_KQ2) {   /* summ = sum_j m_j bsum_j, the bsums in word pairs */
+                            const char *bsums = xb + offsetof(pi_block_q8_K, bsums);
                             __m512i summ = _mm512_setzero_si512();
                             for (int k = 0; k < 8; k++)
                                 summ = _mm512_dpwssd_epi32(summ, _mm512_load_si512((const __m512i *)blk[b].mpair[k]),
-                                                           _mm512_set1_epi32(pi_load_i32(xb + offsetof(pi_block_q8_K, bsums) + 4 * k)));
+                                                           _mm512_set1_epi32(pi_load_i32(bsums + 4 * k)));
+                            const __m512 dmin = _mm512_load_ps(blk[b].dmin);
                             v = _mm512_mul_ps(_mm512_set1_ps(dx),
                                               _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi)),
-                                                            _mm512_mul_ps(_mm512_load_ps(blk[b].dmin), _mm512_cvtepi32_ps(summ))));
+                                                            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ))));
                         } else {
                             v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(dx), d), _mm512_cvtepi32_ps(sumi));
                         }

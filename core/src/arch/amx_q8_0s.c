@@ -2,9 +2,9 @@
  * (activations Q8_1; the amx level only; level.c includes it where __AMX_INT8__ is set).
  *
  * pi_tiles_rows_q4_1_q8_1, pi_tiles_rows_q5_1_q8_1 (and pi_tiles_q4_1x16_q8_1, pi_tiles_q5_1x16_q8_1 over their
- * interleaved copies, unpacked per K chunk as Q5_0X16's): Q5_0's row kernel with B = u (no offset) and the min term: their
- * canonical order (pi_vec_dot_q4_1_q8_1) is Q5_0's with p[b % 8] = fma(m_w, s_x, p[b % 8]) after each block's step,
- * which the epilogue adds (the tile table holds s_x beside d_x).
+ * interleaved copies, unpacked per K chunk as Q5_0X16's): Q5_0's row kernel with B = u (no offset) and the min term:
+ * their canonical order (pi_vec_dot_q4_1_q8_1) is Q5_0's with p[b % 8] = fma(m_w, s_x, p[b % 8]) after each block's
+ * step, which the epilogue adds (the tile table holds s_x beside d_x).
  *
  * pi_tiles_rows_q8_0_q8_0s, pi_tiles_rows_q5_0_q8_0s: 16 rows at any addresses (the file's layout, not
  * repacked) x nt tokens (a multiple of 16) of PI_TYPE_Q8_0S activations; pi_tiles_q8_0x16_q8_0s: the same for

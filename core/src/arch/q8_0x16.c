@@ -84,7 +84,8 @@ void pi_repack_q4_1x16(int64_t n, const void *const *rows, void *group) {
 
 void pi_repack_q5_1x16(int64_t n, const void *const *rows, void *group) {
     repack_nibbles_x16(n, rows, X16_LAYOUT(pi_block_q5_1, offsetof(pi_block_q5_1, m), offsetof(pi_block_q5_1, qh)),
-                       group, X16_LAYOUT(pi_block_q5_1x16, offsetof(pi_block_q5_1x16, m), offsetof(pi_block_q5_1x16, qh)));
+                       group,
+                       X16_LAYOUT(pi_block_q5_1x16, offsetof(pi_block_q5_1x16, m), offsetof(pi_block_q5_1x16, qh)));
 }
 
 /* What a group holds: Q8_0X16 blocks, Q5_0X16 blocks, (UNPACKED_Q5) Q8_0X16-shaped blocks of Q5_0's u already,
@@ -335,7 +336,8 @@ static inline __attribute__((always_inline)) void x16_half(int64_t nb, const voi
             __m256i u[8];
             __m256 dw, mw;
             x16_half_u(group, kind, b, half, u, &dw, &mw);
-            for (int t = 0; t < nt; t++) p[t][b % 8] = x16_nibble_step(u, dw, mw, kind, x + t * x_stride, b, p[t][b % 8]);
+            for (int t = 0; t < nt; t++)
+                p[t][b % 8] = x16_nibble_step(u, dw, mw, kind, x + t * x_stride, b, p[t][b % 8]);
             continue;
         }
         const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
@@ -428,7 +430,7 @@ X16_GEMM16(q5_0x16, q8_0s, X16_Q5)
 X16_GEMM16(q4_1x16, q8_1, X16_Q4_1)
 X16_GEMM16(q5_1x16, q8_1, X16_Q5_1)
 
-#else   /* scalar: the canonical orders of pi_vec_dot_q8_0_q8_0s, pi_vec_dot_q5_0_q8_0s, pi_vec_dot_q4_1_q8_1 per (row, token) */
+#else   /* scalar: the canonical orders of pi_vec_dot_q8_0_q8_0s, _q5_0_q8_0s, _q4_1_q8_1 per (row, token) */
 #define Q5X16_MAX_T 0   /* PI_DOT8_MAX_T */
 
 /* weight element e of row r in block b: Q8_0X16's quant, Q5_0X16's u - 16, or Q4_1X16's / Q5_1X16's u */

@@ -228,7 +228,8 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
         if (kind == U32_Q5_0) {
             for (int t = 0; t < nt; t++) {
                 const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-                const __m256i s = _mm256_add_epi32(pi_dot_u8_bcast(w, xb->qs, 4), pi_dot_u8_bcast(w + 4, xb->qs + 16, 4));
+                const __m256i s = _mm256_add_epi32(pi_dot_u8_bcast(w, xb->qs, 4),
+                                                   pi_dot_u8_bcast(w + 4, xb->qs + 16, 4));
                 const __m256i i = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * (int32_t)xb->s));
                 acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))),
                                                 _mm256_cvtepi32_ps(i), acc[t][b % 8]);
@@ -237,7 +238,8 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
             const __m256 mw = pi_f16x8_rows(p, 2);   /* m: bytes 2-3 of Q4_1 and Q5_1 */
             for (int t = 0; t < nt; t++) {
                 const pi_block_q8_1 *xb = (const pi_block_q8_1 *)(x + t * x_stride) + b;
-                const __m256i i = _mm256_add_epi32(pi_dot_u8_bcast(w, xb->qs, 4), pi_dot_u8_bcast(w + 4, xb->qs + 16, 4));
+                const __m256i i = _mm256_add_epi32(pi_dot_u8_bcast(w, xb->qs, 4),
+                                                   pi_dot_u8_bcast(w + 4, xb->qs + 16, 4));
                 const __m256 a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(i),
                                                  acc[t][b % 8]);
                 acc[t][b % 8] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), a);

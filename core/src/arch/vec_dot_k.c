@@ -155,7 +155,8 @@ static inline __attribute__((always_inline)) float q4_1_family_dot(int64_t n, co
         __m256i v[8];
         for (int j = 0; j < 8; j++) {
             const char *blk = w + (i + j) * block_bytes;
-            v[j] = dot_u8_i8(five_bit ? q5_1_quants(blk) : q4_1_quants(blk), _mm256_loadu_si256((const __m256i *)b[i + j].qs));
+            v[j] = dot_u8_i8(five_bit ? q5_1_quants(blk) : q4_1_quants(blk),
+                             _mm256_loadu_si256((const __m256i *)b[i + j].qs));
         }
         const char *w8 = w + i * block_bytes;   /* d at byte 0 and m at byte 2 of Q4_1 and Q5_1 blocks */
         const __m256 d = _mm256_mul_ps(pi_f16x8_strided(w8, (size_t)block_bytes), pi_f32x8_strided(&b[i].d, sizeof *b));

@@ -103,8 +103,9 @@ void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
 /* The tile session of a weight type's tile kernels (pi_cpu_kernels.tiles_begin/tiles_end): products of 32 bytes
  * (one Q4_0/Q5_0/Q8_0 block), 64 for the K-quants (a quarter super-block: amx_k.c). */
 void pi_tiles_begin(int32_t type, pi_tile_session *s) {
-    const bool k_quant = type == PI_TYPE_Q2_K || type == PI_TYPE_Q3_K || type == PI_TYPE_Q4_K || type == PI_TYPE_Q5_K || type == PI_TYPE_Q6_K || type == PI_TYPE_Q4_KX16 ||
-                         type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16;
+    const bool k_quant = type == PI_TYPE_Q2_K || type == PI_TYPE_Q3_K || type == PI_TYPE_Q4_K || type == PI_TYPE_Q5_K ||
+                         type == PI_TYPE_Q6_K || type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 ||
+                         type == PI_TYPE_Q6_KX16;
     amx_begin(k_quant ? 64 : 32, s);
 }
 

@@ -491,8 +491,9 @@ def test_ffn_types_run_sparse(tmp_path, qtype):
     """FFN matrices in the types DTYPES and the Q4_K_M test leave out (the tool writes q8_0 ffn_down_t / ffn_gate_t
     for them, bf16 ones for BF16; Q6_K is laid out by channel at load): --dense and every channel kept by threshold are
     the input's bits; every channel and gate input through the sparse kernels is the dense model up to the q8_0
-    copies' rounding (measured: Q4_1, Q5_0, Q5_1 0.0087-0.0088, Q2_K 0.0133, Q3_K 0.0118, Q5_K 0.0090; Q6_K and BF16
-    0: no re-quantization); a level gives the scalar level's bits at every level and a batch the one-by-one bits."""
+    copies' rounding (measured: Q4_1, Q5_0, Q5_1 0.0087-0.0088, Q2_K 0.0133, Q3_K 0.0118, Q5_K 0.0090; BF16 3e-6,
+    the f32 order of a lossless copy; Q6_K 0, laid out by channel); a level gives the scalar level's bits at every
+    level and a batch the one-by-one bits."""
     src, dst = _ffn_model(tmp_path / "m.gguf", lambda name: qtype), tmp_path / "m.sparse.gguf"
     assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(dst),
                           "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0", "--gate-input-scale", "1",
@@ -502,7 +503,8 @@ def test_ffn_types_run_sparse(tmp_path, qtype):
     for kw in (dict(dense=True), dict(sparse_threshold=-math.inf)):
         assert np.array_equal(logits_all(pi.Context(model, n_ctx=64, **kw), PROMPT), ref), kw
     err = every_channel_error(model, ref)
-    assert err == 0 if qtype in ("Q6_K", "BF16") else err < ALL_CHANNELS_REL_RMS["q8_0"], err
+    bound = {"Q6_K": 0.0, "BF16": ALL_CHANNELS_REL_RMS["f16"]}.get(qtype, ALL_CHANNELS_REL_RMS["q8_0"])
+    assert err <= bound, err
     before, out = pi.cpu_isa(), {}
     try:
         for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:

@@ -458,6 +458,23 @@ def test_packed_down_step_with_the_up_rows_in_the_file(tmp_path):
     assert np.array_equal(logits_all(ctx, PROMPT), logits_one_by_one(ctx, PROMPT))
 
 
+def every_level_gives_the_scalar_bits(path, is_sparse):
+    """The file's default level at every ISA level this CPU runs: a batch gives the one-by-one bits, is_sparse(ctx)
+    holds after it, and every level gives the scalar level's bits."""
+    before, out = pi.cpu_isa(), {}
+    try:
+        for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
+            pi.set_cpu_isa(level)
+            ctx = pi.Context(pi.Model(path), n_ctx=64)
+            out[level] = logits_all(ctx, PROMPT)
+            assert np.array_equal(out[level], logits_one_by_one(ctx, PROMPT)), level
+            assert is_sparse(ctx), level
+    finally:
+        pi.set_cpu_isa(before)
+    for level, got in out.items():
+        assert np.array_equal(got, out["scalar"]), level
+
+
 def _ffn_model(path, type_of):
     """The 2-layer test llama (n_embd 256, n_ff 512) with its FFN matrices in the llama.cpp type type_of(name) (a
     GGMLQuantizationType name, quantized by the core's quantizer), the rest f32."""
@@ -505,19 +522,10 @@ def test_ffn_types_run_sparse(tmp_path, qtype):
     err = every_channel_error(model, ref)
     bound = {"Q6_K": 0.0, "BF16": ALL_CHANNELS_REL_RMS["f16"]}.get(qtype, ALL_CHANNELS_REL_RMS["q8_0"])
     assert err <= bound, err
-    before, out = pi.cpu_isa(), {}
-    try:
-        for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
-            pi.set_cpu_isa(level)
-            ctx = pi.Context(pi.Model(dst), n_ctx=64)
-            out[level] = logits_all(ctx, PROMPT)
-            assert np.array_equal(out[level], logits_one_by_one(ctx, PROMPT)), level
-            active, total = ctx.sparse_stats()
-            assert active.sum() < 0.8 * total * len(active), level   # the level is sparse
-    finally:
-        pi.set_cpu_isa(before)
-    for level, got in out.items():
-        assert np.array_equal(got, out["scalar"]), level
+    def channels_sparse(ctx):
+        active, total = ctx.sparse_stats()
+        return active.sum() < 0.8 * total * len(active)
+    every_level_gives_the_scalar_bits(dst, channels_sparse)
 
 
 def test_packed_down_step_from_a_q4_k_m_file(tmp_path):
@@ -545,18 +553,10 @@ def test_packed_down_step_from_a_q4_k_m_file(tmp_path):
     assert with_copies.n_packed_ffn == 2 and plain.n_packed_ffn == 0
     errors = [every_channel_error(model, ref) for model in (packed, no_repack, with_copies, plain)]
     assert errors[:3] == [0, 0, 0] and errors[3] > 0.002, errors
-    before, out = pi.cpu_isa(), {}
-    try:
-        for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
-            pi.set_cpu_isa(level)
-            ctx = pi.Context(pi.Model(dst), n_ctx=64)
-            out[level] = logits_all(ctx, PROMPT)
-            assert np.array_equal(out[level], logits_one_by_one(ctx, PROMPT)), level
-            assert ctx.gate_input_stats()[0].sum() < 0.8 * ctx.gate_input_stats()[1] * 2   # the gate input is sparse
-    finally:
-        pi.set_cpu_isa(before)
-    for level, got in out.items():
-        assert np.array_equal(got, out["scalar"]), level
+    def gate_input_sparse(ctx):
+        read, total = ctx.gate_input_stats()
+        return read.sum() < 0.8 * total * 2
+    every_level_gives_the_scalar_bits(dst, gate_input_sparse)
 
 
 def test_isa_levels_give_the_scalar_bits(sparse_files):

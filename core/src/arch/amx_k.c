@@ -303,15 +303,17 @@ void pi_tiles_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t 
 
 /* ---- Q6_K (activations Q8_K) ----
  * w_l = sc_j (u_l - 32), |w| <= 128 * 32: planes wh (-16..16) and wl; the activations from Q8_K's table as they
- * stand; the float step reads d_x from the Q8_K rows. */
+ * stand; the float step reads d_x from the Q8_K rows. Q3_K and Q2_K (below) share the kernel (amx_q8_K_rows: the
+ * types with Q8_K activations) with one plane each. */
 
+/* One super-block of 16 rows of a type with Q8_K activations, decoded for the tiles. */
 typedef struct {
     _Alignas(64) int8_t wh[16][4 * 64];    /* w >> 8, sub-block j's B tile rows at [j]: k-step i = [4i .. 4i + 3] */
     _Alignas(64) uint8_t wl[16][4 * 64];   /* the low bytes, the same layout */
     _Alignas(64) float d[16];
     _Alignas(64) float dmin[16];           /* Q2_K */
     _Alignas(64) int32_t mpair[8][16];     /* Q2_K: lane r of [k] = row r's mins m_2k, m_2k+1 as two int16 */
-} amx_q6_K_block;   /* (Q3_K and Q2_K too: one plane, in wh) */
+} amx_q8_K_block;   /* Q3_K and Q2_K: one plane, in wh */
 
 /* Bytes off..off+15 of the 16 rows' Q6_K blocks as four vectors of 32-bit lanes (lane r = row r): transposed from
  * the rows p, or loaded from the Q6_KX16 group gb, whose words are those lanes (quants_k.h). */
@@ -323,7 +325,7 @@ static inline __attribute__((always_inline)) void amx_q6_K_words(const char *con
 /* Super-block b of the 16 rows p[] (p[r] = row r's block), or of the Q6_KX16 group gb (interleaved; p unused) -> its
  * planes. */
 static inline __attribute__((always_inline)) void amx_q6_K_decode(const char *const *p, const pi_block_q6_Kx16 *gb,
-                                                                  const int interleaved, amx_q6_K_block *o) {
+                                                                  const int interleaved, amx_q8_K_block *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
     __m512i s[4], scw[16];
     amx_q6_K_words(p, gb, interleaved, offsetof(pi_block_q6_K, scales), s);
@@ -363,7 +365,7 @@ static inline __attribute__((always_inline)) void amx_q6_K_decode(const char *co
  * where Q6_K keeps wh: C = sum (-w) y (TDPBSSD, one product per k-step), sumi = -C. The float step is Q6_K's. */
 
 /* Super-block b of the 16 rows p[] (p[r] = row r's Q3_K block) -> its plane -w in o->wh (o->wl unused) and d. */
-static inline __attribute__((always_inline)) void amx_q3_K_decode(const char *const *p, amx_q6_K_block *o) {
+static inline __attribute__((always_inline)) void amx_q3_K_decode(const char *const *p, amx_q8_K_block *o) {
     const __m512i m3 = _mm512_set1_epi32(0x03030303), one = _mm512_set1_epi32(0x01010101), k4 = _mm512_set1_epi8(4);
     /* bytes 94..109 of each row: qs[62..63], scales[0..11] (byte 2 + i of the 16), d: lane r of sw[w] = bytes 4w.. */
     __m512i sw[4], scw[16];
@@ -404,7 +406,7 @@ static inline __attribute__((always_inline)) void amx_q3_K_decode(const char *co
  * float step acc + d_x (d sumi - dmin summ), the K-quants' with mins. */
 
 /* Super-block b of the 16 rows p[] (Q2_K blocks) -> its plane w in o->wh, d, dmin and the mins' word pairs. */
-static inline __attribute__((always_inline)) void amx_q2_K_decode(const char *const *p, amx_q6_K_block *o) {
+static inline __attribute__((always_inline)) void amx_q2_K_decode(const char *const *p, amx_q8_K_block *o) {
     const __m512i m3 = _mm512_set1_epi32(0x03030303), m4 = _mm512_set1_epi32(0x0f);
     __m512i sw[4], scw[16];   /* scales[0..15] of each row: byte j of the 16 = scale j (low nibble) | min j (high) */
     amx_transpose16x16(p, offsetof(pi_block_q2_K, scales), sw);
@@ -434,7 +436,7 @@ static inline __attribute__((always_inline)) void amx_q2_K_decode(const char *co
 
 /* Super-block o's products for one token tile (a: its Q8_K table at the super-block) -> ct[0] = the plane's sum
  * (Q3_K: -sumi, Q2_K: sumi). */
-static inline void amx_q3_K_products(const amx_q6_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
+static inline void amx_q3_K_products(const amx_q8_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
     _tile_zero(0);
     for (int i = 0; i < 4; i += 2) {
         _tile_loadd(2, a + i * AMX_TILE_BYTES, 64);
@@ -450,7 +452,7 @@ static inline void amx_q3_K_products(const amx_q6_K_block *o, const char *a, int
 
 /* Super-block o's plane products for one token tile (a: its Q8_K table at the super-block) -> ct[0] = Ch, ct[1] = Cl.
  * Tiles: C 0, 1; A 2 (steps 0, 2), 3 (steps 1, 3); B 4, 5 and 6, 7 the same way. */
-static inline void amx_q6_K_products(const amx_q6_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
+static inline void amx_q6_K_products(const amx_q8_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
     _tile_zero(0);
     _tile_zero(1);
     for (int i = 0; i < 4; i += 2) {
@@ -470,11 +472,11 @@ static inline void amx_q6_K_products(const amx_q6_K_block *o, const char *a, int
     __asm__ volatile("" ::: "memory");
 }
 
-/* What amx_q6_K_rows reads: Q6_K rows or groups, Q3_K rows, Q2_K rows */
+/* What amx_q8_K_rows reads: Q6_K rows or groups, Q3_K rows, Q2_K rows (the K-quants with Q8_K activations) */
 enum { AMX_KQ6, AMX_KQ3, AMX_KQ2 };
 
 /* 16 rows at any addresses (rows) or one Q6_KX16 group (interleaved: group); kind (a constant): the rows' type. */
-static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const void *const *rows,
+static inline __attribute__((always_inline)) void amx_q8_K_rows(int64_t n, const void *const *rows,
                                                                 const pi_block_q6_Kx16 *group, const int interleaved,
                                                                 const char *x,
                                                                 int64_t x_stride, int nt, float *y, int64_t y_stride,
@@ -484,7 +486,7 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
     const int one_plane = kind != AMX_KQ6;
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
     const int64_t sb_table = AMX_Q8_K_TABLE;   /* a super-block's part of a token tile's Q8_K table */
-    amx_q6_K_block blk[AMX_K_KC];
+    amx_q8_K_block blk[AMX_K_KC];
     _Alignas(64) float accb[AMX_K_TG][16];
     _Alignas(64) int32_t ct[2][2][16 * 16];   /* two super-blocks' (Ch, Cl) */
     for (int g0 = 0; g0 < nt; g0 += AMX_K_TG) {
@@ -550,20 +552,20 @@ static inline __attribute__((always_inline)) void amx_q6_K_rows(int64_t n, const
 
 void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
+    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
 }
 
 void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
+    amx_q8_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
 }
 
 void pi_tiles_rows_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ3);
+    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ3);
 }
 
 void pi_tiles_rows_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q6_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ2);
+    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ2);
 }

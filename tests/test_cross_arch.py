@@ -1,7 +1,7 @@
 """The C op test (tests/c/op_reference.c) against the stored scalar-level outputs, here and on aarch64.
 
-tests/c/op_reference.bin holds the raw outputs of a fixed set of ops (mul_mat of every main weight type at
-1 and 9 tokens, get_rows, rms/layer norm, rope, softmax, SiLU/GELU, attention over an f16 cache, the
+tests/c/op_reference.bin holds the raw outputs of a fixed set of ops (mul_mat of every weight type at 1, 9 and
+17 tokens (17: the amx level's tiles and a token tail), get_rows, rms/layer norm, rope, softmax, SiLU/GELU, attention over an f16 cache, the
 sparse FFN) on inputs the program makes from an integer PRNG, written by the scalar level. Here the
 program is compiled against the library Python loads and must reproduce those bytes at every ISA level
 this CPU runs (the numeric contract, at C level). Then library and program are cross-compiled for

@@ -224,11 +224,13 @@ int main(int argc, char **argv) {
     fwrite("PIOPREF1", 1, 8, out_file);
     check(pi_threadpool_create(n_threads, &pool), "threadpool");
 
-    const int32_t types[] = { PI_TYPE_F32, PI_TYPE_F16, PI_TYPE_BF16, PI_TYPE_Q4_0, PI_TYPE_Q8_0, PI_TYPE_Q4_K, PI_TYPE_Q6_K };
+    const int32_t types[] = { PI_TYPE_F32, PI_TYPE_F16, PI_TYPE_BF16, PI_TYPE_Q4_0, PI_TYPE_Q8_0, PI_TYPE_Q4_K, PI_TYPE_Q6_K,
+                              PI_TYPE_Q4_1, PI_TYPE_Q5_0, PI_TYPE_Q5_1, PI_TYPE_Q2_K, PI_TYPE_Q3_K, PI_TYPE_Q5_K };
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         case_mul_mat(types[i], 1);
         case_mul_mat(types[i], 9);
     }
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) case_mul_mat(types[i], 17);   /* AMX tiles: 16 + 1 */
     case_get_rows(PI_TYPE_Q4_K);
     case_get_rows(PI_TYPE_Q6_K);
     case_norms();

@@ -126,27 +126,18 @@ static inline __attribute__((always_inline)) void amx_build_b_tiles(const void *
     }
 }
 
-/* Q5_0X16 block g -> its B tile bt [8][64] (u - 16: the layout of Q8_0X16's quants, q8_0x16.c) and the 16 rows'
- * scales dw. */
-static inline void amx_q5_0x16_b(const pi_block_q5_0x16 *g, int8_t *bt, float *dw) {
-    __m512i u[8];
-    _mm512_store_ps(dw, q5_0x16_unsigned(g, u));
-    for (int m = 0; m < 8; m++)
-        _mm512_store_si512((__m512i *)(bt + 64 * m), _mm512_sub_epi8(u[m], _mm512_set1_epi8(16)));
-}
-
-/* Block b of a Q4_1X16 / Q5_1X16 group (x16_kind: X16_Q4_1, X16_Q5_1) -> its B tile bt [8][64] (u), the 16 rows'
- * scales dw and mins mw. */
+/* Block b of a Q5_0X16 / Q4_1X16 / Q5_1X16 group (x16_kind: X16_Q5, X16_Q4_1, X16_Q5_1) -> its B tile bt [8][64]
+ * (the layout of Q8_0X16's quants, q8_0x16.c: Q5_0X16's u - 16, the others' u), the 16 rows' scales dw and (mw not
+ * NULL) mins mw. */
 static inline __attribute__((always_inline)) void amx_nibbles_x16_b(const void *group, const int x16_kind, int64_t b,
                                                                     int8_t *bt, float *dw, float *mw) {
-    const uint8_t (*qs)[64], (*qh)[8];
-    const uint16_t *d, *m;
-    x16_nibble_parts(group, x16_kind, b, &qs, &qh, &d, &m);
     __m512i u[8];
-    x16_nibbles_u(qs, qh, u);
-    for (int k = 0; k < 8; k++) _mm512_store_si512((__m512i *)(bt + 64 * k), u[k]);
-    _mm512_store_ps(dw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d)));
-    _mm512_store_ps(mw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)m)));
+    __m512 m;
+    _mm512_store_ps(dw, x16_nibble_block(group, x16_kind, b, u, &m));
+    for (int k = 0; k < 8; k++)
+        _mm512_store_si512((__m512i *)(bt + 64 * k), x16_kind == X16_Q5 ? _mm512_sub_epi8(u[k], _mm512_set1_epi8(16))
+                                                                        : u[k]);
+    if (mw) _mm512_store_ps(mw, m);
 }
 
 /* What amx_rows_q8_0s reads: 16 rows at any addresses (build_b makes a block's B tile, block_bytes its size), one
@@ -182,11 +173,10 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
             if (kind == AMX_Q8_0X16)
                 for (int64_t b = 0; b < kc; b++)
                     _mm512_store_ps(dw[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g8[c0 + b].d)));
-            else if (kind == AMX_Q5_0X16)
-                for (int64_t b = 0; b < kc; b++) amx_q5_0x16_b((const pi_block_q5_0x16 *)group + c0 + b, bt[b], dw[b]);
-            else if (kind == AMX_Q4_1X16 || kind == AMX_Q5_1X16)
+            else if (kind != AMX_ROWS)   /* the nibble groups */
                 for (int64_t b = 0; b < kc; b++)
-                    amx_nibbles_x16_b(group, kind == AMX_Q4_1X16 ? X16_Q4_1 : X16_Q5_1, c0 + b, bt[b], dw[b], mw[b]);
+                    amx_nibbles_x16_b(group, kind == AMX_Q5_0X16 ? X16_Q5 : kind == AMX_Q4_1X16 ? X16_Q4_1 : X16_Q5_1,
+                                      c0 + b, bt[b], dw[b], with_min ? mw[b] : NULL);
             else
                 amx_build_b_tiles(rows, c0, kc, block_bytes, build_b, bt, dw, with_min ? mw : NULL);
             __asm__ volatile("" ::: "memory");   /* the tile loads below read bt */

@@ -134,9 +134,16 @@ static inline __attribute__((always_inline)) void x16_nibbles_u(const uint8_t (*
     }
 }
 
-static inline __attribute__((always_inline)) __m512 q5_0x16_unsigned(const pi_block_q5_0x16 *g, __m512i u[8]) {
-    x16_nibbles_u(g->qs, g->qh, u);
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
+/* Block b of a nibble group (kind: Q5_0X16, Q4_1X16, Q5_1X16) -> the 16 rows' u in transposed registers (x16_nibbles_u)
+ * and their d (returned) and m (*mw; 0 for Q5_0X16, which has none). */
+static inline __attribute__((always_inline)) __m512 x16_nibble_block(const void *group, const int kind, int64_t b,
+                                                                   __m512i u[8], __m512 *mw) {
+    const uint8_t (*qs)[64], (*qh)[8];
+    const uint16_t *d, *m;
+    x16_nibble_parts(group, kind, b, &qs, &qh, &d, &m);
+    x16_nibbles_u(qs, qh, u);
+    *mw = m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)m)) : _mm512_setzero_ps();
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
 }
 
 /* Block b against nt tokens: p[t][j] += its products (j = b % 8); kind a constant; ahead (a constant): request the
@@ -150,21 +157,14 @@ static inline __attribute__((always_inline)) void x16_block(const void *group, c
     }
     __m512i u[8];
     __m512 dw, mw = _mm512_setzero_ps();
-    if (kind == X16_Q5) {
-        dw = q5_0x16_unsigned((const pi_block_q5_0x16 *)group + b, u);
-    } else if (kind == X16_Q8) {
+    if (kind == X16_Q8) {
         dw = q8_0x16_unsigned((const pi_block_q8_0x16 *)group + b, u);
     } else if (kind == X16_UNPACKED_Q5) {
         const pi_block_q8_0x16 *g = (const pi_block_q8_0x16 *)group + b;
         for (int m = 0; m < 8; m++) u[m] = _mm512_loadu_si512(g->qs[m]);
         dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g->d));
-    } else {   /* Q4_1X16, Q5_1X16 */
-        const uint8_t (*qs)[64], (*qh)[8];
-        const uint16_t *d, *m;
-        x16_nibble_parts(group, kind, b, &qs, &qh, &d, &m);
-        x16_nibbles_u(qs, qh, u);
-        dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d));
-        mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)m));
+    } else {   /* Q5_0X16, Q4_1X16, Q5_1X16 */
+        dw = x16_nibble_block(group, kind, b, u, &mw);
     }
     for (int t = 0; t < nt; t++) {
         if (kind == X16_Q4_1 || kind == X16_Q5_1) {
@@ -260,7 +260,8 @@ void pi_gemm16_q5_0x16_q8_0s(int64_t n, const void *group, const char *x, int64_
             for (int64_t b = 0; b < cn; b++) {
                 const pi_block_q5_0x16 *g = (const pi_block_q5_0x16 *)group + b0 + b;
                 __m512i u[8];
-                q5_0x16_unsigned(g, u);
+                __m512 none;   /* Q5_0X16 has no m */
+                x16_nibble_block(group, X16_Q5, b0 + b, u, &none);
                 memcpy(copy[b].d, g->d, sizeof g->d);
                 for (int m = 0; m < 8; m++) _mm512_storeu_si512(copy[b].qs[m], u[m]);
             }
@@ -433,15 +434,6 @@ X16_GEMM16(q5_1x16, q8_1, X16_Q5_1)
 #else   /* scalar: the canonical orders of pi_vec_dot_q8_0_q8_0s, _q5_0_q8_0s, _q4_1_q8_1 per (row, token) */
 #define Q5X16_MAX_T 0   /* PI_DOT8_MAX_T */
 
-/* weight element e of row r in block b: Q8_0X16's quant, Q5_0X16's u - 16, or Q4_1X16's / Q5_1X16's u */
-static inline int x16_weight(const void *group, const int kind, int64_t b, int r, int e) {
-    if (kind == X16_Q8) return ((const pi_block_q8_0x16 *)group)[b].qs[e / 4][4 * r + e % 4];
-    const uint8_t (*qs)[64], (*qh)[8];
-    const uint16_t *d, *m;
-    x16_nibble_parts(group, kind, b, &qs, &qh, &d, &m);
-    return pi_x16_u(qs, qh, r, e) - (kind == X16_Q5 ? 16 : 0);
-}
-
 static void x16_scalar(int64_t n, const void *group, const int kind, const char *x, int64_t x_stride, int nt, float *y,
                        int64_t y_stride) {
     const bool mins = kind == X16_Q4_1 || kind == X16_Q5_1;
@@ -451,20 +443,21 @@ static void x16_scalar(int64_t n, const void *group, const int kind, const char 
             float p[8] = { 0 };
             for (int64_t b = 0; b < n / PI_QK; b++) {
                 const int8_t *xq = mins ? ((const pi_block_q8_1 *)xrow)[b].qs : ((const pi_block_q8_0s *)xrow)[b].qs;
+                /* the block's weights of row r (Q8_0X16's quants, Q5_0X16's u - 16, Q4_1X16's / Q5_1X16's u) */
+                const uint8_t (*qs)[64] = NULL, (*qh)[8] = NULL;
+                const uint16_t *d = ((const pi_block_q8_0x16 *)group)[b].d, *m = NULL;
+                if (kind != X16_Q8) x16_nibble_parts(group, kind, b, &qs, &qh, &d, &m);
                 int32_t s = 0;
-                for (int e = 0; e < PI_QK; e++) s += x16_weight(group, kind, b, r, e) * xq[e];
+                for (int e = 0; e < PI_QK; e++)
+                    s += (kind == X16_Q8 ? ((const pi_block_q8_0x16 *)group)[b].qs[e / 4][4 * r + e % 4]
+                                         : pi_x16_u(qs, qh, r, e) - (kind == X16_Q5 ? 16 : 0)) * xq[e];
                 if (mins) {
                     const pi_block_q8_1 *xb = (const pi_block_q8_1 *)xrow + b;
-                    const uint8_t (*qs)[64], (*qh)[8];
-                    const uint16_t *d, *m;
-                    x16_nibble_parts(group, kind, b, &qs, &qh, &d, &m);
                     p[b % 8] = fmaf(pi_fp16_to_f32(d[r]) * xb->d, (float)s, p[b % 8]);
                     p[b % 8] = fmaf(pi_fp16_to_f32(m[r]), xb->s, p[b % 8]);
                 } else {
                     const pi_block_q8_0s *xb = (const pi_block_q8_0s *)xrow + b;
-                    const uint16_t d = kind == X16_Q5 ? ((const pi_block_q5_0x16 *)group)[b].d[r]
-                                                      : ((const pi_block_q8_0x16 *)group)[b].d[r];
-                    p[b % 8] = fmaf(pi_fp16_to_f32(d) * pi_fp16_to_f32(xb->d), (float)s, p[b % 8]);
+                    p[b % 8] = fmaf(pi_fp16_to_f32(d[r]) * pi_fp16_to_f32(xb->d), (float)s, p[b % 8]);
                 }
             }
             y[t * y_stride + r] = pi_tree8(p);

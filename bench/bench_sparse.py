@@ -376,7 +376,7 @@ def main(argv=None) -> int:
                     help="only the op-level microbenchmark (CPU time, all layers in turn), then exit")
     a = ap.parse_args(argv)
 
-    print(f"# bench_sparse  {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.node()}  {platform.processor() or platform.machine()}"
+    print(f"# bench_sparse  {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.node()}  {powerinfer.cpu_name()}"
           f"  cpus={os.cpu_count()}  threads={a.threads}  load avg {os.getloadavg()[0]:.1f}")
     print(f"# {powerinfer.system_info() if hasattr(powerinfer, 'system_info') else ''}".rstrip())
     if a.bandwidth:

@@ -22,8 +22,12 @@ dense_bytes / sparse_bytes is the speed-up bound when decode is memory-bound.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +48,11 @@ def main(argv=None) -> int:
     ap.add_argument("--levels", default=None, help="comma list of stored levels (default: all); a level runs as L and, "
                     "where the file has gate-input thresholds, L+in (so 0.5 and 0.5+in name the same runs)")
     ap.add_argument("--bandwidth", type=float, default=None, help="GB/s (default: measured)")
+    ap.add_argument("-p", "--prompt", type=int, default=0, metavar="N",
+                    help="also time a prompt of N tokens (one call) per run, interleaved, median of -r (0: none)")
+    ap.add_argument("--sparse-gather-max", type=int, default=1, metavar="N",
+                    help="the contexts' sparse_gather_max: calls of more tokens run a level over the dense kernels "
+                         "(default 1, the library's; 0: prompts through the sparse kernels too)")
     a = ap.parse_args(argv)
     model = powerinfer.Model(a.model)
     if not model.gate_sparse:
@@ -57,7 +66,10 @@ def main(argv=None) -> int:
         runs = act_sparsity.level_runs(model.sparsity_levels, levels)
     except ValueError as e:
         raise SystemExit(f"--levels {a.levels!r}: {e}")
-    ctxs = {r.name: act_sparsity.level_context(model, r, n_ctx=256, n_threads=a.threads) for r in runs}
+    n_ctx = max(256, a.prompt)
+    ctxs = {r.name: act_sparsity.level_context(model, r, n_ctx=n_ctx, n_batch=n_ctx, n_threads=a.threads,
+                                               sparse_gather_max=a.sparse_gather_max) for r in runs}
+    prompts = prompt_speeds(ctxs, model.n_vocab, a.prompt, a.repeat) if a.prompt > 0 else None
     results = act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=a.n_gen, repeat=a.repeat)
     bw = a.bandwidth or measure_bandwidth(n_threads=a.threads)[a.threads]
     parts = act_sparsity.decode_bytes(model.file.tensors)
@@ -83,7 +95,27 @@ def main(argv=None) -> int:
         bound = bw * 1e9 / nbytes
         print(f"| {name} | {frac:.1%} | {inp:.1%} | {att:.1%} | {med:.2f} | {med / base:.3f}x | "
               f"{nbytes / 2**20:.1f} MiB | {bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")
+    if prompts:
+        print(f"\n# pp{a.prompt} (one call of {a.prompt} tokens, sparse_gather_max {a.sparse_gather_max}), "
+              f"median of {a.repeat}")
+        print("| run | prompt tokens/s | vs dense |")
+        print("|---|---|---|")
+        for run in runs:
+            print(f"| {run.name} | {prompts[run.name]:.1f} | {prompts[run.name] / prompts['dense']:.3f}x |")
     return 0
+
+
+def prompt_speeds(ctxs: dict, n_vocab: int, n_prompt: int, repeat: int) -> dict:
+    """{name: median tokens/s of one call of n_prompt fixed pseudo-random tokens}, the contexts interleaved."""
+    tokens = np.random.default_rng(1).integers(3, n_vocab, n_prompt).tolist()
+    speeds = {name: [] for name in ctxs}
+    for _ in range(repeat):
+        for name, ctx in ctxs.items():
+            ctx.kv_clear()
+            t0 = time.perf_counter()
+            ctx.decode(tokens, logits="last")
+            speeds[name].append(n_prompt / (time.perf_counter() - t0))
+    return {name: statistics.median(s) for name, s in speeds.items()}
 
 
 if __name__ == "__main__":

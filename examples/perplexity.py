@@ -36,6 +36,9 @@ def parse_args(argv=None):
                         "with it: the saved run to compare against")
     p.add_argument("--kl-divergence", action="store_true",
                    help="compare this run with --kl-divergence-base: mean KL divergence, top-1 agreement, PPL ratio")
+    # a gate-sparse file's level is measured as generation runs it: every window through the sparse kernels
+    # (--sparse-gather-max 1: through the dense kernels, several times faster, the same inputs and channels kept)
+    p.set_defaults(sparse_gather_max=0)
     return cli.parse(p, argv, prog="perplexity")
 
 

@@ -35,6 +35,10 @@ GATE_T_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": FLOAT_REL_RMS}
 ALL_CHANNELS_REL_RMS = {"f32": 1e-5, "f16": 1e-4, "q8_0": 0.03, "q4_0": FLOAT_REL_RMS}
 
 
+# batches through the sparse kernels, as one token goes (a batch then gives its tokens' bits one at a time); by
+# default a batch of more than one token runs the level's selection over the dense kernels (test_batches_*)
+GATHER = dict(sparse_gather_max=0)
+
 logits_all = functools.partial(helpers.logits_all, clear=True)
 logits_one_by_one = functools.partial(helpers.logits_one_by_one, clear=True)
 
@@ -72,8 +76,9 @@ def test_architectures(tmp_path, arch):
     model = pi.Model(dst)
     assert np.array_equal(logits_all(pi.Context(model, n_ctx=64, dense=True), prompt), ref)
     # f32 summation order only, through 3-7 layers (measured 4e-6 llama, 1.1e-5 qwen2 and gemma3)
-    assert rel_rms(logits_all(pi.Context(model, n_ctx=64, sparse_threshold=1e-30), prompt), ref) < FLOAT_REL_RMS * 10
-    ctx = pi.Context(model, n_ctx=64)
+    every = pi.Context(model, n_ctx=64, sparse_threshold=1e-30, **GATHER)
+    assert rel_rms(logits_all(every, prompt), ref) < FLOAT_REL_RMS * 10
+    ctx = pi.Context(model, n_ctx=64, **GATHER)
     a = logits_all(ctx, prompt)
     active, total = ctx.sparse_stats()
     assert 0.3 < 1 - active.sum() / (total * len(active)) < 0.7
@@ -96,10 +101,10 @@ def test_architectures_with_attention_inputs(tmp_path, arch):
     n = model.hparams.n_layer
     assert model.attn_input_sparse
     assert np.array_equal(logits_all(pi.Context(model, n_ctx=64, dense=True), prompt), ref)
-    ctx = pi.Context(model, n_ctx=64, sparse_threshold=0.0)
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=0.0, **GATHER)
     ctx.set_attn_input_thresholds(np.full((2, n), 1e-30))
     assert rel_rms(logits_all(ctx, prompt), ref) < FLOAT_REL_RMS * 10
-    ctx = pi.Context(model, n_ctx=64)
+    ctx = pi.Context(model, n_ctx=64, **GATHER)
     ctx.sparse_stats_reset()
     a = logits_all(ctx, prompt)
     att, att_total = ctx.attn_input_stats()
@@ -169,6 +174,42 @@ def test_op_as_an_input_sparse_matmul_matches_numpy(dtype):
                                 _tensor(out), n_active) != 0
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu", None])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sparse_mask_matches_numpy(act, weighted):
+    """pi_op_sparse_mask (a level over the dense kernels): dst = src where |act(s)| * w >= t (act -1: |s| >= t), else
+    +0, in place too; n_kept and the per-entry counts add the entries kept."""
+    rng = np.random.default_rng(13)
+    n, T = 300, 5                                   # a row longer than one 256-entry chunk
+    s = rng.standard_normal((T, n)).astype(np.float32)
+    src = rng.standard_normal((T, n)).astype(np.float32)
+    fn = {"silu": lambda v: v / (1 + np.exp(-v)),
+          "gelu": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))),
+          None: lambda v: v}[act]
+    w = rng.uniform(0.2, 3.0, n).astype(np.float32) if weighted else np.ones(n, np.float32)
+    threshold = 0.3
+    score = np.abs(fn(s.astype(np.float64))) * (w if act else 1.0)
+    pi_act = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, None: -1}[act]
+    weights = ffi.from_buffer("float[]", w) if weighted else ffi.NULL
+    dst, n_kept, counts = np.full((T, n), np.nan, np.float32), ffi.new("int64_t *", 7), np.ones(n, np.int64)
+    assert lib.pi_op_sparse_mask(ffi.NULL, _tensor(s), pi_act, weights, threshold, _tensor(src), _tensor(dst), n_kept,
+                                 ffi.cast("int64_t *", counts.ctypes.data)) == 0, ffi.string(lib.pi_last_error())
+    kept = dst != 0                                 # src has no zeros
+    clear = np.abs(score - threshold) > 1e-5 * threshold   # the f32 activation may round the other way at the edge
+    assert np.array_equal(kept[clear], (score >= threshold)[clear]) and 0.2 < kept.mean() < 0.8
+    assert np.array_equal(dst, np.where(kept, src, np.float32(0))) and not np.signbit(dst[~kept]).any()
+    assert n_kept[0] == 7 + kept.sum() and np.array_equal(counts, 1 + kept.sum(axis=0))
+    same = src.copy()                               # in place: dst is src
+    assert lib.pi_op_sparse_mask(ffi.NULL, _tensor(s), pi_act, weights, threshold, _tensor(same), _tensor(same),
+                                 ffi.NULL, ffi.NULL) == 0
+    assert np.array_equal(same, dst)
+    for bad_act, bad_t in ((3, threshold), (-2, threshold), (pi_act, math.nan)):
+        assert lib.pi_op_sparse_mask(ffi.NULL, _tensor(s), bad_act, weights, bad_t, _tensor(src), _tensor(dst),
+                                     ffi.NULL, ffi.NULL) != 0
+    assert lib.pi_op_sparse_mask(ffi.NULL, _tensor(s), pi_act, weights, threshold, _tensor(src[:, :200].copy()),
+                                 _tensor(dst), ffi.NULL, ffi.NULL) != 0
+
+
 # ------------------------------------------------------------------------------------------ files
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dense_and_every_channel_kept_are_the_input_model_exactly(sparse_files, dtype):
@@ -186,7 +227,7 @@ def test_dense_and_every_channel_kept_are_the_input_model_exactly(sparse_files, 
 def test_every_channel_through_the_sparse_kernels_is_close_to_dense(sparse_files, dtype):
     src, dst = sparse_files[dtype]
     ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
-    ctx = pi.Context(pi.Model(dst), n_ctx=64, sparse_threshold=1e-30)
+    ctx = pi.Context(pi.Model(dst), n_ctx=64, sparse_threshold=1e-30, **GATHER)
     got = logits_all(ctx, PROMPT)
     active, total = ctx.sparse_stats()
     assert active.sum() == total * len(active)      # every channel (SiLU of a random gate is never 0)
@@ -198,7 +239,7 @@ def test_every_gate_input_through_the_sparse_gate_is_close_to_dense(sparse_files
     """ffn_gate_t (the gate transposed) with every input entry read, and every channel: close to dense."""
     src, dst = sparse_files[dtype]
     ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
-    ctx = pi.Context(pi.Model(dst), n_ctx=64, sparse_threshold=1e-30)
+    ctx = pi.Context(pi.Model(dst), n_ctx=64, sparse_threshold=1e-30, **GATHER)
     ctx.set_gate_input_thresholds([1e-30, 1e-30])
     got = logits_all(ctx, PROMPT)
     inp, inp_total = ctx.gate_input_stats()
@@ -252,7 +293,7 @@ def test_channel_weights(sparse_files, tmp_path):
     assert np.array_equal(a, logits_all(pi.Context(pi.Model(ones), n_ctx=64), PROMPT))
     half = np.ones((2, 512))
     half[:, ::2] = 0.0                     # weight 0: the channel never runs
-    ctx = pi.Context(pi.Model(with_scales(tmp_path / "half.gguf", half)), n_ctx=64, sparse_threshold=1e-30)
+    ctx = pi.Context(pi.Model(with_scales(tmp_path / "half.gguf", half)), n_ctx=64, sparse_threshold=1e-30, **GATHER)
     ctx.decode(PROMPT, logits="none")
     active, total = ctx.sparse_stats()
     assert np.all(active == total // 2), (active, total)
@@ -268,8 +309,8 @@ def test_channel_weights(sparse_files, tmp_path):
 def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
     _, dst = sparse_files["q4_0"]
     model = pi.Model(dst)
-    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1), PROMPT)
-    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2), PROMPT)
+    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1, **GATHER), PROMPT)
+    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2, **GATHER), PROMPT)
     assert np.array_equal(a, b)
     dense = logits_all(pi.Context(model, n_ctx=64, dense=True), PROMPT)
     assert not np.array_equal(a, dense)      # the sparse level does change the result
@@ -296,7 +337,7 @@ def test_attention_inputs_every_entry_read_is_close_to_dense(attn_file):
     assert model.attn_input_sparse
     for kw in (dict(dense=True), dict(sparse_threshold=0.0)):
         assert np.array_equal(logits_all(pi.Context(model, n_ctx=64, **kw), PROMPT), ref), kw
-    ctx = pi.Context(model, n_ctx=64, sparse_threshold=0.0)
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=0.0, **GATHER)
     ctx.set_attn_input_thresholds(np.zeros((2, 2)))
     assert np.array_equal(logits_all(ctx, PROMPT), ref)
     ctx.set_attn_input_thresholds(np.full((2, 2), 1e-30))
@@ -330,10 +371,10 @@ def test_attention_levels_give_their_sparsity_and_batches_equal_tokens(attn_file
         ctx.decode(tokens, logits="none")
         att, att_total = ctx.attn_input_stats()
         assert abs(1 - att.sum() / (att_total * len(att)) - level) < 0.08, (level, att, att_total)
-    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1), PROMPT)
-    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2), PROMPT)
+    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1, **GATHER), PROMPT)
+    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2, **GATHER), PROMPT)
     assert np.array_equal(a, b)
-    ctx = pi.Context(model, n_ctx=64)
+    ctx = pi.Context(model, n_ctx=64, **GATHER)
     ctx.set_attn_input_thresholds(None)
     assert not np.array_equal(a, logits_all(ctx, PROMPT))
 
@@ -403,6 +444,49 @@ def test_sparse_batch_max_runs_prompts_dense(attn_file):
             pi.Context(model, n_ctx=64, sparse_batch_max=bad)
 
 
+def logits_in_calls(ctx, tokens, n):
+    """Every position's logits, decoding the tokens n to a call (after kv_clear)."""
+    ctx.kv_clear()
+    out = []
+    for s in range(0, len(tokens), n):
+        ctx.decode(tokens[s:s + n], logits="all")
+        out += [ctx.logits(i) for i in range(len(tokens[s:s + n]))]
+    return np.stack(out)
+
+
+def test_batches_apply_the_level_to_the_dense_kernels(attn_file):
+    """A call of more than sparse_gather_max tokens (default 1) zeroes the gate and attention inputs and the channels
+    the level leaves out and runs the dense kernels: with every entry kept the dense model's bits; at a level the
+    same bits in calls of any size beyond the limit (the dense kernels' order does not depend on the batch), about the
+    entries the sparse kernels keep and their logits up to rounding (measured 3e-7: this Q4_0 file's sparse steps
+    read its own quants); calls within the limit run the sparse kernels."""
+    src, dst = attn_file
+    ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
+    model = pi.Model(dst)
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
+    ctx.set_gate_input_thresholds([1e-30, 1e-30])
+    ctx.set_attn_input_thresholds(np.full((2, 2), 1e-30))
+    assert np.array_equal(logits_all(ctx, PROMPT), ref)
+    masked, gather = pi.Context(model, n_ctx=64), pi.Context(model, n_ctx=64, **GATHER)
+    assert masked.sparse_gather_max == 1
+    out, stats = {}, {}
+    for name, ctx, n in (("batch", masked, len(PROMPT)), ("pairs", masked, 2), ("gather", gather, len(PROMPT))):
+        ctx.sparse_stats_reset()
+        out[name] = logits_in_calls(ctx, PROMPT, n)
+        stats[name] = np.stack([ctx.sparse_stats()[0], ctx.gate_input_stats()[0], ctx.attn_input_stats()[0]])
+    assert np.array_equal(out["batch"], out["pairs"]) and np.array_equal(stats["batch"], stats["pairs"])
+    assert np.all(np.abs(stats["batch"] - stats["gather"]) <= 0.01 * stats["gather"]), stats
+    assert np.all(stats["batch"] < 0.8 * np.array([[512], [256], [512]]) * len(PROMPT)), stats["batch"]
+    assert rel_rms(out["batch"], out["gather"]) < FLOAT_REL_RMS * 10
+    assert rel_rms(out["batch"], ref) > 0.01                      # the level does change the result
+    ctx = pi.Context(model, n_ctx=64, sparse_gather_max=4)
+    assert np.array_equal(logits_all(ctx, PROMPT[:4]), logits_one_by_one(gather, PROMPT[:4]))
+    assert np.array_equal(logits_all(ctx, PROMPT[:5]), logits_in_calls(masked, PROMPT[:5], 5))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="sparse_gather_max"):
+            pi.Context(model, n_ctx=64, sparse_gather_max=bad)
+
+
 def test_attention_inputs_need_a_column_layout(sparse_files, tmp_path):
     src, _ = sparse_files["f16"]
     with pytest.raises(SystemExit, match="attn_q.weight has ggml type 1"):
@@ -415,7 +499,7 @@ def test_attention_inputs_need_a_column_layout(sparse_files, tmp_path):
 
 def every_channel_error(model, ref):
     """rel. RMS of the 2-layer model's logits with every channel and gate input kept, against ref."""
-    ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30, **GATHER)
     ctx.set_gate_input_thresholds([1e-30, 1e-30])
     return rel_rms(logits_all(ctx, PROMPT), ref)
 
@@ -432,7 +516,7 @@ def test_packed_down_step_is_the_files_own_down_matrix(sparse_files):
     errors = [every_channel_error(model, ref) for model in (packed, plain)]
     assert errors[0] < FLOAT_REL_RMS and errors[1] > 0.01, errors
     # at the file's default level both select nearly the same channels
-    ca, cb = pi.Context(packed, n_ctx=64), pi.Context(plain, n_ctx=64)
+    ca, cb = pi.Context(packed, n_ctx=64, **GATHER), pi.Context(plain, n_ctx=64)
     logits_all(ca, PROMPT), logits_all(cb, PROMPT)
     na, nb = ca.sparse_stats()[0], cb.sparse_stats()[0]
     assert np.abs(na - nb).max() <= 0.02 * nb.max()
@@ -451,28 +535,31 @@ def test_packed_down_step_with_the_up_rows_in_the_file(tmp_path):
     ref = logits_all(pi.Context(pi.Model(src), n_ctx=64), PROMPT)
     model = pi.Model(dst)
     assert model.n_packed_ffn == 2
-    ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30)
+    ctx = pi.Context(model, n_ctx=64, sparse_threshold=1e-30, **GATHER)
     ctx.set_gate_input_thresholds([1e-30, 1e-30])
     assert rel_rms(logits_all(ctx, PROMPT), ref) < FLOAT_REL_RMS
-    ctx = pi.Context(model, n_ctx=64)
+    ctx = pi.Context(model, n_ctx=64, **GATHER)
     assert np.array_equal(logits_all(ctx, PROMPT), logits_one_by_one(ctx, PROMPT))
 
 
 def every_level_gives_the_scalar_bits(path, is_sparse):
-    """The file's default level at every ISA level this CPU runs: a batch gives the one-by-one bits, is_sparse(ctx)
-    holds after it, and every level gives the scalar level's bits."""
+    """The file's default level at every ISA level this CPU runs: a batch through the sparse kernels gives the
+    one-by-one bits, is_sparse(ctx) holds after it, and every level gives the scalar level's bits, for the batch
+    through the dense kernels too."""
     before, out = pi.cpu_isa(), {}
     try:
         for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
             pi.set_cpu_isa(level)
-            ctx = pi.Context(pi.Model(path), n_ctx=64)
+            model = pi.Model(path)
+            ctx = pi.Context(model, n_ctx=64, **GATHER)
             out[level] = logits_all(ctx, PROMPT)
             assert np.array_equal(out[level], logits_one_by_one(ctx, PROMPT)), level
             assert is_sparse(ctx), level
+            out[level, "masked"] = logits_all(pi.Context(model, n_ctx=64), PROMPT)
     finally:
         pi.set_cpu_isa(before)
-    for level, got in out.items():
-        assert np.array_equal(got, out["scalar"]), level
+    for key, got in out.items():
+        assert np.array_equal(got, out["scalar", "masked"] if "masked" in key else out["scalar"]), key
 
 
 def _ffn_model(path, type_of):
@@ -566,7 +653,7 @@ def test_isa_levels_give_the_scalar_bits(sparse_files):
     try:
         for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
             pi.set_cpu_isa(level)
-            out[level] = logits_all(pi.Context(pi.Model(dst), n_ctx=64), PROMPT)
+            out[level] = logits_all(pi.Context(pi.Model(dst), n_ctx=64, **GATHER), PROMPT)
     finally:
         pi.set_cpu_isa(before)
     for level, got in out.items():

@@ -767,18 +767,25 @@ def op_cases():
         return lib.pi_op_sparse_ffn, [None, w, lib.PI_ACT_RELU, lib.PI_FFN_PAR, x.t, scores.t, 0.0, out.t, n_active], \
             {1: "ptr", 4: "tensor", 5: "tensor", 7: "tensor", 8: "optptr"}, (w, x, scores, out, gate, up, down_t)
 
+    def sparse_mask():
+        s, src, dst = Tensor([96, 3]), Tensor([96, 3]), Tensor([96, 3])
+        weights, n_kept, counts = ffi.new("float[96]", [1.0] * 96), ffi.new("int64_t *"), ffi.new("int64_t[96]")
+        return lib.pi_op_sparse_mask, [None, s.t, lib.PI_ACT_SILU, weights, 0.1, src.t, dst.t, n_kept, counts], \
+            {1: "tensor", 3: "optptr", 5: "tensor", 6: "tensor", 7: "optptr", 8: "optptr"}, \
+            (s, src, dst, weights, n_kept, counts)
+
     cases = dict(get_rows=get_rows, mul_mat=mul_mat, rms_norm=rms_norm, layer_norm=layer_norm, rope=rope,
                  softmax=softmax, unary=unary,
                  binary=binary, attention=attention)
     if hasattr(lib, "pi_op_predictor"):
-        cases.update(predictor=predictor, sparse_ffn=sparse_ffn)
+        cases.update(predictor=predictor, sparse_ffn=sparse_ffn, sparse_mask=sparse_mask)
     return cases
 
 
 OPS = op_cases()
 OUT_INDEX = dict(get_rows=1, mul_mat=2, rms_norm=2, layer_norm=3, rope=1, softmax=1, unary=1, binary=2, attention=4,
                  predictor=3,
-                 sparse_ffn=3)     # which kept Tensor is the op's output
+                 sparse_ffn=3, sparse_mask=2)     # which kept Tensor is the op's output
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -1355,7 +1362,9 @@ if "sparse_mode" in dir(lib.pi_context_default_params()):
                   ("sparse_mode", INT32_MAX, INVALID, ["sparse_mode"]),
                   ("sparse_threshold", float("nan"), INVALID, ["sparse_threshold"]),
                   ("sparse_batch_max", -1, INVALID, ["sparse_batch_max"]),
-                  ("sparse_batch_max", -2**31, INVALID, ["sparse_batch_max"])]
+                  ("sparse_batch_max", -2**31, INVALID, ["sparse_batch_max"]),
+                  ("sparse_gather_max", -1, INVALID, ["sparse_gather_max"]),
+                  ("sparse_gather_max", -2**31, INVALID, ["sparse_gather_max"])]
 
 
 @pytest.mark.parametrize("field,value,code,words", CTX_CASES, ids=[f"{f}={v}" for f, v, _, _ in CTX_CASES])
@@ -1791,7 +1800,7 @@ COVERED = {
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_set_outputs", "pi_get_embeddings",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",
-    "pi_op_predictor", "pi_op_sparse_ffn", "pi_sparse_stats", "pi_sparse_stats_reset", "pi_neuron_counts",
+    "pi_op_predictor", "pi_op_sparse_ffn", "pi_op_sparse_mask", "pi_sparse_stats", "pi_sparse_stats_reset", "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",
     "pi_cpu_isa", "pi_cpu_isa_supported", "pi_cpu_isa_set", "pi_cpu_isa_env_error",
     "pi_device_count", "pi_device_get_info", "pi_device_allocated_bytes", "pi_device_peak_bytes",

@@ -197,15 +197,17 @@ def layer_sensitivity(ctx: Context, base: str, kind: int, hist: np.ndarray, edge
     """kl [n_layer, len(SENSITIVITY_GRID)]: the mean KL divergence from the dense model (base: its saved KLD file over
     `windows` windows of calibration tokens) when layer l alone skips the fraction SENSITIVITY_GRID[k] of one kind's
     values (KINDS[kind]; hist: that kind's histogram) and everything else is dense. For the channels the other layers
-    run their dense FFN; for the inputs every channel runs through the sparse kernels (the input thresholds act only
-    there), the other inputs read in full. ctx: a context of the sparse file (its thresholds are set here)."""
+    run their dense FFN; for the inputs every channel is kept (threshold 1e-30: the input thresholds act only in a
+    sparse layer), the other inputs read in full. ctx: a context of the sparse file (its thresholds are set here) with
+    the default sparse_gather_max, so that its windows run the selection over the dense kernels, at about dense speed
+    (a ranking of the layers, not the card's figures)."""
     n_layer = hist.shape[0]
     kl = np.zeros((n_layer, len(SENSITIVITY_GRID)))
     ctx.set_gate_input_thresholds(None)
     if ctx.model.attn_input_sparse:
         ctx.set_attn_input_thresholds(None)
     if kind > 0:
-        ctx.set_sparse_thresholds(np.full(n_layer, 1e-30))   # every channel, through the sparse kernels
+        ctx.set_sparse_thresholds(np.full(n_layer, 1e-30))   # every channel kept
     t0 = time.perf_counter()
     for k, level in enumerate(SENSITIVITY_GRID):
         q = _quantiles(hist, edges, level)
@@ -345,12 +347,16 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
         rows.append({"name": "dense (input file)", "ppl": dense.ppl, "sparsity": 0.0})
         model = Model(out)
 
-        def runs():   # (label, run name, which inputs it reads sparsely, its context), one context at a time
+        # one context at a time: (label, run name, which inputs it reads sparsely, its context); the windows go
+        # through the sparse kernels (sparse_gather_max 0), so the card measures what generation runs
+        kw = dict(n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparse_gather_max=0)
+
+        def runs():
             yield ("every channel through the sparse kernels (the down step's layout alone)", None, "channels",
-                   Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, sparse_threshold=1e-30))
+                   Context(model, sparse_threshold=1e-30, **kw))
             for run in act_sparsity.level_runs(model.sparsity_levels)[1:]:   # after dense
                 yield (run_label(run, model.sparsity_levels), run.name, run.reads,
-                       act_sparsity.level_context(model, run, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads))
+                       act_sparsity.level_context(model, run, **kw))
         for label, key, reads, ctx in runs():
             r = perplexity(ctx, None, n_ctx=n_ctx, chunks=chunks, kld_base=base)
             active, total = ctx.sparse_stats()

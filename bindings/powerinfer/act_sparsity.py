@@ -130,8 +130,11 @@ def describe(ctx) -> str:
     """One log line: how a context runs a gate-sparse file."""
     if not ctx.sparse:
         return "gate-sparse file, every channel computed (--dense): the exact dense model"
-    batches = (f"; decode calls of more than {ctx.sparse_batch_max} tokens (prompts) run the dense model"
-               if ctx.sparse_batch_max > 0 else "")
+    gather = ctx.sparse_gather_max
+    batches = (f"; calls of more than {gather} token{'s' if gather > 1 else ''} over the dense kernels" if gather > 0
+               else "; every call through the sparse kernels")
+    if ctx.sparse_batch_max > 0:
+        batches += f"; calls of more than {ctx.sparse_batch_max} tokens (prompts) run the dense model"
     if ctx.sparsity is not None:
         t = ctx.layer_thresholds
         gate = "" if ctx.input_thresholds is None else ", the gate over the input entries above their thresholds"

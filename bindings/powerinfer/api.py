@@ -297,10 +297,12 @@ class PowerInfer:
                  n_ubatch: int | None = None, type_k=None, type_v=None, pooling_type: int | None = None,
                  flash_attn: bool = False, use_mmap: bool = True, use_mlock: bool = False, logits_all: bool = False,
                  embedding: bool = False, offload_kqv: bool = True, last_n_tokens_size: int = 64,
-                 numa=False, main_gpu: int = 0, sparse_batch_max: int = 0, **unsupported):
+                 numa=False, main_gpu: int = 0, sparse_batch_max: int = 0, sparse_gather_max: int = 1,
+                 **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         sparsity: a stored level of a gate-sparse file (tools/sparsify.py); sparse_batch_max: decode calls of more
-        tokens (prompts) run such a file's dense model (0: every call runs the level).
+        tokens (prompts) run such a file's dense model (0: every call runs the level); sparse_gather_max: calls of
+        more tokens run the level over the dense kernels (0: every call through the sparse kernels; Context).
         vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
         disable_gpu_index place a PowerInfer file on the GPU; n_gpu_layers (llama-cpp-python's name; -1: all)
         a dense GGUF file. See powerinfer.offload.
@@ -339,7 +341,8 @@ class PowerInfer:
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
                            kv_type=kv_type, sparse_threshold=sparse_threshold, dense=dense, vram_budget=vram_budget,
                            reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-                           n_gpu_layers=n_gpu_layers, sparsity=sparsity, sparse_batch_max=sparse_batch_max)
+                           n_gpu_layers=n_gpu_layers, sparsity=sparsity, sparse_batch_max=sparse_batch_max,
+                           sparse_gather_max=sparse_gather_max)
         self.engine = Engine(self.ctx, self.tokenizer, n_parallel)
         self.seed = seed
         self.model_name = model_alias or Path(model_path).name

@@ -77,9 +77,13 @@ def add_sparse_args(p: argparse.ArgumentParser) -> None:
                    help="gate-sparse files (tools/sparsify.py): run this stored sparsity level (default: the "
                         "file's default level; --sparse-threshold T instead: every layer at |act(gate)| >= T)")
     p.add_argument("--sparse-batch-max", type=int, default=0, metavar="N",
-                   help="gate-sparse files: decode calls of more than N tokens (prompts) run the dense model, "
-                        "exactly and several times faster; generation stays sparse (default 0: every call runs the "
-                        "level, prompt logits as one token at a time's)")
+                   help="gate-sparse files: decode calls of more than N tokens (prompts) run the dense model "
+                        "exactly; generation stays sparse (default 0: every call runs the level)")
+    p.add_argument("--sparse-gather-max", type=int, default=1, metavar="N",
+                   help="gate-sparse files: decode calls of at most N tokens run a level through the sparse kernels "
+                        "(only the kept rows read); larger ones (prompts) zero what the level leaves out and run the "
+                        "dense kernels, several times faster (default 1; 0: every call through the sparse kernels, "
+                        "a prompt's logits then those of its tokens one at a time)")
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     p.add_argument("-nr", "--no-repack", action="store_true",
@@ -249,7 +253,8 @@ def make_context(args: argparse.Namespace, model: Model, prog: str, **kwargs) ->
     kw = dict(n_ctx=getattr(args, "ctx_size", None), n_batch=getattr(args, "batch_size", 512),
               n_threads=args.threads or None, kv_type=args.kv_type, sparse_threshold=args.sparse_threshold,
               dense=args.dense, sparsity=getattr(args, "sparsity", None),
-              sparse_batch_max=getattr(args, "sparse_batch_max", 0), **gpu_kwargs(args))
+              sparse_batch_max=getattr(args, "sparse_batch_max", 0),
+              sparse_gather_max=getattr(args, "sparse_gather_max", 1), **gpu_kwargs(args))
     try:
         ctx = Context(model, **{**kw, **kwargs})
     except (ValueError, PowerInferError) as e:

@@ -81,6 +81,12 @@ def _serialised(method):
     return locked
 
 
+def _token_limit(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0 (0: no limit), got {value!r}")
+    return value
+
+
 class Context:
     """Decoding state over a Model.
 
@@ -104,7 +110,7 @@ class Context:
                  dense: bool = False, count_neurons: bool = False, vram_budget: int | None = None,
                  reset_gpu_index: bool = False, disable_gpu_index: bool = False, n_gpu_layers: int | None = None,
                  main_gpu: int = 0, sparsity: float | None = None, act_histogram: bool = False,
-                 sparse_batch_max: int = 0):
+                 sparse_batch_max: int = 0, sparse_gather_max: int = 1):
         if kv_type not in _KV_TYPES:
             raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
         n_ctx = resolve_n_ctx(model, n_ctx)
@@ -139,10 +145,10 @@ class Context:
         params.sparse_mode = lib.PI_SPARSE_ALL if dense else lib.PI_SPARSE_PREDICT
         params.count_neurons = 1 if count_neurons else 0
         params.act_histogram = 1 if act_histogram else 0
-        if isinstance(sparse_batch_max, bool) or not isinstance(sparse_batch_max, int) or sparse_batch_max < 0:
-            raise ValueError(f"sparse_batch_max must be an int >= 0 (0: no limit), got {sparse_batch_max!r}")
-        params.sparse_batch_max = sparse_batch_max
-        self.sparse_batch_max = sparse_batch_max
+        # gate-sparse files: calls of more tokens than sparse_batch_max run the dense model; of more than
+        # sparse_gather_max (and within sparse_batch_max) the level through the dense kernels (powerinfer.h)
+        params.sparse_batch_max = self.sparse_batch_max = _token_limit("sparse_batch_max", sparse_batch_max)
+        params.sparse_gather_max = self.sparse_gather_max = _token_limit("sparse_gather_max", sparse_gather_max)
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model._ptr, params, out), "creating context")
         self._ptr = ffi.gc(out[0], lib.pi_context_free)

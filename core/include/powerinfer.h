@@ -267,6 +267,15 @@ PI_API pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weigh
                                   int32_t gate_mode, const pi_tensor *x, const pi_tensor *scores,
                                   float threshold, pi_tensor *out, int64_t *n_active);
 
+/* A level's selection applied to dense values (how a gate-sparse file's batches run through the dense kernels):
+ * dst [n, T] = src where entry (i, t) is kept, else 0. Kept: |act(s[i, t])| * weights[i] >= threshold (act PI_ACT_*,
+ * weights NULL: 1), the channels pi_op_sparse_ffn with the gate given computes; with act -1, |s[i, t]| >= threshold,
+ * the inputs an input-sparse matmul reads. s, src, dst f32 [n, T], contiguous; dst may be src or s. n_kept (if not
+ * NULL) += the pairs kept; counts (NULL or [n]) += per entry i the tokens that kept it. */
+PI_API pi_status pi_op_sparse_mask(pi_threadpool *pool, const pi_tensor *s, int32_t act, const float *weights,
+                                   float threshold, const pi_tensor *src, pi_tensor *dst, int64_t *n_kept,
+                                   int64_t *counts);
+
 /* ---- models -----------------------------------------------------------
  * Python parses the GGUF file and passes hyper-parameters plus a table of
  * tensor views into the mapped file. Tensors are looked up by their GGUF
@@ -357,7 +366,14 @@ typedef struct pi_context_params {
     int32_t act_histogram;     /* 1: histogram |act(gate x)| of every dense FFN run on the CPU (pi_act_histogram) */
     int32_t sparse_batch_max;  /* gate-sparse files: pi_decode calls of more than this many tokens (prompts) run the
                                 * dense FFN and attention, the file's dense model exactly; 0 (the default): every
-                                * call runs the level token by token (prompt logits = one token at a time's) */
+                                * call runs the level (see sparse_gather_max) */
+    int32_t sparse_gather_max; /* gate-sparse files: calls of at most this many tokens run a level through the sparse
+                                * kernels, which read the kept rows only (a batch gives the bits of its tokens one at
+                                * a time); larger ones apply the level's selection to the dense kernels' values
+                                * (pi_op_sparse_mask: the same inputs and channels kept, every weight read, prompts at
+                                * about dense speed, results within f32 rounding of the sparse kernels' where both
+                                * read the same matrices). Default 1; 0: no limit (every call through the sparse
+                                * kernels) */
 } pi_context_params;
 
 enum {

@@ -34,7 +34,8 @@
 
 pi_context_params pi_context_default_params(void) {
     return (pi_context_params){ .n_ctx = 512, .n_batch = 512, .n_seq_max = 1, .n_threads = 0, .kv_type = PI_TYPE_F16,
-                                .sparse_threshold = 0.0f, .sparse_mode = PI_SPARSE_PREDICT };
+                                .sparse_threshold = 0.0f, .sparse_mode = PI_SPARSE_PREDICT,
+                                .sparse_gather_max = 1 };
 }
 
 /* ---- buffers ---- */
@@ -191,6 +192,8 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (st == PI_OK && isnan(p.sparse_threshold)) st = pi_fail(PI_ERR_INVALID_ARG, "sparse_threshold is NaN");
     if (st == PI_OK && p.sparse_batch_max < 0)
         st = pi_fail(PI_ERR_INVALID_ARG, "sparse_batch_max = %d must be >= 0 (0: no limit)", p.sparse_batch_max);
+    if (st == PI_OK && p.sparse_gather_max < 0)
+        st = pi_fail(PI_ERR_INVALID_ARG, "sparse_gather_max = %d must be >= 0 (0: no limit)", p.sparse_gather_max);
     if (st == PI_OK && !(ctx->output_row = malloc((size_t)p.n_batch * sizeof(int32_t))))
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     if (st != PI_OK) { pi_context_free(ctx); return st; }
@@ -389,6 +392,20 @@ static bool batch_sparse(const pi_context *ctx, int64_t T) {
            (ctx->params.sparse_batch_max <= 0 || T <= ctx->params.sparse_batch_max);
 }
 
+/* Whether a call of T tokens that runs a level reads the kept rows only (the sparse kernels: a batch gives its tokens'
+ * bits one at a time) or zeroes what the level leaves out and runs the dense kernels (params.sparse_gather_max;
+ * beyond one token the dense kernels are faster: bench/README.md). */
+static bool batch_gathers(const pi_context *ctx, int64_t T) {
+    return ctx->params.sparse_gather_max <= 0 || T <= ctx->params.sparse_gather_max;
+}
+
+/* dst [T][n] = src where the level keeps the entry, else 0 (pi_op_sparse_mask: act -1 keeps |s| >= threshold, an
+ * activation |act(s)| * w >= threshold); the entries kept added to *n_kept, per entry to counts (NULL: none). */
+static void keep_above(pi_context *ctx, const float *s, int32_t act, const float *w, float threshold,
+                       const float *src, float *dst, int64_t n, int64_t T, int64_t *n_kept, int64_t *counts) {
+    pi_sparse_mask(ctx->pool, s, act, w, threshold, src, dst, n, T, n_kept, counts);
+}
+
 /* Whether layer il's q/k/v (part 0) or wo (part 1) runs as an input-sparse matmul (a file with attn_input_sparse,
  * predictor mode and a batch within sparse_batch_max, a threshold > 0, the attention on the CPU). */
 static bool attn_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il, int part, int64_t T) {
@@ -429,14 +446,19 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         src.data = B->qkv + Eq + Ekv;
         dst = f32_2d(B->v, Ekv, T);
         TRY(OP(e, copy_2d, &src, &dst));
-    } else if (attn_sparse(ctx, lx, il, 0, T)) {
+    } else if (attn_sparse(ctx, lx, il, 0, T) && batch_gathers(ctx, T)) {
         const pi_sparse_ffn_weights *W = ctx->model->layers[il].act_attn;
         TRY(attn_sparse_matmul(ctx, e, &W[0], il, 0, B->cur, hp->n_embd, B->q, Eq, T, &ctx->attn_active[il]));
         TRY(attn_sparse_matmul(ctx, e, &W[1], il, 0, B->cur, hp->n_embd, B->k, Ekv, T, NULL));
         TRY(attn_sparse_matmul(ctx, e, &W[2], il, 0, B->cur, hp->n_embd, B->v, Ekv, T, NULL));
     } else {
-        TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, B->cur, (float *[]){ B->q, B->k, B->v }, T));
-        if (hp->attn_input_sparse) ctx->attn_active[il] += T * hp->n_embd;   /* every entry read */
+        float *in = B->cur;
+        if (attn_sparse(ctx, lx, il, 0, T)) {   /* a batch: the kept entries in B->att (free until the attention) */
+            keep_above(ctx, B->cur, -1, NULL, ctx->attn_threshold[2 * il], B->cur, B->att, hp->n_embd, T,
+                       &ctx->attn_active[il], NULL);
+            in = B->att;
+        } else if (hp->attn_input_sparse) ctx->attn_active[il] += T * hp->n_embd;   /* every entry read */
+        TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, in, (float *[]){ B->q, B->k, B->v }, T));
     }
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 2, B->cur, T * hp->n_embd);
     if (hp->qkv_bias) {
@@ -474,12 +496,16 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, &att));
 
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
-    if (!L->wqkv.data && attn_sparse(ctx, lx, il, 1, T))
+    const bool wo_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 1, T);
+    if (wo_sparse && batch_gathers(ctx, T))
         TRY(attn_sparse_matmul(ctx, e, &ctx->model->layers[il].act_attn[3], il, 1, B->att, Eq, B->cur, hp->n_embd, T,
                                &ctx->attn_active[il]));
     else {
+        if (wo_sparse)   /* a batch: wo over the kept entries */
+            keep_above(ctx, B->att, -1, NULL, ctx->attn_threshold[2 * il + 1], B->att, B->att, Eq, T,
+                       &ctx->attn_active[il], NULL);
+        else if (hp->attn_input_sparse) ctx->attn_active[il] += T * Eq;
         TRY(matmul(e, &L->wo, B->att, B->cur, T));
-        if (hp->attn_input_sparse) ctx->attn_active[il] += T * Eq;
     }
     if (L->bo.data) TRY(add_bias(e, B->cur, &L->bo, T));
     return PI_OK;
@@ -621,6 +647,30 @@ static pi_status act_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, 
     return residual_add(ctx, e, B->att, &L->post_ffn_norm, T);
 }
 
+/* A level over the dense kernels (a batch beyond sparse_gather_max): the gate over the kept input entries (the others
+ * zeroed), up over every entry, h = act(gate) * up zeroed for the channels left out, then the dense down matrix:
+ * the level's selection at about the dense model's speed. */
+static pi_status masked_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t il, int64_t T) {
+    const pi_hparams *hp = &ctx->model->hp;
+    const pi_layer *ML = &ctx->model->layers[il];
+    pi_buffers *B = &e->buf;
+    if (ML->act_gate.down_t.data && ctx->input_threshold[il] > 0.0f) {   /* B->att is free until the FFN's output */
+        keep_above(ctx, B->cur, -1, NULL, ctx->input_threshold[il], B->cur, B->att, hp->n_embd, T,
+                   &ctx->input_active[il], NULL);
+        TRY(matmul(e, &L->ffn_gate, B->att, B->gate, T));
+        TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
+    } else {
+        TRY(matmuls(e, 2, (const pi_tensor *[]){ &L->ffn_gate, &L->ffn_up }, B->cur, (float *[]){ B->gate, B->up }, T));
+        ctx->input_active[il] += T * hp->n_embd;
+    }
+    pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
+    TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, &g, &u));   /* h = up */
+    keep_above(ctx, B->gate, hp->ffn_act, ML->act_ffn.act_scale, ctx->layer_threshold[il], B->up, B->up, hp->n_ff, T,
+               &ctx->sparse_active[il], ctx->neuron_counts ? ctx->neuron_counts + il * hp->n_ff : NULL);
+    TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
+    return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
+}
+
 static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_exec *e = lx->ffn;
@@ -628,7 +678,8 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     pi_buffers *B = &e->buf;
     TRY(move_x(ctx, at, e, T));
     TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
-    if (act_sparse(ctx, lx, il, T)) return act_sparse_ffn(ctx, e, L, il, T);
+    if (act_sparse(ctx, lx, il, T))
+        return batch_gathers(ctx, T) ? act_sparse_ffn(ctx, e, L, il, T) : masked_sparse_ffn(ctx, e, L, il, T);
     if (hp->ffn_gate != PI_FFN_SEQ)
         TRY(matmuls(e, 2, (const pi_tensor *[]){ &L->ffn_gate, &L->ffn_up }, B->cur, (float *[]){ B->gate, B->up }, T));
     else

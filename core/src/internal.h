@@ -348,6 +348,9 @@ pi_status pi_sparse_pack_on(pi_threadpool *pool, const pi_sparse_ffn_weights *w,
 /* out[k] = act(g[k]) w[k] (w NULL: 1) for n channels with the gate given: the scores whose |.| the activation-sparse
  * selection compares with its threshold, and which the calibration histogram (pi_act_histogram kind 0) counts */
 void      pi_gate_scores(int32_t act, int64_t n, const float *g, const float *w, float *out);
+/* pi_op_sparse_mask over contiguous rows [T][n], unchecked */
+void      pi_sparse_mask(pi_threadpool *pool, const float *s, int32_t act, const float *w, float threshold,
+                         const float *src, float *dst, int64_t n, int64_t T, int64_t *n_kept, int64_t *counts);
 size_t    pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T);
 pi_status pi_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, int32_t act, int32_t gate_mode,
                         const pi_tensor *x, const pi_tensor *scores, float threshold, pi_tensor *out,

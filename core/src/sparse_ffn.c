@@ -448,6 +448,60 @@ pi_status pi_predictor(pi_threadpool *pool, const pi_tensor *fc1, const pi_tenso
     return pi_mul_mat(pool, fc2, &ht, scores, scratch);
 }
 
+/* ---- a level's selection over dense values (a batch through the dense kernels, context.c) ---- */
+
+typedef struct {
+    const float *s, *src, *w;
+    float *dst;
+    int32_t act;
+    float threshold;
+    int64_t n, T;
+    int64_t *counts;
+    atomic_llong kept;
+} mask_args;
+
+/* the threads split the n entries of a row, as select_task splits the neurons */
+static void mask_task(void *p, int ith, int nth) {
+    mask_args *a = p;
+    const int64_t per = (a->n + nth - 1) / nth, i0 = PI_MIN(a->n, per * ith), i1 = PI_MIN(a->n, i0 + per);
+    const float threshold = a->threshold;
+    int64_t *counts = a->counts, kept = 0;
+    for (int64_t t = 0; t < a->T; t++) {
+        const float *s = a->s + t * a->n, *x = a->src + t * a->n;
+        float *y = a->dst + t * a->n;
+        for (int64_t c = i0; c < i1; c += 256) {
+            float v[256];   /* the values select_task compares */
+            int32_t keep[256];
+            const int64_t m = PI_MIN(256, i1 - c);
+            if (a->act >= 0) pi_gate_scores(a->act, m, s + c, a->w ? a->w + c : NULL, v);
+            else memcpy(v, s + c, (size_t)m * sizeof(float));
+            int32_t n_keep = 0;
+            for (int64_t k = 0; k < m; k++) {
+                keep[k] = fabsf(v[k]) >= threshold;
+                n_keep += keep[k];
+            }
+            for (int64_t k = 0; k < m; k++) {   /* y = keep ? x : +0, without a branch (keep is random) */
+                uint32_t bits;
+                memcpy(&bits, x + c + k, sizeof bits);
+                bits &= (uint32_t)-keep[k];
+                memcpy(y + c + k, &bits, sizeof bits);
+            }
+            kept += n_keep;
+            for (int64_t k = 0; counts && k < m; k++) counts[c + k] += keep[k];
+        }
+    }
+    atomic_fetch_add(&a->kept, kept);
+}
+
+void pi_sparse_mask(pi_threadpool *pool, const float *s, int32_t act, const float *w, float threshold, const float *src,
+                    float *dst, int64_t n, int64_t T, int64_t *n_kept, int64_t *counts) {
+    mask_args a = { .s = s, .src = src, .w = w, .dst = dst, .act = act, .threshold = threshold, .n = n, .T = T,
+                    .counts = counts };
+    atomic_init(&a.kept, 0);
+    pi_threadpool_run(pool, mask_task, &a);
+    if (n_kept) *n_kept += atomic_load(&a.kept);
+}
+
 /* ---- public, checked entry points ---- */
 
 #define RETURN_IF(st) do { pi_status st_ = (st); if (st_ != PI_OK) return st_; } while (0)
@@ -548,4 +602,19 @@ pi_status pi_op_sparse_ffn(pi_threadpool *pool, const pi_sparse_ffn_weights *w, 
     pi_status st = pi_sparse_ffn(pool, w, act, gate_mode, x, scores, threshold, out, n_active, NULL, scratch);
     free(scratch);
     return st;
+}
+
+pi_status pi_op_sparse_mask(pi_threadpool *pool, const pi_tensor *s, int32_t act, const float *weights, float threshold,
+                            const pi_tensor *src, pi_tensor *dst, int64_t *n_kept, int64_t *counts) {
+    RETURN_IF(pi_check_tensor(s, "sparse_mask s"));
+    const int64_t n = s->ne[0], T = s->ne[1];
+    RETURN_IF(check_f32_2d(s, n, T, "sparse_mask s"));
+    RETURN_IF(check_f32_2d(src, n, T, "sparse_mask src"));
+    RETURN_IF(check_f32_2d(dst, n, T, "sparse_mask dst"));
+    if (s->nb[1] != n * (int64_t)sizeof(float) || src->nb[1] != s->nb[1] || dst->nb[1] != s->nb[1])
+        return pi_fail(PI_ERR_INVALID_ARG, "sparse_mask: s, src and dst must be contiguous");
+    if (act < -1 || act > PI_ACT_GELU) return pi_fail(PI_ERR_INVALID_ARG, "sparse_mask: unknown activation %d", act);
+    if (isnan(threshold)) return pi_fail(PI_ERR_INVALID_ARG, "sparse_mask: threshold is NaN");
+    pi_sparse_mask(pool, s->data, act, weights, threshold, src->data, dst->data, n, T, n_kept, counts);
+    return PI_OK;
 }

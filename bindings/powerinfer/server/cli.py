@@ -142,7 +142,7 @@ def make_loader(args):
                             n_threads=args.threads or None, seed=args.seed, kv_type=args.kv_type,
                             n_parallel=args.parallel, chat_format=chat_format, chat_template=template,
                             sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
-                            sparse_batch_max=args.sparse_batch_max,
+                            sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,
                             model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
                             **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())

@@ -191,3 +191,30 @@ def test_cli_output_and_kld_modes(model, model_path, ctx, text, tmp_path):
     e = _cli("-m", model_path, "-f", short, "-c", N_CTX, "-t", 1)
     assert e.returncode == 1 and "Traceback" not in e.stderr
     assert e.stderr.strip().splitlines()[-1].startswith("perplexity: error: you need at least 128 tokens")
+
+
+def test_row_helpers_are_the_whole_array_formulas_in_blocks():
+    """log_softmax, the float16 rounding and the per-row KL run in blocks of rows on several threads (whole-array
+    float64 temporaries of a 262144-word vocabulary cost seconds a window); their bits are the whole-array numpy
+    formulas', for any number of rows (13: not a multiple of the block) and for -inf-like logits."""
+    from powerinfer import perplexity as P
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((13, 3000)) * 8).astype(np.float32)
+    x[2, :50] = -1e30
+    y = x + rng.standard_normal(x.shape).astype(np.float32)
+
+    def lsm(a):
+        a = np.asarray(a, dtype=np.float64)
+        m = np.max(a, axis=-1, keepdims=True)
+        return a - m - np.log(np.sum(np.exp(a - m), axis=-1, keepdims=True))
+
+    def f16(lp):
+        return np.maximum(lp, float(np.finfo(np.float16).min)).astype(np.float16)
+    assert np.array_equal(P.log_softmax(x), lsm(x)) and np.array_equal(P.log_softmax(x[0]), lsm(x[0]))
+    assert np.array_equal(P._to_f16_logprobs(lsm(x)), f16(lsm(x)))
+    base, this = f16(lsm(y)), f16(lsm(x))
+    lp_b, lp_t = lsm(base), lsm(this)
+    p_b = np.exp(lp_b)
+    with np.errstate(invalid="ignore"):
+        want = np.maximum(np.where(p_b > 0, p_b * (lp_b - lp_t), 0.0).sum(axis=1), 0.0)
+    assert np.array_equal(P._kld_rows(base, this), want) and np.all(want > 0)

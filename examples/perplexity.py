@@ -29,16 +29,16 @@ from powerinfer.perplexity import KLDBase, perplexity
 def parse_args(argv=None):
     p = cli.parser(__doc__)
     p.add_argument("-f", "--file", default=None, help="text file to evaluate (e.g. wiki.test.raw)")
-    cli.add_context_args(p, ctx_size="window size in tokens (default: 512, or the base's with --kl-divergence)")
+    # a gate-sparse file's level is measured as generation runs it: every window through the sparse kernels
+    # (--sparse-gather-max 1: through the dense kernels, several times faster, the same inputs and channels kept)
+    cli.add_context_args(p, ctx_size="window size in tokens (default: 512, or the base's with --kl-divergence)",
+                         sparse_gather_max=0)
     p.add_argument("--chunks", type=int, default=-1, help="evaluate at most this many windows (default: all)")
     p.add_argument("--kl-divergence-base", metavar="FILE", default=None,
                    help="without --kl-divergence: save this run's scored log-probabilities to FILE; "
                         "with it: the saved run to compare against")
     p.add_argument("--kl-divergence", action="store_true",
                    help="compare this run with --kl-divergence-base: mean KL divergence, top-1 agreement, PPL ratio")
-    # a gate-sparse file's level is measured as generation runs it: every window through the sparse kernels
-    # (--sparse-gather-max 1: through the dense kernels, several times faster, the same inputs and channels kept)
-    p.set_defaults(sparse_gather_max=0)
     return cli.parse(p, argv, prog="perplexity")
 
 

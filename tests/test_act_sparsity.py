@@ -896,10 +896,22 @@ def test_api_and_server_flags_take_a_level(sparse_files):
         llm.close()
     with pytest.raises(ValueError, match="not stored"):
         pi.PowerInfer(str(dst), n_ctx=64, sparsity=0.3)
+    llm = pi.PowerInfer(str(dst), n_ctx=64, sparse_gather_max=3)
+    try:
+        assert llm.ctx.sparse_gather_max == 3
+    finally:
+        llm.close()
     p = cli.parser("x")
     cli.add_context_args(p, ctx_size="c")
     assert p.parse_args(["--sparsity", "0.5"]).sparsity == 0.5
+    assert p.parse_args([]).sparse_gather_max == 1 and p.parse_args(["--sparse-gather-max", "0"]).sparse_gather_max == 0
     assert server_args(["-m", str(dst), "--sparsity", "0.25"]).sparsity == 0.25
+    assert server_args(["-m", str(dst), "--sparse-gather-max", "4"]).sparse_gather_max == 4
+    import importlib.util                         # perplexity measures a level as generation runs it, unless asked
+    spec = importlib.util.spec_from_file_location("examples_perplexity", ROOT / "examples" / "perplexity.py")
+    perplexity_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(perplexity_cli)
+    assert perplexity_cli.parse_args(["-m", str(dst)]).sparse_gather_max == 0
 
 
 @pytest.mark.parametrize("part", ["ffn_down_t", "ffn_gate_t"])

@@ -55,9 +55,9 @@ def parser(doc: str, **kwargs) -> ArgumentParser:
     return p
 
 
-def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None, batch_size: bool = True) -> None:
-    """-c (when ctx_size, its help), -b, -t, --kv-type, and the sparse model's --sparse-threshold, --sparsity,
-    --dense, -nr."""
+def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None, batch_size: bool = True,
+                     sparse_gather_max: int = 1) -> None:
+    """-c (when ctx_size, its help), -b, -t, --kv-type, and the sparse model's flags (add_sparse_args)."""
     if ctx_size is not None:
         p.add_argument("-c", "--ctx-size", type=int, default=None, help=ctx_size)
     if batch_size:
@@ -65,11 +65,12 @@ def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None,
                        help="tokens per decode call for prompts (default: %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
-    add_sparse_args(p)
+    add_sparse_args(p, sparse_gather_max=sparse_gather_max)
 
 
-def add_sparse_args(p: argparse.ArgumentParser) -> None:
-    """--sparse-threshold, --sparsity, --dense and -nr (the programs' and the server's)."""
+def add_sparse_args(p: argparse.ArgumentParser, *, sparse_gather_max: int = 1) -> None:
+    """--sparse-threshold, --sparsity, --sparse-batch-max, --sparse-gather-max (its default as given), --dense and -nr
+    (the programs' and the server's)."""
     p.add_argument("--sparse-threshold", type=float, default=None,
                    help="predictor threshold for PowerInfer models (default: $LLAMA_SPARSE_PRED_THRESHOLD, "
                         "else the file's powerinfer.sparse_threshold, else 0.0)")
@@ -79,11 +80,11 @@ def add_sparse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparse-batch-max", type=int, default=0, metavar="N",
                    help="gate-sparse files: decode calls of more than N tokens (prompts) run the dense model "
                         "exactly; generation stays sparse (default 0: every call runs the level)")
-    p.add_argument("--sparse-gather-max", type=int, default=1, metavar="N",
+    p.add_argument("--sparse-gather-max", type=int, default=sparse_gather_max, metavar="N",
                    help="gate-sparse files: decode calls of at most N tokens run a level through the sparse kernels "
                         "(only the kept rows read); larger ones (prompts) zero what the level leaves out and run the "
-                        "dense kernels, several times faster (default 1; 0: every call through the sparse kernels, "
-                        "a prompt's logits then those of its tokens one at a time)")
+                        f"dense kernels, several times faster (default {sparse_gather_max}; 0: every call through the "
+                        "sparse kernels, a prompt's logits then those of its tokens one at a time)")
     p.add_argument("--dense", action="store_true",
                    help="compute every FFN neuron of a PowerInfer model (no predictor), for comparison")
     p.add_argument("-nr", "--no-repack", action="store_true",

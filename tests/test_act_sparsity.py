@@ -467,7 +467,7 @@ def test_batches_apply_the_level_to_the_dense_kernels(attn_file):
     ctx.set_gate_input_thresholds([1e-30, 1e-30])
     ctx.set_attn_input_thresholds(np.full((2, 2), 1e-30))
     assert np.array_equal(logits_all(ctx, PROMPT), ref)
-    masked, gather = pi.Context(model, n_ctx=64), pi.Context(model, n_ctx=64, **GATHER)
+    masked, gather = (pi.Context(model, n_ctx=64, count_neurons=True, **kw) for kw in ({}, GATHER))
     assert masked.sparse_gather_max == 1
     out, stats = {}, {}
     for name, ctx, n in (("batch", masked, len(PROMPT)), ("pairs", masked, 2), ("gather", gather, len(PROMPT))):
@@ -476,6 +476,8 @@ def test_batches_apply_the_level_to_the_dense_kernels(attn_file):
         stats[name] = np.stack([ctx.sparse_stats()[0], ctx.gate_input_stats()[0], ctx.attn_input_stats()[0]])
     assert np.array_equal(out["batch"], out["pairs"]) and np.array_equal(stats["batch"], stats["pairs"])
     assert np.all(np.abs(stats["batch"] - stats["gather"]) <= 0.01 * stats["gather"]), stats
+    counts = masked.neuron_counts(), gather.neuron_counts()     # since the last reset: one PROMPT each
+    assert np.abs(counts[0] - counts[1]).sum() <= 0.01 * counts[1].sum() and counts[1].sum() > 0, counts
     assert np.all(stats["batch"] < 0.8 * np.array([[512], [256], [512]]) * len(PROMPT)), stats["batch"]
     assert rel_rms(out["batch"], out["gather"]) < FLOAT_REL_RMS * 10
     assert rel_rms(out["batch"], ref) > 0.01                      # the level does change the result

@@ -36,7 +36,15 @@
 
 #define Q4_KC_AUX 1280   /* aux bytes per super-block and 64 outputs: 20 per output */
 #define Q6_KC_AUX 1152   /* 18 per output */
-#define KC_TILE 8        /* chunks of 64 outputs per pass over the rows (AVX2) */
+/* Chunks of 64 outputs per pass over a super-block's rows (AVX2): each row is read in pieces of KC_TILE * 32 bytes
+ * (Q4_KC). 8 (256-byte pieces) read the 7B shape's rows at 10-13 GB/s on 2 threads of a Sapphire Rapids; 32 (1 KB, a
+ * down row's half, 8 KB of int32 sums on the stack) made its input-sparse gate (5.5 KB rows) 1.28-1.30x faster and the
+ * CATS step 1.04-1.10x (`ab_ops.py --op gate_t,cats`; a one-thread harness: 256-byte pieces of 128 rows 6.6-8.4 GB/s,
+ * whole rows 8-16 side by side 12-13), on the 542M files and Gemma 3 270M gate_t 1.03-1.12x, cats 1.00 +- 0.03.
+ * The bits do not depend on it (integer sums per output, the same epilogue per chunk). */
+#ifndef KC_TILE
+#define KC_TILE 32
+#endif
 /* How far ahead (bytes) kc_lo_sums requests each row's line on Intel (pi_cpu_software_prefetch): a super-block's
  * rows are up to 256 short streams side by side. 542M Q4_K_M at half the channels, 2 threads, Sapphire Rapids:
  * decode 0.69x -> 0.80x its dense model's speed (128 and 512 bytes: the same; into L2 512 ahead 0.76x); the next
@@ -166,8 +174,8 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
         if (cm[j]) act[n_act++] = j;
     const __m256 vbd = _mm256_set1_ps(bd);
     const bool ahead = pi_cpu_software_prefetch();
-    /* Outputs in tiles of KC_TILE chunks, the runs two at a time over a tile: each row is read in runs of 256 bytes,
-     * up to 32 rows side by side (all of a super-block's rows at once would be up to 256 concurrent streams) */
+    /* Outputs in tiles of KC_TILE chunks, the runs two at a time over a tile: each row is read in pieces of
+     * KC_TILE * 32 bytes, up to 32 rows side by side (all of a super-block's rows at once: up to 256 streams) */
     for (int64_t c0 = 0; c0 < n / 64; c0 += KC_TILE) {
         const int nc = (int)PI_MIN(KC_TILE, n / 64 - c0);
         __m256i acc[KC_TILE][8];   /* sumi, lanes as kc_madd2 leaves them */
@@ -183,7 +191,8 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
                     else for (int i = 0; i < 4; i++) s[h2][i] = _mm256_setzero_si256();
                 const uint8_t *ax = (const uint8_t *)aux + cc * Q4_KC_AUX;
                 if (ahead && u == 0)   /* the next tile's chunk of scales, into L2 */
-                    for (int l = 0; l < Q4_KC_AUX; l += 64) _mm_prefetch((const char *)ax + KC_TILE * Q4_KC_AUX + l, _MM_HINT_T1);
+                    for (int l = 0; l < Q4_KC_AUX; l += 64)
+                        _mm_prefetch((const char *)ax + KC_TILE * Q4_KC_AUX + l, _MM_HINT_T1);
                 for (int i = 0; i < 4; i++) {   /* |s sc m| <= 30480 * 2016: the pair's sum fits int32 */
                     const __m256i wa = _mm256_mullo_epi16(
                         _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ax + 256 + 64 * ja + 16 * i))), ma);
@@ -321,7 +330,8 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
                 }
                 const uint8_t *ax = (const uint8_t *)aux + cc * Q6_KC_AUX;
                 if (ahead && u == 0)   /* the next tile's chunk of scales, into L2 */
-                    for (int l = 0; l < Q6_KC_AUX; l += 64) _mm_prefetch((const char *)ax + KC_TILE * Q6_KC_AUX + l, _MM_HINT_T1);
+                    for (int l = 0; l < Q6_KC_AUX; l += 64)
+                        _mm_prefetch((const char *)ax + KC_TILE * Q6_KC_AUX + l, _MM_HINT_T1);
                 for (int i = 0; i < 4; i++) {   /* |sc (s_lo + 16 (s_hi - b2))| <= 128 * (30480 + 16 * 4064) */
                     const __m128i sc8 = _mm_loadu_si128((const __m128i *)(ax + 128 + 64 * j + 16 * i));
                     const __m256i sc = _mm256_cvtepi8_epi16(sc8);

@@ -48,8 +48,8 @@
 /* How far ahead (bytes) kc_lo_sums requests each row's line on Intel (pi_cpu_software_prefetch): a super-block's
  * rows are up to 256 short streams side by side. 542M Q4_K_M at half the channels, 2 threads, Sapphire Rapids:
  * decode 0.69x -> 0.80x its dense model's speed (128 and 512 bytes: the same; into L2 512 ahead 0.76x); the next
- * tile's scales into L2 as well: +2-4% more (into L1: +1-2%). With KC_TILE 32, on the 7B Q4_K_M shape: 512 ahead
- * 1.04-1.08x the time, 1024 1.2x. AMD not measured with it. */
+ * tile's scales into L2 as well: +2-4% more (into L1: +1-2%). With KC_TILE 32, on the 7B Q4_K_M shape: 128 ahead
+ * 1.01-1.05x the time, 512 1.04-1.08x, 1024 1.2x. AMD not measured with it. */
 #ifndef KC_PREFETCH
 #define KC_PREFETCH 256
 #endif

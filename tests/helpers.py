@@ -31,6 +31,13 @@ def logits_all(ctx, tokens, *, clear: bool = False) -> np.ndarray:
     return np.stack([ctx.logits(i) for i in range(len(tokens))])
 
 
+def logits_in_calls(ctx, tokens, n: int, *, clear: bool = False) -> np.ndarray:
+    """Every position's logits, decoding the tokens n to a call (after kv_clear if clear)."""
+    if clear:
+        ctx.kv_clear()
+    return np.concatenate([logits_all(ctx, tokens[s:s + n]) for s in range(0, len(tokens), n)])
+
+
 def logits_one_by_one(ctx, tokens, *, clear: bool = False) -> np.ndarray:
     """The logits of decoding the tokens one call each (after kv_clear if clear)."""
     if clear:

@@ -41,6 +41,7 @@ GATHER = dict(sparse_gather_max=0)
 
 logits_all = functools.partial(helpers.logits_all, clear=True)
 logits_one_by_one = functools.partial(helpers.logits_one_by_one, clear=True)
+logits_in_calls = functools.partial(helpers.logits_in_calls, clear=True)
 
 
 @pytest.fixture(scope="module")
@@ -442,16 +443,6 @@ def test_sparse_batch_max_runs_prompts_dense(attn_file):
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="sparse_batch_max"):
             pi.Context(model, n_ctx=64, sparse_batch_max=bad)
-
-
-def logits_in_calls(ctx, tokens, n):
-    """Every position's logits, decoding the tokens n to a call (after kv_clear)."""
-    ctx.kv_clear()
-    out = []
-    for s in range(0, len(tokens), n):
-        ctx.decode(tokens[s:s + n], logits="all")
-        out += [ctx.logits(i) for i in range(len(tokens[s:s + n]))]
-    return np.stack(out)
 
 
 def test_batches_apply_the_level_to_the_dense_kernels(attn_file):

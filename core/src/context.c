@@ -399,14 +399,8 @@ static bool batch_gathers(const pi_context *ctx, int64_t T) {
     return ctx->params.sparse_gather_max <= 0 || T <= ctx->params.sparse_gather_max;
 }
 
-/* dst [T][n] = src where the level keeps the entry, else 0 (pi_op_sparse_mask: act -1 keeps |s| >= threshold, an
- * activation |act(s)| * w >= threshold); the entries kept added to *n_kept, per entry to counts (NULL: none). */
-static void keep_above(pi_context *ctx, const float *s, int32_t act, const float *w, float threshold,
-                       const float *src, float *dst, int64_t n, int64_t T, int64_t *n_kept, int64_t *counts) {
-    pi_sparse_mask(ctx->pool, s, act, w, threshold, src, dst, n, T, n_kept, counts);
-}
-
-/* Whether layer il's q/k/v (part 0) or wo (part 1) runs as an input-sparse matmul (a file with attn_input_sparse,
+/* Whether layer il's q/k/v (part 0) or wo (part 1) reads only the input entries above its threshold: an input-sparse
+ * matmul, or in a batch beyond sparse_gather_max the dense one over the kept entries (a file with attn_input_sparse,
  * predictor mode and a batch within sparse_batch_max, a threshold > 0, the attention on the CPU). */
 static bool attn_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t il, int part, int64_t T) {
     return ctx->model->hp.attn_input_sparse && batch_sparse(ctx, T) && ctx->attn_threshold[2 * il + part] > 0.0f &&
@@ -433,6 +427,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     const int64_t T = b->n_tokens, hd = pi_head_dim(hp), Ekv = hd * hp->n_head_kv, Eq = hd * hp->n_head;
     const bool local = pi_layer_is_swa(hp, il);
     const pi_kv_cache *kv = &ctx->kv;
+    const bool qkv_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 0, T);
 
     if (L->wqkv.data) {   /* falcon: one matmul, rows = all Q heads, then all K heads, then all V heads */
         const int64_t W = Eq + 2 * Ekv;
@@ -446,16 +441,16 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         src.data = B->qkv + Eq + Ekv;
         dst = f32_2d(B->v, Ekv, T);
         TRY(OP(e, copy_2d, &src, &dst));
-    } else if (attn_sparse(ctx, lx, il, 0, T) && batch_gathers(ctx, T)) {
+    } else if (qkv_sparse && batch_gathers(ctx, T)) {
         const pi_sparse_ffn_weights *W = ctx->model->layers[il].act_attn;
         TRY(attn_sparse_matmul(ctx, e, &W[0], il, 0, B->cur, hp->n_embd, B->q, Eq, T, &ctx->attn_active[il]));
         TRY(attn_sparse_matmul(ctx, e, &W[1], il, 0, B->cur, hp->n_embd, B->k, Ekv, T, NULL));
         TRY(attn_sparse_matmul(ctx, e, &W[2], il, 0, B->cur, hp->n_embd, B->v, Ekv, T, NULL));
     } else {
         float *in = B->cur;
-        if (attn_sparse(ctx, lx, il, 0, T)) {   /* a batch: the kept entries in B->att (free until the attention) */
-            keep_above(ctx, B->cur, -1, NULL, ctx->attn_threshold[2 * il], B->cur, B->att, hp->n_embd, T,
-                       &ctx->attn_active[il], NULL);
+        if (qkv_sparse) {   /* a batch: the kept entries in B->att (free until the attention) */
+            pi_sparse_mask(ctx->pool, B->cur, -1, NULL, ctx->attn_threshold[2 * il], B->cur, B->att, hp->n_embd, T,
+                           &ctx->attn_active[il], NULL);
             in = B->att;
         } else if (hp->attn_input_sparse) ctx->attn_active[il] += T * hp->n_embd;   /* every entry read */
         TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, in, (float *[]){ B->q, B->k, B->v }, T));
@@ -502,8 +497,8 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
                                &ctx->attn_active[il]));
     else {
         if (wo_sparse)   /* a batch: wo over the kept entries */
-            keep_above(ctx, B->att, -1, NULL, ctx->attn_threshold[2 * il + 1], B->att, B->att, Eq, T,
-                       &ctx->attn_active[il], NULL);
+            pi_sparse_mask(ctx->pool, B->att, -1, NULL, ctx->attn_threshold[2 * il + 1], B->att, B->att, Eq, T,
+                           &ctx->attn_active[il], NULL);
         else if (hp->attn_input_sparse) ctx->attn_active[il] += T * Eq;
         TRY(matmul(e, &L->wo, B->att, B->cur, T));
     }
@@ -627,6 +622,12 @@ static bool act_sparse(const pi_context *ctx, const pi_layer_exec *lx, int32_t i
            lx->ffn == &ctx->cpu;
 }
 
+/* Whether layer il's gate reads only the FFN input entries with |x_j| >= its input threshold (a file with ffn_gate_t
+ * or a column layout of ffn_gate, a threshold > 0). */
+static bool gate_input_sparse(const pi_context *ctx, int32_t il) {
+    return ctx->model->layers[il].act_gate.down_t.data && ctx->input_threshold[il] > 0.0f;
+}
+
 /* The activation-sparse FFN of a gate-sparse layer: the gate (dense, or over the input entries with |x_j| >= the
  * input threshold where the file has ffn_gate_t), then the channels with |act(gate)| >= the layer's threshold. */
 static pi_status act_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t il, int64_t T) {
@@ -634,7 +635,7 @@ static pi_status act_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, 
     const pi_layer *ML = &ctx->model->layers[il];
     pi_buffers *B = &e->buf;
     pi_tensor in = f32_2d(B->cur, hp->n_embd, T), g = f32_2d(B->gate, hp->n_ff, T), o = f32_2d(B->att, hp->n_embd, T);
-    if (ML->act_gate.down_t.data && ctx->input_threshold[il] > 0.0f) {   /* up NULL: an input-sparse matmul */
+    if (gate_input_sparse(ctx, il)) {   /* up NULL: an input-sparse matmul */
         TRY(OP(e, sparse_ffn, &ML->act_gate, NULL, hp->ffn_act, PI_FFN_SEQ, &in, &in, ctx->input_threshold[il], NULL, &g,
                &ctx->input_active[il], NULL));
     } else {
@@ -654,9 +655,9 @@ static pi_status masked_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *
     const pi_hparams *hp = &ctx->model->hp;
     const pi_layer *ML = &ctx->model->layers[il];
     pi_buffers *B = &e->buf;
-    if (ML->act_gate.down_t.data && ctx->input_threshold[il] > 0.0f) {   /* B->att is free until the FFN's output */
-        keep_above(ctx, B->cur, -1, NULL, ctx->input_threshold[il], B->cur, B->att, hp->n_embd, T,
-                   &ctx->input_active[il], NULL);
+    if (gate_input_sparse(ctx, il)) {   /* B->att is free until the FFN's output */
+        pi_sparse_mask(ctx->pool, B->cur, -1, NULL, ctx->input_threshold[il], B->cur, B->att, hp->n_embd, T,
+                       &ctx->input_active[il], NULL);
         TRY(matmul(e, &L->ffn_gate, B->att, B->gate, T));
         TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
     } else {
@@ -665,8 +666,9 @@ static pi_status masked_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *
     }
     pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
     TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, &g, &u));   /* h = up */
-    keep_above(ctx, B->gate, hp->ffn_act, ML->act_ffn.act_scale, ctx->layer_threshold[il], B->up, B->up, hp->n_ff, T,
-               &ctx->sparse_active[il], ctx->neuron_counts ? ctx->neuron_counts + il * hp->n_ff : NULL);
+    pi_sparse_mask(ctx->pool, B->gate, hp->ffn_act, ML->act_ffn.act_scale, ctx->layer_threshold[il], B->up, B->up,
+                   hp->n_ff, T, &ctx->sparse_active[il],
+                   ctx->neuron_counts ? ctx->neuron_counts + il * hp->n_ff : NULL);
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
 }

@@ -24,6 +24,10 @@ import sparsify  # noqa: E402
 
 DTYPES = ["f32", "f16", "q8_0", "q4_0"]
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 250, 31, 5]
+# 40 tokens: at the amx level a batch through the sparse kernels gathers its rows on AMX tiles (sparse_ffn.c
+# gather_tiles: two whole 16-token tiles) and the 8-token tail through the 8-row kernels
+LONG_PROMPT = PROMPT + [2, 40, 77, 310, 150, 9, 11, 260, 33, 120, 180, 6, 71, 90, 210, 15, 48, 99, 280, 3, 66, 140, 8,
+                        230, 19, 101]
 # every channel through the sparse kernels (threshold 1e-30) against the dense FFN of the same file:
 # f32/f16 sources transpose without loss (only the summation order differs); a q8_0 down_t is re-quantized
 # from the dequantized matrix, and the dense down matmul quantizes its input h to 8 bits where the sparse
@@ -310,10 +314,10 @@ def test_channel_weights(sparse_files, tmp_path):
 def test_sparse_batch_equals_token_by_token_and_thread_counts(sparse_files):
     _, dst = sparse_files["q4_0"]
     model = pi.Model(dst)
-    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1, **GATHER), PROMPT)
-    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2, **GATHER), PROMPT)
+    a = logits_all(pi.Context(model, n_ctx=64, n_threads=1, **GATHER), LONG_PROMPT)
+    b = logits_one_by_one(pi.Context(model, n_ctx=64, n_threads=2, **GATHER), LONG_PROMPT)
     assert np.array_equal(a, b)
-    dense = logits_all(pi.Context(model, n_ctx=64, dense=True), PROMPT)
+    dense = logits_all(pi.Context(model, n_ctx=64, dense=True), LONG_PROMPT)
     assert not np.array_equal(a, dense)      # the sparse level does change the result
 
 
@@ -545,10 +549,10 @@ def every_level_gives_the_scalar_bits(path, is_sparse):
             pi.set_cpu_isa(level)
             model = pi.Model(path)
             ctx = pi.Context(model, n_ctx=64, **GATHER)
-            out[level] = logits_all(ctx, PROMPT)
-            assert np.array_equal(out[level], logits_one_by_one(ctx, PROMPT)), level
+            out[level] = logits_all(ctx, LONG_PROMPT)
+            assert np.array_equal(out[level], logits_one_by_one(ctx, LONG_PROMPT)), level
             assert is_sparse(ctx), level
-            out[level, "masked"] = logits_all(pi.Context(model, n_ctx=64), PROMPT)
+            out[level, "masked"] = logits_all(pi.Context(model, n_ctx=64), LONG_PROMPT)
     finally:
         pi.set_cpu_isa(before)
     for key, got in out.items():
@@ -646,7 +650,7 @@ def test_isa_levels_give_the_scalar_bits(sparse_files):
     try:
         for level in [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]:
             pi.set_cpu_isa(level)
-            out[level] = logits_all(pi.Context(pi.Model(dst), n_ctx=64, **GATHER), PROMPT)
+            out[level] = logits_all(pi.Context(pi.Model(dst), n_ctx=64, **GATHER), LONG_PROMPT)
     finally:
         pi.set_cpu_isa(before)
     for level, got in out.items():

@@ -472,12 +472,16 @@ def sparse_packed(gate, up, down_t, gate_mode):
     return w, out, buf, n
 
 
-@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+@pytest.mark.parametrize("T", [1, 3, 16, 37])
 @pytest.mark.parametrize("gate_mode", ["par", "seq"])
-def test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode):
+def test_sparse_pack_is_its_exact_chain(at_level, pool2, level, T, gate_mode):  # noqa: F811
     """The packed layout (pi_sparse_pack: each neuron's rows together, scales ahead of the quants) gives
     exactly its emulated arithmetic: h from the packed dot products (lane partials + tree), out from the
-    integer group sums (np_q4_0r_down) over ranges. One token (fused path) and a batch; with and without a gate."""
+    integer group sums (np_q4_0r_down) over ranges, at every level. One token (fused path) and batches; with and
+    without a gate. At the amx level batches of 16 and 37 tokens gather 16 rows at a time on AMX tiles (the whole
+    16-token tiles; 37: two and a 5-token tail through the 8-row kernel), and 1112 neurons leave row tails."""
+    at_level(level)
     E, F = 512, 2 * SPARSE_RANGE + 88
     mode = lib.PI_FFN_PAR if gate_mode == "par" else lib.PI_FFN_SEQ
     rng = np.random.default_rng(10 + T)
@@ -724,20 +728,6 @@ def test_examples_accept_no_repack(q4_model):
 
 def supported_levels():
     return [lv for lv in pi.CPU_ISA_LEVELS if pi.cpu_isa_supported(lv)]
-
-
-def test_sparse_pack_is_its_exact_chain_at_every_level(pool2):
-    """The packed rows (dotted: words of a super-block's 8 blocks interleaved; added: the integer group sums)
-    give their emulated bits at every level this CPU runs, packed at that level too."""
-    before = pi.cpu_isa()
-    try:
-        for level in supported_levels():
-            pi.set_cpu_isa(level)
-            for T in (1, 3):
-                for gate_mode in ("par", "seq"):
-                    test_sparse_pack_is_its_exact_chain(pool2, T, gate_mode)
-    finally:
-        pi.set_cpu_isa(before)
 
 
 def test_input_sparse_matmul_packed_alone_is_its_group_sums(pool2):

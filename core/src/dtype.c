@@ -145,7 +145,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
      * packed rows */
     [PI_TYPE_Q8_0S]  = { "q8_0s", 32, 36, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },
-    [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P },
+    [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P, .tiles_act_type = PI_TYPE_Q8_0S },
     /* rows without scales: axpy_cols only */
     [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 32, .cols_aux = 2 },
     [PI_TYPE_Q4_KC]  = { "q4_kc", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 256, .cols_aux = 20 },

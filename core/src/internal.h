@@ -119,10 +119,17 @@ typedef struct pi_type_traits {
     void          (*group_row_to_f32)(const void *group, int k, float *dst, int64_t n);
     /* rows at any addresses (not interleaved) */
     pi_tiles_rows_fn tiles_rows;   /* optional: 16 rows x multiples of 16 tokens (AMX) */
+    int32_t         tiles_act_type;/* the tile kernels' activations where not vec_dot_type (0): Q4_0R's are Q8_0S,
+                                    * whose blocks lie contiguous as an A tile needs (Q8_0P interleaves them) */
     /* activation types: the tile table of the tile kernels (pi_type_kernels) */
     pi_tiles_prep_fn tiles_prep;
     int32_t         tiles_unit, tiles_unit_bytes;
 } pi_type_traits;
+
+/* The activation type of a weight type's tile kernels (tiles, tiles_rows). */
+static inline int32_t pi_tiles_act_type(const pi_type_traits *tr) {
+    return tr->tiles_act_type ? tr->tiles_act_type : tr->vec_dot_type;
+}
 
 /* Types that exist only inside the core (never in a GGUF file): activation formats and
  * load-time weight layouts. They follow the GGUF ids in the traits table. */

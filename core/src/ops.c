@@ -136,7 +136,9 @@ typedef struct {
  * that read one, else 0. */
 static int64_t tile_table_stride(const pi_type_traits *tr, int64_t K, int64_t T) {
     const pi_type_traits *xtr = pi_traits(tr->vec_dot_type);
-    if (T < PI_TILES_MIN_T || (!tr->tiles && !tr->tiles_rows) || !pi_cpu()->tiles_begin || !xtr->tiles_prep) return 0;
+    if (T < PI_TILES_MIN_T || (!tr->tiles && !tr->tiles_rows) || !pi_cpu()->tiles_begin || !xtr->tiles_prep ||
+        pi_tiles_act_type(tr) != tr->vec_dot_type)   /* mul_mat's activations are the vec_dot type */
+        return 0;
     return K / xtr->tiles_unit * xtr->tiles_unit_bytes;
 }
 

@@ -40,6 +40,7 @@
 #define SPARSE_RANGE 512    /* neurons per partial sum of the down step (fixes the summation order) */
 #define PREFETCH_LINES 4    /* first cache lines of the next 8 neurons requested ahead (fused path) */
 #define COLUMN_TILE 1024    /* output columns per pass of the batched down step (a multiple of 256) */
+#define TILES_CHUNK_T 64    /* tokens per tile kernel call of the gather (16 rows' u and g of them on the stack) */
 
 typedef struct {
     const pi_sparse_ffn_weights *w;
@@ -63,6 +64,10 @@ typedef struct {
     float   *h;          /* [T][nU] */
     char    *xq_gate, *xq_up;          /* [T] activation rows in the weights' vec_dot types */
     int64_t  xq_gate_bytes, xq_up_bytes;
+    char    *xs;         /* tiles: [T16] activation rows in the tile kernels' type, NULL: no tiles (gather_tiles) */
+    int64_t  xs_bytes, T16;            /* T16: the tokens of whole tiles */
+    char    *xt;         /* tiles: the tile table of the T16 tokens, xt_stride bytes per token tile */
+    int64_t  xt_stride;
     atomic_llong next;
 } sparse_args;
 
@@ -115,6 +120,12 @@ static void convert(sparse_args *a, int ith, int nth) {
         if (a->xq_gate && a->xq_gate != a->xq_up)
             pi_traits(pi_traits(a->w->gate.type)->vec_dot_type)->from_f32(x, a->xq_gate + t * a->xq_gate_bytes, a->E);
         pi_traits(pi_traits(a->w->up.type)->vec_dot_type)->from_f32(x, a->xq_up + t * a->xq_up_bytes, a->E);
+        if (a->xs && t < a->T16) {
+            const pi_type_traits *xtr = pi_traits(pi_tiles_act_type(pi_traits(a->w->up.type)));
+            char *row = a->xs + t * a->xs_bytes;
+            xtr->from_f32(x, row, a->E);
+            xtr->tiles_prep(a->E, row, (int)(t % PI_TILE_T), a->xt + t / PI_TILE_T * a->xt_stride);
+        }
     }
 }
 
@@ -148,16 +159,32 @@ static float gate_value(const sparse_args *a, int64_t i, int64_t t) {
     return ((const float *)((const char *)a->scores->data + t * a->scores->nb[1]))[i];
 }
 
-/* 8 gathered rows x every token with the 8-row kernels (same bits as vec_dot); h = 0 for inactive pairs. */
-static void gather8(const sparse_args *a, int64_t j0) {
+/* The up (and gate) rows of union rows j0 .. j0 + n - 1. */
+static void union_rows(const sparse_args *a, int64_t j0, int n, const void **up, const void **gate) {
+    for (int k = 0; k < n; k++) {
+        const int64_t i = a->rows[j0 + k];
+        up[k] = (const char *)a->w->up.data + i * a->w->up.nb[1];
+        gate[k] = a->xq_gate ? (const char *)a->w->gate.data + i * a->w->gate.nb[1] : NULL;
+    }
+}
+
+/* h of union rows j0 .. j0 + n - 1 for token t from their up (and gate) values; 0 for the inactive pairs. */
+static void store_h(const sparse_args *a, int64_t j0, int n, int64_t t, const float *u, const float *g) {
+    for (int k0 = 0; k0 < n; k0 += 8) {
+        float h[8];
+        combine(a, 8, a->rows + j0 + k0, u + k0, g + k0, h);
+        for (int k = 0; k < 8; k++)
+            a->h[t * a->n_rows + j0 + k0 + k] = a->active[t * a->F + a->rows[j0 + k0 + k]] ? h[k] : 0.0f;
+    }
+}
+
+/* 8 gathered rows x the tokens from t_begin on with the 8-row kernels (same bits as vec_dot); h = 0 for inactive
+ * pairs. */
+static void gather8(const sparse_args *a, int64_t j0, int64_t t_begin) {
     const pi_sparse_ffn_weights *w = a->w;
     const void *up[8], *gate[8];
-    for (int k = 0; k < 8; k++) {
-        const int64_t i = a->rows[j0 + k];
-        up[k] = (const char *)w->up.data + i * w->up.nb[1];
-        gate[k] = a->xq_gate ? (const char *)w->gate.data + i * w->gate.nb[1] : NULL;
-    }
-    for (int64_t t0 = 0; t0 < a->T; t0 += PI_DOT8_MAX_T) {
+    union_rows(a, j0, 8, up, gate);
+    for (int64_t t0 = t_begin; t0 < a->T; t0 += PI_DOT8_MAX_T) {
         const int nt = (int)PI_MIN(PI_DOT8_MAX_T, a->T - t0);
         float u[PI_DOT8_MAX_T][8], g[PI_DOT8_MAX_T][8] = { { 0 } };
         if (a->xq_gate)   /* gate first: in the packed layout a neuron's up row follows its gate row */
@@ -167,16 +194,32 @@ static void gather8(const sparse_args *a, int64_t j0) {
             for (int t = 0; t < nt; t++)
                 for (int k = 0; k < 8; k++) g[t][k] = gate_value(a, a->rows[j0 + k], t0 + t);
         pi_traits(w->up.type)->vec_dot8(a->E, up, a->xq_up + t0 * a->xq_up_bytes, a->xq_up_bytes, nt, u[0], 8);
-        for (int t = 0; t < nt; t++) {
-            float h[8];
-            combine(a, 8, a->rows + j0, u[t], g[t], h);
-            for (int k = 0; k < 8; k++)
-                a->h[(t0 + t) * a->n_rows + j0 + k] = a->active[(t0 + t) * a->F + a->rows[j0 + k]] ? h[k] : 0.0f;
-        }
+        for (int t = 0; t < nt; t++) store_h(a, j0, 8, t0 + t, u[t], g[t]);
     }
 }
 
-/* h of the union rows [j0, j1) for every token: 8 at a time where the types have 8-row kernels. */
+/* 16 gathered rows x the batch's whole token tiles on the AMX tile kernels (same bits as vec_dot); h = 0 for
+ * inactive pairs. */
+static void gather16_tiles(const sparse_args *a, int64_t j0) {
+    const pi_sparse_ffn_weights *w = a->w;
+    const void *up[16], *gate[16];
+    union_rows(a, j0, 16, up, gate);
+    for (int64_t t0 = 0; t0 < a->T16; t0 += TILES_CHUNK_T) {
+        const int nt = (int)PI_MIN(TILES_CHUNK_T, a->T16 - t0);
+        float u[TILES_CHUNK_T][16], g[TILES_CHUNK_T][16];
+        const char *xs = a->xs + t0 * a->xs_bytes, *xt = a->xt + t0 / PI_TILE_T * a->xt_stride;
+        if (a->xq_gate)
+            pi_traits(w->gate.type)->tiles_rows(a->E, gate, xs, a->xs_bytes, nt, g[0], 16, xt, a->xt_stride);
+        else
+            for (int t = 0; t < nt; t++)
+                for (int k = 0; k < 16; k++) g[t][k] = a->gate_given ? gate_value(a, a->rows[j0 + k], t0 + t) : 0.0f;
+        pi_traits(w->up.type)->tiles_rows(a->E, up, xs, a->xs_bytes, nt, u[0], 16, xt, a->xt_stride);
+        for (int t = 0; t < nt; t++) store_h(a, j0, 16, t0 + t, u[t], g[t]);
+    }
+}
+
+/* h of the union rows [j0, j1) for every token: 16 at a time on tiles where the batch has them (gather_tiles), 8
+ * at a time where the types have 8-row kernels. */
 static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
     const pi_sparse_ffn_weights *w = a->w;
     if (a->h_given) {   /* h = the scores of the active pairs */
@@ -187,8 +230,14 @@ static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
     }
     const bool rows8 = pi_traits(w->up.type)->vec_dot8 && (!a->xq_gate || pi_traits(w->gate.type)->vec_dot8);
     int64_t j = j0;
+    if (a->xs)   /* (gather_tiles: the types have 8-row kernels for the token tail) */
+        for (; j + 16 <= j1; j += 16) {
+            gather16_tiles(a, j);
+            gather8(a, j, a->T16);
+            gather8(a, j + 8, a->T16);
+        }
     if (rows8)
-        for (; j + 8 <= j1; j += 8) gather8(a, j);
+        for (; j + 8 <= j1; j += 8) gather8(a, j, 0);
     const pi_vec_dot_fn dot_up = pi_traits(w->up.type)->vec_dot;
     const pi_vec_dot_fn dot_gate = a->xq_gate ? pi_traits(w->gate.type)->vec_dot : NULL;
     for (; j < j1; j++) {
@@ -211,11 +260,14 @@ static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
 static void gather_task(void *p, int ith, int nth) {
     PI_UNUSED(ith); PI_UNUSED(nth);
     sparse_args *a = p;
+    pi_tile_session session;
+    if (a->xs) pi_cpu()->tiles_begin(a->w->up.type, &session);
     for (;;) {
         const int64_t j0 = atomic_fetch_add(&a->next, 1) * GATHER_CHUNK;
-        if (j0 >= a->n_rows) return;
+        if (j0 >= a->n_rows) break;
         gather_rows(a, j0, PI_MIN(a->n_rows, j0 + GATHER_CHUNK));
     }
+    if (a->xs) pi_cpu()->tiles_end(&session);
 }
 
 /* Adds the rows with coef != 0 to y (n columns from column c0 on) in order: for a column-block layout (Q4_0C, Q4_KC,
@@ -358,6 +410,10 @@ static void down_task(void *p, int ith, int nth) {
         }
 }
 
+/* What gather_tiles may use of the scratch for its activation rows and tile table: f32 rows, more than any
+ * quantized form and its table take. */
+static size_t tiles_bytes(int64_t E, int64_t T) { return (size_t)(T * E) * sizeof(float); }
+
 size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t F, int64_t T) {
     size_t bytes = (size_t)(T * F) + 64;                          /* active */
     bytes += (size_t)F * sizeof(int32_t) * 2 + 64;                /* count, rows */
@@ -367,7 +423,21 @@ size_t pi_sparse_ffn_scratch(const pi_sparse_ffn_weights *w, int64_t E, int64_t 
     bytes += (size_t)(T * F) * sizeof(float) + 64;                /* h */
     if (w->gate.data) bytes += (size_t)pi_mul_mat_scratch(w->gate.type, E, T) + 64;   /* NULL: the gate given */
     if (w->up.data) bytes += (size_t)pi_mul_mat_scratch(w->up.type, E, T) + 64;   /* NULL: h given */
+    if (w->up.data) bytes += tiles_bytes(E, T) + 128;   /* gather_tiles, at any level (contexts outlive levels) */
     return bytes;
+}
+
+/* Whether a batch of T tokens gathers its rows 16 at a time on the AMX tile kernels: the amx level, whole 16-token
+ * tiles, up rows with a tile kernel (and a gate, if read, of the same type), 8-row kernels for the token tail. */
+static bool gather_tiles(const sparse_args *a) {
+    const pi_type_traits *tr = pi_traits(a->w->up.type), *xtr = pi_traits(pi_tiles_act_type(tr));
+    if (a->T < PI_TILE_T || a->h_given || !tr->tiles_rows || !tr->vec_dot8 || !pi_cpu()->tiles_begin ||
+        !xtr->tiles_prep || !xtr->tiles_unit || a->E % xtr->tiles_unit ||
+        (a->xq_gate && a->w->gate.type != a->w->up.type))
+        return false;
+    const int64_t rows = pi_row_bytes(pi_tiles_act_type(tr), a->E) * a->T;
+    const int64_t table = a->T / PI_TILE_T * (a->E / xtr->tiles_unit * xtr->tiles_unit_bytes);
+    return (size_t)(rows + table) <= tiles_bytes(a->E, a->T);
 }
 
 static void *carve(char **p, size_t bytes) {
@@ -408,6 +478,15 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
         a.xq_gate_bytes = pi_row_bytes(pi_traits(w->gate.type)->vec_dot_type, a.E);
         a.xq_gate = pi_traits(w->gate.type)->vec_dot_type == pi_traits(w->up.type)->vec_dot_type
                         ? a.xq_up : carve(&p, (size_t)(a.xq_gate_bytes * a.T));
+    }
+    if (gather_tiles(&a)) {
+        const int32_t xtype = pi_tiles_act_type(pi_traits(w->up.type));
+        const pi_type_traits *xtr = pi_traits(xtype);
+        a.T16 = a.T / PI_TILE_T * PI_TILE_T;
+        a.xs_bytes = pi_row_bytes(xtype, a.E);
+        a.xs = carve(&p, (size_t)(a.xs_bytes * a.T));
+        a.xt_stride = a.E / xtr->tiles_unit * xtr->tiles_unit_bytes;
+        a.xt = carve(&p, (size_t)(a.T16 / PI_TILE_T * a.xt_stride));
     }
 
     pi_threadpool_run(pool, select_convert_task, &a);

@@ -6,6 +6,11 @@
  * their canonical order (pi_vec_dot_q4_1_q8_1) is Q5_0's with p[b % 8] = fma(m_w, s_x, p[b % 8]) after each block's
  * step, which the epilogue adds (the tile table holds s_x beside d_x).
  *
+ * pi_tiles_rows_q4_0r_q8_0s: 16 rows of the sparse FFN's Q4_0R layout (q4_0r.c) at any addresses against Q8_0S
+ * activations (not its vec_dot type Q8_0P: an A tile needs each block's 32 quants side by side). Q4_0R's canonical
+ * order is Q5_0's with the lanes permuted: lane l accumulates the blocks b = BLOCK_OF[l] mod 8, i.e. p[BLOCK_OF[l]],
+ * and pi_tree8 over the lanes is ((p0 + p1) + (p4 + p5)) + ((p2 + p3) + (p6 + p7)), the final tree here.
+ *
  * pi_tiles_rows_q8_0_q8_0s, pi_tiles_rows_q5_0_q8_0s: 16 rows at any addresses (the file's layout, not
  * repacked) x nt tokens (a multiple of 16) of PI_TYPE_Q8_0S activations; pi_tiles_q8_0x16_q8_0s: the same for
  * one group of the interleaved Q8_0X16 layout, whose quants are the B tiles as they stand (no transposition);
@@ -82,6 +87,51 @@ static void amx_q5_1_b(const char *const *p, int8_t *bt) {
     amx_u32_b(p, bt, offsetof(pi_block_q5_1, qs), offsetof(pi_block_q5_1, qh), 0);
 }
 
+/* 16 rows' eight 32-bit words v[r] (r < 16) -> w[l] (l < 8): 32-bit lane r of w[l] = word l of v[r]. Rows r and
+ * r + 8 share a register, so an 8 x 8 transpose per 256-bit half does it. */
+static inline void amx_words16x8(const __m256i v[16], __m512i w[8]) {
+    __m512i z[8], t[8], u[8];
+    for (int r = 0; r < 8; r++) z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(v[r]), v[r + 8], 1);
+    for (int q = 0; q < 4; q++) {   /* per 128-bit lane: rows 2q, 2q + 1 interleaved */
+        t[2 * q] = _mm512_unpacklo_epi32(z[2 * q], z[2 * q + 1]);
+        t[2 * q + 1] = _mm512_unpackhi_epi32(z[2 * q], z[2 * q + 1]);
+    }
+    for (int h = 0; h < 2; h++) {   /* u[4h + k]: words k and 4 + k of rows 4h..4h+3 (128-bit lanes 0, 2 | 1, 3) */
+        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int k = 0; k < 4; k++) {   /* rows 0-3, 4-7, 8-11, 12-15 of word k (lo) and 4 + k (hi) */
+        w[k] = _mm512_permutex2var_epi64(u[k], lo, u[4 + k]);
+        w[4 + k] = _mm512_permutex2var_epi64(u[k], hi, u[4 + k]);
+    }
+}
+
+/* One Q4_0R super-block of 16 rows (p[r]: row r's 144 bytes) -> the B tiles of its 8 blocks (bt[b], q - 8) and their
+ * scales (dw[b]): vector c_m holds word m of block BLOCK_OF[l] in 32-bit lane l, the d words lane by lane too. */
+static inline void amx_q4_0r_sb(const char *const *p, int8_t (*bt)[8 * 64], float (*dw)[16]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    __m256i v[16];
+    __m512i w[8];
+    for (int m = 0; m < 4; m++) {
+        for (int r = 0; r < 16; r++)
+            v[r] = _mm256_loadu_si256((const __m256i *)(p[r] + offsetof(sb_q4_0r, qs) + 32 * m));
+        amx_words16x8(v, w);
+        for (int l = 0; l < 8; l++) {   /* B rows m (low nibbles: elements 4m..) and 4 + m (high: 16 + 4m..) */
+            _mm512_store_si512((__m512i *)(bt[BLOCK_OF[l]] + 64 * m),
+                               _mm512_sub_epi8(_mm512_and_si512(w[l], m4), eight));
+            _mm512_store_si512((__m512i *)(bt[BLOCK_OF[l]] + 64 * (4 + m)),
+                               _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(w[l], 4), m4), eight));
+        }
+    }
+    for (int r = 0; r < 16; r++)
+        v[r] = _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p[r] + offsetof(sb_q4_0r, d)))));
+    amx_words16x8(v, w);
+    for (int l = 0; l < 8; l++) _mm512_store_ps(dw[BLOCK_OF[l]], _mm512_castsi512_ps(w[l]));
+}
+
 /* The blocks first, first + 8, ... (< kc) of one token tile into acc: each block's tile product is issued two
  * blocks ahead of its epilogue (four C buffers), so the epilogue's loads find the tile store done instead of
  * waiting for it. With mins (Q4_1, Q5_1: mw the rows' m per block, sx the tokens' s_x at dx + 16), each block's step
@@ -140,10 +190,10 @@ static inline __attribute__((always_inline)) void amx_nibbles_x16_b(const void *
     if (mw) _mm512_store_ps(mw, m);
 }
 
-/* What amx_rows_q8_0s reads: 16 rows at any addresses (build_b makes a block's B tile, block_bytes its size), one
- * Q8_0X16 group (its quants are the B tiles) or one Q5_0X16, Q4_1X16 or Q5_1X16 group (unpacked into B tiles per K
- * chunk) */
-enum { AMX_ROWS, AMX_Q8_0X16, AMX_Q5_0X16, AMX_Q4_1X16, AMX_Q5_1X16 };
+/* What amx_rows_q8_0s reads: 16 rows at any addresses (build_b makes a block's B tile, block_bytes its size; AMX_Q4_0R:
+ * Q4_0R rows, a super-block's 8 tiles at once), one Q8_0X16 group (its quants are the B tiles) or one Q5_0X16, Q4_1X16
+ * or Q5_1X16 group (unpacked into B tiles per K chunk) */
+enum { AMX_ROWS, AMX_Q8_0X16, AMX_Q5_0X16, AMX_Q4_1X16, AMX_Q5_1X16, AMX_Q4_0R };
 
 /* The kernel of a weight type with Q8_0S activations, or (with_min: Q4_1, Q5_1) Q8_1 ones and the min term; `kind` (a
  * constant, so each instance keeps one) says what it reads: rows or group. */
@@ -173,6 +223,13 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
             if (kind == AMX_Q8_0X16)
                 for (int64_t b = 0; b < kc; b++)
                     _mm512_store_ps(dw[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g8[c0 + b].d)));
+            else if (kind == AMX_Q4_0R)   /* kc is a multiple of 8: whole super-blocks */
+                for (int64_t b = 0; b < kc; b += 8) {
+                    const char *p[16];
+                    for (int r = 0; r < 16; r++)
+                        p[r] = (const char *)rows[r] + (c0 + b) / 8 * (int64_t)sizeof(sb_q4_0r);
+                    amx_q4_0r_sb(p, bt + b, dw + b);
+                }
             else if (kind != AMX_ROWS)   /* the nibble groups */
                 for (int64_t b = 0; b < kc; b++)
                     amx_nibbles_x16_b(group, kind == AMX_Q5_0X16 ? X16_Q5 : kind == AMX_Q4_1X16 ? X16_Q4_1 : X16_Q5_1,
@@ -193,13 +250,17 @@ static inline __attribute__((always_inline)) void amx_rows_q8_0s(int64_t n, cons
             }
             __asm__ volatile("" ::: "memory");   /* the next chunk's B tiles overwrite bt */
         }
-        /* pi_tree8 over the partials, lanes = rows */
+        /* pi_tree8 over the partials (Q4_0R: over its lanes p[BLOCK_OF[l]]), lanes = rows */
         for (int tt = 0; tt < ntiles; tt++)
             for (int t = 0; t < 16; t++) {
                 __m512 q[8];
                 for (int j = 0; j < 8; j++) q[j] = _mm512_load_ps(part[tt][j][t]);
-                const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(q[0], q[4]), _mm512_add_ps(q[2], q[6])),
-                                               _mm512_add_ps(_mm512_add_ps(q[1], q[5]), _mm512_add_ps(q[3], q[7])));
+                const __m512 s =
+                    kind == AMX_Q4_0R
+                        ? _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(q[0], q[1]), _mm512_add_ps(q[4], q[5])),
+                                        _mm512_add_ps(_mm512_add_ps(q[2], q[3]), _mm512_add_ps(q[6], q[7])))
+                        : _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(q[0], q[4]), _mm512_add_ps(q[2], q[6])),
+                                        _mm512_add_ps(_mm512_add_ps(q[1], q[5]), _mm512_add_ps(q[3], q[7])));
                 _mm512_storeu_ps(y + (g0 + 16 * tt + t) * y_stride, s);
             }
     }
@@ -221,6 +282,11 @@ AMX_GROUP_TILES(q8_0x16, q8_0s, AMX_Q8_0X16, 0)
 AMX_GROUP_TILES(q5_0x16, q8_0s, AMX_Q5_0X16, 0)
 AMX_GROUP_TILES(q4_1x16, q8_1, AMX_Q4_1X16, 1)
 AMX_GROUP_TILES(q5_1x16, q8_1, AMX_Q5_1X16, 1)
+
+void pi_tiles_rows_q4_0r_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                               int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_rows_q8_0s(n, rows, NULL, AMX_Q4_0R, x, x_stride, nt, y, y_stride, xt, xt_stride, 0, NULL, 0);
+}
 
 void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride, const char *xt, int64_t xt_stride) {

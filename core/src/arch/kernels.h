@@ -85,6 +85,7 @@ static void pi_tiles_q5_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q4_0r_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q4_1_q8_1(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_1_q8_1(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q2_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);

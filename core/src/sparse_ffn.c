@@ -371,8 +371,10 @@ static void reduce_task(void *p, int ith, int nth) {
 }
 
 /* The batched down step: each thread owns output columns [e0, e1) of every token, in tiles of
- * COLUMN_TILE; per (tile, range, token) the range's rows with h != 0 go into a partial that is then
- * added to the output: the same arithmetic per element as the fused path. */
+ * COLUMN_TILE; per (range, token) the range's rows with h != 0 are listed once (branch-free: which pairs are
+ * active is random), then per column tile they go into a partial that is added to the output: the same
+ * arithmetic per element as the fused path. A range's rows (over the thread's columns) stay in cache while
+ * every token adds them. */
 static void down_task(void *p, int ith, int nth) {
     sparse_args *a = p;
     const pi_tensor *d = &a->w->down_t;
@@ -383,26 +385,28 @@ static void down_task(void *p, int ith, int nth) {
     const int64_t per = (n_units + nth - 1) / nth;
     const int64_t e0 = PI_MIN(a->E_out, per * ith * align), e1 = PI_MIN(a->E_out, e0 + per * align);
     float part[COLUMN_TILE];
+    int32_t list[SPARSE_RANGE];   /* a range's union rows (at most SPARSE_RANGE) with h != 0 for one token */
     for (int64_t t = 0; t < a->T; t++)
         memset((char *)a->out->data + t * a->out->nb[1] + e0 * sizeof(float), 0, (size_t)PI_MAX(0, e1 - e0) * sizeof(float));
-    for (int64_t c0 = e0; c0 < e1; c0 += COLUMN_TILE) {
-        const int64_t c1 = PI_MIN(e1, c0 + COLUMN_TILE);
-        for (int64_t r = 0; r < a->n_ranges; r++)
-            for (int64_t t = 0; t < a->T; t++) {
-                const float *h = a->h + t * a->n_rows;
+    for (int64_t r = 0; r < a->n_ranges && e0 < e1; r++)
+        for (int64_t t = 0; t < a->T; t++) {
+            const float *h = a->h + t * a->n_rows;
+            int n = 0;
+            for (int64_t j = a->range_start[r]; j < a->range_start[r + 1]; j++) {
+                list[n] = (int32_t)j;
+                n += h[j] != 0.0f;
+            }
+            if (n == 0) continue;
+            float *y = (float *)((char *)a->out->data + t * a->out->nb[1]);
+            for (int64_t c0 = e0; c0 < e1; c0 += COLUMN_TILE) {
+                const int64_t c1 = PI_MIN(e1, c0 + COLUMN_TILE);
                 axpy_queue q = queue_init(a, c0, c1 - c0, part);
                 memset(part, 0, (size_t)(c1 - c0) * sizeof(float));
-                bool any = false;
-                for (int64_t j = a->range_start[r]; j < a->range_start[r + 1]; j++) {
-                    any |= h[j] != 0.0f;
-                    queue_push(&q, a->rows[j], h[j]);
-                }
+                for (int k = 0; k < n; k++) queue_push(&q, a->rows[list[k]], h[list[k]]);
                 queue_flush(&q);
-                if (!any) continue;
-                float *y = (float *)((char *)a->out->data + t * a->out->nb[1]) + c0;
-                for (int64_t e = 0; e < c1 - c0; e++) y[e] += part[e];
+                for (int64_t e = 0; e < c1 - c0; e++) y[c0 + e] += part[e];
             }
-    }
+        }
     if (a->w->down_bias)
         for (int64_t t = 0; t < a->T; t++) {
             float *o = (float *)((char *)a->out->data + t * a->out->nb[1]);

@@ -480,7 +480,8 @@ def test_sparse_pack_is_its_exact_chain(at_level, pool2, level, T, gate_mode):  
     exactly its emulated arithmetic: h from the packed dot products (lane partials + tree), out from the
     integer group sums (np_q4_0r_down) over ranges, at every level. One token (fused path) and batches; with and
     without a gate. At the amx level batches of 16 and 37 tokens gather 16 rows at a time on AMX tiles (the whole
-    16-token tiles; 37: two and a 5-token tail through the 8-row kernel), and 1112 neurons leave row tails."""
+    16-token tiles; 37: two and a 5-token tail through the 8-row kernel) where a row is active for enough of the
+    tokens, the rarely active rows of the last range token by token, and 1112 neurons leave row tails."""
     at_level(level)
     E, F = 512, 2 * SPARSE_RANGE + 88
     mode = lib.PI_FFN_PAR if gate_mode == "par" else lib.PI_FFN_SEQ
@@ -493,6 +494,7 @@ def test_sparse_pack_is_its_exact_chain(at_level, pool2, level, T, gate_mode):  
     x = rng.standard_normal((T, E)).astype(np.float32)
     scores = rng.standard_normal((T, F)).astype(np.float32)
     scores[:, SPARSE_RANGE:2 * SPARSE_RANGE] = -1.0
+    scores[:, 2 * SPARSE_RANGE:] -= 1.5   # the last range's rows active for ~7% of the tokens: token by token in batches
     out = np.zeros((T, E), np.float32)
     check(lib.pi_op_sparse_ffn(pool2, packed, lib.PI_ACT_RELU, mode, tensor(x), tensor(scores), 0.0,
                                tensor(out), ffi.NULL))

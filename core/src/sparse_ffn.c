@@ -36,9 +36,16 @@
 #include <string.h>
 
 #define GATHER_CHUNK 32     /* neurons per work item in the gather step (a multiple of 8) */
-#define GATHER_TILES_CHUNK 128   /* the same on tiles: enough rows that those for the tiles fill groups of 16 */
+#define GATHER_SPLIT_CHUNK 128   /* the same split by activity: enough rows that the grouped ones fill groups of 16 */
+/* a batch's union row is dotted against every token in a group (tiles, 8-row kernel) if active for at least 1 / share
+ * of its tokens, else for its active pairs alone (gather_rows_split). Measured on the 7B ReLU file (Sapphire Rapids,
+ * pp16/64/256): tiles 1/4, 1/8, 1/16 about the same; the 8-row kernel (avx512 and avx2 levels) 1/2 and 1/4 alike,
+ * 1/8 5-10% slower */
 #ifndef TILES_MIN_SHARE
-#define TILES_MIN_SHARE 8   /* a union row goes to the tiles if active for at least 1 / TILES_MIN_SHARE of the tokens */
+#define TILES_MIN_SHARE 8
+#endif
+#ifndef ROWS8_MIN_SHARE
+#define ROWS8_MIN_SHARE 4
 #endif
 #define COLUMN_ALIGN 32     /* output column ranges start at block boundaries (or at the larger weight block) */
 #define SPARSE_RANGE 512    /* neurons per partial sum of the down step (fixes the summation order) */
@@ -70,7 +77,7 @@ typedef struct {
     int64_t  xq_gate_bytes, xq_up_bytes;
     char    *xs;         /* tiles: [T16] activation rows in the tile kernels' type, NULL: no tiles (gather_tiles) */
     int64_t  xs_bytes, T16;            /* T16: the tokens of whole tiles */
-    int32_t  tiles_min_count;          /* tiles: rows active for fewer tokens go token by token */
+    int32_t  group_min_count;          /* a batch: rows active for fewer tokens go token by token (0: no split) */
     char    *xt;         /* tiles: the tile table of the T16 tokens, xt_stride bytes per token tile */
     int64_t  xt_stride;
     atomic_llong next;
@@ -263,23 +270,26 @@ static void gather_rows(const sparse_args *a, int64_t j0, int64_t j1) {
     for (; j < j1; j++) gather_one(a, j);
 }
 
-/* The same on tiles (gather_tiles): the rows active for at least tiles_min_count of the batch's tokens 16 at a time
- * on the tile kernels (the token tail by the 8-row kernels), the others token by token for their active pairs only:
- * a tile computes every token of a row, and in a ReLU model's batch most union rows are active for a few tokens (7B
+/* The same for a batch whose types have 8-row kernels: the rows active for at least group_min_count of its tokens
+ * in groups over every token (16 on the tile kernels where the batch has them, gather_tiles, the token tail by the
+ * 8-row kernel; else 8 by the 8-row kernel), the others token by token for their active pairs alone: a group
+ * computes every token of its rows, and in a ReLU model's batch most union rows are active for a few tokens (7B
  * file, 128 tokens: union 88% of the rows, half of them active for at most 6 tokens). */
-static void gather_rows_tiles(const sparse_args *a, int64_t j0, int64_t j1) {
-    int32_t js[GATHER_TILES_CHUNK];
+static void gather_rows_split(const sparse_args *a, int64_t j0, int64_t j1) {
+    int32_t js[GATHER_SPLIT_CHUNK];
     int n = 0;
     for (int64_t j = j0; j < j1; j++) {
-        if (a->count[a->rows[j]] >= a->tiles_min_count) js[n++] = (int32_t)j;
+        if (a->count[a->rows[j]] >= a->group_min_count) js[n++] = (int32_t)j;
         else gather_one(a, j);
     }
     int k = 0;
-    for (; k + 16 <= n; k += 16) {
-        gather16_tiles(a, js + k);
-        gather8(a, js + k, a->T16);
-        gather8(a, js + k + 8, a->T16);
-    }
+    if (a->xs)
+        for (; k + 16 <= n; k += 16) {
+            gather16_tiles(a, js + k);
+            gather8(a, js + k, a->T16);
+            gather8(a, js + k + 8, a->T16);
+        }
+    for (; k + 8 <= n; k += 8) gather8(a, js + k, 0);
     for (; k < n; k++) gather_one(a, js[k]);
 }
 
@@ -288,11 +298,11 @@ static void gather_task(void *p, int ith, int nth) {
     sparse_args *a = p;
     pi_tile_session session;
     if (a->xs) pi_cpu()->tiles_begin(a->w->up.type, &session);
-    const int64_t chunk = a->xs ? GATHER_TILES_CHUNK : GATHER_CHUNK;
+    const int64_t chunk = a->group_min_count ? GATHER_SPLIT_CHUNK : GATHER_CHUNK;
     for (;;) {
         const int64_t j0 = atomic_fetch_add(&a->next, 1) * chunk;
         if (j0 >= a->n_rows) break;
-        if (a->xs) gather_rows_tiles(a, j0, PI_MIN(a->n_rows, j0 + chunk));
+        if (a->group_min_count) gather_rows_split(a, j0, PI_MIN(a->n_rows, j0 + chunk));
         else gather_rows(a, j0, PI_MIN(a->n_rows, j0 + chunk));
     }
     if (a->xs) pi_cpu()->tiles_end(&session);
@@ -515,13 +525,15 @@ pi_status pi_sparse_ffn_skip(pi_threadpool *pool, const pi_sparse_ffn_weights *w
         const int32_t xtype = pi_tiles_act_type(pi_traits(w->up.type));
         const pi_type_traits *xtr = pi_traits(xtype);
         a.T16 = a.T / PI_TILE_T * PI_TILE_T;
-        a.tiles_min_count = (int32_t)PI_MAX(1, a.T / TILES_MIN_SHARE);
         a.xs_bytes = pi_row_bytes(xtype, a.E);
         a.xs = carve(&p, (size_t)(a.xs_bytes * a.T));
         a.xt_stride = a.E / xtr->tiles_unit * xtr->tiles_unit_bytes;
         a.xt = carve(&p, (size_t)(a.T16 / PI_TILE_T * a.xt_stride));
     }
 
+    const bool rows8 = !a.h_given && pi_traits(w->up.type)->vec_dot8 &&
+                       (!a.xq_gate || pi_traits(w->gate.type)->vec_dot8);
+    if (a.T > 1 && rows8) a.group_min_count = (int32_t)PI_MAX(1, a.T / (a.xs ? TILES_MIN_SHARE : ROWS8_MIN_SHARE));
     pi_threadpool_run(pool, select_convert_task, &a);
     int64_t pairs = 0;
     for (int64_t r = 0; r < a.n_ranges; r++) {   /* the union, ascending; branch-free (which neurons run is random) */

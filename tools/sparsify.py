@@ -450,9 +450,12 @@ def main(argv=None) -> int:
                          "where the column layout exists)")
     ap.add_argument("--gate-input-scale", type=float, default=0.0,
                     help="TEAL on the gate's input: at level s, skip the fraction scale * s of the FFN input's "
-                         "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default: "
-                         "0; on the model and CPUs measured the input-sparse gate costs more quality than it saves "
-                         "time: a higher level without it reaches the same quality faster, bench/README.md)")
+                         "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default). "
+                         "At scale 1 the gate's inputs cost more quality than they save time (a higher channel level "
+                         "alone reaches the same quality faster); at 0.5 they come out a little ahead on a Q4_0 file "
+                         "(7B shape: level 0.65 with 0.5 has our SwiGLU model's KL of level 0.7 alone and decodes "
+                         "1-2%% faster), and on K-quant files they slow decode down (Gemma 3 270M: 0.73x dense "
+                         "against 0.95x); bench/README.md")
     ap.add_argument("--attn-input-scale", type=float, default=0.0,
                     help="TEAL on the attention's inputs: at level s, q/k/v skip the fraction scale * s of the "
                          "attention input's entries and wo of the attention output's (the matrices must be Q4_0, "

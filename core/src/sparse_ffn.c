@@ -75,9 +75,9 @@ typedef struct {
     float   *h;          /* [T][nU] */
     char    *xq_gate, *xq_up;          /* [T] activation rows in the weights' vec_dot types */
     int64_t  xq_gate_bytes, xq_up_bytes;
+    int32_t  group_min_count;          /* a batch: rows active for fewer tokens go token by token (0: no split) */
     char    *xs;         /* tiles: [T16] activation rows in the tile kernels' type, NULL: no tiles (gather_tiles) */
     int64_t  xs_bytes, T16;            /* T16: the tokens of whole tiles */
-    int32_t  group_min_count;          /* a batch: rows active for fewer tokens go token by token (0: no split) */
     char    *xt;         /* tiles: the tile table of the T16 tokens, xt_stride bytes per token tile */
     int64_t  xt_stride;
     atomic_llong next;

@@ -36,7 +36,10 @@
 #include <string.h>
 
 #define GATHER_CHUNK 32     /* neurons per work item in the gather step (a multiple of 8) */
-#define GATHER_SPLIT_CHUNK 128   /* the same split by activity: enough rows that the grouped ones fill groups of 16 */
+#ifndef GATHER_SPLIT_CHUNK
+#define GATHER_SPLIT_CHUNK 128   /* the same split by activity: enough rows that the grouped ones fill groups of 16
+                                  * (256: within 2% on the 7B ReLU file's prompts) */
+#endif
 /* a batch's union row is dotted against every token in a group (tiles, 8-row kernel) if active for at least 1 / share
  * of its tokens, else for its active pairs alone (gather_rows_split). Measured on the 7B ReLU file (Sapphire Rapids,
  * pp16/64/256): tiles 1/4, 1/8, 1/16 about the same; the 8-row kernel (avx512 and avx2 levels) 1/2 and 1/4 alike,
@@ -50,7 +53,9 @@
 #define COLUMN_ALIGN 32     /* output column ranges start at block boundaries (or at the larger weight block) */
 #define SPARSE_RANGE 512    /* neurons per partial sum of the down step (fixes the summation order) */
 #define PREFETCH_LINES 4    /* first cache lines of the next 8 neurons requested ahead (fused path) */
-#define COLUMN_TILE 1024    /* output columns per pass of the batched down step (a multiple of 256) */
+#ifndef COLUMN_TILE
+#define COLUMN_TILE 1024    /* output columns per pass of the batched down step (a multiple of 256; 2048: the same) */
+#endif
 #define TILES_CHUNK_T 64    /* tokens per tile kernel call of the gather (16 rows' u and g of them on the stack) */
 
 typedef struct {

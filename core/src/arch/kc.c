@@ -128,7 +128,9 @@ static inline void kc_madd2(__m256i acc[8], int i, __m256i a, __m256i b, __m256i
 
 /* outputs KC_BASE[i] + 16 h .. + 7 of the chunk's int32 sums, in order */
 static inline __m256i kc_outputs8(const __m256i acc[8], int i, int h) {
-    return _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], h ? 0x31 : 0x20);
+    /* two literal immediates: a build without constant propagation (PI_SANITIZE) cannot fold h ? 0x31 : 0x20 */
+    return h ? _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x31)
+             : _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x20);
 }
 #endif
 

@@ -169,11 +169,17 @@ static inline __attribute__((always_inline)) void q4_Kx16_tokens(int64_t nb, con
             const __m512i bsv = _mm512_broadcast_i32x4(bs);
             const __m512i mxv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xm[t]->m));
             __m512i summ = _mm512_setzero_si512();
-            for (int i = 0; i < 4; i++) {
-                const _MM_PERM_ENUM pick = (_MM_PERM_ENUM)(0x55 * i);
-                const __m512i mm = _mm512_mullo_epi16(mp[i], _mm512_shuffle_epi32(mxv, pick));
-                summ = _mm512_add_epi32(summ, _mm512_madd_epi16(mm, _mm512_shuffle_epi32(bsv, pick)));
-            }
+            /* the four steps spelled out (32-bit word i of each 128-bit lane): _mm512_shuffle_epi32 takes a literal
+             * immediate, which a build without loop unrolling (PI_SANITIZE) cannot make of 0x55 * i */
+#define KX16_MINS(i, pick)                                                                                         \
+            summ = _mm512_add_epi32(summ, _mm512_madd_epi16(                                                       \
+                       _mm512_mullo_epi16(mp[i], _mm512_shuffle_epi32(mxv, pick)),                                 \
+                       _mm512_shuffle_epi32(bsv, pick)))
+            KX16_MINS(0, _MM_PERM_AAAA);
+            KX16_MINS(1, _MM_PERM_BBBB);
+            KX16_MINS(2, _MM_PERM_CCCC);
+            KX16_MINS(3, _MM_PERM_DDDD);
+#undef KX16_MINS
             const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi[t])),
                                            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xm[t]->k.d), v));

@@ -24,9 +24,10 @@
  * One token (decode) runs fused: a task is one range, its 8-neuron groups are gathered (gate/up dot
  * products) and their down_t rows added to the range's partial right away, so each neuron's rows are
  * read together, once; a last pass adds the partials. A batch of T tokens gathers the union U of the
- * neurons active for any token once (each gathered row applied to every token that needs it), then
- * the down step splits the output columns between threads; a range's rows, one column tile at a
- * time, stay in cache while every token adds them, so each down_t row comes from memory once. */
+ * neurons active for any token once: a row active for enough of the tokens is dotted against all of them in a
+ * group (16 rows on AMX tiles, or 8 by the 8-row kernel), a rarely active one for its active pairs alone
+ * (gather_rows_split); then the down step splits the output columns between threads; a range's rows stay in
+ * cache while every token adds them, so each down_t row comes from memory once. */
 #include "internal.h"
 #include "backend.h"
 

@@ -21,7 +21,7 @@
 #include "attention.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
-#include "amx_q8_0s.c"  /* Q8_0, Q5_0, Q4_1, Q5_1 rows, Q8_0X16, Q5_0X16 */
+#include "amx_q8_0s.c"  /* Q8_0, Q5_0, Q4_1, Q5_1, Q4_0R rows, Q8_0X16, Q5_0X16 */
 #include "amx_k.c"      /* Q2_K, Q3_K, Q4_K, Q5_K, Q6_K rows, Q4_KX16 */
 #define AMX(kernel) kernel
 #else

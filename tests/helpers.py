@@ -5,7 +5,10 @@ tests import by name (`from helpers import rel_rms`): with three conftest.py fil
 (tests/, tests/gpu/, tests/compat/) `import conftest` names whichever pytest loaded last."""
 from __future__ import annotations
 
+import struct
+import zipfile
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -59,3 +62,48 @@ def reaped(proc):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def _pk_str(s: str) -> bytes:
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b
+
+
+def _pk_int(i: int) -> bytes:
+    return b"J" + struct.pack("<i", i)
+
+
+def torch_free_save(path: Path, obj: dict[str, np.ndarray] | np.ndarray) -> None:
+    """A torch.save-compatible zip archive written without torch (torch is not in the test extras): of a dict of
+    float32/float16 tensors (a state dict), or of one tensor (PowerInfer's activation_N.pt). data.pkl (protocol 2)
+    rebuilds each tensor with torch._utils._rebuild_tensor_v2 from a persistent-id storage; data/<key> holds the
+    raw little-endian bytes."""
+    prefix = path.stem
+    storages = {np.dtype(np.float32): "FloatStorage", np.dtype(np.float16): "HalfStorage"}
+    blobs = []
+
+    def tensor(key: int, a: np.ndarray) -> bytes:
+        a = np.ascontiguousarray(a)
+        stride = [int(np.prod(a.shape[i + 1:])) for i in range(a.ndim)]
+        t = b"ctorch._utils\n_rebuild_tensor_v2\n("
+        t += b"(" + _pk_str("storage") + f"ctorch\n{storages[a.dtype]}\n".encode() + _pk_str(str(key)) \
+            + _pk_str("cpu") + _pk_int(a.size) + b"tQ"
+        t += _pk_int(0) + b"(" + b"".join(_pk_int(s) for s in a.shape) + b"t"
+        t += b"(" + b"".join(_pk_int(s) for s in stride) + b"t"
+        t += b"\x89ccollections\nOrderedDict\n)RtR"
+        blobs.append((f"{prefix}/data/{key}", a.tobytes()))
+        return t
+
+    if isinstance(obj, np.ndarray):
+        pkl = b"\x80\x02" + tensor(0, obj) + b"."
+    else:
+        pkl = b"\x80\x02}("
+        for key, (name, a) in enumerate(obj.items()):
+            pkl += _pk_str(name) + tensor(key, a)
+        pkl += b"u."
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{prefix}/data.pkl", pkl)
+        z.writestr(f"{prefix}/byteorder", b"little")
+        for name, raw in blobs:
+            z.writestr(name, raw)
+        z.writestr(f"{prefix}/version", b"3\n")

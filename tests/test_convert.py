@@ -24,14 +24,13 @@ import shutil
 import struct
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import powerinfer as pi
-from helpers import reaped, rel_rms
+from helpers import reaped, rel_rms, torch_free_save
 from powerinfer import quants
 from powerinfer.convert import ConversionError, convert_dense, convert_sparse, permute_qk
 from powerinfer.convert.torch_pickle import load_state_dict
@@ -92,43 +91,6 @@ def save_safetensors(path: Path, tensors: dict[str, np.ndarray], bf16: bool = Fa
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def _pk_str(s: str) -> bytes:
-    b = s.encode()
-    return b"X" + struct.pack("<I", len(b)) + b
-
-
-def _pk_int(i: int) -> bytes:
-    return b"J" + struct.pack("<i", i)
-
-
-def torch_free_save(path: Path, state_dict: dict[str, np.ndarray]) -> None:
-    """A torch.save-compatible zip archive of float32/float16 tensors, written without torch:
-    data.pkl (protocol 2) rebuilding each tensor with torch._utils._rebuild_tensor_v2 from a
-    persistent-id storage, data/<key> the raw little-endian bytes."""
-    prefix = path.stem
-    storages = {np.dtype(np.float32): "FloatStorage", np.dtype(np.float16): "HalfStorage"}
-    pkl = b"\x80\x02}("
-    blobs = []
-    for key, (name, a) in enumerate(state_dict.items()):
-        a = np.ascontiguousarray(a)
-        stride = [int(np.prod(a.shape[i + 1:])) for i in range(a.ndim)]
-        pkl += _pk_str(name)
-        pkl += b"ctorch._utils\n_rebuild_tensor_v2\n("
-        pkl += b"(" + _pk_str("storage") + f"ctorch\n{storages[a.dtype]}\n".encode() + _pk_str(str(key)) \
-            + _pk_str("cpu") + _pk_int(a.size) + b"tQ"
-        pkl += _pk_int(0) + b"(" + b"".join(_pk_int(s) for s in a.shape) + b"t"
-        pkl += b"(" + b"".join(_pk_int(s) for s in stride) + b"t"
-        pkl += b"\x89ccollections\nOrderedDict\n)RtR"
-        blobs.append((f"{prefix}/data/{key}", a.tobytes()))
-    pkl += b"u."
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr(f"{prefix}/data.pkl", pkl)
-        z.writestr(f"{prefix}/byteorder", b"little")
-        for name, raw in blobs:
-            z.writestr(name, raw)
-        z.writestr(f"{prefix}/version", b"3\n")
 
 
 def _torch():
@@ -511,6 +473,8 @@ def test_torch_free_reader_and_writer_agree_with_torch(tmp_path):
     loaded = torch.load(tmp_path / "free.pt", weights_only=True)          # the writer's format is torch's
     for k, v in sd.items():
         np.testing.assert_array_equal(loaded[k].numpy(), v)
+    torch_free_save(tmp_path / "one.pt", sd["fc1.weight"])                 # one tensor (activation_N.pt)
+    np.testing.assert_array_equal(torch.load(tmp_path / "one.pt", weights_only=True).numpy(), sd["fc1.weight"])
     base = torch.from_numpy(sd["fc1.weight"])
     torch.save({"t": base.t(), "bf": base.to(torch.bfloat16), "view": base[1:, 2:],
                 "h": base.half()}, tmp_path / "torch.pt")

@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from powerinfer import gpu_split as gs  # noqa: E402
+from helpers import torch_free_save  # noqa: E402
 from model_files import write_sparse_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,10 +31,9 @@ def random_acts(rng, n_layer, n_ff, kind="int"):
 
 
 def save_acts(d: Path, acts):
-    torch = pytest.importorskip("torch")      # activation_N.pt files are torch.save archives
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)   # activation_N.pt: torch.save's format, written without torch
     for i, a in enumerate(acts):
-        torch.save(torch.tensor(np.asarray(a), dtype=torch.float32), d / f"activation_{i}.pt")
+        torch_free_save(d / f"activation_{i}.pt", np.asarray(a, dtype=np.float32))
     return d
 
 
@@ -152,14 +152,13 @@ def test_activation_errors(tmp_path):
         gs.load_activations(d, 3, 256)
     with pytest.raises(gs.ActivationError, match="256 neurons, the model's n_ff is 512"):
         gs.load_activations(d, 2, 512)
-    import torch
-    torch.save(torch.ones(4, 64), d / "activation_1.pt")
+    torch_free_save(d / "activation_1.pt", np.ones((4, 64), np.float32))
     with pytest.raises(gs.ActivationError, match="1-D"):
         gs.load_activations(d, 2, 256)
-    torch.save(torch.tensor([1.0, float("nan")] * 128), d / "activation_1.pt")
+    torch_free_save(d / "activation_1.pt", np.array([1.0, float("nan")] * 128, np.float32))
     with pytest.raises(gs.ActivationError, match="finite"):
         gs.load_activations(d, 2, 256)
-    torch.save(torch.tensor([1.0, -1.0] * 128), d / "activation_1.pt")
+    torch_free_save(d / "activation_1.pt", np.array([1.0, -1.0] * 128, np.float32))
     with pytest.raises(gs.ActivationError, match=">= 0"):
         gs.load_activations(d, 2, 256)
     (d / "activation_1.pt").write_bytes(b"not a zip")

@@ -822,6 +822,49 @@ def test_model_card_without_speed(sparse_files, tmp_path):
             sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "-o", str(out), "--speed-tokens", bad])
 
 
+def test_card_timing_sees_other_processes():
+    """The card's decode timing measures what other processes ran meanwhile (sparsify.other_load, /proc/stat less this
+    process's own CPU time) and warns from BUSY_OTHERS cores on: a busy child process counts."""
+    import subprocess
+    import time
+    if sparsify._busy_seconds() is None:
+        pytest.skip("no /proc/stat on this system: the card's timing carries no load figure")
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)   # the child is running
+        _, others = sparsify.other_load(lambda: time.sleep(1.0))
+    finally:
+        child.kill()
+        child.wait()
+    assert others >= 0.5 > sparsify.BUSY_OTHERS, others   # (what else runs only adds to it)
+
+
+def test_card_timing_subtracts_its_own_cpu_time(monkeypatch):
+    """other_load's arithmetic on fixed readings: 3 CPU seconds busy machine-wide over 2 s of wall time, 1 of them this
+    process's own -> 1 core of other processes; no /proc/stat -> no figure."""
+    from types import SimpleNamespace
+    busy, own, clock = iter([100.0, 103.0]), iter([0.25, 1.25]), iter([5.0, 7.0])
+    monkeypatch.setattr(sparsify, "_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(sparsify.os, "times", lambda: SimpleNamespace(user=next(own), system=0.0))
+    monkeypatch.setattr(sparsify.time, "perf_counter", lambda: next(clock))
+    assert sparsify.other_load(lambda: "done") == ("done", 1.0)
+    monkeypatch.setattr(sparsify, "_busy_seconds", lambda: None)
+    monkeypatch.setattr(sparsify.time, "perf_counter", lambda: 0.0)
+    monkeypatch.setattr(sparsify.os, "times", lambda: SimpleNamespace(user=0.0, system=0.0))
+    assert sparsify.other_load(lambda: 1) == (1, None)
+
+
+def test_card_timing_warns_when_others_ran(sparse_files, monkeypatch):
+    """The card's timing paragraph carries a warning (in bold) where other processes kept BUSY_OTHERS cores or more
+    busy during the timing, and none below that."""
+    _, dst = sparse_files["f32"]
+    monkeypatch.setattr(sparsify, "other_load", lambda fn: (fn(), 1.5))
+    speeds, setup = sparsify.decode_speeds(dst, 4, 1)
+    assert speeds["dense"] > 0 and "**other processes kept 1.5 CPU cores busy on average meanwhile" in setup
+    monkeypatch.setattr(sparsify, "other_load", lambda fn: (fn(), sparsify.BUSY_OTHERS / 2))
+    assert "other processes" not in sparsify.decode_speeds(dst, 4, 1)[1]
+
+
 # ----------------------------------------------------------------------------------------- errors
 def test_errors(sparse_files, tmp_path, capsys):
     src, dst = sparse_files["f32"]

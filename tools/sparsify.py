@@ -371,17 +371,48 @@ def evaluate(src: Path, out: Path, levels: list[float], heldout: list[int], n_ct
     return rows
 
 
+def _busy_seconds() -> float | None:
+    """CPU seconds every process of this machine has run (Linux /proc/stat), None where that is not readable."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(v) for v in f.readline().split()[1:8]]   # user nice system idle iowait irq softirq
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def other_load(fn):
+    """(fn(), the CPU cores that other processes kept busy on average while it ran, or None where unknown)."""
+    busy0, own0, t0 = _busy_seconds(), os.times(), time.perf_counter()
+    result = fn()
+    busy1, own1, wall = _busy_seconds(), os.times(), time.perf_counter() - t0
+    if busy0 is None or busy1 is None or wall <= 0:
+        return result, None
+    own = (own1.user + own1.system) - (own0.user + own0.system)
+    return result, max(0.0, (busy1 - busy0 - own) / wall)
+
+
+# other processes' load (cores, averaged over the timing) from which the card says its speeds may be low
+BUSY_OTHERS = 0.25
+
+
 def decode_speeds(out: Path, n_gen: int, n_threads: int | None) -> tuple[dict, str]:
     """The median decode tokens/s of the sparse file's dense model and of each run on this machine ({run name: t/s}),
-    and how they were measured, in words."""
+    and how they were measured, in words (with a warning where other processes kept the CPU busy meanwhile)."""
     model = Model(out)
     ctxs = {r.name: act_sparsity.level_context(model, r, n_ctx=16 + n_gen, n_threads=n_threads)
             for r in act_sparsity.level_runs(model.sparsity_levels)}
     n = ctxs["dense"].n_threads
+    speeds, others = other_load(lambda: act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=n_gen))
     setup = (f"{powerinfer.cpu_name()}, kernel level {powerinfer.cpu_isa()}, "
              f"{f'{n} threads' if n else 'a thread per physical core'}; an 8-token prompt, then {n_gen} tokens one "
              "at a time, median of 3 interleaved runs")
-    return {name: v[0] for name, v in act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=n_gen).items()}, setup
+    if others is not None and others >= BUSY_OTHERS:
+        warning = (f"other processes kept {others:.1f} CPU cores busy on average meanwhile, so these speeds may be "
+                   "low and their ratios off: rerun on a quiet machine (bench/bench_act_sparse.py)")
+        log(f"sparsify: warning: {warning}")
+        setup += f"; **{warning}**"
+    return {name: v[0] for name, v in speeds.items()}, setup
 
 
 def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: list[dict], n_calib: int,

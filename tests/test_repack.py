@@ -595,6 +595,30 @@ def test_sparse_pack_from_down_is_its_exact_chain(at_level, pool2, level, T, gat
 
 
 @pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+def test_q4_0c_down_with_full_blocks_is_its_exact_chain(at_level, pool2, level):  # noqa: F811
+    """Blocks of 21 to 32 active rows over 4160 outputs (more than one of axpy_cols' COLS_TILE tiles, the last one
+    short): on AMD Zen 3 and later (pi_cpu_one_stream_decode) such a block goes in two passes of at most 16 rows with
+    exact int32 sums between them, elsewhere in one; either way the bits of np_q4_0c_down, at every level."""
+    at_level(level)
+    E, F = 4160, 4 * 32
+    rng = np.random.default_rng(7)
+    down = np_encode_q4_0(rng.standard_normal((E, F)) / np.sqrt(F))
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.down = tensor(down, Q4_0)[0]
+    n = lib.pi_sparse_pack_bytes(w, lib.PI_FFN_SEQ)
+    buf = np.zeros(n, np.uint8)
+    packed = ffi.new("pi_sparse_ffn_weights *")
+    check(lib.pi_sparse_pack(w, lib.PI_FFN_SEQ, ffi.cast("void *", ffi.from_buffer(buf)), n, packed))
+    scores = rng.standard_normal((1, F)).astype(np.float32) + np.float32(3.0)   # every input above the threshold
+    for b, active in enumerate((32, 21, 22, 27)):                               # but these many per block
+        scores[0, 32 * b + rng.permutation(32)[active:]] = 0.0
+    out = np.zeros((1, E), np.float32)
+    check(lib.pi_op_sparse_ffn(pool2, packed, lib.PI_ACT_RELU, lib.PI_FFN_SEQ, tensor(np.zeros((1, E), np.float32)),
+                               tensor(scores), 0.5, tensor(out), ffi.NULL))
+    assert_bit_equal(out[0], np_q4_0c_down(scores[0], down), "blocks of 21-32 rows vs the emulation")
+
+
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
 @pytest.mark.parametrize("T", [1, 3])
 @pytest.mark.parametrize("gate_mode", ["input", "seq", "par"])
 @pytest.mark.parametrize("F", [512, 2 * SPARSE_RANGE + 256])

@@ -35,6 +35,18 @@
  * (pi_cpu_software_prefetch): AMD not measured with it. */
 #define COLS_PREFETCH 8
 
+/* More than COLS_ONE_PASS rows (up to 32: a block) are added in two passes of at most 16 over tiles of COLS_TILE
+ * outputs on the CPUs where one weight stream per thread pays (pi_cpu_one_stream_decode: AMD Zen 3 and later),
+ * instead of all rows side by side in one pass. Measured on a Zen 3 (7B shape, bench/ab_ops.py --op gate_t -t 1
+ * --cpu-time, paired A/B): with 75% of the inputs kept (24 rows a block) the input-sparse gate took 0.74-0.78x the
+ * time, with 50% 1.00x (two passes from 17 rows on: 1.09-1.11x there, hence 20); the CATS FFN at 75% of the channels
+ * 0.95x, at 50% 1.03x (noise); the whole decode's gate-input levels (--gate-input-scale 0.5) ran 8-12% faster. Intel
+ * (software prefetch, COLS_PREFETCH) and Zen 1 are not measured with it and keep one pass. */
+#ifndef COLS_ONE_PASS
+#define COLS_ONE_PASS 20
+#endif
+#define COLS_TILE 4096   /* outputs per tile of the two passes (their int32 sums: 16 KB on the stack) */
+
 /* Block b (inputs 32b .. 32b + 31) of the Q4_0 matrix w (n_out rows of n_in, row stride w_stride bytes) ->
  * rows[k] (input 32b + k, n_out / 2 bytes each) and aux: the n_out fp16 scales. */
 void pi_q4_0c_from_q4_0(int64_t n_out, const void *w, int64_t w_stride, int64_t b, void *const *rows, void *aux) {
@@ -68,6 +80,42 @@ static inline int32_t cols_coefs(int count, const float *a, int8_t m[32], float 
     return sum;
 }
 
+#if defined(__AVX2__)
+/* unpacklo/hi work per 128-bit lane: the four int16 sums of a chunk hold outputs {0-7, 16-23}, {8-15, 24-31}, and the
+ * same + 32; OUT[v] is the first output of their 8-output halves in widening order */
+static const int OUT[8] = { 0, 16, 8, 24, 32, 48, 40, 56 };
+
+/* The two-pass form's steps (the one-pass loop in pi_axpy_cols_q4_0c keeps the same arithmetic inline: written
+ * through these helpers, GCC 12's code for it took 1.10-1.13x the time on the Zen 3, the input-sparse gate at 50%).
+ * Chunk c (64 outputs) of rows [k0, k1) (at most 16, pairs: P[p] holds (m_2p, m_2p+1) in every 16-bit lane): the
+ * exact int16 sums sum_k m_k q_ke, four vectors in the lane order above. */
+static inline __attribute__((always_inline)) void chunk_sums(const uint8_t *const *r, const __m256i *P, int k0, int k1,
+                                                             int64_t c, __m256i s[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int i = 0; i < 4; i++) s[i] = _mm256_setzero_si256();
+    for (int k = k0; k < k1; k += 2) {   /* two rows' bytes side by side, then nibbles */
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(r[k] + 32 * c));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(r[k + 1] + 32 * c));
+        const __m256i lo = _mm256_unpacklo_epi8(v0, v1), hi = _mm256_unpackhi_epi8(v0, v1);
+        s[0] = _mm256_add_epi16(s[0], _mm256_maddubs_epi16(_mm256_and_si256(lo, m4), P[k / 2]));
+        s[1] = _mm256_add_epi16(s[1], _mm256_maddubs_epi16(_mm256_and_si256(hi, m4), P[k / 2]));
+        s[2] = _mm256_add_epi16(s[2], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(lo, 4), m4), P[k / 2]));
+        s[3] = _mm256_add_epi16(s[3], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 4), m4), P[k / 2]));
+    }
+}
+
+/* y[64c + OUT[v] ..] += scales * S * acc[v] (one fma per output). */
+static inline __attribute__((always_inline)) void chunk_store(const uint16_t *scales, __m256 vS, int64_t c,
+                                                              const __m256i acc[8], float *y) {
+    for (int v = 0; v < 8; v++) {
+        float *yp = y + 64 * c + OUT[v];
+        const __m128i h = _mm_loadu_si128((const __m128i *)(scales + 64 * c + OUT[v]));
+        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(h), vS);
+        _mm256_storeu_ps(yp, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(acc[v]), _mm256_loadu_ps(yp)));
+    }
+}
+#endif
+
 void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a, const void *aux,
                         const void *const *rows, float *y) {
     PI_UNUSED(idx);   /* the coefficients are the rows' own: their places in the block do not matter */
@@ -86,9 +134,35 @@ void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a
     const __m256i m4 = _mm256_set1_epi8(0x0f), neg_off = _mm256_set1_epi32(-8 * msum);
     const __m256 vS = _mm256_set1_ps(S);
     const bool ahead = pi_cpu_software_prefetch();   /* Intel: COLS_PREFETCH */
-    /* unpacklo/hi work per 128-bit lane: the four int16 sums of a chunk hold outputs {0-7, 16-23}, {8-15, 24-31},
-     * and the same + 32; OUT[v] is the first output of their 8-output halves in widening order */
-    static const int OUT[8] = { 0, 16, 8, 24, 32, 48, 40, 56 };
+    if (n_rows > COLS_ONE_PASS && pi_cpu_one_stream_decode()) {
+        /* Two passes of at most 16 rows over each tile of COLS_TILE outputs, the exact int32 sums kept between them:
+         * the same integers, so the same bits. See COLS_ONE_PASS. */
+        const int half = (n_rows / 2 + 1) & ~1;   /* n_rows is even: passes of half and n_rows - half rows */
+        int32_t isum[COLS_TILE];
+        for (int64_t e0 = 0; e0 < n; e0 += COLS_TILE) {
+            const int64_t c0 = e0 / 64, c1 = PI_MIN(n, e0 + COLS_TILE) / 64;
+            for (int k0 = 0; k0 < n_rows; k0 += half)
+                for (int64_t c = c0; c < c1; c++) {
+                    __m256i s[4];
+                    chunk_sums(r, P, k0, PI_MIN(n_rows, k0 + half), c, s);
+                    int32_t *is = isum + 64 * (c - c0);
+                    for (int i = 0; i < 4; i++)
+                        for (int h = 0; h < 2; h++) {
+                            __m256i *at = (__m256i *)(is + OUT[2 * i + h]);
+                            const __m256i w = _mm256_cvtepi16_epi32(h ? _mm256_extracti128_si256(s[i], 1)
+                                                                      : _mm256_castsi256_si128(s[i]));
+                            _mm256_storeu_si256(at, _mm256_add_epi32(k0 ? _mm256_loadu_si256(at) : neg_off, w));
+                        }
+                }
+            for (int64_t c = c0; c < c1; c++) {
+                __m256i acc[8];
+                for (int v = 0; v < 8; v++)
+                    acc[v] = _mm256_loadu_si256((const __m256i *)(isum + 64 * (c - c0) + OUT[v]));
+                chunk_store(scales, vS, c, acc, y);
+            }
+        }
+        return;
+    }
     for (int64_t c = 0; c < n / 64; c++) {
         if (ahead && c % 2 == 0) {   /* each row's line, the scales' 4, COLS_PREFETCH chunks ahead */
             for (int k = 0; k < n_rows; k++) _mm_prefetch((const char *)(r[k] + 32 * (c + COLS_PREFETCH)), _MM_HINT_T0);

@@ -76,8 +76,9 @@ int main(int argc, char **argv) {
             for (int rep = 0; rep < reps; rep++)
                 for (int l = 0; l < n_layer; l++) {
                     const char *layer = (cols ? wc : wr) + (size_t)l * F * channel;
-                    float hq[PI_AXPY_COLS];
-                    const void *dq[PI_AXPY_COLS];
+                    float hq[PI_COLS_MAX];
+                    const void *dq[PI_COLS_MAX];
+                    uint8_t iq[PI_COLS_MAX];   /* Q4_0C: the rows' places in their block */
                     int nq = 0;
                     int64_t block = -1;
                     for (int j = 0; j < n_sel; j += 8) {
@@ -88,18 +89,19 @@ int main(int argc, char **argv) {
                         for (int q = 0; q < 8 && down; q++) {   /* the axpy queue of sparse_ffn.c */
                             const int i = sel[j + q];
                             if (nq && (cols ? i / 32 != block : nq == PI_AXPY_GROUP)) {
-                                if (cols) kc->axpy_cols(E, nq, hq, sc + (size_t)l * layer_scales + block * E, dq, y);
+                                if (cols) kc->axpy_cols(E, nq, iq, hq, sc + (size_t)l * layer_scales + block * E, dq, y);
                                 else k->axpy_group(E, nq, hq, dq, y);
                                 nq = 0;
                             }
                             if (cols && i / 32 != block) n_blocks++;
                             block = i / 32;
                             dq[nq] = (const char *)up[q] + row_bytes;
+                            iq[nq] = (uint8_t)(i % 32);
                             hq[nq++] = h[q];
                         }
                         sink += h[0];
                     }
-                    if (nq && cols) kc->axpy_cols(E, nq, hq, sc + (size_t)l * layer_scales + block * E, dq, y);
+                    if (nq && cols) kc->axpy_cols(E, nq, iq, hq, sc + (size_t)l * layer_scales + block * E, dq, y);
                     else if (nq) k->axpy_group(E, nq, hq, dq, y);
                 }
             const double dt = now() - t0;

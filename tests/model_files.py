@@ -3,7 +3,7 @@ tensors encoded to the file's types, the PWRI magic) and `rewrite` (a copy with 
 llama/bamboo files of every size come from tools/make_test_model.py (write_model), whose vocabulary
 (add_vocab) every file here shares.
 
-    write_arch_model(path, "gemma3", seed=0)             llama/mistral, qwen2, gemma3 (f32), issue 7
+    write_arch_model(path, "gemma3", seed=0)             llama/mistral, qwen2, qwen3, gemma3 (f32), issue 7
     write_sparse_model(path, dtype="q4_0", ranks=(32, 64))  the tiny llama in the PowerInfer (PWRI) layout
     write_sparse_arch_model(path, "falcon", dtype="q8_0")   sparse falcon / opt (PWRI)
     rewrite(src, dst, meta=..., drop=..., replace=...)    a copy with changed keys or tensors
@@ -113,13 +113,17 @@ def layer_weights(mat, norm, E: int, F: int, Eq: int, Ekv: int) -> dict[str, np.
             "ffn_down": mat(E, F)}
 
 
-# ------------------------------------------------------------------ llama/mistral, qwen2, gemma3 (issue 7)
+# ------------------------------------------------------------------ llama/mistral, qwen2, qwen3, gemma3 (issue 7)
 CONFIGS = {
     # llama: GQA, rope "normal" pairs
     "llama": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32,
                   rope_base=10000.0, eps=1e-5),
     # qwen2: llama + q/k/v biases, NEOX rope, tied output
     "qwen2": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32,
+                  rope_base=1000000.0, eps=1e-6),
+    # qwen3: qwen2 without biases, with per-head q/k RMSNorm; head_dim (key_length 64) != n_embd / n_head (32), as
+    # in Qwen3-0.6B (16 heads of 128 over n_embd 1024); an output matrix of its own (Qwen3-8B and larger)
+    "qwen3": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=64,
                   rope_base=1000000.0, eps=1e-6),
     # gemma3: head_dim (key_length 64) != n_embd / n_head (32); 7 layers = 5 local, 1 global (il = 5),
     # 1 local; a sliding window of 5 positions so that a 16-token prompt exercises it
@@ -138,7 +142,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     Eq, Ekv = c["n_head"] * hd, c["n_head_kv"] * hd
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch == "gemma3" else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral"):
+    if arch in ("llama", "mistral", "qwen3"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
@@ -148,9 +152,10 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
         if arch == "qwen2":
             for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
                 w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3"):
             w[p + "attn_q_norm.weight"] = norm(hd)
             w[p + "attn_k_norm.weight"] = norm(hd)
+        if arch == "gemma3":
             w[p + "post_attention_norm.weight"] = norm(E)
             w[p + "post_ffw_norm.weight"] = norm(E)
     return w
@@ -172,9 +177,10 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         writer.add_head_count_kv(c["n_head_kv"])
         writer.add_layer_norm_rms_eps(c["eps"])
         writer.add_rope_freq_base(c["rope_base"])
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3"):
             writer.add_key_length(c["head_dim"])
             writer.add_value_length(c["head_dim"])
+        if arch == "gemma3":
             writer.add_sliding_window(c["n_swa"])
         else:
             writer.add_rope_dimension_count(c["head_dim"])

@@ -1,5 +1,5 @@
 """Independent float64 numpy reference implementation of the PowerInfer-py forward pass: the one
-reference forward of every architecture the engine runs (llama/mistral, bamboo, qwen2, gemma3, and
+reference forward of every architecture the engine runs (llama/mistral, bamboo, qwen2, qwen3, gemma3, and
 the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
 
 Reads a GGUF file (or a PWRI-magic file: same layout, first 4 bytes b"PWRI") with
@@ -16,7 +16,7 @@ Contract (what the engine must match):
                                                   falcon: one fused attn_qkv, all Q heads, then K, then V)
     gemma3: q, k = rmsnorm per head (attn_q_norm, attn_k_norm)
     RoPE per head on q, k (not opt) over the first n_rot dims, pairs (2i, 2i+1) ("normal": llama,
-        bamboo) or (i, i + n_rot/2) ("neox": qwen2, gemma3, falcon, HF checkpoints):
+        bamboo) or (i, i + n_rot/2) ("neox": qwen2, qwen3, gemma3, falcon, HF checkpoints):
         theta = pos * freq_scale * base^(-2i/n_rot) / rope_freqs[i],
         freq_scale = 1/rope.scaling.factor for linear scaling, else 1; rope_freqs: 1 unless the file has them
     attention per head, scale 1/sqrt(head_dim), causal (key j visible to query i iff
@@ -180,9 +180,9 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "gemma3", "falcon")      # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma3", "falcon")      # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
-ARCHS = ("llama", "mistral", "bamboo", "qwen2", "gemma3") + LAYER_NORM_ARCHS
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "gemma3") + LAYER_NORM_ARCHS
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
 HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
@@ -373,7 +373,7 @@ class ReferenceModel:
         else:
             q, k, v = (h @ L[f"attn_{t}"].T + L.get(f"attn_{t}.bias", 0.0) for t in "qkv")
         q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
-        if "attn_q_norm" in L:              # gemma3
+        if "attn_q_norm" in L:              # gemma3, qwen3
             q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
         return q, k, v
 

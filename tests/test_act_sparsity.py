@@ -66,9 +66,9 @@ def sparse_files(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_architectures(tmp_path, arch):
-    """qwen2 (biases, tied head) and gemma3 (GeGLU, post norms, sliding window) run sparse too: --dense is the
+    """qwen2 (biases, tied head), qwen3 (q/k norms) and gemma3 (GeGLU, post norms, sliding window) run sparse too: --dense is the
     input, every channel through the sparse kernels is the dense model up to f32 rounding, a level is sparse
     and its prompt equals token by token."""
     from model_files import write_arch_model
@@ -90,9 +90,9 @@ def test_architectures(tmp_path, arch):
     assert np.array_equal(a, logits_one_by_one(ctx, prompt))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_architectures_with_attention_inputs(tmp_path, arch):
-    """The attention's inputs sparse in qwen2 (q/k/v biases) and gemma3 (q/k norms, head_dim != n_embd / n_head,
+    """The attention's inputs sparse in qwen2 (q/k/v biases), qwen3 (q/k norms, head_dim != n_embd / n_head) and gemma3 (q/k norms, head_dim != n_embd / n_head,
     sliding window) too, Q4_0 matrices: --dense is the input, every entry read is the dense model up to f32
     rounding, a level reads about its share and its prompt equals token by token."""
     from model_files import write_arch_model

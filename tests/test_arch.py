@@ -1,7 +1,8 @@
-"""The architectures of issue 7 in dense mode (llama/mistral, qwen2, gemma3) against a float64 numpy
-forward pass written from llama.cpp's graphs (tests/arch_models.py), on tiny random f32 models.
+"""The architectures of issue 7 in dense mode (llama/mistral, qwen2, qwen3, gemma3) against a float64 numpy
+forward pass written from llama.cpp's graphs (tests/reference_model.py), on tiny random f32 models.
 
-What each architecture exercises: qwen2 the q/k/v biases, NEOX rope and a tied output; gemma3 a
+What each architecture exercises: qwen2 the q/k/v biases, NEOX rope and a tied output; qwen3 per-head QK
+RMSNorm without biases and a head size different from n_embd / n_head, with its own output matrix; gemma3 a
 head size different from n_embd / n_head, per-head QK RMSNorm, the post-attention and post-FFN
 norms, the GELU FFN, the embedding scale sqrt(n_embd), and local layers (a sliding window of 5
 positions, rope base 10000) next to a global one (layer 5 of 7). llama.cpp itself checks the same
@@ -34,7 +35,7 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]   # 1
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("arch")
     out = {}
-    for arch in ("llama", "qwen2", "gemma3"):
+    for arch in ("llama", "qwen2", "qwen3", "gemma3"):
         path = d / f"tiny-{arch}.gguf"
         out[arch] = (path, write_arch_model(path, arch, seed=3))
     path = d / "tiny-llama-rope-freqs.gguf"    # llama with Llama 3.1-style rope frequency factors
@@ -45,7 +46,7 @@ def files(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "llama-ff"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "llama-ff"])
 def test_forward_matches_numpy(files, arch):
     path, _ = files[arch]
     model = pi.Model(path)
@@ -66,6 +67,9 @@ def test_hparams(files):
     assert hp.attn_scale == pytest.approx(1 / 8) and hp.rope_freq_base_swa == 10000.0
     hq = pi.Model(files["qwen2"][0]).hparams
     assert hq.rope_mode == "neox" and hq.qkv_bias and hq.head_dim == 0 and not hq.qk_norm
+    h3 = pi.Model(files["qwen3"][0]).hparams
+    assert (h3.arch, h3.rope_mode, h3.head_dim, h3.n_rot) == ("qwen3", "neox", 64, 64)
+    assert h3.qk_norm and not h3.qkv_bias and not h3.post_norms and h3.n_swa == 0 and h3.ffn_act == "silu"
     hl = pi.Model(files["llama"][0]).hparams
     assert hl.rope_mode == "normal" and not hl.qkv_bias and hl.n_swa == 0
 
@@ -76,7 +80,7 @@ def test_mistral_is_llama(files):
     assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3"])
 def test_batch_equals_token_by_token(files, arch):
     """Incremental decoding (the sliding window over cached cells) gives the batched logits."""
     model = pi.Model(files[arch][0])

@@ -184,6 +184,22 @@ else:
                 assert st.n_attn_layers == min(n_layer, ngl if ngl >= 0 else n_layer)
                 assert st.output == (ngl < 0 or ngl > n_layer)
 
+    @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3"])
+    def test_dense_ngl_other_architectures(tmp_path, arch):
+        """-ngl with the other architectures' tensors on the device (qwen2's q/k/v biases, qwen3's and gemma3's
+        q/k norms, gemma3's post norms beside its local layers): bit-identical to the CPU, as for llama."""
+        from model_files import write_arch_model
+        path = tmp_path / f"{arch}.gguf"
+        write_arch_model(path, arch, seed=2, dtype="q4_0")
+        model = pi.Model(path)
+        cpu_tokens, cpu_logits = greedy(pi.Context(model, n_ctx=64))
+        for ngl in (1, -1):
+            ctx = pi.Context(model, n_ctx=64, n_gpu_layers=ngl)
+            assert ctx.offload is not None and ctx.offload.n_attn_layers == (1 if ngl == 1 else model.hparams.n_layer)
+            tokens, logits = greedy(ctx)
+            assert tokens == cpu_tokens, f"-ngl {ngl}"
+            np.testing.assert_array_equal(logits, cpu_logits, err_msg=f"-ngl {ngl}")
+
     def test_api_n_gpu_layers_reaches_the_device(dense_llama):
         """PowerInfer(n_gpu_layers=) (llama-cpp-python's keyword) places layers as Context(-ngl) does."""
         cpu = pi.PowerInfer(dense_llama, n_ctx=64, n_threads=1, verbose=False)

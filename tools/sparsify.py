@@ -467,7 +467,7 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("model", type=Path, help="dense GGUF file (llama / qwen2 / gemma3 family, gated FFN)")
+    ap.add_argument("model", type=Path, help="dense GGUF file (llama / qwen2 / qwen3 / gemma3 family, gated FFN)")
     ap.add_argument("corpus", type=Path, help="calibration text (UTF-8)")
     ap.add_argument("--sparsity", default="0.5", help="target sparsity, or a comma list of levels to store "
                     "(default 0.5)")

@@ -15,10 +15,11 @@ from . import tokenizer as _tokenizer
 log = logging.getLogger("powerinfer")
 
 # GGUF general.architecture -> the C family. Mistral and TinyLlama GGUF files declare "llama"; "mistral"
-# (the llama blocks under another name) is accepted too.
+# (the llama blocks under another name) is accepted too. qwen3 is the qwen2 family with per-head q/k RMSNorm
+# instead of q/k/v biases (the flags below say which).
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
-          "qwen2": lib.PI_ARCH_QWEN2, "gemma3": lib.PI_ARCH_GEMMA3, "falcon": lib.PI_ARCH_FALCON,
-          "opt": lib.PI_ARCH_OPT}
+          "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "gemma3": lib.PI_ARCH_GEMMA3,
+          "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # opt: the original reads no LayerNorm epsilon (it stays 0.0); HF OPT uses 1e-5, and so do we unless the file says
@@ -127,7 +128,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     if not factor or factor <= 0:
         raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
 
-    if arch in ("qwen2", "gemma3") and meta.get("_pwri"):
+    if arch in ("qwen2", "qwen3", "gemma3") and meta.get("_pwri"):
         raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
                              f"not {arch}")
     # ReLU-LLaMA files from the original converter carry no activation key; a PWRI file is ReLU by definition
@@ -140,6 +141,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     extra: dict = {"head_dim": head_dim if key_length is not None else 0}
     if arch == "qwen2":
         extra.update(rope_mode="neox", qkv_bias=True)
+    elif arch == "qwen3":
+        extra.update(rope_mode="neox", qk_norm=True)
     elif arch == "falcon":
         extra.update(rope_mode="neox")
     elif arch == "opt":

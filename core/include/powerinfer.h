@@ -75,7 +75,7 @@ enum {
 enum {  /* model architecture families (the forward pass reads the pi_hparams flags, not the id) */
     PI_ARCH_LLAMA  = 0,   /* llama, mistral, tinyllama: the llama blocks */
     PI_ARCH_BAMBOO = 1,
-    PI_ARCH_QWEN2  = 2,   /* llama + q/k/v biases, NEOX rope */
+    PI_ARCH_QWEN2  = 2,   /* llama + NEOX rope; qwen2: q/k/v biases, qwen3: q/k norms (the hparams' flags) */
     PI_ARCH_GEMMA3 = 3,   /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers */
     PI_ARCH_FALCON = 4,   /* sparse only: LayerNorm, fused attn_qkv, NEOX rope, parallel attention + FFN */
     PI_ARCH_OPT    = 5    /* sparse only: pre-LayerNorm, biases everywhere, learned positions (pos + 2), no rope */
@@ -83,7 +83,7 @@ enum {  /* model architecture families (the forward pass reads the pi_hparams fl
 
 enum {  /* rotary embedding: which dims form a rotating pair */
     PI_ROPE_NORMAL = 0,   /* (2i, 2i+1): llama GGUF files (q/k rows permuted by the converter) */
-    PI_ROPE_NEOX   = 2    /* (i, i + n_rot/2): qwen2, gemma3 (ggml's GGML_ROPE_TYPE_NEOX) */
+    PI_ROPE_NEOX   = 2    /* (i, i + n_rot/2): qwen2, qwen3, gemma3 (ggml's GGML_ROPE_TYPE_NEOX) */
 };
 
 enum {  /* FFN activation */

@@ -1,4 +1,4 @@
-"""The tiny random f32 models of tests/arch_models.py (llama, qwen2, gemma3) run by llama.cpp
+"""The tiny random f32 models of tests/model_files.py (llama, qwen2, qwen3, gemma3) run by llama.cpp
 (llama-cpp-python) and by us: the logits of a 16-token prompt must agree.
 
 Both sides use f32 weights and an f32 KV cache, so no activation is quantized and the remaining
@@ -24,6 +24,7 @@ from model_files import make_weights, write_arch_model  # noqa: E402
 REL_RMS = {"llama": 1e-5,     # (measured 4e-7)
            "llama-ff": 1e-5,  # llama with rope_freqs.weight (Llama 3.1-style frequency factors; measured 4e-7)
            "qwen2": 1e-5,     # (measured 4e-7)
+           "qwen3": 1e-5,     # (measured 3.5e-7)
            "gemma3": 3e-3}    # (measured 4.5e-4: the f16 GELU table)
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 
@@ -32,7 +33,7 @@ def rel_rms(a, b) -> float:
     return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-ff", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-ff", "qwen2", "qwen3", "gemma3"])
 def test_logits_agree_with_llama_cpp(tmp_path, arch):
     path = tmp_path / f"tiny-{arch}.gguf"
     if arch == "llama-ff":

@@ -34,8 +34,10 @@ Q4_1, Q5_0, Q5_1, Q8_1 = 3, 6, 7, 9
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
 NAME = {Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", Q8_1: "q8_1", Q2_K: "q2_K", Q3_K: "q3_K", Q4_K: "q4_K",
         Q5_K: "q5_K", Q6_K: "q6_K", Q8_K: "q8_K"}
+IQ4_NL, IQ4_XS = 20, 23   # read-only types (no quantizer in the core): tests/test_iq4.py
 BLOCK = {Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_1: (32, 40), Q2_K: (256, 84), Q3_K: (256, 110),
-         Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q8_0: (32, 34)}
+         Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q8_0: (32, 34),
+         IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
 WEIGHTS = [Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 KQUANTS = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 # activation types (Q5_0: the core's Q8_0S, which holds the Q8_0 quants plus their sum)
@@ -43,7 +45,10 @@ KQUANTS = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 Q8_KM = lib.PI_TYPE_COUNT + 4        # core-internal type id (after Q8_0S, Q4_0X8, Q4_0R, Q8_0P)
 Q8_KM_M = 32
 ACT_BLOCK = {Q8_KM: (256, 308)}      # activation-only types: no GGUF id, not in BLOCK
-ACT_TYPE = {Q4_1: Q8_1, Q5_0: Q8_0, Q5_1: Q8_1, Q2_K: Q8_K, Q3_K: Q8_K, Q4_K: Q8_KM, Q5_K: Q8_KM, Q6_K: Q8_K}
+ACT_TYPE = {Q4_1: Q8_1, Q5_0: Q8_0, Q5_1: Q8_1, Q2_K: Q8_K, Q3_K: Q8_K, Q4_K: Q8_KM, Q5_K: Q8_KM, Q6_K: Q8_K,
+            IQ4_NL: Q8_0, IQ4_XS: Q8_K}
+# the grid of the IQ4 types: quant q stands for IQ4_VALUES[q] (llama.cpp's kvalues_iq4nl)
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
 
 U32 = 2.0 ** -24
 U16 = 2.0 ** -11
@@ -215,6 +220,18 @@ def np_dequant(raw: np.ndarray, t: int, with_parts: bool = False):
             q[:, o + 96:o + 128] = (L[:, 32:] >> 4) | (((H >> 6) & 3) << 4)
         v = np.repeat(d[:, None] * sc, 16, axis=1) * (q - 32).astype(f)
         s_part = v
+    elif t == IQ4_NL:   # d | qs[16]: value d * grid[q]
+        v = f16(b, 0, f)[:, None] * IQ4_VALUES[nibbles(b[:, 2:18])].astype(f)
+        s_part = v
+    elif t == IQ4_XS:   # d | scales_h (u16) | scales_l[4] | qs[128]: value (d (ls_j - 32)) * grid[q]
+        d = f16(b, 0, f)
+        sh = b[:, 2:4].copy().view(np.uint16).astype(np.int32).ravel()
+        v = np.empty((nb, 256), f)
+        for j in range(8):
+            ls = ((b[:, 4 + j // 2].astype(np.int32) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+            dl = d * (ls - 32).astype(f)
+            v[:, 32 * j:32 * j + 32] = dl[:, None] * IQ4_VALUES[nibbles(b[:, 8 + 16 * j:24 + 16 * j])].astype(f)
+        s_part = v
     else:
         raise ValueError(t)
     if not with_parts:
@@ -379,6 +396,8 @@ def random_blocks(rng, t, nb) -> np.ndarray:
         put16(0), put16(2)
     elif t == Q6_K:
         put16(208, signed=True)
+    elif t in (IQ4_NL, IQ4_XS):
+        put16(0, signed=True)
     return b.reshape(-1)
 
 

@@ -67,6 +67,8 @@ enum {
     PI_TYPE_Q5_K = 13,
     PI_TYPE_Q6_K = 14,
     PI_TYPE_Q8_K = 15,   /* activations of the K-quants (f32 d, 256 x int8, 16 x int16 block sums) */
+    PI_TYPE_IQ4_NL = 20, /* Q4_0's layout, the nibbles indexing a non-linear grid of 16 int8 values */
+    PI_TYPE_IQ4_XS = 23, /* super-blocks of 256: IQ4_NL's grid, a 6-bit scale per 32 */
     PI_TYPE_I32  = 26,
     PI_TYPE_BF16 = 30,
     PI_TYPE_COUNT = 40

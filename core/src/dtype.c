@@ -140,6 +140,9 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K,
                        .repacked_type = PI_TYPE_Q6_KX16 /* where the level has a repack kernel for it */ },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
+    /* IQ4 (read only: llama.cpp's files; no quantizer here) */
+    [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, NULL, PI_TYPE_Q8_0S },
+    [PI_TYPE_IQ4_XS] = { "iq4_xs", 256, 136, pi_iq4_xs_to_f32, NULL, PI_TYPE_Q8_K },
     /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
      * no conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0), the sparse FFN's
      * packed rows */
@@ -195,7 +198,8 @@ _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18
 
 /* The block structs must have exactly the GGUF sizes. */
 _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && sizeof(pi_block_q5_1) == 24 &&
-               sizeof(pi_block_q8_1) == 40, "32-element block sizes");
+               sizeof(pi_block_q8_1) == 40 && sizeof(pi_block_iq4_nl) == 18, "32-element block sizes");
+_Static_assert(sizeof(pi_block_iq4_xs) == 136, "IQ4_XS block size");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
                sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144 &&
@@ -235,9 +239,14 @@ int64_t pi_row_bytes(int32_t type, int64_t n) {
     return n / bs * bb;
 }
 
-static pi_status check_conversion(int32_t type, const void *a, const void *b, int64_t n) {
+/* quantize: from f32 (else to f32). GGUF types read from files only (IQ4_NL, IQ4_XS) convert to f32 alone. */
+static pi_status check_conversion(int32_t type, const void *a, const void *b, int64_t n, bool quantize) {
     const pi_type_traits *t = pi_traits(type);
-    if (!t || !t->to_f32 || !t->from_f32) return pi_fail(PI_ERR_UNSUPPORTED, "unsupported type id %d", (int)type);
+    const bool read_only = t && t->to_f32 && !t->from_f32 && type < PI_TYPE_COUNT;
+    if (read_only && quantize)
+        return pi_fail(PI_ERR_UNSUPPORTED, "type %s: no quantizer here (its files are read, not written)", t->name);
+    if (!t || !t->to_f32 || (!t->from_f32 && !read_only))
+        return pi_fail(PI_ERR_UNSUPPORTED, "unsupported type id %d", (int)type);
     if (!a || !b) return pi_fail(PI_ERR_INVALID_ARG, "NULL buffer");
     if (n < 0 || n % t->block_size != 0)
         return pi_fail(PI_ERR_INVALID_ARG, "%lld elements is not a multiple of the %s block size %lld",
@@ -246,14 +255,14 @@ static pi_status check_conversion(int32_t type, const void *a, const void *b, in
 }
 
 pi_status pi_quantize_row(int32_t type, const float *src, void *dst, int64_t n) {
-    pi_status st = check_conversion(type, src, dst, n);
+    pi_status st = check_conversion(type, src, dst, n, true);
     if (st != PI_OK) return st;
     pi_traits(type)->from_f32(src, dst, n);
     return PI_OK;
 }
 
 pi_status pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n) {
-    pi_status st = check_conversion(type, src, dst, n);
+    pi_status st = check_conversion(type, src, dst, n, false);
     if (st != PI_OK) return st;
     pi_traits(type)->to_f32(src, dst, n);
     return PI_OK;

@@ -35,6 +35,33 @@ void pi_q5_0_to_f32(const void *src, float *dst, int64_t n) {
     }
 }
 
+/* IQ4_NL, IQ4_XS: the f32 operations of llama.cpp's dequantizers (IQ4_XS: d (ls - 32) first, then times the value) */
+void pi_iq4_nl_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_iq4_nl *x = src;
+    for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK / 2; j++) {
+            dst[j] = d * (float)PI_IQ4_VALUES[x[b].qs[j] & 15];
+            dst[j + PI_QK / 2] = d * (float)PI_IQ4_VALUES[x[b].qs[j] >> 4];
+        }
+    }
+}
+
+void pi_iq4_xs_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_iq4_xs *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK_K / PI_QK; j++, dst += PI_QK) {
+            const float dl = d * (float)pi_iq4_xs_scale(&x[b], j);
+            const uint8_t *qs = x[b].qs + 16 * j;
+            for (int k = 0; k < 16; k++) {
+                dst[k] = dl * (float)PI_IQ4_VALUES[qs[k] & 15];
+                dst[k + 16] = dl * (float)PI_IQ4_VALUES[qs[k] >> 4];
+            }
+        }
+    }
+}
+
 void pi_q5_1_to_f32(const void *src, float *dst, int64_t n) {
     const pi_block_q5_1 *x = src;
     for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {

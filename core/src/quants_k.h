@@ -5,7 +5,9 @@
  * Conversions (to_f32, reference quantizers) are in dtype_k.c, dot products and axpy in
  * arch/vec_dot_k.c. Activation types per weight type, as llama.cpp:
  *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),
- *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K). */
+ *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K),
+ *   IQ4_NL -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
+ *   grid's values up to 127 could overflow a super-block's int32 sum). */
 #ifndef PI_QUANTS_K_H
 #define PI_QUANTS_K_H
 
@@ -31,6 +33,20 @@ static inline void pi_quants_5bit(const uint8_t qs[PI_QK / 2], const uint8_t qh_
         u[j] = (uint8_t)((qs[j] & 0x0f) | ((qh >> j) & 1) << 4);
         u[j + PI_QK / 2] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
     }
+}
+
+/* The grid of the IQ4 types: quant q (0..15) stands for PI_IQ4_VALUES[q] (llama.cpp's kvalues_iq4nl). */
+static const int8_t PI_IQ4_VALUES[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+/* IQ4_NL: Q4_0's layout (fp16 d; element j < 16 the low nibble of qs[j], j + 16 its high nibble), the value
+ * d PI_IQ4_VALUES[q]. 18 B */
+typedef struct { uint16_t d; uint8_t qs[PI_QK / 2]; } pi_block_iq4_nl;
+/* IQ4_XS: 8 sub-blocks of 32, each with a 6-bit scale ls_j (low 4 bits: nibble j % 2 of scales_l[j / 2]; high 2:
+ * bits 2j, 2j + 1 of scales_h) and IQ4_NL's 16 nibble bytes (qs[16 j ..]); the value d (ls_j - 32) PI_IQ4_VALUES[q].
+ * 136 B */
+typedef struct { uint16_t d, scales_h; uint8_t scales_l[PI_QK_K / 64]; uint8_t qs[PI_QK_K / 2]; } pi_block_iq4_xs;
+/* ls_j - 32 of sub-block j (0..7) of an IQ4_XS block: -32..31 */
+static inline int pi_iq4_xs_scale(const pi_block_iq4_xs *b, int j) {
+    return ((b->scales_l[j / 2] >> 4 * (j % 2) & 15) | (b->scales_h >> 2 * j & 3) << 4) - 32;
 }
 
 /* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
@@ -107,6 +123,8 @@ void pi_q5_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q6_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q8_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q8_Km_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq4_nl_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq4_xs_to_f32(const void *src, float *dst, int64_t n);
 
 void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);

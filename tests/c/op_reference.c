@@ -100,6 +100,30 @@ static void case_mul_mat(int32_t type, int64_t T) {
     free(w); free(x); free(y); free(wq);
 }
 
+/* A type the library reads but does not write (IQ4_NL, IQ4_XS: no quantizer): N rows of K elements of PRNG bytes,
+ * each block's leading fp16 scale set to +-2^-6 .. 2^-4 (finite, moderate); the dot products are exact integer sums
+ * per block, so every level must give the stored bits. */
+static void case_mul_mat_bytes(int32_t type, int64_t T) {
+    const int64_t K = 512, N = 24, rb = pi_row_bytes(type, K), bb = pi_type_block_bytes(type);
+    unsigned char *wq = malloc((size_t)(rb * N));
+    float *x = rng_array(K * T, 2.0f, 200 + (uint64_t)T);
+    float *y = calloc((size_t)(N * T), sizeof(float));
+    if (!wq || !y) { fprintf(stderr, "out of memory\n"); exit(1); }
+    rng_seed(500 + (uint64_t)type);
+    for (int64_t i = 0; i < rb * N; i++) wq[i] = (unsigned char)(rng_next() >> 56);
+    for (int64_t b = 0; b < rb * N / bb; b++) {   /* fp16 sign | exponent 9..11 (2^-6 .. 2^-4) | 10 random bits */
+        const uint64_t r = rng_next();
+        const uint16_t h = (uint16_t)((r >> 63) << 15 | (9 + (r >> 32) % 3) << 10 | (r & 0x3ff));
+        memcpy(wq + b * bb, &h, 2);
+    }
+    pi_tensor tw = tensor(type, K, N, 1, wq), tx = tensor(PI_TYPE_F32, K, T, 1, x), ty = tensor(PI_TYPE_F32, N, T, 1, y);
+    check(pi_op_mul_mat(pool, &tw, &tx, &ty), "mul_mat");
+    char name[64];
+    snprintf(name, sizeof name, "mul_mat.%s.t%lld", pi_type_name(type), (long long)T);
+    emit(name, y, N * T);
+    free(wq); free(x); free(y);
+}
+
 static void case_get_rows(int32_t type) {
     const int64_t K = 256, N = 8;
     const int32_t ids[3] = { 5, 0, 7 };
@@ -246,6 +270,9 @@ int main(int argc, char **argv) {
     case_sparse_ffn(PI_TYPE_Q4_0, PI_FFN_PAR, PI_ACT_SILU, "par.silu", 1);
     case_sparse_ffn(PI_TYPE_Q8_0, PI_FFN_SYM, PI_ACT_RELU, "sym.relu", 0);
     case_sparse_ffn(PI_TYPE_F16, PI_FFN_SEQ, PI_ACT_GELU, "seq.gelu", 0);
+    const int32_t read_only[] = { PI_TYPE_IQ4_NL, PI_TYPE_IQ4_XS };
+    for (size_t i = 0; i < sizeof read_only / sizeof *read_only; i++)
+        for (int64_t T = 1; T <= 17; T += 8) case_mul_mat_bytes(read_only[i], T);   /* 1, 9, 17 tokens */
 
     pi_threadpool_free(pool);
     if (fclose(out_file) != 0) { perror(argv[1]); return 1; }

@@ -137,6 +137,47 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     return pi_tree8(p);
 }
 
+/* IQ4_NL . Q8_0S: Q8_0's canonical order (pi_vec_dot_q8_0_q8_0s) with the weights' int8 values looked up in the grid:
+ * per block the exact integer i = sum PI_IQ4_VALUES[q] y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in
+ * order, and pi_tree8(p) (the 8-row kernel of rows8_k.c too). SIMD and scalar give the same bits. */
+#if defined(__AVX2__)
+/* The 32 int8 values of an IQ4 block's 16 nibble bytes (elements 0..15 from the low nibbles, 16..31 the high ones). */
+static inline __m256i iq4_values_32(const uint8_t *qs) {
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
+    return _mm256_shuffle_epi8(grid, nibbles_32(qs));
+}
+#endif
+
+float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x) {
+    const pi_block_iq4_nl *a = w;
+    const pi_block_q8_0s *b = x;
+    const int64_t nb = n / PI_QK;
+    float p[8] = { 0 };
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();   /* 8 blocks at a time: lane j = block i + j = partial sum j */
+    for (; i + 8 <= nb; i += 8) {
+        __m256i v[8];
+        for (int j = 0; j < 8; j++)
+            v[j] = dot_i8(iq4_values_32(a[i + j].qs), _mm256_loadu_si256((const __m256i *)b[i + j].qs));
+        const __m256 d = _mm256_mul_ps(pi_f16x8_strided(&a[i].d, sizeof *a), pi_f16x8_strided(&b[i].d, sizeof *b));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pi_hsum8_i32(v)), acc);
+    }
+    _mm256_storeu_ps(p, acc);
+#endif
+    for (; i < nb; i++) {
+        int32_t s = 0;
+#if defined(__AVX2__)
+        s = pi_hsum_epi32(dot_i8(iq4_values_32(a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs)));
+#else
+        for (int j = 0; j < PI_QK / 2; j++)
+            s += PI_IQ4_VALUES[a[i].qs[j] & 15] * b[i].qs[j] + PI_IQ4_VALUES[a[i].qs[j] >> 4] * b[i].qs[j + PI_QK / 2];
+#endif
+        p[i % 8] = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)s, p[i % 8]);
+    }
+    return pi_tree8(p);
+}
+
 /* Q4_1 / Q5_1 . Q8_1, value = d u + m with u the unsigned quant (Q4_1 0..15, Q5_1 0..31):
  * sum = d d_y sum(u q_y) + m s_y, s_y = d_y sum(q_y) stored in the Q8_1 block. The canonical order every Q4_1 / Q5_1
  * kernel follows (the 8-row kernel of rows8_k.c and the tile kernel of amx_q8_0s.c too): per block the exact integer
@@ -446,6 +487,35 @@ static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K 
 }
 #endif
 
+/* IQ4_XS: *sumi = sum_j (ls_j - 32) sum_l PI_IQ4_VALUES[q_l] y_l (|sumi| <= 8 * 32 * 32 * 127 * 127: int32) */
+#if defined(__AVX2__)
+static inline __attribute__((always_inline)) void iq4_xs_lanes(const pi_block_iq4_xs *x, const pi_block_q8_K *y,
+                                                               __m256i *li, __m256i *lm) {   /* lm: 0, no mins */
+    *lm = _mm256_setzero_si256();
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        const __m256i p = dot_i8(iq4_values_32(x->qs + 16 * j), _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)));
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, _mm256_set1_epi32(pi_iq4_xs_scale(x, j))));
+    }
+    *li = acc;
+}
+#else
+static inline __attribute__((always_inline)) void iq4_xs_ints(const pi_block_iq4_xs *x, const pi_block_q8_K *y,
+                                                              int32_t *sumi, int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
+    int32_t s = 0;
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        const uint8_t *qs = x->qs + 16 * j;
+        const int8_t *yq = y->qs + 32 * j;
+        int32_t t = 0;
+        for (int l = 0; l < 16; l++)
+            t += PI_IQ4_VALUES[qs[l] & 15] * yq[l] + PI_IQ4_VALUES[qs[l] >> 4] * yq[l + 16];
+        s += pi_iq4_xs_scale(x, j) * t;
+    }
+    *sumi = s;
+}
+#endif
+
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
  * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the
  * others, bd the activation block's f32 step; the 8-row kernels of rows8_k.c keep the same order. The AVX2 code
@@ -523,6 +593,7 @@ K_ROW_DOT(q3_K, pi_block_q3_K, pi_block_q8_K, d, false, d)
 K_ROW_DOT(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d, true, dmin)   /* x: Q8_KM */
 K_ROW_DOT(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d, true, dmin)   /* x: Q8_KM */
 K_ROW_DOT(q6_K, pi_block_q6_K, pi_block_q8_K, d, false, d)
+K_ROW_DOT(iq4_xs, pi_block_iq4_xs, pi_block_q8_K, d, false, d)
 
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
     const pi_block_q8_K *a = w, *b = x;
@@ -703,3 +774,5 @@ AXPY(pi_axpy_q4_K, pi_q4_K_to_f32, PI_QK_K, pi_block_q4_K)
 AXPY(pi_axpy_q5_K, pi_q5_K_to_f32, PI_QK_K, pi_block_q5_K)
 AXPY(pi_axpy_q6_K, pi_q6_K_to_f32, PI_QK_K, pi_block_q6_K)
 AXPY(pi_axpy_q8_K, pi_q8_K_to_f32, PI_QK_K, pi_block_q8_K)
+AXPY(pi_axpy_iq4_nl, pi_iq4_nl_to_f32, PI_QK, pi_block_iq4_nl)
+AXPY(pi_axpy_iq4_xs, pi_iq4_xs_to_f32, PI_QK_K, pi_block_iq4_xs)

@@ -1,0 +1,167 @@
+"""IQ4_NL and IQ4_XS, llama.cpp's 4-bit types on a non-linear grid of 16 int8 values (read from its files: the core
+has no quantizer for them), against numpy written from the block layouts (tests/test_kquants.py's np_dequant):
+
+  - dequantization of arbitrary block bytes, bit-exact (the numpy code does the C code's f32 operations), and equal
+    to gguf-py's own dequantizer (the same format implemented elsewhere);
+  - mul_mat at 1, 3, 8, 9 and 17 tokens (the single-row dot, the 8-row kernel and their tails) against float64 sums
+    of the dequantized weights and the dequantized activations (IQ4_NL: Q8_0 activations, IQ4_XS: Q8_K, as
+    llama.cpp), within test_kquants' dot bound, which one flipped nibble exceeds (checked);
+  - every ISA level this CPU runs bit-identical to the scalar level (exact integer sums, one float order), and the
+    thread count changes no bit;
+  - the sparse FFN op with IQ4 up and down_t rows (the gathered dots and the axpy of the down step).
+
+Files quantized by llama.cpp itself: tests/compat/test_iq4_vs_llama_cpp.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerinfer._ffi import check, ffi, lib
+from test_isa import LEVELS, at_level  # noqa: F401  (at_level: a fixture)
+from test_kquants import (ACT_TYPE, BLOCK, F32, IQ4_NL, IQ4_XS, NP_ACT_QUANT, assert_within, bits_equal,
+                          c_dequantize, c_mul_mat, dot_reference, np_dequant, np_dequant_act, random_blocks, tensor)
+from test_ops import assert_bit_equal
+from test_ops import tensor as np_tensor
+
+NAME = {IQ4_NL: "iq4_nl", IQ4_XS: "iq4_xs"}
+TYPES = list(NAME)
+QS_OFFSET = {IQ4_NL: 2, IQ4_XS: 8}   # first nibble byte of a block
+
+
+def rows(rng, t, n, k) -> np.ndarray:
+    """n rows of k elements of random IQ4 blocks, as a (n, row bytes) uint8 array."""
+    return random_blocks(rng, t, n * k // BLOCK[t][0]).reshape(n, -1)
+
+
+def test_type_traits():
+    for t, name in NAME.items():
+        assert lib.pi_type_supported(t) == 1 and ffi.string(lib.pi_type_name(t)).decode() == name
+        assert lib.pi_row_bytes(t, 4096) == 4096 // BLOCK[t][0] * BLOCK[t][1]
+    assert lib.PI_TYPE_IQ4_NL == IQ4_NL and lib.PI_TYPE_IQ4_XS == IQ4_XS
+    assert lib.pi_row_bytes(IQ4_XS, 128) == -1 and lib.pi_row_bytes(IQ4_NL, 48) == -1
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+def test_dequantize_random_blocks(t):
+    import gguf
+    rng = np.random.default_rng(100 + t)
+    raw = random_blocks(rng, t, 64)
+    got = c_dequantize(t, raw)
+    assert bits_equal(got, np_dequant(raw, t)), f"{NAME[t]}: {np.sum(got != np_dequant(raw, t))} values differ"
+    theirs = gguf.quants.dequantize(raw.reshape(1, -1), gguf.GGMLQuantizationType(t)).astype(np.float32).ravel()
+    assert bits_equal(got, theirs), f"{NAME[t]} against gguf-py: {np.sum(got != theirs)} values differ"
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+@pytest.mark.parametrize("K", [256, 4096])
+def test_mul_mat_against_numpy(t, K):
+    rng = np.random.default_rng(200 + t + K)
+    N = 37
+    raw = rows(rng, t, N, K).reshape(-1)
+    scales = np.repeat(10.0 ** rng.uniform(-2, 2, (17, K // 32)), 32, axis=1)
+    x = (rng.standard_normal((17, K)) * scales).astype(np.float32)
+    for T in (1, 3, 8, 9, 17):
+        ref, tol = dot_reference(t, raw, x[:T])
+        assert_within(c_mul_mat(t, raw, x[:T]), ref, tol, f"mul_mat {NAME[t]} K={K} T={T}")
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+def test_dot_tolerance_is_tight(t):
+    """The errors seen are far below the bound, and a single nibble off by one grid step is far above it."""
+    rng = np.random.default_rng(300 + t)
+    K = 4096
+    raw = rows(rng, t, 1, K).reshape(-1)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    ref, tol = dot_reference(t, raw, x)
+    assert np.all(np.abs(c_mul_mat(t, raw, x) - ref) < 0.1 * tol)
+    effects = []
+    for k in range(8):
+        bad = raw.copy()
+        bad[BLOCK[t][1] * 3 + QS_OFFSET[t] + k] ^= 1     # block 3
+        effects.append(abs(float(dot_reference(t, bad, x)[0][0, 0] - ref[0, 0])))
+    assert min(effects) > 10 * tol[0, 0], (NAME[t], min(effects) / tol[0, 0])
+
+
+def test_thread_counts_identical():
+    rng = np.random.default_rng(7)
+    K, N, T = 512, 70, 4
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    for t in TYPES:
+        raw = rows(rng, t, N, K).reshape(-1)
+        outs = []
+        for n in (1, 2, 3):
+            p = ffi.new("pi_threadpool **")
+            check(lib.pi_threadpool_create(n, p))
+            outs.append(c_mul_mat(t, raw, x, pool=p[0]))
+            lib.pi_threadpool_free(p[0])
+        assert bits_equal(outs[0], outs[1]) and bits_equal(outs[0], outs[2]), NAME[t]
+
+
+def mul_mat(w, x: np.ndarray, n: int, pool) -> np.ndarray:
+    y = np.zeros((x.shape[0], n), np.float32)
+    check(lib.pi_op_mul_mat(pool, w, np_tensor(x), np_tensor(y)))
+    return y
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+def test_mul_mat_equals_scalar(at_level, pool2, level, t):
+    rng = np.random.default_rng(400 + t)
+    K, N = 512, 40                       # N: five 8-row groups; K: two IQ4_XS super-blocks
+    raw = rows(rng, t, N, K)
+    x = rng.standard_normal((17, K)).astype(np.float32)   # 17 tokens: 8 + 8 + 1 (every kernel tail)
+    x[:, :32] *= 30.0
+    x[3, 64:96] = 0.0
+    results = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        results[lv] = [mul_mat(tensor(raw, t, K, N), x[:T], N, pool2) for T in (1, 3, 6, 8, 17)]
+    for a, b in zip(results["scalar"], results[level]):
+        assert_bit_equal(b, a, f"mul_mat {NAME[t]} {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+def test_sparse_ffn_equals_scalar(at_level, pool2, level, t):
+    """The sparse FFN's gathered dots and down step (axpy) with IQ4 rows, every neuron active."""
+    rng = np.random.default_rng(500 + t)
+    E, F, T = 256, 64, 3
+    up, down_t = rows(rng, t, F, E), rows(rng, t, F, E)
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    scores = rng.standard_normal((T, F)).astype(np.float32)
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        w = ffi.new("pi_sparse_ffn_weights *")
+        w.up, w.down_t = tensor(up, t, E, F)[0], tensor(down_t, t, E, F)[0]
+        y = np.zeros((T, E), np.float32)
+        check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, lib.PI_FFN_SEQ, np_tensor(x), np_tensor(scores), -1.0,
+                                   np_tensor(y), ffi.NULL))
+        out[lv] = y
+    assert_bit_equal(out[level], out["scalar"], f"sparse ffn {NAME[t]} {level} vs scalar")
+
+
+@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+def test_sparse_ffn_op(t):
+    """pi_op_sparse_ffn with IQ4 gate/up/down_t against numpy: h = SiLU(gate.xq) (up.xq) for the selected
+    (neuron, token) pairs, out = sum_i h_i down_t[i]."""
+    rng = np.random.default_rng(600 + t)
+    E, F, T = 512, 96, 3
+    raw = {k: rows(rng, t, F, E) for k in ("gate", "up", "down_t")}
+    deq = {k: np_dequant(v.reshape(-1), t).reshape(F, E).astype(np.float64) for k, v in raw.items()}
+    x = rng.standard_normal((T, E)).astype(np.float32) / 8
+    scores = rng.standard_normal((T, F)).astype(np.float32)
+    thr = 0.3
+    w = ffi.new("pi_sparse_ffn_weights *")
+    w.gate, w.up, w.down_t = (tensor(raw[k], t, E, F)[0] for k in ("gate", "up", "down_t"))
+    out = np.full((T, E), -7.0, np.float32)
+    check(lib.pi_op_sparse_ffn(ffi.NULL, w, lib.PI_ACT_SILU, lib.PI_FFN_PAR, tensor(x, F32, E, T),
+                               tensor(scores, F32, F, T), thr, tensor(out, F32, E, T), ffi.NULL))
+    at = ACT_TYPE[t]
+    xq = np.stack([np_dequant_act(NP_ACT_QUANT[at](row), at) for row in x]).astype(np.float64)
+    g, u = xq @ deq["gate"].T, xq @ deq["up"].T
+    h = np.where(scores >= thr, g / (1 + np.exp(-np.clip(g, -80, 80))) * u, 0.0)
+    ref = h @ deq["down_t"]
+    tol = 1e-4 * np.abs(h) @ np.abs(deq["down_t"]) + 1e-6   # as test_kquants.test_sparse_ffn_op
+    assert_within(out, ref, tol, f"sparse ffn {NAME[t]}")

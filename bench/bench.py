@@ -32,7 +32,8 @@ import powerinfer  # noqa: E402
 
 FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
           11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
-X
+          16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 25: "IQ4_NL - 4.5 bpw", 30: "IQ4_XS - 4.25 bpw",
+          32: "BF16"}   # llama.cpp's general.file_type names
 
 
 def physical_cores() -> int:

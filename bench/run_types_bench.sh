@@ -24,7 +24,7 @@ for t in f16 q8_0 q4_k_m; do
   echo "\$ python bench/bench.py -m $f -p 128,512 -n 32,128 -r 2"; uptime
   python "$root/bench/bench.py" -m $f -p 128,512 -n 32,128 -r 2
 done
-for t in bf16 q6_k q5_k_m q3_k_m q2_k q5_1 q4_1 q4_0; do
+for t in bf16 q6_k q5_k_m q3_k_m q2_k q5_1 q4_1 q4_0 iq4_xs iq4_nl; do
   f=/tmp/m1b_$t.gguf
   echo "\$ python bench/bench.py -m $f -p 128 -n 32 -r 2"; uptime
   python "$root/bench/bench.py" -m $f -p 128 -n 32 -r 2

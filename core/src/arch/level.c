@@ -78,7 +78,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16) },
         [PI_TYPE_IQ4_NL] = { pi_vec_dot_iq4_nl_q8_0s, pi_axpy_iq4_nl, .vec_dot8 = ROWS8(pi_vec_dot8_iq4_nl_q8_0s) },
-        [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs },
+        [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8(pi_vec_dot8_iq4_xs_q8_K) },
         [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K, .from_f32 = pi_quantize_row_q8_K,
                            .tiles_prep = AMX(pi_tiles_prep_q8_K),
                            .tiles_unit = PI_QK_K, .tiles_unit_bytes = AMX_Q8_K_TABLE },

@@ -1,5 +1,5 @@
-/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q4_1, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K: eight weight rows
- * against up to PI_DOT8_MAX_T tokens per call, the weights unpacked once per block and reused for all of them.
+/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K
+ * and Q6_K: eight weight rows against up to PI_DOT8_MAX_T tokens per call, the weights unpacked once per block and reused for all of them.
  *
  * The scheme is the one of rows8.c (Q4_0): eight rows are "transposed" into registers, 32-bit
  * lane r of a register holding 4 consecutive quants of row r. Four activation bytes broadcast
@@ -267,10 +267,11 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(acc[t]));
 }
 
-/* The exported 8-row kernel of Q5_0, Q4_1 or Q5_1 (`name`, activations `act`), and its one-token path: Q5_0 as the
- * K-quants, consecutive rows (--no-repack) one by one and rows apart (the sparse FFN's gathered up rows) side by side
- * (Gemma 3 270M's sparse Q5_0 FFN 0.83-0.87x the time of row by row, Zen 4; consecutive Q5_0 rows side by side took
- * 1.05-1.14x the time); Q4_1 / Q5_1 side by side always (above). */
+/* The exported 8-row kernel of Q5_0, Q4_1, Q5_1 or IQ4_NL (`name`, activations `act`), and its one-token path: Q5_0
+ * and IQ4_NL as the K-quants, consecutive rows (Q5_0: --no-repack) one by one and rows apart (the sparse FFN's gathered
+ * up rows) side by side (Gemma 3 270M's sparse Q5_0 FFN 0.83-0.87x the time of row by row, Zen 4; consecutive Q5_0
+ * rows side by side took 1.05-1.14x the time; the 542M IQ4_NL file's ffn_up, ffn_down and attn_q at one token,
+ * Zen 3, 2 threads: row by row 0.90x the time of side by side); Q4_1 / Q5_1 side by side always (above). */
 #define U32_ROWS8(name, act, kind)                                                                                \
     static inline __attribute__((always_inline)) void name##_dot8(int64_t n, const void *const *rows, const char *x, \
                                                                  int64_t x_stride, const int nt, float *y,          \
@@ -279,7 +280,7 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
     }                                                                                                             \
     static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
         const int64_t row_bytes = n / PI_QK * (int64_t)sizeof(pi_block_##name);                                   \
-        if (kind == U32_Q5_0 && rows_consecutive(rows, row_bytes))                                                \
+        if ((kind == U32_Q5_0 || kind == U32_IQ4_NL) && rows_consecutive(rows, row_bytes))                        \
             rows_one(n, rows, x, y, pi_vec_dot_##name##_##act, row_bytes);                                        \
         else name##_dot8(n, rows, x, 0, 1, y, 0);                                                                 \
     }                                                                                                             \
@@ -611,5 +612,61 @@ static void q6_K_dot8_one(int64_t n, const void *const *rows, const char *x, flo
 
 void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride) { DISPATCH_NT(q6_K_dot8, q6_K_dot8_one, K_MAX_T); }
+
+/* ======================================================================================
+ * IQ4_XS . Q8_K. Canonical order (K_ROW_DOT of vec_dot_k.c, no mins): per super-block the exact integer
+ * sumi = sum_j (ls_j - 32) sum PI_IQ4_VALUES[q] y, then sum += (bd * d) * sumi, super-blocks in order. Per sub-block
+ * of 32 the eight rows' 16 nibble bytes are transposed as IQ4_NL's blocks (u32_dot8), the grid looked up, and the
+ * signed values dotted with the sign trick (|v| <= 127); the rows' scales ls_j - 32 weight the int32 sums
+ * (|sumi| <= 8 * 32 * 32 * 127 * 127 < 2^31).
+ * ====================================================================================== */
+static inline __attribute__((always_inline)) void iq4_xs_rows8(int64_t n, const void *const *rows, const char *x,
+                                                               int64_t x_stride, const int nt, float *y,
+                                                               int64_t y_stride, const int unused) {
+    (void)unused;
+    const int64_t nb = n / PI_QK_K;
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[PI_DOT8_MAX_T];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p[8];
+        k_block_rows(rows, b, sizeof(pi_block_iq4_xs), 3, p);
+        __m256i isum[PI_DOT8_MAX_T];
+        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+        /* the rows' scale bits, lane r = row r: scales_l (nibble j = ls_j's low 4 bits), scales_h (bits 2j, 2j + 1) */
+        const __m256i lo4 = _mm256_setr_epi32(pi_load_i32(p[0] + 4), pi_load_i32(p[1] + 4), pi_load_i32(p[2] + 4),
+                                              pi_load_i32(p[3] + 4), pi_load_i32(p[4] + 4), pi_load_i32(p[5] + 4),
+                                              pi_load_i32(p[6] + 4), pi_load_i32(p[7] + 4));
+        const __m256i hi2 = _mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]),
+                                              pi_load_i32(p[3]), pi_load_i32(p[4]), pi_load_i32(p[5]),
+                                              pi_load_i32(p[6]), pi_load_i32(p[7]));   /* d | scales_h << 16 */
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+            __m256i c[4], w[8], av[8];   /* w[g]: the values of elements 4g..4g+3 of sub-block j, lane r = row r */
+            pi_transpose8x16(p, offsetof(pi_block_iq4_xs, qs) + 16 * j, c);
+            for (int m = 0; m < 4; m++) {
+                w[m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(c[m], m4));
+                w[4 + m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4));
+            }
+            for (int g = 0; g < 8; g++) av[g] = _mm256_sign_epi8(w[g], w[g]);
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(lo4, 4 * j), _mm256_set1_epi32(15));
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(hi2, 16 + 2 * j), _mm256_set1_epi32(3));
+            const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
+                                                _mm256_set1_epi32(32));   /* ls_j - 32 of each row */
+            for (int t = 0; t < nt; t++) {
+                const int8_t *xq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 32 * j;
+                __m256i s = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++)
+                    s = pi_dpbusd(s, av[g], _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xq + 4 * g)), w[g]));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(s, sc));
+            }
+        }
+        const __m256 dw = pi_f16x8_rows(p, 0);
+        for (int t = 0; t < nt; t++)
+            acc[t] = k_step(acc[t], ((const pi_block_q8_K *)(x + t * x_stride) + b)->d, dw, isum[t]);
+    }
+    store_acc(acc, nt, y, y_stride);
+}
+K_ROWS8(iq4_xs, iq4_xs_rows8, 0, pi_vec_dot_iq4_xs_q8_K)
 
 #endif

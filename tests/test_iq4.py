@@ -165,3 +165,28 @@ def test_sparse_ffn_op(t):
     ref = h @ deq["down_t"]
     tol = 1e-4 * np.abs(h) @ np.abs(deq["down_t"]) + 1e-6   # as test_kquants.test_sparse_ffn_op
     assert_within(out, ref, tol, f"sparse ffn {NAME[t]}")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_iq4_nl_interleaved_copy_equals_rows(at_level, pool2, level):
+    """IQ4_NL's load-time copy in Q4_0X8's layout (the grid looked up in Q4_0's 8-row kernels) gives the bits of the
+    file's rows at every batch size, at this level and at the scalar one (Q4_0's canonical order for both)."""
+    rng = np.random.default_rng(700)
+    K, N = 512, 40
+    raw = rows(rng, IQ4_NL, N, K)
+    x = rng.standard_normal((17, K)).astype(np.float32)
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        wt = tensor(raw, IQ4_NL, K, N)
+        nbytes = lib.pi_repack_bytes(wt)
+        assert nbytes == raw.size
+        buf = np.zeros(nbytes, np.uint8)
+        rt = ffi.new("pi_tensor *")
+        check(lib.pi_repack(wt, ffi.cast("void *", buf.ctypes.data), nbytes, rt))
+        assert ffi.string(lib.pi_type_name(rt.type)).decode() == "iq4_nlx8"
+        out[lv] = [(mul_mat(wt, x[:T], N, pool2), mul_mat(rt, x[:T], N, pool2)) for T in (1, 3, 8, 9, 17)]
+    for (a, b), (c, d) in zip(out["scalar"], out[level]):
+        assert_bit_equal(b, a, "iq4_nl copy vs rows (scalar)")
+        assert_bit_equal(c, a, f"iq4_nl rows {level} vs scalar")
+        assert_bit_equal(d, a, f"iq4_nl copy {level} vs scalar")

@@ -128,6 +128,8 @@ PRESETS = {
     "tiny": dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, n_ctx_train=512),
     "7b": dict(n_vocab=32000, n_embd=4096, n_ff=11008, n_head=32, n_head_kv=32, n_layer=32, n_ctx_train=4096),
     "13b": dict(n_vocab=32000, n_embd=5120, n_ff=13824, n_head=40, n_head_kv=40, n_layer=40, n_ctx_train=4096),
+    # Qwen3-0.6B's shape (with --arch qwen3 --head-dim 128 --rope-freq-base 1e6 --norm-eps 1e-6 --tied-output)
+    "qwen3-0.6b": dict(n_vocab=151936, n_embd=1024, n_ff=3072, n_head=16, n_head_kv=8, n_layer=28, n_ctx_train=40960),
 }
 
 _CHUNK_BYTES = 64 << 20   # generation / write chunk size
@@ -209,11 +211,14 @@ def add_vocab(w: gguf.GGUFWriter, tokens, scores, types) -> None:
     w.add_add_eos_token(False)
 
 
-def tensor_specs(*, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_layer, tied_output=False):
-    """[(name, ne (GGUF order, ne[0] contiguous), kind)] with kind 'norm' | 'embd' | 'mat'."""
-    if n_embd % n_head or n_head % n_head_kv:
+def tensor_specs(*, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_layer, tied_output=False, head_dim=None,
+                 qk_norm=False):
+    """[(name, ne (GGUF order, ne[0] contiguous), kind)] with kind 'norm' | 'embd' | 'mat'. head_dim: q/k/v size per
+    head (default n_embd / n_head); qk_norm: per-head q/k RMSNorm weights (qwen3)."""
+    if (head_dim is None and n_embd % n_head) or n_head % n_head_kv:
         raise ValueError("n_embd % n_head and n_head % n_head_kv must be 0")
-    n_embd_gqa = n_embd * n_head_kv // n_head
+    head_dim = head_dim or n_embd // n_head
+    n_embd_q, n_embd_gqa = n_head * head_dim, n_head_kv * head_dim
     specs = [("token_embd.weight", (n_embd, n_vocab), "embd"),
              ("output_norm.weight", (n_embd,), "norm")]
     if not tied_output:
@@ -222,15 +227,17 @@ def tensor_specs(*, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_layer, tied_outp
         p = f"blk.{i}."
         specs += [
             (p + "attn_norm.weight", (n_embd,), "norm"),
-            (p + "attn_q.weight", (n_embd, n_embd), "mat"),
+            (p + "attn_q.weight", (n_embd, n_embd_q), "mat"),
             (p + "attn_k.weight", (n_embd, n_embd_gqa), "mat"),
             (p + "attn_v.weight", (n_embd, n_embd_gqa), "mat"),
-            (p + "attn_output.weight", (n_embd, n_embd), "mat"),
+            (p + "attn_output.weight", (n_embd_q, n_embd), "mat"),
             (p + "ffn_norm.weight", (n_embd,), "norm"),
             (p + "ffn_gate.weight", (n_embd, n_ff), "mat"),
             (p + "ffn_up.weight", (n_embd, n_ff), "mat"),
             (p + "ffn_down.weight", (n_ff, n_embd), "mat"),
         ]
+        if qk_norm:
+            specs += [(p + "attn_q_norm.weight", (head_dim,), "norm"), (p + "attn_k_norm.weight", (head_dim,), "norm")]
     return specs
 
 
@@ -286,18 +293,20 @@ def _row_bytes(dtype: str, n0: int) -> int:
 def write_model(path, *, dtype, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_layer,
                 n_ctx_train=512, seed=0, arch="llama", ffn_act=None, tied_output=False,
                 rope_freq_base=10000.0, rope_scale_linear=None, norm_eps=1e-5, vocab=None,
-                magic="GGUF", random_blocks=False, name=None, progress=False) -> dict:
-    """Write a deterministic random-weight model; returns a summary dict."""
+                magic="GGUF", random_blocks=False, name=None, progress=False, head_dim=None) -> dict:
+    """Write a deterministic random-weight model; returns a summary dict. arch qwen3: per-head q/k RMSNorm, no biases
+    (head_dim may differ from n_embd / n_head, as in Qwen3)."""
     dtype = dtype.lower()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}")
-    if arch not in ("llama", "bamboo"):
-        raise ValueError("arch must be 'llama' or 'bamboo'")
+    if arch not in ("llama", "bamboo", "qwen3"):
+        raise ValueError("arch must be 'llama', 'bamboo' or 'qwen3'")
     if ffn_act is not None and ffn_act not in FFN_ACTS:
         raise ValueError(f"ffn_act must be one of {FFN_ACTS}")
     if magic not in ("GGUF", "PWRI"):
         raise ValueError("magic must be 'GGUF' or 'PWRI'")
-    head_dim = n_embd // n_head
+    explicit_head_dim = head_dim is not None
+    head_dim = head_dim or n_embd // n_head
     if head_dim % 2:
         raise ValueError("head_dim must be even")
 
@@ -311,7 +320,8 @@ def write_model(path, *, dtype, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_laye
 
     qtype, ftype, _, _ = DTYPES[dtype]
     specs = tensor_specs(n_vocab=n_vocab, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
-                         n_head_kv=n_head_kv, n_layer=n_layer, tied_output=tied_output)
+                         n_head_kv=n_head_kv, n_layer=n_layer, tied_output=tied_output, head_dim=head_dim,
+                         qk_norm=arch == "qwen3")
 
     path = Path(path)
     w = gguf.GGUFWriter(path, arch)
@@ -325,6 +335,9 @@ def write_model(path, *, dtype, n_vocab, n_embd, n_ff, n_head, n_head_kv, n_laye
     w.add_head_count_kv(n_head_kv)
     w.add_block_count(n_layer)
     w.add_rope_dimension_count(head_dim)
+    if explicit_head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_rope_freq_base(float(rope_freq_base))
     w.add_layer_norm_rms_eps(float(norm_eps))
     if rope_scale_linear is not None:
@@ -404,7 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=None,
                         help=f"(tiny preset: {PRESETS['tiny'][k]})")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--arch", choices=["llama", "bamboo"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "bamboo", "qwen3"], default="llama")
+    ap.add_argument("--head-dim", type=int, default=None, help="q/k/v size per head (default n_embd / n_head)")
     ap.add_argument("--ffn-act", choices=FFN_ACTS, default=None,
                     help="write powerinfer.ffn_activation (default: not written)")
     ap.add_argument("--tied-output", action="store_true", help="omit output.weight")
@@ -427,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = write_model(a.out, dtype=a.dtype, seed=a.seed, arch=a.arch, ffn_act=a.ffn_act,
                     tied_output=a.tied_output, rope_freq_base=a.rope_freq_base,
                     rope_scale_linear=a.rope_scale_linear, norm_eps=a.norm_eps, magic=a.magic,
-                    random_blocks=a.random_blocks, name=a.name, progress=a.progress, **shape)
+                    random_blocks=a.random_blocks, name=a.name, progress=a.progress, head_dim=a.head_dim, **shape)
     dt = time.time() - t0
     print(f"wrote {s['path']}: arch={s['arch']} dtype={s['dtype']} magic={s['magic']}"
           f"{' random-blocks' if s['random_blocks'] else ''}")

@@ -151,11 +151,12 @@ enum {
     PI_TYPE_Q6_KC,                   /* a Q6_K matrix by input, the same (arch/kc.c) */
     PI_TYPE_Q4_1X16,                 /* Q4_1 weights, 16 rows interleaved (pi_repack; arch/q8_0x16.c) */
     PI_TYPE_Q5_1X16,                 /* Q5_1 weights, the same */
+    PI_TYPE_IQ4_NLX8,                /* IQ4_NL weights in Q4_0X8's layout (pi_repack; arch/rows8.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
 static inline int64_t pi_group_rows(int32_t type) {
-    return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
+    return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_IQ4_NLX8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
          : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q5_0X16 || type == PI_TYPE_Q4_1X16 || type == PI_TYPE_Q5_1X16 ||
            type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 ? 16
          : 0;

@@ -57,9 +57,11 @@ static void pi_gemm8_f16x8_f32(int64_t n, const void *group, const char *x, int6
                                int64_t y_stride);
 static void pi_gemm8_bf16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                                 int64_t y_stride);
-/* Q4_0X8 groups at every level (the scalar body in rows8.c), so a repacked model runs at any level. */
+/* Q4_0X8 (IQ4_NLX8) groups at every level (the scalar body in rows8.c), so a repacked model runs at any level. */
 static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);
+static void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PI_HAVE_ROWS16 1   /* 512-bit kernels over two 8-row groups */
 static void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,

@@ -1,5 +1,5 @@
-/* rows8.c: Q4_0 kernels that compute eight weight rows at once, and the interleaved
- * layout (PI_TYPE_Q4_0X8) they read fastest.
+/* rows8.c: Q4_0 (and IQ4_NL) kernels that compute eight weight rows at once, and the interleaved
+ * layout (PI_TYPE_Q4_0X8, PI_TYPE_IQ4_NLX8) they read fastest.
  *
  * Eight rows are held "transposed" in four registers: 32-bit lane r of register m holds
  * bytes 4m..4m+3 of row r's block, i.e. elements 4m..4m+3 (low nibbles) and
@@ -16,8 +16,13 @@
  *
  * Interleaved layout: a tensor of N = 8G rows is G groups; group g is nb blocks of
  * pi_block_q4_0x8 (rows 8g..8g+7, 144 bytes each), so a group's weights are one
- * contiguous stream. */
-#include "../internal.h"
+ * contiguous stream.
+ *
+ * IQ4_NL has Q4_0's layout with the nibble indexing a grid of 16 int8 values (PI_IQ4_VALUES), and Q4_0's canonical
+ * order with i = sum PI_IQ4_VALUES[q] y: the same kernels with `grid` set look the values up (one pshufb per
+ * register) and dot the signed values with the sign trick, maddubs(|v|, sign(y, v)), |v| <= 127, whose int16 pairs
+ * (<= 32258) are widened at once. */
+#include "../quants_k.h"   /* internal.h, and PI_IQ4_VALUES */
 
 #include <math.h>
 #include <string.h>
@@ -35,48 +40,69 @@
 #define ROW_PREFETCH_BLOCKS 8
 #endif
 
-/* The four transposed registers of a block -> its 8 registers of unsigned nibbles (low, then high). */
-static inline void unpack8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256i w[8]) {
+/* The four transposed registers of a block -> its 8 registers of unsigned nibbles (low, then high): w[g] holds
+ * elements 4g..4g+3 of each row; with grid, their signed values (w) and magnitudes (aw). */
+static inline __attribute__((always_inline)) void unpack8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256i w[8],
+                                                          __m256i aw[8], const int grid) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i c[4] = { c0, c1, c2, c3 };
     for (int m = 0; m < 4; m++) {
         w[m] = _mm256_and_si256(c[m], m4);
         w[m + 4] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
     }
+    if (grid) {
+        const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
+        for (int g = 0; g < 8; g++) {
+            w[g] = _mm256_shuffle_epi8(values, w[g]);
+            aw[g] = _mm256_sign_epi8(w[g], w[g]);
+        }
+    }
 }
 
 /* One token's activation block xb against the unpacked block (8 row scales dw): acc + its 8 dot
  * products, the activation words broadcast straight from the block. */
-static inline __m256 token8(const __m256i w[8], __m256 dw, const pi_block_q8_0s *xb, __m256 acc) {
-    const __m256i sum = pi_dot_u8_bcast(w, xb->qs, 8);   /* AVX2: 8 x 2 x 15 x 127 fits int16 */
-    const __m256i s32 = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * (int32_t)xb->s));
+static inline __attribute__((always_inline)) __m256 token8(const __m256i w[8], const __m256i aw[8], __m256 dw,
+                                                           const pi_block_q8_0s *xb, __m256 acc, const int grid) {
+    __m256i s32;
+    if (grid) {   /* sum v y over the signed values */
+        s32 = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++)
+            s32 = pi_dpbusd(s32, aw[g], _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g)), w[g]));
+    } else {      /* sum (q - 8) y = sum q y - 8 s; AVX2: 8 x 2 x 15 x 127 fits int16 */
+        s32 = _mm256_sub_epi32(pi_dot_u8_bcast(w, xb->qs, 8), _mm256_set1_epi32(8 * (int32_t)xb->s));
+    }
     const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d)));
     return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s32), acc);
 }
 
 /* Accumulates one block (8 rows x 32 elements, given as the four transposed registers and the
  * 8 row scales) into acc[t] for nt tokens, unpacking the weights once. */
-static inline void block8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const char *x,
-                          int64_t x_stride, int64_t b, int nt, __m256 *acc) {
-    __m256i w[8];
-    unpack8(c0, c1, c2, c3, w);
-    for (int t = 0; t < nt; t++) acc[t] = token8(w, dw, (const pi_block_q8_0s *)(x + t * x_stride) + b, acc[t]);
+static inline __attribute__((always_inline)) void block8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw,
+                                                         const char *x, int64_t x_stride, int64_t b, int nt,
+                                                         __m256 *acc, const int grid) {
+    __m256i w[8], aw[8];
+    unpack8(c0, c1, c2, c3, w, aw, grid);
+    for (int t = 0; t < nt; t++)
+        acc[t] = token8(w, aw, dw, (const pi_block_q8_0s *)(x + t * x_stride) + b, acc[t], grid);
 }
 
 /* block8 for one token, with the accumulator in a register (the nt loop keeps acc[t] in memory). */
-static inline __m256 block8_t1(__m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256 dw, const pi_block_q8_0s *xb,
-                               __m256 acc) {
-    __m256i w[8];
-    unpack8(c0, c1, c2, c3, w);
-    return token8(w, dw, xb, acc);
+static inline __attribute__((always_inline)) __m256 block8_t1(__m256i c0, __m256i c1, __m256i c2, __m256i c3,
+                                                              __m256 dw, const pi_block_q8_0s *xb, __m256 acc,
+                                                              const int grid) {
+    __m256i w[8], aw[8];
+    unpack8(c0, c1, c2, c3, w, aw, grid);
+    return token8(w, aw, dw, xb, acc, grid);
 }
 
 static inline void store8(const __m256 *acc, int nt, float *y, int64_t y_stride) {
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, acc[t]);
 }
 
-void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
+/* 8 rows of Q4_0 (grid 0) or IQ4_NL (grid 1) blocks at any addresses (the layouts are the same) */
+static inline __attribute__((always_inline)) void rows8(int64_t n, const void *const *rows, const char *x,
+                                                        int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                        const int grid) {
     const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
     const int64_t nb = n / PI_QK4_0;
     if (nt == 1) {   /* decode */
@@ -89,7 +115,7 @@ void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
             __m256i c[4];
             pi_transpose8x16(p, offsetof(pi_block_q4_0, qs), c);
             acc = block8_t1(c[0], c[1], c[2], c[3], pi_f16x8_rows(p, offsetof(pi_block_q4_0, d)),
-                            (const pi_block_q8_0s *)x + b, acc);
+                            (const pi_block_q8_0s *)x + b, acc, grid);
         }
         _mm256_storeu_ps(y, acc);
         return;
@@ -104,13 +130,19 @@ void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
         __m256i c[4];
         pi_transpose8x16(p, offsetof(pi_block_q4_0, qs), c);
 
-        block8(c[0], c[1], c[2], c[3], pi_f16x8_rows(p, offsetof(pi_block_q4_0, d)), x, x_stride, b, nt, acc);
+        block8(c[0], c[1], c[2], c[3], pi_f16x8_rows(p, offsetof(pi_block_q4_0, d)), x, x_stride, b, nt, acc, grid);
     }
     store8(acc, nt, y, y_stride);
 }
 
-void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                         int64_t y_stride) {
+void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { rows8(n, rows, x, x_stride, nt, y, y_stride, 0); }
+void pi_vec_dot8_iq4_nl_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) { rows8(n, rows, x, x_stride, nt, y, y_stride, 1); }
+
+/* one group of the interleaved layout (Q4_0X8, grid 0; IQ4_NLX8, grid 1) */
+static inline __attribute__((always_inline)) void group8(int64_t n, const void *group, const char *x, int64_t x_stride,
+                                                         int nt, float *y, int64_t y_stride, const int grid) {
     const pi_block_q4_0x8 *g = group;
     const int64_t nb = n / PI_QK4_0;
     if (nt == 1) {   /* decode */
@@ -124,7 +156,7 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
             const __m256i *q = (const __m256i *)g[b].qs;
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
             acc = block8_t1(_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1), _mm256_loadu_si256(q + 2),
-                            _mm256_loadu_si256(q + 3), dw, xb + b, acc);
+                            _mm256_loadu_si256(q + 3), dw, xb + b, acc, grid);
         }
         _mm256_storeu_ps(y, acc);
         return;
@@ -139,10 +171,15 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
         const __m256i *q = (const __m256i *)g[b].qs;
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         block8(_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1), _mm256_loadu_si256(q + 2), _mm256_loadu_si256(q + 3),
-               dw, x, x_stride, b, nt, acc);
+               dw, x, x_stride, b, nt, acc, grid);
     }
     store8(acc, nt, y, y_stride);
 }
+
+void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { group8(n, group, x, x_stride, nt, y, y_stride, 0); }
+void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) { group8(n, group, x, x_stride, nt, y, y_stride, 1); }
 
 #if PI_HAVE_ROWS16
 /* Two consecutive groups of the interleaved layout (rows 8g..8g+15) against nt <= PI_DOT8_MAX_T tokens,
@@ -204,10 +241,10 @@ void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y)
     }
 }
 
-#else   /* scalar: the canonical order of pi_vec_dot_q4_0_q8_0s per (row, token) */
+#else   /* scalar: the canonical order of pi_vec_dot_q4_0_q8_0s (pi_vec_dot_iq4_nl_q8_0s) per (row, token) */
 
-void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride) {
+static void group8(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y, int64_t y_stride,
+                   const int grid) {
     const pi_block_q4_0x8 *g = group;
     for (int t = 0; t < nt; t++) {
         const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride);
@@ -217,14 +254,21 @@ void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t 
                 int32_t s = 0;
                 for (int j = 0; j < PI_QK4_0 / 2; j++) {   /* byte j of row r: elements j and j + 16 */
                     const uint8_t q = g[b].qs[32 * (j / 4) + 4 * r + j % 4];
-                    s += (q & 0x0f) * xb[b].qs[j] + (q >> 4) * xb[b].qs[j + PI_QK4_0 / 2];
+                    s += grid ? PI_IQ4_VALUES[q & 0x0f] * xb[b].qs[j] + PI_IQ4_VALUES[q >> 4] * xb[b].qs[j + PI_QK4_0 / 2]
+                              : (q & 0x0f) * xb[b].qs[j] + (q >> 4) * xb[b].qs[j + PI_QK4_0 / 2];
                 }
-                acc = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)(s - 8 * xb[b].s), acc);
+                if (!grid) s -= 8 * xb[b].s;
+                acc = fmaf(pi_fp16_to_f32(g[b].d[r]) * pi_fp16_to_f32(xb[b].d), (float)s, acc);
             }
             y[t * y_stride + r] = acc;
         }
     }
 }
+
+void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                           int64_t y_stride) { group8(n, group, x, x_stride, nt, y, y_stride, 0); }
+void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) { group8(n, group, x, x_stride, nt, y, y_stride, 1); }
 
 #endif
 

@@ -1,4 +1,4 @@
-/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q4_1, Q5_1, IQ4_NL, IQ4_XS, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K
+/* rows8_k.c: 8-row kernels (pi_vec_dot8_fn) of Q5_0, Q4_1, Q5_1, IQ4_XS, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K
  * and Q6_K: eight weight rows against up to PI_DOT8_MAX_T tokens per call, the weights unpacked once per block and reused for all of them.
  *
  * The scheme is the one of rows8.c (Q4_0): eight rows are "transposed" into registers, 32-bit
@@ -163,13 +163,12 @@ static inline __m256 k_min_step(__m256 acc, float dx, __m256 d, __m256 dmin, __m
 }
 
 /* ======================================================================================
- * The 32-element types with unsigned quants u: Q5_0 . Q8_0S (value d (u - 16)), Q4_1 / Q5_1 . Q8_1 (value d u + m),
- * and IQ4_NL . Q8_0S (value d PI_IQ4_VALUES[u], signed: the sign trick, as Q8_0).
+ * The 32-element types with unsigned quants u: Q5_0 . Q8_0S (value d (u - 16)), Q4_1 / Q5_1 . Q8_1 (value d u + m).
  * Canonical orders (pi_vec_dot_q5_0_q8_0s, pi_vec_dot_q4_1_q8_1): per block the exact integer i (Q5_0:
  * sum u y - 16 s, s the activation block's sum; Q4_1 / Q5_1: sum u y), then p[b % 8] = fma(d_w * d_x, i, p[b % 8])
  * (Q4_1 / Q5_1: then p[b % 8] = fma(m_w, s_x, p[b % 8])), blocks in order, and pi_tree8(p).
  * ====================================================================================== */
-enum { U32_Q5_0, U32_Q4_1, U32_Q5_1, U32_IQ4_NL };   /* which type a u32_dot8 instance reads */
+enum { U32_Q5_0, U32_Q4_1, U32_Q5_1 };   /* which type a u32_dot8 instance reads */
 
 /* qh holds each row's 32 high bits in its lane -> byte k of lane r = 16 if bit 4g + k of row r is set. */
 static inline __m256i q5_high_bits(__m256i qh, int g) {
@@ -194,11 +193,9 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
                                                            const int kind) {
     const int64_t nb = n / PI_QK;
     const int64_t bsz = kind == U32_Q5_0 ? (int64_t)sizeof(pi_block_q5_0)
-                        : kind == U32_Q4_1 ? (int64_t)sizeof(pi_block_q4_1)
-                        : kind == U32_IQ4_NL ? (int64_t)sizeof(pi_block_iq4_nl) : (int64_t)sizeof(pi_block_q5_1);
+                        : kind == U32_Q4_1 ? (int64_t)sizeof(pi_block_q4_1) : (int64_t)sizeof(pi_block_q5_1);
     const size_t qs_off = kind == U32_Q5_0 ? offsetof(pi_block_q5_0, qs)
-                          : kind == U32_Q4_1 ? offsetof(pi_block_q4_1, qs)
-                          : kind == U32_IQ4_NL ? offsetof(pi_block_iq4_nl, qs) : offsetof(pi_block_q5_1, qs);
+                          : kind == U32_Q4_1 ? offsetof(pi_block_q4_1, qs) : offsetof(pi_block_q5_1, qs);
     const int64_t qh_off = kind == U32_Q5_0 ? (int64_t)offsetof(pi_block_q5_0, qh)
                            : kind == U32_Q5_1 ? (int64_t)offsetof(pi_block_q5_1, qh) : -1;
     const int64_t ahead = kind == U32_Q5_0 ? 8 * bsz : Q4_1_PREFETCH;
@@ -227,23 +224,8 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
                                                  pi_load_i32(p[6] + qh_off), pi_load_i32(p[7] + qh_off));
             for (int g = 0; g < 8; g++) w[g] = _mm256_or_si256(w[g], q5_high_bits(qh, g));
         }
-        const __m256 dw = pi_f16x8_rows(p, 0);   /* d: the first 2 bytes of the four block types */
-        if (kind == U32_IQ4_NL) {   /* signed grid values: maddubs(|v|, sign(y, v)); w[g] pairs with y[4g..4g+3] */
-            const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
-            __m256i av[8];
-            for (int g = 0; g < 8; g++) {
-                w[g] = _mm256_shuffle_epi8(grid, w[g]);
-                av[g] = _mm256_sign_epi8(w[g], w[g]);
-            }
-            for (int t = 0; t < nt; t++) {
-                const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-                __m256i i = _mm256_setzero_si256();
-                for (int g = 0; g < 8; g++)
-                    i = pi_dpbusd(i, av[g], _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g)), w[g]));
-                acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))),
-                                                _mm256_cvtepi32_ps(i), acc[t][b % 8]);
-            }
-        } else if (kind == U32_Q5_0) {
+        const __m256 dw = pi_f16x8_rows(p, 0);   /* d: the first 2 bytes of the three block types */
+        if (kind == U32_Q5_0) {
             for (int t = 0; t < nt; t++) {
                 const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
                 const __m256i s = _mm256_add_epi32(pi_dot_u8_bcast(w, xb->qs, 4),
@@ -267,11 +249,10 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * y_stride, pi_tree8_ps(acc[t]));
 }
 
-/* The exported 8-row kernel of Q5_0, Q4_1, Q5_1 or IQ4_NL (`name`, activations `act`), and its one-token path: Q5_0
- * and IQ4_NL as the K-quants, consecutive rows (Q5_0: --no-repack) one by one and rows apart (the sparse FFN's gathered
- * up rows) side by side (Gemma 3 270M's sparse Q5_0 FFN 0.83-0.87x the time of row by row, Zen 4; consecutive Q5_0
- * rows side by side took 1.05-1.14x the time; the 542M IQ4_NL file's ffn_up, ffn_down and attn_q at one token,
- * Zen 3, 2 threads: row by row 0.90x the time of side by side); Q4_1 / Q5_1 side by side always (above). */
+/* The exported 8-row kernel of Q5_0, Q4_1 or Q5_1 (`name`, activations `act`), and its one-token path: Q5_0 as the
+ * K-quants, consecutive rows (--no-repack) one by one and rows apart (the sparse FFN's gathered up rows) side by side
+ * (Gemma 3 270M's sparse Q5_0 FFN 0.83-0.87x the time of row by row, Zen 4; consecutive Q5_0 rows side by side took
+ * 1.05-1.14x the time); Q4_1 / Q5_1 side by side always (above). */
 #define U32_ROWS8(name, act, kind)                                                                                \
     static inline __attribute__((always_inline)) void name##_dot8(int64_t n, const void *const *rows, const char *x, \
                                                                  int64_t x_stride, const int nt, float *y,          \
@@ -280,7 +261,7 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
     }                                                                                                             \
     static void name##_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {                    \
         const int64_t row_bytes = n / PI_QK * (int64_t)sizeof(pi_block_##name);                                   \
-        if ((kind == U32_Q5_0 || kind == U32_IQ4_NL) && rows_consecutive(rows, row_bytes))                        \
+        if (kind == U32_Q5_0 && rows_consecutive(rows, row_bytes))                                                \
             rows_one(n, rows, x, y, pi_vec_dot_##name##_##act, row_bytes);                                        \
         else name##_dot8(n, rows, x, 0, 1, y, 0);                                                                 \
     }                                                                                                             \
@@ -291,7 +272,6 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
 U32_ROWS8(q5_0, q8_0s, U32_Q5_0)
 U32_ROWS8(q4_1, q8_1, U32_Q4_1)
 U32_ROWS8(q5_1, q8_1, U32_Q5_1)
-U32_ROWS8(iq4_nl, q8_0s, U32_IQ4_NL)   /* IQ4_NL . Q8_0S: Q8_0's canonical order (vec_dot_k.c) */
 
 /* ======================================================================================
  * Q8_0 . Q8_0S. Canonical order (pi_vec_dot_q8_0_q8_0s): per block the exact integer
@@ -616,7 +596,7 @@ void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, in
 /* ======================================================================================
  * IQ4_XS . Q8_K. Canonical order (K_ROW_DOT of vec_dot_k.c, no mins): per super-block the exact integer
  * sumi = sum_j (ls_j - 32) sum PI_IQ4_VALUES[q] y, then sum += (bd * d) * sumi, super-blocks in order. Per sub-block
- * of 32 the eight rows' 16 nibble bytes are transposed as IQ4_NL's blocks (u32_dot8), the grid looked up, and the
+ * of 32 the eight rows' 16 nibble bytes are transposed as Q4_0's blocks (rows8.c), the grid looked up, and the
  * signed values dotted with the sign trick (|v| <= 127); the rows' scales ls_j - 32 weight the int32 sums
  * (|sumi| <= 8 * 32 * 32 * 127 * 127 < 2^31).
  * ====================================================================================== */

@@ -137,9 +137,9 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     return pi_tree8(p);
 }
 
-/* IQ4_NL . Q8_0S: Q8_0's canonical order (pi_vec_dot_q8_0_q8_0s) with the weights' int8 values looked up in the grid:
- * per block the exact integer i = sum PI_IQ4_VALUES[q] y, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in
- * order, and pi_tree8(p) (the 8-row kernel of rows8_k.c too). SIMD and scalar give the same bits. */
+/* IQ4_NL . Q8_0S: Q4_0's canonical order (pi_vec_dot_q4_0_q8_0s; IQ4_NL is Q4_0's layout with the nibbles indexing
+ * the grid), so that the 8-row and interleaved kernels of rows8.c serve both: per block the exact integer
+ * i = sum PI_IQ4_VALUES[q] y, then acc = fma(d_w * d_x, i, acc), blocks in order, one accumulator. */
 #if defined(__AVX2__)
 /* The 32 int8 values of an IQ4 block's 16 nibble bytes (elements 0..15 from the low nibbles, 16..31 the high ones). */
 static inline __m256i iq4_values_32(const uint8_t *qs) {
@@ -151,21 +151,8 @@ static inline __m256i iq4_values_32(const uint8_t *qs) {
 float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x) {
     const pi_block_iq4_nl *a = w;
     const pi_block_q8_0s *b = x;
-    const int64_t nb = n / PI_QK;
-    float p[8] = { 0 };
-    int64_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-    __m256 acc = _mm256_setzero_ps();   /* 8 blocks at a time: lane j = block i + j = partial sum j */
-    for (; i + 8 <= nb; i += 8) {
-        __m256i v[8];
-        for (int j = 0; j < 8; j++)
-            v[j] = dot_i8(iq4_values_32(a[i + j].qs), _mm256_loadu_si256((const __m256i *)b[i + j].qs));
-        const __m256 d = _mm256_mul_ps(pi_f16x8_strided(&a[i].d, sizeof *a), pi_f16x8_strided(&b[i].d, sizeof *b));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pi_hsum8_i32(v)), acc);
-    }
-    _mm256_storeu_ps(p, acc);
-#endif
-    for (; i < nb; i++) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK; i++) {
         int32_t s = 0;
 #if defined(__AVX2__)
         s = pi_hsum_epi32(dot_i8(iq4_values_32(a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs)));
@@ -173,9 +160,9 @@ float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x) {
         for (int j = 0; j < PI_QK / 2; j++)
             s += PI_IQ4_VALUES[a[i].qs[j] & 15] * b[i].qs[j] + PI_IQ4_VALUES[a[i].qs[j] >> 4] * b[i].qs[j + PI_QK / 2];
 #endif
-        p[i % 8] = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)s, p[i % 8]);
+        acc = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)s, acc);
     }
-    return pi_tree8(p);
+    return acc;
 }
 
 /* Q4_1 / Q5_1 . Q8_1, value = d u + m with u the unsigned quant (Q4_1 0..15, Q5_1 0..31):

@@ -768,6 +768,17 @@ def sparsify_edge(b):
     return lib.pi_act_histogram_edge(b)
 
 
+def test_model_card_with_one_window(sparse_files, tmp_path):
+    """--eval-chunks 1: the levels are scored on the dense run's one window (its KL base; they once needed two and
+    the tool died with a traceback after writing the file)."""
+    src, _ = sparse_files["f32"]
+    out = tmp_path / "one.gguf"
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.3", "-o", str(out),
+                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "1", "--speed-tokens", "0"]) == 0
+    rows = [line for line in (tmp_path / "one.gguf.card.md").read_text().splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows][-1] == "| sparsity 0.3"
+
+
 def test_model_card(sparse_files, tmp_path, capsys):
     """The tool's evaluation: dense PPL equal to perplexity() of the input, every level's row, the card file."""
     from powerinfer.perplexity import perplexity

@@ -317,7 +317,7 @@ def perplexity(model_or_ctx, text: str | Sequence[int] | None, n_ctx: int = 512,
     else:
         tokens = np.asarray(list(text), dtype=np.int64).reshape(-1)
     n_tokens = len(tokens)
-    if n_tokens < 2 * n_ctx:
+    if n_tokens < 2 * n_ctx and not (text is None and n_tokens >= n_ctx):   # a KL base holds the windows it scored
         raise ValueError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
                          f"{n_ctx}; the input tokenizes to only {n_tokens} tokens")
     n_chunk = n_tokens // n_ctx

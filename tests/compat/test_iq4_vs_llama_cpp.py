@@ -86,3 +86,23 @@ def test_iq4_file_quantized_by_llama_cpp(files, name):
     assert err < REL_RMS[name], err
     assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))
     assert k_ours <= KLD_SLACK * k_theirs, (k_ours, k_theirs)
+
+
+@pytest.mark.parametrize("name", list(REL_RMS))
+def test_iq4_file_sparsifies(files, name, tmp_path):
+    """tools/sparsify.py on an IQ4 file: the transposed down matrix as q8_0 (no column layout for IQ4), --dense the
+    input file's bits, a level about its share of channels."""
+    import sparsify
+    path, _ = files[name]
+    out = tmp_path / f"{name}.sparse.gguf"
+    assert sparsify.main([str(path), str(REPO / "data" / "heldout.txt"), "--sparsity", "0.5", "-o", str(out),
+                          "--calib-tokens", "256", "--ctx", "64", "--eval-chunks", "0"]) == 0
+    model = pi.Model(out)
+    ref = ours_logits(path)
+    dense = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1, dense=True)
+    dense.decode(PROMPT, logits="all")
+    assert np.array_equal(np.stack([dense.logits(i) for i in range(len(PROMPT))]), ref)
+    ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1, sparse_gather_max=0)
+    ctx.decode(PROMPT, logits="all")
+    active, total = ctx.sparse_stats()
+    assert 0.3 < 1 - active.sum() / (total * len(active)) < 0.7

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from powerinfer._ffi import check, ffi, lib
-from test_isa import LEVELS, at_level  # noqa: F401  (at_level: a fixture)
-from test_kquants import (ACT_TYPE, BLOCK, F32, IQ4_NL, IQ4_XS, NP_ACT_QUANT, assert_within, bits_equal,
-                          c_dequantize, c_mul_mat, dot_reference, np_dequant, np_dequant_act, random_blocks, tensor)
+from test_isa import LEVELS, assert_sparse_ffn_equals_scalar, at_level  # noqa: F401  (at_level: a fixture)
+from test_kquants import (ACT_TYPE, BLOCK, F32, IQ4_NL, IQ4_XS, NP_ACT_QUANT, assert_thread_counts_identical,
+                          assert_within, bits_equal, c_dequantize, c_mul_mat, dot_reference, np_dequant, np_dequant_act,
+                          random_blocks, tensor)
 from test_ops import assert_bit_equal
 from test_ops import tensor as np_tensor
 
@@ -88,14 +89,7 @@ def test_thread_counts_identical():
     K, N, T = 512, 70, 4
     x = rng.standard_normal((T, K)).astype(np.float32)
     for t in TYPES:
-        raw = rows(rng, t, N, K).reshape(-1)
-        outs = []
-        for n in (1, 2, 3):
-            p = ffi.new("pi_threadpool **")
-            check(lib.pi_threadpool_create(n, p))
-            outs.append(c_mul_mat(t, raw, x, pool=p[0]))
-            lib.pi_threadpool_free(p[0])
-        assert bits_equal(outs[0], outs[1]) and bits_equal(outs[0], outs[2]), NAME[t]
+        assert_thread_counts_identical(t, rows(rng, t, N, K).reshape(-1), x, NAME[t])
 
 
 def mul_mat(w, x: np.ndarray, n: int, pool) -> np.ndarray:
@@ -126,20 +120,10 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
 def test_sparse_ffn_equals_scalar(at_level, pool2, level, t):
     """The sparse FFN's gathered dots and down step (axpy) with IQ4 rows, every neuron active."""
     rng = np.random.default_rng(500 + t)
-    E, F, T = 256, 64, 3
+    E, F = 256, 64
     up, down_t = rows(rng, t, F, E), rows(rng, t, F, E)
-    x = rng.standard_normal((T, E)).astype(np.float32)
-    scores = rng.standard_normal((T, F)).astype(np.float32)
-    out = {}
-    for lv in ("scalar", level):
-        at_level(lv)
-        w = ffi.new("pi_sparse_ffn_weights *")
-        w.up, w.down_t = tensor(up, t, E, F)[0], tensor(down_t, t, E, F)[0]
-        y = np.zeros((T, E), np.float32)
-        check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, lib.PI_FFN_SEQ, np_tensor(x), np_tensor(scores), -1.0,
-                                   np_tensor(y), ffi.NULL))
-        out[lv] = y
-    assert_bit_equal(out[level], out["scalar"], f"sparse ffn {NAME[t]} {level} vs scalar")
+    assert_sparse_ffn_equals_scalar(at_level, pool2, level, lambda: (tensor(up, t, E, F), tensor(down_t, t, E, F)),
+                                    rng, f"sparse ffn {NAME[t]} {level} vs scalar")
 
 
 @pytest.mark.parametrize("t", TYPES, ids=NAME.get)

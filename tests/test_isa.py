@@ -154,22 +154,30 @@ def test_prompt_batches_equal_scalar(at_level, pool2, level, N):
 def test_axpy_kernels_equal_scalar(at_level, pool2, level, t):
     """The sparse FFN's down step (axpy, axpy8) through pi_op_sparse_ffn with every neuron active."""
     rng = np.random.default_rng(100 + t)
-    E, F, T = 256, 64, 3
+    E, F = 256, 64
     up = quantize(t, (rng.standard_normal((F, E)) / 16).astype(np.float32))
     down_t = quantize(t, (rng.standard_normal((F, E)) / 8).astype(np.float32))
+    assert_sparse_ffn_equals_scalar(at_level, pool2, level, lambda: (wtensor(t, up), wtensor(t, down_t)), rng,
+                                    f"sparse ffn {TYPES[t][0]} {level} vs scalar")
+
+
+def assert_sparse_ffn_equals_scalar(at_level, pool, level, weights, rng, what):
+    """pi_op_sparse_ffn (gate mode seq, every neuron active) with the (up, down_t) tensors weights() makes, at the
+    scalar level and at `level`: the same bits."""
+    up, down_t = weights()
+    E, F, T = up.ne[0], up.ne[1], 3
     x = rng.standard_normal((T, E)).astype(np.float32)
     scores = rng.standard_normal((T, F)).astype(np.float32)
     out = {}
     for lv in ("scalar", level):
         at_level(lv)
         w = ffi.new("pi_sparse_ffn_weights *")
-        w.up = wtensor(t, up)[0]
-        w.down_t = wtensor(t, down_t)[0]
+        w.up, w.down_t = up[0], down_t[0]
         y = np.zeros((T, E), np.float32)
-        check(lib.pi_op_sparse_ffn(pool2, w, lib.PI_ACT_RELU, lib.PI_FFN_SEQ, tensor(x), tensor(scores), -1.0,
+        check(lib.pi_op_sparse_ffn(pool, w, lib.PI_ACT_RELU, lib.PI_FFN_SEQ, tensor(x), tensor(scores), -1.0,
                                    tensor(y), ffi.NULL))
         out[lv] = y
-    assert_bit_equal(out[level], out["scalar"], f"sparse ffn {TYPES[t][0]} {level} vs scalar")
+    assert_bit_equal(out[level], out["scalar"], what)
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])

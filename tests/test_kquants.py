@@ -612,19 +612,23 @@ def test_mul_mat_random_blocks(t):
     assert_within(c_mul_mat(t, raw, x), ref, tol, f"mul_mat {NAME[t]} random blocks")
 
 
+def assert_thread_counts_identical(t, raw, x, what):
+    """mul_mat of type-t rows on 1, 2 and 3 threads: the same bits."""
+    outs = []
+    for n in (1, 2, 3):
+        p = ffi.new("pi_threadpool **")
+        check(lib.pi_threadpool_create(n, p))
+        outs.append(c_mul_mat(t, raw, x, pool=p[0]))
+        lib.pi_threadpool_free(p[0])
+    assert bits_equal(outs[0], outs[1]) and bits_equal(outs[0], outs[2]), what
+
+
 def test_mul_mat_thread_counts_identical():
     rng = np.random.default_rng(7)
     K, N, T = 512, 70, 4
     x = rng.standard_normal((T, K)).astype(np.float32)
     for t in WEIGHTS:
-        raw = c_quantize(t, rng.standard_normal((N, K)).astype(np.float32))
-        outs = []
-        for n in (1, 2, 3):
-            p = ffi.new("pi_threadpool **")
-            check(lib.pi_threadpool_create(n, p))
-            outs.append(c_mul_mat(t, raw, x, pool=p[0]))
-            lib.pi_threadpool_free(p[0])
-        assert bits_equal(outs[0], outs[1]) and bits_equal(outs[0], outs[2]), NAME[t]
+        assert_thread_counts_identical(t, c_quantize(t, rng.standard_normal((N, K)).astype(np.float32)), x, NAME[t])
 
 
 # =============================================================================================

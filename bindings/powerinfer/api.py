@@ -22,6 +22,8 @@ from .context import Context
 from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
 from .model import Model
+from .reasoning import check_format as check_reasoning_format
+from .reasoning import splitter_for
 from .request import RequestError, Result, Task, TaskEvents
 from .sampling import SamplingParams
 from .tokenizer import TOKEN_CONTROL
@@ -113,9 +115,12 @@ class CompletionShaper:
     from engine events. One instance per request; shared by the Python API and the server."""
 
     def __init__(self, kind: str, model: str, *, prefix: str = "", logprobs: int | None = None,
-                 tokenizer=None, tools=None):
+                 tokenizer=None, tools=None, reasoning=None):
         assert kind in ("text", "chat")
         self.tools = tools              # powerinfer.tools.ToolCalls: the reply is a call
+        # powerinfer.reasoning.ReasoningSplitter: <think>...</think> to reasoning_content (chat replies without tools)
+        self.reasoning = reasoning if kind == "chat" and tools is None else None
+        self.reasoning_text = ""
         self.kind = kind
         self.model = model
         self.id = ("cmpl-" if kind == "text" else "chatcmpl-") + uuid.uuid4().hex
@@ -186,14 +191,26 @@ class CompletionShaper:
         entry = self._logprob_entry(info) if wanted else None
         if not text and entry is None:
             return None
-        self.text += text
         lp = self._lp_field([entry]) if entry is not None else None
+        if self.reasoning is not None:
+            delta = self._split(*self.reasoning.feed(text))
+            if not delta and entry is None:
+                return None
+            return self._chunk({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None})
+        self.text += text
         if self.kind == "chat":
             return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})
         return self._chunk({"text": text, "index": 0, "logprobs": lp, "finish_reason": None})
 
+    def _split(self, reasoning: str, content: str) -> dict:
+        """Accumulates a (reasoning, content) pair of the splitter; the delta that carries it."""
+        self.reasoning_text += reasoning
+        self.text += content
+        return {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v}
+
     def final_chunks(self, res: Result, include_usage: bool = False) -> list[dict]:
         msg = self._tool_message(res)
+        held = self._split(*self.reasoning.finish()) if self.reasoning is not None else {}
         if msg is not None:
             calls = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
             out = [self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}),
@@ -201,8 +218,9 @@ class CompletionShaper:
         elif self.tools is not None:         # no call (cut off): the text as content
             out = [self._chunk({"index": 0, "delta": {"content": self.text}, "logprobs": None, "finish_reason": None}),
                    self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason})]
-        elif self.kind == "chat":
-            out = [self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason})]
+        elif self.kind == "chat":            # first what the reasoning splitter held back (a partial tag)
+            out = [self._chunk({"index": 0, "delta": held, "logprobs": None, "finish_reason": None})] if held else []
+            out.append(self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason}))
         else:
             out = [self._chunk({"text": "", "index": 0, "logprobs": None, "finish_reason": res.finish_reason})]
         if include_usage:
@@ -217,7 +235,10 @@ class CompletionShaper:
 
     def add(self, text: str, info) -> None:
         """Non-streaming: accumulate one token event."""
-        self.text += text
+        if self.reasoning is not None:
+            self._split(*self.reasoning.feed(text))
+        else:
+            self.text += text
         if self.logprobs is not None and info is not None and "top" in info:
             self._lp.append(self._logprob_entry(info))
 
@@ -226,10 +247,15 @@ class CompletionShaper:
 
     def response(self, res: Result) -> dict:
         if self.kind == "chat":
-            msg = self._tool_message(res)
-            choice = {"index": 0, "message": msg or {"role": "assistant", "content": self.text},
+            call = self._tool_message(res)
+            if self.reasoning is not None:
+                self._split(*self.reasoning.finish())
+            msg = call or {"role": "assistant", "content": self.text}
+            if call is None and self.reasoning_text:
+                msg["reasoning_content"] = self.reasoning_text
+            choice = {"index": 0, "message": msg,
                       "logprobs": self._lp_field(self._lp),
-                      "finish_reason": "tool_calls" if msg is not None else res.finish_reason}
+                      "finish_reason": "tool_calls" if call is not None else res.finish_reason}
             obj = "chat.completion"
         else:
             lp = self._lp
@@ -298,8 +324,10 @@ class PowerInfer:
                  flash_attn: bool = False, use_mmap: bool = True, use_mlock: bool = False, logits_all: bool = False,
                  embedding: bool = False, offload_kqv: bool = True, last_n_tokens_size: int = 64,
                  numa=False, main_gpu: int = 0, sparse_batch_max: int = 0, sparse_gather_max: int = 1,
-                 **unsupported):
+                 reasoning_format: str = "auto", **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
+        reasoning_format: the default of create_chat_completion's (powerinfer.reasoning: auto / deepseek put a
+        reply's <think>...</think> in message.reasoning_content, none leaves it in content; llama.cpp's server flag).
         sparsity: a stored level of a gate-sparse file (tools/sparsify.py); sparse_batch_max: decode calls of more
         tokens (prompts) run such a file's dense model (0: every call runs the level); sparse_gather_max: calls of
         more tokens run the level over the dense kernels (0: every call through the sparse kernels; Context).
@@ -347,6 +375,7 @@ class PowerInfer:
         self.seed = seed
         self.model_name = model_alias or Path(model_path).name
         self.chat_format = chat_format
+        self.reasoning_format = check_reasoning_format(reasoning_format)
         self.chat_template = chat_template
         self._chat = None
         self.last_result: Result | None = None     # how the last create_* request ended
@@ -718,12 +747,13 @@ class PowerInfer:
                                logit_bias: dict | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
                                stream_options: dict | None = None, chat_template_kwargs: dict | None = None,
-                               stopping_criteria=None):
+                               stopping_criteria=None, reasoning_format: str | None = None):
         """OpenAI `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts with
         stream=True (first delta {"role": "assistant"}, then {"content": ...}, then an empty delta
         with finish_reason). The prompt is rendered with the model's chat template; response_format
         json_object / json_schema or grammar constrain the reply (llama-cpp-python's signature).
-        tools: see powerinfer.tools (tool_choice "required" or a named function; "auto" is refused)."""
+        tools: see powerinfer.tools (tool_choice "required" or a named function; "auto" is refused).
+        reasoning_format (default: the constructor's): see powerinfer.reasoning; with tools the reply is the call."""
         check_unimplemented({"typical_p": typical_p, "tfs_z": tfs_z, "mirostat_mode": mirostat_mode})
         if functions or function_call is not None:
             raise RequestError("the legacy 'functions' / 'function_call' are not supported; use 'tools'",
@@ -744,7 +774,8 @@ class PowerInfer:
         kwargs = dict(chat_template_kwargs or {})
         if tc is not None:
             messages = self.tool_messages(messages, tc, kwargs)
-        _, tokens, extra_stops, stop_ids = self.chat_prompt(messages, **kwargs)
+        prompt_text, tokens, extra_stops, stop_ids = self.chat_prompt(messages, **kwargs)
+        reasoning = splitter_for(reasoning_format or self.reasoning_format, prompt_text)
         n_lp = (top_logprobs or 0) if logprobs else None
         task = self.make_task(tokens, max_tokens=None if max_tokens is None or max_tokens <= 0 else max_tokens,
                               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
@@ -753,7 +784,8 @@ class PowerInfer:
                               frequency_penalty=frequency_penalty, logit_bias=logit_bias, ignore_eos=ignore_eos,
                               n_probs=0 if n_lp is None else max(n_lp, 1), stop_token_ids=stop_ids, grammar=g,
                               logits_processor=logits_processor, stopping_criteria=stopping_criteria)
-        shaper = CompletionShaper("chat", self.model_name, logprobs=n_lp, tokenizer=self.tokenizer, tools=tc)
+        shaper = CompletionShaper("chat", self.model_name, logprobs=n_lp, tokenizer=self.tokenizer, tools=tc,
+                                  reasoning=reasoning)
         include_usage = bool((stream_options or {}).get("include_usage"))
         return self._run(task, shaper, stream, include_usage)
 

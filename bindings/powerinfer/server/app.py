@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..api import CompletionShaper, PowerInfer, check_unimplemented, resolve_grammar
+from ..reasoning import splitter_for
 from ..request import RequestError, Result, Task
 from .protocol import (
     JSON,
@@ -514,13 +515,15 @@ def build_routes(state: ServerState) -> list[Route]:
         kwargs = dict(field(body, "chat_template_kwargs", "dict", {}))
         if tc is not None:
             messages = llm.tool_messages(messages, tc, kwargs)
-        _, tokens, extra_stops, stop_ids = await run_in_threadpool(llm.chat_prompt, messages, **kwargs)
+        prompt_text, tokens, extra_stops, stop_ids = await run_in_threadpool(llm.chat_prompt, messages, **kwargs)
+        reasoning = splitter_for(field(body, "reasoning_format", "str", llm.reasoning_format), prompt_text)
         stop = s.pop("stop")
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + extra_stops
         n_lp = top_logprobs if logprobs else None
         task = llm.make_task(tokens, max_tokens=max_tokens, stop=stop, stop_token_ids=stop_ids,
                              n_probs=0 if n_lp is None else max(1, n_lp), **s)
-        shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer, tools=tc)
+        shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer, tools=tc,
+                                  reasoning=reasoning)
         return await run_openai(request, llm, task, shaper, stream, include_usage)
 
     async def index(request: Request):

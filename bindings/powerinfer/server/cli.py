@@ -49,6 +49,9 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                    help="built-in chat format (chatml, llama2, vicuna, gemma) or a Jinja template string; "
                         "default: the model's tokenizer.chat_template, else chatml")
     p.add_argument("--chat-template-file", default=None, help="read a Jinja chat template from this file")
+    p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"], default="auto",
+                   help="a chat reply's <think>...</think> in message.reasoning_content (auto, deepseek: llama.cpp's "
+                        "default) or left in content (none); a request's reasoning_format overrides it")
     add_sparse_args(p)
     add_gpu_args(p)
     g = p.add_argument_group("embeddings, monitoring, web page (llama.cpp's flags)")
@@ -144,6 +147,7 @@ def make_loader(args):
                             sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
                             sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,
                             model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
+                            reasoning_format=args.reasoning_format,
                             **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
         _prefault(llm.model)

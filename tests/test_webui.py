@@ -153,3 +153,31 @@ def test_server_errors_show_in_the_page(server, browser):
     err = wait_for(lambda: drv.find_elements(By.CSS_SELECTOR, ".msg.assistant.error"), what="an error bubble")
     assert "top_p" in err[0].text and drv.find_element(By.ID, "status").text == "error"
     set_field(drv, "top_p", 0.95)
+
+
+# every request the page sends gets this grammar, so that the tiny model's reply thinks first (test_reasoning.py)
+FORCE_THINKING = """
+const grammar = arguments[0], plain = window.fetch;
+window.fetch = (url, opts) => plain(url, Object.assign({}, opts,
+    { body: JSON.stringify(Object.assign(JSON.parse(opts.body), { grammar })) }));
+"""
+
+
+def test_reasoning_shows_in_a_fold(server, browser):
+    """A reply's reasoning (delta.reasoning_content) goes into a fold above the answer; the answer alone is the
+    bubble's text and the history the next request sends."""
+    from selenium.webdriver.common.by import By
+    from test_reasoning import THOUGHT
+    drv = browser
+    drv.get(server + "/")
+    drv.execute_script(FORCE_THINKING, THOUGHT)
+    set_field(drv, "max_tokens", 60)
+    drv.find_element(By.ID, "input").send_keys("Think first")
+    drv.find_element(By.ID, "send").click()
+    wait_for(lambda: drv.find_element(By.ID, "status").text.startswith(("finish", "stopped", "error"))
+             or "tokens" in drv.find_element(By.ID, "status").text, what="the reply to finish")
+    fold = drv.find_element(By.CSS_SELECTOR, ".msg.assistant details.thinking")
+    assert drv.find_element(By.CSS_SELECTOR, ".msg.assistant details.thinking summary").text == "reasoning"
+    text = drv.execute_script("return arguments[0].querySelector('span').textContent", fold)
+    assert text in ("the user asks a thing", "the user wants a thing"), text
+    assert drv.find_element(By.CSS_SELECTOR, ".msg.assistant .content").text in ("yes.", "no.")

@@ -104,3 +104,33 @@ def test_server_request_field(llm):
         assert bad.status_code == 400 and "reasoning_format" in json.dumps(bad.json())
         bad = http.post("/v1/chat/completions", json={**body, "reasoning_format": "raw"})
         assert bad.status_code == 400 and "reasoning_format" in json.dumps(bad.json())
+
+
+def test_server_flags():
+    """--reasoning-budget 0 turns thinking off through the template (enable_thinking = false, as llama.cpp); only -1
+    and 0 are taken; --chat-template-kwargs must be a JSON object."""
+    from powerinfer.server.cli import parse_args
+    assert parse_args(["-m", "x.gguf"]).template_kwargs == {}
+    assert parse_args(["-m", "x.gguf", "--reasoning-budget", "0"]).template_kwargs == {"enable_thinking": False}
+    a = parse_args(["-m", "x.gguf", "--chat-template-kwargs", '{"enable_thinking": true, "x": 1}'])
+    assert a.template_kwargs == {"enable_thinking": True, "x": 1}
+    for bad in (["--reasoning-budget", "100"], ["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs", "{x"]):
+        with pytest.raises(SystemExit):
+            parse_args(["-m", "x.gguf", *bad])
+
+
+def test_server_template_kwargs(tiny_model):
+    """The server's template variables reach the template; a request's chat_template_kwargs override them."""
+    from starlette.testclient import TestClient
+    from powerinfer.server.app import ServerState, create_app
+    template = ("{% if enable_thinking is defined and enable_thinking is false %}NOTHINK {% endif %}"
+                "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    m = pi.PowerInfer(tiny_model("f32", seed=1), n_ctx=256, n_threads=1, chat_template=template)
+    app = create_app(ServerState(model_path="tiny", llm=m, template_kwargs={"enable_thinking": False}))
+    with TestClient(app) as http:
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        for extra, expect in (({}, True), ({"chat_template_kwargs": {"enable_thinking": True}}, False)):
+            assert http.post("/v1/chat/completions", json={**body, **extra}).status_code == 200
+            (slot,) = http.get("/slots").json()
+            assert ("NOTHINK" in slot["prompt"]) == expect, slot["prompt"]
+    m.close()

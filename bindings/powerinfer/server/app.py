@@ -61,7 +61,7 @@ class ServerState:
     def __init__(self, *, model_path: str, alias: str | None = None, api_keys: list[str] | None = None,
                  n_predict_max: int = -1, timeout: float = 600.0, loader: Callable[[], PowerInfer] | None = None,
                  llm: PowerInfer | None = None, embedding: bool = False, metrics: bool = False, slots: bool = True,
-                 webui: bool = True):
+                 webui: bool = True, template_kwargs: dict | None = None):
         from pathlib import Path
 
         from .metrics import Metrics
@@ -75,6 +75,7 @@ class ServerState:
         self.load_error: str | None = None
         self.created = int(time.time())
         self.embedding, self.slots, self.webui = embedding, slots, webui   # --embedding, --slots, --webui
+        self.template_kwargs = dict(template_kwargs or {})   # --chat-template-kwargs, --reasoning-budget 0
         self.metrics_store = Metrics() if metrics else None               # --metrics
         self.stats = self.metrics_store or Metrics()                      # /slots reads the last requests
         self.ready = threading.Event()
@@ -512,7 +513,7 @@ def build_routes(state: ServerState) -> list[Route]:
         top_logprobs = field(body, "top_logprobs", "int", 0)
         if not 0 <= top_logprobs <= 20:
             raise RequestError("'top_logprobs' must be in [0, 20]", param="top_logprobs")
-        kwargs = dict(field(body, "chat_template_kwargs", "dict", {}))
+        kwargs = {**state.template_kwargs, **field(body, "chat_template_kwargs", "dict", {})}
         if tc is not None:
             messages = llm.tool_messages(messages, tc, kwargs)
         prompt_text, tokens, extra_stops, stop_ids = await run_in_threadpool(llm.chat_prompt, messages, **kwargs)

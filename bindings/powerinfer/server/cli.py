@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -49,6 +50,12 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                    help="built-in chat format (chatml, llama2, vicuna, gemma) or a Jinja template string; "
                         "default: the model's tokenizer.chat_template, else chatml")
     p.add_argument("--chat-template-file", default=None, help="read a Jinja chat template from this file")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="extra variables for every chat template render, a JSON object (a request's "
+                        "chat_template_kwargs override them), e.g. '{\"enable_thinking\": false}'")
+    p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="-1: thinking unrestricted (default); 0: off (enable_thinking=false for the chat templates "
+                        "that read it, Qwen3's); llama.cpp takes only these two")
     p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"], default="auto",
                    help="a chat reply's <think>...</think> in message.reasoning_content (auto, deepseek: llama.cpp's "
                         "default) or left in content (none); a request's reasoning_format overrides it")
@@ -81,6 +88,18 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
         p.error("-np/--parallel must be in [1, 64]")
     if args.ctx_size is not None and args.ctx_size < 0:
         p.error("-c/--ctx-size must be >= 0")
+    args.template_kwargs = {}
+    if args.chat_template_kwargs is not None:
+        try:
+            args.template_kwargs = json.loads(args.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            p.error(f"--chat-template-kwargs: not JSON ({e})")
+        if not isinstance(args.template_kwargs, dict):
+            p.error("--chat-template-kwargs: must be a JSON object")
+    if args.reasoning_budget not in (-1, 0):
+        p.error("--reasoning-budget: only -1 (unrestricted) and 0 (thinking off) are supported")
+    if args.reasoning_budget == 0:
+        args.template_kwargs.setdefault("enable_thinking", False)
     if args.pooling is not None:
         from ..embedding import check_pooling
         try:
@@ -185,7 +204,7 @@ def make_state(args):
         raise ValueError(f"cannot read --api-key-file: {e}") from None
     return ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
                        timeout=args.timeout, loader=make_loader(args), embedding=args.embedding,
-                       metrics=args.metrics, slots=args.slots, webui=args.webui)
+                       metrics=args.metrics, slots=args.slots, webui=args.webui, template_kwargs=args.template_kwargs)
 
 
 def main(argv=None) -> int:

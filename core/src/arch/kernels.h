@@ -178,7 +178,7 @@ static void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const cha
 static void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);
 static void pi_vec_dot8_iq4_nl_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                     float *y, int64_t y_stride);
+                                     float *y, int64_t y_stride);   /* rows8.c: Q4_0's kernel with the grid */
 static void pi_vec_dot8_iq4_xs_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
 static void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,

@@ -151,26 +151,31 @@ def test_sparse_ffn_op(t):
     assert_within(out, ref, tol, f"sparse ffn {NAME[t]}")
 
 
+COPY = {IQ4_NL: "iq4_nlx8", IQ4_XS: "iq4_xsx16"}
+
+
 @pytest.mark.parametrize("level", LEVELS)
-def test_iq4_nl_interleaved_copy_equals_rows(at_level, pool2, level):
-    """IQ4_NL's load-time copy in Q4_0X8's layout (the grid looked up in Q4_0's 8-row kernels) gives the bits of the
-    file's rows at every batch size, at this level and at the scalar one (Q4_0's canonical order for both)."""
-    rng = np.random.default_rng(700)
-    K, N = 512, 40
-    raw = rows(rng, IQ4_NL, N, K)
+@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+def test_interleaved_copy_equals_rows(at_level, pool2, level, t):
+    """The load-time copies, IQ4_NL's in Q4_0X8's layout (the grid looked up in Q4_0's 8-row kernels) and IQ4_XS's
+    regrouped as Q4_KX16 (its 8-row kernel reading loads instead of transposes), give the bits of the file's rows at
+    every batch size, at this level and at the scalar one."""
+    rng = np.random.default_rng(700 + t)
+    K, N = 512, 48
+    raw = rows(rng, t, N, K)
     x = rng.standard_normal((17, K)).astype(np.float32)
     out = {}
     for lv in ("scalar", level):
         at_level(lv)
-        wt = tensor(raw, IQ4_NL, K, N)
+        wt = tensor(raw, t, K, N)
         nbytes = lib.pi_repack_bytes(wt)
         assert nbytes == raw.size
         buf = np.zeros(nbytes, np.uint8)
         rt = ffi.new("pi_tensor *")
         check(lib.pi_repack(wt, ffi.cast("void *", buf.ctypes.data), nbytes, rt))
-        assert ffi.string(lib.pi_type_name(rt.type)).decode() == "iq4_nlx8"
+        assert ffi.string(lib.pi_type_name(rt.type)).decode() == COPY[t]
         out[lv] = [(mul_mat(wt, x[:T], N, pool2), mul_mat(rt, x[:T], N, pool2)) for T in (1, 3, 8, 9, 17)]
     for (a, b), (c, d) in zip(out["scalar"], out[level]):
-        assert_bit_equal(b, a, "iq4_nl copy vs rows (scalar)")
-        assert_bit_equal(c, a, f"iq4_nl rows {level} vs scalar")
-        assert_bit_equal(d, a, f"iq4_nl copy {level} vs scalar")
+        assert_bit_equal(b, a, f"{NAME[t]} copy vs rows (scalar)")
+        assert_bit_equal(c, a, f"{NAME[t]} rows {level} vs scalar")
+        assert_bit_equal(d, a, f"{NAME[t]} copy {level} vs scalar")

@@ -152,13 +152,14 @@ enum {
     PI_TYPE_Q4_1X16,                 /* Q4_1 weights, 16 rows interleaved (pi_repack; arch/q8_0x16.c) */
     PI_TYPE_Q5_1X16,                 /* Q5_1 weights, the same */
     PI_TYPE_IQ4_NLX8,                /* IQ4_NL weights in Q4_0X8's layout (pi_repack; arch/rows8.c) */
+    PI_TYPE_IQ4_XSX16,               /* IQ4_XS weights, 16 rows regrouped as Q4_KX16 (pi_repack; arch/kx16.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
 static inline int64_t pi_group_rows(int32_t type) {
     return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_IQ4_NLX8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
          : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q5_0X16 || type == PI_TYPE_Q4_1X16 || type == PI_TYPE_Q5_1X16 ||
-           type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 ? 16
+           type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 || type == PI_TYPE_IQ4_XSX16 ? 16
          : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }

@@ -43,6 +43,9 @@ static void pi_gemm16_q5_1x16_q8_1(int64_t n, const void *group, const char *x, 
 /* Q4_KX16 and Q5_KX16 groups at every level (arch/kx16.c); x: Q8_KM */
 static void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group);
 static void pi_repack_q5_Kx16(int64_t n, const void *const *rows, void *group);
+static void pi_repack_iq4_xsx16(int64_t n, const void *const *rows, void *group);
+static void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                                     int64_t y_stride);
 static void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
 static void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,

@@ -38,6 +38,8 @@ typedef struct {
 static const kx16_layout q4_Kx16_layout = { sizeof(pi_block_q4_K), 2, { 0, 2 }, { 0, 32 }, 4, 35, 64 };
 static const kx16_layout q5_Kx16_layout = { sizeof(pi_block_q5_K), 2, { 0, 2 }, { 0, 32 }, 4, 43, 64 };
 static const kx16_layout q6_Kx16_layout = { sizeof(pi_block_q6_K), 1, { 208, 0 }, { 0, 0 }, 0, 52, 32 };
+/* IQ4_XSX16: d, then scales_h (the same 16-bit moves), then 33 words: scales_l, the 32 words of qs */
+static const kx16_layout iq4_xsx16_layout = { sizeof(pi_block_iq4_xs), 2, { 0, 2 }, { 0, 32 }, 4, 33, 64 };
 
 /* Row r's super-block between a group's block gb and a row block rb: into the group (to_group) or out of it. */
 static void kx16_copy(const kx16_layout *L, char *gb, char *rb, int r, int to_group) {
@@ -57,6 +59,9 @@ static void kx16_repack(const kx16_layout *L, int64_t n, const void *const *rows
 
 void pi_repack_q4_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q4_Kx16_layout, n, rows, group); }
 void pi_repack_q5_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q5_Kx16_layout, n, rows, group); }
+void pi_repack_iq4_xsx16(int64_t n, const void *const *rows, void *group) {
+    kx16_repack(&iq4_xsx16_layout, n, rows, group);
+}
 
 /* Rows copied out of the group, then the type's vec_dot per token (the reference itself): every layout's kernel at the
  * scalar level, and Q6_KX16's below the AVX-512 levels (which do not make that copy, but run one made above them). */
@@ -231,6 +236,20 @@ static inline __attribute__((always_inline)) void k4x16_gemm16(int64_t n, const 
     k4x16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride, five_bit);
 }
 
+/* IQ4_XSX16 at every SIMD level: the two halves through IQ4_XS's 8-row kernel (rows8_k.c) with loads for transposes */
+#define IQ4X16_HALF(n, group, xt, xs, nt, yt, ys) iq4_xs_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys)
+#define IQ4X16_HALF_ONE(n, group, xt, yt) iq4_xs_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0)
+static inline __attribute__((always_inline)) void iq4x16_half(int64_t n, const void *rows, const int gh, const char *x,
+                                                              int64_t x_stride, int nt, float *y, int64_t y_stride) {
+    DISPATCH_NT(IQ4X16_HALF, IQ4X16_HALF_ONE, K_MAX_T);
+}
+
+void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) {
+    iq4x16_half(n, group, 0, x, x_stride, nt, y, y_stride);
+    iq4x16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+}
+
 #if !PI_HAVE_ROWS16
 void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
@@ -253,6 +272,11 @@ void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
 void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
     kx16_gemm16_rows(&q5_Kx16_layout, pi_vec_dot_q5_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
+}
+
+void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) {
+    kx16_gemm16_rows(&iq4_xsx16_layout, pi_vec_dot_iq4_xs_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
 
 #endif

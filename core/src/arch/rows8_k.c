@@ -600,37 +600,49 @@ void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, in
  * signed values dotted with the sign trick (|v| <= 127); the rows' scales ls_j - 32 weight the int32 sums
  * (|sumi| <= 8 * 32 * 32 * 127 * 127 < 2^31).
  * ====================================================================================== */
-static inline __attribute__((always_inline)) void iq4_xs_rows8(int64_t n, const void *const *rows, const char *x,
-                                                               int64_t x_stride, const int nt, float *y,
-                                                               int64_t y_stride, const int unused) {
-    (void)unused;
+/* rows: 8 row pointers (gh < 0), or with gh = 0 / 1 half gh of an IQ4_XSX16 group (arch/kx16.c: per super-block
+ * the 16 rows' d, then their scales_h as 16 x 16 bits, then 33 words: scales_l and the 32 words of qs) */
+static inline __attribute__((always_inline)) void iq4_xs_dot8_src(int64_t n, const void *const *rows,
+                                                                  const void *group, const int gh, const char *x,
+                                                                  int64_t x_stride, const int nt, float *y,
+                                                                  int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
     const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[PI_DOT8_MAX_T];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const char *p[8];
-        k_block_rows(rows, b, sizeof(pi_block_iq4_xs), 3, p);
+        const char *p[8] = { 0 }, *gb = NULL;
+        __m256i lo4, sh;   /* lane r = row r: scales_l (nibble j: ls_j's low 4 bits), scales_h (bits 2j, 2j + 1) */
+        __m256 dw;
+        if (gh < 0) {
+            k_block_rows(rows, b, sizeof(pi_block_iq4_xs), 3, p);
+            lo4 = _mm256_setr_epi32(pi_load_i32(p[0] + 4), pi_load_i32(p[1] + 4), pi_load_i32(p[2] + 4),
+                                    pi_load_i32(p[3] + 4), pi_load_i32(p[4] + 4), pi_load_i32(p[5] + 4),
+                                    pi_load_i32(p[6] + 4), pi_load_i32(p[7] + 4));
+            sh = _mm256_srli_epi32(_mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]),
+                                                     pi_load_i32(p[3]), pi_load_i32(p[4]), pi_load_i32(p[5]),
+                                                     pi_load_i32(p[6]), pi_load_i32(p[7])), 16);   /* d | sh << 16 */
+            dw = pi_f16x8_rows(p, 0);
+        } else {
+            gb = (const char *)group + 16 * (int64_t)sizeof(pi_block_iq4_xs) * b;   /* one stream: no prefetch */
+            lo4 = _mm256_loadu_si256((const __m256i *)(gb + 64 + 32 * gh));
+            sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * gh)));
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * gh)));
+        }
         __m256i isum[PI_DOT8_MAX_T];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
-        /* the rows' scale bits, lane r = row r: scales_l (nibble j = ls_j's low 4 bits), scales_h (bits 2j, 2j + 1) */
-        const __m256i lo4 = _mm256_setr_epi32(pi_load_i32(p[0] + 4), pi_load_i32(p[1] + 4), pi_load_i32(p[2] + 4),
-                                              pi_load_i32(p[3] + 4), pi_load_i32(p[4] + 4), pi_load_i32(p[5] + 4),
-                                              pi_load_i32(p[6] + 4), pi_load_i32(p[7] + 4));
-        const __m256i hi2 = _mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]),
-                                              pi_load_i32(p[3]), pi_load_i32(p[4]), pi_load_i32(p[5]),
-                                              pi_load_i32(p[6]), pi_load_i32(p[7]));   /* d | scales_h << 16 */
         for (int j = 0; j < PI_QK_K / PI_QK; j++) {
             __m256i c[4], w[8], av[8];   /* w[g]: the values of elements 4g..4g+3 of sub-block j, lane r = row r */
-            pi_transpose8x16(p, offsetof(pi_block_iq4_xs, qs) + 16 * j, c);
+            k_lanes4(p, offsetof(pi_block_iq4_xs, qs) + 16 * j, gb ? (const uint8_t (*)[64])(gb + 64) : NULL, 1 + 4 * j,
+                     gh, c);
             for (int m = 0; m < 4; m++) {
                 w[m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(c[m], m4));
                 w[4 + m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4));
             }
             for (int g = 0; g < 8; g++) av[g] = _mm256_sign_epi8(w[g], w[g]);
             const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(lo4, 4 * j), _mm256_set1_epi32(15));
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(hi2, 16 + 2 * j), _mm256_set1_epi32(3));
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(sh, 2 * j), _mm256_set1_epi32(3));
             const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
                                                 _mm256_set1_epi32(32));   /* ls_j - 32 of each row */
             for (int t = 0; t < nt; t++) {
@@ -641,11 +653,17 @@ static inline __attribute__((always_inline)) void iq4_xs_rows8(int64_t n, const 
                 isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(s, sc));
             }
         }
-        const __m256 dw = pi_f16x8_rows(p, 0);
         for (int t = 0; t < nt; t++)
             acc[t] = k_step(acc[t], ((const pi_block_q8_K *)(x + t * x_stride) + b)->d, dw, isum[t]);
     }
     store_acc(acc, nt, y, y_stride);
+}
+
+static inline __attribute__((always_inline)) void iq4_xs_rows8(int64_t n, const void *const *rows, const char *x,
+                                                               int64_t x_stride, const int nt, float *y,
+                                                               int64_t y_stride, const int unused) {
+    (void)unused;
+    iq4_xs_dot8_src(n, rows, NULL, -1, x, x_stride, nt, y, y_stride);
 }
 K_ROWS8(iq4_xs, iq4_xs_rows8, 0, pi_vec_dot_iq4_xs_q8_K)
 

@@ -44,6 +44,13 @@ typedef struct { uint16_t d; uint8_t qs[PI_QK / 2]; } pi_block_iq4_nl;
  * bits 2j, 2j + 1 of scales_h) and IQ4_NL's 16 nibble bytes (qs[16 j ..]); the value d (ls_j - 32) PI_IQ4_VALUES[q].
  * 136 B */
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[PI_QK_K / 64]; uint8_t qs[PI_QK_K / 2]; } pi_block_iq4_xs;
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* the grid in both 128-bit lanes: a shuffle_epi8 of nibbles gives their values */
+static inline __m256i pi_iq4_grid(void) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
+}
+#endif
 /* ls_j - 32 of sub-block j (0..7) of an IQ4_XS block: -32..31 */
 static inline int pi_iq4_xs_scale(const pi_block_iq4_xs *b, int j) {
     return ((b->scales_l[j / 2] >> 4 * (j % 2) & 15) | (b->scales_h >> 2 * j & 3) << 4) - 32;

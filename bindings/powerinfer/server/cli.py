@@ -10,6 +10,7 @@ import threading
 import time
 
 from .. import act_sparsity
+from ..reasoning import FORMATS as REASONING_FORMATS
 from ..cli import add_sparse_args
 from ..cli_args import ArgumentParser, add_llama_compat_args, apply_llama_compat
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
@@ -56,7 +57,7 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
     p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
                    help="-1: thinking unrestricted (default); 0: off (enable_thinking=false for the chat templates "
                         "that read it, Qwen3's); llama.cpp takes only these two")
-    p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"], default="auto",
+    p.add_argument("--reasoning-format", choices=list(REASONING_FORMATS), default="auto",
                    help="a chat reply's <think>...</think> in message.reasoning_content (auto, deepseek: llama.cpp's "
                         "default) or left in content (none); a request's reasoning_format overrides it")
     add_sparse_args(p)

@@ -53,6 +53,15 @@ static inline __m256i pi_dpbusd(__m256i acc, __m256i u, __m256i y) {
 #endif
 }
 
+/* The same for signed weights w[g] (int8, -128 included) by the sign trick: aw[g] = |w[g]| (sign_epi8(w, w), read as
+ * unsigned) against sign(y, w), each group widened at once (a maddubs pair can reach 2 * 128 * 127). */
+static inline __m256i pi_dot_i8_bcast(const __m256i *w, const __m256i *aw, const int8_t *y, int n) {
+    __m256i s = _mm256_setzero_si256();
+    for (int g = 0; g < n; g++)
+        s = pi_dpbusd(s, aw[g], _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(y + 4 * g)), w[g]));
+    return s;
+}
+
 /* sum over g < n of the dot products of w[g]'s unsigned bytes with the 4 activation bytes y[4g..4g+3] (in
  * every lane), as int32 lanes, exact: VNNI accumulates in int32 (two chains, for latency), AVX2 adds the
  * maddubs results in int16 (the caller bounds n as for pi_maddubs_sum) and widens once. */

@@ -51,7 +51,7 @@ static inline __attribute__((always_inline)) void unpack8(__m256i c0, __m256i c1
         w[m + 4] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
     }
     if (grid) {
-        const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
+        const __m256i values = pi_iq4_grid();
         for (int g = 0; g < 8; g++) {
             w[g] = _mm256_shuffle_epi8(values, w[g]);
             aw[g] = _mm256_sign_epi8(w[g], w[g]);
@@ -65,9 +65,7 @@ static inline __attribute__((always_inline)) __m256 token8(const __m256i w[8], c
                                                            const pi_block_q8_0s *xb, __m256 acc, const int grid) {
     __m256i s32;
     if (grid) {   /* sum v y over the signed values */
-        s32 = _mm256_setzero_si256();
-        for (int g = 0; g < 8; g++)
-            s32 = pi_dpbusd(s32, aw[g], _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g)), w[g]));
+        s32 = pi_dot_i8_bcast(w, aw, xb->qs, 8);
     } else {      /* sum (q - 8) y = sum q y - 8 s; AVX2: 8 x 2 x 15 x 127 fits int16 */
         s32 = _mm256_sub_epi32(pi_dot_u8_bcast(w, xb->qs, 8), _mm256_set1_epi32(8 * (int32_t)xb->s));
     }

@@ -304,11 +304,7 @@ static inline __attribute__((always_inline)) void q8_0_dot8(int64_t n, const voi
         for (int g = 0; g < 8; g++) aw[g] = _mm256_sign_epi8(w[g], w[g]);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-            __m256i s = _mm256_setzero_si256();
-            for (int g = 0; g < 8; g++) {
-                const __m256i yg = _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xb->qs + 4 * g)), w[g]);
-                s = pi_dpbusd(s, aw[g], yg);
-            }
+            const __m256i s = pi_dot_i8_bcast(w, aw, xb->qs, 8);
 #endif
             acc[t][b % 8] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(pi_fp16_to_f32(xb->d))), _mm256_cvtepi32_ps(s),
                                            acc[t][b % 8]);
@@ -607,8 +603,7 @@ static inline __attribute__((always_inline)) void iq4_xs_dot8_src(int64_t n, con
                                                                   int64_t x_stride, const int nt, float *y,
                                                                   int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
-    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i grid = pi_iq4_grid(), m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[PI_DOT8_MAX_T];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -647,10 +642,7 @@ static inline __attribute__((always_inline)) void iq4_xs_dot8_src(int64_t n, con
                                                 _mm256_set1_epi32(32));   /* ls_j - 32 of each row */
             for (int t = 0; t < nt; t++) {
                 const int8_t *xq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 32 * j;
-                __m256i s = _mm256_setzero_si256();
-                for (int g = 0; g < 8; g++)
-                    s = pi_dpbusd(s, av[g], _mm256_sign_epi8(_mm256_set1_epi32(pi_load_i32(xq + 4 * g)), w[g]));
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(s, sc));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(pi_dot_i8_bcast(w, av, xq, 8), sc));
             }
         }
         for (int t = 0; t < nt; t++)

@@ -142,10 +142,7 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
  * i = sum PI_IQ4_VALUES[q] y, then acc = fma(d_w * d_x, i, acc), blocks in order, one accumulator. */
 #if defined(__AVX2__)
 /* The 32 int8 values of an IQ4 block's 16 nibble bytes (elements 0..15 from the low nibbles, 16..31 the high ones). */
-static inline __m256i iq4_values_32(const uint8_t *qs) {
-    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
-    return _mm256_shuffle_epi8(grid, nibbles_32(qs));
-}
+static inline __m256i iq4_values_32(const uint8_t *qs) { return _mm256_shuffle_epi8(pi_iq4_grid(), nibbles_32(qs)); }
 #endif
 
 float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x) {

@@ -290,6 +290,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import sentencepiece as spm
+    if not a.bench:
+        try:   # needed only at the end: say so before minutes of training, not after
+            import safetensors.torch  # noqa: F401
+        except ImportError:
+            print("train_model: error: safetensors is not installed (pip install '.[tools]')", file=sys.stderr)
+            return 1
     if not os.path.isfile(a.tokenizer):
         print(f"train_model: error: tokenizer not found: {a.tokenizer}", file=sys.stderr)
         return 1

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = ["--preset", "7b", "--n-embd", "2048", "--n-ff", "5632", "--n-head", "16", "--n-head-kv", "16",
          "--n-layer", "8"]
-TYPES = "q8_0,q6_k,q5_k_m,q4_k_m,q3_k_m,q2_k,q5_1,q4_1,q4_0,iq4_xs,iq4_nl"
+TYPES = "q8_0,q6_k,q5_k_m,q4_k_m,q3_k_m,q2_k,q5_1,q4_1,q4_0,iq4_xs,iq4_nl,iq3_s,iq3_m"
 
 
 def main(argv=None) -> int:

@@ -140,9 +140,11 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K,
                        .repacked_type = PI_TYPE_Q6_KX16 /* where the level has a repack kernel for it */ },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
-    /* IQ4 (read only: llama.cpp's files; no quantizer here) */
+    /* IQ4, IQ3 (read only: llama.cpp's files; no quantizer here) */
     [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, NULL, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_IQ4_NLX8 },
     [PI_TYPE_IQ4_XS] = { "iq4_xs", 256, 136, pi_iq4_xs_to_f32, NULL, PI_TYPE_Q8_K, .repacked_type = PI_TYPE_IQ4_XSX16 },
+    [PI_TYPE_IQ3_XXS] = { "iq3_xxs", 256, 98, pi_iq3_xxs_to_f32, NULL, PI_TYPE_Q8_K },
+    [PI_TYPE_IQ3_S]   = { "iq3_s", 256, 110, pi_iq3_s_to_f32, NULL, PI_TYPE_Q8_K },
     /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
      * no conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0), the sparse FFN's
      * packed rows */
@@ -202,6 +204,8 @@ _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18
 _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && sizeof(pi_block_q5_1) == 24 &&
                sizeof(pi_block_q8_1) == 40 && sizeof(pi_block_iq4_nl) == 18, "32-element block sizes");
 _Static_assert(sizeof(pi_block_iq4_xs) == 136, "IQ4_XS block size");
+_Static_assert(sizeof(pi_block_iq3_xxs) == 98, "IQ3_XXS block size");
+_Static_assert(sizeof(pi_block_iq3_s) == 110, "IQ3_S block size");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
                sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144 &&
@@ -241,7 +245,7 @@ int64_t pi_row_bytes(int32_t type, int64_t n) {
     return n / bs * bb;
 }
 
-/* quantize: from f32 (else to f32). GGUF types read from files only (IQ4_NL, IQ4_XS) convert to f32 alone. */
+/* quantize: from f32 (else to f32). GGUF types read from files only (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S) convert to f32 alone. */
 static pi_status check_conversion(int32_t type, const void *a, const void *b, int64_t n, bool quantize) {
     const pi_type_traits *t = pi_traits(type);
     const bool read_only = t && t->to_f32 && !t->from_f32 && type < PI_TYPE_COUNT;

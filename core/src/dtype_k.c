@@ -5,6 +5,7 @@
  * scales and mins, so that a row quantized here has the values llama.cpp's `quantize`
  * would give it without an importance matrix. */
 #include "quants_k.h"
+#include "iq_grids.h"
 
 #include <string.h>
 
@@ -57,6 +58,38 @@ void pi_iq4_xs_to_f32(const void *src, float *dst, int64_t n) {
             for (int k = 0; k < 16; k++) {
                 dst[k] = dl * (float)PI_IQ4_VALUES[qs[k] & 15];
                 dst[k + 16] = dl * (float)PI_IQ4_VALUES[qs[k] >> 4];
+            }
+        }
+    }
+}
+
+/* IQ3_XXS, IQ3_S: the f32 operations of llama.cpp's dequantizers: the sub-block's step first (IQ3_XXS:
+ * d (0.5 + s) 0.5, IQ3_S: d (1 + 2 s)), then times the grid value, then the sign */
+void pi_iq3_xxs_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_iq3_xxs *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK_K / PI_QK; j++, dst += PI_QK) {
+            int ls;
+            const uint32_t signs = pi_iq3_xxs_signs(&x[b], j, &ls);
+            const float db = d * (0.5f + (float)(ls / 2)) * 0.5f;
+            for (int k = 0; k < PI_QK; k++) {
+                const float g = (float)(PI_IQ3_XXS_GRID[x[b].qs[8 * j + k / 4]] >> 8 * (k % 4) & 255);
+                dst[k] = db * g * (signs >> k & 1 ? -1.0f : 1.0f);
+            }
+        }
+    }
+}
+
+void pi_iq3_s_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_iq3_s *x = src;
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        for (int j = 0; j < PI_QK_K / PI_QK; j++, dst += PI_QK) {
+            const float db = d * (float)pi_iq3_s_ls(&x[b], j);
+            for (int k = 0; k < PI_QK; k++) {
+                const float g = (float)(PI_IQ3_S_GRID[pi_iq3_s_index(&x[b], 8 * j + k / 4)] >> 8 * (k % 4) & 255);
+                dst[k] = db * g * (x[b].signs[4 * j + k / 8] >> k % 8 & 1 ? -1.0f : 1.0f);
             }
         }
     }

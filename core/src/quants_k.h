@@ -7,7 +7,7 @@
  *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),
  *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K),
  *   IQ4_NL -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
- *   grid's values up to 127 could overflow a super-block's int32 sum). */
+ *   grid's values up to 127 could overflow a super-block's int32 sum),  IQ3_XXS, IQ3_S -> Q8_K. */
 #ifndef PI_QUANTS_K_H
 #define PI_QUANTS_K_H
 
@@ -55,6 +55,35 @@ static inline __m256i pi_iq4_grid(void) {
 static inline int pi_iq4_xs_scale(const pi_block_iq4_xs *b, int j) {
     return ((b->scales_l[j / 2] >> 4 * (j % 2) & 15) | (b->scales_h >> 2 * j & 3) << 4) - 32;
 }
+
+/* The IQ3 types: 8 sub-blocks of 32 elements, each 8 points of a lattice grid of 4 unsigned values (iq_grids.h, a
+ * grid entry packs its values, value k in byte k) with one sign bit per element; the value of an element is
+ * d * ls_j * grid value * sign, ls_j = 2 s_j + 1 from a 4-bit s_j (IQ3_XXS: times 1/4).
+ * IQ3_XXS: qs[0..63] the grid indices (sub-block j: qs[8 j .. 8 j + 7], each 4 elements); then per sub-block a
+ * little-endian uint32: bits 7 l .. 7 l + 6 (l < 4) a 7-bit sign index for elements 8 l .. 8 l + 7 (pi_iq_signs:
+ * the eighth sign makes the count of minus signs even), bits 28..31 s_j. 98 B */
+typedef struct { uint16_t d; uint8_t qs[3 * PI_QK_K / 8]; } pi_block_iq3_xxs;
+/* IQ3_S: 9-bit grid indices, qs[i] | bit i % 8 of qh[i / 8] << 8 (sub-block j: indices 8 j .. 8 j + 7); element k's
+ * sign bit k % 8 of signs[k / 8]; s_j nibble j % 2 of scales[j / 2]. 110 B */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[PI_QK_K / 4], qh[PI_QK_K / 32], signs[PI_QK_K / 8], scales[PI_QK_K / 64];
+} pi_block_iq3_s;
+/* IQ3_XXS's sign byte for a 7-bit index: the index, and bit 7 set where the index has an odd number of bits */
+static inline uint8_t pi_iq_signs(uint32_t index7) {
+    return (uint8_t)(index7 | (uint32_t)__builtin_parity(index7) << 7);
+}
+/* the 32 sign bits of IQ3_XXS sub-block j (bit k: element 32 j + k negative), and its ls_j = 2 s_j + 1 */
+static inline uint32_t pi_iq3_xxs_signs(const pi_block_iq3_xxs *b, int j, int *ls) {
+    uint32_t aux;
+    memcpy(&aux, b->qs + PI_QK_K / 4 + 4 * j, 4);
+    *ls = 2 * (int)(aux >> 28) + 1;
+    return pi_iq_signs(aux & 127) | (uint32_t)pi_iq_signs(aux >> 7 & 127) << 8 |
+           (uint32_t)pi_iq_signs(aux >> 14 & 127) << 16 | (uint32_t)pi_iq_signs(aux >> 21 & 127) << 24;
+}
+/* IQ3_S's grid index i (0..63) and ls_j of sub-block j */
+static inline int pi_iq3_s_index(const pi_block_iq3_s *b, int i) { return b->qs[i] | (b->qh[i / 8] >> i % 8 & 1) << 8; }
+static inline int pi_iq3_s_ls(const pi_block_iq3_s *b, int j) { return 2 * (b->scales[j / 2] >> 4 * (j % 2) & 15) + 1; }
 
 /* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
 typedef struct { uint8_t scales[PI_QK_K / 16]; uint8_t qs[PI_QK_K / 4]; uint16_t d, dmin; } pi_block_q2_K;
@@ -132,6 +161,8 @@ void pi_q8_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q8_Km_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq4_nl_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq4_xs_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq3_xxs_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq3_s_to_f32(const void *src, float *dst, int64_t n);
 
 void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);

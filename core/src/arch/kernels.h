@@ -169,6 +169,8 @@ static float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq4_xs_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_iq3_xxs_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_iq3_s_q8_K(int64_t n, const void *w, const void *x);
 
 /* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
 #if PI_HAVE_ROWS8
@@ -208,6 +210,8 @@ static void pi_axpy_q6_K(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_q8_K(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq4_nl(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq4_xs(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_iq3_xxs(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_iq3_s(int64_t n, float a, const void *row, float *y);
 /* Q8_KM: the activations of Q4_K/Q5_K (quants_k.h), SIMD with the scalar bits */
 static void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n);
 /* Q8_K: the activations of Q2_K/Q3_K/Q6_K, SIMD with the bits of dtype_k.c's pi_q8_K_from_f32 */

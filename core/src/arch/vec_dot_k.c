@@ -9,6 +9,7 @@
  * 32-element types: per block an exact integer, then float steps into p[b % 8] (the canonical orders
  * at each kernel), which the scalar code spells out: the same bits too. */
 #include "../quants_k.h"
+#include "../iq_grids.h"
 
 #include <string.h>
 
@@ -25,14 +26,23 @@ static inline __m256i nibbles_32(const uint8_t *qs) {
 }
 
 /* 32 bits -> 32 bytes: byte k is 0xff when bit k is set, else 0. */
-static inline __m256i bits_to_bytes(const uint8_t *p) {
-    uint32_t bits;
-    memcpy(&bits, p, 4);
+static inline __m256i bits_to_mask(uint32_t bits) {
     /* byte k takes source byte k/8, then tests its bit k%8 */
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
         _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
     const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
     return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+static inline __m256i bits_to_bytes(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    return bits_to_mask(bits);
+}
+
+/* 32 sign bits -> 32 bytes: -1 where bit k is set, else +1 (sign_epi8's multiplier) */
+static inline __m256i bits_to_signs(uint32_t bits) {
+    return _mm256_or_si256(bits_to_mask(bits), _mm256_set1_epi8(1));
 }
 
 /* Sum of 32 int8 x int8 products as 8 int32 lanes (maddubs needs an unsigned first operand). */
@@ -500,6 +510,90 @@ static inline __attribute__((always_inline)) void iq4_xs_ints(const pi_block_iq4
 }
 #endif
 
+/* IQ3_XXS, IQ3_S: *sumi = sum_j ls_j sum_l grid_l sign_l y_l (grid values <= 62, ls_j <= 31: |sumi| <= 8 * 31 * 32
+ * * 62 * 127: int32); IQ3_XXS's 1/4 is its row dot's d multiplier. The grid points are looked up one by one
+ * (8 a sub-block), as llama.cpp's AVX2 code does. */
+#if defined(__AVX2__)
+/* A sub-block's 8 grid points (idx: 8 x int32) as 32 unsigned bytes, its 32 activations times the signs (+-1 bytes),
+ * their products summed in int16 pairs (grid <= 62: 2 * 62 * 127 fits) times ls into int32 lanes. */
+static inline __attribute__((always_inline)) __m256i iq3_sub_block(const uint32_t *grid, __m256i idx, __m256i signs,
+                                                                   int ls, const int8_t *yq) {
+    const __m256i g = _mm256_i32gather_epi32((const int *)grid, idx, 4);
+    const __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)yq), signs);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(g, y), _mm256_set1_epi16((short)ls));
+}
+
+static inline __attribute__((always_inline)) void iq3_xxs_lanes(const pi_block_iq3_xxs *x, const pi_block_q8_K *y,
+                                                                __m256i *li, __m256i *lm) {   /* lm: 0, no mins */
+    *lm = _mm256_setzero_si256();
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        uint32_t aux;
+        memcpy(&aux, x->qs + PI_QK_K / 4 + 4 * j, 4);
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
+        const __m256i signs = _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[aux & 127], (int64_t)PI_IQ_SIGNS64[aux >> 7 & 127],
+                                                 (int64_t)PI_IQ_SIGNS64[aux >> 14 & 127],
+                                                 (int64_t)PI_IQ_SIGNS64[aux >> 21 & 127]);
+        acc = _mm256_add_epi32(acc, iq3_sub_block(PI_IQ3_XXS_GRID, idx, signs, 2 * (int)(aux >> 28) + 1,
+                                                  y->qs + 32 * j));
+    }
+    *li = acc;
+}
+
+static inline __attribute__((always_inline)) void iq3_s_lanes(const pi_block_iq3_s *x, const pi_block_q8_K *y,
+                                                              __m256i *li, __m256i *lm) {   /* lm: 0, no mins */
+    *lm = _mm256_setzero_si256();
+    __m256i acc = _mm256_setzero_si256();
+    const __m256i shift = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        uint32_t signs;
+        memcpy(&signs, x->signs + 4 * j, 4);
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
+        const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[j]), shift), bit8);   /* bit i -> 256 */
+        acc = _mm256_add_epi32(acc, iq3_sub_block(PI_IQ3_S_GRID, _mm256_or_si256(lo, hi), bits_to_signs(signs),
+                                                  pi_iq3_s_ls(x, j), y->qs + 32 * j));
+    }
+    *li = acc;
+}
+#else
+/* sum_k grid value k * sign k * yq[k] over a sub-block's 32 elements (idx: its 8 grid points) */
+static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {
+    int32_t t = 0;
+    for (int k = 0; k < PI_QK; k++) {
+        const int32_t g = (int32_t)(grid[idx[k / 4]] >> 8 * (k % 4) & 255);
+        t += (signs >> k & 1 ? -g : g) * yq[k];
+    }
+    return t;
+}
+
+static inline __attribute__((always_inline)) void iq3_xxs_ints(const pi_block_iq3_xxs *x, const pi_block_q8_K *y,
+                                                               int32_t *sumi, int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
+    int32_t s = 0;
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        int ls, idx[8];
+        const uint32_t signs = pi_iq3_xxs_signs(x, j, &ls);
+        for (int i = 0; i < 8; i++) idx[i] = x->qs[8 * j + i];
+        s += ls * iq3_sub_block(PI_IQ3_XXS_GRID, idx, signs, y->qs + 32 * j);
+    }
+    *sumi = s;
+}
+
+static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_s *x, const pi_block_q8_K *y,
+                                                             int32_t *sumi, int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
+    int32_t s = 0;
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        int idx[8];
+        uint32_t signs;
+        memcpy(&signs, x->signs + 4 * j, 4);
+        for (int i = 0; i < 8; i++) idx[i] = pi_iq3_s_index(x, 8 * j + i);
+        s += pi_iq3_s_ls(x, j) * iq3_sub_block(PI_IQ3_S_GRID, idx, signs, y->qs + 32 * j);
+    }
+    *sumi = s;
+}
+#endif
+
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
  * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the
  * others, bd the activation block's f32 step; the 8-row kernels of rows8_k.c keep the same order. The AVX2 code
@@ -509,8 +603,10 @@ static inline __attribute__((always_inline)) void iq4_xs_ints(const pi_block_iq4
  * each block asks for the one K_PREFETCH_AHEAD blocks on. */
 #if defined(__AVX2__)
 static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, __m256 d, const __m256i li[8],
-                                                          __m256 dmin, const __m256i lm[8], const bool mins) {
+                                                          __m256 dmin, const __m256i lm[8], const bool mins,
+                                                          const float dmul) {
     const __m256 si = _mm256_cvtepi32_ps(pi_hsum8_i32(li));
+    if (dmul != 1.0f) d = _mm256_mul_ps(d, _mm256_set1_ps(dmul));
     const __m256 t = mins ? _mm256_mul_ps(bd, _mm256_sub_ps(_mm256_mul_ps(d, si),
                                                             _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(pi_hsum8_i32(lm)))))
                           : _mm256_mul_ps(_mm256_mul_ps(bd, d), si);
@@ -520,7 +616,7 @@ static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, 
     return sum;
 }
 /* dmin: the weight block's field of that name, or any fp16 field when !mins (unused) */
-#define K_EIGHTS(name, bd, mins, dmin)                                                                              \
+#define K_EIGHTS(name, bd, mins, dmin, dmul)                                                                        \
     for (; i + 8 <= nb; i += 8) {                                                                                   \
         __m256i li[8], lm[8];                                                                                       \
         for (int k = 0; k < 8; k++) {                                                                               \
@@ -528,10 +624,10 @@ static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, 
             name##_lanes(&a[i + k], &b[i + k], &li[k], &lm[k]);                                                     \
         }                                                                                                           \
         sum = k_add8(sum, pi_f32x8_strided(&b[i].bd, sizeof *b), pi_f16x8_strided(&a[i].d, sizeof *a), li,         \
-                     pi_f16x8_strided(&a[i].dmin, sizeof *a), lm, mins);                                           \
+                     pi_f16x8_strided(&a[i].dmin, sizeof *a), lm, mins, dmul);                                     \
     }
 #else
-#define K_EIGHTS(name, bd, mins, dmin)
+#define K_EIGHTS(name, bd, mins, dmin, dmul)
 #endif
 
 /* One block's integers: the lanes' horizontal sums (AVX2) or the scalar X_ints. */
@@ -547,37 +643,40 @@ static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, 
 #define K_INTS(name, x, y, sumi, summ) name##_ints(x, y, sumi, summ)
 #endif
 
-/* One block's float term in the order above (mins: a compile-time constant). */
+/* One block's float term in the order above (mins, dmul: compile-time constants; dmul a power of two, d's factor:
+ * IQ3_XXS's 1/4, 1 for the others). */
 static inline __attribute__((always_inline)) float k_term(float bd, uint16_t d, uint16_t dmin, int32_t sumi, int32_t summ,
-                                                          const bool mins) {
+                                                          const bool mins, const float dmul) {
     return mins ? bd * (pi_fp16_to_f32(d) * (float)sumi - pi_fp16_to_f32(dmin) * (float)summ)
-                : bd * pi_fp16_to_f32(d) * (float)sumi;
+                : bd * (dmul == 1.0f ? pi_fp16_to_f32(d) : pi_fp16_to_f32(d) * dmul) * (float)sumi;
 }
 
 /* dmin: the weight block's field of that name, or any fp16 field (d) where !mins */
-#define K_ROW_DOT(name, wtype, atype, bd, mins, dmin)                                                               \
+#define K_ROW_DOT(name, wtype, atype, bd, mins, dmin, dmul)                                                         \
     float pi_vec_dot_##name##_q8_K(int64_t n, const void *w, const void *x) {                                       \
         const wtype *a = w;                                                                                         \
         const atype *b = x;                                                                                         \
         const int64_t nb = n / PI_QK_K;                                                                             \
         float sum = 0.0f;                                                                                           \
         int64_t i = 0;                                                                                              \
-        K_EIGHTS(name, bd, mins, dmin)                                                                              \
+        K_EIGHTS(name, bd, mins, dmin, dmul)                                                                        \
         for (; i < nb; i++) {                                                                                       \
             prefetch_block(&a[i], sizeof *a);                                                                       \
             int32_t sumi, summ;                                                                                     \
             K_INTS(name, &a[i], &b[i], &sumi, &summ);                                                               \
-            sum += k_term(b[i].bd, a[i].d, a[i].dmin, sumi, summ, mins);                                            \
+            sum += k_term(b[i].bd, a[i].d, a[i].dmin, sumi, summ, mins, dmul);                                      \
         }                                                                                                           \
         return sum;                                                                                                 \
     }
 
-K_ROW_DOT(q2_K, pi_block_q2_K, pi_block_q8_K, d, true, dmin)
-K_ROW_DOT(q3_K, pi_block_q3_K, pi_block_q8_K, d, false, d)
-K_ROW_DOT(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d, true, dmin)   /* x: Q8_KM */
-K_ROW_DOT(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d, true, dmin)   /* x: Q8_KM */
-K_ROW_DOT(q6_K, pi_block_q6_K, pi_block_q8_K, d, false, d)
-K_ROW_DOT(iq4_xs, pi_block_iq4_xs, pi_block_q8_K, d, false, d)
+K_ROW_DOT(q2_K, pi_block_q2_K, pi_block_q8_K, d, true, dmin, 1.0f)
+K_ROW_DOT(q3_K, pi_block_q3_K, pi_block_q8_K, d, false, d, 1.0f)
+K_ROW_DOT(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d, true, dmin, 1.0f)   /* x: Q8_KM */
+K_ROW_DOT(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d, true, dmin, 1.0f)   /* x: Q8_KM */
+K_ROW_DOT(q6_K, pi_block_q6_K, pi_block_q8_K, d, false, d, 1.0f)
+K_ROW_DOT(iq4_xs, pi_block_iq4_xs, pi_block_q8_K, d, false, d, 1.0f)
+K_ROW_DOT(iq3_xxs, pi_block_iq3_xxs, pi_block_q8_K, d, false, d, 0.25f)
+K_ROW_DOT(iq3_s, pi_block_iq3_s, pi_block_q8_K, d, false, d, 1.0f)
 
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
     const pi_block_q8_K *a = w, *b = x;
@@ -760,3 +859,5 @@ AXPY(pi_axpy_q6_K, pi_q6_K_to_f32, PI_QK_K, pi_block_q6_K)
 AXPY(pi_axpy_q8_K, pi_q8_K_to_f32, PI_QK_K, pi_block_q8_K)
 AXPY(pi_axpy_iq4_nl, pi_iq4_nl_to_f32, PI_QK, pi_block_iq4_nl)
 AXPY(pi_axpy_iq4_xs, pi_iq4_xs_to_f32, PI_QK_K, pi_block_iq4_xs)
+AXPY(pi_axpy_iq3_xxs, pi_iq3_xxs_to_f32, PI_QK_K, pi_block_iq3_xxs)
+AXPY(pi_axpy_iq3_s, pi_iq3_s_to_f32, PI_QK_K, pi_block_iq3_s)

@@ -1,16 +1,20 @@
-"""IQ4_NL and IQ4_XS, llama.cpp's 4-bit types on a non-linear grid of 16 int8 values (read from its files: the core
-has no quantizer for them), against numpy written from the block layouts (tests/test_kquants.py's np_dequant):
+"""llama.cpp's read-only types (the core has no quantizer for them), against numpy written from the block layouts
+(tests/test_kquants.py's np_dequant): IQ4_NL and IQ4_XS, 4-bit types on a non-linear grid of 16 int8 values, and
+IQ3_XXS and IQ3_S, 3-bit types whose groups of 4 elements are points of a lattice grid (256 / 512 points, the
+tables core/src/iq_grids.h that tools/gen_iq_grids.py writes from gguf-py's) with a sign bit each:
 
   - dequantization of arbitrary block bytes, bit-exact (the numpy code does the C code's f32 operations), and equal
     to gguf-py's own dequantizer (the same format implemented elsewhere);
-  - mul_mat at 1, 3, 8, 9 and 17 tokens (the single-row dot, the 8-row kernel and their tails) against float64 sums
-    of the dequantized weights and the dequantized activations (IQ4_NL: Q8_0 activations, IQ4_XS: Q8_K, as
-    llama.cpp), within test_kquants' dot bound, which one flipped nibble exceeds (checked);
+  - mul_mat at 1, 3, 8, 9 and 17 tokens (the single-row dot, the 8-row kernel where the type has one, and their
+    tails) against float64 sums of the dequantized weights and the dequantized activations (IQ4_NL: Q8_0
+    activations, the others Q8_K, as llama.cpp), within test_kquants' dot bound, which one flipped bit of a
+    quant or grid index exceeds (checked);
   - every ISA level this CPU runs bit-identical to the scalar level (exact integer sums, one float order), and the
     thread count changes no bit;
-  - the sparse FFN op with IQ4 up and down_t rows (the gathered dots and the axpy of the down step).
+  - the sparse FFN op with these up and down_t rows (the gathered dots and the axpy of the down step);
+  - the IQ4 types' load-time copies against their rows.
 
-Files quantized by llama.cpp itself: tests/compat/test_iq4_vs_llama_cpp.py.
+Files quantized by llama.cpp itself: tests/compat/test_iq_vs_llama_cpp.py.
 """
 from __future__ import annotations
 
@@ -19,19 +23,19 @@ import pytest
 
 from powerinfer._ffi import check, ffi, lib
 from test_isa import LEVELS, assert_sparse_ffn_equals_scalar, at_level  # noqa: F401  (at_level: a fixture)
-from test_kquants import (ACT_TYPE, BLOCK, F32, IQ4_NL, IQ4_XS, NP_ACT_QUANT, assert_thread_counts_identical,
-                          assert_within, bits_equal, c_dequantize, c_mul_mat, dot_reference, np_dequant, np_dequant_act,
+from test_kquants import (ACT_TYPE, BLOCK, F32, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, NP_ACT_QUANT,
+                          assert_thread_counts_identical, assert_within, bits_equal, c_dequantize, c_mul_mat, dot_reference, np_dequant, np_dequant_act,
                           random_blocks, tensor)
 from test_ops import assert_bit_equal
 from test_ops import tensor as np_tensor
 
-NAME = {IQ4_NL: "iq4_nl", IQ4_XS: "iq4_xs"}
+NAME = {IQ4_NL: "iq4_nl", IQ4_XS: "iq4_xs", IQ3_XXS: "iq3_xxs", IQ3_S: "iq3_s"}
 TYPES = list(NAME)
-QS_OFFSET = {IQ4_NL: 2, IQ4_XS: 8}   # first nibble byte of a block
+QS_OFFSET = {IQ4_NL: 2, IQ4_XS: 8, IQ3_XXS: 2, IQ3_S: 2}   # first quant (nibble, grid index) byte of a block
 
 
 def rows(rng, t, n, k) -> np.ndarray:
-    """n rows of k elements of random IQ4 blocks, as a (n, row bytes) uint8 array."""
+    """n rows of k elements of random blocks of type t, as a (n, row bytes) uint8 array."""
     return random_blocks(rng, t, n * k // BLOCK[t][0]).reshape(n, -1)
 
 
@@ -40,7 +44,16 @@ def test_type_traits():
         assert lib.pi_type_supported(t) == 1 and ffi.string(lib.pi_type_name(t)).decode() == name
         assert lib.pi_row_bytes(t, 4096) == 4096 // BLOCK[t][0] * BLOCK[t][1]
     assert lib.PI_TYPE_IQ4_NL == IQ4_NL and lib.PI_TYPE_IQ4_XS == IQ4_XS
+    assert lib.PI_TYPE_IQ3_XXS == IQ3_XXS and lib.PI_TYPE_IQ3_S == IQ3_S
     assert lib.pi_row_bytes(IQ4_XS, 128) == -1 and lib.pi_row_bytes(IQ4_NL, 48) == -1
+    for t in TYPES:   # read only
+        assert lib.pi_quantize_row(t, ffi.new("float[256]"), ffi.new("uint8_t[512]"), 256) != 0
+
+
+def test_grid_tables_are_gguf_pys():
+    """core/src/iq_grids.h is what tools/gen_iq_grids.py writes from gguf-py's tables."""
+    import gen_iq_grids
+    assert gen_iq_grids.main(["--check"]) == 0
 
 
 @pytest.mark.parametrize("t", TYPES, ids=NAME.get)
@@ -69,7 +82,8 @@ def test_mul_mat_against_numpy(t, K):
 
 @pytest.mark.parametrize("t", TYPES, ids=NAME.get)
 def test_dot_tolerance_is_tight(t):
-    """The errors seen are far below the bound, and a single nibble off by one grid step is far above it."""
+    """The errors seen are far below the bound, and one flipped bit of a quant (a nibble off by one grid step, a
+    grid index one point off) is far above it."""
     rng = np.random.default_rng(300 + t)
     K = 4096
     raw = rows(rng, t, 1, K).reshape(-1)
@@ -118,7 +132,7 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
 @pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("t", TYPES, ids=NAME.get)
 def test_sparse_ffn_equals_scalar(at_level, pool2, level, t):
-    """The sparse FFN's gathered dots and down step (axpy) with IQ4 rows, every neuron active."""
+    """The sparse FFN's gathered dots and down step (axpy) with these rows, every neuron active."""
     rng = np.random.default_rng(500 + t)
     E, F = 256, 64
     up, down_t = rows(rng, t, F, E), rows(rng, t, F, E)
@@ -128,7 +142,7 @@ def test_sparse_ffn_equals_scalar(at_level, pool2, level, t):
 
 @pytest.mark.parametrize("t", TYPES, ids=NAME.get)
 def test_sparse_ffn_op(t):
-    """pi_op_sparse_ffn with IQ4 gate/up/down_t against numpy: h = SiLU(gate.xq) (up.xq) for the selected
+    """pi_op_sparse_ffn with gate/up/down_t of the type against numpy: h = SiLU(gate.xq) (up.xq) for the selected
     (neuron, token) pairs, out = sum_i h_i down_t[i]."""
     rng = np.random.default_rng(600 + t)
     E, F, T = 512, 96, 3
@@ -155,7 +169,7 @@ COPY = {IQ4_NL: "iq4_nlx8", IQ4_XS: "iq4_xsx16"}
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("t", TYPES, ids=NAME.get)
+@pytest.mark.parametrize("t", list(COPY), ids=NAME.get)
 def test_interleaved_copy_equals_rows(at_level, pool2, level, t):
     """The load-time copies, IQ4_NL's in Q4_0X8's layout (the grid looked up in Q4_0's 8-row kernels) and IQ4_XS's
     regrouped as Q4_KX16 (its 8-row kernel reading loads instead of transposes), give the bits of the file's rows at

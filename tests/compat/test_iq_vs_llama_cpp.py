@@ -1,10 +1,13 @@
-"""IQ4_NL and IQ4_XS files written by llama.cpp's own quantizer (llama_model_quantize), run by llama.cpp and by us.
+"""Files of llama.cpp's read-only types (IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS), run by llama.cpp and by us.
 
-A small random llama (n_embd 256: whole IQ4_XS super-blocks) is written in f32 and quantized by llama.cpp to each
-type (its matrices IQ4_*, as llama-quantize leaves them). Both engines quantize the activations as llama.cpp does
-for these types (IQ4_NL: Q8_0 per 32, IQ4_XS: Q8_K per 256), so their logits must agree up to f32 summation order
-(REL_RMS: IQ4_XS sums in llama.cpp's order, IQ4_NL in Q4_0's, whose interleaved kernels it shares, which this small
-random model amplifies to 7e-3), with the same greedy tokens; and against the exact weights
+A small random llama (n_embd 256: whole super-blocks) is written in f32 and quantized by llama.cpp's own quantizer
+(llama_model_quantize) to IQ4_NL, IQ4_XS and IQ3_S (its matrices of that type, as llama-quantize leaves them; the
+output matrix Q6_K). llama.cpp quantizes to IQ3_XXS only with an importance matrix, which its Python binding cannot
+pass, so the IQ3_XXS file holds random IQ3_XXS blocks (any bytes are valid ones), scaled to each f32 weight's RMS.
+Both engines quantize the activations as llama.cpp does for these types (IQ4_NL: Q8_0 per 32, the others Q8_K per
+256), so their logits must agree up to f32 summation order (REL_RMS: IQ4_XS sums in llama.cpp's order, the others
+not: IQ4_NL in Q4_0's, whose interleaved kernels it shares, the IQ3 types block by block where llama.cpp keeps 8
+lanes, which this small random model amplifies), with the same greedy tokens; and against the exact weights
 (the file dequantized to f32 and run through our f32 path, f32 KV cache), our KL divergence is at most
 llama.cpp's (issue 15's contract for quantized kernels), within KLD_SLACK.
 """
@@ -15,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
@@ -27,7 +31,8 @@ from make_test_model import write_model  # noqa: E402
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190, 2, 8, 150, 77, 31, 260, 19, 90]
 # logits, ours against llama.cpp's, relative RMS (measured in parentheses, Zen 3 avx2 level)
-REL_RMS = {"iq4_nl": 2e-2, "iq4_xs": 1e-5}   # (7.0e-3, 1.0e-7)
+REL_RMS = {"iq4_nl": 2e-2, "iq4_xs": 1e-5, "iq3_s": 1e-2, "iq3_xxs": 1e-4}   # (7.0e-3, 1.0e-7, 1.4e-3, 2.4e-7)
+BY_LLAMA_CPP = ("iq4_nl", "iq4_xs", "iq3_s")   # the others: random blocks (random_iq_file)
 KLD_SLACK = 1.10   # ours <= 1.1 x llama.cpp's mean KL divergence from the exact weights
 
 
@@ -38,15 +43,39 @@ def files(tmp_path_factory):
     write_model(src, dtype="f32", n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=3, seed=11)
     out = {}
     for name in REL_RMS:
-        p = llama_cpp.llama_model_quantize_default_params()
-        p.ftype, p.nthread = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + name.upper()), 1
         dst = d / f"tiny-{name}.gguf"
-        assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+        if name in BY_LLAMA_CPP:
+            p = llama_cpp.llama_model_quantize_default_params()
+            p.ftype, p.nthread = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + name.upper()), 1
+            assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+        else:
+            random_iq_file(src, dst, gguf.GGMLQuantizationType[name.upper()], seed=5)
         ref = d / f"tiny-{name}-dequant.gguf"
         subprocess.run([sys.executable, str(REPO / "tools" / "dequantize_gguf.py"), str(dst), str(ref)], check=True,
                        capture_output=True)
         out[name] = (dst, ref)
     return out
+
+
+def random_iq_file(src, dst, qtype, seed) -> None:
+    """A copy of src whose layers' matrices are random blocks of qtype, d set so that each matrix has its f32 RMS."""
+    from powerinfer.gguf_copy import add_tensor_as_is, write, writer_like
+    rng = np.random.default_rng(seed)
+    bs, bb = gguf.GGML_QUANT_SIZES[qtype]
+    r = gguf.GGUFReader(src)
+    w = writer_like(r, str(dst))
+    for t in r.tensors:
+        if not (t.name.startswith("blk.") and len(t.shape) == 2):
+            add_tensor_as_is(w, t)
+            continue
+        rows_, cols = int(t.shape[1]), int(t.shape[0])
+        raw = rng.integers(0, 256, (rows_ * cols // bs, bb), dtype=np.uint8)
+        raw[:, 0:2] = np.float16(1.0).reshape(1).view(np.uint8)
+        rms = np.sqrt(np.mean(gguf.quants.dequantize(raw.reshape(1, -1), qtype).astype(np.float64) ** 2))
+        d = np.sqrt(np.mean(np.asarray(t.data, np.float64) ** 2)) / rms
+        raw[:, 0:2] = (d * rng.uniform(0.5, 1.5, len(raw))).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        w.add_tensor(t.name, raw.reshape(rows_, -1), raw_dtype=qtype)
+    write(w)
 
 
 def theirs_logits(path) -> np.ndarray:
@@ -72,8 +101,7 @@ def kld(ref: np.ndarray, run: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", list(REL_RMS))
-def test_iq4_file_quantized_by_llama_cpp(files, name):
-    import gguf
+def test_iq_file_runs_as_llama_cpp(files, name):
     path, ref_path = files[name]
     types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors if len(t.shape) == 2}
     assert name.upper() in types, types
@@ -89,9 +117,9 @@ def test_iq4_file_quantized_by_llama_cpp(files, name):
 
 
 @pytest.mark.parametrize("name", list(REL_RMS))
-def test_iq4_file_sparsifies(files, name, tmp_path):
-    """tools/sparsify.py on an IQ4 file: the transposed down matrix as q8_0 (no column layout for IQ4), --dense the
-    input file's bits, a level about its share of channels."""
+def test_iq_file_sparsifies(files, name, tmp_path):
+    """tools/sparsify.py on such a file: the transposed down matrix as q8_0 (no column layout for these types),
+    --dense the input file's bits, a level about its share of channels."""
     import sparsify
     path, _ = files[name]
     out = tmp_path / f"{name}.sparse.gguf"

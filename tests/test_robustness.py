@@ -375,7 +375,7 @@ def test_unknown_tensor_type(tmp_file, type_id):
 
 
 @pytest.mark.parametrize("type_id,type_name",
-                         [(21, "iq3_s"), (18, "iq3_xxs"), (26, "i32"), (28, "f64"), (16, "iq2_xxs")])
+                         [(22, "iq2_s"), (19, "iq1_s"), (26, "i32"), (28, "f64"), (16, "iq2_xxs")])
 def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
     """A valid ggml type the core does not compute with: the message names the tensor and the type."""
     name = "blk.0.attn_q.weight"
@@ -384,16 +384,16 @@ def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
     assert f"tensor '{name}'" in msg and type_name in msg.lower(), msg
 
 
-def test_iq3_s_tensor_reaches_the_core(tmp_path):
-    """With rows of 256 the gguf layer accepts IQ3_S and the C loader refuses it by name (a
-    well-formed file: the tensor's bytes are IQ3_S-sized, so the layout check passes)."""
+def test_iq2_s_tensor_reaches_the_core(tmp_path):
+    """With rows of 256 the gguf layer accepts IQ2_S and the C loader refuses it by name (a
+    well-formed file: the tensor's bytes are IQ2_S-sized, so the layout check passes)."""
     src = tmp_path / "wide.gguf"
     write_model(src, dtype="q8_0", n_vocab=320, n_embd=256, n_ff=256, n_head=4, n_head_kv=4, n_layer=1)
     name = "blk.0.attn_q.weight"
-    path = rewrite(src, tmp_path / "iq3_s.gguf",
-                   replace={name: (np.zeros((256, 110), dtype=np.uint8), QT.IQ3_S)})
+    path = rewrite(src, tmp_path / "iq2_s.gguf",
+                   replace={name: (np.zeros((256, 82), dtype=np.uint8), QT.IQ2_S)})
     msg = load_error(path)
-    assert f"tensor '{name}'" in msg and "iq3_s" in msg and "cannot compute" in msg, msg
+    assert f"tensor '{name}'" in msg and "iq2_s" in msg and "cannot compute" in msg, msg
 
 
 @pytest.mark.parametrize("name", ["token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
@@ -1279,8 +1279,8 @@ TD_CASES = [
      ["blk.0.attn_q.weight", "99"]),
     ("type_-1", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", -1), UNSUPPORTED,
      ["blk.0.attn_q.weight", "-1"]),
-    ("type_iq3_xxs", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 18), UNSUPPORTED,
-     ["blk.0.attn_q.weight", "iq3_xxs", "id 18"]),
+    ("type_iq2_xs", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 17), UNSUPPORTED,
+     ["blk.0.attn_q.weight", "iq2_xs", "id 17"]),
     ("type_i32", lambda d: setattr(_td(d, "blk.1.ffn_up.weight"), "type", I32), UNSUPPORTED,
      ["blk.1.ffn_up.weight", "i32"]),
     ("norm_not_f32", lambda d: setattr(_td(d, "output_norm.weight"), "type", F16), BAD_MODEL,

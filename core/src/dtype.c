@@ -143,8 +143,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     /* IQ4, IQ3 (read only: llama.cpp's files; no quantizer here) */
     [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, NULL, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_IQ4_NLX8 },
     [PI_TYPE_IQ4_XS] = { "iq4_xs", 256, 136, pi_iq4_xs_to_f32, NULL, PI_TYPE_Q8_K, .repacked_type = PI_TYPE_IQ4_XSX16 },
-    [PI_TYPE_IQ3_XXS] = { "iq3_xxs", 256, 98, pi_iq3_xxs_to_f32, NULL, PI_TYPE_Q8_K },
-    [PI_TYPE_IQ3_S]   = { "iq3_s", 256, 110, pi_iq3_s_to_f32, NULL, PI_TYPE_Q8_K },
+    [PI_TYPE_IQ3_XXS] = { "iq3_xxs", 256, 98, pi_iq3_xxs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
+    [PI_TYPE_IQ3_S]   = { "iq3_s", 256, 110, pi_iq3_s_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
     /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
      * no conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0), the sparse FFN's
      * packed rows */
@@ -186,6 +186,8 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].gemm16 = kt->gemm16;
         out[t].gemm16_max_t = kt->gemm16_max_t ? kt->gemm16_max_t : PI_DOT8_MAX_T;
         out[t].repack = kt->repack;
+        out[t].to_batch = kt->to_batch;
+        if (!kt->to_batch) out[t].batch_type = 0;
         if (kt->repacked_type) out[t].repacked_type = kt->repacked_type;
         out[t].tiles = kt->tiles;
         out[t].tiles_rows = kt->tiles_rows;

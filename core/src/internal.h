@@ -90,6 +90,11 @@ typedef void  (*pi_cols_pack_fn)(int64_t n_out, const void *w, int64_t w_stride,
 /* Writes one group's rows (pi_group_rows of the interleaved type: 8 or 16; n elements each, in the source type)
  * as one group of the interleaved layout. */
 typedef void  (*pi_repack_fn)(int64_t n, const void *const *rows, void *group);
+/* n rows of a type whose kernels decode slowly (the IQ3 grids; k elements, row stride `stride` bytes) -> the same rows
+ * in its batch_type, whose kernels give the same bits for every (row, token) (arch/vec_dot_k.c says why); false where
+ * a row cannot be (mul_mat then runs the type's own kernels on those rows). Prompts convert a few rows at a time and
+ * run batch_type's 8-row kernel over every token (ops.c). */
+typedef bool  (*pi_to_batch_fn)(int64_t k, const void *w, int64_t stride, int n, void *dst);
 
 typedef struct pi_type_traits {
     const char     *name;
@@ -113,6 +118,8 @@ typedef struct pi_type_traits {
     pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; *X16: one) */
     int32_t         gemm16_max_t;  /* tokens one gemm16 call takes: PI_DOT8_MAX_T, or more where the kernel says */
     pi_repack_fn    repack;        /* types with a repacked_type (not the layout): R rows -> one group */
+    int32_t         batch_type;    /* optional: what to_batch converts rows to for prompts (0: none) */
+    pi_to_batch_fn  to_batch;
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
     /* optional: row k of one group as floats, the file row's values (get_rows reads such a table, so a tied
      * embedding table can be repacked for the output head) */
@@ -201,6 +208,7 @@ typedef struct pi_type_kernels {
     int32_t        gemm16_max_t; /* optional: gemm16 takes up to this many tokens a call (0: PI_DOT8_MAX_T) */
     pi_repack_fn   repack;      /* types with a repacked_type: R of its rows -> one group of that layout */
     int32_t        repacked_type; /* optional: the layout repack makes at this level, if not the format's */
+    pi_to_batch_fn to_batch;    /* types with a batch_type */
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
     /* activation types whose weights have tile kernels (the amx level): their tile table (pi_tiles_fn's xt) takes

@@ -212,6 +212,8 @@ static void pi_axpy_iq4_nl(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq4_xs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq3_xxs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq3_s(int64_t n, float a, const void *row, float *y);
+static bool pi_iq3_xxs_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_iq3_s_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
 /* Q8_KM: the activations of Q4_K/Q5_K (quants_k.h), SIMD with the scalar bits */
 static void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n);
 /* Q8_K: the activations of Q2_K/Q3_K/Q6_K, SIMD with the bits of dtype_k.c's pi_q8_K_from_f32 */

@@ -81,8 +81,9 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                              .repack = pi_repack8_q4_0x8 /* the same block bytes */ },
         [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8(pi_vec_dot8_iq4_xs_q8_K),
                              .repack = pi_repack_iq4_xsx16 },
-        [PI_TYPE_IQ3_XXS] = { pi_vec_dot_iq3_xxs_q8_K, pi_axpy_iq3_xxs },   /* no 8-row kernel, no copy */
-        [PI_TYPE_IQ3_S]   = { pi_vec_dot_iq3_s_q8_K, pi_axpy_iq3_s },
+        /* no 8-row kernels: prompts convert rows to Q6_K (to_batch) and run its kernels */
+        [PI_TYPE_IQ3_XXS] = { pi_vec_dot_iq3_xxs_q8_K, pi_axpy_iq3_xxs, .to_batch = pi_iq3_xxs_to_q6_K },
+        [PI_TYPE_IQ3_S]   = { pi_vec_dot_iq3_s_q8_K, pi_axpy_iq3_s, .to_batch = pi_iq3_s_to_q6_K },
         [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K, .from_f32 = pi_quantize_row_q8_K,
                            .tiles_prep = AMX(pi_tiles_prep_q8_K),
                            .tiles_unit = PI_QK_K, .tiles_unit_bytes = AMX_Q8_K_TABLE },

@@ -594,6 +594,125 @@ static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_
 }
 #endif
 
+/* IQ3 rows -> Q6_K rows for prompts (pi_to_batch_fn; mul_mat's batch path, ops.c). Sub-block j's 32 values
+ * v = grid value * sign become Q6_K's quants v + 32 and ls_j both of its scales, d stays: Q6_K's dot then sums the
+ * same integers, sum_j ls_j sum v y, and takes the same float steps, (bd d) sumi per super-block in order, so its
+ * kernels give the IQ3 dot's bits. IQ3_XXS's values reach 62, beyond Q6_K's 31, but are all even: v / 2 with d / 2,
+ * whose integer sum is half of IQ3_XXS's and d / 2 for d / 4 (a power of two either way: the same bits), refused
+ * (false) for a row whose d / 2 is not exact in fp16 (|d| < 2^-13 with an odd last bit, or not finite). */
+static inline bool iq3_half_d(uint16_t d, uint16_t *half) {
+    const float h = pi_fp16_to_f32(d) * 0.5f;
+    *half = pi_f32_to_fp16(h);
+    return pi_fp16_to_f32(*half) == h;   /* NaN: false */
+}
+
+#if defined(__AVX2__)
+/* Q6_K's half h of a super-block from its four sub-blocks of quants u (0..63): q[m] = elements 128 h + 32 m .. */
+static inline void q6_K_pack_half(const __m256i q[4], pi_block_q6_K *y, int h) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    __m256i hi[4];
+    for (int m = 0; m < 4; m++) hi[m] = _mm256_and_si256(_mm256_srli_epi16(q[m], 4), m2);
+    _mm256_storeu_si256((__m256i *)(y->ql + 64 * h),
+                        _mm256_or_si256(_mm256_and_si256(q[0], m4), _mm256_slli_epi16(_mm256_and_si256(q[2], m4), 4)));
+    _mm256_storeu_si256((__m256i *)(y->ql + 64 * h + 32),
+                        _mm256_or_si256(_mm256_and_si256(q[1], m4), _mm256_slli_epi16(_mm256_and_si256(q[3], m4), 4)));
+    _mm256_storeu_si256((__m256i *)(y->qh + 32 * h),
+                        _mm256_or_si256(_mm256_or_si256(hi[0], _mm256_slli_epi16(hi[1], 2)),
+                                        _mm256_or_si256(_mm256_slli_epi16(hi[2], 4), _mm256_slli_epi16(hi[3], 6))));
+}
+
+/* sub-block j's quants v + 32 (0..63) */
+static inline __m256i iq3_xxs_quants(const pi_block_iq3_xxs *x, int j, int *ls) {
+    uint32_t aux;
+    memcpy(&aux, x->qs + PI_QK_K / 4 + 4 * j, 4);
+    *ls = 2 * (int)(aux >> 28) + 1;
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
+    const __m256i g = _mm256_i32gather_epi32((const int *)PI_IQ3_XXS_GRID, idx, 4);
+    const __m256i half = _mm256_and_si256(_mm256_srli_epi16(g, 1), _mm256_set1_epi8(0x7f));
+    const __m256i signs = _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[aux & 127], (int64_t)PI_IQ_SIGNS64[aux >> 7 & 127],
+                                             (int64_t)PI_IQ_SIGNS64[aux >> 14 & 127],
+                                             (int64_t)PI_IQ_SIGNS64[aux >> 21 & 127]);
+    return _mm256_add_epi8(_mm256_sign_epi8(half, signs), _mm256_set1_epi8(32));
+}
+
+static inline __m256i iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls) {
+    uint32_t signs;
+    memcpy(&signs, x->signs + 4 * j, 4);
+    *ls = pi_iq3_s_ls(x, j);
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
+    const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[j]), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+                                        _mm256_set1_epi32(256));
+    const __m256i g = _mm256_i32gather_epi32((const int *)PI_IQ3_S_GRID, _mm256_or_si256(lo, hi), 4);
+    return _mm256_add_epi8(_mm256_sign_epi8(g, bits_to_signs(signs)), _mm256_set1_epi8(32));
+}
+
+#define IQ3_TO_Q6_K(name, wtype, xxs)                                                                               \
+    static bool pi_##name##_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst) {                  \
+        pi_block_q6_K *y = dst;                                                                                     \
+        for (int r = 0; r < n; r++) {                                                                               \
+            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
+            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
+                if (xxs ? !iq3_half_d(x[b].d, &y->d) : (y->d = x[b].d, false)) return false;                        \
+                for (int h = 0; h < 2; h++) {                                                                       \
+                    __m256i q[4];                                                                                   \
+                    for (int m = 0; m < 4; m++) {                                                                   \
+                        int ls;                                                                                     \
+                        q[m] = name##_quants(&x[b], 4 * h + m, &ls);                                                \
+                        y->scales[8 * h + 2 * m] = y->scales[8 * h + 2 * m + 1] = (int8_t)ls;                       \
+                    }                                                                                               \
+                    q6_K_pack_half(q, y, h);                                                                        \
+                }                                                                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
+        return true;                                                                                                \
+    }
+#else
+/* sub-block j's quants v + 32 (0..63) */
+static inline void iq3_xxs_quants(const pi_block_iq3_xxs *x, int j, int *ls, uint8_t u[PI_QK]) {
+    const uint32_t signs = pi_iq3_xxs_signs(x, j, ls);
+    for (int e = 0; e < PI_QK; e++) {
+        const int g = (int)(PI_IQ3_XXS_GRID[x->qs[8 * j + e / 4]] >> 8 * (e % 4) & 255) / 2;
+        u[e] = (uint8_t)((signs >> e & 1 ? -g : g) + 32);
+    }
+}
+
+static inline void iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls, uint8_t u[PI_QK]) {
+    *ls = pi_iq3_s_ls(x, j);
+    for (int e = 0; e < PI_QK; e++) {
+        const int g = (int)(PI_IQ3_S_GRID[pi_iq3_s_index(x, 8 * j + e / 4)] >> 8 * (e % 4) & 255);
+        u[e] = (uint8_t)((x->signs[4 * j + e / 8] >> e % 8 & 1 ? -g : g) + 32);
+    }
+}
+
+#define IQ3_TO_Q6_K(name, wtype, xxs)                                                                               \
+    static bool pi_##name##_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst) {                  \
+        pi_block_q6_K *y = dst;                                                                                     \
+        for (int r = 0; r < n; r++) {                                                                               \
+            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
+            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
+                if (xxs ? !iq3_half_d(x[b].d, &y->d) : (y->d = x[b].d, false)) return false;                        \
+                uint8_t u[PI_QK_K];                                                                                 \
+                for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                         \
+                    int ls;                                                                                         \
+                    name##_quants(&x[b], j, &ls, u + PI_QK * j);                                                    \
+                    y->scales[2 * j] = y->scales[2 * j + 1] = (int8_t)ls;                                           \
+                }                                                                                                   \
+                for (int h = 0; h < 2; h++)   /* Q6_K's layout (pi_q6_K_to_f32): element 128 h + 32 m + l */        \
+                    for (int l = 0; l < 32; l++) {                                                                  \
+                        const uint8_t *q = u + 128 * h + l;                                                         \
+                        y->ql[64 * h + l] = (uint8_t)((q[0] & 15) | (q[64] & 15) << 4);                             \
+                        y->ql[64 * h + l + 32] = (uint8_t)((q[32] & 15) | (q[96] & 15) << 4);                       \
+                        y->qh[32 * h + l] = (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 |           \
+                                                      (q[96] >> 4) << 6);                                           \
+                    }                                                                                               \
+            }                                                                                                       \
+        }                                                                                                           \
+        return true;                                                                                                \
+    }
+#endif
+IQ3_TO_Q6_K(iq3_xxs, pi_block_iq3_xxs, true)
+IQ3_TO_Q6_K(iq3_s, pi_block_iq3_s, false)
+
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
  * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the
  * others, bd the activation block's f32 step; the 8-row kernels of rows8_k.c keep the same order. The AVX2 code

@@ -512,13 +512,24 @@ static inline __attribute__((always_inline)) void iq4_xs_ints(const pi_block_iq4
 
 /* IQ3_XXS, IQ3_S: *sumi = sum_j ls_j sum_l grid_l sign_l y_l (grid values <= 62, ls_j <= 31: |sumi| <= 8 * 31 * 32
  * * 62 * 127: int32); IQ3_XXS's 1/4 is its row dot's d multiplier. The grid points are looked up one by one
- * (8 a sub-block), as llama.cpp's AVX2 code does. */
+ * (8 a sub-block). */
 #if defined(__AVX2__)
+/* The 8 grid points idx (8 x int32) as 32 unsigned bytes: the indices stored and the points loaded one by one, not
+ * by vpgatherdd, which measured as fast on the Zen 3 (a 542M IQ3_S prompt 0.97x the time, decode 0.99x; llama.cpp's
+ * AVX2 code found the loads faster on a Zen 4) and which qemu 7.2's x86-64 emulation gets wrong here (the one-token
+ * dot under -cpu Haswell, tests/test_cross_arch.py). */
+static inline __attribute__((always_inline)) __m256i iq3_grid_points(const uint32_t *grid, __m256i idx) {
+    uint32_t i[8];
+    _mm256_storeu_si256((__m256i *)i, idx);
+    return _mm256_setr_epi32((int)grid[i[0]], (int)grid[i[1]], (int)grid[i[2]], (int)grid[i[3]], (int)grid[i[4]],
+                             (int)grid[i[5]], (int)grid[i[6]], (int)grid[i[7]]);
+}
+
 /* A sub-block's 8 grid points (idx: 8 x int32) as 32 unsigned bytes, its 32 activations times the signs (+-1 bytes),
  * their products summed in int16 pairs (grid <= 62: 2 * 62 * 127 fits) times ls into int32 lanes. */
 static inline __attribute__((always_inline)) __m256i iq3_sub_block(const uint32_t *grid, __m256i idx, __m256i signs,
                                                                    int ls, const int8_t *yq) {
-    const __m256i g = _mm256_i32gather_epi32((const int *)grid, idx, 4);
+    const __m256i g = iq3_grid_points(grid, idx);
     const __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)yq), signs);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(g, y), _mm256_set1_epi16((short)ls));
 }
@@ -627,7 +638,7 @@ static inline __m256i iq3_xxs_quants(const pi_block_iq3_xxs *x, int j, int *ls) 
     memcpy(&aux, x->qs + PI_QK_K / 4 + 4 * j, 4);
     *ls = 2 * (int)(aux >> 28) + 1;
     const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
-    const __m256i g = _mm256_i32gather_epi32((const int *)PI_IQ3_XXS_GRID, idx, 4);
+    const __m256i g = iq3_grid_points(PI_IQ3_XXS_GRID, idx);
     const __m256i half = _mm256_and_si256(_mm256_srli_epi16(g, 1), _mm256_set1_epi8(0x7f));
     const __m256i signs = _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[aux & 127], (int64_t)PI_IQ_SIGNS64[aux >> 7 & 127],
                                              (int64_t)PI_IQ_SIGNS64[aux >> 14 & 127],
@@ -642,7 +653,7 @@ static inline __m256i iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls) {
     const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
     const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[j]), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
                                         _mm256_set1_epi32(256));
-    const __m256i g = _mm256_i32gather_epi32((const int *)PI_IQ3_S_GRID, _mm256_or_si256(lo, hi), 4);
+    const __m256i g = iq3_grid_points(PI_IQ3_S_GRID, _mm256_or_si256(lo, hi));
     return _mm256_add_epi8(_mm256_sign_epi8(g, bits_to_signs(signs)), _mm256_set1_epi8(32));
 }
 

@@ -36,9 +36,11 @@ NAME = {Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", Q8_1: "q8_1", Q2_K: "q2_K", Q3
         Q5_K: "q5_K", Q6_K: "q6_K", Q8_K: "q8_K"}
 IQ4_NL, IQ4_XS = 20, 23   # read-only types (no quantizer in the core): tests/test_iq_types.py
 IQ3_XXS, IQ3_S = 18, 21
+IQ2_XXS, IQ2_XS, IQ2_S = 16, 17, 22
 BLOCK = {Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_1: (32, 40), Q2_K: (256, 84), Q3_K: (256, 110),
          Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q8_0: (32, 34),
-         IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110)}
+         IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110), IQ2_XXS: (256, 66),
+         IQ2_XS: (256, 74), IQ2_S: (256, 82)}
 WEIGHTS = [Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 KQUANTS = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 # activation types (Q5_0: the core's Q8_0S, which holds the Q8_0 quants plus their sum)
@@ -47,7 +49,7 @@ Q8_KM = lib.PI_TYPE_COUNT + 4        # core-internal type id (after Q8_0S, Q4_0X
 Q8_KM_M = 32
 ACT_BLOCK = {Q8_KM: (256, 308)}      # activation-only types: no GGUF id, not in BLOCK
 ACT_TYPE = {Q4_1: Q8_1, Q5_0: Q8_0, Q5_1: Q8_1, Q2_K: Q8_K, Q3_K: Q8_K, Q4_K: Q8_KM, Q5_K: Q8_KM, Q6_K: Q8_K,
-            IQ4_NL: Q8_0, IQ4_XS: Q8_K, IQ3_XXS: Q8_K, IQ3_S: Q8_K}
+            IQ4_NL: Q8_0, IQ4_XS: Q8_K, IQ3_XXS: Q8_K, IQ3_S: Q8_K, IQ2_XXS: Q8_K, IQ2_XS: Q8_K, IQ2_S: Q8_K}
 # the grid of the IQ4 types: quant q stands for IQ4_VALUES[q] (llama.cpp's kvalues_iq4nl)
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
 
@@ -143,10 +145,11 @@ def two_bit_planes(qs: np.ndarray) -> np.ndarray:
     return out
 
 
-def iq3_grid(t: int) -> np.ndarray:
-    """The IQ3 type's grid as (points, 4) uint8: the format's data, taken from gguf-py (its quants.py)."""
+def iq_grid(t: int) -> np.ndarray:
+    """The IQ3 / IQ2 type's grid as (points, 4 or 8) uint8: the format's data, taken from gguf-py (its quants.py)."""
     import gguf
-    cls = gguf.quants.IQ3_XXS if t == IQ3_XXS else gguf.quants.IQ3_S
+    cls = {IQ3_XXS: gguf.quants.IQ3_XXS, IQ3_S: gguf.quants.IQ3_S, IQ2_XXS: gguf.quants.IQ2_XXS,
+           IQ2_XS: gguf.quants.IQ2_XS, IQ2_S: gguf.quants.IQ2_S}[t]
     cls.init_grid()
     return np.asarray(cls.grid, np.float32).reshape(cls.grid_shape).astype(np.uint8)
 
@@ -243,7 +246,7 @@ def np_dequant(raw: np.ndarray, t: int, with_parts: bool = False):
         s_part = v
     elif t in (IQ3_XXS, IQ3_S):   # value (d ls_j-step) * grid value * sign, 8 grid points of 4 values a sub-block
         d = f16(b, 0, f)
-        grid = iq3_grid(t)
+        grid = iq_grid(t)
         if t == IQ3_XXS:   # d | qs[64] grid indices | 8 x u32: 4 x 7-bit sign index (+ parity bit), s_j in bits 28..31
             idx = b[:, 2:66].astype(np.int64)
             aux = b[:, 66:98].copy().view("<u4").astype(np.int64)                      # (nb, 8)
@@ -259,6 +262,32 @@ def np_dequant(raw: np.ndarray, t: int, with_parts: bool = False):
             neg = (b[:, 74:106, None] >> np.arange(8)) & 1                             # (nb, 32, 8)
         g = grid[idx].reshape(nb, 8, 32).astype(f)
         sign = np.where(neg.reshape(nb, 8, 32) == 1, f(-1), f(1))
+        v = ((step[:, :, None] * g).astype(f) * sign).astype(f).reshape(nb, 256)
+        s_part = v
+    elif t in (IQ2_XXS, IQ2_XS, IQ2_S):   # value (d (0.5 + s) 0.25) * grid value * sign, 4 points of 8 a sub-block
+        d = f16(b, 0, f)
+        grid = iq_grid(t)
+        parity = np.array([bin(i).count("1") & 1 for i in range(128)], np.int64)
+        if t == IQ2_XXS:   # d | per sub-block u32 (4 index bytes), u32 (4 x 7-bit sign index, s in bits 28..31)
+            aux = b[:, 2:66].copy().view("<u4").astype(np.int64).reshape(nb, 8, 2)
+            idx = (aux[:, :, 0:1] >> (8 * np.arange(4))) & 255                          # (nb, 8, 4)
+            i7 = (aux[:, :, 1:2] >> (7 * np.arange(4))) & 127
+            sbyte = i7 | parity[i7] << 7
+            sc = np.repeat(aux[:, :, 1] >> 28, 2, axis=1)                               # (nb, 16) per 16
+        elif t == IQ2_XS:  # d | 32 x u16 (9-bit index, 7-bit sign index) | scales[8] (nibble per 16)
+            q = b[:, 2:66].copy().view("<u2").astype(np.int64).reshape(nb, 8, 4)
+            idx, i7 = q & 511, q >> 9
+            sbyte = i7 | parity[i7] << 7
+            sc = ((b[:, 66:74, None].astype(np.int64) >> np.array([0, 4])) & 15).reshape(nb, 16)
+        else:              # d | qs[32] | signs[32] | qh[8] (2 bits per index) | scales[8]
+            qh = (b[:, 66:74, None].astype(np.int64) >> (2 * np.arange(4))) & 3            # (nb, 8, 4)
+            idx = b[:, 2:34].astype(np.int64).reshape(nb, 8, 4) | qh << 8
+            sbyte = b[:, 34:66].astype(np.int64).reshape(nb, 8, 4)
+            sc = ((b[:, 74:82, None].astype(np.int64) >> np.array([0, 4])) & 15).reshape(nb, 16)
+        neg = (sbyte[..., None] >> np.arange(8)) & 1                                       # (nb, 8, 4, 8)
+        step = (d[:, None] * (f(0.5) + sc.astype(f)) * f(0.25)).astype(f)                   # (nb, 16)
+        g = grid[idx].reshape(nb, 16, 16).astype(f)
+        sign = np.where(neg.reshape(nb, 16, 16) == 1, f(-1), f(1))
         v = ((step[:, :, None] * g).astype(f) * sign).astype(f).reshape(nb, 256)
         s_part = v
     else:
@@ -425,7 +454,7 @@ def random_blocks(rng, t, nb) -> np.ndarray:
         put16(0), put16(2)
     elif t == Q6_K:
         put16(208, signed=True)
-    elif t in (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S):
+    elif t in (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S):
         put16(0, signed=True)
     return b.reshape(-1)
 

@@ -354,11 +354,11 @@ def test_type_traits():
                 lib.PI_TYPE_COUNT + 10: "q6_Kx16", lib.PI_TYPE_COUNT + 11: "q5_0x16",
                 lib.PI_TYPE_COUNT + 12: "q4_0c", lib.PI_TYPE_COUNT + 13: "q4_kc",
                 lib.PI_TYPE_COUNT + 14: "q6_kc", lib.PI_TYPE_COUNT + 15: "q4_1x16", lib.PI_TYPE_COUNT + 16: "q5_1x16",
-                lib.PI_TYPE_COUNT + 17: "iq4_nlx8", lib.PI_TYPE_COUNT + 18: "iq4_xsx16"}
+                lib.PI_TYPE_COUNT + 17: "iq4_nlx8", lib.PI_TYPE_COUNT + 18: "iq4_xsx16", lib.PI_TYPE_COUNT + 19: "q8_kw"}
     for t, name in internal.items():
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == name
-    for t in (-1, 4, 5, 16, 17, 19, 39, lib.PI_TYPE_COUNT + len(internal), 1000):   # 16, 17, 19: iq2_xxs, iq2_xs, iq1_s
+    for t in (-1, 4, 5, 19, 29, 34, 39, lib.PI_TYPE_COUNT + len(internal), 1000):   # iq1_s, iq1_m, tq1_0, mxfp4
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == "unknown"
         assert lib.pi_type_block_size(t) == 0 and lib.pi_type_block_bytes(t) == 0

@@ -67,9 +67,12 @@ enum {
     PI_TYPE_Q5_K = 13,
     PI_TYPE_Q6_K = 14,
     PI_TYPE_Q8_K = 15,   /* activations of the K-quants (f32 d, 256 x int8, 16 x int16 block sums) */
+    PI_TYPE_IQ2_XXS = 16, /* super-blocks of 256: a 256-point grid of 8 values, a 4-bit scale per 32, 7-bit sign indices */
+    PI_TYPE_IQ2_XS  = 17, /* the same with a 512-point grid, a 4-bit scale per 16 */
     PI_TYPE_IQ3_XXS = 18, /* super-blocks of 256: a 256-point grid of 4 values, a 4-bit scale per 32, 7-bit sign indices */
     PI_TYPE_IQ4_NL = 20, /* Q4_0's layout, the nibbles indexing a non-linear grid of 16 int8 values */
     PI_TYPE_IQ3_S  = 21, /* super-blocks of 256: a 512-point grid of 4 values, a 4-bit scale per 32, a sign bit each */
+    PI_TYPE_IQ2_S  = 22, /* super-blocks of 256: a 1024-point grid of 8 values, a 4-bit scale per 16, a sign bit each */
     PI_TYPE_IQ4_XS = 23, /* super-blocks of 256: IQ4_NL's grid, a 6-bit scale per 32 */
     PI_TYPE_I32  = 26,
     PI_TYPE_BF16 = 30,

@@ -140,11 +140,14 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K,
                        .repacked_type = PI_TYPE_Q6_KX16 /* where the level has a repack kernel for it */ },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
-    /* IQ4, IQ3 (read only: llama.cpp's files; no quantizer here) */
+    /* IQ4, IQ3, IQ2 (read only: llama.cpp's files; no quantizer here) */
     [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, NULL, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_IQ4_NLX8 },
     [PI_TYPE_IQ4_XS] = { "iq4_xs", 256, 136, pi_iq4_xs_to_f32, NULL, PI_TYPE_Q8_K, .repacked_type = PI_TYPE_IQ4_XSX16 },
     [PI_TYPE_IQ3_XXS] = { "iq3_xxs", 256, 98, pi_iq3_xxs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
     [PI_TYPE_IQ3_S]   = { "iq3_s", 256, 110, pi_iq3_s_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
+    [PI_TYPE_IQ2_XXS] = { "iq2_xxs", 256, 66, pi_iq2_xxs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
+    [PI_TYPE_IQ2_XS]  = { "iq2_xs", 256, 74, pi_iq2_xs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
+    [PI_TYPE_IQ2_S]   = { "iq2_s", 256, 82, pi_iq2_s_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
     /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
      * no conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0), the sparse FFN's
      * packed rows */
@@ -152,6 +155,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_IQ4_NLX8] = { "iq4_nlx8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },   /* Q4_0X8's layout, IQ4_NL's values */
     [PI_TYPE_IQ4_XSX16] = { "iq4_xsx16", 256, 136, NULL, NULL, PI_TYPE_Q8_K },
+    [PI_TYPE_Q8_KW]  = { "q8_kw", 256, 276, NULL, NULL, PI_TYPE_Q8_K },   /* IQ2 rows for prompts (to_batch) */
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P, .tiles_act_type = PI_TYPE_Q8_0S },
     /* rows without scales: axpy_cols only */
     [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 32, .cols_aux = 2 },
@@ -208,6 +212,10 @@ _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && siz
 _Static_assert(sizeof(pi_block_iq4_xs) == 136, "IQ4_XS block size");
 _Static_assert(sizeof(pi_block_iq3_xxs) == 98, "IQ3_XXS block size");
 _Static_assert(sizeof(pi_block_iq3_s) == 110, "IQ3_S block size");
+_Static_assert(sizeof(pi_block_iq2_xxs) == 66, "IQ2_XXS block size");
+_Static_assert(sizeof(pi_block_iq2_xs) == 74, "IQ2_XS block size");
+_Static_assert(sizeof(pi_block_iq2_s) == 82, "IQ2_S block size");
+_Static_assert(sizeof(pi_block_q8_kw) == 276, "Q8_KW block size");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
                sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144 &&
@@ -247,7 +255,7 @@ int64_t pi_row_bytes(int32_t type, int64_t n) {
     return n / bs * bb;
 }
 
-/* quantize: from f32 (else to f32). GGUF types read from files only (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S) convert to f32 alone. */
+/* quantize: from f32 (else to f32). GGUF types read from files only (the IQ types) convert to f32 alone. */
 static pi_status check_conversion(int32_t type, const void *a, const void *b, int64_t n, bool quantize) {
     const pi_type_traits *t = pi_traits(type);
     const bool read_only = t && t->to_f32 && !t->from_f32 && type < PI_TYPE_COUNT;

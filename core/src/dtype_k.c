@@ -95,6 +95,27 @@ void pi_iq3_s_to_f32(const void *src, float *dst, int64_t n) {
     }
 }
 
+/* IQ2_XXS, IQ2_XS, IQ2_S: llama.cpp's f32 operations, d (0.5 + s) 0.25, then times the grid value, then the sign */
+#define IQ2_TO_F32(name, wtype, grid)                                                                               \
+    void pi_##name##_to_f32(const void *src, float *dst, int64_t n) {                                               \
+        const wtype *x = src;                                                                                       \
+        for (int64_t b = 0; b < n / PI_QK_K; b++) {                                                                 \
+            const float d = pi_fp16_to_f32(x[b].d);                                                                 \
+            for (int j = 0; j < PI_QK_K / PI_QK; j++, dst += PI_QK) {                                               \
+                pi_iq2_sub sb;                                                                                      \
+                pi_##name##_sub(&x[b], j, grid, &sb);                                                               \
+                for (int k = 0; k < PI_QK; k++) {                                                                   \
+                    const float db = d * (0.5f + (float)sb.s[k / 16]) * 0.25f;                                      \
+                    const float g = (float)(sb.points[k / 8] >> 8 * (k % 8) & 255);                                 \
+                    dst[k] = db * g * (sb.signs >> k & 1 ? -1.0f : 1.0f);                                           \
+                }                                                                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
+    }
+IQ2_TO_F32(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
+IQ2_TO_F32(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
+IQ2_TO_F32(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
+
 void pi_q5_1_to_f32(const void *src, float *dst, int64_t n) {
     const pi_block_q5_1 *x = src;
     for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {

@@ -160,6 +160,7 @@ enum {
     PI_TYPE_Q5_1X16,                 /* Q5_1 weights, the same */
     PI_TYPE_IQ4_NLX8,                /* IQ4_NL weights in Q4_0X8's layout (pi_repack; arch/rows8.c) */
     PI_TYPE_IQ4_XSX16,               /* IQ4_XS weights, 16 rows regrouped as Q4_KX16 (pi_repack; arch/kx16.c) */
+    PI_TYPE_Q8_KW,                   /* the IQ2 types' rows for prompts: bytes, a scale per 16 (to_batch; quants_k.h) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */

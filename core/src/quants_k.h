@@ -7,7 +7,7 @@
  *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),
  *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K),
  *   IQ4_NL -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
- *   grid's values up to 127 could overflow a super-block's int32 sum),  IQ3_XXS, IQ3_S -> Q8_K. */
+ *   grid's values up to 127 could overflow a super-block's int32 sum),  IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S -> Q8_K. */
 #ifndef PI_QUANTS_K_H
 #define PI_QUANTS_K_H
 
@@ -84,6 +84,53 @@ static inline uint32_t pi_iq3_xxs_signs(const pi_block_iq3_xxs *b, int j, int *l
 /* IQ3_S's grid index i (0..63) and ls_j of sub-block j */
 static inline int pi_iq3_s_index(const pi_block_iq3_s *b, int i) { return b->qs[i] | (b->qh[i / 8] >> i % 8 & 1) << 8; }
 static inline int pi_iq3_s_ls(const pi_block_iq3_s *b, int j) { return 2 * (b->scales[j / 2] >> 4 * (j % 2) & 15) + 1; }
+
+/* The IQ2 types: 8 sub-blocks of 32 elements, each 4 points of a lattice grid of 8 values in {8, 25, 43} (iq_grids.h, a
+ * uint64 packs a point, value k in byte k) with one sign bit per element; element value d (0.5 + s) / 4 * grid value
+ * * sign, a 4-bit s per 32 (IQ2_XXS) or per 16 (IQ2_XS, IQ2_S). ls = 2 s + 1 is the integer scale of the dot.
+ * IQ2_XXS: per sub-block two little-endian uint32: the first the 4 grid indices (a byte each), the second 4 x 7-bit
+ * sign indices (as IQ3_XXS's, pi_iq_signs) and s in bits 28..31. 66 B */
+typedef struct { uint16_t d; uint16_t qs[PI_QK_K / 8]; } pi_block_iq2_xxs;
+/* IQ2_XS: per 8 elements a uint16, a 9-bit grid index and a 7-bit sign index above it; s of elements 16 k .. nibble
+ * k % 2 of scales[k / 2]. 74 B */
+typedef struct { uint16_t d; uint16_t qs[PI_QK_K / 8]; uint8_t scales[PI_QK_K / 32]; } pi_block_iq2_xs;
+/* IQ2_S: 10-bit grid indices, qs[i] | bits 2 (i % 4) .. of qh[i / 4] << 8; element k's sign bit k % 8 of signs[k / 8];
+ * s as IQ2_XS's. 82 B */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[PI_QK_K / 8], signs[PI_QK_K / 8], qh[PI_QK_K / 32], scales[PI_QK_K / 32];
+} pi_block_iq2_s;
+/* One IQ2 sub-block of 32 elements: its 4 grid points, 32 sign bits (bit k: element k negative), s of its halves */
+typedef struct { uint64_t points[4]; uint32_t signs; int s[2]; } pi_iq2_sub;
+static inline void pi_iq2_xxs_sub(const pi_block_iq2_xxs *b, int j, const uint64_t *grid, pi_iq2_sub *o) {
+    uint32_t aux[2];
+    memcpy(aux, b->qs + 4 * j, 8);
+    for (int l = 0; l < 4; l++) o->points[l] = grid[aux[0] >> 8 * l & 255];
+    o->signs = 0;
+    for (int l = 0; l < 4; l++) o->signs |= (uint32_t)pi_iq_signs(aux[1] >> 7 * l & 127) << 8 * l;
+    o->s[0] = o->s[1] = (int)(aux[1] >> 28);
+}
+static inline void pi_iq2_xs_sub(const pi_block_iq2_xs *b, int j, const uint64_t *grid, pi_iq2_sub *o) {
+    o->signs = 0;
+    for (int l = 0; l < 4; l++) {
+        const uint16_t q = b->qs[4 * j + l];
+        o->points[l] = grid[q & 511];
+        o->signs |= (uint32_t)pi_iq_signs(q >> 9) << 8 * l;
+    }
+    o->s[0] = b->scales[j] & 15;
+    o->s[1] = b->scales[j] >> 4;
+}
+static inline void pi_iq2_s_sub(const pi_block_iq2_s *b, int j, const uint64_t *grid, pi_iq2_sub *o) {
+    for (int l = 0; l < 4; l++) o->points[l] = grid[b->qs[4 * j + l] | (b->qh[j] >> 2 * l & 3) << 8];
+    memcpy(&o->signs, b->signs + 4 * j, 4);
+    o->s[0] = b->scales[j] & 15;
+    o->s[1] = b->scales[j] >> 4;
+}
+
+/* Q8_KW (internal): IQ2 rows converted for prompts (pi_to_batch_fn, arch/vec_dot_k.c): per super-block the values
+ * v = grid value * sign (|v| <= 43) as bytes u = v + 64, sc_j = ls of elements 16 j .., and d = the IQ2 row's fp16 d
+ * times 1/8 as f32 (exact); value d sc_j (u - 64). 276 B */
+typedef struct { uint8_t u[PI_QK_K]; int8_t scales[PI_QK_K / 16]; float d; } pi_block_q8_kw;
 
 /* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
 typedef struct { uint8_t scales[PI_QK_K / 16]; uint8_t qs[PI_QK_K / 4]; uint16_t d, dmin; } pi_block_q2_K;
@@ -163,6 +210,9 @@ void pi_iq4_nl_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq4_xs_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq3_xxs_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq3_s_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq2_xxs_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq2_xs_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq2_s_to_f32(const void *src, float *dst, int64_t n);
 
 void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);

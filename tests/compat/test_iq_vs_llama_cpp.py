@@ -1,9 +1,11 @@
-"""Files of llama.cpp's read-only types (IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS), run by llama.cpp and by us.
+"""Files of llama.cpp's read-only types (IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S), run by llama.cpp
+and by us.
 
 A small random llama (n_embd 256: whole super-blocks) is written in f32 and quantized by llama.cpp's own quantizer
 (llama_model_quantize) to IQ4_NL, IQ4_XS and IQ3_S (its matrices of that type, as llama-quantize leaves them; the
-output matrix Q6_K). llama.cpp quantizes to IQ3_XXS only with an importance matrix, which its Python binding cannot
-pass, so the IQ3_XXS file holds random IQ3_XXS blocks (any bytes are valid ones), scaled to each f32 weight's RMS.
+output matrix Q6_K). llama.cpp quantizes to IQ3_XXS and the IQ2 types only with an importance matrix, which its
+Python binding cannot pass, so those files hold random blocks of the type (any bytes are valid ones), scaled to each
+f32 weight's RMS.
 Both engines quantize the activations as llama.cpp does for these types (IQ4_NL: Q8_0 per 32, the others Q8_K per
 256), so their logits must agree up to f32 summation order (REL_RMS: IQ4_XS sums in llama.cpp's order, the others
 not: IQ4_NL in Q4_0's, whose interleaved kernels it shares, the IQ3 types block by block where llama.cpp keeps 8
@@ -31,7 +33,8 @@ from make_test_model import write_model  # noqa: E402
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190, 2, 8, 150, 77, 31, 260, 19, 90]
 # logits, ours against llama.cpp's, relative RMS (measured in parentheses, Zen 3 avx2 level)
-REL_RMS = {"iq4_nl": 2e-2, "iq4_xs": 1e-5, "iq3_s": 1e-2, "iq3_xxs": 1e-4}   # (7.0e-3, 1.0e-7, 1.4e-3, 2.4e-7)
+REL_RMS = {"iq4_nl": 2e-2, "iq4_xs": 1e-5, "iq3_s": 1e-2, "iq3_xxs": 1e-4,   # (7.0e-3, 1.0e-7, 1.4e-3, 2.4e-7)
+           "iq2_xxs": 1e-4, "iq2_xs": 1e-4, "iq2_s": 1e-4}   # (2.3e-7, 2.5e-7, 2.3e-7)
 BY_LLAMA_CPP = ("iq4_nl", "iq4_xs", "iq3_s")   # the others: random blocks (random_iq_file)
 KLD_SLACK = 1.10   # ours <= 1.1 x llama.cpp's mean KL divergence from the exact weights
 

@@ -171,6 +171,13 @@ static float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq4_xs_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq3_xxs_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq3_s_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_iq2_xxs_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_iq2_xs_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_iq2_s_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x);
+static bool pi_iq2_xxs_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_iq2_xs_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_iq2_s_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
 
 /* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
 #if PI_HAVE_ROWS8
@@ -196,6 +203,8 @@ static void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char
                            float *y, int64_t y_stride);
 static void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                            float *y, int64_t y_stride);
+static void pi_vec_dot8_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);
 #endif
 
 static void pi_axpy_q4_1(int64_t n, float a, const void *row, float *y);
@@ -212,6 +221,9 @@ static void pi_axpy_iq4_nl(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq4_xs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq3_xxs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq3_s(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_iq2_xxs(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_iq2_xs(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_iq2_s(int64_t n, float a, const void *row, float *y);
 static bool pi_iq3_xxs_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_iq3_s_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
 /* Q8_KM: the activations of Q4_K/Q5_K (quants_k.h), SIMD with the scalar bits */

@@ -132,15 +132,15 @@ static inline void k_lanes4(const char *const *p, size_t off, const uint8_t (*wo
     for (int m = 0; m < 4; m++) c[m] = _mm256_loadu_si256((const __m256i *)(words[i + m] + 32 * gh));
 }
 
-/* One sub-block of 16 (Q2_K, Q3_K, Q6_K): sumi[t] += sc * (its 16 quants w (4 per lane) . the activations at
- * element `offset` of super-block b), for nt tokens; w < 64, so two maddubs fit int16. */
+/* One sub-block of 16 (Q2_K, Q3_K, Q6_K, Q8_KW): sumi[t] += sc * (its 16 quants w (4 per lane) . the activations at
+ * element `offset` of super-block b), for nt tokens; per_int16 maddubs summed in int16 before the madd: 2 for w < 64,
+ * 1 for w < 128. */
 static inline void k16_accumulate(const __m256i w[4], __m256i sc, const char *x, int64_t x_stride, int64_t b,
-                                  int offset, int nt, __m256i *sumi) {
+                                  int offset, int nt, __m256i *sumi, const int per_int16) {
     for (int t = 0; t < nt; t++) {
         const int8_t *yq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + offset;
-        const __m256i s0 = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 2), sc);
-        const __m256i s1 = _mm256_madd_epi16(pi_maddubs_sum(w + 2, yq + 8, 2), sc);
-        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(s0, s1));
+        for (int m = 0; m < 4; m += per_int16)
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pi_maddubs_sum(w + m, yq + 4 * m, per_int16), sc));
     }
 }
 
@@ -503,7 +503,7 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
                     }
                     const int j = 8 * h + 2 * g + half;
                     k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, three_bit), x, x_stride, b,
-                                   128 * h + 32 * g + 16 * half, nt, sumi);
+                                   128 * h + 32 * g + 16 * half, nt, sumi, 2);
                 }
             }
         }
@@ -524,6 +524,46 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
 
 K_ROWS8(q2_K, k23_dot8, 0, pi_vec_dot_q2_K_q8_K)
 K_ROWS8(q3_K, k23_dot8, 1, pi_vec_dot_q3_K_q8_K)
+
+/* ======================================================================================
+ * Q8_KW . Q8_K (IQ2 rows converted for prompts). Canonical order (pi_vec_dot_q8_kw_q8_K): per super-block
+ * sumi = sum_j sc_j sum_l u_l y_l - 64 sum_j sc_j bsum_j, then acc = acc + (d_x * d) * sumi, super-blocks in order;
+ * the bytes u < 128 take one maddubs per int16.
+ * ====================================================================================== */
+static inline __attribute__((always_inline)) void q8_kw_dot8(int64_t n, const void *const *rows, const char *x,
+                                                             int64_t x_stride, const int nt, float *y, int64_t y_stride) {
+    const int64_t nb = n / PI_QK_K;
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p[8];
+        k_block_rows(rows, b, sizeof(pi_block_q8_kw), 5, p);   /* 276 bytes: up to 5 lines */
+        __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
+        pi_transpose8x16(p, offsetof(pi_block_q8_kw, scales), sc);
+        float dr[8];
+        for (int k = 0; k < 8; k++) memcpy(&dr[k], p[k] + offsetof(pi_block_q8_kw, d), sizeof(float));
+        const __m256 d = _mm256_loadu_ps(dr);
+        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            __m256i w[4];
+            pi_transpose8x16(p, offsetof(pi_block_q8_kw, u) + 16 * j, w);
+            k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b, 16 * j, nt, sumi, 1);
+        }
+        __m256i scp[8];   /* - 64 sum_j sc_j bsum_j */
+        for (int i = 0; i < 8; i++) scp[i] = lane_bytes_to_i16(sc[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, 1);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            acc[t] = k_step(acc[t], xb->d, d, _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(pairs_dot_bsums(scp, xb), 6)));
+        }
+    }
+    store_acc(acc, nt, y, y_stride);
+}
+
+static void q8_kw_dot8_one(int64_t n, const void *const *rows, const char *x, float *y) {
+    for (int k = 0; k < 8; k++) y[k] = pi_vec_dot_q8_kw_q8_K(n, rows[k], x);
+}
+
+void pi_vec_dot8_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { DISPATCH_NT(q8_kw_dot8, q8_kw_dot8_one, K_MAX_T); }
 
 /* ======================================================================================
  * Q6_K . Q8_K. Canonical order (pi_vec_dot_q6_K_q8_K): per super-block the exact integer
@@ -565,7 +605,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                     }
                     const int j = 8 * h + 2 * q + half;
                     k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b,
-                                   128 * h + 32 * q + 16 * half, nt, sumi);
+                                   128 * h + 32 * q + 16 * half, nt, sumi, 2);
                 }
             }
         /* - 32 sum_j sc_j bsum_j: madd of (sc_2i, sc_2i+1) per lane against (bsum_2i, bsum_2i+1) */

@@ -605,6 +605,81 @@ static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_
 }
 #endif
 
+/* IQ2_XXS, IQ2_XS, IQ2_S: *sumi = sum over halves h of 16 elements ls_h sum_l grid_l sign_l y_l (grid values <= 43,
+ * ls <= 31: |sumi| <= 16 * 31 * 16 * 43 * 127: int32); d's factor is 1/8 ((0.5 + s) / 4 = ls / 8). */
+#if defined(__AVX2__)
+/* A sub-block's grid values g (32 bytes), the signs as +-1 bytes and ls per 16 elements (two int16 halves). The 7-bit
+ * sign indices of IQ2_XXS / IQ2_XS take PI_IQ_SIGNS64's patterns (one load per 8 elements) rather than
+ * pi_iq2_sub's parity bits (542M IQ2_XS decode 20.1 -> 24.5 t/s). */
+typedef struct { __m256i g, signs, ls; } iq2_vec;
+static inline __m256i iq2_ls(int s0, int s1) {
+    return _mm256_setr_m128i(_mm_set1_epi16((short)(2 * s0 + 1)), _mm_set1_epi16((short)(2 * s1 + 1)));
+}
+static inline __attribute__((always_inline)) iq2_vec iq2_xxs_vec(const pi_block_iq2_xxs *x, int j) {
+    uint32_t aux[2];
+    memcpy(aux, x->qs + 4 * j, 8);
+    const uint64_t *G = PI_IQ2_XXS_GRID;
+    return (iq2_vec){ _mm256_setr_epi64x((int64_t)G[aux[0] & 255], (int64_t)G[aux[0] >> 8 & 255],
+                                         (int64_t)G[aux[0] >> 16 & 255], (int64_t)G[aux[0] >> 24]),
+                      _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[aux[1] & 127], (int64_t)PI_IQ_SIGNS64[aux[1] >> 7 & 127],
+                                         (int64_t)PI_IQ_SIGNS64[aux[1] >> 14 & 127],
+                                         (int64_t)PI_IQ_SIGNS64[aux[1] >> 21 & 127]),
+                      iq2_ls((int)(aux[1] >> 28), (int)(aux[1] >> 28)) };
+}
+static inline __attribute__((always_inline)) iq2_vec iq2_xs_vec(const pi_block_iq2_xs *x, int j) {
+    const uint16_t *q = x->qs + 4 * j;
+    const uint64_t *G = PI_IQ2_XS_GRID;
+    return (iq2_vec){ _mm256_setr_epi64x((int64_t)G[q[0] & 511], (int64_t)G[q[1] & 511], (int64_t)G[q[2] & 511],
+                                         (int64_t)G[q[3] & 511]),
+                      _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[q[0] >> 9], (int64_t)PI_IQ_SIGNS64[q[1] >> 9],
+                                         (int64_t)PI_IQ_SIGNS64[q[2] >> 9], (int64_t)PI_IQ_SIGNS64[q[3] >> 9]),
+                      iq2_ls(x->scales[j] & 15, x->scales[j] >> 4) };
+}
+static inline __attribute__((always_inline)) iq2_vec iq2_s_vec(const pi_block_iq2_s *x, int j) {
+    pi_iq2_sub sb;
+    pi_iq2_s_sub(x, j, PI_IQ2_S_GRID, &sb);
+    return (iq2_vec){ _mm256_setr_epi64x((int64_t)sb.points[0], (int64_t)sb.points[1], (int64_t)sb.points[2],
+                                         (int64_t)sb.points[3]),
+                      bits_to_signs(sb.signs), iq2_ls(sb.s[0], sb.s[1]) };
+}
+#define IQ2_LANES(name, wtype, grid)                                                                                \
+    static inline __attribute__((always_inline)) void name##_lanes(const wtype *x, const pi_block_q8_K *y,          \
+                                                                   __m256i *li, __m256i *lm) {                      \
+        *lm = _mm256_setzero_si256();                                                                               \
+        __m256i acc = _mm256_setzero_si256();                                                                       \
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
+            const iq2_vec v = name##_vec(x, j);                                                                     \
+            const __m256i yq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)), v.signs);    \
+            /* int16 lanes 0..7: elements 0..15 (ls of the first half), 8..15: the second */                        \
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v.g, yq), v.ls));                    \
+        }                                                                                                           \
+        *li = acc;                                                                                                  \
+    }
+#else
+#define IQ2_LANES(name, wtype, grid)                                                                                \
+    static inline __attribute__((always_inline)) void name##_ints(const wtype *x, const pi_block_q8_K *y,           \
+                                                                  int32_t *sumi, int32_t *summ) {                   \
+        *summ = 0;                                                                                                  \
+        int32_t s = 0;                                                                                              \
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
+            pi_iq2_sub sb;                                                                                          \
+            pi_##name##_sub(x, j, grid, &sb);                                                                       \
+            for (int h = 0; h < 2; h++) {                                                                           \
+                int32_t t = 0;                                                                                      \
+                for (int k = 16 * h; k < 16 * h + 16; k++) {                                                        \
+                    const int32_t g = (int32_t)(sb.points[k / 8] >> 8 * (k % 8) & 255);                             \
+                    t += (sb.signs >> k & 1 ? -g : g) * y->qs[32 * j + k];                                          \
+                }                                                                                                   \
+                s += (2 * sb.s[h] + 1) * t;                                                                         \
+            }                                                                                                       \
+        }                                                                                                           \
+        *sumi = s;                                                                                                  \
+    }
+#endif
+IQ2_LANES(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
+IQ2_LANES(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
+IQ2_LANES(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
+
 /* IQ3 rows -> Q6_K rows for prompts (pi_to_batch_fn; mul_mat's batch path, ops.c). Sub-block j's 32 values
  * v = grid value * sign become Q6_K's quants v + 32 and ls_j both of its scales, d stays: Q6_K's dot then sums the
  * same integers, sum_j ls_j sum v y, and takes the same float steps, (bd d) sumi per super-block in order, so its
@@ -724,6 +799,86 @@ static inline void iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls, uint8_t
 IQ3_TO_Q6_K(iq3_xxs, pi_block_iq3_xxs, true)
 IQ3_TO_Q6_K(iq3_s, pi_block_iq3_s, false)
 
+/* Q8_KW . Q8_K (IQ2 rows converted for prompts): per super-block sumi = sum_j sc_j sum_l (u_l - 64) y_l, computed
+ * as sum_j sc_j sum_l u_l y_l - 64 sum_j sc_j bsum_j (u <= 107: a maddubs pair fits int16), then sum += (bd d) sumi
+ * in order: the integers and float steps of the IQ2 dot it came from. */
+float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_q8_kw *a = w;
+    const pi_block_q8_K *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int32_t off = 0;
+        for (int j = 0; j < PI_QK_K / 16; j++) off += a[i].scales[j] * b[i].bsums[j];
+#if defined(__AVX2__)
+        __m256i acc = _mm256_setzero_si256();
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+            const __m256i p = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a[i].u + 32 * j)),
+                                                   _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * j)));
+            const __m256i sc = _mm256_setr_m128i(_mm_set1_epi16(a[i].scales[2 * j]), _mm_set1_epi16(a[i].scales[2 * j + 1]));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+        }
+        const int32_t sumi = pi_hsum_epi32(acc) - 64 * off;
+#else
+        int32_t sumi = -64 * off;
+        for (int j = 0; j < PI_QK_K / 16; j++) {
+            int32_t t = 0;
+            for (int l = 16 * j; l < 16 * j + 16; l++) t += a[i].u[l] * b[i].qs[l];
+            sumi += a[i].scales[j] * t;
+        }
+#endif
+        sum += b[i].d * a[i].d * (float)sumi;
+    }
+    return sum;
+}
+
+/* IQ2 rows -> Q8_KW rows for prompts (pi_to_batch_fn): the values v = grid value * sign as u = v + 64, ls of each half
+ * sub-block as its scale, d = fp16 d / 8 in f32 (exact: the IQ2 dot's d times its 1/8). Never refuses. */
+#if defined(__AVX2__)
+#define IQ2_TO_Q8_KW(name, wtype, grid)                                                                             \
+    static bool pi_##name##_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst) {                 \
+        pi_block_q8_kw *y = dst;                                                                                    \
+        for (int r = 0; r < n; r++) {                                                                               \
+            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
+            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
+                y->d = pi_fp16_to_f32(x[b].d) * 0.125f;                                                             \
+                for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                         \
+                    const iq2_vec v = name##_vec(&x[b], j);                                                         \
+                    y->scales[2 * j] = (int8_t)_mm256_extract_epi16(v.ls, 0);                                       \
+                    y->scales[2 * j + 1] = (int8_t)_mm256_extract_epi16(v.ls, 8);                                   \
+                    _mm256_storeu_si256((__m256i *)(y->u + PI_QK * j),                                              \
+                                        _mm256_add_epi8(_mm256_sign_epi8(v.g, v.signs), _mm256_set1_epi8(64)));     \
+                }                                                                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
+        return true;                                                                                                \
+    }
+#else
+#define IQ2_TO_Q8_KW(name, wtype, grid)                                                                             \
+    static bool pi_##name##_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst) {                 \
+        pi_block_q8_kw *y = dst;                                                                                    \
+        for (int r = 0; r < n; r++) {                                                                               \
+            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
+            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
+                y->d = pi_fp16_to_f32(x[b].d) * 0.125f;                                                             \
+                for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                         \
+                    pi_iq2_sub sb;                                                                                  \
+                    pi_##name##_sub(&x[b], j, grid, &sb);                                                           \
+                    y->scales[2 * j] = (int8_t)(2 * sb.s[0] + 1);                                                   \
+                    y->scales[2 * j + 1] = (int8_t)(2 * sb.s[1] + 1);                                               \
+                    for (int e = 0; e < PI_QK; e++) {                                                               \
+                        const int g = (int)(sb.points[e / 8] >> 8 * (e % 8) & 255);                                 \
+                        y->u[PI_QK * j + e] = (uint8_t)((sb.signs >> e & 1 ? -g : g) + 64);                         \
+                    }                                                                                               \
+                }                                                                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
+        return true;                                                                                                \
+    }
+#endif
+IQ2_TO_Q8_KW(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
+IQ2_TO_Q8_KW(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
+IQ2_TO_Q8_KW(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
+
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
  * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the
  * others, bd the activation block's f32 step; the 8-row kernels of rows8_k.c keep the same order. The AVX2 code
@@ -774,7 +929,7 @@ static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, 
 #endif
 
 /* One block's float term in the order above (mins, dmul: compile-time constants; dmul a power of two, d's factor:
- * IQ3_XXS's 1/4, 1 for the others). */
+ * IQ3_XXS's 1/4, the IQ2 types' 1/8, 1 for the others). */
 static inline __attribute__((always_inline)) float k_term(float bd, uint16_t d, uint16_t dmin, int32_t sumi, int32_t summ,
                                                           const bool mins, const float dmul) {
     return mins ? bd * (pi_fp16_to_f32(d) * (float)sumi - pi_fp16_to_f32(dmin) * (float)summ)
@@ -807,6 +962,9 @@ K_ROW_DOT(q6_K, pi_block_q6_K, pi_block_q8_K, d, false, d, 1.0f)
 K_ROW_DOT(iq4_xs, pi_block_iq4_xs, pi_block_q8_K, d, false, d, 1.0f)
 K_ROW_DOT(iq3_xxs, pi_block_iq3_xxs, pi_block_q8_K, d, false, d, 0.25f)
 K_ROW_DOT(iq3_s, pi_block_iq3_s, pi_block_q8_K, d, false, d, 1.0f)
+K_ROW_DOT(iq2_xxs, pi_block_iq2_xxs, pi_block_q8_K, d, false, d, 0.125f)
+K_ROW_DOT(iq2_xs, pi_block_iq2_xs, pi_block_q8_K, d, false, d, 0.125f)
+K_ROW_DOT(iq2_s, pi_block_iq2_s, pi_block_q8_K, d, false, d, 0.125f)
 
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
     const pi_block_q8_K *a = w, *b = x;
@@ -991,3 +1149,6 @@ AXPY(pi_axpy_iq4_nl, pi_iq4_nl_to_f32, PI_QK, pi_block_iq4_nl)
 AXPY(pi_axpy_iq4_xs, pi_iq4_xs_to_f32, PI_QK_K, pi_block_iq4_xs)
 AXPY(pi_axpy_iq3_xxs, pi_iq3_xxs_to_f32, PI_QK_K, pi_block_iq3_xxs)
 AXPY(pi_axpy_iq3_s, pi_iq3_s_to_f32, PI_QK_K, pi_block_iq3_s)
+AXPY(pi_axpy_iq2_xxs, pi_iq2_xxs_to_f32, PI_QK_K, pi_block_iq2_xxs)
+AXPY(pi_axpy_iq2_xs, pi_iq2_xs_to_f32, PI_QK_K, pi_block_iq2_xs)
+AXPY(pi_axpy_iq2_s, pi_iq2_s_to_f32, PI_QK_K, pi_block_iq2_s)

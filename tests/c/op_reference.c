@@ -100,7 +100,7 @@ static void case_mul_mat(int32_t type, int64_t T) {
     free(w); free(x); free(y); free(wq);
 }
 
-/* A type the library reads but does not write (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S: no quantizer): N rows of K elements of PRNG bytes,
+/* A type the library reads but does not write (the IQ types: no quantizer): N rows of K elements of PRNG bytes,
  * each block's leading fp16 scale set to +-2^-6 .. 2^-4 (finite, moderate); the dot products are exact integer sums
  * per block, so every level must give the stored bits. */
 static void case_mul_mat_bytes(int32_t type, int64_t T) {
@@ -270,7 +270,8 @@ int main(int argc, char **argv) {
     case_sparse_ffn(PI_TYPE_Q4_0, PI_FFN_PAR, PI_ACT_SILU, "par.silu", 1);
     case_sparse_ffn(PI_TYPE_Q8_0, PI_FFN_SYM, PI_ACT_RELU, "sym.relu", 0);
     case_sparse_ffn(PI_TYPE_F16, PI_FFN_SEQ, PI_ACT_GELU, "seq.gelu", 0);
-    const int32_t read_only[] = { PI_TYPE_IQ4_NL, PI_TYPE_IQ4_XS, PI_TYPE_IQ3_XXS, PI_TYPE_IQ3_S };
+    const int32_t read_only[] = { PI_TYPE_IQ4_NL, PI_TYPE_IQ4_XS, PI_TYPE_IQ3_XXS, PI_TYPE_IQ3_S, PI_TYPE_IQ2_XXS,
+                                  PI_TYPE_IQ2_XS, PI_TYPE_IQ2_S };
     for (size_t i = 0; i < sizeof read_only / sizeof *read_only; i++)
         for (int64_t T = 1; T <= 17; T += 8) case_mul_mat_bytes(read_only[i], T);   /* 1, 9, 17 tokens */
 

@@ -525,6 +525,20 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
 K_ROWS8(q2_K, k23_dot8, 0, pi_vec_dot_q2_K_q8_K)
 K_ROWS8(q3_K, k23_dot8, 1, pi_vec_dot_q3_K_q8_K)
 
+/* The float steps of a super-block of the types whose quants u carry an offset 2^shift (Q6_K: 32, Q8_KW: 64) and
+ * whose 16 int8 scales per row are sc (byte j % 4 of sc[j / 4]): acc[t] += (d_x d) (sumi[t] - 2^shift sum_j sc_j
+ * bsum_j), the scales madd-ed in pairs (sc_2i, sc_2i+1) against (bsum_2i, bsum_2i+1). */
+static inline __attribute__((always_inline)) void k_offset_steps(__m256 *acc, const __m256i sc[4], const int shift,
+                                                                 const char *x, int64_t x_stride, int64_t b, __m256 d,
+                                                                 const __m256i *sumi, int nt) {
+    __m256i scp[8];
+    for (int i = 0; i < 8; i++) scp[i] = lane_bytes_to_i16(sc[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, 1);
+    for (int t = 0; t < nt; t++) {
+        const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
+        acc[t] = k_step(acc[t], xb->d, d, _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(pairs_dot_bsums(scp, xb), shift)));
+    }
+}
+
 /* ======================================================================================
  * Q8_KW . Q8_K (IQ2 rows converted for prompts). Canonical order (pi_vec_dot_q8_kw_q8_K): per super-block
  * sumi = sum_j sc_j sum_l u_l y_l - 64 sum_j sc_j bsum_j, then acc = acc + (d_x * d) * sumi, super-blocks in order;
@@ -548,12 +562,7 @@ static inline __attribute__((always_inline)) void q8_kw_dot8(int64_t n, const vo
             pi_transpose8x16(p, offsetof(pi_block_q8_kw, u) + 16 * j, w);
             k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b, 16 * j, nt, sumi, 1);
         }
-        __m256i scp[8];   /* - 64 sum_j sc_j bsum_j */
-        for (int i = 0; i < 8; i++) scp[i] = lane_bytes_to_i16(sc[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, 1);
-        for (int t = 0; t < nt; t++) {
-            const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
-            acc[t] = k_step(acc[t], xb->d, d, _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(pairs_dot_bsums(scp, xb), 6)));
-        }
+        k_offset_steps(acc, sc, 6, x, x_stride, b, d, sumi, nt);   /* - 64 sum_j sc_j bsum_j */
     }
     store_acc(acc, nt, y, y_stride);
 }
@@ -608,13 +617,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                                    128 * h + 32 * q + 16 * half, nt, sumi, 2);
                 }
             }
-        /* - 32 sum_j sc_j bsum_j: madd of (sc_2i, sc_2i+1) per lane against (bsum_2i, bsum_2i+1) */
-        __m256i scp[8];
-        for (int i = 0; i < 8; i++) scp[i] = lane_bytes_to_i16(sc[i / 2], (2 * i) % 4, (2 * i) % 4 + 1, 1);
-        for (int t = 0; t < nt; t++) {
-            const pi_block_q8_K *xb = (const pi_block_q8_K *)(x + t * x_stride) + b;
-            acc[t] = k_step(acc[t], xb->d, d, _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(pairs_dot_bsums(scp, xb), 5)));
-        }
+        k_offset_steps(acc, sc, 5, x, x_stride, b, d, sumi, nt);   /* - 32 sum_j sc_j bsum_j */
     }
     store_acc(acc, nt, y, y_stride);
 }

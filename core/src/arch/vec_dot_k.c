@@ -732,26 +732,17 @@ static inline __m256i iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls) {
     return _mm256_add_epi8(_mm256_sign_epi8(g, bits_to_signs(signs)), _mm256_set1_epi8(32));
 }
 
-#define IQ3_TO_Q6_K(name, wtype, xxs)                                                                               \
-    static bool pi_##name##_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst) {                  \
-        pi_block_q6_K *y = dst;                                                                                     \
-        for (int r = 0; r < n; r++) {                                                                               \
-            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
-            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
-                if (xxs ? !iq3_half_d(x[b].d, &y->d) : (y->d = x[b].d, false)) return false;                        \
-                for (int h = 0; h < 2; h++) {                                                                       \
-                    __m256i q[4];                                                                                   \
-                    for (int m = 0; m < 4; m++) {                                                                   \
-                        int ls;                                                                                     \
-                        q[m] = name##_quants(&x[b], 4 * h + m, &ls);                                                \
-                        y->scales[8 * h + 2 * m] = y->scales[8 * h + 2 * m + 1] = (int8_t)ls;                       \
-                    }                                                                                               \
-                    q6_K_pack_half(q, y, h);                                                                        \
-                }                                                                                                   \
-            }                                                                                                       \
+/* half h (sub-blocks 4 h .. 4 h + 3) of IQ3 super-block x as Q6_K's */
+#define IQ3_HALF_TO_Q6_K(name, x, h, y)                                                                             \
+    do {                                                                                                            \
+        __m256i q[4];                                                                                               \
+        for (int m = 0; m < 4; m++) {                                                                               \
+            int ls;                                                                                                 \
+            q[m] = name##_quants(x, 4 * (h) + m, &ls);                                                              \
+            (y)->scales[8 * (h) + 2 * m] = (y)->scales[8 * (h) + 2 * m + 1] = (int8_t)ls;                           \
         }                                                                                                           \
-        return true;                                                                                                \
-    }
+        q6_K_pack_half(q, y, h);                                                                                    \
+    } while (0)
 #else
 /* sub-block j's quants v + 32 (0..63) */
 static inline void iq3_xxs_quants(const pi_block_iq3_xxs *x, int j, int *ls, uint8_t u[PI_QK]) {
@@ -770,6 +761,22 @@ static inline void iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls, uint8_t
     }
 }
 
+#define IQ3_HALF_TO_Q6_K(name, x, h, y)                                                                             \
+    do {                                                                                                            \
+        uint8_t u[PI_QK_K / 2];                                                                                     \
+        for (int m = 0; m < 4; m++) {                                                                               \
+            int ls;                                                                                                 \
+            name##_quants(x, 4 * (h) + m, &ls, u + PI_QK * m);                                                      \
+            (y)->scales[8 * (h) + 2 * m] = (y)->scales[8 * (h) + 2 * m + 1] = (int8_t)ls;                           \
+        }                                                                                                           \
+        for (int l = 0; l < 32; l++) {   /* Q6_K's layout (pi_q6_K_to_f32): element 128 h + 32 m + l */             \
+            const uint8_t *q = u + l;                                                                               \
+            (y)->ql[64 * (h) + l] = (uint8_t)((q[0] & 15) | (q[64] & 15) << 4);                                     \
+            (y)->ql[64 * (h) + l + 32] = (uint8_t)((q[32] & 15) | (q[96] & 15) << 4);                               \
+            (y)->qh[32 * (h) + l] = (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6); \
+        }                                                                                                           \
+    } while (0)
+#endif
 #define IQ3_TO_Q6_K(name, wtype, xxs)                                                                               \
     static bool pi_##name##_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst) {                  \
         pi_block_q6_K *y = dst;                                                                                     \
@@ -777,25 +784,11 @@ static inline void iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls, uint8_t
             const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
             for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
                 if (xxs ? !iq3_half_d(x[b].d, &y->d) : (y->d = x[b].d, false)) return false;                        \
-                uint8_t u[PI_QK_K];                                                                                 \
-                for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                         \
-                    int ls;                                                                                         \
-                    name##_quants(&x[b], j, &ls, u + PI_QK * j);                                                    \
-                    y->scales[2 * j] = y->scales[2 * j + 1] = (int8_t)ls;                                           \
-                }                                                                                                   \
-                for (int h = 0; h < 2; h++)   /* Q6_K's layout (pi_q6_K_to_f32): element 128 h + 32 m + l */        \
-                    for (int l = 0; l < 32; l++) {                                                                  \
-                        const uint8_t *q = u + 128 * h + l;                                                         \
-                        y->ql[64 * h + l] = (uint8_t)((q[0] & 15) | (q[64] & 15) << 4);                             \
-                        y->ql[64 * h + l + 32] = (uint8_t)((q[32] & 15) | (q[96] & 15) << 4);                       \
-                        y->qh[32 * h + l] = (uint8_t)(q[0] >> 4 | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 |           \
-                                                      (q[96] >> 4) << 6);                                           \
-                    }                                                                                               \
+                for (int h = 0; h < 2; h++) IQ3_HALF_TO_Q6_K(name, &x[b], h, y);                                    \
             }                                                                                                       \
         }                                                                                                           \
         return true;                                                                                                \
     }
-#endif
 IQ3_TO_Q6_K(iq3_xxs, pi_block_iq3_xxs, true)
 IQ3_TO_Q6_K(iq3_s, pi_block_iq3_s, false)
 
@@ -834,25 +827,27 @@ float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
 /* IQ2 rows -> Q8_KW rows for prompts (pi_to_batch_fn): the values v = grid value * sign as u = v + 64, ls of each half
  * sub-block as its scale, d = fp16 d / 8 in f32 (exact: the IQ2 dot's d times its 1/8). Never refuses. */
 #if defined(__AVX2__)
-#define IQ2_TO_Q8_KW(name, wtype, grid)                                                                             \
-    static bool pi_##name##_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst) {                 \
-        pi_block_q8_kw *y = dst;                                                                                    \
-        for (int r = 0; r < n; r++) {                                                                               \
-            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
-            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
-                y->d = pi_fp16_to_f32(x[b].d) * 0.125f;                                                             \
-                for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                         \
-                    const iq2_vec v = name##_vec(&x[b], j);                                                         \
-                    y->scales[2 * j] = (int8_t)_mm256_extract_epi16(v.ls, 0);                                       \
-                    y->scales[2 * j + 1] = (int8_t)_mm256_extract_epi16(v.ls, 8);                                   \
-                    _mm256_storeu_si256((__m256i *)(y->u + PI_QK * j),                                              \
-                                        _mm256_add_epi8(_mm256_sign_epi8(v.g, v.signs), _mm256_set1_epi8(64)));     \
-                }                                                                                                   \
-            }                                                                                                       \
-        }                                                                                                           \
-        return true;                                                                                                \
-    }
+#define IQ2_SUB_TO_Q8_KW(name, x, j, grid, y)                                                                       \
+    do {                                                                                                            \
+        const iq2_vec v = name##_vec(x, j);                                                                         \
+        (y)->scales[2 * (j)] = (int8_t)_mm256_extract_epi16(v.ls, 0);                                               \
+        (y)->scales[2 * (j) + 1] = (int8_t)_mm256_extract_epi16(v.ls, 8);                                           \
+        _mm256_storeu_si256((__m256i *)((y)->u + PI_QK * (j)),                                                      \
+                            _mm256_add_epi8(_mm256_sign_epi8(v.g, v.signs), _mm256_set1_epi8(64)));                 \
+    } while (0)
 #else
+#define IQ2_SUB_TO_Q8_KW(name, x, j, grid, y)                                                                       \
+    do {                                                                                                            \
+        pi_iq2_sub sb;                                                                                              \
+        pi_##name##_sub(x, j, grid, &sb);                                                                           \
+        (y)->scales[2 * (j)] = (int8_t)(2 * sb.s[0] + 1);                                                           \
+        (y)->scales[2 * (j) + 1] = (int8_t)(2 * sb.s[1] + 1);                                                       \
+        for (int e = 0; e < PI_QK; e++) {                                                                           \
+            const int g = (int)(sb.points[e / 8] >> 8 * (e % 8) & 255);                                             \
+            (y)->u[PI_QK * (j) + e] = (uint8_t)((sb.signs >> e & 1 ? -g : g) + 64);                                 \
+        }                                                                                                           \
+    } while (0)
+#endif
 #define IQ2_TO_Q8_KW(name, wtype, grid)                                                                             \
     static bool pi_##name##_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst) {                 \
         pi_block_q8_kw *y = dst;                                                                                    \
@@ -860,21 +855,11 @@ float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
             const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
             for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
                 y->d = pi_fp16_to_f32(x[b].d) * 0.125f;                                                             \
-                for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                         \
-                    pi_iq2_sub sb;                                                                                  \
-                    pi_##name##_sub(&x[b], j, grid, &sb);                                                           \
-                    y->scales[2 * j] = (int8_t)(2 * sb.s[0] + 1);                                                   \
-                    y->scales[2 * j + 1] = (int8_t)(2 * sb.s[1] + 1);                                               \
-                    for (int e = 0; e < PI_QK; e++) {                                                               \
-                        const int g = (int)(sb.points[e / 8] >> 8 * (e % 8) & 255);                                 \
-                        y->u[PI_QK * j + e] = (uint8_t)((sb.signs >> e & 1 ? -g : g) + 64);                         \
-                    }                                                                                               \
-                }                                                                                                   \
+                for (int j = 0; j < PI_QK_K / PI_QK; j++) IQ2_SUB_TO_Q8_KW(name, &x[b], j, grid, y);                \
             }                                                                                                       \
         }                                                                                                           \
         return true;                                                                                                \
     }
-#endif
 IQ2_TO_Q8_KW(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
 IQ2_TO_Q8_KW(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
 IQ2_TO_Q8_KW(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)

@@ -190,14 +190,14 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
     return T16;
 }
 
-
-/* Types whose own kernels decode slowly (to_batch: the IQ3 grids) run a prompt's rows [r, r1) BATCH_ROWS at a time:
- * converted once into their batch_type (the same bits per (row, token), pi_to_batch_fn), then that type's 8-row
- * kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels). The converted rows go to a heap buffer (a row of a wide matrix in Q6_K is
- * 9 KB at K = 11008); without one, or where a chunk cannot be converted, the rows left go to the type's own kernels.
- * Returns the first row not done. */
+/* Types whose own kernels decode slowly (to_batch: the IQ3 and IQ2 grids) run a prompt's rows [r, r1) BATCH_ROWS at
+ * a time: converted once into their batch_type (the same bits per (row, token), pi_to_batch_fn), then that type's
+ * 8-row kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels). The
+ * converted rows go to a heap buffer (a row of a wide matrix in Q6_K is 9 KB at K = 11008); without one, or where a
+ * chunk cannot be converted, the rows left go to the type's own kernels. Returns the first row not done.
+ * PI_BATCH_MIN_T: 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x. */
 #ifndef PI_BATCH_MIN_T
-#define PI_BATCH_MIN_T 3   /* 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x */
+#define PI_BATCH_MIN_T 3
 #endif
 #define BATCH_ROWS 16
 static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_t r, int64_t r1,

@@ -511,9 +511,23 @@ static inline __attribute__((always_inline)) void iq4_xs_ints(const pi_block_iq4
 #endif
 
 /* IQ3_XXS, IQ3_S: *sumi = sum_j ls_j sum_l grid_l sign_l y_l (grid values <= 62, ls_j <= 31: |sumi| <= 8 * 31 * 32
- * * 62 * 127: int32); IQ3_XXS's 1/4 is its row dot's d multiplier. The grid points are looked up one by one
- * (8 a sub-block). */
+ * * 62 * 127: int32); IQ3_XXS's 1/4 is its row dot's d multiplier.
+ * IQ2_XXS, IQ2_XS, IQ2_S: *sumi = sum over halves h of 16 elements ls_h sum_l grid_l sign_l y_l (grid values <= 43,
+ * ls <= 31: |sumi| <= 16 * 31 * 16 * 43 * 127: int32); d's factor is 1/8 ((0.5 + s) / 4 = ls / 8). */
 #if defined(__AVX2__)
+/* A sub-block of 32 elements decoded (X_vec): its grid values g (32 unsigned bytes), the signs as +-1 bytes, and ls as
+ * int16 lanes (lanes 0..7: elements 0..15, 8..15: the rest; one ls for both in the IQ3 types and IQ2_XXS). The 7-bit
+ * sign indices of IQ3_XXS / IQ2_XXS / IQ2_XS take PI_IQ_SIGNS64's patterns (one load per 8 elements) rather than
+ * their parity bits (542M IQ2_XS decode 20.1 -> 24.5 t/s). */
+typedef struct { __m256i g, signs, ls; } iq_vec;
+static inline __m256i iq_ls(int ls0, int ls1) {
+    return _mm256_setr_m128i(_mm_set1_epi16((short)ls0), _mm_set1_epi16((short)ls1));
+}
+static inline __m256i iq_signs64(uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {   /* four 7-bit sign indices */
+    return _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[i0], (int64_t)PI_IQ_SIGNS64[i1], (int64_t)PI_IQ_SIGNS64[i2],
+                              (int64_t)PI_IQ_SIGNS64[i3]);
+}
+
 /* The 8 grid points idx (8 x int32) as 32 unsigned bytes: the indices stored and the points loaded one by one, not
  * by vpgatherdd, which measured as fast on the Zen 3 (a 542M IQ3_S prompt 0.97x the time, decode 0.99x; llama.cpp's
  * AVX2 code found the loads faster on a Zen 4) and which qemu 7.2's x86-64 emulation gets wrong here (the one-token
@@ -524,48 +538,67 @@ static inline __attribute__((always_inline)) __m256i iq3_grid_points(const uint3
     return _mm256_setr_epi32((int)grid[i[0]], (int)grid[i[1]], (int)grid[i[2]], (int)grid[i[3]], (int)grid[i[4]],
                              (int)grid[i[5]], (int)grid[i[6]], (int)grid[i[7]]);
 }
-
-/* A sub-block's 8 grid points (idx: 8 x int32) as 32 unsigned bytes, its 32 activations times the signs (+-1 bytes),
- * their products summed in int16 pairs (grid <= 62: 2 * 62 * 127 fits) times ls into int32 lanes. */
-static inline __attribute__((always_inline)) __m256i iq3_sub_block(const uint32_t *grid, __m256i idx, __m256i signs,
-                                                                   int ls, const int8_t *yq) {
-    const __m256i g = iq3_grid_points(grid, idx);
-    const __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)yq), signs);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(g, y), _mm256_set1_epi16((short)ls));
+static inline __attribute__((always_inline)) iq_vec iq3_xxs_vec(const pi_block_iq3_xxs *x, int j) {
+    uint32_t aux;
+    memcpy(&aux, x->qs + PI_QK_K / 4 + 4 * j, 4);
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
+    const int ls = 2 * (int)(aux >> 28) + 1;
+    return (iq_vec){ iq3_grid_points(PI_IQ3_XXS_GRID, idx),
+                     iq_signs64(aux & 127, aux >> 7 & 127, aux >> 14 & 127, aux >> 21 & 127), iq_ls(ls, ls) };
 }
-
-static inline __attribute__((always_inline)) void iq3_xxs_lanes(const pi_block_iq3_xxs *x, const pi_block_q8_K *y,
-                                                                __m256i *li, __m256i *lm) {   /* lm: 0, no mins */
-    *lm = _mm256_setzero_si256();
-    __m256i acc = _mm256_setzero_si256();
-    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
-        uint32_t aux;
-        memcpy(&aux, x->qs + PI_QK_K / 4 + 4 * j, 4);
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
-        const __m256i signs = _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[aux & 127], (int64_t)PI_IQ_SIGNS64[aux >> 7 & 127],
-                                                 (int64_t)PI_IQ_SIGNS64[aux >> 14 & 127],
-                                                 (int64_t)PI_IQ_SIGNS64[aux >> 21 & 127]);
-        acc = _mm256_add_epi32(acc, iq3_sub_block(PI_IQ3_XXS_GRID, idx, signs, 2 * (int)(aux >> 28) + 1,
-                                                  y->qs + 32 * j));
+static inline __attribute__((always_inline)) iq_vec iq3_s_vec(const pi_block_iq3_s *x, int j) {
+    uint32_t signs;
+    memcpy(&signs, x->signs + 4 * j, 4);
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
+    const __m256i shift = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1);   /* bit i of qh[j] -> index i's 256 */
+    const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[j]), shift), _mm256_set1_epi32(256));
+    const int ls = pi_iq3_s_ls(x, j);
+    return (iq_vec){ iq3_grid_points(PI_IQ3_S_GRID, _mm256_or_si256(lo, hi)), bits_to_signs(signs), iq_ls(ls, ls) };
+}
+static inline __attribute__((always_inline)) iq_vec iq2_xxs_vec(const pi_block_iq2_xxs *x, int j) {
+    uint32_t aux[2];
+    memcpy(aux, x->qs + 4 * j, 8);
+    const uint64_t *G = PI_IQ2_XXS_GRID;
+    const int ls = 2 * (int)(aux[1] >> 28) + 1;
+    return (iq_vec){ _mm256_setr_epi64x((int64_t)G[aux[0] & 255], (int64_t)G[aux[0] >> 8 & 255],
+                                        (int64_t)G[aux[0] >> 16 & 255], (int64_t)G[aux[0] >> 24]),
+                     iq_signs64(aux[1] & 127, aux[1] >> 7 & 127, aux[1] >> 14 & 127, aux[1] >> 21 & 127),
+                     iq_ls(ls, ls) };
+}
+static inline __attribute__((always_inline)) iq_vec iq2_xs_vec(const pi_block_iq2_xs *x, int j) {
+    const uint16_t *q = x->qs + 4 * j;
+    const uint64_t *G = PI_IQ2_XS_GRID;
+    return (iq_vec){ _mm256_setr_epi64x((int64_t)G[q[0] & 511], (int64_t)G[q[1] & 511], (int64_t)G[q[2] & 511],
+                                        (int64_t)G[q[3] & 511]),
+                     iq_signs64(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9),
+                     iq_ls(2 * (x->scales[j] & 15) + 1, 2 * (x->scales[j] >> 4) + 1) };
+}
+static inline __attribute__((always_inline)) iq_vec iq2_s_vec(const pi_block_iq2_s *x, int j) {
+    pi_iq2_sub sb;
+    pi_iq2_s_sub(x, j, PI_IQ2_S_GRID, &sb);
+    return (iq_vec){ _mm256_setr_epi64x((int64_t)sb.points[0], (int64_t)sb.points[1], (int64_t)sb.points[2],
+                                        (int64_t)sb.points[3]),
+                     bits_to_signs(sb.signs), iq_ls(2 * sb.s[0] + 1, 2 * sb.s[1] + 1) };
+}
+/* The lanes of a super-block: per sub-block the signed activations against g, int16 pairs (grid <= 62: 2 * 62 * 127
+ * fits) times ls into int32 lanes. */
+#define IQ_LANES(name, wtype)                                                                                       \
+    static inline __attribute__((always_inline)) void name##_lanes(const wtype *x, const pi_block_q8_K *y,          \
+                                                                   __m256i *li, __m256i *lm) {                      \
+        *lm = _mm256_setzero_si256();   /* no mins */                                                               \
+        __m256i acc = _mm256_setzero_si256();                                                                       \
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
+            const iq_vec v = name##_vec(x, j);                                                                      \
+            const __m256i yq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)), v.signs);    \
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v.g, yq), v.ls));                    \
+        }                                                                                                           \
+        *li = acc;                                                                                                  \
     }
-    *li = acc;
-}
-
-static inline __attribute__((always_inline)) void iq3_s_lanes(const pi_block_iq3_s *x, const pi_block_q8_K *y,
-                                                              __m256i *li, __m256i *lm) {   /* lm: 0, no mins */
-    *lm = _mm256_setzero_si256();
-    __m256i acc = _mm256_setzero_si256();
-    const __m256i shift = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), bit8 = _mm256_set1_epi32(256);
-    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
-        uint32_t signs;
-        memcpy(&signs, x->signs + 4 * j, 4);
-        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
-        const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[j]), shift), bit8);   /* bit i -> 256 */
-        acc = _mm256_add_epi32(acc, iq3_sub_block(PI_IQ3_S_GRID, _mm256_or_si256(lo, hi), bits_to_signs(signs),
-                                                  pi_iq3_s_ls(x, j), y->qs + 32 * j));
-    }
-    *li = acc;
-}
+IQ_LANES(iq3_xxs, pi_block_iq3_xxs)
+IQ_LANES(iq3_s, pi_block_iq3_s)
+IQ_LANES(iq2_xxs, pi_block_iq2_xxs)
+IQ_LANES(iq2_xs, pi_block_iq2_xs)
+IQ_LANES(iq2_s, pi_block_iq2_s)
 #else
 /* sum_k grid value k * sign k * yq[k] over a sub-block's 32 elements (idx: its 8 grid points) */
 static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {
@@ -603,60 +636,8 @@ static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_
     }
     *sumi = s;
 }
-#endif
 
-/* IQ2_XXS, IQ2_XS, IQ2_S: *sumi = sum over halves h of 16 elements ls_h sum_l grid_l sign_l y_l (grid values <= 43,
- * ls <= 31: |sumi| <= 16 * 31 * 16 * 43 * 127: int32); d's factor is 1/8 ((0.5 + s) / 4 = ls / 8). */
-#if defined(__AVX2__)
-/* A sub-block's grid values g (32 bytes), the signs as +-1 bytes and ls per 16 elements (two int16 halves). The 7-bit
- * sign indices of IQ2_XXS / IQ2_XS take PI_IQ_SIGNS64's patterns (one load per 8 elements) rather than
- * pi_iq2_sub's parity bits (542M IQ2_XS decode 20.1 -> 24.5 t/s). */
-typedef struct { __m256i g, signs, ls; } iq2_vec;
-static inline __m256i iq2_ls(int s0, int s1) {
-    return _mm256_setr_m128i(_mm_set1_epi16((short)(2 * s0 + 1)), _mm_set1_epi16((short)(2 * s1 + 1)));
-}
-static inline __attribute__((always_inline)) iq2_vec iq2_xxs_vec(const pi_block_iq2_xxs *x, int j) {
-    uint32_t aux[2];
-    memcpy(aux, x->qs + 4 * j, 8);
-    const uint64_t *G = PI_IQ2_XXS_GRID;
-    return (iq2_vec){ _mm256_setr_epi64x((int64_t)G[aux[0] & 255], (int64_t)G[aux[0] >> 8 & 255],
-                                         (int64_t)G[aux[0] >> 16 & 255], (int64_t)G[aux[0] >> 24]),
-                      _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[aux[1] & 127], (int64_t)PI_IQ_SIGNS64[aux[1] >> 7 & 127],
-                                         (int64_t)PI_IQ_SIGNS64[aux[1] >> 14 & 127],
-                                         (int64_t)PI_IQ_SIGNS64[aux[1] >> 21 & 127]),
-                      iq2_ls((int)(aux[1] >> 28), (int)(aux[1] >> 28)) };
-}
-static inline __attribute__((always_inline)) iq2_vec iq2_xs_vec(const pi_block_iq2_xs *x, int j) {
-    const uint16_t *q = x->qs + 4 * j;
-    const uint64_t *G = PI_IQ2_XS_GRID;
-    return (iq2_vec){ _mm256_setr_epi64x((int64_t)G[q[0] & 511], (int64_t)G[q[1] & 511], (int64_t)G[q[2] & 511],
-                                         (int64_t)G[q[3] & 511]),
-                      _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[q[0] >> 9], (int64_t)PI_IQ_SIGNS64[q[1] >> 9],
-                                         (int64_t)PI_IQ_SIGNS64[q[2] >> 9], (int64_t)PI_IQ_SIGNS64[q[3] >> 9]),
-                      iq2_ls(x->scales[j] & 15, x->scales[j] >> 4) };
-}
-static inline __attribute__((always_inline)) iq2_vec iq2_s_vec(const pi_block_iq2_s *x, int j) {
-    pi_iq2_sub sb;
-    pi_iq2_s_sub(x, j, PI_IQ2_S_GRID, &sb);
-    return (iq2_vec){ _mm256_setr_epi64x((int64_t)sb.points[0], (int64_t)sb.points[1], (int64_t)sb.points[2],
-                                         (int64_t)sb.points[3]),
-                      bits_to_signs(sb.signs), iq2_ls(sb.s[0], sb.s[1]) };
-}
-#define IQ2_LANES(name, wtype, grid)                                                                                \
-    static inline __attribute__((always_inline)) void name##_lanes(const wtype *x, const pi_block_q8_K *y,          \
-                                                                   __m256i *li, __m256i *lm) {                      \
-        *lm = _mm256_setzero_si256();                                                                               \
-        __m256i acc = _mm256_setzero_si256();                                                                       \
-        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
-            const iq2_vec v = name##_vec(x, j);                                                                     \
-            const __m256i yq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)), v.signs);    \
-            /* int16 lanes 0..7: elements 0..15 (ls of the first half), 8..15: the second */                        \
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v.g, yq), v.ls));                    \
-        }                                                                                                           \
-        *li = acc;                                                                                                  \
-    }
-#else
-#define IQ2_LANES(name, wtype, grid)                                                                                \
+#define IQ2_INTS(name, wtype, grid)                                                                                 \
     static inline __attribute__((always_inline)) void name##_ints(const wtype *x, const pi_block_q8_K *y,           \
                                                                   int32_t *sumi, int32_t *summ) {                   \
         *summ = 0;                                                                                                  \
@@ -675,10 +656,10 @@ static inline __attribute__((always_inline)) iq2_vec iq2_s_vec(const pi_block_iq
         }                                                                                                           \
         *sumi = s;                                                                                                  \
     }
+IQ2_INTS(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
+IQ2_INTS(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
+IQ2_INTS(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
 #endif
-IQ2_LANES(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
-IQ2_LANES(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
-IQ2_LANES(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
 
 /* IQ3 rows -> Q6_K rows for prompts (pi_to_batch_fn; mul_mat's batch path, ops.c). Sub-block j's 32 values
  * v = grid value * sign become Q6_K's quants v + 32 and ls_j both of its scales, d stays: Q6_K's dot then sums the
@@ -707,29 +688,18 @@ static inline void q6_K_pack_half(const __m256i q[4], pi_block_q6_K *y, int h) {
                                         _mm256_or_si256(_mm256_slli_epi16(hi[2], 4), _mm256_slli_epi16(hi[3], 6))));
 }
 
-/* sub-block j's quants v + 32 (0..63) */
+/* sub-block j's quants v + 32 (0..63) and its ls (IQ3_XXS: the grid values halved) */
 static inline __m256i iq3_xxs_quants(const pi_block_iq3_xxs *x, int j, int *ls) {
-    uint32_t aux;
-    memcpy(&aux, x->qs + PI_QK_K / 4 + 4 * j, 4);
-    *ls = 2 * (int)(aux >> 28) + 1;
-    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
-    const __m256i g = iq3_grid_points(PI_IQ3_XXS_GRID, idx);
-    const __m256i half = _mm256_and_si256(_mm256_srli_epi16(g, 1), _mm256_set1_epi8(0x7f));
-    const __m256i signs = _mm256_setr_epi64x((int64_t)PI_IQ_SIGNS64[aux & 127], (int64_t)PI_IQ_SIGNS64[aux >> 7 & 127],
-                                             (int64_t)PI_IQ_SIGNS64[aux >> 14 & 127],
-                                             (int64_t)PI_IQ_SIGNS64[aux >> 21 & 127]);
-    return _mm256_add_epi8(_mm256_sign_epi8(half, signs), _mm256_set1_epi8(32));
+    const iq_vec v = iq3_xxs_vec(x, j);
+    *ls = _mm256_extract_epi16(v.ls, 0);
+    const __m256i half = _mm256_and_si256(_mm256_srli_epi16(v.g, 1), _mm256_set1_epi8(0x7f));
+    return _mm256_add_epi8(_mm256_sign_epi8(half, v.signs), _mm256_set1_epi8(32));
 }
 
 static inline __m256i iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls) {
-    uint32_t signs;
-    memcpy(&signs, x->signs + 4 * j, 4);
-    *ls = pi_iq3_s_ls(x, j);
-    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
-    const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[j]), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
-                                        _mm256_set1_epi32(256));
-    const __m256i g = iq3_grid_points(PI_IQ3_S_GRID, _mm256_or_si256(lo, hi));
-    return _mm256_add_epi8(_mm256_sign_epi8(g, bits_to_signs(signs)), _mm256_set1_epi8(32));
+    const iq_vec v = iq3_s_vec(x, j);
+    *ls = _mm256_extract_epi16(v.ls, 0);
+    return _mm256_add_epi8(_mm256_sign_epi8(v.g, v.signs), _mm256_set1_epi8(32));
 }
 
 /* half h (sub-blocks 4 h .. 4 h + 3) of IQ3 super-block x as Q6_K's */
@@ -807,8 +777,7 @@ float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
         for (int j = 0; j < PI_QK_K / PI_QK; j++) {
             const __m256i p = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(a[i].u + 32 * j)),
                                                    _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * j)));
-            const __m256i sc = _mm256_setr_m128i(_mm_set1_epi16(a[i].scales[2 * j]), _mm_set1_epi16(a[i].scales[2 * j + 1]));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, iq_ls(a[i].scales[2 * j], a[i].scales[2 * j + 1])));
         }
         const int32_t sumi = pi_hsum_epi32(acc) - 64 * off;
 #else
@@ -829,7 +798,7 @@ float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
 #if defined(__AVX2__)
 #define IQ2_SUB_TO_Q8_KW(name, x, j, grid, y)                                                                       \
     do {                                                                                                            \
-        const iq2_vec v = name##_vec(x, j);                                                                         \
+        const iq_vec v = name##_vec(x, j);                                                                          \
         (y)->scales[2 * (j)] = (int8_t)_mm256_extract_epi16(v.ls, 0);                                               \
         (y)->scales[2 * (j) + 1] = (int8_t)_mm256_extract_epi16(v.ls, 8);                                           \
         _mm256_storeu_si256((__m256i *)((y)->u + PI_QK * (j)),                                                      \

@@ -2,7 +2,8 @@
 (tests/test_kquants.py's np_dequant): IQ4_NL and IQ4_XS, 4-bit types on a non-linear grid of 16 int8 values;
 IQ3_XXS and IQ3_S, 3-bit types whose groups of 4 elements are points of a lattice grid (256 / 512 points), and
 IQ2_XXS, IQ2_XS and IQ2_S, 2-bit types whose groups of 8 are (256 / 512 / 1024 points; the grids are the tables
-core/src/iq_grids.h that tools/gen_iq_grids.py writes from gguf-py's), with a sign bit per element:
+core/src/iq_grids.h that tools/gen_iq_grids.py writes from gguf-py's), with a sign bit per element, and IQ1_S and
+IQ1_M, whose groups of 8 are points of a 2048-point grid of {-1, 0, 1} shifted by +-1/8:
 
   - dequantization of arbitrary block bytes, bit-exact (the numpy code does the C code's f32 operations), and equal
     to gguf-py's own dequantizer (the same format implemented elsewhere);
@@ -24,17 +25,17 @@ import pytest
 
 from powerinfer._ffi import check, ffi, lib
 from test_isa import LEVELS, assert_sparse_ffn_equals_scalar, at_level  # noqa: F401  (at_level: a fixture)
-from test_kquants import (ACT_TYPE, BLOCK, F32, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, NP_ACT_QUANT,
+from test_kquants import (ACT_TYPE, BLOCK, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, NP_ACT_QUANT,
                           assert_thread_counts_identical, assert_within, bits_equal, c_dequantize, c_mul_mat, dot_reference, np_dequant, np_dequant_act,
                           random_blocks, tensor)
 from test_ops import assert_bit_equal
 from test_ops import tensor as np_tensor
 
 NAME = {IQ4_NL: "iq4_nl", IQ4_XS: "iq4_xs", IQ3_XXS: "iq3_xxs", IQ3_S: "iq3_s", IQ2_XXS: "iq2_xxs", IQ2_XS: "iq2_xs",
-        IQ2_S: "iq2_s"}
+        IQ2_S: "iq2_s", IQ1_S: "iq1_s", IQ1_M: "iq1_m"}
 TYPES = list(NAME)
 # first quant (nibble, grid index) byte of a block
-QS_OFFSET = {IQ4_NL: 2, IQ4_XS: 8, IQ3_XXS: 2, IQ3_S: 2, IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 2}
+QS_OFFSET = {IQ4_NL: 2, IQ4_XS: 8, IQ3_XXS: 2, IQ3_S: 2, IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 2, IQ1_S: 2, IQ1_M: 0}
 
 
 def rows(rng, t, n, k) -> np.ndarray:
@@ -49,6 +50,7 @@ def test_type_traits():
     assert lib.PI_TYPE_IQ4_NL == IQ4_NL and lib.PI_TYPE_IQ4_XS == IQ4_XS
     assert lib.PI_TYPE_IQ3_XXS == IQ3_XXS and lib.PI_TYPE_IQ3_S == IQ3_S
     assert (lib.PI_TYPE_IQ2_XXS, lib.PI_TYPE_IQ2_XS, lib.PI_TYPE_IQ2_S) == (IQ2_XXS, IQ2_XS, IQ2_S)
+    assert (lib.PI_TYPE_IQ1_S, lib.PI_TYPE_IQ1_M) == (IQ1_S, IQ1_M)
     assert lib.pi_row_bytes(IQ4_XS, 128) == -1 and lib.pi_row_bytes(IQ4_NL, 48) == -1
     for t in TYPES:   # read only
         assert lib.pi_quantize_row(t, ffi.new("float[256]"), ffi.new("uint8_t[512]"), 256) != 0

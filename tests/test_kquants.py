@@ -37,10 +37,11 @@ NAME = {Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", Q8_1: "q8_1", Q2_K: "q2_K", Q3
 IQ4_NL, IQ4_XS = 20, 23   # read-only types (no quantizer in the core): tests/test_iq_types.py
 IQ3_XXS, IQ3_S = 18, 21
 IQ2_XXS, IQ2_XS, IQ2_S = 16, 17, 22
+IQ1_S, IQ1_M = 19, 29
 BLOCK = {Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_1: (32, 40), Q2_K: (256, 84), Q3_K: (256, 110),
          Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q8_0: (32, 34),
          IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110), IQ2_XXS: (256, 66),
-         IQ2_XS: (256, 74), IQ2_S: (256, 82)}
+         IQ2_XS: (256, 74), IQ2_S: (256, 82), IQ1_S: (256, 50), IQ1_M: (256, 56)}
 WEIGHTS = [Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 KQUANTS = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 # activation types (Q5_0: the core's Q8_0S, which holds the Q8_0 quants plus their sum)
@@ -49,7 +50,8 @@ Q8_KM = lib.PI_TYPE_COUNT + 4        # core-internal type id (after Q8_0S, Q4_0X
 Q8_KM_M = 32
 ACT_BLOCK = {Q8_KM: (256, 308)}      # activation-only types: no GGUF id, not in BLOCK
 ACT_TYPE = {Q4_1: Q8_1, Q5_0: Q8_0, Q5_1: Q8_1, Q2_K: Q8_K, Q3_K: Q8_K, Q4_K: Q8_KM, Q5_K: Q8_KM, Q6_K: Q8_K,
-            IQ4_NL: Q8_0, IQ4_XS: Q8_K, IQ3_XXS: Q8_K, IQ3_S: Q8_K, IQ2_XXS: Q8_K, IQ2_XS: Q8_K, IQ2_S: Q8_K}
+            IQ4_NL: Q8_0, IQ4_XS: Q8_K, IQ3_XXS: Q8_K, IQ3_S: Q8_K, IQ2_XXS: Q8_K, IQ2_XS: Q8_K, IQ2_S: Q8_K,
+            IQ1_S: Q8_K, IQ1_M: Q8_K}
 # the grid of the IQ4 types: quant q stands for IQ4_VALUES[q] (llama.cpp's kvalues_iq4nl)
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
 
@@ -146,12 +148,13 @@ def two_bit_planes(qs: np.ndarray) -> np.ndarray:
 
 
 def iq_grid(t: int) -> np.ndarray:
-    """The IQ3 / IQ2 type's grid as (points, 4 or 8) uint8: the format's data, taken from gguf-py (its quants.py)."""
+    """The IQ3 / IQ2 / IQ1 type's grid as (points, 4 or 8) uint8 (IQ1: int8, values -1, 0, 1): the format's data,
+    taken from gguf-py (its quants.py)."""
     import gguf
     cls = {IQ3_XXS: gguf.quants.IQ3_XXS, IQ3_S: gguf.quants.IQ3_S, IQ2_XXS: gguf.quants.IQ2_XXS,
-           IQ2_XS: gguf.quants.IQ2_XS, IQ2_S: gguf.quants.IQ2_S}[t]
+           IQ2_XS: gguf.quants.IQ2_XS, IQ2_S: gguf.quants.IQ2_S, IQ1_S: gguf.quants.IQ1_S, IQ1_M: gguf.quants.IQ1_S}[t]
     cls.init_grid()
-    return np.asarray(cls.grid, np.float32).reshape(cls.grid_shape).astype(np.uint8)
+    return np.asarray(cls.grid, np.float32).reshape(cls.grid_shape).astype(np.int8 if t in (IQ1_S, IQ1_M) else np.uint8)
 
 
 def np_dequant(raw: np.ndarray, t: int, with_parts: bool = False):
@@ -289,6 +292,29 @@ def np_dequant(raw: np.ndarray, t: int, with_parts: bool = False):
         g = grid[idx].reshape(nb, 16, 16).astype(f)
         sign = np.where(neg.reshape(nb, 16, 16) == 1, f(-1), f(1))
         v = ((step[:, :, None] * g).astype(f) * sign).astype(f).reshape(nb, 256)
+        s_part = v
+    elif t in (IQ1_S, IQ1_M):   # value (d ls) * (g + delta), g in {-1, 0, 1}, delta +-1/8: (g + delta) = (8 g +- 1) / 8
+        grid = iq_grid(t).astype(np.int64)
+        if t == IQ1_S:   # d | qs[32] (index bits 0..7) | qh[8] u16 (3 index bits per point, s in 12..14, delta sign 15)
+            d = f16(b, 0, f)
+            qs = b[:, 2:34].astype(np.int64).reshape(nb, 8, 4)
+            qh = b[:, 34:50].copy().view("<u2").astype(np.int64)                          # (nb, 8)
+            idx = qs | ((qh[:, :, None] >> (3 * np.arange(4))) & 7) << 8
+            delta = np.repeat(np.where(qh >> 15 & 1, -1, 1)[:, :, None], 4, axis=2)      # (nb, 8, 4)
+            ls = np.repeat(2 * (qh >> 12 & 7) + 1, 2, axis=1)                            # (nb, 16) per 16
+        else:            # qs[32] | qh[16] (a nibble per point: 3 index bits, delta sign) | scales[8] (4 u16)
+            sc = b[:, 48:56].copy().view("<u2").astype(np.int64)                           # (nb, 4)
+            dbits = (sc[:, 0] >> 12) | (sc[:, 1] >> 8 & 0xf0) | (sc[:, 2] >> 4 & 0xf00) | (sc[:, 3] & 0xf000)
+            d = dbits.astype(np.uint16).view(np.float16).astype(f)
+            qs = b[:, 0:32].astype(np.int64).reshape(nb, 8, 4)
+            nib = ((b[:, 32:48, None].astype(np.int64) >> np.array([0, 4])) & 15).reshape(nb, 8, 4)
+            idx = qs | (nib & 7) << 8
+            delta = np.where(nib & 8, -1, 1)
+            s = (sc[:, :, None] >> np.array([0, 6])).reshape(nb, 8)                       # sub-block j's 6 bits
+            ls = ((s[:, :, None] >> np.array([0, 3])) & 7).reshape(nb, 16) * 2 + 1
+        vq = 8 * grid[idx] + delta[..., None]                                             # (nb, 8, 4, 8)
+        step = (d[:, None] * ls.astype(f)).astype(f)                                      # (nb, 16)
+        v = (step[:, :, None] * (vq.reshape(nb, 16, 16).astype(f) * f(0.125))).astype(f).reshape(nb, 256)
         s_part = v
     else:
         raise ValueError(t)
@@ -454,8 +480,13 @@ def random_blocks(rng, t, nb) -> np.ndarray:
         put16(0), put16(2)
     elif t == Q6_K:
         put16(208, signed=True)
-    elif t in (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S):
+    elif t in (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S):
         put16(0, signed=True)
+    elif t == IQ1_M:   # d's 16 bits in the top nibbles of the four scale words
+        dbits = (rng.uniform(1e-3, 1.0, nb) * rng.choice([-1, 1], nb)).astype(np.float16).view(np.uint16).astype(np.int64)
+        sc = b[:, 48:56].copy().view("<u2").astype(np.int64)
+        sc = (sc & 0x0fff) | ((dbits[:, None] >> (4 * np.arange(4))) & 15) << 12
+        b[:, 48:56] = sc.astype("<u2").view(np.uint8)
     return b.reshape(-1)
 
 

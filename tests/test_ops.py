@@ -358,7 +358,7 @@ def test_type_traits():
     for t, name in internal.items():
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == name
-    for t in (-1, 4, 5, 19, 29, 34, 39, lib.PI_TYPE_COUNT + len(internal), 1000):   # iq1_s, iq1_m, tq1_0, mxfp4
+    for t in (-1, 4, 5, 34, 35, 39, lib.PI_TYPE_COUNT + len(internal), 1000):   # tq1_0, tq2_0, mxfp4
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == "unknown"
         assert lib.pi_type_block_size(t) == 0 and lib.pi_type_block_bytes(t) == 0
@@ -478,7 +478,7 @@ def test_conversion_errors():
     expect_error(lib.pi_quantize_row(F32, ffi.NULL, dp, 4), lib.PI_ERR_INVALID_ARG)
     expect_error(lib.pi_dequantize_row(F32, dp, ffi.NULL, 4), lib.PI_ERR_INVALID_ARG)
     expect_error(lib.pi_quantize_row(I32, xp, dp, 4), lib.PI_ERR_UNSUPPORTED)
-    expect_error(lib.pi_dequantize_row(19, dp, xp, 32), lib.PI_ERR_UNSUPPORTED)   # iq1_s
+    expect_error(lib.pi_dequantize_row(35, dp, xp, 32), lib.PI_ERR_UNSUPPORTED)   # tq2_0
     expect_error(lib.pi_quantize_row(20, xp, dp, 32), lib.PI_ERR_UNSUPPORTED)     # iq4_nl: read, not written
     assert "no quantizer" in ffi.string(lib.pi_last_error()).decode()
     assert lib.pi_dequantize_row(20, dp, xp, 32) == lib.PI_OK
@@ -652,7 +652,7 @@ def test_mul_mat_errors():
     with pytest.raises(AssertionError):
         tensor(wq, Q4_0)
     wi = tensor(w)
-    wi.type = 19                                        # a ggml id the core cannot compute with (iq1_s)
+    wi.type = 35                                        # a ggml id the core cannot compute with (tq2_0)
     expect_error(lib.pi_op_mul_mat(ffi.NULL, wi, tensor(x), tensor(y)), lib.PI_ERR_UNSUPPORTED)
     check(lib.pi_op_mul_mat(ffi.NULL, tensor(w), tensor(x), tensor(y)))
 

@@ -375,7 +375,7 @@ def test_unknown_tensor_type(tmp_file, type_id):
 
 
 @pytest.mark.parametrize("type_id,type_name",
-                         [(29, "iq1_m"), (19, "iq1_s"), (26, "i32"), (28, "f64"), (35, "tq2_0")])
+                         [(34, "tq1_0"), (39, "mxfp4"), (26, "i32"), (28, "f64"), (35, "tq2_0")])
 def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
     """A valid ggml type the core does not compute with: the message names the tensor and the type."""
     name = "blk.0.attn_q.weight"
@@ -384,16 +384,16 @@ def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
     assert f"tensor '{name}'" in msg and type_name in msg.lower(), msg
 
 
-def test_iq1_s_tensor_reaches_the_core(tmp_path):
-    """With rows of 256 the gguf layer accepts IQ1_S and the C loader refuses it by name (a
-    well-formed file: the tensor's bytes are IQ1_S-sized, so the layout check passes)."""
+def test_tq2_0_tensor_reaches_the_core(tmp_path):
+    """With rows of 256 the gguf layer accepts TQ2_0 and the C loader refuses it by name (a
+    well-formed file: the tensor's bytes are TQ2_0-sized, so the layout check passes)."""
     src = tmp_path / "wide.gguf"
     write_model(src, dtype="q8_0", n_vocab=320, n_embd=256, n_ff=256, n_head=4, n_head_kv=4, n_layer=1)
     name = "blk.0.attn_q.weight"
-    path = rewrite(src, tmp_path / "iq1_s.gguf",
-                   replace={name: (np.zeros((256, 50), dtype=np.uint8), QT.IQ1_S)})
+    path = rewrite(src, tmp_path / "tq2_0.gguf",
+                   replace={name: (np.zeros((256, 66), dtype=np.uint8), QT.TQ2_0)})
     msg = load_error(path)
-    assert f"tensor '{name}'" in msg and "iq1_s" in msg and "cannot compute" in msg, msg
+    assert f"tensor '{name}'" in msg and "tq2_0" in msg and "cannot compute" in msg, msg
 
 
 @pytest.mark.parametrize("name", ["token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
@@ -588,7 +588,7 @@ def test_cpu_isa_functions():
     assert lib.pi_cpu_isa_env_error() == ffi.NULL or os.environ.get("POWERINFER_ISA")
 
 
-@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 19, 39, 60, 1000, INT32_MAX])   # 40..59: internal (test_ops)
+@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 34, 39, 60, 1000, INT32_MAX])   # 40..59: internal (test_ops)
 def test_type_queries_out_of_range(t):
     assert lib.pi_type_supported(t) == 0
     assert ffi.string(lib.pi_type_name(t)) == b"unknown"
@@ -1279,8 +1279,8 @@ TD_CASES = [
      ["blk.0.attn_q.weight", "99"]),
     ("type_-1", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", -1), UNSUPPORTED,
      ["blk.0.attn_q.weight", "-1"]),
-    ("type_iq1_m", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 29), UNSUPPORTED,
-     ["blk.0.attn_q.weight", "iq1_m", "id 29"]),
+    ("type_mxfp4", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 39), UNSUPPORTED,
+     ["blk.0.attn_q.weight", "mxfp4", "id 39"]),
     ("type_i32", lambda d: setattr(_td(d, "blk.1.ffn_up.weight"), "type", I32), UNSUPPORTED,
      ["blk.1.ffn_up.weight", "i32"]),
     ("norm_not_f32", lambda d: setattr(_td(d, "output_norm.weight"), "type", F16), BAD_MODEL,

@@ -70,11 +70,13 @@ enum {
     PI_TYPE_IQ2_XXS = 16, /* super-blocks of 256: a 256-point grid of 8 values, a 4-bit scale per 32, 7-bit sign indices */
     PI_TYPE_IQ2_XS  = 17, /* the same with a 512-point grid, a 4-bit scale per 16 */
     PI_TYPE_IQ3_XXS = 18, /* super-blocks of 256: a 256-point grid of 4 values, a 4-bit scale per 32, 7-bit sign indices */
+    PI_TYPE_IQ1_S  = 19, /* super-blocks of 256: a 2048-point grid of 8 values in {-1, 0, 1} + delta, a 3-bit scale per 32 */
     PI_TYPE_IQ4_NL = 20, /* Q4_0's layout, the nibbles indexing a non-linear grid of 16 int8 values */
     PI_TYPE_IQ3_S  = 21, /* super-blocks of 256: a 512-point grid of 4 values, a 4-bit scale per 32, a sign bit each */
     PI_TYPE_IQ2_S  = 22, /* super-blocks of 256: a 1024-point grid of 8 values, a 4-bit scale per 16, a sign bit each */
     PI_TYPE_IQ4_XS = 23, /* super-blocks of 256: IQ4_NL's grid, a 6-bit scale per 32 */
     PI_TYPE_I32  = 26,
+    PI_TYPE_IQ1_M  = 29, /* IQ1_S's grid, a delta per 8 values, a 3-bit scale per 16, d spread over the scales' top bits */
     PI_TYPE_BF16 = 30,
     PI_TYPE_COUNT = 40
 };

@@ -140,7 +140,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K,
                        .repacked_type = PI_TYPE_Q6_KX16 /* where the level has a repack kernel for it */ },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
-    /* IQ4, IQ3, IQ2 (read only: llama.cpp's files; no quantizer here) */
+    /* IQ4, IQ3, IQ2, IQ1 (read only: llama.cpp's files; no quantizer here) */
     [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, NULL, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_IQ4_NLX8 },
     [PI_TYPE_IQ4_XS] = { "iq4_xs", 256, 136, pi_iq4_xs_to_f32, NULL, PI_TYPE_Q8_K, .repacked_type = PI_TYPE_IQ4_XSX16 },
     [PI_TYPE_IQ3_XXS] = { "iq3_xxs", 256, 98, pi_iq3_xxs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
@@ -148,6 +148,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_IQ2_XXS] = { "iq2_xxs", 256, 66, pi_iq2_xxs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
     [PI_TYPE_IQ2_XS]  = { "iq2_xs", 256, 74, pi_iq2_xs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
     [PI_TYPE_IQ2_S]   = { "iq2_s", 256, 82, pi_iq2_s_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
+    [PI_TYPE_IQ1_S]   = { "iq1_s", 256, 50, pi_iq1_s_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
+    [PI_TYPE_IQ1_M]   = { "iq1_m", 256, 56, pi_iq1_m_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q8_KW },
     /* internal types: activation formats (conversions in arch/), an interleaved weight layout (no row access:
      * no conversions, dot or axpy; block_bytes is per row so that sizes stay those of Q4_0), the sparse FFN's
      * packed rows */
@@ -155,7 +157,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_IQ4_NLX8] = { "iq4_nlx8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },   /* Q4_0X8's layout, IQ4_NL's values */
     [PI_TYPE_IQ4_XSX16] = { "iq4_xsx16", 256, 136, NULL, NULL, PI_TYPE_Q8_K },
-    [PI_TYPE_Q8_KW]  = { "q8_kw", 256, 276, NULL, NULL, PI_TYPE_Q8_K },   /* IQ2 rows for prompts (to_batch) */
+    [PI_TYPE_Q8_KW]  = { "q8_kw", 256, 276, NULL, NULL, PI_TYPE_Q8_K },   /* IQ2, IQ1 rows for prompts (to_batch) */
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P, .tiles_act_type = PI_TYPE_Q8_0S },
     /* rows without scales: axpy_cols only */
     [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 32, .cols_aux = 2 },
@@ -215,6 +217,7 @@ _Static_assert(sizeof(pi_block_iq3_s) == 110, "IQ3_S block size");
 _Static_assert(sizeof(pi_block_iq2_xxs) == 66, "IQ2_XXS block size");
 _Static_assert(sizeof(pi_block_iq2_xs) == 74, "IQ2_XS block size");
 _Static_assert(sizeof(pi_block_iq2_s) == 82, "IQ2_S block size");
+_Static_assert(sizeof(pi_block_iq1_s) == 50 && sizeof(pi_block_iq1_m) == 56, "IQ1 block sizes");
 _Static_assert(sizeof(pi_block_q8_kw) == 276, "Q8_KW block size");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&

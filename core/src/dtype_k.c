@@ -116,6 +116,24 @@ IQ2_TO_F32(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
 IQ2_TO_F32(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
 IQ2_TO_F32(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
 
+/* IQ1_S, IQ1_M: llama.cpp's f32 operations, d ls, then times (g + delta) = v / 8 (exact) */
+#define IQ1_TO_F32(name, wtype, dfield)                                                                             \
+    void pi_##name##_to_f32(const void *src, float *dst, int64_t n) {                                               \
+        const wtype *x = src;                                                                                       \
+        for (int64_t b = 0; b < n / PI_QK_K; b++) {                                                                 \
+            const float d = pi_fp16_to_f32(dfield(&x[b]));                                                          \
+            for (int j = 0; j < PI_QK_K / PI_QK; j++, dst += PI_QK) {                                               \
+                pi_iq1_sub sb;                                                                                      \
+                pi_##name##_sub(&x[b], j, &sb);                                                                     \
+                for (int k = 0; k < PI_QK; k++)                                                                     \
+                    dst[k] = d * (float)sb.ls[k / 16] * ((float)pi_iq1_value(PI_IQ1_GRID, &sb, k) * 0.125f);       \
+            }                                                                                                       \
+        }                                                                                                           \
+    }
+#define IQ1_S_D(b) ((b)->d)
+IQ1_TO_F32(iq1_s, pi_block_iq1_s, IQ1_S_D)
+IQ1_TO_F32(iq1_m, pi_block_iq1_m, pi_iq1_m_d)
+
 void pi_q5_1_to_f32(const void *src, float *dst, int64_t n) {
     const pi_block_q5_1 *x = src;
     for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {

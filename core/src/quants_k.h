@@ -7,7 +7,8 @@
  *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),
  *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K),
  *   IQ4_NL -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
- *   grid's values up to 127 could overflow a super-block's int32 sum),  IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S -> Q8_K. */
+ *   grid's values up to 127 could overflow a super-block's int32 sum),  IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
+ *   IQ1_M -> Q8_K. */
 #ifndef PI_QUANTS_K_H
 #define PI_QUANTS_K_H
 
@@ -127,9 +128,56 @@ static inline void pi_iq2_s_sub(const pi_block_iq2_s *b, int j, const uint64_t *
     o->s[1] = b->scales[j] >> 4;
 }
 
-/* Q8_KW (internal): IQ2 rows converted for prompts (pi_to_batch_fn, arch/vec_dot_k.c): per super-block the values
- * v = grid value * sign (|v| <= 43) as bytes u = v + 64, sc_j = ls of elements 16 j .., and d = the IQ2 row's fp16 d
- * times 1/8 as f32 (exact); value d sc_j (u - 64). 276 B */
+/* The IQ1 types: 8 sub-blocks of 32 elements, each 4 points of a grid of 8 values g in {-1, 0, 1} (PI_IQ1_GRID, 11-bit
+ * indices) shifted by a delta of +-1/8 per point (IQ1_S: per sub-block); element value d ls (g + delta) with
+ * ls = 2 s + 1 from a 3-bit s, per 32 (IQ1_S) or per 16 (IQ1_M). In integers v = 8 (g + delta) = 8 g +- 1 (odd,
+ * |v| <= 9) and d / 8: the dot products sum ls v y exactly (llama.cpp's 8 sum ls g y + sum ls delta bsum, the same).
+ * IQ1_S: qs[i] the low 8 bits of index i (sub-block j: 4 j .. 4 j + 3); qh[j]: bits 3 l .. 3 l + 2 index 4 j + l's
+ * top 3, bits 12..14 s_j, bit 15 the delta's sign (set: -1/8). 50 B */
+typedef struct { uint16_t d; uint8_t qs[PI_QK_K / 8]; uint16_t qh[PI_QK_K / 32]; } pi_block_iq1_s;
+/* IQ1_M: qs as IQ1_S's; qh[2 j + m] holds the top 3 bits of index 4 j + 2 m in bits 0..2 and of 4 j + 2 m + 1 in
+ * bits 4..6, their deltas' signs in bits 3 and 7; the little-endian uint16 k of scales holds the 3-bit s of the
+ * halves of sub-blocks 2 k (bits 0..2, 3..5) and 2 k + 1 (bits 6..8, 9..11), and its bits 12..15 are bits 4 k ..
+ * 4 k + 3 of the fp16 d. 56 B */
+typedef struct { uint8_t qs[PI_QK_K / 8]; uint8_t qh[PI_QK_K / 16]; uint8_t scales[PI_QK_K / 32]; } pi_block_iq1_m;
+/* One IQ1 sub-block: its 4 grid indices, each point's delta sign (+1 or -1) and ls of its halves */
+typedef struct { int idx[4], delta[4], ls[2]; } pi_iq1_sub;
+static inline void pi_iq1_s_sub(const pi_block_iq1_s *b, int j, pi_iq1_sub *o) {
+    const int h = b->qh[j];
+    for (int l = 0; l < 4; l++) {
+        o->idx[l] = b->qs[4 * j + l] | (h >> 3 * l & 7) << 8;
+        o->delta[l] = h & 0x8000 ? -1 : 1;
+    }
+    o->ls[0] = o->ls[1] = 2 * (h >> 12 & 7) + 1;
+}
+static inline uint16_t pi_iq1_m_scales(const pi_block_iq1_m *b, int k) {
+    uint16_t s;
+    memcpy(&s, b->scales + 2 * k, 2);
+    return s;
+}
+static inline void pi_iq1_m_sub(const pi_block_iq1_m *b, int j, pi_iq1_sub *o) {
+    for (int l = 0; l < 4; l++) {
+        const int h = b->qh[2 * j + l / 2] >> 4 * (l % 2);
+        o->idx[l] = b->qs[4 * j + l] | (h & 7) << 8;
+        o->delta[l] = h & 8 ? -1 : 1;
+    }
+    const int s = pi_iq1_m_scales(b, j / 2) >> 6 * (j % 2);
+    o->ls[0] = 2 * (s & 7) + 1;
+    o->ls[1] = 2 * (s >> 3 & 7) + 1;
+}
+/* IQ1_M's fp16 d, from the top nibbles of its four scale words */
+static inline uint16_t pi_iq1_m_d(const pi_block_iq1_m *b) {
+    return (uint16_t)(pi_iq1_m_scales(b, 0) >> 12 | (pi_iq1_m_scales(b, 1) >> 8 & 0x00f0) |
+                      (pi_iq1_m_scales(b, 2) >> 4 & 0x0f00) | (pi_iq1_m_scales(b, 3) & 0xf000));
+}
+/* element k (0..31) of a decoded sub-block: v = 8 g + delta */
+static inline int pi_iq1_value(const uint64_t *grid, const pi_iq1_sub *sb, int k) {
+    return 8 * (int8_t)(grid[sb->idx[k / 8]] >> 8 * (k % 8) & 255) + sb->delta[k / 8];
+}
+
+/* Q8_KW (internal): IQ2 and IQ1 rows converted for prompts (pi_to_batch_fn, arch/vec_dot_k.c): per super-block the
+ * values v (IQ2: grid value * sign, |v| <= 43; IQ1: 8 g + delta) as bytes u = v + 64, sc_j = ls of elements 16 j ..,
+ * and d = the row's fp16 d times 1/8 as f32 (exact); value d sc_j (u - 64). 276 B */
 typedef struct { uint8_t u[PI_QK_K]; int8_t scales[PI_QK_K / 16]; float d; } pi_block_q8_kw;
 
 /* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
@@ -213,6 +261,8 @@ void pi_iq3_s_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq2_xxs_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq2_xs_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq2_s_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq1_s_to_f32(const void *src, float *dst, int64_t n);
+void pi_iq1_m_to_f32(const void *src, float *dst, int64_t n);
 
 void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);

@@ -114,7 +114,13 @@ static void case_mul_mat_bytes(int32_t type, int64_t T) {
     for (int64_t b = 0; b < rb * N / bb; b++) {   /* fp16 sign | exponent 9..11 (2^-6 .. 2^-4) | 10 random bits */
         const uint64_t r = rng_next();
         const uint16_t h = (uint16_t)((r >> 63) << 15 | (9 + (r >> 32) % 3) << 10 | (r & 0x3ff));
-        memcpy(wq + b * bb, &h, 2);
+        if (type == PI_TYPE_IQ1_M)   /* d: the top nibbles of the four scale words (bytes 48..55) */
+            for (int k = 0; k < 4; k++) {
+                unsigned char *s = wq + b * bb + 48 + 2 * k;
+                s[1] = (unsigned char)((s[1] & 0x0f) | (h >> 4 * k & 15) << 4);
+            }
+        else
+            memcpy(wq + b * bb, &h, 2);
     }
     pi_tensor tw = tensor(type, K, N, 1, wq), tx = tensor(PI_TYPE_F32, K, T, 1, x), ty = tensor(PI_TYPE_F32, N, T, 1, y);
     check(pi_op_mul_mat(pool, &tw, &tx, &ty), "mul_mat");
@@ -271,7 +277,7 @@ int main(int argc, char **argv) {
     case_sparse_ffn(PI_TYPE_Q8_0, PI_FFN_SYM, PI_ACT_RELU, "sym.relu", 0);
     case_sparse_ffn(PI_TYPE_F16, PI_FFN_SEQ, PI_ACT_GELU, "seq.gelu", 0);
     const int32_t read_only[] = { PI_TYPE_IQ4_NL, PI_TYPE_IQ4_XS, PI_TYPE_IQ3_XXS, PI_TYPE_IQ3_S, PI_TYPE_IQ2_XXS,
-                                  PI_TYPE_IQ2_XS, PI_TYPE_IQ2_S };
+                                  PI_TYPE_IQ2_XS, PI_TYPE_IQ2_S, PI_TYPE_IQ1_S, PI_TYPE_IQ1_M };
     for (size_t i = 0; i < sizeof read_only / sizeof *read_only; i++)
         for (int64_t T = 1; T <= 17; T += 8) case_mul_mat_bytes(read_only[i], T);   /* 1, 9, 17 tokens */
 

@@ -1,9 +1,9 @@
-"""Files of llama.cpp's read-only types (IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S), run by llama.cpp
-and by us.
+"""Files of llama.cpp's read-only types (IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M), run by
+llama.cpp and by us.
 
 A small random llama (n_embd 256: whole super-blocks) is written in f32 and quantized by llama.cpp's own quantizer
 (llama_model_quantize) to IQ4_NL, IQ4_XS and IQ3_S (its matrices of that type, as llama-quantize leaves them; the
-output matrix Q6_K). llama.cpp quantizes to IQ3_XXS and the IQ2 types only with an importance matrix, which its
+output matrix Q6_K). llama.cpp quantizes to IQ3_XXS, the IQ2 and the IQ1 types only with an importance matrix, which its
 Python binding cannot pass, so those files hold random blocks of the type (any bytes are valid ones), scaled to each
 f32 weight's RMS.
 Both engines quantize the activations as llama.cpp does for these types (IQ4_NL: Q8_0 per 32, the others Q8_K per
@@ -34,7 +34,8 @@ from make_test_model import write_model  # noqa: E402
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190, 2, 8, 150, 77, 31, 260, 19, 90]
 # logits, ours against llama.cpp's, relative RMS (measured in parentheses, Zen 3 avx2 level)
 REL_RMS = {"iq4_nl": 2e-2, "iq4_xs": 1e-5, "iq3_s": 1e-2, "iq3_xxs": 1e-4,   # (7.0e-3, 1.0e-7, 1.4e-3, 2.4e-7)
-           "iq2_xxs": 1e-4, "iq2_xs": 1e-4, "iq2_s": 1e-4}   # (2.3e-7, 2.5e-7, 2.3e-7)
+           "iq2_xxs": 1e-4, "iq2_xs": 1e-4, "iq2_s": 1e-4,   # (2.3e-7, 2.5e-7, 2.3e-7)
+           "iq1_s": 1e-4, "iq1_m": 1e-4}   # (2.35e-7, 2.34e-7)
 BY_LLAMA_CPP = ("iq4_nl", "iq4_xs", "iq3_s")   # the others: random blocks (random_iq_file)
 KLD_SLACK = 1.10   # ours <= 1.1 x llama.cpp's mean KL divergence from the exact weights
 
@@ -73,12 +74,23 @@ def random_iq_file(src, dst, qtype, seed) -> None:
             continue
         rows_, cols = int(t.shape[1]), int(t.shape[0])
         raw = rng.integers(0, 256, (rows_ * cols // bs, bb), dtype=np.uint8)
-        raw[:, 0:2] = np.float16(1.0).reshape(1).view(np.uint8)
+        set_d(raw, qtype, np.ones(len(raw)))
         rms = np.sqrt(np.mean(gguf.quants.dequantize(raw.reshape(1, -1), qtype).astype(np.float64) ** 2))
         d = np.sqrt(np.mean(np.asarray(t.data, np.float64) ** 2)) / rms
-        raw[:, 0:2] = (d * rng.uniform(0.5, 1.5, len(raw))).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        set_d(raw, qtype, d * rng.uniform(0.5, 1.5, len(raw)))
         w.add_tensor(t.name, raw.reshape(rows_, -1), raw_dtype=qtype)
     write(w)
+
+
+def set_d(raw: np.ndarray, qtype, d: np.ndarray) -> None:
+    """Each block's fp16 d: its first two bytes, or IQ1_M's, the top nibbles of its four scale words (bytes 48..55)."""
+    bits = d.astype(np.float16).view(np.uint16).astype(np.int64)
+    if qtype == gguf.GGMLQuantizationType.IQ1_M:
+        sc = raw[:, 48:56].copy().view("<u2").astype(np.int64)
+        sc = (sc & 0x0fff) | ((bits[:, None] >> (4 * np.arange(4))) & 15) << 12
+        raw[:, 48:56] = sc.astype("<u2").view(np.uint8)
+    else:
+        raw[:, 0:2] = bits.astype("<u2").view(np.uint8).reshape(-1, 2)
 
 
 def theirs_logits(path) -> np.ndarray:

@@ -174,10 +174,14 @@ static float pi_vec_dot_iq3_s_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq2_xxs_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq2_xs_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq2_s_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_iq1_s_q8_K(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_iq1_m_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x);
 static bool pi_iq2_xxs_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_iq2_xs_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_iq2_s_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_iq1_s_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_iq1_m_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
 
 /* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
 #if PI_HAVE_ROWS8
@@ -224,6 +228,8 @@ static void pi_axpy_iq3_s(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq2_xxs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq2_xs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq2_s(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_iq1_s(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_iq1_m(int64_t n, float a, const void *row, float *y);
 static bool pi_iq3_xxs_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_iq3_s_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
 /* Q8_KM: the activations of Q4_K/Q5_K (quants_k.h), SIMD with the scalar bits */

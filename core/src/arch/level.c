@@ -84,10 +84,12 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         /* no 8-row kernels: prompts convert rows to Q6_K (to_batch) and run its kernels */
         [PI_TYPE_IQ3_XXS] = { pi_vec_dot_iq3_xxs_q8_K, pi_axpy_iq3_xxs, .to_batch = pi_iq3_xxs_to_q6_K },
         [PI_TYPE_IQ3_S]   = { pi_vec_dot_iq3_s_q8_K, pi_axpy_iq3_s, .to_batch = pi_iq3_s_to_q6_K },
-        /* prompts convert rows to Q8_KW (to_batch) and run its kernels */
+        /* prompts convert rows to Q8_KW (to_batch) and run its kernels (IQ2, IQ1) */
         [PI_TYPE_IQ2_XXS] = { pi_vec_dot_iq2_xxs_q8_K, pi_axpy_iq2_xxs, .to_batch = pi_iq2_xxs_to_q8_kw },
         [PI_TYPE_IQ2_XS]  = { pi_vec_dot_iq2_xs_q8_K, pi_axpy_iq2_xs, .to_batch = pi_iq2_xs_to_q8_kw },
         [PI_TYPE_IQ2_S]   = { pi_vec_dot_iq2_s_q8_K, pi_axpy_iq2_s, .to_batch = pi_iq2_s_to_q8_kw },
+        [PI_TYPE_IQ1_S]   = { pi_vec_dot_iq1_s_q8_K, pi_axpy_iq1_s, .to_batch = pi_iq1_s_to_q8_kw },
+        [PI_TYPE_IQ1_M]   = { pi_vec_dot_iq1_m_q8_K, pi_axpy_iq1_m, .to_batch = pi_iq1_m_to_q8_kw },
         [PI_TYPE_Q8_K] = { pi_vec_dot_q8_K_q8_K,  pi_axpy_q8_K, .from_f32 = pi_quantize_row_q8_K,
                            .tiles_prep = AMX(pi_tiles_prep_q8_K),
                            .tiles_unit = PI_QK_K, .tiles_unit_bytes = AMX_Q8_K_TABLE },

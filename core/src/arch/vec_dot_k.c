@@ -580,6 +580,36 @@ static inline __attribute__((always_inline)) iq_vec iq2_s_vec(const pi_block_iq2
                                         (int64_t)sb.points[3]),
                      bits_to_signs(sb.signs), iq_ls(2 * sb.s[0] + 1, 2 * sb.s[1] + 1) };
 }
+/* IQ1: the values v = 8 g + delta (odd, |v| <= 9) of a sub-block's 4 points (11-bit indices) and their deltas' signs
+ * (delta: per 8-byte lane all -1 or all +1 bytes); |v| becomes the iq_vec's g and v itself its signs (never 0). */
+static inline __attribute__((always_inline)) __m256i iq1_values(uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3,
+                                                                __m256i delta) {
+    const uint64_t *G = PI_IQ1_GRID;
+    const __m256i g = _mm256_setr_epi64x((int64_t)G[i0], (int64_t)G[i1], (int64_t)G[i2], (int64_t)G[i3]);
+    /* 8 g bytewise: a 16-bit shift by 3 whose carries into the next byte (from -1's 0xff) the mask drops */
+    return _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8((char)0xf8)), delta);
+}
+#define IQ1_DELTA8(negative) ((negative) ? -1ll : 0x0101010101010101ll)
+static inline __attribute__((always_inline)) iq_vec iq1_s_vec(const pi_block_iq1_s *x, int j) {
+    const uint32_t h = x->qh[j];
+    const uint8_t *q = x->qs + 4 * j;
+    const __m256i v = iq1_values(q[0] | (h << 8 & 0x700), q[1] | (h << 5 & 0x700), q[2] | (h << 2 & 0x700),
+                                 q[3] | (h >> 1 & 0x700), _mm256_set1_epi64x(IQ1_DELTA8(h & 0x8000)));
+    const int ls = 2 * (int)(h >> 12 & 7) + 1;
+    return (iq_vec){ _mm256_abs_epi8(v), v, iq_ls(ls, ls) };
+}
+static inline __attribute__((always_inline)) iq_vec iq1_m_vec(const pi_block_iq1_m *x, int j) {
+    uint16_t h;   /* qh[2 j] | qh[2 j + 1] << 8: the deltas' signs in bits 3, 7, 11, 15 */
+    memcpy(&h, x->qh + 2 * j, 2);
+    const uint8_t *q = x->qs + 4 * j;
+    const __m256i bit = _mm256_setr_epi64x(1 << 3, 1 << 7, 1 << 11, 1 << 15);
+    const __m256i neg = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_set1_epi64x(h), bit), bit);
+    const __m256i v = iq1_values(q[0] | (h << 8 & 0x700), q[1] | (h << 4 & 0x700), q[2] | (h & 0x700),
+                                 q[3] | (h >> 4 & 0x700), _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+    const uint32_t s = (uint32_t)pi_iq1_m_scales(x, j / 2) >> 6 * (j % 2);
+    return (iq_vec){ _mm256_abs_epi8(v), v, iq_ls(2 * (int)(s & 7) + 1, 2 * (int)(s >> 3 & 7) + 1) };
+}
+#undef IQ1_DELTA8
 /* The lanes of a super-block: per sub-block the signed activations against g, int16 pairs (grid <= 62: 2 * 62 * 127
  * fits) times ls into int32 lanes. */
 #define IQ_LANES(name, wtype)                                                                                       \
@@ -599,6 +629,8 @@ IQ_LANES(iq3_s, pi_block_iq3_s)
 IQ_LANES(iq2_xxs, pi_block_iq2_xxs)
 IQ_LANES(iq2_xs, pi_block_iq2_xs)
 IQ_LANES(iq2_s, pi_block_iq2_s)
+IQ_LANES(iq1_m, pi_block_iq1_m)
+IQ_LANES(iq1_s, pi_block_iq1_s)
 #else
 /* sum_k grid value k * sign k * yq[k] over a sub-block's 32 elements (idx: its 8 grid points) */
 static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {
@@ -659,6 +691,26 @@ static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_
 IQ2_INTS(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
 IQ2_INTS(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
 IQ2_INTS(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
+
+/* IQ1_S, IQ1_M: *sumi = sum over halves h of 16 elements ls_h sum_l v_l y_l (|v| <= 9, ls <= 15); d's factor 1/8 */
+#define IQ1_INTS(name, wtype)                                                                                       \
+    static inline __attribute__((always_inline)) void name##_ints(const wtype *x, const pi_block_q8_K *y,           \
+                                                                  int32_t *sumi, int32_t *summ) {                   \
+        *summ = 0;                                                                                                  \
+        int32_t s = 0;                                                                                              \
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
+            pi_iq1_sub sb;                                                                                          \
+            pi_##name##_sub(x, j, &sb);                                                                             \
+            for (int h = 0; h < 2; h++) {                                                                           \
+                int32_t t = 0;                                                                                      \
+                for (int k = 16 * h; k < 16 * h + 16; k++) t += pi_iq1_value(PI_IQ1_GRID, &sb, k) * y->qs[32 * j + k]; \
+                s += sb.ls[h] * t;                                                                                  \
+            }                                                                                                       \
+        }                                                                                                           \
+        *sumi = s;                                                                                                  \
+    }
+IQ1_INTS(iq1_s, pi_block_iq1_s)
+IQ1_INTS(iq1_m, pi_block_iq1_m)
 #endif
 
 /* IQ3 rows -> Q6_K rows for prompts (pi_to_batch_fn; mul_mat's batch path, ops.c). Sub-block j's 32 values
@@ -833,6 +885,42 @@ IQ2_TO_Q8_KW(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
 IQ2_TO_Q8_KW(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
 IQ2_TO_Q8_KW(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
 
+/* IQ1 rows -> Q8_KW rows for prompts: u = v + 64 (v = 8 g + delta), ls of each half, d = fp16 d / 8 in f32 (exact: the
+ * IQ1 dot's d times its 1/8). Never refuses. */
+#if defined(__AVX2__)
+#define IQ1_SUB_TO_Q8_KW(name, x, j, y)                                                                             \
+    do {                                                                                                            \
+        const iq_vec v = name##_vec(x, j);   /* its signs are the values v */                                       \
+        (y)->scales[2 * (j)] = (int8_t)_mm256_extract_epi16(v.ls, 0);                                               \
+        (y)->scales[2 * (j) + 1] = (int8_t)_mm256_extract_epi16(v.ls, 8);                                           \
+        _mm256_storeu_si256((__m256i *)((y)->u + PI_QK * (j)), _mm256_add_epi8(v.signs, _mm256_set1_epi8(64)));    \
+    } while (0)
+#else
+#define IQ1_SUB_TO_Q8_KW(name, x, j, y)                                                                             \
+    do {                                                                                                            \
+        pi_iq1_sub sb;                                                                                              \
+        pi_##name##_sub(x, j, &sb);                                                                                 \
+        (y)->scales[2 * (j)] = (int8_t)sb.ls[0];                                                                    \
+        (y)->scales[2 * (j) + 1] = (int8_t)sb.ls[1];                                                                \
+        for (int e = 0; e < PI_QK; e++) (y)->u[PI_QK * (j) + e] = (uint8_t)(pi_iq1_value(PI_IQ1_GRID, &sb, e) + 64); \
+    } while (0)
+#endif
+#define IQ1_TO_Q8_KW(name, wtype, dfield)                                                                           \
+    static bool pi_##name##_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst) {                 \
+        pi_block_q8_kw *y = dst;                                                                                    \
+        for (int r = 0; r < n; r++) {                                                                               \
+            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
+            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
+                y->d = pi_fp16_to_f32(dfield(&x[b])) * 0.125f;                                                      \
+                for (int j = 0; j < PI_QK_K / PI_QK; j++) IQ1_SUB_TO_Q8_KW(name, &x[b], j, y);                      \
+            }                                                                                                       \
+        }                                                                                                           \
+        return true;                                                                                                \
+    }
+#define IQ1_S_D(b) ((b)->d)
+IQ1_TO_Q8_KW(iq1_s, pi_block_iq1_s, IQ1_S_D)
+IQ1_TO_Q8_KW(iq1_m, pi_block_iq1_m, pi_iq1_m_d)
+
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
  * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the
  * others, bd the activation block's f32 step; the 8-row kernels of rows8_k.c keep the same order. The AVX2 code
@@ -919,6 +1007,38 @@ K_ROW_DOT(iq3_s, pi_block_iq3_s, pi_block_q8_K, d, false, d, 1.0f)
 K_ROW_DOT(iq2_xxs, pi_block_iq2_xxs, pi_block_q8_K, d, false, d, 0.125f)
 K_ROW_DOT(iq2_xs, pi_block_iq2_xs, pi_block_q8_K, d, false, d, 0.125f)
 K_ROW_DOT(iq2_s, pi_block_iq2_s, pi_block_q8_K, d, false, d, 0.125f)
+K_ROW_DOT(iq1_s, pi_block_iq1_s, pi_block_q8_K, d, false, d, 0.125f)
+
+/* IQ1_M has no d field (its d is spread over the scales): the same integers and float steps as K_ROW_DOT's, its 8
+ * blocks' d gathered one by one */
+float pi_vec_dot_iq1_m_q8_K(int64_t n, const void *w, const void *x) {
+    const pi_block_iq1_m *a = w;
+    const pi_block_q8_K *b = x;
+    const int64_t nb = n / PI_QK_K;
+    float sum = 0.0f;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= nb; i += 8) {
+        __m256i li[8], lm[8];
+        uint16_t d[8];
+        for (int k = 0; k < 8; k++) {
+            prefetch_block(&a[i + k], sizeof *a);
+            iq1_m_lanes(&a[i + k], &b[i + k], &li[k], &lm[k]);
+            d[k] = pi_iq1_m_d(&a[i + k]);
+        }
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+        sum = k_add8(sum, pi_f32x8_strided(&b[i].d, sizeof *b), dv, li, dv, lm, false, 0.125f);
+    }
+#endif
+    for (; i < nb; i++) {
+        prefetch_block(&a[i], sizeof *a);
+        int32_t sumi, summ;
+        K_INTS(iq1_m, &a[i], &b[i], &sumi, &summ);
+        const uint16_t d = pi_iq1_m_d(&a[i]);
+        sum += k_term(b[i].d, d, d, sumi, summ, false, 0.125f);
+    }
+    return sum;
+}
 
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
     const pi_block_q8_K *a = w, *b = x;
@@ -1106,3 +1226,5 @@ AXPY(pi_axpy_iq3_s, pi_iq3_s_to_f32, PI_QK_K, pi_block_iq3_s)
 AXPY(pi_axpy_iq2_xxs, pi_iq2_xxs_to_f32, PI_QK_K, pi_block_iq2_xxs)
 AXPY(pi_axpy_iq2_xs, pi_iq2_xs_to_f32, PI_QK_K, pi_block_iq2_xs)
 AXPY(pi_axpy_iq2_s, pi_iq2_s_to_f32, PI_QK_K, pi_block_iq2_s)
+AXPY(pi_axpy_iq1_s, pi_iq1_s_to_f32, PI_QK_K, pi_block_iq1_s)
+AXPY(pi_axpy_iq1_m, pi_iq1_m_to_f32, PI_QK_K, pi_block_iq1_m)

@@ -876,6 +876,34 @@ def test_card_timing_warns_when_others_ran(sparse_files, monkeypatch):
     assert "other processes" not in sparsify.decode_speeds(dst, 4, 1)[1]
 
 
+def test_card_warns_when_the_default_level_is_slower():
+    """Where the run a context makes of the file by default (its default level, with the stored input thresholds)
+    decoded slower than the dense model, sparsify says so and how to run dense; not where it was faster or untimed."""
+    tps = {"dense": 10.0, "0.25": 11.0, "0.25+in": 9.0, "0.5": 12.0, "0.5+in": 8.0}
+    slow = sparsify.slower_than_dense(tps, 0.5, inputs=True, attn=False)
+    assert "default level (0.5+in) decoded at 0.80x" in slow and "faster: 0.25, 0.5;" in slow and "--dense" in slow
+    assert sparsify.slower_than_dense(tps, 0.5, inputs=False, attn=False) is None          # 0.5 alone: 1.2x
+    assert sparsify.slower_than_dense({"dense": 10.0, "0.5+attn": 9.9}, 0.5, False, True).startswith(
+        "on this machine the default level (0.5+attn) decoded at 0.99x")
+    assert sparsify.slower_than_dense({"dense": 10.0}, 0.5, False, False) is None          # not timed
+
+
+def test_model_card_warns_when_the_default_level_is_slower(sparse_files, tmp_path, monkeypatch, capsys):
+    """The warning goes to the log and, in bold, into the card (the timing replaced by fixed speeds)."""
+    src, _ = sparse_files["f32"]
+    out = tmp_path / "slow.gguf"
+    monkeypatch.setattr(sparsify, "decode_speeds", lambda *a: ({"dense": 10.0, "0.3": 7.0}, "fixed"))
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.3", "-o", str(out),
+                          "--calib-tokens", "128", "--ctx", "64", "--eval-chunks", "2", "--speed-tokens", "4"]) == 0
+    card = (tmp_path / "slow.gguf.card.md").read_text()
+    assert "**Warning: on this machine the default level (0.3) decoded at 0.70x the dense model's speed" in card
+    assert "sparsify: warning: on this machine the default level (0.3)" in capsys.readouterr().err
+    monkeypatch.setattr(sparsify, "decode_speeds", lambda *a: ({"dense": 10.0, "0.3": 12.0}, "fixed"))
+    assert sparsify.main([str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.3", "-o", str(out),
+                          "--calib-tokens", "128", "--ctx", "64", "--eval-chunks", "2", "--speed-tokens", "4"]) == 0
+    assert "Warning" not in (tmp_path / "slow.gguf.card.md").read_text()
+
+
 # ----------------------------------------------------------------------------------------- errors
 def test_errors(sparse_files, tmp_path, capsys):
     src, dst = sparse_files["f32"]

@@ -415,8 +415,23 @@ def decode_speeds(out: Path, n_gen: int, n_threads: int | None) -> tuple[dict, s
     return {name: v[0] for name, v in speeds.items()}, setup
 
 
+def slower_than_dense(tps: dict, default: float, inputs: bool, attn: bool) -> str | None:
+    """A warning where the run a context makes of the file by default (its default level, with the input thresholds
+    the file stores) decoded slower than the dense model in the timing: the level then saves bytes but not time on
+    this machine. None where it was not timed or is not slower."""
+    key = f"{default:g}" + ("+in" if inputs else "") + ("+attn" if attn else "")   # act_sparsity.level_runs' names
+    if "dense" not in tps or key not in tps or tps[key] >= tps["dense"]:
+        return None
+    faster = [k for k, v in tps.items() if k != "dense" and v > tps["dense"]]
+    return (f"on this machine the default level ({key}) decoded at {tps[key] / tps['dense']:.2f}x the dense model's "
+            "speed: it reads fewer bytes but takes longer here (bench/README.md says where the sparse kernels trail "
+            "the dense ones); " + (f"levels that were faster: {', '.join(faster)}; " if faster else "")
+            + "run the exact dense model with --dense (main.py, server.py) or choose a level with --sparsity")
+
+
 def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: list[dict], n_calib: int,
-         n_ctx: int, fmt_bytes, attn=None, weighted: bool = False, speeds: tuple[dict, str] | None = None) -> str:
+         n_ctx: int, fmt_bytes, attn=None, weighted: bool = False, speeds: tuple[dict, str] | None = None,
+         slow: str | None = None) -> str:
     rule = ("|act(gate x)| w >= t runs, w the channel's weight (blk.N.ffn_act_scale)" if weighted
             else "|act(gate x)| >= t runs")
     lines = [f"# {out.name}", "",
@@ -452,6 +467,7 @@ def card(src: Path, out: Path, levels, thresholds, inputs, types: dict, rows: li
               *([f"Decode t/s: measured on this machine right after the evaluation ({setup}; "
                  "tools/sparsify.py --speed-tokens); the dense row is the sparse file with every channel computed "
                  "(--dense), exactly the input model.", ""] if speeds else []),
+              *([f"**Warning: {slow}.**", ""] if slow else []),
               f"Held-out: {rows[-1].get('n', 0)} scored positions. Thresholds per layer "
               f"({rule}; gate input: |x_j| >= t is read):", ""]
     for j, (lv, t) in enumerate(zip(levels, thresholds)):
@@ -629,13 +645,16 @@ def main(argv=None) -> int:
             "(give --heldout or a longer corpus)")
         return 0
     rows = evaluate(a.model, a.output, levels, held, a.ctx, a.eval_chunks, a.threads)
-    speeds = None
+    speeds, slow = None, None
     if a.speed_tokens > 0:
         log(f"sparsify: timing decode (tg{a.speed_tokens}) of the dense model and of each run")
         speeds = decode_speeds(a.output, a.speed_tokens, a.threads)
+        slow = slower_than_dense(speeds[0], default, inputs is not None, attn is not None)
+        if slow:
+            log(f"sparsify: warning: {slow}")
     fmt = lambda b: f"{b / 2**20:.1f} MiB"   # noqa: E731
     text = card(a.model, a.output, levels, thresholds, inputs, types, rows, n_calib, a.ctx, fmt, attn,
-                weighted=act_scale is not None, speeds=speeds)
+                weighted=act_scale is not None, speeds=speeds, slow=slow)
     card_path = a.output.with_name(a.output.name + ".card.md")
     card_path.write_text(text, encoding="utf-8")
     print(text)

@@ -366,6 +366,7 @@ class PowerInfer:
         self.model = Model(model_path, repack=repack)
         self.model_path = str(model_path)
         self.tokenizer = self.model.tokenizer
+        self._fim = None   # the FIM tokens (fim), looked up on first use
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
                            kv_type=kv_type, sparse_threshold=sparse_threshold, dense=dense, vram_budget=vram_budget,
                            reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
@@ -539,6 +540,30 @@ class PowerInfer:
             raise RequestError("only one prompt per request is supported", param=param)
         raise RequestError(f"'{param}' must be a string or an array of token ids", param=param)
 
+    @property
+    def fim(self):
+        """The model's fill-in-the-middle tokens (powerinfer.infill.FimTokens), looked up once."""
+        if self._fim is None:
+            from .infill import fim_tokens
+            self._fim = fim_tokens(self.model.metadata, self.tokenizer)
+        return self._fim
+
+    def infill_prompt(self, prefix: str, suffix: str, extra: list | None = None, prompt: str = "",
+                      max_tokens: int | None = None, param: str = "input_suffix") -> list[int]:
+        """The FIM prompt's tokens (powerinfer.infill) within a slot's context less max_tokens (less half of it where
+        max_tokens is None or <= 0); RequestError 501 where the model has no FIM tokens, 400 where it cannot fit."""
+        from .infill import InfillError, infill_tokens
+        if not self.fim.usable:
+            raise RequestError("this model has no fill-in-the-middle tokens (FIM prefix, suffix and middle); infill "
+                               "needs a code model trained for it", code="not_supported", param=param, status=501,
+                               type="not_supported_error")
+        n_ctx = self.ctx.n_ctx // self.engine.n_slots
+        reserve = n_ctx // 2 if max_tokens is None or max_tokens <= 0 else min(max_tokens, n_ctx // 2)
+        try:
+            return infill_tokens(self.tokenizer, self.fim, prefix, suffix, extra, prompt, budget=n_ctx - reserve)
+        except InfillError as e:
+            raise RequestError(str(e), param=param) from None
+
     def _logit_bias(self, logit_bias) -> dict[int, float]:
         """OpenAI {"token_id": bias} (bias <= -100 bans the token) or llama.cpp [[id|text, bias|false]]."""
         if logit_bias is None:
@@ -706,13 +731,17 @@ class PowerInfer:
         logits_processor / stopping_criteria are lists of llama-cpp-python's callables; echo with
         logprobs reports the prompt's tokens too (the first with logprob None). Parameters of
         samplers we lack (typical_p, tfs_z, mirostat_mode) must keep their off values (ValueError).
-        `suffix` (infill) is not supported.
+        `suffix` makes it an infill (a string prompt is the code before the cursor, suffix the code after it) through
+        the model's fill-in-the-middle tokens (infill_prompt; RequestError where the model has none).
         """
-        if suffix:
-            raise RequestError("suffix (infill) is not supported", param="suffix")
         check_unimplemented({"typical_p": typical_p, "tfs_z": tfs_z, "mirostat_mode": mirostat_mode})
         self.check_model_name(model)
-        tokens = self.tokenize_prompt(prompt)
+        if suffix:
+            if not isinstance(prompt, str):
+                raise RequestError("with a suffix the prompt must be a string (the code before it)", param="prompt")
+            tokens = self.infill_prompt(prompt, suffix, max_tokens=max_tokens, param="suffix")
+        else:
+            tokens = self.tokenize_prompt(prompt)
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= 20):
             raise RequestError("logprobs must be an integer in [0, 20]", param="logprobs")

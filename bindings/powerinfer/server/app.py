@@ -349,15 +349,42 @@ def build_routes(state: ServerState) -> list[Route]:
         return Response(await run_in_threadpool(work), media_type="application/json")
 
     # ---- native completion
+    def n_predict_field(body: dict) -> int:
+        n_predict = field(body, "n_predict", "int", -1, aliases=("max_tokens",))
+        if n_predict < -1:
+            raise RequestError("'n_predict' must be >= -1 (-1: no limit)", param="n_predict")
+        return _cap(state, n_predict)
+
     async def completion(request: Request):
         llm = state.require()
         body = await read_json(request, state)
         prompt = field(body, "prompt", "any")
         tokens = await run_in_threadpool(llm.tokenize_prompt, prompt)     # long prompts: off the event loop
-        n_predict = field(body, "n_predict", "int", -1, aliases=("max_tokens",))
-        if n_predict < -1:
-            raise RequestError("'n_predict' must be >= -1 (-1: no limit)", param="n_predict")
-        n_predict = _cap(state, n_predict)
+        return await native_completion(request, llm, body, tokens, prompt if isinstance(prompt, str) else None)
+
+    async def infill(request: Request):
+        """llama.cpp's /infill: input_prefix, input_suffix, input_extra [{filename, text}], prompt (after FIM_MID),
+        and every /completion option; the FIM prompt of powerinfer.infill (PowerInfer.infill_prompt: trimmed to the
+        slot's context less n_predict, less half of it where n_predict is -1; 501 where the model has no FIM tokens)."""
+        llm = state.require()
+        body = await read_json(request, state)
+        prefix = field(body, "input_prefix", "str", "")
+        suffix = field(body, "input_suffix", "str", "")
+        prompt = field(body, "prompt", "str", "")
+        extra = field(body, "input_extra", "list", [])
+        for i, chunk in enumerate(extra):
+            if not isinstance(chunk, dict) or not isinstance(chunk.get("text", ""), str) or \
+                    not isinstance(chunk.get("filename", "tmp"), str):
+                raise RequestError(f"input_extra[{i}] must be an object with string 'text' and 'filename'",
+                                   param="input_extra")
+        tokens = await run_in_threadpool(lambda: llm.infill_prompt(prefix, suffix, extra, prompt,
+                                                                   max_tokens=n_predict_field(body)))
+        return await native_completion(request, llm, body, tokens, None)
+
+    async def native_completion(request: Request, llm: PowerInfer, body: dict, tokens: list[int],
+                                prompt_text: str | None):
+        """/completion's work for a prompt's tokens (prompt_text: the request's text, None: the tokens' text)."""
+        n_predict = n_predict_field(body)
         n_probs = field(body, "n_probs", "int", 0)
         if not 0 <= n_probs <= 100:
             raise RequestError("'n_probs' must be in [0, 100]", param="n_probs")
@@ -366,7 +393,8 @@ def build_routes(state: ServerState) -> list[Route]:
         s = sampling_fields(body)
         task = llm.make_task(tokens, max_tokens=n_predict, n_probs=n_probs, **s)
         settings = generation_settings(llm, s, n_predict, stream, n_probs)
-        prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(tokens)
+        if prompt_text is None:   # after make_task, which refuses ids out of the vocabulary
+            prompt_text = llm.detokenize(tokens)
         _stats(request, prompt=len(tokens))
         tok = llm.tokenizer
 
@@ -476,10 +504,14 @@ def build_routes(state: ServerState) -> list[Route]:
         llm = state.require()
         body = await read_json(request, state)
         s, stream, include_usage = openai_common(body, llm)
-        if field(body, "suffix", "str", ""):
-            raise RequestError("'suffix' (insertion) is not supported", param="suffix")
-        tokens = await run_in_threadpool(llm.tokenize_prompt, field(body, "prompt", "any"))
+        suffix = field(body, "suffix", "str", "")
         max_tokens = _cap(state, max_tokens_field(body, 16))
+        if suffix:   # an insertion: the prompt is the text before it (the model's FIM tokens)
+            prompt = field(body, "prompt", "str")
+            tokens = await run_in_threadpool(lambda: llm.infill_prompt(prompt, suffix, max_tokens=max_tokens,
+                                                                       param="suffix"))
+        else:
+            tokens = await run_in_threadpool(llm.tokenize_prompt, field(body, "prompt", "any"))
         logprobs = field(body, "logprobs", "int", None)
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise RequestError("'logprobs' must be in [0, 20]", param="logprobs")
@@ -544,6 +576,7 @@ def build_routes(state: ServerState) -> list[Route]:
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/completion", completion, methods=["POST"]),
         Route("/completions", completion, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/v1/completions", v1_completions, methods=["POST"]),
         Route("/v1/chat/completions", v1_chat, methods=["POST"]),
         Route("/chat/completions", v1_chat, methods=["POST"]),

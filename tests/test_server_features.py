@@ -309,6 +309,16 @@ def test_one_template_everywhere_for_a_gemma_vocabulary(gemma_like):
     try:
         wait_healthy(srv.base)
         assert get(srv.base, "/props").json()["chat_format"] == "gemma"
+        # /apply-template: the same text, no inference
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                    {"role": "user", "content": "again"}]
+        r = post(srv.base, "/apply-template", {"messages": messages})
+        assert r.status_code == 200 and r.json() == {"prompt": llm.chat_prompt(messages)[0]}, r.text
+        assert r.json()["prompt"].endswith("again<end_of_turn>\n<start_of_turn>model\n")
+        for bad in ({}, {"messages": "hi"}, {"messages": [{"role": "user", "content": "x"}],
+                                             "chat_template_kwargs": {"messages": []}}):
+            r = post(srv.base, "/apply-template", bad)
+            assert r.status_code == 400 and "error" in r.json(), r.text
     finally:
         srv.close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "bindings"), os.environ.get("PYTHONPATH", "")])}

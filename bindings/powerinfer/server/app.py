@@ -559,6 +559,20 @@ def build_routes(state: ServerState) -> list[Route]:
                                   reasoning=reasoning)
         return await run_openai(request, llm, task, shaper, stream, include_usage)
 
+    async def apply_template(request: Request):
+        """llama.cpp's /apply-template: the chat template's text for `messages` (with the generation prompt; tools and
+        chat_template_kwargs as /v1/chat/completions takes them), no inference: {"prompt": text}."""
+        llm = state.require()
+        body = await read_json(request, state)
+        messages = field(body, "messages", "list")
+        kwargs = {**state.template_kwargs, **field(body, "chat_template_kwargs", "dict", {})}
+        from ..tools import ToolCalls
+        tc = ToolCalls.of_request(field(body, "tools", "list", None), body.get("tool_choice"))
+        if tc is not None:
+            messages = llm.tool_messages(messages, tc, kwargs)
+        text = (await run_in_threadpool(llm.chat_prompt, messages, **kwargs))[0]
+        return JSON({"prompt": text})
+
     async def index(request: Request):
         if not state.webui:
             raise HTTPException(404, "Not Found (the web page is off: --no-webui)")
@@ -577,6 +591,7 @@ def build_routes(state: ServerState) -> list[Route]:
         Route("/completion", completion, methods=["POST"]),
         Route("/completions", completion, methods=["POST"]),
         Route("/infill", infill, methods=["POST"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
         Route("/v1/completions", v1_completions, methods=["POST"]),
         Route("/v1/chat/completions", v1_chat, methods=["POST"]),
         Route("/chat/completions", v1_chat, methods=["POST"]),

@@ -869,26 +869,29 @@ float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
         }                                                                                                           \
     } while (0)
 #endif
-#define IQ2_TO_Q8_KW(name, wtype, grid)                                                                             \
+/* Rows of an IQ2 or IQ1 type -> Q8_KW rows: d = fp16 d / 8 in f32 (dfield: the block's fp16 d), then each sub-block
+ * through sub (IQ2_SUB_TO_Q8_KW, IQ1_SUB_TO_Q8_KW). Never refuses. */
+#define TO_Q8_KW(name, wtype, dfield, grid, sub)                                                                    \
     static bool pi_##name##_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst) {                 \
         pi_block_q8_kw *y = dst;                                                                                    \
         for (int r = 0; r < n; r++) {                                                                               \
             const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
             for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
-                y->d = pi_fp16_to_f32(x[b].d) * 0.125f;                                                             \
-                for (int j = 0; j < PI_QK_K / PI_QK; j++) IQ2_SUB_TO_Q8_KW(name, &x[b], j, grid, y);                \
+                y->d = pi_fp16_to_f32(dfield(&x[b])) * 0.125f;                                                      \
+                for (int j = 0; j < PI_QK_K / PI_QK; j++) sub(name, &x[b], j, grid, y);                             \
             }                                                                                                       \
         }                                                                                                           \
         return true;                                                                                                \
     }
-IQ2_TO_Q8_KW(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
-IQ2_TO_Q8_KW(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
-IQ2_TO_Q8_KW(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
+#define IQ_D(block) ((block)->d)
+TO_Q8_KW(iq2_xxs, pi_block_iq2_xxs, IQ_D, PI_IQ2_XXS_GRID, IQ2_SUB_TO_Q8_KW)
+TO_Q8_KW(iq2_xs, pi_block_iq2_xs, IQ_D, PI_IQ2_XS_GRID, IQ2_SUB_TO_Q8_KW)
+TO_Q8_KW(iq2_s, pi_block_iq2_s, IQ_D, PI_IQ2_S_GRID, IQ2_SUB_TO_Q8_KW)
 
-/* IQ1 rows -> Q8_KW rows for prompts: u = v + 64 (v = 8 g + delta), ls of each half, d = fp16 d / 8 in f32 (exact: the
- * IQ1 dot's d times its 1/8). Never refuses. */
+/* An IQ1 sub-block as Q8_KW's: u = v + 64 (v = 8 g + delta) and ls of each half (with TO_Q8_KW's d / 8: the IQ1 dot's
+ * integers and float steps) */
 #if defined(__AVX2__)
-#define IQ1_SUB_TO_Q8_KW(name, x, j, y)                                                                             \
+#define IQ1_SUB_TO_Q8_KW(name, x, j, grid, y)                                                                       \
     do {                                                                                                            \
         const iq_vec v = name##_vec(x, j);   /* its signs are the values v */                                       \
         (y)->scales[2 * (j)] = (int8_t)_mm256_extract_epi16(v.ls, 0);                                               \
@@ -896,30 +899,17 @@ IQ2_TO_Q8_KW(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
         _mm256_storeu_si256((__m256i *)((y)->u + PI_QK * (j)), _mm256_add_epi8(v.signs, _mm256_set1_epi8(64)));    \
     } while (0)
 #else
-#define IQ1_SUB_TO_Q8_KW(name, x, j, y)                                                                             \
+#define IQ1_SUB_TO_Q8_KW(name, x, j, grid, y)                                                                       \
     do {                                                                                                            \
         pi_iq1_sub sb;                                                                                              \
         pi_##name##_sub(x, j, &sb);                                                                                 \
         (y)->scales[2 * (j)] = (int8_t)sb.ls[0];                                                                    \
         (y)->scales[2 * (j) + 1] = (int8_t)sb.ls[1];                                                                \
-        for (int e = 0; e < PI_QK; e++) (y)->u[PI_QK * (j) + e] = (uint8_t)(pi_iq1_value(PI_IQ1_GRID, &sb, e) + 64); \
+        for (int e = 0; e < PI_QK; e++) (y)->u[PI_QK * (j) + e] = (uint8_t)(pi_iq1_value(grid, &sb, e) + 64);      \
     } while (0)
 #endif
-#define IQ1_TO_Q8_KW(name, wtype, dfield)                                                                           \
-    static bool pi_##name##_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst) {                 \
-        pi_block_q8_kw *y = dst;                                                                                    \
-        for (int r = 0; r < n; r++) {                                                                               \
-            const wtype *x = (const wtype *)((const char *)w + r * stride);                                         \
-            for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {                                                        \
-                y->d = pi_fp16_to_f32(dfield(&x[b])) * 0.125f;                                                      \
-                for (int j = 0; j < PI_QK_K / PI_QK; j++) IQ1_SUB_TO_Q8_KW(name, &x[b], j, y);                      \
-            }                                                                                                       \
-        }                                                                                                           \
-        return true;                                                                                                \
-    }
-#define IQ1_S_D(b) ((b)->d)
-IQ1_TO_Q8_KW(iq1_s, pi_block_iq1_s, IQ1_S_D)
-IQ1_TO_Q8_KW(iq1_m, pi_block_iq1_m, pi_iq1_m_d)
+TO_Q8_KW(iq1_s, pi_block_iq1_s, IQ_D, PI_IQ1_GRID, IQ1_SUB_TO_Q8_KW)
+TO_Q8_KW(iq1_m, pi_block_iq1_m, pi_iq1_m_d, PI_IQ1_GRID, IQ1_SUB_TO_Q8_KW)
 
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
  * sum += bd * (d * sumi - dmin * summ) for the types with mins (Q2_K, Q4_K, Q5_K), sum += bd * d * sumi for the

@@ -16,6 +16,7 @@ to three quarters of what is left, as llama.cpp's server trims.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 __all__ = ["FimTokens", "InfillError", "fim_tokens", "infill_tokens"]
@@ -54,15 +55,17 @@ class FimTokens:
 def fim_tokens(metadata: dict, tokenizer) -> FimTokens:
     """The model's FIM token ids: from the metadata, else found in the vocabulary by spelling (None where absent)."""
     n = tokenizer.n_vocab
-    found = {}
+    found, texts = {}, None
     for kind, spellings in SPELLINGS.items():
         tid = metadata.get(f"tokenizer.ggml.fim_{kind}_token_id")
         if tid is None and kind in OLD_KEYS:
             tid = metadata.get(f"tokenizer.ggml.{OLD_KEYS[kind]}_token_id")
-        if tid is not None and not (isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < n):
+        if tid is not None and not (isinstance(tid, numbers.Integral) and not isinstance(tid, bool) and 0 <= tid < n):
             tid = None   # out of range or not an id: as if absent
+        tid = None if tid is None else int(tid)
         if tid is None:
-            texts = {tokenizer.id_to_text(i): i for i in _special_ids(tokenizer)}
+            if texts is None:   # the special tokens' spellings, once
+                texts = {tokenizer.id_to_text(i): i for i in _special_ids(tokenizer)}
             tid = next((texts[s] for s in spellings if s in texts), None)
         found[kind] = tid
     return FimTokens(**found)

@@ -598,14 +598,18 @@ static inline __attribute__((always_inline)) iq_vec iq1_s_vec(const pi_block_iq1
     const int ls = 2 * (int)(h >> 12 & 7) + 1;
     return (iq_vec){ _mm256_abs_epi8(v), v, iq_ls(ls, ls) };
 }
-static inline __attribute__((always_inline)) iq_vec iq1_m_vec(const pi_block_iq1_m *x, int j) {
+/* IQ1_M sub-block j's values v (its 4 deltas from one compare) */
+static inline __attribute__((always_inline)) __m256i iq1_m_values(const pi_block_iq1_m *x, int j) {
     uint16_t h;   /* qh[2 j] | qh[2 j + 1] << 8: the deltas' signs in bits 3, 7, 11, 15 */
     memcpy(&h, x->qh + 2 * j, 2);
     const uint8_t *q = x->qs + 4 * j;
     const __m256i bit = _mm256_setr_epi64x(1 << 3, 1 << 7, 1 << 11, 1 << 15);
     const __m256i neg = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_set1_epi64x(h), bit), bit);
-    const __m256i v = iq1_values(q[0] | (h << 8 & 0x700), q[1] | (h << 4 & 0x700), q[2] | (h & 0x700),
-                                 q[3] | (h >> 4 & 0x700), _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+    return iq1_values(q[0] | (h << 8 & 0x700), q[1] | (h << 4 & 0x700), q[2] | (h & 0x700), q[3] | (h >> 4 & 0x700),
+                      _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+}
+static inline __attribute__((always_inline)) iq_vec iq1_m_vec(const pi_block_iq1_m *x, int j) {
+    const __m256i v = iq1_m_values(x, j);
     const uint32_t s = (uint32_t)pi_iq1_m_scales(x, j / 2) >> 6 * (j % 2);
     return (iq_vec){ _mm256_abs_epi8(v), v, iq_ls(2 * (int)(s & 7) + 1, 2 * (int)(s >> 3 & 7) + 1) };
 }
@@ -629,8 +633,51 @@ IQ_LANES(iq3_s, pi_block_iq3_s)
 IQ_LANES(iq2_xxs, pi_block_iq2_xxs)
 IQ_LANES(iq2_xs, pi_block_iq2_xs)
 IQ_LANES(iq2_s, pi_block_iq2_s)
-IQ_LANES(iq1_m, pi_block_iq1_m)
-IQ_LANES(iq1_s, pi_block_iq1_s)
+/* IQ1_S's lanes take each sub-block's ls and delta sign by one in-lane byte shuffle each from two vectors made once
+ * per block from its 8 qh words (ls: bits 12..14, the sign: bit 15), not by scalar code per sub-block. IQ_LANES'
+ * arithmetic. */
+static inline __attribute__((always_inline)) void iq1_s_lanes(const pi_block_iq1_s *x, const pi_block_q8_K *y,
+                                                              __m256i *li, __m256i *lm) {
+    *lm = _mm256_setzero_si256();
+    const __m128i qh = _mm_loadu_si128((const __m128i *)x->qh);
+    const __m256i ls = _mm256_broadcastsi128_si256(_mm_add_epi16(
+        _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1), _mm_set1_epi16(1)));
+    const __m256i neg = _mm256_broadcastsi128_si256(_mm_srai_epi16(qh, 15));   /* 0 or -1 per word */
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        const uint32_t h = x->qh[j];
+        const uint8_t *q = x->qs + 4 * j;
+        const __m256i at = _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8));   /* word j in every 16 bits */
+        const __m256i v = iq1_values(q[0] | (h << 8 & 0x700), q[1] | (h << 5 & 0x700), q[2] | (h << 2 & 0x700),
+                                     q[3] | (h >> 1 & 0x700),
+                                     _mm256_or_si256(_mm256_shuffle_epi8(neg, at), _mm256_set1_epi8(1)));
+        const __m256i yq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)), v);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), yq),
+                                                      _mm256_shuffle_epi8(ls, at)));
+    }
+    *li = acc;
+}
+/* IQ1_M's lanes take the 16 ls of a block from one vector (llama.cpp's AVX2 trick): the four scale words shifted by
+ * 0, 6 (64-bit lanes 0, 1: the first halves of even / odd sub-blocks) and 3, 9 (lanes 2, 3: their second halves), so
+ * that one in-lane byte shuffle puts sub-block j's two ls in the halves of its iq_ls vector. IQ_LANES' arithmetic. */
+static inline __attribute__((always_inline)) void iq1_m_lanes(const pi_block_iq1_m *x, const pi_block_q8_K *y,
+                                                              __m256i *li, __m256i *lm) {
+    *lm = _mm256_setzero_si256();
+    uint64_t words;
+    memcpy(&words, x->scales, 8);
+    const __m256i f = _mm256_srlv_epi64(_mm256_set1_epi64x((int64_t)words), _mm256_setr_epi64x(0, 6, 3, 9));
+    const __m256i ls = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(f, _mm256_set1_epi16(7)), 1),
+                                        _mm256_set1_epi16(1));
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        const int at = (j % 2) * 8 + (j / 2) * 2;   /* the byte of sub-block j's ls in each 128-bit half */
+        const __m256i lsj = _mm256_shuffle_epi8(ls, _mm256_set1_epi16((short)(at | (at + 1) << 8)));
+        const __m256i v = iq1_m_values(x, j);
+        const __m256i yq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)), v);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), yq), lsj));
+    }
+    *li = acc;
+}
 #else
 /* sum_k grid value k * sign k * yq[k] over a sub-block's 32 elements (idx: its 8 grid points) */
 static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {

@@ -549,11 +549,16 @@ static inline __attribute__((always_inline)) iq_vec iq3_xxs_vec(const pi_block_i
 static inline __attribute__((always_inline)) iq_vec iq3_s_vec(const pi_block_iq3_s *x, int j) {
     uint32_t signs;
     memcpy(&signs, x->signs + 4 * j, 4);
-    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * j)));
-    const __m256i shift = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1);   /* bit i of qh[j] -> index i's 256 */
-    const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[j]), shift), _mm256_set1_epi32(256));
     const int ls = pi_iq3_s_ls(x, j);
-    return (iq_vec){ iq3_grid_points(PI_IQ3_S_GRID, _mm256_or_si256(lo, hi)), bits_to_signs(signs), iq_ls(ls, ls) };
+    /* indices computed here, not as a vector stored and read back one by one: 0.80-0.92x the time (paired A/B,
+     * 542M IQ3_S up + down matmuls, one thread) */
+    const uint32_t *G = PI_IQ3_S_GRID, h = x->qh[j];
+    const uint8_t *q = x->qs + 8 * j;
+#define IQ3_S_POINT(i) (int)G[q[i] | (h << (8 - (i)) & 256)]
+    return (iq_vec){ _mm256_setr_epi32(IQ3_S_POINT(0), IQ3_S_POINT(1), IQ3_S_POINT(2), IQ3_S_POINT(3), IQ3_S_POINT(4),
+                                       IQ3_S_POINT(5), IQ3_S_POINT(6), IQ3_S_POINT(7)),
+                     bits_to_signs(signs), iq_ls(ls, ls) };
+#undef IQ3_S_POINT
 }
 static inline __attribute__((always_inline)) iq_vec iq2_xxs_vec(const pi_block_iq2_xxs *x, int j) {
     uint32_t aux[2];

@@ -130,8 +130,7 @@ IQ2_TO_F32(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
             }                                                                                                       \
         }                                                                                                           \
     }
-#define IQ1_S_D(b) ((b)->d)
-IQ1_TO_F32(iq1_s, pi_block_iq1_s, IQ1_S_D)
+IQ1_TO_F32(iq1_s, pi_block_iq1_s, PI_BLOCK_D)
 IQ1_TO_F32(iq1_m, pi_block_iq1_m, pi_iq1_m_d)
 
 void pi_q5_1_to_f32(const void *src, float *dst, int64_t n) {

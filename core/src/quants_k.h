@@ -165,6 +165,8 @@ static inline void pi_iq1_m_sub(const pi_block_iq1_m *b, int j, pi_iq1_sub *o) {
     o->ls[0] = 2 * (s & 7) + 1;
     o->ls[1] = 2 * (s >> 3 & 7) + 1;
 }
+/* A block's fp16 d field (the accessor where IQ1_M needs pi_iq1_m_d) */
+#define PI_BLOCK_D(block) ((block)->d)
 /* IQ1_M's fp16 d, from the top nibbles of its four scale words */
 static inline uint16_t pi_iq1_m_d(const pi_block_iq1_m *b) {
     return (uint16_t)(pi_iq1_m_scales(b, 0) >> 12 | (pi_iq1_m_scales(b, 1) >> 8 & 0x00f0) |

@@ -691,28 +691,20 @@ static inline __attribute__((always_inline)) void iq1_s_lanes(const pi_block_iq1
     }
     *li = acc;
 }
-/* IQ1_M's lanes take the 16 ls of a block from one vector (llama.cpp's AVX2 trick): the four scale words shifted by
- * 0, 6 (64-bit lanes 0, 1: the first halves of even / odd sub-blocks) and 3, 9 (lanes 2, 3: their second halves), so
- * that one in-lane byte shuffle puts sub-block j's two ls in the halves of its iq_ls vector. IQ_LANES' arithmetic. */
-static inline __attribute__((always_inline)) void iq1_m_lanes(const pi_block_iq1_m *x, const pi_block_q8_K *y,
-                                                              __m256i *li, __m256i *lm) {
-    *lm = _mm256_setzero_si256();
+/* IQ1_M's 16 ls of a block in one vector (llama.cpp's AVX2 trick): the four scale words shifted by 0, 6 (64-bit lanes
+ * 0, 1: the first halves of even / odd sub-blocks) and 3, 9 (lanes 2, 3: their second halves), so that one in-lane
+ * byte shuffle (iq1_m_ls_of) puts sub-block j's two ls in the halves of its iq_ls vector. */
+static inline __m256i iq1_m_block_ls(const pi_block_iq1_m *x) {
     uint64_t words;
     memcpy(&words, x->scales, 8);
     const __m256i f = _mm256_srlv_epi64(_mm256_set1_epi64x((int64_t)words), _mm256_setr_epi64x(0, 6, 3, 9));
-    const __m256i ls = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(f, _mm256_set1_epi16(7)), 1),
-                                        _mm256_set1_epi16(1));
-    __m256i acc = _mm256_setzero_si256();
-    IQ_UNROLL_SUBBLOCKS
-    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
-        const int at = (j % 2) * 8 + (j / 2) * 2;   /* the byte of sub-block j's ls in each 128-bit half */
-        const __m256i lsj = _mm256_shuffle_epi8(ls, _mm256_set1_epi16((short)(at | (at + 1) << 8)));
-        const __m256i v = iq1_m_values(x, j);
-        const __m256i yq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)), v);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), yq), lsj));
-    }
-    *li = acc;
+    return _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(f, _mm256_set1_epi16(7)), 1), _mm256_set1_epi16(1));
 }
+static inline __m256i iq1_m_ls_of(__m256i ls, int j) {
+    const int at = (j % 2) * 8 + (j / 2) * 2;   /* the byte of sub-block j's ls in each 128-bit half */
+    return _mm256_shuffle_epi8(ls, _mm256_set1_epi16((short)(at | (at + 1) << 8)));
+}
+IQ_LANES(iq1_m, pi_block_iq1_m, iq1_m_block_ls(x), iq1_m_ls_of(ls, j))
 #else
 /* sum_k grid value k * sign k * yq[k] over a sub-block's 32 elements (idx: its 8 grid points) */
 static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {
@@ -965,10 +957,9 @@ float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
         }                                                                                                           \
         return true;                                                                                                \
     }
-#define IQ_D(block) ((block)->d)
-TO_Q8_KW(iq2_xxs, pi_block_iq2_xxs, IQ_D, PI_IQ2_XXS_GRID, IQ2_SUB_TO_Q8_KW)
-TO_Q8_KW(iq2_xs, pi_block_iq2_xs, IQ_D, PI_IQ2_XS_GRID, IQ2_SUB_TO_Q8_KW)
-TO_Q8_KW(iq2_s, pi_block_iq2_s, IQ_D, PI_IQ2_S_GRID, IQ2_SUB_TO_Q8_KW)
+TO_Q8_KW(iq2_xxs, pi_block_iq2_xxs, PI_BLOCK_D, PI_IQ2_XXS_GRID, IQ2_SUB_TO_Q8_KW)
+TO_Q8_KW(iq2_xs, pi_block_iq2_xs, PI_BLOCK_D, PI_IQ2_XS_GRID, IQ2_SUB_TO_Q8_KW)
+TO_Q8_KW(iq2_s, pi_block_iq2_s, PI_BLOCK_D, PI_IQ2_S_GRID, IQ2_SUB_TO_Q8_KW)
 
 /* An IQ1 sub-block as Q8_KW's: u = v + 64 (v = 8 g + delta) and ls of each half (with TO_Q8_KW's d / 8: the IQ1 dot's
  * integers and float steps) */
@@ -990,7 +981,7 @@ TO_Q8_KW(iq2_s, pi_block_iq2_s, IQ_D, PI_IQ2_S_GRID, IQ2_SUB_TO_Q8_KW)
         for (int e = 0; e < PI_QK; e++) (y)->u[PI_QK * (j) + e] = (uint8_t)(pi_iq1_value(grid, &sb, e) + 64);      \
     } while (0)
 #endif
-TO_Q8_KW(iq1_s, pi_block_iq1_s, IQ_D, PI_IQ1_GRID, IQ1_SUB_TO_Q8_KW)
+TO_Q8_KW(iq1_s, pi_block_iq1_s, PI_BLOCK_D, PI_IQ1_GRID, IQ1_SUB_TO_Q8_KW)
 TO_Q8_KW(iq1_m, pi_block_iq1_m, pi_iq1_m_d, PI_IQ1_GRID, IQ1_SUB_TO_Q8_KW)
 
 /* A K-quant row . its activations, super-blocks in order: per block the exact integers (X_ints), then
@@ -1014,19 +1005,24 @@ static inline __attribute__((always_inline)) float k_add8(float sum, __m256 bd, 
     for (int k = 0; k < 8; k++) sum += tk[k];
     return sum;
 }
-/* dmin: the weight block's field of that name, or any fp16 field when !mins (unused) */
-#define K_EIGHTS(name, bd, mins, dmin, dmul)                                                                        \
+/* wd, wdmin: the weight block's fp16 d and dmin (PI_BLOCK_D, K_DMIN; wdmin any fp16 when !mins, unused) */
+#define K_EIGHTS(name, bd, mins, wd, wdmin, dmul)                                                                   \
     for (; i + 8 <= nb; i += 8) {                                                                                   \
         __m256i li[8], lm[8];                                                                                       \
         for (int k = 0; k < 8; k++) {                                                                               \
             prefetch_block(&a[i + k], sizeof *a);                                                                   \
             name##_lanes(&a[i + k], &b[i + k], &li[k], &lm[k]);                                                     \
         }                                                                                                           \
-        sum = k_add8(sum, pi_f32x8_strided(&b[i].bd, sizeof *b), pi_f16x8_strided(&a[i].d, sizeof *a), li,         \
-                     pi_f16x8_strided(&a[i].dmin, sizeof *a), lm, mins, dmul);                                     \
+        uint16_t d_[8], dmin_[8];                                                                                   \
+        for (int k = 0; k < 8; k++) {                                                                               \
+            d_[k] = wd(&a[i + k]);                                                                                  \
+            dmin_[k] = wdmin(&a[i + k]);                                                                            \
+        }                                                                                                           \
+        sum = k_add8(sum, pi_f32x8_strided(&b[i].bd, sizeof *b), _mm256_cvtph_ps(_mm_loadu_si128((__m128i *)d_)),  \
+                     li, _mm256_cvtph_ps(_mm_loadu_si128((__m128i *)dmin_)), lm, mins, dmul);                      \
     }
 #else
-#define K_EIGHTS(name, bd, mins, dmin, dmul)
+#define K_EIGHTS(name, bd, mins, wd, wdmin, dmul)
 #endif
 
 /* One block's integers: the lanes' horizontal sums (AVX2) or the scalar X_ints. */
@@ -1050,67 +1046,39 @@ static inline __attribute__((always_inline)) float k_term(float bd, uint16_t d, 
                 : bd * (dmul == 1.0f ? pi_fp16_to_f32(d) : pi_fp16_to_f32(d) * dmul) * (float)sumi;
 }
 
-/* dmin: the weight block's field of that name, or any fp16 field (d) where !mins */
-#define K_ROW_DOT(name, wtype, atype, bd, mins, dmin, dmul)                                                         \
+/* bd: the activation block's f32 step field; wd, wdmin: the weight block's fp16 d and dmin, read by accessors
+ * (PI_BLOCK_D, K_DMIN; IQ1_M spreads its d over its scales; wdmin any fp16 where !mins) */
+#define K_DMIN(block) ((block)->dmin)
+#define K_ROW_DOT(name, wtype, atype, bd, mins, wd, wdmin, dmul)                                                    \
     float pi_vec_dot_##name##_q8_K(int64_t n, const void *w, const void *x) {                                       \
         const wtype *a = w;                                                                                         \
         const atype *b = x;                                                                                         \
         const int64_t nb = n / PI_QK_K;                                                                             \
         float sum = 0.0f;                                                                                           \
         int64_t i = 0;                                                                                              \
-        K_EIGHTS(name, bd, mins, dmin, dmul)                                                                        \
+        K_EIGHTS(name, bd, mins, wd, wdmin, dmul)                                                                   \
         for (; i < nb; i++) {                                                                                       \
             prefetch_block(&a[i], sizeof *a);                                                                       \
             int32_t sumi, summ;                                                                                     \
             K_INTS(name, &a[i], &b[i], &sumi, &summ);                                                               \
-            sum += k_term(b[i].bd, a[i].d, a[i].dmin, sumi, summ, mins, dmul);                                      \
+            sum += k_term(b[i].bd, wd(&a[i]), wdmin(&a[i]), sumi, summ, mins, dmul);                                \
         }                                                                                                           \
         return sum;                                                                                                 \
     }
 
-K_ROW_DOT(q2_K, pi_block_q2_K, pi_block_q8_K, d, true, dmin, 1.0f)
-K_ROW_DOT(q3_K, pi_block_q3_K, pi_block_q8_K, d, false, d, 1.0f)
-K_ROW_DOT(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d, true, dmin, 1.0f)   /* x: Q8_KM */
-K_ROW_DOT(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d, true, dmin, 1.0f)   /* x: Q8_KM */
-K_ROW_DOT(q6_K, pi_block_q6_K, pi_block_q8_K, d, false, d, 1.0f)
-K_ROW_DOT(iq4_xs, pi_block_iq4_xs, pi_block_q8_K, d, false, d, 1.0f)
-K_ROW_DOT(iq3_xxs, pi_block_iq3_xxs, pi_block_q8_K, d, false, d, 0.25f)
-K_ROW_DOT(iq3_s, pi_block_iq3_s, pi_block_q8_K, d, false, d, 1.0f)
-K_ROW_DOT(iq2_xxs, pi_block_iq2_xxs, pi_block_q8_K, d, false, d, 0.125f)
-K_ROW_DOT(iq2_xs, pi_block_iq2_xs, pi_block_q8_K, d, false, d, 0.125f)
-K_ROW_DOT(iq2_s, pi_block_iq2_s, pi_block_q8_K, d, false, d, 0.125f)
-K_ROW_DOT(iq1_s, pi_block_iq1_s, pi_block_q8_K, d, false, d, 0.125f)
-
-/* IQ1_M has no d field (its d is spread over the scales): the same integers and float steps as K_ROW_DOT's, its 8
- * blocks' d gathered one by one */
-float pi_vec_dot_iq1_m_q8_K(int64_t n, const void *w, const void *x) {
-    const pi_block_iq1_m *a = w;
-    const pi_block_q8_K *b = x;
-    const int64_t nb = n / PI_QK_K;
-    float sum = 0.0f;
-    int64_t i = 0;
-#if defined(__AVX2__)
-    for (; i + 8 <= nb; i += 8) {
-        __m256i li[8], lm[8];
-        uint16_t d[8];
-        for (int k = 0; k < 8; k++) {
-            prefetch_block(&a[i + k], sizeof *a);
-            iq1_m_lanes(&a[i + k], &b[i + k], &li[k], &lm[k]);
-            d[k] = pi_iq1_m_d(&a[i + k]);
-        }
-        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
-        sum = k_add8(sum, pi_f32x8_strided(&b[i].d, sizeof *b), dv, li, dv, lm, false, 0.125f);
-    }
-#endif
-    for (; i < nb; i++) {
-        prefetch_block(&a[i], sizeof *a);
-        int32_t sumi, summ;
-        K_INTS(iq1_m, &a[i], &b[i], &sumi, &summ);
-        const uint16_t d = pi_iq1_m_d(&a[i]);
-        sum += k_term(b[i].d, d, d, sumi, summ, false, 0.125f);
-    }
-    return sum;
-}
+K_ROW_DOT(q2_K, pi_block_q2_K, pi_block_q8_K, d, true, PI_BLOCK_D, K_DMIN, 1.0f)
+K_ROW_DOT(q3_K, pi_block_q3_K, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 1.0f)
+K_ROW_DOT(q4_K, pi_block_q4_K, pi_block_q8_Km, k.d, true, PI_BLOCK_D, K_DMIN, 1.0f)   /* x: Q8_KM */
+K_ROW_DOT(q5_K, pi_block_q5_K, pi_block_q8_Km, k.d, true, PI_BLOCK_D, K_DMIN, 1.0f)   /* x: Q8_KM */
+K_ROW_DOT(q6_K, pi_block_q6_K, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 1.0f)
+K_ROW_DOT(iq4_xs, pi_block_iq4_xs, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 1.0f)
+K_ROW_DOT(iq3_xxs, pi_block_iq3_xxs, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 0.25f)
+K_ROW_DOT(iq3_s, pi_block_iq3_s, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 1.0f)
+K_ROW_DOT(iq2_xxs, pi_block_iq2_xxs, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 0.125f)
+K_ROW_DOT(iq2_xs, pi_block_iq2_xs, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 0.125f)
+K_ROW_DOT(iq2_s, pi_block_iq2_s, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 0.125f)
+K_ROW_DOT(iq1_s, pi_block_iq1_s, pi_block_q8_K, d, false, PI_BLOCK_D, PI_BLOCK_D, 0.125f)
+K_ROW_DOT(iq1_m, pi_block_iq1_m, pi_block_q8_K, d, false, pi_iq1_m_d, pi_iq1_m_d, 0.125f)
 
 float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
     const pi_block_q8_K *a = w, *b = x;

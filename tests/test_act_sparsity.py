@@ -273,6 +273,25 @@ def test_levels_give_their_sparsity(sparse_files, dtype):
     assert measured[None] == measured[0.5]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_down_column_norms(sparse_files, dtype):
+    """The channel weights' column norms: each channel's column of ffn_down, dequantized by the tests' own decoder
+    (reference_model.py, not gguf-py's), to f32 rounding; the weights are mean |up x| times them over the layer's
+    mean."""
+    from reference_model import dequantize, read_gguf
+    src, _ = sparse_files[dtype]
+    _, tensors = read_gguf(src)
+    norms = sparsify.down_column_norms(src, 2, 512)
+    for il in range(2):
+        w = dequantize(*[tensors[f"blk.{il}.ffn_down.weight"][i] for i in (2, 0, 1)])   # [n_embd, n_ff]
+        assert w.shape == (256, 512)
+        np.testing.assert_allclose(norms[il], np.linalg.norm(w, axis=0), rtol=1e-5)
+    means = np.abs(np.random.default_rng(0).standard_normal((2, 512)))
+    want = means * norms
+    np.testing.assert_allclose(sparsify.channel_weights(means, norms), want / want.mean(axis=1, keepdims=True),
+                               rtol=1e-5)
+
+
 def test_channel_weights(sparse_files, tmp_path):
     """The tool writes each layer's blk.N.ffn_act_scale (mean |up x| over the layer's mean); weights of 1 give the
     unweighted selection's bits; the loader refuses weights that are NaN, negative or of the wrong shape."""

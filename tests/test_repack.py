@@ -596,11 +596,11 @@ def test_sparse_pack_from_down_is_its_exact_chain(at_level, pool2, level, T, gat
 
 @pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
 def test_q4_0c_down_with_full_blocks_is_its_exact_chain(at_level, pool2, level):  # noqa: F811
-    """Blocks of 21 to 32 active rows over 4160 outputs (more than one of axpy_cols' COLS_TILE tiles, the last one
+    """Blocks of 21 to 32 active rows over 16448 outputs (more than one of axpy_cols' COLS_TILE tiles, the last one
     short): on AMD Zen 3 and later (pi_cpu_one_stream_decode) such a block goes in two passes of at most 16 rows with
     exact int32 sums between them, elsewhere in one; either way the bits of np_q4_0c_down, at every level."""
     at_level(level)
-    E, F = 4160, 4 * 32
+    E, F = 16384 + 64, 4 * 32   # COLS_TILE (arch/q4_0c.c) + one chunk
     rng = np.random.default_rng(7)
     down = np_encode_q4_0(rng.standard_normal((E, F)) / np.sqrt(F))
     w = ffi.new("pi_sparse_ffn_weights *")

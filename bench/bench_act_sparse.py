@@ -9,9 +9,10 @@ Runs: ``dense`` (dense=True: the file's dense FFN, exactly the input model) and 
 (ffn_gate_t), ``L+in`` (the gate over the input entries above their thresholds too: TEAL on the gate),
 and when it has attention thresholds ``L+in+attn`` (q/k/v and wo over their input entries above their thresholds
 too: TEAL on every linear input but the FFN's channels' own; ``L`` and ``L+in`` then run with dense attention),
-interleaved (dense, then each, then again) so that drift of the machine hits them alike. Each run clears
-the KV cache, decodes a fixed 8-token prompt as one batch and then -n fixed
-pseudo-random tokens one at a time; tokens/s is over those -n tokens, the median over -r runs.
+interleaved token by token (act_sparsity.decode_speeds: every run's token i before any run's token i + 1) so that
+the machine's drift hits them alike. Each run clears the KV cache, decodes a fixed 8-token prompt as one batch and then
+-n fixed pseudo-random tokens one at a time; tokens/s is over those -n tokens, the median over -r rounds, and "vs
+dense" the median over the rounds of each round's ratio to the dense run (the rounds are paired).
 
 The bytes bound: the weights a token reads (attention, the output head, the FFN: dense gate + up + down,
 sparse gate (or the measured fraction of ffn_gate_t's rows) + the measured fraction of up and down_t rows,
@@ -82,18 +83,19 @@ def main(argv=None) -> int:
     print("| run | channels computed | gate inputs read | attention inputs read | tokens/s | vs dense | bytes/token "
           "| bound t/s | bound ratio | of bound |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    base = results["dense"][0]
+    base_runs = results["dense"][1]
     gate_inputs = model.sparsity_levels.input_thresholds is not None
     for run in runs:
         name = run.name
-        med, _, (frac, inp, att) = results[name]
+        med, each, (frac, inp, att) = results[name]
+        ratio = statistics.median(v / b for v, b in zip(each, base_runs))   # the runs are paired token by token
         if run.level is None:
             nbytes = dense_bytes
         else:   # the attention's measured share read applies to q/k/v and wo alike
             nbytes = act_sparsity.level_bytes(parts, frac, inp if gate_inputs and run.reads != "channels" else None,
                                               (att, att) if run.reads == "attn" else None)
         bound = bw * 1e9 / nbytes
-        print(f"| {name} | {frac:.1%} | {inp:.1%} | {att:.1%} | {med:.2f} | {med / base:.3f}x | "
+        print(f"| {name} | {frac:.1%} | {inp:.1%} | {att:.1%} | {med:.2f} | {ratio:.3f}x | "
               f"{nbytes / 2**20:.1f} MiB | {bound:.2f} | {dense_bytes / nbytes:.3f}x | {med / bound:.0%} |")
     if prompts:
         print(f"\n# pp{a.prompt} (one call of {a.prompt} tokens, sparse_gather_max {a.sparse_gather_max}), "

@@ -273,23 +273,22 @@ def test_levels_give_their_sparsity(sparse_files, dtype):
     assert measured[None] == measured[0.5]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_down_column_norms(sparse_files, dtype):
-    """The channel weights' column norms: each channel's column of ffn_down, dequantized by the tests' own decoder
-    (reference_model.py, not gguf-py's), to f32 rounding; the weights are mean |up x| times them over the layer's
-    mean."""
-    from reference_model import dequantize, read_gguf
-    src, _ = sparse_files[dtype]
-    _, tensors = read_gguf(src)
-    norms = sparsify.down_column_norms(src, 2, 512)
-    for il in range(2):
-        w = dequantize(*[tensors[f"blk.{il}.ffn_down.weight"][i] for i in (2, 0, 1)])   # [n_embd, n_ff]
-        assert w.shape == (256, 512)
-        np.testing.assert_allclose(norms[il], np.linalg.norm(w, axis=0), rtol=1e-5)
-    means = np.abs(np.random.default_rng(0).standard_normal((2, 512)))
-    want = means * norms
-    np.testing.assert_allclose(sparsify.channel_weights(means, norms), want / want.mean(axis=1, keepdims=True),
-                               rtol=1e-5)
+def test_window_defaults_to_the_training_context(tmp_path, capsys):
+    """Without --ctx the calibration and the card use windows of min(512, the model's training context): a model
+    trained on 128 positions is measured on 128-token windows, not on positions it never saw; an explicit --ctx
+    beyond it is used as asked, with a warning."""
+    from make_test_model import write_model
+    src = tmp_path / "short.gguf"
+    write_model(src, dtype="q4_0", n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2, seed=3,
+                n_ctx_train=128)
+    common = [str(src), str(ROOT / "data" / "heldout.txt"), "--sparsity", "0.5", "--calib-tokens", "512",
+              "--eval-chunks", "2", "--speed-tokens", "0"]
+    assert sparsify.main(common + ["-o", str(tmp_path / "a.gguf")]) == 0
+    card = (tmp_path / "a.gguf.card.md").read_text()
+    assert "in windows of 128;" in card and "training context" not in capsys.readouterr().err
+    assert sparsify.main(common + ["-o", str(tmp_path / "b.gguf"), "--ctx", "256"]) == 0
+    assert "in windows of 256;" in (tmp_path / "b.gguf.card.md").read_text()
+    assert "--ctx 256 is longer than the model's training context (128)" in capsys.readouterr().err
 
 
 def test_channel_weights(sparse_files, tmp_path):

@@ -13,9 +13,8 @@ is small. Per layer, a threshold t is chosen so that a fraction s (the sparsity)
 |act(gate_i . x)| over the calibration text fall below it; at run time the gate is computed densely,
 and the up row and the down column of a channel are read only when |act(gate_i . x)| >= t. On a
 memory-bound CPU decode that saves the bytes of those rows: 2/3 of the FFN's weights times s. With
---channel-weighting up-down (the default) the test is |act(gate_i . x)| w_i >= t, w_i the channel's mean |up_i . x|
-over the calibration tokens times the norm of its column of ffn_down, over its layer's mean (blk.N.ffn_act_scale): an
-estimate of what the channel adds to the output, |h_i| |down_i|, rather than of its gate (`up`: without the norm);
+--channel-weighting up (the default) the test is |act(gate_i . x)| w_i >= t, w_i the channel's mean |up_i . x| over
+the calibration tokens over its layer's mean (blk.N.ffn_act_scale): an estimate of |h_i| rather than of its gate;
 its thresholds come from a second calibration pass over the written file, which counts the weighted values.
 
 1. Calibration: the corpus is evaluated with our engine, dense, in windows of --ctx tokens (at most
@@ -116,34 +115,13 @@ def calibrate(model: Model, tokens: list[int], n_ctx: int, n_threads: int | None
     return (*ctx.act_histogram(), ctx.act_channel_means())
 
 
-def down_column_norms(path: Path, n_layer: int, n_ff: int) -> np.ndarray | None:
-    """[n_layer, n_ff] f32: the L2 norm of each channel's column of ffn_down (its output vector), from the file's
-    weights dequantized by gguf-py; None where a layer has no ffn_down gguf-py can read (the weights then leave it
-    out)."""
-    import gguf
-    reader = gguf.GGUFReader(path)
-    down = {t.name: t for t in reader.tensors if t.name.endswith(".ffn_down.weight")}
-    out = np.empty((n_layer, n_ff), dtype=np.float32)
-    for il in range(n_layer):
-        t = down.get(f"blk.{il}.ffn_down.weight")
-        if t is None or int(t.shape[0]) != n_ff:
-            return None
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)   # [n_embd, n_ff]
-        except (NotImplementedError, ValueError, KeyError):
-            return None
-        w = np.asarray(w, dtype=np.float32).reshape(-1, n_ff)
-        out[il] = np.sqrt(np.einsum("ij,ij->j", w, w, dtype=np.float64))
-    return out
-
-
-def channel_weights(means: np.ndarray, down_norms: np.ndarray | None = None) -> np.ndarray:
-    """[n_layer, n_ff] f32: each channel's mean |up x| over the calibration tokens, times the norm of its column of
-    ffn_down where given (an estimate of what the channel adds to the output: |h_i| |down_i|), over its layer's mean
-    (so thresholds keep the scale of |act(gate x)|); a layer whose channels never ran gets 1."""
-    w = means * down_norms if down_norms is not None else means
-    layer = w.mean(axis=1, keepdims=True)
-    return np.where(layer > 0, w / np.where(layer > 0, layer, 1.0), 1.0).astype(np.float32)
+def channel_weights(means: np.ndarray) -> np.ndarray:
+    """[n_layer, n_ff] f32: each channel's mean |up x| over the calibration tokens over its layer's mean (so thresholds
+    keep the scale of |act(gate x)|); a layer whose channels never ran gets 1. (Times the norm of the channel's column
+    of ffn_down too, an estimate of |h_i| |down_i|: KL -1.4% to -3.5% on our SwiGLU model, +7% to +35% on Gemma 3
+    270M; not kept, bench/README.md.)"""
+    layer = means.mean(axis=1, keepdims=True)
+    return np.where(layer > 0, means / np.where(layer > 0, layer, 1.0), 1.0).astype(np.float32)
 
 
 def thresholds_from_histogram(hist: np.ndarray, edges: np.ndarray, level: float) -> np.ndarray:
@@ -430,7 +408,7 @@ def decode_speeds(out: Path, n_gen: int, n_threads: int | None) -> tuple[dict, s
     speeds, others = other_load(lambda: act_sparsity.decode_speeds(ctxs, model.n_vocab, n_gen=n_gen))
     setup = (f"{powerinfer.cpu_name()}, kernel level {powerinfer.cpu_isa()}, "
              f"{f'{n} threads' if n else 'a thread per physical core'}; an 8-token prompt, then {n_gen} tokens one "
-             "at a time, median of 3 interleaved runs")
+             "at a time, every run's tokens interleaved with the others', median of 3")
     if others is not None and others >= BUSY_OTHERS:
         warning = (f"other processes kept {others:.1f} CPU cores busy on average meanwhile, so these speeds may be "
                    "low and their ratios off: rerun on a quiet machine (bench/bench_act_sparse.py)")
@@ -538,12 +516,11 @@ def main(argv=None) -> int:
                          "the greedy allocation of TEAL with the level as the mean; n_layer x 5 short runs per kind: "
                          "the channels and, with --gate-input-scale / --attn-input-scale, the gate's inputs and the "
                          "attention's input and output, each with its scaled level as the mean)")
-    ap.add_argument("--channel-weighting", choices=["up-down", "up", "none"], default="up-down",
-                    help="which channels a level keeps: up-down (default: |act(gate x)| times the channel's mean "
-                         "|up x| over the calibration tokens times the norm of its column of ffn_down, stored as "
-                         "blk.N.ffn_act_scale; a second calibration pass), up (the same without the column norm) or "
-                         "none (|act(gate x)| alone, CATS). On Gemma 3 270M at 0.5 the up weights cut the KL "
-                         "divergence by 41%%, the column norms by a further 4%% on our SwiGLU model (bench/README.md)")
+    ap.add_argument("--channel-weighting", choices=["up", "none"], default="up",
+                    help="which channels a level keeps: up (default: |act(gate x)| times the channel's mean |up x| "
+                         "over the calibration tokens, stored as blk.N.ffn_act_scale; a second calibration pass) or "
+                         "none (|act(gate x)| alone, CATS). On Gemma 3 270M at 0.5 the weights cut the KL divergence "
+                         "by 41%% (bench/README.md)")
     ap.add_argument("--sensitivity-windows", type=int, default=2,
                     help="--allocation sensitivity: calibration windows per measurement (default 2, the least "
                          "perplexity scores)")
@@ -614,13 +591,7 @@ def main(argv=None) -> int:
     log(f"sparsify: {a.model.name}: {hp.arch}, {hp.n_layer} layers, n_ff {hp.n_ff}, act {hp.ffn_act}; "
         f"calibrating on {n_calib} tokens")
     hist, edges, means = calibrate(model, tokens[:n_calib], a.ctx, a.threads)
-    act_scale = None
-    if a.channel_weighting != "none":
-        norms = down_column_norms(a.model, hp.n_layer, hp.n_ff) if a.channel_weighting == "up-down" else None
-        if a.channel_weighting == "up-down" and norms is None:
-            log("sparsify: ffn_down's columns could not be read (a type gguf-py does not dequantize): the channel "
-                "weights are the mean |up x| alone")
-        act_scale = channel_weights(means, norms)
+    act_scale = channel_weights(means) if a.channel_weighting == "up" else None
     by = thresholds_by_energy if a.allocation == "energy" else thresholds_from_histogram
     thresholds = np.stack([by(hist[:, 0], edges, lv) for lv in levels])
     gate_t = a.gate_input_scale > 0

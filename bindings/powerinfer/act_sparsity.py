@@ -277,28 +277,37 @@ def read_shares(ctx) -> tuple[float, float, float]:
 
 
 def decode_speeds(ctxs: dict, n_vocab: int, n_gen: int = 32, repeat: int = 3, seed: int = 0) -> dict:
-    """Decode tokens/s of each context ({name: ctx}), interleaved (every context once, then again, -r times) so that
-    drift of the machine hits them alike: each run clears the KV cache, decodes a fixed 8-token prompt as one batch,
-    then n_gen fixed pseudo-random tokens one at a time, timed. A warm-up of 4 tokens each first (pages the file in
-    for every path). Returns {name: (median tokens/s, [each run's], read_shares over the last run)}."""
+    """Decode tokens/s of each context ({name: ctx}), interleaved token by token: each run clears every KV cache and
+    decodes a fixed 8-token prompt as one batch in each context, then the n_gen fixed pseudo-random tokens one at a
+    time, every context its token i before any its token i + 1 (starting with a different context each token), each
+    call timed alone; a context's tokens/s is n_gen over the sum of its calls. So every context sees the same phases
+    of a shared machine's memory bandwidth (which on our VMs swings by 10-20% within seconds: runs of 24 tokens one
+    context after the other put 1.14x-1.43x between the same two levels). -r runs, median. A warm-up of 4 tokens
+    each first (pages the file in for every path). Returns {name: (median tokens/s, [each run's], read_shares over
+    the last run)}."""
     rng = np.random.default_rng(seed)
     prompt = rng.integers(3, n_vocab, 8).tolist()
     tokens = rng.integers(3, n_vocab, n_gen).tolist()
+    names = list(ctxs)
 
-    def run(ctx, toks) -> float:
-        ctx.kv_clear()
-        ctx.decode(prompt, logits="last")
-        if ctx.sparse:
-            ctx.sparse_stats_reset()
-        t0 = time.perf_counter()
-        for t in toks:
-            ctx.decode([t])
-        return len(toks) / (time.perf_counter() - t0)
+    def run(toks) -> dict:
+        spent = dict.fromkeys(names, 0.0)
+        for ctx in ctxs.values():
+            ctx.kv_clear()
+            ctx.decode(prompt, logits="last")
+            if ctx.sparse:
+                ctx.sparse_stats_reset()
+        for i, t in enumerate(toks):
+            for j in range(len(names)):
+                name = names[(i + j) % len(names)]
+                t0 = time.perf_counter()
+                ctxs[name].decode([t])
+                spent[name] += time.perf_counter() - t0
+        return {name: len(toks) / spent[name] for name in names}
 
-    for ctx in ctxs.values():
-        run(ctx, tokens[:4])
+    run(tokens[:4])
     speeds = {name: [] for name in ctxs}
     for _ in range(repeat):
-        for name, ctx in ctxs.items():
-            speeds[name].append(run(ctx, tokens))
+        for name, v in run(tokens).items():
+            speeds[name].append(v)
     return {name: (statistics.median(s), s, read_shares(ctxs[name])) for name, s in speeds.items()}

@@ -501,10 +501,11 @@ def main(argv=None) -> int:
                     help="TEAL on the gate's input: at level s, skip the fraction scale * s of the FFN input's "
                          "entries in the gate (writes ffn_gate_t, the gate transposed); 0: the dense gate (default). "
                          "At scale 1 the gate's inputs cost more quality than they save time (a higher channel level "
-                         "alone reaches the same quality faster); at 0.5 they come out a little ahead on a Q4_0 file "
-                         "(7B shape: level 0.65 with 0.5 has our SwiGLU model's KL of level 0.7 alone and decodes "
-                         "1-2%% faster), and on K-quant files they slow decode down (Gemma 3 270M: 0.73x dense "
-                         "against 0.95x); bench/README.md")
+                         "alone reaches the same quality faster); at about 0.45 they come out ahead on a Q4_0 file "
+                         "(7B shape on an AMD Zen 3: level 0.7 with 0.46 and --allocation sensitivity skips 58%% of "
+                         "the FFN's weights at 1.28-1.37x dense, with 91%% top-1 on our SwiGLU model, where level "
+                         "0.75 alone skips 50%% at 1.28-1.32x with 89.5%%), and on K-quant files they slow decode "
+                         "down (Gemma 3 270M: 0.73x dense against 0.95x); bench/README.md")
     ap.add_argument("--attn-input-scale", type=float, default=0.0,
                     help="TEAL on the attention's inputs: at level s, q/k/v skip the fraction scale * s of the "
                          "attention input's entries and wo of the attention output's (the matrices must be Q4_0, "
@@ -527,8 +528,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     ap.add_argument("--ctx", type=int, default=None,
                     help="calibration / evaluation window (default 512, or the model's training context where that "
-                         "is shorter: past it the model is not what it was trained to be, and its quality there "
-                         "says nothing)")
+                         "is shorter: positions past it are ones the model never saw in training)")
     ap.add_argument("--heldout", type=Path, default=None, help="evaluation text (default: the corpus after "
                     "the calibration tokens)")
     ap.add_argument("--eval-chunks", type=int, default=4, help="evaluation windows (default 4; 0: no model card)")

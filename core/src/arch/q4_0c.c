@@ -48,7 +48,7 @@
 /* Outputs per tile of the two passes (their int32 sums: 64 KB on the stack). Long runs of each row per pass pay more
  * than sums that stay in L1: on the Zen 3 (7B shape, the input-sparse gate at 70% of the inputs, 11008 outputs, paired
  * A/B against 4096) 1024 took 1.41x the time, 2048 1.06x, 8192 0.98x, 16384 (whole rows) 0.94-0.96x with 2 threads and
- * 0.94-0.95x one thread's CPU time; passes of 8, 6 or 4 rows over whole rows instead of halves 0.95x, 1.03x, 1.11x. */
+ * 0.94-0.95x one thread's CPU time; passes of 8, 6 or 4 rows over whole rows instead of halves 0.99x, 1.08x, 1.15x. */
 #ifndef COLS_TILE
 #define COLS_TILE 16384
 #endif

@@ -1633,6 +1633,59 @@ def test_kv_seq_ops_bad_ids(model):
     assert lib.pi_kv_used_cells(ctx) == 0
 
 
+def test_kv_seq_state_bad_args(model):
+    """pi_kv_seq_state_*: bad sequence ids, NULL and short buffers, malformed states (magic, sizes, counts, positions),
+    cells out of range, repeated or held by another sequence, a full cache: an error each, the cache unchanged."""
+    import struct
+    ctx = make_ctx(model, n_ctx=16, n_seq_max=2)
+    assert _decode(ctx, [1, 2, 3], [0, 1, 2]) == OK
+    for seq in (-1, 2, 64, INT32_MAX):
+        poison_error()
+        assert lib.pi_kv_seq_state_size(ctx, seq, 0, -1) == 0
+        expect(INVALID, INVALID, "sequence id")
+        expect(lib.pi_kv_seq_state_get(ctx, seq, 0, -1, ffi.NULL, 0, ffi.NULL), INVALID, "sequence id")
+        expect(lib.pi_kv_seq_state_set(ctx, seq, b"x" * 64, 64, ffi.NULL, 0), INVALID, "sequence id")
+    poison_error()
+    assert lib.pi_kv_seq_state_size(ffi.NULL, 0, 0, -1) == 0
+    expect(INVALID, INVALID, "NULL")
+    n = lib.pi_kv_seq_state_size(ctx, 0, 0, -1)
+    buf = ffi.new("char[]", n)
+    written = ffi.new("size_t *")
+    expect(lib.pi_kv_seq_state_get(ctx, 0, 0, -1, buf, n - 1, written), INVALID, "bytes")
+    expect(lib.pi_kv_seq_state_get(ctx, 0, 0, -1, ffi.NULL, n, written), INVALID, "NULL")
+    assert lib.pi_kv_seq_state_get(ctx, 0, 0, -1, buf, n, written) == OK and written[0] == n
+    state = bytes(ffi.buffer(buf, n))
+    assert lib.pi_kv_seq_state_size(ctx, 0, 5, 2) == 40    # an empty range: the header alone
+    used = lib.pi_kv_used_cells(ctx)
+
+    def bad(data, *msg, cells=ffi.NULL, n_cells=0, code=INVALID):
+        poison_error()
+        expect(lib.pi_kv_seq_state_set(ctx, 1, data, len(data), cells, n_cells), code, *msg)
+        assert lib.pi_kv_used_cells(ctx) == used
+
+    bad(b"", "not a sequence state")
+    bad(state[:39], "not a sequence state")
+    bad(b"Y" + state[1:], "bad magic")
+    bad(state[:-1], "bytes")
+    bad(state + b"\0", "bytes")
+    bad(state[:8] + struct.pack("<i", 99) + state[12:], "another KV layout")
+    for count in (-1, 17, INT32_MAX):
+        bad(state[:32] + struct.pack("<i", count) + state[36:], "tokens")
+    bad(state[:40] + struct.pack("<iii", 0, 0, 1) + state[52:], "ascending")       # a repeated position
+    bad(state[:40] + struct.pack("<iii", -1, 0, 1) + state[52:], "ascending")
+    for cells in ([0, 1, 16], [3, 3, 4], [-1, 4, 5], [0, 4, 5]):                  # cell 0 holds sequence 0
+        bad(state, "cell", cells=ffi.new("int32_t[]", cells), n_cells=3)
+    bad(state, "cells given", cells=ffi.new("int32_t[]", [3, 4]), n_cells=2)
+    expect(lib.pi_kv_seq_state_set(ffi.NULL, 0, state, len(state), ffi.NULL, 0), INVALID, "NULL")
+    full = make_ctx(model, n_ctx=4, n_seq_max=2)
+    assert _decode(full, [1, 2], [0, 1]) == OK
+    poison_error()
+    expect(lib.pi_kv_seq_state_set(full, 1, state, len(state), ffi.NULL, 0), KV_FULL, "KV cache full")
+    assert lib.pi_kv_used_cells(full) == 2
+    assert lib.pi_kv_seq_state_set(ctx, 1, state, len(state), ffi.NULL, 0) == OK   # the good state still goes in
+    assert lib.pi_kv_used_cells(ctx) == 6
+
+
 def test_kv_cache_full_across_calls_and_still_usable(model):
     n_ctx = 8
     full = make_ctx(model, n_ctx=n_ctx, n_batch=8)
@@ -1799,7 +1852,8 @@ COVERED = {
     "pi_model_hparams", "pi_context_default_params", "pi_context_create", "pi_context_free",
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_set_outputs", "pi_get_embeddings",
-    "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells",
+    "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells", "pi_kv_seq_state_size", "pi_kv_seq_state_get",
+    "pi_kv_seq_state_set",
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_op_sparse_mask", "pi_sparse_stats", "pi_sparse_stats_reset",
     "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",

@@ -106,6 +106,14 @@ class InProcessServer:
         self.sock.close()
 
 
+def serve_model(path, *, pooling=None, **state) -> InProcessServer:
+    """An in-process server of the model at path (2 slots of 256 tokens, one thread), ServerState's flags as given."""
+    llm = pi.PowerInfer(path, n_ctx=512, n_parallel=2, n_threads=1, pooling=pooling)
+    srv = InProcessServer(create_app(ServerState(model_path=str(path), llm=llm, **state)))
+    wait_healthy(srv.base)
+    return srv
+
+
 @pytest.fixture(scope="module")
 def keyed(models):
     """An in-process server that requires an API key."""

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import powerinfer as pi  # noqa: E402
 from make_test_model import synthetic_vocab, write_model  # noqa: E402
 from powerinfer.server.app import ServerState, create_app  # noqa: E402
-from test_server import InProcessServer, client, free_port, get, post, wait_healthy  # noqa: E402
+from test_server import InProcessServer, client, free_port, get, post, serve_model, wait_healthy  # noqa: E402
 
 SHAPE = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)
 N_EMBD = SHAPE["n_embd"]
@@ -38,17 +38,10 @@ def model_file(tmp_path_factory):
     return path
 
 
-def _serve(path, **flags):
-    llm = pi.PowerInfer(path, n_ctx=512, n_parallel=2, n_threads=1, pooling=flags.pop("pooling", None))
-    srv = InProcessServer(create_app(ServerState(model_path=str(path), llm=llm, **flags)))
-    wait_healthy(srv.base)
-    return srv
-
-
 @pytest.fixture(scope="module")
 def full(model_file):
     """--embedding --metrics (slots and the web page are on by default)."""
-    srv = _serve(model_file, embedding=True, metrics=True)
+    srv = serve_model(model_file, embedding=True, metrics=True)
     yield srv.base
     srv.close()
 
@@ -56,7 +49,7 @@ def full(model_file):
 @pytest.fixture(scope="module")
 def plain(model_file):
     """The defaults: no embeddings, no metrics."""
-    srv = _serve(model_file)
+    srv = serve_model(model_file)
     yield srv.base
     srv.close()
 
@@ -103,7 +96,7 @@ def test_native_embedding_shape(full):
 
 
 def test_pooling_none_and_last(model_file):
-    srv = _serve(model_file, embedding=True, pooling="none")
+    srv = serve_model(model_file, embedding=True, pooling="none")
     try:
         r = post(srv.base, "/embedding", {"content": "the cat sat"})
         n = len(get_tokens(srv.base, "the cat sat"))
@@ -213,7 +206,7 @@ def slow(tmp_path_factory):
     made while they are generated: with the tiny model they were sometimes all done before the client left."""
     path = tmp_path_factory.mktemp("feat_slow") / "small-f32.gguf"
     write_model(path, dtype="f32", n_vocab=320, n_embd=512, n_ff=1536, n_head=8, n_head_kv=8, n_layer=4, seed=1)
-    srv = _serve(path, metrics=True)
+    srv = serve_model(path, metrics=True)
     yield srv.base
     srv.close()
 
@@ -251,7 +244,7 @@ def test_metrics_off_and_no_slots(plain, model_file):
     post(plain, "/completion", {"prompt": "x", "n_predict": 3, "top_k": 9})
     last = [s for s in get(plain, "/slots").json() if "params" in s]        # the finished request, without --metrics
     assert len(last) == 1 and last[0]["params"]["top_k"] == 9 and not last[0]["is_processing"]
-    srv = _serve(model_file, slots=False, webui=False)
+    srv = serve_model(model_file, slots=False, webui=False)
     try:
         r = get(srv.base, "/slots")
         assert r.status_code == 501 and "--slots" in r.json()["error"]["message"]

@@ -503,8 +503,9 @@ def main(argv=None) -> int:
                          "At scale 1 the gate's inputs cost more quality than they save time (a higher channel level "
                          "alone reaches the same quality faster); at about 0.45 they come out ahead on a Q4_0 file "
                          "(7B shape on an AMD Zen 3: level 0.7 with 0.46 and --allocation sensitivity skips 58%% of "
-                         "the FFN's weights at 1.25-1.37x dense (median 1.32x), with 91%% top-1 on our SwiGLU model, where level "
-                         "0.75 alone skips 50%% at 1.28-1.32x with 89.5%%), and on K-quant files they slow decode "
+                         "the FFN's weights at 1.25-1.37x dense (median 1.32x), with 91%% top-1 on our SwiGLU model, "
+                         "where level 0.75 alone skips 50%% at 1.28-1.32x with 89.5%%), and on K-quant files they slow "
+                         "decode "
                          "down (Gemma 3 270M: 0.73x dense against 0.95x); bench/README.md")
     ap.add_argument("--attn-input-scale", type=float, default=0.0,
                     help="TEAL on the attention's inputs: at level s, q/k/v skip the fraction scale * s of the "

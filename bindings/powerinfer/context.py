@@ -325,6 +325,37 @@ class Context:
     def kv_clear(self) -> None:
         lib.pi_kv_clear(self._ptr)
 
+    @_serialised
+    def kv_seq_state(self, seq: int, p0: int = 0, p1: int = -1) -> bytes:
+        """Sequence seq's KV state over positions [p0, p1) (p1 < 0: to the end): the positions and K/V rows of every
+        layer, in position order (pi_kv_seq_state_get), for kv_seq_set_state in a context of the same model and KV
+        type."""
+        n = int(lib.pi_kv_seq_state_size(self._ptr, seq, p0, p1))
+        buf = bytearray(n)
+        written = ffi.new("size_t *")
+        check(lib.pi_kv_seq_state_get(self._ptr, seq, p0, p1, ffi.from_buffer(buf) if n else ffi.NULL, n, written),
+              "kv_seq_state")
+        return bytes(buf)
+
+    @staticmethod
+    def kv_state_positions(state: bytes) -> np.ndarray:
+        """The positions a kv_seq_state holds (int32, ascending): after its 40-byte header (magic, n_layer, type,
+        n_embd_kv, row_bytes, n: core/src/kv_cache.c), n of them."""
+        if len(state) < 40:
+            raise ValueError("not a KV state")
+        n = int(np.frombuffer(state, np.int32, count=1, offset=32)[0])
+        if n < 0 or len(state) < 40 + 4 * n:
+            raise ValueError("not a KV state")
+        return np.frombuffer(state, np.int32, count=n, offset=40)
+
+    @_serialised
+    def kv_seq_set_state(self, seq: int, state: bytes, cells=None) -> None:
+        """Restores a kv_seq_state into sequence seq: into `cells` (one per token of the state, each free or held by
+        seq alone) or, with None, into the lowest free cells, replacing seq's cells."""
+        c = ffi.NULL if cells is None else ffi.new("int32_t[]", [int(x) for x in cells])
+        n = 0 if cells is None else len(cells)
+        check(lib.pi_kv_seq_state_set(self._ptr, seq, ffi.from_buffer(state), len(state), c, n), "kv_seq_set_state")
+
     @property
     @_serialised
     def kv_used(self) -> int:

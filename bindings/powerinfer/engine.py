@@ -372,6 +372,60 @@ class Engine:
                 s.cache, s.hw = [int(t) for t in c], len(toks)
             self._dirty = False
 
+    def _idle_slot(self, sid: int) -> _Slot:
+        """Slot sid, which must exist and be idle (the caller holds the lock); a pending context clear is applied."""
+        if not 0 <= sid < self.n_slots:
+            raise RequestError(f"Invalid slot ID {sid}: this server has slots 0..{self.n_slots - 1}", param="id_slot")
+        if self._dirty:
+            self.ctx.kv_clear()
+            for s in self.slots:
+                s.hw, s.cache = 0, []
+            self._dirty = False
+        s = self.slots[sid]
+        if s.busy:
+            raise RequestError(f"slot {sid} is processing a request", code=503, status=503, type="unavailable_error")
+        return s
+
+    def slot_state(self, sid: int) -> tuple[list[int], bytes]:
+        """The tokens idle slot sid holds as its prompt cache and the KV state of their positions
+        (Context.kv_seq_state), for the server's slot files (llama.cpp's POST /slots/N?action=save)."""
+        with self.lock:
+            s = self._idle_slot(sid)
+            return list(s.cache), self.ctx.kv_seq_state(sid, 0, len(s.cache))
+
+    def restore_slot_state(self, sid: int, tokens: list[int], state: bytes) -> None:
+        """Idle slot sid holds `tokens` again, their KV rows written from `state` (a slot_state of an engine over the
+        same model and KV type) into the cells of its region, position p in cell sid * L + p (the module doc), so
+        a request that starts with them reuses them, bit for bit. Needs the region layout."""
+        n = len(tokens)
+        with self.lock:
+            s = self._idle_slot(sid)
+            if not self.regions:
+                raise RequestError("this engine's slots share the context: no slot restore", code=501, status=501,
+                                   type="not_supported_error")
+            if n > s.n_ctx:
+                raise RequestError(f"the saved slot holds {n} tokens, more than a slot's context ({s.n_ctx})")
+            if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
+                raise RequestError("the saved slot holds tokens outside this model's vocabulary")
+            try:
+                positions = Context.kv_state_positions(state)
+            except ValueError as e:
+                raise RequestError(f"invalid slot file: {e}") from None
+            if not np.array_equal(positions, np.arange(n)):
+                raise RequestError("invalid slot file: its KV state does not hold positions 0..n-1 of its tokens")
+            try:
+                self.ctx.kv_seq_set_state(sid, state, cells=range(sid * s.n_ctx, sid * s.n_ctx + n))
+            except PowerInferError as e:
+                raise RequestError(f"invalid slot file: {e}") from None
+            s.cache, s.hw = list(tokens), max(s.hw, n)
+
+    def erase_slot(self, sid: int) -> int:
+        """Forget idle slot sid's prompt cache (its cells stay, as the layout needs); returns the tokens it held."""
+        with self.lock:
+            s = self._idle_slot(sid)
+            n, s.cache = len(s.cache), []
+            return n
+
     def slots_info(self) -> list[dict]:
         """Per-slot state (read without waiting for a running step)."""
         return [{"id": s.id, "n_ctx": s.n_ctx, "is_processing": s.busy, "n_past": s.n_past,

@@ -458,6 +458,18 @@ PI_API void      pi_kv_clear(pi_context *ctx);
 /* Largest position stored for seq, or -1 when it has none. */
 PI_API int32_t   pi_kv_seq_pos_max(pi_context *ctx, int32_t seq);
 PI_API int32_t   pi_kv_used_cells(pi_context *ctx);
+/* A sequence's KV state (the positions in [p0, p1) of seq, p1 < 0: to the end; their K/V rows in every layer, in
+ * position order), to save a slot and restore it later into a context of the same model and KV type (llama.cpp's
+ * slot save/restore). pi_kv_seq_state_size: the bytes pi_kv_seq_state_get writes now (0 and an error for a bad seq).
+ * pi_kv_seq_state_set: cells (n_cells entries, the state's token count; NULL: the lowest free cells) are where the
+ * tokens go, each free or holding seq alone (overwritten); seq's other cells at the restored positions leave seq.
+ * PI_ERR_INVALID_ARG for a state of another layout (layers, KV width or type), a truncated or malformed one, or a
+ * cell held by another sequence; PI_ERR_KV_FULL when cells is NULL and too few are free. */
+PI_API size_t    pi_kv_seq_state_size(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1);
+PI_API pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1, void *dst, size_t size,
+                                     size_t *written);
+PI_API pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, size_t size, const int32_t *cells,
+                                     int32_t n_cells);
 
 /* Sparse models: neuron evaluations per layer since the last reset. active[l] counts (neuron, token)
  * pairs computed in layer l (array of n_layer), *total the pairs a dense FFN would have computed per layer. */

@@ -1,6 +1,7 @@
 /* kv_cache.c: cell bookkeeping for the KV cache and the public seq operations. */
 #include "kv_cache.h"
 #include "context.h"
+#include "backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -107,4 +108,148 @@ int32_t pi_kv_used_cells(pi_context *ctx) {
     int32_t n = 0;
     for (int32_t c = 0; c < ctx->kv.n_ctx; c++) n += ctx->kv.cells[c].seqs != 0;
     return n;
+}
+
+/* ---- a sequence's state (pi_kv_seq_state_*) ----
+ * Layout, little-endian: header (magic "PIKVSEQ\1", n_layer, type, n_embd_kv, row_bytes, n), the n positions
+ * (int32, ascending), then per layer the n K rows and the n V rows (row_bytes each, the cache's own format). Rows
+ * are read and written through each layer's backend, so layers whose KV lives on a device take part too. */
+static const char STATE_MAGIC[8] = { 'P', 'I', 'K', 'V', 'S', 'E', 'Q', 1 };
+
+typedef struct {
+    char    magic[8];
+    int32_t n_layer, type;
+    int64_t n_embd_kv, row_bytes;
+    int32_t n, reserved;
+} seq_state_header;
+
+static int cmp_pos_cell(const void *a, const void *b) {   /* (pos, cell) pairs by position */
+    const int32_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+static size_t state_bytes(const pi_kv_cache *kv, int32_t n) {
+    return sizeof(seq_state_header) + (size_t)n * sizeof(int32_t) +
+           2 * (size_t)kv->n_layer * (size_t)n * (size_t)kv->row_bytes;
+}
+
+static bool in_state(const pi_kv_cell *cell, int32_t seq, int32_t p0, int32_t p1) {
+    return (cell->seqs >> seq & 1) && in_range(cell->pos, p0 < 0 ? 0 : p0, p1);
+}
+
+static int32_t seq_cells(const pi_kv_cache *kv, int32_t seq, int32_t p0, int32_t p1) {
+    int32_t n = 0;
+    for (int32_t c = 0; c < kv->n_ctx; c++) n += in_state(&kv->cells[c], seq, p0, p1);
+    return n;
+}
+
+size_t pi_kv_seq_state_size(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1) {
+    if (check_seq(ctx, seq, false) != PI_OK) return 0;
+    return state_bytes(&ctx->kv, seq_cells(&ctx->kv, seq, p0, p1));
+}
+
+pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1, void *dst, size_t size,
+                              size_t *written) {
+    pi_status st = check_seq(ctx, seq, false);
+    if (st != PI_OK) return st;
+    if (!dst && size) return pi_fail(PI_ERR_INVALID_ARG, "dst is NULL");
+    const pi_kv_cache *kv = &ctx->kv;
+    const int32_t n = seq_cells(kv, seq, p0, p1);
+    const size_t need = state_bytes(kv, n);
+    if (size < need) return pi_fail(PI_ERR_INVALID_ARG, "sequence %d's state takes %zu bytes, the buffer %zu", seq, need, size);
+    int32_t *pc = malloc((size_t)PI_MAX(n, 1) * 2 * sizeof(int32_t));   /* (pos, cell) */
+    if (!pc) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a sequence state");
+    int32_t k = 0;
+    for (int32_t c = 0; c < kv->n_ctx; c++)
+        if (in_state(&kv->cells[c], seq, p0, p1)) { pc[2 * k] = kv->cells[c].pos; pc[2 * k + 1] = c; k++; }
+    qsort(pc, (size_t)n, 2 * sizeof(int32_t), cmp_pos_cell);
+    char *p = dst;
+    seq_state_header h = { .n_layer = kv->n_layer, .type = kv->type, .n_embd_kv = kv->n_embd_kv,
+                           .row_bytes = kv->row_bytes, .n = n };
+    memcpy(h.magic, STATE_MAGIC, sizeof h.magic);
+    memcpy(p, &h, sizeof h);
+    p += sizeof h;
+    for (int32_t i = 0; i < n; i++, p += sizeof(int32_t)) memcpy(p, &pc[2 * i], sizeof(int32_t));
+    for (int32_t il = 0; il < kv->n_layer && st == PI_OK; il++) {
+        const pi_layer_exec *lx = &ctx->lx[il];
+        for (int kv_half = 0; kv_half < 2 && st == PI_OK; kv_half++)
+            for (int32_t i = 0; i < n && st == PI_OK; i++, p += kv->row_bytes)
+                st = lx->attn->be->i->download(lx->attn->be, p, (kv_half ? lx->v : lx->k) + (int64_t)pc[2 * i + 1] * kv->row_bytes,
+                                            (size_t)kv->row_bytes);
+    }
+    free(pc);
+    if (st == PI_OK && written) *written = need;
+    return st;
+}
+
+pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, size_t size, const int32_t *cells,
+                               int32_t n_cells) {
+    pi_status st = check_seq(ctx, seq, false);
+    if (st != PI_OK) return st;
+    pi_kv_cache *kv = &ctx->kv;
+    seq_state_header h;
+    if (!src || size < sizeof h) return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state: %zu bytes", size);
+    memcpy(&h, src, sizeof h);
+    if (memcmp(h.magic, STATE_MAGIC, sizeof h.magic) != 0)
+        return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state (bad magic)");
+    if (h.n_layer != kv->n_layer || h.type != kv->type || h.n_embd_kv != kv->n_embd_kv || h.row_bytes != kv->row_bytes)
+        return pi_fail(PI_ERR_INVALID_ARG, "the state is of another KV layout (%d layers, %s cache, width %lld; this "
+                       "context: %d, %s, %lld)", h.n_layer, h.type == PI_TYPE_F16 ? "f16" : h.type == PI_TYPE_F32 ? "f32" :
+                       "unknown", (long long)h.n_embd_kv, kv->n_layer, pi_type_name(kv->type), (long long)kv->n_embd_kv);
+    if (h.n < 0 || h.n > kv->n_ctx)
+        return pi_fail(PI_ERR_INVALID_ARG, "the state holds %d tokens, the context %d cells", h.n, kv->n_ctx);
+    const int32_t n = h.n;
+    if (cells && n_cells != n)
+        return pi_fail(PI_ERR_INVALID_ARG, "%d cells given for a state of %d tokens", n_cells, n);
+    if (size != state_bytes(kv, n))
+        return pi_fail(PI_ERR_INVALID_ARG, "the state of %d tokens takes %zu bytes, not %zu", n, state_bytes(kv, n), size);
+    const char *p = (const char *)src + sizeof h;
+    int32_t *pos = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t)), *at = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));
+    uint8_t *target = calloc((size_t)kv->n_ctx, 1);
+    if (!pos || !at || !target) {
+        free(pos); free(at); free(target);
+        return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a sequence state");
+    }
+    memcpy(pos, p, (size_t)n * sizeof(int32_t));
+    p += (size_t)n * sizeof(int32_t);
+    for (int32_t i = 0; i < n && st == PI_OK; i++)
+        if (pos[i] < 0 || (i && pos[i] <= pos[i - 1]))
+            st = pi_fail(PI_ERR_INVALID_ARG, "the state's positions are not ascending and >= 0 (token %d: %d)", i, pos[i]);
+    int32_t found = 0;
+    for (int32_t i = 0; i < n && st == PI_OK; i++) {
+        int32_t c = -1;
+        if (cells) {
+            c = cells[i];
+            if (c < 0 || c >= kv->n_ctx || target[c])
+                st = pi_fail(PI_ERR_INVALID_ARG, "cell %d for token %d is out of range or given twice", c, i);
+            else if (kv->cells[c].seqs != 0 && kv->cells[c].seqs != (uint64_t)1 << seq)
+                st = pi_fail(PI_ERR_INVALID_ARG, "cell %d holds another sequence", c);
+        } else {
+            while (found < kv->n_ctx && kv->cells[found].seqs != 0) found++;
+            if (found == kv->n_ctx)
+                st = pi_fail(PI_ERR_KV_FULL, "KV cache full: the state's %d tokens do not fit", n);
+            else
+                c = found++;
+        }
+        if (st == PI_OK) { at[i] = c; target[c] = 1; }
+    }
+    if (st == PI_OK) {
+        if (!cells) pi_kv_seq_rm(ctx, seq, 0, -1);   /* the state replaces the sequence */
+        for (int32_t c = 0; c < kv->n_ctx; c++)        /* seq's other cells at a restored position leave it */
+            if (!target[c] && (kv->cells[c].seqs >> seq & 1) &&
+                bsearch(&kv->cells[c].pos, pos, (size_t)n, sizeof(int32_t), cmp_pos_cell) != NULL) {
+                kv->cells[c].seqs &= ~((uint64_t)1 << seq);
+                if (kv->cells[c].seqs == 0) kv->cells[c].pos = -1;
+            }
+        for (int32_t i = 0; i < n; i++) kv->cells[at[i]] = (pi_kv_cell){ pos[i], (uint64_t)1 << seq };
+        for (int32_t il = 0; il < kv->n_layer && st == PI_OK; il++) {
+            const pi_layer_exec *lx = &ctx->lx[il];
+            for (int kv_half = 0; kv_half < 2 && st == PI_OK; kv_half++)
+                for (int32_t i = 0; i < n && st == PI_OK; i++, p += kv->row_bytes)
+                    st = lx->attn->be->i->upload(lx->attn->be, (kv_half ? lx->v : lx->k) + (int64_t)at[i] * kv->row_bytes, p,
+                                              (size_t)kv->row_bytes);
+        }
+    }
+    free(pos); free(at); free(target);
+    return st;
 }

@@ -6,6 +6,7 @@ GET  /health                 503 {"status": "loading model"} while loading, then
 GET  /v1/models, /models     the served model (answers while loading too)
 GET  /props                   server settings
 GET  /slots, /metrics        per-slot state (--no-slots: 501), Prometheus metrics (--metrics) (server/metrics.py)
+POST /slots/{id}?action=save|restore|erase   a slot's prompt cache to and from --slot-save-path (server/slot_files.py)
 POST /v1/embeddings, /embedding   embeddings (--embedding; server/embeddings.py)
 GET  /                       the chat page (server/static/index.html; --no-webui: 404)
 POST /completion, /completions   llama.cpp native completion (SSE with "stream": true)
@@ -61,7 +62,7 @@ class ServerState:
     def __init__(self, *, model_path: str, alias: str | None = None, api_keys: list[str] | None = None,
                  n_predict_max: int = -1, timeout: float = 600.0, loader: Callable[[], PowerInfer] | None = None,
                  llm: PowerInfer | None = None, embedding: bool = False, metrics: bool = False, slots: bool = True,
-                 webui: bool = True, template_kwargs: dict | None = None):
+                 webui: bool = True, template_kwargs: dict | None = None, slot_save_path: str | None = None):
         from pathlib import Path
 
         from .metrics import Metrics
@@ -75,6 +76,7 @@ class ServerState:
         self.load_error: str | None = None
         self.created = int(time.time())
         self.embedding, self.slots, self.webui = embedding, slots, webui   # --embedding, --slots, --webui
+        self.slot_save_path = slot_save_path                              # --slot-save-path (POST /slots/N)
         self.template_kwargs = dict(template_kwargs or {})   # --chat-template-kwargs, --reasoning-budget 0
         self.metrics_store = Metrics() if metrics else None               # --metrics
         self.stats = self.metrics_store or Metrics()                      # /slots reads the last requests
@@ -578,8 +580,8 @@ def build_routes(state: ServerState) -> list[Route]:
             raise HTTPException(404, "Not Found (the web page is off: --no-webui)")
         return Response(_index_html(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
-    from . import embeddings, metrics
-    return embeddings.routes(state) + metrics.routes(state) + [
+    from . import embeddings, metrics, slot_files
+    return embeddings.routes(state) + metrics.routes(state) + slot_files.routes(state) + [
         Route("/", index, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/health", health, methods=["GET"]),

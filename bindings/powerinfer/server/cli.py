@@ -71,6 +71,10 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
     g.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (default: on)")
     g.add_argument("--no-slots", dest="slots", action="store_false", help="GET /slots answers 501")
+    g.add_argument("--slot-save-path", default=None, metavar="DIR",
+                   help="where POST /slots/N?action=save|restore writes and reads slot files (a slot's prompt cache "
+                        "and its KV rows; created if missing) (default: none: those actions answer 501; erase works "
+                        "without it)")
     g.add_argument("--no-webui", dest="webui", action="store_false", default=True,
                    help="no chat page at GET / (default: served)")
     p.add_argument("-to", "--timeout", type=float, default=600.0,
@@ -203,9 +207,15 @@ def make_state(args):
         keys = _api_keys(args)
     except OSError as e:
         raise ValueError(f"cannot read --api-key-file: {e}") from None
+    if args.slot_save_path is not None:
+        try:   # created where missing, as llama.cpp does
+            os.makedirs(args.slot_save_path, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--slot-save-path {args.slot_save_path}: {e.strerror}") from None
     return ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
                        timeout=args.timeout, loader=make_loader(args), embedding=args.embedding,
-                       metrics=args.metrics, slots=args.slots, webui=args.webui, template_kwargs=args.template_kwargs)
+                       metrics=args.metrics, slots=args.slots, webui=args.webui, template_kwargs=args.template_kwargs,
+                       slot_save_path=args.slot_save_path)
 
 
 def main(argv=None) -> int:

@@ -505,8 +505,7 @@ def main(argv=None) -> int:
                          "(7B shape on an AMD Zen 3: level 0.7 with 0.46 and --allocation sensitivity skips 58%% of "
                          "the FFN's weights at 1.25-1.37x dense (median 1.32x), with 91%% top-1 on our SwiGLU model, "
                          "where level 0.75 alone skips 50%% at 1.28-1.32x with 89.5%%), and on K-quant files they slow "
-                         "decode "
-                         "down (Gemma 3 270M: 0.73x dense against 0.95x); bench/README.md")
+                         "decode down (Gemma 3 270M: 0.73x dense against 0.95x); bench/README.md")
     ap.add_argument("--attn-input-scale", type=float, default=0.0,
                     help="TEAL on the attention's inputs: at level s, q/k/v skip the fraction scale * s of the "
                          "attention input's entries and wo of the attention output's (the matrices must be Q4_0, "
@@ -553,8 +552,6 @@ def main(argv=None) -> int:
         raise SystemExit("sparsify: --sensitivity-windows must be at least 2")
     if not 0 <= a.speed_tokens <= 1024:
         raise SystemExit("sparsify: --speed-tokens must be in [0, 1024]")
-    if a.ctx is not None and (a.calib_tokens < a.ctx or a.ctx < 16):
-        raise SystemExit("sparsify: --calib-tokens must be at least --ctx, and --ctx at least 16")
     try:
         model = Model(a.model)
         text = a.corpus.read_text(encoding="utf-8")
@@ -565,12 +562,12 @@ def main(argv=None) -> int:
     hp = model.hparams
     if a.ctx is None:
         a.ctx = min(512, hp.n_ctx_train)
-        if a.calib_tokens < a.ctx or a.ctx < 16:
-            raise SystemExit(f"sparsify: the window is {a.ctx} tokens (the model's training context); "
-                             "--calib-tokens must be at least that, and the window at least 16")
     elif a.ctx > hp.n_ctx_train:
         log(f"sparsify: warning: --ctx {a.ctx} is longer than the model's training context ({hp.n_ctx_train}): "
             "the calibration and the model card measure positions the model was not trained on")
+    if a.calib_tokens < a.ctx or a.ctx < 16:
+        raise SystemExit(f"sparsify: --calib-tokens must be at least the window ({a.ctx} tokens: --ctx, else the "
+                         "model's training context up to 512), and the window at least 16")
     if model.sparse:
         raise SystemExit(f"sparsify: {a.model} is a PowerInfer (PWRI) file, sparse already; give a dense file")
     if hp.ffn_gate == "seq":

@@ -372,15 +372,20 @@ class Engine:
                 s.cache, s.hw = [int(t) for t in c], len(toks)
             self._dirty = False
 
-    def _idle_slot(self, sid: int) -> _Slot:
-        """Slot sid, which must exist and be idle (the caller holds the lock); a pending context clear is applied."""
-        if not 0 <= sid < self.n_slots:
-            raise RequestError(f"Invalid slot ID {sid}: this server has slots 0..{self.n_slots - 1}", param="id_slot")
+    def _clear_if_dirty(self) -> None:
+        """The context clear invalidate() asked for, before the engine uses the context again (the caller holds the
+        lock)."""
         if self._dirty:
             self.ctx.kv_clear()
             for s in self.slots:
                 s.hw, s.cache = 0, []
             self._dirty = False
+
+    def _idle_slot(self, sid: int) -> _Slot:
+        """Slot sid, which must exist and be idle (the caller holds the lock); a pending context clear is applied."""
+        if not 0 <= sid < self.n_slots:
+            raise RequestError(f"Invalid slot ID {sid}: this server has slots 0..{self.n_slots - 1}", param="id_slot")
+        self._clear_if_dirty()
         s = self.slots[sid]
         if s.busy:
             raise RequestError(f"slot {sid} is processing a request", code=503, status=503, type="unavailable_error")
@@ -589,12 +594,7 @@ class Engine:
         idle_fill: with no request in flight, occupy the free tails of the regions in advance (one
         n_batch chunk), so that requests arriving later do not have to wait for it."""
         with self.lock:
-            if self._dirty:
-                self.ctx.kv_clear()
-                for s in self.slots:
-                    s.hw = 0
-                    s.cache = []
-                self._dirty = False
+            self._clear_if_dirty()
             self._reap()
             self._admit()
             self._share_prompts({})           # a waiting slot whose source went away evaluates its prompt

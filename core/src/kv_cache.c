@@ -137,6 +137,23 @@ static bool in_state(const pi_kv_cell *cell, int32_t seq, int32_t p0, int32_t p1
     return (cell->seqs >> seq & 1) && in_range(cell->pos, p0 < 0 ? 0 : p0, p1);
 }
 
+/* The state's rows <-> the cache: per layer the n K rows, then the n V rows, of cells[0..n), through each layer's
+ * backend (to_cache: upload from buf, else download into buf). */
+static pi_status copy_rows(pi_context *ctx, const int32_t *cells, int32_t n, char *buf, bool to_cache) {
+    const int64_t rb = ctx->kv.row_bytes;
+    pi_status st = PI_OK;
+    for (int32_t il = 0; il < ctx->kv.n_layer && st == PI_OK; il++) {
+        const pi_layer_exec *lx = &ctx->lx[il];
+        pi_backend *be = lx->attn->be;
+        for (int half = 0; half < 2 && st == PI_OK; half++)
+            for (int32_t i = 0; i < n && st == PI_OK; i++, buf += rb) {
+                char *row = (half ? lx->v : lx->k) + (int64_t)cells[i] * rb;
+                st = to_cache ? be->i->upload(be, row, buf, (size_t)rb) : be->i->download(be, buf, row, (size_t)rb);
+            }
+    }
+    return st;
+}
+
 static int32_t seq_cells(const pi_kv_cache *kv, int32_t seq, int32_t p0, int32_t p1) {
     int32_t n = 0;
     for (int32_t c = 0; c < kv->n_ctx; c++) n += in_state(&kv->cells[c], seq, p0, p1);
@@ -156,8 +173,9 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
     const pi_kv_cache *kv = &ctx->kv;
     const int32_t n = seq_cells(kv, seq, p0, p1);
     const size_t need = state_bytes(kv, n);
-    if (size < need) return pi_fail(PI_ERR_INVALID_ARG, "sequence %d's state takes %zu bytes, the buffer %zu", seq, need, size);
-    int32_t *pc = malloc((size_t)PI_MAX(n, 1) * 2 * sizeof(int32_t));   /* (pos, cell) */
+    if (size < need)
+        return pi_fail(PI_ERR_INVALID_ARG, "sequence %d's state takes %zu bytes, the buffer %zu", seq, need, size);
+    int32_t *pc = malloc((size_t)PI_MAX(n, 1) * 2 * sizeof(int32_t));   /* (pos, cell) pairs, then the cells */
     if (!pc) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a sequence state");
     int32_t k = 0;
     for (int32_t c = 0; c < kv->n_ctx; c++)
@@ -170,13 +188,8 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
     memcpy(p, &h, sizeof h);
     p += sizeof h;
     for (int32_t i = 0; i < n; i++, p += sizeof(int32_t)) memcpy(p, &pc[2 * i], sizeof(int32_t));
-    for (int32_t il = 0; il < kv->n_layer && st == PI_OK; il++) {
-        const pi_layer_exec *lx = &ctx->lx[il];
-        for (int kv_half = 0; kv_half < 2 && st == PI_OK; kv_half++)
-            for (int32_t i = 0; i < n && st == PI_OK; i++, p += kv->row_bytes)
-                st = lx->attn->be->i->download(lx->attn->be, p, (kv_half ? lx->v : lx->k) + (int64_t)pc[2 * i + 1] * kv->row_bytes,
-                                            (size_t)kv->row_bytes);
-    }
+    for (int32_t i = 0; i < n; i++) pc[i] = pc[2 * i + 1];   /* the cells, in position order */
+    st = copy_rows(ctx, pc, n, p, false);
     free(pc);
     if (st == PI_OK && written) *written = need;
     return st;
@@ -194,17 +207,19 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
         return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state (bad magic)");
     if (h.n_layer != kv->n_layer || h.type != kv->type || h.n_embd_kv != kv->n_embd_kv || h.row_bytes != kv->row_bytes)
         return pi_fail(PI_ERR_INVALID_ARG, "the state is of another KV layout (%d layers, %s cache, width %lld; this "
-                       "context: %d, %s, %lld)", h.n_layer, h.type == PI_TYPE_F16 ? "f16" : h.type == PI_TYPE_F32 ? "f32" :
-                       "unknown", (long long)h.n_embd_kv, kv->n_layer, pi_type_name(kv->type), (long long)kv->n_embd_kv);
+                       "context: %d, %s, %lld)", h.n_layer, pi_type_name(h.type), (long long)h.n_embd_kv, kv->n_layer,
+                       pi_type_name(kv->type), (long long)kv->n_embd_kv);
     if (h.n < 0 || h.n > kv->n_ctx)
         return pi_fail(PI_ERR_INVALID_ARG, "the state holds %d tokens, the context %d cells", h.n, kv->n_ctx);
     const int32_t n = h.n;
     if (cells && n_cells != n)
         return pi_fail(PI_ERR_INVALID_ARG, "%d cells given for a state of %d tokens", n_cells, n);
     if (size != state_bytes(kv, n))
-        return pi_fail(PI_ERR_INVALID_ARG, "the state of %d tokens takes %zu bytes, not %zu", n, state_bytes(kv, n), size);
+        return pi_fail(PI_ERR_INVALID_ARG, "the state of %d tokens takes %zu bytes, not %zu", n, state_bytes(kv, n),
+                       size);
     const char *p = (const char *)src + sizeof h;
-    int32_t *pos = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t)), *at = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));
+    int32_t *pos = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));
+    int32_t *at = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));   /* the tokens' cells */
     uint8_t *target = calloc((size_t)kv->n_ctx, 1);
     if (!pos || !at || !target) {
         free(pos); free(at); free(target);
@@ -214,7 +229,8 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
     p += (size_t)n * sizeof(int32_t);
     for (int32_t i = 0; i < n && st == PI_OK; i++)
         if (pos[i] < 0 || (i && pos[i] <= pos[i - 1]))
-            st = pi_fail(PI_ERR_INVALID_ARG, "the state's positions are not ascending and >= 0 (token %d: %d)", i, pos[i]);
+            st = pi_fail(PI_ERR_INVALID_ARG, "the state's positions are not ascending and >= 0 (token %d: %d)", i,
+                         pos[i]);
     int32_t found = 0;
     for (int32_t i = 0; i < n && st == PI_OK; i++) {
         int32_t c = -1;
@@ -242,13 +258,7 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
                 if (kv->cells[c].seqs == 0) kv->cells[c].pos = -1;
             }
         for (int32_t i = 0; i < n; i++) kv->cells[at[i]] = (pi_kv_cell){ pos[i], (uint64_t)1 << seq };
-        for (int32_t il = 0; il < kv->n_layer && st == PI_OK; il++) {
-            const pi_layer_exec *lx = &ctx->lx[il];
-            for (int kv_half = 0; kv_half < 2 && st == PI_OK; kv_half++)
-                for (int32_t i = 0; i < n && st == PI_OK; i++, p += kv->row_bytes)
-                    st = lx->attn->be->i->upload(lx->attn->be, (kv_half ? lx->v : lx->k) + (int64_t)at[i] * kv->row_bytes, p,
-                                              (size_t)kv->row_bytes);
-        }
+        st = copy_rows(ctx, at, n, (char *)p, true);
     }
     free(pos); free(at); free(target);
     return st;

@@ -52,9 +52,7 @@
 #define ROWS8_MIN_SHARE 4
 #endif
 #define COLUMN_ALIGN 32     /* output column ranges start at block boundaries (or at the larger weight block) */
-#ifndef SPARSE_RANGE
 #define SPARSE_RANGE 512    /* neurons per partial sum of the down step (fixes the summation order) */
-#endif
 #define PREFETCH_LINES 4    /* first cache lines of the next 8 neurons requested ahead (fused path) */
 #ifndef COLUMN_TILE
 #define COLUMN_TILE 1024    /* output columns per pass of the batched down step (a multiple of 256; 2048: the same) */

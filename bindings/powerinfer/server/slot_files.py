@@ -37,8 +37,7 @@ def valid_filename(name) -> bool:
 
 def _model_header(llm) -> dict:
     m = llm.model
-    return {"model": Path(llm.model_path).name if getattr(llm, "model_path", None) else "",
-            "n_vocab": int(m.n_vocab), "n_layer": int(m.hparams.n_layer)}
+    return {"model": Path(llm.model_path).name, "n_vocab": int(m.n_vocab), "n_layer": int(m.hparams.n_layer)}
 
 
 def write_slot_file(path: Path, llm, tokens: list[int], state: bytes) -> int:

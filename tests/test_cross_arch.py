@@ -6,7 +6,8 @@ sparse FFN) on inputs the program makes from an integer PRNG, written by the sca
 program is compiled against the library Python loads and must reproduce those bytes at every ISA level
 this CPU runs (the numeric contract, at C level). Then library and program are cross-compiled for
 aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
-non-x86 builds have the scalar level only, and it must give the same bits there.
+there the one build has the scalar and neon levels (neon where the CPU has the Armv8.2 dot product: qemu's
+"max" model; a Cortex-A57 model runs scalar), and each must give the same bits.
 
 libm: softmax calls glibc's expf (the activations, the sparse FFN's too, and attention have their own exp),
 rope calls pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
@@ -83,7 +84,7 @@ def compare(got: dict[str, np.ndarray], where: str) -> dict[str, int]:
             if name in LIBM_ULPS and not nan.any() and d.max() <= LIBM_ULPS[name]:
                 libm[name] = int(d.max())
                 continue
-            bad.append(f"{name}: {np.count_nonzero(d)} of {d.size} values differ, max {int(d.max())} ulp"
+            bad.append(f"{name}: {np.count_nonzero(g != r)} of {d.size} values differ, max {int(d.max())} ulp"   # (-0 vs +0: 0 ulp)
                        + (f", {int(nan.sum())} NaN mismatches" if nan.any() else "")
                        + (f" (libm tolerance {LIBM_ULPS[name]} ulp)" if name in LIBM_ULPS else ""))
     assert not bad, f"{where} differs from tests/c/op_reference.bin (scalar level):\n  " + "\n  ".join(bad)
@@ -187,21 +188,37 @@ def qemu_env(**extra: str) -> dict[str, str]:
     return {**env, "QEMU_LD_PREFIX": str(SYSROOT), **extra}
 
 
-def test_aarch64_reproduces_reference(aarch64, tmp_path):
+# qemu-aarch64's CPU models: "max" has the Armv8.2 dot product (the neon level), a Cortex-A57 (Armv8.0) has not, so
+# there the one build runs the scalar level. Each level must give the reference bits.
+AARCH64_MODELS = {"max": "neon", "cortex-a57": "scalar"}   # -cpu model: the level it picks
+
+
+@pytest.mark.parametrize("model", list(AARCH64_MODELS))
+def test_aarch64_picks_its_level_and_reproduces_reference(aarch64, model, tmp_path):
     qemu, exe = aarch64
-    stdout = run_program([qemu, str(exe)], tmp_path / "out.bin", env=qemu_env())
-    assert stdout.rstrip().endswith("isa scalar"), stdout[-200:]
+    stdout = run_program([qemu, "-cpu", model, str(exe)], tmp_path / "out.bin", env=qemu_env())
+    assert stdout.rstrip().endswith(f"isa {AARCH64_MODELS[model]}"), stdout[-200:]
     got = read_cases(tmp_path / "out.bin")
-    compare(got, "aarch64 (qemu)")
+    compare(got, f"aarch64 (qemu -cpu {model})")
     # aarch64's expf gives the correctly rounded exp(-63.09946) (module docstring)
     assert got["softmax.libm_expf"][1] == 0x11fa2992, hex(got["softmax.libm_expf"][1])
 
 
-def test_aarch64_has_the_scalar_level_only(aarch64, tmp_path):
+def test_aarch64_scalar_level_on_a_neon_cpu(aarch64, tmp_path):
+    """POWERINFER_ISA=scalar on a CPU that runs neon: the scalar level, the same bits."""
     qemu, exe = aarch64
-    p = subprocess.run([qemu, str(exe), str(tmp_path / "out.bin")], capture_output=True, text=True,
-                       env=qemu_env(POWERINFER_ISA="avx2"), timeout=60)
-    assert p.returncode == 1 and "this build does not include it" in p.stderr, (p.returncode, p.stderr)
+    stdout = run_program([qemu, "-cpu", "max", str(exe)], tmp_path / "out.bin", env=qemu_env(POWERINFER_ISA="scalar"))
+    assert stdout.rstrip().endswith("isa scalar"), stdout[-200:]
+    compare(read_cases(tmp_path / "out.bin"), "aarch64 (qemu -cpu max, POWERINFER_ISA=scalar)")
+
+
+@pytest.mark.parametrize("level, model, why", [("avx2", "max", "this build does not include it"),
+                                               ("neon", "cortex-a57", "this CPU does not support it")])
+def test_aarch64_refuses_a_level_it_cannot_run(aarch64, level, model, why, tmp_path):
+    qemu, exe = aarch64
+    p = subprocess.run([qemu, "-cpu", model, str(exe), str(tmp_path / "out.bin")], capture_output=True, text=True,
+                       env=qemu_env(POWERINFER_ISA=level), timeout=60)
+    assert p.returncode == 1 and why in p.stderr, (p.returncode, p.stderr)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ __all__ = ["Context", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model
            "Sampler", "SamplingParams", "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "cpu_name",
            "set_cpu_isa", "system_info", "__version__"]
 
-CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx")   # lowest first
+CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx", "neon")   # x86: scalar..amx, lowest first; aarch64: scalar, neon
 
 
 def system_info() -> str:

@@ -20,9 +20,16 @@
 #else
 #define PI_X86 0
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 
-typedef enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX, ISA_COUNT } isa_level;
-static const char *const isa_names[ISA_COUNT] = { "scalar", "avx2", "avx512", "amx" };
+/* Best last within an architecture: x86 runs scalar..amx, aarch64 scalar and neon (never both kinds). */
+typedef enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX, ISA_NEON, ISA_COUNT } isa_level;
+static const char *const isa_names[ISA_COUNT] = { "scalar", "avx2", "avx512", "amx", "neon" };
+#define ISA_LIST "scalar, avx2, avx512, amx, neon"
 
 /* The tables CMake compiled in (PI_WITH_<LEVEL>, see CMakeLists.txt). */
 extern const pi_cpu_kernels pi_kernels_scalar;
@@ -34,6 +41,9 @@ extern const pi_cpu_kernels pi_kernels_avx512;
 #endif
 #if PI_WITH_AMX
 extern const pi_cpu_kernels pi_kernels_amx;
+#endif
+#if PI_WITH_NEON
+extern const pi_cpu_kernels pi_kernels_neon;
 #endif
 
 static const pi_cpu_kernels *compiled[ISA_COUNT];
@@ -142,15 +152,28 @@ static void describe_features(char *out, size_t size) {
              "AVX512_BF16 = %d | AMX_INT8 = %d | AMX_BF16 = %d | NEON = 0",
              f.avx, f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vnni, f.avx512bf16, f.amx_int8, f.amx_bf16);
 }
+#elif defined(__aarch64__)
+/* The neon level needs the dot-product instructions (SDOT, Armv8.2's FEAT_DotProd: Apple M1 on, Graviton 2 on,
+ * Cortex-A76 / Neoverse N1 on); Advanced SIMD itself is part of every aarch64 CPU. */
+static bool cpu_dotprod(void) {
+#if defined(__linux__)
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t size = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &size, NULL, 0) == 0 && v != 0;
 #else
-static bool cpu_runs(isa_level level) { return level == ISA_SCALAR; }
-static void describe_features(char *out, size_t size) {
-#if defined(__ARM_NEON)
-    snprintf(out, size, "NEON = 1 (no NEON kernels yet)");
-#else
-    snprintf(out, size, "no SIMD kernels for this architecture");
+    return false;
 #endif
 }
+static bool cpu_runs(isa_level level) { return level == ISA_SCALAR || (level == ISA_NEON && cpu_dotprod()); }
+static void describe_features(char *out, size_t size) { snprintf(out, size, "NEON = 1 | DOTPROD = %d", cpu_dotprod()); }
+#else
+static bool cpu_runs(isa_level level) { return level == ISA_SCALAR; }
+static void describe_features(char *out, size_t size) { snprintf(out, size, "no SIMD kernels for this architecture"); }
 #endif
 
 static int find_level(const char *name) {
@@ -180,6 +203,9 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
 #if PI_WITH_AMX
     compiled[ISA_AMX] = &pi_kernels_amx;
 #endif
+#if PI_WITH_NEON
+    compiled[ISA_NEON] = &pi_kernels_neon;
+#endif
     for (int i = 0; i < ISA_COUNT; i++) {
         if (!compiled[i]) continue;
         pi_traits_fill(compiled[i], traits[i]);
@@ -190,7 +216,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
     if (env && *env) {
         const int want = find_level(env);
         if (want < 0)
-            snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%.40s: unknown level (scalar, avx2, avx512, amx)", env);
+            snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%.40s: unknown level (" ISA_LIST ")", env);
         else if (!runs[want])
             snprintf(env_error, sizeof env_error, "POWERINFER_ISA=%s: %s", env,
                      compiled[want] ? "this CPU does not support it" : "this build does not include it");
@@ -228,7 +254,7 @@ const char *pi_cpu_isa_env_error(void) { return env_error[0] ? env_error : NULL;
 
 pi_status pi_cpu_isa_set(const char *name) {
     const int i = find_level(name);
-    if (i < 0) return pi_fail(PI_ERR_INVALID_ARG, "unknown ISA level '%s' (scalar, avx2, avx512, amx)", name ? name : "");
+    if (i < 0) return pi_fail(PI_ERR_INVALID_ARG, "unknown ISA level '%s' (" ISA_LIST ")", name ? name : "");
     if (!compiled[i]) return pi_fail(PI_ERR_UNSUPPORTED, "ISA level %s is not in this build", name);
     if (!runs[i]) return pi_fail(PI_ERR_UNSUPPORTED, "this CPU does not support ISA level %s", name);
     active = (isa_level)i;

@@ -130,6 +130,30 @@ static void case_mul_mat_bytes(int32_t type, int64_t T) {
     free(wq); free(x); free(y);
 }
 
+/* Rounding ties: rows whose blocks hold -127 first and otherwise k + 0.5 (k an integer), so every quantizer's
+ * scale is 1 and most products land exactly halfway: the activation quantizers round them to even (Q8_0S for Q8_0,
+ * Q8_KM for Q4_K, Q8_K for Q6_K), the Q8_0 weight quantizer away from zero. */
+static float *tie_rows(int64_t n, int64_t rows, uint64_t seed) {
+    float *a = rng_array(n * rows, 1.0f, seed);
+    for (int64_t i = 0; i < n * rows; i++)
+        a[i] = i % 32 == 0 ? -127.0f : (float)(int)(a[i] * 100.0f) + 0.5f;
+    return a;
+}
+
+static void case_ties(int32_t type, int weights_tied) {
+    const int64_t K = 512, N = 8;
+    float *w = weights_tied ? tie_rows(K, N, 300) : rng_array(K * N, 1.0f, 301);
+    float *x = tie_rows(K, 1, 302);
+    float *y = calloc((size_t)N, sizeof(float));
+    void *wq = quantize(type, w, K, N);
+    pi_tensor tw = tensor(type, K, N, 1, wq), tx = tensor(PI_TYPE_F32, K, 1, 1, x), ty = tensor(PI_TYPE_F32, N, 1, 1, y);
+    check(pi_op_mul_mat(pool, &tw, &tx, &ty), "mul_mat");
+    char name[64];
+    snprintf(name, sizeof name, "ties.%s%s", pi_type_name(type), weights_tied ? ".weights" : "");
+    emit(name, y, N);
+    free(w); free(x); free(y); free(wq);
+}
+
 static void case_get_rows(int32_t type) {
     const int64_t K = 256, N = 8;
     const int32_t ids[3] = { 5, 0, 7 };
@@ -280,6 +304,11 @@ int main(int argc, char **argv) {
                                   PI_TYPE_IQ2_XS, PI_TYPE_IQ2_S, PI_TYPE_IQ1_S, PI_TYPE_IQ1_M };
     for (size_t i = 0; i < sizeof read_only / sizeof *read_only; i++)
         for (int64_t T = 1; T <= 17; T += 8) case_mul_mat_bytes(read_only[i], T);   /* 1, 9, 17 tokens */
+    case_ties(PI_TYPE_Q8_0, 0);
+    case_ties(PI_TYPE_Q8_0, 1);
+    case_ties(PI_TYPE_Q4_K, 0);
+    case_ties(PI_TYPE_Q6_K, 0);
+    case_unary(PI_UNARY_RELU, "unary.relu");
 
     pi_threadpool_free(pool);
     if (fclose(out_file) != 0) { perror(argv[1]); return 1; }

@@ -6,7 +6,8 @@
  * SiLU = x / (1 + e^-x) and GELU = x / (1 + e^-2u) = 0.5 x (1 + tanh u) from it (the same tanh
  * approximation of GELU as ggml). Every element goes through the vector code, the tail through a
  * padded copy, so an element's result does not depend on its position in the row. The scalar level
- * does the same operations one element at a time: every level gives the same bits. */
+ * does the same operations one element at a time, the neon level four at a time (the tail one by one): every
+ * level gives the same bits. */
 #include "../internal.h"
 
 #include <math.h>
@@ -146,13 +147,64 @@ static inline float act1(int32_t op, float x) {
     }
 }
 
+#if PI_NEON
+/* exp1 and act1, four lanes at a time (the same operations: the same bits) */
+static inline float32x4_t exp4(float32x4_t x) {
+    x = vbslq_f32(vcltq_f32(x, vdupq_n_f32(89.0f)), x, vdupq_n_f32(89.0f));   /* exp1's compares and selects */
+    x = vbslq_f32(vcgtq_f32(vdupq_n_f32(-103.97f), x), vdupq_n_f32(-103.97f), x);
+    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t ni = vcvtq_s32_f32(n), half = vshrq_n_s32(ni, 1);
+    const float32x4_t s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(half, vdupq_n_s32(127)), 23));
+    const float32x4_t s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vsubq_s32(ni, half), vdupq_n_s32(127)), 23));
+    return vmulq_f32(vmulq_f32(p, s1), s2);
+}
+
+static inline float32x4_t act4(int32_t op, float32x4_t x) {
+    const float32x4_t one = vdupq_n_f32(1.0f), zero = vdupq_n_f32(0.0f);
+    switch (op) {
+        case PI_UNARY_RELU: return vbslq_f32(vcgtq_f32(x, zero), x, zero);   /* NaN and -0 -> +0 */
+        case PI_UNARY_SILU: return vdivq_f32(x, vaddq_f32(one, exp4(vsubq_f32(zero, x))));
+        default: {
+            const float32x4_t x3 = vmulq_f32(vmulq_f32(x, x), x);
+            const float32x4_t u = vmulq_n_f32(vfmaq_f32(x, vdupq_n_f32(0.044715f), x3), 0.7978845608028654f);
+            return vdivq_f32(x, vaddq_f32(one, exp4(vmulq_n_f32(u, -2.0f))));
+        }
+    }
+}
+#endif
+
 void pi_activation_row(int32_t op, int64_t n, const float *x, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = act1(op, x[i]);
+    int64_t i = 0;
+#if PI_NEON
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, act4(op, vld1q_f32(x + i)));
+#endif
+    for (; i < n; i++) y[i] = act1(op, x[i]);
 }
 
 float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
     float max = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+#if PI_NEON
+    const float32x4_t ninf = vdupq_n_f32(-INFINITY);
+    float32x4_t vmax = ninf;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t m = mask ? vld1q_f32(mask + i) : vdupq_n_f32(0.0f);
+        const float32x4_t s = vbslq_f32(vceqq_f32(m, ninf), ninf, vaddq_f32(vmulq_n_f32(vld1q_f32(x + i), scale), m));
+        vst1q_f32(x + i, s);
+        vmax = vmaxnmq_f32(vmax, s);   /* a NaN score is passed over, as fmaxf does */
+    }
+    max = vmaxnmvq_f32(vmax);
+#endif
+    for (; i < n; i++) {
         const float m = mask ? mask[i] : 0.0f;
         x[i] = m == -INFINITY ? -INFINITY : x[i] * scale + m;
         max = fmaxf(max, x[i]);
@@ -162,7 +214,20 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
         return 0.0f;
     }
     float lanes[8] = { 0 };
-    for (int64_t i = 0; i < n; i++) {
+    i = 0;
+#if PI_NEON
+    float32x4_t acc[2] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };   /* lanes 0..3, 4..7 */
+    for (; i + 8 <= n; i += 8)
+        for (int h = 0; h < 2; h++) {
+            const uint32x4_t hidden = mask ? vceqq_f32(vld1q_f32(mask + i + 4 * h), ninf) : vdupq_n_u32(0);
+            const float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + i + 4 * h), vdupq_n_f32(max)));
+            acc[h] = vaddq_f32(acc[h], vbslq_f32(hidden, vdupq_n_f32(0.0f), e));
+            vst1q_f32(x + i + 4 * h, vbslq_f32(hidden, ninf, e));
+        }
+    vst1q_f32(lanes, acc[0]);
+    vst1q_f32(lanes + 4, acc[1]);
+#endif
+    for (; i < n; i++) {
         if (mask && mask[i] == -INFINITY) continue;   /* hidden: stays -inf, adds 0 to its lane */
         x[i] = exp1(x[i] - max);
         lanes[i % 8] += x[i];

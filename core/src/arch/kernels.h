@@ -14,6 +14,15 @@
 #define PI_HAVE_ROWS8 0   /* the scalar level: mul_mat goes row by row (the same bits) */
 #endif
 
+/* The neon level (aarch64 with the Armv8.2 dot product): NEON bodies for the single-row kernels (arch/neon_util.h),
+ * the scalar level's structure otherwise: no 8-row kernels, no interleaved copies (level.c), the same bits. */
+#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define PI_NEON 1
+#include "neon_util.h"
+#else
+#define PI_NEON 0
+#endif
+
 /* ---- dot products, activation quantizers, axpy (arch/vec_dot.c); each has a scalar body ---- */
 static float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);

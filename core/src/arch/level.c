@@ -1,7 +1,7 @@
 /* level.c: one ISA level's kernels and their table.
  *
  * CMake compiles this file once per level with that level's instruction-set flags and
- * PI_LEVEL=<name> (scalar, avx2, avx512, amx): the arch/ sources are included here (amx.c only at the amx
+ * PI_LEVEL=<name> (scalar, avx2, avx512, amx; neon on aarch64): the arch/ sources are included here (amx.c only at the amx
  * level: the avx512 table plus the AMX tile kernels), so their
  * kernels (declared static in kernels.h) exist once per level without clashing, and the only
  * symbol a level exports is its table, pi_kernels_<name>. cpu.c picks the table at load time.
@@ -35,6 +35,11 @@
 #else
 #define ROWS16(kernel) NULL
 #endif
+#if PI_NEON
+#define REPACK(kernel) NULL   /* no NEON kernels for the interleaved groups: the file's rows, row by row */
+#else
+#define REPACK(kernel) kernel
+#endif
 #if PI_HAVE_ROWS8
 #define ROWS8(kernel) kernel
 #else
@@ -49,22 +54,22 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         /*                 vec_dot                   axpy */
         [PI_TYPE_F32]  = { pi_vec_dot_f32_f32,    pi_axpy_f32_row },
         [PI_TYPE_F16]  = { pi_vec_dot_f16_f32,    pi_axpy_f16,  .vec_dot8 = ROWS8(pi_vec_dot8_f16_f32),
-                           .axpy8 = ROWS8(pi_axpy8_f16), .repack = pi_repack_16bit_x8,
+                           .axpy8 = ROWS8(pi_axpy8_f16), .repack = REPACK(pi_repack_16bit_x8),
                            .from_f32 = ROWS8(pi_f16_from_f32) },
         [PI_TYPE_BF16] = { pi_vec_dot_bf16_f32,   pi_axpy_bf16, .vec_dot8 = ROWS8(pi_vec_dot8_bf16_f32),
-                           .repack = pi_repack_16bit_x8 },
+                           .repack = REPACK(pi_repack_16bit_x8) },
         [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),
-                           .axpy8 = ROWS8(pi_axpy8_q4_0), .repack = pi_repack8_q4_0x8 },
+                           .axpy8 = ROWS8(pi_axpy8_q4_0), .repack = REPACK(pi_repack8_q4_0x8) },
         [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0s,  pi_axpy_q8_0, .vec_dot8 = ROWS8(pi_vec_dot8_q8_0_q8_0s),
                            .axpy8 = ROWS8(pi_axpy8_q8_0),
                            .tiles_rows = AMX(pi_tiles_rows_q8_0_q8_0s),
-                           .from_f32 = pi_quantize_row_q8_0, .repack = pi_repack_q8_0x16 },
+                           .from_f32 = pi_quantize_row_q8_0, .repack = REPACK(pi_repack_q8_0x16) },
         [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1, .vec_dot8 = ROWS8(pi_vec_dot8_q4_1_q8_1),
-                           .tiles_rows = AMX(pi_tiles_rows_q4_1_q8_1), .repack = pi_repack_q4_1x16 },
+                           .tiles_rows = AMX(pi_tiles_rows_q4_1_q8_1), .repack = REPACK(pi_repack_q4_1x16) },
         [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s),
-                           .tiles_rows = AMX(pi_tiles_rows_q5_0_q8_0s), .repack = pi_repack_q5_0x16 },
+                           .tiles_rows = AMX(pi_tiles_rows_q5_0_q8_0s), .repack = REPACK(pi_repack_q5_0x16) },
         [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1, .vec_dot8 = ROWS8(pi_vec_dot8_q5_1_q8_1),
-                           .tiles_rows = AMX(pi_tiles_rows_q5_1_q8_1), .repack = pi_repack_q5_1x16 },
+                           .tiles_rows = AMX(pi_tiles_rows_q5_1_q8_1), .repack = REPACK(pi_repack_q5_1x16) },
         [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1, .tiles_prep = AMX(pi_tiles_prep_q8_1),
                            .tiles_unit = PI_QK, .tiles_unit_bytes = 32 * sizeof(float) },
         [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K),
@@ -72,15 +77,15 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8(pi_vec_dot8_q3_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q3_K_q8_K) },
         [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K),
-                           .tiles_rows = AMX(pi_tiles_rows_q4_K_q8_K), .repack = pi_repack_q4_Kx16 },
+                           .tiles_rows = AMX(pi_tiles_rows_q4_K_q8_K), .repack = REPACK(pi_repack_q4_Kx16) },
         [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8(pi_vec_dot8_q5_K_q8_K),
-                           .tiles_rows = AMX(pi_tiles_rows_q5_K_q8_K), .repack = pi_repack_q5_Kx16 },
+                           .tiles_rows = AMX(pi_tiles_rows_q5_K_q8_K), .repack = REPACK(pi_repack_q5_Kx16) },
         [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16) },
         [PI_TYPE_IQ4_NL] = { pi_vec_dot_iq4_nl_q8_0s, pi_axpy_iq4_nl, .vec_dot8 = ROWS8(pi_vec_dot8_iq4_nl_q8_0s),
-                             .repack = pi_repack8_q4_0x8 /* the same block bytes */ },
+                             .repack = REPACK(pi_repack8_q4_0x8) /* the same block bytes */ },
         [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8(pi_vec_dot8_iq4_xs_q8_K),
-                             .repack = pi_repack_iq4_xsx16 },
+                             .repack = REPACK(pi_repack_iq4_xsx16) },
         /* no 8-row kernels: prompts convert rows to Q6_K (to_batch) and run its kernels */
         [PI_TYPE_IQ3_XXS] = { pi_vec_dot_iq3_xxs_q8_K, pi_axpy_iq3_xxs, .to_batch = pi_iq3_xxs_to_q6_K },
         [PI_TYPE_IQ3_S]   = { pi_vec_dot_iq3_s_q8_K, pi_axpy_iq3_s, .to_batch = pi_iq3_s_to_q6_K },

@@ -27,6 +27,15 @@ float pi_dot_f32(int64_t n, const float *a, const float *b) {
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
     }
     sum = pi_hsum_ps(_mm256_add_ps(acc0, acc1));
+#elif PI_NEON   /* lanes 0..7 and 8..15 of 16: four registers */
+    float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = vfmaq_f32(a0, vld1q_f32(a + i), vld1q_f32(b + i));
+        a1 = vfmaq_f32(a1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+        a2 = vfmaq_f32(a2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+        a3 = vfmaq_f32(a3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    }
+    sum = pi_neon_tree8(vaddq_f32(a0, a2), vaddq_f32(a1, a3));
 #else   /* the same order: two 8-lane accumulators, added lane by lane, then the tree */
     float p0[8] = { 0 }, p1[8] = { 0 };
     for (; i + 16 <= n; i += 16)
@@ -47,6 +56,11 @@ void pi_axpy_f32(int64_t n, float a, const float *x, float *y) {
     const __m256 va = _mm256_set1_ps(a);
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#elif PI_NEON
+    for (; i + 8 <= n; i += 8) {
+        vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
+        vst1q_f32(y + i + 4, vfmaq_n_f32(vld1q_f32(y + i + 4), vld1q_f32(x + i + 4), a));
+    }
 #else
     for (; i < n / 8 * 8; i++) y[i] = fmaf(a, x[i], y[i]);   /* fused, as the vector body */
 #endif
@@ -67,6 +81,15 @@ float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x) {
         acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(b + i), acc0);
     }
     sum = pi_hsum_ps(acc0);
+#elif PI_NEON
+    float32x4_t lo = vdupq_n_f32(0), hi = lo;
+    for (; i + 8 <= n; i += 8) {
+        float32x4_t w0, w1;
+        pi_neon_load8_f16(a + i, &w0, &w1);
+        lo = vfmaq_f32(lo, w0, vld1q_f32(b + i));
+        hi = vfmaq_f32(hi, w1, vld1q_f32(b + i + 4));
+    }
+    sum = pi_neon_tree8(lo, hi);
 #else   /* the same order: one 8-lane accumulator, then the tree */
     float p[8] = { 0 };
     for (; i + 8 <= n; i += 8)
@@ -95,6 +118,23 @@ void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, flo
     out[0] = pi_hsum_ps(a0); out[1] = pi_hsum_ps(a1); out[2] = pi_hsum_ps(a2); out[3] = pi_hsum_ps(a3);
     for (int k = 0; k < 4; k++)
         for (int64_t j = i; j < n; j++) out[k] += pi_fp16_to_f32(((const uint16_t *)rows[k])[j]) * x[j];
+#elif PI_NEON
+    float32x4_t lo[4], hi[4];
+    for (int k = 0; k < 4; k++) lo[k] = hi[k] = vdupq_n_f32(0);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t x0 = vld1q_f32(x + i), x1 = vld1q_f32(x + i + 4);
+        for (int k = 0; k < 4; k++) {
+            float32x4_t w0, w1;
+            pi_neon_load8_f16((const uint16_t *)rows[k] + i, &w0, &w1);
+            lo[k] = vfmaq_f32(lo[k], w0, x0);
+            hi[k] = vfmaq_f32(hi[k], w1, x1);
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        out[k] = pi_neon_tree8(lo[k], hi[k]);
+        for (int64_t j = i; j < n; j++) out[k] += pi_fp16_to_f32(((const uint16_t *)rows[k])[j]) * x[j];
+    }
 #else
     for (int k = 0; k < 4; k++) out[k] = pi_vec_dot_f16_f32(n, rows[k], x);
 #endif
@@ -112,6 +152,14 @@ float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
         acc0 = _mm256_fmadd_ps(_mm256_castsi256_ps(wi), _mm256_loadu_ps(b + i), acc0);
     }
     sum = pi_hsum_ps(acc0);
+#elif PI_NEON
+    float32x4_t lo = vdupq_n_f32(0), hi = lo;
+    for (; i + 8 <= n; i += 8) {
+        const uint16x8_t h = vld1q_u16(a + i);
+        lo = vfmaq_f32(lo, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)), vld1q_f32(b + i));
+        hi = vfmaq_f32(hi, vreinterpretq_f32_u32(vshll_high_n_u16(h, 16)), vld1q_f32(b + i + 4));
+    }
+    sum = pi_neon_tree8(lo, hi);
 #else   /* the same order: one 8-lane accumulator, then the tree */
     float p[8] = { 0 };
     for (; i + 8 <= n; i += 8)
@@ -190,6 +238,25 @@ static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t 
     const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
     _mm256_storeu_si256((__m256i *)qs, _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     return pi_hsum_epi32(sum);
+#elif PI_NEON
+    float32x4_t v[8], m = vdupq_n_f32(0);
+    for (int k = 0; k < 8; k++) {
+        v[k] = vld1q_f32(x + 4 * k);
+        m = vmaxnmq_f32(m, vabsq_f32(v[k]));   /* maxnm: a NaN lane keeps the other, as fmaxf */
+    }
+    const float amax = vmaxnmvq_f32(m);
+    const float d = amax / 127.0f;
+    const float id = ties_even ? (amax != 0.0f ? 127.0f / amax : 0.0f) : (d != 0.0f ? 1.0f / d : 0.0f);
+    *d_out = pi_f32_to_fp16(d);
+    int32x4_t q[8], sum = vdupq_n_s32(0);
+    for (int k = 0; k < 8; k++) {
+        const float32x4_t y = vmulq_n_f32(v[k], id);
+        q[k] = ties_even ? vcvtnq_s32_f32(y) : vcvtaq_s32_f32(y);   /* nearest even (rintf) / away (roundf) */
+        sum = vaddq_s32(sum, q[k]);
+    }
+    for (int k = 0; k < 8; k += 2)
+        vst1_s8(qs + 4 * k, vmovn_s16(vcombine_s16(vmovn_s32(q[k]), vmovn_s32(q[k + 1]))));
+    return vaddvq_s32(sum);
 #else
     float amax = 0.0f;
     for (int j = 0; j < PI_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
@@ -260,6 +327,10 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
         const __m256i dot = pi_dpbusd(_mm256_setzero_si256(), unpack_nibbles(a[i].qs),
                                       _mm256_loadu_si256((const __m256i *)b[i].qs));
         s = pi_hsum_epi32(dot);
+#elif PI_NEON
+        int8x16_t lo, hi;
+        pi_neon_nibbles(a[i].qs, &lo, &hi);
+        s = vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
 #else
         s = 0;
         for (int j = 0; j < PI_QK4_0 / 2; j++)
@@ -291,11 +362,27 @@ float pi_vec_dot_q8_0_q8_0s(int64_t n, const void *w, const void *x) {
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(pi_hsum8_i32(v)), acc);
     }
     _mm256_storeu_ps(p, acc);
+#elif PI_NEON
+    float32x4_t lo = vdupq_n_f32(0), hi = lo;
+    for (; i + 8 <= nb; i += 8) {
+        int32_t s8[8];
+        float d8[8];
+        for (int j = 0; j < 8; j++) {
+            s8[j] = pi_neon_dot32(a[i + j].qs, b[i + j].qs);
+            d8[j] = pi_neon_f16(a[i + j].d) * pi_neon_f16(b[i + j].d);
+        }
+        lo = vfmaq_f32(lo, vld1q_f32(d8), vcvtq_f32_s32(vld1q_s32(s8)));
+        hi = vfmaq_f32(hi, vld1q_f32(d8 + 4), vcvtq_f32_s32(vld1q_s32(s8 + 4)));
+    }
+    vst1q_f32(p, lo);
+    vst1q_f32(p + 4, hi);
 #endif
     for (; i < nb; i++) {
         int32_t s;
 #if defined(__AVX2__)
         s = pi_hsum_epi32(dot_i8_s8(a[i].qs, &b[i]));
+#elif PI_NEON
+        s = pi_neon_dot32(a[i].qs, b[i].qs);
 #else
         s = 0;
         for (int j = 0; j < PI_QK8_0; j++) s += a[i].qs[j] * b[i].qs[j];
@@ -317,6 +404,13 @@ void pi_axpy_f16(int64_t n, float a, const void *row, float *y) {
     for (; i + 8 <= n; i += 8) {
         const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
+    }
+#elif PI_NEON
+    for (; i + 8 <= n; i += 8) {
+        float32x4_t w0, w1;
+        pi_neon_load8_f16(x + i, &w0, &w1);
+        vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), w0, a));
+        vst1q_f32(y + i + 4, vfmaq_n_f32(vld1q_f32(y + i + 4), w1, a));
     }
 #else
     for (; i < n / 8 * 8; i++) y[i] = fmaf(a, pi_fp16_to_f32(x[i]), y[i]);   /* fused, as the vector body */
@@ -630,6 +724,21 @@ void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y) {
         pi_q4_0_axpy_block(_mm256_set1_ps(a * pi_fp16_to_f32(x[b].d)), x[b].qs, yb);
         pi_store4_ps(y + b * PI_QK4_0, yb);
     }
+#elif PI_NEON
+    for (; b < nb; b++) {
+        const float s = a * pi_neon_f16(x[b].d);
+        int8x16_t q[2];
+        pi_neon_nibbles(x[b].qs, &q[0], &q[1]);
+        for (int h = 0; h < 2; h++) {   /* elements 16h..16h+15 */
+            const int16x8_t q0 = vmovl_s8(vget_low_s8(q[h])), q1 = vmovl_high_s8(q[h]);
+            const int16x8_t c0 = vsubq_s16(q0, vdupq_n_s16(8)), c1 = vsubq_s16(q1, vdupq_n_s16(8));
+            float *yb = y + b * PI_QK4_0 + 16 * h;
+            vst1q_f32(yb, vfmaq_n_f32(vld1q_f32(yb), vcvtq_f32_s32(vmovl_s16(vget_low_s16(c0))), s));
+            vst1q_f32(yb + 4, vfmaq_n_f32(vld1q_f32(yb + 4), vcvtq_f32_s32(vmovl_high_s16(c0)), s));
+            vst1q_f32(yb + 8, vfmaq_n_f32(vld1q_f32(yb + 8), vcvtq_f32_s32(vmovl_s16(vget_low_s16(c1))), s));
+            vst1q_f32(yb + 12, vfmaq_n_f32(vld1q_f32(yb + 12), vcvtq_f32_s32(vmovl_high_s16(c1)), s));
+        }
+    }
 #endif
     for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */
         const float s = a * pi_fp16_to_f32(x[b].d);
@@ -651,6 +760,19 @@ void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y) {
         pi_load4_ps(y + b * PI_QK8_0, yb);
         pi_q8_0_axpy_block(_mm256_set1_ps(a * pi_fp16_to_f32(x[b].d)), x[b].qs, yb);
         pi_store4_ps(y + b * PI_QK8_0, yb);
+    }
+#elif PI_NEON
+    for (; b < nb; b++) {
+        const float s = a * pi_neon_f16(x[b].d);
+        for (int h = 0; h < 2; h++) {
+            const int8x16_t q = vld1q_s8(x[b].qs + 16 * h);
+            const int16x8_t q0 = vmovl_s8(vget_low_s8(q)), q1 = vmovl_high_s8(q);
+            float *yb = y + b * PI_QK8_0 + 16 * h;
+            vst1q_f32(yb, vfmaq_n_f32(vld1q_f32(yb), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q0))), s));
+            vst1q_f32(yb + 4, vfmaq_n_f32(vld1q_f32(yb + 4), vcvtq_f32_s32(vmovl_high_s16(q0)), s));
+            vst1q_f32(yb + 8, vfmaq_n_f32(vld1q_f32(yb + 8), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q1))), s));
+            vst1q_f32(yb + 12, vfmaq_n_f32(vld1q_f32(yb + 12), vcvtq_f32_s32(vmovl_high_s16(q1)), s));
+        }
     }
 #endif
     for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */

@@ -113,6 +113,28 @@ static inline void prefetch_block(const void *block, int64_t bytes) {
  * per block the exact integer i = sum u y - 16 s with u = the unsigned 5-bit quant (0..31) and s the
  * activation block's sum of quants, then p[b % 8] = fma(d_w * d_x, i, p[b % 8]), blocks in order,
  * and pi_tree8(p) (see internal.h). SIMD and scalar give the same bits. */
+#if PI_NEON
+/* sum u y over a block of 5-bit quants (qs: 16 nibble bytes, qh: the 32 fifth bits; u unsigned, 0..31) */
+static inline int32_t neon_dot_5bit(const uint8_t *qs, const uint8_t *qh_bytes, const int8_t *y) {
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, 4);
+    int8x16_t lo, hi;
+    pi_neon_nibbles(qs, &lo, &hi);
+    lo = vorrq_s8(lo, vreinterpretq_s8_u8(pi_neon_bits16(qh)));
+    hi = vorrq_s8(hi, vreinterpretq_s8_u8(pi_neon_bits16(qh >> 16)));
+    return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+}
+/* sum v y over a block of IQ4 nibbles (16 bytes), v = PI_IQ4_VALUES[q] */
+static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) {
+    const int8x16_t grid = vld1q_s8(PI_IQ4_VALUES);
+    int8x16_t lo, hi;
+    pi_neon_nibbles(qs, &lo, &hi);
+    lo = vqtbl1q_s8(grid, vreinterpretq_u8_s8(lo));
+    hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(hi));
+    return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+}
+#endif
+
 float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     const pi_block_q5_0 *a = w;
     const pi_block_q8_0s *b = x;
@@ -136,6 +158,8 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
         int32_t s;
 #if defined(__AVX2__)
         s = pi_hsum_epi32(dot_u8_i8(q5_0_unsigned(&a[i]), _mm256_loadu_si256((const __m256i *)b[i].qs)));
+#elif PI_NEON
+        s = neon_dot_5bit(a[i].qs, a[i].qh, b[i].qs);
 #else
         uint8_t u[PI_QK];
         pi_quants_5bit(a[i].qs, a[i].qh, u);
@@ -163,6 +187,8 @@ float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x) {
         int32_t s = 0;
 #if defined(__AVX2__)
         s = pi_hsum_epi32(dot_i8(iq4_values_32(a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs)));
+#elif PI_NEON
+        s = neon_dot_iq4(a[i].qs, b[i].qs);
 #else
         for (int j = 0; j < PI_QK / 2; j++)
             s += PI_IQ4_VALUES[a[i].qs[j] & 15] * b[i].qs[j] + PI_IQ4_VALUES[a[i].qs[j] >> 4] * b[i].qs[j + PI_QK / 2];
@@ -207,6 +233,13 @@ static inline __attribute__((always_inline)) float q4_1_family_dot(int64_t n, co
 #if defined(__AVX2__)
         s = pi_hsum_epi32(dot_u8_i8(five_bit ? q5_1_quants(blk) : q4_1_quants(blk),
                                     _mm256_loadu_si256((const __m256i *)b[i].qs)));
+#elif PI_NEON
+        if (five_bit) s = neon_dot_5bit(((const pi_block_q5_1 *)blk)->qs, ((const pi_block_q5_1 *)blk)->qh, b[i].qs);
+        else {
+            int8x16_t lo, hi;
+            pi_neon_nibbles(dm->qs, &lo, &hi);
+            s = vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
+        }
 #else
         uint8_t u[PI_QK];
         if (five_bit) pi_quants_5bit(((const pi_block_q5_1 *)blk)->qs, ((const pi_block_q5_1 *)blk)->qh, u);
@@ -265,6 +298,25 @@ static inline __attribute__((always_inline)) void q2_K_lanes(const pi_block_q2_K
     }
     *li = acc;
 }
+#elif PI_NEON
+static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
+    int32_t m = 0, sc[16];
+    for (int j = 0; j < 16; j++) {
+        m += (x->scales[j] >> 4) * y->bsums[j];
+        sc[j] = x->scales[j] & 0x0f;
+    }
+    *summ = m;
+    int32x4_t d[16];   /* sub-block 8h + 2g + k: bits 2g of bytes 16k.. of qs[32h..] . y[128h + 32g + 16k ..] */
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 2; k++) {
+            const uint8x16_t q = vld1q_u8(x->qs + 32 * h + 16 * k);
+            for (int g = 0; g < 4; g++) {
+                const int8x16_t u = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * g))), vdupq_n_u8(3)));
+                d[8 * h + 2 * g + k] = pi_neon_dot16(u, y->qs + 128 * h + 32 * g + 16 * k);
+            }
+        }
+    *sumi = pi_neon_scaled_sums(d, sc, 16);
+}
 #else
 static inline __attribute__((always_inline)) void q2_K_ints(const pi_block_q2_K *x, const pi_block_q8_K *y, int32_t *sumi, int32_t *summ) {
     int32_t m = 0;
@@ -299,6 +351,25 @@ static inline __attribute__((always_inline)) void q3_K_lanes(const pi_block_q3_K
         }
     }
     *li = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 2));   /* - 4 corr */
+}
+#elif PI_NEON
+static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi,
+                                                            int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
+    int32_t sc[16];
+    for (int j = 0; j < 16; j++) sc[j] = pi_k3_scale(j, x->scales);
+    int32x4_t d[16];   /* as Q2_K's, u = low 2 bits + 4 * bit (4h + g) of hmask, minus 4 */
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 2; k++) {
+            const uint8x16_t q = vld1q_u8(x->qs + 32 * h + 16 * k), hm = vld1q_u8(x->hmask + 16 * k);
+            for (int g = 0; g < 4; g++) {
+                const uint8x16_t lo = vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * g))), vdupq_n_u8(3));
+                const uint8x16_t u = vorrq_u8(lo, pi_neon_select_bit(hm, (uint8_t)(1 << (4 * h + g)), 4));
+                d[8 * h + 2 * g + k] = pi_neon_dot16(vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(4)),
+                                                     y->qs + 128 * h + 32 * g + 16 * k);
+            }
+        }
+    *sumi = pi_neon_scaled_sums(d, sc, 16);
 }
 #else
 static inline __attribute__((always_inline)) void q3_K_ints(const pi_block_q3_K *x, const pi_block_q8_K *y, int32_t *sumi,
@@ -382,6 +453,33 @@ static inline __attribute__((always_inline)) void q4_K_lanes(const pi_block_q4_K
     *li = k4_sumi_lanes(q, sm, y);
     *lm = k4_summ_lanes(sm, y);
 }
+#elif PI_NEON
+/* sub-blocks 2j (low nibbles) and 2j + 1 (high) of a Q4_K/Q5_K block, with fifth bits from qh where given */
+static inline void neon_k4_sub_blocks(const uint8_t *qs, const uint8_t *qh, const pi_block_q8_Km *y, int32x4_t d[8]) {
+    for (int j = 0; j < 4; j++) {
+        int32x4_t lo = vdupq_n_s32(0), hi = lo;
+        for (int k = 0; k < 2; k++) {
+            const uint8x16_t b = vld1q_u8(qs + 32 * j + 16 * k);
+            uint8x16_t ql = vandq_u8(b, vdupq_n_u8(0x0f)), qh4 = vshrq_n_u8(b, 4);
+            if (qh) {
+                const uint8x16_t h = vld1q_u8(qh + 16 * k);
+                ql = vorrq_u8(ql, pi_neon_select_bit(h, (uint8_t)(1 << (2 * j)), 16));
+                qh4 = vorrq_u8(qh4, pi_neon_select_bit(h, (uint8_t)(1 << (2 * j + 1)), 16));
+            }
+            lo = vdotq_s32(lo, vreinterpretq_s8_u8(ql), vld1q_s8(y->k.qs + 64 * j + 16 * k));
+            hi = vdotq_s32(hi, vreinterpretq_s8_u8(qh4), vld1q_s8(y->k.qs + 64 * j + 32 + 16 * k));
+        }
+        d[2 * j] = lo;
+        d[2 * j + 1] = hi;
+    }
+}
+static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
+    int32_t sc[8];
+    k4_scales(x->scales, y, sc, summ);
+    int32x4_t d[8];
+    neon_k4_sub_blocks(x->qs, NULL, y, d);
+    *sumi = pi_neon_scaled_sums(d, sc, 8);
+}
 #else
 static inline __attribute__((always_inline)) void q4_K_ints(const pi_block_q4_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
     int32_t sc[8];
@@ -413,6 +511,14 @@ static inline __attribute__((always_inline)) void q5_K_lanes(const pi_block_q5_K
     }
     *li = k4_sumi_lanes(q, sm, y);
     *lm = k4_summ_lanes(sm, y);
+}
+#elif PI_NEON
+static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
+    int32_t sc[8];
+    k4_scales(x->scales, y, sc, summ);
+    int32x4_t d[8];
+    neon_k4_sub_blocks(x->qs, x->qh, y, d);
+    *sumi = pi_neon_scaled_sums(d, sc, 8);
 }
 #else
 static inline __attribute__((always_inline)) void q5_K_ints(const pi_block_q5_K *x, const pi_block_q8_Km *y, int32_t *sumi, int32_t *summ) {
@@ -460,6 +566,30 @@ static inline __attribute__((always_inline)) void q6_K_lanes(const pi_block_q6_K
     }
     *li = _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));   /* - 32 corr */
 }
+#elif PI_NEON
+static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi,
+                                                            int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
+    int32_t sc[16];
+    for (int j = 0; j < 16; j++) sc[j] = x->scales[j];
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m2 = vdupq_n_u8(3);
+    int32x4_t d[16];   /* sub-block 8h + 2g + k: elements 128h + 32g + 16k .. + 15 */
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 2; k++) {
+            const uint8x16_t ql0 = vld1q_u8(x->ql + 64 * h + 16 * k), ql1 = vld1q_u8(x->ql + 64 * h + 32 + 16 * k);
+            const uint8x16_t qh = vld1q_u8(x->qh + 32 * h + 16 * k);
+            const uint8x16_t u[4] = {
+                vorrq_u8(vandq_u8(ql0, m4), vshlq_n_u8(vandq_u8(qh, m2), 4)),
+                vorrq_u8(vandq_u8(ql1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 2), m2), 4)),
+                vorrq_u8(vshrq_n_u8(ql0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 4), m2), 4)),
+                vorrq_u8(vshrq_n_u8(ql1, 4), vshlq_n_u8(vshrq_n_u8(qh, 6), 4)),
+            };
+            for (int g = 0; g < 4; g++)
+                d[8 * h + 2 * g + k] = pi_neon_dot16(vsubq_s8(vreinterpretq_s8_u8(u[g]), vdupq_n_s8(32)),
+                                                     y->qs + 128 * h + 32 * g + 16 * k);
+        }
+    *sumi = pi_neon_scaled_sums(d, sc, 16);
+}
 #else
 static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K *x, const pi_block_q8_K *y, int32_t *sumi,
                                                             int32_t *summ) {   /* summ: 0, no mins */
@@ -492,6 +622,14 @@ static inline __attribute__((always_inline)) void iq4_xs_lanes(const pi_block_iq
         acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, _mm256_set1_epi32(pi_iq4_xs_scale(x, j))));
     }
     *li = acc;
+}
+#elif PI_NEON
+static inline __attribute__((always_inline)) void iq4_xs_ints(const pi_block_iq4_xs *x, const pi_block_q8_K *y,
+                                                              int32_t *sumi, int32_t *summ) {   /* summ: 0, no mins */
+    *summ = 0;
+    int32_t s = 0;
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) s += pi_iq4_xs_scale(x, j) * neon_dot_iq4(x->qs + 16 * j, y->qs + 32 * j);
+    *sumi = s;
 }
 #else
 static inline __attribute__((always_inline)) void iq4_xs_ints(const pi_block_iq4_xs *x, const pi_block_q8_K *y,
@@ -1091,6 +1229,8 @@ float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
             acc = _mm256_add_epi32(acc, dot_i8(_mm256_loadu_si256((const __m256i *)(a[i].qs + k)),
                                                _mm256_loadu_si256((const __m256i *)(b[i].qs + k))));
         s = pi_hsum_epi32(acc);
+#elif PI_NEON
+        for (int k = 0; k < PI_QK_K; k += 32) s += pi_neon_dot32(a[i].qs + k, b[i].qs + k);
 #else
         for (int j = 0; j < PI_QK_K; j++) s += a[i].qs[j] * b[i].qs[j];
 #endif
@@ -1127,6 +1267,8 @@ static inline void q8_K_bsums(pi_block_q8_K *y) {
         y->bsums[j] = (int16_t)_mm_cvtsi128_si32(s);
         y->bsums[j + 1] = (int16_t)_mm_extract_epi32(s, 1);
     }
+#elif PI_NEON
+    for (int j = 0; j < PI_QK_K / 16; j++) y->bsums[j] = vaddlvq_s8(vld1q_s8(y->qs + 16 * j));
 #else
     for (int j = 0; j < PI_QK_K / 16; j++) {
         int sum = 0;
@@ -1140,6 +1282,21 @@ static inline void q8_K_bsums(pi_block_q8_K *y) {
  * amax) (M for the sub-block of amax, at least 1), q = nearest(x / (d m_j)) in -127..127 (ties to even, the
  * value clamped as a float first), f32 operations in this order; bsums as Q8_K's. A zero block is all zeros
  * with m_j = 1. (NaN elements do not count for amax; they quantize to -127.) */
+#if PI_NEON
+/* q = nearest_even(clamp(iscale x, -127, 127)) for 32 floats; a NaN product gives -127 where nan_low (fmaxf's
+ * order, Q8_KM), else 0 (Q8_K's lrintf) */
+static inline void neon_quantize32(const float *x, float iscale, int8_t *q, const bool nan_low) {
+    const float32x4_t lo = vdupq_n_f32(-127.0f), hi = vdupq_n_f32(127.0f);
+    int32x4_t v[8];
+    for (int k = 0; k < 8; k++) {
+        const float32x4_t p = vmulq_n_f32(vld1q_f32(x + 4 * k), iscale);
+        v[k] = vcvtnq_s32_f32(nan_low ? vminnmq_f32(vmaxnmq_f32(p, lo), hi) : vminq_f32(vmaxq_f32(p, lo), hi));
+    }
+    for (int k = 0; k < 8; k += 2)
+        vst1_s8(q + 4 * k, vmovn_s16(vcombine_s16(vmovn_s32(v[k]), vmovn_s32(v[k + 1]))));
+}
+#endif
+
 void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
     pi_block_q8_Km *y = dst;
     for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
@@ -1149,6 +1306,10 @@ void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
             float a = 0.0f;
 #if defined(__AVX2__)
             a = amax_ps(xj, 32);
+#elif PI_NEON
+            float32x4_t mx = vdupq_n_f32(0);
+            for (int k = 0; k < 32; k += 4) mx = vmaxnmq_f32(mx, vabsq_f32(vld1q_f32(xj + k)));   /* NaN: not counted */
+            a = vmaxnmvq_f32(mx);
 #else
             for (int i = 0; i < 32; i++) a = fabsf(xj[i]) > a ? fabsf(xj[i]) : a;
 #endif
@@ -1172,6 +1333,8 @@ void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
                 v[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(is, _mm256_loadu_ps(xj + 8 * k)), lo), hi));
             const __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
             _mm256_storeu_si256((__m256i *)qj, _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#elif PI_NEON
+            neon_quantize32(xj, iscale, qj, true);
 #else
             for (int i = 0; i < 32; i++)   /* clamped as floats: no int conversion of an out-of-range value */
                 qj[i] = (int8_t)pi_nearest_int(fminf(127.0f, fmaxf(-127.0f, iscale * xj[i])));
@@ -1221,6 +1384,24 @@ void pi_quantize_row_q8_K(const float *src, void *dst, int64_t n) {
             _mm256_storeu_si256((__m256i *)(y[b].qs + j),
                                 _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         }
+        q8_K_bsums(&y[b]);
+        y[b].d = 1.0f / iscale;
+    }
+#elif PI_NEON
+    pi_block_q8_K *y = dst;
+    for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
+        float32x4_t mx = vdupq_n_f32(0);
+        for (int j = 0; j < PI_QK_K; j += 4) mx = vmaxnmq_f32(mx, vabsq_f32(vld1q_f32(src + j)));   /* NaN: not counted */
+        const float amax = vmaxnmvq_f32(mx);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        float max = amax;   /* the sign of the first element of that magnitude */
+        for (int j = 0; j < PI_QK_K; j++)
+            if (fabsf(src[j]) == amax) { max = src[j]; break; }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < PI_QK_K; j += 32) neon_quantize32(src + j, iscale, y[b].qs + j, false);
         q8_K_bsums(&y[b]);
         y[b].d = 1.0f / iscale;
     }

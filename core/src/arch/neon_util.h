@@ -1,0 +1,73 @@
+/* neon_util.h: helpers of the neon level's kernels (aarch64 with the Armv8.2 dot product, kernels.h's PI_NEON).
+ *
+ * The contract is the scalar level's bits (docs/design.md, "numeric contract"): integer sums are exact whatever
+ * instructions form them (SDOT here), and every float sum keeps the AVX2 order, whose 8 lanes are two 4-lane
+ * registers here (lo = lanes 0..3, hi = lanes 4..7) reduced by pi_tree8. NEON's fused multiply-add (vfmaq) rounds
+ * once, as fmaf and AVX2's fmadd do. */
+#ifndef PI_ARCH_NEON_UTIL_H
+#define PI_ARCH_NEON_UTIL_H
+
+#include <arm_neon.h>
+#include <string.h>
+
+/* 8 lanes (two registers) -> the scalar level's horizontal sum */
+static inline float pi_neon_tree8(float32x4_t lo, float32x4_t hi) {
+    float p[8];
+    vst1q_f32(p, lo);
+    vst1q_f32(p + 4, hi);
+    return pi_tree8(p);
+}
+
+/* 8 f16 values -> two f32 registers (exact) */
+static inline void pi_neon_load8_f16(const uint16_t *h, float32x4_t *lo, float32x4_t *hi) {
+    const float16x8_t v = vreinterpretq_f16_u16(vld1q_u16(h));
+    *lo = vcvt_f32_f16(vget_low_f16(v));
+    *hi = vcvt_high_f32_f16(v);
+}
+
+/* one f16 -> f32 (exact; the conversion instruction, where the scalar level decodes the bits) */
+static inline float pi_neon_f16(uint16_t h) {
+    __fp16 f;
+    memcpy(&f, &h, sizeof f);
+    return (float)f;
+}
+
+/* the exact sum of the 32 products of two int8 blocks */
+static inline int32_t pi_neon_dot32(const int8_t *a, const int8_t *b) {
+    int32x4_t acc = vdotq_s32(vdupq_n_s32(0), vld1q_s8(a), vld1q_s8(b));
+    acc = vdotq_s32(acc, vld1q_s8(a + 16), vld1q_s8(b + 16));
+    return vaddvq_s32(acc);
+}
+
+/* 16 bytes of packed nibbles -> the low nibbles (elements 0..15) and the high ones (16..31), unsigned */
+static inline void pi_neon_nibbles(const uint8_t *qs, int8x16_t *lo, int8x16_t *hi) {
+    const uint8x16_t v = vld1q_u8(qs);
+    *lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
+    *hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+}
+
+/* sum_k sc[k] * (the total of d[k]'s lanes), k < n (a multiple of 4): exact int32, as the scalar level's
+ * sub-block loops (d[k]: one sub-block's products as SDOT lanes) */
+static inline int32_t pi_neon_scaled_sums(const int32x4_t *d, const int32_t *sc, int n) {
+    int32x4_t acc = vdupq_n_s32(0);
+    for (int k = 0; k < n; k += 4)
+        acc = vmlaq_s32(acc, vpaddq_s32(vpaddq_s32(d[k], d[k + 1]), vpaddq_s32(d[k + 2], d[k + 3])), vld1q_s32(sc + k));
+    return vaddvq_s32(acc);
+}
+
+/* one sub-block's products as lanes: the 16 bytes q . y[0..15] */
+static inline int32x4_t pi_neon_dot16(int8x16_t q, const int8_t *y) { return vdotq_s32(vdupq_n_s32(0), q, vld1q_s8(y)); }
+
+/* bytes of value v where bit `bit` of the bytes of m is set, else 0 */
+static inline uint8x16_t pi_neon_select_bit(uint8x16_t m, uint8_t bit, uint8_t v) {
+    return vandq_u8(vtstq_u8(m, vdupq_n_u8(bit)), vdupq_n_u8(v));
+}
+
+/* 16 bits (bits 0..15 of b) -> 16 bytes: 16 where the bit is set, else 0 (Q5_0/Q5_1's fifth bits) */
+static inline uint8x16_t pi_neon_bits16(uint32_t b) {
+    const uint8x16_t bytes = vcombine_u8(vdup_n_u8((uint8_t)b), vdup_n_u8((uint8_t)(b >> 8)));
+    static const uint8_t bit[16] = { 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128 };
+    return vandq_u8(vtstq_u8(bytes, vld1q_u8(bit)), vdupq_n_u8(16));
+}
+
+#endif

@@ -130,6 +130,26 @@ static void case_mul_mat_bytes(int32_t type, int64_t T) {
     free(wq); free(x); free(y);
 }
 
+/* An input-sparse matmul read from the file's own Q4_0 / Q4_K / Q6_K matrix laid out by input (pi_sparse_pack with
+ * w.down: types q4_0c, q4_kc, q6_kc and their axpy_cols): out[E, t] = sum over |h_i| >= 0.5 of h_i column i. */
+static void case_sparse_cols(int32_t type, int64_t T) {
+    const int64_t E = 128, F = 512;   /* outputs (a multiple of 64), inputs (of 256) */
+    float *d = rng_array(E * F, 1.0f, 950), *h = rng_array(F * T, 1.0f, 951);
+    float *x = calloc((size_t)(E * T), sizeof(float)), *y = calloc((size_t)(E * T), sizeof(float));
+    void *dq = quantize(type, d, F, E);
+    pi_sparse_ffn_weights w = { .down = tensor(type, F, E, 1, dq) }, wp;
+    const int64_t bytes = pi_sparse_pack_bytes(&w, PI_FFN_SEQ);
+    if (bytes <= 0) { fprintf(stderr, "sparse_pack: no column layout for %s\n", pi_type_name(type)); exit(1); }
+    void *pack = malloc((size_t)bytes);
+    check(pi_sparse_pack(&w, PI_FFN_SEQ, pack, bytes, &wp), "sparse_pack");
+    pi_tensor tx = tensor(PI_TYPE_F32, E, T, 1, x), th = tensor(PI_TYPE_F32, F, T, 1, h), ty = tensor(PI_TYPE_F32, E, T, 1, y);
+    check(pi_op_sparse_ffn(pool, &wp, PI_ACT_RELU, PI_FFN_SEQ, &tx, &th, 0.5f, &ty, NULL), "sparse_ffn");
+    char name[64];
+    snprintf(name, sizeof name, "sparse_cols.%s.t%lld", pi_type_name(type), (long long)T);
+    emit(name, y, E * T);
+    free(d); free(h); free(x); free(y); free(dq); free(pack);
+}
+
 /* Rounding ties: rows whose blocks hold -127 first and otherwise k + 0.5 (k an integer), so every quantizer's
  * scale is 1 and most products land exactly halfway: the activation quantizers round them to even (Q8_0S for Q8_0,
  * Q8_KM for Q4_K, Q8_K for Q6_K), the Q8_0 weight quantizer away from zero. */
@@ -309,6 +329,11 @@ int main(int argc, char **argv) {
     case_ties(PI_TYPE_Q4_K, 0);
     case_ties(PI_TYPE_Q6_K, 0);
     case_unary(PI_UNARY_RELU, "unary.relu");
+    const int32_t col_types[] = { PI_TYPE_Q4_0, PI_TYPE_Q4_K, PI_TYPE_Q6_K };
+    for (size_t i = 0; i < sizeof col_types / sizeof *col_types; i++) {
+        case_sparse_cols(col_types[i], 1);
+        case_sparse_cols(col_types[i], 3);
+    }
 
     pi_threadpool_free(pool);
     if (fclose(out_file) != 0) { perror(argv[1]); return 1; }

@@ -70,4 +70,19 @@ static inline uint8x16_t pi_neon_bits16(uint32_t b) {
     return vandq_u8(vtstq_u8(bytes, vld1q_u8(bit)), vdupq_n_u8(16));
 }
 
+/* y[j] = fma(s, lo_j - 8, y[j]) for j < 16 and y[16 + j] = fma(s, hi_j - 8, y[16 + j]): 16 bytes of Q4_0 nibbles
+ * added to 32 outputs, one fma per element (pi_axpy_q4_0's order) */
+static inline void pi_neon_axpy_nibbles(float s, uint8x16_t bytes, float *y) {
+    const int8x16_t q[2] = { vsubq_s8(vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(0x0f))), vdupq_n_s8(8)),
+                             vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), vdupq_n_s8(8)) };
+    for (int h = 0; h < 2; h++) {
+        const int16x8_t q0 = vmovl_s8(vget_low_s8(q[h])), q1 = vmovl_high_s8(q[h]);
+        float *yh = y + 16 * h;
+        vst1q_f32(yh, vfmaq_n_f32(vld1q_f32(yh), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q0))), s));
+        vst1q_f32(yh + 4, vfmaq_n_f32(vld1q_f32(yh + 4), vcvtq_f32_s32(vmovl_high_s16(q0)), s));
+        vst1q_f32(yh + 8, vfmaq_n_f32(vld1q_f32(yh + 8), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q1))), s));
+        vst1q_f32(yh + 12, vfmaq_n_f32(vld1q_f32(yh + 12), vcvtq_f32_s32(vmovl_high_s16(q1)), s));
+    }
+}
+
 #endif

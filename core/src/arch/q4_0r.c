@@ -360,7 +360,92 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
 #endif
 }
 
-#else   /* scalar reference: the same canonical order */
+#elif PI_NEON   /* the scalar reference's order; a 16-byte register holds 4 lanes, SDOT their exact integers */
+
+/* the 16 bytes of lane l of a super-block (block BLOCK_OF[l]'s bytes 0..15, 4 from each c_m) */
+static inline uint8x16_t lane_bytes(const sb_q4_0r *w, int l) {
+    uint32x4_t v = vdupq_n_u32(0);
+    v = vld1q_lane_u32((const uint32_t *)(const void *)w->qs[0][l], v, 0);
+    v = vld1q_lane_u32((const uint32_t *)(const void *)w->qs[1][l], v, 1);
+    v = vld1q_lane_u32((const uint32_t *)(const void *)w->qs[2][l], v, 2);
+    v = vld1q_lane_u32((const uint32_t *)(const void *)w->qs[3][l], v, 3);
+    return vreinterpretq_u8_u32(v);
+}
+
+float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
+    const sb_q4_0r *a = w;
+    const sb_q8_0p *b = x;
+    float32x4_t acc[2] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };   /* lanes 0..3, 4..7 */
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int h = 0; h < 2; h++) {
+            int32x4_t i = vnegq_s32(vld1q_s32(b[s].s8 + 4 * h));
+            for (int m = 0; m < 4; m++) {
+                const uint8x16_t c = vld1q_u8(a[s].qs[m][4 * h]);
+                i = vdotq_s32(i, vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(0x0f))), vld1q_s8(b[s].qs[m][4 * h]));
+                i = vdotq_s32(i, vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vld1q_s8(b[s].qs[4 + m][4 * h]));
+            }
+            const float32x4_t d = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(a[s].d + 4 * h))),
+                                            vld1q_f32(b[s].d + 4 * h));
+            acc[h] = vfmaq_f32(acc[h], d, vcvtq_f32_s32(i));
+        }
+    return pi_neon_tree8(acc[0], acc[1]);
+}
+
+void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const *rows, float *y) {
+    const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int l = 0; l < 8; l++) {
+            float c[PI_AXPY_GROUP], M = 0.0f;
+            for (int k = 0; k < count; k++) {
+                c[k] = a[k] * pi_neon_f16(r[k][s].d[l]);
+                const float ac = fabsf(c[k]);
+                M = ac > M ? ac : M;
+            }
+            const float inv = M > 0.0f && M <= FLT_MAX ? 8191.0f / M : 0.0f, S = M / 8191.0f;
+            int32_t sum = 0;
+            int32x4_t acc[8];   /* outputs 4i..4i+3: 0..15 the low nibbles, 16..31 the high ones */
+            for (int i = 0; i < 8; i++) acc[i] = vdupq_n_s32(0);
+            for (int k = 0; k < count; k++) {
+                const float v = c[k] * inv;
+                const int16_t m = (int16_t)(v == v ? (int32_t)lrintf(v) : 0);   /* |m| <= 8191 */
+                sum += m;
+                const uint8x16_t q = lane_bytes(&r[k][s], l);
+                const uint8x16_t half[2] = { vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8(q, 4) };
+                for (int h = 0; h < 2; h++) {
+                    const int16x8_t q0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(half[h])));
+                    const int16x8_t q1 = vreinterpretq_s16_u16(vmovl_high_u8(half[h]));
+                    acc[4 * h] = vmlal_n_s16(acc[4 * h], vget_low_s16(q0), m);
+                    acc[4 * h + 1] = vmlal_high_n_s16(acc[4 * h + 1], q0, m);
+                    acc[4 * h + 2] = vmlal_n_s16(acc[4 * h + 2], vget_low_s16(q1), m);
+                    acc[4 * h + 3] = vmlal_high_n_s16(acc[4 * h + 3], q1, m);
+                }
+            }
+            const int32x4_t s8 = vdupq_n_s32(8 * sum);
+            float *yb = y + 256 * s + 32 * BLOCK_OF[l];
+            for (int i = 0; i < 8; i++)
+                vst1q_f32(yb + 4 * i, vfmaq_n_f32(vld1q_f32(yb + 4 * i), vcvtq_f32_s32(vsubq_s32(acc[i], s8)), S));
+        }
+}
+
+#endif
+
+#if !PI_HAVE_ROWS8   /* scalar and neon: one row on its own (the engine adds Q4_0R rows in groups, axpy_group) */
+void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
+    const sb_q4_0r *w = row;
+    for (int64_t s = 0; s < n / 256; s++)
+        for (int b = 0; b < 8; b++) {
+            const float scale = a * pi_fp16_to_f32(w[s].d[LANE_OF[b]]);
+            float *yb = y + 256 * s + 32 * b;
+            for (int j = 0; j < 16; j++) {
+                const uint8_t q = w[s].qs[j / 4][LANE_OF[b]][j % 4];
+                yb[j] = fmaf(scale, (float)((q & 15) - 8), yb[j]);
+                yb[j + 16] = fmaf(scale, (float)((q >> 4) - 8), yb[j + 16]);
+            }
+        }
+}
+#endif
+
+#if !PI_HAVE_ROWS8 && !PI_NEON   /* scalar reference: the same canonical order */
 
 float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
     const sb_q4_0r *a = w;
@@ -380,20 +465,6 @@ float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
     return pi_tree8(acc);
 }
 
-
-void pi_axpy_q4_0r(int64_t n, float a, const void *row, float *y) {
-    const sb_q4_0r *w = row;
-    for (int64_t s = 0; s < n / 256; s++)
-        for (int b = 0; b < 8; b++) {
-            const float scale = a * pi_fp16_to_f32(w[s].d[LANE_OF[b]]);
-            float *yb = y + 256 * s + 32 * b;
-            for (int j = 0; j < 16; j++) {
-                const uint8_t q = w[s].qs[j / 4][LANE_OF[b]][j % 4];
-                yb[j] = fmaf(scale, (float)((q & 15) - 8), yb[j]);
-                yb[j + 16] = fmaf(scale, (float)((q >> 4) - 8), yb[j + 16]);
-            }
-        }
-}
 
 void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const *rows, float *y) {
     const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;

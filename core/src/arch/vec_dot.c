@@ -725,20 +725,7 @@ void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y) {
         pi_store4_ps(y + b * PI_QK4_0, yb);
     }
 #elif PI_NEON
-    for (; b < nb; b++) {
-        const float s = a * pi_neon_f16(x[b].d);
-        int8x16_t q[2];
-        pi_neon_nibbles(x[b].qs, &q[0], &q[1]);
-        for (int h = 0; h < 2; h++) {   /* elements 16h..16h+15 */
-            const int16x8_t q0 = vmovl_s8(vget_low_s8(q[h])), q1 = vmovl_high_s8(q[h]);
-            const int16x8_t c0 = vsubq_s16(q0, vdupq_n_s16(8)), c1 = vsubq_s16(q1, vdupq_n_s16(8));
-            float *yb = y + b * PI_QK4_0 + 16 * h;
-            vst1q_f32(yb, vfmaq_n_f32(vld1q_f32(yb), vcvtq_f32_s32(vmovl_s16(vget_low_s16(c0))), s));
-            vst1q_f32(yb + 4, vfmaq_n_f32(vld1q_f32(yb + 4), vcvtq_f32_s32(vmovl_high_s16(c0)), s));
-            vst1q_f32(yb + 8, vfmaq_n_f32(vld1q_f32(yb + 8), vcvtq_f32_s32(vmovl_s16(vget_low_s16(c1))), s));
-            vst1q_f32(yb + 12, vfmaq_n_f32(vld1q_f32(yb + 12), vcvtq_f32_s32(vmovl_high_s16(c1)), s));
-        }
-    }
+    for (; b < nb; b++) pi_neon_axpy_nibbles(a * pi_neon_f16(x[b].d), vld1q_u8(x[b].qs), y + b * PI_QK4_0);
 #endif
     for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */
         const float s = a * pi_fp16_to_f32(x[b].d);

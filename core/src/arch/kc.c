@@ -134,6 +134,30 @@ static inline __m256i kc_outputs8(const __m256i acc[8], int i, int h) {
 }
 #endif
 
+#if PI_NEON
+/* sc_slot(o) for o = 0..63: the table lookup (vqtbl4q) that puts a chunk's 64 sc_j bytes in output order */
+static const uint8_t KC_NATURAL[64] = { 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63 };
+
+/* The 64 sc_j bytes of a chunk (at p, sc_slot order) in output order, 16 outputs per register */
+static inline void kc_scales_natural(const uint8_t *p, uint8x16_t out[4]) {
+    const uint8x16x4_t t = vld1q_u8_x4(p);
+    for (int g = 0; g < 4; g++) out[g] = vqtbl4q_u8(t, vld1q_u8(KC_NATURAL + 16 * g));
+}
+
+/* The 64 nibbles of a Q4_KC / Q6_KC chunk's 32 lo bytes, outputs 0-15, 16-31, 32-47, 48-63 */
+static inline void kc_nibbles(const uint8_t *r, uint8x16_t L[4]) {
+    const uint8x16_t b0 = vld1q_u8(r), b1 = vld1q_u8(r + 16);
+    L[0] = vandq_u8(b0, vdupq_n_u8(0x0f));
+    L[1] = vandq_u8(b1, vdupq_n_u8(0x0f));
+    L[2] = vshrq_n_u8(b0, 4);
+    L[3] = vshrq_n_u8(b1, 4);
+}
+
+/* 4 fp16 at p (any alignment) as f32 */
+static inline float32x4_t kc_f16x4(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))); }
+#endif
+
+
 /* Super-block B (inputs 256B .. 256B + 255) of the Q4_K matrix w (n_out rows, row stride w_stride bytes) ->
  * rows[k] (input 256B + k, n_out / 2 bytes each) and the super-block's aux (n_out / 64 Q4_KC_AUX bytes): chunk by
  * chunk, each byte stored once. */
@@ -226,6 +250,57 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
                     float *yp = y + 64 * cc + o0;
                     _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), t));
                 }
+        }
+    }
+#elif PI_NEON
+    /* per chunk of 64 outputs: int16 sums over runs of up to 16 rows of one sub-block, weighted by sc_j m_j (< 2^11)
+     * into int32 sumi; summ from the mins; then the scalar body's float term */
+    const float32x4_t vbd = vdupq_n_f32(bd);
+    for (int64_t c = 0; c < n / 64; c++) {
+        const uint8_t *ax = (const uint8_t *)aux + c * Q4_KC_AUX;
+        int32x4_t sumi[16], summ[16];   /* outputs 64c + 4i .. + 3 */
+        for (int i = 0; i < 16; i++) sumi[i] = summ[i] = vdupq_n_s32(0);
+        for (int k = 0; k < count;) {
+            const int j = idx[k] / 32;
+            int16x8_t s16[8];   /* outputs 8i .. 8i + 7 */
+            for (int i = 0; i < 8; i++) s16[i] = vdupq_n_s16(0);
+            for (const int k1 = PI_MIN(count, k + 16); k < k1 && idx[k] / 32 == j; k++) {
+                uint8x16_t L[4];
+                kc_nibbles((const uint8_t *)rows[k] + 32 * c, L);
+                const int8x8_t qk = vdup_n_s8(q[k]);
+                for (int g = 0; g < 4; g++) {
+                    s16[2 * g] = vmlal_s8(s16[2 * g], vreinterpret_s8_u8(vget_low_u8(L[g])), qk);
+                    s16[2 * g + 1] = vmlal_s8(s16[2 * g + 1], vreinterpret_s8_u8(vget_high_u8(L[g])), qk);
+                }
+            }
+            uint8x16_t sc[4];
+            kc_scales_natural(ax + 256 + 64 * j, sc);
+            for (int g = 0; g < 4; g++) {
+                const int16x8_t w0 = vmulq_n_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(sc[g]))), hq.m[j]);
+                const int16x8_t w1 = vmulq_n_s16(vreinterpretq_s16_u16(vmovl_high_u8(sc[g])), hq.m[j]);
+                sumi[4 * g] = vmlal_s16(sumi[4 * g], vget_low_s16(s16[2 * g]), vget_low_s16(w0));
+                sumi[4 * g + 1] = vmlal_high_s16(sumi[4 * g + 1], s16[2 * g], w0);
+                sumi[4 * g + 2] = vmlal_s16(sumi[4 * g + 2], vget_low_s16(s16[2 * g + 1]), vget_low_s16(w1));
+                sumi[4 * g + 3] = vmlal_high_s16(sumi[4 * g + 3], s16[2 * g + 1], w1);
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            if (!cm[j]) continue;
+            for (int g = 0; g < 4; g++) {
+                const uint8x16_t mn = vld1q_u8(ax + 768 + 64 * j + 16 * g);
+                const int16x8_t m0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mn)));
+                const int16x8_t m1 = vreinterpretq_s16_u16(vmovl_high_u8(mn));
+                summ[4 * g] = vmlaq_n_s32(summ[4 * g], vmovl_s16(vget_low_s16(m0)), cm[j]);
+                summ[4 * g + 1] = vmlaq_n_s32(summ[4 * g + 1], vmovl_high_s16(m0), cm[j]);
+                summ[4 * g + 2] = vmlaq_n_s32(summ[4 * g + 2], vmovl_s16(vget_low_s16(m1)), cm[j]);
+                summ[4 * g + 3] = vmlaq_n_s32(summ[4 * g + 3], vmovl_high_s16(m1), cm[j]);
+            }
+        }
+        for (int i = 0; i < 16; i++) {
+            const float32x4_t t = vsubq_f32(vmulq_f32(kc_f16x4(ax + 8 * i), vcvtq_f32_s32(sumi[i])),
+                                            vmulq_f32(kc_f16x4(ax + 128 + 8 * i), vcvtq_f32_s32(summ[i])));
+            float *ye = y + 64 * c + 4 * i;
+            vst1q_f32(ye, vaddq_f32(vld1q_f32(ye), vmulq_f32(vbd, t)));
         }
     }
 #else
@@ -357,6 +432,49 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
                     float *yp = y + 64 * cc + o0;
                     _mm256_storeu_ps(yp, _mm256_add_ps(_mm256_loadu_ps(yp), t));
                 }
+        }
+    }
+#elif PI_NEON
+    /* per chunk: int16 sums of q_k (u - 32) over runs of up to 8 rows of one sub-block (|.| <= 8 * 127 * 32), weighted
+     * by the signed sc_j into int32 sumi; then the scalar body's float term */
+    for (int64_t c = 0; c < n / 64; c++) {
+        const uint8_t *ax = (const uint8_t *)aux + c * Q6_KC_AUX;
+        int32x4_t sumi[16];   /* outputs 64c + 4i .. + 3 */
+        for (int i = 0; i < 16; i++) sumi[i] = vdupq_n_s32(0);
+        for (int k = 0; k < count;) {
+            const int j = idx[k] / 16;
+            int16x8_t s16[8];   /* outputs 8g .. 8g + 7 */
+            for (int g = 0; g < 8; g++) s16[g] = vdupq_n_s16(0);
+            for (const int k1 = PI_MIN(count, k + 8); k < k1 && idx[k] / 16 == j; k++) {
+                const uint8_t *r = (const uint8_t *)rows[k] + 48 * c;
+                uint8x16_t L[4];
+                kc_nibbles(r, L);
+                const uint8x16_t H = vld1q_u8(r + 32);
+                const int8x8_t qk = vdup_n_s8(q[k]);
+                for (int g = 0; g < 8; g++) {   /* hi bits of outputs 8g..: bits 2m of bytes 8 (g % 4 / 2) .. (hi_place) */
+                    const int m = g / 4 * 2 + g % 2;
+                    const uint8x8_t h = vand_u8(vshl_u8(g % 4 / 2 ? vget_high_u8(H) : vget_low_u8(H), vdup_n_s8((int8_t)(-2 * m))),
+                                                vdup_n_u8(3));
+                    const uint8x8_t lo = g % 2 ? vget_high_u8(L[g / 2]) : vget_low_u8(L[g / 2]);
+                    const int8x8_t v = vsub_s8(vreinterpret_s8_u8(vorr_u8(lo, vshl_n_u8(h, 4))), vdup_n_s8(32));
+                    s16[g] = vmlal_s8(s16[g], v, qk);
+                }
+            }
+            uint8x16_t sc[4];
+            kc_scales_natural(ax + 128 + 64 * j, sc);
+            for (int g = 0; g < 4; g++) {
+                const int16x8_t w0 = vmovl_s8(vreinterpret_s8_u8(vget_low_u8(sc[g])));
+                const int16x8_t w1 = vmovl_high_s8(vreinterpretq_s8_u8(sc[g]));
+                sumi[4 * g] = vmlal_s16(sumi[4 * g], vget_low_s16(s16[2 * g]), vget_low_s16(w0));
+                sumi[4 * g + 1] = vmlal_high_s16(sumi[4 * g + 1], s16[2 * g], w0);
+                sumi[4 * g + 2] = vmlal_s16(sumi[4 * g + 2], vget_low_s16(s16[2 * g + 1]), vget_low_s16(w1));
+                sumi[4 * g + 3] = vmlal_high_s16(sumi[4 * g + 3], s16[2 * g + 1], w1);
+            }
+        }
+        for (int i = 0; i < 16; i++) {
+            float *ye = y + 64 * c + 4 * i;
+            const float32x4_t t = vmulq_f32(vmulq_n_f32(kc_f16x4(ax + 8 * i), bd), vcvtq_f32_s32(sumi[i]));
+            vst1q_f32(ye, vaddq_f32(vld1q_f32(ye), t));
         }
     }
 #else

@@ -154,7 +154,7 @@ static float pi_dot_f32(int64_t n, const float *a, const float *b);
 static void pi_axpy_f32(int64_t n, float a, const float *x, float *y);   /* y += a * x */
 static void pi_axpy_f32_row(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_f16(int64_t n, float a, const void *row, float *y);
-#if defined(__AVX2__)
+#if defined(__AVX2__) || PI_NEON
 static void pi_f16_from_f32(const float *src, void *dst, int64_t n);   /* f32 -> f16 rows (the KV cache's stores) */
 #endif
 static void pi_axpy_bf16(int64_t n, float a, const void *row, float *y);

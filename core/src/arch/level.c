@@ -40,6 +40,11 @@
 #else
 #define REPACK(kernel) kernel
 #endif
+#if PI_HAVE_ROWS8 || PI_NEON
+#define F16_FROM_F32 pi_f16_from_f32
+#else
+#define F16_FROM_F32 NULL   /* scalar: dtype.c's conversion */
+#endif
 #if PI_HAVE_ROWS8
 #define ROWS8(kernel) kernel
 #else
@@ -55,7 +60,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_F32]  = { pi_vec_dot_f32_f32,    pi_axpy_f32_row },
         [PI_TYPE_F16]  = { pi_vec_dot_f16_f32,    pi_axpy_f16,  .vec_dot8 = ROWS8(pi_vec_dot8_f16_f32),
                            .axpy8 = ROWS8(pi_axpy8_f16), .repack = REPACK(pi_repack_16bit_x8),
-                           .from_f32 = ROWS8(pi_f16_from_f32) },
+                           .from_f32 = F16_FROM_F32 },
         [PI_TYPE_BF16] = { pi_vec_dot_bf16_f32,   pi_axpy_bf16, .vec_dot8 = ROWS8(pi_vec_dot8_bf16_f32),
                            .repack = REPACK(pi_repack_16bit_x8) },
         [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),

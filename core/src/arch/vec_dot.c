@@ -190,6 +190,22 @@ void pi_f16_from_f32(const float *src, void *dst, int64_t n) {
     }
     for (; i < n; i++) d[i] = pi_f32_to_fp16(src[i]);
 }
+#elif PI_NEON
+/* The same with FCVTN (round to nearest even under the default FPCR, overflow to inf, subnormals kept), a group of 8
+ * with a NaN through the scalar conversion. */
+void pi_f16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t a = vld1q_f32(src + i), b = vld1q_f32(src + i + 4);
+        if (vminvq_u32(vandq_u32(vceqq_f32(a, a), vceqq_f32(b, b))) == 0) {   /* a NaN */
+            for (int k = 0; k < 8; k++) d[i + k] = pi_f32_to_fp16(src[i + k]);
+            continue;
+        }
+        vst1q_u16(d + i, vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(a), b)));
+    }
+    for (; i < n; i++) d[i] = pi_f32_to_fp16(src[i]);
+}
 #endif
 
 /* ---- 8-bit activations ---- */

@@ -150,6 +150,42 @@ static void case_sparse_cols(int32_t type, int64_t T) {
     free(d); free(h); free(x); free(y); free(dq); free(pack);
 }
 
+/* NaN inputs: every level keeps a NaN (its payload) through exp, SiLU/GELU and attention's softmax (a NaN in one K
+ * row makes its cell's score NaN, and then the head's output). Quiet NaNs with payloads, both signs. */
+static float nan_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void case_nan_unary(int32_t op, const char *name) {
+    const int64_t D = 16;
+    float *x = rng_array(D, 4.0f, 710), *y = calloc((size_t)D, sizeof(float));
+    x[1] = nan_bits(0x7fc00001u);
+    x[6] = nan_bits(0xffc12345u);
+    x[13] = nan_bits(0x7fd00000u);   /* the tail (past the last 8 and 4) too */
+    pi_tensor tx = tensor(PI_TYPE_F32, D, 1, 1, x), ty = tensor(PI_TYPE_F32, D, 1, 1, y);
+    check(pi_op_unary(pool, op, &tx, &ty), "unary");
+    emit(name, y, D);
+    free(x); free(y);
+}
+
+static void case_nan_attention(void) {
+    const int64_t hd = 64, H = 4, Hkv = 2, n_kv = 13;
+    float *q = rng_array(hd * H, 1.0f, 810);
+    float *kf = rng_array(hd * Hkv * n_kv, 1.0f, 811), *vf = rng_array(hd * Hkv * n_kv, 1.0f, 812);
+    kf[(3 * Hkv + 0) * hd + 9] = nan_bits(0x7fc00042u);   /* cell 3, KV head 0: not x86's default NaN */
+    kf[(5 * Hkv + 1) * hd + 7] = nan_bits(0xffc00042u);   /* cell 5, KV head 1: not Arm's */
+    void *k = quantize(PI_TYPE_F16, kf, hd, Hkv * n_kv), *v = quantize(PI_TYPE_F16, vf, hd, Hkv * n_kv);
+    float *mask = calloc((size_t)n_kv, sizeof(float)), *y = calloc((size_t)(hd * H), sizeof(float));
+    pi_tensor tq = tensor(PI_TYPE_F32, hd, H, 1, q), tk = tensor(PI_TYPE_F16, hd, Hkv, n_kv, k),
+              tv = tensor(PI_TYPE_F16, hd, Hkv, n_kv, v), tm = tensor(PI_TYPE_F32, n_kv, 1, 1, mask),
+              ty = tensor(PI_TYPE_F32, hd, H, 1, y);
+    check(pi_op_attention(pool, &tq, &tk, &tv, &tm, 0.125f, &ty), "attention");
+    emit("nan.attention.f16", y, hd * H);
+    free(q); free(kf); free(vf); free(k); free(v); free(mask); free(y);
+}
+
 /* Rounding ties: rows whose blocks hold -127 first and otherwise k + 0.5 (k an integer), so every quantizer's
  * scale is 1 and most products land exactly halfway: the activation quantizers round them to even (Q8_0S for Q8_0,
  * Q8_KM for Q4_K, Q8_K for Q6_K), the Q8_0 weight quantizer away from zero. */
@@ -329,6 +365,9 @@ int main(int argc, char **argv) {
     case_ties(PI_TYPE_Q4_K, 0);
     case_ties(PI_TYPE_Q6_K, 0);
     case_unary(PI_UNARY_RELU, "unary.relu");
+    case_nan_unary(PI_UNARY_SILU, "nan.unary.silu");
+    case_nan_unary(PI_UNARY_GELU, "nan.unary.gelu");
+    case_nan_attention();
     const int32_t col_types[] = { PI_TYPE_Q4_0, PI_TYPE_Q4_K, PI_TYPE_Q6_K };
     for (size_t i = 0; i < sizeof col_types / sizeof *col_types; i++) {
         case_sparse_cols(col_types[i], 1);

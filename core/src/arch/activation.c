@@ -119,9 +119,9 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
 /* The vector code's arithmetic one element at a time (the same operations, fused where it fuses), so
  * every level gives the same bits. */
 static inline float exp1(float x) {
-    x = x < 89.0f ? x : 89.0f;          /* min(89, x), max(-103.97, x): NaN stays NaN, as the vector code */
+    if (x != x) return x;               /* NaN stays NaN, as the vector code's min/max keep it */
+    x = x < 89.0f ? x : 89.0f;          /* min(89, x), max(-103.97, x) */
     x = -103.97f > x ? -103.97f : x;
-    if (x != x) return x;
     const float n = nearbyintf(x * 1.44269504088896341f);
     float r = fmaf(-n, 0.693359375f, x);
     r = fmaf(-n, -2.12194440e-4f, r);
@@ -150,8 +150,7 @@ static inline float act1(int32_t op, float x) {
 #if PI_NEON
 /* exp1 and act1, four lanes at a time (the same operations: the same bits) */
 static inline float32x4_t exp4(float32x4_t x) {
-    x = vbslq_f32(vcltq_f32(x, vdupq_n_f32(89.0f)), x, vdupq_n_f32(89.0f));   /* exp1's compares and selects */
-    x = vbslq_f32(vcgtq_f32(vdupq_n_f32(-103.97f), x), vdupq_n_f32(-103.97f), x);
+    x = vmaxq_f32(vdupq_n_f32(-103.97f), vminq_f32(vdupq_n_f32(89.0f), x));   /* FMIN/FMAX keep a NaN */
     const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
     float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
     r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));

@@ -1685,6 +1685,19 @@ def test_kv_seq_state_bad_args(model):
     assert lib.pi_kv_seq_state_set(ctx, 1, state, len(state), ffi.NULL, 0) == OK   # the good state still goes in
     assert lib.pi_kv_used_cells(ctx) == 6
 
+    # pi_kv_seq_state_positions reads the positions without a context, and refuses what is not a state
+    count, pos = ffi.new("int32_t *"), ffi.new("int32_t[3]")
+    assert lib.pi_kv_seq_state_positions(state, len(state), pos, 3, count) == OK and count[0] == 3
+    assert list(pos) == [0, 1, 2]
+    assert lib.pi_kv_seq_state_positions(state, len(state), ffi.NULL, 0, count) == OK and count[0] == 3
+    for data in (b"", state[:39], b"Y" + state[1:], state[:32] + struct.pack("<i", -1) + state[36:],
+                 state[:32] + struct.pack("<i", INT32_MAX) + state[36:], state[:40 + 11]):
+        poison_error()
+        expect(lib.pi_kv_seq_state_positions(data, len(data), pos, 3, count), INVALID, "not a sequence state")
+    expect(lib.pi_kv_seq_state_positions(ffi.NULL, 64, pos, 3, count), INVALID, "not a sequence state")
+    expect(lib.pi_kv_seq_state_positions(state, len(state), ffi.NULL, 3, count), INVALID, "destination")
+    expect(lib.pi_kv_seq_state_positions(state, len(state), pos, -1, count), INVALID, "destination")
+
 
 def test_kv_cache_full_across_calls_and_still_usable(model):
     n_ctx = 8
@@ -1853,7 +1866,7 @@ COVERED = {
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_set_outputs", "pi_get_embeddings",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells", "pi_kv_seq_state_size", "pi_kv_seq_state_get",
-    "pi_kv_seq_state_set",
+    "pi_kv_seq_state_set", "pi_kv_seq_state_positions",
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_op_sparse_mask", "pi_sparse_stats", "pi_sparse_stats_reset",
     "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",

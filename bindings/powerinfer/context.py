@@ -339,14 +339,15 @@ class Context:
 
     @staticmethod
     def kv_state_positions(state: bytes) -> np.ndarray:
-        """The positions a kv_seq_state holds (int32, ascending): after its 40-byte header (magic, n_layer, type,
-        n_embd_kv, row_bytes, n: core/src/kv_cache.c), n of them."""
-        if len(state) < 40:
-            raise ValueError("not a KV state")
-        n = int(np.frombuffer(state, np.int32, count=1, offset=32)[0])
-        if n < 0 or len(state) < 40 + 4 * n:
-            raise ValueError("not a KV state")
-        return np.frombuffer(state, np.int32, count=n, offset=40)
+        """The positions a kv_seq_state holds (int32, ascending); ValueError for bytes that are not one."""
+        n = ffi.new("int32_t *")
+        buf = ffi.from_buffer(state)
+        if lib.pi_kv_seq_state_positions(buf, len(state), ffi.NULL, 0, n) != lib.PI_OK:
+            raise ValueError(ffi.string(lib.pi_last_error()).decode())
+        out = np.empty(n[0], np.int32)
+        check(lib.pi_kv_seq_state_positions(buf, len(state), ffi.cast("int32_t *", out.ctypes.data), n[0], n),
+              "kv_state_positions")
+        return out
 
     @_serialised
     def kv_seq_set_state(self, seq: int, state: bytes, cells=None) -> None:

@@ -470,6 +470,10 @@ PI_API pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, i
                                      size_t *written);
 PI_API pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, size_t size, const int32_t *cells,
                                      int32_t n_cells);
+/* The positions a state buffer holds (ascending, as pi_kv_seq_state_get wrote them), without a context: *n (if not
+ * NULL) receives their count and the first min(capacity, count) are copied to dst (NULL with capacity 0: the count
+ * alone). PI_ERR_INVALID_ARG for a buffer that is not a sequence state or too short for its positions. */
+PI_API pi_status pi_kv_seq_state_positions(const void *src, size_t size, int32_t *dst, int32_t capacity, int32_t *n);
 
 /* Sparse models: neuron evaluations per layer since the last reset. active[l] counts (neuron, token)
  * pairs computed in layer l (array of n_layer), *total the pairs a dense FFN would have computed per layer. */

@@ -195,16 +195,35 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
     return st;
 }
 
+/* The header of a state buffer, checked as far as it goes without a cache: the magic, n >= 0 and n positions in size. */
+static pi_status read_header(const void *src, size_t size, seq_state_header *h) {
+    if (!src || size < sizeof *h) return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state: %zu bytes", size);
+    memcpy(h, src, sizeof *h);
+    if (memcmp(h->magic, STATE_MAGIC, sizeof h->magic) != 0)
+        return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state (bad magic)");
+    if (h->n < 0 || (size - sizeof *h) / sizeof(int32_t) < (size_t)h->n)
+        return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state: it claims %d tokens, %zu bytes hold at most %zu positions",
+                       h->n, size, (size - sizeof *h) / sizeof(int32_t));
+    return PI_OK;
+}
+
+pi_status pi_kv_seq_state_positions(const void *src, size_t size, int32_t *dst, int32_t capacity, int32_t *n) {
+    seq_state_header h;
+    const pi_status st = read_header(src, size, &h);
+    if (st != PI_OK) return st;
+    if (capacity < 0 || (capacity > 0 && !dst)) return pi_fail(PI_ERR_INVALID_ARG, "positions: bad destination");
+    if (dst) memcpy(dst, (const char *)src + sizeof h, (size_t)PI_MIN(capacity, h.n) * sizeof(int32_t));
+    if (n) *n = h.n;
+    return PI_OK;
+}
+
 pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, size_t size, const int32_t *cells,
                                int32_t n_cells) {
     pi_status st = check_seq(ctx, seq, false);
     if (st != PI_OK) return st;
     pi_kv_cache *kv = &ctx->kv;
     seq_state_header h;
-    if (!src || size < sizeof h) return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state: %zu bytes", size);
-    memcpy(&h, src, sizeof h);
-    if (memcmp(h.magic, STATE_MAGIC, sizeof h.magic) != 0)
-        return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state (bad magic)");
+    if ((st = read_header(src, size, &h)) != PI_OK) return st;
     if (h.n_layer != kv->n_layer || h.type != kv->type || h.n_embd_kv != kv->n_embd_kv || h.row_bytes != kv->row_bytes)
         return pi_fail(PI_ERR_INVALID_ARG, "the state is of another KV layout (%d layers, %s cache, width %lld; this "
                        "context: %d, %s, %lld)", h.n_layer, pi_type_name(h.type), (long long)h.n_embd_kv, kv->n_layer,

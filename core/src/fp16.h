@@ -11,6 +11,14 @@ static inline uint32_t pi_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); 
 #if defined(__F16C__)
 #include <immintrin.h>   /* the one intrinsic outside arch/: a single-instruction conversion */
 static inline float pi_fp16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+#elif defined(__aarch64__)
+/* every aarch64 CPU converts half to float in one instruction (FCVT), exactly: the same values as the code below (a
+ * signalling NaN comes back quiet, as from F16C) at a tenth of the instructions */
+static inline float pi_fp16_to_f32(uint16_t h) {
+    __fp16 f;
+    memcpy(&f, &h, sizeof f);
+    return (float)f;
+}
 #else
 static inline float pi_fp16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;

@@ -25,13 +25,6 @@ static inline void pi_neon_load8_f16(const uint16_t *h, float32x4_t *lo, float32
     *hi = vcvt_high_f32_f16(v);
 }
 
-/* one f16 -> f32 (exact; the conversion instruction, where the scalar level decodes the bits) */
-static inline float pi_neon_f16(uint16_t h) {
-    __fp16 f;
-    memcpy(&f, &h, sizeof f);
-    return (float)f;
-}
-
 /* the exact sum of the 32 products of two int8 blocks */
 static inline int32_t pi_neon_dot32(const int8_t *a, const int8_t *b) {
     int32x4_t acc = vdotq_s32(vdupq_n_s32(0), vld1q_s8(a), vld1q_s8(b));

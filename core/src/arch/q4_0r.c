@@ -397,7 +397,7 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
         for (int l = 0; l < 8; l++) {
             float c[PI_AXPY_GROUP], M = 0.0f;
             for (int k = 0; k < count; k++) {
-                c[k] = a[k] * pi_neon_f16(r[k][s].d[l]);
+                c[k] = a[k] * pi_fp16_to_f32(r[k][s].d[l]);
                 const float ac = fabsf(c[k]);
                 M = ac > M ? ac : M;
             }

@@ -385,7 +385,7 @@ float pi_vec_dot_q8_0_q8_0s(int64_t n, const void *w, const void *x) {
         float d8[8];
         for (int j = 0; j < 8; j++) {
             s8[j] = pi_neon_dot32(a[i + j].qs, b[i + j].qs);
-            d8[j] = pi_neon_f16(a[i + j].d) * pi_neon_f16(b[i + j].d);
+            d8[j] = pi_fp16_to_f32(a[i + j].d) * pi_fp16_to_f32(b[i + j].d);
         }
         lo = vfmaq_f32(lo, vld1q_f32(d8), vcvtq_f32_s32(vld1q_s32(s8)));
         hi = vfmaq_f32(hi, vld1q_f32(d8 + 4), vcvtq_f32_s32(vld1q_s32(s8 + 4)));
@@ -741,7 +741,7 @@ void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y) {
         pi_store4_ps(y + b * PI_QK4_0, yb);
     }
 #elif PI_NEON
-    for (; b < nb; b++) pi_neon_axpy_nibbles(a * pi_neon_f16(x[b].d), vld1q_u8(x[b].qs), y + b * PI_QK4_0);
+    for (; b < nb; b++) pi_neon_axpy_nibbles(a * pi_fp16_to_f32(x[b].d), vld1q_u8(x[b].qs), y + b * PI_QK4_0);
 #endif
     for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */
         const float s = a * pi_fp16_to_f32(x[b].d);
@@ -766,7 +766,7 @@ void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y) {
     }
 #elif PI_NEON
     for (; b < nb; b++) {
-        const float s = a * pi_neon_f16(x[b].d);
+        const float s = a * pi_fp16_to_f32(x[b].d);
         for (int h = 0; h < 2; h++) {
             const int8x16_t q = vld1q_s8(x[b].qs + 16 * h);
             const int16x8_t q0 = vmovl_s8(vget_low_s8(q)), q1 = vmovl_high_s8(q);

@@ -14,7 +14,18 @@ __all__ = ["Context", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model
            "Sampler", "SamplingParams", "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "cpu_name",
            "set_cpu_isa", "system_info", "__version__"]
 
-CPU_ISA_LEVELS = ("scalar", "avx2", "avx512", "amx", "neon")   # x86: scalar..amx, lowest first; aarch64: scalar, neon
+def _arch_levels() -> tuple[str, ...]:
+    """The kernel levels a build for this machine's architecture has (core/src/cpu.c), lowest first."""
+    import platform
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return ("scalar", "avx2", "avx512", "amx")
+    if machine in ("aarch64", "arm64"):
+        return ("scalar", "neon")
+    return ("scalar",)
+
+
+CPU_ISA_LEVELS = _arch_levels()
 
 
 def system_info() -> str:
@@ -33,7 +44,8 @@ def system_info() -> str:
 
 
 def cpu_isa() -> str:
-    """The CPU kernel level in use: "scalar", "avx2", "avx512" or "amx" ($POWERINFER_ISA sets it at start)."""
+    """The CPU kernel level in use: "scalar", "avx2", "avx512", "amx" or, on aarch64, "neon" ($POWERINFER_ISA sets it
+    at start)."""
     from ._ffi import ffi, lib
     return ffi.string(lib.pi_cpu_isa()).decode()
 

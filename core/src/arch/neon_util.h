@@ -56,11 +56,24 @@ static inline uint8x16_t pi_neon_select_bit(uint8x16_t m, uint8_t bit, uint8_t v
     return vandq_u8(vtstq_u8(m, vdupq_n_u8(bit)), vdupq_n_u8(v));
 }
 
-/* 16 bits (bits 0..15 of b) -> 16 bytes: 16 where the bit is set, else 0 (Q5_0/Q5_1's fifth bits) */
-static inline uint8x16_t pi_neon_bits16(uint32_t b) {
+/* 16 bits (bits 0..15 of b) -> 16 bytes: 0xff where the bit is set, else 0 */
+static inline uint8x16_t pi_neon_bitmask16(uint32_t b) {
     const uint8x16_t bytes = vcombine_u8(vdup_n_u8((uint8_t)b), vdup_n_u8((uint8_t)(b >> 8)));
     static const uint8_t bit[16] = { 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128 };
-    return vandq_u8(vtstq_u8(bytes, vld1q_u8(bit)), vdupq_n_u8(16));
+    return vtstq_u8(bytes, vld1q_u8(bit));
+}
+
+/* 16 bits -> 16 bytes: 16 where the bit is set, else 0 (Q5_0/Q5_1's fifth bits) */
+static inline uint8x16_t pi_neon_bits16(uint32_t b) { return vandq_u8(pi_neon_bitmask16(b), vdupq_n_u8(16)); }
+
+/* The exact sums of v_k y_k over elements 0..15 and 16..31 of a sub-block, v_k = the byte value k of vals (signed),
+ * negated where bit k of signs is set (the IQ types' grid values and sign bits) */
+static inline void pi_neon_signed_dot32(const int8_t *vals, uint32_t signs, const int8_t *y, int32_t t[2]) {
+    for (int h = 0; h < 2; h++) {
+        const int8x16_t m = vreinterpretq_s8_u8(pi_neon_bitmask16(signs >> 16 * h));
+        const int8x16_t v = vsubq_s8(veorq_s8(vld1q_s8(vals + 16 * h), m), m);   /* -v where m = -1 */
+        t[h] = vaddvq_s32(vdotq_s32(vdupq_n_s32(0), v, vld1q_s8(y + 16 * h)));
+    }
 }
 
 /* y[j] = fma(s, lo_j - 8, y[j]) for j < 16 and y[16 + j] = fma(s, hi_j - 8, y[16 + j]): 16 bytes of Q4_0 nibbles

@@ -843,6 +843,82 @@ static inline __m256i iq1_m_ls_of(__m256i ls, int j) {
     return _mm256_shuffle_epi8(ls, _mm256_set1_epi16((short)(at | (at + 1) << 8)));
 }
 IQ_LANES(iq1_m, pi_block_iq1_m, iq1_m_block_ls(x), iq1_m_ls_of(ls, j))
+#elif PI_NEON
+/* The scalar bodies' integers below, each sub-block's 32 grid values laid out as bytes and dotted with SDOT
+ * (pi_neon_signed_dot32). */
+static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {
+    uint32_t g[8];   /* grid values are 0..62: as int8 the same */
+    for (int i = 0; i < 8; i++) g[i] = grid[idx[i]];
+    int32_t t[2];
+    pi_neon_signed_dot32((const int8_t *)g, signs, yq, t);
+    return t[0] + t[1];
+}
+
+static inline __attribute__((always_inline)) void iq3_xxs_ints(const pi_block_iq3_xxs *x, const pi_block_q8_K *y,
+                                                               int32_t *sumi, int32_t *summ) {
+    *summ = 0;
+    int32_t s = 0;
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        int ls, idx[8];
+        const uint32_t signs = pi_iq3_xxs_signs(x, j, &ls);
+        for (int i = 0; i < 8; i++) idx[i] = x->qs[8 * j + i];
+        s += ls * iq3_sub_block(PI_IQ3_XXS_GRID, idx, signs, y->qs + 32 * j);
+    }
+    *sumi = s;
+}
+
+static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_s *x, const pi_block_q8_K *y,
+                                                             int32_t *sumi, int32_t *summ) {
+    *summ = 0;
+    int32_t s = 0;
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        int idx[8];
+        uint32_t signs;
+        memcpy(&signs, x->signs + 4 * j, 4);
+        for (int i = 0; i < 8; i++) idx[i] = pi_iq3_s_index(x, 8 * j + i);
+        s += pi_iq3_s_ls(x, j) * iq3_sub_block(PI_IQ3_S_GRID, idx, signs, y->qs + 32 * j);
+    }
+    *sumi = s;
+}
+
+#define IQ2_INTS(name, wtype, grid)                                                                                 \
+    static inline __attribute__((always_inline)) void name##_ints(const wtype *x, const pi_block_q8_K *y,           \
+                                                                  int32_t *sumi, int32_t *summ) {                   \
+        *summ = 0;                                                                                                  \
+        int32_t s = 0;                                                                                              \
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
+            pi_iq2_sub sb;                                                                                          \
+            pi_##name##_sub(x, j, grid, &sb);                                                                       \
+            int32_t t[2];   /* grid values 0..43: as int8 the same */                                               \
+            pi_neon_signed_dot32((const int8_t *)sb.points, sb.signs, y->qs + 32 * j, t);                          \
+            s += (2 * sb.s[0] + 1) * t[0] + (2 * sb.s[1] + 1) * t[1];                                               \
+        }                                                                                                           \
+        *sumi = s;                                                                                                  \
+    }
+IQ2_INTS(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
+IQ2_INTS(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
+IQ2_INTS(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
+
+#define IQ1_INTS(name, wtype)                                                                                       \
+    static inline __attribute__((always_inline)) void name##_ints(const wtype *x, const pi_block_q8_K *y,           \
+                                                                  int32_t *sumi, int32_t *summ) {                   \
+        *summ = 0;                                                                                                  \
+        int32_t s = 0;                                                                                              \
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
+            pi_iq1_sub sb;                                                                                          \
+            pi_##name##_sub(x, j, &sb);                                                                             \
+            int8_t v[32];   /* 8 g + delta, |v| <= 9 */                                                             \
+            for (int p = 0; p < 4; p++)                                                                             \
+                vst1_s8(v + 8 * p, vadd_s8(vshl_n_s8(vcreate_s8(PI_IQ1_GRID[sb.idx[p]]), 3),                       \
+                                           vdup_n_s8((int8_t)sb.delta[p])));                                        \
+            int32_t t[2];                                                                                           \
+            pi_neon_signed_dot32(v, 0, y->qs + 32 * j, t);                                                          \
+            s += sb.ls[0] * t[0] + sb.ls[1] * t[1];                                                                 \
+        }                                                                                                           \
+        *sumi = s;                                                                                                  \
+    }
+IQ1_INTS(iq1_s, pi_block_iq1_s)
+IQ1_INTS(iq1_m, pi_block_iq1_m)
 #else
 /* sum_k grid value k * sign k * yq[k] over a sub-block's 32 elements (idx: its 8 grid points) */
 static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {

@@ -1120,6 +1120,14 @@ float pi_vec_dot_q8_kw_q8_K(int64_t n, const void *w, const void *x) {
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, iq_ls(a[i].scales[2 * j], a[i].scales[2 * j + 1])));
         }
         const int32_t sumi = pi_hsum_epi32(acc) - 64 * off;
+#elif PI_NEON
+        int32x4_t d[PI_QK_K / 16];
+        int32_t sc[PI_QK_K / 16];
+        for (int j = 0; j < PI_QK_K / 16; j++) {   /* u = v + 64 <= 107: as int8 the same */
+            d[j] = pi_neon_dot16(vld1q_s8((const int8_t *)a[i].u + 16 * j), b[i].qs + 16 * j);
+            sc[j] = a[i].scales[j];
+        }
+        const int32_t sumi = pi_neon_scaled_sums(d, sc, PI_QK_K / 16) - 64 * off;
 #else
         int32_t sumi = -64 * off;
         for (int j = 0; j < PI_QK_K / 16; j++) {

@@ -360,7 +360,31 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
 #endif
 }
 
-#elif PI_NEON   /* the scalar reference's order; a 16-byte register holds 4 lanes, SDOT their exact integers */
+#endif
+
+#if !PI_HAVE_ROWS8
+/* axpy_group's coefficients for lane l of super-block s (the canonical arithmetic above): m[k] for the count rows,
+ * *sum = sum_k m_k; returns S. */
+static inline float group_lane_coefs(int count, const float *a, const sb_q4_0r *const *r, int64_t s, int l,
+                                     int32_t m[PI_AXPY_GROUP], int32_t *sum) {
+    float c[PI_AXPY_GROUP], M = 0.0f;
+    for (int k = 0; k < count; k++) {
+        c[k] = a[k] * pi_fp16_to_f32(r[k][s].d[l]);
+        const float ac = fabsf(c[k]);
+        M = ac > M ? ac : M;
+    }
+    const float inv = M > 0.0f && M <= FLT_MAX ? 8191.0f / M : 0.0f;
+    *sum = 0;
+    for (int k = 0; k < count; k++) {
+        const float v = c[k] * inv;
+        m[k] = v == v ? (int32_t)lrintf(v) : 0;
+        *sum += m[k];
+    }
+    return M / 8191.0f;
+}
+#endif
+
+#if PI_NEON   /* the scalar reference's order; a 16-byte register holds 4 lanes, SDOT their exact integers */
 
 /* the 16 bytes of lane l of a super-block (block BLOCK_OF[l]'s bytes 0..15, 4 from each c_m) */
 static inline uint8x16_t lane_bytes(const sb_q4_0r *w, int l) {
@@ -395,20 +419,12 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
     const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
     for (int64_t s = 0; s < n / 256; s++)
         for (int l = 0; l < 8; l++) {
-            float c[PI_AXPY_GROUP], M = 0.0f;
-            for (int k = 0; k < count; k++) {
-                c[k] = a[k] * pi_fp16_to_f32(r[k][s].d[l]);
-                const float ac = fabsf(c[k]);
-                M = ac > M ? ac : M;
-            }
-            const float inv = M > 0.0f && M <= FLT_MAX ? 8191.0f / M : 0.0f, S = M / 8191.0f;
-            int32_t sum = 0;
+            int32_t mk[PI_AXPY_GROUP], sum;
+            const float S = group_lane_coefs(count, a, r, s, l, mk, &sum);
             int32x4_t acc[8];   /* outputs 4i..4i+3: 0..15 the low nibbles, 16..31 the high ones */
             for (int i = 0; i < 8; i++) acc[i] = vdupq_n_s32(0);
             for (int k = 0; k < count; k++) {
-                const float v = c[k] * inv;
-                const int16_t m = (int16_t)(v == v ? (int32_t)lrintf(v) : 0);   /* |m| <= 8191 */
-                sum += m;
+                const int16_t m = (int16_t)mk[k];   /* |m| <= 8191 */
                 const uint8x16_t q = lane_bytes(&r[k][s], l);
                 const uint8x16_t half[2] = { vandq_u8(q, vdupq_n_u8(0x0f)), vshrq_n_u8(q, 4) };
                 for (int h = 0; h < 2; h++) {
@@ -470,19 +486,8 @@ void pi_axpy_group_q4_0r(int64_t n, int count, const float *a, const void *const
     const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
     for (int64_t s = 0; s < n / 256; s++)
         for (int l = 0; l < 8; l++) {
-            float c[PI_AXPY_GROUP], M = 0.0f;
-            for (int k = 0; k < count; k++) {
-                c[k] = a[k] * pi_fp16_to_f32(r[k][s].d[l]);
-                const float ac = fabsf(c[k]);
-                M = ac > M ? ac : M;
-            }
-            const float inv = M > 0.0f && M <= FLT_MAX ? 8191.0f / M : 0.0f, S = M / 8191.0f;
-            int32_t m[PI_AXPY_GROUP], sum = 0;
-            for (int k = 0; k < count; k++) {
-                const float v = c[k] * inv;
-                m[k] = v == v ? (int32_t)lrintf(v) : 0;
-                sum += m[k];
-            }
+            int32_t m[PI_AXPY_GROUP], sum;
+            const float S = group_lane_coefs(count, a, r, s, l, m, &sum);
             float *yb = y + 256 * s + 32 * BLOCK_OF[l];
             for (int j = 0; j < 16; j++) {
                 int32_t lo = 0, hi = 0;

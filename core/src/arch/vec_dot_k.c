@@ -844,8 +844,8 @@ static inline __m256i iq1_m_ls_of(__m256i ls, int j) {
 }
 IQ_LANES(iq1_m, pi_block_iq1_m, iq1_m_block_ls(x), iq1_m_ls_of(ls, j))
 #elif PI_NEON
-/* The scalar bodies' integers below, each sub-block's 32 grid values laid out as bytes and dotted with SDOT
- * (pi_neon_signed_dot32). */
+/* A sub-block's integers with SDOT: its 32 grid values laid out as bytes (pi_neon_signed_dot32); the scalar level's
+ * loops below give the same sums. */
 static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {
     uint32_t g[8];   /* grid values are 0..62: as int8 the same */
     for (int i = 0; i < 8; i++) g[i] = grid[idx[i]];
@@ -853,72 +853,15 @@ static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32
     pi_neon_signed_dot32((const int8_t *)g, signs, yq, t);
     return t[0] + t[1];
 }
-
-static inline __attribute__((always_inline)) void iq3_xxs_ints(const pi_block_iq3_xxs *x, const pi_block_q8_K *y,
-                                                               int32_t *sumi, int32_t *summ) {
-    *summ = 0;
-    int32_t s = 0;
-    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
-        int ls, idx[8];
-        const uint32_t signs = pi_iq3_xxs_signs(x, j, &ls);
-        for (int i = 0; i < 8; i++) idx[i] = x->qs[8 * j + i];
-        s += ls * iq3_sub_block(PI_IQ3_XXS_GRID, idx, signs, y->qs + 32 * j);
-    }
-    *sumi = s;
+static inline void iq2_sub_halves(const pi_iq2_sub *sb, const int8_t *yq, int32_t t[2]) {
+    pi_neon_signed_dot32((const int8_t *)sb->points, sb->signs, yq, t);   /* grid values 0..43 */
 }
-
-static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_s *x, const pi_block_q8_K *y,
-                                                             int32_t *sumi, int32_t *summ) {
-    *summ = 0;
-    int32_t s = 0;
-    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
-        int idx[8];
-        uint32_t signs;
-        memcpy(&signs, x->signs + 4 * j, 4);
-        for (int i = 0; i < 8; i++) idx[i] = pi_iq3_s_index(x, 8 * j + i);
-        s += pi_iq3_s_ls(x, j) * iq3_sub_block(PI_IQ3_S_GRID, idx, signs, y->qs + 32 * j);
-    }
-    *sumi = s;
+static inline void iq1_sub_halves(const pi_iq1_sub *sb, const int8_t *yq, int32_t t[2]) {
+    int8_t v[32];   /* 8 g + delta, |v| <= 9 */
+    for (int p = 0; p < 4; p++)
+        vst1_s8(v + 8 * p, vadd_s8(vshl_n_s8(vcreate_s8(PI_IQ1_GRID[sb->idx[p]]), 3), vdup_n_s8((int8_t)sb->delta[p])));
+    pi_neon_signed_dot32(v, 0, yq, t);
 }
-
-#define IQ2_INTS(name, wtype, grid)                                                                                 \
-    static inline __attribute__((always_inline)) void name##_ints(const wtype *x, const pi_block_q8_K *y,           \
-                                                                  int32_t *sumi, int32_t *summ) {                   \
-        *summ = 0;                                                                                                  \
-        int32_t s = 0;                                                                                              \
-        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
-            pi_iq2_sub sb;                                                                                          \
-            pi_##name##_sub(x, j, grid, &sb);                                                                       \
-            int32_t t[2];   /* grid values 0..43: as int8 the same */                                               \
-            pi_neon_signed_dot32((const int8_t *)sb.points, sb.signs, y->qs + 32 * j, t);                          \
-            s += (2 * sb.s[0] + 1) * t[0] + (2 * sb.s[1] + 1) * t[1];                                               \
-        }                                                                                                           \
-        *sumi = s;                                                                                                  \
-    }
-IQ2_INTS(iq2_xxs, pi_block_iq2_xxs, PI_IQ2_XXS_GRID)
-IQ2_INTS(iq2_xs, pi_block_iq2_xs, PI_IQ2_XS_GRID)
-IQ2_INTS(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
-
-#define IQ1_INTS(name, wtype)                                                                                       \
-    static inline __attribute__((always_inline)) void name##_ints(const wtype *x, const pi_block_q8_K *y,           \
-                                                                  int32_t *sumi, int32_t *summ) {                   \
-        *summ = 0;                                                                                                  \
-        int32_t s = 0;                                                                                              \
-        for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
-            pi_iq1_sub sb;                                                                                          \
-            pi_##name##_sub(x, j, &sb);                                                                             \
-            int8_t v[32];   /* 8 g + delta, |v| <= 9 */                                                             \
-            for (int p = 0; p < 4; p++)                                                                             \
-                vst1_s8(v + 8 * p, vadd_s8(vshl_n_s8(vcreate_s8(PI_IQ1_GRID[sb.idx[p]]), 3),                       \
-                                           vdup_n_s8((int8_t)sb.delta[p])));                                        \
-            int32_t t[2];                                                                                           \
-            pi_neon_signed_dot32(v, 0, y->qs + 32 * j, t);                                                          \
-            s += sb.ls[0] * t[0] + sb.ls[1] * t[1];                                                                 \
-        }                                                                                                           \
-        *sumi = s;                                                                                                  \
-    }
-IQ1_INTS(iq1_s, pi_block_iq1_s)
-IQ1_INTS(iq1_m, pi_block_iq1_m)
 #else
 /* sum_k grid value k * sign k * yq[k] over a sub-block's 32 elements (idx: its 8 grid points) */
 static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32_t signs, const int8_t *yq) {
@@ -929,7 +872,26 @@ static inline int32_t iq3_sub_block(const uint32_t *grid, const int *idx, uint32
     }
     return t;
 }
+/* an IQ2 sub-block's sums of grid value * sign * yq over elements 0..15 and 16..31 */
+static inline void iq2_sub_halves(const pi_iq2_sub *sb, const int8_t *yq, int32_t t[2]) {
+    for (int h = 0; h < 2; h++) {
+        t[h] = 0;
+        for (int k = 16 * h; k < 16 * h + 16; k++) {
+            const int32_t g = (int32_t)(sb->points[k / 8] >> 8 * (k % 8) & 255);
+            t[h] += (sb->signs >> k & 1 ? -g : g) * yq[k];
+        }
+    }
+}
+/* an IQ1 sub-block's sums of v * yq over elements 0..15 and 16..31 */
+static inline void iq1_sub_halves(const pi_iq1_sub *sb, const int8_t *yq, int32_t t[2]) {
+    for (int h = 0; h < 2; h++) {
+        t[h] = 0;
+        for (int k = 16 * h; k < 16 * h + 16; k++) t[h] += pi_iq1_value(PI_IQ1_GRID, sb, k) * yq[k];
+    }
+}
+#endif
 
+#if !defined(__AVX2__)   /* scalar and neon: the integers of one super-block, sub-block by sub-block */
 static inline __attribute__((always_inline)) void iq3_xxs_ints(const pi_block_iq3_xxs *x, const pi_block_q8_K *y,
                                                                int32_t *sumi, int32_t *summ) {   /* summ: 0, no mins */
     *summ = 0;
@@ -965,14 +927,9 @@ static inline __attribute__((always_inline)) void iq3_s_ints(const pi_block_iq3_
         for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
             pi_iq2_sub sb;                                                                                          \
             pi_##name##_sub(x, j, grid, &sb);                                                                       \
-            for (int h = 0; h < 2; h++) {                                                                           \
-                int32_t t = 0;                                                                                      \
-                for (int k = 16 * h; k < 16 * h + 16; k++) {                                                        \
-                    const int32_t g = (int32_t)(sb.points[k / 8] >> 8 * (k % 8) & 255);                             \
-                    t += (sb.signs >> k & 1 ? -g : g) * y->qs[32 * j + k];                                          \
-                }                                                                                                   \
-                s += (2 * sb.s[h] + 1) * t;                                                                         \
-            }                                                                                                       \
+            int32_t t[2];                                                                                           \
+            iq2_sub_halves(&sb, y->qs + 32 * j, t);                                                                 \
+            s += (2 * sb.s[0] + 1) * t[0] + (2 * sb.s[1] + 1) * t[1];                                               \
         }                                                                                                           \
         *sumi = s;                                                                                                  \
     }
@@ -989,11 +946,9 @@ IQ2_INTS(iq2_s, pi_block_iq2_s, PI_IQ2_S_GRID)
         for (int j = 0; j < PI_QK_K / PI_QK; j++) {                                                                 \
             pi_iq1_sub sb;                                                                                          \
             pi_##name##_sub(x, j, &sb);                                                                             \
-            for (int h = 0; h < 2; h++) {                                                                           \
-                int32_t t = 0;                                                                                      \
-                for (int k = 16 * h; k < 16 * h + 16; k++) t += pi_iq1_value(PI_IQ1_GRID, &sb, k) * y->qs[32 * j + k]; \
-                s += sb.ls[h] * t;                                                                                  \
-            }                                                                                                       \
+            int32_t t[2];                                                                                           \
+            iq1_sub_halves(&sb, y->qs + 32 * j, t);                                                                 \
+            s += sb.ls[0] * t[0] + sb.ls[1] * t[1];                                                                 \
         }                                                                                                           \
         *sumi = s;                                                                                                  \
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Guest instructions per op at the aarch64 levels (scalar, neon), counted under qemu-user: a proxy for the neon
-level's speed where no Arm machine is at hand. Not a timing: an instruction count says nothing of latency, memory
+"""Guest instructions per op at the aarch64 levels (scalar, neon, dotprod), counted under qemu-user: a proxy for the
+NEON levels' speed where no Arm machine is at hand. Not a timing: an instruction count says nothing of latency, memory
 bandwidth or how a core issues SDOT; it does say how much work each level's code asks the CPU to do.
 
 The library and bench/qemu_count.c are cross-built for aarch64 (cmake/aarch64-linux-gnu.cmake), then each case runs
@@ -22,9 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SYSROOT = "/usr/aarch64-linux-gnu"
 
-# (label, driver arguments without reps): decode (1 token) and a small prompt (8 tokens) per weight type
-CASES = [(f"mul_mat {t} 1024x256 t{T}", ["mul_mat", t, "1024", "256", str(T)])
-         for t in ("f16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K", "iq4_nl") for T in (1, 8)]
+LEVELS = ("scalar", "neon", "dotprod")
+# (label, driver arguments without reps): one token per weight type (rows go one by one at every aarch64 level, so
+# a prompt of T tokens costs T times as much: measured 8 tokens at 7.95-8.0x)
+CASES = [(f"mul_mat {t} 1024x256 t1", ["mul_mat", t, "1024", "256", "1"])
+         for t in ("f16", "q8_0", "q4_0", "q5_0", "q4_K", "q5_K", "q6_K")]
 CASES += [("attention f16 hd128 512 cells", ["attention", "128", "512"])]
 
 
@@ -61,16 +63,16 @@ def main() -> None:
     ap.add_argument("--build", type=Path, default=Path("/tmp/powerinfer-aarch64-count"))
     a = ap.parse_args()
     exe = build(a.build)
-    print(f"{'case':34} {'scalar':>12} {'neon':>12} {'scalar/neon':>11}")
+    print(f"{'case':34} " + " ".join(f"{lv:>12}" for lv in LEVELS) + "  scalar/neon  scalar/dotprod")
     for label, args in CASES:
         per = {}
-        for level in ("scalar", "neon"):
+        for level in LEVELS:
             base, _ = count(exe, level, args + ["0"])
             total, out = count(exe, level, args + [str(a.reps)])
             assert out.startswith(level), out
             per[level] = (total - base) / a.reps
-        print(f"{label:34} {per['scalar']:12,.0f} {per['neon']:12,.0f} {per['scalar'] / per['neon']:10.2f}x",
-              flush=True)
+        print(f"{label:34} " + " ".join(f"{per[lv]:12,.0f}" for lv in LEVELS) +
+              f"  {per['scalar'] / per['neon']:10.2f}x  {per['scalar'] / per['dotprod']:13.2f}x", flush=True)
 
 
 if __name__ == "__main__":

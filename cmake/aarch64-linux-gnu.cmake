@@ -1,7 +1,7 @@
 # Cross-compiling for 64-bit Arm Linux with Debian's gcc-aarch64-linux-gnu (apt-get install gcc-aarch64-linux-gnu).
 #   cmake -S . -B build-aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
-# aarch64 builds have the scalar and neon kernel levels (CMakeLists.txt, PI_LEVELS). The binaries run on an
-# x86 host under qemu-user: QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu max <program> (max: neon).
+# aarch64 builds have the scalar, neon and dotprod kernel levels (CMakeLists.txt, PI_LEVELS). The binaries run on an
+# x86 host under qemu-user: QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu max <program> (max: dotprod).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 

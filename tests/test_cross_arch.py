@@ -7,8 +7,8 @@ products fall on rounding ties, NaN inputs) on inputs the program makes from an 
 program is compiled against the library Python loads and must reproduce those bytes at every ISA level
 this CPU runs (the numeric contract, at C level). Then library and program are cross-compiled for
 aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
-there the one build has the scalar and neon levels (neon where the CPU has the Armv8.2 dot product: qemu's
-"max" model; a Cortex-A57 model runs scalar), and each must give the same bits.
+there the one build has the scalar, neon and dotprod levels (dotprod where the CPU has the Armv8.2 dot product:
+qemu's "max" model; a Cortex-A57 model runs neon), and each must give the same bits.
 
 libm: softmax calls glibc's expf (the activations, the sparse FFN's too, and attention have their own exp),
 rope calls pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
@@ -189,9 +189,10 @@ def qemu_env(**extra: str) -> dict[str, str]:
     return {**env, "QEMU_LD_PREFIX": str(SYSROOT), **extra}
 
 
-# qemu-aarch64's CPU models: "max" has the Armv8.2 dot product (the neon level), a Cortex-A57 (Armv8.0) has not, so
-# there the one build runs the scalar level. Each level must give the reference bits.
-AARCH64_MODELS = {"max": "neon", "cortex-a57": "scalar"}   # -cpu model: the level it picks
+# qemu-aarch64's CPU models: "max" has the Armv8.2 dot product (the dotprod level), a Cortex-A57 (Armv8.0, as the
+# Cortex-A72 of a Raspberry Pi 4) has not, so there the one build runs the neon level, with SDOT emulated. Each level
+# must give the reference bits.
+AARCH64_MODELS = {"max": "dotprod", "cortex-a57": "neon"}   # -cpu model: the level it picks
 
 
 @pytest.mark.parametrize("model", list(AARCH64_MODELS))
@@ -205,16 +206,17 @@ def test_aarch64_picks_its_level_and_reproduces_reference(aarch64, model, tmp_pa
     assert got["softmax.libm_expf"][1] == 0x11fa2992, hex(got["softmax.libm_expf"][1])
 
 
-def test_aarch64_scalar_level_on_a_neon_cpu(aarch64, tmp_path):
-    """POWERINFER_ISA=scalar on a CPU that runs neon: the scalar level, the same bits."""
+@pytest.mark.parametrize("level", ["scalar", "neon"])
+def test_aarch64_lower_level_on_a_dotprod_cpu(aarch64, level, tmp_path):
+    """POWERINFER_ISA=scalar or neon on a CPU that runs dotprod: that level, the same bits."""
     qemu, exe = aarch64
-    stdout = run_program([qemu, "-cpu", "max", str(exe)], tmp_path / "out.bin", env=qemu_env(POWERINFER_ISA="scalar"))
-    assert stdout.rstrip().endswith("isa scalar"), stdout[-200:]
-    compare(read_cases(tmp_path / "out.bin"), "aarch64 (qemu -cpu max, POWERINFER_ISA=scalar)")
+    stdout = run_program([qemu, "-cpu", "max", str(exe)], tmp_path / "out.bin", env=qemu_env(POWERINFER_ISA=level))
+    assert stdout.rstrip().endswith(f"isa {level}"), stdout[-200:]
+    compare(read_cases(tmp_path / "out.bin"), f"aarch64 (qemu -cpu max, POWERINFER_ISA={level})")
 
 
 @pytest.mark.parametrize("level, model, why", [("avx2", "max", "this build does not include it"),
-                                               ("neon", "cortex-a57", "this CPU does not support it")])
+                                               ("dotprod", "cortex-a57", "this CPU does not support it")])
 def test_aarch64_refuses_a_level_it_cannot_run(aarch64, level, model, why, tmp_path):
     qemu, exe = aarch64
     p = subprocess.run([qemu, "-cpu", model, str(exe), str(tmp_path / "out.bin")], capture_output=True, text=True,

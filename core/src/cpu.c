@@ -26,10 +26,10 @@
 #include <sys/sysctl.h>
 #endif
 
-/* Best last within an architecture: x86 runs scalar..amx, aarch64 scalar and neon (never both kinds). */
-typedef enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX, ISA_NEON, ISA_COUNT } isa_level;
-static const char *const isa_names[ISA_COUNT] = { "scalar", "avx2", "avx512", "amx", "neon" };
-#define ISA_LIST "scalar, avx2, avx512, amx, neon"
+/* Best last within an architecture: x86 runs scalar..amx, aarch64 scalar..dotprod (never both kinds). */
+typedef enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX, ISA_NEON, ISA_DOTPROD, ISA_COUNT } isa_level;
+static const char *const isa_names[ISA_COUNT] = { "scalar", "avx2", "avx512", "amx", "neon", "dotprod" };
+#define ISA_LIST "scalar, avx2, avx512, amx, neon, dotprod"
 
 /* The tables CMake compiled in (PI_WITH_<LEVEL>, see CMakeLists.txt). */
 extern const pi_cpu_kernels pi_kernels_scalar;
@@ -44,6 +44,9 @@ extern const pi_cpu_kernels pi_kernels_amx;
 #endif
 #if PI_WITH_NEON
 extern const pi_cpu_kernels pi_kernels_neon;
+#endif
+#if PI_WITH_DOTPROD
+extern const pi_cpu_kernels pi_kernels_dotprod;
 #endif
 
 static const pi_cpu_kernels *compiled[ISA_COUNT];
@@ -153,8 +156,9 @@ static void describe_features(char *out, size_t size) {
              f.avx, f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vnni, f.avx512bf16, f.amx_int8, f.amx_bf16);
 }
 #elif defined(__aarch64__)
-/* The neon level needs the dot-product instructions (SDOT, Armv8.2's FEAT_DotProd: Apple M1 on, Graviton 2 on,
- * Cortex-A76 / Neoverse N1 on); Advanced SIMD itself is part of every aarch64 CPU. */
+/* Advanced SIMD (the neon level) is part of every aarch64 CPU; the dotprod level needs the dot-product instructions
+ * (SDOT, Armv8.2's FEAT_DotProd: Apple M1 on, Graviton 2 on, Cortex-A76 / Neoverse N1 on, not the Cortex-A72 of a
+ * Raspberry Pi 4 or the A53/A55 of many boards). */
 static bool cpu_dotprod(void) {
 #if defined(__linux__)
 #ifndef HWCAP_ASIMDDP
@@ -169,7 +173,9 @@ static bool cpu_dotprod(void) {
     return false;
 #endif
 }
-static bool cpu_runs(isa_level level) { return level == ISA_SCALAR || (level == ISA_NEON && cpu_dotprod()); }
+static bool cpu_runs(isa_level level) {
+    return level == ISA_SCALAR || level == ISA_NEON || (level == ISA_DOTPROD && cpu_dotprod());
+}
 static void describe_features(char *out, size_t size) { snprintf(out, size, "NEON = 1 | DOTPROD = %d", cpu_dotprod()); }
 #else
 static bool cpu_runs(isa_level level) { return level == ISA_SCALAR; }
@@ -205,6 +211,9 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
 #endif
 #if PI_WITH_NEON
     compiled[ISA_NEON] = &pi_kernels_neon;
+#endif
+#if PI_WITH_DOTPROD
+    compiled[ISA_DOTPROD] = &pi_kernels_dotprod;
 #endif
     for (int i = 0; i < ISA_COUNT; i++) {
         if (!compiled[i]) continue;

@@ -14,9 +14,10 @@
 #define PI_HAVE_ROWS8 0   /* the scalar level: mul_mat goes row by row (the same bits) */
 #endif
 
-/* The neon level (aarch64 with the Armv8.2 dot product): NEON bodies for the single-row kernels (arch/neon_util.h),
- * the scalar level's structure otherwise: no 8-row kernels, no interleaved copies (level.c), the same bits. */
-#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+/* The aarch64 levels neon (Armv8.0 Advanced SIMD) and dotprod (+ the Armv8.2 dot product, SDOT): NEON bodies for the
+ * single-row kernels (arch/neon_util.h; without SDOT an exact emulation of it), the scalar level's structure
+ * otherwise: no 8-row kernels, no interleaved copies (level.c), the same bits. */
+#if defined(__aarch64__) && defined(__ARM_NEON) && PI_LEVEL_AARCH64_SIMD
 #define PI_NEON 1
 #include "neon_util.h"
 #else

@@ -1,7 +1,7 @@
-/* neon_util.h: helpers of the neon level's kernels (aarch64 with the Armv8.2 dot product, kernels.h's PI_NEON).
+/* neon_util.h: helpers of the aarch64 levels' kernels (neon and dotprod, kernels.h's PI_NEON).
  *
  * The contract is the scalar level's bits (docs/design.md, "numeric contract"): integer sums are exact whatever
- * instructions form them (SDOT here), and every float sum keeps the AVX2 order, whose 8 lanes are two 4-lane
+ * instructions form them (SDOT, or pi_neon_sdot's emulation), and every float sum keeps the AVX2 order, whose 8 lanes are two 4-lane
  * registers here (lo = lanes 0..3, hi = lanes 4..7) reduced by pi_tree8. NEON's fused multiply-add (vfmaq) rounds
  * once, as fmaf and AVX2's fmadd do. */
 #ifndef PI_ARCH_NEON_UTIL_H
@@ -9,6 +9,18 @@
 
 #include <arm_neon.h>
 #include <string.h>
+
+/* SDOT: lane i of acc += the products of bytes 4i..4i+3 of a and b. The dotprod level has the instruction; the neon
+ * level forms the same lanes exactly from SMULL's int16 products (|.| <= 2^14) and two pairwise adds. */
+static inline int32x4_t pi_neon_sdot(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, a, b);
+#else
+    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));   /* bytes 0-1, 2-3, 4-5, 6-7 */
+    const int32x4_t hi = vpaddlq_s16(vmull_high_s8(a, b));                       /* bytes 8-9, ..., 14-15 */
+    return vaddq_s32(acc, vpaddq_s32(lo, hi));
+#endif
+}
 
 /* 8 lanes (two registers) -> the scalar level's horizontal sum */
 static inline float pi_neon_tree8(float32x4_t lo, float32x4_t hi) {
@@ -27,8 +39,8 @@ static inline void pi_neon_load8_f16(const uint16_t *h, float32x4_t *lo, float32
 
 /* the exact sum of the 32 products of two int8 blocks */
 static inline int32_t pi_neon_dot32(const int8_t *a, const int8_t *b) {
-    int32x4_t acc = vdotq_s32(vdupq_n_s32(0), vld1q_s8(a), vld1q_s8(b));
-    acc = vdotq_s32(acc, vld1q_s8(a + 16), vld1q_s8(b + 16));
+    int32x4_t acc = pi_neon_sdot(vdupq_n_s32(0), vld1q_s8(a), vld1q_s8(b));
+    acc = pi_neon_sdot(acc, vld1q_s8(a + 16), vld1q_s8(b + 16));
     return vaddvq_s32(acc);
 }
 
@@ -49,7 +61,7 @@ static inline int32_t pi_neon_scaled_sums(const int32x4_t *d, const int32_t *sc,
 }
 
 /* one sub-block's products as lanes: the 16 bytes q . y[0..15] */
-static inline int32x4_t pi_neon_dot16(int8x16_t q, const int8_t *y) { return vdotq_s32(vdupq_n_s32(0), q, vld1q_s8(y)); }
+static inline int32x4_t pi_neon_dot16(int8x16_t q, const int8_t *y) { return pi_neon_sdot(vdupq_n_s32(0), q, vld1q_s8(y)); }
 
 /* bytes of value v where bit `bit` of the bytes of m is set, else 0 */
 static inline uint8x16_t pi_neon_select_bit(uint8x16_t m, uint8_t bit, uint8_t v) {
@@ -72,7 +84,7 @@ static inline void pi_neon_signed_dot32(const int8_t *vals, uint32_t signs, cons
     for (int h = 0; h < 2; h++) {
         const int8x16_t m = vreinterpretq_s8_u8(pi_neon_bitmask16(signs >> 16 * h));
         const int8x16_t v = vsubq_s8(veorq_s8(vld1q_s8(vals + 16 * h), m), m);   /* -v where m = -1 */
-        t[h] = vaddvq_s32(vdotq_s32(vdupq_n_s32(0), v, vld1q_s8(y + 16 * h)));
+        t[h] = vaddvq_s32(pi_neon_sdot(vdupq_n_s32(0), v, vld1q_s8(y + 16 * h)));
     }
 }
 

@@ -405,8 +405,8 @@ float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
             int32x4_t i = vnegq_s32(vld1q_s32(b[s].s8 + 4 * h));
             for (int m = 0; m < 4; m++) {
                 const uint8x16_t c = vld1q_u8(a[s].qs[m][4 * h]);
-                i = vdotq_s32(i, vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(0x0f))), vld1q_s8(b[s].qs[m][4 * h]));
-                i = vdotq_s32(i, vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vld1q_s8(b[s].qs[4 + m][4 * h]));
+                i = pi_neon_sdot(i, vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(0x0f))), vld1q_s8(b[s].qs[m][4 * h]));
+                i = pi_neon_sdot(i, vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vld1q_s8(b[s].qs[4 + m][4 * h]));
             }
             const float32x4_t d = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(a[s].d + 4 * h))),
                                             vld1q_f32(b[s].d + 4 * h));

@@ -346,7 +346,7 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
 #elif PI_NEON
         int8x16_t lo, hi;
         pi_neon_nibbles(a[i].qs, &lo, &hi);
-        s = vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
+        s = vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
 #else
         s = 0;
         for (int j = 0; j < PI_QK4_0 / 2; j++)

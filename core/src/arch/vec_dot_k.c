@@ -122,7 +122,7 @@ static inline int32_t neon_dot_5bit(const uint8_t *qs, const uint8_t *qh_bytes, 
     pi_neon_nibbles(qs, &lo, &hi);
     lo = vorrq_s8(lo, vreinterpretq_s8_u8(pi_neon_bits16(qh)));
     hi = vorrq_s8(hi, vreinterpretq_s8_u8(pi_neon_bits16(qh >> 16)));
-    return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+    return vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
 }
 /* sum v y over a block of IQ4 nibbles (16 bytes), v = PI_IQ4_VALUES[q] */
 static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) {
@@ -131,7 +131,7 @@ static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) {
     pi_neon_nibbles(qs, &lo, &hi);
     lo = vqtbl1q_s8(grid, vreinterpretq_u8_s8(lo));
     hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(hi));
-    return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+    return vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
 }
 #endif
 
@@ -238,7 +238,7 @@ static inline __attribute__((always_inline)) float q4_1_family_dot(int64_t n, co
         else {
             int8x16_t lo, hi;
             pi_neon_nibbles(dm->qs, &lo, &hi);
-            s = vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
+            s = vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
         }
 #else
         uint8_t u[PI_QK];
@@ -466,8 +466,8 @@ static inline void neon_k4_sub_blocks(const uint8_t *qs, const uint8_t *qh, cons
                 ql = vorrq_u8(ql, pi_neon_select_bit(h, (uint8_t)(1 << (2 * j)), 16));
                 qh4 = vorrq_u8(qh4, pi_neon_select_bit(h, (uint8_t)(1 << (2 * j + 1)), 16));
             }
-            lo = vdotq_s32(lo, vreinterpretq_s8_u8(ql), vld1q_s8(y->k.qs + 64 * j + 16 * k));
-            hi = vdotq_s32(hi, vreinterpretq_s8_u8(qh4), vld1q_s8(y->k.qs + 64 * j + 32 + 16 * k));
+            lo = pi_neon_sdot(lo, vreinterpretq_s8_u8(ql), vld1q_s8(y->k.qs + 64 * j + 16 * k));
+            hi = pi_neon_sdot(hi, vreinterpretq_s8_u8(qh4), vld1q_s8(y->k.qs + 64 * j + 32 + 16 * k));
         }
         d[2 * j] = lo;
         d[2 * j + 1] = hi;

@@ -24,7 +24,7 @@ SYSROOT = "/usr/aarch64-linux-gnu"
 
 LEVELS = ("scalar", "neon", "dotprod")
 # (label, driver arguments without reps): one token per weight type (rows go one by one at every aarch64 level, so
-# a prompt of T tokens costs T times as much: measured 8 tokens at 7.95-8.0x)
+# a prompt of T tokens costs about T times as much: 8 tokens measured 7.7-8.0x)
 CASES = [(f"mul_mat {t} 1024x256 t1", ["mul_mat", t, "1024", "256", "1"])
          for t in ("f16", "q8_0", "q4_0", "q5_0", "q4_K", "q5_K", "q6_K")]
 CASES += [("attention f16 hd128 512 cells", ["attention", "128", "512"])]
@@ -61,10 +61,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--build", type=Path, default=Path("/tmp/powerinfer-aarch64-count"))
+    ap.add_argument("--only", default="", help="the cases whose label contains this")
     a = ap.parse_args()
     exe = build(a.build)
     print(f"{'case':34} " + " ".join(f"{lv:>12}" for lv in LEVELS) + "  scalar/neon  scalar/dotprod")
-    for label, args in CASES:
+    for label, args in [c for c in CASES if a.only in c[0]]:
         per = {}
         for level in LEVELS:
             base, _ = count(exe, level, args + ["0"])

@@ -1,9 +1,10 @@
 """The C op test (tests/c/op_reference.c) against the stored scalar-level outputs, here and on aarch64.
 
 tests/c/op_reference.bin holds the raw outputs of a fixed set of ops (mul_mat of every weight type at 1, 9 and
-17 tokens (17: the amx level's tiles and a token tail), get_rows, rms/layer norm, rope, softmax, SiLU/GELU/ReLU, attention over an
-f16 cache, the sparse FFN, input-sparse products over the Q4_0/Q4_K/Q6_K column layouts, inputs whose quantized
-products fall on rounding ties, NaN inputs) on inputs the program makes from an integer PRNG, written by the scalar level. Here the
+17 tokens (17: the amx level's tiles and a token tail), get_rows, rms/layer norm, rope, softmax, SiLU/GELU/ReLU,
+attention over an f16 cache, the sparse FFN, input-sparse products over the Q4_0/Q4_K/Q6_K column layouts, inputs
+whose quantized products fall on rounding ties, NaN inputs) on inputs the program makes from an integer PRNG, written
+by the scalar level. Here the
 program is compiled against the library Python loads and must reproduce those bytes at every ISA level
 this CPU runs (the numeric contract, at C level). Then library and program are cross-compiled for
 aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
@@ -85,7 +86,8 @@ def compare(got: dict[str, np.ndarray], where: str) -> dict[str, int]:
             if name in LIBM_ULPS and not nan.any() and d.max() <= LIBM_ULPS[name]:
                 libm[name] = int(d.max())
                 continue
-            bad.append(f"{name}: {np.count_nonzero(g != r)} of {d.size} values differ, max {int(d.max())} ulp"   # (-0 vs +0: 0 ulp)
+            # (a -0 where the reference has +0 differs by 0 ulp: counted by bits)
+            bad.append(f"{name}: {np.count_nonzero(g != r)} of {d.size} values differ, max {int(d.max())} ulp"
                        + (f", {int(nan.sum())} NaN mismatches" if nan.any() else "")
                        + (f" (libm tolerance {LIBM_ULPS[name]} ulp)" if name in LIBM_ULPS else ""))
     assert not bad, f"{where} differs from tests/c/op_reference.bin (scalar level):\n  " + "\n  ".join(bad)

@@ -136,7 +136,10 @@ static inline __m256i kc_outputs8(const __m256i acc[8], int i, int h) {
 
 #if PI_NEON
 /* sc_slot(o) for o = 0..63: the table lookup (vqtbl4q) that puts a chunk's 64 sc_j bytes in output order */
-static const uint8_t KC_NATURAL[64] = { 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63 };
+static const uint8_t KC_NATURAL[64] = {
+    0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31,
+    32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55, 40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61,
+    62, 63 };
 
 /* The 64 sc_j bytes of a chunk (at p, sc_slot order) in output order, 16 outputs per register */
 static inline void kc_scales_natural(const uint8_t *p, uint8x16_t out[4]) {
@@ -453,8 +456,8 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
                 const int8x8_t qk = vdup_n_s8(q[k]);
                 for (int g = 0; g < 8; g++) {   /* hi bits of outputs 8g..: bits 2m of bytes 8 (g % 4 / 2) .. (hi_place) */
                     const int m = g / 4 * 2 + g % 2;
-                    const uint8x8_t h = vand_u8(vshl_u8(g % 4 / 2 ? vget_high_u8(H) : vget_low_u8(H), vdup_n_s8((int8_t)(-2 * m))),
-                                                vdup_n_u8(3));
+                    const uint8x8_t half = g % 4 / 2 ? vget_high_u8(H) : vget_low_u8(H);
+                    const uint8x8_t h = vand_u8(vshl_u8(half, vdup_n_s8((int8_t)(-2 * m))), vdup_n_u8(3));
                     const uint8x8_t lo = g % 2 ? vget_high_u8(L[g / 2]) : vget_low_u8(L[g / 2]);
                     const int8x8_t v = vsub_s8(vreinterpret_s8_u8(vorr_u8(lo, vshl_n_u8(h, 4))), vdup_n_s8(32));
                     s16[g] = vmlal_s8(s16[g], v, qk);

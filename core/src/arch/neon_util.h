@@ -1,9 +1,9 @@
 /* neon_util.h: helpers of the aarch64 levels' kernels (neon and dotprod, kernels.h's PI_NEON).
  *
  * The contract is the scalar level's bits (docs/design.md, "numeric contract"): integer sums are exact whatever
- * instructions form them (SDOT, or pi_neon_sdot's emulation), and every float sum keeps the AVX2 order, whose 8 lanes are two 4-lane
- * registers here (lo = lanes 0..3, hi = lanes 4..7) reduced by pi_tree8. NEON's fused multiply-add (vfmaq) rounds
- * once, as fmaf and AVX2's fmadd do. */
+ * instructions form them (SDOT, or pi_neon_sdot's emulation), and every float sum keeps the AVX2 order, whose 8 lanes
+ * are two 4-lane registers here (lo = lanes 0..3, hi = lanes 4..7) reduced by pi_tree8. NEON's fused multiply-add
+ * (vfmaq) rounds once, as fmaf and AVX2's fmadd do. */
 #ifndef PI_ARCH_NEON_UTIL_H
 #define PI_ARCH_NEON_UTIL_H
 
@@ -61,7 +61,9 @@ static inline int32_t pi_neon_scaled_sums(const int32x4_t *d, const int32_t *sc,
 }
 
 /* one sub-block's products as lanes: the 16 bytes q . y[0..15] */
-static inline int32x4_t pi_neon_dot16(int8x16_t q, const int8_t *y) { return pi_neon_sdot(vdupq_n_s32(0), q, vld1q_s8(y)); }
+static inline int32x4_t pi_neon_dot16(int8x16_t q, const int8_t *y) {
+    return pi_neon_sdot(vdupq_n_s32(0), q, vld1q_s8(y));
+}
 
 /* bytes of value v where bit `bit` of the bytes of m is set, else 0 */
 static inline uint8x16_t pi_neon_select_bit(uint8x16_t m, uint8_t bit, uint8_t v) {

@@ -228,7 +228,7 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
         return pi_fail(PI_ERR_INVALID_ARG, "the state is of another KV layout (%d layers, %s cache, width %lld; this "
                        "context: %d, %s, %lld)", h.n_layer, pi_type_name(h.type), (long long)h.n_embd_kv, kv->n_layer,
                        pi_type_name(kv->type), (long long)kv->n_embd_kv);
-    if (h.n < 0 || h.n > kv->n_ctx)
+    if (h.n > kv->n_ctx)   /* (n >= 0: read_header) */
         return pi_fail(PI_ERR_INVALID_ARG, "the state holds %d tokens, the context %d cells", h.n, kv->n_ctx);
     const int32_t n = h.n;
     if (cells && n_cells != n)

@@ -147,17 +147,14 @@ static inline void kc_scales_natural(const uint8_t *p, uint8x16_t out[4]) {
     for (int g = 0; g < 4; g++) out[g] = vqtbl4q_u8(t, vld1q_u8(KC_NATURAL + 16 * g));
 }
 
-/* The 64 nibbles of a Q4_KC / Q6_KC chunk's 32 lo bytes, outputs 0-15, 16-31, 32-47, 48-63 */
-static inline void kc_nibbles(const uint8_t *r, uint8x16_t L[4]) {
-    const uint8x16_t b0 = vld1q_u8(r), b1 = vld1q_u8(r + 16);
-    L[0] = vandq_u8(b0, vdupq_n_u8(0x0f));
-    L[1] = vandq_u8(b1, vdupq_n_u8(0x0f));
-    L[2] = vshrq_n_u8(b0, 4);
-    L[3] = vshrq_n_u8(b1, 4);
+/* sumi[2i], sumi[2i + 1] (outputs 8i .. 8i + 7 of a chunk) += s16[i] w[i]: a run's int16 sums weighted by its
+ * sub-block's int16 scales, exact in int32 */
+static inline void kc_add_weighted(int32x4_t sumi[16], const int16x8_t s16[8], const int16x8_t w[8]) {
+    for (int i = 0; i < 8; i++) {
+        sumi[2 * i] = vmlal_s16(sumi[2 * i], vget_low_s16(s16[i]), vget_low_s16(w[i]));
+        sumi[2 * i + 1] = vmlal_high_s16(sumi[2 * i + 1], s16[i], w[i]);
+    }
 }
-
-/* 4 fp16 at p (any alignment) as f32 */
-static inline float32x4_t kc_f16x4(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))); }
 #endif
 
 
@@ -267,25 +264,16 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
             const int j = idx[k] / 32;
             int16x8_t s16[8];   /* outputs 8i .. 8i + 7 */
             for (int i = 0; i < 8; i++) s16[i] = vdupq_n_s16(0);
-            for (const int k1 = PI_MIN(count, k + 16); k < k1 && idx[k] / 32 == j; k++) {
-                uint8x16_t L[4];
-                kc_nibbles((const uint8_t *)rows[k] + 32 * c, L);
-                const int8x8_t qk = vdup_n_s8(q[k]);
-                for (int g = 0; g < 4; g++) {
-                    s16[2 * g] = vmlal_s8(s16[2 * g], vreinterpret_s8_u8(vget_low_u8(L[g])), qk);
-                    s16[2 * g + 1] = vmlal_s8(s16[2 * g + 1], vreinterpret_s8_u8(vget_high_u8(L[g])), qk);
-                }
-            }
+            for (const int k1 = PI_MIN(count, k + 16); k < k1 && idx[k] / 32 == j; k++)
+                pi_neon_mla_nibbles64(s16, (const uint8_t *)rows[k] + 32 * c, q[k]);
             uint8x16_t sc[4];
             kc_scales_natural(ax + 256 + 64 * j, sc);
+            int16x8_t w[8];   /* sc_j m_j per output */
             for (int g = 0; g < 4; g++) {
-                const int16x8_t w0 = vmulq_n_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(sc[g]))), hq.m[j]);
-                const int16x8_t w1 = vmulq_n_s16(vreinterpretq_s16_u16(vmovl_high_u8(sc[g])), hq.m[j]);
-                sumi[4 * g] = vmlal_s16(sumi[4 * g], vget_low_s16(s16[2 * g]), vget_low_s16(w0));
-                sumi[4 * g + 1] = vmlal_high_s16(sumi[4 * g + 1], s16[2 * g], w0);
-                sumi[4 * g + 2] = vmlal_s16(sumi[4 * g + 2], vget_low_s16(s16[2 * g + 1]), vget_low_s16(w1));
-                sumi[4 * g + 3] = vmlal_high_s16(sumi[4 * g + 3], s16[2 * g + 1], w1);
+                w[2 * g] = vmulq_n_s16(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(sc[g]))), hq.m[j]);
+                w[2 * g + 1] = vmulq_n_s16(vreinterpretq_s16_u16(vmovl_high_u8(sc[g])), hq.m[j]);
             }
+            kc_add_weighted(sumi, s16, w);
         }
         for (int j = 0; j < 8; j++) {
             if (!cm[j]) continue;
@@ -300,8 +288,8 @@ void pi_axpy_cols_q4_kc(int64_t n, int count, const uint8_t *idx, const float *a
             }
         }
         for (int i = 0; i < 16; i++) {
-            const float32x4_t t = vsubq_f32(vmulq_f32(kc_f16x4(ax + 8 * i), vcvtq_f32_s32(sumi[i])),
-                                            vmulq_f32(kc_f16x4(ax + 128 + 8 * i), vcvtq_f32_s32(summ[i])));
+            const float32x4_t t = vsubq_f32(vmulq_f32(pi_neon_load4_f16(ax + 8 * i), vcvtq_f32_s32(sumi[i])),
+                                            vmulq_f32(pi_neon_load4_f16(ax + 128 + 8 * i), vcvtq_f32_s32(summ[i])));
             float *ye = y + 64 * c + 4 * i;
             vst1q_f32(ye, vaddq_f32(vld1q_f32(ye), vmulq_f32(vbd, t)));
         }
@@ -451,7 +439,7 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
             for (const int k1 = PI_MIN(count, k + 8); k < k1 && idx[k] / 16 == j; k++) {
                 const uint8_t *r = (const uint8_t *)rows[k] + 48 * c;
                 uint8x16_t L[4];
-                kc_nibbles(r, L);
+                pi_neon_nibbles64(r, L);
                 const uint8x16_t H = vld1q_u8(r + 32);
                 const int8x8_t qk = vdup_n_s8(q[k]);
                 for (int g = 0; g < 8; g++) {   /* hi bits of outputs 8g..: bits 2m of bytes 8 (g % 4 / 2) .. (hi_place) */
@@ -465,18 +453,16 @@ void pi_axpy_cols_q6_kc(int64_t n, int count, const uint8_t *idx, const float *a
             }
             uint8x16_t sc[4];
             kc_scales_natural(ax + 128 + 64 * j, sc);
+            int16x8_t w[8];   /* the signed sc_j per output */
             for (int g = 0; g < 4; g++) {
-                const int16x8_t w0 = vmovl_s8(vreinterpret_s8_u8(vget_low_u8(sc[g])));
-                const int16x8_t w1 = vmovl_high_s8(vreinterpretq_s8_u8(sc[g]));
-                sumi[4 * g] = vmlal_s16(sumi[4 * g], vget_low_s16(s16[2 * g]), vget_low_s16(w0));
-                sumi[4 * g + 1] = vmlal_high_s16(sumi[4 * g + 1], s16[2 * g], w0);
-                sumi[4 * g + 2] = vmlal_s16(sumi[4 * g + 2], vget_low_s16(s16[2 * g + 1]), vget_low_s16(w1));
-                sumi[4 * g + 3] = vmlal_high_s16(sumi[4 * g + 3], s16[2 * g + 1], w1);
+                w[2 * g] = vmovl_s8(vreinterpret_s8_u8(vget_low_u8(sc[g])));
+                w[2 * g + 1] = vmovl_high_s8(vreinterpretq_s8_u8(sc[g]));
             }
+            kc_add_weighted(sumi, s16, w);
         }
         for (int i = 0; i < 16; i++) {
             float *ye = y + 64 * c + 4 * i;
-            const float32x4_t t = vmulq_f32(vmulq_n_f32(kc_f16x4(ax + 8 * i), bd), vcvtq_f32_s32(sumi[i]));
+            const float32x4_t t = vmulq_f32(vmulq_n_f32(pi_neon_load4_f16(ax + 8 * i), bd), vcvtq_f32_s32(sumi[i]));
             vst1q_f32(ye, vaddq_f32(vld1q_f32(ye), t));
         }
     }

@@ -37,11 +37,24 @@ static inline void pi_neon_load8_f16(const uint16_t *h, float32x4_t *lo, float32
     *hi = vcvt_high_f32_f16(v);
 }
 
+/* the exact sum of the 32 products lo . y[0..15] + hi . y[16..31] (a block's two halves against its activations) */
+static inline int32_t pi_neon_dot_halves(int8x16_t lo, int8x16_t hi, const int8_t *y) {
+    return vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+}
+
 /* the exact sum of the 32 products of two int8 blocks */
 static inline int32_t pi_neon_dot32(const int8_t *a, const int8_t *b) {
-    int32x4_t acc = pi_neon_sdot(vdupq_n_s32(0), vld1q_s8(a), vld1q_s8(b));
-    acc = pi_neon_sdot(acc, vld1q_s8(a + 16), vld1q_s8(b + 16));
-    return vaddvq_s32(acc);
+    return pi_neon_dot_halves(vld1q_s8(a), vld1q_s8(a + 16), b);
+}
+
+/* 4 fp16 at p (any alignment) -> f32 (exact) */
+static inline float32x4_t pi_neon_load4_f16(const void *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8((const uint8_t *)p)));
+}
+
+/* 32 int32 lanes (each in -128..127) -> 32 bytes in order */
+static inline void pi_neon_store_i8x32(const int32x4_t v[8], int8_t *q) {
+    for (int k = 0; k < 8; k += 2) vst1_s8(q + 4 * k, vmovn_s16(vcombine_s16(vmovn_s32(v[k]), vmovn_s32(v[k + 1]))));
 }
 
 /* 16 bytes of packed nibbles -> the low nibbles (elements 0..15) and the high ones (16..31), unsigned */
@@ -90,18 +103,40 @@ static inline void pi_neon_signed_dot32(const int8_t *vals, uint32_t signs, cons
     }
 }
 
+/* y[j] = fma(s, q_j, y[j]) for j < 16: 16 int8 values added to 16 outputs, one fma per element (the axpy order) */
+static inline void pi_neon_axpy16(float s, int8x16_t q, float *y) {
+    const int16x8_t q0 = vmovl_s8(vget_low_s8(q)), q1 = vmovl_high_s8(q);
+    vst1q_f32(y, vfmaq_n_f32(vld1q_f32(y), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q0))), s));
+    vst1q_f32(y + 4, vfmaq_n_f32(vld1q_f32(y + 4), vcvtq_f32_s32(vmovl_high_s16(q0)), s));
+    vst1q_f32(y + 8, vfmaq_n_f32(vld1q_f32(y + 8), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q1))), s));
+    vst1q_f32(y + 12, vfmaq_n_f32(vld1q_f32(y + 12), vcvtq_f32_s32(vmovl_high_s16(q1)), s));
+}
+
 /* y[j] = fma(s, lo_j - 8, y[j]) for j < 16 and y[16 + j] = fma(s, hi_j - 8, y[16 + j]): 16 bytes of Q4_0 nibbles
- * added to 32 outputs, one fma per element (pi_axpy_q4_0's order) */
+ * added to 32 outputs (pi_axpy_q4_0's order) */
 static inline void pi_neon_axpy_nibbles(float s, uint8x16_t bytes, float *y) {
-    const int8x16_t q[2] = { vsubq_s8(vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(0x0f))), vdupq_n_s8(8)),
-                             vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), vdupq_n_s8(8)) };
-    for (int h = 0; h < 2; h++) {
-        const int16x8_t q0 = vmovl_s8(vget_low_s8(q[h])), q1 = vmovl_high_s8(q[h]);
-        float *yh = y + 16 * h;
-        vst1q_f32(yh, vfmaq_n_f32(vld1q_f32(yh), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q0))), s));
-        vst1q_f32(yh + 4, vfmaq_n_f32(vld1q_f32(yh + 4), vcvtq_f32_s32(vmovl_high_s16(q0)), s));
-        vst1q_f32(yh + 8, vfmaq_n_f32(vld1q_f32(yh + 8), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q1))), s));
-        vst1q_f32(yh + 12, vfmaq_n_f32(vld1q_f32(yh + 12), vcvtq_f32_s32(vmovl_high_s16(q1)), s));
+    pi_neon_axpy16(s, vsubq_s8(vreinterpretq_s8_u8(vandq_u8(bytes, vdupq_n_u8(0x0f))), vdupq_n_s8(8)), y);
+    pi_neon_axpy16(s, vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4)), vdupq_n_s8(8)), y + 16);
+}
+
+/* The column layouts (Q4_0C, Q4_KC, Q6_KC): a row's 32 bytes of a chunk -> its 64 nibbles, outputs 0-15, 16-31,
+ * 32-47, 48-63 (byte j: output j in the low nibble, 32 + j in the high one) */
+static inline void pi_neon_nibbles64(const uint8_t *r, uint8x16_t L[4]) {
+    const uint8x16_t b0 = vld1q_u8(r), b1 = vld1q_u8(r + 16);
+    L[0] = vandq_u8(b0, vdupq_n_u8(0x0f));
+    L[1] = vandq_u8(b1, vdupq_n_u8(0x0f));
+    L[2] = vshrq_n_u8(b0, 4);
+    L[3] = vshrq_n_u8(b1, 4);
+}
+
+/* s16[i] (outputs 8i .. 8i + 7 of a chunk) += q times the row's nibbles at r: one row of an int16 run */
+static inline void pi_neon_mla_nibbles64(int16x8_t s16[8], const uint8_t *r, int8_t q) {
+    uint8x16_t L[4];
+    pi_neon_nibbles64(r, L);
+    const int8x8_t qv = vdup_n_s8(q);
+    for (int g = 0; g < 4; g++) {
+        s16[2 * g] = vmlal_s8(s16[2 * g], vreinterpret_s8_u8(vget_low_u8(L[g])), qv);
+        s16[2 * g + 1] = vmlal_s8(s16[2 * g + 1], vreinterpret_s8_u8(vget_high_u8(L[g])), qv);
     }
 }
 

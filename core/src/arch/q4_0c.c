@@ -214,17 +214,8 @@ void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a
         for (int k0 = 0; k0 < count; k0 += 16) {
             int16x8_t s16[8];   /* outputs 64c + 8i .. + 7 */
             for (int i = 0; i < 8; i++) s16[i] = vdupq_n_s16(0);
-            for (int k = k0; k < PI_MIN(count, k0 + 16); k++) {
-                const uint8_t *r = (const uint8_t *)rows[k] + 32 * c;
-                const int8x8_t mk = vdup_n_s8(m[k]);
-                const uint8x16_t b0 = vld1q_u8(r), b1 = vld1q_u8(r + 16);
-                const uint8x16_t q[4] = { vandq_u8(b0, vdupq_n_u8(0x0f)), vandq_u8(b1, vdupq_n_u8(0x0f)),
-                                          vshrq_n_u8(b0, 4), vshrq_n_u8(b1, 4) };   /* outputs 0-15, 16-31, 32-47, 48-63 */
-                for (int g = 0; g < 4; g++) {
-                    s16[2 * g] = vmlal_s8(s16[2 * g], vreinterpret_s8_u8(vget_low_u8(q[g])), mk);
-                    s16[2 * g + 1] = vmlal_s8(s16[2 * g + 1], vreinterpret_s8_u8(vget_high_u8(q[g])), mk);
-                }
-            }
+            for (int k = k0; k < PI_MIN(count, k0 + 16); k++)
+                pi_neon_mla_nibbles64(s16, (const uint8_t *)rows[k] + 32 * c, m[k]);
             for (int i = 0; i < 8; i++) {
                 acc[2 * i] = vaddw_s16(acc[2 * i], vget_low_s16(s16[i]));
                 acc[2 * i + 1] = vaddw_high_s16(acc[2 * i + 1], s16[i]);
@@ -232,7 +223,7 @@ void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a
         }
         for (int i = 0; i < 16; i++) {
             const int64_t e = 64 * c + 4 * i;
-            const float32x4_t d = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scales + e))), vS);
+            const float32x4_t d = vmulq_f32(pi_neon_load4_f16(scales + e), vS);
             vst1q_f32(y + e, vfmaq_f32(vld1q_f32(y + e), d, vcvtq_f32_s32(vsubq_s32(acc[i], m8))));
         }
     }

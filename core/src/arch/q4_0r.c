@@ -408,8 +408,7 @@ float pi_vec_dot_q4_0r_q8_0p(int64_t n, const void *w, const void *x) {
                 i = pi_neon_sdot(i, vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(0x0f))), vld1q_s8(b[s].qs[m][4 * h]));
                 i = pi_neon_sdot(i, vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vld1q_s8(b[s].qs[4 + m][4 * h]));
             }
-            const float32x4_t d = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(a[s].d + 4 * h))),
-                                            vld1q_f32(b[s].d + 4 * h));
+            const float32x4_t d = vmulq_f32(pi_neon_load4_f16(a[s].d + 4 * h), vld1q_f32(b[s].d + 4 * h));
             acc[h] = vfmaq_f32(acc[h], d, vcvtq_f32_s32(i));
         }
     return pi_neon_tree8(acc[0], acc[1]);

@@ -270,8 +270,7 @@ static inline int32_t quantize_block_q8(const float *x, uint16_t *d_out, int8_t 
         q[k] = ties_even ? vcvtnq_s32_f32(y) : vcvtaq_s32_f32(y);   /* nearest even (rintf) / away (roundf) */
         sum = vaddq_s32(sum, q[k]);
     }
-    for (int k = 0; k < 8; k += 2)
-        vst1_s8(qs + 4 * k, vmovn_s16(vcombine_s16(vmovn_s32(q[k]), vmovn_s32(q[k + 1]))));
+    pi_neon_store_i8x32(q, qs);
     return vaddvq_s32(sum);
 #else
     float amax = 0.0f;
@@ -346,7 +345,7 @@ float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x) {
 #elif PI_NEON
         int8x16_t lo, hi;
         pi_neon_nibbles(a[i].qs, &lo, &hi);
-        s = vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
+        s = pi_neon_dot_halves(lo, hi, b[i].qs);
 #else
         s = 0;
         for (int j = 0; j < PI_QK4_0 / 2; j++)
@@ -767,15 +766,7 @@ void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y) {
 #elif PI_NEON
     for (; b < nb; b++) {
         const float s = a * pi_fp16_to_f32(x[b].d);
-        for (int h = 0; h < 2; h++) {
-            const int8x16_t q = vld1q_s8(x[b].qs + 16 * h);
-            const int16x8_t q0 = vmovl_s8(vget_low_s8(q)), q1 = vmovl_high_s8(q);
-            float *yb = y + b * PI_QK8_0 + 16 * h;
-            vst1q_f32(yb, vfmaq_n_f32(vld1q_f32(yb), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q0))), s));
-            vst1q_f32(yb + 4, vfmaq_n_f32(vld1q_f32(yb + 4), vcvtq_f32_s32(vmovl_high_s16(q0)), s));
-            vst1q_f32(yb + 8, vfmaq_n_f32(vld1q_f32(yb + 8), vcvtq_f32_s32(vmovl_s16(vget_low_s16(q1))), s));
-            vst1q_f32(yb + 12, vfmaq_n_f32(vld1q_f32(yb + 12), vcvtq_f32_s32(vmovl_high_s16(q1)), s));
-        }
+        for (int h = 0; h < 2; h++) pi_neon_axpy16(s, vld1q_s8(x[b].qs + 16 * h), y + b * PI_QK8_0 + 16 * h);
     }
 #endif
     for (; b < nb; b++) {   /* fused like the SIMD path, so both give the same bits */

@@ -122,7 +122,7 @@ static inline int32_t neon_dot_5bit(const uint8_t *qs, const uint8_t *qh_bytes, 
     pi_neon_nibbles(qs, &lo, &hi);
     lo = vorrq_s8(lo, vreinterpretq_s8_u8(pi_neon_bits16(qh)));
     hi = vorrq_s8(hi, vreinterpretq_s8_u8(pi_neon_bits16(qh >> 16)));
-    return vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+    return pi_neon_dot_halves(lo, hi, y);
 }
 /* sum v y over a block of IQ4 nibbles (16 bytes), v = PI_IQ4_VALUES[q] */
 static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) {
@@ -131,7 +131,7 @@ static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) {
     pi_neon_nibbles(qs, &lo, &hi);
     lo = vqtbl1q_s8(grid, vreinterpretq_u8_s8(lo));
     hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(hi));
-    return vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+    return pi_neon_dot_halves(lo, hi, y);
 }
 #endif
 
@@ -238,7 +238,7 @@ static inline __attribute__((always_inline)) float q4_1_family_dot(int64_t n, co
         else {
             int8x16_t lo, hi;
             pi_neon_nibbles(dm->qs, &lo, &hi);
-            s = vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(b[i].qs)), hi, vld1q_s8(b[i].qs + 16)));
+            s = pi_neon_dot_halves(lo, hi, b[i].qs);
         }
 #else
         uint8_t u[PI_QK];
@@ -1284,7 +1284,7 @@ float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x) {
 
 #if defined(__AVX2__)
 /* The largest |x[i]| of n (a multiple of 8) floats: exact in any order; max_ps(v, acc) keeps acc where v is NaN,
- * as the scalar references' compares (NaN does not count). */
+ * as the scalar references' compares (NaN does not count; NEON: FMAXNM). */
 static inline float amax_ps(const float *x, int n) {
     __m256 acc = _mm256_setzero_ps();
     for (int k = 0; k < n; k += 8)
@@ -1292,6 +1292,12 @@ static inline float amax_ps(const float *x, int n) {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+#elif PI_NEON
+static inline float amax_ps(const float *x, int n) {
+    float32x4_t m = vdupq_n_f32(0);
+    for (int k = 0; k < n; k += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(x + k)));
+    return vmaxnmvq_f32(m);
 }
 #endif
 
@@ -1331,8 +1337,7 @@ static inline void neon_quantize32(const float *x, float iscale, int8_t *q, cons
         const float32x4_t p = vmulq_n_f32(vld1q_f32(x + 4 * k), iscale);
         v[k] = vcvtnq_s32_f32(nan_low ? vminnmq_f32(vmaxnmq_f32(p, lo), hi) : vminq_f32(vmaxq_f32(p, lo), hi));
     }
-    for (int k = 0; k < 8; k += 2)
-        vst1_s8(q + 4 * k, vmovn_s16(vcombine_s16(vmovn_s32(v[k]), vmovn_s32(v[k + 1]))));
+    pi_neon_store_i8x32(v, q);
 }
 #endif
 
@@ -1343,12 +1348,8 @@ void pi_q8_Km_from_f32(const float *src, void *dst, int64_t n) {
         for (int j = 0; j < PI_QK_K / 32; j++) {
             const float *xj = src + 32 * j;
             float a = 0.0f;
-#if defined(__AVX2__)
+#if defined(__AVX2__) || PI_NEON
             a = amax_ps(xj, 32);
-#elif PI_NEON
-            float32x4_t mx = vdupq_n_f32(0);
-            for (int k = 0; k < 32; k += 4) mx = vmaxnmq_f32(mx, vabsq_f32(vld1q_f32(xj + k)));   /* NaN: not counted */
-            a = vmaxnmvq_f32(mx);
 #else
             for (int i = 0; i < 32; i++) a = fabsf(xj[i]) > a ? fabsf(xj[i]) : a;
 #endif
@@ -1429,9 +1430,7 @@ void pi_quantize_row_q8_K(const float *src, void *dst, int64_t n) {
 #elif PI_NEON
     pi_block_q8_K *y = dst;
     for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
-        float32x4_t mx = vdupq_n_f32(0);
-        for (int j = 0; j < PI_QK_K; j += 4) mx = vmaxnmq_f32(mx, vabsq_f32(vld1q_f32(src + j)));   /* NaN: not counted */
-        const float amax = vmaxnmvq_f32(mx);
+        const float amax = amax_ps(src, PI_QK_K);
         if (amax == 0.0f) {
             memset(&y[b], 0, sizeof y[b]);
             continue;

@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSROOT = "/usr/aarch64-linux-gnu"
 
 LEVELS = ("scalar", "neon", "dotprod")
-# (label, driver arguments without reps): one token per weight type (rows go one by one at every aarch64 level, so
-# a prompt of T tokens costs about T times as much: 8 tokens measured 7.7-8.0x)
-CASES = [(f"mul_mat {t} 1024x256 t1", ["mul_mat", t, "1024", "256", "1"])
-         for t in ("f16", "q8_0", "q4_0", "q5_0", "q4_K", "q5_K", "q6_K")]
+# (label, driver arguments without reps): one token per weight type, and a prompt's 8 tokens (one 8-row kernel call
+# per 8 rows where the level has one; rows one by one otherwise, about 8 times one token's count)
+CASES = [(f"mul_mat {t} 1024x256 t{n}", ["mul_mat", t, "1024", "256", str(n)])
+         for n in (1, 8) for t in ("f16", "q8_0", "q4_0", "q5_0", "q4_K", "q5_K", "q6_K")]
 CASES += [("attention f16 hd128 512 cells", ["attention", "128", "512"])]
 
 

@@ -86,16 +86,22 @@ static void emit(const char *name, const float *v, int64_t n) {
 
 static pi_threadpool *pool;
 
+static void case_mul_mat_k(int32_t type, int64_t K, int64_t T, const char *name);
+
 static void case_mul_mat(int32_t type, int64_t T) {
-    const int64_t K = 512, N = 24;   /* 2 super-blocks of 256 per row: every format, several blocks */
+    char name[64];
+    snprintf(name, sizeof name, "mul_mat.%s.t%lld", pi_type_name(type), (long long)T);
+    case_mul_mat_k(type, 512, T, name);   /* 2 super-blocks of 256 per row: every format, several blocks */
+}
+
+static void case_mul_mat_k(int32_t type, int64_t K, int64_t T, const char *name) {
+    const int64_t N = 24;
     float *w = rng_array(K * N, 1.0f, 100 + (uint64_t)type);
     float *x = rng_array(K * T, 2.0f, 200 + (uint64_t)T);
     float *y = calloc((size_t)(N * T), sizeof(float));
     void *wq = quantize(type, w, K, N);
     pi_tensor tw = tensor(type, K, N, 1, wq), tx = tensor(PI_TYPE_F32, K, T, 1, x), ty = tensor(PI_TYPE_F32, N, T, 1, y);
     check(pi_op_mul_mat(pool, &tw, &tx, &ty), "mul_mat");
-    char name[64];
-    snprintf(name, sizeof name, "mul_mat.%s.t%lld", pi_type_name(type), (long long)T);
     emit(name, y, N * T);
     free(w); free(x); free(y); free(wq);
 }
@@ -372,6 +378,17 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof col_types / sizeof *col_types; i++) {
         case_sparse_cols(col_types[i], 1);
         case_sparse_cols(col_types[i], 3);
+    }
+    /* rows of 11 blocks of 32 (a tail after 8 blocks; f16: 4 elements after the last 8) and 6 tokens (8-row kernel
+     * calls of 6, and of token pairs) */
+    const int32_t block_types[] = { PI_TYPE_F16, PI_TYPE_BF16, PI_TYPE_Q4_0, PI_TYPE_Q8_0, PI_TYPE_Q4_1, PI_TYPE_Q5_0,
+                                    PI_TYPE_Q5_1 };
+    for (size_t i = 0; i < sizeof block_types / sizeof *block_types; i++) {
+        const int32_t t = block_types[i];
+        const int64_t K = t == PI_TYPE_F16 || t == PI_TYPE_BF16 ? 356 : 352;
+        char name[64];
+        snprintf(name, sizeof name, "mul_mat.%s.k%lld.t6", pi_type_name(t), (long long)K);
+        case_mul_mat_k(t, K, 6, name);
     }
 
     pi_threadpool_free(pool);

@@ -15,8 +15,8 @@
 #endif
 
 /* The aarch64 levels neon (Armv8.0 Advanced SIMD) and dotprod (+ the Armv8.2 dot product, SDOT): NEON bodies for the
- * single-row kernels (arch/neon_util.h; without SDOT an exact emulation of it), the scalar level's structure
- * otherwise: no 8-row kernels, no interleaved copies (level.c), the same bits. */
+ * single-row kernels (arch/neon_util.h; without SDOT an exact emulation of it) and 8-row kernels over the file's rows
+ * (4 rows a pass, lane k of a register for row k), no interleaved copies (level.c), the same bits. */
 #if defined(__aarch64__) && defined(__ARM_NEON) && PI_LEVEL_AARCH64_SIMD
 #define PI_NEON 1
 #include "neon_util.h"
@@ -115,17 +115,43 @@ static void pi_tiles_prep_q8_1(int64_t n, const void *row, int r, char *tile);
 static void pi_tiles_prep_q8_K(int64_t n, const void *row, int r, char *tile);
 static void pi_tiles_prep_q8_Km(int64_t n, const void *row, int r, char *tile);
 #endif
-/* ---- 8-row kernels (arch/rows8.c, vec_dot.c); AVX2 and up ---- */
-#if PI_HAVE_ROWS8
+/* ---- 8-row kernels (arch/rows8.c, rows8_k.c, vec_dot.c); AVX2 and up, and these at the aarch64 levels too ---- */
+#if PI_HAVE_ROWS8 || PI_NEON
 static void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                              float *y, int64_t y_stride);
-static void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
-static void pi_axpy8_q8_0(int64_t n, const float *a, const void *const *rows, float *y);
-static void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
+static void pi_vec_dot8_iq4_nl_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                     float *y, int64_t y_stride);   /* rows8.c: Q4_0's kernel with the grid */
 static void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                           int64_t y_stride);
 static void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride);
+static void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);   /* rows8_k.c */
+static void pi_vec_dot8_q4_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                  float *y, int64_t y_stride);
+static void pi_vec_dot8_q5_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                  float *y, int64_t y_stride);
+static void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                            float *y, int64_t y_stride);
+static void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);
+static void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                           float *y, int64_t y_stride);
+static void pi_vec_dot8_iq4_xs_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
+static void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y);
+#endif
+#if PI_HAVE_ROWS8
+static void pi_axpy8_q4_0(int64_t n, const float *a, const void *const *rows, float *y);
+static void pi_axpy8_q8_0(int64_t n, const float *a, const void *const *rows, float *y);
 #endif
 /* ---- the sparse FFN's Q4_0 layout (arch/q4_0r.c); n a multiple of 256 ---- */
 static void pi_q4_0r_from_q4_0(int64_t n, const void *src, void *dst);
@@ -192,34 +218,6 @@ static bool pi_iq2_xs_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, 
 static bool pi_iq2_s_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_iq1_s_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_iq1_m_to_q8_kw(int64_t k, const void *w, int64_t stride, int n, void *dst);
-
-/* ---- 8-row kernels (arch/rows8_k.c, pi_vec_dot8_fn), AVX2 only ---- */
-#if PI_HAVE_ROWS8
-static void pi_vec_dot8_q4_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride);
-static void pi_vec_dot8_q5_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                  float *y, int64_t y_stride);
-static void pi_vec_dot8_q5_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                            float *y, int64_t y_stride);
-static void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-static void pi_vec_dot8_iq4_nl_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                     float *y, int64_t y_stride);   /* rows8.c: Q4_0's kernel with the grid */
-static void pi_vec_dot8_iq4_xs_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                    float *y, int64_t y_stride);
-static void pi_vec_dot8_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-static void pi_vec_dot8_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-static void pi_vec_dot8_q4_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-static void pi_vec_dot8_q5_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-static void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                           float *y, int64_t y_stride);
-static void pi_vec_dot8_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
-                                   float *y, int64_t y_stride);
-#endif
 
 static void pi_axpy_q4_1(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_q5_0(int64_t n, float a, const void *row, float *y);

@@ -36,7 +36,7 @@
 #define ROWS16(kernel) NULL
 #endif
 #if PI_NEON
-#define REPACK(kernel) NULL   /* no NEON kernels for the interleaved groups: the file's rows, row by row */
+#define REPACK(kernel) NULL   /* no NEON kernels for the interleaved groups: the file's rows, 8 at a time */
 #else
 #define REPACK(kernel) kernel
 #endif
@@ -48,7 +48,12 @@
 #if PI_HAVE_ROWS8
 #define ROWS8(kernel) kernel
 #else
-#define ROWS8(kernel) NULL   /* scalar: row by row with vec_dot, the same bits */
+#define ROWS8(kernel) NULL   /* scalar and the aarch64 levels: row by row with vec_dot / axpy, the same bits */
+#endif
+#if PI_HAVE_ROWS8 || PI_NEON
+#define ROWS8_NEON(kernel) kernel   /* an 8-row kernel the aarch64 levels have too */
+#else
+#define ROWS8_NEON(kernel) NULL
 #endif
 
 #define PI_TABLE_NAME(level) PI_TABLE_NAME_(level)
@@ -58,38 +63,38 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .type = {
         /*                 vec_dot                   axpy */
         [PI_TYPE_F32]  = { pi_vec_dot_f32_f32,    pi_axpy_f32_row },
-        [PI_TYPE_F16]  = { pi_vec_dot_f16_f32,    pi_axpy_f16,  .vec_dot8 = ROWS8(pi_vec_dot8_f16_f32),
-                           .axpy8 = ROWS8(pi_axpy8_f16), .repack = REPACK(pi_repack_16bit_x8),
+        [PI_TYPE_F16]  = { pi_vec_dot_f16_f32,    pi_axpy_f16,  .vec_dot8 = ROWS8_NEON(pi_vec_dot8_f16_f32),
+                           .axpy8 = ROWS8_NEON(pi_axpy8_f16), .repack = REPACK(pi_repack_16bit_x8),
                            .from_f32 = F16_FROM_F32 },
-        [PI_TYPE_BF16] = { pi_vec_dot_bf16_f32,   pi_axpy_bf16, .vec_dot8 = ROWS8(pi_vec_dot8_bf16_f32),
+        [PI_TYPE_BF16] = { pi_vec_dot_bf16_f32,   pi_axpy_bf16, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_bf16_f32),
                            .repack = REPACK(pi_repack_16bit_x8) },
-        [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8(pi_vec_dot8_q4_0_q8_0s),
+        [PI_TYPE_Q4_0] = { pi_vec_dot_q4_0_q8_0s, pi_axpy_q4_0, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q4_0_q8_0s),
                            .axpy8 = ROWS8(pi_axpy8_q4_0), .repack = REPACK(pi_repack8_q4_0x8) },
-        [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0s,  pi_axpy_q8_0, .vec_dot8 = ROWS8(pi_vec_dot8_q8_0_q8_0s),
+        [PI_TYPE_Q8_0] = { pi_vec_dot_q8_0_q8_0s,  pi_axpy_q8_0, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q8_0_q8_0s),
                            .axpy8 = ROWS8(pi_axpy8_q8_0),
                            .tiles_rows = AMX(pi_tiles_rows_q8_0_q8_0s),
                            .from_f32 = pi_quantize_row_q8_0, .repack = REPACK(pi_repack_q8_0x16) },
-        [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1, .vec_dot8 = ROWS8(pi_vec_dot8_q4_1_q8_1),
+        [PI_TYPE_Q4_1] = { pi_vec_dot_q4_1_q8_1,  pi_axpy_q4_1, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q4_1_q8_1),
                            .tiles_rows = AMX(pi_tiles_rows_q4_1_q8_1), .repack = REPACK(pi_repack_q4_1x16) },
-        [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8(pi_vec_dot8_q5_0_q8_0s),
+        [PI_TYPE_Q5_0] = { pi_vec_dot_q5_0_q8_0s, pi_axpy_q5_0, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q5_0_q8_0s),
                            .tiles_rows = AMX(pi_tiles_rows_q5_0_q8_0s), .repack = REPACK(pi_repack_q5_0x16) },
-        [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1, .vec_dot8 = ROWS8(pi_vec_dot8_q5_1_q8_1),
+        [PI_TYPE_Q5_1] = { pi_vec_dot_q5_1_q8_1,  pi_axpy_q5_1, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q5_1_q8_1),
                            .tiles_rows = AMX(pi_tiles_rows_q5_1_q8_1), .repack = REPACK(pi_repack_q5_1x16) },
         [PI_TYPE_Q8_1] = { pi_vec_dot_q8_1_q8_1,  pi_axpy_q8_1, .tiles_prep = AMX(pi_tiles_prep_q8_1),
                            .tiles_unit = PI_QK, .tiles_unit_bytes = 32 * sizeof(float) },
-        [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8(pi_vec_dot8_q2_K_q8_K),
+        [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q2_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q2_K_q8_K) },
-        [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8(pi_vec_dot8_q3_K_q8_K),
+        [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q3_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q3_K_q8_K) },
-        [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8(pi_vec_dot8_q4_K_q8_K),
+        [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q4_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q4_K_q8_K), .repack = REPACK(pi_repack_q4_Kx16) },
-        [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8(pi_vec_dot8_q5_K_q8_K),
+        [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q5_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q5_K_q8_K), .repack = REPACK(pi_repack_q5_Kx16) },
-        [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8(pi_vec_dot8_q6_K_q8_K),
+        [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q6_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16) },
-        [PI_TYPE_IQ4_NL] = { pi_vec_dot_iq4_nl_q8_0s, pi_axpy_iq4_nl, .vec_dot8 = ROWS8(pi_vec_dot8_iq4_nl_q8_0s),
+        [PI_TYPE_IQ4_NL] = { pi_vec_dot_iq4_nl_q8_0s, pi_axpy_iq4_nl, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_nl_q8_0s),
                              .repack = REPACK(pi_repack8_q4_0x8) /* the same block bytes */ },
-        [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8(pi_vec_dot8_iq4_xs_q8_K),
+        [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_xs_q8_K),
                              .repack = REPACK(pi_repack_iq4_xsx16) },
         /* no 8-row kernels: prompts convert rows to Q6_K (to_batch) and run its kernels */
         [PI_TYPE_IQ3_XXS] = { pi_vec_dot_iq3_xxs_q8_K, pi_axpy_iq3_xxs, .to_batch = pi_iq3_xxs_to_q6_K },
@@ -111,7 +116,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                              .tiles = AMX(pi_tiles_q4_0x8_q8_0s) },
         [PI_TYPE_IQ4_NLX8] = { .gemm8 = pi_gemm8_iq4_nlx8_q8_0s },
         [PI_TYPE_IQ4_XSX16] = { .gemm16 = pi_gemm16_iq4_xsx16_q8_K },
-        [PI_TYPE_Q8_KW]  = { pi_vec_dot_q8_kw_q8_K, .vec_dot8 = ROWS8(pi_vec_dot8_q8_kw_q8_K) },
+        [PI_TYPE_Q8_KW]  = { pi_vec_dot_q8_kw_q8_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q8_kw_q8_K) },
         [PI_TYPE_F16X8]  = { .gemm8 = pi_gemm8_f16x8_f32 },
         [PI_TYPE_BF16X8] = { .gemm8 = pi_gemm8_bf16x8_f32 },
         [PI_TYPE_Q8_0X16] = { .gemm16 = pi_gemm16_q8_0x16_q8_0s, .tiles = AMX(pi_tiles_q8_0x16_q8_0s) },

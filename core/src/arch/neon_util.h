@@ -42,6 +42,49 @@ static inline int32_t pi_neon_dot_halves(int8x16_t lo, int8x16_t hi, const int8_
     return vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
 }
 
+/* Four rows' blocks against one activation block: lane k = the exact sum of the 32 products lo[k] . y[0..15] +
+ * hi[k] . y[16..31] (the 8-row kernels: each row's block sum in its own lane, by three pairwise adds) */
+static inline int32x4_t pi_neon_rows4_sums(const int8x16_t lo[4], const int8x16_t hi[4], const int8_t *y) {
+    const int8x16_t y0 = vld1q_s8(y), y1 = vld1q_s8(y + 16);
+    int32x4_t p[4];
+    for (int k = 0; k < 4; k++) p[k] = pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo[k], y0), hi[k], y1);
+    return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+}
+
+/* The same for 16 elements: lane k = the exact sum of q[k] . y[0..15] */
+static inline int32x4_t pi_neon_rows4_sums16(const int8x16_t q[4], const int8_t *y) {
+    const int8x16_t y0 = vld1q_s8(y);
+    int32x4_t p[4];
+    for (int k = 0; k < 4; k++) p[k] = pi_neon_sdot(vdupq_n_s32(0), q[k], y0);
+    return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+}
+
+/* 16 int8 values of each of 4 rows (a block's 16 scales, or 8 scales and 8 mins) -> out[j], lane k = value j of row k
+ * (int32): the rows' per-sub-block scales laid out for the 8-row kernels' lanes, by two rounds of zips and widening */
+static inline void pi_neon_rows4_transpose16(const int8x16_t s[4], int32x4_t out[16]) {
+    const int16x8_t a = vreinterpretq_s16_s8(vzip1q_s8(s[0], s[1])), b = vreinterpretq_s16_s8(vzip2q_s8(s[0], s[1]));
+    const int16x8_t c = vreinterpretq_s16_s8(vzip1q_s8(s[2], s[3])), d = vreinterpretq_s16_s8(vzip2q_s8(s[2], s[3]));
+    const int8x16_t q[4] = { vreinterpretq_s8_s16(vzip1q_s16(a, c)), vreinterpretq_s8_s16(vzip2q_s16(a, c)),
+                             vreinterpretq_s8_s16(vzip1q_s16(b, d)), vreinterpretq_s8_s16(vzip2q_s16(b, d)) };
+    for (int m = 0; m < 4; m++) {   /* q[m]: values 4m..4m+3 of rows 0..3, a row's four bytes per value */
+        const int16x8_t lo = vmovl_s8(vget_low_s8(q[m])), hi = vmovl_high_s8(q[m]);
+        out[4 * m] = vmovl_s16(vget_low_s16(lo));
+        out[4 * m + 1] = vmovl_high_s16(lo);
+        out[4 * m + 2] = vmovl_s16(vget_low_s16(hi));
+        out[4 * m + 3] = vmovl_high_s16(hi);
+    }
+}
+
+/* four fp16 values (the four rows' block scales d or dmin) as one f32 register, lane k = *h[k] */
+static inline float32x4_t pi_neon_rows4_f16(const uint16_t *const h[4]) {
+    uint16x4_t v = vdup_n_u16(0);
+    v = vld1_lane_u16(h[0], v, 0);
+    v = vld1_lane_u16(h[1], v, 1);
+    v = vld1_lane_u16(h[2], v, 2);
+    v = vld1_lane_u16(h[3], v, 3);
+    return vcvt_f32_f16(vreinterpret_f16_u16(v));
+}
+
 /* the exact sum of the 32 products of two int8 blocks */
 static inline int32_t pi_neon_dot32(const int8_t *a, const int8_t *b) {
     return pi_neon_dot_halves(vld1q_s8(a), vld1q_s8(a + 16), b);

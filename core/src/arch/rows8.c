@@ -270,6 +270,59 @@ void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_
 
 #endif
 
+#if PI_NEON
+/* NEON (no interleaved copies at the aarch64 levels): 8 rows of Q4_0 (grid 0) or IQ4_NL (grid 1) blocks at any
+ * addresses, as two passes of 4 rows over the blocks. Per block the 4 rows' values are made once (8 registers) and
+ * serve every token; per token two SDOT per row give a row's block products as 4 lanes, and three pairwise adds put
+ * the 4 rows' exact block sums in the lanes of one register, so that lane r takes row r's step of the canonical order
+ * of pi_vec_dot_q4_0_q8_0s, acc = fma(d_w d_x, i - 8 s, acc) (IQ4_NL: i), in one vector fma. tok: a constant. */
+static inline __attribute__((always_inline)) void rows4_neon(int64_t nb, const pi_block_q4_0 *const r[4], const char *x,
+                                                             int64_t x_stride, const int tok, float *y,
+                                                             int64_t y_stride, const int grid) {
+    float32x4_t acc[PI_DOT8_MAX_T];
+    for (int t = 0; t < tok; t++) acc[t] = vdupq_n_f32(0.0f);
+    const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
+    for (int64_t b = 0; b < nb; b++) {
+        int8x16_t lo[4], hi[4];
+        const uint16_t *d[4] = { &r[0][b].d, &r[1][b].d, &r[2][b].d, &r[3][b].d };
+        for (int k = 0; k < 4; k++) {
+            pi_neon_nibbles(r[k][b].qs, &lo[k], &hi[k]);
+            if (grid) {
+                lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
+                hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
+            }
+        }
+        const float32x4_t dw = pi_neon_rows4_f16(d);
+        for (int t = 0; t < tok; t++) {
+            const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
+            int32x4_t i = pi_neon_rows4_sums(lo, hi, xb->qs);   /* lane k: row k's block sum */
+            if (!grid) i = vsubq_s32(i, vdupq_n_s32(8 * xb->s));
+            acc[t] = vfmaq_f32(acc[t], vmulq_n_f32(dw, pi_fp16_to_f32(xb->d)), vcvtq_f32_s32(i));
+        }
+    }
+    for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, acc[t]);
+}
+
+static inline __attribute__((always_inline)) void rows8_neon(int64_t n, const void *const *rows, const char *x,
+                                                             int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                             const int grid) {
+    const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
+    for (int k0 = 0; k0 < 8; k0 += 4)
+        switch (nt) {   /* the token count a constant in each copy, so the accumulators stay in registers */
+#define ROWS4_CASE(tok)                                                                                            \
+        case tok: rows4_neon(n / PI_QK4_0, r + k0, x, x_stride, tok, y + k0, y_stride, grid); break;
+        ROWS4_CASE(1) ROWS4_CASE(2) ROWS4_CASE(3) ROWS4_CASE(4) ROWS4_CASE(5) ROWS4_CASE(6) ROWS4_CASE(7)
+        default: rows4_neon(n / PI_QK4_0, r + k0, x, x_stride, PI_DOT8_MAX_T, y + k0, y_stride, grid); break;
+#undef ROWS4_CASE
+        }
+}
+
+void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { rows8_neon(n, rows, x, x_stride, nt, y, y_stride, 0); }
+void pi_vec_dot8_iq4_nl_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) { rows8_neon(n, rows, x, x_stride, nt, y, y_stride, 1); }
+#endif
+
 void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group) {
     pi_interleave_blocks(n / PI_QK4_0, rows, 8, sizeof(pi_block_q4_0), group);
 }

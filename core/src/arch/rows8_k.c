@@ -703,3 +703,358 @@ static inline __attribute__((always_inline)) void iq4_xs_rows8(int64_t n, const 
 K_ROWS8(iq4_xs, iq4_xs_rows8, 0, pi_vec_dot_iq4_xs_q8_K)
 
 #endif
+
+#if PI_NEON
+/* Q8_0, Q5_0 (. Q8_0S), Q4_1 and Q5_1 (. Q8_1) on the aarch64 levels: 8 rows as two passes of 4 (rows8.c's NEON
+ * scheme: lane k of a register for row k, each row's block sum by pi_neon_rows4_sums). Their canonical orders keep 8
+ * partial sums per (row, token), p[b % 8] (pi_vec_dot_q8_0_q8_0s, pi_vec_dot_q5_0_q8_0s, q4_1_family_dot): here 8
+ * registers per token (lane k: row k's), so blocks of 2 tokens, each block's float step for the 4 rows at once; at
+ * the end each row's p goes through pi_tree8. */
+enum { B32_Q8_0, B32_Q5_0, B32_Q4_1, B32_Q5_1 };   /* which type a b32_rows4_neon instance reads */
+
+/* block b's values for rows r[0..3] (elements 0..15: lo, 16..31: hi; unsigned for all but Q8_0) and d / m as lanes */
+static inline __attribute__((always_inline)) void b32_rows4_block(const char *const *r, int64_t b, const int type,
+                                                                  int8x16_t lo[4], int8x16_t hi[4], float32x4_t *dw,
+                                                                  float32x4_t *mw) {
+    const int64_t bytes = type == B32_Q8_0 ? (int64_t)sizeof(pi_block_q8_0) : type == B32_Q5_0 ? (int64_t)sizeof(pi_block_q5_0)
+                        : type == B32_Q4_1 ? (int64_t)sizeof(pi_block_q4_1) : (int64_t)sizeof(pi_block_q5_1);
+    const uint16_t *d[4], *m[4];
+    for (int k = 0; k < 4; k++) {
+        const char *blk = r[k] + b * bytes;
+        d[k] = (const uint16_t *)blk;       /* d first in every one */
+        m[k] = (const uint16_t *)blk + 1;   /* Q4_1, Q5_1: m second */
+        if (type == B32_Q8_0) {
+            lo[k] = vld1q_s8(((const pi_block_q8_0 *)blk)->qs);
+            hi[k] = vld1q_s8(((const pi_block_q8_0 *)blk)->qs + 16);
+            continue;
+        }
+        const uint8_t *qs = type == B32_Q5_0 ? ((const pi_block_q5_0 *)blk)->qs
+                          : type == B32_Q4_1 ? ((const pi_block_q4_1 *)blk)->qs : ((const pi_block_q5_1 *)blk)->qs;
+        pi_neon_nibbles(qs, &lo[k], &hi[k]);
+        if (type != B32_Q4_1) {   /* the fifth bits */
+            uint32_t qh;
+            memcpy(&qh, type == B32_Q5_0 ? ((const pi_block_q5_0 *)blk)->qh : ((const pi_block_q5_1 *)blk)->qh, 4);
+            lo[k] = vorrq_s8(lo[k], vreinterpretq_s8_u8(pi_neon_bits16(qh)));
+            hi[k] = vorrq_s8(hi[k], vreinterpretq_s8_u8(pi_neon_bits16(qh >> 16)));
+        }
+    }
+    *dw = pi_neon_rows4_f16(d);
+    if (type == B32_Q4_1 || type == B32_Q5_1) *mw = pi_neon_rows4_f16(m);
+}
+
+static inline __attribute__((always_inline)) void b32_rows4_neon(int64_t nb, const char *const *r, const char *x,
+                                                                 int64_t x_stride, const int tok, float *y,
+                                                                 int64_t y_stride, const int type) {
+    const bool q8_1 = type == B32_Q4_1 || type == B32_Q5_1;   /* the activations: Q8_1, else Q8_0S */
+    float32x4_t acc[2][8];   /* [token][b % 8] */
+    for (int j = 0; j < tok; j++)
+        for (int l = 0; l < 8; l++) acc[j][l] = vdupq_n_f32(0.0f);
+    for (int64_t b0 = 0; b0 < nb; b0 += 8)
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) {   /* unrolled: acc's index a constant */
+            const int64_t b = b0 + l;
+            if (b >= nb) break;
+            int8x16_t lo[4], hi[4];
+            float32x4_t dw, mw = vdupq_n_f32(0.0f);
+            b32_rows4_block(r, b, type, lo, hi, &dw, &mw);
+            for (int j = 0; j < tok; j++) {
+                const char *xb = x + j * x_stride;
+                if (q8_1) {
+                    const pi_block_q8_1 *a = (const pi_block_q8_1 *)xb + b;
+                    const float32x4_t i = vcvtq_f32_s32(pi_neon_rows4_sums(lo, hi, a->qs));
+                    acc[j][l] = vfmaq_n_f32(vfmaq_f32(acc[j][l], vmulq_n_f32(dw, a->d), i), mw, a->s);
+                } else {
+                    const pi_block_q8_0s *a = (const pi_block_q8_0s *)xb + b;
+                    int32x4_t i = pi_neon_rows4_sums(lo, hi, a->qs);
+                    if (type == B32_Q5_0) i = vsubq_s32(i, vdupq_n_s32(16 * a->s));
+                    acc[j][l] = vfmaq_f32(acc[j][l], vmulq_n_f32(dw, pi_fp16_to_f32(a->d)), vcvtq_f32_s32(i));
+                }
+            }
+        }
+    for (int j = 0; j < tok; j++) {
+        float p[8][4];   /* [b % 8][row] */
+        for (int l = 0; l < 8; l++) vst1q_f32(p[l], acc[j][l]);
+        for (int k = 0; k < 4; k++) {
+            const float pk[8] = { p[0][k], p[1][k], p[2][k], p[3][k], p[4][k], p[5][k], p[6][k], p[7][k] };
+            y[j * y_stride + k] = pi_tree8(pk);
+        }
+    }
+}
+
+#define B32_ROWS8_NEON(name, block_size, type)                                                                     \
+    void pi_vec_dot8_##name(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y, \
+                            int64_t y_stride) {                                                                    \
+        const char *const *r = (const char *const *)rows;                                                          \
+        for (int k0 = 0; k0 < 8; k0 += 4)                                                                          \
+            for (int t0 = 0; t0 < nt; t0 += 2) {                                                                   \
+                if (t0 + 1 < nt)                                                                                   \
+                    b32_rows4_neon(n / (block_size), r + k0, x + t0 * x_stride, x_stride, 2, y + t0 * y_stride + k0, \
+                                   y_stride, type);                                                                \
+                else                                                                                               \
+                    b32_rows4_neon(n / (block_size), r + k0, x + t0 * x_stride, x_stride, 1, y + t0 * y_stride + k0, \
+                                   y_stride, type);                                                                \
+            }                                                                                                      \
+    }
+B32_ROWS8_NEON(q8_0_q8_0s, PI_QK8_0, B32_Q8_0)
+B32_ROWS8_NEON(q5_0_q8_0s, PI_QK, B32_Q5_0)
+B32_ROWS8_NEON(q4_1_q8_1, PI_QK, B32_Q4_1)
+B32_ROWS8_NEON(q5_1_q8_1, PI_QK, B32_Q5_1)
+#undef B32_ROWS8_NEON
+
+/* The K-quants and IQ4_XS on the aarch64 levels: Q4_K / Q5_K (fifth: Q5_K's high bits) . Q8_KM, the others . Q8_K, 4 rows x up to 4 tokens a
+ * pass (twice for 8 rows, twice more for more than 4 tokens). A super-block's scales are decoded once per row and
+ * laid out by sub-block (lane k: row k), a sub-block's values once per row for every token; per token each
+ * sub-block's 4 row sums (pi_neon_rows4_sums) times the scales accumulate the exact integers sumi (and summ) of the
+ * single-row kernels in the lanes, then lane k takes row k's float step of k_term, sum += bd (d sumi - dmin summ)
+ * (Q6_K: sum += bd d sumi), in one vector step per token: the same bits. */
+#define K_TOK_MAX 4
+static inline __attribute__((always_inline)) void k4_rows4_neon(int64_t nb, const void *const *rows, const char *x,
+                                                                int64_t x_stride, const int tok, float *y,
+                                                                int64_t y_stride, const int fifth) {
+    float32x4_t sum[K_TOK_MAX];
+    for (int t = 0; t < tok; t++) sum[t] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs[4], *qh[4], *scales[4];
+        const uint16_t *d[4], *dmin[4];
+        for (int k = 0; k < 4; k++) {
+            if (fifth) {
+                const pi_block_q5_K *r = (const pi_block_q5_K *)rows[k] + b;
+                qs[k] = r->qs, qh[k] = r->qh, scales[k] = r->scales, d[k] = &r->d, dmin[k] = &r->dmin;
+            } else {
+                const pi_block_q4_K *r = (const pi_block_q4_K *)rows[k] + b;
+                qs[k] = r->qs, qh[k] = NULL, scales[k] = r->scales, d[k] = &r->d, dmin[k] = &r->dmin;
+            }
+        }
+        int32_t sc[8][4], mn[8][4];   /* [sub-block][row] (scalar here: 1.09x the instructions as a vector transpose) */
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 8; j++) {
+                uint8_t s_, m_;
+                pi_k4_scale_min(j, scales[k], &s_, &m_);
+                sc[j][k] = s_, mn[j][k] = m_;
+            }
+        const pi_block_q8_Km *xb[K_TOK_MAX];
+        int32x4_t sumi[K_TOK_MAX], summ[K_TOK_MAX];
+        for (int t = 0; t < tok; t++) {
+            xb[t] = (const pi_block_q8_Km *)(x + t * x_stride) + b;
+            sumi[t] = summ[t] = vdupq_n_s32(0);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {   /* sub-block j: bytes 32 (j / 2).. of qs, low nibbles for even j */
+            int8x16_t lo[4], hi[4];
+            for (int k = 0; k < 4; k++)
+                for (int h = 0; h < 2; h++) {
+                    const uint8x16_t v = vld1q_u8(qs[k] + 32 * (j / 2) + 16 * h);
+                    uint8x16_t q = j % 2 ? vshrq_n_u8(v, 4) : vandq_u8(v, vdupq_n_u8(0x0f));
+                    if (fifth) q = vorrq_u8(q, pi_neon_select_bit(vld1q_u8(qh[k] + 16 * h), (uint8_t)(1 << j), 16));
+                    (h ? hi : lo)[k] = vreinterpretq_s8_u8(q);
+                }
+            const int32x4_t scv = vld1q_s32(sc[j]), mnv = vld1q_s32(mn[j]);
+            for (int t = 0; t < tok; t++) {
+                const int32_t m = xb[t]->m[j];
+                sumi[t] = vmlaq_s32(sumi[t], pi_neon_rows4_sums(lo, hi, xb[t]->k.qs + 32 * j), vmulq_n_s32(scv, m));
+                summ[t] = vmlaq_n_s32(summ[t], mnv, m * (xb[t]->k.bsums[2 * j] + xb[t]->k.bsums[2 * j + 1]));
+            }
+        }
+        const float32x4_t dv = pi_neon_rows4_f16(d), dminv = pi_neon_rows4_f16(dmin);
+        for (int t = 0; t < tok; t++)
+            sum[t] = vaddq_f32(sum[t], vmulq_n_f32(vsubq_f32(vmulq_f32(dv, vcvtq_f32_s32(sumi[t])),
+                                                             vmulq_f32(dminv, vcvtq_f32_s32(summ[t]))), xb[t]->k.d));
+    }
+    for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, sum[t]);
+}
+
+/* Q2_K (mins), Q3_K, Q6_K and Q8_KW (IQ2 and IQ1 rows converted for prompts) . Q8_K: 16 sub-blocks of 16, sub-block
+ * 8h + 2g + k holding elements 128h + 32g + 16k .. + 15; k16_values makes a row's four sub-blocks 8h + k, + 2, + 4,
+ * + 6 (g = 0..3) as the unsigned u of value = u - K16_OFFSET (Q2_K 0, Q3_K 4, Q6_K 32, Q8_KW 64: u <= 107), whose
+ * - offset sum_j sc_j bsum_j is added to sumi once per token (the same exact integer) */
+enum { K16_Q2_K, K16_Q3_K, K16_Q6_K, K16_Q8_KW };
+#define K16_OFFSET(type) ((type) == K16_Q3_K ? 4 : (type) == K16_Q6_K ? 32 : (type) == K16_Q8_KW ? 64 : 0)
+static inline __attribute__((always_inline)) void k16_values(const void *block, int h, int k, const int type,
+                                                             int8x16_t u[4]) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m3 = vdupq_n_u8(3);
+    if (type == K16_Q6_K) {   /* 4 low bits | 2 high bits << 4, minus 32 */
+        const pi_block_q6_K *x = block;
+        const uint8x16_t ql0 = vld1q_u8(x->ql + 64 * h + 16 * k), ql1 = vld1q_u8(x->ql + 64 * h + 32 + 16 * k);
+        const uint8x16_t qh = vld1q_u8(x->qh + 32 * h + 16 * k);
+        const uint8x16_t v[4] = {
+            vorrq_u8(vandq_u8(ql0, m4), vshlq_n_u8(vandq_u8(qh, m3), 4)),
+            vorrq_u8(vandq_u8(ql1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 2), m3), 4)),
+            vorrq_u8(vshrq_n_u8(ql0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 4), m3), 4)),
+            vorrq_u8(vshrq_n_u8(ql1, 4), vshlq_n_u8(vshrq_n_u8(qh, 6), 4)),
+        };
+        for (int g = 0; g < 4; g++) u[g] = vreinterpretq_s8_u8(v[g]);
+        return;
+    }
+    if (type == K16_Q8_KW) {
+        for (int g = 0; g < 4; g++) u[g] = vld1q_s8((const int8_t *)((const pi_block_q8_kw *)block)->u + 128 * h + 32 * g + 16 * k);
+        return;
+    }
+    /* Q2_K: bits 2g of the bytes; Q3_K: the same + 4 * bit (4h + g) of hmask */
+    const uint8_t *qs = type == K16_Q2_K ? ((const pi_block_q2_K *)block)->qs : ((const pi_block_q3_K *)block)->qs;
+    const uint8x16_t q = vld1q_u8(qs + 32 * h + 16 * k);
+    for (int g = 0; g < 4; g++) {
+        uint8x16_t v = vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * g))), m3);
+        if (type == K16_Q3_K) {
+            const uint8x16_t hm = vld1q_u8(((const pi_block_q3_K *)block)->hmask + 16 * k);
+            v = vorrq_u8(v, pi_neon_select_bit(hm, (uint8_t)(1 << (4 * h + g)), 4));
+        }
+        u[g] = vreinterpretq_s8_u8(v);
+    }
+}
+
+static inline __attribute__((always_inline)) void k16_rows4_neon(int64_t nb, const void *const *rows, const char *x,
+                                                                 int64_t x_stride, const int tok, float *y,
+                                                                 int64_t y_stride, const int type) {
+    const int64_t bytes = type == K16_Q2_K ? (int64_t)sizeof(pi_block_q2_K) : type == K16_Q3_K ? (int64_t)sizeof(pi_block_q3_K)
+                        : type == K16_Q6_K ? (int64_t)sizeof(pi_block_q6_K) : (int64_t)sizeof(pi_block_q8_kw);
+    float32x4_t sum[K_TOK_MAX];
+    for (int t = 0; t < tok; t++) sum[t] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const void *r[4];
+        const uint16_t *d[4], *dmin[4];
+        float dw[4];   /* Q8_KW's f32 d */
+        int8x16_t s8[4], m8[4];   /* per row: the 16 scales (Q2_K: and mins) */
+        for (int k = 0; k < 4; k++) {
+            r[k] = (const char *)rows[k] + b * bytes;
+            if (type == K16_Q2_K) {
+                const pi_block_q2_K *q = r[k];
+                d[k] = &q->d, dmin[k] = &q->dmin;
+                const uint8x16_t v = vld1q_u8(q->scales);
+                s8[k] = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
+                m8[k] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+            } else if (type == K16_Q3_K) {
+                const pi_block_q3_K *q = r[k];
+                d[k] = dmin[k] = &q->d;
+                int8_t v[16];
+                for (int j = 0; j < 16; j++) v[j] = (int8_t)pi_k3_scale(j, q->scales);
+                s8[k] = vld1q_s8(v);
+            } else if (type == K16_Q6_K) {
+                const pi_block_q6_K *q = r[k];
+                d[k] = dmin[k] = &q->d;
+                s8[k] = vld1q_s8(q->scales);
+            } else {
+                const pi_block_q8_kw *q = r[k];
+                dw[k] = q->d;
+                s8[k] = vld1q_s8(q->scales);
+            }
+        }
+        int32x4_t sc[16], mn[16];   /* [sub-block]: lane k = row k's scale (Q2_K: and min) */
+        pi_neon_rows4_transpose16(s8, sc);
+        if (type == K16_Q2_K) pi_neon_rows4_transpose16(m8, mn);
+        const pi_block_q8_K *xb[K_TOK_MAX];
+        int32x4_t sumi[K_TOK_MAX], summ[K_TOK_MAX];
+        for (int t = 0; t < tok; t++) {
+            xb[t] = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            sumi[t] = summ[t] = vdupq_n_s32(0);
+            if (type == K16_Q2_K)
+                for (int j = 0; j < 16; j++) summ[t] = vmlaq_n_s32(summ[t], mn[j], xb[t]->bsums[j]);
+            if (K16_OFFSET(type)) {
+                int32x4_t off = vdupq_n_s32(0);
+                for (int j = 0; j < 16; j++) off = vmlaq_n_s32(off, sc[j], xb[t]->bsums[j]);
+                sumi[t] = vmulq_n_s32(off, -K16_OFFSET(type));
+            }
+        }
+        for (int h = 0; h < 2; h++)
+            for (int kk = 0; kk < 2; kk++) {
+                int8x16_t u[4][4];   /* [g][row] */
+                for (int k = 0; k < 4; k++) {
+                    int8x16_t v[4];
+                    k16_values(r[k], h, kk, type, v);
+                    for (int g = 0; g < 4; g++) u[g][k] = v[g];
+                }
+                for (int g = 0; g < 4; g++) {
+                    const int32x4_t scv = sc[8 * h + 2 * g + kk];
+                    for (int t = 0; t < tok; t++)
+                        sumi[t] = vmlaq_s32(sumi[t], pi_neon_rows4_sums16(u[g], xb[t]->qs + 128 * h + 32 * g + 16 * kk),
+                                            scv);
+                }
+            }
+        const float32x4_t dv = type == K16_Q8_KW ? vld1q_f32(dw) : pi_neon_rows4_f16(d);
+        if (type == K16_Q2_K) {
+            const float32x4_t dminv = pi_neon_rows4_f16(dmin);
+            for (int t = 0; t < tok; t++)
+                sum[t] = vaddq_f32(sum[t], vmulq_n_f32(vsubq_f32(vmulq_f32(dv, vcvtq_f32_s32(sumi[t])),
+                                                                 vmulq_f32(dminv, vcvtq_f32_s32(summ[t]))), xb[t]->d));
+        } else
+            for (int t = 0; t < tok; t++)
+                sum[t] = vaddq_f32(sum[t], vmulq_f32(vmulq_n_f32(dv, xb[t]->d), vcvtq_f32_s32(sumi[t])));
+    }
+    for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, sum[t]);
+}
+
+/* IQ4_XS . Q8_K: per sub-block of 32 the nibbles through the grid, scales ls_j - 32; Q6_K's float step */
+static inline __attribute__((always_inline)) void iq4_xs_rows4_neon(int64_t nb, const void *const *rows, const char *x,
+                                                                    int64_t x_stride, const int tok, float *y,
+                                                                    int64_t y_stride, const int unused) {
+    (void)unused;
+    const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
+    float32x4_t sum[K_TOK_MAX];
+    for (int t = 0; t < tok; t++) sum[t] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const pi_block_iq4_xs *r[4];
+        const uint16_t *d[4];
+        int32_t sc[8][4];   /* [sub-block][row] */
+        for (int k = 0; k < 4; k++) {
+            r[k] = (const pi_block_iq4_xs *)rows[k] + b;
+            d[k] = &r[k]->d;
+            for (int j = 0; j < 8; j++) sc[j][k] = pi_iq4_xs_scale(r[k], j);
+        }
+        const pi_block_q8_K *xb[K_TOK_MAX];
+        int32x4_t sumi[K_TOK_MAX];
+        for (int t = 0; t < tok; t++) {
+            xb[t] = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            sumi[t] = vdupq_n_s32(0);
+        }
+        for (int j = 0; j < 8; j++) {
+            int8x16_t lo[4], hi[4];
+            for (int k = 0; k < 4; k++) {
+                pi_neon_nibbles(r[k]->qs + 16 * j, &lo[k], &hi[k]);
+                lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
+                hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
+            }
+            const int32x4_t scv = vld1q_s32(sc[j]);
+            for (int t = 0; t < tok; t++)
+                sumi[t] = vmlaq_s32(sumi[t], pi_neon_rows4_sums(lo, hi, xb[t]->qs + 32 * j), scv);
+        }
+        const float32x4_t dv = pi_neon_rows4_f16(d);
+        for (int t = 0; t < tok; t++)
+            sum[t] = vaddq_f32(sum[t], vmulq_f32(vmulq_n_f32(dv, xb[t]->d), vcvtq_f32_s32(sumi[t])));
+    }
+    for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, sum[t]);
+}
+
+/* 8 rows x nt tokens through one of the above (body: a rows4 kernel, arg: its flag), 4 rows x K_TOK_MAX tokens a
+ * pass, the token count a constant in each copy. one_row (or NULL): the type's single-row dot, which one token takes
+ * instead where it costs fewer instructions (qemu counts, bench/README.md: Q6_K's decode 1.09x the single-row
+ * kernel's through the 4-row passes, whose sums per sub-block cost as much per row and whose values serve one token) */
+#define K_ROWS8_NEON(name, body, arg, one_row)                                                                     \
+    void pi_vec_dot8_##name(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y, \
+                            int64_t y_stride) {                                                                    \
+        pi_vec_dot_fn one = one_row;                                                                               \
+        if (one && nt == 1) {                                                                                      \
+            for (int k = 0; k < 8; k++) y[k] = one(n, rows[k], x);                                                 \
+            return;                                                                                                \
+        }                                                                                                          \
+        for (int k0 = 0; k0 < 8; k0 += 4)                                                                          \
+            for (int t0 = 0; t0 < nt; t0 += K_TOK_MAX) {                                                           \
+                const char *xt = x + t0 * x_stride;                                                                \
+                float *yt = y + t0 * y_stride + k0;                                                                \
+                switch (PI_MIN(K_TOK_MAX, nt - t0)) {                                                              \
+                case 1: body(n / PI_QK_K, rows + k0, xt, x_stride, 1, yt, y_stride, arg); break;                   \
+                case 2: body(n / PI_QK_K, rows + k0, xt, x_stride, 2, yt, y_stride, arg); break;                   \
+                case 3: body(n / PI_QK_K, rows + k0, xt, x_stride, 3, yt, y_stride, arg); break;                   \
+                default: body(n / PI_QK_K, rows + k0, xt, x_stride, 4, yt, y_stride, arg); break;                  \
+                }                                                                                                  \
+            }                                                                                                      \
+    }
+K_ROWS8_NEON(q4_K_q8_K, k4_rows4_neon, 0, NULL)
+K_ROWS8_NEON(q5_K_q8_K, k4_rows4_neon, 1, NULL)
+K_ROWS8_NEON(q2_K_q8_K, k16_rows4_neon, K16_Q2_K, pi_vec_dot_q2_K_q8_K)
+K_ROWS8_NEON(q3_K_q8_K, k16_rows4_neon, K16_Q3_K, pi_vec_dot_q3_K_q8_K)
+K_ROWS8_NEON(q6_K_q8_K, k16_rows4_neon, K16_Q6_K, pi_vec_dot_q6_K_q8_K)
+K_ROWS8_NEON(q8_kw_q8_K, k16_rows4_neon, K16_Q8_KW, NULL)
+K_ROWS8_NEON(iq4_xs_q8_K, iq4_xs_rows4_neon, 0, NULL)
+#undef K_ROWS8_NEON
+#undef K16_OFFSET
+#undef K_TOK_MAX
+#endif

@@ -679,6 +679,90 @@ HALF_ROWS8(f16, 0)
 HALF_ROWS8(bf16, 1)
 #endif
 
+#if PI_NEON
+/* The aarch64 levels' 8-row f16/bf16 kernel (the file's rows; no interleaved copies there): blocks of 4 rows x 2
+ * tokens, each (row, token) with the single-row kernel's two 4-lane accumulators fed in its order (16 registers), so
+ * each converted weight vector feeds two fmas and each activation vector four; then the same tree and tail: the same
+ * bits as pi_vec_dot_f16_f32 / pi_vec_dot_bf16_f32. tok (1 or 2) is a constant. */
+static inline __attribute__((always_inline)) void neon_load8_half(const uint16_t *p, const int bf16, float32x4_t *lo,
+                                                                  float32x4_t *hi) {
+    if (bf16) {
+        const uint16x8_t h = vld1q_u16(p);
+        *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
+        *hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
+    } else
+        pi_neon_load8_f16(p, lo, hi);
+}
+
+static inline __attribute__((always_inline)) void half_rows4_neon(int64_t n, const uint16_t *const *w,
+                                                                  const float *const *xt, const int tok, float *y,
+                                                                  int64_t y_stride, const int bf16) {
+    const int64_t n8 = n / 8 * 8;
+    float32x4_t lo[4][2], hi[4][2];   /* [row][token]: lanes 0..3 and 4..7 of the 8-lane accumulator */
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < tok; j++) lo[k][j] = hi[k][j] = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < n8; i += 8) {
+        float32x4_t x0[2], x1[2];
+        for (int j = 0; j < tok; j++) {
+            x0[j] = vld1q_f32(xt[j] + i);
+            x1[j] = vld1q_f32(xt[j] + i + 4);
+        }
+        for (int k = 0; k < 4; k++) {
+            float32x4_t w0, w1;
+            neon_load8_half(w[k] + i, bf16, &w0, &w1);
+            for (int j = 0; j < tok; j++) {
+                lo[k][j] = vfmaq_f32(lo[k][j], w0, x0[j]);
+                hi[k][j] = vfmaq_f32(hi[k][j], w1, x1[j]);
+            }
+        }
+    }
+    for (int j = 0; j < tok; j++)
+        for (int k = 0; k < 4; k++) {
+            float sum = pi_neon_tree8(lo[k][j], hi[k][j]);
+            for (int64_t i = n8; i < n; i++) sum += (bf16 ? pi_bf16_to_f32(w[k][i]) : pi_fp16_to_f32(w[k][i])) * xt[j][i];
+            y[j * y_stride + k] = sum;
+        }
+}
+
+static inline __attribute__((always_inline)) void half_rows8_neon(int64_t n, const void *const *rows, const char *x,
+                                                                  int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                                  const int bf16) {
+    for (int k0 = 0; k0 < 8; k0 += 4)
+        for (int t0 = 0; t0 < nt; t0 += 2) {
+            const float *xt[2] = { (const float *)(x + t0 * x_stride), (const float *)(x + (t0 + 1) * x_stride) };
+            if (t0 + 1 < nt)
+                half_rows4_neon(n, (const uint16_t *const *)rows + k0, xt, 2, y + t0 * y_stride + k0, y_stride, bf16);
+            else
+                half_rows4_neon(n, (const uint16_t *const *)rows + k0, xt, 1, y + t0 * y_stride + k0, y_stride, bf16);
+        }
+}
+
+void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                         int64_t y_stride) { half_rows8_neon(n, rows, x, x_stride, nt, y, y_stride, 0); }
+void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                          int64_t y_stride) { half_rows8_neon(n, rows, x, x_stride, nt, y, y_stride, 1); }
+
+/* Eight f16 rows in order (attention's V rows, f16 down_t rows), as the AVX2 pi_axpy8_f16: 32 outputs stay in
+ * registers while the eight rows are added, each element exactly as pi_axpy_f16 adds it. */
+void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) {
+    const uint16_t *const *x = (const uint16_t *const *)rows;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        float32x4_t acc[8];
+        for (int q = 0; q < 8; q++) acc[q] = vld1q_f32(y + i + 4 * q);
+        for (int k = 0; k < 8; k++)
+            for (int h = 0; h < 4; h++) {
+                float32x4_t w0, w1;
+                pi_neon_load8_f16(x[k] + i + 8 * h, &w0, &w1);
+                acc[2 * h] = vfmaq_n_f32(acc[2 * h], w0, a[k]);
+                acc[2 * h + 1] = vfmaq_n_f32(acc[2 * h + 1], w1, a[k]);
+            }
+        for (int q = 0; q < 8; q++) vst1q_f32(y + i + 4 * q, acc[q]);
+    }
+    for (int k = 0; k < 8; k++) pi_axpy_f16(n - i, a[k], x[k] + i, y + i);   /* the rest: n % 32 < 8 too */
+}
+#endif
+
 /* The interleaved copies F16X8 and BF16X8 (pi_repack; n a multiple of 8; pi_x8_index): two halves of 4 rows, and in
  * a half, for every 8-element chunk c, the 4 rows' elements 8c..8c+7 one after the other (64 bytes: one cache line).
  * Decode reads one half after the other, one sequential stream, instead of eight rows side by side; a pass of the

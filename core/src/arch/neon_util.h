@@ -37,9 +37,23 @@ static inline void pi_neon_load8_f16(const uint16_t *h, float32x4_t *lo, float32
     *hi = vcvt_high_f32_f16(v);
 }
 
+/* One row's 32 products lo . y0 + hi . y1 as 4 int32 lanes whose total is their exact sum (which products go to
+ * which lane is free: only the total counts). Without SDOT two products share an int16 lane (vmull + vmlal_high:
+ * |w y| <= 128 * 127, as in the AVX2 maddubs pairs; the activation quantizers keep |y| <= 127), then pairwise
+ * widening adds: 6 instructions instead of two emulated SDOTs' 12. */
+static inline int32x4_t pi_neon_row_sums32(int8x16_t lo, int8x16_t hi, int8x16_t y0, int8x16_t y1) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, y0), hi, y1);
+#else
+    const int16x8_t a = vmlal_high_s8(vmull_s8(vget_low_s8(lo), vget_low_s8(y0)), lo, y0);
+    const int16x8_t b = vmlal_high_s8(vmull_s8(vget_low_s8(hi), vget_low_s8(y1)), hi, y1);
+    return vpadalq_s16(vpaddlq_s16(a), b);
+#endif
+}
+
 /* the exact sum of the 32 products lo . y[0..15] + hi . y[16..31] (a block's two halves against its activations) */
 static inline int32_t pi_neon_dot_halves(int8x16_t lo, int8x16_t hi, const int8_t *y) {
-    return vaddvq_s32(pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+    return vaddvq_s32(pi_neon_row_sums32(lo, hi, vld1q_s8(y), vld1q_s8(y + 16)));
 }
 
 /* Four rows' blocks against one activation block: lane k = the exact sum of the 32 products lo[k] . y[0..15] +
@@ -47,7 +61,7 @@ static inline int32_t pi_neon_dot_halves(int8x16_t lo, int8x16_t hi, const int8_
 static inline int32x4_t pi_neon_rows4_sums(const int8x16_t lo[4], const int8x16_t hi[4], const int8_t *y) {
     const int8x16_t y0 = vld1q_s8(y), y1 = vld1q_s8(y + 16);
     int32x4_t p[4];
-    for (int k = 0; k < 4; k++) p[k] = pi_neon_sdot(pi_neon_sdot(vdupq_n_s32(0), lo[k], y0), hi[k], y1);
+    for (int k = 0; k < 4; k++) p[k] = pi_neon_row_sums32(lo[k], hi[k], y0, y1);
     return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
 }
 
@@ -55,7 +69,12 @@ static inline int32x4_t pi_neon_rows4_sums(const int8x16_t lo[4], const int8x16_
 static inline int32x4_t pi_neon_rows4_sums16(const int8x16_t q[4], const int8_t *y) {
     const int8x16_t y0 = vld1q_s8(y);
     int32x4_t p[4];
-    for (int k = 0; k < 4; k++) p[k] = pi_neon_sdot(vdupq_n_s32(0), q[k], y0);
+    for (int k = 0; k < 4; k++)
+#if defined(__ARM_FEATURE_DOTPROD)
+        p[k] = vdotq_s32(vdupq_n_s32(0), q[k], y0);
+#else   /* as pi_neon_row_sums32: two products per int16 lane */
+        p[k] = vpaddlq_s16(vmlal_high_s8(vmull_s8(vget_low_s8(q[k]), vget_low_s8(y0)), q[k], y0));
+#endif
     return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
 }
 

@@ -44,7 +44,7 @@ def isa(session: nox.Session) -> None:
     """The test suite once per CPU kernel level this machine runs (POWERINFER_ISA=scalar, avx2, ...):
     nox -s isa [-- LEVEL ...]. Levels the CPU lacks are reported and skipped."""
     session.install(".[test]")
-    levels = [a for a in session.posargs if not a.startswith("-")] or ["scalar", "avx2", "avx512", "amx", "neon", "dotprod"]
+    levels = [a for a in session.posargs if not a.startswith("-")] or ["scalar", "avx2", "avx512", "amx", "neon", "dotprod", "i8mm"]
     args = [a for a in session.posargs if a.startswith("-")]
     probe = "import sys, powerinfer as pi; sys.exit(0 if pi.cpu_isa_supported(sys.argv[1]) else 1)"
     for level in levels:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Guest instructions per op at the aarch64 levels (scalar, neon, dotprod), counted under qemu-user: a proxy for the
+"""Guest instructions per op at the aarch64 levels (scalar, neon, dotprod, i8mm), counted under qemu-user: a proxy for the
 NEON levels' speed where no Arm machine is at hand. Not a timing: an instruction count says nothing of latency, memory
 bandwidth or how a core issues SDOT; it does say how much work each level's code asks the CPU to do.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SYSROOT = "/usr/aarch64-linux-gnu"
 
-LEVELS = ("scalar", "neon", "dotprod")
+LEVELS = ("scalar", "neon", "dotprod", "i8mm")
 # (label, driver arguments without reps): one token per weight type, and a prompt's 8 tokens (one 8-row kernel call
 # per 8 rows where the level has one; rows one by one otherwise, about 8 times one token's count)
 CASES = [(f"mul_mat {t} 1024x256 t{n}", ["mul_mat", t, "1024", "256", str(n)])
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="the cases whose label contains this")
     a = ap.parse_args()
     exe = build(a.build)
-    print(f"{'case':34} " + " ".join(f"{lv:>12}" for lv in LEVELS) + "  scalar/neon  scalar/dotprod")
+    print(f"{'case':34} " + " ".join(f"{lv:>12}" for lv in LEVELS) + "".join(f"  scalar/{lv}" for lv in LEVELS[1:]))
     for label, args in [c for c in CASES if a.only in c[0]]:
         per = {}
         for level in LEVELS:
@@ -73,7 +73,7 @@ def main() -> None:
             assert out.startswith(level), out
             per[level] = (total - base) / a.reps
         print(f"{label:34} " + " ".join(f"{per[lv]:12,.0f}" for lv in LEVELS) +
-              f"  {per['scalar'] / per['neon']:10.2f}x  {per['scalar'] / per['dotprod']:13.2f}x", flush=True)
+              "".join(f"  {per['scalar'] / per[lv]:{len(lv) + 6}.2f}x" for lv in LEVELS[1:]), flush=True)
 
 
 if __name__ == "__main__":

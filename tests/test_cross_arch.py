@@ -8,8 +8,9 @@ by the scalar level. Here the
 program is compiled against the library Python loads and must reproduce those bytes at every ISA level
 this CPU runs (the numeric contract, at C level). Then library and program are cross-compiled for
 aarch64 (cmake/aarch64-linux-gnu.cmake, Debian's gcc-aarch64-linux-gnu) and run under qemu-aarch64:
-there the one build has the scalar, neon and dotprod levels (dotprod where the CPU has the Armv8.2 dot product:
-qemu's "max" model; a Cortex-A57 model runs neon), and each must give the same bits.
+there the one build has the scalar, neon, dotprod and i8mm levels (i8mm where the CPU has the int8 matrix multiply:
+qemu's "max" model; a Cortex-A76 model has the Armv8.2 dot product only and runs dotprod; a Cortex-A57 model runs
+neon), and each must give the same bits.
 
 libm: softmax calls glibc's expf (the activations, the sparse FFN's too, and attention have their own exp),
 rope calls pow/sin/cos. The cases here are bit-exact on aarch64, with one exception, kept on purpose and named in
@@ -203,10 +204,11 @@ def qemu_env(**extra: str) -> dict[str, str]:
     return {**env, "QEMU_LD_PREFIX": str(SYSROOT), **extra}
 
 
-# qemu-aarch64's CPU models: "max" has the Armv8.2 dot product (the dotprod level), a Cortex-A57 (Armv8.0, as the
-# Cortex-A72 of a Raspberry Pi 4) has not, so there the one build runs the neon level, with SDOT emulated. Each level
-# must give the reference bits.
-AARCH64_MODELS = {"max": "dotprod", "cortex-a57": "neon"}   # -cpu model: the level it picks
+# qemu-aarch64's CPU models: "max" has the int8 matrix multiply (the i8mm level), a Cortex-A76 the Armv8.2 dot product
+# but not SMMLA (dotprod: an SMMLA in its code would trap), a Cortex-A57 (Armv8.0, as the Cortex-A72 of a Raspberry
+# Pi 4) neither, so there the one build runs the neon level, with SDOT emulated. Each level must give the reference
+# bits.
+AARCH64_MODELS = {"max": "i8mm", "cortex-a76": "dotprod", "cortex-a57": "neon"}   # -cpu model: the level it picks
 
 
 @pytest.mark.parametrize("model", list(AARCH64_MODELS))
@@ -220,9 +222,9 @@ def test_aarch64_picks_its_level_and_reproduces_reference(aarch64, model, tmp_pa
     assert got["softmax.libm_expf"][1] == 0x11fa2992, hex(got["softmax.libm_expf"][1])
 
 
-@pytest.mark.parametrize("level", ["scalar", "neon"])
-def test_aarch64_lower_level_on_a_dotprod_cpu(aarch64, level, tmp_path):
-    """POWERINFER_ISA=scalar or neon on a CPU that runs dotprod: that level, the same bits."""
+@pytest.mark.parametrize("level", ["scalar", "neon", "dotprod"])
+def test_aarch64_lower_level_on_an_i8mm_cpu(aarch64, level, tmp_path):
+    """POWERINFER_ISA=scalar, neon or dotprod on a CPU that runs i8mm: that level, the same bits."""
     qemu, exe = aarch64
     stdout = run_program([qemu, "-cpu", "max", str(exe)], tmp_path / "out.bin", env=qemu_env(POWERINFER_ISA=level))
     assert stdout.rstrip().endswith(f"isa {level}"), stdout[-200:]
@@ -230,7 +232,8 @@ def test_aarch64_lower_level_on_a_dotprod_cpu(aarch64, level, tmp_path):
 
 
 @pytest.mark.parametrize("level, model, why", [("avx2", "max", "this build does not include it"),
-                                               ("dotprod", "cortex-a57", "this CPU does not support it")])
+                                               ("dotprod", "cortex-a57", "this CPU does not support it"),
+                                               ("i8mm", "cortex-a76", "this CPU does not support it")])
 def test_aarch64_refuses_a_level_it_cannot_run(aarch64, level, model, why, tmp_path):
     qemu, exe = aarch64
     p = subprocess.run([qemu, "-cpu", model, str(exe), str(tmp_path / "out.bin")], capture_output=True, text=True,

@@ -21,7 +21,7 @@ def _arch_levels() -> tuple[str, ...]:
     if machine in ("x86_64", "amd64"):
         return ("scalar", "avx2", "avx512", "amx")
     if machine in ("aarch64", "arm64"):
-        return ("scalar", "neon", "dotprod")
+        return ("scalar", "neon", "dotprod", "i8mm")
     return ("scalar",)
 
 
@@ -44,7 +44,7 @@ def system_info() -> str:
 
 
 def cpu_isa() -> str:
-    """The CPU kernel level in use: "scalar", "avx2", "avx512", "amx" or, on aarch64, "neon" or "dotprod"
+    """The CPU kernel level in use: "scalar", "avx2", "avx512", "amx" or, on aarch64, "neon", "dotprod" or "i8mm"
     ($POWERINFER_ISA sets it at start)."""
     from ._ffi import ffi, lib
     return ffi.string(lib.pi_cpu_isa()).decode()

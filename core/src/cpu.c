@@ -26,10 +26,10 @@
 #include <sys/sysctl.h>
 #endif
 
-/* Best last within an architecture: x86 runs scalar..amx, aarch64 scalar..dotprod (never both kinds). */
-typedef enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX, ISA_NEON, ISA_DOTPROD, ISA_COUNT } isa_level;
-static const char *const isa_names[ISA_COUNT] = { "scalar", "avx2", "avx512", "amx", "neon", "dotprod" };
-#define ISA_LIST "scalar, avx2, avx512, amx, neon, dotprod"
+/* Best last within an architecture: x86 runs scalar..amx, aarch64 scalar..i8mm (never both kinds). */
+typedef enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX, ISA_NEON, ISA_DOTPROD, ISA_I8MM, ISA_COUNT } isa_level;
+static const char *const isa_names[ISA_COUNT] = { "scalar", "avx2", "avx512", "amx", "neon", "dotprod", "i8mm" };
+#define ISA_LIST "scalar, avx2, avx512, amx, neon, dotprod, i8mm"
 
 /* The tables CMake compiled in (PI_WITH_<LEVEL>, see CMakeLists.txt). */
 extern const pi_cpu_kernels pi_kernels_scalar;
@@ -47,6 +47,9 @@ extern const pi_cpu_kernels pi_kernels_neon;
 #endif
 #if PI_WITH_DOTPROD
 extern const pi_cpu_kernels pi_kernels_dotprod;
+#endif
+#if PI_WITH_I8MM
+extern const pi_cpu_kernels pi_kernels_i8mm;
 #endif
 
 static const pi_cpu_kernels *compiled[ISA_COUNT];
@@ -173,10 +176,28 @@ static bool cpu_dotprod(void) {
     return false;
 #endif
 }
-static bool cpu_runs(isa_level level) {
-    return level == ISA_SCALAR || level == ISA_NEON || (level == ISA_DOTPROD && cpu_dotprod());
+/* The i8mm level adds the int8 matrix multiply (SMMLA, FEAT_I8MM: Apple M2 on, Graviton 3 on, Neoverse V1 / N2 on). */
+static bool cpu_i8mm(void) {
+#if defined(__linux__)
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+    return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t size = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &size, NULL, 0) == 0 && v != 0;
+#else
+    return false;
+#endif
 }
-static void describe_features(char *out, size_t size) { snprintf(out, size, "NEON = 1 | DOTPROD = %d", cpu_dotprod()); }
+static bool cpu_runs(isa_level level) {
+    return level == ISA_SCALAR || level == ISA_NEON || (level == ISA_DOTPROD && cpu_dotprod()) ||
+           (level == ISA_I8MM && cpu_dotprod() && cpu_i8mm());
+}
+static void describe_features(char *out, size_t size) {
+    snprintf(out, size, "NEON = 1 | DOTPROD = %d | I8MM = %d", cpu_dotprod(), cpu_i8mm());
+}
 #else
 static bool cpu_runs(isa_level level) { return level == ISA_SCALAR; }
 static void describe_features(char *out, size_t size) { snprintf(out, size, "no SIMD kernels for this architecture"); }
@@ -214,6 +235,9 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
 #endif
 #if PI_WITH_DOTPROD
     compiled[ISA_DOTPROD] = &pi_kernels_dotprod;
+#endif
+#if PI_WITH_I8MM
+    compiled[ISA_I8MM] = &pi_kernels_i8mm;
 #endif
     for (int i = 0; i < ISA_COUNT; i++) {
         if (!compiled[i]) continue;

@@ -192,7 +192,7 @@ static inline void pi_axpy_rows(const pi_type_traits *tr, int64_t n, int count, 
 #include "fp16.h"
 
 /* ---- CPU kernels: one table per ISA level (arch/level.c), one level active (cpu.c) ----
- * The kernels of arch/ are compiled once per level (scalar, avx2, avx512, amx; aarch64: scalar, neon, dotprod) into one translation
+ * The kernels of arch/ are compiled once per level (scalar, avx2, avx512, amx; aarch64: scalar, neon, dotprod, i8mm) into one translation
  * unit each (arch/level.c), where they are static; a level exports only its table. The level is
  * chosen once at library load (the best the CPU supports, or POWERINFER_ISA), pi_cpu_isa_set can
  * lower it. Every level gives the scalar level's bits (the numeric contract, docs/design.md). */

@@ -379,17 +379,20 @@ int main(int argc, char **argv) {
         case_sparse_cols(col_types[i], 1);
         case_sparse_cols(col_types[i], 3);
     }
-    /* rows of 11 blocks of 32 (a tail after 8 blocks; f16: 4 elements after the last 8) and 6 tokens (8-row kernel
-     * calls of 6, and of token pairs) */
+    /* rows of 11 blocks of 32 (a tail after 8 blocks; f16: 4 elements after the last 8) and 7 tokens (8-row kernel
+     * calls of 7: token pairs with an odd one left, a pass of 4 tokens and one of 3) */
     const int32_t block_types[] = { PI_TYPE_F16, PI_TYPE_BF16, PI_TYPE_Q4_0, PI_TYPE_Q8_0, PI_TYPE_Q4_1, PI_TYPE_Q5_0,
                                     PI_TYPE_Q5_1 };
     for (size_t i = 0; i < sizeof block_types / sizeof *block_types; i++) {
         const int32_t t = block_types[i];
         const int64_t K = t == PI_TYPE_F16 || t == PI_TYPE_BF16 ? 356 : 352;
         char name[64];
-        snprintf(name, sizeof name, "mul_mat.%s.k%lld.t6", pi_type_name(t), (long long)K);
-        case_mul_mat_k(t, K, 6, name);
+        snprintf(name, sizeof name, "mul_mat.%s.k%lld.t7", pi_type_name(t), (long long)K);
+        case_mul_mat_k(t, K, 7, name);
     }
+    const int32_t k_types[] = { PI_TYPE_Q2_K, PI_TYPE_Q3_K, PI_TYPE_Q4_K, PI_TYPE_Q5_K, PI_TYPE_Q6_K };
+    for (size_t i = 0; i < sizeof k_types / sizeof *k_types; i++) case_mul_mat(k_types[i], 7);   /* passes of 4 and 3 */
+    for (size_t i = 0; i < sizeof read_only / sizeof *read_only; i++) case_mul_mat_bytes(read_only[i], 7);
 
     pi_threadpool_free(pool);
     if (fclose(out_file) != 0) { perror(argv[1]); return 1; }

@@ -1,7 +1,7 @@
 /* level.c: one ISA level's kernels and their table.
  *
  * CMake compiles this file once per level with that level's instruction-set flags and
- * PI_LEVEL=<name> (scalar, avx2, avx512, amx; aarch64: scalar, neon, dotprod): the arch/ sources are included here (amx.c only at the amx
+ * PI_LEVEL=<name> (scalar, avx2, avx512, amx; aarch64: scalar, neon, dotprod, i8mm): the arch/ sources are included here (amx.c only at the amx
  * level: the avx512 table plus the AMX tile kernels), so their
  * kernels (declared static in kernels.h) exist once per level without clashing, and the only
  * symbol a level exports is its table, pi_kernels_<name>. cpu.c picks the table at load time.

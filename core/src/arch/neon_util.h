@@ -65,6 +65,36 @@ static inline int32x4_t pi_neon_rows4_sums(const int8x16_t lo[4], const int8x16_
     return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
 }
 
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+/* The i8mm level's operands: two rows' (or two tokens') 32 bytes (a: lo0, hi0, b: lo1, hi1) as SMMLA's 2 x 8 blocks,
+ * chunk c = bytes 8c..8c+7 of a, then those of b */
+static inline void pi_neon_pair_chunks(int8x16_t lo0, int8x16_t hi0, int8x16_t lo1, int8x16_t hi1, int8x16_t c[4]) {
+    c[0] = vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(lo0), vreinterpretq_s64_s8(lo1)));
+    c[1] = vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(lo0), vreinterpretq_s64_s8(lo1)));
+    c[2] = vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(hi0), vreinterpretq_s64_s8(hi1)));
+    c[3] = vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(hi0), vreinterpretq_s64_s8(hi1)));
+}
+
+/* a register of (row, token) lanes (row 0, token 0), (0, 1), (1, 0), (1, 1) stored to y (token t's row r at
+ * y[t y_stride + r]); second: whether token 1 is real (else an odd last token's copy, not stored) */
+static inline void pi_neon_store_pair_lanes(float32x4_t v, float *y, int64_t y_stride, bool second) {
+    y[0] = vgetq_lane_f32(v, 0);
+    y[1] = vgetq_lane_f32(v, 2);
+    if (second) {
+        y[y_stride] = vgetq_lane_f32(v, 1);
+        y[y_stride + 1] = vgetq_lane_f32(v, 3);
+    }
+}
+
+/* the exact sums of 2 rows' 32 products with 2 tokens' (pi_neon_pair_chunks of each): lanes (row 0, token 0),
+ * (row 0, token 1), (row 1, token 0), (row 1, token 1), four SMMLA */
+static inline int32x4_t pi_neon_pair_sums(const int8x16_t w[4], const int8x16_t x[4]) {
+    int32x4_t acc = vdupq_n_s32(0);
+    for (int c = 0; c < 4; c++) acc = vmmlaq_s32(acc, w[c], x[c]);
+    return acc;
+}
+#endif
+
 /* The same for 16 elements: lane k = the exact sum of q[k] . y[0..15] */
 static inline int32x4_t pi_neon_rows4_sums16(const int8x16_t q[4], const int8_t *y) {
     const int8x16_t y0 = vld1q_s8(y);

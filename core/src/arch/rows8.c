@@ -303,10 +303,70 @@ static inline __attribute__((always_inline)) void rows4_neon(int64_t nb, const p
     for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, acc[t]);
 }
 
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+/* The i8mm level, two tokens or more: per block the 4 rows' values as two row pairs of SMMLA operands (made once,
+ * used for every token pair), per token pair 8 SMMLA give the 8 (row, token) block sums in two registers, lanes (row
+ * 2q, token 2p), (2q, 2p + 1), (2q + 1, 2p), (2q + 1, 2p + 1), and each register's canonical step is one vector fma as
+ * above. pairs: token pairs (a constant); an odd last token is paired with itself, its copy not stored. */
+static inline __attribute__((always_inline)) void rows4_i8mm(int64_t nb, const pi_block_q4_0 *const r[4], const char *x,
+                                                             int64_t x_stride, int nt, const int pairs, float *y,
+                                                             int64_t y_stride, const int grid) {
+    float32x4_t acc[PI_DOT8_MAX_T / 2][2];   /* [token pair][row pair] */
+    const pi_block_q8_0s *xt[PI_DOT8_MAX_T];
+    for (int t = 0; t < 2 * pairs; t++) xt[t] = (const pi_block_q8_0s *)(x + PI_MIN(t, nt - 1) * x_stride);
+    for (int p = 0; p < pairs; p++) acc[p][0] = acc[p][1] = vdupq_n_f32(0.0f);
+    const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
+    for (int64_t b = 0; b < nb; b++) {
+        int8x16_t lo[4], hi[4], w[2][4];
+        const uint16_t *d[4] = { &r[0][b].d, &r[1][b].d, &r[2][b].d, &r[3][b].d };
+        for (int k = 0; k < 4; k++) {
+            pi_neon_nibbles(r[k][b].qs, &lo[k], &hi[k]);
+            if (grid) {
+                lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
+                hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
+            }
+        }
+        pi_neon_pair_chunks(lo[0], hi[0], lo[1], hi[1], w[0]);
+        pi_neon_pair_chunks(lo[2], hi[2], lo[3], hi[3], w[1]);
+        const float32x4_t dw = pi_neon_rows4_f16(d);
+        const float32x4_t dwq[2] = { vzip1q_f32(dw, dw), vzip2q_f32(dw, dw) };   /* d of rows 2q, 2q, 2q + 1, 2q + 1 */
+        for (int p = 0; p < pairs; p++) {
+            const pi_block_q8_0s *a = xt[2 * p] + b, *c = xt[2 * p + 1] + b;
+            int8x16_t xc[4];
+            pi_neon_pair_chunks(vld1q_s8(a->qs), vld1q_s8(a->qs + 16), vld1q_s8(c->qs), vld1q_s8(c->qs + 16), xc);
+            /* the tokens' d and 8 s as lanes a, c, a, c, from one 32-bit word each */
+            const float32x4_t dx = vcvt_f32_f16(vreinterpret_f16_u32(vdup_n_u32(a->d | (uint32_t)c->d << 16)));
+            const int32x4_t s8 = vshlq_n_s32(vmovl_s16(vreinterpret_s16_u32(
+                vdup_n_u32((uint16_t)a->s | (uint32_t)(uint16_t)c->s << 16))), 3);
+            for (int q = 0; q < 2; q++) {
+                int32x4_t i = pi_neon_pair_sums(w[q], xc);
+                if (!grid) i = vsubq_s32(i, s8);
+                acc[p][q] = vfmaq_f32(acc[p][q], vmulq_f32(dwq[q], dx), vcvtq_f32_s32(i));
+            }
+        }
+    }
+    for (int p = 0; p < pairs; p++)
+        for (int q = 0; q < 2; q++) pi_neon_store_pair_lanes(acc[p][q], y + 2 * p * y_stride + 2 * q, y_stride,
+                                                             2 * p + 1 < nt);
+}
+#endif
+
 static inline __attribute__((always_inline)) void rows8_neon(int64_t n, const void *const *rows, const char *x,
                                                              int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                              const int grid) {
     const pi_block_q4_0 *const *r = (const pi_block_q4_0 *const *)rows;
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+    if (nt > 1) {
+        for (int k0 = 0; k0 < 8; k0 += 4)
+            switch ((nt + 1) / 2) {
+            case 1: rows4_i8mm(n / PI_QK4_0, r + k0, x, x_stride, nt, 1, y + k0, y_stride, grid); break;
+            case 2: rows4_i8mm(n / PI_QK4_0, r + k0, x, x_stride, nt, 2, y + k0, y_stride, grid); break;
+            case 3: rows4_i8mm(n / PI_QK4_0, r + k0, x, x_stride, nt, 3, y + k0, y_stride, grid); break;
+            default: rows4_i8mm(n / PI_QK4_0, r + k0, x, x_stride, nt, 4, y + k0, y_stride, grid); break;
+            }
+        return;
+    }
+#endif
     for (int k0 = 0; k0 < 8; k0 += 4)
         switch (nt) {   /* the token count a constant in each copy, so the accumulators stay in registers */
 #define ROWS4_CASE(tok)                                                                                            \

@@ -134,6 +134,18 @@ static inline float32x4_t pi_neon_rows4_f16(const uint16_t *const h[4]) {
     return vcvt_f32_f16(vreinterpret_f16_u16(v));
 }
 
+/* Q6_K's unsigned 6-bit values u (value = u - 32) of elements 128h + 32g + 16k .. + 15, g = 0..3 (sub-blocks
+ * 8h + 2g + k): 4 low bits from ql, 2 high bits from qh */
+static inline void pi_neon_q6_K_values(const uint8_t *ql, const uint8_t *qh, int h, int k, uint8x16_t u[4]) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m3 = vdupq_n_u8(3);
+    const uint8x16_t l0 = vld1q_u8(ql + 64 * h + 16 * k), l1 = vld1q_u8(ql + 64 * h + 32 + 16 * k);
+    const uint8x16_t hb = vld1q_u8(qh + 32 * h + 16 * k);
+    u[0] = vorrq_u8(vandq_u8(l0, m4), vshlq_n_u8(vandq_u8(hb, m3), 4));
+    u[1] = vorrq_u8(vandq_u8(l1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4));
+    u[2] = vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4));
+    u[3] = vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4));
+}
+
 /* the exact sum of the 32 products of two int8 blocks */
 static inline int32_t pi_neon_dot32(const int8_t *a, const int8_t *b) {
     return pi_neon_dot_halves(vld1q_s8(a), vld1q_s8(a + 16), b);

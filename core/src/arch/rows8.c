@@ -276,23 +276,30 @@ void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_
  * serve every token; per token two SDOT per row give a row's block products as 4 lanes, and three pairwise adds put
  * the 4 rows' exact block sums in the lanes of one register, so that lane r takes row r's step of the canonical order
  * of pi_vec_dot_q4_0_q8_0s, acc = fma(d_w d_x, i - 8 s, acc) (IQ4_NL: i), in one vector fma. tok: a constant. */
+/* block b of the 4 rows: the values (elements 0..15: lo, 16..31: hi; Q4_0's unsigned nibbles, IQ4_NL's grid values)
+ * and the d of each (lane k: row k) */
+static inline __attribute__((always_inline)) float32x4_t rows4_block(const pi_block_q4_0 *const r[4], int64_t b,
+                                                                     const int grid, int8x16_t lo[4], int8x16_t hi[4]) {
+    const uint16_t *d[4] = { &r[0][b].d, &r[1][b].d, &r[2][b].d, &r[3][b].d };
+    for (int k = 0; k < 4; k++) {
+        pi_neon_nibbles(r[k][b].qs, &lo[k], &hi[k]);
+        if (grid) {
+            const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
+            lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
+            hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
+        }
+    }
+    return pi_neon_rows4_f16(d);
+}
+
 static inline __attribute__((always_inline)) void rows4_neon(int64_t nb, const pi_block_q4_0 *const r[4], const char *x,
                                                              int64_t x_stride, const int tok, float *y,
                                                              int64_t y_stride, const int grid) {
     float32x4_t acc[PI_DOT8_MAX_T];
     for (int t = 0; t < tok; t++) acc[t] = vdupq_n_f32(0.0f);
-    const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
     for (int64_t b = 0; b < nb; b++) {
         int8x16_t lo[4], hi[4];
-        const uint16_t *d[4] = { &r[0][b].d, &r[1][b].d, &r[2][b].d, &r[3][b].d };
-        for (int k = 0; k < 4; k++) {
-            pi_neon_nibbles(r[k][b].qs, &lo[k], &hi[k]);
-            if (grid) {
-                lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
-                hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
-            }
-        }
-        const float32x4_t dw = pi_neon_rows4_f16(d);
+        const float32x4_t dw = rows4_block(r, b, grid, lo, hi);
         for (int t = 0; t < tok; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
             int32x4_t i = pi_neon_rows4_sums(lo, hi, xb->qs);   /* lane k: row k's block sum */
@@ -315,20 +322,11 @@ static inline __attribute__((always_inline)) void rows4_i8mm(int64_t nb, const p
     const pi_block_q8_0s *xt[PI_DOT8_MAX_T];
     for (int t = 0; t < 2 * pairs; t++) xt[t] = (const pi_block_q8_0s *)(x + PI_MIN(t, nt - 1) * x_stride);
     for (int p = 0; p < pairs; p++) acc[p][0] = acc[p][1] = vdupq_n_f32(0.0f);
-    const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
     for (int64_t b = 0; b < nb; b++) {
         int8x16_t lo[4], hi[4], w[2][4];
-        const uint16_t *d[4] = { &r[0][b].d, &r[1][b].d, &r[2][b].d, &r[3][b].d };
-        for (int k = 0; k < 4; k++) {
-            pi_neon_nibbles(r[k][b].qs, &lo[k], &hi[k]);
-            if (grid) {
-                lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
-                hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
-            }
-        }
+        const float32x4_t dw = rows4_block(r, b, grid, lo, hi);
         pi_neon_pair_chunks(lo[0], hi[0], lo[1], hi[1], w[0]);
         pi_neon_pair_chunks(lo[2], hi[2], lo[3], hi[3], w[1]);
-        const float32x4_t dw = pi_neon_rows4_f16(d);
         const float32x4_t dwq[2] = { vzip1q_f32(dw, dw), vzip2q_f32(dw, dw) };   /* d of rows 2q, 2q, 2q + 1, 2q + 1 */
         for (int p = 0; p < pairs; p++) {
             const pi_block_q8_0s *a = xt[2 * p] + b, *c = xt[2 * p + 1] + b;

@@ -871,17 +871,9 @@ enum { K16_Q2_K, K16_Q3_K, K16_Q6_K, K16_Q8_KW };
 #define K16_OFFSET(type) ((type) == K16_Q3_K ? 4 : (type) == K16_Q6_K ? 32 : (type) == K16_Q8_KW ? 64 : 0)
 static inline __attribute__((always_inline)) void k16_values(const void *block, int h, int k, const int type,
                                                              int8x16_t u[4]) {
-    const uint8x16_t m4 = vdupq_n_u8(0x0f), m3 = vdupq_n_u8(3);
-    if (type == K16_Q6_K) {   /* 4 low bits | 2 high bits << 4, minus 32 */
-        const pi_block_q6_K *x = block;
-        const uint8x16_t ql0 = vld1q_u8(x->ql + 64 * h + 16 * k), ql1 = vld1q_u8(x->ql + 64 * h + 32 + 16 * k);
-        const uint8x16_t qh = vld1q_u8(x->qh + 32 * h + 16 * k);
-        const uint8x16_t v[4] = {
-            vorrq_u8(vandq_u8(ql0, m4), vshlq_n_u8(vandq_u8(qh, m3), 4)),
-            vorrq_u8(vandq_u8(ql1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 2), m3), 4)),
-            vorrq_u8(vshrq_n_u8(ql0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 4), m3), 4)),
-            vorrq_u8(vshrq_n_u8(ql1, 4), vshlq_n_u8(vshrq_n_u8(qh, 6), 4)),
-        };
+    if (type == K16_Q6_K) {
+        uint8x16_t v[4];
+        pi_neon_q6_K_values(((const pi_block_q6_K *)block)->ql, ((const pi_block_q6_K *)block)->qh, h, k, v);
         for (int g = 0; g < 4; g++) u[g] = vreinterpretq_s8_u8(v[g]);
         return;
     }
@@ -893,7 +885,7 @@ static inline __attribute__((always_inline)) void k16_values(const void *block, 
     const uint8_t *qs = type == K16_Q2_K ? ((const pi_block_q2_K *)block)->qs : ((const pi_block_q3_K *)block)->qs;
     const uint8x16_t q = vld1q_u8(qs + 32 * h + 16 * k);
     for (int g = 0; g < 4; g++) {
-        uint8x16_t v = vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * g))), m3);
+        uint8x16_t v = vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * g))), vdupq_n_u8(3));
         if (type == K16_Q3_K) {
             const uint8x16_t hm = vld1q_u8(((const pi_block_q3_K *)block)->hmask + 16 * k);
             v = vorrq_u8(v, pi_neon_select_bit(hm, (uint8_t)(1 << (4 * h + g)), 4));

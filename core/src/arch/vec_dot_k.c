@@ -572,18 +572,11 @@ static inline __attribute__((always_inline)) void q6_K_ints(const pi_block_q6_K 
     *summ = 0;
     int32_t sc[16];
     for (int j = 0; j < 16; j++) sc[j] = x->scales[j];
-    const uint8x16_t m4 = vdupq_n_u8(0x0f), m2 = vdupq_n_u8(3);
     int32x4_t d[16];   /* sub-block 8h + 2g + k: elements 128h + 32g + 16k .. + 15 */
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < 2; k++) {
-            const uint8x16_t ql0 = vld1q_u8(x->ql + 64 * h + 16 * k), ql1 = vld1q_u8(x->ql + 64 * h + 32 + 16 * k);
-            const uint8x16_t qh = vld1q_u8(x->qh + 32 * h + 16 * k);
-            const uint8x16_t u[4] = {
-                vorrq_u8(vandq_u8(ql0, m4), vshlq_n_u8(vandq_u8(qh, m2), 4)),
-                vorrq_u8(vandq_u8(ql1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 2), m2), 4)),
-                vorrq_u8(vshrq_n_u8(ql0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 4), m2), 4)),
-                vorrq_u8(vshrq_n_u8(ql1, 4), vshlq_n_u8(vshrq_n_u8(qh, 6), 4)),
-            };
+            uint8x16_t u[4];
+            pi_neon_q6_K_values(x->ql, x->qh, h, k, u);
             for (int g = 0; g < 4; g++)
                 d[8 * h + 2 * g + k] = pi_neon_dot16(vsubq_s8(vreinterpretq_s8_u8(u[g]), vdupq_n_s8(32)),
                                                      y->qs + 128 * h + 32 * g + 16 * k);

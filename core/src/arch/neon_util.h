@@ -37,6 +37,13 @@ static inline void pi_neon_load8_f16(const uint16_t *h, float32x4_t *lo, float32
     *hi = vcvt_high_f32_f16(v);
 }
 
+/* 8 bf16 values -> two f32 registers (exact: the 16 bits are the float's top half) */
+static inline void pi_neon_load8_bf16(const uint16_t *h, float32x4_t *lo, float32x4_t *hi) {
+    const uint16x8_t v = vld1q_u16(h);
+    *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16));
+    *hi = vreinterpretq_f32_u32(vshll_high_n_u16(v, 16));
+}
+
 /* One row's 32 products lo . y0 + hi . y1 as 4 int32 lanes whose total is their exact sum (which products go to
  * which lane is free: only the total counts). Without SDOT two products share an int16 lane (vmull + vmlal_high:
  * |w y| <= 128 * 127, as in the AVX2 maddubs pairs; the activation quantizers keep |y| <= 127), then pairwise
@@ -166,6 +173,14 @@ static inline void pi_neon_nibbles(const uint8_t *qs, int8x16_t *lo, int8x16_t *
     const uint8x16_t v = vld1q_u8(qs);
     *lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
     *hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+}
+
+/* The same through the IQ4 grid (grid = vld1q_s8(PI_IQ4_VALUES)): the values grid[q] of elements 0..15 (lo) and
+ * 16..31 (hi) (IQ4_NL, IQ4_XS) */
+static inline void pi_neon_iq4_values(const uint8_t *qs, int8x16_t grid, int8x16_t *lo, int8x16_t *hi) {
+    pi_neon_nibbles(qs, lo, hi);
+    *lo = vqtbl1q_s8(grid, vreinterpretq_u8_s8(*lo));
+    *hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(*hi));
 }
 
 /* sum_k sc[k] * (the total of d[k]'s lanes), k < n (a multiple of 4): exact int32, as the scalar level's

@@ -271,27 +271,22 @@ void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_
 #endif
 
 #if PI_NEON
-/* NEON (no interleaved copies at the aarch64 levels): 8 rows of Q4_0 (grid 0) or IQ4_NL (grid 1) blocks at any
- * addresses, as two passes of 4 rows over the blocks. Per block the 4 rows' values are made once (8 registers) and
- * serve every token; per token two SDOT per row give a row's block products as 4 lanes, and three pairwise adds put
- * the 4 rows' exact block sums in the lanes of one register, so that lane r takes row r's step of the canonical order
- * of pi_vec_dot_q4_0_q8_0s, acc = fma(d_w d_x, i - 8 s, acc) (IQ4_NL: i), in one vector fma. tok: a constant. */
 /* block b of the 4 rows: the values (elements 0..15: lo, 16..31: hi; Q4_0's unsigned nibbles, IQ4_NL's grid values)
  * and the d of each (lane k: row k) */
 static inline __attribute__((always_inline)) float32x4_t rows4_block(const pi_block_q4_0 *const r[4], int64_t b,
                                                                      const int grid, int8x16_t lo[4], int8x16_t hi[4]) {
     const uint16_t *d[4] = { &r[0][b].d, &r[1][b].d, &r[2][b].d, &r[3][b].d };
-    for (int k = 0; k < 4; k++) {
-        pi_neon_nibbles(r[k][b].qs, &lo[k], &hi[k]);
-        if (grid) {
-            const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
-            lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
-            hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
-        }
-    }
+    for (int k = 0; k < 4; k++)
+        if (grid) pi_neon_iq4_values(r[k][b].qs, vld1q_s8(PI_IQ4_VALUES), &lo[k], &hi[k]);
+        else pi_neon_nibbles(r[k][b].qs, &lo[k], &hi[k]);
     return pi_neon_rows4_f16(d);
 }
 
+/* NEON (no interleaved copies at the aarch64 levels): 8 rows of Q4_0 (grid 0) or IQ4_NL (grid 1) blocks at any
+ * addresses, as two passes of 4 rows over the blocks. Per block the 4 rows' values are made once (8 registers) and
+ * serve every token; per token two SDOT per row give a row's block products as 4 lanes, and three pairwise adds put
+ * the 4 rows' exact block sums in the lanes of one register, so that lane r takes row r's step of the canonical order
+ * of pi_vec_dot_q4_0_q8_0s, acc = fma(d_w d_x, i - 8 s, acc) (IQ4_NL: i), in one vector fma. tok: a constant. */
 static inline __attribute__((always_inline)) void rows4_neon(int64_t nb, const pi_block_q4_0 *const r[4], const char *x,
                                                              int64_t x_stride, const int tok, float *y,
                                                              int64_t y_stride, const int grid) {

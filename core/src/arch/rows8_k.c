@@ -808,6 +808,16 @@ B32_ROWS8_NEON(q5_1_q8_1, PI_QK, B32_Q5_1)
  * single-row kernels in the lanes, then lane k takes row k's float step of k_term, sum += bd (d sumi - dmin summ)
  * (Q6_K: sum += bd d sumi), in one vector step per token: the same bits. */
 #define K_TOK_MAX 4
+/* vec_dot_k.c's k_term for 4 rows' lanes (d, dmin: the rows' scales; bd: the token's step), added to sum:
+ * sum + bd (d sumi - dmin summ) with mins, else sum + (bd d) sumi */
+static inline __attribute__((always_inline)) float32x4_t k_term4(float32x4_t sum, float bd, float32x4_t d,
+                                                                 float32x4_t dmin, int32x4_t sumi, int32x4_t summ,
+                                                                 const bool mins) {
+    if (mins)
+        return vaddq_f32(sum, vmulq_n_f32(vsubq_f32(vmulq_f32(d, vcvtq_f32_s32(sumi)), vmulq_f32(dmin, vcvtq_f32_s32(summ))),
+                                          bd));
+    return vaddq_f32(sum, vmulq_f32(vmulq_n_f32(d, bd), vcvtq_f32_s32(sumi)));
+}
 static inline __attribute__((always_inline)) void k4_rows4_neon(int64_t nb, const void *const *rows, const char *x,
                                                                 int64_t x_stride, const int tok, float *y,
                                                                 int64_t y_stride, const int fifth) {
@@ -856,9 +866,7 @@ static inline __attribute__((always_inline)) void k4_rows4_neon(int64_t nb, cons
             }
         }
         const float32x4_t dv = pi_neon_rows4_f16(d), dminv = pi_neon_rows4_f16(dmin);
-        for (int t = 0; t < tok; t++)
-            sum[t] = vaddq_f32(sum[t], vmulq_n_f32(vsubq_f32(vmulq_f32(dv, vcvtq_f32_s32(sumi[t])),
-                                                             vmulq_f32(dminv, vcvtq_f32_s32(summ[t]))), xb[t]->k.d));
+        for (int t = 0; t < tok; t++) sum[t] = k_term4(sum[t], xb[t]->k.d, dv, dminv, sumi[t], summ[t], true);
     }
     for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, sum[t]);
 }
@@ -962,14 +970,8 @@ static inline __attribute__((always_inline)) void k16_rows4_neon(int64_t nb, con
                 }
             }
         const float32x4_t dv = type == K16_Q8_KW ? vld1q_f32(dw) : pi_neon_rows4_f16(d);
-        if (type == K16_Q2_K) {
-            const float32x4_t dminv = pi_neon_rows4_f16(dmin);
-            for (int t = 0; t < tok; t++)
-                sum[t] = vaddq_f32(sum[t], vmulq_n_f32(vsubq_f32(vmulq_f32(dv, vcvtq_f32_s32(sumi[t])),
-                                                                 vmulq_f32(dminv, vcvtq_f32_s32(summ[t]))), xb[t]->d));
-        } else
-            for (int t = 0; t < tok; t++)
-                sum[t] = vaddq_f32(sum[t], vmulq_f32(vmulq_n_f32(dv, xb[t]->d), vcvtq_f32_s32(sumi[t])));
+        const float32x4_t dminv = type == K16_Q2_K ? pi_neon_rows4_f16(dmin) : dv;
+        for (int t = 0; t < tok; t++) sum[t] = k_term4(sum[t], xb[t]->d, dv, dminv, sumi[t], summ[t], type == K16_Q2_K);
     }
     for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, sum[t]);
 }
@@ -979,7 +981,7 @@ static inline __attribute__((always_inline)) void iq4_xs_rows4_neon(int64_t nb, 
                                                                     int64_t x_stride, const int tok, float *y,
                                                                     int64_t y_stride, const int unused) {
     (void)unused;
-    const int8x16_t values = vld1q_s8(PI_IQ4_VALUES);
+    const int8x16_t grid = vld1q_s8(PI_IQ4_VALUES);
     float32x4_t sum[K_TOK_MAX];
     for (int t = 0; t < tok; t++) sum[t] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++) {
@@ -999,18 +1001,13 @@ static inline __attribute__((always_inline)) void iq4_xs_rows4_neon(int64_t nb, 
         }
         for (int j = 0; j < 8; j++) {
             int8x16_t lo[4], hi[4];
-            for (int k = 0; k < 4; k++) {
-                pi_neon_nibbles(r[k]->qs + 16 * j, &lo[k], &hi[k]);
-                lo[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(lo[k]));
-                hi[k] = vqtbl1q_s8(values, vreinterpretq_u8_s8(hi[k]));
-            }
+            for (int k = 0; k < 4; k++) pi_neon_iq4_values(r[k]->qs + 16 * j, grid, &lo[k], &hi[k]);
             const int32x4_t scv = vld1q_s32(sc[j]);
             for (int t = 0; t < tok; t++)
                 sumi[t] = vmlaq_s32(sumi[t], pi_neon_rows4_sums(lo, hi, xb[t]->qs + 32 * j), scv);
         }
         const float32x4_t dv = pi_neon_rows4_f16(d);
-        for (int t = 0; t < tok; t++)
-            sum[t] = vaddq_f32(sum[t], vmulq_f32(vmulq_n_f32(dv, xb[t]->d), vcvtq_f32_s32(sumi[t])));
+        for (int t = 0; t < tok; t++) sum[t] = k_term4(sum[t], xb[t]->d, dv, dv, sumi[t], vdupq_n_s32(0), false);
     }
     for (int t = 0; t < tok; t++) vst1q_f32(y + t * y_stride, sum[t]);
 }

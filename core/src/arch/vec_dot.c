@@ -155,9 +155,10 @@ float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
 #elif PI_NEON
     float32x4_t lo = vdupq_n_f32(0), hi = lo;
     for (; i + 8 <= n; i += 8) {
-        const uint16x8_t h = vld1q_u16(a + i);
-        lo = vfmaq_f32(lo, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)), vld1q_f32(b + i));
-        hi = vfmaq_f32(hi, vreinterpretq_f32_u32(vshll_high_n_u16(h, 16)), vld1q_f32(b + i + 4));
+        float32x4_t w0, w1;
+        pi_neon_load8_bf16(a + i, &w0, &w1);
+        lo = vfmaq_f32(lo, w0, vld1q_f32(b + i));
+        hi = vfmaq_f32(hi, w1, vld1q_f32(b + i + 4));
     }
     sum = pi_neon_tree8(lo, hi);
 #else   /* the same order: one 8-lane accumulator, then the tree */
@@ -686,12 +687,8 @@ HALF_ROWS8(bf16, 1)
  * bits as pi_vec_dot_f16_f32 / pi_vec_dot_bf16_f32. tok (1 or 2) is a constant. */
 static inline __attribute__((always_inline)) void neon_load8_half(const uint16_t *p, const int bf16, float32x4_t *lo,
                                                                   float32x4_t *hi) {
-    if (bf16) {
-        const uint16x8_t h = vld1q_u16(p);
-        *lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
-        *hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
-    } else
-        pi_neon_load8_f16(p, lo, hi);
+    if (bf16) pi_neon_load8_bf16(p, lo, hi);
+    else pi_neon_load8_f16(p, lo, hi);
 }
 
 static inline __attribute__((always_inline)) void half_rows4_neon(int64_t n, const uint16_t *const *w,

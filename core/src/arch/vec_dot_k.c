@@ -126,11 +126,8 @@ static inline int32_t neon_dot_5bit(const uint8_t *qs, const uint8_t *qh_bytes, 
 }
 /* sum v y over a block of IQ4 nibbles (16 bytes), v = PI_IQ4_VALUES[q] */
 static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) {
-    const int8x16_t grid = vld1q_s8(PI_IQ4_VALUES);
     int8x16_t lo, hi;
-    pi_neon_nibbles(qs, &lo, &hi);
-    lo = vqtbl1q_s8(grid, vreinterpretq_u8_s8(lo));
-    hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(hi));
+    pi_neon_iq4_values(qs, vld1q_s8(PI_IQ4_VALUES), &lo, &hi);
     return pi_neon_dot_halves(lo, hi, y);
 }
 #endif

@@ -190,7 +190,7 @@ void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_EN
         out[t].cols_pack = kt->cols_pack;
         out[t].gemm8 = kt->gemm8;
         out[t].gemm16 = kt->gemm16;
-        out[t].gemm16_max_t = kt->gemm16_max_t ? kt->gemm16_max_t : PI_DOT8_MAX_T;
+        out[t].gemm_max_t = kt->gemm_max_t ? kt->gemm_max_t : PI_DOT8_MAX_T;
         out[t].repack = kt->repack;
         out[t].to_batch = kt->to_batch;
         if (!kt->to_batch) out[t].batch_type = 0;

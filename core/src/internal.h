@@ -116,7 +116,7 @@ typedef struct pi_type_traits {
     /* interleaved layouts only (rows are not addressable one by one; ne[1] a multiple of pi_group_rows) */
     pi_gemm8_fn     gemm8;         /* Q4_0X8: one group of 8 rows */
     pi_gemm8_fn     gemm16;        /* 16 rows from a multiple of 16 on (Q4_0X8: two groups, optional; *X16: one) */
-    int32_t         gemm16_max_t;  /* tokens one gemm16 call takes: PI_DOT8_MAX_T, or more where the kernel says */
+    int32_t         gemm_max_t;    /* tokens one gemm8 / gemm16 call takes: PI_DOT8_MAX_T, or more where the kernel says */
     pi_repack_fn    repack;        /* types with a repacked_type (not the layout): R rows -> one group */
     int32_t         batch_type;    /* optional: what to_batch converts rows to for prompts (0: none) */
     pi_to_batch_fn  to_batch;
@@ -206,7 +206,7 @@ typedef struct pi_type_kernels {
     pi_cols_pack_fn cols_pack;   /* column-block layouts */
     pi_gemm8_fn    gemm8;       /* interleaved layouts of 8-row groups */
     pi_gemm8_fn    gemm16;      /* interleaved layouts: 16 rows at once (optional for 8-row groups) */
-    int32_t        gemm16_max_t; /* optional: gemm16 takes up to this many tokens a call (0: PI_DOT8_MAX_T) */
+    int32_t        gemm_max_t;  /* optional: gemm8 / gemm16 take up to this many tokens a call (0: PI_DOT8_MAX_T) */
     pi_repack_fn   repack;      /* types with a repacked_type: R of its rows -> one group of that layout */
     int32_t        repacked_type; /* optional: the layout repack makes at this level, if not the format's */
     pi_to_batch_fn to_batch;    /* types with a batch_type */

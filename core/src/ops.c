@@ -89,8 +89,9 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *             at least PI_TILES_MIN_T tokens; the token and row tails go to the kernels below)
  *   gemm16    interleaved weights, 16 rows x up to 8 tokens per call (Q4_0X8: two groups, AVX-512 levels;
  *             Q8_0X16, Q5_0X16, Q4_1X16, Q5_1X16, Q4_KX16: one group, every level; Q5_0X16 at the AVX-512 levels: up to
- *             32 tokens (its gemm16_max_t), so that each call's unpacking serves more of them)
- *   gemm8     interleaved weights (PI_TYPE_Q4_0X8): 8 rows x up to 8 tokens per call
+ *             32 tokens (its gemm_max_t), so that each call's unpacking serves more of them)
+ *   gemm8     interleaved weights (Q4_0X8, F16X8, BF16X8): 8 rows x up to 8 tokens per call (F16X8 at the avx2
+ *             level: up to 24, its gemm_max_t, so that the kernel's blocks of 3 tokens fill the call)
  *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at
  *             least PI_TILES_MIN_T tokens; the token and row tails go to vec_dot8)
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
@@ -234,6 +235,15 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
     return r;
 }
 
+/* Tokens per pass over a work item's row groups, a multiple of the kernel's tokens per call: each pass's activations
+ * (a quarter of L2: 512 KB on Sapphire Rapids, where 1/8 and 1/2 measured slower) stay in L2 while every row group
+ * of the item reads them (f32 activations of 512 tokens are 4 MB at K = 2048). At least one call's worth: F16X8's
+ * 24 tokens at the avx2 level are 540 KB of f32 activations at K = 5632, as fast there as 8 (Zen 3). */
+static int64_t token_chunk(const mul_mat_args *a, int64_t per_call, bool round_up) {
+    const int64_t fit = pi_cpu_l2_bytes() / 4 / a->xq_row_bytes;
+    return PI_MAX(per_call, (round_up ? fit + per_call - 1 : fit) / per_call * per_call);
+}
+
 /* rows [r0, r1) for every token */
 static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_t r0, int64_t r1) {
     const int64_t K = a->w->ne[0], T = a->x->ne[1];
@@ -243,14 +253,12 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     int64_t r = r0;
     const int64_t r16 = r0 + (r1 - r0) / 16 * 16;
     const int64_t tiled = mul_mat_tiles(a, tr, r0, r16);   /* tokens [0, tiled) of rows [r0, r16) are done */
-    /* token chunks outside the row groups, so each chunk's activations (a quarter of L2: 512 KB on Sapphire
-     * Rapids, where 1/8 and 1/2 measured slower) stay in L2 while every row group of the work item reads
-     * them (f32 activations of 512 tokens are 4 MB at K = 2048) */
-    const int64_t chunk = PI_MAX(PI_DOT8_MAX_T, pi_cpu_l2_bytes() / 4 / a->xq_row_bytes / PI_DOT8_MAX_T * PI_DOT8_MAX_T);
+    const int64_t chunk = token_chunk(a, PI_DOT8_MAX_T, false);
     if (pi_is_interleaved(a->w->type)) {   /* rows r of group r / R at byte r nb[1]; r0, r1 are multiples of R */
         /* only f32 activations (F16X8, BF16X8) in chunks: the quantized layouts' prompts measured as fast or faster
          * with every token per row group (Zen 4, pp512: Q8_0 0.6-0.8x with chunks, Q4_K_M and 7B Q4_0 within noise) */
-        const int64_t tokens_per_pass = tr->vec_dot_type == PI_TYPE_F32 ? chunk : T;
+        const int64_t per_call = tr->gemm_max_t;
+        const int64_t tokens_per_pass = tr->vec_dot_type == PI_TYPE_F32 ? token_chunk(a, per_call, true) : T;
         /* one token on AMD Zen 4 and Zen 5: Q4_0X8's groups one after the other through the 256-bit gemm8 (one
          * weight stream) rather than two side by side in gemm16. 7B Q4_0 decode at the avx512 level went from
          * 0.77-0.90x the avx2 level's speed to 0.95-1.09x on a Zen 4; the decode matmuls took 0.89x the time on a
@@ -262,13 +270,13 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
             r = r0;
             if (two_groups)   /* 16 rows per call where the level (Q4_0X8) or the layout (Q8_0X16, Q4_KX16) has one */
                 for (; r + 16 <= r1; r += 16)
-                    for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += tr->gemm16_max_t)
+                    for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += per_call)
                         tr->gemm16(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                                   (int)PI_MIN(tr->gemm16_max_t, c1 - t), y0 + t * y_stride + r, y_stride);
+                                   (int)PI_MIN(per_call, c1 - t), y0 + t * y_stride + r, y_stride);
             for (; r < r1; r += 8)   /* 8-row groups only: 16-row layouts end above */
-                for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += PI_DOT8_MAX_T)
+                for (int64_t t = PI_MAX(c0, r < r16 ? tiled : 0); t < c1; t += per_call)
                     tr->gemm8(K, w + r * a->w->nb[1], a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                              (int)PI_MIN(PI_DOT8_MAX_T, c1 - t), y0 + t * y_stride + r, y_stride);
+                              (int)PI_MIN(per_call, c1 - t), y0 + t * y_stride + r, y_stride);
         }
         return;
     }

@@ -240,7 +240,7 @@ X16_PAIRS_GEMM16(q5_1x16, q8_1, X16_Q5_1)
  * pair, a mask load and a masked add more per register than Q8_0X16's bias: 1.19-1.34x the time of the Q8_0X16 copy
  * at T = 512 (Zen 4, Gemma 3 270M's Q5_0 matrices). So their blocks are unpacked Q5X16_CHUNK at a time (a multiple of
  * 8) into Q8_0X16-shaped blocks of u, and every pair of tokens runs the Q8_0X16 body over that copy, in L1, without
- * even its bias (X16_UNPACKED_Q5); and a call takes up to Q5X16_MAX_T tokens (mul_mat: the traits' gemm16_max_t), so
+ * even its bias (X16_UNPACKED_Q5); and a call takes up to Q5X16_MAX_T tokens (mul_mat: the traits' gemm_max_t), so
  * that one unpacking serves them all (with 8 tokens a call it still took 1.06-1.23x the time). */
 #define Q5X16_CHUNK 32
 #define Q5X16_MAX_T 32

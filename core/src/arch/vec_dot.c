@@ -434,6 +434,13 @@ void pi_axpy_f16(int64_t n, float a, const void *row, float *y) {
     for (; i < n; i++) y[i] += a * pi_fp16_to_f32(x[i]);
 }
 
+/* tokens one F16X8 gemm8 call takes (mul_mat: the traits' gemm_max_t): the AVX2 level's blocks of 3 fill 24 */
+#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
+#define F16X8_MAX_T 12
+#else
+#define F16X8_MAX_T PI_DOT8_MAX_T
+#endif
+
 #if PI_HAVE_ROWS8
 /* Eight f16 rows in order (attention's V rows, f16 down_t rows): 32 outputs stay in registers while
  * the eight rows are added, each element exactly as pi_axpy_f16 adds it. */
@@ -462,21 +469,22 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
 /* Eight 16-bit float rows (f16 or bf16) against nt <= PI_DOT8_MAX_T f32 vectors (mul_mat: prompts, batches):
  * y[t y_stride + k] = the single-row kernel's dot product (pi_vec_dot_f16_f32 / pi_vec_dot_bf16_f32), the
  * same bits: each (row, token) keeps its own 8-lane accumulator, fed in the same order, then the same
- * horizontal sum and tail. Blocks of ROWS_PER rows x TOK_PER tokens keep their accumulators in registers,
- * so each converted weight vector feeds TOK_PER fmas.
+ * horizontal sum and tail. Blocks of rows_per rows x tok_per tokens keep their accumulators in registers,
+ * so each converted weight vector feeds tok_per fmas.
  * The rows are either the file's (S = 1: elements i..i+7 of row k at w[k] + i) or one group of the interleaved
  * copy F16X8/BF16X8 (S = 4: two halves of 4 rows, and in a half every 8-element chunk holds the 4 rows' elements
  * i..i+7 one after the other, so they sit at w[k] + 4 i with w[k] = group + (k / 4) 4 n + (k % 4) 8; n is a
  * multiple of 8); S is a constant after inlining. */
-/* Tiles (8 accumulators either way), measured on a Zen 3 (542M llama, ffn_up + ffn_down, T = 128, one core,
- * bench/README.md): f16 4 rows x 2 tokens, 0.75 of the time of 2 x 4 (4 x 3: 0.82, 8 x 1: 1.01, 4 x 4: 1.14);
- * bf16 keeps 2 x 4 (4 x 2: 1.08), its widening costs integer shuffles where f16 has one vcvtph2ps. An older
- * note measured 2 x 4 ahead for f16 too (116 vs 105 t/s), on a machine not recorded. A Zen 1, which runs 256-bit
+/* Tiles, measured on a Zen 3 (542M llama f16, T = 512, one thread, CPU time, bench/ab_ops.py): f16 4 rows x 3 tokens
+ * (12 accumulators, 3 activation vectors and the converted weight vector: all 16 registers) in calls of 24 tokens,
+ * 0.95x the time of 4 x 2 in calls of 8 (ffn_up, K = 2048), 0.96-0.97x (ffn_down, attn_q): a vcvtph2ps takes an
+ * fma's issue slot on this core (8 fmas and 4 conversions from memory issue in 5.3 cycles, not 4), so fewer
+ * conversions per fma pay; the 1 or 2 tokens left take 4 x 2. Before, in calls of 8 tokens: 4 x 2 0.75 of the time
+ * of 2 x 4 (4 x 3, i.e. 3 + 3 + 2 with the last token repeated: 0.82; 8 x 1: 1.01, 4 x 4: 1.14). bf16 keeps 2 x 4
+ * (4 x 2: 1.08), its widening costs integer shuffles where f16 has one vcvtph2ps. A Zen 1, which runs 256-bit
  * instructions as two halves (pi_cpu_half_width_256), is bound by the conversions instead: there f16 blocks of 8
  * tokens run as 1 row x 8 tokens, one vcvtph2ps per 8 fmas (542M f16 ffn_up/ffn_down/attn_q, T = 512, one thread, CPU
  * time: 0.71-0.74x the time of 4 x 2; 2 x 4: 0.76x, 4 x 3: 0.94x; bf16 there at 1 x 8: 1.11x its 2 x 4). */
-#define F16_ROWS_PER(bf16) ((bf16) ? 2 : 4)
-#define F16_TOK_PER(bf16) ((bf16) ? 4 : 2)
 #define F16_TILE_MAX 8
 
 static inline __m256 load8_f16(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }
@@ -492,31 +500,45 @@ static inline float half_dot_end(__m256 lanes, const uint16_t *w, const float *x
     return sum;
 }
 
+/* rows_per rows w[] x tokens t0..t0+n_tok-1 (a block of tok_per; a short one repeats its last token); rows_per and
+ * tok_per are constants after inlining */
+static inline __attribute__((always_inline)) void half_tile(int64_t n, const uint16_t *const *w, const char *x,
+                                                        int64_t x_stride, int t0, int n_tok, float *y,
+                                                        int64_t y_stride, const int bf16, const int S,
+                                                        const int rows_per, const int tok_per) {
+    const int64_t n8 = n / 8 * 8;
+    const float *xt[F16_TILE_MAX];
+    for (int j = 0; j < tok_per; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
+    __m256 acc[F16_TILE_MAX][F16_TILE_MAX];
+    for (int k = 0; k < rows_per; k++)
+        for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 xv[F16_TILE_MAX];
+        for (int j = 0; j < tok_per; j++) xv[j] = _mm256_loadu_ps(xt[j] + i);
+        for (int k = 0; k < rows_per; k++) {
+            const __m256 wk = bf16 ? load8_bf16(w[k] + i * S) : load8_f16(w[k] + i * S);
+            for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_fmadd_ps(wk, xv[j], acc[k][j]);
+        }
+    }
+    for (int j = 0; j < n_tok; j++)
+        for (int k = 0; k < rows_per; k++)
+            y[(t0 + j) * y_stride + k] = half_dot_end(acc[k][j], w[k], xt[j], n8, n, bf16);
+}
+
+/* blocks of rows_per rows x tok_per tokens; the tokens left after whole blocks in one short block (f16's 4 x 3: the 1
+ * or 2 left in a 4 x 2 block, whose repeat of a token costs less) */
 static inline __attribute__((always_inline)) void half_rows8(int64_t n, const void *const *rows, const char *x,
                                                          int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                          const int bf16, const int S, const int rows_per,
                                                          const int tok_per) {
-    const int64_t n8 = n / 8 * 8;
     for (int r0 = 0; r0 < 8; r0 += rows_per) {
         const uint16_t *w[F16_TILE_MAX];
         for (int k = 0; k < rows_per; k++) w[k] = rows[r0 + k];
-        for (int t0 = 0; t0 < nt; t0 += tok_per) {
-            const int n_tok = PI_MIN(tok_per, nt - t0);   /* short last block: its last token repeated */
-            const float *xt[F16_TILE_MAX];
-            for (int j = 0; j < tok_per; j++) xt[j] = (const float *)(x + (t0 + PI_MIN(j, n_tok - 1)) * x_stride);
-            __m256 acc[F16_TILE_MAX][F16_TILE_MAX];
-            for (int k = 0; k < rows_per; k++)
-                for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < n8; i += 8)
-                for (int k = 0; k < rows_per; k++) {
-                    const __m256 wk = bf16 ? load8_bf16(w[k] + i * S) : load8_f16(w[k] + i * S);
-                    for (int j = 0; j < tok_per; j++) acc[k][j] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xt[j] + i), acc[k][j]);
-                }
-            for (int j = 0; j < n_tok; j++)
-                for (int k = 0; k < rows_per; k++) {
-                    y[(t0 + j) * y_stride + r0 + k] = half_dot_end(acc[k][j], w[k], xt[j], n8, n, bf16);
-                }
-        }
+        int t0 = 0;
+        for (; t0 + tok_per <= nt; t0 += tok_per)
+            half_tile(n, w, x, x_stride, t0, tok_per, y + r0, y_stride, bf16, S, rows_per, tok_per);
+        if (t0 < nt)
+            half_tile(n, w, x, x_stride, t0, nt - t0, y + r0, y_stride, bf16, S, rows_per, tok_per == 3 ? 2 : tok_per);
     }
 }
 
@@ -595,13 +617,19 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
 }
 #define HALF_ROWS8_BODY half_rows8_512
 #else
+/* f16 4 rows x 3 tokens, bf16 2 x 4; a Zen 1 f16's whole blocks of 8 tokens 1 x 8 (its tail 4 x 2) */
 static inline __attribute__((always_inline)) void half_rows8_avx2(int64_t n, const void *const *rows, const char *x,
                                                               int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                               const int bf16, const int S) {
-    if (!bf16 && nt == 8 && pi_cpu_half_width_256())
-        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 1, 8);
+    if (!bf16 && pi_cpu_half_width_256()) {
+        int t0 = 0;
+        for (; t0 + 8 <= nt; t0 += 8)
+            half_rows8(n, rows, x + t0 * x_stride, x_stride, 8, y + t0 * y_stride, y_stride, bf16, S, 1, 8);
+        if (t0 < nt) half_rows8(n, rows, x + t0 * x_stride, x_stride, nt - t0, y + t0 * y_stride, y_stride, bf16, S, 4, 2);
+    } else if (bf16)
+        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 2, 4);
     else
-        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, F16_ROWS_PER(bf16), F16_TOK_PER(bf16));
+        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 4, 3);
 }
 #define HALF_ROWS8_BODY half_rows8_avx2
 #endif

@@ -184,6 +184,17 @@ else:
                 assert st.n_attn_layers == min(n_layer, ngl if ngl >= 0 else n_layer)
                 assert st.output == (ngl < 0 or ngl > n_layer)
 
+    def test_dense_ngl_last_row_equals_all_rows(dense_llama):
+        """The last layer's FFN over the output rows only (context.c prune_last_ffn) with the layers on the device
+        (the output too), or every layer but the last there (the residual stream moves back before it): the logits of
+        a decode that computes every row through the last layer."""
+        model = pi.Model(dense_llama)
+        for ngl in (model.hparams.n_layer - 1, -1):
+            full, last = (pi.Context(model, n_ctx=64, n_gpu_layers=ngl) for _ in range(2))
+            full.decode(PROMPT, logits="all")
+            last.decode(PROMPT, logits="last")
+            np.testing.assert_array_equal(last.logits(-1), full.logits(len(PROMPT) - 1), err_msg=f"-ngl {ngl}")
+
     @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3"])
     def test_dense_ngl_other_architectures(tmp_path, arch):
         """-ngl with the other architectures' tensors on the device (qwen2's q/k/v biases, qwen3's and gemma3's

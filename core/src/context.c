@@ -746,27 +746,47 @@ static pi_status reserve_rows(float **buf, int32_t *cap, int32_t n_rows, int64_t
     return PI_OK;
 }
 
-/* Final norm, then the output head, for the rows that asked for outputs, on the output's backend:
- * ctx->outputs says whether the normed rows (embeddings) are kept and whether the head runs. */
-static pi_status compute_logits(pi_context *ctx, pi_exec **at, const pi_batch *b) {
-    const pi_model *m = ctx->model;
-    pi_exec *e = ctx->out, *c = &ctx->cpu;
-    const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
-    const bool want_logits = ctx->outputs & PI_OUTPUT_LOGITS, want_embd = ctx->outputs & PI_OUTPUT_EMBD;
+/* Which batch rows asked for outputs (b->logits, else the last): ctx->output_row[t] = its output row or -1, the
+ * CPU's buf.ids = the rows in order; returns how many. */
+static int32_t output_rows(pi_context *ctx, const pi_batch *b) {
     int32_t n_out = 0;
     for (int32_t t = 0; t < b->n_tokens; t++) {
         const bool want = b->logits ? b->logits[t] != 0 : t == b->n_tokens - 1;
         ctx->output_row[t] = want ? n_out : -1;
-        if (want) c->buf.ids[n_out++] = t;
+        if (want) ctx->cpu.buf.ids[n_out++] = t;
     }
+    return n_out;
+}
+
+/* The residual stream x [T][n_embd] (on *at) keeps only the n_out output rows (the CPU's buf.ids), in order. */
+static pi_status keep_output_rows(pi_context *ctx, pi_exec *at, int64_t T, int32_t n_out) {
+    const int64_t E = ctx->model->hp.n_embd;
+    TRY(transfer(at, at->buf.ids, &ctx->cpu, ctx->cpu.buf.ids, (size_t)n_out * sizeof(int32_t)));
+    pi_tensor xt = f32_2d(at->buf.x, E, T), rows = f32_2d(at->buf.cur, E, n_out);
+    TRY(OP(at, get_rows, &xt, at->buf.ids, n_out, &rows));
+    return OP(at, copy, at->buf.x, at->buf.cur, (size_t)(n_out * E) * sizeof(float));
+}
+
+/* Final norm, then the output head, for the n_out rows that asked for outputs (output_rows), on the output's backend:
+ * ctx->outputs says whether the normed rows (embeddings) are kept and whether the head runs. x holds T rows, or only
+ * the output rows (T == n_out: forward dropped the others before the last FFN). */
+static pi_status compute_logits(pi_context *ctx, pi_exec **at, int64_t T, int32_t n_out) {
+    const pi_model *m = ctx->model;
+    pi_exec *e = ctx->out, *c = &ctx->cpu;
+    const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    const bool want_logits = ctx->outputs & PI_OUTPUT_LOGITS, want_embd = ctx->outputs & PI_OUTPUT_EMBD;
     if (n_out == 0) return PI_OK;
     if (want_logits) TRY(reserve_rows(&ctx->logits, &ctx->logits_cap, n_out, V, "logits"));
     if (want_embd) TRY(reserve_rows(&ctx->embd, &ctx->embd_cap, n_out, E, "embeddings"));
-    TRY(move_x(ctx, at, e, b->n_tokens));
-    TRY(transfer(e, e->buf.ids, c, c->buf.ids, (size_t)n_out * sizeof(int32_t)));
-    pi_tensor xt = f32_2d(e->buf.x, E, b->n_tokens), rows = f32_2d(e->buf.cur, E, n_out);
-    TRY(OP(e, get_rows, &xt, e->buf.ids, n_out, &rows));
-    TRY(norm(ctx, e, e->buf.cur, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
+    TRY(move_x(ctx, at, e, T));
+    if (T == n_out)
+        TRY(norm(ctx, e, e->buf.x, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
+    else {
+        TRY(transfer(e, e->buf.ids, c, c->buf.ids, (size_t)n_out * sizeof(int32_t)));
+        pi_tensor xt = f32_2d(e->buf.x, E, T), rows = f32_2d(e->buf.cur, E, n_out);
+        TRY(OP(e, get_rows, &xt, e->buf.ids, n_out, &rows));
+        TRY(norm(ctx, e, e->buf.cur, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
+    }
     if (want_embd) TRY(transfer(c, ctx->embd, e, e->buf.cur, (size_t)n_out * (size_t)E * sizeof(float)));
     if (!want_logits) return PI_OK;
     float *dst = e->buf.logits ? e->buf.logits : ctx->logits;
@@ -774,11 +794,22 @@ static pi_status compute_logits(pi_context *ctx, pi_exec **at, const pi_batch *b
     return transfer(c, ctx->logits, e, dst, (size_t)n_out * (size_t)V * sizeof(float));
 }
 
+/* Whether the last layer's FFN may run over the output rows only (as llama.cpp does): its result matters for those
+ * rows alone, and every op of a dense FFN gives a row the same bits whatever the batch (docs/design.md), so the
+ * outputs are the same. Not for the sparse FFNs and the calibration histograms, whose statistics count every token
+ * of every layer, nor for falcon's parallel block (its attention and FFN read the same normed rows). */
+static bool prune_last_ffn(const pi_context *ctx) {
+    const pi_hparams *hp = &ctx->model->hp;
+    return !hp->sparse && !hp->gate_sparse && !ctx->act_hist && hp->arch != PI_ARCH_FALCON;
+}
+
 static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
     const pi_model *m = ctx->model;
     pi_exec *at = &ctx->cpu;   /* the backend holding the valid residual stream */
     TRY(batch_inputs(ctx, batch, n_kv));
     TRY(embeddings(ctx, batch));
+    const int32_t n_out = output_rows(ctx, batch);
+    int64_t T = batch->n_tokens;   /* rows of the residual stream */
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) return pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
         const pi_layer_exec *lx = &ctx->lx[il];
@@ -787,10 +818,15 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
             continue;
         }
         TRY(attention_block(ctx, &at, lx, il, batch, n_kv));
-        if (m->hp.sparse) TRY(sparse_ffn_block(ctx, &at, lx, il, batch->n_tokens));
-        else TRY(ffn_block(ctx, &at, lx, il, batch->n_tokens));
+        if (il == m->hp.n_layer - 1 && n_out < T && prune_last_ffn(ctx)) {
+            if (n_out == 0) break;   /* no outputs: the cache is written, the last FFN would be for nothing */
+            TRY(keep_output_rows(ctx, at, T, n_out));
+            T = n_out;
+        }
+        if (m->hp.sparse) TRY(sparse_ffn_block(ctx, &at, lx, il, T));
+        else TRY(ffn_block(ctx, &at, lx, il, T));
     }
-    TRY(compute_logits(ctx, &at, batch));
+    TRY(compute_logits(ctx, &at, T, n_out));
     return ctx->dev.be ? ctx->dev.be->i->sync(ctx->dev.be) : PI_OK;
 }
 

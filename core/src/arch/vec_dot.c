@@ -434,11 +434,13 @@ void pi_axpy_f16(int64_t n, float a, const void *row, float *y) {
     for (; i < n; i++) y[i] += a * pi_fp16_to_f32(x[i]);
 }
 
-/* tokens one F16X8 gemm8 call takes (mul_mat: the traits' gemm_max_t): the AVX2 level's blocks of 3 fill 24 */
+/* tokens one F16X8 / BF16X8 gemm8 call takes (mul_mat: the traits' gemm_max_t): the AVX2 level's blocks of 3 fill 12,
+ * and mul_mat's token passes are whole calls (24 tokens at K = 2048, 12 at K = 5632: as fast as 24 there, where 24
+ * tokens of f32 activations are more than L2) */
 #if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
-#define F16X8_MAX_T 12
+#define HALF_X8_MAX_T 12
 #else
-#define F16X8_MAX_T PI_DOT8_MAX_T
+#define HALF_X8_MAX_T PI_DOT8_MAX_T
 #endif
 
 #if PI_HAVE_ROWS8
@@ -476,7 +478,7 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
  * i..i+7 one after the other, so they sit at w[k] + 4 i with w[k] = group + (k / 4) 4 n + (k % 4) 8; n is a
  * multiple of 8); S is a constant after inlining. */
 /* Tiles, measured on a Zen 3 (542M llama f16, T = 512, one thread, CPU time, bench/ab_ops.py): f16 4 rows x 3 tokens
- * (12 accumulators, 3 activation vectors and the converted weight vector: all 16 registers) in calls of 24 tokens,
+ * (12 accumulators, 3 activation vectors and the converted weight vector: all 16 registers) in calls of 12 tokens,
  * 0.95x the time of 4 x 2 in calls of 8 (ffn_up, K = 2048), 0.96-0.97x (ffn_down, attn_q): a vcvtph2ps takes an
  * fma's issue slot on this core (8 fmas and 4 conversions from memory issue in 5.3 cycles, not 4), so fewer
  * conversions per fma pay; the 1 or 2 tokens left take 4 x 2. Before, in calls of 8 tokens: 4 x 2 0.75 of the time
@@ -617,19 +619,20 @@ static inline __attribute__((always_inline)) void half_rows8_512(int64_t n, cons
 }
 #define HALF_ROWS8_BODY half_rows8_512
 #else
-/* f16 4 rows x 3 tokens, bf16 2 x 4; a Zen 1 f16's whole blocks of 8 tokens 1 x 8 (its tail 4 x 2) */
+/* 4 rows x 3 tokens; on a Zen 1 f16's whole blocks of 8 tokens 1 x 8 (its tail 4 x 2), bf16 2 x 4 */
 static inline __attribute__((always_inline)) void half_rows8_avx2(int64_t n, const void *const *rows, const char *x,
                                                               int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                               const int bf16, const int S) {
-    if (!bf16 && pi_cpu_half_width_256()) {
+    if (!pi_cpu_half_width_256())
+        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 4, 3);
+    else if (bf16)
+        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 2, 4);
+    else {
         int t0 = 0;
         for (; t0 + 8 <= nt; t0 += 8)
             half_rows8(n, rows, x + t0 * x_stride, x_stride, 8, y + t0 * y_stride, y_stride, bf16, S, 1, 8);
         if (t0 < nt) half_rows8(n, rows, x + t0 * x_stride, x_stride, nt - t0, y + t0 * y_stride, y_stride, bf16, S, 4, 2);
-    } else if (bf16)
-        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 2, 4);
-    else
-        half_rows8(n, rows, x, x_stride, nt, y, y_stride, bf16, S, 4, 3);
+    }
 }
 #define HALF_ROWS8_BODY half_rows8_avx2
 #endif

@@ -477,16 +477,17 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
  * copy F16X8/BF16X8 (S = 4: two halves of 4 rows, and in a half every 8-element chunk holds the 4 rows' elements
  * i..i+7 one after the other, so they sit at w[k] + 4 i with w[k] = group + (k / 4) 4 n + (k % 4) 8; n is a
  * multiple of 8); S is a constant after inlining. */
-/* Tiles, measured on a Zen 3 (542M llama f16, T = 512, one thread, CPU time, bench/ab_ops.py): f16 4 rows x 3 tokens
- * (12 accumulators, 3 activation vectors and the converted weight vector: all 16 registers) in calls of 12 tokens,
- * 0.95x the time of 4 x 2 in calls of 8 (ffn_up, K = 2048), 0.96-0.97x (ffn_down, attn_q): a vcvtph2ps takes an
- * fma's issue slot on this core (8 fmas and 4 conversions from memory issue in 5.3 cycles, not 4), so fewer
- * conversions per fma pay; the 1 or 2 tokens left take 4 x 2. Before, in calls of 8 tokens: 4 x 2 0.75 of the time
- * of 2 x 4 (4 x 3, i.e. 3 + 3 + 2 with the last token repeated: 0.82; 8 x 1: 1.01, 4 x 4: 1.14). bf16 keeps 2 x 4
- * (4 x 2: 1.08), its widening costs integer shuffles where f16 has one vcvtph2ps. A Zen 1, which runs 256-bit
- * instructions as two halves (pi_cpu_half_width_256), is bound by the conversions instead: there f16 blocks of 8
- * tokens run as 1 row x 8 tokens, one vcvtph2ps per 8 fmas (542M f16 ffn_up/ffn_down/attn_q, T = 512, one thread, CPU
- * time: 0.71-0.74x the time of 4 x 2; 2 x 4: 0.76x, 4 x 3: 0.94x; bf16 there at 1 x 8: 1.11x its 2 x 4). */
+/* Tiles, measured on a Zen 3 (542M llama, T = 512, one thread, CPU time, bench/ab_ops.py): 4 rows x 3 tokens (12
+ * accumulators, 3 activation vectors and the converted weight vector: all 16 registers) in calls of 12 tokens, against
+ * the 4 x 2 (f16) and 2 x 4 (bf16) blocks in calls of 8 before: f16 0.95x the time (ffn_up, K = 2048), 0.96-0.97x
+ * (ffn_down, attn_q); bf16 0.82x (ffn_up), 0.84-0.86x (ffn_down). The conversions compete with the fmas for issue on
+ * this core (8 fmas and 4 vcvtph2ps from memory take 4.7-4.9 cycles, not 4; with bf16's widening 6.2-6.4:
+ * bench/instr_throughput.c), so fewer conversions per fma pay. The 1 or 2 tokens left take 4 x 2. Earlier, in calls
+ * of 8 tokens: f16 4 x 2 0.75 of the time of 2 x 4 (4 x 3 as 3 + 3 + 2 with the last token repeated: 0.82; 8 x 1:
+ * 1.01, 4 x 4: 1.14); bf16 4 x 2 1.08 of its 2 x 4. A Zen 1, which runs 256-bit instructions as two halves
+ * (pi_cpu_half_width_256), is bound by the conversions instead: there f16 blocks of 8 tokens run as 1 row x 8
+ * tokens, one vcvtph2ps per 8 fmas (542M f16 ffn_up/ffn_down/attn_q, T = 512, one thread, CPU time: 0.71-0.74x the
+ * time of 4 x 2; 2 x 4: 0.76x, 4 x 3: 0.94x), and bf16 keeps 2 x 4 (1 x 8: 1.11x). */
 #define F16_TILE_MAX 8
 
 static inline __m256 load8_f16(const uint16_t *w) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w)); }

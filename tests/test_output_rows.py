@@ -57,13 +57,15 @@ def test_picked_rows_equal_all_rows(model):
         assert_bit_equal(ctx.logits(t), full.logits(t), f"row {t}")
 
 
-def test_embeddings_of_the_last_row(model):
-    full = all_rows(model, dict(logits=True, embeddings=True))
+@pytest.mark.parametrize("logits", [True, False], ids=["with-logits", "alone"])
+def test_embeddings_of_the_last_row(model, logits):
+    full = all_rows(model, dict(logits=logits, embeddings=True))
     ctx = pi.Context(model, n_ctx=128)
-    ctx.set_outputs(logits=True, embeddings=True)
+    ctx.set_outputs(logits=logits, embeddings=True)
     ctx.decode(PROMPT, logits="last")
     assert_bit_equal(ctx.embeddings(-1), full.embeddings(len(PROMPT) - 1), "embeddings")
-    assert_bit_equal(ctx.logits(-1), full.logits(len(PROMPT) - 1), "logits beside embeddings")
+    if logits:
+        assert_bit_equal(ctx.logits(-1), full.logits(len(PROMPT) - 1), "logits beside embeddings")
 
 
 def test_no_outputs_then_decode(model):

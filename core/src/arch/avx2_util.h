@@ -92,6 +92,14 @@ static inline __m128i pi_k3_scales16(const uint8_t *s) {
     return _mm_sub_epi8(u, _mm_set1_epi8(32));
 }
 
+/* Bit `bit` of every byte of v moved to bit `to`, the byte's other bits 0: one 16-bit shift keeps each byte's bit
+ * inside its byte for any bit and to in 0..7 (a byte's bit `to` after the shift is its own bit `bit`); bit and to are
+ * constants after inlining. Two instructions where a compare against the bit takes three. */
+static inline __m256i pi_bit_to(__m256i v, int bit, int to) {
+    const __m256i moved = bit == to ? v : bit < to ? _mm256_slli_epi16(v, to - bit) : _mm256_srli_epi16(v, bit - to);
+    return _mm256_and_si256(moved, _mm256_set1_epi8((char)(1 << to)));
+}
+
 /* The sum of the 8 float lanes, in a fixed order (lanes i and i+4, then pairs, then the last two). */
 static inline float pi_hsum_ps(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);

@@ -332,12 +332,8 @@ void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
  * sub-block 2j) or 2j+1 (high nibbles) of qh[l].
  * ====================================================================================== */
 
-/* Bit `bit` of every byte of qh, as 16 (the quant's fifth bit), for any bit 0..7 (16-bit shifts by at most
- * 4 left or 3 right keep bit 4 of each byte inside its byte). */
-static inline __m256i q5_fifth_bit(__m256i qh, int bit) {
-    const __m256i moved = bit <= 4 ? _mm256_slli_epi16(qh, 4 - bit) : _mm256_srli_epi16(qh, bit - 4);
-    return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
-}
+/* Bit `bit` of every byte of qh, as 16 (the quant's fifth bit) */
+static inline __m256i q5_fifth_bit(__m256i qh, int bit) { return pi_bit_to(qh, bit, 4); }
 
 /* Eight rows at any addresses (rows; gh < 0), or half gh (rows 8gh..8gh+7) of one Q4_KX16 or Q5_KX16 group (the
  * same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after inlining. */
@@ -497,9 +493,7 @@ static inline __attribute__((always_inline)) void k23_dot8(int64_t n, const void
                     for (int m = 0; m < 4; m++) {
                         w[m] = _mm256_and_si256(_mm256_srli_epi16(a[m], 2 * g), m2);
                         if (three_bit)   /* bit 4h + g of hmask -> value 4 */
-                            w[m] = _mm256_or_si256(w[m], _mm256_and_si256(
-                                4 * h + g >= 2 ? _mm256_srli_epi16(hb[m], 4 * h + g - 2) : _mm256_slli_epi16(hb[m], 2 - (4 * h + g)),
-                                _mm256_set1_epi8(4)));
+                            w[m] = _mm256_or_si256(w[m], pi_bit_to(hb[m], 4 * h + g, 2));
                     }
                     const int j = 8 * h + 2 * g + half;
                     k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, three_bit), x, x_stride, b,

@@ -84,11 +84,6 @@ static inline __m256i q5_1_quants(const void *blk) {
     return quants_5bit(b->qs, b->qh);
 }
 
-/* Bytes of `bits` where `mask` is set -> `value`, else 0. */
-static inline __m256i select_bits(__m256i bits, uint8_t mask, uint8_t value) {
-    const __m256i m = _mm256_set1_epi8((char)mask);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, m), m), _mm256_set1_epi8((char)value));
-}
 #endif
 
 /* Decode streams one row per thread; asking for the super-block K_PREFETCH_AHEAD blocks on (all its cache lines)
@@ -343,7 +338,7 @@ static inline __attribute__((always_inline)) void q3_K_lanes(const pi_block_q3_K
         const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
         for (int g = 0; g < 4; g++) {
             const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
-            const __m256i u = _mm256_or_si256(lo, select_bits(hm, (uint8_t)(1 << (4 * h + g)), 4));
+            const __m256i u = _mm256_or_si256(lo, pi_bit_to(hm, 4 * h + g, 2));
             acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u, y->qs + 128 * h + 32 * g, sc, 8 * h + 2 * g));
         }
     }
@@ -502,9 +497,9 @@ static inline __attribute__((always_inline)) void q5_K_lanes(const pi_block_q5_K
     __m256i q[8];   /* as Q4_K, plus the fifth bit: bit 2j (low nibbles) or 2j+1 (high) of qh[l] */
     for (int j = 0; j < 4; j++) {
         const __m256i b = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
-        q[2 * j] = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi8(0x0f)), select_bits(qh, (uint8_t)(1 << (2 * j)), 16));
+        q[2 * j] = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi8(0x0f)), pi_bit_to(qh, 2 * j, 4));
         q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0f)),
-                                       select_bits(qh, (uint8_t)(1 << (2 * j + 1)), 16));
+                                       pi_bit_to(qh, 2 * j + 1, 4));
     }
     *li = k4_sumi_lanes(q, sm, y);
     *lm = k4_summ_lanes(sm, y);

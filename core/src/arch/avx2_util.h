@@ -92,13 +92,14 @@ static inline __m128i pi_k3_scales16(const uint8_t *s) {
     return _mm_sub_epi8(u, _mm_set1_epi8(32));
 }
 
-/* Bit `bit` of every byte of v moved to bit `to`, the byte's other bits 0: one 16-bit shift keeps each byte's bit
- * inside its byte for any bit and to in 0..7 (a byte's bit `to` after the shift is its own bit `bit`); bit and to are
- * constants after inlining. Two instructions where a compare against the bit takes three. */
-static inline __m256i pi_bit_to(__m256i v, int bit, int to) {
-    const __m256i moved = bit == to ? v : bit < to ? _mm256_slli_epi16(v, to - bit) : _mm256_srli_epi16(v, bit - to);
-    return _mm256_and_si256(moved, _mm256_set1_epi8((char)(1 << to)));
+/* Bits from..from+n-1 of every byte of v moved to bits to..to+n-1, the byte's other bits 0: one 16-bit shift keeps
+ * them inside their byte (after it, a byte's bits to.. are its own bits from..; from + n, to + n <= 8); from, n and
+ * to are constants after inlining. Two instructions where a compare against a bit takes three. */
+static inline __m256i pi_bits_to(__m256i v, int from, int n, int to) {
+    const __m256i moved = from == to ? v : from < to ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+    return _mm256_and_si256(moved, _mm256_set1_epi8((char)(((1 << n) - 1) << to)));
 }
+static inline __m256i pi_bit_to(__m256i v, int bit, int to) { return pi_bits_to(v, bit, 1, to); }
 
 /* The sum of the 8 float lanes, in a fixed order (lanes i and i+4, then pairs, then the last two). */
 static inline float pi_hsum_ps(__m256 v) {

@@ -539,20 +539,17 @@ static inline __attribute__((always_inline)) void q6_K_lanes(const pi_block_q6_K
     /* the 16 signed scales as int16: corr = sum_j sc_j bsum_j, and the per-call pairs (sc_j | sc_j+1) */
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
     const __m256i corr = scales_bsums_lanes(sc16, y);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
         const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
         __m256i u[4];
-        u[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-        u[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-        u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-        u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        u[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), pi_bits_to(qh, 0, 2, 4));
+        u[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), pi_bits_to(qh, 2, 2, 4));
+        u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), pi_bits_to(qh, 4, 2, 4));
+        u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), pi_bits_to(qh, 6, 2, 4));
         for (int k = 0; k < 4; k++)
             acc = _mm256_add_epi32(acc, dot_u8_i8_pair(u[k], y->qs + 128 * h + 32 * k, sc16, 8 * h + 2 * k));
     }

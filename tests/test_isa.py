@@ -514,7 +514,7 @@ def test_16bit_interleaved_equals_scalar(at_level, pool2, level, t, name, K):
     bits of the file's rows at the scalar level, at every level: decode (1 token: one half after the other), the
     short blocks (3, 4) and 8-token blocks of the prompt kernels with their tails (13; the AVX2 level's 3-token
     blocks and the 1 or 2 tokens left: 4, 8, 13), and, at K = 2048, a prompt of 100 tokens whose f32 activations
-    (800 KB) go in several L2 token chunks (the AVX2 level's 12-token calls: 8 calls and a tail of 4). K: one chunk of 8, 25 chunks (no whole
+    (800 KB) go in several L2 token chunks (the AVX2 level's 24-token calls: 4 calls and a tail of 4). K: one chunk of 8, 25 chunks (no whole
     512-bit step pairs), 256 chunks. N = 40: five groups."""
     Ts = (1, 3, 4, 8, 13, 100)
     N = 40

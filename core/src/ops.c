@@ -91,7 +91,7 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  *             Q8_0X16, Q5_0X16, Q4_1X16, Q5_1X16, Q4_KX16: one group, every level; Q5_0X16 at the AVX-512 levels: up to
  *             32 tokens (its gemm_max_t), so that each call's unpacking serves more of them)
  *   gemm8     interleaved weights (Q4_0X8, F16X8, BF16X8): 8 rows x up to 8 tokens per call (F16X8 and BF16X8 at
- *             the avx2 level: up to 12, their gemm_max_t, so that the kernel's blocks of 3 tokens fill the call)
+ *             the avx2 level: up to 24, their gemm_max_t, so that the kernel's blocks of 3 tokens fill the call)
  *   tiles_rows  rows at any addresses on AMX tiles: 16 rows x a multiple of 16 tokens per call (prompts of at
  *             least PI_TILES_MIN_T tokens; the token and row tails go to vec_dot8)
  *   vec_dot8  8 rows at any addresses x up to 8 tokens per call
@@ -238,8 +238,9 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
 /* Tokens per pass over a work item's row groups, a multiple of the kernel's tokens per call: each pass's activations
  * (a quarter of L2: 512 KB on Sapphire Rapids, where 1/8 and 1/2 measured slower) stay in L2 while every row group
  * of the item reads them (f32 activations of 512 tokens are 4 MB at K = 2048). The interleaved layouts round up to
- * whole calls: F16X8's and BF16X8's 12-token calls at the avx2 level make passes of 24 tokens at K = 2048 (192 KB;
- * passes of 12 took 1.05x the time on a Zen 3) and of 12 at K = 5632 (270 KB; 24: 1.03x). */
+ * whole calls: F16X8's and BF16X8's 24-token calls at the avx2 level make passes of 24 tokens (192 KB at K = 2048,
+ * 540 KB at K = 5632); on a Zen 3, passes of 12 at K = 5632 measured the same, passes of 12 at K = 2048 1.05x the
+ * time. */
 static int64_t token_chunk(const mul_mat_args *a, int64_t per_call, bool round_up) {
     const int64_t fit = pi_cpu_l2_bytes() / 4 / a->xq_row_bytes;
     return PI_MAX(per_call, (round_up ? fit + per_call - 1 : fit) / per_call * per_call);

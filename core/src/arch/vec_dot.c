@@ -434,11 +434,11 @@ void pi_axpy_f16(int64_t n, float a, const void *row, float *y) {
     for (; i < n; i++) y[i] += a * pi_fp16_to_f32(x[i]);
 }
 
-/* tokens one F16X8 / BF16X8 gemm8 call takes (mul_mat: the traits' gemm_max_t): the AVX2 level's blocks of 3 fill 12,
- * and mul_mat's token passes are whole calls (24 tokens at K = 2048, 12 at K = 5632: as fast as 24 there, where 24
- * tokens of f32 activations are more than L2) */
+/* tokens one F16X8 / BF16X8 gemm8 call takes (mul_mat: the traits' gemm_max_t): at the AVX2 level 24, whole blocks of
+ * 3 tokens (and a Zen 1's of 8); mul_mat's token passes are whole calls. Calls of 12 (passes of 24 tokens at K = 2048,
+ * 12 at K = 5632) measured the same on a Zen 3 (0.98-1.02x), but would cut a Zen 1's 8-token blocks. */
 #if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
-#define HALF_X8_MAX_T 12
+#define HALF_X8_MAX_T 24
 #else
 #define HALF_X8_MAX_T PI_DOT8_MAX_T
 #endif
@@ -468,7 +468,8 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
     for (int k = 0; k < 8; k++) pi_axpy_f16(n - i, a[k], x[k] + i, y + i);   /* the rest: n % 32 < 8 too */
 }
 
-/* Eight 16-bit float rows (f16 or bf16) against nt <= PI_DOT8_MAX_T f32 vectors (mul_mat: prompts, batches):
+/* Eight 16-bit float rows (f16 or bf16) against nt f32 vectors (mul_mat: prompts, batches; nt <= PI_DOT8_MAX_T for
+ * vec_dot8, HALF_X8_MAX_T for the interleaved copies' gemm8):
  * y[t y_stride + k] = the single-row kernel's dot product (pi_vec_dot_f16_f32 / pi_vec_dot_bf16_f32), the
  * same bits: each (row, token) keeps its own 8-lane accumulator, fed in the same order, then the same
  * horizontal sum and tail. Blocks of rows_per rows x tok_per tokens keep their accumulators in registers,
@@ -478,9 +479,9 @@ void pi_axpy8_f16(int64_t n, const float *a, const void *const *rows, float *y) 
  * i..i+7 one after the other, so they sit at w[k] + 4 i with w[k] = group + (k / 4) 4 n + (k % 4) 8; n is a
  * multiple of 8); S is a constant after inlining. */
 /* Tiles, measured on a Zen 3 (542M llama, T = 512, one thread, CPU time, bench/ab_ops.py): 4 rows x 3 tokens (12
- * accumulators, 3 activation vectors and the converted weight vector: all 16 registers) in calls of 12 tokens, against
- * the 4 x 2 (f16) and 2 x 4 (bf16) blocks in calls of 8 before: f16 0.95x the time (ffn_up, K = 2048), 0.96-0.97x
- * (ffn_down, attn_q); bf16 0.82x (ffn_up), 0.84-0.86x (ffn_down). The conversions compete with the fmas for issue on
+ * accumulators, 3 activation vectors and the converted weight vector: all 16 registers) in calls of 12 tokens (of 24,
+ * as now: the same), against the 4 x 2 (f16) and 2 x 4 (bf16) blocks in calls of 8 before: f16 0.95x the time
+ * (ffn_up, K = 2048), 0.96-0.97x (ffn_down, attn_q); bf16 0.82x (ffn_up), 0.84-0.86x (ffn_down). The conversions compete with the fmas for issue on
  * this core (8 fmas and 4 vcvtph2ps from memory take 4.7-4.9 cycles, not 4; with bf16's widening 6.2-6.4:
  * bench/instr_throughput.c), so fewer conversions per fma pay. The 1 or 2 tokens left take 4 x 2. Earlier, in calls
  * of 8 tokens: f16 4 x 2 0.75 of the time of 2 x 4 (4 x 3 as 3 + 3 + 2 with the last token repeated: 0.82; 8 x 1:

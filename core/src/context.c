@@ -758,13 +758,18 @@ static int32_t output_rows(pi_context *ctx, const pi_batch *b) {
     return n_out;
 }
 
-/* The residual stream x [T][n_embd] (on *at) keeps only the n_out output rows (the CPU's buf.ids), in order. */
-static pi_status keep_output_rows(pi_context *ctx, pi_exec *at, int64_t T, int32_t n_out) {
+/* e's cur = the n_out output rows (the CPU's buf.ids) of e's x [T][n_embd], in order. */
+static pi_status gather_output_rows(pi_context *ctx, pi_exec *e, int64_t T, int32_t n_out) {
     const int64_t E = ctx->model->hp.n_embd;
-    TRY(transfer(at, at->buf.ids, &ctx->cpu, ctx->cpu.buf.ids, (size_t)n_out * sizeof(int32_t)));
-    pi_tensor xt = f32_2d(at->buf.x, E, T), rows = f32_2d(at->buf.cur, E, n_out);
-    TRY(OP(at, get_rows, &xt, at->buf.ids, n_out, &rows));
-    return OP(at, copy, at->buf.x, at->buf.cur, (size_t)(n_out * E) * sizeof(float));
+    TRY(transfer(e, e->buf.ids, &ctx->cpu, ctx->cpu.buf.ids, (size_t)n_out * sizeof(int32_t)));
+    pi_tensor xt = f32_2d(e->buf.x, E, T), rows = f32_2d(e->buf.cur, E, n_out);
+    return OP(e, get_rows, &xt, e->buf.ids, n_out, &rows);
+}
+
+/* The residual stream x [T][n_embd] (on at) keeps only the n_out output rows, in order. */
+static pi_status keep_output_rows(pi_context *ctx, pi_exec *at, int64_t T, int32_t n_out) {
+    TRY(gather_output_rows(ctx, at, T, n_out));
+    return OP(at, copy, at->buf.x, at->buf.cur, (size_t)(n_out * ctx->model->hp.n_embd) * sizeof(float));
 }
 
 /* Final norm, then the output head, for the n_out rows that asked for outputs (output_rows), on the output's backend:
@@ -779,14 +784,8 @@ static pi_status compute_logits(pi_context *ctx, pi_exec **at, int64_t T, int32_
     if (want_logits) TRY(reserve_rows(&ctx->logits, &ctx->logits_cap, n_out, V, "logits"));
     if (want_embd) TRY(reserve_rows(&ctx->embd, &ctx->embd_cap, n_out, E, "embeddings"));
     TRY(move_x(ctx, at, e, T));
-    if (T == n_out)
-        TRY(norm(ctx, e, e->buf.x, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
-    else {
-        TRY(transfer(e, e->buf.ids, c, c->buf.ids, (size_t)n_out * sizeof(int32_t)));
-        pi_tensor xt = f32_2d(e->buf.x, E, T), rows = f32_2d(e->buf.cur, E, n_out);
-        TRY(OP(e, get_rows, &xt, e->buf.ids, n_out, &rows));
-        TRY(norm(ctx, e, e->buf.cur, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
-    }
+    if (T > n_out) TRY(gather_output_rows(ctx, e, T, n_out));   /* else x holds just the output rows */
+    TRY(norm(ctx, e, T > n_out ? e->buf.cur : e->buf.x, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
     if (want_embd) TRY(transfer(c, ctx->embd, e, e->buf.cur, (size_t)n_out * (size_t)E * sizeof(float)));
     if (!want_logits) return PI_OK;
     float *dst = e->buf.logits ? e->buf.logits : ctx->logits;

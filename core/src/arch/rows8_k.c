@@ -332,8 +332,6 @@ void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
  * sub-block 2j) or 2j+1 (high nibbles) of qh[l].
  * ====================================================================================== */
 
-/* Bit `bit` of every byte of qh, as 16 (the quant's fifth bit) */
-static inline __m256i q5_fifth_bit(__m256i qh, int bit) { return pi_bit_to(qh, bit, 4); }
 
 /* Eight rows at any addresses (rows; gh < 0), or half gh (rows 8gh..8gh+7) of one Q4_KX16 or Q5_KX16 group (the
  * same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after inlining. */
@@ -394,8 +392,8 @@ static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const v
                     w[m] = _mm256_and_si256(c[m], m4);
                     w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
                     if (five_bit) {   /* 5-bit quants: 4 maddubs (2 x 31 x 127 each) still fit int16 */
-                        w[m] = _mm256_or_si256(w[m], q5_fifth_bit(qhh[m], 2 * j));
-                        w[4 + m] = _mm256_or_si256(w[4 + m], q5_fifth_bit(qhh[m], 2 * j + 1));
+                        w[m] = _mm256_or_si256(w[m], pi_bit_to(qhh[m], 2 * j, 4));   /* the fifth bit: 16 */
+                        w[4 + m] = _mm256_or_si256(w[4 + m], pi_bit_to(qhh[m], 2 * j + 1, 4));
                     }
                 }
                 for (int t = 0; t < nt; t++) {
@@ -576,7 +574,7 @@ void pi_vec_dot8_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, i
 static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
                                                         const int nt, float *y, int64_t y_stride) {
     const int64_t nb = n / PI_QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
     for (int64_t b = 0; b < nb; b++) {
         const char *p[8];
@@ -600,11 +598,7 @@ static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const voi
                     for (int m = 0; m < 4; m++) {
                         const __m256i lo = q & 1 ? bq[m] : a[m];
                         const __m256i nib = _mm256_and_si256(q < 2 ? lo : _mm256_srli_epi16(lo, 4), m4);
-                        /* bits 2q, 2q+1 of each qh byte -> bits 4, 5 */
-                        const __m256i hi2 = q == 0 ? _mm256_slli_epi16(hb[m], 4)
-                                          : q == 1 ? _mm256_slli_epi16(hb[m], 2)
-                                          : q == 2 ? hb[m] : _mm256_srli_epi16(hb[m], 2);
-                        w[m] = _mm256_or_si256(nib, _mm256_and_si256(hi2, m2h));
+                        w[m] = _mm256_or_si256(nib, pi_bits_to(hb[m], 2 * q, 2, 4));   /* bits 2q, 2q+1 of qh */
                     }
                     const int j = 8 * h + 2 * q + half;
                     k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b,

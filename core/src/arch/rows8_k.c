@@ -333,102 +333,106 @@ void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
  * ====================================================================================== */
 
 
-/* Eight rows at any addresses (rows; gh < 0), or half gh (rows 8gh..8gh+7) of one Q4_KX16 or Q5_KX16 group (the
- * same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after inlining. */
+/* Super-block b's step acc[t] of eight rows at any addresses (rows; gh < 0), or of half gh (rows 8gh..8gh+7) of one
+ * Q4_KX16 or Q5_KX16 group (the same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after
+ * inlining. k4_dot8_src runs it over the super-blocks in order, kx16.c's one-token path both halves in turn. */
+static inline __attribute__((always_inline)) void k4_block8(int64_t b, const void *const *rows, const void *group,
+                                                            const int gh, const char *x, int64_t x_stride, const int nt,
+                                                            __m256 *acc, const int five_bit) {
+    const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
+    const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const char *p[8];
+    __m256i h[4];   /* lane r: bytes 0..15 of row r's block: d | dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
+    __m256 d, dmin;
+    /* an interleaved group's super-block b (Q4_KX16 and Q5_KX16 begin alike: d[16], dmin[16], words from byte 4) */
+    const pi_block_q5_Kx16 *gb = gh < 0 ? NULL : (const void *)((const char *)group + b * 16 * block_bytes);
+    const uint8_t (*words)[64] = gh < 0 ? NULL : gb->words;
+    if (gh < 0) {
+        k_block_rows(rows, b, block_bytes, five_bit ? 4 : 3, p);   /* 144 (176) bytes: up to 3 (4) lines */
+        pi_transpose8x16(p, 0, h);
+        /* d (low half of each lane) and dmin (high half) as 8 floats each */
+        const __m256i dd = _mm256_permute4x64_epi64(
+            _mm256_packus_epi32(_mm256_and_si256(h[0], _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h[0], 16)),
+            _MM_SHUFFLE(3, 1, 2, 0));
+        d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
+        dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
+    } else {
+        d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb->d + 8 * gh)));
+        dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb->dmin + 8 * gh)));
+        for (int w = 0; w < 3; w++) h[1 + w] = _mm256_loadu_si256((const __m256i *)(words[w] + 32 * gh));
+    }
+    /* sc/m of sub-blocks 0..3 and 4..7 as bytes of each row's lane (pi_k4_scale_min) */
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m2h = _mm256_set1_epi8(0x30);
+    const __m256i sc03 = _mm256_and_si256(h[1], m6), mn03 = _mm256_and_si256(h[2], m6);
+    const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(h[3], m4), _mm256_and_si256(_mm256_srli_epi32(h[1], 2), m2h));
+    const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(h[3], 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi32(h[2], 2), m2h));
+
+    __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
+    /* Q5_K: qh[16 half .. 16 half + 15] transposed like the quants below, once per super-block from the rows; a
+     * group's are loaded where they are used (eight registers fewer held across the loop below) */
+    __m256i qh[2][4];
+    if (five_bit && gh < 0)
+        for (int half = 0; half < 2; half++) pi_transpose8x16(p, offsetof(pi_block_q5_K, qh) + 16 * half, qh[half]);
+    for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
+        const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
+        const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
+        for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
+            __m256i c[4], w[8], qhh[4];
+            k_lanes4(p, qs_offset + 32 * j + 16 * half, words, (int)(qs_offset - 4) / 4 + 8 * j + 4 * half, gh, c);
+            if (five_bit) {
+                if (gh < 0) for (int m = 0; m < 4; m++) qhh[m] = qh[half][m];
+                else k_lanes4(p, offsetof(pi_block_q5_K, qh) + 16 * half, words, 3 + 4 * half, gh, qhh);
+            }
+            for (int m = 0; m < 4; m++) {
+                w[m] = _mm256_and_si256(c[m], m4);
+                w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
+                if (five_bit) {   /* 5-bit quants: 4 maddubs (2 x 31 x 127 each) still fit int16 */
+                    w[m] = _mm256_or_si256(w[m], pi_bit_to(qhh[m], 2 * j, 4));   /* the fifth bit: 16 */
+                    w[4 + m] = _mm256_or_si256(w[4 + m], pi_bit_to(qhh[m], 2 * j + 1, 4));
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                const pi_block_q8_Km *xm = (const pi_block_q8_Km *)(x + t * x_stride) + b;
+                const int8_t *yq = xm->k.qs + 64 * j + 16 * half;
+                /* sc_2j mx_2j, sc_2j+1 mx_2j+1 (< 2^11), made where used: no per-token registers held */
+                const __m256i scm_lo = _mm256_mullo_epi16(sc_lo, _mm256_set1_epi16(xm->m[2 * j]));
+                const __m256i scm_hi = _mm256_mullo_epi16(sc_hi, _mm256_set1_epi16(xm->m[2 * j + 1]));
+                const __m256i lo = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 4), scm_lo);
+                const __m256i hi = _mm256_madd_epi16(pi_maddubs_sum(w + 4, yq + 32, 4), scm_hi);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(lo, hi));
+            }
+        }
+    }
+    /* mins: madd of (m_2i, m_2i+1) per lane against the activation's (mx_2i bs_2i, mx_2i+1 bs_2i+1), bs_j =
+     * sum of 32 (|mx bs| <= 32 * 4064: int16 no longer holds it, so mx goes to the mins, as in the sums) */
+    __m256i mp[4];
+    for (int i = 0; i < 4; i++) mp[i] = lane_bytes_to_i16(i < 2 ? mn03 : mn47, (2 * i) % 4, (2 * i) % 4 + 1, 0);
+    for (int t = 0; t < nt; t++) {
+        const pi_block_q8_Km *xm = (const pi_block_q8_Km *)(x + t * x_stride) + b;
+        const pi_block_q8_K *xb = &xm->k;
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb->bsums),
+                                          _mm_loadu_si128((const __m128i *)xb->bsums + 1));   /* bs_0..bs_7 */
+        const __m256i bs8 = _mm256_castsi128_si256(bs);
+        /* lane i of mx8 = (mx_2i, mx_2i+1) as its two int16 halves, i = 0..3: the 8 multipliers */
+        const __m256i mx8 = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)xm->m));
+        __m256i summ = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            const __m256i pick = _mm256_set1_epi32(i);
+            const __m256i mpm = _mm256_mullo_epi16(mp[i], _mm256_permutevar8x32_epi32(mx8, pick));
+            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mpm, _mm256_permutevar8x32_epi32(bs8, pick)));
+        }
+        acc[t] = k_min_step(acc[t], xb->d, d, dmin, sumi[t], summ);
+    }
+}
+
 static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const void *const *rows,
                                                               const void *group, const int gh, const char *x,
                                                               int64_t x_stride, const int nt, float *y, int64_t y_stride,
                                                               const int five_bit) {
-    const int64_t nb = n / PI_QK_K;
-    const int64_t block_bytes = five_bit ? (int64_t)sizeof(pi_block_q5_K) : (int64_t)sizeof(pi_block_q4_K);
-    const size_t qs_offset = five_bit ? offsetof(pi_block_q5_K, qs) : offsetof(pi_block_q4_K, qs);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
-    for (int64_t b = 0; b < nb; b++) {
-        const char *p[8];
-        __m256i h[4];   /* lane r: bytes 0..15 of row r's block: d | dmin, then the 12 packed scale bytes u0 (q[0..3]), u1, u2 */
-        __m256 d, dmin;
-        /* an interleaved group's super-block b (Q4_KX16 and Q5_KX16 begin alike: d[16], dmin[16], words from byte 4) */
-        const pi_block_q5_Kx16 *gb = gh < 0 ? NULL : (const void *)((const char *)group + b * 16 * block_bytes);
-        const uint8_t (*words)[64] = gh < 0 ? NULL : gb->words;
-        if (gh < 0) {
-            k_block_rows(rows, b, block_bytes, five_bit ? 4 : 3, p);   /* 144 (176) bytes: up to 3 (4) lines */
-            pi_transpose8x16(p, 0, h);
-            /* d (low half of each lane) and dmin (high half) as 8 floats each */
-            const __m256i dd = _mm256_permute4x64_epi64(
-                _mm256_packus_epi32(_mm256_and_si256(h[0], _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h[0], 16)),
-                _MM_SHUFFLE(3, 1, 2, 0));
-            d = _mm256_cvtph_ps(_mm256_castsi256_si128(dd));
-            dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
-        } else {
-            d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb->d + 8 * gh)));
-            dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb->dmin + 8 * gh)));
-            for (int w = 0; w < 3; w++) h[1 + w] = _mm256_loadu_si256((const __m256i *)(words[w] + 32 * gh));
-        }
-        /* sc/m of sub-blocks 0..3 and 4..7 as bytes of each row's lane (pi_k4_scale_min) */
-        const __m256i m6 = _mm256_set1_epi8(0x3f), m2h = _mm256_set1_epi8(0x30);
-        const __m256i sc03 = _mm256_and_si256(h[1], m6), mn03 = _mm256_and_si256(h[2], m6);
-        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(h[3], m4), _mm256_and_si256(_mm256_srli_epi32(h[1], 2), m2h));
-        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(h[3], 4), m4),
-                                             _mm256_and_si256(_mm256_srli_epi32(h[2], 2), m2h));
-
-        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
-        /* Q5_K: qh[16 half .. 16 half + 15] transposed like the quants below, once per super-block from the rows; a
-         * group's are loaded where they are used (eight registers fewer held across the loop below) */
-        __m256i qh[2][4];
-        if (five_bit && gh < 0)
-            for (int half = 0; half < 2; half++) pi_transpose8x16(p, offsetof(pi_block_q5_K, qh) + 16 * half, qh[half]);
-        for (int j = 0; j < 4; j++) {   /* qs[32j..32j+31]: low nibbles sub-block 2j, high nibbles 2j+1 */
-            const __m256i sc_lo = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j) % 4, (2 * j) % 4, 0);
-            const __m256i sc_hi = lane_bytes_to_i16(j < 2 ? sc03 : sc47, (2 * j + 1) % 4, (2 * j + 1) % 4, 0);
-            for (int half = 0; half < 2; half++) {   /* elements l = 16 half .. 16 half + 15 of both sub-blocks */
-                __m256i c[4], w[8], qhh[4];
-                k_lanes4(p, qs_offset + 32 * j + 16 * half, words, (int)(qs_offset - 4) / 4 + 8 * j + 4 * half, gh, c);
-                if (five_bit) {
-                    if (gh < 0) for (int m = 0; m < 4; m++) qhh[m] = qh[half][m];
-                    else k_lanes4(p, offsetof(pi_block_q5_K, qh) + 16 * half, words, 3 + 4 * half, gh, qhh);
-                }
-                for (int m = 0; m < 4; m++) {
-                    w[m] = _mm256_and_si256(c[m], m4);
-                    w[4 + m] = _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4);
-                    if (five_bit) {   /* 5-bit quants: 4 maddubs (2 x 31 x 127 each) still fit int16 */
-                        w[m] = _mm256_or_si256(w[m], pi_bit_to(qhh[m], 2 * j, 4));   /* the fifth bit: 16 */
-                        w[4 + m] = _mm256_or_si256(w[4 + m], pi_bit_to(qhh[m], 2 * j + 1, 4));
-                    }
-                }
-                for (int t = 0; t < nt; t++) {
-                    const pi_block_q8_Km *xm = (const pi_block_q8_Km *)(x + t * x_stride) + b;
-                    const int8_t *yq = xm->k.qs + 64 * j + 16 * half;
-                    /* sc_2j mx_2j, sc_2j+1 mx_2j+1 (< 2^11), made where used: no per-token registers held */
-                    const __m256i scm_lo = _mm256_mullo_epi16(sc_lo, _mm256_set1_epi16(xm->m[2 * j]));
-                    const __m256i scm_hi = _mm256_mullo_epi16(sc_hi, _mm256_set1_epi16(xm->m[2 * j + 1]));
-                    const __m256i lo = _mm256_madd_epi16(pi_maddubs_sum(w, yq, 4), scm_lo);
-                    const __m256i hi = _mm256_madd_epi16(pi_maddubs_sum(w + 4, yq + 32, 4), scm_hi);
-                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(lo, hi));
-                }
-            }
-        }
-        /* mins: madd of (m_2i, m_2i+1) per lane against the activation's (mx_2i bs_2i, mx_2i+1 bs_2i+1), bs_j =
-         * sum of 32 (|mx bs| <= 32 * 4064: int16 no longer holds it, so mx goes to the mins, as in the sums) */
-        __m256i mp[4];
-        for (int i = 0; i < 4; i++) mp[i] = lane_bytes_to_i16(i < 2 ? mn03 : mn47, (2 * i) % 4, (2 * i) % 4 + 1, 0);
-        for (int t = 0; t < nt; t++) {
-            const pi_block_q8_Km *xm = (const pi_block_q8_Km *)(x + t * x_stride) + b;
-            const pi_block_q8_K *xb = &xm->k;
-            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb->bsums),
-                                              _mm_loadu_si128((const __m128i *)xb->bsums + 1));   /* bs_0..bs_7 */
-            const __m256i bs8 = _mm256_castsi128_si256(bs);
-            /* lane i of mx8 = (mx_2i, mx_2i+1) as its two int16 halves, i = 0..3: the 8 multipliers */
-            const __m256i mx8 = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)xm->m));
-            __m256i summ = _mm256_setzero_si256();
-            for (int i = 0; i < 4; i++) {
-                const __m256i pick = _mm256_set1_epi32(i);
-                const __m256i mpm = _mm256_mullo_epi16(mp[i], _mm256_permutevar8x32_epi32(mx8, pick));
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mpm, _mm256_permutevar8x32_epi32(bs8, pick)));
-            }
-            acc[t] = k_min_step(acc[t], xb->d, d, dmin, sumi[t], summ);
-        }
-    }
+    for (int64_t b = 0; b < n / PI_QK_K; b++) k4_block8(b, rows, group, gh, x, x_stride, nt, acc, five_bit);
     store_acc(acc, nt, y, y_stride);
 }
 
@@ -627,58 +631,62 @@ void pi_vec_dot8_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, in
  * signed values dotted with the sign trick (|v| <= 127); the rows' scales ls_j - 32 weight the int32 sums
  * (|sumi| <= 8 * 32 * 32 * 127 * 127 < 2^31).
  * ====================================================================================== */
-/* rows: 8 row pointers (gh < 0), or with gh = 0 / 1 half gh of an IQ4_XSX16 group (arch/kx16.c: per super-block
- * the 16 rows' d, then their scales_h as 16 x 16 bits, then 33 words: scales_l and the 32 words of qs) */
+/* Super-block b's step acc[t] of rows: 8 row pointers (gh < 0), or with gh = 0 / 1 half gh of an IQ4_XSX16 group
+ * (arch/kx16.c: per super-block the 16 rows' d, then their scales_h as 16 x 16 bits, then 33 words: scales_l and
+ * the 32 words of qs) */
+static inline __attribute__((always_inline)) void iq4_xs_block8(int64_t b, const void *const *rows, const void *group,
+                                                                const int gh, const char *x, int64_t x_stride,
+                                                                const int nt, __m256 *acc) {
+    const __m256i grid = pi_iq4_grid(), m4 = _mm256_set1_epi8(0x0f);
+    const char *p[8] = { 0 }, *gb = NULL;
+    __m256i lo4, sh;   /* lane r = row r: scales_l (nibble j: ls_j's low 4 bits), scales_h (bits 2j, 2j + 1) */
+    __m256 dw;
+    if (gh < 0) {
+        k_block_rows(rows, b, sizeof(pi_block_iq4_xs), 3, p);
+        lo4 = _mm256_setr_epi32(pi_load_i32(p[0] + 4), pi_load_i32(p[1] + 4), pi_load_i32(p[2] + 4),
+                                pi_load_i32(p[3] + 4), pi_load_i32(p[4] + 4), pi_load_i32(p[5] + 4),
+                                pi_load_i32(p[6] + 4), pi_load_i32(p[7] + 4));
+        sh = _mm256_srli_epi32(_mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]),
+                                                 pi_load_i32(p[3]), pi_load_i32(p[4]), pi_load_i32(p[5]),
+                                                 pi_load_i32(p[6]), pi_load_i32(p[7])), 16);   /* d | sh << 16 */
+        dw = pi_f16x8_rows(p, 0);
+    } else {
+        gb = (const char *)group + 16 * (int64_t)sizeof(pi_block_iq4_xs) * b;   /* one stream: no prefetch */
+        lo4 = _mm256_loadu_si256((const __m256i *)(gb + 64 + 32 * gh));
+        sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * gh)));
+        dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * gh)));
+    }
+    __m256i isum[PI_DOT8_MAX_T];
+    for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        __m256i c[4], w[8], av[8];   /* w[g]: the values of elements 4g..4g+3 of sub-block j, lane r = row r */
+        k_lanes4(p, offsetof(pi_block_iq4_xs, qs) + 16 * j, gb ? (const uint8_t (*)[64])(gb + 64) : NULL, 1 + 4 * j,
+                 gh, c);
+        for (int m = 0; m < 4; m++) {
+            w[m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(c[m], m4));
+            w[4 + m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4));
+        }
+        for (int g = 0; g < 8; g++) av[g] = _mm256_sign_epi8(w[g], w[g]);
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(lo4, 4 * j), _mm256_set1_epi32(15));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(sh, 2 * j), _mm256_set1_epi32(3));
+        const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
+                                            _mm256_set1_epi32(32));   /* ls_j - 32 of each row */
+        for (int t = 0; t < nt; t++) {
+            const int8_t *xq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 32 * j;
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(pi_dot_i8_bcast(w, av, xq, 8), sc));
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        acc[t] = k_step(acc[t], ((const pi_block_q8_K *)(x + t * x_stride) + b)->d, dw, isum[t]);
+}
+
 static inline __attribute__((always_inline)) void iq4_xs_dot8_src(int64_t n, const void *const *rows,
                                                                   const void *group, const int gh, const char *x,
                                                                   int64_t x_stride, const int nt, float *y,
                                                                   int64_t y_stride) {
-    const int64_t nb = n / PI_QK_K;
-    const __m256i grid = pi_iq4_grid(), m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[PI_DOT8_MAX_T];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const char *p[8] = { 0 }, *gb = NULL;
-        __m256i lo4, sh;   /* lane r = row r: scales_l (nibble j: ls_j's low 4 bits), scales_h (bits 2j, 2j + 1) */
-        __m256 dw;
-        if (gh < 0) {
-            k_block_rows(rows, b, sizeof(pi_block_iq4_xs), 3, p);
-            lo4 = _mm256_setr_epi32(pi_load_i32(p[0] + 4), pi_load_i32(p[1] + 4), pi_load_i32(p[2] + 4),
-                                    pi_load_i32(p[3] + 4), pi_load_i32(p[4] + 4), pi_load_i32(p[5] + 4),
-                                    pi_load_i32(p[6] + 4), pi_load_i32(p[7] + 4));
-            sh = _mm256_srli_epi32(_mm256_setr_epi32(pi_load_i32(p[0]), pi_load_i32(p[1]), pi_load_i32(p[2]),
-                                                     pi_load_i32(p[3]), pi_load_i32(p[4]), pi_load_i32(p[5]),
-                                                     pi_load_i32(p[6]), pi_load_i32(p[7])), 16);   /* d | sh << 16 */
-            dw = pi_f16x8_rows(p, 0);
-        } else {
-            gb = (const char *)group + 16 * (int64_t)sizeof(pi_block_iq4_xs) * b;   /* one stream: no prefetch */
-            lo4 = _mm256_loadu_si256((const __m256i *)(gb + 64 + 32 * gh));
-            sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * gh)));
-            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * gh)));
-        }
-        __m256i isum[PI_DOT8_MAX_T];
-        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
-        for (int j = 0; j < PI_QK_K / PI_QK; j++) {
-            __m256i c[4], w[8], av[8];   /* w[g]: the values of elements 4g..4g+3 of sub-block j, lane r = row r */
-            k_lanes4(p, offsetof(pi_block_iq4_xs, qs) + 16 * j, gb ? (const uint8_t (*)[64])(gb + 64) : NULL, 1 + 4 * j,
-                     gh, c);
-            for (int m = 0; m < 4; m++) {
-                w[m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(c[m], m4));
-                w[4 + m] = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(c[m], 4), m4));
-            }
-            for (int g = 0; g < 8; g++) av[g] = _mm256_sign_epi8(w[g], w[g]);
-            const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(lo4, 4 * j), _mm256_set1_epi32(15));
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(sh, 2 * j), _mm256_set1_epi32(3));
-            const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
-                                                _mm256_set1_epi32(32));   /* ls_j - 32 of each row */
-            for (int t = 0; t < nt; t++) {
-                const int8_t *xq = ((const pi_block_q8_K *)(x + t * x_stride) + b)->qs + 32 * j;
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(pi_dot_i8_bcast(w, av, xq, 8), sc));
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            acc[t] = k_step(acc[t], ((const pi_block_q8_K *)(x + t * x_stride) + b)->d, dw, isum[t]);
-    }
+    for (int64_t b = 0; b < n / PI_QK_K; b++) iq4_xs_block8(b, rows, group, gh, x, x_stride, nt, acc);
     store_acc(acc, nt, y, y_stride);
 }
 

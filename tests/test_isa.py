@@ -480,9 +480,11 @@ def test_q5_0x16_runs_at_every_level(at_level, pool2, level, K):
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_q6_K_copied_only_at_avx512_and_amx(at_level, level):
-    """Which levels make Q6_K's interleaved copy: the AVX-512 ones (the avx2 regrouping decoded 1.4-2x slower on a
-    Zen 3; at the amx level the copy has tile kernels as the file's layout does, and decodes 1.09x faster), while
-    Q4_K's copy is made at every level: the rule is the level's repack kernel for the type, not the type alone."""
+    """Which levels make Q6_K's interleaved copy at load: the AVX-512 ones (the avx2 regrouping decoded 1.1-2x slower
+    on a Zen 3, so that level converts a prompt's rows instead, which test_prompt_batches_rows_equal_scalar and
+    test_K_rows_extremes_equal_scalar cover; at the amx level the copy has tile kernels as the file's layout does, and
+    decodes 1.09x faster), while Q4_K's copy is made at every level: the rule is the level's repack kernel for the
+    type, not the type alone."""
     raw = quantize(14, np.random.default_rng(1).standard_normal((16, 256)).astype(np.float32))
     at_level(level)
     assert lib.pi_repack_bytes(wtensor(14, raw)) == (raw.nbytes if level in ("avx512", "amx") else 0)

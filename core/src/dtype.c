@@ -138,7 +138,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q5_K] = { "q5_K", 256, 176, pi_q5_K_to_f32, pi_q5_K_from_f32, PI_TYPE_Q8_KM,
                        .repacked_type = PI_TYPE_Q5_KX16 },
     [PI_TYPE_Q6_K] = { "q6_K", 256, 210, pi_q6_K_to_f32, pi_q6_K_from_f32, PI_TYPE_Q8_K,
-                       .repacked_type = PI_TYPE_Q6_KX16 /* where the level has a repack kernel for it */ },
+                       .repacked_type = PI_TYPE_Q6_KX16 /* where the level has a repack kernel for it */,
+                       .batch_type = PI_TYPE_Q6_KX16, .batch_min_t = 32 /* prompts where the level converts */ },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
     /* IQ4, IQ3, IQ2, IQ1 (read only: llama.cpp's files; no quantizer here) */
     [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, NULL, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_IQ4_NLX8 },

@@ -119,6 +119,7 @@ typedef struct pi_type_traits {
     int32_t         gemm_max_t;    /* tokens one gemm8 / gemm16 call takes: PI_DOT8_MAX_T, or more where the kernel says */
     pi_repack_fn    repack;        /* types with a repacked_type (not the layout): R rows -> one group */
     int32_t         batch_type;    /* optional: what to_batch converts rows to for prompts (0: none) */
+    int32_t         batch_min_t;   /* the fewest tokens whose prompt converts (0: PI_BATCH_MIN_T, ops.c) */
     pi_to_batch_fn  to_batch;
     pi_tiles_fn     tiles;         /* optional: 16 rows x multiples of 16 tokens (AMX) */
     /* optional: row k of one group as floats, the file row's values (get_rows reads such a table, so a tied

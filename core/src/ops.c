@@ -193,10 +193,13 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
 
 /* Types whose own kernels decode slowly (to_batch: the IQ3 and IQ2 grids) run a prompt's rows [r, r1) BATCH_ROWS at
  * a time: converted once into their batch_type (the same bits per (row, token), pi_to_batch_fn), then that type's
- * 8-row kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels). The
+ * 8-row kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels), or for an
+ * interleaved batch_type (Q6_K's Q6_KX16 groups at the avx2 level) its gemm16 per group. The
  * converted rows go to a heap buffer (a row of a wide matrix in Q6_K is 9 KB at K = 11008); without one, or where a
  * chunk cannot be converted, the rows left go to the type's own kernels. Returns the first row not done.
- * PI_BATCH_MIN_T: 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x. */
+ * PI_BATCH_MIN_T: 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x.
+ * A type's batch_min_t overrides it: Q6_K -> Q6_KX16 (avx2) saves only the 8-row kernel's transposes, so its copy pays
+ * from about 20 tokens on (542M Q6_K matmuls, Zen 3, two threads: T = 8 1.08x the time, 16 1.03x, 32 0.95x, 512 0.88x). */
 #ifndef PI_BATCH_MIN_T
 #define PI_BATCH_MIN_T 3
 #endif
@@ -208,12 +211,23 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
     const int64_t y_stride = a->y->nb[1] / (int64_t)sizeof(float);
     float *y0 = a->y->data;
     const char *w = a->w->data;
-    if (r1 - r < 8) return r;
+    const int unit = pi_is_interleaved(tr->batch_type) ? pi_group_rows(tr->batch_type) : 8;   /* rows per call */
+    if (r1 - r < unit) return r;
     char *buf = malloc((size_t)(BATCH_ROWS * brow));
     if (!buf) return r;
-    for (; r + 8 <= r1;) {
-        const int n = (int)PI_MIN(BATCH_ROWS, (r1 - r) / 8 * 8);
+    for (; r + unit <= r1;) {
+        const int n = (int)PI_MIN(BATCH_ROWS, (r1 - r) / unit * unit);
         if (!tr->to_batch(K, w + r * a->w->nb[1], a->w->nb[1], n, buf)) break;
+        if (unit > 8) {   /* groups (Q6_KX16): brow bytes per row, a group's rows together */
+            for (int64_t c0 = 0; c0 < T; c0 += chunk)
+                for (int g = 0; g < n; g += unit)
+                    for (int64_t t = c0; t < PI_MIN(T, c0 + chunk); t += PI_DOT8_MAX_T)
+                        bt->gemm16(K, buf + g * brow, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                                   (int)PI_MIN(PI_DOT8_MAX_T, PI_MIN(T, c0 + chunk) - t), y0 + t * y_stride + r + g,
+                                   y_stride);
+            r += n;
+            continue;
+        }
         for (int64_t c0 = 0; c0 < T; c0 += chunk)
             for (int g = 0; g < n; g += 8) {
                 const void *rows[8];
@@ -282,7 +296,8 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
         }
         return;
     }
-    if (tr->to_batch && T >= PI_BATCH_MIN_T) r = mul_mat_batch_rows(a, tr, r, r1, chunk);
+    if (tr->to_batch && T >= (tr->batch_min_t ? tr->batch_min_t : PI_BATCH_MIN_T))
+        r = mul_mat_batch_rows(a, tr, r, r1, chunk);
     if (tr->vec_dot8) {
         const int64_t r8 = r + (r1 - r) / 8 * 8;
         for (int64_t c0 = 0; c0 < T; c0 += chunk)

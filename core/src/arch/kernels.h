@@ -60,8 +60,8 @@ static void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, 
                                    float *y, int64_t y_stride);
 static void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
-/* Q6_KX16 groups at every level (arch/kx16.c; x: Q8_K); only the AVX-512 levels make them (pi_repack_q6_Kx16 below; the
- * amx level's prompts take them on tiles, pi_tiles_q6_Kx16_q8_K) */
+/* Q6_KX16 groups at every level (arch/kx16.c; x: Q8_K); only the AVX-512 levels make them at load (pi_repack_q6_Kx16
+ * below; the amx level's prompts take them on tiles, pi_tiles_q6_Kx16_q8_K), the avx2 level for prompts (below) */
 static void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
 /* F16X8 and BF16X8 groups at every level (arch/vec_dot.c; layout: pi_x8_index) */
@@ -84,6 +84,10 @@ static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, 
                                    float *y, int64_t y_stride);
 #else
 #define PI_HAVE_ROWS16 0
+#endif
+#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
+/* the AVX2 level: Q6_K rows -> Q6_KX16 groups for prompts (mul_mat's batch path; the level makes no copy at load) */
+static bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 #endif
 /* ---- AMX tile kernels (arch/amx.c); the amx level only ---- */
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)

@@ -8,9 +8,10 @@
  * Measured on a Zen 3 (AVX2, one thread, bench/ab_ops.py against a build that keeps the file's layout): Q5_KX16
  * prompt matmuls (T = 128) 0.93x the time, decode 0.76-1.09x (weights from DRAM; 0.67x from cache) when measured,
  * 1.2x at two threads on 2026-12-06 (a pass per half: below), 1.03-1.06x with the one-token pass. Q6_K's copy
- * (Q6_KX16) is made only at the AVX-512 levels: on the Zen 3 the same regrouping made its AVX2 prompts 0.87-0.92x but
- * decode 1.4-2x the time of its single-row kernel (pi_vec_dot_q6_K_q8_K); its AVX-512 kernel (below) takes 0.47x
- * the time of the file layout's kernels for prompts and for decode on a Zen 5.
+ * (Q6_KX16) is made at load only at the AVX-512 levels: on the Zen 3 the same regrouping made its AVX2 prompts
+ * 0.87-0.92x but decode 1.1-2x the time of its single-row kernel (pi_vec_dot_q6_K_q8_K), so the avx2 level converts
+ * rows for prompts instead (pi_q6_K_to_x16); its AVX-512 kernel (below) takes 0.47x the time of the file layout's
+ * kernels for prompts and for decode on a Zen 5.
  *
  * pi_gemm16_q4_Kx16_q8_K: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_KM activations, every level:
  * AVX-512 in 16 lanes with VNNI, AVX2 as two halves of 8 rows through rows8_k.c's k4_dot8_src, scalar loops.
@@ -309,9 +310,9 @@ void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64
  * and qh (word 32 + 8h + m) make four registers u_q (q < 4) of elements 128h + 32q + 4m..+3 (sub-block
  * 8h + 2q + m / 4): u_0 = ql lo | qh bits 0-1, u_1 = ql' lo | bits 2-3, u_2 = ql hi | bits 4-5, u_3 = ql' hi | bits 6-7.
  *
- * Only the AVX-512 levels make this copy (level.c; the amx level keeps the file's layout for its tile kernels): on
- * a Zen 3 the regrouping in two AVX2 halves made decode 1.4-2x slower than the single-row kernel. The levels below
- * run a copy made above them row by row (kx16_gemm16_rows).
+ * Only the AVX-512 levels make this copy at load (level.c): on a Zen 3 the regrouping in two AVX2 halves made decode
+ * 1.1-2x slower than the single-row kernel. The avx2 level converts a prompt's rows to it (pi_q6_K_to_x16, below);
+ * the scalar level runs a copy made above it row by row (kx16_gemm16_rows).
  *
  * The loop goes sub-block by sub-block (u_q of four words, then sc_j C_j) with up to 8 tokens per unpacked register:
  * keeping all four u_q and their 16 chains of 4 tokens live spilled registers (Zen 5, one thread, 542M Q6_K ffn_up,
@@ -400,6 +401,54 @@ void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     if (t < nt) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
 }
 
+#elif PI_HAVE_ROWS8
+/* AVX2: two halves of 8 rows through rows8_k.c's Q6_K step with loads for its transposes (the rows' bits). The level
+ * makes no Q6_KX16 copy at load: decode reads the file's rows (a group's one-token step took 1.1-2.1x the time of
+ * the single-row kernel on a Zen 3, bench/README.md); prompts convert 16 rows at a time (pi_q6_K_to_x16, mul_mat's
+ * batch path), whose groups skip the 8-row kernel's transposes. */
+#define Q6X16_HALF(n, group, xt, xs, nt, yt, ys) q6_Kx16_half_tokens(n, group, gh, xt, xs, nt, yt, ys)
+#define Q6X16_HALF_ONE(n, group, xt, yt) q6_Kx16_half_tokens(n, group, gh, xt, 0, 1, yt, 0)
+static inline __attribute__((always_inline)) void q6_Kx16_half_tokens(int64_t n, const void *group, const int gh,
+                                                                     const char *x, int64_t x_stride, const int nt,
+                                                                     float *y, int64_t y_stride) {
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
+    for (int64_t b = 0; b < n / PI_QK_K; b++) q6_K_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+    store_acc(acc, nt, y, y_stride);
+}
+static inline __attribute__((always_inline)) void q6_Kx16_half(int64_t n, const void *rows, const int gh,
+                                                               const char *x, int64_t x_stride, int nt, float *y,
+                                                               int64_t y_stride) {
+    DISPATCH_NT(Q6X16_HALF, Q6X16_HALF_ONE, K_MAX_T);
+}
+
+void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    q6_Kx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
+    q6_Kx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+}
+
+/* n (a multiple of 16) Q6_K rows, `stride` bytes apart, as n / 16 Q6_KX16 groups (pi_to_batch_fn): kx16_repack's
+ * bytes, each half's 52 words by 13 transposes of 8 rows x 16 bytes (kx16_repack's scalar copy made a prompt's
+ * matmuls at T = 128 about 1.05x the time of the file layout's 8-row kernel; this one 0.93-0.95x). */
+bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
+    if (n % 16) return false;
+    pi_block_q6_Kx16 *gb = dst;
+    for (int g = 0; g < n / 16; g++)
+        for (int64_t b = 0; b < k / PI_QK_K; b++, gb++)
+            for (int gh = 0; gh < 2; gh++) {
+                const char *p[8];
+                for (int r = 0; r < 8; r++) {
+                    p[r] = (const char *)w + (16 * g + 8 * gh + r) * stride + b * (int64_t)sizeof(pi_block_q6_K);
+                    memcpy(&gb->d[8 * gh + r], p[r] + offsetof(pi_block_q6_K, d), 2);
+                }
+                for (int i = 0; i < 52; i += 4) {
+                    __m256i c[4];
+                    pi_transpose8x16(p, 4 * (size_t)i, c);
+                    for (int m = 0; m < 4; m++) _mm256_storeu_si256((__m256i *)(gb->words[i + m] + 32 * gh), c[m]);
+                }
+            }
+    return true;
+}
 #else
 void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {

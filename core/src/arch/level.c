@@ -35,6 +35,11 @@
 #else
 #define ROWS16(kernel) NULL
 #endif
+#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
+#define AVX2_ONLY(kernel) kernel
+#else
+#define AVX2_ONLY(kernel) NULL
+#endif
 #if PI_NEON
 #define REPACK(kernel) NULL   /* no NEON kernels for the interleaved groups: the file's rows, 8 at a time */
 #else
@@ -91,7 +96,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q5_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q5_K_q8_K), .repack = REPACK(pi_repack_q5_Kx16) },
         [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q6_K_q8_K),
-                           .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16) },
+                           .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16),
+                           .to_batch = AVX2_ONLY(pi_q6_K_to_x16) },
         [PI_TYPE_IQ4_NL] = { pi_vec_dot_iq4_nl_q8_0s, pi_axpy_iq4_nl, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_nl_q8_0s),
                              .repack = REPACK(pi_repack8_q4_0x8) /* the same block bytes */ },
         [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_xs_q8_K),

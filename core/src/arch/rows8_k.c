@@ -575,42 +575,56 @@ void pi_vec_dot8_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, i
  * sumi = sum_j sc_j sum_l (u_l - 32) y_l (computed as sum_j sc_j sum_l u_l y_l
  * - 32 sum_j sc_j bsum_j), then acc = acc + (d_x * d) * sumi, super-blocks in order.
  * ====================================================================================== */
-static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
-                                                        const int nt, float *y, int64_t y_stride) {
-    const int64_t nb = n / PI_QK_K;
+/* Super-block b's step acc[t] of eight rows at any addresses (rows; gh < 0), or of half gh (rows 8gh..8gh+7) of one
+ * Q6_KX16 group (kx16.c: d[16], then the row block's 52 words as 52 x 64), with loads in place of the transposes. */
+static inline __attribute__((always_inline)) void q6_K_block8(int64_t b, const void *const *rows, const void *group,
+                                                              const int gh, const char *x, int64_t x_stride,
+                                                              const int nt, __m256 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
-    for (int64_t b = 0; b < nb; b++) {
-        const char *p[8];
+    const char *p[8];
+    const pi_block_q6_Kx16 *gb = gh < 0 ? NULL : (const pi_block_q6_Kx16 *)group + b;
+    const uint8_t (*words)[64] = gh < 0 ? NULL : gb->words;   /* word i: row bytes 4i..4i+3 */
+    __m256 d;
+    if (gh < 0) {
         k_block_rows(rows, b, sizeof(pi_block_q6_K), 4, p);   /* 210 bytes: up to 4 lines */
-        __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
-        pi_transpose8x16(p, offsetof(pi_block_q6_K, scales), sc);
-        const __m256 d = pi_f16x8_rows(p, offsetof(pi_block_q6_K, d));
-
-        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
-        for (int h = 0; h < 2; h++)
-            for (int half = 0; half < 2; half++) {
-                /* ql[64h + l] (a) and ql[64h + 32 + l] (bq), qh[32h + l] for l = 16 half .. 16 half + 15:
-                 * quarter q of the 128 elements 128h.. takes nibble (q / 2) of a (q even) or bq (q odd) and
-                 * bits 2q, 2q+1 of qh; its elements 128h + 32q + l are sub-block 8h + 2q + half */
-                __m256i a[4], bq[4], hb[4];
-                pi_transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, a);
-                pi_transpose8x16(p, offsetof(pi_block_q6_K, ql) + 64 * h + 32 + 16 * half, bq);
-                pi_transpose8x16(p, offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half, hb);
-                for (int q = 0; q < 4; q++) {
-                    __m256i w[4];
-                    for (int m = 0; m < 4; m++) {
-                        const __m256i lo = q & 1 ? bq[m] : a[m];
-                        const __m256i nib = _mm256_and_si256(q < 2 ? lo : _mm256_srli_epi16(lo, 4), m4);
-                        w[m] = _mm256_or_si256(nib, pi_bits_to(hb[m], 2 * q, 2, 4));   /* bits 2q, 2q+1 of qh */
-                    }
-                    const int j = 8 * h + 2 * q + half;
-                    k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b,
-                                   128 * h + 32 * q + 16 * half, nt, sumi, 2);
-                }
-            }
-        k_offset_steps(acc, sc, 5, x, x_stride, b, d, sumi, nt);   /* - 32 sum_j sc_j bsum_j */
+        d = pi_f16x8_rows(p, offsetof(pi_block_q6_K, d));
+    } else {
+        d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb->d + 8 * gh)));
     }
+    __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
+    k_lanes4(p, offsetof(pi_block_q6_K, scales), words, offsetof(pi_block_q6_K, scales) / 4, gh, sc);
+
+    __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            /* ql[64h + l] (a) and ql[64h + 32 + l] (bq), qh[32h + l] for l = 16 half .. 16 half + 15:
+             * quarter q of the 128 elements 128h.. takes nibble (q / 2) of a (q even) or bq (q odd) and
+             * bits 2q, 2q+1 of qh; its elements 128h + 32q + l are sub-block 8h + 2q + half */
+            const int o_a = offsetof(pi_block_q6_K, ql) + 64 * h + 16 * half, o_b = o_a + 32;
+            const int o_h = offsetof(pi_block_q6_K, qh) + 32 * h + 16 * half;
+            __m256i a[4], bq[4], hb[4];
+            k_lanes4(p, o_a, words, o_a / 4, gh, a);
+            k_lanes4(p, o_b, words, o_b / 4, gh, bq);
+            k_lanes4(p, o_h, words, o_h / 4, gh, hb);
+            for (int q = 0; q < 4; q++) {
+                __m256i w[4];
+                for (int m = 0; m < 4; m++) {
+                    const __m256i lo = q & 1 ? bq[m] : a[m];
+                    const __m256i nib = _mm256_and_si256(q < 2 ? lo : _mm256_srli_epi16(lo, 4), m4);
+                    w[m] = _mm256_or_si256(nib, pi_bits_to(hb[m], 2 * q, 2, 4));   /* bits 2q, 2q+1 of qh */
+                }
+                const int j = 8 * h + 2 * q + half;
+                k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b,
+                               128 * h + 32 * q + 16 * half, nt, sumi, 2);
+            }
+        }
+    k_offset_steps(acc, sc, 5, x, x_stride, b, d, sumi, nt);   /* - 32 sum_j sc_j bsum_j */
+}
+
+static inline __attribute__((always_inline)) void q6_K_dot8(int64_t n, const void *const *rows, const char *x,
+                                                            int64_t x_stride, const int nt, float *y, int64_t y_stride) {
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
+    for (int64_t b = 0; b < n / PI_QK_K; b++) q6_K_block8(b, rows, NULL, -1, x, x_stride, nt, acc);
     store_acc(acc, nt, y, y_stride);
 }
 

@@ -124,13 +124,13 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
     rng = np.random.default_rng(400 + t)
     K, N = 512, 40                       # N: five 8-row groups; K: two IQ4_XS super-blocks
     raw = rows(rng, t, N, K)
-    x = rng.standard_normal((17, K)).astype(np.float32)   # 17 tokens: 8 + 8 + 1 (every kernel tail)
-    x[:, :32] *= 30.0
+    x = rng.standard_normal((40, K)).astype(np.float32)   # 17 tokens: 8 + 8 + 1 (every kernel tail); 40: the IQ3
+    x[:, :32] *= 30.0                                      # rows' second conversion (Q6_K -> Q6_KX16 at avx2)
     x[3, 64:96] = 0.0
     results = {}
     for lv in ("scalar", level):
         at_level(lv)
-        results[lv] = [mul_mat(tensor(raw, t, K, N), x[:T], N, pool2) for T in (1, 3, 6, 8, 17)]
+        results[lv] = [mul_mat(tensor(raw, t, K, N), x[:T], N, pool2) for T in (1, 3, 6, 8, 17, 40)]
     for a, b in zip(results["scalar"], results[level]):
         assert_bit_equal(b, a, f"mul_mat {NAME[t]} {level} vs scalar")
 
@@ -139,18 +139,19 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
 @pytest.mark.parametrize("t", TYPES, ids=NAME.get)
 def test_batch_equals_one_token_at_a_time(at_level, pool2, level, t):
     """A prompt's matmul gives each token the bits of that token alone, at every level: for the IQ3 types the batch
-    converts its rows to Q6_K and runs Q6_K's 8-row kernel (pi_to_batch_fn), one token runs the type's own dot. One
-    IQ3_XXS row has d = the smallest fp16 subnormal, whose half fp16 cannot hold: its rows stay on the own kernels."""
+    converts its rows to Q6_K and runs Q6_K's 8-row kernel (pi_to_batch_fn), or from 32 tokens at the avx2 level
+    converts those again into Q6_KX16 groups (40 tokens), one token runs the type's own dot. One IQ3_XXS row has d =
+    the smallest fp16 subnormal, whose half fp16 cannot hold: its rows stay on the own kernels."""
     rng = np.random.default_rng(450 + t)
     K, N = 512, 48
     raw = rows(rng, t, N, K)
     if t == IQ3_XXS:
         raw[5, 0:2] = np.array([1], np.uint16).view(np.uint8)
-    x = rng.standard_normal((17, K)).astype(np.float32)
+    x = rng.standard_normal((40, K)).astype(np.float32)
     at_level(level)
     wt = tensor(raw, t, K, N)
     alone = np.concatenate([mul_mat(wt, x[i:i + 1], N, pool2) for i in range(len(x))])
-    for T in (2, 9, 17):
+    for T in (2, 9, 17, 40):
         assert_bit_equal(mul_mat(wt, x[:T], N, pool2), alone[:T], f"{NAME[t]} {T} tokens at once vs alone ({level})")
 
 

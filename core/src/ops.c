@@ -194,9 +194,12 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
 /* Types whose own kernels decode slowly (to_batch: the IQ3 and IQ2 grids) run a prompt's rows [r, r1) BATCH_ROWS at
  * a time: converted once into their batch_type (the same bits per (row, token), pi_to_batch_fn), then that type's
  * 8-row kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels), or for an
- * interleaved batch_type (Q6_K's Q6_KX16 groups at the avx2 level) its gemm16 per group. The
- * converted rows go to a heap buffer (a row of a wide matrix in Q6_K is 9 KB at K = 11008); without one, or where a
- * chunk cannot be converted, the rows left go to the type's own kernels. Returns the first row not done.
+ * interleaved batch_type (Q6_K's Q6_KX16 groups at the avx2 level) its gemm16 per group. Where the batch type converts
+ * too and the prompt is long enough for it (its batch_min_t), the rows convert twice (IQ3 -> Q6_K -> Q6_KX16 at the
+ * avx2 level: the 542M IQ3_S / IQ3_M matmuls at T = 32 0.93-0.96x the time, at T = 128 0.84-0.91x; converted twice at
+ * T = 16 they took 1.12-1.25x, Zen 3, two threads). The converted rows go to a heap
+ * buffer (a row of a wide matrix in Q6_K is 9 KB at K = 11008); without one, or where a chunk cannot be converted, the
+ * rows left go to the type's own kernels. Returns the first row not done.
  * PI_BATCH_MIN_T: 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x.
  * A type's batch_min_t overrides it: Q6_K -> Q6_KX16 (avx2) saves only the 8-row kernel's transposes, so its copy pays
  * from about 20 tokens on (542M Q6_K matmuls, Zen 3, two threads: T = 8 1.08x the time, 16 1.03x, 32 0.95x, 512 0.88x). */
@@ -204,20 +207,30 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
 #define PI_BATCH_MIN_T 3
 #endif
 #define BATCH_ROWS 16
+static bool batch_pays(const pi_type_traits *tr, int64_t T) {
+    return tr->to_batch && T >= (tr->batch_min_t ? tr->batch_min_t : PI_BATCH_MIN_T);
+}
+
 static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_t r, int64_t r1,
                                   int64_t chunk) {
-    const pi_type_traits *bt = pi_traits(tr->batch_type);
-    const int64_t K = a->w->ne[0], T = a->x->ne[1], brow = pi_row_bytes(tr->batch_type, K);
+    const pi_type_traits *ct = pi_traits(tr->batch_type);   /* the first conversion's type */
+    const int64_t K = a->w->ne[0], T = a->x->ne[1], crow = pi_row_bytes(tr->batch_type, K);
+    const bool twice = batch_pays(ct, T);
+    const int32_t btype = twice ? ct->batch_type : tr->batch_type;   /* the type whose kernels run */
+    const pi_type_traits *bt = pi_traits(btype);
+    const int64_t brow = pi_row_bytes(btype, K);
     const int64_t y_stride = a->y->nb[1] / (int64_t)sizeof(float);
     float *y0 = a->y->data;
     const char *w = a->w->data;
-    const int unit = pi_is_interleaved(tr->batch_type) ? pi_group_rows(tr->batch_type) : 8;   /* rows per call */
+    const int unit = pi_is_interleaved(btype) ? pi_group_rows(btype) : 8;   /* rows per call */
     if (r1 - r < unit) return r;
-    char *buf = malloc((size_t)(BATCH_ROWS * brow));
-    if (!buf) return r;
+    char *cbuf = malloc((size_t)(BATCH_ROWS * (crow + (twice ? brow : 0))));
+    if (!cbuf) return r;
+    char *buf = twice ? cbuf + BATCH_ROWS * crow : cbuf;   /* rows of btype */
     for (; r + unit <= r1;) {
         const int n = (int)PI_MIN(BATCH_ROWS, (r1 - r) / unit * unit);
-        if (!tr->to_batch(K, w + r * a->w->nb[1], a->w->nb[1], n, buf)) break;
+        if (!tr->to_batch(K, w + r * a->w->nb[1], a->w->nb[1], n, cbuf)) break;
+        if (twice && !ct->to_batch(K, cbuf, crow, n, buf)) break;
         if (unit > 8) {   /* groups (Q6_KX16): brow bytes per row, a group's rows together */
             for (int64_t c0 = 0; c0 < T; c0 += chunk)
                 for (int g = 0; g < n; g += unit)
@@ -245,7 +258,7 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
             }
         r += n;
     }
-    free(buf);
+    free(cbuf);
     return r;
 }
 
@@ -296,8 +309,7 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
         }
         return;
     }
-    if (tr->to_batch && T >= (tr->batch_min_t ? tr->batch_min_t : PI_BATCH_MIN_T))
-        r = mul_mat_batch_rows(a, tr, r, r1, chunk);
+    if (batch_pays(tr, T)) r = mul_mat_batch_rows(a, tr, r, r1, chunk);
     if (tr->vec_dot8) {
         const int64_t r8 = r + (r1 - r) / 8 * 8;
         for (int64_t c0 = 0; c0 < T; c0 += chunk)

@@ -158,7 +158,9 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_IQ4_NLX8] = { "iq4_nlx8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },   /* Q4_0X8's layout, IQ4_NL's values */
     [PI_TYPE_IQ4_XSX16] = { "iq4_xsx16", 256, 136, NULL, NULL, PI_TYPE_Q8_K },
-    [PI_TYPE_Q8_KW]  = { "q8_kw", 256, 276, NULL, NULL, PI_TYPE_Q8_K },   /* IQ2, IQ1 rows for prompts (to_batch) */
+    [PI_TYPE_Q8_KW]  = { "q8_kw", 256, 276, NULL, NULL, PI_TYPE_Q8_K,   /* IQ2, IQ1 rows for prompts (to_batch) */
+                         .batch_type = PI_TYPE_Q8_KWX16, .batch_min_t = 32 /* where the level converts */ },
+    [PI_TYPE_Q8_KWX16] = { "q8_kwx16", 256, 276, NULL, NULL, PI_TYPE_Q8_K },
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P, .tiles_act_type = PI_TYPE_Q8_0S },
     /* rows without scales: axpy_cols only */
     [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 32, .cols_aux = 2 },
@@ -219,7 +221,7 @@ _Static_assert(sizeof(pi_block_iq2_xxs) == 66, "IQ2_XXS block size");
 _Static_assert(sizeof(pi_block_iq2_xs) == 74, "IQ2_XS block size");
 _Static_assert(sizeof(pi_block_iq2_s) == 82, "IQ2_S block size");
 _Static_assert(sizeof(pi_block_iq1_s) == 50 && sizeof(pi_block_iq1_m) == 56, "IQ1 block sizes");
-_Static_assert(sizeof(pi_block_q8_kw) == 276, "Q8_KW block size");
+_Static_assert(sizeof(pi_block_q8_kw) == 276 && sizeof(pi_block_q8_kwx16) == 16 * 276, "Q8_KW block sizes");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
                sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144 &&

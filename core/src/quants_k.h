@@ -181,6 +181,9 @@ static inline int pi_iq1_value(const uint64_t *grid, const pi_iq1_sub *sb, int k
  * values v (IQ2: grid value * sign, |v| <= 43; IQ1: 8 g + delta) as bytes u = v + 64, sc_j = ls of elements 16 j ..,
  * and d = the row's fp16 d times 1/8 as f32 (exact); value d sc_j (u - 64). 276 B */
 typedef struct { uint8_t u[PI_QK_K]; int8_t scales[PI_QK_K / 16]; float d; } pi_block_q8_kw;
+/* Q8_KWX16 (internal): 16 rows' Q8_KW super-blocks regrouped as Q6_KX16's words: 64-byte row i holds word i (row bytes
+ * 4i..4i+3) of each row (u: words 0..63, scales 64..67, d 68). 16 x 276 B */
+typedef struct { uint8_t words[69][64]; } pi_block_q8_kwx16;
 
 /* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
 typedef struct { uint8_t scales[PI_QK_K / 16]; uint8_t qs[PI_QK_K / 4]; uint16_t d, dmin; } pi_block_q2_K;

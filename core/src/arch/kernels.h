@@ -64,6 +64,9 @@ static void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, 
  * below; the amx level's prompts take them on tiles, pi_tiles_q6_Kx16_q8_K), the avx2 level for prompts (below) */
 static void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
+/* Q8_KWX16 groups at every level (arch/kx16.c; x: Q8_K); only the avx2 level makes them (IQ2 / IQ1 prompts) */
+static void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
 /* F16X8 and BF16X8 groups at every level (arch/vec_dot.c; layout: pi_x8_index) */
 static void pi_repack_16bit_x8(int64_t n, const void *const *rows, void *group);
 static void pi_gemm8_f16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
@@ -88,6 +91,7 @@ static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, 
 #if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
 /* the AVX2 level: Q6_K rows -> Q6_KX16 groups for prompts (mul_mat's batch path; the level makes no copy at load) */
 static bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 #endif
 /* ---- AMX tile kernels (arch/amx.c); the amx level only ---- */
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)

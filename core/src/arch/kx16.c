@@ -40,6 +40,7 @@ typedef struct {
 static const kx16_layout q4_Kx16_layout = { sizeof(pi_block_q4_K), 2, { 0, 2 }, { 0, 32 }, 4, 35, 64 };
 static const kx16_layout q5_Kx16_layout = { sizeof(pi_block_q5_K), 2, { 0, 2 }, { 0, 32 }, 4, 43, 64 };
 static const kx16_layout q6_Kx16_layout = { sizeof(pi_block_q6_K), 1, { 208, 0 }, { 0, 0 }, 0, 52, 32 };
+static const kx16_layout q8_kwx16_layout = { sizeof(pi_block_q8_kw), 0, { 0, 0 }, { 0, 0 }, 0, 69, 0 };
 /* IQ4_XSX16: d, then scales_h (the same 16-bit moves), then 33 words: scales_l, the 32 words of qs */
 static const kx16_layout iq4_xsx16_layout = { sizeof(pi_block_iq4_xs), 2, { 0, 2 }, { 0, 32 }, 4, 33, 64 };
 
@@ -449,9 +450,59 @@ bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) 
             }
     return true;
 }
+
+/* Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) at the avx2 level: two halves of 8 rows through rows8_k.c's
+ * Q8_KW step with loads for its 17 transposes per super-block, the rows' bits; pi_q8_kw_to_x16 makes the groups from
+ * Q8_KW rows (mul_mat's batch path converts IQ2 -> Q8_KW -> Q8_KWX16 from 32 tokens). */
+#define Q8KW16_HALF(n, group, xt, xs, nt, yt, ys) q8_kwx16_half_tokens(n, group, gh, xt, xs, nt, yt, ys)
+#define Q8KW16_HALF_ONE(n, group, xt, yt) q8_kwx16_half_tokens(n, group, gh, xt, 0, 1, yt, 0)
+static inline __attribute__((always_inline)) void q8_kwx16_half_tokens(int64_t n, const void *group, const int gh,
+                                                                      const char *x, int64_t x_stride, const int nt,
+                                                                      float *y, int64_t y_stride) {
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
+    for (int64_t b = 0; b < n / PI_QK_K; b++) q8_kw_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+    store_acc(acc, nt, y, y_stride);
+}
+static inline __attribute__((always_inline)) void q8_kwx16_half(int64_t n, const void *rows, const int gh,
+                                                                const char *x, int64_t x_stride, int nt, float *y,
+                                                                int64_t y_stride) {
+    DISPATCH_NT(Q8KW16_HALF, Q8KW16_HALF_ONE, K_MAX_T);
+}
+void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    q8_kwx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
+    q8_kwx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+}
+
+/* n (a multiple of 16) Q8_KW rows -> Q8_KWX16 groups: 69 words per row and super-block, 17 transposes of 8 rows x 16
+ * bytes per half and one more over words 65..68 */
+bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
+    if (n % 16) return false;
+    pi_block_q8_kwx16 *gb = dst;
+    for (int g = 0; g < n / 16; g++)
+        for (int64_t b = 0; b < k / PI_QK_K; b++, gb++)
+            for (int gh = 0; gh < 2; gh++) {
+                const char *p[8];
+                for (int r = 0; r < 8; r++)
+                    p[r] = (const char *)w + (16 * g + 8 * gh + r) * stride + b * (int64_t)sizeof(pi_block_q8_kw);
+                for (int i = 0; i < 69; i += 4) {
+                    const int i0 = i + 4 <= 69 ? i : 65;
+                    __m256i c[4];
+                    pi_transpose8x16(p, 4 * (size_t)i0, c);
+                    for (int m = 0; m < 4; m++) _mm256_storeu_si256((__m256i *)(gb->words[i0 + m] + 32 * gh), c[m]);
+                }
+            }
+    return true;
+}
 #else
 void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
     kx16_gemm16_rows(&q6_Kx16_layout, pi_vec_dot_q6_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
+}
+#endif
+#if !(PI_HAVE_ROWS8 && !PI_HAVE_ROWS16)   /* the levels that do not make Q8_KWX16 run one row by row */
+void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    kx16_gemm16_rows(&q8_kwx16_layout, pi_vec_dot_q8_kw_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
 #endif

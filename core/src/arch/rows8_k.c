@@ -545,26 +545,37 @@ static inline __attribute__((always_inline)) void k_offset_steps(__m256 *acc, co
  * sumi = sum_j sc_j sum_l u_l y_l - 64 sum_j sc_j bsum_j, then acc = acc + (d_x * d) * sumi, super-blocks in order;
  * the bytes u < 128 take one maddubs per int16.
  * ====================================================================================== */
-static inline __attribute__((always_inline)) void q8_kw_dot8(int64_t n, const void *const *rows, const char *x,
-                                                             int64_t x_stride, const int nt, float *y, int64_t y_stride) {
-    const int64_t nb = n / PI_QK_K;
-    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
-    for (int64_t b = 0; b < nb; b++) {
-        const char *p[8];
+/* Super-block b's step acc[t] of eight rows at any addresses (rows; gh < 0), or of half gh (rows 8gh..8gh+7) of one
+ * Q8_KWX16 group (loads in place of the transposes; d: word 68, 8 floats) */
+static inline __attribute__((always_inline)) void q8_kw_block8(int64_t b, const void *const *rows, const void *group,
+                                                               const int gh, const char *x, int64_t x_stride,
+                                                               const int nt, __m256 *acc) {
+    const char *p[8];
+    const uint8_t (*words)[64] = gh < 0 ? NULL : ((const pi_block_q8_kwx16 *)group + b)->words;
+    __m256 d;
+    if (gh < 0) {
         k_block_rows(rows, b, sizeof(pi_block_q8_kw), 5, p);   /* 276 bytes: up to 5 lines */
-        __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
-        pi_transpose8x16(p, offsetof(pi_block_q8_kw, scales), sc);
         float dr[8];
         for (int k = 0; k < 8; k++) memcpy(&dr[k], p[k] + offsetof(pi_block_q8_kw, d), sizeof(float));
-        const __m256 d = _mm256_loadu_ps(dr);
-        __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
-        for (int j = 0; j < PI_QK_K / 16; j++) {
-            __m256i w[4];
-            pi_transpose8x16(p, offsetof(pi_block_q8_kw, u) + 16 * j, w);
-            k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b, 16 * j, nt, sumi, 1);
-        }
-        k_offset_steps(acc, sc, 6, x, x_stride, b, d, sumi, nt);   /* - 64 sum_j sc_j bsum_j */
+        d = _mm256_loadu_ps(dr);
+    } else {
+        d = _mm256_loadu_ps((const float *)(words[offsetof(pi_block_q8_kw, d) / 4] + 32 * gh));
     }
+    __m256i sc[4];   /* int8 scales: byte j % 4 of sc[j / 4] */
+    k_lanes4(p, offsetof(pi_block_q8_kw, scales), words, offsetof(pi_block_q8_kw, scales) / 4, gh, sc);
+    __m256i sumi[K_MAX_T] = { _mm256_setzero_si256() };   /* all zero */
+    for (int j = 0; j < PI_QK_K / 16; j++) {
+        __m256i w[4];
+        k_lanes4(p, offsetof(pi_block_q8_kw, u) + 16 * j, words, 4 * j, gh, w);
+        k16_accumulate(w, lane_bytes_to_i16(sc[j / 4], j % 4, j % 4, 1), x, x_stride, b, 16 * j, nt, sumi, 1);
+    }
+    k_offset_steps(acc, sc, 6, x, x_stride, b, d, sumi, nt);   /* - 64 sum_j sc_j bsum_j */
+}
+
+static inline __attribute__((always_inline)) void q8_kw_dot8(int64_t n, const void *const *rows, const char *x,
+                                                             int64_t x_stride, const int nt, float *y, int64_t y_stride) {
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
+    for (int64_t b = 0; b < n / PI_QK_K; b++) q8_kw_block8(b, rows, NULL, -1, x, x_stride, nt, acc);
     store_acc(acc, nt, y, y_stride);
 }
 

@@ -407,92 +407,70 @@ void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
  * makes no Q6_KX16 copy at load: decode reads the file's rows (a group's one-token step took 1.1-2.1x the time of
  * the single-row kernel on a Zen 3, bench/README.md); prompts convert 16 rows at a time (pi_q6_K_to_x16, mul_mat's
  * batch path), whose groups skip the 8-row kernel's transposes. */
-#define Q6X16_HALF(n, group, xt, xs, nt, yt, ys) q6_Kx16_half_tokens(n, group, gh, xt, xs, nt, yt, ys)
-#define Q6X16_HALF_ONE(n, group, xt, yt) q6_Kx16_half_tokens(n, group, gh, xt, 0, 1, yt, 0)
-static inline __attribute__((always_inline)) void q6_Kx16_half_tokens(int64_t n, const void *group, const int gh,
-                                                                     const char *x, int64_t x_stride, const int nt,
-                                                                     float *y, int64_t y_stride) {
+enum { X16_STEP_Q6_K, X16_STEP_Q8_KW };   /* which rows8_k.c step a group's half runs (a constant after inlining) */
+static inline __attribute__((always_inline)) void x16_step_half_tokens(int64_t n, const void *group, const int gh,
+                                                                      const int kind, const char *x, int64_t x_stride,
+                                                                      const int nt, float *y, int64_t y_stride) {
     __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
-    for (int64_t b = 0; b < n / PI_QK_K; b++) q6_K_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+    for (int64_t b = 0; b < n / PI_QK_K; b++) {
+        if (kind == X16_STEP_Q6_K) q6_K_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+        else q8_kw_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+    }
     store_acc(acc, nt, y, y_stride);
 }
-static inline __attribute__((always_inline)) void q6_Kx16_half(int64_t n, const void *rows, const int gh,
-                                                               const char *x, int64_t x_stride, int nt, float *y,
-                                                               int64_t y_stride) {
-    DISPATCH_NT(Q6X16_HALF, Q6X16_HALF_ONE, K_MAX_T);
+#define X16_STEP_HALF(n, group, xt, xs, nt, yt, ys) x16_step_half_tokens(n, group, gh, kind, xt, xs, nt, yt, ys)
+#define X16_STEP_HALF_ONE(n, group, xt, yt) x16_step_half_tokens(n, group, gh, kind, xt, 0, 1, yt, 0)
+static inline __attribute__((always_inline)) void x16_step_half(int64_t n, const void *rows, const int gh,
+                                                                const int kind, const char *x, int64_t x_stride,
+                                                                int nt, float *y, int64_t y_stride) {
+    DISPATCH_NT(X16_STEP_HALF, X16_STEP_HALF_ONE, K_MAX_T);
 }
 
 void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    q6_Kx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
-    q6_Kx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+    x16_step_half(n, group, 0, X16_STEP_Q6_K, x, x_stride, nt, y, y_stride);
+    x16_step_half(n, group, 1, X16_STEP_Q6_K, x, x_stride, nt, y + 8, y_stride);
 }
 
-/* n (a multiple of 16) Q6_K rows, `stride` bytes apart, as n / 16 Q6_KX16 groups (pi_to_batch_fn): kx16_repack's
- * bytes, each half's 52 words by 13 transposes of 8 rows x 16 bytes (kx16_repack's scalar copy made a prompt's
- * matmuls at T = 128 about 1.05x the time of the file layout's 8-row kernel; this one 0.93-0.95x). */
-bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
+/* Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) at the avx2 level: the same two halves through rows8_k.c's
+ * Q8_KW step with loads for its 17 transposes per super-block, the rows' bits (mul_mat's batch path converts IQ2 ->
+ * Q8_KW -> Q8_KWX16 from 32 tokens). */
+void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    x16_step_half(n, group, 0, X16_STEP_Q8_KW, x, x_stride, nt, y, y_stride);
+    x16_step_half(n, group, 1, X16_STEP_Q8_KW, x, x_stride, nt, y + 8, y_stride);
+}
+
+/* n (a multiple of 16) rows, `stride` bytes apart, as n / 16 groups of layout L (kx16_repack's bytes; L's fp16 field,
+ * if any, goes to the group's header, L's words start at row byte 0): each half's words by transposes of 8 rows x 16
+ * bytes, the last one moved back to end at the last word (kx16_repack's scalar copy made Q6_K prompt matmuls at T =
+ * 128 about 1.05x the time of the file layout's 8-row kernel; this one 0.93-0.95x). */
+static bool x16_transpose_rows(const kx16_layout *L, int64_t k, const void *w, int64_t stride, int n, void *dst) {
     if (n % 16) return false;
-    pi_block_q6_Kx16 *gb = dst;
+    char *gb = dst;
     for (int g = 0; g < n / 16; g++)
-        for (int64_t b = 0; b < k / PI_QK_K; b++, gb++)
+        for (int64_t b = 0; b < k / PI_QK_K; b++, gb += 16 * L->row_bytes)
             for (int gh = 0; gh < 2; gh++) {
                 const char *p[8];
                 for (int r = 0; r < 8; r++) {
-                    p[r] = (const char *)w + (16 * g + 8 * gh + r) * stride + b * (int64_t)sizeof(pi_block_q6_K);
-                    memcpy(&gb->d[8 * gh + r], p[r] + offsetof(pi_block_q6_K, d), 2);
+                    p[r] = (const char *)w + (16 * g + 8 * gh + r) * stride + b * L->row_bytes;
+                    if (L->n_f16) memcpy(gb + L->f16_group[0] + 2 * (8 * gh + r), p[r] + L->f16_row[0], 2);
                 }
-                for (int i = 0; i < 52; i += 4) {
-                    __m256i c[4];
-                    pi_transpose8x16(p, 4 * (size_t)i, c);
-                    for (int m = 0; m < 4; m++) _mm256_storeu_si256((__m256i *)(gb->words[i + m] + 32 * gh), c[m]);
-                }
-            }
-    return true;
-}
-
-/* Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) at the avx2 level: two halves of 8 rows through rows8_k.c's
- * Q8_KW step with loads for its 17 transposes per super-block, the rows' bits; pi_q8_kw_to_x16 makes the groups from
- * Q8_KW rows (mul_mat's batch path converts IQ2 -> Q8_KW -> Q8_KWX16 from 32 tokens). */
-#define Q8KW16_HALF(n, group, xt, xs, nt, yt, ys) q8_kwx16_half_tokens(n, group, gh, xt, xs, nt, yt, ys)
-#define Q8KW16_HALF_ONE(n, group, xt, yt) q8_kwx16_half_tokens(n, group, gh, xt, 0, 1, yt, 0)
-static inline __attribute__((always_inline)) void q8_kwx16_half_tokens(int64_t n, const void *group, const int gh,
-                                                                      const char *x, int64_t x_stride, const int nt,
-                                                                      float *y, int64_t y_stride) {
-    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
-    for (int64_t b = 0; b < n / PI_QK_K; b++) q8_kw_block8(b, NULL, group, gh, x, x_stride, nt, acc);
-    store_acc(acc, nt, y, y_stride);
-}
-static inline __attribute__((always_inline)) void q8_kwx16_half(int64_t n, const void *rows, const int gh,
-                                                                const char *x, int64_t x_stride, int nt, float *y,
-                                                                int64_t y_stride) {
-    DISPATCH_NT(Q8KW16_HALF, Q8KW16_HALF_ONE, K_MAX_T);
-}
-void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) {
-    q8_kwx16_half(n, group, 0, x, x_stride, nt, y, y_stride);
-    q8_kwx16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
-}
-
-/* n (a multiple of 16) Q8_KW rows -> Q8_KWX16 groups: 69 words per row and super-block, 17 transposes of 8 rows x 16
- * bytes per half and one more over words 65..68 */
-bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
-    if (n % 16) return false;
-    pi_block_q8_kwx16 *gb = dst;
-    for (int g = 0; g < n / 16; g++)
-        for (int64_t b = 0; b < k / PI_QK_K; b++, gb++)
-            for (int gh = 0; gh < 2; gh++) {
-                const char *p[8];
-                for (int r = 0; r < 8; r++)
-                    p[r] = (const char *)w + (16 * g + 8 * gh + r) * stride + b * (int64_t)sizeof(pi_block_q8_kw);
-                for (int i = 0; i < 69; i += 4) {
-                    const int i0 = i + 4 <= 69 ? i : 65;
+                for (int i = 0; i < L->n_words; i += 4) {
+                    const int i0 = PI_MIN(i, L->n_words - 4);
                     __m256i c[4];
                     pi_transpose8x16(p, 4 * (size_t)i0, c);
-                    for (int m = 0; m < 4; m++) _mm256_storeu_si256((__m256i *)(gb->words[i0 + m] + 32 * gh), c[m]);
+                    for (int m = 0; m < 4; m++)
+                        _mm256_storeu_si256((__m256i *)(gb + L->words_group + 64 * (i0 + m) + 32 * gh), c[m]);
                 }
             }
     return true;
+}
+bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
+    return x16_transpose_rows(&q6_Kx16_layout, k, w, stride, n, dst);
+}
+bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
+    return x16_transpose_rows(&q8_kwx16_layout, k, w, stride, n, dst);
 }
 #else
 void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,

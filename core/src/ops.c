@@ -234,9 +234,9 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
         if (unit > 8) {   /* groups (Q6_KX16): brow bytes per row, a group's rows together */
             for (int64_t c0 = 0; c0 < T; c0 += chunk)
                 for (int g = 0; g < n; g += unit)
-                    for (int64_t t = c0; t < PI_MIN(T, c0 + chunk); t += PI_DOT8_MAX_T)
+                    for (int64_t t = c0; t < PI_MIN(T, c0 + chunk); t += bt->gemm_max_t)
                         bt->gemm16(K, buf + g * brow, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
-                                   (int)PI_MIN(PI_DOT8_MAX_T, PI_MIN(T, c0 + chunk) - t), y0 + t * y_stride + r + g,
+                                   (int)PI_MIN(bt->gemm_max_t, PI_MIN(T, c0 + chunk) - t), y0 + t * y_stride + r + g,
                                    y_stride);
             r += n;
             continue;

@@ -14,7 +14,7 @@
  * kernels for prompts and for decode on a Zen 5.
  *
  * pi_gemm16_q4_Kx16_q8_K: one group (16 rows) x nt <= PI_DOT8_MAX_T tokens of Q8_KM activations, every level:
- * AVX-512 in 16 lanes with VNNI, AVX2 as two halves of 8 rows through rows8_k.c's k4_dot8_src, scalar loops.
+ * AVX-512 in 16 lanes with VNNI, AVX2 as two halves of 8 rows through rows8_k.c's k4_block8, scalar loops.
  * All follow Q4_K's canonical order (pi_vec_dot_q4_K_q8_K, rows8_k.c): per super-block the exact integers
  * sumi = sum_j sc_j mx_j sum_l q_l y_l and summ = sum_j mn_j mx_j (bsum_2j + bsum_2j+1), then
  * acc = acc + d_x * (d * sumi - dmin * summ), super-blocks in order; so a repacked model gives the file layout's
@@ -218,70 +218,70 @@ void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
 #endif
 
 #if PI_HAVE_ROWS8
-/* Q4_KX16 and Q5_KX16 at the AVX2 level (the AVX-512 levels take both through q4_Kx16_tokens: for Q5_KX16 one-token
- * decode 1.45x as fast as these halves on a Sapphire Rapids, 542M Q5_K_M; AMD not measured): the group as two halves
- * of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each the 8-row kernel of
- * the file's layout (rows8_k.c's k4_dot8_src) with its transposes replaced by loads, so the bits are the file
- * layout's; gh and five_bit are constants after inlining. */
-#define K4X16_HALF(n, group, xt, xs, nt, yt, ys) k4_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys, five_bit)
-#define K4X16_HALF_ONE(n, group, xt, yt) k4_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0, five_bit)
-
-static inline __attribute__((always_inline)) void k4x16_half(int64_t n, const void *rows, const int gh, const char *x,
-                                                             int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                             const int five_bit) {
-    DISPATCH_NT(K4X16_HALF, K4X16_HALF_ONE, K_MAX_T);
+/* The AVX2 bodies of the 16-row groups (Q4_KX16 and Q5_KX16 at the AVX2 level: the AVX-512 levels take both through
+ * q4_Kx16_tokens, for Q5_KX16 one-token decode 1.45x as fast as these halves on a Sapphire Rapids, 542M Q5_K_M, AMD
+ * not measured; IQ4_XSX16 at every SIMD level; Q6_KX16 and Q8_KWX16 at the AVX2 level, below): the group as two halves
+ * of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each a super-block step of the file layout's 8-row kernel
+ * (rows8_k.c) with its transposes replaced by loads, so the bits are the file layout's; kind and gh are constants
+ * after inlining. */
+enum { KX16_Q4_K, KX16_Q5_K, KX16_IQ4_XS, KX16_Q6_K, KX16_Q8_KW };
+static inline __attribute__((always_inline)) void kx16_block8(const int kind, int64_t b, const void *group, const int gh,
+                                                             const char *x, int64_t x_stride, const int nt,
+                                                             __m256 *acc) {
+    if (kind == KX16_Q4_K || kind == KX16_Q5_K) k4_block8(b, NULL, group, gh, x, x_stride, nt, acc, kind == KX16_Q5_K);
+    else if (kind == KX16_IQ4_XS) iq4_xs_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+    else if (kind == KX16_Q6_K) q6_K_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+    else q8_kw_block8(b, NULL, group, gh, x, x_stride, nt, acc);
+}
+static inline __attribute__((always_inline)) void kx16_half_tokens(int64_t n, const void *group, const int gh,
+                                                                 const int kind, const char *x, int64_t x_stride,
+                                                                 const int nt, float *y, int64_t y_stride) {
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
+    for (int64_t b = 0; b < n / PI_QK_K; b++) kx16_block8(kind, b, group, gh, x, x_stride, nt, acc);
+    store_acc(acc, nt, y, y_stride);
+}
+#define KX16_HALF(n, group, xt, xs, nt, yt, ys) kx16_half_tokens(n, group, gh, kind, xt, xs, nt, yt, ys)
+#define KX16_HALF_ONE(n, group, xt, yt) kx16_half_tokens(n, group, gh, kind, xt, 0, 1, yt, 0)
+static inline __attribute__((always_inline)) void kx16_half(int64_t n, const void *rows, const int gh, const int kind,
+                                                           const char *x, int64_t x_stride, int nt, float *y,
+                                                           int64_t y_stride) {
+    DISPATCH_NT(KX16_HALF, KX16_HALF_ONE, K_MAX_T);
 }
 
-/* One token goes over the group once, both halves of each super-block in turn (each half's accumulator steps as in
- * its own pass: the same bits): a pass per half reads all of every 64-byte line for its 32 bytes, then the line
- * again from L2. Zen 3, 542M files, ffn_up / ffn_down / attn_q / attn_output at one token, two threads
- * (bench/ab_ops.py against a pass per half): Q4_KX16 0.91x the time, Q5_KX16 0.91-0.94x, IQ4_XSX16 0.89-0.93x. */
-static inline __attribute__((always_inline)) void k4x16_gemm16(int64_t n, const void *group, const char *x,
-                                                               int64_t x_stride, int nt, float *y, int64_t y_stride,
-                                                               const int five_bit) {
+/* A group of `kind` against nt tokens: a pass per half, but one token goes over the group once, both halves of each
+ * super-block in turn (each half's accumulator steps as in its own pass: the same bits): a pass per half reads all of
+ * every 64-byte line for its 32 bytes, then the line again from L2. Zen 3, 542M files, ffn_up / ffn_down / attn_q /
+ * attn_output at one token, two threads (bench/ab_ops.py against a pass per half): Q4_KX16 0.91x the time, Q5_KX16
+ * 0.91-0.94x, IQ4_XSX16 0.89-0.93x. */
+static inline __attribute__((always_inline)) void kx16_gemm16(const int kind, int64_t n, const void *group,
+                                                             const char *x, int64_t x_stride, int nt, float *y,
+                                                             int64_t y_stride) {
     if (nt == 1) {
         __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };   /* rows 0..7, rows 8..15 */
         for (int64_t b = 0; b < n / PI_QK_K; b++)
-            for (int h = 0; h < 2; h++) k4_block8(b, NULL, group, h, x, 0, 1, acc + h, five_bit);
+            for (int h = 0; h < 2; h++) kx16_block8(kind, b, group, h, x, 0, 1, acc + h);
         _mm256_storeu_ps(y, acc[0]);
         _mm256_storeu_ps(y + 8, acc[1]);
         return;
     }
-    k4x16_half(n, group, 0, x, x_stride, nt, y, y_stride, five_bit);
-    k4x16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride, five_bit);
-}
-
-/* IQ4_XSX16 at every SIMD level: the two halves through IQ4_XS's 8-row kernel (rows8_k.c) with loads for transposes */
-#define IQ4X16_HALF(n, group, xt, xs, nt, yt, ys) iq4_xs_dot8_src(n, NULL, group, gh, xt, xs, nt, yt, ys)
-#define IQ4X16_HALF_ONE(n, group, xt, yt) iq4_xs_dot8_src(n, NULL, group, gh, xt, 0, 1, yt, 0)
-static inline __attribute__((always_inline)) void iq4x16_half(int64_t n, const void *rows, const int gh, const char *x,
-                                                              int64_t x_stride, int nt, float *y, int64_t y_stride) {
-    DISPATCH_NT(IQ4X16_HALF, IQ4X16_HALF_ONE, K_MAX_T);
+    kx16_half(n, group, 0, kind, x, x_stride, nt, y, y_stride);
+    kx16_half(n, group, 1, kind, x, x_stride, nt, y + 8, y_stride);
 }
 
 void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride) {
-    if (nt == 1) {   /* one pass, as k4x16_gemm16 */
-        __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
-        for (int64_t b = 0; b < n / PI_QK_K; b++)
-            for (int h = 0; h < 2; h++) iq4_xs_block8(b, NULL, group, h, x, 0, 1, acc + h);
-        _mm256_storeu_ps(y, acc[0]);
-        _mm256_storeu_ps(y + 8, acc[1]);
-        return;
-    }
-    iq4x16_half(n, group, 0, x, x_stride, nt, y, y_stride);
-    iq4x16_half(n, group, 1, x, x_stride, nt, y + 8, y_stride);
+    kx16_gemm16(KX16_IQ4_XS, n, group, x, x_stride, nt, y, y_stride);
 }
 
 #if !PI_HAVE_ROWS16
 void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    k4x16_gemm16(n, group, x, x_stride, nt, y, y_stride, 0);
+    kx16_gemm16(KX16_Q4_K, n, group, x, x_stride, nt, y, y_stride);
 }
 
 void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    k4x16_gemm16(n, group, x, x_stride, nt, y, y_stride, 1);
+    kx16_gemm16(KX16_Q5_K, n, group, x, x_stride, nt, y, y_stride);
 }
 #endif
 
@@ -407,29 +407,9 @@ void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
  * makes no Q6_KX16 copy at load: decode reads the file's rows (a group's one-token step took 1.1-2.1x the time of
  * the single-row kernel on a Zen 3, bench/README.md); prompts convert 16 rows at a time (pi_q6_K_to_x16, mul_mat's
  * batch path), whose groups skip the 8-row kernel's transposes. */
-enum { X16_STEP_Q6_K, X16_STEP_Q8_KW };   /* which rows8_k.c step a group's half runs (a constant after inlining) */
-static inline __attribute__((always_inline)) void x16_step_half_tokens(int64_t n, const void *group, const int gh,
-                                                                      const int kind, const char *x, int64_t x_stride,
-                                                                      const int nt, float *y, int64_t y_stride) {
-    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
-    for (int64_t b = 0; b < n / PI_QK_K; b++) {
-        if (kind == X16_STEP_Q6_K) q6_K_block8(b, NULL, group, gh, x, x_stride, nt, acc);
-        else q8_kw_block8(b, NULL, group, gh, x, x_stride, nt, acc);
-    }
-    store_acc(acc, nt, y, y_stride);
-}
-#define X16_STEP_HALF(n, group, xt, xs, nt, yt, ys) x16_step_half_tokens(n, group, gh, kind, xt, xs, nt, yt, ys)
-#define X16_STEP_HALF_ONE(n, group, xt, yt) x16_step_half_tokens(n, group, gh, kind, xt, 0, 1, yt, 0)
-static inline __attribute__((always_inline)) void x16_step_half(int64_t n, const void *rows, const int gh,
-                                                                const int kind, const char *x, int64_t x_stride,
-                                                                int nt, float *y, int64_t y_stride) {
-    DISPATCH_NT(X16_STEP_HALF, X16_STEP_HALF_ONE, K_MAX_T);
-}
-
 void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
-    x16_step_half(n, group, 0, X16_STEP_Q6_K, x, x_stride, nt, y, y_stride);
-    x16_step_half(n, group, 1, X16_STEP_Q6_K, x, x_stride, nt, y + 8, y_stride);
+    kx16_gemm16(KX16_Q6_K, n, group, x, x_stride, nt, y, y_stride);
 }
 
 /* Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) at the avx2 level: the same two halves through rows8_k.c's
@@ -437,8 +417,7 @@ void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
  * Q8_KW -> Q8_KWX16 from 32 tokens). */
 void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
-    x16_step_half(n, group, 0, X16_STEP_Q8_KW, x, x_stride, nt, y, y_stride);
-    x16_step_half(n, group, 1, X16_STEP_Q8_KW, x, x_stride, nt, y + 8, y_stride);
+    kx16_gemm16(KX16_Q8_KW, n, group, x, x_stride, nt, y, y_stride);
 }
 
 /* n (a multiple of 16) rows, `stride` bytes apart, as n / 16 groups of layout L (kx16_repack's bytes; L's fp16 field,

@@ -335,7 +335,7 @@ void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, i
 
 /* Super-block b's step acc[t] of eight rows at any addresses (rows; gh < 0), or of half gh (rows 8gh..8gh+7) of one
  * Q4_KX16 or Q5_KX16 group (the same 32-bit lanes loaded instead of transposed); gh and five_bit are constants after
- * inlining. k4_dot8_src runs it over the super-blocks in order, kx16.c's one-token path both halves in turn. */
+ * inlining. k4_dot8 runs it over the super-blocks in order, kx16.c's kx16_gemm16 over a group's halves. */
 static inline __attribute__((always_inline)) void k4_block8(int64_t b, const void *const *rows, const void *group,
                                                             const int gh, const char *x, int64_t x_stride, const int nt,
                                                             __m256 *acc, const int five_bit) {
@@ -427,18 +427,11 @@ static inline __attribute__((always_inline)) void k4_block8(int64_t b, const voi
     }
 }
 
-static inline __attribute__((always_inline)) void k4_dot8_src(int64_t n, const void *const *rows,
-                                                              const void *group, const int gh, const char *x,
-                                                              int64_t x_stride, const int nt, float *y, int64_t y_stride,
-                                                              const int five_bit) {
-    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
-    for (int64_t b = 0; b < n / PI_QK_K; b++) k4_block8(b, rows, group, gh, x, x_stride, nt, acc, five_bit);
-    store_acc(acc, nt, y, y_stride);
-}
-
 static inline __attribute__((always_inline)) void k4_dot8(int64_t n, const void *const *rows, const char *x, int64_t x_stride,
                                                       const int nt, float *y, int64_t y_stride, const int five_bit) {
-    k4_dot8_src(n, rows, NULL, -1, x, x_stride, nt, y, y_stride, five_bit);
+    __m256 acc[K_MAX_T] = { _mm256_setzero_ps() };   /* all zero */
+    for (int64_t b = 0; b < n / PI_QK_K; b++) k4_block8(b, rows, NULL, -1, x, x_stride, nt, acc, five_bit);
+    store_acc(acc, nt, y, y_stride);
 }
 
 K_ROWS8(q4_K, k4_dot8, 0, pi_vec_dot_q4_K_q8_K)
@@ -710,21 +703,14 @@ static inline __attribute__((always_inline)) void iq4_xs_block8(int64_t b, const
         acc[t] = k_step(acc[t], ((const pi_block_q8_K *)(x + t * x_stride) + b)->d, dw, isum[t]);
 }
 
-static inline __attribute__((always_inline)) void iq4_xs_dot8_src(int64_t n, const void *const *rows,
-                                                                  const void *group, const int gh, const char *x,
-                                                                  int64_t x_stride, const int nt, float *y,
-                                                                  int64_t y_stride) {
-    __m256 acc[PI_DOT8_MAX_T];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / PI_QK_K; b++) iq4_xs_block8(b, rows, group, gh, x, x_stride, nt, acc);
-    store_acc(acc, nt, y, y_stride);
-}
-
 static inline __attribute__((always_inline)) void iq4_xs_rows8(int64_t n, const void *const *rows, const char *x,
                                                                int64_t x_stride, const int nt, float *y,
                                                                int64_t y_stride, const int unused) {
     (void)unused;
-    iq4_xs_dot8_src(n, rows, NULL, -1, x, x_stride, nt, y, y_stride);
+    __m256 acc[PI_DOT8_MAX_T];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / PI_QK_K; b++) iq4_xs_block8(b, rows, NULL, -1, x, x_stride, nt, acc);
+    store_acc(acc, nt, y, y_stride);
 }
 K_ROWS8(iq4_xs, iq4_xs_rows8, 0, pi_vec_dot_iq4_xs_q8_K)
 

@@ -125,7 +125,7 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
     K, N = 512, 40                       # N: five 8-row groups; K: two IQ4_XS super-blocks
     raw = rows(rng, t, N, K)
     x = rng.standard_normal((40, K)).astype(np.float32)   # 17 tokens: 8 + 8 + 1 (every kernel tail); 40: the IQ3
-    x[:, :32] *= 30.0                                      # rows' second conversion (Q6_K -> Q6_KX16 at avx2)
+    x[:, :32] *= 30.0                                      # rows' second conversion (Q6_K -> Q6_KX16, avx2 and avx512)
     x[3, 64:96] = 0.0
     results = {}
     for lv in ("scalar", level):
@@ -139,7 +139,7 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
 @pytest.mark.parametrize("t", TYPES, ids=NAME.get)
 def test_batch_equals_one_token_at_a_time(at_level, pool2, level, t):
     """A prompt's matmul gives each token the bits of that token alone, at every level: for the IQ3 types the batch
-    converts its rows to Q6_K and runs Q6_K's 8-row kernel (pi_to_batch_fn), or from 32 tokens at the avx2 level
+    converts its rows to Q6_K and runs Q6_K's 8-row kernel (pi_to_batch_fn), or from 32 tokens at the avx2 and avx512 levels
     converts those again into Q6_KX16 groups (40 tokens), one token runs the type's own dot. One IQ3_XXS row has d =
     the smallest fp16 subnormal, whose half fp16 cannot hold: its rows stay on the own kernels."""
     rng = np.random.default_rng(450 + t)

@@ -88,8 +88,9 @@ static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, 
 #else
 #define PI_HAVE_ROWS16 0
 #endif
-#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
-/* the AVX2 level: Q6_K rows -> Q6_KX16 groups for prompts (mul_mat's batch path; the level makes no copy at load) */
+#if PI_HAVE_ROWS8
+/* the x86 levels: Q6_K (IQ3's converted rows; the avx2 level's file rows) and Q8_KW rows -> 16-row groups for prompts
+ * (mul_mat's batch path) */
 static bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 #endif

@@ -412,9 +412,16 @@ void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     kx16_gemm16(KX16_Q6_K, n, group, x, x_stride, nt, y, y_stride);
 }
 
-/* Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) at the avx2 level: the same two halves through rows8_k.c's
- * Q8_KW step with loads for its 17 transposes per super-block, the rows' bits (mul_mat's batch path converts IQ2 ->
- * Q8_KW -> Q8_KWX16 from 32 tokens). */
+#else
+void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    kx16_gemm16_rows(&q6_Kx16_layout, pi_vec_dot_q6_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
+}
+#endif
+#if PI_HAVE_ROWS8
+/* Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) at the x86 levels: two halves through rows8_k.c's Q8_KW step
+ * with loads for its 17 transposes per super-block, the rows' bits (mul_mat's batch path converts IQ2 -> Q8_KW ->
+ * Q8_KWX16 from 32 tokens). */
 void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
     kx16_gemm16(KX16_Q8_KW, n, group, x, x_stride, nt, y, y_stride);
@@ -451,13 +458,7 @@ bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) 
 bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
     return x16_transpose_rows(&q8_kwx16_layout, k, w, stride, n, dst);
 }
-#else
-void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
-    kx16_gemm16_rows(&q6_Kx16_layout, pi_vec_dot_q6_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
-}
-#endif
-#if !(PI_HAVE_ROWS8 && !PI_HAVE_ROWS16)   /* the levels that do not make Q8_KWX16 run one row by row */
+#else   /* scalar: row by row */
 void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
     kx16_gemm16_rows(&q8_kwx16_layout, pi_vec_dot_q8_kw_q8_K, n, group, x, x_stride, nt, y, y_stride);

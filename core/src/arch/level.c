@@ -35,10 +35,10 @@
 #else
 #define ROWS16(kernel) NULL
 #endif
-#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
-#define AVX2_ONLY(kernel) kernel
+#if PI_HAVE_ROWS8 && !defined(__AMX_INT8__)
+#define X16_BATCH(kernel) kernel   /* prompts' rows regrouped 16 at a time (avx2, avx512; the amx level: its tiles) */
 #else
-#define AVX2_ONLY(kernel) NULL
+#define X16_BATCH(kernel) NULL
 #endif
 #if PI_NEON
 #define REPACK(kernel) NULL   /* no NEON kernels for the interleaved groups: the file's rows, 8 at a time */
@@ -97,7 +97,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                            .tiles_rows = AMX(pi_tiles_rows_q5_K_q8_K), .repack = REPACK(pi_repack_q5_Kx16) },
         [PI_TYPE_Q6_K] = { pi_vec_dot_q6_K_q8_K,  pi_axpy_q6_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q6_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q6_K_q8_K), .repack = ROWS16(pi_repack_q6_Kx16),
-                           .to_batch = AVX2_ONLY(pi_q6_K_to_x16) },
+                           .to_batch = X16_BATCH(pi_q6_K_to_x16) },
         [PI_TYPE_IQ4_NL] = { pi_vec_dot_iq4_nl_q8_0s, pi_axpy_iq4_nl, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_nl_q8_0s),
                              .repack = REPACK(pi_repack8_q4_0x8) /* the same block bytes */ },
         [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_xs_q8_K),
@@ -123,7 +123,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_IQ4_NLX8] = { .gemm8 = pi_gemm8_iq4_nlx8_q8_0s },
         [PI_TYPE_IQ4_XSX16] = { .gemm16 = pi_gemm16_iq4_xsx16_q8_K },
         [PI_TYPE_Q8_KW]  = { pi_vec_dot_q8_kw_q8_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q8_kw_q8_K),
-                             .to_batch = AVX2_ONLY(pi_q8_kw_to_x16) },
+                             .to_batch = X16_BATCH(pi_q8_kw_to_x16) },
         [PI_TYPE_Q8_KWX16] = { .gemm16 = pi_gemm16_q8_kwx16_q8_K },
         [PI_TYPE_F16X8]  = { .gemm8 = pi_gemm8_f16x8_f32, .gemm_max_t = HALF_X8_MAX_T },
         [PI_TYPE_BF16X8] = { .gemm8 = pi_gemm8_bf16x8_f32, .gemm_max_t = HALF_X8_MAX_T },

@@ -194,10 +194,11 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
 /* Types whose own kernels decode slowly (to_batch: the IQ3 and IQ2 grids) run a prompt's rows [r, r1) BATCH_ROWS at
  * a time: converted once into their batch_type (the same bits per (row, token), pi_to_batch_fn), then that type's
  * 8-row kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels), or for an
- * interleaved batch_type (Q6_K's Q6_KX16 groups at the avx2 level) its gemm16 per group. Where the batch type converts
+ * interleaved batch_type (Q6_K's Q6_KX16 groups, Q8_KW's Q8_KWX16, avx2 and avx512) its gemm16 per group. Where the batch type converts
  * too and the prompt is long enough for it (its batch_min_t), the rows convert twice (IQ3 -> Q6_K -> Q6_KX16 at the
  * avx2 level: the 542M IQ3_S / IQ3_M matmuls at T = 32 0.93-0.96x the time, at T = 128 0.84-0.91x; converted twice at
- * T = 16 they took 1.12-1.25x, Zen 3, two threads). The converted rows go to a heap
+ * T = 16 they took 1.12-1.25x, Zen 3, two threads; at the avx512 level, whose Q6_KX16 and Q8_KWX16 kernels are AVX-512
+ * VNNI, IQ3_S at T = 128 0.455x, IQ2_S / IQ1_M 0.43-0.47x, Zen 5). The converted rows go to a heap
  * buffer (a row of a wide matrix in Q6_K is 9 KB at K = 11008); without one, or where a chunk cannot be converted, the
  * rows left go to the type's own kernels. Returns the first row not done.
  * PI_BATCH_MIN_T: 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x.

@@ -312,13 +312,15 @@ void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64
  * 8h + 2q + m / 4): u_0 = ql lo | qh bits 0-1, u_1 = ql' lo | bits 2-3, u_2 = ql hi | bits 4-5, u_3 = ql' hi | bits 6-7.
  *
  * Only the AVX-512 levels make this copy at load (level.c): on a Zen 3 the regrouping in two AVX2 halves made decode
- * 1.1-2x slower than the single-row kernel. The avx2 level converts a prompt's rows to it (pi_q6_K_to_x16, below);
+ * 1.1-2x slower than the single-row kernel. The x86 levels convert the IQ3 types' prompt rows to it (via Q6_K,
+ * pi_q6_K_to_x16, below), the avx2 level its own Q6_K rows too;
  * the scalar level runs a copy made above it row by row (kx16_gemm16_rows).
  *
  * The loop goes sub-block by sub-block (u_q of four words, then sc_j C_j) with up to 8 tokens per unpacked register:
  * keeping all four u_q and their 16 chains of 4 tokens live spilled registers (Zen 5, one thread, 542M Q6_K ffn_up,
  * T = 512, bench/ab_ops.py: 50 ms a call against this order's 36-38; 8 tokens took 0.88x the time of 4; the file
- * layout's 8-row kernel 76-78 ms). */
+ * layout's 8-row kernel 76-78 ms). The loops over h and q stay loops: one loop over the 16 sub-blocks made the Q6_K
+ * kernel 1.13x the time at T = 128, fully unrolled 1.32x (Zen 5). The AVX-512 kernel serves Q8_KWX16 too. */
 #if PI_HAVE_ROWS16
 void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group) { kx16_repack(&q6_Kx16_layout, n, rows, group); }
 
@@ -340,67 +342,87 @@ static inline __m512i q6kx16_pair(__m512i v, int j0, int j1) {
 #ifndef Q6KX16_MAX_T
 #define Q6KX16_MAX_T 8
 #endif
+/* Q6_KX16 (kw 0) and Q8_KWX16 (kw 1, the IQ2 / IQ1 types' prompt rows regrouped; quants_k.h) share their canonical
+ * order: per super-block sumi = sum_j sc_j C_j - 2^s sum_j sc_j bsum_j (C_j = sum_l u_l y_l over sub-block j's 16
+ * unsigned bytes u; Q6_K: u = 6-bit quant, s = 5; Q8_KW: u = value + 64, s = 6), acc = acc + (d_x * d) * sumi.
+ * Sub-block j = 8h + 2q + mq's word mm (elements 16j + 4mm..+3) of the 16 rows in one register: Q8_KW's is group
+ * word 4j + mm, Q6_K's is unpacked from ql word 16h + 8 (q & 1) + 4mq + mm and qh word 32 + 8h + 4mq + mm. */
+static inline __attribute__((always_inline)) __m512i x16_sub_word(const uint8_t (*words)[64], const int kw, int h,
+                                                                  int q, int mq, int mm) {
+    const int m = 4 * mq + mm;
+    if (kw) return _mm512_loadu_si512(words[4 * (8 * h + 2 * q + mq) + mm]);
+    const __m512i lo = _mm512_loadu_si512(words[16 * h + 8 * (q & 1) + m]);
+    const __m512i hb = _mm512_loadu_si512(words[32 + 8 * h + m]);
+    const __m512i nib = _mm512_and_si512(q < 2 ? lo : _mm512_srli_epi32(lo, 4), _mm512_set1_epi8(0x0f));
+    const __m512i hi2 = q == 0 ? _mm512_slli_epi32(hb, 4) : q == 1 ? _mm512_slli_epi32(hb, 2)
+                      : q == 2 ? hb : _mm512_srli_epi32(hb, 2);   /* bits 2q, 2q+1 -> 4, 5 */
+    return _mm512_or_si512(nib, _mm512_and_si512(hi2, _mm512_set1_epi8(0x30)));
+}
+
 /* nt (1, 2, 4 or 8, a constant after inlining) tokens; sub-block sums C_j of the 16 rows by VNNI (u8 weights, s8
- * activations broadcast), then sumi += sc_j C_j in int32 (|sumi| <= 256 * 63 * 127 * 128 < 2^31). */
-static inline __attribute__((always_inline)) void q6_Kx16_tokens(int64_t nb, const pi_block_q6_Kx16 *g, const char *x,
-                                                               int64_t x_stride, const int nt, float *y,
-                                                               int64_t y_stride) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30);
+ * activations broadcast), then sumi += sc_j C_j in int32 (|sumi| <= 256 * 127 * 127 * 128 < 2^31). */
+static inline __attribute__((always_inline)) void x16_sub_tokens(int64_t nb, const void *group, const int kw,
+                                                                 const char *x, int64_t x_stride, const int nt,
+                                                                 float *y, int64_t y_stride) {
+    const int64_t block = kw ? (int64_t)sizeof(pi_block_q8_kwx16) : (int64_t)sizeof(pi_block_q6_Kx16);
+    const int sw0 = kw ? offsetof(pi_block_q8_kw, scales) / 4 : offsetof(pi_block_q6_K, scales) / 4;
+    const int lines = (int)((block + 63) / 64), shift = kw ? 6 : 5;
     __m512 acc[Q6KX16_MAX_T];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const pi_block_q6_Kx16 *gb = g + b;
+        const char *gb = (const char *)group + b * block;
+        const uint8_t (*words)[64] = kw ? ((const pi_block_q8_kwx16 *)gb)->words : ((const pi_block_q6_Kx16 *)gb)->words;
         const pi_block_q8_K *xb[Q6KX16_MAX_T];
-        __m512i sumi[Q6KX16_MAX_T];   /* starts at - 32 sum_j sc_j bsum_j: a madd of (sc_2i, sc_2i+1) per lane */
+        __m512i sumi[Q6KX16_MAX_T];   /* starts at - 2^s sum_j sc_j bsum_j: a madd of (sc_2i, sc_2i+1) per lane */
         for (int t = 0; t < nt; t++) {
             xb[t] = (const pi_block_q8_K *)(x + t * x_stride) + b;
             sumi[t] = _mm512_setzero_si512();
         }
         for (int i = 0; i < 8; i++) {
-            const __m512i scp = q6kx16_pair(_mm512_loadu_si512(gb->words[48 + i / 2]), (2 * i) % 4, (2 * i) % 4 + 1);
+            const __m512i scp = q6kx16_pair(_mm512_loadu_si512(words[sw0 + i / 2]), (2 * i) % 4, (2 * i) % 4 + 1);
             for (int t = 0; t < nt; t++)
                 sumi[t] = _mm512_dpwssd_epi32(sumi[t], scp, _mm512_set1_epi32(pi_load_i32(xb[t]->bsums + 2 * i)));
         }
-        for (int t = 0; t < nt; t++) sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sumi[t], 5));
+        for (int t = 0; t < nt; t++) sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sumi[t], shift));
         for (int h = 0; h < 2; h++)
-            for (int q = 0; q < 4; q++) {   /* u_q of words m < 8: sub-blocks 8h + 2q (m < 4) and 8h + 2q + 1 */
-                for (int i = 0; i < 7; i++)
-                    _mm_prefetch((const char *)(gb + Q6KX16_PF_DIST) + 64 * (7 * (4 * h + q) + i), Q6KX16_PF_HINT);
+            for (int q = 0; q < 4; q++) {   /* sub-blocks j = 8h + 2q + mq: Q6_K's quarter q of half h */
+                const int p0 = kw ? lines * (4 * h + q) / 8 : 7 * (4 * h + q), p1 = kw ? lines * (4 * h + q + 1) / 8 : p0 + 7;
+                for (int i = p0; i < p1; i++) _mm_prefetch(gb + Q6KX16_PF_DIST * block + 64 * i, Q6KX16_PF_HINT);
                 for (int mq = 0; mq < 2; mq++) {
+                    const int j = 8 * h + 2 * q + mq;
                     __m512i c[Q6KX16_MAX_T];
                     for (int t = 0; t < nt; t++) c[t] = _mm512_setzero_si512();
                     for (int mm = 0; mm < 4; mm++) {
-                        const int m = 4 * mq + mm;
-                        const __m512i lo = _mm512_loadu_si512(gb->words[16 * h + 8 * (q & 1) + m]);
-                        const __m512i hb = _mm512_loadu_si512(gb->words[32 + 8 * h + m]);
-                        const __m512i nib = _mm512_and_si512(q < 2 ? lo : _mm512_srli_epi32(lo, 4), m4);
-                        const __m512i hi2 = q == 0 ? _mm512_slli_epi32(hb, 4) : q == 1 ? _mm512_slli_epi32(hb, 2)
-                                          : q == 2 ? hb : _mm512_srli_epi32(hb, 2);   /* bits 2q, 2q+1 -> 4, 5 */
-                        const __m512i u = _mm512_or_si512(nib, _mm512_and_si512(hi2, m2h));
+                        const __m512i u = x16_sub_word(words, kw, h, q, mq, mm);
                         for (int t = 0; t < nt; t++)
-                            c[t] = _mm512_dpbusd_epi32(c[t], u, _mm512_set1_epi32(pi_load_i32(xb[t]->qs + 128 * h + 32 * q + 4 * m)));
+                            c[t] = _mm512_dpbusd_epi32(c[t], u, _mm512_set1_epi32(pi_load_i32(xb[t]->qs + 16 * j + 4 * mm)));
                     }
-                    const int j = 8 * h + 2 * q + mq;   /* sc_j, sign-extended from byte j % 4 of scale word j / 4 */
-                    const __m512i sw = _mm512_loadu_si512(gb->words[48 + j / 4]);
-                    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sw, 24 - 8 * (j % 4)), 24);
+                    /* sc_j, sign-extended from byte j % 4 of scale word j / 4 */
+                    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(_mm512_loadu_si512(words[sw0 + j / 4]), 24 - 8 * (j % 4)), 24);
                     for (int t = 0; t < nt; t++) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sc, c[t]));
                 }
             }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb->d));
+        const __m512 d = kw ? _mm512_loadu_ps(words[offsetof(pi_block_q8_kw, d) / 4])
+                            : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const pi_block_q6_Kx16 *)gb)->d));
         for (int t = 0; t < nt; t++)
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(xb[t]->d), d), _mm512_cvtepi32_ps(sumi[t])));
     }
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
 }
 
-void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
+static inline __attribute__((always_inline)) void x16_sub_gemm16(const int kw, int64_t n, const void *group,
+                                                                 const char *x, int64_t x_stride, int nt, float *y,
+                                                                 int64_t y_stride) {
     int t = 0;
-    for (; Q6KX16_MAX_T >= 8 && t + 8 <= nt; t += 8) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 8, y + t * y_stride, y_stride);
-    for (; Q6KX16_MAX_T >= 4 && t + 4 <= nt; t += 4) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
-    for (; t + 2 <= nt; t += 2) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
-    if (t < nt) q6_Kx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+    for (; Q6KX16_MAX_T >= 8 && t + 8 <= nt; t += 8) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 8, y + t * y_stride, y_stride);
+    for (; Q6KX16_MAX_T >= 4 && t + 4 <= nt; t += 4) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
+    for (; t + 2 <= nt; t += 2) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
+    if (t < nt) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
 }
+void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { x16_sub_gemm16(0, n, group, x, x_stride, nt, y, y_stride); }
+void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) { x16_sub_gemm16(1, n, group, x, x_stride, nt, y, y_stride); }
 
 #elif PI_HAVE_ROWS8
 /* AVX2: two halves of 8 rows through rows8_k.c's Q6_K step with loads for its transposes (the rows' bits). The level
@@ -418,14 +440,15 @@ void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     kx16_gemm16_rows(&q6_Kx16_layout, pi_vec_dot_q6_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
 #endif
-#if PI_HAVE_ROWS8
-/* Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) at the x86 levels: two halves through rows8_k.c's Q8_KW step
- * with loads for its 17 transposes per super-block, the rows' bits (mul_mat's batch path converts IQ2 -> Q8_KW ->
- * Q8_KWX16 from 32 tokens). */
+#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
+/* Q8_KWX16 at the avx2 level: two halves through rows8_k.c's Q8_KW step with loads for its 17 transposes per
+ * super-block, the rows' bits (mul_mat's batch path converts IQ2 -> Q8_KW -> Q8_KWX16 from 32 tokens). */
 void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
     kx16_gemm16(KX16_Q8_KW, n, group, x, x_stride, nt, y, y_stride);
 }
+#endif
+#if PI_HAVE_ROWS8
 
 /* n (a multiple of 16) rows, `stride` bytes apart, as n / 16 groups of layout L (kx16_repack's bytes; L's fp16 field,
  * if any, goes to the group's header, L's words start at row byte 0): each half's words by transposes of 8 rows x 16

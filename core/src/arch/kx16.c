@@ -215,12 +215,79 @@ void pi_gemm16_q5_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     k4x16_gemm16_512(n, group, 1, x, x_stride, nt, y, y_stride);
 }
 
+/* IQ4_XSX16 (header d[16] fp16, scales_h[16]; word 0 the rows' scales_l, words 1.. qs), nt (1, 2 or 4) tokens, in
+ * IQ4_XS's canonical order (pi_vec_dot_iq4_xs_q8_K): per super-block sumi = sum_j (ls_j - 32) C_j with C_j the exact
+ * sum of PI_IQ4_VALUES[q] y over sub-block j's 32 elements, then acc = acc + (d_x * d) * sumi. VNNI takes unsigned
+ * weights: the nibbles look up value + 128 (one vpshufb), and C_j = sum (v + 128) y - 128 (bsum_2j + bsum_2j+1), the
+ * offset the chain's start. |C_j| <= 32 * 128 * 127, |sumi| <= 8 * 32 * |C_j| < 2^31. */
+static inline __attribute__((always_inline)) void iq4_xsx16_tokens(int64_t nb, const void *group, const char *x,
+                                                                 int64_t x_stride, const int nt, float *y,
+                                                                 int64_t y_stride) {
+    const int64_t block_bytes = 16 * (int64_t)sizeof(pi_block_iq4_xs);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    int8_t shifted[16];   /* the grid + 128 as unsigned bytes */
+    for (int i = 0; i < 16; i++) shifted[i] = (int8_t)(PI_IQ4_VALUES[i] + 128);
+    const __m512i grid = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)shifted));
+    __m512 acc[Q4KX16_MAX_T];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *gb = (const char *)group + b * block_bytes;
+        const uint8_t (*words)[64] = (const uint8_t (*)[64])(gb + 64);   /* after d[16], scales_h[16] */
+        const __m512i sl = _mm512_loadu_si512(words[0]);
+        const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+        const pi_block_q8_K *xb[Q4KX16_MAX_T];
+        __m512i sumi[Q4KX16_MAX_T];
+        for (int t = 0; t < nt; t++) {
+            xb[t] = (const pi_block_q8_K *)(x + t * x_stride) + b;
+            sumi[t] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+            for (int i = 34 * j / 8; i < 34 * (j + 1) / 8; i++)   /* this sub-block's share of the 34 lines */
+                _mm_prefetch(gb + Q4KX16_PF_DIST * block_bytes + 64 * i, Q4KX16_PF_HINT);
+            __m512i c[Q4KX16_MAX_T][2];   /* low nibbles (elements 32j + 4mm..), high (32j + 16 + 4mm..) */
+            for (int t = 0; t < nt; t++) {
+                c[t][0] = _mm512_set1_epi32(-128 * (xb[t]->bsums[2 * j] + xb[t]->bsums[2 * j + 1]));
+                c[t][1] = _mm512_setzero_si512();
+            }
+            for (int mm = 0; mm < 4; mm++) {
+                const __m512i v = _mm512_loadu_si512(words[1 + 4 * j + mm]);
+                const __m512i lo = _mm512_shuffle_epi8(grid, _mm512_and_si512(v, m4));
+                const __m512i hi = _mm512_shuffle_epi8(grid, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *yq = xb[t]->qs + 32 * j + 4 * mm;
+                    c[t][0] = _mm512_dpbusd_epi32(c[t][0], lo, _mm512_set1_epi32(pi_load_i32(yq)));
+                    c[t][1] = _mm512_dpbusd_epi32(c[t][1], hi, _mm512_set1_epi32(pi_load_i32(yq + 16)));
+                }
+            }
+            const __m512i ls = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), _mm512_set1_epi32(15)),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j),
+                                                                                  _mm512_set1_epi32(3)), 4));
+            const __m512i sc = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));   /* ls_j - 32 of each row */
+            for (int t = 0; t < nt; t++)
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sc, _mm512_add_epi32(c[t][0], c[t][1])));
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(xb[t]->d), d), _mm512_cvtepi32_ps(sumi[t])));
+    }
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
+}
+
+void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) {
+    int t = 0;
+    for (; t + 4 <= nt; t += 4) iq4_xsx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
+    for (; t + 2 <= nt; t += 2) iq4_xsx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
+    if (t < nt) iq4_xsx16_tokens(n / PI_QK_K, group, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+}
+
 #endif
 
 #if PI_HAVE_ROWS8
 /* The AVX2 bodies of the 16-row groups (Q4_KX16 and Q5_KX16 at the AVX2 level: the AVX-512 levels take both through
  * q4_Kx16_tokens, for Q5_KX16 one-token decode 1.45x as fast as these halves on a Sapphire Rapids, 542M Q5_K_M, AMD
- * not measured; IQ4_XSX16 at every SIMD level; Q6_KX16 and Q8_KWX16 at the AVX2 level, below): the group as two halves
+ * not measured; IQ4_XSX16, Q6_KX16 and Q8_KWX16 at the AVX2 level too, the AVX-512 levels having their own VNNI
+ * kernels: IQ4_XSX16's 0.40x the time of these halves at T = 128 and 0.49x at one token, Zen 5): the group as two halves
  * of 8 rows (bytes 0..31 and 32..63 of every 64-byte row), each a super-block step of the file layout's 8-row kernel
  * (rows8_k.c) with its transposes replaced by loads, so the bits are the file layout's; kind and gh are constants
  * after inlining. */
@@ -268,12 +335,12 @@ static inline __attribute__((always_inline)) void kx16_gemm16(const int kind, in
     kx16_half(n, group, 1, kind, x, x_stride, nt, y + 8, y_stride);
 }
 
+#if !PI_HAVE_ROWS16
 void pi_gemm16_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                               int64_t y_stride) {
     kx16_gemm16(KX16_IQ4_XS, n, group, x, x_stride, nt, y, y_stride);
 }
 
-#if !PI_HAVE_ROWS16
 void pi_gemm16_q4_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                             int64_t y_stride) {
     kx16_gemm16(KX16_Q4_K, n, group, x, x_stride, nt, y, y_stride);

@@ -85,6 +85,8 @@ static void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0
 static void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group);
 static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);
+static void pi_gemm16_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                     float *y, int64_t y_stride);
 #else
 #define PI_HAVE_ROWS16 0
 #endif

@@ -120,7 +120,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                              .tiles_unit = PI_QK8_0, .tiles_unit_bytes = 16 * sizeof(float) },
         [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_q4_0x8_q8_0s),
                              .tiles = AMX(pi_tiles_q4_0x8_q8_0s) },
-        [PI_TYPE_IQ4_NLX8] = { .gemm8 = pi_gemm8_iq4_nlx8_q8_0s },
+        [PI_TYPE_IQ4_NLX8] = { .gemm8 = pi_gemm8_iq4_nlx8_q8_0s, .gemm16 = ROWS16(pi_gemm16_iq4_nlx8_q8_0s) },
         [PI_TYPE_IQ4_XSX16] = { .gemm16 = pi_gemm16_iq4_xsx16_q8_K },
         [PI_TYPE_Q8_KW]  = { pi_vec_dot_q8_kw_q8_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q8_kw_q8_K),
                              .to_batch = X16_BATCH(pi_q8_kw_to_x16) },

@@ -183,12 +183,17 @@ void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_
 /* Two consecutive groups of the interleaved layout (rows 8g..8g+15) against nt <= PI_DOT8_MAX_T tokens,
  * 512 bits wide: lane r < 8 is row r of the first group, lane 8 + r row r of the second, so each
  * instruction does the work of two 8-row ones; per (row, token) the same integers (VNNI, exact) and
- * the same fma chain as gemm8: the same bits. y[t y_stride + 0..15] receives the 16 rows. */
-void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
+ * the same fma chain as gemm8: the same bits. y[t y_stride + 0..15] receives the 16 rows. IQ4_NLX8 (grid): the
+ * nibbles look up value + 128, unsigned for VNNI, and - 128 s takes the offset out again (Q4_0: q, - 8 s). */
+static inline __attribute__((always_inline)) void group16(int64_t n, const void *group, const char *x,
+                                                          int64_t x_stride, int nt, float *y, int64_t y_stride,
+                                                          const int grid) {
     const int64_t nb = n / PI_QK4_0;
     const pi_block_q4_0x8 *g0 = group, *g1 = g0 + nb;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    int8_t shifted[16];   /* IQ4_NL's values + 128 as unsigned bytes */
+    for (int i = 0; i < 16; i++) shifted[i] = (int8_t)(PI_IQ4_VALUES[i] + 128);
+    const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)shifted));
     __m512 acc[PI_DOT8_MAX_T];
     for (int t = 0; t < PI_DOT8_MAX_T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -202,18 +207,26 @@ void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t
                                                  _mm256_loadu_si256((const __m256i *)g1[b].qs + m), 1);
             w[m] = _mm512_and_si512(c, m4);
             w[m + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+            if (grid) {
+                w[m] = _mm512_shuffle_epi8(values, w[m]);
+                w[m + 4] = _mm512_shuffle_epi8(values, w[m + 4]);
+            }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)g1[b].d),
                                                            _mm_loadu_si128((const __m128i *)g0[b].d)));
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0s *xb = (const pi_block_q8_0s *)(x + t * x_stride) + b;
-            const __m512i s32 = pi_dot16_q8_0s(w, xb, 8);
+            const __m512i s32 = pi_dot16_q8_0s(w, xb, grid ? 128 : 8);
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(pi_fp16_to_f32(xb->d)));
             acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s32), acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
 }
+void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { group16(n, group, x, x_stride, nt, y, y_stride, 0); }
+void pi_gemm16_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride) { group16(n, group, x, x_stride, nt, y, y_stride, 1); }
 #endif
 
 /* Eight Q4_0 axpy in one pass: per block the 32 outputs stay in registers while the eight rows are

@@ -94,6 +94,7 @@ static void pi_gemm16_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x
 /* the x86 levels: Q6_K (IQ3's converted rows; the avx2 level's file rows) and Q8_KW rows -> 16-row groups for prompts
  * (mul_mat's batch path) */
 static bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_q3_K_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 #endif
 /* ---- AMX tile kernels (arch/amx.c); the amx level only ---- */

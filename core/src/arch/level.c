@@ -40,6 +40,11 @@
 #else
 #define X16_BATCH(kernel) NULL
 #endif
+#if PI_HAVE_ROWS16 && !defined(__AMX_INT8__)
+#define X16_BATCH_512(kernel) kernel   /* the same at avx512 only (Q3_K: at avx2 0.94-1.01x on a Zen 5, an AVX2-only CPU not measured) */
+#else
+#define X16_BATCH_512(kernel) NULL
+#endif
 #if PI_NEON
 #define REPACK(kernel) NULL   /* no NEON kernels for the interleaved groups: the file's rows, 8 at a time */
 #else
@@ -90,7 +95,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q2_K] = { pi_vec_dot_q2_K_q8_K,  pi_axpy_q2_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q2_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q2_K_q8_K) },
         [PI_TYPE_Q3_K] = { pi_vec_dot_q3_K_q8_K,  pi_axpy_q3_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q3_K_q8_K),
-                           .tiles_rows = AMX(pi_tiles_rows_q3_K_q8_K) },
+                           .tiles_rows = AMX(pi_tiles_rows_q3_K_q8_K), .to_batch = X16_BATCH_512(pi_q3_K_to_q6_K) },
         [PI_TYPE_Q4_K] = { pi_vec_dot_q4_K_q8_K,  pi_axpy_q4_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q4_K_q8_K),
                            .tiles_rows = AMX(pi_tiles_rows_q4_K_q8_K), .repack = REPACK(pi_repack_q4_Kx16) },
         [PI_TYPE_Q5_K] = { pi_vec_dot_q5_K_q8_K,  pi_axpy_q5_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q5_K_q8_K),

@@ -1039,6 +1039,34 @@ static inline void iq3_s_quants(const pi_block_iq3_s *x, int j, int *ls, uint8_t
 IQ3_TO_Q6_K(iq3_xxs, pi_block_iq3_xxs, true)
 IQ3_TO_Q6_K(iq3_s, pi_block_iq3_s, false)
 
+#if defined(__AVX2__)
+/* Q3_K rows -> Q6_K rows for prompts (the x86 levels, from 32 tokens: then on to Q6_KX16 groups). Element e's
+ * u - 4 (low 2 bits + 4 * hmask bit, u - 4 in -4..3) becomes Q6_K's quant u + 28 (28..35, minus 32 the same value),
+ * sub-block j's 6-bit scale sc_j (-32..31) Q6_K's int8 scale j, d stays: Q6_K's dot sums the same integers, sum_j sc_j
+ * sum (u - 4) y, and takes the same float step, (bd d) sumi, so its kernels give Q3_K's bits. */
+static bool pi_q3_K_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst) {
+    pi_block_q6_K *y = dst;
+    for (int r = 0; r < n; r++) {
+        const pi_block_q3_K *x = (const pi_block_q3_K *)((const char *)w + r * stride);
+        for (int64_t b = 0; b < k / PI_QK_K; b++, y++) {
+            const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
+            for (int h = 0; h < 2; h++) {   /* elements 128 h + 32 m + l: qs[32 h + l] bits 2m, 2m + 1; hmask bit 4h + m */
+                const __m256i q2 = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+                __m256i q[4];
+                for (int m = 0; m < 4; m++)
+                    q[m] = _mm256_add_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q2, 2 * m), _mm256_set1_epi8(3)),
+                                                           pi_bit_to(hm, 4 * h + m, 2)),
+                                           _mm256_set1_epi8(28));
+                q6_K_pack_half(q, y, h);
+            }
+            _mm_storeu_si128((__m128i *)y->scales, pi_k3_scales16(x[b].scales));
+            y->d = x[b].d;
+        }
+    }
+    return true;
+}
+#endif
+
 /* Q8_KW . Q8_K (IQ2 rows converted for prompts): per super-block sumi = sum_j sc_j sum_l (u_l - 64) y_l, computed
  * as sum_j sc_j sum_l u_l y_l - 64 sum_j sc_j bsum_j (u <= 107: a maddubs pair fits int16), then sum += (bd d) sumi
  * in order: the integers and float steps of the IQ2 dot it came from. */

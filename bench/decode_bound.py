@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Decode speed against the memory bandwidth measured in the same minute (issue 15's "decode within 10% of the
+bound"): on a shared VM the read bandwidth moves by 2x between runs minutes apart, so each round measures the
+bound (numpy reductions, bench_sparse.measure_bandwidth) right before a tg run of ours, and reports their ratio.
+
+    PYTHONPATH=bindings python bench/decode_bound.py -m A.gguf,B.gguf [-n 64] [-r 5] [-t 2]
+
+Bytes per token: every weight matrix a token reads, at the size the engine reads it: the file's tensors without
+token_embd where the file has its own output head (decode reads one row of the table), Q5_0 matrices at 34/22 of
+their bytes (the Q8_0X16 copy they are read from). The KV cache and activations are not counted (short context).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import Ours, run_test  # noqa: E402
+from bench_sparse import measure_bandwidth  # noqa: E402
+
+
+def bytes_per_token(path: str) -> int:
+    r = gguf.GGUFReader(path)
+    names = {t.name for t in r.tensors}
+    total = 0
+    for t in r.tensors:
+        if len(t.shape) < 2 or (t.name == "token_embd.weight" and "output.weight" in names):
+            continue
+        n = int(t.n_bytes)
+        total += n * 34 // 22 if t.tensor_type == gguf.GGMLQuantizationType.Q5_0 else n
+    return total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", required=True, help="comma list of GGUF files")
+    ap.add_argument("-n", "--n-gen", type=int, default=64)
+    ap.add_argument("-r", "--rounds", type=int, default=5)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--mib", type=int, default=1024, help="bandwidth test size (MiB)")
+    a = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    print("| file | GB per token | round: t/s, GB/s read / bound GB/s = share | median share |")
+    print("|---|---:|---|---:|")
+    for path in a.model.split(","):
+        nbytes = bytes_per_token(path)
+        ours = Ours(path, n_ctx=a.n_gen + 16, n_batch=512, n_threads=a.threads)
+        run_test(ours, 0, 4, 1, rng)   # warm the weights' pages
+        cells, shares = [], []
+        for _ in range(a.rounds):
+            bound = measure_bandwidth(a.mib, a.threads, passes=2)[a.threads]
+            tps = run_test(ours, 0, a.n_gen, 1, rng)[0]
+            read = tps * nbytes / 1e9
+            shares.append(read / bound)
+            cells.append(f"{tps:.1f}, {read:.1f} / {bound:.1f} = {read / bound:.0%}")
+        del ours
+        print(f"| {Path(path).name} | {nbytes / 1e9:.3f} | {'; '.join(cells)} | **{statistics.median(shares):.0%}** |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -355,7 +355,7 @@ def test_type_traits():
                 lib.PI_TYPE_COUNT + 12: "q4_0c", lib.PI_TYPE_COUNT + 13: "q4_kc",
                 lib.PI_TYPE_COUNT + 14: "q6_kc", lib.PI_TYPE_COUNT + 15: "q4_1x16", lib.PI_TYPE_COUNT + 16: "q5_1x16",
                 lib.PI_TYPE_COUNT + 17: "iq4_nlx8", lib.PI_TYPE_COUNT + 18: "iq4_xsx16", lib.PI_TYPE_COUNT + 19: "q8_kw",
-                lib.PI_TYPE_COUNT + 20: "q8_kwx16"}
+                lib.PI_TYPE_COUNT + 20: "q8_kwx16", lib.PI_TYPE_COUNT + 21: "q2_Kx16"}
     for t, name in internal.items():
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == name

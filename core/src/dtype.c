@@ -131,7 +131,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q5_1] = { "q5_1", 32,  24,  pi_q5_1_to_f32, pi_q5_1_from_f32, PI_TYPE_Q8_1,
                        .repacked_type = PI_TYPE_Q5_1X16 },
     [PI_TYPE_Q8_1] = { "q8_1", 32,  40,  pi_q8_1_to_f32, pi_q8_1_from_f32, PI_TYPE_Q8_1 },
-    [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K },
+    [PI_TYPE_Q2_K] = { "q2_K", 256, 84,  pi_q2_K_to_f32, pi_q2_K_from_f32, PI_TYPE_Q8_K,
+                       .batch_type = PI_TYPE_Q2_KX16, .batch_min_t = 12 /* where the level converts (avx512) */ },
     [PI_TYPE_Q3_K] = { "q3_K", 256, 110, pi_q3_K_to_f32, pi_q3_K_from_f32, PI_TYPE_Q8_K,
                        .batch_type = PI_TYPE_Q6_K, .batch_min_t = 32 /* on to Q6_KX16, where the level converts */ },
     [PI_TYPE_Q4_K] = { "q4_K", 256, 144, pi_q4_K_to_f32, pi_q4_K_from_f32, PI_TYPE_Q8_KM,
@@ -162,6 +163,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_KW]  = { "q8_kw", 256, 276, NULL, NULL, PI_TYPE_Q8_K,   /* IQ2, IQ1 rows for prompts (to_batch) */
                          .batch_type = PI_TYPE_Q8_KWX16, .batch_min_t = 32 /* where the level converts */ },
     [PI_TYPE_Q8_KWX16] = { "q8_kwx16", 256, 276, NULL, NULL, PI_TYPE_Q8_K },
+    [PI_TYPE_Q2_KX16] = { "q2_Kx16", 256, 84, NULL, NULL, PI_TYPE_Q8_K },
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P, .tiles_act_type = PI_TYPE_Q8_0S },
     /* rows without scales: axpy_cols only */
     [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 32, .cols_aux = 2 },
@@ -223,6 +225,7 @@ _Static_assert(sizeof(pi_block_iq2_xs) == 74, "IQ2_XS block size");
 _Static_assert(sizeof(pi_block_iq2_s) == 82, "IQ2_S block size");
 _Static_assert(sizeof(pi_block_iq1_s) == 50 && sizeof(pi_block_iq1_m) == 56, "IQ1 block sizes");
 _Static_assert(sizeof(pi_block_q8_kw) == 276 && sizeof(pi_block_q8_kwx16) == 16 * 276, "Q8_KW block sizes");
+_Static_assert(sizeof(pi_block_q2_Kx16) == 16 * 84, "Q2_KX16 block size");
 _Static_assert(sizeof(pi_block_q2_K) == 84 && sizeof(pi_block_q3_K) == 110 && sizeof(pi_block_q4_K) == 144 &&
                sizeof(pi_block_q5_K) == 176 && sizeof(pi_block_q6_K) == 210 && sizeof(pi_block_q8_K) == 292 &&
                sizeof(pi_block_q8_Km) == 308 && sizeof(pi_block_q4_Kx16) == 16 * 144 &&

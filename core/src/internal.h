@@ -162,7 +162,8 @@ enum {
     PI_TYPE_IQ4_NLX8,                /* IQ4_NL weights in Q4_0X8's layout (pi_repack; arch/rows8.c) */
     PI_TYPE_IQ4_XSX16,               /* IQ4_XS weights, 16 rows regrouped as Q4_KX16 (pi_repack; arch/kx16.c) */
     PI_TYPE_Q8_KW,                   /* the IQ2 types' rows for prompts: bytes, a scale per 16 (to_batch; quants_k.h) */
-    PI_TYPE_Q8_KWX16,                /* Q8_KW rows, 16 regrouped by 32-bit words (to_batch at avx2; arch/kx16.c) */
+    PI_TYPE_Q8_KWX16,                /* Q8_KW rows, 16 regrouped by 32-bit words (to_batch at avx2, avx512; arch/kx16.c) */
+    PI_TYPE_Q2_KX16,                 /* Q2_K rows, 16 regrouped by 32-bit words (to_batch at avx512; arch/kx16.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
@@ -170,7 +171,7 @@ static inline int64_t pi_group_rows(int32_t type) {
     return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_IQ4_NLX8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
          : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q5_0X16 || type == PI_TYPE_Q4_1X16 || type == PI_TYPE_Q5_1X16 ||
            type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 || type == PI_TYPE_IQ4_XSX16 ||
-           type == PI_TYPE_Q8_KWX16 ? 16
+           type == PI_TYPE_Q8_KWX16 || type == PI_TYPE_Q2_KX16 ? 16
          : 0;
 }
 static inline bool pi_is_interleaved(int32_t type) { return pi_group_rows(type) > 0; }

@@ -187,6 +187,9 @@ typedef struct { uint8_t words[69][64]; } pi_block_q8_kwx16;
 
 /* Q2_K: 16 sub-blocks of 16; scales[j] = scale (low nibble) | min (high nibble). 84 B */
 typedef struct { uint8_t scales[PI_QK_K / 16]; uint8_t qs[PI_QK_K / 4]; uint16_t d, dmin; } pi_block_q2_K;
+/* Q2_KX16 (internal): 16 rows' Q2_K super-blocks, d and dmin as vectors of 16, then the rows' 20 words (scales: words
+ * 0..3, qs: 4..19) as 64-byte rows of word i of each row (Q2_K prompt rows at the avx512 level). 16 x 84 B */
+typedef struct { uint16_t d[16], dmin[16]; uint8_t words[20][64]; } pi_block_q2_Kx16;
 /* Q3_K: 16 sub-blocks of 16, 6-bit signed scales (offset 32) packed in 12 bytes. 110 B */
 typedef struct { uint8_t hmask[PI_QK_K / 8]; uint8_t qs[PI_QK_K / 4]; uint8_t scales[12]; uint16_t d; } pi_block_q3_K;
 /* Q4_K: 8 sub-blocks of 32, 6-bit scales and mins packed in 12 bytes. 144 B */

@@ -67,6 +67,8 @@ static void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, 
 /* Q8_KWX16 groups at every level (arch/kx16.c; x: Q8_K); only the avx2 level makes them (IQ2 / IQ1 prompts) */
 static void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
+static void pi_gemm16_q2_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                                   int64_t y_stride);
 /* F16X8 and BF16X8 groups at every level (arch/vec_dot.c; layout: pi_x8_index) */
 static void pi_repack_16bit_x8(int64_t n, const void *const *rows, void *group);
 static void pi_gemm8_f16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
@@ -95,6 +97,7 @@ static void pi_gemm16_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x
  * (mul_mat's batch path) */
 static bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_q3_K_to_q6_K(int64_t k, const void *w, int64_t stride, int n, void *dst);
+static bool pi_q2_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 static bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst);
 #endif
 /* ---- AMX tile kernels (arch/amx.c); the amx level only ---- */

@@ -41,6 +41,7 @@ static const kx16_layout q4_Kx16_layout = { sizeof(pi_block_q4_K), 2, { 0, 2 }, 
 static const kx16_layout q5_Kx16_layout = { sizeof(pi_block_q5_K), 2, { 0, 2 }, { 0, 32 }, 4, 43, 64 };
 static const kx16_layout q6_Kx16_layout = { sizeof(pi_block_q6_K), 1, { 208, 0 }, { 0, 0 }, 0, 52, 32 };
 static const kx16_layout q8_kwx16_layout = { sizeof(pi_block_q8_kw), 0, { 0, 0 }, { 0, 0 }, 0, 69, 0 };
+static const kx16_layout q2_Kx16_layout = { sizeof(pi_block_q2_K), 2, { 80, 82 }, { 0, 32 }, 0, 20, 64 };
 /* IQ4_XSX16: d, then scales_h (the same 16-bit moves), then 33 words: scales_l, the 32 words of qs */
 static const kx16_layout iq4_xsx16_layout = { sizeof(pi_block_iq4_xs), 2, { 0, 2 }, { 0, 32 }, 4, 33, 64 };
 
@@ -409,15 +410,21 @@ static inline __m512i q6kx16_pair(__m512i v, int j0, int j1) {
 #ifndef Q6KX16_MAX_T
 #define Q6KX16_MAX_T 8
 #endif
-/* Q6_KX16 (kw 0) and Q8_KWX16 (kw 1, the IQ2 / IQ1 types' prompt rows regrouped; quants_k.h) share their canonical
- * order: per super-block sumi = sum_j sc_j C_j - 2^s sum_j sc_j bsum_j (C_j = sum_l u_l y_l over sub-block j's 16
- * unsigned bytes u; Q6_K: u = 6-bit quant, s = 5; Q8_KW: u = value + 64, s = 6), acc = acc + (d_x * d) * sumi.
- * Sub-block j = 8h + 2q + mq's word mm (elements 16j + 4mm..+3) of the 16 rows in one register: Q8_KW's is group
- * word 4j + mm, Q6_K's is unpacked from ql word 16h + 8 (q & 1) + 4mq + mm and qh word 32 + 8h + 4mq + mm. */
-static inline __attribute__((always_inline)) __m512i x16_sub_word(const uint8_t (*words)[64], const int kw, int h,
+/* Q6_KX16, Q8_KWX16 (the IQ2 / IQ1 types' prompt rows regrouped) and Q2_KX16 (Q2_K's prompt rows regrouped; quants_k.h)
+ * share a shape: 16 sub-blocks of 16 per super-block, sub-block sums C_j = sum_l u_l y_l over unsigned bytes u, an
+ * integer per scale. Their canonical orders, per super-block: Q6_K and Q8_KW sumi = sum_j sc_j C_j - 2^s sum_j sc_j
+ * bsum_j (Q6_K: u = 6-bit quant, s = 5; Q8_KW: u = value + 64, s = 6), acc = acc + (d_x * d) * sumi; Q2_K (u = 2-bit
+ * quant, sc_j and m_j the low and high nibble of scale byte j) sumi = sum_j sc_j C_j, summ = sum_j m_j bsum_j,
+ * acc = acc + d_x * (d * sumi - dmin * summ). Sub-block j = 8h + 2q + mq's word mm (elements 16j + 4mm..+3) of the 16
+ * rows in one register: Q8_KW's is group word 4j + mm; Q6_K's is unpacked from ql word 16h + 8 (q & 1) + 4mq + mm and
+ * qh word 32 + 8h + 4mq + mm; Q2_K's is bits 2q, 2q + 1 of the bytes of qs word 8h + 4mq + mm (group word 4 + that). */
+enum { X16_Q6_K, X16_Q8_KW, X16_Q2_K };
+static inline __attribute__((always_inline)) __m512i x16_sub_word(const uint8_t (*words)[64], const int kind, int h,
                                                                   int q, int mq, int mm) {
     const int m = 4 * mq + mm;
-    if (kw) return _mm512_loadu_si512(words[4 * (8 * h + 2 * q + mq) + mm]);
+    if (kind == X16_Q8_KW) return _mm512_loadu_si512(words[4 * (8 * h + 2 * q + mq) + mm]);
+    if (kind == X16_Q2_K)
+        return _mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(words[4 + 8 * h + m]), 2 * q), _mm512_set1_epi8(3));
     const __m512i lo = _mm512_loadu_si512(words[16 * h + 8 * (q & 1) + m]);
     const __m512i hb = _mm512_loadu_si512(words[32 + 8 * h + m]);
     const __m512i nib = _mm512_and_si512(q < 2 ? lo : _mm512_srli_epi32(lo, 4), _mm512_set1_epi8(0x0f));
@@ -428,47 +435,72 @@ static inline __attribute__((always_inline)) __m512i x16_sub_word(const uint8_t 
 
 /* nt (1, 2, 4 or 8, a constant after inlining) tokens; sub-block sums C_j of the 16 rows by VNNI (u8 weights, s8
  * activations broadcast), then sumi += sc_j C_j in int32 (|sumi| <= 256 * 127 * 127 * 128 < 2^31). */
-static inline __attribute__((always_inline)) void x16_sub_tokens(int64_t nb, const void *group, const int kw,
+static inline __attribute__((always_inline)) void x16_sub_tokens(int64_t nb, const void *group, const int kind,
                                                                  const char *x, int64_t x_stride, const int nt,
                                                                  float *y, int64_t y_stride) {
-    const int64_t block = kw ? (int64_t)sizeof(pi_block_q8_kwx16) : (int64_t)sizeof(pi_block_q6_Kx16);
-    const int sw0 = kw ? offsetof(pi_block_q8_kw, scales) / 4 : offsetof(pi_block_q6_K, scales) / 4;
+    const int kw = kind == X16_Q8_KW, q2 = kind == X16_Q2_K;
+    const int64_t block = kw ? (int64_t)sizeof(pi_block_q8_kwx16) : q2 ? (int64_t)sizeof(pi_block_q2_Kx16)
+                             : (int64_t)sizeof(pi_block_q6_Kx16);
+    const int sw0 = kw ? offsetof(pi_block_q8_kw, scales) / 4 : q2 ? 0 : offsetof(pi_block_q6_K, scales) / 4;
     const int lines = (int)((block + 63) / 64), shift = kw ? 6 : 5;
     __m512 acc[Q6KX16_MAX_T];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *gb = (const char *)group + b * block;
-        const uint8_t (*words)[64] = kw ? ((const pi_block_q8_kwx16 *)gb)->words : ((const pi_block_q6_Kx16 *)gb)->words;
+        const uint8_t (*words)[64] = kw ? ((const pi_block_q8_kwx16 *)gb)->words
+                                   : q2 ? ((const pi_block_q2_Kx16 *)gb)->words : ((const pi_block_q6_Kx16 *)gb)->words;
         const pi_block_q8_K *xb[Q6KX16_MAX_T];
-        __m512i sumi[Q6KX16_MAX_T];   /* starts at - 2^s sum_j sc_j bsum_j: a madd of (sc_2i, sc_2i+1) per lane */
+        /* Q6_K, Q8_KW: sumi starts at - 2^s sum_j sc_j bsum_j; Q2_K: summ = sum_j m_j bsum_j; a madd of the pair of
+         * scales (mins) 2i, 2i + 1 per lane */
+        __m512i sumi[Q6KX16_MAX_T], summ[Q6KX16_MAX_T];
         for (int t = 0; t < nt; t++) {
             xb[t] = (const pi_block_q8_K *)(x + t * x_stride) + b;
-            sumi[t] = _mm512_setzero_si512();
+            sumi[t] = summ[t] = _mm512_setzero_si512();
         }
         for (int i = 0; i < 8; i++) {
-            const __m512i scp = q6kx16_pair(_mm512_loadu_si512(words[sw0 + i / 2]), (2 * i) % 4, (2 * i) % 4 + 1);
-            for (int t = 0; t < nt; t++)
-                sumi[t] = _mm512_dpwssd_epi32(sumi[t], scp, _mm512_set1_epi32(pi_load_i32(xb[t]->bsums + 2 * i)));
+            const __m512i sw = _mm512_loadu_si512(words[sw0 + i / 2]);
+            const __m512i scp = q6kx16_pair(q2 ? _mm512_and_si512(_mm512_srli_epi32(sw, 4), _mm512_set1_epi8(0x0f)) : sw,
+                                            (2 * i) % 4, (2 * i) % 4 + 1);
+            for (int t = 0; t < nt; t++) {
+                const __m512i bs = _mm512_set1_epi32(pi_load_i32(xb[t]->bsums + 2 * i));
+                if (q2) summ[t] = _mm512_dpwssd_epi32(summ[t], scp, bs);
+                else sumi[t] = _mm512_dpwssd_epi32(sumi[t], scp, bs);
+            }
         }
-        for (int t = 0; t < nt; t++) sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sumi[t], shift));
+        if (!q2)
+            for (int t = 0; t < nt; t++) sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sumi[t], shift));
         for (int h = 0; h < 2; h++)
             for (int q = 0; q < 4; q++) {   /* sub-blocks j = 8h + 2q + mq: Q6_K's quarter q of half h */
-                const int p0 = kw ? lines * (4 * h + q) / 8 : 7 * (4 * h + q), p1 = kw ? lines * (4 * h + q + 1) / 8 : p0 + 7;
+                const int p0 = kw || q2 ? lines * (4 * h + q) / 8 : 7 * (4 * h + q);
+                const int p1 = kw || q2 ? lines * (4 * h + q + 1) / 8 : p0 + 7;
                 for (int i = p0; i < p1; i++) _mm_prefetch(gb + Q6KX16_PF_DIST * block + 64 * i, Q6KX16_PF_HINT);
                 for (int mq = 0; mq < 2; mq++) {
                     const int j = 8 * h + 2 * q + mq;
                     __m512i c[Q6KX16_MAX_T];
                     for (int t = 0; t < nt; t++) c[t] = _mm512_setzero_si512();
                     for (int mm = 0; mm < 4; mm++) {
-                        const __m512i u = x16_sub_word(words, kw, h, q, mq, mm);
+                        const __m512i u = x16_sub_word(words, kind, h, q, mq, mm);
                         for (int t = 0; t < nt; t++)
                             c[t] = _mm512_dpbusd_epi32(c[t], u, _mm512_set1_epi32(pi_load_i32(xb[t]->qs + 16 * j + 4 * mm)));
                     }
-                    /* sc_j, sign-extended from byte j % 4 of scale word j / 4 */
-                    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(_mm512_loadu_si512(words[sw0 + j / 4]), 24 - 8 * (j % 4)), 24);
+                    /* sc_j from byte j % 4 of scale word j / 4: int8 (Q6_K, Q8_KW), the byte's low nibble (Q2_K) */
+                    const __m512i sw = _mm512_loadu_si512(words[sw0 + j / 4]);
+                    const __m512i sc = q2 ? _mm512_and_si512(_mm512_srli_epi32(sw, 8 * (j % 4)), _mm512_set1_epi32(0x0f))
+                                          : _mm512_srai_epi32(_mm512_slli_epi32(sw, 24 - 8 * (j % 4)), 24);
                     for (int t = 0; t < nt; t++) sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sc, c[t]));
                 }
             }
+        if (q2) {
+            const pi_block_q2_Kx16 *g2 = (const pi_block_q2_Kx16 *)gb;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g2->d));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)g2->dmin));
+            for (int t = 0; t < nt; t++) {
+                const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi[t])),
+                                               _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ[t])));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xb[t]->d), v));
+            }
+            continue;
+        }
         const __m512 d = kw ? _mm512_loadu_ps(words[offsetof(pi_block_q8_kw, d) / 4])
                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const pi_block_q6_Kx16 *)gb)->d));
         for (int t = 0; t < nt; t++)
@@ -477,19 +509,21 @@ static inline __attribute__((always_inline)) void x16_sub_tokens(int64_t nb, con
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
 }
 
-static inline __attribute__((always_inline)) void x16_sub_gemm16(const int kw, int64_t n, const void *group,
+static inline __attribute__((always_inline)) void x16_sub_gemm16(const int kind, int64_t n, const void *group,
                                                                  const char *x, int64_t x_stride, int nt, float *y,
                                                                  int64_t y_stride) {
     int t = 0;
-    for (; Q6KX16_MAX_T >= 8 && t + 8 <= nt; t += 8) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 8, y + t * y_stride, y_stride);
-    for (; Q6KX16_MAX_T >= 4 && t + 4 <= nt; t += 4) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
-    for (; t + 2 <= nt; t += 2) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
-    if (t < nt) x16_sub_tokens(n / PI_QK_K, group, kw, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
+    for (; Q6KX16_MAX_T >= 8 && t + 8 <= nt; t += 8) x16_sub_tokens(n / PI_QK_K, group, kind, x + t * x_stride, x_stride, 8, y + t * y_stride, y_stride);
+    for (; Q6KX16_MAX_T >= 4 && t + 4 <= nt; t += 4) x16_sub_tokens(n / PI_QK_K, group, kind, x + t * x_stride, x_stride, 4, y + t * y_stride, y_stride);
+    for (; t + 2 <= nt; t += 2) x16_sub_tokens(n / PI_QK_K, group, kind, x + t * x_stride, x_stride, 2, y + t * y_stride, y_stride);
+    if (t < nt) x16_sub_tokens(n / PI_QK_K, group, kind, x + t * x_stride, x_stride, 1, y + t * y_stride, y_stride);
 }
 void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) { x16_sub_gemm16(0, n, group, x, x_stride, nt, y, y_stride); }
+                            int64_t y_stride) { x16_sub_gemm16(X16_Q6_K, n, group, x, x_stride, nt, y, y_stride); }
 void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) { x16_sub_gemm16(1, n, group, x, x_stride, nt, y, y_stride); }
+                             int64_t y_stride) { x16_sub_gemm16(X16_Q8_KW, n, group, x, x_stride, nt, y, y_stride); }
+void pi_gemm16_q2_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) { x16_sub_gemm16(X16_Q2_K, n, group, x, x_stride, nt, y, y_stride); }
 
 #elif PI_HAVE_ROWS8
 /* AVX2: two halves of 8 rows through rows8_k.c's Q6_K step with loads for its transposes (the rows' bits). The level
@@ -517,8 +551,8 @@ void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_
 #endif
 #if PI_HAVE_ROWS8
 
-/* n (a multiple of 16) rows, `stride` bytes apart, as n / 16 groups of layout L (kx16_repack's bytes; L's fp16 field,
- * if any, goes to the group's header, L's words start at row byte 0): each half's words by transposes of 8 rows x 16
+/* n (a multiple of 16) rows, `stride` bytes apart, as n / 16 groups of layout L (kx16_repack's bytes; L's fp16 fields
+ * go to the group's header, L's words start at row byte 0): each half's words by transposes of 8 rows x 16
  * bytes, the last one moved back to end at the last word (kx16_repack's scalar copy made Q6_K prompt matmuls at T =
  * 128 about 1.05x the time of the file layout's 8-row kernel; this one 0.93-0.95x). */
 static bool x16_transpose_rows(const kx16_layout *L, int64_t k, const void *w, int64_t stride, int n, void *dst) {
@@ -530,7 +564,7 @@ static bool x16_transpose_rows(const kx16_layout *L, int64_t k, const void *w, i
                 const char *p[8];
                 for (int r = 0; r < 8; r++) {
                     p[r] = (const char *)w + (16 * g + 8 * gh + r) * stride + b * L->row_bytes;
-                    if (L->n_f16) memcpy(gb + L->f16_group[0] + 2 * (8 * gh + r), p[r] + L->f16_row[0], 2);
+                    for (int i = 0; i < L->n_f16; i++) memcpy(gb + L->f16_group[i] + 2 * (8 * gh + r), p[r] + L->f16_row[i], 2);
                 }
                 for (int i = 0; i < L->n_words; i += 4) {
                     const int i0 = PI_MIN(i, L->n_words - 4);
@@ -548,9 +582,18 @@ bool pi_q6_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) 
 bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
     return x16_transpose_rows(&q8_kwx16_layout, k, w, stride, n, dst);
 }
+bool pi_q2_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
+    return x16_transpose_rows(&q2_Kx16_layout, k, w, stride, n, dst);
+}
 #else   /* scalar: row by row */
 void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
     kx16_gemm16_rows(&q8_kwx16_layout, pi_vec_dot_q8_kw_q8_K, n, group, x, x_stride, nt, y, y_stride);
+}
+#endif
+#if !PI_HAVE_ROWS16   /* below the AVX-512 levels (which alone convert Q2_K rows): a group row by row */
+void pi_gemm16_q2_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    kx16_gemm16_rows(&q2_Kx16_layout, pi_vec_dot_q2_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
 #endif

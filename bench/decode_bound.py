@@ -5,9 +5,9 @@ bound (numpy reductions, bench_sparse.measure_bandwidth) right before a tg run o
 
     PYTHONPATH=bindings python bench/decode_bound.py -m A.gguf,B.gguf [-n 64] [-r 5] [-t 2]
 
-Bytes per token: every weight matrix a token reads, at the size the engine reads it: the file's tensors without
-token_embd where the file has its own output head (decode reads one row of the table), Q5_0 matrices at 34/22 of
-their bytes (the Q8_0X16 copy they are read from). The KV cache and activations are not counted (short context).
+Bytes per token: every weight matrix a token reads, at the file's size (the interleaved copies keep it): the
+file's tensors without token_embd where the file has its own output head (decode reads one row of the table). The
+KV cache and activations are not counted (short context).
 """
 from __future__ import annotations
 
@@ -31,8 +31,7 @@ def bytes_per_token(path: str) -> int:
     for t in r.tensors:
         if len(t.shape) < 2 or (t.name == "token_embd.weight" and "output.weight" in names):
             continue
-        n = int(t.n_bytes)
-        total += n * 34 // 22 if t.tensor_type == gguf.GGMLQuantizationType.Q5_0 else n
+        total += int(t.n_bytes)
     return total
 
 

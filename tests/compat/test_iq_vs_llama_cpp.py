@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 import powerinfer as pi  # noqa: E402
 from make_test_model import write_model  # noqa: E402
+from random_iq_file import random_iq_file  # noqa: E402
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190, 2, 8, 150, 77, 31, 260, 19, 90]
 # logits, ours against llama.cpp's, relative RMS (measured in parentheses, Zen 3 avx2 level)
@@ -59,38 +60,6 @@ def files(tmp_path_factory):
                        capture_output=True)
         out[name] = (dst, ref)
     return out
-
-
-def random_iq_file(src, dst, qtype, seed) -> None:
-    """A copy of src whose layers' matrices are random blocks of qtype, d set so that each matrix has its f32 RMS."""
-    from powerinfer.gguf_copy import add_tensor_as_is, write, writer_like
-    rng = np.random.default_rng(seed)
-    bs, bb = gguf.GGML_QUANT_SIZES[qtype]
-    r = gguf.GGUFReader(src)
-    w = writer_like(r, str(dst))
-    for t in r.tensors:
-        if not (t.name.startswith("blk.") and len(t.shape) == 2):
-            add_tensor_as_is(w, t)
-            continue
-        rows_, cols = int(t.shape[1]), int(t.shape[0])
-        raw = rng.integers(0, 256, (rows_ * cols // bs, bb), dtype=np.uint8)
-        set_d(raw, qtype, np.ones(len(raw)))
-        rms = np.sqrt(np.mean(gguf.quants.dequantize(raw.reshape(1, -1), qtype).astype(np.float64) ** 2))
-        d = np.sqrt(np.mean(np.asarray(t.data, np.float64) ** 2)) / rms
-        set_d(raw, qtype, d * rng.uniform(0.5, 1.5, len(raw)))
-        w.add_tensor(t.name, raw.reshape(rows_, -1), raw_dtype=qtype)
-    write(w)
-
-
-def set_d(raw: np.ndarray, qtype, d: np.ndarray) -> None:
-    """Each block's fp16 d: its first two bytes, or IQ1_M's, the top nibbles of its four scale words (bytes 48..55)."""
-    bits = d.astype(np.float16).view(np.uint16).astype(np.int64)
-    if qtype == gguf.GGMLQuantizationType.IQ1_M:
-        sc = raw[:, 48:56].copy().view("<u2").astype(np.int64)
-        sc = (sc & 0x0fff) | ((bits[:, None] >> (4 * np.arange(4))) & 15) << 12
-        raw[:, 48:56] = sc.astype("<u2").view(np.uint8)
-    else:
-        raw[:, 0:2] = bits.astype("<u2").view(np.uint8).reshape(-1, 2)
 
 
 def theirs_logits(path) -> np.ndarray:
@@ -127,7 +96,12 @@ def test_iq_file_runs_as_llama_cpp(files, name):
     print(f"{name} ({sorted(types)}): logits against llama.cpp rel. RMS {err:.2e}; KL from the exact weights ours "
           f"{k_ours:.3g}, llama.cpp {k_theirs:.3g}")
     assert err < REL_RMS[name], err
-    assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))
+    # the same top token wherever llama.cpp's lead over its second exceeds twice the two engines' largest difference
+    # at that position (a near-tie may flip: IQ3_S on a Zen 5, llama.cpp's lead 0.0013 where the logits differ by 0.01)
+    top2 = np.sort(theirs, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(ours - theirs).max(axis=1)
+    assert clear.mean() > 0.75, clear.mean()
+    assert np.array_equal(ours.argmax(axis=1)[clear], theirs.argmax(axis=1)[clear])
     assert k_ours <= KLD_SLACK * k_theirs, (k_ours, k_theirs)
 
 

@@ -265,7 +265,9 @@ bool pi_cpu_one_stream_decode(void);         /* whether one token decodes faster
 bool pi_cpu_half_width_512(void);            /* whether 512-bit instructions run as two 256-bit halves (AMD Zen 4) */
 bool pi_cpu_half_width_256(void);            /* whether 256-bit instructions run as two 128-bit halves (AMD Zen 1) */
 /* whether the sparse FFN's kernels request their scattered rows ahead: Intel (Sapphire Rapids; each kernel names its
- * gain); AMD not measured with it */
+ * gain) and AMD Zen 5 (the 7B shape sparsified at 0.5, one token, 2 threads, bench/ab_ops.py: the CATS FFN and the
+ * input-sparse gate 0.86-0.87x the time; tg32 12.50 / 12.29 -> 12.55 / 13.29 t/s, builds alternated); other AMD CPUs
+ * not measured with it */
 bool pi_cpu_software_prefetch(void);
 /* whether the one-token kernels that read weights as a stream (the interleaved copies Q8_0X16 / Q5_0X16 / Q4_1X16 /
  * Q5_1X16 and F16X8 / BF16X8, consecutive rows one by one, Q4_1 / Q5_1 rows) request lines ahead: Intel, and AMD Zen 5

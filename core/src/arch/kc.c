@@ -45,11 +45,12 @@
 #ifndef KC_TILE
 #define KC_TILE 32
 #endif
-/* How far ahead (bytes) kc_lo_sums requests each row's line on Intel (pi_cpu_software_prefetch): a super-block's
+/* How far ahead (bytes) kc_lo_sums requests each row's line on Intel and Zen 5 (pi_cpu_software_prefetch): a super-block's
  * rows are up to 256 short streams side by side. 542M Q4_K_M at half the channels, 2 threads, Sapphire Rapids:
  * decode 0.69x -> 0.80x its dense model's speed (128 and 512 bytes: the same; into L2 512 ahead 0.76x); the next
  * tile's scales into L2 as well: +2-4% more (into L1: +1-2%). With KC_TILE 32, on the 7B Q4_K_M shape: 128 ahead
- * 1.01-1.05x the time, 512 1.04-1.08x, 1024 1.2x. AMD not measured with it. */
+ * 1.01-1.05x the time, 512 1.04-1.08x, 1024 1.2x. Zen 5: on with the Q4_0 kernels it was measured with (Q4_KC / Q6_KC
+ * files not measured there); other AMD CPUs not measured with it. */
 #ifndef KC_PREFETCH
 #define KC_PREFETCH 256
 #endif

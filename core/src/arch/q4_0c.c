@@ -31,8 +31,8 @@
 /* How far ahead (in chunks of 64 outputs: 32 bytes of a row) axpy_cols requests its rows. Up to 32 rows are read
  * side by side, more streams than a core's hardware prefetchers follow well: on a Sapphire Rapids (7B shape, half
  * the rows, 2 threads, ab_ops.py) 8 ahead made the input-sparse gate 0.85-0.87x the time and the CATS FFN's
- * 0.92x (4: 0.87x / 0.93x, 12: 0.91x / 0.96x; into L2 instead: 0.88x / 0.95x). On Intel only
- * (pi_cpu_software_prefetch): AMD not measured with it. */
+ * 0.92x (4: 0.87x / 0.93x, 12: 0.91x / 0.96x; into L2 instead: 0.88x / 0.95x). On Intel
+ * (pi_cpu_software_prefetch; Zen 5 too: the 7B shape's sparse FFN 0.86x the time); other AMD CPUs not measured. */
 #define COLS_PREFETCH 8
 
 /* More than COLS_ONE_PASS rows (up to 32: a block) are added in two passes of at most 16 over tiles of COLS_TILE
@@ -139,7 +139,7 @@ void pi_axpy_cols_q4_0c(int64_t n, int count, const uint8_t *idx, const float *a
         P[p] = _mm256_set1_epi16((int16_t)(uint16_t)((uint8_t)m[2 * p] | (uint16_t)(uint8_t)m[2 * p + 1] << 8));
     const __m256i m4 = _mm256_set1_epi8(0x0f), neg_off = _mm256_set1_epi32(-8 * msum);
     const __m256 vS = _mm256_set1_ps(S);
-    const bool ahead = pi_cpu_software_prefetch();   /* Intel: COLS_PREFETCH */
+    const bool ahead = pi_cpu_software_prefetch();   /* Intel, Zen 5: COLS_PREFETCH */
     if (n_rows > COLS_ONE_PASS && pi_cpu_one_stream_decode()) {
         /* Two passes of at most 16 rows over each tile of COLS_TILE outputs, the exact int32 sums kept between them:
          * the same integers, so the same bits. See COLS_ONE_PASS. */

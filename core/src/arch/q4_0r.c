@@ -513,7 +513,7 @@ void pi_vec_dot8_q4_0r_q8_0p(int64_t n, const void *const *rows, const char *x, 
 #if PI_HAVE_ROWS8
     const sb_q4_0r *const *r = (const sb_q4_0r *const *)rows;
     const int64_t nsb = n / 256;
-    /* One token on Intel (pi_cpu_software_prefetch): software prefetch. Sapphire Rapids, the 7B shape's CATS FFN at
+    /* One token on Intel and Zen 5 (pi_cpu_software_prefetch): software prefetch. Sapphire Rapids, the 7B shape's CATS FFN at
      * half the channels, 2 threads: 0.93-0.94x the time (4 ahead: 0.96x; into L2 8 ahead: 1.05x). AMD CPUs run
      * without it, as measured there (d32342d removed an earlier one, 4 ahead, when the down step was axpy_group). */
     const bool ahead = nt == 1 && pi_cpu_software_prefetch();

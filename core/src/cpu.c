@@ -59,7 +59,6 @@ static bool one_stream_decode;        /* one token reads one weight stream per t
 static bool half_width_512;           /* 512-bit instructions run as two 256-bit halves (pi_cpu_half_width_512) */
 static bool half_width_256;           /* 256-bit instructions run as two 128-bit halves (pi_cpu_half_width_256) */
 static bool software_prefetch;        /* the kernels' software prefetches measured to pay here (pi_cpu_software_prefetch) */
-static bool stream_prefetch;          /* the one-token weight streams' software prefetch pays here (pi_cpu_stream_prefetch) */
 static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
 static isa_level active = ISA_SCALAR;
 static char env_error[160];           /* why POWERINFER_ISA was not applied ("" if it was, or unset) */
@@ -219,8 +218,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
     one_stream_decode = amd_zen3_or_later();
     half_width_512 = amd_family() == 0x19;   /* Zen 4 (Zen 3, the same family, runs no 512-bit level) */
     half_width_256 = amd_zen1();
-    software_prefetch = intel() || amd_family() == 0x1a;   /* Sapphire Rapids; Zen 5 (the sparse FFN: 0.86x the time) */
-    stream_prefetch = intel() || amd_family() == 0x1a;   /* Sapphire Rapids, Zen 5 (the Zen 4 measured slower with) */
+    software_prefetch = intel() || amd_family() == 0x1a;   /* Sapphire Rapids, Zen 5 (the Zen 4 measured slower with) */
 #endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;
 #if PI_WITH_AVX2
@@ -276,7 +274,6 @@ bool pi_cpu_one_stream_decode(void) { return one_stream_decode; }
 bool pi_cpu_half_width_512(void) { return half_width_512; }
 bool pi_cpu_half_width_256(void) { return half_width_256; }
 bool pi_cpu_software_prefetch(void) { return software_prefetch; }
-bool pi_cpu_stream_prefetch(void) { return stream_prefetch; }
 const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
 
 const char *pi_cpu_isa(void) { return isa_names[active]; }

@@ -264,17 +264,14 @@ int64_t pi_cpu_l2_bytes(void);               /* the CPU's L2 cache per core in b
 bool pi_cpu_one_stream_decode(void);         /* whether one token decodes faster from one weight stream (AMD Zen 4, 5) */
 bool pi_cpu_half_width_512(void);            /* whether 512-bit instructions run as two 256-bit halves (AMD Zen 4) */
 bool pi_cpu_half_width_256(void);            /* whether 256-bit instructions run as two 128-bit halves (AMD Zen 1) */
-/* whether the sparse FFN's kernels request their scattered rows ahead: Intel (Sapphire Rapids; each kernel names its
- * gain) and AMD Zen 5 (the 7B shape sparsified at 0.5, one token, 2 threads, bench/ab_ops.py: the CATS FFN and the
- * input-sparse gate 0.86-0.87x the time; tg32 12.50 / 12.29 -> 12.55 / 13.29 t/s, builds alternated); other AMD CPUs
- * not measured with it */
+/* whether the kernels' software prefetches run (each kernel names its gain): Intel (Sapphire Rapids) and AMD Zen 5
+ * (family 1Ah). Zen 5, 2 threads, one token, bench/ab_ops.py: the one-token weight streams (the interleaved copies
+ * Q8_0X16 / Q5_0X16 / Q4_1X16 / Q5_1X16 and F16X8 / BF16X8, consecutive rows one by one, Q4_1 / Q5_1 rows): Gemma 3
+ * 270M's Q8_0X16 head 0.86x the time, 542M F16 0.92x, Q8_0 0.96-0.98x, Q5_1 0.87x, Q2_K 0.86x, Q3_K 1.02-1.05x
+ * (noise), Q4_K_M / Q6_K 1.0x, Gemma tg64 +7-19% (builds alternated); the sparse FFN's scattered rows (the 7B shape at
+ * 0.5): CATS FFN and input-sparse gate 0.86-0.87x. The Zen 4 measured the Q8_0X16 stream 1.1-1.27x slower with it;
+ * other AMD CPUs keep the hardware prefetchers alone. */
 bool pi_cpu_software_prefetch(void);
-/* whether the one-token kernels that read weights as a stream (the interleaved copies Q8_0X16 / Q5_0X16 / Q4_1X16 /
- * Q5_1X16 and F16X8 / BF16X8, consecutive rows one by one, Q4_1 / Q5_1 rows) request lines ahead: Intel, and AMD Zen 5
- * (family 1Ah), where it paid: 2 threads, one token, bench/ab_ops.py: Gemma 3 270M's Q8_0X16 head 0.86x the time,
- * 542M F16 0.92x, Q8_0 0.96-0.98x, Q5_1 0.87x, Q2_K 0.86x, Q3_K 1.02-1.05x (noise), Q4_K_M / Q6_K 1.0x; Gemma tg64
- * +7-19%, F16 +2-5%, Q8_0 +0-6% (builds alternated). The Zen 4 measured the Q8_0X16 stream 1.1-1.27x slower with it. */
-bool pi_cpu_stream_prefetch(void);
 const pi_type_traits *pi_cpu_traits(void);   /* [PI_TYPE_TABLE_END]: every type's traits at the active level */
 /* The traits of every type with k's kernels (dtype.c; cpu.c fills one table per compiled level). */
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]);

@@ -52,6 +52,14 @@ static inline __m256i pi_iq4_grid(void) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
 }
 #endif
+#if defined(__AVX512F__)
+/* the grid + 128 in every 128-bit lane (v + 128 = v ^ 0x80 bytewise): unsigned bytes, as VNNI takes the weights; a
+ * kernel takes 128 times the activations' sum off again */
+static inline __m512i pi_iq4_grid_u8_512(void) {
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES)),
+                            _mm512_set1_epi8((char)0x80));
+}
+#endif
 /* ls_j - 32 of sub-block j (0..7) of an IQ4_XS block: -32..31 */
 static inline int pi_iq4_xs_scale(const pi_block_iq4_xs *b, int j) {
     return ((b->scales_l[j / 2] >> 4 * (j % 2) & 15) | (b->scales_h >> 2 * j & 3) << 4) - 32;

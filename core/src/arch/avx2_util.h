@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 /* Software prefetch for the one-token kernels that read their weights as one sequential stream (the interleaved
- * copies), where pi_cpu_software_prefetch says it pays (Intel): the line PI_STREAM_AHEAD bytes past p into L2, one
+ * copies), where pi_cpu_software_prefetch says it pays (Intel, Zen 5): the line PI_STREAM_AHEAD bytes past p into L2, one
  * call per 64 bytes read (past the end of the weights: harmless, a prefetch never faults). On a Sapphire Rapids one
  * core's hardware prefetchers keep too few lines in flight for its share of the memory bandwidth: the 542M f16
  * file decoded 26.8 -> 31.8 t/s with it at 8 KB (4 KB: 30.6, 16 KB: 31.3; into L1 instead of L2: 1.03x, not 1.24x,

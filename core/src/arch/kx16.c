@@ -226,9 +226,7 @@ static inline __attribute__((always_inline)) void iq4_xsx16_tokens(int64_t nb, c
                                                                  int64_t y_stride) {
     const int64_t block_bytes = 16 * (int64_t)sizeof(pi_block_iq4_xs);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    int8_t shifted[16];   /* the grid + 128 as unsigned bytes */
-    for (int i = 0; i < 16; i++) shifted[i] = (int8_t)(PI_IQ4_VALUES[i] + 128);
-    const __m512i grid = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)shifted));
+    const __m512i grid = pi_iq4_grid_u8_512();
     __m512 acc[Q4KX16_MAX_T];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -471,6 +469,8 @@ static inline __attribute__((always_inline)) void x16_sub_tokens(int64_t nb, con
             for (int t = 0; t < nt; t++) sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sumi[t], shift));
         for (int h = 0; h < 2; h++)
             for (int q = 0; q < 4; q++) {   /* sub-blocks j = 8h + 2q + mq: Q6_K's quarter q of half h */
+                /* an eighth of the block's lines PF_DIST ahead; Q6_K's 7 a quarter as tuned (56 of its 53 lines: the eighths
+                 * made its prompt matmuls 1.05x the time at T = 128, Zen 5) */
                 const int p0 = kw || q2 ? lines * (4 * h + q) / 8 : 7 * (4 * h + q);
                 const int p1 = kw || q2 ? lines * (4 * h + q + 1) / 8 : p0 + 7;
                 for (int i = p0; i < p1; i++) _mm_prefetch(gb + Q6KX16_PF_DIST * block + 64 * i, Q6KX16_PF_HINT);
@@ -535,18 +535,21 @@ void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t
     kx16_gemm16(KX16_Q6_K, n, group, x, x_stride, nt, y, y_stride);
 }
 
-#else
-void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                            int64_t y_stride) {
-    kx16_gemm16_rows(&q6_Kx16_layout, pi_vec_dot_q6_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
-}
-#endif
-#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
 /* Q8_KWX16 at the avx2 level: two halves through rows8_k.c's Q8_KW step with loads for its 17 transposes per
  * super-block, the rows' bits (mul_mat's batch path converts IQ2 -> Q8_KW -> Q8_KWX16 from 32 tokens). */
 void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                              int64_t y_stride) {
     kx16_gemm16(KX16_Q8_KW, n, group, x, x_stride, nt, y, y_stride);
+}
+
+#else   /* scalar: a group row by row */
+void pi_gemm16_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                            int64_t y_stride) {
+    kx16_gemm16_rows(&q6_Kx16_layout, pi_vec_dot_q6_K_q8_K, n, group, x, x_stride, nt, y, y_stride);
+}
+void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride) {
+    kx16_gemm16_rows(&q8_kwx16_layout, pi_vec_dot_q8_kw_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
 #endif
 #if PI_HAVE_ROWS8
@@ -584,11 +587,6 @@ bool pi_q8_kw_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst)
 }
 bool pi_q2_K_to_x16(int64_t k, const void *w, int64_t stride, int n, void *dst) {
     return x16_transpose_rows(&q2_Kx16_layout, k, w, stride, n, dst);
-}
-#else   /* scalar: row by row */
-void pi_gemm16_q8_kwx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride) {
-    kx16_gemm16_rows(&q8_kwx16_layout, pi_vec_dot_q8_kw_q8_K, n, group, x, x_stride, nt, y, y_stride);
 }
 #endif
 #if !PI_HAVE_ROWS16   /* below the AVX-512 levels (which alone convert Q2_K rows): a group row by row */

@@ -17,7 +17,7 @@
  * Why (Sapphire Rapids, one thread, weights in L2): the 8-row kernel on the file's layout spends its time
  * transposing (vec_dot8, 14.5 GB/s of Q8_0); see bench/README.md for this kernel's figures.
  *
- * Software prefetch on Intel and Zen 5 (pi_cpu_stream_prefetch; one token): a group is one
+ * Software prefetch on Intel and Zen 5 (pi_cpu_software_prefetch; one token): a group is one
  * sequential stream, which AMD's hardware prefetchers follow best alone (prefetching 3 of the 9 lines of the block 4
  * ahead made one-token matmuls 1.1-1.27x slower on a Zen 4 at both the avx512 and the avx2 level: Gemma 3 270M's
  * Q8_0 head, the 542M Q8_0 layers), while on a Sapphire Rapids all 9 lines of the block 8 ahead into L1 made Gemma's
@@ -200,13 +200,13 @@ static inline __attribute__((always_inline)) void x16_tokens(int64_t nb, const v
 }
 
 /* nb blocks of group (kind) against tokens [0, nt) in pairs, into ps; one token on a CPU where
- * pi_cpu_stream_prefetch says so with software prefetch */
+ * pi_cpu_software_prefetch says so with software prefetch */
 static inline __attribute__((always_inline)) void x16_pairs(int64_t nb, const void *group, const int kind,
                                                           const char *x, int64_t x_stride, int nt, __m512 ps[][8]) {
     int t = 0;
     for (; t + 2 <= nt; t += 2) x16_tokens(nb, group, kind, 0, x + t * x_stride, x_stride, 2, ps + t);
     if (t < nt) {
-        if (nt == 1 && pi_cpu_stream_prefetch()) x16_tokens(nb, group, kind, 1, x, x_stride, 1, ps);
+        if (nt == 1 && pi_cpu_software_prefetch()) x16_tokens(nb, group, kind, 1, x, x_stride, 1, ps);
         else x16_tokens(nb, group, kind, 0, x + t * x_stride, x_stride, 1, ps + t);
     }
 }

@@ -191,9 +191,7 @@ static inline __attribute__((always_inline)) void group16(int64_t n, const void 
     const int64_t nb = n / PI_QK4_0;
     const pi_block_q4_0x8 *g0 = group, *g1 = g0 + nb;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    int8_t shifted[16];   /* IQ4_NL's values + 128 as unsigned bytes */
-    for (int i = 0; i < 16; i++) shifted[i] = (int8_t)(PI_IQ4_VALUES[i] + 128);
-    const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)shifted));
+    const __m512i values = pi_iq4_grid_u8_512();
     __m512 acc[PI_DOT8_MAX_T];
     for (int t = 0; t < PI_DOT8_MAX_T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {

@@ -85,13 +85,13 @@ static inline bool rows_consecutive(const void *const *rows, int64_t row_bytes) 
         }                                                                                  \
     }
 
-/* Consecutive rows one by one; on Intel and Zen 5 (pi_cpu_stream_prefetch) each row's lines are requested while the row
+/* Consecutive rows one by one; on Intel and Zen 5 (pi_cpu_software_prefetch) each row's lines are requested while the row
  * before it is computed (the dense Q3_K_M matrices at one token, Sapphire Rapids, 2 threads: without it
  * 1.08x the time; Q6_K's at the avx2 level, which has no Q6_K copy: 0.91-0.93x the time with it; Q5_0's, which only
  * --no-repack leaves in rows, not measured). */
 static inline void rows_one(int64_t n, const void *const *rows, const char *x, float *y, pi_vec_dot_fn single,
                             int64_t row_bytes) {
-    const bool ahead = pi_cpu_stream_prefetch();
+    const bool ahead = pi_cpu_software_prefetch();
     for (int k = 0; k < 8; k++) {
         if (ahead && k + 1 < 8)
             for (int64_t l = 0; l < row_bytes; l += 64) _mm_prefetch((const char *)rows[k + 1] + l, _MM_HINT_T0);
@@ -180,7 +180,7 @@ static inline __m256i q5_high_bits(__m256i qh, int g) {
 }
 
 /* Bytes ahead of each row's block that u32_dot8 requests, once every 3 blocks (about a line). Q4_1 / Q5_1 on Intel
- * and Zen 5 (pi_cpu_stream_prefetch; other AMD CPUs not measured), 542M Q4_1 matrices at one token, Sapphire Rapids, 2 threads,
+ * and Zen 5 (pi_cpu_software_prefetch; other AMD CPUs not measured), 542M Q4_1 matrices at one token, Sapphire Rapids, 2 threads,
  * against 640: none 1.25x the time, 256 1.03x, 1280 and 2560 1.19-1.2x (the kernel before this one); this one's
  * rows, before the Q4_1X16 copies: 320 0.97x (fastest rounds 1.0x), 1280 1.17x. Q5_0 8 blocks ahead everywhere, as it
  * was tuned (Zen 4). */
@@ -199,7 +199,7 @@ static inline __attribute__((always_inline)) void u32_dot8(int64_t n, const void
     const int64_t qh_off = kind == U32_Q5_0 ? (int64_t)offsetof(pi_block_q5_0, qh)
                            : kind == U32_Q5_1 ? (int64_t)offsetof(pi_block_q5_1, qh) : -1;
     const int64_t ahead = kind == U32_Q5_0 ? 8 * bsz : Q4_1_PREFETCH;
-    const bool prefetch = kind == U32_Q5_0 || pi_cpu_stream_prefetch();
+    const bool prefetch = kind == U32_Q5_0 || pi_cpu_software_prefetch();
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[PI_DOT8_MAX_T][8];   /* partial sums p[b % 8] of each token, 8 rows per vector (nt <= K_MAX_T) */
     for (int t = 0; t < nt; t++)

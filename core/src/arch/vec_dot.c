@@ -646,7 +646,7 @@ static inline __attribute__((always_inline)) void half_rows8_avx2(int64_t n, con
  * half after the other with four 256-bit chains at every level, so the weights are read as one sequential stream.
  * On a Zen 4 the 542M f16 file decoded 1.45-1.54x as fast as from the file's rows (eight streams); with two
  * rows per 512-bit register (two chains) 1.27-1.35x, with the two halves side by side 1.17-1.23x. On Intel
- * and Zen 5 (pi_cpu_stream_prefetch) the copy's lines are requested PI_STREAM_AHEAD bytes ahead into L2: on a Sapphire
+ * and Zen 5 (pi_cpu_software_prefetch) the copy's lines are requested PI_STREAM_AHEAD bytes ahead into L2: on a Sapphire
  * Rapids f16 decode 26.8 -> 31.8 t/s, the bandwidth bound; on a Zen 5 the 542M f16 one-token matmuls 0.91-0.93x the
  * time (the Zen 4 was not measured with it). */
 #ifndef F16_PREFETCH
@@ -675,7 +675,7 @@ static inline __attribute__((always_inline)) void half_rows8_one(int64_t n, cons
 #endif
     {
         const int rows_per = S == 1 ? 8 : 4;   /* rows per pass */
-        const bool ahead = S != 1 && pi_cpu_stream_prefetch();   /* the copy: one line of a half per i */
+        const bool ahead = S != 1 && pi_cpu_software_prefetch();   /* the copy: one line of a half per i */
         for (int k = 0; k < 8; k++) half[k] = _mm256_setzero_ps();
         for (int k0 = 0; k0 < 8; k0 += rows_per)
             for (int64_t i = 0; i < n8; i += 8) {

@@ -1040,7 +1040,7 @@ IQ3_TO_Q6_K(iq3_xxs, pi_block_iq3_xxs, true)
 IQ3_TO_Q6_K(iq3_s, pi_block_iq3_s, false)
 
 #if defined(__AVX2__)
-/* Q3_K rows -> Q6_K rows for prompts (the x86 levels, from 32 tokens: then on to Q6_KX16 groups). Element e's
+/* Q3_K rows -> Q6_K rows for prompts (the avx512 level, from 32 tokens: then on to Q6_KX16 groups). Element e's
  * u - 4 (low 2 bits + 4 * hmask bit, u - 4 in -4..3) becomes Q6_K's quant u + 28 (28..35, minus 32 the same value),
  * sub-block j's 6-bit scale sc_j (-32..31) Q6_K's int8 scale j, d stays: Q6_K's dot sums the same integers, sum_j sc_j
  * sum (u - 4) y, and takes the same float step, (bd d) sumi, so its kernels give Q3_K's bits. */

@@ -77,3 +77,30 @@ def test_no_outputs_then_decode(model):
         full.decode([tok])
         ctx.decode([tok])
         assert_bit_equal(ctx.logits(), full.logits(), f"token {tok} after a prompt without outputs")
+
+
+def test_one_token_outputs_read_on_demand(model):
+    """The one-token decode copies its logits out of the C context when logits() asks (context.py _read_pending):
+    an array logits() returned keeps its values through later decodes, a later logits() has the later token's, and a
+    decode that fails leaves none (not the previous token's)."""
+    full = all_rows(model)
+    ctx = pi.Context(model, n_ctx=128)
+    ctx.decode(PROMPT[:-2], logits="none")
+    ctx.decode([PROMPT[-2]])
+    first = ctx.logits()
+    kept = first.copy()
+    ctx.decode([PROMPT[-1]])                            # not read before the next decode
+    assert_bit_equal(first, kept, "an array logits() returned, after the next decode")
+    assert_bit_equal(first, full.logits(len(PROMPT) - 2), "token -2")
+    assert_bit_equal(ctx.logits(), full.logits(len(PROMPT) - 1), "token -1, read after the decode")
+    assert ctx.logits() is ctx.logits()                 # read once
+    with pytest.raises(pi.PowerInferError):
+        ctx.decode([model.n_vocab + 5])                 # an out-of-vocabulary token fails in the library
+    with pytest.raises(pi.PowerInferError, match="asked for none"):
+        ctx.logits()
+    emb = pi.Context(model, n_ctx=128)
+    emb.set_outputs(logits=False, embeddings=True)
+    emb.decode(PROMPT[:-1], logits="none")
+    emb.decode([PROMPT[-1]])
+    reference = all_rows(model, dict(logits=False, embeddings=True))
+    assert_bit_equal(emb.embeddings(), reference.embeddings(len(PROMPT) - 1), "one token's embeddings")

@@ -106,6 +106,24 @@ DEQUANT = {
 }
 
 
+def bf16_round(x) -> np.ndarray:
+    """x rounded to the nearest bf16 (ties to even), as float64."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+class Bf16Weight(np.ndarray):
+    """A bf16 weight matrix: x @ W (W.T too) rounds x to bf16 first, as the engine's bf16 matmuls do where
+    powerinfer.bf16_dot() (and llama.cpp's: vdpbf16ps's operands). Every other operation gives plain arrays."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = [np.asarray(i) if isinstance(i, Bf16Weight) else i for i in inputs]
+        if ufunc is np.matmul and method == "__call__" and len(inputs) == 2 and isinstance(inputs[1], Bf16Weight):
+            plain[0] = bf16_round(plain[0])
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
 def dequantize(raw: np.ndarray, ggml_type: int, ne) -> np.ndarray:
     """raw bytes of a tensor -> float64 array of numpy shape reversed(ne)."""
     fn = DEQUANT.get(int(ggml_type))
@@ -193,6 +211,15 @@ HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm
 HF_OF_GGUF = {gguf_name: hf for hf, gguf_name in HF_NAMES.items()}
 
 
+def _weight(w: np.ndarray, ggml_type: int) -> np.ndarray:
+    """bf16 matrices as Bf16Weight where the engine computes them on bf16 activations (powerinfer.bf16_dot())"""
+    if ggml_type == GGML_BF16 and w.ndim == 2:
+        import powerinfer
+        if powerinfer.bf16_dot():
+            return w.view(Bf16Weight)
+    return w
+
+
 class KVCache:
     def __init__(self, n_layer: int):
         self.k = [None] * n_layer   # per layer: (n_tok, n_head_kv, head_dim), post-RoPE
@@ -208,7 +235,7 @@ class ReferenceModel:
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
         rope_base_swa, rope_freqs, neox, ...: for tests that show a feature matters)."""
         meta, tensors = read_gguf(path)
-        self._setup(meta, {name: dequantize(raw, tt, ne) for name, (tt, ne, raw) in tensors.items()},
+        self._setup(meta, {name: _weight(dequantize(raw, tt, ne), tt) for name, (tt, ne, raw) in tensors.items()},
                     {name: tt for name, (tt, _, _) in tensors.items()}, overrides)
 
     @classmethod
@@ -303,7 +330,7 @@ class ReferenceModel:
             # short names: "attn_q" (weight), "attn_q.bias"; sparse files: ffn_down = ffn_down_t^T
             L = {k[len(p):].removesuffix(".weight"): v for k, v in W.items() if k.startswith(p)}
             if self.sparse:
-                L["ffn_down"] = L.pop("ffn_down_t").T                  # (n_embd, n_ff)
+                L["ffn_down"] = np.asarray(L.pop("ffn_down_t")).T      # (n_embd, n_ff); the engine adds its rows (axpy)
                 if "ffn_down_t.bias" in L:
                     L["ffn_down.bias"] = L.pop("ffn_down_t.bias")
             self.layers.append(L)

@@ -628,3 +628,79 @@ def test_K_interleaved_equals_scalar(at_level, pool2, level, t, name, extreme, K
         assert t in (13, 14) and level == "amx", f"{name}: no interleaved copy at {level}"
         pytest.skip(f"{level}: {name[:4]} stays in the file's layout (its tile kernels read only that)")
     interleaved_equals_scalar_rows(at_level, pool2, level, t, raw, x, Ts, name, repack_level)
+
+
+def bf16_edge_case(seed: int = 5, N: int = 48, K: int = 200, T: int = 9):
+    """bf16 weight bits and f32 activations whose products (about 2^-140 .. 2^-112, mixed signs) and partial sums
+    straddle FLT_MIN, where vdpbf16ps flushes by the exact value (arch/bf16_dot.c): rows of tiny weights against tiny
+    activations, subnormal weights (exponent field 0) and f32 subnormal activations (bf16 subnormals: taken as zero),
+    beside ordinary rows; K = 200: 25 chunks (an odd count) and no tail, so every path of the lane loops runs."""
+    rng = np.random.default_rng(seed)
+    mag = lambda shape: np.exp2(rng.uniform(-70, -56, shape))   # noqa: E731
+    w = (rng.choice([-1.0, 1.0], (N, K)) * mag((N, K))).astype(np.float32)
+    w[: N // 4] = rng.standard_normal((N // 4, K))          # ordinary rows
+    raw = np.ascontiguousarray(w).view(np.uint32) >> 16        # truncated to bf16 bits
+    raw = raw.astype(np.uint16)
+    sub = rng.random((N, K)) < 0.1                             # subnormal weights: exponent field 0
+    raw[sub] = (raw[sub] & 0x8000) | rng.integers(1, 0x80, sub.sum()).astype(np.uint16)
+    x = (rng.choice([-1.0, 1.0], (T, K)) * mag((T, K))).astype(np.float32)
+    x[0] = rng.standard_normal(K)                              # an ordinary token
+    x[1, ::7] = np.float32(1e-40)                              # f32 subnormals
+    # the last row, token 2: lane 0's steps FLT_MIN (2^-63 2^-63), then -2^-150 (-2^-75 2^-75): exact just below
+    # FLT_MIN, rounded to it; flushed. Rows N - 2: +2^-150 (not flushed).
+    for r, sign in ((N - 1, 0x8000), (N - 2, 0)):
+        raw[r] = 0
+        raw[r, 0], raw[r, 1] = sign | (52 << 7), 64 << 7
+    x[2, 0], x[2, 1] = 2.0 ** -75, 2.0 ** -63
+    return raw.view(np.uint8).reshape(N, 2 * K), x
+
+
+def bf16_results(raw, x, pool, name):
+    """mul_mat of bf16 rows over x for T = 1, 2, 9: the file's layout, and the BF16X8 copy where the level has one"""
+    N = raw.shape[0]
+    wt = wtensor(30, raw)
+    out = {f"rows T={T}": mul_mat(wt, x[:T], N, pool) for T in (1, 2, 9)}
+    if lib.pi_repack_bytes(wt) > 0:
+        rt, buf = repacked(wt)   # buf: the copy's memory, alive while rt is used
+        out.update({f"bf16x8 T={T}": mul_mat(rt, x[:T], N, pool) for T in (1, 2, 9)})
+    return out
+
+
+@pytest.mark.parametrize("dot", ["1", "0"], ids=["vdpbf16ps", "f32"])
+def test_bf16_contracts_equal_scalar_at_every_level(tmp_path, dot):
+    """bf16 weights under each contract (POWERINFER_BF16_DOT: 1, vdpbf16ps's arithmetic on bf16 activations, the
+    default on CPUs with AVX512_BF16; 0, f32 activations), in another process (the choice is made at load): at every
+    level this CPU runs, the file's rows and the BF16X8 copy give the scalar level's bits on bf16_edge_case (flush
+    edges: a flush judged on the rounded sum, or steps without DAZ, fail here) and on ordinary rows. Under 1 the
+    avx512 level runs vdpbf16ps where the CPU has it (else the avx2 level's fma steps), avx2 the fma steps under
+    MXCSR FTZ + DAZ, scalar the steps spelled out."""
+    import os
+    import subprocess
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "import powerinfer as pi\n"
+        "from test_isa import LEVELS, bf16_edge_case, bf16_results\n"
+        "out = {}\n"
+        "for level in [lv for lv in LEVELS if pi.cpu_isa_supported(lv)]:\n"
+        "    pi.set_cpu_isa(level)\n"
+        "    for seed in (5, 6):\n"
+        "        raw, x = bf16_edge_case(seed)\n"
+        "        out.update({f'{level}|{seed} {k}': v for k, v in bf16_results(raw, x, pi._ffi.ffi.NULL, level).items()})\n"
+        "print(int(pi.bf16_dot()))\n"
+        f"np.savez({str(tmp_path / 'out.npz')!r}, **out)\n")
+    env = {**os.environ, "POWERINFER_BF16_DOT": dot}
+    env.pop("POWERINFER_ISA", None)
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-600:]
+    assert p.stdout.strip() == dot
+    got = dict(np.load(tmp_path / "out.npz"))
+    levels = {k.split("|")[0] for k in got}
+    assert "scalar" in levels and len(got) >= 6 * len(levels)
+    for k, v in got.items():
+        level, case = k.split("|")
+        want = got[f"scalar|{case}"]
+        assert_bit_equal(v, want, f"bf16 ({'vdpbf16ps' if dot == '1' else 'f32'} contract) {case} at {level} vs scalar")
+    if dot == "1":   # not everything flushed to zero
+        assert np.count_nonzero(got["scalar|5 rows T=9"]) > got["scalar|5 rows T=9"].size // 3

@@ -355,7 +355,8 @@ def test_type_traits():
                 lib.PI_TYPE_COUNT + 12: "q4_0c", lib.PI_TYPE_COUNT + 13: "q4_kc",
                 lib.PI_TYPE_COUNT + 14: "q6_kc", lib.PI_TYPE_COUNT + 15: "q4_1x16", lib.PI_TYPE_COUNT + 16: "q5_1x16",
                 lib.PI_TYPE_COUNT + 17: "iq4_nlx8", lib.PI_TYPE_COUNT + 18: "iq4_xsx16", lib.PI_TYPE_COUNT + 19: "q8_kw",
-                lib.PI_TYPE_COUNT + 20: "q8_kwx16", lib.PI_TYPE_COUNT + 21: "q2_Kx16"}
+                lib.PI_TYPE_COUNT + 20: "q8_kwx16", lib.PI_TYPE_COUNT + 21: "q2_Kx16",
+                lib.PI_TYPE_COUNT + 22: "bf16s"}
     for t, name in internal.items():
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == name
@@ -573,8 +574,8 @@ def mul_mat_case(t, K, N, T, seed):
 def mul_mat_reference_and_tol(t, wd, x):
     """Exact-ish reference (float64 over the dequantized weights) and the tolerance per entry.
 
-    Returns (ref vs the original activations, tol for it, ref vs the Q8_0-rounded activations
-    the kernel actually multiplies, tol for that one)."""
+    Returns (ref vs the original activations, tol for it, ref vs the activations the kernel actually multiplies
+    (Q8_0-rounded; bf16 weights: bf16-rounded, arch/bf16_dot.c), tol for that one)."""
     K = wd.shape[1]
     x64 = x.astype(np.float64)
     ref = x64 @ wd.T
@@ -586,6 +587,12 @@ def mul_mat_reference_and_tol(t, wd, x):
         amax = np.repeat(np.abs(x64).reshape(x.shape[0], -1, QK).max(axis=2), QK, axis=1)
         tol = Q8_0_ERR_PER_AMAX * (amax @ aw.T) + tol_q
         return ref, tol, ref_q, tol_q
+    if t == BF16 and lib.pi_bf16_dot():   # bf16 activations (vdpbf16ps's arithmetic): within UBF16 relative of x
+        xb = np_bf16_bits(x).astype(np.uint32) << 16
+        xb = xb.view(np.float32).astype(np.float64)
+        ref_q = xb @ wd.T
+        tol_q = dot_tol(K, np.abs(xb) @ aw.T)
+        return ref, UBF16 * (np.abs(x64) @ aw.T) + tol_q, ref_q, tol_q
     tol = dot_tol(K, np.abs(x64) @ aw.T)
     return ref, tol, ref, tol
 

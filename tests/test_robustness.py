@@ -586,9 +586,10 @@ def test_cpu_isa_functions():
     assert lib.pi_cpu_isa_supported(b"scalar") == 1
     assert lib.pi_cpu_isa_set(level.encode()) == lib.PI_OK
     assert lib.pi_cpu_isa_env_error() == ffi.NULL or os.environ.get("POWERINFER_ISA")
+    assert lib.pi_bf16_dot() in (0, 1)   # no arguments: the contract chosen at load (test_isa runs both)
 
 
-@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 34, 39, 62, 1000, INT32_MAX])   # 40..61: internal (test_ops)
+@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 34, 39, 63, 1000, INT32_MAX])   # 40..62: internal (test_ops)
 def test_type_queries_out_of_range(t):
     assert lib.pi_type_supported(t) == 0
     assert ffi.string(lib.pi_type_name(t)) == b"unknown"
@@ -1870,7 +1871,7 @@ COVERED = {
     "pi_op_predictor", "pi_op_sparse_ffn", "pi_op_sparse_mask", "pi_sparse_stats", "pi_sparse_stats_reset",
     "pi_neuron_counts",
     "pi_repack_bytes", "pi_repack", "pi_sparse_pack_bytes", "pi_sparse_pack", "pi_model_n_packed_ffn",
-    "pi_cpu_isa", "pi_cpu_isa_supported", "pi_cpu_isa_set", "pi_cpu_isa_env_error",
+    "pi_cpu_isa", "pi_cpu_isa_supported", "pi_cpu_isa_set", "pi_cpu_isa_env_error", "pi_bf16_dot",
     "pi_device_count", "pi_device_get_info", "pi_device_allocated_bytes", "pi_device_peak_bytes",
     "pi_device_reset_peak", "pi_gpu_backend_name", "pi_offload_compute_bytes", "pi_offload_plan_compute_bytes",
     "pi_context_offload",

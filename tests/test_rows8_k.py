@@ -29,6 +29,7 @@ from powerinfer._ffi import check, ffi, lib  # noqa: E402
 from test_kquants import (BLOCK, BLOCK_ULPS, DOT_LAMBDA, NAME, Q2_K, Q3_K, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K,  # noqa: E402
                           Q8_0, Q8_1, Q8_K, Q8_KM, U32, bits_equal, c_mul_mat, c_quantize, np_dequant, np_dequant_act,
                           np_quantize_q8_0, np_quantize_q8_1, np_quantize_q8_K, np_quantize_q8_Km, random_blocks)
+from test_ops import np_bf16_bits  # noqa: E402
 
 TYPES = [Q5_0, Q4_1, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 TNAME = {**NAME, Q8_0: "q8_0"}
@@ -208,7 +209,8 @@ def test_half_float_rows8_agree(pool2, t, K):
     """f16 and bf16 weights: 8 rows x up to 8 tokens (blocks of rows x tokens in registers) give, per (row,
     token), the bits of the single-row kernel (own 8-lane accumulator, same order, same tail), whatever the
     token count (short blocks repeat their last token), the leftover rows and the thread count; and
-    float64 within HALF_REL_TOL."""
+    float64 within HALF_REL_TOL (over the activations the kernels multiply: bf16 weights' are rounded to bf16 where
+    pi.bf16_dot())."""
     rng = np.random.default_rng(K + t)
     for N in (8, 21, 5):
         raw, w = half_rows(t, rng, N, K)
@@ -219,6 +221,7 @@ def test_half_float_rows8_agree(pool2, t, K):
             assert bits_equal(y, one_by_one), f"N={N} T={T}: 8-row kernel vs one row at a time"
             per_token = np.concatenate([half_mul_mat(t, raw, x[s:s + 1]) for s in range(T)])
             assert bits_equal(y, per_token), f"N={N} T={T}: several tokens per call vs one"
-            ref = x.astype(np.float64) @ w.T
-            mag = np.abs(x.astype(np.float64)) @ np.abs(w).T
+            xm = (np_bf16_bits(x).astype(np.uint32) << 16).view(np.float32) if t == BF16 and pi.bf16_dot() else x
+            ref = xm.astype(np.float64) @ w.T
+            mag = np.abs(xm.astype(np.float64)) @ np.abs(w).T
             assert np.all(np.abs(y - ref) <= HALF_REL_TOL * mag), (N, T)

@@ -11,7 +11,7 @@ from .tokenizer import StreamDecoder, Tokenizer
 __version__ = "0.1.0"
 
 __all__ = ["Context", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError",
-           "Sampler", "SamplingParams", "StreamDecoder", "Tokenizer", "cpu_isa", "cpu_isa_supported", "cpu_name",
+           "Sampler", "SamplingParams", "StreamDecoder", "Tokenizer", "bf16_dot", "cpu_isa", "cpu_isa_supported", "cpu_name",
            "set_cpu_isa", "system_info", "__version__"]
 
 def _arch_levels() -> tuple[str, ...]:
@@ -61,6 +61,13 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def bf16_dot() -> bool:
+    """Whether bf16 weights are computed in vdpbf16ps's arithmetic (activations rounded to bf16) at every level: by
+    default where the CPU has AVX512_BF16 ($POWERINFER_BF16_DOT=0 / 1 chooses at start)."""
+    from ._ffi import lib
+    return bool(lib.pi_bf16_dot())
 
 
 def cpu_isa_supported(level: str) -> bool:

@@ -130,6 +130,9 @@ PI_API const char *pi_system_info(void);
  * Every level computes the same bits (docs/design.md, "numeric contract"). */
 PI_API const char *pi_cpu_isa(void);                     /* the level in use */
 PI_API int32_t     pi_cpu_isa_supported(const char *name); /* 1 if the build has it and this CPU runs it */
+/* 1 where bf16 weights are computed in vdpbf16ps's arithmetic (activations rounded to bf16, at every level): by
+ * default on CPUs with AVX512_BF16; $POWERINFER_BF16_DOT=0 / 1 chooses at load. 0: f32 activations. */
+PI_API int32_t     pi_bf16_dot(void);
 /* Switches the level for the whole process; models and contexts made at any level work at any other.
  * Not while other calls into the library run. */
 PI_API pi_status   pi_cpu_isa_set(const char *name);

@@ -57,6 +57,8 @@ static pi_type_traits traits[ISA_COUNT][PI_TYPE_TABLE_END];
 static int64_t l2_bytes = 1 << 20;   /* the L2 cache per core, read at load where the C library tells it */
 static bool one_stream_decode;        /* one token reads one weight stream per thread (pi_cpu_one_stream_decode) */
 static bool half_width_512;           /* 512-bit instructions run as two 256-bit halves (pi_cpu_half_width_512) */
+static bool avx512_bf16;              /* AVX512_BF16: the avx512 level's bf16 kernels run */
+static bool bf16_dot;                 /* bf16 weights in vdpbf16ps's arithmetic (pi_bf16_dot) */
 static bool half_width_256;           /* 256-bit instructions run as two 128-bit halves (pi_cpu_half_width_256) */
 static bool software_prefetch;        /* the kernels' software prefetches measured to pay here (pi_cpu_software_prefetch) */
 static bool runs[ISA_COUNT];          /* compiled in and supported by this CPU and OS */
@@ -218,6 +220,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
     one_stream_decode = amd_zen3_or_later();
     half_width_512 = amd_family() == 0x19;   /* Zen 4 (Zen 3, the same family, runs no 512-bit level) */
     half_width_256 = amd_zen1();
+    avx512_bf16 = detect_features().avx512bf16;   /* the avx512 level's vdpbf16ps (its flags lack it: Ice Lake) */
     software_prefetch = intel() || amd_family() == 0x1a;   /* Sapphire Rapids, Zen 5 (the Zen 4 measured slower with) */
 #endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;
@@ -245,6 +248,21 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
         runs[i] = cpu_runs((isa_level)i);
         if (runs[i]) active = (isa_level)i;
     }
+    /* bf16 weights: vdpbf16ps's arithmetic (bf16 activations) at every level where the CPU has AVX512_BF16, so that
+     * every level gives the scalar level's bits on the machine; f32 activations elsewhere, where its emulation would
+     * cost the prompts (docs/design.md). POWERINFER_BF16_DOT=0 / 1 chooses (tests); forced on without AVX512_BF16,
+     * the avx512 level runs the avx2 level's emulation. */
+    const char *dot = getenv("POWERINFER_BF16_DOT");
+    bf16_dot = dot && *dot ? strcmp(dot, "0") != 0 : avx512_bf16;
+    for (int i = 0; bf16_dot && i < ISA_COUNT; i++) {
+        if (!compiled[i]) continue;
+        const pi_cpu_kernels *k = compiled[i];
+#if PI_WITH_AVX512 && PI_WITH_AVX2
+        if (i == ISA_AVX512 && !avx512_bf16 && compiled[ISA_AVX2]) k = compiled[ISA_AVX2];
+#endif
+        pi_traits_fill_one(PI_TYPE_BF16, &k->bf16_dp, &traits[i][PI_TYPE_BF16]);
+        pi_traits_fill_one(PI_TYPE_BF16X8, &k->bf16x8_dp, &traits[i][PI_TYPE_BF16X8]);
+    }
     const char *env = getenv("POWERINFER_ISA");
     if (env && *env) {
         const int want = find_level(env);
@@ -264,7 +282,8 @@ const char *pi_system_info(void) {
         if (runs[i]) snprintf(levels + strlen(levels), sizeof levels - strlen(levels), "%s%s", *levels ? ", " : "", isa_names[i]);
     char features[384];
     describe_features(features, sizeof features);
-    snprintf(info, sizeof info, "CPU_ISA = %s (runs: %s) | %s", isa_names[active], levels, features);
+    snprintf(info, sizeof info, "CPU_ISA = %s (runs: %s) | BF16_DOT = %d | %s", isa_names[active], levels, bf16_dot,
+             features);
     return info;
 }
 
@@ -277,6 +296,7 @@ bool pi_cpu_software_prefetch(void) { return software_prefetch; }
 const pi_type_traits *pi_cpu_traits(void) { return traits[active]; }
 
 const char *pi_cpu_isa(void) { return isa_names[active]; }
+int32_t pi_bf16_dot(void) { return bf16_dot; }
 
 int32_t pi_cpu_isa_supported(const char *name) {
     const int i = find_level(name);

@@ -112,6 +112,33 @@ static void bf16x8_row_to_f32(const void *group, int k, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = pi_bf16_to_f32(g[pi_x8_index(n, k, i)]);
 }
 
+/* BF16S, the avx2 level's activations of bf16 weights (arch/bf16_dot.c): the bf16 values of a row split for its fma
+ * steps, 8 bytes an element. Per 8-element chunk c, 16 floats at 16 c: the values of elements 8c+1, 8c+3, 8c+5, 8c+7
+ * (the pairs' odd elements) twice, then of 8c, 8c+2, 8c+4, 8c+6 twice; the elements past n / 8 * 8 after the chunks,
+ * one float each (the rest of the row zero). */
+static void bf16s_from_f32(const float *src, void *dst, int64_t n) {
+    float *d = dst;
+    const int64_t n8 = n / 8 * 8;
+    for (int64_t c = 0; c < n8 / 8; c++)
+        for (int p = 0; p < 4; p++) {
+            d[16 * c + p] = d[16 * c + 4 + p] = pi_bf16_to_f32(pi_f32_to_bf16(src[8 * c + 2 * p + 1]));
+            d[16 * c + 8 + p] = d[16 * c + 12 + p] = pi_bf16_to_f32(pi_f32_to_bf16(src[8 * c + 2 * p]));
+        }
+    for (int64_t i = n8; i < n; i++) d[n8 + i] = pi_bf16_to_f32(pi_f32_to_bf16(src[i]));
+    for (int64_t i = n; i < 2 * n - n8; i++) d[n8 + i] = 0.0f;
+}
+
+static void bf16s_to_f32(const void *src, float *dst, int64_t n) {
+    const float *s = src;
+    const int64_t n8 = n / 8 * 8;
+    for (int64_t c = 0; c < n8 / 8; c++)
+        for (int p = 0; p < 4; p++) {
+            dst[8 * c + 2 * p + 1] = s[16 * c + p];
+            dst[8 * c + 2 * p] = s[16 * c + 8 + p];
+        }
+    for (int64_t i = n8; i < n; i++) dst[i] = s[n8 + i];
+}
+
 /* ---- the table ---- */
 
 /* What a type is (layout, conversions, activation type), whatever the CPU; the kernels come from the
@@ -164,6 +191,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
                          .batch_type = PI_TYPE_Q8_KWX16, .batch_min_t = 32 /* where the level converts */ },
     [PI_TYPE_Q8_KWX16] = { "q8_kwx16", 256, 276, NULL, NULL, PI_TYPE_Q8_K },
     [PI_TYPE_Q2_KX16] = { "q2_Kx16", 256, 84, NULL, NULL, PI_TYPE_Q8_K },
+    [PI_TYPE_BF16S] = { "bf16s", 1, 8, bf16s_to_f32, bf16s_from_f32, PI_TYPE_BF16S },
     [PI_TYPE_Q4_0R]  = { "q4_0r", 256, 144, NULL, NULL, PI_TYPE_Q8_0P, .tiles_act_type = PI_TYPE_Q8_0S },
     /* rows without scales: axpy_cols only */
     [PI_TYPE_Q4_0C]  = { "q4_0c", 64, 32, NULL, NULL, PI_TYPE_F32, .cols_unit = 32, .cols_aux = 2 },
@@ -183,32 +211,35 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_BF16X8] = { "bf16x8", 8, 16, NULL, NULL, PI_TYPE_F32, .group_row_to_f32 = bf16x8_row_to_f32 },
 };
 
+/* Type t's traits: its format, the level's kernels kt. */
+void pi_traits_fill_one(int32_t t, const pi_type_kernels *kt, pi_type_traits *out) {
+    *out = formats[t];
+    out->vec_dot = kt->vec_dot;
+    out->axpy = kt->axpy;
+    out->vec_dot8 = kt->vec_dot8;
+    out->axpy8 = kt->axpy8;
+    out->axpy_group = kt->axpy_group;
+    out->axpy_cols = kt->axpy_cols;
+    out->cols_pack = kt->cols_pack;
+    out->gemm8 = kt->gemm8;
+    out->gemm16 = kt->gemm16;
+    out->gemm_max_t = kt->gemm_max_t ? kt->gemm_max_t : PI_DOT8_MAX_T;
+    out->repack = kt->repack;
+    out->to_batch = kt->to_batch;
+    if (!kt->to_batch) out->batch_type = 0;
+    if (kt->repacked_type) out->repacked_type = kt->repacked_type;
+    if (kt->vec_dot_type) out->vec_dot_type = kt->vec_dot_type;
+    out->tiles = kt->tiles;
+    out->tiles_rows = kt->tiles_rows;
+    out->tiles_prep = kt->tiles_prep;
+    out->tiles_unit = kt->tiles_unit;
+    out->tiles_unit_bytes = kt->tiles_unit_bytes;
+    if (kt->to_f32) out->to_f32 = kt->to_f32;
+    if (kt->from_f32) out->from_f32 = kt->from_f32;
+}
+
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]) {
-    for (int32_t t = 0; t < PI_TYPE_TABLE_END; t++) {
-        const pi_type_kernels *kt = &k->type[t];
-        out[t] = formats[t];
-        out[t].vec_dot = kt->vec_dot;
-        out[t].axpy = kt->axpy;
-        out[t].vec_dot8 = kt->vec_dot8;
-        out[t].axpy8 = kt->axpy8;
-        out[t].axpy_group = kt->axpy_group;
-        out[t].axpy_cols = kt->axpy_cols;
-        out[t].cols_pack = kt->cols_pack;
-        out[t].gemm8 = kt->gemm8;
-        out[t].gemm16 = kt->gemm16;
-        out[t].gemm_max_t = kt->gemm_max_t ? kt->gemm_max_t : PI_DOT8_MAX_T;
-        out[t].repack = kt->repack;
-        out[t].to_batch = kt->to_batch;
-        if (!kt->to_batch) out[t].batch_type = 0;
-        if (kt->repacked_type) out[t].repacked_type = kt->repacked_type;
-        out[t].tiles = kt->tiles;
-        out[t].tiles_rows = kt->tiles_rows;
-        out[t].tiles_prep = kt->tiles_prep;
-        out[t].tiles_unit = kt->tiles_unit;
-        out[t].tiles_unit_bytes = kt->tiles_unit_bytes;
-        if (kt->to_f32) out[t].to_f32 = kt->to_f32;
-        if (kt->from_f32) out[t].from_f32 = kt->from_f32;
-    }
+    for (int32_t t = 0; t < PI_TYPE_TABLE_END; t++) pi_traits_fill_one(t, &k->type[t], &out[t]);
 }
 _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18 &&
                sizeof(pi_block_q8_0x16) == 16 * 34 && sizeof(pi_block_q5_0x16) == 16 * 22 &&

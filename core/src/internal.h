@@ -102,7 +102,7 @@ typedef struct pi_type_traits {
     int64_t         block_bytes;
     pi_to_f32_fn    to_f32;
     pi_from_f32_fn  from_f32;
-    int32_t         vec_dot_type;  /* type the activations are converted to for vec_dot */
+    int32_t         vec_dot_type;  /* type the activations are converted to for vec_dot (the level's, where it has one) */
     pi_vec_dot_fn   vec_dot;
     pi_axpy_fn      axpy;          /* the sparse FFN's down step */
     pi_vec_dot8_fn  vec_dot8;      /* optional: 8 rows at once (NULL: row by row with vec_dot) */
@@ -164,6 +164,7 @@ enum {
     PI_TYPE_Q8_KW,                   /* the IQ2 types' rows for prompts: bytes, a scale per 16 (to_batch; quants_k.h) */
     PI_TYPE_Q8_KWX16,                /* Q8_KW rows, 16 regrouped by 32-bit words (to_batch at avx2, avx512; arch/kx16.c) */
     PI_TYPE_Q2_KX16,                 /* Q2_K rows, 16 regrouped by 32-bit words (to_batch at avx512; arch/kx16.c) */
+    PI_TYPE_BF16S,                   /* activations of bf16 weights at the avx2 level: bf16 values split (dtype.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
@@ -213,6 +214,7 @@ typedef struct pi_type_kernels {
     int32_t        gemm_max_t;  /* optional: gemm8 / gemm16 take up to this many tokens a call (0: PI_DOT8_MAX_T) */
     pi_repack_fn   repack;      /* types with a repacked_type: R of its rows -> one group of that layout */
     int32_t        repacked_type; /* optional: the layout repack makes at this level, if not the format's */
+    int32_t        vec_dot_type; /* optional: the activation format of this level's kernels, if not the format's */
     pi_to_batch_fn to_batch;    /* types with a batch_type */
     pi_tiles_fn    tiles;       /* interleaved layouts, optional (the amx level) */
     pi_tiles_rows_fn tiles_rows; /* rows at any addresses, optional (the amx level) */
@@ -255,6 +257,9 @@ typedef struct pi_cpu_kernels {
      * over) with arch/activation.c's exp; returns sum e_i, element i in lane i % 8, then pi_tree8 (0: nothing
      * visible, every x_i -inf) */
     float (*softmax_exp)(int64_t n, float *x, const float *mask, float scale);
+    /* bf16 weights (BF16, BF16X8) in vdpbf16ps's arithmetic, on bf16 activations (arch/bf16_dot.c): cpu.c puts them in
+     * place of type[PI_TYPE_BF16], type[PI_TYPE_BF16X8] (f32 activations) where the CPU has AVX512_BF16 */
+    pi_type_kernels bf16_dp, bf16x8_dp;
     /* one Q4_0 row -> the sparse FFN's PI_TYPE_Q4_0R row (n a multiple of 256) */
     void (*q4_0r_from_q4_0)(int64_t n, const void *src, void *dst);
 } pi_cpu_kernels;
@@ -275,6 +280,7 @@ bool pi_cpu_software_prefetch(void);
 const pi_type_traits *pi_cpu_traits(void);   /* [PI_TYPE_TABLE_END]: every type's traits at the active level */
 /* The traits of every type with k's kernels (dtype.c; cpu.c fills one table per compiled level). */
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]);
+void pi_traits_fill_one(int32_t t, const pi_type_kernels *kt, pi_type_traits *out);
 
 /* Block layouts (spec section 8). */
 #define PI_QK4_0 32

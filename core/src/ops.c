@@ -288,7 +288,9 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
         /* only f32 activations (F16X8, BF16X8) in chunks: the quantized layouts' prompts measured as fast or faster
          * with every token per row group (Zen 4, pp512: Q8_0 0.6-0.8x with chunks, Q4_K_M and 7B Q4_0 within noise) */
         const int64_t per_call = tr->gemm_max_t;
-        const int64_t tokens_per_pass = tr->vec_dot_type == PI_TYPE_F32 ? token_chunk(a, per_call, true) : T;
+        const bool float_act = tr->vec_dot_type == PI_TYPE_F32 || tr->vec_dot_type == PI_TYPE_BF16 ||
+                               tr->vec_dot_type == PI_TYPE_BF16S;
+        const int64_t tokens_per_pass = float_act ? token_chunk(a, per_call, true) : T;
         /* one token on AMD Zen 4 and Zen 5: Q4_0X8's groups one after the other through the 256-bit gemm8 (one
          * weight stream) rather than two side by side in gemm16. 7B Q4_0 decode at the avx512 level went from
          * 0.77-0.90x the avx2 level's speed to 0.95-1.09x on a Zen 4; the decode matmuls took 0.89x the time on a

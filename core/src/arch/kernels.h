@@ -28,6 +28,9 @@
 static float pi_vec_dot_f32_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_bf16_bf16(int64_t n, const void *w, const void *x);   /* arch/bf16_dot.c: bf16 activations */
+static float pi_vec_dot_bf16_bf16s(int64_t n, const void *w, const void *x);  /* avx2: split activations (BF16S) */
+static void  pi_bf16_from_f32_row(const float *x, void *y, int64_t n);
 static void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
 static void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
                            int64_t v_stride, float *const *y);
@@ -75,6 +78,10 @@ static void pi_gemm8_f16x8_f32(int64_t n, const void *group, const char *x, int6
                                int64_t y_stride);
 static void pi_gemm8_bf16x8_f32(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                                 int64_t y_stride);
+static void pi_gemm8_bf16x8_bf16(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                                 int64_t y_stride);   /* arch/bf16_dot.c */
+static void pi_gemm8_bf16x8_bf16s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                                  int64_t y_stride);
 /* Q4_0X8 (IQ4_NLX8) groups at every level (the scalar body in rows8.c), so a repacked model runs at any level. */
 static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);
@@ -140,6 +147,10 @@ static void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *
                           int64_t y_stride);
 static void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride);
+static void pi_vec_dot8_bf16_bf16(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                                  int64_t y_stride);   /* arch/bf16_dot.c, levels with 8-row kernels */
+static void pi_vec_dot8_bf16_bf16s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);
 static void pi_vec_dot8_q8_0_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);   /* rows8_k.c */
 static void pi_vec_dot8_q4_1_q8_1(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,

@@ -9,6 +9,7 @@
 #include "kernels.h"
 
 #include "vec_dot.c"
+#include "bf16_dot.c"
 #include "vec_dot_k.c"
 #include "rows8.c"
 #include "rows8_k.c"
@@ -49,6 +50,13 @@
 #define REPACK(kernel) NULL   /* no NEON kernels for the interleaved groups: the file's rows, 8 at a time */
 #else
 #define REPACK(kernel) kernel
+#endif
+#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
+#define BF16_DOT(kernel) kernel##s   /* avx2: bf16 weights against split activations (arch/bf16_dot.c) */
+#define BF16_ACT PI_TYPE_BF16S
+#else
+#define BF16_DOT(kernel) kernel      /* bf16 activations: vdpbf16ps (avx512, amx), the steps (scalar, aarch64) */
+#define BF16_ACT PI_TYPE_BF16
 #endif
 #if PI_HAVE_ROWS8 || PI_NEON
 #define F16_FROM_F32 pi_f16_from_f32
@@ -157,6 +165,11 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .attn_qk_f16 = ROWS16(pi_attn_qk_f16),
     .attn_pv_f16 = pi_attn_pv_f16,
     .activation_row = pi_activation_row,
+    /* bf16 weights in vdpbf16ps's arithmetic (arch/bf16_dot.c), which cpu.c puts in place of the entries above on a
+     * CPU with AVX512_BF16 */
+    .bf16_dp = { BF16_DOT(pi_vec_dot_bf16_bf16), pi_axpy_bf16, .vec_dot8 = ROWS8(BF16_DOT(pi_vec_dot8_bf16_bf16)),
+                 .repack = REPACK(pi_repack_16bit_x8), .vec_dot_type = BF16_ACT },
+    .bf16x8_dp = { .gemm8 = BF16_DOT(pi_gemm8_bf16x8_bf16), .vec_dot_type = BF16_ACT },
     .softmax_exp = pi_softmax_exp,
     .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,
 };

@@ -73,12 +73,6 @@ static inline float bf16_dot_steps(int64_t n, const uint16_t *w, const uint16_t 
     return bf16_dot_end(lane, w, x, n8, n);
 }
 
-/* The activations: rounded to bf16 once per matmul, the same function at every level (integer operations, which the
- * compiler vectorizes for the level). */
-void pi_bf16_from_f32_row(const float *x, void *y, int64_t n) {
-    uint16_t *d = y;
-    for (int64_t i = 0; i < n; i++) d[i] = pi_f32_to_bf16(x[i]);
-}
 
 #if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
 /* ---- avx2: the fma steps under FTZ + DAZ, on split activations (PI_TYPE_BF16S) ---- */
@@ -363,18 +357,18 @@ BF16_TARGET static void bf16x8_lanes_dp(int64_t n, const uint16_t *group, const 
 #define BF16_LANES(n8, w, nr, x, xs, nt, lanes) bf16_lanes_fma(n8, w, nr, x, xs, nt, lanes)
 #define BF16_KERNEL(name) name##s   /* pi_vec_dot_bf16_bf16s, ...: split activations */
 /* element i >= n8 of a BF16S row: after the split chunks, one f32 each */
-static inline float bf16s_tail(const void *x, int64_t n8, int64_t i) { return ((const float *)x)[2 * n8 + (i - n8)]; }
+static inline float act_tail(const void *x, int64_t n8, int64_t i) { return ((const float *)x)[2 * n8 + (i - n8)]; }
 #elif PI_HAVE_ROWS16
 #define BF16_LANES(n8, w, nr, x, xs, nt, lanes) bf16_lanes_dp(n8, w, nr, x, xs, nt, lanes)
 #define BF16_KERNEL(name) name
-static inline float bf16s_tail(const void *x, int64_t n8, int64_t i) { return pi_bf16_to_f32(((const uint16_t *)x)[i]); }
+static inline float act_tail(const void *x, int64_t n8, int64_t i) { return pi_bf16_to_f32(((const uint16_t *)x)[i]); }
 #endif
 
 #if PI_HAVE_ROWS8
 /* the lanes' tree, then the row's elements past n8 one by one (the activation as the level's format holds it) */
 static inline float bf16_lanes_end(const float lane[8], const uint16_t *w, const void *x, int64_t n8, int64_t n) {
     float sum = pi_tree8(lane);
-    for (int64_t i = n8; i < n; i++) sum += pi_bf16_to_f32(w[i]) * bf16s_tail(x, n8, i);
+    for (int64_t i = n8; i < n; i++) sum += pi_bf16_to_f32(w[i]) * act_tail(x, n8, i);
     return sum;
 }
 

@@ -21,8 +21,8 @@
  * activations split once per matmul (PI_TYPE_BF16S, dtype.c: per 8 elements the odd ones' values, then the even
  * ones', as f32, each four twice, so an fma reads them from memory as they stand): 1.25x the time of the f32 kernels
  * on a Zen 5 (the two steps of a lane depend on each other), one reason the contract stays off on CPUs without the
- * instruction. The tree and tail run after
- * MXCSR is put back. The scalar (and the aarch64) levels spell the steps out (bf16_dp_step), portable C. */
+ * instruction. The tree and tail run after MXCSR is put back. The scalar (and the aarch64) levels spell the steps out
+ * (bf16_dp_step), portable C. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -72,7 +72,6 @@ static inline float bf16_dot_steps(int64_t n, const uint16_t *w, const uint16_t 
     }
     return bf16_dot_end(lane, w, x, n8, n);
 }
-
 
 #if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
 /* ---- avx2: the fma steps under FTZ + DAZ, on split activations (PI_TYPE_BF16S) ---- */

@@ -57,7 +57,6 @@ static pi_type_traits traits[ISA_COUNT][PI_TYPE_TABLE_END];
 static int64_t l2_bytes = 1 << 20;   /* the L2 cache per core, read at load where the C library tells it */
 static bool one_stream_decode;        /* one token reads one weight stream per thread (pi_cpu_one_stream_decode) */
 static bool half_width_512;           /* 512-bit instructions run as two 256-bit halves (pi_cpu_half_width_512) */
-static bool avx512_bf16;              /* AVX512_BF16: the avx512 level's bf16 kernels run */
 static bool bf16_dot;                 /* bf16 weights in vdpbf16ps's arithmetic (pi_bf16_dot) */
 static bool half_width_256;           /* 256-bit instructions run as two 128-bit halves (pi_cpu_half_width_256) */
 static bool software_prefetch;        /* the kernels' software prefetches measured to pay here (pi_cpu_software_prefetch) */
@@ -212,6 +211,7 @@ static int find_level(const char *name) {
 }
 
 __attribute__((constructor)) static void pi_cpu_init(void) {
+    bool avx512_bf16 = false;   /* the avx512 level's vdpbf16ps runs (its flags lack AVX512_BF16: Ice Lake has the rest) */
 #ifdef _SC_LEVEL2_CACHE_SIZE   /* glibc (cpuid on x86); elsewhere, or where it answers 0, the 1 MB default */
     const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
     if (l2 > 0) l2_bytes = l2;
@@ -220,7 +220,7 @@ __attribute__((constructor)) static void pi_cpu_init(void) {
     one_stream_decode = amd_zen3_or_later();
     half_width_512 = amd_family() == 0x19;   /* Zen 4 (Zen 3, the same family, runs no 512-bit level) */
     half_width_256 = amd_zen1();
-    avx512_bf16 = detect_features().avx512bf16;   /* the avx512 level's vdpbf16ps (its flags lack it: Ice Lake) */
+    avx512_bf16 = detect_features().avx512bf16;
     software_prefetch = intel() || amd_family() == 0x1a;   /* Sapphire Rapids, Zen 5 (the Zen 4 measured slower with) */
 #endif
     compiled[ISA_SCALAR] = &pi_kernels_scalar;

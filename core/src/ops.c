@@ -285,8 +285,9 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
     const int64_t tiled = mul_mat_tiles(a, tr, r0, r16);   /* tokens [0, tiled) of rows [r0, r16) are done */
     const int64_t chunk = token_chunk(a, PI_DOT8_MAX_T, false);
     if (pi_is_interleaved(a->w->type)) {   /* rows r of group r / R at byte r nb[1]; r0, r1 are multiples of R */
-        /* only f32 activations (F16X8, BF16X8) in chunks: the quantized layouts' prompts measured as fast or faster
-         * with every token per row group (Zen 4, pp512: Q8_0 0.6-0.8x with chunks, Q4_K_M and 7B Q4_0 within noise) */
+        /* only float activations (f32, bf16, BF16S: F16X8, BF16X8) in chunks: the quantized layouts' prompts measured
+         * as fast or faster with every token per row group (Zen 4, pp512: Q8_0 0.6-0.8x with chunks, Q4_K_M and 7B
+         * Q4_0 within noise) */
         const int64_t per_call = tr->gemm_max_t;
         const bool float_act = tr->vec_dot_type == PI_TYPE_F32 || tr->vec_dot_type == PI_TYPE_BF16 ||
                                tr->vec_dot_type == PI_TYPE_BF16S;

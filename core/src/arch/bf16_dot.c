@@ -52,13 +52,32 @@ static inline float bf16_dp_step(float acc, uint16_t w, uint16_t x) {
     return below ? copysignf(0.0f, r) : r;
 }
 
+/* Element i >= n8 of an activation row in the level's format: the avx2 level's BF16S keeps those after the split
+ * chunks, one f32 each; the others' rows are bf16. */
+#if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
+static inline float act_tail(const void *x, int64_t n8, int64_t i) { return ((const float *)x)[2 * n8 + (i - n8)]; }
+#else
+static inline float act_tail(const void *x, int64_t n8, int64_t i) { return pi_bf16_to_f32(((const uint16_t *)x)[i]); }
+#endif
+
 /* The lanes' tree, then the elements past n8 (a row of the file's layout only) one by one, unfused. */
-static inline float bf16_dot_end(const float lane[8], const uint16_t *w, const uint16_t *x, int64_t n8, int64_t n) {
+static inline float bf16_lanes_end(const float lane[8], const uint16_t *w, const void *x, int64_t n8, int64_t n) {
     float sum = pi_tree8(lane);
-    for (int64_t i = n8; i < n; i++) sum += pi_bf16_to_f32(w[i]) * pi_bf16_to_f32(x[i]);
+    for (int64_t i = n8; i < n; i++) sum += pi_bf16_to_f32(w[i]) * act_tail(x, n8, i);
     return sum;
 }
 
+/* Lanes of an x8 kernel's accumulators -> lanes[k0 + k][t], k < rows: row k's lanes 4k..4k+3 of the chunks with
+ * q = 0 (a0), then of those with q = 1 (a1) */
+static inline void x8_rows_lanes(const float *a0, const float *a1, int rows, int k0, int t,
+                                 float (*lanes)[PI_DOT8_MAX_T][8]) {
+    for (int k = 0; k < rows; k++) {
+        memcpy(lanes[k0 + k][t], a0 + 4 * k, 16);
+        memcpy(lanes[k0 + k][t] + 4, a1 + 4 * k, 16);
+    }
+}
+
+#if !PI_HAVE_ROWS8
 /* The reference: one row whose chunk c starts at w + S 8 c (S = 1: the file's row; 4: a row of a BF16X8 half). */
 static inline float bf16_dot_steps(int64_t n, const uint16_t *w, const uint16_t *x, const int S) {
     const int64_t n8 = n / 8 * 8;
@@ -70,8 +89,9 @@ static inline float bf16_dot_steps(int64_t n, const uint16_t *w, const uint16_t 
             l[p] = bf16_dp_step(l[p], w[i * S + 2 * p], x[i + 2 * p]);
         }
     }
-    return bf16_dot_end(lane, w, x, n8, n);
+    return bf16_lanes_end(lane, w, x, n8, n);
 }
+#endif
 
 #if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
 /* ---- avx2: the fma steps under FTZ + DAZ, on split activations (PI_TYPE_BF16S) ---- */
@@ -156,17 +176,6 @@ static void bf16_lanes_fma(int64_t n8, const uint16_t *const *w, int nr, const c
     bf16_ftz_daz_end(csr);
 }
 
-/* lanes of rows 4h + 2j + s: lanes 4s..4s+3 of acc[q = 0] then of acc[q = 1] */
-static inline void bf16x8_store_lanes(__m256 a0, __m256 a1, int h, int j, int t, float (*lanes)[PI_DOT8_MAX_T][8]) {
-    float l0[8], l1[8];
-    _mm256_storeu_ps(l0, a0);
-    _mm256_storeu_ps(l1, a1);
-    for (int s = 0; s < 2; s++) {
-        memcpy(lanes[4 * h + 2 * j + s][t], l0 + 4 * s, 16);
-        memcpy(lanes[4 * h + 2 * j + s][t] + 4, l1 + 4 * s, 16);
-    }
-}
-
 /* Half h of a BF16X8 group (4 rows; its chunk c at g + 32 c, a 32-byte load is rows 2j, 2j + 1: lanes 0..3, 4..7) x
  * tokens t0..t0+tok-1 (tok a constant): accumulators [q][pair j][token], 12 chains for 3 tokens (the steps' two fmas
  * per lane and chunk depend on each other: 8 chains leave the fma units idle), the split activations read by the
@@ -213,8 +222,13 @@ static inline __attribute__((always_inline)) void bf16x8_half_fma(int64_t n, con
                                              _mm256_fmadd_ps(wo, _mm256_loadu_ps(xt[t] + 16 * c), a[0][j][t]));
         }
     }
-    for (int j = 0; j < 2; j++)
-        for (int t = 0; t < tok; t++) bf16x8_store_lanes(a[0][j][t], a[1][j][t], h, j, t0 + t, lanes);
+    for (int j = 0; j < 2; j++)   /* rows 4h + 2j, 4h + 2j + 1 */
+        for (int t = 0; t < tok; t++) {
+            float a0[8], a1[8];
+            _mm256_storeu_ps(a0, a[0][j][t]);
+            _mm256_storeu_ps(a1, a[1][j][t]);
+            x8_rows_lanes(a0, a1, 2, 4 * h + 2 * j, t0 + t, lanes);
+        }
 }
 
 /* A BF16X8 group x tokens [0, nt): lanes[k][t]; one half after the other (one token: one sequential stream) */
@@ -325,10 +339,7 @@ BF16_TARGET static inline __attribute__((always_inline)) void bf16x8_block_dp(in
             float a0[16], a1[16];
             _mm512_storeu_ps(a0, acc[h][0][t]);
             _mm512_storeu_ps(a1, acc[h][1][t]);
-            for (int k = 0; k < 4; k++) {
-                memcpy(lanes[4 * (h0 + h) + k][t0 + t], a0 + 4 * k, 16);
-                memcpy(lanes[4 * (h0 + h) + k][t0 + t] + 4, a1 + 4 * k, 16);
-            }
+            x8_rows_lanes(a0, a1, 4, 4 * (h0 + h), t0 + t, lanes);
         }
 }
 
@@ -355,21 +366,12 @@ BF16_TARGET static void bf16x8_lanes_dp(int64_t n, const uint16_t *group, const 
 #if PI_HAVE_ROWS8 && !PI_HAVE_ROWS16
 #define BF16_LANES(n8, w, nr, x, xs, nt, lanes) bf16_lanes_fma(n8, w, nr, x, xs, nt, lanes)
 #define BF16_KERNEL(name) name##s   /* pi_vec_dot_bf16_bf16s, ...: split activations */
-/* element i >= n8 of a BF16S row: after the split chunks, one f32 each */
-static inline float act_tail(const void *x, int64_t n8, int64_t i) { return ((const float *)x)[2 * n8 + (i - n8)]; }
 #elif PI_HAVE_ROWS16
 #define BF16_LANES(n8, w, nr, x, xs, nt, lanes) bf16_lanes_dp(n8, w, nr, x, xs, nt, lanes)
 #define BF16_KERNEL(name) name
-static inline float act_tail(const void *x, int64_t n8, int64_t i) { return pi_bf16_to_f32(((const uint16_t *)x)[i]); }
 #endif
 
 #if PI_HAVE_ROWS8
-/* the lanes' tree, then the row's elements past n8 one by one (the activation as the level's format holds it) */
-static inline float bf16_lanes_end(const float lane[8], const uint16_t *w, const void *x, int64_t n8, int64_t n) {
-    float sum = pi_tree8(lane);
-    for (int64_t i = n8; i < n; i++) sum += pi_bf16_to_f32(w[i]) * act_tail(x, n8, i);
-    return sum;
-}
 
 float BF16_KERNEL(pi_vec_dot_bf16_bf16)(int64_t n, const void *w, const void *x) {
     const int64_t n8 = n / 8 * 8;

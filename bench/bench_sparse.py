@@ -46,30 +46,30 @@ from powerinfer.gguf_file import open_gguf
 # --------------------------------------------------------------------------------------
 # memory bandwidth
 # --------------------------------------------------------------------------------------
+def stream_pass(a: np.ndarray, n_threads: int = 2) -> list:
+    """One pass of each of measure_bandwidth's reductions over the uint64 array a with n_threads threads: their read
+    rates (GB/s, 1e9 bytes), xor then max."""
+    out = []
+    with ThreadPoolExecutor(n_threads) as ex:
+        for fn, view in ((np.bitwise_xor.reduce, a), (np.max, a.view(np.uint8))):
+            def part(i, fn=fn, view=view):
+                s = view[i * len(view) // n_threads:(i + 1) * len(view) // n_threads]
+                chunk = (16 << 20) // view.itemsize                              # 16 MiB per call
+                for j in range(0, len(s), chunk):
+                    fn(s[j:j + chunk])
+            t0 = time.perf_counter()
+            list(ex.map(part, range(n_threads)))
+            out.append(a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return out
+
+
 def measure_bandwidth(mib: int = 2048, n_threads: int = 2, passes: int = 3) -> dict:
     """Read bandwidth (GB/s, 1e9 bytes) of numpy reductions (max over uint8, xor over uint64: SIMD, far
     cheaper than the memory traffic) over `mib` MiB, with 1 and n_threads threads (numpy releases the GIL
     in the reduction loop); the best of `passes` passes and of the two reductions."""
     a = np.ones(mib * 2**20 // 8, dtype=np.uint64)
     a[:: 4096 // 8] = np.arange(len(a[:: 4096 // 8]), dtype=np.uint64)     # touch every page
-
-    def part(args):
-        i, n, fn, view = args
-        s = view[i * len(view) // n:(i + 1) * len(view) // n]
-        chunk = (16 << 20) // view.itemsize                                  # 16 MiB per call
-        for j in range(0, len(s), chunk):
-            fn(s[j:j + chunk])
-
-    res = {}
-    for nth in sorted({1, max(1, n_threads)}):
-        best = 0.0
-        with ThreadPoolExecutor(nth) as ex:
-            for fn, view in ((np.max, a.view(np.uint8)), (np.bitwise_xor.reduce, a)):
-                for _ in range(passes):
-                    t0 = time.perf_counter()
-                    list(ex.map(part, [(i, nth, fn, view) for i in range(nth)]))
-                    best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
-        res[nth] = best
+    res = {nth: max(max(stream_pass(a, nth)) for _ in range(passes)) for nth in sorted({1, max(1, n_threads)})}
     del a
     gc.collect()
     return res

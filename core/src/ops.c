@@ -107,16 +107,27 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
 #define PI_TILES_CHUNK_T 128   /* tokens per pass over a work item's rows: 128 Q8_0S rows of K = 4096 are 590 KB, in L2 */
 #endif
 
-/* Work items shrink as the rows run out ("guided" scheduling): long runs keep each thread streaming
- * through contiguous memory (the hardware prefetcher restarts at every jump: 16-row items cost 8% of
- * decode speed against 256), short last items keep the threads finishing together. Item sizes are
- * multiples of 16 (the 8-row kernels need multiples of 8); which thread computes a row never changes
- * its result. Returns the first row of the caller's next item, or N when none is left. */
-static int64_t next_rows(atomic_llong *next, int64_t N, int nth, int64_t *r1) {
+/* Work items shrink as the rows run out ("guided" scheduling), so the threads finish together; item sizes are
+ * multiples of 16 (the 8-row kernels need multiples of 8); which thread computes a row never changes its result.
+ *
+ * A matmul of at most PI_STREAM_MAX_T tokens is bound by its weight stream, and there each thread's rows should be
+ * one long stretch: the first item takes 1/nth of the rows, each later one 1/nth of what is left (so a thread's
+ * first stretch is most of its share, and a late or slowed thread still gets less). With items capped at 256 rows
+ * instead (the prompt rule below), the two threads' items alternated through the matrix: Zen 5, 2 threads,
+ * Gemma 3 270M's layer matrices at T = 1 read at 29.4 against 40.3 GB/s (1.37x the time; 1.10-1.17x at T = 1..8,
+ * 1.01-1.03x at 16 and 32), its 178 MB head 4% slower, decode 0.95-0.85x the time per token with the stretch (542M
+ * Q4_K_M 0.96x, 7B Q4_0 0.97x, 542M Q8_0 and F16 the same); bench/README.md.
+ *
+ * Prompts keep items of at most 256 rows: mul_mat_rows runs each item's rows over every token (or over chunks of
+ * tokens that fit in L2 with its rows), which wants the item's rows in cache. Returns the first row of the caller's
+ * next item, or N when none is left. */
+#define PI_STREAM_MAX_T 8
+static int64_t next_rows(atomic_llong *next, int64_t N, int nth, bool stream, int64_t *r1) {
     long long r0 = atomic_load(next);
     for (;;) {
         if (r0 >= N) return N;
-        const int64_t size = PI_MAX(16, PI_MIN(256, (N - r0) / (2 * (int64_t)nth) / 16 * 16));
+        const int64_t size = stream ? PI_MAX(16, (N - r0) / nth / 16 * 16)
+                                    : PI_MAX(16, PI_MIN(256, (N - r0) / (2 * (int64_t)nth) / 16 * 16));
         if (atomic_compare_exchange_weak(next, &r0, r0 + size)) {
             *r1 = PI_MIN(N, r0 + size);
             return r0;
@@ -339,6 +350,7 @@ typedef struct {
     mul_mat_args m[PI_MUL_MATS_MAX];
     int64_t end[PI_MUL_MATS_MAX];      /* rows of weights 0..i */
     int n, nth;
+    bool stream;                       /* at most PI_STREAM_MAX_T tokens: each thread's rows in long stretches */
     atomic_llong next_row;
 } mul_mat_pass;
 
@@ -348,7 +360,7 @@ static void mul_mat_task(void *p, int ith, int nth) {
     const int64_t N = a->end[a->n - 1];
     for (;;) {
         int64_t r1;
-        const int64_t r0 = next_rows(&a->next_row, N, a->nth, &r1);
+        const int64_t r0 = next_rows(&a->next_row, N, a->nth, a->stream, &r1);
         if (r0 >= N) return;
         for (int i = 0; i < a->n; i++) {
             const int64_t b0 = i ? a->end[i - 1] : 0, lo = PI_MAX(r0, b0), hi = PI_MIN(r1, a->end[i]);
@@ -360,7 +372,7 @@ static void mul_mat_task(void *p, int ith, int nth) {
 /* x converted once (to weight 0's vec_dot_type, which every weight shares), then one pass over all the rows. */
 static void mul_mat_run(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
                         void *scratch) {
-    mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool) };
+    mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool), .stream = x->ne[1] <= PI_STREAM_MAX_T };
     const pi_type_traits *tr = pi_traits(w[0]->type);   /* every weight has its activation format and K */
     const int64_t K = w[0]->ne[0], T = x->ne[1];
     int64_t xt_stride = 0;   /* the tile table, where a weight's tile kernels read one */

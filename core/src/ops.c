@@ -2,6 +2,7 @@
  * then splits its work over the thread pool. f32 tensors must have contiguous
  * rows (nb[0] == 4); higher dims may be strided. */
 #include "internal.h"
+#include "work_share.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -107,27 +108,21 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
 #define PI_TILES_CHUNK_T 128   /* tokens per pass over a work item's rows: 128 Q8_0S rows of K = 4096 are 590 KB, in L2 */
 #endif
 
-/* Work items shrink as the rows run out ("guided" scheduling), so the threads finish together; item sizes are
- * multiples of 16 (the 8-row kernels need multiples of 8); which thread computes a row never changes its result.
- *
- * A matmul of at most PI_STREAM_MAX_T tokens is bound by its weight stream, and there each thread's rows should be
- * one long stretch: the first item takes 1/nth of the rows, each later one 1/nth of what is left (so a thread's
- * first stretch is most of its share, and a late or slowed thread still gets less). With items capped at 256 rows
- * instead (the prompt rule below), the two threads' items alternated through the matrix: Zen 5, 2 threads,
- * Gemma 3 270M's layer matrices at T = 1 read at 29.4 against 40.3 GB/s (1.37x the time; 1.10-1.17x at T = 1..8,
- * 1.01-1.03x at 16 and 32), its 178 MB head 4% slower, decode 0.95-0.85x the time per token with the stretch (542M
- * Q4_K_M 0.96x, 7B Q4_0 0.97x, 542M Q8_0 and F16 the same); bench/README.md.
- *
- * Prompts keep items of at most 256 rows: mul_mat_rows runs each item's rows over every token (or over chunks of
- * tokens that fit in L2 with its rows), which wants the item's rows in cache. Returns the first row of the caller's
- * next item, or N when none is left. */
+/* Prompts: work items shrink as the rows run out ("guided" scheduling), at most 256 rows, so the threads finish
+ * together: mul_mat_rows runs an item's rows over every token (or over chunks of tokens that fit in L2 with them),
+ * which wants the item's rows in cache. A matmul of at most PI_STREAM_MAX_T tokens is bound by its weight stream
+ * instead, and there each thread reads long stretches of rows (work_share.h): with these items the two threads'
+ * items alternated through every matrix, and on a Zen 5 (2 threads) Gemma 3 270M's layer matrices at T = 1 read at
+ * 29.4 against 40.3 GB/s (1.10-1.17x the time at T = 2..8, 1.01-1.03x at 16 and 32), its 178 MB head 4% slower,
+ * its decode took 1.05-1.15x the time (542M Q4_K_M 1.04x, 7B Q4_0 1.03x, 542M Q8_0 and F16 the same;
+ * bench/README.md). Item sizes are multiples of 16 (the 8-row kernels need multiples of 8); which thread computes a
+ * row never changes its result. Returns the first row of the caller's next item, or N when none is left. */
 #define PI_STREAM_MAX_T 8
-static int64_t next_rows(atomic_llong *next, int64_t N, int nth, bool stream, int64_t *r1) {
+static int64_t next_rows(atomic_llong *next, int64_t N, int nth, int64_t *r1) {
     long long r0 = atomic_load(next);
     for (;;) {
         if (r0 >= N) return N;
-        const int64_t size = stream ? PI_MAX(16, (N - r0) / nth / 16 * 16)
-                                    : PI_MAX(16, PI_MIN(256, (N - r0) / (2 * (int64_t)nth) / 16 * 16));
+        const int64_t size = PI_MAX(16, PI_MIN(256, (N - r0) / (2 * (int64_t)nth) / 16 * 16));
         if (atomic_compare_exchange_weak(next, &r0, r0 + size)) {
             *r1 = PI_MIN(N, r0 + size);
             return r0;
@@ -350,18 +345,19 @@ typedef struct {
     mul_mat_args m[PI_MUL_MATS_MAX];
     int64_t end[PI_MUL_MATS_MAX];      /* rows of weights 0..i */
     int n, nth;
-    bool stream;                       /* at most PI_STREAM_MAX_T tokens: each thread's rows in long stretches */
-    atomic_llong next_row;
+    bool stream;                       /* at most PI_STREAM_MAX_T tokens: rows shared as stretches (share) */
+    atomic_llong next_row;             /* else: the guided items (next_rows) */
+    pi_row_share share;
 } mul_mat_pass;
 
 static void mul_mat_task(void *p, int ith, int nth) {
-    PI_UNUSED(ith); PI_UNUSED(nth);
+    PI_UNUSED(nth);
     mul_mat_pass *a = p;
     const int64_t N = a->end[a->n - 1];
     for (;;) {
         int64_t r1;
-        const int64_t r0 = next_rows(&a->next_row, N, a->nth, a->stream, &r1);
-        if (r0 >= N) return;
+        const int64_t r0 = a->stream ? pi_row_share_next(&a->share, ith, &r1) : next_rows(&a->next_row, N, a->nth, &r1);
+        if (r0 < 0 || r0 >= N) return;
         for (int i = 0; i < a->n; i++) {
             const int64_t b0 = i ? a->end[i - 1] : 0, lo = PI_MAX(r0, b0), hi = PI_MIN(r1, a->end[i]);
             if (lo < hi) mul_mat_rows(&a->m[i], pi_traits(a->m[i].w->type), lo - b0, hi - b0);
@@ -372,7 +368,7 @@ static void mul_mat_task(void *p, int ith, int nth) {
 /* x converted once (to weight 0's vec_dot_type, which every weight shares), then one pass over all the rows. */
 static void mul_mat_run(pi_threadpool *pool, int n, const pi_tensor *const *w, const pi_tensor *x, pi_tensor *const *y,
                         void *scratch) {
-    mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool), .stream = x->ne[1] <= PI_STREAM_MAX_T };
+    mul_mat_pass a = { .n = n, .nth = pi_threadpool_size(pool) };
     const pi_type_traits *tr = pi_traits(w[0]->type);   /* every weight has its activation format and K */
     const int64_t K = w[0]->ne[0], T = x->ne[1];
     int64_t xt_stride = 0;   /* the tile table, where a weight's tile kernels read one */
@@ -384,6 +380,7 @@ static void mul_mat_run(pi_threadpool *pool, int n, const pi_tensor *const *w, c
         a.end[i] = (i ? a.end[i - 1] : 0) + w[i]->ne[1];
     }
     atomic_init(&a.next_row, 0);
+    a.stream = x->ne[1] <= PI_STREAM_MAX_T && pi_row_share_init(&a.share, a.end[n - 1], a.nth, 16);
     if (x->ne[1] == 1) mul_mat_convert_task(&a.m[0], 0, 1);   /* one token: one thread's work, without a pool run */
     else pi_threadpool_run(pool, mul_mat_convert_task, &a.m[0]);
     pi_threadpool_run(pool, mul_mat_task, &a);

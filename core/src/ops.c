@@ -114,7 +114,7 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  * instead, and there each thread reads long stretches of rows (work_share.h): with these items the two threads'
  * items alternated through every matrix, and on a Zen 5 (2 threads) Gemma 3 270M's layer matrices at T = 1 read at
  * 29.4 against 40.3 GB/s (1.10-1.17x the time at T = 2..8, 1.01-1.03x at 16 and 32), its 178 MB head 4% slower,
- * its decode took 1.05-1.15x the time (542M Q4_K_M 1.04x, 7B Q4_0 1.03x, 542M Q8_0 and F16 the same;
+ * its decode took 1.16x the time of the work sharing's (542M Q4_K_M 1.04x, Q8_0 1.02x, F16 1.03x, 7B Q4_0 1.05x;
  * bench/README.md). Item sizes are multiples of 16 (the 8-row kernels need multiples of 8); which thread computes a
  * row never changes its result. Returns the first row of the caller's next item, or N when none is left. */
 #define PI_STREAM_MAX_T 8

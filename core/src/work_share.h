@@ -5,8 +5,9 @@
  * then on (work stealing). So every thread reads long runs of memory, and the rows of a thread that falls behind (a
  * slower core, a core shared with another process) go to the others. Rows handed out in small pieces alternate
  * between the threads through the memory instead: Gemma 3 270M's decode matrices on a Zen 5 took 1.37x the time
- * that way (bench/README.md, 2026-12-07); one fixed stretch per thread, without the stealing, took 1.13x the time of
- * the small pieces with a busy process on one of the two cores. Which thread computes a row never changes a result. */
+ * that way (bench/README.md, 2026-12-07); claims of 1/nth of the rows left, without owners and stealing, took 1.13x
+ * the time of the small pieces with a busy process on one of the two cores (this: 0.89x). Which thread computes a row
+ * never changes a result. */
 #ifndef PI_WORK_SHARE_H
 #define PI_WORK_SHARE_H
 

@@ -27,6 +27,15 @@
 
 #define ATT_PV_CELLS 64   /* cells per block: a tile's probabilities (8 x 64 floats) and V rows stay in L1 */
 
+/* On CPUs where pi_cpu_software_prefetch says so, the scores request the next 16 K rows, the V step the next block's
+ * V rows, before working on the current ones: a head's rows lie a whole cell apart, which the hardware prefetchers
+ * follow poorly (Zen 5, 2 threads, a 542M llama's 512 queries at depth 3072, bench/ab_ops.py --op attention: the K
+ * rows alone 0.91x the time; bench/README.md, 2026-12-07). n rows of `bytes` each, `stride` apart, from row. */
+static inline void pi_prefetch_rows(const char *row, int64_t n, int64_t stride, int64_t bytes) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(row + i * stride + l, 0, 3);
+}
+
 /* Whether every p[j][c] of the tile (queries j < m) and cells [c, c + n) is seen (not -inf). */
 static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
     for (int j = 0; j < m; j++)
@@ -65,10 +74,12 @@ static inline void transpose16x16(__m512 r[16]) {
 void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k, int64_t k_stride,
                     float *const *s) {
     const int64_t hd8 = hd / 8 * 8;
+    const bool ahead = pi_cpu_software_prefetch();
     float kt[PI_ATT_QK_MAX_HD][16] __attribute__((aligned(64)));   /* kt[d][r]: element d of cell c + r */
     int64_t c = c0;
     for (; c + 16 <= c1; c += 16) {
         const char *kc = (const char *)k + c * k_stride;
+        if (ahead && c + 32 <= c1) pi_prefetch_rows(kc + 16 * k_stride, 16, k_stride, 2 * hd);   /* the next 16 */
         for (int64_t d0 = 0; d0 < hd; d0 += 16) {
             const __mmask16 keep = (__mmask16)(hd - d0 >= 16 ? 0xffff : (1u << (hd - d0)) - 1);
             __m512 r[16];
@@ -151,8 +162,11 @@ static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {   /* a 
 void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
                     int64_t v_stride, float *const *y) {
     const char *vb = v;
+    const bool ahead = pi_cpu_software_prefetch();
     for (int64_t cb = c0; cb < c1; cb += ATT_PV_CELLS) {
         const int64_t ce = PI_MIN(c1, cb + ATT_PV_CELLS);
+        if (ahead && ce < c1)   /* the next block's rows */
+            pi_prefetch_rows(vb + ce * v_stride, PI_MIN(ATT_PV_CELLS, c1 - ce), v_stride, 2 * hd);
         for (int j0 = 0; j0 < nq; j0 += 8) {
             const int m = PI_MIN(8, nq - j0);
             const float *pj[8];

@@ -8,47 +8,26 @@ import numpy as np
 import pytest
 
 from powerinfer._ffi import check, ffi, lib
-
-F32, Q8_0 = lib.PI_TYPE_F32, lib.PI_TYPE_Q8_0
-
-
-def tensor(arr: np.ndarray, t: int, ne0: int, ne1: int, row_bytes: int):
-    p = ffi.new("pi_tensor *")
-    p.type, p.n_dims = t, 2
-    p.ne[0], p.ne[1], p.ne[2], p.ne[3] = ne0, ne1, 1, 1
-    p.nb[0] = 4 if t == F32 else 34   # an element, a Q8_0 block
-    p.nb[1] = row_bytes
-    p.nb[2] = p.nb[3] = row_bytes * ne1
-    p.data = ffi.cast("void *", arr.ctypes.data)
-    return p
+from test_isa import repacked
+from test_kquants import F32, Q8_0, c_quantize, tensor
 
 
 def weight(t: int, rows: np.ndarray, repack: bool):
     """A pi_tensor over rows [N, K] as type t (F32 or Q8_0), with its buffers; repack: the loader's interleaved copy."""
     N, K = rows.shape
-    if t == F32:
-        raw = np.ascontiguousarray(rows, np.float32)
-        return tensor(raw, F32, K, N, 4 * K), [raw]
-    raw = np.zeros(N * (K // 32) * 34, np.uint8)
-    for i in range(N):
-        check(lib.pi_quantize_row(Q8_0, ffi.cast("float *", rows[i].ctypes.data),
-                                  ffi.cast("void *", raw[i * K // 32 * 34:].ctypes.data), K))
-    wt = tensor(raw, Q8_0, K, N, K // 32 * 34)
+    raw = np.ascontiguousarray(rows, np.float32) if t == F32 else c_quantize(t, rows)
+    wt = tensor(raw, t, K, N)
     if not repack:
         return wt, [raw]
-    nbytes = lib.pi_repack_bytes(wt)
-    assert nbytes > 0
-    buf = np.zeros(nbytes, np.uint8)
-    rt = ffi.new("pi_tensor *")
-    check(lib.pi_repack(wt, ffi.cast("void *", buf.ctypes.data), nbytes, rt))
+    rt, buf = repacked(wt)
     return rt, [raw, buf, wt]
 
 
 def mul_mat(w, x: np.ndarray, N: int, n_threads: int) -> np.ndarray:
     T, K = x.shape
     y = np.full((T, N), np.nan, np.float32)   # a row left out stays NaN
-    xt = tensor(np.ascontiguousarray(x), F32, K, T, 4 * K)
-    yt = tensor(y, F32, N, T, 4 * N)
+    xt = tensor(np.ascontiguousarray(x), F32, K, T)
+    yt = tensor(y, F32, N, T)
     p = ffi.new("pi_threadpool **")
     check(lib.pi_threadpool_create(n_threads, p))
     try:
@@ -89,7 +68,7 @@ def test_stealing_under_preemption():
     try:
         for _ in range(200):
             y = np.full((1, N), np.nan, np.float32)
-            check(lib.pi_op_mul_mat(p[0], w, tensor(x, F32, K, 1, 4 * K), tensor(y, F32, N, 1, 4 * N)))
+            check(lib.pi_op_mul_mat(p[0], w, tensor(x, F32, K, 1), tensor(y, F32, N, 1)))
             assert np.array_equal(y.view(np.uint32), one.view(np.uint32))
     finally:
         lib.pi_threadpool_free(p[0])

@@ -277,6 +277,12 @@ bool pi_cpu_half_width_256(void);            /* whether 256-bit instructions run
  * 0.5): CATS FFN and input-sparse gate 0.86-0.87x. The Zen 4 measured the Q8_0X16 stream 1.1-1.27x slower with it;
  * other AMD CPUs keep the hardware prefetchers alone. */
 bool pi_cpu_software_prefetch(void);
+/* Requests n rows of `bytes` each, `stride` apart from row, into L1: the attention's K and V rows, a whole cell apart
+ * (ops.c attend, arch/attention.c), where pi_cpu_software_prefetch says so. */
+static inline void pi_prefetch_rows(const void *row, int64_t n, int64_t stride, int64_t bytes) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch((const char *)row + i * stride + l, 0, 3);
+}
 const pi_type_traits *pi_cpu_traits(void);   /* [PI_TYPE_TABLE_END]: every type's traits at the active level */
 /* The traits of every type with k's kernels (dtype.c; cpu.c fills one table per compiled level). */
 void pi_traits_fill(const pi_cpu_kernels *k, pi_type_traits out[PI_TYPE_TABLE_END]);

@@ -783,10 +783,6 @@ pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, cons
  * 8, 16 and 32 cells ahead the same (bench/README.md, 2026-12-07). The same bits: only loads are added. */
 #define ATT_PREFETCH_CELLS 16
 
-static inline void prefetch_row(const char *row, int64_t bytes) {
-    for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(row + l, 0, 3);
-}
-
 typedef struct {
     const pi_tensor *q, *k, *v, *mask;
     float scale;
@@ -819,7 +815,7 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
                 const void *rows[4] = { kbase[j] + c * a->k->nb[2], kbase[j] + (c + 1) * a->k->nb[2],
                                         kbase[j] + (c + 2) * a->k->nb[2], kbase[j] + (c + 3) * a->k->nb[2] };
                 if (ahead && c + 4 + ahead <= n_kv)
-                    for (int r = 0; r < 4; r++) prefetch_row((const char *)rows[r] + ahead * a->k->nb[2], k_bytes);
+                    pi_prefetch_rows((const char *)rows[0] + ahead * a->k->nb[2], 4, a->k->nb[2], k_bytes);
                 dot4(hd, rows, q[j], scores + j * n_kv + c);
             }
             c += 3;
@@ -853,7 +849,8 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
             for (int k = 0; k < nv; k++) {
                 rows[k] = vbase[j] + cells[k] * a->v->nb[2];
                 pc[k] = scores[j * n_kv + cells[k]] * inv[j];
-                if (ahead && cells[k] + ahead < n_kv) prefetch_row((const char *)rows[k] + ahead * a->v->nb[2], v_bytes);
+                if (ahead && cells[k] + ahead < n_kv)
+                    pi_prefetch_rows((const char *)rows[k] + ahead * a->v->nb[2], 1, 0, v_bytes);
             }
             pi_axpy_rows(vt, hd, nv, pc, rows, out);
         }

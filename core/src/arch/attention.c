@@ -30,11 +30,7 @@
 /* On CPUs where pi_cpu_software_prefetch says so, the scores request the next 16 K rows, the V step the next block's
  * V rows, before working on the current ones: a head's rows lie a whole cell apart, which the hardware prefetchers
  * follow poorly (Zen 5, 2 threads, a 542M llama's 512 queries at depth 3072, bench/ab_ops.py --op attention: the K
- * rows alone 0.91x the time; bench/README.md, 2026-12-07). n rows of `bytes` each, `stride` apart, from row. */
-static inline void pi_prefetch_rows(const char *row, int64_t n, int64_t stride, int64_t bytes) {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(row + i * stride + l, 0, 3);
-}
+ * rows alone 0.91x the time; bench/README.md, 2026-12-07). */
 
 /* Whether every p[j][c] of the tile (queries j < m) and cells [c, c + n) is seen (not -inf). */
 static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {

@@ -1199,6 +1199,42 @@ def test_attention_prompt_equals_query_by_query(pools, kt, vt, hd):
     assert np.all(out[12] == 0.0)
 
 
+@pytest.mark.parametrize("depth", [40, 300, 600])   # blocks of 32, 64 and 128 queries (ops.c attention_block)
+@pytest.mark.parametrize("hd", [64, 136, 260])        # 260: beyond attn_qk_f16's largest head (vec_dot8 scores)
+@pytest.mark.parametrize("kt,vt", [(F16, F16), (F32, F16)], ids=lambda t: TYPE_NAME[t])
+def test_attention_prompt_blocks_at_depth(pools, kt, vt, hd, depth):
+    """A prompt of 160 queries at depth takes blocks of up to 128 queries (more cells before the prompt, larger
+    blocks: each block reads the cache once); at any size each query's output is the bits of that query alone.
+    Causal, with a hole, a query that sees only the prompt and one that sees nothing; head sizes with a partial
+    vector of elements (136: 8 past the last 16, 260: 4 past, and V blocks of fewer cells)."""
+    rng = np.random.default_rng(depth + hd)
+    T, H, Hkv = 160, 8, 2
+    n_kv = depth + T
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    ke = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), kt)
+    ve = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), vt)
+    mask = np.full((T, n_kv), -np.inf, np.float32)
+    for t in range(T):
+        mask[t, :depth + t + 1] = 0.0
+    mask[7, 10:30] = -np.inf
+    mask[70, :depth] = -np.inf
+    mask[150] = -np.inf
+    scale = 1.0 / np.sqrt(hd)
+
+    def run(pool):
+        out = sentinel_buffer(q.shape)
+        check(lib.pi_op_attention(pool, tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, tensor(out)))
+        return out
+
+    out = run_all(pools, run, "attention prompt at depth")
+    for t in range(T):
+        one = sentinel_buffer((1, H, hd))
+        check(lib.pi_op_attention(pools[0], tensor(q[t:t + 1]), tensor(ke, kt), tensor(ve, vt), tensor(mask[t:t + 1]),
+                                  scale, tensor(one)))
+        assert np.array_equal(out[t], one[0]), f"query {t}"
+    assert np.all(out[150] == 0.0)
+
+
 def test_attention_no_gqa_and_strided(pools):
     """H == Hkv, and every operand a view with strides in dims >= 1 (fused qkv, padded cache)."""
     T, H, hd, n_kv = 3, 4, 32, 7

@@ -231,7 +231,7 @@ typedef struct {
     uint8_t saved[64] __attribute__((aligned(64)));   /* (not _Alignas: nvcc compiles this header as C++) */
 } pi_tile_session;
 
-#define PI_ATT_QK_MAX_HD 512   /* the largest head size attn_qk_f16 takes (its transposed K rows are on the stack) */
+#define PI_ATT_QK_MAX_HD 256   /* the largest head size attn_qk_f16 takes (its transposed K rows are on the stack) */
 
 typedef struct pi_cpu_kernels {
     pi_type_kernels type[PI_TYPE_TABLE_END];

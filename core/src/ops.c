@@ -787,7 +787,9 @@ typedef struct {
     const pi_tensor *q, *k, *v, *mask;
     float scale;
     pi_tensor *out;
-    float *scratch;       /* per thread: [ATT_SCORE_ROWS][n_kv] scores */
+    float *scratch;       /* per thread: [score_rows][n_kv] scores */
+    int64_t score_rows;   /* heads of a token (ATT_HEADS), or a prompt's queries per block */
+    int block;            /* prompts: queries per block (attention_block) */
     int64_t *items;       /* prompts: thread i's work items are [items[i], items[i + 1]) */
 } attention_args;
 
@@ -858,30 +860,44 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     }
 }
 
-/* Prompts: head h of queries t0 .. t0+nt-1 (nt <= ATT_QUERIES); scores [nt][n_kv]. Each group of 8 cells is
+/* Prompts: head h of queries t0 .. t0+nt-1 (nt <= ATT_BLOCK_MAX); scores [nt][n_kv]. Each group of 8 cells is
  * dotted with the block's queries in vec_dot8 calls of up to PI_DOT8_MAX_T queries (8 key rows x 8 queries: each key
  * row converted once per call, and the group stays in L1 for the block's other calls), for each sub-block of queries
  * of which one sees a cell of the group; a score of a cell a query does not see is computed and then dropped. Per
  * (query, cell) that is vec_dot's result, and softmax and the V sum are attend's, query by query: the same bits as
- * attend. A block of ATT_QUERIES queries reads the head's K and V rows once: with 8 queries a block, a 542M llama's
- * pp512 at depth 4096 read 19 GB of K and V (each head's 2.4 MB of them per block, beyond L2); with 32 its attention
- * took 0.8x the time (bench/ab_ops.py --op attention; 64: about the same, 128: slower at depth 0). */
-#define ATT_QUERIES 32
-_Static_assert(ATT_QUERIES % PI_DOT8_MAX_T == 0, "whole vec_dot8 calls per block");
-#define ATT_SCORE_ROWS PI_MAX(ATT_HEADS, ATT_QUERIES)   /* rows of scores per thread: heads of a token, or queries */
+ * attend, whatever the block's size. A block reads the head's K and V rows once, so the queries a block takes set
+ * how often a prompt reads the cache: attention_block picks them per call. */
+#define ATT_BLOCK_MIN 32
+#define ATT_BLOCK_MAX 128
+_Static_assert(ATT_BLOCK_MIN % PI_DOT8_MAX_T == 0, "whole vec_dot8 calls per block");
+#define ATT_SCORES_CAP ((int64_t)4 << 20)   /* scores a thread may hold beyond ATT_BLOCK_MIN rows: 16 MB */
+
+/* Queries per block of a prompt of T queries against n_kv cells on nth threads: the most of 128, 64, 32 such that
+ * (a) the cells before the prompt are at least 4x the block (under a causal mask a block computes the scores of the
+ * cells only its later queries see: half a block per query, wasted), (b) every thread gets at least 4 items of
+ * (block, head) to balance, and (c) a thread's scores stay within ATT_SCORES_CAP. A 542M llama's 512 queries (16
+ * heads, f16 cache, 2 threads, Zen 5) against 32-query blocks: 128 took 0.79x the time at depth 3072, 0.77x at
+ * 8192, 0.93x at 512; at depth 0 it took 1.06x (bench/README.md, 2026-12-07). */
+static int attention_block(int64_t T, int64_t H, int64_t n_kv, int nth) {
+    int b = ATT_BLOCK_MAX;
+    while (b > ATT_BLOCK_MIN && (n_kv - T < 4 * b || (T + b - 1) / b * H < 4 * (int64_t)nth ||
+                                 (int64_t)b * n_kv > ATT_SCORES_CAP))
+        b /= 2;
+    return b;
+}
 
 static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, float *scores) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2], group = a->q->ne[1] / a->k->ne[1];
     const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
     const char *kbase = (const char *)a->k->data + h / group * a->k->nb[1];
     const char *vbase = (const char *)a->v->data + h / group * a->v->nb[1];
-    const float *mask[ATT_QUERIES];
+    const float *mask[ATT_BLOCK_MAX];
     for (int j = 0; j < nt; j++) mask[j] = a->mask ? ROW_F32(a->mask, t0 + j, 0, 0) : NULL;
     const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
     const int64_t q_stride = a->q->nb[2];
 #define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
     /* query j sees no cell outside [lo[j], hi[j]) (empty: lo = hi = n_kv); found once, used by all three steps */
-    int64_t lo[ATT_QUERIES], hi[ATT_QUERIES];
+    int64_t lo[ATT_BLOCK_MAX], hi[ATT_BLOCK_MAX];
     for (int j = 0; j < nt; j++) {
         int64_t first = 0, last = n_kv - 1;
         while (first < n_kv && !SEEN(j, first)) first++;
@@ -891,8 +907,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
     }
     if (a->k->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 && hd <= PI_ATT_QK_MAX_HD) {
         /* every query against the cells any of them sees (softmax_exp hides the others): the bits of vec_dot */
-        const float *qr[ATT_QUERIES];
-        float *sr[ATT_QUERIES];
+        const float *qr[ATT_BLOCK_MAX];
+        float *sr[ATT_BLOCK_MAX];
         int64_t c0 = n_kv, c1 = 0;
         for (int j = 0; j < nt; j++) {
             qr[j] = (const float *)(q0 + j * q_stride);
@@ -921,8 +937,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         }
         c += len;
     }
-    float inv[ATT_QUERIES], *out[ATT_QUERIES];
-    int live[ATT_QUERIES], n_live = 0;   /* the queries that see any cell */
+    float inv[ATT_BLOCK_MAX], *out[ATT_BLOCK_MAX];
+    int live[ATT_BLOCK_MAX], n_live = 0;   /* the queries that see any cell */
     for (int j = 0; j < nt; j++) {      /* softmax, as attend */
         out[j] = ROW_F32(a->out, h, t0 + j, 0);
         memset(out[j], 0, (size_t)hd * sizeof(float));
@@ -940,8 +956,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         for (int64_t c = lo[live[i]]; c < hi[live[i]]; c++) s[c] = s[c] != -INFINITY ? s[c] * f : s[c];
     }
     if (a->v->type == PI_TYPE_F16) {
-        const float *p[ATT_QUERIES];
-        float *y[ATT_QUERIES];
+        const float *p[ATT_BLOCK_MAX];
+        float *y[ATT_BLOCK_MAX];
         int64_t c0 = n_kv, c1 = 0;   /* the cells some query sees are within [c0, c1) */
         for (int i = 0; i < n_live; i++) {
             p[i] = scores + live[i] * n_kv;
@@ -974,12 +990,12 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
 static void attention_task(void *p, int ith, int nth) {
     attention_args *a = p;
     const int64_t H = a->q->ne[1], T = a->q->ne[2], n_kv = a->k->ne[2];
-    float *scores = a->scratch + (size_t)ith * (size_t)(ATT_SCORE_ROWS * n_kv);
+    float *scores = a->scratch + (size_t)ith * (size_t)(a->score_rows * n_kv);
     int64_t w0, w1;
-    if (T > 1) {   /* prompts: work items of (ATT_QUERIES tokens, one head), block by block */
+    if (T > 1) {   /* prompts: work items of (a block of queries, one head), block by block */
         for (int64_t w = a->items[ith]; w < a->items[ith + 1]; w++) {
-            const int64_t t0 = w / H * ATT_QUERIES;
-            attend_block(a, t0, (int)PI_MIN(ATT_QUERIES, T - t0), w % H, scores);
+            const int64_t t0 = w / H * a->block;
+            attend_block(a, t0, (int)PI_MIN(a->block, T - t0), w % H, scores);
         }
         return;
     }
@@ -1000,24 +1016,24 @@ static int64_t visible_cells(const pi_tensor *mask, int64_t t, int64_t n_kv) {
     return n;
 }
 
-/* The cost of query block b: the cells its first and last queries see. */
-static int64_t block_cost(const pi_tensor *mask, int64_t T, int64_t b, int64_t n_kv) {
-    return 1 + visible_cells(mask, b * ATT_QUERIES, n_kv) +
-           visible_cells(mask, PI_MIN(T, (b + 1) * ATT_QUERIES) - 1, n_kv);
+/* The cost of query block b (of `block` queries): the cells its first and last queries see. */
+static int64_t block_cost(const pi_tensor *mask, int64_t T, int block, int64_t b, int64_t n_kv) {
+    return 1 + visible_cells(mask, b * block, n_kv) + visible_cells(mask, PI_MIN(T, (b + 1) * block) - 1, n_kv);
 }
 
 /* A prompt's work items (query block, head), block-major, cut into one contiguous range per thread of about equal
  * cost: under a causal mask the later blocks see more (at depth 0 the second half of a prompt has 3x the work of the
  * first). Contiguous ranges measured faster than handing items out one by one (a 542M llama, T = 512 at depth 4096:
  * 0.8x the time). Thread i - 1's range ends at the first item whose predecessors cost i / nth of the total. */
-static void split_blocks(const pi_tensor *mask, int64_t T, int64_t H, int64_t n_kv, int nth, int64_t *items) {
-    const int64_t n_blocks = (T + ATT_QUERIES - 1) / ATT_QUERIES;
+static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t H, int64_t n_kv, int nth,
+                         int64_t *items) {
+    const int64_t n_blocks = (T + block - 1) / block;
     int64_t total = 0, done = 0;   /* done: the cost of the items before the current one */
-    for (int64_t b = 0; b < n_blocks; b++) total += block_cost(mask, T, b, n_kv);
+    for (int64_t b = 0; b < n_blocks; b++) total += block_cost(mask, T, block, b, n_kv);
     int i = 1;
     items[0] = 0;
     for (int64_t b = 0; b < n_blocks && i < nth; b++) {
-        const int64_t cost = block_cost(mask, T, b, n_kv);   /* the same for the block's H items */
+        const int64_t cost = block_cost(mask, T, block, b, n_kv);   /* the same for the block's H items */
         for (int64_t h = 0; h < H; h++) {
             while (i < nth && done * nth >= total * H * i) items[i++] = b * H + h;
             done += cost;
@@ -1030,15 +1046,17 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
                        const pi_tensor *mask, float scale, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
     const int64_t n_kv = k->ne[2], T = q->ne[2];
-    float *scratch = malloc((size_t)nth * (size_t)(ATT_SCORE_ROWS * n_kv) * sizeof(float));
+    const int block = attention_block(T, q->ne[1], n_kv, nth);
+    const int64_t score_rows = T > 1 ? block : ATT_HEADS;
+    float *scratch = malloc((size_t)nth * (size_t)(score_rows * n_kv) * sizeof(float));
     int64_t *items = malloc((size_t)(nth + 1) * sizeof *items);
     if (!scratch || !items) {
         free(scratch);
         free(items);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
     }
-    if (T > 1) split_blocks(mask, T, q->ne[1], n_kv, nth, items);
-    attention_args a = { q, k, v, mask, scale, out, scratch, items };
+    if (T > 1) split_blocks(mask, T, block, q->ne[1], n_kv, nth, items);
+    attention_args a = { q, k, v, mask, scale, out, scratch, score_rows, block, items };
     pi_threadpool_run(pool, attention_task, &a);
     free(scratch);
     free(items);

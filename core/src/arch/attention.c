@@ -2,22 +2,23 @@
  *
  * Scores: s[j][c] = pi_vec_dot_f16_f32(hd, k_c, q_j) bit for bit, for the queries j < nq and cells c0 <= c < c1. The
  * 8-row kernels keep each (cell, query) dot in its own 8-lane accumulator and end with a horizontal tree per pair
- * (a quarter of the work at hd = 128). Here 16 cells' K rows are transposed once (converted to f32, 16 x 16 at a
- * time) so that a register holds one element of 16 cells; each query keeps eight such accumulators, one per lane
- * of vec_dot's order (element i goes to accumulator i % 8, in element order), so the same fma chains run with the
- * cells in the lanes, and vec_dot's tree ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) and its unfused tail
- * are vertical adds, 16 cells at once.
+ * (a quarter of the work at hd = 128). Here the K rows of QK_CELLS cells are transposed once (converted to f32, 16 x 16
+ * at a time) so that a register holds one element of 16 cells. vec_dot's order keeps eight chains per dot (element i
+ * goes to accumulator i % 8, in element order); the kernel runs one chain at a time for a register tile of
+ * QK_QUERIES queries x QK_VECS vectors of 16 cells (each K vector loaded once for the tile's queries, each query
+ * element broadcast once for its vectors), parks the chain's sums, and ends with vec_dot's tree
+ * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) and its unfused tail as vertical adds, 16 cells at once.
  *
  * V step:
  *   y[j][e] += p[j][c] * v_c[e]   for the queries j < nq, the cells c0 <= c < c1 in order, e < hd
  *
  * where p[j][c] == -inf marks a cell query j does not see: it is skipped for that query. Each element of each y[j]
  * gets exactly pi_axpy_f16's operations, one fma per seen cell in cell order (so a query's output is the bits of the
- * one-token path, which adds its cells one axpy at a time). The vector bodies keep a tile of 8 queries x one vector
- * of elements in registers over a block of ATT_PV_CELLS cells and convert each V vector once per tile, instead of
- * loading and storing y for every 8 cells and converting each V vector once per 4 queries (the axpy8xq kernel it
- * replaces). Blocks where every query of the tile sees every cell run without masks; the others mask each query's
- * fma (AVX-512: a mask register; AVX2: the old value blended back). hd must be a multiple of the vector width. */
+ * one-token path, which adds its cells one axpy at a time). A block of cells' V rows is converted to f32 once into
+ * a contiguous buffer (the cache's rows of one head lie a whole cell apart); tiles of 8 queries x PV_VECS vectors of
+ * elements then stay in registers over the block. Blocks where every query of the tile sees every cell run without
+ * masks; the others mask each query's fma (AVX-512: a mask register; AVX2: the old value blended back). Elements
+ * past the last whole vector go through pi_axpy_f16 from there on, query by query. */
 #include "../internal.h"
 
 #include <math.h>
@@ -25,12 +26,10 @@
 #include <immintrin.h>
 #endif
 
-#define ATT_PV_CELLS 64   /* cells per block: a tile's probabilities (8 x 64 floats) and V rows stay in L1 */
-
-/* On CPUs where pi_cpu_software_prefetch says so, the scores request the next 16 K rows, the V step the next block's
- * V rows, before working on the current ones: a head's rows lie a whole cell apart, which the hardware prefetchers
- * follow poorly (Zen 5, 2 threads, a 542M llama's 512 queries at depth 3072, bench/ab_ops.py --op attention: the K
- * rows alone 0.91x the time; bench/README.md, 2026-12-07). */
+/* On CPUs where pi_cpu_software_prefetch says so, the scores request the next chunk's K rows, the V step the next
+ * block's V rows, before working on the current ones: a head's rows lie a whole cell apart, which the hardware
+ * prefetchers follow poorly (Zen 5, 2 threads, a 542M llama's 512 queries at depth 3072, bench/ab_ops.py --op
+ * attention: the K rows alone 0.91x the time; bench/README.md, 2026-12-07). */
 
 /* Whether every p[j][c] of the tile (queries j < m) and cells [c, c + n) is seen (not -inf). */
 static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
@@ -65,51 +64,73 @@ static inline void transpose16x16(__m512 r[16]) {
     }
 }
 
-#define ATT_QK_QUERIES 3   /* queries per pass: 3 x 8 accumulators */
+#define QK_QUERIES 8              /* queries per register tile */
+#define QK_VECS 3                 /* vectors of 16 cells per register tile: 8 x 3 accumulators */
+#define QK_CELLS (16 * QK_VECS)   /* cells transposed at a time */
+
+/* kt[d][16 v + i] = element d of row i of the n rows at kc (f16, k_stride apart) as f32, for i < 16; rows past n
+ * are zeros. */
+static void transpose_rows(int64_t hd, const char *kc, int64_t k_stride, int n, int v, float kt[][QK_CELLS]) {
+    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+        const __mmask16 keep = (__mmask16)(hd - d0 >= 16 ? 0xffff : (1u << (hd - d0)) - 1);
+        __m512 r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < n ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * k_stride) + d0))
+                         : _mm512_setzero_ps();
+        transpose16x16(r);
+        for (int i = 0; i < 16 && d0 + i < hd; i++) _mm512_store_ps(kt[d0 + i] + 16 * v, r[i]);
+    }
+}
 
 void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k, int64_t k_stride,
                     float *const *s) {
     const int64_t hd8 = hd / 8 * 8;
     const bool ahead = pi_cpu_software_prefetch();
-    float kt[PI_ATT_QK_MAX_HD][16] __attribute__((aligned(64)));   /* kt[d][r]: element d of cell c + r */
-    int64_t c = c0;
-    for (; c + 16 <= c1; c += 16) {
+    float kt[PI_ATT_QK_MAX_HD][QK_CELLS] __attribute__((aligned(64)));   /* kt[d][i]: element d of cell c + i */
+    __m512 part[8][QK_QUERIES][QK_VECS];   /* part[l][j][v]: vec_dot's accumulator l, query j, the cells of vector v */
+    for (int64_t c = c0; c < c1; c += QK_CELLS) {
+        const int n = (int)PI_MIN(QK_CELLS, c1 - c);
         const char *kc = (const char *)k + c * k_stride;
-        if (ahead && c + 32 <= c1) pi_prefetch_rows(kc + 16 * k_stride, 16, k_stride, 2 * hd);   /* the next 16 */
-        for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-            const __mmask16 keep = (__mmask16)(hd - d0 >= 16 ? 0xffff : (1u << (hd - d0)) - 1);
-            __m512 r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * k_stride) + d0));
-            transpose16x16(r);
-            for (int i = 0; i < 16 && d0 + i < hd; i++) _mm512_store_ps(kt[d0 + i], r[i]);
-        }
-        for (int j0 = 0; j0 < nq; j0 += ATT_QK_QUERIES) {
-            const int m = PI_MIN(ATT_QK_QUERIES, nq - j0);
-            const float *qj[ATT_QK_QUERIES];
-            for (int j = 0; j < ATT_QK_QUERIES; j++) qj[j] = q[j0 + PI_MIN(j, m - 1)];
-            __m512 acc[ATT_QK_QUERIES][8];
-            for (int j = 0; j < ATT_QK_QUERIES; j++)
-                for (int l = 0; l < 8; l++) acc[j][l] = _mm512_setzero_ps();
-            for (int64_t d = 0; d < hd8; d += 8)
-                for (int l = 0; l < 8; l++) {
-                    __m512 kv = _mm512_load_ps(kt[d + l]);
-                    __asm__("" : "+v"(kv));   /* one load for the queries, not one folded into each fma */
-                    for (int j = 0; j < ATT_QK_QUERIES; j++)
-                        acc[j][l] = _mm512_fmadd_ps(kv, _mm512_set1_ps(qj[j][d + l]), acc[j][l]);
+        if (ahead && c + QK_CELLS < c1)   /* the next chunk's rows */
+            pi_prefetch_rows(kc + QK_CELLS * k_stride, PI_MIN(QK_CELLS, c1 - c - QK_CELLS), k_stride, 2 * hd);
+        for (int v = 0; v < QK_VECS; v++) transpose_rows(hd, kc + 16 * v * k_stride, k_stride, n - 16 * v, v, kt);
+        for (int j0 = 0; j0 < nq; j0 += QK_QUERIES) {
+            const int m = PI_MIN(QK_QUERIES, nq - j0);
+            const float *qj[QK_QUERIES];   /* a short tile repeats its last query */
+            for (int j = 0; j < QK_QUERIES; j++) qj[j] = q[j0 + PI_MIN(j, m - 1)];
+            for (int l = 0; l < 8; l++) {   /* chain l: elements l, l + 8, ... */
+                __m512 acc[QK_QUERIES][QK_VECS];
+                for (int j = 0; j < QK_QUERIES; j++)
+                    for (int v = 0; v < QK_VECS; v++) acc[j][v] = _mm512_setzero_ps();
+                for (int64_t d = l; d < hd8; d += 8) {
+                    __m512 kv[QK_VECS];
+                    for (int v = 0; v < QK_VECS; v++) {
+                        kv[v] = _mm512_load_ps(kt[d] + 16 * v);
+                        __asm__("" : "+v"(kv[v]));   /* one load for the queries, not one folded into each fma */
+                    }
+                    for (int j = 0; j < QK_QUERIES; j++) {
+                        __m512 qd = _mm512_set1_ps(qj[j][d]);
+                        __asm__("" : "+v"(qd));   /* one broadcast for the vectors */
+                        for (int v = 0; v < QK_VECS; v++) acc[j][v] = _mm512_fmadd_ps(kv[v], qd, acc[j][v]);
+                    }
                 }
-            for (int j = 0; j < m; j++) {
-                const __m512 *a8 = acc[j];   /* vec_dot's tree */
-                __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8[0], a8[4]), _mm512_add_ps(a8[2], a8[6])),
-                                           _mm512_add_ps(_mm512_add_ps(a8[1], a8[5]), _mm512_add_ps(a8[3], a8[7])));
-                for (int64_t d = hd8; d < hd; d++)   /* vec_dot's unfused tail */
-                    sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_load_ps(kt[d]), _mm512_set1_ps(qj[j][d])));
-                _mm512_storeu_ps(s[j0 + j] + c, sum);
+                for (int j = 0; j < QK_QUERIES; j++)
+                    for (int v = 0; v < QK_VECS; v++) part[l][j][v] = acc[j][v];
             }
+            for (int j = 0; j < m; j++)
+                for (int v = 0; v < QK_VECS && 16 * v < n; v++) {
+                    __m512 a[8];
+                    for (int l = 0; l < 8; l++) a[l] = part[l][j][v];
+                    __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                               _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+                    for (int64_t d = hd8; d < hd; d++)   /* vec_dot's unfused tail */
+                        sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_load_ps(kt[d] + 16 * v), _mm512_set1_ps(qj[j][d])));
+                    const int left = n - 16 * v;
+                    _mm512_mask_storeu_ps(s[j0 + j] + c + 16 * v, (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1),
+                                          sum);
+                }
         }
     }
-    for (; c < c1; c++)
-        for (int j = 0; j < nq; j++) s[j][c] = pi_vec_dot_f16_f32(hd, (const char *)k + c * k_stride, q[j]);
 }
 #endif
 
@@ -127,42 +148,69 @@ static void tail(int64_t hd, int64_t e, const float *const *p, int m, int64_t c0
  * is not -inf (a seen cell; NaN counts as seen, as in attend) and keeps acc otherwise. */
 #if PI_HAVE_ROWS16
 #define PV_W 16
+#define PV_VECS 2   /* vectors of elements per tile: 8 queries x 2 accumulators */
 typedef __m512 pv_vec;
 static inline pv_vec pv_load(const float *x) { return _mm512_loadu_ps(x); }
 static inline void pv_store(float *x, pv_vec v) { _mm512_storeu_ps(x, v); }
 static inline pv_vec pv_f16(const void *x) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x)); }
-static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) {
-    return _mm512_fmadd_ps(_mm512_set1_ps(*p), v, acc);
-}
-static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {
-    const __m512 pc = _mm512_set1_ps(*p);
+static inline pv_vec pv_fma(float p, pv_vec v, pv_vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(p), v, acc); }
+static inline pv_vec pv_fma_seen(float p, pv_vec v, pv_vec acc) {
+    const __m512 pc = _mm512_set1_ps(p);
     return _mm512_mask3_fmadd_ps(pc, v, acc, _mm512_cmp_ps_mask(pc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ));
 }
 #elif PI_HAVE_ROWS8
 #define PV_W 8
+#define PV_VECS 1   /* 16 registers: 8 accumulators */
 typedef __m256 pv_vec;
 static inline pv_vec pv_load(const float *x) { return _mm256_loadu_ps(x); }
 static inline void pv_store(float *x, pv_vec v) { _mm256_storeu_ps(x, v); }
 static inline pv_vec pv_f16(const void *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
-static inline pv_vec pv_fma(const float *p, pv_vec v, pv_vec acc) {
-    return _mm256_fmadd_ps(_mm256_broadcast_ss(p), v, acc);
-}
-static inline pv_vec pv_fma_seen(const float *p, pv_vec v, pv_vec acc) {   /* a hidden cell's fma (maybe NaN) dropped */
-    const __m256 pc = _mm256_broadcast_ss(p);
+static inline pv_vec pv_fma(float p, pv_vec v, pv_vec acc) { return _mm256_fmadd_ps(_mm256_set1_ps(p), v, acc); }
+static inline pv_vec pv_fma_seen(float p, pv_vec v, pv_vec acc) {   /* a hidden cell's fma (maybe NaN) dropped */
+    const __m256 pc = _mm256_set1_ps(p);
     const __m256 seen = _mm256_cmp_ps(pc, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ);
     return _mm256_blendv_ps(acc, _mm256_fmadd_ps(pc, v, acc), seen);
 }
 #endif
 
 #if PI_HAVE_ROWS8
+#define PV_BLOCK_CELLS 64       /* cells per block at most */
+#define PV_BLOCK_FLOATS 8192    /* a block's V rows as f32 (32 KB): in L1 with a tile's probabilities */
+
+/* A tile's queries j < 8, elements [e, e + E PV_W), the block's cells cb + c for c < n (V rows as f32, hv apart in
+ * vf): all = every query sees every cell. */
+static inline __attribute__((always_inline)) void pv_tile(int E, bool all, const float *const *pj, float *const *yj,
+                                                          int64_t e, int64_t cb, int64_t n, const float *vf,
+                                                          int64_t hv) {
+    pv_vec acc[8][PV_VECS];
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < E; i++) acc[j][i] = pv_load(yj[j] + e + i * PV_W);
+    for (int64_t c = 0; c < n; c++) {
+        pv_vec vv[PV_VECS];
+        for (int i = 0; i < E; i++) vv[i] = pv_load(vf + c * hv + e + i * PV_W);
+        for (int j = 0; j < 8; j++) {
+            const float pc = pj[j][cb + c];
+            for (int i = 0; i < E; i++) acc[j][i] = all ? pv_fma(pc, vv[i], acc[j][i]) : pv_fma_seen(pc, vv[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < E; i++) pv_store(yj[j] + e + i * PV_W, acc[j][i]);
+}
+
 void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
                     int64_t v_stride, float *const *y) {
     const char *vb = v;
     const bool ahead = pi_cpu_software_prefetch();
-    for (int64_t cb = c0; cb < c1; cb += ATT_PV_CELLS) {
-        const int64_t ce = PI_MIN(c1, cb + ATT_PV_CELLS);
-        if (ahead && ce < c1)   /* the next block's rows */
-            pi_prefetch_rows(vb + ce * v_stride, PI_MIN(ATT_PV_CELLS, c1 - ce), v_stride, 2 * hd);
+    const int64_t hv = hd / PV_W * PV_W;   /* elements in whole vectors */
+    const int64_t cells = PI_MAX(1, PI_MIN(PV_BLOCK_CELLS, PV_BLOCK_FLOATS / PI_MAX(hv, 1)));
+    float vf[PV_BLOCK_FLOATS] __attribute__((aligned(64)));   /* [cells][hv]: the block's V rows as f32 */
+    for (int64_t cb = c0; cb < c1; cb += cells) {
+        const int64_t n = PI_MIN(cells, c1 - cb);
+        if (ahead && cb + n < c1)   /* the next block's rows */
+            pi_prefetch_rows(vb + (cb + n) * v_stride, PI_MIN(cells, c1 - cb - n), v_stride, 2 * hd);
+        for (int64_t c = 0; c < n; c++)
+            for (int64_t e = 0; e < hv; e += PV_W)
+                pv_store(vf + c * hv + e, pv_f16((const uint16_t *)(vb + (cb + c) * v_stride) + e));
         for (int j0 = 0; j0 < nq; j0 += 8) {
             const int m = PI_MIN(8, nq - j0);
             const float *pj[8];
@@ -171,24 +219,15 @@ void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64
                 pj[j] = p[j0 + PI_MIN(j, m - 1)];
                 yj[j] = y[j0 + PI_MIN(j, m - 1)];
             }
-            const bool all = tile_all_seen(pj, m, cb, ce - cb);
+            const bool all = tile_all_seen(pj, m, cb, n);
             int64_t e = 0;
-            for (; e + PV_W <= hd; e += PV_W) {
-                pv_vec acc[8];
-                for (int j = 0; j < 8; j++) acc[j] = pv_load(yj[j] + e);
-                if (all)
-                    for (int64_t c = cb; c < ce; c++) {
-                        const pv_vec vv = pv_f16((const uint16_t *)(vb + c * v_stride) + e);
-                        for (int j = 0; j < 8; j++) acc[j] = pv_fma(&pj[j][c], vv, acc[j]);
-                    }
-                else
-                    for (int64_t c = cb; c < ce; c++) {
-                        const pv_vec vv = pv_f16((const uint16_t *)(vb + c * v_stride) + e);
-                        for (int j = 0; j < 8; j++) acc[j] = pv_fma_seen(&pj[j][c], vv, acc[j]);
-                    }
-                for (int j = 0; j < 8; j++) pv_store(yj[j] + e, acc[j]);
-            }
-            tail(hd, e, pj, m, cb, ce, vb, v_stride, yj);
+            for (; e + PV_VECS * PV_W <= hv; e += PV_VECS * PV_W)
+                if (all) pv_tile(PV_VECS, true, pj, yj, e, cb, n, vf, hv);
+                else pv_tile(PV_VECS, false, pj, yj, e, cb, n, vf, hv);
+            for (; e < hv; e += PV_W)
+                if (all) pv_tile(1, true, pj, yj, e, cb, n, vf, hv);
+                else pv_tile(1, false, pj, yj, e, cb, n, vf, hv);
+            tail(hd, hv, pj, m, cb, cb + n, vb, v_stride, yj);
         }
     }
 }

@@ -788,8 +788,9 @@ typedef struct {
     float scale;
     pi_tensor *out;
     float *scratch;       /* per thread: [score_rows][n_kv] scores */
-    int64_t score_rows;   /* heads of a token (ATT_HEADS), or a prompt's queries per block */
+    int64_t score_rows;   /* heads of a token (ATT_HEADS), or a prompt block's rows */
     int block;            /* prompts: queries per block (attention_block) */
+    int item_heads;       /* prompts: heads per work item (attention_item_heads) */
     int64_t *items;       /* prompts: thread i's work items are [items[i], items[i + 1]) */
 } attention_args;
 
@@ -869,56 +870,73 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
  * how often a prompt reads the cache: attention_block picks them per call. */
 #define ATT_BLOCK_MIN 32
 #define ATT_BLOCK_MAX 128
+#define ATT_ROWS_MAX 128   /* a block's rows: its queries x the heads it takes */
 _Static_assert(ATT_BLOCK_MIN % PI_DOT8_MAX_T == 0, "whole vec_dot8 calls per block");
-#define ATT_SCORES_CAP ((int64_t)4 << 20)   /* scores a thread may hold beyond ATT_BLOCK_MIN rows: 16 MB */
+#define ATT_SCORES_CAP ((int64_t)4 << 20)   /* scores a thread may hold beyond the smallest block: 16 MB */
 
-/* Queries per block of a prompt of T queries against n_kv cells on nth threads: the most of 128, 64, 32 such that
- * (a) the cells before the prompt are at least 4x the block (under a causal mask a block computes the scores of the
- * cells only its later queries see: half a block per query, wasted), (b) every thread gets at least 4 items of
- * (block, head) to balance, and (c) a thread's scores stay within ATT_SCORES_CAP. A 542M llama's 512 queries (16
+/* Heads a work item takes: with an f16 cache scored by attn_qk_f16, every query head of a KV head (the K rows are
+ * transposed and the V rows converted once for all of them, and read once), else one. */
+static int attention_item_heads(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v) {
+    const int64_t group = q->ne[1] / k->ne[1];
+    const bool f16 = k->type == PI_TYPE_F16 && v->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 &&
+                     q->ne[0] <= PI_ATT_QK_MAX_HD;
+    return f16 && group > 1 && group * 8 <= ATT_ROWS_MAX ? (int)group : 1;
+}
+
+/* Queries per block of a prompt of T queries against n_kv cells on nth threads, items of ng heads (units items per
+ * block): the most of 128, 64, ... (down to 32, or to 8 for items of several heads) such that the block's rows fit
+ * ATT_ROWS_MAX and (a) the cells before the prompt are at least 4x the block (under a causal mask a block computes
+ * the scores of the cells only its later queries see: half a block per query, wasted), (b) every thread gets at
+ * least 4 items to balance, and (c) a thread's scores stay within ATT_SCORES_CAP. A 542M llama's 512 queries (16
  * heads, f16 cache, 2 threads, Zen 5) against 32-query blocks: 128 took 0.79x the time at depth 3072, 0.77x at
  * 8192, 0.93x at 512; at depth 0 it took 1.06x (bench/README.md, 2026-12-07). */
-static int attention_block(int64_t T, int64_t H, int64_t n_kv, int nth) {
+static int attention_block(int64_t T, int64_t units, int ng, int64_t n_kv, int nth) {
+    const int least = ng > 1 ? 8 : ATT_BLOCK_MIN;
     int b = ATT_BLOCK_MAX;
-    while (b > ATT_BLOCK_MIN && (n_kv - T < 4 * b || (T + b - 1) / b * H < 4 * (int64_t)nth ||
-                                 (int64_t)b * n_kv > ATT_SCORES_CAP))
+    while (b > least && (b * ng > ATT_ROWS_MAX || n_kv - T < 4 * b || (T + b - 1) / b * units < 4 * (int64_t)nth ||
+                         (int64_t)b * ng * n_kv > ATT_SCORES_CAP))
         b /= 2;
     return b;
 }
 
-static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, float *scores) {
+static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, int ng, float *scores) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2], group = a->q->ne[1] / a->k->ne[1];
     const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
-    const char *kbase = (const char *)a->k->data + h / group * a->k->nb[1];
+    const char *kbase = (const char *)a->k->data + h / group * a->k->nb[1];   /* the ng heads share it */
     const char *vbase = (const char *)a->v->data + h / group * a->v->nb[1];
-    const float *mask[ATT_BLOCK_MAX];
-    for (int j = 0; j < nt; j++) mask[j] = a->mask ? ROW_F32(a->mask, t0 + j, 0, 0) : NULL;
-    const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
-    const int64_t q_stride = a->q->nb[2];
-#define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
-    /* query j sees no cell outside [lo[j], hi[j]) (empty: lo = hi = n_kv); found once, used by all three steps */
-    int64_t lo[ATT_BLOCK_MAX], hi[ATT_BLOCK_MAX];
+    const int nr = nt * ng;   /* rows: query j of head h + g is row j ng + g */
+    const float *mask[ATT_ROWS_MAX];
+    /* row r sees no cell outside [lo[r], hi[r]) (empty: lo = hi = n_kv); found once, used by all three steps */
+    int64_t lo[ATT_ROWS_MAX], hi[ATT_ROWS_MAX];
+#define SEEN(r, c) (!mask[r] || mask[r][c] != -INFINITY)
     for (int j = 0; j < nt; j++) {
+        const int r0 = j * ng;
+        mask[r0] = a->mask ? ROW_F32(a->mask, t0 + j, 0, 0) : NULL;
         int64_t first = 0, last = n_kv - 1;
-        while (first < n_kv && !SEEN(j, first)) first++;
-        while (last > first && !SEEN(j, last)) last--;
-        lo[j] = first;
-        hi[j] = first == n_kv ? n_kv : last + 1;
+        while (first < n_kv && !SEEN(r0, first)) first++;
+        while (last > first && !SEEN(r0, last)) last--;
+        for (int r = r0; r < r0 + ng; r++) {
+            mask[r] = mask[r0];
+            lo[r] = first;
+            hi[r] = first == n_kv ? n_kv : last + 1;
+        }
     }
     if (a->k->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 && hd <= PI_ATT_QK_MAX_HD) {
         /* every query against the cells any of them sees (softmax_exp hides the others): the bits of vec_dot */
-        const float *qr[ATT_BLOCK_MAX];
-        float *sr[ATT_BLOCK_MAX];
+        const float *qr[ATT_ROWS_MAX];
+        float *sr[ATT_ROWS_MAX];
         int64_t c0 = n_kv, c1 = 0;
-        for (int j = 0; j < nt; j++) {
-            qr[j] = (const float *)(q0 + j * q_stride);
-            sr[j] = scores + j * n_kv;
-            if (lo[j] == n_kv) continue;   /* a query that sees nothing */
-            c0 = PI_MIN(c0, lo[j]);
-            c1 = PI_MAX(c1, hi[j]);
+        for (int r = 0; r < nr; r++) {
+            qr[r] = ROW_F32(a->q, h + r % ng, t0 + r / ng, 0);
+            sr[r] = scores + r * n_kv;
+            if (lo[r] == n_kv) continue;   /* a row that sees nothing */
+            c0 = PI_MIN(c0, lo[r]);
+            c1 = PI_MAX(c1, hi[r]);
         }
-        if (c0 < c1) pi_cpu()->attn_qk_f16(hd, nt, qr, c0, c1, kbase, a->k->nb[2], sr);
-    } else
+        if (c0 < c1) pi_cpu()->attn_qk_f16(hd, nr, qr, c0, c1, kbase, a->k->nb[2], sr);
+    } else {   /* one head (ng = 1): rows are queries, q_stride apart */
+    const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
+    const int64_t q_stride = a->q->nb[2];
     for (int64_t c = 0; c < n_kv;) {
         const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
         for (int j0 = 0; j0 < nt; j0 += PI_DOT8_MAX_T) {   /* sub-blocks of queries */
@@ -937,15 +955,16 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         }
         c += len;
     }
-    float inv[ATT_BLOCK_MAX], *out[ATT_BLOCK_MAX];
-    int live[ATT_BLOCK_MAX], n_live = 0;   /* the queries that see any cell */
-    for (int j = 0; j < nt; j++) {      /* softmax, as attend */
-        out[j] = ROW_F32(a->out, h, t0 + j, 0);
-        memset(out[j], 0, (size_t)hd * sizeof(float));
-        const float sum = pi_cpu()->softmax_exp(n_kv, scores + j * n_kv, mask[j], a->scale);
+    }
+    float inv[ATT_ROWS_MAX], *out[ATT_ROWS_MAX];
+    int live[ATT_ROWS_MAX], n_live = 0;   /* the rows that see any cell */
+    for (int r = 0; r < nr; r++) {      /* softmax, as attend */
+        out[r] = ROW_F32(a->out, h + r % ng, t0 + r / ng, 0);
+        memset(out[r], 0, (size_t)hd * sizeof(float));
+        const float sum = pi_cpu()->softmax_exp(n_kv, scores + r * n_kv, mask[r], a->scale);
         if (sum == 0.0f) continue;   /* nothing visible: output zeros */
-        inv[j] = 1.0f / sum;
-        live[n_live++] = j;
+        inv[r] = 1.0f / sum;
+        live[n_live++] = r;
     }
     /* out_j += p_jc v_c over the cells query j sees, in cell order, p_jc = score * (1 / sum) as attend computes it:
      * an f16 cache through attn_pv_f16 (tiles of 8 queries, each V vector converted once per tile), any other
@@ -956,8 +975,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         for (int64_t c = lo[live[i]]; c < hi[live[i]]; c++) s[c] = s[c] != -INFINITY ? s[c] * f : s[c];
     }
     if (a->v->type == PI_TYPE_F16) {
-        const float *p[ATT_BLOCK_MAX];
-        float *y[ATT_BLOCK_MAX];
+        const float *p[ATT_ROWS_MAX];
+        float *y[ATT_ROWS_MAX];
         int64_t c0 = n_kv, c1 = 0;   /* the cells some query sees are within [c0, c1) */
         for (int i = 0; i < n_live; i++) {
             p[i] = scores + live[i] * n_kv;
@@ -992,10 +1011,11 @@ static void attention_task(void *p, int ith, int nth) {
     const int64_t H = a->q->ne[1], T = a->q->ne[2], n_kv = a->k->ne[2];
     float *scores = a->scratch + (size_t)ith * (size_t)(a->score_rows * n_kv);
     int64_t w0, w1;
-    if (T > 1) {   /* prompts: work items of (a block of queries, one head), block by block */
+    if (T > 1) {   /* prompts: work items of (a block of queries, item_heads heads), block by block */
+        const int64_t units = H / a->item_heads;
         for (int64_t w = a->items[ith]; w < a->items[ith + 1]; w++) {
-            const int64_t t0 = w / H * a->block;
-            attend_block(a, t0, (int)PI_MIN(a->block, T - t0), w % H, scores);
+            const int64_t t0 = w / units * a->block;
+            attend_block(a, t0, (int)PI_MIN(a->block, T - t0), w % units * a->item_heads, a->item_heads, scores);
         }
         return;
     }
@@ -1021,11 +1041,11 @@ static int64_t block_cost(const pi_tensor *mask, int64_t T, int block, int64_t b
     return 1 + visible_cells(mask, b * block, n_kv) + visible_cells(mask, PI_MIN(T, (b + 1) * block) - 1, n_kv);
 }
 
-/* A prompt's work items (query block, head), block-major, cut into one contiguous range per thread of about equal
- * cost: under a causal mask the later blocks see more (at depth 0 the second half of a prompt has 3x the work of the
+/* A prompt's work items (query block, heads), `units` of them per block, block-major, cut into one contiguous range
+ * per thread of about equal cost: under a causal mask the later blocks see more (at depth 0 the second half of a prompt has 3x the work of the
  * first). Contiguous ranges measured faster than handing items out one by one (a 542M llama, T = 512 at depth 4096:
  * 0.8x the time). Thread i - 1's range ends at the first item whose predecessors cost i / nth of the total. */
-static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t H, int64_t n_kv, int nth,
+static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t units, int64_t n_kv, int nth,
                          int64_t *items) {
     const int64_t n_blocks = (T + block - 1) / block;
     int64_t total = 0, done = 0;   /* done: the cost of the items before the current one */
@@ -1033,21 +1053,22 @@ static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t H,
     int i = 1;
     items[0] = 0;
     for (int64_t b = 0; b < n_blocks && i < nth; b++) {
-        const int64_t cost = block_cost(mask, T, block, b, n_kv);   /* the same for the block's H items */
-        for (int64_t h = 0; h < H; h++) {
-            while (i < nth && done * nth >= total * H * i) items[i++] = b * H + h;
+        const int64_t cost = block_cost(mask, T, block, b, n_kv);   /* the same for the block's items */
+        for (int64_t u = 0; u < units; u++) {
+            while (i < nth && done * nth >= total * units * i) items[i++] = b * units + u;
             done += cost;
         }
     }
-    while (i <= nth) items[i++] = n_blocks * H;
+    while (i <= nth) items[i++] = n_blocks * units;
 }
 
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                        const pi_tensor *mask, float scale, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
     const int64_t n_kv = k->ne[2], T = q->ne[2];
-    const int block = attention_block(T, q->ne[1], n_kv, nth);
-    const int64_t score_rows = T > 1 ? block : ATT_HEADS;
+    const int ng = attention_item_heads(q, k, v);
+    const int block = attention_block(T, q->ne[1] / ng, ng, n_kv, nth);
+    const int64_t score_rows = T > 1 ? block * ng : ATT_HEADS;
     float *scratch = malloc((size_t)nth * (size_t)(score_rows * n_kv) * sizeof(float));
     int64_t *items = malloc((size_t)(nth + 1) * sizeof *items);
     if (!scratch || !items) {
@@ -1055,8 +1076,8 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
         free(items);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
     }
-    if (T > 1) split_blocks(mask, T, block, q->ne[1], n_kv, nth, items);
-    attention_args a = { q, k, v, mask, scale, out, scratch, score_rows, block, items };
+    if (T > 1) split_blocks(mask, T, block, q->ne[1] / ng, n_kv, nth, items);
+    attention_args a = { q, k, v, mask, scale, out, scratch, score_rows, block, ng, items };
     pi_threadpool_run(pool, attention_task, &a);
     free(scratch);
     free(items);

@@ -258,6 +258,7 @@ def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
     mask[0, 30:] = -np.inf
     mask[min(1, T - 1), 5] = -np.inf
     mask[T - 1, 33:] = -0.5
+    mask[T - 1, 16:32] = -np.inf   # a whole vector of hidden cells at every level's width
     out = {}
     for lv in ("scalar", level):
         at_level(lv)

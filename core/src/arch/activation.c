@@ -5,7 +5,9 @@
  * degree-6 polynomial for e^r, 2^n through the exponent bits), within 2 ulp of expf, and builds
  * SiLU = x / (1 + e^-x) and GELU = x / (1 + e^-2u) = 0.5 x (1 + tanh u) from it (the same tanh
  * approximation of GELU as ggml). Every element goes through the vector code, the tail through a
- * padded copy, so an element's result does not depend on its position in the row. The scalar level
+ * padded copy, so an element's result does not depend on its position in the row. At the AVX-512 levels the
+ * softmax numerator runs sixteen lanes at a time over whole vectors of 16 (exp16: exp8's operations), adding each
+ * vector's two halves to the 8-lane sum in element order (the same sum). The scalar level
  * does the same operations one element at a time, the neon level four at a time (the tail one by one): every
  * level gives the same bits. */
 #include "../internal.h"
@@ -70,6 +72,37 @@ static inline __m256 masked8(__m256 x, __m256 m, __m256 scale, __m256 *hidden) {
     return _mm256_blendv_ps(_mm256_add_ps(_mm256_mul_ps(x, scale), m), m, *hidden);
 }
 
+#if defined(__AVX512F__)
+/* exp8's operations, sixteen lanes at a time (the same bits) */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-103.97f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i ni = _mm512_cvtps_epi32(n);
+    const __m512i half = _mm512_srai_epi32(ni, 1);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
+    const __m512 s2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+}
+
+/* masked8 sixteen at a time */
+static inline __m512 masked16(const float *x, const float *mask, __m512 scale, __mmask16 *hidden) {
+    const __m512 m = mask ? _mm512_loadu_ps(mask) : _mm512_setzero_ps();
+    *hidden = _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    return _mm512_mask_blend_ps(*hidden, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x), scale), m), m);
+}
+#endif
+
 float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
     const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     const int64_t n8 = n / 8 * 8;
@@ -81,7 +114,18 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
 #define SCORES(i, m) (i < n8 ? _mm256_loadu_ps(x + i) : _mm256_loadu_ps(xt)), \
                      (i < n8 ? (mask ? _mm256_loadu_ps(mask + i) : _mm256_setzero_ps()) : _mm256_loadu_ps(mt))
     __m256 vmax = ninf, hidden;
-    for (int64_t i = 0; i < n; i += 8) {
+    int64_t i0 = 0;   /* elements before i0 go sixteen at a time (AVX-512), the rest eight at a time */
+#if defined(__AVX512F__)
+    const __m512 vs16 = _mm512_set1_ps(scale);
+    const int64_t n16 = n / 16 * 16;
+    __m512 vmax16 = _mm512_set1_ps(-INFINITY);
+    __mmask16 hidden16;
+    for (int64_t i = 0; i < n16; i += 16)   /* a NaN score is passed over, as fmaxf does */
+        vmax16 = _mm512_max_ps(masked16(x + i, mask ? mask + i : NULL, vs16, &hidden16), vmax16);
+    vmax = _mm256_max_ps(_mm512_castps512_ps256(vmax16), _mm512_extractf32x8_ps(vmax16, 1));
+    i0 = n16;
+#endif
+    for (int64_t i = i0; i < n; i += 8) {
         const __m256 s = masked8(SCORES(i, m), vs, &hidden);
         vmax = _mm256_max_ps(s, vmax);   /* a NaN score is passed over, as fmaxf does */
     }
@@ -93,8 +137,22 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
         return 0.0f;
     }
     const __m256 vm = _mm256_set1_ps(max);
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
+    __m256 sum = _mm256_setzero_ps();   /* element i in lane i % 8, in element order */
+#if defined(__AVX512F__)
+    const __m512 vm16 = _mm512_set1_ps(max);
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m512 s = masked16(x + i, mask ? mask + i : NULL, vs16, &hidden16);
+        if (hidden16 == 0xffff) {   /* 16 hidden cells (a causal prompt's future): -inf, adding 0 */
+            _mm512_storeu_ps(x + i, _mm512_set1_ps(-INFINITY));
+            continue;
+        }
+        const __m512 e = _mm512_maskz_mov_ps((__mmask16)~hidden16, exp16(_mm512_sub_ps(s, vm16)));
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));   /* a hidden cell adds +0: the sum's bits stay */
+        sum = _mm256_add_ps(sum, _mm512_extractf32x8_ps(e, 1));
+        _mm512_storeu_ps(x + i, _mm512_mask_blend_ps(hidden16, e, _mm512_set1_ps(-INFINITY)));
+    }
+#endif
+    for (int64_t i = i0; i < n; i += 8) {
         const __m256 s = masked8(SCORES(i, m), vs, &hidden);
         if (_mm256_movemask_ps(hidden) == 0xff) {   /* 8 hidden cells (a causal prompt's future): -inf, adding 0 */
             if (i < n8) _mm256_storeu_ps(x + i, ninf);

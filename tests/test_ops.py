@@ -1162,6 +1162,25 @@ def test_attention(pools, kt, vt, use_mask):
         assert np.all(out[T - 1] == 0.0), "fully masked query row must give zeros"
 
 
+def prompt_equals_query_by_query(pools, q, k, v, mask, scale, what):
+    """The prompt's attention (every pool: the same bits), each query's output checked against that query alone
+    (the one-token path); k and v are (encoded array, type). Returns the prompt's output [T, H, hd]."""
+    T, H, hd = q.shape
+
+    def run(pool):
+        out = sentinel_buffer(q.shape)
+        check(lib.pi_op_attention(pool, tensor(q), tensor(*k), tensor(*v), tensor(mask), scale, tensor(out)))
+        return out
+
+    out = run_all(pools, run, what)
+    for t in range(T):
+        one = sentinel_buffer((1, H, hd))
+        check(lib.pi_op_attention(pools[0], tensor(q[t:t + 1]), tensor(*k), tensor(*v), tensor(mask[t:t + 1]), scale,
+                                  tensor(one)))
+        assert np.array_equal(out[t], one[0]), f"{what}: query {t}"
+    return out
+
+
 @pytest.mark.parametrize("hd", [64, 68])
 @pytest.mark.parametrize("kt,vt", KV_TYPES, ids=lambda t: TYPE_NAME[t])
 def test_attention_prompt_equals_query_by_query(pools, kt, vt, hd):
@@ -1183,19 +1202,7 @@ def test_attention_prompt_equals_query_by_query(pools, kt, vt, hd):
     mask[5, 3:17] = -np.inf
     mask[12] = -np.inf
     mask[40, 30:50] = -np.inf
-    scale = 0.125
-
-    def run(pool):
-        out = sentinel_buffer(q.shape)
-        check(lib.pi_op_attention(pool, tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, tensor(out)))
-        return out
-
-    out = run_all(pools, run, "attention prompt")
-    for t in range(T):
-        one = sentinel_buffer((1, H, hd))
-        check(lib.pi_op_attention(pools[0], tensor(q[t:t + 1]), tensor(ke, kt), tensor(ve, vt), tensor(mask[t:t + 1]),
-                                  scale, tensor(one)))
-        assert np.array_equal(out[t], one[0]), f"query {t}"
+    out = prompt_equals_query_by_query(pools, q, (ke, kt), (ve, vt), mask, 0.125, "attention prompt")
     assert np.all(out[12] == 0.0)
 
 
@@ -1219,19 +1226,7 @@ def test_attention_prompt_blocks_at_depth(pools, kt, vt, hd, depth):
     mask[7, 10:30] = -np.inf
     mask[70, :depth] = -np.inf
     mask[150] = -np.inf
-    scale = 1.0 / np.sqrt(hd)
-
-    def run(pool):
-        out = sentinel_buffer(q.shape)
-        check(lib.pi_op_attention(pool, tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, tensor(out)))
-        return out
-
-    out = run_all(pools, run, "attention prompt at depth")
-    for t in range(T):
-        one = sentinel_buffer((1, H, hd))
-        check(lib.pi_op_attention(pools[0], tensor(q[t:t + 1]), tensor(ke, kt), tensor(ve, vt), tensor(mask[t:t + 1]),
-                                  scale, tensor(one)))
-        assert np.array_equal(out[t], one[0]), f"query {t}"
+    out = prompt_equals_query_by_query(pools, q, (ke, kt), (ve, vt), mask, 1.0 / np.sqrt(hd), "attention at depth")
     assert np.all(out[150] == 0.0)
 
 

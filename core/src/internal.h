@@ -246,10 +246,12 @@ typedef struct pi_cpu_kernels {
      * the row at k + c k_stride with q[j], for j < nq and c0 <= c < c1 (hd <= PI_ATT_QK_MAX_HD) */
     void (*attn_qk_f16)(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
                         int64_t k_stride, float *const *s);
-    /* a prompt's attention V step (arch/attention.c): y[j][e] += p[j][c] v_c[e] over cells c0 <= c < c1 in order,
-     * v_c = the f16 row at v + c v_stride, skipping cells with p[j][c] == -inf; each element as pi_axpy_f16 adds */
-    void (*attn_pv_f16)(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
-                        int64_t v_stride, float *const *y);
+    /* a prompt's attention V step (arch/attention.c): first p[j][c] *= inv[j] over c0 <= c < c1 (softmax_exp's
+     * numerators become attend's probabilities, in place), then y[j][e] += p[j][c] v_c[e] over those cells in
+     * order, v_c = the f16 row at v + c v_stride, skipping cells with p[j][c] == -inf; each element as
+     * pi_axpy_f16 adds */
+    void (*attn_pv_f16)(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1,
+                        const void *v, int64_t v_stride, float *const *y);
     /* y[i] = op(x[i]) for a row (SiLU/GELU/ReLU; y may alias x); an element's result depends only on its value */
     void (*activation_row)(int32_t op, int64_t n, const float *x, float *y);
     /* attention's softmax numerator over a row of n scores: hidden cells (mask[i] == -inf) become -inf, the

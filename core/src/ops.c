@@ -966,36 +966,32 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         inv[r] = 1.0f / sum;
         live[n_live++] = r;
     }
-    /* out_j += p_jc v_c over the cells query j sees, in cell order, p_jc = score * (1 / sum) as attend computes it:
-     * an f16 cache through attn_pv_f16 (tiles of 8 queries, each V vector converted once per tile), any other
-     * cache query by query, 8 cells at a time (pi_axpy_rows); either way the bits of attend's axpy per cell. */
-    for (int i = 0; i < n_live; i++) {   /* hidden cells stay -inf (all of them outside [lo, hi)) */
-        float *s = scores + live[i] * n_kv;
-        const float f = inv[live[i]];
-        for (int64_t c = lo[live[i]]; c < hi[live[i]]; c++) s[c] = s[c] != -INFINITY ? s[c] * f : s[c];
-    }
+    /* out_j += p_jc v_c over the cells query j sees, in cell order, p_jc = e_jc * (1 / sum) as attend computes it
+     * (e_jc: softmax_exp's numerator; -inf where hidden): an f16 cache through attn_pv_f16 (which forms p_jc a
+     * block of cells at a time, while the block's numerators are in cache), any other cache query by query, 8
+     * cells at a time (pi_axpy_rows); either way the bits of attend's axpy per cell. */
     if (a->v->type == PI_TYPE_F16) {
-        const float *p[ATT_ROWS_MAX];
-        float *y[ATT_ROWS_MAX];
+        float *p[ATT_ROWS_MAX], *y[ATT_ROWS_MAX], inv_live[ATT_ROWS_MAX];
         int64_t c0 = n_kv, c1 = 0;   /* the cells some query sees are within [c0, c1) */
         for (int i = 0; i < n_live; i++) {
             p[i] = scores + live[i] * n_kv;
+            inv_live[i] = inv[live[i]];
             y[i] = out[live[i]];
-            c0 = PI_MIN(c0, lo[live[i]]);   /* a live query's probabilities are -inf exactly where it sees nothing */
+            c0 = PI_MIN(c0, lo[live[i]]);   /* a live query's numerators are -inf exactly where it sees nothing */
             c1 = PI_MAX(c1, hi[live[i]]);
         }
-        if (n_live) pi_cpu()->attn_pv_f16(hd, n_live, p, c0, c1, vbase, a->v->nb[2], y);
+        if (n_live) pi_cpu()->attn_pv_f16(hd, n_live, p, inv_live, c0, c1, vbase, a->v->nb[2], y);
     } else
         for (int i = 0; i < n_live; i++) {
-            const float *pi_row = scores + live[i] * n_kv;
+            const float *e_row = scores + live[i] * n_kv, f = inv[live[i]];
             const void *rows[8];
             float pc[8];
             int nv = 0;
             for (int64_t c = 0; c <= n_kv; c++) {
-                if (c < n_kv && pi_row[c] == -INFINITY) continue;
+                if (c < n_kv && e_row[c] == -INFINITY) continue;
                 if (c < n_kv) {
                     rows[nv] = vbase + c * a->v->nb[2];
-                    pc[nv++] = pi_row[c];
+                    pc[nv++] = e_row[c] * f;
                 }
                 if (nv == 8 || (c == n_kv && nv)) {
                     pi_axpy_rows(vt, hd, nv, pc, rows, out[live[i]]);

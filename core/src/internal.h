@@ -242,7 +242,7 @@ typedef struct pi_cpu_kernels {
     void (*tiles_end)(const pi_tile_session *s);
     /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
     void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);
-    /* a prompt's attention scores (arch/attention.c; NULL below the AVX-512 levels): s[j][c] = the f16 vec_dot of
+    /* a prompt's attention scores (arch/attention.c; NULL at the scalar level): s[j][c] = the f16 vec_dot of
      * the row at k + c k_stride with q[j], for j < nq and c0 <= c < c1 (hd <= PI_ATT_QK_MAX_HD) */
     void (*attn_qk_f16)(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
                         int64_t k_stride, float *const *s);

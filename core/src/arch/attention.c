@@ -1,13 +1,13 @@
-/* attention.c: a prompt's attention kernels (ops.c attend_block) for an f16 cache: the scores (AVX-512) and the V step.
+/* attention.c: a prompt's attention kernels (ops.c attend_block) for an f16 cache: the scores and the V step.
  *
  * Scores: s[j][c] = pi_vec_dot_f16_f32(hd, k_c, q_j) bit for bit, for the queries j < nq and cells c0 <= c < c1. The
  * 8-row kernels keep each (cell, query) dot in its own 8-lane accumulator and end with a horizontal tree per pair
- * (a quarter of the work at hd = 128). Here the K rows of QK_CELLS cells are transposed once (converted to f32, 16 x 16
- * at a time) so that a register holds one element of 16 cells. vec_dot's order keeps eight chains per dot (element i
+ * (a quarter of the work at hd = 128). Here the K rows of QK_CELLS cells are transposed once (converted to f32,
+ * QK_W x QK_W at a time) so that a register holds one element of QK_W cells (AVX-512: 16, AVX2: 8). vec_dot's order keeps eight chains per dot (element i
  * goes to accumulator i % 8, in element order); the kernel runs one chain at a time for a register tile of
- * QK_QUERIES queries x QK_VECS vectors of 16 cells (each K vector loaded once for the tile's queries, each query
+ * QK_QUERIES queries x QK_VECS vectors of cells (each K vector loaded once for the tile's queries, each query
  * element broadcast once for its vectors), parks the chain's sums, and ends with vec_dot's tree
- * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) and its unfused tail as vertical adds, 16 cells at once.
+ * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) and its unfused tail as vertical adds, QK_W cells at once.
  *
  * V step:
  *   y[j][e] += p[j][c] * v_c[e]   for the queries j < nq, the cells c0 <= c < c1 in order, e < hd
@@ -24,6 +24,7 @@
 #include "../internal.h"
 
 #include <math.h>
+#include <string.h>
 #if PI_HAVE_ROWS8
 #include <immintrin.h>
 #endif
@@ -56,10 +57,30 @@ static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
     return true;
 }
 
+/* The score kernel's vectors at this level: QK_W cells (AVX-512: 16, AVX2: 8). qk_rows converts element d0.. of
+ * QK_W rows (k rows of f16 at kc, row_stride apart, the rest zeros; e elements of each at most) and transposes them:
+ * r[i] = element d0 + i of the QK_W cells. qk_store_first stores the first k lanes. */
 #if PI_HAVE_ROWS16
-/* r[i] = row i (16 floats) -> r[j] = column j (lane i = row i). */
-static inline void transpose16x16(__m512 r[16]) {
-    __m512 t[16], u[16];
+#define QK_W 16
+#define QK_QUERIES 8   /* queries per register tile */
+#define QK_VECS 3      /* vectors of cells per register tile: 8 x 3 accumulators (of 32 registers) */
+typedef __m512 qk_vec;
+static inline qk_vec qk_load(const float *x) { return _mm512_load_ps(x); }
+static inline void qk_store(float *x, qk_vec v) { _mm512_store_ps(x, v); }
+static inline qk_vec qk_set1(float x) { return _mm512_set1_ps(x); }
+static inline qk_vec qk_zero(void) { return _mm512_setzero_ps(); }
+static inline qk_vec qk_fma(qk_vec a, qk_vec b, qk_vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline qk_vec qk_add(qk_vec a, qk_vec b) { return _mm512_add_ps(a, b); }
+static inline qk_vec qk_mul(qk_vec a, qk_vec b) { return _mm512_mul_ps(a, b); }
+static inline void qk_store_first(float *x, qk_vec v, int k) {
+    _mm512_mask_storeu_ps(x, (__mmask16)(k >= 16 ? 0xffff : (1u << k) - 1), v);
+}
+static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, qk_vec r[16]) {
+    const __mmask16 keep = (__mmask16)(e >= 16 ? 0xffff : (1u << e) - 1);
+    for (int i = 0; i < 16; i++)
+        r[i] = i < k ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * row_stride) + d0))
+                     : _mm512_setzero_ps();
+    __m512 t[16], u[16];   /* the transposition: rows -> columns */
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -80,22 +101,61 @@ static inline void transpose16x16(__m512 r[16]) {
         r[12 + m] = _mm512_shuffle_f32x4(a1, b1, 0xDD);
     }
 }
+#elif PI_HAVE_ROWS8
+#define QK_W 8
+#define QK_QUERIES 4   /* 4 x 3 accumulators, 3 vectors of K and a broadcast: the 16 registers */
+#define QK_VECS 3
+typedef __m256 qk_vec;
+static inline qk_vec qk_load(const float *x) { return _mm256_load_ps(x); }
+static inline void qk_store(float *x, qk_vec v) { _mm256_store_ps(x, v); }
+static inline qk_vec qk_set1(float x) { return _mm256_set1_ps(x); }
+static inline qk_vec qk_zero(void) { return _mm256_setzero_ps(); }
+static inline qk_vec qk_fma(qk_vec a, qk_vec b, qk_vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline qk_vec qk_add(qk_vec a, qk_vec b) { return _mm256_add_ps(a, b); }
+static inline qk_vec qk_mul(qk_vec a, qk_vec b) { return _mm256_mul_ps(a, b); }
+static inline void qk_store_first(float *x, qk_vec v, int k) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, v);
+    memcpy(x, lanes, (size_t)PI_MIN(k, 8) * sizeof(float));
+}
+static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, qk_vec r[8]) {
+    for (int i = 0; i < 8; i++) {
+        uint16_t h[8] = { 0 };
+        const uint16_t *x = (const uint16_t *)(kc + i * row_stride) + d0;
+        if (i < k && e >= 8) r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
+        else {
+            if (i < k) memcpy(h, x, (size_t)e * sizeof(uint16_t));
+            r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+        }
+    }
+    __m256 t[8], u[8];   /* the transposition: rows -> columns */
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {   /* u[g + m], 128-bit lane L: rows g..g+3 of column 4L + m */
+        u[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+        u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+        u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+        u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+        r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+    }
+}
+#endif
 
-#define QK_QUERIES 8              /* queries per register tile */
-#define QK_VECS 3                 /* vectors of 16 cells per register tile: 8 x 3 accumulators */
-#define QK_CELLS (16 * QK_VECS)   /* cells transposed at a time */
+#if PI_HAVE_ROWS8
+#define QK_CELLS (QK_W * QK_VECS)   /* cells transposed at a time */
 
-/* kt[d][16 v + i] = element d of row i of the n rows at kc (f16, k_stride apart) as f32, for i < 16; rows past n
- * are zeros. */
-static void transpose_rows(int64_t hd, const char *kc, int64_t k_stride, int n, int v, float kt[][QK_CELLS]) {
-    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-        const __mmask16 keep = (__mmask16)(hd - d0 >= 16 ? 0xffff : (1u << (hd - d0)) - 1);
-        __m512 r[16];
-        for (int i = 0; i < 16; i++)
-            r[i] = i < n ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * k_stride) + d0))
-                         : _mm512_setzero_ps();
-        transpose16x16(r);
-        for (int i = 0; i < 16 && d0 + i < hd; i++) _mm512_store_ps(kt[d0 + i] + 16 * v, r[i]);
+/* kt[d][QK_W v + i] = element d of row i of the k rows at kc (f16, k_stride apart) as f32, for i < QK_W; rows past
+ * k are zeros. */
+static void transpose_rows(int64_t hd, const char *kc, int64_t k_stride, int k, int v, float kt[][QK_CELLS]) {
+    for (int64_t d0 = 0; d0 < hd; d0 += QK_W) {
+        qk_vec r[QK_W];
+        qk_rows(kc, k_stride, k, d0, hd - d0, r);
+        for (int i = 0; i < QK_W && d0 + i < hd; i++) qk_store(kt[d0 + i] + QK_W * v, r[i]);
     }
 }
 
@@ -104,47 +164,45 @@ void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64
     const int64_t hd8 = hd / 8 * 8;
     const bool ahead = pi_cpu_software_prefetch();
     float kt[PI_ATT_QK_MAX_HD][QK_CELLS] __attribute__((aligned(64)));   /* kt[d][i]: element d of cell c + i */
-    __m512 part[8][QK_QUERIES][QK_VECS];   /* part[l][j][v]: vec_dot's accumulator l, query j, the cells of vector v */
+    qk_vec part[8][QK_QUERIES][QK_VECS];   /* part[l][j][v]: vec_dot's accumulator l, query j, the cells of vector v */
     for (int64_t c = c0; c < c1; c += QK_CELLS) {
         const int n = (int)PI_MIN(QK_CELLS, c1 - c);
         const char *kc = (const char *)k + c * k_stride;
         if (ahead && c + QK_CELLS < c1)   /* the next chunk's rows */
             pi_prefetch_rows(kc + QK_CELLS * k_stride, PI_MIN(QK_CELLS, c1 - c - QK_CELLS), k_stride, 2 * hd);
-        for (int v = 0; v < QK_VECS; v++) transpose_rows(hd, kc + 16 * v * k_stride, k_stride, n - 16 * v, v, kt);
+        for (int v = 0; v < QK_VECS; v++) transpose_rows(hd, kc + QK_W * v * k_stride, k_stride, n - QK_W * v, v, kt);
         for (int j0 = 0; j0 < nq; j0 += QK_QUERIES) {
             const int m = PI_MIN(QK_QUERIES, nq - j0);
             const float *qj[QK_QUERIES];   /* a short tile repeats its last query */
             for (int j = 0; j < QK_QUERIES; j++) qj[j] = q[j0 + PI_MIN(j, m - 1)];
             for (int l = 0; l < 8; l++) {   /* chain l: elements l, l + 8, ... */
-                __m512 acc[QK_QUERIES][QK_VECS];
+                qk_vec acc[QK_QUERIES][QK_VECS];
                 for (int j = 0; j < QK_QUERIES; j++)
-                    for (int v = 0; v < QK_VECS; v++) acc[j][v] = _mm512_setzero_ps();
+                    for (int v = 0; v < QK_VECS; v++) acc[j][v] = qk_zero();
                 for (int64_t d = l; d < hd8; d += 8) {
-                    __m512 kv[QK_VECS];
+                    qk_vec kv[QK_VECS];
                     for (int v = 0; v < QK_VECS; v++) {
-                        kv[v] = _mm512_load_ps(kt[d] + 16 * v);
-                        __asm__("" : "+v"(kv[v]));   /* one load for the queries, not one folded into each fma */
+                        kv[v] = qk_load(kt[d] + QK_W * v);
+                        __asm__("" : "+x"(kv[v]));   /* one load for the queries, not one folded into each fma */
                     }
                     for (int j = 0; j < QK_QUERIES; j++) {
-                        __m512 qd = _mm512_set1_ps(qj[j][d]);
-                        __asm__("" : "+v"(qd));   /* one broadcast for the vectors */
-                        for (int v = 0; v < QK_VECS; v++) acc[j][v] = _mm512_fmadd_ps(kv[v], qd, acc[j][v]);
+                        qk_vec qd = qk_set1(qj[j][d]);
+                        __asm__("" : "+x"(qd));   /* one broadcast for the vectors */
+                        for (int v = 0; v < QK_VECS; v++) acc[j][v] = qk_fma(kv[v], qd, acc[j][v]);
                     }
                 }
                 for (int j = 0; j < QK_QUERIES; j++)
                     for (int v = 0; v < QK_VECS; v++) part[l][j][v] = acc[j][v];
             }
             for (int j = 0; j < m; j++)
-                for (int v = 0; v < QK_VECS && 16 * v < n; v++) {
-                    __m512 a[8];
+                for (int v = 0; v < QK_VECS && QK_W * v < n; v++) {
+                    qk_vec a[8];
                     for (int l = 0; l < 8; l++) a[l] = part[l][j][v];
-                    __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                               _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+                    qk_vec sum = qk_add(qk_add(qk_add(a[0], a[4]), qk_add(a[2], a[6])),
+                                        qk_add(qk_add(a[1], a[5]), qk_add(a[3], a[7])));
                     for (int64_t d = hd8; d < hd; d++)   /* vec_dot's unfused tail */
-                        sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_load_ps(kt[d] + 16 * v), _mm512_set1_ps(qj[j][d])));
-                    const int left = n - 16 * v;
-                    _mm512_mask_storeu_ps(s[j0 + j] + c + 16 * v, (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1),
-                                          sum);
+                        sum = qk_add(sum, qk_mul(qk_load(kt[d] + QK_W * v), qk_set1(qj[j][d])));
+                    qk_store_first(s[j0 + j] + c + QK_W * v, sum, n - QK_W * v);
                 }
         }
     }

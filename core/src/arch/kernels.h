@@ -31,6 +31,8 @@ static float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_bf16_bf16(int64_t n, const void *w, const void *x);   /* arch/bf16_dot.c: bf16 activations */
 static float pi_vec_dot_bf16_bf16s(int64_t n, const void *w, const void *x);  /* avx2: split activations (BF16S) */
 static void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
+static void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
+                           int64_t k_stride, float *const *s);
 static void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1,
                            const void *v, int64_t v_stride, float *const *y);
 static float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
@@ -88,8 +90,6 @@ static void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x,
                                     float *y, int64_t y_stride);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PI_HAVE_ROWS16 1   /* 512-bit kernels over two 8-row groups */
-static void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
-                           int64_t k_stride, float *const *s);
 static void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group);
 static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                    float *y, int64_t y_stride);

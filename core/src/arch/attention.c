@@ -3,11 +3,12 @@
  * Scores: s[j][c] = pi_vec_dot_f16_f32(hd, k_c, q_j) bit for bit, for the queries j < nq and cells c0 <= c < c1. The
  * 8-row kernels keep each (cell, query) dot in its own 8-lane accumulator and end with a horizontal tree per pair
  * (a quarter of the work at hd = 128). Here the K rows of QK_CELLS cells are transposed once (converted to f32,
- * QK_W x QK_W at a time) so that a register holds one element of QK_W cells (AVX-512: 16, AVX2: 8). vec_dot's order keeps eight chains per dot (element i
- * goes to accumulator i % 8, in element order); the kernel runs one chain at a time for a register tile of
- * QK_QUERIES queries x QK_VECS vectors of cells (each K vector loaded once for the tile's queries, each query
- * element broadcast once for its vectors), parks the chain's sums, and ends with vec_dot's tree
- * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) and its unfused tail as vertical adds, QK_W cells at once.
+ * ATT_W x ATT_W at a time) so that a register holds one element of ATT_W cells (AVX-512: 16, AVX2: 8). vec_dot's
+ * order keeps eight chains per dot (element i goes to accumulator i % 8, in element order); the kernel runs one
+ * chain at a time for a register tile of QK_QUERIES queries x QK_VECS vectors of cells (each K vector loaded once
+ * for the tile's queries, each query element broadcast once for its vectors), parks the chain's sums, and ends with
+ * vec_dot's tree ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) and its unfused tail as vertical adds, ATT_W cells
+ * at once.
  *
  * V step:
  *   y[j][e] += p[j][c] * v_c[e]   for the queries j < nq, the cells c0 <= c < c1 in order, e < hd
@@ -48,7 +49,8 @@ static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
 #if PI_HAVE_ROWS8
         __m256 hidden = _mm256_setzero_ps();
         for (; k + 8 <= c + n; k += 8)
-            hidden = _mm256_or_ps(hidden, _mm256_cmp_ps(_mm256_loadu_ps(p[j] + k), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+            hidden = _mm256_or_ps(hidden,
+                                  _mm256_cmp_ps(_mm256_loadu_ps(p[j] + k), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
         if (_mm256_movemask_ps(hidden)) return false;
 #endif
         for (; k < c + n; k++)
@@ -57,25 +59,33 @@ static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
     return true;
 }
 
-/* The score kernel's vectors at this level: QK_W cells (AVX-512: 16, AVX2: 8). qk_rows converts element d0.. of
- * QK_W rows (k rows of f16 at kc, row_stride apart, the rest zeros; e elements of each at most) and transposes them:
- * r[i] = element d0 + i of the QK_W cells. qk_store_first stores the first k lanes. */
+/* The kernels' vectors at this level: ATT_W floats (AVX-512: 16, AVX2: 8). att_f16 converts ATT_W halves. pv_fma_seen
+ * adds p v to acc where p is not -inf (a seen cell; NaN counts as seen, as in attend) and keeps acc otherwise.
+ * qk_rows converts element d0.. of ATT_W rows (k rows of f16 at kc, row_stride apart, the rest zeros; e elements of
+ * each at most) and transposes them: r[i] = element d0 + i of the ATT_W cells. qk_store_first stores the first k
+ * lanes. */
 #if PI_HAVE_ROWS16
-#define QK_W 16
-#define QK_QUERIES 8   /* queries per register tile */
-#define QK_VECS 3      /* vectors of cells per register tile: 8 x 3 accumulators (of 32 registers) */
-typedef __m512 qk_vec;
-static inline qk_vec qk_load(const float *x) { return _mm512_load_ps(x); }
-static inline void qk_store(float *x, qk_vec v) { _mm512_store_ps(x, v); }
-static inline qk_vec qk_set1(float x) { return _mm512_set1_ps(x); }
-static inline qk_vec qk_zero(void) { return _mm512_setzero_ps(); }
-static inline qk_vec qk_fma(qk_vec a, qk_vec b, qk_vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline qk_vec qk_add(qk_vec a, qk_vec b) { return _mm512_add_ps(a, b); }
-static inline qk_vec qk_mul(qk_vec a, qk_vec b) { return _mm512_mul_ps(a, b); }
-static inline void qk_store_first(float *x, qk_vec v, int k) {
+#define ATT_W 16
+#define QK_QUERIES 8   /* score tiles: queries x vectors of cells, 8 x 3 accumulators (of 32 registers) */
+#define QK_VECS 3
+#define PV_VECS 2      /* V step tiles: 8 queries x 2 vectors of elements */
+typedef __m512 att_vec;
+static inline att_vec att_load(const float *x) { return _mm512_loadu_ps(x); }
+static inline void att_store(float *x, att_vec v) { _mm512_storeu_ps(x, v); }
+static inline att_vec att_set1(float x) { return _mm512_set1_ps(x); }
+static inline att_vec att_zero(void) { return _mm512_setzero_ps(); }
+static inline att_vec att_fma(att_vec a, att_vec b, att_vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline att_vec att_add(att_vec a, att_vec b) { return _mm512_add_ps(a, b); }
+static inline att_vec att_mul(att_vec a, att_vec b) { return _mm512_mul_ps(a, b); }
+static inline att_vec att_f16(const void *x) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x)); }
+static inline att_vec pv_fma_seen(float p, att_vec v, att_vec acc) {
+    const __m512 pc = _mm512_set1_ps(p);
+    return _mm512_mask3_fmadd_ps(pc, v, acc, _mm512_cmp_ps_mask(pc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ));
+}
+static inline void qk_store_first(float *x, att_vec v, int k) {
     _mm512_mask_storeu_ps(x, (__mmask16)(k >= 16 ? 0xffff : (1u << k) - 1), v);
 }
-static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, qk_vec r[16]) {
+static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, att_vec r[16]) {
     const __mmask16 keep = (__mmask16)(e >= 16 ? 0xffff : (1u << e) - 1);
     for (int i = 0; i < 16; i++)
         r[i] = i < k ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * row_stride) + d0))
@@ -102,23 +112,30 @@ static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0
     }
 }
 #elif PI_HAVE_ROWS8
-#define QK_W 8
+#define ATT_W 8
 #define QK_QUERIES 4   /* 4 x 3 accumulators, 3 vectors of K and a broadcast: the 16 registers */
 #define QK_VECS 3
-typedef __m256 qk_vec;
-static inline qk_vec qk_load(const float *x) { return _mm256_load_ps(x); }
-static inline void qk_store(float *x, qk_vec v) { _mm256_store_ps(x, v); }
-static inline qk_vec qk_set1(float x) { return _mm256_set1_ps(x); }
-static inline qk_vec qk_zero(void) { return _mm256_setzero_ps(); }
-static inline qk_vec qk_fma(qk_vec a, qk_vec b, qk_vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline qk_vec qk_add(qk_vec a, qk_vec b) { return _mm256_add_ps(a, b); }
-static inline qk_vec qk_mul(qk_vec a, qk_vec b) { return _mm256_mul_ps(a, b); }
-static inline void qk_store_first(float *x, qk_vec v, int k) {
+#define PV_VECS 1      /* 8 accumulators */
+typedef __m256 att_vec;
+static inline att_vec att_load(const float *x) { return _mm256_loadu_ps(x); }
+static inline void att_store(float *x, att_vec v) { _mm256_storeu_ps(x, v); }
+static inline att_vec att_set1(float x) { return _mm256_set1_ps(x); }
+static inline att_vec att_zero(void) { return _mm256_setzero_ps(); }
+static inline att_vec att_fma(att_vec a, att_vec b, att_vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline att_vec att_add(att_vec a, att_vec b) { return _mm256_add_ps(a, b); }
+static inline att_vec att_mul(att_vec a, att_vec b) { return _mm256_mul_ps(a, b); }
+static inline att_vec att_f16(const void *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
+static inline att_vec pv_fma_seen(float p, att_vec v, att_vec acc) {   /* a hidden cell's fma (maybe NaN) dropped */
+    const __m256 pc = _mm256_set1_ps(p);
+    const __m256 seen = _mm256_cmp_ps(pc, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ);
+    return _mm256_blendv_ps(acc, _mm256_fmadd_ps(pc, v, acc), seen);
+}
+static inline void qk_store_first(float *x, att_vec v, int k) {
     float lanes[8];
     _mm256_storeu_ps(lanes, v);
     memcpy(x, lanes, (size_t)PI_MIN(k, 8) * sizeof(float));
 }
-static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, qk_vec r[8]) {
+static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, att_vec r[8]) {
     for (int i = 0; i < 8; i++) {
         uint16_t h[8] = { 0 };
         const uint16_t *x = (const uint16_t *)(kc + i * row_stride) + d0;
@@ -147,15 +164,15 @@ static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0
 #endif
 
 #if PI_HAVE_ROWS8
-#define QK_CELLS (QK_W * QK_VECS)   /* cells transposed at a time */
+#define QK_CELLS (ATT_W * QK_VECS)   /* cells transposed at a time */
 
-/* kt[d][QK_W v + i] = element d of row i of the k rows at kc (f16, k_stride apart) as f32, for i < QK_W; rows past
+/* kt[d][ATT_W v + i] = element d of row i of the k rows at kc (f16, k_stride apart) as f32, for i < ATT_W; rows past
  * k are zeros. */
 static void transpose_rows(int64_t hd, const char *kc, int64_t k_stride, int k, int v, float kt[][QK_CELLS]) {
-    for (int64_t d0 = 0; d0 < hd; d0 += QK_W) {
-        qk_vec r[QK_W];
+    for (int64_t d0 = 0; d0 < hd; d0 += ATT_W) {
+        att_vec r[ATT_W];
         qk_rows(kc, k_stride, k, d0, hd - d0, r);
-        for (int i = 0; i < QK_W && d0 + i < hd; i++) qk_store(kt[d0 + i] + QK_W * v, r[i]);
+        for (int i = 0; i < ATT_W && d0 + i < hd; i++) att_store(kt[d0 + i] + ATT_W * v, r[i]);
     }
 }
 
@@ -164,45 +181,45 @@ void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64
     const int64_t hd8 = hd / 8 * 8;
     const bool ahead = pi_cpu_software_prefetch();
     float kt[PI_ATT_QK_MAX_HD][QK_CELLS] __attribute__((aligned(64)));   /* kt[d][i]: element d of cell c + i */
-    qk_vec part[8][QK_QUERIES][QK_VECS];   /* part[l][j][v]: vec_dot's accumulator l, query j, the cells of vector v */
+    att_vec part[8][QK_QUERIES][QK_VECS];   /* part[l][j][v]: vec_dot's accumulator l, query j, the cells of vector v */
     for (int64_t c = c0; c < c1; c += QK_CELLS) {
         const int n = (int)PI_MIN(QK_CELLS, c1 - c);
         const char *kc = (const char *)k + c * k_stride;
         if (ahead && c + QK_CELLS < c1)   /* the next chunk's rows */
             pi_prefetch_rows(kc + QK_CELLS * k_stride, PI_MIN(QK_CELLS, c1 - c - QK_CELLS), k_stride, 2 * hd);
-        for (int v = 0; v < QK_VECS; v++) transpose_rows(hd, kc + QK_W * v * k_stride, k_stride, n - QK_W * v, v, kt);
+        for (int v = 0; v < QK_VECS; v++) transpose_rows(hd, kc + ATT_W * v * k_stride, k_stride, n - ATT_W * v, v, kt);
         for (int j0 = 0; j0 < nq; j0 += QK_QUERIES) {
             const int m = PI_MIN(QK_QUERIES, nq - j0);
             const float *qj[QK_QUERIES];   /* a short tile repeats its last query */
             for (int j = 0; j < QK_QUERIES; j++) qj[j] = q[j0 + PI_MIN(j, m - 1)];
             for (int l = 0; l < 8; l++) {   /* chain l: elements l, l + 8, ... */
-                qk_vec acc[QK_QUERIES][QK_VECS];
+                att_vec acc[QK_QUERIES][QK_VECS];
                 for (int j = 0; j < QK_QUERIES; j++)
-                    for (int v = 0; v < QK_VECS; v++) acc[j][v] = qk_zero();
+                    for (int v = 0; v < QK_VECS; v++) acc[j][v] = att_zero();
                 for (int64_t d = l; d < hd8; d += 8) {
-                    qk_vec kv[QK_VECS];
+                    att_vec kv[QK_VECS];
                     for (int v = 0; v < QK_VECS; v++) {
-                        kv[v] = qk_load(kt[d] + QK_W * v);
+                        kv[v] = att_load(kt[d] + ATT_W * v);
                         __asm__("" : "+x"(kv[v]));   /* one load for the queries, not one folded into each fma */
                     }
                     for (int j = 0; j < QK_QUERIES; j++) {
-                        qk_vec qd = qk_set1(qj[j][d]);
+                        att_vec qd = att_set1(qj[j][d]);
                         __asm__("" : "+x"(qd));   /* one broadcast for the vectors */
-                        for (int v = 0; v < QK_VECS; v++) acc[j][v] = qk_fma(kv[v], qd, acc[j][v]);
+                        for (int v = 0; v < QK_VECS; v++) acc[j][v] = att_fma(kv[v], qd, acc[j][v]);
                     }
                 }
                 for (int j = 0; j < QK_QUERIES; j++)
                     for (int v = 0; v < QK_VECS; v++) part[l][j][v] = acc[j][v];
             }
             for (int j = 0; j < m; j++)
-                for (int v = 0; v < QK_VECS && QK_W * v < n; v++) {
-                    qk_vec a[8];
+                for (int v = 0; v < QK_VECS && ATT_W * v < n; v++) {
+                    att_vec a[8];
                     for (int l = 0; l < 8; l++) a[l] = part[l][j][v];
-                    qk_vec sum = qk_add(qk_add(qk_add(a[0], a[4]), qk_add(a[2], a[6])),
-                                        qk_add(qk_add(a[1], a[5]), qk_add(a[3], a[7])));
+                    att_vec sum = att_add(att_add(att_add(a[0], a[4]), att_add(a[2], a[6])),
+                                        att_add(att_add(a[1], a[5]), att_add(a[3], a[7])));
                     for (int64_t d = hd8; d < hd; d++)   /* vec_dot's unfused tail */
-                        sum = qk_add(sum, qk_mul(qk_load(kt[d] + QK_W * v), qk_set1(qj[j][d])));
-                    qk_store_first(s[j0 + j] + c + QK_W * v, sum, n - QK_W * v);
+                        sum = att_add(sum, att_mul(att_load(kt[d] + ATT_W * v), att_set1(qj[j][d])));
+                    qk_store_first(s[j0 + j] + c + ATT_W * v, sum, n - ATT_W * v);
                 }
         }
     }
@@ -219,64 +236,38 @@ static void tail(int64_t hd, int64_t e, const float *const *p, int m, int64_t c0
             if (p[j][c] != -INFINITY) pi_axpy_f16(hd - e, p[j][c], (const uint16_t *)(v + c * v_stride) + e, y[j] + e);
 }
 
-/* One vector of the V step at this level: PV_W floats (AVX-512: 16, AVX2: 8). pv_fma_seen adds p v to acc where p
- * is not -inf (a seen cell; NaN counts as seen, as in attend) and keeps acc otherwise. */
-#if PI_HAVE_ROWS16
-#define PV_W 16
-#define PV_VECS 2   /* vectors of elements per tile: 8 queries x 2 accumulators */
-typedef __m512 pv_vec;
-static inline pv_vec pv_load(const float *x) { return _mm512_loadu_ps(x); }
-static inline void pv_store(float *x, pv_vec v) { _mm512_storeu_ps(x, v); }
-static inline pv_vec pv_f16(const void *x) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)x)); }
-static inline pv_vec pv_fma(float p, pv_vec v, pv_vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(p), v, acc); }
-static inline pv_vec pv_fma_seen(float p, pv_vec v, pv_vec acc) {
-    const __m512 pc = _mm512_set1_ps(p);
-    return _mm512_mask3_fmadd_ps(pc, v, acc, _mm512_cmp_ps_mask(pc, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ));
-}
-#elif PI_HAVE_ROWS8
-#define PV_W 8
-#define PV_VECS 1   /* 16 registers: 8 accumulators */
-typedef __m256 pv_vec;
-static inline pv_vec pv_load(const float *x) { return _mm256_loadu_ps(x); }
-static inline void pv_store(float *x, pv_vec v) { _mm256_storeu_ps(x, v); }
-static inline pv_vec pv_f16(const void *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
-static inline pv_vec pv_fma(float p, pv_vec v, pv_vec acc) { return _mm256_fmadd_ps(_mm256_set1_ps(p), v, acc); }
-static inline pv_vec pv_fma_seen(float p, pv_vec v, pv_vec acc) {   /* a hidden cell's fma (maybe NaN) dropped */
-    const __m256 pc = _mm256_set1_ps(p);
-    const __m256 seen = _mm256_cmp_ps(pc, _mm256_set1_ps(-INFINITY), _CMP_NEQ_UQ);
-    return _mm256_blendv_ps(acc, _mm256_fmadd_ps(pc, v, acc), seen);
-}
-#endif
-
 #if PI_HAVE_ROWS8
+static inline att_vec pv_fma(float p, att_vec v, att_vec acc) { return att_fma(att_set1(p), v, acc); }
+
 #define PV_BLOCK_CELLS 64       /* cells per block at most */
 #define PV_BLOCK_FLOATS 8192    /* a block's V rows as f32 (32 KB): in L1 with a tile's probabilities */
 
-/* A tile's queries j < 8, elements [e, e + E PV_W), the block's cells cb + c for c < n (V rows as f32, hv apart in
+/* A tile's queries j < 8, elements [e, e + E ATT_W), the block's cells cb + c for c < n (V rows as f32, hv apart in
  * vf): all = every query sees every cell. */
 static inline __attribute__((always_inline)) void pv_tile(int E, bool all, const float *const *pj, float *const *yj,
                                                           int64_t e, int64_t cb, int64_t n, const float *vf,
                                                           int64_t hv) {
-    pv_vec acc[8][PV_VECS];
+    att_vec acc[8][PV_VECS];
     for (int j = 0; j < 8; j++)
-        for (int i = 0; i < E; i++) acc[j][i] = pv_load(yj[j] + e + i * PV_W);
+        for (int i = 0; i < E; i++) acc[j][i] = att_load(yj[j] + e + i * ATT_W);
     for (int64_t c = 0; c < n; c++) {
-        pv_vec vv[PV_VECS];
-        for (int i = 0; i < E; i++) vv[i] = pv_load(vf + c * hv + e + i * PV_W);
+        att_vec vv[PV_VECS];
+        for (int i = 0; i < E; i++) vv[i] = att_load(vf + c * hv + e + i * ATT_W);
         for (int j = 0; j < 8; j++) {
             const float pc = pj[j][cb + c];
-            for (int i = 0; i < E; i++) acc[j][i] = all ? pv_fma(pc, vv[i], acc[j][i]) : pv_fma_seen(pc, vv[i], acc[j][i]);
+            for (int i = 0; i < E; i++)
+                acc[j][i] = all ? pv_fma(pc, vv[i], acc[j][i]) : pv_fma_seen(pc, vv[i], acc[j][i]);
         }
     }
     for (int j = 0; j < 8; j++)
-        for (int i = 0; i < E; i++) pv_store(yj[j] + e + i * PV_W, acc[j][i]);
+        for (int i = 0; i < E; i++) att_store(yj[j] + e + i * ATT_W, acc[j][i]);
 }
 
 void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
                     int64_t v_stride, float *const *y) {
     const char *vb = v;
     const bool ahead = pi_cpu_software_prefetch();
-    const int64_t hv = hd / PV_W * PV_W;   /* elements in whole vectors */
+    const int64_t hv = hd / ATT_W * ATT_W;   /* elements in whole vectors */
     const int64_t cells = PI_MAX(1, PI_MIN(PV_BLOCK_CELLS, PV_BLOCK_FLOATS / PI_MAX(hv, 1)));
     float vf[PV_BLOCK_FLOATS] __attribute__((aligned(64)));   /* [cells][hv]: the block's V rows as f32 */
     for (int64_t cb = c0; cb < c1; cb += cells) {
@@ -284,8 +275,8 @@ void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64
         if (ahead && cb + n < c1)   /* the next block's rows */
             pi_prefetch_rows(vb + (cb + n) * v_stride, PI_MIN(cells, c1 - cb - n), v_stride, 2 * hd);
         for (int64_t c = 0; c < n; c++)
-            for (int64_t e = 0; e < hv; e += PV_W)
-                pv_store(vf + c * hv + e, pv_f16((const uint16_t *)(vb + (cb + c) * v_stride) + e));
+            for (int64_t e = 0; e < hv; e += ATT_W)
+                att_store(vf + c * hv + e, att_f16((const uint16_t *)(vb + (cb + c) * v_stride) + e));
         for (int j0 = 0; j0 < nq; j0 += 8) {
             const int m = PI_MIN(8, nq - j0);
             const float *pj[8];
@@ -297,10 +288,10 @@ void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64
             for (int j = j0; j < j0 + m; j++) scale_block(p[j] + cb, n, inv[j]);
             const bool all = tile_all_seen(pj, m, cb, n);
             int64_t e = 0;
-            for (; e + PV_VECS * PV_W <= hv; e += PV_VECS * PV_W)
+            for (; e + PV_VECS * ATT_W <= hv; e += PV_VECS * ATT_W)
                 if (all) pv_tile(PV_VECS, true, pj, yj, e, cb, n, vf, hv);
                 else pv_tile(PV_VECS, false, pj, yj, e, cb, n, vf, hv);
-            for (; e < hv; e += PV_W)
+            for (; e < hv; e += ATT_W)
                 if (all) pv_tile(1, true, pj, yj, e, cb, n, vf, hv);
                 else pv_tile(1, false, pj, yj, e, cb, n, vf, hv);
             tail(hd, hv, pj, m, cb, cb + n, vb, v_stride, yj);

@@ -116,12 +116,13 @@ pi_status pi_op_get_rows(pi_threadpool *pool, const pi_tensor *table, const int3
  * 29.4 against 40.3 GB/s (1.10-1.17x the time at T = 2..8, 1.01-1.03x at 16 and 32), its 178 MB head 4% slower,
  * its decode took 1.16x the time of the work sharing's (542M Q4_K_M 1.04x, Q8_0 1.02x, F16 1.03x, 7B Q4_0 1.05x;
  * bench/README.md). Item sizes are multiples of 16 (the 8-row kernels need multiples of 8); which thread computes a
- * row never changes its result. Returns the first row of the caller's next item, or N when none is left. */
+ * row never changes its result. Returns the first row of the caller's next item, or -1 when none is left (as
+ * pi_row_share_next). */
 #define PI_STREAM_MAX_T 8
 static int64_t next_rows(atomic_llong *next, int64_t N, int nth, int64_t *r1) {
     long long r0 = atomic_load(next);
     for (;;) {
-        if (r0 >= N) return N;
+        if (r0 >= N) return -1;
         const int64_t size = PI_MAX(16, PI_MIN(256, (N - r0) / (2 * (int64_t)nth) / 16 * 16));
         if (atomic_compare_exchange_weak(next, &r0, r0 + size)) {
             *r1 = PI_MIN(N, r0 + size);
@@ -357,7 +358,7 @@ static void mul_mat_task(void *p, int ith, int nth) {
     for (;;) {
         int64_t r1;
         const int64_t r0 = a->stream ? pi_row_share_next(&a->share, ith, &r1) : next_rows(&a->next_row, N, a->nth, &r1);
-        if (r0 < 0 || r0 >= N) return;
+        if (r0 < 0) return;
         for (int i = 0; i < a->n; i++) {
             const int64_t b0 = i ? a->end[i - 1] : 0, lo = PI_MAX(r0, b0), hi = PI_MIN(r1, a->end[i]);
             if (lo < hi) mul_mat_rows(&a->m[i], pi_traits(a->m[i].w->type), lo - b0, hi - b0);
@@ -861,11 +862,11 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     }
 }
 
-/* Prompts: head h of queries t0 .. t0+nt-1 (nt <= ATT_BLOCK_MAX); scores [nt][n_kv]. Each group of 8 cells is
- * dotted with the block's queries in vec_dot8 calls of up to PI_DOT8_MAX_T queries (8 key rows x 8 queries: each key
- * row converted once per call, and the group stays in L1 for the block's other calls), for each sub-block of queries
- * of which one sees a cell of the group; a score of a cell a query does not see is computed and then dropped. Per
- * (query, cell) that is vec_dot's result, and softmax and the V sum are attend's, query by query: the same bits as
+/* Prompts (attend_block): heads h .. h+ng-1 of queries t0 .. t0+nt-1, nt ng <= ATT_ROWS_MAX rows of scores [n_kv].
+ * The scores come from attn_qk_f16 (an f16 cache) or from the K type's vec_dot8 calls of up to PI_DOT8_MAX_T queries
+ * (8 key rows x 8 queries: each key row converted once per call, and the group stays in L1 for the block's other
+ * calls); a score of a cell a query does not see is computed and then dropped. Per (query, cell) that is vec_dot's
+ * result, and softmax and the V sum are attend's, query by query: the same bits as
  * attend, whatever the block's size. A block reads the head's K and V rows once, so the queries a block takes set
  * how often a prompt reads the cache: attention_block picks them per call. */
 #define ATT_BLOCK_MIN 32
@@ -874,13 +875,48 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
 _Static_assert(ATT_BLOCK_MIN % PI_DOT8_MAX_T == 0, "whole vec_dot8 calls per block");
 #define ATT_SCORES_CAP ((int64_t)4 << 20)   /* scores a thread may hold beyond the smallest block: 16 MB */
 
+/* Whether a prompt's scores go through attn_qk_f16 (an f16 K cache, heads it takes, a level that has it). */
+static bool scores_by_qk_kernel(const pi_tensor *q, const pi_tensor *k) {
+    return k->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 && q->ne[0] <= PI_ATT_QK_MAX_HD;
+}
+
 /* Heads a work item takes: with an f16 cache scored by attn_qk_f16, every query head of a KV head (the K rows are
  * transposed and the V rows converted once for all of them, and read once), else one. */
 static int attention_item_heads(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v) {
     const int64_t group = q->ne[1] / k->ne[1];
-    const bool f16 = k->type == PI_TYPE_F16 && v->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 &&
-                     q->ne[0] <= PI_ATT_QK_MAX_HD;
+    const bool f16 = scores_by_qk_kernel(q, k) && v->type == PI_TYPE_F16;
     return f16 && group > 1 && group * 8 <= ATT_ROWS_MAX ? (int)group : 1;
+}
+
+/* Scores [nt][n_kv] of queries t0 .. t0+nt-1 of head h (one head) by the K type's vec_dot8 / vec_dot: each group of
+ * 8 cells against sub-blocks of up to PI_DOT8_MAX_T queries, for each sub-block of which one query sees a cell of
+ * the group (mask[j]: query j's row of the mask, NULL: no mask). */
+static void scores_by_vec_dot(const attention_args *a, int64_t t0, int nt, int64_t h, const char *kbase,
+                              const float *const *mask, float *scores) {
+    const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2];
+    const pi_type_traits *kt = pi_traits(a->k->type);
+    const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
+    const int64_t q_stride = a->q->nb[2];
+#define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
+    for (int64_t c = 0; c < n_kv;) {
+        const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
+        for (int j0 = 0; j0 < nt; j0 += PI_DOT8_MAX_T) {   /* sub-blocks of queries */
+            const int n_sub = PI_MIN(PI_DOT8_MAX_T, nt - j0);
+            bool any = false;
+            for (int j = j0; j < j0 + n_sub && !any; j++)
+                for (int64_t k = c; k < c + len && !any; k++) any = SEEN(j, k);
+            if (any && len == 8) {
+                const void *rows[8];
+                for (int k = 0; k < 8; k++) rows[k] = kbase + (c + k) * a->k->nb[2];
+                kt->vec_dot8(hd, rows, q0 + j0 * q_stride, q_stride, n_sub, scores + j0 * n_kv + c, n_kv);
+            } else if (any) {
+                for (int j = j0; j < j0 + n_sub; j++)
+                    if (SEEN(j, c)) scores[j * n_kv + c] = kt->vec_dot(hd, kbase + c * a->k->nb[2], q0 + j * q_stride);
+            }
+        }
+        c += len;
+    }
+#undef SEEN
 }
 
 /* Queries per block of a prompt of T queries against n_kv cells on nth threads, items of ng heads (units items per
@@ -901,7 +937,7 @@ static int attention_block(int64_t T, int64_t units, int ng, int64_t n_kv, int n
 
 static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, int ng, float *scores) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2], group = a->q->ne[1] / a->k->ne[1];
-    const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
+    const pi_type_traits *vt = pi_traits(a->v->type);
     const char *kbase = (const char *)a->k->data + h / group * a->k->nb[1];   /* the ng heads share it */
     const char *vbase = (const char *)a->v->data + h / group * a->v->nb[1];
     const int nr = nt * ng;   /* rows: query j of head h + g is row j ng + g */
@@ -921,7 +957,7 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
             hi[r] = first == n_kv ? n_kv : last + 1;
         }
     }
-    if (a->k->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 && hd <= PI_ATT_QK_MAX_HD) {
+    if (scores_by_qk_kernel(a->q, a->k)) {
         /* every query against the cells any of them sees (softmax_exp hides the others): the bits of vec_dot */
         const float *qr[ATT_ROWS_MAX];
         float *sr[ATT_ROWS_MAX];
@@ -934,28 +970,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
             c1 = PI_MAX(c1, hi[r]);
         }
         if (c0 < c1) pi_cpu()->attn_qk_f16(hd, nr, qr, c0, c1, kbase, a->k->nb[2], sr);
-    } else {   /* one head (ng = 1): rows are queries, q_stride apart */
-    const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
-    const int64_t q_stride = a->q->nb[2];
-    for (int64_t c = 0; c < n_kv;) {
-        const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
-        for (int j0 = 0; j0 < nt; j0 += PI_DOT8_MAX_T) {   /* sub-blocks of queries */
-            const int n_sub = PI_MIN(PI_DOT8_MAX_T, nt - j0);
-            bool any = false;
-            for (int j = j0; j < j0 + n_sub && !any; j++)
-                for (int64_t k = c; k < c + len && !any; k++) any = SEEN(j, k);
-            if (any && len == 8) {
-                const void *rows[8];
-                for (int k = 0; k < 8; k++) rows[k] = kbase + (c + k) * a->k->nb[2];
-                kt->vec_dot8(hd, rows, q0 + j0 * q_stride, q_stride, n_sub, scores + j0 * n_kv + c, n_kv);
-            } else if (any) {
-                for (int j = j0; j < j0 + n_sub; j++)
-                    if (SEEN(j, c)) scores[j * n_kv + c] = kt->vec_dot(hd, kbase + c * a->k->nb[2], q0 + j * q_stride);
-            }
-        }
-        c += len;
-    }
-    }
+    } else   /* one head (ng = 1): rows are queries */
+        scores_by_vec_dot(a, t0, nt, h, kbase, mask, scores);
     float inv[ATT_ROWS_MAX], *out[ATT_ROWS_MAX];
     int live[ATT_ROWS_MAX], n_live = 0;   /* the rows that see any cell */
     for (int r = 0; r < nr; r++) {      /* softmax, as attend */
@@ -1038,9 +1054,10 @@ static int64_t block_cost(const pi_tensor *mask, int64_t T, int block, int64_t b
 }
 
 /* A prompt's work items (query block, heads), `units` of them per block, block-major, cut into one contiguous range
- * per thread of about equal cost: under a causal mask the later blocks see more (at depth 0 the second half of a prompt has 3x the work of the
- * first). Contiguous ranges measured faster than handing items out one by one (a 542M llama, T = 512 at depth 4096:
- * 0.8x the time). Thread i - 1's range ends at the first item whose predecessors cost i / nth of the total. */
+ * per thread of about equal cost: under a causal mask the later blocks see more (at depth 0 the second half of a
+ * prompt has 3x the work of the first). Contiguous ranges measured faster than handing items out one by one (a 542M
+ * llama, T = 512 at depth 4096: 0.8x the time). Thread i - 1's range ends at the first item whose predecessors cost
+ * i / nth of the total. */
 static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t units, int64_t n_kv, int nth,
                          int64_t *items) {
     const int64_t n_blocks = (T + block - 1) / block;

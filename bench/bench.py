@@ -2,7 +2,7 @@
 """llama-bench style throughput benchmark for PowerInfer-py (optionally against llama.cpp).
 
     PYTHONPATH=bindings python bench/bench.py -m MODEL.gguf [-p 128,512] [-n 128] [-d 0] [-r 5] [-t CORES]
-        [-b 512] [-o md|csv|json] [--peer llama.cpp|none] [--no-repack]
+        [-b 512] [-ctk f16] [-ctv f16] [-fa 0|1] [-o md|csv|json] [--peer llama.cpp|none] [--no-repack]
 
 Defaults: pp128, pp512 and tg128, on the physical cores, against llama.cpp when llama-cpp-python is
 installed (its rows follow ours, and ours get the ratio).
@@ -15,6 +15,9 @@ once as warmup (tg: one token), then -r timed repetitions; t/s = mean ± sample 
 repetitions, plus their median.  With --peer llama.cpp the same tests run through
 llama-cpp-python's low-level API (llama_batch_get_one + llama_decode, as llama-bench does) on
 the same file, interleaved with ours, and our rows get a ratio column (ours / llama.cpp).
+-ctk / -ctv set the K and V caches' types in both engines (llama-bench's flags; tests then read "tg128 kv q8_0/q8_0");
+llama.cpp quantizes a V cache only with flash attention, so -fa defaults to 1 there when V is quantized (-fa is
+llama.cpp's alone: ours has one attention).
 """
 from __future__ import annotations
 
@@ -60,9 +63,10 @@ def model_desc(m: powerinfer.Model) -> str:
 class Ours:
     name, backend = "powerinfer", "CPU"
 
-    def __init__(self, path, n_ctx, n_batch, n_threads, repack=True):
+    def __init__(self, path, n_ctx, n_batch, n_threads, repack=True, type_k="f16", type_v="f16"):
         self.m = powerinfer.Model(path, repack=repack)
-        self.ctx = powerinfer.Context(self.m, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self.ctx = powerinfer.Context(self.m, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                      kv_type=(type_k, type_v))
         self.desc, self.size, self.params = model_desc(self.m), self.m.size_bytes, self.m.n_params
         self.n_vocab = self.m.n_vocab
 
@@ -76,11 +80,14 @@ class Ours:
 class LlamaCpp:
     name, backend = "llama.cpp", "CPU (llama.cpp)"
 
-    def __init__(self, path, n_ctx, n_batch, n_threads, verbose=False):
+    GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+    def __init__(self, path, n_ctx, n_batch, n_threads, verbose=False, type_k="f16", type_v="f16", flash_attn=False):
         import llama_cpp
         self.lc = lc = llama_cpp
         self.llm = lc.Llama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=n_threads,
-                            n_threads_batch=n_threads, logits_all=False, verbose=verbose)
+                            n_threads_batch=n_threads, logits_all=False, verbose=verbose,
+                            type_k=self.GGML_TYPES[type_k], type_v=self.GGML_TYPES[type_v], flash_attn=flash_attn)
         model, self.ctx = self.llm.model, self.llm.ctx
         buf = lc.ctypes.create_string_buffer(128)
         lc.llama_model_desc(model, buf, 128)
@@ -155,11 +162,21 @@ def main():
                     help="also measure this implementation (default: llama.cpp, skipped if not installed)")
     ap.add_argument("--no-repack", action="store_true",
                     help="ours: read the file's weight layout (no interleaved copies)")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(LlamaCpp.GGML_TYPES),
+                    help="the K cache's type, both engines (default: %(default)s)")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(LlamaCpp.GGML_TYPES),
+                    help="the V cache's type, both engines (default: %(default)s)")
+    ap.add_argument("-fa", "--flash-attn", type=int, choices=[0, 1], default=None,
+                    help="llama.cpp's flash attention (default: 1 where the V cache is quantized, else 0)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--verbose", action="store_true", help="let llama.cpp print its log")
     a = ap.parse_args()
     if a.threads is None:
         a.threads = str(physical_cores())
+    if a.flash_attn is None:
+        a.flash_attn = int(a.cache_type_v not in ("f16", "f32", "bf16"))
+    kv = (a.cache_type_k, a.cache_type_v)
+    kv_name = "" if kv == ("f16", "f16") else f" kv {kv[0]}/{kv[1]}"
 
     depths = split_ints(a.n_depth) or [0]
     if min(depths) < 0:
@@ -185,7 +202,9 @@ def main():
             n_ctx = max(p + n + d for p, n, d in tests)
             loaded = []
             for cls in impls:
-                kw = {"verbose": a.verbose} if cls is LlamaCpp else {"repack": not a.no_repack}
+                kw = ({"verbose": a.verbose, "flash_attn": bool(a.flash_attn)} if cls is LlamaCpp
+                      else {"repack": not a.no_repack})
+                kw.update(type_k=kv[0], type_v=kv[1])
                 try:
                     loaded.append(cls(path, n_ctx, a.batch_size, threads, **kw))
                 except Exception as e:   # e.g. llama.cpp refusing the file: report it, keep our rows
@@ -199,8 +218,8 @@ def main():
                     row_ts[impl.name] = ts
                     r = dict(impl=impl.name, model=impl.desc, model_filename=path, size=impl.size,
                              params=impl.params, backend=impl.backend, threads=threads, n_batch=a.batch_size,
-                             test=(f"pp{p}" if p else f"tg{n}") + (f" @ d{d}" if d else ""), n_prompt=p, n_gen=n,
-                             n_depth=d,
+                             test=(f"pp{p}" if p else f"tg{n}") + (f" @ d{d}" if d else "") + kv_name, n_prompt=p,
+                             n_gen=n, n_depth=d, type_k=kv[0], type_v=kv[1],
                              avg_ts=statistics.mean(ts), stddev_ts=statistics.stdev(ts) if len(ts) > 1 else 0.0,
                              median_ts=statistics.median(ts), samples_ts=ts)
                     if impl.name == "powerinfer" and "llama.cpp" in [x.name for x in loaded]:
@@ -224,13 +243,14 @@ def main():
         print(json.dumps(results, indent=2))
     elif a.output == "csv":
         keys = ["impl", "model", "model_filename", "size", "params", "backend", "threads", "n_batch", "test",
-                "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "median_ts", "ratio", "samples_ts"]
+                "n_prompt", "n_gen", "n_depth", "type_k", "type_v", "avg_ts", "stddev_ts", "median_ts", "ratio", "samples_ts"]
         print(",".join(keys))
         for r in results:
             vals = {**r, "samples_ts": " ".join(f"{x:.4f}" for x in r["samples_ts"])}
             print(",".join(f'"{vals[k]}"' if isinstance(vals.get(k), str) else str(vals.get(k, "")) for k in keys))
     elif a.output == "md":
-        print(f"\npowerinfer: {powerinfer.system_info()}; ratio = median t/s ours / llama.cpp")
+        print(f"\npowerinfer: {powerinfer.system_info()}; ratio = median t/s ours / llama.cpp"
+              + (f"; llama.cpp flash_attn = {a.flash_attn}" if len(impls) > 1 else ""))
 
 
 if __name__ == "__main__":

@@ -73,6 +73,9 @@ def run(args) -> int:
     sampler = pi.Sampler(params, eos_ids=tok.eog_ids)
     log(f"sampling: seed = {sampler.seed}, temp = {args.temp:.3f}, top_k = {args.top_k}, top_p = {args.top_p:.3f}, "
         f"min_p = {args.min_p:.3f}, repeat_last_n = {args.repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}")
+    k_bytes, v_bytes = ctx.kv_cache_bytes
+    log(f"llama_kv_cache_init: KV self size = {(k_bytes + v_bytes) / 2**20:.2f} MiB, K ({ctx.type_k}): "
+        f"{k_bytes / 2**20:.2f} MiB, V ({ctx.type_v}): {v_bytes / 2**20:.2f} MiB")
     log(f"generate: n_ctx = {ctx.n_ctx}, n_batch = {ctx.n_batch}, n_predict = {args.n_predict}")
     if args.conversation is None:        # llama.cpp: a chat template switches conversation mode on
         args.conversation = bool(model.metadata.get("tokenizer.chat_template")) and not args.interactive

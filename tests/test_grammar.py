@@ -272,9 +272,12 @@ def test_llama_keywords_aliases_and_refusals(model_file):
                       n_threads_batch=1, n_ubatch=512)
     assert m._kv_type == "f32" and m.pooling == "last"
     m.close()
+    m = pi.PowerInfer(model_file, n_ctx=128, n_threads=1, verbose=False, type_k=0, type_v="bf16")
+    assert m._kv_type == ("f32", "bf16") and (m.ctx.type_k, m.ctx.type_v) == ("f32", "bf16")
+    m.close()
     for kw, name in ((dict(lora_path="a.gguf"), "lora_path"), (dict(n_threads_batch=2), "n_threads_batch"),
-                     (dict(use_mmap=False), "use_mmap"), (dict(type_k=8), "type_k"),
-                     (dict(type_k=0, type_v=1), "type_k"), (dict(pooling_type=4), "pooling_type"),
+                     (dict(use_mmap=False), "use_mmap"), (dict(type_k=20), "type_k"), (dict(type_v="q6_K"), "type_v"),
+                     (dict(pooling_type=4), "pooling_type"),
                      (dict(rope_freq_base=1e4), "rope_freq_base")):
         with pytest.raises(ValueError, match=name):
             pi.PowerInfer(model_file, n_ctx=128, n_threads=1, **kw)

@@ -184,6 +184,22 @@ else:
                 assert st.n_attn_layers == min(n_layer, ngl if ngl >= 0 else n_layer)
                 assert st.output == (ngl < 0 or ngl > n_layer)
 
+    @pytest.mark.parametrize("kv_type", ["q8_0", ("q4_0", "bf16")], ids=str)
+    def test_dense_ngl_quantized_cache_equals_cpu(dense_llama, kv_type):
+        """A quantized KV cache (-ctk / -ctv) on the emulated device: the layers' caches there in their types (the
+        device's KV bytes those of the types), the CPU run's bits. A CUDA device refuses these types by name
+        (supports_op PI_BOP_KV_CACHE: its attention reads f16 and f32 caches)."""
+        model = pi.Model(dense_llama)
+        cpu_tokens, cpu_logits = greedy(pi.Context(model, n_ctx=64, kv_type=kv_type))
+        ctx = pi.Context(model, n_ctx=64, n_gpu_layers=2, kv_type=kv_type)
+        tokens, logits = greedy(ctx)
+        assert tokens == cpu_tokens
+        np.testing.assert_array_equal(logits, cpu_logits)
+        k_bytes, v_bytes = ctx.kv_cache_bytes   # every layer's; the device holds 2 of 3, each padded to ALIGN
+        assert ctx.offload.n_attn_layers == 2
+        per_layer = (k_bytes + v_bytes) // model.hparams.n_layer
+        assert per_layer <= ctx.offload.kv_bytes / 2 < per_layer + 2 * gs.ALIGN
+
     def test_dense_ngl_last_row_equals_all_rows(dense_llama):
         """The last layer's FFN over the output rows only (context.c prune_last_ffn) with the layers on the device
         (the output too), or every layer but the last there (the residual stream moves back before it): the logits of

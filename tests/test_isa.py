@@ -268,6 +268,44 @@ def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
     assert_bit_equal(out[level], out["scalar"], f"attention {level} vs scalar")
 
 
+def cache_tensor(t: int, raw: np.ndarray):
+    """pi_tensor [hd, heads, cells] over raw rows (cells, heads, row bytes) of type t."""
+    name, bs, bb = TYPES[t]
+    n_kv, nh, rb = raw.shape
+    p = ffi.new("pi_tensor *")
+    p.type, p.n_dims = t, 3
+    ne = [rb // bb * bs, nh, n_kv, 1]
+    nb = [bb, rb, rb * nh, rb * nh * n_kv]
+    for i in range(4):
+        p.ne[i], p.nb[i] = ne[i], nb[i]
+    p.data = ffi.cast("void *", raw.ctypes.data)
+    return p
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("T", [1, 11])
+@pytest.mark.parametrize("kt,vt", [(8, 8), (3, 7), (30, 2), (6, 1)], ids=["q8_0", "q4_1-q5_1", "bf16-q4_0", "q5_0-f16"])
+def test_attention_quantized_cache_equals_scalar(at_level, pool2, level, T, kt, vt):
+    """Caches of -ctk / -ctv's other types: each level's attention the scalar level's bits (the integer dots and
+    axpy's float steps every level keeps; q quantized by each level's own Q8_0 code)."""
+    rng = np.random.default_rng(13)
+    hd, nh, nkv, n_kv = 64, 4, 2, 37
+    q = rng.standard_normal((T, nh, hd)).astype(np.float32)
+    k = quantize(kt, rng.standard_normal((n_kv * nkv, hd)).astype(np.float32)).reshape(n_kv, nkv, -1)
+    v = quantize(vt, rng.standard_normal((n_kv * nkv, hd)).astype(np.float32)).reshape(n_kv, nkv, -1)
+    mask = np.zeros((T, n_kv), np.float32)
+    mask[0, 30:] = -np.inf
+    mask[T - 1, 16:32] = -np.inf
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        o = np.zeros((T, nh, hd), np.float32)
+        check(lib.pi_op_attention(pool2, tensor(q), cache_tensor(kt, k), cache_tensor(vt, v), tensor(mask), 0.125,
+                                  tensor(o)))
+        out[lv] = o
+    assert_bit_equal(out[level], out["scalar"], f"attention {level} vs scalar")
+
+
 @pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "q4_0", "q5_0"])
 def test_model_logits_equal_scalar(at_level, tmp_path, level, dtype):

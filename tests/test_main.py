@@ -93,10 +93,16 @@ def test_fa_is_not_f_a_and_no_effect_flags_say_so_once(capsys):
 
 
 def test_cache_type_flags(capsys):
+    """-ctk / -ctv set the K and V caches' types (llama.cpp's flags), each on its own; --kv-type sets both."""
     assert main_mod.parse_args(["-ctk", "f32", "-ctv", "f32"]).kv_type == "f32"
     assert main_mod.parse_args(["-ctk", "F16"]).kv_type == "f16"
-    for argv, words in ((["-ctk", "q8_0"], "q8_0 KV cache is not supported"), (["-ctv", "q4_0"], "not supported"),
-                        (["-ctk", "f16", "-ctv", "f32"], "differ"), (["-ctk", "xyz"], "unknown type")):
+    assert main_mod.parse_args(["-ctk", "q8_0", "-ctv", "q8_0"]).kv_type == "q8_0"
+    assert main_mod.parse_args(["-ctk", "q8_0"]).kv_type == ("q8_0", "f16")
+    assert main_mod.parse_args(["-ctv", "q4_0"]).kv_type == ("f16", "q4_0")
+    assert main_mod.parse_args(["--kv-type", "f32", "-ctk", "q5_1"]).kv_type == ("q5_1", "f32")
+    assert main_mod.parse_args(["--kv-type", "bf16"]).kv_type == "bf16"
+    for argv, words in ((["-ctk", "iq4_nl"], "iq4_nl KV cache is not supported"), (["-ctv", "q4_K"], "unknown type"),
+                        (["-ctk", "xyz"], "unknown type")):
         with pytest.raises(SystemExit) as ei:
             main_mod.parse_args(argv)
         assert ei.value.code == 2 and words in capsys.readouterr().err

@@ -1069,8 +1069,8 @@ OP_MISMATCHES = {
          ["not a multiple"]),
         ("k_q8", lambda a, k: (retype(k[1].t, Q8_0),
                                k[1].t.ne.__setitem__(0, 32), k[2].t.ne.__setitem__(0, 32)), ["attention"]),
-        ("k_bf16", lambda a, k: (retype(k[1].t, BF16), retype(k[2].t, BF16)),
-         ["f32 or f16"]),
+        ("k_i32", lambda a, k: (retype(k[1].t, I32), retype(k[2].t, I32)),
+         ["no cache of k i32"]),
         ("mask_shape", lambda a, k: k[3].t.ne.__setitem__(0, 4), ["mask must be"]),
         ("mask_T", lambda a, k: k[3].t.ne.__setitem__(1, 2), ["mask must be"]),
         ("mask_f16", lambda a, k: retype(k[3].t, F16), ["must be f32"]),
@@ -1345,7 +1345,7 @@ def make_ctx(model, **kw):
 
 def test_context_default_params():
     p = lib.pi_context_default_params()
-    assert p.n_ctx > 0 and p.n_batch > 0 and 1 <= p.n_seq_max <= 64 and p.kv_type in (F16, F32)
+    assert p.n_ctx > 0 and p.n_batch > 0 and 1 <= p.n_seq_max <= 64 and p.type_k == F16 and p.type_v == F16
 
 
 CTX_CASES = [
@@ -1354,8 +1354,9 @@ CTX_CASES = [
     ("n_batch", 0, INVALID, ["n_batch"]), ("n_batch", -1, INVALID, ["n_batch"]),
     ("n_seq_max", 0, INVALID, ["n_seq_max"]), ("n_seq_max", 65, INVALID, ["n_seq_max"]),
     ("n_seq_max", -1, INVALID, ["n_seq_max"]), ("n_seq_max", INT32_MAX, INVALID, ["n_seq_max"]),
-    ("kv_type", 99, INVALID, ["kv_type"]), ("kv_type", -1, INVALID, ["kv_type"]),
-    ("kv_type", Q8_0, INVALID, ["kv_type"]), ("kv_type", BF16, INVALID, ["kv_type"]),
+    ("type_k", 99, INVALID, ["K cache type unknown"]), ("type_v", -1, INVALID, ["V cache type unknown"]),
+    ("type_k", Q8_0, INVALID, ["K cache type q8_0", "head size 16"]), ("type_v", 12, INVALID, ["V cache type q4_K"]),
+    ("type_k", 26, INVALID, ["K cache type i32"]), ("type_v", 20, INVALID, ["V cache type iq4_nl"]),
     ("n_threads", 10**6, INVALID, ["n_threads"]), ("n_threads", INT32_MAX, INVALID, ["n_threads"]),
 ]
 if "sparse_mode" in dir(lib.pi_context_default_params()):
@@ -1434,7 +1435,7 @@ def test_context_kv_cache_too_large_is_an_error():
     big = FakeBigModel(n_embd=8192, n_layer=512)
     out = ffi.new("pi_context **")
     poison_error()
-    st = lib.pi_context_create(big.ptr, ctx_params(n_ctx=2**24, n_batch=1, n_threads=1, kv_type=F32), out)
+    st = lib.pi_context_create(big.ptr, ctx_params(n_ctx=2**24, n_batch=1, n_threads=1, type_k=F32, type_v=F32), out)
     expect(st, NOMEM, "too large")
     assert out[0] == ffi.NULL
 
@@ -1448,7 +1449,7 @@ def test_context_allocation_failure_is_an_error():
         from test_robustness import FakeBigModel, ctx_params, ffi, lib, last_error
         big = FakeBigModel(n_embd=8192, n_layer=64)
         out = ffi.new("pi_context **")
-        st = lib.pi_context_create(big.ptr, ctx_params(n_ctx=2**24, n_batch=1, n_threads=1, kv_type=0), out)
+        st = lib.pi_context_create(big.ptr, ctx_params(n_ctx=2**24, n_batch=1, n_threads=1, type_k=0, type_v=0), out)
         print("STATUS", st, last_error() if st else "")
         if st == 0:
             lib.pi_context_free(out[0])
@@ -1656,7 +1657,8 @@ def test_kv_seq_state_bad_args(model):
     expect(lib.pi_kv_seq_state_get(ctx, 0, 0, -1, ffi.NULL, n, written), INVALID, "NULL")
     assert lib.pi_kv_seq_state_get(ctx, 0, 0, -1, buf, n, written) == OK and written[0] == n
     state = bytes(ffi.buffer(buf, n))
-    assert lib.pi_kv_seq_state_size(ctx, 0, 5, 2) == 40    # an empty range: the header alone
+    H = 56   # the header's bytes (kv_cache.c; n at 48), then the positions
+    assert lib.pi_kv_seq_state_size(ctx, 0, 5, 2) == H    # an empty range: the header alone
     used = lib.pi_kv_used_cells(ctx)
 
     def bad(data, *msg, cells=ffi.NULL, n_cells=0, code=INVALID):
@@ -1666,14 +1668,17 @@ def test_kv_seq_state_bad_args(model):
 
     bad(b"", "not a sequence state")
     bad(state[:39], "not a sequence state")
+    bad(state[:H - 1], "bad magic")
     bad(b"Y" + state[1:], "bad magic")
     bad(state[:-1], "bytes")
     bad(state + b"\0", "bytes")
     bad(state[:8] + struct.pack("<i", 99) + state[12:], "another KV layout")
+    bad(state[:12] + struct.pack("<i", F32) + state[16:], "another KV layout")      # K's type
+    bad(state[:16] + struct.pack("<i", Q8_0) + state[20:], "another KV layout")     # V's type
     for count in (-1, 17, INT32_MAX):
-        bad(state[:32] + struct.pack("<i", count) + state[36:], "tokens")
-    bad(state[:40] + struct.pack("<iii", 0, 0, 1) + state[52:], "ascending")       # a repeated position
-    bad(state[:40] + struct.pack("<iii", -1, 0, 1) + state[52:], "ascending")
+        bad(state[:48] + struct.pack("<i", count) + state[52:], "tokens")
+    bad(state[:H] + struct.pack("<iii", 0, 0, 1) + state[H + 12:], "ascending")       # a repeated position
+    bad(state[:H] + struct.pack("<iii", -1, 0, 1) + state[H + 12:], "ascending")
     for cells in ([0, 1, 16], [3, 3, 4], [-1, 4, 5], [0, 4, 5]):                  # cell 0 holds sequence 0
         bad(state, "cell", cells=ffi.new("int32_t[]", cells), n_cells=3)
     bad(state, "cells given", cells=ffi.new("int32_t[]", [3, 4]), n_cells=2)
@@ -1691,8 +1696,8 @@ def test_kv_seq_state_bad_args(model):
     assert lib.pi_kv_seq_state_positions(state, len(state), pos, 3, count) == OK and count[0] == 3
     assert list(pos) == [0, 1, 2]
     assert lib.pi_kv_seq_state_positions(state, len(state), ffi.NULL, 0, count) == OK and count[0] == 3
-    for data in (b"", state[:39], b"Y" + state[1:], state[:32] + struct.pack("<i", -1) + state[36:],
-                 state[:32] + struct.pack("<i", INT32_MAX) + state[36:], state[:40 + 11]):
+    for data in (b"", state[:39], b"Y" + state[1:], state[:48] + struct.pack("<i", -1) + state[52:],
+                 state[:48] + struct.pack("<i", INT32_MAX) + state[52:], state[:H + 11]):
         poison_error()
         expect(lib.pi_kv_seq_state_positions(data, len(data), pos, 3, count), INVALID, "not a sequence state")
     expect(lib.pi_kv_seq_state_positions(ffi.NULL, 64, pos, 3, count), INVALID, "not a sequence state")
@@ -1945,8 +1950,13 @@ def test_context_kv_full_status(hctx):
 
 
 def test_context_bad_constructor_args(model):
-    with pytest.raises(ValueError, match="kv_type"):
+    for kv in ("q6_K", ("q8_0",), ("f16", "iq4_nl")):
+        with pytest.raises(ValueError, match="kv_type"):
+            pi.Context(model, kv_type=kv)
+    with pytest.raises(PowerInferError, match="K cache type q8_0: the model's head size 16 is not a multiple"):
         pi.Context(model, kv_type="q8_0")
+    with pytest.raises(PowerInferError, match="V cache type q4_1: the model's head size 16"):
+        pi.Context(model, kv_type=("f16", "q4_1"))
     for kw, word in ((dict(n_seq_max=0), "n_seq_max"), (dict(n_seq_max=65), "n_seq_max"),
                      (dict(n_ctx=2**30), "n_ctx"), (dict(n_threads=10**6), "n_threads")):
         with pytest.raises(PowerInferError, match=word):
@@ -1991,7 +2001,7 @@ def test_risky_cases_do_not_crash_the_interpreter(base_file):
         # contexts that cannot exist
         p = ffi.new("pi_context_params *", lib.pi_context_default_params())
         out = ffi.new("pi_context **")
-        for field, v in (("n_ctx", 0), ("n_ctx", 2**30), ("n_seq_max", 0), ("n_seq_max", 65), ("kv_type", 7),
+        for field, v in (("n_ctx", 0), ("n_ctx", 2**30), ("n_seq_max", 0), ("n_seq_max", 65), ("type_k", 7),
                          ("n_threads", 10**6)):
             q = ffi.new("pi_context_params *", p[0])
             setattr(q, field, v)

@@ -20,7 +20,7 @@ from make_test_model import write_model  # noqa: E402
 from powerinfer.server.slot_files import valid_filename  # noqa: E402
 from test_server import post, serve_model  # noqa: E402
 
-SHAPE = dict(n_vocab=320, n_embd=64, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)
+SHAPE = dict(n_vocab=320, n_embd=128, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)   # heads of 32: every cache type
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
 
 
@@ -38,11 +38,20 @@ def _complete(base):
     return r.json()
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+def v1_state(state: bytes) -> bytes:
+    """A state (one cache type for K and V) in the layout of version 1 (kv_cache.c), which the core still reads."""
+    import struct
+    n_layer, type_k, type_v, _, n_embd_kv, k_row, v_row, n, _ = struct.unpack_from("<4i3q2i", state, 8)
+    assert type_k == type_v and k_row == v_row
+    return b"PIKVSEQ\x01" + struct.pack("<2i2q2i", n_layer, type_k, n_embd_kv, k_row, n, 0) + state[56:]
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0", ("q4_0", "q5_1")], ids=str)
 def test_sequence_state_round_trip(model_file, kv_type):
     """A sequence's state written into another context continues with the original's logits: bit for bit in the same
     cells, to f32 rounding beside another sequence or in given cells; states of another layout, truncated ones and
-    cells held by another sequence are refused, changing nothing."""
+    cells held by another sequence are refused, changing nothing. A version-1 state (before K and V had types of
+    their own) still reads."""
     m = pi.Model(model_file)
     toks = list(range(5, 30))
     a = pi.Context(m, n_ctx=64, n_seq_max=2, kv_type=kv_type)
@@ -56,6 +65,11 @@ def test_sequence_state_round_trip(model_file, kv_type):
     b.kv_seq_set_state(0, state)                              # the same cells as in a: the same bits
     b.decode([toks[20]], pos=[20], logits="last")
     assert np.array_equal(np.array(b.logits(0)), want)
+    if isinstance(kv_type, str):
+        b = pi.Context(m, n_ctx=64, n_seq_max=2, kv_type=kv_type)
+        b.kv_seq_set_state(0, v1_state(state))
+        b.decode([toks[20]], pos=[20], logits="last")
+        assert np.array_equal(np.array(b.logits(0)), want)
     for cells in (None, range(30, 50)):   # other cells: the attention's tiles fall elsewhere, f32 rounding apart
         b = pi.Context(m, n_ctx=64, n_seq_max=2, kv_type=kv_type)
         b.decode([7, 8, 9], seq_id=1, logits="last")            # another sequence in cells 0-2
@@ -63,10 +77,11 @@ def test_sequence_state_round_trip(model_file, kv_type):
         assert b.kv_used == 23
         b.decode([toks[20]], pos=[20], logits="last")
         np.testing.assert_allclose(np.array(b.logits(0)), want, rtol=1e-5, atol=1e-5)
-    other = "f32" if kv_type == "f16" else "f16"
-    c = pi.Context(m, n_ctx=64, n_seq_max=2, kv_type=other)
-    with pytest.raises(pi.PowerInferError, match=f"another KV layout .2 layers, {kv_type} cache"):
-        c.kv_seq_set_state(0, state)
+    k, v = (kv_type, kv_type) if isinstance(kv_type, str) else kv_type
+    for other in ("f32" if k == "f16" else "f16", (k, "f32" if v == "f16" else "f16")):
+        c = pi.Context(m, n_ctx=64, n_seq_max=2, kv_type=other)
+        with pytest.raises(pi.PowerInferError, match=f"another KV layout .2 layers, K {k}, V {v}"):
+            c.kv_seq_set_state(0, state)
     b = pi.Context(m, n_ctx=64, n_seq_max=2, kv_type=kv_type)
     b.decode([7, 8, 9], seq_id=1, logits="last")
     with pytest.raises(pi.PowerInferError, match="takes"):

@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .context import Context
+from .cli_args import KV_TYPES
+from .context import Context, kv_types
 from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
 from .model import Model
@@ -269,17 +270,26 @@ class CompletionShaper:
                 "choices": [choice], "usage": self.usage(res)}
 
 
+# ggml's type ids of the cache types (llama-cpp-python passes type_k / type_v as these)
+_GGML_KV_IDS = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 30: "bf16"}
+
+
 def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
-    """llama-cpp-python's type_k / type_v (ggml type ids 0 = f32, 1 = f16, or names) and pooling_type
-    (-1 = the file's, 0 none, 1 mean, 2 cls, 3 last) -> kv_type, pooling."""
-    names = {0: "f32", 1: "f16", "f32": "f32", "f16": "f16"}
-    for name, v in (("type_k", type_k), ("type_v", type_v)):
-        if v is not None:
-            if v not in names:
-                raise ValueError(f"{name}={v!r}: the KV cache is f16 or f32 (ggml types 1 / 0) here")
-            kv_type = names[v]
-    if type_k is not None and type_v is not None and names[type_k] != names[type_v]:
-        raise ValueError("type_k and type_v must be the same here (one KV cache type)")
+    """llama-cpp-python's type_k / type_v (ggml type ids, e.g. 1 = f16, 8 = q8_0, or names) and pooling_type
+    (-1 = the file's, 0 none, 1 mean, 2 cls, 3 last) -> kv_type (a (K, V) pair where they differ), pooling."""
+    k, v = kv_types(kv_type)
+    for name, t in (("type_k", type_k), ("type_v", type_v)):
+        if t is None:
+            continue
+        t = _GGML_KV_IDS.get(t, t)
+        if t not in KV_TYPES:
+            raise ValueError(f"{name}={t!r}: the KV cache is one of {', '.join(KV_TYPES)} (or their ggml type ids "
+                             f"{', '.join(str(i) for i in _GGML_KV_IDS)}) here")
+        if name == "type_k":
+            k = t
+        else:
+            v = t
+    kv_type = k if k == v else (k, v)
     if pooling_type is not None:
         table = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last"}
         if pooling_type not in table:
@@ -314,7 +324,8 @@ class PowerInfer:
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int | None = None, n_batch: int = 512,
-                 n_threads: int | None = None, seed: int = -1, kv_type: str = "f16", n_parallel: int = 1,
+                 n_threads: int | None = None, seed: int = -1, kv_type: str | tuple[str, str] = "f16",
+                 n_parallel: int = 1,
                  chat_format: str | None = None, chat_template: str | None = None,
                  sparse_threshold: float | None = None, dense: bool = False, model_alias: str | None = None,
                  repack: bool | None = None, vram_budget: int | None = None, reset_gpu_index: bool = False,
@@ -336,8 +347,9 @@ class PowerInfer:
         a dense GGUF file. See powerinfer.offload.
 
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
-        count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (as kv_type: "f16",
-        "f32" or ggml's 1 / 0), pooling_type (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
+        count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
+        types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...), pooling_type
+        (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
         flash_attn, use_mlock, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
         here (said once when set). Anything else of Llama's (lora_path, rope_freq_base, draft_model, ...)
         raises ValueError naming it."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import act_sparsity
 from ._ffi import PowerInferError
 from .cli_args import (
+    KV_TYPES,
     ArgumentParser,
     LoadProgress,
     add_llama_compat_args,
@@ -64,7 +65,8 @@ def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None,
         p.add_argument("-b", "--batch-size", type=int, default=512,
                        help="tokens per decode call for prompts (default: %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
-    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f16",
+                   help="the KV cache's type, K and V (-ctk / -ctv set one) (default: %(default)s)")
     add_sparse_args(p, sparse_gather_max=sparse_gather_max)
 
 

@@ -8,7 +8,8 @@ llama.cpp users bring llama.cpp's flags. Two things keep those from giving misle
 * `add_llama_compat_args` accepts llama.cpp's common flags that this CPU build has no use
   for (`-fa`, `--mlock`, `--no-mmap`, `--jinja`, `-tb`, `-ub`) and the KV cache type flags
   `-ctk/-ctv`; `apply_llama_compat` then says once, on stderr, which of them change nothing,
-  and maps `-ctk/-ctv` onto `--kv-type` (types this build does not have are an error).
+  and folds `-ctk/-ctv` into `--kv-type` (a (K, V) pair where they differ; a type this build has
+  no cache for is an error).
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import argparse
 import sys
 from typing import Callable
 
-KV_TYPES = ("f16", "f32")
-# llama.cpp's cache types (ggml_type names) that this build has no KV cache for
-_UNSUPPORTED_KV = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# the KV cache's types (Context's kv_type)
+KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+# llama.cpp's cache types (ggml_type names) that this build has no KV cache for (no iq4_nl quantizer)
+_UNSUPPORTED_KV = ("iq4_nl",)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -55,14 +57,16 @@ def add_llama_compat_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-tb", "--threads-batch", type=int, default=None, help="no effect: -t is used throughout")
     g.add_argument("-ub", "--ubatch-size", type=int, default=None, help="no effect: -b is the batch size")
     g.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
-                   help=f"KV cache type (as --kv-type: {', '.join(KV_TYPES)}; K and V share one type)")
-    g.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", help="as -ctk")
+                   help=f"the K cache's type ({', '.join(KV_TYPES)}; default: --kv-type's)")
+    g.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
+                   help="the V cache's type (as -ctk)")
 
 
 def apply_llama_compat(p: argparse.ArgumentParser, args: argparse.Namespace, *, prog: str,
                        log: Callable[[str], None] | None = None) -> None:
     """After parse_args: one stderr line per given flag that changes nothing, and -ctk/-ctv folded
-    into args.kv_type (p.error, exit status 2, for a type this build has no KV cache for)."""
+    into args.kv_type (the type of both, or a (K, V) pair where they differ; the one not given keeps
+    --kv-type's). p.error, exit status 2, for a type this build has no KV cache for."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     for dest, (flag, why) in _NO_EFFECT.items():
         if getattr(args, dest, None) is not None:
@@ -74,14 +78,10 @@ def apply_llama_compat(p: argparse.ArgumentParser, args: argparse.Namespace, *, 
             known = t in _UNSUPPORTED_KV
             p.error(f"{flag} {t}: {'a ' + t + ' KV cache is not supported by this build' if known else 'unknown type'}"
                     f" (supported: {', '.join(KV_TYPES)})")
-    if len(set(given.values())) > 1:
-        p.error(f"-ctk {given['-ctk']} and -ctv {given['-ctv']} differ: K and V share one cache type here")
     if given:
-        kv = next(iter(given.values()))
-        current = getattr(args, "kv_type", None)
-        if current is not None and current != p.get_default("kv_type") and current != kv:
-            p.error(f"--kv-type {current} and -ctk/-ctv {kv} disagree")
-        args.kv_type = kv
+        both = getattr(args, "kv_type", None) or "f16"
+        k, v = given.get("-ctk", both), given.get("-ctv", both)
+        args.kv_type = k if k == v else (k, v)
 
 
 def threads_in_use(n_threads: int | None) -> int:

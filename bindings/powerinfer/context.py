@@ -9,12 +9,21 @@ import threading
 import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
+from .cli_args import KV_TYPES
 from .model import Model
 
-_KV_TYPES = {"f16": lib.PI_TYPE_F16, "f32": lib.PI_TYPE_F32}
+_KV_TYPE_IDS = {name: getattr(lib, "PI_TYPE_" + name.upper()) for name in KV_TYPES}
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 DEFAULT_N_CTX = 4096      # llama.cpp's default context size
 log = logging.getLogger("powerinfer")
+
+
+def kv_types(kv_type: str | tuple[str, str]) -> tuple[str, str]:
+    """The (K, V) cache types of kv_type: one of KV_TYPES for both, or a (K, V) pair of them."""
+    pair = (kv_type, kv_type) if isinstance(kv_type, str) else tuple(kv_type)
+    if len(pair) != 2 or any(t not in _KV_TYPE_IDS for t in pair):
+        raise ValueError(f"kv_type must be one of {list(KV_TYPES)} or a (K, V) pair of them, got {kv_type!r}")
+    return pair
 
 
 def resolve_n_ctx(model: Model, n_ctx: int | None) -> int:
@@ -103,16 +112,20 @@ class Context:
     reset_gpu_index and disable_gpu_index; for dense files n_gpu_layers (the last N layers, -1: all
     with the output head). What was placed is in .offload (None: CPU only), the plan in .gpu_plan,
     the hot sets in .gpu_index, warnings in .gpu_warnings, the original's log lines in .gpu_log.
+
+    kv_type: the cache's type for K and V ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
+    "q5_1"), or a (K, V) pair (llama.cpp's -ctk / -ctv); .type_k and .type_v say which. Quantized
+    caches need a head size that is a multiple of 32 and keep the attention on the CPU (the GPU
+    kernels read f16 and f32 caches).
     """
 
     def __init__(self, model: Model, *, n_ctx: int | None = 512, n_batch: int = 512, n_seq_max: int = 1,
-                 n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
-                 dense: bool = False, count_neurons: bool = False, vram_budget: int | None = None,
+                 n_threads: int | None = None, kv_type: str | tuple[str, str] = "f16",
+                 sparse_threshold: float | None = None, dense: bool = False, count_neurons: bool = False, vram_budget: int | None = None,
                  reset_gpu_index: bool = False, disable_gpu_index: bool = False, n_gpu_layers: int | None = None,
                  main_gpu: int = 0, sparsity: float | None = None, act_histogram: bool = False,
                  sparse_batch_max: int = 0, sparse_gather_max: int = 1):
-        if kv_type not in _KV_TYPES:
-            raise ValueError(f"kv_type must be one of {list(_KV_TYPES)}, got {kv_type!r}")
+        self.type_k, self.type_v = kv_types(kv_type)
         n_ctx = resolve_n_ctx(model, n_ctx)
         self.model = model
         self.lock = threading.RLock()
@@ -121,7 +134,7 @@ class Context:
         params.n_batch = min(n_batch, n_ctx) if n_batch > 0 else n_ctx
         params.n_seq_max = n_seq_max
         params.n_threads = n_threads or 0
-        params.kv_type = _KV_TYPES[kv_type]
+        params.type_k, params.type_v = _KV_TYPE_IDS[self.type_k], _KV_TYPE_IDS[self.type_v]
         self.sparse = (model.sparse or model.gate_sparse) and not dense
         self.sparse_threshold = resolve_threshold(model, sparse_threshold)
         # gate-sparse files: one threshold per layer, from a stored level unless a threshold is given
@@ -177,7 +190,7 @@ class Context:
         self.gpu_log: list[str] = []   # the placement's log lines (also logged at INFO)
         from .offload import place
         place(self, vram_budget=vram_budget, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-              n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, kv_type=kv_type)
+              n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, kv_type=(self.type_k, self.type_v))
 
     @_serialised
     def decode(self, tokens, pos=None, seq_id=0, logits: str | np.ndarray = "last") -> None:
@@ -377,6 +390,14 @@ class Context:
     @_serialised
     def kv_used(self) -> int:
         return int(lib.pi_kv_used_cells(self._ptr))
+
+    @property
+    def kv_cache_bytes(self) -> tuple[int, int]:
+        """Bytes of the K cache and of the V cache (n_ctx cells of every layer, in their types)."""
+        hp = self.model.hparams
+        n_embd_kv = (hp.head_dim or hp.n_embd // hp.n_head) * hp.n_head_kv
+        return tuple(int(lib.pi_row_bytes(_KV_TYPE_IDS[t], n_embd_kv)) * self.n_ctx * hp.n_layer
+                     for t in (self.type_k, self.type_v))
 
     # ---- sparse statistics ----
     def _layer_stats(self, fn, what: str) -> tuple[np.ndarray, int]:

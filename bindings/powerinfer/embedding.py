@@ -69,8 +69,8 @@ class Embedder:
     """Final hidden states of token sequences, pooled. Thread-safe (one decode at a time)."""
 
     def __init__(self, model: Model, *, n_ctx: int | None = 512, n_batch: int = 512, n_seq_max: int = 8,
-                 n_threads: int | None = None, kv_type: str = "f16", sparse_threshold: float | None = None,
-                 dense: bool = False, pooling: str | None = None):
+                 n_threads: int | None = None, kv_type: str | tuple[str, str] = "f16",
+                 sparse_threshold: float | None = None, dense: bool = False, pooling: str | None = None):
         self.model = model
         self.pooling = check_pooling(pooling or default_pooling(model))
         # this context stays on the CPU (an offload would copy the device weights once more for it)

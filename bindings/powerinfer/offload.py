@@ -122,7 +122,7 @@ def _log_dense(ctx, st: OffloadStats, n_gpu_layers: int) -> None:
 
 
 def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_index: bool,
-          n_gpu_layers: int | None, main_gpu: int = 0, kv_type: str = "f16") -> None:
+          n_gpu_layers: int | None, main_gpu: int = 0, kv_type: str | tuple[str, str] = "f16") -> None:
     """Sets ctx.gpu_plan, ctx.gpu_index, ctx.offload (OffloadStats or None) and ctx.gpu_warnings."""
     model = ctx.model
     hp = model.hparams

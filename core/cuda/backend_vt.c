@@ -82,6 +82,8 @@ static int32_t cu_supports(pi_backend *be, int32_t op, int32_t type) {
         case PI_BOP_LAYER_NORM: case PI_BOP_ROPE_FREQS: case PI_BOP_NEURON_COUNTS: case PI_BOP_COPY_2D:
         case PI_BOP_SCALE: case PI_BOP_SPARSE_BIAS:
             return 0;
+        case PI_BOP_KV_CACHE:   /* the attention kernel reads f16 and f32 rows */
+            return type == PI_TYPE_F16 || type == PI_TYPE_F32;
         default:
             return 1;
     }

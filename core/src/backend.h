@@ -28,7 +28,8 @@ typedef struct pi_backend pi_backend;
 enum {   /* op ids for supports_op */
     PI_BOP_MUL_MAT, PI_BOP_RMS_NORM, PI_BOP_LAYER_NORM, PI_BOP_ROPE, PI_BOP_ROPE_FREQS, PI_BOP_ATTENTION,
     PI_BOP_BINARY, PI_BOP_GLU, PI_BOP_SCALE, PI_BOP_FILL, PI_BOP_GET_ROWS, PI_BOP_SET_ROWS, PI_BOP_COPY_2D,
-    PI_BOP_PREDICTOR, PI_BOP_SPARSE_FFN, PI_BOP_SPARSE_BIAS, PI_BOP_NEURON_COUNTS
+    PI_BOP_PREDICTOR, PI_BOP_SPARSE_FFN, PI_BOP_SPARSE_BIAS, PI_BOP_NEURON_COUNTS,
+    PI_BOP_KV_CACHE   /* a KV cache of `type`: set_rows into it, attention over it */
 };
 
 /* What one backend's scratch area must hold for a model at T tokens and n_ctx KV cells. */

@@ -33,8 +33,8 @@
 #include <string.h>
 
 pi_context_params pi_context_default_params(void) {
-    return (pi_context_params){ .n_ctx = 512, .n_batch = 512, .n_seq_max = 1, .n_threads = 0, .kv_type = PI_TYPE_F16,
-                                .sparse_threshold = 0.0f, .sparse_mode = PI_SPARSE_PREDICT,
+    return (pi_context_params){ .n_ctx = 512, .n_batch = 512, .n_seq_max = 1, .n_threads = 0, .type_k = PI_TYPE_F16,
+                                .type_v = PI_TYPE_F16, .sparse_threshold = 0.0f, .sparse_mode = PI_SPARSE_PREDICT,
                                 .sparse_gather_max = 1 };
 }
 
@@ -132,8 +132,8 @@ void pi_context_place_cpu(pi_context *ctx) {
     const pi_model *m = ctx->model;
     for (int32_t il = 0; il < m->hp.n_layer; il++)
         ctx->lx[il] = (pi_layer_exec){ .attn = &ctx->cpu, .ffn = &ctx->cpu, .attn_w = &m->layers[il],
-                                       .ffn_w = &m->layers[il], .k = pi_kv_row(&ctx->kv, ctx->kv.k, il, 0),
-                                       .v = pi_kv_row(&ctx->kv, ctx->kv.v, il, 0),
+                                       .ffn_w = &m->layers[il], .k = pi_kv_k_row(&ctx->kv, il, 0),
+                                       .v = pi_kv_v_row(&ctx->kv, il, 0),
                                        .rope_freqs = m->rope_freqs.data };
     ctx->out = &ctx->cpu;
     ctx->out_w = &m->output;
@@ -151,8 +151,10 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.n_seq_max < 1 || p.n_seq_max > PI_MAX_SEQ)
         return pi_fail(PI_ERR_INVALID_ARG, "n_seq_max = %d must be in [1, %d]", p.n_seq_max, PI_MAX_SEQ);
-    if (p.kv_type != PI_TYPE_F16 && p.kv_type != PI_TYPE_F32)
-        return pi_fail(PI_ERR_INVALID_ARG, "kv_type must be f16 or f32");
+    const int64_t head_dim = pi_head_dim(&model->hp);
+    pi_status type_st = pi_kv_type_check(p.type_k, head_dim, "K");
+    if (type_st == PI_OK) type_st = pi_kv_type_check(p.type_v, head_dim, "V");
+    if (type_st != PI_OK) return type_st;
 
     pi_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
@@ -163,7 +165,8 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     pi_status st = pi_threadpool_create(p.n_threads, &ctx->pool);
     if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
     ctx->params = p;
-    if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, pi_head_dim(hp) * hp->n_head_kv, p.kv_type);
+    if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, head_dim * hp->n_head_kv, p.type_k,
+                                        p.type_v);
     const pi_scratch_need need = { .model = model, .T = p.n_batch, .n_ctx = p.n_ctx };
     if (st == PI_OK) st = pi_backend_cpu_create(ctx->pool, &need, &ctx->cpu.be);
     if (st == PI_OK) st = pi_buffers_alloc(&ctx->cpu, model, p.n_batch, p.n_ctx, false);
@@ -476,15 +479,15 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     }
 
     /* the KV store: rows cells[t] of this layer's cache */
-    pi_tensor kall = pi_tensor_view(kv->type, lx->k, 2, (int64_t[]){ Ekv, kv->n_ctx });
-    pi_tensor vall = pi_tensor_view(kv->type, lx->v, 2, (int64_t[]){ Ekv, kv->n_ctx });
+    pi_tensor kall = pi_tensor_view(kv->type_k, lx->k, 2, (int64_t[]){ Ekv, kv->n_ctx });
+    pi_tensor vall = pi_tensor_view(kv->type_v, lx->v, 2, (int64_t[]){ Ekv, kv->n_ctx });
     pi_tensor k2 = f32_2d(B->k, Ekv, T), v2 = f32_2d(B->v, Ekv, T);
     TRY(OP(e, set_rows, &kall, &k2, B->cells));
     TRY(OP(e, set_rows, &vall, &v2, B->cells));
 
     /* views over cells [0, n_kv) of this layer: [hd, n_head_kv, n_kv] */
-    pi_tensor kc = pi_tensor_view(kv->type, lx->k, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
-    pi_tensor vc = pi_tensor_view(kv->type, lx->v, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
+    pi_tensor kc = pi_tensor_view(kv->type_k, lx->k, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
+    pi_tensor vc = pi_tensor_view(kv->type_v, lx->v, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
     pi_tensor mask = f32_2d(local ? B->mask_swa : B->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);

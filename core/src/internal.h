@@ -232,6 +232,7 @@ typedef struct {
 } pi_tile_session;
 
 #define PI_ATT_QK_MAX_HD 256   /* the largest head size attn_qk_f16 takes (its transposed K rows are on the stack) */
+#define PI_ATT_PV_MAX_HD 1024  /* the largest head size attn_pv takes with to_f32 (a converted row on the stack) */
 
 typedef struct pi_cpu_kernels {
     pi_type_kernels type[PI_TYPE_TABLE_END];
@@ -248,10 +249,11 @@ typedef struct pi_cpu_kernels {
                         int64_t k_stride, float *const *s);
     /* a prompt's attention V step (arch/attention.c): first p[j][c] *= inv[j] over c0 <= c < c1 (softmax_exp's
      * numerators become attend's probabilities, in place), then y[j][e] += p[j][c] v_c[e] over those cells in
-     * order, v_c = the f16 row at v + c v_stride, skipping cells with p[j][c] == -inf; each element as
-     * pi_axpy_f16 adds */
-    void (*attn_pv_f16)(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1,
-                        const void *v, int64_t v_stride, float *const *y);
+     * order, v_c = the row at v + c v_stride (f16; to_f32 given: another type's, as to_f32 gives its values,
+     * hd <= PI_ATT_PV_MAX_HD), skipping cells with p[j][c] == -inf; each element as pi_axpy_f16 adds (another
+     * type: pi_axpy_f32 over the values) */
+    void (*attn_pv)(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
+                    int64_t v_stride, pi_to_f32_fn to_f32, float *const *y);
     /* y[i] = op(x[i]) for a row (SiLU/GELU/ReLU; y may alias x); an element's result depends only on its value */
     void (*activation_row)(int32_t op, int64_t n, const float *x, float *y);
     /* attention's softmax numerator over a row of n scores: hidden cells (mask[i] == -inf) become -inf, the

@@ -6,23 +6,45 @@
 #include <stdlib.h>
 #include <string.h>
 
-pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_embd_kv, int32_t type) {
+pi_status pi_kv_type_check(int32_t type, int64_t head_dim, const char *which) {
+    static const int32_t TYPES[] = { PI_TYPE_F32, PI_TYPE_F16, PI_TYPE_BF16, PI_TYPE_Q8_0, PI_TYPE_Q4_0, PI_TYPE_Q4_1,
+                                     PI_TYPE_Q5_0, PI_TYPE_Q5_1 };
+    bool known = false;
+    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++) known |= TYPES[i] == type;
+    if (!known)
+        return pi_fail(PI_ERR_INVALID_ARG, "%s cache type %s: the KV cache is f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 "
+                       "or q5_1", which, pi_type_name(type));
+    if (type != PI_TYPE_F16 && type != PI_TYPE_F32 && head_dim > PI_ATT_PV_MAX_HD)
+        return pi_fail(PI_ERR_INVALID_ARG, "%s cache type %s: heads of %lld values (at most %d for it)", which,
+                       pi_type_name(type), (long long)head_dim, PI_ATT_PV_MAX_HD);
+    const int64_t block = pi_traits(type)->block_size;
+    if (head_dim % block != 0)
+        return pi_fail(PI_ERR_INVALID_ARG, "%s cache type %s: the model's head size %lld is not a multiple of its "
+                       "blocks of %lld", which, pi_type_name(type), (long long)head_dim, (long long)block);
+    return PI_OK;
+}
+
+pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_embd_kv, int32_t type_k,
+                     int32_t type_v) {
     memset(kv, 0, sizeof *kv);
     kv->n_ctx = n_ctx;
     kv->n_layer = n_layer;
-    kv->type = type;
+    kv->type_k = type_k;
+    kv->type_v = type_v;
     kv->n_embd_kv = n_embd_kv;
-    kv->row_bytes = pi_row_bytes(type, n_embd_kv);
-    const uint64_t bytes = (uint64_t)n_layer * (uint64_t)n_ctx * (uint64_t)kv->row_bytes;
-    if (bytes / (uint64_t)kv->row_bytes / (uint64_t)n_ctx != (uint64_t)n_layer || bytes > ((uint64_t)1 << 46))
+    kv->k_row_bytes = pi_row_bytes(type_k, n_embd_kv);
+    kv->v_row_bytes = pi_row_bytes(type_v, n_embd_kv);
+    const uint64_t cell = (uint64_t)kv->k_row_bytes + (uint64_t)kv->v_row_bytes;   /* per layer */
+    const uint64_t bytes = (uint64_t)n_layer * (uint64_t)n_ctx * cell;
+    if (bytes / cell / (uint64_t)n_ctx != (uint64_t)n_layer || bytes > ((uint64_t)1 << 46))
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "KV cache of %d cells is too large", n_ctx);
     kv->cells = malloc((size_t)n_ctx * sizeof *kv->cells);
-    kv->k = malloc((size_t)bytes);
-    kv->v = malloc((size_t)bytes);
+    kv->k = malloc((size_t)n_layer * (size_t)n_ctx * (size_t)kv->k_row_bytes);
+    kv->v = malloc((size_t)n_layer * (size_t)n_ctx * (size_t)kv->v_row_bytes);
     if (!kv->cells || !kv->k || !kv->v) {
         pi_kv_release(kv);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a KV cache of %d cells (%.1f MiB)", n_ctx,
-                       2.0 * (double)bytes / (1 << 20));
+                       (double)bytes / (1 << 20));
     }
     for (int32_t i = 0; i < n_ctx; i++) kv->cells[i] = (pi_kv_cell){ -1, 0 };
     return PI_OK;
@@ -111,26 +133,38 @@ int32_t pi_kv_used_cells(pi_context *ctx) {
 }
 
 /* ---- a sequence's state (pi_kv_seq_state_*) ----
- * Layout, little-endian: header (magic "PIKVSEQ\1", n_layer, type, n_embd_kv, row_bytes, n), the n positions
- * (int32, ascending), then per layer the n K rows and the n V rows (row_bytes each, the cache's own format). Rows
- * are read and written through each layer's backend, so layers whose KV lives on a device take part too. */
-static const char STATE_MAGIC[8] = { 'P', 'I', 'K', 'V', 'S', 'E', 'Q', 1 };
+ * Layout, little-endian: header (magic "PIKVSEQ\2", n_layer, type_k, type_v, n_embd_kv, k_row_bytes, v_row_bytes,
+ * n), the n positions (int32, ascending), then per layer the n K rows and the n V rows (k_row_bytes and v_row_bytes
+ * each, the cache's own format). Version 1 (one type and row size for K and V, then n) is read too. Rows are read
+ * and written through each layer's backend, so layers whose KV lives on a device take part too. */
+static const char STATE_MAGIC[8] = { 'P', 'I', 'K', 'V', 'S', 'E', 'Q', 2 };
 
 typedef struct {
+    char    magic[8];
+    int32_t n_layer, type_k, type_v, reserved;
+    int64_t n_embd_kv, k_row_bytes, v_row_bytes;
+    int32_t n, reserved2;
+} seq_state_header;
+
+typedef struct {   /* version 1 */
     char    magic[8];
     int32_t n_layer, type;
     int64_t n_embd_kv, row_bytes;
     int32_t n, reserved;
-} seq_state_header;
+} seq_state_header_v1;
 
 static int cmp_pos_cell(const void *a, const void *b) {   /* (pos, cell) pairs by position */
     const int32_t *x = a, *y = b;
     return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
+/* A state's bytes after its header: n positions and every layer's n K and n V rows. */
+static size_t body_bytes(const pi_kv_cache *kv, int32_t n) {
+    return (size_t)n * sizeof(int32_t) + (size_t)kv->n_layer * (size_t)n * (size_t)(kv->k_row_bytes + kv->v_row_bytes);
+}
+
 static size_t state_bytes(const pi_kv_cache *kv, int32_t n) {
-    return sizeof(seq_state_header) + (size_t)n * sizeof(int32_t) +
-           2 * (size_t)kv->n_layer * (size_t)n * (size_t)kv->row_bytes;
+    return sizeof(seq_state_header) + body_bytes(kv, n);
 }
 
 static bool in_state(const pi_kv_cell *cell, int32_t seq, int32_t p0, int32_t p1) {
@@ -140,16 +174,17 @@ static bool in_state(const pi_kv_cell *cell, int32_t seq, int32_t p0, int32_t p1
 /* The state's rows <-> the cache: per layer the n K rows, then the n V rows, of cells[0..n), through each layer's
  * backend (to_cache: upload from buf, else download into buf). */
 static pi_status copy_rows(pi_context *ctx, const int32_t *cells, int32_t n, char *buf, bool to_cache) {
-    const int64_t rb = ctx->kv.row_bytes;
     pi_status st = PI_OK;
     for (int32_t il = 0; il < ctx->kv.n_layer && st == PI_OK; il++) {
         const pi_layer_exec *lx = &ctx->lx[il];
         pi_backend *be = lx->attn->be;
-        for (int half = 0; half < 2 && st == PI_OK; half++)
+        for (int half = 0; half < 2 && st == PI_OK; half++) {
+            const int64_t rb = half ? ctx->kv.v_row_bytes : ctx->kv.k_row_bytes;
             for (int32_t i = 0; i < n && st == PI_OK; i++, buf += rb) {
                 char *row = (half ? lx->v : lx->k) + (int64_t)cells[i] * rb;
                 st = to_cache ? be->i->upload(be, row, buf, (size_t)rb) : be->i->download(be, buf, row, (size_t)rb);
             }
+        }
     }
     return st;
 }
@@ -182,8 +217,9 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
         if (in_state(&kv->cells[c], seq, p0, p1)) { pc[2 * k] = kv->cells[c].pos; pc[2 * k + 1] = c; k++; }
     qsort(pc, (size_t)n, 2 * sizeof(int32_t), cmp_pos_cell);
     char *p = dst;
-    seq_state_header h = { .n_layer = kv->n_layer, .type = kv->type, .n_embd_kv = kv->n_embd_kv,
-                           .row_bytes = kv->row_bytes, .n = n };
+    seq_state_header h = { .n_layer = kv->n_layer, .type_k = kv->type_k, .type_v = kv->type_v,
+                           .n_embd_kv = kv->n_embd_kv, .k_row_bytes = kv->k_row_bytes, .v_row_bytes = kv->v_row_bytes,
+                           .n = n };
     memcpy(h.magic, STATE_MAGIC, sizeof h.magic);
     memcpy(p, &h, sizeof h);
     p += sizeof h;
@@ -195,24 +231,38 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
     return st;
 }
 
-/* The header of a state buffer, checked as far as it goes without a cache: the magic, n >= 0 and n positions in size. */
-static pi_status read_header(const void *src, size_t size, seq_state_header *h) {
-    if (!src || size < sizeof *h) return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state: %zu bytes", size);
-    memcpy(h, src, sizeof *h);
-    if (memcmp(h->magic, STATE_MAGIC, sizeof h->magic) != 0)
-        return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state (bad magic)");
-    if (h->n < 0 || (size - sizeof *h) / sizeof(int32_t) < (size_t)h->n)
+/* The header of a state buffer (version 1's in version 2's fields; *at: the header's bytes, where the positions
+ * start), checked as far as it goes without a cache: the magic, n >= 0 and n positions in size. */
+static pi_status read_header(const void *src, size_t size, seq_state_header *h, size_t *at) {
+    static const char MAGIC_V1[8] = { 'P', 'I', 'K', 'V', 'S', 'E', 'Q', 1 };
+    *at = 0;
+    if (!src || size < sizeof(seq_state_header_v1))
+        return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state: %zu bytes", size);
+    if (memcmp(src, MAGIC_V1, sizeof MAGIC_V1) == 0) {
+        seq_state_header_v1 h1;
+        memcpy(&h1, src, sizeof h1);
+        *h = (seq_state_header){ .n_layer = h1.n_layer, .type_k = h1.type, .type_v = h1.type, .n_embd_kv = h1.n_embd_kv,
+                                 .k_row_bytes = h1.row_bytes, .v_row_bytes = h1.row_bytes, .n = h1.n };
+        *at = sizeof h1;
+    } else {
+        if (size < sizeof *h || memcmp(src, STATE_MAGIC, sizeof STATE_MAGIC) != 0)
+            return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state (bad magic)");
+        memcpy(h, src, sizeof *h);
+        *at = sizeof *h;
+    }
+    if (h->n < 0 || (size - *at) / sizeof(int32_t) < (size_t)h->n)
         return pi_fail(PI_ERR_INVALID_ARG, "not a sequence state: it claims %d tokens, %zu bytes hold at most %zu positions",
-                       h->n, size, (size - sizeof *h) / sizeof(int32_t));
+                       h->n, size, (size - *at) / sizeof(int32_t));
     return PI_OK;
 }
 
 pi_status pi_kv_seq_state_positions(const void *src, size_t size, int32_t *dst, int32_t capacity, int32_t *n) {
     seq_state_header h;
-    const pi_status st = read_header(src, size, &h);
+    size_t at;
+    const pi_status st = read_header(src, size, &h, &at);
     if (st != PI_OK) return st;
     if (capacity < 0 || (capacity > 0 && !dst)) return pi_fail(PI_ERR_INVALID_ARG, "positions: bad destination");
-    if (dst) memcpy(dst, (const char *)src + sizeof h, (size_t)PI_MIN(capacity, h.n) * sizeof(int32_t));
+    if (dst) memcpy(dst, (const char *)src + at, (size_t)PI_MIN(capacity, h.n) * sizeof(int32_t));
     if (n) *n = h.n;
     return PI_OK;
 }
@@ -223,20 +273,23 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
     if (st != PI_OK) return st;
     pi_kv_cache *kv = &ctx->kv;
     seq_state_header h;
-    if ((st = read_header(src, size, &h)) != PI_OK) return st;
-    if (h.n_layer != kv->n_layer || h.type != kv->type || h.n_embd_kv != kv->n_embd_kv || h.row_bytes != kv->row_bytes)
-        return pi_fail(PI_ERR_INVALID_ARG, "the state is of another KV layout (%d layers, %s cache, width %lld; this "
-                       "context: %d, %s, %lld)", h.n_layer, pi_type_name(h.type), (long long)h.n_embd_kv, kv->n_layer,
-                       pi_type_name(kv->type), (long long)kv->n_embd_kv);
+    size_t header;
+    if ((st = read_header(src, size, &h, &header)) != PI_OK) return st;
+    if (h.n_layer != kv->n_layer || h.type_k != kv->type_k || h.type_v != kv->type_v || h.n_embd_kv != kv->n_embd_kv ||
+        h.k_row_bytes != kv->k_row_bytes || h.v_row_bytes != kv->v_row_bytes)
+        return pi_fail(PI_ERR_INVALID_ARG, "the state is of another KV layout (%d layers, K %s, V %s, width %lld; this "
+                       "context: %d, %s, %s, %lld)", h.n_layer, pi_type_name(h.type_k), pi_type_name(h.type_v),
+                       (long long)h.n_embd_kv, kv->n_layer, pi_type_name(kv->type_k), pi_type_name(kv->type_v),
+                       (long long)kv->n_embd_kv);
     if (h.n > kv->n_ctx)   /* (n >= 0: read_header) */
         return pi_fail(PI_ERR_INVALID_ARG, "the state holds %d tokens, the context %d cells", h.n, kv->n_ctx);
     const int32_t n = h.n;
     if (cells && n_cells != n)
         return pi_fail(PI_ERR_INVALID_ARG, "%d cells given for a state of %d tokens", n_cells, n);
-    if (size != state_bytes(kv, n))
-        return pi_fail(PI_ERR_INVALID_ARG, "the state of %d tokens takes %zu bytes, not %zu", n, state_bytes(kv, n),
-                       size);
-    const char *p = (const char *)src + sizeof h;
+    if (size != header + body_bytes(kv, n))
+        return pi_fail(PI_ERR_INVALID_ARG, "the state of %d tokens takes %zu bytes, not %zu", n,
+                       header + body_bytes(kv, n), size);
+    const char *p = (const char *)src + header;
     int32_t *pos = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));
     int32_t *at = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));   /* the tokens' cells */
     uint8_t *target = calloc((size_t)kv->n_ctx, 1);

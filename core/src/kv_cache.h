@@ -16,24 +16,31 @@ typedef struct pi_kv_cell {
 typedef struct pi_kv_cache {
     int32_t     n_ctx;       /* cells */
     int32_t     n_layer;
-    int32_t     type;        /* PI_TYPE_F16 or PI_TYPE_F32 */
-    int64_t     n_embd_kv;   /* head_dim * n_head_kv */
-    int64_t     row_bytes;   /* bytes of one cell's row in one layer */
+    int32_t     type_k, type_v;          /* the K and V rows' types (pi_kv_type_check) */
+    int64_t     n_embd_kv;               /* head_dim * n_head_kv */
+    int64_t     k_row_bytes, v_row_bytes;   /* bytes of one cell's K (V) row in one layer */
     pi_kv_cell *cells;       /* [n_ctx] */
     char       *k;           /* [n_layer][n_ctx][n_embd_kv] */
     char       *v;           /* [n_layer][n_ctx][n_embd_kv] */
 } pi_kv_cache;
 
-pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_embd_kv, int32_t type);
+/* Whether rows of head_dim values can be cached as `type` (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1: llama.cpp's
+ * cache types but iq4_nl, which this library cannot quantize to); PI_OK or an error naming `which` ("K", "V"). */
+pi_status pi_kv_type_check(int32_t type, int64_t head_dim, const char *which);
+pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_embd_kv, int32_t type_k,
+                     int32_t type_v);
 void      pi_kv_release(pi_kv_cache *kv);
 /* Claims one free cell per token (written to cells[i]) and tags it with pos/seq. */
 pi_status pi_kv_claim(pi_kv_cache *kv, int32_t n, const int32_t *pos, const int32_t *seq, int32_t *cells);
 void      pi_kv_unclaim(pi_kv_cache *kv, int32_t n, const int32_t *cells);
 /* Cells [0, n) cover every used cell. */
 int32_t   pi_kv_span(const pi_kv_cache *kv);
-/* Pointer to the K (or V) row of a cell in a layer. */
-static inline char *pi_kv_row(const pi_kv_cache *kv, char *base, int32_t layer, int32_t cell) {
-    return base + ((int64_t)layer * kv->n_ctx + cell) * kv->row_bytes;
+/* Pointers to the K and V rows of a cell in a layer. */
+static inline char *pi_kv_k_row(const pi_kv_cache *kv, int32_t layer, int32_t cell) {
+    return kv->k + ((int64_t)layer * kv->n_ctx + cell) * kv->k_row_bytes;
+}
+static inline char *pi_kv_v_row(const pi_kv_cache *kv, int32_t layer, int32_t cell) {
+    return kv->v + ((int64_t)layer * kv->n_ctx + cell) * kv->v_row_bytes;
 }
 
 #endif

@@ -261,7 +261,8 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
 
     /* count every device byte first */
     pi_offload_stats s = { .device = p->device, .output = p->output };
-    const size_t kv_layer = 2 * pad((size_t)ctx->kv.n_ctx * (size_t)ctx->kv.row_bytes);
+    const size_t kv_layer = pad((size_t)ctx->kv.n_ctx * (size_t)ctx->kv.k_row_bytes) +
+                            pad((size_t)ctx->kv.n_ctx * (size_t)ctx->kv.v_row_bytes);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi_layer_placement *pl = &p->layers[il];
         const pi_layer *FL = &m->file_layers[il];
@@ -313,6 +314,15 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
         st = pi_fail(PI_ERR_UNSUPPORTED, "offload: %s cannot count neurons (count_neurons)", be->i->name);
         goto fail;
     }
+    for (int half = 0; half < 2 && s.n_attn_layers > 0; half++) {
+        const int32_t type = half ? ctx->kv.type_v : ctx->kv.type_k;
+        if (!be->i->supports_op(be, PI_BOP_KV_CACHE, type)) {
+            st = pi_fail(PI_ERR_UNSUPPORTED, "offload: %s has no %s cache of type %s (layers whose attention is on "
+                         "the device keep their KV cache there): use f16 or f32, or keep attention on the CPU",
+                         be->i->name, half ? "V" : "K", pi_type_name(type));
+            goto fail;
+        }
+    }
     if (s.n_attn_layers > 0 && m->rope_freqs.data && !be->i->supports_op(be, PI_BOP_ROPE_FREQS, -1)) {
         st = pi_fail(PI_ERR_UNSUPPORTED, "offload: %s has no rope with frequency factors (rope_freqs)", be->i->name);
         goto fail;
@@ -335,9 +345,8 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
             st = upload_fields(ctx, FL, DL, ATTN_FIELDS, N(ATTN_FIELDS));
             if (st == PI_OK && hp->sparse) st = upload_fields(ctx, FL, DL, SPARSE_IO_FIELDS, N(SPARSE_IO_FIELDS));
             void *k = NULL, *v = NULL;
-            const size_t kvb = (size_t)ctx->kv.n_ctx * (size_t)ctx->kv.row_bytes;
-            if (st == PI_OK) st = dalloc(ctx, kvb, &k);
-            if (st == PI_OK) st = dalloc(ctx, kvb, &v);
+            if (st == PI_OK) st = dalloc(ctx, (size_t)ctx->kv.n_ctx * (size_t)ctx->kv.k_row_bytes, &k);
+            if (st == PI_OK) st = dalloc(ctx, (size_t)ctx->kv.n_ctx * (size_t)ctx->kv.v_row_bytes, &v);
             lx[il].attn = &ctx->dev;
             lx[il].attn_w = DL;
             lx[il].k = k;

@@ -786,14 +786,29 @@ pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, cons
 
 typedef struct {
     const pi_tensor *q, *k, *v, *mask;
+    const char *qx;       /* NULL: K's vec_dot takes q's f32 rows; else q's rows in K's vec_dot_type, [T][H] */
+    int64_t qx_row;       /* bytes of one such row */
     float scale;
     pi_tensor *out;
-    float *scratch;       /* per thread: [score_rows][n_kv] scores */
-    int64_t score_rows;   /* heads of a token (ATT_HEADS), or a prompt block's rows */
+    float *scratch;       /* per thread (per_thread floats): [score rows][n_kv] scores, for attend then [8][hd] */
+    int64_t per_thread;   /* score rows: heads of a token (ATT_HEADS) or a prompt block's rows; times n_kv, + 8 hd */
     int block;            /* prompts: queries per block (attention_block) */
     int item_heads;       /* prompts: heads per work item (attention_item_heads) */
     int64_t *items;       /* prompts: thread i's work items are [items[i], items[i + 1]) */
 } attention_args;
+
+/* Query head h of token t as K's vec_dot takes it. */
+static const void *q_row(const attention_args *a, int64_t t, int64_t h) {
+    return a->qx ? (const void *)(a->qx + (t * a->q->ne[1] + h) * a->qx_row) : (const void *)ROW_F32(a->q, h, t, 0);
+}
+
+/* Whether cells c .. c+n-1 are all visible (mask: a query's row, NULL: every cell). */
+static inline bool all_seen(const float *mask, int64_t c, int n) {
+    if (!mask) return true;
+    for (int k = 0; k < n; k++)
+        if (mask[c + k] == -INFINITY) return false;
+    return true;
+}
 
 /* Heads h0 .. h0+nh-1 of token t; scores [nh][n_kv]. */
 static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, float *scores) {
@@ -801,18 +816,36 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     const int64_t group = H / a->k->ne[1];
     const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
     const float *mask = a->mask ? ROW_F32(a->mask, t, 0, 0) : NULL;
-    const float *q[ATT_HEADS];
+    const void *q[ATT_HEADS];
     const char *kbase[ATT_HEADS], *vbase[ATT_HEADS];
     for (int64_t j = 0; j < nh; j++) {
-        q[j] = ROW_F32(a->q, h0 + j, t, 0);
+        q[j] = q_row(a, t, h0 + j);
         kbase[j] = (const char *)a->k->data + (h0 + j) / group * a->k->nb[1];
         vbase[j] = (const char *)a->v->data + (h0 + j) / group * a->v->nb[1];
     }
     void (*const dot4)(int64_t, const void *const *, const float *, float *) = pi_cpu()->vec_dot4_f16_f32;
     const int64_t ahead = pi_cpu_software_prefetch() ? ATT_PREFETCH_CELLS : 0;   /* cells; 0: none */
     const int64_t k_bytes = pi_row_bytes(a->k->type, hd), v_bytes = pi_row_bytes(a->v->type, hd);
-    for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four at a time where possible */
+    /* other K types: 8 visible cells at a time through the type's vec_dot8 (vec_dot's bits), one call for the heads
+     * of a KV head (a run of heads whose q rows lie q_stride apart) */
+    const bool dot8 = a->k->type != PI_TYPE_F16 && kt->vec_dot8;
+    const int64_t q_stride = a->qx ? a->qx_row : a->q->nb[1];
+    for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four or eight at a time where possible */
         if (mask && mask[c] == -INFINITY) continue;
+        if (dot8 && c + 8 <= n_kv && all_seen(mask, c, 8)) {
+            for (int64_t j = 0; j < nh;) {
+                int64_t r = 1;   /* heads j .. j + r - 1 read the same KV head */
+                while (j + r < nh && r < PI_DOT8_MAX_T && kbase[j + r] == kbase[j]) r++;
+                const void *rows[8];
+                for (int k = 0; k < 8; k++) rows[k] = kbase[j] + (c + k) * a->k->nb[2];
+                if (ahead && c + 8 + ahead <= n_kv)
+                    pi_prefetch_rows((const char *)rows[0] + ahead * a->k->nb[2], 8, a->k->nb[2], k_bytes);
+                kt->vec_dot8(hd, rows, q[j], q_stride, (int)r, scores + j * n_kv + c, n_kv);
+                j += r;
+            }
+            c += 7;
+            continue;
+        }
         if (a->k->type == PI_TYPE_F16 && c + 4 <= n_kv && (!mask || (mask[c + 1] != -INFINITY &&
                                         mask[c + 2] != -INFINITY && mask[c + 3] != -INFINITY))) {
             for (int64_t j = 0; j < nh; j++) {
@@ -837,7 +870,11 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
         inv[j] = 1.0f / sum;
     }
     if (!any) return;
-    /* out += p_c v_c in cell order, eight visible cells per pass where the type has axpy8 */
+    /* out += p_c v_c in cell order, eight visible cells per pass where the type has axpy8; V rows of a type other
+     * than f16 and f32 as f32 values (to_f32, exact) by pi_axpy_f32, as attn_pv adds them */
+    const bool v_f32 = a->v->type != PI_TYPE_F16 && a->v->type != PI_TYPE_F32;
+    const pi_type_traits *at = v_f32 ? pi_traits(PI_TYPE_F32) : vt;
+    float *vrow = scores + ATT_HEADS * n_kv;   /* v_f32: [8][hd], after the scores (pi_attention's scratch) */
     int64_t cells[8];
     int nv = 0;
     for (int64_t c = 0; c <= n_kv; c++) {
@@ -856,7 +893,12 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
                 if (ahead && cells[k] + ahead < n_kv)
                     pi_prefetch_rows((const char *)rows[k] + ahead * a->v->nb[2], 1, 0, v_bytes);
             }
-            pi_axpy_rows(vt, hd, nv, pc, rows, out);
+            if (v_f32)
+                for (int k = 0; k < nv; k++) {
+                    vt->to_f32(rows[k], vrow + k * hd, hd);
+                    rows[k] = vrow + k * hd;
+                }
+            pi_axpy_rows(at, hd, nv, pc, rows, out);
         }
         nv = 0;
     }
@@ -895,8 +937,8 @@ static void scores_by_vec_dot(const attention_args *a, int64_t t0, int nt, int64
                               const float *const *mask, float *scores) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2];
     const pi_type_traits *kt = pi_traits(a->k->type);
-    const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
-    const int64_t q_stride = a->q->nb[2];
+    const char *q0 = q_row(a, t0, h);
+    const int64_t q_stride = a->qx ? a->q->ne[1] * a->qx_row : a->q->nb[2];
 #define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
     for (int64_t c = 0; c < n_kv;) {
         const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
@@ -983,10 +1025,11 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
         live[n_live++] = r;
     }
     /* out_j += p_jc v_c over the cells query j sees, in cell order, p_jc = e_jc * (1 / sum) as attend computes it
-     * (e_jc: softmax_exp's numerator; -inf where hidden): an f16 cache through attn_pv_f16 (which forms p_jc a
-     * block of cells at a time, while the block's numerators are in cache), any other cache query by query, 8
-     * cells at a time (pi_axpy_rows); either way the bits of attend's axpy per cell. */
-    if (a->v->type == PI_TYPE_F16) {
+     * (e_jc: softmax_exp's numerator; -inf where hidden): through attn_pv (which forms p_jc a block of cells at a
+     * time, while the block's numerators are in cache; rows of types other than f16 as to_f32's values), or, for
+     * f32 rows of heads past PI_ATT_PV_MAX_HD, query by query, 8 cells at a time (pi_axpy_rows); either way the
+     * bits of attend's axpy per cell. */
+    if (a->v->type == PI_TYPE_F16 || hd <= PI_ATT_PV_MAX_HD) {
         float *p[ATT_ROWS_MAX], *y[ATT_ROWS_MAX], inv_live[ATT_ROWS_MAX];
         int64_t c0 = n_kv, c1 = 0;   /* the cells some query sees are within [c0, c1) */
         for (int i = 0; i < n_live; i++) {
@@ -996,7 +1039,9 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
             c0 = PI_MIN(c0, lo[live[i]]);   /* a live query's numerators are -inf exactly where it sees nothing */
             c1 = PI_MAX(c1, hi[live[i]]);
         }
-        if (n_live) pi_cpu()->attn_pv_f16(hd, n_live, p, inv_live, c0, c1, vbase, a->v->nb[2], y);
+        if (n_live)
+            pi_cpu()->attn_pv(hd, n_live, p, inv_live, c0, c1, vbase, a->v->nb[2],
+                              a->v->type == PI_TYPE_F16 ? NULL : vt->to_f32, y);
     } else
         for (int i = 0; i < n_live; i++) {
             const float *e_row = scores + live[i] * n_kv, f = inv[live[i]];
@@ -1020,8 +1065,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
 
 static void attention_task(void *p, int ith, int nth) {
     attention_args *a = p;
-    const int64_t H = a->q->ne[1], T = a->q->ne[2], n_kv = a->k->ne[2];
-    float *scores = a->scratch + (size_t)ith * (size_t)(a->score_rows * n_kv);
+    const int64_t H = a->q->ne[1], T = a->q->ne[2];
+    float *scores = a->scratch + (size_t)ith * (size_t)a->per_thread;
     int64_t w0, w1;
     if (T > 1) {   /* prompts: work items of (a block of queries, item_heads heads), block by block */
         const int64_t units = H / a->item_heads;
@@ -1075,6 +1120,23 @@ static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t un
     while (i <= nth) items[i++] = n_blocks * units;
 }
 
+typedef struct {
+    const pi_tensor *q;
+    const pi_type_traits *xt;   /* K's vec_dot_type */
+    char *qx;
+    int64_t qx_row;
+} q_convert_args;
+
+/* q's rows [T][H] into K's vec_dot_type (a quantized cache's dot products take the activations that type's way, as
+ * mul_mat's do). */
+static void q_convert_task(void *p, int ith, int nth) {
+    const q_convert_args *a = p;
+    const int64_t H = a->q->ne[1];
+    int64_t r0, r1;
+    split_range(H * a->q->ne[2], ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) a->xt->from_f32(ROW_F32(a->q, r % H, r / H, 0), a->qx + r * a->qx_row, a->q->ne[0]);
+}
+
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                        const pi_tensor *mask, float scale, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
@@ -1082,18 +1144,25 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
     const int ng = attention_item_heads(q, k, v);
     const int block = attention_block(T, q->ne[1] / ng, ng, n_kv, nth);
     const int64_t score_rows = T > 1 ? block * ng : ATT_HEADS;
-    float *scratch = malloc((size_t)nth * (size_t)(score_rows * n_kv) * sizeof(float));
+    const int64_t per_thread = score_rows * n_kv + (T > 1 ? 0 : 8 * q->ne[0]);   /* attend: + [8][hd] V rows */
+    const int32_t q_type = pi_traits(k->type)->vec_dot_type;
+    q_convert_args qc = { q, pi_traits(q_type), NULL, pi_row_bytes(q_type, q->ne[0]) };
+    float *scratch = malloc((size_t)nth * (size_t)per_thread * sizeof(float));
     int64_t *items = malloc((size_t)(nth + 1) * sizeof *items);
-    if (!scratch || !items) {
+    if (q_type != PI_TYPE_F32) qc.qx = malloc((size_t)(qc.qx_row * q->ne[1] * T));
+    if (!scratch || !items || (q_type != PI_TYPE_F32 && !qc.qx)) {
         free(scratch);
         free(items);
+        free(qc.qx);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
     }
+    if (qc.qx) pi_threadpool_run(pool, q_convert_task, &qc);
     if (T > 1) split_blocks(mask, T, block, q->ne[1] / ng, n_kv, nth, items);
-    attention_args a = { q, k, v, mask, scale, out, scratch, score_rows, block, ng, items };
+    attention_args a = { q, k, v, mask, qc.qx, qc.qx_row, scale, out, scratch, per_thread, block, ng, items };
     pi_threadpool_run(pool, attention_task, &a);
     free(scratch);
     free(items);
+    free(qc.qx);
     return PI_OK;
 }
 
@@ -1105,8 +1174,13 @@ pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tens
     RETURN_IF(check_f32(out, "attention out"));
     RETURN_IF(check_same_shape(q, out, "attention q/out"));
     RETURN_IF(check_same_shape(k, v, "attention k/v"));
-    if ((k->type != PI_TYPE_F32 && k->type != PI_TYPE_F16) || (v->type != PI_TYPE_F32 && v->type != PI_TYPE_F16))
-        return pi_fail(PI_ERR_UNSUPPORTED, "attention: k and v must be f32 or f16");
+    const pi_type_traits *kt = pi_traits(k->type), *vt = pi_traits(v->type);
+    if (!kt || !kt->vec_dot || !pi_traits(kt->vec_dot_type)->from_f32 || !vt || !vt->axpy)
+        return pi_fail(PI_ERR_UNSUPPORTED, "attention: no cache of k %s and v %s", pi_type_name(k->type),
+                       pi_type_name(v->type));
+    if (v->type != PI_TYPE_F16 && v->type != PI_TYPE_F32 && v->ne[0] > PI_ATT_PV_MAX_HD)
+        return pi_fail(PI_ERR_UNSUPPORTED, "attention: a %s v with heads of %lld values (at most %d)",
+                       pi_type_name(v->type), (long long)v->ne[0], PI_ATT_PV_MAX_HD);
     if (k->nb[0] != pi_type_block_bytes(k->type) || v->nb[0] != pi_type_block_bytes(v->type))
         return pi_fail(PI_ERR_INVALID_ARG, "attention: k and v rows must be contiguous");
     if (k->ne[0] != q->ne[0] || q->ne[3] != 1 || k->ne[3] != 1)

@@ -257,10 +257,18 @@ class Plan:
         return "\n".join(lines)
 
 
-def _kv_type_bytes(kv_type: str) -> int:
-    if kv_type not in ("f16", "f32"):
-        raise GpuSplitError(f"kv_type must be 'f16' or 'f32', not {kv_type!r}")
-    return 2 if kv_type == "f16" else 4
+def _kv_row_bytes(kv_type: str | tuple[str, str], n_embd_kv: int) -> tuple[int, int]:
+    """Bytes of one cell's K and V rows in one layer: kv_type one cache type for both, or a (K, V) pair
+    (Context's kv_type)."""
+    pair = (kv_type, kv_type) if isinstance(kv_type, str) else tuple(kv_type)
+    out = []
+    for t in pair:
+        if not isinstance(t, str) or not hasattr(lib, "PI_TYPE_" + t.upper()) or t == "i32":
+            raise GpuSplitError(f"kv_type must name a cache type (f16, f32, q8_0, ...), not {kv_type!r}")
+        out.append(row_bytes(getattr(lib, "PI_TYPE_" + t.upper()), n_embd_kv))
+    if len(out) != 2:
+        raise GpuSplitError(f"kv_type must be a type or a (K, V) pair of types, not {kv_type!r}")
+    return out[0], out[1]
 
 
 def ffn_row_bytes(info: ModelInfo) -> list[int]:
@@ -275,7 +283,7 @@ def ffn_row_bytes(info: ModelInfo) -> list[int]:
 
 
 def plan_budget(info: ModelInfo, budget_bytes: int, *, n_ctx: int = 512, n_batch: int = 512,
-                kv_type: str = "f16", explicit: bool = True, disable_gpu_index: bool = False,
+                kv_type: str | tuple[str, str] = "f16", explicit: bool = True, disable_gpu_index: bool = False,
                 group: int = GROUP, compute_bytes: int | None = None) -> Plan:
     """The dense part in priority order, then the capacity left for hot FFN rows (spec 3, with the
     KV cache and compute buffers counted). Raises BudgetError when an explicit budget cannot hold
@@ -295,11 +303,11 @@ def plan_budget(info: ModelInfo, budget_bytes: int, *, n_ctx: int = 512, n_batch
             if t.type not in GPU_TYPES:
                 unsupported.add(f"{t.name} ({type_name(t.type)})")
             items.append(PlanItem(t.name, lv, padded(t.nbytes)))
-    kvb = _kv_type_bytes(kv_type)
+    k_row, v_row = _kv_row_bytes(kv_type, info.n_embd_kv)
     for il in range(info.n_layer):
-        items.append(PlanItem(f"blk.{il} V cache", "kv_v", padded(n_ctx * info.n_embd_kv * kvb)))
+        items.append(PlanItem(f"blk.{il} V cache", "kv_v", padded(n_ctx * v_row)))
     for il in range(info.n_layer):
-        items.append(PlanItem(f"blk.{il} K cache", "kv_k", padded(n_ctx * info.n_embd_kv * kvb)))
+        items.append(PlanItem(f"blk.{il} K cache", "kv_k", padded(n_ctx * k_row)))
     if compute_bytes is not None:
         items.append(PlanItem("compute buffers and scratch (libpowerinfer)", "compute", padded(int(compute_bytes))))
     else:

@@ -12,7 +12,7 @@ import time
 from .. import act_sparsity
 from ..reasoning import FORMATS as REASONING_FORMATS
 from ..cli import add_sparse_args
-from ..cli_args import ArgumentParser, add_llama_compat_args, apply_llama_compat
+from ..cli_args import KV_TYPES, ArgumentParser, add_llama_compat_args, apply_llama_compat
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
 log = logging.getLogger("powerinfer.server")
@@ -41,7 +41,8 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="server-wide cap on generated tokens per request (-1 = none) (default: %(default)s)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="default RNG seed of requests (-1 = random)")
-    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default: %(default)s)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f16",
+                   help="the KV cache's type, K and V (-ctk / -ctv set one) (default: %(default)s)")
     p.add_argument("--api-key", action="append", default=[],
                    help="require 'Authorization: Bearer KEY' (repeatable, or comma-separated; also $LLAMA_API_KEY). "
                         "/health and /v1/models stay public")
@@ -176,9 +177,9 @@ def make_loader(args):
         log.info("model: %s", llm.model.describe())
         _prefault(llm.model)
         ctx = llm.ctx
-        log.info("context: n_ctx = %d, %d slot(s) of %d tokens, n_batch = %d, threads = %s, kv = %s",
+        log.info("context: n_ctx = %d, %d slot(s) of %d tokens, n_batch = %d, threads = %s, kv = K %s, V %s",
                  ctx.n_ctx, llm.engine.n_slots, llm.engine.n_ctx_slot, ctx.n_batch, ctx.n_threads or "auto",
-                 args.kv_type)
+                 ctx.type_k, ctx.type_v)
         if llm.model.sparse:
             log.info("PowerInfer model: %s", "every neuron computed (--dense)" if args.dense else
                      f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}")

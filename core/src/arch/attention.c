@@ -1,4 +1,4 @@
-/* attention.c: a prompt's attention kernels (ops.c attend_block) for an f16 cache: the scores and the V step.
+/* attention.c: a prompt's attention kernels (ops.c attend_block): the scores of an f16 cache and the V step of any.
  *
  * Scores: s[j][c] = pi_vec_dot_f16_f32(hd, k_c, q_j) bit for bit, for the queries j < nq and cells c0 <= c < c1. The
  * 8-row kernels keep each (cell, query) dot in its own 8-lane accumulator and end with a horizontal tree per pair
@@ -12,6 +12,8 @@
  *
  * V step:
  *   y[j][e] += p[j][c] * v_c[e]   for the queries j < nq, the cells c0 <= c < c1 in order, e < hd
+ * with v_c an f16 row, or (to_f32 given) a row of another type as to_f32 gives its values (exact in f32 for every
+ * cache type), whose operations are then pi_axpy_f32's on those values (the same as pi_axpy_f16's on an f16 row's):
  *
  * where p[j][c] == -inf marks a cell query j does not see: it is skipped for that query. p arrives as softmax_exp's
  * numerators and becomes attend's probabilities (times inv[j]) in place, a block of cells at a time as the block
@@ -21,7 +23,8 @@
  * a contiguous buffer (the cache's rows of one head lie a whole cell apart); tiles of 8 queries x PV_VECS vectors of
  * elements then stay in registers over the block. Blocks where every query of the tile sees every cell run without
  * masks; the others mask each query's fma (AVX-512: a mask register; AVX2: the old value blended back). Elements
- * past the last whole vector go through pi_axpy_f16 from there on, query by query. */
+ * past the last whole vector go through pi_axpy_f16 (pi_axpy_f32 on the converted row) from there on, query by
+ * query. */
 #include "../internal.h"
 
 #include <math.h>
@@ -226,14 +229,21 @@ void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64
 }
 #endif
 
-/* Elements [e, hd) past the last whole vector, query by query (the m real ones of the tile): pi_axpy_f16 from
- * element e (a multiple of 8) on gives them the operations its call over the whole row does. */
+/* Elements [e, hd) past the last whole vector, query by query (the m real ones of the tile): pi_axpy_f16 (f16
+ * rows; else pi_axpy_f32 over the row's values from to_f32) from element e (a multiple of 8) on gives them the
+ * operations its call over the whole row does. */
 static void tail(int64_t hd, int64_t e, const float *const *p, int m, int64_t c0, int64_t c1, const char *v,
-                 int64_t v_stride, float *const *y) {
+                 int64_t v_stride, pi_to_f32_fn to_f32, float *const *y) {
     if (e == hd) return;
-    for (int j = 0; j < m; j++)
-        for (int64_t c = c0; c < c1; c++)
-            if (p[j][c] != -INFINITY) pi_axpy_f16(hd - e, p[j][c], (const uint16_t *)(v + c * v_stride) + e, y[j] + e);
+    float row[PI_ATT_PV_MAX_HD];
+    for (int64_t c = c0; c < c1; c++) {
+        if (to_f32) to_f32(v + c * v_stride, row, hd);
+        for (int j = 0; j < m; j++) {
+            if (p[j][c] == -INFINITY) continue;
+            if (to_f32) pi_axpy_f32(hd - e, p[j][c], row + e, y[j] + e);
+            else pi_axpy_f16(hd - e, p[j][c], (const uint16_t *)(v + c * v_stride) + e, y[j] + e);
+        }
+    }
 }
 
 #if PI_HAVE_ROWS8
@@ -263,20 +273,29 @@ static inline __attribute__((always_inline)) void pv_tile(int E, bool all, const
         for (int i = 0; i < E; i++) att_store(yj[j] + e + i * ATT_W, acc[j][i]);
 }
 
-void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
-                    int64_t v_stride, float *const *y) {
+void pi_attn_pv(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
+                int64_t v_stride, pi_to_f32_fn to_f32, float *const *y) {
     const char *vb = v;
     const bool ahead = pi_cpu_software_prefetch();
+    float row[PI_ATT_PV_MAX_HD];   /* a row of another type as f32 */
     const int64_t hv = hd / ATT_W * ATT_W;   /* elements in whole vectors */
     const int64_t cells = PI_MAX(1, PI_MIN(PV_BLOCK_CELLS, PV_BLOCK_FLOATS / PI_MAX(hv, 1)));
     float vf[PV_BLOCK_FLOATS] __attribute__((aligned(64)));   /* [cells][hv]: the block's V rows as f32 */
     for (int64_t cb = c0; cb < c1; cb += cells) {
         const int64_t n = PI_MIN(cells, c1 - cb);
         if (ahead && cb + n < c1)   /* the next block's rows */
-            pi_prefetch_rows(vb + (cb + n) * v_stride, PI_MIN(cells, c1 - cb - n), v_stride, 2 * hd);
+            pi_prefetch_rows(vb + (cb + n) * v_stride, PI_MIN(cells, c1 - cb - n), v_stride,
+                             to_f32 ? v_stride : 2 * hd);
         for (int64_t c = 0; c < n; c++)
-            for (int64_t e = 0; e < hv; e += ATT_W)
-                att_store(vf + c * hv + e, att_f16((const uint16_t *)(vb + (cb + c) * v_stride) + e));
+            if (!to_f32)
+                for (int64_t e = 0; e < hv; e += ATT_W)
+                    att_store(vf + c * hv + e, att_f16((const uint16_t *)(vb + (cb + c) * v_stride) + e));
+            else if (hv == hd)
+                to_f32(vb + (cb + c) * v_stride, vf + c * hv, hd);
+            else {
+                to_f32(vb + (cb + c) * v_stride, row, hd);
+                memcpy(vf + c * hv, row, (size_t)hv * sizeof(float));
+            }
         for (int j0 = 0; j0 < nq; j0 += 8) {
             const int m = PI_MIN(8, nq - j0);
             const float *pj[8];
@@ -294,17 +313,23 @@ void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64
             for (; e < hv; e += ATT_W)
                 if (all) pv_tile(1, true, pj, yj, e, cb, n, vf, hv);
                 else pv_tile(1, false, pj, yj, e, cb, n, vf, hv);
-            tail(hd, hv, pj, m, cb, cb + n, vb, v_stride, yj);
+            tail(hd, hv, pj, m, cb, cb + n, vb, v_stride, to_f32, yj);
         }
     }
 }
 #else   /* scalar reference: query by query, cell by cell */
-void pi_attn_pv_f16(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
-                    int64_t v_stride, float *const *y) {
-    for (int j = 0; j < nq; j++) {
-        scale_block(p[j] + c0, c1 - c0, inv[j]);
-        for (int64_t c = c0; c < c1; c++)
-            if (p[j][c] != -INFINITY) pi_axpy_f16(hd, p[j][c], (const char *)v + c * v_stride, y[j]);
+void pi_attn_pv(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
+                int64_t v_stride, pi_to_f32_fn to_f32, float *const *y) {
+    float row[PI_ATT_PV_MAX_HD];
+    for (int j = 0; j < nq; j++) scale_block(p[j] + c0, c1 - c0, inv[j]);
+    for (int64_t c = c0; c < c1; c++) {
+        const char *vc = (const char *)v + c * v_stride;
+        if (to_f32) to_f32(vc, row, hd);
+        for (int j = 0; j < nq; j++) {
+            if (p[j][c] == -INFINITY) continue;
+            if (to_f32) pi_axpy_f32(hd, p[j][c], row, y[j]);
+            else pi_axpy_f16(hd, p[j][c], vc, y[j]);
+        }
     }
 }
 #endif

@@ -163,7 +163,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .tiles_end = AMX(pi_tiles_end),
     .vec_dot4_f16_f32 = pi_vec_dot4_f16_f32,
     .attn_qk_f16 = ROWS8(pi_attn_qk_f16),
-    .attn_pv_f16 = pi_attn_pv_f16,
+    .attn_pv = pi_attn_pv,
     .activation_row = pi_activation_row,
     /* bf16 weights in vdpbf16ps's arithmetic (arch/bf16_dot.c), which cpu.c puts in place of the entries above on a
      * CPU with AVX512_BF16 */

@@ -268,6 +268,24 @@ def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
     assert_bit_equal(out[level], out["scalar"], f"attention {level} vs scalar")
 
 
+@pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("t", [2, 3, 6, 7, 8, 30], ids=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16"])
+def test_dequantize_row_equals_scalar(at_level, level, t):
+    """Rows as f32 (get_rows, a KV cache's values in the attention): each level's conversion the scalar level's bits
+    (Q4_0 and Q8_0 have their own per level)."""
+    rng = np.random.default_rng(t)
+    raw = quantize(t, (rng.standard_normal((3, 256)) * 10.0 ** rng.uniform(-3, 3, (3, 1))).astype(np.float32))
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        o = np.zeros((3, 256), np.float32)
+        for r in range(3):
+            check(lib.pi_dequantize_row(t, ffi.cast("void *", raw[r].ctypes.data), ffi.cast("float *", o[r].ctypes.data),
+                                        256))
+        out[lv] = o
+    assert_bit_equal(out[level], out["scalar"], f"dequantize {TYPES[t][0]} {level} vs scalar")
+
+
 def cache_tensor(t: int, raw: np.ndarray):
     """pi_tensor [hd, heads, cells] over raw rows (cells, heads, row bytes) of type t."""
     name, bs, bb = TYPES[t]

@@ -1084,15 +1084,7 @@ def np_attention(q, k, v, mask, scale):
     return out
 
 
-def q8_0_rounding(q) -> np.ndarray:
-    """A bound of |q - the kernel's Q8_0 copy of q| per element, (..., hd): half a step of the element's 32-block
-    (d = amax / 127) plus d's f16 rounding times 127 steps."""
-    b = np.abs(q.astype(np.float64)).reshape(*q.shape[:-1], -1, QK)
-    d = b.max(-1, keepdims=True) / 127
-    return np.broadcast_to(d * (0.5 + 127 * 2.0 ** -11), b.shape).reshape(q.shape)
-
-
-def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None, dq=None):
+def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None):
     """First-order error bound of every output element (broadcast over head_dim).
 
     A perturbation |ds_c| <= delta of the scores changes each softmax weight p_c by at most
@@ -1100,15 +1092,13 @@ def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None, dq=None)
     |q||k|*scale, the scaling / mask add / x-max roundings (3*U32*|s - max| + U32*|s|), and, if the
     kernel sees rounded k (k_used, e.g. f16), scale*|q|.|k_used - k|.  The weights themselves carry
     SOFTMAX_ULPS*U32 (expf, the normalisation), the f32 axpy over n_kv rows (n_kv + 2)*U32 of
-    sum p|v|, and a rounded v adds max|v_used - v|. dq (q's shape): a bound of the rounding of q where a quantized
-    K's dot takes q quantized (q8_0_rounding), adding scale*|k|.dq."""
+    sum p|v|, and a rounded v adds max|v_used - v|."""
     T, H, hd = q.shape
     n_kv, Hkv, _ = k.shape
     g = H // Hkv
     q, k, v = (a.astype(np.float64) for a in (q, k, v))
     dk = np.zeros_like(k) if k_used is None else np.abs(k_used.astype(np.float64) - k)
     dv = np.zeros_like(v) if v_used is None else np.abs(v_used.astype(np.float64) - v)
-    dq = np.zeros_like(q) if dq is None else dq
     m = np.zeros((T, n_kv)) if mask is None else mask.astype(np.float64)
     tol = np.zeros((T, H, 1))
     for t in range(T):
@@ -1120,8 +1110,7 @@ def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None, dq=None)
             s = kk @ q[t, h] * scale + m[t, vis]
             qk = np.abs(kk) @ np.abs(q[t, h])
             delta = (dot_tol(hd, qk.max()) * scale + 3 * U32 * np.abs(s - s.max()).max() + U32 * np.abs(s).max()
-                     + scale * (dk[vis, hk] @ np.abs(q[t, h])).max()
-                     + scale * ((np.abs(kk) + dk[vis, hk]) @ dq[t, h]).max())
+                     + scale * (dk[vis, hk] @ np.abs(q[t, h])).max())
             vmax = np.abs(v[vis, hk]).max()
             tol[t, h, 0] = ATTN_SAFETY * (vmax * (2 * delta + (SOFTMAX_ULPS + n_kv + 2) * U32)
                                           + dv[vis, hk].max())
@@ -1247,16 +1236,13 @@ QUANT_KV = [(Q8_0, Q8_0), (Q4_0, Q4_0), (Q5_0, F16), (F16, Q8_0), (BF16, BF16), 
 @pytest.mark.parametrize("kt,vt", QUANT_KV, ids=lambda t: TYPE_NAME[t])
 @pytest.mark.parametrize("T", [1, 4])
 def test_attention_quantized_cache(pools, kt, vt, T):
-    """Caches of llama.cpp's other types (-ctk / -ctv): K's rows dotted with q as K's vec_dot takes it (quantized to
-    Q8_0 for the quantized types, as mul_mat's activations; bf16 at the levels with vdpbf16ps), V's rows added by the type's axpy. Against numpy over
-    the values the cache holds, the tolerance carrying q's rounding; against the unrounded k and v, carrying the
-    cache's rounding too."""
+    """Caches of llama.cpp's other types (-ctk / -ctv), read as their values in f32 with f16's operations (q in f32,
+    not quantized). Against numpy over the values the cache holds: the f32 arithmetic's tolerance alone; against the
+    unrounded k and v, carrying the cache's rounding too."""
     q, k, v, mask = attention_case(53 + kt + 3 * vt + T, T=T, hd=96, n_kv=45)
     scale = 1.0 / math.sqrt(q.shape[2])
     ke, ve = np_encode(k, kt), np_encode(v, vt)
     k_used, v_used = np_decode(ke, kt), np_decode(ve, vt)
-    # q as K's dot takes it: Q8_0 for the quantized types, bf16-rounded where a level dots bf16 in vdpbf16ps
-    dq = q8_0_rounding(q) if kt in (Q8_0, Q4_0, Q5_0) else np.abs(q) * 2.0 ** -8 if kt == BF16 else None
 
     def run(pool):
         out = sentinel_buffer(q.shape)
@@ -1265,9 +1251,9 @@ def test_attention_quantized_cache(pools, kt, vt, T):
 
     out = run_all(pools, run, "attention, quantized cache")
     assert_within(out, np_attention(q, k_used, v_used, mask, scale),
-                  attention_tolerance(q, k_used, v_used, mask, scale, dq=dq), "attention over the cache's values")
+                  attention_tolerance(q, k_used, v_used, mask, scale), "attention over the cache's values")
     assert_within(out, np_attention(q, k, v, mask, scale),
-                  attention_tolerance(q, k, v, mask, scale, k_used, v_used, dq=dq), "attention vs unrounded k/v")
+                  attention_tolerance(q, k, v, mask, scale, k_used, v_used), "attention vs unrounded k/v")
     if T > 1:
         assert np.all(out[T - 1] == 0.0), "fully masked query row must give zeros"
 
@@ -1275,8 +1261,8 @@ def test_attention_quantized_cache(pools, kt, vt, T):
 @pytest.mark.parametrize("depth", [40, 300])
 @pytest.mark.parametrize("kt,vt", QUANT_KV[:4], ids=lambda t: TYPE_NAME[t])
 def test_attention_quantized_cache_prompt_equals_query_by_query(pools, kt, vt, depth):
-    """A quantized cache's prompt (scores by the K type's vec_dot8 over q's quantized rows, V by axpy) against each
-    query alone: the same bits."""
+    """A quantized cache's prompt (its rows converted to f32 once per block for the score and V kernels) against each
+    query alone (rows converted 4 and 8 at a time): the same bits."""
     rng = np.random.default_rng(depth + kt + 5 * vt)
     T, H, Hkv, hd = 70, 4, 2, 64
     n_kv = depth + T

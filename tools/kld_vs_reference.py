@@ -3,11 +3,13 @@
 
     PYTHONPATH=bindings python tools/kld_vs_reference.py [-m MODEL.gguf] [-f data/heldout.txt]
         [--windows 4] [--ctx 256] [-t 2] [--peer llama.cpp|none] [--keep all,Q4_K,Q6_K,...]
-        [--cache DIR] [--json OUT.json]
+        [--cache DIR] [--json OUT.json] [-ctk f16] [-ctv f16] [-fa 0|1]
 
 The reference is MODEL with every tensor dequantized to f32 (tools/dequantize_gguf.py), run through
-our f32 path: the result the quantized weights define, with no activation quantization. Every run
-uses an f16 KV cache. The text is tokenized once (with BOS); the first windows*ctx tokens are cut into
+our f32 path: the result the quantized weights define, with no activation quantization. The reference
+uses an f16 KV cache, the runs the cache types of -ctk / -ctv (default f16; llama.cpp's runs with flash
+attention where V is quantized, which it needs for that, or as -fa says; `--keep f32` then measures the
+cache types alone). The text is tokenized once (with BOS); the first windows*ctx tokens are cut into
 `windows` windows of `ctx` tokens, each evaluated from an empty cache with its first token replaced by
 BOS, and every position of every window is scored: KL(reference || run) over the whole vocabulary in
 float64, its mean and 99th percentile, and top-1 agreement (argmax equal to the reference's).
@@ -82,9 +84,9 @@ def windows_of(model: pi.Model, text: str, n_win: int, n_ctx: int, bos: bool = T
     return out
 
 
-def ours_logits(path: str, n_ctx: int, n_threads: int):
+def ours_logits(path: str, n_ctx: int, n_threads: int, kv=("f16", "f16"), flash_attn=False):   # (fa: llama.cpp's)
     model = pi.Model(path)
-    ctx = pi.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, kv_type="f16")
+    ctx = pi.Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, kv_type=kv)
 
     def run(tokens):
         ctx.kv_clear()
@@ -93,10 +95,14 @@ def ours_logits(path: str, n_ctx: int, n_threads: int):
     return run
 
 
-def llama_logits(path: str, n_ctx: int, n_threads: int):
+GGML_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+def llama_logits(path: str, n_ctx: int, n_threads: int, kv=("f16", "f16"), flash_attn=False):
     import llama_cpp
     llm = llama_cpp.Llama(path, logits_all=True, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads,
-                          n_threads_batch=n_threads, verbose=False)
+                          n_threads_batch=n_threads, verbose=False, type_k=GGML_KV_TYPES[kv[0]],
+                          type_v=GGML_KV_TYPES[kv[1]], flash_attn=flash_attn)
 
     def run(tokens):
         llm.reset()
@@ -138,7 +144,13 @@ def main() -> None:
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "powerinfer-kld"))
     ap.add_argument("--no-bos", action="store_true", help="keep each window's first token (default: BOS)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(GGML_KV_TYPES), help="the runs' K cache")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(GGML_KV_TYPES), help="the runs' V cache")
+    ap.add_argument("-fa", "--flash-attn", type=int, choices=[0, 1], default=None,
+                    help="llama.cpp's flash attention (default: 1 where V is quantized, else 0)")
     a = ap.parse_args()
+    kv = (a.cache_type_k, a.cache_type_v)
+    fa = bool(a.flash_attn if a.flash_attn is not None else kv[1] not in ("f32", "f16", "bf16"))
 
     model = a.model
     if model is None:
@@ -156,15 +168,18 @@ def main() -> None:
     print(f"reference: {len(wins)} windows of {a.ctx} tokens in {time.time() - t0:.1f} s", file=sys.stderr)
 
     results = {"cpu": pi.cpu_name(), "model": os.path.basename(model), "windows": a.windows, "ctx": a.ctx,
-               "threads": a.threads, "lib": os.environ.get("POWERINFER_LIB_PATH", "(package)"), "rows": []}
+               "threads": a.threads, "lib": os.environ.get("POWERINFER_LIB_PATH", "(package)"), "type_k": kv[0],
+               "type_v": kv[1], "llama_flash_attn": fa, "rows": []}
     engines = [("ours", ours_logits)] + ([("llama.cpp", llama_logits)] if a.peer == "llama.cpp" else [])
     print(f"CPU: {results['cpu']}; {a.windows} x {a.ctx} positions of {os.path.basename(a.file)}; "
-          f"-t {a.threads}; f16 KV{'; windows without BOS' if a.no_bos else ''}")
+          f"-t {a.threads}; runs' KV cache K {kv[0]}, V {kv[1]} (reference f16)"
+          f"{'; llama.cpp with flash attention' if fa and a.peer == 'llama.cpp' else ''}"
+          f"{'; windows without BOS' if a.no_bos else ''}")
     print(f"{'file':<10} {'engine':<10} {'KLD mean':>10} {'KLD p99':>10} {'KLD max':>9} {'top-1':>7}")
     for keep in a.keep.split(","):
         path = variant_path(model, keep, cache)
         for name, make in engines:
-            run = make(path, a.ctx, a.threads)
+            run = make(path, a.ctx, a.threads, kv, fa)
             kl, t1 = zip(*(compare(r, run(w)) for r, w in zip(refs, wins)))
             del run
             s = summary(np.concatenate(kl), np.concatenate(t1))

@@ -212,8 +212,8 @@ PI_API pi_status pi_op_unary(pi_threadpool *pool, int32_t op, const pi_tensor *x
 PI_API pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, const pi_tensor *b,
                               pi_tensor *out);
 /* Scaled dot-product attention with grouped KV heads.
- *   q [head_dim, n_head, T] f32;  k, v [head_dim, n_head_kv, n_kv] of types with a dot product and an axpy (the KV
- *   cache's: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; K quantized: q is converted to K's vec_dot type first);
+ *   q [head_dim, n_head, T] f32;  k, v [head_dim, n_head_kv, n_kv] of types with a conversion to f32 (the KV
+ *   cache's: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1), read as their f32 values (q is not quantized);
  *   mask [n_kv, T] f32 added to the scores (use -INFINITY to hide) or NULL;
  *   out [head_dim, n_head, T] f32.  Query head h reads KV head h / (n_head / n_head_kv). */
 PI_API pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,

@@ -47,24 +47,6 @@ static void q4_0_from_f32(const float *src, void *dst, int64_t n) {
         }
     }
 }
-static void q4_0_to_f32(const void *src, float *dst, int64_t n) {
-    const pi_block_q4_0 *x = src;
-    for (int64_t b = 0; b < n / PI_QK4_0; b++) {
-        const float d = pi_fp16_to_f32(x[b].d);
-        for (int j = 0; j < PI_QK4_0 / 2; j++) {
-            dst[b * PI_QK4_0 + j]                = (float)((x[b].qs[j] & 0x0f) - 8) * d;
-            dst[b * PI_QK4_0 + j + PI_QK4_0 / 2] = (float)((x[b].qs[j] >> 4) - 8) * d;
-        }
-    }
-}
-static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
-    const pi_block_q8_0 *x = src;
-    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
-        const float d = pi_fp16_to_f32(x[b].d);
-        for (int j = 0; j < PI_QK8_0; j++) dst[b * PI_QK8_0 + j] = (float)x[b].qs[j] * d;
-    }
-}
-
 /* Row k of one Q8_0X16 group (n elements): q8_0_to_f32 of the row the group was made from. */
 static void q8_0x16_row_to_f32(const void *group, int k, float *dst, int64_t n) {
     const pi_block_q8_0x16 *g = group;
@@ -148,8 +130,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_F32]  = { "f32",  1,  4,  f32_to_f32,  f32_from_f32,     PI_TYPE_F32 },
     [PI_TYPE_F16]  = { "f16",  1,  2,  f16_to_f32,  f16_from_f32,     PI_TYPE_F32, .repacked_type = PI_TYPE_F16X8 },
     [PI_TYPE_BF16] = { "bf16", 1,  2,  bf16_to_f32, bf16_from_f32,    PI_TYPE_F32, .repacked_type = PI_TYPE_BF16X8 },
-    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, q4_0_to_f32, q4_0_from_f32,    PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q4_0X8 },
-    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, q8_0_to_f32, NULL /* arch */,  PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q8_0X16 },
+    [PI_TYPE_Q4_0] = { "q4_0", 32, 18, NULL /* arch */, q4_0_from_f32, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q4_0X8 },
+    [PI_TYPE_Q8_0] = { "q8_0", 32, 34, NULL /* arch */, NULL /* arch */, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_Q8_0X16 },
     /* quants_k.h: conversions in dtype_k.c, kernels in arch/vec_dot_k.c */
     [PI_TYPE_Q4_1] = { "q4_1", 32,  20,  pi_q4_1_to_f32, pi_q4_1_from_f32, PI_TYPE_Q8_1,
                        .repacked_type = PI_TYPE_Q4_1X16 },

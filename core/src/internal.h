@@ -231,7 +231,7 @@ typedef struct {
     uint8_t saved[64] __attribute__((aligned(64)));   /* (not _Alignas: nvcc compiles this header as C++) */
 } pi_tile_session;
 
-#define PI_ATT_QK_MAX_HD 256   /* the largest head size attn_qk_f16 takes (its transposed K rows are on the stack) */
+#define PI_ATT_QK_MAX_HD 256   /* the largest head size attn_qk takes (its transposed K rows are on the stack) */
 #define PI_ATT_PV_MAX_HD 1024  /* the largest head size attn_pv takes with to_f32 (a converted row on the stack) */
 
 typedef struct pi_cpu_kernels {
@@ -241,12 +241,15 @@ typedef struct pi_cpu_kernels {
      * saved one back (or releases the tiles); NULL below the amx level */
     void (*tiles_begin)(int32_t type, pi_tile_session *s);
     void (*tiles_end)(const pi_tile_session *s);
-    /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores) */
+    /* four f16 rows against one f32 vector: out[k] = the f16 vec_dot of rows[k] (attention scores); the same
+     * operations on four f32 rows (a cache of another type, read as f32 values) */
     void (*vec_dot4_f16_f32)(int64_t n, const void *const *rows, const float *x, float *out);
+    void (*vec_dot4_f32_f32)(int64_t n, const void *const *rows, const float *x, float *out);
     /* a prompt's attention scores (arch/attention.c; NULL at the scalar level): s[j][c] = the f16 vec_dot of
-     * the row at k + c k_stride with q[j], for j < nq and c0 <= c < c1 (hd <= PI_ATT_QK_MAX_HD) */
-    void (*attn_qk_f16)(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
-                        int64_t k_stride, float *const *s);
+     * the row at k + c k_stride with q[j] (to_f32 given: another type's row, as to_f32 gives its values, in
+     * vec_dot4_f32_f32's operations), for j < nq and c0 <= c < c1 (hd <= PI_ATT_QK_MAX_HD) */
+    void (*attn_qk)(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
+                    int64_t k_stride, pi_to_f32_fn to_f32, float *const *s);
     /* a prompt's attention V step (arch/attention.c): first p[j][c] *= inv[j] over c0 <= c < c1 (softmax_exp's
      * numerators become attend's probabilities, in place), then y[j][e] += p[j][c] v_c[e] over those cells in
      * order, v_c = the row at v + c v_stride (f16; to_f32 given: another type's, as to_f32 gives its values,

@@ -768,8 +768,12 @@ pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, cons
 }
 
 /* ---- attention -------------------------------------------------------------
- * Per (token, head): scores over the visible cells, softmax, weighted sum of V rows (axpy
- * straight from the cache type). Masked cells (-inf) are skipped entirely. A thread takes up to
+ * Per (token, head): scores over the visible cells, softmax, weighted sum of V rows. Masked cells (-inf) are
+ * skipped entirely. A cache of any type is read as its values in f32 (exact for every cache type: f16, bf16 and
+ * the 8-, 5- and 4-bit blocks), with f16's operations: a score is pi_vec_dot_f16_f32's order over the K row's values
+ * and q in f32 (q is not quantized: a q8_0 cache's logits were 1.4x as far from the reference with q8_0 q), a V row
+ * is added as pi_axpy_f16 adds. An f16 cache converts as it goes; other types' rows are converted by the type's
+ * to_f32 into f32 rows first. A thread takes up to
  * ATT_HEADS heads of one token per pass and walks the cells once for all of them: the cache holds
  * a cell's heads side by side, so each cell is read as one run of ATT_HEADS * head_dim values
  * instead of one short row per head at a stride of the whole cell. Per head the arithmetic (and
@@ -786,28 +790,21 @@ pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, cons
 
 typedef struct {
     const pi_tensor *q, *k, *v, *mask;
-    const char *qx;       /* NULL: K's vec_dot takes q's f32 rows; else q's rows in K's vec_dot_type, [T][H] */
-    int64_t qx_row;       /* bytes of one such row */
     float scale;
     pi_tensor *out;
-    float *scratch;       /* per thread (per_thread floats): [score rows][n_kv] scores, for attend then [8][hd] */
-    int64_t per_thread;   /* score rows: heads of a token (ATT_HEADS) or a prompt block's rows; times n_kv, + 8 hd */
+    float *scratch;       /* per thread (per_thread floats): [score rows][n_kv] scores, then for attend [4 + 8][hd] */
+    int64_t per_thread;   /* score rows (ATT_HEADS heads of a token, or a prompt block's rows) x n_kv (+ 12 hd) */
     int block;            /* prompts: queries per block (attention_block) */
     int item_heads;       /* prompts: heads per work item (attention_item_heads) */
     int64_t *items;       /* prompts: thread i's work items are [items[i], items[i + 1]) */
 } attention_args;
 
-/* Query head h of token t as K's vec_dot takes it. */
-static const void *q_row(const attention_args *a, int64_t t, int64_t h) {
-    return a->qx ? (const void *)(a->qx + (t * a->q->ne[1] + h) * a->qx_row) : (const void *)ROW_F32(a->q, h, t, 0);
-}
-
-/* Whether cells c .. c+n-1 are all visible (mask: a query's row, NULL: every cell). */
-static inline bool all_seen(const float *mask, int64_t c, int n) {
-    if (!mask) return true;
-    for (int k = 0; k < n; k++)
-        if (mask[c + k] == -INFINITY) return false;
-    return true;
+/* Rows of a cache type other than f16 and f32 as f32 (rows[k] becomes buf + k hd): the values every path reads. */
+static inline void rows_to_f32(const pi_type_traits *tr, int64_t hd, int n, const void **rows, float *buf) {
+    for (int k = 0; k < n; k++) {
+        tr->to_f32(rows[k], buf + k * hd, hd);
+        rows[k] = buf + k * hd;
+    }
 }
 
 /* Heads h0 .. h0+nh-1 of token t; scores [nh][n_kv]. */
@@ -816,49 +813,49 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     const int64_t group = H / a->k->ne[1];
     const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
     const float *mask = a->mask ? ROW_F32(a->mask, t, 0, 0) : NULL;
-    const void *q[ATT_HEADS];
+    const float *q[ATT_HEADS];
     const char *kbase[ATT_HEADS], *vbase[ATT_HEADS];
     for (int64_t j = 0; j < nh; j++) {
-        q[j] = q_row(a, t, h0 + j);
+        q[j] = ROW_F32(a->q, h0 + j, t, 0);
         kbase[j] = (const char *)a->k->data + (h0 + j) / group * a->k->nb[1];
         vbase[j] = (const char *)a->v->data + (h0 + j) / group * a->v->nb[1];
     }
-    void (*const dot4)(int64_t, const void *const *, const float *, float *) = pi_cpu()->vec_dot4_f16_f32;
+    /* f16 rows as they are, f32 rows as they are, other types' rows converted to f32 rows (kbuf, vbuf: after the
+     * scores in pi_attention's scratch; heads of one KV head convert a row once) */
+    const bool k_half = a->k->type == PI_TYPE_F16, k_conv = !k_half && a->k->type != PI_TYPE_F32;
+    const bool v_conv = a->v->type != PI_TYPE_F16 && a->v->type != PI_TYPE_F32;
+    float *kbuf = scores + ATT_HEADS * n_kv, *vbuf = kbuf + 4 * hd;   /* [4][hd], [8][hd] */
+    void (*const dot4)(int64_t, const void *const *, const float *, float *) =
+        k_half ? pi_cpu()->vec_dot4_f16_f32 : pi_cpu()->vec_dot4_f32_f32;
     const int64_t ahead = pi_cpu_software_prefetch() ? ATT_PREFETCH_CELLS : 0;   /* cells; 0: none */
     const int64_t k_bytes = pi_row_bytes(a->k->type, hd), v_bytes = pi_row_bytes(a->v->type, hd);
-    /* other K types: 8 visible cells at a time through the type's vec_dot8 (vec_dot's bits), one call for the heads
-     * of a KV head (a run of heads whose q rows lie q_stride apart) */
-    const bool dot8 = a->k->type != PI_TYPE_F16 && kt->vec_dot8;
-    const int64_t q_stride = a->qx ? a->qx_row : a->q->nb[1];
-    for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four or eight at a time where possible */
+    for (int64_t c = 0; c < n_kv; c++) {   /* raw scores of the visible cells, four at a time where possible */
         if (mask && mask[c] == -INFINITY) continue;
-        if (dot8 && c + 8 <= n_kv && all_seen(mask, c, 8)) {
-            for (int64_t j = 0; j < nh;) {
-                int64_t r = 1;   /* heads j .. j + r - 1 read the same KV head */
-                while (j + r < nh && r < PI_DOT8_MAX_T && kbase[j + r] == kbase[j]) r++;
-                const void *rows[8];
-                for (int k = 0; k < 8; k++) rows[k] = kbase[j] + (c + k) * a->k->nb[2];
-                if (ahead && c + 8 + ahead <= n_kv)
-                    pi_prefetch_rows((const char *)rows[0] + ahead * a->k->nb[2], 8, a->k->nb[2], k_bytes);
-                kt->vec_dot8(hd, rows, q[j], q_stride, (int)r, scores + j * n_kv + c, n_kv);
-                j += r;
-            }
-            c += 7;
+        const int n = c + 4 <= n_kv && (!mask || (mask[c + 1] != -INFINITY && mask[c + 2] != -INFINITY &&
+                                                  mask[c + 3] != -INFINITY)) ? 4 : 1;
+        if (k_half && n == 1) {   /* f16's one cell: its vec_dot (dot4's bits) */
+            for (int64_t j = 0; j < nh; j++) scores[j * n_kv + c] = kt->vec_dot(hd, kbase[j] + c * a->k->nb[2], q[j]);
             continue;
         }
-        if (a->k->type == PI_TYPE_F16 && c + 4 <= n_kv && (!mask || (mask[c + 1] != -INFINITY &&
-                                        mask[c + 2] != -INFINITY && mask[c + 3] != -INFINITY))) {
-            for (int64_t j = 0; j < nh; j++) {
-                const void *rows[4] = { kbase[j] + c * a->k->nb[2], kbase[j] + (c + 1) * a->k->nb[2],
-                                        kbase[j] + (c + 2) * a->k->nb[2], kbase[j] + (c + 3) * a->k->nb[2] };
-                if (ahead && c + 4 + ahead <= n_kv)
-                    pi_prefetch_rows((const char *)rows[0] + ahead * a->k->nb[2], 4, a->k->nb[2], k_bytes);
-                dot4(hd, rows, q[j], scores + j * n_kv + c);
+        const char *converted = NULL;   /* other types: the KV head whose rows kbuf holds */
+        for (int64_t j = 0; j < nh; j++) {
+            const void *rows[4];   /* one cell: its row four times, out[0] kept */
+            for (int k = 0; k < 4; k++) rows[k] = kbase[j] + (c + (k < n ? k : 0)) * a->k->nb[2];
+            if (ahead && c + n + ahead <= n_kv)
+                pi_prefetch_rows((const char *)rows[0] + ahead * a->k->nb[2], n, a->k->nb[2], k_bytes);
+            if (k_conv) {
+                if (converted != kbase[j]) rows_to_f32(kt, hd, 4, rows, kbuf);
+                converted = kbase[j];
+                for (int k = 0; k < 4; k++) rows[k] = kbuf + k * hd;
             }
-            c += 3;
-            continue;
+            if (n == 4) dot4(hd, rows, q[j], scores + j * n_kv + c);
+            else {
+                float out[4];
+                dot4(hd, rows, q[j], out);
+                scores[j * n_kv + c] = out[0];
+            }
         }
-        for (int64_t j = 0; j < nh; j++) scores[j * n_kv + c] = kt->vec_dot(hd, kbase[j] + c * a->k->nb[2], q[j]);
+        c += n - 1;
     }
     float inv[ATT_HEADS];
     bool any = false;
@@ -870,11 +867,9 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
         inv[j] = 1.0f / sum;
     }
     if (!any) return;
-    /* out += p_c v_c in cell order, eight visible cells per pass where the type has axpy8; V rows of a type other
-     * than f16 and f32 as f32 values (to_f32, exact) by pi_axpy_f32, as attn_pv adds them */
-    const bool v_f32 = a->v->type != PI_TYPE_F16 && a->v->type != PI_TYPE_F32;
-    const pi_type_traits *at = v_f32 ? pi_traits(PI_TYPE_F32) : vt;
-    float *vrow = scores + ATT_HEADS * n_kv;   /* v_f32: [8][hd], after the scores (pi_attention's scratch) */
+    /* out += p_c v_c in cell order, eight visible cells per pass (pi_axpy_rows: axpy8 where the type has it); rows
+     * of types other than f16 and f32 converted, added by pi_axpy_f32 (pi_axpy_f16's operations on the values) */
+    const pi_type_traits *at = v_conv ? pi_traits(PI_TYPE_F32) : vt;
     int64_t cells[8];
     int nv = 0;
     for (int64_t c = 0; c <= n_kv; c++) {
@@ -883,6 +878,7 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
             cells[nv++] = c;
             if (nv < 8) continue;
         }
+        const char *converted = NULL;
         for (int64_t j = 0; j < nh; j++) {
             float *out = ROW_F32(a->out, h0 + j, t, 0);
             const void *rows[8];
@@ -893,11 +889,11 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
                 if (ahead && cells[k] + ahead < n_kv)
                     pi_prefetch_rows((const char *)rows[k] + ahead * a->v->nb[2], 1, 0, v_bytes);
             }
-            if (v_f32)
-                for (int k = 0; k < nv; k++) {
-                    vt->to_f32(rows[k], vrow + k * hd, hd);
-                    rows[k] = vrow + k * hd;
-                }
+            if (v_conv) {
+                if (converted != vbase[j]) rows_to_f32(vt, hd, nv, rows, vbuf);
+                converted = vbase[j];
+                for (int k = 0; k < nv; k++) rows[k] = vbuf + k * hd;
+            }
             pi_axpy_rows(at, hd, nv, pc, rows, out);
         }
         nv = 0;
@@ -905,42 +901,61 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
 }
 
 /* Prompts (attend_block): heads h .. h+ng-1 of queries t0 .. t0+nt-1, nt ng <= ATT_ROWS_MAX rows of scores [n_kv].
- * The scores come from attn_qk_f16 (an f16 cache) or from the K type's vec_dot8 calls of up to PI_DOT8_MAX_T queries
- * (8 key rows x 8 queries: each key row converted once per call, and the group stays in L1 for the block's other
- * calls); a score of a cell a query does not see is computed and then dropped. Per (query, cell) that is vec_dot's
- * result, and softmax and the V sum are attend's, query by query: the same bits as
- * attend, whatever the block's size. A block reads the head's K and V rows once, so the queries a block takes set
- * how often a prompt reads the cache: attention_block picks them per call. */
+ * The scores come from attn_qk (any K type; heads up to PI_ATT_QK_MAX_HD at the levels that have it), else from
+ * scores_by_rows; a score of a cell a query does not see is computed and then dropped. Per (query, cell) that is
+ * attend's score, and softmax and the V sum are attend's, query by query: the same bits as attend, whatever the
+ * block's size. A block reads the head's K and V rows once, so the queries a block takes set how often a prompt
+ * reads the cache: attention_block picks them per call. */
 #define ATT_BLOCK_MIN 32
 #define ATT_BLOCK_MAX 128
 #define ATT_ROWS_MAX 128   /* a block's rows: its queries x the heads it takes */
 _Static_assert(ATT_BLOCK_MIN % PI_DOT8_MAX_T == 0, "whole vec_dot8 calls per block");
 #define ATT_SCORES_CAP ((int64_t)4 << 20)   /* scores a thread may hold beyond the smallest block: 16 MB */
 
-/* Whether a prompt's scores go through attn_qk_f16 (an f16 K cache, heads it takes, a level that has it). */
-static bool scores_by_qk_kernel(const pi_tensor *q, const pi_tensor *k) {
-    return k->type == PI_TYPE_F16 && pi_cpu()->attn_qk_f16 && q->ne[0] <= PI_ATT_QK_MAX_HD;
+/* Whether a prompt's scores go through attn_qk (a level that has it, heads it takes). */
+static bool scores_by_qk_kernel(const pi_tensor *q) {
+    return pi_cpu()->attn_qk && q->ne[0] <= PI_ATT_QK_MAX_HD;
 }
 
-/* Heads a work item takes: with an f16 cache scored by attn_qk_f16, every query head of a KV head (the K rows are
- * transposed and the V rows converted once for all of them, and read once), else one. */
+/* Heads a work item takes: with scores by attn_qk and the V step by attn_pv, every query head of a KV head (the K
+ * rows are transposed and the V rows converted once for all of them, and read once), else one. */
 static int attention_item_heads(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v) {
     const int64_t group = q->ne[1] / k->ne[1];
-    const bool f16 = scores_by_qk_kernel(q, k) && v->type == PI_TYPE_F16;
-    return f16 && group > 1 && group * 8 <= ATT_ROWS_MAX ? (int)group : 1;
+    const bool kernels = scores_by_qk_kernel(q) && (v->type == PI_TYPE_F16 || q->ne[0] <= PI_ATT_PV_MAX_HD);
+    return kernels && group > 1 && group * 8 <= ATT_ROWS_MAX ? (int)group : 1;
 }
 
-/* Scores [nt][n_kv] of queries t0 .. t0+nt-1 of head h (one head) by the K type's vec_dot8 / vec_dot: each group of
- * 8 cells against sub-blocks of up to PI_DOT8_MAX_T queries, for each sub-block of which one query sees a cell of
- * the group (mask[j]: query j's row of the mask, NULL: no mask). */
-static void scores_by_vec_dot(const attention_args *a, int64_t t0, int nt, int64_t h, const char *kbase,
-                              const float *const *mask, float *scores) {
+/* Scores [nt][n_kv] of queries t0 .. t0+nt-1 of head h (one head) without attn_qk (the scalar level, heads past
+ * PI_ATT_QK_MAX_HD): an f16 K by its vec_dot8 / vec_dot (each group of 8 cells against sub-blocks of up to
+ * PI_DOT8_MAX_T queries), any other type 4 cells at a time as attend scores them (rows converted once for the
+ * block's queries, vec_dot4_f32_f32), each for the queries that see a cell of the group (mask[j]: query j's row of
+ * the mask, NULL: no mask). kbuf: [4][hd] floats. */
+/* (not inlined: inside attend_block it made the f16 path's prompts 1.07x slower, Zen 5) */
+static __attribute__((noinline)) void scores_by_rows(const attention_args *a, int64_t t0, int nt, int64_t h, const char *kbase,
+                           const float *const *mask, float *kbuf, float *scores) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2];
     const pi_type_traits *kt = pi_traits(a->k->type);
-    const char *q0 = q_row(a, t0, h);
-    const int64_t q_stride = a->qx ? a->q->ne[1] * a->qx_row : a->q->nb[2];
+    const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
+    const int64_t q_stride = a->q->nb[2];
+    const bool half = a->k->type == PI_TYPE_F16, conv = !half && a->k->type != PI_TYPE_F32;
 #define SEEN(j, c) (!mask[j] || mask[j][c] != -INFINITY)
     for (int64_t c = 0; c < n_kv;) {
+        if (!half) {   /* 4 cells (or one, repeated) against each query that sees one of them */
+            const int n = c + 4 <= n_kv ? 4 : 1;
+            const void *rows[4];
+            for (int k = 0; k < 4; k++) rows[k] = kbase + (c + (k < n ? k : 0)) * a->k->nb[2];
+            if (conv) rows_to_f32(kt, hd, 4, rows, kbuf);
+            for (int j = 0; j < nt; j++) {
+                bool any = false;
+                for (int64_t k = c; k < c + n && !any; k++) any = SEEN(j, k);
+                if (!any) continue;
+                float out[4];
+                pi_cpu()->vec_dot4_f32_f32(hd, rows, (const float *)(q0 + j * q_stride), out);
+                memcpy(scores + j * n_kv + c, out, (size_t)n * sizeof(float));
+            }
+            c += n;
+            continue;
+        }
         const int64_t len = kt->vec_dot8 && c + 8 <= n_kv ? 8 : 1;
         for (int j0 = 0; j0 < nt; j0 += PI_DOT8_MAX_T) {   /* sub-blocks of queries */
             const int n_sub = PI_MIN(PI_DOT8_MAX_T, nt - j0);
@@ -977,9 +992,10 @@ static int attention_block(int64_t T, int64_t units, int ng, int64_t n_kv, int n
     return b;
 }
 
-static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, int ng, float *scores) {
+static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h, int ng, float *scores,
+                         float *kbuf) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2], group = a->q->ne[1] / a->k->ne[1];
-    const pi_type_traits *vt = pi_traits(a->v->type);
+    const pi_type_traits *kt = pi_traits(a->k->type), *vt = pi_traits(a->v->type);
     const char *kbase = (const char *)a->k->data + h / group * a->k->nb[1];   /* the ng heads share it */
     const char *vbase = (const char *)a->v->data + h / group * a->v->nb[1];
     const int nr = nt * ng;   /* rows: query j of head h + g is row j ng + g */
@@ -999,8 +1015,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
             hi[r] = first == n_kv ? n_kv : last + 1;
         }
     }
-    if (scores_by_qk_kernel(a->q, a->k)) {
-        /* every query against the cells any of them sees (softmax_exp hides the others): the bits of vec_dot */
+    if (scores_by_qk_kernel(a->q)) {
+        /* every query against the cells any of them sees (softmax_exp hides the others): attend's bits */
         const float *qr[ATT_ROWS_MAX];
         float *sr[ATT_ROWS_MAX];
         int64_t c0 = n_kv, c1 = 0;
@@ -1011,9 +1027,10 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
             c0 = PI_MIN(c0, lo[r]);
             c1 = PI_MAX(c1, hi[r]);
         }
-        if (c0 < c1) pi_cpu()->attn_qk_f16(hd, nr, qr, c0, c1, kbase, a->k->nb[2], sr);
+        if (c0 < c1)
+            pi_cpu()->attn_qk(hd, nr, qr, c0, c1, kbase, a->k->nb[2], a->k->type == PI_TYPE_F16 ? NULL : kt->to_f32, sr);
     } else   /* one head (ng = 1): rows are queries */
-        scores_by_vec_dot(a, t0, nt, h, kbase, mask, scores);
+        scores_by_rows(a, t0, nt, h, kbase, mask, kbuf, scores);
     float inv[ATT_ROWS_MAX], *out[ATT_ROWS_MAX];
     int live[ATT_ROWS_MAX], n_live = 0;   /* the rows that see any cell */
     for (int r = 0; r < nr; r++) {      /* softmax, as attend */
@@ -1072,7 +1089,8 @@ static void attention_task(void *p, int ith, int nth) {
         const int64_t units = H / a->item_heads;
         for (int64_t w = a->items[ith]; w < a->items[ith + 1]; w++) {
             const int64_t t0 = w / units * a->block;
-            attend_block(a, t0, (int)PI_MIN(a->block, T - t0), w % units * a->item_heads, a->item_heads, scores);
+            attend_block(a, t0, (int)PI_MIN(a->block, T - t0), w % units * a->item_heads, a->item_heads, scores,
+                         scores + a->block * a->item_heads * a->k->ne[2]);
         }
         return;
     }
@@ -1120,23 +1138,6 @@ static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t un
     while (i <= nth) items[i++] = n_blocks * units;
 }
 
-typedef struct {
-    const pi_tensor *q;
-    const pi_type_traits *xt;   /* K's vec_dot_type */
-    char *qx;
-    int64_t qx_row;
-} q_convert_args;
-
-/* q's rows [T][H] into K's vec_dot_type (a quantized cache's dot products take the activations that type's way, as
- * mul_mat's do). */
-static void q_convert_task(void *p, int ith, int nth) {
-    const q_convert_args *a = p;
-    const int64_t H = a->q->ne[1];
-    int64_t r0, r1;
-    split_range(H * a->q->ne[2], ith, nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) a->xt->from_f32(ROW_F32(a->q, r % H, r / H, 0), a->qx + r * a->qx_row, a->q->ne[0]);
-}
-
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                        const pi_tensor *mask, float scale, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
@@ -1144,25 +1145,19 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
     const int ng = attention_item_heads(q, k, v);
     const int block = attention_block(T, q->ne[1] / ng, ng, n_kv, nth);
     const int64_t score_rows = T > 1 ? block * ng : ATT_HEADS;
-    const int64_t per_thread = score_rows * n_kv + (T > 1 ? 0 : 8 * q->ne[0]);   /* attend: + [8][hd] V rows */
-    const int32_t q_type = pi_traits(k->type)->vec_dot_type;
-    q_convert_args qc = { q, pi_traits(q_type), NULL, pi_row_bytes(q_type, q->ne[0]) };
+    const int64_t per_thread = score_rows * n_kv + 12 * q->ne[0];   /* + [4 + 8][hd]: converted K and V rows */
     float *scratch = malloc((size_t)nth * (size_t)per_thread * sizeof(float));
     int64_t *items = malloc((size_t)(nth + 1) * sizeof *items);
-    if (q_type != PI_TYPE_F32) qc.qx = malloc((size_t)(qc.qx_row * q->ne[1] * T));
-    if (!scratch || !items || (q_type != PI_TYPE_F32 && !qc.qx)) {
+    if (!scratch || !items) {
         free(scratch);
         free(items);
-        free(qc.qx);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
     }
-    if (qc.qx) pi_threadpool_run(pool, q_convert_task, &qc);
     if (T > 1) split_blocks(mask, T, block, q->ne[1] / ng, n_kv, nth, items);
-    attention_args a = { q, k, v, mask, qc.qx, qc.qx_row, scale, out, scratch, per_thread, block, ng, items };
+    attention_args a = { q, k, v, mask, scale, out, scratch, per_thread, block, ng, items };
     pi_threadpool_run(pool, attention_task, &a);
     free(scratch);
     free(items);
-    free(qc.qx);
     return PI_OK;
 }
 
@@ -1175,7 +1170,7 @@ pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tens
     RETURN_IF(check_same_shape(q, out, "attention q/out"));
     RETURN_IF(check_same_shape(k, v, "attention k/v"));
     const pi_type_traits *kt = pi_traits(k->type), *vt = pi_traits(v->type);
-    if (!kt || !kt->vec_dot || !pi_traits(kt->vec_dot_type)->from_f32 || !vt || !vt->axpy)
+    if (!kt || !kt->to_f32 || !vt || !vt->to_f32 || (k->type == PI_TYPE_F16 && !kt->vec_dot))
         return pi_fail(PI_ERR_UNSUPPORTED, "attention: no cache of k %s and v %s", pi_type_name(k->type),
                        pi_type_name(v->type));
     if (v->type != PI_TYPE_F16 && v->type != PI_TYPE_F32 && v->ne[0] > PI_ATT_PV_MAX_HD)

@@ -1,6 +1,7 @@
-/* attention.c: a prompt's attention kernels (ops.c attend_block): the scores of an f16 cache and the V step of any.
+/* attention.c: a prompt's attention kernels (ops.c attend_block): the scores and the V step over a cache of any type.
  *
- * Scores: s[j][c] = pi_vec_dot_f16_f32(hd, k_c, q_j) bit for bit, for the queries j < nq and cells c0 <= c < c1. The
+ * Scores: s[j][c] = pi_vec_dot_f16_f32(hd, k_c, q_j) bit for bit, for the queries j < nq and cells c0 <= c < c1 (a
+ * cache of another type: its rows as f32 values, from to_f32, in the same operations: pi_vec_dot4_f32_f32's). The
  * 8-row kernels keep each (cell, query) dot in its own 8-lane accumulator and end with a horizontal tree per pair
  * (a quarter of the work at hd = 128). Here the K rows of QK_CELLS cells are transposed once (converted to f32,
  * ATT_W x ATT_W at a time) so that a register holds one element of ATT_W cells (AVX-512: 16, AVX2: 8). vec_dot's
@@ -64,8 +65,8 @@ static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
 
 /* The kernels' vectors at this level: ATT_W floats (AVX-512: 16, AVX2: 8). att_f16 converts ATT_W halves. pv_fma_seen
  * adds p v to acc where p is not -inf (a seen cell; NaN counts as seen, as in attend) and keeps acc otherwise.
- * qk_rows converts element d0.. of ATT_W rows (k rows of f16 at kc, row_stride apart, the rest zeros; e elements of
- * each at most) and transposes them: r[i] = element d0 + i of the ATT_W cells. qk_store_first stores the first k
+ * qk_rows converts element d0.. of ATT_W rows (k rows of f16, or of f32 if f32, at kc, row_stride apart, the rest
+ * zeros; e elements of each at most) and transposes them: r[i] = element d0 + i of the ATT_W cells. qk_store_first stores the first k
  * lanes. */
 #if PI_HAVE_ROWS16
 #define ATT_W 16
@@ -88,11 +89,13 @@ static inline att_vec pv_fma_seen(float p, att_vec v, att_vec acc) {
 static inline void qk_store_first(float *x, att_vec v, int k) {
     _mm512_mask_storeu_ps(x, (__mmask16)(k >= 16 ? 0xffff : (1u << k) - 1), v);
 }
-static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, att_vec r[16]) {
+static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, bool f32,
+                           att_vec r[16]) {
     const __mmask16 keep = (__mmask16)(e >= 16 ? 0xffff : (1u << e) - 1);
     for (int i = 0; i < 16; i++)
-        r[i] = i < k ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * row_stride) + d0))
-                     : _mm512_setzero_ps();
+        r[i] = i >= k ? _mm512_setzero_ps()
+             : f32    ? _mm512_maskz_loadu_ps(keep, (const float *)(kc + i * row_stride) + d0)
+                      : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)(kc + i * row_stride) + d0));
     __m512 t[16], u[16];   /* the transposition: rows -> columns */
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -138,8 +141,19 @@ static inline void qk_store_first(float *x, att_vec v, int k) {
     _mm256_storeu_ps(lanes, v);
     memcpy(x, lanes, (size_t)PI_MIN(k, 8) * sizeof(float));
 }
-static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, att_vec r[8]) {
+static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, bool f32,
+                           att_vec r[8]) {
     for (int i = 0; i < 8; i++) {
+        if (f32) {
+            float h[8] = { 0 };
+            const float *x = (const float *)(kc + i * row_stride) + d0;
+            if (i < k && e >= 8) r[i] = _mm256_loadu_ps(x);
+            else {
+                if (i < k) memcpy(h, x, (size_t)e * sizeof(float));
+                r[i] = _mm256_loadu_ps(h);
+            }
+            continue;
+        }
         uint16_t h[8] = { 0 };
         const uint16_t *x = (const uint16_t *)(kc + i * row_stride) + d0;
         if (i < k && e >= 8) r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
@@ -169,28 +183,40 @@ static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0
 #if PI_HAVE_ROWS8
 #define QK_CELLS (ATT_W * QK_VECS)   /* cells transposed at a time */
 
-/* kt[d][ATT_W v + i] = element d of row i of the k rows at kc (f16, k_stride apart) as f32, for i < ATT_W; rows past
- * k are zeros. */
-static void transpose_rows(int64_t hd, const char *kc, int64_t k_stride, int k, int v, float kt[][QK_CELLS]) {
+/* kt[d][ATT_W v + i] = element d of row i of the k rows at kc (f16, or f32 if f32, k_stride apart) as f32, for
+ * i < ATT_W; rows past k are zeros. */
+static inline __attribute__((always_inline)) void transpose_rows(int64_t hd, const char *kc, int64_t k_stride,
+                                                                 int k, int v, bool f32, float kt[][QK_CELLS]) {
     for (int64_t d0 = 0; d0 < hd; d0 += ATT_W) {
         att_vec r[ATT_W];
-        qk_rows(kc, k_stride, k, d0, hd - d0, r);
+        qk_rows(kc, k_stride, k, d0, hd - d0, f32, r);
         for (int i = 0; i < ATT_W && d0 + i < hd; i++) att_store(kt[d0 + i] + ATT_W * v, r[i]);
     }
 }
 
-void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k, int64_t k_stride,
-                    float *const *s) {
+void pi_attn_qk(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k, int64_t k_stride,
+                pi_to_f32_fn to_f32, float *const *s) {
     const int64_t hd8 = hd / 8 * 8;
     const bool ahead = pi_cpu_software_prefetch();
     float kt[PI_ATT_QK_MAX_HD][QK_CELLS] __attribute__((aligned(64)));   /* kt[d][i]: element d of cell c + i */
+    float kf[ATT_W][PI_ATT_QK_MAX_HD] __attribute__((aligned(64)));   /* to_f32: a vector of cells' rows as f32 */
     att_vec part[8][QK_QUERIES][QK_VECS];   /* part[l][j][v]: vec_dot's accumulator l, query j, the cells of vector v */
     for (int64_t c = c0; c < c1; c += QK_CELLS) {
         const int n = (int)PI_MIN(QK_CELLS, c1 - c);
         const char *kc = (const char *)k + c * k_stride;
         if (ahead && c + QK_CELLS < c1)   /* the next chunk's rows */
-            pi_prefetch_rows(kc + QK_CELLS * k_stride, PI_MIN(QK_CELLS, c1 - c - QK_CELLS), k_stride, 2 * hd);
-        for (int v = 0; v < QK_VECS; v++) transpose_rows(hd, kc + ATT_W * v * k_stride, k_stride, n - ATT_W * v, v, kt);
+            pi_prefetch_rows(kc + QK_CELLS * k_stride, PI_MIN(QK_CELLS, c1 - c - QK_CELLS), k_stride,
+                             to_f32 ? k_stride : 2 * hd);
+        for (int v = 0; v < QK_VECS; v++) {
+            const char *kv = kc + ATT_W * v * k_stride;
+            const int rows = (int)PI_MIN(ATT_W, n - ATT_W * v);
+            if (!to_f32) {
+                transpose_rows(hd, kv, k_stride, rows, v, false, kt);
+                continue;
+            }
+            for (int i = 0; i < rows; i++) to_f32(kv + i * k_stride, kf[i], hd);
+            transpose_rows(hd, (const char *)kf, (int64_t)sizeof kf[0], rows, v, true, kt);
+        }
         for (int j0 = 0; j0 < nq; j0 += QK_QUERIES) {
             const int m = PI_MIN(QK_QUERIES, nq - j0);
             const float *qj[QK_QUERIES];   /* a short tile repeats its last query */

@@ -31,13 +31,16 @@ static float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_bf16_bf16(int64_t n, const void *w, const void *x);   /* arch/bf16_dot.c: bf16 activations */
 static float pi_vec_dot_bf16_bf16s(int64_t n, const void *w, const void *x);  /* avx2: split activations (BF16S) */
 static void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out);
-static void pi_attn_qk_f16(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
-                           int64_t k_stride, float *const *s);
+static void pi_vec_dot4_f32_f32(int64_t n, const void *const *rows, const float *x, float *out);
+static void pi_attn_qk(int64_t hd, int nq, const float *const *q, int64_t c0, int64_t c1, const void *k,
+                       int64_t k_stride, pi_to_f32_fn to_f32, float *const *s);
 static void pi_attn_pv(int64_t hd, int nq, float *const *p, const float *inv, int64_t c0, int64_t c1, const void *v,
                        int64_t v_stride, pi_to_f32_fn to_f32, float *const *y);
 static float pi_vec_dot_q4_0_q8_0s(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_q8_0_q8_0s(int64_t n, const void *w, const void *x);
 static void pi_quantize_row_q8_0(const float *src, void *dst, int64_t n);
+static void pi_q4_0_to_f32(const void *src, float *dst, int64_t n);
+static void pi_q8_0_to_f32(const void *src, float *dst, int64_t n);
 static void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n);
 static void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n);
 static void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);

@@ -100,44 +100,65 @@ float pi_vec_dot_f16_f32(int64_t n, const void *w, const void *x) {
     return sum;
 }
 
-/* Four f16 rows against one f32 vector: out[k] = pi_vec_dot_f16_f32(n, rows[k], x), the same bits (each
- * row keeps its own accumulator in the same order); the four chains run interleaved, which hides the
- * fma latency that a single dot product waits on (attention scores over the KV cache). */
-void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out) {
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-    const uint16_t *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+/* Element i of a row of 16-bit floats (half) or of f32 (!half) as f32. */
+static inline float row_elem(const void *row, int64_t i, bool half) {
+    return half ? pi_fp16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+/* Four rows (f16 if half, else f32) against one f32 vector, each in pi_vec_dot_f16_f32's order: out[k] = the f16
+ * vec_dot of rows[k] (the same bits), or for f32 rows the same operations on their values (attention scores over a
+ * cache of any type, read as f32 values). Each row keeps its own 8-lane accumulator; the four chains run
+ * interleaved, which hides the fma latency that a single dot product waits on. */
+static inline __attribute__((always_inline)) void dot4_rows(int64_t n, const void *const *rows, const float *x,
+                                                            float *out, bool half) {
     int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
     for (; i + 8 <= n; i += 8) {
         const __m256 xv = _mm256_loadu_ps(x + i);
-        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r0 + i))), xv, a0);
-        a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r1 + i))), xv, a1);
-        a2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r2 + i))), xv, a2);
-        a3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r3 + i))), xv, a3);
+        for (int k = 0; k < 4; k++) {
+            const __m256 w = half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)rows[k] + i)))
+                                  : _mm256_loadu_ps((const float *)rows[k] + i);
+            acc[k] = _mm256_fmadd_ps(w, xv, acc[k]);
+        }
     }
-    out[0] = pi_hsum_ps(a0); out[1] = pi_hsum_ps(a1); out[2] = pi_hsum_ps(a2); out[3] = pi_hsum_ps(a3);
-    for (int k = 0; k < 4; k++)
-        for (int64_t j = i; j < n; j++) out[k] += pi_fp16_to_f32(((const uint16_t *)rows[k])[j]) * x[j];
+    for (int k = 0; k < 4; k++) out[k] = pi_hsum_ps(acc[k]);
 #elif PI_NEON
     float32x4_t lo[4], hi[4];
     for (int k = 0; k < 4; k++) lo[k] = hi[k] = vdupq_n_f32(0);
-    int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const float32x4_t x0 = vld1q_f32(x + i), x1 = vld1q_f32(x + i + 4);
         for (int k = 0; k < 4; k++) {
             float32x4_t w0, w1;
-            pi_neon_load8_f16((const uint16_t *)rows[k] + i, &w0, &w1);
+            if (half) pi_neon_load8_f16((const uint16_t *)rows[k] + i, &w0, &w1);
+            else {
+                w0 = vld1q_f32((const float *)rows[k] + i);
+                w1 = vld1q_f32((const float *)rows[k] + i + 4);
+            }
             lo[k] = vfmaq_f32(lo[k], w0, x0);
             hi[k] = vfmaq_f32(hi[k], w1, x1);
         }
     }
+    for (int k = 0; k < 4; k++) out[k] = pi_neon_tree8(lo[k], hi[k]);
+#else   /* the same order: one 8-lane accumulator per row, then the tree */
     for (int k = 0; k < 4; k++) {
-        out[k] = pi_neon_tree8(lo[k], hi[k]);
-        for (int64_t j = i; j < n; j++) out[k] += pi_fp16_to_f32(((const uint16_t *)rows[k])[j]) * x[j];
+        float p[8] = { 0 };
+        for (int64_t j = 0; j + 8 <= n; j += 8)
+            for (int l = 0; l < 8; l++) p[l] = fmaf(row_elem(rows[k], j + l, half), x[j + l], p[l]);
+        out[k] = pi_tree8(p);
     }
-#else
-    for (int k = 0; k < 4; k++) out[k] = pi_vec_dot_f16_f32(n, rows[k], x);
+    i = n / 8 * 8;
 #endif
+    for (int k = 0; k < 4; k++)   /* the unfused tail */
+        for (int64_t j = i; j < n; j++) out[k] += row_elem(rows[k], j, half) * x[j];
+}
+
+void pi_vec_dot4_f16_f32(int64_t n, const void *const *rows, const float *x, float *out) {
+    dot4_rows(n, rows, x, out, true);
+}
+
+void pi_vec_dot4_f32_f32(int64_t n, const void *const *rows, const float *x, float *out) {
+    dot4_rows(n, rows, x, out, false);
 }
 
 float pi_vec_dot_bf16_f32(int64_t n, const void *w, const void *x) {
@@ -841,6 +862,47 @@ void pi_axpy_bf16(int64_t n, float a, const void *row, float *y) {
     for (; i < n / 8 * 8; i++) y[i] = fmaf(a, pi_bf16_to_f32(x[i]), y[i]);   /* fused, as the vector body */
 #endif
     for (; i < n; i++) y[i] += a * pi_bf16_to_f32(x[i]);
+}
+
+/* Q4_0 and Q8_0 rows as f32 (dequantization: get_rows, a KV cache's values): (q - 8) d and q d, exact in f32, the
+ * same bits at every level. */
+void pi_q4_0_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q4_0 *x = src;
+    for (int64_t b = 0; b < n / PI_QK4_0; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        float *y = dst + b * PI_QK4_0;
+#if defined(__AVX2__)
+        const __m256i q = unpack_nibbles(x[b].qs);   /* the block's 32 nibbles in element order */
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        const __m128i q8[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };   /* elements 8j.. */
+        const __m256 vd = _mm256_set1_ps(d);
+        for (int j = 0; j < 4; j++) {
+            const __m256i qi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q8[j]), _mm256_set1_epi32(8));
+            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(qi), vd));
+        }
+#else
+        for (int j = 0; j < PI_QK4_0 / 2; j++) {
+            y[j] = (float)((x[b].qs[j] & 0x0f) - 8) * d;
+            y[j + PI_QK4_0 / 2] = (float)((x[b].qs[j] >> 4) - 8) * d;
+        }
+#endif
+    }
+}
+
+void pi_q8_0_to_f32(const void *src, float *dst, int64_t n) {
+    const pi_block_q8_0 *x = src;
+    for (int64_t b = 0; b < n / PI_QK8_0; b++) {
+        const float d = pi_fp16_to_f32(x[b].d);
+        float *y = dst + b * PI_QK8_0;
+#if defined(__AVX2__)
+        const __m256 vd = _mm256_set1_ps(d);
+        for (int j = 0; j < PI_QK8_0; j += 8)
+            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                      _mm_loadl_epi64((const __m128i *)(x[b].qs + j)))), vd));
+#else
+        for (int j = 0; j < PI_QK8_0; j++) y[j] = (float)x[b].qs[j] * d;
+#endif
+    }
 }
 
 void pi_axpy_q4_0(int64_t n, float a, const void *row, float *y) {

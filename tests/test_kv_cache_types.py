@@ -131,3 +131,31 @@ def test_main_cache_type_flags(model_path, tmp_path):
     r = run_main("-m", path, "-p", "x", "-n", 2, "-ctk", "q8_0")
     assert r.returncode == 1 and "K cache type q8_0: the model's head size 16" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_server_cache_type_flags(model_path):
+    """The server with -ctk / -ctv: the loaded context holds those types and answers a completion with the text the
+    API gives for them."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    from powerinfer.server.app import create_app
+    from powerinfer.server.cli import make_state, parse_args
+    from test_server import InProcessServer, post, wait_healthy
+    args = parse_args(["-m", str(model_path), "-c", "128", "-t", "1", "-ctk", "q8_0", "-ctv", "q4_0"])
+    state = make_state(args)
+    state.llm = state.loader()
+    state.ready.set()
+    assert (state.llm.ctx.type_k, state.llm.ctx.type_v) == ("q8_0", "q4_0")
+    srv = InProcessServer(create_app(state))
+    try:
+        wait_healthy(srv.base, timeout=30)
+        r = post(srv.base, "/completion", {"prompt": "the cat", "n_predict": 6, "temperature": 0})
+        assert r.status_code == 200, r.text
+        got = r.json()["content"]
+    finally:
+        srv.close()
+        state.llm.close()
+    llm = pi.PowerInfer(model_path, n_ctx=128, n_threads=1, verbose=False, kv_type=("q8_0", "q4_0"))
+    assert got == llm.create_completion("the cat", max_tokens=6, temperature=0)["choices"][0]["text"]
+    llm.close()

@@ -1206,14 +1206,19 @@ def test_attention_prompt_equals_query_by_query(pools, kt, vt, hd):
     assert np.all(out[12] == 0.0)
 
 
+# (K, V, head size): heads past attn_qk's largest (256) take scores_by_rows, f16 by vec_dot8, other types converted
+BLOCK_CASES = [(F16, F16, 64), (F16, F16, 136), (F16, F16, 260), (F32, F16, 64), (F32, F16, 136), (F32, F16, 260),
+               (Q8_0, Q8_0, 64), (Q4_0, Q4_0, 64), (Q5_0, F16, 288), (F16, Q8_0, 64), (BF16, BF16, 136)]
+
+
 @pytest.mark.parametrize("depth", [40, 300, 600])   # blocks of 32, 64 and 128 queries (ops.c attention_block)
-@pytest.mark.parametrize("hd", [64, 136, 260])        # 260: beyond attn_qk_f16's largest head (vec_dot8 scores)
-@pytest.mark.parametrize("kt,vt", [(F16, F16), (F32, F16)], ids=lambda t: TYPE_NAME[t])
+@pytest.mark.parametrize("kt,vt,hd", BLOCK_CASES, ids=lambda x: TYPE_NAME.get(x, str(x)) if x < 64 else str(x))
 def test_attention_prompt_blocks_at_depth(pools, kt, vt, hd, depth):
     """A prompt of 160 queries at depth takes blocks of up to 128 queries (more cells before the prompt, larger
     blocks: each block reads the cache once); at any size each query's output is the bits of that query alone.
     Causal, with a hole, a query that sees only the prompt and one that sees nothing; head sizes with a partial
-    vector of elements (136: 8 past the last 16, 260: 4 past, and V blocks of fewer cells)."""
+    vector of elements (136: 8 past the last 16, 260: 4 past, and V blocks of fewer cells); caches of every kind
+    (quantized rows converted to f32 once per block in the kernels, 4 and 8 at a time for one token)."""
     rng = np.random.default_rng(depth + hd)
     T, H, Hkv = 160, 8, 2
     n_kv = depth + T
@@ -1256,26 +1261,6 @@ def test_attention_quantized_cache(pools, kt, vt, T):
                   attention_tolerance(q, k, v, mask, scale, k_used, v_used), "attention vs unrounded k/v")
     if T > 1:
         assert np.all(out[T - 1] == 0.0), "fully masked query row must give zeros"
-
-
-@pytest.mark.parametrize("depth", [40, 300])
-@pytest.mark.parametrize("kt,vt", QUANT_KV[:4], ids=lambda t: TYPE_NAME[t])
-def test_attention_quantized_cache_prompt_equals_query_by_query(pools, kt, vt, depth):
-    """A quantized cache's prompt (its rows converted to f32 once per block for the score and V kernels) against each
-    query alone (rows converted 4 and 8 at a time): the same bits."""
-    rng = np.random.default_rng(depth + kt + 5 * vt)
-    T, H, Hkv, hd = 70, 4, 2, 64
-    n_kv = depth + T
-    q = rng.standard_normal((T, H, hd)).astype(np.float32)
-    ke = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), kt)
-    ve = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), vt)
-    mask = np.full((T, n_kv), -np.inf, np.float32)
-    for t in range(T):
-        mask[t, :depth + t + 1] = 0.0
-    mask[9, 3:20] = -np.inf
-    mask[60] = -np.inf
-    out = prompt_equals_query_by_query(pools, q, (ke, kt), (ve, vt), mask, 0.125, "attention, quantized cache")
-    assert np.all(out[60] == 0.0)
 
 
 def test_attention_no_gqa_and_strided(pools):

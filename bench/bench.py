@@ -80,7 +80,7 @@ class Ours:
 class LlamaCpp:
     name, backend = "llama.cpp", "CPU (llama.cpp)"
 
-    GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+    GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
     def __init__(self, path, n_ctx, n_batch, n_threads, verbose=False, type_k="f16", type_v="f16", flash_attn=False):
         import llama_cpp

@@ -276,7 +276,7 @@ def test_llama_keywords_aliases_and_refusals(model_file):
     assert m._kv_type == ("f32", "bf16") and (m.ctx.type_k, m.ctx.type_v) == ("f32", "bf16")
     m.close()
     for kw, name in ((dict(lora_path="a.gguf"), "lora_path"), (dict(n_threads_batch=2), "n_threads_batch"),
-                     (dict(use_mmap=False), "use_mmap"), (dict(type_k=20), "type_k"), (dict(type_v="q6_K"), "type_v"),
+                     (dict(use_mmap=False), "use_mmap"), (dict(type_k=12), "type_k"), (dict(type_v="q6_K"), "type_v"),
                      (dict(pooling_type=4), "pooling_type"),
                      (dict(rope_freq_base=1e4), "rope_freq_base")):
         with pytest.raises(ValueError, match=name):

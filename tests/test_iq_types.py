@@ -52,8 +52,32 @@ def test_type_traits():
     assert (lib.PI_TYPE_IQ2_XXS, lib.PI_TYPE_IQ2_XS, lib.PI_TYPE_IQ2_S) == (IQ2_XXS, IQ2_XS, IQ2_S)
     assert (lib.PI_TYPE_IQ1_S, lib.PI_TYPE_IQ1_M) == (IQ1_S, IQ1_M)
     assert lib.pi_row_bytes(IQ4_XS, 128) == -1 and lib.pi_row_bytes(IQ4_NL, 48) == -1
-    for t in TYPES:   # read only
-        assert lib.pi_quantize_row(t, ffi.new("float[256]"), ffi.new("uint8_t[512]"), 256) != 0
+    for t in TYPES:   # read only, but IQ4_NL (the KV cache's -ctk / -ctv iq4_nl)
+        if t != IQ4_NL:
+            assert lib.pi_quantize_row(t, ffi.new("float[256]"), ffi.new("uint8_t[512]"), 256) != 0
+
+
+def test_iq4_nl_quantizer():
+    """IQ4_NL rows written (a KV cache of iq4_nl): values on the grid times a power of two come back exactly; on
+    Gaussian rows of mixed scales the relative RMS error is below Q4_0's (measured 0.086 against 0.103, llama.cpp's
+    grid being finer near zero); an all-zero block gives zeros."""
+    def round_trip(t, x, block_bytes):
+        raw = np.zeros(x.size // 32 * block_bytes, np.uint8)
+        out = np.zeros_like(x)
+        check(lib.pi_quantize_row(t, ffi.cast("float *", x.ctypes.data), ffi.cast("void *", raw.ctypes.data), x.size))
+        check(lib.pi_dequantize_row(t, ffi.cast("void *", raw.ctypes.data), ffi.cast("float *", out.ctypes.data),
+                                    x.size))
+        return out
+    grid = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+    rng = np.random.default_rng(4)
+    exact = (grid[rng.integers(0, 16, 256)] * np.float32(2.0 ** -7)).astype(np.float32)
+    exact[::32] = -127 * 2.0 ** -7   # each block reaches the grid's end
+    assert np.array_equal(round_trip(IQ4_NL, exact, 18), exact)
+    x = (rng.standard_normal(32 * 2000) * rng.uniform(0.01, 10, 32 * 2000)).astype(np.float32)
+    x[:32] = 0.0
+    err = {t: np.sqrt(np.mean((round_trip(t, x, nb) - x) ** 2) / np.mean(x ** 2)) for t, nb in ((IQ4_NL, 18), (2, 18))}
+    assert err[IQ4_NL] < 0.95 * err[2], err
+    assert np.all(round_trip(IQ4_NL, x, 18)[:32] == 0.0)
 
 
 def test_grid_tables_are_gguf_pys():

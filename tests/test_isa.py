@@ -27,7 +27,8 @@ MISSING = {"avx2": "AVX2/FMA/F16C", "avx512": "AVX-512 F/BW/VL/DQ/CD/VNNI", "amx
 # every weight type the core computes with: GGUF id -> (name, elements per block, bytes per block)
 TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 30: ("bf16", 1, 2), 2: ("q4_0", 32, 18), 3: ("q4_1", 32, 20),
          6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 8: ("q8_0", 32, 34), 10: ("q2_K", 256, 84),
-         11: ("q3_K", 256, 110), 12: ("q4_K", 256, 144), 13: ("q5_K", 256, 176), 14: ("q6_K", 256, 210)}
+         11: ("q3_K", 256, 110), 12: ("q4_K", 256, 144), 13: ("q5_K", 256, 176), 14: ("q6_K", 256, 210),
+         20: ("iq4_nl", 32, 18)}
 
 
 @pytest.fixture
@@ -269,7 +270,7 @@ def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
-@pytest.mark.parametrize("t", [2, 3, 6, 7, 8, 30], ids=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("t", [2, 3, 6, 7, 8, 20, 30], ids=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "bf16"])
 def test_dequantize_row_equals_scalar(at_level, level, t):
     """Rows as f32 (get_rows, a KV cache's values in the attention): each level's conversion the scalar level's bits
     (Q4_0 and Q8_0 have their own per level)."""

@@ -1,4 +1,4 @@
-"""The KV cache's types (llama.cpp's -ctk / -ctv): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, for K and V each.
+"""The KV cache's types (llama.cpp's -ctk / -ctv): f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, K and V each.
 
 The attention op over each type is tested against numpy in tests/test_ops.py (test_attention_quantized_cache) and
 each ISA level against scalar in tests/test_isa.py; here a model runs with them end to end.
@@ -23,9 +23,10 @@ import powerinfer as pi  # noqa: E402
 from helpers import rel_rms  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 
-KV_TOL = {"f16": 0.03, "bf16": 0.035, "q8_0": 0.04, "q5_0": 0.09, "q5_1": 0.09, "q4_0": 0.18, "q4_1": 0.18}
+KV_TOL = {"f16": 0.03, "bf16": 0.035, "q8_0": 0.04, "q5_0": 0.09, "q5_1": 0.09, "q4_0": 0.18, "q4_1": 0.18,
+          "iq4_nl": 0.18}
 BLOCK_BYTES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
-               "q5_0": (32, 22), "q5_1": (32, 24)}   # (values, bytes) of a block
+               "q5_0": (32, 22), "q5_1": (32, 24), "iq4_nl": (32, 18)}   # (values, bytes) of a block
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 320, 40)]
 
 
@@ -58,7 +59,7 @@ def f32_logits(model):
     return logits(model, "f32")
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", ("q8_0", "f16"),
+@pytest.mark.parametrize("kv_type", ["f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl", ("q8_0", "f16"),
                                      ("f16", "q4_0"), ("q4_1", "q8_0")], ids=str)
 def test_cache_type_logits(model, f32_logits, kv_type):
     """Each type (and pairs of K and V types) within its bound of the f32 cache; a prompt's logits the bits of the
@@ -72,7 +73,7 @@ def test_cache_type_logits(model, f32_logits, kv_type):
     assert np.array_equal(got, logits(model, kv_type, one_by_one=True)), f"{kv_type}: prompt vs one by one"
 
 
-@pytest.mark.parametrize("kv_type", ["q8_0", ("q4_0", "bf16")], ids=str)
+@pytest.mark.parametrize("kv_type", ["q8_0", ("q4_0", "bf16"), ("iq4_nl", "q5_1")], ids=str)
 def test_state_holds_the_cache_rows(model, kv_type):
     """A sequence's state is the cache's own rows: its size follows the K and V types (q8_0: 34 bytes per 32 values,
     about half of f16's), and it restores into a context of the same types."""

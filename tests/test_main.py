@@ -101,8 +101,9 @@ def test_cache_type_flags(capsys):
     assert main_mod.parse_args(["-ctv", "q4_0"]).kv_type == ("f16", "q4_0")
     assert main_mod.parse_args(["--kv-type", "f32", "-ctk", "q5_1"]).kv_type == ("q5_1", "f32")
     assert main_mod.parse_args(["--kv-type", "bf16"]).kv_type == "bf16"
-    for argv, words in ((["-ctk", "iq4_nl"], "iq4_nl KV cache is not supported"), (["-ctv", "q4_K"], "unknown type"),
-                        (["-ctk", "xyz"], "unknown type")):
+    assert main_mod.parse_args(["-ctk", "iq4_nl", "-ctv", "q5_0"]).kv_type == ("iq4_nl", "q5_0")
+    for argv, words in ((["-ctk", "q4_K"], "q4_k: not a KV cache type"), (["-ctv", "q6_k"], "not a KV cache type"),
+                        (["-ctk", "xyz"], "xyz: not a KV cache type")):
         with pytest.raises(SystemExit) as ei:
             main_mod.parse_args(argv)
         assert ei.value.code == 2 and words in capsys.readouterr().err

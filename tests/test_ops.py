@@ -481,7 +481,7 @@ def test_conversion_errors():
     expect_error(lib.pi_dequantize_row(F32, dp, ffi.NULL, 4), lib.PI_ERR_INVALID_ARG)
     expect_error(lib.pi_quantize_row(I32, xp, dp, 4), lib.PI_ERR_UNSUPPORTED)
     expect_error(lib.pi_dequantize_row(35, dp, xp, 32), lib.PI_ERR_UNSUPPORTED)   # tq2_0
-    expect_error(lib.pi_quantize_row(20, xp, dp, 32), lib.PI_ERR_UNSUPPORTED)     # iq4_nl: read, not written
+    expect_error(lib.pi_quantize_row(23, xp, dp, 256), lib.PI_ERR_UNSUPPORTED)    # iq4_xs: read, not written
     assert "no quantizer" in ffi.string(lib.pi_last_error()).decode()
     assert lib.pi_dequantize_row(20, dp, xp, 32) == lib.PI_OK
     assert lib.pi_quantize_row(F32, xp, dp, 0) == lib.PI_OK

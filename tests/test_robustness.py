@@ -1356,7 +1356,7 @@ CTX_CASES = [
     ("n_seq_max", -1, INVALID, ["n_seq_max"]), ("n_seq_max", INT32_MAX, INVALID, ["n_seq_max"]),
     ("type_k", 99, INVALID, ["K cache type unknown"]), ("type_v", -1, INVALID, ["V cache type unknown"]),
     ("type_k", Q8_0, INVALID, ["K cache type q8_0", "head size 16"]), ("type_v", 12, INVALID, ["V cache type q4_K"]),
-    ("type_k", 26, INVALID, ["K cache type i32"]), ("type_v", 20, INVALID, ["V cache type iq4_nl"]),
+    ("type_k", 26, INVALID, ["K cache type i32"]), ("type_v", 14, INVALID, ["V cache type q6_K"]),
     ("n_threads", 10**6, INVALID, ["n_threads"]), ("n_threads", INT32_MAX, INVALID, ["n_threads"]),
 ]
 if "sparse_mode" in dir(lib.pi_context_default_params()):
@@ -1950,7 +1950,7 @@ def test_context_kv_full_status(hctx):
 
 
 def test_context_bad_constructor_args(model):
-    for kv in ("q6_K", ("q8_0",), ("f16", "iq4_nl")):
+    for kv in ("q6_K", ("q8_0",), ("f16", "q4_K")):
         with pytest.raises(ValueError, match="kv_type"):
             pi.Context(model, kv_type=kv)
     with pytest.raises(PowerInferError, match="K cache type q8_0: the model's head size 16 is not a multiple"):

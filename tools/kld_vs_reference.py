@@ -95,7 +95,7 @@ def ours_logits(path: str, n_ctx: int, n_threads: int, kv=("f16", "f16"), flash_
     return run
 
 
-GGML_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+GGML_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
 
 def llama_logits(path: str, n_ctx: int, n_threads: int, kv=("f16", "f16"), flash_attn=False):

@@ -271,7 +271,7 @@ class CompletionShaper:
 
 
 # ggml's type ids of the cache types (llama-cpp-python passes type_k / type_v as these)
-_GGML_KV_IDS = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 30: "bf16"}
+_GGML_KV_IDS = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl", 30: "bf16"}
 
 
 def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):

@@ -8,8 +8,8 @@ llama.cpp users bring llama.cpp's flags. Two things keep those from giving misle
 * `add_llama_compat_args` accepts llama.cpp's common flags that this CPU build has no use
   for (`-fa`, `--mlock`, `--no-mmap`, `--jinja`, `-tb`, `-ub`) and the KV cache type flags
   `-ctk/-ctv`; `apply_llama_compat` then says once, on stderr, which of them change nothing,
-  and folds `-ctk/-ctv` into `--kv-type` (a (K, V) pair where they differ; a type this build has
-  no cache for is an error).
+  and folds `-ctk/-ctv` into `--kv-type` (a (K, V) pair where they differ; a name that is not a
+  cache type is an error).
 """
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ import argparse
 import sys
 from typing import Callable
 
-# the KV cache's types (Context's kv_type)
-KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-# llama.cpp's cache types (ggml_type names) that this build has no KV cache for (no iq4_nl quantizer)
-_UNSUPPORTED_KV = ("iq4_nl",)
+# the KV cache's types (Context's kv_type): llama.cpp's cache types
+KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -66,7 +64,7 @@ def apply_llama_compat(p: argparse.ArgumentParser, args: argparse.Namespace, *, 
                        log: Callable[[str], None] | None = None) -> None:
     """After parse_args: one stderr line per given flag that changes nothing, and -ctk/-ctv folded
     into args.kv_type (the type of both, or a (K, V) pair where they differ; the one not given keeps
-    --kv-type's). p.error, exit status 2, for a type this build has no KV cache for."""
+    --kv-type's). p.error, exit status 2, for a name that is not a cache type."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     for dest, (flag, why) in _NO_EFFECT.items():
         if getattr(args, dest, None) is not None:
@@ -75,9 +73,7 @@ def apply_llama_compat(p: argparse.ArgumentParser, args: argparse.Namespace, *, 
     given = {flag: t.lower() for flag, t in types.items() if t is not None}
     for flag, t in given.items():
         if t not in KV_TYPES:
-            known = t in _UNSUPPORTED_KV
-            p.error(f"{flag} {t}: {'a ' + t + ' KV cache is not supported by this build' if known else 'unknown type'}"
-                    f" (supported: {', '.join(KV_TYPES)})")
+            p.error(f"{flag} {t}: not a KV cache type (the types: {', '.join(KV_TYPES)})")
     if given:
         both = getattr(args, "kv_type", None) or "f16"
         k, v = given.get("-ctk", both), given.get("-ctv", both)

@@ -113,8 +113,8 @@ class Context:
     with the output head). What was placed is in .offload (None: CPU only), the plan in .gpu_plan,
     the hot sets in .gpu_index, warnings in .gpu_warnings, the original's log lines in .gpu_log.
 
-    kv_type: the cache's type for K and V ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
-    "q5_1"), or a (K, V) pair (llama.cpp's -ctk / -ctv); .type_k and .type_v say which. Quantized
+    kv_type: the cache's type for K and V ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl",
+    "q5_0", "q5_1"), or a (K, V) pair (llama.cpp's -ctk / -ctv); .type_k and .type_v say which. Quantized
     caches need a head size that is a multiple of 32 and keep the attention on the CPU (the GPU
     kernels read f16 and f32 caches).
     """

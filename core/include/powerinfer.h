@@ -213,7 +213,7 @@ PI_API pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *
                               pi_tensor *out);
 /* Scaled dot-product attention with grouped KV heads.
  *   q [head_dim, n_head, T] f32;  k, v [head_dim, n_head_kv, n_kv] of types with a conversion to f32 (the KV
- *   cache's: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1), read as their f32 values (q is not quantized);
+ *   cache's: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1), read as their f32 values (q is not quantized);
  *   mask [n_kv, T] f32 added to the scores (use -INFINITY to hide) or NULL;
  *   out [head_dim, n_head, T] f32.  Query head h reads KV head h / (n_head / n_head_kv). */
 PI_API pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
@@ -371,7 +371,7 @@ typedef struct pi_context_params {
     int32_t n_batch;     /* most tokens a single pi_decode call may carry */
     int32_t n_seq_max;   /* sequence ids are 0 .. n_seq_max-1 (at most 64) */
     int32_t n_threads;   /* <= 0: physical cores */
-    int32_t type_k;      /* the K cache's type: PI_TYPE_F16 (the default), F32, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1
+    int32_t type_k;      /* the K cache's type: PI_TYPE_F16 (the default), F32, BF16, Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1
                           * (quantized: the head size a multiple of 32, the layers' attention on the CPU) */
     int32_t type_v;      /* the V cache's type: as type_k */
     float   sparse_threshold;  /* sparse models: a neuron runs when its predictor score >= this (every layer;

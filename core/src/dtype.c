@@ -153,7 +153,8 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
                        .batch_type = PI_TYPE_Q6_KX16, .batch_min_t = 32 /* prompts where the level converts */ },
     [PI_TYPE_Q8_K] = { "q8_K", 256, 292, pi_q8_K_to_f32, pi_q8_K_from_f32, PI_TYPE_Q8_K },
     /* IQ4, IQ3, IQ2, IQ1 (read only: llama.cpp's files; no quantizer here) */
-    [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, NULL, PI_TYPE_Q8_0S, .repacked_type = PI_TYPE_IQ4_NLX8 },
+    [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, pi_iq4_nl_from_f32, PI_TYPE_Q8_0S,
+                         .repacked_type = PI_TYPE_IQ4_NLX8 },
     [PI_TYPE_IQ4_XS] = { "iq4_xs", 256, 136, pi_iq4_xs_to_f32, NULL, PI_TYPE_Q8_K, .repacked_type = PI_TYPE_IQ4_XSX16 },
     [PI_TYPE_IQ3_XXS] = { "iq3_xxs", 256, 98, pi_iq3_xxs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
     [PI_TYPE_IQ3_S]   = { "iq3_s", 256, 110, pi_iq3_s_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },

@@ -211,6 +211,51 @@ void pi_q5_1_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
+/* The index of the grid value nearest to x (PI_IQ4_VALUES ascending; a tie goes to the larger). */
+static int iq4_nearest(float x) {
+    int lo = 0, hi = 15;   /* values[lo] <= x < values[hi], narrowed by halves */
+    if (x <= PI_IQ4_VALUES[0]) return 0;
+    if (x >= PI_IQ4_VALUES[15]) return 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < PI_IQ4_VALUES[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - (float)PI_IQ4_VALUES[lo] < (float)PI_IQ4_VALUES[hi] - x ? lo : hi;
+}
+
+/* IQ4_NL (a KV cache's rows: -ctk / -ctv iq4_nl; weights stay the file's): per block of 32, the block's largest
+ * magnitude (with its sign) is mapped onto 15 points around the grid's far end (-127 + t, t = -7..7, llama.cpp's
+ * search), each element rounded to the nearest grid value, and the scale refit by least squares with weights x^2;
+ * the candidate of least weighted squared error wins (the largest (sum w q x)^2 / sum w q^2). The nibbles are then
+ * rounded again against the fp16-rounded scale that is stored. */
+void pi_iq4_nl_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_iq4_nl *y = dst;
+    for (int64_t b = 0; b < n / PI_QK; b++, src += PI_QK) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < PI_QK; j++)
+            if (fabsf(src[j]) > amax) { amax = fabsf(src[j]); max = src[j]; }
+        float d = 0.0f, best = 0.0f;
+        for (int t = -7; t <= 7 && amax > 0.0f; t++) {
+            const float id = ((float)PI_IQ4_VALUES[0] + (float)t) / max;
+            float sumqx = 0.0f, sumq2 = 0.0f;
+            for (int j = 0; j < PI_QK; j++) {
+                const float q = (float)PI_IQ4_VALUES[iq4_nearest(src[j] * id)], w = src[j] * src[j];
+                sumqx += w * q * src[j];
+                sumq2 += w * q * q;
+            }
+            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        y[b].d = pi_f32_to_fp16(d);
+        const float ds = pi_fp16_to_f32(y[b].d), id = ds != 0.0f ? 1.0f / ds : 0.0f;
+        for (int j = 0; j < PI_QK / 2; j++)
+            y[b].qs[j] = (uint8_t)(iq4_nearest(src[j] * id) | iq4_nearest(src[j + PI_QK / 2] * id) << 4);
+    }
+}
+
 /* Q8_1 (activations): d = amax / 127, q = rint(x * (127 / amax)) (ties to even, as Q8_0S: see
  * quantize_block_q8 in arch/vec_dot.c), s = d * sum(q). */
 void pi_q8_1_from_f32(const float *src, void *dst, int64_t n) {

@@ -24,8 +24,8 @@ typedef struct pi_kv_cache {
     char       *v;           /* [n_layer][n_ctx][n_embd_kv] */
 } pi_kv_cache;
 
-/* Whether rows of head_dim values can be cached as `type` (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1: llama.cpp's
- * cache types but iq4_nl, which this library cannot quantize to); PI_OK or an error naming `which` ("K", "V"). */
+/* Whether rows of head_dim values can be cached as `type` (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1:
+ * llama.cpp's cache types); PI_OK or an error naming `which` ("K", "V"). */
 pi_status pi_kv_type_check(int32_t type, int64_t head_dim, const char *which);
 pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_embd_kv, int32_t type_k,
                      int32_t type_v);

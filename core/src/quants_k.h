@@ -283,6 +283,7 @@ void pi_iq1_m_to_f32(const void *src, float *dst, int64_t n);
 void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_1_from_f32(const float *src, void *dst, int64_t n);
+void pi_iq4_nl_from_f32(const float *src, void *dst, int64_t n);
 void pi_q8_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q2_K_from_f32(const float *src, void *dst, int64_t n);
 void pi_q3_K_from_f32(const float *src, void *dst, int64_t n);

@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings"))
 import powerinfer  # noqa: E402
+from powerinfer.cli_args import KV_GGML_IDS  # noqa: E402
 
 FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
           11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
@@ -80,14 +81,12 @@ class Ours:
 class LlamaCpp:
     name, backend = "llama.cpp", "CPU (llama.cpp)"
 
-    GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
-
     def __init__(self, path, n_ctx, n_batch, n_threads, verbose=False, type_k="f16", type_v="f16", flash_attn=False):
         import llama_cpp
         self.lc = lc = llama_cpp
         self.llm = lc.Llama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=n_threads,
                             n_threads_batch=n_threads, logits_all=False, verbose=verbose,
-                            type_k=self.GGML_TYPES[type_k], type_v=self.GGML_TYPES[type_v], flash_attn=flash_attn)
+                            type_k=KV_GGML_IDS[type_k], type_v=KV_GGML_IDS[type_v], flash_attn=flash_attn)
         model, self.ctx = self.llm.model, self.llm.ctx
         buf = lc.ctypes.create_string_buffer(128)
         lc.llama_model_desc(model, buf, 128)
@@ -162,9 +161,9 @@ def main():
                     help="also measure this implementation (default: llama.cpp, skipped if not installed)")
     ap.add_argument("--no-repack", action="store_true",
                     help="ours: read the file's weight layout (no interleaved copies)")
-    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(LlamaCpp.GGML_TYPES),
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(KV_GGML_IDS),
                     help="the K cache's type, both engines (default: %(default)s)")
-    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(LlamaCpp.GGML_TYPES),
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(KV_GGML_IDS),
                     help="the V cache's type, both engines (default: %(default)s)")
     ap.add_argument("-fa", "--flash-attn", type=int, choices=[0, 1], default=None,
                     help="llama.cpp's flash attention (default: 1 where the V cache is quantized, else 0)")
@@ -243,7 +242,8 @@ def main():
         print(json.dumps(results, indent=2))
     elif a.output == "csv":
         keys = ["impl", "model", "model_filename", "size", "params", "backend", "threads", "n_batch", "test",
-                "n_prompt", "n_gen", "n_depth", "type_k", "type_v", "avg_ts", "stddev_ts", "median_ts", "ratio", "samples_ts"]
+                "n_prompt", "n_gen", "n_depth", "type_k", "type_v", "avg_ts", "stddev_ts", "median_ts", "ratio",
+                "samples_ts"]
         print(",".join(keys))
         for r in results:
             vals = {**r, "samples_ts": " ".join(f"{x:.4f}" for x in r["samples_ts"])}

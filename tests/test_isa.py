@@ -281,8 +281,8 @@ def test_dequantize_row_equals_scalar(at_level, level, t):
         at_level(lv)
         o = np.zeros((3, 256), np.float32)
         for r in range(3):
-            check(lib.pi_dequantize_row(t, ffi.cast("void *", raw[r].ctypes.data), ffi.cast("float *", o[r].ctypes.data),
-                                        256))
+            check(lib.pi_dequantize_row(t, ffi.cast("void *", raw[r].ctypes.data),
+                                        ffi.cast("float *", o[r].ctypes.data), 256))
         out[lv] = o
     assert_bit_equal(out[level], out["scalar"], f"dequantize {TYPES[t][0]} {level} vs scalar")
 

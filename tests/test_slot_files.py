@@ -20,7 +20,8 @@ from make_test_model import write_model  # noqa: E402
 from powerinfer.server.slot_files import valid_filename  # noqa: E402
 from test_server import post, serve_model  # noqa: E402
 
-SHAPE = dict(n_vocab=320, n_embd=128, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)   # heads of 32: every cache type
+# heads of 32 values: every cache type's blocks fit
+SHAPE = dict(n_vocab=320, n_embd=128, n_ff=160, n_head=4, n_head_kv=2, n_layer=2, seed=1)
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
 
 

@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bindings"))
 sys.path.insert(0, str(HERE))
 import powerinfer as pi  # noqa: E402
+from powerinfer.cli_args import KV_GGML_IDS  # noqa: E402
 
 
 def write_copy(src: str, dst: str, keep: set[str]) -> None:
@@ -95,14 +96,11 @@ def ours_logits(path: str, n_ctx: int, n_threads: int, kv=("f16", "f16"), flash_
     return run
 
 
-GGML_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
-
-
 def llama_logits(path: str, n_ctx: int, n_threads: int, kv=("f16", "f16"), flash_attn=False):
     import llama_cpp
     llm = llama_cpp.Llama(path, logits_all=True, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads,
-                          n_threads_batch=n_threads, verbose=False, type_k=GGML_KV_TYPES[kv[0]],
-                          type_v=GGML_KV_TYPES[kv[1]], flash_attn=flash_attn)
+                          n_threads_batch=n_threads, verbose=False, type_k=KV_GGML_IDS[kv[0]],
+                          type_v=KV_GGML_IDS[kv[1]], flash_attn=flash_attn)
 
     def run(tokens):
         llm.reset()
@@ -144,8 +142,8 @@ def main() -> None:
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "powerinfer-kld"))
     ap.add_argument("--no-bos", action="store_true", help="keep each window's first token (default: BOS)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(GGML_KV_TYPES), help="the runs' K cache")
-    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(GGML_KV_TYPES), help="the runs' V cache")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=list(KV_GGML_IDS), help="the runs' K cache")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=list(KV_GGML_IDS), help="the runs' V cache")
     ap.add_argument("-fa", "--flash-attn", type=int, choices=[0, 1], default=None,
                     help="llama.cpp's flash attention (default: 1 where V is quantized, else 0)")
     a = ap.parse_args()

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .cli_args import KV_TYPES
+from .cli_args import KV_GGML_IDS, KV_TYPES
 from .context import Context, kv_types
 from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
@@ -270,8 +270,7 @@ class CompletionShaper:
                 "choices": [choice], "usage": self.usage(res)}
 
 
-# ggml's type ids of the cache types (llama-cpp-python passes type_k / type_v as these)
-_GGML_KV_IDS = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl", 30: "bf16"}
+_GGML_KV_NAMES = {i: name for name, i in KV_GGML_IDS.items()}   # llama-cpp-python passes type_k / type_v as ids
 
 
 def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
@@ -281,10 +280,10 @@ def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
     for name, t in (("type_k", type_k), ("type_v", type_v)):
         if t is None:
             continue
-        t = _GGML_KV_IDS.get(t, t)
+        t = _GGML_KV_NAMES.get(t, t)
         if t not in KV_TYPES:
             raise ValueError(f"{name}={t!r}: the KV cache is one of {', '.join(KV_TYPES)} (or their ggml type ids "
-                             f"{', '.join(str(i) for i in _GGML_KV_IDS)}) here")
+                             f"{', '.join(str(i) for i in _GGML_KV_NAMES)}) here")
         if name == "type_k":
             k = t
         else:

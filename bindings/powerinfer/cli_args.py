@@ -17,8 +17,10 @@ import argparse
 import sys
 from typing import Callable
 
-# the KV cache's types (Context's kv_type): llama.cpp's cache types
-KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# the KV cache's types (Context's kv_type): llama.cpp's cache types, with their ggml type ids (llama-cpp-python's
+# type_k / type_v; bench.py and tools/kld_vs_reference.py pass them to the peer)
+KV_GGML_IDS = {"f16": 1, "f32": 0, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+KV_TYPES = tuple(KV_GGML_IDS)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -121,8 +121,9 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int | None = 512, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, kv_type: str | tuple[str, str] = "f16",
-                 sparse_threshold: float | None = None, dense: bool = False, count_neurons: bool = False, vram_budget: int | None = None,
-                 reset_gpu_index: bool = False, disable_gpu_index: bool = False, n_gpu_layers: int | None = None,
+                 sparse_threshold: float | None = None, dense: bool = False, count_neurons: bool = False,
+                 vram_budget: int | None = None, reset_gpu_index: bool = False, disable_gpu_index: bool = False,
+                 n_gpu_layers: int | None = None,
                  main_gpu: int = 0, sparsity: float | None = None, act_histogram: bool = False,
                  sparse_batch_max: int = 0, sparse_gather_max: int = 1):
         self.type_k, self.type_v = kv_types(kv_type)

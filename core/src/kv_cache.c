@@ -12,8 +12,8 @@ pi_status pi_kv_type_check(int32_t type, int64_t head_dim, const char *which) {
     bool known = false;
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++) known |= TYPES[i] == type;
     if (!known)
-        return pi_fail(PI_ERR_INVALID_ARG, "%s cache type %s: the KV cache is f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, "
-                       "q5_0 or q5_1", which, pi_type_name(type));
+        return pi_fail(PI_ERR_INVALID_ARG, "%s cache type %s: the KV cache is f32, f16, bf16, q8_0, q4_0, q4_1, "
+                       "iq4_nl, q5_0 or q5_1", which, pi_type_name(type));
     if (type != PI_TYPE_F16 && type != PI_TYPE_F32 && head_dim > PI_ATT_PV_MAX_HD)
         return pi_fail(PI_ERR_INVALID_ARG, "%s cache type %s: heads of %lld values (at most %d for it)", which,
                        pi_type_name(type), (long long)head_dim, PI_ATT_PV_MAX_HD);

@@ -843,11 +843,11 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
             for (int k = 0; k < 4; k++) rows[k] = kbase[j] + (c + (k < n ? k : 0)) * a->k->nb[2];
             if (ahead && c + n + ahead <= n_kv)
                 pi_prefetch_rows((const char *)rows[0] + ahead * a->k->nb[2], n, a->k->nb[2], k_bytes);
-            if (k_conv) {
-                if (converted != kbase[j]) rows_to_f32(kt, hd, 4, rows, kbuf);
+            if (k_conv && converted != kbase[j]) {
+                rows_to_f32(kt, hd, 4, rows, kbuf);
                 converted = kbase[j];
+            } else if (k_conv)   /* this KV head's rows are in kbuf already */
                 for (int k = 0; k < 4; k++) rows[k] = kbuf + k * hd;
-            }
             if (n == 4) dot4(hd, rows, q[j], scores + j * n_kv + c);
             else {
                 float out[4];
@@ -889,11 +889,11 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
                 if (ahead && cells[k] + ahead < n_kv)
                     pi_prefetch_rows((const char *)rows[k] + ahead * a->v->nb[2], 1, 0, v_bytes);
             }
-            if (v_conv) {
-                if (converted != vbase[j]) rows_to_f32(vt, hd, nv, rows, vbuf);
+            if (v_conv && converted != vbase[j]) {
+                rows_to_f32(vt, hd, nv, rows, vbuf);
                 converted = vbase[j];
+            } else if (v_conv)
                 for (int k = 0; k < nv; k++) rows[k] = vbuf + k * hd;
-            }
             pi_axpy_rows(at, hd, nv, pc, rows, out);
         }
         nv = 0;
@@ -929,10 +929,11 @@ static int attention_item_heads(const pi_tensor *q, const pi_tensor *k, const pi
  * PI_ATT_QK_MAX_HD): an f16 K by its vec_dot8 / vec_dot (each group of 8 cells against sub-blocks of up to
  * PI_DOT8_MAX_T queries), any other type 4 cells at a time as attend scores them (rows converted once for the
  * block's queries, vec_dot4_f32_f32), each for the queries that see a cell of the group (mask[j]: query j's row of
- * the mask, NULL: no mask). kbuf: [4][hd] floats. */
-/* (not inlined: inside attend_block it made the f16 path's prompts 1.07x slower, Zen 5) */
-static __attribute__((noinline)) void scores_by_rows(const attention_args *a, int64_t t0, int nt, int64_t h, const char *kbase,
-                           const float *const *mask, float *kbuf, float *scores) {
+ * the mask, NULL: no mask). kbuf: [4][hd] floats. Not inlined: inside attend_block it made the f16 path's prompts
+ * 1.07x slower (Zen 5). */
+static __attribute__((noinline)) void scores_by_rows(const attention_args *a, int64_t t0, int nt, int64_t h,
+                                                     const char *kbase, const float *const *mask, float *kbuf,
+                                                     float *scores) {
     const int64_t hd = a->q->ne[0], n_kv = a->k->ne[2];
     const pi_type_traits *kt = pi_traits(a->k->type);
     const char *q0 = (const char *)ROW_F32(a->q, h, t0, 0);
@@ -1028,7 +1029,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
             c1 = PI_MAX(c1, hi[r]);
         }
         if (c0 < c1)
-            pi_cpu()->attn_qk(hd, nr, qr, c0, c1, kbase, a->k->nb[2], a->k->type == PI_TYPE_F16 ? NULL : kt->to_f32, sr);
+            pi_cpu()->attn_qk(hd, nr, qr, c0, c1, kbase, a->k->nb[2], a->k->type == PI_TYPE_F16 ? NULL : kt->to_f32,
+                              sr);
     } else   /* one head (ng = 1): rows are queries */
         scores_by_rows(a, t0, nt, h, kbase, mask, kbuf, scores);
     float inv[ATT_ROWS_MAX], *out[ATT_ROWS_MAX];
@@ -1170,7 +1172,7 @@ pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tens
     RETURN_IF(check_same_shape(q, out, "attention q/out"));
     RETURN_IF(check_same_shape(k, v, "attention k/v"));
     const pi_type_traits *kt = pi_traits(k->type), *vt = pi_traits(v->type);
-    if (!kt || !kt->to_f32 || !vt || !vt->to_f32 || (k->type == PI_TYPE_F16 && !kt->vec_dot))
+    if (!kt || !kt->to_f32 || !vt || !vt->to_f32)
         return pi_fail(PI_ERR_UNSUPPORTED, "attention: no cache of k %s and v %s", pi_type_name(k->type),
                        pi_type_name(v->type));
     if (v->type != PI_TYPE_F16 && v->type != PI_TYPE_F32 && v->ne[0] > PI_ATT_PV_MAX_HD)

@@ -94,8 +94,8 @@ def _no_statistics(plan: Plan, e: ActivationError, strict: bool) -> tuple[Plan, 
 
 
 def ensure_gpu_index(model_path: str | os.PathLike, budget_bytes: int, *, n_ctx: int = 512, n_batch: int = 512,
-                     kv_type: str | tuple[str, str] = "f16", explicit: bool = True, reset: bool = False, disable: bool = False,
-                     activation_dir: str | os.PathLike | None = None, strict: bool = False,
+                     kv_type: str | tuple[str, str] = "f16", explicit: bool = True, reset: bool = False,
+                     disable: bool = False, activation_dir: str | os.PathLike | None = None, strict: bool = False,
                      info: ModelInfo | None = None, compute_bytes: int | None = None) -> tuple[Plan, GpuIndex | None]:
     """The placement of a model under a budget, with its hot sets from `<model>.generated.gpuidx`.
 

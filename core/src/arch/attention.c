@@ -66,8 +66,8 @@ static bool tile_all_seen(const float *const *p, int m, int64_t c, int64_t n) {
 /* The kernels' vectors at this level: ATT_W floats (AVX-512: 16, AVX2: 8). att_f16 converts ATT_W halves. pv_fma_seen
  * adds p v to acc where p is not -inf (a seen cell; NaN counts as seen, as in attend) and keeps acc otherwise.
  * qk_rows converts element d0.. of ATT_W rows (k rows of f16, or of f32 if f32, at kc, row_stride apart, the rest
- * zeros; e elements of each at most) and transposes them: r[i] = element d0 + i of the ATT_W cells. qk_store_first stores the first k
- * lanes. */
+ * zeros; e elements of each at most) and transposes them: r[i] = element d0 + i of the ATT_W cells. qk_store_first
+ * stores the first k lanes. */
 #if PI_HAVE_ROWS16
 #define ATT_W 16
 #define QK_QUERIES 8   /* score tiles: queries x vectors of cells, 8 x 3 accumulators (of 32 registers) */
@@ -143,24 +143,15 @@ static inline void qk_store_first(float *x, att_vec v, int k) {
 }
 static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0, int64_t e, bool f32,
                            att_vec r[8]) {
+    const size_t size = f32 ? sizeof(float) : sizeof(uint16_t);
     for (int i = 0; i < 8; i++) {
-        if (f32) {
-            float h[8] = { 0 };
-            const float *x = (const float *)(kc + i * row_stride) + d0;
-            if (i < k && e >= 8) r[i] = _mm256_loadu_ps(x);
-            else {
-                if (i < k) memcpy(h, x, (size_t)e * sizeof(float));
-                r[i] = _mm256_loadu_ps(h);
-            }
-            continue;
+        const char *x = kc + i * row_stride + d0 * (int64_t)size;
+        float h[8] = { 0 };   /* a short row's elements then zeros (8 f32 or 8 f16), or all zeros past row k */
+        if (i >= k || e < 8) {
+            if (i < k) memcpy(h, x, (size_t)e * size);
+            x = (const char *)h;
         }
-        uint16_t h[8] = { 0 };
-        const uint16_t *x = (const uint16_t *)(kc + i * row_stride) + d0;
-        if (i < k && e >= 8) r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
-        else {
-            if (i < k) memcpy(h, x, (size_t)e * sizeof(uint16_t));
-            r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-        }
+        r[i] = f32 ? _mm256_loadu_ps((const float *)x) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
     }
     __m256 t[8], u[8];   /* the transposition: rows -> columns */
     for (int i = 0; i < 8; i += 2) {
@@ -185,8 +176,8 @@ static inline void qk_rows(const char *kc, int64_t row_stride, int k, int64_t d0
 
 /* kt[d][ATT_W v + i] = element d of row i of the k rows at kc (f16, or f32 if f32, k_stride apart) as f32, for
  * i < ATT_W; rows past k are zeros. */
-static inline __attribute__((always_inline)) void transpose_rows(int64_t hd, const char *kc, int64_t k_stride,
-                                                                 int k, int v, bool f32, float kt[][QK_CELLS]) {
+static void transpose_rows(int64_t hd, const char *kc, int64_t k_stride, int k, int v, bool f32,
+                           float kt[][QK_CELLS]) {
     for (int64_t d0 = 0; d0 < hd; d0 += ATT_W) {
         att_vec r[ATT_W];
         qk_rows(kc, k_stride, k, d0, hd - d0, f32, r);

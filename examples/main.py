@@ -30,6 +30,7 @@ def parse_args(argv=None):
     cli.add_sampling_args(p)
     cli.add_grammar_args(p)
     cli.add_interactive_args(p)
+    cli.add_speculative_args(p)
     return cli.parse(p, argv, prog="main")
 
 
@@ -66,6 +67,7 @@ def run(args) -> int:
         params = cli.sampling_params(args)
         args.grammar_obj = cli.grammar_of(args)
         ctx = cli.make_context(args, model, "main")
+        drafter, spec = cli.make_speculative(args, model, "main", n_ctx=ctx.n_ctx)
     except (CLIError, ValueError) as e:
         log(f"error: {e}")
         return 1
@@ -81,7 +83,10 @@ def run(args) -> int:
         args.conversation = bool(model.metadata.get("tokenizer.chat_template")) and not args.interactive
         if args.conversation:
             log("main: the model has a chat template: conversation mode is on (-no-cnv for plain completion)")
-    gen = Generator(ctx, sampler, timings=timings, context_shift=args.context_shift)
+    if drafter is not None and ctx.exact_batch_max == 1:
+        log("main: note: a gate-sparse level with --sparse-gather-max 1 runs batches of several tokens through other "
+            "kernels, so drafts would change the output: none are made (--sparse-gather-max 17 allows 16)")
+    gen = Generator(ctx, sampler, timings=timings, context_shift=args.context_shift, drafter=drafter, spec=spec)
     out = Console(args.color)
     n_predict = args.n_predict if args.n_predict >= 0 else -1
     try:
@@ -105,6 +110,10 @@ def run(args) -> int:
             log("")           # the generated text ends without a newline
         cli.sparse_report(ctx)
         log("\n" + timings.report())
+        if drafter is not None:
+            e = gen.engine
+            log(f"speculative: n_drafted = {e.n_drafted}, n_accept = {e.n_draft_accepted}, accept = "
+                f"{100 * e.n_draft_accepted / max(e.n_drafted, 1):.1f}%, draft time = {e.draft_ms:.2f} ms")
     return status
 
 

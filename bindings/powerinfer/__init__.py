@@ -6,12 +6,13 @@ from .context import Context
 from .gguf_file import ModelLoadError
 from .model import HParams, Model
 from .sampling import Sampler, SamplingParams
+from .speculative import DraftModel, PromptLookup
 from .tokenizer import StreamDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model", "ModelLoadError", "PowerInferError",
-           "Sampler", "SamplingParams", "StreamDecoder", "Tokenizer", "bf16_dot", "cpu_isa", "cpu_isa_supported", "cpu_name",
+__all__ = ["Context", "DraftModel", "Grammar", "GrammarError", "HParams", "PowerInfer", "Model", "ModelLoadError",
+           "PowerInferError", "PromptLookup", "Sampler", "SamplingParams", "StreamDecoder", "Tokenizer", "bf16_dot", "cpu_isa", "cpu_isa_supported", "cpu_name",
            "set_cpu_isa", "system_info", "__version__"]
 
 def _arch_levels() -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from .reasoning import check_format as check_reasoning_format
 from .reasoning import splitter_for
 from .request import RequestError, Result, Task, TaskEvents
 from .sampling import SamplingParams
+from .speculative import SpecParams, make_drafter
 from .tokenizer import TOKEN_CONTROL
 
 log = logging.getLogger("powerinfer")
@@ -334,7 +335,8 @@ class PowerInfer:
                  flash_attn: bool = False, use_mmap: bool = True, use_mlock: bool = False, logits_all: bool = False,
                  embedding: bool = False, offload_kqv: bool = True, last_n_tokens_size: int = 64,
                  numa=False, main_gpu: int = 0, sparse_batch_max: int = 0, sparse_gather_max: int = 1,
-                 reasoning_format: str = "auto", **unsupported):
+                 reasoning_format: str = "auto", draft_model=None, draft_max: int = 16, draft_min: int = 0,
+                 draft_p_min: float = 0.75, **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         reasoning_format: the default of create_chat_completion's (powerinfer.reasoning: auto / deepseek put a
         reply's <think>...</think> in message.reasoning_content, none leaves it in content; llama.cpp's server flag).
@@ -344,13 +346,17 @@ class PowerInfer:
         vram_budget (bytes; None: free GPU memory - 256 MiB when there is a GPU), reset_gpu_index and
         disable_gpu_index place a PowerInfer file on the GPU; n_gpu_layers (llama-cpp-python's name; -1: all)
         a dense GGUF file. See powerinfer.offload.
+        draft_model: speculative decoding (powerinfer.speculative; the same output, faster where drafts hold): a
+        draft model's GGUF path (same vocabulary; run greedily, drafts stop below draft_p_min), a Drafter such
+        as PromptLookup(), or llama-cpp-python's LlamaDraftModel (a callable: input_ids -> draft ids);
+        draft_max / draft_min: tokens drafted per step at most / at least (llama.cpp's --draft-max / --draft-min).
 
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
         count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
         types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...), pooling_type
         (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
         flash_attn, use_mlock, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
-        here (said once when set). Anything else of Llama's (lora_path, rope_freq_base, draft_model, ...)
+        here (said once when set). Anything else of Llama's (lora_path, rope_freq_base, ...)
         raises ValueError naming it."""
         kv_type, pooling = _llama_aliases(kv_type, pooling, type_k=type_k, type_v=type_v, pooling_type=pooling_type)
         if unsupported:
@@ -383,7 +389,11 @@ class PowerInfer:
                            reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
                            n_gpu_layers=n_gpu_layers, sparsity=sparsity, sparse_batch_max=sparse_batch_max,
                            sparse_gather_max=sparse_gather_max)
-        self.engine = Engine(self.ctx, self.tokenizer, n_parallel)
+        spec = SpecParams(draft_max, draft_min, draft_p_min)
+        spec.validate()
+        drafter = make_drafter(draft_model, target_tokenizer=self.tokenizer, n_ctx=self.ctx.n_ctx,
+                               n_seq_max=n_parallel, n_threads=n_threads, p_min=draft_p_min, n_batch=n_batch)
+        self.engine = Engine(self.ctx, self.tokenizer, n_parallel, drafter=drafter, spec=spec)
         self.seed = seed
         self.model_name = model_alias or Path(model_path).name
         self.chat_format = chat_format
@@ -617,9 +627,11 @@ class PowerInfer:
                   repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
                   frequency_penalty: float = 0.0, logit_bias=None, ignore_eos: bool = False,
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
-                  logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False) -> Task:
+                  logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
+                  speculative: SpecParams | None = None) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
-        the end of text or a full slot context; 0: evaluate the prompt only."""
+        the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
+        settings (None: the engine's; they change the speed only)."""
         if seed is None or seed == -1:
             seed = self.seed
         if isinstance(seed, int) and not isinstance(seed, bool) and seed > 0xFFFFFFFF:
@@ -639,7 +651,7 @@ class PowerInfer:
         task = Task(prompt_tokens, params, n_predict=n_predict, stop=_as_stop_list(stop),
                     stop_token_ids=stop_token_ids, cache_prompt=cache_prompt, n_probs=n_probs, grammar=grammar,
                     logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                    prompt_logprobs=prompt_logprobs)
+                    prompt_logprobs=prompt_logprobs, speculative=speculative)
         self.engine.check(task)
         return task
 

@@ -29,11 +29,12 @@ from .hub import HubError, add_model_args, bundled_model, resolve_model
 from .model import Model
 from .offload import add_gpu_args, gpu_kwargs
 from .sampling import SamplingParams
+from .speculative import FirstOf, PromptLookup, SpecParams, make_drafter
 
 __all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args",
-           "add_prompt_args", "add_sampling_args", "add_sparse_args", "grammar_of", "load_model", "log",
-           "log_prompt_tokens", "make_context", "parse", "parser", "prompt_text", "read_input", "sampling_params",
-           "sparse_report", "unescape"]
+           "add_prompt_args", "add_sampling_args", "add_sparse_args", "add_speculative_args", "grammar_of", "load_model",
+           "log", "log_prompt_tokens", "make_context", "make_speculative", "parse", "parser", "prompt_text",
+           "read_input", "sampling_params", "sparse_report", "unescape"]
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 _SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)
@@ -92,6 +93,64 @@ def add_sparse_args(p: argparse.ArgumentParser, *, sparse_gather_max: int = 1) -
     p.add_argument("-nr", "--no-repack", action="store_true",
                    help="keep the file's weight layout: no interleaved copy, slower matmuls (a gate-sparse "
                         "file's down step is still laid out by channel where the file has no ffn_down_t)")
+
+
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding's flags, llama.cpp's names: a draft model (-md) and/or draftless n-gram lookup."""
+    g = p.add_argument_group("speculative decoding (the same output, faster where drafts hold)")
+    g.add_argument("-md", "--model-draft", metavar="FILE", default=None,
+                   help="draft model: a smaller model with the same vocabulary, run greedily to propose tokens")
+    g.add_argument("--draft-max", "--draft", "--draft-n", dest="draft_max", type=int, default=16, metavar="N",
+                   help="tokens drafted per step at most (default: %(default)s)")
+    g.add_argument("--draft-min", type=int, default=0, metavar="N",
+                   help="drafts shorter than this are not evaluated (default: %(default)s)")
+    g.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
+                   help="the draft model stops at a token it gives less than this probability (default: %(default)s)")
+    g.add_argument("-cd", "--ctx-size-draft", type=int, default=0, metavar="N",
+                   help="the draft model's context (default 0: the same as -c)")
+    g.add_argument("-td", "--threads-draft", type=int, default=None, metavar="N",
+                   help="the draft model's threads (default: -t)")
+    g.add_argument("--spec-type", choices=["none", "ngram-simple"], default="none",
+                   help="draftless speculation: ngram-simple drafts the tokens that followed the last earlier "
+                        "occurrence of the sequence's last --spec-ngram-size-n tokens; tried before -md "
+                        "(default: none)")
+    g.add_argument("--spec-ngram-size-n", type=int, default=12, metavar="N",
+                   help="ngram-simple: the n-gram looked up (default: %(default)s)")
+    g.add_argument("--spec-ngram-size-m", type=int, default=48, metavar="M",
+                   help="ngram-simple: tokens drafted after a match at most (default: %(default)s; --draft-max "
+                        "caps it too)")
+
+
+def make_speculative(args: argparse.Namespace, model: Model, prog: str, *, n_ctx: int, n_seq_max: int = 1):
+    """(drafter or None, SpecParams) from add_speculative_args' flags: the draft model loaded (its vocabulary
+    checked against the target's) into a context of -cd cells (0: n_ctx) and n_seq_max sequences. CLIError on
+    failure."""
+    spec = SpecParams(args.draft_max, args.draft_min, args.draft_p_min)
+    try:
+        spec.validate()
+        drafters = []
+        if args.spec_type == "ngram-simple":
+            drafters.append(PromptLookup(args.spec_ngram_size_n, args.spec_ngram_size_n, args.spec_ngram_size_m))
+        if args.model_draft:
+            try:
+                with LoadProgress(prog):
+                    draft_model = Model(args.model_draft)
+            except (ModelLoadError, OSError) as e:
+                raise CLIError(f"failed to load the draft model: {e}") from None
+            log(f"{prog}: draft model {draft_model.describe()}")
+            drafters.append(make_drafter(
+                Context(draft_model, n_ctx=args.ctx_size_draft or n_ctx, n_seq_max=n_seq_max,
+                        n_threads=args.threads_draft or args.threads or None),
+                target_tokenizer=model.tokenizer, n_ctx=0, p_min=args.draft_p_min))
+    except (ValueError, PowerInferError) as e:
+        raise CLIError(str(e)) from None
+    if not drafters:
+        return None, spec
+    log(f"{prog}: speculative decoding: " + ", ".join(
+        ["ngram-simple n = %d, m = %d" % (args.spec_ngram_size_n, args.spec_ngram_size_m)] * (args.spec_type != "none")
+        + [f"draft model, p_min = {args.draft_p_min}"] * bool(args.model_draft))
+        + f"; draft-max {spec.n_max}, draft-min {spec.n_min}")
+    return (drafters[0] if len(drafters) == 1 else FirstOf(drafters)), spec
 
 
 def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP, *, seed: int = -1,

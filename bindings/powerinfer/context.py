@@ -336,6 +336,15 @@ class Context:
             raise PowerInferError(f"no logits for batch row {i}")
         return self._logits[i]
 
+    @property
+    def exact_batch_max(self) -> int:
+        """The most tokens one decode call may hold for its rows to be the bits of those tokens decoded one at a
+        time (0: any number; the numeric contract): a gate-sparse level runs other kernels above sparse_gather_max
+        and the dense model above sparse_batch_max (speculative decoding keeps its batches within it)."""
+        if not (self.sparse and self.model.gate_sparse):
+            return 0
+        return min((n for n in (self.sparse_gather_max, self.sparse_batch_max) if n > 0), default=0)
+
     # ---- KV cache ----
     @_serialised
     def seq_pos_max(self, seq: int = 0) -> int:

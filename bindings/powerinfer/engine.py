@@ -12,7 +12,9 @@ unless ignore_eos, plus a request's stop tokens), `StopMatcher` (stop strings ov
 The Engine's slots: Each engine step gathers, into ONE `Context.decode` call,
 the next prompt chunk of every slot still processing its prompt and the last sampled token of
 every generating slot; then each slot samples from its own row of logits with its own `Sampler`
-and hands text to its request through the request's `emit` callback.
+and hands text to its request through the request's `emit` callback. With a drafter (speculative
+decoding, powerinfer.speculative) a generating slot's token comes with draft tokens, and its rows are
+sampled in turn (`_verify`): the same tokens, fewer steps.
 
 KV layout (why results do not depend on what else runs)
 --------------------------------------------------------
@@ -55,6 +57,7 @@ from ._ffi import PowerInferError
 from .context import Context
 from .request import ContextLengthExceeded, RequestError, Result, Task, TaskEvents
 from .sampling import Sampler
+from .speculative import Drafter, SpecParams
 from .tokenizer import StreamDecoder, Tokenizer
 
 log = logging.getLogger("powerinfer.engine")
@@ -227,10 +230,14 @@ class Engine:
     wherever `pi_decode` puts them and a rewritten position drops the slot's cells from there on; one
     run of requests that start together (main.py, batched.py) is laid out in position order just the
     same, and prompts can be shared (Task.prompt_from). timings: add the engine's sampling and
-    decode times to this Timings (a decode holding prompt tokens counts as prompt evaluation)."""
+    decode times to this Timings (a decode holding prompt tokens counts as prompt evaluation).
+    drafter: speculative decoding (powerinfer.speculative): a generating slot's last token is evaluated with up
+    to spec.n_max (a Task's `speculative` overrides it) draft tokens in the same decode call, and each row is
+    sampled in turn (`_verify`): the same tokens as without a drafter, fewer decode calls where drafts hold."""
 
     def __init__(self, ctx: Context, tokenizer: Tokenizer, n_slots: int = 1, *, n_batch: int | None = None,
-                 regions: bool = True, timings: Timings | None = None):
+                 regions: bool = True, timings: Timings | None = None, drafter: Drafter | None = None,
+                 spec: SpecParams | None = None):
         if n_slots < 1 or n_slots > ctx.n_seq_max:
             raise ValueError(f"n_slots = {n_slots} must be in [1, n_seq_max = {ctx.n_seq_max}]")
         self.ctx = ctx
@@ -254,6 +261,11 @@ class Engine:
         self.max_batch_slots = 0       # most slots seen in one decode (continuous batching at work)
         self.background_fill = True    # threaded mode: prepare the KV layout while idle
         self._filler = tokenizer.bos_id if tokenizer.bos_id is not None else 0
+        self.drafter = drafter
+        self.spec = spec or SpecParams()
+        self.spec.validate()
+        self.n_drafted = self.n_draft_accepted = 0     # draft tokens proposed / kept, over the engine's life
+        self.draft_ms = 0.0                            # time spent in the drafter
 
     # ---------------------------------------------------------------- public
     @property
@@ -608,12 +620,20 @@ class Engine:
             want_top = max(s.id for s in active) if active else self.n_slots - 1
             fill_budget = self.n_batch if not active else max(32, self.n_batch // 4)
             budget = self.n_batch - sum(1 for s in active if not s.todo and s.last >= 0)
+            # drafts only where the verification batch's rows stay the bits of single tokens (Context.exact_batch_max)
+            exact = self.ctx.exact_batch_max
+            draft_room = budget if not exact else exact - 1 if len(active) == 1 else 0
             plan: dict[int, tuple[list[int], bool]] = {}     # slot id -> (tokens, wants logits)
+            drafts: dict[int, list[int]] = {}                # slot id -> the draft tokens after its last token
             fills: dict[int, tuple[int, int]] = {}          # region -> (first position, count)
             for s in self.slots[:want_top + 1]:
                 if s.busy:
                     if not s.todo and s.last >= 0:
-                        plan[s.id] = ([s.last], True)
+                        d = self._draft(s, min(budget, draft_room))
+                        if d:
+                            drafts[s.id] = d
+                            budget -= len(d)
+                        plan[s.id] = ([s.last] + d, True)
                     elif s.todo and budget > 0:
                         k = min(len(s.todo), budget)
                         plan[s.id] = (s.todo[:k], k == len(s.todo))
@@ -645,10 +665,12 @@ class Engine:
                     if s.task.prompt_logprobs and s.todo:
                         prompt_rows[s.id] = (len(tokens) - len(toks), toks)
                         want += [1] * (len(toks) - 1) + [1 if logits else 0]
+                    elif s.id in drafts:                 # every row is sampled (_verify)
+                        want += [1] * len(toks)
                     else:
                         want += [0] * (len(toks) - 1) + [1 if logits else 0]
                     if logits:
-                        rows[s.id] = len(tokens) - 1
+                        rows[s.id] = len(tokens) - (len(toks) if s.id in drafts else 1)
                 if s.id in fills:
                     start, k = fills[s.id]
                     tokens += [self._filler] * k
@@ -700,7 +722,10 @@ class Engine:
             for sid, row in sorted(rows.items()):
                 s = self.slots[sid]
                 try:
-                    self._sample(s, self.ctx.logits(row))
+                    if sid in drafts:
+                        self._verify(s, row, drafts[sid])
+                    else:
+                        self._sample(s, self.ctx.logits(row))
                 except Exception as e:   # a sampler error fails that request only
                     if isinstance(e, (PowerInferError, ContextFull)):   # the model's / the request's: reported to it
                         log.debug("sampling failed: %s", e)
@@ -708,6 +733,53 @@ class Engine:
                         log.exception("sampling failed")
                     self._finish(s, error=e)
             return True
+
+    def _draft(self, s: _Slot, budget: int) -> list[int]:
+        """Draft tokens to evaluate after generating slot s's last token: at most the request's n_max, the batch's
+        budget, the room left in the slot's context and the tokens it may still sample; none below n_min."""
+        spec = s.task.speculative or self.spec
+        if self.drafter is None or spec.n_max <= 0:
+            return []
+        n_max = min(spec.n_max, budget, s.n_ctx - s.n_past - 1)
+        if s.task.n_predict > 0:          # rows sampled = 1 + drafts <= the tokens it may still sample
+            n_max = min(n_max, s.task.n_predict - s.result.n_predicted - 1)
+        if n_max < max(spec.n_min, 1):
+            return []
+        t0 = time.perf_counter()
+        try:
+            d = self.drafter.draft(s.id, s.cache[:s.n_past] + [s.last], n_max, spec.p_min)
+        except Exception:                # a drafter's failure costs speed, never the request
+            log.exception("drafter failed")
+            d = []
+        self.draft_ms += (time.perf_counter() - t0) * 1e3
+        d = [int(t) for t in d[:n_max]]
+        vocab = self.tokenizer.n_vocab
+        bad = next((i for i, t in enumerate(d) if not 0 <= t < vocab), len(d))
+        d = d[:bad]
+        return d if len(d) >= spec.n_min else []
+
+    def _verify(self, s: _Slot, r0: int, drafts: list[int]) -> None:
+        """Sample slot s's rows r0.. (its last token, then the drafts) in turn, each as if it were the only row:
+        go on while the sampled token is the draft token that row r0 + i + 1 evaluated; the first that differs
+        (or the row after the last draft) becomes the slot's next token. Positions whose draft was not kept are
+        stale: hidden by the causal mask and rewritten by the next step (regions), removed now (no regions)."""
+        n0 = s.n_past - len(drafts) - 1          # the position of the last token, evaluated in row r0
+        cache, res = s.cache, s.result
+        res.n_drafted += len(drafts)
+        self.n_drafted += len(drafts)
+        keep = n0 + 1
+        for i in range(len(drafts) + 1):
+            keep = s.n_past = n0 + 1 + i
+            s.cache = cache[:keep]
+            self._sample(s, self.ctx.logits(r0 + i))
+            if s.task is None or s.todo or i == len(drafts) or s.last != drafts[i]:
+                break                            # finished, shifted, or the sampled token is s.last
+            res.n_draft_accepted += 1
+            self.n_draft_accepted += 1
+            s.last = -1                          # drafts[i] is in the cache already
+        if not self.regions and s.hw > keep:
+            self.ctx.kv_seq_rm(s.id, keep, -1)
+            s.hw = keep
 
     def _count_decode(self, seconds: float, n_prompt: int, n_eval: int) -> None:
         t = self.timings

@@ -29,11 +29,12 @@ class Generator:
 
     `tokens` is the sequence: after generate() exactly what the KV cache holds, and nothing else of
     the context is; with context_shift, a sequence that would fill the context drops old tokens
-    instead of ending (llama.cpp's --context-shift / --keep; see shift_tokens)."""
+    instead of ending (llama.cpp's --context-shift / --keep; see shift_tokens). drafter / spec: speculative
+    decoding (Engine's; powerinfer.speculative)."""
 
     def __init__(self, ctx: Context, sampler: Sampler, *, timings: Timings | None = None,
-                 context_shift: bool = False, n_keep: int = 0):
-        self.engine = Engine(ctx, ctx.model.tokenizer, 1, regions=False, timings=timings)
+                 context_shift: bool = False, n_keep: int = 0, drafter=None, spec=None):
+        self.engine = Engine(ctx, ctx.model.tokenizer, 1, regions=False, timings=timings, drafter=drafter, spec=spec)
         self.ctx = ctx
         self.sampler = sampler
         self.context_shift = context_shift

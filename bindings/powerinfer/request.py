@@ -55,6 +55,8 @@ class Result:
     prompt_probs: list = field(default_factory=list)   # Task.prompt_logprobs: {"id", "logprob", "top"} per token
     eog_token: int = -1             # the end-of-generation token that ended it (not in tokens); -1: none
     n_shifts: int = 0               # context shifts (Task.context_shift)
+    n_drafted: int = 0              # speculative decoding: draft tokens evaluated
+    n_draft_accepted: int = 0       # ... of which the sampled tokens kept
 
     @property
     def finish_reason(self) -> str:
@@ -70,6 +72,7 @@ class Result:
             "predicted_n": gn, "predicted_ms": gm,
             "predicted_per_token_ms": gm / gn if gn else 0.0,
             "predicted_per_second": 1e3 * gn / gm if gm > 0 else 0.0,
+            **({"draft_n": self.n_drafted, "draft_n_accepted": self.n_draft_accepted} if self.n_drafted else {}),
         }
 
 
@@ -92,6 +95,7 @@ class Task:
     prompt_from: a task with the same prompt tokens, submitted before this one: in an engine without
     regions, this task's prompt is not evaluated but its KV cells are shared (kv_seq_cp) once
     prompt_from's prompt is, and its first token is sampled from the same logits (batched.py).
+    speculative: SpecParams for this request's draft tokens (None: the engine's; n_max 0: no drafts).
     """
 
     def __init__(self, prompt_tokens: list[int], params: SamplingParams, *, n_predict: int = -1,
@@ -99,7 +103,7 @@ class Task:
                  emit: Callable | None = None, want_ids: bool = False, sampler: Sampler | None = None,
                  grammar=None, logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
                  hide_stop: bool = True, context_shift: bool = False, n_keep: int = 0,
-                 prompt_from: Task | None = None):
+                 prompt_from: Task | None = None, speculative=None):
         self.prompt_tokens = list(prompt_tokens)
         self.params = params
         self.n_predict = n_predict
@@ -116,6 +120,7 @@ class Task:
         self.context_shift = context_shift
         self.n_keep = n_keep
         self.prompt_from = prompt_from
+        self.speculative = speculative        # a powerinfer.speculative.SpecParams; None: the engine's
         # echo with logprobs: Result.prompt_probs gets an entry per prompt token (the first has no logprob),
         # so the whole prompt is evaluated (no prompt cache)
         self.prompt_logprobs = prompt_logprobs

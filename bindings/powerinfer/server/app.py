@@ -41,6 +41,7 @@ from .. import __version__
 from ..api import CompletionShaper, PowerInfer, check_unimplemented, resolve_grammar
 from ..reasoning import splitter_for
 from ..request import RequestError, Result, Task
+from ..speculative import SpecParams
 from .protocol import (
     JSON,
     dumps,
@@ -174,9 +175,27 @@ def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
                               ("penalties", out["repeat_penalty"] != 1.0 or out["presence_penalty"] != 0
                                or out["frequency_penalty"] != 0)) if on}
     _check_samplers(body.get("samplers"), active)
+    spec = {k: field(body, f"speculative.{k}", kind, None) for k, kind in (("n_max", "int"), ("n_min", "int"),
+                                                                           ("p_min", "num"))}
+    out["speculative"] = None
+    if any(v is not None for v in spec.values()):     # llama.cpp's per-request draft settings
+        d = SpecParams()
+        out["speculative"] = SpecParams(*(d.__dict__[k] if v is None else v for k, v in spec.items()))
+        try:
+            out["speculative"].validate()
+        except ValueError as e:
+            raise RequestError(f"speculative.*: {e}", param="speculative") from None
     rf = field(body, "response_format", "dict", None)
     out["grammar"] = resolve_grammar(field(body, "grammar", "str", None), field(body, "json_schema", "any", None), rf)
     return out
+
+
+def speculative_settings(engine, spec: SpecParams | None) -> dict:
+    """llama.cpp's generation_settings keys for the draft settings a request runs with (the server's unless it
+    gave its own)."""
+    s = spec or engine.spec
+    p_min = next((p for p in (s.p_min, engine.spec.p_min) if p is not None), 0.75)
+    return {"speculative.n_max": s.n_max, "speculative.n_min": s.n_min, "speculative.p_min": p_min}
 
 
 def _cap(state: ServerState, n: int) -> int:
@@ -294,6 +313,7 @@ def build_routes(state: ServerState) -> list[Route]:
             "ignore_eos": s["ignore_eos"], "stream": stream, "n_probs": n_probs, "cache_prompt": s["cache_prompt"],
             "grammar": s["grammar"].source if s.get("grammar") is not None else "",
             "logit_bias": [[k, (v if math.isfinite(v) else False)] for k, v in llm._logit_bias(bias).items()],
+            **speculative_settings(llm.engine, s.get("speculative")),
         }
 
     async def props(request: Request):

@@ -11,7 +11,7 @@ import time
 
 from .. import act_sparsity
 from ..reasoning import FORMATS as REASONING_FORMATS
-from ..cli import add_sparse_args
+from ..cli import CLIError, add_sparse_args, add_speculative_args, make_speculative
 from ..cli_args import KV_TYPES, ArgumentParser, add_llama_compat_args, apply_llama_compat
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
@@ -63,6 +63,7 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                         "default) or left in content (none); a request's reasoning_format overrides it")
     add_sparse_args(p)
     add_gpu_args(p)
+    add_speculative_args(p)
     g = p.add_argument_group("embeddings, monitoring, web page (llama.cpp's flags)")
     g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="serve POST /v1/embeddings and /embedding (completions keep working) (default: off: 501)")
@@ -175,6 +176,11 @@ def make_loader(args):
                             reasoning_format=args.reasoning_format,
                             **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
+        try:
+            llm.engine.drafter, llm.engine.spec = make_speculative(args, llm.model, "server", n_ctx=llm.ctx.n_ctx,
+                                                                   n_seq_max=args.parallel)
+        except CLIError as e:
+            raise ValueError(str(e)) from None
         _prefault(llm.model)
         ctx = llm.ctx
         log.info("context: n_ctx = %d, %d slot(s) of %d tokens, n_batch = %d, threads = %s, kv = K %s, V %s",

@@ -132,7 +132,7 @@ def slots_json(state: ServerState, llm) -> list[dict]:
             res = res or Result()
         else:
             task, res = last.get(s.id, (None, None))
-        entry = {"id": s.id, "id_task": getattr(task, "id_task", -1), "n_ctx": s.n_ctx, "speculative": False,
+        entry = {"id": s.id, "id_task": getattr(task, "id_task", -1), "n_ctx": s.n_ctx, "speculative": engine.drafter is not None,
                  "is_processing": busy, "state": 1 if busy else 0}
         if task is not None:
             n_dec = res.n_predicted

@@ -2,12 +2,14 @@
 """Speculative decoding: generation speed with and without drafts, on one prompt, greedy.
 
     PYTHONPATH=bindings python bench/bench_speculative.py -m TARGET.gguf [-md DRAFT.gguf] [--lookup N]
-        [--prompt copy|continue|FILE] [-n 128] [-r 3] [--draft-max 16] [--draft-p-min 0.75] [--peer llama.cpp|none]
+        [--prompt copy|continue|FILE] [-n 128] [-r 3] [--draft-max 16] [--draft-p-min 0.75] [--temp 0 [--seed 1]]
+        [--peer llama.cpp|none]
 
 For each configuration (plain; -md: a draft model; --lookup N: prompt lookup with n-grams of N down to 1) the
-same prompt is completed -n tokens greedily, -r times (best wall time kept); the table gives generation t/s (the
-wall time from the first sampled token to the end, as the server's predicted_per_second), the draft tokens
-evaluated and kept, and whether the text equals the plain run's (it must: drafts change the speed only).
+same prompt is completed -n tokens (greedily, or --temp T with --seed S), -r times (the fastest kept); the table
+gives generation t/s (the wall time from the first sampled token to the end, as the server's
+predicted_per_second), the draft tokens kept and evaluated, and whether the text equals the plain run's (it must:
+drafts change the speed only; the exit status is 1 otherwise).
 Prompts: `copy` = a passage of data/heldout.txt, then "Again, word for word:" and its first words (output
 that repeats the input, where prompt lookup pays); `continue` = the passage alone; or a file's text.
 With --peer llama.cpp (llama-cpp-python installed) llama.cpp runs the same prompt plain and with its prompt
@@ -37,16 +39,14 @@ def make_prompt(kind: str) -> str:
     return Path(kind).read_text(encoding="utf-8")
 
 
-def run_ours(llm: PowerInfer, prompt: str, n: int, reps: int) -> tuple[float, str, int, int]:
+def run_ours(llm: PowerInfer, prompt: str, n: int, reps: int, temp: float, seed: int) -> tuple[float, str, int, int]:
     best, text = None, ""
     for _ in range(reps):
-        t0 = time.perf_counter()
-        out = llm.create_completion(prompt, max_tokens=n, temperature=0.0)
+        out = llm.create_completion(prompt, max_tokens=n, temperature=temp, seed=seed)
         res = llm.last_result
         if res.n_predicted != n:
             print(f"note: generation ended after {res.n_predicted} tokens ({res.stop_type})", file=sys.stderr)
         tps = res.n_predicted / (res.predicted_ms / 1e3) if res.predicted_ms > 0 else 0.0
-        del t0
         if best is None or tps > best[0]:
             best = (tps, res.n_drafted, res.n_draft_accepted)
         text = out["choices"][0]["text"]
@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("-t", type=int, default=None)
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--draft-p-min", type=float, default=0.75)
+    ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy; the peer stays greedy)")
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--peer", default="none", choices=["llama.cpp", "none"])
     a = ap.parse_args(argv)
     prompt = make_prompt(a.prompt)
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
         llm = PowerInfer(a.model, n_ctx=a.c, n_threads=a.t, verbose=False, draft_model=draft,
                          draft_max=a.draft_max, draft_p_min=a.draft_p_min)
         llm.create_completion(prompt, max_tokens=4, temperature=0.0)        # warmup
-        tps, text, nd, na = run_ours(llm, prompt, a.n, a.r)
+        tps, text, nd, na = run_ours(llm, prompt, a.n, a.r, a.temp, a.seed)
         llm.close()
         if plain_text is None:
             plain_text, plain_tps = text, tps
@@ -116,7 +118,8 @@ def main(argv=None) -> int:
             tps, text = run_peer(a.model, prompt, a.n, a.r, a.c, threads, lk)
             peer_plain = peer_plain or tps
             rows.append((f"llama.cpp: {name}", tps, tps / peer_plain, "-", "-"))
-    print(f"model {Path(a.model).name}, prompt '{a.prompt}' ({len(prompt)} chars), -n {a.n}, greedy, "
+    how = "greedy" if a.temp <= 0 else f"temp {a.temp} seed {a.seed}"
+    print(f"model {Path(a.model).name}, prompt '{a.prompt}' ({len(prompt)} chars), -n {a.n}, {how}, "
           f"best of {a.r}, draft-max {a.draft_max}, draft-p-min {a.draft_p_min}")
     print("| run | gen t/s | vs its plain | drafts kept/evaluated | text = plain |")
     print("|---|---:|---:|---:|:-:|")

@@ -302,3 +302,14 @@ def test_gate_sparse_level_drafts_only_within_exact_batches(tmp_path):
         assert llm.ctx.exact_batch_max == gather_max
         got = run_all(llm, PROMPTS[:1], max_tokens=40, temperature=0.0, ignore_eos=True)[0]
         assert got.tokens == ref.tokens and (got.n_drafted > 0) == drafts
+
+
+def test_llama_cpp_python_prompt_lookup_object(model_path):
+    """llama-cpp-python's own drafter object, passed as it is (skipped where llama-cpp-python is absent)."""
+    spec = pytest.importorskip("llama_cpp.llama_speculative")
+    plain = pi.PowerInfer(model_path, n_ctx=256, verbose=False)
+    ref = run_all(plain, PROMPTS[:1], max_tokens=60, temperature=0.0, ignore_eos=True)[0]
+    llm = pi.PowerInfer(model_path, n_ctx=256, verbose=False,
+                        draft_model=spec.LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=6))
+    got = run_all(llm, PROMPTS[:1], max_tokens=60, temperature=0.0, ignore_eos=True)[0]
+    assert got.tokens == ref.tokens and got.n_drafted > 0

@@ -84,7 +84,7 @@ def run(args) -> int:
             raise CLIError(f"LEN ({args.n_len}) must be greater than the prompt's {n_prompt} tokens")
         n_kv_req = n_prompt + (args.n_len - n_prompt) * args.n_parallel
         seed = args.seed if args.seed >= 0 else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-        samplers = [pi.Sampler(cli.sampling_params(args, seed=seed + s), eos_ids=tok.eog_ids)
+        samplers = [pi.Sampler(cli.sampling_params(args, seed=seed + s), eos_ids=tok.eog_ids, tokenizer=tok)
                     for s in range(args.n_parallel)]
         ctx = cli.make_context(args, model, "main", n_ctx=n_kv_req, n_batch=max(args.n_len, args.n_parallel),
                                n_seq_max=args.n_parallel)

@@ -72,7 +72,7 @@ def run(args) -> int:
         log(f"error: {e}")
         return 1
     tok = model.tokenizer
-    sampler = pi.Sampler(params, eos_ids=tok.eog_ids)
+    sampler = pi.Sampler(params, eos_ids=tok.eog_ids, tokenizer=tok)
     log(f"sampling: seed = {sampler.seed}, temp = {args.temp:.3f}, top_k = {args.top_k}, top_p = {args.top_p:.3f}, "
         f"min_p = {args.min_p:.3f}, repeat_last_n = {args.repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}")
     k_bytes, v_bytes = ctx.kv_cache_bytes

@@ -112,11 +112,12 @@ def test_api_json_schema_validates(llm):
 
 
 def test_api_refuses_what_it_does_not_do(llm):
-    for kw, name in ((dict(typical_p=0.5), "typical_p"), (dict(mirostat_mode=2), "mirostat_mode"),
-                     (dict(tfs_z=0.9), "tfs_z")):
+    for kw, name in ((dict(typical_p=-0.5), "typical_p"), (dict(mirostat_mode=3), "mirostat"),
+                     (dict(tfs_z=0.9), "tfs_z"), (dict(samplers="ki"), "infill"), (dict(dry_base="x"), "dry_base")):
         with pytest.raises(ValueError, match=name):
             llm.create_completion("x", max_tokens=2, **kw)
     llm.create_completion("x", max_tokens=2, typical_p=1.0, mirostat_mode=0, tfs_z=1.0)   # the off values
+    llm.create_completion("x", max_tokens=2, typical_p=0.5, mirostat_mode=2, xtc_probability=0.5)   # llama.cpp's
     with pytest.raises(TypeError):
         llm.create_completion("x", max_tokens=2, no_such_parameter=1)
     with pytest.raises(ValueError, match="grammar"):
@@ -240,12 +241,13 @@ def test_native_completion_gbnf_and_json_schema(server):
     ({"grammar": "root ::= nope"}, "grammar"),
     ({"json_schema": "{bad"}, "json_schema"),
     ({"grammar": 'root ::= "a"', "json_schema": {}}, "json_schema"),
-    ({"typical_p": 0.5}, "typical_p"),
-    ({"mirostat": 2}, "mirostat"),
-    ({"dry_multiplier": 0.8}, "dry_multiplier"),
-    ({"xtc_probability": 0.5}, "xtc_probability"),
-    ({"samplers": "tk"}, "samplers"),          # temperature before top_k: not this chain's order
-    ({"samplers": "t", "top_k": 40}, "samplers"),   # leaves out top_k, which is on
+    ({"typical_p": -1}, "typical_p"),
+    ({"mirostat": 3}, "mirostat"),
+    ({"dry_multiplier": "x"}, "dry_multiplier"),
+    ({"xtc_probability": 2}, "xtc_probability"),
+    ({"samplers": "tz"}, "samplers"),          # no sampler z
+    ({"samplers": "ti"}, "samplers"),          # infill: not this chain's
+    ({"tfs_z": 0.9}, "tfs_z"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
 ])
 def test_server_refuses_with_the_parameter_named(server, body, param):
@@ -264,6 +266,23 @@ def test_server_accepts_the_off_values(server):
            "tfs_z": 1.0, "top_n_sigma": -1, "grammar": ""}
     r = post(server, "/completion", {"prompt": "x", "n_predict": 2, **off})
     assert r.status_code == 200, r.text
+
+
+def test_server_runs_llama_cpp_samplers(server):
+    """llama.cpp's other samplers as request fields: applied (seeded runs repeat, settings echoed)."""
+    from test_server import post
+    body = {"prompt": "x", "n_predict": 12, "seed": 3, "ignore_eos": True, "typical_p": 0.9, "min_keep": 2,
+            "top_n_sigma": 2.0, "xtc_probability": 0.5, "xtc_threshold": 0.05, "dynatemp_range": 0.3,
+            "dry_multiplier": 0.8, "dry_sequence_breakers": ["\n", "###"], "samplers": "edkypmxt"}
+    a = post(server, "/completion", body)
+    assert a.status_code == 200, a.text
+    assert a.json()["content"] == post(server, "/completion", body).json()["content"]
+    gs = a.json()["generation_settings"]
+    assert (gs["typical_p"], gs["xtc_probability"], gs["dry_sequence_breakers"]) == (0.9, 0.5, ["\n", "###"])
+    assert gs["samplers"] == ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+    m = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 8, "mirostat": 2, "mirostat_tau": 3.0,
+                                          "seed": 1})
+    assert m.status_code == 200, m.text
 
 
 # ------------------------------------------------------------------------------------------ llama-cpp-python parity

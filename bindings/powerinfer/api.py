@@ -38,21 +38,20 @@ __all__ = ["CompletionShaper", "PowerInfer", "PowerInferState", "check_unimpleme
 # with the test for the value that switches it off. Any other value is refused (400 / ValueError naming
 # the parameter), so a request never gets a sampler it did not ask for without a word.
 UNIMPLEMENTED = {
-    "typical_p": lambda v: v >= 1.0,
-    "tfs_z": lambda v: v >= 1.0,
-    "mirostat": lambda v: v == 0,
-    "mirostat_mode": lambda v: v == 0,
-    "dry_multiplier": lambda v: v <= 0.0,
-    "xtc_probability": lambda v: v <= 0.0,
-    "dynatemp_range": lambda v: v <= 0.0,
-    "top_n_sigma": lambda v: v <= 0.0,
-    "min_keep": lambda v: v <= 1,
+    "tfs_z": lambda v: v >= 1.0,               # tail-free sampling: llama.cpp removed it too
     "penalize_nl": lambda v: v is True,        # the penalties apply to newlines as to every token
     "post_sampling_probs": lambda v: v is False,
     "n_cmpl": lambda v: v == 1,
     "t_max_predict_ms": lambda v: v <= 0,
     "grammar_lazy": lambda v: v is False,
 }
+
+
+# SamplingParams' fields a request may set beyond the classic ones (make_task's sampler_options)
+_SAMPLER_OPTIONS = frozenset({"typical_p", "min_keep", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                              "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta",
+                              "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                              "dry_sequence_breakers", "samplers"})
 
 
 def check_unimplemented(values: dict) -> None:
@@ -515,16 +514,13 @@ class PowerInfer:
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int | None = None,
                  stop: list[str] | str | None = None, ignore_eos: bool = False,
-                 stream: bool = False) -> str | Iterator[str]:
+                 stream: bool = False, **sampler_options) -> str | Iterator[str]:
         """Complete `prompt`. stream=True returns an iterator of text pieces; stop strings end the
-        text and are not included."""
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                seed=self.seed if seed is None else seed, ignore_eos=ignore_eos)
-        params.validate()
-        task = Task(self.tokenize(prompt), params, n_predict=max_tokens, stop=_as_stop_list(stop))
-        self.engine.check(task)
+        text and are not included. sampler_options: SamplingParams' other fields (typical_p, mirostat, dry_*...)."""
+        task = self.make_task(self.tokenize(prompt), max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                              top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                              presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                              seed=seed, stop=stop, ignore_eos=ignore_eos, **sampler_options)
         pieces = (text for kind, text, _ in self._events(task) if kind == "token" and text)
         return pieces if stream else "".join(pieces)
 
@@ -628,10 +624,11 @@ class PowerInfer:
                   frequency_penalty: float = 0.0, logit_bias=None, ignore_eos: bool = False,
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
-                  speculative: SpecParams | None = None) -> Task:
+                  speculative: SpecParams | None = None, **sampler_options) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
-        settings (None: the engine's; they change the speed only)."""
+        settings (None: the engine's; they change the speed only). sampler_options: SamplingParams' other fields
+        (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
             seed = self.seed
         if isinstance(seed, int) and not isinstance(seed, bool) and seed > 0xFFFFFFFF:
@@ -640,10 +637,16 @@ class PowerInfer:
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                 seed=seed, ignore_eos=ignore_eos, logit_bias=self._logit_bias(logit_bias))
+        for name, value in sampler_options.items():
+            if name not in _SAMPLER_OPTIONS:
+                raise TypeError(f"unexpected keyword argument {name!r} (not a sampling parameter)")
+            if value is not None:
+                setattr(params, name, tuple(value) if isinstance(value, list) else value)
         try:
             params.validate()
-        except ValueError as e:
-            raise RequestError(str(e)) from None
+        except ValueError as e:       # the messages start with the field's name
+            name = str(e).split(" ", 1)[0].rstrip(":")
+            raise RequestError(str(e), param=name if name in SamplingParams.__dataclass_fields__ else None) from None
         n_predict = -1 if max_tokens is None or max_tokens < 0 else int(max_tokens)
         for name, fns in (("logits_processor", logits_processor), ("stopping_criteria", stopping_criteria)):
             if fns is not None and not all(callable(f) for f in fns):
@@ -745,19 +748,23 @@ class PowerInfer:
                           mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
                           stopping_criteria=None, logits_processor=None, grammar: Grammar | str | None = None,
                           logit_bias: dict | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
-                          stream_options: dict | None = None, response_format: dict | None = None):
+                          stream_options: dict | None = None, response_format: dict | None = None,
+                          **sampler_options):
         """OpenAI `text_completion` dict for `prompt`, or an iterator of chunk dicts with stream=True.
 
         llama-cpp-python's signature: max_tokens None or <= 0 generates until the end of text or a full
         context; stop strings are not included in the text; grammar (a Grammar or GBNF text) or
         response_format ({"type": "json_object" | "json_schema", ...}) constrain the output;
         logits_processor / stopping_criteria are lists of llama-cpp-python's callables; echo with
-        logprobs reports the prompt's tokens too (the first with logprob None). Parameters of
-        samplers we lack (typical_p, tfs_z, mirostat_mode) must keep their off values (ValueError).
+        logprobs reports the prompt's tokens too (the first with logprob None). typical_p and mirostat_mode /
+        _tau / _eta are llama.cpp's samplers; sampler_options: the others, by SamplingParams' names (min_keep,
+        top_n_sigma, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent, dry_multiplier, dry_base,
+        dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers, samplers). tfs_z (tail-free sampling, gone from
+        llama.cpp too) must stay 1.0.
         `suffix` makes it an infill (a string prompt is the code before the cursor, suffix the code after it) through
         the model's fill-in-the-middle tokens (infill_prompt; RequestError where the model has none).
         """
-        check_unimplemented({"typical_p": typical_p, "tfs_z": tfs_z, "mirostat_mode": mirostat_mode})
+        check_unimplemented({"tfs_z": tfs_z})
         self.check_model_name(model)
         if suffix:
             if not isinstance(prompt, str):
@@ -779,7 +786,8 @@ class PowerInfer:
                               n_probs=0 if logprobs is None else max(logprobs, 1),
                               grammar=resolve_grammar(grammar, response_format=response_format),
                               logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                              prompt_logprobs=prompt_lp)
+                              prompt_logprobs=prompt_lp, typical_p=typical_p, mirostat=mirostat_mode,
+                              mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, **sampler_options)
         prefix = (prompt if isinstance(prompt, str) else self.detokenize(tokens)) if echo else ""
         shaper = CompletionShaper("text", self.model_name, prefix=prefix, logprobs=logprobs, tokenizer=self.tokenizer)
         include_usage = bool((stream_options or {}).get("include_usage"))
@@ -799,14 +807,15 @@ class PowerInfer:
                                logit_bias: dict | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
                                stream_options: dict | None = None, chat_template_kwargs: dict | None = None,
-                               stopping_criteria=None, reasoning_format: str | None = None):
+                               stopping_criteria=None, reasoning_format: str | None = None, **sampler_options):
         """OpenAI `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts with
         stream=True (first delta {"role": "assistant"}, then {"content": ...}, then an empty delta
         with finish_reason). The prompt is rendered with the model's chat template; response_format
         json_object / json_schema or grammar constrain the reply (llama-cpp-python's signature).
         tools: see powerinfer.tools (tool_choice "required" or a named function; "auto" is refused).
-        reasoning_format (default: the constructor's): see powerinfer.reasoning; with tools the reply is the call."""
-        check_unimplemented({"typical_p": typical_p, "tfs_z": tfs_z, "mirostat_mode": mirostat_mode})
+        reasoning_format (default: the constructor's): see powerinfer.reasoning; with tools the reply is the call.
+        Samplers: as create_completion's."""
+        check_unimplemented({"tfs_z": tfs_z})
         if functions or function_call is not None:
             raise RequestError("the legacy 'functions' / 'function_call' are not supported; use 'tools'",
                                param="functions", code="not_supported")
@@ -835,7 +844,9 @@ class PowerInfer:
                               repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, logit_bias=logit_bias, ignore_eos=ignore_eos,
                               n_probs=0 if n_lp is None else max(n_lp, 1), stop_token_ids=stop_ids, grammar=g,
-                              logits_processor=logits_processor, stopping_criteria=stopping_criteria)
+                              logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                              typical_p=typical_p, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
+                              mirostat_eta=mirostat_eta, **sampler_options)
         shaper = CompletionShaper("chat", self.model_name, logprobs=n_lp, tokenizer=self.tokenizer, tools=tc,
                                   reasoning=reasoning)
         include_usage = bool((stream_options or {}).get("include_usage"))

@@ -28,13 +28,13 @@ from .gguf_file import ModelLoadError
 from .hub import HubError, add_model_args, bundled_model, resolve_model
 from .model import Model
 from .offload import add_gpu_args, gpu_kwargs
-from .sampling import SamplingParams
+from .sampling import SamplingParams, parse_samplers
 from .speculative import FirstOf, PromptLookup, SpecParams, make_drafter
 
 __all__ = ["CLIError", "Console", "Interrupt", "add_context_args", "add_grammar_args", "add_interactive_args",
-           "add_prompt_args", "add_sampling_args", "add_sparse_args", "add_speculative_args", "grammar_of", "load_model",
-           "log", "log_prompt_tokens", "make_context", "make_speculative", "parse", "parser", "prompt_text",
-           "read_input", "sampling_params", "sparse_report", "unescape"]
+           "add_prompt_args", "add_sampling_args", "add_sparse_args", "add_speculative_args", "grammar_of",
+           "load_model", "log", "log_prompt_tokens", "make_context", "make_speculative", "parse", "parser",
+           "prompt_text", "read_input", "sampling_params", "sparse_report", "unescape"]
 
 YELLOW, GREEN, RESET = "\033[33m", "\033[1;32m", "\033[0m"
 _SP = SamplingParams()        # the one set of sampling defaults (the API's and the server's too)
@@ -173,6 +173,44 @@ def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP
         p.add_argument("--frequency-penalty", type=float, default=defaults.frequency_penalty,
                        help="frequency penalty (default: %(default)s)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop at an end-of-generation token")
+    g = p.add_argument_group("more samplers (llama.cpp's; each off by default)")
+    g.add_argument("--samplers", default=None, metavar="LIST",
+                   help="the chain's stages in order, ';'-separated (default: "
+                        "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)")
+    g.add_argument("--sampling-seq", "--sampler-seq", dest="sampling_seq", default=None, metavar="LETTERS",
+                   help="the same as letters (default: edskypmxt)")
+    g.add_argument("--typical", type=float, default=defaults.typical_p, metavar="P",
+                   help="locally typical sampling, 1.0 off (default: %(default)s)")
+    g.add_argument("--min-keep", type=int, default=defaults.min_keep, metavar="N",
+                   help="tokens top-p, min-p, typical and XTC keep at least (default: %(default)s)")
+    g.add_argument("--top-n-sigma", type=float, default=defaults.top_n_sigma, metavar="N",
+                   help="keep logits within N standard deviations of the max, <= 0 off (default: %(default)s)")
+    g.add_argument("--xtc-probability", type=float, default=defaults.xtc_probability, metavar="P",
+                   help="XTC: how often the top choices are excluded, 0 off (default: %(default)s)")
+    g.add_argument("--xtc-threshold", type=float, default=defaults.xtc_threshold, metavar="P",
+                   help="XTC: tokens at least this likely are top choices, > 0.5 off (default: %(default)s)")
+    g.add_argument("--dynatemp-range", type=float, default=defaults.dynatemp_range, metavar="R",
+                   help="dynamic temperature in [temp - R, temp + R] by the entropy, 0 off (default: %(default)s)")
+    g.add_argument("--dynatemp-exp", type=float, default=defaults.dynatemp_exponent, metavar="E",
+                   help="dynamic temperature's exponent (default: %(default)s)")
+    g.add_argument("--mirostat", type=int, default=defaults.mirostat, choices=[0, 1, 2],
+                   help="mirostat sampling (1, or 2 for 2.0; replaces the other stages, penalties included, as "
+                        "llama.cpp) (default: %(default)s)")
+    g.add_argument("--mirostat-lr", type=float, default=defaults.mirostat_eta, metavar="ETA",
+                   help="mirostat's learning rate eta (default: %(default)s)")
+    g.add_argument("--mirostat-ent", type=float, default=defaults.mirostat_tau, metavar="TAU",
+                   help="mirostat's target entropy tau (default: %(default)s)")
+    g.add_argument("--dry-multiplier", type=float, default=defaults.dry_multiplier, metavar="M",
+                   help="DRY repetition penalty multiplier, 0 off (default: %(default)s)")
+    g.add_argument("--dry-base", type=float, default=defaults.dry_base, metavar="B",
+                   help="DRY's base (default: %(default)s)")
+    g.add_argument("--dry-allowed-length", type=int, default=defaults.dry_allowed_length, metavar="N",
+                   help="DRY: repeats longer than this are penalised (default: %(default)s)")
+    g.add_argument("--dry-penalty-last-n", type=int, default=defaults.dry_penalty_last_n, metavar="N",
+                   help="DRY: tokens scanned for repeats, -1 all, 0 off (default: %(default)s)")
+    g.add_argument("--dry-sequence-breaker", action="append", default=None, metavar="STR",
+                   help="DRY: a string that ends a repeat (repeatable; replaces the defaults \\n : \" *; 'none': "
+                        "no breakers)")
 
 
 def add_grammar_args(p: argparse.ArgumentParser) -> None:
@@ -286,9 +324,23 @@ def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
     """SamplingParams from the flags of add_sampling_args (validated; ValueError if out of range)."""
     kw = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
               ignore_eos=args.ignore_eos)
-    for name in ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty"):
+    for name in ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "min_keep",
+                 "top_n_sigma", "xtc_probability", "xtc_threshold", "dynatemp_range", "mirostat", "dry_multiplier",
+                 "dry_base", "dry_allowed_length", "dry_penalty_last_n"):
         if hasattr(args, name):
             kw[name] = getattr(args, name)
+    for name, flag in (("typical_p", "typical"), ("dynatemp_exponent", "dynatemp_exp"), ("mirostat_eta", "mirostat_lr"),
+                       ("mirostat_tau", "mirostat_ent")):
+        if hasattr(args, flag):
+            kw[name] = getattr(args, flag)
+    breakers = getattr(args, "dry_sequence_breaker", None)
+    if breakers is not None:
+        kw["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(unescape(b) for b in breakers)
+    if getattr(args, "samplers", None) is not None or getattr(args, "sampling_seq", None) is not None:
+        if args.samplers is not None and args.sampling_seq is not None:
+            raise ValueError("give --samplers or --sampling-seq, not both")
+        kw["samplers"] = parse_samplers(args.samplers.split(";") if args.samplers is not None
+                                        else list(args.sampling_seq))
     params = SamplingParams(**{**kw, **overrides})
     params.validate()
     return params

@@ -548,7 +548,7 @@ class Engine:
             if task.sampler is not None:
                 slot.sampler = task.sampler
             else:
-                slot.sampler = Sampler(task.params, eos_ids=self.tokenizer.eog_ids)
+                slot.sampler = Sampler(task.params, eos_ids=self.tokenizer.eog_ids, tokenizer=self.tokenizer)
                 for t in task.prompt_tokens:
                     slot.sampler.accept(t)
             if task.grammar is not None:

@@ -41,6 +41,7 @@ from .. import __version__
 from ..api import CompletionShaper, PowerInfer, check_unimplemented, resolve_grammar
 from ..reasoning import splitter_for
 from ..request import RequestError, Result, Task
+from ..sampling import SamplingParams, parse_samplers
 from ..speculative import SpecParams
 from .protocol import (
     JSON,
@@ -110,40 +111,10 @@ class ServerState:
 
 
 # ------------------------------------------------------------------------------------------ validation
-# llama.cpp's `samplers` names (and one-letter codes) of the samplers this chain has, in its order
-_CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
-_SAMPLER_NAMES = {"e": "penalties", "penalties": "penalties", "k": "top_k", "top_k": "top_k", "p": "top_p",
-                  "top_p": "top_p", "m": "min_p", "min_p": "min_p", "t": "temperature", "temperature": "temperature",
-                  "d": "dry", "dry": "dry", "y": "typ_p", "typ_p": "typ_p", "typical_p": "typ_p", "x": "xtc",
-                  "xtc": "xtc", "n": "top_n_sigma", "top_n_sigma": "top_n_sigma"}
-
-
-def _check_samplers(samplers, active: set[str]) -> None:
-    """llama.cpp's `samplers` (a string of letters or a list of names): accepted when it names every
-    sampler the request turns on and in this chain's order (the others are off: checked elsewhere)."""
-    if samplers is None:
-        return
-    items = list(samplers) if isinstance(samplers, str) else samplers
-    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-        raise RequestError("'samplers' must be a string of sampler letters or an array of names", param="samplers")
-    names = []
-    for x in items:
-        if x not in _SAMPLER_NAMES:
-            raise RequestError(f"'samplers': unknown sampler {x!r}", param="samplers")
-        names.append(_SAMPLER_NAMES[x])
-    ours = [n for n in names if n in _CHAIN]
-    missing = sorted(active - set(ours))
-    if missing:
-        raise RequestError(f"'samplers' leaves out {', '.join(missing)}, which the request turns on; this server "
-                           "cannot skip a sampler that is on (turn it off instead)", param="samplers")
-    if ours != sorted(ours, key=_CHAIN.index):
-        raise RequestError(f"'samplers' orders them {ours}; this server's chain is fixed: {list(_CHAIN)}",
-                           param="samplers")
-
-
 def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
     """The sampling fields shared by every completion route (llama.cpp names and defaults), and the
-    output's grammar (grammar, json_schema or response_format). Samplers we lack are refused unless off."""
+    output's grammar (grammar, json_schema or response_format). tfs_z and the other options we lack are refused
+    unless off."""
     check_unimplemented(body)
     stop = field(body, "stop", "any", None)
     if stop is not None and not (isinstance(stop, str)
@@ -170,11 +141,27 @@ def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
         ignore_eos=field(body, "ignore_eos", "bool", False),
         cache_prompt=field(body, "cache_prompt", "bool", True),
     )
-    active = {n for n, on in (("top_k", out["top_k"] > 0), ("top_p", out["top_p"] < 1.0), ("min_p", out["min_p"] > 0),
-                              ("temperature", out["temperature"] > 0),
-                              ("penalties", out["repeat_penalty"] != 1.0 or out["presence_penalty"] != 0
-                               or out["frequency_penalty"] != 0)) if on}
-    _check_samplers(body.get("samplers"), active)
+    d = SamplingParams()
+    for name, kind in (("typical_p", "num"), ("min_keep", "int"), ("top_n_sigma", "num"), ("xtc_probability", "num"),
+                       ("xtc_threshold", "num"), ("dynatemp_range", "num"), ("dynatemp_exponent", "num"),
+                       ("mirostat", "int"), ("mirostat_tau", "num"), ("mirostat_eta", "num"),
+                       ("dry_multiplier", "num"), ("dry_base", "num"), ("dry_allowed_length", "int"),
+                       ("dry_penalty_last_n", "int")):
+        v = field(body, name, kind, getattr(d, name))
+        out[name] = float(v) if kind == "num" else v
+    breakers = field(body, "dry_sequence_breakers", "list", list(d.dry_sequence_breakers))
+    if not all(isinstance(b, str) for b in breakers):
+        raise RequestError("'dry_sequence_breakers' must be an array of strings", param="dry_sequence_breakers")
+    out["dry_sequence_breakers"] = tuple(breakers)
+    samplers = body.get("samplers")
+    if samplers is not None:
+        if not (isinstance(samplers, str)
+                or (isinstance(samplers, list) and all(isinstance(x, str) for x in samplers))):
+            raise RequestError("'samplers' must be a string of sampler letters or an array of names", param="samplers")
+        try:
+            out["samplers"] = parse_samplers(samplers if isinstance(samplers, list) else list(samplers))
+        except ValueError as e:
+            raise RequestError(f"'samplers': {e}", param="samplers") from None
     spec = {k: field(body, f"speculative.{k}", kind, None) for k, kind in (("n_max", "int"), ("n_min", "int"),
                                                                            ("p_min", "num"))}
     out["speculative"] = None
@@ -309,6 +296,11 @@ def build_routes(state: ServerState) -> list[Route]:
             "top_k": s["top_k"], "top_p": s["top_p"], "min_p": s["min_p"], "repeat_last_n": s["repeat_last_n"],
             "repeat_penalty": s["repeat_penalty"], "presence_penalty": s["presence_penalty"],
             "frequency_penalty": s["frequency_penalty"],
+            **{k: s[k] for k in ("typical_p", "min_keep", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                                 "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta",
+                                 "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n")},
+            "dry_sequence_breakers": list(s["dry_sequence_breakers"]),
+            "samplers": list(s.get("samplers") or SamplingParams().samplers),
             "stop": [s["stop"]] if isinstance(s["stop"], str) else list(s["stop"] or []),
             "ignore_eos": s["ignore_eos"], "stream": stream, "n_probs": n_probs, "cache_prompt": s["cache_prompt"],
             "grammar": s["grammar"].source if s.get("grammar") is not None else "",

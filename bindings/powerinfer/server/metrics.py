@@ -118,6 +118,10 @@ def _params(task: Task, model_name: str, n_ctx: int) -> dict:
         "repeat_penalty": p.repeat_penalty, "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty, "stop": list(task.stop), "ignore_eos": p.ignore_eos,
         "n_probs": task.n_probs, "cache_prompt": task.cache_prompt, "model": model_name, "n_ctx": n_ctx,
+        **{k: getattr(p, k) for k in ("typical_p", "min_keep", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                                      "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta",
+                                      "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n")},
+        "dry_sequence_breakers": list(p.dry_sequence_breakers), "samplers": list(p.samplers),
     }
 
 
@@ -132,7 +136,8 @@ def slots_json(state: ServerState, llm) -> list[dict]:
             res = res or Result()
         else:
             task, res = last.get(s.id, (None, None))
-        entry = {"id": s.id, "id_task": getattr(task, "id_task", -1), "n_ctx": s.n_ctx, "speculative": engine.drafter is not None,
+        entry = {"id": s.id, "id_task": getattr(task, "id_task", -1), "n_ctx": s.n_ctx,
+                 "speculative": engine.drafter is not None,
                  "is_processing": busy, "state": 1 if busy else 0}
         if task is not None:
             n_dec = res.n_predicted

@@ -288,3 +288,73 @@ def test_main_flags(tiny_model):
     assert bad.returncode == 1 and "unknown sampler 'bogus'" in bad.stderr
     bad = run("--samplers", "top_k", "--sampling-seq", "k")
     assert bad.returncode == 1 and "not both" in bad.stderr
+
+
+def test_server_sampling_flags_are_request_defaults(tiny_model):
+    """llama-server's sampling flags (--temp, --top-k, --mirostat, --samplers...) set what a request leaves out."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    from powerinfer.server.app import create_app
+    from powerinfer.server.cli import make_state, parse_args
+    from test_server import InProcessServer, post, wait_healthy
+    path = str(tiny_model("q8_0", seed=3))
+    state = make_state(parse_args(["-m", path, "-c", "128", "-t", "1", "--temp", "0", "--top-k", "5",
+                                   "--mirostat", "2", "--dry-multiplier", "0.5", "--sampling-seq", "kt"]))
+    state.llm = state.loader()
+    state.ready.set()
+    srv = InProcessServer(create_app(state))
+    try:
+        wait_healthy(srv.base, timeout=30)
+        r = post(srv.base, "/completion", {"prompt": "Once", "n_predict": 8, "ignore_eos": True}).json()
+        gs = r["generation_settings"]
+        assert (gs["temperature"], gs["top_k"], gs["mirostat"], gs["dry_multiplier"]) == (0.0, 5, 2, 0.5)
+        assert gs["samplers"] == ["top_k", "temperature"]
+        greedy = post(srv.base, "/completion", {"prompt": "Once", "n_predict": 8, "ignore_eos": True,
+                                                "temperature": 0, "mirostat": 0, "dry_multiplier": 0}).json()
+        assert r["content"] == greedy["content"]          # temp 0 with mirostat 2: the argmax, as greedy
+        hot = post(srv.base, "/completion", {"prompt": "Once", "n_predict": 8, "temperature": 0.9, "seed": 1})
+        assert hot.json()["generation_settings"]["temperature"] == 0.9
+    finally:
+        srv.close()
+        state.llm.close()
+    with pytest.raises(SystemExit):
+        parse_args(["-m", path, "--samplers", "bogus"])
+
+
+def test_rope_overrides(tiny_model, tmp_path):
+    """--rope-freq-base / --rope-freq-scale / --rope-scale / --rope-scaling none: the model of a file whose metadata
+    says so (the same logits), in the API and main.py."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import powerinfer as pi
+    from model_files import rewrite
+    src = tiny_model("f32", seed=5)
+    from gguf import GGUFValueType as VT
+    ref_file = rewrite(src, tmp_path / "rope.gguf", meta={"llama.rope.freq_base": (5000.0, VT.FLOAT32),
+                                                         "llama.rope.scaling.type": ("linear", VT.STRING),
+                                                         "llama.rope.scaling.factor": (4.0, VT.FLOAT32)})
+    toks = list(range(1, 40))
+
+    def logits(model):
+        ctx = pi.Context(model, n_ctx=64)
+        ctx.decode(toks, logits="all")
+        return np.stack([ctx.logits(i) for i in range(len(toks))])
+    want = logits(pi.Model(ref_file))
+    assert np.array_equal(logits(pi.Model(src, rope_freq_base=5000.0, rope_freq_scale=0.25)), want)
+    assert not np.array_equal(logits(pi.Model(src)), want)
+    assert np.array_equal(logits(pi.Model(ref_file, rope_freq_scale=1.0)),
+                          logits(pi.Model(src, rope_freq_base=5000.0)))
+    with pytest.raises(ValueError, match="rope_freq_base"):
+        pi.Model(src, rope_freq_base=-1)
+    main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
+
+    def run(path, *extra):
+        return subprocess.run([sys.executable, str(main), "-m", str(path), "-p", "Once", "-n", "12", "--temp", "0",
+                               "--ignore-eos", "-no-cnv", "-c", "64", *extra], capture_output=True, text=True,
+                              timeout=120)
+    assert run(src, "--rope-freq-base", "5000", "--rope-scale", "4").stdout == run(ref_file).stdout
+    assert run(ref_file, "--rope-scaling", "none").stdout == run(src, "--rope-freq-base", "5000").stdout
+    bad = run(src, "--rope-scaling", "yarn")
+    assert bad.returncode == 1 and "YaRN is not supported" in bad.stderr

@@ -69,6 +69,35 @@ def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None,
     p.add_argument("--kv-type", choices=KV_TYPES, default="f16",
                    help="the KV cache's type, K and V (-ctk / -ctv set one) (default: %(default)s)")
     add_sparse_args(p, sparse_gather_max=sparse_gather_max)
+    add_rope_args(p)
+
+
+def add_rope_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's rope overrides: --rope-scaling, --rope-scale, --rope-freq-base, --rope-freq-scale."""
+    g = p.add_argument_group("rope (the file's unless given)")
+    g.add_argument("--rope-scaling", choices=["none", "linear", "yarn"], default=None,
+                   help="none: no scaling; linear: --rope-scale / --rope-freq-scale (yarn is not supported yet)")
+    g.add_argument("--rope-scale", type=float, default=0.0, metavar="N",
+                   help="context scaling factor: positions are divided by N (linear)")
+    g.add_argument("--rope-freq-base", type=float, default=0.0, metavar="N", help="rope base frequency")
+    g.add_argument("--rope-freq-scale", type=float, default=0.0, metavar="N",
+                   help="rope frequency scale, 1 / the context scaling factor")
+
+
+def rope_overrides(args: argparse.Namespace) -> dict:
+    """Model's rope_freq_base / rope_freq_scale from add_rope_args' flags (0: the file's); CLIError for yarn."""
+    scaling = getattr(args, "rope_scaling", None)
+    if scaling == "yarn":
+        raise CLIError("--rope-scaling yarn: YaRN is not supported yet (none and linear are)")
+    base, scale, factor = (getattr(args, n, 0.0) for n in ("rope_freq_base", "rope_freq_scale", "rope_scale"))
+    for flag, v in (("--rope-freq-base", base), ("--rope-freq-scale", scale), ("--rope-scale", factor)):
+        if v < 0:
+            raise CLIError(f"{flag} must be > 0 (0: the file's), got {v}")
+    if scaling == "none":
+        scale = 1.0
+    elif not scale and factor:
+        scale = 1.0 / factor
+    return {"rope_freq_base": base, "rope_freq_scale": scale}
 
 
 def add_sparse_args(p: argparse.ArgumentParser, *, sparse_gather_max: int = 1) -> None:
@@ -153,11 +182,13 @@ def make_speculative(args: argparse.Namespace, model: Model, prog: str, *, n_ctx
     return (drafters[0] if len(drafters) == 1 else FirstOf(drafters)), spec
 
 
-def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP, *, seed: int = -1,
+def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP, *, seed: int | None = -1,
                       seed_help: str = "RNG seed (-1 = random)", penalties: bool = True) -> None:
-    """-s, --temp, --top-k, --top-p, --min-p, (penalties) --repeat-penalty, --repeat-last-n,
-    --presence-penalty, --frequency-penalty, and --ignore-eos; defaults from `defaults`."""
-    p.add_argument("-s", "--seed", type=int, default=seed, help=seed_help + " (default: %(default)s)")
+    """-s (unless seed is None: the program has its own), --temp, --top-k, --top-p, --min-p, (penalties)
+    --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty, --ignore-eos, and llama.cpp's other
+    samplers' flags; defaults from `defaults`."""
+    if seed is not None:
+        p.add_argument("-s", "--seed", type=int, default=seed, help=seed_help + " (default: %(default)s)")
     p.add_argument("--temp", type=float, default=defaults.temperature,
                    help="temperature, <= 0 for greedy (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=defaults.top_k, help="top-k sampling, <= 0 off (default: %(default)s)")
@@ -352,10 +383,11 @@ def load_model(args: argparse.Namespace, prog: str) -> Model:
         path = resolve_model(args)
     except HubError as e:
         raise CLIError(str(e)) from None
+    rope = rope_overrides(args)
     try:
         with LoadProgress(prog):
-            model = Model(path, repack=False if args.no_repack else None)
-    except (ModelLoadError, OSError) as e:
+            model = Model(path, repack=False if args.no_repack else None, **rope)
+    except (ModelLoadError, OSError, ValueError) as e:
         raise CLIError(f"failed to load model: {e}") from None
     log(f"{prog}: loaded {model.describe()}")
     return model

@@ -1,6 +1,7 @@
 """Model: a GGUF/PWRI file's hyper-parameters and weights handed to the C core, zero-copy."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -212,7 +213,10 @@ class Model:
     >>> model.tokenizer.encode("Hello")
     """
 
-    def __init__(self, path: str | os.PathLike, *, dense: bool = False, repack: bool | None = None):
+    def __init__(self, path: str | os.PathLike, *, dense: bool = False, repack: bool | None = None,
+                 rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0):
+        """rope_freq_base / rope_freq_scale (llama.cpp's --rope-freq-base / --rope-freq-scale; 0: the file's) replace
+        the file's rope base and linear scale (1 / the context scaling factor) of the global layers."""
         t0 = time.perf_counter()
         if repack is None:
             repack = os.environ.get("POWERINFER_NO_REPACK", "0") in ("", "0")
@@ -221,6 +225,11 @@ class Model:
         self.path = self.file.path
         self.metadata = self.file.metadata
         self.hparams = _hparams_from_metadata(self.path, {**self.metadata, "_pwri": self.file.is_sparse})
+        for name, value in (("rope_freq_base", rope_freq_base), ("rope_freq_scale", rope_freq_scale)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0 (0: the file's), got {value!r}")
+            if value:
+                self.hparams = dataclasses.replace(self.hparams, **{name: float(value)})
         self.sparse = self.file.is_sparse
         threshold = self.metadata.get(SPARSE_THRESHOLD_KEY, 0.0)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):

@@ -64,7 +64,8 @@ class ServerState:
     def __init__(self, *, model_path: str, alias: str | None = None, api_keys: list[str] | None = None,
                  n_predict_max: int = -1, timeout: float = 600.0, loader: Callable[[], PowerInfer] | None = None,
                  llm: PowerInfer | None = None, embedding: bool = False, metrics: bool = False, slots: bool = True,
-                 webui: bool = True, template_kwargs: dict | None = None, slot_save_path: str | None = None):
+                 webui: bool = True, template_kwargs: dict | None = None, slot_save_path: str | None = None,
+                 sampling: SamplingParams | None = None):
         from pathlib import Path
 
         from .metrics import Metrics
@@ -80,6 +81,7 @@ class ServerState:
         self.embedding, self.slots, self.webui = embedding, slots, webui   # --embedding, --slots, --webui
         self.slot_save_path = slot_save_path                              # --slot-save-path (POST /slots/N)
         self.template_kwargs = dict(template_kwargs or {})   # --chat-template-kwargs, --reasoning-budget 0
+        self.sampling = sampling or SamplingParams()          # the sampling flags: what a request leaves out
         self.metrics_store = Metrics() if metrics else None               # --metrics
         self.stats = self.metrics_store or Metrics()                      # /slots reads the last requests
         self.ready = threading.Event()
@@ -111,10 +113,11 @@ class ServerState:
 
 
 # ------------------------------------------------------------------------------------------ validation
-def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
-    """The sampling fields shared by every completion route (llama.cpp names and defaults), and the
-    output's grammar (grammar, json_schema or response_format). tfs_z and the other options we lack are refused
-    unless off."""
+def sampling_fields(body: dict, defaults: SamplingParams | None = None) -> dict:
+    """The sampling fields shared by every completion route (llama.cpp names; a field the request leaves out takes
+    the server's default: `defaults`, its sampling flags), and the output's grammar (grammar, json_schema or
+    response_format). tfs_z and the other options we lack are refused unless off."""
+    d = defaults or SamplingParams()
     check_unimplemented(body)
     stop = field(body, "stop", "any", None)
     if stop is not None and not (isinstance(stop, str)
@@ -129,19 +132,18 @@ def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
     if logit_bias is not None and not isinstance(logit_bias, (dict, list)):
         raise RequestError("'logit_bias' must be an object or an array of [token, bias] pairs", param="logit_bias")
     out = dict(
-        temperature=float(field(body, "temperature", "num", temperature)),
-        top_k=field(body, "top_k", "int", 40),
-        top_p=float(field(body, "top_p", "num", 0.95)),
-        min_p=float(field(body, "min_p", "num", 0.05)),
-        repeat_penalty=float(field(body, "repeat_penalty", "num", 1.0)),
-        repeat_last_n=field(body, "repeat_last_n", "int", 64),
-        presence_penalty=float(field(body, "presence_penalty", "num", 0.0)),
-        frequency_penalty=float(field(body, "frequency_penalty", "num", 0.0)),
+        temperature=float(field(body, "temperature", "num", d.temperature)),
+        top_k=field(body, "top_k", "int", d.top_k),
+        top_p=float(field(body, "top_p", "num", d.top_p)),
+        min_p=float(field(body, "min_p", "num", d.min_p)),
+        repeat_penalty=float(field(body, "repeat_penalty", "num", d.repeat_penalty)),
+        repeat_last_n=field(body, "repeat_last_n", "int", d.repeat_last_n),
+        presence_penalty=float(field(body, "presence_penalty", "num", d.presence_penalty)),
+        frequency_penalty=float(field(body, "frequency_penalty", "num", d.frequency_penalty)),
         seed=seed, stop=stop, logit_bias=logit_bias,
-        ignore_eos=field(body, "ignore_eos", "bool", False),
+        ignore_eos=field(body, "ignore_eos", "bool", d.ignore_eos),
         cache_prompt=field(body, "cache_prompt", "bool", True),
     )
-    d = SamplingParams()
     for name, kind in (("typical_p", "num"), ("min_keep", "int"), ("top_n_sigma", "num"), ("xtc_probability", "num"),
                        ("xtc_threshold", "num"), ("dynatemp_range", "num"), ("dynatemp_exponent", "num"),
                        ("mirostat", "int"), ("mirostat_tau", "num"), ("mirostat_eta", "num"),
@@ -154,6 +156,8 @@ def sampling_fields(body: dict, *, temperature: float = 0.8) -> dict:
         raise RequestError("'dry_sequence_breakers' must be an array of strings", param="dry_sequence_breakers")
     out["dry_sequence_breakers"] = tuple(breakers)
     samplers = body.get("samplers")
+    if samplers is None and tuple(d.samplers) != SamplingParams().samplers:
+        out["samplers"] = tuple(d.samplers)
     if samplers is not None:
         if not (isinstance(samplers, str)
                 or (isinstance(samplers, list) and all(isinstance(x, str) for x in samplers))):
@@ -288,7 +292,7 @@ def build_routes(state: ServerState) -> list[Route]:
 
     def generation_settings(llm: PowerInfer, s: dict | None = None, n_predict: int = -1, stream: bool = False,
                             n_probs: int = 0) -> dict:
-        s = s or sampling_fields({})
+        s = s or sampling_fields({}, state.sampling)
         bias = s.get("logit_bias")
         return {
             "n_ctx": llm.engine.n_ctx_slot, "n_predict": n_predict, "model": state.model_name,
@@ -404,7 +408,7 @@ def build_routes(state: ServerState) -> list[Route]:
             raise RequestError("'n_probs' must be in [0, 100]", param="n_probs")
         stream = field(body, "stream", "bool", False)
         return_tokens = field(body, "return_tokens", "bool", False)
-        s = sampling_fields(body)
+        s = sampling_fields(body, state.sampling)
         task = llm.make_task(tokens, max_tokens=n_predict, n_probs=n_probs, **s)
         settings = generation_settings(llm, s, n_predict, stream, n_probs)
         if prompt_text is None:   # after make_task, which refuses ids out of the vocabulary
@@ -474,7 +478,7 @@ def build_routes(state: ServerState) -> list[Route]:
         stream = field(body, "stream", "bool", False)
         opts = field(body, "stream_options", "dict", {})
         include_usage = bool(opts.get("include_usage", False))
-        return sampling_fields(body), stream, include_usage
+        return sampling_fields(body, state.sampling), stream, include_usage
 
     def max_tokens_field(body: dict, default):
         mt = field(body, "max_tokens", "int", default, aliases=("max_completion_tokens", "n_predict"))

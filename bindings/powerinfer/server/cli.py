@@ -11,7 +11,16 @@ import time
 
 from .. import act_sparsity
 from ..reasoning import FORMATS as REASONING_FORMATS
-from ..cli import CLIError, add_sparse_args, add_speculative_args, make_speculative
+from ..cli import (
+    CLIError,
+    add_rope_args,
+    add_sampling_args,
+    add_sparse_args,
+    add_speculative_args,
+    make_speculative,
+    rope_overrides,
+    sampling_params,
+)
 from ..cli_args import KV_TYPES, ArgumentParser, add_llama_compat_args, apply_llama_compat
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
@@ -62,8 +71,10 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                    help="a chat reply's <think>...</think> in message.reasoning_content (auto, deepseek: llama.cpp's "
                         "default) or left in content (none); a request's reasoning_format overrides it")
     add_sparse_args(p)
+    add_rope_args(p)
     add_gpu_args(p)
     add_speculative_args(p)
+    add_sampling_args(p, seed=None)          # the defaults of requests that leave a field out (llama.cpp's)
     g = p.add_argument_group("embeddings, monitoring, web page (llama.cpp's flags)")
     g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="serve POST /v1/embeddings and /embedding (completions keep working) (default: off: 501)")
@@ -103,6 +114,11 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
             p.error(f"--chat-template-kwargs: not JSON ({e})")
         if not isinstance(args.template_kwargs, dict):
             p.error("--chat-template-kwargs: must be a JSON object")
+    try:
+        args.sampling = sampling_params(args, seed=-1)
+        args.rope = rope_overrides(args)
+    except (ValueError, CLIError) as e:
+        p.error(str(e))
     if args.reasoning_budget not in (-1, 0):
         p.error("--reasoning-budget: only -1 (unrestricted) and 0 (thinking off) are supported")
     if args.reasoning_budget == 0:
@@ -173,7 +189,7 @@ def make_loader(args):
                             sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
                             sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,
                             model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
-                            reasoning_format=args.reasoning_format,
+                            reasoning_format=args.reasoning_format, **args.rope,
                             **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
         try:
@@ -222,7 +238,7 @@ def make_state(args):
     return ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
                        timeout=args.timeout, loader=make_loader(args), embedding=args.embedding,
                        metrics=args.metrics, slots=args.slots, webui=args.webui, template_kwargs=args.template_kwargs,
-                       slot_save_path=args.slot_save_path)
+                       slot_save_path=args.slot_save_path, sampling=args.sampling)
 
 
 def main(argv=None) -> int:

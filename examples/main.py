@@ -10,6 +10,7 @@ Generated text goes to stdout as it is produced; logs and timings go to stderr.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import powerinfer as pi
 from powerinfer import cli
@@ -18,6 +19,7 @@ from powerinfer.cli import GREEN, YELLOW, CLIError, Console, Interrupt, log
 from powerinfer.cli_args import threads_in_use
 from powerinfer.engine import ContextFull, Timings
 from powerinfer.generator import Generator
+from powerinfer.state_file import read_state_file, write_state_file
 
 
 def parse_args(argv=None):
@@ -31,7 +33,64 @@ def parse_args(argv=None):
     cli.add_grammar_args(p)
     cli.add_interactive_args(p)
     cli.add_speculative_args(p)
+    g = p.add_argument_group("prompt cache (plain completion)")
+    g.add_argument("--prompt-cache", metavar="FNAME", default=None,
+                   help="the prompt's KV state in a file: when it exists, the prompt's prefix that matches it is not "
+                        "evaluated again; written after generation")
+    g.add_argument("--prompt-cache-all", action="store_true",
+                   help="with --prompt-cache: save the generated tokens too (not in interactive mode)")
+    g.add_argument("--prompt-cache-ro", action="store_true", help="with --prompt-cache: read it, do not update it")
     return cli.parse(p, argv, prog="main")
+
+
+def load_prompt_cache(args, model, gen: Generator, prompt_ids: list[int]) -> int:
+    """--prompt-cache: the sequence starts with the file's tokens that match the prompt (at least the prompt's last
+    token is evaluated again, for its logits); returns how many. A missing file is created later."""
+    path = Path(args.prompt_cache)
+    log(f"main: attempting to load saved session from '{path}'")
+    if not path.exists():
+        log("main: session file does not exist, will create.")
+        return 0
+    try:
+        tokens, state, _ = read_state_file(path, model)
+        n = 0
+        for a, b in zip(tokens, prompt_ids):
+            if a != b:
+                break
+            n += 1
+        gen.load_state(tokens, state, keep=min(n, len(prompt_ids) - 1))
+    except (OSError, ValueError, pi.PowerInferError) as e:
+        raise CLIError(f"--prompt-cache {path}: {e}") from None
+    log(f"main: loaded a session with prompt size of {len(tokens)} tokens")
+    if n == len(prompt_ids):
+        log("main: session file has exact match for prompt!")
+    elif n < len(prompt_ids) / 2:
+        log(f"main: warning: session file has low similarity to prompt ({n} / {len(prompt_ids)} tokens); will "
+            "mostly be reevaluated")
+    else:
+        log(f"main: session file matches {n} / {len(prompt_ids)} tokens of prompt")
+    return len(gen.tokens)
+
+
+def save_prompt_cache(args, model, gen: Generator, prompt_ids: list[int]) -> None:
+    """--prompt-cache (unless -ro): the prompt's tokens and KV state (--prompt-cache-all: every evaluated token)."""
+    if not args.prompt_cache or args.prompt_cache_ro:
+        return
+    n = 0
+    if args.prompt_cache_all:
+        n = len(gen.tokens)
+    else:
+        for a, b in zip(gen.tokens, prompt_ids):   # the prompt's positions still cached (a context shift drops some)
+            if a != b:
+                break
+            n += 1
+    tokens, state = gen.state(n)
+    try:
+        write_state_file(Path(args.prompt_cache), model, tokens, state)
+    except OSError as e:
+        log(f"main: error: cannot write --prompt-cache {args.prompt_cache}: {e.strerror}")
+        return
+    log(f"\nmain: saved session to '{args.prompt_cache}' ({len(tokens)} tokens)")
 
 
 def reply(gen: Generator, tok, n_predict: int, stops, interrupt: Interrupt, out: Console, *, stop_token_ids=(),
@@ -65,6 +124,9 @@ def run(args) -> int:
         timings.load_ms = model.load_time_s * 1e3
         log(f"system_info: n_threads = {threads_in_use(args.threads)} | {pi.system_info()}")
         params = cli.sampling_params(args)
+        bad = [t for t in params.logit_bias if t >= model.n_vocab]
+        if bad:
+            raise CLIError(f"--logit-bias: token {bad[0]} is out of range [0, {model.n_vocab})")
         args.grammar_obj = cli.grammar_of(args)
         ctx = cli.make_context(args, model, "main")
         drafter, spec = cli.make_speculative(args, model, "main", n_ctx=ctx.n_ctx)
@@ -128,6 +190,16 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
         return 1
     if args.verbose_prompt:
         cli.log_prompt_tokens(prompt, prompt_ids, tok)
+    if args.prompt_cache_all and args.interactive:
+        log("error: --prompt-cache-all is not supported in interactive mode")
+        return 1
+    n_cached = 0
+    if args.prompt_cache:
+        try:
+            n_cached = load_prompt_cache(args, model, gen, prompt_ids)
+        except CLIError as e:
+            log(f"error: {e}")
+            return 1
     gen.keep_prompt(prompt_ids, args.keep)
     interrupt = Interrupt(args.interactive)
     if args.interactive:
@@ -136,9 +208,21 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
             " - If you want to submit another line, end your input with '\\'.\n")
     if not args.no_display_prompt:
         out.write(prompt, YELLOW)
-    gen.feed(prompt_ids)
+    gen.feed(prompt_ids[n_cached:])
     at_reverse_prompt = any(prompt.endswith(r) for r in args.reverse_prompt)
     waiting_for_user = args.interactive_first
+    try:
+        status = completion_loop(args, gen, tok, out, n_predict, interrupt, at_reverse_prompt, waiting_for_user)
+    except KeyboardInterrupt:            # what was evaluated is valid: keep it (not after a failed decode)
+        save_prompt_cache(args, model, gen, prompt_ids)
+        raise
+    save_prompt_cache(args, model, gen, prompt_ids)
+    return status
+
+
+def completion_loop(args, gen: Generator, tok, out: Console, n_predict: int, interrupt: Interrupt,
+                    at_reverse_prompt: bool, waiting_for_user: bool) -> int:
+    """completion()'s generation and, with -i, the user's turns."""
     try:
         while True:
             if not waiting_for_user:
@@ -169,6 +253,8 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
     As llama.cpp: -sys is the system message, -p (`first_message`) the first user message, -st ends after one
     reply; an empty line is not a message (it quits nothing); Ctrl+C at the prompt or end of input exits."""
     tok = model.tokenizer
+    if args.prompt_cache:
+        log("main: note: --prompt-cache applies to plain completion (-no-cnv); ignored in conversation mode")
     try:       # the same resolution as the server and PowerInfer (Gemma files without a template: gemma)
         fmt = ChatFormatter.resolve(model.metadata, chat_template=args.chat_template, tokenizer=tok)
     except (ChatTemplateError, ValueError) as e:

@@ -18,7 +18,10 @@ Contract (what the engine must match):
     RoPE per head on q, k (not opt) over the first n_rot dims, pairs (2i, 2i+1) ("normal": llama,
         bamboo) or (i, i + n_rot/2) ("neox": qwen2, qwen3, gemma3, falcon, HF checkpoints):
         theta = pos * freq_scale * base^(-2i/n_rot) / rope_freqs[i],
-        freq_scale = 1/rope.scaling.factor for linear scaling, else 1; rope_freqs: 1 unless the file has them
+        freq_scale = 1/rope.scaling.factor for linear scaling, else 1; rope_freqs: 1 unless the file has them;
+        yarn (ggml's rope_yarn): theta blends theta and theta / freq_scale by a per-pair ramp over the correction
+        dims of rope.scaling.original_context_length (beta 32 / 1), cos and sin times 1 + 0.1 ln(1/freq_scale);
+        cos and sin times rope.scaling.attn_factor
     attention per head, scale 1/sqrt(head_dim), causal (key j visible to query i iff
         pos[j] <= pos[i]; gemma3's local layers, il % 6 < 5: also pos[i] - pos[j] < n_swa, rope base
         10000), GQA: query head h uses kv head h // (n_head/n_head_kv)
@@ -230,6 +233,9 @@ class KVCache:
 class ReferenceModel:
     neox = False          # rope pairs (i, i + n_rot/2) instead of (2i, 2i+1)
     rope_freqs = None     # per-pair frequency divisors (rope_freqs.weight)
+    yarn = False          # YaRN rope scaling (rope.scaling.type yarn), over yarn_orig_ctx positions
+    yarn_orig_ctx = 0
+    rope_attn_factor = 1.0   # cos and sin times this (rope.scaling.attn_factor)
 
     def __init__(self, path, **overrides):
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
@@ -299,12 +305,16 @@ class ReferenceModel:
                          else m("attention.layer_norm_rms_epsilon", 1e-5))
         scaling = m("rope.scaling.type")
         factor = m("rope.scaling.factor")
-        if scaling == "linear" and factor:
+        if scaling in ("linear", "yarn") and factor:
             self.freq_scale = 1.0 / float(factor)
         elif scaling in (None, "none") or not factor:
             self.freq_scale = 1.0
         else:
             raise ValueError(f"unsupported rope scaling {scaling!r}")
+        # YaRN (ggml's rope_yarn, from its definition): blend of interpolated and extrapolated angles, cos/sin scaled
+        self.yarn = scaling == "yarn"
+        self.yarn_orig_ctx = int(m("rope.scaling.original_context_length", self.n_ctx_train) or self.n_ctx_train)
+        self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -350,12 +360,22 @@ class ReferenceModel:
         """x: (n_tok, n_heads, head_dim); the first n_rot dims, pairs (2i, 2i+1) or (neox) (i, i + n_rot/2)."""
         half = self.n_rot // 2
         i = np.arange(half, dtype=np.float64)
-        inv = (self.rope_base if base is None else base) ** (-2.0 * i / self.n_rot)
+        base = self.rope_base if base is None else base
+        inv = base ** (-2.0 * i / self.n_rot)
         theta = (np.asarray(pos, dtype=np.float64) * self.freq_scale)[:, None] * inv[None, :]
         if self.rope_freqs is not None:
             theta = theta / self.rope_freqs[None, :]
-        c = np.cos(theta)[:, None, :]
-        s = np.sin(theta)[:, None, :]
+        mscale = self.rope_attn_factor
+        if self.yarn:
+            extrap = theta / self.freq_scale
+            corr = [self.n_rot * math.log(self.yarn_orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
+                    for beta in (32.0, 1.0)]
+            low, high = max(0.0, math.floor(corr[0])), min(self.n_rot - 1.0, math.ceil(corr[1]))
+            mix = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+            theta = theta * (1.0 - mix)[None, :] + extrap * mix[None, :]
+            mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale) if self.freq_scale < 1.0 else 1.0
+        c = np.cos(theta)[:, None, :] * mscale
+        s = np.sin(theta)[:, None, :] * mscale
         out = x.copy()
         a, b = (np.arange(half), np.arange(half) + half) if self.neox else (np.arange(0, self.n_rot, 2),
                                                                             np.arange(1, self.n_rot, 2))

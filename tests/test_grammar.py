@@ -297,7 +297,7 @@ def test_llama_keywords_aliases_and_refusals(model_file):
     for kw, name in ((dict(lora_path="a.gguf"), "lora_path"), (dict(n_threads_batch=2), "n_threads_batch"),
                      (dict(use_mmap=False), "use_mmap"), (dict(type_k=12), "type_k"), (dict(type_v="q6_K"), "type_v"),
                      (dict(pooling_type=4), "pooling_type"),
-                     (dict(rope_freq_base=-1.0), "rope_freq_base"), (dict(yarn_ext_factor=1.0), "yarn_ext_factor")):
+                     (dict(rope_freq_base=-1.0), "rope_freq_base"), (dict(yarn_orig_ctx=-5), "yarn_orig_ctx")):
         with pytest.raises(ValueError, match=name):
             pi.PowerInfer(model_file, n_ctx=128, n_threads=1, **kw)
 

@@ -455,7 +455,7 @@ A = "llama."
     ({A + "rope.dimension_count": (64, VT.UINT32)}, ["rope dimension"]),
     ({A + "rope.freq_base": (-1.0, VT.FLOAT32)}, ["rope freq base"]),
     ({A + "rope.freq_base": (float("nan"), VT.FLOAT32)}, ["rope freq base"]),
-    ({A + "rope.scaling.type": ("yarn", VT.STRING)}, ["yarn", "not supported"]),
+    ({A + "rope.scaling.type": ("longrope", VT.STRING)}, ["longrope", "not supported"]),
     ({A + "rope.scaling.factor": (0.0, VT.FLOAT32)}, ["scaling factor"]),
     ({A + "attention.layer_norm_rms_epsilon": (float("inf"), VT.FLOAT32)}, ["epsilon"]),
     ({A + "attention.layer_norm_rms_epsilon": (-1.0, VT.FLOAT32)}, ["epsilon"]),

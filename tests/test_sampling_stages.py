@@ -321,40 +321,27 @@ def test_server_sampling_flags_are_request_defaults(tiny_model):
         parse_args(["-m", path, "--samplers", "bogus"])
 
 
-def test_rope_overrides(tiny_model, tmp_path):
-    """--rope-freq-base / --rope-freq-scale / --rope-scale / --rope-scaling none: the model of a file whose metadata
-    says so (the same logits), in the API and main.py."""
+def test_logit_bias_flag(tiny_model):
     import subprocess
     import sys
     from pathlib import Path
 
-    import powerinfer as pi
-    from model_files import rewrite
-    src = tiny_model("f32", seed=5)
-    from gguf import GGUFValueType as VT
-    ref_file = rewrite(src, tmp_path / "rope.gguf", meta={"llama.rope.freq_base": (5000.0, VT.FLOAT32),
-                                                         "llama.rope.scaling.type": ("linear", VT.STRING),
-                                                         "llama.rope.scaling.factor": (4.0, VT.FLOAT32)})
-    toks = list(range(1, 40))
-
-    def logits(model):
-        ctx = pi.Context(model, n_ctx=64)
-        ctx.decode(toks, logits="all")
-        return np.stack([ctx.logits(i) for i in range(len(toks))])
-    want = logits(pi.Model(ref_file))
-    assert np.array_equal(logits(pi.Model(src, rope_freq_base=5000.0, rope_freq_scale=0.25)), want)
-    assert not np.array_equal(logits(pi.Model(src)), want)
-    assert np.array_equal(logits(pi.Model(ref_file, rope_freq_scale=1.0)),
-                          logits(pi.Model(src, rope_freq_base=5000.0)))
-    with pytest.raises(ValueError, match="rope_freq_base"):
-        pi.Model(src, rope_freq_base=-1)
+    from powerinfer.cli import parse_logit_bias
+    assert parse_logit_bias("15043+1") == (15043, 1.0) and parse_logit_bias("7-inf") == (7, -math.inf)
+    assert parse_logit_bias("3-0.5") == (3, -0.5)
+    for bad in ("x+1", "15043", "+1", "5+x"):
+        with pytest.raises(ValueError, match="logit-bias"):
+            parse_logit_bias(bad)
     main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
+    path = str(tiny_model("q8_0", seed=3))
 
-    def run(path, *extra):
-        return subprocess.run([sys.executable, str(main), "-m", str(path), "-p", "Once", "-n", "12", "--temp", "0",
-                               "--ignore-eos", "-no-cnv", "-c", "64", *extra], capture_output=True, text=True,
-                              timeout=120)
-    assert run(src, "--rope-freq-base", "5000", "--rope-scale", "4").stdout == run(ref_file).stdout
-    assert run(ref_file, "--rope-scaling", "none").stdout == run(src, "--rope-freq-base", "5000").stdout
-    bad = run(src, "--rope-scaling", "yarn")
-    assert bad.returncode == 1 and "YaRN is not supported" in bad.stderr
+    def run(*extra):
+        return subprocess.run([sys.executable, str(main), "-m", path, "-p", "Once", "-n", "6", "--temp", "0",
+                               "--ignore-eos", "-no-cnv", "-c", "64", "--verbose-prompt", *extra],
+                              capture_output=True, text=True, timeout=120)
+    import powerinfer as pi
+    llm = pi.PowerInfer(path, n_ctx=64, verbose=False)
+    tok = next(llm.generate_tokens(llm.tokenize("Once"), SamplingParams(temperature=0, ignore_eos=True), 1))
+    assert run("-l", f"{tok}-inf").stdout != run().stdout                # the greedy first token banned
+    bad = run("-l", "nonsense")
+    assert bad.returncode == 1 and "logit-bias" in bad.stderr

@@ -336,7 +336,9 @@ class PowerInfer:
                  numa=False, main_gpu: int = 0, sparse_batch_max: int = 0, sparse_gather_max: int = 1,
                  reasoning_format: str = "auto", draft_model=None, draft_max: int = 16, draft_min: int = 0,
                  draft_p_min: float = 0.75, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
-                 **unsupported):
+                 rope_scaling_type: int | str | None = -1, yarn_ext_factor: float = -1.0,
+                 yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
+                 yarn_orig_ctx: int = 0, kv_overrides: dict | None = None, **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         reasoning_format: the default of create_chat_completion's (powerinfer.reasoning: auto / deepseek put a
         reply's <think>...</think> in message.reasoning_content, none leaves it in content; llama.cpp's server flag).
@@ -356,8 +358,9 @@ class PowerInfer:
         types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...), pooling_type
         (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
         flash_attn, use_mlock, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
-        here (said once when set); rope_freq_base / rope_freq_scale (0: the file's) as llama.cpp's. Anything else
-        of Llama's (lora_path, yarn_*, ...)
+        here (said once when set); rope_freq_base, rope_freq_scale, rope_scaling_type (-1 the file's, 0 none, 1
+        linear, 2 yarn, or those names), yarn_* (0 / negative: the file's) and kv_overrides ({key: value} read instead
+        of the file's metadata) as llama.cpp's (powerinfer.rope). Anything else of Llama's (lora_path, ...)
         raises ValueError naming it."""
         kv_type, pooling = _llama_aliases(kv_type, pooling, type_k=type_k, type_v=type_v, pooling_type=pooling_type)
         if unsupported:
@@ -381,7 +384,11 @@ class PowerInfer:
                         ", ".join(noop))
         self.verbose = verbose
         t0 = time.perf_counter()
-        self.model = Model(model_path, repack=repack, rope_freq_base=rope_freq_base, rope_freq_scale=rope_freq_scale)
+        scaling = {-1: None, 0: "none", 1: "linear", 2: "yarn", None: None}.get(rope_scaling_type, rope_scaling_type)
+        self.model = Model(model_path, repack=repack, kv_overrides=kv_overrides, rope_freq_base=rope_freq_base,
+                           rope_freq_scale=rope_freq_scale, rope_scaling=scaling, yarn_ext_factor=yarn_ext_factor,
+                           yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast,
+                           yarn_beta_slow=yarn_beta_slow, yarn_orig_ctx=yarn_orig_ctx)
         self.model_path = str(model_path)
         self.tokenizer = self.model.tokenizer
         self._fim = None   # the FIM tokens (fim), looked up on first use

@@ -26,7 +26,7 @@ from .cli_args import (
 from .context import Context
 from .gguf_file import ModelLoadError
 from .hub import HubError, add_model_args, bundled_model, resolve_model
-from .model import Model
+from .model import Model, parse_kv_override
 from .offload import add_gpu_args, gpu_kwargs
 from .sampling import SamplingParams, parse_samplers
 from .speculative import FirstOf, PromptLookup, SpecParams, make_drafter
@@ -76,28 +76,41 @@ def add_rope_args(p: argparse.ArgumentParser) -> None:
     """llama.cpp's rope overrides: --rope-scaling, --rope-scale, --rope-freq-base, --rope-freq-scale."""
     g = p.add_argument_group("rope (the file's unless given)")
     g.add_argument("--rope-scaling", choices=["none", "linear", "yarn"], default=None,
-                   help="none: no scaling; linear: --rope-scale / --rope-freq-scale (yarn is not supported yet)")
+                   help="none: no scaling; linear: positions divided by --rope-scale; yarn: YaRN with that factor "
+                        "(default: the file's rope.scaling.type)")
     g.add_argument("--rope-scale", type=float, default=0.0, metavar="N",
                    help="context scaling factor: positions are divided by N (linear)")
     g.add_argument("--rope-freq-base", type=float, default=0.0, metavar="N", help="rope base frequency")
     g.add_argument("--rope-freq-scale", type=float, default=0.0, metavar="N",
                    help="rope frequency scale, 1 / the context scaling factor")
+    g.add_argument("--yarn-orig-ctx", type=int, default=0, metavar="N",
+                   help="YaRN: the model's original context (default: the file's, else its training context)")
+    g.add_argument("--yarn-ext-factor", type=float, default=-1.0, metavar="F",
+                   help="YaRN: extrapolation mix factor (default: 1 with yarn, else 0; 0: interpolation only)")
+    g.add_argument("--yarn-attn-factor", type=float, default=-1.0, metavar="F",
+                   help="the cos/sin scale when the extrapolation factor is 0 (as llama.cpp's; default 1)")
+    g.add_argument("--yarn-beta-slow", type=float, default=-1.0, metavar="N",
+                   help="YaRN: high correction dim (default 1)")
+    g.add_argument("--yarn-beta-fast", type=float, default=-1.0, metavar="N",
+                   help="YaRN: low correction dim (default 32)")
+    p.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
+                   help="read this metadata value instead of the file's (TYPE: int, float, bool, str; repeatable), "
+                        "e.g. tokenizer.ggml.add_bos_token=bool:false")
 
 
 def rope_overrides(args: argparse.Namespace) -> dict:
-    """Model's rope_freq_base / rope_freq_scale from add_rope_args' flags (0: the file's); CLIError for yarn."""
-    scaling = getattr(args, "rope_scaling", None)
-    if scaling == "yarn":
-        raise CLIError("--rope-scaling yarn: YaRN is not supported yet (none and linear are)")
+    """Model's rope keywords (powerinfer.rope) from add_rope_args' flags (0 / negative: the file's)."""
     base, scale, factor = (getattr(args, n, 0.0) for n in ("rope_freq_base", "rope_freq_scale", "rope_scale"))
     for flag, v in (("--rope-freq-base", base), ("--rope-freq-scale", scale), ("--rope-scale", factor)):
         if v < 0:
             raise CLIError(f"{flag} must be > 0 (0: the file's), got {v}")
-    if scaling == "none":
-        scale = 1.0
-    elif not scale and factor:
+    if not scale and factor:
         scale = 1.0 / factor
-    return {"rope_freq_base": base, "rope_freq_scale": scale}
+    out = {"rope_freq_base": base, "rope_freq_scale": scale, "rope_scaling": getattr(args, "rope_scaling", None)}
+    for name in ("yarn_orig_ctx", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_slow", "yarn_beta_fast"):
+        if hasattr(args, name):
+            out[name] = getattr(args, name)
+    return out
 
 
 def add_sparse_args(p: argparse.ArgumentParser, *, sparse_gather_max: int = 1) -> None:
@@ -204,6 +217,8 @@ def add_sampling_args(p: argparse.ArgumentParser, defaults: SamplingParams = _SP
         p.add_argument("--frequency-penalty", type=float, default=defaults.frequency_penalty,
                        help="frequency penalty (default: %(default)s)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop at an end-of-generation token")
+    p.add_argument("-l", "--logit-bias", action="append", default=[], metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to a token's logit, e.g. 15043+1 or 15043-inf (never that token); repeatable")
     g = p.add_argument_group("more samplers (llama.cpp's; each off by default)")
     g.add_argument("--samplers", default=None, metavar="LIST",
                    help="the chain's stages in order, ';'-separated (default: "
@@ -351,6 +366,17 @@ def log_prompt_tokens(prompt: str, ids: list[int], tokenizer) -> None:
     log("")
 
 
+def parse_logit_bias(text: str) -> tuple[int, float]:
+    """llama.cpp's -l TOKEN_ID(+/-)BIAS -> (token, bias); ValueError."""
+    for i, ch in enumerate(text):
+        if i and ch in "+-":
+            try:
+                return int(text[:i]), float(text[i:])
+            except ValueError:
+                break
+    raise ValueError(f"--logit-bias {text!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf")
+
+
 def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
     """SamplingParams from the flags of add_sampling_args (validated; ValueError if out of range)."""
     kw = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
@@ -364,6 +390,8 @@ def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
                        ("mirostat_tau", "mirostat_ent")):
         if hasattr(args, flag):
             kw[name] = getattr(args, flag)
+    if getattr(args, "logit_bias", None):
+        kw["logit_bias"] = dict(parse_logit_bias(b) for b in args.logit_bias)
     breakers = getattr(args, "dry_sequence_breaker", None)
     if breakers is not None:
         kw["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(unescape(b) for b in breakers)
@@ -385,8 +413,12 @@ def load_model(args: argparse.Namespace, prog: str) -> Model:
         raise CLIError(str(e)) from None
     rope = rope_overrides(args)
     try:
+        overrides = dict(parse_kv_override(o) for o in getattr(args, "override_kv", []))
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    try:
         with LoadProgress(prog):
-            model = Model(path, repack=False if args.no_repack else None, **rope)
+            model = Model(path, repack=False if args.no_repack else None, kv_overrides=overrides, **rope)
     except (ModelLoadError, OSError, ValueError) as e:
         raise CLIError(f"failed to load model: {e}") from None
     log(f"{prog}: loaded {model.describe()}")

@@ -410,16 +410,21 @@ class Engine:
             s = self._idle_slot(sid)
             return list(s.cache), self.ctx.kv_seq_state(sid, 0, len(s.cache))
 
-    def restore_slot_state(self, sid: int, tokens: list[int], state: bytes) -> None:
+    def restore_slot_state(self, sid: int, tokens: list[int], state: bytes, keep: int | None = None) -> None:
         """Idle slot sid holds `tokens` again, their KV rows written from `state` (a slot_state of an engine over the
         same model and KV type) into the cells of its region, position p in cell sid * L + p (the module doc), so
-        a request that starts with them reuses them, bit for bit. Needs the region layout."""
+        a request that starts with them reuses them, bit for bit. Needs the region layout, or a one-slot engine
+        without regions (main.py: the context is cleared first, position p in cell p). keep: only the first `keep`
+        tokens stay the slot's cache (a prompt that shares only a prefix with the file)."""
         n = len(tokens)
         with self.lock:
             s = self._idle_slot(sid)
-            if not self.regions:
+            if not self.regions and self.n_slots > 1:
                 raise RequestError("this engine's slots share the context: no slot restore", code=501, status=501,
                                    type="not_supported_error")
+            if not self.regions:
+                self.ctx.kv_clear()
+                s.hw, s.cache = 0, []
             if n > s.n_ctx:
                 raise RequestError(f"the saved slot holds {n} tokens, more than a slot's context ({s.n_ctx})")
             if any(not 0 <= t < self.tokenizer.n_vocab for t in tokens):
@@ -435,6 +440,11 @@ class Engine:
             except PowerInferError as e:
                 raise RequestError(f"invalid slot file: {e}") from None
             s.cache, s.hw = list(tokens), max(s.hw, n)
+            if keep is not None and keep < n:
+                s.cache = s.cache[:max(keep, 0)]
+                if not self.regions:        # no stale cells without regions
+                    self.ctx.kv_seq_rm(sid, len(s.cache), -1)
+                    s.hw = len(s.cache)
 
     def erase_slot(self, sid: int) -> int:
         """Forget idle slot sid's prompt cache (its cells stay, as the layout needs); returns the tokens it held."""

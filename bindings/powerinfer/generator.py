@@ -71,6 +71,19 @@ class Generator:
         bos = 1 if prompt_ids and bos_id is not None and prompt_ids[0] == bos_id else 0
         self.n_keep = len(prompt_ids) if keep < 0 or keep + bos > len(prompt_ids) else keep + bos
 
+    def load_state(self, tokens: list[int], state: bytes, keep: int | None = None) -> None:
+        """The sequence becomes tokens[:keep] (default: all), their KV rows written from `state` (the KV state of
+        positions 0..len(tokens)-1, e.g. read from a --prompt-cache file) into an emptied cache: what is fed next
+        is evaluated after them. ValueError for a state that does not fit this context."""
+        self.engine.restore_slot_state(0, tokens, state, keep=keep)
+        self.tokens = list(tokens[:keep] if keep is not None else tokens)
+        self._undecoded, self._fed = [], False
+
+    def state(self, n: int | None = None) -> tuple[list[int], bytes]:
+        """(the first n tokens of the sequence (default: all), the KV state of their positions)."""
+        tokens = self.tokens[:n] if n is not None else list(self.tokens)
+        return tokens, self.ctx.kv_seq_state(0, 0, len(tokens))
+
     def restart(self) -> None:
         """Forget the sequence: the next feed() starts a new one in an empty KV cache."""
         self.engine.invalidate()

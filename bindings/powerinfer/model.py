@@ -1,16 +1,18 @@
 """Model: a GGUF/PWRI file's hyper-parameters and weights handed to the C core, zero-copy."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
 from .gguf_file import GGUFFile, ModelLoadError, open_gguf
+from . import rope as rope_settings
 from . import tokenizer as _tokenizer
 
 log = logging.getLogger("powerinfer")
@@ -59,6 +61,15 @@ class HParams:
     swa_pattern: int = 0            # with n_swa: layer il is local iff il % swa_pattern < swa_pattern - 1
     rope_freq_base_swa: float = 0.0   # local layers' rope (0: as the global layers)
     rope_freq_scale_swa: float = 0.0
+    # rope scaling (llama.cpp's names): "none", "linear" (rope_freq_scale) or "yarn"; YaRN's extrapolation ramp runs
+    # where yarn_ext_factor != 0 (RopeYarn: the per-pair frequencies and the cos/sin scale it gives)
+    rope_scaling: str = "linear"
+    yarn_orig_ctx: int = 0          # the context the model was trained on before scaling (0: n_ctx_train)
+    yarn_ext_factor: float = 0.0
+    yarn_attn_factor: float = 1.0   # cos/sin scale without the extrapolation (llama.cpp's --yarn-attn-factor)
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    rope_attn_factor: float = 1.0   # the file's rope.scaling.attn_factor: multiplies the cos/sin scale
 
     def is_swa_layer(self, il: int) -> bool:
         return self.n_swa > 0 and (self.swa_pattern <= 0 or il % self.swa_pattern < self.swa_pattern - 1)
@@ -124,10 +135,16 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     factor = as_float("rope.scaling.factor", get("rope.scaling.factor", get("rope.scale_linear", 1.0)))
     if scaling == "none":
         factor = 1.0
-    elif scaling != "linear":
-        raise ModelLoadError(f"{path}: rope scaling type '{scaling}' is not supported yet (none, linear)")
+    elif scaling not in ("linear", "yarn"):
+        raise ModelLoadError(f"{path}: rope scaling type '{scaling}' is not supported yet (none, linear, yarn)")
     if not factor or factor <= 0:
         raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
+    if get("rope.scaling.yarn_log_multiplier", 0.0):
+        raise ModelLoadError(f"{path}: rope.scaling.yarn_log_multiplier (DeepSeek's YaRN) is not supported")
+    orig_ctx = get("rope.scaling.original_context_length")
+    yarn = dict(rope_scaling=scaling, yarn_ext_factor=1.0 if scaling == "yarn" else 0.0,
+                yarn_orig_ctx=(as_int("rope.scaling.original_context_length", orig_ctx) if orig_ctx is not None else 0),
+                rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)))
 
     if arch in ("qwen2", "qwen3", "gemma3") and meta.get("_pwri"):
         raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
@@ -194,8 +211,51 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         norm_eps=norm_eps,
         rope_freq_base=as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),
+        **yarn,
         **extra,
     )
+
+
+@dataclass
+class _ArrayTensor:
+    """A tensor the loader makes (not the file's): the same fields as a GGUF file's tensor."""
+    name: str
+    type: int          # ggml type id (0: f32)
+    ne: tuple
+    data: np.ndarray
+
+
+def check_kv_overrides(overrides: dict) -> dict:
+    """The overrides, checked: string keys, bool / int / float / str values (llama.cpp's four types)."""
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"kv_overrides: key {key!r} is not a metadata key")
+        if not isinstance(value, (bool, int, float, str)):
+            raise ValueError(f"kv_overrides: {key} = {value!r}: the value must be a bool, int, float or str")
+    return dict(overrides)
+
+
+def parse_kv_override(text: str) -> tuple[str, bool | int | float | str]:
+    """llama.cpp's --override-kv KEY=TYPE:VALUE (TYPE int, float, bool or str) -> (key, value); ValueError."""
+    key, sep, rest = text.partition("=")
+    kind, sep2, value = rest.partition(":")
+    if not key or not sep or not sep2:
+        raise ValueError(f"--override-kv {text!r}: expected KEY=TYPE:VALUE, e.g. "
+                         "tokenizer.ggml.add_bos_token=bool:false")
+    try:
+        if kind == "int":
+            return key, int(value)
+        if kind == "float":
+            return key, float(value)
+        if kind == "bool":
+            if value.lower() not in ("true", "false"):
+                raise ValueError
+            return key, value.lower() == "true"
+        if kind == "str":
+            return key, value
+    except ValueError:
+        raise ValueError(f"--override-kv {text!r}: {value!r} is not a {kind}") from None
+    raise ValueError(f"--override-kv {text!r}: type {kind!r} is not one of int, float, bool, str")
 
 
 class Model:
@@ -214,9 +274,11 @@ class Model:
     """
 
     def __init__(self, path: str | os.PathLike, *, dense: bool = False, repack: bool | None = None,
-                 rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0):
-        """rope_freq_base / rope_freq_scale (llama.cpp's --rope-freq-base / --rope-freq-scale; 0: the file's) replace
-        the file's rope base and linear scale (1 / the context scaling factor) of the global layers."""
+                 kv_overrides: dict | None = None, **rope):
+        """kv_overrides: {metadata key: bool, int, float or str} read instead of the file's values (llama.cpp's
+        --override-kv). rope: llama.cpp's rope settings, 0 / negative / None for the file's (powerinfer.rope):
+        rope_freq_base, rope_freq_scale (1 / the context scaling factor), rope_scaling (none, linear, yarn),
+        yarn_orig_ctx, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow."""
         t0 = time.perf_counter()
         if repack is None:
             repack = os.environ.get("POWERINFER_NO_REPACK", "0") in ("", "0")
@@ -224,12 +286,10 @@ class Model:
         self.file: GGUFFile = open_gguf(path)
         self.path = self.file.path
         self.metadata = self.file.metadata
+        if kv_overrides:
+            self.metadata = {**self.metadata, **check_kv_overrides(kv_overrides)}
         self.hparams = _hparams_from_metadata(self.path, {**self.metadata, "_pwri": self.file.is_sparse})
-        for name, value in (("rope_freq_base", rope_freq_base), ("rope_freq_scale", rope_freq_scale)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0 (0: the file's), got {value!r}")
-            if value:
-                self.hparams = dataclasses.replace(self.hparams, **{name: float(value)})
+        self.hparams = rope_settings.apply_overrides(self.hparams, **rope)
         self.sparse = self.file.is_sparse
         threshold = self.metadata.get(SPARSE_THRESHOLD_KEY, 0.0)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
@@ -282,7 +342,19 @@ class Model:
 
     def _create_c_model(self):
         hp = self.hparams
-        tensors = self.file.tensors
+        tensors = dict(self.file.tensors)
+        # YaRN / a rope attention factor: the core's per-pair frequency divisors and attention scale (powerinfer.rope)
+        file_ff = tensors.get("rope_freqs.weight")
+        if file_ff is not None and file_ff.type != 0 and hp.yarn_ext_factor != 0.0:
+            raise ModelLoadError(f"{self.path}: YaRN with rope_freqs.weight of ggml type {file_ff.type} (f32 only)")
+        file_factors = None if file_ff is None else np.frombuffer(memoryview(file_ff.data), dtype=np.float32)
+        factors, m2 = rope_settings.yarn_factors(hp, file_factors)
+        attn_scale = hp.attn_scale
+        if factors is not None and factors is not file_factors:
+            self._rope_freqs = np.ascontiguousarray(factors, dtype=np.float32)              # [n_rot/2], kept alive
+            tensors["rope_freqs.weight"] = _ArrayTensor("rope_freqs.weight", 0, (hp.n_rot // 2,), self._rope_freqs)
+        if m2 != 1.0:
+            attn_scale = (attn_scale or 1.0 / math.sqrt(hp.head_dim or hp.n_embd // hp.n_head)) * m2
         n = len(tensors)
         descs = ffi.new("pi_tensor_desc[]", max(n, 1))
         self._names = [ffi.new("char[]", name.encode()) for name in tensors]   # keep alive with the model
@@ -310,7 +382,7 @@ class Model:
         p.gate_input_sparse = 1 if self.gate_input_sparse else 0
         p.attn_input_sparse = 1 if self.attn_input_sparse else 0
         p.head_dim, p.rope_mode = hp.head_dim, _ROPE_MODES[hp.rope_mode]
-        p.attn_scale, p.embd_scale = hp.attn_scale, hp.embd_scale
+        p.attn_scale, p.embd_scale = attn_scale, hp.embd_scale
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
         p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
         p.rope_freq_base_swa, p.rope_freq_scale_swa = hp.rope_freq_base_swa, hp.rope_freq_scale_swa

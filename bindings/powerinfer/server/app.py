@@ -129,6 +129,8 @@ def sampling_fields(body: dict, defaults: SamplingParams | None = None) -> dict:
     if seed < -1:
         raise RequestError("'seed' must be -1 (random) or a non-negative integer", param="seed")
     logit_bias = field(body, "logit_bias", "any", None)
+    if logit_bias is None and d.logit_bias:       # the server's -l flags
+        logit_bias = {str(k): v for k, v in d.logit_bias.items()}
     if logit_bias is not None and not isinstance(logit_bias, (dict, list)):
         raise RequestError("'logit_bias' must be an object or an array of [token, bias] pairs", param="logit_bias")
     out = dict(

@@ -22,6 +22,7 @@ from ..cli import (
     sampling_params,
 )
 from ..cli_args import KV_TYPES, ArgumentParser, add_llama_compat_args, apply_llama_compat
+from ..model import parse_kv_override
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
 log = logging.getLogger("powerinfer.server")
@@ -117,6 +118,8 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
     try:
         args.sampling = sampling_params(args, seed=-1)
         args.rope = rope_overrides(args)
+        args.rope["rope_scaling_type"] = args.rope.pop("rope_scaling")     # PowerInfer's (llama-cpp-python's) name
+        args.rope["kv_overrides"] = dict(parse_kv_override(o) for o in args.override_kv)
     except (ValueError, CLIError) as e:
         p.error(str(e))
     if args.reasoning_budget not in (-1, 0):

@@ -6,27 +6,20 @@ those tokens reuses them without evaluating them again (bit for bit: the rows ar
 erase forgets a slot's prompt cache. Responses are llama.cpp's: `{id_slot, filename, n_saved, n_written, timings:
 {save_ms}}`, `{id_slot, filename, n_restored, n_read, timings: {restore_ms}}`, `{id_slot, n_erased}`.
 
-File: magic b"PISLOT\\0\\1", uint32 length of a JSON header (model name, n_vocab, n_layer, n_tokens), the header, the
-n_tokens token ids (int32 little-endian), then the KV state (Context.kv_seq_state). A file of another model is
-refused (its header, then the core's check of the KV layout: layers, width, type).
+File format: powerinfer.state_file (shared with main.py's --prompt-cache).
 """
 from __future__ import annotations
 
-import json
-import os
-import struct
 import time
 from pathlib import Path
 
-import numpy as np
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
 from ..request import RequestError
+from ..state_file import StateFileError, read_state_file, write_state_file
 from .protocol import JSON, error_response, read_json
-
-MAGIC = b"PISLOT\x00\x01"
 
 
 def valid_filename(name) -> bool:
@@ -35,43 +28,19 @@ def valid_filename(name) -> bool:
             and not any(c in name for c in "/\\") and not any(ord(c) < 32 or ord(c) == 127 for c in name))
 
 
-def _model_header(llm) -> dict:
-    m = llm.model
-    return {"model": Path(llm.model_path).name, "n_vocab": int(m.n_vocab), "n_layer": int(m.hparams.n_layer)}
-
-
 def write_slot_file(path: Path, llm, tokens: list[int], state: bytes) -> int:
-    header = json.dumps({**_model_header(llm), "n_tokens": len(tokens)}).encode()
-    body = MAGIC + struct.pack("<I", len(header)) + header + np.asarray(tokens, "<i4").tobytes() + state
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(body)
-    os.replace(tmp, path)   # never a half-written slot file under the name
-    return len(body)
+    return write_state_file(path, llm.model, tokens, state)
 
 
 def read_slot_file(path: Path, llm) -> tuple[list[int], bytes, int]:
     try:
-        data = path.read_bytes()
+        return read_state_file(path, llm.model)
     except FileNotFoundError:
         raise RequestError(f"slot file {path.name!r} not found", code=404, status=404, type="not_found_error") from None
+    except StateFileError:
+        raise RequestError(f"{path.name!r} is not a slot file of this server's model") from None
     except OSError as e:
         raise RequestError(f"cannot read slot file {path.name!r}: {e.strerror}") from None
-    bad = RequestError(f"{path.name!r} is not a slot file of this server's model")
-    if len(data) < len(MAGIC) + 4 or data[:len(MAGIC)] != MAGIC:
-        raise bad
-    (n_header,) = struct.unpack_from("<I", data, len(MAGIC))
-    at = len(MAGIC) + 4 + n_header
-    try:
-        header = json.loads(data[len(MAGIC) + 4:at])
-        n = int(header["n_tokens"])
-    except (ValueError, KeyError, TypeError):
-        raise bad from None
-    want = _model_header(llm)
-    if not isinstance(header, dict) or any(header.get(k) != want[k] for k in ("n_vocab", "n_layer")) or n < 0 \
-            or len(data) < at + 4 * n:
-        raise bad
-    tokens = np.frombuffer(data, "<i4", count=n, offset=at).tolist()
-    return tokens, data[at + 4 * n:], len(data)
 
 
 def routes(state) -> list[Route]:

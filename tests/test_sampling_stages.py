@@ -182,7 +182,7 @@ def ref_mirostat(logits_seq, version, tau, eta, temp, seed, m=100):
             keep = min(max(int(k), 1), len(cands))
         else:
             keep = max(sum(1 for pi in p if -math.log2(pi) <= mu), 1)
-        cands = cands[:keep]
+        cands = sorted(cands[:keep], key=lambda c: c[1])       # drawn in ascending id order (the chain's order)
         p = softmax([c[0] for c in cands])
         cdf = np.cumsum(p)
         i = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cands) - 1)

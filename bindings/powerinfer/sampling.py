@@ -673,27 +673,35 @@ class Sampler:
 
     def _mirostat(self, c: "_Candidates", n_vocab: int) -> None:
         """Mirostat's truncation of the (tempered) candidates, before the draw: v1 keeps the top k that the Zipf
-        exponent estimated from the 100 most likely tokens and mu give; v2 the tokens of surprise <= mu."""
+        exponent estimated from the 100 most likely tokens and mu give; v2 the tokens of surprise <= mu. The kept
+        tokens stay in their order (ascending ids unless a stage sorted them): nothing but the 100 is sorted, though
+        the whole vocabulary reaches this stage."""
         prm = self.params
-        c.sort()
-        p = c.probs()
         if prm.mirostat == 1:
-            m = min(100 - 1, p.size - 1)
-            k = p.size
+            head = c.top(100)                                   # the 100 most likely, sorted: [ids], [vals]
+            k = c.ids.size
+            m = head[1].size - 1
             if m > 0:
                 i = np.arange(m, dtype=np.float64)
                 t_i = np.log((i + 2) / (i + 1))
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    b_i = np.log(p[:m] / p[1:m + 1])
+                v = head[1].astype(np.float64)
+                b_i = v[:m] - v[1:m + 1]                        # log(p_i / p_{i+1})
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     s_hat = float(np.sum(t_i * b_i) / np.sum(t_i * t_i))
                     eps = s_hat - 1.0
                     kf = (eps * 2.0 ** self.mu / (1.0 - float(n_vocab) ** -eps)) ** (1.0 / s_hat)
                 if math.isfinite(kf):
-                    k = min(max(int(kf), 1), p.size)
+                    k = min(max(int(kf), 1), c.ids.size)
+            c.keep_top(k)
         else:
-            with np.errstate(divide="ignore"):
-                k = max(int(np.count_nonzero(-np.log2(p) <= self.mu)), 1)
-        c.take(np.arange(k), is_sorted=True)
+            v = c.vals.astype(np.float64)
+            top = v.max()
+            lse = top + math.log(np.exp(v - top).sum())       # surprise -log2 p_i <= mu  <=>  v_i >= lse - mu ln 2
+            keep = v >= lse - self.mu * math.log(2.0)
+            if keep.any():
+                c.keep(keep)
+            else:
+                c.keep_top(1)
 
     @staticmethod
     def _top_p(ids: np.ndarray, vals: np.ndarray, p: np.ndarray, top_p: float, min_keep: int = 0):
@@ -741,3 +749,29 @@ class _Candidates:
 
     def take(self, idx: np.ndarray, *, is_sorted: bool) -> None:
         self.ids, self.vals, self.sorted = self.ids[idx], self.vals[idx], is_sorted
+
+    def keep_top(self, k: int) -> None:
+        """Keep the k largest logits (ties at the boundary: lower ids), in their current order."""
+        n = self.ids.size
+        if k >= n:
+            return
+        if self.sorted:
+            self.ids, self.vals = self.ids[:k], self.vals[:k]
+            return
+        kth = np.partition(self.vals, n - k)[n - k]
+        keep = self.vals > kth
+        ties = np.flatnonzero(self.vals == kth)[:k - int(np.count_nonzero(keep))]
+        keep[ties] = True
+        self.keep(keep)
+
+    def top(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, vals) of the k largest logits, sorted (ties: lower ids), without sorting the rest."""
+        n = self.ids.size
+        k = min(k, n)
+        if self.sorted or k == n:
+            self.sort()
+            return self.ids[:k], self.vals[:k]
+        kth = np.partition(self.vals, n - k)[n - k]
+        sel = np.flatnonzero(self.vals >= kth)               # the top k and the ties at the boundary
+        order = np.lexsort((self.ids[sel], -self.vals[sel]))[:k]
+        return self.ids[sel[order]], self.vals[sel[order]]

@@ -37,9 +37,9 @@ the per-slot context as in llama.cpp), with the token at position p always in ce
 * so every sequence's cells are in position order, exactly as when it runs alone: greedy (and
   seeded) outputs are bit-identical with or without concurrent requests. Except for a gate-sparse
   level (tools/sparsify.py): a call holding more tokens than its sparse_gather_max / sparse_batch_max
-  runs other kernels (Context.exact_batch_max), so a request's logits then depend on what else the
-  step holds (known, not fixed: the fix is a per-sequence count in the core plus steps that do not
-  mix prompt chunks with generated tokens).
+  runs other kernels (Context.exact_batch_max: dense ones over Q8-quantized activations instead of f32
+  axpy rows), so a request's bits there depend on what else its steps held and on how its prompt was
+  chunked (known, not fixed; --sparse-gather-max 0 makes every call exact, prompts slower).
 
 A finished or cancelled request releases its slot at once, but its cells are not freed (freeing
 would create the holes above): they stay as the slot's prompt cache -- a new request reuses the

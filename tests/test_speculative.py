@@ -313,3 +313,19 @@ def test_llama_cpp_python_prompt_lookup_object(model_path):
                         draft_model=spec.LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=6))
     got = run_all(llm, PROMPTS[:1], max_tokens=60, temperature=0.0, ignore_eos=True)[0]
     assert got.tokens == ref.tokens and got.n_drafted > 0
+
+
+def test_draft_model_serves_concurrent_slots(tiny_model, model_path):
+    """A draft model's context holds one sequence per slot: two concurrent requests draft from their own
+    sequences (another model: some drafts kept, some not) and each output equals plain decoding."""
+    other = tiny_model("q8_0", seed=4)
+    plain = pi.PowerInfer(model_path, n_ctx=256, n_parallel=2, verbose=False)
+    llm = pi.PowerInfer(model_path, n_ctx=256, n_parallel=2, verbose=False, draft_model=str(other), draft_p_min=0.0,
+                        draft_max=4)
+    assert llm.engine.drafter.ctx.n_seq_max == 2
+    for kw in SAMPLINGS:
+        ref = run_all(plain, PROMPTS, max_tokens=40, ignore_eos=True, **kw)
+        got = run_all(llm, PROMPTS, max_tokens=40, ignore_eos=True, **kw)
+        for a, b in zip(got, ref):
+            assert a.tokens == b.tokens and a.n_drafted > 0
+    assert set(llm.engine.drafter.cache) == {0, 1}

@@ -214,8 +214,10 @@ class CompletionShaper:
         held = self._split(*self.reasoning.finish()) if self.reasoning is not None else {}
         if msg is not None:
             calls = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
-            out = [self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}),
-                   self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"})]
+            out = [self._chunk({"index": 0, "delta": {"content": msg["content"]}, "logprobs": None,
+                                "finish_reason": None})] if msg["content"] else []
+            out += [self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}),
+                    self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"})]
         elif self.tools is not None:         # no call (cut off): the text as content
             out = [self._chunk({"index": 0, "delta": {"content": self.text}, "logprobs": None, "finish_reason": None}),
                    self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason})]
@@ -244,7 +246,10 @@ class CompletionShaper:
             self._lp.append(self._logprob_entry(info))
 
     def _tool_message(self, res: Result) -> dict | None:
-        return self.tools.message(self.text) if self.tools is not None and res.stop_type == "eos" else None
+        """The reply's calls: a constrained call once complete; "auto" calls wherever the reply ended."""
+        if self.tools is None or (res.stop_type != "eos" and not self.tools.auto):
+            return None
+        return self.tools.message(self.text)
 
     def response(self, res: Result) -> dict:
         if self.kind == "chat":
@@ -709,7 +714,7 @@ class PowerInfer:
         if "tools" in (self.chat_formatter.source or ""):
             template_kwargs.setdefault("tools", tc.tools)
             return messages
-        sys_msg = tools_system_message(tc.tools)
+        sys_msg = tools_system_message(tc.tools, auto=tc.auto)
         if isinstance(messages, list) and messages and isinstance(messages[0], dict) \
                 and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
             first = dict(messages[0], content=messages[0]["content"] + "\n\n" + sys_msg["content"])
@@ -821,7 +826,8 @@ class PowerInfer:
         stream=True (first delta {"role": "assistant"}, then {"content": ...}, then an empty delta
         with finish_reason). The prompt is rendered with the model's chat template; response_format
         json_object / json_schema or grammar constrain the reply (llama-cpp-python's signature).
-        tools: see powerinfer.tools (tool_choice "required" or a named function; "auto" is refused).
+        tools: see powerinfer.tools (tool_choice "auto", the default: the model answers or calls, in its template's
+        call syntax; "required" or a named function: one call, constrained).
         reasoning_format (default: the constructor's): see powerinfer.reasoning; with tools the reply is the call.
         Samplers: as create_completion's."""
         check_unimplemented({"tfs_z": tfs_z})
@@ -836,11 +842,11 @@ class PowerInfer:
             raise RequestError("top_logprobs must be an integer in [0, 20]", param="top_logprobs")
         g = resolve_grammar(grammar, response_format=response_format)
         from .tools import ToolCalls
-        tc = ToolCalls.of_request(tools, tool_choice)
+        tc = ToolCalls.of_request(tools, tool_choice, self.chat_formatter.source)
         if tc is not None:
             if g is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")
-            g = tc.grammar
+            g = tc.grammar            # None for tool_choice "auto": read afterwards (powerinfer.tools)
         kwargs = dict(chat_template_kwargs or {})
         if tc is not None:
             messages = self.tool_messages(messages, tc, kwargs)

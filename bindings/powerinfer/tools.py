@@ -7,9 +7,14 @@ renders them); a template that never reads `tools` gets them in a system message
 `message.tool_calls` with finish_reason "tool_calls".
 
 tool_choice "required" (any of the tools) and {"type": "function", "function": {"name": N}} are
-served; "none" leaves the tools out; "auto" (the default when tools are given) would need the model's
-own call syntax and a grammar that starts only when a call does (llama.cpp's lazy grammars): it is
-refused with a 400 until then.
+served that way; "none" leaves the tools out. "auto" (the default when tools are given) lets the model
+answer or call: the reply is generated unconstrained and read afterwards in the call syntax of the
+model's chat template (`syntax_of`): Hermes 2 Pro / Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>`,
+Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+ `<|python_tag|>{"name", "parameters"}` or a bare such object,
+and for templates without tools the generic system message's bare {"name", "arguments"} object. Calls
+of tools the request has become `message.tool_calls` (finish_reason "tool_calls"), the text around them
+`content`; a reply with none is plain content. (llama.cpp constrains a call once its start is seen with a
+lazy grammar; here a malformed call stays text.)
 """
 from __future__ import annotations
 
@@ -19,7 +24,95 @@ import uuid
 from .grammar import Grammar, GrammarError
 from .request import RequestError
 
-__all__ = ["ToolCalls", "tools_system_message"]
+__all__ = ["ToolCalls", "parse_tool_calls", "syntax_of", "tools_system_message"]
+
+SYNTAXES = ("hermes", "mistral", "llama3", "generic")
+
+
+def syntax_of(template_source: str | None) -> str:
+    """The tool-call syntax a chat template's model writes (its template names the markers)."""
+    src = template_source or ""
+    if "<tool_call>" in src:
+        return "hermes"
+    if "[TOOL_CALLS]" in src:
+        return "mistral"
+    if "<|python_tag|>" in src or "ipython" in src:
+        return "llama3"
+    return "generic"
+
+
+def _objects(text: str, start: int = 0):
+    """(start, end, value) of each JSON value that begins at a '{' or '[' of text from `start` (not nested in an
+    earlier one)."""
+    dec = json.JSONDecoder()
+    i = start
+    while True:
+        candidates = [j for j in (text.find("{", i), text.find("[", i)) if j >= 0]
+        if not candidates:
+            return
+        j = min(candidates)
+        try:
+            value, end = dec.raw_decode(text, j)
+        except ValueError:
+            i = j + 1
+            continue
+        yield j, end, value
+        i = end
+
+
+def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
+    """([{"name", "arguments": dict}], the text outside the calls) of a reply in `syntax`; a call whose tool is
+    not among `names` or whose JSON does not parse stays in the text."""
+    names = set(names)
+    calls: list[dict] = []
+    spans: list[tuple[int, int]] = []
+
+    def take(obj, key="arguments") -> bool:
+        if isinstance(obj, dict) and obj.get("name") in names:
+            args = obj.get(key, obj.get("arguments", obj.get("parameters", {})))
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    return False
+            if isinstance(args, dict):
+                calls.append({"name": obj["name"], "arguments": args})
+                return True
+        return False
+
+    if syntax == "hermes":
+        pos = 0
+        while (a := text.find("<tool_call>", pos)) >= 0:
+            b = text.find("</tool_call>", a)
+            end = len(text) if b < 0 else b + len("</tool_call>")
+            body = text[a + len("<tool_call>"):b if b >= 0 else len(text)].strip()
+            try:
+                ok = take(json.loads(body))
+            except ValueError:
+                ok = False
+            if ok:
+                spans.append((a, end))
+            pos = end
+    elif syntax == "mistral":
+        a = text.find("[TOOL_CALLS]")
+        if a >= 0:
+            for j, end, value in _objects(text, a + len("[TOOL_CALLS]")):
+                items = value if isinstance(value, list) else [value]
+                if items and all(take(v) for v in items):
+                    spans.append((a, end))
+                break
+    else:                                          # llama3, generic: JSON objects, <|python_tag|> before them
+        key = "parameters" if syntax == "llama3" else "arguments"
+        for j, end, value in _objects(text):
+            if take(value, key):
+                tag = text.rfind("<|python_tag|>", 0, j)
+                spans.append((tag if tag >= 0 and not text[tag + 14:j].strip() else j, end))
+    content, pos = "", 0
+    for a, b in spans:
+        content += text[pos:a]
+        pos = b
+    content += text[pos:]
+    return calls, content.strip()
 
 
 def _tool_name(t, i: int) -> tuple[str, dict]:
@@ -38,13 +131,18 @@ def _tool_name(t, i: int) -> tuple[str, dict]:
 class ToolCalls:
     """The tools of one request and the grammar of its reply."""
 
-    def __init__(self, tools: list, names: list[str], grammar: Grammar):
+    def __init__(self, tools: list, names: list[str], grammar: Grammar | None, syntax: str = "generic"):
         self.tools = tools
         self.names = names
-        self.grammar = grammar
+        self.grammar = grammar          # None: tool_choice "auto" (the reply is read afterwards, in `syntax`)
+        self.syntax = syntax
+
+    @property
+    def auto(self) -> bool:
+        return self.grammar is None
 
     @classmethod
-    def of_request(cls, tools, tool_choice) -> "ToolCalls | None":
+    def of_request(cls, tools, tool_choice, template_source: str | None = None) -> "ToolCalls | None":
         """None when the request has no tools (or tool_choice "none"); RequestError when it cannot be served."""
         if tools is None or tools == []:
             if tool_choice not in (None, "none", "auto"):
@@ -56,9 +154,8 @@ class ToolCalls:
             return None
         schemas = dict(_tool_name(t, i) for i, t in enumerate(tools))
         if tool_choice is None or tool_choice == "auto":
-            raise RequestError("tool_choice 'auto' is not supported yet (it needs the model's own tool-call syntax); "
-                               "pass tool_choice 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}} "
-                               "to get a call, or 'none'", param="tool_choice", code="not_supported")
+            syntax = syntax_of(template_source) if template_source and "tools" in template_source else "generic"
+            return cls(tools, list(schemas), None, syntax)
         if tool_choice == "required":
             names = list(schemas)
         elif isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
@@ -78,19 +175,28 @@ class ToolCalls:
         return cls(tools, names, g)
 
     def message(self, text: str) -> dict | None:
-        """The assistant message of a complete reply (None if the text is no call: a cut-off reply)."""
-        try:
-            call = json.loads(text)
-        except ValueError:
+        """The assistant message of a reply (None if the text holds no call: a cut-off constrained reply, or an
+        "auto" reply that answers in text)."""
+        if self.auto:
+            calls, content = parse_tool_calls(text, self.syntax, self.names)
+        else:
+            try:
+                call = json.loads(text)
+            except ValueError:
+                return None
+            if not isinstance(call, dict) or call.get("name") not in self.names:
+                return None
+            calls, content = [{"name": call["name"], "arguments": call.get("arguments", {})}], ""
+        if not calls:
             return None
-        if not isinstance(call, dict) or call.get("name") not in self.names:
-            return None
-        return {"role": "assistant", "content": None, "tool_calls": [{
+        return {"role": "assistant", "content": content or None, "tool_calls": [{
             "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))}}]}
+            "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]}
 
 
-def tools_system_message(tools: list) -> dict:
+def tools_system_message(tools: list, auto: bool = False) -> dict:
     """The system message that describes the tools to a template that does not render them."""
-    return {"role": "system", "content": "You can call these tools. Reply with one JSON object "
-            "{\"name\": <tool name>, \"arguments\": {...}} and nothing else.\nTools:\n" + json.dumps(tools)}
+    how = ("To call one, reply with only a JSON object {\"name\": <tool name>, \"arguments\": {...}}; otherwise "
+           "answer in text." if auto else
+           "Reply with one JSON object {\"name\": <tool name>, \"arguments\": {...}} and nothing else.")
+    return {"role": "system", "content": "You can call these tools. " + how + "\nTools:\n" + json.dumps(tools)}

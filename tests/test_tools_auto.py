@@ -107,3 +107,30 @@ def test_auto_text_reply_is_content(llm):
     c = r["choices"][0]
     assert c["finish_reason"] in ("stop", "length") and "tool_calls" not in c["message"]
     assert isinstance(c["message"]["content"], str)
+
+
+def stream_parts(llm, reply, **kw):
+    chunks = list(llm.create_chat_completion([{"role": "user", "content": "hi"}], tools=TOOLS, max_tokens=200,
+                                             logits_processor=[forced(llm, reply)], stream=True, temperature=0, **kw))
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    contents = [d["content"] for d in deltas if d.get("content")]
+    calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    return contents, calls
+
+
+@pytest.mark.parametrize("reply,content,n_calls", [
+    ("Hello there, no call is needed here.", "Hello there, no call is needed here.", 0),
+    ("Use <tool_call> wisely, it is no call.", "Use <tool_call> wisely, it is no call.", 0),
+    ('  Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>  ', "Checking.", 1),
+])
+def test_auto_streams_text_before_a_call(llm, reply, content, n_calls):
+    """The text streams as it comes until a call may begin; the deltas add up to the whole reply's content."""
+    if reply != llm.detokenize(llm.tokenize(reply, add_bos=False)):
+        pytest.skip("the tiny vocabulary cannot spell the reply")
+    whole = llm.create_chat_completion([{"role": "user", "content": "hi"}], tools=TOOLS, max_tokens=200,
+                                       logits_processor=[forced(llm, reply)], temperature=0)["choices"][0]["message"]
+    assert (whole["content"] or "") == content and len(whole.get("tool_calls") or []) == n_calls
+    contents, calls = stream_parts(llm, reply)
+    assert "".join(contents) == content and len(calls) == n_calls
+    if n_calls == 0 and "<tool_call>" not in reply:
+        assert len(contents) > 3                   # streamed token by token, not at the end

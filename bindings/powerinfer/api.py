@@ -130,6 +130,7 @@ class CompletionShaper:
         self.logprobs = logprobs        # None: no logprobs; else the number of top alternatives
         self.tokenizer = tokenizer
         self.text = ""
+        self._streamed = ""             # tools "auto": the content streamed so far (the reply's text before a call)
         self._lp: list = []             # per token: (piece, logprob, top [(id, lp)])
         self._offset = len(prefix)
 
@@ -187,7 +188,16 @@ class CompletionShaper:
         """The chunk for a ("token", text, info) event (None if there is nothing to send)."""
         if self.tools is not None:           # a call is sent whole, at the end
             self.text += text
-            return None
+            if not self.tools.auto:
+                return None
+            # "auto": the text streams until a call may begin (and without the whitespace at its ends, which the
+            # message's content drops): what may be a call is held back for final_chunks
+            visible = self.text[:self.tools.hold_from(self.text)].strip()
+            delta = visible[len(self._streamed):]
+            if not delta:
+                return None
+            self._streamed += delta
+            return self._chunk({"index": 0, "delta": {"content": delta}, "logprobs": None, "finish_reason": None})
         wanted = self.logprobs is not None and info is not None and "top" in info
         entry = self._logprob_entry(info) if wanted else None
         if not text and entry is None:
@@ -212,15 +222,19 @@ class CompletionShaper:
     def final_chunks(self, res: Result, include_usage: bool = False) -> list[dict]:
         msg = self._tool_message(res)
         held = self._split(*self.reasoning.finish()) if self.reasoning is not None else {}
-        if msg is not None:
-            calls = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
-            out = [self._chunk({"index": 0, "delta": {"content": msg["content"]}, "logprobs": None,
-                                "finish_reason": None})] if msg["content"] else []
-            out += [self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}),
-                    self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"})]
-        elif self.tools is not None:         # no call (cut off): the text as content
-            out = [self._chunk({"index": 0, "delta": {"content": self.text}, "logprobs": None, "finish_reason": None}),
-                   self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason})]
+        if self.tools is not None:
+            # the content not streamed yet ("auto" streamed what came before a possible call), then the calls
+            content = (msg["content"] or "") if msg is not None else (self.text.strip() if self.tools.auto
+                                                                       else self.text)
+            rest = content[len(self._streamed):] if content.startswith(self._streamed) else content
+            out = [self._chunk({"index": 0, "delta": {"content": rest}, "logprobs": None, "finish_reason": None})
+                   ] if rest else []
+            if msg is not None:
+                calls = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
+                out.append(self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
+                                        "finish_reason": None}))
+            out.append(self._chunk({"index": 0, "delta": {}, "logprobs": None,
+                                    "finish_reason": "tool_calls" if msg is not None else res.finish_reason}))
         elif self.kind == "chat":            # first what the reasoning splitter held back (a partial tag)
             out = [self._chunk({"index": 0, "delta": held, "logprobs": None, "finish_reason": None})] if held else []
             out.append(self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason}))
@@ -256,7 +270,8 @@ class CompletionShaper:
             call = self._tool_message(res)
             if self.reasoning is not None:
                 self._split(*self.reasoning.finish())
-            msg = call or {"role": "assistant", "content": self.text}
+            msg = call or {"role": "assistant",
+                           "content": self.text.strip() if self.tools is not None and self.tools.auto else self.text}
             if call is None and self.reasoning_text:
                 msg["reasoning_content"] = self.reasoning_text
             choice = {"index": 0, "message": msg,

@@ -27,6 +27,9 @@ from .request import RequestError
 __all__ = ["ToolCalls", "parse_tool_calls", "syntax_of", "tools_system_message"]
 
 SYNTAXES = ("hermes", "mistral", "llama3", "generic")
+# where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these
+CALL_MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>", "{"),
+                "generic": ("{",)}
 
 
 def syntax_of(template_source: str | None) -> str:
@@ -140,6 +143,18 @@ class ToolCalls:
     @property
     def auto(self) -> bool:
         return self.grammar is None
+
+    def hold_from(self, text: str) -> int:
+        """Where a call may begin in a reply so far: the first marker of the syntax, or a tail that may grow into one
+        (len(text) when neither)."""
+        markers = CALL_MARKERS[self.syntax]
+        at = min((i for i in (text.find(m) for m in markers) if i >= 0), default=len(text))
+        for m in markers:
+            for k in range(min(len(m) - 1, len(text)), 0, -1):
+                if text.endswith(m[:k]):
+                    at = min(at, len(text) - k)
+                    break
+        return at
 
     @classmethod
     def of_request(cls, tools, tool_choice, template_source: str | None = None) -> "ToolCalls | None":

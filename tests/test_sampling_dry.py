@@ -331,3 +331,17 @@ def test_breakers_of_gemma(gemma_file):
     history = tok.encode("say hello ### Instruction say hello", add_special=False)
     after = len(tok.encode(" say hello", add_special=False))
     assert _repeat_limit(np.array(history), breakers) == after
+
+
+def test_breaker_sets_cache_is_bounded_and_requests_are_capped(tiny_model):
+    import powerinfer as pi
+    from powerinfer.sampling import MAX_DRY_BREAKERS, SamplingParams
+    tok = pi.Model(tiny_model("f32")).tokenizer
+    sets = [(f"x{i}",) for i in range(DryBreakers.CACHE_SETS + 5)]
+    for s in sets:
+        DryBreakers.of(tok, s)
+    cached = DryBreakers._cache[tok]
+    assert len(cached) == DryBreakers.CACHE_SETS and sets[-1] in cached and sets[0] not in cached
+    assert DryBreakers.of(tok, sets[-1]) is cached[sets[-1]]
+    with pytest.raises(ValueError, match="at most"):
+        SamplingParams(dry_sequence_breakers=tuple("ab" * MAX_DRY_BREAKERS)).validate()

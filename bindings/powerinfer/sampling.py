@@ -48,6 +48,7 @@ import numpy as np
 __all__ = ["SAMPLER_NAMES", "SamplingParams", "Sampler", "parse_samplers"]
 
 _F32 = np.float32
+MAX_DRY_BREAKERS = 32      # DRY's breakers are each processed against the whole vocabulary (~40 ms per 262k tokens)
 
 # llama.cpp's chain stages, in its default order, with the names and letters its --samplers / --sampling-seq take
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
@@ -201,6 +202,9 @@ class SamplingParams:
         br = self.dry_sequence_breakers
         if isinstance(br, str) or not all(isinstance(b, str) for b in br):
             raise ValueError("dry_sequence_breakers must be a list of strings")
+        if len(br) > MAX_DRY_BREAKERS:
+            raise ValueError(f"dry_sequence_breakers: {len(br)} strings, at most {MAX_DRY_BREAKERS} (each is matched "
+                             "against the whole vocabulary)")
         parse_samplers(self.samplers)
 
         if not isinstance(self.logit_bias, dict):

@@ -98,6 +98,7 @@ class DryBreakers:
 
     _cache: "weakref.WeakKeyDictionary[object, dict[tuple[str, ...], DryBreakers]]" = weakref.WeakKeyDictionary()
     _cache_lock = threading.Lock()
+    CACHE_SETS = 16                  # breaker sets kept per tokenizer (the least recently used one goes)
 
     @classmethod
     def of(cls, tokenizer, breakers: Iterable[str] = DEFAULT_SEQUENCE_BREAKERS) -> "DryBreakers":
@@ -109,9 +110,12 @@ class DryBreakers:
                 per_tokenizer = cls._cache.setdefault(tokenizer, {})
             except TypeError:                  # not weakly referenceable: process it every time
                 return cls.from_tokenizer(tokenizer, key)
-            found = per_tokenizer.get(key)
+            found = per_tokenizer.pop(key, None)
             if found is None:
-                found = per_tokenizer[key] = cls.from_tokenizer(tokenizer, key)
+                found = cls.from_tokenizer(tokenizer, key)
+                while len(per_tokenizer) >= cls.CACHE_SETS:
+                    del per_tokenizer[next(iter(per_tokenizer))]
+            per_tokenizer[key] = found           # the most recently used last
             return found
 
     @classmethod

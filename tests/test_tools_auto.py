@@ -134,3 +134,23 @@ def test_auto_streams_text_before_a_call(llm, reply, content, n_calls):
     assert "".join(contents) == content and len(calls) == n_calls
     if n_calls == 0 and "<tool_call>" not in reply:
         assert len(contents) > 3                   # streamed token by token, not at the end
+
+
+def test_server_reads_auto_calls_in_the_templates_syntax(llm):
+    """The server and the API make their ToolCalls in one place, with the template's syntax."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    assert llm.tool_calls(TOOLS, None).syntax == "hermes" and llm.tool_calls(TOOLS, "auto").auto
+    assert llm.tool_calls(TOOLS, "required").grammar is not None and llm.tool_calls(TOOLS, "none") is None
+    from powerinfer.server.app import ServerState, create_app
+    from test_server import InProcessServer, post, wait_healthy
+    srv = InProcessServer(create_app(ServerState(model_path="tiny", llm=llm)))
+    try:
+        wait_healthy(srv.base, timeout=30)
+        r = post(srv.base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                                                    "max_tokens": 6, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        t = post(srv.base, "/apply-template", {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
+        assert "<tool_call>" in t.json()["prompt"] and "get_weather" in t.json()["prompt"]
+    finally:
+        srv.close()

@@ -725,6 +725,12 @@ class PowerInfer:
                 stops.append(marker)
         return text, tokens, stops, stop_ids
 
+    def tool_calls(self, tools, tool_choice):
+        """The request's ToolCalls (powerinfer.tools; None without tools), "auto" read in this model's template's call
+        syntax: the one place the API and the server make them."""
+        from .tools import ToolCalls
+        return ToolCalls.of_request(tools, tool_choice, self.chat_formatter.source)
+
     def tool_messages(self, messages, tc, template_kwargs: dict):
         """The tools to the template (its `tools` variable) or, when it does not read them, into the
         system message (powerinfer.tools)."""
@@ -859,8 +865,7 @@ class PowerInfer:
                                          or not 0 <= top_logprobs <= 20):
             raise RequestError("top_logprobs must be an integer in [0, 20]", param="top_logprobs")
         g = resolve_grammar(grammar, response_format=response_format)
-        from .tools import ToolCalls
-        tc = ToolCalls.of_request(tools, tool_choice, self.chat_formatter.source)
+        tc = self.tool_calls(tools, tool_choice)
         if tc is not None:
             if g is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")

@@ -554,8 +554,7 @@ def build_routes(state: ServerState) -> list[Route]:
         if body.get("functions") or body.get("function_call") is not None:
             raise RequestError("the legacy 'functions' / 'function_call' are not supported; use 'tools'",
                                param="functions", code="not_supported")
-        from ..tools import ToolCalls
-        tc = ToolCalls.of_request(field(body, "tools", "list", None), body.get("tool_choice"))
+        tc = llm.tool_calls(field(body, "tools", "list", None), body.get("tool_choice"))
         if tc is not None:
             if s["grammar"] is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")
@@ -586,8 +585,7 @@ def build_routes(state: ServerState) -> list[Route]:
         body = await read_json(request, state)
         messages = field(body, "messages", "list")
         kwargs = {**state.template_kwargs, **field(body, "chat_template_kwargs", "dict", {})}
-        from ..tools import ToolCalls
-        tc = ToolCalls.of_request(field(body, "tools", "list", None), body.get("tool_choice"))
+        tc = llm.tool_calls(field(body, "tools", "list", None), body.get("tool_choice"))
         if tc is not None:
             messages = llm.tool_messages(messages, tc, kwargs)
         text = (await run_in_threadpool(llm.chat_prompt, messages, **kwargs))[0]

@@ -549,6 +549,12 @@ def build_routes(state: ServerState) -> list[Route]:
     async def v1_chat(request: Request):
         llm = state.require()
         body = await read_json(request, state)
+        task, shaper, stream, include_usage = await chat_task(llm, body)
+        return await run_openai(request, llm, task, shaper, stream, include_usage)
+
+    async def chat_task(llm: PowerInfer, body: dict) -> tuple[Task, CompletionShaper, bool, bool]:
+        """The engine task and response shaper of a /v1/chat/completions body (also /v1/responses' after its
+        translation: server/responses.py)."""
         s, stream, include_usage = openai_common(body, llm)
         messages = field(body, "messages", "list")
         if body.get("functions") or body.get("function_call") is not None:
@@ -576,7 +582,7 @@ def build_routes(state: ServerState) -> list[Route]:
                              n_probs=0 if n_lp is None else max(1, n_lp), **s)
         shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer, tools=tc,
                                   reasoning=reasoning)
-        return await run_openai(request, llm, task, shaper, stream, include_usage)
+        return task, shaper, stream, include_usage
 
     async def apply_template(request: Request):
         """llama.cpp's /apply-template: the chat template's text for `messages` (with the generation prompt; tools and
@@ -596,8 +602,9 @@ def build_routes(state: ServerState) -> list[Route]:
             raise HTTPException(404, "Not Found (the web page is off: --no-webui)")
         return Response(_index_html(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
-    from . import embeddings, metrics, slot_files
-    return embeddings.routes(state) + metrics.routes(state) + slot_files.routes(state) + [
+    from . import embeddings, metrics, responses, slot_files
+    return embeddings.routes(state) + metrics.routes(state) + slot_files.routes(state) + \
+        responses.routes(state, chat_task) + [
         Route("/", index, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/health", health, methods=["GET"]),

@@ -85,3 +85,37 @@ def test_refusals(server, body, param):
     from test_server import post
     r = post(server, "/v1/responses", {"model": "any", "input": "hi", **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_chat_and_completions_n_choices(server):
+    """OpenAI's n: n choices side by side, each its own seed (seed + i), streamed with their indices."""
+    from test_server import client, post
+    c = client(server)
+    msgs = [{"role": "user", "content": "Once upon a time"}]
+    r = c.chat.completions.create(model="any", messages=msgs, n=3, seed=5, max_tokens=10, temperature=1.0)
+    texts = [ch.message.content for ch in sorted(r.choices, key=lambda ch: ch.index)]
+    assert [ch.index for ch in r.choices] == [0, 1, 2] and len(set(texts)) > 1
+    one = c.chat.completions.create(model="any", messages=msgs, seed=6, max_tokens=10, temperature=1.0)
+    assert one.choices[0].message.content == texts[1]                 # choice i is the request with seed + i
+    assert r.usage.completion_tokens == 30 and r.usage.prompt_tokens == one.usage.prompt_tokens
+    parts = {}
+    for chunk in c.chat.completions.create(model="any", messages=msgs, n=3, seed=5, max_tokens=10, temperature=1.0,
+                                           stream=True, stream_options={"include_usage": True}):
+        for ch in chunk.choices:
+            parts[ch.index] = parts.get(ch.index, "") + (ch.delta.content or "")
+        if chunk.usage is not None:
+            assert chunk.usage.completion_tokens == 30
+    assert [parts[i] for i in range(3)] == texts
+    t = c.completions.create(model="any", prompt="Once", n=2, seed=1, max_tokens=6, temperature=1.0)
+    assert sorted(ch.index for ch in t.choices) == [0, 1]
+    bad = post(server, "/v1/chat/completions", {"messages": msgs, "n": 17})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+    assert post(server, "/v1/responses", {"input": "hi", "n": 2}).status_code == 400
+
+
+def test_n_cmpl(server):
+    from test_server import post
+    r = post(server, "/v1/completions", {"prompt": "x", "n_cmpl": 2, "max_tokens": 3, "seed": 1})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    bad = post(server, "/completion", {"prompt": "x", "n_cmpl": 2, "n_predict": 3})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_cmpl"

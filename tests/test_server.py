@@ -257,7 +257,7 @@ ERRORS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, None, 400, "context_length_exceeded"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, None, 400, None),
     ("/v1/completions", {"prompt": "x", "max_tokens": -3}, None, 400, None),
-    ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, None),
+    ("/v1/completions", {"prompt": "x", "n": 0}, None, 400, None),
     ("/v1/completions", {"model": 7, "prompt": "x"}, None, 400, None),      # any name is fine, not any type
     ("/detokenize", {"tokens": [1, "a"]}, None, 400, None),
     ("/detokenize", {"tokens": [-1]}, None, 400, None),

@@ -41,7 +41,6 @@ UNIMPLEMENTED = {
     "tfs_z": lambda v: v >= 1.0,               # tail-free sampling: llama.cpp removed it too
     "penalize_nl": lambda v: v is True,        # the penalties apply to newlines as to every token
     "post_sampling_probs": lambda v: v is False,
-    "n_cmpl": lambda v: v == 1,
     "t_max_predict_ms": lambda v: v <= 0,
     "grammar_lazy": lambda v: v is False,
 }

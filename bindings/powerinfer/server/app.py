@@ -191,6 +191,9 @@ def speculative_settings(engine, spec: SpecParams | None) -> dict:
     return {"speculative.n_max": s.n_max, "speculative.n_min": s.n_min, "speculative.p_min": p_min}
 
 
+MAX_CHOICES = 16      # OpenAI's n: choices of one request
+
+
 def _cap(state: ServerState, n: int) -> int:
     if state.n_predict_max >= 0 and (n < 0 or n > state.n_predict_max):
         return state.n_predict_max
@@ -199,20 +202,21 @@ def _cap(state: ServerState, n: int) -> int:
 
 # ------------------------------------------------------------------------------------------ engine I/O
 class EngineStream(StreamingResponse):
-    """SSE response whose engine task is cancelled however the response ends (client gone, error)."""
+    """SSE response whose engine task(s) are cancelled however the response ends (client gone, error)."""
 
-    def __init__(self, content, task: Task, llm: PowerInfer):
+    def __init__(self, content, task: Task | list[Task], llm: PowerInfer):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.task = task
+        self.tasks = task if isinstance(task, list) else [task]
         self.llm = llm
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if not self.task.finished:
-                self.llm.engine.cancel(self.task)
+            for t in self.tasks:
+                if not t.finished:
+                    self.llm.engine.cancel(t)
 
 
 def attach(task: Task, stats=None) -> asyncio.Queue:
@@ -242,6 +246,19 @@ async def _watch_disconnect(request: Request, llm: PowerInfer, task: Task) -> No
                 if not task.finished:
                     log.info("client disconnected; cancelling its request")
                     llm.engine.cancel(task)
+                return
+    except Exception:
+        return
+
+
+async def _watch_disconnect_all(request: Request, llm: PowerInfer, tasks: list[Task]) -> None:
+    try:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                for t in tasks:
+                    if not t.finished:
+                        llm.engine.cancel(t)
                 return
     except Exception:
         return
@@ -404,6 +421,9 @@ def build_routes(state: ServerState) -> list[Route]:
     async def native_completion(request: Request, llm: PowerInfer, body: dict, tokens: list[int],
                                 prompt_text: str | None):
         """/completion's work for a prompt's tokens (prompt_text: the request's text, None: the tokens' text)."""
+        if field(body, "n_cmpl", "int", 1) != 1:
+            raise RequestError("'n_cmpl' above 1 is served on /v1/completions and /v1/chat/completions (as n), not on "
+                               "/completion", param="n_cmpl", code="not_supported")
         n_predict = n_predict_field(body)
         n_probs = field(body, "n_probs", "int", 0)
         if not 0 <= n_probs <= 100:
@@ -474,13 +494,25 @@ def build_routes(state: ServerState) -> list[Route]:
     # ---- OpenAI
     def openai_common(body: dict, llm: PowerInfer) -> tuple[dict, bool, bool]:
         llm.check_model_name(field(body, "model", "str", None))
-        n = field(body, "n", "int", 1)
-        if n != 1:
-            raise RequestError("only n = 1 is supported", param="n")
+        n_choices(body)
         stream = field(body, "stream", "bool", False)
         opts = field(body, "stream_options", "dict", {})
         include_usage = bool(opts.get("include_usage", False))
         return sampling_fields(body, state.sampling), stream, include_usage
+
+    def n_choices(body: dict) -> int:
+        n = field(body, "n", "int", 1, aliases=("n_cmpl",))      # n_cmpl: llama.cpp's newer name
+        if not 1 <= n <= MAX_CHOICES:
+            raise RequestError(f"'n' must be in [1, {MAX_CHOICES}]", param="n")
+        return n
+
+    def choice_bodies(body: dict, llm: PowerInfer) -> list[dict]:
+        """The bodies of a request's n choices: each its own seed (the request's or the server's + i; random ones
+        stay random), so seeded choices differ and repeat."""
+        n = n_choices(body)
+        base = field(body, "seed", "int", -1)
+        base = llm.seed if base in (-1, 0xFFFFFFFF) else base
+        return [body if i == 0 or base is None or base < 0 else {**body, "seed": base + i} for i in range(n)]
 
     def max_tokens_field(body: dict, default):
         mt = field(body, "max_tokens", "int", default, aliases=("max_completion_tokens", "n_predict"))
@@ -523,6 +555,11 @@ def build_routes(state: ServerState) -> list[Route]:
     async def v1_completions(request: Request):
         llm = state.require()
         body = await read_json(request, state)
+        pairs = [await completion_task(llm, b) for b in choice_bodies(body, llm)]
+        return await run_openai_n(request, llm, pairs, pairs[0][2], pairs[0][3])
+
+    async def completion_task(llm: PowerInfer, body: dict) -> tuple[Task, CompletionShaper, bool, bool]:
+        """The engine task and response shaper of a /v1/completions body."""
         s, stream, include_usage = openai_common(body, llm)
         suffix = field(body, "suffix", "str", "")
         max_tokens = _cap(state, max_tokens_field(body, 16))
@@ -544,13 +581,96 @@ def build_routes(state: ServerState) -> list[Route]:
         prompt = body["prompt"]
         prefix = ((prompt if isinstance(prompt, str) else llm.detokenize(tokens)) if echo else "")
         shaper = CompletionShaper("text", state.model_name, prefix=prefix, logprobs=logprobs, tokenizer=llm.tokenizer)
-        return await run_openai(request, llm, task, shaper, stream, include_usage)
+        return task, shaper, stream, include_usage
 
     async def v1_chat(request: Request):
         llm = state.require()
         body = await read_json(request, state)
-        task, shaper, stream, include_usage = await chat_task(llm, body)
-        return await run_openai(request, llm, task, shaper, stream, include_usage)
+        pairs = [await chat_task(llm, b) for b in choice_bodies(body, llm)]
+        return await run_openai_n(request, llm, pairs, pairs[0][2], pairs[0][3])
+
+    async def run_openai_n(request: Request, llm: PowerInfer, pairs: list, stream: bool, include_usage: bool):
+        """run_openai for n choices (OpenAI's `n`): the tasks run side by side (each in a slot as one frees), their
+        responses merged into one with choices 0..n-1 (usage: the prompt once, every completion's tokens)."""
+        if len(pairs) == 1:
+            return await run_openai(request, llm, pairs[0][0], pairs[0][1], stream, include_usage)
+        tasks = [p[0] for p in pairs]
+        shapers = [p[1] for p in pairs]
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        for i, t in enumerate(tasks):
+            t.id_task = state.stats.task_id()
+
+            def emit(ev, i=i, t=t):
+                if ev[0] == "done":
+                    state.stats.observe(t, ev[1])
+                try:
+                    loop.call_soon_threadsafe(q.put_nowait, (i, ev))
+                except RuntimeError:
+                    pass
+            t.emit = emit
+        _stats(request, prompt=len(tasks[0].prompt_tokens))
+        for t in tasks:
+            llm.engine.submit(t)
+
+        def indexed(chunk, i):
+            for ch in chunk.get("choices", []):
+                ch["index"] = i
+            return chunk
+
+        def merged_usage(results):
+            u = CompletionShaper.usage(results[0])
+            u["completion_tokens"] = sum(r.n_predicted for r in results)
+            u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+            return u
+
+        if stream:
+            async def events():
+                for i, sh in enumerate(shapers):
+                    for c in sh.start_chunks():
+                        yield sse(indexed(c, i))
+                results: dict[int, Result] = {}
+                while len(results) < len(tasks):
+                    i, ev = await q.get()
+                    if ev[0] == "token":
+                        c = shapers[i].token_chunk(ev[1], ev[2])
+                        if c is not None:
+                            yield sse(indexed(c, i))
+                    elif ev[0] == "error":
+                        yield sse(_error_of(ev[1]))
+                        break
+                    else:
+                        results[i] = ev[1]
+                        for c in shapers[i].final_chunks(ev[1], False):
+                            yield sse(indexed(c, i))
+                if len(results) == len(tasks):
+                    _stats(request, predicted=sum(r.n_predicted for r in results.values()))
+                    if include_usage:
+                        yield sse(shapers[0]._chunk(None, usage=merged_usage([results[i] for i in range(len(tasks))])))
+                yield "data: [DONE]\n\n"
+            return EngineStream(events(), tasks, llm)
+        watcher = asyncio.ensure_future(_watch_disconnect_all(request, llm, tasks))
+        results: dict[int, Result] = {}
+        try:
+            while len(results) < len(tasks):
+                i, ev = await q.get()
+                if ev[0] == "token":
+                    shapers[i].add(ev[1], ev[2])
+                elif ev[0] == "error":
+                    raise ev[1]
+                else:
+                    results[i] = ev[1]
+        finally:
+            watcher.cancel()
+            for t in tasks:
+                if not t.finished:
+                    llm.engine.cancel(t)
+        res = [results[i] for i in range(len(tasks))]
+        _stats(request, predicted=sum(r.n_predicted for r in res))
+        out = shapers[0].response(res[0])
+        out["choices"] = [indexed(sh.response(r), i)["choices"][0] for i, (sh, r) in enumerate(zip(shapers, res))]
+        out["usage"] = merged_usage(res)
+        return JSON(out)
 
     async def chat_task(llm: PowerInfer, body: dict) -> tuple[Task, CompletionShaper, bool, bool]:
         """The engine task and response shaper of a /v1/chat/completions body (also /v1/responses' after its

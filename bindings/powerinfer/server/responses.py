@@ -51,6 +51,8 @@ def _text_of(content, where: str) -> str:
 
 def chat_body(body: dict) -> dict:
     """The /v1/chat/completions body of a Responses request (RequestError for what is not served)."""
+    if body.get("n") not in (None, 1):
+        raise RequestError("'n' is not a Responses API parameter (one output per request)", param="n")
     for name, why in _UNSERVED.items():
         if body.get(name) not in (None, False):
             raise RequestError(f"'{name}' is not supported: {why}", param=name, code="not_supported")
@@ -88,7 +90,7 @@ def chat_body(body: dict) -> dict:
             raise RequestError(f"input[{i}]: items of type {kind!r} are not supported", param="input")
     chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens", "text", "tools",
                                                        "tool_choice", "store", "include", "metadata", "user",
-                                                       "parallel_tool_calls", "reasoning", "truncation")}
+                                                       "parallel_tool_calls", "reasoning", "truncation", "n")}
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = field(body, "max_output_tokens", "int")

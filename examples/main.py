@@ -118,8 +118,9 @@ def reply(gen: Generator, tok, n_predict: int, stops, interrupt: Interrupt, out:
 def run(args) -> int:
     timings = Timings()
     try:
-        # a missing -f file fails before the model loads
+        # a missing -f (-sysf, --chat-template-file) file fails before the model loads
         prompt = cli.prompt_text(args, "" if args.interactive else "Once upon a time")
+        cli.read_file_flags(args)
         model = cli.load_model(args, "main")
         timings.load_ms = model.load_time_s * 1e3
         log(f"system_info: n_threads = {threads_in_use(args.threads)} | {pi.system_info()}")
@@ -284,6 +285,8 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
                 ids = chat.user(user)
             except ChatTemplateError as e:
                 log(f"error: {e}")
+                if args.single_turn:      # the one turn asked for cannot be answered
+                    return 1
                 continue
             gen.feed(ids)
             if first:     # --keep counts the tokens of the first rendering (system + first message)

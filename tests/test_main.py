@@ -291,3 +291,31 @@ def test_ctrl_c_at_the_input_prompt_exits(tiny, threads):
     err = err.decode()
     assert proc.returncode == 130, err
     assert "Interrupted by user" in err and "Traceback" not in err
+
+
+def test_system_prompt_and_chat_template_files(tmp_path, tiny_model):
+    """-sysf / --chat-template-file: the same as the text flags; a missing file or both forms: error 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
+    model = str(tiny_model("q8_0", seed=3))
+    tpl = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+    (tmp_path / "sys.txt").write_text("Be terse.", encoding="utf-8")
+    (tmp_path / "tpl.jinja").write_text(tpl, encoding="utf-8")
+
+    def run(*extra):
+        return subprocess.run([sys.executable, str(main), "-m", model, "-cnv", "-st", "-p", "hi", "-n", "6", "--temp",
+                               "0", "--verbose-prompt", *extra], capture_output=True, text=True, timeout=120,
+                              input="")
+    a = run("-sys", "Be terse.", "--chat-template", tpl)
+    b = run("-sysf", str(tmp_path / "sys.txt"), "--chat-template-file", str(tmp_path / "tpl.jinja"))
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert a.stdout == b.stdout
+    (tmp_path / "raise.jinja").write_text("{{ raise_exception('from the template file') }}", encoding="utf-8")
+    c = run("--chat-template-file", str(tmp_path / "raise.jinja"))
+    assert c.returncode == 1 and "from the template file" in c.stderr        # the file's template is the one used
+    bad = run("-sysf", str(tmp_path / "missing.txt"))
+    assert bad.returncode == 1 and "-sysf" in bad.stderr
+    bad = run("-sys", "x", "-sysf", str(tmp_path / "sys.txt"))
+    assert bad.returncode == 1 and "not both" in bad.stderr

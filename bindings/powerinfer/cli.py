@@ -326,6 +326,8 @@ def add_interactive_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false",
                    help="plain text completion even when the model has a chat template")
     p.add_argument("-sys", "--system-prompt", default=None, help="with -cnv: the system message")
+    p.add_argument("-sysf", "--system-prompt-file", default=None, metavar="FNAME",
+                   help="with -cnv: the system message from a file")
     p.add_argument("-st", "--single-turn", action="store_true",
                    help="with -cnv: answer one message (-p, else the first typed line), then exit")
     p.add_argument("--context-shift", action="store_true",
@@ -336,6 +338,8 @@ def add_interactive_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", default=None,
                    help="with -cnv: a built-in template name (chatml, llama2, vicuna, gemma) or Jinja template text "
                         "(default: the file's tokenizer.chat_template)")
+    p.add_argument("--chat-template-file", default=None, metavar="FNAME",
+                   help="with -cnv: a Jinja chat template from a file")
     p.add_argument("--in-prefix", default="", help="text added before each user input")
     p.add_argument("--in-suffix", default="", help="text added after each user input")
     p.add_argument("--color", action="store_true", help="colour the prompt and the user input")
@@ -356,6 +360,22 @@ def parse(p: argparse.ArgumentParser, argv, *, prog: str, intermixed: bool = Fal
             log(f"{prog}: note: --keep changes nothing without --context-shift (nothing is dropped when the "
                 "context is full: generation stops)")
     return args
+
+
+def read_file_flags(args: argparse.Namespace) -> None:
+    """-sysf / --chat-template-file: their files' text into args.system_prompt / args.chat_template (a flag and its
+    file form together are an error); CLIError for a file that cannot be read."""
+    for flag, path_attr, attr in (("-sysf", "system_prompt_file", "system_prompt"),
+                                  ("--chat-template-file", "chat_template_file", "chat_template")):
+        path = getattr(args, path_attr, None)
+        if path is None:
+            continue
+        if getattr(args, attr, None) is not None:
+            raise CLIError(f"give {flag} or its text flag, not both")
+        try:
+            setattr(args, attr, Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"{flag} {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def log_prompt_tokens(prompt: str, ids: list[int], tokenizer) -> None:

@@ -19,6 +19,7 @@ from powerinfer.cli import GREEN, YELLOW, CLIError, Console, Interrupt, log
 from powerinfer.cli_args import threads_in_use
 from powerinfer.engine import ContextFull, Timings
 from powerinfer.generator import Generator
+from powerinfer.request import common_prefix
 from powerinfer.state_file import read_state_file, write_state_file
 
 
@@ -53,11 +54,7 @@ def load_prompt_cache(args, model, gen: Generator, prompt_ids: list[int]) -> int
         return 0
     try:
         tokens, state, _ = read_state_file(path, model)
-        n = 0
-        for a, b in zip(tokens, prompt_ids):
-            if a != b:
-                break
-            n += 1
+        n = common_prefix(tokens, prompt_ids)
         gen.load_state(tokens, state, keep=min(n, len(prompt_ids) - 1))
     except (OSError, ValueError, pi.PowerInferError) as e:
         raise CLIError(f"--prompt-cache {path}: {e}") from None
@@ -76,14 +73,8 @@ def save_prompt_cache(args, model, gen: Generator, prompt_ids: list[int]) -> Non
     """--prompt-cache (unless -ro): the prompt's tokens and KV state (--prompt-cache-all: every evaluated token)."""
     if not args.prompt_cache or args.prompt_cache_ro:
         return
-    n = 0
-    if args.prompt_cache_all:
-        n = len(gen.tokens)
-    else:
-        for a, b in zip(gen.tokens, prompt_ids):   # the prompt's positions still cached (a context shift drops some)
-            if a != b:
-                break
-            n += 1
+    # --prompt-cache-all: everything evaluated; else the prompt's positions still cached (a context shift drops some)
+    n = len(gen.tokens) if args.prompt_cache_all else common_prefix(gen.tokens, prompt_ids)
     tokens, state = gen.state(n)
     try:
         write_state_file(Path(args.prompt_cache), model, tokens, state)

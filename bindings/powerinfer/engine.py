@@ -59,7 +59,7 @@ import numpy as np
 
 from ._ffi import PowerInferError
 from .context import Context
-from .request import ContextLengthExceeded, RequestError, Result, Task, TaskEvents
+from .request import ContextLengthExceeded, RequestError, Result, Task, TaskEvents, common_prefix
 from .sampling import Sampler
 from .speculative import Drafter, SpecParams
 from .tokenizer import StreamDecoder, Tokenizer
@@ -216,14 +216,6 @@ class _Slot:
     @property
     def busy(self) -> bool:
         return self.task is not None
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Engine:
@@ -545,7 +537,7 @@ class Engine:
             # the free slot with the longest reusable prefix; ties: the lowest region
             best, best_n = free[0], -1
             for s in free:
-                n = _common_prefix(s.cache, task.prompt_tokens) if task.cache_prompt else 0
+                n = common_prefix(s.cache, task.prompt_tokens) if task.cache_prompt else 0
                 if n > best_n:
                     best, best_n = s, n
             slot = best

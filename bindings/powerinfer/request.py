@@ -1,7 +1,7 @@
 """A request of the Engine: Task (what to generate, and the emit callback its events go to), Result
 (how it ended), the errors the server reports for requests it cannot run (RequestError,
-ContextLengthExceeded) and TaskEvents (a task's events as an iterator, for callers that step the
-engine themselves or wait for its thread)."""
+ContextLengthExceeded), TaskEvents (a task's events as an iterator, for callers that step the
+engine themselves or wait for its thread) and common_prefix (how much of a cached sequence a new one reuses)."""
 from __future__ import annotations
 
 import queue
@@ -9,9 +9,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from .sampling import Sampler, SamplingParams
 
-__all__ = ["ContextLengthExceeded", "RequestError", "Result", "Task", "TaskEvents"]
+__all__ = ["ContextLengthExceeded", "RequestError", "Result", "Task", "TaskEvents", "common_prefix"]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists (a slot's cache and a prompt, a drafter's cache and
+    a sequence, a prompt-cache file and a prompt): C-speed comparisons, no Python loop over the tokens."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return int(np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))[0])
 
 
 class RequestError(ValueError):

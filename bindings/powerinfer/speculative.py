@@ -26,6 +26,7 @@ import numpy as np
 
 from ._ffi import PowerInferError
 from .context import Context
+from .request import common_prefix
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("powerinfer.speculative")
@@ -120,14 +121,6 @@ class CallableDrafter(Drafter):
         return [int(t) for t in np.asarray(out).reshape(-1)[:n_max]]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """len of the longest common prefix of a and b (C-speed comparisons: called once per generated token)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return int(np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0])
-
-
 def check_vocab_compatible(target: Tokenizer, draft: Tokenizer) -> None:
     """ValueError unless the draft model's tokens mean what the target's do (llama.cpp's check: the same kind of
     tokenizer and special tokens, vocabularies at most 128 apart in size, the same text for every shared id)."""
@@ -166,7 +159,7 @@ class DraftModel(Drafter):
         if n_max <= 0 or seq >= ctx.n_seq_max:
             return []
         cached = self.cache.get(seq, [])
-        n = _common_prefix(cached, tokens[:-1])       # reused; the last token is evaluated again for its logits
+        n = common_prefix(cached, tokens[:-1])       # reused; the last token is evaluated again for its logits
         try:
             ctx.kv_seq_rm(seq, n, -1)
             self.cache[seq] = held = cached[:n]

@@ -528,15 +528,11 @@ class Sampler:
             return cand.ids, None
         if prm.mirostat:
             self._mirostat(cand, x.size)
-        ids, vals = cand.ids, cand.vals
-        if ids.size == 1:
-            return ids, np.ones(1, dtype=np.float64)
-        if need_sorted and not cand.sorted:
+        if cand.ids.size == 1:
+            return cand.ids, np.ones(1, dtype=np.float64)
+        if need_sorted:
             cand.sort()
-            ids, vals = cand.ids, cand.vals
-        v = vals.astype(np.float64)
-        e = np.exp(v - v.max())
-        return ids, e / e.sum()
+        return cand.ids, cand.probs()
 
     # -------------------------------------------------------------- stages (llama.cpp's)
 
@@ -573,20 +569,9 @@ class Sampler:
         c.keep(keep)
 
     def _stage_top_k(self, c: "_Candidates", n_vocab: int, rng) -> None:
-        """Keep the k largest logits (ties at the boundary: lower ids)."""
-        k = self.params.top_k
-        ids, vals = c.ids, c.vals
-        if not 0 < k < ids.size:
-            return
-        kth = np.partition(vals, ids.size - k)[ids.size - k]
-        above = vals > kth
-        n_above = int(np.count_nonzero(above))
-        keep = above
-        if n_above < k:
-            eq = np.flatnonzero(vals == kth)[: k - n_above]
-            keep = above.copy()
-            keep[eq] = True
-        c.keep(keep)
+        """Keep the k largest logits (ties at the boundary: lower ids); k <= 0: all."""
+        if self.params.top_k > 0:
+            c.keep_top(self.params.top_k)
 
     def _stage_typ_p(self, c: "_Candidates", n_vocab: int, rng) -> None:
         """Locally typical sampling: the tokens whose surprise is nearest the entropy, up to typical_p of the mass."""

@@ -26,7 +26,7 @@ from .model import Model
 from .reasoning import check_format as check_reasoning_format
 from .reasoning import splitter_for
 from .request import RequestError, Result, Task, TaskEvents
-from .sampling import SamplingParams
+from .sampling import EXTRA_NUMBERS, SamplingParams
 from .speculative import SpecParams, make_drafter
 from .tokenizer import TOKEN_CONTROL
 
@@ -47,10 +47,7 @@ UNIMPLEMENTED = {
 
 
 # SamplingParams' fields a request may set beyond the classic ones (make_task's sampler_options)
-_SAMPLER_OPTIONS = frozenset({"typical_p", "min_keep", "top_n_sigma", "xtc_probability", "xtc_threshold",
-                              "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta",
-                              "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-                              "dry_sequence_breakers", "samplers"})
+_SAMPLER_OPTIONS = frozenset(EXTRA_NUMBERS + ("dry_sequence_breakers", "samplers"))
 
 
 def check_unimplemented(values: dict) -> None:

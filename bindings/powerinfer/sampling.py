@@ -45,7 +45,7 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["SAMPLER_NAMES", "SamplingParams", "Sampler", "parse_samplers"]
+__all__ = ["EXTRA_NUMBERS", "SAMPLER_NAMES", "SamplingParams", "Sampler", "parse_samplers"]
 
 _F32 = np.float32
 MAX_DRY_BREAKERS = 32      # DRY's breakers are each processed against the whole vocabulary (~40 ms per 262k tokens)
@@ -221,6 +221,13 @@ class SamplingParams:
                 raise ValueError(
                     f"logit_bias[{tok}] must be finite or -inf (to ban the token), got {b}"
                 )
+
+
+# the numeric settings of llama.cpp's samplers beyond the classic chain (SamplingParams' fields after logit_bias):
+# a request may set them (the API's keywords, the server's fields), generation_settings and /slots echo them
+EXTRA_NUMBERS = ("typical_p", "min_keep", "top_n_sigma", "xtc_probability", "xtc_threshold", "dynatemp_range",
+                 "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base",
+                 "dry_allowed_length", "dry_penalty_last_n")
 
 
 class Sampler:

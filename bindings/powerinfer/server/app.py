@@ -41,7 +41,7 @@ from .. import __version__
 from ..api import CompletionShaper, PowerInfer, check_unimplemented, resolve_grammar
 from ..reasoning import splitter_for
 from ..request import RequestError, Result, Task
-from ..sampling import SamplingParams, parse_samplers
+from ..sampling import EXTRA_NUMBERS, SamplingParams, parse_samplers
 from ..speculative import SpecParams
 from .protocol import (
     JSON,
@@ -146,11 +146,8 @@ def sampling_fields(body: dict, defaults: SamplingParams | None = None) -> dict:
         ignore_eos=field(body, "ignore_eos", "bool", d.ignore_eos),
         cache_prompt=field(body, "cache_prompt", "bool", True),
     )
-    for name, kind in (("typical_p", "num"), ("min_keep", "int"), ("top_n_sigma", "num"), ("xtc_probability", "num"),
-                       ("xtc_threshold", "num"), ("dynatemp_range", "num"), ("dynatemp_exponent", "num"),
-                       ("mirostat", "int"), ("mirostat_tau", "num"), ("mirostat_eta", "num"),
-                       ("dry_multiplier", "num"), ("dry_base", "num"), ("dry_allowed_length", "int"),
-                       ("dry_penalty_last_n", "int")):
+    for name in EXTRA_NUMBERS:
+        kind = "int" if SamplingParams.__dataclass_fields__[name].type == "int" else "num"
         v = field(body, name, kind, getattr(d, name))
         out[name] = float(v) if kind == "num" else v
     breakers = field(body, "dry_sequence_breakers", "list", list(d.dry_sequence_breakers))
@@ -319,9 +316,7 @@ def build_routes(state: ServerState) -> list[Route]:
             "top_k": s["top_k"], "top_p": s["top_p"], "min_p": s["min_p"], "repeat_last_n": s["repeat_last_n"],
             "repeat_penalty": s["repeat_penalty"], "presence_penalty": s["presence_penalty"],
             "frequency_penalty": s["frequency_penalty"],
-            **{k: s[k] for k in ("typical_p", "min_keep", "top_n_sigma", "xtc_probability", "xtc_threshold",
-                                 "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta",
-                                 "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n")},
+            **{k: s[k] for k in EXTRA_NUMBERS},
             "dry_sequence_breakers": list(s["dry_sequence_breakers"]),
             "samplers": list(s.get("samplers") or SamplingParams().samplers),
             "stop": [s["stop"]] if isinstance(s["stop"], str) else list(s["stop"] or []),

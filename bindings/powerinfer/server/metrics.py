@@ -31,6 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..request import RequestError, Result, Task
+from ..sampling import EXTRA_NUMBERS
 from .protocol import JSON, error_response
 
 if TYPE_CHECKING:
@@ -118,9 +119,7 @@ def _params(task: Task, model_name: str, n_ctx: int) -> dict:
         "repeat_penalty": p.repeat_penalty, "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty, "stop": list(task.stop), "ignore_eos": p.ignore_eos,
         "n_probs": task.n_probs, "cache_prompt": task.cache_prompt, "model": model_name, "n_ctx": n_ctx,
-        **{k: getattr(p, k) for k in ("typical_p", "min_keep", "top_n_sigma", "xtc_probability", "xtc_threshold",
-                                      "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta",
-                                      "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n")},
+        **{k: getattr(p, k) for k in EXTRA_NUMBERS},
         "dry_sequence_breakers": list(p.dry_sequence_breakers), "samplers": list(p.samplers),
     }
 

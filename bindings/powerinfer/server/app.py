@@ -216,11 +216,12 @@ class EngineStream(StreamingResponse):
                     self.llm.engine.cancel(t)
 
 
-def attach(task: Task, stats=None) -> asyncio.Queue:
-    """Route the task's engine events into an asyncio queue of this loop (thread-safe handoff);
-    `stats` (server/metrics.py) counts the finished request."""
+def attach(task: Task, stats=None, q: asyncio.Queue | None = None, index: int | None = None) -> asyncio.Queue:
+    """Route the task's engine events into an asyncio queue of this loop (thread-safe handoff): a new one, or `q`
+    shared by several tasks, each event then as (index, event); `stats` (server/metrics.py) counts the finished
+    request."""
     loop = asyncio.get_running_loop()
-    q: asyncio.Queue = asyncio.Queue()
+    q = asyncio.Queue() if q is None else q
     if stats is not None:
         task.id_task = stats.task_id()
 
@@ -228,31 +229,21 @@ def attach(task: Task, stats=None) -> asyncio.Queue:
         if stats is not None and ev[0] == "done":
             stats.observe(task, ev[1])
         try:
-            loop.call_soon_threadsafe(q.put_nowait, ev)
+            loop.call_soon_threadsafe(q.put_nowait, ev if index is None else (index, ev))
         except RuntimeError:     # the loop is closed: nobody is listening any more
             pass
     task.emit = emit
     return q
 
 
-async def _watch_disconnect(request: Request, llm: PowerInfer, task: Task) -> None:
+async def _watch_disconnect(request: Request, llm: PowerInfer, tasks: list[Task]) -> None:
+    """Cancel the request's tasks when its client goes away."""
     try:
         while True:
             msg = await request.receive()
             if msg["type"] == "http.disconnect":
-                if not task.finished:
+                if not all(t.finished for t in tasks):
                     log.info("client disconnected; cancelling its request")
-                    llm.engine.cancel(task)
-                return
-    except Exception:
-        return
-
-
-async def _watch_disconnect_all(request: Request, llm: PowerInfer, tasks: list[Task]) -> None:
-    try:
-        while True:
-            msg = await request.receive()
-            if msg["type"] == "http.disconnect":
                 for t in tasks:
                     if not t.finished:
                         llm.engine.cancel(t)
@@ -265,7 +256,7 @@ async def collect(request: Request, llm: PowerInfer, task: Task, on_token: Calla
     """Run a task to completion for a non-streaming response; cancel it if the client goes away."""
     q = attach(task, request.app.state.server.stats)
     llm.engine.submit(task)
-    watcher = asyncio.ensure_future(_watch_disconnect(request, llm, task))
+    watcher = asyncio.ensure_future(_watch_disconnect(request, llm, [task]))
     try:
         while True:
             ev = await q.get()
@@ -591,19 +582,9 @@ def build_routes(state: ServerState) -> list[Route]:
             return await run_openai(request, llm, pairs[0][0], pairs[0][1], stream, include_usage)
         tasks = [p[0] for p in pairs]
         shapers = [p[1] for p in pairs]
-        loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         for i, t in enumerate(tasks):
-            t.id_task = state.stats.task_id()
-
-            def emit(ev, i=i, t=t):
-                if ev[0] == "done":
-                    state.stats.observe(t, ev[1])
-                try:
-                    loop.call_soon_threadsafe(q.put_nowait, (i, ev))
-                except RuntimeError:
-                    pass
-            t.emit = emit
+            attach(t, state.stats, q, i)
         _stats(request, prompt=len(tasks[0].prompt_tokens))
         for t in tasks:
             llm.engine.submit(t)
@@ -644,7 +625,7 @@ def build_routes(state: ServerState) -> list[Route]:
                         yield sse(shapers[0]._chunk(None, usage=merged_usage([results[i] for i in range(len(tasks))])))
                 yield "data: [DONE]\n\n"
             return EngineStream(events(), tasks, llm)
-        watcher = asyncio.ensure_future(_watch_disconnect_all(request, llm, tasks))
+        watcher = asyncio.ensure_future(_watch_disconnect(request, llm, tasks))
         results: dict[int, Result] = {}
         try:
             while len(results) < len(tasks):

@@ -208,9 +208,10 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
                     reasoning += d.get("reasoning_content") or ""
                     piece = d.get("content") or ""
                     if piece:
-                        if not opened:
+                        if not opened:        # the message: after the reasoning item when the reply had one
                             opened = True
-                            out.append(ev("response.output_item.added", output_index=0,
+                            ids["output_index"] = 1 if reasoning else 0
+                            out.append(ev("response.output_item.added", output_index=ids["output_index"],
                                           item=build.message_item("", "in_progress")))
                             out.append(ev("response.content_part.added", **ids,
                                           part={"type": "output_text", "text": "", "annotations": []}))
@@ -238,27 +239,20 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
                         yield e
                     calls = [tc for c in finals if c.get("choices")
                              for tc in c["choices"][0]["delta"].get("tool_calls", [])]
-                    output = []
-                    if reasoning:
-                        output.append({"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "summary": [],
-                                       "content": [{"type": "reasoning_text", "text": reasoning}]})
-                    if opened:
-                        part = {"type": "output_text", "text": text, "annotations": []}
-                        yield ev("response.output_text.done", **ids, text=text)
-                        yield ev("response.content_part.done", **ids, part=part)
-                        yield ev("response.output_item.done", output_index=0, item=build.message_item(text))
-                        output.append(build.message_item(text))
-                    for call in calls:
-                        item_out = build.call_item(call)
-                        at = len(output)
-                        yield ev("response.output_item.added", output_index=at,
-                                 item=dict(item_out, arguments="", status="in_progress"))
-                        yield ev("response.function_call_arguments.delta", item_id=item_out["id"], output_index=at,
-                                 delta=item_out["arguments"])
-                        yield ev("response.function_call_arguments.done", item_id=item_out["id"], output_index=at,
-                                 arguments=item_out["arguments"])
-                        yield ev("response.output_item.done", output_index=at, item=item_out)
-                        output.append(item_out)
+                    output = build.output({"reasoning_content": reasoning, "content": text, "tool_calls": calls})
+                    for at, out_item in enumerate(output):
+                        if out_item["type"] == "message":
+                            yield ev("response.output_text.done", **ids, text=text)
+                            yield ev("response.content_part.done", **ids, part=out_item["content"][0])
+                            yield ev("response.output_item.done", output_index=at, item=out_item)
+                        elif out_item["type"] == "function_call":
+                            yield ev("response.output_item.added", output_index=at,
+                                     item=dict(out_item, arguments="", status="in_progress"))
+                            yield ev("response.function_call_arguments.delta", item_id=out_item["id"],
+                                     output_index=at, delta=out_item["arguments"])
+                            yield ev("response.function_call_arguments.done", item_id=out_item["id"],
+                                     output_index=at, arguments=out_item["arguments"])
+                            yield ev("response.output_item.done", output_index=at, item=out_item)
                     final = build.response("completed", output, res)
                     kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
                     yield ev(kind, response=final)

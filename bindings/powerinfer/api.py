@@ -669,7 +669,7 @@ class PowerInfer:
                 setattr(params, name, tuple(value) if isinstance(value, list) else value)
         try:
             params.validate()
-            if params.dry_multiplier != 0.0 and params.dry_base >= 1.0 and params.dry_penalty_last_n != 0:
+            if params.dry_on:
                 from .sampling_dry import DryBreakers     # processed here, in the caller's thread, not the engine's
                 DryBreakers.of(self.tokenizer, tuple(params.dry_sequence_breakers))
         except ValueError as e:       # the messages start with the field's name

@@ -125,6 +125,11 @@ class SamplingParams:
     dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
+    @property
+    def dry_on(self) -> bool:
+        """DRY does something (llama.cpp's test: a multiplier, a base of at least 1, a window)."""
+        return self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
+
     def validate(self) -> None:
         """Raise ``ValueError`` describing the first nonsensical field."""
 
@@ -265,7 +270,7 @@ class Sampler:
         else:
             self.seed = int(params.seed)
 
-        self._dry_on = params.dry_multiplier != 0.0 and params.dry_base >= 1.0 and params.dry_penalty_last_n != 0
+        self._dry_on = params.dry_on
         self._dry = None           # DRY's processed sequence breakers (made on first use without a tokenizer)
         self._tokenizer = tokenizer
         if self._dry_on and tokenizer is not None:
@@ -307,8 +312,8 @@ class Sampler:
     def process_logits(self, logits, banned: np.ndarray | None = None) -> np.ndarray:
         """Return a float32 copy of ``logits`` after logit_bias, ignore_eos, grammar masking and the penalty and DRY
         stages that head the chain (the logit edits before any truncation)."""
-        x = self._process(self._check(logits), banned)
-        return self._head_edits(x, self._head()).copy()
+        raw = self._check(logits)
+        return self._head_edits(self._process(raw, banned), self._head(), raw).copy()
 
     def sample(self, logits, banned: np.ndarray | None = None) -> int:
         """Run the chain on a copy of ``logits`` and draw one token id. banned: bool
@@ -456,13 +461,13 @@ class Sampler:
             x[np.isposinf(x)] = np.finfo(_F32).max
         return x
 
-    def _head_edits(self, x: np.ndarray, head: tuple[str, ...], raw: np.ndarray | None = None) -> np.ndarray:
+    def _head_edits(self, x: np.ndarray, head: tuple[str, ...], raw: np.ndarray) -> np.ndarray:
         """The penalty / DRY stages of `head` on the whole vector x (a private copy is made when x is raw)."""
         for stage in head:
             edit = self._penalties(x.size) if stage == "penalties" else self._dry_penalties(x.size)
             if edit is None:
                 continue
-            x = self._private(x, x if raw is None else raw)
+            x = self._private(x, raw)
             toks, arg = edit
             if stage == "penalties":
                 x[toks] = self._penalize(x[toks], arg)

@@ -7,6 +7,7 @@ llama/bamboo files of every size come from tools/make_test_model.py (write_model
     write_sparse_model(path, dtype="q4_0", ranks=(32, 64))  the tiny llama in the PowerInfer (PWRI) layout
     write_sparse_arch_model(path, "falcon", dtype="q8_0")   sparse falcon / opt (PWRI)
     rewrite(src, dst, meta=..., drop=..., replace=...)    a copy with changed keys or tensors
+    write_lora(path, base, targets=..., rank=8)           a random LoRA adapter (llama.cpp's GGUF) of a base file
 """
 from __future__ import annotations
 
@@ -289,3 +290,66 @@ def write_sparse_arch_model(path, arch, *, dtype="f32", ranks=(32, 64), n_head_k
     # f16 predictors keep the selection free of activation quantization (as tests/test_sparse.py)
     return write_gguf(path, arch, {k: v for k, v in tensors.items() if k not in drop}, dtype=dtype,
                       pred_dtype="f16" if dtype != "f32" else "f32", keys=keys, pwri=pwri)
+
+
+# ------------------------------------------------------------------ LoRA adapters
+LORA_ALL_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_lora(path, base, *, targets=("attn_q", "attn_v"), rank: int = 8, alpha: float = 16.0, dtype: str = "f32",
+               seed: int = 0, arch: str | None = None, extra=(), drop=()) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A random LoRA adapter of the base file (llama.cpp's layout: general.type adapter, adapter.lora.alpha,
+    "<weight>.lora_a" ne [n_in, r], ".lora_b" ne [r, n_out]; token_embd's pair flipped: a ne [r, n_vocab], b ne
+    [r, n_embd]). targets: per-layer parts (every layer), "output" and / or "token_embd"; extra: more tensor names
+    (random [4, 4]); drop: names left out. Returns {weight name: (a, b)} as float32 numpy arrays (numpy shape =
+    reversed ne: a (r, n_in), b (n_out, r); token_embd: a (n_vocab, r), b (n_embd, r)), as stored (before dtype)."""
+    from reference_model import read_gguf
+    meta, tensors = read_gguf(base)
+    rng = np.random.default_rng(seed)
+    names = []
+    for t in targets:
+        if t in ("output", "token_embd"):
+            names.append(f"{t}.weight")
+        else:
+            names += [n for n in tensors if n.startswith("blk.") and n.endswith(f".{t}.weight")]
+    pairs, out = {}, {}
+    for name in names:
+        ne0, ne1 = tensors[name][1][:2]                      # the weight: [n_in, n_out]
+        if name == "token_embd.weight":
+            a = rng.standard_normal((ne1, rank)).astype(np.float32)                      # ne [r, n_vocab]
+            b = (rng.standard_normal((ne0, rank)) / math.sqrt(rank)).astype(np.float32)  # ne [r, n_embd]
+        else:
+            a = (rng.standard_normal((rank, ne0)) / math.sqrt(ne0)).astype(np.float32)  # ne [n_in, r]
+            b = (rng.standard_normal((ne1, rank)) / math.sqrt(rank)).astype(np.float32)  # ne [r, n_out]
+        if dtype == "f16":   # the values the file holds
+            a, b = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
+        pairs[name] = (a, b)
+        out[name + ".lora_a"], out[name + ".lora_b"] = a, b
+    for name in extra:
+        out[name] = rng.standard_normal((4, 4)).astype(np.float32)
+    w = GGUFWriter(str(path), arch or meta["general.architecture"])
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", alpha)
+    for name, arr in out.items():
+        if name in drop:
+            continue
+        data, q = encode(arr, dtype) if dtype != "f32" else (arr, Q.F32)
+        w.add_tensor(name, data, raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return pairs
+
+
+def merge_lora(weights: dict, pairs: dict, scale: float, alpha: float) -> dict:
+    """The weights with each adapted one W + scale * alpha / r * B A (float64), llama.cpp's rule (alpha 0: scale
+    alone); weights and pairs as numpy arrays under GGUF names (write_lora's)."""
+    out = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
+    for name, (a, b) in pairs.items():
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        r = b.shape[1]
+        s = scale * (alpha / r if alpha else 1.0)
+        out[name] = out[name] + s * (a @ b.T if name == "token_embd.weight" else b @ a)
+    return out

@@ -10,6 +10,7 @@ import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
 from .cli_args import KV_TYPES
+from .lora import set_context_adapters
 from .model import Model
 
 _KV_TYPE_IDS = {name: getattr(lib, "PI_TYPE_" + name.upper()) for name in KV_TYPES}
@@ -177,6 +178,7 @@ class Context:
         self.n_seq_max = n_seq_max
         self.n_threads = params.n_threads if params.n_threads > 0 else None
         self._abort_handle = None
+        self.lora: tuple = ()       # set_lora: the (LoraAdapter, scale) pairs the decodes apply
         self._one = None   # reused cffi buffers of the one-token decode
         self._row0_pending = False   # the one-token decode's outputs, read from the C buffers on first use
         self._logits: dict[int, np.ndarray] = {}
@@ -505,6 +507,16 @@ class Context:
         """(active[n_layer], total): FFN input entries the gate read per layer since the last reset, and
         the entries in that time (tokens x n_embd)."""
         return self._layer_stats(lib.pi_gate_input_stats, "gate_input_stats")
+
+    @_serialised
+    def set_lora(self, adapters=()) -> None:
+        """The LoRA adapters the next decodes apply: (powerinfer.lora.LoraAdapter, scale) pairs of this context's
+        model (the context keeps them alive); () for none. Nothing is called when the list is the one set."""
+        adapters = tuple((ad, float(s)) for ad, s in adapters)
+        if adapters == self.lora:
+            return
+        set_context_adapters(self, adapters)
+        self.lora = adapters
 
     @_serialised
     def set_abort_callback(self, fn) -> None:

@@ -258,6 +258,25 @@ def parse_kv_override(text: str) -> tuple[str, bool | int | float | str]:
     raise ValueError(f"--override-kv {text!r}: type {kind!r} is not one of int, float, bool, str")
 
 
+def tensor_descs(path, tensors: dict) -> tuple:
+    """A pi_tensor_desc[] over the tensors (name -> TensorInfo: views into a file's mapping) and the cffi name
+    strings it points to, which the caller keeps alive as long as the core reads the descriptions."""
+    descs = ffi.new("pi_tensor_desc[]", max(len(tensors), 1))
+    names = [ffi.new("char[]", name.encode()) for name in tensors]
+    for i, t in enumerate(tensors.values()):
+        d = descs[i]
+        d.name = names[i]
+        d.type = t.type
+        d.n_dims = len(t.ne)
+        if d.n_dims > 4:
+            raise ModelLoadError(f"{path}: tensor '{t.name}' has {d.n_dims} dims (at most 4)")
+        for j, v in enumerate(t.ne):
+            d.ne[j] = v
+        d.data = ffi.from_buffer(t.data) if t.data.nbytes else ffi.NULL
+        d.nbytes = t.data.nbytes
+    return descs, names
+
+
 class Model:
     """A loaded model. Weights stay in the memory-mapped file, except that the matmul weights of
     types with a faster interleaved layout (f16, bf16, Q4_0, Q8_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS;
@@ -356,19 +375,7 @@ class Model:
         if m2 != 1.0:
             attn_scale = (attn_scale or 1.0 / math.sqrt(hp.head_dim or hp.n_embd // hp.n_head)) * m2
         n = len(tensors)
-        descs = ffi.new("pi_tensor_desc[]", max(n, 1))
-        self._names = [ffi.new("char[]", name.encode()) for name in tensors]   # keep alive with the model
-        for i, t in enumerate(tensors.values()):
-            d = descs[i]
-            d.name = self._names[i]
-            d.type = t.type
-            d.n_dims = len(t.ne)
-            if d.n_dims > 4:
-                raise ModelLoadError(f"{self.path}: tensor '{t.name}' has {d.n_dims} dims (at most 4)")
-            for j, v in enumerate(t.ne):
-                d.ne[j] = v
-            d.data = ffi.from_buffer(t.data) if t.data.nbytes else ffi.NULL
-            d.nbytes = t.data.nbytes
+        descs, self._names = tensor_descs(self.path, tensors)   # the names kept alive with the model
         desc = ffi.new("pi_model_desc *")
         p = desc.hparams
         p.arch = _ARCHS[hp.arch]

@@ -457,6 +457,25 @@ PI_API pi_status    pi_set_outputs(pi_context *ctx, int32_t outputs);
  * asked for or the context does not output embeddings. */
 PI_API const float *pi_get_embeddings(pi_context *ctx, int32_t i);
 
+/* ---- LoRA adapters (llama.cpp's GGUF adapters: general.type = adapter, adapter.type = lora) ----------------
+ * pi_adapter_create: the tensors "<model weight name>.lora_a" / ".lora_b" (views the caller keeps alive while the
+ * adapter lives): a [n_in, r] and b [r, n_out] for blk.N.attn_q / attn_k / attn_v / attn_qkv / attn_output / ffn_gate
+ * / ffn_up / ffn_down and output.weight; token_embd.weight's pair the other way round (a [r, n_vocab], b [r, n_embd]),
+ * as llama.cpp writes them. Each shape is checked against the model's weight (PI_ERR_BAD_MODEL for a weight the model
+ * lacks, a half without the other, a wrong shape); FFN pairs of sparse (PWRI) and gate-sparse files are
+ * PI_ERR_UNSUPPORTED. alpha: the file's adapter.lora.alpha (0: none). The adapter must not outlive the model.
+ * pi_context_set_adapters: the adapters the following decodes apply, each adding scale * alpha / r * b (a x) to its
+ * weights' products (llama.cpp's scale; scale 0 keeps the adapter in the list and adds nothing); n = 0: none. The
+ * context keeps the pointers: set another list before freeing an adapter. The terms run on the CPU only
+ * (PI_ERR_UNSUPPORTED where an adapted layer or the adapted output head is offloaded). */
+typedef struct pi_adapter pi_adapter;
+PI_API pi_status pi_adapter_create(const pi_model *model, float alpha, int32_t n_tensors,
+                                   const pi_tensor_desc *tensors, pi_adapter **out);
+PI_API void      pi_adapter_free(pi_adapter *adapter);
+PI_API int32_t   pi_adapter_n_pairs(const pi_adapter *adapter);   /* weights adapted */
+PI_API pi_status pi_context_set_adapters(pi_context *ctx, int32_t n, pi_adapter *const *adapters,
+                                         const float *scales);
+
 /* KV cache by sequence: positions in [p0, p1) (p1 < 0: to the end). seq < 0 means every sequence. */
 PI_API pi_status pi_kv_seq_rm(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1);
 PI_API pi_status pi_kv_seq_cp(pi_context *ctx, int32_t src, int32_t dst, int32_t p0, int32_t p1);

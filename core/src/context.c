@@ -27,6 +27,7 @@
  * them there and its cold ones on the CPU (sparse_ffn).
  */
 #include "context.h"
+#include "lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -124,6 +125,7 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->input_active);
     free(ctx->attn_threshold);
     free(ctx->attn_active);
+    pi_lora_release(ctx);
     free(ctx);
 }
 
@@ -435,6 +437,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     if (L->wqkv.data) {   /* falcon: one matmul, rows = all Q heads, then all K heads, then all V heads */
         const int64_t W = Eq + 2 * Ekv;
         TRY(matmul(e, &L->wqkv, B->cur, B->qkv, T));
+        TRY(pi_lora_add(ctx, e, il, PI_LORA_QKV, B->cur, B->qkv, T));
         pi_tensor src = f32_2d(B->qkv, Eq, T), dst = f32_2d(B->q, Eq, T);
         src.nb[1] = W * (int64_t)sizeof(float);
         TRY(OP(e, copy_2d, &src, &dst));
@@ -457,6 +460,11 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
             in = B->att;
         } else if (hp->attn_input_sparse) ctx->attn_active[il] += T * hp->n_embd;   /* every entry read */
         TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, in, (float *[]){ B->q, B->k, B->v }, T));
+    }
+    if (ctx->n_lora && !L->wqkv.data) {   /* the adapters' terms read the normed input itself */
+        TRY(pi_lora_add(ctx, e, il, PI_LORA_Q, B->cur, B->q, T));
+        TRY(pi_lora_add(ctx, e, il, PI_LORA_K, B->cur, B->k, T));
+        TRY(pi_lora_add(ctx, e, il, PI_LORA_V, B->cur, B->v, T));
     }
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 2, B->cur, T * hp->n_embd);
     if (hp->qkv_bias) {
@@ -505,6 +513,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         else if (hp->attn_input_sparse) ctx->attn_active[il] += T * Eq;
         TRY(matmul(e, &L->wo, B->att, B->cur, T));
     }
+    TRY(pi_lora_add(ctx, e, il, PI_LORA_O, B->att, B->cur, T));   /* wo's input as its matmul read it */
     if (L->bo.data) TRY(add_bias(e, B->cur, &L->bo, T));
     return PI_OK;
 }
@@ -689,6 +698,10 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
         TRY(matmuls(e, 2, (const pi_tensor *[]){ &L->ffn_gate, &L->ffn_up }, B->cur, (float *[]){ B->gate, B->up }, T));
     else
         TRY(matmul(e, &L->ffn_up, B->cur, B->up, T));
+    if (ctx->n_lora) {
+        if (hp->ffn_gate != PI_FFN_SEQ) TRY(pi_lora_add(ctx, e, il, PI_LORA_GATE, B->cur, B->gate, T));
+        TRY(pi_lora_add(ctx, e, il, PI_LORA_UP, B->cur, B->up, T));
+    }
     pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
     if (hp->gate_sparse) {   /* every channel computed */
         ctx->sparse_active[il] += T * hp->n_ff;
@@ -698,6 +711,7 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->up, B->cur, T);
     TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
+    TRY(pi_lora_add(ctx, e, il, PI_LORA_DOWN, B->up, B->cur, T));
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
 }
 
@@ -729,6 +743,7 @@ static pi_status embeddings(pi_context *ctx, const pi_batch *b) {
     const int64_t T = b->n_tokens, E = m->hp.n_embd;
     pi_tensor x = f32_2d(c->buf.x, E, T);
     TRY(OP(c, get_rows, &m->token_embd, b->token, T, &x));
+    TRY(pi_lora_add_embd(ctx, c, b->token, c->buf.x, T));
     if (m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f) TRY(OP(c, scale, &x, m->hp.embd_scale));   /* gemma */
     if (m->pos_embd.data) {   /* opt: + position_embd[pos + 2] */
         for (int64_t t = 0; t < T; t++) c->buf.ids[t] = b->pos[t] + PI_OPT_POS_OFFSET;
@@ -793,6 +808,7 @@ static pi_status compute_logits(pi_context *ctx, pi_exec **at, int64_t T, int32_
     if (!want_logits) return PI_OK;
     float *dst = e->buf.logits ? e->buf.logits : ctx->logits;
     TRY(matmul(e, ctx->out_w, e->buf.cur, dst, n_out));
+    TRY(pi_lora_add_output(ctx, e, e->buf.cur, dst, n_out));
     return transfer(c, ctx->logits, e, dst, (size_t)n_out * (size_t)V * sizeof(float));
 }
 

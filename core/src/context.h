@@ -88,6 +88,10 @@ struct pi_context {
     int64_t           attn_total;    /* tokens x (n_embd + n_head x head_dim), per layer */
     pi_abort_callback abort_cb;
     void             *abort_data;
+    struct pi_lora_use *lora;        /* [n_lora] the adapters the decodes apply (lora.h) */
+    int32_t           n_lora;
+    float            *lora_mid, *lora_tmp;   /* their terms' scratch: [T][r], [T][n_out] */
+    int64_t           lora_mid_n, lora_tmp_n; /* floats allocated */
 };
 
 /* Buffers of one backend: allocated (counted) with be->alloc; sizes for T tokens and n_ctx cells.

@@ -1,0 +1,294 @@
+/* lora.c: LoRA adapters: their tensors checked against the model (pi_adapter_create), the context's active list
+ * (pi_context_set_adapters) and the low-rank terms the forward pass adds (lora.h). */
+#include "lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(expr) do { pi_status st_ = (expr); if (st_ != PI_OK) return st_; } while (0)
+#define OP(e, name, ...) ((e)->be->i->name((e)->be, __VA_ARGS__))
+#define MAX_ADAPTERS 64
+
+/* the layer weights' GGUF names (blk.N.<part>.weight), in PI_LORA_* order */
+static const char *const layer_parts[PI_LORA_LAYER_N] = {
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"
+};
+
+static const pi_tensor *layer_weight(const pi_layer *L, int32_t w) {
+    switch (w) {
+    case PI_LORA_Q: return &L->wq;
+    case PI_LORA_K: return &L->wk;
+    case PI_LORA_V: return &L->wv;
+    case PI_LORA_QKV: return &L->wqkv;
+    case PI_LORA_O: return &L->wo;
+    case PI_LORA_GATE: return &L->ffn_gate;
+    case PI_LORA_UP: return &L->ffn_up;
+    default: return &L->ffn_down;
+    }
+}
+
+/* The pair slot of base name `base` (a model weight's GGUF name) and the model's tensor it adapts (file layout);
+ * NULL when the model has no such weight. */
+static pi_lora_pair *pair_of(pi_adapter *ad, const char *base, const pi_tensor **weight, int32_t *w_out) {
+    const pi_model *m = ad->model;
+    *w_out = -1;
+    if (strcmp(base, "token_embd.weight") == 0) {
+        *weight = &m->token_embd;
+        return &ad->tok_embd;
+    }
+    if (strcmp(base, "output.weight") == 0) {   /* tied embeddings: the model has no output.weight */
+        *weight = &m->output_file;
+        return m->output_file.data != m->token_embd.data ? &ad->output : NULL;
+    }
+    int il = -1, n = 0;
+    char part[32];
+    if (sscanf(base, "blk.%d.%31[a-z_].weight%n", &il, part, &n) != 2 || base[n] != '\0' || il < 0 ||
+        il >= m->hp.n_layer)
+        return NULL;
+    for (int32_t w = 0; w < PI_LORA_LAYER_N; w++) {
+        if (strcmp(part, layer_parts[w]) != 0) continue;
+        *weight = layer_weight(&m->file_layers[il], w);
+        if (!(*weight)->data) return NULL;
+        *w_out = w;
+        return &ad->layers[il * PI_LORA_LAYER_N + w];
+    }
+    return NULL;
+}
+
+/* a 2-d view of desc d, checked for a usable type and its bytes */
+static pi_status view_of(const pi_tensor_desc *d, pi_tensor *out) {
+    if (!pi_type_supported(d->type))
+        return pi_fail(PI_ERR_UNSUPPORTED, "LoRA tensor '%s' has a type (id %d) this build cannot compute with",
+                       d->name, (int)d->type);
+    if (d->n_dims != 2 || d->ne[0] < 1 || d->ne[1] < 1)
+        return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' must be 2-d", d->name);
+    const int64_t row = pi_row_bytes(d->type, d->ne[0]);
+    if (row < 0)
+        return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s': row length %lld is not a multiple of the %s block size",
+                       d->name, (long long)d->ne[0], pi_type_name(d->type));
+    if (!d->data || d->nbytes < (uint64_t)row * (uint64_t)d->ne[1])
+        return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' needs %llu bytes but only %llu are available", d->name,
+                       (unsigned long long)row * (unsigned long long)d->ne[1], (unsigned long long)d->nbytes);
+    *out = pi_tensor_view(d->type, (void *)d->data, 2, d->ne);
+    return PI_OK;
+}
+
+static pi_status add_tensor(pi_adapter *ad, const pi_tensor_desc *d) {
+    const pi_hparams *hp = &ad->model->hp;
+    const size_t len = d->name ? strlen(d->name) : 0;
+    const bool is_a = len > 7 && strcmp(d->name + len - 7, ".lora_a") == 0;
+    if (!is_a && !(len > 7 && strcmp(d->name + len - 7, ".lora_b") == 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' of a LoRA adapter is neither a .lora_a nor a .lora_b tensor",
+                       d->name ? d->name : "(null)");
+    char base[128];
+    if (len - 7 >= sizeof base) return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor name '%s' is too long", d->name);
+    memcpy(base, d->name, len - 7);
+    base[len - 7] = '\0';
+    const pi_tensor *weight = NULL;
+    int32_t w = -1;
+    pi_lora_pair *p = pair_of(ad, base, &weight, &w);
+    if (!p)
+        return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' adapts '%s', which this model does not have (hint: maybe "
+                       "the wrong base model?)", d->name, base);
+    if ((w == PI_LORA_GATE || w == PI_LORA_UP || w == PI_LORA_DOWN) && (hp->sparse || hp->gate_sparse))
+        return pi_fail(PI_ERR_UNSUPPORTED, "LoRA tensor '%s': adapters of the FFN are not supported on a %s file (its "
+                       "FFN computes only the neurons it selects); the attention's and the output's are", d->name,
+                       hp->sparse ? "PowerInfer (sparse)" : "gate-sparse");
+    pi_tensor *t = is_a ? &p->a : &p->b;
+    if (t->data) return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' appears twice", d->name);
+    return view_of(d, t);
+}
+
+/* both halves present and their shapes those of the weight they adapt (llama.cpp's checks) */
+static pi_status check_pair(const pi_adapter *ad, const pi_lora_pair *p, const pi_tensor *weight, const char *base,
+                            bool embd) {
+    if (!p->a.data && !p->b.data) return PI_OK;
+    if (!p->a.data || !p->b.data)
+        return pi_fail(PI_ERR_BAD_MODEL, "LoRA pair for '%s' is missing its %s", base, p->a.data ? "lora_b" : "lora_a");
+    const bool ok = embd ? weight->ne[0] == p->b.ne[1] && weight->ne[1] == p->a.ne[1] && p->a.ne[0] == p->b.ne[0]
+                         : weight->ne[0] == p->a.ne[0] && weight->ne[1] == p->b.ne[1] && p->a.ne[1] == p->b.ne[0];
+    if (!ok)
+        return pi_fail(PI_ERR_BAD_MODEL, "LoRA pair for '%s' has shapes a [%lld, %lld], b [%lld, %lld] for a weight of "
+                       "[%lld, %lld] (hint: maybe the wrong base model?)", base, (long long)p->a.ne[0],
+                       (long long)p->a.ne[1], (long long)p->b.ne[0], (long long)p->b.ne[1], (long long)weight->ne[0],
+                       (long long)weight->ne[1]);
+    return PI_OK;
+}
+
+static void set_rank_scale(pi_lora_pair *p, float alpha, int32_t *n_pairs) {
+    if (!p->a.data) return;
+    p->rank_scale = alpha != 0.0f ? alpha / (float)p->b.ne[0] : 1.0f;
+    (*n_pairs)++;
+}
+
+static pi_status build(pi_adapter *ad, int32_t n, const pi_tensor_desc *tensors) {
+    const pi_model *m = ad->model;
+    for (int32_t i = 0; i < n; i++) TRY(add_tensor(ad, &tensors[i]));
+    TRY(check_pair(ad, &ad->tok_embd, &m->token_embd, "token_embd.weight", true));
+    TRY(check_pair(ad, &ad->output, &m->output_file, "output.weight", false));
+    set_rank_scale(&ad->tok_embd, ad->alpha, &ad->n_pairs);
+    set_rank_scale(&ad->output, ad->alpha, &ad->n_pairs);
+    for (int32_t il = 0; il < m->hp.n_layer; il++)
+        for (int32_t w = 0; w < PI_LORA_LAYER_N; w++) {
+            char base[64];
+            snprintf(base, sizeof base, "blk.%d.%s.weight", il, layer_parts[w]);
+            pi_lora_pair *p = &ad->layers[il * PI_LORA_LAYER_N + w];
+            TRY(check_pair(ad, p, layer_weight(&m->file_layers[il], w), base, false));
+            set_rank_scale(p, ad->alpha, &ad->n_pairs);
+        }
+    if (ad->n_pairs == 0) return pi_fail(PI_ERR_BAD_MODEL, "the LoRA adapter has no tensors");
+    return PI_OK;
+}
+
+pi_status pi_adapter_create(const pi_model *model, float alpha, int32_t n_tensors, const pi_tensor_desc *tensors,
+                            pi_adapter **out) {
+    if (!model || !out || n_tensors < 0 || (n_tensors > 0 && !tensors))
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_adapter_create: bad arguments");
+    if (!isfinite(alpha)) return pi_fail(PI_ERR_BAD_MODEL, "LoRA alpha is not a finite number");
+    *out = NULL;
+    pi_adapter *ad = calloc(1, sizeof *ad);
+    if (ad) ad->layers = calloc((size_t)model->hp.n_layer * PI_LORA_LAYER_N, sizeof *ad->layers);
+    if (!ad || !ad->layers) {
+        pi_adapter_free(ad);
+        return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    ad->model = model;
+    ad->alpha = alpha;
+    pi_status st = build(ad, n_tensors, tensors);
+    if (st != PI_OK) {
+        pi_adapter_free(ad);
+        return st;
+    }
+    *out = ad;
+    return PI_OK;
+}
+
+void pi_adapter_free(pi_adapter *adapter) {
+    if (!adapter) return;
+    free(adapter->layers);
+    free(adapter);
+}
+
+int32_t pi_adapter_n_pairs(const pi_adapter *adapter) { return adapter ? adapter->n_pairs : 0; }
+
+/* whether adapter ad adapts a weight of layer il's attention (ffn = false) or FFN (true) */
+static bool adapts(const pi_adapter *ad, int32_t il, bool ffn) {
+    for (int32_t w = ffn ? PI_LORA_GATE : 0; w < (ffn ? PI_LORA_LAYER_N : PI_LORA_GATE); w++)
+        if (ad->layers[il * PI_LORA_LAYER_N + w].a.data) return true;
+    return false;
+}
+
+pi_status pi_context_set_adapters(pi_context *ctx, int32_t n, pi_adapter *const *adapters, const float *scales) {
+    if (!ctx || n < 0 || n > MAX_ADAPTERS || (n > 0 && (!adapters || !scales)))
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_context_set_adapters: bad arguments (at most %d adapters)",
+                       MAX_ADAPTERS);
+    for (int32_t i = 0; i < n; i++) {
+        const pi_adapter *ad = adapters[i];
+        if (!ad || ad->model != ctx->model)
+            return pi_fail(PI_ERR_INVALID_ARG, "LoRA adapter %d was not made for this context's model", i);
+        if (!isfinite(scales[i])) return pi_fail(PI_ERR_INVALID_ARG, "LoRA adapter %d: scale is not finite", i);
+        for (int32_t il = 0; il < ctx->model->hp.n_layer; il++) {
+            const pi_layer_exec *lx = &ctx->lx[il];
+            if ((adapts(ad, il, false) && lx->attn != &ctx->cpu) || (adapts(ad, il, true) && lx->ffn != &ctx->cpu))
+                return pi_fail(PI_ERR_UNSUPPORTED, "LoRA adapters run on the CPU only, and layer %d, which adapter %d "
+                               "adapts, is offloaded to a device", il, i);
+        }
+        if (ad->output.a.data && ctx->out != &ctx->cpu)
+            return pi_fail(PI_ERR_UNSUPPORTED, "LoRA adapters run on the CPU only, and the output head, which adapter "
+                           "%d adapts, is offloaded to a device", i);
+    }
+    pi_lora_use *list = NULL;
+    if (n > 0 && !(list = malloc((size_t)n * sizeof *list))) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int32_t i = 0; i < n; i++) list[i] = (pi_lora_use){ adapters[i], scales[i] };
+    free(ctx->lora);
+    ctx->lora = list;
+    ctx->n_lora = n;
+    return PI_OK;
+}
+
+void pi_lora_release(pi_context *ctx) {
+    free(ctx->lora);
+    free(ctx->lora_mid);
+    free(ctx->lora_tmp);
+    ctx->lora = NULL;
+    ctx->lora_mid = ctx->lora_tmp = NULL;
+    ctx->n_lora = 0;
+    ctx->lora_mid_n = ctx->lora_tmp_n = 0;
+}
+
+/* *buf holds at least n floats */
+static pi_status scratch(float **buf, int64_t *cap, int64_t n) {
+    if (n <= *cap) return PI_OK;
+    float *p = realloc(*buf, (size_t)n * sizeof(float));
+    if (!p) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a LoRA term of %lld floats", (long long)n);
+    *buf = p;
+    *cap = n;
+    return PI_OK;
+}
+
+static pi_tensor f32_2d(float *data, int64_t ne0, int64_t ne1) {
+    return pi_tensor_view(PI_TYPE_F32, data, 2, (int64_t[]){ ne0, ne1 });
+}
+
+static pi_status on_cpu(pi_context *ctx, pi_exec *e) {
+    if (e == &ctx->cpu) return PI_OK;
+    return pi_fail(PI_ERR_UNSUPPORTED, "LoRA adapters run on the CPU only, and an adapted weight is on %s",
+                   e->be->i->name);
+}
+
+/* y [N, T] += s * b mid, mid [r, T] = the low-rank input (scaled here, in place) */
+static pi_status up_term(pi_context *ctx, pi_exec *e, const pi_lora_pair *p, float s, float *y, int64_t T) {
+    const int64_t r = p->b.ne[0], N = p->b.ne[1];
+    TRY(scratch(&ctx->lora_tmp, &ctx->lora_tmp_n, N * T));
+    pi_tensor mid = f32_2d(ctx->lora_mid, r, T), tmp = f32_2d(ctx->lora_tmp, N, T), yt = f32_2d(y, N, T);
+    TRY(OP(e, scale, &mid, s));
+    TRY(OP(e, mul_mat, &p->b, &mid, &tmp));
+    return OP(e, binary, PI_BINARY_ADD, &yt, &tmp, &yt);
+}
+
+/* y [N, T] += s * b (a x) */
+static pi_status term(pi_context *ctx, pi_exec *e, const pi_lora_pair *p, float s, float *x, float *y, int64_t T) {
+    const int64_t K = p->a.ne[0], r = p->a.ne[1];
+    TRY(scratch(&ctx->lora_mid, &ctx->lora_mid_n, r * T));
+    pi_tensor xt = f32_2d(x, K, T), mid = f32_2d(ctx->lora_mid, r, T);
+    TRY(OP(e, mul_mat, &p->a, &xt, &mid));
+    return up_term(ctx, e, p, s, y, T);
+}
+
+pi_status pi_lora_add(pi_context *ctx, pi_exec *e, int32_t il, int32_t w, float *x, float *y, int64_t T) {
+    for (int32_t i = 0; i < ctx->n_lora; i++) {
+        const pi_lora_pair *p = &ctx->lora[i].adapter->layers[il * PI_LORA_LAYER_N + w];
+        if (!p->a.data) continue;
+        TRY(on_cpu(ctx, e));
+        TRY(term(ctx, e, p, ctx->lora[i].scale * p->rank_scale, x, y, T));
+    }
+    return PI_OK;
+}
+
+pi_status pi_lora_add_output(pi_context *ctx, pi_exec *e, float *x, float *logits, int64_t T) {
+    const int64_t E = ctx->model->hp.n_embd, V = ctx->model->hp.n_vocab;
+    const int64_t chunk = PI_MAX(1, ((int64_t)4 << 20) / V);   /* tokens per term: at most 16 MiB of logits */
+    for (int32_t i = 0; i < ctx->n_lora; i++) {
+        const pi_lora_pair *p = &ctx->lora[i].adapter->output;
+        if (!p->a.data) continue;
+        TRY(on_cpu(ctx, e));
+        for (int64_t t = 0; t < T; t += chunk)
+            TRY(term(ctx, e, p, ctx->lora[i].scale * p->rank_scale, x + t * E, logits + t * V, PI_MIN(chunk, T - t)));
+    }
+    return PI_OK;
+}
+
+pi_status pi_lora_add_embd(pi_context *ctx, pi_exec *e, const int32_t *tokens, float *x, int64_t T) {
+    for (int32_t i = 0; i < ctx->n_lora; i++) {
+        const pi_lora_pair *p = &ctx->lora[i].adapter->tok_embd;
+        if (!p->a.data) continue;
+        TRY(on_cpu(ctx, e));
+        TRY(scratch(&ctx->lora_mid, &ctx->lora_mid_n, p->a.ne[0] * T));
+        pi_tensor mid = f32_2d(ctx->lora_mid, p->a.ne[0], T);
+        TRY(OP(e, get_rows, &p->a, tokens, T, &mid));   /* the tokens' rows of a [r, n_vocab] */
+        TRY(up_term(ctx, e, p, ctx->lora[i].scale * p->rank_scale, x, T));
+    }
+    return PI_OK;
+}

@@ -12,6 +12,7 @@ from reference_model import ReferenceModel, dequantize, read_gguf
 
 import powerinfer as pi
 from powerinfer.lora import LoraAdapter
+from powerinfer.request import RequestError
 
 PROMPT = [1, 17, 93, 5, 200, 41, 7, 66, 130, 12, 3, 250]
 
@@ -136,3 +137,106 @@ def test_bad_adapters(tiny_model, tmp_path):
         ctx.set_lora([(good, float("nan"))])
     with pytest.raises(ValueError, match="another model"):
         ctx.set_lora([(LoraAdapter(tmp_path / "good.gguf", pi.Model(base)), 1.0)])
+
+
+# ---------------------------------------------------------------------------------------------- front doors
+def greedy(llm, prompt="the cat sat", n=16, **kw) -> str:
+    return llm.create_completion(prompt, max_tokens=n, temperature=0, seed=1, **kw)["choices"][0]["text"]
+
+
+def test_api_and_per_request_adapters(tiny_model, tmp_path):
+    """PowerInfer(lora_path=, lora_scale=) (llama-cpp-python's keywords) and a request's own scales (llama.cpp's
+    `lora` field): the same text as a PowerInfer loaded with those scales; two requests with different adapters in
+    flight together give each its own (a decode step holds one set; the slots' caches are kept apart)."""
+    import threading
+    base = tiny_model("q8_0", seed=7)
+    write_lora(tmp_path / "a.gguf", base, targets=LORA_ALL_LINEAR + ("output",), rank=8, seed=8)
+    plain = pi.PowerInfer(base, n_ctx=256, n_threads=1, verbose=False)
+    half = pi.PowerInfer(base, n_ctx=256, n_threads=1, verbose=False, lora_path=str(tmp_path / "a.gguf"),
+                         lora_scale=0.5)
+    want_plain, want_half = greedy(plain), greedy(half)
+    assert want_plain != want_half
+    llm = pi.PowerInfer(base, n_ctx=512, n_parallel=2, n_threads=1, verbose=False, lora=[(tmp_path / "a.gguf", 1.0)])
+    assert greedy(llm, lora=[{"id": 0, "scale": 0.5}]) == want_half
+    assert greedy(llm, lora=[(0, 0.0)]) == want_plain
+    full = greedy(llm)
+    assert full not in (want_plain, want_half)
+    llm.set_lora_scales([{"id": 0, "scale": 0.5}])            # POST /lora-adapters
+    assert greedy(llm) == want_half
+    llm.set_lora_scales([])                                    # every adapter at 0
+    assert greedy(llm) == want_plain
+    for _ in range(3):                                         # concurrent, different adapters, the same prompt
+        out = {}
+        jobs = [threading.Thread(target=lambda k=k, s=s: out.__setitem__(k, greedy(llm, n=24, lora=[(0, s)])))
+                for k, s in (("half", 0.5), ("plain", 0.0))]
+        for j in jobs:
+            j.start()
+        for j in jobs:
+            j.join()
+        assert out["half"] == greedy(half, n=24) and out["plain"] == greedy(plain, n=24)
+    with pytest.raises(RequestError, match="lora id 3 is not a loaded adapter"):
+        llm.create_completion("x", max_tokens=1, lora=[{"id": 3, "scale": 1.0}])
+    with pytest.raises(RequestError, match="finite"):
+        llm.create_completion("x", max_tokens=1, lora=[{"id": 0, "scale": "big"}])
+
+
+def test_server_lora_adapters(tiny_model, tmp_path):
+    """GET / POST /lora-adapters and a request's `lora`, as llama.cpp's server answers them."""
+    pytest.importorskip("uvicorn")
+    from test_server import InProcessServer, get, post, wait_healthy
+
+    from powerinfer.server.app import ServerState, create_app
+    base = tiny_model("q8_0", seed=7)
+    write_lora(tmp_path / "a.gguf", base, targets=LORA_ALL_LINEAR, rank=8, seed=8)
+    ref = pi.PowerInfer(base, n_ctx=256, n_threads=1, verbose=False, lora_path=str(tmp_path / "a.gguf"),
+                        lora_scale=0.25)
+    plain = pi.PowerInfer(base, n_ctx=256, n_threads=1, verbose=False)
+    llm = pi.PowerInfer(base, n_ctx=512, n_parallel=2, n_threads=1, verbose=False, lora=[(tmp_path / "a.gguf", 0.0)])
+    srv = InProcessServer(create_app(ServerState(model_path=str(base), llm=llm)))
+    try:
+        wait_healthy(srv.base)
+        listed = get(srv.base, "/lora-adapters").json()
+        assert listed == [{"id": 0, "path": str(tmp_path / "a.gguf"), "scale": 0.0, "task_name": "",
+                           "prompt_prefix": ""}]
+        body = {"prompt": "the cat sat", "n_predict": 16, "temperature": 0, "seed": 1}
+        r = post(srv.base, "/completion", {**body, "lora": [{"id": 0, "scale": 0.25}]}).json()
+        assert r["content"] == greedy(ref) and r["generation_settings"]["lora"] == [{"id": 0, "scale": 0.25}]
+        assert post(srv.base, "/completion", body).json()["content"] == greedy(plain)
+        assert post(srv.base, "/lora-adapters", [{"id": 0, "scale": 0.25}]).json() == {"success": True}
+        assert get(srv.base, "/lora-adapters").json()[0]["scale"] == 0.25
+        assert post(srv.base, "/completion", body).json()["content"] == greedy(ref)
+        chat = post(srv.base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                       "max_tokens": 4, "lora": [{"id": 0, "scale": 1.0}]})
+        assert chat.status_code == 200
+        for bad, what in (([{"id": 5, "scale": 1}], "not a loaded adapter"), ({"id": 0}, "must be an array"),
+                          ([{"id": "0", "scale": 1}], "lora entries")):
+            r = post(srv.base, "/completion", {**body, "lora": bad})
+            assert r.status_code == 400 and what in r.json()["error"]["message"], r.text
+        r = post(srv.base, "/lora-adapters", {"id": 0, "scale": 1})
+        assert r.status_code == 400 and "must be a JSON array" in r.json()["error"]["message"]
+    finally:
+        srv.close()
+
+
+def test_main_lora_flags(tiny_model, tmp_path):
+    """main.py --lora / --lora-scaled: the adapter's text; scale 0 the base's; a bad adapter exits 1 saying why."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    base = tiny_model("q8_0", seed=7)
+    write_lora(tmp_path / "a.gguf", base, targets=LORA_ALL_LINEAR, rank=8, seed=8)
+    main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
+
+    def run(*extra):
+        return subprocess.run([sys.executable, str(main), "-m", str(base), "-p", "the cat", "-n", "12", "--temp", "0",
+                               "--ignore-eos", "-no-cnv", "-c", "64", *extra], capture_output=True, text=True,
+                              timeout=120)
+    plain, adapted = run(), run("--lora", str(tmp_path / "a.gguf"))
+    assert plain.returncode == 0 and adapted.returncode == 0, adapted.stderr
+    assert plain.stdout != adapted.stdout and "LoRA adapter" in adapted.stderr
+    assert run("--lora-scaled", str(tmp_path / "a.gguf"), "0").stdout == plain.stdout
+    ref = pi.PowerInfer(base, n_ctx=64, n_threads=1, verbose=False, lora_path=str(tmp_path / "a.gguf"))
+    assert adapted.stdout.endswith(ref.create_completion("the cat", max_tokens=12, temperature=0,
+                                                         ignore_eos=True)["choices"][0]["text"])
+    bad = run("--lora", str(base))
+    assert bad.returncode == 1 and "not a LoRA adapter" in bad.stderr

@@ -1860,6 +1860,62 @@ def test_device_and_offload_bad_args(model):
     expect(lib.pi_context_offload(ctx, p), INVALID, "before the first decode")
 
 
+def test_lora_adapter_bad_args(model):
+    """pi_adapter_create / pi_context_set_adapters: NULLs, counts, names, shapes, NaN (tests/test_lora.py: files)."""
+    ctx = make_ctx(model, n_ctx=8)
+    out = ffi.new("pi_adapter **")
+    E, r = TINY["n_embd"], 4
+    a = np.zeros((r, E), np.float32)       # ne [E, r]: attn_q's lora_a
+    b = np.zeros((E, r), np.float32)       # ne [r, E]
+    keep = []
+
+    def descs(*items):
+        d = ffi.new("pi_tensor_desc[]", max(len(items), 1))
+        for i, (name, arr) in enumerate(items):
+            keep.append(ffi.new("char[]", name.encode()))
+            d[i].name, d[i].type, d[i].n_dims = keep[-1], 0, arr.ndim
+            for j, n in enumerate(reversed(arr.shape)):
+                d[i].ne[j] = n
+            d[i].data, d[i].nbytes = ffi.from_buffer(arr), arr.nbytes
+        return d
+    good = descs(("blk.0.attn_q.weight.lora_a", a), ("blk.0.attn_q.weight.lora_b", b))
+    expect(lib.pi_adapter_create(ffi.NULL, 1.0, 2, good, out), INVALID, "bad arguments")
+    expect(lib.pi_adapter_create(model._ptr, 1.0, 2, good, ffi.NULL), INVALID, "bad arguments")
+    expect(lib.pi_adapter_create(model._ptr, 1.0, -1, good, out), INVALID, "bad arguments")
+    expect(lib.pi_adapter_create(model._ptr, 1.0, 2, ffi.NULL, out), INVALID, "bad arguments")
+    expect(lib.pi_adapter_create(model._ptr, float("nan"), 2, good, out), BAD_MODEL, "alpha")
+    expect(lib.pi_adapter_create(model._ptr, 1.0, 0, good, out), BAD_MODEL, "no tensors")
+    expect(lib.pi_adapter_create(model._ptr, 1.0, 1, good, out), BAD_MODEL, "missing its lora_b")
+    cases = [((("blk.0.attn_q.weight.lora_a", a), ("blk.0.attn_q.weight.lora_a", a)), "appears twice"),
+             ((("blk.0.attn_q.weight", a),), "neither"),
+             ((("blk.99.attn_q.weight.lora_a", a),), "does not have"),
+             ((("blk.0.attn_x.weight.lora_a", a),), "does not have"),
+             ((("blk.0.attn_q.weight.lora_a", a), ("blk.0.attn_q.weight.lora_b", np.zeros((E, r + 1), np.float32))),
+              "has shapes"),
+             ((("blk.0.attn_q.weight.lora_a", a[0]),), "2-d"),
+             ((("x" * 200 + ".lora_a", a),), "too long")]
+    for items, words in cases:
+        expect(lib.pi_adapter_create(model._ptr, 1.0, len(items), descs(*items), out), BAD_MODEL, words)
+    assert lib.pi_adapter_create(model._ptr, 0.0, 2, good, out) == OK
+    ad = ffi.gc(out[0], lib.pi_adapter_free)
+    assert lib.pi_adapter_n_pairs(ad) == 1 and lib.pi_adapter_n_pairs(ffi.NULL) == 0
+    lib.pi_adapter_free(ffi.NULL)
+    ads, scales = ffi.new("pi_adapter *[]", [ad]), ffi.new("float[]", [1.0])
+    expect(lib.pi_context_set_adapters(ffi.NULL, 1, ads, scales), INVALID, "bad arguments")
+    expect(lib.pi_context_set_adapters(ctx, 1, ffi.NULL, scales), INVALID, "bad arguments")
+    expect(lib.pi_context_set_adapters(ctx, -1, ads, scales), INVALID, "bad arguments")
+    expect(lib.pi_context_set_adapters(ctx, 65, ads, scales), INVALID, "at most 64")
+    expect(lib.pi_context_set_adapters(ctx, 1, ffi.new("pi_adapter *[]", [ffi.NULL]), scales), INVALID, "not made")
+    expect(lib.pi_context_set_adapters(ctx, 1, ads, ffi.new("float[]", [float("inf")])), INVALID, "not finite")
+    other = pi.Model(model.path)
+    assert lib.pi_adapter_create(other._ptr, 0.0, 2, good, out) == OK
+    foreign = ffi.gc(out[0], lib.pi_adapter_free)
+    expect(lib.pi_context_set_adapters(ctx, 1, ffi.new("pi_adapter *[]", [foreign]), scales), INVALID, "not made")
+    assert lib.pi_context_set_adapters(ctx, 1, ads, scales) == OK
+    assert _decode(ctx, [1, 2], [0, 1]) == OK                  # b is zero: the base model's logits
+    assert lib.pi_context_set_adapters(ctx, 0, ffi.NULL, ffi.NULL) == OK
+
+
 # ---- every public function is exercised above -------------------------------------------
 COVERED = {
     "pi_last_error", "pi_system_info", "pi_type_supported", "pi_type_name", "pi_type_block_size",
@@ -1884,6 +1940,7 @@ COVERED = {
     "pi_set_sparse_thresholds", "pi_set_gate_input_thresholds", "pi_gate_input_stats", "pi_act_histogram",
     "pi_set_attn_input_thresholds", "pi_attn_input_stats",
     "pi_act_histogram_edge", "pi_act_channel_means",
+    "pi_adapter_create", "pi_adapter_free", "pi_adapter_n_pairs", "pi_context_set_adapters",
 }
 
 

@@ -22,6 +22,7 @@ from .cli_args import KV_GGML_IDS, KV_TYPES
 from .context import Context, kv_types
 from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
+from .lora import load_adapters, scaled_adapters
 from .model import Model
 from .reasoning import check_format as check_reasoning_format
 from .reasoning import splitter_for
@@ -354,7 +355,8 @@ class PowerInfer:
                  draft_p_min: float = 0.75, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
                  rope_scaling_type: int | str | None = -1, yarn_ext_factor: float = -1.0,
                  yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
-                 yarn_orig_ctx: int = 0, kv_overrides: dict | None = None, **unsupported):
+                 yarn_orig_ctx: int = 0, kv_overrides: dict | None = None, lora_path: str | None = None,
+                 lora_scale: float = 1.0, lora_base: str | None = None, lora=(), **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         reasoning_format: the default of create_chat_completion's (powerinfer.reasoning: auto / deepseek put a
         reply's <think>...</think> in message.reasoning_content, none leaves it in content; llama.cpp's server flag).
@@ -368,6 +370,10 @@ class PowerInfer:
         draft model's GGUF path (same vocabulary; run greedily, drafts stop below draft_p_min), a Drafter such
         as PromptLookup(), or llama-cpp-python's LlamaDraftModel (a callable: input_ids -> draft ids);
         draft_max / draft_min: tokens drafted per step at most / at least (llama.cpp's --draft-max / --draft-min).
+        lora_path / lora_scale (llama-cpp-python's): a LoRA adapter (llama.cpp's GGUF adapter; convert-lora.py makes
+        one from a PEFT directory) applied with that scale; lora: more (path, scale) pairs (llama.cpp's --lora-scaled),
+        after lora_path's. lora_base changes nothing (llama.cpp applies adapters to the loaded weights, quantized or
+        not). A request's adapters: create_completion(..., lora=[(i, scale), ...]) (powerinfer.lora).
 
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
         count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
@@ -376,8 +382,8 @@ class PowerInfer:
         flash_attn, use_mlock, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
         here (said once when set); rope_freq_base, rope_freq_scale, rope_scaling_type (-1 the file's, 0 none, 1
         linear, 2 yarn, or those names), yarn_* (0 / negative: the file's) and kv_overrides ({key: value} read instead
-        of the file's metadata) as llama.cpp's (powerinfer.rope). Anything else of Llama's (lora_path, ...)
-        raises ValueError naming it."""
+        of the file's metadata) as llama.cpp's (powerinfer.rope). Anything else of Llama's raises ValueError
+        naming it."""
         kv_type, pooling = _llama_aliases(kv_type, pooling, type_k=type_k, type_v=type_v, pooling_type=pooling_type)
         if unsupported:
             raise ValueError(f"PowerInfer(): {', '.join(sorted(unsupported))} not supported (llama-cpp-python's "
@@ -393,7 +399,8 @@ class PowerInfer:
         noop = [n for n, v, d in (("flash_attn", flash_attn, False), ("use_mlock", use_mlock, False),
                                   ("logits_all", logits_all, False), ("embedding", embedding, False),
                                   ("offload_kqv", offload_kqv, True), ("numa", numa, False),
-                                  ("last_n_tokens_size", last_n_tokens_size, 64)) if v != d]
+                                  ("last_n_tokens_size", last_n_tokens_size, 64),
+                                  ("lora_base", lora_base, None)) if v != d]
         if noop and verbose:
             log.warning("PowerInfer(): %s change nothing here (llama-cpp-python keywords: one attention kernel, "
                         "logits and embeddings always available, the KV cache follows the offload policy)",
@@ -413,6 +420,8 @@ class PowerInfer:
                            reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
                            n_gpu_layers=n_gpu_layers, sparsity=sparsity, sparse_batch_max=sparse_batch_max,
                            sparse_gather_max=sparse_gather_max)
+        self.lora_adapters = load_adapters(self.model, ([(lora_path, lora_scale)] if lora_path else []) + list(lora))
+        self.ctx.set_lora(self.lora_adapters)
         spec = SpecParams(draft_max, draft_min, draft_p_min)
         spec.validate()
         drafter = make_drafter(draft_model, target_tokenizer=self.tokenizer, n_ctx=self.ctx.n_ctx,
@@ -649,10 +658,12 @@ class PowerInfer:
                   frequency_penalty: float = 0.0, logit_bias=None, ignore_eos: bool = False,
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
-                  speculative: SpecParams | None = None, **sampler_options) -> Task:
+                  speculative: SpecParams | None = None, lora=None, **sampler_options) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
-        settings (None: the engine's; they change the speed only). sampler_options: SamplingParams' other fields
+        settings (None: the engine's; they change the speed only). lora: this request's adapter scales, llama.cpp's
+        [{"id": i, "scale": s}, ...] or (i, s) pairs over self.lora_adapters (those left out: 0; None or []: the
+        current ones, set_lora_scales). sampler_options: SamplingParams' other fields
         (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
             seed = self.seed
@@ -682,9 +693,22 @@ class PowerInfer:
         task = Task(prompt_tokens, params, n_predict=n_predict, stop=_as_stop_list(stop),
                     stop_token_ids=stop_token_ids, cache_prompt=cache_prompt, n_probs=n_probs, grammar=grammar,
                     logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                    prompt_logprobs=prompt_logprobs, speculative=speculative)
+                    prompt_logprobs=prompt_logprobs, speculative=speculative,
+                    lora=self._lora_request(lora))
         self.engine.check(task)
         return task
+
+    def _lora_request(self, spec) -> tuple | None:
+        try:
+            return scaled_adapters(self.lora_adapters, spec) if spec else None
+        except ValueError as e:
+            raise RequestError(str(e), param="lora") from None
+
+    def set_lora_scales(self, spec) -> None:
+        """The adapters' scales of the requests that give none (llama.cpp's POST /lora-adapters): [{"id": i, "scale":
+        s}, ...] or (i, s) pairs, the adapters left out at 0. ValueError for an unknown id or a bad scale."""
+        self.lora_adapters = list(scaled_adapters(self.lora_adapters, spec))
+        self.engine.lora = tuple(self.lora_adapters)
 
     @property
     def chat_formatter(self):

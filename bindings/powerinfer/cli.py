@@ -25,6 +25,7 @@ from .cli_args import (
 )
 from .context import Context
 from .gguf_file import ModelLoadError
+from .lora import load_adapters
 from .hub import HubError, add_model_args, bundled_model, resolve_model
 from .model import Model, parse_kv_override
 from .offload import add_gpu_args, gpu_kwargs
@@ -70,6 +71,33 @@ def add_context_args(p: argparse.ArgumentParser, *, ctx_size: str | None = None,
                    help="the KV cache's type, K and V (-ctk / -ctv set one) (default: %(default)s)")
     add_sparse_args(p, sparse_gather_max=sparse_gather_max)
     add_rope_args(p)
+    add_lora_args(p)
+
+
+def add_lora_args(p: argparse.ArgumentParser, *, server: bool = False) -> None:
+    """llama.cpp's --lora / --lora-scaled (and the server's --lora-init-without-apply)."""
+    g = p.add_argument_group("LoRA adapters (llama.cpp's GGUF adapters; convert-lora.py makes one from PEFT)")
+    g.add_argument("--lora", action="append", default=[], metavar="FNAME",
+                   help="apply a LoRA adapter with scale 1 (repeatable)")
+    g.add_argument("--lora-scaled", action="append", nargs=2, default=[], metavar=("FNAME", "SCALE"),
+                   help="apply a LoRA adapter with the given scale (repeatable)")
+    if server:
+        g.add_argument("--lora-init-without-apply", action="store_true",
+                       help="load the adapters with scale 0 (POST /lora-adapters or a request's `lora` sets them)")
+
+
+def lora_specs(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """(path, scale) of --lora and then --lora-scaled (llama.cpp's order: the adapter ids of /lora-adapters);
+    scale 0 for all with --lora-init-without-apply. CLIError for a scale that is not a number."""
+    out = [(path, 1.0) for path in args.lora]
+    for path, scale in args.lora_scaled:
+        try:
+            out.append((path, float(scale)))
+        except ValueError:
+            raise CLIError(f"--lora-scaled {path} {scale}: the scale must be a number") from None
+    if getattr(args, "lora_init_without_apply", False):
+        out = [(path, 0.0) for path, _ in out]
+    return out
 
 
 def add_rope_args(p: argparse.ArgumentParser) -> None:
@@ -455,10 +483,14 @@ def make_context(args: argparse.Namespace, model: Model, prog: str, **kwargs) ->
               sparse_gather_max=getattr(args, "sparse_gather_max", 1), **gpu_kwargs(args))
     try:
         ctx = Context(model, **{**kw, **kwargs})
+        adapters = load_adapters(model, lora_specs(args)) if getattr(args, "lora", None) is not None else []
+        ctx.set_lora(adapters)
     except (ValueError, PowerInferError) as e:
         raise CLIError(str(e)) from None
     for line in ctx.gpu_log:
         log(line)
+    for ad, scale in adapters:
+        log(f"{prog}: LoRA adapter {ad.path} (alpha {ad.alpha:g}, {ad.n_weights} weights), scale {scale:g}")
     if model.sparse:
         log(f"{prog}: PowerInfer model, " + ("every neuron is computed (--dense)" if args.dense else
             f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))

@@ -196,6 +196,7 @@ class _Slot:
         self.n_ctx = n_ctx
         self.hw = 0                     # cells [0, hw) of the region are occupied
         self.cache: list[int] = []      # tokens whose KV is valid at positions [0, len)
+        self.cache_lora: tuple = ()     # the LoRA adapters (and scales) that computed it
         self.task: Task | None = None
         self.reset_request()
 
@@ -261,6 +262,8 @@ class Engine:
         self.spec = spec or SpecParams()
         self.spec.validate()
         self.n_drafted = self.n_draft_accepted = 0     # draft tokens proposed / kept, over the engine's life
+        self.lora: tuple = ctx.lora    # the LoRA adapters of the tasks that name none (Task.lora)
+        self._lora_turn = 0            # which set of adapters the next step runs, when requests differ
         self.draft_ms = 0.0                            # time spent in the drafter
 
     # ---------------------------------------------------------------- public
@@ -367,6 +370,7 @@ class Engine:
             if self.busy():
                 raise RuntimeError("the engine has requests in flight; finish or cancel them first")
             self.ctx.kv_clear()
+            self.ctx.set_lora(self.lora)
             top = max((i for i, c in enumerate(caches) if c), default=-1)
             for s, c in zip(self.slots, caches):
                 s.cache, s.hw = [], 0
@@ -377,7 +381,7 @@ class Engine:
                     chunk = toks[i:i + self.n_batch]
                     self.ctx.decode(chunk, pos=range(i, i + len(chunk)), seq_id=s.id,
                                     logits=np.zeros(len(chunk), dtype=np.int8))
-                s.cache, s.hw = [int(t) for t in c], len(toks)
+                s.cache, s.hw, s.cache_lora = [int(t) for t in c], len(toks), self.lora
             self._dirty = False
 
     def _clear_if_dirty(self) -> None:
@@ -436,6 +440,7 @@ class Engine:
             except PowerInferError as e:
                 raise RequestError(f"invalid slot file: {e}") from None
             s.cache, s.hw = list(tokens), max(s.hw, n)
+            s.cache_lora = self.lora        # saved under the adapters of the engine's requests, as far as it knows
             if keep is not None and keep < n:
                 s.cache = s.cache[:max(keep, 0)]
                 if not self.regions:        # no stale cells without regions
@@ -536,8 +541,9 @@ class Engine:
                 task = self.pending.popleft()
             # the free slot with the longest reusable prefix; ties: the lowest region
             best, best_n = free[0], -1
+            lora = self._lora_of(task)
             for s in free:
-                n = common_prefix(s.cache, task.prompt_tokens) if task.cache_prompt else 0
+                n = common_prefix(s.cache, task.prompt_tokens) if task.cache_prompt and s.cache_lora == lora else 0
                 if n > best_n:
                     best, best_n = s, n
             slot = best
@@ -575,7 +581,8 @@ class Engine:
     def _prompt_source(self, task: Task) -> _Slot | None:
         """The slot still evaluating task.prompt_from's prompt, whose KV task can share; None: evaluate it."""
         src = task.prompt_from
-        if self.regions or src is None or src.prompt_tokens != task.prompt_tokens:
+        if self.regions or src is None or src.prompt_tokens != task.prompt_tokens or \
+                self._lora_of(src) != self._lora_of(task):
             return None
         return next((s for s in self.slots if s.task is src and s.todo and s.fork_of is None), None)
 
@@ -619,6 +626,8 @@ class Engine:
             active = [s for s in self.slots if s.busy]
             if not active and not (idle_fill and self.fill_pending()):
                 return False
+            lora = self._step_lora(active)
+            active = [s for s in active if self._lora_of(s.task) == lora]
             # --- plan, in region order. A slot may claim cells only if every region below it is
             # fully occupied by the end of this step, so the free tails of lower regions get filler
             # tokens first (at most fill_budget per step while requests run: a long fill does not
@@ -633,7 +642,7 @@ class Engine:
             drafts: dict[int, list[int]] = {}                # slot id -> the draft tokens after its last token
             fills: dict[int, tuple[int, int]] = {}          # region -> (first position, count)
             for s in self.slots[:want_top + 1]:
-                if s.busy:
+                if s in active:
                     if not s.todo and s.last >= 0:
                         d = self._draft(s, min(budget, draft_room))
                         if d:
@@ -689,6 +698,7 @@ class Engine:
             # one token of one sequence (a single request generating): Context.decode's path without numpy
             logits = "last" if one_seq and want == [1] else np.asarray(want, dtype=np.int8)
             try:
+                self.ctx.set_lora(lora)
                 self.ctx.decode(tokens, pos=pos, seq_id=seq[0] if one_seq else seq, logits=logits)
             except Exception as e:
                 self._decode_failed(e)
@@ -701,6 +711,7 @@ class Engine:
             for sid, (toks, _) in plan.items():
                 s = self.slots[sid]
                 s.cache = s.cache[:s.n_past] + toks
+                s.cache_lora = lora
                 s.n_past += len(toks)
                 s.hw = max(s.hw, s.n_past)
                 if s.todo:
@@ -739,6 +750,17 @@ class Engine:
                         log.exception("sampling failed")
                     self._finish(s, error=e)
             return True
+
+    def _lora_of(self, task: Task) -> tuple:
+        return self.lora if task.lora is None else task.lora
+
+    def _step_lora(self, active: list[_Slot]) -> tuple:
+        """The adapters this step runs with: the busy slots' sets taken in turn (one set per decode call)."""
+        sets = list(dict.fromkeys(self._lora_of(s.task) for s in active))
+        if len(sets) <= 1:
+            return sets[0] if sets else self.lora
+        self._lora_turn += 1
+        return sets[self._lora_turn % len(sets)]
 
     def _draft(self, s: _Slot, budget: int) -> list[int]:
         """Draft tokens to evaluate after generating slot s's last token: at most the request's n_max, the batch's

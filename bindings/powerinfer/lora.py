@@ -77,6 +77,23 @@ def check_scale(scale) -> float:
     return float(scale)
 
 
+def scaled_adapters(loaded: Sequence[tuple[LoraAdapter, float]], spec) -> tuple[tuple[LoraAdapter, float], ...]:
+    """The loaded adapters with the scales of spec (llama.cpp's request `lora` and POST /lora-adapters: [{"id": i,
+    "scale": s}, ...], or (i, s) pairs), each left out at 0. ValueError naming a bad entry."""
+    if not isinstance(spec, (list, tuple)):
+        raise ValueError("lora must be an array of {\"id\", \"scale\"} objects")
+    scales = [0.0] * len(loaded)
+    for entry in spec:
+        i, scale = (entry.get("id"), entry.get("scale", 0.0)) if isinstance(entry, dict) else \
+            tuple(entry) if isinstance(entry, (list, tuple)) and len(entry) == 2 else (None, None)
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"lora entries are {{\"id\": int, \"scale\": number}}, got {entry!r}")
+        if not 0 <= i < len(loaded):
+            raise ValueError(f"lora id {i} is not a loaded adapter ({len(loaded)} loaded: GET /lora-adapters)")
+        scales[i] = check_scale(scale)
+    return tuple((ad, s) for (ad, _), s in zip(loaded, scales))
+
+
 def set_context_adapters(ctx, adapters: Sequence[tuple[LoraAdapter, float]]) -> None:
     """The core call behind Context.set_lora: the adapters (of ctx's model) and their scales for the next decodes."""
     for ad, _ in adapters:

@@ -107,6 +107,8 @@ class Task:
     regions, this task's prompt is not evaluated but its KV cells are shared (kv_seq_cp) once
     prompt_from's prompt is, and its first token is sampled from the same logits (batched.py).
     speculative: SpecParams for this request's draft tokens (None: the engine's; n_max 0: no drafts).
+    lora: the (powerinfer.lora.LoraAdapter, scale) pairs this request runs with (None: the engine's `lora`); a
+    decode step holds the requests of one set only, and a slot's cache is reused under the same set alone.
     """
 
     def __init__(self, prompt_tokens: list[int], params: SamplingParams, *, n_predict: int = -1,
@@ -114,7 +116,7 @@ class Task:
                  emit: Callable | None = None, want_ids: bool = False, sampler: Sampler | None = None,
                  grammar=None, logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
                  hide_stop: bool = True, context_shift: bool = False, n_keep: int = 0,
-                 prompt_from: Task | None = None, speculative=None):
+                 prompt_from: Task | None = None, speculative=None, lora: tuple | None = None):
         self.prompt_tokens = list(prompt_tokens)
         self.params = params
         self.n_predict = n_predict
@@ -132,6 +134,7 @@ class Task:
         self.n_keep = n_keep
         self.prompt_from = prompt_from
         self.speculative = speculative        # a powerinfer.speculative.SpecParams; None: the engine's
+        self.lora = None if lora is None else tuple((ad, float(s)) for ad, s in lora)
         # echo with logprobs: Result.prompt_probs gets an entry per prompt token (the first has no logprob),
         # so the whole prompt is evaluated (no prompt cache)
         self.prompt_logprobs = prompt_logprobs

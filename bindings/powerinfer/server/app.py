@@ -7,6 +7,7 @@ GET  /v1/models, /models     the served model (answers while loading too)
 GET  /props                   server settings
 GET  /slots, /metrics        per-slot state (--no-slots: 501), Prometheus metrics (--metrics) (server/metrics.py)
 POST /slots/{id}?action=save|restore|erase   a slot's prompt cache to and from --slot-save-path (server/slot_files.py)
+GET/POST /lora-adapters                    the LoRA adapters and their scales (server/lora_adapters.py)
 POST /v1/embeddings, /embedding   embeddings (--embedding; server/embeddings.py)
 GET  /                       the chat page (server/static/index.html; --no-webui: 404)
 POST /completion, /completions   llama.cpp native completion (SSE with "stream": true)
@@ -175,6 +176,7 @@ def sampling_fields(body: dict, defaults: SamplingParams | None = None) -> dict:
             out["speculative"].validate()
         except ValueError as e:
             raise RequestError(f"speculative.*: {e}", param="speculative") from None
+    out["lora"] = field(body, "lora", "list", None)    # this request's adapter scales (llama.cpp's [{id, scale}])
     rf = field(body, "response_format", "dict", None)
     out["grammar"] = resolve_grammar(field(body, "grammar", "str", None), field(body, "json_schema", "any", None), rf)
     return out
@@ -315,6 +317,8 @@ def build_routes(state: ServerState) -> list[Route]:
             "grammar": s["grammar"].source if s.get("grammar") is not None else "",
             "logit_bias": [[k, (v if math.isfinite(v) else False)] for k, v in llm._logit_bias(bias).items()],
             **speculative_settings(llm.engine, s.get("speculative")),
+            "lora": [{"id": i, "scale": scale} for i, (_, scale) in
+                     enumerate(llm._lora_request(s.get("lora")) or llm.lora_adapters)],
         }
 
     async def props(request: Request):
@@ -698,8 +702,8 @@ def build_routes(state: ServerState) -> list[Route]:
             raise HTTPException(404, "Not Found (the web page is off: --no-webui)")
         return Response(_index_html(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
-    from . import embeddings, metrics, responses, slot_files
-    return embeddings.routes(state) + metrics.routes(state) + slot_files.routes(state) + \
+    from . import embeddings, lora_adapters, metrics, responses, slot_files
+    return embeddings.routes(state) + metrics.routes(state) + slot_files.routes(state) + lora_adapters.routes(state) + \
         responses.routes(state, chat_task) + [
         Route("/", index, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

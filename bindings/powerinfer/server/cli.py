@@ -13,10 +13,12 @@ from .. import act_sparsity
 from ..reasoning import FORMATS as REASONING_FORMATS
 from ..cli import (
     CLIError,
+    add_lora_args,
     add_rope_args,
     add_sampling_args,
     add_sparse_args,
     add_speculative_args,
+    lora_specs,
     make_speculative,
     rope_overrides,
     sampling_params,
@@ -73,6 +75,7 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                         "default) or left in content (none); a request's reasoning_format overrides it")
     add_sparse_args(p)
     add_rope_args(p)
+    add_lora_args(p, server=True)
     add_gpu_args(p)
     add_speculative_args(p)
     add_sampling_args(p, seed=None)          # the defaults of requests that leave a field out (llama.cpp's)
@@ -120,6 +123,7 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
         args.rope = rope_overrides(args)
         args.rope["rope_scaling_type"] = args.rope.pop("rope_scaling")     # PowerInfer's (llama-cpp-python's) name
         args.rope["kv_overrides"] = dict(parse_kv_override(o) for o in args.override_kv)
+        args.lora_specs = lora_specs(args)
     except (ValueError, CLIError) as e:
         p.error(str(e))
     if args.reasoning_budget not in (-1, 0):
@@ -192,7 +196,7 @@ def make_loader(args):
                             sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
                             sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,
                             model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
-                            reasoning_format=args.reasoning_format, **args.rope,
+                            reasoning_format=args.reasoning_format, lora=args.lora_specs, **args.rope,
                             **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
         try:

@@ -111,14 +111,15 @@ def _lone_surrogate(value, path: str = "") -> str | None:
     return None
 
 
-def _parse_body(raw: bytes) -> dict:
+def _parse_body(raw: bytes, array: bool = False) -> dict | list:
     try:
         body = json.loads(raw or b"")
     except (ValueError, RecursionError) as e:      # JSONDecodeError, bad UTF-8, absurd nesting or numbers
         raise RequestError(f"invalid JSON in the request body: {type(e).__name__}: {str(e)[:200]}",
                            code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {_typename(body)}", code="invalid_json")
+    if not isinstance(body, list if array else dict):
+        raise RequestError(f"the request body must be a JSON {'array' if array else 'object'}, got "
+                           f"{_typename(body)}", code="invalid_json")
     bad = _lone_surrogate(body)
     if bad is not None:
         raise RequestError(f"'{bad}' holds a lone UTF-16 surrogate (e.g. \\ud800), which is not text",
@@ -129,12 +130,13 @@ def _parse_body(raw: bytes) -> dict:
 _BIG_BODY = 64 << 10      # bodies above this are parsed off the event loop
 
 
-async def read_json(request: Request, state: ServerState) -> dict:
-    """The request body as a JSON object whose strings are all valid text; RequestError (4xx) otherwise."""
+async def read_json(request: Request, state: ServerState, *, array: bool = False) -> dict | list:
+    """The request body as a JSON object (array: an array) whose strings are all valid text; RequestError (4xx)
+    otherwise."""
     try:
         raw = await asyncio.wait_for(request.body(), timeout=state.timeout)
     except asyncio.TimeoutError:
         raise RequestError("timed out reading the request body", code="request_timeout", status=408) from None
     if len(raw) > _BIG_BODY:
-        return await run_in_threadpool(_parse_body, raw)
-    return _parse_body(raw)
+        return await run_in_threadpool(_parse_body, raw, array)
+    return _parse_body(raw, array)

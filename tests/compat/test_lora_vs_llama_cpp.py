@@ -1,9 +1,10 @@
-"""LoRA adapter files (llama.cpp's GGUF adapter layout, tests/model_files.write_lora) run by llama.cpp (llama-cpp-python,
-lora_path / lora_scale) and by us: the logits of a 16-token prompt agree, so both read the same pairs, shapes and alpha
-(and apply scale * alpha / r) -- every linear weight, the output head, an f16 adapter of odd rank. f32 weights and KV
-cache on both sides: the remaining difference is float32 summation order (REL_RMS, measured values in parentheses),
-and for an f16 adapter llama.cpp's rounding of the activations to f16 before an f16 weight's dot products (ours keep
-them f32: within 6e-7 of the float64 reference of the merged weights there, llama.cpp 1.2e-3)."""
+"""LoRA adapter files (llama.cpp's GGUF adapter layout, tests/model_files.write_lora) run by llama.cpp
+(llama-cpp-python, lora_path / lora_scale) and by us: the logits of a 16-token prompt agree, so both read the same
+pairs, shapes and alpha (and apply scale * alpha / r) -- every linear weight, the output head, an f16 adapter of odd
+rank. f32 weights and KV cache on both sides: the remaining difference is float32 summation order (REL_RMS, measured
+values in parentheses), and for an f16 adapter llama.cpp's rounding of the activations to f16 before an f16 weight's
+dot products (ours keep them f32: within 6e-7 of the float64 reference of the merged weights there, llama.cpp
+1.2e-3)."""
 from __future__ import annotations
 
 import sys

@@ -64,10 +64,14 @@ def model_desc(m: powerinfer.Model) -> str:
 class Ours:
     name, backend = "powerinfer", "CPU"
 
-    def __init__(self, path, n_ctx, n_batch, n_threads, repack=True, type_k="f16", type_v="f16"):
+    def __init__(self, path, n_ctx, n_batch, n_threads, repack=True, type_k="f16", type_v="f16", lora=None,
+                 lora_scale=1.0):
         self.m = powerinfer.Model(path, repack=repack)
         self.ctx = powerinfer.Context(self.m, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                       kv_type=(type_k, type_v))
+        if lora:
+            from powerinfer.lora import LoraAdapter
+            self.ctx.set_lora([(LoraAdapter(lora, self.m), lora_scale)])
         self.desc, self.size, self.params = model_desc(self.m), self.m.size_bytes, self.m.n_params
         self.n_vocab = self.m.n_vocab
 
@@ -81,12 +85,14 @@ class Ours:
 class LlamaCpp:
     name, backend = "llama.cpp", "CPU (llama.cpp)"
 
-    def __init__(self, path, n_ctx, n_batch, n_threads, verbose=False, type_k="f16", type_v="f16", flash_attn=False):
+    def __init__(self, path, n_ctx, n_batch, n_threads, verbose=False, type_k="f16", type_v="f16", flash_attn=False,
+                 lora=None, lora_scale=1.0):
         import llama_cpp
         self.lc = lc = llama_cpp
         self.llm = lc.Llama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=n_threads,
                             n_threads_batch=n_threads, logits_all=False, verbose=verbose,
-                            type_k=KV_GGML_IDS[type_k], type_v=KV_GGML_IDS[type_v], flash_attn=flash_attn)
+                            type_k=KV_GGML_IDS[type_k], type_v=KV_GGML_IDS[type_v], flash_attn=flash_attn,
+                            lora_path=str(lora) if lora else None, lora_scale=lora_scale)
         model, self.ctx = self.llm.model, self.llm.ctx
         buf = lc.ctypes.create_string_buffer(128)
         lc.llama_model_desc(model, buf, 128)
@@ -167,6 +173,9 @@ def main():
                     help="the V cache's type, both engines (default: %(default)s)")
     ap.add_argument("-fa", "--flash-attn", type=int, choices=[0, 1], default=None,
                     help="llama.cpp's flash attention (default: 1 where the V cache is quantized, else 0)")
+    ap.add_argument("--lora", default=None, metavar="FNAME",
+                    help="a LoRA adapter (GGUF) both engines apply (tools/random_lora.py makes one for any base file)")
+    ap.add_argument("--lora-scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--verbose", action="store_true", help="let llama.cpp print its log")
     a = ap.parse_args()
@@ -175,7 +184,7 @@ def main():
     if a.flash_attn is None:
         a.flash_attn = int(a.cache_type_v not in ("f16", "f32", "bf16"))
     kv = (a.cache_type_k, a.cache_type_v)
-    kv_name = "" if kv == ("f16", "f16") else f" kv {kv[0]}/{kv[1]}"
+    kv_name = ("" if kv == ("f16", "f16") else f" kv {kv[0]}/{kv[1]}") + (" +lora" if a.lora else "")
 
     depths = split_ints(a.n_depth) or [0]
     if min(depths) < 0:
@@ -203,7 +212,7 @@ def main():
             for cls in impls:
                 kw = ({"verbose": a.verbose, "flash_attn": bool(a.flash_attn)} if cls is LlamaCpp
                       else {"repack": not a.no_repack})
-                kw.update(type_k=kv[0], type_v=kv[1])
+                kw.update(type_k=kv[0], type_v=kv[1], lora=a.lora, lora_scale=a.lora_scale)
                 try:
                     loaded.append(cls(path, n_ctx, a.batch_size, threads, **kw))
                 except Exception as e:   # e.g. llama.cpp refusing the file: report it, keep our rows

@@ -293,54 +293,7 @@ def write_sparse_arch_model(path, arch, *, dtype="f32", ranks=(32, 64), n_head_k
 
 
 # ------------------------------------------------------------------ LoRA adapters
-LORA_ALL_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-
-
-def write_lora(path, base, *, targets=("attn_q", "attn_v"), rank: int = 8, alpha: float = 16.0, dtype: str = "f32",
-               seed: int = 0, arch: str | None = None, extra=(), drop=()) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """A random LoRA adapter of the base file (llama.cpp's layout: general.type adapter, adapter.lora.alpha,
-    "<weight>.lora_a" ne [n_in, r], ".lora_b" ne [r, n_out]; token_embd's pair flipped: a ne [r, n_vocab], b ne
-    [r, n_embd]). targets: per-layer parts (every layer), "output" and / or "token_embd"; extra: more tensor names
-    (random [4, 4]); drop: names left out. Returns {weight name: (a, b)} as float32 numpy arrays (numpy shape =
-    reversed ne: a (r, n_in), b (n_out, r); token_embd: a (n_vocab, r), b (n_embd, r)), as stored (before dtype)."""
-    from reference_model import read_gguf
-    meta, tensors = read_gguf(base)
-    rng = np.random.default_rng(seed)
-    names = []
-    for t in targets:
-        if t in ("output", "token_embd"):
-            names.append(f"{t}.weight")
-        else:
-            names += [n for n in tensors if n.startswith("blk.") and n.endswith(f".{t}.weight")]
-    pairs, out = {}, {}
-    for name in names:
-        ne0, ne1 = tensors[name][1][:2]                      # the weight: [n_in, n_out]
-        if name == "token_embd.weight":
-            a = rng.standard_normal((ne1, rank)).astype(np.float32)                      # ne [r, n_vocab]
-            b = (rng.standard_normal((ne0, rank)) / math.sqrt(rank)).astype(np.float32)  # ne [r, n_embd]
-        else:
-            a = (rng.standard_normal((rank, ne0)) / math.sqrt(ne0)).astype(np.float32)  # ne [n_in, r]
-            b = (rng.standard_normal((ne1, rank)) / math.sqrt(rank)).astype(np.float32)  # ne [r, n_out]
-        if dtype == "f16":   # the values the file holds
-            a, b = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
-        pairs[name] = (a, b)
-        out[name + ".lora_a"], out[name + ".lora_b"] = a, b
-    for name in extra:
-        out[name] = rng.standard_normal((4, 4)).astype(np.float32)
-    w = GGUFWriter(str(path), arch or meta["general.architecture"])
-    w.add_type("adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", alpha)
-    for name, arr in out.items():
-        if name in drop:
-            continue
-        data, q = encode(arr, dtype) if dtype != "f32" else (arr, Q.F32)
-        w.add_tensor(name, data, raw_dtype=q)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return pairs
+from random_lora import LORA_ALL_LINEAR, write_lora  # noqa: E402,F401  (tools/random_lora.py)
 
 
 def merge_lora(weights: dict, pairs: dict, scale: float, alpha: float) -> dict:

@@ -240,3 +240,7 @@ def test_main_lora_flags(tiny_model, tmp_path):
                                                          ignore_eos=True)["choices"][0]["text"])
     bad = run("--lora", str(base))
     assert bad.returncode == 1 and "not a LoRA adapter" in bad.stderr
+    (tmp_path / "old.bin").write_bytes(b"algg" + bytes(60))
+    bad = run("--lora", str(tmp_path / "old.bin"))
+    assert bad.returncode == 1 and "ggml-era LoRA file" in bad.stderr
+    assert "--lora-base" in run("--lora-base", str(base)).stderr

@@ -81,6 +81,9 @@ def add_lora_args(p: argparse.ArgumentParser, *, server: bool = False) -> None:
                    help="apply a LoRA adapter with scale 1 (repeatable)")
     g.add_argument("--lora-scaled", action="append", nargs=2, default=[], metavar=("FNAME", "SCALE"),
                    help="apply a LoRA adapter with the given scale (repeatable)")
+    g.add_argument("--lora-base", default=None, metavar="FNAME",
+                   help="accepted for the original's command lines; changes nothing: adapters apply to the loaded "
+                        "weights at run time, quantized or not")
     if server:
         g.add_argument("--lora-init-without-apply", action="store_true",
                        help="load the adapters with scale 0 (POST /lora-adapters or a request's `lora` sets them)")
@@ -97,6 +100,8 @@ def lora_specs(args: argparse.Namespace) -> list[tuple[str, float]]:
             raise CLIError(f"--lora-scaled {path} {scale}: the scale must be a number") from None
     if getattr(args, "lora_init_without_apply", False):
         out = [(path, 0.0) for path, _ in out]
+    if args.lora_base is not None:
+        log(f"warning: --lora-base {args.lora_base} changes nothing: adapters apply to the loaded weights at run time")
     return out
 
 

@@ -29,6 +29,7 @@ class LoraAdapter:
     0: none, the scale alone), .n_weights (weights it adapts), .metadata."""
 
     def __init__(self, path: str | os.PathLike, model: Model):
+        _refuse_ggla(path)
         self.file = open_gguf(path)
         self.path = self.file.path
         self.model = model
@@ -61,6 +62,19 @@ class LoraAdapter:
 
     def __repr__(self) -> str:
         return f"LoraAdapter({str(self.path)!r}, alpha={self.alpha:g}, weights={self.n_weights})"
+
+
+def _refuse_ggla(path) -> None:
+    """The ggml-era LoRA format (magic "ggla", llama.cpp's convert-lora-to-ggml.py of 2023, the original PowerInfer's):
+    a clear error instead of "not a GGUF file"."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return                           # open_gguf says what is wrong with the path
+    if head == b"algg":
+        raise ModelLoadError(f"{path}: a ggml-era LoRA file (magic 'ggla'); convert the PEFT adapter to a GGUF "
+                             "adapter with convert-lora.py")
 
 
 def load_adapters(model: Model, specs: Iterable[tuple[str | os.PathLike, float]]) -> list[tuple[LoraAdapter, float]]:

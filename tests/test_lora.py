@@ -163,6 +163,9 @@ def test_api_and_per_request_adapters(tiny_model, tmp_path):
     assert full not in (want_plain, want_half)
     llm.set_lora_scales([{"id": 0, "scale": 0.5}])            # POST /lora-adapters
     assert greedy(llm) == want_half
+    assert np.array_equal(llm.eval_logits([1, 5, 9]), half.eval_logits([1, 5, 9]))
+    assert np.allclose(llm.embed("the cat"), half.embed("the cat"), atol=1e-6)
+    assert not np.allclose(llm.embed("the cat"), plain.embed("the cat"), atol=1e-3)
     llm.set_lora_scales([])                                    # every adapter at 0
     assert greedy(llm) == want_plain
     for _ in range(3):                                         # concurrent, different adapters, the same prompt

@@ -504,6 +504,7 @@ class PowerInfer:
         """[len(tokens), n_vocab] logits of every position, from an empty cache."""
         self.engine.invalidate()
         self.ctx.kv_clear()
+        self.ctx.set_lora(self.engine.lora)          # the last step may have run a request's own scales
         self.ctx.decode(tokens, pos=range(len(tokens)), logits="all")
         out = np.stack([self.ctx.logits(i) for i in range(len(tokens))])
         self.ctx.kv_clear()
@@ -519,6 +520,7 @@ class PowerInfer:
                                       n_threads=self.ctx.n_threads, kv_type=self._kv_type,
                                       sparse_threshold=self.ctx.sparse_threshold,
                                       dense=self.model.sparse and not self.ctx.sparse, pooling=self.pooling)
+        self._embedder.ctx.set_lora(self.engine.lora)   # the adapters' current scales (set_lora_scales)
         return self._embedder
 
     def embed(self, input, normalize: bool = True, truncate: bool = True, return_count: bool = False,

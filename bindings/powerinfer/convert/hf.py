@@ -319,11 +319,17 @@ class Weights:
     qk_interleaved: bool                # Meta layout: Q/K rows are already in GGUF order
 
 
+def load_weight_file(path: Path) -> dict[str, LazyTensor]:
+    """The tensors of one .safetensors file or PyTorch file (.bin, .pt, .pth; read without torch), by name."""
+    path = Path(path)
+    return _load_safetensors(path) if path.suffix == ".safetensors" else load_state_dict(path)
+
+
 def load_tensors(model_dir: Path) -> Weights:
     files = find_weight_files(model_dir)
     tensors: dict[str, LazyTensor] = {}
     for f in files:
-        part = _load_safetensors(f) if f.suffix == ".safetensors" else load_state_dict(f)
+        part = load_weight_file(f)
         dup = set(part) & set(tensors)
         if dup:
             raise ConversionError(f"{f}: tensor {sorted(dup)[0]!r} appears in more than one weight file")

@@ -27,6 +27,7 @@ the quantized outtypes (with a warning).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -66,6 +67,45 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
              .swapaxes(1, 2).reshape(w.shape))
 
 
+# Hugging Face module -> GGUF tensor (the table in the module doc): outside the layers, and under
+# model.layers.N. -> blk.N.; the ".weight" suffix is kept (gguf_name)
+HF_GLOBAL_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+HF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+_LAYER_RX = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def gguf_name(hf_name: str) -> str | None:
+    """HF tensor name -> its tensor in a dense GGUF file (model.layers.3.self_attn.q_proj.weight ->
+    blk.3.attn_q.weight, lm_head.weight -> output.weight); None for a module the file has no tensor of."""
+    module, _, suffix = hf_name.rpartition(".")
+    if module in HF_GLOBAL_NAMES:
+        return f"{HF_GLOBAL_NAMES[module]}.{suffix}"
+    m = _LAYER_RX.fullmatch(module)
+    if m and m.group(2) in HF_LAYER_NAMES:
+        return f"blk.{m.group(1)}.{HF_LAYER_NAMES[m.group(2)]}.{suffix}"
+    return None
+
+
+def hf_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    """HF name -> numpy shape ((n_out, n_in) for matrices) of every checkpoint tensor a dense file
+    converts, from config.json (lm_head.weight only when the embeddings are not tied)."""
+    E, F, V = hp.n_embd, hp.n_ff, hp.n_vocab
+    E_kv = hp.head_dim * hp.n_head_kv
+    shapes = {"model.embed_tokens.weight": (V, E), "model.norm.weight": (E,)}
+    if not hp.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, E)
+    layer = {"input_layernorm": (E,), "self_attn.q_proj": (E, E), "self_attn.k_proj": (E_kv, E),
+             "self_attn.v_proj": (E_kv, E), "self_attn.o_proj": (E, E), "post_attention_layernorm": (E,),
+             "mlp.gate_proj": (F, E), "mlp.up_proj": (F, E), "mlp.down_proj": (E, F)}
+    for i in range(hp.n_layer):
+        shapes.update((f"model.layers.{i}.{m}.weight", s) for m, s in layer.items())
+    return shapes
+
+
 def _check_outtype(outtype: str) -> str:
     if not isinstance(outtype, str) or outtype.lower() not in OUTTYPES:
         raise ConversionError(f"unknown outtype {outtype!r} (choose one of {', '.join(OUTTYPES)})")
@@ -73,10 +113,15 @@ def _check_outtype(outtype: str) -> str:
 
 
 class _Plan:
-    def __init__(self, outtype: str):
+    """The tensors to write and their types. warn_each=False: no warning per f16 fallback (the caller
+    sums up `fallbacks`)."""
+
+    def __init__(self, outtype: str, *, warn_each: bool = True):
         self.outtype = outtype
+        self.warn_each = warn_each
         self.specs: list[TensorSpec] = []
         self.warnings: list[str] = []
+        self.fallbacks: list[str] = []       # tensors stored as f16: rows not a multiple of outtype's block
 
     def add(self, name: str, shape: tuple[int, ...], source: Callable[[], np.ndarray]) -> None:
         if len(shape) == 1:
@@ -84,10 +129,12 @@ class _Plan:
         else:
             tn = self.outtype
             if not quants.can_quantize(tn, shape[-1]):
-                msg = (f"warning: {name}: row length {shape[-1]} is not a multiple of "
-                       f"{quants.TYPES[tn].block_size}; stored as f16 instead of {tn}")
-                log.warning(msg)
-                self.warnings.append(msg)
+                self.fallbacks.append(name)
+                if self.warn_each:
+                    msg = (f"warning: {name}: row length {shape[-1]} is not a multiple of "
+                           f"{quants.TYPES[tn].block_size}; stored as f16 instead of {tn}")
+                    log.warning(msg)
+                    self.warnings.append(msg)
                 tn = "f16"
         self.specs.append(TensorSpec(name, tuple(shape), tn, source))
 
@@ -106,47 +153,45 @@ def _get(tensors: dict[str, LazyTensor], name: str, shape: tuple[int, ...], wher
 
 def _plan_model(model_dir: Path, hp: HParams, tensors: dict[str, LazyTensor], qk_interleaved: bool,
                 plan: _Plan, *, sparse: bool, down_t: bool = False) -> None:
-    E, F, V = hp.n_embd, hp.n_ff, hp.n_vocab
-    E_kv = hp.head_dim * hp.n_head_kv
+    shapes = hf_shapes(hp)
     used = set()
 
-    def get(name, shape):
+    def get(name):
         used.add(name)
-        return _get(tensors, name, shape, model_dir)
+        return _get(tensors, name, shapes[name], model_dir)
 
-    embd = get("model.embed_tokens.weight", (V, E))
-    plan.add("token_embd.weight", (V, E), embd.load_f32)
-    plan.add("output_norm.weight", (E,), get("model.norm.weight", (E,)).load_f32)
+    def add(name, source=None):          # the HF tensor under its GGUF name (its data as is unless source)
+        t = get(name)
+        plan.add(gguf_name(name), t.shape, source or t.load_f32)
+
+    add("model.embed_tokens.weight")
+    add("model.norm.weight")
     if not hp.tie_word_embeddings:
         if "lm_head.weight" not in tensors:
             raise ConversionError(f"{model_dir}: tensor lm_head.weight is missing and tie_word_embeddings "
                                   "is not set in config.json")
-        plan.add("output.weight", (V, E), get("lm_head.weight", (V, E)).load_f32)
+        add("lm_head.weight")
     else:
         used.add("lm_head.weight")
 
     for i in range(hp.n_layer):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        q = get(p + "self_attn.q_proj.weight", (E, E))
-        k = get(p + "self_attn.k_proj.weight", (E_kv, E))
+        p = f"model.layers.{i}."
+        q, k = get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight")
+        add(p + "input_layernorm.weight")
         if qk_interleaved:
-            q_src, k_src = q.load_f32, k.load_f32
+            add(p + "self_attn.q_proj.weight")
+            add(p + "self_attn.k_proj.weight")
         else:
-            q_src = (lambda t=q: permute_qk(t.load_f32(), hp.n_head))
-            k_src = (lambda t=k: permute_qk(t.load_f32(), hp.n_head_kv))
-        plan.add(b + "attn_norm.weight", (E,), get(p + "input_layernorm.weight", (E,)).load_f32)
-        plan.add(b + "attn_q.weight", (E, E), q_src)
-        plan.add(b + "attn_k.weight", (E_kv, E), k_src)
-        plan.add(b + "attn_v.weight", (E_kv, E), get(p + "self_attn.v_proj.weight", (E_kv, E)).load_f32)
-        plan.add(b + "attn_output.weight", (E, E), get(p + "self_attn.o_proj.weight", (E, E)).load_f32)
-        plan.add(b + "ffn_norm.weight", (E,), get(p + "post_attention_layernorm.weight", (E,)).load_f32)
-        plan.add(b + "ffn_gate.weight", (F, E), get(p + "mlp.gate_proj.weight", (F, E)).load_f32)
-        plan.add(b + "ffn_up.weight", (F, E), get(p + "mlp.up_proj.weight", (F, E)).load_f32)
-        down = get(p + "mlp.down_proj.weight", (E, F))
+            add(p + "self_attn.q_proj.weight", lambda t=q: permute_qk(t.load_f32(), hp.n_head))
+            add(p + "self_attn.k_proj.weight", lambda t=k: permute_qk(t.load_f32(), hp.n_head_kv))
+        for m in ("self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj"):
+            add(f"{p}{m}.weight")
+        down = get(p + "mlp.down_proj.weight")          # numpy (n_embd, n_ff)
         if not sparse:
-            plan.add(b + "ffn_down.weight", (E, F), down.load_f32)
+            add(p + "mlp.down_proj.weight")
         if sparse or down_t:
-            plan.add(b + "ffn_down_t.weight", (F, E), lambda t=down: np.ascontiguousarray(t.load_f32().T))
+            plan.add(f"blk.{i}.ffn_down_t.weight", down.shape[::-1],
+                     lambda t=down: np.ascontiguousarray(t.load_f32().T))
 
     unused = sorted(n for n in tensors if n not in used and not n.endswith(_IGNORED))
     if unused:
@@ -272,4 +317,5 @@ def convert_dense(model_dir, outfile=None, outtype: str = "f16", *,
     return _convert(model_dir, None, outfile, outtype, sparse=False, progress=progress, down_t=down_t)
 
 
-__all__ = ["OUTTYPES", "ConversionResult", "convert_dense", "convert_sparse", "default_outfile", "permute_qk"]
+__all__ = ["HF_GLOBAL_NAMES", "HF_LAYER_NAMES", "OUTTYPES", "ConversionResult", "convert_dense", "convert_sparse",
+           "default_outfile", "gguf_name", "hf_shapes", "permute_qk"]

@@ -78,6 +78,13 @@ def test_lora_keeps_the_numeric_contract(tiny_model, tmp_path):
     assert np.array_equal(logits_in_calls(ctx, PROMPT, 1, clear=True), one)
     ctx.set_lora([])
     assert np.array_equal(logits_all(ctx, PROMPT, clear=True), plain)
+    # rank 64: a 40-token call's terms run on the pool, one token's on the calling thread alone (lora.c's
+    # INLINE_MACS): the same bits
+    write_lora(tmp_path / "big.gguf", base, targets=LORA_ALL_LINEAR, rank=64, seed=7)
+    ctx.set_lora([(LoraAdapter(tmp_path / "big.gguf", model), 1.0)])
+    long = (PROMPT * 4)[:40]
+    assert (64 + 160) * 64 * len(long) > 1 << 18 > (64 + 160) * 64
+    assert np.array_equal(logits_in_calls(ctx, long, 1, clear=True), logits_all(ctx, long, clear=True))
 
 
 def test_lora_on_gemma3(tmp_path):

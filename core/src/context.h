@@ -92,6 +92,8 @@ struct pi_context {
     int32_t           n_lora;
     float            *lora_mid, *lora_tmp;   /* their terms' scratch: [T][r], [T][n_out] */
     int64_t           lora_mid_n, lora_tmp_n; /* floats allocated */
+    void             *lora_conv;     /* the calling thread's mul_mat scratch for small terms (lora.c) */
+    size_t            lora_conv_bytes;
 };
 
 /* Buffers of one backend: allocated (counted) with be->alloc; sizes for T tokens and n_ctx cells.

@@ -30,7 +30,10 @@ class LoraAdapter:
 
     def __init__(self, path: str | os.PathLike, model: Model):
         _refuse_ggla(path)
-        self.file = open_gguf(path)
+        try:
+            self.file = open_gguf(path)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"LoRA adapter: {e}") from None
         self.path = self.file.path
         self.model = model
         meta = self.metadata = self.file.metadata

@@ -14,6 +14,8 @@ POST /completion, /completions   llama.cpp native completion (SSE with "stream":
 POST /tokenize, /detokenize
 POST /v1/completions         OpenAI legacy completions
 POST /v1/chat/completions, /chat/completions   OpenAI chat
+POST /v1/responses, /v1/messages (+ /count_tokens)   OpenAI's Responses, Anthropic's Messages (server/responses.py,
+                             server/messages.py): translated to chat bodies
 
 Errors are `{"error": {"message", "type", "param", "code"}}` with 4xx for bad input. The `model`
 field of OpenAI requests may name any model (many OpenAI apps hard-code one): this server has one,
@@ -702,9 +704,9 @@ def build_routes(state: ServerState) -> list[Route]:
             raise HTTPException(404, "Not Found (the web page is off: --no-webui)")
         return Response(_index_html(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
-    from . import embeddings, lora_adapters, metrics, responses, slot_files
+    from . import embeddings, lora_adapters, messages, metrics, responses, slot_files
     return embeddings.routes(state) + metrics.routes(state) + slot_files.routes(state) + lora_adapters.routes(state) + \
-        responses.routes(state, chat_task) + [
+        responses.routes(state, chat_task) + messages.routes(state, chat_task) + [
         Route("/", index, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/health", health, methods=["GET"]),
@@ -764,7 +766,7 @@ class RequestLog:
 
 
 class APIKeyAuth:
-    """Authorization: Bearer <key> on every route but the public ones (and CORS preflights)."""
+    """Authorization: Bearer <key> (or x-api-key: <key>) on every route but the public ones (and CORS preflights)."""
 
     def __init__(self, app, keys: list[str]):
         self.app = app
@@ -773,14 +775,18 @@ class APIKeyAuth:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.keys and scope.get("method") != "OPTIONS" \
                 and scope.get("path") not in PUBLIC_PATHS:
-            auth = ""
+            auth, x_key = "", ""
             for k, v in scope.get("headers", []):
                 if k == b"authorization":
                     auth = v.decode("latin-1")
+                elif k == b"x-api-key":     # Anthropic's clients (server/messages.py); taken on every route
+                    x_key = v.decode("latin-1").strip()
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-            if token not in self.keys:
-                resp = error_response(401, "Invalid API Key", "authentication_error", "invalid_api_key",
-                                      headers={"WWW-Authenticate": "Bearer"})
+            if token not in self.keys and x_key not in self.keys:
+                from .messages import PATHS, error_response as anthropic_error
+                headers = {"WWW-Authenticate": "Bearer"}
+                resp = anthropic_error(401, "Invalid API Key", headers) if scope.get("path") in PATHS else \
+                    error_response(401, "Invalid API Key", "authentication_error", "invalid_api_key", headers=headers)
                 return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
 

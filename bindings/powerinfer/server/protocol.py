@@ -1,6 +1,7 @@
 """What every route module of the server shares: JSON responses, OpenAI-shaped error bodies, and the
-checked reading of request bodies (field, read_json). Below app.py, metrics.py and embeddings.py,
-which import it (and not each other)."""
+checked reading of request bodies (field, read_json, text_of); and what the APIs translated to a chat completion
+(responses.py, messages.py) stream: named SSE events (sse_event) of a chat stream's deltas (chat_deltas). Below
+app.py, metrics.py and embeddings.py, which import it (and not each other)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,8 @@ from ..request import RequestError
 if TYPE_CHECKING:
     from .app import ServerState
 
-__all__ = ["JSON", "dumps", "error_body", "error_response", "field", "read_json", "request_error_response"]
+__all__ = ["JSON", "chat_deltas", "dumps", "error_body", "error_response", "field", "read_json",
+           "request_error_response", "sse_event", "text_of"]
 
 
 def _json_default(o):
@@ -140,3 +142,53 @@ async def read_json(request: Request, state: ServerState, *, array: bool = False
     if len(raw) > _BIG_BODY:
         return await run_in_threadpool(_parse_body, raw, array)
     return _parse_body(raw, array)
+
+
+def text_of(content, where: str, param: str) -> str:
+    """The text of a message's content: a string, or a list of text parts ({"type": "text" (or the Responses API's
+    "input_text" / "output_text"), "text": ...}, joined with no separator, as the chat path joins them); RequestError
+    (param) naming any other part (images, files)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text") \
+                    and isinstance(part.get("text"), str):
+                out.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}: content part {kind!r} is not supported (text only)", param=param)
+        return "".join(out)
+    raise RequestError(f"{where}: content must be a string or a list of text parts", param=param)
+
+
+def sse_event(kind: str, data: dict | None = None) -> str:
+    """One named server-sent event: `event: <kind>` and `data: <json>` whose `type` is the kind (the Responses and
+    Messages APIs' streams)."""
+    return f"event: {kind}\ndata: {dumps({'type': kind, **(data or {})})}\n\n"
+
+
+async def chat_deltas(q: asyncio.Queue, shaper):
+    """A streamed chat completion of one task (its engine events in q, server/app.py's attach; shaper its
+    CompletionShaper) as ("delta", delta) for each chunk's delta (role, content, reasoning_content, tool_calls), then
+    ("done", Result, tool calls: those of the final chunks) or ("error", exception)."""
+    for c in shaper.start_chunks():
+        yield "delta", c["choices"][0]["delta"]
+    while True:
+        ev = await q.get()
+        if ev[0] == "token":
+            c = shaper.token_chunk(ev[1], ev[2])
+            if c is not None and c.get("choices"):
+                yield "delta", c["choices"][0]["delta"]
+        elif ev[0] == "error":
+            yield "error", ev[1]
+            return
+        else:
+            calls = []
+            for c in shaper.final_chunks(ev[1]):
+                if c.get("choices"):
+                    calls += c["choices"][0]["delta"].get("tool_calls", [])
+                    yield "delta", c["choices"][0]["delta"]
+            yield "done", ev[1], calls
+            return

@@ -24,29 +24,13 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ..request import RequestError, Result
-from .protocol import JSON, field, read_json
+from .protocol import JSON, chat_deltas, field, read_json, sse_event, text_of
 
 if TYPE_CHECKING:
     from .app import ServerState
 
 _UNSERVED = {"previous_response_id": "nothing is stored", "conversation": "nothing is stored",
              "background": "no background mode", "prompt": "no stored prompts"}
-
-
-def _text_of(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text") \
-                    and isinstance(part.get("text"), str):
-                out.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"{where}: content part {kind!r} is not supported (text only)", param="input")
-        return "".join(out)
-    raise RequestError(f"{where}: content must be a string or a list of text parts", param="input")
 
 
 def chat_body(body: dict) -> dict:
@@ -74,7 +58,7 @@ def chat_body(body: dict) -> dict:
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(f"input[{i}].role must be user, assistant, system or developer", param="input")
             messages.append({"role": "system" if role == "developer" else role,
-                             "content": _text_of(it.get("content"), f"input[{i}]")})
+                             "content": text_of(it.get("content"), f"input[{i}]", "input")})
         elif kind == "function_call":
             call = {"id": it.get("call_id") or it.get("id") or f"call_{i}", "type": "function",
                     "function": {"name": it.get("name"), "arguments": it.get("arguments", "{}")}}
@@ -167,7 +151,7 @@ class _Builder:
 
 
 def _event(kind: str, seq: int, **data) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq, **data})}\n\n"
+    return sse_event(kind, {"sequence_number": seq, **data})
 
 
 def routes(state: "ServerState", chat_task) -> list[Route]:
@@ -200,31 +184,25 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
             text, opened, reasoning = "", False, ""
             ids = {"item_id": build.msg_id, "output_index": 0, "content_index": 0}
 
-            def deltas(chunks):
+            def deltas(d):
                 nonlocal text, opened, reasoning
                 out = []
-                for c in chunks:
-                    d = c["choices"][0]["delta"] if c.get("choices") else {}
-                    reasoning += d.get("reasoning_content") or ""
-                    piece = d.get("content") or ""
-                    if piece:
-                        if not opened:        # the message: after the reasoning item when the reply had one
-                            opened = True
-                            ids["output_index"] = 1 if reasoning else 0
-                            out.append(ev("response.output_item.added", output_index=ids["output_index"],
-                                          item=build.message_item("", "in_progress")))
-                            out.append(ev("response.content_part.added", **ids,
-                                          part={"type": "output_text", "text": "", "annotations": []}))
-                        text += piece
-                        out.append(ev("response.output_text.delta", **ids, delta=piece))
+                reasoning += d.get("reasoning_content") or ""
+                piece = d.get("content") or ""
+                if piece:
+                    if not opened:        # the message: after the reasoning item when the reply had one
+                        opened = True
+                        ids["output_index"] = 1 if reasoning else 0
+                        out.append(ev("response.output_item.added", output_index=ids["output_index"],
+                                      item=build.message_item("", "in_progress")))
+                        out.append(ev("response.content_part.added", **ids,
+                                      part={"type": "output_text", "text": "", "annotations": []}))
+                    text += piece
+                    out.append(ev("response.output_text.delta", **ids, delta=piece))
                 return out
-            for e in deltas(shaper.start_chunks()):
-                yield e
-            while True:
-                item = await q.get()
-                if item[0] == "token":
-                    c = shaper.token_chunk(item[1], item[2])
-                    for e in deltas([c] if c is not None else []):
+            async for item in chat_deltas(q, shaper):
+                if item[0] == "delta":
+                    for e in deltas(item[1]):
                         yield e
                 elif item[0] == "error":
                     err = item[1]
@@ -232,13 +210,8 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
                                                                                                          None))
                     return
                 else:
-                    res = item[1]
+                    _, res, calls = item
                     _stats(request, predicted=res.n_predicted)
-                    finals = shaper.final_chunks(res)
-                    for e in deltas(finals):
-                        yield e
-                    calls = [tc for c in finals if c.get("choices")
-                             for tc in c["choices"][0]["delta"].get("tool_calls", [])]
                     output = build.output({"reasoning_content": reasoning, "content": text, "tool_calls": calls})
                     for at, out_item in enumerate(output):
                         if out_item["type"] == "message":

@@ -90,8 +90,8 @@ struct pi_context {
     void             *abort_data;
     struct pi_lora_use *lora;        /* [n_lora] the adapters the decodes apply (lora.h) */
     int32_t           n_lora;
-    float            *lora_mid, *lora_tmp;   /* their terms' scratch: [T][r], [T][n_out] */
-    int64_t           lora_mid_n, lora_tmp_n; /* floats allocated */
+    float            *lora_mid;      /* their terms' low-rank inputs [T][r] */
+    int64_t           lora_mid_n;    /* floats allocated */
     void             *lora_conv;     /* the calling thread's mul_mat scratch for small terms (lora.c) */
     size_t            lora_conv_bytes;
 };

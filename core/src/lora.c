@@ -10,7 +10,7 @@
 #define TRY(expr) do { pi_status st_ = (expr); if (st_ != PI_OK) return st_; } while (0)
 #define OP(e, name, ...) ((e)->be->i->name((e)->be, __VA_ARGS__))
 #define MAX_ADAPTERS 64
-/* A term of at most this many multiply-adds runs on the calling thread alone: four pool runs per adapted weight cost
+/* A term of at most this many multiply-adds runs on the calling thread alone: the pool runs per adapted weight cost
  * more than the work at one token (Gemma 3 270M, rank 16 on its 126 linear weights: 0.73x the plain decode speed
  * through the pool, bench/README.md) */
 #define INLINE_MACS ((int64_t)1 << 18)
@@ -121,10 +121,38 @@ static pi_status check_pair(const pi_adapter *ad, const pi_lora_pair *p, const p
     return PI_OK;
 }
 
-static void set_rank_scale(pi_lora_pair *p, float alpha, int32_t *n_pairs) {
-    if (!p->a.data) return;
+/* p->bt: b [r, n_out] transposed into r rows of n_out, f16 kept (its axpy kernels), any other type as f32 */
+static pi_status transpose_b(pi_lora_pair *p) {
+    const int64_t r = p->b.ne[0], N = p->b.ne[1];
+    const int32_t type = p->b.type == PI_TYPE_F16 ? PI_TYPE_F16 : PI_TYPE_F32;
+    const size_t elt = type == PI_TYPE_F16 ? 2 : 4;
+    char *dst = pi_alloc_lines((size_t)(r * N) * elt);
+    float *row = malloc((size_t)r * sizeof(float));
+    if (!dst || !row) {
+        free(dst);
+        free(row);
+        return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a LoRA pair");
+    }
+    const pi_type_traits *tr = pi_traits(p->b.type);
+    for (int64_t i = 0; i < N; i++) {
+        const char *src = (const char *)p->b.data + i * p->b.nb[1];
+        if (type == PI_TYPE_F16) {
+            for (int64_t j = 0; j < r; j++) memcpy(dst + (size_t)(j * N + i) * 2, src + j * 2, 2);
+            continue;
+        }
+        tr->to_f32(src, row, r);
+        for (int64_t j = 0; j < r; j++) ((float *)dst)[j * N + i] = row[j];
+    }
+    free(row);
+    p->bt = pi_tensor_view(type, dst, 2, (int64_t[]){ N, r });
+    return PI_OK;
+}
+
+static pi_status finish_pair(pi_lora_pair *p, float alpha, int32_t *n_pairs) {
+    if (!p->a.data) return PI_OK;
     p->rank_scale = alpha != 0.0f ? alpha / (float)p->b.ne[0] : 1.0f;
     (*n_pairs)++;
+    return transpose_b(p);
 }
 
 static pi_status build(pi_adapter *ad, int32_t n, const pi_tensor_desc *tensors) {
@@ -132,15 +160,15 @@ static pi_status build(pi_adapter *ad, int32_t n, const pi_tensor_desc *tensors)
     for (int32_t i = 0; i < n; i++) TRY(add_tensor(ad, &tensors[i]));
     TRY(check_pair(ad, &ad->tok_embd, &m->token_embd, "token_embd.weight", true));
     TRY(check_pair(ad, &ad->output, &m->output_file, "output.weight", false));
-    set_rank_scale(&ad->tok_embd, ad->alpha, &ad->n_pairs);
-    set_rank_scale(&ad->output, ad->alpha, &ad->n_pairs);
+    TRY(finish_pair(&ad->tok_embd, ad->alpha, &ad->n_pairs));
+    TRY(finish_pair(&ad->output, ad->alpha, &ad->n_pairs));
     for (int32_t il = 0; il < m->hp.n_layer; il++)
         for (int32_t w = 0; w < PI_LORA_LAYER_N; w++) {
             char base[64];
             snprintf(base, sizeof base, "blk.%d.%s.weight", il, layer_parts[w]);
             pi_lora_pair *p = &ad->layers[il * PI_LORA_LAYER_N + w];
             TRY(check_pair(ad, p, layer_weight(&m->file_layers[il], w), base, false));
-            set_rank_scale(p, ad->alpha, &ad->n_pairs);
+            TRY(finish_pair(p, ad->alpha, &ad->n_pairs));
         }
     if (ad->n_pairs == 0) return pi_fail(PI_ERR_BAD_MODEL, "the LoRA adapter has no tensors");
     return PI_OK;
@@ -171,6 +199,11 @@ pi_status pi_adapter_create(const pi_model *model, float alpha, int32_t n_tensor
 
 void pi_adapter_free(pi_adapter *adapter) {
     if (!adapter) return;
+    if (adapter->layers)
+        for (int64_t i = 0; i < (int64_t)adapter->model->hp.n_layer * PI_LORA_LAYER_N; i++)
+            free(adapter->layers[i].bt.data);
+    free(adapter->output.bt.data);
+    free(adapter->tok_embd.bt.data);
     free(adapter->layers);
     free(adapter);
 }
@@ -215,13 +248,12 @@ pi_status pi_context_set_adapters(pi_context *ctx, int32_t n, pi_adapter *const 
 void pi_lora_release(pi_context *ctx) {
     free(ctx->lora);
     free(ctx->lora_mid);
-    free(ctx->lora_tmp);
     free(ctx->lora_conv);
     ctx->lora = NULL;
-    ctx->lora_mid = ctx->lora_tmp = NULL;
+    ctx->lora_mid = NULL;
     ctx->lora_conv = NULL;
     ctx->n_lora = 0;
-    ctx->lora_mid_n = ctx->lora_tmp_n = 0;
+    ctx->lora_mid_n = 0;
     ctx->lora_conv_bytes = 0;
 }
 
@@ -260,20 +292,39 @@ static pi_status product(pi_context *ctx, pi_exec *e, bool alone, const pi_tenso
     return pi_mul_mat(NULL, w, x, y, ctx->lora_conv);
 }
 
-/* y [N, T] += s * b mid, mid [r, T] = the low-rank input (scaled here, in place) */
+typedef struct up_job {
+    const pi_lora_pair *p;
+    float               s;
+    const float        *mid;   /* [T][r] */
+    float              *y;     /* [T][N] */
+    int64_t             T;
+} up_job;
+
+/* the threads' tokens t = ith, ith + nth, ...: y_t += sum over j of (s mid_t[j]) bt[j], 8 rows of bt at a time */
+static void up_task(void *arg, int ith, int nth) {
+    const up_job *j = arg;
+    const pi_tensor *bt = &j->p->bt;
+    const int64_t N = bt->ne[0], r = bt->ne[1];
+    const pi_type_traits *tr = pi_traits(bt->type);
+    for (int64_t t = ith; t < j->T; t += nth)
+        for (int64_t k0 = 0; k0 < r; k0 += 8) {
+            const int n = (int)PI_MIN(8, r - k0);
+            float c[8];
+            const void *rows[8];
+            for (int k = 0; k < n; k++) {
+                c[k] = j->s * j->mid[t * r + k0 + k];
+                rows[k] = (const char *)bt->data + (k0 + k) * bt->nb[1];
+            }
+            pi_axpy_rows(tr, N, n, c, rows, j->y + t * N);
+        }
+}
+
+/* y [N, T] += s * b mid, mid [r, T] = the low-rank input: the tokens shared among e's threads, or on the calling
+ * thread alone (the same bits: a token's row is one thread's) */
 static pi_status up_term(pi_context *ctx, pi_exec *e, bool alone, const pi_lora_pair *p, float s, float *y,
                          int64_t T) {
-    const int64_t r = p->b.ne[0], N = p->b.ne[1];
-    TRY(scratch(&ctx->lora_tmp, &ctx->lora_tmp_n, N * T));
-    pi_tensor mid = f32_2d(ctx->lora_mid, r, T), tmp = f32_2d(ctx->lora_tmp, N, T), yt = f32_2d(y, N, T);
-    if (!alone) {
-        TRY(OP(e, scale, &mid, s));
-        TRY(OP(e, mul_mat, &p->b, &mid, &tmp));
-        return OP(e, binary, PI_BINARY_ADD, &yt, &tmp, &yt);
-    }
-    for (int64_t i = 0; i < r * T; i++) ctx->lora_mid[i] *= s;   /* the scale and add ops' arithmetic */
-    TRY(product(ctx, e, true, &p->b, &mid, &tmp));
-    for (int64_t i = 0; i < N * T; i++) y[i] += ctx->lora_tmp[i];
+    up_job job = { p, s, ctx->lora_mid, y, T };
+    pi_threadpool_run(alone ? NULL : e->be->pool, up_task, &job);
     return PI_OK;
 }
 

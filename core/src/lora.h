@@ -18,6 +18,8 @@ enum {   /* the weights of a layer an adapter can adapt */
 
 typedef struct pi_lora_pair {
     pi_tensor a, b;       /* a [n_in, r] (token_embd: [r, n_vocab]), b [r, n_out]; a.data NULL: not adapted */
+    pi_tensor bt;         /* b transposed, [n_out, r]: r rows of n_out (f16 or f32, the adapter's own copy), added
+                           * by the axpy kernels: no horizontal sum per output over a short r */
     float     rank_scale; /* alpha / r, or 1 where the adapter's alpha is 0 */
 } pi_lora_pair;
 

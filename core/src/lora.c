@@ -187,6 +187,7 @@ pi_status pi_adapter_create(const pi_model *model, float alpha, int32_t n_tensor
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     }
     ad->model = model;
+    ad->n_layer = model->hp.n_layer;
     ad->alpha = alpha;
     pi_status st = build(ad, n_tensors, tensors);
     if (st != PI_OK) {
@@ -200,7 +201,7 @@ pi_status pi_adapter_create(const pi_model *model, float alpha, int32_t n_tensor
 void pi_adapter_free(pi_adapter *adapter) {
     if (!adapter) return;
     if (adapter->layers)
-        for (int64_t i = 0; i < (int64_t)adapter->model->hp.n_layer * PI_LORA_LAYER_N; i++)
+        for (int64_t i = 0; i < (int64_t)adapter->n_layer * PI_LORA_LAYER_N; i++)
             free(adapter->layers[i].bt.data);
     free(adapter->output.bt.data);
     free(adapter->tok_embd.bt.data);

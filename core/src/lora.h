@@ -26,6 +26,7 @@ typedef struct pi_lora_pair {
 struct pi_adapter {
     const pi_model *model;
     float           alpha;
+    int32_t         n_layer;         /* the model's (freeing reads no model: it may be gone first) */
     pi_lora_pair   *layers;          /* [n_layer][PI_LORA_LAYER_N] */
     pi_lora_pair    output, tok_embd;
     int32_t         n_pairs;

@@ -306,3 +306,24 @@ def merge_lora(weights: dict, pairs: dict, scale: float, alpha: float) -> dict:
         s = scale * (alpha / r if alpha else 1.0)
         out[name] = out[name] + s * (a @ b.T if name == "token_embd.weight" else b @ a)
     return out
+
+
+# ------------------------------------------------------------------ control vectors
+def write_control_vector(path, n_embd: int, layers, *, seed: int = 0, scale: float = 0.5, extra=None) -> dict:
+    """A control vector file as llama.cpp's cvector-generator writes it (general.architecture controlvector,
+    controlvector.layer_count, f32 "direction.N" tensors) with random directions for the given layers (N >= 1);
+    extra: {name: array} written as they are. Returns {layer: direction}."""
+    rng = np.random.default_rng(seed)
+    dirs = {int(il): (scale * rng.standard_normal(n_embd)).astype(np.float32) for il in layers}
+    w = GGUFWriter(str(path), "controlvector")
+    w.add_string("controlvector.model_hint", "llama")
+    w.add_int32("controlvector.layer_count", len(dirs))
+    for il, d in dirs.items():
+        w.add_tensor(f"direction.{il}", d)
+    for name, arr in (extra or {}).items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dirs

@@ -236,6 +236,7 @@ class ReferenceModel:
     yarn = False          # YaRN rope scaling (rope.scaling.type yarn), over yarn_orig_ctx positions
     yarn_orig_ctx = 0
     rope_attn_factor = 1.0   # cos and sin times this (rope.scaling.attn_factor)
+    control_vector = None    # (n_layer, n_embd): row li added to the residual stream after layer li (llama.cpp's cvec)
 
     def __init__(self, path, **overrides):
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
@@ -488,6 +489,8 @@ class ReferenceModel:
             if self.arch == "falcon":                                 # parallel attention and FFN
                 a_in = self.norm(x, L["attn_norm_2"], L["attn_norm_2.bias"]) if "attn_norm_2" in L else h
                 x = x + self.attention(L, li, a_in, pos, all_pos, cache) + self.ffn(L, h, x, trace)
+                if self.control_vector is not None:
+                    x = x + self.control_vector[li]
                 continue
             x = x + self.attention(L, li, h, pos, all_pos, cache)
             if trace is not None:
@@ -495,6 +498,8 @@ class ReferenceModel:
             g = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias"))
             f = self.ffn(L, g, x, trace)
             x = x + (self.rmsnorm(f, L["post_ffw_norm"]) if "post_ffw_norm" in L else f)
+            if self.control_vector is not None:
+                x = x + self.control_vector[li]
         cache.pos = all_pos
         x = self.norm(x, *self.output_norm)
         return x if hidden else x @ self.output.T

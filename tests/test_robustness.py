@@ -1916,6 +1916,23 @@ def test_lora_adapter_bad_args(model):
     assert lib.pi_context_set_adapters(ctx, 0, ffi.NULL, ffi.NULL) == OK
 
 
+def test_control_vector_bad_args(model):
+    ctx = make_ctx(model, n_ctx=8)
+    E, n_layer = TINY["n_embd"], TINY["n_layer"]
+    data = np.zeros((n_layer, E), np.float32)
+    buf = ffi.from_buffer("float[]", data)
+    expect(lib.pi_context_set_control_vector(ffi.NULL, buf, E, 1, n_layer), INVALID, "NULL")
+    expect(lib.pi_context_set_control_vector(ctx, buf, E + 1, 1, n_layer), INVALID, "n_embd")
+    expect(lib.pi_context_set_control_vector(ctx, buf, E, -1, n_layer), INVALID, "empty or negative")
+    expect(lib.pi_context_set_control_vector(ctx, buf, E, 2, 1), INVALID, "empty or negative")
+    data[0, 3] = np.inf
+    expect(lib.pi_context_set_control_vector(ctx, buf, E, 1, n_layer), INVALID, "not finite")
+    data[0, 3] = 0
+    assert lib.pi_context_set_control_vector(ctx, buf, E, 0, 99) == OK       # a range past the last layer: fine
+    assert _decode(ctx, [1, 2], [0, 1]) == OK
+    assert lib.pi_context_set_control_vector(ctx, ffi.NULL, 0, 0, 0) == OK
+
+
 # ---- every public function is exercised above -------------------------------------------
 COVERED = {
     "pi_last_error", "pi_system_info", "pi_type_supported", "pi_type_name", "pi_type_block_size",
@@ -1941,6 +1958,7 @@ COVERED = {
     "pi_set_attn_input_thresholds", "pi_attn_input_stats",
     "pi_act_histogram_edge", "pi_act_channel_means",
     "pi_adapter_create", "pi_adapter_free", "pi_adapter_n_pairs", "pi_context_set_adapters",
+    "pi_context_set_control_vector",
 }
 
 

@@ -22,6 +22,7 @@ from .cli_args import KV_GGML_IDS, KV_TYPES
 from .context import Context, kv_types
 from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
+from .control_vector import load_control_vectors
 from .lora import load_adapters, scaled_adapters
 from .model import Model
 from .reasoning import check_format as check_reasoning_format
@@ -356,7 +357,8 @@ class PowerInfer:
                  rope_scaling_type: int | str | None = -1, yarn_ext_factor: float = -1.0,
                  yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
                  yarn_orig_ctx: int = 0, kv_overrides: dict | None = None, lora_path: str | None = None,
-                 lora_scale: float = 1.0, lora_base: str | None = None, lora=(), **unsupported):
+                 lora_scale: float = 1.0, lora_base: str | None = None, lora=(), control_vectors=(),
+                 control_vector_layer_range: tuple[int, int] | None = None, **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         reasoning_format: the default of create_chat_completion's (powerinfer.reasoning: auto / deepseek put a
         reply's <think>...</think> in message.reasoning_content, none leaves it in content; llama.cpp's server flag).
@@ -374,6 +376,8 @@ class PowerInfer:
         one from a PEFT directory) applied with that scale; lora: more (path, scale) pairs (llama.cpp's --lora-scaled),
         after lora_path's. lora_base changes nothing (llama.cpp applies adapters to the loaded weights, quantized or
         not). A request's adapters: create_completion(..., lora=[(i, scale), ...]) (powerinfer.lora).
+        control_vectors: (path, strength) pairs of llama.cpp control vector files, added up, after the layers of
+        control_vector_layer_range (start, end; default 1 .. n_layer) (powerinfer.control_vector).
 
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
         count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
@@ -422,6 +426,9 @@ class PowerInfer:
                            sparse_gather_max=sparse_gather_max)
         self.lora_adapters = load_adapters(self.model, ([(lora_path, lora_scale)] if lora_path else []) + list(lora))
         self.ctx.set_lora(self.lora_adapters)
+        if control_vectors:
+            self.ctx.set_control_vector(load_control_vectors(self.model, control_vectors),
+                                        *(control_vector_layer_range or (1, None)))
         spec = SpecParams(draft_max, draft_min, draft_p_min)
         spec.validate()
         drafter = make_drafter(draft_model, target_tokenizer=self.tokenizer, n_ctx=self.ctx.n_ctx,

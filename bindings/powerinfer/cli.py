@@ -25,6 +25,7 @@ from .cli_args import (
 )
 from .context import Context
 from .gguf_file import ModelLoadError
+from .control_vector import load_control_vectors
 from .lora import load_adapters
 from .hub import HubError, add_model_args, bundled_model, resolve_model
 from .model import Model, parse_kv_override
@@ -87,6 +88,24 @@ def add_lora_args(p: argparse.ArgumentParser, *, server: bool = False) -> None:
     if server:
         g.add_argument("--lora-init-without-apply", action="store_true",
                        help="load the adapters with scale 0 (POST /lora-adapters or a request's `lora` sets them)")
+    g = p.add_argument_group("control vectors (llama.cpp's GGUF files of direction.N tensors)")
+    g.add_argument("--control-vector", action="append", default=[], metavar="FNAME",
+                   help="add a control vector to the residual stream (repeatable: they add up)")
+    g.add_argument("--control-vector-scaled", action="append", nargs=2, default=[], metavar=("FNAME", "SCALE"),
+                   help="add a control vector times SCALE (repeatable)")
+    g.add_argument("--control-vector-layer-range", nargs=2, type=int, default=None, metavar=("START", "END"),
+                   help="the layers the control vectors are added after (default: 1 .. n_layer)")
+
+
+def control_vector_specs(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """(path, strength) of --control-vector and --control-vector-scaled; CLIError for a scale that is not a number."""
+    out = [(path, 1.0) for path in args.control_vector]
+    for path, scale in args.control_vector_scaled:
+        try:
+            out.append((path, float(scale)))
+        except ValueError:
+            raise CLIError(f"--control-vector-scaled {path} {scale}: the scale must be a number") from None
+    return out
 
 
 def lora_specs(args: argparse.Namespace) -> list[tuple[str, float]]:
@@ -490,12 +509,17 @@ def make_context(args: argparse.Namespace, model: Model, prog: str, **kwargs) ->
         ctx = Context(model, **{**kw, **kwargs})
         adapters = load_adapters(model, lora_specs(args)) if getattr(args, "lora", None) is not None else []
         ctx.set_lora(adapters)
+        cvecs = control_vector_specs(args) if getattr(args, "control_vector", None) is not None else []
+        if cvecs:
+            ctx.set_control_vector(load_control_vectors(model, cvecs), *(args.control_vector_layer_range or (1, None)))
     except (ValueError, PowerInferError) as e:
         raise CLIError(str(e)) from None
     for line in ctx.gpu_log:
         log(line)
     for ad, scale in adapters:
         log(f"{prog}: LoRA adapter {ad.path} (alpha {ad.alpha:g}, {ad.n_weights} weights), scale {scale:g}")
+    for path, strength in cvecs:
+        log(f"{prog}: control vector {path}, strength {strength:g}")
     if model.sparse:
         log(f"{prog}: PowerInfer model, " + ("every neuron is computed (--dense)" if args.dense else
             f"sparse inference, sparse_pred_threshold = {ctx.sparse_threshold:.2f}"))

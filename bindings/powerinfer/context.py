@@ -519,6 +519,24 @@ class Context:
         self.lora = adapters
 
     @_serialised
+    def set_control_vector(self, data=None, layer_start: int = 1, layer_end: int | None = None) -> None:
+        """A control vector (powerinfer.control_vector.load_control_vectors: float32 [n_layer, n_embd]) added to the
+        residual stream after each layer in [layer_start, layer_end] (llama.cpp's --control-vector-layer-range;
+        default 1 .. n_layer); None: none."""
+        hp = self.model.hparams
+        if data is None:
+            check(lib.pi_context_set_control_vector(self._ptr, ffi.NULL, 0, 0, 0), "clearing the control vector")
+            return
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        if data.shape != (hp.n_layer, hp.n_embd):
+            raise ValueError(f"a control vector is [n_layer, n_embd] = [{hp.n_layer}, {hp.n_embd}], got {data.shape}")
+        end = hp.n_layer if layer_end is None else layer_end
+        if layer_start < 0 or end < layer_start:
+            raise ValueError(f"control vector layer range [{layer_start}, {end}] is empty or negative")
+        check(lib.pi_context_set_control_vector(self._ptr, ffi.from_buffer("float[]", data), hp.n_embd, layer_start,
+                                                end), "setting the control vector")
+
+    @_serialised
     def set_abort_callback(self, fn) -> None:
         """fn() -> bool, called between layers; True aborts the running decode."""
         if fn is None:

@@ -475,6 +475,11 @@ PI_API void      pi_adapter_free(pi_adapter *adapter);
 PI_API int32_t   pi_adapter_n_pairs(const pi_adapter *adapter);   /* weights adapted */
 PI_API pi_status pi_context_set_adapters(pi_context *ctx, int32_t n, pi_adapter *const *adapters,
                                          const float *scales);
+/* A control vector (llama.cpp's --control-vector): data [n_layer][n_embd] f32 (copied), row il added to the residual
+ * stream after layer il for il_start <= il <= il_end; data NULL: none. n_embd must be the model's; on the CPU only
+ * (PI_ERR_UNSUPPORTED where a layer in the range is offloaded). */
+PI_API pi_status pi_context_set_control_vector(pi_context *ctx, const float *data, int32_t n_embd, int32_t il_start,
+                                               int32_t il_end);
 
 /* KV cache by sequence: positions in [p0, p1) (p1 < 0: to the end). seq < 0 means every sequence. */
 PI_API pi_status pi_kv_seq_rm(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1);

@@ -126,6 +126,7 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->attn_threshold);
     free(ctx->attn_active);
     pi_lora_release(ctx);
+    free(ctx->cvec);
     free(ctx);
 }
 
@@ -821,6 +822,49 @@ static bool prune_last_ffn(const pi_context *ctx) {
     return !hp->sparse && !hp->gate_sparse && !ctx->act_hist && hp->arch != PI_ARCH_FALCON;
 }
 
+/* x [T][n_embd] += the control vector's row il, after layer il (llama.cpp's cvec) */
+static pi_status control_vector(pi_context *ctx, pi_exec *at, int32_t il, int64_t T) {
+    if (!ctx->cvec || il < ctx->cvec_start || il > ctx->cvec_end) return PI_OK;
+    if (at != &ctx->cpu) return pi_fail(PI_ERR_UNSUPPORTED, "control vectors run on the CPU only (layer %d is not)", il);
+    const int64_t E = ctx->model->hp.n_embd;
+    pi_tensor row = pi_tensor_view(PI_TYPE_F32, ctx->cvec + il * E, 1, (int64_t[]){ E });
+    return add_bias(at, at->buf.x, &row, T);
+}
+
+pi_status pi_context_set_control_vector(pi_context *ctx, const float *data, int32_t n_embd, int32_t il_start,
+                                        int32_t il_end) {
+    if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "pi_context_set_control_vector: ctx is NULL");
+    const pi_hparams *hp = &ctx->model->hp;
+    if (data && n_embd != hp->n_embd)
+        return pi_fail(PI_ERR_INVALID_ARG, "control vector of %d values, the model's n_embd is %d", n_embd,
+                       (int)hp->n_embd);
+    if (data && (il_start < 0 || il_end < il_start))
+        return pi_fail(PI_ERR_INVALID_ARG, "control vector layer range [%d, %d] is empty or negative", il_start,
+                       il_end);
+    const int32_t last = data ? PI_MIN(il_end, hp->n_layer - 1) : -1;
+    for (int32_t il = data ? il_start : 0; il <= last; il++) {
+        const pi_layer_exec *lx = &ctx->lx[il];
+        if (lx->attn != &ctx->cpu || lx->ffn != &ctx->cpu)
+            return pi_fail(PI_ERR_UNSUPPORTED, "control vectors run on the CPU only, and layer %d is offloaded", il);
+    }
+    float *copy = NULL;
+    if (data) {
+        const size_t bytes = (size_t)hp->n_layer * (size_t)hp->n_embd * sizeof(float);
+        if (!(copy = malloc(bytes))) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a control vector");
+        memcpy(copy, data, bytes);
+        for (size_t i = 0; i < bytes / sizeof(float); i++)
+            if (!isfinite(copy[i])) {
+                free(copy);
+                return pi_fail(PI_ERR_INVALID_ARG, "control vector value %zu is not finite", i);
+            }
+    }
+    free(ctx->cvec);
+    ctx->cvec = copy;
+    ctx->cvec_start = il_start;
+    ctx->cvec_end = il_end;
+    return PI_OK;
+}
+
 static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
     const pi_model *m = ctx->model;
     pi_exec *at = &ctx->cpu;   /* the backend holding the valid residual stream */
@@ -833,6 +877,7 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
         const pi_layer_exec *lx = &ctx->lx[il];
         if (m->hp.arch == PI_ARCH_FALCON) {
             TRY(falcon_layer(ctx, &at, lx, il, batch, n_kv));
+            TRY(control_vector(ctx, at, il, T));
             continue;
         }
         TRY(attention_block(ctx, &at, lx, il, batch, n_kv));
@@ -843,6 +888,7 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
         }
         if (m->hp.sparse) TRY(sparse_ffn_block(ctx, &at, lx, il, T));
         else TRY(ffn_block(ctx, &at, lx, il, T));
+        TRY(control_vector(ctx, at, il, T));
     }
     TRY(compute_logits(ctx, &at, T, n_out));
     return ctx->dev.be ? ctx->dev.be->i->sync(ctx->dev.be) : PI_OK;

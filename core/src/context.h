@@ -93,6 +93,8 @@ struct pi_context {
     float            *lora_mid;      /* their terms' low-rank inputs [T][r] */
     int64_t           lora_mid_n;    /* floats allocated */
     void             *lora_conv;     /* the calling thread's mul_mat scratch for small terms (lora.c) */
+    float            *cvec;          /* [n_layer][n_embd] control vector (pi_context_set_control_vector), or NULL */
+    int32_t           cvec_start, cvec_end;   /* the layers it is added after */
     size_t            lora_conv_bytes;
 };
 

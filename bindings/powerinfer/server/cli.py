@@ -14,6 +14,7 @@ from ..reasoning import FORMATS as REASONING_FORMATS
 from ..cli import (
     CLIError,
     add_lora_args,
+    control_vector_specs,
     add_rope_args,
     add_sampling_args,
     add_sparse_args,
@@ -124,6 +125,7 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
         args.rope["rope_scaling_type"] = args.rope.pop("rope_scaling")     # PowerInfer's (llama-cpp-python's) name
         args.rope["kv_overrides"] = dict(parse_kv_override(o) for o in args.override_kv)
         args.lora_specs = lora_specs(args)
+        args.control_vector_specs = control_vector_specs(args)
     except (ValueError, CLIError) as e:
         p.error(str(e))
     if args.reasoning_budget not in (-1, 0):
@@ -196,7 +198,9 @@ def make_loader(args):
                             sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
                             sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,
                             model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
-                            reasoning_format=args.reasoning_format, lora=args.lora_specs, **args.rope,
+                            reasoning_format=args.reasoning_format, lora=args.lora_specs,
+                            control_vectors=args.control_vector_specs,
+                            control_vector_layer_range=args.control_vector_layer_range, **args.rope,
                             **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
         try:

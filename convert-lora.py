@@ -11,8 +11,6 @@ with alpha = lora_alpha * sqrt(r) (llama.cpp scales by alpha / r). Layout and li
 bindings/powerinfer/convert/lora.py. On failure: one error line, exit status 1.
 """
 import importlib.util
-import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -38,33 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     a = ap.parse_args(argv)
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log = logging.getLogger("powerinfer.convert")
-    log.addHandler(handler)
-    log.setLevel(logging.WARNING if a.quiet else logging.INFO)
-
-    def on_sigterm(signum, frame):        # unwind as Ctrl+C does, so the temporary file is removed
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_sigterm)
-
-    try:
-        conv = _cli._import_convert()
-    except ImportError as e:
-        print(f"{PROG}: error: cannot import the converters: {e}", file=sys.stderr)
-        return 1
-    try:
-        conv.convert_lora(a.adapter_dir, a.base, a.outfile, a.outtype,
-                          progress=None if a.quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
-    except (conv.ConversionError, OSError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        log.removeHandler(handler)
-    return 0
+    return _cli.run(PROG, a.quiet, lambda conv, progress: conv.convert_lora(a.adapter_dir, a.base, a.outfile,
+                                                                           a.outtype, progress=progress))
 
 
 if __name__ == "__main__":

@@ -75,16 +75,28 @@ def main(argv=None, *, sparse: bool = True) -> int:
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     a = ap.parse_args(argv)
 
+    def convert(conv, progress):
+        if sparse:
+            conv.convert_sparse(a.model_dir, a.predictor_dir, a.outfile, a.outtype, progress=progress)
+        else:
+            conv.convert_dense(a.model_dir, a.outfile, a.outtype, progress=progress, down_t=a.down_t)
+    return run(prog, a.quiet, convert)
+
+
+def run(prog: str, quiet: bool, convert) -> int:
+    """convert(conv, progress) with the converters' log on stderr (warnings only when quiet), progress lines there
+    (None when quiet), SIGTERM unwinding as Ctrl+C does (so the temporary file is removed): 0, or one error line
+    and 1 (130 when interrupted). Shared by convert.py, convert-dense.py and convert-lora.py."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log = logging.getLogger("powerinfer.convert")
     log.addHandler(handler)
-    log.setLevel(logging.WARNING if a.quiet else logging.INFO)
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    def on_sigterm(signum, frame):        # unwind as Ctrl+C does, so the temporary file is removed
+    def on_sigterm(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -94,16 +106,8 @@ def main(argv=None, *, sparse: bool = True) -> int:
         print(f"{prog}: error: cannot import the converters: {e}", file=sys.stderr)
         return 1
     try:
-        if sparse:
-            conv.convert_sparse(a.model_dir, a.predictor_dir, a.outfile, a.outtype,
-                                progress=None if a.quiet else progress)
-        else:
-            conv.convert_dense(a.model_dir, a.outfile, a.outtype, progress=None if a.quiet else progress,
-                               down_t=a.down_t)
-    except conv.ConversionError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
+        convert(conv, None if quiet else progress)
+    except (conv.ConversionError, OSError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -97,26 +97,27 @@ def add_lora_args(p: argparse.ArgumentParser, *, server: bool = False) -> None:
                    help="the layers the control vectors are added after (default: 1 .. n_layer)")
 
 
-def control_vector_specs(args: argparse.Namespace) -> list[tuple[str, float]]:
-    """(path, strength) of --control-vector and --control-vector-scaled; CLIError for a scale that is not a number."""
-    out = [(path, 1.0) for path in args.control_vector]
-    for path, scale in args.control_vector_scaled:
+def scaled_files(files: list[str], scaled: list[list[str]], flag: str) -> list[tuple[str, float]]:
+    """(path, 1.0) for each of files, then (path, scale) for each [path, scale] of `flag`; CLIError for a scale that
+    is not a number."""
+    out = [(path, 1.0) for path in files]
+    for path, scale in scaled:
         try:
             out.append((path, float(scale)))
         except ValueError:
-            raise CLIError(f"--control-vector-scaled {path} {scale}: the scale must be a number") from None
+            raise CLIError(f"{flag} {path} {scale}: the scale must be a number") from None
     return out
+
+
+def control_vector_specs(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """(path, strength) of --control-vector and --control-vector-scaled."""
+    return scaled_files(args.control_vector, args.control_vector_scaled, "--control-vector-scaled")
 
 
 def lora_specs(args: argparse.Namespace) -> list[tuple[str, float]]:
     """(path, scale) of --lora and then --lora-scaled (llama.cpp's order: the adapter ids of /lora-adapters);
-    scale 0 for all with --lora-init-without-apply. CLIError for a scale that is not a number."""
-    out = [(path, 1.0) for path in args.lora]
-    for path, scale in args.lora_scaled:
-        try:
-            out.append((path, float(scale)))
-        except ValueError:
-            raise CLIError(f"--lora-scaled {path} {scale}: the scale must be a number") from None
+    scale 0 for all with --lora-init-without-apply."""
+    out = scaled_files(args.lora, args.lora_scaled, "--lora-scaled")
     if getattr(args, "lora_init_without_apply", False):
         out = [(path, 0.0) for path, _ in out]
     if args.lora_base is not None:

@@ -70,13 +70,15 @@ class Vocab:
     pad_id: int | None
 
 
-def load_config(model_dir: Path) -> dict:
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ConversionError(f"{model_dir}: model directory does not exist")
-    path = model_dir / "config.json"
+def read_json_config(directory, name: str, kind: str, expected: str) -> dict:
+    """directory/name as a JSON object; ConversionError when the (kind) directory or the file is missing (the message
+    says what was expected), unreadable, or not an object."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ConversionError(f"{directory}: {kind} directory does not exist")
+    path = directory / name
     if not path.is_file():
-        raise ConversionError(f"{model_dir}: no config.json (expected a Hugging Face checkpoint directory)")
+        raise ConversionError(f"{directory}: no {name} (expected {expected})")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -84,6 +86,10 @@ def load_config(model_dir: Path) -> dict:
     if not isinstance(cfg, dict):
         raise ConversionError(f"{path}: expected a JSON object")
     return cfg
+
+
+def load_config(model_dir: Path) -> dict:
+    return read_json_config(model_dir, "config.json", "model", "a Hugging Face checkpoint directory")
 
 
 def hparams_from_config(cfg: dict, where: str = "config.json") -> HParams:

@@ -42,7 +42,6 @@ the reverse), shapes that do not fit the base tensor, a base architecture the co
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -57,7 +56,7 @@ import gguf
 from .. import quants
 from ..gguf_file import ModelLoadError, open_gguf
 from .common import FLOAT_DTYPES, ConversionError, LazyTensor, log
-from .hf import SUPPORTED_MODEL_TYPES, hparams_from_config, load_config, load_weight_file
+from .hf import SUPPORTED_MODEL_TYPES, hparams_from_config, load_config, load_weight_file, read_json_config
 from .llama import ConversionResult, _Plan, gguf_name, hf_shapes, permute_qk
 from .writer import write_gguf
 
@@ -139,17 +138,8 @@ def _positive(cfg: dict, key: str, kind, where: Path):
 def load_adapter(adapter_dir) -> Adapter:
     """adapter_config.json and the lora_A / lora_B pairs of adapter_model.safetensors (or .bin), unloaded."""
     adapter_dir = Path(adapter_dir)
-    if not adapter_dir.is_dir():
-        raise ConversionError(f"{adapter_dir}: adapter directory does not exist")
+    cfg = read_json_config(adapter_dir, "adapter_config.json", "adapter", "a PEFT LoRA adapter directory")
     cpath = adapter_dir / "adapter_config.json"
-    if not cpath.is_file():
-        raise ConversionError(f"{adapter_dir}: no adapter_config.json (expected a PEFT LoRA adapter directory)")
-    try:
-        cfg = json.loads(cpath.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConversionError(f"{cpath}: unreadable config ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConversionError(f"{cpath}: expected a JSON object")
     if cfg.get("peft_type", "LORA") != "LORA":
         raise ConversionError(f"{cpath}: peft_type {cfg['peft_type']!r} is not a LoRA adapter")
     if cfg.get("use_dora"):

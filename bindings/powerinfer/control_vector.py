@@ -44,5 +44,6 @@ def load_control_vectors(model: Model, specs: Iterable[tuple[str | os.PathLike, 
                 raise ModelLoadError(f"{path}: '{name}' has {t.ne[0]} values, the model's n_embd is {hp.n_embd}")
             layer = int(m.group(1))
             if layer < hp.n_layer:          # llama.cpp keeps the others too, but never applies them
-                out[layer] += np.frombuffer(memoryview(t.data), dtype=np.float32) * np.float32(strength)
+                with np.errstate(all="ignore"):     # a NaN or inf is refused by the core, with its message
+                    out[layer] += np.frombuffer(memoryview(t.data), dtype=np.float32) * np.float32(strength)
     return out

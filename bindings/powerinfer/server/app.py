@@ -704,9 +704,9 @@ def build_routes(state: ServerState) -> list[Route]:
             raise HTTPException(404, "Not Found (the web page is off: --no-webui)")
         return Response(_index_html(), media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
-    from . import embeddings, lora_adapters, messages, metrics, responses, slot_files
+    from . import embeddings, lora_adapters, messages, metrics, ollama, responses, slot_files
     return embeddings.routes(state) + metrics.routes(state) + slot_files.routes(state) + lora_adapters.routes(state) + \
-        responses.routes(state, chat_task) + messages.routes(state, chat_task) + [
+        responses.routes(state, chat_task) + messages.routes(state, chat_task) + ollama.routes(state, chat_task) + [
         Route("/", index, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/health", health, methods=["GET"]),

@@ -56,7 +56,7 @@ def parse_inputs(llm, value, param: str) -> list[list[int]]:
     return [tokens(x, f"{param}[{i}]") for i, x in enumerate(value)]
 
 
-def _normalize_field(body: dict) -> int:
+def normalize_field(body: dict) -> int:
     n = field(body, "embd_normalize", "int", 2)
     if n < -1:
         raise RequestError("'embd_normalize' must be -1 (none), 0 (max abs), 1 (taxicab), 2 (L2) or p > 2",
@@ -64,32 +64,36 @@ def _normalize_field(body: dict) -> int:
     return n
 
 
+def require(state: ServerState):
+    """The model, for an embedding route: 501 without --embedding (llama.cpp's message)."""
+    if not state.embedding:
+        raise RequestError("This server does not support embeddings. Start it with `--embeddings`",
+                           code=501, status=501, type="not_supported_error")
+    return state.require()
+
+
+async def compute(state: ServerState, llm, inputs: list[list[int]], embd_normalize: int, pooling: str | None = None):
+    """The embeddings of token lists (a vector each; per token with pooling "none"), counted by --metrics."""
+    emb = llm.embedder
+    for i, t in enumerate(inputs):
+        if len(t) > emb.n_ctx:
+            raise RequestError(f"input {i} has {len(t)} tokens, more than the embedding context of {emb.n_ctx} "
+                               "(-c / -np)", code="context_length_exceeded", param="input")
+    bad = next((t for ts in inputs for t in ts if not 0 <= t < llm.model.n_vocab), None)
+    if bad is not None:
+        raise RequestError(f"token {bad} is out of range [0, {llm.model.n_vocab})", param="input")
+    pooling = pooling or emb.pooling
+    norm = -1 if pooling == "none" else embd_normalize      # llama.cpp normalizes pooled vectors only
+    vecs = await run_in_threadpool(emb.embed_tokens, inputs, pooling=pooling, embd_normalize=norm)
+    if state.metrics_store is not None:
+        state.metrics_store.add_prompt(sum(len(t) for t in inputs))
+    return vecs
+
+
 def routes(state: ServerState) -> list[Route]:
 
-    def require():
-        if not state.embedding:
-            raise RequestError("This server does not support embeddings. Start it with `--embeddings`",
-                               code=501, status=501, type="not_supported_error")
-        return state.require()
-
-    async def compute(llm, inputs: list[list[int]], embd_normalize: int, pooling: str | None = None):
-        emb = llm.embedder
-        for i, t in enumerate(inputs):
-            if len(t) > emb.n_ctx:
-                raise RequestError(f"input {i} has {len(t)} tokens, more than the embedding context of {emb.n_ctx} "
-                                   "(-c / -np)", code="context_length_exceeded", param="input")
-        bad = next((t for ts in inputs for t in ts if not 0 <= t < llm.model.n_vocab), None)
-        if bad is not None:
-            raise RequestError(f"token {bad} is out of range [0, {llm.model.n_vocab})", param="input")
-        pooling = pooling or emb.pooling
-        norm = -1 if pooling == "none" else embd_normalize      # llama.cpp normalizes pooled vectors only
-        vecs = await run_in_threadpool(emb.embed_tokens, inputs, pooling=pooling, embd_normalize=norm)
-        if state.metrics_store is not None:
-            state.metrics_store.add_prompt(sum(len(t) for t in inputs))
-        return vecs
-
     async def v1_embeddings(request: Request):
-        llm = require()
+        llm = require(state)
         body = await read_json(request, state)
         field(body, "model", "str", None)            # any name: this server has one model
         fmt = field(body, "encoding_format", "str", "float")
@@ -107,7 +111,7 @@ def routes(state: ServerState) -> list[Route]:
         if value is None:
             raise RequestError("'input' is required", param="input")
         inputs = parse_inputs(llm, value, "input")
-        vecs = await compute(llm, inputs, _normalize_field(body))
+        vecs = await compute(state, llm, inputs, normalize_field(body))
 
         def encode(v: np.ndarray):
             if fmt == "base64":
@@ -119,13 +123,13 @@ def routes(state: ServerState) -> list[Route]:
                      "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     async def native_embedding(request: Request):
-        llm = require()
+        llm = require(state)
         body = await read_json(request, state)
         value = field(body, "content", "any", None, aliases=("input",))
         if value is None:
             raise RequestError("'content' is required", param="content")
         inputs = parse_inputs(llm, value, "content")
-        vecs = await compute(llm, inputs, _normalize_field(body))
+        vecs = await compute(state, llm, inputs, normalize_field(body))
         return JSON([{"index": i, "embedding": v.tolist() if v.ndim == 2 else [v.tolist()]}
                      for i, v in enumerate(vecs)])
 
@@ -136,4 +140,4 @@ def routes(state: ServerState) -> list[Route]:
     ]
 
 
-__all__ = ["MAX_INPUTS", "parse_inputs", "routes"]
+__all__ = ["MAX_INPUTS", "compute", "normalize_field", "parse_inputs", "require", "routes"]

@@ -24,7 +24,6 @@ naming them): image and document blocks (no vision here), Anthropic's server too
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from typing import TYPE_CHECKING
 
@@ -33,12 +32,10 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from ..request import RequestError, Result
-from .protocol import JSON, chat_deltas, field, read_json, sse_event, text_of
+from .protocol import JSON, chat_deltas, errors_as, field, read_json, sse_event, text_of
 
 if TYPE_CHECKING:
     from .app import ServerState
-
-log = logging.getLogger("powerinfer.server")
 
 PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
@@ -245,17 +242,7 @@ _STREAMED = (("reasoning_content", "thinking", {"type": "thinking", "thinking": 
 def routes(state: "ServerState", chat_task) -> list[Route]:
     from .app import EngineStream, _stats, attach, collect
 
-    def anthropic_errors(handler):
-        """The route's errors in Anthropic's shape (the app's handlers answer OpenAI's)."""
-        async def run(request: Request):
-            try:
-                return await handler(request)
-            except RequestError as e:
-                return error_response(e.status, e.message)
-            except Exception as e:
-                log.exception("unhandled error in %s %s", request.method, request.url.path)
-                return error_response(500, f"internal error: {type(e).__name__}: {e}", {"x-should-retry": "false"})
-        return run
+    anthropic_errors = errors_as(error_response)      # the routes' errors in Anthropic's shape
 
     async def messages(request: Request):
         llm = state.require()

@@ -1,11 +1,13 @@
-"""What every route module of the server shares: JSON responses, OpenAI-shaped error bodies, and the
-checked reading of request bodies (field, read_json, text_of); and what the APIs translated to a chat completion
-(responses.py, messages.py) stream: named SSE events (sse_event) of a chat stream's deltas (chat_deltas). Below
-app.py, metrics.py and embeddings.py, which import it (and not each other)."""
+"""What every route module of the server shares: JSON responses, OpenAI-shaped error bodies, the errors of a route
+group with a shape of its own (errors_as), and the checked reading of request bodies (field, read_json, text_of); and
+what the APIs translated to a chat completion (responses.py, messages.py, ollama.py) stream: named SSE events
+(sse_event) of a chat stream's deltas (chat_deltas). Below app.py, metrics.py and embeddings.py, which import it (and
+not each other)."""
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +20,10 @@ from ..request import RequestError
 if TYPE_CHECKING:
     from .app import ServerState
 
-__all__ = ["JSON", "chat_deltas", "dumps", "error_body", "error_response", "field", "read_json",
+__all__ = ["JSON", "chat_deltas", "dumps", "error_body", "error_response", "errors_as", "field", "read_json",
            "request_error_response", "sse_event", "text_of"]
+
+log = logging.getLogger("powerinfer.server")
 
 
 def _json_default(o):
@@ -50,6 +54,23 @@ def error_response(status: int, message: str, type_: str, code: Any = None, para
 
 def request_error_response(e: RequestError) -> JSON:
     return error_response(e.status, e.message, e.type, e.code, e.param)
+
+
+def errors_as(respond):
+    """A decorator for the handlers of a route group whose errors have a shape of their own (the app's exception
+    handlers answer OpenAI's): a RequestError becomes respond(status, message), any other exception is logged and
+    becomes respond(500, "internal error: ...", {"x-should-retry": "false"})."""
+    def wrap(handler):
+        async def run(request: Request):
+            try:
+                return await handler(request)
+            except RequestError as e:
+                return respond(e.status, e.message)
+            except Exception as e:
+                log.exception("unhandled error in %s %s", request.method, request.url.path)
+                return respond(500, f"internal error: {type(e).__name__}: {e}", {"x-should-retry": "false"})
+        return run
+    return wrap
 
 
 _MISSING = object()

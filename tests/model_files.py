@@ -64,7 +64,8 @@ def write_gguf(path, arch: str, tensors: dict, *, dtype: str = "f32", pred_dtype
 def rewrite(src, dst, *, meta=None, drop=(), replace=None, extra=None, arch=None) -> Path:
     """Copy a GGUF file through gguf.GGUFReader/GGUFWriter with changes.
 
-    meta: {key: (value, GGUFValueType) | None (delete)}; drop: tensor names to leave out;
+    meta: {key: (value, GGUFValueType) | (values, ARRAY, element type) | None (delete)}; drop: tensor names to leave
+    out;
     replace / extra: {name: (numpy data, ggml type)} for changed / additional tensors.
     """
     meta, replace, extra = meta or {}, replace or {}, extra or {}
@@ -76,8 +77,8 @@ def rewrite(src, dst, *, meta=None, drop=(), replace=None, extra=None, arch=None
         vtype = f.types[0]
         w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1] if vtype == VT.ARRAY else None)
     for key, v in meta.items():
-        if v is not None:
-            w.add_key_value(key, v[0], v[1])
+        if v is not None:          # (value, type) or (values, ARRAY, their type)
+            w.add_key_value(key, v[0], v[1], sub_type=v[2] if len(v) > 2 else None)
     for t in r.tensors:
         if t.name in drop:
             continue

@@ -260,8 +260,10 @@ def test_server_flags_end_to_end(model_file):
     env.pop("LLAMA_API_KEY", None)
     cmd = [sys.executable, str(ROOT / "examples" / "server.py"), "-m", str(model_file), "--port", str(port), "-t", "1",
            "-c", "512"]
-    bad = subprocess.run(cmd + ["--pooling", "rank"], capture_output=True, text=True, env=env, timeout=60)
-    assert bad.returncode == 2 and "rerank" in bad.stderr
+    bad = subprocess.run(cmd + ["--pooling", "max"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "pooling must be" in bad.stderr
+    bad = subprocess.run(cmd + ["--reranking"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 1 and "needs a reranker model" in bad.stderr      # no classifier head in this file
     proc = subprocess.Popen(cmd + ["--embedding", "--pooling", "last", "--metrics", "--no-slots"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     base = f"http://127.0.0.1:{port}"

@@ -538,6 +538,13 @@ class PowerInfer:
         return embed(self, input, normalize=normalize, truncate=truncate, return_count=return_count,
                      pooling=pooling)
 
+    def rerank(self, query: str, documents: list[str], top_n: int | None = None) -> list[dict]:
+        """A reranker model's (pooling "rank": Qwen3-Reranker and the like, as llama.cpp converts them) relevance of
+        each document to the query: [{"index", "relevance_score"}] best first, at most top_n (llama.cpp's /rerank).
+        ValueError for a model without a classifier head or bad arguments."""
+        from .embedding import rerank
+        return rerank(self, query, documents, top_n=top_n)[0]
+
     def create_embedding(self, input, model: str | None = None, normalize: bool = True, pooling: str | None = None):
         """OpenAI-shaped embeddings response (llama-cpp-python's create_embedding)."""
         from .embedding import create_embedding

@@ -8,6 +8,9 @@ The hidden state is the output norm's result, the output head's input (`Context.
     cls    the first token's vector (encoder models; on a causal decoder the first token sees only
            itself, so every input that starts with BOS gets the same vector)
     last   the last token's vector (decoder embedding models: e5-mistral, Qwen3-Embedding, ...)
+    rank   reranker models (a classifier head cls.output.weight [n_embd, n_cls], e.g. Qwen3-Reranker as llama.cpp
+           converts it): the last token's vector times the head (+ cls.output.bias), softmax for qwen3 as llama.cpp;
+           score 0 is the relevance (`rerank`); not normalized
 
 The default is the file's `<arch>.pooling_type` (llama.cpp's key), else `mean`. Normalization is
 llama.cpp's `embd_normalize`: -1 none, 0 max-absolute scaled to int16 range, 1 taxicab, 2 Euclidean
@@ -29,24 +32,54 @@ from .model import Model
 
 __all__ = ["POOLING_TYPES", "Embedder", "default_pooling", "normalize"]
 
-POOLING_TYPES = ("none", "mean", "cls", "last")
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 _GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}   # llama_pooling_type
 
 
+RANK_HEAD = "cls.output.weight"
+
+
 def default_pooling(model: Model) -> str:
-    """The file's `<arch>.pooling_type` (llama.cpp's key) as a name, else "mean"."""
+    """The file's `<arch>.pooling_type` (llama.cpp's key) as a name, else "mean" ("rank" only with a classifier
+    head)."""
     arch = model.metadata.get("general.architecture", "")
     v = model.metadata.get(f"{arch}.pooling_type")
     name = _GGUF_POOLING.get(int(v)) if isinstance(v, int) else None
+    if name == "rank" and RANK_HEAD not in model.file.tensors:
+        name = None
     return name if name in POOLING_TYPES else "mean"
 
 
-def check_pooling(pooling: str) -> str:
-    if pooling == "rank":
-        raise ValueError("pooling 'rank' is for reranker models (llama.cpp's /rerank), which are not supported")
+def check_pooling(pooling: str, model: Model | None = None) -> str:
     if pooling not in POOLING_TYPES:
         raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {pooling!r}")
+    if pooling == "rank" and model is not None and RANK_HEAD not in model.file.tensors:
+        raise ValueError(f"pooling 'rank' needs a reranker model: this file has no classifier head ({RANK_HEAD}; "
+                         "llama.cpp's converter writes one for Qwen3-Reranker)")
     return pooling
+
+
+class RankHead:
+    """A reranker's classifier head: scores [n_cls] = W h (+ b) of the last token's final hidden state h, softmax for
+    qwen3 (llama.cpp's build_pooling). W = cls.output.weight [n_cls, n_embd], b = cls.output.bias."""
+
+    def __init__(self, model: Model):
+        self.w = model.tensor_f32(RANK_HEAD).astype(np.float64)                     # [n_cls, n_embd]
+        if self.w.ndim != 2 or self.w.shape[1] != model.hparams.n_embd:
+            raise ValueError(f"{model.path}: {RANK_HEAD} must be [n_embd, n_cls] (ne), got {self.w.shape[::-1]}")
+        bias = "cls.output.bias"
+        self.b = model.tensor_f32(bias).astype(np.float64) if bias in model.file.tensors else None
+        if self.b is not None and self.b.shape != (self.w.shape[0],):
+            raise ValueError(f"{model.path}: {bias} must have {self.w.shape[0]} values")
+        self.softmax = model.metadata.get("general.architecture") == "qwen3"
+        self.labels = model.metadata.get(f"{model.metadata.get('general.architecture')}.classifier.output_labels")
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        z = self.w @ h.astype(np.float64) + (self.b if self.b is not None else 0.0)
+        if self.softmax:
+            z = np.exp(z - z.max())
+            z /= z.sum()
+        return z.astype(np.float32)
 
 
 def normalize(v: np.ndarray, embd_normalize: int = 2) -> np.ndarray:
@@ -72,7 +105,8 @@ class Embedder:
                  n_threads: int | None = None, kv_type: str | tuple[str, str] = "f16",
                  sparse_threshold: float | None = None, dense: bool = False, pooling: str | None = None):
         self.model = model
-        self.pooling = check_pooling(pooling or default_pooling(model))
+        self.pooling = check_pooling(pooling or default_pooling(model), model)
+        self._rank_head: RankHead | None = None
         # this context stays on the CPU (an offload would copy the device weights once more for it)
         self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, n_threads=n_threads,
                            kv_type=kv_type, sparse_threshold=sparse_threshold, dense=dense,
@@ -133,10 +167,14 @@ class Embedder:
     def embed_tokens(self, inputs: list[list[int]], *, pooling: str | None = None,
                      embd_normalize: int = 2) -> list[np.ndarray]:
         """Per input, its pooled [n_embd] vector (pooling "none": [n_tokens, n_embd]), normalized
-        per vector as `normalize(v, embd_normalize)`."""
-        pooling = check_pooling(pooling or self.pooling)
-        rows = {"cls": "first", "last": "last"}.get(pooling, "all")
+        per vector as `normalize(v, embd_normalize)`; pooling "rank": the classifier's [n_cls] scores, as they are."""
+        pooling = check_pooling(pooling or self.pooling, self.model)
+        rows = {"cls": "first", "last": "last", "rank": "last"}.get(pooling, "all")
         states = self.hidden_states(inputs, rows)
+        if pooling == "rank":
+            if self._rank_head is None:
+                self._rank_head = RankHead(self.model)
+            return [self._rank_head(s[0]) for s in states]
         if pooling == "mean":
             states = [s.astype(np.float64).mean(axis=0) for s in states]
         elif pooling in ("cls", "last"):
@@ -188,3 +226,43 @@ def create_embedding(llm, input, model: str | None = None, *, normalize: bool = 
     return {"object": "list", "model": llm.model_name,
             "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vecs)],
             "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+# ---- reranking (llama.cpp's /rerank) -------------------------------------------------------------------------------
+def rerank_prompt(model: Model, query: str, document: str) -> list[int]:
+    """llama.cpp's format_prompt_rerank: the file's rerank template (tokenizer.chat_template.rerank) with {query} and
+    {document} put in, special tokens parsed and none added; without one, [BOS] query [EOS] [SEP] document [EOS] as
+    the vocabulary adds them."""
+    tok, meta = model.tokenizer, model.metadata
+    template = meta.get("tokenizer.chat_template.rerank")
+    if isinstance(template, str):
+        return tok.encode(template.replace("{query}", query).replace("{document}", document), add_special=False,
+                          parse_special=True)
+    eos = tok.eos_id if tok.eos_id is not None else meta.get("tokenizer.ggml.seperator_token_id")
+    sep = meta.get("tokenizer.ggml.seperator_token_id")
+    ids = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+    ids += tok.encode(query, add_special=False)
+    if tok.add_eos and eos is not None:
+        ids.append(eos)
+    if meta.get("tokenizer.ggml.add_sep_token") and sep is not None:
+        ids.append(sep)
+    ids += tok.encode(document, add_special=False)
+    if tok.add_eos and eos is not None:
+        ids.append(eos)
+    return ids
+
+
+def rerank(llm, query: str, documents: list[str], *, top_n: int | None = None) -> tuple[list[dict], int]:
+    """PowerInfer.rerank: ([{index, relevance_score}] best first, at most top_n, and the tokens evaluated), each score
+    the reranker's first class (llama.cpp's: P("yes") for Qwen3-Reranker)."""
+    if not isinstance(query, str):
+        raise ValueError("query must be a string")
+    if not isinstance(documents, (list, tuple)) or not documents or not all(isinstance(d, str) for d in documents):
+        raise ValueError("documents must be a non-empty array of strings")
+    emb = llm.embedder
+    prompts = [rerank_prompt(llm.model, query, d) for d in documents]
+    scores = emb.embed_tokens([p[:emb.n_ctx] for p in prompts], pooling="rank")
+    ranked = sorted(({"index": i, "relevance_score": float(v[0])} for i, v in enumerate(scores)),
+                    key=lambda r: -r["relevance_score"])
+    n = len(ranked) if top_n is None else max(0, int(top_n))
+    return ranked[:n], sum(min(len(p), emb.n_ctx) for p in prompts)

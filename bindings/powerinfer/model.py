@@ -403,6 +403,18 @@ class Model:
             raise ModelLoadError(f"{self.path}: {e}") from None
         return ffi.gc(out[0], lib.pi_model_free)
 
+    def tensor_f32(self, name: str) -> np.ndarray:
+        """A tensor of the file dequantized to float32, numpy shape = ne reversed (KeyError where the file has none;
+        ModelLoadError for a type this build cannot read)."""
+        t = self.file.tensors[name]
+        n = int(np.prod(t.ne))
+        out = np.empty(n, dtype=np.float32)
+        try:
+            check(lib.pi_dequantize_row(t.type, ffi.from_buffer(t.data), ffi.from_buffer("float[]", out), n))
+        except PowerInferError as e:
+            raise ModelLoadError(f"{self.path}: tensor '{name}': {e}") from None
+        return out.reshape(tuple(reversed(t.ne)))
+
     @property
     def n_packed_ffn(self) -> int:
         """Layers whose sparse FFN was packed at load time (each neuron's rows together); 0 with

@@ -83,8 +83,12 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
     g = p.add_argument_group("embeddings, monitoring, web page (llama.cpp's flags)")
     g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="serve POST /v1/embeddings and /embedding (completions keep working) (default: off: 501)")
-    g.add_argument("--pooling", default=None, metavar="{none,mean,cls,last}",
-                   help="pooling of the embeddings (default: the file's <arch>.pooling_type, else mean)")
+    g.add_argument("--pooling", default=None, metavar="{none,mean,cls,last,rank}",
+                   help="pooling of the embeddings (default: the file's <arch>.pooling_type, else mean; rank: a "
+                        "reranker's scores)")
+    g.add_argument("--reranking", "--rerank", action="store_true",
+                   help="POST /rerank (/v1/rerank): a reranker model's scores of documents for a query (implies "
+                        "--embedding --pooling rank)")
     g.add_argument("--metrics", action="store_true", help="serve GET /metrics, Prometheus text (default: off: 501)")
     g.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (default: on)")
@@ -132,6 +136,10 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
         p.error("--reasoning-budget: only -1 (unrestricted) and 0 (thinking off) are supported")
     if args.reasoning_budget == 0:
         args.template_kwargs.setdefault("enable_thinking", False)
+    if args.reranking:
+        if args.pooling not in (None, "rank"):
+            p.error(f"--reranking needs --pooling rank (got {args.pooling})")
+        args.embedding, args.pooling = True, "rank"
     if args.pooling is not None:
         from ..embedding import check_pooling
         try:

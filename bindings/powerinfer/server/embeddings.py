@@ -12,6 +12,9 @@ message.
 /embedding      content (or input), same forms; answers [{"index": i, "embedding": [[...]]}], per token
                 with --pooling none (not normalized, as llama.cpp), else one pooled vector.
 embd_normalize  llama.cpp's: -1 none, 0 max-abs to int16 range, 1 taxicab, 2 L2 (default), p > 2 p-norm.
+/rerank         (also /reranking, /v1/rerank, /v1/reranking; with --reranking, a reranker model: pooling rank)
+                query, documents (or TEI's texts), top_n: Jina's {model, object, usage, results: [{index,
+                relevance_score}]} best first; with texts TEI's bare [{index, score, text (return_text)}].
 """
 from __future__ import annotations
 
@@ -133,7 +136,35 @@ def routes(state: ServerState) -> list[Route]:
         return JSON([{"index": i, "embedding": v.tolist() if v.ndim == 2 else [v.tolist()]}
                      for i, v in enumerate(vecs)])
 
+    async def rerank_route(request: Request):
+        llm = require(state)
+        if llm.embedder.pooling != "rank":
+            raise RequestError("This server does not support reranking. Start it with `--reranking`", code=501,
+                               status=501, type="not_supported_error")
+        body = await read_json(request, state)
+        query = field(body, "query", "str")
+        tei = "texts" in body
+        docs = field(body, "texts" if tei else "documents", "list")
+        if not docs or not all(isinstance(d, str) for d in docs):
+            raise RequestError(f"'{'texts' if tei else 'documents'}' must be a non-empty array of strings",
+                               param="documents")
+        if len(docs) > MAX_INPUTS:
+            raise RequestError(f"at most {MAX_INPUTS} documents per request", param="documents")
+        top_n = field(body, "top_n", "int", len(docs))
+        from ..embedding import rerank
+        results, n = await run_in_threadpool(rerank, llm, query, docs, top_n=top_n)
+        if state.metrics_store is not None:
+            state.metrics_store.add_prompt(n)
+        if tei:
+            return JSON([{"index": r["index"], "score": r["relevance_score"],
+                          **({"text": docs[r["index"]]} if field(body, "return_text", "bool", False) else {})}
+                         for r in results])
+        return JSON({"model": field(body, "model", "str", None) or state.model_name, "object": "list",
+                     "usage": {"prompt_tokens": n, "total_tokens": n}, "results": results})
+
     return [
+        *(Route(path, rerank_route, methods=["POST"]) for path in ("/rerank", "/reranking", "/v1/rerank",
+                                                                     "/v1/reranking")),
         Route("/v1/embeddings", v1_embeddings, methods=["POST"]),
         Route("/embeddings", v1_embeddings, methods=["POST"]),
         Route("/embedding", native_embedding, methods=["POST"]),

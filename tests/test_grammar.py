@@ -299,10 +299,37 @@ def test_llama_keywords_aliases_and_refusals(model_file):
     for kw, name in ((dict(chat_handler=object()), "chat_handler"), (dict(lora_path="a.gguf"), "LoRA adapter"),
                      (dict(n_threads_batch=2), "n_threads_batch"),
                      (dict(use_mmap=False), "use_mmap"), (dict(type_k=12), "type_k"), (dict(type_v="q6_K"), "type_v"),
-                     (dict(pooling_type=4), "pooling_type"),
+                     (dict(pooling_type=5), "pooling_type"),
                      (dict(rope_freq_base=-1.0), "rope_freq_base"), (dict(yarn_orig_ctx=-5), "yarn_orig_ctx")):
         with pytest.raises(ValueError, match=name):
             pi.PowerInfer(model_file, n_ctx=128, n_threads=1, **kw)
+
+
+def test_llama_helper_methods(model_file):
+    """llama-cpp-python's small methods: token_nl, n_embd, pooling_type, set_seed, set_cache (changes nothing),
+    logits_to_logprobs, longest_token_prefix, create_chat_completion_openai_v1 (the openai package's types)."""
+    m = pi.PowerInfer(model_file, n_ctx=128, n_threads=1, verbose=False, pooling_type=3)
+    assert m.detokenize([m.token_nl()]) == "\n" and m.n_embd() == m.model.hparams.n_embd
+    assert m.pooling_type() == 3
+    m.set_seed(7)
+    a = m("Once", max_tokens=6, temperature=1.0)["choices"][0]["text"]
+    m.set_seed(7)
+    assert m("Once", max_tokens=6, temperature=1.0)["choices"][0]["text"] == a
+    m.set_cache(object())
+    x = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    lp = m.logits_to_logprobs(x)
+    assert np.allclose(np.exp(lp).sum(axis=-1), 1.0) and np.allclose(lp[1], -np.log(3))
+    assert m.longest_token_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and m.longest_token_prefix([], [1]) == 0
+    openai = pytest.importorskip("openai")
+    msgs = [{"role": "user", "content": "hi"}]
+    out = m.create_chat_completion_openai_v1(messages=msgs, max_tokens=4, temperature=0)
+    assert isinstance(out, openai.types.chat.ChatCompletion)
+    assert out.choices[0].message.content == m.create_chat_completion(msgs, max_tokens=4, temperature=0)[
+        "choices"][0]["message"]["content"]
+    chunks = list(m.create_chat_completion_openai_v1(messages=msgs, max_tokens=4, temperature=0, stream=True))
+    assert all(isinstance(c, openai.types.chat.ChatCompletionChunk) for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == out.choices[0].message.content
+    m.close()
 
 
 def test_save_and_load_state(model_file):

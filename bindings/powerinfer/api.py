@@ -27,7 +27,7 @@ from .lora import load_adapters, scaled_adapters
 from .model import Model
 from .reasoning import check_format as check_reasoning_format
 from .reasoning import splitter_for
-from .request import RequestError, Result, Task, TaskEvents
+from .request import RequestError, Result, Task, TaskEvents, common_prefix
 from .sampling import EXTRA_NUMBERS, SamplingParams
 from .speculative import SpecParams, make_drafter
 from .tokenizer import TOKEN_CONTROL
@@ -293,7 +293,7 @@ _GGML_KV_NAMES = {i: name for name, i in KV_GGML_IDS.items()}   # llama-cpp-pyth
 
 def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
     """llama-cpp-python's type_k / type_v (ggml type ids, e.g. 1 = f16, 8 = q8_0, or names) and pooling_type
-    (-1 = the file's, 0 none, 1 mean, 2 cls, 3 last) -> kv_type (a (K, V) pair where they differ), pooling."""
+    (-1 = the file's, 0 none, 1 mean, 2 cls, 3 last, 4 rank) -> kv_type (a (K, V) pair where they differ), pooling."""
     k, v = kv_types(kv_type)
     for name, t in (("type_k", type_k), ("type_v", type_v)):
         if t is None:
@@ -308,10 +308,10 @@ def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
             v = t
     kv_type = k if k == v else (k, v)
     if pooling_type is not None:
-        table = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last"}
+        table = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
         if pooling_type not in table:
-            raise ValueError(f"pooling_type={pooling_type!r}: -1 (the file's), 0 none, 1 mean, 2 cls or 3 last "
-                             "(rank is not supported)")
+            raise ValueError(f"pooling_type={pooling_type!r}: -1 (the file's), 0 none, 1 mean, 2 cls, 3 last or "
+                             "4 rank")
         pooling = table[pooling_type]
     return kv_type, pooling
 
@@ -501,6 +501,39 @@ class PowerInfer:
 
     def token_bos(self) -> int | None:
         return self.tokenizer.bos_id
+
+    def token_nl(self) -> int:
+        """The token of "\n" (llama-cpp-python's token_nl)."""
+        return self.tokenizer.encode("\n", add_special=False)[-1]
+
+    def n_embd(self) -> int:
+        return self.model.hparams.n_embd
+
+    def pooling_type(self) -> int:
+        """The embeddings' pooling as llama.cpp's id (0 none, 1 mean, 2 cls, 3 last, 4 rank)."""
+        return {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}[self.embedder.pooling]
+
+    def set_seed(self, seed: int) -> None:
+        """The seed of the requests that give none (llama-cpp-python's set_seed)."""
+        self.seed = seed
+
+    def set_cache(self, cache) -> None:
+        """llama-cpp-python's set_cache(LlamaRAMCache() / LlamaDiskCache()): accepted and changes nothing: the slots
+        keep their prompts' KV and a request reuses the longest matching prefix (save_state / load_state, and the
+        server's --slot-save-path, keep it across runs)."""
+        log.info("PowerInfer.set_cache: changes nothing here (the slots keep their prompts' KV cache)")
+
+    @staticmethod
+    def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
+        """log-softmax of logits along axis (llama-cpp-python's), in float32."""
+        x = np.asarray(logits, dtype=np.float64)
+        m = np.max(x, axis=axis, keepdims=True)
+        return (x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))).astype(np.float32)
+
+    @staticmethod
+    def longest_token_prefix(a, b) -> int:
+        """How many leading tokens a and b share (llama-cpp-python's)."""
+        return common_prefix(list(a), list(b))
 
     @property
     def metadata(self) -> dict:
@@ -868,6 +901,15 @@ class PowerInfer:
         return self._run(task, shaper, stream, include_usage)
 
     __call__ = create_completion
+
+    def create_chat_completion_openai_v1(self, *args, **kwargs):
+        """create_chat_completion's result as the `openai` package's types (ChatCompletion, or an iterator of
+        ChatCompletionChunk with stream=True), as llama-cpp-python's."""
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+        out = self.create_chat_completion(*args, **kwargs)
+        if kwargs.get("stream"):
+            return (ChatCompletionChunk(**chunk) for chunk in out)
+        return ChatCompletion(**out)
 
     def create_chat_completion(self, messages: list[dict], functions: list | None = None, function_call=None,
                                tools: list | None = None, tool_choice: Any = None, temperature: float = 0.2,

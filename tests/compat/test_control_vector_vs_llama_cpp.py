@@ -14,15 +14,12 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
+from helpers import logits_all, rel_rms  # noqa: E402
 from model_files import write_arch_model, write_control_vector  # noqa: E402
 from powerinfer.control_vector import load_control_vectors  # noqa: E402
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 REL_RMS = 1e-5     # (measured 4e-7)
-
-
-def rel_rms(a, b) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
 @pytest.mark.parametrize("start,end", [(1, 2), (2, 2)])
@@ -43,11 +40,8 @@ def test_control_vector_agrees_with_llama_cpp(tmp_path, start, end):
     theirs = np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
     ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
     ctx.set_control_vector(data, start, end)
-    ctx.decode(PROMPT, logits="all")
-    ours = np.stack([ctx.logits(i) for i in range(len(PROMPT))])
-    plain = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
-    plain.decode(PROMPT, logits="all")
-    base_logits = np.stack([plain.logits(i) for i in range(len(PROMPT))])
+    ours = logits_all(ctx, PROMPT)
+    base_logits = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     err = rel_rms(ours, theirs)
     print(f"layers {start}..{end}: relative RMS difference {err:.2e} (the vector's effect "
           f"{rel_rms(base_logits, theirs):.2e})")

@@ -17,16 +17,13 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
+from helpers import logits_all, rel_rms  # noqa: E402
 from model_files import LORA_ALL_LINEAR, write_arch_model, write_lora  # noqa: E402
 from powerinfer.lora import LoraAdapter  # noqa: E402
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 REL_RMS = {"f32": 1e-5,     # (measured 5e-7 and 1.2e-6)
            "f16": 3e-3}     # (measured 1.2e-3)
-
-
-def rel_rms(a, b) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
 
 
 @pytest.mark.parametrize("arch,targets,rank,dtype,scale", [
@@ -45,11 +42,8 @@ def test_lora_logits_agree_with_llama_cpp(tmp_path, arch, targets, rank, dtype, 
     model = pi.Model(base)
     ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
     ctx.set_lora([(LoraAdapter(adapter, model), scale)])
-    ctx.decode(PROMPT, logits="all")
-    ours = np.stack([ctx.logits(i) for i in range(len(PROMPT))])
-    plain = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
-    plain.decode(PROMPT, logits="all")
-    base_logits = np.stack([plain.logits(i) for i in range(len(PROMPT))])
+    ours = logits_all(ctx, PROMPT)
+    base_logits = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     err = rel_rms(ours, theirs)
     print(f"{arch} {dtype} rank {rank}: relative RMS difference {err:.2e} (adapter's effect "
           f"{rel_rms(base_logits, theirs):.2e})")

@@ -119,3 +119,33 @@ def test_n_cmpl(server):
     assert r.status_code == 200 and len(r.json()["choices"]) == 2
     bad = post(server, "/completion", {"prompt": "x", "n_cmpl": 2, "n_predict": 3})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_cmpl"
+
+
+def test_completions_with_a_list_of_prompts(server):
+    """OpenAI's /v1/completions prompt as a list (strings or token-id lists; lm-evaluation-harness batches so): one
+    choice per prompt (n each, in order), each the text of that prompt alone; echo + logprobs per prompt; usage counts
+    every prompt once."""
+    from test_server import client, post
+    c = client(server)
+    prompts = ["Once upon a time", "The cat", "In the morning"]
+    alone = [c.completions.create(model="any", prompt=p, max_tokens=6, temperature=0) for p in prompts]
+    r = c.completions.create(model="any", prompt=prompts, max_tokens=6, temperature=0)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert [ch.text for ch in r.choices] == [a.choices[0].text for a in alone]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    r2 = c.completions.create(model="any", prompt=prompts[:2], n=2, seed=3, max_tokens=6, temperature=1.0)
+    assert [ch.index for ch in r2.choices] == [0, 1, 2, 3]
+    second = c.completions.create(model="any", prompt=prompts[1], n=2, seed=3, max_tokens=6, temperature=1.0)
+    assert [ch.text for ch in r2.choices[2:]] == [ch.text for ch in second.choices]
+    ids = [post(server, "/tokenize", {"content": p}).json()["tokens"] for p in prompts[:2]]
+    lp = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1,
+                                          "temperature": 0}).json()
+    assert [len(ch["logprobs"]["tokens"]) for ch in lp["choices"]] == [len(t) + 1 for t in ids]
+    parts = {}
+    for chunk in c.completions.create(model="any", prompt=prompts, max_tokens=6, temperature=0, stream=True):
+        for ch in chunk.choices:
+            parts[ch.index] = parts.get(ch.index, "") + ch.text
+    assert [parts[i] for i in range(3)] == [a.choices[0].text for a in alone]
+    bad = post(server, "/v1/completions", {"prompt": ["x"] * 300, "max_tokens": 1})
+    assert bad.status_code == 400 and "at most 256 prompts" in bad.json()["error"]["message"]

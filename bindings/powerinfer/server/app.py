@@ -193,6 +193,7 @@ def speculative_settings(engine, spec: SpecParams | None) -> dict:
 
 
 MAX_CHOICES = 16      # OpenAI's n: choices of one request
+MAX_PROMPTS = 256     # /v1/completions: prompts (times n) of one request
 
 
 def _cap(state: ServerState, n: int) -> int:
@@ -544,11 +545,25 @@ def build_routes(state: ServerState) -> list[Route]:
         out["timings"] = res.timings()
         return JSON(out)
 
+    def prompt_bodies(body: dict) -> list[dict]:
+        """OpenAI's /v1/completions prompt: one (a string or token ids), or a list of them (strings, token-id lists),
+        one body each, whose choices come in that order (lm-evaluation-harness batches requests so)."""
+        prompt = body.get("prompt")
+        many = isinstance(prompt, list) and len(prompt) > 1 and \
+            all(isinstance(p, str) or (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                         for t in p)) for p in prompt)
+        if not many:
+            return [body]
+        if len(prompt) * n_choices(body) > MAX_PROMPTS:
+            raise RequestError(f"at most {MAX_PROMPTS} prompts (times n) per request", param="prompt")
+        return [{**body, "prompt": p} for p in prompt]
+
     async def v1_completions(request: Request):
         llm = state.require()
         body = await read_json(request, state)
-        pairs = [await completion_task(llm, b) for b in choice_bodies(body, llm)]
-        return await run_openai_n(request, llm, pairs, pairs[0][2], pairs[0][3])
+        bodies = prompt_bodies(body)
+        pairs = [await completion_task(llm, c) for b in bodies for c in choice_bodies(b, llm)]
+        return await run_openai_n(request, llm, pairs, pairs[0][2], pairs[0][3], n_prompts=len(bodies))
 
     async def completion_task(llm: PowerInfer, body: dict) -> tuple[Task, CompletionShaper, bool, bool]:
         """The engine task and response shaper of a /v1/completions body."""
@@ -581,9 +596,11 @@ def build_routes(state: ServerState) -> list[Route]:
         pairs = [await chat_task(llm, b) for b in choice_bodies(body, llm)]
         return await run_openai_n(request, llm, pairs, pairs[0][2], pairs[0][3])
 
-    async def run_openai_n(request: Request, llm: PowerInfer, pairs: list, stream: bool, include_usage: bool):
-        """run_openai for n choices (OpenAI's `n`): the tasks run side by side (each in a slot as one frees), their
-        responses merged into one with choices 0..n-1 (usage: the prompt once, every completion's tokens)."""
+    async def run_openai_n(request: Request, llm: PowerInfer, pairs: list, stream: bool, include_usage: bool,
+                           n_prompts: int = 1):
+        """run_openai for n choices (OpenAI's `n`) of n_prompts prompts (pairs: each prompt's n in turn): the tasks run
+        side by side (each in a slot as one frees), their responses merged into one with choices 0.. in that order
+        (usage: each prompt once, every completion's tokens)."""
         if len(pairs) == 1:
             return await run_openai(request, llm, pairs[0][0], pairs[0][1], stream, include_usage)
         tasks = [p[0] for p in pairs]
@@ -591,7 +608,8 @@ def build_routes(state: ServerState) -> list[Route]:
         q: asyncio.Queue = asyncio.Queue()
         for i, t in enumerate(tasks):
             attach(t, state.stats, q, i)
-        _stats(request, prompt=len(tasks[0].prompt_tokens))
+        n = len(tasks) // n_prompts                 # choices per prompt
+        _stats(request, prompt=sum(len(t.prompt_tokens) for t in tasks[::n]))
         for t in tasks:
             llm.engine.submit(t)
 
@@ -602,6 +620,7 @@ def build_routes(state: ServerState) -> list[Route]:
 
         def merged_usage(results):
             u = CompletionShaper.usage(results[0])
+            u["prompt_tokens"] = sum(r.n_prompt for r in results[::n])
             u["completion_tokens"] = sum(r.n_predicted for r in results)
             u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
             return u

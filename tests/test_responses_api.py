@@ -149,3 +149,18 @@ def test_completions_with_a_list_of_prompts(server):
     assert [parts[i] for i in range(3)] == [a.choices[0].text for a in alone]
     bad = post(server, "/v1/completions", {"prompt": ["x"] * 300, "max_tokens": 1})
     assert bad.status_code == 400 and "at most 256 prompts" in bad.json()["error"]["message"]
+
+
+def test_native_completion_with_a_list_of_prompts(server):
+    """llama.cpp's /completion with an array of prompts: an array of results in order, each with its index and the
+    content of that prompt alone; streaming several prompts is refused by name."""
+    from test_server import post
+    prompts = ["Once upon a time", [1, 5, 9, 12]]
+    body = {"n_predict": 6, "temperature": 0}
+    alone = [post(server, "/completion", {**body, "prompt": p}).json() for p in prompts]
+    r = post(server, "/completion", {**body, "prompt": prompts})
+    assert r.status_code == 200 and [x["index"] for x in r.json()] == [0, 1]
+    assert [x["content"] for x in r.json()] == [a["content"] for a in alone]
+    assert [x["tokens_evaluated"] for x in r.json()] == [a["tokens_evaluated"] for a in alone]
+    bad = post(server, "/completion", {**body, "prompt": prompts, "stream": True})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream"

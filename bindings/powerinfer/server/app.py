@@ -24,6 +24,7 @@ which answers, and which responses and /v1/models name.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import threading
@@ -388,6 +389,15 @@ def build_routes(state: ServerState) -> list[Route]:
     async def completion(request: Request):
         llm = state.require()
         body = await read_json(request, state)
+        bodies = prompt_bodies(body)
+        if len(bodies) > 1:           # llama.cpp's array of prompts: an array of results, each with its index
+            if field(body, "stream", "bool", False):
+                raise RequestError("several prompts are answered without streaming here", param="stream")
+            resps = await asyncio.gather(*(completion_of(request, llm, b) for b in bodies))
+            return JSON([{**json.loads(r.body), "index": i} for i, r in enumerate(resps)])
+        return await completion_of(request, llm, body)
+
+    async def completion_of(request: Request, llm: PowerInfer, body: dict):
         prompt = field(body, "prompt", "any")
         tokens = await run_in_threadpool(llm.tokenize_prompt, prompt)     # long prompts: off the event loop
         return await native_completion(request, llm, body, tokens, prompt if isinstance(prompt, str) else None)
@@ -546,8 +556,9 @@ def build_routes(state: ServerState) -> list[Route]:
         return JSON(out)
 
     def prompt_bodies(body: dict) -> list[dict]:
-        """OpenAI's /v1/completions prompt: one (a string or token ids), or a list of them (strings, token-id lists),
-        one body each, whose choices come in that order (lm-evaluation-harness batches requests so)."""
+        """A completion's prompt: one (a string or token ids), or a list of them (strings, token-id lists), one body
+        each, whose results come in that order (OpenAI's /v1/completions, llama.cpp's /completion; lm-evaluation-harness
+        batches requests so)."""
         prompt = body.get("prompt")
         many = isinstance(prompt, list) and len(prompt) > 1 and \
             all(isinstance(p, str) or (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)

@@ -82,14 +82,54 @@ def test_fa_is_not_f_a_and_no_effect_flags_say_so_once(capsys):
     args = main_mod.parse_args(["-fa", "--mlock", "--no-mmap", "--jinja", "-tb", "4", "-ub", "128", "-p", "x"])
     assert args.file is None and args.prompt == "x"
     err = capsys.readouterr().err
-    for flag in ("-fa/--flash-attn", "--mlock", "--no-mmap", "--jinja", "-tb/--threads-batch", "-ub/--ubatch-size"):
+    for flag in ("-fa/--flash-attn", "--no-mmap", "--jinja", "-tb/--threads-batch", "-ub/--ubatch-size"):
         assert err.count(f"{flag} is accepted for llama.cpp compatibility and changes nothing") == 1, err
+    assert "--mlock is accepted" not in err          # it works (test_mlock)
     main_mod.parse_args([])
     assert "changes nothing" not in capsys.readouterr().err
     main_mod.parse_args(["--keep", "4"])
     assert "--keep changes nothing without --context-shift" in capsys.readouterr().err
     main_mod.parse_args(["--keep", "4", "--context-shift"])
     assert "changes nothing" not in capsys.readouterr().err
+
+
+def test_mlock(tiny):
+    """--mlock locks the weights in RAM (the process's VmLck covers the file), or says why the system refused (here:
+    RLIMIT_MEMLOCK 0 for a user without CAP_IPC_LOCK); the output is the same either way."""
+    import resource
+    probe = ("import atexit, resource, runpy, sys\n"
+             "if sys.argv[1] == 'limit': resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))\n"
+             "atexit.register(lambda: print([ln for ln in open('/proc/self/status') if ln.startswith('VmLck')][0],"
+             " file=sys.stderr))\n"
+             "sys.argv = sys.argv[2:]\n"
+             "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    base = ["-m", tiny, "-p", "Once", "-n", "8", "--temp", "0", "--ignore-eos", "-no-cnv", "-c", "64"]
+
+    def run(*extra, limit=False):
+        return subprocess.run([sys.executable, "-c", probe, "limit" if limit else "-", str(MAIN), *map(str, base),
+                               *extra], capture_output=True, text=True, timeout=120, env=env())
+    plain, locked = run(), run("--mlock")
+    assert locked.returncode == 0 and locked.stdout == plain.stdout, locked.stderr
+    vmlck = lambda r: int(re.search(r"VmLck:\s+(\d+) kB", r.stderr).group(1)) * 1024   # noqa: E731
+    assert vmlck(plain) == 0
+    assert "weights locked in RAM (--mlock)" in locked.stderr and vmlck(locked) >= os.path.getsize(tiny)
+    if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] != 0:
+        refused = run("--mlock", limit=True)
+        assert refused.returncode == 0 and refused.stdout == plain.stdout
+        assert "failed to lock" in refused.stderr and "RLIMIT_MEMLOCK" in refused.stderr
+
+
+def test_mlock_refused_says_why(tiny, monkeypatch):
+    """Where the system refuses mlock (RLIMIT_MEMLOCK), Model.mlock returns llama.cpp's advice instead of failing."""
+    import ctypes
+
+    class Libc:
+        def mlockall(self, flags):
+            ctypes.set_errno(12)       # ENOMEM: what Linux answers over RLIMIT_MEMLOCK
+            return -1
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: Libc())
+    warning = pi.Model(tiny).mlock()
+    assert "failed to lock" in warning and "RLIMIT_MEMLOCK" in warning and "Cannot allocate memory" in warning
 
 
 def test_cache_type_flags(capsys):

@@ -383,7 +383,8 @@ class PowerInfer:
         count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
         types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...), pooling_type
         (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
-        flash_attn, use_mlock, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
+        use_mlock keeps the weights in RAM (Model.mlock; a warning where the system refuses);
+        flash_attn, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
         here (said once when set); rope_freq_base, rope_freq_scale, rope_scaling_type (-1 the file's, 0 none, 1
         linear, 2 yarn, or those names), yarn_* (0 / negative: the file's) and kv_overrides ({key: value} read instead
         of the file's metadata) as llama.cpp's (powerinfer.rope). Anything else of Llama's raises ValueError
@@ -400,7 +401,7 @@ class PowerInfer:
             raise ValueError("main_gpu: only device 0 is used")
         if not use_mmap:
             raise ValueError("use_mmap=False is not supported: weights are always memory-mapped")
-        noop = [n for n, v, d in (("flash_attn", flash_attn, False), ("use_mlock", use_mlock, False),
+        noop = [n for n, v, d in (("flash_attn", flash_attn, False),
                                   ("logits_all", logits_all, False), ("embedding", embedding, False),
                                   ("offload_kqv", offload_kqv, True), ("numa", numa, False),
                                   ("last_n_tokens_size", last_n_tokens_size, 64),
@@ -416,6 +417,10 @@ class PowerInfer:
                            rope_freq_scale=rope_freq_scale, rope_scaling=scaling, yarn_ext_factor=yarn_ext_factor,
                            yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast,
                            yarn_beta_slow=yarn_beta_slow, yarn_orig_ctx=yarn_orig_ctx)
+        if use_mlock:
+            warning = self.model.mlock()
+            if warning:
+                log.warning("PowerInfer(use_mlock=True): %s", warning)
         self.model_path = str(model_path)
         self.tokenizer = self.model.tokenizer
         self._fim = None   # the FIM tokens (fim), looked up on first use

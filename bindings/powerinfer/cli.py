@@ -495,6 +495,9 @@ def load_model(args: argparse.Namespace, prog: str) -> Model:
     except (ModelLoadError, OSError, ValueError) as e:
         raise CLIError(f"failed to load model: {e}") from None
     log(f"{prog}: loaded {model.describe()}")
+    if getattr(args, "mlock", None):
+        warning = model.mlock()
+        log(f"{prog}: warning: {warning}" if warning else f"{prog}: weights locked in RAM (--mlock)")
     return model
 
 

@@ -403,6 +403,25 @@ class Model:
             raise ModelLoadError(f"{self.path}: {e}") from None
         return ffi.gc(out[0], lib.pi_model_free)
 
+    def mlock(self) -> str | None:
+        """Keep the weights in RAM (llama.cpp's --mlock): every page mapped now is locked (mlockall(MCL_CURRENT): the
+        file's mapping, faulted in, and the repacked copies, with the process's other current pages), so none is
+        swapped out or dropped from the page cache. Returns None, or the warning llama.cpp prints where the system
+        refuses (RLIMIT_MEMLOCK too low, or not Linux); the model works either way."""
+        import ctypes
+        import ctypes.util
+        import sys
+        if not sys.platform.startswith("linux"):
+            return "--mlock: locking memory is supported on Linux only here; the weights stay pageable"
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        MCL_CURRENT = 1
+        if libc.mlockall(MCL_CURRENT) == 0:
+            return None
+        err = ctypes.get_errno()
+        return (f"--mlock: failed to lock {self.size_bytes / 2**20:.0f} MiB of weights in RAM: {os.strerror(err)}; "
+                "try increasing RLIMIT_MEMLOCK ('ulimit -l unlimited' as root, or memlock in "
+                "/etc/security/limits.conf); the weights stay pageable")
+
     def tensor_f32(self, name: str) -> np.ndarray:
         """A tensor of the file dequantized to float32, numpy shape = ne reversed (KeyError where the file has none;
         ModelLoadError for a type this build cannot read)."""

@@ -298,7 +298,7 @@ def test_llama_keywords_aliases_and_refusals(model_file):
     m.close()
     for kw, name in ((dict(chat_handler=object()), "chat_handler"), (dict(lora_path="a.gguf"), "LoRA adapter"),
                      (dict(n_threads_batch=2), "n_threads_batch"),
-                     (dict(use_mmap=False), "use_mmap"), (dict(type_k=12), "type_k"), (dict(type_v="q6_K"), "type_v"),
+                     (dict(type_k=12), "type_k"), (dict(type_v="q6_K"), "type_v"),
                      (dict(pooling_type=5), "pooling_type"),
                      (dict(rope_freq_base=-1.0), "rope_freq_base"), (dict(yarn_orig_ctx=-5), "yarn_orig_ctx")):
         with pytest.raises(ValueError, match=name):

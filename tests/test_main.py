@@ -82,9 +82,9 @@ def test_fa_is_not_f_a_and_no_effect_flags_say_so_once(capsys):
     args = main_mod.parse_args(["-fa", "--mlock", "--no-mmap", "--jinja", "-tb", "4", "-ub", "128", "-p", "x"])
     assert args.file is None and args.prompt == "x"
     err = capsys.readouterr().err
-    for flag in ("-fa/--flash-attn", "--no-mmap", "--jinja", "-tb/--threads-batch", "-ub/--ubatch-size"):
+    for flag in ("-fa/--flash-attn", "--jinja", "-tb/--threads-batch", "-ub/--ubatch-size"):
         assert err.count(f"{flag} is accepted for llama.cpp compatibility and changes nothing") == 1, err
-    assert "--mlock is accepted" not in err          # it works (test_mlock)
+    assert "--mlock is accepted" not in err and "--no-mmap is accepted" not in err   # they work (test_mlock, ...)
     main_mod.parse_args([])
     assert "changes nothing" not in capsys.readouterr().err
     main_mod.parse_args(["--keep", "4"])
@@ -117,6 +117,27 @@ def test_mlock(tiny):
         refused = run("--mlock", limit=True)
         assert refused.returncode == 0 and refused.stdout == plain.stdout
         assert "failed to lock" in refused.stderr and "RLIMIT_MEMLOCK" in refused.stderr
+
+
+def test_no_mmap(tiny, tmp_path):
+    """--no-mmap / use_mmap=False: the weights are a copy read into memory (the file may then change or go), the
+    output the mapped file's."""
+    import shutil
+    copy = shutil.copy(tiny, tmp_path / "copy.gguf")
+    mapped = pi.Model(copy)
+    read = pi.Model(copy, use_mmap=False)
+    assert not isinstance(read.file.mapping, np.memmap) and isinstance(mapped.file.mapping, np.memmap)
+    toks = [1, 5, 9, 12, 3]
+    want = pi.Context(mapped, n_ctx=32)
+    want.decode(toks, logits="all")
+    Path(copy).write_bytes(b"\0" * os.path.getsize(copy))   # the mapped model would now read zeros
+    ctx = pi.Context(read, n_ctx=32)
+    ctx.decode(toks, logits="all")
+    assert all(np.array_equal(ctx.logits(i), want.logits(i)) for i in range(len(toks)))
+    base = ["-m", tiny, "-p", "Once", "-n", "8", "--temp", "0", "--ignore-eos", "-no-cnv", "-c", "64"]
+    assert run_main(*base, "--no-mmap").stdout == run_main(*base).stdout
+    llm = pi.PowerInfer(tiny, n_ctx=64, n_threads=1, verbose=False, use_mmap=False)
+    assert not isinstance(llm.model.file.mapping, np.memmap)
 
 
 def test_mlock_refused_says_why(tiny, monkeypatch):

@@ -382,8 +382,9 @@ class PowerInfer:
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
         count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
         types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...), pooling_type
-        (ggml's -1..3 = file's, none, mean, cls, last), main_gpu 0;
-        use_mlock keeps the weights in RAM (Model.mlock; a warning where the system refuses);
+        (ggml's -1..4 = file's, none, mean, cls, last, rank), main_gpu 0;
+        use_mlock keeps the weights in RAM (Model.mlock; a warning where the system refuses); use_mmap=False reads
+        the file into memory instead of mapping it;
         flash_attn, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
         here (said once when set); rope_freq_base, rope_freq_scale, rope_scaling_type (-1 the file's, 0 none, 1
         linear, 2 yarn, or those names), yarn_* (0 / negative: the file's) and kv_overrides ({key: value} read instead
@@ -399,8 +400,6 @@ class PowerInfer:
             raise ValueError("n_ubatch: prompts are decoded in chunks of n_batch here; pass n_batch")
         if main_gpu != 0:
             raise ValueError("main_gpu: only device 0 is used")
-        if not use_mmap:
-            raise ValueError("use_mmap=False is not supported: weights are always memory-mapped")
         noop = [n for n, v, d in (("flash_attn", flash_attn, False),
                                   ("logits_all", logits_all, False), ("embedding", embedding, False),
                                   ("offload_kqv", offload_kqv, True), ("numa", numa, False),
@@ -413,7 +412,8 @@ class PowerInfer:
         self.verbose = verbose
         t0 = time.perf_counter()
         scaling = {-1: None, 0: "none", 1: "linear", 2: "yarn", None: None}.get(rope_scaling_type, rope_scaling_type)
-        self.model = Model(model_path, repack=repack, kv_overrides=kv_overrides, rope_freq_base=rope_freq_base,
+        self.model = Model(model_path, repack=repack, kv_overrides=kv_overrides, use_mmap=use_mmap,
+                           rope_freq_base=rope_freq_base,
                            rope_freq_scale=rope_freq_scale, rope_scaling=scaling, yarn_ext_factor=yarn_ext_factor,
                            yarn_attn_factor=yarn_attn_factor, yarn_beta_fast=yarn_beta_fast,
                            yarn_beta_slow=yarn_beta_slow, yarn_orig_ctx=yarn_orig_ctx)

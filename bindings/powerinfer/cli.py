@@ -491,7 +491,8 @@ def load_model(args: argparse.Namespace, prog: str) -> Model:
         raise CLIError(str(e)) from None
     try:
         with LoadProgress(prog):
-            model = Model(path, repack=False if args.no_repack else None, kv_overrides=overrides, **rope)
+            model = Model(path, repack=False if args.no_repack else None, kv_overrides=overrides,
+                          use_mmap=not getattr(args, "no_mmap", None), **rope)
     except (ModelLoadError, OSError, ValueError) as e:
         raise CLIError(f"failed to load model: {e}") from None
     log(f"{prog}: loaded {model.describe()}")

@@ -6,7 +6,7 @@ llama.cpp users bring llama.cpp's flags. Two things keep those from giving misle
   `-ngl 99` as `-n gl` ("invalid int value 'gl'"), `-fa` as `-f a`, and `--temp` as any
   unambiguous `--temp...` option; here an unknown flag is reported by its own name.
 * `add_llama_compat_args` accepts llama.cpp's common flags that this CPU build has no use
-  for (`-fa`, `--no-mmap`, `--jinja`, `-tb`, `-ub`; `--mlock`, which the loaders apply) and the KV cache type flags
+  for (`-fa`, `--jinja`, `-tb`, `-ub`; `--mlock` and `--no-mmap`, which the loaders apply) and the KV cache type flags
   `-ctk/-ctv`; `apply_llama_compat` then says once, on stderr, which of them change nothing,
   and folds `-ctk/-ctv` into `--kv-type` (a (K, V) pair where they differ; a name that is not a
   cache type is an error).
@@ -38,7 +38,6 @@ class ArgumentParser(argparse.ArgumentParser):
 # dest -> (flag as shown, why it changes nothing)
 _NO_EFFECT = {
     "flash_attn": ("-fa/--flash-attn", "attention is computed by the one CPU kernel this build has"),
-    "no_mmap": ("--no-mmap", "the model file is always memory-mapped"),
     "jinja": ("--jinja", "chat templates are always rendered with Jinja"),
     "threads_batch": ("-tb/--threads-batch", "-t is used for prompts and generation alike"),
     "ubatch_size": ("-ub/--ubatch-size", "-b is the only batch size"),
@@ -52,7 +51,8 @@ def add_llama_compat_args(p: argparse.ArgumentParser) -> None:
                    help="no effect: one attention kernel")
     g.add_argument("--mlock", action="store_true", default=None,
                    help="keep the weights in RAM (locked: never swapped out or dropped from the page cache)")
-    g.add_argument("--no-mmap", action="store_true", default=None, help="no effect: the file is always mapped")
+    g.add_argument("--no-mmap", action="store_true", default=None,
+                   help="read the model file into memory instead of mapping it")
     g.add_argument("--jinja", action="store_true", default=None, help="no effect: templates are always Jinja")
     g.add_argument("-tb", "--threads-batch", type=int, default=None, help="no effect: -t is used throughout")
     g.add_argument("-ub", "--ubatch-size", type=int, default=None, help="no effect: -b is the batch size")

@@ -171,7 +171,30 @@ def _check_layout(reader: GGUFReader) -> None:
         expected, prev = rel + (nbytes + align - 1) // align * align, t
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
+def _read_into_memory(path: Path, size: int) -> np.ndarray:
+    """The whole file in anonymous memory (llama.cpp's --no-mmap): page-aligned, transparent huge pages asked for, so
+    the weights depend neither on the page cache nor on the file staying as it is."""
+    import mmap
+    buf = mmap.mmap(-1, max(size, 1))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    data = np.frombuffer(buf, dtype=np.uint8)[:size]
+    with open(path, "rb") as f:
+        done = 0
+        while done < size:
+            n = f.readinto(memoryview(data)[done:])
+            if not n:
+                raise ModelLoadError(f"{path}: the file shrank while it was read ({done} of {size} bytes)")
+            done += n
+    return data
+
+
+def open_gguf(path: str | os.PathLike, *, use_mmap: bool = True) -> GGUFFile:
+    """The file's metadata and tensor views; use_mmap=False: the views into a copy read into memory (llama.cpp's
+    --no-mmap) instead of the file's mapping."""
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.gguf"))[:5]
@@ -205,6 +228,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     except ValueError as e:
         raise ModelLoadError(f"{path}: {e}") from None
     tensors: dict[str, TensorInfo] = {}
+    data = reader.data if use_mmap else _read_into_memory(path, size)
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)
         if int(t.data_offset) < 0 or end > size or t.data.nbytes != int(t.n_bytes):
@@ -212,6 +236,6 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
                                  f"({size} bytes): the file is truncated or corrupt")
         tensors[t.name] = TensorInfo(
             name=t.name, type=int(t.tensor_type), ne=tuple(int(x) for x in t.shape),
-            data=reader.data[int(t.data_offset):end], offset=int(t.data_offset))
+            data=data[int(t.data_offset):end], offset=int(t.data_offset))
     return GGUFFile(path=path, magic=magic.decode(), version=version, metadata=metadata,
-                    tensors=tensors, mapping=reader.data, file_size=size)
+                    tensors=tensors, mapping=data, file_size=size)

@@ -293,16 +293,17 @@ class Model:
     """
 
     def __init__(self, path: str | os.PathLike, *, dense: bool = False, repack: bool | None = None,
-                 kv_overrides: dict | None = None, **rope):
+                 kv_overrides: dict | None = None, use_mmap: bool = True, **rope):
         """kv_overrides: {metadata key: bool, int, float or str} read instead of the file's values (llama.cpp's
         --override-kv). rope: llama.cpp's rope settings, 0 / negative / None for the file's (powerinfer.rope):
         rope_freq_base, rope_freq_scale (1 / the context scaling factor), rope_scaling (none, linear, yarn),
-        yarn_orig_ctx, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow."""
+        yarn_orig_ctx, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow. use_mmap=False: the file
+        is read into memory instead of mapped (llama.cpp's --no-mmap)."""
         t0 = time.perf_counter()
         if repack is None:
             repack = os.environ.get("POWERINFER_NO_REPACK", "0") in ("", "0")
         self.repack = repack
-        self.file: GGUFFile = open_gguf(path)
+        self.file: GGUFFile = open_gguf(path, use_mmap=use_mmap)
         self.path = self.file.path
         self.metadata = self.file.metadata
         if kv_overrides:

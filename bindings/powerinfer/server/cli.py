@@ -207,6 +207,7 @@ def make_loader(args):
                             sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,
                             model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
                             reasoning_format=args.reasoning_format, lora=args.lora_specs, use_mlock=bool(args.mlock),
+                            use_mmap=not args.no_mmap,
                             control_vectors=args.control_vector_specs,
                             control_vector_layer_range=args.control_vector_layer_range, **args.rope,
                             **gpu_kwargs(args))

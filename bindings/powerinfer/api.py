@@ -24,6 +24,7 @@ from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
 from .control_vector import load_control_vectors
 from .lora import load_adapters, scaled_adapters
+from .prompt_cache import PromptCache
 from .model import Model
 from .reasoning import check_format as check_reasoning_format
 from .reasoning import splitter_for
@@ -358,7 +359,7 @@ class PowerInfer:
                  yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
                  yarn_orig_ctx: int = 0, kv_overrides: dict | None = None, lora_path: str | None = None,
                  lora_scale: float = 1.0, lora_base: str | None = None, lora=(), control_vectors=(),
-                 control_vector_layer_range: tuple[int, int] | None = None, **unsupported):
+                 control_vector_layer_range: tuple[int, int] | None = None, cache_ram_mib: int = 0, **unsupported):
         """pooling: of embed() / create_embedding() (powerinfer.embedding; None: the file's, else mean).
         reasoning_format: the default of create_chat_completion's (powerinfer.reasoning: auto / deepseek put a
         reply's <think>...</think> in message.reasoning_content, none leaves it in content; llama.cpp's server flag).
@@ -378,6 +379,8 @@ class PowerInfer:
         not). A request's adapters: create_completion(..., lora=[(i, scale), ...]) (powerinfer.lora).
         control_vectors: (path, strength) pairs of llama.cpp control vector files, added up, after the layers of
         control_vector_layer_range (start, end; default 1 .. n_layer) (powerinfer.control_vector).
+        cache_ram_mib: keep up to this many MiB of slots' prompts in RAM beyond their slots (llama.cpp's --cache-ram;
+        -1: no limit, 0: off; powerinfer.prompt_cache).
 
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
         count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
@@ -438,7 +441,11 @@ class PowerInfer:
         spec.validate()
         drafter = make_drafter(draft_model, target_tokenizer=self.tokenizer, n_ctx=self.ctx.n_ctx,
                                n_seq_max=n_parallel, n_threads=n_threads, p_min=draft_p_min, n_batch=n_batch)
-        self.engine = Engine(self.ctx, self.tokenizer, n_parallel, drafter=drafter, spec=spec)
+        if isinstance(cache_ram_mib, bool) or not isinstance(cache_ram_mib, int) or cache_ram_mib < -1:
+            raise ValueError(f"cache_ram_mib must be -1 (no limit), 0 (off) or a size in MiB, got {cache_ram_mib!r}")
+        prompt_cache = PromptCache(max(cache_ram_mib, 0) << 20) if cache_ram_mib else None
+        self.engine = Engine(self.ctx, self.tokenizer, n_parallel, drafter=drafter, spec=spec,
+                             prompt_cache=prompt_cache)
         self.seed = seed
         self.model_name = model_alias or Path(model_path).name
         self.chat_format = chat_format

@@ -59,6 +59,7 @@ import numpy as np
 
 from ._ffi import PowerInferError
 from .context import Context
+from .prompt_cache import PromptCache
 from .request import ContextLengthExceeded, RequestError, Result, Task, TaskEvents, common_prefix
 from .sampling import Sampler
 from .speculative import Drafter, SpecParams
@@ -230,11 +231,13 @@ class Engine:
     decode times to this Timings (a decode holding prompt tokens counts as prompt evaluation).
     drafter: speculative decoding (powerinfer.speculative): a generating slot's last token is evaluated with up
     to spec.n_max (a Task's `speculative` overrides it) draft tokens in the same decode call, and each row is
-    sampled in turn (`_verify`): the same tokens as without a drafter, fewer decode calls where drafts hold."""
+    sampled in turn (`_verify`): the same tokens as without a drafter, fewer decode calls where drafts hold.
+    prompt_cache: slots' prompts kept in RAM beyond their slots (powerinfer.prompt_cache; regions only): a request
+    that continues a saved prompt better than its slot's cache gets that state back instead of evaluating it."""
 
     def __init__(self, ctx: Context, tokenizer: Tokenizer, n_slots: int = 1, *, n_batch: int | None = None,
                  regions: bool = True, timings: Timings | None = None, drafter: Drafter | None = None,
-                 spec: SpecParams | None = None):
+                 spec: SpecParams | None = None, prompt_cache: PromptCache | None = None):
         if n_slots < 1 or n_slots > ctx.n_seq_max:
             raise ValueError(f"n_slots = {n_slots} must be in [1, n_seq_max = {ctx.n_seq_max}]")
         self.ctx = ctx
@@ -263,6 +266,7 @@ class Engine:
         self.spec.validate()
         self.n_drafted = self.n_draft_accepted = 0     # draft tokens proposed / kept, over the engine's life
         self.lora: tuple = ctx.lora    # the LoRA adapters of the tasks that name none (Task.lora)
+        self.prompt_cache = prompt_cache if regions else None
         self._lora_turn = 0            # which set of adapters the next step runs, when requests differ
         self.draft_ms = 0.0                            # time spent in the drafter
 
@@ -547,6 +551,8 @@ class Engine:
                 if n > best_n:
                     best, best_n = s, n
             slot = best
+            if self.prompt_cache is not None:
+                best_n = self._through_prompt_cache(slot, task, lora, best_n)
             n_reuse = min(best_n, len(task.prompt_tokens) - 1) if task.cache_prompt else 0
             n_reuse = max(n_reuse, 0)
             slot.reset_request()
@@ -577,6 +583,31 @@ class Engine:
                                          stop_token_ids=task.stop_token_ids)
             slot.result = Result(n_prompt=len(task.prompt_tokens), n_cached=n_reuse, slot=slot.id)
             slot.t_start = time.perf_counter()
+
+    def _through_prompt_cache(self, s: _Slot, task: Task, lora: tuple, n: int) -> int:
+        """Before idle slot s takes task: its cache, where the task's prompt would overwrite part of it, is saved to
+        the RAM prompt cache, and a saved prompt that the task continues better is written back into the slot.
+        Returns how many of the task's prompt tokens the slot then holds. A failure costs the cache, never the
+        request (logged)."""
+        pc = self.prompt_cache
+        have = n if s.cache_lora == lora else 0
+        key = pc.best(task.prompt_tokens, lora, have, len(s.cache)) if task.cache_prompt else None
+        try:
+            if s.cache and (have < len(s.cache) or key is not None):
+                pc.save(s.cache, s.cache_lora, self.ctx.kv_seq_state(s.id, 0, len(s.cache)))
+            if key is None:
+                return n
+            e = pc.take(key)
+            self.restore_slot_state(s.id, e.tokens, e.state)
+        except (PowerInferError, RequestError, ValueError) as err:
+            log.warning("prompt cache: slot %d: %s", s.id, err)
+            return n
+        s.cache_lora = e.lora
+        n = common_prefix(e.tokens, task.prompt_tokens)
+        pc.n_restored += 1
+        pc.n_tokens_restored += n
+        log.debug("prompt cache: slot %d restored %d tokens (%d of the prompt)", s.id, len(e.tokens), n)
+        return n
 
     def _prompt_source(self, task: Task) -> _Slot | None:
         """The slot still evaluating task.prompt_from's prompt, whose KV task can share; None: evaluate it."""

@@ -49,6 +49,9 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
     p.add_argument("-np", "--parallel", type=int, default=1,
                    help="number of slots: requests decoded together by continuous batching (default: %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=0, help="threads (default: physical cores)")
+    p.add_argument("-cram", "--cache-ram", type=int, default=8192, metavar="MIB",
+                   help="keep up to this many MiB of slots' prompts in RAM when a request takes their slot, so a "
+                        "returning conversation is not evaluated again (-1: no limit, 0: off) (default: %(default)s)")
     p.add_argument("-b", "--batch-size", type=int, default=512,
                    help="most tokens per decode step (prompt chunks + one per generating slot) (default: %(default)s)")
     p.add_argument("-n", "--n-predict", type=int, default=-1,
@@ -115,6 +118,8 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
         p.error("-np/--parallel must be in [1, 64]")
     if args.ctx_size is not None and args.ctx_size < 0:
         p.error("-c/--ctx-size must be >= 0")
+    if args.cache_ram < -1:
+        p.error("--cache-ram must be -1 (no limit), 0 (off) or a size in MiB")
     args.template_kwargs = {}
     if args.chat_template_kwargs is not None:
         try:
@@ -207,6 +212,7 @@ def make_loader(args):
                             sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,
                             model_alias=args.alias, repack=False if args.no_repack else None, pooling=args.pooling,
                             reasoning_format=args.reasoning_format, lora=args.lora_specs, use_mlock=bool(args.mlock),
+                            cache_ram_mib=args.cache_ram,
                             use_mmap=not args.no_mmap,
                             control_vectors=args.control_vector_specs,
                             control_vector_layer_range=args.control_vector_layer_range, **args.rope,

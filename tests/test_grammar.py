@@ -297,7 +297,6 @@ def test_llama_keywords_aliases_and_refusals(model_file):
     assert m._kv_type == ("f32", "bf16") and (m.ctx.type_k, m.ctx.type_v) == ("f32", "bf16")
     m.close()
     for kw, name in ((dict(chat_handler=object()), "chat_handler"), (dict(lora_path="a.gguf"), "LoRA adapter"),
-                     (dict(n_threads_batch=2), "n_threads_batch"),
                      (dict(type_k=12), "type_k"), (dict(type_v="q6_K"), "type_v"),
                      (dict(pooling_type=5), "pooling_type"),
                      (dict(rope_freq_base=-1.0), "rope_freq_base"), (dict(yarn_orig_ctx=-5), "yarn_orig_ctx")):

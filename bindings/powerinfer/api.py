@@ -382,8 +382,8 @@ class PowerInfer:
         cache_ram_mib: keep up to this many MiB of slots' prompts in RAM beyond their slots (llama.cpp's --cache-ram;
         -1: no limit, 0: off; powerinfer.prompt_cache).
 
-        llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (one thread
-        count here: None or = n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
+        llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (the threads of
+        prompts: decode calls of more than one token; None: n_threads), n_ubatch (None or = n_batch), type_k/type_v (the K and V caches'
         types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...), pooling_type
         (ggml's -1..4 = file's, none, mean, cls, last, rank), main_gpu 0;
         use_mlock keeps the weights in RAM (Model.mlock; a warning where the system refuses); use_mmap=False reads
@@ -397,8 +397,6 @@ class PowerInfer:
         if unsupported:
             raise ValueError(f"PowerInfer(): {', '.join(sorted(unsupported))} not supported (llama-cpp-python's "
                              "Llama keywords this engine does not implement)")
-        if n_threads_batch is not None and n_threads_batch != n_threads:
-            raise ValueError("n_threads_batch: one thread count serves prompts and generation here; pass n_threads")
         if n_ubatch is not None and n_ubatch != n_batch:
             raise ValueError("n_ubatch: prompts are decoded in chunks of n_batch here; pass n_batch")
         if main_gpu != 0:
@@ -428,6 +426,7 @@ class PowerInfer:
         self.tokenizer = self.model.tokenizer
         self._fim = None   # the FIM tokens (fim), looked up on first use
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_parallel, n_threads=n_threads,
+                           n_threads_batch=n_threads_batch,
                            kv_type=kv_type, sparse_threshold=sparse_threshold, dense=dense, vram_budget=vram_budget,
                            reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
                            n_gpu_layers=n_gpu_layers, sparsity=sparsity, sparse_batch_max=sparse_batch_max,

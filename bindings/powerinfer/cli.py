@@ -506,7 +506,8 @@ def make_context(args: argparse.Namespace, model: Model, prog: str, **kwargs) ->
     """A Context with the flags of add_context_args and the GPU flags (kwargs: n_ctx, n_batch,
     n_seq_max... override them); logs the GPU placement and the sparse mode. CLIError on failure."""
     kw = dict(n_ctx=getattr(args, "ctx_size", None), n_batch=getattr(args, "batch_size", 512),
-              n_threads=args.threads or None, kv_type=args.kv_type, sparse_threshold=args.sparse_threshold,
+              n_threads=args.threads or None, n_threads_batch=getattr(args, "threads_batch", None),
+              kv_type=args.kv_type, sparse_threshold=args.sparse_threshold,
               dense=args.dense, sparsity=getattr(args, "sparsity", None),
               sparse_batch_max=getattr(args, "sparse_batch_max", 0),
               sparse_gather_max=getattr(args, "sparse_gather_max", 1), **gpu_kwargs(args))

@@ -6,7 +6,7 @@ llama.cpp users bring llama.cpp's flags. Two things keep those from giving misle
   `-ngl 99` as `-n gl` ("invalid int value 'gl'"), `-fa` as `-f a`, and `--temp` as any
   unambiguous `--temp...` option; here an unknown flag is reported by its own name.
 * `add_llama_compat_args` accepts llama.cpp's common flags that this CPU build has no use
-  for (`-fa`, `--jinja`, `-tb`, `-ub`; `--mlock` and `--no-mmap`, which the loaders apply) and the KV cache type flags
+  for (`-fa`, `--jinja`, `-ub`; `--mlock`, `--no-mmap` and `-tb`, which the loaders apply) and the KV cache type flags
   `-ctk/-ctv`; `apply_llama_compat` then says once, on stderr, which of them change nothing,
   and folds `-ctk/-ctv` into `--kv-type` (a (K, V) pair where they differ; a name that is not a
   cache type is an error).
@@ -39,7 +39,6 @@ class ArgumentParser(argparse.ArgumentParser):
 _NO_EFFECT = {
     "flash_attn": ("-fa/--flash-attn", "attention is computed by the one CPU kernel this build has"),
     "jinja": ("--jinja", "chat templates are always rendered with Jinja"),
-    "threads_batch": ("-tb/--threads-batch", "-t is used for prompts and generation alike"),
     "ubatch_size": ("-ub/--ubatch-size", "-b is the only batch size"),
 }
 
@@ -54,7 +53,8 @@ def add_llama_compat_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-mmap", action="store_true", default=None,
                    help="read the model file into memory instead of mapping it")
     g.add_argument("--jinja", action="store_true", default=None, help="no effect: templates are always Jinja")
-    g.add_argument("-tb", "--threads-batch", type=int, default=None, help="no effect: -t is used throughout")
+    g.add_argument("-tb", "--threads-batch", type=int, default=None,
+                   help="threads for prompts (decode calls of more than one token) (default: -t)")
     g.add_argument("-ub", "--ubatch-size", type=int, default=None, help="no effect: -b is the batch size")
     g.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
                    help=f"the K cache's type ({', '.join(KV_TYPES)}; default: --kv-type's)")

@@ -121,7 +121,8 @@ class Context:
     """
 
     def __init__(self, model: Model, *, n_ctx: int | None = 512, n_batch: int = 512, n_seq_max: int = 1,
-                 n_threads: int | None = None, kv_type: str | tuple[str, str] = "f16",
+                 n_threads: int | None = None, n_threads_batch: int | None = None,
+                 kv_type: str | tuple[str, str] = "f16",
                  sparse_threshold: float | None = None, dense: bool = False, count_neurons: bool = False,
                  vram_budget: int | None = None, reset_gpu_index: bool = False, disable_gpu_index: bool = False,
                  n_gpu_layers: int | None = None,
@@ -136,6 +137,7 @@ class Context:
         params.n_batch = min(n_batch, n_ctx) if n_batch > 0 else n_ctx
         params.n_seq_max = n_seq_max
         params.n_threads = n_threads or 0
+        params.n_threads_batch = n_threads_batch or 0       # prompts (calls of more than one token); 0: n_threads
         params.type_k, params.type_v = _KV_TYPE_IDS[self.type_k], _KV_TYPE_IDS[self.type_v]
         self.sparse = (model.sparse or model.gate_sparse) and not dense
         self.sparse_threshold = resolve_threshold(model, sparse_threshold)
@@ -177,6 +179,7 @@ class Context:
         self.n_batch = params.n_batch
         self.n_seq_max = n_seq_max
         self.n_threads = params.n_threads if params.n_threads > 0 else None
+        self.n_threads_batch = params.n_threads_batch if params.n_threads_batch > 0 else None
         self._abort_handle = None
         self.lora: tuple = ()       # set_lora: the (LoraAdapter, scale) pairs the decodes apply
         self._one = None   # reused cffi buffers of the one-token decode

@@ -389,6 +389,8 @@ typedef struct pi_context_params {
                                 * about dense speed, results within f32 rounding of the sparse kernels' where both
                                 * read the same matrices). Default 1; 0: no limit (every call through the sparse
                                 * kernels) */
+    int32_t n_threads_batch;   /* threads for decode calls of more than one token (prompts; llama.cpp's -tb); <= 0:
+                                * n_threads. One-token calls use n_threads. The results do not depend on either. */
 } pi_context_params;
 
 enum {
@@ -406,6 +408,7 @@ PI_API pi_context_params pi_context_default_params(void);
 PI_API pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi_context **out);
 PI_API void      pi_context_free(pi_context *ctx);
 PI_API void      pi_set_abort_callback(pi_context *ctx, pi_abort_callback cb, void *user_data);
+/* One thread count for every decode from now on (n_threads and n_threads_batch; <= 0: physical cores). */
 PI_API pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads);
 /* Per-layer sparsity thresholds [n_layer] (copied), replacing params.sparse_threshold layer by layer: the
  * predictor threshold of a PowerInfer file, the |act(gate)| threshold of a gate-sparse file; NULL: every

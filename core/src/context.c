@@ -165,8 +165,10 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     ctx->ostats.device = -1;
     ctx->outputs = PI_OUTPUT_LOGITS;
     const pi_hparams *hp = &model->hp;
-    pi_status st = pi_threadpool_create(p.n_threads, &ctx->pool);
-    if (st == PI_OK) p.n_threads = pi_threadpool_size(ctx->pool);
+    if (p.n_threads <= 0) p.n_threads = pi_physical_cores();
+    if (p.n_threads_batch <= 0) p.n_threads_batch = p.n_threads;
+    pi_status st = pi_threadpool_create(PI_MAX(p.n_threads, p.n_threads_batch), &ctx->pool);
+    if (st == PI_OK) pi_threadpool_set_active(ctx->pool, p.n_threads);
     ctx->params = p;
     if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, head_dim * hp->n_head_kv, p.type_k,
                                         p.type_v);
@@ -270,7 +272,7 @@ pi_status pi_set_n_threads(pi_context *ctx, int32_t n_threads) {
     ctx->pool = pool;
     ctx->cpu.be->pool = pool;
     if (ctx->dev.be) ctx->dev.be->pool = pool;
-    ctx->params.n_threads = pi_threadpool_size(pool);
+    ctx->params.n_threads = ctx->params.n_threads_batch = pi_threadpool_size(pool);
     return PI_OK;
 }
 
@@ -902,6 +904,7 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
     const int32_t T = batch->n_tokens;
     st = pi_kv_claim(&ctx->kv, T, batch->pos, batch->seq_id, ctx->cpu.buf.cells);
     if (st != PI_OK) return st;
+    pi_threadpool_set_active(ctx->pool, T > 1 ? ctx->params.n_threads_batch : ctx->params.n_threads);
     st = forward(ctx, batch, pi_kv_span(&ctx->kv));
     if (st != PI_OK) {
         if (ctx->dev.be) ctx->dev.be->i->sync(ctx->dev.be);

@@ -342,6 +342,10 @@ typedef void (*pi_task_fn)(void *arg, int ith, int nth);
 /* Runs fn(arg, ith, nth) for ith = 0..nth-1 on the pool (the caller is thread 0) and waits. */
 void    pi_threadpool_run(pi_threadpool *pool, pi_task_fn fn, void *arg);
 int32_t pi_physical_cores(void);
+/* Threads the pool was made with; pi_threadpool_size gives the ones the next runs use, which
+ * pi_threadpool_set_active chooses (1 .. the capacity): the others wait (llama.cpp's -t / -tb with one pool). */
+int32_t pi_threadpool_capacity(const pi_threadpool *pool);
+void    pi_threadpool_set_active(pi_threadpool *pool, int32_t n);
 
 /* ---- tensors (tensor.c) ---- */
 int64_t   pi_nelements(const pi_tensor *t);

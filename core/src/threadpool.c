@@ -33,6 +33,8 @@ struct pi_threadpool {
     atomic_bool       stop;
     pi_task_fn        fn;
     void             *arg;
+    atomic_int        n_active;       /* threads the next runs use (pi_threadpool_set_active), <= n_threads */
+    int               run_nth;        /* the current run's thread count */
 };
 
 typedef struct { pi_threadpool *pool; int ith; } worker_arg;
@@ -54,7 +56,9 @@ static void *worker_main(void *p) {
         }
         if (atomic_load(&pool->stop)) return NULL;
         seen = atomic_load(&pool->generation);
-        pool->fn(pool->arg, wa.ith, pool->n_threads);
+        const int nth = pool->run_nth;
+        if (wa.ith >= nth) continue;   /* not one of this run's threads */
+        pool->fn(pool->arg, wa.ith, nth);
         atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
     }
 }
@@ -90,6 +94,7 @@ pi_status pi_threadpool_create(int32_t n_threads, pi_threadpool **out) {
     pi_threadpool *pool = calloc(1, sizeof *pool);
     if (!pool) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory creating a thread pool");
     pool->n_threads = n_threads;
+    atomic_init(&pool->n_active, n_threads);
     pthread_mutex_init(&pool->mutex, NULL);
     pthread_cond_init(&pool->wake, NULL);
     pool->threads = calloc((size_t)n_threads, sizeof(pthread_t));
@@ -120,18 +125,26 @@ void pi_threadpool_free(pi_threadpool *pool) {
     free(pool);
 }
 
-int32_t pi_threadpool_size(const pi_threadpool *pool) { return pool ? pool->n_threads : 1; }
+int32_t pi_threadpool_size(const pi_threadpool *pool) { return pool ? atomic_load(&pool->n_active) : 1; }
+
+int32_t pi_threadpool_capacity(const pi_threadpool *pool) { return pool ? pool->n_threads : 1; }
+
+void pi_threadpool_set_active(pi_threadpool *pool, int32_t n) {
+    if (pool) atomic_store(&pool->n_active, PI_MAX(1, PI_MIN(n, pool->n_threads)));
+}
 
 void pi_threadpool_run(pi_threadpool *pool, pi_task_fn fn, void *arg) {
-    if (!pool || pool->n_threads == 1) { fn(arg, 0, 1); return; }
+    const int nth = pool ? atomic_load(&pool->n_active) : 1;
+    if (nth == 1) { fn(arg, 0, 1); return; }
     pool->fn = fn;
     pool->arg = arg;
-    atomic_store(&pool->pending, pool->n_threads - 1);
+    pool->run_nth = nth;
+    atomic_store(&pool->pending, nth - 1);
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
-    fn(arg, 0, pool->n_threads);
+    fn(arg, 0, nth);
     /* wait for the workers; yield the core now and then in case one of them was preempted */
     for (int spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
         if (spins < SPIN_ROUNDS) CPU_RELAX();

@@ -206,7 +206,8 @@ def make_loader(args):
         t0 = time.perf_counter()
         log.info("loading model '%s'", args.model)
         llm = pi.PowerInfer(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size,
-                            n_threads=args.threads or None, seed=args.seed, kv_type=args.kv_type,
+                            n_threads=args.threads or None, n_threads_batch=args.threads_batch,
+                            seed=args.seed, kv_type=args.kv_type,
                             n_parallel=args.parallel, chat_format=chat_format, chat_template=template,
                             sparse_threshold=args.sparse_threshold, dense=args.dense, sparsity=args.sparsity,
                             sparse_batch_max=args.sparse_batch_max, sparse_gather_max=args.sparse_gather_max,

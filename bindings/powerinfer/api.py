@@ -384,8 +384,8 @@ class PowerInfer:
 
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (the threads of
         prompts: decode calls of more than one token; None: n_threads), n_ubatch (None or = n_batch), type_k/type_v
-        (the K and V caches' types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...), pooling_type
-        (ggml's -1..4 = file's, none, mean, cls, last, rank), main_gpu 0;
+        (the K and V caches' types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...),
+        pooling_type (ggml's -1..4 = file's, none, mean, cls, last, rank), main_gpu 0;
         use_mlock keeps the weights in RAM (Model.mlock; a warning where the system refuses); use_mmap=False reads
         the file into memory instead of mapping it;
         flash_attn, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing

@@ -293,6 +293,9 @@ def test_llama_keywords_aliases_and_refusals(model_file):
                       n_threads_batch=1, n_ubatch=512)
     assert m._kv_type == "f32" and m.pooling == "last"
     m.close()
+    m = pi.PowerInfer(model_file, n_ctx=128, n_batch=64, n_threads=1, verbose=False, n_ubatch=16)
+    assert m.ctx.n_batch == 16                   # n_ubatch: the most tokens one decode call computes
+    m.close()
     m = pi.PowerInfer(model_file, n_ctx=128, n_threads=1, verbose=False, type_k=0, type_v="bf16")
     assert m._kv_type == ("f32", "bf16") and (m.ctx.type_k, m.ctx.type_v) == ("f32", "bf16")
     m.close()

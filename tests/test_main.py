@@ -82,10 +82,12 @@ def test_fa_is_not_f_a_and_no_effect_flags_say_so_once(capsys):
     args = main_mod.parse_args(["-fa", "--mlock", "--no-mmap", "--jinja", "-tb", "4", "-ub", "128", "-p", "x"])
     assert args.file is None and args.prompt == "x"
     err = capsys.readouterr().err
-    for flag in ("-fa/--flash-attn", "--jinja", "-ub/--ubatch-size"):
+    for flag in ("-fa/--flash-attn", "--jinja"):
         assert err.count(f"{flag} is accepted for llama.cpp compatibility and changes nothing") == 1, err
-    for flag in ("--mlock", "--no-mmap", "-tb/--threads-batch"):     # they work (test_mlock, test_no_mmap, ...)
+    for flag in ("--mlock", "--no-mmap", "-tb/--threads-batch", "-ub/--ubatch-size"):   # they work (test_mlock, ...)
         assert f"{flag} is accepted" not in err
+    assert args.batch_size == 128                                     # -ub lowers -b (llama.cpp's physical batch)
+    assert main_mod.parse_args(["-b", "64", "-ub", "128"]).batch_size == 64
     main_mod.parse_args([])
     assert "changes nothing" not in capsys.readouterr().err
     main_mod.parse_args(["--keep", "4"])

@@ -383,7 +383,8 @@ class PowerInfer:
         -1: no limit, 0: off; powerinfer.prompt_cache).
 
         llama-cpp-python's `Llama` keywords: verbose (False: no load report), n_threads_batch (the threads of
-        prompts: decode calls of more than one token; None: n_threads), n_ubatch (None or = n_batch), type_k/type_v
+        prompts: decode calls of more than one token; None: n_threads), n_ubatch (the most tokens one decode call
+        computes, llama.cpp's physical batch: n_batch is lowered to it), type_k/type_v
         (the K and V caches' types, as kv_type's names or ggml's type ids: 1 f16, 0 f32, 8 q8_0, 2 q4_0, ...),
         pooling_type (ggml's -1..4 = file's, none, mean, cls, last, rank), main_gpu 0;
         use_mlock keeps the weights in RAM (Model.mlock; a warning where the system refuses); use_mmap=False reads
@@ -397,8 +398,10 @@ class PowerInfer:
         if unsupported:
             raise ValueError(f"PowerInfer(): {', '.join(sorted(unsupported))} not supported (llama-cpp-python's "
                              "Llama keywords this engine does not implement)")
-        if n_ubatch is not None and n_ubatch != n_batch:
-            raise ValueError("n_ubatch: prompts are decoded in chunks of n_batch here; pass n_batch")
+        if n_ubatch is not None:
+            if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or n_ubatch < 1:
+                raise ValueError(f"n_ubatch must be an int >= 1, got {n_ubatch!r}")
+            n_batch = min(n_batch, n_ubatch) if n_batch > 0 else n_ubatch
         if main_gpu != 0:
             raise ValueError("main_gpu: only device 0 is used")
         noop = [n for n, v, d in (("flash_attn", flash_attn, False),

@@ -6,7 +6,7 @@ llama.cpp users bring llama.cpp's flags. Two things keep those from giving misle
   `-ngl 99` as `-n gl` ("invalid int value 'gl'"), `-fa` as `-f a`, and `--temp` as any
   unambiguous `--temp...` option; here an unknown flag is reported by its own name.
 * `add_llama_compat_args` accepts llama.cpp's common flags that this CPU build has no use
-  for (`-fa`, `--jinja`, `-ub`; `--mlock`, `--no-mmap` and `-tb`, which the loaders apply) and the KV cache type flags
+  for (`-fa`, `--jinja`; `--mlock`, `--no-mmap`, `-tb` and `-ub`, which the loaders apply) and the KV cache type flags
   `-ctk/-ctv`; `apply_llama_compat` then says once, on stderr, which of them change nothing,
   and folds `-ctk/-ctv` into `--kv-type` (a (K, V) pair where they differ; a name that is not a
   cache type is an error).
@@ -39,7 +39,6 @@ class ArgumentParser(argparse.ArgumentParser):
 _NO_EFFECT = {
     "flash_attn": ("-fa/--flash-attn", "attention is computed by the one CPU kernel this build has"),
     "jinja": ("--jinja", "chat templates are always rendered with Jinja"),
-    "ubatch_size": ("-ub/--ubatch-size", "-b is the only batch size"),
 }
 
 
@@ -55,7 +54,8 @@ def add_llama_compat_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--jinja", action="store_true", default=None, help="no effect: templates are always Jinja")
     g.add_argument("-tb", "--threads-batch", type=int, default=None,
                    help="threads for prompts (decode calls of more than one token) (default: -t)")
-    g.add_argument("-ub", "--ubatch-size", type=int, default=None, help="no effect: -b is the batch size")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=None,
+                   help="the most tokens one decode call computes (llama.cpp's physical batch): -b is lowered to it")
     g.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
                    help=f"the K cache's type ({', '.join(KV_TYPES)}; default: --kv-type's)")
     g.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
@@ -64,13 +64,20 @@ def add_llama_compat_args(p: argparse.ArgumentParser) -> None:
 
 def apply_llama_compat(p: argparse.ArgumentParser, args: argparse.Namespace, *, prog: str,
                        log: Callable[[str], None] | None = None) -> None:
-    """After parse_args: one stderr line per given flag that changes nothing, and -ctk/-ctv folded
+    """After parse_args: one stderr line per given flag that changes nothing, -ctk/-ctv folded
     into args.kv_type (the type of both, or a (K, V) pair where they differ; the one not given keeps
-    --kv-type's). p.error, exit status 2, for a name that is not a cache type."""
+    --kv-type's), -ub lowering args.batch_size to it. p.error, exit status 2, for a name that is not a cache type
+    or an -ub below 1."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     for dest, (flag, why) in _NO_EFFECT.items():
         if getattr(args, dest, None) is not None:
             log(f"{prog}: note: {flag} is accepted for llama.cpp compatibility and changes nothing: {why}")
+    ub = getattr(args, "ubatch_size", None)
+    if ub is not None:
+        if ub < 1:
+            p.error(f"-ub/--ubatch-size must be >= 1, got {ub}")
+        if getattr(args, "batch_size", None) is not None:
+            args.batch_size = min(args.batch_size, ub)
     types = {flag: getattr(args, dest, None) for flag, dest in (("-ctk", "cache_type_k"), ("-ctv", "cache_type_v"))}
     given = {flag: t.lower() for flag, t in types.items() if t is not None}
     for flag, t in given.items():

@@ -335,3 +335,33 @@ def test_real_gemma_file_gets_gemma_everywhere(gemma_file):
     assert "<|im_end|>" not in r["choices"][0]["message"]["content"]
     assert len(llm.embed("hello")) == llm.model.hparams.n_embd
 
+
+
+def test_llama_arg_environment_variables(model_file, monkeypatch):
+    """llama.cpp's LLAMA_ARG_* variables (what its Docker images are configured with) set the flags they name; the
+    command line wins; a bad value is an error naming the variable."""
+    from powerinfer.server.cli import parse_args
+    for k in [k for k in os.environ if k.startswith("LLAMA_ARG_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("LLAMA_ARG_MODEL", str(model_file))
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "1024")
+    monkeypatch.setenv("LLAMA_ARG_N_PARALLEL", "2")
+    monkeypatch.setenv("LLAMA_ARG_PORT", "9123")
+    monkeypatch.setenv("LLAMA_ARG_EMBEDDINGS", "true")
+    monkeypatch.setenv("LLAMA_ARG_ENDPOINT_SLOTS", "0")
+    monkeypatch.setenv("LLAMA_ARG_TEMPERATURE", "0.25")
+    monkeypatch.setenv("LLAMA_ARG_CACHE_TYPE_K", "q8_0")
+    a = parse_args([])
+    assert (a.model, a.ctx_size, a.parallel, a.port) == (str(model_file), 1024, 2, 9123)
+    assert a.embedding is True and a.slots is False and a.sampling.temperature == 0.25
+    assert a.kv_type == ("q8_0", "f16")
+    b = parse_args(["-c", "256", "--temp", "0.9"])             # the command line wins
+    assert b.ctx_size == 256 and b.sampling.temperature == 0.9 and b.parallel == 2
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "big")
+    with pytest.raises(SystemExit) as e:
+        parse_args([])
+    assert e.value.code == 2
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "1024")
+    monkeypatch.setenv("LLAMA_ARG_EMBEDDINGS", "maybe")
+    with pytest.raises(SystemExit):
+        parse_args([])

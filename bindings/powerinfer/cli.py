@@ -21,6 +21,7 @@ from .cli_args import (
     ArgumentParser,
     LoadProgress,
     add_llama_compat_args,
+    apply_env_defaults,
     apply_llama_compat,
 )
 from .context import Context
@@ -405,6 +406,7 @@ def parse(p: argparse.ArgumentParser, argv, *, prog: str, intermixed: bool = Fal
     (and, with add_interactive_args, --interactive-first's -i and the note on a --keep without effect)."""
     add_llama_compat_args(p)
     add_gpu_args(p)
+    apply_env_defaults(p)
     args = p.parse_intermixed_args(argv) if intermixed else p.parse_args(argv)
     apply_llama_compat(p, args, prog=prog)
     if hasattr(args, "interactive_first"):

@@ -89,6 +89,66 @@ def apply_llama_compat(p: argparse.ArgumentParser, args: argparse.Namespace, *, 
         args.kv_type = k if k == v else (k, v)
 
 
+# llama.cpp's environment variables (common/arg.cpp's set_env) -> the flag each sets: a flag given on the command line
+# wins; the ones this build has no flag for are not read (LLAMA_API_KEY: the server reads it itself)
+LLAMA_ENV = {
+    "LLAMA_ARG_MODEL": "--model", "LLAMA_ARG_HF_REPO": "--hf-repo", "LLAMA_ARG_HF_FILE": "--hf-file",
+    "LLAMA_ARG_ALIAS": "--alias", "LLAMA_ARG_HOST": "--host", "LLAMA_ARG_PORT": "--port",
+    "LLAMA_ARG_THREADS": "--threads", "LLAMA_ARG_CTX_SIZE": "--ctx-size", "LLAMA_ARG_N_PREDICT": "--n-predict",
+    "LLAMA_ARG_BATCH": "--batch-size", "LLAMA_ARG_UBATCH": "--ubatch-size", "LLAMA_ARG_N_PARALLEL": "--parallel",
+    "LLAMA_ARG_CACHE_RAM": "--cache-ram", "LLAMA_ARG_CACHE_TYPE_K": "--cache-type-k",
+    "LLAMA_ARG_CACHE_TYPE_V": "--cache-type-v", "LLAMA_ARG_FLASH_ATTN": "--flash-attn",
+    "LLAMA_ARG_N_GPU_LAYERS": "--gpu-layers", "LLAMA_ARG_TEMPERATURE": "--temp", "LLAMA_ARG_TOP_K": "--top-k",
+    "LLAMA_ARG_TOP_P": "--top-p", "LLAMA_ARG_MIN_P": "--min-p", "LLAMA_ARG_REPEAT_PENALTY": "--repeat-penalty",
+    "LLAMA_ARG_PRESENCE_PENALTY": "--presence-penalty", "LLAMA_ARG_FREQUENCY_PENALTY": "--frequency-penalty",
+    "LLAMA_ARG_POOLING": "--pooling", "LLAMA_ARG_ROPE_SCALING_TYPE": "--rope-scaling",
+    "LLAMA_ARG_ROPE_SCALE": "--rope-scale", "LLAMA_ARG_ROPE_FREQ_BASE": "--rope-freq-base",
+    "LLAMA_ARG_ROPE_FREQ_SCALE": "--rope-freq-scale", "LLAMA_ARG_YARN_ORIG_CTX": "--yarn-orig-ctx",
+    "LLAMA_ARG_YARN_EXT_FACTOR": "--yarn-ext-factor", "LLAMA_ARG_YARN_ATTN_FACTOR": "--yarn-attn-factor",
+    "LLAMA_ARG_YARN_BETA_SLOW": "--yarn-beta-slow", "LLAMA_ARG_YARN_BETA_FAST": "--yarn-beta-fast",
+    "LLAMA_ARG_EMBEDDINGS": "--embedding", "LLAMA_ARG_RERANKING": "--rerank",
+    "LLAMA_ARG_API_KEY_FILE": "--api-key-file", "LLAMA_ARG_CHAT_TEMPLATE_KWARGS": "--chat-template-kwargs",
+    "LLAMA_ARG_TIMEOUT": "--timeout", "LLAMA_ARG_ENDPOINT_METRICS": "--metrics", "LLAMA_ARG_ENDPOINT_SLOTS": "--slots",
+    "LLAMA_ARG_JINJA": "--jinja", "LLAMA_ARG_THINK": "--reasoning-format",
+    "LLAMA_ARG_THINK_BUDGET": "--reasoning-budget",
+    "LLAMA_ARG_CHAT_TEMPLATE": "--chat-template", "LLAMA_ARG_CHAT_TEMPLATE_FILE": "--chat-template-file",
+    "LLAMA_ARG_SPEC_DRAFT_MODEL": "--model-draft", "LLAMA_ARG_SPEC_DRAFT_P_MIN": "--draft-p-min",
+    "LLAMA_ARG_SPEC_TYPE": "--spec-type", "LLAMA_ARG_DRAFT_MAX": "--draft", "LLAMA_ARG_DRAFT_MIN": "--draft-min",
+}
+_TRUE, _FALSE = ("1", "true", "on", "enabled", "yes"), ("0", "false", "off", "disabled", "no")
+
+
+def apply_env_defaults(p: argparse.ArgumentParser, environ=None) -> None:
+    """llama.cpp's LLAMA_ARG_* variables as the defaults of the flags they name (LLAMA_ENV; the command line wins):
+    what its Docker images and compose files set. p.error (exit status 2) for a value the flag would refuse."""
+    import os
+    environ = os.environ if environ is None else environ
+    for env, flag in LLAMA_ENV.items():
+        value = environ.get(env)
+        action = p._option_string_actions.get(flag)
+        if value is None or action is None:
+            continue
+        if action.nargs == 0:                          # store_true / store_false
+            v = value.strip().lower()
+            if v not in _TRUE + _FALSE:
+                p.error(f"{env}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}")
+            on = v in _TRUE
+            default = on if action.const is True else (not on if action.const is False else action.const if on
+                                                           else action.default)
+        elif action.nargs not in (None, "?"):
+            continue                                   # several values: not from one variable
+        else:
+            try:
+                default = action.type(value) if action.type else value
+            except (TypeError, ValueError):
+                p.error(f"{env}={value!r}: not a valid value for {flag}")
+            if action.choices is not None and default not in action.choices:
+                p.error(f"{env}={value!r}: {flag} takes one of {', '.join(map(str, action.choices))}")
+        if isinstance(action, argparse._AppendAction):
+            default = [default]
+        p.set_defaults(**{action.dest: default})
+
+
 def threads_in_use(n_threads: int | None) -> int:
     """The thread count a context made with n_threads runs (<= 0 or None: the physical cores)."""
     if n_threads and n_threads > 0:

@@ -24,7 +24,7 @@ from ..cli import (
     rope_overrides,
     sampling_params,
 )
-from ..cli_args import KV_TYPES, ArgumentParser, add_llama_compat_args, apply_llama_compat
+from ..cli_args import KV_TYPES, ArgumentParser, add_llama_compat_args, apply_env_defaults, apply_llama_compat
 from ..model import parse_kv_override
 from ..hub import HubError, add_model_args, bundled_model, resolve_model
 
@@ -112,6 +112,7 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
 
 def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Namespace:
     p = parser or make_parser()
+    apply_env_defaults(p)
     args = p.parse_args(argv)
     apply_llama_compat(p, args, prog="server")
     if args.parallel < 1 or args.parallel > 64:

@@ -253,8 +253,8 @@ def test_metrics_off_and_no_slots(plain, model_file):
         srv.close()
 
 
-def test_server_flags_end_to_end(model_file):
-    """examples/server.py parses and applies --embedding --pooling --metrics --no-slots."""
+def test_server_flags_end_to_end(model_file, tmp_path):
+    """examples/server.py parses and applies --embedding --pooling --metrics --no-slots --log-file."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "bindings"), os.environ.get("PYTHONPATH", "")])}
     env.pop("LLAMA_API_KEY", None)
@@ -264,7 +264,8 @@ def test_server_flags_end_to_end(model_file):
     assert bad.returncode == 2 and "pooling must be" in bad.stderr
     bad = subprocess.run(cmd + ["--reranking"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 1 and "needs a reranker model" in bad.stderr      # no classifier head in this file
-    proc = subprocess.Popen(cmd + ["--embedding", "--pooling", "last", "--metrics", "--no-slots"],
+    proc = subprocess.Popen(cmd + ["--embedding", "--pooling", "last", "--metrics", "--no-slots", "--log-file",
+                                   str(tmp_path / "server.log")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -279,6 +280,7 @@ def test_server_flags_end_to_end(model_file):
         proc.terminate()
         _, err = proc.communicate(timeout=15)
     assert "embeddings: pooling last" in err
+    assert "embeddings: pooling last" in (tmp_path / "server.log").read_text()
 
 
 # ---------------------------------------------------------------------------------------------- chat template

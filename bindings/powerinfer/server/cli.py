@@ -106,6 +106,7 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                    help="seconds to wait for a request body, and idle keep-alive time (default: %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--log-disable", action="store_true", help="log warnings and errors only")
+    p.add_argument("--log-file", default=None, metavar="FNAME", help="also write the log to this file (appended)")
     add_llama_compat_args(p)
     return p
 
@@ -271,8 +272,15 @@ def make_state(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if args.log_file:
+        try:
+            handlers.append(logging.FileHandler(args.log_file, encoding="utf-8"))
+        except OSError as e:
+            print(f"error: --log-file {args.log_file}: {e.strerror}", file=sys.stderr)
+            return 1
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if args.log_disable else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers)
     try:
         import uvicorn
 

@@ -107,3 +107,14 @@ def torch_free_save(path: Path, obj: dict[str, np.ndarray] | np.ndarray) -> None
         for name, raw in blobs:
             z.writestr(name, raw)
         z.writestr(f"{prefix}/version", b"3\n")
+
+
+def main_greedy(model, *extra, prompt: str = "the cat", n: int = 12):
+    """examples/main.py on `model`: n greedy tokens after `prompt` (-no-cnv, -c 64, --ignore-eos) plus `extra` flags;
+    the CompletedProcess (stdout: the prompt and the text)."""
+    import subprocess
+    import sys
+    main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
+    return subprocess.run([sys.executable, str(main), "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
+                           "--ignore-eos", "-no-cnv", "-c", "64", *map(str, extra)], capture_output=True, text=True,
+                          timeout=120)

@@ -3,13 +3,9 @@ reference forward with the vectors added to the residual stream after their laye
 strengths; the layer range selects layers; clearing gives the base model's bits; what llama.cpp refuses is refused."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-from helpers import FLOAT_REL_RMS, TINY_SHAPE, logits_all, rel_rms
+from helpers import FLOAT_REL_RMS, TINY_SHAPE, logits_all, main_greedy, rel_rms
 from model_files import write_control_vector
 from reference_model import ReferenceModel
 
@@ -89,12 +85,9 @@ def test_bad_control_vectors(base, tmp_path):
 
 def test_main_control_vector_flags(base, tmp_path):
     write_control_vector(tmp_path / "a.gguf", E, [1, 2, 3], seed=1, scale=2.0)
-    main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
 
     def run(*extra):
-        return subprocess.run([sys.executable, str(main), "-m", str(base), "-p", "the cat", "-n", "12", "--temp", "0",
-                               "--ignore-eos", "-no-cnv", "-c", "64", *extra], capture_output=True, text=True,
-                              timeout=120)
+        return main_greedy(base, *extra)
     plain, steered = run(), run("--control-vector", str(tmp_path / "a.gguf"))
     assert steered.returncode == 0 and "control vector" in steered.stderr, steered.stderr
     assert steered.stdout != plain.stdout

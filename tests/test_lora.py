@@ -230,17 +230,12 @@ def test_server_lora_adapters(tiny_model, tmp_path):
 
 def test_main_lora_flags(tiny_model, tmp_path):
     """main.py --lora / --lora-scaled: the adapter's text; scale 0 the base's; a bad adapter exits 1 saying why."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    from helpers import main_greedy
     base = tiny_model("q8_0", seed=7)
     write_lora(tmp_path / "a.gguf", base, targets=LORA_ALL_LINEAR, rank=8, seed=8)
-    main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
 
     def run(*extra):
-        return subprocess.run([sys.executable, str(main), "-m", str(base), "-p", "the cat", "-n", "12", "--temp", "0",
-                               "--ignore-eos", "-no-cnv", "-c", "64", *extra], capture_output=True, text=True,
-                              timeout=120)
+        return main_greedy(base, *extra)
     plain, adapted = run(), run("--lora", str(tmp_path / "a.gguf"))
     assert plain.returncode == 0 and adapted.returncode == 0, adapted.stderr
     assert plain.stdout != adapted.stdout and "LoRA adapter" in adapted.stderr

@@ -227,6 +227,34 @@ else:
             assert tokens == cpu_tokens, f"-ngl {ngl}"
             np.testing.assert_array_equal(logits, cpu_logits, err_msg=f"-ngl {ngl}")
 
+    def test_adapters_and_control_vectors_on_offloaded_layers_are_refused(dense_llama, tmp_path):
+        """LoRA terms and control vectors run on the CPU: an offloaded layer they touch is refused with the reason (at
+        set time), the CPU layers keep them (the last layer on the device
+        with -ngl 1)."""
+        from model_files import write_control_vector, write_lora
+
+        from powerinfer.control_vector import load_control_vectors
+        from powerinfer.lora import LoraAdapter
+        model = pi.Model(dense_llama)
+        write_lora(tmp_path / "all.gguf", dense_llama, targets=("attn_q", "attn_v"), rank=4)
+        write_lora(tmp_path / "out.gguf", dense_llama, targets=("output",), rank=4)
+        every = LoraAdapter(tmp_path / "all.gguf", model)
+        ctx = pi.Context(model, n_ctx=64, n_gpu_layers=1)                 # the last of 3 layers on the device
+        with pytest.raises(pi.PowerInferError, match="layer 2, which adapter 0 adapts, is offloaded"):
+            ctx.set_lora([(every, 1.0)])
+        ctx.set_lora([(LoraAdapter(tmp_path / "out.gguf", model), 1.0)])    # the output head stays on the CPU
+        ctx.decode(PROMPT)
+        full = pi.Context(model, n_ctx=64, n_gpu_layers=-1)
+        with pytest.raises(pi.PowerInferError, match="output head, which adapter 0 adapts, is offloaded"):
+            full.set_lora([(LoraAdapter(tmp_path / "out.gguf", model), 1.0)])
+        write_control_vector(tmp_path / "cv.gguf", model.hparams.n_embd, [1, 2])
+        data = load_control_vectors(model, [(tmp_path / "cv.gguf", 1.0)])
+        with pytest.raises(pi.PowerInferError, match="layer 2 is offloaded"):
+            ctx.set_control_vector(data)
+        ctx.set_control_vector(data, 1, 1)                                  # layer 1: on the CPU
+        ctx.kv_clear()
+        ctx.decode(PROMPT)
+
     def test_api_n_gpu_layers_reaches_the_device(dense_llama):
         """PowerInfer(n_gpu_layers=) (llama-cpp-python's keyword) places layers as Context(-ngl) does."""
         cpu = pi.PowerInfer(dense_llama, n_ctx=64, n_threads=1, verbose=False)

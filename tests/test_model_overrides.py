@@ -157,3 +157,15 @@ def test_server_rope_flags(tiny_model):
     hp = llm.model.hparams
     assert (hp.rope_scaling, hp.rope_freq_scale, hp.yarn_orig_ctx, hp.rope_freq_base) == ("yarn", 0.25, 8, 5000.0)
     llm.close()
+
+
+def test_mixture_of_experts_files_are_refused_by_name(tiny_model, tmp_path):
+    """A llama file with experts (Mixtral's layout, llama.<expert_count> > 0): the reason, not a missing tensor."""
+    from gguf import GGUFValueType as VT
+
+    import powerinfer as pi
+    from model_files import rewrite
+    moe = rewrite(tiny_model("f32", seed=5), tmp_path / "moe.gguf",
+                  meta={"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)})
+    with pytest.raises(pi.ModelLoadError, match="mixture-of-experts model .*expert_count = 8.* not supported yet"):
+        pi.Model(moe)

@@ -91,6 +91,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: missing metadata key {full}")
         return default
 
+    n_expert = get("expert_count", 0)
+    if isinstance(n_expert, int) and not isinstance(n_expert, bool) and n_expert > 0:
+        raise ModelLoadError(f"{path}: a mixture-of-experts model ({arch}.expert_count = {n_expert}, e.g. Mixtral); "
+                             "mixture-of-experts FFNs are not supported yet")
+
     def as_int(key, value):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or int(value) != value:
             raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value!r} is not an integer")

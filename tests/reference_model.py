@@ -201,9 +201,9 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "qwen3", "gemma3", "falcon")      # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
+NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma3", "falcon")      # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
-ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "gemma3") + LAYER_NORM_ARCHS
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma3") + LAYER_NORM_ARCHS
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
 HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
@@ -290,7 +290,8 @@ class ReferenceModel:
             return meta.get(f"{arch}.{key}", default)
 
         self.n_embd = int(m("embedding_length"))
-        self.n_ff = int(m("feed_forward_length"))
+        self.n_ff = int(m("expert_feed_forward_length", m("feed_forward_length")))
+        self.n_expert_used = int(m("expert_used_count", 0))      # mixture of experts (ffn_gate_inp, *_exps)
         self.n_head = int(m("attention.head_count"))
         self.n_head_kv = int(m("attention.head_count_kv", self.n_head))
         self.n_layer = int(m("block_count"))
@@ -393,9 +394,26 @@ class ReferenceModel:
         scores = relu(x @ L["fc1"].T) @ L["fc2"].T
         return scores >= self.sparse_threshold
 
+    def moe_ffn(self, L, g):
+        """Mixture of experts (llama.cpp's build_moe_ffn, softmax router, norm_w): per token the experts of the
+        n_expert_used largest router probabilities, their outputs weighted by those renormalized to sum 1."""
+        logits = g @ L["ffn_gate_inp"].T                                   # (n, n_expert)
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        out = np.zeros_like(g)
+        for t in range(len(g)):
+            chosen = np.argsort(-p[t], kind="stable")[:self.n_expert_used]
+            w = p[t, chosen] / p[t, chosen].sum()
+            for e, we in zip(chosen, w):
+                h = self.act(L["ffn_gate_exps"][e] @ g[t]) * (L["ffn_up_exps"][e] @ g[t])
+                out[t] += we * (L["ffn_down_exps"][e] @ h)
+        return out
+
     def ffn(self, L, g, x=None, trace=None):
         """g: normed FFN input; x: pre-norm residual (the predictor's input in sparse files);
         trace: a dict whose lists "gate" / "up" get act(W_gate g) / (bamboo: act) W_up g."""
+        if "ffn_gate_inp" in L:
+            return self.moe_ffn(L, g)
         up = g @ L["ffn_up"].T
         if self.layer_norm:                 # falcon/opt: no gate
             hid = relu(up + L.get("ffn_up.bias", 0.0))

@@ -255,6 +255,21 @@ else:
         ctx.kv_clear()
         ctx.decode(PROMPT)
 
+    def test_moe_ngl_places_the_attention_and_keeps_the_experts_on_the_cpu(tmp_path):
+        """A mixture of experts with -ngl: the attention (and the head) on the device, the experts on the CPU; the
+        CPU run's bits."""
+        from test_moe import PROMPT as MOE_PROMPT
+        from test_moe import write_moe
+        model = pi.Model(write_moe(tmp_path, "llama"))
+        cpu = pi.Context(model, n_ctx=64)
+        cpu.decode(MOE_PROMPT, logits="all")
+        gpu = pi.Context(model, n_ctx=64, n_gpu_layers=-1)
+        assert gpu.offload.n_attn_layers == model.hparams.n_layer and gpu.offload.n_ffn_layers == 0
+        assert any("experts run on the CPU" in w for w in gpu.gpu_warnings)
+        gpu.decode(MOE_PROMPT, logits="all")
+        for i in range(len(MOE_PROMPT)):
+            np.testing.assert_array_equal(gpu.logits(i), cpu.logits(i))
+
     def test_api_n_gpu_layers_reaches_the_device(dense_llama):
         """PowerInfer(n_gpu_layers=) (llama-cpp-python's keyword) places layers as Context(-ngl) does."""
         cpu = pi.PowerInfer(dense_llama, n_ctx=64, n_threads=1, verbose=False)

@@ -159,13 +159,18 @@ def test_server_rope_flags(tiny_model):
     llm.close()
 
 
-def test_mixture_of_experts_files_are_refused_by_name(tiny_model, tmp_path):
-    """A llama file with experts (Mixtral's layout, llama.<expert_count> > 0): the reason, not a missing tensor."""
+def test_mixture_of_experts_metadata_without_experts(tiny_model, tmp_path):
+    """expert_count in the metadata (Mixtral's layout; tests/test_moe.py) without the experts: the missing tensor
+    named; an impossible expert_used_count: the reason."""
     from gguf import GGUFValueType as VT
 
     import powerinfer as pi
     from model_files import rewrite
     moe = rewrite(tiny_model("f32", seed=5), tmp_path / "moe.gguf",
                   meta={"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)})
-    with pytest.raises(pi.ModelLoadError, match="mixture-of-experts model .*expert_count = 8.* not supported yet"):
+    with pytest.raises(pi.ModelLoadError, match="missing tensor 'blk.0.ffn_gate_inp.weight'"):
         pi.Model(moe)
+    bad = rewrite(tiny_model("f32", seed=5), tmp_path / "bad.gguf",
+                  meta={"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (9, VT.UINT32)})
+    with pytest.raises(pi.ModelLoadError, match="n_expert_used = 9"):
+        pi.Model(bad)

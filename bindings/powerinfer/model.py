@@ -21,7 +21,8 @@ log = logging.getLogger("powerinfer")
 # (the llama blocks under another name) is accepted too. qwen3 is the qwen2 family with per-head q/k RMSNorm
 # instead of q/k/v biases (the flags below say which).
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
-          "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "gemma3": lib.PI_ARCH_GEMMA3,
+          "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
+          "gemma3": lib.PI_ARCH_GEMMA3,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
@@ -70,6 +71,9 @@ class HParams:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     rope_attn_factor: float = 1.0   # the file's rope.scaling.attn_factor: multiplies the cos/sin scale
+    n_expert: int = 0               # mixture of experts (Mixtral's llama layout, qwen3moe): experts per layer
+    n_expert_used: int = 0          # experts per token
+    expert_weights_scale: float = 0.0   # the chosen experts' weights times this (0: none)
 
     def is_swa_layer(self, il: int) -> bool:
         return self.n_swa > 0 and (self.swa_pattern <= 0 or il % self.swa_pattern < self.swa_pattern - 1)
@@ -90,11 +94,6 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         if required:
             raise ModelLoadError(f"{path}: missing metadata key {full}")
         return default
-
-    n_expert = get("expert_count", 0)
-    if isinstance(n_expert, int) and not isinstance(n_expert, bool) and n_expert > 0:
-        raise ModelLoadError(f"{path}: a mixture-of-experts model ({arch}.expert_count = {n_expert}, e.g. Mixtral); "
-                             "mixture-of-experts FFNs are not supported yet")
 
     def as_int(key, value):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or int(value) != value:
@@ -164,7 +163,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     extra: dict = {"head_dim": head_dim if key_length is not None else 0}
     if arch == "qwen2":
         extra.update(rope_mode="neox", qkv_bias=True)
-    elif arch == "qwen3":
+    elif arch in ("qwen3", "qwen3moe"):
         extra.update(rope_mode="neox", qk_norm=True)
     elif arch == "falcon":
         extra.update(rope_mode="neox")
@@ -205,10 +204,21 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         raise ModelLoadError(f"{path}: norm epsilon {norm_eps} is out of range")
     # opt: the original hard-codes n_ctx_train = 2050 (the learned positions); the key is used when present
     n_ctx_train = get("context_length", 2050 if arch == "opt" else None, required=arch != "opt")
+    n_ff_key = "feed_forward_length"
+    if get("expert_count", 0):      # mixture of experts: the experts' width (qwen3moe has a key of its own)
+        if arch in _SPARSE_ONLY or meta.get("_pwri"):
+            raise ModelLoadError(f"{path}: a mixture-of-experts {arch} PowerInfer file is not supported")
+        extra.update(n_expert=as_int("expert_count", get("expert_count")),
+                     n_expert_used=as_int("expert_used_count", get("expert_used_count", required=True)),
+                     expert_weights_scale=as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
+        if get("expert_feed_forward_length") is not None:
+            n_ff_key = "expert_feed_forward_length"
+    elif arch == "qwen3moe":
+        raise ModelLoadError(f"{path}: qwen3moe without {arch}.expert_count")
     return HParams(
         arch=arch, n_vocab=len(tokens),
         n_ctx_train=as_int("context_length", n_ctx_train),
-        n_embd=n_embd, n_ff=as_int("feed_forward_length", get("feed_forward_length", required=True)),
+        n_embd=n_embd, n_ff=as_int(n_ff_key, get(n_ff_key, required=True)),
         n_head=n_head, n_head_kv=n_head_kv,
         n_layer=as_int("block_count", get("block_count", required=True)),
         n_rot=n_rot, ffn_act=act,
@@ -398,6 +408,7 @@ class Model:
         p.attn_scale, p.embd_scale = attn_scale, hp.embd_scale
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
         p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
+        p.n_expert, p.n_expert_used, p.expert_weights_scale = hp.n_expert, hp.n_expert_used, hp.expert_weights_scale
         p.rope_freq_base_swa, p.rope_freq_scale_swa = hp.rope_freq_base_swa, hp.rope_freq_scale_swa
         desc.n_tensors = n
         desc.tensors = descs

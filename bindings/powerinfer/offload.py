@@ -147,7 +147,10 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
         n = hp.n_layer if ngl < 0 else min(ngl, hp.n_layer)
         first = hp.n_layer - n
         output = ngl < 0 or ngl > hp.n_layer
-        placements = [(il >= first, il >= first, None) for il in range(hp.n_layer)]
+        # a mixture of experts runs its FFN on the CPU: the attention (and the head) go to the device
+        placements = [(il >= first, il >= first and not hp.n_expert, None) for il in range(hp.n_layer)]
+        if hp.n_expert:
+            _warn(ctx, "mixture of experts: the experts run on the CPU; -ngl places the attention only")
         if _offload(ctx, placements, output, 0, main_gpu):
             ctx.offload = _stats(ctx, main_gpu)
         if ctx.offload:

@@ -335,6 +335,13 @@ typedef struct pi_hparams {
                               * |x_j| >= the layer's attention input threshold, attn_output only the attention
                               * output's (pi_set_attn_input_thresholds, TEAL): the four matrices (Q4_0, Q4_K or Q6_K)
                               * laid out by input at load, beside the file's */
+    int32_t n_expert;        /* > 0: a mixture-of-experts FFN (Mixtral, Qwen3-MoE): blk.N.ffn_gate_inp [n_embd, n_expert]
+                              * routes each token to its n_expert_used experts of blk.N.ffn_gate_exps / ffn_up_exps
+                              * [n_embd, n_ff, n_expert] and ffn_down_exps [n_ff, n_embd, n_expert] (n_ff: an expert's
+                              * width), weighted by the softmax of the router's logits over the chosen ones (llama.cpp's
+                              * build_moe_ffn with norm_w; times expert_weights_scale where that is not 0); CPU only */
+    int32_t n_expert_used;
+    float   expert_weights_scale;
 } pi_hparams;
 
 typedef struct pi_tensor_desc {

@@ -28,6 +28,7 @@
  */
 #include "context.h"
 #include "lora.h"
+#include "moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -126,6 +127,7 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->attn_threshold);
     free(ctx->attn_active);
     pi_lora_release(ctx);
+    pi_moe_release(ctx);
     free(ctx->cvec);
     free(ctx);
 }
@@ -695,6 +697,10 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     pi_buffers *B = &e->buf;
     TRY(move_x(ctx, at, e, T));
     TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
+    if (hp->n_expert > 0) {
+        TRY(pi_moe_ffn(ctx, e, L, B->cur, B->cur, T));
+        return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
+    }
     if (act_sparse(ctx, lx, il, T))
         return batch_gathers(ctx, T) ? act_sparse_ffn(ctx, e, L, il, T) : masked_sparse_ffn(ctx, e, L, il, T);
     if (hp->ffn_gate != PI_FFN_SEQ)

@@ -94,6 +94,10 @@ struct pi_context {
     int64_t           lora_mid_n;    /* floats allocated */
     void             *lora_conv;     /* the calling thread's mul_mat scratch for small terms (lora.c) */
     float            *cvec;          /* [n_layer][n_embd] control vector (pi_context_set_control_vector), or NULL */
+    float            *moe;           /* mixture of experts' scratch (moe.c), grown to moe_n floats */
+    int64_t           moe_n;
+    void             *moe_conv;      /* its mul_mat scratch */
+    size_t            moe_conv_bytes;
     int32_t           cvec_start, cvec_end;   /* the layers it is added after */
     size_t            lora_conv_bytes;
 };

@@ -4,6 +4,7 @@
 #include "model.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,29 @@ static const pi_tensor_desc *find_tensor(const pi_model_desc *desc, const char *
     for (int32_t i = 0; i < desc->n_tensors; i++)
         if (desc->tensors[i].name && strcmp(desc->tensors[i].name, name) == 0) return &desc->tensors[i];
     return NULL;
+}
+
+/* An expert tensor [ne0, ne1, n_expert] (mixture of experts): a 3-d view, each expert's [ne0, ne1] matrix one after
+ * the other. */
+static pi_status load_experts(const pi_model_desc *desc, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
+                              pi_tensor *out) {
+    memset(out, 0, sizeof *out);
+    const pi_tensor_desc *d = find_tensor(desc, name);
+    if (!d) return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
+    if (!pi_type_supported(d->type))
+        return pi_fail(PI_ERR_UNSUPPORTED, "tensor '%s' has type %s (id %d), which this build cannot compute with",
+                       name, ggml_type_name(d->type), (int)d->type);
+    if (d->n_dims != 3 || d->ne[0] != ne0 || d->ne[1] != ne1 || d->ne[2] != n_expert)
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' must be [%lld, %lld, %lld]", name, (long long)ne0,
+                       (long long)ne1, (long long)n_expert);
+    const int64_t row = pi_row_bytes(d->type, ne0);
+    if (row < 0)
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s': row length %lld is not a multiple of the %s block size", name,
+                       (long long)ne0, pi_type_name(d->type));
+    if (!d->data || d->nbytes < (uint64_t)row * (uint64_t)(ne1 * n_expert))
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' is truncated", name);
+    *out = pi_tensor_view(d->type, (void *)d->data, 3, (int64_t[]){ ne0, ne1, n_expert });
+    return PI_OK;
 }
 
 /* Looks up `name`, checks it has shape ne0 x ne1 (ne1 == 0: 1-d) and a usable type, and makes a view.
@@ -93,6 +117,14 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (hp->arch == PI_ARCH_FALCON && (hp->qkv_bias || hp->qk_norm || hp->post_norms || hp->n_swa))
         return pi_fail(PI_ERR_BAD_MODEL, "falcon: qkv_bias, qk_norm, post_norms and n_swa must be 0");
     if (hp->n_layer > 4096) return pi_fail(PI_ERR_BAD_MODEL, "n_layer = %d is absurd", hp->n_layer);
+    if (hp->n_expert < 0 || hp->n_expert > 1024 ||
+        (hp->n_expert > 0 && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)))
+        return pi_fail(PI_ERR_BAD_MODEL, "n_expert = %d, n_expert_used = %d: out of range", hp->n_expert,
+                       hp->n_expert_used);
+    if (hp->n_expert > 0 && (hp->sparse || hp->gate_sparse || hp->ffn_gate != PI_FFN_PAR))
+        return pi_fail(PI_ERR_UNSUPPORTED, "mixture of experts: a dense file with a gated FFN only");
+    if (!isfinite(hp->expert_weights_scale))
+        return pi_fail(PI_ERR_BAD_MODEL, "expert_weights_scale is not finite");
     if (hp->n_head % hp->n_head_kv)
         return pi_fail(PI_ERR_BAD_MODEL, "n_head = %d is not a multiple of n_head_kv = %d", hp->n_head, hp->n_head_kv);
     if (hp->head_dim < 0 || hp->head_dim >= MAX_DIM || (int64_t)hp->head_dim * hp->n_head >= MAX_DIM)
@@ -361,6 +393,16 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         if (hp->post_norms) {
             LAYER("post_attention_norm.weight", E, 0, true, false, &L->post_attn_norm);
             LAYER("post_ffw_norm.weight", E, 0, true, false, &L->post_ffn_norm);
+        }
+        if (hp->n_expert > 0) {   /* mixture of experts: the router and the experts, nothing else */
+            LAYER("ffn_gate_inp.weight", E, hp->n_expert, false, false, &L->ffn_gate_inp);
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", il);
+            TRY(load_experts(desc, name, E, F, hp->n_expert, &L->ffn_gate_exps));
+            snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", il);
+            TRY(load_experts(desc, name, E, F, hp->n_expert, &L->ffn_up_exps));
+            snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", il);
+            TRY(load_experts(desc, name, F, E, hp->n_expert, &L->ffn_down_exps));
+            continue;
         }
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
         LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);

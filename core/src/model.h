@@ -38,6 +38,10 @@ typedef struct pi_layer {
                             * input-sparse matmul over the FFN input's entries with |x_j| >= the input threshold) */
     pi_sparse_ffn_weights act_gate;   /* that input-sparse gate: down_t = ffn_gate_t (data NULL: none), down = ffn_gate;
                                        * packed as act_ffn's down step */
+    pi_tensor ffn_gate_inp;    /* [n_embd, n_expert] mixture of experts: the router */
+    pi_tensor ffn_gate_exps;   /* [n_embd, n_ff, n_expert] */
+    pi_tensor ffn_up_exps;     /* [n_embd, n_ff, n_expert] */
+    pi_tensor ffn_down_exps;   /* [n_ff, n_embd, n_expert] */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;

@@ -357,6 +357,9 @@ bool      pi_is_contiguous_rows(const pi_tensor *t);   /* dim 0 contiguous */
 /* Bytes of scratch pi_mul_mat needs for x [K, T]. */
 size_t    pi_mul_mat_scratch(int32_t wtype, int64_t K, int64_t T);
 pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void *scratch);
+/* pi_mul_mat with a scratch the caller keeps between calls (*scratch of *bytes, grown as needed; free it at the end) */
+pi_status pi_mul_mat_grow(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void **scratch,
+                          size_t *bytes);
 /* y[i] = w[i] x for n <= PI_MUL_MATS_MAX weights of one input (q, k, v; gate, up): the bits of pi_mul_mat each,
  * in one pass where they share x's conversion. Arguments checked as pi_op_mul_mat's by the caller. */
 enum { PI_MUL_MATS_MAX = 3 };

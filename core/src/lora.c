@@ -283,14 +283,7 @@ static pi_status on_cpu(pi_context *ctx, pi_exec *e) {
 static pi_status product(pi_context *ctx, pi_exec *e, bool alone, const pi_tensor *w, const pi_tensor *x,
                          pi_tensor *y) {
     if (!alone) return OP(e, mul_mat, w, x, y);
-    const size_t need = pi_mul_mat_scratch(w->type, w->ne[0], x->ne[1]);
-    if (need > ctx->lora_conv_bytes) {
-        free(ctx->lora_conv);
-        ctx->lora_conv_bytes = 0;
-        if (!(ctx->lora_conv = pi_alloc_lines(need))) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
-        ctx->lora_conv_bytes = need;
-    }
-    return pi_mul_mat(NULL, w, x, y, ctx->lora_conv);
+    return pi_mul_mat_grow(NULL, w, x, y, &ctx->lora_conv, &ctx->lora_conv_bytes);
 }
 
 typedef struct up_job {

@@ -22,15 +22,8 @@ static pi_tensor expert(const pi_tensor *t, int64_t e) {
 }
 
 static pi_status product(pi_context *ctx, pi_exec *e, const pi_tensor *w, float *x, float *y, int64_t T) {
-    const size_t need = pi_mul_mat_scratch(w->type, w->ne[0], T);
-    if (need > ctx->moe_conv_bytes) {
-        free(ctx->moe_conv);
-        ctx->moe_conv_bytes = 0;
-        if (!(ctx->moe_conv = pi_alloc_lines(need))) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
-        ctx->moe_conv_bytes = need;
-    }
     pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
-    return pi_mul_mat(e->be->pool, w, &xt, &yt, ctx->moe_conv);
+    return pi_mul_mat_grow(e->be->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);
 }
 
 pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, float *out, int64_t T) {

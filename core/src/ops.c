@@ -415,6 +415,18 @@ pi_status pi_mul_mat(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x
     return PI_OK;
 }
 
+pi_status pi_mul_mat_grow(pi_threadpool *pool, const pi_tensor *w, const pi_tensor *x, pi_tensor *y, void **scratch,
+                          size_t *bytes) {
+    const size_t need = pi_mul_mat_scratch(w->type, w->ne[0], x->ne[1]);
+    if (need > *bytes) {
+        free(*scratch);
+        *bytes = 0;
+        if (!(*scratch = pi_alloc_lines(need))) return pi_fail(PI_ERR_OUT_OF_MEMORY, "mul_mat: out of memory");
+        *bytes = need;
+    }
+    return pi_mul_mat(pool, w, x, y, *scratch);
+}
+
 static pi_status check_mul_mat(const pi_tensor *w, const pi_tensor *x, const pi_tensor *y) {
     if (!w || !y) return pi_fail(PI_ERR_INVALID_ARG, "mul_mat: w or y is NULL");
     RETURN_IF(pi_check_tensor(w, "mul_mat w"));

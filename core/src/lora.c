@@ -61,24 +61,6 @@ static pi_lora_pair *pair_of(pi_adapter *ad, const char *base, const pi_tensor *
     return NULL;
 }
 
-/* a 2-d view of desc d, checked for a usable type and its bytes */
-static pi_status view_of(const pi_tensor_desc *d, pi_tensor *out) {
-    if (!pi_type_supported(d->type))
-        return pi_fail(PI_ERR_UNSUPPORTED, "LoRA tensor '%s' has a type (id %d) this build cannot compute with",
-                       d->name, (int)d->type);
-    if (d->n_dims != 2 || d->ne[0] < 1 || d->ne[1] < 1)
-        return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' must be 2-d", d->name);
-    const int64_t row = pi_row_bytes(d->type, d->ne[0]);
-    if (row < 0)
-        return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s': row length %lld is not a multiple of the %s block size",
-                       d->name, (long long)d->ne[0], pi_type_name(d->type));
-    if (!d->data || d->nbytes < (uint64_t)row * (uint64_t)d->ne[1])
-        return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' needs %llu bytes but only %llu are available", d->name,
-                       (unsigned long long)row * (unsigned long long)d->ne[1], (unsigned long long)d->nbytes);
-    *out = pi_tensor_view(d->type, (void *)d->data, 2, d->ne);
-    return PI_OK;
-}
-
 static pi_status add_tensor(pi_adapter *ad, const pi_tensor_desc *d) {
     const pi_hparams *hp = &ad->model->hp;
     const size_t len = d->name ? strlen(d->name) : 0;
@@ -102,7 +84,7 @@ static pi_status add_tensor(pi_adapter *ad, const pi_tensor_desc *d) {
                        hp->sparse ? "PowerInfer (sparse)" : "gate-sparse");
     pi_tensor *t = is_a ? &p->a : &p->b;
     if (t->data) return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' appears twice", d->name);
-    return view_of(d, t);
+    return pi_tensor_desc_view(d, 2, NULL, t);
 }
 
 /* both halves present and their shapes those of the weight they adapt (llama.cpp's checks) */

@@ -29,26 +29,39 @@ static const pi_tensor_desc *find_tensor(const pi_model_desc *desc, const char *
     return NULL;
 }
 
-/* An expert tensor [ne0, ne1, n_expert] (mixture of experts): a 3-d view, each expert's [ne0, ne1] matrix one after
- * the other. */
-static pi_status load_experts(const pi_model_desc *desc, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
-                              pi_tensor *out) {
+pi_status pi_tensor_desc_view(const pi_tensor_desc *d, int n_dims, const int64_t *ne, pi_tensor *out) {
     memset(out, 0, sizeof *out);
-    const pi_tensor_desc *d = find_tensor(desc, name);
-    if (!d) return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
     if (!pi_type_supported(d->type))
         return pi_fail(PI_ERR_UNSUPPORTED, "tensor '%s' has type %s (id %d), which this build cannot compute with",
-                       name, ggml_type_name(d->type), (int)d->type);
-    if (d->n_dims != 3 || d->ne[0] != ne0 || d->ne[1] != ne1 || d->ne[2] != n_expert)
-        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' must be [%lld, %lld, %lld]", name, (long long)ne0,
-                       (long long)ne1, (long long)n_expert);
-    const int64_t row = pi_row_bytes(d->type, ne0);
+                       d->name, ggml_type_name(d->type), (int)d->type);
+    int64_t want[4] = { 1, 1, 1, 1 };
+    bool ok = d->n_dims >= 1 && d->n_dims <= 4;
+    for (int i = 0; i < n_dims; i++) want[i] = ne ? ne[i] : (i < d->n_dims ? d->ne[i] : 0);
+    for (int i = 0; ok && i < 4; i++) ok = (i < d->n_dims ? d->ne[i] : 1) == want[i] && want[i] >= 1;
+    if (ok && !ne) ok = d->n_dims == n_dims;
+    if (!ok) {
+        char got[96] = "", exp[96] = "", buf[24];
+        for (int i = 0; i < d->n_dims && i < 4; i++) {
+            snprintf(buf, sizeof buf, i ? ", %lld" : "%lld", (long long)d->ne[i]);
+            strncat(got, buf, sizeof got - strlen(got) - 1);
+        }
+        if (!ne)
+            return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' has shape [%s], expected %d-d", d->name, got, n_dims);
+        for (int i = 0; i < n_dims; i++) {
+            snprintf(buf, sizeof buf, i ? ", %lld" : "%lld", (long long)want[i]);
+            strncat(exp, buf, sizeof exp - strlen(exp) - 1);
+        }
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' has shape [%s], expected [%s]", d->name, got, exp);
+    }
+    const int64_t row = pi_row_bytes(d->type, want[0]);
     if (row < 0)
-        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s': row length %lld is not a multiple of the %s block size", name,
-                       (long long)ne0, pi_type_name(d->type));
-    if (!d->data || d->nbytes < (uint64_t)row * (uint64_t)(ne1 * n_expert))
-        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' is truncated", name);
-    *out = pi_tensor_view(d->type, (void *)d->data, 3, (int64_t[]){ ne0, ne1, n_expert });
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s': row length %lld is not a multiple of the %s block size",
+                       d->name, (long long)want[0], pi_type_name(d->type));
+    const uint64_t need = (uint64_t)row * (uint64_t)(want[1] * want[2] * want[3]);
+    if (!d->data || d->nbytes < need)
+        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' needs %llu bytes but only %llu are available", d->name,
+                       (unsigned long long)need, (unsigned long long)d->nbytes);
+    *out = pi_tensor_view(d->type, (void *)d->data, n_dims, want);
     return PI_OK;
 }
 
@@ -62,36 +75,18 @@ static pi_status load_tensor(const pi_model_desc *desc, const char *name, int64_
         if (optional) return PI_OK;
         return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
     }
-    if (!pi_type_supported(d->type))
-        return pi_fail(PI_ERR_UNSUPPORTED, "tensor '%s' has type %s (id %d), which this build cannot compute with",
-                       name, ggml_type_name(d->type), (int)d->type);
-    if (must_be_f32 && d->type != PI_TYPE_F32)
+    if (must_be_f32 && pi_type_supported(d->type) && d->type != PI_TYPE_F32)
         return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' must be f32, got %s", name, pi_type_name(d->type));
-    const int want_dims = ne1 ? 2 : 1;
-    int64_t ne[4] = { ne0, ne1 ? ne1 : 1, 1, 1 };
-    bool ok = d->n_dims >= 1 && d->n_dims <= 4;
-    for (int i = 0; ok && i < 4; i++) ok = (i < d->n_dims ? d->ne[i] : 1) == ne[i];
-    if (!ok) {
-        char got[96] = "", buf[24];
-        for (int i = 0; i < d->n_dims && i < 4; i++) {
-            snprintf(buf, sizeof buf, i ? ", %lld" : "%lld", (long long)d->ne[i]);
-            strncat(got, buf, sizeof got - strlen(got) - 1);
-        }
-        char want[48];
-        if (ne1) snprintf(want, sizeof want, "%lld, %lld", (long long)ne0, (long long)ne1);
-        else snprintf(want, sizeof want, "%lld", (long long)ne0);
-        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' has shape [%s], expected [%s]", name, got, want);
-    }
-    const int64_t row = pi_row_bytes(d->type, ne0);
-    if (row < 0)
-        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s': row length %lld is not a multiple of the %s block size", name,
-                       (long long)ne0, pi_type_name(d->type));
-    const uint64_t need = (uint64_t)row * (uint64_t)ne[1];
-    if (!d->data || d->nbytes < need)
-        return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' needs %llu bytes but only %llu are available", name,
-                       (unsigned long long)need, (unsigned long long)d->nbytes);
-    *out = pi_tensor_view(d->type, (void *)d->data, want_dims, ne);
-    return PI_OK;
+    return pi_tensor_desc_view(d, ne1 ? 2 : 1, (int64_t[]){ ne0, ne1 }, out);
+}
+
+/* An expert tensor [ne0, ne1, n_expert] (mixture of experts): a 3-d view, each expert's [ne0, ne1] matrix one after
+ * the other. */
+static pi_status load_experts(const pi_model_desc *desc, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
+                              pi_tensor *out) {
+    const pi_tensor_desc *d = find_tensor(desc, name);
+    if (!d) return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
+    return pi_tensor_desc_view(d, 3, (int64_t[]){ ne0, ne1, n_expert }, out);
 }
 
 static pi_status check_hparams(const pi_hparams *hp) {

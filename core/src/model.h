@@ -64,6 +64,11 @@ struct pi_model {
     int32_t    n_packed_ffn; /* layers whose sparse FFN is packed (pi_sparse_pack) */
 };
 
+/* A view of the tensor d describes, checked: a type this build computes with, n_dims dims of shape ne (NULL: any of
+ * n_dims dims, each >= 1; dims past n_dims must be 1), rows of whole blocks and the bytes the shape needs
+ * (PI_ERR_UNSUPPORTED / PI_ERR_BAD_MODEL naming the tensor). */
+pi_status pi_tensor_desc_view(const pi_tensor_desc *d, int n_dims, const int64_t *ne, pi_tensor *out);
+
 /* LayerNorm instead of RMSNorm (falcon, opt). */
 static inline bool pi_uses_layer_norm(const pi_hparams *hp) {
     return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT;

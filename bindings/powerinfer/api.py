@@ -23,6 +23,7 @@ from .context import Context, kv_types
 from .engine import Engine
 from .grammar import Grammar, GrammarError, grammar_of_response_format
 from .control_vector import load_control_vectors
+from .embedding import POOLING_IDS
 from .lora import load_adapters, scaled_adapters
 from .prompt_cache import PromptCache
 from .model import Model
@@ -309,7 +310,7 @@ def _llama_aliases(kv_type, pooling, *, type_k, type_v, pooling_type):
             v = t
     kv_type = k if k == v else (k, v)
     if pooling_type is not None:
-        table = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+        table = {-1: None, **POOLING_IDS}
         if pooling_type not in table:
             raise ValueError(f"pooling_type={pooling_type!r}: -1 (the file's), 0 none, 1 mean, 2 cls, 3 last or "
                              "4 rank")
@@ -434,8 +435,7 @@ class PowerInfer:
                            reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
                            n_gpu_layers=n_gpu_layers, sparsity=sparsity, sparse_batch_max=sparse_batch_max,
                            sparse_gather_max=sparse_gather_max)
-        self.lora_adapters = load_adapters(self.model, ([(lora_path, lora_scale)] if lora_path else []) + list(lora))
-        self.ctx.set_lora(self.lora_adapters)
+        self.ctx.set_lora(load_adapters(self.model, ([(lora_path, lora_scale)] if lora_path else []) + list(lora)))
         if control_vectors:
             self.ctx.set_control_vector(load_control_vectors(self.model, control_vectors),
                                         *(control_vector_layer_range or (1, None)))
@@ -525,7 +525,7 @@ class PowerInfer:
 
     def pooling_type(self) -> int:
         """The embeddings' pooling as llama.cpp's id (0 none, 1 mean, 2 cls, 3 last, 4 rank)."""
-        return {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}[self.embedder.pooling]
+        return next(i for i, name in POOLING_IDS.items() if name == self.embedder.pooling)
 
     def set_seed(self, seed: int) -> None:
         """The seed of the requests that give none (llama-cpp-python's set_seed)."""
@@ -770,8 +770,13 @@ class PowerInfer:
     def set_lora_scales(self, spec) -> None:
         """The adapters' scales of the requests that give none (llama.cpp's POST /lora-adapters): [{"id": i, "scale":
         s}, ...] or (i, s) pairs, the adapters left out at 0. ValueError for an unknown id or a bad scale."""
-        self.lora_adapters = list(scaled_adapters(self.lora_adapters, spec))
-        self.engine.lora = tuple(self.lora_adapters)
+        self.engine.lora = scaled_adapters(self.lora_adapters, spec)
+
+    @property
+    def lora_adapters(self) -> tuple:
+        """The loaded LoRA adapters with the scales of the requests that give none: (LoraAdapter, scale) pairs, in
+        the order of their ids (the engine's; set_lora_scales changes the scales)."""
+        return self.engine.lora
 
     @property
     def chat_formatter(self):

@@ -33,7 +33,7 @@ from .model import Model
 __all__ = ["POOLING_TYPES", "Embedder", "default_pooling", "normalize"]
 
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
-_GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}   # llama_pooling_type
+POOLING_IDS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}   # llama.cpp's llama_pooling_type
 
 
 RANK_HEAD = "cls.output.weight"
@@ -44,7 +44,7 @@ def default_pooling(model: Model) -> str:
     head)."""
     arch = model.metadata.get("general.architecture", "")
     v = model.metadata.get(f"{arch}.pooling_type")
-    name = _GGUF_POOLING.get(int(v)) if isinstance(v, int) else None
+    name = POOLING_IDS.get(int(v)) if isinstance(v, int) else None
     if name == "rank" and RANK_HEAD not in model.file.tensors:
         name = None
     return name if name in POOLING_TYPES else "mean"

@@ -72,7 +72,6 @@ class RankHead:
         if self.b is not None and self.b.shape != (self.w.shape[0],):
             raise ValueError(f"{model.path}: {bias} must have {self.w.shape[0]} values")
         self.softmax = model.metadata.get("general.architecture") == "qwen3"
-        self.labels = model.metadata.get(f"{model.metadata.get('general.architecture')}.classifier.output_labels")
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
         z = self.w @ h.astype(np.float64) + (self.b if self.b is not None else 0.0)

@@ -43,7 +43,7 @@ class LoraAdapter:
                                  "model file goes to -m, an adapter to --lora)")
         if meta.get("adapter.type") != "lora":
             raise ModelLoadError(f"{self.path}: adapter.type = {meta.get('adapter.type')!r}; only 'lora' adapters "
-                                 "are supported (control vectors are not)")
+                                 "are read here (a control vector goes to --control-vector)")
         if _ALORA_KEY in meta:
             raise ModelLoadError(f"{self.path}: activated LoRA (aLoRA, {_ALORA_KEY}) adapters are not supported")
         arch, base_arch = meta.get("general.architecture"), model.metadata.get("general.architecture")

@@ -77,7 +77,3 @@ class PromptCache:
 
     def take(self, key: int) -> CacheEntry:
         return self.entries.pop(key)
-
-    def stats(self) -> dict:
-        return {"entries": len(self.entries), "bytes": self.size_bytes, "limit_bytes": self.limit,
-                "n_saved": self.n_saved, "n_restored": self.n_restored, "n_tokens_restored": self.n_tokens_restored}

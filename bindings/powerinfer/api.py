@@ -12,7 +12,7 @@ import os
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,6 +32,7 @@ from .reasoning import splitter_for
 from .request import RequestError, Result, Task, TaskEvents, common_prefix
 from .sampling import EXTRA_NUMBERS, SamplingParams
 from .speculative import SpecParams, make_drafter
+from .token_loop import TokenLoop
 from .tokenizer import TOKEN_CONTROL
 
 log = logging.getLogger("powerinfer")
@@ -326,6 +327,9 @@ class PowerInferState:
     n_slots: int
     slots: list
     seed: int
+    n_tokens: int = 0                   # the token loop's (eval / generate(tokens)): its evaluated tokens
+    input_ids: list = field(default_factory=list)
+    scores: np.ndarray | None = None    # [n_tokens or 1, n_vocab] its logits (every position's with logits_all)
 
 
 class PowerInfer:
@@ -390,7 +394,9 @@ class PowerInfer:
         pooling_type (ggml's -1..4 = file's, none, mean, cls, last, rank), main_gpu 0;
         use_mlock keeps the weights in RAM (Model.mlock; a warning where the system refuses); use_mmap=False reads
         the file into memory instead of mapping it;
-        flash_attn, logits_all, embedding, offload_kqv, numa, last_n_tokens_size change nothing
+        logits_all keeps every position's logits in `scores` of the token loop (eval / generate(tokens): powerinfer
+        .token_loop; otherwise the last position's); last_n_tokens_size is the penalty window of the token loop
+        and the default repeat_last_n of completions; flash_attn, embedding, offload_kqv, numa change nothing
         here (said once when set); rope_freq_base, rope_freq_scale, rope_scaling_type (-1 the file's, 0 none, 1
         linear, 2 yarn, or those names), yarn_* (0 / negative: the file's) and kv_overrides ({key: value} read instead
         of the file's metadata) as llama.cpp's (powerinfer.rope). Anything else of Llama's raises ValueError
@@ -403,12 +409,14 @@ class PowerInfer:
             if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, int) or n_ubatch < 1:
                 raise ValueError(f"n_ubatch must be an int >= 1, got {n_ubatch!r}")
             n_batch = min(n_batch, n_ubatch) if n_batch > 0 else n_ubatch
+        if isinstance(last_n_tokens_size, bool) or not isinstance(last_n_tokens_size, int) or last_n_tokens_size < -1:
+            raise ValueError(f"last_n_tokens_size must be an int >= -1 (-1: all), got {last_n_tokens_size!r}")
+        self.last_n_tokens_size = last_n_tokens_size
         if main_gpu != 0:
             raise ValueError("main_gpu: only device 0 is used")
         noop = [n for n, v, d in (("flash_attn", flash_attn, False),
-                                  ("logits_all", logits_all, False), ("embedding", embedding, False),
+                                  ("embedding", embedding, False),
                                   ("offload_kqv", offload_kqv, True), ("numa", numa, False),
-                                  ("last_n_tokens_size", last_n_tokens_size, 64),
                                   ("lora_base", lora_base, None)) if v != d]
         if noop and verbose:
             log.warning("PowerInfer(): %s change nothing here (llama-cpp-python keywords: one attention kernel, "
@@ -449,6 +457,9 @@ class PowerInfer:
         self.engine = Engine(self.ctx, self.tokenizer, n_parallel, drafter=drafter, spec=spec,
                              prompt_cache=prompt_cache)
         self.seed = seed
+        self.token_loop = TokenLoop(self.engine, self.model.n_vocab, logits_all=bool(logits_all),
+                                    last_n_tokens_size=last_n_tokens_size, seed=lambda: self.seed,
+                                    eog_ids=self.tokenizer.eog_ids, tokenizer=self.tokenizer)
         self.model_name = model_alias or Path(model_path).name
         self.chat_format = chat_format
         self.reasoning_format = check_reasoning_format(reasoning_format)
@@ -480,8 +491,10 @@ class PowerInfer:
     # ---- state (llama-cpp-python's save_state / load_state) ----
     def save_state(self) -> "PowerInferState":
         """What the KV cache holds: each slot's cached tokens (no request may be in flight)."""
+        loop = self.token_loop
         return PowerInferState(model_path=self.model_path, n_ctx=self.ctx.n_ctx, n_slots=self.engine.n_slots,
-                               slots=self.engine.snapshot(), seed=self.seed)
+                               slots=self.engine.snapshot(), seed=self.seed, n_tokens=loop.n_tokens,
+                               input_ids=loop.eval_tokens, scores=loop._scores.copy())
 
     def load_state(self, state: "PowerInferState") -> None:
         """Restore a save_state() of the same model and context: the KV cache holds those tokens again
@@ -494,6 +507,7 @@ class PowerInfer:
                              f"{self.ctx.n_ctx} / {self.engine.n_slots}")
         self.engine.restore(state.slots)
         self.seed = state.seed
+        self.token_loop.restore(state.input_ids[:state.n_tokens], state.scores)
 
     # ---- tokens ----
     def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -607,11 +621,62 @@ class PowerInfer:
             if kind == "token" and info is not None:
                 yield info["id"]
 
-    def generate(self, prompt: str, max_tokens: int = 128, *, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int | None = None,
-                 stop: list[str] | str | None = None, ignore_eos: bool = False,
-                 stream: bool = False, **sampler_options) -> str | Iterator[str]:
+    def generate(self, prompt, *args, **kwargs):
+        """Text in, text out (generate_text) -- or, given token ids, llama-cpp-python's Llama.generate(tokens, top_k,
+        top_p, min_p, typical_p, temp, repeat_penalty, reset, ...): a generator of sampled token ids
+        (powerinfer.token_loop, with eval, sample, reset, n_tokens, input_ids and scores)."""
+        if isinstance(prompt, str):
+            return self.generate_text(prompt, *args, **kwargs)
+        return self.token_loop.generate(prompt, *args, **kwargs)
+
+    # ---- llama-cpp-python's token loop (powerinfer.token_loop)
+    def eval(self, tokens) -> None:
+        """Evaluate tokens after the first n_tokens (llama-cpp-python's Llama.eval)."""
+        self.token_loop.eval(tokens)
+
+    def sample(self, *args, **kwargs) -> int:
+        """A token sampled from the logits after position idx (default: the last evaluated; Llama.sample)."""
+        return self.token_loop.sample(*args, **kwargs)
+
+    def reset(self) -> None:
+        """Forget the token loop's tokens (n_tokens = 0; Llama.reset); their KV stays as slot 0's prompt cache."""
+        self.token_loop.reset()
+
+    @property
+    def n_tokens(self) -> int:
+        return self.token_loop.n_tokens
+
+    @n_tokens.setter
+    def n_tokens(self, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self.token_loop.n_tokens:
+            raise ValueError(f"n_tokens can be lowered to 0..{self.token_loop.n_tokens}, got {n!r}")
+        self.token_loop.n_tokens = int(n)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.token_loop.input_ids
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self.token_loop.scores
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        return self.token_loop._input_ids
+
+    @property
+    def _scores(self) -> np.ndarray:
+        return self.token_loop._scores
+
+    @property
+    def eval_tokens(self) -> list[int]:
+        return self.token_loop.eval_tokens
+
+    def generate_text(self, prompt: str, max_tokens: int = 128, *, temperature: float = 0.8, top_k: int = 40,
+                      top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                      repeat_last_n: int | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                      seed: int | None = None, stop: list[str] | str | None = None, ignore_eos: bool = False,
+                      stream: bool = False, **sampler_options) -> str | Iterator[str]:
         """Complete `prompt`. stream=True returns an iterator of text pieces; stop strings end the
         text and are not included. sampler_options: SamplingParams' other fields (typical_p, mirostat, dry_*...)."""
         task = self.make_task(self.tokenize(prompt), max_tokens=max_tokens, temperature=temperature, top_k=top_k,
@@ -717,7 +782,7 @@ class PowerInfer:
 
     def make_task(self, prompt_tokens: list[int], *, max_tokens: int | None = -1, temperature: float = 0.8,
                   top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, stop=None, seed: int | None = None,
-                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
+                  repeat_penalty: float = 1.0, repeat_last_n: int | None = None, presence_penalty: float = 0.0,
                   frequency_penalty: float = 0.0, logit_bias=None, ignore_eos: bool = False,
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
@@ -730,6 +795,8 @@ class PowerInfer:
         (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
             seed = self.seed
+        if repeat_last_n is None:
+            repeat_last_n = self.last_n_tokens_size
         if isinstance(seed, int) and not isinstance(seed, bool) and seed > 0xFFFFFFFF:
             seed &= 0xFFFFFFFF
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -873,7 +940,7 @@ class PowerInfer:
                           stream: bool = False, seed: int | None = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
                           mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
                           stopping_criteria=None, logits_processor=None, grammar: Grammar | str | None = None,
-                          logit_bias: dict | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
+                          logit_bias: dict | None = None, repeat_last_n: int | None = None, ignore_eos: bool = False,
                           stream_options: dict | None = None, response_format: dict | None = None,
                           **sampler_options):
         """OpenAI `text_completion` dict for `prompt`, or an iterator of chunk dicts with stream=True.
@@ -940,7 +1007,8 @@ class PowerInfer:
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
                                logits_processor=None, grammar: Grammar | str | None = None,
                                logit_bias: dict | None = None, logprobs: bool | None = None,
-                               top_logprobs: int | None = None, repeat_last_n: int = 64, ignore_eos: bool = False,
+                               top_logprobs: int | None = None, repeat_last_n: int | None = None,
+                               ignore_eos: bool = False,
                                stream_options: dict | None = None, chat_template_kwargs: dict | None = None,
                                stopping_criteria=None, reasoning_format: str | None = None, **sampler_options):
         """OpenAI `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts with

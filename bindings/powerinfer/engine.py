@@ -458,6 +458,38 @@ class Engine:
             n, s.cache = len(s.cache), []
             return n
 
+    def eval_in_slot0(self, prefix: list[int], tokens: list[int], all_logits: bool) -> np.ndarray:
+        """Slot 0 holds prefix + tokens afterwards, its KV evaluated from where its cache stops matching the prefix
+        (the same bits as a request's: position p in cell p, the lowest region, which needs no filler); returns the
+        logits of `tokens`: [len(tokens), n_vocab] with all_logits, else [1, n_vocab] of the last one. The caller
+        drives one sequence token by token (powerinfer.token_loop, llama-cpp-python's Llama.eval); no request may
+        be in flight. A request that starts with those tokens reuses them, as any slot's prompt cache."""
+        sid = 0
+        with self.lock:
+            if self.busy():
+                raise RuntimeError("the engine has requests in flight; finish or cancel them first")
+            s = self._idle_slot(sid)
+            full = prefix + tokens
+            if len(full) > s.n_ctx:
+                raise ContextLengthExceeded(f"Requested tokens ({len(full)}) exceed context window of {s.n_ctx}")
+            n = common_prefix(s.cache, prefix) if s.cache_lora == self.lora else 0
+            todo, first = full[n:], len(prefix) - n       # todo[first:] are `tokens`
+            self.ctx.set_lora(self.lora)
+            if n < s.hw:
+                self.ctx.kv_seq_rm(sid, n, n + len(todo) if self.regions else -1)
+                s.hw = s.hw if self.regions else n
+            s.cache, s.cache_lora = s.cache[:n], self.lora
+            rows = []
+            for i in range(0, len(todo), self.n_batch):
+                chunk = todo[i:i + self.n_batch]
+                idx = np.arange(i, i + len(chunk))
+                want = (idx >= first) if all_logits else (idx == len(todo) - 1)
+                self.ctx.decode(chunk, pos=range(n + i, n + i + len(chunk)), seq_id=sid, logits=want)
+                rows += [self.ctx.logits(int(j)) for j in np.flatnonzero(want)]
+                s.cache = full[:n + i + len(chunk)]
+                s.hw = max(s.hw, len(s.cache))
+            return np.stack(rows)
+
     def slots_info(self) -> list[dict]:
         """Per-slot state (read without waiting for a running step)."""
         return [{"id": s.id, "n_ctx": s.n_ctx, "is_processing": s.busy, "n_past": s.n_past,

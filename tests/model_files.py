@@ -133,6 +133,12 @@ CONFIGS = {
                    rope_base=1000000.0, eps=1e-6, n_swa=5),
 }
 CONFIGS["mistral"] = CONFIGS["llama"]
+# phi3: llama with NEOX rope, fused attn_qkv and gate|up ffn_up, long / short rope factors over an original
+# context of 512 positions (a multiple of 256: llama.cpp pads its contexts to those) with an attention factor
+# (Phi-3.5-mini's longrope); n_rot 24 of head_dim 32: partial rotary as in Phi-4-mini (the attention factor scales
+# only the rotated dims); no output matrix (tied, as Phi-4-mini)
+CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32, n_rot=24,
+                       rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
 
 def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str, np.ndarray]:
@@ -148,9 +154,16 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
+    if arch == "phi3":
+        half = c["n_rot"] // 2
+        w["rope_factors_short.weight"] = np.geomspace(1.0, 1.5, half).astype(np.float32)
+        w["rope_factors_long.weight"] = np.geomspace(1.0, 12.0, half).astype(np.float32)
     for il in range(c["n_layer"]):
         p = f"blk.{il}."
         w.update((p + k + ".weight", v) for k, v in layer_weights(mat, norm, E, F, Eq, Ekv).items())
+        if arch == "phi3":
+            w[p + "attn_qkv.weight"] = np.concatenate([w.pop(p + f"attn_{x}.weight") for x in "qkv"])
+            w[p + "ffn_up.weight"] = np.concatenate([w.pop(p + "ffn_gate.weight"), w[p + "ffn_up.weight"]])
         if arch == "qwen2":
             for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
                 w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
@@ -185,7 +198,11 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         if arch == "gemma3":
             writer.add_sliding_window(c["n_swa"])
         else:
-            writer.add_rope_dimension_count(c["head_dim"])
+            writer.add_rope_dimension_count(c.get("n_rot", c["head_dim"]))
+        if arch == "phi3":       # what llama.cpp's converter writes for a longrope model
+            writer.add_rope_scaling_orig_ctx_len(c["orig_ctx"])
+            writer.add_rope_scaling_attn_factors(c["attn_factor"])
+            writer.add_sliding_window(c["orig_ctx"] - 1)
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
         if chat_template is not None:
             writer.add_chat_template(chat_template)

@@ -13,7 +13,8 @@ Contract (what the engine must match):
   per layer:
     h = norm(x, attn_norm),   rmsnorm(x) = x / sqrt(mean(x^2) + eps); falcon/opt: LayerNorm with bias
     q = Wq h, k = Wk h, v = Wv h                 (W numpy shape (out, in); + bias where the file has one;
-                                                  falcon: one fused attn_qkv, all Q heads, then K, then V)
+                                                  falcon, phi3: one fused attn_qkv, all Q heads, then K,
+                                                  then V)
     gemma3: q, k = rmsnorm per head (attn_q_norm, attn_k_norm)
     RoPE per head on q, k (not opt) over the first n_rot dims, pairs (2i, 2i+1) ("normal": llama,
         bamboo) or (i, i + n_rot/2) ("neox": qwen2, qwen3, gemma3, falcon, HF checkpoints):
@@ -21,7 +22,8 @@ Contract (what the engine must match):
         freq_scale = 1/rope.scaling.factor for linear scaling, else 1; rope_freqs: 1 unless the file has them;
         yarn (ggml's rope_yarn): theta blends theta and theta / freq_scale by a per-pair ramp over the correction
         dims of rope.scaling.original_context_length (beta 32 / 1), cos and sin times 1 + 0.1 ln(1/freq_scale);
-        cos and sin times rope.scaling.attn_factor
+        cos and sin times rope.scaling.attn_factor; phi3: rope_freqs = rope_factors_short (the attribute
+        rope_factors["long"] for a context longer than rope.scaling.original_context_length)
     attention per head, scale 1/sqrt(head_dim), causal (key j visible to query i iff
         pos[j] <= pos[i]; gemma3's local layers, il % 6 < 5: also pos[i] - pos[j] < n_swa, rope base
         10000), GQA: query head h uses kv head h // (n_head/n_head_kv)
@@ -201,9 +203,9 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma3", "falcon")      # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
+NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma3", "falcon", "phi3")   # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
-ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma3") + LAYER_NORM_ARCHS
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3") + LAYER_NORM_ARCHS
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
 HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
@@ -329,6 +331,9 @@ class ReferenceModel:
         self.ffn_act = act
         self.tokens = meta.get("tokenizer.ggml.tokens")
         self.rope_freqs = W.get("rope_freqs.weight")
+        self.rope_factors = {"short": W.get("rope_factors_short.weight"), "long": W.get("rope_factors_long.weight")}
+        if self.rope_freqs is None:
+            self.rope_freqs = self.rope_factors["short"]
 
         self.tensor_types = tensor_types
         self.tok_embd = W["token_embd.weight"]                 # (n_vocab, n_embd)
@@ -341,6 +346,13 @@ class ReferenceModel:
             p = f"blk.{i}."
             # short names: "attn_q" (weight), "attn_q.bias"; sparse files: ffn_down = ffn_down_t^T
             L = {k[len(p):].removesuffix(".weight"): v for k, v in W.items() if k.startswith(p)}
+            if arch == "phi3":       # fused q|k|v rows; the FFN's gate|up rows (gate first)
+                if "attn_qkv" in L:
+                    qkv = L.pop("attn_qkv")
+                    e_q, e_kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+                    L["attn_q"], L["attn_k"], L["attn_v"] = qkv[:e_q], qkv[e_q:e_q + e_kv], qkv[e_q + e_kv:]
+                if "ffn_gate" not in L:
+                    L["ffn_gate"], L["ffn_up"] = L["ffn_up"][:self.n_ff], L["ffn_up"][self.n_ff:]
             if self.sparse:
                 L["ffn_down"] = np.asarray(L.pop("ffn_down_t")).T      # (n_embd, n_ff); the engine adds its rows (axpy)
                 if "ffn_down_t.bias" in L:

@@ -108,14 +108,14 @@ def test_thread_counts_identical(files):
 
 def test_unsupported_architecture_is_named(tmp_path):
     w = make_weights("llama")
-    path = tmp_path / "phi3.gguf"
+    path = tmp_path / "phi2.gguf"
     c = dict(CONFIGS["llama"])
-    CONFIGS["phi3"] = c
+    CONFIGS["phi2"] = c
     try:
-        write_arch_model(path, "phi3", weights=w)
+        write_arch_model(path, "phi2", weights=w)
     finally:
-        del CONFIGS["phi3"]
-    with pytest.raises(ModelLoadError, match="unsupported architecture 'phi3'"):
+        del CONFIGS["phi2"]
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'phi2'"):
         pi.Model(path)
 
 

@@ -452,6 +452,17 @@ def test_is_eog(models):
     assert not models["bytefb"].tok.is_eog(BOS_ID)
 
 
+@pytest.mark.parametrize("kind", [CONTROL, USER_DEFINED])
+def test_end_of_turn_texts_are_eog_whatever_their_type(kind):
+    """Phi-3's SentencePiece vocabulary ends a turn with <|end|> (not its EOS): llama.cpp's list of end-of-generation
+    texts holds for every vocabulary type and token type."""
+    from powerinfer.tokenizer.spm import SPMTokenizer
+    tokens = ["<unk>", "<s>", "</s>", "\u2581a", "<|end|>", "<|user|>"]
+    types = [UNKNOWN, CONTROL, CONTROL, NORMAL, kind, kind]
+    tok = SPMTokenizer(tokens, types=types, bos_id=1, eos_id=2, unk_id=0)
+    assert tok.is_eog(2) and tok.is_eog(4) and not tok.is_eog(5) and not tok.is_eog(3)
+
+
 # ---------------------------------------------------------------- metadata handling
 
 def test_attributes_and_add_eos(models):

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from ._ffi import PowerInferError, check, ffi, lib
 from .gguf_file import ModelLoadError, open_gguf
-from .model import Model, tensor_descs
+from .model import Model, phi3_adapter_views, tensor_descs
 
 _ALORA_KEY = "adapter.alora.invocation_tokens"
 
@@ -54,10 +54,13 @@ class LoraAdapter:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
             raise ModelLoadError(f"{self.path}: adapter.lora.alpha = {alpha!r} is not a finite number")
         self.alpha = float(alpha)
-        descs, self._names = tensor_descs(self.path, self.file.tensors)   # the names kept alive with the adapter
+        tensors = self.file.tensors
+        if model.hparams.arch == "phi3":      # the model's fused weights are views of their parts: so are the pairs
+            tensors = phi3_adapter_views(self.path, tensors, model.hparams)
+        descs, self._names = tensor_descs(self.path, tensors)   # the names kept alive with the adapter
         out = ffi.new("pi_adapter **")
         try:
-            check(lib.pi_adapter_create(model._ptr, self.alpha, len(self.file.tensors), descs, out))
+            check(lib.pi_adapter_create(model._ptr, self.alpha, len(tensors), descs, out))
         except PowerInferError as e:
             raise ModelLoadError(f"{self.path}: {e}") from None
         self._ptr = ffi.gc(out[0], lib.pi_adapter_free)

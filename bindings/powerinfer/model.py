@@ -11,7 +11,7 @@ import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
-from .gguf_file import GGUFFile, ModelLoadError, open_gguf
+from .gguf_file import GGUFFile, ModelLoadError, TensorInfo, open_gguf
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
 
@@ -19,10 +19,11 @@ log = logging.getLogger("powerinfer")
 
 # GGUF general.architecture -> the C family. Mistral and TinyLlama GGUF files declare "llama"; "mistral"
 # (the llama blocks under another name) is accepted too. qwen3 is the qwen2 family with per-head q/k RMSNorm
-# instead of q/k/v biases (the flags below say which).
+# instead of q/k/v biases (the flags below say which). phi3 (Phi-3, Phi-3.5, Phi-4, Phi-4-mini) is llama with NEOX
+# rope, fused tensors (split into views at load: phi3_views) and long / short rope factors.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
-          "gemma3": lib.PI_ARCH_GEMMA3,
+          "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
@@ -167,6 +168,10 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(rope_mode="neox", qk_norm=True)
     elif arch == "falcon":
         extra.update(rope_mode="neox")
+    elif arch == "phi3":
+        # phi3.attention.sliding_window is ignored, as llama.cpp does (its converters write one that the model's
+        # reference attention does not apply)
+        extra.update(rope_mode="neox")
     elif arch == "opt":
         extra.update(qkv_bias=True)
     elif arch == "gemma3":
@@ -271,6 +276,63 @@ def parse_kv_override(text: str) -> tuple[str, bool | int | float | str]:
     except ValueError:
         raise ValueError(f"--override-kv {text!r}: {value!r} is not a {kind}") from None
     raise ValueError(f"--override-kv {text!r}: type {kind!r} is not one of int, float, bool, str")
+
+
+def _split_rows(path, t: TensorInfo, parts: list[tuple[str, int]]) -> dict:
+    """Views of t's row ranges (a 2-d tensor, row i = output i) under new names: parts are (name, rows) in order."""
+    rows = sum(n for _, n in parts)
+    if len(t.ne) != 2 or t.ne[1] != rows or t.data.nbytes % rows:
+        raise ModelLoadError(f"{path}: tensor '{t.name}' has shape {list(t.ne)}, expected [{t.ne[0]}, {rows}]")
+    row, start, out = t.data.nbytes // rows, 0, {}
+    for name, n in parts:
+        view = t.data[start * row:(start + n) * row]
+        out[name] = TensorInfo(name, t.type, (t.ne[0], n), view, t.offset + start * row)
+        start += n
+    return out
+
+
+def _phi3_fused(hp: HParams, il: int) -> list[tuple[str, list[tuple[str, int]]]]:
+    """Layer il's fused phi3 weights and their parts (row counts): q|k|v, gate|up (the gate's rows first)."""
+    hd = hp.head_dim or hp.n_embd // hp.n_head
+    p = f"blk.{il}."
+    return [(p + "attn_qkv", [(p + "attn_q", hd * hp.n_head), (p + "attn_k", hd * hp.n_head_kv),
+                              (p + "attn_v", hd * hp.n_head_kv)]),
+            (p + "ffn_up", [(p + "ffn_gate", hp.n_ff), (p + "ffn_up", hp.n_ff)])]
+
+
+def phi3_views(path, tensors: dict, hp: HParams) -> dict:
+    """phi3's tensors under the names the core reads, as views of the file's bytes (no copy): a fused
+    blk.N.attn_qkv [n_embd, n_embd_q + 2 n_embd_kv] is attn_q, attn_k, attn_v (its rows in that order); the fused
+    blk.N.ffn_up [n_embd, 2 n_ff] is ffn_gate (its first n_ff rows: silu's input) and ffn_up; rope_factors_short /
+    rope_factors_long are rope_freqs / rope_freqs_long (the context picks one: pi_context_rope_freqs)."""
+    out = dict(tensors)
+    for il in range(hp.n_layer if hp.n_expert == 0 else 0):
+        for fused, parts in _phi3_fused(hp, il):
+            t = out.get(fused + ".weight")
+            if t is not None and len(t.ne) == 2 and t.ne[1] == sum(n for _, n in parts):
+                del out[fused + ".weight"]
+                out.update(_split_rows(path, t, [(name + ".weight", n) for name, n in parts]))
+    for old, new in (("rope_factors_short.weight", "rope_freqs.weight"),
+                     ("rope_factors_long.weight", "rope_freqs_long.weight")):
+        if old in out:
+            out[new] = out.pop(old)
+    return out
+
+
+def phi3_adapter_views(path, tensors: dict, hp: HParams) -> dict:
+    """A LoRA adapter of a phi3 model over the views phi3_views makes: a fused weight's pair (lora_a [n_in, r],
+    lora_b [r, n_out]) becomes one pair per part, each with the same lora_a and its rows of lora_b."""
+    out = dict(tensors)
+    for il in range(hp.n_layer if hp.n_expert == 0 else 0):
+        for fused, parts in _phi3_fused(hp, il):
+            a, b = out.get(fused + ".weight.lora_a"), out.get(fused + ".weight.lora_b")
+            if a is None or b is None or len(b.ne) != 2 or b.ne[1] != sum(n for _, n in parts):
+                continue         # not fused (or broken: the core names what is wrong)
+            del out[fused + ".weight.lora_a"], out[fused + ".weight.lora_b"]
+            out.update(_split_rows(path, b, [(name + ".weight.lora_b", n) for name, n in parts]))
+            out.update((name + ".weight.lora_a", TensorInfo(name + ".weight.lora_a", a.type, a.ne, a.data, a.offset))
+                       for name, _ in parts)
+    return out
 
 
 def tensor_descs(path, tensors: dict) -> tuple:
@@ -379,17 +441,21 @@ class Model:
         hp = self.hparams
         tensors = dict(self.file.tensors)
         # YaRN / a rope attention factor: the core's per-pair frequency divisors and attention scale (powerinfer.rope)
-        file_ff = tensors.get("rope_freqs.weight")
-        if file_ff is not None and file_ff.type != 0 and hp.yarn_ext_factor != 0.0:
-            raise ModelLoadError(f"{self.path}: YaRN with rope_freqs.weight of ggml type {file_ff.type} (f32 only)")
-        file_factors = None if file_ff is None else np.frombuffer(memoryview(file_ff.data), dtype=np.float32)
-        factors, m2 = rope_settings.yarn_factors(hp, file_factors)
-        attn_scale = hp.attn_scale
-        if factors is not None and factors is not file_factors:
-            self._rope_freqs = np.ascontiguousarray(factors, dtype=np.float32)              # [n_rot/2], kept alive
-            tensors["rope_freqs.weight"] = _ArrayTensor("rope_freqs.weight", 0, (hp.n_rot // 2,), self._rope_freqs)
-        if m2 != 1.0:
-            attn_scale = (attn_scale or 1.0 / math.sqrt(hp.head_dim or hp.n_embd // hp.n_head)) * m2
+        if hp.arch == "phi3":
+            tensors = phi3_views(self.path, tensors, hp)
+        # YaRN: the core's per-pair frequency divisors (powerinfer.rope), of rope_freqs and of phi3's long factors
+        self._rope_freqs = []        # the arrays made here, kept alive with the model
+        for name in ("rope_freqs.weight", "rope_freqs_long.weight"):
+            file_ff = tensors.get(name)
+            if file_ff is None and name != "rope_freqs.weight":
+                continue
+            if file_ff is not None and file_ff.type != 0:
+                raise ModelLoadError(f"{self.path}: {name} of ggml type {file_ff.type} (f32 only)")
+            file_factors = None if file_ff is None else np.frombuffer(memoryview(file_ff.data), dtype=np.float32)
+            factors = rope_settings.yarn_factors(hp, file_factors)
+            if factors is not None and factors is not file_factors:
+                self._rope_freqs.append(np.ascontiguousarray(factors, dtype=np.float32))      # [n_rot/2]
+                tensors[name] = _ArrayTensor(name, 0, (hp.n_rot // 2,), self._rope_freqs[-1])
         n = len(tensors)
         descs, self._names = tensor_descs(self.path, tensors)   # the names kept alive with the model
         desc = ffi.new("pi_model_desc *")
@@ -405,7 +471,9 @@ class Model:
         p.gate_input_sparse = 1 if self.gate_input_sparse else 0
         p.attn_input_sparse = 1 if self.attn_input_sparse else 0
         p.head_dim, p.rope_mode = hp.head_dim, _ROPE_MODES[hp.rope_mode]
-        p.attn_scale, p.embd_scale = attn_scale, hp.embd_scale
+        p.attn_scale, p.embd_scale = hp.attn_scale, hp.embd_scale
+        p.rope_mscale = rope_settings.rope_mscale(hp)
+        p.n_ctx_orig = hp.yarn_orig_ctx or hp.n_ctx_train
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
         p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
         p.n_expert, p.n_expert_used, p.expert_weights_scale = hp.n_expert, hp.n_expert_used, hp.expert_weights_scale

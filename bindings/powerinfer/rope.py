@@ -11,9 +11,9 @@ YaRN (llama.cpp's rope with ext_factor != 0; ggml's rope_yarn) rotates pair i of
 
 and multiplies cos and sin by mscale. The core rotates by theta_i = pos * freq_scale * base^(-2i/n_rot) / f_i with
 per-pair frequency divisors f_i (a model's rope_freqs), so YaRN is f_i = ff_i / ((1 - r_i) + r_i / freq_scale);
-and cos/sin scaled by mscale scale q.k by mscale^2, which the attention scale takes. mscale (llama.cpp's
-llama_context setup): with ext_factor != 0, 1 + 0.1 ln(1 / freq_scale) for a factor > 1 (else 1); without, the
-yarn attn factor (--yarn-attn-factor, 1); times the file's rope.scaling.attn_factor.
+and cos/sin are scaled by mscale in the core's rope too (hparams.rope_mscale: the rotated dims only, as ggml).
+mscale (llama.cpp's llama_context setup): with ext_factor != 0, 1 + 0.1 ln(1 / freq_scale) for a factor > 1
+(else 1); without, the yarn attn factor (--yarn-attn-factor, 1); times the file's rope.scaling.attn_factor.
 """
 from __future__ import annotations
 
@@ -82,12 +82,11 @@ def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, b
     return max(0.0, math.floor(corr(beta_fast))), min(n_rot - 1.0, math.ceil(corr(beta_slow)))
 
 
-def yarn_factors(hp, file_factors: np.ndarray | None) -> tuple[np.ndarray | None, float]:
-    """(the per-pair frequency divisors f [n_rot/2] float32 for the core, or None when YaRN's ramp is off and the
-    file has none; the attention scale multiplier mscale^2)."""
-    m2 = rope_mscale(hp) ** 2
+def yarn_factors(hp, file_factors: np.ndarray | None) -> np.ndarray | None:
+    """The per-pair frequency divisors f [n_rot/2] float32 for the core, or None when YaRN's ramp is off and the
+    file has none (the cos / sin scale is rope_mscale: the core's hparams.rope_mscale)."""
     if hp.yarn_ext_factor == 0.0:
-        return file_factors, m2
+        return file_factors
     half = hp.n_rot // 2
     low, high = yarn_corr_dims(hp.n_rot, hp.yarn_orig_ctx or hp.n_ctx_train, hp.rope_freq_base, hp.yarn_beta_fast,
                                hp.yarn_beta_slow)
@@ -95,4 +94,4 @@ def yarn_factors(hp, file_factors: np.ndarray | None) -> tuple[np.ndarray | None
     ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)                  # [half]
     r = hp.yarn_ext_factor * ramp
     ff = np.ones(half) if file_factors is None else np.asarray(file_factors, dtype=np.float64)
-    return (ff / ((1.0 - r) + r / hp.rope_freq_scale)).astype(np.float32), m2
+    return (ff / ((1.0 - r) + r / hp.rope_freq_scale)).astype(np.float32)

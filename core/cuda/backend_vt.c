@@ -117,9 +117,9 @@ static pi_status cu_layer_norm(pi_backend *be, const pi_tensor *x, const pi_tens
 }
 
 static pi_status cu_rope(pi_backend *be, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
-                         float base, float scale, const float *ff, pi_tensor *out) {
+                         float base, float scale, const float *ff, float mscale, pi_tensor *out) {
     if (ff) return UNSUP("rope with frequency factors");
-    return pi_cuda_rope(S(be), x, pos, n_rot, mode, base, scale, out);
+    return pi_cuda_rope(S(be), x, pos, n_rot, mode, base, scale, mscale, out);
 }
 
 static pi_status cu_attention(pi_backend *be, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,

@@ -291,7 +291,7 @@ pi_status pi_cuda_op_rope(const pi_tensor *x, const int32_t *pos, int32_t n_rot,
     PI_TRY(upload(x, bx, &dx));
     PI_TRY(upload_i32(pos, x->ne[2], bp));
     PI_TRY(alloc_like(out, bo, &dout));
-    PI_TRY(pi_cuda_rope(NULL, &dx, (const int32_t *)bp.p, n_rot, mode, freq_base, freq_scale, &dout));
+    PI_TRY(pi_cuda_rope(NULL, &dx, (const int32_t *)bp.p, n_rot, mode, freq_base, freq_scale, 1.0f, &dout));
     return download(&dout, out);
 }
 

@@ -65,7 +65,7 @@ pi_status pi_cuda_mul_mat_ex(pi_cuda_stream *s, const pi_tensor *w, const pi_ten
 pi_status pi_cuda_rms_norm(pi_cuda_stream *s, const pi_tensor *x, const pi_tensor *weight, float eps,
                            pi_tensor *out);                                                    /* norm.cu */
 pi_status pi_cuda_rope(pi_cuda_stream *s, const pi_tensor *x, const int32_t *pos_dev, int32_t n_rot, int32_t mode,
-                       float freq_base, float freq_scale, pi_tensor *out);                     /* rope.cu */
+                       float freq_base, float freq_scale, float mscale, pi_tensor *out);                     /* rope.cu */
 pi_status pi_cuda_softmax(pi_cuda_stream *s, const pi_tensor *x, pi_tensor *out);             /* softmax.cu */
 pi_status pi_cuda_unary(pi_cuda_stream *s, int32_t op, const pi_tensor *x, pi_tensor *out);   /* elementwise.cu */
 pi_status pi_cuda_binary(pi_cuda_stream *s, int32_t op, const pi_tensor *a, const pi_tensor *b, pi_tensor *out);

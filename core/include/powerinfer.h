@@ -342,6 +342,11 @@ typedef struct pi_hparams {
                               * build_moe_ffn with norm_w; times expert_weights_scale where that is not 0); CPU only */
     int32_t n_expert_used;
     float   expert_weights_scale;
+    float   rope_mscale;     /* cos and sin of the rope are multiplied by this (ggml's rope attn_factor: YaRN's mscale times
+                              * a file's rope.scaling.attn_factor; only the n_rot rotated dims scale); 0: 1 */
+    int32_t n_ctx_orig;      /* with rope_freqs_long.weight (phi3's long rope factors): a context of more positions per
+                              * sequence than this uses those factors instead of rope_freqs.weight (llama.cpp's choice
+                              * by n_ctx_seq > n_ctx_orig_yarn) */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {

@@ -61,8 +61,9 @@ typedef struct pi_backend_i {
     pi_status (*rms_norm)(pi_backend *be, const pi_tensor *x, const pi_tensor *w, float eps, pi_tensor *out);
     pi_status (*layer_norm)(pi_backend *be, const pi_tensor *x, const pi_tensor *w, const pi_tensor *b, float eps,
                             pi_tensor *out);
+    /* cos and sin times mscale (hparams.rope_mscale) */
     pi_status (*rope)(pi_backend *be, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
-                      float base, float scale, const float *freq_factors, pi_tensor *out);
+                      float base, float scale, const float *freq_factors, float mscale, pi_tensor *out);
     pi_status (*attention)(pi_backend *be, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                            const pi_tensor *mask, float scale, pi_tensor *out);
     pi_status (*binary)(pi_backend *be, int32_t op, const pi_tensor *a, const pi_tensor *b, pi_tensor *out);

@@ -84,8 +84,8 @@ static pi_status cpu_layer_norm(pi_backend *be, const pi_tensor *x, const pi_ten
 }
 
 static pi_status cpu_rope(pi_backend *be, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
-                          float base, float scale, const float *ff, pi_tensor *out) {
-    return pi_rope(be->pool, x, pos, n_rot, mode, base, scale, ff, be->impl, out);   /* impl: the CPU's rope tables */
+                          float base, float scale, const float *ff, float mscale, pi_tensor *out) {
+    return pi_rope(be->pool, x, pos, n_rot, mode, base, scale, ff, mscale, be->impl, out);   /* impl: the CPU's rope tables */
 }
 
 static pi_status cpu_attention(pi_backend *be, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,

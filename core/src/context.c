@@ -132,6 +132,15 @@ void pi_context_free(pi_context *ctx) {
     free(ctx);
 }
 
+/* The rope frequency factors of this context: phi3's long factors where a sequence may hold more positions than the
+ * model's original context (n_ctx / n_seq_max > n_ctx_orig, llama.cpp's n_ctx_seq), else rope_freqs (data NULL: none). */
+const pi_tensor *pi_context_rope_freqs(const pi_context *ctx) {
+    const pi_model *m = ctx->model;
+    const int64_t n_ctx_seq = ctx->params.n_ctx / PI_MAX(ctx->params.n_seq_max, 1);
+    if (m->rope_freqs_long.data && n_ctx_seq > m->hp.n_ctx_orig) return &m->rope_freqs_long;
+    return &m->rope_freqs;
+}
+
 /* Every layer on the CPU, over the model's (possibly repacked) weights and the host KV cache. */
 void pi_context_place_cpu(pi_context *ctx) {
     const pi_model *m = ctx->model;
@@ -139,7 +148,7 @@ void pi_context_place_cpu(pi_context *ctx) {
         ctx->lx[il] = (pi_layer_exec){ .attn = &ctx->cpu, .ffn = &ctx->cpu, .attn_w = &m->layers[il],
                                        .ffn_w = &m->layers[il], .k = pi_kv_k_row(&ctx->kv, il, 0),
                                        .v = pi_kv_v_row(&ctx->kv, il, 0),
-                                       .rope_freqs = m->rope_freqs.data };
+                                       .rope_freqs = pi_context_rope_freqs(ctx)->data };
     ctx->out = &ctx->cpu;
     ctx->out_w = &m->output;
     ctx->out_norm = &m->output_norm;
@@ -487,8 +496,9 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
     if (hp->arch != PI_ARCH_OPT) {   /* opt: learned position embeddings, no rope */
-        TRY(OP(e, rope, &q, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, &q));
-        TRY(OP(e, rope, &k, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, &k));
+        const float mscale = hp->rope_mscale > 0.0f ? hp->rope_mscale : 1.0f;
+        TRY(OP(e, rope, &q, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, mscale, &q));
+        TRY(OP(e, rope, &k, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, mscale, &k));
     }
 
     /* the KV store: rows cells[t] of this layer's cache */

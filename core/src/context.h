@@ -109,6 +109,7 @@ size_t    pi_buffers_bytes(const pi_model *m, int64_t T, int64_t n_ctx, bool dev
 pi_status pi_buffers_alloc(pi_exec *e, const pi_model *m, int64_t T, int64_t n_ctx, bool device);
 void      pi_buffers_free(pi_exec *e);
 void      pi_offload_release(pi_context *ctx);   /* device memory freed; reads no model (offload.c) */
+const pi_tensor *pi_context_rope_freqs(const pi_context *ctx);   /* the rope factors this context uses (context.c) */
 void      pi_context_place_cpu(pi_context *ctx);   /* every layer on the CPU (context.c) */   /* back to CPU only, device memory freed (offload.c) */
 
 #endif

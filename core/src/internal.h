@@ -373,20 +373,21 @@ enum { PI_ROPE_TABLES = 2 };   /* Gemma 3: local and global layers */
 typedef struct pi_rope_table {
     int64_t  T;              /* tokens of the key; 0: empty */
     int32_t  n_rot;
-    float    base, scale;
+    float    base, scale, mscale;
     const float *factors;    /* the model's rope_freqs (fixed while the model lives) or NULL */
     int32_t *pos;            /* [T] */
-    float   *cs;             /* [T][n_rot / 2][2]: cos, sin */
+    float   *cs;             /* [T][n_rot / 2][2]: cos, sin (times mscale) */
     int64_t  cap_T, cap_cs;  /* allocated entries of pos and cs */
     uint64_t used;           /* last use (a counter of the owning cache): the oldest is replaced */
 } pi_rope_table;
 typedef struct pi_rope_cache { pi_rope_table t[PI_ROPE_TABLES]; uint64_t clock; } pi_rope_cache;
 void      pi_rope_cache_free(pi_rope_cache *c);
 /* pi_op_rope with per-pair frequency factors (theta_i /= freq_factors[i], n_rot/2 of them; NULL: none),
- * llama.cpp's rope_freqs of Llama 3.1+ files, and an optional cache of rotation tables (NULL: computed for this
- * call alone). Arguments are not checked. */
+ * llama.cpp's rope_freqs of Llama 3.1+ files, cos and sin times mscale (ggml's attn_factor: YaRN, phi3's long rope),
+ * and an optional cache of rotation tables (NULL: computed for this call alone). Arguments are not checked. */
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
-                  float freq_base, float freq_scale, const float *freq_factors, pi_rope_cache *cache, pi_tensor *out);
+                  float freq_base, float freq_scale, const float *freq_factors, float mscale, pi_rope_cache *cache,
+                  pi_tensor *out);
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                        const pi_tensor *mask, float scale, pi_tensor *out);
 

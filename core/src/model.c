@@ -120,6 +120,9 @@ static pi_status check_hparams(const pi_hparams *hp) {
         return pi_fail(PI_ERR_UNSUPPORTED, "mixture of experts: a dense file with a gated FFN only");
     if (!isfinite(hp->expert_weights_scale))
         return pi_fail(PI_ERR_BAD_MODEL, "expert_weights_scale is not finite");
+    if (!(hp->rope_mscale >= 0.0f) || !isfinite(hp->rope_mscale))
+        return pi_fail(PI_ERR_BAD_MODEL, "rope_mscale = %g must be finite and >= 0", (double)hp->rope_mscale);
+    if (hp->n_ctx_orig < 0) return pi_fail(PI_ERR_BAD_MODEL, "n_ctx_orig = %d must be >= 0", hp->n_ctx_orig);
     if (hp->n_head % hp->n_head_kv)
         return pi_fail(PI_ERR_BAD_MODEL, "n_head = %d is not a multiple of n_head_kv = %d", hp->n_head, hp->n_head_kv);
     if (hp->head_dim < 0 || hp->head_dim >= MAX_DIM || (int64_t)hp->head_dim * hp->n_head >= MAX_DIM)
@@ -355,6 +358,11 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     TRY(load_tensor(desc, "output.weight", E, V, false, true, &m->output));
     if (!m->output.data) m->output = m->token_embd;   /* tied embeddings */
     TRY(load_tensor(desc, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs));
+    TRY(load_tensor(desc, "rope_freqs_long.weight", hp->n_rot / 2, 0, true, true, &m->rope_freqs_long));
+    if (m->rope_freqs_long.data && !m->rope_freqs.data) {
+        st = pi_fail(PI_ERR_BAD_MODEL, "rope_freqs_long.weight without rope_freqs.weight (the short factors)");
+        goto fail;
+    }
 
     char name[96];
     for (int32_t il = 0; il < hp->n_layer; il++) {

@@ -54,6 +54,7 @@ struct pi_model {
     pi_tensor  pos_embd;     /* opt: [n_embd, n_pos] learned positions, row pos + 2 */
     pi_tensor  output;       /* [n_embd, n_vocab] (token_embd when tied) */
     pi_tensor  rope_freqs;   /* [n_rot/2] f32 frequency factors (Llama 3.1+ "llama3" rope); data NULL if absent */
+    pi_tensor  rope_freqs_long;  /* [n_rot/2] f32 phi3's long factors (pi_context_rope_freqs); data NULL if absent */
     pi_layer  *layers;       /* [n_layer] */
     pi_layer  *file_layers;  /* [n_layer] the same views in the file's layout (before pi_repack / pi_sparse_pack):
                               * what a device backend uploads */

@@ -331,7 +331,7 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
     const float *rope_freqs = NULL;
     if (s.n_attn_layers > 0 && m->rope_freqs.data) {
         pi_tensor rf;
-        if ((st = upload(ctx, &m->rope_freqs, &rf)) != PI_OK) goto fail;
+        if ((st = upload(ctx, pi_context_rope_freqs(ctx), &rf)) != PI_OK) goto fail;
         rope_freqs = rf.data;
     }
     pi_layer_exec *lx = calloc((size_t)hp->n_layer, sizeof *lx);

@@ -571,27 +571,27 @@ static void rope_table_task(void *p, int ith, int nth) {
         const int64_t t = j / P, i = j % P;
         double theta = (double)tb->pos[t] * tb->scale * a->inv_freq[i];
         if (tb->factors) theta /= tb->factors[i];   /* frequency factors (rope_freqs) */
-        tb->cs[2 * j] = (float)cos(theta);
-        tb->cs[2 * j + 1] = (float)sin(theta);
+        tb->cs[2 * j] = (float)cos(theta) * tb->mscale;
+        tb->cs[2 * j + 1] = (float)sin(theta) * tb->mscale;
     }
 }
 
 static bool rope_table_is(const pi_rope_table *tb, const int32_t *pos, int64_t T, int32_t n_rot, float base,
-                          float scale, const float *factors) {
+                          float scale, const float *factors, float mscale) {
     return tb->T == T && tb->n_rot == n_rot && tb->base == base && tb->scale == scale && tb->factors == factors &&
-           memcmp(tb->pos, pos, (size_t)T * sizeof *pos) == 0;
+           tb->mscale == mscale && memcmp(tb->pos, pos, (size_t)T * sizeof *pos) == 0;
 }
 
 /* The cache's table for this key (computed into the oldest one where none matches), or *fresh for the call alone. */
 static pi_status rope_table(pi_threadpool *pool, pi_rope_cache *cache, pi_rope_table *fresh, const int32_t *pos,
                             int64_t T, int32_t n_rot, float base, float scale, const float *factors,
-                            pi_rope_table **out) {
+                            float mscale, pi_rope_table **out) {
     pi_rope_table *tb = fresh;
     if (cache) {
         tb = &cache->t[0];
         for (int i = 0; i < PI_ROPE_TABLES; i++) {
             pi_rope_table *c = &cache->t[i];
-            if (rope_table_is(c, pos, T, n_rot, base, scale, factors)) {
+            if (rope_table_is(c, pos, T, n_rot, base, scale, factors, mscale)) {
                 c->used = ++cache->clock;
                 *out = c;
                 return PI_OK;
@@ -614,7 +614,7 @@ static pi_status rope_table(pi_threadpool *pool, pi_rope_cache *cache, pi_rope_t
     if (!inv_freq) return pi_fail(PI_ERR_OUT_OF_MEMORY, "rope: out of memory");
     for (int32_t i = 0; i < n_rot / 2; i++) inv_freq[i] = pow(base, -2.0 * (double)i / n_rot);
     memcpy(tb->pos, pos, (size_t)T * sizeof *pos);
-    tb->n_rot = n_rot; tb->base = base; tb->scale = scale; tb->factors = factors;
+    tb->n_rot = n_rot; tb->base = base; tb->scale = scale; tb->factors = factors; tb->mscale = mscale;
     tb->T = T;
     rope_table_args a = { tb, inv_freq };
     pi_threadpool_run(pool, rope_table_task, &a);
@@ -667,13 +667,15 @@ pi_status pi_op_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos
         return pi_fail(PI_ERR_INVALID_ARG, "rope: freq_base and freq_scale must be > 0");
     if (mode != PI_ROPE_NORMAL && mode != PI_ROPE_NEOX)
         return pi_fail(PI_ERR_INVALID_ARG, "rope: mode %d is not PI_ROPE_NORMAL (0) or PI_ROPE_NEOX (2)", mode);
-    return pi_rope(pool, x, pos, n_rot, mode, freq_base, freq_scale, NULL, NULL, out);
+    return pi_rope(pool, x, pos, n_rot, mode, freq_base, freq_scale, NULL, 1.0f, NULL, out);
 }
 
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
-                  float freq_base, float freq_scale, const float *freq_factors, pi_rope_cache *cache, pi_tensor *out) {
+                  float freq_base, float freq_scale, const float *freq_factors, float mscale, pi_rope_cache *cache,
+                  pi_tensor *out) {
     pi_rope_table fresh = { 0 }, *tb = NULL;
-    pi_status st = rope_table(pool, cache, &fresh, pos, x->ne[2], n_rot, freq_base, freq_scale, freq_factors, &tb);
+    pi_status st = rope_table(pool, cache, &fresh, pos, x->ne[2], n_rot, freq_base, freq_scale, freq_factors, mscale,
+                              &tb);
     if (st == PI_OK) {
         rope_args a = { x, mode, tb, out };
         pi_threadpool_run(pool, rope_task, &a);

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 
-from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VALID_TYPES,
+from .vocab import (EOG_TEXTS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VALID_TYPES,
                     Tokenizer, as_list, as_text, merge_symbols)
 
 __all__ = ["BPETokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
@@ -57,9 +57,6 @@ for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jin
 # llama.cpp's default (also used when the key is missing)
 PRE_TOKENIZERS["default"] = ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"), False, False)
 
-# end-of-generation tokens recognised by their text (llama.cpp's list)
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-             "<|eom_id|>", "<EOT>", "_<EOT>")
 
 # word cache bounds
 _CACHE_MAX_ENTRIES = 65536

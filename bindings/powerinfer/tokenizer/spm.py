@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNDEFINED, TOKEN_UNKNOWN, TOKEN_UNUSED,
+from .vocab import (EOG_TEXTS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNDEFINED, TOKEN_UNKNOWN, TOKEN_UNUSED,
                     TOKEN_USER_DEFINED, VALID_TYPES, Tokenizer, as_list, as_text, merge_symbols)
 
 __all__ = ["SPMTokenizer"]
@@ -41,7 +41,6 @@ _MERGEABLE_TYPES = frozenset({TOKEN_UNDEFINED, TOKEN_NORMAL, TOKEN_USER_DEFINED,
 
 SPACE_SYMBOL = "\u2581"  # "▁"
 UNK_SURFACE = " \u2047 "  # sentencepiece's default rendering of <unk>: " ⁇ "
-EOT_TEXTS = ("<|eot_id|>", "<end_of_turn>")
 
 _BYTE_RE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SPACE_CHUNK_RE = re.compile(SPACE_SYMBOL + "*[^" + SPACE_SYMBOL + "]*")
@@ -217,9 +216,9 @@ class SPMTokenizer(Tokenizer, model="llama"):
                                     and text.startswith(SPACE_SYMBOL))
 
         self._eog: set[int] = {tid for tid in (self.eos_id, eot_id) if tid is not None}
-        for text in EOT_TEXTS:
-            tid = specials.get(text)
-            if tid is not None and types[tid] == TOKEN_CONTROL:
+        for text in EOG_TEXTS:     # whatever their type (llama.cpp makes them control tokens)
+            tid = specials.get(text, self._piece_to_id.get(text))
+            if tid is not None:
                 self._eog.add(tid)
 
     # ------------------------------------------------------------------ encoding

@@ -23,6 +23,11 @@ TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 VALID_TYPES = frozenset(range(TOKEN_UNDEFINED, TOKEN_BYTE + 1))
 
+# end-of-generation tokens recognised by their text, in every vocabulary type (llama.cpp's list in llama_vocab::load:
+# Phi-3's SentencePiece vocabulary ends its turns with <|end|>, ChatML's with <|im_end|>, ...)
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+             "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>", "<｜end▁of▁sentence｜>")
+
 
 def merge_symbols(piece: list[str], candidate, heap: list, fresh) -> None:
     """The heap-driven BPE merge both tokenizers run (sentencepiece's bpe_model.cc, llama.cpp's

@@ -283,6 +283,83 @@ def test_server_flags_end_to_end(model_file, tmp_path):
     assert "embeddings: pooling last" in (tmp_path / "server.log").read_text()
 
 
+# ---------------------------------------------------------------------------------------------- serving flags
+def test_api_prefix(model_file):
+    """--api-prefix: every route under the prefix (the OpenAI client, the native routes), nothing outside it."""
+    llm = pi.PowerInfer(model_file, n_ctx=512, n_parallel=2, n_threads=1)
+    srv = InProcessServer(create_app(ServerState(model_path=str(model_file), llm=llm, api_prefix="/llm")))
+    try:
+        wait_healthy(srv.base + "/llm")
+        assert get(srv.base, "/llm/health").json()["status"] == "ok"
+        r = client(srv.base + "/llm").completions.create(model="x", prompt="the cat", max_tokens=3, temperature=0)
+        assert r.usage.completion_tokens <= 3
+        assert post(srv.base, "/llm/tokenize", {"content": "the cat"}).json()["tokens"]
+        for path in ("/health", "/v1/models", "/llmx/health"):
+            r = get(srv.base, path)
+            assert r.status_code == 404 and "/llm" in r.json()["error"]["message"]
+    finally:
+        srv.close()
+
+
+def test_context_shift(model_file):
+    """--context-shift / --keep and a request's n_keep: a full slot (256 tokens here) drops the older half of its
+    tokens and generation goes on; without it the request ends, truncated."""
+    body = {"prompt": "the cat sat", "n_predict": 300, "temperature": 0, "ignore_eos": True}
+    srv = serve_model(model_file)
+    try:
+        r = post(srv.base, "/completion", body).json()
+        assert r["truncated"] and r["tokens_predicted"] < 256 and r["generation_settings"]["context_shift"] is False
+    finally:
+        srv.close()
+    srv = serve_model(model_file, context_shift=True, n_keep=2)
+    try:
+        r = post(srv.base, "/completion", body).json()
+        assert r["tokens_predicted"] == 300 and not r["truncated"] and r["generation_settings"]["n_keep"] == 2
+        r = post(srv.base, "/completion", {**body, "n_keep": -1}).json()
+        assert r["tokens_predicted"] == 300 and r["generation_settings"]["n_keep"] == -1
+        bad = post(srv.base, "/completion", {**body, "n_keep": -2})
+        assert bad.status_code == 400 and "n_keep" in bad.json()["error"]["message"]
+    finally:
+        srv.close()
+
+
+def test_serving_flags_on_the_command_line(model_file, tmp_path):
+    """examples/server.py: HTTPS with --ssl-key-file / --ssl-cert-file under an --api-prefix; -nocb refused; the
+    flags that change nothing say so."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True, timeout=60)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "bindings"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("LLAMA_API_KEY", None)
+    cmd = [sys.executable, str(ROOT / "examples" / "server.py"), "-m", str(model_file), "--port", str(port), "-t", "1",
+           "-c", "512"]
+    for extra, want in ((["-nocb"], "continuous batching is always on"), (["--ssl-key-file", str(key)], "go together"),
+                        (["--api-prefix", "llm"], "a path like /llm"), (["--keep", "-2"], "--keep must be")):
+        bad = subprocess.run(cmd + extra, capture_output=True, text=True, env=env, timeout=60)
+        assert bad.returncode == 2 and want in bad.stderr, (extra, bad.stderr)
+    proc = subprocess.Popen(cmd + ["--ssl-key-file", str(key), "--ssl-cert-file", str(cert), "--api-prefix", "/llm",
+                                   "-cb", "--threads-http", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    base = f"https://127.0.0.1:{port}/llm"
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(base + "/health", verify=False, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        r = httpx.post(base + "/completion", json={"prompt": "the cat", "n_predict": 2}, verify=False, timeout=30)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] <= 2
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert "-cb/--cont-batching is accepted for llama.cpp compatibility and changes nothing" in err
+    assert "--threads-http is accepted" in err and "https://127.0.0.1" in err
+
+
 # ---------------------------------------------------------------------------------------------- chat template
 @pytest.fixture(scope="module")
 def gemma_like(tmp_path_factory):

@@ -786,12 +786,15 @@ class PowerInfer:
                   frequency_penalty: float = 0.0, logit_bias=None, ignore_eos: bool = False,
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
-                  speculative: SpecParams | None = None, lora=None, **sampler_options) -> Task:
+                  speculative: SpecParams | None = None, lora=None, context_shift: bool = False, n_keep: int = 0,
+                  **sampler_options) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
         settings (None: the engine's; they change the speed only). lora: this request's adapter scales, llama.cpp's
         [{"id": i, "scale": s}, ...] or (i, s) pairs over self.lora_adapters (those left out: 0; None or []: the
-        current ones, set_lora_scales). sampler_options: SamplingParams' other fields
+        current ones, set_lora_scales). context_shift: a full slot keeps the first n_keep tokens (-1: the whole
+        prompt), drops the older half of the others and goes on (llama.cpp's --context-shift; otherwise the request
+        ends, truncated). sampler_options: SamplingParams' other fields
         (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
             seed = self.seed
@@ -824,7 +827,8 @@ class PowerInfer:
                     stop_token_ids=stop_token_ids, cache_prompt=cache_prompt, n_probs=n_probs, grammar=grammar,
                     logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                     prompt_logprobs=prompt_logprobs, speculative=speculative,
-                    lora=self._lora_request(lora))
+                    lora=self._lora_request(lora), context_shift=context_shift,
+                    n_keep=len(prompt_tokens) if n_keep == -1 else n_keep)
         self.engine.check(task)
         return task
 

@@ -69,7 +69,8 @@ class ServerState:
                  n_predict_max: int = -1, timeout: float = 600.0, loader: Callable[[], PowerInfer] | None = None,
                  llm: PowerInfer | None = None, embedding: bool = False, metrics: bool = False, slots: bool = True,
                  webui: bool = True, template_kwargs: dict | None = None, slot_save_path: str | None = None,
-                 sampling: SamplingParams | None = None):
+                 sampling: SamplingParams | None = None, api_prefix: str = "", context_shift: bool = False,
+                 n_keep: int = 0):
         from pathlib import Path
 
         from .metrics import Metrics
@@ -86,6 +87,8 @@ class ServerState:
         self.slot_save_path = slot_save_path                              # --slot-save-path (POST /slots/N)
         self.template_kwargs = dict(template_kwargs or {})   # --chat-template-kwargs, --reasoning-budget 0
         self.sampling = sampling or SamplingParams()          # the sampling flags: what a request leaves out
+        self.api_prefix = api_prefix.rstrip("/")              # --api-prefix: every route under it
+        self.context_shift, self.n_keep = context_shift, n_keep   # --context-shift, --keep: a request's defaults
         self.metrics_store = Metrics() if metrics else None               # --metrics
         self.stats = self.metrics_store or Metrics()                      # /slots reads the last requests
         self.ready = threading.Event()
@@ -117,10 +120,12 @@ class ServerState:
 
 
 # ------------------------------------------------------------------------------------------ validation
-def sampling_fields(body: dict, defaults: SamplingParams | None = None) -> dict:
+def sampling_fields(body: dict, defaults: SamplingParams | None = None, keep: tuple[bool, int] | None = None) -> dict:
     """The sampling fields shared by every completion route (llama.cpp names; a field the request leaves out takes
     the server's default: `defaults`, its sampling flags), and the output's grammar (grammar, json_schema or
-    response_format). tfs_z and the other options we lack are refused unless off."""
+    response_format). tfs_z and the other options we lack are refused unless off. keep: the server's --context-shift
+    and --keep (a full slot drops the older half of its tokens after the first n_keep and goes on; a request's
+    n_keep, -1: its whole prompt)."""
     d = defaults or SamplingParams()
     check_unimplemented(body)
     stop = field(body, "stop", "any", None)
@@ -150,6 +155,10 @@ def sampling_fields(body: dict, defaults: SamplingParams | None = None) -> dict:
         ignore_eos=field(body, "ignore_eos", "bool", d.ignore_eos),
         cache_prompt=field(body, "cache_prompt", "bool", True),
     )
+    n_keep = field(body, "n_keep", "int", keep[1] if keep else 0)
+    if n_keep < -1:
+        raise RequestError("'n_keep' must be -1 (the whole prompt) or >= 0", param="n_keep")
+    out.update(context_shift=bool(keep and keep[0]), n_keep=n_keep)
     for name in EXTRA_NUMBERS:
         kind = "int" if SamplingParams.__dataclass_fields__[name].type == "int" else "num"
         v = field(body, name, kind, getattr(d, name))
@@ -305,7 +314,7 @@ def build_routes(state: ServerState) -> list[Route]:
 
     def generation_settings(llm: PowerInfer, s: dict | None = None, n_predict: int = -1, stream: bool = False,
                             n_probs: int = 0) -> dict:
-        s = s or sampling_fields({}, state.sampling)
+        s = s or sampling_fields({}, state.sampling, (state.context_shift, state.n_keep))
         bias = s.get("logit_bias")
         return {
             "n_ctx": llm.engine.n_ctx_slot, "n_predict": n_predict, "model": state.model_name,
@@ -318,6 +327,7 @@ def build_routes(state: ServerState) -> list[Route]:
             "samplers": list(s.get("samplers") or SamplingParams().samplers),
             "stop": [s["stop"]] if isinstance(s["stop"], str) else list(s["stop"] or []),
             "ignore_eos": s["ignore_eos"], "stream": stream, "n_probs": n_probs, "cache_prompt": s["cache_prompt"],
+            "n_keep": s["n_keep"], "context_shift": s["context_shift"],
             "grammar": s["grammar"].source if s.get("grammar") is not None else "",
             "logit_bias": [[k, (v if math.isfinite(v) else False)] for k, v in llm._logit_bias(bias).items()],
             **speculative_settings(llm.engine, s.get("speculative")),
@@ -433,7 +443,7 @@ def build_routes(state: ServerState) -> list[Route]:
             raise RequestError("'n_probs' must be in [0, 100]", param="n_probs")
         stream = field(body, "stream", "bool", False)
         return_tokens = field(body, "return_tokens", "bool", False)
-        s = sampling_fields(body, state.sampling)
+        s = sampling_fields(body, state.sampling, (state.context_shift, state.n_keep))
         task = llm.make_task(tokens, max_tokens=n_predict, n_probs=n_probs, **s)
         settings = generation_settings(llm, s, n_predict, stream, n_probs)
         if prompt_text is None:   # after make_task, which refuses ids out of the vocabulary
@@ -501,7 +511,7 @@ def build_routes(state: ServerState) -> list[Route]:
         stream = field(body, "stream", "bool", False)
         opts = field(body, "stream_options", "dict", {})
         include_usage = bool(opts.get("include_usage", False))
-        return sampling_fields(body, state.sampling), stream, include_usage
+        return sampling_fields(body, state.sampling, (state.context_shift, state.n_keep)), stream, include_usage
 
     def n_choices(body: dict) -> int:
         n = field(body, "n", "int", 1, aliases=("n_cmpl",))      # n_cmpl: llama.cpp's newer name
@@ -821,6 +831,24 @@ class APIKeyAuth:
         return await self.app(scope, receive, send)
 
 
+class ApiPrefix:
+    """llama.cpp's --api-prefix: every route is served under the prefix (behind a reverse proxy), nothing outside it."""
+
+    def __init__(self, app, prefix: str):
+        self.app, self.prefix = app, prefix
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if path != self.prefix and not path.startswith(self.prefix + "/"):
+            resp = error_response(404, f"Not Found: {path} (this server's routes are under {self.prefix})",
+                                  "not_found_error", "not_found")
+            return await resp(scope, receive, send)
+        scope = dict(scope, path=path[len(self.prefix):] or "/", root_path=scope.get("root_path", "") + self.prefix)
+        return await self.app(scope, receive, send)
+
+
 # ------------------------------------------------------------------------------------------ app
 def create_app(state: ServerState) -> Starlette:
     """The ASGI app. With `state.loader`, the model is loaded in a background thread at startup
@@ -863,7 +891,8 @@ def create_app(state: ServerState) -> Starlette:
             if state.llm is not None and state.llm.engine is not None:
                 state.llm.engine.stop()
 
-    middleware = [
+    middleware = [Middleware(ApiPrefix, prefix=state.api_prefix)] if state.api_prefix else []
+    middleware += [
         Middleware(RequestLog),
         Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]),
         Middleware(APIKeyAuth, keys=state.api_keys),

@@ -102,6 +102,28 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                         "without it)")
     g.add_argument("--no-webui", dest="webui", action="store_false", default=True,
                    help="no chat page at GET / (default: served)")
+    g = p.add_argument_group("serving (llama.cpp's flags)")
+    g.add_argument("--api-prefix", default="", metavar="PREFIX",
+                   help="serve every route under this path prefix, e.g. /llm (behind a reverse proxy)")
+    g.add_argument("--ssl-key-file", default=None, metavar="FNAME", help="PEM private key: serve HTTPS")
+    g.add_argument("--ssl-cert-file", default=None, metavar="FNAME", help="PEM certificate: serve HTTPS")
+    g.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
+                   help="when a slot's context is full, drop the older half of its tokens after n_keep and go on "
+                        "(default: off: the request ends, truncated)")
+    g.add_argument("--no-context-shift", dest="context_shift", action="store_false", help="(the default)")
+    g.add_argument("--keep", type=int, default=0, metavar="N",
+                   help="with --context-shift: the tokens a request keeps (its n_keep; -1: the whole prompt) "
+                        "(default: %(default)s)")
+    g.add_argument("-cb", "--cont-batching", action="store_true", default=None,
+                   help="(always on: every slot's tokens go into one decode call per step)")
+    g.add_argument("-nocb", "--no-cont-batching", action="store_true", default=None,
+                   help="not supported: continuous batching is always on (refused)")
+    g.add_argument("--threads-http", type=int, default=None, metavar="N",
+                   help="no effect: requests are served by one asynchronous event loop")
+    g.add_argument("--cpu-moe", action="store_true", default=None,
+                   help="(always so: a mixture-of-experts model's experts stay on the CPU)")
+    g.add_argument("--n-cpu-moe", type=int, default=None, metavar="N",
+                   help="(always all: a mixture-of-experts model's experts stay on the CPU)")
     p.add_argument("-to", "--timeout", type=float, default=600.0,
                    help="seconds to wait for a request body, and idle keep-alive time (default: %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -122,6 +144,22 @@ def parse_args(argv=None, parser: ArgumentParser | None = None) -> argparse.Name
         p.error("-c/--ctx-size must be >= 0")
     if args.cache_ram < -1:
         p.error("--cache-ram must be -1 (no limit), 0 (off) or a size in MiB")
+    if args.keep < -1:
+        p.error("--keep must be -1 (the whole prompt) or >= 0")
+    if args.api_prefix and (not args.api_prefix.startswith("/") or args.api_prefix.rstrip("/") == ""):
+        p.error(f"--api-prefix {args.api_prefix!r}: a path like /llm")
+    if (args.ssl_key_file is None) != (args.ssl_cert_file is None):
+        p.error("--ssl-key-file and --ssl-cert-file go together")
+    if args.no_cont_batching:
+        p.error("-nocb/--no-cont-batching: continuous batching is always on here (each step decodes every slot's "
+                "tokens together; results do not depend on it)")
+    on_cpu = "a mixture-of-experts model's experts always stay on the CPU"
+    for dest, flag, why in (("cont_batching", "-cb/--cont-batching", "continuous batching is always on"),
+                            ("threads_http", "--threads-http", "requests are served by one asynchronous event loop"),
+                            ("cpu_moe", "--cpu-moe", on_cpu), ("n_cpu_moe", "--n-cpu-moe", on_cpu)):
+        if getattr(args, dest) is not None:
+            print(f"server: note: {flag} is accepted for llama.cpp compatibility and changes nothing: {why}",
+                  file=sys.stderr)
     args.template_kwargs = {}
     if args.chat_template_kwargs is not None:
         try:
@@ -267,7 +305,8 @@ def make_state(args):
     return ServerState(model_path=args.model, alias=args.alias, api_keys=keys, n_predict_max=args.n_predict,
                        timeout=args.timeout, loader=make_loader(args), embedding=args.embedding,
                        metrics=args.metrics, slots=args.slots, webui=args.webui, template_kwargs=args.template_kwargs,
-                       slot_save_path=args.slot_save_path, sampling=args.sampling)
+                       slot_save_path=args.slot_save_path, sampling=args.sampling, api_prefix=args.api_prefix,
+                       context_shift=args.context_shift, n_keep=args.keep)
 
 
 def main(argv=None) -> int:
@@ -298,7 +337,8 @@ def main(argv=None) -> int:
     app = create_app(state)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_config=None,
                             timeout_keep_alive=max(1, int(args.timeout)), timeout_graceful_shutdown=5,
-                            log_level="debug" if args.verbose else "info")
+                            log_level="debug" if args.verbose else "info", ssl_keyfile=args.ssl_key_file,
+                            ssl_certfile=args.ssl_cert_file)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -315,8 +355,9 @@ def main(argv=None) -> int:
         if state.load_error:
             server.should_exit = True
     threading.Thread(target=exit_on_load_error, daemon=True).start()
-    log.info("server: listening on http://%s:%d (%s)%s", args.host, args.port,
-             "API key required" if keys else "no API key", "; chat page at /" if args.webui else "")
+    log.info("server: listening on %s://%s:%d%s (%s)%s", "https" if args.ssl_cert_file else "http", args.host,
+             args.port, args.api_prefix, "API key required" if keys else "no API key",
+             f"; chat page at {args.api_prefix}/" if args.webui else "")
     try:
         server.run()
     except KeyboardInterrupt:     # uvicorn re-raises the SIGINT it shut down for: Ctrl+C is a clean exit

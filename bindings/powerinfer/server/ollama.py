@@ -459,7 +459,7 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
         stream = field(body, "stream", "bool", True)
         fields, n_predict = sampling_body(body, llm)
         n_predict = _cap(state, -1 if n_predict is None or n_predict < 0 else n_predict)
-        s = sampling_fields(fields, state.sampling)
+        s = sampling_fields(fields, state.sampling, (state.context_shift, state.n_keep))
         tokens, stops, stop_ids, reasoning = await prompt_tokens(llm, body, prompt, context, n_predict)
         stop = s.pop("stop")
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + stops

@@ -93,6 +93,21 @@ def rewrite(src, dst, *, meta=None, drop=(), replace=None, extra=None, arch=None
     return Path(dst)
 
 
+def rename_arch(src, dst, arch: str, meta=None) -> Path:
+    """A copy of src under general.architecture `arch`, every "<old arch>.*" key renamed "<arch>.*"; meta: more
+    changes (rewrite's, applied after the renaming)."""
+    r = GGUFReader(str(src))
+    old = r.fields["general.architecture"].contents()
+    renamed = {}
+    for key, f in r.fields.items():
+        if key.startswith(old + "."):
+            vtype = f.types[0]
+            renamed[key] = None
+            renamed[arch + key[len(old):]] = (f.contents(), vtype, *([f.types[-1]] if vtype == VT.ARRAY else []))
+    del r
+    return rewrite(src, dst, meta={**renamed, **(meta or {})}, arch=arch)
+
+
 def random_weights(seed: int):
     """mat(n_out, n_in) (std 1/sqrt(n_in)), norm(n) (1 + 0.1 N(0, 1)), bias(n) (0.1 N(0, 1)) of one generator."""
     rng = np.random.default_rng(seed)
@@ -137,6 +152,11 @@ CONFIGS["mistral"] = CONFIGS["llama"]
 # context of 512 positions (a multiple of 256: llama.cpp pads its contexts to those) with an attention factor
 # (Phi-3.5-mini's longrope); n_rot 24 of head_dim 32: partial rotary as in Phi-4-mini (the attention factor scales
 # only the rotated dims); no output matrix (tied, as Phi-4-mini)
+# granite: llama with Granite 3.x's four multipliers (values of granite-3.1-2b's order of magnitude); smollm3: llama
+# whose layers 3 and 7 (of 8) apply no rope
+CONFIGS["granite"] = dict(CONFIGS["llama"], embedding_scale=12.0, attention_scale=0.015625, residual_scale=0.22,
+                          logit_scale=8.0)
+CONFIGS["smollm3"] = dict(CONFIGS["llama"], n_layer=8)
 CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32, n_rot=24,
                        rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
@@ -150,7 +170,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     Eq, Ekv = c["n_head"] * hd, c["n_head_kv"] * hd
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch == "gemma3" else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral", "qwen3"):
+    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
@@ -199,6 +219,11 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
             writer.add_sliding_window(c["n_swa"])
         else:
             writer.add_rope_dimension_count(c.get("n_rot", c["head_dim"]))
+        if arch == "granite":
+            writer.add_embedding_scale(c["embedding_scale"])
+            writer.add_attention_scale(c["attention_scale"])
+            writer.add_residual_scale(c["residual_scale"])
+            writer.add_logit_scale(c["logit_scale"])
         if arch == "phi3":       # what llama.cpp's converter writes for a longrope model
             writer.add_rope_scaling_orig_ctx_len(c["orig_ctx"])
             writer.add_rope_scaling_attn_factors(c["attn_factor"])

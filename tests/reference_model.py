@@ -205,7 +205,8 @@ def layer_norm(x, w, b, eps):
     return (x - mu) / np.sqrt(var + eps) * w + b
 NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma3", "falcon", "phi3")   # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
-ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3") + LAYER_NORM_ARCHS
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "granite", "granitemoe",
+         "smollm3") + LAYER_NORM_ARCHS
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
 HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
@@ -239,6 +240,11 @@ class ReferenceModel:
     yarn_orig_ctx = 0
     rope_attn_factor = 1.0   # cos and sin times this (rope.scaling.attn_factor)
     control_vector = None    # (n_layer, n_embd): row li added to the residual stream after layer li (llama.cpp's cvec)
+    embd_scale = 1.0         # granite: the embeddings times embedding_scale
+    attn_scale = None        # granite: q.k times attention.scale (None: 1/sqrt(head_dim))
+    residual_scale = 1.0     # granite: each block's output times residual_scale before the residual add
+    logit_scale = 1.0        # granite: the logits divided by logit_scale
+    nope_step = 0            # smollm3: layers li with (li + 1) % 4 == 0 apply no rope
 
     def __init__(self, path, **overrides):
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
@@ -319,6 +325,14 @@ class ReferenceModel:
         self.yarn = scaling == "yarn"
         self.yarn_orig_ctx = int(m("rope.scaling.original_context_length", self.n_ctx_train) or self.n_ctx_train)
         self.rope_attn_factor = float(m("rope.scaling.attn_factor", 1.0))
+        if arch in ("granite", "granitemoe"):
+            self.embd_scale = float(m("embedding_scale", 1.0))
+            self.attn_scale = m("attention.scale")
+            self.residual_scale = float(m("residual_scale", 1.0))
+            self.logit_scale = float(m("logit_scale"))
+            self.nope_step = 0 if m("rope.scaling.finetuned", True) else 1
+        if arch == "smollm3":
+            self.nope_step = 4
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -463,7 +477,7 @@ class ReferenceModel:
         if local:
             mask &= (pos[:, None] - all_pos[None, :]) < self.n_swa
         q, k, v = self.qkv(L, h)
-        if self.arch != "opt":
+        if self.arch != "opt" and not (self.nope_step and (li + 1) % self.nope_step == 0):
             base = self.rope_base_swa if local else None
             q, k = self.rope(q, pos, base), self.rope(k, pos, base)
         if cache.k[li] is not None:
@@ -474,7 +488,7 @@ class ReferenceModel:
         att_out = np.empty((n, nh, hd))
         for hh in range(nh):
             kv = hh // group
-            s = (q[:, hh, :] @ k[:, kv, :].T) / math.sqrt(hd)           # (n, n_kv_tot)
+            s = (q[:, hh, :] @ k[:, kv, :].T) * (self.attn_scale or 1.0 / math.sqrt(hd))   # (n, n_kv_tot)
             s = np.where(mask, s, -np.inf)
             s = s - s.max(axis=1, keepdims=True)
             p = np.exp(s)
@@ -512,6 +526,7 @@ class ReferenceModel:
         x = self.tok_embd[tokens].copy()                              # (n, n_embd)
         if self.arch == "gemma3":
             x *= math.sqrt(self.n_embd)
+        x *= self.embd_scale
         if self.pos_embd is not None:                                 # opt
             x += self.pos_embd[pos + 2]
         for li, L in enumerate(self.layers):
@@ -522,17 +537,17 @@ class ReferenceModel:
                 if self.control_vector is not None:
                     x = x + self.control_vector[li]
                 continue
-            x = x + self.attention(L, li, h, pos, all_pos, cache)
+            x = x + self.attention(L, li, h, pos, all_pos, cache) * self.residual_scale
             if trace is not None:
                 trace.setdefault("ffn_inp", []).append(x.copy())
             g = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias"))
             f = self.ffn(L, g, x, trace)
-            x = x + (self.rmsnorm(f, L["post_ffw_norm"]) if "post_ffw_norm" in L else f)
+            x = x + (self.rmsnorm(f, L["post_ffw_norm"]) if "post_ffw_norm" in L else f) * self.residual_scale
             if self.control_vector is not None:
                 x = x + self.control_vector[li]
         cache.pos = all_pos
         x = self.norm(x, *self.output_norm)
-        return x if hidden else x @ self.output.T
+        return x if hidden else x @ self.output.T / self.logit_scale
 
     def greedy(self, prompt_tokens, n) -> list[int]:
         """Greedy-decode n new tokens after prompt_tokens (float64 KV cache); returns only

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
 from gguf import GGUFValueType as VT
 from helpers import FLOAT_REL_RMS, logits_all, logits_in_calls, rel_rms
-from model_files import CONFIGS, make_weights, rewrite, write_arch_model
+from model_files import CONFIGS, make_weights, rename_arch, rewrite, write_arch_model
 from reference_model import ReferenceModel
 
 import powerinfer as pi
@@ -39,18 +38,10 @@ def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: s
     if arch == "llama":
         return rewrite(d / "dense-keys.gguf", d / "mixtral.gguf", meta=meta)
     # qwen3moe: every qwen3.* key under its own name
-    r = GGUFReader(str(d / "dense-keys.gguf"))
-    for key, f in r.fields.items():
-        if key.startswith("qwen3."):
-            meta[key] = None
-            vtype = f.types[0]
-            meta["qwen3moe." + key[len("qwen3."):]] = (f.contents(), vtype, *( [f.types[-1]] if vtype == VT.ARRAY
-                                                                             else []))
-    meta.update({"qwen3moe.expert_count": (N_EXPERT, VT.UINT32), "qwen3moe.expert_used_count": (N_USED, VT.UINT32),
-                 "qwen3moe.expert_feed_forward_length": (F, VT.UINT32)})
-    meta.pop("qwen3.expert_count")
-    meta.pop("qwen3.expert_used_count")
-    return rewrite(d / "dense-keys.gguf", d / "qwen3moe.gguf", meta=meta, arch="qwen3moe")
+    return rename_arch(d / "dense-keys.gguf", d / "qwen3moe.gguf", "qwen3moe",
+                       {"qwen3moe.expert_count": (N_EXPERT, VT.UINT32),
+                        "qwen3moe.expert_used_count": (N_USED, VT.UINT32),
+                        "qwen3moe.expert_feed_forward_length": (F, VT.UINT32)})
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3moe"])

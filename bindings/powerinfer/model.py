@@ -20,10 +20,13 @@ log = logging.getLogger("powerinfer")
 # GGUF general.architecture -> the C family. Mistral and TinyLlama GGUF files declare "llama"; "mistral"
 # (the llama blocks under another name) is accepted too. qwen3 is the qwen2 family with per-head q/k RMSNorm
 # instead of q/k/v biases (the flags below say which). phi3 (Phi-3, Phi-3.5, Phi-4, Phi-4-mini) is llama with NEOX
-# rope, fused tensors (split into views at load: phi3_views) and long / short rope factors.
+# rope, fused tensors (split into views at load: phi3_views) and long / short rope factors. granite (IBM Granite 3.x,
+# granitemoe with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is
+# llama without rope in every 4th layer.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
-          "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
+          "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA, "granite": lib.PI_ARCH_LLAMA,
+          "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
@@ -75,6 +78,9 @@ class HParams:
     n_expert: int = 0               # mixture of experts (Mixtral's llama layout, qwen3moe): experts per layer
     n_expert_used: int = 0          # experts per token
     expert_weights_scale: float = 0.0   # the chosen experts' weights times this (0: none)
+    residual_scale: float = 0.0     # granite: each block's output times this before the residual add (0: 1)
+    logit_scale: float = 0.0        # granite: logits divided by this (0: 1)
+    n_no_rope_layer_step: int = 0   # > 0: layers with (il + 1) % step == 0 apply no rope (smollm3: 4; 1: none)
 
     def is_swa_layer(self, il: int) -> bool:
         return self.n_swa > 0 and (self.swa_pattern <= 0 or il % self.swa_pattern < self.swa_pattern - 1)
@@ -168,6 +174,22 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(rope_mode="neox", qk_norm=True)
     elif arch == "falcon":
         extra.update(rope_mode="neox")
+    elif arch in ("granite", "granitemoe"):
+        # multipliers of the muP-trained Granite 3.x (llama.cpp's f_embedding_scale, f_attention_scale,
+        # f_residual_scale, f_logit_scale); rope.scaling.finetuned false: no rope in any layer
+        scales = {k: as_float(k, get(k)) for k in ("embedding_scale", "attention.scale", "residual_scale",
+                                                   "logit_scale") if get(k) is not None}
+        if "logit_scale" not in scales:
+            raise ModelLoadError(f"{path}: missing metadata key {arch}.logit_scale")
+        if scales["logit_scale"] <= 0.0 or not math.isfinite(scales["logit_scale"]):
+            raise ModelLoadError(f"{path}: {arch}.logit_scale = {scales['logit_scale']} must be > 0")
+        if get("expert_shared_feed_forward_length", 0):
+            raise ModelLoadError(f"{path}: {arch} with shared experts (Granite MoE Shared) is not supported")
+        extra.update(embd_scale=scales.get("embedding_scale", 0.0), attn_scale=scales.get("attention.scale", 0.0),
+                     residual_scale=scales.get("residual_scale", 0.0), logit_scale=scales["logit_scale"],
+                     n_no_rope_layer_step=0 if get("rope.scaling.finetuned", True) else 1)
+    elif arch == "smollm3":
+        extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
     elif arch == "phi3":
         # phi3.attention.sliding_window is ignored, as llama.cpp does (its converters write one that the model's
         # reference attention does not apply)
@@ -218,8 +240,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      expert_weights_scale=as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
         if get("expert_feed_forward_length") is not None:
             n_ff_key = "expert_feed_forward_length"
-    elif arch == "qwen3moe":
-        raise ModelLoadError(f"{path}: qwen3moe without {arch}.expert_count")
+    elif arch in ("qwen3moe", "granitemoe"):
+        raise ModelLoadError(f"{path}: {arch} without {arch}.expert_count")
     return HParams(
         arch=arch, n_vocab=len(tokens),
         n_ctx_train=as_int("context_length", n_ctx_train),
@@ -443,6 +465,10 @@ class Model:
         # YaRN / a rope attention factor: the core's per-pair frequency divisors and attention scale (powerinfer.rope)
         if hp.arch == "phi3":
             tensors = phi3_views(self.path, tensors, hp)
+        if hp.arch in ("granite", "granitemoe"):      # llama.cpp reads optional biases there; this core does not
+            biases = [n for n in tensors if n.startswith("blk.") and n.endswith(".bias")]
+            if biases:
+                raise ModelLoadError(f"{self.path}: {hp.arch} with bias tensors ({biases[0]}, ...) is not supported")
         # YaRN: the core's per-pair frequency divisors (powerinfer.rope), of rope_freqs and of phi3's long factors
         self._rope_freqs = []        # the arrays made here, kept alive with the model
         for name in ("rope_freqs.weight", "rope_freqs_long.weight"):
@@ -474,6 +500,8 @@ class Model:
         p.attn_scale, p.embd_scale = hp.attn_scale, hp.embd_scale
         p.rope_mscale = rope_settings.rope_mscale(hp)
         p.n_ctx_orig = hp.yarn_orig_ctx or hp.n_ctx_train
+        p.residual_scale, p.logit_scale = hp.residual_scale, hp.logit_scale
+        p.n_no_rope_layer_step = hp.n_no_rope_layer_step
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
         p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
         p.n_expert, p.n_expert_used, p.expert_weights_scale = hp.n_expert, hp.n_expert_used, hp.expert_weights_scale

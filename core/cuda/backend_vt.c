@@ -2,7 +2,7 @@
  * (pi_cuda.h). Compiled by the C compiler into GPU builds (-DPI_CUDA=ON / -DPI_HIP=ON); stub.c
  * stands in otherwise. Ops are launched on one stream per context; download waits for the copy;
  * upload waits too (the forward pass reuses its host buffers right away). What the kernels do not
- * have (LayerNorm, rope frequency factors, per-neuron counts, strided copies, the embedding scale)
+ * have (LayerNorm, rope frequency factors, per-neuron counts, strided copies)
  * is reported by supports_op, so pi_context_offload refuses those placements with a clear error
  * instead of failing in the middle of a decode. */
 #include "backend.h"
@@ -80,7 +80,7 @@ static int32_t cu_supports(pi_backend *be, int32_t op, int32_t type) {
         case PI_BOP_MUL_MAT: case PI_BOP_GET_ROWS: case PI_BOP_PREDICTOR: case PI_BOP_SPARSE_FFN:
             return type < 0 || pi_cuda_type_supported(type);
         case PI_BOP_LAYER_NORM: case PI_BOP_ROPE_FREQS: case PI_BOP_NEURON_COUNTS: case PI_BOP_COPY_2D:
-        case PI_BOP_SCALE: case PI_BOP_SPARSE_BIAS:
+        case PI_BOP_SPARSE_BIAS:
             return 0;
         case PI_BOP_KV_CACHE:   /* the attention kernel reads f16 and f32 rows */
             return type == PI_TYPE_F16 || type == PI_TYPE_F32;
@@ -141,7 +141,7 @@ static pi_status cu_glu(pi_backend *be, int32_t act, int32_t mode, const pi_tens
     return st == PI_OK ? pi_cuda_binary(S(be), PI_BINARY_MUL, &g, up, up) : st;
 }
 
-static pi_status cu_scale(pi_backend *be, pi_tensor *x, float s) { return UNSUP("scale"); }
+static pi_status cu_scale(pi_backend *be, pi_tensor *x, float s) { return pi_cuda_scale(S(be), x, s); }
 
 static pi_status cu_fill(pi_backend *be, pi_tensor *x, float value) {
     if (value != 0.0f) return UNSUP("fill with a non-zero value");

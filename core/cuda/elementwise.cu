@@ -1,4 +1,4 @@
-/* elementwise.cu: unary activations and broadcasting binary add/mul over f32 views. */
+/* elementwise.cu: unary activations, broadcasting binary add/mul and scaling over f32 views. */
 #include "common.cuh"
 
 __global__ void k_unary(int op, pi_dview x, pi_dview out, int64_t n) {
@@ -19,6 +19,13 @@ __global__ void k_binary(int op, pi_dview a, pi_dview b, pi_dview out, int64_t n
     }
 }
 
+__global__ void k_scale(pi_dview x, float s, int64_t n) {
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i0 = e % x.ne[0], r = e / x.ne[0];
+        ((float *)pi_row(x, r))[i0] *= s;
+    }
+}
+
 static unsigned grid_for(int64_t n) {
     const int64_t g = pi_ceil_div(n, 256);
     return (unsigned)(g < 65536 ? (g > 0 ? g : 1) : 65536);
@@ -35,5 +42,12 @@ pi_status pi_cuda_binary(pi_cuda_stream *s, int32_t op, const pi_tensor *a, cons
     const int64_t n = a->ne[0] * pi_rows(a);
     k_binary<<<grid_for(n), 256, 0, pi_cuda_raw_stream(s)>>>(op, pi_view_of(a), pi_view_of(b), pi_view_of(out), n);
     PI_CU_LAUNCH("binary");
+    return PI_OK;
+}
+
+pi_status pi_cuda_scale(pi_cuda_stream *s, pi_tensor *x, float v) {
+    const int64_t n = x->ne[0] * pi_rows(x);
+    k_scale<<<grid_for(n), 256, 0, pi_cuda_raw_stream(s)>>>(pi_view_of(x), v, n);
+    PI_CU_LAUNCH("scale");
     return PI_OK;
 }

@@ -69,6 +69,7 @@ pi_status pi_cuda_rope(pi_cuda_stream *s, const pi_tensor *x, const int32_t *pos
 pi_status pi_cuda_softmax(pi_cuda_stream *s, const pi_tensor *x, pi_tensor *out);             /* softmax.cu */
 pi_status pi_cuda_unary(pi_cuda_stream *s, int32_t op, const pi_tensor *x, pi_tensor *out);   /* elementwise.cu */
 pi_status pi_cuda_binary(pi_cuda_stream *s, int32_t op, const pi_tensor *a, const pi_tensor *b, pi_tensor *out);
+pi_status pi_cuda_scale(pi_cuda_stream *s, pi_tensor *x, float v);          /* x *= v (elementwise.cu) */
 
 size_t    pi_cuda_attention_scratch(int64_t n_head, int64_t T, int64_t n_kv);                 /* attention.cu */
 pi_status pi_cuda_attention(pi_cuda_stream *s, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,

@@ -347,6 +347,11 @@ typedef struct pi_hparams {
     int32_t n_ctx_orig;      /* with rope_freqs_long.weight (phi3's long rope factors): a context of more positions per
                               * sequence than this uses those factors instead of rope_freqs.weight (llama.cpp's choice
                               * by n_ctx_seq > n_ctx_orig_yarn) */
+    float   residual_scale;  /* each block's output (attention, FFN) is multiplied by this before the residual add
+                              * (granite's residual_scale); 0: 1 */
+    float   logit_scale;     /* the logits are divided by this (granite's logit_scale); 0: 1 */
+    int32_t n_no_rope_layer_step;  /* > 0: layers il with (il + 1) % step == 0 apply no rope (smollm3: 4, NoPE every
+                              * 4th layer; 1: no layer ropes, granite without rope.scaling.finetuned) */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {

@@ -354,10 +354,15 @@ static pi_status add_bias(pi_exec *e, float *y, const pi_tensor *bias, int64_t T
     return OP(e, binary, PI_BINARY_ADD, &yt, bias, &yt);
 }
 
-/* x += (post_norms ? rms_norm(y) * post_norm : y), y [n_embd, T] (y is overwritten) */
+/* x += (post_norms ? rms_norm(y) * post_norm : y) * residual_scale, y [n_embd, T] (y is overwritten) */
 static pi_status residual_add(pi_context *ctx, pi_exec *e, float *y, const pi_tensor *post_norm, int64_t T) {
-    if (ctx->model->hp.post_norms) TRY(rms_norm(ctx, e, y, post_norm, y, T));
-    return add_inplace(e, e->buf.x, y, ctx->model->hp.n_embd, T);
+    const pi_hparams *hp = &ctx->model->hp;
+    if (hp->post_norms) TRY(rms_norm(ctx, e, y, post_norm, y, T));
+    if (hp->residual_scale != 0.0f && hp->residual_scale != 1.0f) {
+        pi_tensor yt = f32_2d(y, hp->n_embd, T);
+        TRY(OP(e, scale, &yt, hp->residual_scale));
+    }
+    return add_inplace(e, e->buf.x, y, hp->n_embd, T);
 }
 
 /* mask[t][c] = 0 if cell c belongs to token t's sequence at a position <= pos[t], else -inf.
@@ -495,7 +500,8 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     }
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
-    if (hp->arch != PI_ARCH_OPT) {   /* opt: learned position embeddings, no rope */
+    const bool nope = hp->n_no_rope_layer_step > 0 && (il + 1) % hp->n_no_rope_layer_step == 0;   /* smollm3 */
+    if (hp->arch != PI_ARCH_OPT && !nope) {   /* opt: learned position embeddings, no rope */
         const float mscale = hp->rope_mscale > 0.0f ? hp->rope_mscale : 1.0f;
         TRY(OP(e, rope, &q, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, mscale, &q));
         TRY(OP(e, rope, &k, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, mscale, &k));
@@ -828,6 +834,10 @@ static pi_status compute_logits(pi_context *ctx, pi_exec **at, int64_t T, int32_
     float *dst = e->buf.logits ? e->buf.logits : ctx->logits;
     TRY(matmul(e, ctx->out_w, e->buf.cur, dst, n_out));
     TRY(pi_lora_add_output(ctx, e, e->buf.cur, dst, n_out));
+    if (m->hp.logit_scale != 0.0f && m->hp.logit_scale != 1.0f) {   /* granite */
+        pi_tensor lt = f32_2d(dst, V, n_out);
+        TRY(OP(e, scale, &lt, 1.0f / m->hp.logit_scale));
+    }
     return transfer(c, ctx->logits, e, dst, (size_t)n_out * (size_t)V * sizeof(float));
 }
 

@@ -123,6 +123,11 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (!(hp->rope_mscale >= 0.0f) || !isfinite(hp->rope_mscale))
         return pi_fail(PI_ERR_BAD_MODEL, "rope_mscale = %g must be finite and >= 0", (double)hp->rope_mscale);
     if (hp->n_ctx_orig < 0) return pi_fail(PI_ERR_BAD_MODEL, "n_ctx_orig = %d must be >= 0", hp->n_ctx_orig);
+    if (!isfinite(hp->residual_scale) || !isfinite(hp->logit_scale) || hp->logit_scale < 0.0f)
+        return pi_fail(PI_ERR_BAD_MODEL, "residual_scale = %g, logit_scale = %g: must be finite (logit_scale >= 0)",
+                       (double)hp->residual_scale, (double)hp->logit_scale);
+    if (hp->n_no_rope_layer_step < 0)
+        return pi_fail(PI_ERR_BAD_MODEL, "n_no_rope_layer_step = %d must be >= 0", hp->n_no_rope_layer_step);
     if (hp->n_head % hp->n_head_kv)
         return pi_fail(PI_ERR_BAD_MODEL, "n_head = %d is not a multiple of n_head_kv = %d", hp->n_head, hp->n_head_kv);
     if (hp->head_dim < 0 || hp->head_dim >= MAX_DIM || (int64_t)hp->head_dim * hp->n_head >= MAX_DIM)

@@ -1,0 +1,102 @@
+"""granite (IBM Granite 3.x: llama with embedding, attention, residual and logit multipliers) and smollm3 (llama
+without rope in every 4th layer) on tiny random f32 files, against the float64 reference (tests/reference_model.py);
+llama.cpp checks the same files in tests/compat/test_granite_smollm3_vs_llama_cpp.py."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import powerinfer as pi  # noqa: E402
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, logits_one_by_one, rel_rms  # noqa: E402
+from model_files import CONFIGS, write_arch_model  # noqa: E402
+from powerinfer.gguf_file import ModelLoadError  # noqa: E402
+from reference_model import ReferenceModel  # noqa: E402
+
+PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("archs")
+    out = {}
+    for arch in ("granite", "smollm3"):
+        out[arch] = d / f"tiny-{arch}.gguf"
+        write_arch_model(out[arch], arch, seed=3)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["granite", "smollm3"])
+def test_forward_matches_numpy(files, arch):
+    model = pi.Model(files[arch])
+    ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
+    ref = ReferenceModel(files[arch])
+    assert rel_rms(ours, ref.forward(PROMPT)) < FLOAT_REL_RMS, rel_rms(ours, ref.forward(PROMPT))
+    assert rel_rms(logits_all(pi.Context(model, n_ctx=64, kv_type="f16"), PROMPT), ref.forward(PROMPT)) < KV_F16_REL_RMS
+    single = logits_one_by_one(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
+    np.testing.assert_allclose(single, ours, rtol=0, atol=1e-4 * np.abs(ours).max())
+
+
+def test_granite_multipliers_matter(files):
+    """Each multiplier changes the logits: the reference without it is far from ours."""
+    ours = logits_all(pi.Context(pi.Model(files["granite"]), n_ctx=64, kv_type="f32"), PROMPT)
+    for name, off in (("embd_scale", 1.0), ("attn_scale", None), ("residual_scale", 1.0), ("logit_scale", 1.0)):
+        other = ReferenceModel(files["granite"], **{name: off}).forward(PROMPT)
+        assert rel_rms(ours, other) > 1e-3, name
+    hp = pi.Model(files["granite"]).hparams
+    c = CONFIGS["granite"]
+    assert (hp.embd_scale, hp.residual_scale, hp.logit_scale) == pytest.approx(
+        (c["embedding_scale"], c["residual_scale"], c["logit_scale"]))
+    assert hp.attn_scale == pytest.approx(c["attention_scale"]) and hp.n_no_rope_layer_step == 0
+
+
+def test_smollm3_nope_layers_matter(files):
+    ours = logits_all(pi.Context(pi.Model(files["smollm3"]), n_ctx=64, kv_type="f32"), PROMPT)
+    assert rel_rms(ours, ReferenceModel(files["smollm3"], nope_step=0).forward(PROMPT)) > 1e-3
+    assert pi.Model(files["smollm3"]).hparams.n_no_rope_layer_step == 4
+
+
+def test_granite_without_a_logit_scale_is_refused(tmp_path):
+    from model_files import rewrite
+    src = tmp_path / "g.gguf"
+    write_arch_model(src, "granite", seed=1)
+    bad = rewrite(src, tmp_path / "bad.gguf", meta={"granite.logit_scale": None})
+    with pytest.raises(ModelLoadError, match="granite.logit_scale"):
+        pi.Model(bad)
+
+
+def test_granite_with_biases_is_refused(tmp_path):
+    from model_files import rewrite
+    src = tmp_path / "g.gguf"
+    write_arch_model(src, "granite", seed=1)
+    bad = rewrite(src, tmp_path / "bad.gguf",
+                  extra={"blk.0.attn_output.bias": (np.zeros(CONFIGS["granite"]["n_embd"], np.float32), 0)})
+    with pytest.raises(ModelLoadError, match="bias tensors"):
+        pi.Model(bad)
+
+
+def test_granitemoe(tmp_path):
+    """granitemoe: the multipliers over Mixtral-layout experts (tests/test_moe.py's file renamed): the reference's
+    logits and, where llama-cpp-python is installed, llama.cpp's."""
+    from gguf import GGUFValueType as VT
+    from model_files import rename_arch
+    from test_moe import write_moe
+    c = CONFIGS["granite"]
+    path = rename_arch(write_moe(tmp_path, "llama"), tmp_path / "granitemoe.gguf", "granitemoe",
+                       {f"granitemoe.{k}": (c[k.replace(".", "_")], VT.FLOAT32)
+                        for k in ("embedding_scale", "attention.scale", "residual_scale", "logit_scale")})
+    ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
+    ref = ReferenceModel(path).forward(PROMPT)
+    assert rel_rms(ours, ref) < FLOAT_REL_RMS, rel_rms(ours, ref)
+    assert rel_rms(ours, ReferenceModel(path, residual_scale=1.0).forward(PROMPT)) > 1e-3
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
+                         type_k=0, type_v=0)
+    ll.eval(PROMPT)
+    assert rel_rms(ours, np.array(ll.scores[:len(PROMPT)], dtype=np.float64)) < 1e-5

@@ -219,6 +219,15 @@ PI_API pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *
 PI_API pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
                                  const pi_tensor *v, const pi_tensor *mask, float scale, pi_tensor *out);
 
+/* pi_op_attention with soft-capped scores (Gemma 2): each score s = q.k * scale becomes softcap * tanh(s / softcap)
+ * before the mask is added and the softmax taken; softcap 0: none (pi_op_attention's bits), else finite and > 0. */
+PI_API pi_status pi_op_attention_softcap(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
+                                         const pi_tensor *v, const pi_tensor *mask, float scale, float softcap,
+                                         pi_tensor *out);
+/* Soft-capping: out = cap * tanh(x / cap) elementwise (Gemma 2's final logits); cap finite and > 0; f32. out may
+ * alias x. The same bits at every level (an exp-based tanh, within a few ulp of tanhf). */
+PI_API pi_status pi_op_softcap(pi_threadpool *pool, const pi_tensor *x, float cap, pi_tensor *out);
+
 /* ---- sparse FFN ---------------------------------------------------------
  * PowerInfer's FFN: neuron i is row i of gate/up and row i of down_t (the
  * transposed down matrix). A neuron is computed for token t only when

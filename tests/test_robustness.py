@@ -1275,6 +1275,8 @@ HP_CASES = [
     ("rope_freq_base_swa", float("nan"), ["local layers"]), ("qkv_bias", 2, ["qkv_bias"]),
     ("qkv_bias", 1, ["missing tensor 'blk.0.attn_q.bias'"]), ("qk_norm", 1, ["missing tensor 'blk.0.attn_q_norm"]),
     ("post_norms", 1, ["missing tensor 'blk.0.post_attention_norm"]),
+    ("attn_softcap", -1.0, ["softcap"]), ("attn_softcap", float("nan"), ["softcap"]),
+    ("final_softcap", float("inf"), ["softcap"]), ("final_softcap", -30.0, ["softcap"]),
 ]
 if "sparse" in dir(ffi.new("pi_hparams *")):
     HP_CASES.append(("sparse", 1, ["missing tensor 'blk.0.ffn_down_t.weight'"]))   # a dense file as sparse

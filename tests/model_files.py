@@ -3,7 +3,7 @@ tensors encoded to the file's types, the PWRI magic) and `rewrite` (a copy with 
 llama/bamboo files of every size come from tools/make_test_model.py (write_model), whose vocabulary
 (add_vocab) every file here shares.
 
-    write_arch_model(path, "gemma3", seed=0)             llama/mistral, qwen2, qwen3, gemma3 (f32), issue 7
+    write_arch_model(path, "gemma3", seed=0)             llama/mistral, qwen2, qwen3, gemma2, gemma3 (f32), issue 7
     write_sparse_model(path, dtype="q4_0", ranks=(32, 64))  the tiny llama in the PowerInfer (PWRI) layout
     write_sparse_arch_model(path, "falcon", dtype="q8_0")   sparse falcon / opt (PWRI)
     rewrite(src, dst, meta=..., drop=..., replace=...)    a copy with changed keys or tensors
@@ -146,6 +146,12 @@ CONFIGS = {
     # 1 local; a sliding window of 5 positions so that a 16-token prompt exercises it
     "gemma3": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=1, n_layer=7, head_dim=64,
                    rope_base=1000000.0, eps=1e-6, n_swa=5),
+    # gemma2: gemma3's blocks without q/k norms, with soft-capped attention scores and logits; head_dim 64 !=
+    # n_embd / n_head (as 2B: 256 vs 288); every other layer local (the even ones, 0 and 2 of 4) with the one rope
+    # base; a window of 5 for a 16-token prompt; caps far below Gemma 2's 50 and 30 (attention 5, logits 3) so that
+    # they change these small scores (about 1 unit) and logits (up to about 2): tests/test_arch.py measures each
+    "gemma2": dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=4, head_dim=64,
+                   rope_base=10000.0, eps=1e-6, n_swa=5, attn_softcap=5.0, final_softcap=3.0),
 }
 CONFIGS["mistral"] = CONFIGS["llama"]
 # phi3: llama with NEOX rope, fused attn_qkv and gate|up ffn_up, long / short rope factors over an original
@@ -168,7 +174,8 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     rng, mat, norm, _ = random_weights(seed)
     E, F, V, hd = c["n_embd"], c["n_ff"], c["n_vocab"], c["head_dim"]
     Eq, Ekv = c["n_head"] * hd, c["n_head_kv"] * hd
-    w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch == "gemma3" else 1.0),
+    w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch in ("gemma2", "gemma3")
+                                                                                 else 1.0),
          "output_norm.weight": norm(E)}
     if arch in ("llama", "mistral", "qwen3", "granite", "smollm3"):
         w["output.weight"] = mat(V, E)
@@ -190,7 +197,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
         if arch in ("gemma3", "qwen3"):
             w[p + "attn_q_norm.weight"] = norm(hd)
             w[p + "attn_k_norm.weight"] = norm(hd)
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             w[p + "post_attention_norm.weight"] = norm(E)
             w[p + "post_ffw_norm.weight"] = norm(E)
     return w
@@ -212,10 +219,13 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         writer.add_head_count_kv(c["n_head_kv"])
         writer.add_layer_norm_rms_eps(c["eps"])
         writer.add_rope_freq_base(c["rope_base"])
-        if arch in ("gemma3", "qwen3"):
+        if arch in ("gemma2", "gemma3", "qwen3"):
             writer.add_key_length(c["head_dim"])
             writer.add_value_length(c["head_dim"])
-        if arch == "gemma3":
+        if arch == "gemma2":      # the keys llama.cpp's convert_hf_to_gguf.py writes (Gemma2Model)
+            writer.add_attn_logit_softcapping(c["attn_softcap"])
+            writer.add_final_logit_softcapping(c["final_softcap"])
+        if arch in ("gemma2", "gemma3"):
             writer.add_sliding_window(c["n_swa"])
         else:
             writer.add_rope_dimension_count(c.get("n_rot", c["head_dim"]))

@@ -1,6 +1,6 @@
 """Independent float64 numpy reference implementation of the PowerInfer-py forward pass: the one
-reference forward of every architecture the engine runs (llama/mistral, bamboo, qwen2, qwen3, gemma3, and
-the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
+reference forward of every architecture the engine runs (llama/mistral, bamboo, qwen2, qwen3, gemma2, gemma3,
+and the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
 
 Reads a GGUF file (or a PWRI-magic file: same layout, first 4 bytes b"PWRI") with
 ``gguf.GGUFReader``, dequantizes every tensor with the numpy dequantizers below
@@ -9,7 +9,7 @@ Reads a GGUF file (or a PWRI-magic file: same layout, first 4 bytes b"PWRI") wit
 metadata), `ReferenceModel.from_hf` a Hugging Face llama/bamboo checkpoint's weights and config.
 
 Contract (what the engine must match):
-  x = token_embd[tok]  (gemma3: * sqrt(n_embd); opt: + position_embd[pos + 2])
+  x = token_embd[tok]  (gemma2, gemma3: * sqrt(n_embd); opt: + position_embd[pos + 2])
   per layer:
     h = norm(x, attn_norm),   rmsnorm(x) = x / sqrt(mean(x^2) + eps); falcon/opt: LayerNorm with bias
     q = Wq h, k = Wk h, v = Wv h                 (W numpy shape (out, in); + bias where the file has one;
@@ -17,27 +17,31 @@ Contract (what the engine must match):
                                                   then V)
     gemma3: q, k = rmsnorm per head (attn_q_norm, attn_k_norm)
     RoPE per head on q, k (not opt) over the first n_rot dims, pairs (2i, 2i+1) ("normal": llama,
-        bamboo) or (i, i + n_rot/2) ("neox": qwen2, qwen3, gemma3, falcon, HF checkpoints):
+        bamboo) or (i, i + n_rot/2) ("neox": qwen2, qwen3, gemma2, gemma3, falcon, HF checkpoints):
         theta = pos * freq_scale * base^(-2i/n_rot) / rope_freqs[i],
         freq_scale = 1/rope.scaling.factor for linear scaling, else 1; rope_freqs: 1 unless the file has them;
         yarn (ggml's rope_yarn): theta blends theta and theta / freq_scale by a per-pair ramp over the correction
         dims of rope.scaling.original_context_length (beta 32 / 1), cos and sin times 1 + 0.1 ln(1/freq_scale);
         cos and sin times rope.scaling.attn_factor; phi3: rope_freqs = rope_factors_short (the attribute
         rope_factors["long"] for a context longer than rope.scaling.original_context_length)
-    attention per head, scale 1/sqrt(head_dim), causal (key j visible to query i iff
-        pos[j] <= pos[i]; gemma3's local layers, il % 6 < 5: also pos[i] - pos[j] < n_swa, rope base
-        10000), GQA: query head h uses kv head h // (n_head/n_head_kv)
-    a = Wo concat(heads) (+ bias); gemma3: a = rmsnorm(a, post_attention_norm)
+    attention per head, scale 1/sqrt(head_dim) (the 27B gemma2 / gemma3: 1/sqrt(n_embd / n_head); granite:
+        attention.scale), causal (key j
+        visible to query i iff pos[j] <= pos[i]; gemma3's local layers, il % 6 < 5: also pos[i] - pos[j] < n_swa,
+        rope base 10000; gemma2's, il % 2 < 1: the same window, the one rope base (rope.freq_base_swa if given)),
+        GQA: query head h uses kv head h // (n_head/n_head_kv);
+        gemma2: each scaled score s -> attn_logit_softcapping * tanh(s / attn_logit_softcapping) before the mask
+    a = Wo concat(heads) (+ bias); gemma2, gemma3: a = rmsnorm(a, post_attention_norm)
     falcon (parallel): x += a(norm(x, attn_norm_2 if present else attn_norm)) + ffn(norm(x, attn_norm))
-    else: x += a; g = norm(x, ffn_norm); x += ffn(g) (gemma3: rmsnorm(ffn(g), post_ffw_norm))
+    else: x += a; g = norm(x, ffn_norm); x += ffn(g) (gemma2, gemma3: rmsnorm(ffn(g), post_ffw_norm))
     ffn:
-      llama  (PAR): hid = act(W_gate g) * (W_up g),   act = powerinfer.ffn_activation or silu (gemma3: gelu)
+      llama  (PAR): hid = act(W_gate g) * (W_up g),   act = powerinfer.ffn_activation or silu (gemma2/3: gelu)
       bamboo (SYM): hid = act(W_gate g) * act(W_up g), act = powerinfer.ffn_activation or relu
       falcon/opt (SEQ): hid = relu(W_up g + up bias)
       sparse files: hid of neurons the predictor does not select is 0: relu(x W_fc1^T) W_fc2^T >= threshold
       over the pre-norm residual x; W_down = ffn_down_t^T; opt: + down bias
     x += W_down hid
-  logits = W_out norm(x, output_norm), W_out = output.weight or token_embd (tied)
+  logits = W_out norm(x, output_norm), W_out = output.weight or token_embd (tied);
+  gemma2: logits -> final_logit_softcapping * tanh(logits / final_logit_softcapping)
 """
 from __future__ import annotations
 
@@ -203,10 +207,11 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma3", "falcon", "phi3")   # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
+NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3")   # LLAMA_ROPE_TYPE_NEOX here
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
-ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "granite", "granitemoe",
-         "smollm3") + LAYER_NORM_ARCHS
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite",
+         "granitemoe", "smollm3") + LAYER_NORM_ARCHS
+GEMMA_ARCHS = ("gemma2", "gemma3")               # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
 HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
@@ -245,6 +250,8 @@ class ReferenceModel:
     residual_scale = 1.0     # granite: each block's output times residual_scale before the residual add
     logit_scale = 1.0        # granite: the logits divided by logit_scale
     nope_step = 0            # smollm3: layers li with (li + 1) % 4 == 0 apply no rope
+    attn_softcap = 0.0       # > 0: scaled attention scores s -> cap tanh(s / cap) before the mask (gemma2)
+    final_softcap = 0.0      # > 0: logits -> cap tanh(logits / cap) (gemma2)
 
     def __init__(self, path, **overrides):
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
@@ -307,8 +314,18 @@ class ReferenceModel:
         self.head_dim = int(m("attention.key_length", self.n_embd // self.n_head))
         self.n_rot = int(m("rope.dimension_count", self.head_dim))
         self.rope_base = float(m("rope.freq_base", 10000.0))
-        self.rope_base_swa = 10000.0
-        self.n_swa = int(m("attention.sliding_window", 0)) if arch == "gemma3" else 0
+        # local layers (llama.cpp): gemma3's every 6th layer global, rope base 10000; gemma2's every other one (the
+        # even ones local), the global rope base unless rope.freq_base_swa, a window of 4096 unless the file says
+        self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base)) if arch == "gemma2" else 10000.0
+        self.n_swa = int(m("attention.sliding_window", 4096 if arch == "gemma2" else 0)) if arch in GEMMA_ARCHS else 0
+        pattern = m("attention.sliding_window_pattern")
+        self.swa_pattern = pattern if isinstance(pattern, int) else 2 if arch == "gemma2" else 6
+        # q scaling (gemma_pytorch's query_pre_attn_scalar): n_embd / n_head in the 27B models, else head_dim
+        big = (arch, self.n_layer) in (("gemma2", 46), ("gemma3", 62))
+        self.attn_scale = 1.0 / math.sqrt(self.n_embd // self.n_head if big else self.head_dim)
+        if arch == "gemma2":   # llama.cpp's defaults where the file has no value
+            self.attn_softcap = float(m("attn_logit_softcapping", 50.0))
+            self.final_softcap = float(m("final_logit_softcapping", 30.0))
         self.neox = arch in NEOX_ARCHS
         self.layer_norm = arch in LAYER_NORM_ARCHS
         self.eps = float(m("attention.layer_norm_epsilon", 1e-5) if self.layer_norm
@@ -339,7 +356,7 @@ class ReferenceModel:
         self.use_predictor = self.sparse      # False: compute every neuron
         act = meta.get("powerinfer.ffn_activation")
         if act is None:
-            act = "relu" if arch == "bamboo" or self.sparse else "gelu" if arch == "gemma3" else "silu"
+            act = "relu" if arch == "bamboo" or self.sparse else "gelu" if arch in GEMMA_ARCHS else "silu"
         if act not in ACTS:
             raise ValueError(f"unsupported ffn activation {act!r}")
         self.ffn_act = act
@@ -472,7 +489,7 @@ class ReferenceModel:
     def attention(self, L, li, h, pos, all_pos, cache):
         """The attention block's output for the normed input h (its K/V appended to the cache)."""
         n, nh, hd = len(h), self.n_head, self.head_dim
-        local = self.n_swa > 0 and li % 6 < 5
+        local = self.n_swa > 0 and li % self.swa_pattern < self.swa_pattern - 1
         mask = all_pos[None, :] <= pos[:, None]                       # (n, n_kv_tot)
         if local:
             mask &= (pos[:, None] - all_pos[None, :]) < self.n_swa
@@ -489,6 +506,8 @@ class ReferenceModel:
         for hh in range(nh):
             kv = hh // group
             s = (q[:, hh, :] @ k[:, kv, :].T) * (self.attn_scale or 1.0 / math.sqrt(hd))   # (n, n_kv_tot)
+            if self.attn_softcap:
+                s = self.attn_softcap * np.tanh(s / self.attn_softcap)
             s = np.where(mask, s, -np.inf)
             s = s - s.max(axis=1, keepdims=True)
             p = np.exp(s)
@@ -524,9 +543,10 @@ class ReferenceModel:
         all_pos = np.concatenate([cache.pos, pos])
 
         x = self.tok_embd[tokens].copy()                              # (n, n_embd)
-        if self.arch == "gemma3":
+        if self.arch in GEMMA_ARCHS:
             x *= math.sqrt(self.n_embd)
-        x *= self.embd_scale
+        if self.embd_scale != 1.0:
+            x = x * self.embd_scale
         if self.pos_embd is not None:                                 # opt
             x += self.pos_embd[pos + 2]
         for li, L in enumerate(self.layers):
@@ -547,7 +567,10 @@ class ReferenceModel:
                 x = x + self.control_vector[li]
         cache.pos = all_pos
         x = self.norm(x, *self.output_norm)
-        return x if hidden else x @ self.output.T / self.logit_scale
+        if hidden:
+            return x
+        logits = x @ self.output.T / self.logit_scale
+        return self.final_softcap * np.tanh(logits / self.final_softcap) if self.final_softcap else logits
 
     def greedy(self, prompt_tokens, n) -> list[int]:
         """Greedy-decode n new tokens after prompt_tokens (float64 KV cache); returns only

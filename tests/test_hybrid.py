@@ -211,10 +211,11 @@ else:
             last.decode(PROMPT, logits="last")
             np.testing.assert_array_equal(last.logits(-1), full.logits(len(PROMPT) - 1), err_msg=f"-ngl {ngl}")
 
-    @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3"])
+    @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2", "gemma3"])
     def test_dense_ngl_other_architectures(tmp_path, arch):
         """-ngl with the other architectures' tensors on the device (qwen2's q/k/v biases, qwen3's and gemma3's
-        q/k norms, gemma3's post norms beside its local layers): bit-identical to the CPU, as for llama."""
+        q/k norms, gemma3's post norms beside its local layers, gemma2's soft-capped attention through the device's
+        attention op and its capped logits from the device's head): bit-identical to the CPU, as for llama."""
         from model_files import write_arch_model
         path = tmp_path / f"{arch}.gguf"
         write_arch_model(path, arch, seed=2, dtype="q4_0")

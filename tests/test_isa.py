@@ -270,6 +270,47 @@ def test_attention_f16_cache_equals_scalar(at_level, pool2, level, T):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("T", [1, 3, 11])
+def test_attention_softcap_equals_scalar(at_level, pool2, level, T):
+    """gemma2's soft-capped scores (softmax_exp caps a row with softcap_row first): each level the scalar level's
+    bits, one token and prompts, f16 and q8_0 caches."""
+    rng = np.random.default_rng(17)
+    hd, nh, nkv, n_kv = 64, 4, 2, 37
+    q = rng.standard_normal((T, nh, hd)).astype(np.float32)
+    k = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
+    k8 = quantize(8, rng.standard_normal((n_kv * nkv, hd)).astype(np.float32)).reshape(n_kv, nkv, -1)
+    mask = np.zeros((T, n_kv), np.float32)
+    mask[0, 30:] = -np.inf
+    mask[T - 1, 16:32] = -np.inf
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        o = np.zeros((2, T, nh, hd), np.float32)
+        check(lib.pi_op_attention_softcap(pool2, tensor(q), tensor(k), tensor(v), tensor(mask), 0.5, 2.0,
+                                          tensor(o[0])))
+        check(lib.pi_op_attention_softcap(pool2, tensor(q), cache_tensor(8, k8), tensor(v), tensor(mask), 0.5, 2.0,
+                                          tensor(o[1])))
+        out[lv] = o
+    assert_bit_equal(out[level], out["scalar"], f"attention softcap {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+def test_softcap_equals_scalar(at_level, level):
+    """pi_op_softcap (gemma2's logits): each level the scalar level's bits, rows with a tail past the vectors."""
+    rng = np.random.default_rng(19)
+    x = np.concatenate([rng.standard_normal(3000) * 20, np.linspace(-200, 200, 4001), rng.standard_normal(999) * 1e-4,
+                        [0.0, -0.0, np.inf, -np.inf, 1e-30, 3e38]]).astype(np.float32).reshape(2, -1)
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        y = np.zeros_like(x)
+        check(lib.pi_op_softcap(ffi.NULL, tensor(x), 30.0, tensor(y)))
+        out[lv] = y
+    assert_bit_equal(out[level], out["scalar"], f"softcap {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
 @pytest.mark.parametrize("t", [2, 3, 6, 7, 8, 20, 30], ids=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "bf16"])
 def test_dequantize_row_equals_scalar(at_level, level, t):
     """Rows as f32 (get_rows, a KV cache's values in the attention): each level's conversion the scalar level's bits

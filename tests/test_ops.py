@@ -84,6 +84,9 @@ SILU_RTOL = 4 * U32
 # sech^2(a)*5U32*|a| <= 0.45*5*U32, the add one more -> ~6.5*U32 of (1+tanh), times 0.5|x|;
 # the outer products add 2*U32 of |y|.  => |err| <= GELU_ULPS*U32*(|x| + |y|)
 GELU_ULPS = 4
+# soft-capping (gemma2: pi_op_softcap, pi_op_attention_softcap): cap tanh(x / cap) from an exp-based tanh whose error
+# is absolute, in units of U32 * cap (measured 2.6 over |x| <= 200 cap, activation.c)
+SOFTCAP_ULPS = 4
 # Results below the f32 normal range (silu(-100) = -3.7e-42) may flush to zero.
 UNDERFLOW_ATOL = 2.0 ** -126
 
@@ -1004,6 +1007,50 @@ def test_unary(pools, name):
     assert np.all(big[:, 1::2] == -12345.5) and np.all(big[..., 0] == -12345.5) and np.all(big[..., 87:] == -12345.5)
 
 
+def np_softcap(x, cap):
+    return cap * np.tanh(x.astype(np.float64) / cap)
+
+
+@pytest.mark.parametrize("cap", [3.0, 30.0, 50.0])
+def test_softcap(pools, cap):
+    """pi_op_softcap (gemma2's final logits): cap tanh(x / cap) within SOFTCAP_ULPS * U32 * cap; +-inf give +-cap, a
+    NaN stays NaN; in place and over a strided view too."""
+    rng = np.random.default_rng(29)
+    x = unary_input(rng) * np.float32(cap / 10)
+    x.flat[:4] = [np.inf, -np.inf, 3e38, -3e38]
+
+    def run(pool):
+        y = sentinel_buffer(x.shape)
+        check(lib.pi_op_softcap(pool, tensor(x), cap, tensor(y)))
+        return y
+
+    y = run_all(pools, run, "softcap")
+    ref = np_softcap(x, cap)
+    assert_within(y, ref, np.full(x.shape, SOFTCAP_ULPS * U32 * cap), "softcap")
+    assert list(y.flat[:4]) == [cap, -cap, cap, -cap] and np.all(np.abs(y) <= cap)
+    xi = x.copy()
+    xi[0, 0, 5] = np.nan
+    check(lib.pi_op_softcap(pools[2], tensor(xi), cap, tensor(xi)))
+    assert np.isnan(xi[0, 0, 5])
+    xi[0, 0, 5] = y[0, 0, 5]
+    assert_bit_equal(xi, y, "softcap in place")
+    big = sentinel_buffer((4, 6, 90))
+    big[:, ::2, 1:87] = x
+    check(lib.pi_op_softcap(pools[3], tensor(big[:, ::2, 1:87]), cap, tensor(big[:, ::2, 1:87])))
+    assert_bit_equal(big[:, ::2, 1:87], y, "softcap strided in place")
+    assert np.all(big[:, 1::2] == -12345.5) and np.all(big[..., 0] == -12345.5) and np.all(big[..., 87:] == -12345.5)
+
+
+def test_softcap_errors():
+    x = np.zeros((2, 8), np.float32)
+    E = lib.PI_ERR_INVALID_ARG
+    for cap in (0.0, -1.0, float("inf"), float("nan")):
+        expect_error(lib.pi_op_softcap(ffi.NULL, tensor(x), cap, tensor(x)), E)
+    expect_error(lib.pi_op_softcap(ffi.NULL, tensor(x), 1.0, tensor(np.zeros((2, 9), np.float32))), E)
+    expect_error(lib.pi_op_softcap(ffi.NULL, tensor(x.astype(np.float16)), 1.0, tensor(x)), E)
+    check(lib.pi_op_softcap(ffi.NULL, tensor(x), 1.0, tensor(x)))
+
+
 def test_unary_errors():
     x = np.zeros((2, 8), np.float32)
     E = lib.PI_ERR_INVALID_ARG
@@ -1063,9 +1110,10 @@ def test_binary_errors():
 # ======================================================================================
 # attention
 # ======================================================================================
-def np_attention(q, k, v, mask, scale):
+def np_attention(q, k, v, mask, scale, softcap=0.0):
     """q (T, H, hd), k/v (n_kv, Hkv, hd), mask (T, n_kv) or None -> out (T, H, hd) float64 and the
-    per-row tolerance terms.  Query head h reads kv head h // (H // Hkv)."""
+    per-row tolerance terms.  Query head h reads kv head h // (H // Hkv).  softcap > 0: each score
+    s = q.k scale becomes softcap tanh(s / softcap) before the mask is added (gemma2)."""
     T, H, hd = q.shape
     n_kv, Hkv, _ = k.shape
     g = H // Hkv
@@ -1078,13 +1126,14 @@ def np_attention(q, k, v, mask, scale):
             if not vis.any():
                 continue
             kk, vv = k[vis, h // g], v[vis, h // g]
-            s = kk @ q[t, h] * scale + m[t, vis]
+            s = kk @ q[t, h] * scale
+            s = (softcap * np.tanh(s / softcap) if softcap else s) + m[t, vis]
             p = np.exp(s - s.max())
             out[t, h] = (p / p.sum()) @ vv
     return out
 
 
-def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None):
+def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None, softcap=0.0):
     """First-order error bound of every output element (broadcast over head_dim).
 
     A perturbation |ds_c| <= delta of the scores changes each softmax weight p_c by at most
@@ -1092,7 +1141,8 @@ def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None):
     |q||k|*scale, the scaling / mask add / x-max roundings (3*U32*|s - max| + U32*|s|), and, if the
     kernel sees rounded k (k_used, e.g. f16), scale*|q|.|k_used - k|.  The weights themselves carry
     SOFTMAX_ULPS*U32 (expf, the normalisation), the f32 axpy over n_kv rows (n_kv + 2)*U32 of
-    sum p|v|, and a rounded v adds max|v_used - v|."""
+    sum p|v|, and a rounded v adds max|v_used - v|.  A soft cap passes the score errors on (its slope is at most 1)
+    and adds its own SOFTCAP_ULPS*U32*softcap."""
     T, H, hd = q.shape
     n_kv, Hkv, _ = k.shape
     g = H // Hkv
@@ -1110,7 +1160,7 @@ def attention_tolerance(q, k, v, mask, scale, k_used=None, v_used=None):
             s = kk @ q[t, h] * scale + m[t, vis]
             qk = np.abs(kk) @ np.abs(q[t, h])
             delta = (dot_tol(hd, qk.max()) * scale + 3 * U32 * np.abs(s - s.max()).max() + U32 * np.abs(s).max()
-                     + scale * (dk[vis, hk] @ np.abs(q[t, h])).max())
+                     + scale * (dk[vis, hk] @ np.abs(q[t, h])).max() + SOFTCAP_ULPS * U32 * softcap)
             vmax = np.abs(v[vis, hk]).max()
             tol[t, h, 0] = ATTN_SAFETY * (vmax * (2 * delta + (SOFTMAX_ULPS + n_kv + 2) * U32)
                                           + dv[vis, hk].max())
@@ -1162,21 +1212,23 @@ def test_attention(pools, kt, vt, use_mask):
         assert np.all(out[T - 1] == 0.0), "fully masked query row must give zeros"
 
 
-def prompt_equals_query_by_query(pools, q, k, v, mask, scale, what):
+def prompt_equals_query_by_query(pools, q, k, v, mask, scale, what, softcap=0.0):
     """The prompt's attention (every pool: the same bits), each query's output checked against that query alone
-    (the one-token path); k and v are (encoded array, type). Returns the prompt's output [T, H, hd]."""
+    (the one-token path); k and v are (encoded array, type); softcap: pi_op_attention_softcap's. Returns the prompt's
+    output [T, H, hd]."""
     T, H, hd = q.shape
 
     def run(pool):
         out = sentinel_buffer(q.shape)
-        check(lib.pi_op_attention(pool, tensor(q), tensor(*k), tensor(*v), tensor(mask), scale, tensor(out)))
+        check(lib.pi_op_attention_softcap(pool, tensor(q), tensor(*k), tensor(*v), tensor(mask), scale, softcap,
+                                          tensor(out)))
         return out
 
     out = run_all(pools, run, what)
     for t in range(T):
         one = sentinel_buffer((1, H, hd))
-        check(lib.pi_op_attention(pools[0], tensor(q[t:t + 1]), tensor(*k), tensor(*v), tensor(mask[t:t + 1]), scale,
-                                  tensor(one)))
+        check(lib.pi_op_attention_softcap(pools[0], tensor(q[t:t + 1]), tensor(*k), tensor(*v), tensor(mask[t:t + 1]),
+                                          scale, softcap, tensor(one)))
         assert np.array_equal(out[t], one[0]), f"{what}: query {t}"
     return out
 
@@ -1233,6 +1285,56 @@ def test_attention_prompt_blocks_at_depth(pools, kt, vt, hd, depth):
     mask[150] = -np.inf
     out = prompt_equals_query_by_query(pools, q, (ke, kt), (ve, vt), mask, 1.0 / np.sqrt(hd), "attention at depth")
     assert np.all(out[150] == 0.0)
+
+
+@pytest.mark.parametrize("kt,vt", KV_TYPES, ids=lambda t: TYPE_NAME[t])
+@pytest.mark.parametrize("T", [1, 4])   # one token (attend) and a prompt (attend_block)
+def test_attention_softcap(pools, kt, vt, T):
+    """gemma2's soft-capped scores: scale 1 makes the scores a few units and the cap of 3 bends most of them; the
+    result is the capped reference's within its tolerance and far from the uncapped one's."""
+    q, k, v, mask = attention_case(41 + kt + 2 * vt, T=4)
+    q, mask = q[:T], mask[:T] if T > 1 else np.where(mask[:1] == -np.inf, -np.inf, 0.0).astype(np.float32)
+    scale, cap = 1.0, 3.0
+    ke, ve = np_encode(k, kt), np_encode(v, vt)
+    k_used, v_used = np_decode(ke, kt), np_decode(ve, vt)
+
+    def run(pool):
+        out = sentinel_buffer(q.shape)
+        check(lib.pi_op_attention_softcap(pool, tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, cap,
+                                          tensor(out)))
+        return out
+
+    out = run_all(pools, run, "attention softcap")
+    tol = attention_tolerance(q, k_used, v_used, mask, scale, softcap=cap)
+    assert_within(out, np_attention(q, k_used, v_used, mask, scale, softcap=cap), tol, "attention softcap")
+    plain = np_attention(q, k_used, v_used, mask, scale)
+    assert np.abs(out - plain).max() > 100 * tol.max(), "the cap changes the result"
+    zero = sentinel_buffer(q.shape)      # softcap 0: pi_op_attention's bits
+    check(lib.pi_op_attention_softcap(pools[2], tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, 0.0,
+                                      tensor(zero)))
+    ref = sentinel_buffer(q.shape)
+    check(lib.pi_op_attention(pools[2], tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, tensor(ref)))
+    assert_bit_equal(zero, ref, "softcap 0")
+
+
+@pytest.mark.parametrize("kt,vt,hd", [(F16, F16, 64), (F16, F16, 260), (Q8_0, Q8_0, 64), (F32, F16, 136)],
+                         ids=lambda x: TYPE_NAME.get(x, str(x)) if x < 64 else str(x))
+def test_attention_softcap_prompt_equals_query_by_query(pools, kt, vt, hd):
+    """With a soft cap too, a prompt's blocks (attn_qk's scores, or scores_by_rows past a head of 256) give each
+    query the bits of that query alone, under a sliding window (gemma2's local layers) and a causal mask."""
+    rng = np.random.default_rng(hd + kt)
+    T, H, Hkv, depth = 70, 8, 2, 30
+    n_kv = depth + T
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    ke = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), kt)
+    ve = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), vt)
+    mask = np.full((T, n_kv), -np.inf, np.float32)
+    for t in range(T):
+        mask[t, max(0, depth + t - 16):depth + t + 1] = 0.0    # a window of 17
+    mask[33] = -np.inf
+    out = prompt_equals_query_by_query(pools, q, (ke, kt), (ve, vt), mask, 1.0 / np.sqrt(hd), "softcap prompt",
+                                       softcap=2.0)
+    assert np.all(out[33] == 0.0)
 
 
 QUANT_KV = [(Q8_0, Q8_0), (Q4_0, Q4_0), (Q5_0, F16), (F16, Q8_0), (BF16, BF16), (Q8_0, F32)]
@@ -1318,6 +1420,10 @@ def test_attention_errors():
     expect_error(lib.pi_op_attention(ffi.NULL, tensor(q), tensor(kk[..., ::2]), tensor(kk[..., ::2]), ffi.NULL,
                                      1.0, tensor(out)), E)                 # k rows not contiguous
     check(lib.pi_op_attention(ffi.NULL, tensor(q), tensor(k), tensor(k), ffi.NULL, 1.0, tensor(out)))
+    for cap in (-1.0, float("inf"), float("nan")):
+        expect_error(lib.pi_op_attention_softcap(ffi.NULL, tensor(q), tensor(k), tensor(k), ffi.NULL, 1.0, cap,
+                                                 tensor(out)), E)
+    check(lib.pi_op_attention_softcap(ffi.NULL, tensor(q), tensor(k), tensor(k), ffi.NULL, 1.0, 50.0, tensor(out)))
 
 
 # ======================================================================================

@@ -18,11 +18,12 @@ PROMPT = [(7 * i + 3) % 300 + 1 for i in range(40)]   # 40 tokens: prompt kernel
 PICKED = [0, 5, 17, 39]                                # a mask of output rows, the last among them
 
 
-@pytest.fixture(scope="module", params=["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "gemma3", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "gemma2", "gemma3", "qwen2",
+                                        "qwen3"])
 def model(request, tmp_path_factory):
     from make_test_model import write_model
     path = tmp_path_factory.mktemp("rows") / f"{request.param}.gguf"
-    if request.param in ("gemma3", "qwen2", "qwen3"):   # post norms, biases, q/k norms
+    if request.param in ("gemma2", "gemma3", "qwen2", "qwen3"):   # soft caps, post norms, biases, q/k norms
         write_arch_model(path, request.param, seed=3, dtype="q4_0")
     else:
         write_model(path, dtype=request.param, n_vocab=320, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_layer=2,

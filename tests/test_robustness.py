@@ -754,6 +754,16 @@ def op_cases():
         return lib.pi_op_attention, [None, q.t, k.t, v.t, mask.t, 0.25, out.t], \
             {1: "tensor", 2: "tensor", 3: "tensor", 4: "opt", 6: "tensor"}, (q, k, v, mask, out)
 
+    def attention_softcap():
+        q, k, v = Tensor([16, 4, 3]), Tensor([16, 2, 5], F16), Tensor([16, 2, 5], F16)
+        mask, out = Tensor([5, 3]), Tensor([16, 4, 3])
+        return lib.pi_op_attention_softcap, [None, q.t, k.t, v.t, mask.t, 0.25, 50.0, out.t], \
+            {1: "tensor", 2: "tensor", 3: "tensor", 4: "opt", 7: "tensor"}, (q, k, v, mask, out)
+
+    def softcap():
+        x, out = Tensor([10, 3]), Tensor([10, 3])
+        return lib.pi_op_softcap, [None, x.t, 30.0, out.t], {1: "tensor", 3: "tensor"}, (x, out)
+
     def predictor():
         fc1, fc2, x, scores = Tensor([64, 32], Q8_0), Tensor([32, 96]), Tensor([64, 3]), Tensor([96, 3])
         return lib.pi_op_predictor, [None, fc1.t, fc2.t, x.t, scores.t], \
@@ -777,15 +787,16 @@ def op_cases():
 
     cases = dict(get_rows=get_rows, mul_mat=mul_mat, rms_norm=rms_norm, layer_norm=layer_norm, rope=rope,
                  softmax=softmax, unary=unary,
-                 binary=binary, attention=attention)
+                 binary=binary, attention=attention, attention_softcap=attention_softcap, softcap=softcap)
     if hasattr(lib, "pi_op_predictor"):
         cases.update(predictor=predictor, sparse_ffn=sparse_ffn, sparse_mask=sparse_mask)
     return cases
 
 
 OPS = op_cases()
+OP_WORD = dict(attention_softcap="attention")   # the word an op's messages carry, where it is not the case's name
 OUT_INDEX = dict(get_rows=1, mul_mat=2, rms_norm=2, layer_norm=3, rope=1, softmax=1, unary=1, binary=2, attention=4,
-                 predictor=3,
+                 attention_softcap=4, softcap=1, predictor=3,
                  sparse_ffn=3, sparse_mask=2)     # which kept Tensor is the op's output
 
 
@@ -810,7 +821,7 @@ def test_op_null_pointers(op):
         if role in ("opt", "optptr"):
             assert st == OK, last_error()
         else:
-            expect(st, INVALID, op, "NULL")
+            expect(st, INVALID, OP_WORD.get(op, op), "NULL")
 
 
 def _bad_variants(t):
@@ -871,7 +882,7 @@ def test_op_bad_tensor(op, i, label):
     [(mutate, codes)] = [(m, c) for lab, m, c in _bad_variants(t) if lab == label]
     mutate(t)
     poison_error()
-    expect(fn(*args), codes, op)
+    expect(fn(*args), codes, OP_WORD.get(op, op))
 
 
 def _mul_mats_args():
@@ -1080,6 +1091,20 @@ OP_MISMATCHES = {
                                k[0].t.ne.__setitem__(3, 3), setattr(k[4].t, "n_dims", 4),
                                k[4].t.ne.__setitem__(2, 1), k[4].t.ne.__setitem__(3, 3)), ["attention"]),
     ],
+    "attention_softcap": [
+        ("softcap_neg", lambda a, k: a.__setitem__(6, -1.0), ["softcap"]),
+        ("softcap_inf", lambda a, k: a.__setitem__(6, float("inf")), ["softcap"]),
+        ("softcap_nan", lambda a, k: a.__setitem__(6, float("nan")), ["softcap"]),
+        ("out_shape", lambda a, k: k[4].t.ne.__setitem__(2, 2), ["q/out"]),
+    ],
+    "softcap": [
+        ("cap_0", lambda a, k: a.__setitem__(2, 0.0), ["softcap", "cap"]),
+        ("cap_neg", lambda a, k: a.__setitem__(2, -30.0), ["softcap", "cap"]),
+        ("cap_inf", lambda a, k: a.__setitem__(2, float("inf")), ["softcap", "cap"]),
+        ("cap_nan", lambda a, k: a.__setitem__(2, float("nan")), ["softcap", "cap"]),
+        ("out_shape", lambda a, k: k[1].t.ne.__setitem__(1, 2), ["shape mismatch"]),
+        ("out_f16", lambda a, k: retype(k[1].t, F16), ["must be f32"]),
+    ],
     "predictor": [
         ("fc1_K", lambda a, k: k[0].t.ne.__setitem__(0, 32), ["predictor fc1", "shape"]),
         ("fc2_rank", lambda a, k: k[1].t.ne.__setitem__(0, 16), ["predictor fc2", "shape"]),
@@ -1250,6 +1275,8 @@ HP_CASES = [
     ("rope_freq_base_swa", float("nan"), ["local layers"]), ("qkv_bias", 2, ["qkv_bias"]),
     ("qkv_bias", 1, ["missing tensor 'blk.0.attn_q.bias'"]), ("qk_norm", 1, ["missing tensor 'blk.0.attn_q_norm"]),
     ("post_norms", 1, ["missing tensor 'blk.0.post_attention_norm"]),
+    ("attn_softcap", -1.0, ["softcap"]), ("attn_softcap", float("nan"), ["softcap"]),
+    ("final_softcap", float("inf"), ["softcap"]), ("final_softcap", -30.0, ["softcap"]),
 ]
 if "sparse" in dir(ffi.new("pi_hparams *")):
     HP_CASES.append(("sparse", 1, ["missing tensor 'blk.0.ffn_down_t.weight'"]))   # a dense file as sparse
@@ -1940,6 +1967,7 @@ COVERED = {
     "pi_threadpool_free", "pi_threadpool_size", "pi_op_get_rows", "pi_op_mul_mat", "pi_op_mul_mats", "pi_op_rms_norm",
     "pi_op_rope",
     "pi_op_layer_norm", "pi_op_softmax", "pi_op_unary", "pi_op_binary", "pi_op_attention", "pi_model_create",
+    "pi_op_attention_softcap", "pi_op_softcap",
     "pi_model_free",
     "pi_model_hparams", "pi_context_default_params", "pi_context_create", "pi_context_free",
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",

@@ -223,3 +223,18 @@ def test_bad_input(llm):
         next(llm.generate([]))
     with pytest.raises(ValueError, match="grammar"):
         next(llm.generate([1], grammar=object()))
+
+
+def test_no_reference_cycle(path):
+    """The token loop reads its owner's seed without a reference cycle: the last reference to a PowerInfer frees its
+    context (and its device memory) at once, not at the next garbage collection."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        llm = pi.PowerInfer(path, n_ctx=64, verbose=False)
+        ctx = weakref.ref(llm.ctx)
+        del llm
+        assert ctx() is None
+    finally:
+        gc.enable()

@@ -12,6 +12,7 @@ import os
 import re
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -457,8 +458,9 @@ class PowerInfer:
         self.engine = Engine(self.ctx, self.tokenizer, n_parallel, drafter=drafter, spec=spec,
                              prompt_cache=prompt_cache)
         self.seed = seed
+        owner = weakref.ref(self)     # no reference cycle: the context (device memory) goes with the last reference
         self.token_loop = TokenLoop(self.engine, self.model.n_vocab, logits_all=bool(logits_all),
-                                    last_n_tokens_size=last_n_tokens_size, seed=lambda: self.seed,
+                                    last_n_tokens_size=last_n_tokens_size, seed=lambda: owner().seed,
                                     eog_ids=self.tokenizer.eog_ids, tokenizer=self.tokenizer)
         self.model_name = model_alias or Path(model_path).name
         self.chat_format = chat_format

@@ -19,14 +19,15 @@ log = logging.getLogger("powerinfer")
 
 # GGUF general.architecture -> the C family. Mistral and TinyLlama GGUF files declare "llama"; "mistral"
 # (the llama blocks under another name) is accepted too. qwen3 is the qwen2 family with per-head q/k RMSNorm
-# instead of q/k/v biases (the flags below say which). phi3 (Phi-3, Phi-3.5, Phi-4, Phi-4-mini) is llama with NEOX
-# rope, fused tensors (split into views at load: phi3_views) and long / short rope factors. granite (IBM Granite 3.x,
-# granitemoe with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is
-# llama without rope in every 4th layer.
+# instead of q/k/v biases, gemma2 the gemma3 family without q/k norms and with soft-capped attention scores and
+# logits (the flags below say which). phi3 (Phi-3, Phi-3.5, Phi-4, Phi-4-mini) is llama with NEOX rope, fused
+# tensors (split into views at load: phi3_views) and long / short rope factors. granite (IBM Granite 3.x, granitemoe
+# with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is llama without
+# rope in every 4th layer.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
-          "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA, "granite": lib.PI_ARCH_LLAMA,
-          "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
+          "gemma2": lib.PI_ARCH_GEMMA3, "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
+          "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
@@ -59,6 +60,8 @@ class HParams:
     rope_mode: str = "normal"       # "normal": pairs (2i, 2i+1); "neox": pairs (i, i + n_rot/2)
     attn_scale: float = 0.0         # 0: 1/sqrt(head_dim)
     embd_scale: float = 0.0         # 0: none
+    attn_softcap: float = 0.0       # > 0: attention scores s -> cap tanh(s / cap) before the mask (gemma2); 0: none
+    final_softcap: float = 0.0      # > 0: logits -> cap tanh(logits / cap) (gemma2); 0: none
     qkv_bias: bool = False
     qk_norm: bool = False
     post_norms: bool = False
@@ -114,6 +117,29 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value!r} is not a number")
         return float(value)
 
+    def softcap(key, default):
+        """A soft-capping value (gemma2; llama.cpp's defaults where the file has none): finite and >= 0, 0 = none."""
+        value = as_float(key, get(key, default))
+        if not (math.isfinite(value) and value >= 0.0):
+            raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value!r} must be a finite number >= 0 (0: none)")
+        return value
+
+    def swa_pattern(default):
+        """The local layers' period (llama.cpp's load_swa_pattern): the key's, else default."""
+        pattern = get("attention.sliding_window_pattern", default)
+        if isinstance(pattern, list):     # per-layer flags (newer converters): find the period
+            flags = [bool(v) for v in pattern]
+            period = 0 if all(flags) else next((p for p in range(1, len(flags) + 1)
+                                                 if all(f == (i % p < p - 1) for i, f in enumerate(flags))), None)
+            if period is None:
+                raise ModelLoadError(f"{path}: {arch}.attention.sliding_window_pattern {flags} is not periodic "
+                                     "(not supported)")
+            return period
+        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
+            raise ModelLoadError(f"{path}: metadata {arch}.attention.sliding_window_pattern = {pattern!r} is not a "
+                                 "layer period")
+        return pattern
+
     if arch in _SPARSE_ONLY and not meta.get("_pwri"):
         raise ModelLoadError(f"{path}: dense falcon/opt not supported; use the PowerInfer file (a {arch} model is "
                              "run from its PWRI file with predictors only)")
@@ -157,11 +183,12 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                 yarn_orig_ctx=(as_int("rope.scaling.original_context_length", orig_ctx) if orig_ctx is not None else 0),
                 rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)))
 
-    if arch in ("qwen2", "qwen3", "gemma3") and meta.get("_pwri"):
+    if arch in ("qwen2", "qwen3", "gemma2", "gemma3") and meta.get("_pwri"):
         raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
                              f"not {arch}")
     # ReLU-LLaMA files from the original converter carry no activation key; a PWRI file is ReLU by definition
-    default_act = "relu" if arch == "bamboo" or meta.get("_pwri") else "gelu" if arch == "gemma3" else "silu"
+    default_act = ("relu" if arch == "bamboo" or meta.get("_pwri") else "gelu" if arch in ("gemma2", "gemma3")
+                   else "silu")
     act = meta.get(ACTIVATION_KEY, default_act)
     if act not in _ACTS:
         raise ModelLoadError(f"{path}: unknown FFN activation '{act}' in {ACTIVATION_KEY}")
@@ -201,18 +228,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: gemma3 without {arch}.attention.sliding_window (the global-only variant "
                                  "with final logit soft-capping) is not supported")
         n_swa = as_int("attention.sliding_window", get("attention.sliding_window"))
-        pattern = get("attention.sliding_window_pattern", 6)   # llama.cpp: every 6th layer is global
-        if isinstance(pattern, list):     # per-layer flags (newer converters): find the period
-            flags = [bool(v) for v in pattern]
-            period = 0 if all(flags) else next((p for p in range(1, len(flags) + 1)
-                                                 if all(f == (i % p < p - 1) for i, f in enumerate(flags))), None)
-            if period is None:
-                raise ModelLoadError(f"{path}: {arch}.attention.sliding_window_pattern {flags} is not periodic "
-                                     "(not supported)")
-            pattern = period
-        elif not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
-            raise ModelLoadError(f"{path}: metadata {arch}.attention.sliding_window_pattern = {pattern!r} is not a "
-                                 "layer period")
+        pattern = swa_pattern(6)   # llama.cpp: every 6th layer is global
         n_layer = as_int("block_count", get("block_count", required=True))
         # llama.cpp (after gemma_pytorch): q is scaled by 1/sqrt(n_embd / n_head) in the 27B model
         # (query_pre_attn_scalar), by 1/sqrt(head_dim) in the others
@@ -221,6 +237,23 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(rope_mode="neox", qk_norm=True, post_norms=True, embd_scale=math.sqrt(n_embd),
                      attn_scale=attn_scale, n_swa=n_swa, swa_pattern=pattern,
                      rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0)
+    elif arch == "gemma2":
+        # llama.cpp (llama_model_gemma2): the window defaults to 4096, every other layer local (set_swa_pattern(2):
+        # even layers local, odd global) unless the file says otherwise; local layers rope with the file's base and
+        # scale (rope.freq_base_swa where present), as llama.cpp's *_train_swa, not with the context's overrides
+        n_swa = as_int("attention.sliding_window", get("attention.sliding_window", 4096))
+        pattern = swa_pattern(2)
+        n_layer = as_int("block_count", get("block_count", required=True))
+        # llama.cpp (after gemma_pytorch's query_pre_attn_scalar): the 27B (46 layers) scales q by
+        # 1/sqrt(n_embd / n_head), the 2B and 9B by 1/sqrt(head_dim)
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 46 else head_dim)
+        base = as_float("rope.freq_base", get("rope.freq_base", 10000.0))
+        extra.update(rope_mode="neox", post_norms=True, embd_scale=math.sqrt(n_embd), attn_scale=attn_scale,
+                     n_swa=n_swa, swa_pattern=pattern,
+                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa", base)),
+                     rope_freq_scale_swa=1.0 / float(factor),
+                     attn_softcap=softcap("attn_logit_softcapping", 50.0),
+                     final_softcap=softcap("final_logit_softcapping", 30.0))
     if arch == "falcon":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", required=True))
     elif arch == "opt":
@@ -502,6 +535,7 @@ class Model:
         p.n_ctx_orig = hp.yarn_orig_ctx or hp.n_ctx_train
         p.residual_scale, p.logit_scale = hp.residual_scale, hp.logit_scale
         p.n_no_rope_layer_step = hp.n_no_rope_layer_step
+        p.attn_softcap, p.final_softcap = hp.attn_softcap, hp.final_softcap
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
         p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
         p.n_expert, p.n_expert_used, p.expert_weights_scale = hp.n_expert, hp.n_expert_used, hp.expert_weights_scale

@@ -60,8 +60,8 @@ def apply_overrides(hp, *, rope_freq_base: float = 0.0, rope_freq_scale: float =
     if yarn_orig_ctx:
         ch["yarn_orig_ctx"] = int(yarn_orig_ctx)
     hp = dataclasses.replace(hp, **ch) if ch else hp
-    if hp.arch == "gemma3" and (hp.yarn_ext_factor != 0.0 or rope_mscale(hp) != 1.0):
-        raise ValueError("YaRN / a rope attention factor is not supported for gemma3 (its local layers rope apart)")
+    if hp.arch in ("gemma2", "gemma3") and (hp.yarn_ext_factor != 0.0 or rope_mscale(hp) != 1.0):
+        raise ValueError(f"YaRN / a rope attention factor is not supported for {hp.arch} (its local layers rope apart)")
     return hp
 
 

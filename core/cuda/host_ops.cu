@@ -345,6 +345,11 @@ pi_status pi_cuda_op_binary(int32_t op, const pi_tensor *a, const pi_tensor *b, 
 
 pi_status pi_cuda_op_attention(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v, const pi_tensor *mask,
                                float scale, pi_tensor *out) {
+    return pi_cuda_op_attention_softcap(q, k, v, mask, scale, 0.0f, out);
+}
+
+pi_status pi_cuda_op_attention_softcap(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                                       const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
     PI_TRY(need_device("cuda attention"));
     PI_TRY(check_f32(q, "attention q"));
     PI_TRY(pi_check_tensor(k, "attention k"));
@@ -367,6 +372,8 @@ pi_status pi_cuda_op_attention(const pi_tensor *q, const pi_tensor *k, const pi_
                            (long long)q->ne[2]);
     }
     if (!isfinite(scale)) return pi_fail(PI_ERR_INVALID_ARG, "attention: scale must be finite");
+    if (!(softcap >= 0.0f && softcap < INFINITY))
+        return pi_fail(PI_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0 (0: none)", (double)softcap);
     DevBuf bq, bk, bv, bm, bo, bs;
     pi_tensor dq, dk, dv, dm, dout;
     PI_TRY(upload(q, bq, &dq));
@@ -375,7 +382,7 @@ pi_status pi_cuda_op_attention(const pi_tensor *q, const pi_tensor *k, const pi_
     if (mask) PI_TRY(upload(mask, bm, &dm));
     PI_TRY(alloc_like(out, bo, &dout));
     PI_TRY(bs.alloc(pi_cuda_attention_scratch(q->ne[1], q->ne[2], k->ne[2])));
-    PI_TRY(pi_cuda_attention(NULL, &dq, &dk, &dv, mask ? &dm : NULL, scale, &dout, bs.p));
+    PI_TRY(pi_cuda_attention(NULL, &dq, &dk, &dv, mask ? &dm : NULL, scale, softcap, &dout, bs.p));
     return download(&dout, out);
 }
 

@@ -85,7 +85,8 @@ enum {  /* model architecture families (the forward pass reads the pi_hparams fl
     PI_ARCH_LLAMA  = 0,   /* llama, mistral, tinyllama: the llama blocks */
     PI_ARCH_BAMBOO = 1,
     PI_ARCH_QWEN2  = 2,   /* llama + NEOX rope; qwen2: q/k/v biases, qwen3: q/k norms (the hparams' flags) */
-    PI_ARCH_GEMMA3 = 3,   /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers */
+    PI_ARCH_GEMMA3 = 3,   /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers; gemma2:
+                           * no QK norms, soft-capped attention scores and logits (attn_softcap, final_softcap) */
     PI_ARCH_FALCON = 4,   /* sparse only: LayerNorm, fused attn_qkv, NEOX rope, parallel attention + FFN */
     PI_ARCH_OPT    = 5    /* sparse only: pre-LayerNorm, biases everywhere, learned positions (pos + 2), no rope */
 };
@@ -219,6 +220,15 @@ PI_API pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *
 PI_API pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
                                  const pi_tensor *v, const pi_tensor *mask, float scale, pi_tensor *out);
 
+/* pi_op_attention with soft-capped scores (Gemma 2): each score s = q.k * scale becomes softcap * tanh(s / softcap)
+ * before the mask is added and the softmax taken; softcap 0: none (pi_op_attention's bits), else finite and > 0. */
+PI_API pi_status pi_op_attention_softcap(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
+                                         const pi_tensor *v, const pi_tensor *mask, float scale, float softcap,
+                                         pi_tensor *out);
+/* Soft-capping: out = cap * tanh(x / cap) elementwise (Gemma 2's final logits); cap finite and > 0; f32. out may
+ * alias x. The same bits at every level (an exp-based tanh, within a few ulp of tanhf). */
+PI_API pi_status pi_op_softcap(pi_threadpool *pool, const pi_tensor *x, float cap, pi_tensor *out);
+
 /* ---- sparse FFN ---------------------------------------------------------
  * PowerInfer's FFN: neuron i is row i of gate/up and row i of down_t (the
  * transposed down matrix). A neuron is computed for token t only when
@@ -315,6 +325,10 @@ typedef struct pi_hparams {
     int32_t rope_mode;       /* PI_ROPE_NORMAL or PI_ROPE_NEOX */
     float   attn_scale;      /* attention scores are q.k * attn_scale; 0: 1/sqrt(head_dim) */
     float   embd_scale;      /* token embeddings are multiplied by this; 0: 1 (gemma3: sqrt(n_embd)) */
+    float   attn_softcap;    /* > 0: each attention score s = q.k * attn_scale becomes attn_softcap * tanh(s /
+                              * attn_softcap) before the mask and the softmax (gemma2: attn_logit_softcapping, 50); 0: none */
+    float   final_softcap;   /* > 0: logits = final_softcap * tanh(logits / final_softcap) (gemma2:
+                              * final_logit_softcapping, 30); 0: none. Embeddings (pi_get_embeddings) are not capped */
     int32_t qkv_bias;        /* 1: blk.N.attn_q/k/v.bias [f32] are added after the projections (qwen2) */
     int32_t qk_norm;         /* 1: per-head RMSNorm of q and k with blk.N.attn_q_norm/attn_k_norm [head_dim] */
     int32_t post_norms;      /* 1: RMSNorm of each block's output (post_attention_norm, post_ffw_norm) before the residual add */

@@ -1,4 +1,4 @@
-/* context.c: contexts and the forward pass (llama, bamboo, qwen2, gemma3; falcon and opt sparse files).
+/* context.c: contexts and the forward pass (llama, bamboo, qwen2, gemma2, gemma3; falcon and opt sparse files).
  *
  * One pi_decode runs the whole model over a batch of T tokens:
  *   x = token_embd[tokens] (* embd_scale)
@@ -7,13 +7,15 @@
  *       q, k, v = Wq h, Wk h, Wv h  (+ biases)   (q, k: per-head rms_norm with qk_norm)
  *       rope(q), rope(k)  (normal or NEOX pairs; local layers their own base)
  *       store k, v in the cache
- *       a = Wo attention(q, cached k, cached v)   (local layers: the last n_swa positions only)
+ *       a = Wo attention(q, cached k, cached v)   (local layers: the last n_swa positions only; attn_softcap:
+ *                                                  scores capped before the mask and the softmax)
  *       x += a                    (post_norms: x += rms_norm(a) * post_attention_norm)
  *       h = rms_norm(x) * ffn_norm
  *       f = W_down (act(W_gate h) * (W_up h))      (gate mode per hparams)
  *       x += f                    (post_norms: x += rms_norm(f) * post_ffw_norm)
  *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for (pi_set_outputs: or/and
- *                                                    the embeddings rms_norm(x) * output_norm, no head)
+ *                                                    the embeddings rms_norm(x) * output_norm, no head);
+ *                                                    final_softcap: cap tanh(logits / cap)
  * The architectures differ only in the pi_hparams flags read here, except for
  *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
@@ -520,7 +522,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     pi_tensor mask = f32_2d(local ? B->mask_swa : B->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, &att));
+    TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, hp->attn_softcap, &att));
 
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
     const bool wo_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 1, T);
@@ -838,7 +840,10 @@ static pi_status compute_logits(pi_context *ctx, pi_exec **at, int64_t T, int32_
         pi_tensor lt = f32_2d(dst, V, n_out);
         TRY(OP(e, scale, &lt, 1.0f / m->hp.logit_scale));
     }
-    return transfer(c, ctx->logits, e, dst, (size_t)n_out * (size_t)V * sizeof(float));
+    TRY(transfer(c, ctx->logits, e, dst, (size_t)n_out * (size_t)V * sizeof(float)));
+    /* gemma2's final soft-capping on the host's copy, whatever backend computed the head (download waits for it) */
+    if (m->hp.final_softcap > 0.0f) pi_softcap(ctx->pool, ctx->logits, (int64_t)n_out * V, m->hp.final_softcap);
+    return PI_OK;
 }
 
 /* Whether the last layer's FFN may run over the output rows only (as llama.cpp does): its result matters for those

@@ -259,11 +259,14 @@ typedef struct pi_cpu_kernels {
                     int64_t v_stride, pi_to_f32_fn to_f32, float *const *y);
     /* y[i] = op(x[i]) for a row (SiLU/GELU/ReLU; y may alias x); an element's result depends only on its value */
     void (*activation_row)(int32_t op, int64_t n, const float *x, float *y);
+    /* y[i] = cap tanh(x[i] scale / cap) for a row (y may alias x; cap > 0): arch/activation.c's soft-capping */
+    void (*softcap_row)(int64_t n, const float *x, float *y, float scale, float cap);
     /* attention's softmax numerator over a row of n scores: hidden cells (mask[i] == -inf) become -inf, the
-     * others e_i = exp(x_i * scale + mask[i] - max) (mask NULL: 0; max over the visible values, NaN passed
+     * others e_i = exp(s_i + mask[i] - max), s_i = x_i * scale, or with softcap > 0 softcap_row's capped
+     * softcap tanh(x_i * scale / softcap) (mask NULL: 0; max over the visible values, NaN passed
      * over) with arch/activation.c's exp; returns sum e_i, element i in lane i % 8, then pi_tree8 (0: nothing
      * visible, every x_i -inf) */
-    float (*softmax_exp)(int64_t n, float *x, const float *mask, float scale);
+    float (*softmax_exp)(int64_t n, float *x, const float *mask, float scale, float softcap);
     /* bf16 weights (BF16, BF16X8) in vdpbf16ps's arithmetic, on bf16 activations (arch/bf16_dot.c): cpu.c puts them in
      * place of type[PI_TYPE_BF16], type[PI_TYPE_BF16X8] (f32 activations) where the CPU has AVX512_BF16 */
     pi_type_kernels bf16_dp, bf16x8_dp;
@@ -388,8 +391,11 @@ void      pi_rope_cache_free(pi_rope_cache *c);
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
                   float freq_base, float freq_scale, const float *freq_factors, float mscale, pi_rope_cache *cache,
                   pi_tensor *out);
+/* softcap: 0, or the scores' cap (pi_op_attention_softcap) */
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
-                       const pi_tensor *mask, float scale, pi_tensor *out);
+                       const pi_tensor *mask, float scale, float softcap, pi_tensor *out);
+/* x[i] = cap tanh(x[i] / cap) for i < n, on the pool (cap > 0; pi_op_softcap unchecked) */
+void      pi_softcap(pi_threadpool *pool, float *x, int64_t n, float cap);
 
 
 /* ---- repacking (repack.c): pi_repack on a thread pool ---- */

@@ -151,6 +151,10 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (!(hp->attn_scale >= 0.0f && hp->attn_scale < 1e6f) || !(hp->embd_scale >= 0.0f && hp->embd_scale < 1e6f))
         return pi_fail(PI_ERR_BAD_MODEL, "attention scale %g and embedding scale %g must be finite and >= 0",
                        (double)hp->attn_scale, (double)hp->embd_scale);
+    if (!(hp->attn_softcap >= 0.0f && hp->attn_softcap < INFINITY) ||
+        !(hp->final_softcap >= 0.0f && hp->final_softcap < INFINITY))
+        return pi_fail(PI_ERR_BAD_MODEL, "attention softcap %g and final softcap %g must be finite and >= 0 (0: none)",
+                       (double)hp->attn_softcap, (double)hp->final_softcap);
     if (hp->n_swa < 0 || hp->swa_pattern < 0)
         return pi_fail(PI_ERR_BAD_MODEL, "sliding window %d and its layer pattern %d must be >= 0", hp->n_swa,
                        hp->swa_pattern);

@@ -805,6 +805,7 @@ pi_status pi_op_binary(pi_threadpool *pool, int32_t op, const pi_tensor *a, cons
 typedef struct {
     const pi_tensor *q, *k, *v, *mask;
     float scale;
+    float softcap;        /* 0, or the scores' soft cap (softmax_exp caps them before the mask) */
     pi_tensor *out;
     float *scratch;       /* per thread (per_thread floats): [score rows][n_kv] scores, then for attend [4 + 8][hd] */
     int64_t per_thread;   /* score rows (ATT_HEADS heads of a token, or a prompt block's rows) x n_kv (+ 12 hd) */
@@ -875,7 +876,7 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     bool any = false;
     for (int64_t j = 0; j < nh; j++) {
         memset(ROW_F32(a->out, h0 + j, t, 0), 0, (size_t)hd * sizeof(float));
-        const float sum = pi_cpu()->softmax_exp(n_kv, scores + j * n_kv, mask, a->scale);
+        const float sum = pi_cpu()->softmax_exp(n_kv, scores + j * n_kv, mask, a->scale, a->softcap);
         if (sum == 0.0f) { inv[j] = 0.0f; continue; }   /* nothing visible: output zeros */
         any = true;
         inv[j] = 1.0f / sum;
@@ -1052,7 +1053,7 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
     for (int r = 0; r < nr; r++) {      /* softmax, as attend */
         out[r] = ROW_F32(a->out, h + r % ng, t0 + r / ng, 0);
         memset(out[r], 0, (size_t)hd * sizeof(float));
-        const float sum = pi_cpu()->softmax_exp(n_kv, scores + r * n_kv, mask[r], a->scale);
+        const float sum = pi_cpu()->softmax_exp(n_kv, scores + r * n_kv, mask[r], a->scale, a->softcap);
         if (sum == 0.0f) continue;   /* nothing visible: output zeros */
         inv[r] = 1.0f / sum;
         live[n_live++] = r;
@@ -1155,7 +1156,7 @@ static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t un
 }
 
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
-                       const pi_tensor *mask, float scale, pi_tensor *out) {
+                       const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
     const int64_t n_kv = k->ne[2], T = q->ne[2];
     const int ng = attention_item_heads(q, k, v);
@@ -1170,7 +1171,7 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
     }
     if (T > 1) split_blocks(mask, T, block, q->ne[1] / ng, n_kv, nth, items);
-    attention_args a = { q, k, v, mask, scale, out, scratch, per_thread, block, ng, items };
+    attention_args a = { q, k, v, mask, scale, softcap, out, scratch, per_thread, block, ng, items };
     pi_threadpool_run(pool, attention_task, &a);
     free(scratch);
     free(items);
@@ -1179,6 +1180,11 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
 
 pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                           const pi_tensor *mask, float scale, pi_tensor *out) {
+    return pi_op_attention_softcap(pool, q, k, v, mask, scale, 0.0f, out);
+}
+
+pi_status pi_op_attention_softcap(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                                  const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
     RETURN_IF(check_f32(q, "attention q"));
     RETURN_IF(pi_check_tensor(k, "attention k"));
     RETURN_IF(pi_check_tensor(v, "attention v"));
@@ -1207,5 +1213,47 @@ pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tens
                            (long long)q->ne[2]);
     }
     if (!isfinite(scale)) return pi_fail(PI_ERR_INVALID_ARG, "attention: scale must be finite");
-    return pi_attention(pool, q, k, v, mask, scale, out);
+    if (!(softcap >= 0.0f && softcap < INFINITY))
+        return pi_fail(PI_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0 (0: none)", (double)softcap);
+    return pi_attention(pool, q, k, v, mask, scale, softcap, out);
+}
+
+/* ---- soft-capping (Gemma 2's logits) ---- */
+
+typedef struct { float *x; int64_t n; float cap; } softcap_args;
+
+static void softcap_task(void *p, int ith, int nth) {
+    const softcap_args *a = p;
+    int64_t i0, i1;
+    split_range(a->n, ith, nth, &i0, &i1);
+    if (i1 > i0) pi_cpu()->softcap_row(i1 - i0, a->x + i0, a->x + i0, 1.0f, a->cap);
+}
+
+void pi_softcap(pi_threadpool *pool, float *x, int64_t n, float cap) {
+    softcap_args a = { x, n, cap };
+    pi_threadpool_run(pool, softcap_task, &a);
+}
+
+typedef struct { const pi_tensor *x; pi_tensor *out; float cap; } softcap_rows_args;
+
+static void softcap_rows_task(void *p, int ith, int nth) {
+    const softcap_rows_args *a = p;
+    const int64_t D = a->x->ne[0], R = a->x->ne[1] * a->x->ne[2] * a->x->ne[3];
+    int64_t r0, r1;
+    split_range(R, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % a->x->ne[1], i2 = (r / a->x->ne[1]) % a->x->ne[2], i3 = r / (a->x->ne[1] * a->x->ne[2]);
+        pi_cpu()->softcap_row(D, ROW_F32(a->x, i1, i2, i3), ROW_F32(a->out, i1, i2, i3), 1.0f, a->cap);
+    }
+}
+
+pi_status pi_op_softcap(pi_threadpool *pool, const pi_tensor *x, float cap, pi_tensor *out) {
+    RETURN_IF(check_f32(x, "softcap x"));
+    RETURN_IF(check_f32(out, "softcap out"));
+    RETURN_IF(check_same_shape(x, out, "softcap"));
+    if (!(cap > 0.0f && cap < INFINITY))
+        return pi_fail(PI_ERR_INVALID_ARG, "softcap: cap %g must be finite and > 0", (double)cap);
+    softcap_rows_args a = { x, out, cap };
+    pi_threadpool_run(pool, softcap_rows_task, &a);
+    return PI_OK;
 }

@@ -1,5 +1,11 @@
-/* activation.c: SiLU, ReLU and GELU over a row (pi_activation_row), and attention's softmax numerator
- * (pi_softmax_exp), both on the same exp.
+/* activation.c: SiLU, ReLU and GELU over a row (pi_activation_row), soft-capping (pi_softcap_row: Gemma 2's attention
+ * scores and logits) and attention's softmax numerator (pi_softmax_exp), all on the same exp.
+ *
+ * Soft-capping is y = cap tanh(u), u = x scale / cap, with tanh |u| = (1 - e^-2|u|) / (1 + e^-2|u|) and u's sign put
+ * back: e^-2|u| <= 1 never overflows (+-inf give +-cap). The error is absolute, at most 2.6 ulp of 1 times cap over
+ * |x| <= 200 cap (tests/test_ops.py; relative: 8 ulp where |y| > cap / 10): e's rounding stays in 1 - e, so a tiny
+ * |u| loses its relative precision, which neither the softmax nor sampling sees (they take differences of scores and
+ * logits). Every level runs these operations in this order.
  *
  * The AVX2 path evaluates exp with the classic range reduction (x = n ln2 + r, |r| <= ln2/2, a
  * degree-6 polynomial for e^r, 2^n through the exponent bits), within 2 ulp of expf, and builds
@@ -66,6 +72,27 @@ void pi_activation_row(int32_t op, int64_t n, const float *x, float *y) {
     }
 }
 
+/* cap tanh(x scale / cap), eight at a time (the soft-capping of the header) */
+static inline __m256 softcap8(__m256 x, __m256 scale, __m256 inv_cap, __m256 cap) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 u = _mm256_mul_ps(_mm256_mul_ps(x, scale), inv_cap);
+    const __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, u)));   /* e^-2|u| */
+    const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    return _mm256_mul_ps(cap, _mm256_or_ps(t, _mm256_and_ps(sign, u)));
+}
+
+void pi_softcap_row(int64_t n, const float *x, float *y, float scale, float cap) {
+    const __m256 vs = _mm256_set1_ps(scale), vi = _mm256_set1_ps(1.0f / cap), vc = _mm256_set1_ps(cap);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, softcap8(_mm256_loadu_ps(x + i), vs, vi, vc));
+    if (i < n) {
+        float buf[8] = { 0 };
+        memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(buf, softcap8(_mm256_loadu_ps(buf), vs, vi, vc));
+        memcpy(y + i, buf, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 /* Eight scores with their mask values: x * scale + m where m > -inf, else -inf (the cell is hidden). */
 static inline __m256 masked8(__m256 x, __m256 m, __m256 scale, __m256 *hidden) {
     *hidden = _mm256_cmp_ps(m, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
@@ -103,7 +130,11 @@ static inline __m512 masked16(const float *x, const float *mask, __m512 scale, _
 }
 #endif
 
-float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
+float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap) {
+    if (softcap > 0.0f) {   /* the scores capped in place first; x * 1 below is x */
+        pi_softcap_row(n, x, x, scale, softcap);
+        scale = 1.0f;
+    }
     const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     const int64_t n8 = n / 8 * 8;
     float xt[8], mt[8];   /* the tail, padded with hidden cells */
@@ -205,6 +236,13 @@ static inline float act1(int32_t op, float x) {
     }
 }
 
+/* cap tanh(x scale / cap): softcap8's operations one element at a time */
+static inline float softcap1(float x, float scale, float inv_cap, float cap) {
+    const float u = x * scale * inv_cap;
+    const float e = exp1(-2.0f * fabsf(u));
+    return cap * copysignf((1.0f - e) / (1.0f + e), u);
+}
+
 #if PI_NEON
 /* exp1 and act1, four lanes at a time (the same operations: the same bits) */
 static inline float32x4_t exp4(float32x4_t x) {
@@ -247,7 +285,17 @@ void pi_activation_row(int32_t op, int64_t n, const float *x, float *y) {
     for (; i < n; i++) y[i] = act1(op, x[i]);
 }
 
-float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale) {
+/* one element at a time at the neon levels too (a logits row or an attention row: a small share of the work) */
+void pi_softcap_row(int64_t n, const float *x, float *y, float scale, float cap) {
+    const float inv_cap = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++) y[i] = softcap1(x[i], scale, inv_cap, cap);
+}
+
+float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap) {
+    if (softcap > 0.0f) {   /* the scores capped in place first; x * 1 below is x */
+        pi_softcap_row(n, x, x, scale, softcap);
+        scale = 1.0f;
+    }
     float max = -INFINITY;
     int64_t i = 0;
 #if PI_NEON

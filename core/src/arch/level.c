@@ -173,6 +173,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .bf16_dp = { BF16_DOT(pi_vec_dot_bf16_bf16), pi_axpy_bf16, .vec_dot8 = ROWS8(BF16_DOT(pi_vec_dot8_bf16_bf16)),
                  .repack = REPACK(pi_repack_16bit_x8), .vec_dot_type = BF16_ACT },
     .bf16x8_dp = { .gemm8 = BF16_DOT(pi_gemm8_bf16x8_bf16), .vec_dot_type = BF16_ACT },
+    .softcap_row = pi_softcap_row,
     .softmax_exp = pi_softmax_exp,
     .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,
 };

@@ -153,7 +153,7 @@ def test_completions_with_a_list_of_prompts(server):
 
 def test_native_completion_with_a_list_of_prompts(server):
     """llama.cpp's /completion with an array of prompts: an array of results in order, each with its index and the
-    content of that prompt alone; streaming several prompts is refused by name."""
+    content of that prompt alone; streamed, each prompt's chunks carry its index and end with its final chunk."""
     from test_server import post
     prompts = ["Once upon a time", [1, 5, 9, 12]]
     body = {"n_predict": 6, "temperature": 0}
@@ -162,5 +162,15 @@ def test_native_completion_with_a_list_of_prompts(server):
     assert r.status_code == 200 and [x["index"] for x in r.json()] == [0, 1]
     assert [x["content"] for x in r.json()] == [a["content"] for a in alone]
     assert [x["tokens_evaluated"] for x in r.json()] == [a["tokens_evaluated"] for a in alone]
-    bad = post(server, "/completion", {**body, "prompt": prompts, "stream": True})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream"
+    import json
+
+    import httpx
+    with httpx.stream("POST", server + "/completion", json={**body, "prompt": prompts, "stream": True},
+                      timeout=60) as resp:
+        assert resp.status_code == 200
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+    for i, a in enumerate(alone):
+        mine = [c for c in chunks if c["index"] == i]
+        assert "".join(c["content"] for c in mine) == a["content"]
+        assert mine[-1]["stop"] and sum(c["stop"] for c in mine) == 1
+        assert mine[-1]["tokens_predicted"] == a["tokens_predicted"]

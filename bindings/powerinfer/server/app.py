@@ -24,12 +24,12 @@ which answers, and which responses and /v1/models name.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import threading
 import time
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from starlette.applications import Starlette
@@ -399,18 +399,13 @@ def build_routes(state: ServerState) -> list[Route]:
     async def completion(request: Request):
         llm = state.require()
         body = await read_json(request, state)
-        bodies = prompt_bodies(body)
-        if len(bodies) > 1:           # llama.cpp's array of prompts: an array of results, each with its index
-            if field(body, "stream", "bool", False):
-                raise RequestError("several prompts are answered without streaming here", param="stream")
-            resps = await asyncio.gather(*(completion_of(request, llm, b) for b in bodies))
-            return JSON([{**json.loads(r.body), "index": i} for i, r in enumerate(resps)])
-        return await completion_of(request, llm, body)
-
-    async def completion_of(request: Request, llm: PowerInfer, body: dict):
-        prompt = field(body, "prompt", "any")
-        tokens = await run_in_threadpool(llm.tokenize_prompt, prompt)     # long prompts: off the event loop
-        return await native_completion(request, llm, body, tokens, prompt if isinstance(prompt, str) else None)
+        bodies = prompt_bodies(body)     # llama.cpp's array of prompts: an array of results (a stream of chunks), each
+        jobs = []                        # with its index
+        for i, b in enumerate(bodies):
+            prompt = field(b, "prompt", "any")
+            tokens = await run_in_threadpool(llm.tokenize_prompt, prompt)     # long prompts: off the event loop
+            jobs.append(native_job(request, llm, b, tokens, prompt if isinstance(prompt, str) else None, i))
+        return await native_completion(request, llm, jobs, many=len(bodies) > 1)
 
     async def infill(request: Request):
         """llama.cpp's /infill: input_prefix, input_suffix, input_extra [{filename, text}], prompt (after FIM_MID),
@@ -429,11 +424,12 @@ def build_routes(state: ServerState) -> list[Route]:
                                    param="input_extra")
         tokens = await run_in_threadpool(lambda: llm.infill_prompt(prefix, suffix, extra, prompt,
                                                                    max_tokens=n_predict_field(body)))
-        return await native_completion(request, llm, body, tokens, None)
+        return await native_completion(request, llm, [native_job(request, llm, body, tokens, None)])
 
-    async def native_completion(request: Request, llm: PowerInfer, body: dict, tokens: list[int],
-                                prompt_text: str | None):
-        """/completion's work for a prompt's tokens (prompt_text: the request's text, None: the tokens' text)."""
+    def native_job(request: Request, llm: PowerInfer, body: dict, tokens: list[int], prompt_text: str | None,
+                   index: int = 0) -> SimpleNamespace:
+        """One /completion prompt's task and the shapes of its chunks and result (prompt_text: the request's text,
+        None: the tokens' text; index: its place among the request's prompts)."""
         if field(body, "n_cmpl", "int", 1) != 1:
             raise RequestError("'n_cmpl' above 1 is served on /v1/completions and /v1/chat/completions (as n), not on "
                                "/completion", param="n_cmpl", code="not_supported")
@@ -448,7 +444,6 @@ def build_routes(state: ServerState) -> list[Route]:
         settings = generation_settings(llm, s, n_predict, stream, n_probs)
         if prompt_text is None:   # after make_task, which refuses ids out of the vocabulary
             prompt_text = llm.detokenize(tokens)
-        _stats(request, prompt=len(tokens))
         tok = llm.tokenizer
 
         def probs(info) -> list:
@@ -462,10 +457,16 @@ def build_routes(state: ServerState) -> list[Route]:
             e["top_logprobs"] = [entry(t, lp) for t, lp in info["top"]]
             return [e]
 
+        def chunk(text: str, info) -> dict:
+            out = {"index": index, "content": text, "tokens": [], "stop": False, "id_slot": -1, "multimodal": False}
+            if n_probs:
+                out["completion_probabilities"] = probs(info)
+            return out
+
         def final(res: Result, content: str, all_probs: list) -> dict:
             out = {
-                "index": 0, "content": content, "tokens": res.tokens if return_tokens else [], "id_slot": res.slot,
-                "stop": True,
+                "index": index, "content": content, "tokens": res.tokens if return_tokens else [],
+                "id_slot": res.slot, "stop": True,
                 "model": state.model_name, "tokens_predicted": res.n_predicted, "tokens_evaluated": res.n_prompt,
                 "generation_settings": settings, "prompt": prompt_text, "has_new_line": "\n" in res.text,
                 "truncated": res.truncated, "stopped_eos": res.stop_type == "eos",
@@ -476,33 +477,42 @@ def build_routes(state: ServerState) -> list[Route]:
             if n_probs:
                 out["completion_probabilities"] = all_probs
             return out
+        return SimpleNamespace(task=task, stream=stream, n_probs=n_probs, probs=probs, chunk=chunk, final=final)
 
-        if stream:
-            q = attach(task, state.stats)
-            llm.engine.submit(task)
+    async def native_completion(request: Request, llm: PowerInfer, jobs: list, many: bool = False):
+        """/completion's response for its prompts' jobs (native_job): one result, or with `many` an array of them;
+        streamed: the jobs' chunks as they come, each with its index, and each job's final chunk."""
+        _stats(request, prompt=sum(len(j.task.prompt_tokens) for j in jobs))
+        if jobs[0].stream:
+            q: asyncio.Queue = asyncio.Queue()
+            for i, j in enumerate(jobs):
+                attach(j.task, state.stats, q, index=i)
+            for j in jobs:
+                llm.engine.submit(j.task)
 
             async def events():
-                while True:
-                    ev = await q.get()
+                left, predicted = len(jobs), 0
+                while left:
+                    i, ev = await q.get()
                     if ev[0] == "token":
-                        chunk = {"index": 0, "content": ev[1], "tokens": [], "stop": False, "id_slot": -1,
-                                 "multimodal": False}
-                        if n_probs:
-                            chunk["completion_probabilities"] = probs(ev[2])
-                        yield sse(chunk)
+                        yield sse(jobs[i].chunk(ev[1], ev[2]))
                     elif ev[0] == "error":
                         yield sse(_error_of(ev[1]))
                         return
                     else:
-                        _stats(request, predicted=ev[1].n_predicted)
-                        yield sse(final(ev[1], "", []))
-                        return
-            return EngineStream(events(), task, llm)
+                        left, predicted = left - 1, predicted + ev[1].n_predicted
+                        _stats(request, predicted=predicted)
+                        yield sse(jobs[i].final(ev[1], "", []))
+            return EngineStream(events(), [j.task for j in jobs], llm)
 
-        all_probs: list = []
-        res = await collect(request, llm, task, lambda text, info: all_probs.extend(probs(info)) if n_probs else None)
-        _stats(request, predicted=res.n_predicted)
-        return JSON(final(res, res.text, all_probs))
+        async def one(j):
+            all_probs: list = []
+            res = await collect(request, llm, j.task,
+                                lambda text, info: all_probs.extend(j.probs(info)) if j.n_probs else None)
+            return j.final(res, res.text, all_probs)
+        results = await asyncio.gather(*(one(j) for j in jobs))
+        _stats(request, predicted=sum(r["tokens_predicted"] for r in results))
+        return JSON(results if many else results[0])
 
     # ---- OpenAI
     def openai_common(body: dict, llm: PowerInfer) -> tuple[dict, bool, bool]:

@@ -316,7 +316,7 @@ class ReferenceModel:
         self.rope_base = float(m("rope.freq_base", 10000.0))
         # local layers (llama.cpp): gemma3's every 6th layer global, rope base 10000; gemma2's every other one (the
         # even ones local), the global rope base unless rope.freq_base_swa, a window of 4096 unless the file says
-        self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base)) if arch == "gemma2" else 10000.0
+        self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base if arch == "gemma2" else 10000.0))
         self.n_swa = int(m("attention.sliding_window", 4096 if arch == "gemma2" else 0)) if arch in GEMMA_ARCHS else 0
         pattern = m("attention.sliding_window_pattern")
         self.swa_pattern = pattern if isinstance(pattern, int) else 2 if arch == "gemma2" else 6
@@ -326,6 +326,8 @@ class ReferenceModel:
         if arch == "gemma2":   # llama.cpp's defaults where the file has no value
             self.attn_softcap = float(m("attn_logit_softcapping", 50.0))
             self.final_softcap = float(m("final_logit_softcapping", 30.0))
+        elif arch == "gemma3":   # a window or not (Rnj-1), a final cap where the file has one
+            self.final_softcap = float(m("final_logit_softcapping", 0.0))
         self.neox = arch in NEOX_ARCHS
         self.layer_norm = arch in LAYER_NORM_ARCHS
         self.eps = float(m("attention.layer_norm_epsilon", 1e-5) if self.layer_norm

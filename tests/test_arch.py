@@ -121,16 +121,15 @@ def test_unsupported_architecture_is_named(tmp_path):
         pi.Model(path)
 
 
-def test_gemma3_without_sliding_window_is_refused(tmp_path, files):
-    import gguf
-    src = gguf.GGUFReader(files["gemma3"][0])
-    assert "gemma3.attention.sliding_window" in src.fields
+def test_gemma3_sliding_window_pattern(tmp_path):
+    """The window's layer pattern from per-layer flags (newer converters); no window: every layer global."""
     from powerinfer.model import _hparams_from_metadata
     meta = {"general.architecture": "gemma3", "gemma3.embedding_length": 128, "gemma3.attention.head_count": 4,
             "gemma3.context_length": 512, "gemma3.feed_forward_length": 256, "gemma3.block_count": 7,
             "gemma3.attention.key_length": 64, "tokenizer.ggml.tokens": ["a"] * 320}
-    with pytest.raises(ModelLoadError, match="sliding_window"):
-        _hparams_from_metadata(tmp_path / "x.gguf", meta)
+    assert _hparams_from_metadata(tmp_path / "x.gguf", meta).n_swa == 0
+    with pytest.raises(ModelLoadError, match="final_logit_softcapping"):
+        _hparams_from_metadata(tmp_path / "x.gguf", {**meta, "gemma3.final_logit_softcapping": -1.0})
     hp = _hparams_from_metadata(tmp_path / "x.gguf", {**meta, "gemma3.attention.sliding_window": 512,
                                                       "gemma3.attention.sliding_window_pattern":
                                                           [True, True, False] * 2 + [True]})
@@ -274,3 +273,26 @@ def test_gemma2_bad_softcap_in_a_file(tmp_path, files):
                   meta={"gemma2.final_logit_softcapping": (-3.0, gguf.GGUFValueType.FLOAT32)})
     with pytest.raises(ModelLoadError, match="gemma2.final_logit_softcapping"):
         pi.Model(bad)
+
+
+def test_gemma3_without_a_window(files, tmp_path):
+    """gemma3 without attention.sliding_window (Rnj-1): every layer global, and the file's final logit soft cap:
+    the reference's logits and, where llama-cpp-python is installed, llama.cpp's."""
+    from gguf import GGUFValueType as VT
+    from model_files import rewrite
+    path = rewrite(files["gemma3"][0], tmp_path / "gemma3-global.gguf",
+                   meta={"gemma3.attention.sliding_window": None, "gemma3.final_logit_softcapping": (3.0, VT.FLOAT32)})
+    hp = pi.Model(path).hparams
+    assert hp.n_swa == 0 and hp.final_softcap == 3.0
+    ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32"), PROMPT)
+    ref = ReferenceModel(path)
+    assert ref.n_swa == 0 and rel_rms(ours, ref.forward(PROMPT)) < F32_REL_RMS, rel_rms(ours, ref.forward(PROMPT))
+    assert rel_rms(ours, ReferenceModel(path, final_softcap=0.0).forward(PROMPT)) > 1e-3
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
+                         type_k=0, type_v=0)
+    ll.eval(PROMPT)
+    assert rel_rms(ours, np.array(ll.scores[:len(PROMPT)], dtype=np.float64)) < 3e-3     # the f16 GELU table

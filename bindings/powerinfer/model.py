@@ -224,19 +224,18 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     elif arch == "opt":
         extra.update(qkv_bias=True)
     elif arch == "gemma3":
-        if get("attention.sliding_window") is None:
-            raise ModelLoadError(f"{path}: gemma3 without {arch}.attention.sliding_window (the global-only variant "
-                                 "with final logit soft-capping) is not supported")
-        n_swa = as_int("attention.sliding_window", get("attention.sliding_window"))
-        pattern = swa_pattern(6)   # llama.cpp: every 6th layer is global
+        # a window: every 6th layer global (llama.cpp), local layers rope with base 10000 (rope.freq_base_swa where
+        # the file has one) unscaled; no window (Rnj-1): every layer global. The final soft cap where the file has one
+        n_swa = as_int("attention.sliding_window", get("attention.sliding_window")) \
+            if get("attention.sliding_window") else 0
         n_layer = as_int("block_count", get("block_count", required=True))
         # llama.cpp (after gemma_pytorch): q is scaled by 1/sqrt(n_embd / n_head) in the 27B model
         # (query_pre_attn_scalar), by 1/sqrt(head_dim) in the others
         attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_dim)
-        # local layers: rope base 10000 without scaling; global ones: rope.freq_base and the file's scaling
         extra.update(rope_mode="neox", qk_norm=True, post_norms=True, embd_scale=math.sqrt(n_embd),
-                     attn_scale=attn_scale, n_swa=n_swa, swa_pattern=pattern,
-                     rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0)
+                     attn_scale=attn_scale, n_swa=n_swa, swa_pattern=swa_pattern(6) if n_swa else 0,
+                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa", 10000.0)),
+                     rope_freq_scale_swa=1.0, final_softcap=softcap("final_logit_softcapping", 0.0))
     elif arch == "gemma2":
         # llama.cpp (llama_model_gemma2): the window defaults to 4096, every other layer local (set_swa_pattern(2):
         # even layers local, odd global) unless the file says otherwise; local layers rope with the file's base and

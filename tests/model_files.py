@@ -163,6 +163,9 @@ CONFIGS["mistral"] = CONFIGS["llama"]
 CONFIGS["granite"] = dict(CONFIGS["llama"], embedding_scale=12.0, attention_scale=0.015625, residual_scale=0.22,
                           logit_scale=8.0)
 CONFIGS["smollm3"] = dict(CONFIGS["llama"], n_layer=8)
+# olmo2: no pre-norms, post-norms, q/k RMSNorm over the whole projection; with a window (OLMo 3): 5 layers, every 4th
+# global, a window of 5 positions
+CONFIGS["olmo2"] = dict(CONFIGS["llama"], n_layer=5, n_swa=5)
 CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32, n_rot=24,
                        rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
@@ -177,7 +180,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch in ("gemma2", "gemma3")
                                                                                  else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3"):
+    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
@@ -200,6 +203,10 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
         if arch in ("gemma2", "gemma3"):
             w[p + "post_attention_norm.weight"] = norm(E)
             w[p + "post_ffw_norm.weight"] = norm(E)
+        if arch == "olmo2":
+            del w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(Eq), norm(Ekv)
+            w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(E), norm(E)
     return w
 
 
@@ -225,7 +232,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         if arch == "gemma2":      # the keys llama.cpp's convert_hf_to_gguf.py writes (Gemma2Model)
             writer.add_attn_logit_softcapping(c["attn_softcap"])
             writer.add_final_logit_softcapping(c["final_softcap"])
-        if arch in ("gemma2", "gemma3"):
+        if arch in ("gemma2", "gemma3", "olmo2"):
             writer.add_sliding_window(c["n_swa"])
         else:
             writer.add_rope_dimension_count(c.get("n_rot", c["head_dim"]))

@@ -207,10 +207,10 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3")   # LLAMA_ROPE_TYPE_NEOX here
+NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3", "olmo2")   # LLAMA_ROPE_TYPE_NEOX here
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite",
-         "granitemoe", "smollm3") + LAYER_NORM_ARCHS
+         "granitemoe", "smollm3", "olmo2") + LAYER_NORM_ARCHS
 GEMMA_ARCHS = ("gemma2", "gemma3")               # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -316,10 +316,11 @@ class ReferenceModel:
         self.rope_base = float(m("rope.freq_base", 10000.0))
         # local layers (llama.cpp): gemma3's every 6th layer global, rope base 10000; gemma2's every other one (the
         # even ones local), the global rope base unless rope.freq_base_swa, a window of 4096 unless the file says
-        self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base if arch == "gemma2" else 10000.0))
-        self.n_swa = int(m("attention.sliding_window", 4096 if arch == "gemma2" else 0)) if arch in GEMMA_ARCHS else 0
+        self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base if arch in ("gemma2", "olmo2") else 10000.0))
+        self.n_swa = int(m("attention.sliding_window", 4096 if arch == "gemma2" else 0)) \
+            if arch in GEMMA_ARCHS + ("olmo2",) else 0
         pattern = m("attention.sliding_window_pattern")
-        self.swa_pattern = pattern if isinstance(pattern, int) else 2 if arch == "gemma2" else 6
+        self.swa_pattern = pattern if isinstance(pattern, int) else {"gemma2": 2, "olmo2": 4}.get(arch, 6)
         # q scaling (gemma_pytorch's query_pre_attn_scalar): n_embd / n_head in the 27B models, else head_dim
         big = (arch, self.n_layer) in (("gemma2", 46), ("gemma3", 62))
         self.attn_scale = 1.0 / math.sqrt(self.n_embd // self.n_head if big else self.head_dim)
@@ -483,8 +484,10 @@ class ReferenceModel:
             q, k, v = qkv[:, :e], qkv[:, e:e + ekv], qkv[:, e + ekv:]
         else:
             q, k, v = (h @ L[f"attn_{t}"].T + L.get(f"attn_{t}.bias", 0.0) for t in "qkv")
+        if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == q.shape[1] != hd:   # olmo2: of the whole q and k
+            q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
         q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
-        if "attn_q_norm" in L:              # gemma3, qwen3
+        if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd:       # gemma3, qwen3: of each head
             q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
         return q, k, v
 
@@ -552,7 +555,7 @@ class ReferenceModel:
         if self.pos_embd is not None:                                 # opt
             x += self.pos_embd[pos + 2]
         for li, L in enumerate(self.layers):
-            h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias"))
+            h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias")) if "attn_norm" in L else x   # olmo2: none
             if self.arch == "falcon":                                 # parallel attention and FFN
                 a_in = self.norm(x, L["attn_norm_2"], L["attn_norm_2.bias"]) if "attn_norm_2" in L else h
                 x = x + self.attention(L, li, a_in, pos, all_pos, cache) + self.ffn(L, h, x, trace)
@@ -562,7 +565,7 @@ class ReferenceModel:
             x = x + self.attention(L, li, h, pos, all_pos, cache) * self.residual_scale
             if trace is not None:
                 trace.setdefault("ffn_inp", []).append(x.copy())
-            g = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias"))
+            g = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias")) if "ffn_norm" in L else x
             f = self.ffn(L, g, x, trace)
             x = x + (self.rmsnorm(f, L["post_ffw_norm"]) if "post_ffw_norm" in L else f) * self.residual_scale
             if self.control_vector is not None:

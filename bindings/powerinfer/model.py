@@ -23,11 +23,12 @@ log = logging.getLogger("powerinfer")
 # logits (the flags below say which). phi3 (Phi-3, Phi-3.5, Phi-4, Phi-4-mini) is llama with NEOX rope, fused
 # tensors (split into views at load: phi3_views) and long / short rope factors. granite (IBM Granite 3.x, granitemoe
 # with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is llama without
-# rope in every 4th layer.
+# rope in every 4th layer; olmo2 (OLMo 2 / 3) is llama with post-norms only and q/k norms over the whole projection.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
           "gemma2": lib.PI_ARCH_GEMMA3, "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
+          "olmo2": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
@@ -63,8 +64,9 @@ class HParams:
     attn_softcap: float = 0.0       # > 0: attention scores s -> cap tanh(s / cap) before the mask (gemma2); 0: none
     final_softcap: float = 0.0      # > 0: logits -> cap tanh(logits / cap) (gemma2); 0: none
     qkv_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: int = 0                # 1: per head; 2: of the whole q and k (olmo2)
     post_norms: bool = False
+    post_norms_only: bool = False   # no pre-norms: blocks read the residual stream (olmo2)
     n_swa: int = 0                  # sliding window of the local layers (0: every layer global)
     swa_pattern: int = 0            # with n_swa: layer il is local iff il % swa_pattern < swa_pattern - 1
     rope_freq_base_swa: float = 0.0   # local layers' rope (0: as the global layers)
@@ -215,6 +217,19 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(embd_scale=scales.get("embedding_scale", 0.0), attn_scale=scales.get("attention.scale", 0.0),
                      residual_scale=scales.get("residual_scale", 0.0), logit_scale=scales["logit_scale"],
                      n_no_rope_layer_step=0 if get("rope.scaling.finetuned", True) else 1)
+    elif arch == "olmo2":
+        # OLMo 2 (and OLMo 3's sliding window, every 4th layer global): no pre-norms, the blocks' outputs normed
+        # (post_attention_norm, post_ffw_norm), RMSNorm of the whole q and k; local layers rope unscaled
+        n_swa = as_int("attention.sliding_window", get("attention.sliding_window")) \
+            if get("attention.sliding_window") else 0
+        if n_swa and yarn["yarn_ext_factor"]:
+            raise ModelLoadError(f"{path}: olmo2 with a sliding window and YaRN (its local layers rope without it) "
+                                 "is not supported")
+        extra.update(rope_mode="neox", qk_norm=2, post_norms=True, post_norms_only=True, n_swa=n_swa,
+                     swa_pattern=swa_pattern(4) if n_swa else 0,
+                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa",
+                                                                           get("rope.freq_base", 10000.0))),
+                     rope_freq_scale_swa=1.0)
     elif arch == "smollm3":
         extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
     elif arch == "phi3":
@@ -536,6 +551,7 @@ class Model:
         p.n_no_rope_layer_step = hp.n_no_rope_layer_step
         p.attn_softcap, p.final_softcap = hp.attn_softcap, hp.final_softcap
         p.qkv_bias, p.qk_norm, p.post_norms = int(hp.qkv_bias), int(hp.qk_norm), int(hp.post_norms)
+        p.post_norms_only = int(hp.post_norms_only)
         p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
         p.n_expert, p.n_expert_used, p.expert_weights_scale = hp.n_expert, hp.n_expert_used, hp.expert_weights_scale
         p.rope_freq_base_swa, p.rope_freq_scale_swa = hp.rope_freq_base_swa, hp.rope_freq_scale_swa

@@ -330,7 +330,8 @@ typedef struct pi_hparams {
     float   final_softcap;   /* > 0: logits = final_softcap * tanh(logits / final_softcap) (gemma2:
                               * final_logit_softcapping, 30); 0: none. Embeddings (pi_get_embeddings) are not capped */
     int32_t qkv_bias;        /* 1: blk.N.attn_q/k/v.bias [f32] are added after the projections (qwen2) */
-    int32_t qk_norm;         /* 1: per-head RMSNorm of q and k with blk.N.attn_q_norm/attn_k_norm [head_dim] */
+    int32_t qk_norm;         /* 1: per-head RMSNorm of q and k with blk.N.attn_q_norm/attn_k_norm [head_dim]; 2: RMSNorm
+                              * of the whole q [n_head * head_dim] and k [n_head_kv * head_dim] (olmo2) */
     int32_t post_norms;      /* 1: RMSNorm of each block's output (post_attention_norm, post_ffw_norm) before the residual add */
     int32_t n_swa;           /* > 0: local layers see only the last n_swa positions (pos[t] - pos[cell] < n_swa) */
     int32_t swa_pattern;     /* with n_swa: layer il is local iff swa_pattern == 0 or il % swa_pattern < swa_pattern - 1
@@ -364,6 +365,8 @@ typedef struct pi_hparams {
     float   residual_scale;  /* each block's output (attention, FFN) is multiplied by this before the residual add
                               * (granite's residual_scale); 0: 1 */
     float   logit_scale;     /* the logits are divided by this (granite's logit_scale); 0: 1 */
+    int32_t post_norms_only; /* 1 (with post_norms): no attn_norm / ffn_norm: each block reads the residual stream itself,
+                              * its output is normed before the add (olmo2) */
     int32_t n_no_rope_layer_step;  /* > 0: layers il with (il + 1) % step == 0 apply no rope (smollm3: 4, NoPE every
                               * 4th layer; 1: no layer ropes, granite without rope.scaling.finetuned) */
 } pi_hparams;

@@ -345,6 +345,15 @@ static pi_status norm(pi_context *ctx, pi_exec *e, const float *x, const pi_tens
     return OP(e, layer_norm, &xt, w, b, ctx->model->hp.norm_eps, &ot);
 }
 
+/* A block's input: x normed, or x itself where the model has no pre-norms (olmo2: w->data NULL) */
+static pi_status block_input(pi_context *ctx, pi_exec *e, const float *x, const pi_tensor *w, const pi_tensor *b,
+                             float *out, int64_t T) {
+    if (w->data) return norm(ctx, e, x, w, b, out, T);
+    const int64_t E = ctx->model->hp.n_embd;
+    pi_tensor xt = f32_2d((float *)x, E, T), ot = f32_2d(out, E, T);
+    return OP(e, copy_2d, &xt, &ot);
+}
+
 static pi_status add_inplace(pi_exec *e, float *x, float *y, int64_t D, int64_t T) {
     pi_tensor xt = f32_2d(x, D, T), yt = f32_2d(y, D, T);
     return OP(e, binary, PI_BINARY_ADD, &xt, &yt, &xt);
@@ -496,9 +505,13 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
 
     pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ hd, hp->n_head, T });
     pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, hp->n_head_kv, T });
-    if (hp->qk_norm) {   /* RMSNorm of each head's vector */
+    if (hp->qk_norm == 1) {   /* RMSNorm of each head's vector */
         TRY(OP(e, rms_norm, &q, &L->q_norm, hp->norm_eps, &q));
         TRY(OP(e, rms_norm, &k, &L->k_norm, hp->norm_eps, &k));
+    } else if (hp->qk_norm == 2) {   /* of each token's whole q and k (olmo2) */
+        pi_tensor qa = f32_2d(B->q, hd * hp->n_head, T), ka = f32_2d(B->k, hd * hp->n_head_kv, T);
+        TRY(OP(e, rms_norm, &qa, &L->q_norm, hp->norm_eps, &qa));
+        TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
     }
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
@@ -546,7 +559,7 @@ static pi_status attention_block(pi_context *ctx, pi_exec **at, const pi_layer_e
     pi_exec *e = lx->attn;
     const int64_t T = b->n_tokens;
     TRY(move_x(ctx, at, e, T));
-    TRY(norm(ctx, e, e->buf.x, &lx->attn_w->attn_norm, &lx->attn_w->attn_norm_b, e->buf.cur, T));
+    TRY(block_input(ctx, e, e->buf.x, &lx->attn_w->attn_norm, &lx->attn_w->attn_norm_b, e->buf.cur, T));
     TRY(attention_core(ctx, lx, il, b, n_kv));
     return residual_add(ctx, e, e->buf.cur, &lx->attn_w->post_attn_norm, T);
 }
@@ -714,7 +727,7 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     const pi_layer *L = lx->ffn_w;
     pi_buffers *B = &e->buf;
     TRY(move_x(ctx, at, e, T));
-    TRY(norm(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
+    TRY(block_input(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
     if (hp->n_expert > 0) {
         TRY(pi_moe_ffn(ctx, e, L, B->cur, B->cur, T));
         return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);

@@ -161,9 +161,11 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (!(hp->rope_freq_base_swa >= 0.0f) || !(hp->rope_freq_scale_swa >= 0.0f))
         return pi_fail(PI_ERR_BAD_MODEL, "rope freq base %g and scale %g of the local layers must be >= 0",
                        (double)hp->rope_freq_base_swa, (double)hp->rope_freq_scale_swa);
-    if (hp->qkv_bias < 0 || hp->qkv_bias > 1 || hp->qk_norm < 0 || hp->qk_norm > 1 || hp->post_norms < 0 ||
-        hp->post_norms > 1)
-        return pi_fail(PI_ERR_BAD_MODEL, "qkv_bias, qk_norm and post_norms must be 0 or 1");
+    if (hp->qkv_bias < 0 || hp->qkv_bias > 1 || hp->qk_norm < 0 || hp->qk_norm > 2 || hp->post_norms < 0 ||
+        hp->post_norms > 1 || hp->post_norms_only < 0 || hp->post_norms_only > 1)
+        return pi_fail(PI_ERR_BAD_MODEL, "qkv_bias, post_norms and post_norms_only must be 0 or 1, qk_norm 0..2");
+    if (hp->post_norms_only && (!hp->post_norms || hp->sparse || pi_uses_layer_norm(hp)))
+        return pi_fail(PI_ERR_BAD_MODEL, "post_norms_only needs post_norms (and a dense RMSNorm model)");
     return PI_OK;
 }
 
@@ -378,7 +380,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         pi_layer *L = &m->layers[il];
 #define LAYER(suffix, ne0, ne1, f32, opt, dst) do { \
         snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst)); } while (0)
-        LAYER("attn_norm.weight",   E, 0,    true,  false, &L->attn_norm);
+        if (!hp->post_norms_only) LAYER("attn_norm.weight", E, 0, true, false, &L->attn_norm);
         if (ln) LAYER("attn_norm.bias", E, 0, true, false, &L->attn_norm_b);
         if (falcon) {
             LAYER("attn_norm_2.weight", E, 0, true, true, &L->attn_norm_2);
@@ -391,16 +393,17 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         }
         LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
         if (opt) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
-        if (!falcon) LAYER("ffn_norm.weight", E, 0, true, false, &L->ffn_norm);   /* falcon: parallel block */
+        if (!falcon && !hp->post_norms_only)   /* falcon: parallel block */
+            LAYER("ffn_norm.weight", E, 0, true, false, &L->ffn_norm);
         if (opt) LAYER("ffn_norm.bias", E, 0, true, false, &L->ffn_norm_b);
         if (hp->qkv_bias) {
             LAYER("attn_q.bias", E_q, 0, true, false, &L->bq);
             LAYER("attn_k.bias", E_kv, 0, true, false, &L->bk);
             LAYER("attn_v.bias", E_kv, 0, true, false, &L->bv);
         }
-        if (hp->qk_norm) {
-            LAYER("attn_q_norm.weight", hd, 0, true, false, &L->q_norm);
-            LAYER("attn_k_norm.weight", hd, 0, true, false, &L->k_norm);
+        if (hp->qk_norm) {   /* per head, or over the whole projection (olmo2) */
+            LAYER("attn_q_norm.weight", hp->qk_norm == 2 ? E_q : hd, 0, true, false, &L->q_norm);
+            LAYER("attn_k_norm.weight", hp->qk_norm == 2 ? E_kv : hd, 0, true, false, &L->k_norm);
         }
         if (hp->post_norms) {
             LAYER("post_attention_norm.weight", E, 0, true, false, &L->post_attn_norm);

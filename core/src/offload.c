@@ -323,6 +323,11 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
             goto fail;
         }
     }
+    if (hp->post_norms_only && !be->i->supports_op(be, PI_BOP_COPY_2D, -1)) {
+        st = pi_fail(PI_ERR_UNSUPPORTED, "offload: %s cannot run blocks without pre-norms (olmo2: their input is a "
+                     "copy of the residual stream)", be->i->name);
+        goto fail;
+    }
     if (s.n_attn_layers > 0 && m->rope_freqs.data && !be->i->supports_op(be, PI_BOP_ROPE_FREQS, -1)) {
         st = pi_fail(PI_ERR_UNSUPPORTED, "offload: %s has no rope with frequency factors (rope_freqs)", be->i->name);
         goto fail;

@@ -1,6 +1,8 @@
-"""granite (IBM Granite 3.x: llama with embedding, attention, residual and logit multipliers) and smollm3 (llama
-without rope in every 4th layer) on tiny random f32 files, against the float64 reference (tests/reference_model.py);
-llama.cpp checks the same files in tests/compat/test_granite_smollm3_vs_llama_cpp.py."""
+"""Architectures that are llama with flags, on tiny random f32 files against the float64 reference
+(tests/reference_model.py): granite (IBM Granite 3.x: embedding, attention, residual and logit multipliers), smollm3
+(no rope in every 4th layer), olmo2 (OLMo 2 / 3: no pre-norms, post-norms, q/k RMSNorm over the whole projection,
+OLMo 3's sliding window every 4th layer global). llama.cpp checks the same files in
+tests/compat/test_llama_variants_vs_llama_cpp.py."""
 from __future__ import annotations
 
 import sys
@@ -23,13 +25,13 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("archs")
     out = {}
-    for arch in ("granite", "smollm3"):
+    for arch in ("granite", "smollm3", "olmo2"):
         out[arch] = d / f"tiny-{arch}.gguf"
         write_arch_model(out[arch], arch, seed=3)
     return out
 
 
-@pytest.mark.parametrize("arch", ["granite", "smollm3"])
+@pytest.mark.parametrize("arch", ["granite", "smollm3", "olmo2"])
 def test_forward_matches_numpy(files, arch):
     model = pi.Model(files[arch])
     ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
@@ -100,3 +102,18 @@ def test_granitemoe(tmp_path):
                          type_k=0, type_v=0)
     ll.eval(PROMPT)
     assert rel_rms(ours, np.array(ll.scores[:len(PROMPT)], dtype=np.float64)) < 1e-5
+
+
+def test_olmo2_pieces_matter(files, tmp_path):
+    """The norms over the whole q and k (not per head) and the window (OLMo 3) change the logits; without a window
+    (OLMo 2) every layer is global."""
+    path = files["olmo2"]
+    ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32"), PROMPT)
+    assert rel_rms(ours, ReferenceModel(path, n_swa=0).forward(PROMPT)) > 1e-3
+    hp = pi.Model(path).hparams
+    assert (hp.qk_norm, hp.post_norms_only, hp.swa_pattern, hp.rope_mode) == (2, True, 4, "neox")
+    from model_files import rewrite
+    plain = rewrite(path, tmp_path / "olmo2-global.gguf", meta={"olmo2.attention.sliding_window": None})
+    assert pi.Model(plain).hparams.n_swa == 0
+    got = logits_all(pi.Context(pi.Model(plain), n_ctx=64, kv_type="f32"), PROMPT)
+    assert rel_rms(got, ReferenceModel(plain).forward(PROMPT)) < FLOAT_REL_RMS

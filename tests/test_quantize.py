@@ -3,10 +3,11 @@
 With llama-cpp-python installed, every supported file type of tiny random models (a llama of 8 layers and n_embd 256
 so that the K-quants and Q4_K_M's "use_more_bits" layers apply; a tied qwen2; gemma3 at n_embd 128, where every
 K-quant falls back; a llama of n_embd 80, where the 32-element types fall back to f16; an 8-expert MoE; phi3's fused
-attn_qkv) is compared with llama_cpp.llama_model_quantize on the same input: the same tensors (names, order, types,
-shapes, data), the same metadata (general.file_type, general.quantization_version), the same bytes. So are the
-options (--pure, --leave-output-tensor, --output-tensor-type, --token-embedding-type, --tensor-type,
---allow-requantize, --prune-layers, --override-kv, COPY).
+attn_qkv; a dense falcon; an 80-layer llama with GQA, llama.cpp's "70B") is compared with
+llama_cpp.llama_model_quantize on the same input: the same tensors (names, order, types, shapes, data), the same
+metadata (general.file_type, general.quantization_version), the same bytes. So are the options (--pure,
+--leave-output-tensor, --output-tensor-type, --token-embedding-type, --tensor-type, --allow-requantize,
+--prune-layers, --override-kv, COPY).
 
 Without the peer: the types llama.cpp's rules give (written out below for the llama), the metadata, each tensor's
 weights within its type's error bound, the logits of every type against the f16 model within a per-type tolerance,
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
 from helpers import logits_all, rel_rms
-from model_files import CONFIGS, make_weights, rewrite, write_arch_model, write_sparse_model
+from model_files import CONFIGS, make_weights, rewrite, write_arch_model, write_gguf, write_sparse_model
 
 import powerinfer as pi
 from powerinfer._ffi import ffi, lib
@@ -36,7 +37,7 @@ from powerinfer.quantize import QuantizeError, quantize_file
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
-from make_test_model import write_model  # noqa: E402
+from make_test_model import add_vocab, synthetic_vocab, write_model  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("quantize_tool", REPO / "tools" / "quantize.py")
 tool = importlib.util.module_from_spec(_spec)
@@ -79,6 +80,32 @@ def _moe8_file(d: Path) -> Path:
                    meta={"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)})
 
 
+def _falcon_file(path: Path) -> Path:
+    """A dense falcon (llama.cpp's names: fused attn_qkv, no gate) of 16 layers: falcon's own Q3_K / Q4_K rules."""
+    rng = np.random.default_rng(5)
+    E, F, V = 256, 256, 320
+    t = {"token_embd.weight": rng.standard_normal((V, E)), "output_norm.weight": np.ones(E),
+         "output_norm.bias": np.zeros(E), "output.weight": rng.standard_normal((V, E)) / 16}
+    for il in range(16):
+        p = f"blk.{il}."
+        t.update({p + "attn_norm.weight": np.ones(E), p + "attn_norm.bias": np.zeros(E),
+                  p + "attn_qkv.weight": rng.standard_normal((E + 128, E)) / 16,
+                  p + "attn_output.weight": rng.standard_normal((E, E)) / 16,
+                  p + "ffn_up.weight": rng.standard_normal((F, E)) / 16,
+                  p + "ffn_down.weight": rng.standard_normal((E, F)) / 16})
+
+    def keys(w):
+        w.add_context_length(2048)
+        w.add_embedding_length(E)
+        w.add_feed_forward_length(F)
+        w.add_block_count(16)
+        w.add_head_count(4)
+        w.add_head_count_kv(1)
+        w.add_layer_norm_eps(1e-5)
+        add_vocab(w, *synthetic_vocab(V))
+    return write_gguf(path, "falcon", {k: v.astype(np.float32) for k, v in t.items()}, keys=keys, dtype="f16")
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     d = tmp_path_factory.mktemp("quantize")
@@ -91,6 +118,10 @@ def inputs(tmp_path_factory):
     write_model(files["odd"], dtype="f32", n_vocab=320, n_embd=80, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
     files["phi3"] = _arch_file(d / "phi3-f16.gguf", "phi3", "f16", n_embd=256, n_ff=256, n_layer=9)
     files["moe8"] = _moe8_file(d)
+    files["falcon"] = _falcon_file(d / "falcon-f16.gguf")
+    # what llama.cpp calls a 70B (80 layers, GQA): attn_v's Q3_K / Q4_K become Q5_K (here, rows of 32: Q5_1)
+    files["l80"] = d / "l80-f16.gguf"
+    write_model(files["l80"], dtype="f16", n_vocab=320, n_embd=32, n_ff=64, n_head=4, n_head_kv=2, n_layer=80)
     return files
 
 
@@ -171,7 +202,9 @@ def _both(llama_cpp, tmp_path, src, name, *, tensor_types=(), kv_overrides=(), p
 CASES = [(m, t) for m in ("llama", "qwen2", "gemma3") for t in FTYPES] + \
         [("odd", t) for t in ("Q4_K_M", "Q4_0", "Q5_1", "Q6_K", "Q2_K")] + \
         [("moe8", t) for t in ("Q4_K_M", "Q3_K_M", "Q2_K", "Q4_K_S", "Q8_0")] + \
-        [("phi3", t) for t in ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q3_K_L", "Q2_K")]
+        [("phi3", t) for t in ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q3_K_L", "Q2_K")] + \
+        [("falcon", t) for t in ("Q4_K_M", "Q3_K_M", "Q3_K_L", "Q4_K_S")] + \
+        [("l80", t) for t in ("Q3_K_M", "Q4_K_S", "Q4_K_M")]
 
 
 @pytest.mark.parametrize("model,ftype", CASES, ids=[f"{m}-{t}" for m, t in CASES])
@@ -277,6 +310,8 @@ def test_fallback_types(inputs, tmp_path):
     quantize_file(inputs["odd"], tmp_path / "o.gguf", opts_for("Q4_0"))
     o = open_gguf(tmp_path / "o.gguf").tensors
     assert o["blk.0.attn_q.weight"].type == F16 and o["blk.0.ffn_down.weight"].type == Q4_0
+    r = quantize_file(inputs["l80"], None, opts_for("Q3_K_M"), dry_run=True)     # a "70B": Q5_K, falling back
+    assert {p.dst_type for p in r.tensors if "attn_v" in p.name} == {7}           # to Q5_1 (not Q4_K's Q5_0)
 
 
 # error bound of each type on these weights (N(0, 1/n) matrices, an N(0, 1) token_embd): the relative RMS of the
@@ -437,3 +472,16 @@ def test_dry_run_writes_nothing(inputs, tmp_path):
     rc, err = run_tool("--dry-run", src, "Q4_K_M")
     assert rc == 0 and "-> " in err and "q6_K" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.gguf"]
+
+
+def test_tensor_type_file_is_the_options(inputs, tmp_path):
+    """--tensor-type-file: the --tensor-type entries of a file (blank-separated; names lowercased, as llama-quantize)."""
+    (tmp_path / "types.txt").write_text("ATTN_Q=q8_0\n  ffn_up=Q5_K blk\\.3\\.=f16\n")
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert run_tool("-q", "--tensor-type-file", tmp_path / "types.txt", inputs["llama"], a, "Q4_K_M")[0] == 0
+    assert run_tool("-q", "--tensor-type", "attn_q=q8_0", "--tensor-type", "ffn_up=q5_k", "--tensor-type",
+                    "blk\\.3\\.=f16", inputs["llama"], b, "Q4_K_M")[0] == 0
+    assert a.read_bytes() == b.read_bytes()
+    t = open_gguf(a).tensors
+    assert (t["blk.0.attn_q.weight"].type, t["blk.0.ffn_up.weight"].type, t["blk.3.ffn_gate.weight"].type) == \
+        (Q8_0, Q5_K, F16)

@@ -522,7 +522,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     pi_tensor mask = f32_2d(local ? B->mask_swa : B->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, hp->attn_softcap, &att));
+    TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, hp->attn_softcap, L->attn_sinks.data, &att));
 
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
     const bool wo_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 1, T);

@@ -9,6 +9,8 @@ separate work; these files are f32 (and Q8_0 in the compatibility test).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
@@ -17,6 +19,7 @@ from model_files import CONFIGS, make_weights, rewrite, write_arch_model
 from reference_model import ReferenceModel
 
 import powerinfer as pi
+from powerinfer.chat import ChatFormatter, ChatTemplateError
 from powerinfer.gguf_file import ModelLoadError
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]   # 16 > the window of 5
@@ -193,3 +196,38 @@ def test_seeds_match_the_reference(tmp_path):
         write_arch_model(path, "gpt-oss", weights=make_weights("gpt-oss", seed))
         ours = logits_all(ctx_of(pi.Model(path)), PROMPT)
         assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < FLOAT_REL_RMS
+
+
+HARMONY_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "openai-gpt-oss-120b.jinja"
+CONV = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
+
+
+def test_harmony_chat_template(tmp_path):
+    """gpt-oss files carry OpenAI's harmony template (data/openai-gpt-oss-120b.jinja): our Jinja chat path renders it
+    (system text as the developer's instructions, earlier answers in the final channel, reasoning_effort and tools
+    through chat_template_kwargs), a reply ends at <|return|> or <|call|> (not at <|end|>, which also closes the
+    reasoning message), and a chat request on a tiny gpt-oss file with it runs. The reply's channels are not split
+    into reasoning_content and content (the harmony parsing is not done): an assistant message in harmony markup is
+    refused by the template itself."""
+    pytest.importorskip("jinja2")
+    src = HARMONY_TEMPLATE.read_text()
+    fmt = ChatFormatter.resolve({"tokenizer.chat_template": src}, bos_token="<|startoftext|>", eos_token="<|return|>")
+    assert fmt.end_of_turn == ["<|return|>", "<|call|>"]
+    text = fmt.render(CONV, reasoning_effort="high")
+    assert text.startswith("<|start|>system<|message|>You are ChatGPT") and "Reasoning: high" in text
+    assert "<|start|>developer<|message|># Instructions\n\nYou are terse." in text
+    assert "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|end|>" in text
+    assert text.endswith("<|start|>user<|message|>2+2?<|end|><|start|>assistant")
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    assert "type get_weather = (_: {\ncity: string,\n}) => any;" in fmt.render(CONV[1:2], tools=tools)
+    with pytest.raises(ChatTemplateError):
+        fmt.render([{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "<|channel|>final<|message|>Hello!"}])
+    path = tmp_path / "chat.gguf"
+    write_arch_model(path, "gpt-oss", seed=3, chat_template=src)
+    llm = pi.PowerInfer(path, n_ctx=2048, n_threads=1, verbose=False)
+    assert llm.chat_formatter.end_of_turn == ["<|return|>", "<|call|>"]
+    out = llm.create_chat_completion(CONV, max_tokens=4, temperature=0)
+    assert out["choices"][0]["message"]["role"] == "assistant" and out["usage"]["prompt_tokens"] > 50

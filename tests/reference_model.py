@@ -1,6 +1,6 @@
 """Independent float64 numpy reference implementation of the PowerInfer-py forward pass: the one
 reference forward of every architecture the engine runs (llama/mistral, bamboo, qwen2, qwen3, gemma2, gemma3,
-and the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
+gpt-oss, and the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
 
 Reads a GGUF file (or a PWRI-magic file: same layout, first 4 bytes b"PWRI") with
 ``gguf.GGUFReader``, dequantizes every tensor with the numpy dequantizers below

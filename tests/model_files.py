@@ -3,7 +3,7 @@ tensors encoded to the file's types, the PWRI magic) and `rewrite` (a copy with 
 llama/bamboo files of every size come from tools/make_test_model.py (write_model), whose vocabulary
 (add_vocab) every file here shares.
 
-    write_arch_model(path, "gemma3", seed=0)             llama/mistral, qwen2, qwen3, gemma2, gemma3 (f32), issue 7
+    write_arch_model(path, "gemma3", seed=0)             llama/mistral, qwen2, qwen3, gemma2, gemma3, gpt-oss (f32)
     write_sparse_model(path, dtype="q4_0", ranks=(32, 64))  the tiny llama in the PowerInfer (PWRI) layout
     write_sparse_arch_model(path, "falcon", dtype="q8_0")   sparse falcon / opt (PWRI)
     rewrite(src, dst, meta=..., drop=..., replace=...)    a copy with changed keys or tensors
@@ -19,6 +19,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter
 from gguf import GGUFValueType as VT
+from gguf import RopeScalingType
 from gguf.quants import quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -49,7 +50,9 @@ def write_gguf(path, arch: str, tensors: dict, *, dtype: str = "f32", pred_dtype
         keys(w)
     for name, arr in tensors.items():
         pred = name.endswith(("fc1.weight", "fc2.weight"))
-        data, q = encode(np.asarray(arr), (pred_dtype or dtype) if pred else dtype)
+        # biases stay f32 whatever their dims (gpt-oss's [n_ff, n_expert] expert biases), as llama.cpp's converter
+        # keeps every tensor whose name does not end in .weight
+        data, q = encode(np.asarray(arr), "f32" if name.endswith(".bias") else (pred_dtype or dtype) if pred else dtype)
         w.add_tensor(name, data, raw_dtype=q)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -166,6 +169,15 @@ CONFIGS["smollm3"] = dict(CONFIGS["llama"], n_layer=8)
 # olmo2: no pre-norms, post-norms, q/k RMSNorm over the whole projection; with a window (OLMo 3): 5 layers, every 4th
 # global, a window of 5 positions
 CONFIGS["olmo2"] = dict(CONFIGS["llama"], n_layer=5, n_swa=5)
+# gpt-oss: qwen2's family (NEOX rope, q/k/v biases) with an attention output bias, a sink logit per head, YaRN (factor
+# 32 over an original 4096 positions, as the released files), head_dim 64 != n_embd / n_head (as 2880 / 64 heads of
+# 64), every other layer local (0 and 2 of 4) with a window of 5 for a 16-token prompt, and biased experts (4, 2 used,
+# 64 wide: expert_feed_forward_length, feed_forward_length 96 beside it) with the OAI SwiGLU. The experts' gate and up
+# rows are 4x the usual scale (exp_scale) so that their values pass the SwiGLU's limit of 7 (about 1 in 12 of them
+# does), and the sinks are of the scores' size (std 1.5): tests/test_gptoss.py measures what each changes.
+CONFIGS["gpt-oss"] = dict(n_vocab=320, n_embd=128, n_ff=96, n_ff_exp=64, n_head=4, n_head_kv=2, n_layer=4,
+                          head_dim=64, rope_base=150000.0, eps=1e-5, n_swa=5, n_expert=4, n_expert_used=2,
+                          yarn_factor=32.0, orig_ctx=4096, exp_scale=4.0, sink_std=1.5)
 CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32, n_rot=24,
                        rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
@@ -180,7 +192,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch in ("gemma2", "gemma3")
                                                                                  else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2"):
+    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
@@ -207,7 +219,30 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
             del w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(Eq), norm(Ekv)
             w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(E), norm(E)
+        if arch == "gpt-oss":
+            w.update(gptoss_layer(rng, mat, c, p, w))
     return w
+
+
+def gptoss_layer(rng, mat, c, p, w) -> dict[str, np.ndarray]:
+    """Layer p's gpt-oss tensors beyond llama's (whose FFN and ffn_norm are removed from w): q/k/v and output biases,
+    sinks, post_attention_norm (the norm before the experts), the router and the experts with their biases."""
+    E, Fx, NE, hd = c["n_embd"], c["n_ff_exp"], c["n_expert"], c["head_dim"]
+    s = c["exp_scale"]
+    out = {p + "post_attention_norm.weight": w.pop(p + "ffn_norm.weight")}
+    for k in ("ffn_gate", "ffn_up", "ffn_down"):
+        del w[p + k + ".weight"]
+    for k, n in (("q", c["n_head"] * hd), ("k", c["n_head_kv"] * hd), ("v", c["n_head_kv"] * hd), ("output", E)):
+        out[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
+    out[p + "attn_sinks.weight"] = (c["sink_std"] * rng.standard_normal(c["n_head"])).astype(np.float32)
+    out[p + "ffn_gate_inp.weight"] = mat(NE, E)
+    out[p + "ffn_gate_inp.bias"] = (0.5 * rng.standard_normal(NE)).astype(np.float32)
+    out[p + "ffn_gate_exps.weight"] = (s * rng.standard_normal((NE, Fx, E)) / np.sqrt(E)).astype(np.float32)
+    out[p + "ffn_up_exps.weight"] = (s * rng.standard_normal((NE, Fx, E)) / np.sqrt(E)).astype(np.float32)
+    out[p + "ffn_down_exps.weight"] = (rng.standard_normal((NE, E, Fx)) / np.sqrt(Fx) / s).astype(np.float32)
+    for k, n in (("gate", Fx), ("up", Fx), ("down", E)):
+        out[p + f"ffn_{k}_exps.bias"] = (0.5 * rng.standard_normal((NE, n))).astype(np.float32)
+    return out
 
 
 def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None,
@@ -218,7 +253,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
     w = make_weights(arch, seed) if weights is None else weights
 
     def keys(writer):
-        writer.add_context_length(512)
+        writer.add_context_length(131072 if arch == "gpt-oss" else 512)
         writer.add_embedding_length(c["n_embd"])
         writer.add_block_count(c["n_layer"])
         writer.add_feed_forward_length(c["n_ff"])
@@ -226,21 +261,28 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         writer.add_head_count_kv(c["n_head_kv"])
         writer.add_layer_norm_rms_eps(c["eps"])
         writer.add_rope_freq_base(c["rope_base"])
-        if arch in ("gemma2", "gemma3", "qwen3"):
+        if arch in ("gemma2", "gemma3", "qwen3", "gpt-oss"):
             writer.add_key_length(c["head_dim"])
             writer.add_value_length(c["head_dim"])
         if arch == "gemma2":      # the keys llama.cpp's convert_hf_to_gguf.py writes (Gemma2Model)
             writer.add_attn_logit_softcapping(c["attn_softcap"])
             writer.add_final_logit_softcapping(c["final_softcap"])
-        if arch in ("gemma2", "gemma3", "olmo2"):
+        if arch in ("gemma2", "gemma3", "olmo2", "gpt-oss"):
             writer.add_sliding_window(c["n_swa"])
-        else:
+        if arch not in ("gemma2", "gemma3"):
             writer.add_rope_dimension_count(c.get("n_rot", c["head_dim"]))
         if arch == "granite":
             writer.add_embedding_scale(c["embedding_scale"])
             writer.add_attention_scale(c["attention_scale"])
             writer.add_residual_scale(c["residual_scale"])
             writer.add_logit_scale(c["logit_scale"])
+        if arch == "gpt-oss":    # what llama.cpp's converter writes (GptOssModel)
+            writer.add_expert_count(c["n_expert"])
+            writer.add_expert_used_count(c["n_expert_used"])
+            writer.add_expert_feed_forward_length(c["n_ff_exp"])
+            writer.add_rope_scaling_type(RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(c["yarn_factor"])
+            writer.add_rope_scaling_orig_ctx_len(c["orig_ctx"])
         if arch == "phi3":       # what llama.cpp's converter writes for a longrope model
             writer.add_rope_scaling_orig_ctx_len(c["orig_ctx"])
             writer.add_rope_scaling_attn_factors(c["attn_factor"])

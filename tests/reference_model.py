@@ -1,6 +1,6 @@
 """Independent float64 numpy reference implementation of the PowerInfer-py forward pass: the one
 reference forward of every architecture the engine runs (llama/mistral, bamboo, qwen2, qwen3, gemma2, gemma3,
-and the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
+gpt-oss, and the sparse falcon and opt), written from llama.cpp's graphs and the original PowerInfer's.
 
 Reads a GGUF file (or a PWRI-magic file: same layout, first 4 bytes b"PWRI") with
 ``gguf.GGUFReader``, dequantizes every tensor with the numpy dequantizers below
@@ -42,6 +42,14 @@ Contract (what the engine must match):
     x += W_down hid
   logits = W_out norm(x, output_norm), W_out = output.weight or token_embd (tied);
   gemma2: logits -> final_logit_softcapping * tanh(logits / final_logit_softcapping)
+  gpt-oss (llama.cpp's openai-moe.cpp graph, build_attn with sinks, build_moe_ffn): q/k/v and attn_output biases, NEOX
+    rope with the file's YaRN, scale 1/sqrt(n_rot); the softmax of each head's row takes one more column, the head's
+    attn_sinks logit (unscaled), with no value; every other layer local (il % 2 == 0, attention.sliding_window), one
+    rope base; post_attention_norm is the FFN's pre-norm (no post-norm anywhere); the FFN is a mixture of experts:
+    router logits l = W_gate_inp g + bias, the n_expert_used largest l, their weights softmax(l_chosen)
+    (SOFTMAX_WEIGHT), each expert hid = swiglu_oai(W_gate_e g + b_gate_e, W_up_e g + b_up_e) with
+    swiglu_oai(a, b) = a' sigmoid(1.702 a') (b' + 1), a' = min(a, 7), b' = clip(b, -7, 7), out_e = W_down_e hid +
+    b_down_e; the FFN's output sum_e w_e out_e
 """
 from __future__ import annotations
 
@@ -207,10 +215,10 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3", "olmo2")   # LLAMA_ROPE_TYPE_NEOX here
+NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3", "olmo2", "gpt-oss")  # ROPE_TYPE_NEOX
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite",
-         "granitemoe", "smollm3", "olmo2") + LAYER_NORM_ARCHS
+         "granitemoe", "smollm3", "olmo2", "gpt-oss") + LAYER_NORM_ARCHS
 GEMMA_ARCHS = ("gemma2", "gemma3")               # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -252,6 +260,12 @@ class ReferenceModel:
     nope_step = 0            # smollm3: layers li with (li + 1) % 4 == 0 apply no rope
     attn_softcap = 0.0       # > 0: scaled attention scores s -> cap tanh(s / cap) before the mask (gemma2)
     final_softcap = 0.0      # > 0: logits -> cap tanh(logits / cap) (gemma2)
+    use_sinks = True         # gpt-oss: the attn_sinks column in each softmax row (False: left out)
+    local_layers = None      # a set of layer indices: those local instead of the ones n_swa / swa_pattern give
+    expert_gating = "softmax_norm"   # "softmax_norm": the top-k softmax renormalized (Mixtral); "softmax_weight": the
+                             # softmax of the chosen logits (gpt-oss); "softmax": the full softmax's p, not renormalized
+    swiglu_alpha = 1.702     # ffn_act swiglu_oai (gpt-oss): llama.cpp's constants
+    swiglu_limit = 7.0
 
     def __init__(self, path, **overrides):
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
@@ -316,11 +330,14 @@ class ReferenceModel:
         self.rope_base = float(m("rope.freq_base", 10000.0))
         # local layers (llama.cpp): gemma3's every 6th layer global, rope base 10000; gemma2's every other one (the
         # even ones local), the global rope base unless rope.freq_base_swa, a window of 4096 unless the file says
-        self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base if arch in ("gemma2", "olmo2") else 10000.0))
+        self.rope_base_swa = (float(m("rope.freq_base_swa", self.rope_base)) if arch in ("gemma2", "olmo2", "gpt-oss")
+                              else float(m("rope.freq_base_swa", 10000.0)))
         self.n_swa = int(m("attention.sliding_window", 4096 if arch == "gemma2" else 0)) \
             if arch in GEMMA_ARCHS + ("olmo2",) else 0
+        if arch == "gpt-oss":     # llama_model_openai_moe: the window is required, every other layer local
+            self.n_swa = int(m("attention.sliding_window"))
         pattern = m("attention.sliding_window_pattern")
-        self.swa_pattern = pattern if isinstance(pattern, int) else {"gemma2": 2, "olmo2": 4}.get(arch, 6)
+        self.swa_pattern = pattern if isinstance(pattern, int) else {"gemma2": 2, "gpt-oss": 2, "olmo2": 4}.get(arch, 6)
         # q scaling (gemma_pytorch's query_pre_attn_scalar): n_embd / n_head in the 27B models, else head_dim
         big = (arch, self.n_layer) in (("gemma2", 46), ("gemma3", 62))
         self.attn_scale = 1.0 / math.sqrt(self.n_embd // self.n_head if big else self.head_dim)
@@ -353,14 +370,18 @@ class ReferenceModel:
             self.nope_step = 0 if m("rope.scaling.finetuned", True) else 1
         if arch == "smollm3":
             self.nope_step = 4
+        if arch == "gpt-oss":
+            self.attn_scale = 1.0 / math.sqrt(self.n_rot)
+            self.expert_gating = "softmax_weight"
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
         self.use_predictor = self.sparse      # False: compute every neuron
         act = meta.get("powerinfer.ffn_activation")
         if act is None:
-            act = "relu" if arch == "bamboo" or self.sparse else "gelu" if arch in GEMMA_ARCHS else "silu"
-        if act not in ACTS:
+            act = ("relu" if arch == "bamboo" or self.sparse else "gelu" if arch in GEMMA_ARCHS
+                   else "swiglu_oai" if arch == "gpt-oss" else "silu")
+        if act not in ACTS and act != "swiglu_oai":
             raise ValueError(f"unsupported ffn activation {act!r}")
         self.ffn_act = act
         self.tokens = meta.get("tokenizer.ggml.tokens")
@@ -387,6 +408,8 @@ class ReferenceModel:
                     L["attn_q"], L["attn_k"], L["attn_v"] = qkv[:e_q], qkv[e_q:e_q + e_kv], qkv[e_q + e_kv:]
                 if "ffn_gate" not in L:
                     L["ffn_gate"], L["ffn_up"] = L["ffn_up"][:self.n_ff], L["ffn_up"][self.n_ff:]
+            if arch == "gpt-oss":    # llama.cpp's attn_post_norm: the norm before the experts, not after the attention
+                L["ffn_norm"] = L.pop("post_attention_norm")
             if self.sparse:
                 L["ffn_down"] = np.asarray(L.pop("ffn_down_t")).T      # (n_embd, n_ff); the engine adds its rows (axpy)
                 if "ffn_down_t.bias" in L:
@@ -440,19 +463,35 @@ class ReferenceModel:
         scores = relu(x @ L["fc1"].T) @ L["fc2"].T
         return scores >= self.sparse_threshold
 
+    def swiglu_oai(self, gate, up):
+        """ggml's swiglu_oai: min(gate, limit) sigmoid(alpha min(gate, limit)) (clip(up, -limit, limit) + 1)."""
+        a = np.minimum(gate, self.swiglu_limit)
+        return a / (1.0 + np.exp(-self.swiglu_alpha * a)) * (np.clip(up, -self.swiglu_limit, self.swiglu_limit) + 1.0)
+
     def moe_ffn(self, L, g):
         """Mixture of experts (llama.cpp's build_moe_ffn, softmax router, norm_w): per token the experts of the
-        n_expert_used largest router probabilities, their outputs weighted by those renormalized to sum 1."""
-        logits = g @ L["ffn_gate_inp"].T                                   # (n, n_expert)
+        n_expert_used largest router probabilities, their outputs weighted by those renormalized to sum 1
+        (expert_gating "softmax_norm"); gpt-oss ("softmax_weight"): the n_expert_used largest logits (router bias
+        included), weighted by the softmax of those logits alone; "softmax": by their probabilities over every expert
+        (no renormalization). Expert biases (gpt-oss) are added to each product."""
+        logits = g @ L["ffn_gate_inp"].T + L.get("ffn_gate_inp.bias", 0.0)   # (n, n_expert)
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         out = np.zeros_like(g)
         for t in range(len(g)):
-            chosen = np.argsort(-p[t], kind="stable")[:self.n_expert_used]
-            w = p[t, chosen] / p[t, chosen].sum()
+            if self.expert_gating == "softmax_weight":
+                chosen = np.argsort(-logits[t], kind="stable")[:self.n_expert_used]
+                w = np.exp(logits[t, chosen] - logits[t, chosen].max())
+                w /= w.sum()
+            else:
+                chosen = np.argsort(-p[t], kind="stable")[:self.n_expert_used]
+                w = p[t, chosen] / p[t, chosen].sum() if self.expert_gating == "softmax_norm" else p[t, chosen]
             for e, we in zip(chosen, w):
-                h = self.act(L["ffn_gate_exps"][e] @ g[t]) * (L["ffn_up_exps"][e] @ g[t])
-                out[t] += we * (L["ffn_down_exps"][e] @ h)
+                gate = L["ffn_gate_exps"][e] @ g[t] + (L["ffn_gate_exps.bias"][e] if "ffn_gate_exps.bias" in L else 0.0)
+                up = L["ffn_up_exps"][e] @ g[t] + (L["ffn_up_exps.bias"][e] if "ffn_up_exps.bias" in L else 0.0)
+                h = self.swiglu_oai(gate, up) if self.ffn_act == "swiglu_oai" else self.act(gate) * up
+                down = L["ffn_down_exps"][e] @ h + (L["ffn_down_exps.bias"][e] if "ffn_down_exps.bias" in L else 0.0)
+                out[t] += we * down
         return out
 
     def ffn(self, L, g, x=None, trace=None):
@@ -494,7 +533,8 @@ class ReferenceModel:
     def attention(self, L, li, h, pos, all_pos, cache):
         """The attention block's output for the normed input h (its K/V appended to the cache)."""
         n, nh, hd = len(h), self.n_head, self.head_dim
-        local = self.n_swa > 0 and li % self.swa_pattern < self.swa_pattern - 1
+        local = self.n_swa > 0 and (li % self.swa_pattern < self.swa_pattern - 1 if self.local_layers is None
+                                    else li in self.local_layers)
         mask = all_pos[None, :] <= pos[:, None]                       # (n, n_kv_tot)
         if local:
             mask &= (pos[:, None] - all_pos[None, :]) < self.n_swa
@@ -514,10 +554,12 @@ class ReferenceModel:
             if self.attn_softcap:
                 s = self.attn_softcap * np.tanh(s / self.attn_softcap)
             s = np.where(mask, s, -np.inf)
+            if "attn_sinks" in L and self.use_sinks:    # gpt-oss: one more column, the head's sink, with no value
+                s = np.concatenate([s, np.full((n, 1), L["attn_sinks"][hh])], axis=1)
             s = s - s.max(axis=1, keepdims=True)
             p = np.exp(s)
             p /= p.sum(axis=1, keepdims=True)
-            att_out[:, hh, :] = p @ v[:, kv, :]
+            att_out[:, hh, :] = p[:, :k.shape[0]] @ v[:, kv, :]
         a = att_out.reshape(n, nh * hd) @ L["attn_output"].T + L.get("attn_output.bias", 0.0)
         return self.rmsnorm(a, L["post_attention_norm"]) if "post_attention_norm" in L else a
 

@@ -271,6 +271,27 @@ else:
         for i in range(len(MOE_PROMPT)):
             np.testing.assert_array_equal(gpu.logits(i), cpu.logits(i))
 
+    def test_gptoss_ngl_places_the_attention_with_its_sinks(tmp_path):
+        """gpt-oss with -ngl: the attention (q/k/v and output biases, the sinks, the local layers' window) and the head
+        on the device, the biased experts on the CPU; the CPU run's bits, prompt and one token at a time."""
+        from model_files import write_arch_model
+        from test_gptoss import PROMPT as GPTOSS_PROMPT
+        path = tmp_path / "gptoss.gguf"
+        write_arch_model(path, "gpt-oss", seed=3)
+        model = pi.Model(path)
+        cpu = pi.Context(model, n_ctx=64, kv_type="f32")
+        gpu = pi.Context(model, n_ctx=64, kv_type="f32", n_gpu_layers=-1)
+        assert gpu.offload.n_attn_layers == model.hparams.n_layer and gpu.offload.n_ffn_layers == 0
+        assert any("experts run on the CPU" in w for w in gpu.gpu_warnings)
+        for ctx in (cpu, gpu):
+            ctx.decode(GPTOSS_PROMPT, logits="all")
+        for i in range(len(GPTOSS_PROMPT)):
+            np.testing.assert_array_equal(gpu.logits(i), cpu.logits(i))
+        for t in (5, 9, 200):
+            cpu.decode([t])
+            gpu.decode([t])
+            np.testing.assert_array_equal(gpu.logits(), cpu.logits())
+
     def test_api_n_gpu_layers_reaches_the_device(dense_llama):
         """PowerInfer(n_gpu_layers=) (llama-cpp-python's keyword) places layers as Context(-ngl) does."""
         cpu = pi.PowerInfer(dense_llama, n_ctx=64, n_threads=1, verbose=False)

@@ -296,6 +296,50 @@ def test_attention_softcap_equals_scalar(at_level, pool2, level, T):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
+@pytest.mark.parametrize("T", [1, 3, 11])
+def test_attention_sinks_equals_scalar(at_level, pool2, level, T):
+    """gpt-oss's attention sinks (softmax_exp's sink column: in the max, added after the lanes' tree): each level the
+    scalar level's bits, one token and prompts, f16 and q8_0 caches, with and without a soft cap."""
+    rng = np.random.default_rng(23)
+    hd, nh, nkv, n_kv = 64, 4, 2, 37
+    q = rng.standard_normal((T, nh, hd)).astype(np.float32)
+    k = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_kv, nkv, hd)).astype(np.float16)
+    k8 = quantize(8, rng.standard_normal((n_kv * nkv, hd)).astype(np.float32)).reshape(n_kv, nkv, -1)
+    sinks = np.array([0.5, -2.0, 3.0, 9.0], np.float32)
+    mask = np.zeros((T, n_kv), np.float32)
+    mask[0, 30:] = -np.inf
+    mask[T - 1, 16:32] = -np.inf
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        o = np.zeros((3, T, nh, hd), np.float32)
+        for i, (kk, cap) in enumerate(((tensor(k), 0.0), (cache_tensor(8, k8), 0.0), (tensor(k), 2.0))):
+            check(lib.pi_op_attention_sinks(pool2, tensor(q), kk, tensor(v), tensor(mask), 0.25, cap, tensor(sinks),
+                                            tensor(o[i])))
+        out[lv] = o
+    assert_bit_equal(out[level], out["scalar"], f"attention sinks {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+def test_swiglu_oai_equals_scalar(at_level, level):
+    """pi_op_swiglu_oai (gpt-oss's experts): each level the scalar level's bits, values past the limit, NaN and
+    infinities, a row with a tail past the vectors."""
+    rng = np.random.default_rng(31)
+    g = np.concatenate([rng.standard_normal(3000) * 8, np.linspace(-120, 30, 997),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 7.0, -7.0, 1e-40, 3e38]]).astype(np.float32)
+    u = np.concatenate([rng.standard_normal(3000) * 8, np.linspace(30, -120, 997),
+                        [np.nan, 1.0, -np.inf, np.inf, 0.5, 7.5, -7.5, -1.0, 0.0]]).astype(np.float32)
+    out = {}
+    for lv in ("scalar", level):
+        at_level(lv)
+        y = u.copy()
+        check(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g), tensor(y), 1.702, 7.0))
+        out[lv] = y
+    assert_bit_equal(out[level], out["scalar"], f"swiglu_oai {level} vs scalar")
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
 def test_softcap_equals_scalar(at_level, level):
     """pi_op_softcap (gemma2's logits): each level the scalar level's bits, rows with a tail past the vectors."""
     rng = np.random.default_rng(19)

@@ -1110,10 +1110,11 @@ def test_binary_errors():
 # ======================================================================================
 # attention
 # ======================================================================================
-def np_attention(q, k, v, mask, scale, softcap=0.0):
+def np_attention(q, k, v, mask, scale, softcap=0.0, sinks=None):
     """q (T, H, hd), k/v (n_kv, Hkv, hd), mask (T, n_kv) or None -> out (T, H, hd) float64 and the
     per-row tolerance terms.  Query head h reads kv head h // (H // Hkv).  softcap > 0: each score
-    s = q.k scale becomes softcap tanh(s / softcap) before the mask is added (gemma2)."""
+    s = q.k scale becomes softcap tanh(s / softcap) before the mask is added (gemma2).  sinks (H,): head h's logit
+    joins its softmax as one more column without a value (gpt-oss; a row that sees nothing stays zero)."""
     T, H, hd = q.shape
     n_kv, Hkv, _ = k.shape
     g = H // Hkv
@@ -1128,8 +1129,10 @@ def np_attention(q, k, v, mask, scale, softcap=0.0):
             kk, vv = k[vis, h // g], v[vis, h // g]
             s = kk @ q[t, h] * scale
             s = (softcap * np.tanh(s / softcap) if softcap else s) + m[t, vis]
-            p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ vv
+            top = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - top)
+            total = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
+            out[t, h] = (p / total) @ vv
     return out
 
 
@@ -1315,6 +1318,131 @@ def test_attention_softcap(pools, kt, vt, T):
     ref = sentinel_buffer(q.shape)
     check(lib.pi_op_attention(pools[2], tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, tensor(ref)))
     assert_bit_equal(zero, ref, "softcap 0")
+
+
+@pytest.mark.parametrize("kt,vt", KV_TYPES, ids=lambda t: TYPE_NAME[t])
+@pytest.mark.parametrize("T", [1, 4])   # one token (attend) and a prompt (attend_block)
+def test_attention_sinks(pools, kt, vt, T):
+    """gpt-oss's attention sinks (pi_op_attention_sinks): one logit per head joins the softmax as a column without a
+    value. Sinks of the scores' size (and one far above them: nearly all the mass, the output near zero) against the
+    reference within its tolerance and far from the reference without them; NULL sinks are pi_op_attention_softcap's
+    bits; a row that sees nothing stays zero."""
+    q, k, v, mask = attention_case(43 + kt + 2 * vt, T=4)
+    q, mask = q[:T], mask[:T] if T > 1 else np.where(mask[:1] == -np.inf, -np.inf, 0.0).astype(np.float32)
+    H = q.shape[1]
+    scale = 0.125
+    sinks = np.array([0.5, -1.0, 2.0, 0.0, 1.5, -3.0, 12.0, 0.25], np.float32)[:H]
+    ke, ve = np_encode(k, kt), np_encode(v, vt)
+    k_used, v_used = np_decode(ke, kt), np_decode(ve, vt)
+
+    def run(pool):
+        out = sentinel_buffer(q.shape)
+        check(lib.pi_op_attention_sinks(pool, tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, 0.0,
+                                        tensor(sinks), tensor(out)))
+        return out
+
+    out = run_all(pools, run, "attention sinks")
+    tol = attention_tolerance(q, k_used, v_used, mask, scale)
+    assert_within(out, np_attention(q, k_used, v_used, mask, scale, sinks=sinks), tol, "attention sinks")
+    plain = np_attention(q, k_used, v_used, mask, scale)
+    assert np.abs(out - plain).max() > 100 * tol.max(), "the sinks change the result"
+    assert np.abs(out[:, 6]).max() < 1e-3 * np.abs(plain[:, 6]).max() + 1e-30   # sink 12: the output nearly zero
+    if T > 1:
+        assert np.all(out[T - 1] == 0.0), "a row that sees nothing gives zeros"
+    none = sentinel_buffer(q.shape)
+    check(lib.pi_op_attention_sinks(pools[2], tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, 0.0,
+                                    ffi.NULL, tensor(none)))
+    ref = sentinel_buffer(q.shape)
+    check(lib.pi_op_attention_softcap(pools[2], tensor(q), tensor(ke, kt), tensor(ve, vt), tensor(mask), scale, 0.0,
+                                      tensor(ref)))
+    assert_bit_equal(none, ref, "sinks NULL")
+
+
+@pytest.mark.parametrize("kt,vt,hd", [(F16, F16, 64), (F16, F16, 260), (Q8_0, Q8_0, 64), (F32, F16, 136)],
+                         ids=lambda x: TYPE_NAME.get(x, str(x)) if x < 64 else str(x))
+def test_attention_sinks_prompt_equals_query_by_query(pools, kt, vt, hd):
+    """With sinks (and a soft cap), a prompt's blocks give each query the bits of that query alone (the one-token
+    path), under a sliding window and a causal mask: every path adds the sink after the lanes' sum."""
+    rng = np.random.default_rng(hd + kt + 5)
+    T, H, Hkv, depth = 70, 8, 2, 30
+    n_kv = depth + T
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    ke = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), kt)
+    ve = np_encode(rng.standard_normal((n_kv, Hkv, hd)).astype(np.float32), vt)
+    sinks = (2.0 * rng.standard_normal(H)).astype(np.float32)
+    mask = np.full((T, n_kv), -np.inf, np.float32)
+    for t in range(T):
+        mask[t, max(0, depth + t - 9):depth + t + 1] = 0.0
+    mask[20] = -np.inf
+
+    def run(pool, qq=q, mm=mask):
+        out = sentinel_buffer(qq.shape)
+        check(lib.pi_op_attention_sinks(pool, tensor(qq), tensor(ke, kt), tensor(ve, vt), tensor(mm), 0.125, 2.0,
+                                        tensor(sinks), tensor(out)))
+        return out
+
+    out = run_all(pools, run, "attention sinks prompt")
+    for t in range(T):
+        assert np.array_equal(out[t], run(pools[0], q[t:t + 1], mask[t:t + 1])[0]), f"query {t}"
+    assert np.all(out[20] == 0.0)
+
+
+def test_attention_sinks_errors():
+    q, k, v, mask = attention_case(3, T=2)
+    out = np.zeros_like(q)
+    E = lib.PI_ERR_INVALID_ARG
+    good = np.zeros(q.shape[1], np.float32)
+    for bad in (np.zeros(q.shape[1] - 1, np.float32), np.zeros((2, q.shape[1]), np.float32),
+                good.astype(np.float16), np.array([np.nan] + [0.0] * (q.shape[1] - 1), np.float32),
+                np.array([np.inf] + [0.0] * (q.shape[1] - 1), np.float32)):
+        expect_error(lib.pi_op_attention_sinks(ffi.NULL, tensor(q), tensor(k), tensor(v), tensor(mask), 0.125, 0.0,
+                                               tensor(bad), tensor(out)), E)
+    check(lib.pi_op_attention_sinks(ffi.NULL, tensor(q), tensor(k), tensor(v), tensor(mask), 0.125, 0.0, tensor(good),
+                                    tensor(out)))
+
+
+def np_swiglu_oai(g, u, alpha, limit):
+    """ggml's swiglu_oai in float64."""
+    a = np.minimum(g.astype(np.float64), limit)
+    return a / (1.0 + np.exp(-alpha * a)) * (np.clip(u.astype(np.float64), -limit, limit) + 1.0)
+
+
+def test_swiglu_oai(pools):
+    """gpt-oss's experts' activation (pi_op_swiglu_oai): the reference within (8 + |alpha g'|) U32 relative (exp's
+    argument rounded: U32 |alpha g'| of e^-alpha g'; exp, the adds, the divide and the product a few U32; where e^z
+    overflows, a zero), values past the limit on both sides, a row with a tail past the vectors; in place in up, on
+    every thread count."""
+    rng = np.random.default_rng(29)
+    g = np.concatenate([rng.standard_normal(3000) * 6, np.linspace(-60, 20, 1003), [7.0, -7.0, 0.0]])
+    u = np.concatenate([rng.standard_normal(3000) * 6, np.linspace(20, -60, 1003), [7.5, -7.5, -1.0]])
+    g, u = g.astype(np.float32).reshape(2, -1), u.astype(np.float32).reshape(2, -1)
+    alpha, limit = 1.702, 7.0
+
+    def run(pool):
+        y = u.copy()
+        check(lib.pi_op_swiglu_oai(pool, tensor(g), tensor(y), alpha, limit))
+        return y
+
+    y = run_all(pools, run, "swiglu_oai")
+    ref = np_swiglu_oai(g, u, np.float32(alpha), limit)
+    z = np.abs(np.float32(alpha) * np.minimum(g, limit))
+    # e^z overflows f32 past z = 88.7 (expf as ggml's): x / inf = -0 where the value is below |x| e^-88
+    tol = (8 + z) * U32 * np.abs(ref) + UNDERFLOW_ATOL + np.where(z > 88.0, np.abs(ref), 0.0)
+    assert_within(y, ref, tol, "swiglu_oai")
+    assert np.abs(y - np_swiglu_oai(g, u, np.float32(alpha), 1e9)).max() > 1.0, "the limit clamps"
+
+
+def test_swiglu_oai_errors():
+    g = np.zeros((2, 8), np.float32)
+    E = lib.PI_ERR_INVALID_ARG
+    expect_error(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g), tensor(np.zeros((2, 9), np.float32)), 1.7, 7.0), E)
+    expect_error(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g.astype(np.float16)), tensor(g.copy()), 1.7, 7.0), E)
+    expect_error(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g), tensor(g.copy()), float("nan"), 7.0), E)
+    expect_error(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g), tensor(g.copy()), 1.7, -1.0), E)
+    expect_error(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g), tensor(g.copy()), 1.7, float("inf")), E)
+    big = np.zeros((4, 16), np.float32)
+    expect_error(lib.pi_op_swiglu_oai(ffi.NULL, tensor(big[::2, :8]), tensor(big[1::2, :8]), 1.7, 7.0), E)
+    check(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g), tensor(g.copy()), 1.7, 7.0))
 
 
 @pytest.mark.parametrize("kt,vt,hd", [(F16, F16, 64), (F16, F16, 260), (Q8_0, Q8_0, 64), (F32, F16, 136)],

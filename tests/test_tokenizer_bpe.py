@@ -168,6 +168,48 @@ def test_special_tokens():
     assert tok.is_eog(eot) and tok.is_eog(eos) and not tok.is_eog(start)
 
 
+def test_harmony_tokens():
+    """gpt-oss's o200k_harmony vocabulary (llama.cpp's llama_vocab::load rules): <|return|> and <|call|> end
+    generation, <|end|> does not where both are there (it also ends the reasoning message) and, with the message
+    markers, decodes as text (user-defined: matched in any text); a vocabulary without <|call|> keeps <|end|> as an
+    end of generation (Phi-3's turns)."""
+    v = Vocab()
+    ids = {t: v.add(t, CONTROL, byte_level=False)
+           for t in ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>")}
+    tok = v.tokenizer("gpt-4o", eos_id=ids["<|return|>"])
+    assert tok.eog_ids == {ids["<|return|>"], ids["<|call|>"]}
+    for t in ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"):
+        assert tok.token_type(ids[t]) == USER_DEFINED, t
+    assert tok.token_type(ids["<|return|>"]) == CONTROL
+    reply = [ids["<|channel|>"], *b("analysis"), ids["<|message|>"], *b("x"), ids["<|end|>"], ids["<|start|>"],
+             *b("a"), ids["<|return|>"]]
+    assert tok.decode(reply) == "<|channel|>analysis<|message|>x<|end|><|start|>a"
+    assert tok.encode("<|channel|>final") == [ids["<|channel|>"]] + b("final")
+    w = Vocab()
+    end = w.add("<|end|>", CONTROL, byte_level=False)
+    ret = w.add("<|return|>", CONTROL, byte_level=False)
+    phi = w.tokenizer("gpt-4o", eos_id=ret)
+    assert phi.eog_ids == {end, ret} and phi.token_type(end) == CONTROL
+
+
+def test_gpt4o_pre_tokenizer():
+    """o200k (gpt-4o): a word is capitals then lower-case letters (camelCase splits), one leading non-letter joins a
+    word, digits go in groups of 3, contractions of either case stay with the word, punctuation keeps its newlines."""
+    v = Vocab()
+    v.merge("1", "2")
+    d123 = v.merge("12", "3")
+    qt = v.merge("'", "T")
+    tok = v.tokenizer("gpt-4o")
+    assert tok.encode("12345") == [d123] + b("45")
+    assert tok.encode("DON'T") == b("DON") + [qt]
+    pieces = _words(tok, "camelCase HTTPServer loads/ok?\n\nX 1234")
+    assert pieces == ["camel", "Case", " HTTPServer", " loads", "/ok", "?\n\n", "X", " ", "123", "4"], pieces
+
+
+def _words(tok, text):
+    return [m.group(0) for r in tok._regexes for m in r.finditer(text)]
+
+
 def test_longest_special_token_first():
     v = Vocab()
     short = v.add("<a>", CONTROL, byte_level=False)

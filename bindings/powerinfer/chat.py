@@ -267,7 +267,11 @@ def _format_from_vocab(tokenizer) -> str | None:
 
 
 def _guess_end_of_turn(source: str) -> list[str]:
-    """End-of-turn markers a template uses, so generation can stop at them."""
+    """End-of-turn markers a template uses, so generation can stop at them. gpt-oss's harmony template (llama.cpp
+    knows it by <|start|> and <|channel|>) ends a reply with <|return|> or <|call|>: its <|end|> ends every message,
+    the reasoning channel's too, and a reply goes on after it (the vocabulary does not end generation there either)."""
+    if "<|start|>" in source and "<|channel|>" in source:
+        return ["<|return|>", "<|call|>"]
     return [m for m in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>") if m in source]
 
 

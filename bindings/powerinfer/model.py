@@ -24,18 +24,23 @@ log = logging.getLogger("powerinfer")
 # tensors (split into views at load: phi3_views) and long / short rope factors. granite (IBM Granite 3.x, granitemoe
 # with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is llama without
 # rope in every 4th layer; olmo2 (OLMo 2 / 3) is llama with post-norms only and q/k norms over the whole projection.
+# rope in every 4th layer. gpt-oss (OpenAI's gpt-oss-20b / 120b, llama.cpp's LLM_ARCH_OPENAI_MOE) is qwen2's family with
+# an attention output bias, a sink logit per head, every other layer local and biased experts with the OAI SwiGLU.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
           "gemma2": lib.PI_ARCH_GEMMA3, "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
-          "olmo2": lib.PI_ARCH_LLAMA,
+          "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # opt: the original reads no LayerNorm epsilon (it stays 0.0); HF OPT uses 1e-5, and so do we unless the file says
 OPT_DEFAULT_NORM_EPS = 1e-5
 _ROPE_MODES = {"normal": lib.PI_ROPE_NORMAL, "neox": lib.PI_ROPE_NEOX}
-_ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU}
+_ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU,
+         "swiglu_oai": lib.PI_ACT_SWIGLU_OAI}   # swiglu_oai: experts only (gpt-oss)
+# gpt-oss's SwiGLU constants (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7.0; no file key holds them)
+GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT = 1.702, 7.0
 ACTIVATION_KEY = "powerinfer.ffn_activation"
 SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 
@@ -86,6 +91,11 @@ class HParams:
     residual_scale: float = 0.0     # granite: each block's output times this before the residual add (0: 1)
     logit_scale: float = 0.0        # granite: logits divided by this (0: 1)
     n_no_rope_layer_step: int = 0   # > 0: layers with (il + 1) % step == 0 apply no rope (smollm3: 4; 1: none)
+    attn_sinks: bool = False        # gpt-oss: blk.N.attn_sinks.weight, a logit per head in each softmax row
+    attn_out_bias: bool = False     # gpt-oss: blk.N.attn_output.bias
+    expert_bias: bool = False       # gpt-oss: the router's and the experts' biases
+    swiglu_alpha: float = 0.0       # ffn_act swiglu_oai (gpt-oss): alpha and limit
+    swiglu_limit: float = 0.0
 
     def is_swa_layer(self, il: int) -> bool:
         return self.n_swa > 0 and (self.swa_pattern <= 0 or il % self.swa_pattern < self.swa_pattern - 1)
@@ -190,7 +200,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                              f"not {arch}")
     # ReLU-LLaMA files from the original converter carry no activation key; a PWRI file is ReLU by definition
     default_act = ("relu" if arch == "bamboo" or meta.get("_pwri") else "gelu" if arch in ("gemma2", "gemma3")
-                   else "silu")
+                   else "swiglu_oai" if arch == "gpt-oss" else "silu")
     act = meta.get(ACTIVATION_KEY, default_act)
     if act not in _ACTS:
         raise ModelLoadError(f"{path}: unknown FFN activation '{act}' in {ACTIVATION_KEY}")
@@ -268,6 +278,26 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_scale_swa=1.0 / float(factor),
                      attn_softcap=softcap("attn_logit_softcapping", 50.0),
                      final_softcap=softcap("final_logit_softcapping", 30.0))
+    elif arch == "gpt-oss":
+        # llama.cpp (llama_model_openai_moe): q/k/v and output biases, one sink logit per head, NEOX rope with the
+        # file's scaling (YaRN in the released files) for both kinds of layers, attention.sliding_window required and
+        # every other layer local (set_swa_pattern(2): the even ones) unless sliding_window_pattern says otherwise, the
+        # local layers' rope base rope.freq_base_swa where given (else the one base), q scaled by 1/sqrt(n_rot); the
+        # experts' router and matrices with biases and the OAI SwiGLU; blk.N.post_attention_norm is the FFN's pre-norm
+        # (gptoss_views names it ffn_norm)
+        if get("attention.sliding_window") is None:
+            raise ModelLoadError(f"{path}: missing metadata key {arch}.attention.sliding_window")
+        if n_rot != head_dim:
+            raise ModelLoadError(f"{path}: gpt-oss with rope.dimension_count {n_rot} != the head size {head_dim} is "
+                                 "not supported (llama.cpp sizes its heads by n_rot)")
+        base = as_float("rope.freq_base", get("rope.freq_base", 10000.0))
+        extra.update(rope_mode="neox", qkv_bias=True, attn_out_bias=True, attn_sinks=True, expert_bias=True,
+                     attn_scale=1.0 / math.sqrt(n_rot),
+                     n_swa=as_int("attention.sliding_window", get("attention.sliding_window")),
+                     swa_pattern=swa_pattern(2),
+                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa", base)),
+                     rope_freq_scale_swa=1.0 / float(factor),
+                     swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
     if arch == "falcon":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", required=True))
     elif arch == "opt":
@@ -287,7 +317,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      expert_weights_scale=as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
         if get("expert_feed_forward_length") is not None:
             n_ff_key = "expert_feed_forward_length"
-    elif arch in ("qwen3moe", "granitemoe"):
+    elif arch in ("qwen3moe", "granitemoe", "gpt-oss"):
         raise ModelLoadError(f"{path}: {arch} without {arch}.expert_count")
     return HParams(
         arch=arch, n_vocab=len(tokens),
@@ -385,6 +415,19 @@ def phi3_views(path, tensors: dict, hp: HParams) -> dict:
                      ("rope_factors_long.weight", "rope_freqs_long.weight")):
         if old in out:
             out[new] = out.pop(old)
+    return out
+
+
+def gptoss_views(tensors: dict, hp: HParams) -> dict:
+    """gpt-oss's tensors under the names the core reads: blk.N.post_attention_norm (the norm between the attention's
+    residual add and the experts, llama.cpp's attn_post_norm) is the FFN's pre-norm, blk.N.ffn_norm (the same bytes).
+    Not a post-norm: the core's post_norms (gemma) normalise a block's output before its residual add."""
+    out = dict(tensors)
+    for il in range(hp.n_layer):
+        old, new = f"blk.{il}.post_attention_norm.weight", f"blk.{il}.ffn_norm.weight"
+        if old in out and new not in out:
+            t = out.pop(old)
+            out[new] = TensorInfo(new, t.type, t.ne, t.data, t.offset)
     return out
 
 
@@ -512,6 +555,8 @@ class Model:
         # YaRN / a rope attention factor: the core's per-pair frequency divisors and attention scale (powerinfer.rope)
         if hp.arch == "phi3":
             tensors = phi3_views(self.path, tensors, hp)
+        if hp.arch == "gpt-oss":
+            tensors = gptoss_views(tensors, hp)
         if hp.arch in ("granite", "granitemoe"):      # llama.cpp reads optional biases there; this core does not
             biases = [n for n in tensors if n.startswith("blk.") and n.endswith(".bias")]
             if biases:
@@ -555,6 +600,8 @@ class Model:
         p.n_swa, p.swa_pattern = hp.n_swa, hp.swa_pattern
         p.n_expert, p.n_expert_used, p.expert_weights_scale = hp.n_expert, hp.n_expert_used, hp.expert_weights_scale
         p.rope_freq_base_swa, p.rope_freq_scale_swa = hp.rope_freq_base_swa, hp.rope_freq_scale_swa
+        p.attn_sinks, p.attn_out_bias, p.expert_bias = int(hp.attn_sinks), int(hp.attn_out_bias), int(hp.expert_bias)
+        p.swiglu_alpha, p.swiglu_limit = hp.swiglu_alpha, hp.swiglu_limit
         desc.n_tensors = n
         desc.tensors = descs
         desc.no_repack = 0 if self.repack else 1

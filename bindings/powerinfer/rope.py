@@ -62,6 +62,13 @@ def apply_overrides(hp, *, rope_freq_base: float = 0.0, rope_freq_scale: float =
     hp = dataclasses.replace(hp, **ch) if ch else hp
     if hp.arch in ("gemma2", "gemma3") and (hp.yarn_ext_factor != 0.0 or rope_mscale(hp) != 1.0):
         raise ValueError(f"YaRN / a rope attention factor is not supported for {hp.arch} (its local layers rope apart)")
+    if hp.n_swa and hp.yarn_ext_factor != 0.0 and (hp.rope_freq_base_swa not in (0.0, hp.rope_freq_base) or
+                                                   hp.rope_freq_scale_swa not in (0.0, hp.rope_freq_scale)):
+        # the core's YaRN is one set of per-pair divisors (yarn_factors, of the global base and scale) for every layer
+        raise ValueError(f"YaRN with a local-layer rope (base {hp.rope_freq_base_swa}, scale {hp.rope_freq_scale_swa}) "
+                         f"other than the global one (base {hp.rope_freq_base}, scale {hp.rope_freq_scale}) is not "
+                         f"supported for {hp.arch} (a --rope-freq-base / --rope-freq-scale override changes the global "
+                         "layers only, as llama.cpp)")
     return hp
 
 

@@ -151,7 +151,7 @@ pi_status pi_cuda_bench(int32_t op, int32_t type, int64_t n_embd, int64_t n_ff, 
             case PI_CUDA_BENCH_MUL_MAT: return pi_cuda_mul_mat(NULL, &w, &x, &y, scratch);
             case PI_CUDA_BENCH_SPARSE_FFN:
                 return pi_cuda_sparse_ffn(NULL, &fw, bucket, PI_ACT_RELU, PI_FFN_PAR, &x, &s, thr, &y, NULL, scratch);
-            default: return pi_cuda_attention(NULL, &q, &kc, &vc, NULL, 0.088f, 0.0f, &o, scratch);
+            default: return pi_cuda_attention(NULL, &q, &kc, &vc, NULL, 0.088f, 0.0f, NULL, &o, scratch);
         }
     };
     PI_CU(cudaDeviceSynchronize());

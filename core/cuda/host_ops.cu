@@ -350,6 +350,12 @@ pi_status pi_cuda_op_attention(const pi_tensor *q, const pi_tensor *k, const pi_
 
 pi_status pi_cuda_op_attention_softcap(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                                        const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
+    return pi_cuda_op_attention_sinks(q, k, v, mask, scale, softcap, NULL, out);
+}
+
+pi_status pi_cuda_op_attention_sinks(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                                     const pi_tensor *mask, float scale, float softcap, const pi_tensor *sinks,
+                                     pi_tensor *out) {
     PI_TRY(need_device("cuda attention"));
     PI_TRY(check_f32(q, "attention q"));
     PI_TRY(pi_check_tensor(k, "attention k"));
@@ -374,15 +380,23 @@ pi_status pi_cuda_op_attention_softcap(const pi_tensor *q, const pi_tensor *k, c
     if (!isfinite(scale)) return pi_fail(PI_ERR_INVALID_ARG, "attention: scale must be finite");
     if (!(softcap >= 0.0f && softcap < INFINITY))
         return pi_fail(PI_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0 (0: none)", (double)softcap);
-    DevBuf bq, bk, bv, bm, bo, bs;
-    pi_tensor dq, dk, dv, dm, dout;
+    if (sinks) {
+        PI_TRY(check_f32(sinks, "attention sinks"));
+        if (sinks->ne[0] != q->ne[1] || sinks->ne[1] * sinks->ne[2] * sinks->ne[3] != 1)
+            return pi_fail(PI_ERR_INVALID_ARG, "attention: sinks must be [%lld] (one per query head)",
+                           (long long)q->ne[1]);
+    }
+    DevBuf bq, bk, bv, bm, bo, bs, bsk;
+    pi_tensor dq, dk, dv, dm, dout, dsk;
     PI_TRY(upload(q, bq, &dq));
     PI_TRY(upload(k, bk, &dk));
     PI_TRY(upload(v, bv, &dv));
     if (mask) PI_TRY(upload(mask, bm, &dm));
+    if (sinks) PI_TRY(upload(sinks, bsk, &dsk));
     PI_TRY(alloc_like(out, bo, &dout));
     PI_TRY(bs.alloc(pi_cuda_attention_scratch(q->ne[1], q->ne[2], k->ne[2])));
-    PI_TRY(pi_cuda_attention(NULL, &dq, &dk, &dv, mask ? &dm : NULL, scale, softcap, &dout, bs.p));
+    PI_TRY(pi_cuda_attention(NULL, &dq, &dk, &dv, mask ? &dm : NULL, scale, softcap,
+                             sinks ? (const float *)dsk.data : NULL, &dout, bs.p));
     return download(&dout, out);
 }
 

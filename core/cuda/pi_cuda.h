@@ -73,7 +73,8 @@ pi_status pi_cuda_scale(pi_cuda_stream *s, pi_tensor *x, float v);          /* x
 
 size_t    pi_cuda_attention_scratch(int64_t n_head, int64_t T, int64_t n_kv);                 /* attention.cu */
 pi_status pi_cuda_attention(pi_cuda_stream *s, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
-                            const pi_tensor *mask, float scale, float softcap, pi_tensor *out, void *scratch);
+                            const pi_tensor *mask, float scale, float softcap, const float *sinks, pi_tensor *out,
+                            void *scratch);   /* sinks: [n_head] device floats or NULL */
 
 size_t    pi_cuda_predictor_scratch(const pi_tensor *fc1, const pi_tensor *fc2, int64_t T);   /* predictor.cu */
 pi_status pi_cuda_predictor(pi_cuda_stream *s, const pi_tensor *fc1, const pi_tensor *fc2, const pi_tensor *x,

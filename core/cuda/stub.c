@@ -55,6 +55,11 @@ pi_status pi_cuda_op_attention_softcap(const pi_tensor *q, const pi_tensor *k, c
                                        const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
     return NO_GPU("cuda attention");
 }
+pi_status pi_cuda_op_attention_sinks(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                                     const pi_tensor *mask, float scale, float softcap, const pi_tensor *sinks,
+                                     pi_tensor *out) {
+    return NO_GPU("cuda attention");
+}
 pi_status pi_cuda_op_predictor(const pi_tensor *fc1, const pi_tensor *fc2, const pi_tensor *x, pi_tensor *scores) {
     return NO_GPU("cuda predictor");
 }

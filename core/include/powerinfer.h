@@ -84,7 +84,8 @@ enum {
 enum {  /* model architecture families (the forward pass reads the pi_hparams flags, not the id) */
     PI_ARCH_LLAMA  = 0,   /* llama, mistral, tinyllama: the llama blocks */
     PI_ARCH_BAMBOO = 1,
-    PI_ARCH_QWEN2  = 2,   /* llama + NEOX rope; qwen2: q/k/v biases, qwen3: q/k norms (the hparams' flags) */
+    PI_ARCH_QWEN2  = 2,   /* llama + NEOX rope; qwen2: q/k/v biases, qwen3: q/k norms, gpt-oss: biases, attention sinks,
+                           * local layers and biased experts with the OAI SwiGLU (the hparams' flags) */
     PI_ARCH_GEMMA3 = 3,   /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers; gemma2:
                            * no QK norms, soft-capped attention scores and logits (attn_softcap, final_softcap) */
     PI_ARCH_FALCON = 4,   /* sparse only: LayerNorm, fused attn_qkv, NEOX rope, parallel attention + FFN */
@@ -99,7 +100,9 @@ enum {  /* rotary embedding: which dims form a rotating pair */
 enum {  /* FFN activation */
     PI_ACT_SILU = 0,
     PI_ACT_RELU = 1,
-    PI_ACT_GELU = 2
+    PI_ACT_GELU = 2,
+    PI_ACT_SWIGLU_OAI = 3   /* mixture-of-experts FFNs only (gpt-oss): h = g' sigmoid(alpha g') (u' + 1), g' = min(g, limit),
+                             * u' = clamp(u, -limit, limit) (hparams.swiglu_alpha, swiglu_limit; pi_op_swiglu_oai) */
 };
 
 enum {  /* how the FFN gate combines with up */
@@ -225,6 +228,17 @@ PI_API pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const 
 PI_API pi_status pi_op_attention_softcap(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
                                          const pi_tensor *v, const pi_tensor *mask, float scale, float softcap,
                                          pi_tensor *out);
+/* pi_op_attention_softcap with attention sinks (gpt-oss): sinks [n_head] f32 (one logit per query head, or NULL: none)
+ * joins each row's softmax as one more column that has no value: p_c = e^(s_c - m) / (sum_c' e^(s_c' - m) +
+ * e^(sink_h - m)), m the largest of the visible scores and the sink (ggml's soft_max with sinks); the sink is not
+ * scaled. A row that sees no cell outputs zeros, as without sinks. */
+PI_API pi_status pi_op_attention_sinks(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k,
+                                       const pi_tensor *v, const pi_tensor *mask, float scale, float softcap,
+                                       const pi_tensor *sinks, pi_tensor *out);
+/* gpt-oss's gated activation (ggml's swiglu_oai): up = g' / (1 + e^(-alpha g')) * (u' + 1), g' = min(gate, limit),
+ * u' = clamp(up, -limit, limit), elementwise over gate and up [D, T] f32 (the same shape), in place in up; alpha and
+ * limit finite, limit >= 0. The same bits at every level (arch/activation.c's exp). */
+PI_API pi_status pi_op_swiglu_oai(pi_threadpool *pool, const pi_tensor *gate, pi_tensor *up, float alpha, float limit);
 /* Soft-capping: out = cap * tanh(x / cap) elementwise (Gemma 2's final logits); cap finite and > 0; f32. out may
  * alias x. The same bits at every level (an exp-based tanh, within a few ulp of tanhf). */
 PI_API pi_status pi_op_softcap(pi_threadpool *pool, const pi_tensor *x, float cap, pi_tensor *out);
@@ -369,6 +383,14 @@ typedef struct pi_hparams {
                               * its output is normed before the add (olmo2) */
     int32_t n_no_rope_layer_step;  /* > 0: layers il with (il + 1) % step == 0 apply no rope (smollm3: 4, NoPE every
                               * 4th layer; 1: no layer ropes, granite without rope.scaling.finetuned) */
+    int32_t attn_sinks;      /* 1: blk.N.attn_sinks.weight [n_head] f32, one logit per query head joining each softmax
+                              * row as a column without a value (gpt-oss; pi_op_attention_sinks) */
+    int32_t attn_out_bias;   /* 1: blk.N.attn_output.bias [n_embd] f32 is added after wo (gpt-oss; opt always has it) */
+    int32_t expert_bias;     /* 1 (with n_expert): biases of the router and the experts are added after their products:
+                              * blk.N.ffn_gate_inp.bias [n_expert], ffn_gate_exps.bias and ffn_up_exps.bias [n_ff,
+                              * n_expert], ffn_down_exps.bias [n_embd, n_expert], all f32 (gpt-oss) */
+    float   swiglu_alpha;    /* with ffn_act PI_ACT_SWIGLU_OAI: alpha and limit (gpt-oss: 1.702 and 7, llama.cpp's */
+    float   swiglu_limit;    /* constants); finite, limit >= 0 */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {

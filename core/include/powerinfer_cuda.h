@@ -79,6 +79,10 @@ PI_API pi_status pi_cuda_op_attention(const pi_tensor *q, const pi_tensor *k, co
 /* pi_op_attention_softcap on the device (tanhf: within a few ulp of the CPU's exp-based tanh) */
 PI_API pi_status pi_cuda_op_attention_softcap(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                                               const pi_tensor *mask, float scale, float softcap, pi_tensor *out);
+/* pi_op_attention_sinks on the device (expf) */
+PI_API pi_status pi_cuda_op_attention_sinks(const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                                            const pi_tensor *mask, float scale, float softcap, const pi_tensor *sinks,
+                                            pi_tensor *out);
 PI_API pi_status pi_cuda_op_predictor(const pi_tensor *fc1, const pi_tensor *fc2, const pi_tensor *x,
                                       pi_tensor *scores);
 /* The whole FFN on the device (every row of w is "hot"): same result as pi_op_sparse_ffn. */

@@ -64,9 +64,10 @@ typedef struct pi_backend_i {
     /* cos and sin times mscale (hparams.rope_mscale) */
     pi_status (*rope)(pi_backend *be, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
                       float base, float scale, const float *freq_factors, float mscale, pi_tensor *out);
-    /* softcap: 0, or the scores' soft cap (pi_op_attention_softcap) */
+    /* softcap: 0, or the scores' soft cap (pi_op_attention_softcap); sinks: [n_head] f32 in the backend's memory, or
+     * NULL (pi_op_attention_sinks) */
     pi_status (*attention)(pi_backend *be, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
-                           const pi_tensor *mask, float scale, float softcap, pi_tensor *out);
+                           const pi_tensor *mask, float scale, float softcap, const float *sinks, pi_tensor *out);
     pi_status (*binary)(pi_backend *be, int32_t op, const pi_tensor *a, const pi_tensor *b, pi_tensor *out);
     /* up = act(gate) * up (PI_FFN_PAR), act(gate) * act(up) (SYM), act(up) (SEQ, gate unused); in place */
     pi_status (*glu)(pi_backend *be, int32_t act, int32_t mode, const pi_tensor *gate, pi_tensor *up);

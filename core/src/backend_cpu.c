@@ -89,8 +89,8 @@ static pi_status cpu_rope(pi_backend *be, const pi_tensor *x, const int32_t *pos
 }
 
 static pi_status cpu_attention(pi_backend *be, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
-                               const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
-    return pi_attention(be->pool, q, k, v, mask, scale, softcap, out);
+                               const pi_tensor *mask, float scale, float softcap, const float *sinks, pi_tensor *out) {
+    return pi_attention(be->pool, q, k, v, mask, scale, softcap, sinks, out);
 }
 
 static pi_status cpu_binary(pi_backend *be, int32_t op, const pi_tensor *a, const pi_tensor *b, pi_tensor *out) {

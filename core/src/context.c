@@ -1,4 +1,4 @@
-/* context.c: contexts and the forward pass (llama, bamboo, qwen2, gemma2, gemma3; falcon and opt sparse files).
+/* context.c: contexts and the forward pass (llama, bamboo, qwen2, gemma2, gemma3, gpt-oss; falcon and opt sparse files).
  *
  * One pi_decode runs the whole model over a batch of T tokens:
  *   x = token_embd[tokens] (* embd_scale)
@@ -8,10 +8,12 @@
  *       rope(q), rope(k)  (normal or NEOX pairs; local layers their own base)
  *       store k, v in the cache
  *       a = Wo attention(q, cached k, cached v)   (local layers: the last n_swa positions only; attn_softcap:
- *                                                  scores capped before the mask and the softmax)
+ *                                                  scores capped before the mask and the softmax; attn_sinks: a
+ *                                                  logit per head in each softmax row, without a value)
+ *           (+ bo: opt, attn_out_bias)
  *       x += a                    (post_norms: x += rms_norm(a) * post_attention_norm)
  *       h = rms_norm(x) * ffn_norm
- *       f = W_down (act(W_gate h) * (W_up h))      (gate mode per hparams)
+ *       f = W_down (act(W_gate h) * (W_up h))      (gate mode per hparams; n_expert: moe.c's experts)
  *       x += f                    (post_norms: x += rms_norm(f) * post_ffw_norm)
  *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for (pi_set_outputs: or/and
  *                                                    the embeddings rms_norm(x) * output_norm, no head);
@@ -535,7 +537,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     pi_tensor mask = f32_2d(local ? B->mask_swa : B->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, hp->attn_softcap, &att));
+    TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, hp->attn_softcap, L->attn_sinks.data, &att));
 
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
     const bool wo_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 1, T);

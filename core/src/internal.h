@@ -265,8 +265,12 @@ typedef struct pi_cpu_kernels {
      * others e_i = exp(s_i + mask[i] - max), s_i = x_i * scale, or with softcap > 0 softcap_row's capped
      * softcap tanh(x_i * scale / softcap) (mask NULL: 0; max over the visible values, NaN passed
      * over) with arch/activation.c's exp; returns sum e_i, element i in lane i % 8, then pi_tree8 (0: nothing
-     * visible, every x_i -inf) */
-    float (*softmax_exp)(int64_t n, float *x, const float *mask, float scale, float softcap);
+     * visible, every x_i -inf). sink (-inf: none) is one more column without a value (attention sinks, gpt-oss): max
+     * includes it and the sum ends with + exp(sink - max), after the lanes' tree */
+    float (*softmax_exp)(int64_t n, float *x, const float *mask, float scale, float softcap, float sink);
+    /* u[i] = min(g, limit) / (1 + e^(-alpha min(g, limit))) * (clamp(u, -limit, limit) + 1) (ggml's swiglu_oai, gpt-oss's
+     * experts; arch/activation.c's exp), in place in u */
+    void (*swiglu_oai_row)(int64_t n, const float *g, float *u, float alpha, float limit);
     /* bf16 weights (BF16, BF16X8) in vdpbf16ps's arithmetic, on bf16 activations (arch/bf16_dot.c): cpu.c puts them in
      * place of type[PI_TYPE_BF16], type[PI_TYPE_BF16X8] (f32 activations) where the CPU has AVX512_BF16 */
     pi_type_kernels bf16_dp, bf16x8_dp;
@@ -391,9 +395,12 @@ void      pi_rope_cache_free(pi_rope_cache *c);
 pi_status pi_rope(pi_threadpool *pool, const pi_tensor *x, const int32_t *pos, int32_t n_rot, int32_t mode,
                   float freq_base, float freq_scale, const float *freq_factors, float mscale, pi_rope_cache *cache,
                   pi_tensor *out);
-/* softcap: 0, or the scores' cap (pi_op_attention_softcap) */
+/* softcap: 0, or the scores' cap (pi_op_attention_softcap); sinks: [n_head] or NULL (pi_op_attention_sinks). Arguments
+ * are not checked. */
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
-                       const pi_tensor *mask, float scale, float softcap, pi_tensor *out);
+                       const pi_tensor *mask, float scale, float softcap, const float *sinks, pi_tensor *out);
+/* u[i] = swiglu_oai(g[i], u[i]) for i < n, on the pool (pi_op_swiglu_oai unchecked) */
+void      pi_swiglu_oai(pi_threadpool *pool, const float *g, float *u, int64_t n, float alpha, float limit);
 /* x[i] = cap tanh(x[i] / cap) for i < n, on the pool (cap > 0; pi_op_softcap unchecked) */
 void      pi_softcap(pi_threadpool *pool, float *x, int64_t n, float cap);
 

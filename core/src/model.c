@@ -137,8 +137,16 @@ static pi_status check_hparams(const pi_hparams *hp) {
     const int32_t head_dim = (int32_t)pi_head_dim(hp);
     if (hp->n_rot <= 0 || hp->n_rot > head_dim || hp->n_rot % 2)
         return pi_fail(PI_ERR_BAD_MODEL, "rope dimension %d must be even and at most head_dim %d", hp->n_rot, head_dim);
-    if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_GELU)
+    if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_SWIGLU_OAI)
         return pi_fail(PI_ERR_BAD_MODEL, "unknown FFN activation id %d", hp->ffn_act);
+    if (hp->ffn_act == PI_ACT_SWIGLU_OAI && hp->n_expert == 0)
+        return pi_fail(PI_ERR_UNSUPPORTED, "the OAI SwiGLU activation runs in mixture-of-experts FFNs only");
+    if (hp->ffn_act == PI_ACT_SWIGLU_OAI && (!isfinite(hp->swiglu_alpha) || !(hp->swiglu_limit >= 0.0f) ||
+                                             !isfinite(hp->swiglu_limit)))
+        return pi_fail(PI_ERR_BAD_MODEL, "swiglu_alpha = %g must be finite and swiglu_limit = %g finite and >= 0",
+                       (double)hp->swiglu_alpha, (double)hp->swiglu_limit);
+    if (hp->expert_bias && hp->n_expert == 0)
+        return pi_fail(PI_ERR_BAD_MODEL, "expert_bias needs a mixture of experts (n_expert > 0)");
     if (hp->ffn_gate < PI_FFN_PAR || hp->ffn_gate > PI_FFN_SEQ)
         return pi_fail(PI_ERR_BAD_MODEL, "unknown FFN gate mode %d", hp->ffn_gate);
     if (!(hp->norm_eps >= 0.0f && hp->norm_eps < 1.0f))
@@ -162,8 +170,11 @@ static pi_status check_hparams(const pi_hparams *hp) {
         return pi_fail(PI_ERR_BAD_MODEL, "rope freq base %g and scale %g of the local layers must be >= 0",
                        (double)hp->rope_freq_base_swa, (double)hp->rope_freq_scale_swa);
     if (hp->qkv_bias < 0 || hp->qkv_bias > 1 || hp->qk_norm < 0 || hp->qk_norm > 2 || hp->post_norms < 0 ||
-        hp->post_norms > 1 || hp->post_norms_only < 0 || hp->post_norms_only > 1)
-        return pi_fail(PI_ERR_BAD_MODEL, "qkv_bias, post_norms and post_norms_only must be 0 or 1, qk_norm 0..2");
+        hp->post_norms > 1 || hp->post_norms_only < 0 || hp->post_norms_only > 1 || hp->attn_sinks < 0 ||
+        hp->attn_sinks > 1 || hp->attn_out_bias < 0 || hp->attn_out_bias > 1 || hp->expert_bias < 0 ||
+        hp->expert_bias > 1)
+        return pi_fail(PI_ERR_BAD_MODEL, "qkv_bias, post_norms, post_norms_only, attn_sinks, attn_out_bias and "
+                       "expert_bias must be 0 or 1, qk_norm 0..2");
     if (hp->post_norms_only && (!hp->post_norms || hp->sparse || pi_uses_layer_norm(hp)))
         return pi_fail(PI_ERR_BAD_MODEL, "post_norms_only needs post_norms (and a dense RMSNorm model)");
     return PI_OK;
@@ -392,7 +403,8 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             LAYER("attn_v.weight",      E, E_kv, false, false, &L->wv);
         }
         LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
-        if (opt) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
+        if (opt || hp->attn_out_bias) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
+        if (hp->attn_sinks) LAYER("attn_sinks.weight", hp->n_head, 0, true, false, &L->attn_sinks);
         if (!falcon && !hp->post_norms_only)   /* falcon: parallel block */
             LAYER("ffn_norm.weight", E, 0, true, false, &L->ffn_norm);
         if (opt) LAYER("ffn_norm.bias", E, 0, true, false, &L->ffn_norm_b);
@@ -417,6 +429,12 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             TRY(load_experts(desc, name, E, F, hp->n_expert, &L->ffn_up_exps));
             snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", il);
             TRY(load_experts(desc, name, F, E, hp->n_expert, &L->ffn_down_exps));
+            if (hp->expert_bias) {
+                LAYER("ffn_gate_inp.bias", hp->n_expert, 0, true, false, &L->ffn_gate_inp_b);
+                LAYER("ffn_gate_exps.bias", F, hp->n_expert, true, false, &L->ffn_gate_exps_b);
+                LAYER("ffn_up_exps.bias", F, hp->n_expert, true, false, &L->ffn_up_exps_b);
+                LAYER("ffn_down_exps.bias", E, hp->n_expert, true, false, &L->ffn_down_exps_b);
+            }
             continue;
         }
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);

@@ -9,7 +9,8 @@ typedef struct pi_layer {
     pi_tensor attn_norm_b; /* [n_embd] f32, LayerNorm bias (falcon, opt) */
     pi_tensor attn_norm_2, attn_norm_2_b;  /* falcon-40B: the attention's own LayerNorm; data NULL if absent */
     pi_tensor wqkv;        /* falcon: [n_embd, (n_head + 2 n_head_kv) head_dim], rows: all Q, all K, all V heads */
-    pi_tensor bo;          /* [n_embd] f32 attn_output.bias (opt) */
+    pi_tensor bo;          /* [n_embd] f32 attn_output.bias (opt; hparams.attn_out_bias) */
+    pi_tensor attn_sinks;  /* [n_head] f32 (hparams.attn_sinks): each head's sink logit */
     pi_tensor ffn_norm_b;  /* [n_embd] f32 (opt) */
     pi_tensor ffn_up_b;    /* [n_ff] f32 (opt) */
     pi_tensor ffn_down_t_b;/* [n_embd] f32 (opt) */
@@ -42,6 +43,10 @@ typedef struct pi_layer {
     pi_tensor ffn_gate_exps;   /* [n_embd, n_ff, n_expert] */
     pi_tensor ffn_up_exps;     /* [n_embd, n_ff, n_expert] */
     pi_tensor ffn_down_exps;   /* [n_ff, n_embd, n_expert] */
+    pi_tensor ffn_gate_inp_b;  /* [n_expert] f32, hparams.expert_bias: the router's bias */
+    pi_tensor ffn_gate_exps_b; /* [n_ff, n_expert] f32, hparams.expert_bias: row e = expert e's bias */
+    pi_tensor ffn_up_exps_b;   /* [n_ff, n_expert] f32 */
+    pi_tensor ffn_down_exps_b; /* [n_embd, n_expert] f32 */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;

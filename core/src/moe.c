@@ -1,8 +1,12 @@
-/* moe.c: the mixture-of-experts FFN (Mixtral, Qwen3-MoE), llama.cpp's build_moe_ffn with a softmax router and norm_w:
- * per token the router's logits l = gate_inp x, p = softmax(l), the n_expert_used largest p (ties: the lower expert),
- * weights w = p / (sum of the chosen p) (times expert_weights_scale where it is not 0), and
- * y = sum over the chosen e of w_e down_e (silu(gate_e x) * (up_e x)). Each expert runs once per call over the tokens
- * routed to it (their rows gathered), through mul_mat, so a token's row does not depend on the batch. CPU only. */
+/* moe.c: the mixture-of-experts FFN (Mixtral, Qwen3-MoE, gpt-oss), llama.cpp's build_moe_ffn with a softmax router and
+ * norm_w: per token the router's logits l = gate_inp x (+ its bias), p = softmax(l), the n_expert_used largest p (ties:
+ * the lower expert), weights w = p / (sum of the chosen p) (times expert_weights_scale where it is not 0), and
+ * y = sum over the chosen e of w_e down_e (silu(gate_e x) * (up_e x)). The renormalized softmax is the softmax of the
+ * chosen logits alone, which is what gpt-oss's gating (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT without norm_w)
+ * computes: the one rule serves both. With hparams.expert_bias each product gets its expert's bias (gate_e x + b_gate,
+ * up_e x + b_up, down_e h + b_down, as ggml_add_id), and ffn_act PI_ACT_SWIGLU_OAI replaces silu(g) u by gpt-oss's
+ * clamped SwiGLU (pi_swiglu_oai). Each expert runs once per call over the tokens routed to it (their rows gathered),
+ * through mul_mat, so a token's row does not depend on the batch. CPU only. */
 #include "moe.h"
 
 #include <math.h>
@@ -26,6 +30,14 @@ static pi_status product(pi_context *ctx, pi_exec *e, const pi_tensor *w, float 
     return pi_mul_mat_grow(e->be->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);
 }
 
+/* y [m][n] += expert ex's bias (row ex of b [n, n_expert]; b absent: nothing) */
+static void add_rows(const pi_tensor *b, int32_t ex, float *y, int64_t n, int64_t m) {
+    if (!b->data) return;
+    const float *row = (const float *)((const char *)b->data + ex * b->nb[1]);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) y[i * n + j] += row[j];
+}
+
 pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, float *out, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     if (e != &ctx->cpu) return pi_fail(PI_ERR_UNSUPPORTED, "mixture-of-experts layers run on the CPU only");
@@ -42,6 +54,11 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
           *d = u + T * F, *acc = d + T * E;
     int32_t *esel = (int32_t *)(wsel + T * K);
     TRY(product(ctx, e, &L->ffn_gate_inp, in, logits, T));
+    if (L->ffn_gate_inp_b.data) {   /* the router's bias (gpt-oss) */
+        const float *b = L->ffn_gate_inp_b.data;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < NE; i++) logits[t * NE + i] += b[i];
+    }
     for (int64_t t = 0; t < T; t++) {   /* top-K of the softmax, renormalized over the chosen */
         const float *l = logits + t * NE;
         float mx = l[0];
@@ -78,9 +95,15 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
                   de = expert(&L->ffn_down_exps, ex);
         TRY(product(ctx, e, &ge, xg, g, m));
         TRY(product(ctx, e, &ue, xg, u, m));
-        pi_tensor gt = f32_2d(g, F, m), ut = f32_2d(u, F, m);
-        TRY(OP(e, glu, hp->ffn_act, PI_FFN_PAR, &gt, &ut));      /* u = silu(g) * u */
+        add_rows(&L->ffn_gate_exps_b, ex, g, F, m);
+        add_rows(&L->ffn_up_exps_b, ex, u, F, m);
+        if (hp->ffn_act == PI_ACT_SWIGLU_OAI) pi_swiglu_oai(ctx->pool, g, u, m * F, hp->swiglu_alpha, hp->swiglu_limit);
+        else {
+            pi_tensor gt = f32_2d(g, F, m), ut = f32_2d(u, F, m);
+            TRY(OP(e, glu, hp->ffn_act, PI_FFN_PAR, &gt, &ut));      /* u = silu(g) * u */
+        }
         TRY(product(ctx, e, &de, u, d, m));
+        add_rows(&L->ffn_down_exps_b, ex, d, E, m);
         for (int64_t i = 0; i < m; i++) {
             const int64_t t = rows[i] / K;
             const float w = wsel[rows[i]];

@@ -35,7 +35,7 @@ static size_t tensor_bytes(const pi_tensor *t) {
 #define F(name) offsetof(pi_layer, name)
 static const size_t ATTN_FIELDS[] = { F(attn_norm), F(attn_norm_b), F(attn_norm_2), F(attn_norm_2_b), F(wqkv),
                                       F(wq), F(wk), F(wv), F(bq), F(bk), F(bv), F(q_norm), F(k_norm), F(wo),
-                                      F(bo), F(post_attn_norm) };
+                                      F(bo), F(attn_sinks), F(post_attn_norm) };
 static const size_t SPARSE_IO_FIELDS[] = { F(fc1), F(fc2), F(ffn_norm), F(ffn_norm_b), F(post_ffn_norm) };
 static const size_t DENSE_IO_FIELDS[] = { F(ffn_norm), F(ffn_norm_b), F(post_ffn_norm) };
 static const size_t DENSE_FFN_FIELDS[] = { F(ffn_gate), F(ffn_up), F(ffn_down) };

@@ -806,6 +806,7 @@ typedef struct {
     const pi_tensor *q, *k, *v, *mask;
     float scale;
     float softcap;        /* 0, or the scores' soft cap (softmax_exp caps them before the mask) */
+    const float *sinks;   /* [n_head] or NULL: each head's sink logit, a column without a value (softmax_exp's sink) */
     pi_tensor *out;
     float *scratch;       /* per thread (per_thread floats): [score rows][n_kv] scores, then for attend [4 + 8][hd] */
     int64_t per_thread;   /* score rows (ATT_HEADS heads of a token, or a prompt block's rows) x n_kv (+ 12 hd) */
@@ -876,7 +877,8 @@ static void attend(const attention_args *a, int64_t t, int64_t h0, int64_t nh, f
     bool any = false;
     for (int64_t j = 0; j < nh; j++) {
         memset(ROW_F32(a->out, h0 + j, t, 0), 0, (size_t)hd * sizeof(float));
-        const float sum = pi_cpu()->softmax_exp(n_kv, scores + j * n_kv, mask, a->scale, a->softcap);
+        const float sum = pi_cpu()->softmax_exp(n_kv, scores + j * n_kv, mask, a->scale, a->softcap,
+                                                a->sinks ? a->sinks[h0 + j] : -INFINITY);
         if (sum == 0.0f) { inv[j] = 0.0f; continue; }   /* nothing visible: output zeros */
         any = true;
         inv[j] = 1.0f / sum;
@@ -1053,7 +1055,8 @@ static void attend_block(const attention_args *a, int64_t t0, int nt, int64_t h,
     for (int r = 0; r < nr; r++) {      /* softmax, as attend */
         out[r] = ROW_F32(a->out, h + r % ng, t0 + r / ng, 0);
         memset(out[r], 0, (size_t)hd * sizeof(float));
-        const float sum = pi_cpu()->softmax_exp(n_kv, scores + r * n_kv, mask[r], a->scale, a->softcap);
+        const float sum = pi_cpu()->softmax_exp(n_kv, scores + r * n_kv, mask[r], a->scale, a->softcap,
+                                                a->sinks ? a->sinks[h + r % ng] : -INFINITY);
         if (sum == 0.0f) continue;   /* nothing visible: output zeros */
         inv[r] = 1.0f / sum;
         live[n_live++] = r;
@@ -1156,7 +1159,7 @@ static void split_blocks(const pi_tensor *mask, int64_t T, int block, int64_t un
 }
 
 pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
-                       const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
+                       const pi_tensor *mask, float scale, float softcap, const float *sinks, pi_tensor *out) {
     const int nth = pi_threadpool_size(pool);
     const int64_t n_kv = k->ne[2], T = q->ne[2];
     const int ng = attention_item_heads(q, k, v);
@@ -1171,7 +1174,7 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "attention: out of memory for %lld cells", (long long)n_kv);
     }
     if (T > 1) split_blocks(mask, T, block, q->ne[1] / ng, n_kv, nth, items);
-    attention_args a = { q, k, v, mask, scale, softcap, out, scratch, per_thread, block, ng, items };
+    attention_args a = { q, k, v, mask, scale, softcap, sinks, out, scratch, per_thread, block, ng, items };
     pi_threadpool_run(pool, attention_task, &a);
     free(scratch);
     free(items);
@@ -1185,6 +1188,12 @@ pi_status pi_op_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tens
 
 pi_status pi_op_attention_softcap(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
                                   const pi_tensor *mask, float scale, float softcap, pi_tensor *out) {
+    return pi_op_attention_sinks(pool, q, k, v, mask, scale, softcap, NULL, out);
+}
+
+pi_status pi_op_attention_sinks(pi_threadpool *pool, const pi_tensor *q, const pi_tensor *k, const pi_tensor *v,
+                                const pi_tensor *mask, float scale, float softcap, const pi_tensor *sinks,
+                                pi_tensor *out) {
     RETURN_IF(check_f32(q, "attention q"));
     RETURN_IF(pi_check_tensor(k, "attention k"));
     RETURN_IF(pi_check_tensor(v, "attention v"));
@@ -1215,7 +1224,49 @@ pi_status pi_op_attention_softcap(pi_threadpool *pool, const pi_tensor *q, const
     if (!isfinite(scale)) return pi_fail(PI_ERR_INVALID_ARG, "attention: scale must be finite");
     if (!(softcap >= 0.0f && softcap < INFINITY))
         return pi_fail(PI_ERR_INVALID_ARG, "attention: softcap %g must be finite and >= 0 (0: none)", (double)softcap);
-    return pi_attention(pool, q, k, v, mask, scale, softcap, out);
+    if (sinks) {
+        RETURN_IF(check_f32(sinks, "attention sinks"));
+        if (sinks->ne[0] != q->ne[1] || sinks->ne[1] * sinks->ne[2] * sinks->ne[3] != 1)
+            return pi_fail(PI_ERR_INVALID_ARG, "attention: sinks must be [%lld] (one per query head)",
+                           (long long)q->ne[1]);
+        for (int64_t h = 0; h < q->ne[1]; h++)
+            if (!isfinite(((const float *)sinks->data)[h]))
+                return pi_fail(PI_ERR_INVALID_ARG, "attention: sink %lld is not finite", (long long)h);
+    }
+    return pi_attention(pool, q, k, v, mask, scale, softcap, sinks ? sinks->data : NULL, out);
+}
+
+/* ---- gpt-oss's SwiGLU ---- */
+
+typedef struct { const float *g; float *u; int64_t n; float alpha, limit; } swiglu_args;
+
+static void swiglu_task(void *p, int ith, int nth) {
+    swiglu_args *a = p;
+    int64_t i0, i1;
+    split_range((a->n + 63) / 64, ith, nth, &i0, &i1);   /* blocks of 64 elements */
+    i0 = PI_MIN(a->n, i0 * 64);
+    i1 = PI_MIN(a->n, i1 * 64);
+    if (i1 > i0) pi_cpu()->swiglu_oai_row(i1 - i0, a->g + i0, a->u + i0, a->alpha, a->limit);
+}
+
+void pi_swiglu_oai(pi_threadpool *pool, const float *g, float *u, int64_t n, float alpha, float limit) {
+    swiglu_args a = { g, u, n, alpha, limit };
+    pi_threadpool_run(pool, swiglu_task, &a);
+}
+
+pi_status pi_op_swiglu_oai(pi_threadpool *pool, const pi_tensor *gate, pi_tensor *up, float alpha, float limit) {
+    RETURN_IF(check_f32(gate, "swiglu_oai gate"));
+    RETURN_IF(check_f32(up, "swiglu_oai up"));
+    RETURN_IF(check_same_shape(gate, up, "swiglu_oai"));
+    if (!isfinite(alpha) || !(limit >= 0.0f && limit < INFINITY))
+        return pi_fail(PI_ERR_INVALID_ARG, "swiglu_oai: alpha %g must be finite and limit %g finite and >= 0",
+                       (double)alpha, (double)limit);
+    const int64_t n = pi_nelements(up);
+    for (int i = 1; i < PI_MAX_DIMS; i++)   /* one run of elements each */
+        if (gate->nb[i] != gate->nb[i - 1] * gate->ne[i - 1] || up->nb[i] != up->nb[i - 1] * up->ne[i - 1])
+            return pi_fail(PI_ERR_INVALID_ARG, "swiglu_oai: gate and up must be contiguous");
+    pi_swiglu_oai(pool, gate->data, up->data, n, alpha, limit);
+    return PI_OK;
 }
 
 /* ---- soft-capping (Gemma 2's logits) ---- */

@@ -1,7 +1,8 @@
 """Our byte-level BPE tokenizer against llama.cpp's (llama-cpp-python, vocab_only) on vocabularies
 trained with Hugging Face tokenizers (tests/test_tokenizer_bpe.py) and written to GGUF files as
-llama.cpp's converter writes them, for the gpt-2, llama-bpe, qwen2 and default pre-tokenizers, with
-and without special-token parsing. The ids must be identical."""
+llama.cpp's converter writes them, for the gpt-2, llama-bpe, qwen2, gpt-4o (gpt-oss's o200k) and default
+pre-tokenizers, with and without special-token parsing. The ids must be identical. A vocabulary with gpt-oss's harmony
+tokens checks llama.cpp's o200k_harmony rules: which tokens end generation, which markers decode as text."""
 from __future__ import annotations
 
 import sys
@@ -22,7 +23,7 @@ from test_tokenizer_bpe import CHECK, gguf_vocab, train_hf  # noqa: E402
 EXTRA = ["<|endoftext|>after", "<|im_start|><|im_start|>", "🦀 crab 🦀", "1\u00002", "x" * 500]
 
 
-def write_vocab_gguf(path, tokens, types, merges, pre):
+def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>"):
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(128)
     w.add_embedding_length(64)
@@ -36,7 +37,7 @@ def write_vocab_gguf(path, tokens, types, merges, pre):
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    eos = tokens.index("<|endoftext|>")
+    eos = tokens.index(eos_text)
     w.add_bos_token_id(eos)
     w.add_eos_token_id(eos)
     w.add_add_bos_token(False)
@@ -48,7 +49,7 @@ def write_vocab_gguf(path, tokens, types, merges, pre):
 
 
 @pytest.mark.parametrize("pre,trained", [("gpt-2", "gpt-2"), ("llama-bpe", "llama-bpe"), ("qwen2", "qwen2"),
-                                         ("default", "gpt-2")])
+                                         ("default", "gpt-2"), ("gpt-4o", "gpt-2")])
 def test_bpe_ids_match_llama_cpp(tmp_path, pre, trained):
     tokens, types, merges = gguf_vocab(train_hf(trained))
     path = tmp_path / f"vocab-{pre}.gguf"
@@ -62,3 +63,38 @@ def test_bpe_ids_match_llama_cpp(tmp_path, pre, trained):
             assert got == theirs, (pre, parse_special, text, got, theirs)
         ids = ll.tokenize(text.encode(), add_bos=False, special=False)
         assert ours.decode(ids).encode() == ll.detokenize(ids), (pre, text)
+
+
+HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+HARMONY_TEXT = ["<|start|>assistant<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
+                "<|message|>Hello!<|return|>",
+                "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>",
+                "plain <|end|> text <|return|>"]
+
+
+def test_harmony_vocabulary_matches_llama_cpp(tmp_path):
+    """gpt-oss's o200k_harmony special tokens (control tokens in the file, EOS <|return|>): llama.cpp ends generation at
+    <|return|> and <|call|> but not <|end|> (it ends the reasoning message too), and decodes <|end|> and the message
+    markers as text (user-defined); the ids of harmony text with and without special parsing and the decoded text
+    are llama.cpp's."""
+    tokens, types, merges = gguf_vocab(train_hf("gpt-2"))
+    tokens, types = tokens + HARMONY, types + [3] * len(HARMONY)      # control tokens, as the converter writes them
+    path = tmp_path / "harmony.gguf"
+    write_vocab_gguf(path, tokens, types, merges, "gpt-4o", eos_text="<|return|>")
+    ll = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf_metadata(open_gguf(path).metadata)
+    vocab = llama_cpp.llama_model_get_vocab(ll.model)
+    theirs_eog = {i for i in range(len(tokens)) if llama_cpp.llama_vocab_is_eog(vocab, i)}
+    assert ours.eog_ids == theirs_eog
+    ids = {t: tokens.index(t) for t in HARMONY}
+    assert ids["<|return|>"] in ours.eog_ids and ids["<|call|>"] in ours.eog_ids
+    assert ids["<|end|>"] not in ours.eog_ids and tokens.index("<|endoftext|>") in ours.eog_ids
+    for text in HARMONY_TEXT + CHECK[:6]:
+        for parse_special in (False, True):
+            theirs = ll.tokenize(text.encode(), add_bos=False, special=parse_special)
+            got = ours.encode(text, add_special=False, parse_special=parse_special)
+            assert got == theirs, (parse_special, text, got, theirs)
+        ids_t = ll.tokenize(text.encode(), add_bos=False, special=True)
+        assert ours.decode(ids_t).encode() == ll.detokenize(ids_t), text
+    reply = ll.tokenize(HARMONY_TEXT[0].encode(), add_bos=False, special=True)
+    assert ours.decode(reply) == HARMONY_TEXT[0].removesuffix("<|return|>")   # the markers stay readable

@@ -213,6 +213,30 @@ def test_attention_softcap(kv, n_tok):
     assert rel_err(plain, ref) > 100 * TOL_ATTENTION     # the cap did something
 
 
+@pytest.mark.parametrize("kv", [F16, F32], ids=["kv_f16", "kv_f32"])
+@pytest.mark.parametrize("n_tok", [1, 7])
+def test_attention_sinks(kv, n_tok):
+    """gpt-oss's attention sinks (a logit per head joining the softmax without a value; one of 8, far above the
+    scores, takes nearly all of the mass): the device's against the CPU's."""
+    hd, H, Hkv, n_kv = 64, 4, 2, 200
+    q = RNG.standard_normal((n_tok, H, hd), dtype=np.float32)
+    kf = RNG.standard_normal((n_kv, Hkv, hd), dtype=np.float32)
+    vf = RNG.standard_normal((n_kv, Hkv, hd), dtype=np.float32)
+    k, v = (kf.astype(np.float16).view(np.uint16), vf.astype(np.float16).view(np.uint16)) if kv == F16 else (kf, vf)
+    mask = np.zeros((n_tok, n_kv), np.float32)
+    for t in range(n_tok):
+        mask[t, n_kv - n_tok + t + 1:] = -np.inf
+    sinks = np.array([1.0, -2.0, 3.0, 8.0], np.float32)
+    ref, plain, out = np.zeros_like(q), np.zeros_like(q), np.full_like(q, np.nan)
+    args = (T(cpu_ffi, q), T(cpu_ffi, k, kv), T(cpu_ffi, v, kv), T(cpu_ffi, mask), np.float32(0.125), np.float32(0.0))
+    cpu_call(cpu.pi_op_attention_sinks, *args, T(cpu_ffi, sinks), T(cpu_ffi, ref))
+    cpu_call(cpu.pi_op_attention_softcap, *args, T(cpu_ffi, plain))
+    gpu_call(glib.pi_cuda_op_attention_sinks, T(gffi, q), T(gffi, k, kv), T(gffi, v, kv), T(gffi, mask),
+             np.float32(0.125), np.float32(0.0), T(gffi, sinks), T(gffi, out))
+    assert rel_err(out, ref) < TOL_ATTENTION
+    assert rel_err(plain, ref) > 100 * TOL_ATTENTION     # the sinks did something
+
+
 @pytest.mark.parametrize("t", [F16, Q8_0, F32], ids=NAMES.get)
 def test_predictor(t):
     E, r, F, n_tok = 256, 64, 700, 4

@@ -103,7 +103,7 @@ class ModelInfo:
 _LEVELS = ("attn", "pred", "ffn_io", "output")
 _LEVEL_RE = [
     ("attn", re.compile(r"^blk\.(\d+)\.(attn_norm(_2)?|attn_q|attn_k|attn_v|attn_output|attn_qkv|attn_q_norm|"
-                        r"attn_k_norm|post_attention_norm)\.(weight|bias)$")),
+                        r"attn_k_norm|attn_sinks|post_attention_norm)\.(weight|bias)$")),
     ("pred", re.compile(r"^blk\.(\d+)\.(fc1|fc2)\.weight$")),
     ("ffn_io", re.compile(r"^blk\.(\d+)\.(ffn_norm|post_ffw_norm)\.(weight|bias)$")),
     ("output", re.compile(r"^(output|output_norm)\.(weight|bias)$")),

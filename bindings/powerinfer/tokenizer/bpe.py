@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import heapq
 
-from .vocab import (EOG_TEXTS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VALID_TYPES,
-                    Tokenizer, as_list, as_text, merge_symbols)
+from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VALID_TYPES, Tokenizer,
+                    as_list, as_text, end_of_generation, merge_symbols)
 
 __all__ = ["BPETokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
 
@@ -45,6 +45,15 @@ _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # GPT-2
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# GPT-4o / o200k (gpt-oss): llama.cpp's form of the tokenizer.json expression, whose upper- and lower-case letter
+# classes (\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}, \p{Ll}\p{Lm}\p{Lo}\p{M}) it writes as "a letter that is not a-z" / "not A-Z"
+# (its engine has no case classes): the same split on ASCII, not on every other script, and llama.cpp is what our
+# files are checked against (tests/compat/test_bpe_vs_llama_cpp.py)
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+          r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+          r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> (regular expressions, ignore_merges, add_bos default)
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {}
@@ -54,6 +63,7 @@ for _name in ("qwen2", "deepseek-r1-qwen", "megrez"):
     PRE_TOKENIZERS[_name] = ((_QWEN2,), False, False)
 for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de"):
     PRE_TOKENIZERS[_name] = ((_GPT2,), False, False)
+PRE_TOKENIZERS["gpt-4o"] = ((_GPT4O,), False, False)
 # llama.cpp's default (also used when the key is missing)
 PRE_TOKENIZERS["default"] = ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"), False, False)
 
@@ -147,6 +157,8 @@ class BPETokenizer(Tokenizer, model="gpt2"):
 
         # text -> id: the last id wins for duplicates (llama.cpp's token_to_id[word] = i)
         self._text_to_id = {t: i for i, t in enumerate(self._tokens)}
+        # the end-of-generation set, and llama.cpp's o200k_harmony token types (before the tables below read them)
+        self._eog = end_of_generation(self._text_to_id, (eos_id, eot_id, eom_id), self._types)
         # merge ranks: "a b" split at the first space after the first character; the first rank wins
         self._ranks: dict[tuple[str, str], int] = {}
         for rank, m in enumerate(merges):
@@ -175,12 +187,6 @@ class BPETokenizer(Tokenizer, model="gpt2"):
             else:
                 b = _byte_decode(text)
             self._piece_bytes.append(b)
-
-        self._eog = {tid for tid in (eos_id, eot_id, eom_id) if tid is not None}
-        for text in EOG_TEXTS:
-            tid = self._text_to_id.get(text)
-            if tid is not None:
-                self._eog.add(tid)
 
     # ------------------------------------------------------------------ construction
 

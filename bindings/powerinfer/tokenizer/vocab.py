@@ -24,9 +24,31 @@ TOKEN_BYTE = 6
 VALID_TYPES = frozenset(range(TOKEN_UNDEFINED, TOKEN_BYTE + 1))
 
 # end-of-generation tokens recognised by their text, in every vocabulary type (llama.cpp's list in llama_vocab::load:
-# Phi-3's SentencePiece vocabulary ends its turns with <|end|>, ChatML's with <|im_end|>, ...)
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-             "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>", "<｜end▁of▁sentence｜>")
+# Phi-3's SentencePiece vocabulary ends its turns with <|end|>, ChatML's with <|im_end|>, gpt-oss's o200k_harmony
+# with <|return|> (the final answer) and <|call|> (a tool call), ...)
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+             "<|end_of_text|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>",
+             "<｜end▁of▁sentence｜>")
+# o200k_harmony's message markers, which llama.cpp makes user-defined tokens (rendered in decoded text, matched in any
+# text) so that a reply's channels stay readable: <|channel|>analysis<|message|>...<|end|><|start|>assistant...
+HARMONY_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
+
+def end_of_generation(text_to_id: dict, base_ids, types: list) -> set[int]:
+    """The end-of-generation ids: base_ids (EOS / EOT / EOM where the vocabulary names them) and the EOG_TEXTS tokens;
+    with llama.cpp's two o200k_harmony workarounds (llama_vocab::load) applied to types in place: where <|return|>,
+    <|call|> and <|end|> all end generation, <|end|> does not (in harmony it ends a message, the reasoning channel's
+    among them, not the reply) and becomes user-defined, as do the HARMONY_RENDERED markers."""
+    eog = {tid for tid in base_ids if tid is not None}
+    eog.update(text_to_id[text] for text in EOG_TEXTS if text in text_to_id)
+    ret, call, end = (text_to_id.get(t) for t in ("<|return|>", "<|call|>", "<|end|>"))
+    if ret in eog and call in eog and end in eog:
+        eog.discard(end)
+        types[end] = TOKEN_USER_DEFINED
+    for text in HARMONY_RENDERED:
+        if text in text_to_id:
+            types[text_to_id[text]] = TOKEN_USER_DEFINED
+    return eog
 
 
 def merge_symbols(piece: list[str], candidate, heap: list, fresh) -> None:

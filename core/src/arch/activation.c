@@ -1,5 +1,6 @@
 /* activation.c: SiLU, ReLU and GELU over a row (pi_activation_row), soft-capping (pi_softcap_row: Gemma 2's attention
- * scores and logits) and attention's softmax numerator (pi_softmax_exp), all on the same exp.
+ * scores and logits), gpt-oss's clamped SwiGLU (pi_swiglu_oai_row) and attention's softmax numerator (pi_softmax_exp,
+ * with an optional sink column), all on the same exp.
  *
  * Soft-capping is y = cap tanh(u), u = x scale / cap, with tanh |u| = (1 - e^-2|u|) / (1 + e^-2|u|) and u's sign put
  * back: e^-2|u| <= 1 never overflows (+-inf give +-cap). The error is absolute, at most 2.6 ulp of 1 times cap over
@@ -130,7 +131,7 @@ static inline __m512 masked16(const float *x, const float *mask, __m512 scale, _
 }
 #endif
 
-float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap) {
+float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap, float sink) {
     if (softcap > 0.0f) {   /* the scores capped in place first; x * 1 below is x */
         pi_softcap_row(n, x, x, scale, softcap);
         scale = 1.0f;
@@ -167,6 +168,8 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float 
         for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
         return 0.0f;
     }
+    const bool has_sink = sink != -INFINITY;
+    if (has_sink) max = fmaxf(max, sink);   /* the sink is one more column: in the max and in the sum */
     const __m256 vm = _mm256_set1_ps(max);
     __m256 sum = _mm256_setzero_ps();   /* element i in lane i % 8, in element order */
 #if defined(__AVX512F__)
@@ -200,7 +203,35 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float 
         }
     }
 #undef SCORES
-    return pi_hsum_ps(sum);
+    const float total = pi_hsum_ps(sum);
+    if (!has_sink) return total;
+    float e[8];   /* exp1's bits: exp8 of the sink's column */
+    _mm256_storeu_ps(e, exp8(_mm256_set1_ps(sink - max)));
+    return total + e[0];
+}
+
+/* ggml's swiglu_oai, eight at a time: min(g, limit) / (1 + e^(-alpha min(g, limit))) * (clamp(u, -limit, limit) + 1);
+ * na = -alpha. The operand order of min / max keeps a NaN input NaN, as std::min / std::clamp do. */
+static inline __m256 swiglu_oai8(__m256 g, __m256 u, __m256 na, __m256 lim, __m256 nlim) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 x = _mm256_min_ps(lim, g);                              /* lim < g ? lim : g */
+    const __m256 y = _mm256_max_ps(nlim, _mm256_min_ps(lim, u));         /* -lim > u' ? -lim : u' */
+    const __m256 glu = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_mul_ps(na, x))));
+    return _mm256_mul_ps(glu, _mm256_add_ps(y, one));
+}
+
+void pi_swiglu_oai_row(int64_t n, const float *g, float *u, float alpha, float limit) {
+    const __m256 na = _mm256_set1_ps(-alpha), lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(u + i, swiglu_oai8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i), na, lim, nlim));
+    if (i < n) {
+        float gb[8] = { 0 }, ub[8] = { 0 };
+        memcpy(gb, g + i, (size_t)(n - i) * sizeof(float));
+        memcpy(ub, u + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(ub, swiglu_oai8(_mm256_loadu_ps(gb), _mm256_loadu_ps(ub), na, lim, nlim));
+        memcpy(u + i, ub, (size_t)(n - i) * sizeof(float));
+    }
 }
 
 #else
@@ -291,7 +322,7 @@ void pi_softcap_row(int64_t n, const float *x, float *y, float scale, float cap)
     for (int64_t i = 0; i < n; i++) y[i] = softcap1(x[i], scale, inv_cap, cap);
 }
 
-float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap) {
+float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap, float sink) {
     if (softcap > 0.0f) {   /* the scores capped in place first; x * 1 below is x */
         pi_softcap_row(n, x, x, scale, softcap);
         scale = 1.0f;
@@ -318,6 +349,8 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float 
         for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
         return 0.0f;
     }
+    const bool has_sink = sink != -INFINITY;
+    if (has_sink) max = fmaxf(max, sink);   /* the sink is one more column: in the max and in the sum */
     float lanes[8] = { 0 };
     i = 0;
 #if PI_NEON
@@ -337,7 +370,19 @@ float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float 
         x[i] = exp1(x[i] - max);
         lanes[i % 8] += x[i];
     }
-    return pi_tree8(lanes);
+    const float total = pi_tree8(lanes);
+    return has_sink ? total + exp1(sink - max) : total;
+}
+
+/* swiglu_oai8's operations one element at a time (the neon levels too: an expert's rows are a small share) */
+void pi_swiglu_oai_row(int64_t n, const float *g, float *u, float alpha, float limit) {
+    const float na = -alpha;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = limit < g[i] ? limit : g[i];
+        float y = limit < u[i] ? limit : u[i];
+        y = -limit > y ? -limit : y;
+        u[i] = x / (1.0f + exp1(na * x)) * (y + 1.0f);
+    }
 }
 
 #endif

@@ -218,7 +218,8 @@ static void pi_axpy_q8_0(int64_t n, float a, const void *row, float *y);
 /* ---- activations (arch/activation.c) ---- */
 static void pi_activation_row(int32_t op, int64_t n, const float *x, float *y);
 static void pi_softcap_row(int64_t n, const float *x, float *y, float scale, float cap);
-static float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap);
+static float pi_softmax_exp(int64_t n, float *x, const float *mask, float scale, float softcap, float sink);
+static void pi_swiglu_oai_row(int64_t n, const float *g, float *u, float alpha, float limit);
 
 
 /* ---- dot products and axpy (arch/vec_dot_k.c), SIMD with scalar fallbacks ---- */

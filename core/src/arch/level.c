@@ -175,5 +175,6 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .bf16x8_dp = { .gemm8 = BF16_DOT(pi_gemm8_bf16x8_bf16), .vec_dot_type = BF16_ACT },
     .softcap_row = pi_softcap_row,
     .softmax_exp = pi_softmax_exp,
+    .swiglu_oai_row = pi_swiglu_oai_row,
     .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,
 };

@@ -207,9 +207,9 @@ def test_harmony_chat_template(tmp_path):
     """gpt-oss files carry OpenAI's harmony template (data/openai-gpt-oss-120b.jinja): our Jinja chat path renders it
     (system text as the developer's instructions, earlier answers in the final channel, reasoning_effort and tools
     through chat_template_kwargs), a reply ends at <|return|> or <|call|> (not at <|end|>, which also closes the
-    reasoning message), and a chat request on a tiny gpt-oss file with it runs. The reply's channels are not split
-    into reasoning_content and content (the harmony parsing is not done): an assistant message in harmony markup is
-    refused by the template itself."""
+    reasoning message), and a chat request on a tiny gpt-oss file with it runs; its reply's analysis channel becomes
+    reasoning_content and its final channel content (powerinfer.reasoning.HarmonySplitter), whole and streamed. An
+    assistant message in harmony markup is refused by the template itself."""
     pytest.importorskip("jinja2")
     src = HARMONY_TEMPLATE.read_text()
     fmt = ChatFormatter.resolve({"tokenizer.chat_template": src}, bos_token="<|startoftext|>", eos_token="<|return|>")
@@ -231,3 +231,11 @@ def test_harmony_chat_template(tmp_path):
     assert llm.chat_formatter.end_of_turn == ["<|return|>", "<|call|>"]
     out = llm.create_chat_completion(CONV, max_tokens=4, temperature=0)
     assert out["choices"][0]["message"]["role"] == "assistant" and out["usage"]["prompt_tokens"] > 50
+    g = ('root ::= "<|channel|>analysis<|message|>the user greets<|end|><|start|>assistant<|channel|>final'
+         '<|message|>" ("hello" | "hi")')
+    msg = llm.create_chat_completion(CONV[1:2], max_tokens=400, temperature=0, grammar=g)["choices"][0]["message"]
+    assert msg["reasoning_content"] == "the user greets" and msg["content"] in ("hello", "hi")
+    chunks = list(llm.create_chat_completion(CONV[1:2], max_tokens=400, temperature=0, grammar=g, stream=True))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == msg["content"]

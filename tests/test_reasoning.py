@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
-from powerinfer.reasoning import ReasoningSplitter, prompt_opens_thinking  # noqa: E402
+from powerinfer.reasoning import HarmonySplitter, ReasoningSplitter, prompt_opens_thinking, splitter_for  # noqa: E402
 from powerinfer.request import RequestError  # noqa: E402
 
 # (reply text, whether the prompt opened <think>) -> (reasoning, content)
@@ -42,6 +42,38 @@ def test_splitter_every_chunking(text, opened, reasoning, content):
             r, c = r + dr, c + dc
         dr, dc = s.finish()
         assert (r + dr, c + dc) == (reasoning, content), pieces
+
+
+# gpt-oss's harmony replies (after a prompt ending in <|start|>assistant) -> (reasoning, content)
+HARMONY = [
+    ("<|channel|>analysis<|message|>User greets.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
+     "User greets.", "Hello!"),
+    ("<|channel|>final<|message|>Just this.", "", "Just this."),
+    ("plain text", "", "plain text"),
+    ("<|channel|>analysis<|message|>thinking <|chan", "thinking <|chan", ""),        # stopped inside a marker
+    ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=functions.f "
+     "<|constrain|>json<|message|>{}<|end|><|start|>assistant<|channel|>final<|message|>done", "a", "{}done"),
+    ("<|channel|>analys", "", ""),                                                   # an unfinished header
+]
+
+
+@pytest.mark.parametrize("text,reasoning,content", HARMONY)
+def test_harmony_every_chunking(text, reasoning, content):
+    chunkings = [[text], list(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
+    for pieces in chunkings:
+        s = HarmonySplitter()
+        r = c = ""
+        for p in pieces:
+            dr, dc = s.feed(p)
+            r, c = r + dr, c + dc
+        dr, dc = s.finish()
+        assert (r + dr, c + dc) == (reasoning, content), pieces
+
+
+def test_harmony_chosen_by_the_prompt():
+    assert isinstance(splitter_for("auto", "<|start|>user<|message|>hi<|end|><|start|>assistant"), HarmonySplitter)
+    assert isinstance(splitter_for("auto", "<|im_start|>assistant\n"), ReasoningSplitter)
+    assert splitter_for("none", "<|start|>assistant") is None
 
 
 def test_prompt_opens_thinking():

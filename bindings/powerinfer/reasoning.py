@@ -7,6 +7,11 @@ whitespace dropped, to ``message.content``. A reply that does not open with ``<t
 content, unless the prompt itself ends inside an opened ``<think>`` (templates that make the model think: the reply
 then starts in the reasoning). ``none`` leaves the text whole in ``content``. Streaming and whole responses give
 the same strings: the splitter only holds back text that may still be the start of a tag.
+
+gpt-oss writes OpenAI's harmony format instead: messages ``<|channel|>NAME<|message|>TEXT<|end|>``, each after
+``<|start|>assistant``: the ``analysis`` channel's text goes to ``reasoning_content``, the ``final`` (and
+``commentary``) channels' to ``content``, and the markers to neither (llama.cpp's gpt-oss parser; its tool calls on
+the commentary channel are not read here).
 """
 from __future__ import annotations
 
@@ -22,9 +27,14 @@ def check_format(fmt) -> str:
     return fmt
 
 
-def splitter_for(fmt: str, prompt: str) -> "ReasoningSplitter | None":
-    """The splitter a chat reply to `prompt` (the rendered template) gets under format `fmt` (None: none)."""
-    return None if check_format(fmt) == "none" else ReasoningSplitter(prompt_opens_thinking(prompt))
+def splitter_for(fmt: str, prompt: str) -> "ReasoningSplitter | HarmonySplitter | None":
+    """The splitter a chat reply to `prompt` (the rendered template) gets under format `fmt` (None: none): OpenAI's
+    harmony channels where the prompt asks for an assistant message in that format (gpt-oss), else <think>."""
+    if check_format(fmt) == "none":
+        return None
+    if prompt.rstrip().endswith(HARMONY_START):
+        return HarmonySplitter()
+    return ReasoningSplitter(prompt_opens_thinking(prompt))
 
 
 def prompt_opens_thinking(prompt: str) -> bool:
@@ -88,3 +98,62 @@ class ReasoningSplitter:
         if self.state == "after":
             return "", ""
         return "", buf
+
+
+HARMONY_START = "<|start|>assistant"
+_CHANNEL, _MESSAGE, _END = "<|channel|>", "<|message|>", "<|end|>"
+_BODY_ENDS = (_END, "<|start|>", _CHANNEL)
+
+
+class HarmonySplitter:
+    """feed(text) -> (reasoning, content) released so far; finish() -> what was held back. Harmony messages: a
+    header <|channel|>NAME ... <|message|>, a body that ends at <|end|> (or the next <|start|> / <|channel|>)."""
+
+    def __init__(self):
+        self.state, self.channel, self.buf = "between", "final", ""
+
+    def _out(self, text: str) -> tuple[str, str]:
+        return (text, "") if self.channel == "analysis" else ("", text)
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.buf += text
+        reasoning = content = ""
+        while True:
+            if self.state == "between":          # before a message: its <|start|>assistant and header
+                if self.buf.startswith(HARMONY_START):
+                    self.buf = self.buf[len(HARMONY_START):]
+                    continue
+                if self.buf.startswith(_CHANNEL):
+                    self.buf, self.state = self.buf[len(_CHANNEL):], "header"
+                    continue
+                if not self.buf or HARMONY_START.startswith(self.buf) or _CHANNEL.startswith(self.buf):
+                    return reasoning, content
+                self.state, self.channel = "body", "final"   # text without a header: the answer
+            elif self.state == "header":
+                i = self.buf.find(_MESSAGE)
+                if i < 0:
+                    return reasoning, content
+                words = self.buf[:i].split()
+                self.channel = words[0] if words else "final"
+                self.buf, self.state = self.buf[i + len(_MESSAGE):], "body"
+            else:
+                ends = [i for i in (self.buf.find(t) for t in _BODY_ENDS) if i >= 0]
+                if ends:
+                    i = min(ends)
+                    r, c = self._out(self.buf[:i])
+                    reasoning, content = reasoning + r, content + c
+                    rest = self.buf[i:]
+                    self.buf, self.state = (rest[len(_END):] if rest.startswith(_END) else rest), "between"
+                    continue
+                keep = max(_partial_suffix(self.buf, t) for t in _BODY_ENDS)
+                r, c = self._out(self.buf[:len(self.buf) - keep])
+                self.buf = self.buf[len(self.buf) - keep:]
+                return reasoning + r, content + c
+
+    def finish(self) -> tuple[str, str]:
+        """The text held back at the end of the reply (a body's tail; an unfinished header is dropped)."""
+        buf, self.buf = self.buf, ""
+        if self.state == "body":
+            return self._out(buf)
+        return ("", "") if self.state == "header" or HARMONY_START.startswith(buf) or _CHANNEL.startswith(buf) \
+            else ("", buf)

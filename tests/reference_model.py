@@ -215,9 +215,10 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3", "olmo2", "gpt-oss")  # ROPE_TYPE_NEOX
+NEOX_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
+              "gpt-oss")          # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
-ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite",
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss") + LAYER_NORM_ARCHS
 GEMMA_ARCHS = ("gemma2", "gemma3")               # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
@@ -373,6 +374,8 @@ class ReferenceModel:
         if arch == "gpt-oss":
             self.attn_scale = 1.0 / math.sqrt(self.n_rot)
             self.expert_gating = "softmax_weight"
+        if arch == "qwen2moe":           # llama.cpp's norm_w false: the chosen experts' probabilities as they are
+            self.expert_gating = "softmax"
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -492,6 +495,10 @@ class ReferenceModel:
                 h = self.swiglu_oai(gate, up) if self.ffn_act == "swiglu_oai" else self.act(gate) * up
                 down = L["ffn_down_exps"][e] @ h + (L["ffn_down_exps.bias"][e] if "ffn_down_exps.bias" in L else 0.0)
                 out[t] += we * down
+        if "ffn_gate_shexp" in L:          # a shared expert (qwen2moe: gated by sigmoid(gate_inp_shexp . g))
+            h = self.act(g @ L["ffn_gate_shexp"].T) * (g @ L["ffn_up_shexp"].T)
+            s = 1.0 / (1.0 + np.exp(-(g @ L["ffn_gate_inp_shexp"]))) if "ffn_gate_inp_shexp" in L else 1.0
+            out += np.reshape(s, (-1, 1)) * (h @ L["ffn_down_shexp"].T)
         return out
 
     def ffn(self, L, g, x=None, trace=None):

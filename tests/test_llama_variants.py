@@ -80,16 +80,29 @@ def test_granite_with_biases_is_refused(tmp_path):
         pi.Model(bad)
 
 
-def test_granitemoe(tmp_path):
-    """granitemoe: the multipliers over Mixtral-layout experts (tests/test_moe.py's file renamed): the reference's
-    logits and, where llama-cpp-python is installed, llama.cpp's."""
+@pytest.mark.parametrize("shared", [False, True], ids=["experts", "shared-expert"])
+def test_granitemoe(tmp_path, shared):
+    """granitemoe: the multipliers over Mixtral-layout experts (tests/test_moe.py's file renamed), and Granite MoE
+    Shared's ungated shared expert (width 48): the reference's logits and, where llama-cpp-python is installed,
+    llama.cpp's."""
     from gguf import GGUFValueType as VT
-    from model_files import rename_arch
+    from model_files import rename_arch, rewrite
     from test_moe import write_moe
     c = CONFIGS["granite"]
-    path = rename_arch(write_moe(tmp_path, "llama"), tmp_path / "granitemoe.gguf", "granitemoe",
-                       {f"granitemoe.{k}": (c[k.replace(".", "_")], VT.FLOAT32)
-                        for k in ("embedding_scale", "attention.scale", "residual_scale", "logit_scale")})
+    src = write_moe(tmp_path, "llama")
+    meta = {f"granitemoe.{k}": (c[k.replace(".", "_")], VT.FLOAT32)
+            for k in ("embedding_scale", "attention.scale", "residual_scale", "logit_scale")}
+    if shared:
+        rng, E, Fs = np.random.default_rng(9), c["n_embd"], 48
+        extra = {}
+        for il in range(c["n_layer"]):
+            for name, shape in (("gate", (Fs, E)), ("up", (Fs, E)), ("down", (E, Fs))):
+                w = rng.standard_normal(shape) / np.sqrt(shape[1])
+                extra[f"blk.{il}.ffn_{name}_shexp.weight"] = (w.astype(np.float32), 0)
+        src = rewrite(src, tmp_path / "shared.gguf", extra=extra)
+        meta["granitemoe.expert_shared_feed_forward_length"] = (Fs, VT.UINT32)
+    path = rename_arch(src, tmp_path / "granitemoe.gguf", "granitemoe", meta)
+    assert pi.Model(path).hparams.n_ff_shexp == (48 if shared else 0)
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     ref = ReferenceModel(path).forward(PROMPT)
     assert rel_rms(ours, ref) < FLOAT_REL_RMS, rel_rms(ours, ref)

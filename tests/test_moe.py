@@ -14,17 +14,20 @@ import powerinfer as pi
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 N_EXPERT, N_USED = 4, 2
+SHEXP = 48      # qwen2moe's shared expert's width
 
 
 def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: str = "f32"):
-    """The tiny llama (Mixtral's layout) or qwen3 (as qwen3moe) of model_files with each layer's FFN replaced by
-    N_EXPERT random experts and a router; n_ff_exp: the experts' width (qwen3moe's expert_feed_forward_length);
-    dtype: the matrices' type."""
-    base = "llama" if arch == "llama" else "qwen3"
+    """The tiny llama (Mixtral's layout), qwen3 (as qwen3moe) or qwen2 (as qwen2moe, with a gated shared expert of
+    width 48) of model_files with each layer's FFN replaced by N_EXPERT random experts and a router; n_ff_exp: the
+    experts' width (expert_feed_forward_length); dtype: the matrices' type."""
+    base = {"llama": "llama", "qwen3moe": "qwen3", "qwen2moe": "qwen2"}[arch]
     c = CONFIGS[base]
     w = make_weights(base, seed)
     rng = np.random.default_rng(seed + 100)
     E, F = c["n_embd"], n_ff_exp or c["n_ff"]
+    if arch == "qwen2moe":      # llama.cpp's qwen2moe has an output matrix of its own
+        w["output.weight"] = (rng.standard_normal((c["n_vocab"], E)) / np.sqrt(E)).astype(np.float32)
     for il in range(c["n_layer"]):
         p = f"blk.{il}."
         for k in ("ffn_gate", "ffn_up", "ffn_down"):
@@ -33,21 +36,27 @@ def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: s
         w[p + "ffn_gate_exps.weight"] = (rng.standard_normal((N_EXPERT, F, E)) / np.sqrt(E)).astype(np.float32)
         w[p + "ffn_up_exps.weight"] = (rng.standard_normal((N_EXPERT, F, E)) / np.sqrt(E)).astype(np.float32)
         w[p + "ffn_down_exps.weight"] = (rng.standard_normal((N_EXPERT, E, F)) / np.sqrt(F)).astype(np.float32)
+        if arch == "qwen2moe":
+            w[p + "ffn_gate_shexp.weight"] = (rng.standard_normal((SHEXP, E)) / np.sqrt(E)).astype(np.float32)
+            w[p + "ffn_up_shexp.weight"] = (rng.standard_normal((SHEXP, E)) / np.sqrt(E)).astype(np.float32)
+            w[p + "ffn_down_shexp.weight"] = (rng.standard_normal((E, SHEXP)) / np.sqrt(SHEXP)).astype(np.float32)
+            w[p + "ffn_gate_inp_shexp.weight"] = (rng.standard_normal(E) / np.sqrt(E)).astype(np.float32)
     write_arch_model(d / "dense-keys.gguf", base, weights=w, dtype=dtype)
     meta = {f"{base}.expert_count": (N_EXPERT, VT.UINT32), f"{base}.expert_used_count": (N_USED, VT.UINT32)}
     if arch == "llama":
         return rewrite(d / "dense-keys.gguf", d / "mixtral.gguf", meta=meta)
-    # qwen3moe: every qwen3.* key under its own name
-    return rename_arch(d / "dense-keys.gguf", d / "qwen3moe.gguf", "qwen3moe",
-                       {"qwen3moe.expert_count": (N_EXPERT, VT.UINT32),
-                        "qwen3moe.expert_used_count": (N_USED, VT.UINT32),
-                        "qwen3moe.expert_feed_forward_length": (F, VT.UINT32)})
+    # qwen3moe / qwen2moe: every qwen3.* / qwen2.* key under its own name
+    extra = {f"{arch}.expert_shared_feed_forward_length": (SHEXP, VT.UINT32)} if arch == "qwen2moe" else {}
+    return rename_arch(d / "dense-keys.gguf", d / f"{arch}.gguf", arch,
+                       {f"{arch}.expert_count": (N_EXPERT, VT.UINT32),
+                        f"{arch}.expert_used_count": (N_USED, VT.UINT32),
+                        f"{arch}.expert_feed_forward_length": (F, VT.UINT32), **extra})
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3moe"])
+@pytest.fixture(scope="module", params=["llama", "qwen3moe", "qwen2moe"])
 def moe_file(request, tmp_path_factory):
     return write_moe(tmp_path_factory.mktemp("moe"), request.param,
-                     n_ff_exp=64 if request.param == "qwen3moe" else None)
+                     n_ff_exp=None if request.param == "llama" else 64)
 
 
 def test_moe_matches_the_reference(moe_file):
@@ -92,3 +101,18 @@ def test_quantized_experts_agree_with_llama_cpp(tmp_path):
     err = rel_rms(ours, theirs)
     print(f"q8_0 experts: relative RMS difference {err:.2e}")
     assert err < 1e-3, err
+
+
+def test_qwen2moe_pieces_matter(tmp_path):
+    """qwen2moe's router weights are the chosen experts' probabilities (not renormalized) and its gated shared expert
+    runs for every token: the reference without either is far from ours."""
+    f = write_moe(tmp_path, "qwen2moe", n_ff_exp=64)
+    hp = pi.Model(f).hparams
+    assert hp.expert_raw_weights and hp.n_ff_shexp == SHEXP and hp.n_ff == 64
+    ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32"), PROMPT)
+    assert rel_rms(ours, ReferenceModel(f).forward(PROMPT)) < FLOAT_REL_RMS
+    assert rel_rms(ours, ReferenceModel(f, expert_gating="softmax_norm").forward(PROMPT)) > 1e-3
+    ref = ReferenceModel(f)
+    for L in ref.layers:
+        L.pop("ffn_gate_inp_shexp")
+    assert rel_rms(ours, ref.forward(PROMPT)) > 1e-3

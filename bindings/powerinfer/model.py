@@ -24,10 +24,12 @@ log = logging.getLogger("powerinfer")
 # tensors (split into views at load: phi3_views) and long / short rope factors. granite (IBM Granite 3.x, granitemoe
 # with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is llama without
 # rope in every 4th layer; olmo2 (OLMo 2 / 3) is llama with post-norms only and q/k norms over the whole projection.
-# rope in every 4th layer. gpt-oss (OpenAI's gpt-oss-20b / 120b, llama.cpp's LLM_ARCH_OPENAI_MOE) is qwen2's family with
-# an attention output bias, a sink logit per head, every other layer local and biased experts with the OAI SwiGLU.
+# gpt-oss (OpenAI's gpt-oss-20b / 120b, llama.cpp's LLM_ARCH_OPENAI_MOE) is qwen2's family with an attention output
+# bias, a sink logit per head, every other layer local and biased experts with the OAI SwiGLU; qwen2moe (Qwen1.5-MoE,
+# Qwen2-57B-A14B) qwen2's with experts whose weights are not renormalized and a gated shared expert.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
+          "qwen2moe": lib.PI_ARCH_QWEN2,
           "gemma2": lib.PI_ARCH_GEMMA3, "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2,
@@ -96,6 +98,8 @@ class HParams:
     expert_bias: bool = False       # gpt-oss: the router's and the experts' biases
     swiglu_alpha: float = 0.0       # ffn_act swiglu_oai (gpt-oss): alpha and limit
     swiglu_limit: float = 0.0
+    expert_raw_weights: bool = False   # qwen2moe: the chosen experts' softmax probabilities, not renormalized
+    n_ff_shexp: int = 0             # > 0: a shared expert of this width (qwen2moe, granitemoe's shared variant)
 
     def is_swa_layer(self, il: int) -> bool:
         return self.n_swa > 0 and (self.swa_pattern <= 0 or il % self.swa_pattern < self.swa_pattern - 1)
@@ -207,7 +211,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
 
     # what the forward pass does differently from llama (see pi_hparams in powerinfer.h)
     extra: dict = {"head_dim": head_dim if key_length is not None else 0}
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen2moe"):
         extra.update(rope_mode="neox", qkv_bias=True)
     elif arch in ("qwen3", "qwen3moe"):
         extra.update(rope_mode="neox", qk_norm=True)
@@ -222,8 +226,6 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: missing metadata key {arch}.logit_scale")
         if scales["logit_scale"] <= 0.0 or not math.isfinite(scales["logit_scale"]):
             raise ModelLoadError(f"{path}: {arch}.logit_scale = {scales['logit_scale']} must be > 0")
-        if get("expert_shared_feed_forward_length", 0):
-            raise ModelLoadError(f"{path}: {arch} with shared experts (Granite MoE Shared) is not supported")
         extra.update(embd_scale=scales.get("embedding_scale", 0.0), attn_scale=scales.get("attention.scale", 0.0),
                      residual_scale=scales.get("residual_scale", 0.0), logit_scale=scales["logit_scale"],
                      n_no_rope_layer_step=0 if get("rope.scaling.finetuned", True) else 1)
@@ -317,7 +319,14 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      expert_weights_scale=as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
         if get("expert_feed_forward_length") is not None:
             n_ff_key = "expert_feed_forward_length"
-    elif arch in ("qwen3moe", "granitemoe", "gpt-oss"):
+        if arch == "qwen2moe":     # a gated shared expert (its width: the file's key, else feed_forward_length) and
+            # the router's probabilities as they are (llama.cpp's norm_w false)
+            extra.update(expert_raw_weights=True, n_ff_shexp=as_int(
+                "expert_shared_feed_forward_length",
+                get("expert_shared_feed_forward_length", get("feed_forward_length", required=True))))
+        elif get("expert_shared_feed_forward_length", 0):   # granitemoe's shared variant: no gate
+            extra["n_ff_shexp"] = as_int("expert_shared_feed_forward_length", get("expert_shared_feed_forward_length"))
+    elif arch in ("qwen3moe", "granitemoe", "gpt-oss", "qwen2moe"):
         raise ModelLoadError(f"{path}: {arch} without {arch}.expert_count")
     return HParams(
         arch=arch, n_vocab=len(tokens),
@@ -602,6 +611,7 @@ class Model:
         p.rope_freq_base_swa, p.rope_freq_scale_swa = hp.rope_freq_base_swa, hp.rope_freq_scale_swa
         p.attn_sinks, p.attn_out_bias, p.expert_bias = int(hp.attn_sinks), int(hp.attn_out_bias), int(hp.expert_bias)
         p.swiglu_alpha, p.swiglu_limit = hp.swiglu_alpha, hp.swiglu_limit
+        p.expert_raw_weights, p.n_ff_shexp = int(hp.expert_raw_weights), hp.n_ff_shexp
         desc.n_tensors = n
         desc.tensors = descs
         desc.no_repack = 0 if self.repack else 1

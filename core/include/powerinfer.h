@@ -391,6 +391,12 @@ typedef struct pi_hparams {
                               * n_expert], ffn_down_exps.bias [n_embd, n_expert], all f32 (gpt-oss) */
     float   swiglu_alpha;    /* with ffn_act PI_ACT_SWIGLU_OAI: alpha and limit (gpt-oss: 1.702 and 7, llama.cpp's */
     float   swiglu_limit;    /* constants); finite, limit >= 0 */
+    int32_t expert_raw_weights;  /* 1 (with n_expert): the chosen experts' weights are their softmax probabilities over
+                              * all experts, not renormalized over the chosen (qwen2moe: llama.cpp's norm_w false) */
+    int32_t n_ff_shexp;      /* > 0 (with n_expert): a shared expert of this width beside the routed ones, run for every
+                              * token: blk.N.ffn_gate_shexp / ffn_up_shexp [n_embd, n_ff_shexp], ffn_down_shexp [n_ff_shexp,
+                              * n_embd], its output times sigmoid(ffn_gate_inp_shexp . x) where the file has that [n_embd]
+                              * gate (qwen2moe; granitemoe's has none) */
 } pi_hparams;
 
 typedef struct pi_tensor_desc {

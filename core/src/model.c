@@ -175,6 +175,10 @@ static pi_status check_hparams(const pi_hparams *hp) {
         hp->expert_bias > 1)
         return pi_fail(PI_ERR_BAD_MODEL, "qkv_bias, post_norms, post_norms_only, attn_sinks, attn_out_bias and "
                        "expert_bias must be 0 or 1, qk_norm 0..2");
+    if (hp->n_ff_shexp < 0 || hp->n_ff_shexp >= MAX_DIM || hp->expert_raw_weights < 0 || hp->expert_raw_weights > 1 ||
+        ((hp->n_ff_shexp > 0 || hp->expert_raw_weights) && hp->n_expert == 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "n_ff_shexp = %d, expert_raw_weights = %d: out of range or without experts",
+                       hp->n_ff_shexp, hp->expert_raw_weights);
     if (hp->post_norms_only && (!hp->post_norms || hp->sparse || pi_uses_layer_norm(hp)))
         return pi_fail(PI_ERR_BAD_MODEL, "post_norms_only needs post_norms (and a dense RMSNorm model)");
     return PI_OK;
@@ -434,6 +438,12 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
                 LAYER("ffn_gate_exps.bias", F, hp->n_expert, true, false, &L->ffn_gate_exps_b);
                 LAYER("ffn_up_exps.bias", F, hp->n_expert, true, false, &L->ffn_up_exps_b);
                 LAYER("ffn_down_exps.bias", E, hp->n_expert, true, false, &L->ffn_down_exps_b);
+            }
+            if (hp->n_ff_shexp > 0) {
+                LAYER("ffn_gate_shexp.weight", E, hp->n_ff_shexp, false, false, &L->ffn_gate_shexp);
+                LAYER("ffn_up_shexp.weight", E, hp->n_ff_shexp, false, false, &L->ffn_up_shexp);
+                LAYER("ffn_down_shexp.weight", hp->n_ff_shexp, E, false, false, &L->ffn_down_shexp);
+                LAYER("ffn_gate_inp_shexp.weight", E, 0, true, true, &L->ffn_gate_inp_shexp);
             }
             continue;
         }

@@ -47,6 +47,9 @@ typedef struct pi_layer {
     pi_tensor ffn_gate_exps_b; /* [n_ff, n_expert] f32, hparams.expert_bias: row e = expert e's bias */
     pi_tensor ffn_up_exps_b;   /* [n_ff, n_expert] f32 */
     pi_tensor ffn_down_exps_b; /* [n_embd, n_expert] f32 */
+    pi_tensor ffn_gate_shexp, ffn_up_shexp;   /* [n_embd, n_ff_shexp] hparams.n_ff_shexp: the shared expert */
+    pi_tensor ffn_down_shexp;  /* [n_ff_shexp, n_embd] */
+    pi_tensor ffn_gate_inp_shexp;   /* [n_embd] f32, optional: its output's sigmoid gate */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;

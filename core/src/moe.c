@@ -5,7 +5,9 @@
  * chosen logits alone, which is what gpt-oss's gating (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT without norm_w)
  * computes: the one rule serves both. With hparams.expert_bias each product gets its expert's bias (gate_e x + b_gate,
  * up_e x + b_up, down_e h + b_down, as ggml_add_id), and ffn_act PI_ACT_SWIGLU_OAI replaces silu(g) u by gpt-oss's
- * clamped SwiGLU (pi_swiglu_oai). Each expert runs once per call over the tokens routed to it (their rows gathered),
+ * clamped SwiGLU (pi_swiglu_oai). With hparams.expert_raw_weights (qwen2moe) w = p of the chosen, not renormalized;
+ * with a shared expert (hparams.n_ff_shexp) y += down_s (silu(gate_s x) * (up_s x)), times sigmoid(gate_inp_s . x) where
+ * the layer has that gate. Each expert runs once per call over the tokens routed to it (their rows gathered),
  * through mul_mat, so a token's row does not depend on the batch. CPU only. */
 #include "moe.h"
 
@@ -41,7 +43,8 @@ static void add_rows(const pi_tensor *b, int32_t ex, float *y, int64_t n, int64_
 pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, float *out, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     if (e != &ctx->cpu) return pi_fail(PI_ERR_UNSUPPORTED, "mixture-of-experts layers run on the CPU only");
-    const int64_t E = hp->n_embd, F = hp->n_ff, NE = hp->n_expert, K = hp->n_expert_used;
+    const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
+    const int64_t F = hp->n_ff > hp->n_ff_shexp ? hp->n_ff : hp->n_ff_shexp;   /* g and u hold either kind */
     /* scratch: logits [T][NE], chosen [T][K] (expert, weight), gathered x [T][E], g and u [T][F], d [T][E], acc [T][E] */
     const int64_t need = T * NE + 2 * T * K + 3 * T * E + 2 * T * F;
     if (need > ctx->moe_n) {
@@ -59,10 +62,12 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < NE; i++) logits[t * NE + i] += b[i];
     }
-    for (int64_t t = 0; t < T; t++) {   /* top-K of the softmax, renormalized over the chosen */
+    for (int64_t t = 0; t < T; t++) {   /* top-K of the softmax, renormalized over the chosen (or not) */
         const float *l = logits + t * NE;
-        float mx = l[0];
+        float mx = l[0], all = 0.0f;
         for (int64_t i = 1; i < NE; i++) mx = fmaxf(mx, l[i]);
+        if (hp->expert_raw_weights)
+            for (int64_t i = 0; i < NE; i++) all += expf(l[i] - mx);
         int32_t *es = esel + t * K;
         float *ws = wsel + t * K, sum = 0.0f;
         for (int64_t k = 0; k < K; k++) {
@@ -77,6 +82,7 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
             sum += ws[k];
         }
         const float scale = hp->expert_weights_scale != 0.0f ? hp->expert_weights_scale : 1.0f;
+        if (hp->expert_raw_weights) sum = all;
         for (int64_t k = 0; k < K; k++) ws[k] = ws[k] / sum * scale;
     }
     memset(acc, 0, (size_t)(T * E) * sizeof(float));
@@ -91,15 +97,16 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
                     m++;
                 }
         if (m == 0) continue;
+        const int64_t Fe = hp->n_ff;
         pi_tensor ge = expert(&L->ffn_gate_exps, ex), ue = expert(&L->ffn_up_exps, ex),
                   de = expert(&L->ffn_down_exps, ex);
         TRY(product(ctx, e, &ge, xg, g, m));
         TRY(product(ctx, e, &ue, xg, u, m));
-        add_rows(&L->ffn_gate_exps_b, ex, g, F, m);
-        add_rows(&L->ffn_up_exps_b, ex, u, F, m);
-        if (hp->ffn_act == PI_ACT_SWIGLU_OAI) pi_swiglu_oai(ctx->pool, g, u, m * F, hp->swiglu_alpha, hp->swiglu_limit);
+        add_rows(&L->ffn_gate_exps_b, ex, g, Fe, m);
+        add_rows(&L->ffn_up_exps_b, ex, u, Fe, m);
+        if (hp->ffn_act == PI_ACT_SWIGLU_OAI) pi_swiglu_oai(ctx->pool, g, u, m * Fe, hp->swiglu_alpha, hp->swiglu_limit);
         else {
-            pi_tensor gt = f32_2d(g, F, m), ut = f32_2d(u, F, m);
+            pi_tensor gt = f32_2d(g, Fe, m), ut = f32_2d(u, Fe, m);
             TRY(OP(e, glu, hp->ffn_act, PI_FFN_PAR, &gt, &ut));      /* u = silu(g) * u */
         }
         TRY(product(ctx, e, &de, u, d, m));
@@ -110,6 +117,24 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
             float *o = acc + t * E;
             const float *di = d + i * E;
             for (int64_t j = 0; j < E; j++) o[j] += w * di[j];
+        }
+    }
+    if (hp->n_ff_shexp > 0) {   /* the shared expert, every token, after the routed ones */
+        const int64_t Fs = hp->n_ff_shexp;
+        TRY(product(ctx, e, &L->ffn_gate_shexp, in, g, T));
+        TRY(product(ctx, e, &L->ffn_up_shexp, in, u, T));
+        pi_tensor gt = f32_2d(g, Fs, T), ut = f32_2d(u, Fs, T);
+        TRY(OP(e, glu, PI_ACT_SILU, PI_FFN_PAR, &gt, &ut));
+        TRY(product(ctx, e, &L->ffn_down_shexp, u, d, T));
+        const float *gs = L->ffn_gate_inp_shexp.data;
+        for (int64_t t = 0; t < T; t++) {
+            float s = 1.0f;
+            if (gs) {
+                double z = 0.0;
+                for (int64_t j = 0; j < E; j++) z += (double)gs[j] * in[t * E + j];
+                s = 1.0f / (1.0f + expf(-(float)z));
+            }
+            for (int64_t j = 0; j < E; j++) acc[t * E + j] += s * d[t * E + j];
         }
     }
     memcpy(out, acc, (size_t)(T * E) * sizeof(float));

@@ -16,10 +16,11 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 N_EXPERT, N_USED = 4, 2
 
 
-def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: str = "f32"):
+def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: str = "f32",
+              dtypes: dict[str, str] | None = None):
     """The tiny llama (Mixtral's layout) or qwen3 (as qwen3moe) of model_files with each layer's FFN replaced by
     N_EXPERT random experts and a router; n_ff_exp: the experts' width (qwen3moe's expert_feed_forward_length);
-    dtype: the matrices' type."""
+    dtype: the matrices' type (dtypes: others by part of their names, model_files.tensor_dtype)."""
     base = "llama" if arch == "llama" else "qwen3"
     c = CONFIGS[base]
     w = make_weights(base, seed)
@@ -33,7 +34,7 @@ def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: s
         w[p + "ffn_gate_exps.weight"] = (rng.standard_normal((N_EXPERT, F, E)) / np.sqrt(E)).astype(np.float32)
         w[p + "ffn_up_exps.weight"] = (rng.standard_normal((N_EXPERT, F, E)) / np.sqrt(E)).astype(np.float32)
         w[p + "ffn_down_exps.weight"] = (rng.standard_normal((N_EXPERT, E, F)) / np.sqrt(F)).astype(np.float32)
-    write_arch_model(d / "dense-keys.gguf", base, weights=w, dtype=dtype)
+    write_arch_model(d / "dense-keys.gguf", base, weights=w, dtype=dtype, dtypes=dtypes)
     meta = {f"{base}.expert_count": (N_EXPERT, VT.UINT32), f"{base}.expert_used_count": (N_USED, VT.UINT32)}
     if arch == "llama":
         return rewrite(d / "dense-keys.gguf", d / "mixtral.gguf", meta=meta)

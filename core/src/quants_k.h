@@ -6,7 +6,7 @@
  * arch/vec_dot_k.c. Activation types per weight type, as llama.cpp:
  *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),
  *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K),
- *   IQ4_NL -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
+ *   IQ4_NL, MXFP4 -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
  *   grid's values up to 127 could overflow a super-block's int32 sum),  IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
  *   IQ1_M -> Q8_K. */
 #ifndef PI_QUANTS_K_H

@@ -25,7 +25,7 @@ from gguf.quants import quantize
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_test_model import add_vocab, synthetic_vocab, write_model  # noqa: E402
 
-TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "mxfp4": Q.MXFP4}
 
 
 def encode(w: np.ndarray, dtype: str):
@@ -37,11 +37,17 @@ def encode(w: np.ndarray, dtype: str):
     return quantize(w.astype(np.float32), TYPES[dtype]), TYPES[dtype]
 
 
+def tensor_dtype(name: str, dtype: str, dtypes: dict[str, str] | None) -> str:
+    """dtypes[k] for the first key k that is part of name (e.g. {"ffn_": "mxfp4"}), else dtype."""
+    return next((v for k, v in (dtypes or {}).items() if k in name), dtype)
+
+
 def write_gguf(path, arch: str, tensors: dict, *, dtype: str = "f32", pred_dtype: str | None = None,
-               keys=None, fields=(), pwri: bool = False) -> Path:
+               keys=None, fields=(), pwri: bool = False, dtypes: dict[str, str] | None = None) -> Path:
     """Write a model file. tensors: {name: float array (numpy shape = reversed ne)}, stored as dtype
-    (predictors fc1/fc2 as pred_dtype, default dtype); keys(writer): adds the file's keys; fields:
-    (name, value, type, sub type) keys copied as they are; pwri: the PowerInfer magic."""
+    (predictors fc1/fc2 as pred_dtype, default dtype; dtypes: other types by part of the name, tensor_dtype);
+    keys(writer): adds the file's keys; fields: (name, value, type, sub type) keys copied as they are; pwri: the
+    PowerInfer magic."""
     path = Path(path)
     w = GGUFWriter(str(path), arch)
     for name, value, vtype, sub in fields:
@@ -52,7 +58,8 @@ def write_gguf(path, arch: str, tensors: dict, *, dtype: str = "f32", pred_dtype
         pred = name.endswith(("fc1.weight", "fc2.weight"))
         # biases stay f32 whatever their dims (gpt-oss's [n_ff, n_expert] expert biases), as llama.cpp's converter
         # keeps every tensor whose name does not end in .weight
-        data, q = encode(np.asarray(arr), "f32" if name.endswith(".bias") else (pred_dtype or dtype) if pred else dtype)
+        data, q = encode(np.asarray(arr), "f32" if name.endswith(".bias") else (pred_dtype or dtype) if pred
+                         else tensor_dtype(name, dtype, dtypes))
         w.add_tensor(name, data, raw_dtype=q)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -246,9 +253,10 @@ def gptoss_layer(rng, mat, c, p, w) -> dict[str, np.ndarray]:
 
 
 def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None,
-                     chat_template: str | None = None, dtype: str = "f32") -> dict[str, np.ndarray]:
-    """Write a GGUF of `arch` (general.architecture as given; matrices as dtype, f32 by default) and return its
-    weights."""
+                     chat_template: str | None = None, dtype: str = "f32",
+                     dtypes: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Write a GGUF of `arch` (general.architecture as given; matrices as dtype, f32 by default, or as dtypes says
+    by part of their names, e.g. {"ffn_": "mxfp4"}) and return its weights."""
     c = CONFIGS[arch]
     w = make_weights(arch, seed) if weights is None else weights
 
@@ -290,7 +298,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
         if chat_template is not None:
             writer.add_chat_template(chat_template)
-    write_gguf(path, arch, w, keys=keys, dtype=dtype)
+    write_gguf(path, arch, w, keys=keys, dtype=dtype, dtypes=dtypes)
     return w
 
 

@@ -63,7 +63,7 @@ import numpy as np
 from gguf import GGUFReader
 
 # ggml type ids (kept numeric on purpose: independent of gguf's enum)
-GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 8, 30
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16, GGML_MXFP4 = 0, 1, 2, 8, 30, 39
 
 
 # --------------------------------------------------------------------------------------
@@ -114,12 +114,26 @@ def dequant_q4_0(raw: np.ndarray) -> np.ndarray:
     return (q * d[:, None]).reshape(-1)
 
 
+def dequant_mxfp4(raw: np.ndarray) -> np.ndarray:
+    """MXFP4 block (OCP microscaling FP4): 17 bytes = E8M0 e, qs[16]; elem j = low nibble of qs[j], elem j+16 = high
+    nibble; value = 2^(e - 127) * E2M1(nibble), E2M1 = sign bit 3, exponent bits 2..1, mantissa bit 0: (-1)^s * m/2
+    for exponent 0, else (-1)^s * (1 + m/2) * 2^(exponent - 1). (E8M0's 255, a NaN in the spec, is 2^128 as in
+    ggml.)"""
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, 17)
+    scale = np.exp2(b[:, 0].astype(np.float64) - 127.0)
+    q = np.concatenate([b[:, 1:] & 0x0F, b[:, 1:] >> 4], axis=1).astype(np.int64)
+    sign, ex, m = np.where(q >> 3, -1.0, 1.0), (q >> 1) & 3, (q & 1).astype(np.float64)
+    mag = np.where(ex == 0, m / 2.0, (1.0 + m / 2.0) * np.exp2(ex.astype(np.float64) - 1.0))
+    return (sign * mag * scale[:, None]).reshape(-1)
+
+
 DEQUANT = {
     GGML_F32: dequant_f32,
     GGML_F16: dequant_f16,
     GGML_BF16: dequant_bf16,
     GGML_Q8_0: dequant_q8_0,
     GGML_Q4_0: dequant_q4_0,
+    GGML_MXFP4: dequant_mxfp4,
 }
 
 

@@ -418,6 +418,9 @@ def test_unsupported_types_and_dense_models_keep_the_ffn_on_the_cpu():
     info = synthetic_info(rng, n_layer=2, wtype=1, ffn_type=12)          # q4_K FFN
     plan = gs.plan_budget(info, 1 << 34)
     assert plan.offload and plan.capacity_neurons == 0 and "q4_K" in plan.warnings[0]
+    info = synthetic_info(rng, n_layer=2, wtype=1, ffn_type=39)          # mxfp4 FFN (the GPU has no MXFP4 kernels)
+    plan = gs.plan_budget(info, 1 << 34)
+    assert plan.offload and plan.capacity_neurons == 0 and "mxfp4" in plan.warnings[0]
     info = synthetic_info(rng, n_layer=2, wtype=12, ffn_type=1)          # q4_K attention
     plan = gs.plan_budget(info, 1 << 34)
     assert not plan.offload and "do not support" in plan.warnings[0]

@@ -3,18 +3,20 @@
 IQ3_XXS and IQ3_S, 3-bit types whose groups of 4 elements are points of a lattice grid (256 / 512 points), and
 IQ2_XXS, IQ2_XS and IQ2_S, 2-bit types whose groups of 8 are (256 / 512 / 1024 points; the grids are the tables
 core/src/iq_grids.h that tools/gen_iq_grids.py writes from gguf-py's), with a sign bit per element, and IQ1_S and
-IQ1_M, whose groups of 8 are points of a 2048-point grid of {-1, 0, 1} shifted by +-1/8:
+IQ1_M, whose groups of 8 are points of a 2048-point grid of {-1, 0, 1} shifted by +-1/8; and MXFP4 (gpt-oss's
+experts), IQ4_NL's layout and kernels with a grid of the doubled E2M1 values and an E8M0 power-of-two scale, which
+has a quantizer (llama.cpp's; tests/test_mxfp4.py):
 
   - dequantization of arbitrary block bytes, bit-exact (the numpy code does the C code's f32 operations), and equal
     to gguf-py's own dequantizer (the same format implemented elsewhere);
   - mul_mat at 1, 3, 8, 9 and 17 tokens (the single-row dot, the 8-row kernel where the type has one, and their
-    tails) against float64 sums of the dequantized weights and the dequantized activations (IQ4_NL: Q8_0
+    tails) against float64 sums of the dequantized weights and the dequantized activations (IQ4_NL and MXFP4: Q8_0
     activations, the others Q8_K, as llama.cpp), within test_kquants' dot bound, which one flipped bit of a
     quant or grid index exceeds (checked);
   - every ISA level this CPU runs bit-identical to the scalar level (exact integer sums, one float order), and the
     thread count changes no bit;
   - the sparse FFN op with these up and down_t rows (the gathered dots and the axpy of the down step);
-  - the IQ4 types' load-time copies against their rows.
+  - the IQ4 types' and MXFP4's load-time copies against their rows.
 
 Files quantized by llama.cpp itself: tests/compat/test_iq_vs_llama_cpp.py.
 """
@@ -25,17 +27,18 @@ import pytest
 
 from powerinfer._ffi import check, ffi, lib
 from test_isa import LEVELS, assert_sparse_ffn_equals_scalar, at_level  # noqa: F401  (at_level: a fixture)
-from test_kquants import (ACT_TYPE, BLOCK, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, NP_ACT_QUANT,
+from test_kquants import (ACT_TYPE, BLOCK, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
+                          MXFP4, NP_ACT_QUANT,
                           assert_thread_counts_identical, assert_within, bits_equal, c_dequantize, c_mul_mat, dot_reference, np_dequant, np_dequant_act,
                           random_blocks, tensor)
 from test_ops import assert_bit_equal
 from test_ops import tensor as np_tensor
 
 NAME = {IQ4_NL: "iq4_nl", IQ4_XS: "iq4_xs", IQ3_XXS: "iq3_xxs", IQ3_S: "iq3_s", IQ2_XXS: "iq2_xxs", IQ2_XS: "iq2_xs",
-        IQ2_S: "iq2_s", IQ1_S: "iq1_s", IQ1_M: "iq1_m"}
+        IQ2_S: "iq2_s", IQ1_S: "iq1_s", IQ1_M: "iq1_m", MXFP4: "mxfp4"}
 TYPES = list(NAME)
 # first quant (nibble, grid index) byte of a block
-QS_OFFSET = {IQ4_NL: 2, IQ4_XS: 8, IQ3_XXS: 2, IQ3_S: 2, IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 2, IQ1_S: 2, IQ1_M: 0}
+QS_OFFSET = {IQ4_NL: 2, IQ4_XS: 8, IQ3_XXS: 2, IQ3_S: 2, IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 2, IQ1_S: 2, IQ1_M: 0, MXFP4: 1}
 
 
 def rows(rng, t, n, k) -> np.ndarray:
@@ -52,8 +55,8 @@ def test_type_traits():
     assert (lib.PI_TYPE_IQ2_XXS, lib.PI_TYPE_IQ2_XS, lib.PI_TYPE_IQ2_S) == (IQ2_XXS, IQ2_XS, IQ2_S)
     assert (lib.PI_TYPE_IQ1_S, lib.PI_TYPE_IQ1_M) == (IQ1_S, IQ1_M)
     assert lib.pi_row_bytes(IQ4_XS, 128) == -1 and lib.pi_row_bytes(IQ4_NL, 48) == -1
-    for t in TYPES:   # read only, but IQ4_NL (the KV cache's -ctk / -ctv iq4_nl)
-        if t != IQ4_NL:
+    for t in TYPES:   # read only, but IQ4_NL (the KV cache's -ctk / -ctv iq4_nl) and MXFP4 (llama.cpp's quantizer)
+        if t not in (IQ4_NL, MXFP4):
             assert lib.pi_quantize_row(t, ffi.new("float[256]"), ffi.new("uint8_t[512]"), 256) != 0
 
 
@@ -118,12 +121,16 @@ def test_dot_tolerance_is_tight(t):
     K = 4096
     raw = rows(rng, t, 1, K).reshape(-1)
     x = rng.standard_normal((1, K)).astype(np.float32)
+    bit = 1
+    if t == MXFP4:   # |value| steps of 1 (IQ4: 10 and more) on scales spread 2^23 wide: block 3 at the range's top,
+        raw[BLOCK[t][1] * 3] = 135   # and the high nibbles' bit (element 5's activation quantizes to 0 here)
+        bit = 16
     ref, tol = dot_reference(t, raw, x)
     assert np.all(np.abs(c_mul_mat(t, raw, x) - ref) < 0.1 * tol)
     effects = []
     for k in range(8):
         bad = raw.copy()
-        bad[BLOCK[t][1] * 3 + QS_OFFSET[t] + k] ^= 1     # block 3
+        bad[BLOCK[t][1] * 3 + QS_OFFSET[t] + k] ^= bit   # block 3
         effects.append(abs(float(dot_reference(t, bad, x)[0][0, 0] - ref[0, 0])))
     assert min(effects) > 10 * tol[0, 0], (NAME[t], min(effects) / tol[0, 0])
 
@@ -215,15 +222,16 @@ def test_sparse_ffn_op(t):
     assert_within(out, ref, tol, f"sparse ffn {NAME[t]}")
 
 
-COPY = {IQ4_NL: "iq4_nlx8", IQ4_XS: "iq4_xsx16"}
+COPY = {IQ4_NL: "iq4_nlx8", IQ4_XS: "iq4_xsx16", MXFP4: "mxfp4x8"}
 
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("t", list(COPY), ids=NAME.get)
 def test_interleaved_copy_equals_rows(at_level, pool2, level, t):
-    """The load-time copies, IQ4_NL's in Q4_0X8's layout (the grid looked up in Q4_0's 8-row kernels) and IQ4_XS's
-    regrouped as Q4_KX16 (its 8-row kernel reading loads instead of transposes), give the bits of the file's rows at
-    every batch size, at this level and at the scalar one."""
+    """The load-time copies, IQ4_NL's in Q4_0X8's layout (the grid looked up in Q4_0's 8-row kernels), MXFP4's in its
+    order (MXFP4X8: its grid, an E8M0 byte a row per block) and IQ4_XS's regrouped as Q4_KX16 (its 8-row kernel
+    reading loads instead of transposes), give the bits of the file's rows at every batch size, at this level and at
+    the scalar one."""
     rng = np.random.default_rng(700 + t)
     K, N = 512, 48
     raw = rows(rng, t, N, K)

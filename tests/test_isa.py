@@ -28,7 +28,7 @@ MISSING = {"avx2": "AVX2/FMA/F16C", "avx512": "AVX-512 F/BW/VL/DQ/CD/VNNI", "amx
 TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 30: ("bf16", 1, 2), 2: ("q4_0", 32, 18), 3: ("q4_1", 32, 20),
          6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 8: ("q8_0", 32, 34), 10: ("q2_K", 256, 84),
          11: ("q3_K", 256, 110), 12: ("q4_K", 256, 144), 13: ("q5_K", 256, 176), 14: ("q6_K", 256, 210),
-         20: ("iq4_nl", 32, 18)}
+         20: ("iq4_nl", 32, 18), 39: ("mxfp4", 32, 17)}
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_mul_mat_equals_scalar(at_level, pool2, level, t):
         at_level(lv)
         wt = wtensor(t, raw)
         results[lv] = [mul_mat(wt, x[:T], N, pool2) for T in (1, 3, 6, 8, 17)]
-        if t == 2:   # Q4_0 also through the interleaved copy
+        if t in (2, 39):   # Q4_0 and MXFP4 also through the interleaved copy
             nbytes = lib.pi_repack_bytes(wt)
             buf = np.zeros(nbytes, np.uint8)
             rt = ffi.new("pi_tensor *")
@@ -151,7 +151,7 @@ def test_prompt_batches_equal_scalar(at_level, pool2, level, N):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
-@pytest.mark.parametrize("t", [0, 1, 30, 2, 8, 3, 6, 12, 14], ids=lambda t: TYPES[t][0])
+@pytest.mark.parametrize("t", [0, 1, 30, 2, 8, 3, 6, 12, 14, 39], ids=lambda t: TYPES[t][0])
 def test_axpy_kernels_equal_scalar(at_level, pool2, level, t):
     """The sparse FFN's down step (axpy, axpy8) through pi_op_sparse_ffn with every neuron active."""
     rng = np.random.default_rng(100 + t)
@@ -355,7 +355,8 @@ def test_softcap_equals_scalar(at_level, level):
 
 
 @pytest.mark.parametrize("level", LEVELS[1:])
-@pytest.mark.parametrize("t", [2, 3, 6, 7, 8, 20, 30], ids=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "bf16"])
+@pytest.mark.parametrize("t", [2, 3, 6, 7, 8, 20, 30, 39],
+                         ids=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "bf16", "mxfp4"])
 def test_dequantize_row_equals_scalar(at_level, level, t):
     """Rows as f32 (get_rows, a KV cache's values in the attention): each level's conversion the scalar level's bits
     (Q4_0 and Q8_0 have their own per level)."""

@@ -38,10 +38,11 @@ IQ4_NL, IQ4_XS = 20, 23   # read-only types (no quantizer in the core): tests/te
 IQ3_XXS, IQ3_S = 18, 21
 IQ2_XXS, IQ2_XS, IQ2_S = 16, 17, 22
 IQ1_S, IQ1_M = 19, 29
+MXFP4 = 39                # IQ4_NL's sibling (tests/test_iq_types.py, tests/test_mxfp4.py), with a quantizer
 BLOCK = {Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_1: (32, 40), Q2_K: (256, 84), Q3_K: (256, 110),
          Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q8_0: (32, 34),
          IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110), IQ2_XXS: (256, 66),
-         IQ2_XS: (256, 74), IQ2_S: (256, 82), IQ1_S: (256, 50), IQ1_M: (256, 56)}
+         IQ2_XS: (256, 74), IQ2_S: (256, 82), IQ1_S: (256, 50), IQ1_M: (256, 56), MXFP4: (32, 17)}
 WEIGHTS = [Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 KQUANTS = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
 # activation types (Q5_0: the core's Q8_0S, which holds the Q8_0 quants plus their sum)
@@ -51,9 +52,11 @@ Q8_KM_M = 32
 ACT_BLOCK = {Q8_KM: (256, 308)}      # activation-only types: no GGUF id, not in BLOCK
 ACT_TYPE = {Q4_1: Q8_1, Q5_0: Q8_0, Q5_1: Q8_1, Q2_K: Q8_K, Q3_K: Q8_K, Q4_K: Q8_KM, Q5_K: Q8_KM, Q6_K: Q8_K,
             IQ4_NL: Q8_0, IQ4_XS: Q8_K, IQ3_XXS: Q8_K, IQ3_S: Q8_K, IQ2_XXS: Q8_K, IQ2_XS: Q8_K, IQ2_S: Q8_K,
-            IQ1_S: Q8_K, IQ1_M: Q8_K}
+            IQ1_S: Q8_K, IQ1_M: Q8_K, MXFP4: Q8_0}
 # the grid of the IQ4 types: quant q stands for IQ4_VALUES[q] (llama.cpp's kvalues_iq4nl)
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
+# MXFP4's nibbles: E2M1 numbers (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled (llama.cpp's kvalues_mxfp4)
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int32)
 
 U32 = 2.0 ** -24
 U16 = 2.0 ** -11
@@ -93,6 +96,12 @@ ROUND_TRIP_REL_RMS = {Q4_1: 0.094,   # (0.078)
 def f16(raw: np.ndarray, off: int, f=np.float32) -> np.ndarray:
     """(nb, bytes) uint8 -> (nb,) values of the fp16 at byte offset off (as f32, or float64)."""
     return raw[:, off:off + 2].copy().view(np.float16).astype(f).ravel()
+
+
+def e8m0_half(e: np.ndarray, f=np.float32) -> np.ndarray:
+    """E8M0 bytes e -> 2^(e - 128), half the scale 2^(e - 127) they stand for (MXFP4's values are doubled): exact in
+    f32 too (e = 0, 1: the subnormals 2^-128, 2^-127)."""
+    return np.ldexp(f(1), e.astype(np.int32).ravel() - 128).astype(f)
 
 
 def f32_at(raw: np.ndarray, off: int, f=np.float32) -> np.ndarray:
@@ -237,6 +246,9 @@ def np_dequant(raw: np.ndarray, t: int, with_parts: bool = False):
         s_part = v
     elif t == IQ4_NL:   # d | qs[16]: value d * grid[q]
         v = f16(b, 0, f)[:, None] * IQ4_VALUES[nibbles(b[:, 2:18])].astype(f)
+        s_part = v
+    elif t == MXFP4:    # e | qs[16]: value 2^(e - 128) * MXFP4_VALUES[q]
+        v = e8m0_half(b[:, 0], f)[:, None] * MXFP4_VALUES[nibbles(b[:, 1:17])].astype(f)
         s_part = v
     elif t == IQ4_XS:   # d | scales_h (u16) | scales_l[4] | qs[128]: value (d (ls_j - 32)) * grid[q]
         d = f16(b, 0, f)
@@ -482,6 +494,8 @@ def random_blocks(rng, t, nb) -> np.ndarray:
         put16(208, signed=True)
     elif t in (IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S):
         put16(0, signed=True)
+    elif t == MXFP4:   # E8M0 scales 2^-16 .. 2^7 (2^(e - 128), e 112..135)
+        b[:, 0] = rng.integers(112, 136, nb)
     elif t == IQ1_M:   # d's 16 bits in the top nibbles of the four scale words
         dbits = (rng.uniform(1e-3, 1.0, nb) * rng.choice([-1, 1], nb)).astype(np.float16).view(np.uint16).astype(np.int64)
         sc = b[:, 48:56].copy().view("<u2").astype(np.int64)

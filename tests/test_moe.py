@@ -17,10 +17,12 @@ N_EXPERT, N_USED = 4, 2
 SHEXP = 48      # qwen2moe's shared expert's width
 
 
-def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: str = "f32"):
+def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: str = "f32",
+              dtypes: dict[str, str] | None = None):
     """The tiny llama (Mixtral's layout), qwen3 (as qwen3moe) or qwen2 (as qwen2moe, with a gated shared expert of
     width 48) of model_files with each layer's FFN replaced by N_EXPERT random experts and a router; n_ff_exp: the
-    experts' width (expert_feed_forward_length); dtype: the matrices' type."""
+    experts' width (expert_feed_forward_length); dtype: the matrices' type (dtypes: others by part of their names,
+    model_files.tensor_dtype)."""
     base = {"llama": "llama", "qwen3moe": "qwen3", "qwen2moe": "qwen2"}[arch]
     c = CONFIGS[base]
     w = make_weights(base, seed)
@@ -41,7 +43,7 @@ def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: s
             w[p + "ffn_up_shexp.weight"] = (rng.standard_normal((SHEXP, E)) / np.sqrt(E)).astype(np.float32)
             w[p + "ffn_down_shexp.weight"] = (rng.standard_normal((E, SHEXP)) / np.sqrt(SHEXP)).astype(np.float32)
             w[p + "ffn_gate_inp_shexp.weight"] = (rng.standard_normal(E) / np.sqrt(E)).astype(np.float32)
-    write_arch_model(d / "dense-keys.gguf", base, weights=w, dtype=dtype)
+    write_arch_model(d / "dense-keys.gguf", base, weights=w, dtype=dtype, dtypes=dtypes)
     meta = {f"{base}.expert_count": (N_EXPERT, VT.UINT32), f"{base}.expert_used_count": (N_USED, VT.UINT32)}
     if arch == "llama":
         return rewrite(d / "dense-keys.gguf", d / "mixtral.gguf", meta=meta)

@@ -359,11 +359,11 @@ def test_type_traits():
                 lib.PI_TYPE_COUNT + 14: "q6_kc", lib.PI_TYPE_COUNT + 15: "q4_1x16", lib.PI_TYPE_COUNT + 16: "q5_1x16",
                 lib.PI_TYPE_COUNT + 17: "iq4_nlx8", lib.PI_TYPE_COUNT + 18: "iq4_xsx16", lib.PI_TYPE_COUNT + 19: "q8_kw",
                 lib.PI_TYPE_COUNT + 20: "q8_kwx16", lib.PI_TYPE_COUNT + 21: "q2_Kx16",
-                lib.PI_TYPE_COUNT + 22: "bf16s"}
+                lib.PI_TYPE_COUNT + 22: "bf16s", lib.PI_TYPE_COUNT + 23: "mxfp4x8"}
     for t, name in internal.items():
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == name
-    for t in (-1, 4, 5, 34, 35, 39, lib.PI_TYPE_COUNT + len(internal), 1000):   # tq1_0, tq2_0, mxfp4
+    for t in (-1, 4, 5, 34, 35, lib.PI_TYPE_COUNT + len(internal), 1000):   # tq1_0, tq2_0
         assert lib.pi_type_supported(t) == 0
         assert ffi.string(lib.pi_type_name(t)).decode() == "unknown"
         assert lib.pi_type_block_size(t) == 0 and lib.pi_type_block_bytes(t) == 0

@@ -375,7 +375,7 @@ def test_unknown_tensor_type(tmp_file, type_id):
 
 
 @pytest.mark.parametrize("type_id,type_name",
-                         [(34, "tq1_0"), (39, "mxfp4"), (26, "i32"), (28, "f64"), (35, "tq2_0")])
+                         [(34, "tq1_0"), (26, "i32"), (28, "f64"), (35, "tq2_0")])
 def test_known_but_unsupported_tensor_type(tmp_file, type_id, type_name):
     """A valid ggml type the core does not compute with: the message names the tensor and the type."""
     name = "blk.0.attn_q.weight"
@@ -589,7 +589,7 @@ def test_cpu_isa_functions():
     assert lib.pi_bf16_dot() in (0, 1)   # no arguments: the contract chosen at load (test_isa runs both)
 
 
-@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 34, 39, 63, 1000, INT32_MAX])   # 40..62: internal (test_ops)
+@pytest.mark.parametrize("t", [-2**31, -1, 4, 5, 34, 35, 64, 1000, INT32_MAX])   # 40..63: internal (test_ops)
 def test_type_queries_out_of_range(t):
     assert lib.pi_type_supported(t) == 0
     assert ffi.string(lib.pi_type_name(t)) == b"unknown"
@@ -600,7 +600,7 @@ def test_type_queries_out_of_range(t):
 
 def test_type_queries_valid():
     for t, name, bs, bb in [(F32, b"f32", 1, 4), (F16, b"f16", 1, 2), (BF16, b"bf16", 1, 2), (Q4_0, b"q4_0", 32, 18),
-                            (Q8_0, b"q8_0", 32, 34)]:
+                            (Q8_0, b"q8_0", 32, 34), (39, b"mxfp4", 32, 17)]:
         assert lib.pi_type_supported(t) == 1
         assert ffi.string(lib.pi_type_name(t)) == name
         assert (lib.pi_type_block_size(t), lib.pi_type_block_bytes(t)) == (bs, bb)
@@ -1319,8 +1319,8 @@ TD_CASES = [
      ["blk.0.attn_q.weight", "99"]),
     ("type_-1", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", -1), UNSUPPORTED,
      ["blk.0.attn_q.weight", "-1"]),
-    ("type_mxfp4", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 39), UNSUPPORTED,
-     ["blk.0.attn_q.weight", "mxfp4", "id 39"]),
+    ("type_tq1_0", lambda d: setattr(_td(d, "blk.0.attn_q.weight"), "type", 34), UNSUPPORTED,
+     ["blk.0.attn_q.weight", "tq1_0", "id 34"]),
     ("type_i32", lambda d: setattr(_td(d, "blk.1.ffn_up.weight"), "type", I32), UNSUPPORTED,
      ["blk.1.ffn_up.weight", "i32"]),
     ("norm_not_f32", lambda d: setattr(_td(d, "output_norm.weight"), "type", F16), BAD_MODEL,

@@ -477,8 +477,9 @@ def tensor_descs(path, tensors: dict) -> tuple:
 
 class Model:
     """A loaded model. Weights stay in the memory-mapped file, except that the matmul weights of
-    types with a faster interleaved layout (f16, bf16, Q4_0, Q8_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS;
-    Q6_K at the avx512 level) are copied into it at load time, as llama.cpp's CPU repacking does (at the amx level
+    types with a faster interleaved layout (f16, bf16, Q4_0, Q8_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, IQ4_NL, IQ4_XS,
+    MXFP4; Q6_K at the avx512 level; 2-d: 3-d expert tensors are read in place) are copied into it at load time, as
+    llama.cpp's CPU repacking does (at the amx level
     Q5_0's copy is Q8_0's layout: 1.55x its bytes), and a sparse file's Q4_0 FFN (n_embd a multiple of 256) is
     copied with each neuron's rows together (n_packed_ffn layers). repack=False (or
     POWERINFER_NO_REPACK=1) reads the file's layout directly and copies nothing (slower; the same bits

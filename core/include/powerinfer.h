@@ -78,6 +78,7 @@ enum {
     PI_TYPE_I32  = 26,
     PI_TYPE_IQ1_M  = 29, /* IQ1_S's grid, a delta per 8 values, a 3-bit scale per 16, d spread over the scales' top bits */
     PI_TYPE_BF16 = 30,
+    PI_TYPE_MXFP4 = 39,  /* OCP MXFP4 (gpt-oss's experts): Q4_0's nibbles as E2M1 values, an E8M0 power-of-two scale */
     PI_TYPE_COUNT = 40
 };
 

@@ -155,6 +155,9 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     /* IQ4, IQ3, IQ2, IQ1 (read only: llama.cpp's files; no quantizer here) */
     [PI_TYPE_IQ4_NL] = { "iq4_nl", 32, 18, pi_iq4_nl_to_f32, pi_iq4_nl_from_f32, PI_TYPE_Q8_0S,
                          .repacked_type = PI_TYPE_IQ4_NLX8 },
+    /* MXFP4 (gpt-oss's experts): IQ4_NL's kernels with MXFP4's grid and E8M0 scales (quants_k.h, PI_NIB_MXFP4) */
+    [PI_TYPE_MXFP4] = { "mxfp4", 32, 17, pi_mxfp4_to_f32, pi_mxfp4_from_f32, PI_TYPE_Q8_0S,
+                        .repacked_type = PI_TYPE_MXFP4X8 },
     [PI_TYPE_IQ4_XS] = { "iq4_xs", 256, 136, pi_iq4_xs_to_f32, NULL, PI_TYPE_Q8_K, .repacked_type = PI_TYPE_IQ4_XSX16 },
     [PI_TYPE_IQ3_XXS] = { "iq3_xxs", 256, 98, pi_iq3_xxs_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
     [PI_TYPE_IQ3_S]   = { "iq3_s", 256, 110, pi_iq3_s_to_f32, NULL, PI_TYPE_Q8_K, .batch_type = PI_TYPE_Q6_K },
@@ -169,6 +172,7 @@ static const pi_type_traits formats[PI_TYPE_TABLE_END] = {
     [PI_TYPE_Q8_0S]  = { "q8_0s", 32, 36, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_Q4_0X8] = { "q4_0x8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },
     [PI_TYPE_IQ4_NLX8] = { "iq4_nlx8", 32, 18, NULL, NULL, PI_TYPE_Q8_0S },   /* Q4_0X8's layout, IQ4_NL's values */
+    [PI_TYPE_MXFP4X8] = { "mxfp4x8", 32, 17, NULL, NULL, PI_TYPE_Q8_0S },     /* Q4_0X8's order, MXFP4's bytes */
     [PI_TYPE_IQ4_XSX16] = { "iq4_xsx16", 256, 136, NULL, NULL, PI_TYPE_Q8_K },
     [PI_TYPE_Q8_KW]  = { "q8_kw", 256, 276, NULL, NULL, PI_TYPE_Q8_K,   /* IQ2, IQ1 rows for prompts (to_batch) */
                          .batch_type = PI_TYPE_Q8_KWX16, .batch_min_t = 32 /* where the level converts */ },
@@ -232,6 +236,7 @@ _Static_assert(sizeof(pi_block_q8_0s) == 36 && sizeof(pi_block_q4_0x8) == 8 * 18
 _Static_assert(sizeof(pi_block_q4_1) == 20 && sizeof(pi_block_q5_0) == 22 && sizeof(pi_block_q5_1) == 24 &&
                sizeof(pi_block_q8_1) == 40 && sizeof(pi_block_iq4_nl) == 18, "32-element block sizes");
 _Static_assert(sizeof(pi_block_iq4_xs) == 136, "IQ4_XS block size");
+_Static_assert(sizeof(pi_block_mxfp4) == 17 && sizeof(pi_block_mxfp4x8) == 8 * 17, "MXFP4 block sizes");
 _Static_assert(sizeof(pi_block_iq3_xxs) == 98, "IQ3_XXS block size");
 _Static_assert(sizeof(pi_block_iq3_s) == 110, "IQ3_S block size");
 _Static_assert(sizeof(pi_block_iq2_xxs) == 66, "IQ2_XXS block size");

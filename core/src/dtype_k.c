@@ -36,17 +36,23 @@ void pi_q5_0_to_f32(const void *src, float *dst, int64_t n) {
     }
 }
 
-/* IQ4_NL, IQ4_XS: the f32 operations of llama.cpp's dequantizers (IQ4_XS: d (ls - 32) first, then times the value) */
-void pi_iq4_nl_to_f32(const void *src, float *dst, int64_t n) {
-    const pi_block_iq4_nl *x = src;
-    for (int64_t b = 0; b < n / PI_QK; b++, dst += PI_QK) {
-        const float d = pi_fp16_to_f32(x[b].d);
+/* IQ4_NL, MXFP4 (the grid kinds of quants_k.h's PI_NIB_*), IQ4_XS: the f32 operations of llama.cpp's dequantizers
+ * (the block's scale times the value; IQ4_XS: d (ls - 32) first, then times the value) */
+static inline void grid4_to_f32(const void *src, float *dst, int64_t n, const int kind) {
+    const int64_t bb = pi_nib_block_bytes(kind), off = pi_nib_scale_bytes(kind);
+    const int8_t *values = pi_nib_values(kind);
+    const uint8_t *x = src;
+    for (int64_t b = 0; b < n / PI_QK; b++, x += bb, dst += PI_QK) {
+        const float d = pi_nib_scale(kind, x);
         for (int j = 0; j < PI_QK / 2; j++) {
-            dst[j] = d * (float)PI_IQ4_VALUES[x[b].qs[j] & 15];
-            dst[j + PI_QK / 2] = d * (float)PI_IQ4_VALUES[x[b].qs[j] >> 4];
+            dst[j] = d * (float)values[x[off + j] & 15];
+            dst[j + PI_QK / 2] = d * (float)values[x[off + j] >> 4];
         }
     }
 }
+
+void pi_iq4_nl_to_f32(const void *src, float *dst, int64_t n) { grid4_to_f32(src, dst, n, PI_NIB_IQ4_NL); }
+void pi_mxfp4_to_f32(const void *src, float *dst, int64_t n) { grid4_to_f32(src, dst, n, PI_NIB_MXFP4); }
 
 void pi_iq4_xs_to_f32(const void *src, float *dst, int64_t n) {
     const pi_block_iq4_xs *x = src;
@@ -253,6 +259,33 @@ void pi_iq4_nl_from_f32(const float *src, void *dst, int64_t n) {
         const float ds = pi_fp16_to_f32(y[b].d), id = ds != 0.0f ? 1.0f / ds : 0.0f;
         for (int j = 0; j < PI_QK / 2; j++)
             y[b].qs[j] = (uint8_t)(iq4_nearest(src[j] * id) | iq4_nearest(src[j + PI_QK / 2] * id) << 4);
+    }
+}
+
+/* MXFP4, llama.cpp's quantize_row_mxfp4_ref (gguf-py's MXFP4 quantizer gives the same bytes): per block of 32 the
+ * largest magnitude amax sets e = floor(log2(amax)) - 2 + 127 (so 2^(e - 128) 12, the largest value, is 1.5 times
+ * amax's power of two: the block's largest elements may be clipped to it), 0 for an all-zero block (and where
+ * llama.cpp's conversion would leave uint8's range: 0 for amax below 2^-125, 252 for an infinite one), and each
+ * element takes the first nibble of least |value - x|. */
+void pi_mxfp4_from_f32(const float *src, void *dst, int64_t n) {
+    pi_block_mxfp4 *y = dst;
+    for (int64_t b = 0; b < n / PI_QK; b++, src += PI_QK) {
+        float amax = 0.0f;   /* NaN elements left out, as llama.cpp's loop leaves them */
+        for (int j = 0; j < PI_QK; j++)
+            if (amax < fabsf(src[j])) amax = fabsf(src[j]);
+        const float e = amax > 0.0f ? floorf(log2f(amax)) - 2.0f + 127.0f : 0.0f;
+        y[b].e = (uint8_t)PI_MIN(PI_MAX(e, 0.0f), 252.0f);   /* finite amax: e <= 252; an infinite one: 252 */
+        const float d = pi_e8m0_half(y[b].e);
+        for (int j = 0; j < PI_QK; j++) {
+            int best = 0;
+            float best_err = fabsf((float)PI_MXFP4_VALUES[0] * d - src[j]);
+            for (int i = 1; i < 16; i++) {
+                const float err = fabsf((float)PI_MXFP4_VALUES[i] * d - src[j]);
+                if (err < best_err) { best = i; best_err = err; }
+            }
+            if (j < PI_QK / 2) y[b].qs[j] = (uint8_t)best;
+            else y[b].qs[j - PI_QK / 2] |= (uint8_t)(best << 4);
+        }
     }
 }
 

@@ -165,11 +165,13 @@ enum {
     PI_TYPE_Q8_KWX16,                /* Q8_KW rows, 16 regrouped by 32-bit words (to_batch at avx2, avx512; arch/kx16.c) */
     PI_TYPE_Q2_KX16,                 /* Q2_K rows, 16 regrouped by 32-bit words (to_batch at avx512; arch/kx16.c) */
     PI_TYPE_BF16S,                   /* activations of bf16 weights at the avx2 level: bf16 values split (dtype.c) */
+    PI_TYPE_MXFP4X8,                 /* MXFP4 weights, 8 rows interleaved as Q4_0X8 (pi_repack; arch/rows8.c) */
     PI_TYPE_TABLE_END
 };
 /* Rows per group of an interleaved layout (a weight of that type has a multiple of them), 0 for row layouts. */
 static inline int64_t pi_group_rows(int32_t type) {
-    return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_IQ4_NLX8 || type == PI_TYPE_F16X8 || type == PI_TYPE_BF16X8 ? 8
+    return type == PI_TYPE_Q4_0X8 || type == PI_TYPE_IQ4_NLX8 || type == PI_TYPE_MXFP4X8 || type == PI_TYPE_F16X8 ||
+           type == PI_TYPE_BF16X8 ? 8
          : type == PI_TYPE_Q8_0X16 || type == PI_TYPE_Q5_0X16 || type == PI_TYPE_Q4_1X16 || type == PI_TYPE_Q5_1X16 ||
            type == PI_TYPE_Q4_KX16 || type == PI_TYPE_Q5_KX16 || type == PI_TYPE_Q6_KX16 || type == PI_TYPE_IQ4_XSX16 ||
            type == PI_TYPE_Q8_KWX16 || type == PI_TYPE_Q2_KX16 ? 16
@@ -330,16 +332,19 @@ static inline int pi_x16_u(const uint8_t (*qs)[64], const uint8_t (*qh)[8], int 
 }
 static inline int pi_q5_0x16_u(const pi_block_q5_0x16 *g, int r, int e) { return pi_x16_u(g->qs, g->qh, r, e); }
 
-/* The interleaved layouts' repack (Q4_0X8, Q8_0X16): nb blocks of R rows (block_bytes each: a 2-byte scale, then
- * the quants) -> per block the R scales, then the quants as 4-byte words, word m of row k at (m R + k) 4. */
-static inline void pi_interleave_blocks(int64_t nb, const void *const *rows, int R, int64_t block_bytes, void *group) {
-    const int64_t words = (block_bytes - 2) / 4;
+/* The interleaved layouts' repack (Q4_0X8, MXFP4X8, Q8_0X16): nb blocks of R rows (block_bytes each: a scale of
+ * scale_bytes (fp16 d: 2, MXFP4's e: 1), then the quants) -> per block the R scales, then the quants as 4-byte words,
+ * word m of row k at (m R + k) 4. */
+static inline void pi_interleave_blocks(int64_t nb, const void *const *rows, int R, int64_t block_bytes,
+                                        int64_t scale_bytes, void *group) {
+    const int64_t words = (block_bytes - scale_bytes) / 4;
     for (int64_t b = 0; b < nb; b++) {
         char *g = (char *)group + b * R * block_bytes;
         for (int k = 0; k < R; k++) {
             const char *src = (const char *)rows[k] + b * block_bytes;
-            memcpy(g + 2 * k, src, 2);
-            for (int64_t m = 0; m < words; m++) memcpy(g + 2 * R + (m * R + k) * 4, src + 2 + 4 * m, 4);
+            memcpy(g + scale_bytes * k, src, (size_t)scale_bytes);
+            for (int64_t m = 0; m < words; m++)
+                memcpy(g + scale_bytes * R + (m * R + k) * 4, src + scale_bytes + 4 * m, 4);
         }
     }
 }

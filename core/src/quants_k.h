@@ -6,7 +6,7 @@
  * arch/vec_dot_k.c. Activation types per weight type, as llama.cpp:
  *   Q5_0 -> Q8_0S (Q8_0 + the block's sum of quants),  Q4_1/Q5_1 -> Q8_1 (f32 d and s = d * sum(q)),
  *   Q2_K, Q3_K, Q6_K -> Q8_K,  Q4_K/Q5_K -> Q8_KM (Q8_K with a step per 32: below; llama.cpp uses Q8_K),
- *   IQ4_NL -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
+ *   IQ4_NL, MXFP4 -> Q8_0S,  IQ4_XS -> Q8_K (as llama.cpp: Q8_KM's multipliers times IQ4_XS's 6-bit signed scales and its
  *   grid's values up to 127 could overflow a super-block's int32 sum),  IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
  *   IQ1_M -> Q8_K. */
 #ifndef PI_QUANTS_K_H
@@ -45,20 +45,66 @@ typedef struct { uint16_t d; uint8_t qs[PI_QK / 2]; } pi_block_iq4_nl;
  * bits 2j, 2j + 1 of scales_h) and IQ4_NL's 16 nibble bytes (qs[16 j ..]); the value d (ls_j - 32) PI_IQ4_VALUES[q].
  * 136 B */
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[PI_QK_K / 64]; uint8_t qs[PI_QK_K / 2]; } pi_block_iq4_xs;
+/* MXFP4 (the OCP microscaling FP4 format; gpt-oss's expert weights): one E8M0 byte e, the block's scale 2^(e - 127),
+ * then Q4_0's nibble layout; a nibble is an E2M1 number (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3,
+ * 4, 6), held doubled as the int8 PI_MXFP4_VALUES[q] (llama.cpp's kvalues_mxfp4), so the value is
+ * 2^(e - 128) PI_MXFP4_VALUES[q] (pi_e8m0_half). 17 B */
+typedef struct { uint8_t e; uint8_t qs[PI_QK / 2]; } pi_block_mxfp4;
+static const int8_t PI_MXFP4_VALUES[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+/* 2^(e - 128) (half the E8M0 scale, as the values are doubled), exactly as llama.cpp's ggml_e8m0_to_fp32_half: e >= 2
+ * a normal float with exponent field e - 1, e = 0 and 1 the subnormals 2^-128 and 2^-127; e = 255 (E8M0's NaN) is
+ * 2^127, as there. */
+static inline float pi_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? UINT32_C(0x00200000) << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+/* MXFP4X8, MXFP4's interleaved copy (pi_repack): block b of rows 8g..8g+7 as Q4_0X8's, the 8 rows' e, then their
+ * nibble bytes in Q4_0X8's order (136 B: 17 a row) */
+typedef struct { uint8_t e[8]; uint8_t qs[8 * PI_QK / 2]; } pi_block_mxfp4x8;
+
+/* The 32-element types of Q4_0's nibble layout (element j < 16 the low nibble of qs[j], j + 16 its high nibble) with
+ * one block scale ahead of the nibbles: the single-row dots (arch/vec_dot_k.c) and the 8-row and interleaved kernels
+ * (arch/rows8.c) are one code with the kind a constant. Q4_0: fp16 d, the value d (q - 8); IQ4_NL: fp16 d,
+ * d PI_IQ4_VALUES[q]; MXFP4: E8M0 e, pi_e8m0_half(e) PI_MXFP4_VALUES[q]. The grid kinds (all but Q4_0) look the
+ * nibbles up in a table of 16 int8 values. */
+enum { PI_NIB_Q4_0, PI_NIB_IQ4_NL, PI_NIB_MXFP4 };
+static inline const int8_t *pi_nib_values(int kind) { return kind == PI_NIB_MXFP4 ? PI_MXFP4_VALUES : PI_IQ4_VALUES; }
+static inline int64_t pi_nib_scale_bytes(int kind) { return kind == PI_NIB_MXFP4 ? 1 : 2; }   /* = qs's offset */
+static inline int64_t pi_nib_block_bytes(int kind) { return pi_nib_scale_bytes(kind) + PI_QK / 2; }
+/* the block's scale from its scale bytes (a block, or an interleaved group's k-th scale) */
+static inline float pi_nib_scale(int kind, const void *scale) {
+    if (kind == PI_NIB_MXFP4) return pi_e8m0_half(*(const uint8_t *)scale);
+    uint16_t d;
+    memcpy(&d, scale, sizeof d);
+    return pi_fp16_to_f32(d);
+}
+
 #if defined(__AVX2__)
 #include <immintrin.h>
-/* the grid in both 128-bit lanes: a shuffle_epi8 of nibbles gives their values */
-static inline __m256i pi_iq4_grid(void) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
+/* a table of 16 int8 values in both 128-bit lanes: a shuffle_epi8 of nibbles gives their values */
+static inline __m256i pi_grid16(const int8_t *values) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
+}
+static inline __m256i pi_iq4_grid(void) { return pi_grid16(PI_IQ4_VALUES); }
+/* 8 E8M0 bytes (lane k: byte k of e8) -> pi_e8m0_half of each, as 8 floats */
+static inline __m256 pi_e8m0_half_x8(uint64_t e8) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e8));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
 }
 #endif
 #if defined(__AVX512F__)
-/* the grid + 128 in every 128-bit lane (v + 128 = v ^ 0x80 bytewise): unsigned bytes, as VNNI takes the weights; a
- * kernel takes 128 times the activations' sum off again */
-static inline __m512i pi_iq4_grid_u8_512(void) {
-    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES)),
+/* a table of 16 int8 values + 128 in every 128-bit lane (v + 128 = v ^ 0x80 bytewise): unsigned bytes, as VNNI takes
+ * the weights; a kernel takes 128 times the activations' sum off again */
+static inline __m512i pi_grid16_u8_512(const int8_t *values) {
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)values)),
                             _mm512_set1_epi8((char)0x80));
 }
+static inline __m512i pi_iq4_grid_u8_512(void) { return pi_grid16_u8_512(PI_IQ4_VALUES); }
 #endif
 /* ls_j - 32 of sub-block j (0..7) of an IQ4_XS block: -32..31 */
 static inline int pi_iq4_xs_scale(const pi_block_iq4_xs *b, int j) {
@@ -271,6 +317,7 @@ void pi_q6_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q8_K_to_f32(const void *src, float *dst, int64_t n);
 void pi_q8_Km_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq4_nl_to_f32(const void *src, float *dst, int64_t n);
+void pi_mxfp4_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq4_xs_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq3_xxs_to_f32(const void *src, float *dst, int64_t n);
 void pi_iq3_s_to_f32(const void *src, float *dst, int64_t n);
@@ -284,6 +331,7 @@ void pi_q4_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_0_from_f32(const float *src, void *dst, int64_t n);
 void pi_q5_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_iq4_nl_from_f32(const float *src, void *dst, int64_t n);
+void pi_mxfp4_from_f32(const float *src, void *dst, int64_t n);
 void pi_q8_1_from_f32(const float *src, void *dst, int64_t n);
 void pi_q2_K_from_f32(const float *src, void *dst, int64_t n);
 void pi_q3_K_from_f32(const float *src, void *dst, int64_t n);

@@ -108,7 +108,8 @@ static void case_mul_mat_k(int32_t type, int64_t K, int64_t T, const char *name)
 
 /* A type the library reads but does not write (the IQ types: no quantizer): N rows of K elements of PRNG bytes,
  * each block's leading fp16 scale set to +-2^-6 .. 2^-4 (finite, moderate); the dot products are exact integer sums
- * per block, so every level must give the stored bits. */
+ * per block, so every level must give the stored bits. MXFP4 (which has a quantizer; its blocks of any bytes here):
+ * the E8M0 byte e 118..133 (2^-10 .. 2^5), 0, 1 or 2 (2^-128, 2^-127, 2^-127: subnormal scales) in every 16th block. */
 static void case_mul_mat_bytes(int32_t type, int64_t T) {
     const int64_t K = 512, N = 24, rb = pi_row_bytes(type, K), bb = pi_type_block_bytes(type);
     unsigned char *wq = malloc((size_t)(rb * N));
@@ -120,7 +121,9 @@ static void case_mul_mat_bytes(int32_t type, int64_t T) {
     for (int64_t b = 0; b < rb * N / bb; b++) {   /* fp16 sign | exponent 9..11 (2^-6 .. 2^-4) | 10 random bits */
         const uint64_t r = rng_next();
         const uint16_t h = (uint16_t)((r >> 63) << 15 | (9 + (r >> 32) % 3) << 10 | (r & 0x3ff));
-        if (type == PI_TYPE_IQ1_M)   /* d: the top nibbles of the four scale words (bytes 48..55) */
+        if (type == PI_TYPE_MXFP4)
+            wq[b * bb] = (unsigned char)(b % 16 == 5 ? (uint64_t)(b / 16 % 3) : 118 + (r >> 32) % 16);
+        else if (type == PI_TYPE_IQ1_M)   /* d: the top nibbles of the four scale words (bytes 48..55) */
             for (int k = 0; k < 4; k++) {
                 unsigned char *s = wq + b * bb + 48 + 2 * k;
                 s[1] = (unsigned char)((s[1] & 0x0f) | (h >> 4 * k & 15) << 4);
@@ -131,7 +134,8 @@ static void case_mul_mat_bytes(int32_t type, int64_t T) {
     pi_tensor tw = tensor(type, K, N, 1, wq), tx = tensor(PI_TYPE_F32, K, T, 1, x), ty = tensor(PI_TYPE_F32, N, T, 1, y);
     check(pi_op_mul_mat(pool, &tw, &tx, &ty), "mul_mat");
     char name[64];
-    snprintf(name, sizeof name, "mul_mat.%s.t%lld", pi_type_name(type), (long long)T);
+    snprintf(name, sizeof name, type == PI_TYPE_MXFP4 ? "mul_mat.%s.bytes.t%lld" : "mul_mat.%s.t%lld", pi_type_name(type),
+             (long long)T);
     emit(name, y, N * T);
     free(wq); free(x); free(y);
 }
@@ -393,6 +397,14 @@ int main(int argc, char **argv) {
     const int32_t k_types[] = { PI_TYPE_Q2_K, PI_TYPE_Q3_K, PI_TYPE_Q4_K, PI_TYPE_Q5_K, PI_TYPE_Q6_K };
     for (size_t i = 0; i < sizeof k_types / sizeof *k_types; i++) case_mul_mat(k_types[i], 7);   /* passes of 4 and 3 */
     for (size_t i = 0; i < sizeof read_only / sizeof *read_only; i++) case_mul_mat_bytes(read_only[i], 7);
+    /* MXFP4 (gpt-oss's experts), after the cases above so that they keep their places: quantized rows at 1, 9, 17
+     * and 7 tokens, rows of 11 blocks, PRNG blocks (subnormal scales among them), get_rows */
+    for (int64_t T = 1; T <= 17; T += 8) case_mul_mat(PI_TYPE_MXFP4, T);
+    case_mul_mat(PI_TYPE_MXFP4, 7);
+    case_mul_mat_k(PI_TYPE_MXFP4, 352, 7, "mul_mat.mxfp4.k352.t7");
+    for (int64_t T = 1; T <= 17; T += 8) case_mul_mat_bytes(PI_TYPE_MXFP4, T);
+    case_mul_mat_bytes(PI_TYPE_MXFP4, 7);
+    case_get_rows(PI_TYPE_MXFP4);
 
     pi_threadpool_free(pool);
     if (fclose(out_file) != 0) { perror(argv[1]); return 1; }

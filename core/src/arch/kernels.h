@@ -44,6 +44,7 @@ static void pi_q8_0_to_f32(const void *src, float *dst, int64_t n);
 static void pi_quantize_row_q8_0s(const float *src, void *dst, int64_t n);
 static void pi_q8_0s_to_f32(const void *src, float *dst, int64_t n);
 static void pi_repack8_q4_0x8(int64_t n, const void *const *rows, void *group);
+static void pi_repack8_mxfp4x8(int64_t n, const void *const *rows, void *group);   /* rows8.c: Q4_0X8's order */
 /* Q8_0X16 and Q5_0X16 groups at every level (arch/q8_0x16.c) */
 static void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group);
 static void pi_repack_q5_0x16(int64_t n, const void *const *rows, void *group);
@@ -86,11 +87,14 @@ static void pi_gemm8_bf16x8_bf16(int64_t n, const void *group, const char *x, in
                                  int64_t y_stride);   /* arch/bf16_dot.c */
 static void pi_gemm8_bf16x8_bf16s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                                   int64_t y_stride);
-/* Q4_0X8 (IQ4_NLX8) groups at every level (the scalar body in rows8.c), so a repacked model runs at any level. */
+/* Q4_0X8 (IQ4_NLX8, MXFP4X8) groups at every level (the scalar body in rows8.c), so a repacked model runs at any
+ * level. */
 static void pi_gemm8_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                   float *y, int64_t y_stride);
 static void pi_gemm8_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                     float *y, int64_t y_stride);
+static void pi_gemm8_mxfp4x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                   float *y, int64_t y_stride);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PI_HAVE_ROWS16 1   /* 512-bit kernels over two 8-row groups */
 static void pi_repack_q6_Kx16(int64_t n, const void *const *rows, void *group);
@@ -98,6 +102,8 @@ static void pi_gemm16_q4_0x8_q8_0s(int64_t n, const void *group, const char *x, 
                                    float *y, int64_t y_stride);
 static void pi_gemm16_iq4_nlx8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
                                      float *y, int64_t y_stride);
+static void pi_gemm16_mxfp4x8_q8_0s(int64_t n, const void *group, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);
 #else
 #define PI_HAVE_ROWS16 0
 #endif
@@ -145,6 +151,8 @@ static void pi_vec_dot8_q4_0_q8_0s(int64_t n, const void *const *rows, const cha
                              float *y, int64_t y_stride);
 static void pi_vec_dot8_iq4_nl_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
                                      float *y, int64_t y_stride);   /* rows8.c: Q4_0's kernel with the grid */
+static void pi_vec_dot8_mxfp4_q8_0s(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,
+                                    float *y, int64_t y_stride);    /* the same with MXFP4's grid and scales */
 static void pi_vec_dot8_f16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
                           int64_t y_stride);
 static void pi_vec_dot8_bf16_f32(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
@@ -234,6 +242,7 @@ static float pi_vec_dot_q5_K_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_q6_K_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_q8_K_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x);
+static float pi_vec_dot_mxfp4_q8_0s(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq4_xs_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq3_xxs_q8_K(int64_t n, const void *w, const void *x);
 static float pi_vec_dot_iq3_s_q8_K(int64_t n, const void *w, const void *x);
@@ -260,6 +269,7 @@ static void pi_axpy_q5_K(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_q6_K(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_q8_K(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq4_nl(int64_t n, float a, const void *row, float *y);
+static void pi_axpy_mxfp4(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq4_xs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq3_xxs(int64_t n, float a, const void *row, float *y);
 static void pi_axpy_iq3_s(int64_t n, float a, const void *row, float *y);

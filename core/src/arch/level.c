@@ -115,6 +115,8 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                            .to_batch = X16_BATCH(pi_q6_K_to_x16) },
         [PI_TYPE_IQ4_NL] = { pi_vec_dot_iq4_nl_q8_0s, pi_axpy_iq4_nl, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_nl_q8_0s),
                              .repack = REPACK(pi_repack8_q4_0x8) /* the same block bytes */ },
+        [PI_TYPE_MXFP4]  = { pi_vec_dot_mxfp4_q8_0s, pi_axpy_mxfp4, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_mxfp4_q8_0s),
+                             .repack = REPACK(pi_repack8_mxfp4x8) },
         [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_xs_q8_K),
                              .repack = REPACK(pi_repack_iq4_xsx16) },
         /* no 8-row kernels: prompts convert rows to Q6_K (to_batch) and run its kernels */
@@ -136,6 +138,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_q4_0x8_q8_0s),
                              .tiles = AMX(pi_tiles_q4_0x8_q8_0s) },
         [PI_TYPE_IQ4_NLX8] = { .gemm8 = pi_gemm8_iq4_nlx8_q8_0s, .gemm16 = ROWS16(pi_gemm16_iq4_nlx8_q8_0s) },
+        [PI_TYPE_MXFP4X8] = { .gemm8 = pi_gemm8_mxfp4x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_mxfp4x8_q8_0s) },
         [PI_TYPE_IQ4_XSX16] = { .gemm16 = pi_gemm16_iq4_xsx16_q8_K },
         [PI_TYPE_Q8_KW]  = { pi_vec_dot_q8_kw_q8_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q8_kw_q8_K),
                              .to_batch = X16_BATCH(pi_q8_kw_to_x16) },

@@ -38,7 +38,7 @@
 #endif
 
 void pi_repack_q8_0x16(int64_t n, const void *const *rows, void *group) {
-    pi_interleave_blocks(n / PI_QK8_0, rows, 16, sizeof(pi_block_q8_0), group);
+    pi_interleave_blocks(n / PI_QK8_0, rows, 16, sizeof(pi_block_q8_0), 2, group);
 }
 
 /* Where the parts of a row block (src) and of a group block (dst) lie, in bytes; qh, m < 0: the type has none. */

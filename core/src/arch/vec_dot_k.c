@@ -119,12 +119,13 @@ static inline int32_t neon_dot_5bit(const uint8_t *qs, const uint8_t *qh_bytes, 
     hi = vorrq_s8(hi, vreinterpretq_s8_u8(pi_neon_bits16(qh >> 16)));
     return pi_neon_dot_halves(lo, hi, y);
 }
-/* sum v y over a block of IQ4 nibbles (16 bytes), v = PI_IQ4_VALUES[q] */
-static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) {
+/* sum v y over a block of nibbles (16 bytes) on a grid of 16 int8 values, v = values[q] (IQ4: PI_IQ4_VALUES) */
+static inline int32_t neon_dot_grid4(const uint8_t *qs, const int8_t *values, const int8_t *y) {
     int8x16_t lo, hi;
-    pi_neon_iq4_values(qs, vld1q_s8(PI_IQ4_VALUES), &lo, &hi);
+    pi_neon_iq4_values(qs, vld1q_s8(values), &lo, &hi);
     return pi_neon_dot_halves(lo, hi, y);
 }
+static inline int32_t neon_dot_iq4(const uint8_t *qs, const int8_t *y) { return neon_dot_grid4(qs, PI_IQ4_VALUES, y); }
 #endif
 
 float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
@@ -163,32 +164,42 @@ float pi_vec_dot_q5_0_q8_0s(int64_t n, const void *w, const void *x) {
     return pi_tree8(p);
 }
 
-/* IQ4_NL . Q8_0S: Q4_0's canonical order (pi_vec_dot_q4_0_q8_0s; IQ4_NL is Q4_0's layout with the nibbles indexing
- * the grid), so that the 8-row and interleaved kernels of rows8.c serve both: per block the exact integer
- * i = sum PI_IQ4_VALUES[q] y, then acc = fma(d_w * d_x, i, acc), blocks in order, one accumulator. */
+/* IQ4_NL, MXFP4 . Q8_0S (quants_k.h's grid kinds: Q4_0's layout with the nibbles indexing a grid of 16 int8 values,
+ * IQ4_NL's after an fp16 d, MXFP4's after an E8M0 e): Q4_0's canonical order (pi_vec_dot_q4_0_q8_0s), so that the
+ * 8-row and interleaved kernels of rows8.c serve all three: per block the exact integer i = sum values[q] y, then
+ * acc = fma(d_w * d_x, i, acc), blocks in order, one accumulator. */
 #if defined(__AVX2__)
-/* The 32 int8 values of an IQ4 block's 16 nibble bytes (elements 0..15 from the low nibbles, 16..31 the high ones). */
-static inline __m256i iq4_values_32(const uint8_t *qs) { return _mm256_shuffle_epi8(pi_iq4_grid(), nibbles_32(qs)); }
+/* The 32 int8 values of a block's 16 nibble bytes (elements 0..15 from the low nibbles, 16..31 the high ones). */
+static inline __m256i grid4_values_32(const int8_t *values, const uint8_t *qs) {
+    return _mm256_shuffle_epi8(pi_grid16(values), nibbles_32(qs));
+}
+static inline __m256i iq4_values_32(const uint8_t *qs) { return grid4_values_32(PI_IQ4_VALUES, qs); }
 #endif
 
-float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x) {
-    const pi_block_iq4_nl *a = w;
+static inline __attribute__((always_inline)) float grid4_dot(int64_t n, const void *w, const void *x, const int kind) {
+    const int64_t bb = pi_nib_block_bytes(kind), off = pi_nib_scale_bytes(kind);
+    const int8_t *values = pi_nib_values(kind);
+    const uint8_t *a = w;
     const pi_block_q8_0s *b = x;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / PI_QK; i++) {
+    for (int64_t i = 0; i < n / PI_QK; i++, a += bb) {
+        const uint8_t *qs = a + off;
         int32_t s = 0;
 #if defined(__AVX2__)
-        s = pi_hsum_epi32(dot_i8(iq4_values_32(a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs)));
+        s = pi_hsum_epi32(dot_i8(grid4_values_32(values, qs), _mm256_loadu_si256((const __m256i *)b[i].qs)));
 #elif PI_NEON
-        s = neon_dot_iq4(a[i].qs, b[i].qs);
+        s = neon_dot_grid4(qs, values, b[i].qs);
 #else
         for (int j = 0; j < PI_QK / 2; j++)
-            s += PI_IQ4_VALUES[a[i].qs[j] & 15] * b[i].qs[j] + PI_IQ4_VALUES[a[i].qs[j] >> 4] * b[i].qs[j + PI_QK / 2];
+            s += values[qs[j] & 15] * b[i].qs[j] + values[qs[j] >> 4] * b[i].qs[j + PI_QK / 2];
 #endif
-        acc = fmaf(pi_fp16_to_f32(a[i].d) * pi_fp16_to_f32(b[i].d), (float)s, acc);
+        acc = fmaf(pi_nib_scale(kind, a) * pi_fp16_to_f32(b[i].d), (float)s, acc);
     }
     return acc;
 }
+
+float pi_vec_dot_iq4_nl_q8_0s(int64_t n, const void *w, const void *x) { return grid4_dot(n, w, x, PI_NIB_IQ4_NL); }
+float pi_vec_dot_mxfp4_q8_0s(int64_t n, const void *w, const void *x) { return grid4_dot(n, w, x, PI_NIB_MXFP4); }
 
 /* Q4_1 / Q5_1 . Q8_1, value = d u + m with u the unsigned quant (Q4_1 0..15, Q5_1 0..31):
  * sum = d d_y sum(u q_y) + m s_y, s_y = d_y sum(q_y) stored in the Q8_1 block. The canonical order every Q4_1 / Q5_1
@@ -1489,6 +1500,7 @@ AXPY(pi_axpy_q5_K, pi_q5_K_to_f32, PI_QK_K, pi_block_q5_K)
 AXPY(pi_axpy_q6_K, pi_q6_K_to_f32, PI_QK_K, pi_block_q6_K)
 AXPY(pi_axpy_q8_K, pi_q8_K_to_f32, PI_QK_K, pi_block_q8_K)
 AXPY(pi_axpy_iq4_nl, pi_iq4_nl_to_f32, PI_QK, pi_block_iq4_nl)
+AXPY(pi_axpy_mxfp4, pi_mxfp4_to_f32, PI_QK, pi_block_mxfp4)
 AXPY(pi_axpy_iq4_xs, pi_iq4_xs_to_f32, PI_QK_K, pi_block_iq4_xs)
 AXPY(pi_axpy_iq3_xxs, pi_iq3_xxs_to_f32, PI_QK_K, pi_block_iq3_xxs)
 AXPY(pi_axpy_iq3_s, pi_iq3_s_to_f32, PI_QK_K, pi_block_iq3_s)

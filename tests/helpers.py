@@ -34,6 +34,17 @@ def logits_all(ctx, tokens, *, clear: bool = False) -> np.ndarray:
     return np.stack([ctx.logits(i) for i in range(len(tokens))])
 
 
+def llama_cpp_logits(path, tokens, *, n_ctx: int = 64, **kw) -> np.ndarray:
+    """[len(tokens), n_vocab] float64: every position's logits through llama.cpp (llama-cpp-python; the test is
+    skipped where it is not installed), with an f32 KV cache (ggml type 0) on one thread; kw: more Llama keywords."""
+    import pytest
+    llama_cpp = pytest.importorskip("llama_cpp")
+    ll = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False, n_threads=1,
+                         type_k=0, type_v=0, **kw)
+    ll.eval(list(tokens))
+    return np.array(ll.scores[:len(tokens)], dtype=np.float64)
+
+
 def logits_in_calls(ctx, tokens, n: int, *, clear: bool = False) -> np.ndarray:
     """Every position's logits, decoding the tokens n to a call (after kv_clear if clear)."""
     if clear:

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
-from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, logits_in_calls, logits_one_by_one, rel_rms
+from helpers import (FLOAT_REL_RMS, KV_F16_REL_RMS, llama_cpp_logits, logits_all, logits_in_calls, logits_one_by_one,
+                     rel_rms)
 from model_files import CONFIGS, make_weights, rewrite, write_arch_model
 from reference_model import ReferenceModel
 
@@ -244,13 +245,9 @@ def test_harmony_chat_template(tmp_path):
 def test_mxfp4_experts_agree_with_llama_cpp(tmp_path):
     """The released files' layout: MXFP4 experts (powerinfer's MXFP4 kernels), Q8_0 attention and router: llama.cpp's
     logits (measured 7.7e-8: both quantize the activations to Q8_0 the same way) and the same top tokens."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     path = tmp_path / "gpt-oss-mxfp4.gguf"
     write_arch_model(path, "gpt-oss", seed=3, dtype="q8_0", dtypes={"_exps": "mxfp4"})
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)
-    ll.eval(PROMPT)
-    theirs = np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
+    theirs = llama_cpp_logits(path, PROMPT)
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     assert rel_rms(ours, theirs) < 1e-6, rel_rms(ours, theirs)
     assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
-from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, logits_all, logits_one_by_one, rel_rms  # noqa: E402
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, llama_cpp_logits, logits_all, logits_one_by_one, rel_rms  # noqa: E402
 from model_files import CONFIGS, write_arch_model  # noqa: E402
 from powerinfer.gguf_file import ModelLoadError  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
@@ -107,14 +107,7 @@ def test_granitemoe(tmp_path, shared):
     ref = ReferenceModel(path).forward(PROMPT)
     assert rel_rms(ours, ref) < FLOAT_REL_RMS, rel_rms(ours, ref)
     assert rel_rms(ours, ReferenceModel(path, residual_scale=1.0).forward(PROMPT)) > 1e-3
-    try:
-        import llama_cpp
-    except ImportError:
-        return
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)
-    ll.eval(PROMPT)
-    assert rel_rms(ours, np.array(ll.scores[:len(PROMPT)], dtype=np.float64)) < 1e-5
+    assert rel_rms(ours, llama_cpp_logits(path, PROMPT)) < 1e-5     # (skipped without llama-cpp-python)
 
 
 def test_olmo2_pieces_matter(files, tmp_path):

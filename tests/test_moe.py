@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
-from helpers import FLOAT_REL_RMS, logits_all, logits_in_calls, rel_rms
+from helpers import FLOAT_REL_RMS, llama_cpp_logits, logits_all, logits_in_calls, rel_rms
 from model_files import CONFIGS, make_weights, rename_arch, rewrite, write_arch_model
 from reference_model import ReferenceModel
 
@@ -77,11 +77,7 @@ def test_moe_rows_do_not_depend_on_the_batch(moe_file):
 
 
 def test_moe_agrees_with_llama_cpp(moe_file):
-    llama_cpp = pytest.importorskip("llama_cpp")
-    ll = llama_cpp.Llama(str(moe_file), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)
-    ll.eval(PROMPT)
-    theirs = np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
+    theirs = llama_cpp_logits(moe_file, PROMPT)
     ours = logits_all(pi.Context(pi.Model(moe_file), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     assert rel_rms(ours, theirs) < 1e-5, rel_rms(ours, theirs)
 
@@ -94,11 +90,8 @@ def test_moe_generates_through_the_api(moe_file):
 
 def test_quantized_experts_agree_with_llama_cpp(tmp_path):
     """Q8_0 experts and router (activations quantized to Q8_0 on both sides): llama.cpp's logits within 1e-3."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     f = write_moe(tmp_path, "llama", dtype="q8_0")
-    ll = llama_cpp.Llama(str(f), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1, type_k=0, type_v=0)
-    ll.eval(PROMPT)
-    theirs = np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
+    theirs = llama_cpp_logits(f, PROMPT)
     ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     err = rel_rms(ours, theirs)
     print(f"q8_0 experts: relative RMS difference {err:.2e}")

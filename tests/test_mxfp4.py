@@ -18,7 +18,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from helpers import QUANT_REL_RMS, logits_all, logits_in_calls, rel_rms
+from helpers import QUANT_REL_RMS, llama_cpp_logits, logits_all, logits_in_calls, rel_rms
 from model_files import write_arch_model
 from reference_model import ReferenceModel, dequant_mxfp4
 from test_kquants import MXFP4, bits_equal, c_dequantize, c_quantize, np_dequant
@@ -56,14 +56,6 @@ def restore_level():
     start = pi.cpu_isa()
     yield
     pi.set_cpu_isa(start)
-
-
-def llama_cpp_logits(path, tokens) -> np.ndarray:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1, type_k=0,
-                         type_v=0)
-    ll.eval(tokens)
-    return np.array(ll.scores[:len(tokens)], dtype=np.float64)
 
 
 def every_block() -> np.ndarray:

@@ -20,6 +20,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
+from helpers import llama_cpp_logits  # noqa: E402
 from model_files import make_weights, write_arch_model  # noqa: E402
 
 REL_RMS = {"llama": 1e-5,     # (measured 4e-7)
@@ -49,10 +50,7 @@ def test_logits_agree_with_llama_cpp(tmp_path, arch):
         write_arch_model(path, "llama", weights=make_weights("llama", 5, rope_freqs=True))
     else:
         write_arch_model(path, arch, seed=5)
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)   # GGML_TYPE_F32 KV cache
-    ll.eval(PROMPT)
-    theirs = np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
+    theirs = llama_cpp_logits(path, PROMPT)
     ctx = pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1)
     ctx.decode(PROMPT, logits="all")
     ours = np.stack([ctx.logits(i) for i in range(len(PROMPT))])

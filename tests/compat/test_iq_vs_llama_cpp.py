@@ -28,7 +28,9 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tests"))
 import powerinfer as pi  # noqa: E402
+from helpers import llama_cpp_logits  # noqa: E402
 from make_test_model import write_model  # noqa: E402
 from random_iq_file import random_iq_file  # noqa: E402
 
@@ -63,10 +65,7 @@ def files(tmp_path_factory):
 
 
 def theirs_logits(path) -> np.ndarray:
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)   # GGML_TYPE_F32 KV cache
-    ll.eval(PROMPT)
-    return np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
+    return llama_cpp_logits(path, PROMPT)
 
 
 def ours_logits(path) -> np.ndarray:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
-from helpers import logits_all, rel_rms  # noqa: E402
+from helpers import llama_cpp_logits, logits_all, rel_rms  # noqa: E402
 from model_files import write_arch_model  # noqa: E402
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
@@ -25,10 +24,7 @@ REL_RMS = {"granite": 1e-5,    # (measured 9e-8)
 def test_agrees_with_llama_cpp(tmp_path, arch):
     path = tmp_path / f"tiny-{arch}.gguf"
     write_arch_model(path, arch, seed=3)
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)
-    ll.eval(PROMPT)
-    theirs = np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
+    theirs = llama_cpp_logits(path, PROMPT)
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     err = rel_rms(ours, theirs)
     print(f"{arch}: relative RMS difference {err:.2e}")

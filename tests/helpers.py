@@ -45,6 +45,15 @@ def llama_cpp_logits(path, tokens, *, n_ctx: int = 64, **kw) -> np.ndarray:
     return np.array(ll.scores[:len(tokens)], dtype=np.float64)
 
 
+def greedy_tokens(next_logits, prompt, n):
+    """n greedy tokens: next_logits(tokens) evaluates them and returns the last row's logits."""
+    logits, out = next_logits(prompt), []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = next_logits([out[-1]])
+    return out
+
+
 def logits_in_calls(ctx, tokens, n: int, *, clear: bool = False) -> np.ndarray:
     """Every position's logits, decoding the tokens n to a call (after kv_clear if clear)."""
     if clear:

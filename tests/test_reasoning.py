@@ -30,18 +30,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("text,opened,reasoning,content", CASES)
-def test_splitter_every_chunking(text, opened, reasoning, content):
-    """Whole, one character at a time and at every single cut: the same two strings."""
+def check_every_chunking(make, text, reasoning, content):
+    """Whole, one character at a time and at every single cut: a splitter from make() gives the same two strings."""
     chunkings = [[text], list(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
     for pieces in chunkings:
-        s = ReasoningSplitter(opened)
+        s = make()
         r = c = ""
         for p in pieces:
             dr, dc = s.feed(p)
             r, c = r + dr, c + dc
         dr, dc = s.finish()
         assert (r + dr, c + dc) == (reasoning, content), pieces
+
+
+@pytest.mark.parametrize("text,opened,reasoning,content", CASES)
+def test_splitter_every_chunking(text, opened, reasoning, content):
+    check_every_chunking(lambda: ReasoningSplitter(opened), text, reasoning, content)
 
 
 # gpt-oss's harmony replies (after a prompt ending in <|start|>assistant) -> (reasoning, content)
@@ -59,15 +63,7 @@ HARMONY = [
 
 @pytest.mark.parametrize("text,reasoning,content", HARMONY)
 def test_harmony_every_chunking(text, reasoning, content):
-    chunkings = [[text], list(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
-    for pieces in chunkings:
-        s = HarmonySplitter()
-        r = c = ""
-        for p in pieces:
-            dr, dc = s.feed(p)
-            r, c = r + dr, c + dc
-        dr, dc = s.finish()
-        assert (r + dr, c + dc) == (reasoning, content), pieces
+    check_every_chunking(HarmonySplitter, text, reasoning, content)
 
 
 def test_harmony_chosen_by_the_prompt():

@@ -20,7 +20,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
-from helpers import llama_cpp_logits  # noqa: E402
+from helpers import greedy_tokens, llama_cpp_logits  # noqa: E402
 from model_files import make_weights, write_arch_model  # noqa: E402
 
 REL_RMS = {"llama": 1e-5,     # (measured 4e-7)
@@ -60,15 +60,6 @@ def test_logits_agree_with_llama_cpp(tmp_path, arch):
     assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))
 
 
-def greedy(next_logits, prompt, n):
-    """n greedy tokens: next_logits(tokens) evaluates them and returns the last row's logits."""
-    logits, out = next_logits(prompt), []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = next_logits([out[-1]])
-    return out
-
-
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
 def test_gemma2_quantized_agrees_with_llama_cpp(tmp_path, dtype):
     """The tiny gemma2 with quantized matrices: the prompt's logits within REL_RMS_QUANT of llama.cpp's, and the
@@ -99,5 +90,5 @@ def test_gemma2_quantized_agrees_with_llama_cpp(tmp_path, dtype):
 
     ll.reset()
     ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
-    a, b = greedy(llama_next, PROMPT, 16), greedy(ours_next, PROMPT, 16)
+    a, b = greedy_tokens(llama_next, PROMPT, 16), greedy_tokens(ours_next, PROMPT, 16)
     assert a == b, (a, b)

@@ -25,7 +25,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
-from helpers import logits_all, rel_rms  # noqa: E402
+from helpers import greedy_tokens, logits_all, rel_rms  # noqa: E402
 from model_files import rewrite, write_arch_model  # noqa: E402
 
 REL_RMS = 1e-5            # f32 (measured 5.2e-7 .. 5.7e-7)
@@ -50,15 +50,6 @@ def test_f32_logits_agree_with_llama_cpp(tmp_path, seed):
     print(f"gpt-oss f32 seed {seed}: relative RMS difference {err:.2e}")
     assert err < REL_RMS, err
     assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))
-
-
-def greedy(next_logits, prompt, n):
-    """n greedy tokens: next_logits(tokens) evaluates them and returns the last row's logits."""
-    logits, out = next_logits(prompt), []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = next_logits([out[-1]])
-    return out
 
 
 @pytest.mark.parametrize("seed", [3, 7])
@@ -86,5 +77,5 @@ def test_q8_0_agrees_with_llama_cpp(tmp_path, seed):
         return ctx.logits()
 
     ll.reset()
-    a, b = greedy(llama_next, PROMPT, 16), greedy(ours_next, PROMPT, 16)
+    a, b = greedy_tokens(llama_next, PROMPT, 16), greedy_tokens(ours_next, PROMPT, 16)
     assert a == b, (a, b)

@@ -9,6 +9,7 @@ separate work; these files are f32 (and Q8_0 in the compatibility test).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -251,3 +252,37 @@ def test_mxfp4_experts_agree_with_llama_cpp(tmp_path):
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     assert rel_rms(ours, theirs) < 1e-6, rel_rms(ours, theirs)
     assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_harmony_tool_call_end_to_end(tmp_path, stream):
+    """tool_choice "auto" on a gpt-oss file: a reply that calls a tool in harmony (the analysis, then a commentary
+    message to=functions.NAME) is message.tool_calls with its analysis in reasoning_content; streamed, the same
+    (the reply is held until its end: its channels are read there)."""
+    pytest.importorskip("jinja2")
+    from test_tools_auto import Force
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    path = tmp_path / "tools.gguf"
+    write_arch_model(path, "gpt-oss", seed=3, chat_template=HARMONY_TEMPLATE.read_text())
+    llm = pi.PowerInfer(path, n_ctx=2048, n_threads=1, verbose=False)
+    reply = ('<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary '
+             'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}')
+    ids = llm.tokenize(reply, add_bos=False, special=True)
+    assert llm.tool_calls(tools, None).syntax == "harmony"
+    r = llm.create_chat_completion([{"role": "user", "content": "Weather in Paris?"}], tools=tools, max_tokens=300,
+                                   logits_processor=[Force(ids, llm.token_eos())], stream=stream, temperature=0)
+    if stream:
+        chunks = list(r)
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        content = "".join(d.get("content") or "" for d in deltas) or None
+        calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+    else:
+        msg = r["choices"][0]["message"]
+        content, calls, finish = msg["content"], msg["tool_calls"], r["choices"][0]["finish_reason"]
+        assert msg["reasoning_content"] == "Need it."
+    assert finish == "tool_calls" and content is None
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}

@@ -30,6 +30,14 @@ NAMES = {"get_weather", "add"}
     ("llama3", '{"name": "add", "parameters": {"a": 5, "b": 6}}', [("add", {"a": 5, "b": 6})], ""),
     ("generic", 'Sure: {"name": "add", "arguments": {"a": 7, "b": 8}}', [("add", {"a": 7, "b": 8})], "Sure:"),
     ("generic", "Paris is sunny today {not json}.", [], None),
+    # gpt-oss's harmony: the call in a commentary message (to= after or before the channel), the analysis apart
+    ("harmony", '<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary '
+                'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+     [("get_weather", {"city": "Paris"})], ""),
+    ("harmony", '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 1, "b": 2}<|call|>',
+     [("add", {"a": 1, "b": 2})], ""),
+    ("harmony", '<|channel|>analysis<|message|>No tool.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.',
+     [], "Sunny."),
 ])
 def test_parse(syntax, text, calls, content):
     got, rest = parse_tool_calls(text, syntax, NAMES)
@@ -42,6 +50,7 @@ def test_syntax_of_templates():
     assert syntax_of("[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS][TOOL_CALLS]") == "mistral"
     assert syntax_of("<|start_header_id|>ipython<|end_header_id|>{{ tools }}") == "llama3"
     assert syntax_of("{{ messages }}") == "generic" and syntax_of(None) == "generic"
+    assert syntax_of('<|start|>assistant to={{ "functions." + name }}<|channel|>commentary') == "harmony"
 
 
 HERMES_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }} "

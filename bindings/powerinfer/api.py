@@ -226,8 +226,8 @@ class CompletionShaper:
         held = self._split(*self.reasoning.finish()) if self.reasoning is not None else {}
         if self.tools is not None:
             # the content not streamed yet ("auto" streamed what came before a possible call), then the calls
-            content = (msg["content"] or "") if msg is not None else (self.text.strip() if self.tools.auto
-                                                                       else self.text)
+            content = (msg["content"] or "") if msg is not None else (self.tools.plain(self.text)[1]
+                                                                       if self.tools.auto else self.text)
             rest = content[len(self._streamed):] if content.startswith(self._streamed) else content
             out = [self._chunk({"index": 0, "delta": {"content": rest}, "logprobs": None, "finish_reason": None})
                    ] if rest else []
@@ -272,8 +272,12 @@ class CompletionShaper:
             call = self._tool_message(res)
             if self.reasoning is not None:
                 self._split(*self.reasoning.finish())
-            msg = call or {"role": "assistant",
-                           "content": self.text.strip() if self.tools is not None and self.tools.auto else self.text}
+            if call is None and self.tools is not None and self.tools.auto:    # an answer, not a call
+                reasoning, content = self.tools.plain(self.text)
+                self.reasoning_text += reasoning
+                msg = {"role": "assistant", "content": content}
+            else:
+                msg = call or {"role": "assistant", "content": self.text}
             if call is None and self.reasoning_text:
                 msg["reasoning_content"] = self.reasoning_text
             choice = {"index": 0, "message": msg,

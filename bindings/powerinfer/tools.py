@@ -11,14 +11,16 @@ served that way; "none" leaves the tools out. "auto" (the default when tools are
 answer or call: the reply is generated unconstrained and read afterwards in the call syntax of the
 model's chat template (`syntax_of`): Hermes 2 Pro / Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>`,
 Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+ `<|python_tag|>{"name", "parameters"}` or a bare such object,
-and for templates without tools the generic system message's bare {"name", "arguments"} object. Calls
-of tools the request has become `message.tool_calls` (finish_reason "tool_calls"), the text around them
-`content`; a reply with none is plain content. (llama.cpp constrains a call once its start is seen with a
-lazy grammar; here a malformed call stays text.)
+gpt-oss's harmony (a commentary message `to=functions.NAME ... <|message|>{arguments}`; the reply is held to its
+end, its analysis channel the message's reasoning_content, its final channel the content), and for templates without
+tools the generic system message's bare {"name", "arguments"} object. Calls of tools the request has become
+`message.tool_calls` (finish_reason "tool_calls"), the text around them `content`; a reply with none is plain
+content. (llama.cpp constrains a call once its start is seen with a lazy grammar; here a malformed call stays text.)
 """
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from .grammar import Grammar, GrammarError
@@ -26,15 +28,19 @@ from .request import RequestError
 
 __all__ = ["ToolCalls", "parse_tool_calls", "syntax_of", "tools_system_message"]
 
-SYNTAXES = ("hermes", "mistral", "llama3", "generic")
-# where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these
+SYNTAXES = ("hermes", "mistral", "llama3", "harmony", "generic")
+# where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these (harmony:
+# from its first marker, i.e. the whole reply, whose channels are read at its end)
 CALL_MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>", "{"),
-                "generic": ("{",)}
+                "harmony": ("<|",), "generic": ("{",)}
+_HARMONY_CALL = re.compile(r"to=functions\.([^\s<]+)")
 
 
 def syntax_of(template_source: str | None) -> str:
     """The tool-call syntax a chat template's model writes (its template names the markers)."""
     src = template_source or ""
+    if "<|channel|>" in src and "functions." in src:     # OpenAI's harmony (gpt-oss): to=functions.NAME
+        return "harmony"
     if "<tool_call>" in src:
         return "hermes"
     if "[TOOL_CALLS]" in src:
@@ -96,6 +102,22 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
             if ok:
                 spans.append((a, end))
             pos = end
+    elif syntax == "harmony":      # a commentary message "to=functions.NAME ... <|message|>{arguments}"
+        dec = json.JSONDecoder()
+        for m in _HARMONY_CALL.finditer(text):
+            body = text.find("<|message|>", m.end())
+            if body < 0:
+                continue
+            j = body + len("<|message|>")
+            try:
+                args, end = dec.raw_decode(text, j + len(text[j:]) - len(text[j:].lstrip()))
+            except ValueError:
+                continue
+            if take({"name": m.group(1), "arguments": args}):
+                start = max(text.rfind("<|start|>", 0, m.start()), text.rfind("<|channel|>", 0, m.start()))
+                for tail in ("<|call|>", "<|end|>"):
+                    end += len(tail) if text.startswith(tail, end) else 0
+                spans.append((start if start >= 0 else m.start(), end))
     elif syntax == "mistral":
         a = text.find("[TOOL_CALLS]")
         if a >= 0:
@@ -115,7 +137,17 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
         content += text[pos:a]
         pos = b
     content += text[pos:]
+    if syntax == "harmony":        # the rest's final channel (its analysis: ToolCalls.plain)
+        content = _harmony_split(content)[1]
     return calls, content.strip()
+
+
+def _harmony_split(text: str) -> tuple[str, str]:
+    from .reasoning import HarmonySplitter
+    s = HarmonySplitter()
+    r, c = s.feed(text)
+    r2, c2 = s.finish()
+    return r + r2, c + c2
 
 
 def _tool_name(t, i: int) -> tuple[str, dict]:
@@ -189,6 +221,13 @@ class ToolCalls:
             raise RequestError(f"a tool's parameters schema is not usable: {e}", param="tools") from None
         return cls(tools, names, g)
 
+    def plain(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) of an "auto" reply that holds no call: harmony's channels apart, else the text."""
+        if self.syntax == "harmony":
+            r, c = _harmony_split(text)
+            return r, c.strip()
+        return "", text.strip()
+
     def message(self, text: str) -> dict | None:
         """The assistant message of a reply (None if the text holds no call: a cut-off constrained reply, or an
         "auto" reply that answers in text)."""
@@ -204,9 +243,13 @@ class ToolCalls:
             calls, content = [{"name": call["name"], "arguments": call.get("arguments", {})}], ""
         if not calls:
             return None
-        return {"role": "assistant", "content": content or None, "tool_calls": [{
+        msg = {"role": "assistant", "content": content or None, "tool_calls": [{
             "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]}
+        reasoning = self.plain(text)[0] if self.auto and self.syntax == "harmony" else ""
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        return msg
 
 
 def tools_system_message(tools: list, auto: bool = False) -> dict:

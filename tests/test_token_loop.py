@@ -238,3 +238,11 @@ def test_no_reference_cycle(path):
         assert ctx() is None
     finally:
         gc.enable()
+
+
+def test_text_still_generates_text(llm_last):
+    """generate("text") (and b"text") is the text API, generate([ids]) the token loop."""
+    assert isinstance(llm_last.generate("the cat", max_tokens=3, temperature=0), str)
+    assert llm_last.generate(b"the cat", max_tokens=3, temperature=0) == \
+        llm_last.generate("the cat", max_tokens=3, temperature=0)
+    assert isinstance(next(llm_last.generate(llm_last.tokenize("the cat"), temp=0)), int)

@@ -631,8 +631,8 @@ class PowerInfer:
         """Text in, text out (generate_text) -- or, given token ids, llama-cpp-python's Llama.generate(tokens, top_k,
         top_p, min_p, typical_p, temp, repeat_penalty, reset, ...): a generator of sampled token ids
         (powerinfer.token_loop, with eval, sample, reset, n_tokens, input_ids and scores)."""
-        if isinstance(prompt, str):
-            return self.generate_text(prompt, *args, **kwargs)
+        if isinstance(prompt, (str, bytes)):
+            return self.generate_text(prompt.decode() if isinstance(prompt, bytes) else prompt, *args, **kwargs)
         return self.token_loop.generate(prompt, *args, **kwargs)
 
     # ---- llama-cpp-python's token loop (powerinfer.token_loop)

@@ -173,6 +173,9 @@ CONFIGS["mistral"] = CONFIGS["llama"]
 CONFIGS["granite"] = dict(CONFIGS["llama"], embedding_scale=12.0, attention_scale=0.015625, residual_scale=0.22,
                           logit_scale=8.0)
 CONFIGS["smollm3"] = dict(CONFIGS["llama"], n_layer=8)
+# glm4: fused q|k|v with a bias, fused gate|up, NORMAL rope over half of each head (rope.dimension_count 16 of 32),
+# norms before and after each block
+CONFIGS["glm4"] = dict(CONFIGS["llama"], n_rot=16)
 # olmo2: no pre-norms, post-norms, q/k RMSNorm over the whole projection; with a window (OLMo 3): 5 layers, every 4th
 # global, a window of 5 positions
 CONFIGS["olmo2"] = dict(CONFIGS["llama"], n_layer=5, n_swa=5)
@@ -199,7 +202,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch in ("gemma2", "gemma3")
                                                                                  else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss"):
+    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss", "glm4"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
@@ -210,9 +213,12 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     for il in range(c["n_layer"]):
         p = f"blk.{il}."
         w.update((p + k + ".weight", v) for k, v in layer_weights(mat, norm, E, F, Eq, Ekv).items())
-        if arch == "phi3":
+        if arch in ("phi3", "glm4"):
             w[p + "attn_qkv.weight"] = np.concatenate([w.pop(p + f"attn_{x}.weight") for x in "qkv"])
             w[p + "ffn_up.weight"] = np.concatenate([w.pop(p + "ffn_gate.weight"), w[p + "ffn_up.weight"]])
+        if arch == "glm4":      # the fused q|k|v bias and the norms after each block
+            w[p + "attn_qkv.bias"] = (0.5 * rng.standard_normal(Eq + 2 * Ekv)).astype(np.float32)
+            w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(E), norm(E)
         if arch == "qwen2":
             for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
                 w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)

@@ -233,7 +233,7 @@ NEOX_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "fal
               "gpt-oss")          # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite",
-         "granitemoe", "smollm3", "olmo2", "gpt-oss") + LAYER_NORM_ARCHS
+         "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
 GEMMA_ARCHS = ("gemma2", "gemma3")               # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -418,11 +418,13 @@ class ReferenceModel:
             p = f"blk.{i}."
             # short names: "attn_q" (weight), "attn_q.bias"; sparse files: ffn_down = ffn_down_t^T
             L = {k[len(p):].removesuffix(".weight"): v for k, v in W.items() if k.startswith(p)}
-            if arch == "phi3":       # fused q|k|v rows; the FFN's gate|up rows (gate first)
-                if "attn_qkv" in L:
-                    qkv = L.pop("attn_qkv")
-                    e_q, e_kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-                    L["attn_q"], L["attn_k"], L["attn_v"] = qkv[:e_q], qkv[e_q:e_q + e_kv], qkv[e_q + e_kv:]
+            if arch in ("phi3", "glm4"):   # fused q|k|v rows (and bias: glm4); the FFN's gate|up rows (gate first)
+                e_q, e_kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+                for suffix in ("", ".bias"):
+                    if "attn_qkv" + suffix in L:
+                        qkv = L.pop("attn_qkv" + suffix)
+                        L["attn_q" + suffix], L["attn_k" + suffix], L["attn_v" + suffix] = \
+                            qkv[:e_q], qkv[e_q:e_q + e_kv], qkv[e_q + e_kv:]
                 if "ffn_gate" not in L:
                     L["ffn_gate"], L["ffn_up"] = L["ffn_up"][:self.n_ff], L["ffn_up"][self.n_ff:]
             if arch == "gpt-oss":    # llama.cpp's attn_post_norm: the norm before the experts, not after the attention

@@ -1,7 +1,8 @@
 """Architectures that are llama with flags, on tiny random f32 files against the float64 reference
 (tests/reference_model.py): granite (IBM Granite 3.x: embedding, attention, residual and logit multipliers), smollm3
 (no rope in every 4th layer), olmo2 (OLMo 2 / 3: no pre-norms, post-norms, q/k RMSNorm over the whole projection,
-OLMo 3's sliding window every 4th layer global). llama.cpp checks the same files in
+OLMo 3's sliding window every 4th layer global), glm4 (GLM-4-0414: fused q|k|v with its bias and gate|up split into
+views, NORMAL rope over half a head, norms before and after each block). llama.cpp checks the same files in
 tests/compat/test_llama_variants_vs_llama_cpp.py."""
 from __future__ import annotations
 
@@ -25,13 +26,13 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("archs")
     out = {}
-    for arch in ("granite", "smollm3", "olmo2"):
+    for arch in ("granite", "smollm3", "olmo2", "glm4"):
         out[arch] = d / f"tiny-{arch}.gguf"
         write_arch_model(out[arch], arch, seed=3)
     return out
 
 
-@pytest.mark.parametrize("arch", ["granite", "smollm3", "olmo2"])
+@pytest.mark.parametrize("arch", ["granite", "smollm3", "olmo2", "glm4"])
 def test_forward_matches_numpy(files, arch):
     model = pi.Model(files[arch])
     ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), PROMPT)
@@ -123,3 +124,16 @@ def test_olmo2_pieces_matter(files, tmp_path):
     assert pi.Model(plain).hparams.n_swa == 0
     got = logits_all(pi.Context(pi.Model(plain), n_ctx=64, kv_type="f32"), PROMPT)
     assert rel_rms(got, ReferenceModel(plain).forward(PROMPT)) < FLOAT_REL_RMS
+
+
+def test_glm4_fused_bias(files):
+    """glm4's q|k|v bias is fused like its weights: split with them (the reference without it is far from ours)."""
+    path = files["glm4"]
+    ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32"), PROMPT)
+    ref = ReferenceModel(path)
+    for L in ref.layers:
+        for k in "qkv":
+            L.pop(f"attn_{k}.bias")
+    assert rel_rms(ours, ref.forward(PROMPT)) > 1e-3
+    hp = pi.Model(path).hparams
+    assert (hp.n_rot, hp.rope_mode, hp.qkv_bias, hp.post_norms) == (16, "normal", True, True)

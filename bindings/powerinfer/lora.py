@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from ._ffi import PowerInferError, check, ffi, lib
 from .gguf_file import ModelLoadError, open_gguf
-from .model import Model, phi3_adapter_views, tensor_descs
+from .model import FUSED_ARCHS, Model, fused_adapter_views, tensor_descs
 
 _ALORA_KEY = "adapter.alora.invocation_tokens"
 
@@ -55,8 +55,8 @@ class LoraAdapter:
             raise ModelLoadError(f"{self.path}: adapter.lora.alpha = {alpha!r} is not a finite number")
         self.alpha = float(alpha)
         tensors = self.file.tensors
-        if model.hparams.arch == "phi3":      # the model's fused weights are views of their parts: so are the pairs
-            tensors = phi3_adapter_views(self.path, tensors, model.hparams)
+        if model.hparams.arch in FUSED_ARCHS:   # the model's fused weights are views of their parts: so are the pairs
+            tensors = fused_adapter_views(self.path, tensors, model.hparams)
         descs, self._names = tensor_descs(self.path, tensors)   # the names kept alive with the adapter
         out = ffi.new("pi_adapter **")
         try:

@@ -21,9 +21,10 @@ log = logging.getLogger("powerinfer")
 # (the llama blocks under another name) is accepted too. qwen3 is the qwen2 family with per-head q/k RMSNorm
 # instead of q/k/v biases, gemma2 the gemma3 family without q/k norms and with soft-capped attention scores and
 # logits (the flags below say which). phi3 (Phi-3, Phi-3.5, Phi-4, Phi-4-mini) is llama with NEOX rope, fused
-# tensors (split into views at load: phi3_views) and long / short rope factors. granite (IBM Granite 3.x, granitemoe
-# with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is llama without
-# rope in every 4th layer; olmo2 (OLMo 2 / 3) is llama with post-norms only and q/k norms over the whole projection.
+# tensors (split into views at load: fused_views) and long / short rope factors; glm4 (GLM-4-0414) llama with the
+# same fused tensors, a q/k/v bias, NORMAL partial rope and norms before and after each block. granite (IBM Granite
+# 3.x, granitemoe with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is
+# llama without rope in every 4th layer; olmo2 (OLMo 2 / 3) is llama with post-norms only and q/k norms over the whole projection.
 # gpt-oss (OpenAI's gpt-oss-20b / 120b, llama.cpp's LLM_ARCH_OPENAI_MOE) is qwen2's family with an attention output
 # bias, a sink logit per head, every other layer local and biased experts with the OAI SwiGLU; qwen2moe (Qwen1.5-MoE,
 # Qwen2-57B-A14B) qwen2's with experts whose weights are not renormalized and a gated shared expert.
@@ -32,10 +33,12 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "qwen2moe": lib.PI_ARCH_QWEN2,
           "gemma2": lib.PI_ARCH_GEMMA3, "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
-          "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2,
+          "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
+# architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
+FUSED_ARCHS = ("phi3", "glm4")
 # opt: the original reads no LayerNorm epsilon (it stays 0.0); HF OPT uses 1e-5, and so do we unless the file says
 OPT_DEFAULT_NORM_EPS = 1e-5
 _ROPE_MODES = {"normal": lib.PI_ROPE_NORMAL, "neox": lib.PI_ROPE_NEOX}
@@ -244,6 +247,13 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_scale_swa=1.0)
     elif arch == "smollm3":
         extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
+    elif arch == "glm4":
+        # GLM-4-0414: a q/k/v bias (fused with the weights, split by fused_views), NORMAL rope over the file's
+        # rope.dimension_count (half a head), norms before and after each block (post_attention_norm, post_ffw_norm)
+        if get("nextn_predict_layers", 0):
+            raise ModelLoadError(f"{path}: glm4 with next-token-prediction layers (nextn_predict_layers) is not "
+                                 "supported")
+        extra.update(qkv_bias=True, post_norms=True)
     elif arch == "phi3":
         # phi3.attention.sliding_window is ignored, as llama.cpp does (its converters write one that the model's
         # reference attention does not apply)
@@ -387,20 +397,21 @@ def parse_kv_override(text: str) -> tuple[str, bool | int | float | str]:
 
 
 def _split_rows(path, t: TensorInfo, parts: list[tuple[str, int]]) -> dict:
-    """Views of t's row ranges (a 2-d tensor, row i = output i) under new names: parts are (name, rows) in order."""
+    """Views of t's row ranges (a 2-d tensor, row i = output i; of a 1-d one, its elements: a fused bias) under new
+    names: parts are (name, rows) in order."""
     rows = sum(n for _, n in parts)
-    if len(t.ne) != 2 or t.ne[1] != rows or t.data.nbytes % rows:
+    if len(t.ne) not in (1, 2) or t.ne[-1] != rows or t.data.nbytes % rows:
         raise ModelLoadError(f"{path}: tensor '{t.name}' has shape {list(t.ne)}, expected [{t.ne[0]}, {rows}]")
     row, start, out = t.data.nbytes // rows, 0, {}
     for name, n in parts:
         view = t.data[start * row:(start + n) * row]
-        out[name] = TensorInfo(name, t.type, (t.ne[0], n), view, t.offset + start * row)
+        out[name] = TensorInfo(name, t.type, t.ne[:-1] + (n,), view, t.offset + start * row)
         start += n
     return out
 
 
-def _phi3_fused(hp: HParams, il: int) -> list[tuple[str, list[tuple[str, int]]]]:
-    """Layer il's fused phi3 weights and their parts (row counts): q|k|v, gate|up (the gate's rows first)."""
+def _fused(hp: HParams, il: int) -> list[tuple[str, list[tuple[str, int]]]]:
+    """Layer il's fused weights (phi3, glm4) and their parts (row counts): q|k|v, gate|up (the gate's rows first)."""
     hd = hp.head_dim or hp.n_embd // hp.n_head
     p = f"blk.{il}."
     return [(p + "attn_qkv", [(p + "attn_q", hd * hp.n_head), (p + "attn_k", hd * hp.n_head_kv),
@@ -408,18 +419,22 @@ def _phi3_fused(hp: HParams, il: int) -> list[tuple[str, list[tuple[str, int]]]]
             (p + "ffn_up", [(p + "ffn_gate", hp.n_ff), (p + "ffn_up", hp.n_ff)])]
 
 
-def phi3_views(path, tensors: dict, hp: HParams) -> dict:
-    """phi3's tensors under the names the core reads, as views of the file's bytes (no copy): a fused
-    blk.N.attn_qkv [n_embd, n_embd_q + 2 n_embd_kv] is attn_q, attn_k, attn_v (its rows in that order); the fused
-    blk.N.ffn_up [n_embd, 2 n_ff] is ffn_gate (its first n_ff rows: silu's input) and ffn_up; rope_factors_short /
-    rope_factors_long are rope_freqs / rope_freqs_long (the context picks one: pi_context_rope_freqs)."""
+def fused_views(path, tensors: dict, hp: HParams) -> dict:
+    """phi3's and glm4's tensors under the names the core reads, as views of the file's bytes (no copy): a fused
+    blk.N.attn_qkv [n_embd, n_embd_q + 2 n_embd_kv] is attn_q, attn_k, attn_v (its rows in that order; its bias, glm4,
+    the three biases); the fused blk.N.ffn_up [n_embd, 2 n_ff] is ffn_gate (its first n_ff rows: silu's input) and
+    ffn_up; rope_factors_short / rope_factors_long are rope_freqs / rope_freqs_long (the context picks one:
+    pi_context_rope_freqs)."""
     out = dict(tensors)
     for il in range(hp.n_layer if hp.n_expert == 0 else 0):
-        for fused, parts in _phi3_fused(hp, il):
+        for fused, parts in _fused(hp, il):
             t = out.get(fused + ".weight")
             if t is not None and len(t.ne) == 2 and t.ne[1] == sum(n for _, n in parts):
                 del out[fused + ".weight"]
                 out.update(_split_rows(path, t, [(name + ".weight", n) for name, n in parts]))
+                b = out.pop(fused + ".bias", None)
+                if b is not None:
+                    out.update(_split_rows(path, b, [(name + ".bias", n) for name, n in parts]))
     for old, new in (("rope_factors_short.weight", "rope_freqs.weight"),
                      ("rope_factors_long.weight", "rope_freqs_long.weight")):
         if old in out:
@@ -440,12 +455,12 @@ def gptoss_views(tensors: dict, hp: HParams) -> dict:
     return out
 
 
-def phi3_adapter_views(path, tensors: dict, hp: HParams) -> dict:
-    """A LoRA adapter of a phi3 model over the views phi3_views makes: a fused weight's pair (lora_a [n_in, r],
+def fused_adapter_views(path, tensors: dict, hp: HParams) -> dict:
+    """A LoRA adapter of a phi3 / glm4 model over the views fused_views makes: a fused weight's pair (lora_a [n_in, r],
     lora_b [r, n_out]) becomes one pair per part, each with the same lora_a and its rows of lora_b."""
     out = dict(tensors)
     for il in range(hp.n_layer if hp.n_expert == 0 else 0):
-        for fused, parts in _phi3_fused(hp, il):
+        for fused, parts in _fused(hp, il):
             a, b = out.get(fused + ".weight.lora_a"), out.get(fused + ".weight.lora_b")
             if a is None or b is None or len(b.ne) != 2 or b.ne[1] != sum(n for _, n in parts):
                 continue         # not fused (or broken: the core names what is wrong)
@@ -563,8 +578,8 @@ class Model:
         hp = self.hparams
         tensors = dict(self.file.tensors)
         # YaRN / a rope attention factor: the core's per-pair frequency divisors and attention scale (powerinfer.rope)
-        if hp.arch == "phi3":
-            tensors = phi3_views(self.path, tensors, hp)
+        if hp.arch in FUSED_ARCHS:
+            tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
         if hp.arch in ("granite", "granitemoe"):      # llama.cpp reads optional biases there; this core does not

@@ -1,5 +1,5 @@
-"""The tiny granite, smollm3 and olmo2 files of tests/test_llama_variants.py through llama.cpp (llama-cpp-python) and
-through us: the logits of a prompt agree. f32 weights and KV cache on both sides (REL_RMS, measured in parentheses)."""
+"""The tiny granite, smollm3, olmo2 and glm4 files of tests/test_llama_variants.py through llama.cpp
+(llama-cpp-python) and through us: the logits of a prompt agree. f32 weights and KV cache on both sides (REL_RMS, measured in parentheses)."""
 from __future__ import annotations
 
 import sys
@@ -17,10 +17,11 @@ from model_files import write_arch_model  # noqa: E402
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 REL_RMS = {"granite": 1e-5,    # (measured 9e-8)
            "smollm3": 1e-5,    # (measured 4e-7)
-           "olmo2": 1e-5}      # (measured 4e-7)
+           "olmo2": 1e-5,      # (measured 4e-7)
+           "glm4": 1e-5}       # (measured 3.5e-7)
 
 
-@pytest.mark.parametrize("arch", ["granite", "smollm3", "olmo2"])
+@pytest.mark.parametrize("arch", ["granite", "smollm3", "olmo2", "glm4"])
 def test_agrees_with_llama_cpp(tmp_path, arch):
     path = tmp_path / f"tiny-{arch}.gguf"
     write_arch_model(path, arch, seed=3)

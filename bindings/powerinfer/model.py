@@ -24,7 +24,8 @@ log = logging.getLogger("powerinfer")
 # tensors (split into views at load: fused_views) and long / short rope factors; glm4 (GLM-4-0414) llama with the
 # same fused tensors, a q/k/v bias, NORMAL partial rope and norms before and after each block. granite (IBM Granite
 # 3.x, granitemoe with its experts) is llama with four multipliers (embedding, attention, residual, logit); smollm3 is
-# llama without rope in every 4th layer; olmo2 (OLMo 2 / 3) is llama with post-norms only and q/k norms over the whole projection.
+# llama without rope in every 4th layer; olmo2 (OLMo 2 / 3) is llama with post-norms only and q/k norms over the
+# whole projection.
 # gpt-oss (OpenAI's gpt-oss-20b / 120b, llama.cpp's LLM_ARCH_OPENAI_MOE) is qwen2's family with an attention output
 # bias, a sink logit per head, every other layer local and biased experts with the OAI SwiGLU; qwen2moe (Qwen1.5-MoE,
 # Qwen2-57B-A14B) qwen2's with experts whose weights are not renormalized and a gated shared expert.

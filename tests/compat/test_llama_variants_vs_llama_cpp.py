@@ -1,5 +1,6 @@
 """The tiny granite, smollm3, olmo2 and glm4 files of tests/test_llama_variants.py through llama.cpp
-(llama-cpp-python) and through us: the logits of a prompt agree. f32 weights and KV cache on both sides (REL_RMS, measured in parentheses)."""
+(llama-cpp-python) and through us: the logits of a prompt agree. f32 weights and KV cache on both sides (REL_RMS,
+measured in parentheses)."""
 from __future__ import annotations
 
 import sys

@@ -34,15 +34,63 @@ def logits_all(ctx, tokens, *, clear: bool = False) -> np.ndarray:
     return np.stack([ctx.logits(i) for i in range(len(tokens))])
 
 
-def llama_cpp_logits(path, tokens, *, n_ctx: int = 64, **kw) -> np.ndarray:
-    """[len(tokens), n_vocab] float64: every position's logits through llama.cpp (llama-cpp-python; the test is
-    skipped where it is not installed), with an f32 KV cache (ggml type 0) on one thread; kw: more Llama keywords."""
+def llama_cpp_eval(path, tokens, *, n_ctx: int = 64, **kw):
+    """(the llama-cpp-python Llama, [len(tokens), n_vocab] float64 logits of every position) of the file through
+    llama.cpp (the test is skipped where llama-cpp-python is not installed), with an f32 KV cache (ggml type 0) on one
+    thread; kw: more Llama keywords."""
     import pytest
     llama_cpp = pytest.importorskip("llama_cpp")
     ll = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True, verbose=False, n_threads=1,
                          type_k=0, type_v=0, **kw)
     ll.eval(list(tokens))
-    return np.array(ll.scores[:len(tokens)], dtype=np.float64)
+    return ll, np.array(ll.scores[:len(tokens)], dtype=np.float64)
+
+
+def llama_cpp_logits(path, tokens, *, n_ctx: int = 64, **kw) -> np.ndarray:
+    """[len(tokens), n_vocab] float64: every position's logits through llama.cpp (llama_cpp_eval's)."""
+    return llama_cpp_eval(path, tokens, n_ctx=n_ctx, **kw)[1]
+
+
+def greedy_both(ll, model, tokens, n: int) -> tuple[list[int], list[int]]:
+    """n greedy tokens after `tokens` through llama.cpp (a Llama with logits_all, reset first) and through our model
+    (f32 KV cache, one thread, n_ctx 64): (theirs, ours)."""
+    import powerinfer as pi
+
+    def llama_next(toks):
+        ll.eval(toks)
+        return np.array(ll.scores[ll.n_tokens - 1])
+
+    ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
+
+    def ours_next(toks):
+        ctx.decode(toks)
+        return ctx.logits()
+    ll.reset()
+    return greedy_tokens(llama_next, tokens, n), greedy_tokens(ours_next, tokens, n)
+
+
+def check_level(path, level, ref, tokens, tol: float) -> None:
+    """The model at `path` at ISA level `level` (the test skipped where the CPU or build lacks it): its logits of the
+    prompt in one call and token by token within tol (relative RMS) of ref, and the prompt's the scalar level's bits
+    (the numeric contract); f32 KV cache, n_ctx 64; the previous level restored."""
+    import pytest
+
+    import powerinfer as pi
+    if not pi.cpu_isa_supported(level):
+        pytest.skip(f"{level}: not supported by this CPU or build")
+    start = pi.cpu_isa()
+    try:
+        pi.set_cpu_isa(level)
+        model = pi.Model(path)
+        prompt = logits_all(pi.Context(model, n_ctx=64, kv_type="f32"), tokens)
+        single = logits_one_by_one(pi.Context(model, n_ctx=64, kv_type="f32"), tokens)
+        pi.set_cpu_isa("scalar")
+        scalar = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32"), tokens)
+    finally:
+        pi.set_cpu_isa(start)
+    assert rel_rms(prompt, ref) < tol, rel_rms(prompt, ref)
+    assert rel_rms(single, ref) < tol, rel_rms(single, ref)
+    assert np.array_equal(prompt, scalar), f"{level} vs scalar"
 
 
 def greedy_tokens(next_logits, prompt, n):

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from model_files import CONFIGS, make_weights, write_arch_model  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
-from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, llama_cpp_logits, logits_all, logits_one_by_one, rel_rms  # noqa: E402
+from helpers import (FLOAT_REL_RMS, KV_F16_REL_RMS, check_level, llama_cpp_logits, logits_all,
+                     logits_one_by_one, rel_rms)  # noqa: E402
 from powerinfer.gguf_file import ModelLoadError  # noqa: E402
 
 # f32 weights and KV cache: float32 arithmetic against float64 (rel. RMS of the logits; measured
@@ -181,22 +182,8 @@ def test_gemma2_matches_numpy_at_every_level(files, level):
     """gemma2 (soft caps, every other layer local) against the float64 reference at every ISA level this machine runs:
     the prompt (attend_block: attn_qk's scores where the level has them) and token by token (attend); the same bits
     at every level (docs/design.md, numeric contract)."""
-    if not pi.cpu_isa_supported(level):
-        pytest.skip(f"{level}: not supported by this CPU or build")
     path, _ = files["gemma2"]
-    ref = ReferenceModel(path).forward(PROMPT)
-    start = pi.cpu_isa()
-    try:
-        pi.set_cpu_isa(level)
-        model = pi.Model(path)
-        prompt, single = gemma2_logits(model), gemma2_logits(model, one_by_one=True)
-        pi.set_cpu_isa("scalar")
-        scalar = gemma2_logits(pi.Model(path))
-    finally:
-        pi.set_cpu_isa(start)
-    assert rel_rms(prompt, ref) < F32_REL_RMS, rel_rms(prompt, ref)
-    assert rel_rms(single, ref) < F32_REL_RMS, rel_rms(single, ref)
-    assert np.array_equal(prompt, scalar), f"{level} vs scalar"
+    check_level(path, level, ReferenceModel(path).forward(PROMPT), PROMPT, F32_REL_RMS)
 
 
 def test_gemma2_features_matter(files):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
-from helpers import (FLOAT_REL_RMS, KV_F16_REL_RMS, llama_cpp_logits, logits_all, logits_in_calls, logits_one_by_one,
+from helpers import (FLOAT_REL_RMS, KV_F16_REL_RMS, check_level, llama_cpp_logits, logits_all, logits_in_calls,
                      rel_rms)
 from model_files import CONFIGS, make_weights, rewrite, write_arch_model
 from reference_model import ReferenceModel
@@ -49,22 +49,7 @@ def ctx_of(model, **kw):
 def test_matches_the_reference_at_every_level(gptoss, level):
     """At every ISA level this machine runs: the prompt in one call (attend_block) and token by token (attend) within
     FLOAT_REL_RMS of the float64 reference, and the scalar level's bits (the numeric contract)."""
-    if not pi.cpu_isa_supported(level):
-        pytest.skip(f"{level}: not supported by this CPU or build")
-    ref = ReferenceModel(gptoss).forward(PROMPT)
-    start = pi.cpu_isa()
-    try:
-        pi.set_cpu_isa(level)
-        model = pi.Model(gptoss)
-        prompt = logits_all(ctx_of(model), PROMPT)
-        single = logits_one_by_one(ctx_of(model), PROMPT)
-        pi.set_cpu_isa("scalar")
-        scalar = logits_all(ctx_of(pi.Model(gptoss)), PROMPT)
-    finally:
-        pi.set_cpu_isa(start)
-    assert rel_rms(prompt, ref) < FLOAT_REL_RMS, rel_rms(prompt, ref)
-    assert rel_rms(single, ref) < FLOAT_REL_RMS, rel_rms(single, ref)
-    assert np.array_equal(prompt, scalar), f"{level} vs scalar"
+    check_level(gptoss, level, ReferenceModel(gptoss).forward(PROMPT), PROMPT, FLOAT_REL_RMS)
 
 
 def test_rows_do_not_depend_on_the_batch(gptoss):

@@ -20,7 +20,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
-from helpers import greedy_tokens, llama_cpp_logits  # noqa: E402
+from helpers import greedy_both, llama_cpp_eval, llama_cpp_logits, logits_all  # noqa: E402
 from model_files import make_weights, write_arch_model  # noqa: E402
 
 REL_RMS = {"llama": 1e-5,     # (measured 4e-7)
@@ -68,27 +68,12 @@ def test_gemma2_quantized_agrees_with_llama_cpp(tmp_path, dtype):
     engines' largest logit difference there, 2.4e-2 / 3.0e-2)."""
     path = tmp_path / f"tiny-gemma2-{dtype}.gguf"
     write_arch_model(path, "gemma2", seed=5, dtype=dtype)
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)
-    ll.eval(PROMPT)
-    theirs = np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
     model = pi.Model(path)
-    ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
-    ctx.decode(PROMPT, logits="all")
-    ours = np.stack([ctx.logits(i) for i in range(len(PROMPT))])
+    ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     err = rel_rms(ours, theirs)
     print(f"gemma2 {dtype}: relative RMS difference {err:.2e}")
     assert err < REL_RMS_QUANT, err
 
-    def llama_next(tokens):
-        ll.eval(tokens)
-        return np.array(ll.scores[ll.n_tokens - 1])
-
-    def ours_next(tokens):
-        ctx.decode(tokens)
-        return ctx.logits()
-
-    ll.reset()
-    ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
-    a, b = greedy_tokens(llama_next, PROMPT, 16), greedy_tokens(ours_next, PROMPT, 16)
+    a, b = greedy_both(ll, model, PROMPT, 16)
     assert a == b, (a, b)

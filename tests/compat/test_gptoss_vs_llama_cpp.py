@@ -25,7 +25,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
-from helpers import greedy_tokens, logits_all, rel_rms  # noqa: E402
+from helpers import greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
 from model_files import rewrite, write_arch_model  # noqa: E402
 
 REL_RMS = 1e-5            # f32 (measured 5.2e-7 .. 5.7e-7)
@@ -33,18 +33,11 @@ REL_RMS_Q8_0 = 1e-6       # Q8_0 (measured 7.4e-8 .. 7.8e-8)
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 
 
-def llama_logits(path):
-    ll = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False, n_threads=1,
-                         type_k=0, type_v=0)   # GGML_TYPE_F32 KV cache
-    ll.eval(PROMPT)
-    return ll, np.array(ll.scores[:len(PROMPT)], dtype=np.float64)
-
-
 @pytest.mark.parametrize("seed", [3, 5, 7])
 def test_f32_logits_agree_with_llama_cpp(tmp_path, seed):
     path = tmp_path / f"tiny-gpt-oss-{seed}.gguf"
     write_arch_model(path, "gpt-oss", seed=seed)
-    _, theirs = llama_logits(path)
+    _, theirs = llama_cpp_eval(path, PROMPT)
     ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     err = rel_rms(ours, theirs)
     print(f"gpt-oss f32 seed {seed}: relative RMS difference {err:.2e}")
@@ -59,23 +52,12 @@ def test_q8_0_agrees_with_llama_cpp(tmp_path, seed):
     w = write_arch_model(raw, "gpt-oss", seed=seed, dtype="q8_0")
     path = rewrite(raw, tmp_path / "q8_0.gguf",
                    replace={k: (v, Q.F32) for k, v in w.items() if k.endswith("ffn_gate_inp.weight")})
-    ll, theirs = llama_logits(path)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
     model = pi.Model(path)
     ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     err = rel_rms(ours, theirs)
     print(f"gpt-oss q8_0 seed {seed}: relative RMS difference {err:.2e}")
     assert err < REL_RMS_Q8_0, err
 
-    def llama_next(tokens):
-        ll.eval(tokens)
-        return np.array(ll.scores[ll.n_tokens - 1])
-
-    ctx = pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
-
-    def ours_next(tokens):
-        ctx.decode(tokens)
-        return ctx.logits()
-
-    ll.reset()
-    a, b = greedy_tokens(llama_next, PROMPT, 16), greedy_tokens(ours_next, PROMPT, 16)
+    a, b = greedy_both(ll, model, PROMPT, 16)
     assert a == b, (a, b)

@@ -144,6 +144,12 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: metadata {arch}.{key} = {value!r} must be a finite number >= 0 (0: none)")
         return value
 
+    def swa_rope_base(default=None):
+        """The local layers' rope base: the file's rope.freq_base_swa, else default (None: the global layers' base)."""
+        if default is None:
+            default = as_float("rope.freq_base", get("rope.freq_base", 10000.0))
+        return as_float("rope.freq_base_swa", get("rope.freq_base_swa", default))
+
     def swa_pattern(default):
         """The local layers' period (llama.cpp's load_swa_pattern): the key's, else default."""
         pattern = get("attention.sliding_window_pattern", default)
@@ -243,9 +249,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                                  "is not supported")
         extra.update(rope_mode="neox", qk_norm=2, post_norms=True, post_norms_only=True, n_swa=n_swa,
                      swa_pattern=swa_pattern(4) if n_swa else 0,
-                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa",
-                                                                           get("rope.freq_base", 10000.0))),
-                     rope_freq_scale_swa=1.0)
+                     rope_freq_base_swa=swa_rope_base(), rope_freq_scale_swa=1.0)
     elif arch == "smollm3":
         extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
     elif arch == "glm4":
@@ -272,7 +276,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_dim)
         extra.update(rope_mode="neox", qk_norm=True, post_norms=True, embd_scale=math.sqrt(n_embd),
                      attn_scale=attn_scale, n_swa=n_swa, swa_pattern=swa_pattern(6) if n_swa else 0,
-                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa", 10000.0)),
+                     rope_freq_base_swa=swa_rope_base(10000.0),
                      rope_freq_scale_swa=1.0, final_softcap=softcap("final_logit_softcapping", 0.0))
     elif arch == "gemma2":
         # llama.cpp (llama_model_gemma2): the window defaults to 4096, every other layer local (set_swa_pattern(2):
@@ -284,10 +288,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         # llama.cpp (after gemma_pytorch's query_pre_attn_scalar): the 27B (46 layers) scales q by
         # 1/sqrt(n_embd / n_head), the 2B and 9B by 1/sqrt(head_dim)
         attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 46 else head_dim)
-        base = as_float("rope.freq_base", get("rope.freq_base", 10000.0))
         extra.update(rope_mode="neox", post_norms=True, embd_scale=math.sqrt(n_embd), attn_scale=attn_scale,
                      n_swa=n_swa, swa_pattern=pattern,
-                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa", base)),
+                     rope_freq_base_swa=swa_rope_base(),
                      rope_freq_scale_swa=1.0 / float(factor),
                      attn_softcap=softcap("attn_logit_softcapping", 50.0),
                      final_softcap=softcap("final_logit_softcapping", 30.0))
@@ -303,12 +306,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         if n_rot != head_dim:
             raise ModelLoadError(f"{path}: gpt-oss with rope.dimension_count {n_rot} != the head size {head_dim} is "
                                  "not supported (llama.cpp sizes its heads by n_rot)")
-        base = as_float("rope.freq_base", get("rope.freq_base", 10000.0))
         extra.update(rope_mode="neox", qkv_bias=True, attn_out_bias=True, attn_sinks=True, expert_bias=True,
                      attn_scale=1.0 / math.sqrt(n_rot),
                      n_swa=as_int("attention.sliding_window", get("attention.sliding_window")),
                      swa_pattern=swa_pattern(2),
-                     rope_freq_base_swa=as_float("rope.freq_base_swa", get("rope.freq_base_swa", base)),
+                     rope_freq_base_swa=swa_rope_base(),
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
     if arch == "falcon":

@@ -27,7 +27,7 @@ from typing import Generator, Sequence
 
 import numpy as np
 
-from .engine import Engine
+from .engine import Engine, sample_token
 from .sampling import Sampler, SamplingParams
 
 __all__ = ["TokenLoop"]
@@ -128,7 +128,6 @@ class TokenLoop:
             logits = np.array(logits, dtype=np.float32)
             for proc in logits_processor:
                 logits = np.asarray(proc(self._input_ids, logits), dtype=np.float32)
-        from .engine import sample_token
         return sample_token(sampler, logits, matcher.banned() if matcher is not None else None)
 
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, check_level, logits_all, logits_in_calls, rel_rms
-from model_files import CONFIGS, make_weights, rewrite, write_arch_model, write_gemma4_model
+from model_files import CONFIGS, gemma4_weights, make_weights, rewrite, write_arch_model, write_gemma4_model
 from reference_model import ReferenceModel
 
 import powerinfer as pi
@@ -103,6 +103,27 @@ def test_each_piece_matters(gemma4):
         err = rel_rms(ours, ref.forward(PROMPT))
         print(f"{what}: {err:.2e}")
         assert err > FEATURE_MIN, (what, err)
+
+
+@pytest.mark.parametrize("kv_type, tol", [("f32", FLOAT_REL_RMS), ("f16", KV_F16_REL_RMS)])
+def test_released_head_sizes(tmp_path, kv_type, tol):
+    """The released models' head sizes (31B: 256 local, 512 global, rope factors over 64 of 256 pairs) at 2 heads:
+    the attention's large-head paths against the reference."""
+    c = dict(C, head_dim=512, head_dim_swa=256, n_head=2, n_rot_pairs=64)
+    write_gemma4_model(tmp_path / "big.gguf", gemma4_weights(c, 3), c)
+    ours = logits_all(ctx_of(pi.Model(tmp_path / "big.gguf"), kv_type=kv_type), PROMPT)
+    assert rel_rms(ours, ReferenceModel(tmp_path / "big.gguf").forward(PROMPT)) < tol
+
+
+def test_unused_kv_weights_of_shared_layers(gemma4, tmp_path):
+    """A file whose shared layers carry attn_k / attn_v / attn_k_norm anyway (llama.cpp's TENSOR_NOT_REQUIRED there):
+    they are not read, the logits are the same."""
+    rng = np.random.default_rng(0)
+    extra = {"blk.5.attn_k.weight": (rng.standard_normal((64, 128)).astype(np.float32), 0),
+             "blk.5.attn_v.weight": (rng.standard_normal((64, 128)).astype(np.float32), 0),
+             "blk.6.attn_k_norm.weight": (np.ones(64, np.float32), 0)}
+    path = rewrite(gemma4, tmp_path / "extra.gguf", extra=extra)
+    assert np.array_equal(logits_all(ctx_of(pi.Model(path)), PROMPT), logits_all(ctx_of(pi.Model(gemma4)), PROMPT))
 
 
 def test_kv_cache_of_the_cached_layers(gemma4, tmp_path):

@@ -415,9 +415,9 @@ typedef struct pi_layer_geom {
     int32_t n_rot;       /* even, <= head_dim */
     int32_t n_ff;        /* the dense FFN's width */
     int32_t is_local;    /* 1: sliding window (needs n_swa > 0; rope_freq_base_swa / rope_freq_scale_swa) */
-    int32_t kv_source;   /* il: the layer has its own K/V and KV cache; an earlier layer (itself with its own, of the same
-                          * head_dim, n_head_kv and is_local): this layer has no attn_k / attn_v / attn_k_norm, writes no
-                          * KV and attends over that layer's cache (gemma4's shared KV layers) */
+    int32_t kv_source;   /* il: the layer has its own K/V and KV cache; an earlier layer (itself with its own, of the
+                          * same head_dim, n_head_kv and is_local): this layer has no attn_k / attn_v / attn_k_norm,
+                          * writes no KV and attends over that layer's cache (gemma4's shared KV layers) */
 } pi_layer_geom;
 
 typedef struct pi_tensor_desc {

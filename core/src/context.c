@@ -463,7 +463,8 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     pi_exec *e = lx->attn;
     const pi_layer *L = lx->attn_w;
     pi_buffers *B = &e->buf;
-    const int64_t T = b->n_tokens, hd = g->head_dim, n_head_kv = g->n_head_kv, Ekv = hd * n_head_kv, Eq = hd * hp->n_head;
+    const int64_t T = b->n_tokens, hd = g->head_dim, n_head_kv = g->n_head_kv;
+    const int64_t Ekv = hd * n_head_kv, Eq = hd * hp->n_head;
     const bool local = g->is_local, own_kv = g->kv_source == il;   /* !own_kv: q only, over kv_source's cache */
     const pi_kv_cache *kv = &ctx->kv;
     const bool qkv_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 0, T);
@@ -520,7 +521,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     } else if (hp->qk_norm == 2) {   /* of each token's whole q and k (olmo2) */
         pi_tensor qa = f32_2d(B->q, hd * hp->n_head, T), ka = f32_2d(B->k, Ekv, T);
         TRY(OP(e, rms_norm, &qa, &L->q_norm, hp->norm_eps, &qa));
-        TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
+        if (own_kv) TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
     }
     if (own_kv && hp->v_norm) TRY(OP(e, rms_norm, &v, NULL, hp->norm_eps, &v));   /* of each head, no weight (gemma4) */
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;

@@ -31,7 +31,8 @@ pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, const pi_model *model, int3
     kv->n_layer = n_layer;
     kv->type_k = type_k;
     kv->type_v = type_v;
-    if (!(kv->layer = calloc((size_t)n_layer, sizeof *kv->layer))) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    kv->layer = calloc((size_t)n_layer, sizeof *kv->layer);
+    if (!kv->layer) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     uint64_t k_bytes = 0, v_bytes = 0;   /* per cell, over the layers with their own cache */
     for (int32_t il = 0; il < n_layer; il++) {
         const pi_layer_geom *g = &model->geom[il];

@@ -190,7 +190,8 @@ static pi_status check_hparams(const pi_hparams *hp) {
 /* The model's per-layer geometry: desc->layers checked, or every layer made from hp. */
 static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
     const pi_hparams *hp = &m->hp;
-    if (!(m->geom = calloc((size_t)hp->n_layer, sizeof *m->geom))) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    m->geom = calloc((size_t)hp->n_layer, sizeof *m->geom);
+    if (!m->geom) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     for (int32_t il = 0; il < hp->n_layer; il++)
         m->geom[il] = desc->layers ? desc->layers[il]
                                    : (pi_layer_geom){ .head_dim = (int32_t)pi_head_dim(hp), .n_head_kv = hp->n_head_kv,
@@ -558,7 +559,8 @@ pi_status pi_model_hparams(const pi_model *model, pi_hparams *out) {
 pi_status pi_model_layer_geom(const pi_model *model, int32_t il, pi_layer_geom *out) {
     if (!model || !out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_layer_geom: NULL argument");
     if (il < 0 || il >= model->hp.n_layer)
-        return pi_fail(PI_ERR_INVALID_ARG, "pi_model_layer_geom: layer %d is out of range [0, %d)", il, model->hp.n_layer);
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_model_layer_geom: layer %d is out of range [0, %d)", il,
+                       model->hp.n_layer);
     *out = model->geom[il];
     return PI_OK;
 }

@@ -126,6 +126,30 @@ def test_unused_kv_weights_of_shared_layers(gemma4, tmp_path):
     assert np.array_equal(logits_all(ctx_of(pi.Model(path)), PROMPT), logits_all(ctx_of(pi.Model(gemma4)), PROMPT))
 
 
+def test_two_sequences_in_one_batch(gemma4):
+    """Two prompts decoded together (their tokens interleaved in one batch, then a step of both): each sequence's
+    logits are the reference's of its prompt alone, the shared layers reading only their sequence's cells."""
+    a, b = PROMPT[:9], PROMPT[7:]
+    ctx = pi.Context(pi.Model(gemma4), n_ctx=64, kv_type="f32", n_seq_max=2)
+    toks = [t for pair in zip(a, b) for t in pair]
+    pos = [p for i in range(9) for p in (i, i)]
+    ctx.decode(toks, pos=pos, seq_id=[0, 1] * 9, logits="all")
+    got_a = np.stack([ctx.logits(2 * i) for i in range(9)])
+    got_b = np.stack([ctx.logits(2 * i + 1) for i in range(9)])
+    ctx.decode([5, 6], pos=[9, 9], seq_id=[0, 1], logits="all")
+    ref = ReferenceModel(gemma4)
+    assert rel_rms(np.vstack([got_a, ctx.logits(0)]), ref.forward(a + [5])) < FLOAT_REL_RMS
+    assert rel_rms(np.vstack([got_b, ctx.logits(1)]), ref.forward(b + [6])) < FLOAT_REL_RMS
+
+
+def test_api_greedy_tokens(gemma4):
+    """The llama-cpp-python API (PowerInfer.generate over token ids, temperature 0): the reference's greedy tokens."""
+    from itertools import islice
+    llm = pi.PowerInfer(str(gemma4), n_ctx=64, n_threads=1, verbose=False)
+    got = list(islice(llm.generate(PROMPT, temp=0.0), 8))
+    assert got == ReferenceModel(gemma4).greedy(PROMPT, 8)
+
+
 def test_kv_cache_of_the_cached_layers(gemma4, tmp_path):
     """The KV cache holds the 5 layers with their own cache at their sizes (Context.kv_cache_bytes), a sequence's
     state their rows alone; the state restored into another context (other cells) continues with the first's logits;

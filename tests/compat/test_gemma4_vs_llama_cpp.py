@@ -68,3 +68,21 @@ def test_quantized_agrees_with_llama_cpp(tmp_path, dtype, seed):
     assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < QUANT_REL_RMS
     a, b = greedy_both(ll, model, PROMPT, 12)
     assert a == b, (a, b)
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_quantizer_writes_llama_quantizes_file(tmp_path, ftype):
+    """powerinfer.quantize on the tiny gemma4 (no attn_v in the global and shared layers, no attn_k in the shared
+    ones, per-layer shapes, mostly fallback types at n_embd 128): llama-quantize's file byte for byte, and it runs."""
+    import ctypes
+
+    from powerinfer.quant_rules import FTYPE, QuantOptions
+    from powerinfer.quantize import quantize_file
+    src, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    write_arch_model(src, "gemma4", seed=3)
+    quantize_file(src, ours, QuantOptions(ftype=FTYPE[ftype]))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = FTYPE[ftype], 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(theirs).encode(), ctypes.byref(p)) == 0
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert np.isfinite(logits_all(ctx_of(pi.Model(ours)), PROMPT)).all()

@@ -228,13 +228,41 @@ def test_refused(tmp_path, gemma4):
         pi.Model(bad_scale)
 
 
-def test_offload_is_refused(gemma4):
-    """On a device (the emulated one here) the layers stay on the CPU, with a warning naming why; the logits are the
-    CPU's."""
-    code = ("import powerinfer as pi, sys; m = pi.Model(sys.argv[1]); c = pi.Context(m, n_ctx=64, n_gpu_layers=-1); "
-            "print(c.offload is None, '|'.join(c.gpu_warnings))")
+_OFFLOAD_SCRIPT = """
+import sys, numpy as np, powerinfer as pi
+m = pi.Model(sys.argv[1])
+prompt = [int(t) for t in sys.argv[2].split(",")]
+def run(**kw):
+    c = pi.Context(m, n_ctx=64, kv_type="f32", **kw)
+    c.decode(prompt, logits="all")
+    rows = [np.array(c.logits(i)) for i in range(len(prompt))]
+    for t in (5, 6, 7):                    # decode steps over the device's caches
+        c.decode([t], logits="last")
+        rows.append(np.array(c.logits()))
+    return c, np.stack(rows)
+_, cpu = run()
+for ngl in (-1, 4, 3, 1):
+    c, got = run(n_gpu_layers=ngl)
+    st = c.offload
+    print(ngl, st.n_attn_layers if st else 0, st.kv_bytes if st else 0, bool(np.array_equal(got, cpu)),
+          "|".join(c.gpu_warnings).replace(" ", "_"))
+"""
+
+
+def test_offload_on_the_emulated_device(gemma4):
+    """On the emulated device (its ops the CPU's kernels): every layer placed (-ngl -1) or the last 4 (the shared
+    layers with their sources 3 and 4) give the CPU's bits over a prompt and decode steps, the device holding the 5
+    cached layers' (3 and 4's) KV caches; a placement that splits a shared layer from its source (-ngl 3: layer 5 on the
+    device, its source 3 not; -ngl 1) is refused by name and runs on the CPU."""
     env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
-    out = subprocess.run([sys.executable, "-c", code, str(gemma4)], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(gemma4), ",".join(map(str, PROMPT))], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("True") and "gemma4" in out.stdout and "CPU" in out.stdout, out.stdout
+    rows = {int(r.split()[0]): r.split() for r in out.stdout.splitlines()}
+    cached = [C["n_head_kv"][il] * (C["head_dim_swa"] if C["local"][il] else C["head_dim"]) for il in range(5)]
+    pad = lambda n: -(-n // 256) * 256  # noqa: E731
+    kv = lambda layers: sum(2 * pad(64 * 4 * cached[il]) for il in layers)  # noqa: E731
+    assert rows[-1][1:4] == ["7", str(kv(range(5))), "True"], rows[-1]
+    assert rows[4][1:4] == ["4", str(kv((3, 4))), "True"], rows[4]
+    for ngl in (3, 1):
+        assert rows[ngl][1:4] == ["0", "0", "True"] and "KV_cache" in rows[ngl][4], rows[ngl]

@@ -626,7 +626,8 @@ PI_API pi_status pi_neuron_counts(pi_context *ctx, int32_t il, int64_t *counts);
  * FFN; sparse files: the n_hot hot neurons, whose gate/up/down_t rows are copied to the device,
  * the others computed on the CPU from the mapped file), and the output head. Every device byte
  * (weights, KV cache, compute buffers, scratch) is counted before anything is allocated and must
- * fit in budget_bytes. The forward pass is the same for every placement. */
+ * fit in budget_bytes. The forward pass is the same for every placement. A layer that reads another's KV cache
+ * (pi_layer_geom.kv_source) has its attention where that layer's is (PI_ERR_UNSUPPORTED otherwise). */
 typedef struct pi_device_info {
     int32_t device;
     char    backend[16];      /* "cuda", "hip" or "emulated" */

@@ -240,20 +240,21 @@ def run(**kw):
         c.decode([t], logits="last")
         rows.append(np.array(c.logits()))
     return c, np.stack(rows)
-_, cpu = run()
+c0, cpu = run()
 for ngl in (-1, 4, 3, 1):
     c, got = run(n_gpu_layers=ngl)
     st = c.offload
     print(ngl, st.n_attn_layers if st else 0, st.kv_bytes if st else 0, bool(np.array_equal(got, cpu)),
-          "|".join(c.gpu_warnings).replace(" ", "_"))
+          c.kv_seq_state(0) == c0.kv_seq_state(0), "|".join(c.gpu_warnings).replace(" ", "_"))
 """
 
 
 def test_offload_on_the_emulated_device(gemma4):
     """On the emulated device (its ops the CPU's kernels): every layer placed (-ngl -1) or the last 4 (the shared
     layers with their sources 3 and 4) give the CPU's bits over a prompt and decode steps, the device holding the 5
-    cached layers' (3 and 4's) KV caches; a placement that splits a shared layer from its source (-ngl 3: layer 5 on the
-    device, its source 3 not; -ngl 1) is refused by name and runs on the CPU."""
+    cached layers' (3 and 4's) KV caches, read back as the CPU's sequence state; a placement that splits a shared
+    layer from its source (-ngl 3: layer 5 on the device, its source 3 not; -ngl 1) is refused by name and runs on
+    the CPU."""
     env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
     out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(gemma4), ",".join(map(str, PROMPT))], env=env,
                          capture_output=True, text=True, timeout=300)
@@ -262,7 +263,7 @@ def test_offload_on_the_emulated_device(gemma4):
     cached = [C["n_head_kv"][il] * (C["head_dim_swa"] if C["local"][il] else C["head_dim"]) for il in range(5)]
     pad = lambda n: -(-n // 256) * 256  # noqa: E731
     kv = lambda layers: sum(2 * pad(64 * 4 * cached[il]) for il in layers)  # noqa: E731
-    assert rows[-1][1:4] == ["7", str(kv(range(5))), "True"], rows[-1]
-    assert rows[4][1:4] == ["4", str(kv((3, 4))), "True"], rows[4]
+    assert rows[-1][1:5] == ["7", str(kv(range(5))), "True", "True"], rows[-1]
+    assert rows[4][1:5] == ["4", str(kv((3, 4))), "True", "True"], rows[4]
     for ngl in (3, 1):
-        assert rows[ngl][1:4] == ["0", "0", "True"] and "KV_cache" in rows[ngl][4], rows[ngl]
+        assert rows[ngl][1:5] == ["0", "0", "True", "True"] and "KV_cache" in rows[ngl][5], rows[ngl]

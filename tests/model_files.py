@@ -188,6 +188,18 @@ CONFIGS["olmo2"] = dict(CONFIGS["llama"], n_layer=5, n_swa=5)
 CONFIGS["gpt-oss"] = dict(n_vocab=320, n_embd=128, n_ff=96, n_ff_exp=64, n_head=4, n_head_kv=2, n_layer=4,
                           head_dim=64, rope_base=150000.0, eps=1e-5, n_swa=5, n_expert=4, n_expert_used=2,
                           yarn_factor=32.0, orig_ctx=4096, exp_scale=4.0, sink_std=1.5)
+# gemma4: gemma3's blocks with two layer shapes: local layers (L) of 2 KV heads of 32 (rope over all 32 dims, base
+# 10000), global ones (G) of 1 KV head of 64 with proportional rope (rope_freqs: 8 of 32 pairs rotated, the others
+# factor 1e30) over base 1e6; the pattern L L G L G L G with the last 2 layers reading the caches of layers 3 (L) and 4
+# (G) (shared_kv_layers 2: llama.cpp's n_kv - 2 and n_kv - 1); the global layers without attn_v (V = K); an FFN width
+# per layer; a layer_output_scale per layer; a final cap of 3 (the logits reach about 2); a window of 5 positions;
+# q_norm weights of about 1/sqrt(head_dim) (the attention does not scale q: scores of about unit size, as trained models
+# have)
+CONFIGS["gemma4"] = dict(n_vocab=320, n_embd=128, n_head=4, n_layer=7, local=(1, 1, 0, 1, 0, 1, 0),
+                         head_dim=64, head_dim_swa=32, n_head_kv=(2, 2, 1, 2, 1, 2, 1),
+                         n_ff=(96, 128, 160, 96, 128, 192, 160),
+                         n_rot_pairs=8, rope_base=1000000.0, rope_base_swa=10000.0, eps=1e-6, n_swa=5, shared_kv=2,
+                         final_softcap=3.0)
 CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32, n_rot=24,
                        rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
@@ -196,6 +208,8 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     """Float32 weights (numpy shapes: (out, in) for matrices) under their GGUF names. rope_freqs: add
     Llama 3.1-style frequency factors (rope_freqs.weight, [head_dim/2], from 1 up to 8 for low frequencies)."""
     c = CONFIGS[arch]
+    if arch == "gemma4":
+        return gemma4_weights(c, seed)
     rng, mat, norm, _ = random_weights(seed)
     E, F, V, hd = c["n_embd"], c["n_ff"], c["n_vocab"], c["head_dim"]
     Eq, Ekv = c["n_head"] * hd, c["n_head_kv"] * hd
@@ -237,6 +251,28 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     return w
 
 
+def gemma4_weights(c: dict, seed: int) -> dict[str, np.ndarray]:
+    """gemma4's weights: each layer of its own shape (CONFIGS["gemma4"]); the shared-KV layers without attn_k, attn_v
+    and attn_k_norm, the global layers without attn_v; layer_output_scale [1] in 0.5..1.5."""
+    rng, mat, norm, _ = random_weights(seed)
+    E, V, H = c["n_embd"], c["n_vocab"], c["n_head"]
+    half = c["head_dim"] // 2
+    w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * 0.05, "output_norm.weight": norm(E),
+         "rope_freqs.weight": np.array([1.0] * c["n_rot_pairs"] + [1e30] * (half - c["n_rot_pairs"]), np.float32)}
+    n_kv = c["n_layer"] - c["shared_kv"]
+    for il, local in enumerate(c["local"]):
+        p, hd = f"blk.{il}.", c["head_dim_swa"] if local else c["head_dim"]
+        lw = layer_weights(mat, norm, E, c["n_ff"][il], H * hd, c["n_head_kv"][il] * hd)
+        drop = ("attn_k", "attn_v") if il >= n_kv else () if local else ("attn_v",)
+        w.update((p + k + ".weight", v) for k, v in lw.items() if k not in drop)
+        w[p + "attn_q_norm.weight"] = norm(hd) / math.sqrt(hd)    # scores of about unit size: the model scales q by 1
+        if il < n_kv:
+            w[p + "attn_k_norm.weight"] = norm(hd)
+        w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(E), norm(E)
+        w[p + "layer_output_scale.weight"] = rng.uniform(0.5, 1.5, 1).astype(np.float32)
+    return w
+
+
 def gptoss_layer(rng, mat, c, p, w) -> dict[str, np.ndarray]:
     """Layer p's gpt-oss tensors beyond llama's (whose FFN and ffn_norm are removed from w): q/k/v and output biases,
     sinks, post_attention_norm (the norm before the experts), the router and the experts with their biases."""
@@ -265,6 +301,8 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
     by part of their names, e.g. {"ffn_": "mxfp4"}) and return its weights."""
     c = CONFIGS[arch]
     w = make_weights(arch, seed) if weights is None else weights
+    if arch == "gemma4":
+        return write_gemma4_model(path, w, c, chat_template=chat_template, dtype=dtype, dtypes=dtypes)
 
     def keys(writer):
         writer.add_context_length(131072 if arch == "gpt-oss" else 512)
@@ -305,6 +343,37 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
         if chat_template is not None:
             writer.add_chat_template(chat_template)
     write_gguf(path, arch, w, keys=keys, dtype=dtype, dtypes=dtypes)
+    return w
+
+
+def write_gemma4_model(path, w: dict, c: dict, chat_template: str | None = None, dtype: str = "f32",
+                       dtypes: dict[str, str] | None = None, meta: dict | None = None) -> dict[str, np.ndarray]:
+    """A gemma4 file with the keys llama.cpp's converter writes (Gemma4Model: per-layer head_count_kv and
+    feed_forward_length arrays, sliding_window_pattern a flag per layer, key_length(_swa), rope.dimension_count(_swa),
+    shared_kv_layers); meta: {key: value} replacing or adding keys (None: left out)."""
+    keys = {"context_length": 512, "embedding_length": c["n_embd"], "block_count": c["n_layer"],
+            "feed_forward_length": list(c["n_ff"]), "attention.head_count": c["n_head"],
+            "attention.head_count_kv": list(c["n_head_kv"]), "attention.layer_norm_rms_epsilon": c["eps"],
+            "attention.key_length": c["head_dim"], "attention.value_length": c["head_dim"],
+            "attention.key_length_swa": c["head_dim_swa"], "attention.value_length_swa": c["head_dim_swa"],
+            "rope.dimension_count": c["head_dim"], "rope.dimension_count_swa": c["head_dim_swa"],
+            "rope.freq_base": c["rope_base"], "rope.freq_base_swa": c["rope_base_swa"],
+            "attention.sliding_window": c["n_swa"], "attention.sliding_window_pattern": [bool(v) for v in c["local"]],
+            "attention.shared_kv_layers": c["shared_kv"], "embedding_length_per_layer_input": 0,
+            "final_logit_softcapping": c["final_softcap"], **(meta or {})}
+
+    def add_keys(writer):
+        for key, value in keys.items():
+            if value is None:
+                continue
+            vt = (VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
+                  if isinstance(value, float) else VT.ARRAY)
+            sub = None if vt != VT.ARRAY else VT.BOOL if isinstance(value[0], bool) else VT.UINT32
+            writer.add_key_value(f"gemma4.{key}", value, vt, sub_type=sub)
+        add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)
+    write_gguf(path, "gemma4", w, keys=add_keys, dtype=dtype, dtypes=dtypes)
     return w
 
 

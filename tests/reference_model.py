@@ -50,6 +50,14 @@ Contract (what the engine must match):
     (SOFTMAX_WEIGHT), each expert hid = swiglu_oai(W_gate_e g + b_gate_e, W_up_e g + b_up_e) with
     swiglu_oai(a, b) = a' sigmoid(1.702 a') (b' + 1), a' = min(a, 7), b' = clip(b, -7, 7), out_e = W_down_e hid +
     b_down_e; the FFN's output sum_e w_e out_e
+  gemma4 (llama.cpp's gemma4.cpp graph, without per-layer embeddings and experts): gemma3's blocks where each layer has
+    its own shape (layer_geom): local layers (sliding_window_pattern[il]) of head size key_length_swa, rope over
+    rope.dimension_count_swa dims with base rope.freq_base_swa (10000) and no factors; global layers of key_length, rope
+    over rope.dimension_count with base rope.freq_base and rope_freqs (1e30: a pair left unrotated); KV heads per layer
+    (head_count_kv may be an array); q, k: rmsnorm per head with weights, v = rmsnorm per head without one (v = the k
+    projection where the layer has no attn_v); scale 1; layers il >= n_kv = n_layer - shared_kv_layers have no k, v
+    and attend over the cache of layer n_kv - 2 (local) or n_kv - 1 (global); after the FFN's residual add x *=
+    layer_output_scale where the layer has one; FFN widths per layer
 """
 from __future__ import annotations
 
@@ -229,12 +237,13 @@ def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * w + b
-NEOX_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
+NEOX_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "falcon", "phi3", "olmo2",
               "gpt-oss")          # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
-ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite",
+ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
+         "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
-GEMMA_ARCHS = ("gemma2", "gemma3")               # embedding scale sqrt(n_embd), GELU, local layers
+GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
 HF_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
@@ -281,6 +290,10 @@ class ReferenceModel:
                              # softmax of the chosen logits (gpt-oss); "softmax": the full softmax's p, not renormalized
     swiglu_alpha = 1.702     # ffn_act swiglu_oai (gpt-oss): llama.cpp's constants
     swiglu_limit = 7.0
+    layer_geom = None        # gemma4: per layer dict(head_dim, n_head_kv, n_rot, local, kv_source); None: uniform
+    v_norm = False           # gemma4: v rms-normed per head without a weight
+    use_out_scale = True     # gemma4: x times layer_output_scale after each layer (False: left out)
+    gelu_f16 = False         # GELU through ggml's GGML_GELU_FP16 table (f16 input and output), as llama.cpp's CPU does
 
     def __init__(self, path, **overrides):
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
@@ -334,11 +347,15 @@ class ReferenceModel:
             return meta.get(f"{arch}.{key}", default)
 
         self.n_embd = int(m("embedding_length"))
-        self.n_ff = int(m("expert_feed_forward_length", m("feed_forward_length")))
+        self.n_layer = int(m("block_count"))
+
+        def per_layer(v):
+            return [int(x) for x in v] if isinstance(v, list) else [int(v)] * self.n_layer
+        self.n_ff = max(per_layer(m("expert_feed_forward_length", m("feed_forward_length"))))
         self.n_expert_used = int(m("expert_used_count", 0))      # mixture of experts (ffn_gate_inp, *_exps)
         self.n_head = int(m("attention.head_count"))
-        self.n_head_kv = int(m("attention.head_count_kv", self.n_head))
-        self.n_layer = int(m("block_count"))
+        kv_heads = per_layer(m("attention.head_count_kv", self.n_head))
+        self.n_head_kv = kv_heads[0]
         self.n_ctx_train = int(m("context_length", 0))
         self.head_dim = int(m("attention.key_length", self.n_embd // self.n_head))
         self.n_rot = int(m("rope.dimension_count", self.head_dim))
@@ -390,6 +407,17 @@ class ReferenceModel:
             self.expert_gating = "softmax_weight"
         if arch == "qwen2moe":           # llama.cpp's norm_w false: the chosen experts' probabilities as they are
             self.expert_gating = "softmax"
+        if arch == "gemma4":             # llama_model_gemma4
+            local = [bool(v) for v in m("attention.sliding_window_pattern")]
+            hd_swa = int(m("attention.key_length_swa", self.head_dim))
+            n_rot_swa = int(m("rope.dimension_count_swa", self.n_rot))
+            n_kv = self.n_layer - int(m("attention.shared_kv_layers", 0))
+            self.layer_geom = [dict(head_dim=hd_swa if loc else self.head_dim, n_head_kv=kv_heads[li],
+                                    n_rot=n_rot_swa if loc else self.n_rot, local=loc,
+                                    kv_source=li if li < n_kv else n_kv - (2 if loc else 1))
+                               for li, loc in enumerate(local)]
+            self.attn_scale, self.v_norm = 1.0, True
+            self.final_softcap = float(m("final_logit_softcapping", 0.0))
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -438,6 +466,15 @@ class ReferenceModel:
             setattr(self, k, v)
         assert self.n_rot <= self.head_dim and self.n_rot % 2 == 0
 
+    def geometry(self, li) -> dict:
+        """Layer li's head_dim, n_head_kv, n_rot, local and kv_source (layer_geom's, else the one shape and the
+        window's pattern)."""
+        if self.layer_geom is not None:
+            return self.layer_geom[li]
+        local = self.n_swa > 0 and (li % self.swa_pattern < self.swa_pattern - 1 if self.local_layers is None
+                                    else li in self.local_layers)
+        return dict(head_dim=self.head_dim, n_head_kv=self.n_head_kv, n_rot=self.n_rot, local=local, kv_source=li)
+
     # ---- building blocks ---------------------------------------------------------------
     def rmsnorm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
@@ -446,35 +483,40 @@ class ReferenceModel:
         """rmsnorm, or (falcon, opt) LayerNorm with bias."""
         return layer_norm(x, w, b, self.eps) if self.layer_norm else self.rmsnorm(x, w)
 
-    def rope(self, x, pos, base=None):
-        """x: (n_tok, n_heads, head_dim); the first n_rot dims, pairs (2i, 2i+1) or (neox) (i, i + n_rot/2)."""
-        half = self.n_rot // 2
+    def rope(self, x, pos, base=None, n_rot=None, freqs=True):
+        """x: (n_tok, n_heads, head_dim); the first n_rot dims (default self.n_rot), pairs (2i, 2i+1) or (neox)
+        (i, i + n_rot/2); freqs False: without rope_freqs."""
+        n_rot = self.n_rot if n_rot is None else n_rot
+        half = n_rot // 2
         i = np.arange(half, dtype=np.float64)
         base = self.rope_base if base is None else base
-        inv = base ** (-2.0 * i / self.n_rot)
+        inv = base ** (-2.0 * i / n_rot)
         theta = (np.asarray(pos, dtype=np.float64) * self.freq_scale)[:, None] * inv[None, :]
-        if self.rope_freqs is not None:
+        if self.rope_freqs is not None and freqs:
             theta = theta / self.rope_freqs[None, :]
         mscale = self.rope_attn_factor
         if self.yarn:
             extrap = theta / self.freq_scale
-            corr = [self.n_rot * math.log(self.yarn_orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
+            corr = [n_rot * math.log(self.yarn_orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
                     for beta in (32.0, 1.0)]
-            low, high = max(0.0, math.floor(corr[0])), min(self.n_rot - 1.0, math.ceil(corr[1]))
+            low, high = max(0.0, math.floor(corr[0])), min(n_rot - 1.0, math.ceil(corr[1]))
             mix = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
             theta = theta * (1.0 - mix)[None, :] + extrap * mix[None, :]
             mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale) if self.freq_scale < 1.0 else 1.0
         c = np.cos(theta)[:, None, :] * mscale
         s = np.sin(theta)[:, None, :] * mscale
         out = x.copy()
-        a, b = (np.arange(half), np.arange(half) + half) if self.neox else (np.arange(0, self.n_rot, 2),
-                                                                            np.arange(1, self.n_rot, 2))
+        a, b = (np.arange(half), np.arange(half) + half) if self.neox else (np.arange(0, n_rot, 2),
+                                                                            np.arange(1, n_rot, 2))
         x0, x1 = x[..., a], x[..., b]
         out[..., a] = x0 * c - x1 * s
         out[..., b] = x0 * s + x1 * c
         return out
 
     def act(self, x):
+        if self.gelu_f16 and self.ffn_act == "gelu":   # ggml's table: f16 in, f16 out; x itself from 10, 0 to -10
+            y = gelu(x.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float64)
+            return np.where(x <= -10.0, 0.0, np.where(x >= 10.0, x, y))
         return ACTS[self.ffn_act](x)
 
     def predictor_mask(self, L, x):
@@ -537,39 +579,55 @@ class ReferenceModel:
             hid = np.where(self.predictor_mask(L, x), hid, 0.0)
         return hid @ L["ffn_down"].T + L.get("ffn_down.bias", 0.0)
 
-    def qkv(self, L, h):
-        """(q, k, v) of the normed attention input h, (n, heads, head_dim) each, before rope."""
-        n, hd = len(h), self.head_dim
+    def qkv(self, L, h, hd=None, n_head_kv=None):
+        """(q, k, v) of the normed attention input h, (n, heads, head_dim) each, before rope (heads of hd, default
+        head_dim; gemma4: k and v None in a layer without attn_k, v the k projection in one without attn_v, v normed
+        per head)."""
+        n, hd, n_head_kv = len(h), hd or self.head_dim, n_head_kv or self.n_head_kv
         if "attn_qkv" in L:                 # falcon: all Q heads, then all K heads, then all V heads
             qkv = h @ L["attn_qkv"].T
-            e, ekv = self.n_head * hd, self.n_head_kv * hd
+            e, ekv = self.n_head * hd, n_head_kv * hd
             q, k, v = qkv[:, :e], qkv[:, e:e + ekv], qkv[:, e + ekv:]
         else:
-            q, k, v = (h @ L[f"attn_{t}"].T + L.get(f"attn_{t}.bias", 0.0) for t in "qkv")
+            q, k, v = (h @ L[f"attn_{t}"].T + L.get(f"attn_{t}.bias", 0.0) if f"attn_{t}" in L else None
+                       for t in "qkv")
+            if v is None:                   # gemma4: V = the K projection (None too in a shared-KV layer)
+                v = k
         if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == q.shape[1] != hd:   # olmo2: of the whole q and k
             q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
-        q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
+        q = q.reshape(n, self.n_head, hd)
         if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd:       # gemma3, qwen3: of each head
-            q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
+            q = self.rmsnorm(q, L["attn_q_norm"])
+        if k is None:
+            return q, None, None
+        k, v = k.reshape(n, n_head_kv, hd), v.reshape(n, n_head_kv, hd)
+        if "attn_k_norm" in L and L["attn_k_norm"].shape[0] == hd:
+            k = self.rmsnorm(k, L["attn_k_norm"])
+        if self.v_norm:
+            v = self.rmsnorm(v, 1.0)
         return q, k, v
 
     def attention(self, L, li, h, pos, all_pos, cache):
         """The attention block's output for the normed input h (its K/V appended to the cache)."""
-        n, nh, hd = len(h), self.n_head, self.head_dim
-        local = self.n_swa > 0 and (li % self.swa_pattern < self.swa_pattern - 1 if self.local_layers is None
-                                    else li in self.local_layers)
+        geo = self.geometry(li)
+        n, nh, hd, local = len(h), self.n_head, geo["head_dim"], geo["local"]
         mask = all_pos[None, :] <= pos[:, None]                       # (n, n_kv_tot)
         if local:
             mask &= (pos[:, None] - all_pos[None, :]) < self.n_swa
-        q, k, v = self.qkv(L, h)
+        q, k, v = self.qkv(L, h, hd, geo["n_head_kv"])
         if self.arch != "opt" and not (self.nope_step and (li + 1) % self.nope_step == 0):
             base = self.rope_base_swa if local else None
-            q, k = self.rope(q, pos, base), self.rope(k, pos, base)
-        if cache.k[li] is not None:
-            k = np.concatenate([cache.k[li], k], axis=0)
-            v = np.concatenate([cache.v[li], v], axis=0)
-        cache.k[li], cache.v[li] = k, v
-        group = nh // self.n_head_kv
+            rot = dict(n_rot=geo["n_rot"], freqs=not (local and self.layer_geom is not None))   # gemma4: global only
+            q = self.rope(q, pos, base, **rot)
+            k = None if k is None else self.rope(k, pos, base, **rot)
+        src = geo["kv_source"]
+        if src == li:                       # its own cache (else: layer src's, already holding these tokens)
+            if cache.k[li] is not None:
+                k = np.concatenate([cache.k[li], k], axis=0)
+                v = np.concatenate([cache.v[li], v], axis=0)
+            cache.k[li], cache.v[li] = k, v
+        k, v = cache.k[src], cache.v[src]
+        group = nh // geo["n_head_kv"]
         att_out = np.empty((n, nh, hd))
         for hh in range(nh):
             kv = hh // group
@@ -633,6 +691,8 @@ class ReferenceModel:
             g = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias")) if "ffn_norm" in L else x
             f = self.ffn(L, g, x, trace)
             x = x + (self.rmsnorm(f, L["post_ffw_norm"]) if "post_ffw_norm" in L else f) * self.residual_scale
+            if "layer_output_scale" in L and self.use_out_scale:     # gemma4
+                x = x * L["layer_output_scale"]
             if self.control_vector is not None:
                 x = x + self.control_vector[li]
         cache.pos = all_pos

@@ -1304,6 +1304,42 @@ def test_model_create_bad_hparams(model, field, value, words):
     expect(st, (BAD_MODEL, UNSUPPORTED, INVALID), *words)
 
 
+GEOM_CASES = [   # (layer, field, value, words): a bad per-layer geometry table (pi_model_desc.layers)
+    (0, "head_dim", 0, ["head_dim"]), (1, "n_head_kv", 3, ["n_head_kv"]), (0, "n_ff", -1, ["n_ff"]),
+    (1, "n_rot", 7, ["rope dimension"]), (0, "n_rot", 2 * 1024, ["rope dimension"]),
+    (0, "is_local", 1, ["sliding window"]), (0, "is_local", 2, ["is_local"]),
+    (0, "kv_source", 1, ["kv_source"]), (1, "kv_source", -1, ["kv_source"]),
+    (0, "n_ff", 40, ["ffn_gate.weight", "shape"]), (1, "head_dim", 32, ["attn_q.weight", "shape"]),
+]
+
+
+@pytest.mark.parametrize("il,field,value,words", GEOM_CASES, ids=[f"{il}.{f}={v}" for il, f, v, _ in GEOM_CASES])
+def test_model_create_bad_layer_geometry(model, il, field, value, words):
+    """pi_model_desc.layers: each layer's shape checked (PI errors, no model); the table as it is loads."""
+    d = Desc(model)
+    n = d.hp.n_layer
+    geom = ffi.new("pi_layer_geom[]", n)
+    for i in range(n):
+        assert lib.pi_model_layer_geom(model._ptr, i, ffi.addressof(geom[i])) == OK
+    d.desc.layers = geom
+    st, m = d.create()
+    assert st == OK, last_error()
+    lib.pi_model_free(m)
+    setattr(geom[il], field, value)
+    poison_error()
+    st, m = d.create()
+    assert m == ffi.NULL
+    expect(st, (BAD_MODEL, UNSUPPORTED), *words)
+
+
+def test_model_layer_geom_bad_args(model):
+    g = ffi.new("pi_layer_geom *")
+    expect(lib.pi_model_layer_geom(ffi.NULL, 0, g), INVALID, "NULL")
+    expect(lib.pi_model_layer_geom(model._ptr, 0, ffi.NULL), INVALID, "NULL")
+    for il in (-1, model.hparams.n_layer, INT32_MAX):
+        expect(lib.pi_model_layer_geom(model._ptr, il, g), INVALID, "out of range")
+
+
 def _td(d, name):
     return d.index[name]
 
@@ -1981,7 +2017,7 @@ COVERED = {
     "pi_op_layer_norm", "pi_op_softmax", "pi_op_unary", "pi_op_binary", "pi_op_attention", "pi_model_create",
     "pi_op_attention_softcap", "pi_op_softcap", "pi_op_attention_sinks", "pi_op_swiglu_oai",
     "pi_model_free",
-    "pi_model_hparams", "pi_context_default_params", "pi_context_create", "pi_context_free",
+    "pi_model_hparams", "pi_model_layer_geom", "pi_context_default_params", "pi_context_create", "pi_context_free",
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",
     "pi_set_outputs", "pi_get_embeddings",
     "pi_kv_clear", "pi_kv_seq_pos_max", "pi_kv_used_cells", "pi_kv_seq_state_size", "pi_kv_seq_state_get",

@@ -409,9 +409,8 @@ class Context:
     @property
     def kv_cache_bytes(self) -> tuple[int, int]:
         """Bytes of the K cache and of the V cache (n_ctx cells of every layer, in their types)."""
-        hp = self.model.hparams
-        n_embd_kv = (hp.head_dim or hp.n_embd // hp.n_head) * hp.n_head_kv
-        return tuple(int(lib.pi_row_bytes(_KV_TYPE_IDS[t], n_embd_kv)) * self.n_ctx * hp.n_layer
+        cached = [g for il, g in enumerate(self.model.hparams.layers()) if g.kv_source == il]   # not the shared ones
+        return tuple(sum(int(lib.pi_row_bytes(_KV_TYPE_IDS[t], g.head_dim * g.n_head_kv)) for g in cached) * self.n_ctx
                      for t in (self.type_k, self.type_v))
 
     # ---- sparse statistics ----

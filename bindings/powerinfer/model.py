@@ -28,11 +28,16 @@ log = logging.getLogger("powerinfer")
 # whole projection.
 # gpt-oss (OpenAI's gpt-oss-20b / 120b, llama.cpp's LLM_ARCH_OPENAI_MOE) is qwen2's family with an attention output
 # bias, a sink logit per head, every other layer local and biased experts with the OAI SwiGLU; qwen2moe (Qwen1.5-MoE,
-# Qwen2-57B-A14B) qwen2's with experts whose weights are not renormalized and a gated shared expert.
+# Qwen2-57B-A14B) qwen2's with experts whose weights are not renormalized and a gated shared expert. gemma4 (Gemma 4's
+# dense text models) is gemma3's family with layers of two shapes (local and global: their own head size, KV heads, rope
+# dims and base; per-layer FFN widths: LayerGeom), V normed per head (V = K where a layer has no attn_v), attention
+# scale 1, proportional rope factors in the global layers, the last layers reading earlier layers' KV caches and a scale
+# of each layer's output.
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
           "qwen2moe": lib.PI_ARCH_QWEN2,
-          "gemma2": lib.PI_ARCH_GEMMA3, "gemma3": lib.PI_ARCH_GEMMA3, "phi3": lib.PI_ARCH_LLAMA,
+          "gemma2": lib.PI_ARCH_GEMMA3, "gemma3": lib.PI_ARCH_GEMMA3, "gemma4": lib.PI_ARCH_GEMMA3,
+          "phi3": lib.PI_ARCH_LLAMA,
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
@@ -104,9 +109,33 @@ class HParams:
     swiglu_limit: float = 0.0
     expert_raw_weights: bool = False   # qwen2moe: the chosen experts' softmax probabilities, not renormalized
     n_ff_shexp: int = 0             # > 0: a shared expert of this width (qwen2moe, granitemoe's shared variant)
+    v_norm: bool = False            # gemma4: V RMS-normed per head without a weight; attn_v may be absent (V = K)
+    rope_freqs_global: bool = False   # gemma4: rope_freqs.weight applies to the global layers only
+    layer_geom: tuple = ()          # gemma4: a LayerGeom per layer (pi_layer_geom); (): every layer as the fields above
 
     def is_swa_layer(self, il: int) -> bool:
+        if self.layer_geom:
+            return self.layer_geom[il].is_local
         return self.n_swa > 0 and (self.swa_pattern <= 0 or il % self.swa_pattern < self.swa_pattern - 1)
+
+    def layers(self) -> tuple:
+        """Each layer's LayerGeom: layer_geom, or the one shape of every layer."""
+        if self.layer_geom:
+            return self.layer_geom
+        hd = self.head_dim or self.n_embd // self.n_head
+        return tuple(LayerGeom(hd, self.n_head_kv, self.n_rot, self.n_ff, self.is_swa_layer(il), il)
+                     for il in range(self.n_layer))
+
+
+@dataclass(frozen=True)
+class LayerGeom:
+    """One layer's shape (the core's pi_layer_geom)."""
+    head_dim: int
+    n_head_kv: int
+    n_rot: int
+    n_ff: int
+    is_local: bool
+    kv_source: int      # the layer itself, or the earlier layer whose KV cache it reads (gemma4's shared KV layers)
 
 
 def _hparams_from_metadata(path, meta: dict) -> HParams:
@@ -169,9 +198,21 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     if arch in _SPARSE_ONLY and not meta.get("_pwri"):
         raise ModelLoadError(f"{path}: dense falcon/opt not supported; use the PowerInfer file (a {arch} model is "
                              "run from its PWRI file with predictors only)")
+
+    def per_layer(key, default=None):
+        """An integer key that may hold a value per layer (gemma4: head_count_kv, feed_forward_length): n_layer ints."""
+        value = get(key, default, required=default is None)
+        n_layer = as_int("block_count", get("block_count", required=True))
+        if isinstance(value, list):
+            if len(value) != n_layer:
+                raise ModelLoadError(f"{path}: {arch}.{key} has {len(value)} values for {n_layer} layers")
+            return [as_int(key, v) for v in value]
+        return [as_int(key, value)] * n_layer
+
     n_embd = as_int("embedding_length", get("embedding_length", required=True))
     n_head = as_int("attention.head_count", get("attention.head_count", required=True))
-    n_head_kv = as_int("attention.head_count_kv", get("attention.head_count_kv", n_head))
+    n_head_kv = (per_layer("attention.head_count_kv", n_head)[0] if arch == "gemma4"
+                 else as_int("attention.head_count_kv", get("attention.head_count_kv", n_head)))
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelLoadError(f"{path}: missing tokenizer.ggml.tokens")
@@ -209,11 +250,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                 yarn_orig_ctx=(as_int("rope.scaling.original_context_length", orig_ctx) if orig_ctx is not None else 0),
                 rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)))
 
-    if arch in ("qwen2", "qwen3", "gemma2", "gemma3") and meta.get("_pwri"):
+    if arch in ("qwen2", "qwen3", "gemma2", "gemma3", "gemma4") and meta.get("_pwri"):
         raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
                              f"not {arch}")
     # ReLU-LLaMA files from the original converter carry no activation key; a PWRI file is ReLU by definition
-    default_act = ("relu" if arch == "bamboo" or meta.get("_pwri") else "gelu" if arch in ("gemma2", "gemma3")
+    default_act = ("relu" if arch == "bamboo" or meta.get("_pwri") else "gelu" if arch in ("gemma2", "gemma3", "gemma4")
                    else "swiglu_oai" if arch == "gpt-oss" else "silu")
     act = meta.get(ACTIVATION_KEY, default_act)
     if act not in _ACTS:
@@ -221,6 +262,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
 
     # what the forward pass does differently from llama (see pi_hparams in powerinfer.h)
     extra: dict = {"head_dim": head_dim if key_length is not None else 0}
+    n_ff = None           # the FFN width where the key cannot give it (gemma4: the widest of its per-layer widths)
     if arch in ("qwen2", "qwen2moe"):
         extra.update(rope_mode="neox", qkv_bias=True)
     elif arch in ("qwen3", "qwen3moe"):
@@ -278,6 +320,44 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      attn_scale=attn_scale, n_swa=n_swa, swa_pattern=swa_pattern(6) if n_swa else 0,
                      rope_freq_base_swa=swa_rope_base(10000.0),
                      rope_freq_scale_swa=1.0, final_softcap=softcap("final_logit_softcapping", 0.0))
+    elif arch == "gemma4":
+        # llama.cpp (llama_model_gemma4): the local layers of sliding_window_pattern (a flag per layer) have head size
+        # key_length_swa, rope.dimension_count_swa (default: the global layers' rope dims) and rope.freq_base_swa
+        # (default 10000), unscaled; the global layers key_length, rope.dimension_count, rope.freq_base and the factors
+        # of rope_freqs.weight; KV heads and FFN widths may be per layer; q not scaled; the last shared_kv_layers layers
+        # read the cache of layer n_kv - 2 (local) or n_kv - 1 (global), n_kv = n_layer - shared_kv_layers
+        n_layer = as_int("block_count", get("block_count", required=True))
+        if get("embedding_length_per_layer_input", 0):
+            raise ModelLoadError(f"{path}: gemma4 with per-layer embeddings ({arch}.embedding_length_per_layer_input > "
+                                 "0: the E2B / E4B models) is not supported yet")
+        if get("expert_count", 0):
+            raise ModelLoadError(f"{path}: gemma4 with mixture-of-experts layers ({arch}.expert_count) is not "
+                                 "supported yet")
+        pattern = get("attention.sliding_window_pattern")
+        if not isinstance(pattern, list) or len(pattern) != n_layer:
+            raise ModelLoadError(f"{path}: {arch}.attention.sliding_window_pattern must be a flag per layer "
+                                 f"({n_layer}), not {pattern!r}")
+        local = [bool(v) for v in pattern]
+        head_dim_swa = as_int("attention.key_length_swa", get("attention.key_length_swa", head_dim))
+        if as_int("attention.value_length_swa", get("attention.value_length_swa", head_dim_swa)) != head_dim_swa:
+            raise ModelLoadError(f"{path}: {arch}.attention.key_length_swa and value_length_swa differ (not supported)")
+        n_rot_swa = as_int("rope.dimension_count_swa", get("rope.dimension_count_swa", n_rot))
+        kv_heads, ffs = per_layer("attention.head_count_kv", n_head), per_layer("feed_forward_length")
+        shared = get("attention.shared_kv_layers", 0)
+        shared = 0 if shared == 0 else as_int("attention.shared_kv_layers", shared)
+        n_kv = n_layer - shared
+        if shared and n_kv < 2:
+            raise ModelLoadError(f"{path}: {arch}.attention.shared_kv_layers = {shared} leaves fewer than 2 of "
+                                 f"{n_layer} layers with a KV cache")
+        geom = tuple(LayerGeom(head_dim_swa if loc else head_dim, kv_heads[il], n_rot_swa if loc else n_rot, ffs[il],
+                               loc, il if il < n_kv else n_kv - (2 if loc else 1)) for il, loc in enumerate(local))
+        glob = next((g for g in geom if not g.is_local), geom[0])
+        n_head_kv, n_ff = glob.n_head_kv, max(ffs)      # the fields: the global layers', the widest FFN
+        extra.update(rope_mode="neox", qk_norm=True, post_norms=True, embd_scale=math.sqrt(n_embd), attn_scale=1.0,
+                     n_swa=as_int("attention.sliding_window", get("attention.sliding_window", required=True)),
+                     rope_freq_base_swa=swa_rope_base(10000.0), rope_freq_scale_swa=1.0,
+                     final_softcap=softcap("final_logit_softcapping", 0.0), v_norm=True, rope_freqs_global=True,
+                     layer_geom=geom)
     elif arch == "gemma2":
         # llama.cpp (llama_model_gemma2): the window defaults to 4096, every other layer local (set_swa_pattern(2):
         # even layers local, odd global) unless the file says otherwise; local layers rope with the file's base and
@@ -344,7 +424,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     return HParams(
         arch=arch, n_vocab=len(tokens),
         n_ctx_train=as_int("context_length", n_ctx_train),
-        n_embd=n_embd, n_ff=as_int(n_ff_key, get(n_ff_key, required=True)),
+        n_embd=n_embd, n_ff=n_ff if n_ff is not None else as_int(n_ff_key, get(n_ff_key, required=True)),
         n_head=n_head, n_head_kv=n_head_kv,
         n_layer=as_int("block_count", get("block_count", required=True)),
         n_rot=n_rot, ffn_act=act,
@@ -585,6 +665,12 @@ class Model:
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
+        if hp.arch == "gemma4":
+            unsupported = [n for n in tensors if n.startswith("per_layer_") or n.endswith(
+                (".ffn_gate_inp.weight", ".inp_gate.weight", ".proj.weight"))]
+            if unsupported:
+                raise ModelLoadError(f"{self.path}: gemma4 with per-layer embeddings or mixture-of-experts layers "
+                                     f"({unsupported[0]}, ...) is not supported yet")
         if hp.arch in ("granite", "granitemoe"):      # llama.cpp reads optional biases there; this core does not
             biases = [n for n in tensors if n.startswith("blk.") and n.endswith(".bias")]
             if biases:
@@ -633,6 +719,11 @@ class Model:
         p.expert_raw_weights, p.n_ff_shexp = int(hp.expert_raw_weights), hp.n_ff_shexp
         desc.n_tensors = n
         desc.tensors = descs
+        p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)
+        if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
+            self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),
+                                                      g.kv_source) for g in hp.layer_geom])
+            desc.layers = self._geom
         desc.no_repack = 0 if self.repack else 1
         out = ffi.new("pi_model **")
         try:

@@ -398,7 +398,27 @@ typedef struct pi_hparams {
                               * token: blk.N.ffn_gate_shexp / ffn_up_shexp [n_embd, n_ff_shexp], ffn_down_shexp [n_ff_shexp,
                               * n_embd], its output times sigmoid(ffn_gate_inp_shexp . x) where the file has that [n_embd]
                               * gate (qwen2moe; granitemoe's has none) */
+    int32_t v_norm;          /* 1: V is RMS-normed per head without a weight (eps norm_eps) before it is cached, and
+                              * blk.N.attn_v.weight may be absent: V is then the K projection (before k's norm and
+                              * rope) (gemma4) */
+    int32_t rope_freqs_global;   /* 1: rope_freqs.weight applies to the global layers only (gemma4's proportional rope:
+                              * 1 for the rotated pairs, 1e30 for the others); local layers rope without factors */
 } pi_hparams;
+
+/* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head
+ * size, KV heads, rope dims and FFN width) give one per layer (pi_model_desc.layers); the others leave it NULL, and
+ * every layer gets head_dim (pi_hparams.head_dim or n_embd / n_head), n_head_kv, n_rot and n_ff of pi_hparams, is_local
+ * by n_swa / swa_pattern and its own KV cache. n_head is every layer's. */
+typedef struct pi_layer_geom {
+    int32_t head_dim;    /* q/k/v size per head */
+    int32_t n_head_kv;   /* divides n_head */
+    int32_t n_rot;       /* even, <= head_dim */
+    int32_t n_ff;        /* the dense FFN's width */
+    int32_t is_local;    /* 1: sliding window (needs n_swa > 0; rope_freq_base_swa / rope_freq_scale_swa) */
+    int32_t kv_source;   /* il: the layer has its own K/V and KV cache; an earlier layer (itself with its own, of the
+                          * same head_dim, n_head_kv and is_local): this layer has no attn_k / attn_v / attn_k_norm,
+                          * writes no KV and attends over that layer's cache (gemma4's shared KV layers) */
+} pi_layer_geom;
 
 typedef struct pi_tensor_desc {
     const char *name;        /* GGUF name, e.g. "blk.0.attn_q.weight" */
@@ -413,6 +433,7 @@ typedef struct pi_model_desc {
     pi_hparams            hparams;
     int32_t               n_tensors;
     const pi_tensor_desc *tensors;
+    const pi_layer_geom  *layers;      /* [hparams.n_layer] (copied), or NULL: every layer as pi_hparams says */
     int32_t               no_repack;   /* 1: use the file's weights as they are (no interleaved copies); a gate-sparse
                                         * layer without ffn_down_t (ffn_gate_t) still gets the column layout of its
                                         * ffn_down (ffn_gate), the only form its sparse step can read */
@@ -423,6 +444,8 @@ typedef struct pi_model pi_model;
 PI_API pi_status pi_model_create(const pi_model_desc *desc, pi_model **out);
 PI_API void      pi_model_free(pi_model *model);
 PI_API pi_status pi_model_hparams(const pi_model *model, pi_hparams *out);
+/* Layer il's geometry (pi_layer_geom: the table given, or the one made from pi_hparams). */
+PI_API pi_status pi_model_layer_geom(const pi_model *model, int32_t il, pi_layer_geom *out);
 /* Layers whose sparse FFN the loader packed (pi_sparse_pack); 0 for dense models or NULL; with no_repack, the
  * gate-sparse layers without ffn_down_t. */
 PI_API int32_t   pi_model_n_packed_ffn(const pi_model *model);
@@ -603,7 +626,8 @@ PI_API pi_status pi_neuron_counts(pi_context *ctx, int32_t il, int64_t *counts);
  * FFN; sparse files: the n_hot hot neurons, whose gate/up/down_t rows are copied to the device,
  * the others computed on the CPU from the mapped file), and the output head. Every device byte
  * (weights, KV cache, compute buffers, scratch) is counted before anything is allocated and must
- * fit in budget_bytes. The forward pass is the same for every placement. */
+ * fit in budget_bytes. The forward pass is the same for every placement. A layer that reads another's KV cache
+ * (pi_layer_geom.kv_source) has its attention where that layer's is (PI_ERR_UNSUPPORTED otherwise). */
 typedef struct pi_device_info {
     int32_t device;
     char    backend[16];      /* "cuda", "hip" or "emulated" */

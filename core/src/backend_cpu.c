@@ -27,8 +27,8 @@ static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 size_t pi_cpu_scratch_bytes(const pi_scratch_need *need) {
     const pi_model *m = need->model;
     const pi_hparams *hp = &m->hp;
-    const int64_t T = need->T, E = hp->n_embd, F = hp->n_ff, R = m->max_rank;
-    const int64_t hd = pi_head_dim(hp), Eq = hd * hp->n_head;
+    const int64_t T = need->T, E = hp->n_embd, R = m->max_rank;
+    const int64_t F = m->max_ff, Eq = m->max_q;   /* the largest layer's */
     const pi_layer *layers = need->file_layout ? m->file_layers : m->layers;
     /* mul_mat's converted activations: the largest K of any weight in its vec_dot type (f32 at most) */
     size_t mm = (size_t)(T * PI_MAX(PI_MAX(E, F), PI_MAX(R, Eq))) * sizeof(float);

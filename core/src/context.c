@@ -50,9 +50,8 @@ typedef struct { void **ptr; size_t bytes; } buf_slot;
 
 /* The buffers of one backend and their sizes; device buffers include the logits. */
 static int buffer_slots(pi_buffers *b, const pi_model *m, int64_t T, int64_t n_ctx, bool device, buf_slot *s) {
-    const pi_hparams *hp = &m->hp;
-    const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, hd = (size_t)pi_head_dim(hp);
-    const size_t Eq = hd * (size_t)hp->n_head, Ekv = hd * (size_t)hp->n_head_kv;
+    const pi_hparams *hp = &m->hp;   /* sized for the largest layer */
+    const size_t E = (size_t)hp->n_embd, F = (size_t)m->max_ff, Eq = (size_t)m->max_q, Ekv = (size_t)m->max_kv;
     const size_t t = (size_t)T, f = sizeof(float);
     int n = 0;
 #define SLOT(field, nbytes) do { s[n].ptr = (void **)&b->field; s[n].bytes = (nbytes); n++; } while (0)
@@ -169,10 +168,13 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.n_seq_max < 1 || p.n_seq_max > PI_MAX_SEQ)
         return pi_fail(PI_ERR_INVALID_ARG, "n_seq_max = %d must be in [1, %d]", p.n_seq_max, PI_MAX_SEQ);
-    const int64_t head_dim = pi_head_dim(&model->hp);
-    pi_status type_st = pi_kv_type_check(p.type_k, head_dim, "K");
-    if (type_st == PI_OK) type_st = pi_kv_type_check(p.type_v, head_dim, "V");
-    if (type_st != PI_OK) return type_st;
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {   /* every layer's head size */
+        pi_status type_st = pi_kv_type_check(p.type_k, model->geom[il].head_dim, "K");
+        if (type_st == PI_OK) type_st = pi_kv_type_check(p.type_v, model->geom[il].head_dim, "V");
+        if (type_st != PI_OK) return type_st;
+    }
+    if (p.act_histogram && !model->uniform)
+        return pi_fail(PI_ERR_UNSUPPORTED, "act_histogram: the model's layers differ in shape (per-layer n_ff)");
 
     pi_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
@@ -185,8 +187,7 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     pi_status st = pi_threadpool_create(PI_MAX(p.n_threads, p.n_threads_batch), &ctx->pool);
     if (st == PI_OK) pi_threadpool_set_active(ctx->pool, p.n_threads);
     ctx->params = p;
-    if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, hp->n_layer, head_dim * hp->n_head_kv, p.type_k,
-                                        p.type_v);
+    if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, model, p.type_k, p.type_v);
     const pi_scratch_need need = { .model = model, .T = p.n_batch, .n_ctx = p.n_ctx };
     if (st == PI_OK) st = pi_backend_cpu_create(ctx->pool, &need, &ctx->cpu.be);
     if (st == PI_OK) st = pi_buffers_alloc(&ctx->cpu, model, p.n_batch, p.n_ctx, false);
@@ -458,11 +459,13 @@ static pi_status attn_sparse_matmul(pi_context *ctx, pi_exec *e, const pi_sparse
  * the result in B->cur. */
 static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
+    const pi_layer_geom *g = &ctx->model->geom[il];
     pi_exec *e = lx->attn;
     const pi_layer *L = lx->attn_w;
     pi_buffers *B = &e->buf;
-    const int64_t T = b->n_tokens, hd = pi_head_dim(hp), Ekv = hd * hp->n_head_kv, Eq = hd * hp->n_head;
-    const bool local = pi_layer_is_swa(hp, il);
+    const int64_t T = b->n_tokens, hd = g->head_dim, n_head_kv = g->n_head_kv;
+    const int64_t Ekv = hd * n_head_kv, Eq = hd * hp->n_head;
+    const bool local = g->is_local, own_kv = g->kv_source == il;   /* !own_kv: q only, over kv_source's cache */
     const pi_kv_cache *kv = &ctx->kv;
     const bool qkv_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 0, T);
 
@@ -491,49 +494,57 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
                            &ctx->attn_active[il], NULL);
             in = B->att;
         } else if (hp->attn_input_sparse) ctx->attn_active[il] += T * hp->n_embd;   /* every entry read */
-        TRY(matmuls(e, 3, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, in, (float *[]){ B->q, B->k, B->v }, T));
+        /* q, k, v; q alone in a shared-KV layer, q and k where there is no attn_v (v_norm: V is K's projection) */
+        const int n = !own_kv ? 1 : L->wv.data ? 3 : 2;
+        TRY(matmuls(e, n, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, in, (float *[]){ B->q, B->k, B->v }, T));
     }
     if (ctx->n_lora && !L->wqkv.data) {   /* the adapters' terms read the normed input itself */
         TRY(pi_lora_add(ctx, e, il, PI_LORA_Q, B->cur, B->q, T));
-        TRY(pi_lora_add(ctx, e, il, PI_LORA_K, B->cur, B->k, T));
-        TRY(pi_lora_add(ctx, e, il, PI_LORA_V, B->cur, B->v, T));
+        if (own_kv) TRY(pi_lora_add(ctx, e, il, PI_LORA_K, B->cur, B->k, T));
+        if (L->wv.data) TRY(pi_lora_add(ctx, e, il, PI_LORA_V, B->cur, B->v, T));
     }
+    if (own_kv && !L->wv.data && !L->wqkv.data)   /* V = the K projection, before k's norm and rope (gemma4) */
+        TRY(OP(e, copy, B->v, B->k, (size_t)(T * Ekv) * sizeof(float)));
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 2, B->cur, T * hp->n_embd);
     if (hp->qkv_bias) {
         TRY(add_bias(e, B->q, &L->bq, T));
-        TRY(add_bias(e, B->k, &L->bk, T));
-        TRY(add_bias(e, B->v, &L->bv, T));
+        if (own_kv) TRY(add_bias(e, B->k, &L->bk, T));
+        if (own_kv) TRY(add_bias(e, B->v, &L->bv, T));
     }
 
     pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ hd, hp->n_head, T });
-    pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, hp->n_head_kv, T });
+    pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, n_head_kv, T });
+    pi_tensor v = pi_tensor_view(PI_TYPE_F32, B->v, 3, (int64_t[]){ hd, n_head_kv, T });
     if (hp->qk_norm == 1) {   /* RMSNorm of each head's vector */
         TRY(OP(e, rms_norm, &q, &L->q_norm, hp->norm_eps, &q));
-        TRY(OP(e, rms_norm, &k, &L->k_norm, hp->norm_eps, &k));
+        if (own_kv) TRY(OP(e, rms_norm, &k, &L->k_norm, hp->norm_eps, &k));
     } else if (hp->qk_norm == 2) {   /* of each token's whole q and k (olmo2) */
-        pi_tensor qa = f32_2d(B->q, hd * hp->n_head, T), ka = f32_2d(B->k, hd * hp->n_head_kv, T);
+        pi_tensor qa = f32_2d(B->q, hd * hp->n_head, T), ka = f32_2d(B->k, Ekv, T);
         TRY(OP(e, rms_norm, &qa, &L->q_norm, hp->norm_eps, &qa));
-        TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
+        if (own_kv) TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
     }
+    if (own_kv && hp->v_norm) TRY(OP(e, rms_norm, &v, NULL, hp->norm_eps, &v));   /* of each head, no weight (gemma4) */
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
     const bool nope = hp->n_no_rope_layer_step > 0 && (il + 1) % hp->n_no_rope_layer_step == 0;   /* smollm3 */
+    const float *freqs = local && hp->rope_freqs_global ? NULL : lx->rope_freqs;   /* gemma4: global layers only */
     if (hp->arch != PI_ARCH_OPT && !nope) {   /* opt: learned position embeddings, no rope */
         const float mscale = hp->rope_mscale > 0.0f ? hp->rope_mscale : 1.0f;
-        TRY(OP(e, rope, &q, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, mscale, &q));
-        TRY(OP(e, rope, &k, B->pos, hp->n_rot, hp->rope_mode, base, fscale, lx->rope_freqs, mscale, &k));
+        TRY(OP(e, rope, &q, B->pos, g->n_rot, hp->rope_mode, base, fscale, freqs, mscale, &q));
+        if (own_kv) TRY(OP(e, rope, &k, B->pos, g->n_rot, hp->rope_mode, base, fscale, freqs, mscale, &k));
     }
 
-    /* the KV store: rows cells[t] of this layer's cache */
-    pi_tensor kall = pi_tensor_view(kv->type_k, lx->k, 2, (int64_t[]){ Ekv, kv->n_ctx });
-    pi_tensor vall = pi_tensor_view(kv->type_v, lx->v, 2, (int64_t[]){ Ekv, kv->n_ctx });
-    pi_tensor k2 = f32_2d(B->k, Ekv, T), v2 = f32_2d(B->v, Ekv, T);
-    TRY(OP(e, set_rows, &kall, &k2, B->cells));
-    TRY(OP(e, set_rows, &vall, &v2, B->cells));
+    if (own_kv) {   /* the KV store: rows cells[t] of this layer's cache */
+        pi_tensor kall = pi_tensor_view(kv->type_k, lx->k, 2, (int64_t[]){ Ekv, kv->n_ctx });
+        pi_tensor vall = pi_tensor_view(kv->type_v, lx->v, 2, (int64_t[]){ Ekv, kv->n_ctx });
+        pi_tensor k2 = f32_2d(B->k, Ekv, T), v2 = f32_2d(B->v, Ekv, T);
+        TRY(OP(e, set_rows, &kall, &k2, B->cells));
+        TRY(OP(e, set_rows, &vall, &v2, B->cells));
+    }
 
-    /* views over cells [0, n_kv) of this layer: [hd, n_head_kv, n_kv] */
-    pi_tensor kc = pi_tensor_view(kv->type_k, lx->k, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
-    pi_tensor vc = pi_tensor_view(kv->type_v, lx->v, 3, (int64_t[]){ hd, hp->n_head_kv, n_kv });
+    /* views over cells [0, n_kv) of this layer's cache (a shared layer's: kv_source's): [hd, n_head_kv, n_kv] */
+    pi_tensor kc = pi_tensor_view(kv->type_k, lx->k, 3, (int64_t[]){ hd, n_head_kv, n_kv });
+    pi_tensor vc = pi_tensor_view(kv->type_v, lx->v, 3, (int64_t[]){ hd, n_head_kv, n_kv });
     pi_tensor mask = f32_2d(local ? B->mask_swa : B->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
@@ -744,7 +755,8 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
         if (hp->ffn_gate != PI_FFN_SEQ) TRY(pi_lora_add(ctx, e, il, PI_LORA_GATE, B->cur, B->gate, T));
         TRY(pi_lora_add(ctx, e, il, PI_LORA_UP, B->cur, B->up, T));
     }
-    pi_tensor g = f32_2d(B->gate, hp->n_ff, T), u = f32_2d(B->up, hp->n_ff, T);
+    const int64_t F = ctx->model->geom[il].n_ff;
+    pi_tensor g = f32_2d(B->gate, F, T), u = f32_2d(B->up, F, T);
     if (hp->gate_sparse) {   /* every channel computed */
         ctx->sparse_active[il] += T * hp->n_ff;
         ctx->input_active[il] += T * hp->n_embd;
@@ -870,6 +882,14 @@ static bool prune_last_ffn(const pi_context *ctx) {
     return !hp->sparse && !hp->gate_sparse && !ctx->act_hist && hp->arch != PI_ARCH_FALCON;
 }
 
+/* x [T][n_embd] *= layer il's blk.N.layer_output_scale where the file has one (gemma4), after its FFN's residual add */
+static pi_status layer_output_scale(pi_context *ctx, pi_exec *at, int32_t il, int64_t T) {
+    const pi_tensor *s = &ctx->model->layers[il].out_scale;   /* [1] f32, on the host */
+    if (!s->data) return PI_OK;
+    pi_tensor xt = f32_2d(at->buf.x, ctx->model->hp.n_embd, T);
+    return OP(at, scale, &xt, *(const float *)s->data);
+}
+
 /* x [T][n_embd] += the control vector's row il, after layer il (llama.cpp's cvec) */
 static pi_status control_vector(pi_context *ctx, pi_exec *at, int32_t il, int64_t T) {
     if (!ctx->cvec || il < ctx->cvec_start || il > ctx->cvec_end) return PI_OK;
@@ -936,6 +956,7 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
         }
         if (m->hp.sparse) TRY(sparse_ffn_block(ctx, &at, lx, il, T));
         else TRY(ffn_block(ctx, &at, lx, il, T));
+        TRY(layer_output_scale(ctx, at, il, T));
         TRY(control_vector(ctx, at, il, T));
     }
     TRY(compute_logits(ctx, &at, T, n_out));

@@ -24,23 +24,41 @@ pi_status pi_kv_type_check(int32_t type, int64_t head_dim, const char *which) {
     return PI_OK;
 }
 
-pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_embd_kv, int32_t type_k,
-                     int32_t type_v) {
+pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, const pi_model *model, int32_t type_k, int32_t type_v) {
     memset(kv, 0, sizeof *kv);
+    const int32_t n_layer = model->hp.n_layer;
     kv->n_ctx = n_ctx;
     kv->n_layer = n_layer;
     kv->type_k = type_k;
     kv->type_v = type_v;
-    kv->n_embd_kv = n_embd_kv;
-    kv->k_row_bytes = pi_row_bytes(type_k, n_embd_kv);
-    kv->v_row_bytes = pi_row_bytes(type_v, n_embd_kv);
-    const uint64_t cell = (uint64_t)kv->k_row_bytes + (uint64_t)kv->v_row_bytes;   /* per layer */
-    const uint64_t bytes = (uint64_t)n_layer * (uint64_t)n_ctx * cell;
-    if (bytes / cell / (uint64_t)n_ctx != (uint64_t)n_layer || bytes > ((uint64_t)1 << 46))
+    kv->layer = calloc((size_t)n_layer, sizeof *kv->layer);
+    if (!kv->layer) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    uint64_t k_bytes = 0, v_bytes = 0;   /* per cell, over the layers with their own cache */
+    for (int32_t il = 0; il < n_layer; il++) {
+        const pi_layer_geom *g = &model->geom[il];
+        pi_kv_layer *l = &kv->layer[il];
+        if (g->kv_source != il) {   /* an earlier layer's (pi_model_create checked it) */
+            *l = kv->layer[g->kv_source];
+            l->own = false;
+            continue;
+        }
+        l->n_embd_kv = (int64_t)g->head_dim * g->n_head_kv;
+        l->k_row_bytes = pi_row_bytes(type_k, l->n_embd_kv);
+        l->v_row_bytes = pi_row_bytes(type_v, l->n_embd_kv);
+        l->k_off = (int64_t)(k_bytes * (uint64_t)n_ctx);
+        l->v_off = (int64_t)(v_bytes * (uint64_t)n_ctx);
+        l->own = true;
+        k_bytes += (uint64_t)l->k_row_bytes;
+        v_bytes += (uint64_t)l->v_row_bytes;
+    }
+    const uint64_t cell = k_bytes + v_bytes, bytes = (uint64_t)n_ctx * cell;
+    if (bytes / cell != (uint64_t)n_ctx || bytes > ((uint64_t)1 << 46)) {
+        pi_kv_release(kv);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "KV cache of %d cells is too large", n_ctx);
+    }
     kv->cells = malloc((size_t)n_ctx * sizeof *kv->cells);
-    kv->k = malloc((size_t)n_layer * (size_t)n_ctx * (size_t)kv->k_row_bytes);
-    kv->v = malloc((size_t)n_layer * (size_t)n_ctx * (size_t)kv->v_row_bytes);
+    kv->k = malloc((size_t)(k_bytes * (uint64_t)n_ctx));
+    kv->v = malloc((size_t)(v_bytes * (uint64_t)n_ctx));
     if (!kv->cells || !kv->k || !kv->v) {
         pi_kv_release(kv);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a KV cache of %d cells (%.1f MiB)", n_ctx,
@@ -51,6 +69,7 @@ pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, int32_t n_layer, int64_t n_
 }
 
 void pi_kv_release(pi_kv_cache *kv) {
+    free(kv->layer);
     free(kv->cells);
     free(kv->k);
     free(kv->v);
@@ -134,9 +153,11 @@ int32_t pi_kv_used_cells(pi_context *ctx) {
 
 /* ---- a sequence's state (pi_kv_seq_state_*) ----
  * Layout, little-endian: header (magic "PIKVSEQ\2", n_layer, type_k, type_v, n_embd_kv, k_row_bytes, v_row_bytes,
- * n), the n positions (int32, ascending), then per layer the n K rows and the n V rows (k_row_bytes and v_row_bytes
- * each, the cache's own format). Version 1 (one type and row size for K and V, then n) is read too. Rows are read
- * and written through each layer's backend, so layers whose KV lives on a device take part too. */
+ * n), the n positions (int32, ascending), then per layer with its own cache the n K rows and the n V rows (its
+ * k_row_bytes and v_row_bytes each, the cache's own format). n_embd_kv and the row sizes are a layer's where every
+ * layer with its own cache has the same (kv_layout); else -(their sum of n_embd_kv) and the sums of the row sizes.
+ * Version 1 (one type and row size for K and V, then n) is read too. Rows are read and written through each layer's
+ * backend, so layers whose KV lives on a device take part too. */
 static const char STATE_MAGIC[8] = { 'P', 'I', 'K', 'V', 'S', 'E', 'Q', 2 };
 
 typedef struct {
@@ -158,9 +179,29 @@ static int cmp_pos_cell(const void *a, const void *b) {   /* (pos, cell) pairs b
     return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
-/* A state's bytes after its header: n positions and every layer's n K and n V rows. */
+/* The header's n_embd_kv and row sizes of this cache: a layer's where every layer with its own cache has the same,
+ * else -(the sum of n_embd_kv) and the sums of the row sizes; returns the K and V bytes of one cell over all layers. */
+static int64_t kv_layout(const pi_kv_cache *kv, int64_t *n_embd_kv, int64_t *k_row, int64_t *v_row) {
+    int64_t e = 0, k = 0, v = 0;
+    bool same = true;
+    const pi_kv_layer *first = NULL;
+    for (int32_t il = 0; il < kv->n_layer; il++) {
+        const pi_kv_layer *l = &kv->layer[il];
+        if (!l->own) continue;
+        if (!first) first = l;
+        same &= l->n_embd_kv == first->n_embd_kv;
+        e += l->n_embd_kv; k += l->k_row_bytes; v += l->v_row_bytes;
+    }
+    *n_embd_kv = same && first ? first->n_embd_kv : -e;
+    *k_row = same && first ? first->k_row_bytes : k;
+    *v_row = same && first ? first->v_row_bytes : v;
+    return k + v;
+}
+
+/* A state's bytes after its header: n positions and every cached layer's n K and n V rows. */
 static size_t body_bytes(const pi_kv_cache *kv, int32_t n) {
-    return (size_t)n * sizeof(int32_t) + (size_t)kv->n_layer * (size_t)n * (size_t)(kv->k_row_bytes + kv->v_row_bytes);
+    int64_t e, k, v;
+    return (size_t)n * sizeof(int32_t) + (size_t)n * (size_t)kv_layout(kv, &e, &k, &v);
 }
 
 static size_t state_bytes(const pi_kv_cache *kv, int32_t n) {
@@ -178,8 +219,9 @@ static pi_status copy_rows(pi_context *ctx, const int32_t *cells, int32_t n, cha
     for (int32_t il = 0; il < ctx->kv.n_layer && st == PI_OK; il++) {
         const pi_layer_exec *lx = &ctx->lx[il];
         pi_backend *be = lx->attn->be;
+        if (!ctx->kv.layer[il].own) continue;   /* its source's rows */
         for (int half = 0; half < 2 && st == PI_OK; half++) {
-            const int64_t rb = half ? ctx->kv.v_row_bytes : ctx->kv.k_row_bytes;
+            const int64_t rb = half ? ctx->kv.layer[il].v_row_bytes : ctx->kv.layer[il].k_row_bytes;
             for (int32_t i = 0; i < n && st == PI_OK; i++, buf += rb) {
                 char *row = (half ? lx->v : lx->k) + (int64_t)cells[i] * rb;
                 st = to_cache ? be->i->upload(be, row, buf, (size_t)rb) : be->i->download(be, buf, row, (size_t)rb);
@@ -217,9 +259,8 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
         if (in_state(&kv->cells[c], seq, p0, p1)) { pc[2 * k] = kv->cells[c].pos; pc[2 * k + 1] = c; k++; }
     qsort(pc, (size_t)n, 2 * sizeof(int32_t), cmp_pos_cell);
     char *p = dst;
-    seq_state_header h = { .n_layer = kv->n_layer, .type_k = kv->type_k, .type_v = kv->type_v,
-                           .n_embd_kv = kv->n_embd_kv, .k_row_bytes = kv->k_row_bytes, .v_row_bytes = kv->v_row_bytes,
-                           .n = n };
+    seq_state_header h = { .n_layer = kv->n_layer, .type_k = kv->type_k, .type_v = kv->type_v, .n = n };
+    kv_layout(kv, &h.n_embd_kv, &h.k_row_bytes, &h.v_row_bytes);
     memcpy(h.magic, STATE_MAGIC, sizeof h.magic);
     memcpy(p, &h, sizeof h);
     p += sizeof h;
@@ -275,12 +316,14 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
     seq_state_header h;
     size_t header;
     if ((st = read_header(src, size, &h, &header)) != PI_OK) return st;
-    if (h.n_layer != kv->n_layer || h.type_k != kv->type_k || h.type_v != kv->type_v || h.n_embd_kv != kv->n_embd_kv ||
-        h.k_row_bytes != kv->k_row_bytes || h.v_row_bytes != kv->v_row_bytes)
+    int64_t n_embd_kv, k_row, v_row;
+    kv_layout(kv, &n_embd_kv, &k_row, &v_row);
+    if (h.n_layer != kv->n_layer || h.type_k != kv->type_k || h.type_v != kv->type_v || h.n_embd_kv != n_embd_kv ||
+        h.k_row_bytes != k_row || h.v_row_bytes != v_row)
         return pi_fail(PI_ERR_INVALID_ARG, "the state is of another KV layout (%d layers, K %s, V %s, width %lld; this "
                        "context: %d, %s, %s, %lld)", h.n_layer, pi_type_name(h.type_k), pi_type_name(h.type_v),
                        (long long)h.n_embd_kv, kv->n_layer, pi_type_name(kv->type_k), pi_type_name(kv->type_v),
-                       (long long)kv->n_embd_kv);
+                       (long long)n_embd_kv);
     if (h.n > kv->n_ctx)   /* (n >= 0: read_header) */
         return pi_fail(PI_ERR_INVALID_ARG, "the state holds %d tokens, the context %d cells", h.n, kv->n_ctx);
     const int32_t n = h.n;

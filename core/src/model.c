@@ -179,8 +179,51 @@ static pi_status check_hparams(const pi_hparams *hp) {
         ((hp->n_ff_shexp > 0 || hp->expert_raw_weights) && hp->n_expert == 0))
         return pi_fail(PI_ERR_BAD_MODEL, "n_ff_shexp = %d, expert_raw_weights = %d: out of range or without experts",
                        hp->n_ff_shexp, hp->expert_raw_weights);
+    if (hp->v_norm < 0 || hp->v_norm > 1 || hp->rope_freqs_global < 0 || hp->rope_freqs_global > 1)
+        return pi_fail(PI_ERR_BAD_MODEL, "v_norm = %d, rope_freqs_global = %d: must be 0 or 1", hp->v_norm,
+                       hp->rope_freqs_global);
     if (hp->post_norms_only && (!hp->post_norms || hp->sparse || pi_uses_layer_norm(hp)))
         return pi_fail(PI_ERR_BAD_MODEL, "post_norms_only needs post_norms (and a dense RMSNorm model)");
+    return PI_OK;
+}
+
+/* The model's per-layer geometry: desc->layers checked, or every layer made from hp. */
+static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
+    const pi_hparams *hp = &m->hp;
+    m->geom = calloc((size_t)hp->n_layer, sizeof *m->geom);
+    if (!m->geom) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        m->geom[il] = desc->layers ? desc->layers[il]
+                                   : (pi_layer_geom){ .head_dim = (int32_t)pi_head_dim(hp), .n_head_kv = hp->n_head_kv,
+                                                      .n_rot = hp->n_rot, .n_ff = hp->n_ff,
+                                                      .is_local = pi_layer_is_swa(hp, il), .kv_source = il };
+    m->uniform = true;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const pi_layer_geom *g = &m->geom[il];
+        if (g->head_dim <= 0 || g->head_dim >= MAX_DIM || (int64_t)g->head_dim * hp->n_head >= MAX_DIM ||
+            g->n_head_kv <= 0 || hp->n_head % g->n_head_kv || g->n_ff <= 0 || g->n_ff >= MAX_DIM)
+            return pi_fail(PI_ERR_BAD_MODEL, "layer %d: head_dim %d, n_head_kv %d (a divisor of n_head %d) and n_ff %d "
+                           "must be in range", il, g->head_dim, g->n_head_kv, hp->n_head, g->n_ff);
+        if (g->n_rot <= 0 || g->n_rot > g->head_dim || g->n_rot % 2)
+            return pi_fail(PI_ERR_BAD_MODEL, "layer %d: rope dimension %d must be even and at most its head_dim %d", il,
+                           g->n_rot, g->head_dim);
+        if (g->is_local < 0 || g->is_local > 1 || (g->is_local && hp->n_swa <= 0))
+            return pi_fail(PI_ERR_BAD_MODEL, "layer %d: is_local = %d (1 needs a sliding window, n_swa > 0)", il,
+                           g->is_local);
+        const pi_layer_geom *src = g->kv_source >= 0 && g->kv_source < il ? &m->geom[g->kv_source] : NULL;
+        if (g->kv_source != il && (!src || src->kv_source != g->kv_source || src->head_dim != g->head_dim ||
+                                   src->n_head_kv != g->n_head_kv || src->is_local != g->is_local))
+            return pi_fail(PI_ERR_BAD_MODEL, "layer %d: kv_source %d must be the layer itself or an earlier layer with "
+                           "its own KV cache, of the same head_dim, n_head_kv and local/global kind", il, g->kv_source);
+        m->max_q = PI_MAX(m->max_q, (int64_t)g->head_dim * hp->n_head);
+        m->max_kv = PI_MAX(m->max_kv, (int64_t)g->head_dim * g->n_head_kv);
+        m->max_ff = PI_MAX(m->max_ff, g->n_ff);
+        m->uniform &= g->head_dim == pi_head_dim(hp) && g->n_head_kv == hp->n_head_kv && g->n_rot == hp->n_rot &&
+                      g->n_ff == hp->n_ff && g->kv_source == il;
+    }
+    if (!m->uniform && (hp->sparse || hp->gate_sparse || hp->n_expert > 0 || hp->arch == PI_ARCH_FALCON))
+        return pi_fail(PI_ERR_UNSUPPORTED, "layers of different shapes or with shared KV caches: dense models without "
+                       "experts only (not sparse, gate-sparse, mixture-of-experts or falcon files)");
     return PI_OK;
 }
 
@@ -364,9 +407,9 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     m->hp = *hp;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) { st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory"); goto fail; }
+    TRY(make_geom(desc, m));
 
-    const int64_t E = hp->n_embd, F = hp->n_ff, V = hp->n_vocab;
-    const int64_t hd = pi_head_dim(hp), E_q = hd * hp->n_head, E_kv = hd * hp->n_head_kv;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
     TRY(load_tensor(desc, "token_embd.weight", E, V, false, false, &m->token_embd));
     const bool falcon = hp->arch == PI_ARCH_FALCON, opt = hp->arch == PI_ARCH_OPT, ln = pi_uses_layer_norm(hp);
     TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
@@ -393,6 +436,14 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     char name[96];
     for (int32_t il = 0; il < hp->n_layer; il++) {
         pi_layer *L = &m->layers[il];
+        const pi_layer_geom *g = &m->geom[il];
+        const int64_t F = g->n_ff, hd = g->head_dim, E_q = hd * hp->n_head, E_kv = hd * g->n_head_kv;
+        const bool own_kv = g->kv_source == il;
+        if (m->rope_freqs.data && (!g->is_local || !hp->rope_freqs_global) && g->n_rot != hp->n_rot) {
+            st = pi_fail(PI_ERR_BAD_MODEL, "layer %d ropes %d dims with rope_freqs.weight of %d factors", il, g->n_rot,
+                         hp->n_rot / 2);
+            goto fail;
+        }
 #define LAYER(suffix, ne0, ne1, f32, opt, dst) do { \
         snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst)); } while (0)
         if (!hp->post_norms_only) LAYER("attn_norm.weight", E, 0, true, false, &L->attn_norm);
@@ -403,8 +454,10 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             LAYER("attn_qkv.weight", E, E_q + 2 * E_kv, false, false, &L->wqkv);
         } else {
             LAYER("attn_q.weight",      E, E_q,  false, false, &L->wq);
-            LAYER("attn_k.weight",      E, E_kv, false, false, &L->wk);
-            LAYER("attn_v.weight",      E, E_kv, false, false, &L->wv);
+            if (own_kv) {
+                LAYER("attn_k.weight",  E, E_kv, false, false, &L->wk);
+                LAYER("attn_v.weight",  E, E_kv, false, hp->v_norm, &L->wv);   /* v_norm: V = K where absent */
+            }
         }
         LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
         if (opt || hp->attn_out_bias) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
@@ -414,13 +467,14 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         if (opt) LAYER("ffn_norm.bias", E, 0, true, false, &L->ffn_norm_b);
         if (hp->qkv_bias) {
             LAYER("attn_q.bias", E_q, 0, true, false, &L->bq);
-            LAYER("attn_k.bias", E_kv, 0, true, false, &L->bk);
-            LAYER("attn_v.bias", E_kv, 0, true, false, &L->bv);
+            if (own_kv) LAYER("attn_k.bias", E_kv, 0, true, false, &L->bk);
+            if (own_kv) LAYER("attn_v.bias", E_kv, 0, true, false, &L->bv);
         }
         if (hp->qk_norm) {   /* per head, or over the whole projection (olmo2) */
             LAYER("attn_q_norm.weight", hp->qk_norm == 2 ? E_q : hd, 0, true, false, &L->q_norm);
-            LAYER("attn_k_norm.weight", hp->qk_norm == 2 ? E_kv : hd, 0, true, false, &L->k_norm);
+            if (own_kv) LAYER("attn_k_norm.weight", hp->qk_norm == 2 ? E_kv : hd, 0, true, false, &L->k_norm);
         }
+        LAYER("layer_output_scale.weight", 1, 0, true, true, &L->out_scale);
         if (hp->post_norms) {
             LAYER("post_attention_norm.weight", E, 0, true, false, &L->post_attn_norm);
             LAYER("post_ffw_norm.weight", E, 0, true, false, &L->post_ffn_norm);
@@ -489,6 +543,7 @@ void pi_model_free(pi_model *model) {
     for (int32_t i = 0; i < model->n_repacked; i++) free(model->repacked[i]);
     free(model->repacked);
     free(model->layers);
+    free(model->geom);
     free(model->file_layers);
     free(model);
 }
@@ -498,5 +553,14 @@ int32_t pi_model_n_packed_ffn(const pi_model *model) { return model ? model->n_p
 pi_status pi_model_hparams(const pi_model *model, pi_hparams *out) {
     if (!model || !out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_hparams: NULL argument");
     *out = model->hp;
+    return PI_OK;
+}
+
+pi_status pi_model_layer_geom(const pi_model *model, int32_t il, pi_layer_geom *out) {
+    if (!model || !out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_layer_geom: NULL argument");
+    if (il < 0 || il >= model->hp.n_layer)
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_model_layer_geom: layer %d is out of range [0, %d)", il,
+                       model->hp.n_layer);
+    *out = model->geom[il];
     return PI_OK;
 }

@@ -50,6 +50,7 @@ typedef struct pi_layer {
     pi_tensor ffn_gate_shexp, ffn_up_shexp;   /* [n_embd, n_ff_shexp] hparams.n_ff_shexp: the shared expert */
     pi_tensor ffn_down_shexp;  /* [n_ff_shexp, n_embd] */
     pi_tensor ffn_gate_inp_shexp;   /* [n_embd] f32, optional: its output's sigmoid gate */
+    pi_tensor out_scale;   /* [1] f32 blk.N.layer_output_scale, optional (gemma4): x *= it after the layer */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;
@@ -64,6 +65,9 @@ struct pi_model {
     pi_tensor  rope_freqs;   /* [n_rot/2] f32 frequency factors (Llama 3.1+ "llama3" rope); data NULL if absent */
     pi_tensor  rope_freqs_long;  /* [n_rot/2] f32 phi3's long factors (pi_context_rope_freqs); data NULL if absent */
     pi_layer  *layers;       /* [n_layer] */
+    pi_layer_geom *geom;     /* [n_layer] each layer's shape (pi_model_desc.layers, or made from hp) */
+    int64_t    max_q, max_kv, max_ff;   /* the largest n_head * head_dim, n_head_kv * head_dim and n_ff of any layer */
+    bool       uniform;      /* every layer of hp's shape and with its own KV cache (what a device backend runs) */
     pi_layer  *file_layers;  /* [n_layer] the same views in the file's layout (before pi_repack / pi_sparse_pack):
                               * what a device backend uploads */
     pi_tensor  output_file;  /* the output head in the file's layout */
@@ -91,7 +95,8 @@ static inline int64_t pi_head_dim(const pi_hparams *hp) {
     return hp->head_dim > 0 ? hp->head_dim : hp->n_embd / hp->n_head;
 }
 
-/* Whether layer il is a local (sliding-window) layer: llama.cpp's set_swa_pattern(swa_pattern). */
+/* Whether layer il is a local (sliding-window) layer by hp alone: llama.cpp's set_swa_pattern(swa_pattern) (the default
+ * of pi_layer_geom.is_local; the forward pass reads the model's geom). */
 static inline bool pi_layer_is_swa(const pi_hparams *hp, int32_t il) {
     return hp->n_swa > 0 && (hp->swa_pattern <= 0 || il % hp->swa_pattern < hp->swa_pattern - 1);
 }

@@ -241,6 +241,12 @@ static pi_status check_params(const pi_context *ctx, const pi_offload_params *p,
     }
     if (*any && (hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT))
         return pi_fail(PI_ERR_UNSUPPORTED, "offload: falcon and opt models run on the CPU only so far");
+    for (int32_t il = 0; *any && il < hp->n_layer; il++) {   /* a shared KV cache lives with its layers' attention */
+        const int32_t src = m->geom[il].kv_source;
+        if (src != il && p->layers[il].attn != p->layers[src].attn)
+            return pi_fail(PI_ERR_UNSUPPORTED, "offload: layer %d attends over layer %d's KV cache: place both "
+                           "attentions on the device or both on the CPU", il, src);
+    }
     if (*any && (p->device < 0 || p->device >= pi_device_count()))
         return pi_fail(PI_ERR_UNSUPPORTED, "offload: GPU device %d does not exist (%d devices; set "
                        "POWERINFER_EMULATED_GPU_MIB=N for an emulated one)", p->device, pi_device_count());
@@ -261,15 +267,15 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
 
     /* count every device byte first */
     pi_offload_stats s = { .device = p->device, .output = p->output };
-    const size_t kv_layer = pad((size_t)ctx->kv.n_ctx * (size_t)ctx->kv.k_row_bytes) +
-                            pad((size_t)ctx->kv.n_ctx * (size_t)ctx->kv.v_row_bytes);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi_layer_placement *pl = &p->layers[il];
         const pi_layer *FL = &m->file_layers[il];
         if (pl->attn == PI_PLACE_DEVICE) {
             s.n_attn_layers++;
             s.model_bytes += (int64_t)fields_bytes(FL, ATTN_FIELDS, N(ATTN_FIELDS));
-            s.kv_bytes += (int64_t)kv_layer;
+            if (ctx->kv.layer[il].own)   /* a shared layer's is its source's */
+                s.kv_bytes += (int64_t)(pad((size_t)ctx->kv.n_ctx * (size_t)ctx->kv.layer[il].k_row_bytes) +
+                                        pad((size_t)ctx->kv.n_ctx * (size_t)ctx->kv.layer[il].v_row_bytes));
             if (hp->sparse) s.model_bytes += (int64_t)fields_bytes(FL, SPARSE_IO_FIELDS, N(SPARSE_IO_FIELDS));
         }
         if (!hp->sparse && pl->ffn == PI_PLACE_DEVICE) {
@@ -349,9 +355,12 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
         if (pl->attn == PI_PLACE_DEVICE) {
             st = upload_fields(ctx, FL, DL, ATTN_FIELDS, N(ATTN_FIELDS));
             if (st == PI_OK && hp->sparse) st = upload_fields(ctx, FL, DL, SPARSE_IO_FIELDS, N(SPARSE_IO_FIELDS));
-            void *k = NULL, *v = NULL;
-            if (st == PI_OK) st = dalloc(ctx, (size_t)ctx->kv.n_ctx * (size_t)ctx->kv.k_row_bytes, &k);
-            if (st == PI_OK) st = dalloc(ctx, (size_t)ctx->kv.n_ctx * (size_t)ctx->kv.v_row_bytes, &v);
+            const int32_t src = m->geom[il].kv_source;   /* placed before il, on the device too (check_params) */
+            void *k = lx[src].k, *v = lx[src].v;
+            if (st == PI_OK && src == il)
+                st = dalloc(ctx, (size_t)ctx->kv.n_ctx * (size_t)ctx->kv.layer[il].k_row_bytes, &k);
+            if (st == PI_OK && src == il)
+                st = dalloc(ctx, (size_t)ctx->kv.n_ctx * (size_t)ctx->kv.layer[il].v_row_bytes, &v);
             lx[il].attn = &ctx->dev;
             lx[il].attn_w = DL;
             lx[il].k = k;

@@ -1,0 +1,88 @@
+"""The tiny random gemma4 files of tests/model_files.py (CONFIGS["gemma4"]: local and global layers of their own
+shapes, shared KV layers, global layers without attn_v, proportional rope factors, layer output scales, a final cap)
+run by llama.cpp (llama-cpp-python, f32 KV cache) and by us.
+
+f32 weights: the logits within LLAMA_CPP_REL_RMS (measured 4.0e-4 .. 5.3e-4 at seeds 3, 5, 7: llama.cpp's GELU goes
+through a table of f16 values, as for gemma3's 4.5e-4 in test_arch_vs_llama_cpp.py; the float64 reference through that
+table, ReferenceModel(gelu_f16=True), is 2.4e-5 .. 1.2e-4 from llama.cpp, and ours 4.4e-7 from the plain reference),
+the same argmax at every position and the same 12 greedy tokens. Each piece's absence moves the reference 1.4e-2 ..
+0.8 from ours (tests/test_gemma4.py), far beyond these differences: llama.cpp confirms each one as we run it.
+
+Q8_0 / Q4_0 matrices: each engine rounds its own 8-bit activations of values that differ by the GELU table already, so
+the logits differ about as much as each differs from the reference of the dequantized weights (measured 1.9e-2 ..
+2.3e-2 from llama.cpp, 2.4e-2 .. 2.7e-2 from the reference, seeds 3, 4, 6, 8), and near-ties split the tiny model's
+greedy paths: all 12 tokens agree at seeds 3 and 6 (Q8_0), 4 and 8 (Q4_0); the other four runs split after 1 .. 7.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import powerinfer as pi  # noqa: E402
+from helpers import QUANT_REL_RMS, greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
+from model_files import write_arch_model  # noqa: E402
+from reference_model import ReferenceModel  # noqa: E402
+
+LLAMA_CPP_REL_RMS = 3e-3   # f32 (measured 4.0e-4 .. 5.3e-4)
+PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
+
+
+def ctx_of(model):
+    return pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1)
+
+
+@pytest.mark.parametrize("seed", [3, 5, 7])
+def test_f32_logits_agree_with_llama_cpp(tmp_path, seed):
+    path = tmp_path / f"tiny-gemma4-{seed}.gguf"
+    write_arch_model(path, "gemma4", seed=seed)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
+    model = pi.Model(path)
+    ours = logits_all(ctx_of(model), PROMPT)
+    err = rel_rms(ours, theirs)
+    print(f"gemma4 f32 seed {seed}: relative RMS difference from llama.cpp {err:.2e}")
+    assert err < LLAMA_CPP_REL_RMS, err
+    assert rel_rms(ReferenceModel(path, gelu_f16=True).forward(PROMPT), theirs) < 3e-4
+    assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))
+    a, b = greedy_both(ll, model, PROMPT, 12)
+    assert a == b, (a, b)
+
+
+@pytest.mark.parametrize("dtype, seed", [("q8_0", 3), ("q8_0", 6), ("q4_0", 4), ("q4_0", 8)])
+def test_quantized_agrees_with_llama_cpp(tmp_path, dtype, seed):
+    """Q8_0 / Q4_0 matrices (n_ff 96 .. 192 and head sizes 32 / 64: rows of whole blocks): the logits within
+    QUANT_REL_RMS of llama.cpp's and of the reference of the dequantized weights, and llama.cpp's 12 greedy tokens."""
+    path = tmp_path / f"tiny-gemma4-{dtype}.gguf"
+    write_arch_model(path, "gemma4", seed=seed, dtype=dtype)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
+    model = pi.Model(path)
+    ours = logits_all(ctx_of(model), PROMPT)
+    err = rel_rms(ours, theirs)
+    print(f"gemma4 {dtype} seed {seed}: relative RMS difference from llama.cpp {err:.2e}")
+    assert err < QUANT_REL_RMS, err
+    assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < QUANT_REL_RMS
+    a, b = greedy_both(ll, model, PROMPT, 12)
+    assert a == b, (a, b)
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_quantizer_writes_llama_quantizes_file(tmp_path, ftype):
+    """powerinfer.quantize on the tiny gemma4 (no attn_v in the global and shared layers, no attn_k in the shared
+    ones, per-layer shapes, mostly fallback types at n_embd 128): llama-quantize's file byte for byte, and it runs."""
+    import ctypes
+
+    from powerinfer.quant_rules import FTYPE, QuantOptions
+    from powerinfer.quantize import quantize_file
+    src, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    write_arch_model(src, "gemma4", seed=3)
+    quantize_file(src, ours, QuantOptions(ftype=FTYPE[ftype]))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = FTYPE[ftype], 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(theirs).encode(), ctypes.byref(p)) == 0
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert np.isfinite(logits_all(ctx_of(pi.Model(ours)), PROMPT)).all()

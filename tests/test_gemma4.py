@@ -1,0 +1,269 @@
+"""gemma4 (Google's Gemma 4 dense text models; GGUF general.architecture "gemma4" as llama.cpp's converter writes it) on
+a tiny random file (tests/model_files.py, CONFIGS["gemma4"]) against the float64 reference (tests/reference_model.py,
+written from llama.cpp's gemma4.cpp graph) and llama.cpp itself: layers of two shapes (local: 2 KV heads of 32, rope
+over 32 dims with base 10000; global: 1 KV head of 64, proportional rope factors over base 1e6), an FFN width per
+layer, V normed per head (V = the K projection in the global layers, which have no attn_v), attention scale 1, the last
+2 layers reading the KV caches of layers 3 and 4, a scale of each layer's output and a final cap. Per-layer embeddings
+(E2B / E4B) and the mixture-of-experts layers (26B-A4B) are refused. llama.cpp runs the same files in
+tests/compat/test_gemma4_vs_llama_cpp.py.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, check_level, logits_all, logits_in_calls, rel_rms
+from model_files import CONFIGS, gemma4_weights, make_weights, rewrite, write_arch_model, write_gemma4_model
+from reference_model import ReferenceModel
+
+import powerinfer as pi
+from powerinfer.gguf_file import ModelLoadError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from random_lora import LORA_ALL_LINEAR, write_lora  # noqa: E402
+
+PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]   # 16 > the window of 5
+C = CONFIGS["gemma4"]
+# What each piece changes in the tiny model's logits (rel. RMS of the reference without it against ours, seed 3): no V
+# norm 0.21, q scaled by 1/sqrt(head_dim) 0.70, no rope factors 1.4e-2 (the global layers' base of 1e6 turns the
+# unrotated pairs little over 16 positions), no layer output scale 0.16, no final cap 4.0e-2, every layer global 0.81,
+# earlier KV sources 0.50; ours is 4.4e-7 from the reference
+FEATURE_MIN = 1e-2
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma4") / "tiny-gemma4.gguf"
+    write_arch_model(path, "gemma4", seed=3)
+    return path
+
+
+def ctx_of(model, **kw):
+    return pi.Context(model, n_ctx=64, kv_type=kw.pop("kv_type", "f32"), **kw)
+
+
+def test_hparams(gemma4):
+    """What model.py makes of the keys: the fields hold the global layers' shape (the widest FFN), layer_geom each
+    layer's (llama.cpp's n_embd_head_k(il), n_head_kv(il), n_rot(il), n_ff(il), is_swa(il) and its KV reuse)."""
+    hp = pi.Model(gemma4).hparams
+    assert (hp.arch, hp.rope_mode, hp.head_dim, hp.n_rot, hp.n_head_kv, hp.n_ff) == ("gemma4", "neox", 64, 64, 1, 192)
+    assert hp.qk_norm and hp.post_norms and hp.v_norm and hp.rope_freqs_global and hp.attn_scale == 1.0
+    assert (hp.rope_freq_base, hp.rope_freq_base_swa, hp.final_softcap, hp.n_swa) == (1e6, 1e4, 3.0, 5)
+    geo = [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, g.is_local, g.kv_source) for g in hp.layers()]
+    assert geo == [(32, 2, 32, 96, True, 0), (32, 2, 32, 128, True, 1), (64, 1, 64, 160, False, 2),
+                   (32, 2, 32, 96, True, 3), (64, 1, 64, 128, False, 4), (32, 2, 32, 192, True, 3),
+                   (64, 1, 64, 160, False, 4)]
+    assert [hp.is_swa_layer(i) for i in range(7)] == [bool(v) for v in C["local"]]
+
+
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+def test_matches_the_reference_at_every_level(gemma4, level):
+    """At every ISA level this machine runs: the prompt in one call and token by token (decode steps over the KV cache:
+    the shared layers read their sources' cells) within FLOAT_REL_RMS of the float64 reference, and the scalar
+    level's bits."""
+    check_level(gemma4, level, ReferenceModel(gemma4).forward(PROMPT), PROMPT, FLOAT_REL_RMS)
+
+
+def test_rows_do_not_depend_on_the_batch(gemma4):
+    """The prompt in one call, 5 at a time and one at a time, on 1 or 2 threads: the same logits."""
+    model = pi.Model(gemma4)
+    one = logits_all(ctx_of(model, n_threads=2), PROMPT)
+    assert np.array_equal(logits_in_calls(ctx_of(model, n_threads=2), PROMPT, 5), one)
+    assert np.array_equal(logits_in_calls(ctx_of(model, n_threads=1), PROMPT, 1), one)
+
+
+def test_f16_kv_cache(gemma4):
+    ours = logits_all(ctx_of(pi.Model(gemma4), kv_type="f16"), PROMPT)
+    assert rel_rms(ours, ReferenceModel(gemma4).forward(PROMPT)) < KV_F16_REL_RMS
+
+
+def _earlier_sources(path):
+    """The reference whose shared layers read earlier caches of their kind: layer 5 (local) layer 1's instead of
+    layer 3's (llama.cpp's n_kv - 2), layer 6 (global) layer 2's instead of layer 4's (n_kv - 1)."""
+    ref = ReferenceModel(path)
+    ref.layer_geom[5]["kv_source"], ref.layer_geom[6]["kv_source"] = 1, 2
+    return ref
+
+
+def test_each_piece_matters(gemma4):
+    """The reference without each of gemma4's pieces is far from ours (FEATURE_MIN, 1e3 x the tolerance): no V norm,
+    q scaled by 1/sqrt(head_dim), no rope factors (the global layers rotating every pair), no layer output scale, no
+    final cap, every layer global, and the shared layers reading earlier caches of their kind (_earlier_sources)."""
+    ours = logits_all(ctx_of(pi.Model(gemma4)), PROMPT)
+    assert rel_rms(ours, ReferenceModel(gemma4).forward(PROMPT)) < FLOAT_REL_RMS
+    refs = {str(ch): ReferenceModel(gemma4, **ch) for ch in (dict(v_norm=False), dict(attn_scale=None),
+                                                            dict(rope_freqs=None), dict(use_out_scale=False),
+                                                            dict(final_softcap=0.0), dict(n_swa=1000))}
+    refs["earlier KV sources"] = _earlier_sources(gemma4)
+    for what, ref in refs.items():
+        err = rel_rms(ours, ref.forward(PROMPT))
+        print(f"{what}: {err:.2e}")
+        assert err > FEATURE_MIN, (what, err)
+
+
+@pytest.mark.parametrize("kv_type, tol", [("f32", FLOAT_REL_RMS), ("f16", KV_F16_REL_RMS)])
+def test_released_head_sizes(tmp_path, kv_type, tol):
+    """The released models' head sizes (31B: 256 local, 512 global, rope factors over 64 of 256 pairs) at 2 heads:
+    the attention's large-head paths against the reference."""
+    c = dict(C, head_dim=512, head_dim_swa=256, n_head=2, n_rot_pairs=64)
+    write_gemma4_model(tmp_path / "big.gguf", gemma4_weights(c, 3), c)
+    ours = logits_all(ctx_of(pi.Model(tmp_path / "big.gguf"), kv_type=kv_type), PROMPT)
+    assert rel_rms(ours, ReferenceModel(tmp_path / "big.gguf").forward(PROMPT)) < tol
+
+
+def test_unused_kv_weights_of_shared_layers(gemma4, tmp_path):
+    """A file whose shared layers carry attn_k / attn_v / attn_k_norm anyway (llama.cpp's TENSOR_NOT_REQUIRED there):
+    they are not read, the logits are the same."""
+    rng = np.random.default_rng(0)
+    extra = {"blk.5.attn_k.weight": (rng.standard_normal((64, 128)).astype(np.float32), 0),
+             "blk.5.attn_v.weight": (rng.standard_normal((64, 128)).astype(np.float32), 0),
+             "blk.6.attn_k_norm.weight": (np.ones(64, np.float32), 0)}
+    path = rewrite(gemma4, tmp_path / "extra.gguf", extra=extra)
+    assert np.array_equal(logits_all(ctx_of(pi.Model(path)), PROMPT), logits_all(ctx_of(pi.Model(gemma4)), PROMPT))
+
+
+def test_two_sequences_in_one_batch(gemma4):
+    """Two prompts decoded together (their tokens interleaved in one batch, then a step of both): each sequence's
+    logits are the reference's of its prompt alone, the shared layers reading only their sequence's cells."""
+    a, b = PROMPT[:9], PROMPT[7:]
+    ctx = pi.Context(pi.Model(gemma4), n_ctx=64, kv_type="f32", n_seq_max=2)
+    toks = [t for pair in zip(a, b) for t in pair]
+    pos = [p for i in range(9) for p in (i, i)]
+    ctx.decode(toks, pos=pos, seq_id=[0, 1] * 9, logits="all")
+    got_a = np.stack([ctx.logits(2 * i) for i in range(9)])
+    got_b = np.stack([ctx.logits(2 * i + 1) for i in range(9)])
+    ctx.decode([5, 6], pos=[9, 9], seq_id=[0, 1], logits="all")
+    ref = ReferenceModel(gemma4)
+    assert rel_rms(np.vstack([got_a, ctx.logits(0)]), ref.forward(a + [5])) < FLOAT_REL_RMS
+    assert rel_rms(np.vstack([got_b, ctx.logits(1)]), ref.forward(b + [6])) < FLOAT_REL_RMS
+
+
+def test_api_greedy_tokens(gemma4):
+    """The llama-cpp-python API (PowerInfer.generate over token ids, temperature 0): the reference's greedy tokens."""
+    from itertools import islice
+    llm = pi.PowerInfer(str(gemma4), n_ctx=64, n_threads=1, verbose=False)
+    got = list(islice(llm.generate(PROMPT, temp=0.0), 8))
+    assert got == ReferenceModel(gemma4).greedy(PROMPT, 8)
+
+
+def test_kv_cache_of_the_cached_layers(gemma4, tmp_path):
+    """The KV cache holds the 5 layers with their own cache at their sizes (Context.kv_cache_bytes), a sequence's
+    state their rows alone; the state restored into another context (other cells) continues with the first's logits;
+    a state of another model is refused (gemma3's of 7 layers of 64 K/V values: gemma4's cached layers each hold 64
+    too, so the header agrees and the size does not)."""
+    model = pi.Model(gemma4)
+    a = ctx_of(model, n_seq_max=2)
+    cached = [C["n_head_kv"][il] * (C["head_dim_swa"] if C["local"][il] else C["head_dim"]) for il in range(5)]
+    assert a.kv_cache_bytes == (sum(cached) * 4 * 64, sum(cached) * 4 * 64)       # f32, 64 cells
+    a.decode(PROMPT[:10], logits="last")
+    state = a.kv_seq_state(0)
+    assert len(state) == 56 + 10 * 4 + 10 * 2 * 4 * sum(cached)
+    a.decode(PROMPT[10:14], logits="all")
+    want = np.stack([a.logits(i) for i in range(4)])
+    assert rel_rms(want, ReferenceModel(gemma4).forward(PROMPT[:14])[10:]) < FLOAT_REL_RMS
+    b = ctx_of(model, n_seq_max=2)
+    b.decode([7, 8, 9], seq_id=1, logits="last")            # another sequence in cells 0-2
+    b.kv_seq_set_state(0, state)
+    b.decode(PROMPT[10:14], logits="all")
+    np.testing.assert_allclose(np.stack([b.logits(i) for i in range(4)]), want, rtol=1e-5, atol=1e-5)
+    write_arch_model(tmp_path / "g3.gguf", "gemma3", seed=3)
+    with pytest.raises(pi.PowerInferError, match="takes 35936 bytes, not 25696"):   # 7 cached layers, 5
+        ctx_of(pi.Model(tmp_path / "g3.gguf")).kv_seq_set_state(0, state)
+
+
+def test_lora_and_control_vector(gemma4, tmp_path):
+    """A LoRA adapter of every linear weight the layers have (no attn_k / attn_v in the shared layers, no attn_v in
+    the global ones: V = the adapted K) and a control vector, against the reference of the merged weights."""
+    from test_lora import PROMPT as LORA_PROMPT
+    from test_lora import reference
+
+    from powerinfer.lora import LoraAdapter
+    pairs = write_lora(tmp_path / "a.gguf", gemma4, targets=LORA_ALL_LINEAR, rank=4, seed=2)
+    model = pi.Model(gemma4)
+    ctx = ctx_of(model)
+    ctx.set_lora([(LoraAdapter(tmp_path / "a.gguf", model), 1.0)])
+    got = logits_all(ctx, LORA_PROMPT)
+    assert rel_rms(got, reference(gemma4, [(pairs, 1.0, 16.0)])) < FLOAT_REL_RMS
+    cvec = np.random.default_rng(1).standard_normal((C["n_layer"], C["n_embd"])).astype(np.float32) * 0.3
+    ctx = ctx_of(model)
+    ctx.set_control_vector(cvec, 1, 5)
+    want = ReferenceModel(gemma4, control_vector=np.where(
+        ((np.arange(C["n_layer"]) >= 1) & (np.arange(C["n_layer"]) <= 5))[:, None], cvec, 0.0)).forward(PROMPT)
+    assert rel_rms(logits_all(ctx, PROMPT), want) < FLOAT_REL_RMS
+
+
+def test_refused(tmp_path, gemma4):
+    """What is not supported yet (per-layer embeddings, experts) and inconsistent per-layer keys give a
+    ModelLoadError naming the cause (the core's checks as PI errors), never an abort."""
+    w = make_weights("gemma4", seed=3)
+    cases = {
+        "per-layer embeddings": dict(meta={"embedding_length_per_layer_input": 64}),
+        "mixture-of-experts": dict(meta={"expert_count": 4}),
+        "has 6 values for 7 layers": dict(meta={"attention.head_count_kv": [2] * 6}),
+        "not a multiple of n_head_kv = 3": dict(meta={"attention.head_count_kv": [3] * 7}),
+        "must be a flag per layer": dict(meta={"attention.sliding_window_pattern": 6}),
+        "rope dimension 34": dict(meta={"rope.dimension_count_swa": 34}),
+        "kv_source": dict(meta={"attention.shared_kv_layers": 3}),     # layer 4 (global) would read layer 3 (local)
+        "fewer than 2": dict(meta={"attention.shared_kv_layers": 6}),
+        "value_length_swa": dict(meta={"attention.value_length_swa": 64}),
+    }
+    for i, (what, kw) in enumerate(cases.items()):
+        write_gemma4_model(tmp_path / f"bad{i}.gguf", w, C, **kw)
+        with pytest.raises(ModelLoadError, match=what):
+            pi.Model(tmp_path / f"bad{i}.gguf")
+    ple = rewrite(gemma4, tmp_path / "ple.gguf", extra={"per_layer_token_embd.weight": (np.zeros((320, 8),
+                                                                                               np.float32), 0)})
+    with pytest.raises(ModelLoadError, match="per-layer embeddings or mixture-of-experts"):
+        pi.Model(ple)
+    missing = rewrite(gemma4, tmp_path / "no-k.gguf", drop=("blk.2.attn_k.weight",))
+    with pytest.raises(ModelLoadError, match="blk.2.attn_k.weight"):
+        pi.Model(missing)
+    bad_scale = rewrite(gemma4, tmp_path / "scale.gguf", replace={"blk.0.layer_output_scale.weight":
+                                                                  (np.ones(2, np.float32), 0)})
+    with pytest.raises(ModelLoadError, match="layer_output_scale"):
+        pi.Model(bad_scale)
+
+
+_OFFLOAD_SCRIPT = """
+import sys, numpy as np, powerinfer as pi
+m = pi.Model(sys.argv[1])
+prompt = [int(t) for t in sys.argv[2].split(",")]
+def run(**kw):
+    c = pi.Context(m, n_ctx=64, kv_type="f32", **kw)
+    c.decode(prompt, logits="all")
+    rows = [np.array(c.logits(i)) for i in range(len(prompt))]
+    for t in (5, 6, 7):                    # decode steps over the device's caches
+        c.decode([t], logits="last")
+        rows.append(np.array(c.logits()))
+    return c, np.stack(rows)
+c0, cpu = run()
+for ngl in (-1, 4, 3, 1):
+    c, got = run(n_gpu_layers=ngl)
+    st = c.offload
+    print(ngl, st.n_attn_layers if st else 0, st.kv_bytes if st else 0, bool(np.array_equal(got, cpu)),
+          c.kv_seq_state(0) == c0.kv_seq_state(0), "|".join(c.gpu_warnings).replace(" ", "_"))
+"""
+
+
+def test_offload_on_the_emulated_device(gemma4):
+    """On the emulated device (its ops the CPU's kernels): every layer placed (-ngl -1) or the last 4 (the shared
+    layers with their sources 3 and 4) give the CPU's bits over a prompt and decode steps, the device holding the 5
+    cached layers' (3 and 4's) KV caches, read back as the CPU's sequence state; a placement that splits a shared
+    layer from its source (-ngl 3: layer 5 on the device, its source 3 not; -ngl 1) is refused by name and runs on
+    the CPU."""
+    env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
+    out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(gemma4), ",".join(map(str, PROMPT))], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = {int(r.split()[0]): r.split() for r in out.stdout.splitlines()}
+    cached = [C["n_head_kv"][il] * (C["head_dim_swa"] if C["local"][il] else C["head_dim"]) for il in range(5)]
+    pad = lambda n: -(-n // 256) * 256  # noqa: E731
+    kv = lambda layers: sum(2 * pad(64 * 4 * cached[il]) for il in layers)  # noqa: E731
+    assert rows[-1][1:5] == ["7", str(kv(range(5))), "True", "True"], rows[-1]
+    assert rows[4][1:5] == ["4", str(kv((3, 4))), "True", "True"], rows[4]
+    for ngl in (3, 1):
+        assert rows[ngl][1:5] == ["0", "0", "True", "True"] and "KV_cache" in rows[ngl][5], rows[ngl]

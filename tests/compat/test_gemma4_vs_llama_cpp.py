@@ -70,16 +70,21 @@ def test_quantized_agrees_with_llama_cpp(tmp_path, dtype, seed):
     assert a == b, (a, b)
 
 
+@pytest.mark.parametrize("experts", [None, "separate", "fused"])
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
-def test_quantizer_writes_llama_quantizes_file(tmp_path, ftype):
+def test_quantizer_writes_llama_quantizes_file(tmp_path, ftype, experts):
     """powerinfer.quantize on the tiny gemma4 (no attn_v in the global and shared layers, no attn_k in the shared
-    ones, per-layer shapes, mostly fallback types at n_embd 128): llama-quantize's file byte for byte, and it runs."""
+    ones, per-layer shapes, mostly fallback types at n_embd 128; with experts: the router and the scales left f32, the
+    experts as llama-quantize types them): llama-quantize's file byte for byte, and it runs."""
     import ctypes
 
     from powerinfer.quant_rules import FTYPE, QuantOptions
     from powerinfer.quantize import quantize_file
     src, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
-    write_arch_model(src, "gemma4", seed=3)
+    if experts:
+        write_gemma4_moe_model(src, seed=3, fused=experts == "fused")
+    else:
+        write_arch_model(src, "gemma4", seed=3)
     quantize_file(src, ours, QuantOptions(ftype=FTYPE[ftype]))
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype, p.nthread = FTYPE[ftype], 2

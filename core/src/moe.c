@@ -9,8 +9,8 @@
  * with a shared expert (hparams.n_ff_shexp) y += down_s (silu(gate_s x) * (up_s x)), times sigmoid(gate_inp_s . x) where
  * the layer has that gate. gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale (moe_router_norm; x
  * the block's input, not the experts' normed input), and each expert's output is times its ffn_down_exps.scale (where
- * the file has one, any arch: llama.cpp's down_exps_s). Each expert runs once per call over the tokens routed to it (their rows gathered),
- * through mul_mat, so a token's row does not depend on the batch. CPU only. */
+ * the file has one, any arch: llama.cpp's down_exps_s). Each expert runs once per call over the tokens routed to it
+ * (their rows gathered), through mul_mat, so a token's row does not depend on the batch. CPU only. */
 #include "moe.h"
 
 #include <math.h>

@@ -1,6 +1,7 @@
 """Mixture-of-experts FFNs (Mixtral's llama layout, qwen3moe; core/src/moe.c): the logits equal the float64 reference
 forward (softmax router, the top n_expert_used renormalized) and llama.cpp's on the same files; a prompt's chunking
-is neutral (each expert's rows are mul_mat rows); gemma4's fused gate/up experts and per-expert scales in any MoE file."""
+is neutral (each expert's rows are mul_mat rows); gemma4's fused gate/up experts and per-expert scales in any MoE
+file."""
 from __future__ import annotations
 
 import numpy as np

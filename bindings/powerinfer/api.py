@@ -225,12 +225,15 @@ class CompletionShaper:
         msg = self._tool_message(res)
         held = self._split(*self.reasoning.finish()) if self.reasoning is not None else {}
         if self.tools is not None:
-            # the content not streamed yet ("auto" streamed what came before a possible call), then the calls
-            content = (msg["content"] or "") if msg is not None else (self.tools.plain(self.text)[1]
-                                                                       if self.tools.auto else self.text)
+            # the reasoning (a channel syntax's, held back with the rest), the content not streamed yet ("auto"
+            # streamed what came before a possible call), then the calls
+            if msg is not None:
+                reasoning, content = msg.get("reasoning_content", ""), msg["content"] or ""
+            else:
+                reasoning, content = self.tools.plain(self.text) if self.tools.auto else ("", self.text)
             rest = content[len(self._streamed):] if content.startswith(self._streamed) else content
-            out = [self._chunk({"index": 0, "delta": {"content": rest}, "logprobs": None, "finish_reason": None})
-                   ] if rest else []
+            out = [self._chunk({"index": 0, "delta": {key: text}, "logprobs": None, "finish_reason": None})
+                   for key, text in (("reasoning_content", reasoning), ("content", rest)) if text]
             if msg is not None:
                 calls = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
                 out.append(self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
@@ -793,14 +796,15 @@ class PowerInfer:
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
                   speculative: SpecParams | None = None, lora=None, context_shift: bool = False, n_keep: int = 0,
-                  **sampler_options) -> Task:
+                  preserved_ids=(), **sampler_options) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
         settings (None: the engine's; they change the speed only). lora: this request's adapter scales, llama.cpp's
         [{"id": i, "scale": s}, ...] or (i, s) pairs over self.lora_adapters (those left out: 0; None or []: the
         current ones, set_lora_scales). context_shift: a full slot keeps the first n_keep tokens (-1: the whole
         prompt), drops the older half of the others and goes on (llama.cpp's --context-shift; otherwise the request
-        ends, truncated). sampler_options: SamplingParams' other fields
+        ends, truncated). preserved_ids: control tokens the output shows (a chat reply's: chat_preserved_ids).
+        sampler_options: SamplingParams' other fields
         (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
             seed = self.seed
@@ -834,7 +838,7 @@ class PowerInfer:
                     logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                     prompt_logprobs=prompt_logprobs, speculative=speculative,
                     lora=self._lora_request(lora), context_shift=context_shift,
-                    n_keep=len(prompt_tokens) if n_keep == -1 else n_keep)
+                    n_keep=len(prompt_tokens) if n_keep == -1 else n_keep, preserved_ids=preserved_ids)
         self.engine.check(task)
         return task
 
@@ -883,12 +887,24 @@ class PowerInfer:
         tokens = tok.encode(text, add_special=add_bos, parse_special=True)
         stops, stop_ids = [], []
         for marker in fmt.end_of_turn:
-            ids = tok.encode(marker, add_special=False, parse_special=True)
-            if len(ids) == 1 and tok.token_type(ids[0]) == TOKEN_CONTROL:
-                stop_ids.append(ids[0])          # rendered as "" by the detokenizer: stop on the id
+            tid = self._control_id(marker)
+            if tid is not None:
+                stop_ids.append(tid)          # rendered as "" by the detokenizer: stop on the id
             else:
                 stops.append(marker)
         return text, tokens, stops, stop_ids
+
+    def _control_id(self, marker: str) -> int | None:
+        """The id of the control token whose text marker is (None: marker is not one such token)."""
+        ids = self.tokenizer.encode(marker, add_special=False, parse_special=True)
+        return ids[0] if len(ids) == 1 and self.tokenizer.token_type(ids[0]) == TOKEN_CONTROL else None
+
+    @property
+    def chat_preserved_ids(self) -> frozenset[int]:
+        """The control tokens a chat reply shows as text: the chat format's markers that its reasoning and tool calls
+        are read by (ChatFormatter.preserved; llama.cpp's preserved tokens)."""
+        ids = (self._control_id(marker) for marker in self.chat_formatter.preserved)
+        return frozenset(tid for tid in ids if tid is not None)
 
     def tool_calls(self, tools, tool_choice):
         """The request's ToolCalls (powerinfer.tools; None without tools), "auto" read in this model's template's call
@@ -1057,6 +1073,7 @@ class PowerInfer:
                               repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, logit_bias=logit_bias, ignore_eos=ignore_eos,
                               n_probs=0 if n_lp is None else max(n_lp, 1), stop_token_ids=stop_ids, grammar=g,
+                              preserved_ids=self.chat_preserved_ids,
                               logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                               typical_p=typical_p, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
                               mirostat_eta=mirostat_eta, **sampler_options)

@@ -196,14 +196,16 @@ class Tokenizer:
 class StreamDecoder:
     """Incremental, UTF-8-safe detokenizer: concatenated output equals ``Tokenizer.decode``."""
 
-    def __init__(self, tokenizer: Tokenizer, strip_leading_space: bool = True):
+    def __init__(self, tokenizer: Tokenizer, strip_leading_space: bool = True, preserved=()):
+        """preserved: control token ids rendered as their text (what decode(skip_special=False) gives)."""
         self._tokenizer = tokenizer
         self._at_start = strip_leading_space
+        self._preserved = frozenset(preserved)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, id: int) -> str:
         """Add one token; return the text completed by it ("" while a character is partial)."""
-        piece, self._at_start = self._tokenizer._render(id, self._at_start, True)
+        piece, self._at_start = self._tokenizer._render(id, self._at_start, id not in self._preserved)
         return self._utf8.decode(piece)
 
     def flush(self) -> str:

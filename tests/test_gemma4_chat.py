@@ -60,6 +60,18 @@ def test_builtin_template_renders_text_turns_as_llama_cpp(case):
     assert render(ChatFormatter.builtin("gemma4", bos_token="<bos>"), case["request"]) == case["prompt"]
 
 
+def test_vocabulary_without_template_gets_the_builtin():
+    """A Gemma 4 vocabulary (<|turn> a control token) in a file without a template: the built-in gemma4 format, its
+    turns ended by <turn|> / <|tool_response>, its markers shown in replies."""
+    tokens = GEMMA4_SPECIAL + GEMMA4_BYTES
+    tok = Tokenizer.from_gguf_metadata(gemma4_meta(tokens, gemma4_types(tokens), []))
+    fmt = ChatFormatter.resolve({}, tokenizer=tok)
+    assert fmt.name == "gemma4" and fmt.bos_token == "<bos>" and fmt.end_of_turn == ["<turn|>", "<|tool_response>"]
+    assert "<|channel>" in fmt.preserved and not fmt.gemma4       # (no tools: not the official template's extras)
+    hi = [{"role": "user", "content": "Hi"}]
+    assert fmt.render(hi) == "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+
+
 def chunkings(text: str):
     yield [text]
     yield list(text)

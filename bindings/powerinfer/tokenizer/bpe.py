@@ -63,7 +63,6 @@ _GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-
 class Pre(NamedTuple):
     """A pre-tokenizer: its regular expressions, ignore_merges (a word that is a vocabulary entry is emitted whole),
     add_bos (the default without tokenizer.ggml.add_bos_token; forced on where spm is set, as llama.cpp does for
@@ -311,7 +310,7 @@ class BPETokenizer(Tokenizer, model="gpt2"):
             out.extend(ids)
 
     def _bpe(self, word: str) -> list[int]:
-        """Ids of one byte-encoded word (heap-based merges, as llama.cpp)."""
+        """Ids of one word, byte-encoded (raw with spm) (heap-based merges, as llama.cpp)."""
         lookup = self._text_to_id
         if (self._ignore_merges or (self._spm and not word.strip("\n"))) and word in lookup:
             return [lookup[word]]
@@ -354,7 +353,6 @@ class BPETokenizer(Tokenizer, model="gpt2"):
     def __repr__(self) -> str:
         return (f"BPETokenizer(n_vocab={self.n_vocab}, pre={self.pre!r}, bos_id={self.bos_id}, "
                 f"eos_id={self.eos_id}, add_bos={self.add_bos}, add_eos={self.add_eos})")
-
 
 
 class Gemma4Tokenizer(BPETokenizer, model="gemma4"):

@@ -72,6 +72,27 @@ def test_vocabulary_without_template_gets_the_builtin():
     assert fmt.render(hi) == "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
 
 
+def test_main_cnv_reply_shows_the_markers():
+    """examples/main.py -cnv shows a reply's thought channel with its markers (the format's preserved tokens), so
+    that ChatTurns hands it back to the template, which strips it."""
+    import importlib.util
+    from types import SimpleNamespace
+    spec = importlib.util.spec_from_file_location("examples_main", ROOT / "examples" / "main.py")
+    main = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(main)
+    tokens = GEMMA4_SPECIAL + GEMMA4_BYTES
+    tok = Tokenizer.from_gguf_metadata(gemma4_meta(tokens, gemma4_types(tokens), []))
+    text = "<|channel>thought\nhm<channel|>Hi"
+    ids = tok.encode(text, add_special=False, parse_special=True)
+    gen = SimpleNamespace(generate=lambda *a, **k: (t for t in ids), hit_eog=True, stop_word="")
+    shown = []
+    out = SimpleNamespace(write=lambda s, *a: shown.append(s))
+    preserved = main.preserved_ids(ChatFormatter.builtin("gemma4"), tok)
+    got = main.reply(gen, tok, 10, [], SimpleNamespace(requested=False), out, preserved=preserved)
+    assert got == "".join(shown) == text
+    assert main.reply(gen, tok, 10, [], SimpleNamespace(requested=False), out) == "thought\nhmHi"
+
+
 def chunkings(text: str):
     yield [text]
     yield list(text)

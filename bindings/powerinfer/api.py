@@ -34,7 +34,6 @@ from .request import RequestError, Result, Task, TaskEvents, common_prefix
 from .sampling import EXTRA_NUMBERS, SamplingParams
 from .speculative import SpecParams, make_drafter
 from .token_loop import TokenLoop
-from .tokenizer import TOKEN_CONTROL
 
 log = logging.getLogger("powerinfer")
 
@@ -871,7 +870,7 @@ class PowerInfer:
     def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
         """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages;
         template_kwargs are extra template variables (chat_template_kwargs), never the template's own."""
-        from .chat import RESERVED_TEMPLATE_VARS, ChatTemplateError
+        from .chat import RESERVED_TEMPLATE_VARS, ChatTemplateError, control_token
         clash = sorted(set(template_kwargs) & set(RESERVED_TEMPLATE_VARS))
         if clash:
             raise RequestError(f"chat_template_kwargs may not set {', '.join(repr(k) for k in clash)}: the server "
@@ -887,24 +886,18 @@ class PowerInfer:
         tokens = tok.encode(text, add_special=add_bos, parse_special=True)
         stops, stop_ids = [], []
         for marker in fmt.end_of_turn:
-            tid = self._control_id(marker)
+            tid = control_token(tok, marker)
             if tid is not None:
                 stop_ids.append(tid)          # rendered as "" by the detokenizer: stop on the id
             else:
                 stops.append(marker)
         return text, tokens, stops, stop_ids
 
-    def _control_id(self, marker: str) -> int | None:
-        """The id of the control token whose text marker is (None: marker is not one such token)."""
-        ids = self.tokenizer.encode(marker, add_special=False, parse_special=True)
-        return ids[0] if len(ids) == 1 and self.tokenizer.token_type(ids[0]) == TOKEN_CONTROL else None
-
     @property
     def chat_preserved_ids(self) -> frozenset[int]:
-        """The control tokens a chat reply shows as text: the chat format's markers that its reasoning and tool calls
-        are read by (ChatFormatter.preserved; llama.cpp's preserved tokens)."""
-        ids = (self._control_id(marker) for marker in self.chat_formatter.preserved)
-        return frozenset(tid for tid in ids if tid is not None)
+        """The control tokens a chat reply shows as text (powerinfer.chat.preserved_ids)."""
+        from .chat import preserved_ids
+        return preserved_ids(self.chat_formatter, self.tokenizer)
 
     def tool_calls(self, tools, tool_choice):
         """The request's ToolCalls (powerinfer.tools; None without tools), "auto" read in this model's template's call

@@ -307,6 +307,20 @@ class ChatFormatter:
         return f"ChatFormatter(name={self.name!r})"
 
 
+def control_token(tokenizer, marker: str) -> int | None:
+    """The id of the control token whose text marker is (None: marker is not one such token)."""
+    from .tokenizer import TOKEN_CONTROL
+    ids = tokenizer.encode(marker, add_special=False, parse_special=True)
+    return ids[0] if len(ids) == 1 and tokenizer.token_type(ids[0]) == TOKEN_CONTROL else None
+
+
+def preserved_ids(fmt: "ChatFormatter", tokenizer) -> frozenset[int]:
+    """The control tokens a reply in fmt's format shows as text: the markers its reasoning and tool calls are read by
+    (ChatFormatter.preserved; llama.cpp's preserved tokens)."""
+    ids = (control_token(tokenizer, marker) for marker in fmt.preserved)
+    return frozenset(tid for tid in ids if tid is not None)
+
+
 def _object_arguments(message: dict) -> dict:
     """The message with its tool calls' JSON-text arguments as objects (llama.cpp's func_args_not_string)."""
     calls = message.get("tool_calls")

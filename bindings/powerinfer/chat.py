@@ -20,9 +20,11 @@ parse falls back the same way, with a warning.
 
 Every template gets ``enable_thinking`` true unless the caller sets it (llama.cpp's default: Gemma 4's template
 thinks only when told to). Gemma 4's template (llama.cpp knows it by ``'<|tool_call>call:'``) gets what llama.cpp
-gives it: tool-call arguments as objects (it writes them as ``key:value`` pairs, a JSON string as is), and the
-model's turn after a turn that ends with ``<turn|>`` where the template adds no generation prompt (content
-beside tool calls).
+gives it: tool-call arguments as objects (it writes them as ``key:value`` pairs, a JSON string as is), content
+parts as parts, the model's turn after a turn that ends with ``<turn|>`` where the template adds no generation
+prompt (content beside tool calls), and, for its older templates (no role "tool" handling), the tool messages
+folded into the assistant's ``tool_responses``. ``ChatFormatter.preserved``: the control tokens a reply must show
+as text to be read (Gemma 4's channel and tool-call markers; ``preserved_ids``).
 
     >>> fmt = ChatFormatter.builtin("chatml")
     >>> fmt.render([{"role": "user", "content": "Hi"}])

@@ -135,6 +135,21 @@ def test_reply_reads_as_llama_cpp(case):
         check_every_chunking(Gemma4Splitter, text, expect[1], expect[0])
 
 
+def test_streamed_reasoning_with_tools_comes_as_written():
+    """With tools ("auto"), a streamed reply's thought channel streams as it is written, and the content before a
+    call too; the call comes at the end."""
+    case = next(c for c in PARSE if c["name"] == "thought_content_call")
+    tc = ToolCalls.of_request(case["request"]["tools"], None, TEMPLATES["gemma4"])
+    shaper = CompletionShaper("chat", "gemma4", tools=tc)
+    chunks = [shaper.token_chunk(ch, None) for ch in case["request"]["text"]]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c is not None]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Check the time."
+    assert "".join(d.get("content", "") for d in deltas) == "One moment."
+    assert len([d for d in deltas if "reasoning_content" in d]) > 5          # token by token, not at the end
+    final = [c["choices"][0]["delta"] for c in shaper.final_chunks(Result(stop_type="eos"))]
+    assert [list(d) for d in final] == [["tool_calls"], []]
+
+
 def test_splitter_chosen_by_the_prompt():
     prompts = {c["name"]: c["prompt"] for c in RENDER if c["template"] == "gemma4"}
     assert isinstance(splitter_for("auto", prompts["user"]), Gemma4Splitter)

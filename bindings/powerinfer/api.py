@@ -132,6 +132,10 @@ class CompletionShaper:
         self.tokenizer = tokenizer
         self.text = ""
         self._streamed = ""             # tools "auto": the content streamed so far (the reply's text before a call)
+        # tools "auto" in a syntax whose reasoning channel streams apart (Gemma 4): its splitter, the content it let
+        # through, the reasoning streamed so far
+        self._live = tools.live_splitter() if tools is not None and tools.auto else None
+        self._live_content = self._live_reasoning = ""
         self._lp: list = []             # per token: (piece, logprob, top [(id, lp)])
         self._offset = len(prefix)
 
@@ -192,13 +196,21 @@ class CompletionShaper:
             if not self.tools.auto:
                 return None
             # "auto": the text streams until a call may begin (and without the whitespace at its ends, which the
-            # message's content drops): what may be a call is held back for final_chunks
-            visible = self.text[:self.tools.hold_from(self.text)].strip()
-            delta = visible[len(self._streamed):]
+            # message's content drops): what may be a call is held back for final_chunks; a live splitter's reasoning
+            # streams as it comes
+            delta, shown = {}, self.text
+            if self._live is not None:
+                reasoning, content = self._live.feed(text)
+                self._live_content += content
+                self._live_reasoning += reasoning
+                delta, shown = ({"reasoning_content": reasoning} if reasoning else {}), self._live_content
+            visible = shown[:self.tools.hold_from(shown)].strip()
+            if visible[len(self._streamed):]:
+                delta["content"] = visible[len(self._streamed):]
+                self._streamed = visible
             if not delta:
                 return None
-            self._streamed += delta
-            return self._chunk({"index": 0, "delta": {"content": delta}, "logprobs": None, "finish_reason": None})
+            return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
         wanted = self.logprobs is not None and info is not None and "top" in info
         entry = self._logprob_entry(info) if wanted else None
         if not text and entry is None:
@@ -231,6 +243,8 @@ class CompletionShaper:
             else:
                 reasoning, content = self.tools.plain(self.text) if self.tools.auto else ("", self.text)
             rest = content[len(self._streamed):] if content.startswith(self._streamed) else content
+            reasoning = reasoning[len(self._live_reasoning):] if reasoning.startswith(self._live_reasoning) \
+                else reasoning
             out = [self._chunk({"index": 0, "delta": {key: text}, "logprobs": None, "finish_reason": None})
                    for key, text in (("reasoning_content", reasoning), ("content", rest)) if text]
             if msg is not None:

@@ -15,7 +15,7 @@ gpt-oss's harmony (a commentary message `to=functions.NAME ... <|message|>{argum
 end, its analysis channel the message's reasoning_content, its final channel the content), Gemma 4's
 `<|tool_call>call:NAME{key:value,...}<tool_call|>` (values: `<|"|>`-quoted strings, numbers, true/false/null, and
 {...} / [...] of them, keys bare; read as JSON arguments the way llama.cpp's gemma4 parser does; its thought channel
-the message's reasoning_content), and for templates without
+the message's reasoning_content, streamed as it comes: `live_splitter`), and for templates without
 tools the generic system message's bare {"name", "arguments"} object. Calls of tools the request has become
 `message.tool_calls` (finish_reason "tool_calls"), the text around them `content`; a reply with none is plain
 content. (llama.cpp constrains a call once its start is seen with a lazy grammar; here a malformed call stays text.)
@@ -36,7 +36,7 @@ SYNTAXES = ("hermes", "mistral", "llama3", "harmony", "gemma4", "generic")
 # where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these (harmony:
 # from its first marker, i.e. the whole reply, whose channels are read at its end)
 CALL_MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>", "{"),
-                "harmony": ("<|",), "gemma4": ("<|tool_call>", "<|channel>"), "generic": ("{",)}
+                "harmony": ("<|",), "gemma4": ("<|tool_call>",), "generic": ("{",)}
 _HARMONY_CALL = re.compile(r"to=functions\.([^\s<]+)")
 GEMMA4_CALL, GEMMA4_CALL_END, GEMMA4_QUOTE = "<|tool_call>call:", "<tool_call|>", '<|"|>'
 _GEMMA4_SCALAR = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")
@@ -283,6 +283,11 @@ class ToolCalls:
         except GrammarError as e:
             raise RequestError(f"a tool's parameters schema is not usable: {e}", param="tools") from None
         return cls(tools, names, g)
+
+    def live_splitter(self):
+        """A splitter the reasoning of a streamed "auto" reply goes through as it comes, its content then held where a
+        call may begin (Gemma 4's thought channel; None: the whole reply is held from its first marker)."""
+        return Gemma4Splitter() if self.syntax == "gemma4" else None
 
     def plain(self, text: str) -> tuple[str, str]:
         """(reasoning, content) of an "auto" reply that holds no call: harmony's / Gemma 4's channels apart, else the

@@ -199,8 +199,8 @@ def test_lora_and_control_vector(gemma4, tmp_path):
 
 
 def test_refused(tmp_path, gemma4):
-    """What is not supported yet (per-layer embeddings, experts) and inconsistent per-layer keys give a
-    ModelLoadError naming the cause (the core's checks as PI errors), never an abort."""
+    """What is not supported yet (experts), per-layer embedding tensors without their width key and inconsistent
+    per-layer keys give a ModelLoadError naming the cause (the core's checks as PI errors), never an abort."""
     w = make_weights("gemma4", seed=3)
     cases = {
         "missing tensor 'per_layer_token_embd.weight'": dict(meta={"embedding_length_per_layer_input": 64}),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import powerinfer as pi
 from powerinfer import cli
-from powerinfer.chat import ChatFormatter, ChatTemplateError, ChatTurns
+from powerinfer.chat import ChatFormatter, ChatTemplateError, ChatTurns, preserved_ids
 from powerinfer.cli import GREEN, YELLOW, CLIError, Console, Interrupt, log
 from powerinfer.cli_args import threads_in_use
 from powerinfer.engine import ContextFull, Timings
@@ -85,11 +85,12 @@ def save_prompt_cache(args, model, gen: Generator, prompt_ids: list[int]) -> Non
 
 
 def reply(gen: Generator, tok, n_predict: int, stops, interrupt: Interrupt, out: Console, *, stop_token_ids=(),
-          show_tail: bool = True, grammar=None) -> str:
+          show_tail: bool = True, grammar=None, preserved=()) -> str:
     """Generate and show text until an end-of-generation token, a stop string, Ctrl-C, n_predict tokens,
     a full context or the end of `grammar` (--grammar, -j: each reply matches it). The text returned
-    ends with the decoder's pending bytes, which are shown (show_tail) only when generation ran to its end."""
-    decoder = pi.StreamDecoder(tok, strip_leading_space=False)
+    ends with the decoder's pending bytes, which are shown (show_tail) only when generation ran to its end.
+    preserved: control tokens shown as text (a chat format's markers, e.g. Gemma 4's thought channel)."""
+    decoder = pi.StreamDecoder(tok, strip_leading_space=False, preserved=preserved)
     text, interrupted = "", False
     tokens = gen.generate(n_predict, stop=stops, stop_token_ids=stop_token_ids, grammar=grammar)
     for t in tokens:
@@ -284,7 +285,7 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
                 gen.keep_prompt(ids, args.keep)
             interrupt.requested = False
             answer = reply(gen, tok, n_predict, fmt.end_of_turn, interrupt, out, stop_token_ids=marker_ids,
-                           show_tail=False, grammar=args.grammar_obj)
+                           show_tail=False, grammar=args.grammar_obj, preserved=preserved_ids(fmt, tok))
             out.write("\n")
             if gen.context_full:
                 log("main: context is full, stopping (--context-shift goes on instead)")

@@ -314,6 +314,34 @@ def write_gemma4_moe_model(path, seed: int = 0, fused: bool = False, dtype: str 
     return write_gemma4_model(path, w, CONFIGS["gemma4"], dtype=dtype, dtypes=dtypes, meta=keys)
 
 
+def gemma4_ple_weights(c: dict, seed: int, n_pl: int) -> dict[str, np.ndarray]:
+    """gemma4_weights with per-layer embeddings of width n_pl (the E2B / E4B models): per_layer_token_embd [n_pl
+    n_layer, n_vocab] (std 1/sqrt(n_pl): rows of about unit size after the model's sqrt(n_pl)), per_layer_model_proj
+    [n_embd, n_pl n_layer], per_layer_proj_norm [n_pl] and each layer's inp_gate [n_embd, n_pl], proj [n_pl, n_embd],
+    post_norm [n_embd] (from their own generator: gemma4_weights' tensors unchanged)."""
+    w = gemma4_weights(c, seed)
+    rng, mat, norm, _ = random_weights(seed + 1000)
+    E, V, L = c["n_embd"], c["n_vocab"], c["n_layer"]
+    w["per_layer_token_embd.weight"] = (rng.standard_normal((V, n_pl * L)) / math.sqrt(n_pl)).astype(np.float32)
+    w["per_layer_model_proj.weight"] = mat(n_pl * L, E)
+    w["per_layer_proj_norm.weight"] = norm(n_pl)
+    for il in range(L):
+        p = f"blk.{il}."
+        w[p + "inp_gate.weight"], w[p + "proj.weight"], w[p + "post_norm.weight"] = mat(n_pl, E), mat(E, n_pl), norm(E)
+    return w
+
+
+def write_gemma4_ple_model(path, seed: int = 0, n_pl: int = 32, dtype: str = "f32",
+                           dtypes: dict[str, str] | None = None, weights: dict | None = None,
+                           meta: dict | None = None) -> dict[str, np.ndarray]:
+    """A gemma4 file with per-layer embeddings (CONFIGS["gemma4"] and gemma4_ple_weights, or weights) and
+    embedding_length_per_layer_input n_pl; returns its weights."""
+    c = CONFIGS["gemma4"]
+    w = gemma4_ple_weights(c, seed, n_pl) if weights is None else weights
+    return write_gemma4_model(path, w, c, dtype=dtype, dtypes=dtypes,
+                              meta={"embedding_length_per_layer_input": n_pl, **(meta or {})})
+
+
 def gptoss_layer(rng, mat, c, p, w) -> dict[str, np.ndarray]:
     """Layer p's gpt-oss tensors beyond llama's (whose FFN and ffn_norm are removed from w): q/k/v and output biases,
     sinks, post_attention_norm (the norm before the experts), the router and the experts with their biases."""

@@ -59,6 +59,11 @@ Contract (what the engine must match):
     and attend over the cache of layer n_kv - 2 (local) or n_kv - 1 (global); after the FFN's residual add x *=
     layer_output_scale where the layer has one; FFN widths per layer. Its experts (the 26B-A4B; the layers with
     ffn_gate_inp): gemma4_moe_ffn
+  gemma4's per-layer embeddings (E2B / E4B: embedding_length_per_layer_input n_pl > 0; llama.cpp's
+    build_inp_per_layer and project_per_layer_inputs): per token P = (rmsnorm(x0 W_model_proj^T / sqrt(n_embd)) per
+    n_pl chunk * per_layer_proj_norm + per_layer_token_embd[token] * sqrt(n_pl)) / sqrt(2), shape (n_layer, n_pl), x0
+    the scaled token embedding; after layer li's FFN residual add (before layer_output_scale) x += rmsnorm(
+    (gelu(x W_inp_gate^T) * P[li]) W_proj^T) * post_norm
 """
 from __future__ import annotations
 
@@ -296,6 +301,8 @@ class ReferenceModel:
     use_out_scale = True     # gemma4: x times layer_output_scale after each layer (False: left out)
     router_of_x = True       # gemma4's experts: the router reads the residual stream (False: the experts' input)
     gelu_f16 = False         # GELU through ggml's GGML_GELU_FP16 table (f16 input and output), as llama.cpp's CPU does
+    ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
+                             # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
     def __init__(self, path, **overrides):
         """The model of a GGUF/PWRI file. overrides: attributes to set after reading it (n_swa,
@@ -443,6 +450,8 @@ class ReferenceModel:
         self.pos_embd = W.get("position_embd.weight")          # opt: (n_pos, n_embd)
         self.output_norm = (W["output_norm.weight"], W.get("output_norm.bias"))
         self.output = W.get("output.weight", self.tok_embd)    # tied if absent
+        self.ple_weights = {k: W[k] for k in ("per_layer_token_embd.weight", "per_layer_model_proj.weight",
+                                              "per_layer_proj_norm.weight") if k in W}   # gemma4 E2B / E4B
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
@@ -700,6 +709,7 @@ class ReferenceModel:
             x = x * self.embd_scale
         if self.pos_embd is not None:                                 # opt
             x += self.pos_embd[pos + 2]
+        ple = self.per_layer_inputs(tokens, x)                        # gemma4 E2B / E4B, else None
         for li, L in enumerate(self.layers):
             h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias")) if "attn_norm" in L else x   # olmo2: none
             if self.arch == "falcon":                                 # parallel attention and FFN
@@ -714,6 +724,8 @@ class ReferenceModel:
             g = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias")) if "ffn_norm" in L else x
             f = self.ffn(L, g, x, trace)
             x = x + (self.rmsnorm(f, L["post_ffw_norm"]) if "post_ffw_norm" in L else f) * self.residual_scale
+            if ple is not None:
+                x = x + self.per_layer_embedding(L, x, ple[:, li, :])
             if "layer_output_scale" in L and self.use_out_scale:     # gemma4
                 x = x * L["layer_output_scale"]
             if self.control_vector is not None:
@@ -724,6 +736,32 @@ class ReferenceModel:
             return x
         logits = x @ self.output.T / self.logit_scale
         return self.final_softcap * np.tanh(logits / self.final_softcap) if self.final_softcap else logits
+
+    def per_layer_inputs(self, tokens, x0):
+        """gemma4's per-layer inputs P (n_tok, n_layer, n_pl) from the tokens and their scaled embeddings x0, or None
+        where the file has no per_layer_token_embd (or ple_drop has "all")."""
+        tok_table = self.ple_weights.get("per_layer_token_embd.weight")
+        if tok_table is None or "all" in self.ple_drop:
+            return None
+        drop, n = self.ple_drop, len(tokens)
+        n_pl = tok_table.shape[1] // self.n_layer
+        tok = np.asarray(tok_table[tokens], np.float64).reshape(n, self.n_layer, n_pl)
+        tok = tok * (1.0 if "tok_scale" in drop else math.sqrt(n_pl))
+        proj = x0 @ np.asarray(self.ple_weights["per_layer_model_proj.weight"], np.float64).T
+        proj = proj.reshape(n, self.n_layer, n_pl)
+        proj = proj * (1.0 if "proj_scale" in drop else 1.0 / math.sqrt(self.n_embd))
+        proj = (proj / np.sqrt(np.mean(proj * proj, axis=-1, keepdims=True) + self.eps) if "proj_norm" in drop
+                else self.rmsnorm(proj, self.ple_weights["per_layer_proj_norm.weight"]))
+        p = (0.0 if "tok" in drop else tok) + (0.0 if "proj" in drop else proj)
+        return p * (1.0 if "input_scale" in drop else 1.0 / math.sqrt(2.0))
+
+    def per_layer_embedding(self, L, x, p):
+        """Layer L's per-layer embedding term for the residual stream x (n_tok, n_embd) and its inputs p (n_tok,
+        n_pl): rmsnorm((gelu(x W_inp_gate^T) * p) W_proj^T) * post_norm."""
+        g = x @ L["inp_gate"].T
+        g = g if "gate_act" in self.ple_drop else self.act(g) if self.ffn_act == "gelu" else gelu(g)
+        y = (g * p) @ L["proj"].T
+        return y if "post_norm" in self.ple_drop else self.rmsnorm(y, L["post_norm"])
 
     def greedy(self, prompt_tokens, n) -> list[int]:
         """Greedy-decode n new tokens after prompt_tokens (float64 KV cache); returns only

@@ -3,9 +3,10 @@ a tiny random file (tests/model_files.py, CONFIGS["gemma4"]) against the float64
 written from llama.cpp's gemma4.cpp graph) and llama.cpp itself: layers of two shapes (local: 2 KV heads of 32, rope
 over 32 dims with base 10000; global: 1 KV head of 64, proportional rope factors over base 1e6), an FFN width per
 layer, V normed per head (V = the K projection in the global layers, which have no attn_v), attention scale 1, the last
-2 layers reading the KV caches of layers 3 and 4, a scale of each layer's output and a final cap; and the same with
-experts (the 26B-A4B's layout: GEMMA4_MOE, the tests after test_offload_on_the_emulated_device). Per-layer embeddings
-(E2B / E4B) are refused. llama.cpp runs the same files in tests/compat/test_gemma4_vs_llama_cpp.py.
+2 layers reading the KV caches of layers 3 and 4, a scale of each layer's output and a final cap; the same model with
+per-layer embeddings (E2B / E4B: model_files.gemma4_ple_weights), f32 and with quantized per-layer token tables; and
+with experts (the 26B-A4B's layout: model_files.GEMMA4_MOE, the test_moe_* tests). llama.cpp runs the same files in
+tests/compat/test_gemma4_vs_llama_cpp.py.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, QUANT_REL_RMS, check_level, logits_all, logits_in_calls, rel_rms
-from model_files import (CONFIGS, GEMMA4_MOE, gemma4_moe_weights, gemma4_weights, make_weights, rewrite,
-                         write_arch_model, write_gemma4_model, write_gemma4_moe_model)
+from model_files import (CONFIGS, GEMMA4_MOE, gemma4_moe_weights, gemma4_ple_weights, gemma4_weights, make_weights,
+                         rewrite, write_arch_model, write_gemma4_model, write_gemma4_moe_model, write_gemma4_ple_model)
 from reference_model import ReferenceModel
 
 import powerinfer as pi
@@ -202,11 +203,11 @@ def test_lora_and_control_vector(gemma4, tmp_path):
 
 
 def test_refused(tmp_path, gemma4):
-    """What is not supported yet (per-layer embeddings) and inconsistent per-layer keys give a
-    ModelLoadError naming the cause (the core's checks as PI errors), never an abort."""
+    """Per-layer embedding tensors without their width key and inconsistent per-layer keys give a ModelLoadError
+    naming the cause (the core's checks as PI errors), never an abort (experts: test_moe_refused)."""
     w = make_weights("gemma4", seed=3)
     cases = {
-        "per-layer embeddings": dict(meta={"embedding_length_per_layer_input": 64}),
+        "missing tensor 'per_layer_token_embd.weight'": dict(meta={"embedding_length_per_layer_input": 64}),
         "has 6 values for 7 layers": dict(meta={"attention.head_count_kv": [2] * 6}),
         "not a multiple of n_head_kv = 3": dict(meta={"attention.head_count_kv": [3] * 7}),
         "must be a flag per layer": dict(meta={"attention.sliding_window_pattern": 6}),
@@ -221,7 +222,7 @@ def test_refused(tmp_path, gemma4):
             pi.Model(tmp_path / f"bad{i}.gguf")
     ple = rewrite(gemma4, tmp_path / "ple.gguf", extra={"per_layer_token_embd.weight": (np.zeros((320, 8),
                                                                                                np.float32), 0)})
-    with pytest.raises(ModelLoadError, match="per-layer embeddings"):
+    with pytest.raises(ModelLoadError, match="without gemma4.embedding_length_per_layer_input"):
         pi.Model(ple)
     missing = rewrite(gemma4, tmp_path / "no-k.gguf", drop=("blk.2.attn_k.weight",))
     with pytest.raises(ModelLoadError, match="blk.2.attn_k.weight"):
@@ -253,22 +254,205 @@ for ngl in (-1, 4, 3, 1):
 """
 
 
+def _offload_rows(path):
+    """{ngl: the _OFFLOAD_SCRIPT's line} for path on an emulated device."""
+    env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
+    out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(path), ",".join(map(str, PROMPT))], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return {int(r.split()[0]): r.split() for r in out.stdout.splitlines()}
+
+
 def test_offload_on_the_emulated_device(gemma4):
     """On the emulated device (its ops the CPU's kernels): every layer placed (-ngl -1) or the last 4 (the shared
     layers with their sources 3 and 4) give the CPU's bits over a prompt and decode steps, the device holding the 5
     cached layers' (3 and 4's) KV caches, read back as the CPU's sequence state; a placement that splits a shared
     layer from its source (-ngl 3: layer 5 on the device, its source 3 not; -ngl 1) is refused by name and runs on
     the CPU."""
-    env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
-    out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(gemma4), ",".join(map(str, PROMPT))], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = {int(r.split()[0]): r.split() for r in out.stdout.splitlines()}
+    rows = _offload_rows(gemma4)
     cached = [C["n_head_kv"][il] * (C["head_dim_swa"] if C["local"][il] else C["head_dim"]) for il in range(5)]
     pad = lambda n: -(-n // 256) * 256  # noqa: E731
     kv = lambda layers: sum(2 * pad(64 * 4 * cached[il]) for il in layers)  # noqa: E731
     assert rows[-1][1:5] == ["7", str(kv(range(5))), "True", "True"], rows[-1]
     assert rows[4][1:5] == ["4", str(kv((3, 4))), "True", "True"], rows[4]
+    for ngl in (3, 1):
+        assert rows[ngl][1:5] == ["0", "0", "True", "True"] and "KV_cache" in rows[ngl][5], rows[ngl]
+
+
+# ------------------------------------------------------------------ per-layer embeddings (E2B / E4B)
+# What each piece of the per-layer embeddings changes in the tiny model's logits (rel. RMS of the reference without it
+# against ours, seed 3, n_pl 32): no per-layer embeddings 1.0, no token table 0.85, no projection 0.78, no sqrt(n_pl)
+# on the table 0.73, no GELU on the gate 0.74, no post_norm 0.87, no per_layer_proj_norm weights 7.1e-2. The two other
+# scales are followed by RMS norms, so they reach the logits only through the norms' eps: no 1/sqrt(2) 6.5e-7, no
+# 1/sqrt(n_embd) 1.4e-4 (no test of the logits can tell whether the first is there). Ours is 5.4e-7 from the reference.
+PLE_PIECES = ("all", "tok", "proj", "tok_scale", "gate_act", "post_norm", "proj_norm")
+PLE_TABLE_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+@pytest.fixture(scope="module")
+def gemma4_ple(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma4") / "tiny-gemma4-ple.gguf"
+    write_gemma4_ple_model(path, seed=3, n_pl=32)
+    return path
+
+
+def quantized_table_files(tmp_path, qtype: str, seed: int = 3, n_pl: int = 256) -> tuple[Path, Path]:
+    """A gemma4 file with per-layer embeddings whose per_layer_token_embd is qtype (the core's quantizer; n_pl 256:
+    rows of 7 x 256 values, whole K-quant blocks), the rest f32, and its twin with that table dequantized (gguf-py's
+    dequantizer) to f32: (quantized file, twin)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from powerinfer._ffi import ffi, lib
+    w = gemma4_ple_weights(C, seed, n_pl)
+    name, t = "per_layer_token_embd.weight", int(GGMLQuantizationType[qtype])
+    table = np.ascontiguousarray(w[name], np.float32)
+    raw = np.zeros((table.shape[0], lib.pi_row_bytes(t, table.shape[1])), np.uint8)
+    for r in range(table.shape[0]):
+        assert lib.pi_quantize_row(t, ffi.cast("float *", table[r].ctypes.data),
+                                   ffi.cast("void *", raw[r].ctypes.data), table.shape[1]) == 0
+    twin = tmp_path / f"ple-{qtype}-twin.gguf"
+    write_gemma4_ple_model(twin, n_pl=n_pl, weights=dict(w, **{name: dequantize(raw, GGMLQuantizationType[qtype])}))
+    return rewrite(twin, tmp_path / f"ple-{qtype}.gguf", replace={name: (raw, GGMLQuantizationType[qtype])}), twin
+
+
+def test_ple_hparams(gemma4_ple, gemma4):
+    """embedding_length_per_layer_input is HParams.n_embd_per_layer; the layers' geometry is gemma4's without it."""
+    hp = pi.Model(gemma4_ple).hparams
+    assert hp.n_embd_per_layer == 32 and hp.layers() == pi.Model(gemma4).hparams.layers()
+    assert pi.Model(gemma4).hparams.n_embd_per_layer == 0
+
+
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+def test_ple_matches_the_reference_at_every_level(gemma4_ple, level):
+    """Per-layer embeddings (with the shared KV layers and the two layer shapes): the prompt in one call and token by
+    token within FLOAT_REL_RMS of the float64 reference at every ISA level, and the scalar level's bits."""
+    check_level(gemma4_ple, level, ReferenceModel(gemma4_ple).forward(PROMPT), PROMPT, FLOAT_REL_RMS)
+
+
+def test_ple_each_piece_matters(gemma4_ple):
+    """The reference without each piece of the per-layer embeddings that the logits can see (PLE_PIECES) is far from
+    ours; the two scales before RMS norms (1/sqrt(2), 1/sqrt(n_embd)) change them by the norms' eps alone."""
+    ours = logits_all(ctx_of(pi.Model(gemma4_ple)), PROMPT)
+    assert rel_rms(ours, ReferenceModel(gemma4_ple).forward(PROMPT)) < FLOAT_REL_RMS
+    for piece in PLE_PIECES:
+        err = rel_rms(ours, ReferenceModel(gemma4_ple, ple_drop=(piece,)).forward(PROMPT))
+        print(f"without {piece}: {err:.2e}")
+        assert err > FEATURE_MIN, (piece, err)
+    for piece in ("input_scale", "proj_scale"):
+        assert rel_rms(ours, ReferenceModel(gemma4_ple, ple_drop=(piece,)).forward(PROMPT)) < 1e-3
+
+
+def test_ple_batches_outputs_and_decode_steps(gemma4_ple):
+    """The prompt in one call, 5 at a time and one at a time give the same bits; a call asking for the last row only
+    (the last layer's FFN and per-layer embedding over that row: its rows of the per-layer inputs) its bits; then
+    decode steps over the cache match the reference of the longer sequence."""
+    model = pi.Model(gemma4_ple)
+    one = logits_all(ctx_of(model, n_threads=2), PROMPT)
+    assert np.array_equal(logits_in_calls(ctx_of(model, n_threads=2), PROMPT, 5), one)
+    assert np.array_equal(logits_in_calls(ctx_of(model, n_threads=1), PROMPT, 1), one)
+    ctx = ctx_of(model, n_threads=2)
+    ctx.decode(PROMPT, logits="last")
+    assert np.array_equal(np.array(ctx.logits()), one[-1])
+    ctx.decode(PROMPT[:3], pos=[16, 17, 18], logits=[True, False, True])   # two output rows of three
+    steps = np.stack([ctx.logits(0), ctx.logits(2)])
+    for t in (5, 6):
+        ctx.decode([t], logits="last")
+        steps = np.vstack([steps, ctx.logits()])
+    want = ReferenceModel(gemma4_ple).forward(PROMPT + PROMPT[:3] + [5, 6])[[16, 18, 19, 20]]
+    assert rel_rms(steps, want) < FLOAT_REL_RMS
+
+
+def test_ple_two_sequences_in_one_batch(gemma4_ple):
+    """Two prompts interleaved in one batch, then a step of both: each sequence's logits are the reference's of its
+    prompt alone (each token its own rows of the per-layer inputs)."""
+    a, b = PROMPT[:9], PROMPT[7:]
+    ctx = pi.Context(pi.Model(gemma4_ple), n_ctx=64, kv_type="f32", n_seq_max=2)
+    ctx.decode([t for pair in zip(a, b) for t in pair], pos=[p for i in range(9) for p in (i, i)],
+               seq_id=[0, 1] * 9, logits="all")
+    got_a = np.stack([ctx.logits(2 * i) for i in range(9)])
+    got_b = np.stack([ctx.logits(2 * i + 1) for i in range(9)])
+    ctx.decode([5, 6], pos=[9, 9], seq_id=[0, 1], logits="all")
+    ref = ReferenceModel(gemma4_ple)
+    assert rel_rms(np.vstack([got_a, ctx.logits(0)]), ref.forward(a + [5])) < FLOAT_REL_RMS
+    assert rel_rms(np.vstack([got_b, ctx.logits(1)]), ref.forward(b + [6])) < FLOAT_REL_RMS
+
+
+@pytest.mark.parametrize("qtype", PLE_TABLE_TYPES)
+def test_ple_quantized_token_table(tmp_path, qtype):
+    """A quantized per-layer token table (the rest f32) is read row by row as it is in the file (never dequantized as a
+    whole): the logits within FLOAT_REL_RMS of the reference of its dequantized twin, and the API's greedy tokens
+    the reference's."""
+    from itertools import islice
+    path, twin = quantized_table_files(tmp_path, qtype)
+    ref = ReferenceModel(twin)
+    assert rel_rms(logits_all(ctx_of(pi.Model(path)), PROMPT), ref.forward(PROMPT)) < FLOAT_REL_RMS
+    llm = pi.PowerInfer(str(path), n_ctx=64, n_threads=1, verbose=False)
+    assert list(islice(llm.generate(PROMPT, temp=0.0), 6)) == ref.greedy(PROMPT, 6)
+
+
+def test_ple_lora_and_control_vector(gemma4_ple, tmp_path):
+    """LoRA on every linear weight of the layers, the per-layer gate (inp_gate) and projection (proj) included
+    (llama.cpp runs both through build_lora_mm), and a control vector (added after the per-layer embedding and the
+    output scale), against the reference of the merged weights."""
+    from test_lora import PROMPT as LORA_PROMPT
+    from test_lora import reference
+
+    from powerinfer.lora import LoraAdapter
+    pairs = write_lora(tmp_path / "a.gguf", gemma4_ple, targets=LORA_ALL_LINEAR + ("inp_gate", "proj"), rank=4, seed=2)
+    assert "blk.6.proj.weight" in pairs and "blk.0.inp_gate.weight" in pairs
+    model = pi.Model(gemma4_ple)
+    ctx = ctx_of(model)
+    ctx.set_lora([(LoraAdapter(tmp_path / "a.gguf", model), 1.0)])
+    assert rel_rms(logits_all(ctx, LORA_PROMPT), reference(gemma4_ple, [(pairs, 1.0, 16.0)])) < FLOAT_REL_RMS
+    only_ple = {k: v for k, v in pairs.items() if k.endswith(("inp_gate.weight", "proj.weight"))}
+    assert rel_rms(reference(gemma4_ple, [(only_ple, 1.0, 16.0)]), reference(gemma4_ple, [])) > FEATURE_MIN
+    cvec = np.random.default_rng(1).standard_normal((C["n_layer"], C["n_embd"])).astype(np.float32) * 0.3
+    ctx = ctx_of(model)
+    ctx.set_control_vector(cvec, 0, 6)
+    assert rel_rms(logits_all(ctx, PROMPT), ReferenceModel(gemma4_ple, control_vector=cvec).forward(PROMPT)) < \
+        FLOAT_REL_RMS
+
+
+def test_ple_embeddings(gemma4_ple):
+    """The final hidden states (pi_get_embeddings) of a file with per-layer embeddings: the reference's."""
+    ctx = ctx_of(pi.Model(gemma4_ple))
+    ctx.set_outputs(logits=True, embeddings=True)
+    ctx.decode(PROMPT, logits="all")
+    got = np.stack([ctx.embeddings(i) for i in range(len(PROMPT))])
+    assert rel_rms(got, ReferenceModel(gemma4_ple).forward(PROMPT, hidden=True)) < FLOAT_REL_RMS
+
+
+def test_ple_bad_files(gemma4_ple, tmp_path):
+    """Per-layer tensors of the wrong shape, missing ones, and a width that does not match them give a ModelLoadError
+    naming the tensor (the core's PI_ERR_BAD_MODEL), never a crash."""
+    z = lambda *shape: (np.zeros(shape, np.float32), 0)  # noqa: E731
+    cases = {
+        "embd.weight' has shape \\[224, 319\\]": dict(replace={"per_layer_token_embd.weight": z(319, 224)}),
+        "embd.weight' has shape \\[200, 320\\]": dict(replace={"per_layer_token_embd.weight": z(320, 200)}),
+        "per_layer_model_proj.weight' has shape": dict(replace={"per_layer_model_proj.weight": z(224, 64)}),
+        "per_layer_proj_norm.weight' has shape": dict(replace={"per_layer_proj_norm.weight": (np.ones(16, np.float32),
+                                                                                              0)}),
+        "blk.3.inp_gate.weight' has shape": dict(replace={"blk.3.inp_gate.weight": z(16, 128)}),
+        "blk.0.proj.weight' has shape": dict(replace={"blk.0.proj.weight": z(32, 128)}),
+        "missing tensor 'blk.6.post_norm.weight'": dict(drop=("blk.6.post_norm.weight",)),
+        "missing tensor 'per_layer_model_proj.weight'": dict(drop=("per_layer_model_proj.weight",)),
+        "per_layer_token_embd.weight' has shape \\[224, 320\\], expected \\[448, 320\\]": dict(
+            meta={"gemma4.embedding_length_per_layer_input": (64, 4)}),
+    }
+    for i, (what, kw) in enumerate(cases.items()):
+        path = rewrite(gemma4_ple, tmp_path / f"bad{i}.gguf", **kw)
+        with pytest.raises(ModelLoadError, match=what):
+            pi.Model(path)
+
+
+def test_ple_offload_on_the_emulated_device(gemma4_ple):
+    """On the emulated device: every layer placed (-ngl -1) or the last 4 give the CPU's bits over a prompt and decode
+    steps (the per-layer inputs computed on the CPU and copied to the device, each layer's per-layer block run where
+    its FFN runs), the split placements refused as without per-layer embeddings."""
+    rows = _offload_rows(gemma4_ple)
+    assert rows[-1][1:5] == ["7", rows[-1][2], "True", "True"], rows[-1]
+    assert rows[4][1:5] == ["4", rows[4][2], "True", "True"], rows[4]
     for ngl in (3, 1):
         assert rows[ngl][1:5] == ["0", "0", "True", "True"] and "KV_cache" in rows[ngl][5], rows[ngl]
 
@@ -370,11 +554,7 @@ def test_moe_quantized_experts(tmp_path, dtype, fused):
 def test_moe_offload_on_the_emulated_device(gemma4_moe):
     """On the emulated device the attention goes there (every layer's, or the last 4) and every FFN stays on the CPU
     (experts run on the CPU only; a warning says so): the CPU's bits over a prompt and decode steps."""
-    env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
-    out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(gemma4_moe), ",".join(map(str, PROMPT))],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = {int(r.split()[0]): r.split() for r in out.stdout.splitlines()}
+    rows = _offload_rows(gemma4_moe)
     for ngl, n_attn in ((-1, "7"), (4, "4")):
         assert rows[ngl][1] == n_attn and rows[ngl][3:5] == ["True", "True"], rows[ngl]
         assert "experts_run_on_the_CPU" in rows[ngl][5], rows[ngl]

@@ -1294,6 +1294,10 @@ HP_CASES = [
 ]
 if "sparse" in dir(ffi.new("pi_hparams *")):
     HP_CASES.append(("sparse", 1, ["missing tensor 'blk.0.ffn_down_t.weight'"]))   # a dense file as sparse
+HP_CASES += [   # per-layer embeddings (gemma4 E2B / E4B) on a file without them, or out of range
+    ("n_embd_per_layer", 32, ["missing tensor 'per_layer_token_embd.weight'"]),
+    ("n_embd_per_layer", -1, ["n_embd_per_layer"]), ("n_embd_per_layer", 1 << 30, ["n_embd_per_layer"]),
+]
 
 
 @pytest.mark.parametrize("field,value,words", HP_CASES, ids=[f"{f}={v}" for f, v, _ in HP_CASES])

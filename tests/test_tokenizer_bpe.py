@@ -1,7 +1,9 @@
 """Byte-level BPE tokenizer (tokenizer.ggml.model = "gpt2"): small vocabularies built in the test
 with known ids, and (when the `tokenizers` package is installed) vocabularies trained with Hugging
 Face tokenizers for the gpt-2, llama-3 and qwen2 pre-tokenizers, whose encodings must be identical.
-llama.cpp's own BPE tokenizer is compared on such vocabularies in tests/compat/test_bpe_vs_llama_cpp.py.
+Gemma 4's SentencePiece-style BPE ("gemma4"): a small vocabulary with known ids, and one trained here
+(train_gemma4). llama.cpp's own BPE tokenizer is compared on such vocabularies in
+tests/compat/test_bpe_vs_llama_cpp.py.
 """
 from __future__ import annotations
 
@@ -311,3 +313,91 @@ def test_matches_hf_tokenizers(pre):
         got = ours.encode(text, add_special=False, parse_special=True)
         assert got == expect, (pre, text, got, expect)
         assert ours.decode(got, skip_special=False) == hf.decode(expect, skip_special_tokens=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gemma 4 (tokenizer.ggml.model "gemma4")
+# ---------------------------------------------------------------------------------------------
+BYTE = 6
+GEMMA4_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool_call>",
+                  "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>', "<|think|>", "<|tool>", "<tool|>"]
+GEMMA4_BYTES = [f"<0x{i:02X}>" for i in range(256)]
+
+
+def gemma4_meta(tokens, types, merges, **extra) -> dict:
+    return {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.padding_token_id": 0, **extra}
+
+
+def gemma4_types(tokens) -> list[int]:
+    """Gemma 4's token types: control specials, <unk> unknown, <0xXX> byte tokens, the rest normal."""
+    kinds = {t: CONTROL for t in GEMMA4_SPECIAL} | {"<unk>": 2} | {t: BYTE for t in GEMMA4_BYTES}
+    return [kinds.get(t, NORMAL) for t in tokens]
+
+
+def test_gemma4_spm_style_bpe():
+    """Spaces are U+2581 and merge over raw characters (no byte-level encoding), a newline run that is a
+    vocabulary entry is one token, missing characters fall back to <0xXX>, BOS is added whatever the file says,
+    the file's pre-tokenizer name is ignored, and decoding gives the spaces back."""
+    words = ["▁", "a", "b", "▁a", "ab", "\n", "\n\n", "x"]
+    tokens = GEMMA4_SPECIAL + GEMMA4_BYTES + words
+    tok = Tokenizer.from_gguf_metadata(gemma4_meta(tokens, gemma4_types(tokens), ["▁ a", "a b"],
+                                                   **{"tokenizer.ggml.add_bos_token": False,
+                                                      "tokenizer.ggml.pre": "llama-bpe"}))
+    w = {t: tokens.index(t) for t in words}
+    assert tok.add_bos and tok.pre == "gemma4"
+    assert tok.encode("a ab") == [2, w["a"], w["▁a"], w["b"]]           # "▁ a" (rank 0) takes the a before "a b"
+    assert tok.encode("ab  a", add_special=False) == [w["ab"], w["▁"], w["▁a"]]
+    assert tok.encode("\n\n", add_special=False) == [w["\n\n"]]          # the newline run whole
+    assert tok.encode("x\n\n\nx", add_special=False) == [w["x"], w["\n"], w["\n"], w["\n"], w["x"]]
+    e_acute = [tokens.index("<0xC3>"), tokens.index("<0xA9>")]
+    assert tok.encode("é", add_special=False) == e_acute                  # byte fallback
+    text = "<|turn>user\na é<turn|>"
+    ids = tok.encode(text, add_special=False, parse_special=True)
+    assert ids == [4, *tok.encode("user\na é", add_special=False), 5]
+    assert tok.decode(ids, skip_special=False) == text and tok.decode(ids) == "user\na é"
+    assert tok.token_to_piece(w["▁a"]) == b" a"
+    assert {1, 5, 10} <= tok.eog_ids and 4 not in tok.eog_ids           # <eos>, <turn|>, <|tool_response>
+
+
+def train_gemma4():
+    """A Gemma 4-style vocabulary learned over data/heldout.txt and TRAIN (Hugging Face tokenizers, BPE with byte
+    fallback over U+2581-escaped text split into newline and non-newline runs): tokens, token types and merges as
+    llama.cpp's converter writes them, the specials first, plus a newline-run token no merge reaches."""
+    tk = pytest.importorskip("tokenizers")
+    from pathlib import Path
+
+    from tokenizers import Regex, models, normalizers, pre_tokenizers, trainers
+    hf = tk.Tokenizer(models.BPE(byte_fallback=True))
+    hf.normalizer = normalizers.Replace(" ", "\u2581")
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex("[^\n]+|[\n]+"), behavior="isolated")
+    trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=GEMMA4_SPECIAL + GEMMA4_BYTES, limit_alphabet=120,
+                                  show_progress=False)
+    heldout = Path(__file__).resolve().parents[1] / "data" / "heldout.txt"
+    hf.train_from_iterator(heldout.read_text().splitlines(keepends=True) + TRAIN, trainer)
+    j = json.loads(hf.to_str())
+    tokens = sorted(j["model"]["vocab"], key=j["model"]["vocab"].get) + ["\n" * 5]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
+    return tokens, gemma4_types(tokens), merges
+
+
+GEMMA4_CHECK = CHECK + [
+    "a  b   c    d", " leading", "trailing ", "\n\n\n\n\n", "x\n\n\n\n\ny\n", "\r\n\r\n", "\u2581 literal",
+    "<0x41> literal", "<|turn>user\nHi there<turn|>\n<|turn>model\n", '<|tool_call>call:f{a:<|"|>x y<|"|>}<tool_call|>',
+    "<|channel>thought\nhmm<channel|>ok", "🦀 Привет ß ∑ 𝔘", "I'm fine.\tTabs\t\tand  spaces", "x" * 300,
+    "<bos><eos>", "1\u00002",
+]
+
+
+def test_gemma4_trained_vocabulary_round_trips():
+    tokens, types, merges = train_gemma4()
+    tok = Tokenizer.from_gguf_metadata(gemma4_meta(tokens, types, merges))
+    assert len(merges) > 500
+    for text in GEMMA4_CHECK:
+        if "\u2581" in text:
+            continue    # a U+2581 of the text decodes as a space (as in llama.cpp)
+        ids = tok.encode(text, add_special=False)
+        assert tok.decode(ids) == text, text
+        dec = StreamDecoder(tok, strip_leading_space=False)
+        assert "".join(dec.push(i) for i in ids) + dec.flush() == text

@@ -34,7 +34,6 @@ from .request import RequestError, Result, Task, TaskEvents, common_prefix
 from .sampling import EXTRA_NUMBERS, SamplingParams
 from .speculative import SpecParams, make_drafter
 from .token_loop import TokenLoop
-from .tokenizer import TOKEN_CONTROL
 
 log = logging.getLogger("powerinfer")
 
@@ -133,6 +132,10 @@ class CompletionShaper:
         self.tokenizer = tokenizer
         self.text = ""
         self._streamed = ""             # tools "auto": the content streamed so far (the reply's text before a call)
+        # tools "auto" in a syntax whose reasoning channel streams apart (Gemma 4): its splitter, the content it let
+        # through, the reasoning streamed so far
+        self._live = tools.live_splitter() if tools is not None and tools.auto else None
+        self._live_content = self._live_reasoning = ""
         self._lp: list = []             # per token: (piece, logprob, top [(id, lp)])
         self._offset = len(prefix)
 
@@ -193,13 +196,21 @@ class CompletionShaper:
             if not self.tools.auto:
                 return None
             # "auto": the text streams until a call may begin (and without the whitespace at its ends, which the
-            # message's content drops): what may be a call is held back for final_chunks
-            visible = self.text[:self.tools.hold_from(self.text)].strip()
-            delta = visible[len(self._streamed):]
+            # message's content drops): what may be a call is held back for final_chunks; a live splitter's reasoning
+            # streams as it comes
+            delta, shown = {}, self.text
+            if self._live is not None:
+                reasoning, content = self._live.feed(text)
+                self._live_content += content
+                self._live_reasoning += reasoning
+                delta, shown = ({"reasoning_content": reasoning} if reasoning else {}), self._live_content
+            visible = shown[:self.tools.hold_from(shown)].strip()
+            if visible[len(self._streamed):]:
+                delta["content"] = visible[len(self._streamed):]
+                self._streamed = visible
             if not delta:
                 return None
-            self._streamed += delta
-            return self._chunk({"index": 0, "delta": {"content": delta}, "logprobs": None, "finish_reason": None})
+            return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
         wanted = self.logprobs is not None and info is not None and "top" in info
         entry = self._logprob_entry(info) if wanted else None
         if not text and entry is None:
@@ -225,12 +236,17 @@ class CompletionShaper:
         msg = self._tool_message(res)
         held = self._split(*self.reasoning.finish()) if self.reasoning is not None else {}
         if self.tools is not None:
-            # the content not streamed yet ("auto" streamed what came before a possible call), then the calls
-            content = (msg["content"] or "") if msg is not None else (self.tools.plain(self.text)[1]
-                                                                       if self.tools.auto else self.text)
+            # the reasoning (a channel syntax's, held back with the rest), the content not streamed yet ("auto"
+            # streamed what came before a possible call), then the calls
+            if msg is not None:
+                reasoning, content = msg.get("reasoning_content", ""), msg["content"] or ""
+            else:
+                reasoning, content = self.tools.plain(self.text) if self.tools.auto else ("", self.text)
             rest = content[len(self._streamed):] if content.startswith(self._streamed) else content
-            out = [self._chunk({"index": 0, "delta": {"content": rest}, "logprobs": None, "finish_reason": None})
-                   ] if rest else []
+            reasoning = reasoning[len(self._live_reasoning):] if reasoning.startswith(self._live_reasoning) \
+                else reasoning
+            out = [self._chunk({"index": 0, "delta": {key: text}, "logprobs": None, "finish_reason": None})
+                   for key, text in (("reasoning_content", reasoning), ("content", rest)) if text]
             if msg is not None:
                 calls = [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]
                 out.append(self._chunk({"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
@@ -793,14 +809,15 @@ class PowerInfer:
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
                   speculative: SpecParams | None = None, lora=None, context_shift: bool = False, n_keep: int = 0,
-                  **sampler_options) -> Task:
+                  preserved_ids=(), **sampler_options) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
         settings (None: the engine's; they change the speed only). lora: this request's adapter scales, llama.cpp's
         [{"id": i, "scale": s}, ...] or (i, s) pairs over self.lora_adapters (those left out: 0; None or []: the
         current ones, set_lora_scales). context_shift: a full slot keeps the first n_keep tokens (-1: the whole
         prompt), drops the older half of the others and goes on (llama.cpp's --context-shift; otherwise the request
-        ends, truncated). sampler_options: SamplingParams' other fields
+        ends, truncated). preserved_ids: control tokens the output shows (a chat reply's: chat_preserved_ids).
+        sampler_options: SamplingParams' other fields
         (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
             seed = self.seed
@@ -834,7 +851,7 @@ class PowerInfer:
                     logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                     prompt_logprobs=prompt_logprobs, speculative=speculative,
                     lora=self._lora_request(lora), context_shift=context_shift,
-                    n_keep=len(prompt_tokens) if n_keep == -1 else n_keep)
+                    n_keep=len(prompt_tokens) if n_keep == -1 else n_keep, preserved_ids=preserved_ids)
         self.engine.check(task)
         return task
 
@@ -867,7 +884,7 @@ class PowerInfer:
     def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
         """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages;
         template_kwargs are extra template variables (chat_template_kwargs), never the template's own."""
-        from .chat import RESERVED_TEMPLATE_VARS, ChatTemplateError
+        from .chat import RESERVED_TEMPLATE_VARS, ChatTemplateError, control_token
         clash = sorted(set(template_kwargs) & set(RESERVED_TEMPLATE_VARS))
         if clash:
             raise RequestError(f"chat_template_kwargs may not set {', '.join(repr(k) for k in clash)}: the server "
@@ -883,12 +900,18 @@ class PowerInfer:
         tokens = tok.encode(text, add_special=add_bos, parse_special=True)
         stops, stop_ids = [], []
         for marker in fmt.end_of_turn:
-            ids = tok.encode(marker, add_special=False, parse_special=True)
-            if len(ids) == 1 and tok.token_type(ids[0]) == TOKEN_CONTROL:
-                stop_ids.append(ids[0])          # rendered as "" by the detokenizer: stop on the id
+            tid = control_token(tok, marker)
+            if tid is not None:
+                stop_ids.append(tid)          # rendered as "" by the detokenizer: stop on the id
             else:
                 stops.append(marker)
         return text, tokens, stops, stop_ids
+
+    @property
+    def chat_preserved_ids(self) -> frozenset[int]:
+        """The control tokens a chat reply shows as text (powerinfer.chat.preserved_ids)."""
+        from .chat import preserved_ids
+        return preserved_ids(self.chat_formatter, self.tokenizer)
 
     def tool_calls(self, tools, tool_choice):
         """The request's ToolCalls (powerinfer.tools; None without tools), "auto" read in this model's template's call
@@ -1057,6 +1080,7 @@ class PowerInfer:
                               repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, logit_bias=logit_bias, ignore_eos=ignore_eos,
                               n_probs=0 if n_lp is None else max(n_lp, 1), stop_token_ids=stop_ids, grammar=g,
+                              preserved_ids=self.chat_preserved_ids,
                               logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                               typical_p=typical_p, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
                               mirostat_eta=mirostat_eta, **sampler_options)

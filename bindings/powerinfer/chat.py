@@ -5,16 +5,26 @@ the Hugging Face ``tokenizer_config.json``). It is rendered the way ``transforme
 ``jinja2.sandbox.ImmutableSandboxedEnvironment`` (a template cannot touch Python objects or files)
 with ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension, the helpers
 ``raise_exception(msg)`` and ``strftime_now(fmt)``, a ``tojson`` filter that does not HTML-escape,
-and the variables ``messages``, ``bos_token``, ``eos_token`` and ``add_generation_prompt``.
+and the variables ``messages``, ``bos_token``, ``eos_token`` and ``add_generation_prompt``; a None
+prints as nothing (as in llama.cpp's Jinja engine, where Python's prints "None").
 
-Built-in formats (``chat_format=``): ``chatml``, ``llama2`` (alias ``llama-2``), ``vicuna`` and
-``gemma``. ``ChatFormatter.resolve`` is the one place that picks a model's template, for
-``main.py -cnv``, the server and ``PowerInfer`` alike. Precedence: an explicit ``chat_template``
+Built-in formats (``chat_format=``): ``chatml``, ``llama2`` (alias ``llama-2``), ``vicuna``,
+``gemma`` and ``gemma4`` (text turns only; a Gemma 4 file's own template also renders tools).
+``ChatFormatter.resolve`` is the one place that picks a model's template, for ``main.py -cnv``, the
+server and ``PowerInfer`` alike. Precedence: an explicit ``chat_template``
 (Jinja text, or a built-in name as ``--chat-template`` takes) > an explicit ``chat_format`` name >
 the file's template > the built-in format whose turn markers the vocabulary has as special tokens
-(``<start_of_turn>``: gemma, ``<|im_start|>``: chatml; e.g. Gemma files converted without their
-template) > ``chatml`` (with a logged warning, as llama.cpp does). A file template that does not
+(``<|turn>``: gemma4, ``<start_of_turn>``: gemma, ``<|im_start|>``: chatml; e.g. Gemma files converted
+without their template) > ``chatml`` (with a logged warning, as llama.cpp does). A file template that does not
 parse falls back the same way, with a warning.
+
+Every template gets ``enable_thinking`` true unless the caller sets it (llama.cpp's default: Gemma 4's template
+thinks only when told to). Gemma 4's template (llama.cpp knows it by ``'<|tool_call>call:'``) gets what llama.cpp
+gives it: tool-call arguments as objects (it writes them as ``key:value`` pairs, a JSON string as is), content
+parts as parts, the model's turn after a turn that ends with ``<turn|>`` where the template adds no generation
+prompt (content beside tool calls), and, for its older templates (no role "tool" handling), the tool messages
+folded into the assistant's ``tool_responses``. ``ChatFormatter.preserved``: the control tokens a reply must show
+as text to be read (Gemma 4's channel and tool-call markers; ``preserved_ids``).
 
     >>> fmt = ChatFormatter.builtin("chatml")
     >>> fmt.render([{"role": "user", "content": "Hi"}])
@@ -88,10 +98,41 @@ _GEMMA = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 
-BUILTIN_TEMPLATES = {"chatml": _CHATML, "llama2": _LLAMA2, "vicuna": _VICUNA, "gemma": _GEMMA}
+# Gemma 4: what its own template renders for text turns: a system turn (with <|think|> when thinking), the assistant
+# role "model", an empty thought channel after the generation prompt when not thinking.
+_GEMMA4 = (
+    "{{ bos_token }}"
+    "{% set loop_messages = messages %}"
+    "{% set thinking = enable_thinking is defined and enable_thinking %}"
+    "{% if thinking or messages[0]['role'] in ['system', 'developer'] %}"
+    "{{ '<|turn>system\n' }}{% if thinking %}{{ '<|think|>\n' }}{% endif %}"
+    "{% if messages[0]['role'] in ['system', 'developer'] %}"
+    "{{ messages[0]['content'] | trim }}{% set loop_messages = messages[1:] %}"
+    "{% endif %}"
+    "{{ '<turn|>\n' }}"
+    "{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}"
+    "{% if not thinking %}{{ '<|channel>thought\n<channel|>' }}{% endif %}"
+    "{% endif %}"
+)
+
+BUILTIN_TEMPLATES = {"chatml": _CHATML, "llama2": _LLAMA2, "vicuna": _VICUNA, "gemma": _GEMMA, "gemma4": _GEMMA4}
 _ALIASES = {"llama-2": "llama2", "llama_2": "llama2", "chat-ml": "chatml", "vicuna-1.1": "vicuna"}
+# Gemma 4's ends of a reply: the end of its turn, and the tool-response opener it writes after its tool calls (the
+# caller answers there); llama.cpp knows its template by the call opener
+GEMMA4_END_OF_TURN = ["<turn|>", "<|tool_response>"]
+_GEMMA4_TEMPLATE_MARK = "'<|tool_call>call:'"
+# ... and its current template by the comment of its role "tool" handling (older ones read "tool_responses")
+_GEMMA4_OPENAI_TOOLS = "{#- OpenAI Chat Completions:"
+# the markers of Gemma 4's thought channel and tool calls (llama.cpp's list, and the string quote of the arguments)
+GEMMA4_PRESERVED = ["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|turn>", '<|"|>']
 # text that ends an assistant turn, per built-in format (used as extra stop strings / stop tokens)
-_END_OF_TURN = {"chatml": ["<|im_end|>"], "gemma": ["<end_of_turn>"], "llama2": [], "vicuna": []}
+_END_OF_TURN = {"chatml": ["<|im_end|>"], "gemma": ["<end_of_turn>"], "llama2": [], "vicuna": [],
+                "gemma4": GEMMA4_END_OF_TURN}
 
 
 class ChatTemplateError(ValueError):
@@ -123,8 +164,10 @@ def _environment():
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError as e:  # pragma: no cover - jinja2 is a dependency of the server extra
             raise ImportError("chat templates need jinja2: pip install 'powerinfer-py[server]' (or jinja2)") from e
+        # finalize: None prints as nothing, as in llama.cpp's Jinja engine (Python's prints "None")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+                                            extensions=[jinja2.ext.loopcontrols],
+                                            finalize=lambda x: "" if x is None else x)
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -132,12 +175,13 @@ def _environment():
     return _ENV
 
 
-def normalize_messages(messages) -> list[dict]:
+def normalize_messages(messages, keep_parts: bool = False) -> list[dict]:
     """Check OpenAI-style messages and flatten content parts.
 
     Each message must be a dict with a string ``role``; ``content`` may be a string, None, or a
-    list of ``{"type": "text", "text": ...}`` parts (joined with no separator). Other keys (name,
-    tool_calls, ...) are kept for templates that use them. Raises ChatTemplateError.
+    list of ``{"type": "text", "text": ...}`` parts (joined with no separator; with keep_parts, for
+    templates that read the parts, left a list of such parts). Other keys (name, tool_calls, ...) are
+    kept for templates that use them. Raises ChatTemplateError.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ChatTemplateError("'messages' must be a non-empty array of messages")
@@ -162,7 +206,7 @@ def normalize_messages(messages) -> list[dict]:
                     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                     raise ChatTemplateError(f"messages[{i}].content[{j}]: content parts of type {kind!r} are not "
                                             "supported (text only)")
-            content = "".join(parts)
+            content = [{"type": "text", "text": p} for p in parts] if keep_parts else "".join(parts)
         elif not isinstance(content, str):
             raise ChatTemplateError(f"messages[{i}].content must be a string or an array of text parts")
         out.append({**m, "role": role, "content": content})
@@ -180,6 +224,9 @@ class ChatFormatter:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.end_of_turn = list(end_of_turn)
+        self.gemma4 = _GEMMA4_TEMPLATE_MARK in template
+        # control tokens a reply must show as text to be read (llama.cpp's preserved tokens)
+        self.preserved = list(GEMMA4_PRESERVED) if "<|channel>" in template else []
         try:
             self._template = _environment().from_string(template)
         except TemplateError as e:
@@ -241,21 +288,97 @@ class ChatFormatter:
         clash = sorted(set(extra) & set(RESERVED_TEMPLATE_VARS))
         if clash:
             raise ChatTemplateError(f"template variables {clash} are set by the renderer, not by the caller")
-        msgs = normalize_messages(messages)
+        msgs = normalize_messages(messages, keep_parts=self.gemma4)
+        extra.setdefault("enable_thinking", True)
+        if self.gemma4:
+            msgs = [_object_arguments(m) for m in msgs]
+            if _GEMMA4_OPENAI_TOOLS not in self.source:
+                msgs = _gemma4_tool_responses(msgs)
         try:
-            return self._template.render(messages=msgs, bos_token=self.bos_token, eos_token=self.eos_token,
+            text = self._template.render(messages=msgs, bos_token=self.bos_token, eos_token=self.eos_token,
                                          add_generation_prompt=add_generation_prompt, **extra)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise ChatTemplateError(f"chat template failed on these messages: {type(e).__name__}: {e}") from None
+        if self.gemma4 and add_generation_prompt and text.endswith("<turn|>\n"):
+            text += "<|turn>model\n"
+        return text
 
     def __repr__(self) -> str:
         return f"ChatFormatter(name={self.name!r})"
 
 
+def control_token(tokenizer, marker: str) -> int | None:
+    """The id of the control token whose text marker is (None: marker is not one such token)."""
+    from .tokenizer import TOKEN_CONTROL
+    ids = tokenizer.encode(marker, add_special=False, parse_special=True)
+    return ids[0] if len(ids) == 1 and tokenizer.token_type(ids[0]) == TOKEN_CONTROL else None
+
+
+def preserved_ids(fmt: "ChatFormatter", tokenizer) -> frozenset[int]:
+    """The control tokens a reply in fmt's format shows as text: the markers its reasoning and tool calls are read by
+    (ChatFormatter.preserved; llama.cpp's preserved tokens)."""
+    ids = (control_token(tokenizer, marker) for marker in fmt.preserved)
+    return frozenset(tid for tid in ids if tid is not None)
+
+
+def _object_arguments(message: dict) -> dict:
+    """The message with its tool calls' JSON-text arguments as objects (llama.cpp's func_args_not_string)."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                call = {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+            except ValueError:
+                pass
+        out.append(call)
+    return {**message, "tool_calls": out}
+
+
+def _gemma4_tool_responses(messages: list[dict]) -> list[dict]:
+    """llama.cpp's convert_tool_responses_gemma4, for the older Gemma 4 templates that read an assistant message's
+    "tool_responses" instead of role "tool" messages: an assistant message with tool calls takes the tool messages
+    after it as its tool_responses ({name: its call's, response: the content, as JSON where it parses}) and the plain
+    answer after those as its content (its own content is dropped, as llama.cpp does)."""
+    out, i = [], 0
+    while i < len(messages):
+        m = messages[i]
+        i += 1
+        if m["role"] != "assistant" or not m.get("tool_calls"):
+            out.append(m)
+            continue
+        calls, responses = m["tool_calls"], []
+        while i < len(messages) and messages[i]["role"] == "tool":
+            content = messages[i]["content"]
+            try:
+                response = json.loads(content) if isinstance(content, str) else content
+            except ValueError:
+                response = content
+            k = len(responses)
+            fn = calls[k].get("function") if k < len(calls) and isinstance(calls[k], dict) else None
+            name = (fn.get("name") if isinstance(fn, dict) else "") or messages[i].get("tool_call_id", "")
+            responses.append({"name": name, "response": response})
+            i += 1
+        msg = {"role": "assistant", "tool_calls": calls}
+        if responses:
+            msg["tool_responses"] = responses
+        if i < len(messages) and messages[i]["role"] == "assistant" and not messages[i].get("tool_calls") \
+                and messages[i]["content"]:
+            msg["content"] = messages[i]["content"]
+            i += 1
+        if isinstance(m.get("reasoning_content"), str):
+            msg["reasoning_content"] = m["reasoning_content"]
+        out.append(msg)
+    return out
+
+
 # built-in formats whose turn marker, when the vocabulary has it as one special token, names the format
-_VOCAB_MARKERS = (("<start_of_turn>", "gemma"), ("<|im_start|>", "chatml"))
+_VOCAB_MARKERS = (("<|turn>", "gemma4"), ("<start_of_turn>", "gemma"), ("<|im_start|>", "chatml"))
 
 
 def _format_from_vocab(tokenizer) -> str | None:
@@ -269,9 +392,12 @@ def _format_from_vocab(tokenizer) -> str | None:
 def _guess_end_of_turn(source: str) -> list[str]:
     """End-of-turn markers a template uses, so generation can stop at them. gpt-oss's harmony template (llama.cpp
     knows it by <|start|> and <|channel|>) ends a reply with <|return|> or <|call|>: its <|end|> ends every message,
-    the reasoning channel's too, and a reply goes on after it (the vocabulary does not end generation there either)."""
+    the reasoning channel's too, and a reply goes on after it (the vocabulary does not end generation there either).
+    Gemma 4's (<|turn>ROLE ... <turn|>) ends a reply with <turn|>, or with <|tool_response> after its tool calls."""
     if "<|start|>" in source and "<|channel|>" in source:
         return ["<|return|>", "<|call|>"]
+    if "<|turn>" in source and "<turn|>" in source:
+        return list(GEMMA4_END_OF_TURN)
     return [m for m in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>") if m in source]
 
 

@@ -609,7 +609,7 @@ class Engine:
                     slot.result = Result(n_prompt=len(task.prompt_tokens))
                     self._finish(slot, error=RequestError(str(e), param="grammar"))
                     continue
-            slot.decoder = StreamDecoder(self.tokenizer, strip_leading_space=False)
+            slot.decoder = StreamDecoder(self.tokenizer, strip_leading_space=False, preserved=task.preserved_ids)
             slot.stop = StopMatcher(task.stop, hide=task.hide_stop)
             slot.eog = end_of_generation(self.tokenizer, ignore_eos=task.params.ignore_eos,
                                          stop_token_ids=task.stop_token_ids)

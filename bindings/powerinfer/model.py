@@ -112,6 +112,7 @@ class HParams:
     v_norm: bool = False            # gemma4: V RMS-normed per head without a weight; attn_v may be absent (V = K)
     rope_freqs_global: bool = False   # gemma4: rope_freqs.weight applies to the global layers only
     layer_geom: tuple = ()          # gemma4: a LayerGeom per layer (pi_layer_geom); (): every layer as the fields above
+    n_embd_per_layer: int = 0       # gemma4 E2B / E4B: per-layer embeddings of this width (0: none)
     n_ff_exp: int = 0               # gemma4: the experts' width (expert_feed_forward_length; n_ff: the dense FFNs')
     moe_router_norm: bool = False   # gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale
     moe_dense_ffn: bool = False     # gemma4: a layer with experts runs its dense FFN beside them (post_ffw_norm_1, ...)
@@ -352,9 +353,6 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         # of rope_freqs.weight; KV heads and FFN widths may be per layer; q not scaled; the last shared_kv_layers layers
         # read the cache of layer n_kv - 2 (local) or n_kv - 1 (global), n_kv = n_layer - shared_kv_layers
         n_layer = as_int("block_count", get("block_count", required=True))
-        if get("embedding_length_per_layer_input", 0):
-            raise ModelLoadError(f"{path}: gemma4 with per-layer embeddings ({arch}.embedding_length_per_layer_input > "
-                                 "0: the E2B / E4B models) is not supported yet")
         pattern = get("attention.sliding_window_pattern")
         if not isinstance(pattern, list) or len(pattern) != n_layer:
             raise ModelLoadError(f"{path}: {arch}.attention.sliding_window_pattern must be a flag per layer "
@@ -367,6 +365,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         kv_heads, ffs = per_layer("attention.head_count_kv", n_head), per_layer("feed_forward_length")
         shared = get("attention.shared_kv_layers", 0)
         shared = 0 if shared == 0 else as_int("attention.shared_kv_layers", shared)
+        n_pl = get("embedding_length_per_layer_input", 0)     # E2B / E4B: per-layer embeddings of this width
+        n_pl = 0 if n_pl == 0 else as_int("embedding_length_per_layer_input", n_pl)
         n_kv = n_layer - shared
         if shared and n_kv < 2:
             raise ModelLoadError(f"{path}: {arch}.attention.shared_kv_layers = {shared} leaves fewer than 2 of "
@@ -379,7 +379,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      n_swa=as_int("attention.sliding_window", get("attention.sliding_window", required=True)),
                      rope_freq_base_swa=swa_rope_base(10000.0), rope_freq_scale_swa=1.0,
                      final_softcap=softcap("final_logit_softcapping", 0.0), v_norm=True, rope_freqs_global=True,
-                     layer_geom=geom)
+                     layer_geom=geom, n_embd_per_layer=n_pl)
         extra.update(_gemma4_moe(path, get, as_int))
     elif arch == "gemma2":
         # llama.cpp (llama_model_gemma2): the window defaults to 4096, every other layer local (set_swa_pattern(2):
@@ -689,11 +689,9 @@ class Model:
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
         if hp.arch == "gemma4":
-            unsupported = [n for n in tensors if n.startswith("per_layer_") or n.endswith(
-                (".inp_gate.weight", ".proj.weight"))]
-            if unsupported:
-                raise ModelLoadError(f"{self.path}: gemma4 with per-layer embeddings "
-                                     f"({unsupported[0]}, ...) is not supported yet")
+            if not hp.n_embd_per_layer and any(n.startswith("per_layer_") for n in tensors):
+                raise ModelLoadError(f"{self.path}: per-layer embedding tensors (per_layer_token_embd, ...) without "
+                                     f"{hp.arch}.embedding_length_per_layer_input")
         if hp.arch in ("granite", "granitemoe"):      # llama.cpp reads optional biases there; this core does not
             biases = [n for n in tensors if n.startswith("blk.") and n.endswith(".bias")]
             if biases:
@@ -740,6 +738,7 @@ class Model:
         p.attn_sinks, p.attn_out_bias, p.expert_bias = int(hp.attn_sinks), int(hp.attn_out_bias), int(hp.expert_bias)
         p.swiglu_alpha, p.swiglu_limit = hp.swiglu_alpha, hp.swiglu_limit
         p.expert_raw_weights, p.n_ff_shexp = int(hp.expert_raw_weights), hp.n_ff_shexp
+        p.n_embd_per_layer = hp.n_embd_per_layer
         desc.n_tensors = n
         desc.tensors = descs
         p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)

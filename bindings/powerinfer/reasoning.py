@@ -12,6 +12,12 @@ gpt-oss writes OpenAI's harmony format instead: messages ``<|channel|>NAME<|mess
 ``<|start|>assistant``: the ``analysis`` channel's text goes to ``reasoning_content``, the ``final`` (and
 ``commentary``) channels' to ``content``, and the markers to neither (llama.cpp's gpt-oss parser; its tool calls on
 the commentary channel are not read here).
+
+Gemma 4 thinks in a channel: ``<|channel>thought``, whitespace, the reasoning, ``<channel|>``, then the answer
+(llama.cpp's gemma4 parser): the reasoning goes to ``reasoning_content``, the rest to ``content``. A reply may hold
+several such channels (an empty one often follows the answer); a ``<|channel>`` not followed by ``thought`` and a
+``<channel|>`` outside a channel are dropped. A Gemma 4 prompt (its ``<|turn>`` markers) gets this splitter; a
+prompt that turns thinking off ends with an empty channel, and the reply is then all content.
 """
 from __future__ import annotations
 
@@ -27,13 +33,16 @@ def check_format(fmt) -> str:
     return fmt
 
 
-def splitter_for(fmt: str, prompt: str) -> "ReasoningSplitter | HarmonySplitter | None":
+def splitter_for(fmt: str, prompt: str) -> "ReasoningSplitter | HarmonySplitter | Gemma4Splitter | None":
     """The splitter a chat reply to `prompt` (the rendered template) gets under format `fmt` (None: none): OpenAI's
-    harmony channels where the prompt asks for an assistant message in that format (gpt-oss), else <think>."""
+    harmony channels where the prompt asks for an assistant message in that format (gpt-oss), Gemma 4's thought
+    channel in a Gemma 4 conversation, else <think>."""
     if check_format(fmt) == "none":
         return None
     if prompt.rstrip().endswith(HARMONY_START):
         return HarmonySplitter()
+    if GEMMA4_TURN in prompt and GEMMA4_TURN_END in prompt:
+        return Gemma4Splitter(prompt.rstrip().endswith(GEMMA4_OPEN + GEMMA4_THOUGHT))
     return ReasoningSplitter(prompt_opens_thinking(prompt))
 
 
@@ -157,3 +166,59 @@ class HarmonySplitter:
             return self._out(buf)
         return ("", "") if self.state == "header" or HARMONY_START.startswith(buf) or _CHANNEL.startswith(buf) \
             else ("", buf)
+
+
+GEMMA4_TURN, GEMMA4_TURN_END = "<|turn>", "<turn|>"
+GEMMA4_OPEN, GEMMA4_CLOSE, GEMMA4_THOUGHT = "<|channel>", "<channel|>", "thought"
+
+
+class Gemma4Splitter:
+    """feed(text) -> (reasoning, content) released so far; finish() -> what was held back. States: content, open
+    (after <|channel>: "thought" opens the reasoning, anything else drops the marker), lead (the reasoning's leading
+    whitespace, skipped), think."""
+
+    def __init__(self, in_thought: bool = False):
+        self.state, self.buf = ("lead" if in_thought else "content"), ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.buf += text
+        reasoning = content = ""
+        while True:
+            if self.state == "content":
+                found = [(i, t) for t in (GEMMA4_OPEN, GEMMA4_CLOSE) if (i := self.buf.find(t)) >= 0]
+                if found:
+                    i, tag = min(found)
+                    content += self.buf[:i]
+                    self.buf, self.state = self.buf[i + len(tag):], ("open" if tag == GEMMA4_OPEN else "content")
+                    continue
+                keep = max(_partial_suffix(self.buf, GEMMA4_OPEN), _partial_suffix(self.buf, GEMMA4_CLOSE))
+                content += self.buf[:len(self.buf) - keep]
+                self.buf = self.buf[len(self.buf) - keep:]
+                return reasoning, content
+            if self.state == "open":
+                if self.buf.startswith(GEMMA4_THOUGHT):
+                    self.buf, self.state = self.buf[len(GEMMA4_THOUGHT):], "lead"
+                    continue
+                if GEMMA4_THOUGHT.startswith(self.buf):      # undecided (or nothing yet)
+                    return reasoning, content
+                self.state = "content"
+            elif self.state == "lead":
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    return reasoning, content
+                self.state = "think"
+            else:
+                i = self.buf.find(GEMMA4_CLOSE)
+                if i >= 0:
+                    reasoning += self.buf[:i]
+                    self.buf, self.state = self.buf[i + len(GEMMA4_CLOSE):], "content"
+                    continue
+                keep = _partial_suffix(self.buf, GEMMA4_CLOSE)
+                reasoning += self.buf[:len(self.buf) - keep]
+                self.buf = self.buf[len(self.buf) - keep:]
+                return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """The text held back at the end of the reply: an unclosed reasoning's tail, or a partial marker (content)."""
+        buf, self.buf = self.buf, ""
+        return (buf, "") if self.state in ("lead", "think") else ("", buf)

@@ -109,6 +109,8 @@ class Task:
     speculative: SpecParams for this request's draft tokens (None: the engine's; n_max 0: no drafts).
     lora: the (powerinfer.lora.LoraAdapter, scale) pairs this request runs with (None: the engine's `lora`); a
     decode step holds the requests of one set only, and a slot's cache is reused under the same set alone.
+    preserved_ids: control tokens whose text the output shows (a chat format's markers, llama.cpp's preserved
+    tokens; other control tokens render as nothing).
     """
 
     def __init__(self, prompt_tokens: list[int], params: SamplingParams, *, n_predict: int = -1,
@@ -116,12 +118,13 @@ class Task:
                  emit: Callable | None = None, want_ids: bool = False, sampler: Sampler | None = None,
                  grammar=None, logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
                  hide_stop: bool = True, context_shift: bool = False, n_keep: int = 0,
-                 prompt_from: Task | None = None, speculative=None, lora: tuple | None = None):
+                 prompt_from: Task | None = None, speculative=None, lora: tuple | None = None, preserved_ids=()):
         self.prompt_tokens = list(prompt_tokens)
         self.params = params
         self.n_predict = n_predict
         self.stop = [s for s in (stop or []) if s]
         self.stop_token_ids = set(int(t) for t in stop_token_ids)
+        self.preserved_ids = frozenset(int(t) for t in preserved_ids)
         self.cache_prompt = cache_prompt
         self.n_probs = n_probs
         self.want_ids = want_ids

@@ -12,7 +12,10 @@ answer or call: the reply is generated unconstrained and read afterwards in the 
 model's chat template (`syntax_of`): Hermes 2 Pro / Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>`,
 Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+ `<|python_tag|>{"name", "parameters"}` or a bare such object,
 gpt-oss's harmony (a commentary message `to=functions.NAME ... <|message|>{arguments}`; the reply is held to its
-end, its analysis channel the message's reasoning_content, its final channel the content), and for templates without
+end, its analysis channel the message's reasoning_content, its final channel the content), Gemma 4's
+`<|tool_call>call:NAME{key:value,...}<tool_call|>` (values: `<|"|>`-quoted strings, numbers, true/false/null, and
+{...} / [...] of them, keys bare; read as JSON arguments the way llama.cpp's gemma4 parser does; its thought channel
+the message's reasoning_content, streamed as it comes: `live_splitter`), and for templates without
 tools the generic system message's bare {"name", "arguments"} object. Calls of tools the request has become
 `message.tool_calls` (finish_reason "tool_calls"), the text around them `content`; a reply with none is plain
 content. (llama.cpp constrains a call once its start is seen with a lazy grammar; here a malformed call stays text.)
@@ -24,16 +27,19 @@ import re
 import uuid
 
 from .grammar import Grammar, GrammarError
+from .reasoning import Gemma4Splitter, HarmonySplitter
 from .request import RequestError
 
 __all__ = ["ToolCalls", "parse_tool_calls", "syntax_of", "tools_system_message"]
 
-SYNTAXES = ("hermes", "mistral", "llama3", "harmony", "generic")
+SYNTAXES = ("hermes", "mistral", "llama3", "harmony", "gemma4", "generic")
 # where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these (harmony:
 # from its first marker, i.e. the whole reply, whose channels are read at its end)
 CALL_MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>", "{"),
-                "harmony": ("<|",), "generic": ("{",)}
+                "harmony": ("<|",), "gemma4": ("<|tool_call>",), "generic": ("{",)}
 _HARMONY_CALL = re.compile(r"to=functions\.([^\s<]+)")
+GEMMA4_CALL, GEMMA4_CALL_END, GEMMA4_QUOTE = "<|tool_call>call:", "<tool_call|>", '<|"|>'
+_GEMMA4_SCALAR = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")
 
 
 def syntax_of(template_source: str | None) -> str:
@@ -41,6 +47,8 @@ def syntax_of(template_source: str | None) -> str:
     src = template_source or ""
     if "<|channel|>" in src and "functions." in src:     # OpenAI's harmony (gpt-oss): to=functions.NAME
         return "harmony"
+    if GEMMA4_CALL in src:
+        return "gemma4"
     if "<tool_call>" in src:
         return "hermes"
     if "[TOOL_CALLS]" in src:
@@ -67,6 +75,44 @@ def _objects(text: str, start: int = 0):
             continue
         yield j, end, value
         i = end
+
+
+def _gemma4_value(text: str, i: int):
+    """(value, end) of the Gemma 4 value at text[i:] (whitespace before it skipped); ValueError if there is none."""
+    while i < len(text) and text[i].isspace():
+        i += 1
+    if text.startswith(GEMMA4_QUOTE, i):
+        j = text.find(GEMMA4_QUOTE, i + len(GEMMA4_QUOTE))
+        if j < 0:
+            raise ValueError("unterminated string")
+        return text[i + len(GEMMA4_QUOTE):j], j + len(GEMMA4_QUOTE)
+    if text.startswith(("{", "["), i):
+        close, out = ("}", {}) if text[i] == "{" else ("]", [])
+        i += 1
+        while True:
+            while i < len(text) and text[i].isspace():
+                i += 1
+            if text.startswith(close, i):
+                return out, i + 1
+            if out and text.startswith(",", i):
+                i += 1
+            elif out:
+                raise ValueError("expected ',' or " + close)
+            if close == "}":
+                j = i
+                while j < len(text) and text[j] not in ":}":
+                    j += 1
+                key = text[i:j].strip().removeprefix(GEMMA4_QUOTE).removesuffix(GEMMA4_QUOTE)
+                if not text.startswith(":", j) or not key:
+                    raise ValueError("expected key:")
+                out[key], i = _gemma4_value(text, j + 1)
+            else:
+                value, i = _gemma4_value(text, i)
+                out.append(value)
+    m = _GEMMA4_SCALAR.match(text, i)
+    if m is None:
+        raise ValueError("expected a value")
+    return json.loads(m.group()), m.end()
 
 
 def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
@@ -118,6 +164,20 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
                 for tail in ("<|call|>", "<|end|>"):
                     end += len(tail) if text.startswith(tail, end) else 0
                 spans.append((start if start >= 0 else m.start(), end))
+    elif syntax == "gemma4":       # <|tool_call>call:NAME{args}<tool_call|>
+        pos = 0
+        while (a := text.find(GEMMA4_CALL, pos)) >= 0:
+            pos = a + len(GEMMA4_CALL)
+            brace = text.find("{", pos)
+            if brace < 0:
+                break
+            try:
+                args, end = _gemma4_value(text, brace)
+            except ValueError:
+                continue
+            if text.startswith(GEMMA4_CALL_END, end) and take({"name": text[pos:brace], "arguments": args}):
+                pos = end + len(GEMMA4_CALL_END)
+                spans.append((a, pos))
     elif syntax == "mistral":
         a = text.find("[TOOL_CALLS]")
         if a >= 0:
@@ -137,14 +197,17 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
         content += text[pos:a]
         pos = b
     content += text[pos:]
-    if syntax == "harmony":        # the rest's final channel (its analysis: ToolCalls.plain)
-        content = _harmony_split(content)[1]
+    if syntax in _CHANNELS:        # the rest's answer (its reasoning: ToolCalls.plain)
+        content = _channels_split(text=content, syntax=syntax)[1]
     return calls, content.strip()
 
 
-def _harmony_split(text: str) -> tuple[str, str]:
-    from .reasoning import HarmonySplitter
-    s = HarmonySplitter()
+# syntaxes whose replies carry their reasoning in channels: the splitter that takes them apart
+_CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter}
+
+
+def _channels_split(text: str, syntax: str) -> tuple[str, str]:
+    s = _CHANNELS[syntax]()
     r, c = s.feed(text)
     r2, c2 = s.finish()
     return r + r2, c + c2
@@ -221,10 +284,16 @@ class ToolCalls:
             raise RequestError(f"a tool's parameters schema is not usable: {e}", param="tools") from None
         return cls(tools, names, g)
 
+    def live_splitter(self):
+        """A splitter the reasoning of a streamed "auto" reply goes through as it comes, its content then held where a
+        call may begin (Gemma 4's thought channel; None: the whole reply is held from its first marker)."""
+        return Gemma4Splitter() if self.syntax == "gemma4" else None
+
     def plain(self, text: str) -> tuple[str, str]:
-        """(reasoning, content) of an "auto" reply that holds no call: harmony's channels apart, else the text."""
-        if self.syntax == "harmony":
-            r, c = _harmony_split(text)
+        """(reasoning, content) of an "auto" reply that holds no call: harmony's / Gemma 4's channels apart, else the
+        text."""
+        if self.syntax in _CHANNELS:
+            r, c = _channels_split(text, self.syntax)
             return r, c.strip()
         return "", text.strip()
 
@@ -246,7 +315,7 @@ class ToolCalls:
         msg = {"role": "assistant", "content": content or None, "tool_calls": [{
             "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]}
-        reasoning = self.plain(text)[0] if self.auto and self.syntax == "harmony" else ""
+        reasoning = self.plain(text)[0] if self.auto and self.syntax in _CHANNELS else ""
         if reasoning:
             msg["reasoning_content"] = reasoning
         return msg

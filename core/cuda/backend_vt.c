@@ -203,7 +203,8 @@ static size_t cu_scratch(pi_backend *be, const pi_scratch_need *need) {
     b = PI_MAX(b, pi_cuda_attention_scratch(hp->n_head, T, need->n_ctx));
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi_layer *L = &m->file_layers[il];
-        const pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down };
+        const pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
+                                 &L->ple_gate, &L->ple_proj };
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
             if (w[i]->data) b = PI_MAX(b, pi_cuda_mul_mat_scratch(w[i]->type, w[i]->ne[0], T));
         if (hp->sparse) {

@@ -406,6 +406,12 @@ typedef struct pi_hparams {
                               * rope) (gemma4) */
     int32_t rope_freqs_global;   /* 1: rope_freqs.weight applies to the global layers only (gemma4's proportional rope:
                               * 1 for the rotated pairs, 1e30 for the others); local layers rope without factors */
+    int32_t n_embd_per_layer;    /* > 0: per-layer embeddings of this width n_pl (gemma4 E2B / E4B: llama.cpp's
+                              * embedding_length_per_layer_input): per batch P = (rms_norm(per_layer_model_proj [n_embd,
+                              * n_pl n_layer] . x / sqrt(n_embd)) per n_pl chunk * per_layer_proj_norm [n_pl] +
+                              * per_layer_token_embd [n_pl n_layer, n_vocab][tokens] * sqrt(n_pl)) / sqrt(2), x the
+                              * scaled token embeddings; after layer il's FFN x += rms_norm(blk.N.proj [n_pl, n_embd] .
+                              * (gelu(blk.N.inp_gate [n_embd, n_pl] . x) * P[il])) * blk.N.post_norm [n_embd] */
     int32_t n_ff_exp;        /* > 0 (with n_expert): the experts' width, where the layers' dense FFNs are n_ff (or their
                               * geometry's) wide (gemma4's expert_feed_forward_length); 0: the experts are n_ff wide */
     int32_t moe_router_norm; /* 1 (with n_expert): the router reads rms_norm(x) (no weight) / sqrt(n_embd) *

@@ -34,11 +34,12 @@ size_t pi_cpu_scratch_bytes(const pi_scratch_need *need) {
     size_t mm = (size_t)(T * PI_MAX(PI_MAX(E, F), PI_MAX(R, Eq))) * sizeof(float);
     const pi_tensor *out = need->file_layout ? &m->output_file : &m->output;
     mm = PI_MAX(mm, pi_mul_mat_scratch(out->type, out->ne[0], T));
+    if (m->ple_model_proj.data) mm = PI_MAX(mm, pi_mul_mat_scratch(m->ple_model_proj.type, E, T));   /* the CPU's */
     size_t sparse = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi_layer *L = &layers[il];
         const pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2, &L->ffn_gate,
-                                 &L->ffn_up, &L->ffn_down };
+                                 &L->ffn_up, &L->ffn_down, &L->ple_gate, &L->ple_proj };
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
             if (w[i]->data) mm = PI_MAX(mm, pi_mul_mat_scratch(w[i]->type, w[i]->ne[0], T));
         if (hp->sparse) {

@@ -69,6 +69,9 @@ static int buffer_slots(pi_buffers *b, const pi_model *m, int64_t T, int64_t n_c
     SLOT(pos, t * sizeof(int32_t));
     SLOT(cells, t * sizeof(int32_t));
     SLOT(ids, t * sizeof(int32_t));
+    const size_t P = (size_t)hp->n_embd_per_layer, L = (size_t)hp->n_layer;
+    if (P) { SLOT(ple, t * L * P * f); SLOT(ple_g, 2 * t * P * f); }
+    if (P && !device) { SLOT(ple_tok, t * L * P * f); SLOT(ple_x, t * L * P * f); }
     if (device) SLOT(logits, t * (size_t)hp->n_vocab * f);
 #undef SLOT
     return n;
@@ -826,6 +829,59 @@ static pi_status embeddings(pi_context *ctx, const pi_batch *b) {
     return PI_OK;
 }
 
+/* The per-layer inputs of the batch (gemma4's per-layer embeddings), from the scaled token embeddings x, on the CPU:
+ * P [n_layer][T][n_pl] = (rms_norm(per_layer_model_proj . x / sqrt(n_embd)) * per_layer_proj_norm per n_pl chunk +
+ * per_layer_token_embd[tokens] * sqrt(n_pl)) / sqrt(2) (llama.cpp's project_per_layer_inputs), copied to the device
+ * where it runs dense FFNs (the per-layer block runs after each FFN, on its backend). */
+static pi_status per_layer_inputs(pi_context *ctx, const pi_batch *b) {
+    const pi_model *m = ctx->model;
+    pi_exec *c = &ctx->cpu, *d = &ctx->dev;
+    const int64_t T = b->n_tokens, P = m->hp.n_embd_per_layer, L = m->hp.n_layer, E = m->hp.n_embd;
+    if (P == 0) return PI_OK;
+    pi_tensor tok = f32_2d(c->buf.ple_tok, P * L, T), proj = f32_2d(c->buf.ple_x, P * L, T);
+    TRY(OP(c, get_rows, &m->ple_tok_embd, b->token, T, &tok));   /* the file's rows, whatever their type */
+    TRY(OP(c, scale, &tok, sqrtf((float)P)));
+    TRY(matmul(c, &m->ple_model_proj, c->buf.x, c->buf.ple_x, T));
+    TRY(OP(c, scale, &proj, 1.0f / sqrtf((float)E)));
+    TRY(rms_norm(ctx, c, c->buf.ple_x, &m->ple_proj_norm, c->buf.ple_x, L * T));   /* [n_pl, n_layer T] */
+    TRY(add_inplace(c, c->buf.ple_tok, c->buf.ple_x, P * L, T));
+    TRY(OP(c, scale, &tok, 1.0f / sqrtf(2.0f)));
+    for (int64_t il = 0; il < L; il++) {   /* [T][n_layer][n_pl] -> [n_layer][T][n_pl]: layer il's rows contiguous */
+        pi_tensor src = f32_2d(c->buf.ple_tok + il * P, P, T), dst = f32_2d(c->buf.ple + il * T * P, P, T);
+        src.nb[1] = (size_t)(P * L) * sizeof(float);
+        TRY(OP(c, copy_2d, &src, &dst));
+    }
+    if (!d->be || ctx->ostats.n_ffn_layers == 0) return PI_OK;
+    return transfer(d, d->buf.ple, c, c->buf.ple, (size_t)(L * T * P) * sizeof(float));
+}
+
+/* x [n_embd, T] += rms_norm(proj . (gelu(inp_gate . x) * P[il])) * post_norm: layer il's per-layer embedding, after its
+ * FFN, on the FFN's backend e. T_batch: the batch's tokens; T < T_batch (the last layer over the output rows only):
+ * P[il]'s output rows (the CPU's buf.ids). */
+static pi_status per_layer_embedding(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t il, int64_t T,
+                                     int64_t T_batch) {
+    const int64_t P = ctx->model->hp.n_embd_per_layer, E = ctx->model->hp.n_embd;
+    if (P == 0) return PI_OK;
+    pi_buffers *B = &e->buf;
+    float *g = B->ple_g, *rows = B->ple + il * T_batch * P;   /* [n_pl, T] */
+    TRY(matmul(e, &L->ple_gate, B->x, g, T));
+    TRY(pi_lora_add(ctx, e, il, PI_LORA_PLE_GATE, B->x, g, T));
+    pi_tensor gt = f32_2d(g, P, T);
+    TRY(OP(e, glu, PI_ACT_GELU, PI_FFN_SEQ, NULL, &gt));
+    if (T < T_batch) {
+        TRY(transfer(e, B->ids, &ctx->cpu, ctx->cpu.buf.ids, (size_t)T * sizeof(int32_t)));
+        pi_tensor all = f32_2d(rows, P, T_batch), out = f32_2d(B->ple_g + T * P, P, T);
+        TRY(OP(e, get_rows, &all, B->ids, T, &out));
+        rows = B->ple_g + T * P;
+    }
+    pi_tensor pt = f32_2d(rows, P, T);
+    TRY(OP(e, binary, PI_BINARY_MUL, &gt, &pt, &gt));
+    TRY(matmul(e, &L->ple_proj, g, B->cur, T));
+    TRY(pi_lora_add(ctx, e, il, PI_LORA_PLE_PROJ, g, B->cur, T));
+    TRY(rms_norm(ctx, e, B->cur, &L->ple_norm, B->cur, T));
+    return add_inplace(e, B->x, B->cur, E, T);
+}
+
 /* rows of n floats in *buf (capacity *cap rows), grown to n_rows */
 static pi_status reserve_rows(float **buf, int32_t *cap, int32_t n_rows, int64_t n, const char *what) {
     if (n_rows <= *cap) return PI_OK;
@@ -956,6 +1012,7 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
     pi_exec *at = &ctx->cpu;   /* the backend holding the valid residual stream */
     TRY(batch_inputs(ctx, batch, n_kv));
     TRY(embeddings(ctx, batch));
+    TRY(per_layer_inputs(ctx, batch));
     const int32_t n_out = output_rows(ctx, batch);
     int64_t T = batch->n_tokens;   /* rows of the residual stream */
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
@@ -974,6 +1031,7 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
         }
         if (m->hp.sparse) TRY(sparse_ffn_block(ctx, &at, lx, il, T));
         else TRY(ffn_block(ctx, &at, lx, il, T));
+        TRY(per_layer_embedding(ctx, at, lx->ffn_w, il, T, batch->n_tokens));
         TRY(layer_output_scale(ctx, at, il, T));
         TRY(control_vector(ctx, at, il, T));
     }

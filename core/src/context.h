@@ -25,6 +25,10 @@ typedef struct pi_buffers {
     int32_t *pos;    /* [T] */
     int32_t *cells;  /* [T] KV cells of the batch's tokens */
     int32_t *ids;    /* [T] row ids (logit rows, opt positions) */
+    float *ple;      /* [n_layer][T][n_pl] per-layer inputs P (hparams.n_embd_per_layer), filled per batch */
+    float *ple_g;    /* [2][T][n_pl] a layer's per-layer gate and its rows of P (the output rows of the last layer) */
+    float *ple_tok;  /* [T][n_layer n_pl] the CPU's: the token table's rows, then P before it is laid out by layer */
+    float *ple_x;    /* [T][n_layer n_pl] the CPU's: the projection of the token embeddings */
     float *logits;   /* [T][n_vocab] on a device; NULL on the CPU (written straight into ctx->logits) */
 } pi_buffers;
 

@@ -17,7 +17,7 @@
 
 /* the layer weights' GGUF names (blk.N.<part>.weight), in PI_LORA_* order */
 static const char *const layer_parts[PI_LORA_LAYER_N] = {
-    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "inp_gate", "proj"
 };
 
 static const pi_tensor *layer_weight(const pi_layer *L, int32_t w) {
@@ -29,6 +29,8 @@ static const pi_tensor *layer_weight(const pi_layer *L, int32_t w) {
     case PI_LORA_O: return &L->wo;
     case PI_LORA_GATE: return &L->ffn_gate;
     case PI_LORA_UP: return &L->ffn_up;
+    case PI_LORA_PLE_GATE: return &L->ple_gate;
+    case PI_LORA_PLE_PROJ: return &L->ple_proj;
     default: return &L->ffn_down;
     }
 }

@@ -13,6 +13,7 @@
 
 enum {   /* the weights of a layer an adapter can adapt */
     PI_LORA_Q, PI_LORA_K, PI_LORA_V, PI_LORA_QKV, PI_LORA_O, PI_LORA_GATE, PI_LORA_UP, PI_LORA_DOWN,
+    PI_LORA_PLE_GATE, PI_LORA_PLE_PROJ,   /* gemma4's per-layer embedding: blk.N.inp_gate, blk.N.proj (with the FFN) */
     PI_LORA_LAYER_N
 };
 

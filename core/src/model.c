@@ -234,6 +234,12 @@ static pi_status check_hparams(const pi_hparams *hp) {
                        hp->rope_freqs_global);
     if (hp->post_norms_only && (!hp->post_norms || hp->sparse || pi_uses_layer_norm(hp)))
         return pi_fail(PI_ERR_BAD_MODEL, "post_norms_only needs post_norms (and a dense RMSNorm model)");
+    if (hp->n_embd_per_layer < 0 || (int64_t)hp->n_embd_per_layer * hp->n_layer >= MAX_DIM)
+        return pi_fail(PI_ERR_BAD_MODEL, "n_embd_per_layer = %d is out of range (times n_layer %d)",
+                       hp->n_embd_per_layer, hp->n_layer);
+    if (hp->n_embd_per_layer > 0 && (hp->sparse || hp->gate_sparse || hp->arch == PI_ARCH_FALCON))
+        return pi_fail(PI_ERR_UNSUPPORTED, "per-layer embeddings (n_embd_per_layer) run with a dense FFN only (not "
+                       "sparse, gate-sparse or falcon files)");
     return PI_OK;
 }
 
@@ -424,7 +430,7 @@ static pi_status repack_output(pi_model *m, pi_threadpool *pool) {
 static pi_status repack_layer(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
                        m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
-                       m->hp.sparse ? NULL : &L->ffn_down };
+                       m->hp.sparse ? NULL : &L->ffn_down, &L->ple_gate, &L->ple_proj };
     pi_status st = PI_OK;
     for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
         if (w[i]) st = repack_one(m, pool, w[i]);
@@ -437,6 +443,7 @@ static pi_status repack_weights(pi_model *m, bool no_repack) {
     pi_threadpool *pool = NULL;   /* the copies are made by all cores; without a pool, by this thread */
     if (pi_threadpool_create(0, &pool) != PI_OK) { pool = NULL; pi_clear_error(); }
     pi_status st = no_repack ? PI_OK : repack_output(m, pool);
+    if (st == PI_OK && !no_repack) st = repack_one(m, pool, &m->ple_model_proj);
     for (int32_t il = 0; il < m->hp.n_layer && st == PI_OK; il++) {
         if (!no_repack) st = repack_layer(m, pool, &m->layers[il]);
         if (st == PI_OK && m->hp.gate_sparse) st = pack_act_ffn(m, pool, &m->layers[il], no_repack);
@@ -486,6 +493,13 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         goto fail;
     }
 
+    const int64_t n_pl = hp->n_embd_per_layer;
+    if (n_pl > 0) {   /* gemma4's per-layer embeddings: the table stays in the file (rows read by get_rows) */
+        TRY(load_tensor(desc, "per_layer_token_embd.weight", n_pl * hp->n_layer, V, false, false, &m->ple_tok_embd));
+        TRY(load_tensor(desc, "per_layer_model_proj.weight", E, n_pl * hp->n_layer, false, false, &m->ple_model_proj));
+        TRY(load_tensor(desc, "per_layer_proj_norm.weight", n_pl, 0, true, false, &m->ple_proj_norm));
+    }
+
     char name[96];
     for (int32_t il = 0; il < hp->n_layer; il++) {
         pi_layer *L = &m->layers[il];
@@ -528,6 +542,11 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             if (own_kv) LAYER("attn_k_norm.weight", hp->qk_norm == 2 ? E_kv : hd, 0, true, false, &L->k_norm);
         }
         LAYER("layer_output_scale.weight", 1, 0, true, true, &L->out_scale);
+        if (n_pl > 0) {
+            LAYER("inp_gate.weight", E, n_pl, false, false, &L->ple_gate);
+            LAYER("proj.weight", n_pl, E, false, false, &L->ple_proj);
+            LAYER("post_norm.weight", E, 0, true, false, &L->ple_norm);
+        }
         if (hp->post_norms) {
             LAYER("post_attention_norm.weight", E, 0, true, false, &L->post_attn_norm);
             LAYER("post_ffw_norm.weight", E, 0, true, false, &L->post_ffn_norm);

@@ -55,6 +55,9 @@ typedef struct pi_layer {
     pi_tensor ffn_post_norm_1, ffn_pre_norm_2, ffn_post_norm_2;   /* [n_embd] f32, hparams.moe_dense_ffn: the norms
                                 * after the dense FFN, before and after the experts */
     pi_tensor out_scale;   /* [1] f32 blk.N.layer_output_scale, optional (gemma4): x *= it after the layer */
+    pi_tensor ple_gate;    /* [n_embd, n_pl] blk.N.inp_gate (hparams.n_embd_per_layer): the per-layer embedding's gate */
+    pi_tensor ple_proj;    /* [n_pl, n_embd] blk.N.proj */
+    pi_tensor ple_norm;    /* [n_embd] f32 blk.N.post_norm */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;
@@ -68,6 +71,10 @@ struct pi_model {
     pi_tensor  output;       /* [n_embd, n_vocab] (token_embd when tied) */
     pi_tensor  rope_freqs;   /* [n_rot/2] f32 frequency factors (Llama 3.1+ "llama3" rope); data NULL if absent */
     pi_tensor  rope_freqs_long;  /* [n_rot/2] f32 phi3's long factors (pi_context_rope_freqs); data NULL if absent */
+    pi_tensor  ple_tok_embd; /* [n_pl n_layer, n_vocab] per_layer_token_embd (hparams.n_embd_per_layer; rows read by
+                              * get_rows as they are in the file) */
+    pi_tensor  ple_model_proj;   /* [n_embd, n_pl n_layer] per_layer_model_proj */
+    pi_tensor  ple_proj_norm;    /* [n_pl] f32 per_layer_proj_norm */
     pi_layer  *layers;       /* [n_layer] */
     pi_layer_geom *geom;     /* [n_layer] each layer's shape (pi_model_desc.layers, or made from hp) */
     int64_t    max_q, max_kv, max_ff;   /* the largest n_head * head_dim, n_head_kv * head_dim and n_ff of any layer */

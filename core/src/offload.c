@@ -37,7 +37,8 @@ static const size_t ATTN_FIELDS[] = { F(attn_norm), F(attn_norm_b), F(attn_norm_
                                       F(wq), F(wk), F(wv), F(bq), F(bk), F(bv), F(q_norm), F(k_norm), F(wo),
                                       F(bo), F(attn_sinks), F(post_attn_norm) };
 static const size_t SPARSE_IO_FIELDS[] = { F(fc1), F(fc2), F(ffn_norm), F(ffn_norm_b), F(post_ffn_norm) };
-static const size_t DENSE_IO_FIELDS[] = { F(ffn_norm), F(ffn_norm_b), F(post_ffn_norm) };
+static const size_t DENSE_IO_FIELDS[] = { F(ffn_norm), F(ffn_norm_b), F(post_ffn_norm), F(ple_gate), F(ple_proj),
+                                          F(ple_norm) };   /* the per-layer embedding runs after the FFN, there */
 static const size_t DENSE_FFN_FIELDS[] = { F(ffn_gate), F(ffn_up), F(ffn_down) };
 static const size_t HOT_FIELDS[] = { F(ffn_gate), F(ffn_up), F(ffn_down_t) };
 #undef F

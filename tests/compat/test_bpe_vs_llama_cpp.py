@@ -2,7 +2,10 @@
 trained with Hugging Face tokenizers (tests/test_tokenizer_bpe.py) and written to GGUF files as
 llama.cpp's converter writes them, for the gpt-2, llama-bpe, qwen2, gpt-4o (gpt-oss's o200k) and default
 pre-tokenizers, with and without special-token parsing. The ids must be identical. A vocabulary with gpt-oss's harmony
-tokens checks llama.cpp's o200k_harmony rules: which tokens end generation, which markers decode as text."""
+tokens checks llama.cpp's o200k_harmony rules: which tokens end generation, which markers decode as text. A Gemma 4
+vocabulary (tokenizer.ggml.model "gemma4", trained in tests/test_tokenizer_bpe.py, and one of real size: Gemma 3
+270M's 262k tokens with Gemma 4's markers and merges made from the tokens' splits) checks its SentencePiece-style BPE:
+ids, BOS, decoded text and the end-of-generation tokens."""
 from __future__ import annotations
 
 import sys
@@ -18,12 +21,13 @@ import gguf  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from powerinfer.tokenizer import Tokenizer  # noqa: E402
 from powerinfer.gguf_file import open_gguf  # noqa: E402
-from test_tokenizer_bpe import CHECK, gguf_vocab, train_hf  # noqa: E402
+from test_tokenizer_bpe import CHECK, GEMMA4_CHECK, GEMMA4_SPECIAL, gguf_vocab, train_gemma4, train_hf  # noqa: E402
 
 EXTRA = ["<|endoftext|>after", "<|im_start|><|im_start|>", "🦀 crab 🦀", "1\u00002", "x" * 500]
 
 
-def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>"):
+def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>", model="gpt2", bos_text=None,
+                     add_bos=False):
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(128)
     w.add_embedding_length(64)
@@ -32,15 +36,15 @@ def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>")
     w.add_head_count(4)
     w.add_head_count_kv(4)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(model)
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
     eos = tokens.index(eos_text)
-    w.add_bos_token_id(eos)
+    w.add_bos_token_id(tokens.index(bos_text or eos_text))
     w.add_eos_token_id(eos)
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(add_bos)
     w.add_tensor("token_embd.weight", np.zeros((len(tokens), 64), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -98,3 +102,54 @@ def test_harmony_vocabulary_matches_llama_cpp(tmp_path):
         assert ours.decode(ids_t).encode() == ll.detokenize(ids_t), text
     reply = ll.tokenize(HARMONY_TEXT[0].encode(), add_bos=False, special=True)
     assert ours.decode(reply) == HARMONY_TEXT[0].removesuffix("<|return|>")   # the markers stay readable
+
+
+def check_gemma4(path, texts):
+    """Ours against llama.cpp on a gemma4 vocabulary file: ids with and without special parsing (and BOS), decoded
+    text, the end-of-generation set."""
+    ll = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf_metadata(open_gguf(path).metadata)
+    vocab = llama_cpp.llama_model_get_vocab(ll.model)
+    assert ours.eog_ids == {i for i in range(ours.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)}
+    for text in texts:
+        for parse_special in (False, True):
+            theirs = ll.tokenize(text.encode(), add_bos=True, special=parse_special)
+            got = ours.encode(text, parse_special=parse_special)
+            assert got == theirs, (parse_special, text, got, theirs)
+            # (without the BOS: llama-cpp-python's detokenize drops a space after one)
+            assert ours.decode(theirs[1:], skip_special=not parse_special).encode() == \
+                ll.detokenize(theirs[1:], special=parse_special), (parse_special, text)
+
+
+def test_gemma4_vocabulary_matches_llama_cpp(tmp_path):
+    """Gemma 4's tokenizer: the file says add_bos_token false and names another pre-tokenizer, llama.cpp adds BOS and
+    uses its gemma4 rules anyway."""
+    tokens, types, merges = train_gemma4()
+    path = tmp_path / "gemma4.gguf"
+    write_vocab_gguf(path, tokens, types, merges, "default", eos_text="<eos>", model="gemma4", bos_text="<bos>")
+    check_gemma4(path, GEMMA4_CHECK + EXTRA)
+
+
+def test_gemma4_real_size_vocabulary_matches_llama_cpp(tmp_path, gemma_file):
+    """A vocabulary of Gemma 4's size and kind: Gemma 3 270M's 262k SentencePiece tokens (whitespace runs, byte
+    tokens, control and user-defined tokens), Gemma 4's markers in its first unused slots, its newline runs normal
+    tokens, and as merges every split of a normal token into two tokens (by the merged token's id), none making a
+    newline run (those come whole, llama.cpp's Gemma 4 rule); text: GEMMA4_CHECK and the held-out text's
+    paragraphs."""
+    meta = open_gguf(gemma_file).metadata
+    tokens = [str(t) for t in meta["tokenizer.ggml.tokens"]]
+    types = [int(t) for t in meta["tokenizer.ggml.token_type"]]
+    unused = [i for i, t in enumerate(tokens) if t.startswith("<unused")]
+    for i, t in zip(unused, [t for t in GEMMA4_SPECIAL if t not in tokens]):
+        tokens[i], types[i] = t, 3
+    for i, t in enumerate(tokens):
+        if t and not t.strip("\n"):
+            types[i] = 1            # newline runs: normal tokens (Gemma 3's are user-defined)
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges = [f"{t[:k]} {t[k:]}" for i, t in enumerate(tokens) if types[i] == 1 and t.strip("\n")
+              for k in range(1, len(t)) if t[:k] in ids and t[k:] in ids]
+    path = tmp_path / "gemma4-262k.gguf"
+    write_vocab_gguf(path, tokens, types, merges, "gemma4", eos_text="<eos>", model="gemma4", bos_text="<bos>",
+                     add_bos=True)
+    heldout = (Path(__file__).resolve().parents[2] / "data" / "heldout.txt").read_text().split("\n\n")
+    check_gemma4(path, GEMMA4_CHECK + EXTRA + heldout[:40] + ["\n\n".join(heldout[40:60])])

@@ -12,6 +12,13 @@ Q8_0 / Q4_0 matrices: each engine rounds its own 8-bit activations of values tha
 the logits differ about as much as each differs from the reference of the dequantized weights (measured 1.9e-2 ..
 2.3e-2 from llama.cpp, 2.4e-2 .. 2.7e-2 from the reference, seeds 3, 4, 6, 8), and near-ties split the tiny model's
 greedy paths: all 12 tokens agree at seeds 3 and 6 (Q8_0), 4 and 8 (Q4_0); the other four runs split after 1 .. 7.
+
+Per-layer embeddings (E2B / E4B; model_files.gemma4_ple_weights, n_pl 32): f32 5.1e-4 .. 8.2e-4 from llama.cpp at
+seeds 3, 5, 7 (the reference through the f16 GELU table 6.5e-5 .. 1.5e-4), the same argmax and 12 greedy tokens; a
+Q8_0 / Q4_K / Q5_K / Q6_K per-layer token table (n_pl 256, the rest f32: get_rows of the file's rows, no activation
+rounding) 5.4e-4 from llama.cpp with its 12 greedy tokens (one near-tie position's argmax differs with the Q8_0
+table); every matrix Q8_0 / Q4_0 at seed 3: 2.2e-2 / 2.1e-2 from llama.cpp, 12 greedy tokens (seeds 4 and 6 split
+after 2 .. 9 tokens, at 2.3e-2 .. 2.7e-2).
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
 from helpers import QUANT_REL_RMS, greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
-from model_files import write_arch_model, write_gemma4_moe_model  # noqa: E402
+from model_files import write_arch_model, write_gemma4_moe_model, write_gemma4_ple_model  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
 
 LLAMA_CPP_REL_RMS = 3e-3   # f32 (measured 4.0e-4 .. 5.3e-4)
@@ -70,19 +77,71 @@ def test_quantized_agrees_with_llama_cpp(tmp_path, dtype, seed):
     assert a == b, (a, b)
 
 
-@pytest.mark.parametrize("experts", [None, "separate", "fused"])
+@pytest.mark.parametrize("seed", [3, 5, 7])
+def test_ple_f32_logits_agree_with_llama_cpp(tmp_path, seed):
+    """Per-layer embeddings (n_pl 32) with f32 weights: llama.cpp's logits, argmax and 12 greedy tokens."""
+    path = tmp_path / f"tiny-gemma4-ple-{seed}.gguf"
+    write_gemma4_ple_model(path, seed=seed)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
+    model = pi.Model(path)
+    ours = logits_all(ctx_of(model), PROMPT)
+    err = rel_rms(ours, theirs)
+    print(f"gemma4 per-layer embeddings f32 seed {seed}: relative RMS difference from llama.cpp {err:.2e}")
+    assert err < LLAMA_CPP_REL_RMS, err
+    assert rel_rms(ReferenceModel(path, gelu_f16=True).forward(PROMPT), theirs) < 3e-4
+    assert np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1))
+    a, b = greedy_both(ll, model, PROMPT, 12)
+    assert a == b, (a, b)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_ple_quantized_token_table_agrees_with_llama_cpp(tmp_path, qtype):
+    """A quantized per-layer token table (the rest f32): llama.cpp's logits within the f32 bound (the rows are read as
+    they are, no activation is rounded) and its 12 greedy tokens."""
+    from test_gemma4 import quantized_table_files
+    path, _ = quantized_table_files(tmp_path, qtype)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
+    model = pi.Model(path)
+    err = rel_rms(logits_all(ctx_of(model), PROMPT), theirs)
+    print(f"gemma4 per-layer table {qtype}: relative RMS difference from llama.cpp {err:.2e}")
+    assert err < LLAMA_CPP_REL_RMS, err
+    a, b = greedy_both(ll, model, PROMPT, 12)
+    assert a == b, (a, b)
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_ple_quantized_matrices_agree_with_llama_cpp(tmp_path, dtype):
+    """Per-layer embeddings with every matrix quantized (seed 3): within QUANT_REL_RMS of llama.cpp and of the
+    reference of the dequantized weights, and llama.cpp's 12 greedy tokens."""
+    path = tmp_path / f"tiny-gemma4-ple-{dtype}.gguf"
+    write_gemma4_ple_model(path, seed=3, dtype=dtype)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
+    model = pi.Model(path)
+    ours = logits_all(ctx_of(model), PROMPT)
+    err = rel_rms(ours, theirs)
+    print(f"gemma4 per-layer embeddings {dtype}: relative RMS difference from llama.cpp {err:.2e}")
+    assert err < QUANT_REL_RMS, err
+    assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < QUANT_REL_RMS
+    a, b = greedy_both(ll, model, PROMPT, 12)
+    assert a == b, (a, b)
+
+
+@pytest.mark.parametrize("extra", [None, "ple", "experts", "fused experts"])
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
-def test_quantizer_writes_llama_quantizes_file(tmp_path, ftype, experts):
+def test_quantizer_writes_llama_quantizes_file(tmp_path, ftype, extra):
     """powerinfer.quantize on the tiny gemma4 (no attn_v in the global and shared layers, no attn_k in the shared
-    ones, per-layer shapes, mostly fallback types at n_embd 128; with experts: the router and the scales left f32, the
-    experts as llama-quantize types them): llama-quantize's file byte for byte, and it runs."""
+    ones, per-layer shapes, mostly fallback types at n_embd 128; ple: with per-layer embeddings, n_pl 256; experts:
+    the router and the scales left f32, the experts as llama-quantize types them, gate/up separate or fused):
+    llama-quantize's file byte for byte, and it runs."""
     import ctypes
 
     from powerinfer.quant_rules import FTYPE, QuantOptions
     from powerinfer.quantize import quantize_file
     src, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
-    if experts:
-        write_gemma4_moe_model(src, seed=3, fused=experts == "fused")
+    if extra == "ple":
+        write_gemma4_ple_model(src, seed=3, n_pl=256)
+    elif extra:
+        write_gemma4_moe_model(src, seed=3, fused=extra == "fused experts")
     else:
         write_arch_model(src, "gemma4", seed=3)
     quantize_file(src, ours, QuantOptions(ftype=FTYPE[ftype]))

@@ -416,7 +416,8 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
 
     # ---- generate
     async def prompt_tokens(llm, body: dict, prompt: str, context: list[int], n_predict: int):
-        """(prompt tokens, stop strings of the template, stop ids, the reasoning splitter) of a generate request."""
+        """(prompt tokens, stop strings of the template, stop ids, the reasoning splitter, the control tokens the reply
+        shows) of a generate request."""
         suffix = field(body, "suffix", "str", "")
         raw = field(body, "raw", "bool", False)
         if suffix:
@@ -424,23 +425,23 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
                 raise RequestError("'context' cannot be combined with 'suffix' (an infill prompt is built whole)",
                                    param="context")
             return await run_in_threadpool(lambda: llm.infill_prompt(prompt, suffix, max_tokens=n_predict,
-                                                                     param="suffix")), [], [], None
+                                                                     param="suffix")), [], [], None, ()
         system = field(body, "system", "str", "")
         if raw or not prompt:
             if raw and system:
                 raise RequestError("'system' goes through the chat template, which raw skips: put it in the prompt",
                                    param="system")
             if not context:                          # as /completion tokenizes it (BOS added per the model)
-                return await run_in_threadpool(llm.tokenize_prompt, prompt), [], [], None
+                return await run_in_threadpool(llm.tokenize_prompt, prompt), [], [], None, ()
             tokens = llm.tokenizer.encode(prompt, add_special=False, parse_special=True) if prompt else []
-            return context + tokens, [], [], None
+            return context + tokens, [], [], None, ()
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         kwargs = _think(body, {**state.template_kwargs, **field(body, "chat_template_kwargs", "dict", {})})
         text, tokens, stops, stop_ids = await run_in_threadpool(lambda: llm.chat_prompt(messages, **kwargs))
         if context and tokens and tokens[0] == llm.tokenizer.bos_id:
             tokens = tokens[1:]
         reasoning = splitter_for(field(body, "reasoning_format", "str", llm.reasoning_format), text)
-        return context + tokens, stops, stop_ids, reasoning
+        return context + tokens, stops, stop_ids, reasoning, llm.chat_preserved_ids
 
     async def generate(request: Request):
         t0 = time.perf_counter()
@@ -460,10 +461,11 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
         fields, n_predict = sampling_body(body, llm)
         n_predict = _cap(state, -1 if n_predict is None or n_predict < 0 else n_predict)
         s = sampling_fields(fields, state.sampling, (state.context_shift, state.n_keep))
-        tokens, stops, stop_ids, reasoning = await prompt_tokens(llm, body, prompt, context, n_predict)
+        tokens, stops, stop_ids, reasoning, preserved = await prompt_tokens(llm, body, prompt, context, n_predict)
         stop = s.pop("stop")
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + stops
-        task = llm.make_task(tokens, max_tokens=n_predict, stop=stop, stop_token_ids=stop_ids, **s)
+        task = llm.make_task(tokens, max_tokens=n_predict, stop=stop, stop_token_ids=stop_ids, preserved_ids=preserved,
+                             **s)
         _stats(request, prompt=len(tokens))
 
         def split(text: str) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizer (``tokenizer.ggml.model == "gpt2"``) built from GGUF metadata alone.
+"""BPE tokenizers built from GGUF metadata alone: byte-level (``tokenizer.ggml.model == "gpt2"``) and Gemma 4's
+SentencePiece-style BPE (``"gemma4"``, see `Gemma4Tokenizer`).
 
 Encoding reproduces llama.cpp's BPE tokenizer (``llm_tokenizer_bpe`` in llama-vocab.cpp), which
 itself reproduces the Hugging Face ``tokenizers`` ByteLevel BPE models (GPT-2, Llama 3, Qwen2):
@@ -15,6 +16,11 @@ itself reproduces the Hugging Face ``tokenizers`` ByteLevel BPE models (GPT-2, L
    that is itself a vocabulary entry is emitted directly.
 5. A final symbol missing from the vocabulary falls back to the tokens of its single characters.
 
+Gemma 4's pre-tokenizer ("gemma4", llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4) is SentencePiece-style: every space
+becomes U+2581 first, words are runs of non-newlines and runs of newlines (a newline run that is a vocabulary entry is
+taken whole), merges run over the raw UTF-8 characters (no byte-level encoding), missing pieces fall back to the
+``<0xXX>`` byte tokens, and decoding turns U+2581 back into spaces.
+
 No dummy-prefix space is added. Decoding maps the byte-level characters back to bytes;
 control tokens render as nothing unless ``skip_special=False``; user-defined tokens render as
 their text. (llama.cpp's ``clean_spaces`` detokenization option is not applied: decode gives
@@ -26,11 +32,12 @@ The ``\\p{L}``/``\\p{N}`` classes of the pre-tokenizer expressions need the ``re
 from __future__ import annotations
 
 import heapq
+from typing import NamedTuple
 
 from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, VALID_TYPES, Tokenizer,
                     as_list, as_text, end_of_generation, merge_symbols)
 
-__all__ = ["BPETokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
+__all__ = ["BPETokenizer", "Gemma4Tokenizer", "PRE_TOKENIZERS", "bytes_to_unicode"]
 
 # --------------------------------------------------------------------------------------------
 # pre-tokenizers (llama.cpp's llm_tokenizer_bpe regex_exprs), applied one after another
@@ -55,17 +62,31 @@ _GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
           r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-# tokenizer.ggml.pre -> (regular expressions, ignore_merges, add_bos default)
-PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {}
+
+class Pre(NamedTuple):
+    """A pre-tokenizer: its regular expressions, ignore_merges (a word that is a vocabulary entry is emitted whole),
+    add_bos (the default without tokenizer.ggml.add_bos_token; forced on where spm is set, as llama.cpp does for
+    Gemma 4) and spm (SentencePiece-style: spaces as U+2581, raw UTF-8 merges, <0xXX> byte fallback, a newline run
+    that is a vocabulary entry emitted whole)."""
+    patterns: tuple[str, ...]
+    ignore_merges: bool = False
+    add_bos: bool = False
+    spm: bool = False
+
+
+# tokenizer.ggml.pre -> its pre-tokenizer
+PRE_TOKENIZERS: dict[str, Pre] = {}
 for _name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"):
-    PRE_TOKENIZERS[_name] = ((_LLAMA3,), True, True)
+    PRE_TOKENIZERS[_name] = Pre((_LLAMA3,), ignore_merges=True, add_bos=True)
 for _name in ("qwen2", "deepseek-r1-qwen", "megrez"):
-    PRE_TOKENIZERS[_name] = ((_QWEN2,), False, False)
+    PRE_TOKENIZERS[_name] = Pre((_QWEN2,))
 for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de"):
-    PRE_TOKENIZERS[_name] = ((_GPT2,), False, False)
-PRE_TOKENIZERS["gpt-4o"] = ((_GPT4O,), False, False)
+    PRE_TOKENIZERS[_name] = Pre((_GPT2,))
+PRE_TOKENIZERS["gpt-4o"] = Pre((_GPT4O,))
+# Gemma 4 (tokenizer.ggml.model "gemma4" implies it, whatever tokenizer.ggml.pre says)
+PRE_TOKENIZERS["gemma4"] = Pre((r"[^\n]+|[\n]+",), add_bos=True, spm=True)
 # llama.cpp's default (also used when the key is missing)
-PRE_TOKENIZERS["default"] = ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"), False, False)
+PRE_TOKENIZERS["default"] = Pre((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"))
 
 
 # word cache bounds
@@ -87,6 +108,7 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
+SPACE = "\u2581"    # SentencePiece's space
 _BYTE_TO_CHAR = bytes_to_unicode()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 _ENCODE_TABLE = str.maketrans({chr(b): c for b, c in _BYTE_TO_CHAR.items()})   # latin-1 char -> byte char
@@ -137,9 +159,10 @@ class BPETokenizer(Tokenizer, model="gpt2"):
                           ("eot", eot_id), ("eom", eom_id)):
             if tid is not None and not 0 <= tid < n:
                 raise ValueError(f"{name} token id {tid} is out of range for a vocabulary of {n} tokens")
-        patterns, self._ignore_merges, default_bos = PRE_TOKENIZERS[pre]
-        if add_bos is None:   # the pre-tokenizer's default (llama-3: BOS), when there is a BOS token
-            add_bos = default_bos and bos_id is not None
+        patterns, self._ignore_merges, default_bos, self._spm = PRE_TOKENIZERS[pre]
+        if add_bos is None or self._spm:
+            # the pre-tokenizer's default (llama-3: BOS), when there is a BOS token; Gemma 4's whatever the file says
+            add_bos = (add_bos or default_bos) and bos_id is not None
         if add_bos and bos_id is None:
             raise ValueError("add_bos is set but the vocabulary has no BOS token id")
         if add_eos and eos_id is None:
@@ -184,6 +207,8 @@ class BPETokenizer(Tokenizer, model="gpt2"):
                 b = text.encode("utf-8", errors="surrogatepass")
             elif t == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
                 b = bytes([int(text[3:5], 16)])
+            elif self._spm:
+                b = text.replace(SPACE, " ").encode("utf-8", errors="surrogatepass")
             else:
                 b = _byte_decode(text)
             self._piece_bytes.append(b)
@@ -272,10 +297,12 @@ class BPETokenizer(Tokenizer, model="gpt2"):
 
     def _encode_text(self, text: str, out: list[int]) -> None:
         cache = self._cache
+        if self._spm:
+            text = text.replace(" ", SPACE)
         for word in self._split_words(text):
             ids = cache.get(word)
             if ids is None:
-                ids = tuple(self._bpe(_byte_encode(word)))
+                ids = tuple(self._bpe(word if self._spm else _byte_encode(word)))
                 if len(word) <= _CACHE_MAX_WORD_CHARS:
                     if len(cache) >= _CACHE_MAX_ENTRIES:
                         cache.clear()
@@ -283,9 +310,9 @@ class BPETokenizer(Tokenizer, model="gpt2"):
             out.extend(ids)
 
     def _bpe(self, word: str) -> list[int]:
-        """Ids of one byte-encoded word (heap-based merges, as llama.cpp)."""
+        """Ids of one word, byte-encoded (raw with spm) (heap-based merges, as llama.cpp)."""
         lookup = self._text_to_id
-        if self._ignore_merges and word in lookup:
+        if (self._ignore_merges or (self._spm and not word.strip("\n"))) and word in lookup:
             return [lookup[word]]
         n = len(word)
         piece = list(word)
@@ -307,7 +334,8 @@ class BPETokenizer(Tokenizer, model="gpt2"):
             if tid is not None:
                 ids.append(tid)
                 continue
-            for ch in p:   # fallback: each byte character on its own (skipped if absent)
+            # fallback: each byte on its own, byte-level characters or <0xXX> tokens (skipped if absent)
+            for ch in ([f"<0x{x:02X}>" for x in p.encode("utf-8")] if self._spm else p):
                 tid = lookup.get(ch)
                 if tid is not None:
                     ids.append(tid)
@@ -326,3 +354,10 @@ class BPETokenizer(Tokenizer, model="gpt2"):
         return (f"BPETokenizer(n_vocab={self.n_vocab}, pre={self.pre!r}, bos_id={self.bos_id}, "
                 f"eos_id={self.eos_id}, add_bos={self.add_bos}, add_eos={self.add_eos})")
 
+
+class Gemma4Tokenizer(BPETokenizer, model="gemma4"):
+    """Gemma 4's vocabulary (``tokenizer.ggml.model == "gemma4"``): BPE with the "gemma4" pre-tokenizer."""
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> "BPETokenizer":
+        return super().from_metadata({**meta, "tokenizer.ggml.pre": "gemma4"})

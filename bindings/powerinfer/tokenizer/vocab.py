@@ -1,7 +1,8 @@
 """The vocabulary side every tokenizer shares: token types, per-id lookups, decoding, streaming.
 
-`Tokenizer` is the base class of the SentencePiece (`spm.SPMTokenizer`) and byte-level BPE
-(`bpe.BPETokenizer`) tokenizers; `powerinfer.tokenizer.load(metadata)` picks one from the GGUF keys.
+`Tokenizer` is the base class of the SentencePiece (`spm.SPMTokenizer`) and BPE (`bpe.BPETokenizer`, byte-level,
+and its Gemma 4 kind `bpe.Gemma4Tokenizer`) tokenizers; `powerinfer.tokenizer.load(metadata)` picks one from the GGUF
+keys.
 A subclass sets n_vocab, bos_id, eos_id, unk_id, pad_id, add_bos, add_eos, add_space_prefix,
 _tokens, _types, _piece_bytes, _eog and implements encode() and _render(tid, at_start, skip_special).
 """
@@ -25,10 +26,11 @@ VALID_TYPES = frozenset(range(TOKEN_UNDEFINED, TOKEN_BYTE + 1))
 
 # end-of-generation tokens recognised by their text, in every vocabulary type (llama.cpp's list in llama_vocab::load:
 # Phi-3's SentencePiece vocabulary ends its turns with <|end|>, ChatML's with <|im_end|>, gpt-oss's o200k_harmony
-# with <|return|> (the final answer) and <|call|> (a tool call), ...)
+# with <|return|> (the final answer) and <|call|> (a tool call), Gemma 4's with <turn|> (and <|tool_response>, after a
+# tool call, where the caller's answer goes), ...)
 EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
              "<|end_of_text|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>",
-             "<｜end▁of▁sentence｜>")
+             "<｜end▁of▁sentence｜>", "<eos>", "<turn|>", "<|tool_response>")
 # o200k_harmony's message markers, which llama.cpp makes user-defined tokens (rendered in decoded text, matched in any
 # text) so that a reply's channels stay readable: <|channel|>analysis<|message|>...<|end|><|start|>assistant...
 HARMONY_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
@@ -130,7 +132,7 @@ class Tokenizer:
         if model not in Tokenizer._kinds:
             kind = _UNSUPPORTED_MODELS.get(model, "unknown tokenizer model")
             raise ValueError(f"tokenizer model {model!r} ({kind}) is not supported yet; "
-                             "supported: 'llama' (SentencePiece BPE) and 'gpt2' (byte-level BPE)")
+                             "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE) and 'gemma4'")
         return Tokenizer._kinds[model].from_metadata(meta)
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -194,14 +196,16 @@ class Tokenizer:
 class StreamDecoder:
     """Incremental, UTF-8-safe detokenizer: concatenated output equals ``Tokenizer.decode``."""
 
-    def __init__(self, tokenizer: Tokenizer, strip_leading_space: bool = True):
+    def __init__(self, tokenizer: Tokenizer, strip_leading_space: bool = True, preserved=()):
+        """preserved: control token ids rendered as their text (what decode(skip_special=False) gives)."""
         self._tokenizer = tokenizer
         self._at_start = strip_leading_space
+        self._preserved = frozenset(preserved)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, id: int) -> str:
         """Add one token; return the text completed by it ("" while a character is partial)."""
-        piece, self._at_start = self._tokenizer._render(id, self._at_start, True)
+        piece, self._at_start = self._tokenizer._render(id, self._at_start, id not in self._preserved)
         return self._utf8.decode(piece)
 
     def flush(self) -> str:

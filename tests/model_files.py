@@ -273,6 +273,47 @@ def gemma4_weights(c: dict, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
+# gemma4's mixture of experts (the 26B-A4B's layout): the layers of "layers" (local and global, with their own KV and
+# sharing it; 1 and 4 stay dense) get 4 experts of 64 (2 per token) beside their dense FFN, the router's input scale of
+# about sqrt(n_embd) (router logits of about unit size) and per-expert output scales in 0.5..1.5
+GEMMA4_MOE = dict(n_expert=4, n_expert_used=2, n_ff_exp=64, layers=(0, 2, 3, 5, 6), router_std=6.0)
+
+
+def gemma4_moe_weights(seed: int, fused: bool = False, moe: dict = GEMMA4_MOE) -> dict[str, np.ndarray]:
+    """gemma4_weights (CONFIGS["gemma4"]) with experts in moe["layers"]: ffn_gate_inp (.weight, .scale),
+    ffn_gate_exps and ffn_up_exps (fused: one ffn_gate_up_exps, each expert's gate rows then its up rows),
+    ffn_down_exps (.weight, .scale), pre_ffw_norm_2, post_ffw_norm_1 and post_ffw_norm_2."""
+    c = CONFIGS["gemma4"]
+    w = gemma4_weights(c, seed)
+    rng, mat, norm, _ = random_weights(seed + 1000)
+    E, F, NE = c["n_embd"], moe["n_ff_exp"], moe["n_expert"]
+    for il in moe["layers"]:
+        p = f"blk.{il}."
+        w[p + "ffn_gate_inp.weight"] = mat(NE, E) * np.float32(moe["router_std"])
+        w[p + "ffn_gate_inp.scale"] = norm(E) * np.float32(math.sqrt(E))
+        gate, up = (np.stack([mat(F, E) for _ in range(NE)]) for _ in "gu")
+        if fused:
+            w[p + "ffn_gate_up_exps.weight"] = np.concatenate([gate, up], axis=1)     # (NE, 2F, E)
+        else:
+            w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"] = gate, up
+        w[p + "ffn_down_exps.weight"] = np.stack([mat(E, F) for _ in range(NE)])
+        w[p + "ffn_down_exps.scale"] = rng.uniform(0.5, 1.5, NE).astype(np.float32)
+        for k in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+            w[p + k + ".weight"] = norm(E)
+    return w
+
+
+def write_gemma4_moe_model(path, seed: int = 0, fused: bool = False, dtype: str = "f32",
+                           dtypes: dict[str, str] | None = None, weights: dict | None = None,
+                           meta: dict | None = None) -> dict[str, np.ndarray]:
+    """A gemma4 file with experts (gemma4_moe_weights unless weights are given) and the keys llama.cpp's converter
+    writes for them (expert_count, expert_used_count, expert_feed_forward_length); meta as write_gemma4_model's."""
+    w = gemma4_moe_weights(seed, fused) if weights is None else weights
+    keys = {"expert_count": GEMMA4_MOE["n_expert"], "expert_used_count": GEMMA4_MOE["n_expert_used"],
+            "expert_feed_forward_length": GEMMA4_MOE["n_ff_exp"], **(meta or {})}
+    return write_gemma4_model(path, w, CONFIGS["gemma4"], dtype=dtype, dtypes=dtypes, meta=keys)
+
+
 def gemma4_ple_weights(c: dict, seed: int, n_pl: int) -> dict[str, np.ndarray]:
     """gemma4_weights with per-layer embeddings of width n_pl (the E2B / E4B models): per_layer_token_embd [n_pl
     n_layer, n_vocab] (std 1/sqrt(n_pl): rows of about unit size after the model's sqrt(n_pl)), per_layer_model_proj

@@ -50,14 +50,15 @@ Contract (what the engine must match):
     (SOFTMAX_WEIGHT), each expert hid = swiglu_oai(W_gate_e g + b_gate_e, W_up_e g + b_up_e) with
     swiglu_oai(a, b) = a' sigmoid(1.702 a') (b' + 1), a' = min(a, 7), b' = clip(b, -7, 7), out_e = W_down_e hid +
     b_down_e; the FFN's output sum_e w_e out_e
-  gemma4 (llama.cpp's gemma4.cpp graph, without per-layer embeddings and experts): gemma3's blocks where each layer has
+  gemma4 (llama.cpp's gemma4.cpp graph, without per-layer embeddings): gemma3's blocks where each layer has
     its own shape (layer_geom): local layers (sliding_window_pattern[il]) of head size key_length_swa, rope over
     rope.dimension_count_swa dims with base rope.freq_base_swa (10000) and no factors; global layers of key_length, rope
     over rope.dimension_count with base rope.freq_base and rope_freqs (1e30: a pair left unrotated); KV heads per layer
     (head_count_kv may be an array); q, k: rmsnorm per head with weights, v = rmsnorm per head without one (v = the k
     projection where the layer has no attn_v); scale 1; layers il >= n_kv = n_layer - shared_kv_layers have no k, v
     and attend over the cache of layer n_kv - 2 (local) or n_kv - 1 (global); after the FFN's residual add x *=
-    layer_output_scale where the layer has one; FFN widths per layer
+    layer_output_scale where the layer has one; FFN widths per layer. Its experts (the 26B-A4B; the layers with
+    ffn_gate_inp): gemma4_moe_ffn
   gemma4's per-layer embeddings (E2B / E4B: embedding_length_per_layer_input n_pl > 0; llama.cpp's
     build_inp_per_layer and project_per_layer_inputs): per token P = (rmsnorm(x0 W_model_proj^T / sqrt(n_embd)) per
     n_pl chunk * per_layer_proj_norm + per_layer_token_embd[token] * sqrt(n_pl)) / sqrt(2), shape (n_layer, n_pl), x0
@@ -298,6 +299,7 @@ class ReferenceModel:
     layer_geom = None        # gemma4: per layer dict(head_dim, n_head_kv, n_rot, local, kv_source); None: uniform
     v_norm = False           # gemma4: v rms-normed per head without a weight
     use_out_scale = True     # gemma4: x times layer_output_scale after each layer (False: left out)
+    router_of_x = True       # gemma4's experts: the router reads the residual stream (False: the experts' input)
     gelu_f16 = False         # GELU through ggml's GGML_GELU_FP16 table (f16 input and output), as llama.cpp's CPU does
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
@@ -538,13 +540,32 @@ class ReferenceModel:
         a = np.minimum(gate, self.swiglu_limit)
         return a / (1.0 + np.exp(-self.swiglu_alpha * a)) * (np.clip(up, -self.swiglu_limit, self.swiglu_limit) + 1.0)
 
-    def moe_ffn(self, L, g):
+    def gemma4_moe_ffn(self, L, g, x):
+        """gemma4's layer with experts (llama.cpp's gemma4.cpp, is_moe_layer): rms_norm(dense FFN of g) *
+        post_ffw_norm_1 + rms_norm(experts of rms_norm(x) * pre_ffw_norm_2) * post_ffw_norm_2, g = ffn_norm(x), x the
+        residual stream; the router reads rms_norm(x) (no weight) / sqrt(n_embd) * ffn_gate_inp.scale. A tensor a test
+        removed (a norm or a scale) is left out."""
+        def post(y, key):
+            return self.rmsnorm(y, L[key]) if key in L else y
+        dense = (self.act(g @ L["ffn_gate"].T) * (g @ L["ffn_up"].T)) @ L["ffn_down"].T
+        x2 = post(x, "pre_ffw_norm_2")
+        r = self.rmsnorm(x if self.router_of_x else x2, 1.0) / math.sqrt(self.n_embd) * L.get("ffn_gate_inp.scale", 1.0)
+        experts = self.moe_ffn(L, x2, r)
+        return post(dense, "post_ffw_norm_1") + post(experts, "post_ffw_norm_2")
+
+    def moe_ffn(self, L, g, r=None):
         """Mixture of experts (llama.cpp's build_moe_ffn, softmax router, norm_w): per token the experts of the
         n_expert_used largest router probabilities, their outputs weighted by those renormalized to sum 1
         (expert_gating "softmax_norm"); gpt-oss ("softmax_weight"): the n_expert_used largest logits (router bias
         included), weighted by the softmax of those logits alone; "softmax": by their probabilities over every expert
-        (no renormalization). Expert biases (gpt-oss) are added to each product."""
-        logits = g @ L["ffn_gate_inp"].T + L.get("ffn_gate_inp.bias", 0.0)   # (n, n_expert)
+        (no renormalization). Expert biases (gpt-oss) are added to each product. r: the router's input where it is
+        not g (gemma4); ffn_gate_up_exps: each expert's gate rows, then its up rows; ffn_down_exps.scale: each expert's
+        output scale."""
+        logits = (g if r is None else r) @ L["ffn_gate_inp"].T + L.get("ffn_gate_inp.bias", 0.0)   # (n, n_expert)
+        if "ffn_gate_up_exps" in L:
+            n_ff = L["ffn_gate_up_exps"].shape[1] // 2
+            L = dict(L, ffn_gate_exps=L["ffn_gate_up_exps"][:, :n_ff], ffn_up_exps=L["ffn_gate_up_exps"][:, n_ff:])
+        scale = L.get("ffn_down_exps.scale", np.ones(len(L["ffn_gate_inp"])))
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         out = np.zeros_like(g)
@@ -561,7 +582,7 @@ class ReferenceModel:
                 up = L["ffn_up_exps"][e] @ g[t] + (L["ffn_up_exps.bias"][e] if "ffn_up_exps.bias" in L else 0.0)
                 h = self.swiglu_oai(gate, up) if self.ffn_act == "swiglu_oai" else self.act(gate) * up
                 down = L["ffn_down_exps"][e] @ h + (L["ffn_down_exps.bias"][e] if "ffn_down_exps.bias" in L else 0.0)
-                out[t] += we * down
+                out[t] += we * scale[e] * down
         if "ffn_gate_shexp" in L:          # a shared expert (qwen2moe: gated by sigmoid(gate_inp_shexp . g))
             h = self.act(g @ L["ffn_gate_shexp"].T) * (g @ L["ffn_up_shexp"].T)
             s = 1.0 / (1.0 + np.exp(-(g @ L["ffn_gate_inp_shexp"]))) if "ffn_gate_inp_shexp" in L else 1.0
@@ -571,6 +592,8 @@ class ReferenceModel:
     def ffn(self, L, g, x=None, trace=None):
         """g: normed FFN input; x: pre-norm residual (the predictor's input in sparse files);
         trace: a dict whose lists "gate" / "up" get act(W_gate g) / (bamboo: act) W_up g."""
+        if self.arch == "gemma4" and "ffn_gate_inp" in L:    # gemma4's experts beside the dense FFN
+            return self.gemma4_moe_ffn(L, g, x)
         if "ffn_gate_inp" in L:
             return self.moe_ffn(L, g)
         up = g @ L["ffn_up"].T

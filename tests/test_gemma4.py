@@ -4,8 +4,8 @@ written from llama.cpp's gemma4.cpp graph) and llama.cpp itself: layers of two s
 over 32 dims with base 10000; global: 1 KV head of 64, proportional rope factors over base 1e6), an FFN width per
 layer, V normed per head (V = the K projection in the global layers, which have no attn_v), attention scale 1, the last
 2 layers reading the KV caches of layers 3 and 4, a scale of each layer's output and a final cap; the same model with
-per-layer embeddings (E2B / E4B: model_files.gemma4_ple_weights), f32 and with quantized per-layer token tables. The
-mixture-of-experts layers (26B-A4B) are refused. llama.cpp runs the same files in
+per-layer embeddings (E2B / E4B: model_files.gemma4_ple_weights), f32 and with quantized per-layer token tables; and
+with experts (the 26B-A4B's layout: model_files.GEMMA4_MOE, the test_moe_* tests). llama.cpp runs the same files in
 tests/compat/test_gemma4_vs_llama_cpp.py.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, check_level, logits_all, logits_in_calls, rel_rms
-from model_files import (CONFIGS, gemma4_ple_weights, gemma4_weights, make_weights, rewrite, write_arch_model,
-                         write_gemma4_model, write_gemma4_ple_model)
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, QUANT_REL_RMS, check_level, logits_all, logits_in_calls, rel_rms
+from model_files import (CONFIGS, GEMMA4_MOE, gemma4_moe_weights, gemma4_ple_weights, gemma4_weights, make_weights,
+                         rewrite, write_arch_model, write_gemma4_model, write_gemma4_moe_model, write_gemma4_ple_model)
 from reference_model import ReferenceModel
 
 import powerinfer as pi
@@ -70,9 +70,11 @@ def test_matches_the_reference_at_every_level(gemma4, level):
     check_level(gemma4, level, ReferenceModel(gemma4).forward(PROMPT), PROMPT, FLOAT_REL_RMS)
 
 
-def test_rows_do_not_depend_on_the_batch(gemma4):
-    """The prompt in one call, 5 at a time and one at a time, on 1 or 2 threads: the same logits."""
-    model = pi.Model(gemma4)
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_moe"])
+def test_rows_do_not_depend_on_the_batch(request, name):
+    """The prompt in one call, 5 at a time and one at a time, on 1 or 2 threads: the same logits (with experts too:
+    each expert's tokens gathered per call)."""
+    model = pi.Model(request.getfixturevalue(name))
     one = logits_all(ctx_of(model, n_threads=2), PROMPT)
     assert np.array_equal(logits_in_calls(ctx_of(model, n_threads=2), PROMPT, 5), one)
     assert np.array_equal(logits_in_calls(ctx_of(model, n_threads=1), PROMPT, 1), one)
@@ -128,9 +130,11 @@ def test_unused_kv_weights_of_shared_layers(gemma4, tmp_path):
     assert np.array_equal(logits_all(ctx_of(pi.Model(path)), PROMPT), logits_all(ctx_of(pi.Model(gemma4)), PROMPT))
 
 
-def test_two_sequences_in_one_batch(gemma4):
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_moe"])
+def test_two_sequences_in_one_batch(request, name):
     """Two prompts decoded together (their tokens interleaved in one batch, then a step of both): each sequence's
     logits are the reference's of its prompt alone, the shared layers reading only their sequence's cells."""
+    gemma4 = request.getfixturevalue(name)
     a, b = PROMPT[:9], PROMPT[7:]
     ctx = pi.Context(pi.Model(gemma4), n_ctx=64, kv_type="f32", n_seq_max=2)
     toks = [t for pair in zip(a, b) for t in pair]
@@ -199,12 +203,11 @@ def test_lora_and_control_vector(gemma4, tmp_path):
 
 
 def test_refused(tmp_path, gemma4):
-    """What is not supported yet (experts), per-layer embedding tensors without their width key and inconsistent
-    per-layer keys give a ModelLoadError naming the cause (the core's checks as PI errors), never an abort."""
+    """Per-layer embedding tensors without their width key and inconsistent per-layer keys give a ModelLoadError
+    naming the cause (the core's checks as PI errors), never an abort (experts: test_moe_refused)."""
     w = make_weights("gemma4", seed=3)
     cases = {
         "missing tensor 'per_layer_token_embd.weight'": dict(meta={"embedding_length_per_layer_input": 64}),
-        "mixture-of-experts": dict(meta={"expert_count": 4}),
         "has 6 values for 7 layers": dict(meta={"attention.head_count_kv": [2] * 6}),
         "not a multiple of n_head_kv = 3": dict(meta={"attention.head_count_kv": [3] * 7}),
         "must be a flag per layer": dict(meta={"attention.sliding_window_pattern": 6}),
@@ -452,3 +455,135 @@ def test_ple_offload_on_the_emulated_device(gemma4_ple):
     assert rows[4][1:5] == ["4", rows[4][2], "True", "True"], rows[4]
     for ngl in (3, 1):
         assert rows[ngl][1:5] == ["0", "0", "True", "True"] and "KV_cache" in rows[ngl][5], rows[ngl]
+
+
+# ---- experts (the 26B-A4B's layout): GEMMA4_MOE's layers 0, 2, 3 (own KV), 5, 6 (shared KV) with 4 experts of 64
+# (2 per token) beside their dense FFN, layers 1 and 4 dense. What each piece changes (rel. RMS of the reference without
+# it against ours, seed 3): printed by test_moe_each_piece_matters; ours is 6.9e-7 from the reference.
+@pytest.fixture(scope="module")
+def gemma4_moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma4moe") / "tiny-gemma4-moe.gguf"
+    write_gemma4_moe_model(path, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gemma4_moe_fused(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma4moe") / "tiny-gemma4-moe-fused.gguf"
+    write_gemma4_moe_model(path, seed=3, fused=True)
+    return path
+
+
+def test_moe_hparams(gemma4_moe):
+    """The experts' keys (expert_count, expert_used_count, expert_feed_forward_length) beside the dense FFNs' widths;
+    the core's geometry marks the layers with ffn_gate_inp."""
+    model = pi.Model(gemma4_moe)
+    hp = model.hparams
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff) == (4, 2, 64, 192)
+    assert hp.moe_router_norm and hp.moe_dense_ffn
+    from powerinfer._ffi import ffi, lib
+    g = ffi.new("pi_layer_geom *")
+    moe = []
+    for il in range(C["n_layer"]):
+        assert lib.pi_model_layer_geom(model._ptr, il, g) == 0
+        moe.append(g.moe)
+    assert moe == [int(il in GEMMA4_MOE["layers"]) for il in range(C["n_layer"])]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["gate_up", "fused"])
+@pytest.mark.parametrize("level", pi.CPU_ISA_LEVELS)
+def test_moe_matches_the_reference_at_every_level(gemma4_moe, gemma4_moe_fused, level, fused):
+    """At every ISA level: the prompt in one call and token by token within FLOAT_REL_RMS of the float64 reference,
+    and the scalar level's bits; ffn_gate_exps + ffn_up_exps or one ffn_gate_up_exps (the same weights: the same
+    logits)."""
+    path = gemma4_moe_fused if fused else gemma4_moe
+    check_level(path, level, ReferenceModel(path).forward(PROMPT), PROMPT, FLOAT_REL_RMS)
+
+
+def test_moe_fused_gives_the_same_bits(gemma4_moe, gemma4_moe_fused):
+    ours = logits_all(ctx_of(pi.Model(gemma4_moe)), PROMPT)
+    assert np.array_equal(logits_all(ctx_of(pi.Model(gemma4_moe_fused)), PROMPT), ours)
+
+
+def _moe_ref(path, drop=(), swap=False, **overrides):
+    """The reference with `drop` removed from every layer with experts (a norm: left out; a scale: 1) and (swap) the
+    fused experts' gate and up halves exchanged."""
+    ref = ReferenceModel(path, **overrides)
+    for L in ref.layers:
+        if "ffn_gate_inp" not in L:
+            continue
+        for k in drop:
+            L.pop(k)
+        if swap:
+            gu = L["ffn_gate_up_exps"]
+            L["ffn_gate_up_exps"] = np.concatenate([gu[:, gu.shape[1] // 2:], gu[:, :gu.shape[1] // 2]], axis=1)
+    return ref
+
+
+def test_moe_each_piece_matters(gemma4_moe_fused):
+    """The reference without each piece of gemma4's experts is far from ours (FEATURE_MIN): the router's scale, the
+    router reading the experts' normed input instead of the residual stream, the per-expert scale, each of the four
+    norms around the branches (pre_ffw_norm_2, post_ffw_norm_1, post_ffw_norm_2, post_ffw_norm of their sum) and the
+    fused tensor's halves (gate first) swapped. (Whether the chosen weights are renormalized does not show: a factor per
+    token, which post_ffw_norm_2 takes out; 7.5e-7.)"""
+    path = gemma4_moe_fused
+    ours = logits_all(ctx_of(pi.Model(path)), PROMPT)
+    assert rel_rms(ours, ReferenceModel(path).forward(PROMPT)) < FLOAT_REL_RMS
+    refs = {k: _moe_ref(path, drop=(k,)) for k in ("ffn_gate_inp.scale", "ffn_down_exps.scale", "pre_ffw_norm_2",
+                                                   "post_ffw_norm_1", "post_ffw_norm_2", "post_ffw_norm")}
+    refs["router of the experts' input"] = _moe_ref(path, router_of_x=False)
+    refs["up first"] = _moe_ref(path, swap=True)
+    for what, ref in refs.items():
+        err = rel_rms(ours, ref.forward(PROMPT))
+        print(f"{what}: {err:.2e}")
+        assert err > FEATURE_MIN, (what, err)
+
+
+@pytest.mark.parametrize("dtype, fused", [("q8_0", False), ("q8_0", True), ("q4_0", False), ("q4_0", True)])
+def test_moe_quantized_experts(tmp_path, dtype, fused):
+    """Q8_0 / Q4_0 experts (the rest f32): within QUANT_REL_RMS of the reference of the dequantized weights (seed 3:
+    no token's route flips between the engines' roundings; measured 1.4e-2 at both types)."""
+    path = tmp_path / f"moe-{dtype}.gguf"
+    write_gemma4_moe_model(path, seed=3, fused=fused, dtypes={"_exps": dtype})
+    ours = logits_all(ctx_of(pi.Model(path)), PROMPT)
+    err = rel_rms(ours, ReferenceModel(path).forward(PROMPT))
+    print(f"gemma4 experts {dtype} fused={fused}: {err:.2e} from the reference")
+    assert err < QUANT_REL_RMS, err
+
+
+def test_moe_offload_on_the_emulated_device(gemma4_moe):
+    """On the emulated device the attention goes there (every layer's, or the last 4) and every FFN stays on the CPU
+    (experts run on the CPU only; a warning says so): the CPU's bits over a prompt and decode steps."""
+    rows = _offload_rows(gemma4_moe)
+    for ngl, n_attn in ((-1, "7"), (4, "4")):
+        assert rows[ngl][1] == n_attn and rows[ngl][3:5] == ["True", "True"], rows[ngl]
+        assert "experts_run_on_the_CPU" in rows[ngl][5], rows[ngl]
+
+
+def test_moe_refused(tmp_path, gemma4_moe, gemma4_moe_fused):
+    """Inconsistent expert keys and tensors give a ModelLoadError naming the cause (the core's checks as PI errors)."""
+    w = gemma4_moe_weights(3)
+    cases = {
+        "expert_count is 4 and 0 layers": dict(weights=make_weights("gemma4", seed=3)),
+        "expert_count is 0 and 5 layers": dict(meta={"expert_count": None}),
+        "expert_feed_forward_length": dict(meta={"expert_feed_forward_length": None}),
+        "expert_used_count": dict(meta={"expert_used_count": None}),
+        "n_expert_used = 5": dict(meta={"expert_used_count": 5}),
+        "ffn_gate_exps.weight' has shape": dict(meta={"expert_feed_forward_length": 32}),   # the experts' width
+    }
+    for i, (what, kw) in enumerate(cases.items()):
+        write_gemma4_moe_model(tmp_path / f"bad{i}.gguf", **{"weights": w, **kw})
+        with pytest.raises(ModelLoadError, match=what):
+            pi.Model(tmp_path / f"bad{i}.gguf")
+    for name in ("blk.2.post_ffw_norm_2.weight", "blk.3.ffn_gate_inp.scale", "blk.0.ffn_up_exps.weight",
+                 "blk.5.pre_ffw_norm_2.weight", "blk.6.ffn_gate.weight"):
+        with pytest.raises(ModelLoadError, match=name):
+            pi.Model(rewrite(gemma4_moe, tmp_path / "drop.gguf", drop=(name,)))
+    bad = {"blk.0.ffn_down_exps.scale": (np.ones(3, np.float32), 0),
+           "blk.2.ffn_gate_inp.scale": (np.ones(64, np.float32), 0)}
+    for name, value in bad.items():
+        with pytest.raises(ModelLoadError, match=name.removesuffix(".scale")):
+            pi.Model(rewrite(gemma4_moe, tmp_path / "shape.gguf", replace={name: value}))
+    with pytest.raises(ModelLoadError, match="ffn_gate_up_exps"):
+        pi.Model(rewrite(gemma4_moe_fused, tmp_path / "fused.gguf", replace={
+            "blk.0.ffn_gate_up_exps.weight": (np.zeros((4, 64, 128), np.float32), 0)}))

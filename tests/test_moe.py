@@ -1,6 +1,7 @@
 """Mixture-of-experts FFNs (Mixtral's llama layout, qwen3moe; core/src/moe.c): the logits equal the float64 reference
 forward (softmax router, the top n_expert_used renormalized) and llama.cpp's on the same files; a prompt's chunking
-is neutral (each expert's rows are mul_mat rows)."""
+is neutral (each expert's rows are mul_mat rows); gemma4's fused gate/up experts and per-expert scales in any MoE
+file."""
 from __future__ import annotations
 
 import numpy as np
@@ -111,3 +112,41 @@ def test_qwen2moe_pieces_matter(tmp_path):
     for L in ref.layers:
         L.pop("ffn_gate_inp_shexp")
     assert rel_rms(ours, ref.forward(PROMPT)) > 1e-3
+
+
+
+def fused_or_scaled(f, dst, fused: bool):
+    """f with (fused) each layer's ffn_gate_exps and ffn_up_exps as one ffn_gate_up_exps [n_embd, 2 n_ff, n_expert]
+    (each expert's gate rows first; llama.cpp reads it for gemma4, deepseek2, qwen3next, ... not for these archs), or
+    (not fused) an ffn_down_exps.scale [n_expert] in 0.5..1.5 (llama.cpp reads it for every arch)."""
+    ref = ReferenceModel(f)
+    rng = np.random.default_rng(5)
+    extra, drop = {}, []
+    for il, L in enumerate(ref.layers):
+        p = f"blk.{il}."
+        if fused:
+            drop += [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"]
+            gu = np.concatenate([L["ffn_gate_exps"], L["ffn_up_exps"]], axis=1).astype(np.float32)   # (NE, 2F, E)
+            extra[p + "ffn_gate_up_exps.weight"] = (gu, 0)
+        else:
+            extra[p + "ffn_down_exps.scale"] = (rng.uniform(0.5, 1.5, N_EXPERT).astype(np.float32), 0)
+    return rewrite(f, dst, drop=drop, extra=extra)
+
+
+def test_fused_gate_up_and_expert_scales(tmp_path):
+    """The core reads gemma4's two expert pieces in any MoE file: fused gate/up experts give the separate ones' bits;
+    per-expert output scales the reference's logits and llama.cpp's, and without them the reference is far off."""
+    f = write_moe(tmp_path, "qwen3moe", n_ff_exp=64)
+    ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
+    fused = fused_or_scaled(f, tmp_path / "fused.gguf", True)
+    assert np.array_equal(logits_all(pi.Context(pi.Model(fused), n_ctx=64, kv_type="f32", n_threads=1), PROMPT), ours)
+    scaled = fused_or_scaled(f, tmp_path / "scaled.gguf", False)
+    ours = logits_all(pi.Context(pi.Model(scaled), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
+    ref = ReferenceModel(scaled)
+    assert rel_rms(ours, ref.forward(PROMPT)) < FLOAT_REL_RMS, rel_rms(ours, ref.forward(PROMPT))
+    err = rel_rms(ours, llama_cpp_logits(scaled, PROMPT))
+    print(f"expert scales: {err:.2e} from llama.cpp")
+    assert err < 1e-5, err
+    for L in ref.layers:
+        L.pop("ffn_down_exps.scale")
+    assert rel_rms(ours, ref.forward(PROMPT)) > 1e-2

@@ -1289,6 +1289,8 @@ HP_CASES = [
     ("post_norms", 1, ["missing tensor 'blk.0.post_attention_norm"]),
     ("attn_softcap", -1.0, ["softcap"]), ("attn_softcap", float("nan"), ["softcap"]),
     ("final_softcap", float("inf"), ["softcap"]), ("final_softcap", -30.0, ["softcap"]),
+    ("n_ff_exp", 64, ["n_ff_exp", "without experts"]), ("n_ff_exp", -1, ["n_ff_exp"]),
+    ("moe_router_norm", 1, ["moe_router_norm", "without experts"]), ("moe_dense_ffn", 2, ["moe_dense_ffn"]),
 ]
 if "sparse" in dir(ffi.new("pi_hparams *")):
     HP_CASES.append(("sparse", 1, ["missing tensor 'blk.0.ffn_down_t.weight'"]))   # a dense file as sparse
@@ -1314,6 +1316,7 @@ GEOM_CASES = [   # (layer, field, value, words): a bad per-layer geometry table 
     (0, "is_local", 1, ["sliding window"]), (0, "is_local", 2, ["is_local"]),
     (0, "kv_source", 1, ["kv_source"]), (1, "kv_source", -1, ["kv_source"]),
     (0, "n_ff", 40, ["ffn_gate.weight", "shape"]), (1, "head_dim", 32, ["attn_q.weight", "shape"]),
+    (1, "moe", 1, ["moe", "needs experts"]), (0, "moe", -1, ["moe"]),
 ]
 
 

@@ -32,7 +32,7 @@ log = logging.getLogger("powerinfer")
 # dense text models) is gemma3's family with layers of two shapes (local and global: their own head size, KV heads, rope
 # dims and base; per-layer FFN widths: LayerGeom), V normed per head (V = K where a layer has no attn_v), attention
 # scale 1, proportional rope factors in the global layers, the last layers reading earlier layers' KV caches and a scale
-# of each layer's output.
+# of each layer's output; the 26B-A4B adds experts beside the dense FFN of the layers with ffn_gate_inp (_gemma4_moe).
 _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": lib.PI_ARCH_BAMBOO,
           "qwen2": lib.PI_ARCH_QWEN2, "qwen3": lib.PI_ARCH_QWEN2, "qwen3moe": lib.PI_ARCH_QWEN2,
           "qwen2moe": lib.PI_ARCH_QWEN2,
@@ -113,6 +113,9 @@ class HParams:
     rope_freqs_global: bool = False   # gemma4: rope_freqs.weight applies to the global layers only
     layer_geom: tuple = ()          # gemma4: a LayerGeom per layer (pi_layer_geom); (): every layer as the fields above
     n_embd_per_layer: int = 0       # gemma4 E2B / E4B: per-layer embeddings of this width (0: none)
+    n_ff_exp: int = 0               # gemma4: the experts' width (expert_feed_forward_length; n_ff: the dense FFNs')
+    moe_router_norm: bool = False   # gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale
+    moe_dense_ffn: bool = False     # gemma4: a layer with experts runs its dense FFN beside them (post_ffw_norm_1, ...)
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -137,6 +140,28 @@ class LayerGeom:
     n_ff: int
     is_local: bool
     kv_source: int      # the layer itself, or the earlier layer whose KV cache it reads (gemma4's shared KV layers)
+
+
+def _gemma4_moe(path, get, as_int) -> dict:
+    """gemma4's mixture of experts (the 26B-A4B; llama_model_gemma4): the layers with blk.N.ffn_gate_inp (which:
+    _moe_layers) run their dense FFN and expert_count experts of expert_feed_forward_length side by side, the router
+    reading the residual stream; {} without experts."""
+    if not get("expert_count", 0):
+        return {}
+    return dict(n_ff_exp=as_int("expert_feed_forward_length", get("expert_feed_forward_length", required=True)),
+                moe_router_norm=True, moe_dense_ffn=True)
+
+
+def _moe_layers(path, tensors: dict, hp: HParams) -> list:
+    """Which layers have experts (pi_layer_geom.moe): all with n_expert where the layers have one shape; with a
+    geometry table (gemma4), those whose file has blk.N.ffn_gate_inp.weight (llama.cpp's rule)."""
+    if not hp.layer_geom:
+        return [hp.n_expert > 0] * hp.n_layer
+    moe = [f"blk.{il}.ffn_gate_inp.weight" in tensors for il in range(hp.n_layer)]
+    if any(moe) != (hp.n_expert > 0):
+        raise ModelLoadError(f"{path}: {hp.arch}.expert_count is {hp.n_expert} and {sum(moe)} layers have "
+                             "ffn_gate_inp (experts need both)")
+    return moe
 
 
 def _hparams_from_metadata(path, meta: dict) -> HParams:
@@ -328,9 +353,6 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         # of rope_freqs.weight; KV heads and FFN widths may be per layer; q not scaled; the last shared_kv_layers layers
         # read the cache of layer n_kv - 2 (local) or n_kv - 1 (global), n_kv = n_layer - shared_kv_layers
         n_layer = as_int("block_count", get("block_count", required=True))
-        if get("expert_count", 0):
-            raise ModelLoadError(f"{path}: gemma4 with mixture-of-experts layers ({arch}.expert_count) is not "
-                                 "supported yet")
         pattern = get("attention.sliding_window_pattern")
         if not isinstance(pattern, list) or len(pattern) != n_layer:
             raise ModelLoadError(f"{path}: {arch}.attention.sliding_window_pattern must be a flag per layer "
@@ -358,6 +380,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_base_swa=swa_rope_base(10000.0), rope_freq_scale_swa=1.0,
                      final_softcap=softcap("final_logit_softcapping", 0.0), v_norm=True, rope_freqs_global=True,
                      layer_geom=geom, n_embd_per_layer=n_pl)
+        extra.update(_gemma4_moe(path, get, as_int))
     elif arch == "gemma2":
         # llama.cpp (llama_model_gemma2): the window defaults to 4096, every other layer local (set_swa_pattern(2):
         # even layers local, odd global) unless the file says otherwise; local layers rope with the file's base and
@@ -666,10 +689,6 @@ class Model:
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
         if hp.arch == "gemma4":
-            unsupported = [n for n in tensors if n.endswith(".ffn_gate_inp.weight")]
-            if unsupported:
-                raise ModelLoadError(f"{self.path}: gemma4 with mixture-of-experts layers "
-                                     f"({unsupported[0]}, ...) is not supported yet")
             if not hp.n_embd_per_layer and any(n.startswith("per_layer_") for n in tensors):
                 raise ModelLoadError(f"{self.path}: per-layer embedding tensors (per_layer_token_embd, ...) without "
                                      f"{hp.arch}.embedding_length_per_layer_input")
@@ -723,9 +742,11 @@ class Model:
         desc.n_tensors = n
         desc.tensors = descs
         p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)
+        p.n_ff_exp, p.moe_router_norm, p.moe_dense_ffn = hp.n_ff_exp, int(hp.moe_router_norm), int(hp.moe_dense_ffn)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
+            moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),
-                                                      g.kv_source) for g in hp.layer_geom])
+                                                      g.kv_source, int(m)) for g, m in zip(hp.layer_geom, moe)])
             desc.layers = self._geom
         desc.no_repack = 0 if self.repack else 1
         out = ffi.new("pi_model **")

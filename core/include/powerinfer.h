@@ -369,7 +369,10 @@ typedef struct pi_hparams {
                               * routes each token to its n_expert_used experts of blk.N.ffn_gate_exps / ffn_up_exps
                               * [n_embd, n_ff, n_expert] and ffn_down_exps [n_ff, n_embd, n_expert] (n_ff: an expert's
                               * width), weighted by the softmax of the router's logits over the chosen ones (llama.cpp's
-                              * build_moe_ffn with norm_w; times expert_weights_scale where that is not 0); CPU only */
+                              * build_moe_ffn with norm_w; times expert_weights_scale where that is not 0); CPU only.
+                              * ffn_gate_up_exps [n_embd, 2 n_ff, n_expert] (each expert's gate rows, then its up rows)
+                              * may stand for ffn_gate_exps and ffn_up_exps; an optional ffn_down_exps.scale [n_expert]
+                              * f32 multiplies each expert's output (gemma4). pi_layer_geom.moe: which layers */
     int32_t n_expert_used;
     float   expert_weights_scale;
     float   rope_mscale;     /* cos and sin of the rope are multiplied by this (ggml's rope attn_factor: YaRN's mscale times
@@ -409,6 +412,15 @@ typedef struct pi_hparams {
                               * per_layer_token_embd [n_pl n_layer, n_vocab][tokens] * sqrt(n_pl)) / sqrt(2), x the
                               * scaled token embeddings; after layer il's FFN x += rms_norm(blk.N.proj [n_pl, n_embd] .
                               * (gelu(blk.N.inp_gate [n_embd, n_pl] . x) * P[il])) * blk.N.post_norm [n_embd] */
+    int32_t n_ff_exp;        /* > 0 (with n_expert): the experts' width, where the layers' dense FFNs are n_ff (or their
+                              * geometry's) wide (gemma4's expert_feed_forward_length); 0: the experts are n_ff wide */
+    int32_t moe_router_norm; /* 1 (with n_expert): the router reads rms_norm(x) (no weight) / sqrt(n_embd) *
+                              * blk.N.ffn_gate_inp.scale [n_embd] f32, x the FFN block's input (the residual stream),
+                              * not the experts' normed input (gemma4) */
+    int32_t moe_dense_ffn;   /* 1 (with n_expert, post_norms): a layer with experts also runs its dense FFN (ffn_gate /
+                              * ffn_up / ffn_down, its geometry's n_ff wide) beside them, each with its own norms:
+                              * f = rms_norm(FFN(ffn_norm(x))) * post_ffw_norm_1 + rms_norm(experts(rms_norm(x) *
+                              * pre_ffw_norm_2)) * post_ffw_norm_2, then post_ffw_norm's residual add (gemma4) */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head
@@ -424,6 +436,8 @@ typedef struct pi_layer_geom {
     int32_t kv_source;   /* il: the layer has its own K/V and KV cache; an earlier layer (itself with its own, of the
                           * same head_dim, n_head_kv and is_local): this layer has no attn_k / attn_v / attn_k_norm,
                           * writes no KV and attends over that layer's cache (gemma4's shared KV layers) */
+    int32_t moe;         /* 1: the layer's FFN is the mixture of experts (needs n_expert > 0); 0: a dense FFN. Made
+                          * from pi_hparams: n_expert > 0 (gemma4: the layers whose file has blk.N.ffn_gate_inp) */
 } pi_layer_geom;
 
 typedef struct pi_tensor_desc {

@@ -737,19 +737,10 @@ static pi_status masked_sparse_ffn(pi_context *ctx, pi_exec *e, const pi_layer *
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
 }
 
-static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, int64_t T) {
+/* B->cur [n_embd, T] = layer il's dense FFN of B->cur (ffn_gate, ffn_up, ffn_down and their LoRA adapters) */
+static pi_status dense_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t il, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
-    pi_exec *e = lx->ffn;
-    const pi_layer *L = lx->ffn_w;
     pi_buffers *B = &e->buf;
-    TRY(move_x(ctx, at, e, T));
-    TRY(block_input(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
-    if (hp->n_expert > 0) {
-        TRY(pi_moe_ffn(ctx, e, L, B->cur, B->cur, T));
-        return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
-    }
-    if (act_sparse(ctx, lx, il, T))
-        return batch_gathers(ctx, T) ? act_sparse_ffn(ctx, e, L, il, T) : masked_sparse_ffn(ctx, e, L, il, T);
     if (hp->ffn_gate != PI_FFN_SEQ)
         TRY(matmuls(e, 2, (const pi_tensor *[]){ &L->ffn_gate, &L->ffn_up }, B->cur, (float *[]){ B->gate, B->up }, T));
     else
@@ -768,7 +759,34 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->up, B->cur, T);
     TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
-    TRY(pi_lora_add(ctx, e, il, PI_LORA_DOWN, B->up, B->cur, T));
+    return pi_lora_add(ctx, e, il, PI_LORA_DOWN, B->up, B->cur, T);
+}
+
+/* hparams.moe_dense_ffn (gemma4): B->cur (ffn_norm(x)) = rms_norm(FFN(B->cur)) * post_ffw_norm_1 +
+ * rms_norm(experts(rms_norm(x) * pre_ffw_norm_2)) * post_ffw_norm_2, the experts' branch in B->att (free in the FFN) */
+static pi_status moe_dense_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t il, int64_t T) {
+    pi_buffers *B = &e->buf;
+    TRY(rms_norm(ctx, e, B->x, &L->ffn_pre_norm_2, B->att, T));
+    TRY(pi_moe_ffn(ctx, e, L, B->x, B->att, B->att, T));
+    TRY(rms_norm(ctx, e, B->att, &L->ffn_post_norm_2, B->att, T));
+    TRY(dense_ffn(ctx, e, L, il, T));
+    TRY(rms_norm(ctx, e, B->cur, &L->ffn_post_norm_1, B->cur, T));
+    return add_inplace(e, B->cur, B->att, ctx->model->hp.n_embd, T);
+}
+
+static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, int64_t T) {
+    const pi_hparams *hp = &ctx->model->hp;
+    pi_exec *e = lx->ffn;
+    const pi_layer *L = lx->ffn_w;
+    pi_buffers *B = &e->buf;
+    TRY(move_x(ctx, at, e, T));
+    TRY(block_input(ctx, e, B->x, &L->ffn_norm, &L->ffn_norm_b, B->cur, T));
+    if (ctx->model->geom[il].moe)
+        TRY(hp->moe_dense_ffn ? moe_dense_ffn(ctx, e, L, il, T) : pi_moe_ffn(ctx, e, L, B->x, B->cur, B->cur, T));
+    else if (act_sparse(ctx, lx, il, T))
+        return batch_gathers(ctx, T) ? act_sparse_ffn(ctx, e, L, il, T) : masked_sparse_ffn(ctx, e, L, il, T);
+    else
+        TRY(dense_ffn(ctx, e, L, il, T));
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
 }
 

@@ -89,6 +89,49 @@ static pi_status load_experts(const pi_model_desc *desc, const char *name, int64
     return pi_tensor_desc_view(d, 3, (int64_t[]){ ne0, ne1, n_expert }, out);
 }
 
+/* Layer il's router and experts (pi_hparams.n_expert): ffn_gate_exps and ffn_up_exps, or the two views of
+ * ffn_gate_up_exps; the optional per-expert scale; the biases, the router's scale and the shared expert as the hparams
+ * say. */
+static pi_status load_moe(const pi_model_desc *desc, const pi_hparams *hp, int32_t il, pi_layer *L) {
+    const int64_t E = hp->n_embd, F = pi_n_ff_exp(hp), NE = hp->n_expert;
+    char name[96];
+    pi_status st;
+#define GET(suffix, ne0, ne1, f32, opt, dst) do { snprintf(name, sizeof name, "blk.%d." suffix, il); \
+        if ((st = load_tensor(desc, name, ne0, ne1, f32, opt, dst)) != PI_OK) return st; } while (0)
+#define GET_EXPS(suffix, ne0, ne1, dst) do { snprintf(name, sizeof name, "blk.%d." suffix, il); \
+        if ((st = load_experts(desc, name, ne0, ne1, NE, dst)) != PI_OK) return st; } while (0)
+    GET("ffn_gate_inp.weight", E, NE, false, false, &L->ffn_gate_inp);
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", il);
+    if (find_tensor(desc, name)) {   /* [E, 2F, NE]: each expert's F gate rows, then its F up rows */
+        pi_tensor gu;
+        GET_EXPS("ffn_gate_up_exps.weight", E, 2 * F, &gu);
+        L->ffn_gate_exps = L->ffn_up_exps = gu;   /* [E, F, NE] views, an expert's matrices gu.nb[2] apart */
+        L->ffn_gate_exps.ne[1] = L->ffn_up_exps.ne[1] = F;
+        L->ffn_up_exps.data = (char *)gu.data + F * gu.nb[1];
+    } else {
+        GET_EXPS("ffn_gate_exps.weight", E, F, &L->ffn_gate_exps);
+        GET_EXPS("ffn_up_exps.weight", E, F, &L->ffn_up_exps);
+    }
+    GET_EXPS("ffn_down_exps.weight", F, E, &L->ffn_down_exps);
+    GET("ffn_down_exps.scale", NE, 0, true, true, &L->ffn_down_exps_s);
+    if (hp->moe_router_norm) GET("ffn_gate_inp.scale", E, 0, true, false, &L->ffn_gate_inp_s);
+    if (hp->expert_bias) {
+        GET("ffn_gate_inp.bias", NE, 0, true, false, &L->ffn_gate_inp_b);
+        GET("ffn_gate_exps.bias", F, NE, true, false, &L->ffn_gate_exps_b);
+        GET("ffn_up_exps.bias", F, NE, true, false, &L->ffn_up_exps_b);
+        GET("ffn_down_exps.bias", E, NE, true, false, &L->ffn_down_exps_b);
+    }
+    if (hp->n_ff_shexp > 0) {
+        GET("ffn_gate_shexp.weight", E, hp->n_ff_shexp, false, false, &L->ffn_gate_shexp);
+        GET("ffn_up_shexp.weight", E, hp->n_ff_shexp, false, false, &L->ffn_up_shexp);
+        GET("ffn_down_shexp.weight", hp->n_ff_shexp, E, false, false, &L->ffn_down_shexp);
+        GET("ffn_gate_inp_shexp.weight", E, 0, true, true, &L->ffn_gate_inp_shexp);
+    }
+#undef GET
+#undef GET_EXPS
+    return PI_OK;
+}
+
 static pi_status check_hparams(const pi_hparams *hp) {
 #define CHECK_DIM(field)                                                                      \
     if (hp->field <= 0 || hp->field >= MAX_DIM)                                               \
@@ -175,6 +218,13 @@ static pi_status check_hparams(const pi_hparams *hp) {
         hp->expert_bias > 1)
         return pi_fail(PI_ERR_BAD_MODEL, "qkv_bias, post_norms, post_norms_only, attn_sinks, attn_out_bias and "
                        "expert_bias must be 0 or 1, qk_norm 0..2");
+    if (hp->n_ff_exp < 0 || hp->n_ff_exp >= MAX_DIM || hp->moe_router_norm < 0 || hp->moe_router_norm > 1 ||
+        hp->moe_dense_ffn < 0 || hp->moe_dense_ffn > 1 ||
+        ((hp->n_ff_exp > 0 || hp->moe_router_norm || hp->moe_dense_ffn) && hp->n_expert == 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "n_ff_exp = %d, moe_router_norm = %d, moe_dense_ffn = %d: out of range or "
+                       "without experts", hp->n_ff_exp, hp->moe_router_norm, hp->moe_dense_ffn);
+    if (hp->moe_dense_ffn && !hp->post_norms)
+        return pi_fail(PI_ERR_BAD_MODEL, "moe_dense_ffn needs post_norms (the branches' norms and post_ffw_norm)");
     if (hp->n_ff_shexp < 0 || hp->n_ff_shexp >= MAX_DIM || hp->expert_raw_weights < 0 || hp->expert_raw_weights > 1 ||
         ((hp->n_ff_shexp > 0 || hp->expert_raw_weights) && hp->n_expert == 0))
         return pi_fail(PI_ERR_BAD_MODEL, "n_ff_shexp = %d, expert_raw_weights = %d: out of range or without experts",
@@ -202,7 +252,8 @@ static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
         m->geom[il] = desc->layers ? desc->layers[il]
                                    : (pi_layer_geom){ .head_dim = (int32_t)pi_head_dim(hp), .n_head_kv = hp->n_head_kv,
                                                       .n_rot = hp->n_rot, .n_ff = hp->n_ff,
-                                                      .is_local = pi_layer_is_swa(hp, il), .kv_source = il };
+                                                      .is_local = pi_layer_is_swa(hp, il), .kv_source = il,
+                                                      .moe = hp->n_expert > 0 };
     m->uniform = true;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi_layer_geom *g = &m->geom[il];
@@ -216,6 +267,8 @@ static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
         if (g->is_local < 0 || g->is_local > 1 || (g->is_local && hp->n_swa <= 0))
             return pi_fail(PI_ERR_BAD_MODEL, "layer %d: is_local = %d (1 needs a sliding window, n_swa > 0)", il,
                            g->is_local);
+        if (g->moe < 0 || g->moe > 1 || (g->moe && hp->n_expert == 0))
+            return pi_fail(PI_ERR_BAD_MODEL, "layer %d: moe = %d (1 needs experts, n_expert > 0)", il, g->moe);
         const pi_layer_geom *src = g->kv_source >= 0 && g->kv_source < il ? &m->geom[g->kv_source] : NULL;
         if (g->kv_source != il && (!src || src->kv_source != g->kv_source || src->head_dim != g->head_dim ||
                                    src->n_head_kv != g->n_head_kv || src->is_local != g->is_local))
@@ -227,9 +280,9 @@ static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
         m->uniform &= g->head_dim == pi_head_dim(hp) && g->n_head_kv == hp->n_head_kv && g->n_rot == hp->n_rot &&
                       g->n_ff == hp->n_ff && g->kv_source == il;
     }
-    if (!m->uniform && (hp->sparse || hp->gate_sparse || hp->n_expert > 0 || hp->arch == PI_ARCH_FALCON))
-        return pi_fail(PI_ERR_UNSUPPORTED, "layers of different shapes or with shared KV caches: dense models without "
-                       "experts only (not sparse, gate-sparse, mixture-of-experts or falcon files)");
+    if (!m->uniform && (hp->sparse || hp->gate_sparse || hp->arch == PI_ARCH_FALCON))
+        return pi_fail(PI_ERR_UNSUPPORTED, "layers of different shapes or with shared KV caches: dense models only "
+                       "(not sparse, gate-sparse or falcon files)");
     return PI_OK;
 }
 
@@ -498,27 +551,12 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             LAYER("post_attention_norm.weight", E, 0, true, false, &L->post_attn_norm);
             LAYER("post_ffw_norm.weight", E, 0, true, false, &L->post_ffn_norm);
         }
-        if (hp->n_expert > 0) {   /* mixture of experts: the router and the experts, nothing else */
-            LAYER("ffn_gate_inp.weight", E, hp->n_expert, false, false, &L->ffn_gate_inp);
-            snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", il);
-            TRY(load_experts(desc, name, E, F, hp->n_expert, &L->ffn_gate_exps));
-            snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", il);
-            TRY(load_experts(desc, name, E, F, hp->n_expert, &L->ffn_up_exps));
-            snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", il);
-            TRY(load_experts(desc, name, F, E, hp->n_expert, &L->ffn_down_exps));
-            if (hp->expert_bias) {
-                LAYER("ffn_gate_inp.bias", hp->n_expert, 0, true, false, &L->ffn_gate_inp_b);
-                LAYER("ffn_gate_exps.bias", F, hp->n_expert, true, false, &L->ffn_gate_exps_b);
-                LAYER("ffn_up_exps.bias", F, hp->n_expert, true, false, &L->ffn_up_exps_b);
-                LAYER("ffn_down_exps.bias", E, hp->n_expert, true, false, &L->ffn_down_exps_b);
-            }
-            if (hp->n_ff_shexp > 0) {
-                LAYER("ffn_gate_shexp.weight", E, hp->n_ff_shexp, false, false, &L->ffn_gate_shexp);
-                LAYER("ffn_up_shexp.weight", E, hp->n_ff_shexp, false, false, &L->ffn_up_shexp);
-                LAYER("ffn_down_shexp.weight", hp->n_ff_shexp, E, false, false, &L->ffn_down_shexp);
-                LAYER("ffn_gate_inp_shexp.weight", E, 0, true, true, &L->ffn_gate_inp_shexp);
-            }
-            continue;
+        if (g->moe) {   /* mixture of experts: the router and the experts (moe_dense_ffn: the dense FFN too) */
+            TRY(load_moe(desc, hp, il, L));
+            if (!hp->moe_dense_ffn) continue;
+            LAYER("post_ffw_norm_1.weight", E, 0, true, false, &L->ffn_post_norm_1);
+            LAYER("pre_ffw_norm_2.weight", E, 0, true, false, &L->ffn_pre_norm_2);
+            LAYER("post_ffw_norm_2.weight", E, 0, true, false, &L->ffn_post_norm_2);
         }
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
         LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);

@@ -50,6 +50,10 @@ typedef struct pi_layer {
     pi_tensor ffn_gate_shexp, ffn_up_shexp;   /* [n_embd, n_ff_shexp] hparams.n_ff_shexp: the shared expert */
     pi_tensor ffn_down_shexp;  /* [n_ff_shexp, n_embd] */
     pi_tensor ffn_gate_inp_shexp;   /* [n_embd] f32, optional: its output's sigmoid gate */
+    pi_tensor ffn_gate_inp_s;  /* [n_embd] f32, hparams.moe_router_norm: the router input's scale */
+    pi_tensor ffn_down_exps_s; /* [n_expert] f32, optional: each expert's output scale */
+    pi_tensor ffn_post_norm_1, ffn_pre_norm_2, ffn_post_norm_2;   /* [n_embd] f32, hparams.moe_dense_ffn: the norms
+                                * after the dense FFN, before and after the experts */
     pi_tensor out_scale;   /* [1] f32 blk.N.layer_output_scale, optional (gemma4): x *= it after the layer */
     pi_tensor ple_gate;    /* [n_embd, n_pl] blk.N.inp_gate (hparams.n_embd_per_layer): the per-layer embedding's gate */
     pi_tensor ple_proj;    /* [n_pl, n_embd] blk.N.proj */
@@ -96,6 +100,11 @@ static inline bool pi_uses_layer_norm(const pi_hparams *hp) {
 
 /* opt: position embeddings are looked up at pos + 2 (fairseq's padding offset). */
 #define PI_OPT_POS_OFFSET 2
+
+/* An expert's width (mixture of experts). */
+static inline int64_t pi_n_ff_exp(const pi_hparams *hp) {
+    return hp->n_ff_exp > 0 ? hp->n_ff_exp : hp->n_ff;
+}
 
 /* q/k/v size of one head. */
 static inline int64_t pi_head_dim(const pi_hparams *hp) {

@@ -7,8 +7,10 @@
  * up_e x + b_up, down_e h + b_down, as ggml_add_id), and ffn_act PI_ACT_SWIGLU_OAI replaces silu(g) u by gpt-oss's
  * clamped SwiGLU (pi_swiglu_oai). With hparams.expert_raw_weights (qwen2moe) w = p of the chosen, not renormalized;
  * with a shared expert (hparams.n_ff_shexp) y += down_s (silu(gate_s x) * (up_s x)), times sigmoid(gate_inp_s . x) where
- * the layer has that gate. Each expert runs once per call over the tokens routed to it (their rows gathered),
- * through mul_mat, so a token's row does not depend on the batch. CPU only. */
+ * the layer has that gate. gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale (moe_router_norm; x
+ * the block's input, not the experts' normed input), and each expert's output is times its ffn_down_exps.scale (where
+ * the file has one, any arch: llama.cpp's down_exps_s). Each expert runs once per call over the tokens routed to it
+ * (their rows gathered), through mul_mat, so a token's row does not depend on the batch. CPU only. */
 #include "moe.h"
 
 #include <math.h>
@@ -40,11 +42,22 @@ static void add_rows(const pi_tensor *b, int32_t ex, float *y, int64_t n, int64_
         for (int64_t j = 0; j < n; j++) y[i * n + j] += row[j];
 }
 
-pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, float *out, int64_t T) {
+/* r [T][E] = rms_norm(x) (no weight) / sqrt(E) * scale [E] (gemma4's router input; ggml_rms_norm's double sum) */
+static void router_input(const float *x, const float *scale, float eps, float *r, int64_t E, int64_t T) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * E;
+        double ss = 0.0;
+        for (int64_t j = 0; j < E; j++) ss += (double)(xt[j] * xt[j]);
+        const float k = 1.0f / sqrtf((float)(ss / (double)E) + eps), inv = 1.0f / sqrtf((float)E);
+        for (int64_t j = 0; j < E; j++) r[t * E + j] = xt[j] * k * inv * scale[j];
+    }
+}
+
+pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float *x, float *in, float *out, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     if (e != &ctx->cpu) return pi_fail(PI_ERR_UNSUPPORTED, "mixture-of-experts layers run on the CPU only");
-    const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
-    const int64_t F = hp->n_ff > hp->n_ff_shexp ? hp->n_ff : hp->n_ff_shexp;   /* g and u hold either kind */
+    const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, Fe = pi_n_ff_exp(hp);
+    const int64_t F = Fe > hp->n_ff_shexp ? Fe : hp->n_ff_shexp;   /* g and u hold either kind */
     /* scratch: logits [T][NE], chosen [T][K] (expert, weight), gathered x [T][E], g and u [T][F], d [T][E], acc [T][E] */
     const int64_t need = T * NE + 2 * T * K + 3 * T * E + 2 * T * F;
     if (need > ctx->moe_n) {
@@ -56,7 +69,12 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
     float *logits = ctx->moe, *wsel = logits + T * NE, *xg = wsel + 2 * T * K, *g = xg + T * E, *u = g + T * F,
           *d = u + T * F, *acc = d + T * E;
     int32_t *esel = (int32_t *)(wsel + T * K);
-    TRY(product(ctx, e, &L->ffn_gate_inp, in, logits, T));
+    if (hp->moe_router_norm) {   /* the router's input in xg (free until the experts gather their tokens) */
+        router_input(x, L->ffn_gate_inp_s.data, hp->norm_eps, xg, E, T);
+        TRY(product(ctx, e, &L->ffn_gate_inp, xg, logits, T));
+    } else {
+        TRY(product(ctx, e, &L->ffn_gate_inp, in, logits, T));
+    }
     if (L->ffn_gate_inp_b.data) {   /* the router's bias (gpt-oss) */
         const float *b = L->ffn_gate_inp_b.data;
         for (int64_t t = 0; t < T; t++)
@@ -97,7 +115,6 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
                     m++;
                 }
         if (m == 0) continue;
-        const int64_t Fe = hp->n_ff;
         pi_tensor ge = expert(&L->ffn_gate_exps, ex), ue = expert(&L->ffn_up_exps, ex),
                   de = expert(&L->ffn_down_exps, ex);
         TRY(product(ctx, e, &ge, xg, g, m));
@@ -111,9 +128,10 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, float *in, 
         }
         TRY(product(ctx, e, &de, u, d, m));
         add_rows(&L->ffn_down_exps_b, ex, d, E, m);
+        const float *s = L->ffn_down_exps_s.data;   /* the expert's output scale (gemma4) */
         for (int64_t i = 0; i < m; i++) {
             const int64_t t = rows[i] / K;
-            const float w = wsel[rows[i]];
+            const float w = s ? wsel[rows[i]] * s[ex] : wsel[rows[i]];
             float *o = acc + t * E;
             const float *di = d + i * E;
             for (int64_t j = 0; j < E; j++) o[j] += w * di[j];

@@ -584,6 +584,9 @@ def test_moe_refused(tmp_path, gemma4_moe, gemma4_moe_fused):
     for name, value in bad.items():
         with pytest.raises(ModelLoadError, match=name.removesuffix(".scale")):
             pi.Model(rewrite(gemma4_moe, tmp_path / "shape.gguf", replace={name: value}))
+    for name in ("blk.1.ffn_gate_exps.scale", "blk.0.attn_q.scale"):   # llama.cpp applies these; the core does not
+        with pytest.raises(ModelLoadError, match=f"per-tensor scales \\({name}"):
+            pi.Model(rewrite(gemma4_moe, tmp_path / "scale.gguf", extra={name: (np.ones(4, np.float32), 0)}))
     with pytest.raises(ModelLoadError, match="ffn_gate_up_exps"):
         pi.Model(rewrite(gemma4_moe_fused, tmp_path / "fused.gguf", replace={
             "blk.0.ffn_gate_up_exps.weight": (np.zeros((4, 64, 128), np.float32), 0)}))

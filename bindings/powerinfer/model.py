@@ -696,6 +696,12 @@ class Model:
             biases = [n for n in tensors if n.startswith("blk.") and n.endswith(".bias")]
             if biases:
                 raise ModelLoadError(f"{self.path}: {hp.arch} with bias tensors ({biases[0]}, ...) is not supported")
+        # llama.cpp multiplies a product by NAME.scale where a file has one (quantized checkpoints' per-tensor scales);
+        # the core applies the experts' down scale and gemma4's router scale only: refuse the others, not ignore them
+        read = ("ffn_down_exps.scale",) + (("ffn_gate_inp.scale",) if hp.arch == "gemma4" else ())
+        scales = [n for n in tensors if n.endswith(".scale") and not n.endswith(read)]
+        if scales:
+            raise ModelLoadError(f"{self.path}: per-tensor scales ({scales[0]}, ...) are not supported")
         # YaRN: the core's per-pair frequency divisors (powerinfer.rope), of rope_freqs and of phi3's long factors
         self._rope_freqs = []        # the arrays made here, kept alive with the model
         for name in ("rope_freqs.weight", "rope_freqs_long.weight"):

@@ -149,6 +149,14 @@ def place(ctx, *, vram_budget: int | None, reset_gpu_index: bool, disable_gpu_in
         output = ngl < 0 or ngl > hp.n_layer
         # a mixture of experts runs its FFN on the CPU: the attention (and the head) go to the device
         placements = [(il >= first, il >= first and not hp.n_expert, None) for il in range(hp.n_layer)]
+        # a layer that reads an earlier layer's KV cache (gemma4's shared KV layers) needs that cache beside its
+        # attention: the source's attention (and cache) goes to the device with it, its FFN stays where -ngl says
+        pulled = sorted({g.kv_source for il, g in enumerate(hp.layers()) if il >= first and g.kv_source < first})
+        for src in pulled:
+            placements[src] = (True,) + placements[src][1:]
+        if pulled:
+            _info(ctx, "offload: the attention of layer(s) %s on the device too: later layers read their KV caches",
+                  ", ".join(map(str, pulled)))
         if hp.n_expert:
             _warn(ctx, "mixture of experts: the experts run on the CPU; -ngl places the attention only")
         if _offload(ctx, placements, output, 0, main_gpu):

@@ -26,11 +26,11 @@ import json
 import re
 import uuid
 
-from .grammar import Grammar, GrammarError
+from .grammar import Grammar, GrammarError, lark_json, lark_literal
 from .reasoning import Gemma4Splitter, HarmonySplitter
 from .request import RequestError
 
-__all__ = ["ToolCalls", "parse_tool_calls", "syntax_of", "tools_system_message"]
+__all__ = ["ToolCalls", "call_grammar", "parse_tool_calls", "syntax_of", "tools_system_message"]
 
 SYNTAXES = ("hermes", "mistral", "llama3", "harmony", "gemma4", "generic")
 # where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these (harmony:
@@ -252,8 +252,11 @@ class ToolCalls:
         return at
 
     @classmethod
-    def of_request(cls, tools, tool_choice, template_source: str | None = None) -> "ToolCalls | None":
-        """None when the request has no tools (or tool_choice "none"); RequestError when it cannot be served."""
+    def of_request(cls, tools, tool_choice, template_source: str | None = None, tokenizer=None,
+                   parallel: bool = False) -> "ToolCalls | None":
+        """None when the request has no tools (or tool_choice "none"); RequestError when it cannot be served.
+        tokenizer: the model's (a constrained call's markers are its special tokens); parallel: parallel_tool_calls
+        (a constrained reply may hold several calls where the syntax has them)."""
         if tools is None or tools == []:
             if tool_choice not in (None, "none", "auto"):
                 raise RequestError("tool_choice needs tools", param="tool_choice")
@@ -263,8 +266,8 @@ class ToolCalls:
         if tool_choice == "none":
             return None
         schemas = dict(_tool_name(t, i) for i, t in enumerate(tools))
+        syntax = syntax_of(template_source) if template_source and "tools" in template_source else "generic"
         if tool_choice is None or tool_choice == "auto":
-            syntax = syntax_of(template_source) if template_source and "tools" in template_source else "generic"
             return cls(tools, list(schemas), None, syntax)
         if tool_choice == "required":
             names = list(schemas)
@@ -276,13 +279,12 @@ class ToolCalls:
         else:
             raise RequestError("tool_choice must be 'none', 'required' or {\"type\": \"function\", \"function\": "
                                "{\"name\": ...}}", param="tool_choice")
-        one = [{"type": "object", "properties": {"name": {"const": n}, "arguments": schemas[n]},
-                "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+        think = "<think>" in (template_source or "")
         try:
-            g = Grammar.from_json_schema(one[0] if len(one) == 1 else {"anyOf": one})
+            g = call_grammar(syntax, {n: schemas[n] for n in names}, tokenizer, parallel=parallel, think=think)
         except GrammarError as e:
             raise RequestError(f"a tool's parameters schema is not usable: {e}", param="tools") from None
-        return cls(tools, names, g)
+        return cls(tools, names, g, syntax)
 
     def live_splitter(self):
         """A splitter the reasoning of a streamed "auto" reply goes through as it comes, its content then held where a
@@ -300,25 +302,126 @@ class ToolCalls:
     def message(self, text: str) -> dict | None:
         """The assistant message of a reply (None if the text holds no call: a cut-off constrained reply, or an
         "auto" reply that answers in text)."""
-        if self.auto:
-            calls, content = parse_tool_calls(text, self.syntax, self.names)
-        else:
-            try:
-                call = json.loads(text)
-            except ValueError:
-                return None
-            if not isinstance(call, dict) or call.get("name") not in self.names:
-                return None
-            calls, content = [{"name": call["name"], "arguments": call.get("arguments", {})}], ""
+        calls, content = parse_tool_calls(text, self.syntax, self.names)
         if not calls:
             return None
         msg = {"role": "assistant", "content": content or None, "tool_calls": [{
             "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]}
-        reasoning = self.plain(text)[0] if self.auto and self.syntax in _CHANNELS else ""
+        reasoning = self.plain(text)[0] if self.syntax in _CHANNELS else ""
         if reasoning:
             msg["reasoning_content"] = reasoning
         return msg
+
+
+class _LarkRules:
+    """The rules of a Lark grammar (llguidance's: powerinfer.grammar) being written, over one vocabulary."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.rules: dict[str, str] = {"WS": r"/[ \t\r\n]{1,4}/"}
+
+    def lit(self, text: str) -> str:
+        return lark_literal(text, self.tokenizer)
+
+    def until(self, end: str) -> str:
+        """Any text, then `end` (its first occurrence): a special token ends a text lexeme by itself, a text end is
+        the end of a lazy one."""
+        term = self.lit(end)
+        if term.startswith("<["):
+            self.rules["TEXT"] = "/(?s:.+)/"
+            return "TEXT? " + term
+        name = f"until_{len(self.rules)}[lazy]"
+        self.rules[name] = "/(?s:.*)" + re.sub(r"([\\.+*?()|\[\]{}^$/#&~-])", r"\\\1", end) + "/"
+        return name.split("[")[0]
+
+    def grammar(self, start: str) -> Grammar:
+        return Grammar.from_lark("\n".join([f"start: {start}"] + [f"{k}: {v}" for k, v in self.rules.items()]))
+
+
+def _call_schema(name: str, params: dict, key: str = "arguments", **extra) -> dict:
+    """The JSON schema of a call object {"name": name, key: <params>} (extra: more optional properties, after)."""
+    return {"type": "object", "properties": {"name": {"const": name}, key: params, **extra},
+            "required": ["name", key], "additionalProperties": False}
+
+
+def _any_of(schemas: list[dict]) -> dict:
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _gemma4_term(r: _LarkRules, schema) -> str:
+    """A Lark term for a Gemma 4 value matching `schema` where its form is known (typed scalars, string enums, arrays,
+    objects with properties: those keys, in the schema's order when all are required, else any of them in any order),
+    else any Gemma 4 value."""
+    schema = schema if isinstance(schema, dict) else {}
+    kind, enum = schema.get("type"), schema.get("enum")
+    q = r.lit(GEMMA4_QUOTE)
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return "(" + " | ".join(f"{q} {json.dumps(v, ensure_ascii=False)} {q}" for v in enum) + ")"
+    simple = {"string": "g4_string", "integer": "G4_INT", "number": "G4_NUMBER", "boolean": '("true" | "false")',
+              "null": '"null"'}
+    if kind in simple:
+        return simple[kind]
+    if kind == "array":
+        item = _gemma4_term(r, schema.get("items"))
+        return f'"[" ({item} ("," {item})*)? "]"'
+    props = schema.get("properties")
+    if kind == "object" and isinstance(props, dict) and props:
+        pairs = [f"{json.dumps(k + ':', ensure_ascii=False)} {_gemma4_term(r, v)}" for k, v in props.items()]
+        if set(props) <= set(schema.get("required") or []):
+            return '"{" ' + ' "," '.join(pairs) + ' "}"'
+        pair = "(" + " | ".join(pairs) + ")"
+        return f'"{{" ({pair} ("," {pair})*)? "}}"'
+    return "g4_value"
+
+
+def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = False, think: bool = False) -> Grammar:
+    """The grammar of a reply that calls one of the tools {name: parameters schema} in `syntax` (the model's own
+    call syntax, as llama.cpp's tool_choice "required" grammars: common/chat.cpp, common/parsers/), its markers the
+    special tokens of `tokenizer`'s vocabulary where they are ones; parallel: one or more calls where the syntax has
+    several (hermes, mistral, gemma4); think: a <think>...</think> may come first (hermes; harmony's analysis and
+    Gemma 4's thought channel always may)."""
+    r = _LarkRules(tokenizer)
+    many = "+" if parallel else ""
+    names = list(schemas)
+    if syntax == "hermes":
+        body = lark_json(_any_of([_call_schema(n, schemas[n]) for n in names]))
+        r.rules["call"] = f"WS? {r.lit('<tool_call>')} WS? {body} WS? {r.lit('</tool_call>')}"
+        start = f"call{many}"
+        if think:          # the opening tag optional: a template that opens the reasoning in the prompt
+            r.rules["think"] = f"{r.lit('<think>')}? {r.until('</think>')}"
+            start = "think? " + start
+        return r.grammar(start)
+    if syntax == "mistral":
+        item = _any_of([_call_schema(n, schemas[n], id={"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"})
+                        for n in names])
+        array = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        return r.grammar(f"{r.lit('[TOOL_CALLS]')} {lark_json(array)}")
+    if syntax == "llama3":
+        return r.grammar(lark_json(_any_of([_call_schema(n, schemas[n], key="parameters") for n in names])))
+    if syntax == "harmony":     # messages of the analysis or commentary channels, then the call (a commentary message)
+        ch, msg, tail = r.lit("<|channel|>"), r.lit("<|message|>"), r.lit("<|start|>") + ' "assistant"'
+        r.rules["message"] = f'{ch} ("analysis" | "commentary") {msg} {r.until("<|end|>")} {tail}'
+        r.rules["constrain"] = f'WS? {r.lit("<|constrain|>")}? /[A-Za-z0-9_-]+/'
+        for i, n in enumerate(names):
+            to = json.dumps(" to=functions." + n, ensure_ascii=False)
+            r.rules[f"tool_{i}"] = (f'({ch} ("commentary" | "analysis") {to} | {to} {ch} ("commentary" | "analysis")) '
+                                    f"constrain? {msg} {lark_json(schemas[n])}")
+        return r.grammar("message* (" + " | ".join(f"tool_{i}" for i in range(len(names))) + ")")
+    if syntax == "gemma4":      # the thought channel, then <|tool_call>call:NAME{key:value,...}<tool_call|>
+        q = r.lit(GEMMA4_QUOTE)
+        r.rules.update({
+            "g4_value": 'g4_string | g4_dict | g4_array | G4_NUMBER | "true" | "false" | "null"',
+            "g4_string": f"{q} {r.until(GEMMA4_QUOTE)}",
+            "g4_dict": '"{" (g4_pair ("," g4_pair)*)? "}"', "g4_pair": 'G4_KEY ":" g4_value',
+            "g4_array": '"[" (g4_value ("," g4_value)*)? "]"', "G4_KEY": r"/[^:{}\[\],<>]+/",
+            "G4_INT": "/-?(0|[1-9][0-9]*)/", "G4_NUMBER": r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"})
+        r.rules["thought"] = f'{r.lit("<|channel>")} "thought" {r.until("<channel|>")}'
+        tools = " | ".join(f"{json.dumps(n, ensure_ascii=False)} {_gemma4_term(r, schemas[n])}" for n in names)
+        r.rules["call"] = f'{r.lit("<|tool_call>")} "call:" ({tools}) {r.lit(GEMMA4_CALL_END)}'
+        return r.grammar(f"thought? call{many}")
+    # generic: the bare {"name", "arguments"} object the system message asks for
+    return Grammar.from_json_schema(_any_of([_call_schema(n, schemas[n]) for n in names]))
 
 
 def tools_system_message(tools: list, auto: bool = False) -> dict:

@@ -914,9 +914,10 @@ class PowerInfer:
         return preserved_ids(self.chat_formatter, self.tokenizer)
 
     def tool_calls(self, tools, tool_choice, parallel_tool_calls=None):
-        """The request's ToolCalls (powerinfer.tools; None without tools), in this model's template's call syntax ("auto"
-        read in it, "required" / named constrained to it, with this vocabulary's special tokens): the one place the
-        API and the server make them. parallel_tool_calls (default false, as llama.cpp's): several constrained calls."""
+        """The request's ToolCalls (powerinfer.tools; None without tools), in this model's template's call syntax
+        ("auto" read in it, "required" / named constrained to it, with this vocabulary's special tokens): the one place
+        the API and the server make them. parallel_tool_calls (default false, as llama.cpp's): several constrained
+        calls."""
         from .tools import ToolCalls
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise RequestError("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")

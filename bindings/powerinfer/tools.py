@@ -388,17 +388,18 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
         body = lark_json(_any_of([_call_schema(n, schemas[n]) for n in names]))
         r.rules["call"] = f"WS? {r.lit('<tool_call>')} WS? {body} WS? {r.lit('</tool_call>')}"
         start = f"call{many}"
-        if think:          # the opening tag optional: a template that opens the reasoning in the prompt
-            r.rules["think"] = f"{r.lit('<think>')}? {r.until('</think>')}"
+        if think:
+            r.rules["think"] = f"{r.lit('<think>')} {r.until('</think>')} WS?"
             start = "think? " + start
         return r.grammar(start)
     if syntax == "mistral":
-        item = _any_of([_call_schema(n, schemas[n], id={"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"})
-                        for n in names])
+        item = _any_of([_call_schema(n, schemas[n], id={"type": ["string", "number"]}) for n in names])
         array = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
         return r.grammar(f"{r.lit('[TOOL_CALLS]')} {lark_json(array)}")
     if syntax == "llama3":
-        return r.grammar(lark_json(_any_of([_call_schema(n, schemas[n], key="parameters") for n in names])))
+        calls = [_call_schema(n, schemas[n], key="parameters") for n in names]    # "type": "function" may lead
+        return r.grammar(lark_json(_any_of([dict(c, properties={"type": {"const": "function"}, **c["properties"]})
+                                            for c in calls])))
     if syntax == "harmony":     # messages of the analysis or commentary channels, then the call (a commentary message)
         ch, msg, tail = r.lit("<|channel|>"), r.lit("<|message|>"), r.lit("<|start|>") + ' "assistant"'
         r.rules["message"] = f'{ch} ("analysis" | "commentary") {msg} {r.until("<|end|>")} {tail}'
@@ -415,7 +416,9 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
             "g4_string": f"{q} {r.until(GEMMA4_QUOTE)}",
             "g4_dict": '"{" (g4_pair ("," g4_pair)*)? "}"', "g4_pair": 'G4_KEY ":" g4_value',
             "g4_array": '"[" (g4_value ("," g4_value)*)? "]"', "G4_KEY": r"/[^:{}\[\],<>]+/",
-            "G4_INT": "/-?(0|[1-9][0-9]*)/", "G4_NUMBER": r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"})
+            # numbers bounded as llama.cpp's JSON ones (16 digits a part), so that a model cannot write digits forever
+            "G4_INT": "/-?(0|[1-9][0-9]{0,15})/",
+            "G4_NUMBER": r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?/"})
         r.rules["thought"] = f'{r.lit("<|channel>")} "thought" {r.until("<channel|>")}'
         tools = " | ".join(f"{json.dumps(n, ensure_ascii=False)} {_gemma4_term(r, schemas[n])}" for n in names)
         r.rules["call"] = f'{r.lit("<|tool_call>")} "call:" ({tools}) {r.lit(GEMMA4_CALL_END)}'

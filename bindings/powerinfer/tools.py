@@ -1,24 +1,30 @@
-"""OpenAI tools (function calling) through the chat template and constrained output.
+"""OpenAI tools (function calling) through the chat template, in the model's own call syntax.
 
 The request's `tools` go to the chat template as its `tools` variable (the way llama.cpp's --jinja
 renders them); a template that never reads `tools` gets them in a system message instead
-(llama.cpp's "generic" tool format). The reply is constrained by a JSON schema to one call,
-{"name": <a tool's name>, "arguments": <that tool's parameters schema>}, and returned as
-`message.tool_calls` with finish_reason "tool_calls".
-
-tool_choice "required" (any of the tools) and {"type": "function", "function": {"name": N}} are
-served that way; "none" leaves the tools out. "auto" (the default when tools are given) lets the model
-answer or call: the reply is generated unconstrained and read afterwards in the call syntax of the
-model's chat template (`syntax_of`): Hermes 2 Pro / Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>`,
-Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+ `<|python_tag|>{"name", "parameters"}` or a bare such object,
-gpt-oss's harmony (a commentary message `to=functions.NAME ... <|message|>{arguments}`; the reply is held to its
-end, its analysis channel the message's reasoning_content, its final channel the content), Gemma 4's
+(llama.cpp's "generic" tool format). The call syntax is the one the template names (`syntax_of`): Hermes 2 Pro /
+Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>`, Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+ `<|python_tag|>{"name",
+"parameters"}` or a bare such object, gpt-oss's harmony (a commentary message `to=functions.NAME ... <|message|>
+{arguments}`; its analysis channel the message's reasoning_content, its final channel the content), Gemma 4's
 `<|tool_call>call:NAME{key:value,...}<tool_call|>` (values: `<|"|>`-quoted strings, numbers, true/false/null, and
 {...} / [...] of them, keys bare; read as JSON arguments the way llama.cpp's gemma4 parser does; its thought channel
-the message's reasoning_content, streamed as it comes: `live_splitter`), and for templates without
-tools the generic system message's bare {"name", "arguments"} object. Calls of tools the request has become
-`message.tool_calls` (finish_reason "tool_calls"), the text around them `content`; a reply with none is plain
-content. (llama.cpp constrains a call once its start is seen with a lazy grammar; here a malformed call stays text.)
+the message's reasoning_content), and for templates without tools the generic system message's bare {"name",
+"arguments"} object. Calls of tools the request has become `message.tool_calls` (finish_reason "tool_calls"), the
+text around them `content`; a reply with none is plain content.
+
+tool_choice "auto" (the default when tools are given) lets the model answer or call: the reply is generated
+unconstrained and read afterwards (a streamed one streams until a call may begin, harmony's is held to its end, Gemma
+4's thought channel streams as it comes: `live_splitter`). llama.cpp constrains a call once its start is seen with a
+lazy grammar; here a malformed call stays text.
+
+tool_choice "required" (any of the tools) and {"type": "function", "function": {"name": N}} constrain the reply to a
+call in the same syntax, as llama.cpp's chat code does for "required" (common/chat.cpp, common/parsers/): `call_grammar`
+writes an llguidance Lark grammar of the syntax's markers (the vocabulary's special tokens where they are ones:
+grammar.lark_literal), the allowed tools' names, their arguments against each tool's parameters schema (`%json`; Gemma
+4's value syntax built from the schema), the reasoning the format lets come first (`<think>...</think>` where the
+template has it, harmony's analysis messages, Gemma 4's thought channel), and with parallel_tool_calls several calls
+where the syntax has them (hermes, mistral, gemma4). "none" leaves the tools out. Templates without a call syntax
+("generic") get the bare {"name", "arguments"} object by its JSON schema.
 """
 from __future__ import annotations
 
@@ -403,7 +409,7 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
     if syntax == "harmony":     # messages of the analysis or commentary channels, then the call (a commentary message)
         ch, msg, tail = r.lit("<|channel|>"), r.lit("<|message|>"), r.lit("<|start|>") + ' "assistant"'
         r.rules["message"] = f'{ch} ("analysis" | "commentary") {msg} {r.until("<|end|>")} {tail}'
-        r.rules["constrain"] = f'WS? {r.lit("<|constrain|>")}? /[A-Za-z0-9_-]+/'
+        r.rules["constrain"] = f'WS? {r.lit("<|constrain|>")}? /[A-Za-z0-9_-]{{1,16}}/'      # "json"; bounded
         for i, n in enumerate(names):
             to = json.dumps(" to=functions." + n, ensure_ascii=False)
             r.rules[f"tool_{i}"] = (f'({ch} ("commentary" | "analysis") {to} | {to} {ch} ("commentary" | "analysis")) '

@@ -139,6 +139,20 @@ def test_markers_are_the_special_tokens(tok):
     assert matches(g, tok, f"<tool_call>{W}</tool_call>") and matches(g, tok, f"<tool_call>{W}</tool_call>", False)
 
 
+def test_gemma4_arguments_are_an_object(tok):
+    """A tool without properties (or without a schema type) still takes an object of any Gemma 4 values, and only
+    that; a nested schema holds inside."""
+    g = call_grammar("gemma4", {"noargs": {"type": "object"}, "free": {}}, tok)
+    assert matches(g, tok, "<|tool_call>call:noargs{}<tool_call|>")
+    assert matches(g, tok, '<|tool_call>call:free{x:[1,<|"|>a<|"|>],y:{z:null}}<tool_call|>')
+    assert not matches(g, tok, '<|tool_call>call:noargs<|"|>x<|"|><tool_call|>')
+    nested = {"type": "object", "properties": {"todos": {"type": "array", "items": {"type": "string"}}},
+              "required": ["todos"]}
+    g = call_grammar("gemma4", {"todo": nested}, tok)
+    assert matches(g, tok, '<|tool_call>call:todo{todos:[<|"|>a<|"|>,<|"|>b<|"|>]}<tool_call|>')
+    assert not matches(g, tok, "<|tool_call>call:todo{todos:[1]}<tool_call|>")
+
+
 def test_named_tool_and_syntax_of_the_template(tok):
     """A named tool allows that one only; the syntax is the template's (a template without tools: the generic bare
     object, as before)."""

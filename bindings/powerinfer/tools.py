@@ -378,7 +378,7 @@ def _gemma4_term(r: _LarkRules, schema) -> str:
             return '"{" ' + ' "," '.join(pairs) + ' "}"'
         pair = "(" + " | ".join(pairs) + ")"
         return f'"{{" ({pair} ("," {pair})*)? "}}"'
-    return "g4_value"
+    return "g4_dict" if kind == "object" else "g4_value"
 
 
 def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = False, think: bool = False) -> Grammar:
@@ -426,7 +426,9 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
             "G4_INT": "/-?(0|[1-9][0-9]{0,15})/",
             "G4_NUMBER": r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?/"})
         r.rules["thought"] = f'{r.lit("<|channel>")} "thought" {r.until("<channel|>")}'
-        tools = " | ".join(f"{json.dumps(n, ensure_ascii=False)} {_gemma4_term(r, schemas[n])}" for n in names)
+        terms = {n: _gemma4_term(r, schemas[n]) for n in names}       # the arguments are an object, whatever the schema
+        tools = " | ".join(f"{json.dumps(n, ensure_ascii=False)} {'g4_dict' if t == 'g4_value' else t}"
+                           for n, t in terms.items())
         r.rules["call"] = f'{r.lit("<|tool_call>")} "call:" ({tools}) {r.lit(GEMMA4_CALL_END)}'
         return r.grammar(f"thought? call{many}")
     # generic: the bare {"name", "arguments"} object the system message asks for

@@ -238,6 +238,11 @@ def test_hermes_required_and_named_end_to_end(hermes_llm, monkeypatch, stream):
         msg, finish = chat(http, {**body, "tool_choice": "required", "parallel_tool_calls": True})
         assert finish == "tool_calls"
         assert calls_of(msg) == [("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})]
+        r = http.post("/v1/responses", json={      # the Responses API passes parallel_tool_calls on
+            "input": "Weather in Paris?", "tool_choice": "required", "parallel_tool_calls": True,
+            "tools": [{"type": "function", **t["function"]} for t in ONE_TOOL], "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert [o["name"] for o in r.json()["output"] if o["type"] == "function_call"] == ["get_weather", "add"]
         reply["ids"] = None            # the tiny model's own reply: the grammar makes it a call, of the named tool
         msg, finish = chat(http, {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
         assert finish == "tool_calls" and calls_of(msg)[0][0] == "get_weather"

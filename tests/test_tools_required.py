@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from powerinfer.grammar import Grammar, GrammarMatcher
@@ -171,7 +172,8 @@ def test_named_tool_and_syntax_of_the_template(tok):
 HERMES_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }} "
                    "Answer with <tool_call>...</tool_call><|im_end|>\n{% endif %}"
                    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-                   "{% endfor %}<|im_start|>assistant\n")
+                   "{% endfor %}<|im_start|>assistant\n"
+                   "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
 ONE_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}},
     TOOLS[1]]
@@ -194,9 +196,26 @@ def calls_of(msg) -> list:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls") or []]
 
 
+class Prefix:
+    """A logits processor that makes the model write `ids` first, then leaves the reply to it (and the grammar)."""
+
+    def __init__(self, ids):
+        self.ids, self.n0 = list(ids), None
+
+    def __call__(self, input_ids, scores):
+        self.n0 = len(input_ids) if self.n0 is None else self.n0
+        i = len(input_ids) - self.n0
+        if i >= len(self.ids):
+            return scores
+        out = np.full_like(scores, -np.inf)
+        out[self.ids[i]] = 0.0
+        return out
+
+
 def run_server(llm, monkeypatch, reply: dict):
     """A test client of the server on `llm`, each task's reply forced to reply["ids"] (then end of generation) when
-    set, else the model's own under the grammar."""
+    set, else the model's own under the grammar after reply["prefix"] (the call's marker: a tiny random model that
+    began reasoning would not end it)."""
     from starlette.testclient import TestClient
     from powerinfer.server.app import ServerState, create_app
     from test_tools_auto import Force
@@ -206,6 +225,8 @@ def run_server(llm, monkeypatch, reply: dict):
     def forced(tokens, **kw):
         if reply.get("ids") is not None:
             kw["logits_processor"] = [Force(reply["ids"], eos)]
+        elif reply.get("prefix") is not None:
+            kw["logits_processor"] = [Prefix(reply["prefix"])]
         return make_task(tokens, **kw)
     monkeypatch.setattr(llm, "make_task", forced)
     return TestClient(create_app(ServerState(model_path="tiny", llm=llm)))
@@ -233,6 +254,16 @@ def test_hermes_required_and_named_end_to_end(hermes_llm, monkeypatch, stream):
             msg, finish = chat(http, {**body, "tool_choice": choice})
             assert finish == "tool_calls" and calls_of(msg) == [("get_weather", {"city": "Paris"})]
             assert not msg.get("content")
+        # Qwen3's reasoning first (its template names <think>): the message's reasoning_content
+        reply["ids"] = llm.tokenize("<think>\nLet me see.\n</think>\n\n" + text, add_bos=False)
+        msg, finish = chat(http, {**body, "tool_choice": "required"})
+        assert finish == "tool_calls" and calls_of(msg) == [("get_weather", {"city": "Paris"})]
+        assert msg["reasoning_content"].strip() == "Let me see." and not msg.get("content")
+        # (and an "auto" reply alike, its reasoning streamed as it comes)
+        reply["ids"] = llm.tokenize("<think>\nLet me see.\n</think>\n\nChecking." + text, add_bos=False)
+        msg, finish = chat(http, {**body, "tool_choice": "auto"})
+        assert finish == "tool_calls" and calls_of(msg) == [("get_weather", {"city": "Paris"})]
+        assert msg["reasoning_content"].strip() == "Let me see." and msg["content"] == "Checking."
         two = text + "\n" + '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
         reply["ids"] = llm.tokenize(two, add_bos=False)
         msg, finish = chat(http, {**body, "tool_choice": "required", "parallel_tool_calls": True})
@@ -243,7 +274,8 @@ def test_hermes_required_and_named_end_to_end(hermes_llm, monkeypatch, stream):
             "tools": [{"type": "function", **t["function"]} for t in ONE_TOOL], "temperature": 0})
         assert r.status_code == 200, r.text
         assert [o["name"] for o in r.json()["output"] if o["type"] == "function_call"] == ["get_weather", "add"]
-        reply["ids"] = None            # the tiny model's own reply: the grammar makes it a call, of the named tool
+        # the tiny model's own reply after the call's marker: the grammar makes it a call, of the named tool
+        reply.update(ids=None, prefix=llm.tokenize("<tool_call>", add_bos=False))
         msg, finish = chat(http, {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
         assert finish == "tool_calls" and calls_of(msg)[0][0] == "get_weather"
         assert calls_of(msg)[0][1]["city"] in ("Paris", "Rome")
@@ -273,10 +305,9 @@ def test_gemma4_required_and_named_end_to_end(gemma4_llm, monkeypatch, stream):
         msg, finish = chat(http, {**body, "tool_choice": "required", "parallel_tool_calls": True})
         assert finish == "tool_calls"
         assert calls_of(msg) == [("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2.5})]
-        reply["ids"] = None            # the tiny model's own reply under the grammar (no thought: it would not end)
-        channel = llm.tokenize("<|channel>", add_bos=False, special=True)[0]
-        msg, finish = chat(http, {**body, "tool_choice": {"type": "function", "function": {"name": "add"}},
-                                  "logit_bias": {str(channel): -100}})
+        # the tiny model's own reply under the grammar, after <|tool_call>
+        reply.update(ids=None, prefix=llm.tokenize("<|tool_call>", add_bos=False, special=True))
+        msg, finish = chat(http, {**body, "tool_choice": {"type": "function", "function": {"name": "add"}}})
         assert finish == "tool_calls" and calls_of(msg)[0][0] == "add", msg
         assert set(calls_of(msg)[0][1]) == {"a", "b"} and all(isinstance(v, (int, float))
                                                                for v in calls_of(msg)[0][1].values())

@@ -1,30 +1,30 @@
 """OpenAI tools (function calling) through the chat template, in the model's own call syntax.
 
-The request's `tools` go to the chat template as its `tools` variable (the way llama.cpp's --jinja
-renders them); a template that never reads `tools` gets them in a system message instead
-(llama.cpp's "generic" tool format). The call syntax is the one the template names (`syntax_of`): Hermes 2 Pro /
-Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>`, Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+ `<|python_tag|>{"name",
-"parameters"}` or a bare such object, gpt-oss's harmony (a commentary message `to=functions.NAME ... <|message|>
-{arguments}`; its analysis channel the message's reasoning_content, its final channel the content), Gemma 4's
-`<|tool_call>call:NAME{key:value,...}<tool_call|>` (values: `<|"|>`-quoted strings, numbers, true/false/null, and
-{...} / [...] of them, keys bare; read as JSON arguments the way llama.cpp's gemma4 parser does; its thought channel
-the message's reasoning_content), and for templates without tools the generic system message's bare {"name",
-"arguments"} object. Calls of tools the request has become `message.tool_calls` (finish_reason "tool_calls"), the
-text around them `content`; a reply with none is plain content.
+The request's `tools` go to the chat template as its `tools` variable (the way llama.cpp's --jinja renders them); a
+template that never reads `tools` gets them in a system message instead (llama.cpp's "generic" tool format). The call
+syntax is the one the template names (`syntax_of`): Hermes 2 Pro / Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>` (a
+leading `<think>...</think>` the message's reasoning_content), Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+
+`<|python_tag|>{"name", "parameters"}` or a bare such object, gpt-oss's harmony (a commentary message
+`to=functions.NAME ... <|message|>{arguments}`; its analysis channel the message's reasoning_content, its final
+channel the content), Gemma 4's `<|tool_call>call:NAME{key:value,...}<tool_call|>` (values: `<|"|>`-quoted strings,
+numbers, true/false/null, and {...} / [...] of them, keys bare; read as JSON arguments the way llama.cpp's gemma4
+parser does; its thought channel the message's reasoning_content), and for templates without tools the generic system
+message's bare {"name", "arguments"} object. Calls of tools the request has become `message.tool_calls` (finish_reason
+"tool_calls"), the text around them `content`; a reply with none is plain content.
 
 tool_choice "auto" (the default when tools are given) lets the model answer or call: the reply is generated
 unconstrained and read afterwards (a streamed one streams until a call may begin, harmony's is held to its end, Gemma
-4's thought channel streams as it comes: `live_splitter`). llama.cpp constrains a call once its start is seen with a
-lazy grammar; here a malformed call stays text.
+4's thought channel and hermes' <think> stream as they come: `live_splitter`). llama.cpp constrains a call once its
+start is seen with a lazy grammar; here a malformed call stays text.
 
 tool_choice "required" (any of the tools) and {"type": "function", "function": {"name": N}} constrain the reply to a
-call in the same syntax, as llama.cpp's chat code does for "required" (common/chat.cpp, common/parsers/): `call_grammar`
-writes an llguidance Lark grammar of the syntax's markers (the vocabulary's special tokens where they are ones:
-grammar.lark_literal), the allowed tools' names, their arguments against each tool's parameters schema (`%json`; Gemma
-4's value syntax built from the schema), the reasoning the format lets come first (`<think>...</think>` where the
-template has it, harmony's analysis messages, Gemma 4's thought channel), and with parallel_tool_calls several calls
-where the syntax has them (hermes, mistral, gemma4). "none" leaves the tools out. Templates without a call syntax
-("generic") get the bare {"name", "arguments"} object by its JSON schema.
+call in the same syntax, as llama.cpp's chat code does for "required" (common/chat.cpp, common/parsers/):
+`call_grammar` writes an llguidance Lark grammar of the syntax's markers (the vocabulary's special tokens where they
+are ones: grammar.lark_literal), the allowed tools' names, their arguments against each tool's parameters schema
+(`%json`; Gemma 4's value syntax built from the schema), the reasoning the format lets come first
+(`<think>...</think>` where the template has it, harmony's analysis messages, Gemma 4's thought channel), and with
+parallel_tool_calls several calls where the syntax has them (hermes, mistral, gemma4). "none" leaves the tools out.
+Templates without a call syntax ("generic") get the bare {"name", "arguments"} object by its JSON schema.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import re
 import uuid
 
 from .grammar import Grammar, GrammarError, lark_json, lark_literal
-from .reasoning import Gemma4Splitter, HarmonySplitter
+from .reasoning import Gemma4Splitter, HarmonySplitter, ReasoningSplitter
 from .request import RequestError
 
 __all__ = ["ToolCalls", "call_grammar", "parse_tool_calls", "syntax_of", "tools_system_message"]
@@ -208,8 +208,9 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
     return calls, content.strip()
 
 
-# syntaxes whose replies carry their reasoning in channels: the splitter that takes them apart
-_CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter}
+# syntaxes whose replies carry their reasoning apart (channels, or Qwen3's <think>...</think> before a hermes call): the
+# splitter that takes them apart
+_CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter, "hermes": ReasoningSplitter}
 
 
 def _channels_split(text: str, syntax: str) -> tuple[str, str]:
@@ -294,8 +295,9 @@ class ToolCalls:
 
     def live_splitter(self):
         """A splitter the reasoning of a streamed "auto" reply goes through as it comes, its content then held where a
-        call may begin (Gemma 4's thought channel; None: the whole reply is held from its first marker)."""
-        return Gemma4Splitter() if self.syntax == "gemma4" else None
+        call may begin (Gemma 4's thought channel, hermes' <think>; None: the whole reply is held from its first
+        marker)."""
+        return _CHANNELS[self.syntax]() if self.syntax in ("gemma4", "hermes") else None
 
     def plain(self, text: str) -> tuple[str, str]:
         """(reasoning, content) of an "auto" reply that holds no call: harmony's / Gemma 4's channels apart, else the
@@ -395,7 +397,7 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
         r.rules["call"] = f"WS? {r.lit('<tool_call>')} WS? {body} WS? {r.lit('</tool_call>')}"
         start = f"call{many}"
         if think:
-            r.rules["think"] = f"{r.lit('<think>')} {r.until('</think>')} WS?"
+            r.rules["think"] = f"WS? {r.lit('<think>')} {r.until('</think>')} WS?"
             start = "think? " + start
         return r.grammar(start)
     if syntax == "mistral":

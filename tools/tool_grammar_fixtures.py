@@ -9,6 +9,9 @@ the syntax: Qwen3 (hermes <tool_call>), Gemma 4, gpt-oss (harmony), Mistral Nemo
     sh tools/llama_chat/build.sh            # -> /tmp/llama_chat/llama-chat
     python tools/tool_grammar_fixtures.py [/tmp/llama_chat/llama-chat [LLAMA_CPP_SRC]]
 
+(the driver built from this checkout's driver.cpp, which prints the grammar; build.sh caches objects by source path,
+so two checkouts building into one OUT_DIR link two drivers: give each its own, `build.sh SRC /tmp/llama_chat_tools`).
+
 Stored per case: the request, llama.cpp's format name, its grammar (GBNF; matched against the generation prompt and the
 reply together), whether it is lazy, and the generation prompt.
 """

@@ -913,11 +913,16 @@ class PowerInfer:
         from .chat import preserved_ids
         return preserved_ids(self.chat_formatter, self.tokenizer)
 
-    def tool_calls(self, tools, tool_choice):
-        """The request's ToolCalls (powerinfer.tools; None without tools), "auto" read in this model's template's call
-        syntax: the one place the API and the server make them."""
+    def tool_calls(self, tools, tool_choice, parallel_tool_calls=None):
+        """The request's ToolCalls (powerinfer.tools; None without tools), in this model's template's call syntax
+        ("auto" read in it, "required" / named constrained to it, with this vocabulary's special tokens): the one place
+        the API and the server make them. parallel_tool_calls (default false, as llama.cpp's): several constrained
+        calls."""
         from .tools import ToolCalls
-        return ToolCalls.of_request(tools, tool_choice, self.chat_formatter.source)
+        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+            raise RequestError("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
+        return ToolCalls.of_request(tools, tool_choice, self.chat_formatter.source, self.tokenizer,
+                                    parallel=bool(parallel_tool_calls))
 
     def tool_messages(self, messages, tc, template_kwargs: dict):
         """The tools to the template (its `tools` variable) or, when it does not read them, into the
@@ -1043,13 +1048,15 @@ class PowerInfer:
                                top_logprobs: int | None = None, repeat_last_n: int | None = None,
                                ignore_eos: bool = False,
                                stream_options: dict | None = None, chat_template_kwargs: dict | None = None,
-                               stopping_criteria=None, reasoning_format: str | None = None, **sampler_options):
+                               stopping_criteria=None, reasoning_format: str | None = None,
+                               parallel_tool_calls: bool | None = None, **sampler_options):
         """OpenAI `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts with
         stream=True (first delta {"role": "assistant"}, then {"content": ...}, then an empty delta
         with finish_reason). The prompt is rendered with the model's chat template; response_format
         json_object / json_schema or grammar constrain the reply (llama-cpp-python's signature).
         tools: see powerinfer.tools (tool_choice "auto", the default: the model answers or calls, in its template's
-        call syntax; "required" or a named function: one call, constrained).
+        call syntax; "required" or a named function: a call constrained to that syntax, several with
+        parallel_tool_calls where the syntax has them).
         reasoning_format (default: the constructor's): see powerinfer.reasoning; with tools the reply is the call.
         Samplers: as create_completion's."""
         check_unimplemented({"tfs_z": tfs_z})
@@ -1063,7 +1070,7 @@ class PowerInfer:
                                          or not 0 <= top_logprobs <= 20):
             raise RequestError("top_logprobs must be an integer in [0, 20]", param="top_logprobs")
         g = resolve_grammar(grammar, response_format=response_format)
-        tc = self.tool_calls(tools, tool_choice)
+        tc = self.tool_calls(tools, tool_choice, parallel_tool_calls)
         if tc is not None:
             if g is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")

@@ -30,7 +30,7 @@ import numpy as np
 
 from .tokenizer import TOKEN_CONTROL, Tokenizer
 
-__all__ = ["Grammar", "GrammarError", "GrammarMatcher", "grammar_of_response_format"]
+__all__ = ["Grammar", "GrammarError", "GrammarMatcher", "grammar_of_response_format", "lark_json", "lark_literal"]
 
 
 _JSON_SPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
@@ -147,6 +147,26 @@ def grammar_of_response_format(rf) -> Grammar | None:
     raise GrammarError(f"response_format type {kind!r} is not supported (text, json_object, json_schema)")
 
 
+def lark_literal(text: str, tokenizer: Tokenizer | None = None) -> str:
+    """`text` as a Lark term: the special token it is in `tokenizer`'s vocabulary (`<[id]>`: a model writes a control
+    token, not the characters of its name), else a string literal (which any tokens spelling it match)."""
+    if tokenizer is not None:
+        ids = tokenizer.encode(text, add_special=False, parse_special=True)
+        if len(ids) == 1 and _is_special(tokenizer, ids[0]):
+            return f"<[{ids[0]}]>"
+    return json.dumps(text, ensure_ascii=False)
+
+
+def lark_json(schema: dict) -> str:
+    """A Lark term for a JSON value that matches `schema`, its whitespace bounded as from_json_schema's."""
+    return "%json " + json.dumps({**schema, "x-guidance": {"whitespace_pattern": _JSON_SPACE}})
+
+
+def _is_special(tok: Tokenizer, i: int) -> bool:
+    """A token llguidance sees as special (0xFF + its name): a control token, or one whose piece starts with 0xFF."""
+    return tok.token_type(i) == TOKEN_CONTROL or tok.token_to_piece(i).startswith(b"\xff")
+
+
 # one LLTokenizer per (tokenizer, n_vocab): building it walks the whole vocabulary (~0.3 s for 262k tokens)
 _TOKENIZERS: "weakref.WeakKeyDictionary[Tokenizer, dict]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -167,8 +187,7 @@ class _Vocab:
     def __init__(self, tok: Tokenizer, n_vocab: int):
         tokens = []
         for i in range(tok.n_vocab):
-            if tok.token_type(i) == TOKEN_CONTROL or tok.token_to_piece(i).startswith(b"\xff"):
-                # (a raw 0xFF byte token too: a leading 0xFF is llguidance's mark of a special token)
+            if _is_special(tok, i):     # (a raw 0xFF byte token too: a leading 0xFF is llguidance's special mark)
                 tokens.append(b"\xff" + tok.id_to_text(i).encode("utf-8"))
             else:
                 tokens.append(tok.token_to_piece(i))

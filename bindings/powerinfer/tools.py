@@ -1,24 +1,30 @@
-"""OpenAI tools (function calling) through the chat template and constrained output.
+"""OpenAI tools (function calling) through the chat template, in the model's own call syntax.
 
-The request's `tools` go to the chat template as its `tools` variable (the way llama.cpp's --jinja
-renders them); a template that never reads `tools` gets them in a system message instead
-(llama.cpp's "generic" tool format). The reply is constrained by a JSON schema to one call,
-{"name": <a tool's name>, "arguments": <that tool's parameters schema>}, and returned as
-`message.tool_calls` with finish_reason "tool_calls".
+The request's `tools` go to the chat template as its `tools` variable (the way llama.cpp's --jinja renders them); a
+template that never reads `tools` gets them in a system message instead (llama.cpp's "generic" tool format). The call
+syntax is the one the template names (`syntax_of`): Hermes 2 Pro / Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>` (a
+leading `<think>...</think>` the message's reasoning_content), Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+
+`<|python_tag|>{"name", "parameters"}` or a bare such object, gpt-oss's harmony (a commentary message
+`to=functions.NAME ... <|message|>{arguments}`; its analysis channel the message's reasoning_content, its final
+channel the content), Gemma 4's `<|tool_call>call:NAME{key:value,...}<tool_call|>` (values: `<|"|>`-quoted strings,
+numbers, true/false/null, and {...} / [...] of them, keys bare; read as JSON arguments the way llama.cpp's gemma4
+parser does; its thought channel the message's reasoning_content), and for templates without tools the generic system
+message's bare {"name", "arguments"} object. Calls of tools the request has become `message.tool_calls` (finish_reason
+"tool_calls"), the text around them `content`; a reply with none is plain content.
 
-tool_choice "required" (any of the tools) and {"type": "function", "function": {"name": N}} are
-served that way; "none" leaves the tools out. "auto" (the default when tools are given) lets the model
-answer or call: the reply is generated unconstrained and read afterwards in the call syntax of the
-model's chat template (`syntax_of`): Hermes 2 Pro / Qwen2.5 / Qwen3 `<tool_call>{...}</tool_call>`,
-Mistral `[TOOL_CALLS][{...}]`, Llama 3.1+ `<|python_tag|>{"name", "parameters"}` or a bare such object,
-gpt-oss's harmony (a commentary message `to=functions.NAME ... <|message|>{arguments}`; the reply is held to its
-end, its analysis channel the message's reasoning_content, its final channel the content), Gemma 4's
-`<|tool_call>call:NAME{key:value,...}<tool_call|>` (values: `<|"|>`-quoted strings, numbers, true/false/null, and
-{...} / [...] of them, keys bare; read as JSON arguments the way llama.cpp's gemma4 parser does; its thought channel
-the message's reasoning_content, streamed as it comes: `live_splitter`), and for templates without
-tools the generic system message's bare {"name", "arguments"} object. Calls of tools the request has become
-`message.tool_calls` (finish_reason "tool_calls"), the text around them `content`; a reply with none is plain
-content. (llama.cpp constrains a call once its start is seen with a lazy grammar; here a malformed call stays text.)
+tool_choice "auto" (the default when tools are given) lets the model answer or call: the reply is generated
+unconstrained and read afterwards (a streamed one streams until a call may begin, harmony's is held to its end, Gemma
+4's thought channel and hermes' <think> stream as they come: `live_splitter`). llama.cpp constrains a call once its
+start is seen with a lazy grammar; here a malformed call stays text.
+
+tool_choice "required" (any of the tools) and {"type": "function", "function": {"name": N}} constrain the reply to a
+call in the same syntax, as llama.cpp's chat code does for "required" (common/chat.cpp, common/parsers/):
+`call_grammar` writes an llguidance Lark grammar of the syntax's markers (the vocabulary's special tokens where they
+are ones: grammar.lark_literal), the allowed tools' names, their arguments against each tool's parameters schema
+(`%json`; Gemma 4's value syntax built from the schema), the reasoning the format lets come first
+(`<think>...</think>` where the template has it, harmony's analysis messages, Gemma 4's thought channel), and with
+parallel_tool_calls several calls where the syntax has them (hermes, mistral, gemma4). "none" leaves the tools out.
+Templates without a call syntax ("generic") get the bare {"name", "arguments"} object by its JSON schema.
 """
 from __future__ import annotations
 
@@ -26,11 +32,11 @@ import json
 import re
 import uuid
 
-from .grammar import Grammar, GrammarError
-from .reasoning import Gemma4Splitter, HarmonySplitter
+from .grammar import Grammar, GrammarError, lark_json, lark_literal
+from .reasoning import Gemma4Splitter, HarmonySplitter, ReasoningSplitter
 from .request import RequestError
 
-__all__ = ["ToolCalls", "parse_tool_calls", "syntax_of", "tools_system_message"]
+__all__ = ["ToolCalls", "call_grammar", "parse_tool_calls", "syntax_of", "tools_system_message"]
 
 SYNTAXES = ("hermes", "mistral", "llama3", "harmony", "gemma4", "generic")
 # where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these (harmony:
@@ -202,8 +208,9 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
     return calls, content.strip()
 
 
-# syntaxes whose replies carry their reasoning in channels: the splitter that takes them apart
-_CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter}
+# syntaxes whose replies carry their reasoning apart (channels, or Qwen3's <think>...</think> before a hermes call): the
+# splitter that takes them apart
+_CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter, "hermes": ReasoningSplitter}
 
 
 def _channels_split(text: str, syntax: str) -> tuple[str, str]:
@@ -252,8 +259,11 @@ class ToolCalls:
         return at
 
     @classmethod
-    def of_request(cls, tools, tool_choice, template_source: str | None = None) -> "ToolCalls | None":
-        """None when the request has no tools (or tool_choice "none"); RequestError when it cannot be served."""
+    def of_request(cls, tools, tool_choice, template_source: str | None = None, tokenizer=None,
+                   parallel: bool = False) -> "ToolCalls | None":
+        """None when the request has no tools (or tool_choice "none"); RequestError when it cannot be served.
+        tokenizer: the model's (a constrained call's markers are its special tokens); parallel: parallel_tool_calls
+        (a constrained reply may hold several calls where the syntax has them)."""
         if tools is None or tools == []:
             if tool_choice not in (None, "none", "auto"):
                 raise RequestError("tool_choice needs tools", param="tool_choice")
@@ -263,8 +273,8 @@ class ToolCalls:
         if tool_choice == "none":
             return None
         schemas = dict(_tool_name(t, i) for i, t in enumerate(tools))
+        syntax = syntax_of(template_source) if template_source and "tools" in template_source else "generic"
         if tool_choice is None or tool_choice == "auto":
-            syntax = syntax_of(template_source) if template_source and "tools" in template_source else "generic"
             return cls(tools, list(schemas), None, syntax)
         if tool_choice == "required":
             names = list(schemas)
@@ -276,18 +286,18 @@ class ToolCalls:
         else:
             raise RequestError("tool_choice must be 'none', 'required' or {\"type\": \"function\", \"function\": "
                                "{\"name\": ...}}", param="tool_choice")
-        one = [{"type": "object", "properties": {"name": {"const": n}, "arguments": schemas[n]},
-                "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+        think = "<think>" in (template_source or "")
         try:
-            g = Grammar.from_json_schema(one[0] if len(one) == 1 else {"anyOf": one})
+            g = call_grammar(syntax, {n: schemas[n] for n in names}, tokenizer, parallel=parallel, think=think)
         except GrammarError as e:
             raise RequestError(f"a tool's parameters schema is not usable: {e}", param="tools") from None
-        return cls(tools, names, g)
+        return cls(tools, names, g, syntax)
 
     def live_splitter(self):
         """A splitter the reasoning of a streamed "auto" reply goes through as it comes, its content then held where a
-        call may begin (Gemma 4's thought channel; None: the whole reply is held from its first marker)."""
-        return Gemma4Splitter() if self.syntax == "gemma4" else None
+        call may begin (Gemma 4's thought channel, hermes' <think>; None: the whole reply is held from its first
+        marker)."""
+        return _CHANNELS[self.syntax]() if self.syntax in ("gemma4", "hermes") else None
 
     def plain(self, text: str) -> tuple[str, str]:
         """(reasoning, content) of an "auto" reply that holds no call: harmony's / Gemma 4's channels apart, else the
@@ -300,25 +310,131 @@ class ToolCalls:
     def message(self, text: str) -> dict | None:
         """The assistant message of a reply (None if the text holds no call: a cut-off constrained reply, or an
         "auto" reply that answers in text)."""
-        if self.auto:
-            calls, content = parse_tool_calls(text, self.syntax, self.names)
-        else:
-            try:
-                call = json.loads(text)
-            except ValueError:
-                return None
-            if not isinstance(call, dict) or call.get("name") not in self.names:
-                return None
-            calls, content = [{"name": call["name"], "arguments": call.get("arguments", {})}], ""
+        calls, content = parse_tool_calls(text, self.syntax, self.names)
         if not calls:
             return None
         msg = {"role": "assistant", "content": content or None, "tool_calls": [{
             "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]}
-        reasoning = self.plain(text)[0] if self.auto and self.syntax in _CHANNELS else ""
+        reasoning = self.plain(text)[0] if self.syntax in _CHANNELS else ""
         if reasoning:
             msg["reasoning_content"] = reasoning
         return msg
+
+
+class _LarkRules:
+    """The rules of a Lark grammar (llguidance's: powerinfer.grammar) being written, over one vocabulary."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.rules: dict[str, str] = {"WS": r"/[ \t\r\n]{1,4}/"}
+
+    def lit(self, text: str) -> str:
+        return lark_literal(text, self.tokenizer)
+
+    def until(self, end: str) -> str:
+        """Any text, then `end` (its first occurrence): a special token ends a text lexeme by itself, a text end is
+        the end of a lazy one."""
+        term = self.lit(end)
+        if term.startswith("<["):
+            self.rules["TEXT"] = "/(?s:.+)/"
+            return "TEXT? " + term
+        name = f"until_{len(self.rules)}[lazy]"
+        self.rules[name] = "/(?s:.*)" + re.sub(r"([\\.+*?()|\[\]{}^$/#&~-])", r"\\\1", end) + "/"
+        return name.split("[")[0]
+
+    def grammar(self, start: str) -> Grammar:
+        return Grammar.from_lark("\n".join([f"start: {start}"] + [f"{k}: {v}" for k, v in self.rules.items()]))
+
+
+def _call_schema(name: str, params: dict, key: str = "arguments", **extra) -> dict:
+    """The JSON schema of a call object {"name": name, key: <params>} (extra: more optional properties, after)."""
+    return {"type": "object", "properties": {"name": {"const": name}, key: params, **extra},
+            "required": ["name", key], "additionalProperties": False}
+
+
+def _any_of(schemas: list[dict]) -> dict:
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _gemma4_term(r: _LarkRules, schema) -> str:
+    """A Lark term for a Gemma 4 value matching `schema` where its form is known (typed scalars, string enums, arrays,
+    objects with properties: those keys, in the schema's order when all are required, else any of them in any order),
+    else any Gemma 4 value."""
+    schema = schema if isinstance(schema, dict) else {}
+    kind, enum = schema.get("type"), schema.get("enum")
+    q = r.lit(GEMMA4_QUOTE)
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return "(" + " | ".join(f"{q} {json.dumps(v, ensure_ascii=False)} {q}" for v in enum) + ")"
+    simple = {"string": "g4_string", "integer": "G4_INT", "number": "G4_NUMBER", "boolean": '("true" | "false")',
+              "null": '"null"'}
+    if kind in simple:
+        return simple[kind]
+    if kind == "array":
+        item = _gemma4_term(r, schema.get("items"))
+        return f'"[" ({item} ("," {item})*)? "]"'
+    props = schema.get("properties")
+    if kind == "object" and isinstance(props, dict) and props:
+        pairs = [f"{json.dumps(k + ':', ensure_ascii=False)} {_gemma4_term(r, v)}" for k, v in props.items()]
+        if set(props) <= set(schema.get("required") or []):
+            return '"{" ' + ' "," '.join(pairs) + ' "}"'
+        pair = "(" + " | ".join(pairs) + ")"
+        return f'"{{" ({pair} ("," {pair})*)? "}}"'
+    return "g4_dict" if kind == "object" else "g4_value"
+
+
+def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = False, think: bool = False) -> Grammar:
+    """The grammar of a reply that calls one of the tools {name: parameters schema} in `syntax` (the model's own
+    call syntax, as llama.cpp's tool_choice "required" grammars: common/chat.cpp, common/parsers/), its markers the
+    special tokens of `tokenizer`'s vocabulary where they are ones; parallel: one or more calls where the syntax has
+    several (hermes, mistral, gemma4); think: a <think>...</think> may come first (hermes; harmony's analysis and
+    Gemma 4's thought channel always may)."""
+    r = _LarkRules(tokenizer)
+    many = "+" if parallel else ""
+    names = list(schemas)
+    if syntax == "hermes":
+        body = lark_json(_any_of([_call_schema(n, schemas[n]) for n in names]))
+        r.rules["call"] = f"WS? {r.lit('<tool_call>')} WS? {body} WS? {r.lit('</tool_call>')}"
+        start = f"call{many}"
+        if think:
+            r.rules["think"] = f"WS? {r.lit('<think>')} {r.until('</think>')} WS?"
+            start = "think? " + start
+        return r.grammar(start)
+    if syntax == "mistral":
+        item = _any_of([_call_schema(n, schemas[n], id={"type": ["string", "number"]}) for n in names])
+        array = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        return r.grammar(f"{r.lit('[TOOL_CALLS]')} {lark_json(array)}")
+    if syntax == "llama3":
+        calls = [_call_schema(n, schemas[n], key="parameters") for n in names]    # "type": "function" may lead
+        return r.grammar(lark_json(_any_of([dict(c, properties={"type": {"const": "function"}, **c["properties"]})
+                                            for c in calls])))
+    if syntax == "harmony":     # messages of the analysis or commentary channels, then the call (a commentary message)
+        ch, msg, tail = r.lit("<|channel|>"), r.lit("<|message|>"), r.lit("<|start|>") + ' "assistant"'
+        r.rules["message"] = f'{ch} ("analysis" | "commentary") {msg} {r.until("<|end|>")} {tail}'
+        r.rules["constrain"] = f'WS? {r.lit("<|constrain|>")}? /[A-Za-z0-9_-]{{1,16}}/'      # "json"; bounded
+        for i, n in enumerate(names):
+            to = json.dumps(" to=functions." + n, ensure_ascii=False)
+            r.rules[f"tool_{i}"] = (f'({ch} ("commentary" | "analysis") {to} | {to} {ch} ("commentary" | "analysis")) '
+                                    f"constrain? {msg} {lark_json(schemas[n])}")
+        return r.grammar("message* (" + " | ".join(f"tool_{i}" for i in range(len(names))) + ")")
+    if syntax == "gemma4":      # the thought channel, then <|tool_call>call:NAME{key:value,...}<tool_call|>
+        q = r.lit(GEMMA4_QUOTE)
+        r.rules.update({
+            "g4_value": 'g4_string | g4_dict | g4_array | G4_NUMBER | "true" | "false" | "null"',
+            "g4_string": f"{q} {r.until(GEMMA4_QUOTE)}",
+            "g4_dict": '"{" (g4_pair ("," g4_pair)*)? "}"', "g4_pair": 'G4_KEY ":" g4_value',
+            "g4_array": '"[" (g4_value ("," g4_value)*)? "]"', "G4_KEY": r"/[^:{}\[\],<>]+/",
+            # numbers bounded as llama.cpp's JSON ones (16 digits a part), so that a model cannot write digits forever
+            "G4_INT": "/-?(0|[1-9][0-9]{0,15})/",
+            "G4_NUMBER": r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?/"})
+        r.rules["thought"] = f'{r.lit("<|channel>")} "thought" {r.until("<channel|>")}'
+        terms = {n: _gemma4_term(r, schemas[n]) for n in names}       # the arguments are an object, whatever the schema
+        tools = " | ".join(f"{json.dumps(n, ensure_ascii=False)} {'g4_dict' if t == 'g4_value' else t}"
+                           for n, t in terms.items())
+        r.rules["call"] = f'{r.lit("<|tool_call>")} "call:" ({tools}) {r.lit(GEMMA4_CALL_END)}'
+        return r.grammar(f"thought? call{many}")
+    # generic: the bare {"name", "arguments"} object the system message asks for
+    return Grammar.from_json_schema(_any_of([_call_schema(n, schemas[n]) for n in names]))
 
 
 def tools_system_message(tools: list, auto: bool = False) -> dict:

@@ -1,6 +1,7 @@
 // llama.cpp's chat code (common/chat.cpp: the Jinja template, its format's parser) for one template file, driven by
 // JSON lines on stdin: {"messages", "tools"?, "tool_choice"?, "parallel_tool_calls"?, "enable_thinking"?,
-// "add_generation_prompt"?, "reasoning_format"?, "text"?, "is_partial"?} -> {"prompt", "format", "message"?} (the
+// "add_generation_prompt"?, "reasoning_format"?, "text"?, "is_partial"?} -> {"prompt", "format", "grammar",
+// "grammar_lazy", "generation_prompt", "message"?} (the
 // rendered prompt; with "text": that reply parsed into an OpenAI message), or {"error"}. Built by build.sh.
 #include "chat.h"
 #include "json.h"
@@ -32,6 +33,9 @@ int main(int argc, char ** argv) {
             auto params = common_chat_templates_apply(tmpls.get(), inputs);
             out["prompt"] = params.prompt;
             out["format"] = common_chat_format_name(params.format);
+            out["grammar"] = params.grammar;
+            out["grammar_lazy"] = params.grammar_lazy;
+            out["generation_prompt"] = params.generation_prompt;
             if (in.contains("text")) {
                 common_chat_parser_params pp(params);
                 pp.reasoning_format = inputs.reasoning_format;

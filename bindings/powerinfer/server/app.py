@@ -712,7 +712,8 @@ def build_routes(state: ServerState) -> list[Route]:
         if body.get("functions") or body.get("function_call") is not None:
             raise RequestError("the legacy 'functions' / 'function_call' are not supported; use 'tools'",
                                param="functions", code="not_supported")
-        tc = llm.tool_calls(field(body, "tools", "list", None), body.get("tool_choice"))
+        tc = llm.tool_calls(field(body, "tools", "list", None), body.get("tool_choice"),
+                            body.get("parallel_tool_calls"))
         if tc is not None:
             if s["grammar"] is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")

@@ -3,12 +3,12 @@
 A request is translated into a /v1/chat/completions body: `instructions` -> a system message first; `input` (a string,
 or items: messages {role, content: text or input_text / output_text parts}, earlier `function_call` items and their
 `function_call_output`s) -> messages; `max_output_tokens` -> max_tokens; `text.format` (text, json_object,
-json_schema) -> response_format; function `tools` and `tool_choice` -> the chat forms; the sampling fields as they
-are. The reply becomes `output` items: a `reasoning` item for a <think> part, a `message` with one `output_text`, a
-`function_call` per call; `status` "incomplete" with incomplete_details {reason: max_output_tokens} when cut off.
-Streaming sends the Responses events (response.created, output_item.added, content_part.added, output_text.delta
-..., output_text.done, content_part.done, output_item.done, function_call_arguments.delta/.done, response.completed),
-each as `event: <type>` + `data: <json>`.
+json_schema) -> response_format; function `tools` and `tool_choice` -> the chat forms; `parallel_tool_calls` and the
+sampling fields as they are. The reply becomes `output` items: a `reasoning` item for a <think> part, a `message` with
+one `output_text`, a `function_call` per call; `status` "incomplete" with incomplete_details {reason:
+max_output_tokens} when cut off. Streaming sends the Responses events (response.created, output_item.added,
+content_part.added, output_text.delta ..., output_text.done, content_part.done, output_item.done,
+function_call_arguments.delta/.done, response.completed), each as `event: <type>` + `data: <json>`.
 
 Not served (400 naming the field): previous_response_id / conversation (nothing is stored: `store` is answered
 false), background mode, input items other than text messages and function calls (images, files).
@@ -74,7 +74,7 @@ def chat_body(body: dict) -> dict:
             raise RequestError(f"input[{i}]: items of type {kind!r} are not supported", param="input")
     chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "max_output_tokens", "text", "tools",
                                                        "tool_choice", "store", "include", "metadata", "user",
-                                                       "parallel_tool_calls", "reasoning", "truncation", "n")}
+                                                       "reasoning", "truncation", "n")}
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = field(body, "max_output_tokens", "int")

@@ -249,6 +249,7 @@ LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the n
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
+ARCHS += ("mistral3",)           # the archs branch's (_archs_setup)
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -301,6 +302,10 @@ class ReferenceModel:
     use_out_scale = True     # gemma4: x times layer_output_scale after each layer (False: left out)
     router_of_x = True       # gemma4's experts: the router reads the residual stream (False: the experts' input)
     gelu_f16 = False         # GELU through ggml's GGML_GELU_FP16 table (f16 input and output), as llama.cpp's CPU does
+    yarn_betas = (32.0, 1.0)  # YaRN's beta_fast / beta_slow (mistral3: the file's rope.scaling.yarn_beta_*)
+    yarn_log_mul = 0.0       # YaRN's mscale_all_dim m (rope.scaling.yarn_log_multiplier): cos/sin / (1 + 0.1 m ln f)
+    attn_temp = 0.0          # mistral3: q times 1 + attn_temp ln(floor(pos / attn_temp_floor) + 1) after rope
+    attn_temp_floor = 0
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
@@ -427,6 +432,8 @@ class ReferenceModel:
                                for li, loc in enumerate(local)]
             self.attn_scale, self.v_norm = 1.0, True
             self.final_softcap = float(m("final_logit_softcapping", 0.0))
+        self.yarn_log_mul = float(m("rope.scaling.yarn_log_multiplier", 0.0))
+        self._archs_setup(m)
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -477,6 +484,14 @@ class ReferenceModel:
             setattr(self, k, v)
         assert self.n_rot <= self.head_dim and self.n_rot % 2 == 0
 
+    def _archs_setup(self, m) -> None:
+        """The archs branch's architectures (llama.cpp's src/models/<arch>.cpp), m(key, default) the file's keys."""
+        if self.arch == "mistral3":   # llama_model_mistral3: the file's YaRN betas, Llama 4's temperature tuning
+            self.yarn_betas = (float(m("rope.scaling.yarn_beta_fast", 32.0)),
+                               float(m("rope.scaling.yarn_beta_slow", 1.0)))
+            self.attn_temp = float(m("attention.temperature_scale", 0.0))
+            self.attn_temp_floor = self.yarn_orig_ctx
+
     def geometry(self, li) -> dict:
         """Layer li's head_dim, n_head_kv, n_rot, local and kv_source (layer_geom's, else the one shape and the
         window's pattern)."""
@@ -509,11 +524,13 @@ class ReferenceModel:
         if self.yarn:
             extrap = theta / self.freq_scale
             corr = [n_rot * math.log(self.yarn_orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
-                    for beta in (32.0, 1.0)]
+                    for beta in self.yarn_betas]
             low, high = max(0.0, math.floor(corr[0])), min(n_rot - 1.0, math.ceil(corr[1]))
             mix = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
             theta = theta * (1.0 - mix)[None, :] + extrap * mix[None, :]
             mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale) if self.freq_scale < 1.0 else 1.0
+            if self.yarn_log_mul and self.freq_scale < 1.0:     # llama.cpp: get_mscale(f, 1) / get_mscale(f, m)
+                mscale /= 1.0 + 0.1 * self.yarn_log_mul * math.log(1.0 / self.freq_scale)
         c = np.cos(theta)[:, None, :] * mscale
         s = np.sin(theta)[:, None, :] * mscale
         out = x.copy()
@@ -652,6 +669,8 @@ class ReferenceModel:
             rot = dict(n_rot=geo["n_rot"], freqs=not (local and self.layer_geom is not None))   # gemma4: global only
             q = self.rope(q, pos, base, **rot)
             k = None if k is None else self.rope(k, pos, base, **rot)
+        if self.attn_temp:                  # mistral3: a per-position q scale
+            q = q * (1.0 + self.attn_temp * np.log(np.floor(pos / self.attn_temp_floor) + 1.0))[:, None, None]
         src = geo["kv_source"]
         if src == li:                       # its own cache (else: layer src's, already holding these tokens)
             if cache.k[li] is not None:

@@ -41,6 +41,8 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
+# the archs branch's architectures, each llama or one of the families above with flags (_archs_hparams)
+_ARCHS.update({"mistral3": lib.PI_ARCH_LLAMA})
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
@@ -116,6 +118,10 @@ class HParams:
     n_ff_exp: int = 0               # gemma4: the experts' width (expert_feed_forward_length; n_ff: the dense FFNs')
     moe_router_norm: bool = False   # gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale
     moe_dense_ffn: bool = False     # gemma4: a layer with experts runs its dense FFN beside them (post_ffw_norm_1, ...)
+    # the archs branch's fields
+    rope_yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; rope.rope_mscale)
+    attn_temp_scale: float = 0.0    # mistral3: q times 1 + this * ln(floor(pos / attn_temp_floor) + 1) (0: none)
+    attn_temp_floor: int = 0
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -150,6 +156,28 @@ def _gemma4_moe(path, get, as_int) -> dict:
         return {}
     return dict(n_ff_exp=as_int("expert_feed_forward_length", get("expert_feed_forward_length", required=True)),
                 moe_router_norm=True, moe_dense_ffn=True)
+
+
+def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict) -> dict:
+    """What the archs branch's architectures change from their family's defaults (pi_hparams; llama.cpp's
+    src/models/<arch>.cpp); {} for the others."""
+    if arch == "mistral3":
+        # Ministral 3 (llama_model_mistral3): llama with YaRN (yarn_log_multiplier: rope_mscale), the file's YaRN betas,
+        # an optional attn_output.bias, and q scaled per position (attention.temperature_scale, Llama 4's temperature
+        # tuning) in steps of the YaRN original context
+        if get("expert_count", 0):
+            raise ModelLoadError(f"{path}: mistral3 with experts is not supported")
+        out = dict(yarn_beta_fast=as_float("rope.scaling.yarn_beta_fast", get("rope.scaling.yarn_beta_fast", 32.0)),
+                   yarn_beta_slow=as_float("rope.scaling.yarn_beta_slow", get("rope.scaling.yarn_beta_slow", 1.0)))
+        temp = as_float("attention.temperature_scale", get("attention.temperature_scale", 0.0))
+        if temp:
+            floor = yarn["yarn_orig_ctx"]
+            if not floor:
+                raise ModelLoadError(f"{path}: mistral3.attention.temperature_scale without "
+                                     "mistral3.rope.scaling.original_context_length (its position step)")
+            out.update(attn_temp_scale=temp, attn_temp_floor=floor)
+        return out
+    return {}
 
 
 def _moe_layers(path, tensors: dict, hp: HParams) -> list:
@@ -269,12 +297,12 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         raise ModelLoadError(f"{path}: rope scaling type '{scaling}' is not supported yet (none, linear, yarn)")
     if not factor or factor <= 0:
         raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
-    if get("rope.scaling.yarn_log_multiplier", 0.0):
-        raise ModelLoadError(f"{path}: rope.scaling.yarn_log_multiplier (DeepSeek's YaRN) is not supported")
     orig_ctx = get("rope.scaling.original_context_length")
     yarn = dict(rope_scaling=scaling, yarn_ext_factor=1.0 if scaling == "yarn" else 0.0,
                 yarn_orig_ctx=(as_int("rope.scaling.original_context_length", orig_ctx) if orig_ctx is not None else 0),
-                rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)))
+                rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)),
+                rope_yarn_log_mul=as_float("rope.scaling.yarn_log_multiplier",
+                                           get("rope.scaling.yarn_log_multiplier", 0.0)))
 
     if arch in ("qwen2", "qwen3", "gemma2", "gemma3", "gemma4") and meta.get("_pwri"):
         raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
@@ -416,6 +444,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_base_swa=swa_rope_base(),
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
+    extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn))
     if arch == "falcon":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", required=True))
     elif arch == "opt":
@@ -749,6 +778,9 @@ class Model:
         desc.tensors = descs
         p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)
         p.n_ff_exp, p.moe_router_norm, p.moe_dense_ffn = hp.n_ff_exp, int(hp.moe_router_norm), int(hp.moe_dense_ffn)
+        p.attn_temp_scale, p.attn_temp_floor = hp.attn_temp_scale, hp.attn_temp_floor
+        if hp.arch == "mistral3":     # its attn_output.bias is optional (llama.cpp's TENSOR_NOT_REQUIRED)
+            p.attn_out_bias = int("blk.0.attn_output.bias" in tensors)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),

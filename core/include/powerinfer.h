@@ -421,6 +421,12 @@ typedef struct pi_hparams {
                               * ffn_up / ffn_down, its geometry's n_ff wide) beside them, each with its own norms:
                               * f = rms_norm(FFN(ffn_norm(x))) * post_ffw_norm_1 + rms_norm(experts(rms_norm(x) *
                               * pre_ffw_norm_2)) * post_ffw_norm_2, then post_ffw_norm's residual add (gemma4) */
+    /* archs branch (mistral3, exaone4, ...): */
+    float   attn_temp_scale; /* != 0: q of the token at position p is multiplied, after rope, by 1 + attn_temp_scale *
+                              * ln(floor(p / attn_temp_floor) + 1) (Llama 4's attention temperature tuning as Mistral 3
+                              * uses it: llama.cpp's f_attn_temp_scale); 0: none */
+    int32_t attn_temp_floor; /* with attn_temp_scale: the positions per step (> 0; llama.cpp's n_attn_temp_floor_scale,
+                              * Mistral 3's YaRN original context) */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

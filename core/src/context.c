@@ -460,6 +460,22 @@ static pi_status attn_sparse_matmul(pi_context *ctx, pi_exec *e, const pi_sparse
 
 /* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
  * the result in B->cur. */
+/* q [Eq, T] *= 1 + attn_temp_scale * ln(floor(pos / attn_temp_floor) + 1) per token (mistral3): one scale op per run
+ * of consecutive tokens with the same factor, none where it is 1 (positions below attn_temp_floor) */
+static pi_status attn_temperature(pi_context *ctx, pi_exec *e, const pi_batch *b, float *q, int64_t Eq) {
+    const pi_hparams *hp = &ctx->model->hp;
+    if (hp->attn_temp_scale == 0.0f) return PI_OK;
+    for (int32_t t0 = 0, t1; t0 < b->n_tokens; t0 = t1) {
+        const int64_t step = b->pos[t0] / hp->attn_temp_floor;
+        for (t1 = t0 + 1; t1 < b->n_tokens && b->pos[t1] / hp->attn_temp_floor == step; t1++) {}
+        if (step == 0) continue;
+        const float s = (float)(1.0 + (double)hp->attn_temp_scale * log((double)step + 1.0));
+        pi_tensor qt = f32_2d(q + (size_t)t0 * (size_t)Eq, Eq, t1 - t0);
+        TRY(OP(e, scale, &qt, s));
+    }
+    return PI_OK;
+}
+
 static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
     const pi_layer_geom *g = &ctx->model->geom[il];
@@ -536,6 +552,8 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         TRY(OP(e, rope, &q, B->pos, g->n_rot, hp->rope_mode, base, fscale, freqs, mscale, &q));
         if (own_kv) TRY(OP(e, rope, &k, B->pos, g->n_rot, hp->rope_mode, base, fscale, freqs, mscale, &k));
     }
+
+    TRY(attn_temperature(ctx, e, b, B->q, Eq));
 
     if (own_kv) {   /* the KV store: rows cells[t] of this layer's cache */
         pi_tensor kall = pi_tensor_view(kv->type_k, lx->k, 2, (int64_t[]){ Ekv, kv->n_ctx });

@@ -169,6 +169,9 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (!isfinite(hp->residual_scale) || !isfinite(hp->logit_scale) || hp->logit_scale < 0.0f)
         return pi_fail(PI_ERR_BAD_MODEL, "residual_scale = %g, logit_scale = %g: must be finite (logit_scale >= 0)",
                        (double)hp->residual_scale, (double)hp->logit_scale);
+    if (!isfinite(hp->attn_temp_scale) || (hp->attn_temp_scale != 0.0f && hp->attn_temp_floor <= 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "attn_temp_scale = %g must be finite, with attn_temp_floor = %d > 0",
+                       (double)hp->attn_temp_scale, hp->attn_temp_floor);
     if (hp->n_no_rope_layer_step < 0)
         return pi_fail(PI_ERR_BAD_MODEL, "n_no_rope_layer_step = %d must be >= 0", hp->n_no_rope_layer_step);
     if (hp->n_head % hp->n_head_kv)

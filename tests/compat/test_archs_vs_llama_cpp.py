@@ -1,0 +1,46 @@
+"""The tiny files of tests/test_archs.py (the archs branch's architectures) through llama.cpp (llama-cpp-python) and
+through us: f32 weights and KV cache on both sides within REL_RMS (measured in parentheses), and Q8_0 / Q4_0 files
+with llama.cpp's greedy tokens."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import powerinfer as pi  # noqa: E402
+from helpers import QUANT_REL_RMS, greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
+from model_files import ARCHS_BRANCH, write_arch_model  # noqa: E402
+from reference_model import ReferenceModel  # noqa: E402
+
+PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
+REL_RMS = {"mistral3": 1e-5}      # (measured 2.6e-7)
+
+
+@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+def test_f32_agrees_with_llama_cpp(tmp_path, arch):
+    path = tmp_path / f"tiny-{arch}.gguf"
+    write_arch_model(path, arch, seed=3)
+    _, theirs = llama_cpp_eval(path, PROMPT)
+    ours = logits_all(pi.Context(pi.Model(path), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
+    err = rel_rms(ours, theirs)
+    print(f"{arch}: relative RMS difference from llama.cpp {err:.2e}, the reference's "
+          f"{rel_rms(ReferenceModel(path).forward(PROMPT), theirs):.2e}")
+    assert err < REL_RMS[arch], err
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+def test_quantized_greedy_tokens(tmp_path, arch, dtype):
+    path = tmp_path / f"tiny-{arch}-{dtype}.gguf"
+    write_arch_model(path, arch, seed=3, dtype=dtype)
+    ll, theirs = llama_cpp_eval(path, PROMPT)
+    model = pi.Model(path)
+    err = rel_rms(logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT), theirs)
+    print(f"{arch} {dtype}: relative RMS difference from llama.cpp {err:.2e}")
+    assert err < QUANT_REL_RMS, err
+    want, got = greedy_both(ll, model, PROMPT, 12)
+    assert got == want

@@ -1,0 +1,80 @@
+"""The archs branch's architectures (model_files.ARCHS_BRANCH: mistral3, ...) on tiny random files against the float64
+reference (tests/reference_model.py) at every ISA level, and what each new piece changes: the reference without it is
+far from ours. llama.cpp checks the same files in tests/compat/test_archs_vs_llama_cpp.py."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import powerinfer as pi  # noqa: E402
+from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, check_level, logits_all, rel_rms  # noqa: E402
+from model_files import ARCHS_BRANCH, CONFIGS, rewrite, write_arch_model  # noqa: E402
+from powerinfer.gguf_file import ModelLoadError  # noqa: E402
+from reference_model import ReferenceModel  # noqa: E402
+
+PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
+LEVELS = ["scalar", "avx2", "avx512"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("archs")
+    out = {}
+    for arch in ARCHS_BRANCH:
+        out[arch] = d / f"tiny-{arch}.gguf"
+        write_arch_model(out[arch], arch, seed=3)
+    return out
+
+
+def ours(path, **kw):
+    return logits_all(pi.Context(pi.Model(path, **kw), n_ctx=64, kv_type="f32"), PROMPT)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+def test_forward_matches_reference(files, arch, level):
+    check_level(files[arch], level, ReferenceModel(files[arch]).forward(PROMPT), PROMPT, FLOAT_REL_RMS)
+
+
+@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+def test_f16_cache(files, arch):
+    got = logits_all(pi.Context(pi.Model(files[arch]), n_ctx=64, kv_type="f16"), PROMPT)
+    assert rel_rms(got, ReferenceModel(files[arch]).forward(PROMPT)) < KV_F16_REL_RMS
+
+
+def test_mistral3_pieces_matter(files):
+    """The per-position q scale, the YaRN log multiplier (cos/sin scale 1 here, not 1 + 0.1 ln 16) and the output bias
+    each change the logits."""
+    path = files["mistral3"]
+    got = ours(path)
+    c = CONFIGS["mistral3"]
+    hp = pi.Model(path).hparams
+    assert (hp.attn_temp_scale, hp.attn_temp_floor, hp.rope_yarn_log_mul) == pytest.approx(
+        (c["temp_scale"], c["orig_ctx"], c["yarn_log_mul"]))
+    assert pi.rope.rope_mscale(hp) == pytest.approx(1.0)
+    for name, off in (("attn_temp", 0.0), ("yarn_log_mul", 0.0)):
+        assert rel_rms(got, ReferenceModel(path, **{name: off}).forward(PROMPT)) > 1e-3, name
+    ref = ReferenceModel(path)
+    for L in ref.layers:
+        L.pop("attn_output.bias")
+    assert rel_rms(got, ref.forward(PROMPT)) > 1e-3
+    # the scale starts at position orig_ctx: the first 8 positions' logits are those of the reference without it
+    no_temp = ReferenceModel(path, attn_temp=0.0).forward(PROMPT)
+    assert rel_rms(got[:c["orig_ctx"]], no_temp[:c["orig_ctx"]]) < FLOAT_REL_RMS
+
+
+def test_mistral3_without_bias_or_temperature(files, tmp_path):
+    """Without attn_output.bias and attention.temperature_scale (Mistral Small 3.x style files) it is plain llama with
+    YaRN; the temperature without the YaRN original context is refused."""
+    path = files["mistral3"]
+    n_layer = CONFIGS["mistral3"]["n_layer"]
+    plain = rewrite(path, tmp_path / "plain.gguf", meta={"mistral3.attention.temperature_scale": None},
+                    drop=[f"blk.{il}.attn_output.bias" for il in range(n_layer)])
+    assert pi.Model(plain).hparams.attn_temp_scale == 0.0
+    assert rel_rms(ours(plain), ReferenceModel(plain).forward(PROMPT)) < FLOAT_REL_RMS
+    bad = rewrite(path, tmp_path / "bad.gguf", meta={"mistral3.rope.scaling.original_context_length": None})
+    with pytest.raises(ModelLoadError, match="original_context_length"):
+        pi.Model(bad)

@@ -204,17 +204,26 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
                        rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
-ARCHS_BRANCH = ("mistral3",)    # the architectures of archs_layer_weights / archs_keys, in the order they were added
+# the architectures of archs_layer_weights / archs_keys, in the order they were added
+ARCHS_BRANCH = ("mistral3", "exaone4")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
 CONFIGS["mistral3"] = dict(CONFIGS["llama"], yarn_factor=16.0, orig_ctx=8, yarn_log_mul=1.0, temp_scale=0.1)
+# exaone4 (EXAONE 4.0): no pre-norms, post-norms, q/k RMSNorm per head, NEOX rope; 64 layers (llama.cpp windows
+# the 64-layer 32B only) of a smaller width, a window of 5 positions, the pattern a flag per layer (every 4th global,
+# without rope) as the converter writes it
+CONFIGS["exaone4"] = dict(CONFIGS["llama"], n_embd=64, n_ff=96, head_dim=16, n_layer=64, n_swa=5, rope_base=1000000.0)
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
     """Layer p's weights (w, updated) where an archs-branch architecture differs from llama's."""
     if arch == "mistral3":
         w[p + "attn_output.bias"] = (0.5 * rng.standard_normal(c["n_embd"])).astype(np.float32)
+    if arch == "exaone4":
+        del w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
+        w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
+        w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(c["n_embd"]), norm(c["n_embd"])
 
 
 def archs_keys(writer, arch: str, c: dict) -> None:
@@ -227,6 +236,9 @@ def archs_keys(writer, arch: str, c: dict) -> None:
         writer.add_rope_scaling_yarn_beta_slow(1.0)
         writer.add_rope_scaling_yarn_log_mul(c["yarn_log_mul"])
         writer.add_attn_temperature_scale(c["temp_scale"])
+    if arch == "exaone4":
+        writer.add_sliding_window(c["n_swa"])
+        writer.add_sliding_window_pattern([(il + 1) % 4 != 0 for il in range(c["n_layer"])])
 
 
 def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str, np.ndarray]:

@@ -249,7 +249,8 @@ LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the n
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
-ARCHS += ("mistral3",)           # the archs branch's (_archs_setup)
+ARCHS += ("mistral3", "exaone4")           # the archs branch's (_archs_setup)
+NEOX_ARCHS += ("exaone4",)
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -306,6 +307,7 @@ class ReferenceModel:
     yarn_log_mul = 0.0       # YaRN's mscale_all_dim m (rope.scaling.yarn_log_multiplier): cos/sin / (1 + 0.1 m ln f)
     attn_temp = 0.0          # mistral3: q times 1 + attn_temp ln(floor(pos / attn_temp_floor) + 1) after rope
     attn_temp_floor = 0
+    nope_global = False      # exaone4 with a window: the global layers apply no rope
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
@@ -491,6 +493,13 @@ class ReferenceModel:
                                float(m("rope.scaling.yarn_beta_slow", 1.0)))
             self.attn_temp = float(m("attention.temperature_scale", 0.0))
             self.attn_temp_floor = self.yarn_orig_ctx
+        if self.arch == "exaone4" and self.n_layer == 64:   # llama_model_exaone4: the 32B's window, NoPE global layers
+            self.n_swa = int(m("attention.sliding_window", 4096))
+            pattern = m("attention.sliding_window_pattern", 4)
+            self.local_layers = ({li for li, f in enumerate(pattern) if f} if isinstance(pattern, list)
+                                 else {li for li in range(self.n_layer) if li % pattern < pattern - 1})
+            self.nope_global = True
+            self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base))
 
     def geometry(self, li) -> dict:
         """Layer li's head_dim, n_head_kv, n_rot, local and kv_source (layer_geom's, else the one shape and the
@@ -664,7 +673,8 @@ class ReferenceModel:
         if local:
             mask &= (pos[:, None] - all_pos[None, :]) < self.n_swa
         q, k, v = self.qkv(L, h, hd, geo["n_head_kv"])
-        if self.arch != "opt" and not (self.nope_step and (li + 1) % self.nope_step == 0):
+        nope = (self.nope_step and (li + 1) % self.nope_step == 0) or (self.nope_global and not local)
+        if self.arch != "opt" and not nope:
             base = self.rope_base_swa if local else None
             rot = dict(n_rot=geo["n_rot"], freqs=not (local and self.layer_geom is not None))   # gemma4: global only
             q = self.rope(q, pos, base, **rot)

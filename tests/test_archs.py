@@ -78,3 +78,21 @@ def test_mistral3_without_bias_or_temperature(files, tmp_path):
     bad = rewrite(path, tmp_path / "bad.gguf", meta={"mistral3.rope.scaling.original_context_length": None})
     with pytest.raises(ModelLoadError, match="original_context_length"):
         pi.Model(bad)
+
+
+def test_exaone4_pieces_matter(files, tmp_path):
+    """The 64-layer file (llama.cpp windows the 32B's layers only): the window and the global layers without rope each
+    change the logits; with fewer layers (the 1.2B) every layer is global and ropes, whatever the window key says."""
+    from gguf import GGUFValueType as VT
+    path = files["exaone4"]
+    hp = pi.Model(path).hparams
+    assert (hp.rope_mode, hp.qk_norm, hp.post_norms_only, hp.n_swa, hp.swa_pattern, hp.n_no_rope_layer_step) == \
+        ("neox", 1, True, CONFIGS["exaone4"]["n_swa"], 4, 4)
+    got = ours(path)
+    for name, off in (("n_swa", 0), ("nope_global", False)):
+        assert rel_rms(got, ReferenceModel(path, **{name: off}).forward(PROMPT)) > 1e-3, name
+    small = rewrite(path, tmp_path / "exaone4-3.gguf", meta={"exaone4.block_count": (3, VT.UINT32)},
+                    drop=[n for n in pi.Model(path).file.tensors if n.startswith("blk.") and int(n.split(".")[1]) >= 3])
+    hp = pi.Model(small).hparams
+    assert (hp.n_swa, hp.n_no_rope_layer_step) == (0, 0)
+    assert rel_rms(ours(small), ReferenceModel(small).forward(PROMPT)) < FLOAT_REL_RMS

@@ -42,7 +42,7 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # the archs branch's architectures, each llama or one of the families above with flags (_archs_hparams)
-_ARCHS.update({"mistral3": lib.PI_ARCH_LLAMA})
+_ARCHS.update({"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA})
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
@@ -158,9 +158,10 @@ def _gemma4_moe(path, get, as_int) -> dict:
                 moe_router_norm=True, moe_dense_ffn=True)
 
 
-def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict) -> dict:
+def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_pattern, swa_rope_base) -> dict:
     """What the archs branch's architectures change from their family's defaults (pi_hparams; llama.cpp's
-    src/models/<arch>.cpp); {} for the others."""
+    src/models/<arch>.cpp); {} for the others. get, as_int, as_float, swa_pattern, swa_rope_base:
+    _hparams_from_metadata's readers of the file's keys."""
     if arch == "mistral3":
         # Ministral 3 (llama_model_mistral3): llama with YaRN (yarn_log_multiplier: rope_mscale), the file's YaRN betas,
         # an optional attn_output.bias, and q scaled per position (attention.temperature_scale, Llama 4's temperature
@@ -176,6 +177,21 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict) -> dict:
                 raise ModelLoadError(f"{path}: mistral3.attention.temperature_scale without "
                                      "mistral3.rope.scaling.original_context_length (its position step)")
             out.update(attn_temp_scale=temp, attn_temp_floor=floor)
+        return out
+    if arch == "exaone4":
+        # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
+        # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,
+        # default every 4th layer global), whose global layers apply no rope (a NoPE layer every period)
+        if get("nextn_predict_layers", 0):
+            raise ModelLoadError(f"{path}: exaone4 with next-token-prediction layers (nextn_predict_layers) is not "
+                                 "supported")
+        out = dict(rope_mode="neox", qk_norm=1, post_norms=True, post_norms_only=True)
+        if as_int("block_count", get("block_count", required=True)) == 64:
+            period = swa_pattern(4)
+            if yarn["yarn_ext_factor"]:
+                raise ModelLoadError(f"{path}: exaone4 with a sliding window and YaRN is not supported")
+            out.update(n_swa=as_int("attention.sliding_window", get("attention.sliding_window", 4096)),
+                       swa_pattern=period, n_no_rope_layer_step=period, rope_freq_base_swa=swa_rope_base())
         return out
     return {}
 
@@ -444,7 +460,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_base_swa=swa_rope_base(),
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
-    extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn))
+    extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base))
     if arch == "falcon":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", required=True))
     elif arch == "opt":

@@ -83,6 +83,8 @@ for _name in ("qwen2", "deepseek-r1-qwen", "megrez"):
 for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de"):
     PRE_TOKENIZERS[_name] = Pre((_GPT2,))
 PRE_TOKENIZERS["gpt-4o"] = Pre((_GPT4O,))
+# the archs branch's: EXAONE 4.0 (llama.cpp: GPT-2's)
+PRE_TOKENIZERS["exaone4"] = Pre((_GPT2,))
 # Gemma 4 (tokenizer.ggml.model "gemma4" implies it, whatever tokenizer.ggml.pre says)
 PRE_TOKENIZERS["gemma4"] = Pre((r"[^\n]+|[\n]+",), add_bos=True, spm=True)
 # llama.cpp's default (also used when the key is missing)

@@ -85,6 +85,12 @@ for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jin
 PRE_TOKENIZERS["gpt-4o"] = Pre((_GPT4O,))
 # the archs branch's: EXAONE 4.0 (llama.cpp: GPT-2's)
 PRE_TOKENIZERS["exaone4"] = Pre((_GPT2,))
+# Mistral's tekken (Mistral Nemo, Ministral 3, Mistral Small 3.x): GPT-4o's letter classes as llama.cpp writes them,
+# every digit a word; words in the vocabulary whole, BOS by default
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS["tekken"] = Pre((_TEKKEN,), ignore_merges=True, add_bos=True)
 # Gemma 4 (tokenizer.ggml.model "gemma4" implies it, whatever tokenizer.ggml.pre says)
 PRE_TOKENIZERS["gemma4"] = Pre((r"[^\n]+|[\n]+",), add_bos=True, spm=True)
 # llama.cpp's default (also used when the key is missing)

@@ -205,7 +205,7 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
 
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
 # the architectures of archs_layer_weights / archs_keys, in the order they were added
-ARCHS_BRANCH = ("mistral3", "exaone4")
+ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
@@ -214,6 +214,9 @@ CONFIGS["mistral3"] = dict(CONFIGS["llama"], yarn_factor=16.0, orig_ctx=8, yarn_
 # the 64-layer 32B only) of a smaller width, a window of 5 positions, the pattern a flag per layer (every 4th global,
 # without rope) as the converter writes it
 CONFIGS["exaone4"] = dict(CONFIGS["llama"], n_embd=64, n_ff=96, head_dim=16, n_layer=64, n_swa=5, rope_base=1000000.0)
+
+# ernie4_5 (ERNIE 4.5 0.3B): llama's blocks (the converter splits its fused q|k|v and gate|up), tied embeddings
+CONFIGS["ernie4_5"] = dict(CONFIGS["llama"], tied=True)
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
@@ -253,7 +256,8 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch in ("gemma2", "gemma3")
                                                                                  else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss", "glm4") + ARCHS_BRANCH:
+    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss", "glm4") + ARCHS_BRANCH and \
+            not c.get("tied"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)

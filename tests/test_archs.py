@@ -96,3 +96,11 @@ def test_exaone4_pieces_matter(files, tmp_path):
     hp = pi.Model(small).hparams
     assert (hp.n_swa, hp.n_no_rope_layer_step) == (0, 0)
     assert rel_rms(ours(small), ReferenceModel(small).forward(PROMPT)) < FLOAT_REL_RMS
+
+
+def test_ernie4_5_is_llama_with_normal_rope(files):
+    """ERNIE 4.5 dense: llama's blocks with NORMAL rope pairs (NEOX's far off) and tied embeddings."""
+    path = files["ernie4_5"]
+    hp = pi.Model(path).hparams
+    assert hp.rope_mode == "normal" and "output.weight" not in pi.Model(path).file.tensors
+    assert rel_rms(ours(path), ReferenceModel(path, neox=True).forward(PROMPT)) > 1e-3

@@ -42,7 +42,7 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # the archs branch's architectures, each llama or one of the families above with flags (_archs_hparams)
-_ARCHS.update({"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA})
+_ARCHS.update({"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA})
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
@@ -178,6 +178,10 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
                                      "mistral3.rope.scaling.original_context_length (its position step)")
             out.update(attn_temp_scale=temp, attn_temp_floor=floor)
         return out
+    if arch == "ernie4_5":
+        # ERNIE 4.5 dense (0.3B; llama_model_ernie4_5): llama's blocks and NORMAL rope; the file's attn_output.bias, where
+        # it has one, is not read (llama.cpp loads it and leaves it out of the graph); the MoE variant is another arch
+        return {}
     if arch == "exaone4":
         # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
         # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,

@@ -205,7 +205,7 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
 
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
 # the architectures of archs_layer_weights / archs_keys, in the order they were added
-ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5")
+ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
@@ -217,12 +217,20 @@ CONFIGS["exaone4"] = dict(CONFIGS["llama"], n_embd=64, n_ff=96, head_dim=16, n_l
 
 # ernie4_5 (ERNIE 4.5 0.3B): llama's blocks (the converter splits its fused q|k|v and gate|up), tied embeddings
 CONFIGS["ernie4_5"] = dict(CONFIGS["llama"], tied=True)
+# seed_oss (Seed-OSS-36B): NEOX rope, q/k/v biases, post_attention_norm as the FFN's pre-norm, heads of 64 (key_length)
+# over n_embd / n_head = 32 (as its 80 heads of 128 over 5120)
+CONFIGS["seed_oss"] = dict(CONFIGS["llama"], head_dim=64, key_length=True, rope_base=10000000.0)
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
     """Layer p's weights (w, updated) where an archs-branch architecture differs from llama's."""
     if arch == "mistral3":
         w[p + "attn_output.bias"] = (0.5 * rng.standard_normal(c["n_embd"])).astype(np.float32)
+    if arch == "seed_oss":
+        Eq, Ekv = c["n_head"] * c["head_dim"], c["n_head_kv"] * c["head_dim"]
+        for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
+            w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
+        w[p + "post_attention_norm.weight"] = w.pop(p + "ffn_norm.weight")
     if arch == "exaone4":
         del w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
         w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
@@ -239,6 +247,9 @@ def archs_keys(writer, arch: str, c: dict) -> None:
         writer.add_rope_scaling_yarn_beta_slow(1.0)
         writer.add_rope_scaling_yarn_log_mul(c["yarn_log_mul"])
         writer.add_attn_temperature_scale(c["temp_scale"])
+    if c.get("key_length"):
+        writer.add_key_length(c["head_dim"])
+        writer.add_value_length(c["head_dim"])
     if arch == "exaone4":
         writer.add_sliding_window(c["n_swa"])
         writer.add_sliding_window_pattern([(il + 1) % 4 != 0 for il in range(c["n_layer"])])

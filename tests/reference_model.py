@@ -249,8 +249,8 @@ LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the n
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
-ARCHS += ("mistral3", "exaone4", "ernie4_5")           # the archs branch's (_archs_setup)
-NEOX_ARCHS += ("exaone4",)
+ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss")           # the archs branch's (_archs_setup)
+NEOX_ARCHS += ("exaone4", "seed_oss")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -475,7 +475,7 @@ class ReferenceModel:
                             qkv[:e_q], qkv[e_q:e_q + e_kv], qkv[e_q + e_kv:]
                 if "ffn_gate" not in L:
                     L["ffn_gate"], L["ffn_up"] = L["ffn_up"][:self.n_ff], L["ffn_up"][self.n_ff:]
-            if arch == "gpt-oss":    # llama.cpp's attn_post_norm: the norm before the experts, not after the attention
+            if arch in ("gpt-oss", "seed_oss"):   # llama.cpp's attn_post_norm: the FFN's pre-norm, not a post-norm
                 L["ffn_norm"] = L.pop("post_attention_norm")
             if self.sparse:
                 L["ffn_down"] = np.asarray(L.pop("ffn_down_t")).T      # (n_embd, n_ff); the engine adds its rows (axpy)

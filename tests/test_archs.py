@@ -104,3 +104,19 @@ def test_ernie4_5_is_llama_with_normal_rope(files):
     hp = pi.Model(path).hparams
     assert hp.rope_mode == "normal" and "output.weight" not in pi.Model(path).file.tensors
     assert rel_rms(ours(path), ReferenceModel(path, neox=True).forward(PROMPT)) > 1e-3
+
+
+def test_seed_oss_pieces(files):
+    """Seed-OSS: the q/k/v biases (read because the file has them) and its post_attention_norm as the FFN's pre-norm."""
+    path = files["seed_oss"]
+    got = ours(path)
+    ref = ReferenceModel(path)
+    for L in ref.layers:
+        for k in "qkv":
+            L.pop(f"attn_{k}.bias")
+    assert rel_rms(got, ref.forward(PROMPT)) > 1e-3
+    ref = ReferenceModel(path)
+    for L in ref.layers:
+        L.pop("ffn_norm")
+    assert rel_rms(got, ref.forward(PROMPT)) > 1e-3
+    assert pi.Model(path).hparams.rope_mode == "neox"

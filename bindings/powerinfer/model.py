@@ -41,8 +41,12 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
-# the archs branch's architectures, each llama or one of the families above with flags (_archs_hparams)
-_ARCHS.update({"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA})
+# the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
+_ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
+                 "seed_oss": lib.PI_ARCH_LLAMA}
+_ARCHS.update(_ARCHS_BRANCH)
+# the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
+_ARCHS_OUT_BIAS = ("mistral3",)
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
@@ -179,9 +183,14 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
             out.update(attn_temp_scale=temp, attn_temp_floor=floor)
         return out
     if arch == "ernie4_5":
-        # ERNIE 4.5 dense (0.3B; llama_model_ernie4_5): llama's blocks and NORMAL rope; the file's attn_output.bias, where
-        # it has one, is not read (llama.cpp loads it and leaves it out of the graph); the MoE variant is another arch
+        # ERNIE 4.5 dense (0.3B; llama_model_ernie4_5): llama's blocks and NORMAL rope; the file's attn_output.bias,
+        # where it has one, is not read (llama.cpp loads it and leaves it out of the graph); the MoE variant is another
+        # architecture
         return {}
+    if arch == "seed_oss":
+        # ByteDance Seed-OSS (llama_model_seed_oss): NEOX rope, q/k/v biases (where the file has them: _archs_views),
+        # blk.N.post_attention_norm the FFN's pre-norm (gptoss_views' renaming)
+        return dict(rope_mode="neox")
     if arch == "exaone4":
         # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
         # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,
@@ -198,6 +207,20 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
                        swa_pattern=period, n_no_rope_layer_step=period, rope_freq_base_swa=swa_rope_base())
         return out
     return {}
+
+
+def _archs_views(tensors: dict, hp: HParams) -> tuple[dict, dict]:
+    """The archs branch's tensors under the names the core reads and the flags their presence sets ({} for other
+    architectures): llama.cpp's create_tensor_qkv adds q/k/v biases wherever a file has them (qkv_bias), mistral3 an
+    attn_output.bias (attn_out_bias); seed_oss's post_attention_norm is its FFN's pre-norm."""
+    if hp.arch not in _ARCHS_BRANCH:
+        return tensors, {}
+    if hp.arch == "seed_oss":
+        tensors = gptoss_views(tensors, hp)
+    flags = {"qkv_bias": int("blk.0.attn_q.bias" in tensors)}
+    if hp.arch in _ARCHS_OUT_BIAS:
+        flags["attn_out_bias"] = int("blk.0.attn_output.bias" in tensors)
+    return tensors, flags
 
 
 def _moe_layers(path, tensors: dict, hp: HParams) -> list:
@@ -737,6 +760,7 @@ class Model:
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
+        tensors, archs_flags = _archs_views(tensors, hp)
         if hp.arch == "gemma4":
             if not hp.n_embd_per_layer and any(n.startswith("per_layer_") for n in tensors):
                 raise ModelLoadError(f"{self.path}: per-layer embedding tensors (per_layer_token_embd, ...) without "
@@ -799,8 +823,8 @@ class Model:
         p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)
         p.n_ff_exp, p.moe_router_norm, p.moe_dense_ffn = hp.n_ff_exp, int(hp.moe_router_norm), int(hp.moe_dense_ffn)
         p.attn_temp_scale, p.attn_temp_floor = hp.attn_temp_scale, hp.attn_temp_floor
-        if hp.arch == "mistral3":     # its attn_output.bias is optional (llama.cpp's TENSOR_NOT_REQUIRED)
-            p.attn_out_bias = int("blk.0.attn_output.bias" in tensors)
+        for name, value in archs_flags.items():
+            setattr(p, name, value)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),

@@ -19,7 +19,8 @@ from reference_model import ReferenceModel  # noqa: E402
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 REL_RMS = {"mistral3": 1e-5,      # (measured 2.7e-7)
            "exaone4": 1e-5,      # (measured 1.1e-6: 64 layers)
-           "ernie4_5": 1e-5}
+           "ernie4_5": 1e-5,     # (measured 2.9e-7)
+           "seed_oss": 1e-5}     # (measured 2.9e-7)
 
 
 @pytest.mark.parametrize("arch", ARCHS_BRANCH)

@@ -205,7 +205,7 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
 
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
 # the architectures of archs_layer_weights / archs_keys, in the order they were added
-ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss")
+ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
@@ -220,6 +220,9 @@ CONFIGS["ernie4_5"] = dict(CONFIGS["llama"], tied=True)
 # seed_oss (Seed-OSS-36B): NEOX rope, q/k/v biases, post_attention_norm as the FFN's pre-norm, heads of 64 (key_length)
 # over n_embd / n_head = 32 (as its 80 heads of 128 over 5120)
 CONFIGS["seed_oss"] = dict(CONFIGS["llama"], head_dim=64, key_length=True, rope_base=10000000.0)
+# hunyuan-dense (Hunyuan 0.5B .. 7B): NEOX rope, per-head q/k norms after the rope, the base as the converter writes it
+# (10000 * 1000^(32 / 30): alpha baked in)
+CONFIGS["hunyuan-dense"] = dict(CONFIGS["llama"], rope_base=10000.0 * 1000.0 ** (32 / 30))
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
@@ -231,6 +234,8 @@ def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> 
         for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
             w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
         w[p + "post_attention_norm.weight"] = w.pop(p + "ffn_norm.weight")
+    if arch == "hunyuan-dense":
+        w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
     if arch == "exaone4":
         del w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
         w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])

@@ -249,8 +249,8 @@ LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the n
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
-ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss")           # the archs branch's (_archs_setup)
-NEOX_ARCHS += ("exaone4", "seed_oss")
+ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense")           # the archs branch's (_archs_setup)
+NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -308,6 +308,7 @@ class ReferenceModel:
     attn_temp = 0.0          # mistral3: q times 1 + attn_temp ln(floor(pos / attn_temp_floor) + 1) after rope
     attn_temp_floor = 0
     nope_global = False      # exaone4 with a window: the global layers apply no rope
+    qk_norm_after_rope = False   # hunyuan-dense: the per-head q/k norms after the rope, not before
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
@@ -500,6 +501,11 @@ class ReferenceModel:
                                  else {li for li in range(self.n_layer) if li % pattern < pattern - 1})
             self.nope_global = True
             self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base))
+        if self.arch == "hunyuan-dense":    # llama_model_hunyuan_vl's graph; NTK alpha scales the base
+            self.qk_norm_after_rope = True
+            alpha = float(m("rope.scaling.alpha", 0.0))
+            if alpha > 0.0:
+                self.rope_base *= alpha ** (self.head_dim / (self.head_dim - 2))
 
     def geometry(self, li) -> dict:
         """Layer li's head_dim, n_head_kv, n_rot, local and kv_source (layer_geom's, else the one shape and the
@@ -654,12 +660,13 @@ class ReferenceModel:
         if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == q.shape[1] != hd:   # olmo2: of the whole q and k
             q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
         q = q.reshape(n, self.n_head, hd)
-        if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd:       # gemma3, qwen3: of each head
+        per_head = "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd and not self.qk_norm_after_rope
+        if per_head:       # gemma3, qwen3: of each head
             q = self.rmsnorm(q, L["attn_q_norm"])
         if k is None:
             return q, None, None
         k, v = k.reshape(n, n_head_kv, hd), v.reshape(n, n_head_kv, hd)
-        if "attn_k_norm" in L and L["attn_k_norm"].shape[0] == hd:
+        if per_head:
             k = self.rmsnorm(k, L["attn_k_norm"])
         if self.v_norm:
             v = self.rmsnorm(v, 1.0)
@@ -679,6 +686,8 @@ class ReferenceModel:
             rot = dict(n_rot=geo["n_rot"], freqs=not (local and self.layer_geom is not None))   # gemma4: global only
             q = self.rope(q, pos, base, **rot)
             k = None if k is None else self.rope(k, pos, base, **rot)
+        if self.qk_norm_after_rope:         # hunyuan-dense: per head, after the rope
+            q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
         if self.attn_temp:                  # mistral3: a per-position q scale
             q = q * (1.0 + self.attn_temp * np.log(np.floor(pos / self.attn_temp_floor) + 1.0))[:, None, None]
         src = geo["kv_source"]

@@ -120,3 +120,11 @@ def test_seed_oss_pieces(files):
         L.pop("ffn_norm")
     assert rel_rms(got, ref.forward(PROMPT)) > 1e-3
     assert pi.Model(path).hparams.rope_mode == "neox"
+
+
+def test_hunyuan_dense_norms_after_rope(files):
+    """hunyuan-dense: q/k normed after the rope; before it (qwen3's order) is far off."""
+    path = files["hunyuan-dense"]
+    hp = pi.Model(path).hparams
+    assert (hp.rope_mode, hp.qk_norm, hp.qk_norm_after_rope) == ("neox", 1, True)
+    assert rel_rms(ours(path), ReferenceModel(path, qk_norm_after_rope=False).forward(PROMPT)) > 1e-3

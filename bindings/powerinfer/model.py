@@ -43,7 +43,7 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
 _ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
-                 "seed_oss": lib.PI_ARCH_LLAMA}
+                 "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_ARCHS_BRANCH)
 # the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
 _ARCHS_OUT_BIAS = ("mistral3",)
@@ -123,6 +123,7 @@ class HParams:
     moe_router_norm: bool = False   # gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale
     moe_dense_ffn: bool = False     # gemma4: a layer with experts runs its dense FFN beside them (post_ffw_norm_1, ...)
     # the archs branch's fields
+    qk_norm_after_rope: bool = False   # hunyuan-dense: q and k normed after their rope
     rope_yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; rope.rope_mscale)
     attn_temp_scale: float = 0.0    # mistral3: q times 1 + this * ln(floor(pos / attn_temp_floor) + 1) (0: none)
     attn_temp_floor: int = 0
@@ -191,6 +192,21 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
         # ByteDance Seed-OSS (llama_model_seed_oss): NEOX rope, q/k/v biases (where the file has them: _archs_views),
         # blk.N.post_attention_norm the FFN's pre-norm (gptoss_views' renaming)
         return dict(rope_mode="neox")
+    if arch == "hunyuan-dense":
+        # Hunyuan dense (llama_model_hunyuan_vl's graph): NEOX rope, then per-head q/k RMSNorm (after the rope); the
+        # converter bakes NTK alpha into rope.freq_base, a file with rope.scaling.alpha gets base * alpha^(d / (d - 2))
+        # as llama.cpp; multi-section rope (the VL model's) is not supported
+        if any(get("rope.dimension_sections", [])):
+            raise ModelLoadError(f"{path}: hunyuan-dense with rope.dimension_sections (multi-section rope) is not "
+                                 "supported")
+        out = dict(rope_mode="neox", qk_norm=1, qk_norm_after_rope=True)
+        alpha = as_float("rope.scaling.alpha", get("rope.scaling.alpha", 0.0))
+        if alpha > 0.0:
+            d = as_int("attention.key_length", get("attention.key_length", None) or
+                       as_int("embedding_length", get("embedding_length")) //
+                       as_int("attention.head_count", get("attention.head_count")))
+            out["rope_freq_base"] = as_float("rope.freq_base", get("rope.freq_base", 10000.0)) * alpha ** (d / (d - 2))
+        return out
     if arch == "exaone4":
         # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
         # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,
@@ -525,7 +541,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         n_rot=n_rot, ffn_act=act,
         ffn_gate="sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY else "par",
         norm_eps=norm_eps,
-        rope_freq_base=as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
+        rope_freq_base=extra.pop("rope_freq_base", None) or as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),
         **yarn,
         **extra,
@@ -823,6 +839,7 @@ class Model:
         p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)
         p.n_ff_exp, p.moe_router_norm, p.moe_dense_ffn = hp.n_ff_exp, int(hp.moe_router_norm), int(hp.moe_dense_ffn)
         p.attn_temp_scale, p.attn_temp_floor = hp.attn_temp_scale, hp.attn_temp_floor
+        p.qk_norm_after_rope = int(hp.qk_norm_after_rope)
         for name, value in archs_flags.items():
             setattr(p, name, value)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it

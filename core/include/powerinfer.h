@@ -427,6 +427,7 @@ typedef struct pi_hparams {
                               * uses it: llama.cpp's f_attn_temp_scale); 0: none */
     int32_t attn_temp_floor; /* with attn_temp_scale: the positions per step (> 0; llama.cpp's n_attn_temp_floor_scale,
                               * Mistral 3's YaRN original context) */
+    int32_t qk_norm_after_rope;  /* 1 (with qk_norm): q and k are normed after their rope, not before (hunyuan-dense) */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

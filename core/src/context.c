@@ -460,6 +460,22 @@ static pi_status attn_sparse_matmul(pi_context *ctx, pi_exec *e, const pi_sparse
 
 /* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
  * the result in B->cur. */
+/* q [hd, n_head, T] and (own_kv) k [hd, n_head_kv, T] RMS-normed in place (qk_norm): per head (1) or over each token's
+ * whole q and k (2: olmo2) */
+static pi_status qk_norms(pi_context *ctx, pi_exec *e, const pi_layer *L, pi_tensor *q, pi_tensor *k, bool own_kv) {
+    const pi_hparams *hp = &ctx->model->hp;
+    if (hp->qk_norm == 1) {
+        TRY(OP(e, rms_norm, q, &L->q_norm, hp->norm_eps, q));
+        if (own_kv) TRY(OP(e, rms_norm, k, &L->k_norm, hp->norm_eps, k));
+    } else if (hp->qk_norm == 2) {
+        pi_tensor qa = f32_2d(q->data, q->ne[0] * q->ne[1], q->ne[2]);
+        pi_tensor ka = f32_2d(k->data, k->ne[0] * k->ne[1], k->ne[2]);
+        TRY(OP(e, rms_norm, &qa, &L->q_norm, hp->norm_eps, &qa));
+        if (own_kv) TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
+    }
+    return PI_OK;
+}
+
 /* q [Eq, T] *= 1 + attn_temp_scale * ln(floor(pos / attn_temp_floor) + 1) per token (mistral3): one scale op per run
  * of consecutive tokens with the same factor, none where it is 1 (positions below attn_temp_floor) */
 static pi_status attn_temperature(pi_context *ctx, pi_exec *e, const pi_batch *b, float *q, int64_t Eq) {
@@ -534,14 +550,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ hd, hp->n_head, T });
     pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, n_head_kv, T });
     pi_tensor v = pi_tensor_view(PI_TYPE_F32, B->v, 3, (int64_t[]){ hd, n_head_kv, T });
-    if (hp->qk_norm == 1) {   /* RMSNorm of each head's vector */
-        TRY(OP(e, rms_norm, &q, &L->q_norm, hp->norm_eps, &q));
-        if (own_kv) TRY(OP(e, rms_norm, &k, &L->k_norm, hp->norm_eps, &k));
-    } else if (hp->qk_norm == 2) {   /* of each token's whole q and k (olmo2) */
-        pi_tensor qa = f32_2d(B->q, hd * hp->n_head, T), ka = f32_2d(B->k, Ekv, T);
-        TRY(OP(e, rms_norm, &qa, &L->q_norm, hp->norm_eps, &qa));
-        if (own_kv) TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
-    }
+    if (!hp->qk_norm_after_rope) TRY(qk_norms(ctx, e, L, &q, &k, own_kv));
     if (own_kv && hp->v_norm) TRY(OP(e, rms_norm, &v, NULL, hp->norm_eps, &v));   /* of each head, no weight (gemma4) */
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
@@ -553,6 +562,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         if (own_kv) TRY(OP(e, rope, &k, B->pos, g->n_rot, hp->rope_mode, base, fscale, freqs, mscale, &k));
     }
 
+    if (hp->qk_norm_after_rope) TRY(qk_norms(ctx, e, L, &q, &k, own_kv));
     TRY(attn_temperature(ctx, e, b, B->q, Eq));
 
     if (own_kv) {   /* the KV store: rows cells[t] of this layer's cache */

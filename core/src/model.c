@@ -172,6 +172,9 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (!isfinite(hp->attn_temp_scale) || (hp->attn_temp_scale != 0.0f && hp->attn_temp_floor <= 0))
         return pi_fail(PI_ERR_BAD_MODEL, "attn_temp_scale = %g must be finite, with attn_temp_floor = %d > 0",
                        (double)hp->attn_temp_scale, hp->attn_temp_floor);
+    if (hp->qk_norm_after_rope < 0 || hp->qk_norm_after_rope > 1 || (hp->qk_norm_after_rope && !hp->qk_norm))
+        return pi_fail(PI_ERR_BAD_MODEL, "qk_norm_after_rope = %d must be 0 or 1 (1 with qk_norm)",
+                       hp->qk_norm_after_rope);
     if (hp->n_no_rope_layer_step < 0)
         return pi_fail(PI_ERR_BAD_MODEL, "n_no_rope_layer_step = %d must be >= 0", hp->n_no_rope_layer_step);
     if (hp->n_head % hp->n_head_kv)

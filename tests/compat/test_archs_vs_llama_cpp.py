@@ -20,7 +20,8 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 REL_RMS = {"mistral3": 1e-5,      # (measured 2.7e-7)
            "exaone4": 1e-5,      # (measured 1.1e-6: 64 layers)
            "ernie4_5": 1e-5,     # (measured 2.9e-7)
-           "seed_oss": 1e-5}     # (measured 2.9e-7)
+           "seed_oss": 1e-5,     # (measured 2.9e-7)
+           "hunyuan-dense": 1e-5}    # (measured 2.9e-7)
 
 
 @pytest.mark.parametrize("arch", ARCHS_BRANCH)
@@ -61,4 +62,21 @@ def test_exaone4_unwindowed_agrees_with_llama_cpp(tmp_path):
     _, theirs = llama_cpp_eval(small, PROMPT)
     err = rel_rms(logits_all(pi.Context(pi.Model(small), n_ctx=64, kv_type="f32", n_threads=1), PROMPT), theirs)
     print(f"exaone4, 3 layers: relative RMS difference from llama.cpp {err:.2e}")
+    assert err < 1e-5, err
+
+
+def test_hunyuan_alpha_agrees_with_llama_cpp(tmp_path):
+    """A hunyuan-dense file with rope.scaling.alpha (the base scaled by alpha^(d / (d - 2)) at load, as llama.cpp)."""
+    from gguf import GGUFValueType as VT
+    from model_files import rewrite
+    path = tmp_path / "tiny-hunyuan.gguf"
+    write_arch_model(path, "hunyuan-dense", seed=3)
+    alpha = rewrite(path, tmp_path / "alpha.gguf", meta={"hunyuan-dense.rope.scaling.alpha": (50.0, VT.FLOAT32),
+                                                         "hunyuan-dense.rope.freq_base": (10000.0, VT.FLOAT32)})
+    assert pi.Model(alpha).hparams.rope_freq_base == pytest.approx(10000.0 * 50.0 ** (32 / 30))
+    _, theirs = llama_cpp_eval(alpha, PROMPT)
+    ours = logits_all(pi.Context(pi.Model(alpha), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
+    assert rel_rms(ours, ReferenceModel(alpha).forward(PROMPT)) < 1e-5
+    err = rel_rms(ours, theirs)
+    print(f"hunyuan-dense with alpha: relative RMS difference from llama.cpp {err:.2e}")
     assert err < 1e-5, err

@@ -95,6 +95,12 @@ PRE_TOKENIZERS["tekken"] = Pre((_TEKKEN,), ignore_merges=True, add_bos=True)
 _SEED_CODER = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
                r"|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS["seed-coder"] = Pre((_SEED_CODER,))
+# Hunyuan dense: numbers of 1..3 digits, then runs of CJK ideographs / kana, then words (an ASCII punctuation mark may
+# lead ASCII letters), punctuation / symbol runs with trailing newlines, newline runs, whitespace
+PRE_TOKENIZERS["hunyuan-dense"] = Pre((r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
+                                       r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
+                                       r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+"
+                                       r"|\s+(?!\S)|\s+"))
 # Gemma 4 (tokenizer.ggml.model "gemma4" implies it, whatever tokenizer.ggml.pre says)
 PRE_TOKENIZERS["gemma4"] = Pre((r"[^\n]+|[\n]+",), add_bos=True, spm=True)
 # llama.cpp's default (also used when the key is missing)

@@ -205,7 +205,7 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
 
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
 # the architectures of archs_layer_weights / archs_keys, in the order they were added
-ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense")
+ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
@@ -223,6 +223,8 @@ CONFIGS["seed_oss"] = dict(CONFIGS["llama"], head_dim=64, key_length=True, rope_
 # hunyuan-dense (Hunyuan 0.5B .. 7B): NEOX rope, per-head q/k norms after the rope, the base as the converter writes it
 # (10000 * 1000^(32 / 30): alpha baked in)
 CONFIGS["hunyuan-dense"] = dict(CONFIGS["llama"], rope_base=10000.0 * 1000.0 ** (32 / 30))
+# arcee (AFM-4.5B): llama with an FFN of ReLU^2 and no gate (no ffn_gate tensors)
+CONFIGS["arcee"] = dict(CONFIGS["llama"])
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
@@ -234,6 +236,8 @@ def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> 
         for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
             w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
         w[p + "post_attention_norm.weight"] = w.pop(p + "ffn_norm.weight")
+    if arch == "arcee":
+        del w[p + "ffn_gate.weight"]
     if arch == "hunyuan-dense":
         w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
     if arch == "exaone4":

@@ -249,7 +249,7 @@ LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the n
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
-ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense")           # the archs branch's (_archs_setup)
+ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee")           # the archs branch's (_archs_setup)
 NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
@@ -309,6 +309,7 @@ class ReferenceModel:
     attn_temp_floor = 0
     nope_global = False      # exaone4 with a window: the global layers apply no rope
     qk_norm_after_rope = False   # hunyuan-dense: the per-head q/k norms after the rope, not before
+    relu_sqr = False         # arcee: the FFN is W_down relu(W_up g)^2 (no gate)
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
@@ -501,6 +502,8 @@ class ReferenceModel:
                                  else {li for li in range(self.n_layer) if li % pattern < pattern - 1})
             self.nope_global = True
             self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base))
+        if self.arch == "arcee":            # llama_model_arcee: LLM_FFN_RELU_SQR, LLM_FFN_SEQ
+            self.relu_sqr = True
         if self.arch == "hunyuan-dense":    # llama_model_hunyuan_vl's graph; NTK alpha scales the base
             self.qk_norm_after_rope = True
             alpha = float(m("rope.scaling.alpha", 0.0))
@@ -629,7 +632,9 @@ class ReferenceModel:
         if "ffn_gate_inp" in L:
             return self.moe_ffn(L, g)
         up = g @ L["ffn_up"].T
-        if self.layer_norm:                 # falcon/opt: no gate
+        if self.relu_sqr:                   # arcee: no gate, ReLU squared
+            hid = relu(up) ** 2
+        elif self.layer_norm:               # falcon/opt: no gate
             hid = relu(up + L.get("ffn_up.bias", 0.0))
         else:
             gate = self.act(g @ L["ffn_gate"].T)

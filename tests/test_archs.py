@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -128,3 +129,16 @@ def test_hunyuan_dense_norms_after_rope(files):
     hp = pi.Model(path).hparams
     assert (hp.rope_mode, hp.qk_norm, hp.qk_norm_after_rope) == ("neox", 1, True)
     assert rel_rms(ours(path), ReferenceModel(path, qk_norm_after_rope=False).forward(PROMPT)) > 1e-3
+
+
+def test_arcee_relu_squared(files):
+    """arcee: W_down relu(W_up x)^2 without a gate; relu alone (unsquared) is far off. About half of the activations
+    are exact zeros (a naturally sparse FFN; run dense here)."""
+    path = files["arcee"]
+    hp = pi.Model(path).hparams
+    assert (hp.ffn_act, hp.ffn_gate, hp.ffn_act_square) == ("relu", "seq", True)
+    ref = ReferenceModel(path)
+    ref.ffn = lambda L, g, x=None, trace=None: np.maximum(g @ L["ffn_up"].T, 0.0) @ L["ffn_down"].T   # unsquared
+    assert rel_rms(ours(path), ref.forward(PROMPT)) > 1e-3
+    up = ReferenceModel(path).tok_embd[PROMPT] @ ReferenceModel(path).layers[0]["ffn_up"].T
+    assert 0.3 < np.mean(up <= 0.0) < 0.7

@@ -43,7 +43,7 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
 _ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
-                 "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA}
+                 "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_ARCHS_BRANCH)
 # the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
 _ARCHS_OUT_BIAS = ("mistral3",)
@@ -124,6 +124,7 @@ class HParams:
     moe_dense_ffn: bool = False     # gemma4: a layer with experts runs its dense FFN beside them (post_ffw_norm_1, ...)
     # the archs branch's fields
     qk_norm_after_rope: bool = False   # hunyuan-dense: q and k normed after their rope
+    ffn_act_square: bool = False    # arcee: the FFN's activation squared (ReLU^2, no gate: ffn_gate "seq")
     rope_yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; rope.rope_mscale)
     attn_temp_scale: float = 0.0    # mistral3: q times 1 + this * ln(floor(pos / attn_temp_floor) + 1) (0: none)
     attn_temp_floor: int = 0
@@ -207,6 +208,11 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
                        as_int("attention.head_count", get("attention.head_count")))
             out["rope_freq_base"] = as_float("rope.freq_base", get("rope.freq_base", 10000.0)) * alpha ** (d / (d - 2))
         return out
+    if arch == "arcee":
+        # Arcee AFM-4.5B (llama_model_arcee): llama with NORMAL rope (rope_freqs where the file has them) and an FFN
+        # without a gate, relu(W_up x)^2 (llama.cpp's LLM_FFN_RELU_SQR, LLM_FFN_SEQ): a naturally sparse activation
+        # (exact zeros where W_up x <= 0), run dense here
+        return dict(ffn_act="relu", ffn_gate="seq", ffn_act_square=True)
     if arch == "exaone4":
         # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
         # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,
@@ -538,8 +544,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         n_embd=n_embd, n_ff=n_ff if n_ff is not None else as_int(n_ff_key, get(n_ff_key, required=True)),
         n_head=n_head, n_head_kv=n_head_kv,
         n_layer=as_int("block_count", get("block_count", required=True)),
-        n_rot=n_rot, ffn_act=act,
-        ffn_gate="sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY else "par",
+        n_rot=n_rot, ffn_act=extra.pop("ffn_act", act),
+        ffn_gate=extra.pop("ffn_gate", None) or ("sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY else "par"),
         norm_eps=norm_eps,
         rope_freq_base=extra.pop("rope_freq_base", None) or as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),
@@ -839,7 +845,7 @@ class Model:
         p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)
         p.n_ff_exp, p.moe_router_norm, p.moe_dense_ffn = hp.n_ff_exp, int(hp.moe_router_norm), int(hp.moe_dense_ffn)
         p.attn_temp_scale, p.attn_temp_floor = hp.attn_temp_scale, hp.attn_temp_floor
-        p.qk_norm_after_rope = int(hp.qk_norm_after_rope)
+        p.qk_norm_after_rope, p.ffn_act_square = int(hp.qk_norm_after_rope), int(hp.ffn_act_square)
         for name, value in archs_flags.items():
             setattr(p, name, value)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it

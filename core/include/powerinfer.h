@@ -428,6 +428,9 @@ typedef struct pi_hparams {
     int32_t attn_temp_floor; /* with attn_temp_scale: the positions per step (> 0; llama.cpp's n_attn_temp_floor_scale,
                               * Mistral 3's YaRN original context) */
     int32_t qk_norm_after_rope;  /* 1 (with qk_norm): q and k are normed after their rope, not before (hunyuan-dense) */
+    int32_t ffn_act_square;  /* 1: the dense FFN's activation output is squared: ReLU^2 with ffn_act PI_ACT_RELU and
+                              * ffn_gate PI_FFN_SEQ, h = relu(W_up x)^2 (arcee; llama.cpp's LLM_FFN_RELU_SQR); dense
+                              * files without experts only */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

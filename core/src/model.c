@@ -175,6 +175,10 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (hp->qk_norm_after_rope < 0 || hp->qk_norm_after_rope > 1 || (hp->qk_norm_after_rope && !hp->qk_norm))
         return pi_fail(PI_ERR_BAD_MODEL, "qk_norm_after_rope = %d must be 0 or 1 (1 with qk_norm)",
                        hp->qk_norm_after_rope);
+    if (hp->ffn_act_square < 0 || hp->ffn_act_square > 1 ||
+        (hp->ffn_act_square && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->ffn_gate != PI_FFN_SEQ)))
+        return pi_fail(PI_ERR_BAD_MODEL, "ffn_act_square = %d must be 0 or 1 (1: a dense FFN without a gate, no experts)",
+                       hp->ffn_act_square);
     if (hp->n_no_rope_layer_step < 0)
         return pi_fail(PI_ERR_BAD_MODEL, "n_no_rope_layer_step = %d must be >= 0", hp->n_no_rope_layer_step);
     if (hp->n_head % hp->n_head_kv)

@@ -249,7 +249,8 @@ LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the n
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
-ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee")           # the archs branch's (_archs_setup)
+# the archs branch's (_archs_setup)
+ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee")
 NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the

@@ -545,7 +545,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         n_head=n_head, n_head_kv=n_head_kv,
         n_layer=as_int("block_count", get("block_count", required=True)),
         n_rot=n_rot, ffn_act=extra.pop("ffn_act", act),
-        ffn_gate=extra.pop("ffn_gate", None) or ("sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY else "par"),
+        ffn_gate=extra.pop("ffn_gate", None) or ("sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY
+                                                 else "par"),
         norm_eps=norm_eps,
         rope_freq_base=extra.pop("rope_freq_base", None) or as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),

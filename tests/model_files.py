@@ -205,7 +205,7 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
 
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
 # the architectures of archs_layer_weights / archs_keys, in the order they were added
-ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee")
+ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
@@ -225,6 +225,10 @@ CONFIGS["seed_oss"] = dict(CONFIGS["llama"], head_dim=64, key_length=True, rope_
 CONFIGS["hunyuan-dense"] = dict(CONFIGS["llama"], rope_base=10000.0 * 1000.0 ** (32 / 30))
 # arcee (AFM-4.5B): llama with an FFN of ReLU^2 and no gate (no ffn_gate tensors)
 CONFIGS["arcee"] = dict(CONFIGS["llama"])
+# command-r (Command-R 35B): LayerNorm without biases, attention and FFN from one norm, tied output, logits times 0.25;
+# cohere2 (Command R7B): the same with a window of 5 positions over layers 0..2 and 4 of 5 (3: global, no rope)
+CONFIGS["command-r"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25)
+CONFIGS["cohere2"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25, n_layer=5, n_swa=5)
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
@@ -238,6 +242,8 @@ def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> 
         w[p + "post_attention_norm.weight"] = w.pop(p + "ffn_norm.weight")
     if arch == "arcee":
         del w[p + "ffn_gate.weight"]
+    if arch in ("command-r", "cohere2"):
+        del w[p + "ffn_norm.weight"]
     if arch == "hunyuan-dense":
         w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
     if arch == "exaone4":
@@ -259,6 +265,11 @@ def archs_keys(writer, arch: str, c: dict) -> None:
     if c.get("key_length"):
         writer.add_key_length(c["head_dim"])
         writer.add_value_length(c["head_dim"])
+    if arch in ("command-r", "cohere2"):    # what llama.cpp's converters write (CommandR2Model, Cohere2Model)
+        writer.add_layer_norm_eps(c["eps"])
+        writer.add_logit_scale(c["logit_scale"])
+    if arch == "cohere2":
+        writer.add_sliding_window(c["n_swa"])
     if arch == "exaone4":
         writer.add_sliding_window(c["n_swa"])
         writer.add_sliding_window_pattern([(il + 1) % 4 != 0 for il in range(c["n_layer"])])

@@ -242,7 +242,7 @@ ACTS = {"silu": silu, "relu": relu, "gelu": gelu}
 def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
+    return (x - mu) / np.sqrt(var + eps) * w + (0.0 if b is None else b)
 NEOX_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "falcon", "phi3", "olmo2",
               "gpt-oss")          # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
@@ -250,7 +250,7 @@ ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
 # the archs branch's (_archs_setup)
-ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee")
+ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2")
 NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
@@ -311,6 +311,7 @@ class ReferenceModel:
     nope_global = False      # exaone4 with a window: the global layers apply no rope
     qk_norm_after_rope = False   # hunyuan-dense: the per-head q/k norms after the rope, not before
     relu_sqr = False         # arcee: the FFN is W_down relu(W_up g)^2 (no gate)
+    parallel = False         # command-r, cohere2: x += attn(h) + ffn(h), h = norm(x, attn_norm)
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
@@ -503,6 +504,15 @@ class ReferenceModel:
                                  else {li for li in range(self.n_layer) if li % pattern < pattern - 1})
             self.nope_global = True
             self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base))
+        if self.arch in ("command-r", "cohere2"):   # LayerNorm without biases, parallel blocks, logits * logit_scale
+            self.layer_norm, self.parallel = True, True
+            self.eps = float(m("attention.layer_norm_epsilon"))
+            self.logit_scale = 1.0 / float(m("logit_scale", 1.0))
+        if self.arch == "cohere2":          # llama_model_cohere2: every 4th layer global, without rope
+            self.n_swa = int(m("attention.sliding_window"))
+            self.swa_pattern = int(m("attention.sliding_window_pattern", 4))
+            self.nope_global = True
+            self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base))
         if self.arch == "arcee":            # llama_model_arcee: LLM_FFN_RELU_SQR, LLM_FFN_SEQ
             self.relu_sqr = True
         if self.arch == "hunyuan-dense":    # llama_model_hunyuan_vl's graph; NTK alpha scales the base
@@ -635,7 +645,7 @@ class ReferenceModel:
         up = g @ L["ffn_up"].T
         if self.relu_sqr:                   # arcee: no gate, ReLU squared
             hid = relu(up) ** 2
-        elif self.layer_norm:               # falcon/opt: no gate
+        elif self.arch in LAYER_NORM_ARCHS:   # falcon/opt: no gate
             hid = relu(up + L.get("ffn_up.bias", 0.0))
         else:
             gate = self.act(g @ L["ffn_gate"].T)
@@ -756,7 +766,7 @@ class ReferenceModel:
         ple = self.per_layer_inputs(tokens, x)                        # gemma4 E2B / E4B, else None
         for li, L in enumerate(self.layers):
             h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias")) if "attn_norm" in L else x   # olmo2: none
-            if self.arch == "falcon":                                 # parallel attention and FFN
+            if self.arch == "falcon" or self.parallel:                # parallel attention and FFN
                 a_in = self.norm(x, L["attn_norm_2"], L["attn_norm_2.bias"]) if "attn_norm_2" in L else h
                 x = x + self.attention(L, li, a_in, pos, all_pos, cache) + self.ffn(L, h, x, trace)
                 if self.control_vector is not None:

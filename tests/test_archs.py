@@ -3,6 +3,8 @@ reference (tests/reference_model.py) at every ISA level, and what each new piece
 far from ours. llama.cpp checks the same files in tests/compat/test_archs_vs_llama_cpp.py."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -142,3 +144,33 @@ def test_arcee_relu_squared(files):
     assert rel_rms(ours(path), ref.forward(PROMPT)) > 1e-3
     up = ReferenceModel(path).tok_embd[PROMPT] @ ReferenceModel(path).layers[0]["ffn_up"].T
     assert 0.3 < np.mean(up <= 0.0) < 0.7
+
+
+@pytest.mark.parametrize("arch", ["command-r", "cohere2"])
+def test_cohere_pieces_matter(files, arch):
+    """command-r / cohere2: LayerNorm (RMSNorm far off), the parallel block (sequential far off), the logit scale; and
+    cohere2's window and its global layers without rope. Offloading is refused with a message."""
+    path = files[arch]
+    hp = pi.Model(path).hparams
+    assert (hp.layer_norm, hp.parallel_block, hp.rope_mode) == (True, True, "normal")
+    assert hp.logit_scale == pytest.approx(1.0 / CONFIGS[arch]["logit_scale"])
+    got = ours(path)
+    offs = [("layer_norm", False), ("parallel", False), ("logit_scale", 1.0)]
+    if arch == "cohere2":
+        offs += [("n_swa", 0), ("nope_global", False)]
+        assert (hp.n_swa, hp.swa_pattern, hp.n_no_rope_layer_step) == (CONFIGS[arch]["n_swa"], 4, 4)
+    for name, off in offs:
+        assert rel_rms(got, ReferenceModel(path, **{name: off}).forward(PROMPT)) > 1e-3, name
+
+
+def test_cohere_offload_refused(files):
+    """Offloading command-r on the emulated device is refused with a message (the device has no LayerNorm): the
+    context runs on the CPU and says why."""
+    script = ("import sys, powerinfer as pi\n"
+              "c = pi.Context(pi.Model(sys.argv[1]), n_ctx=64, n_gpu_layers=-1)\n"
+              "print(c.offload is None, '|'.join(c.gpu_warnings))\n")
+    env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
+    out = subprocess.run([sys.executable, "-c", script, str(files["command-r"])], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True") and "(command-r, cohere2) run on the CPU only" in out.stdout, out.stdout

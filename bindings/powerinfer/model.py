@@ -43,7 +43,8 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
 # the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
 _ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
-                 "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA}
+                 "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA,
+                 "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_ARCHS_BRANCH)
 # the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
 _ARCHS_OUT_BIAS = ("mistral3",)
@@ -125,6 +126,8 @@ class HParams:
     # the archs branch's fields
     qk_norm_after_rope: bool = False   # hunyuan-dense: q and k normed after their rope
     ffn_act_square: bool = False    # arcee: the FFN's activation squared (ReLU^2, no gate: ffn_gate "seq")
+    layer_norm: bool = False        # command-r, cohere2: LayerNorm without biases instead of RMSNorm
+    parallel_block: bool = False    # command-r, cohere2: x += attn(h) + ffn(h) from one norm
     rope_yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; rope.rope_mscale)
     attn_temp_scale: float = 0.0    # mistral3: q times 1 + this * ln(floor(pos / attn_temp_floor) + 1) (0: none)
     attn_temp_floor: int = 0
@@ -213,6 +216,24 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
         # without a gate, relu(W_up x)^2 (llama.cpp's LLM_FFN_RELU_SQR, LLM_FFN_SEQ): a naturally sparse activation
         # (exact zeros where W_up x <= 0), run dense here
         return dict(ffn_act="relu", ffn_gate="seq", ffn_act_square=True)
+    if arch in ("command-r", "cohere2"):
+        # Cohere Command-R (llama_model_command_r) / Command R7B (llama_model_cohere2): LayerNorm without biases
+        # (attention.layer_norm_epsilon), attention and FFN side by side from one norm, NORMAL rope, tied output,
+        # logits times logit_scale (our logit_scale divides); cohere2 windows every layer but each period's last, and
+        # those global layers apply no rope
+        f = as_float("logit_scale", get("logit_scale", required=arch == "cohere2") or 0.0)
+        if not (math.isfinite(f) and f >= 0.0):
+            raise ModelLoadError(f"{path}: {arch}.logit_scale = {f} must be finite and >= 0")
+        out = dict(layer_norm=True, parallel_block=True, logit_scale=1.0 / f if f else 0.0,
+                   norm_eps=as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon",
+                                                                           required=True)))
+        if arch == "cohere2":
+            period = swa_pattern(4)
+            if yarn["yarn_ext_factor"]:
+                raise ModelLoadError(f"{path}: cohere2 with YaRN is not supported (its local layers rope apart)")
+            out.update(n_swa=as_int("attention.sliding_window", get("attention.sliding_window", required=True)),
+                       swa_pattern=period, n_no_rope_layer_step=period, rope_freq_base_swa=swa_rope_base())
+        return out
     if arch == "exaone4":
         # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
         # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,
@@ -231,12 +252,14 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
     return {}
 
 
-def _archs_views(tensors: dict, hp: HParams) -> tuple[dict, dict]:
+def _archs_views(path, tensors: dict, hp: HParams) -> tuple[dict, dict]:
     """The archs branch's tensors under the names the core reads and the flags their presence sets ({} for other
     architectures): llama.cpp's create_tensor_qkv adds q/k/v biases wherever a file has them (qkv_bias), mistral3 an
     attn_output.bias (attn_out_bias); seed_oss's post_attention_norm is its FFN's pre-norm."""
     if hp.arch not in _ARCHS_BRANCH:
         return tensors, {}
+    if hp.arch == "command-r" and "blk.0.attn_q_norm.weight" in tensors:
+        raise ModelLoadError(f"{path}: command-r with q/k LayerNorms (attn_q_norm: Command R+) is not supported")
     if hp.arch == "seed_oss":
         tensors = gptoss_views(tensors, hp)
     flags = {"qkv_bias": int("blk.0.attn_q.bias" in tensors)}
@@ -510,7 +533,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
     extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base))
-    if arch == "falcon":
+    if "norm_eps" in extra:
+        norm_eps = extra.pop("norm_eps")
+    elif arch == "falcon":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", required=True))
     elif arch == "opt":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", OPT_DEFAULT_NORM_EPS))
@@ -783,7 +808,7 @@ class Model:
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
-        tensors, archs_flags = _archs_views(tensors, hp)
+        tensors, archs_flags = _archs_views(self.path, tensors, hp)
         if hp.arch == "gemma4":
             if not hp.n_embd_per_layer and any(n.startswith("per_layer_") for n in tensors):
                 raise ModelLoadError(f"{self.path}: per-layer embedding tensors (per_layer_token_embd, ...) without "
@@ -847,6 +872,7 @@ class Model:
         p.n_ff_exp, p.moe_router_norm, p.moe_dense_ffn = hp.n_ff_exp, int(hp.moe_router_norm), int(hp.moe_dense_ffn)
         p.attn_temp_scale, p.attn_temp_floor = hp.attn_temp_scale, hp.attn_temp_floor
         p.qk_norm_after_rope, p.ffn_act_square = int(hp.qk_norm_after_rope), int(hp.ffn_act_square)
+        p.layer_norm, p.parallel_block = int(hp.layer_norm), int(hp.parallel_block)
         for name, value in archs_flags.items():
             setattr(p, name, value)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it

@@ -431,6 +431,11 @@ typedef struct pi_hparams {
     int32_t ffn_act_square;  /* 1: the dense FFN's activation output is squared: ReLU^2 with ffn_act PI_ACT_RELU and
                               * ffn_gate PI_FFN_SEQ, h = relu(W_up x)^2 (arcee; llama.cpp's LLM_FFN_RELU_SQR); dense
                               * files without experts only */
+    int32_t layer_norm;      /* 1: the block and output norms are LayerNorm (mean removed, weights, no biases), not
+                              * RMSNorm (command-r, cohere2; falcon and opt use LayerNorm with biases by their arch) */
+    int32_t parallel_block;  /* 1: attention and FFN read one norm side by side: x += attn(h) + ffn(h), h = norm(x) *
+                              * attn_norm, no ffn_norm (command-r, cohere2); dense files without experts or post-norms,
+                              * on the CPU */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

@@ -63,7 +63,8 @@ static int buffer_slots(pi_buffers *b, const pi_model *m, int64_t T, int64_t n_c
     SLOT(att, t * PI_MAX(E, Eq) * f);
     if (!hp->sparse) { SLOT(gate, t * F * f); SLOT(up, t * F * f); }
     if (hp->sparse) { SLOT(scores, t * F * f); SLOT(ffn_hot, t * E * f); }
-    if (hp->arch == PI_ARCH_FALCON) { SLOT(qkv, t * (Eq + 2 * Ekv) * f); SLOT(ln, t * E * f); }
+    if (hp->arch == PI_ARCH_FALCON) SLOT(qkv, t * (Eq + 2 * Ekv) * f);
+    if (hp->arch == PI_ARCH_FALCON || hp->parallel_block) SLOT(ln, t * E * f);
     SLOT(mask, t * (size_t)n_ctx * f);
     if (hp->n_swa > 0) SLOT(mask_swa, t * (size_t)n_ctx * f);
     SLOT(pos, t * sizeof(int32_t));
@@ -819,6 +820,25 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
 }
 
+/* parallel_block (command-r, cohere2): h = norm(x) * attn_norm (kept in ln), x += attn(h), then x += ffn(h); the
+ * layer's attention and FFN on one backend (the CPU: offload refuses these models) */
+static pi_status parallel_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il,
+                                const pi_batch *b, int32_t n_kv) {
+    pi_exec *e = lx->attn;
+    pi_buffers *B = &e->buf;
+    const pi_layer *L = lx->attn_w;
+    const int64_t T = b->n_tokens, E = ctx->model->hp.n_embd;
+    const size_t bytes = (size_t)(T * E) * sizeof(float);
+    TRY(move_x(ctx, at, e, T));
+    TRY(norm(ctx, e, B->x, &L->attn_norm, &L->attn_norm_b, B->ln, T));
+    TRY(OP(e, copy, B->cur, B->ln, bytes));
+    TRY(attention_core(ctx, lx, il, b, n_kv));   /* -> cur */
+    TRY(add_inplace(e, B->x, B->cur, E, T));
+    TRY(OP(e, copy, B->cur, B->ln, bytes));
+    TRY(dense_ffn(ctx, e, lx->ffn_w, il, T));    /* -> cur */
+    return add_inplace(e, B->x, B->cur, E, T);
+}
+
 static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
     const pi_hparams *hp = &ctx->model->hp;
     if (!b || !b->token || !b->pos || !b->seq_id) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: incomplete batch");
@@ -1047,8 +1067,9 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) return pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
         const pi_layer_exec *lx = &ctx->lx[il];
-        if (m->hp.arch == PI_ARCH_FALCON) {
-            TRY(falcon_layer(ctx, &at, lx, il, batch, n_kv));
+        if (m->hp.arch == PI_ARCH_FALCON || m->hp.parallel_block) {
+            TRY(m->hp.parallel_block ? parallel_layer(ctx, &at, lx, il, batch, n_kv)
+                                     : falcon_layer(ctx, &at, lx, il, batch, n_kv));
             TRY(control_vector(ctx, at, il, T));
             continue;
         }

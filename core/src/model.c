@@ -179,6 +179,11 @@ static pi_status check_hparams(const pi_hparams *hp) {
         (hp->ffn_act_square && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->ffn_gate != PI_FFN_SEQ)))
         return pi_fail(PI_ERR_BAD_MODEL, "ffn_act_square = %d must be 0 or 1 (1: a dense FFN without a gate, no experts)",
                        hp->ffn_act_square);
+    if (hp->layer_norm < 0 || hp->layer_norm > 1 || hp->parallel_block < 0 || hp->parallel_block > 1 ||
+        (hp->parallel_block && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->post_norms ||
+                                hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT)))
+        return pi_fail(PI_ERR_BAD_MODEL, "layer_norm = %d and parallel_block = %d must be 0 or 1 (parallel_block: a "
+                       "dense llama-family file without experts or post-norms)", hp->layer_norm, hp->parallel_block);
     if (hp->n_no_rope_layer_step < 0)
         return pi_fail(PI_ERR_BAD_MODEL, "n_no_rope_layer_step = %d must be >= 0", hp->n_no_rope_layer_step);
     if (hp->n_head % hp->n_head_kv)
@@ -481,7 +486,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
 
     const int64_t E = hp->n_embd, V = hp->n_vocab;
     TRY(load_tensor(desc, "token_embd.weight", E, V, false, false, &m->token_embd));
-    const bool falcon = hp->arch == PI_ARCH_FALCON, opt = hp->arch == PI_ARCH_OPT, ln = pi_uses_layer_norm(hp);
+    const bool falcon = hp->arch == PI_ARCH_FALCON, opt = hp->arch == PI_ARCH_OPT, ln = falcon || opt;   /* + biases */
     TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
     if (ln) TRY(load_tensor(desc, "output_norm.bias", E, 0, true, false, &m->output_norm_b));
     if (opt) {
@@ -539,7 +544,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
         if (opt || hp->attn_out_bias) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
         if (hp->attn_sinks) LAYER("attn_sinks.weight", hp->n_head, 0, true, false, &L->attn_sinks);
-        if (!falcon && !hp->post_norms_only)   /* falcon: parallel block */
+        if (!falcon && !hp->post_norms_only && !hp->parallel_block)   /* falcon, parallel_block: one norm */
             LAYER("ffn_norm.weight", E, 0, true, false, &L->ffn_norm);
         if (opt) LAYER("ffn_norm.bias", E, 0, true, false, &L->ffn_norm_b);
         if (hp->qkv_bias) {

@@ -95,7 +95,7 @@ pi_status pi_tensor_desc_view(const pi_tensor_desc *d, int n_dims, const int64_t
 
 /* LayerNorm instead of RMSNorm (falcon, opt). */
 static inline bool pi_uses_layer_norm(const pi_hparams *hp) {
-    return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT;
+    return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT || hp->layer_norm;
 }
 
 /* opt: position embeddings are looked up at pos + 2 (fairseq's padding offset). */

@@ -205,7 +205,8 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
 
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
 # the architectures of archs_layer_weights / archs_keys, in the order they were added
-ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2")
+ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
+                "exaone")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
@@ -229,6 +230,8 @@ CONFIGS["arcee"] = dict(CONFIGS["llama"])
 # cohere2 (Command R7B): the same with a window of 5 positions over layers 0..2 and 4 of 5 (3: global, no rope)
 CONFIGS["command-r"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25)
 CONFIGS["cohere2"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25, n_layer=5, n_swa=5)
+# exaone (EXAONE 3.5): llama's blocks with NEOX rope and Llama 3.1-style rope factors
+CONFIGS["exaone"] = dict(CONFIGS["llama"], rope_freqs=True)
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
@@ -442,7 +445,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
     """Write a GGUF of `arch` (general.architecture as given; matrices as dtype, f32 by default, or as dtypes says
     by part of their names, e.g. {"ffn_": "mxfp4"}) and return its weights."""
     c = CONFIGS[arch]
-    w = make_weights(arch, seed) if weights is None else weights
+    w = make_weights(arch, seed, rope_freqs=c.get("rope_freqs", False)) if weights is None else weights
     if arch == "gemma4":
         return write_gemma4_model(path, w, c, chat_template=chat_template, dtype=dtype, dtypes=dtypes)
 

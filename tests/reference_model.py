@@ -250,8 +250,9 @@ ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
 # the archs branch's (_archs_setup)
-ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2")
-NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense")
+ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
+          "exaone")
+NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)

@@ -174,3 +174,12 @@ def test_cohere_offload_refused(files):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("True") and "(command-r, cohere2) run on the CPU only" in out.stdout, out.stdout
+
+
+def test_exaone_neox_and_rope_factors(files):
+    """EXAONE 3.5: llama's blocks with NEOX rope pairs (NORMAL far off) and the file's rope_freqs (without, far off)."""
+    path = files["exaone"]
+    assert pi.Model(path).hparams.rope_mode == "neox"
+    got = ours(path)
+    assert rel_rms(got, ReferenceModel(path, neox=False).forward(PROMPT)) > 1e-3
+    assert rel_rms(got, ReferenceModel(path, rope_freqs=None).forward(PROMPT)) > 1e-3

@@ -44,7 +44,7 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
 # the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
 _ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
                  "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA,
-                 "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA}
+                 "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_ARCHS_BRANCH)
 # the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
 _ARCHS_OUT_BIAS = ("mistral3",)
@@ -234,6 +234,9 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
             out.update(n_swa=as_int("attention.sliding_window", get("attention.sliding_window", required=True)),
                        swa_pattern=period, n_no_rope_layer_step=period, rope_freq_base_swa=swa_rope_base())
         return out
+    if arch == "exaone":
+        # EXAONE 3.5 (llama_model_exaone): llama's blocks with NEOX rope (rope_freqs where the file has them)
+        return dict(rope_mode="neox")
     if arch == "exaone4":
         # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
         # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,

@@ -56,7 +56,8 @@ def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>",
 @pytest.mark.parametrize("pre,trained", [("gpt-2", "gpt-2"), ("llama-bpe", "llama-bpe"), ("qwen2", "qwen2"),
                                          ("default", "gpt-2"), ("gpt-4o", "gpt-2"), ("exaone4", "gpt-2"),
                                          ("tekken", "gpt-2"), ("tekken", "llama-bpe"), ("seed-coder", "qwen2"),
-                                         ("hunyuan-dense", "qwen2"), ("command-r", "gpt-2")])
+                                         ("hunyuan-dense", "qwen2"), ("command-r", "gpt-2"),
+                                         ("exaone", "gpt-2")])
 def test_bpe_ids_match_llama_cpp(tmp_path, pre, trained):
     tokens, types, merges = gguf_vocab(train_hf(trained))
     path = tmp_path / f"vocab-{pre}.gguf"

@@ -101,8 +101,9 @@ PRE_TOKENIZERS["hunyuan-dense"] = Pre((r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+"
                                        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
                                        r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+"
                                        r"|\s+(?!\S)|\s+"))
-# Cohere Command-R / R7B: every digit split off first, then GPT-2's
-PRE_TOKENIZERS["command-r"] = Pre((r"\p{N}", _GPT2))
+# Cohere Command-R / R7B, EXAONE 3.5: every digit split off first, then GPT-2's
+for _name in ("command-r", "exaone"):
+    PRE_TOKENIZERS[_name] = Pre((r"\p{N}", _GPT2))
 # Gemma 4 (tokenizer.ggml.model "gemma4" implies it, whatever tokenizer.ggml.pre says)
 PRE_TOKENIZERS["gemma4"] = Pre((r"[^\n]+|[\n]+",), add_bos=True, spm=True)
 # llama.cpp's default (also used when the key is missing)

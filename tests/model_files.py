@@ -206,7 +206,7 @@ CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2,
 # ---- the archs branch's architectures (archs_layer_weights, archs_keys)
 # the architectures of archs_layer_weights / archs_keys, in the order they were added
 ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
-                "exaone")
+                "exaone", "apertus")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
 # (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
@@ -232,6 +232,10 @@ CONFIGS["command-r"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25)
 CONFIGS["cohere2"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25, n_layer=5, n_swa=5)
 # exaone (EXAONE 3.5): llama's blocks with NEOX rope and Llama 3.1-style rope factors
 CONFIGS["exaone"] = dict(CONFIGS["llama"], rope_freqs=True)
+# apertus (Apertus 8B / 70B): NEOX rope after per-head q/k norms, an FFN without a gate whose activation is xIELU with
+# per-layer parameters (of Apertus-8B's size: alpha_p ~ 0.8 .. 1, alpha_n ~ 0.8 .. 1.6, beta 0.5, eps -1e-6)
+CONFIGS["apertus"] = dict(CONFIGS["llama"], xielu_alpha_n=[0.8, 1.2, 1.6], xielu_alpha_p=[0.8, 0.9, 1.0],
+                          xielu_beta=0.5, xielu_eps=-1e-6)
 
 
 def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
@@ -247,6 +251,9 @@ def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> 
         del w[p + "ffn_gate.weight"]
     if arch in ("command-r", "cohere2"):
         del w[p + "ffn_norm.weight"]
+    if arch == "apertus":
+        del w[p + "ffn_gate.weight"]
+        w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
     if arch == "hunyuan-dense":
         w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
     if arch == "exaone4":
@@ -271,6 +278,12 @@ def archs_keys(writer, arch: str, c: dict) -> None:
     if arch in ("command-r", "cohere2"):    # what llama.cpp's converters write (CommandR2Model, Cohere2Model)
         writer.add_layer_norm_eps(c["eps"])
         writer.add_logit_scale(c["logit_scale"])
+    if arch == "apertus":      # global keys (llama.cpp's LLM_KV_XIELU_*), a value per layer as the converter writes
+        n = c["n_layer"]
+        writer.add_xielu_alpha_n(c["xielu_alpha_n"])
+        writer.add_xielu_alpha_p(c["xielu_alpha_p"])
+        writer.add_xielu_beta([c["xielu_beta"]] * n)
+        writer.add_xielu_eps([c["xielu_eps"]] * n)
     if arch == "cohere2":
         writer.add_sliding_window(c["n_swa"])
     if arch == "exaone4":

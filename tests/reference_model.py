@@ -251,8 +251,8 @@ ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
 # the archs branch's (_archs_setup)
 ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
-          "exaone")
-NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone")
+          "exaone", "apertus")
+NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone", "apertus")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -487,6 +487,11 @@ class ReferenceModel:
                 if "ffn_down_t.bias" in L:
                     L["ffn_down.bias"] = L.pop("ffn_down_t.bias")
             self.layers.append(L)
+        if arch == "apertus":     # each layer's xIELU: a_n = beta + softplus(alpha_n), a_p = softplus(alpha_p)
+            cols = [meta[f"xielu.{k}"] for k in ("alpha_n", "alpha_p", "beta", "eps")]
+            cols = [list(c) if isinstance(c, (list, tuple)) else [c] * self.n_layer for c in cols]
+            for L, (an, ap, b, e) in zip(self.layers, zip(*cols)):
+                L["xielu"] = (b + np.log1p(np.exp(an)), np.log1p(np.exp(ap)), b, e)
         for k, v in overrides.items():
             setattr(self, k, v)
         assert self.n_rot <= self.head_dim and self.n_rot % 2 == 0
@@ -646,6 +651,9 @@ class ReferenceModel:
         up = g @ L["ffn_up"].T
         if self.relu_sqr:                   # arcee: no gate, ReLU squared
             hid = relu(up) ** 2
+        elif "xielu" in L:                  # apertus: no gate, xIELU
+            an, ap, b, e = L["xielu"]
+            hid = np.where(up > 0.0, ap * up * up + b * up, (np.expm1(np.minimum(up, e)) - up) * an + b * up)
         elif self.arch in LAYER_NORM_ARCHS:   # falcon/opt: no gate
             hid = relu(up + L.get("ffn_up.bias", 0.0))
         else:

@@ -149,7 +149,7 @@ def test_arcee_relu_squared(files):
 @pytest.mark.parametrize("arch", ["command-r", "cohere2"])
 def test_cohere_pieces_matter(files, arch):
     """command-r / cohere2: LayerNorm (RMSNorm far off), the parallel block (sequential far off), the logit scale; and
-    cohere2's window and its global layers without rope. Offloading is refused with a message."""
+    cohere2's window and its global layers without rope."""
     path = files[arch]
     hp = pi.Model(path).hparams
     assert (hp.layer_norm, hp.parallel_block, hp.rope_mode) == (True, True, "normal")
@@ -163,17 +163,19 @@ def test_cohere_pieces_matter(files, arch):
         assert rel_rms(got, ReferenceModel(path, **{name: off}).forward(PROMPT)) > 1e-3, name
 
 
-def test_cohere_offload_refused(files):
-    """Offloading command-r on the emulated device is refused with a message (the device has no LayerNorm): the
-    context runs on the CPU and says why."""
+@pytest.mark.parametrize("arch,why", [("command-r", "(command-r, cohere2) run on the CPU only"),
+                                      ("apertus", "xIELU activation (apertus) runs on the CPU only")])
+def test_offload_refused(files, arch, why):
+    """Offloading command-r (the device has no LayerNorm) or apertus (nor xIELU) on the emulated device is refused
+    with a message: the context runs on the CPU and says why."""
     script = ("import sys, powerinfer as pi\n"
               "c = pi.Context(pi.Model(sys.argv[1]), n_ctx=64, n_gpu_layers=-1)\n"
               "print(c.offload is None, '|'.join(c.gpu_warnings))\n")
     env = dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256")
-    out = subprocess.run([sys.executable, "-c", script, str(files["command-r"])], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script, str(files[arch])], env=env, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("True") and "(command-r, cohere2) run on the CPU only" in out.stdout, out.stdout
+    assert out.stdout.startswith("True") and why in out.stdout, out.stdout
 
 
 def test_exaone_neox_and_rope_factors(files):
@@ -183,3 +185,17 @@ def test_exaone_neox_and_rope_factors(files):
     got = ours(path)
     assert rel_rms(got, ReferenceModel(path, neox=False).forward(PROMPT)) > 1e-3
     assert rel_rms(got, ReferenceModel(path, rope_freqs=None).forward(PROMPT)) > 1e-3
+
+
+def test_apertus_xielu(files):
+    """apertus: the FFN is W_down xielu(W_up x) with each layer's parameters; ReLU^2 or the first layer's parameters
+    everywhere are far off (the op itself: tests/test_ops.py's test_xielu)."""
+    path = files["apertus"]
+    hp = pi.Model(path).hparams
+    assert (hp.ffn_act, hp.ffn_gate, len(hp.xielu)) == ("xielu", "seq", CONFIGS["apertus"]["n_layer"])
+    got = ours(path)
+    assert rel_rms(got, ReferenceModel(path, relu_sqr=True).forward(PROMPT)) > 1e-3
+    ref = ReferenceModel(path)
+    for L in ref.layers:
+        L["xielu"] = ref.layers[0]["xielu"]
+    assert rel_rms(got, ref.forward(PROMPT)) > 1e-3

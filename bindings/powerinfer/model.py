@@ -44,10 +44,11 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
 # the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
 _ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
                  "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA,
-                 "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA}
+                 "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA,
+                 "apertus": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_ARCHS_BRANCH)
 # the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
-_ARCHS_OUT_BIAS = ("mistral3",)
+_ARCHS_OUT_BIAS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
@@ -57,6 +58,7 @@ OPT_DEFAULT_NORM_EPS = 1e-5
 _ROPE_MODES = {"normal": lib.PI_ROPE_NORMAL, "neox": lib.PI_ROPE_NEOX}
 _ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU,
          "swiglu_oai": lib.PI_ACT_SWIGLU_OAI}   # swiglu_oai: experts only (gpt-oss)
+_ACTS["xielu"] = lib.PI_ACT_XIELU     # apertus: per-layer parameters (HParams.xielu), no gate
 # gpt-oss's SwiGLU constants (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7.0; no file key holds them)
 GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT = 1.702, 7.0
 ACTIVATION_KEY = "powerinfer.ffn_activation"
@@ -128,6 +130,7 @@ class HParams:
     ffn_act_square: bool = False    # arcee: the FFN's activation squared (ReLU^2, no gate: ffn_gate "seq")
     layer_norm: bool = False        # command-r, cohere2: LayerNorm without biases instead of RMSNorm
     parallel_block: bool = False    # command-r, cohere2: x += attn(h) + ffn(h) from one norm
+    xielu: tuple = ()               # apertus: per layer (a_n, a_p, beta, eps) of its xIELU (ffn_act "xielu")
     rope_yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; rope.rope_mscale)
     attn_temp_scale: float = 0.0    # mistral3: q times 1 + this * ln(floor(pos / attn_temp_floor) + 1) (0: none)
     attn_temp_floor: int = 0
@@ -167,10 +170,37 @@ def _gemma4_moe(path, get, as_int) -> dict:
                 moe_router_norm=True, moe_dense_ffn=True)
 
 
-def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_pattern, swa_rope_base) -> dict:
+def _softplus32(x: float) -> float:
+    """ggml_compute_softplus_f32 in float32."""
+    x = np.float32(x)
+    return float(x if x > 20.0 else np.log(np.float32(1.0) + np.exp(x)))
+
+
+def _xielu_params(path, meta: dict, n_layer: int) -> tuple:
+    """apertus: each layer's xIELU parameters (a_n, a_p, beta, eps) from xielu.alpha_n / alpha_p / beta / eps (a value
+    or one per layer), a_n = beta + softplus(alpha_n), a_p = softplus(alpha_p) as ggml_xielu computes them (float32)."""
+    cols = []
+    for key in ("xielu.alpha_n", "xielu.alpha_p", "xielu.beta", "xielu.eps"):
+        v = meta.get(key)
+        if v is None:
+            raise ModelLoadError(f"{path}: missing metadata key {key}")
+        v = list(v) if isinstance(v, (list, tuple)) else [v] * n_layer
+        if len(v) != n_layer or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in v):
+            raise ModelLoadError(f"{path}: {key} must be a finite number or one per layer ({n_layer})")
+        cols.append(v)
+    return tuple((float(np.float32(b) + np.float32(_softplus32(an))), _softplus32(ap), float(b), float(e))
+                 for an, ap, b, e in zip(*cols))
+
+
+def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_pattern, swa_rope_base, meta) -> dict:
     """What the archs branch's architectures change from their family's defaults (pi_hparams; llama.cpp's
     src/models/<arch>.cpp); {} for the others. get, as_int, as_float, swa_pattern, swa_rope_base:
-    _hparams_from_metadata's readers of the file's keys."""
+    _hparams_from_metadata's readers of the file's keys; meta: the file's metadata."""
+    if arch == "apertus":
+        # Apertus (llama_model_apertus): NEOX rope after per-head q/k RMSNorm, an optional attn_output.bias, an FFN
+        # without a gate whose activation is xIELU with per-layer parameters (global xielu.* keys)
+        return dict(rope_mode="neox", qk_norm=1, ffn_act="xielu", ffn_gate="seq",
+                    xielu=_xielu_params(path, meta, as_int("block_count", get("block_count", required=True))))
     if arch == "mistral3":
         # Ministral 3 (llama_model_mistral3): llama with YaRN (yarn_log_multiplier: rope_mscale), the file's YaRN betas,
         # an optional attn_output.bias, and q scaled per position (attention.temperature_scale, Llama 4's temperature
@@ -263,6 +293,13 @@ def _archs_views(path, tensors: dict, hp: HParams) -> tuple[dict, dict]:
         return tensors, {}
     if hp.arch == "command-r" and "blk.0.attn_q_norm.weight" in tensors:
         raise ModelLoadError(f"{path}: command-r with q/k LayerNorms (attn_q_norm: Command R+) is not supported")
+    if hp.arch == "apertus" and "blk.0.attn_q_norm.bias" in tensors:
+        raise ModelLoadError(f"{path}: apertus with q/k norm biases is not supported")
+    if hp.xielu:    # each layer's xIELU parameters as a tensor the core reads (blk.N.ffn_act [4] f32)
+        tensors = dict(tensors)
+        for il, params in enumerate(hp.xielu):
+            name = f"blk.{il}.ffn_act.weight"
+            tensors[name] = _ArrayTensor(name, 0, (4,), np.array(params, dtype=np.float32))
     if hp.arch == "seed_oss":
         tensors = gptoss_views(tensors, hp)
     flags = {"qkv_bias": int("blk.0.attn_q.bias" in tensors)}
@@ -535,7 +572,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_base_swa=swa_rope_base(),
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
-    extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base))
+    extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base, meta))
     if "norm_eps" in extra:
         norm_eps = extra.pop("norm_eps")
     elif arch == "falcon":
@@ -812,6 +849,7 @@ class Model:
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
         tensors, archs_flags = _archs_views(self.path, tensors, hp)
+        self._archs_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
         if hp.arch == "gemma4":
             if not hp.n_embd_per_layer and any(n.startswith("per_layer_") for n in tensors):
                 raise ModelLoadError(f"{self.path}: per-layer embedding tensors (per_layer_token_embd, ...) without "

@@ -102,8 +102,10 @@ enum {  /* FFN activation */
     PI_ACT_SILU = 0,
     PI_ACT_RELU = 1,
     PI_ACT_GELU = 2,
-    PI_ACT_SWIGLU_OAI = 3   /* mixture-of-experts FFNs only (gpt-oss): h = g' sigmoid(alpha g') (u' + 1), g' = min(g, limit),
+    PI_ACT_SWIGLU_OAI = 3,  /* mixture-of-experts FFNs only (gpt-oss): h = g' sigmoid(alpha g') (u' + 1), g' = min(g, limit),
                              * u' = clamp(u, -limit, limit) (hparams.swiglu_alpha, swiglu_limit; pi_op_swiglu_oai) */
+    PI_ACT_XIELU = 4        /* dense FFNs without a gate (ffn_gate PI_FFN_SEQ) only (apertus): h = xielu(u) with
+                             * layer il's parameters blk.N.ffn_act.weight [4] f32 (pi_op_xielu); on the CPU */
 };
 
 enum {  /* how the FFN gate combines with up */
@@ -240,6 +242,11 @@ PI_API pi_status pi_op_attention_sinks(pi_threadpool *pool, const pi_tensor *q, 
  * u' = clamp(up, -limit, limit), elementwise over gate and up [D, T] f32 (the same shape), in place in up; alpha and
  * limit finite, limit >= 0. The same bits at every level (arch/activation.c's exp). */
 PI_API pi_status pi_op_swiglu_oai(pi_threadpool *pool, const pi_tensor *gate, pi_tensor *up, float alpha, float limit);
+/* Apertus's xIELU (ggml's xielu), elementwise over x [any shape, contiguous] f32 in place, p = {a_n, a_p, beta, eps}
+ * (a_n = beta + softplus(alpha_n), a_p = softplus(alpha_p): the file's values as ggml_xielu turns them): x > 0:
+ * a_p x^2 + beta x; else (expm1(min(x, eps)) - x) a_n + beta x. Plain C (libm's expm1f): the same bits at every
+ * level. */
+PI_API pi_status pi_op_xielu(pi_threadpool *pool, pi_tensor *x, const float *p);
 /* Soft-capping: out = cap * tanh(x / cap) elementwise (Gemma 2's final logits); cap finite and > 0; f32. out may
  * alias x. The same bits at every level (an exp-based tanh, within a few ulp of tanhf). */
 PI_API pi_status pi_op_softcap(pi_threadpool *pool, const pi_tensor *x, float cap, pi_tensor *out);

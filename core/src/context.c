@@ -786,7 +786,8 @@ static pi_status dense_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32
         for (int64_t i = 0; ctx->neuron_counts && i < hp->n_ff; i++) ctx->neuron_counts[il * hp->n_ff + i] += T;
     }
     if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->up, B->cur, T);
-    TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
+    if (hp->ffn_act == PI_ACT_XIELU) pi_xielu(ctx->pool, B->up, F * T, L->act_params.data);   /* the CPU (offload.c) */
+    else TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     if (hp->ffn_act_square) TRY(OP(e, binary, PI_BINARY_MUL, &u, &u, &u));   /* h = h^2 (ReLU^2: arcee) */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
     return pi_lora_add(ctx, e, il, PI_LORA_DOWN, B->up, B->cur, T);

@@ -195,7 +195,9 @@ static pi_status check_hparams(const pi_hparams *hp) {
     const int32_t head_dim = (int32_t)pi_head_dim(hp);
     if (hp->n_rot <= 0 || hp->n_rot > head_dim || hp->n_rot % 2)
         return pi_fail(PI_ERR_BAD_MODEL, "rope dimension %d must be even and at most head_dim %d", hp->n_rot, head_dim);
-    if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_SWIGLU_OAI)
+    if (hp->ffn_act == PI_ACT_XIELU && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->ffn_gate != PI_FFN_SEQ))
+        return pi_fail(PI_ERR_UNSUPPORTED, "the xIELU activation runs in dense FFNs without a gate (PI_FFN_SEQ) only");
+    if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_XIELU)
         return pi_fail(PI_ERR_BAD_MODEL, "unknown FFN activation id %d", hp->ffn_act);
     if (hp->ffn_act == PI_ACT_SWIGLU_OAI && hp->n_expert == 0)
         return pi_fail(PI_ERR_UNSUPPORTED, "the OAI SwiGLU activation runs in mixture-of-experts FFNs only");
@@ -575,6 +577,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         }
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
         LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);
+        if (hp->ffn_act == PI_ACT_XIELU) LAYER("ffn_act.weight", 4, 0, true, false, &L->act_params);
         if (opt) LAYER("ffn_up.bias", F, 0, true, false, &L->ffn_up_b);
         if (!hp->sparse) {
             LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);

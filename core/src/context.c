@@ -18,6 +18,9 @@
  *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for (pi_set_outputs: or/and
  *                                                    the embeddings rms_norm(x) * output_norm, no head);
  *                                                    final_softcap: cap tanh(logits / cap)
+ * parallel_block (command-r, cohere2): x += attn(h) + ffn(h), h = norm(x) * attn_norm (parallel_layer);
+ * attn_temp_scale (mistral3): q scaled per position after rope; qk_norm_after_rope (hunyuan-dense); ffn_act_square
+ * (arcee: ReLU^2) and PI_ACT_XIELU (apertus) in dense_ffn.
  * The architectures differ only in the pi_hparams flags read here, except for
  *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);

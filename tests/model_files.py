@@ -203,6 +203,93 @@ CONFIGS["gemma4"] = dict(n_vocab=320, n_embd=128, n_head=4, n_layer=7, local=(1,
 CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32, n_rot=24,
                        rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
+# ---- the archs branch's architectures (archs_layer_weights, archs_keys)
+# the architectures of archs_layer_weights / archs_keys, in the order they were added
+ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
+                "exaone", "apertus")
+# mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
+# over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
+# (attention.temperature_scale 0.1: Ministral 3's llama_4_scaling_beta), and an attn_output bias
+CONFIGS["mistral3"] = dict(CONFIGS["llama"], yarn_factor=16.0, orig_ctx=8, yarn_log_mul=1.0, temp_scale=0.1)
+# exaone4 (EXAONE 4.0): no pre-norms, post-norms, q/k RMSNorm per head, NEOX rope; 64 layers (llama.cpp windows
+# the 64-layer 32B only) of a smaller width, a window of 5 positions, the pattern a flag per layer (every 4th global,
+# without rope) as the converter writes it
+CONFIGS["exaone4"] = dict(CONFIGS["llama"], n_embd=64, n_ff=96, head_dim=16, n_layer=64, n_swa=5, rope_base=1000000.0)
+
+# ernie4_5 (ERNIE 4.5 0.3B): llama's blocks (the converter splits its fused q|k|v and gate|up), tied embeddings
+CONFIGS["ernie4_5"] = dict(CONFIGS["llama"], tied=True)
+# seed_oss (Seed-OSS-36B): NEOX rope, q/k/v biases, post_attention_norm as the FFN's pre-norm, heads of 64 (key_length)
+# over n_embd / n_head = 32 (as its 80 heads of 128 over 5120)
+CONFIGS["seed_oss"] = dict(CONFIGS["llama"], head_dim=64, key_length=True, rope_base=10000000.0)
+# hunyuan-dense (Hunyuan 0.5B .. 7B): NEOX rope, per-head q/k norms after the rope, the base as the converter writes it
+# (10000 * 1000^(32 / 30): alpha baked in)
+CONFIGS["hunyuan-dense"] = dict(CONFIGS["llama"], rope_base=10000.0 * 1000.0 ** (32 / 30))
+# arcee (AFM-4.5B): llama with an FFN of ReLU^2 and no gate (no ffn_gate tensors)
+CONFIGS["arcee"] = dict(CONFIGS["llama"])
+# command-r (Command-R 35B): LayerNorm without biases, attention and FFN from one norm, tied output, logits times 0.25;
+# cohere2 (Command R7B): the same with a window of 5 positions over layers 0..2 and 4 of 5 (3: global, no rope)
+CONFIGS["command-r"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25)
+CONFIGS["cohere2"] = dict(CONFIGS["llama"], tied=True, logit_scale=0.25, n_layer=5, n_swa=5)
+# exaone (EXAONE 3.5): llama's blocks with NEOX rope and Llama 3.1-style rope factors
+CONFIGS["exaone"] = dict(CONFIGS["llama"], rope_freqs=True)
+# apertus (Apertus 8B / 70B): NEOX rope after per-head q/k norms, an FFN without a gate whose activation is xIELU with
+# per-layer parameters (of Apertus-8B's size: alpha_p ~ 0.8 .. 1, alpha_n ~ 0.8 .. 1.6, beta 0.5, eps -1e-6)
+CONFIGS["apertus"] = dict(CONFIGS["llama"], xielu_alpha_n=[0.8, 1.2, 1.6], xielu_alpha_p=[0.8, 0.9, 1.0],
+                          xielu_beta=0.5, xielu_eps=-1e-6)
+
+
+def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
+    """Layer p's weights (w, updated) where an archs-branch architecture differs from llama's."""
+    if arch == "mistral3":
+        w[p + "attn_output.bias"] = (0.5 * rng.standard_normal(c["n_embd"])).astype(np.float32)
+    if arch == "seed_oss":
+        Eq, Ekv = c["n_head"] * c["head_dim"], c["n_head_kv"] * c["head_dim"]
+        for k, n in (("q", Eq), ("k", Ekv), ("v", Ekv)):
+            w[p + f"attn_{k}.bias"] = (0.5 * rng.standard_normal(n)).astype(np.float32)
+        w[p + "post_attention_norm.weight"] = w.pop(p + "ffn_norm.weight")
+    if arch == "arcee":
+        del w[p + "ffn_gate.weight"]
+    if arch in ("command-r", "cohere2"):
+        del w[p + "ffn_norm.weight"]
+    if arch == "apertus":
+        del w[p + "ffn_gate.weight"]
+        w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
+    if arch == "hunyuan-dense":
+        w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
+    if arch == "exaone4":
+        del w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"]
+        w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(c["head_dim"]), norm(c["head_dim"])
+        w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(c["n_embd"]), norm(c["n_embd"])
+
+
+def archs_keys(writer, arch: str, c: dict) -> None:
+    """The keys llama.cpp's converter writes for an archs-branch architecture beyond llama's."""
+    if arch == "mistral3":
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(c["yarn_factor"])
+        writer.add_rope_scaling_orig_ctx_len(c["orig_ctx"])
+        writer.add_rope_scaling_yarn_beta_fast(32.0)
+        writer.add_rope_scaling_yarn_beta_slow(1.0)
+        writer.add_rope_scaling_yarn_log_mul(c["yarn_log_mul"])
+        writer.add_attn_temperature_scale(c["temp_scale"])
+    if c.get("key_length"):
+        writer.add_key_length(c["head_dim"])
+        writer.add_value_length(c["head_dim"])
+    if arch in ("command-r", "cohere2"):    # what llama.cpp's converters write (CommandR2Model, Cohere2Model)
+        writer.add_layer_norm_eps(c["eps"])
+        writer.add_logit_scale(c["logit_scale"])
+    if arch == "apertus":      # global keys (llama.cpp's LLM_KV_XIELU_*), a value per layer as the converter writes
+        n = c["n_layer"]
+        writer.add_xielu_alpha_n(c["xielu_alpha_n"])
+        writer.add_xielu_alpha_p(c["xielu_alpha_p"])
+        writer.add_xielu_beta([c["xielu_beta"]] * n)
+        writer.add_xielu_eps([c["xielu_eps"]] * n)
+    if arch == "cohere2":
+        writer.add_sliding_window(c["n_swa"])
+    if arch == "exaone4":
+        writer.add_sliding_window(c["n_swa"])
+        writer.add_sliding_window_pattern([(il + 1) % 4 != 0 for il in range(c["n_layer"])])
+
 
 def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str, np.ndarray]:
     """Float32 weights (numpy shapes: (out, in) for matrices) under their GGUF names. rope_freqs: add
@@ -216,7 +303,8 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch in ("gemma2", "gemma3")
                                                                                  else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss", "glm4"):
+    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss", "glm4") + ARCHS_BRANCH and \
+            not c.get("tied"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
         w["rope_freqs.weight"] = np.geomspace(1.0, 8.0, hd // 2).astype(np.float32)
@@ -248,6 +336,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
             w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(E), norm(E)
         if arch == "gpt-oss":
             w.update(gptoss_layer(rng, mat, c, p, w))
+        archs_layer_weights(arch, p, w, rng, mat, norm, c)
     return w
 
 
@@ -369,7 +458,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
     """Write a GGUF of `arch` (general.architecture as given; matrices as dtype, f32 by default, or as dtypes says
     by part of their names, e.g. {"ffn_": "mxfp4"}) and return its weights."""
     c = CONFIGS[arch]
-    w = make_weights(arch, seed) if weights is None else weights
+    w = make_weights(arch, seed, rope_freqs=c.get("rope_freqs", False)) if weights is None else weights
     if arch == "gemma4":
         return write_gemma4_model(path, w, c, chat_template=chat_template, dtype=dtype, dtypes=dtypes)
 
@@ -408,6 +497,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
             writer.add_rope_scaling_orig_ctx_len(c["orig_ctx"])
             writer.add_rope_scaling_attn_factors(c["attn_factor"])
             writer.add_sliding_window(c["orig_ctx"] - 1)
+        archs_keys(writer, arch, c)
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
         if chat_template is not None:
             writer.add_chat_template(chat_template)

@@ -242,13 +242,17 @@ ACTS = {"silu": silu, "relu": relu, "gelu": gelu}
 def layer_norm(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
+    return (x - mu) / np.sqrt(var + eps) * w + (0.0 if b is None else b)
 NEOX_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "falcon", "phi3", "olmo2",
               "gpt-oss")          # llama.cpp's LLAMA_ROPE_TYPE_NEOX among ours
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
+# the archs branch's (_archs_setup)
+ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
+          "exaone", "apertus")
+NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone", "apertus")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -301,6 +305,14 @@ class ReferenceModel:
     use_out_scale = True     # gemma4: x times layer_output_scale after each layer (False: left out)
     router_of_x = True       # gemma4's experts: the router reads the residual stream (False: the experts' input)
     gelu_f16 = False         # GELU through ggml's GGML_GELU_FP16 table (f16 input and output), as llama.cpp's CPU does
+    yarn_betas = (32.0, 1.0)  # YaRN's beta_fast / beta_slow (mistral3: the file's rope.scaling.yarn_beta_*)
+    yarn_log_mul = 0.0       # YaRN's mscale_all_dim m (rope.scaling.yarn_log_multiplier): cos/sin / (1 + 0.1 m ln f)
+    attn_temp = 0.0          # mistral3: q times 1 + attn_temp ln(floor(pos / attn_temp_floor) + 1) after rope
+    attn_temp_floor = 0
+    nope_global = False      # exaone4 with a window: the global layers apply no rope
+    qk_norm_after_rope = False   # hunyuan-dense: the per-head q/k norms after the rope, not before
+    relu_sqr = False         # arcee: the FFN is W_down relu(W_up g)^2 (no gate)
+    parallel = False         # command-r, cohere2: x += attn(h) + ffn(h), h = norm(x, attn_norm)
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
@@ -427,6 +439,8 @@ class ReferenceModel:
                                for li, loc in enumerate(local)]
             self.attn_scale, self.v_norm = 1.0, True
             self.final_softcap = float(m("final_logit_softcapping", 0.0))
+        self.yarn_log_mul = float(m("rope.scaling.yarn_log_multiplier", 0.0))
+        self._archs_setup(m)
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -466,16 +480,52 @@ class ReferenceModel:
                             qkv[:e_q], qkv[e_q:e_q + e_kv], qkv[e_q + e_kv:]
                 if "ffn_gate" not in L:
                     L["ffn_gate"], L["ffn_up"] = L["ffn_up"][:self.n_ff], L["ffn_up"][self.n_ff:]
-            if arch == "gpt-oss":    # llama.cpp's attn_post_norm: the norm before the experts, not after the attention
+            if arch in ("gpt-oss", "seed_oss"):   # llama.cpp's attn_post_norm: the FFN's pre-norm, not a post-norm
                 L["ffn_norm"] = L.pop("post_attention_norm")
             if self.sparse:
                 L["ffn_down"] = np.asarray(L.pop("ffn_down_t")).T      # (n_embd, n_ff); the engine adds its rows (axpy)
                 if "ffn_down_t.bias" in L:
                     L["ffn_down.bias"] = L.pop("ffn_down_t.bias")
             self.layers.append(L)
+        if arch == "apertus":     # each layer's xIELU: a_n = beta + softplus(alpha_n), a_p = softplus(alpha_p)
+            cols = [meta[f"xielu.{k}"] for k in ("alpha_n", "alpha_p", "beta", "eps")]
+            cols = [list(c) if isinstance(c, (list, tuple)) else [c] * self.n_layer for c in cols]
+            for L, (an, ap, b, e) in zip(self.layers, zip(*cols)):
+                L["xielu"] = (b + np.log1p(np.exp(an)), np.log1p(np.exp(ap)), b, e)
         for k, v in overrides.items():
             setattr(self, k, v)
         assert self.n_rot <= self.head_dim and self.n_rot % 2 == 0
+
+    def _archs_setup(self, m) -> None:
+        """The archs branch's architectures (llama.cpp's src/models/<arch>.cpp), m(key, default) the file's keys."""
+        if self.arch == "mistral3":   # llama_model_mistral3: the file's YaRN betas, Llama 4's temperature tuning
+            self.yarn_betas = (float(m("rope.scaling.yarn_beta_fast", 32.0)),
+                               float(m("rope.scaling.yarn_beta_slow", 1.0)))
+            self.attn_temp = float(m("attention.temperature_scale", 0.0))
+            self.attn_temp_floor = self.yarn_orig_ctx
+        if self.arch == "exaone4" and self.n_layer == 64:   # llama_model_exaone4: the 32B's window, NoPE global layers
+            self.n_swa = int(m("attention.sliding_window", 4096))
+            pattern = m("attention.sliding_window_pattern", 4)
+            self.local_layers = ({li for li, f in enumerate(pattern) if f} if isinstance(pattern, list)
+                                 else {li for li in range(self.n_layer) if li % pattern < pattern - 1})
+            self.nope_global = True
+            self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base))
+        if self.arch in ("command-r", "cohere2"):   # LayerNorm without biases, parallel blocks, logits * logit_scale
+            self.layer_norm, self.parallel = True, True
+            self.eps = float(m("attention.layer_norm_epsilon"))
+            self.logit_scale = 1.0 / float(m("logit_scale", 1.0))
+        if self.arch == "cohere2":          # llama_model_cohere2: every 4th layer global, without rope
+            self.n_swa = int(m("attention.sliding_window"))
+            self.swa_pattern = int(m("attention.sliding_window_pattern", 4))
+            self.nope_global = True
+            self.rope_base_swa = float(m("rope.freq_base_swa", self.rope_base))
+        if self.arch == "arcee":            # llama_model_arcee: LLM_FFN_RELU_SQR, LLM_FFN_SEQ
+            self.relu_sqr = True
+        if self.arch == "hunyuan-dense":    # llama_model_hunyuan_vl's graph; NTK alpha scales the base
+            self.qk_norm_after_rope = True
+            alpha = float(m("rope.scaling.alpha", 0.0))
+            if alpha > 0.0:
+                self.rope_base *= alpha ** (self.head_dim / (self.head_dim - 2))
 
     def geometry(self, li) -> dict:
         """Layer li's head_dim, n_head_kv, n_rot, local and kv_source (layer_geom's, else the one shape and the
@@ -509,11 +559,13 @@ class ReferenceModel:
         if self.yarn:
             extrap = theta / self.freq_scale
             corr = [n_rot * math.log(self.yarn_orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(base))
-                    for beta in (32.0, 1.0)]
+                    for beta in self.yarn_betas]
             low, high = max(0.0, math.floor(corr[0])), min(n_rot - 1.0, math.ceil(corr[1]))
             mix = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
             theta = theta * (1.0 - mix)[None, :] + extrap * mix[None, :]
             mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale) if self.freq_scale < 1.0 else 1.0
+            if self.yarn_log_mul and self.freq_scale < 1.0:     # llama.cpp: get_mscale(f, 1) / get_mscale(f, m)
+                mscale /= 1.0 + 0.1 * self.yarn_log_mul * math.log(1.0 / self.freq_scale)
         c = np.cos(theta)[:, None, :] * mscale
         s = np.sin(theta)[:, None, :] * mscale
         out = x.copy()
@@ -597,7 +649,12 @@ class ReferenceModel:
         if "ffn_gate_inp" in L:
             return self.moe_ffn(L, g)
         up = g @ L["ffn_up"].T
-        if self.layer_norm:                 # falcon/opt: no gate
+        if self.relu_sqr:                   # arcee: no gate, ReLU squared
+            hid = relu(up) ** 2
+        elif "xielu" in L:                  # apertus: no gate, xIELU
+            an, ap, b, e = L["xielu"]
+            hid = np.where(up > 0.0, ap * up * up + b * up, (np.expm1(np.minimum(up, e)) - up) * an + b * up)
+        elif self.arch in LAYER_NORM_ARCHS:   # falcon/opt: no gate
             hid = relu(up + L.get("ffn_up.bias", 0.0))
         else:
             gate = self.act(g @ L["ffn_gate"].T)
@@ -628,12 +685,13 @@ class ReferenceModel:
         if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == q.shape[1] != hd:   # olmo2: of the whole q and k
             q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
         q = q.reshape(n, self.n_head, hd)
-        if "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd:       # gemma3, qwen3: of each head
+        per_head = "attn_q_norm" in L and L["attn_q_norm"].shape[0] == hd and not self.qk_norm_after_rope
+        if per_head:       # gemma3, qwen3: of each head
             q = self.rmsnorm(q, L["attn_q_norm"])
         if k is None:
             return q, None, None
         k, v = k.reshape(n, n_head_kv, hd), v.reshape(n, n_head_kv, hd)
-        if "attn_k_norm" in L and L["attn_k_norm"].shape[0] == hd:
+        if per_head:
             k = self.rmsnorm(k, L["attn_k_norm"])
         if self.v_norm:
             v = self.rmsnorm(v, 1.0)
@@ -647,11 +705,16 @@ class ReferenceModel:
         if local:
             mask &= (pos[:, None] - all_pos[None, :]) < self.n_swa
         q, k, v = self.qkv(L, h, hd, geo["n_head_kv"])
-        if self.arch != "opt" and not (self.nope_step and (li + 1) % self.nope_step == 0):
+        nope = (self.nope_step and (li + 1) % self.nope_step == 0) or (self.nope_global and not local)
+        if self.arch != "opt" and not nope:
             base = self.rope_base_swa if local else None
             rot = dict(n_rot=geo["n_rot"], freqs=not (local and self.layer_geom is not None))   # gemma4: global only
             q = self.rope(q, pos, base, **rot)
             k = None if k is None else self.rope(k, pos, base, **rot)
+        if self.qk_norm_after_rope:         # hunyuan-dense: per head, after the rope
+            q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
+        if self.attn_temp:                  # mistral3: a per-position q scale
+            q = q * (1.0 + self.attn_temp * np.log(np.floor(pos / self.attn_temp_floor) + 1.0))[:, None, None]
         src = geo["kv_source"]
         if src == li:                       # its own cache (else: layer src's, already holding these tokens)
             if cache.k[li] is not None:
@@ -712,7 +775,7 @@ class ReferenceModel:
         ple = self.per_layer_inputs(tokens, x)                        # gemma4 E2B / E4B, else None
         for li, L in enumerate(self.layers):
             h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias")) if "attn_norm" in L else x   # olmo2: none
-            if self.arch == "falcon":                                 # parallel attention and FFN
+            if self.arch == "falcon" or self.parallel:                # parallel attention and FFN
                 a_in = self.norm(x, L["attn_norm_2"], L["attn_norm_2.bias"]) if "attn_norm_2" in L else h
                 x = x + self.attention(L, li, a_in, pos, all_pos, cache) + self.ffn(L, h, x, trace)
                 if self.control_vector is not None:

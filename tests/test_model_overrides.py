@@ -3,6 +3,8 @@
 each checked against a file whose metadata says the same; YaRN against the float64 reference forward."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -123,7 +125,6 @@ def test_yarn_flags_and_refusals(tiny_model, tmp_path):
 
     import powerinfer as pi
     from model_files import write_arch_model
-    from powerinfer.gguf_file import ModelLoadError
     src = tiny_model("f32", seed=5)
     path = yarn_file(src, tmp_path / "yarn.gguf", "llama")
     main = Path(__file__).resolve().parents[1] / "examples" / "main.py"
@@ -142,8 +143,10 @@ def test_yarn_flags_and_refusals(tiny_model, tmp_path):
     g = write_arch_model(tmp_path / "g.gguf", "gemma3", seed=3) and tmp_path / "g.gguf"
     with pytest.raises(ValueError, match="gemma3"):
         pi.Model(g, rope_scaling="yarn", rope_freq_scale=0.5)
-    with pytest.raises(ModelLoadError, match="yarn_log_multiplier"):
-        pi.Model(yarn_file(src, tmp_path / "ds.gguf", "llama", {"rope.scaling.yarn_log_multiplier": 0.1}))
+    # YaRN's mscale_all_dim (yarn_log_multiplier, mistral3's files): cos/sin scaled by llama.cpp's
+    # get_mscale(4, 1) / get_mscale(4, 0.1)
+    hp = pi.Model(yarn_file(src, tmp_path / "lm.gguf", "llama", {"rope.scaling.yarn_log_multiplier": 0.1})).hparams
+    assert pi.rope.rope_mscale(hp) == pytest.approx((1 + 0.1 * math.log(4)) / (1 + 0.01 * math.log(4)))
     with pytest.raises(ValueError, match="rope_scaling"):
         pi.Model(src, rope_scaling="longrope")
 

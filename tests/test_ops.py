@@ -1445,6 +1445,29 @@ def test_swiglu_oai_errors():
     check(lib.pi_op_swiglu_oai(ffi.NULL, tensor(g), tensor(g.copy()), 1.7, 7.0))
 
 
+def test_xielu(pools):
+    """Apertus's xIELU (pi_op_xielu) against its float64 formula over both branches (x > 0: a_p x^2 + beta x; else
+    (expm1(min(x, eps)) - x) a_n + beta x) within 4 U32 relative, in place, on every thread count; errors."""
+    x = np.concatenate([np.linspace(-30.0, 8.0, 3001), [0.0, -1e-7, 1e-7, -1e-6]]).astype(np.float32).reshape(1, -1)
+    p = np.array([1.3, 0.9, 0.5, -1e-6], np.float32)     # a_n, a_p, beta, eps
+
+    def run(pool):
+        y = x.copy()
+        check(lib.pi_op_xielu(pool, tensor(y), ffi.cast("float *", ffi.from_buffer(p))))
+        return y
+
+    y = run_all(pools, run, "xielu")
+    xd = x.astype(np.float64)
+    an, ap, b, e = (float(v) for v in p)
+    ref = np.where(xd > 0, ap * xd * xd + b * xd, (np.expm1(np.minimum(xd, e)) - xd) * an + b * xd)
+    assert_within(y, ref, 4 * U32 * np.abs(ref) + UNDERFLOW_ATOL + 4 * U32 * np.abs(xd) * (an + b), "xielu")
+    big = np.zeros((4, 16), np.float32)
+    expect_error(lib.pi_op_xielu(ffi.NULL, tensor(big[::2, :8]), ffi.cast("float *", ffi.from_buffer(p))),
+                 lib.PI_ERR_INVALID_ARG)
+    expect_error(lib.pi_op_xielu(ffi.NULL, tensor(x.astype(np.float16)), ffi.cast("float *", ffi.from_buffer(p))),
+                 lib.PI_ERR_INVALID_ARG)
+
+
 @pytest.mark.parametrize("kt,vt,hd", [(F16, F16, 64), (F16, F16, 260), (Q8_0, Q8_0, 64), (F32, F16, 136)],
                          ids=lambda x: TYPE_NAME.get(x, str(x)) if x < 64 else str(x))
 def test_attention_softcap_prompt_equals_query_by_query(pools, kt, vt, hd):

@@ -770,6 +770,10 @@ def op_cases():
         gate, up = Tensor([10, 3]), Tensor([10, 3])
         return lib.pi_op_swiglu_oai, [None, gate.t, up.t, 1.702, 7.0], {1: "tensor", 2: "tensor"}, (gate, up)
 
+    def xielu():
+        x, p = Tensor([10, 3]), ffi.new("float[4]", [1.3, 0.9, 0.5, -1e-6])
+        return lib.pi_op_xielu, [None, x.t, p], {1: "tensor", 2: "ptr"}, (x, p)
+
     def softcap():
         x, out = Tensor([10, 3]), Tensor([10, 3])
         return lib.pi_op_softcap, [None, x.t, 30.0, out.t], {1: "tensor", 3: "tensor"}, (x, out)
@@ -798,7 +802,7 @@ def op_cases():
     cases = dict(get_rows=get_rows, mul_mat=mul_mat, rms_norm=rms_norm, layer_norm=layer_norm, rope=rope,
                  softmax=softmax, unary=unary,
                  binary=binary, attention=attention, attention_softcap=attention_softcap, softcap=softcap,
-                 attention_sinks=attention_sinks, swiglu_oai=swiglu_oai)
+                 attention_sinks=attention_sinks, swiglu_oai=swiglu_oai, xielu=xielu)
     if hasattr(lib, "pi_op_predictor"):
         cases.update(predictor=predictor, sparse_ffn=sparse_ffn, sparse_mask=sparse_mask)
     return cases
@@ -808,7 +812,7 @@ OPS = op_cases()
 OP_WORD = dict(attention_softcap="attention", attention_sinks="attention")   # the word an op's messages carry, where
                                                                               # it is not the case's name
 OUT_INDEX = dict(get_rows=1, mul_mat=2, rms_norm=2, layer_norm=3, rope=1, softmax=1, unary=1, binary=2, attention=4,
-                 attention_softcap=4, softcap=1, attention_sinks=5, swiglu_oai=1, predictor=3,
+                 attention_softcap=4, softcap=1, attention_sinks=5, swiglu_oai=1, xielu=0, predictor=3,
                  sparse_ffn=3, sparse_mask=2)     # which kept Tensor is the op's output
 
 
@@ -2022,7 +2026,7 @@ COVERED = {
     "pi_threadpool_free", "pi_threadpool_size", "pi_op_get_rows", "pi_op_mul_mat", "pi_op_mul_mats", "pi_op_rms_norm",
     "pi_op_rope",
     "pi_op_layer_norm", "pi_op_softmax", "pi_op_unary", "pi_op_binary", "pi_op_attention", "pi_model_create",
-    "pi_op_attention_softcap", "pi_op_softcap", "pi_op_attention_sinks", "pi_op_swiglu_oai",
+    "pi_op_attention_softcap", "pi_op_softcap", "pi_op_attention_sinks", "pi_op_swiglu_oai", "pi_op_xielu",
     "pi_model_free",
     "pi_model_hparams", "pi_model_layer_geom", "pi_context_default_params", "pi_context_create", "pi_context_free",
     "pi_set_abort_callback", "pi_set_n_threads", "pi_decode", "pi_get_logits", "pi_kv_seq_rm", "pi_kv_seq_cp",

@@ -41,6 +41,14 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
+# the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
+_ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
+                 "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA,
+                 "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA,
+                 "apertus": lib.PI_ARCH_LLAMA}
+_ARCHS.update(_ARCHS_BRANCH)
+# the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
+_ARCHS_OUT_BIAS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
@@ -50,6 +58,7 @@ OPT_DEFAULT_NORM_EPS = 1e-5
 _ROPE_MODES = {"normal": lib.PI_ROPE_NORMAL, "neox": lib.PI_ROPE_NEOX}
 _ACTS = {"silu": lib.PI_ACT_SILU, "swish": lib.PI_ACT_SILU, "relu": lib.PI_ACT_RELU, "gelu": lib.PI_ACT_GELU,
          "swiglu_oai": lib.PI_ACT_SWIGLU_OAI}   # swiglu_oai: experts only (gpt-oss)
+_ACTS["xielu"] = lib.PI_ACT_XIELU     # apertus: per-layer parameters (HParams.xielu), no gate
 # gpt-oss's SwiGLU constants (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: alpha 1.702, limit 7.0; no file key holds them)
 GPT_OSS_SWIGLU_ALPHA, GPT_OSS_SWIGLU_LIMIT = 1.702, 7.0
 ACTIVATION_KEY = "powerinfer.ffn_activation"
@@ -116,6 +125,15 @@ class HParams:
     n_ff_exp: int = 0               # gemma4: the experts' width (expert_feed_forward_length; n_ff: the dense FFNs')
     moe_router_norm: bool = False   # gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale
     moe_dense_ffn: bool = False     # gemma4: a layer with experts runs its dense FFN beside them (post_ffw_norm_1, ...)
+    # the archs branch's fields
+    qk_norm_after_rope: bool = False   # hunyuan-dense: q and k normed after their rope
+    ffn_act_square: bool = False    # arcee: the FFN's activation squared (ReLU^2, no gate: ffn_gate "seq")
+    layer_norm: bool = False        # command-r, cohere2: LayerNorm without biases instead of RMSNorm
+    parallel_block: bool = False    # command-r, cohere2: x += attn(h) + ffn(h) from one norm
+    xielu: tuple = ()               # apertus: per layer (a_n, a_p, beta, eps) of its xIELU (ffn_act "xielu")
+    rope_yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; rope.rope_mscale)
+    attn_temp_scale: float = 0.0    # mistral3: q times 1 + this * ln(floor(pos / attn_temp_floor) + 1) (0: none)
+    attn_temp_floor: int = 0
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -150,6 +168,144 @@ def _gemma4_moe(path, get, as_int) -> dict:
         return {}
     return dict(n_ff_exp=as_int("expert_feed_forward_length", get("expert_feed_forward_length", required=True)),
                 moe_router_norm=True, moe_dense_ffn=True)
+
+
+def _softplus32(x: float) -> float:
+    """ggml_compute_softplus_f32 in float32."""
+    x = np.float32(x)
+    return float(x if x > 20.0 else np.log(np.float32(1.0) + np.exp(x)))
+
+
+def _xielu_params(path, meta: dict, n_layer: int) -> tuple:
+    """apertus: each layer's xIELU parameters (a_n, a_p, beta, eps) from xielu.alpha_n / alpha_p / beta / eps (a value
+    or one per layer), a_n = beta + softplus(alpha_n), a_p = softplus(alpha_p) as ggml_xielu computes them (float32)."""
+    cols = []
+    for key in ("xielu.alpha_n", "xielu.alpha_p", "xielu.beta", "xielu.eps"):
+        v = meta.get(key)
+        if v is None:
+            raise ModelLoadError(f"{path}: missing metadata key {key}")
+        v = list(v) if isinstance(v, (list, tuple)) else [v] * n_layer
+        if len(v) != n_layer or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in v):
+            raise ModelLoadError(f"{path}: {key} must be a finite number or one per layer ({n_layer})")
+        cols.append(v)
+    return tuple((float(np.float32(b) + np.float32(_softplus32(an))), _softplus32(ap), float(b), float(e))
+                 for an, ap, b, e in zip(*cols))
+
+
+def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_pattern, swa_rope_base, meta) -> dict:
+    """What the archs branch's architectures change from their family's defaults (pi_hparams; llama.cpp's
+    src/models/<arch>.cpp); {} for the others. get, as_int, as_float, swa_pattern, swa_rope_base:
+    _hparams_from_metadata's readers of the file's keys; meta: the file's metadata."""
+    if arch == "apertus":
+        # Apertus (llama_model_apertus): NEOX rope after per-head q/k RMSNorm, an optional attn_output.bias, an FFN
+        # without a gate whose activation is xIELU with per-layer parameters (global xielu.* keys)
+        return dict(rope_mode="neox", qk_norm=1, ffn_act="xielu", ffn_gate="seq",
+                    xielu=_xielu_params(path, meta, as_int("block_count", get("block_count", required=True))))
+    if arch == "mistral3":
+        # Ministral 3 (llama_model_mistral3): llama with YaRN (yarn_log_multiplier: rope_mscale), the file's YaRN betas,
+        # an optional attn_output.bias, and q scaled per position (attention.temperature_scale, Llama 4's temperature
+        # tuning) in steps of the YaRN original context
+        if get("expert_count", 0):
+            raise ModelLoadError(f"{path}: mistral3 with experts is not supported")
+        out = dict(yarn_beta_fast=as_float("rope.scaling.yarn_beta_fast", get("rope.scaling.yarn_beta_fast", 32.0)),
+                   yarn_beta_slow=as_float("rope.scaling.yarn_beta_slow", get("rope.scaling.yarn_beta_slow", 1.0)))
+        temp = as_float("attention.temperature_scale", get("attention.temperature_scale", 0.0))
+        if temp:
+            floor = yarn["yarn_orig_ctx"]
+            if not floor:
+                raise ModelLoadError(f"{path}: mistral3.attention.temperature_scale without "
+                                     "mistral3.rope.scaling.original_context_length (its position step)")
+            out.update(attn_temp_scale=temp, attn_temp_floor=floor)
+        return out
+    if arch == "ernie4_5":
+        # ERNIE 4.5 dense (0.3B; llama_model_ernie4_5): llama's blocks and NORMAL rope; the file's attn_output.bias,
+        # where it has one, is not read (llama.cpp loads it and leaves it out of the graph); the MoE variant is another
+        # architecture
+        return {}
+    if arch == "seed_oss":
+        # ByteDance Seed-OSS (llama_model_seed_oss): NEOX rope, q/k/v biases (where the file has them: _archs_views),
+        # blk.N.post_attention_norm the FFN's pre-norm (gptoss_views' renaming)
+        return dict(rope_mode="neox")
+    if arch == "hunyuan-dense":
+        # Hunyuan dense (llama_model_hunyuan_vl's graph): NEOX rope, then per-head q/k RMSNorm (after the rope); the
+        # converter bakes NTK alpha into rope.freq_base, a file with rope.scaling.alpha gets base * alpha^(d / (d - 2))
+        # as llama.cpp; multi-section rope (the VL model's) is not supported
+        if any(get("rope.dimension_sections", [])):
+            raise ModelLoadError(f"{path}: hunyuan-dense with rope.dimension_sections (multi-section rope) is not "
+                                 "supported")
+        out = dict(rope_mode="neox", qk_norm=1, qk_norm_after_rope=True)
+        alpha = as_float("rope.scaling.alpha", get("rope.scaling.alpha", 0.0))
+        if alpha > 0.0:
+            d = as_int("attention.key_length", get("attention.key_length", None) or
+                       as_int("embedding_length", get("embedding_length")) //
+                       as_int("attention.head_count", get("attention.head_count")))
+            out["rope_freq_base"] = as_float("rope.freq_base", get("rope.freq_base", 10000.0)) * alpha ** (d / (d - 2))
+        return out
+    if arch == "arcee":
+        # Arcee AFM-4.5B (llama_model_arcee): llama with NORMAL rope (rope_freqs where the file has them) and an FFN
+        # without a gate, relu(W_up x)^2 (llama.cpp's LLM_FFN_RELU_SQR, LLM_FFN_SEQ): a naturally sparse activation
+        # (exact zeros where W_up x <= 0), run dense here
+        return dict(ffn_act="relu", ffn_gate="seq", ffn_act_square=True)
+    if arch in ("command-r", "cohere2"):
+        # Cohere Command-R (llama_model_command_r) / Command R7B (llama_model_cohere2): LayerNorm without biases
+        # (attention.layer_norm_epsilon), attention and FFN side by side from one norm, NORMAL rope, tied output,
+        # logits times logit_scale (our logit_scale divides); cohere2 windows every layer but each period's last, and
+        # those global layers apply no rope
+        f = as_float("logit_scale", get("logit_scale", required=arch == "cohere2") or 0.0)
+        if not (math.isfinite(f) and f >= 0.0):
+            raise ModelLoadError(f"{path}: {arch}.logit_scale = {f} must be finite and >= 0")
+        out = dict(layer_norm=True, parallel_block=True, logit_scale=1.0 / f if f else 0.0,
+                   norm_eps=as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon",
+                                                                           required=True)))
+        if arch == "cohere2":
+            period = swa_pattern(4)
+            if yarn["yarn_ext_factor"]:
+                raise ModelLoadError(f"{path}: cohere2 with YaRN is not supported (its local layers rope apart)")
+            out.update(n_swa=as_int("attention.sliding_window", get("attention.sliding_window", required=True)),
+                       swa_pattern=period, n_no_rope_layer_step=period, rope_freq_base_swa=swa_rope_base())
+        return out
+    if arch == "exaone":
+        # EXAONE 3.5 (llama_model_exaone): llama's blocks with NEOX rope (rope_freqs where the file has them)
+        return dict(rope_mode="neox")
+    if arch == "exaone4":
+        # EXAONE 4.0 (llama_model_exaone4): NEOX rope, q/k RMSNorm per head, no pre-norms and the blocks' outputs normed
+        # (olmo2's post_norms_only); llama.cpp windows only the 64-layer 32B (sliding_window, the pattern of the file,
+        # default every 4th layer global), whose global layers apply no rope (a NoPE layer every period)
+        if get("nextn_predict_layers", 0):
+            raise ModelLoadError(f"{path}: exaone4 with next-token-prediction layers (nextn_predict_layers) is not "
+                                 "supported")
+        out = dict(rope_mode="neox", qk_norm=1, post_norms=True, post_norms_only=True)
+        if as_int("block_count", get("block_count", required=True)) == 64:
+            period = swa_pattern(4)
+            if yarn["yarn_ext_factor"]:
+                raise ModelLoadError(f"{path}: exaone4 with a sliding window and YaRN is not supported")
+            out.update(n_swa=as_int("attention.sliding_window", get("attention.sliding_window", 4096)),
+                       swa_pattern=period, n_no_rope_layer_step=period, rope_freq_base_swa=swa_rope_base())
+        return out
+    return {}
+
+
+def _archs_views(path, tensors: dict, hp: HParams) -> tuple[dict, dict]:
+    """The archs branch's tensors under the names the core reads and the flags their presence sets ({} for other
+    architectures): llama.cpp's create_tensor_qkv adds q/k/v biases wherever a file has them (qkv_bias), mistral3 an
+    attn_output.bias (attn_out_bias); seed_oss's post_attention_norm is its FFN's pre-norm."""
+    if hp.arch not in _ARCHS_BRANCH:
+        return tensors, {}
+    if hp.arch == "command-r" and "blk.0.attn_q_norm.weight" in tensors:
+        raise ModelLoadError(f"{path}: command-r with q/k LayerNorms (attn_q_norm: Command R+) is not supported")
+    if hp.arch == "apertus" and "blk.0.attn_q_norm.bias" in tensors:
+        raise ModelLoadError(f"{path}: apertus with q/k norm biases is not supported")
+    if hp.xielu:    # each layer's xIELU parameters as a tensor the core reads (blk.N.ffn_act [4] f32)
+        tensors = dict(tensors)
+        for il, params in enumerate(hp.xielu):
+            name = f"blk.{il}.ffn_act.weight"
+            tensors[name] = _ArrayTensor(name, 0, (4,), np.array(params, dtype=np.float32))
+    if hp.arch == "seed_oss":
+        tensors = gptoss_views(tensors, hp)
+    flags = {"qkv_bias": int("blk.0.attn_q.bias" in tensors)}
+    if hp.arch in _ARCHS_OUT_BIAS:
+        flags["attn_out_bias"] = int("blk.0.attn_output.bias" in tensors)
+    return tensors, flags
 
 
 def _moe_layers(path, tensors: dict, hp: HParams) -> list:
@@ -269,12 +425,12 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         raise ModelLoadError(f"{path}: rope scaling type '{scaling}' is not supported yet (none, linear, yarn)")
     if not factor or factor <= 0:
         raise ModelLoadError(f"{path}: rope scaling factor {factor} must be > 0")
-    if get("rope.scaling.yarn_log_multiplier", 0.0):
-        raise ModelLoadError(f"{path}: rope.scaling.yarn_log_multiplier (DeepSeek's YaRN) is not supported")
     orig_ctx = get("rope.scaling.original_context_length")
     yarn = dict(rope_scaling=scaling, yarn_ext_factor=1.0 if scaling == "yarn" else 0.0,
                 yarn_orig_ctx=(as_int("rope.scaling.original_context_length", orig_ctx) if orig_ctx is not None else 0),
-                rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)))
+                rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)),
+                rope_yarn_log_mul=as_float("rope.scaling.yarn_log_multiplier",
+                                           get("rope.scaling.yarn_log_multiplier", 0.0)))
 
     if arch in ("qwen2", "qwen3", "gemma2", "gemma3", "gemma4") and meta.get("_pwri"):
         raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
@@ -416,7 +572,10 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_base_swa=swa_rope_base(),
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
-    if arch == "falcon":
+    extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base, meta))
+    if "norm_eps" in extra:
+        norm_eps = extra.pop("norm_eps")
+    elif arch == "falcon":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", required=True))
     elif arch == "opt":
         norm_eps = as_float("attention.layer_norm_epsilon", get("attention.layer_norm_epsilon", OPT_DEFAULT_NORM_EPS))
@@ -450,10 +609,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         n_embd=n_embd, n_ff=n_ff if n_ff is not None else as_int(n_ff_key, get(n_ff_key, required=True)),
         n_head=n_head, n_head_kv=n_head_kv,
         n_layer=as_int("block_count", get("block_count", required=True)),
-        n_rot=n_rot, ffn_act=act,
-        ffn_gate="sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY else "par",
+        n_rot=n_rot, ffn_act=extra.pop("ffn_act", act),
+        ffn_gate=extra.pop("ffn_gate", None) or ("sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY
+                                                 else "par"),
         norm_eps=norm_eps,
-        rope_freq_base=as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
+        rope_freq_base=extra.pop("rope_freq_base", None) or as_float("rope.freq_base", get("rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(factor),
         **yarn,
         **extra,
@@ -688,6 +848,8 @@ class Model:
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
+        tensors, archs_flags = _archs_views(self.path, tensors, hp)
+        self._archs_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
         if hp.arch == "gemma4":
             if not hp.n_embd_per_layer and any(n.startswith("per_layer_") for n in tensors):
                 raise ModelLoadError(f"{self.path}: per-layer embedding tensors (per_layer_token_embd, ...) without "
@@ -749,6 +911,11 @@ class Model:
         desc.tensors = descs
         p.v_norm, p.rope_freqs_global = int(hp.v_norm), int(hp.rope_freqs_global)
         p.n_ff_exp, p.moe_router_norm, p.moe_dense_ffn = hp.n_ff_exp, int(hp.moe_router_norm), int(hp.moe_dense_ffn)
+        p.attn_temp_scale, p.attn_temp_floor = hp.attn_temp_scale, hp.attn_temp_floor
+        p.qk_norm_after_rope, p.ffn_act_square = int(hp.qk_norm_after_rope), int(hp.ffn_act_square)
+        p.layer_norm, p.parallel_block = int(hp.layer_norm), int(hp.parallel_block)
+        for name, value in archs_flags.items():
+            setattr(p, name, value)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),

@@ -13,7 +13,9 @@ and multiplies cos and sin by mscale. The core rotates by theta_i = pos * freq_s
 per-pair frequency divisors f_i (a model's rope_freqs), so YaRN is f_i = ff_i / ((1 - r_i) + r_i / freq_scale);
 and cos/sin are scaled by mscale in the core's rope too (hparams.rope_mscale: the rotated dims only, as ggml).
 mscale (llama.cpp's llama_context setup): with ext_factor != 0, 1 + 0.1 ln(1 / freq_scale) for a factor > 1
-(else 1); without, the yarn attn factor (--yarn-attn-factor, 1); times the file's rope.scaling.attn_factor.
+(else 1), divided by 1 + 0.1 mscale_all_dim ln(1 / freq_scale) where the file has rope.scaling.yarn_log_multiplier
+(mscale_all_dim; llama.cpp assumes mscale 1); without, the yarn attn factor (--yarn-attn-factor, 1); times the file's
+rope.scaling.attn_factor.
 """
 from __future__ import annotations
 
@@ -77,6 +79,8 @@ def rope_mscale(hp) -> float:
     if hp.yarn_ext_factor != 0.0:
         factor = 1.0 / hp.rope_freq_scale
         m = 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
+        if hp.rope_yarn_log_mul and factor > 1.0:   # llama.cpp: get_mscale(f, 1) / get_mscale(f, mscale_all_dim)
+            m /= 1.0 + 0.1 * hp.rope_yarn_log_mul * math.log(factor)
     else:
         m = hp.yarn_attn_factor
     return m * hp.rope_attn_factor

@@ -102,8 +102,10 @@ enum {  /* FFN activation */
     PI_ACT_SILU = 0,
     PI_ACT_RELU = 1,
     PI_ACT_GELU = 2,
-    PI_ACT_SWIGLU_OAI = 3   /* mixture-of-experts FFNs only (gpt-oss): h = g' sigmoid(alpha g') (u' + 1), g' = min(g, limit),
+    PI_ACT_SWIGLU_OAI = 3,  /* mixture-of-experts FFNs only (gpt-oss): h = g' sigmoid(alpha g') (u' + 1), g' = min(g, limit),
                              * u' = clamp(u, -limit, limit) (hparams.swiglu_alpha, swiglu_limit; pi_op_swiglu_oai) */
+    PI_ACT_XIELU = 4        /* dense FFNs without a gate (ffn_gate PI_FFN_SEQ) only (apertus): h = xielu(u) with
+                             * layer il's parameters blk.N.ffn_act.weight [4] f32 (pi_op_xielu); on the CPU */
 };
 
 enum {  /* how the FFN gate combines with up */
@@ -240,6 +242,11 @@ PI_API pi_status pi_op_attention_sinks(pi_threadpool *pool, const pi_tensor *q, 
  * u' = clamp(up, -limit, limit), elementwise over gate and up [D, T] f32 (the same shape), in place in up; alpha and
  * limit finite, limit >= 0. The same bits at every level (arch/activation.c's exp). */
 PI_API pi_status pi_op_swiglu_oai(pi_threadpool *pool, const pi_tensor *gate, pi_tensor *up, float alpha, float limit);
+/* Apertus's xIELU (ggml's xielu), elementwise over x [any shape, contiguous] f32 in place, p = {a_n, a_p, beta, eps}
+ * (a_n = beta + softplus(alpha_n), a_p = softplus(alpha_p): the file's values as ggml_xielu turns them): x > 0:
+ * a_p x^2 + beta x; else (expm1(min(x, eps)) - x) a_n + beta x. Plain C (libm's expm1f): the same bits at every
+ * level. */
+PI_API pi_status pi_op_xielu(pi_threadpool *pool, pi_tensor *x, const float *p);
 /* Soft-capping: out = cap * tanh(x / cap) elementwise (Gemma 2's final logits); cap finite and > 0; f32. out may
  * alias x. The same bits at every level (an exp-based tanh, within a few ulp of tanhf). */
 PI_API pi_status pi_op_softcap(pi_threadpool *pool, const pi_tensor *x, float cap, pi_tensor *out);
@@ -421,6 +428,21 @@ typedef struct pi_hparams {
                               * ffn_up / ffn_down, its geometry's n_ff wide) beside them, each with its own norms:
                               * f = rms_norm(FFN(ffn_norm(x))) * post_ffw_norm_1 + rms_norm(experts(rms_norm(x) *
                               * pre_ffw_norm_2)) * post_ffw_norm_2, then post_ffw_norm's residual add (gemma4) */
+    /* archs branch (mistral3, exaone4, ...): */
+    float   attn_temp_scale; /* != 0: q of the token at position p is multiplied, after rope, by 1 + attn_temp_scale *
+                              * ln(floor(p / attn_temp_floor) + 1) (Llama 4's attention temperature tuning as Mistral 3
+                              * uses it: llama.cpp's f_attn_temp_scale); 0: none */
+    int32_t attn_temp_floor; /* with attn_temp_scale: the positions per step (> 0; llama.cpp's n_attn_temp_floor_scale,
+                              * Mistral 3's YaRN original context) */
+    int32_t qk_norm_after_rope;  /* 1 (with qk_norm): q and k are normed after their rope, not before (hunyuan-dense) */
+    int32_t ffn_act_square;  /* 1: the dense FFN's activation output is squared: ReLU^2 with ffn_act PI_ACT_RELU and
+                              * ffn_gate PI_FFN_SEQ, h = relu(W_up x)^2 (arcee; llama.cpp's LLM_FFN_RELU_SQR); dense
+                              * files without experts only */
+    int32_t layer_norm;      /* 1: the block and output norms are LayerNorm (mean removed, weights, no biases), not
+                              * RMSNorm (command-r, cohere2; falcon and opt use LayerNorm with biases by their arch) */
+    int32_t parallel_block;  /* 1: attention and FFN read one norm side by side: x += attn(h) + ffn(h), h = norm(x) *
+                              * attn_norm, no ffn_norm (command-r, cohere2); dense files without experts or post-norms,
+                              * on the CPU */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

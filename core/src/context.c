@@ -18,6 +18,9 @@
  *   logits = W_out (rms_norm(x) * output_norm)      only for the rows asked for (pi_set_outputs: or/and
  *                                                    the embeddings rms_norm(x) * output_norm, no head);
  *                                                    final_softcap: cap tanh(logits / cap)
+ * parallel_block (command-r, cohere2): x += attn(h) + ffn(h), h = norm(x) * attn_norm (parallel_layer);
+ * attn_temp_scale (mistral3): q scaled per position after rope; qk_norm_after_rope (hunyuan-dense); ffn_act_square
+ * (arcee: ReLU^2) and PI_ACT_XIELU (apertus) in dense_ffn.
  * The architectures differ only in the pi_hparams flags read here, except for
  *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
@@ -63,7 +66,8 @@ static int buffer_slots(pi_buffers *b, const pi_model *m, int64_t T, int64_t n_c
     SLOT(att, t * PI_MAX(E, Eq) * f);
     if (!hp->sparse) { SLOT(gate, t * F * f); SLOT(up, t * F * f); }
     if (hp->sparse) { SLOT(scores, t * F * f); SLOT(ffn_hot, t * E * f); }
-    if (hp->arch == PI_ARCH_FALCON) { SLOT(qkv, t * (Eq + 2 * Ekv) * f); SLOT(ln, t * E * f); }
+    if (hp->arch == PI_ARCH_FALCON) SLOT(qkv, t * (Eq + 2 * Ekv) * f);
+    if (hp->arch == PI_ARCH_FALCON || hp->parallel_block) SLOT(ln, t * E * f);
     SLOT(mask, t * (size_t)n_ctx * f);
     if (hp->n_swa > 0) SLOT(mask_swa, t * (size_t)n_ctx * f);
     SLOT(pos, t * sizeof(int32_t));
@@ -460,6 +464,38 @@ static pi_status attn_sparse_matmul(pi_context *ctx, pi_exec *e, const pi_sparse
 
 /* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
  * the result in B->cur. */
+/* q [hd, n_head, T] and (own_kv) k [hd, n_head_kv, T] RMS-normed in place (qk_norm): per head (1) or over each token's
+ * whole q and k (2: olmo2) */
+static pi_status qk_norms(pi_context *ctx, pi_exec *e, const pi_layer *L, pi_tensor *q, pi_tensor *k, bool own_kv) {
+    const pi_hparams *hp = &ctx->model->hp;
+    if (hp->qk_norm == 1) {
+        TRY(OP(e, rms_norm, q, &L->q_norm, hp->norm_eps, q));
+        if (own_kv) TRY(OP(e, rms_norm, k, &L->k_norm, hp->norm_eps, k));
+    } else if (hp->qk_norm == 2) {
+        pi_tensor qa = f32_2d(q->data, q->ne[0] * q->ne[1], q->ne[2]);
+        pi_tensor ka = f32_2d(k->data, k->ne[0] * k->ne[1], k->ne[2]);
+        TRY(OP(e, rms_norm, &qa, &L->q_norm, hp->norm_eps, &qa));
+        if (own_kv) TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
+    }
+    return PI_OK;
+}
+
+/* q [Eq, T] *= 1 + attn_temp_scale * ln(floor(pos / attn_temp_floor) + 1) per token (mistral3): one scale op per run
+ * of consecutive tokens with the same factor, none where it is 1 (positions below attn_temp_floor) */
+static pi_status attn_temperature(pi_context *ctx, pi_exec *e, const pi_batch *b, float *q, int64_t Eq) {
+    const pi_hparams *hp = &ctx->model->hp;
+    if (hp->attn_temp_scale == 0.0f) return PI_OK;
+    for (int32_t t0 = 0, t1; t0 < b->n_tokens; t0 = t1) {
+        const int64_t step = b->pos[t0] / hp->attn_temp_floor;
+        for (t1 = t0 + 1; t1 < b->n_tokens && b->pos[t1] / hp->attn_temp_floor == step; t1++) {}
+        if (step == 0) continue;
+        const float s = (float)(1.0 + (double)hp->attn_temp_scale * log((double)step + 1.0));
+        pi_tensor qt = f32_2d(q + (size_t)t0 * (size_t)Eq, Eq, t1 - t0);
+        TRY(OP(e, scale, &qt, s));
+    }
+    return PI_OK;
+}
+
 static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
     const pi_layer_geom *g = &ctx->model->geom[il];
@@ -518,14 +554,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ hd, hp->n_head, T });
     pi_tensor k = pi_tensor_view(PI_TYPE_F32, B->k, 3, (int64_t[]){ hd, n_head_kv, T });
     pi_tensor v = pi_tensor_view(PI_TYPE_F32, B->v, 3, (int64_t[]){ hd, n_head_kv, T });
-    if (hp->qk_norm == 1) {   /* RMSNorm of each head's vector */
-        TRY(OP(e, rms_norm, &q, &L->q_norm, hp->norm_eps, &q));
-        if (own_kv) TRY(OP(e, rms_norm, &k, &L->k_norm, hp->norm_eps, &k));
-    } else if (hp->qk_norm == 2) {   /* of each token's whole q and k (olmo2) */
-        pi_tensor qa = f32_2d(B->q, hd * hp->n_head, T), ka = f32_2d(B->k, Ekv, T);
-        TRY(OP(e, rms_norm, &qa, &L->q_norm, hp->norm_eps, &qa));
-        if (own_kv) TRY(OP(e, rms_norm, &ka, &L->k_norm, hp->norm_eps, &ka));
-    }
+    if (!hp->qk_norm_after_rope) TRY(qk_norms(ctx, e, L, &q, &k, own_kv));
     if (own_kv && hp->v_norm) TRY(OP(e, rms_norm, &v, NULL, hp->norm_eps, &v));   /* of each head, no weight (gemma4) */
     const float base = local && hp->rope_freq_base_swa > 0.0f ? hp->rope_freq_base_swa : hp->rope_freq_base;
     const float fscale = local && hp->rope_freq_scale_swa > 0.0f ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
@@ -536,6 +565,9 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         TRY(OP(e, rope, &q, B->pos, g->n_rot, hp->rope_mode, base, fscale, freqs, mscale, &q));
         if (own_kv) TRY(OP(e, rope, &k, B->pos, g->n_rot, hp->rope_mode, base, fscale, freqs, mscale, &k));
     }
+
+    if (hp->qk_norm_after_rope) TRY(qk_norms(ctx, e, L, &q, &k, own_kv));
+    TRY(attn_temperature(ctx, e, b, B->q, Eq));
 
     if (own_kv) {   /* the KV store: rows cells[t] of this layer's cache */
         pi_tensor kall = pi_tensor_view(kv->type_k, lx->k, 2, (int64_t[]){ Ekv, kv->n_ctx });
@@ -757,7 +789,9 @@ static pi_status dense_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32
         for (int64_t i = 0; ctx->neuron_counts && i < hp->n_ff; i++) ctx->neuron_counts[il * hp->n_ff + i] += T;
     }
     if (ctx->act_hist && hp->ffn_gate != PI_FFN_SEQ && e == &ctx->cpu) act_histogram(ctx, il, B->gate, B->up, B->cur, T);
-    TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
+    if (hp->ffn_act == PI_ACT_XIELU) pi_xielu(ctx->pool, B->up, F * T, L->act_params.data);   /* the CPU (offload.c) */
+    else TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
+    if (hp->ffn_act_square) TRY(OP(e, binary, PI_BINARY_MUL, &u, &u, &u));   /* h = h^2 (ReLU^2: arcee) */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
     return pi_lora_add(ctx, e, il, PI_LORA_DOWN, B->up, B->cur, T);
 }
@@ -788,6 +822,25 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     else
         TRY(dense_ffn(ctx, e, L, il, T));
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
+}
+
+/* parallel_block (command-r, cohere2): h = norm(x) * attn_norm (kept in ln), x += attn(h), then x += ffn(h); the
+ * layer's attention and FFN on one backend (the CPU: offload refuses these models) */
+static pi_status parallel_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il,
+                                const pi_batch *b, int32_t n_kv) {
+    pi_exec *e = lx->attn;
+    pi_buffers *B = &e->buf;
+    const pi_layer *L = lx->attn_w;
+    const int64_t T = b->n_tokens, E = ctx->model->hp.n_embd;
+    const size_t bytes = (size_t)(T * E) * sizeof(float);
+    TRY(move_x(ctx, at, e, T));
+    TRY(norm(ctx, e, B->x, &L->attn_norm, &L->attn_norm_b, B->ln, T));
+    TRY(OP(e, copy, B->cur, B->ln, bytes));
+    TRY(attention_core(ctx, lx, il, b, n_kv));   /* -> cur */
+    TRY(add_inplace(e, B->x, B->cur, E, T));
+    TRY(OP(e, copy, B->cur, B->ln, bytes));
+    TRY(dense_ffn(ctx, e, lx->ffn_w, il, T));    /* -> cur */
+    return add_inplace(e, B->x, B->cur, E, T);
 }
 
 static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
@@ -1018,8 +1071,9 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) return pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
         const pi_layer_exec *lx = &ctx->lx[il];
-        if (m->hp.arch == PI_ARCH_FALCON) {
-            TRY(falcon_layer(ctx, &at, lx, il, batch, n_kv));
+        if (m->hp.arch == PI_ARCH_FALCON || m->hp.parallel_block) {
+            TRY(m->hp.parallel_block ? parallel_layer(ctx, &at, lx, il, batch, n_kv)
+                                     : falcon_layer(ctx, &at, lx, il, batch, n_kv));
             TRY(control_vector(ctx, at, il, T));
             continue;
         }

@@ -406,6 +406,8 @@ pi_status pi_attention(pi_threadpool *pool, const pi_tensor *q, const pi_tensor 
                        const pi_tensor *mask, float scale, float softcap, const float *sinks, pi_tensor *out);
 /* u[i] = swiglu_oai(g[i], u[i]) for i < n, on the pool (pi_op_swiglu_oai unchecked) */
 void      pi_swiglu_oai(pi_threadpool *pool, const float *g, float *u, int64_t n, float alpha, float limit);
+/* x[i] = xielu(x[i]) with p = {a_n, a_p, beta, eps} for i < n, on the pool (pi_op_xielu unchecked) */
+void      pi_xielu(pi_threadpool *pool, float *x, int64_t n, const float *p);
 /* x[i] = cap tanh(x[i] / cap) for i < n, on the pool (cap > 0; pi_op_softcap unchecked) */
 void      pi_softcap(pi_threadpool *pool, float *x, int64_t n, float cap);
 

@@ -169,6 +169,21 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (!isfinite(hp->residual_scale) || !isfinite(hp->logit_scale) || hp->logit_scale < 0.0f)
         return pi_fail(PI_ERR_BAD_MODEL, "residual_scale = %g, logit_scale = %g: must be finite (logit_scale >= 0)",
                        (double)hp->residual_scale, (double)hp->logit_scale);
+    if (!isfinite(hp->attn_temp_scale) || (hp->attn_temp_scale != 0.0f && hp->attn_temp_floor <= 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "attn_temp_scale = %g must be finite, with attn_temp_floor = %d > 0",
+                       (double)hp->attn_temp_scale, hp->attn_temp_floor);
+    if (hp->qk_norm_after_rope < 0 || hp->qk_norm_after_rope > 1 || (hp->qk_norm_after_rope && !hp->qk_norm))
+        return pi_fail(PI_ERR_BAD_MODEL, "qk_norm_after_rope = %d must be 0 or 1 (1 with qk_norm)",
+                       hp->qk_norm_after_rope);
+    if (hp->ffn_act_square < 0 || hp->ffn_act_square > 1 ||
+        (hp->ffn_act_square && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->ffn_gate != PI_FFN_SEQ)))
+        return pi_fail(PI_ERR_BAD_MODEL, "ffn_act_square = %d must be 0 or 1 (1: a dense FFN without a gate, no experts)",
+                       hp->ffn_act_square);
+    if (hp->layer_norm < 0 || hp->layer_norm > 1 || hp->parallel_block < 0 || hp->parallel_block > 1 ||
+        (hp->parallel_block && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->post_norms ||
+                                hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT)))
+        return pi_fail(PI_ERR_BAD_MODEL, "layer_norm = %d and parallel_block = %d must be 0 or 1 (parallel_block: a "
+                       "dense llama-family file without experts or post-norms)", hp->layer_norm, hp->parallel_block);
     if (hp->n_no_rope_layer_step < 0)
         return pi_fail(PI_ERR_BAD_MODEL, "n_no_rope_layer_step = %d must be >= 0", hp->n_no_rope_layer_step);
     if (hp->n_head % hp->n_head_kv)
@@ -180,7 +195,9 @@ static pi_status check_hparams(const pi_hparams *hp) {
     const int32_t head_dim = (int32_t)pi_head_dim(hp);
     if (hp->n_rot <= 0 || hp->n_rot > head_dim || hp->n_rot % 2)
         return pi_fail(PI_ERR_BAD_MODEL, "rope dimension %d must be even and at most head_dim %d", hp->n_rot, head_dim);
-    if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_SWIGLU_OAI)
+    if (hp->ffn_act == PI_ACT_XIELU && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->ffn_gate != PI_FFN_SEQ))
+        return pi_fail(PI_ERR_UNSUPPORTED, "the xIELU activation runs in dense FFNs without a gate (PI_FFN_SEQ) only");
+    if (hp->ffn_act < PI_ACT_SILU || hp->ffn_act > PI_ACT_XIELU)
         return pi_fail(PI_ERR_BAD_MODEL, "unknown FFN activation id %d", hp->ffn_act);
     if (hp->ffn_act == PI_ACT_SWIGLU_OAI && hp->n_expert == 0)
         return pi_fail(PI_ERR_UNSUPPORTED, "the OAI SwiGLU activation runs in mixture-of-experts FFNs only");
@@ -471,7 +488,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
 
     const int64_t E = hp->n_embd, V = hp->n_vocab;
     TRY(load_tensor(desc, "token_embd.weight", E, V, false, false, &m->token_embd));
-    const bool falcon = hp->arch == PI_ARCH_FALCON, opt = hp->arch == PI_ARCH_OPT, ln = pi_uses_layer_norm(hp);
+    const bool falcon = hp->arch == PI_ARCH_FALCON, opt = hp->arch == PI_ARCH_OPT, ln = falcon || opt;   /* + biases */
     TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
     if (ln) TRY(load_tensor(desc, "output_norm.bias", E, 0, true, false, &m->output_norm_b));
     if (opt) {
@@ -529,7 +546,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
         if (opt || hp->attn_out_bias) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
         if (hp->attn_sinks) LAYER("attn_sinks.weight", hp->n_head, 0, true, false, &L->attn_sinks);
-        if (!falcon && !hp->post_norms_only)   /* falcon: parallel block */
+        if (!falcon && !hp->post_norms_only && !hp->parallel_block)   /* falcon, parallel_block: one norm */
             LAYER("ffn_norm.weight", E, 0, true, false, &L->ffn_norm);
         if (opt) LAYER("ffn_norm.bias", E, 0, true, false, &L->ffn_norm_b);
         if (hp->qkv_bias) {
@@ -560,6 +577,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         }
         LAYER("ffn_gate.weight",    E, F,    false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
         LAYER("ffn_up.weight",      E, F,    false, false, &L->ffn_up);
+        if (hp->ffn_act == PI_ACT_XIELU) LAYER("ffn_act.weight", 4, 0, true, false, &L->act_params);
         if (opt) LAYER("ffn_up.bias", F, 0, true, false, &L->ffn_up_b);
         if (!hp->sparse) {
             LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);

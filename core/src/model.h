@@ -58,6 +58,7 @@ typedef struct pi_layer {
     pi_tensor ple_gate;    /* [n_embd, n_pl] blk.N.inp_gate (hparams.n_embd_per_layer): the per-layer embedding's gate */
     pi_tensor ple_proj;    /* [n_pl, n_embd] blk.N.proj */
     pi_tensor ple_norm;    /* [n_embd] f32 blk.N.post_norm */
+    pi_tensor act_params;  /* [4] f32 blk.N.ffn_act (ffn_act PI_ACT_XIELU: apertus's a_n, a_p, beta, eps) */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;
@@ -95,7 +96,7 @@ pi_status pi_tensor_desc_view(const pi_tensor_desc *d, int n_dims, const int64_t
 
 /* LayerNorm instead of RMSNorm (falcon, opt). */
 static inline bool pi_uses_layer_norm(const pi_hparams *hp) {
-    return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT;
+    return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT || hp->layer_norm;
 }
 
 /* opt: position embeddings are looked up at pos + 2 (fairseq's padding offset). */

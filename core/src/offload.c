@@ -242,6 +242,11 @@ static pi_status check_params(const pi_context *ctx, const pi_offload_params *p,
     }
     if (*any && (hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT))
         return pi_fail(PI_ERR_UNSUPPORTED, "offload: falcon and opt models run on the CPU only so far");
+    if (*any && hp->ffn_act == PI_ACT_XIELU)
+        return pi_fail(PI_ERR_UNSUPPORTED, "offload: the xIELU activation (apertus) runs on the CPU only so far");
+    if (*any && (hp->parallel_block || hp->layer_norm))
+        return pi_fail(PI_ERR_UNSUPPORTED, "offload: models with parallel blocks and LayerNorm (command-r, cohere2) "
+                       "run on the CPU only so far (the device backend has no LayerNorm)");
     for (int32_t il = 0; *any && il < hp->n_layer; il++) {   /* a shared KV cache lives with its layers' attention */
         const int32_t src = m->geom[il].kv_source;
         if (src != il && p->layers[il].attn != p->layers[src].attn)

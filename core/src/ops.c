@@ -1269,6 +1269,35 @@ pi_status pi_op_swiglu_oai(pi_threadpool *pool, const pi_tensor *gate, pi_tensor
     return PI_OK;
 }
 
+/* ---- Apertus's xIELU ---- */
+
+typedef struct { float *x; int64_t n; const float *p; } xielu_args;
+
+static void xielu_task(void *p, int ith, int nth) {
+    xielu_args *a = p;
+    const float an = a->p[0], ap = a->p[1], beta = a->p[2], eps = a->p[3];
+    int64_t i0, i1;
+    split_range(a->n, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        const float x = a->x[i];
+        a->x[i] = x > 0.0f ? ap * x * x + beta * x : (expm1f(fminf(x, eps)) - x) * an + beta * x;
+    }
+}
+
+void pi_xielu(pi_threadpool *pool, float *x, int64_t n, const float *p) {
+    xielu_args a = { x, n, p };
+    pi_threadpool_run(pool, xielu_task, &a);
+}
+
+pi_status pi_op_xielu(pi_threadpool *pool, pi_tensor *x, const float *p) {
+    RETURN_IF(check_f32(x, "xielu x"));
+    if (!p) return pi_fail(PI_ERR_INVALID_ARG, "xielu: NULL parameters");
+    for (int i = 1; i < PI_MAX_DIMS; i++)
+        if (x->nb[i] != x->nb[i - 1] * x->ne[i - 1]) return pi_fail(PI_ERR_INVALID_ARG, "xielu: x must be contiguous");
+    pi_xielu(pool, x->data, pi_nelements(x), p);
+    return PI_OK;
+}
+
 /* ---- soft-capping (Gemma 2's logits) ---- */
 
 typedef struct { float *x; int64_t n; float cap; } softcap_args;

@@ -83,6 +83,27 @@ for _name in ("qwen2", "deepseek-r1-qwen", "megrez"):
 for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de"):
     PRE_TOKENIZERS[_name] = Pre((_GPT2,))
 PRE_TOKENIZERS["gpt-4o"] = Pre((_GPT4O,))
+# the archs branch's: EXAONE 4.0 (llama.cpp: GPT-2's)
+PRE_TOKENIZERS["exaone4"] = Pre((_GPT2,))
+# Mistral's tekken (Mistral Nemo, Ministral 3, Mistral Small 3.x): GPT-4o's letter classes as llama.cpp writes them,
+# every digit a word; words in the vocabulary whole, BOS by default
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS["tekken"] = Pre((_TEKKEN,), ignore_merges=True, add_bos=True)
+# ByteDance Seed-Coder / Seed-OSS: Qwen2's with punctuation runs not taking newlines
+_SEED_CODER = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+               r"|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS["seed-coder"] = Pre((_SEED_CODER,))
+# Hunyuan dense: numbers of 1..3 digits, then runs of CJK ideographs / kana, then words (an ASCII punctuation mark may
+# lead ASCII letters), punctuation / symbol runs with trailing newlines, newline runs, whitespace
+PRE_TOKENIZERS["hunyuan-dense"] = Pre((r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
+                                       r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
+                                       r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+"
+                                       r"|\s+(?!\S)|\s+"))
+# Cohere Command-R / R7B, EXAONE 3.5: every digit split off first, then GPT-2's
+for _name in ("command-r", "exaone"):
+    PRE_TOKENIZERS[_name] = Pre((r"\p{N}", _GPT2))
 # Gemma 4 (tokenizer.ggml.model "gemma4" implies it, whatever tokenizer.ggml.pre says)
 PRE_TOKENIZERS["gemma4"] = Pre((r"[^\n]+|[\n]+",), add_bos=True, spm=True)
 # llama.cpp's default (also used when the key is missing)

@@ -421,6 +421,18 @@ typedef struct pi_hparams {
                               * ffn_up / ffn_down, its geometry's n_ff wide) beside them, each with its own norms:
                               * f = rms_norm(FFN(ffn_norm(x))) * post_ffw_norm_1 + rms_norm(experts(rms_norm(x) *
                               * pre_ffw_norm_2)) * post_ffw_norm_2, then post_ffw_norm's residual add (gemma4) */
+    /* DeepSeek-V2 / V3 multi-head latent attention (deepseek2; docs/design.md, "MLA"), in its absorbed form: */
+    int32_t mla_kv_rank;     /* > 0: MLA with this latent width R (kv_lora_rank): per token blk.N.attn_kv_a_mqa
+                              * [n_embd, R + n_rot] gives the latent (RMS-normed by attn_kv_a_norm [R]) and k_pe (roped,
+                              * one for all heads); the cache row is [latent, k_pe] (the layers' geometry: head_dim
+                              * R + n_rot, one KV head), V its first R values; each head's query is [attn_k_b[h] q_nope,
+                              * rope(q_pe)], its output's first R values times attn_v_b[h]; then attn_output [n_head
+                              * mla_head_v, n_embd]. attn_k_b [nope, R, n_head], attn_v_b [R, mla_head_v, n_head].
+                              * Scores are scaled by attn_scale. CPU only */
+    int32_t mla_head_k;      /* q's head size before absorption: nope + n_rot (attn_q [n_embd, n_head mla_head_k]) */
+    int32_t mla_head_v;      /* the value head size (attn_v_b's rows per head) */
+    int32_t q_lora_rank;     /* > 0 (with mla_kv_rank): q = attn_q_b [r, n_head mla_head_k] rms_norm(attn_q_a [n_embd,
+                              * r] x) * attn_q_a_norm [r] instead of attn_q */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

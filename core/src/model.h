@@ -58,6 +58,10 @@ typedef struct pi_layer {
     pi_tensor ple_gate;    /* [n_embd, n_pl] blk.N.inp_gate (hparams.n_embd_per_layer): the per-layer embedding's gate */
     pi_tensor ple_proj;    /* [n_pl, n_embd] blk.N.proj */
     pi_tensor ple_norm;    /* [n_embd] f32 blk.N.post_norm */
+    pi_tensor wq_a, q_a_norm, wq_b;   /* hparams.q_lora_rank: [n_embd, r], [r] f32, [r, n_head mla_head_k] */
+    pi_tensor wkv_a, kv_a_norm;  /* hparams.mla_kv_rank R: [n_embd, R + n_rot], [R] f32 */
+    pi_tensor wk_b;        /* [nope, R, n_head]: head h's q_nope -> latent space */
+    pi_tensor wv_b;        /* [R, mla_head_v, n_head]: head h's latent output -> its value */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;

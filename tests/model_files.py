@@ -590,12 +590,14 @@ DEEPSEEK2 = dict(n_vocab=320, n_embd=64, n_ff=96, n_head=4, n_layer=3, kv_lora_r
                  n_expert=6, n_expert_used=2, n_ff_exp=32, n_shared=1, n_dense=1, eps=1e-6, rope_base=10000.0)
 
 
-def deepseek2_weights(seed: int = 0, q_lora: int = 0, kv_b: bool = False, c: dict = DEEPSEEK2) -> dict:
+def deepseek2_weights(seed: int = 0, q_lora: int = 0, kv_b: bool = False, probs_b: bool = False,
+                      c: dict = DEEPSEEK2) -> dict:
     """Random deepseek2 weights: MLA attention (attn_q, or attn_q_a / attn_q_a_norm / attn_q_b with q_lora;
     attn_kv_a_mqa [n_embd, R + n_rot], attn_kv_a_norm, and attn_k_b [nope, R, n_head] / attn_v_b [R, v, n_head], or
     (kv_b, older files) one attn_kv_b [R, n_head (nope + v)], each head's k rows then its v rows), the first n_dense
-    layers with a dense FFN, the others n_expert experts with a router and n_shared shared experts (ffn_*_shexp)."""
-    rng, mat, norm, _ = random_weights(seed)
+    layers with a dense FFN, the others n_expert experts with a router (probs_b: and DeepSeek-V3's selection bias
+    exp_probs_b.bias [n_expert], std 0.3) and n_shared shared experts (ffn_*_shexp)."""
+    rng, mat, norm, bias = random_weights(seed)
     E, H, R, nr, nope, vd = c["n_embd"], c["n_head"], c["kv_lora_rank"], c["n_rot"], c["nope"], c["v"]
     NE, Fe, Fs = c["n_expert"], c["n_ff_exp"], c["n_ff_exp"] * c["n_shared"]
     w = {"token_embd.weight": mat(c["n_vocab"], E) * np.float32(8.0), "output_norm.weight": norm(E),
@@ -626,10 +628,13 @@ def deepseek2_weights(seed: int = 0, q_lora: int = 0, kv_b: bool = False, c: dic
         w[p + "ffn_down_exps.weight"] = np.stack([mat(E, Fe) for _ in range(NE)])
         w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(Fs, E), mat(Fs, E)
         w[p + "ffn_down_shexp.weight"] = mat(E, Fs)
+        if probs_b:
+            w[p + "exp_probs_b.bias"] = bias(NE) * np.float32(3.0)
     return w
 
 
-def write_deepseek2_model(path, seed: int = 0, q_lora: int = 0, kv_b: bool = False, dtype: str = "f32",
+def write_deepseek2_model(path, seed: int = 0, q_lora: int = 0, kv_b: bool = False, probs_b: bool = False,
+                          dtype: str = "f32",
                           dtypes: dict[str, str] | None = None, meta: dict | None = None,
                           weights: dict | None = None, c: dict = DEEPSEEK2) -> dict[str, np.ndarray]:
     """A tiny deepseek2 file (deepseek2_weights unless weights are given) with the keys llama.cpp's converter writes
@@ -637,7 +642,7 @@ def write_deepseek2_model(path, seed: int = 0, q_lora: int = 0, kv_b: bool = Fal
     kv_b the older files' key_length / value_length of the q/k and v heads; q_lora_rank 0 without q_lora, which
     llama.cpp requires for a model that is not one of the Lite layer counts); meta: {key: value} replacing or adding
     keys (None: left out; floats FLOAT32, ints UINT32, bools BOOL)."""
-    w = deepseek2_weights(seed, q_lora, kv_b, c) if weights is None else weights
+    w = deepseek2_weights(seed, q_lora, kv_b, probs_b, c) if weights is None else weights
     R, nr, nope, vd = c["kv_lora_rank"], c["n_rot"], c["nope"], c["v"]
     keys = {"context_length": 512, "embedding_length": c["n_embd"], "block_count": c["n_layer"],
             "feed_forward_length": c["n_ff"], "attention.head_count": c["n_head"],

@@ -304,6 +304,10 @@ class ReferenceModel:
     expert_weights_scale = 1.0   # the chosen experts' weights times this (deepseek2's expert_weights_scale)
     mla = None               # deepseek2: dict(rank, head_k, head_v, nope) of its multi-head latent attention
     mla_drop = ()            # deepseek2's pieces left out ("kv_norm", "k_pe", "q_pe", "scale")
+    ds_gating = "softmax"    # deepseek2's router: "softmax" or "sigmoid" (V3)
+    ds_norm = False          # deepseek2: the chosen experts' weights renormalized (expert_weights_norm)
+    ds_groups = (0, 0)       # deepseek2: (expert groups, groups used) (V3's 8, 4); (0, 0): none
+    ds_bias = True           # deepseek2: exp_probs_b.bias shifts the choice (False: left out)
     yarn_rope_mscale = True  # YaRN's cos / sin factor 1 + 0.1 ln(1 / freq_scale) (deepseek2 with yarn_log_multiplier:
                              # not applied)
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
@@ -578,7 +582,9 @@ class ReferenceModel:
         p /= p.sum(axis=1, keepdims=True)
         out = np.zeros_like(g)
         for t in range(len(g)):
-            if self.expert_gating == "softmax_weight":
+            if self.arch == "deepseek2":
+                chosen, w = self.deepseek2_route(logits[t], L)
+            elif self.expert_gating == "softmax_weight":
                 chosen = np.argsort(-logits[t], kind="stable")[:self.n_expert_used]
                 w = np.exp(logits[t, chosen] - logits[t, chosen].max())
                 w /= w.sum()
@@ -692,7 +698,8 @@ class ReferenceModel:
         """deepseek2 (llama.cpp's llama_model_deepseek2): MLA of kv_lora_rank with q/k heads of key_length_mla (older
         files: key_length) values, nope of them without rope, v heads of value_length_mla (value_length); normal rope
         pairs; experts after leading_dense_block_count dense layers, softmax probabilities renormalized over the chosen
-        only with expert_weights_norm, times expert_weights_scale; the scores scaled by mscale^2 / sqrt(head_k) with
+        only with expert_weights_norm (V3: sigmoids instead, expert_gating_func 2; groups and a selection bias:
+        deepseek2_route), times expert_weights_scale; the scores scaled by mscale^2 / sqrt(head_k) with
         mscale = (1 + 0.1 mscale_all_dim ln f) times rope.scaling.attn_factor, times 1 + 0.1 ln f unless YaRN with
         DeepSeek's yarn_log_multiplier (written as 0.1 mscale_all_dim), f the scaling factor; with YaRN and the
         multiplier cos / sin are times rope.scaling.attn_factor only (llama.cpp's yarn_attn_factor takes ggml's YaRN
@@ -704,7 +711,9 @@ class ReferenceModel:
         self.mla = dict(rank=int(m("attention.kv_lora_rank")), head_k=head_k, head_v=head_v, nope=head_k - self.n_rot)
         self.head_dim = head_k
         self.n_ff = int(m("expert_feed_forward_length", m("feed_forward_length")))
-        self.expert_gating = "softmax_norm" if m("expert_weights_norm", False) else "softmax"
+        self.ds_gating = "sigmoid" if int(m("expert_gating_func", 1)) == 2 else "softmax"
+        self.ds_norm = bool(m("expert_weights_norm", False))
+        self.ds_groups = (int(m("expert_group_count", 0)), int(m("expert_group_used_count", 0)))
         self.expert_weights_scale = float(m("expert_weights_scale", 0.0)) or 1.0
         log_mul = float(m("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
         ln_f = math.log(1.0 / self.freq_scale)
@@ -712,6 +721,26 @@ class ReferenceModel:
         mscale = self.rope_attn_factor * yarn_factor * (1.0 + 0.1 * log_mul * ln_f)
         self.attn_scale = mscale * mscale / math.sqrt(head_k)
         self.yarn_rope_mscale = not log_mul
+
+    def deepseek2_route(self, logits, L):
+        """deepseek2's experts of one token and their weights (llama.cpp's build_moe_ffn): probabilities p (softmax or
+        sigmoid of the logits), selection scores p + exp_probs_b; with groups only the groups_used groups of the largest
+        sums of their two best scores compete; the n_expert_used best scores chosen, weighted by their p (renormalized
+        with ds_norm, the sum at least 6.103515625e-5)."""
+        p = 1.0 / (1.0 + np.exp(-logits)) if self.ds_gating == "sigmoid" else np.exp(logits - logits.max())
+        if self.ds_gating != "sigmoid":
+            p = p / p.sum()
+        s = p + L["exp_probs_b.bias"] if "exp_probs_b.bias" in L and self.ds_bias else p.copy()
+        n_groups, n_used = self.ds_groups
+        if n_groups > 1:
+            by_group = s.reshape(n_groups, -1)
+            score = np.sort(by_group, axis=1)[:, -2:].sum(axis=1)
+            drop = np.argsort(-score, kind="stable")[n_used:]
+            by_group[drop] = -np.inf
+            s = by_group.reshape(-1)
+        chosen = np.argsort(-s, kind="stable")[:self.n_expert_used]
+        w = p[chosen]
+        return chosen, (w / max(w.sum(), 6.103515625e-5) if self.ds_norm else w)
 
     def mla_attention(self, L, li, h, pos, all_pos, cache):
         """deepseek2's attention written as multi-head attention over the decompressed keys and values (llama.cpp's

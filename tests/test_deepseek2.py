@@ -7,7 +7,9 @@ token, one shared expert, R 32, n_rot 16, nope 32, v 16, 4 heads).
 
 What each piece changes (rel. RMS of the reference without it against ours, seed 0, q_lora and YaRN; printed by
 test_each_piece_matters): the latent's norm 0.20, k_pe's rope 0.20, q_pe's rope 0.22, YaRN's attention scale 0.14,
-the experts' weights renormalized 3.5e-2, the shared expert 0.45; ours is 2.2e-7 .. 3.0e-7 from the reference."""
+the experts' weights renormalized 3.5e-2, the shared expert 0.45; ours is 2.2e-7 .. 3.2e-7 from the reference. V3's
+routing (seed 0; test_v3_routing_pieces_matter): softmax for its sigmoids 0.76, without the selection bias 0.56, without
+the groups 0.38, not renormalized 0.40, without the scale 0.50; V2's softmax router without its groups 3.0e-2."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +26,11 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5]
 # V2-Lite's YaRN (factor 40 there, mscale_all_dim 0.707: yarn_log_multiplier 0.0707) over a short original context
 YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 8.0, "rope.scaling.original_context_length": 64,
         "rope.scaling.yarn_log_multiplier": 0.0707}
-VARIANTS = {"mla": {}, "kv_b": dict(kv_b=True), "q_lora": dict(q_lora=32), "yarn": dict(q_lora=32, meta=YARN)}
+# DeepSeek-V3's routing: sigmoid probabilities, a selection bias, 3 groups of 2 experts (2 used), renormalized, scaled
+V3 = {"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5, "expert_group_count": 3,
+      "expert_group_used_count": 2}
+VARIANTS = {"mla": {}, "kv_b": dict(kv_b=True), "q_lora": dict(q_lora=32), "yarn": dict(q_lora=32, meta=YARN),
+            "v3": dict(q_lora=32, probs_b=True, meta={**YARN, **V3})}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -48,7 +54,8 @@ def test_hparams_and_cache_rows(ds2):
     assert (hp.mla_kv_rank, hp.mla_head_k, hp.mla_head_v, hp.n_head_kv) == (R, DEEPSEEK2["nope"] + nr,
                                                                            DEEPSEEK2["v"], 1)
     assert all(g.head_dim == R + nr and g.n_head_kv == 1 for g in hp.layer_geom)
-    assert hp.n_layer_dense_lead == 1 and hp.n_ff_exp == 32 and hp.n_ff_shexp == 32 and hp.expert_raw_weights
+    assert hp.n_layer_dense_lead == 1 and hp.n_ff_exp == 32 and hp.n_ff_shexp == 32
+    assert hp.expert_raw_weights != hp.expert_sigmoid     # V2's weights as they are, V3's renormalized
 
 
 def test_kv_b_file_gives_the_split_files_bits(tmp_path):
@@ -109,7 +116,7 @@ def test_each_piece_matters(tmp_path):
     ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32"), PROMPT)
     assert rel_rms(ours, ReferenceModel(f).forward(PROMPT)) < FLOAT_REL_RMS
     without = {piece: ReferenceModel(f, mla_drop=(piece,)) for piece in ("kv_norm", "k_pe", "q_pe", "scale")}
-    without["renormalized"] = ReferenceModel(f, expert_gating="softmax_norm")
+    without["renormalized"] = ReferenceModel(f, ds_norm=True)
     without["shared expert"] = ReferenceModel(f)
     for L in without["shared expert"].layers:
         for k in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"):
@@ -118,6 +125,28 @@ def test_each_piece_matters(tmp_path):
         err = rel_rms(ours, ref.forward(PROMPT))
         print(f"without {piece}: {err:.2e}")
         assert err > 1e-2, (piece, err)
+
+
+def test_v3_routing_pieces_matter(tmp_path):
+    """DeepSeek-V3's routing: the reference without each piece is far from ours: sigmoid probabilities (softmax
+    instead), the selection bias, the groups, the renormalization, the scale; V2's softmax router with groups too."""
+    f = tmp_path / "v3.gguf"
+    write_deepseek2_model(f, q_lora=32, probs_b=True, meta=V3)
+    hp = pi.Model(f).hparams
+    assert hp.expert_sigmoid and (hp.n_expert_groups, hp.n_group_used) == (3, 2) and not hp.expert_raw_weights
+    ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32"), PROMPT)
+    assert rel_rms(ours, ReferenceModel(f).forward(PROMPT)) < FLOAT_REL_RMS
+    without = dict(softmax=dict(ds_gating="softmax"), bias=dict(ds_bias=False), groups=dict(ds_groups=(0, 0)),
+                   norm=dict(ds_norm=False), scale=dict(expert_weights_scale=1.0))
+    for piece, change in without.items():
+        err = rel_rms(ours, ReferenceModel(f, **change).forward(PROMPT))
+        print(f"without {piece}: {err:.2e}")
+        assert err > 1e-2, (piece, err)
+    v2 = tmp_path / "v2-groups.gguf"
+    write_deepseek2_model(v2, meta={"expert_group_count": 3, "expert_group_used_count": 2})
+    ours = logits_all(pi.Context(pi.Model(v2), n_ctx=64, kv_type="f32"), PROMPT)
+    assert rel_rms(ours, ReferenceModel(v2).forward(PROMPT)) < FLOAT_REL_RMS
+    assert rel_rms(ours, ReferenceModel(v2, ds_groups=(0, 0)).forward(PROMPT)) > 1e-2
 
 
 def test_api_greedy_tokens(tmp_path):
@@ -174,13 +203,17 @@ def test_bad_files(tmp_path):
         (good, dict(meta=_meta(**{"attention.kv_lora_rank": None})), "kv_lora_rank"),
         (good, dict(meta=_meta(**{"attention.key_length_mla": (16, VT.UINT32)})), "must exceed rope.dimension_count"),
         (good, dict(meta=_meta(**{"attention.key_length": (40, VT.UINT32)})), "kv_lora_rank \\+ rope dims"),
-        (good, dict(meta=_meta(expert_gating_func=(2, VT.UINT32))), "sigmoid"),
-        (good, dict(meta=_meta(expert_group_count=(4, VT.UINT32))), "expert_group_count"),
+        (good, dict(meta=_meta(expert_gating_func=(3, VT.UINT32))), "expert_gating_func"),
+        (good, dict(meta=_meta(expert_group_count=(3, VT.UINT32))), "expert_group_used_count"),
+        (good, dict(meta=_meta(expert_group_count=(4, VT.UINT32), expert_group_used_count=(2, VT.UINT32))),
+         "n_expert_groups = 4"),
+        (good, dict(meta=_meta(expert_group_count=(3, VT.UINT32), expert_group_used_count=(4, VT.UINT32))),
+         "n_group_used = 4"),
         (good, dict(meta=_meta(expert_shared_count=None)), "expert_shared_count"),
         (good, dict(drop=("blk.1.attn_k_b.weight",)), "blk.1.attn_k_b.weight"),
         (good, dict(drop=("blk.2.attn_kv_a_norm.weight",)), "blk.2.attn_kv_a_norm.weight"),
         (good, dict(replace={"blk.1.attn_v_b.weight": (np.zeros((4, 16, 16), np.float32), 0)}), "attn_v_b"),
-        (good, dict(extra={"blk.1.ffn_exp_probs_b.bias": (np.zeros(6, np.float32), 0)}), "ffn_exp_probs_b"),
+        (good, dict(extra={"blk.1.exp_probs_b.bias": (np.zeros(5, np.float32), 0)}), "exp_probs_b"),
         (good, dict(drop=("blk.1.ffn_up_shexp.weight",)), "ffn_up_shexp"),
         (old, dict(drop=("blk.0.attn_kv_b.weight",)), "attn_kv_b"),
         (old, dict(replace={"blk.0.attn_kv_b.weight": (np.zeros((64, 32), np.float32), 0)}), "attn_kv_b"),

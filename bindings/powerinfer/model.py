@@ -125,6 +125,9 @@ class HParams:
     mla_kv_b: bool = False          # an older file with blk.N.attn_kv_b (split into attn_k_b / attn_v_b at load)
     n_layer_dense_lead: int = 0     # the first layers with a dense FFN (leading_dense_block_count); then experts
     yarn_log_mul: float = 0.0       # DeepSeek's YaRN mscale_all_dim (rope.scaling.yarn_log_multiplier / 0.1)
+    expert_sigmoid: bool = False    # DeepSeek-V3: the router's probabilities are sigmoids (expert_gating_func 2)
+    n_expert_groups: int = 0        # > 1: expert groups, n_group_used of them compete per token (expert_group_count)
+    n_group_used: int = 0
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -180,9 +183,11 @@ def _deepseek2(path, get, as_int, as_float, n_rot: int, n_layer: int, n_ff: int)
     """deepseek2's attention and experts (llama.cpp's llama_model_deepseek2): MLA of kv_lora_rank R with q through
     attn_q or (q_lora_rank) attn_q_a / attn_q_b; newer files (key_length_mla / value_length_mla, key_length R + n_rot)
     carry attn_k_b / attn_v_b, older ones (key_length = the q/k head size) attn_kv_b; the cache's one KV head of R +
-    n_rot values (LayerGeom); the first leading_dense_block_count layers dense, then experts with a softmax router whose
-    probabilities are renormalized over the chosen ones only with expert_weights_norm, times expert_weights_scale, and
-    expert_shared_count shared experts of the experts' width beside them."""
+    n_rot values (LayerGeom); the first leading_dense_block_count layers dense, then experts with a router whose softmax
+    probabilities (V2; expert_gating_func 1 or unset) or sigmoids (V3: 2) are renormalized over the chosen ones only
+    with expert_weights_norm, times expert_weights_scale, the experts chosen among the expert_group_used_count best of
+    expert_group_count groups where the file has groups (blk.N.exp_probs_b.bias, where a layer has it, shifts the
+    choice), and expert_shared_count shared experts of the experts' width beside them."""
     rank = as_int("attention.kv_lora_rank", get("attention.kv_lora_rank", required=True))
     q_lora = get("attention.q_lora_rank", 0)
     q_lora = 0 if q_lora == 0 else as_int("attention.q_lora_rank", q_lora)
@@ -207,17 +212,17 @@ def _deepseek2(path, get, as_int, as_float, n_rot: int, n_layer: int, n_ff: int)
     if not get("expert_count", 0):
         return out
     gating = get("expert_gating_func", 1)     # 0 (unset): softmax, as llama.cpp reads V2 / V2.5 files
-    if gating not in (0, 1):
-        raise ModelLoadError(f"{path}: deepseek2.expert_gating_func {gating} (sigmoid: DeepSeek-V3) is not supported "
-                             "yet (softmax only)")
-    if get("expert_group_count", 1) not in (0, 1):
-        raise ModelLoadError(f"{path}: deepseek2.expert_group_count {get('expert_group_count')} (grouped expert "
-                             "selection) is not supported yet")
+    if gating not in (0, 1, 2):
+        raise ModelLoadError(f"{path}: deepseek2.expert_gating_func {gating!r} is not supported (1 softmax, 2 sigmoid)")
+    groups = get("expert_group_count", 0)
+    groups = 0 if groups == 0 else as_int("expert_group_count", groups)
+    used = as_int("expert_group_used_count", get("expert_group_used_count", required=True)) if groups > 1 else 0
     n_ff_exp = as_int("expert_feed_forward_length", get("expert_feed_forward_length", required=True))
     shared = get("expert_shared_count", required=True)
     shared = 0 if shared == 0 else as_int("expert_shared_count", shared)
     return dict(out, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_exp * shared,
-                expert_raw_weights=not get("expert_weights_norm", False))
+                expert_raw_weights=not get("expert_weights_norm", False), expert_sigmoid=gating == 2,
+                n_expert_groups=groups if groups > 1 else 0, n_group_used=used)
 
 
 def _hparams_from_metadata(path, meta: dict) -> HParams:
@@ -658,13 +663,8 @@ def deepseek2_views(path, tensors: dict, hp: HParams) -> tuple[dict, list]:
     """deepseek2's tensors as the core reads them, and the arrays made for them (kept alive with the model): an older
     file's blk.N.attn_kv_b [R, n_head (nope + v)] (each head's nope k rows, then its v rows; llama.cpp's non-MLA path)
     becomes attn_k_b [nope, R, n_head] (head h's k rows transposed: q_nope -> the latent space, as the converter splits
-    newer files) and attn_v_b [R, v, n_head] (its v rows), dequantized to f32. A router selection bias
-    (ffn_exp_probs_b: DeepSeek-V3's sigmoid gating) is refused."""
+    newer files) and attn_v_b [R, v, n_head] (its v rows), dequantized to f32."""
     out, made = dict(tensors), []
-    biased = [n for n in tensors if n.endswith("ffn_exp_probs_b.bias")]
-    if biased:
-        raise ModelLoadError(f"{path}: {biased[0]} (the experts' selection bias of sigmoid gating) is not "
-                             "supported yet")
     H, R, nope, vd = hp.n_head, hp.mla_kv_rank, hp.mla_head_k - hp.n_rot, hp.mla_head_v
     for il in range(hp.n_layer if hp.mla_kv_b else 0):
         p = f"blk.{il}."
@@ -862,6 +862,8 @@ class Model:
                                                                     hp.q_lora_rank)
         if hp.mla_kv_rank:
             p.attn_scale = rope_settings.mla_attn_scale(hp)
+        p.expert_sigmoid, p.n_expert_groups = int(hp.expert_sigmoid), hp.n_expert_groups
+        p.n_group_used = hp.n_group_used
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),

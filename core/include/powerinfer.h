@@ -433,6 +433,14 @@ typedef struct pi_hparams {
     int32_t mla_head_v;      /* the value head size (attn_v_b's rows per head) */
     int32_t q_lora_rank;     /* > 0 (with mla_kv_rank): q = attn_q_b [r, n_head mla_head_k] rms_norm(attn_q_a [n_embd,
                               * r] x) * attn_q_a_norm [r] instead of attn_q */
+    /* DeepSeek-V3's routing (with n_expert; llama.cpp's build_moe_ffn); blk.N.exp_probs_b.bias [n_expert] f32, where a
+     * layer has it, is added to the router's probabilities p to choose the experts, not to weight them: */
+    int32_t expert_sigmoid;  /* 1: p = sigmoid(logits), not their softmax; the chosen experts weighted by their p,
+                              * renormalized (sum clamped >= 6.103515625e-5, as ggml) unless expert_raw_weights */
+    int32_t n_expert_groups; /* > 1: the experts in this many groups of n_expert / n_expert_groups (>= 2); a token
+                              * chooses among the n_group_used groups with the largest sums of their two best selection
+                              * scores */
+    int32_t n_group_used;
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

@@ -114,6 +114,7 @@ static pi_status load_moe(const pi_model_desc *desc, const pi_hparams *hp, int32
     }
     GET_EXPS("ffn_down_exps.weight", F, E, &L->ffn_down_exps);
     GET("ffn_down_exps.scale", NE, 0, true, true, &L->ffn_down_exps_s);
+    GET("exp_probs_b.bias", NE, 0, true, true, &L->exp_probs_b);
     if (hp->moe_router_norm) GET("ffn_gate_inp.scale", E, 0, true, false, &L->ffn_gate_inp_s);
     if (hp->expert_bias) {
         GET("ffn_gate_inp.bias", NE, 0, true, false, &L->ffn_gate_inp_b);
@@ -261,6 +262,17 @@ static pi_status check_hparams(const pi_hparams *hp) {
         ((hp->n_ff_shexp > 0 || hp->expert_raw_weights) && hp->n_expert == 0))
         return pi_fail(PI_ERR_BAD_MODEL, "n_ff_shexp = %d, expert_raw_weights = %d: out of range or without experts",
                        hp->n_ff_shexp, hp->expert_raw_weights);
+    if (hp->expert_sigmoid < 0 || hp->expert_sigmoid > 1 || hp->n_expert_groups < 0 ||
+        ((hp->expert_sigmoid || hp->n_expert_groups > 1) && hp->n_expert == 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "expert_sigmoid = %d, n_expert_groups = %d: out of range or without experts",
+                       hp->expert_sigmoid, hp->n_expert_groups);
+    if (hp->n_expert_groups > 1 &&
+        (hp->n_expert % hp->n_expert_groups || hp->n_expert / hp->n_expert_groups < 2 || hp->n_group_used < 1 ||
+         hp->n_group_used > hp->n_expert_groups ||
+         (int64_t)hp->n_group_used * (hp->n_expert / hp->n_expert_groups) < hp->n_expert_used))
+        return pi_fail(PI_ERR_BAD_MODEL, "n_expert_groups = %d, n_group_used = %d: the groups must split n_expert = %d "
+                       "into groups of 2 or more, and the groups used hold n_expert_used = %d", hp->n_expert_groups,
+                       hp->n_group_used, hp->n_expert, hp->n_expert_used);
     if (hp->v_norm < 0 || hp->v_norm > 1 || hp->rope_freqs_global < 0 || hp->rope_freqs_global > 1)
         return pi_fail(PI_ERR_BAD_MODEL, "v_norm = %d, rope_freqs_global = %d: must be 0 or 1", hp->v_norm,
                        hp->rope_freqs_global);

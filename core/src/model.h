@@ -44,6 +44,8 @@ typedef struct pi_layer {
     pi_tensor ffn_up_exps;     /* [n_embd, n_ff, n_expert] */
     pi_tensor ffn_down_exps;   /* [n_ff, n_embd, n_expert] */
     pi_tensor ffn_gate_inp_b;  /* [n_expert] f32, hparams.expert_bias: the router's bias */
+    pi_tensor exp_probs_b;     /* [n_expert] f32, optional: added to the router's probabilities to choose (DeepSeek-V3)
+                                */
     pi_tensor ffn_gate_exps_b; /* [n_ff, n_expert] f32, hparams.expert_bias: row e = expert e's bias */
     pi_tensor ffn_up_exps_b;   /* [n_ff, n_expert] f32 */
     pi_tensor ffn_down_exps_b; /* [n_embd, n_expert] f32 */

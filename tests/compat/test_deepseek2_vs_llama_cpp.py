@@ -5,7 +5,8 @@ llama.cpp runs the newer files (attn_k_b / attn_v_b) absorbed as we do and the o
 attention over the decompressed keys and values; we split attn_kv_b into the absorbed form at load.
 
 f32 weights (measured at seeds 0 and 3): 3.2e-7 .. 4.5e-7 from llama.cpp for every variant (absorbed, attn_kv_b,
-q_lora, YaRN with and without DeepSeek's yarn_log_multiplier), the same argmax at every position and the same 12
+q_lora, YaRN with and without DeepSeek's yarn_log_multiplier, V3's routing: sigmoid, selection bias, groups,
+renormalized and scaled; V2's softmax with groups), the same argmax at every position and the same 12
 greedy tokens. Each piece's absence moves the reference 3.5e-2 .. 0.45 from ours (tests/test_deepseek2.py).
 
 Q8_0 / Q4_0 matrices: the absorbed files 0 .. 9.0e-3 from llama.cpp (mostly its bits or 6.6e-8: both round the same
@@ -32,7 +33,11 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 8.0, "rope.scaling.original_context_length": 64,
         "rope.scaling.yarn_log_multiplier": 0.0707}
 VARIANTS = {"mla": {}, "kv_b": dict(kv_b=True), "q_lora": dict(q_lora=32), "yarn": dict(q_lora=32, meta=YARN),
-            "yarn_no_log_mul": dict(meta={k: v for k, v in YARN.items() if k != "rope.scaling.yarn_log_multiplier"})}
+            "yarn_no_log_mul": dict(meta={k: v for k, v in YARN.items() if k != "rope.scaling.yarn_log_multiplier"}),
+            "v3": dict(q_lora=32, probs_b=True, meta={"expert_gating_func": 2, "expert_weights_norm": True,
+                                                      "expert_weights_scale": 2.5, "expert_group_count": 3,
+                                                      "expert_group_used_count": 2}),
+            "v2_groups": dict(meta={"expert_group_count": 3, "expert_group_used_count": 2})}
 
 
 def agrees_with_llama_cpp(path, bound: float) -> float:
@@ -59,7 +64,7 @@ def test_f32(tmp_path, variant, seed):
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("variant", ["mla", "kv_b", "yarn"])
+@pytest.mark.parametrize("variant", ["mla", "kv_b", "yarn", "v3"])
 def test_quantized(tmp_path, variant, dtype):
     f = tmp_path / f"ds2-{variant}-{dtype}.gguf"
     write_deepseek2_model(f, dtype=dtype, **VARIANTS[variant])

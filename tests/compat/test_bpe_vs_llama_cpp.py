@@ -23,7 +23,10 @@ from powerinfer.tokenizer import Tokenizer  # noqa: E402
 from powerinfer.gguf_file import open_gguf  # noqa: E402
 from test_tokenizer_bpe import CHECK, GEMMA4_CHECK, GEMMA4_SPECIAL, gguf_vocab, train_gemma4, train_hf  # noqa: E402
 
-EXTRA = ["<|endoftext|>after", "<|im_start|><|im_start|>", "🦀 crab 🦀", "1\u00002", "x" * 500]
+EXTRA = ["<|endoftext|>after", "<|im_start|><|im_start|>", "🦀 crab 🦀", "1\u00002", "x" * 500,
+         # DeepSeek's pre-tokenizers' scripts and punctuation: Greek, Cyrillic, kana, Hangul, full-width, trailing space
+         "Ελληνικά и русский текст", "ひらがなとカタカナ 한국어 문장", "全角！？（テスト）。", "“quoted” ‘x’ ok  ",
+         "a.b,c;d:e!f?g", "v1.2.3 x86_64 0xFF 10000000", "tail spaces   "]
 
 
 def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>", model="gpt2", bos_text=None,
@@ -53,7 +56,8 @@ def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>",
 
 
 @pytest.mark.parametrize("pre,trained", [("gpt-2", "gpt-2"), ("llama-bpe", "llama-bpe"), ("qwen2", "qwen2"),
-                                         ("default", "gpt-2"), ("gpt-4o", "gpt-2")])
+                                         ("default", "gpt-2"), ("gpt-4o", "gpt-2"), ("deepseek-llm", "gpt-2"),
+                                         ("deepseek-v3", "gpt-2"), ("deepseek-coder", "gpt-2")])
 def test_bpe_ids_match_llama_cpp(tmp_path, pre, trained):
     tokens, types, merges = gguf_vocab(train_hf(trained))
     path = tmp_path / f"vocab-{pre}.gguf"

@@ -189,6 +189,29 @@ def test_offload_is_refused_with_a_message(tmp_path):
     assert "the MLA attention of deepseek2 models runs on the CPU only" in warnings, warnings
 
 
+def test_lora_of_the_attention_is_refused(tmp_path):
+    """A LoRA adapter of attn_q / attn_output (which the MLA attention would not apply) is refused by name; one of the
+    dense layer's FFN loads."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from random_lora import write_lora
+
+    from powerinfer.lora import LoraAdapter
+    f = tmp_path / "ds2.gguf"
+    write_deepseek2_model(f)
+    model = pi.Model(f)
+    for target in ("attn_q", "attn_output"):
+        write_lora(tmp_path / f"{target}.gguf", f, targets=(target,), rank=4)
+        with pytest.raises(Exception, match="adapters of the MLA attention"):
+            LoraAdapter(tmp_path / f"{target}.gguf", model)
+    write_lora(tmp_path / "ffn.gguf", f, targets=("ffn_up",), rank=4, drop=("blk.1.ffn_up.weight.lora_a",
+                                                                            "blk.1.ffn_up.weight.lora_b",
+                                                                            "blk.2.ffn_up.weight.lora_a",
+                                                                            "blk.2.ffn_up.weight.lora_b"))
+    LoraAdapter(tmp_path / "ffn.gguf", model)
+
+
 def _meta(**kv):
     return {f"deepseek2.{k}": v for k, v in kv.items()}
 

@@ -22,7 +22,8 @@
  *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
  *   opt:    LayerNorm (+ bias) everywhere, biases on q/k/v/o and on the FFN's up and down, no rope,
- *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd.
+ *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd;
+ *   deepseek2 (hparams.mla_kv_rank): the attention is mla_attention's multi-head latent attention.
  *
  * Every op goes to a backend (backend.h) taken from the per-layer placement table ctx->lx (all CPU
  * unless pi_context_offload placed parts on a device; offload.c). There is one path for every

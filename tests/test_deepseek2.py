@@ -58,6 +58,28 @@ def test_hparams_and_cache_rows(ds2):
     assert hp.expert_raw_weights != hp.expert_sigmoid     # V2's weights as they are, V3's renormalized
 
 
+def test_the_cache_holds_one_row_per_token_and_layer(tmp_path):
+    """MLA's point: a token's cached state is one row of R + n_rot values per layer (V is read from it, no V rows), a
+    sequence state restored into another context continues with the same bits, and a V cache type other than K's is
+    refused (as llama.cpp)."""
+    f = tmp_path / "ds2.gguf"
+    write_deepseek2_model(f, q_lora=32)
+    m = pi.Model(f)
+    ctx = pi.Context(m, n_ctx=64, kv_type="f32")
+    ctx.decode(PROMPT[:5])
+    five = len(ctx.kv_seq_state(0))
+    ctx.decode(PROMPT[5:10])
+    row = DEEPSEEK2["kv_lora_rank"] + DEEPSEEK2["n_rot"]
+    assert len(ctx.kv_seq_state(0)) - five == 5 * (4 + DEEPSEEK2["n_layer"] * row * 4)   # position + K rows (f32)
+    other = pi.Context(m, n_ctx=64, kv_type="f32")
+    other.kv_seq_set_state(0, ctx.kv_seq_state(0))
+    ctx.decode([PROMPT[10]])
+    other.decode([PROMPT[10]])
+    assert np.array_equal(ctx.logits(), other.logits())
+    with pytest.raises(pi.PowerInferError, match="reads V from the K cache"):
+        pi.Context(m, n_ctx=64, kv_type=("f16", "f32"))
+
+
 def test_kv_b_file_gives_the_split_files_bits(tmp_path):
     """An older file's attn_kv_b, split at load, gives the bits of the converter's attn_k_b / attn_v_b of the same
     weights."""

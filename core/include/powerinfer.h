@@ -425,9 +425,9 @@ typedef struct pi_hparams {
     int32_t mla_kv_rank;     /* > 0: MLA with this latent width R (kv_lora_rank): per token blk.N.attn_kv_a_mqa
                               * [n_embd, R + n_rot] gives the latent (RMS-normed by attn_kv_a_norm [R]) and k_pe (roped,
                               * one for all heads); the cache row is [latent, k_pe] (the layers' geometry: head_dim
-                              * R + n_rot, one KV head), V its first R values; each head's query is [attn_k_b[h] q_nope,
-                              * rope(q_pe)], its output's first R values times attn_v_b[h]; then attn_output [n_head
-                              * mla_head_v, n_embd]. attn_k_b [nope, R, n_head], attn_v_b [R, mla_head_v, n_head].
+                              * R + n_rot, one KV head; no V rows: V is read from it), V its first R values; each
+                              * head's query is [attn_k_b[h] q_nope, rope(q_pe)], its output's first R values times
+                              * attn_v_b[h]; then attn_output [n_head mla_head_v, n_embd]. attn_k_b [nope, R, n_head], attn_v_b [R, mla_head_v, n_head].
                               * Scores are scaled by attn_scale. CPU only */
     int32_t mla_head_k;      /* q's head size before absorption: nope + n_rot (attn_q [n_embd, n_head mla_head_k]) */
     int32_t mla_head_v;      /* the value head size (attn_v_b's rows per head) */

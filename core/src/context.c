@@ -179,6 +179,9 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.n_seq_max < 1 || p.n_seq_max > PI_MAX_SEQ)
         return pi_fail(PI_ERR_INVALID_ARG, "n_seq_max = %d must be in [1, %d]", p.n_seq_max, PI_MAX_SEQ);
+    if (model->hp.mla_kv_rank > 0 && p.type_v != p.type_k)   /* as llama.cpp */
+        return pi_fail(PI_ERR_INVALID_ARG, "deepseek2 (MLA) reads V from the K cache: the V cache type (%s) must be "
+                       "the K cache type (%s)", pi_type_name(p.type_v), pi_type_name(p.type_k));
     for (int32_t il = 0; il < model->hp.n_layer; il++) {   /* every layer's head size */
         pi_status type_st = pi_kv_type_check(p.type_k, model->geom[il].head_dim, "K");
         if (type_st == PI_OK) type_st = pi_kv_type_check(p.type_v, model->geom[il].head_dim, "V");
@@ -488,8 +491,8 @@ static pi_status head_matmul(pi_exec *e, const pi_tensor *stack, int64_t h, cons
 
 /* DeepSeek-V2/V3's multi-head latent attention, absorbed (pi_hparams.mla_kv_rank; docs/design.md "MLA") over the normed
  * input in B->cur, the result in B->cur: attention with one KV head of D = R + n_rot values per token (the cache row
- * [kv_a_norm(latent), rope(k_pe)], V the same row), each query head [k_b[h] q_nope, rope(q_pe)]; of each head's output
- * [D] the first R values (the latent's part) times v_b[h], then wo. */
+ * [kv_a_norm(latent), rope(k_pe)], V the same row read from the K cache), each query head [k_b[h] q_nope,
+ * rope(q_pe)]; of each head's output [D] the first R values (the latent's part) times v_b[h], then wo. */
 static pi_status mla_attention(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_exec *e = lx->attn;
@@ -525,18 +528,15 @@ static pi_status mla_attention(pi_context *ctx, const pi_layer_exec *lx, int32_t
            mscale, &qpe));
     TRY(OP(e, rope, &kpe, B->pos, (int32_t)nr, hp->rope_mode, hp->rope_freq_base, hp->rope_freq_scale, lx->rope_freqs,
            mscale, &kpe));
-    TRY(OP(e, copy, B->v, B->k, (size_t)(T * D) * sizeof(float)));   /* V = the cached row (its first R values used) */
     pi_tensor kall = pi_tensor_view(kv->type_k, lx->k, 2, (int64_t[]){ D, kv->n_ctx });
-    pi_tensor vall = pi_tensor_view(kv->type_v, lx->v, 2, (int64_t[]){ D, kv->n_ctx });
-    pi_tensor k2 = f32_2d(B->k, D, T), v2 = f32_2d(B->v, D, T);
+    pi_tensor k2 = f32_2d(B->k, D, T);
     TRY(OP(e, set_rows, &kall, &k2, B->cells));
-    TRY(OP(e, set_rows, &vall, &v2, B->cells));
+    /* V: the cached K rows themselves (the cache stores no V for MLA: kv_cache.c); their first R values are used */
     pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ D, H, T });
     pi_tensor kc = pi_tensor_view(kv->type_k, lx->k, 3, (int64_t[]){ D, 1, n_kv });
-    pi_tensor vc = pi_tensor_view(kv->type_v, lx->v, 3, (int64_t[]){ D, 1, n_kv });
     pi_tensor mask = f32_2d(B->mask, n_kv, T);
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ D, H, T });
-    TRY(OP(e, attention, &q, &kc, &vc, &mask, hp->attn_scale, 0.0f, NULL, &att));
+    TRY(OP(e, attention, &q, &kc, &kc, &mask, hp->attn_scale, 0.0f, NULL, &att));
     for (int64_t h = 0; h < H; h++)   /* vo [T][H][Vd] = v_b[h] (head h's output's first R values) */
         TRY(head_matmul(e, &L->wv_b, h, B->att + h * D, H * D, vo + h * Vd, H * Vd, tin, tout, T));
     return matmul(e, &L->wo, vo, B->cur, T);

@@ -427,8 +427,8 @@ typedef struct pi_hparams {
                               * one for all heads); the cache row is [latent, k_pe] (the layers' geometry: head_dim
                               * R + n_rot, one KV head; no V rows: V is read from it), V its first R values; each
                               * head's query is [attn_k_b[h] q_nope, rope(q_pe)], its output's first R values times
-                              * attn_v_b[h]; then attn_output [n_head mla_head_v, n_embd]. attn_k_b [nope, R, n_head], attn_v_b [R, mla_head_v, n_head].
-                              * Scores are scaled by attn_scale. CPU only */
+                              * attn_v_b[h]; then attn_output [n_head mla_head_v, n_embd]. attn_k_b [nope, R,
+                              * n_head], attn_v_b [R, mla_head_v, n_head]. Scores are scaled by attn_scale. CPU only */
     int32_t mla_head_k;      /* q's head size before absorption: nope + n_rot (attn_q [n_embd, n_head mla_head_k]) */
     int32_t mla_head_v;      /* the value head size (attn_v_b's rows per head) */
     int32_t q_lora_rank;     /* > 0 (with mla_kv_rank): q = attn_q_b [r, n_head mla_head_k] rms_norm(attn_q_a [n_embd,

@@ -255,6 +255,8 @@ def test_bad_files(tmp_path):
         (good, dict(meta=_meta(expert_group_count=(3, VT.UINT32), expert_group_used_count=(4, VT.UINT32))),
          "n_group_used = 4"),
         (good, dict(meta=_meta(expert_shared_count=None)), "expert_shared_count"),
+        (good, dict(meta=_meta(**{"attention.temperature_scale": (0.1, VT.FLOAT32)})), "temperature_scale"),
+        (good, dict(meta=_meta(nextn_predict_layers=(1, VT.UINT32))), "nextn_predict_layers"),
         (good, dict(drop=("blk.1.attn_k_b.weight",)), "blk.1.attn_k_b.weight"),
         (good, dict(drop=("blk.2.attn_kv_a_norm.weight",)), "blk.2.attn_kv_a_norm.weight"),
         (good, dict(replace={"blk.1.attn_v_b.weight": (np.zeros((4, 16, 16), np.float32), 0)}), "attn_v_b"),

@@ -188,6 +188,9 @@ def _deepseek2(path, get, as_int, as_float, n_rot: int, n_layer: int, n_ff: int)
     with expert_weights_norm, times expert_weights_scale, the experts chosen among the expert_group_used_count best of
     expert_group_count groups where the file has groups (blk.N.exp_probs_b.bias, where a layer has it, shifts the
     choice), and expert_shared_count shared experts of the experts' width beside them."""
+    for key in ("attention.temperature_scale", "nextn_predict_layers"):   # Mistral-Large 3's, GLM's MTP layers
+        if get(key, 0):
+            raise ModelLoadError(f"{path}: deepseek2.{key} is not supported")
     rank = as_int("attention.kv_lora_rank", get("attention.kv_lora_rank", required=True))
     q_lora = get("attention.q_lora_rank", 0)
     q_lora = 0 if q_lora == 0 else as_int("attention.q_lora_rank", q_lora)

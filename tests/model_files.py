@@ -671,3 +671,93 @@ def write_control_vector(path, n_embd: int, layers, *, seed: int = 0, scale: flo
     w.write_tensors_to_file()
     w.close()
     return dirs
+
+
+# ------------------------------------------------------------------ deepseek2 (DeepSeek-V2 / V3, MLA + experts)
+# Whole quant blocks along every row: nope 32 (attn_k_b's rows), R 32 (attn_v_b's, attn_q_b's with q_lora 32), n_embd
+# 64, n_head * v 64 (attn_output's), the FFN widths multiples of 32.
+DEEPSEEK2 = dict(n_vocab=320, n_embd=64, n_ff=96, n_head=4, n_layer=3, kv_lora_rank=32, n_rot=16, nope=32, v=16,
+                 n_expert=6, n_expert_used=2, n_ff_exp=32, n_shared=1, n_dense=1, eps=1e-6, rope_base=10000.0)
+
+
+def deepseek2_weights(seed: int = 0, q_lora: int = 0, kv_b: bool = False, probs_b: bool = False,
+                      c: dict = DEEPSEEK2) -> dict:
+    """Random deepseek2 weights: MLA attention (attn_q, or attn_q_a / attn_q_a_norm / attn_q_b with q_lora;
+    attn_kv_a_mqa [n_embd, R + n_rot], attn_kv_a_norm, and attn_k_b [nope, R, n_head] / attn_v_b [R, v, n_head], or
+    (kv_b, older files) one attn_kv_b [R, n_head (nope + v)], each head's k rows then its v rows), the first n_dense
+    layers with a dense FFN, the others n_expert experts with a router (probs_b: and DeepSeek-V3's selection bias
+    exp_probs_b.bias [n_expert], std 0.3) and n_shared shared experts (ffn_*_shexp)."""
+    rng, mat, norm, bias = random_weights(seed)
+    E, H, R, nr, nope, vd = c["n_embd"], c["n_head"], c["kv_lora_rank"], c["n_rot"], c["nope"], c["v"]
+    NE, Fe, Fs = c["n_expert"], c["n_ff_exp"], c["n_ff_exp"] * c["n_shared"]
+    w = {"token_embd.weight": mat(c["n_vocab"], E) * np.float32(8.0), "output_norm.weight": norm(E),
+         "output.weight": mat(c["n_vocab"], E)}
+    for il in range(c["n_layer"]):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"] = norm(E), norm(E)
+        if q_lora:
+            w[p + "attn_q_a.weight"], w[p + "attn_q_a_norm.weight"] = mat(q_lora, E), norm(q_lora)
+            w[p + "attn_q_b.weight"] = mat(H * (nope + nr), q_lora)
+        else:
+            w[p + "attn_q.weight"] = mat(H * (nope + nr), E)
+        w[p + "attn_kv_a_mqa.weight"], w[p + "attn_kv_a_norm.weight"] = mat(R + nr, E), norm(R)
+        kvb = mat(H * (nope + vd), R).reshape(H, nope + vd, R)
+        if kv_b:
+            w[p + "attn_kv_b.weight"] = kvb.reshape(H * (nope + vd), R)
+        else:     # the converter's split: k_b transposed (H, R, nope), v_b (H, v, R)
+            w[p + "attn_k_b.weight"] = np.ascontiguousarray(kvb[:, :nope, :].transpose(0, 2, 1))
+            w[p + "attn_v_b.weight"] = np.ascontiguousarray(kvb[:, nope:, :])
+        w[p + "attn_output.weight"] = mat(E, H * vd)
+        if il < c["n_dense"]:
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(c["n_ff"], E), mat(c["n_ff"], E)
+            w[p + "ffn_down.weight"] = mat(E, c["n_ff"])
+            continue
+        w[p + "ffn_gate_inp.weight"] = mat(NE, E) * np.float32(3.0)
+        w[p + "ffn_gate_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_up_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_down_exps.weight"] = np.stack([mat(E, Fe) for _ in range(NE)])
+        w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(Fs, E), mat(Fs, E)
+        w[p + "ffn_down_shexp.weight"] = mat(E, Fs)
+        if probs_b:
+            w[p + "exp_probs_b.bias"] = bias(NE) * np.float32(3.0)
+    return w
+
+
+def write_deepseek2_model(path, seed: int = 0, q_lora: int = 0, kv_b: bool = False, probs_b: bool = False,
+                          dtype: str = "f32",
+                          dtypes: dict[str, str] | None = None, meta: dict | None = None,
+                          weights: dict | None = None, c: dict = DEEPSEEK2) -> dict[str, np.ndarray]:
+    """A tiny deepseek2 file (deepseek2_weights unless weights are given) with the keys llama.cpp's converter writes
+    (conversion/deepseek.py: key_length / value_length R + n_rot / R and key_length_mla / value_length_mla, or for
+    kv_b the older files' key_length / value_length of the q/k and v heads; q_lora_rank 0 without q_lora, which
+    llama.cpp requires for a model that is not one of the Lite layer counts); meta: {key: value} replacing or adding
+    keys (None: left out; floats FLOAT32, ints UINT32, bools BOOL)."""
+    w = deepseek2_weights(seed, q_lora, kv_b, probs_b, c) if weights is None else weights
+    R, nr, nope, vd = c["kv_lora_rank"], c["n_rot"], c["nope"], c["v"]
+    keys = {"context_length": 512, "embedding_length": c["n_embd"], "block_count": c["n_layer"],
+            "feed_forward_length": c["n_ff"], "attention.head_count": c["n_head"],
+            "attention.head_count_kv": c["n_head"] if kv_b else 1, "attention.layer_norm_rms_epsilon": c["eps"],
+            "rope.freq_base": c["rope_base"], "rope.dimension_count": nr, "attention.q_lora_rank": q_lora,
+            "attention.kv_lora_rank": R, "leading_dense_block_count": c["n_dense"], "vocab_size": c["n_vocab"],
+            "expert_count": c["n_expert"], "expert_used_count": c["n_expert_used"],
+            "expert_feed_forward_length": c["n_ff_exp"], "expert_shared_count": c["n_shared"],
+            "expert_weights_scale": 1.0}
+    if kv_b:
+        keys.update({"attention.key_length": nope + nr, "attention.value_length": vd})
+    else:
+        keys.update({"attention.key_length": R + nr, "attention.value_length": R,
+                     "attention.key_length_mla": nope + nr, "attention.value_length_mla": vd})
+    keys.update(meta or {})
+
+    def add_keys(writer):
+        for key, value in keys.items():
+            if value is None:
+                continue
+            if isinstance(value, str):
+                writer.add_key_value(f"deepseek2.{key}", value, VT.STRING)
+                continue
+            vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
+            writer.add_key_value(f"deepseek2.{key}", value, vt)
+        add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
+    write_gguf(path, "deepseek2", w, keys=add_keys, dtype=dtype, dtypes=dtypes)
+    return w

@@ -248,7 +248,7 @@ NEOX_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gem
 LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the no-gate ReLU FFN
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
-         "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4") + LAYER_NORM_ARCHS
+         "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4", "deepseek2") + LAYER_NORM_ARCHS
 # the archs branch's (_archs_setup)
 ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
           "exaone", "apertus")
@@ -313,6 +313,15 @@ class ReferenceModel:
     qk_norm_after_rope = False   # hunyuan-dense: the per-head q/k norms after the rope, not before
     relu_sqr = False         # arcee: the FFN is W_down relu(W_up g)^2 (no gate)
     parallel = False         # command-r, cohere2: x += attn(h) + ffn(h), h = norm(x, attn_norm)
+    expert_weights_scale = 1.0   # the chosen experts' weights times this (deepseek2's expert_weights_scale)
+    mla = None               # deepseek2: dict(rank, head_k, head_v, nope) of its multi-head latent attention
+    mla_drop = ()            # deepseek2's pieces left out ("kv_norm", "k_pe", "q_pe", "scale")
+    ds_gating = "softmax"    # deepseek2's router: "softmax" or "sigmoid" (V3)
+    ds_norm = False          # deepseek2: the chosen experts' weights renormalized (expert_weights_norm)
+    ds_groups = (0, 0)       # deepseek2: (expert groups, groups used) (V3's 8, 4); (0, 0): none
+    ds_bias = True           # deepseek2: exp_probs_b.bias shifts the choice (False: left out)
+    yarn_rope_mscale = True  # YaRN's cos / sin factor 1 + 0.1 ln(1 / freq_scale) (deepseek2 with yarn_log_multiplier:
+                             # not applied)
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
                              # "input_scale", "tok_scale", "proj_scale", "post_norm", "gate_act", "all")
 
@@ -441,6 +450,8 @@ class ReferenceModel:
             self.final_softcap = float(m("final_logit_softcapping", 0.0))
         self.yarn_log_mul = float(m("rope.scaling.yarn_log_multiplier", 0.0))
         self._archs_setup(m)
+        if arch == "deepseek2":
+            self._deepseek2_setup(m)
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -563,9 +574,10 @@ class ReferenceModel:
             low, high = max(0.0, math.floor(corr[0])), min(n_rot - 1.0, math.ceil(corr[1]))
             mix = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
             theta = theta * (1.0 - mix)[None, :] + extrap * mix[None, :]
-            mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale) if self.freq_scale < 1.0 else 1.0
-            if self.yarn_log_mul and self.freq_scale < 1.0:     # llama.cpp: get_mscale(f, 1) / get_mscale(f, m)
-                mscale /= 1.0 + 0.1 * self.yarn_log_mul * math.log(1.0 / self.freq_scale)
+            if self.yarn_rope_mscale:
+                mscale *= 1.0 + 0.1 * math.log(1.0 / self.freq_scale) if self.freq_scale < 1.0 else 1.0
+                if self.yarn_log_mul and self.freq_scale < 1.0:     # llama.cpp: get_mscale(f, 1) / get_mscale(f, m)
+                    mscale /= 1.0 + 0.1 * self.yarn_log_mul * math.log(1.0 / self.freq_scale)
         c = np.cos(theta)[:, None, :] * mscale
         s = np.sin(theta)[:, None, :] * mscale
         out = x.copy()
@@ -622,13 +634,16 @@ class ReferenceModel:
         p /= p.sum(axis=1, keepdims=True)
         out = np.zeros_like(g)
         for t in range(len(g)):
-            if self.expert_gating == "softmax_weight":
+            if self.arch == "deepseek2":
+                chosen, w = self.deepseek2_route(logits[t], L)
+            elif self.expert_gating == "softmax_weight":
                 chosen = np.argsort(-logits[t], kind="stable")[:self.n_expert_used]
                 w = np.exp(logits[t, chosen] - logits[t, chosen].max())
                 w /= w.sum()
             else:
                 chosen = np.argsort(-p[t], kind="stable")[:self.n_expert_used]
                 w = p[t, chosen] / p[t, chosen].sum() if self.expert_gating == "softmax_norm" else p[t, chosen]
+            w = w * self.expert_weights_scale
             for e, we in zip(chosen, w):
                 gate = L["ffn_gate_exps"][e] @ g[t] + (L["ffn_gate_exps.bias"][e] if "ffn_gate_exps.bias" in L else 0.0)
                 up = L["ffn_up_exps"][e] @ g[t] + (L["ffn_up_exps.bias"][e] if "ffn_up_exps.bias" in L else 0.0)
@@ -699,6 +714,8 @@ class ReferenceModel:
 
     def attention(self, L, li, h, pos, all_pos, cache):
         """The attention block's output for the normed input h (its K/V appended to the cache)."""
+        if self.mla is not None:
+            return self.mla_attention(L, li, h, pos, all_pos, cache)
         geo = self.geometry(li)
         n, nh, hd, local = len(h), self.n_head, geo["head_dim"], geo["local"]
         mask = all_pos[None, :] <= pos[:, None]                       # (n, n_kv_tot)
@@ -738,6 +755,92 @@ class ReferenceModel:
             att_out[:, hh, :] = p[:, :k.shape[0]] @ v[:, kv, :]
         a = att_out.reshape(n, nh * hd) @ L["attn_output"].T + L.get("attn_output.bias", 0.0)
         return self.rmsnorm(a, L["post_attention_norm"]) if "post_attention_norm" in L else a
+
+    # ---- deepseek2 -------------------------------------------------------------------------
+    def _deepseek2_setup(self, m) -> None:
+        """deepseek2 (llama.cpp's llama_model_deepseek2): MLA of kv_lora_rank with q/k heads of key_length_mla (older
+        files: key_length) values, nope of them without rope, v heads of value_length_mla (value_length); normal rope
+        pairs; experts after leading_dense_block_count dense layers, softmax probabilities renormalized over the chosen
+        only with expert_weights_norm (V3: sigmoids instead, expert_gating_func 2; groups and a selection bias:
+        deepseek2_route), times expert_weights_scale; the scores scaled by mscale^2 / sqrt(head_k) with
+        mscale = (1 + 0.1 mscale_all_dim ln f) times rope.scaling.attn_factor, times 1 + 0.1 ln f unless YaRN with
+        DeepSeek's yarn_log_multiplier (written as 0.1 mscale_all_dim), f the scaling factor; with YaRN and the
+        multiplier cos / sin are times rope.scaling.attn_factor only (llama.cpp's yarn_attn_factor takes ggml's YaRN
+        factor back out)."""
+        mla = "attention.key_length_mla" in {k.split(".", 1)[1] for k in self.meta if k.startswith("deepseek2.")}
+        sfx = "_mla" if mla else ""
+        head_k, head_v = int(m("attention.key_length" + sfx)), int(m("attention.value_length" + sfx))
+        self.n_rot = int(m("rope.dimension_count"))
+        self.mla = dict(rank=int(m("attention.kv_lora_rank")), head_k=head_k, head_v=head_v, nope=head_k - self.n_rot)
+        self.head_dim = head_k
+        self.n_ff = int(m("expert_feed_forward_length", m("feed_forward_length")))
+        self.ds_gating = "sigmoid" if int(m("expert_gating_func", 1)) == 2 else "softmax"
+        self.ds_norm = bool(m("expert_weights_norm", False))
+        self.ds_groups = (int(m("expert_group_count", 0)), int(m("expert_group_used_count", 0)))
+        self.expert_weights_scale = float(m("expert_weights_scale", 0.0)) or 1.0
+        log_mul = float(m("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        ln_f = math.log(1.0 / self.freq_scale)
+        yarn_factor = 1.0 if self.yarn and log_mul else 1.0 + 0.1 * ln_f
+        mscale = self.rope_attn_factor * yarn_factor * (1.0 + 0.1 * log_mul * ln_f)
+        self.attn_scale = mscale * mscale / math.sqrt(head_k)
+        self.yarn_rope_mscale = not log_mul
+
+    def deepseek2_route(self, logits, L):
+        """deepseek2's experts of one token and their weights (llama.cpp's build_moe_ffn): probabilities p (softmax or
+        sigmoid of the logits), selection scores p + exp_probs_b; with groups only the groups_used groups of the largest
+        sums of their two best scores compete; the n_expert_used best scores chosen, weighted by their p (renormalized
+        with ds_norm, the sum at least 6.103515625e-5)."""
+        p = 1.0 / (1.0 + np.exp(-logits)) if self.ds_gating == "sigmoid" else np.exp(logits - logits.max())
+        if self.ds_gating != "sigmoid":
+            p = p / p.sum()
+        s = p + L["exp_probs_b.bias"] if "exp_probs_b.bias" in L and self.ds_bias else p.copy()
+        n_groups, n_used = self.ds_groups
+        if n_groups > 1:
+            by_group = s.reshape(n_groups, -1)
+            score = np.sort(by_group, axis=1)[:, -2:].sum(axis=1)
+            drop = np.argsort(-score, kind="stable")[n_used:]
+            by_group[drop] = -np.inf
+            s = by_group.reshape(-1)
+        chosen = np.argsort(-s, kind="stable")[:self.n_expert_used]
+        w = p[chosen]
+        return chosen, (w / max(w.sum(), 6.103515625e-5) if self.ds_norm else w)
+
+    def mla_attention(self, L, li, h, pos, all_pos, cache):
+        """deepseek2's attention written as multi-head attention over the decompressed keys and values (llama.cpp's
+        non-absorbed path): q (attn_q, or attn_q_b(rmsnorm(attn_q_a h))) per head [nope, rope]; the latent c =
+        rmsnorm(kv_a[:R]) (attn_kv_a_norm), k_pe = kv_a[R:] one rope part for all heads; head i's k = [kv_b's k rows
+        of head i . c, rope(k_pe)], v = kv_b's v rows . c (attn_kv_b, or attn_k_b transposed and attn_v_b); the
+        cache holds c and rope(k_pe)."""
+        c = self.mla
+        n, H, R, nope, hk, vd = len(h), self.n_head, c["rank"], c["nope"], c["head_k"], c["head_v"]
+        if "attn_q_a" in L:
+            q = self.rmsnorm(h @ L["attn_q_a"].T, L["attn_q_a_norm"]) @ L["attn_q_b"].T
+        else:
+            q = h @ L["attn_q"].T
+        q = q.reshape(n, H, hk)
+        kva = h @ L["attn_kv_a_mqa"].T                                   # (n, R + n_rot)
+        lat = kva[:, :R] if "kv_norm" in self.mla_drop else self.rmsnorm(kva[:, :R], L["attn_kv_a_norm"])
+        k_pe = kva[:, None, R:]
+        if "k_pe" not in self.mla_drop:
+            k_pe = self.rope(k_pe, pos)
+        q_pe = q[:, :, nope:] if "q_pe" in self.mla_drop else self.rope(q[:, :, nope:], pos)
+        if cache.k[li] is not None:
+            lat, k_pe = np.concatenate([cache.k[li], lat]), np.concatenate([cache.v[li], k_pe])
+        cache.k[li], cache.v[li] = lat, k_pe
+        if "attn_kv_b" in L:
+            kvb = L["attn_kv_b"].reshape(H, nope + vd, R)
+            wk, wv = kvb[:, :nope, :], kvb[:, nope:, :]                  # (H, nope, R), (H, vd, R)
+        else:
+            wk, wv = L["attn_k_b"].transpose(0, 2, 1), L["attn_v_b"]
+        mask = all_pos[None, :] <= pos[:, None]
+        scale = 1.0 / math.sqrt(hk) if "scale" in self.mla_drop else self.attn_scale
+        out = np.empty((n, H, vd))
+        for i in range(H):
+            k = np.concatenate([lat @ wk[i].T, k_pe[:, 0, :]], axis=1)   # (n_kv, hk)
+            s = np.where(mask, (np.concatenate([q[:, i, :nope], q_pe[:, i, :]], axis=1) @ k.T) * scale, -np.inf)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, i, :] = (p / p.sum(axis=1, keepdims=True)) @ (lat @ wv[i].T)
+        return out.reshape(n, H * vd) @ L["attn_output"].T
 
     # ---- forward -------------------------------------------------------------------------
     def new_cache(self) -> KVCache:

@@ -55,7 +55,7 @@ def test_mistral3_pieces_matter(files):
     got = ours(path)
     c = CONFIGS["mistral3"]
     hp = pi.Model(path).hparams
-    assert (hp.attn_temp_scale, hp.attn_temp_floor, hp.rope_yarn_log_mul) == pytest.approx(
+    assert (hp.attn_temp_scale, hp.attn_temp_floor, hp.yarn_log_mul) == pytest.approx(
         (c["temp_scale"], c["orig_ctx"], c["yarn_log_mul"]))
     assert pi.rope.rope_mscale(hp) == pytest.approx(1.0)
     for name, off in (("attn_temp", 0.0), ("yarn_log_mul", 0.0)):

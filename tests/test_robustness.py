@@ -1302,6 +1302,11 @@ HP_CASES += [   # per-layer embeddings (gemma4 E2B / E4B) on a file without them
     ("n_embd_per_layer", 32, ["missing tensor 'per_layer_token_embd.weight'"]),
     ("n_embd_per_layer", -1, ["n_embd_per_layer"]), ("n_embd_per_layer", 1 << 30, ["n_embd_per_layer"]),
 ]
+HP_CASES += [   # deepseek2's MLA and V3 routing on a file without them, or out of range
+    ("q_lora_rank", 8, ["q_lora_rank without MLA"]), ("mla_kv_rank", -1, ["mla_kv_rank"]),
+    ("mla_kv_rank", 32, ["mla_head_k = 0"]), ("expert_sigmoid", 1, ["expert_sigmoid", "without experts"]),
+    ("n_expert_groups", 2, ["n_expert_groups", "without experts"]), ("expert_sigmoid", 2, ["expert_sigmoid"]),
+]
 
 
 @pytest.mark.parametrize("field,value,words", HP_CASES, ids=[f"{f}={v}" for f, v, _ in HP_CASES])

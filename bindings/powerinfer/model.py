@@ -40,7 +40,8 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "phi3": lib.PI_ARCH_LLAMA,
           "granite": lib.PI_ARCH_LLAMA, "granitemoe": lib.PI_ARCH_LLAMA, "smollm3": lib.PI_ARCH_LLAMA,
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
-          "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT}
+          "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT,
+          "deepseek2": lib.PI_ARCH_LLAMA}   # deepseek2: llama's blocks with MLA attention and experts (_deepseek2)
 # the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
 _ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
                  "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA,
@@ -131,9 +132,20 @@ class HParams:
     layer_norm: bool = False        # command-r, cohere2: LayerNorm without biases instead of RMSNorm
     parallel_block: bool = False    # command-r, cohere2: x += attn(h) + ffn(h) from one norm
     xielu: tuple = ()               # apertus: per layer (a_n, a_p, beta, eps) of its xIELU (ffn_act "xielu")
-    rope_yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; rope.rope_mscale)
     attn_temp_scale: float = 0.0    # mistral3: q times 1 + this * ln(floor(pos / attn_temp_floor) + 1) (0: none)
     attn_temp_floor: int = 0
+    yarn_log_mul: float = 0.0       # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier; deepseek2's files hold
+                                    # it times 0.1): rope.rope_mscale, rope.mla_attn_scale
+    # deepseek2 (DeepSeek-V2 / V3, Kimi-K2, Moonlight): multi-head latent attention (pi_hparams.mla_kv_rank)
+    mla_kv_rank: int = 0            # the latent's width (attention.kv_lora_rank); 0: no MLA
+    mla_head_k: int = 0             # q/k head size before absorption (nope + n_rot: attention.key_length_mla)
+    mla_head_v: int = 0             # v head size (attention.value_length_mla)
+    q_lora_rank: int = 0            # > 0: q through attn_q_a, attn_q_a_norm, attn_q_b (attention.q_lora_rank)
+    mla_kv_b: bool = False          # an older file with blk.N.attn_kv_b (split into attn_k_b / attn_v_b at load)
+    n_layer_dense_lead: int = 0     # the first layers with a dense FFN (leading_dense_block_count); then experts
+    expert_sigmoid: bool = False    # DeepSeek-V3: the router's probabilities are sigmoids (expert_gating_func 2)
+    n_expert_groups: int = 0        # > 1: expert groups, n_group_used of them compete per token (expert_group_count)
+    n_group_used: int = 0
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -309,8 +321,11 @@ def _archs_views(path, tensors: dict, hp: HParams) -> tuple[dict, dict]:
 
 
 def _moe_layers(path, tensors: dict, hp: HParams) -> list:
-    """Which layers have experts (pi_layer_geom.moe): all with n_expert where the layers have one shape; with a
-    geometry table (gemma4), those whose file has blk.N.ffn_gate_inp.weight (llama.cpp's rule)."""
+    """Which layers have experts (pi_layer_geom.moe): all with n_expert where the layers have one shape; deepseek2's
+    after its leading dense ones; with a geometry table (gemma4), those whose file has blk.N.ffn_gate_inp.weight
+    (llama.cpp's rules)."""
+    if hp.arch == "deepseek2":
+        return [hp.n_expert > 0 and il >= hp.n_layer_dense_lead for il in range(hp.n_layer)]
     if not hp.layer_geom:
         return [hp.n_expert > 0] * hp.n_layer
     moe = [f"blk.{il}.ffn_gate_inp.weight" in tensors for il in range(hp.n_layer)]
@@ -318,6 +333,53 @@ def _moe_layers(path, tensors: dict, hp: HParams) -> list:
         raise ModelLoadError(f"{path}: {hp.arch}.expert_count is {hp.n_expert} and {sum(moe)} layers have "
                              "ffn_gate_inp (experts need both)")
     return moe
+
+
+def _deepseek2(path, get, as_int, as_float, n_rot: int, n_layer: int, n_ff: int) -> dict:
+    """deepseek2's attention and experts (llama.cpp's llama_model_deepseek2): MLA of kv_lora_rank R with q through
+    attn_q or (q_lora_rank) attn_q_a / attn_q_b; newer files (key_length_mla / value_length_mla, key_length R + n_rot)
+    carry attn_k_b / attn_v_b, older ones (key_length = the q/k head size) attn_kv_b; the cache's one KV head of R +
+    n_rot values (LayerGeom); the first leading_dense_block_count layers dense, then experts with a router whose softmax
+    probabilities (V2; expert_gating_func 1 or unset) or sigmoids (V3: 2) are renormalized over the chosen ones only
+    with expert_weights_norm, times expert_weights_scale, the experts chosen among the expert_group_used_count best of
+    expert_group_count groups where the file has groups (blk.N.exp_probs_b.bias, where a layer has it, shifts the
+    choice), and expert_shared_count shared experts of the experts' width beside them."""
+    for key in ("attention.temperature_scale", "nextn_predict_layers"):   # Mistral-Large 3's, GLM's MTP layers
+        if get(key, 0):
+            raise ModelLoadError(f"{path}: deepseek2.{key} is not supported")
+    rank = as_int("attention.kv_lora_rank", get("attention.kv_lora_rank", required=True))
+    q_lora = get("attention.q_lora_rank", 0)
+    q_lora = 0 if q_lora == 0 else as_int("attention.q_lora_rank", q_lora)
+    kv_b = get("attention.key_length_mla") is None
+    suffix = "" if kv_b else "_mla"
+    head_k = as_int("attention.key_length" + suffix, get("attention.key_length" + suffix, required=True))
+    head_v = as_int("attention.value_length" + suffix, get("attention.value_length" + suffix, required=True))
+    if head_k <= n_rot:
+        raise ModelLoadError(f"{path}: deepseek2.attention.key_length{suffix} {head_k} must exceed "
+                             f"rope.dimension_count {n_rot} (the q/k head: nope + rope dims)")
+    if not kv_b and (get("attention.key_length") not in (None, rank + n_rot) or
+                     get("attention.value_length") not in (None, rank)):
+        raise ModelLoadError(f"{path}: deepseek2.attention.key_length / value_length must be kv_lora_rank + rope dims "
+                             f"({rank + n_rot}) / kv_lora_rank ({rank}) in a file with key_length_mla")
+    lead = get("leading_dense_block_count", 0)
+    lead = 0 if lead == 0 else as_int("leading_dense_block_count", lead)
+    out = dict(mla_kv_rank=rank, mla_head_k=head_k, mla_head_v=head_v, q_lora_rank=q_lora, mla_kv_b=kv_b,
+               n_layer_dense_lead=lead, head_dim=rank + n_rot,
+               layer_geom=tuple(LayerGeom(rank + n_rot, 1, n_rot, n_ff, False, il) for il in range(n_layer)))
+    if not get("expert_count", 0):
+        return out
+    gating = get("expert_gating_func", 1)     # 0 (unset): softmax, as llama.cpp reads V2 / V2.5 files
+    if gating not in (0, 1, 2):
+        raise ModelLoadError(f"{path}: deepseek2.expert_gating_func {gating!r} is not supported (1 softmax, 2 sigmoid)")
+    groups = get("expert_group_count", 0)
+    groups = 0 if groups == 0 else as_int("expert_group_count", groups)
+    used = as_int("expert_group_used_count", get("expert_group_used_count", required=True)) if groups > 1 else 0
+    n_ff_exp = as_int("expert_feed_forward_length", get("expert_feed_forward_length", required=True))
+    shared = get("expert_shared_count", required=True)
+    shared = 0 if shared == 0 else as_int("expert_shared_count", shared)
+    return dict(out, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_exp * shared,
+                expert_raw_weights=not get("expert_weights_norm", False), expert_sigmoid=gating == 2,
+                n_expert_groups=groups if groups > 1 else 0, n_group_used=used)
 
 
 def _hparams_from_metadata(path, meta: dict) -> HParams:
@@ -400,12 +462,14 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         raise ModelLoadError(f"{path}: missing tokenizer.ggml.tokens")
     key_length = get("attention.key_length")
     value_length = get("attention.value_length", key_length)
-    if key_length is not None:
+    if key_length is not None and arch != "deepseek2":    # deepseek2's: _deepseek2
         key_length = as_int("attention.key_length", key_length)
         if as_int("attention.value_length", value_length) != key_length:
             raise ModelLoadError(f"{path}: attention.key_length {key_length} and value_length {value_length} differ "
                                  "(not supported)")
-    if key_length is None and n_embd % n_head:
+    if arch == "deepseek2":
+        key_length = None
+    if key_length is None and n_embd % n_head and arch != "deepseek2":
         raise ModelLoadError(f"{path}: embedding_length {n_embd} is not a multiple of head_count {n_head}")
     head_dim = key_length if key_length is not None else n_embd // n_head
     n_rot = as_int("rope.dimension_count", get("rope.dimension_count", head_dim))
@@ -429,8 +493,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     yarn = dict(rope_scaling=scaling, yarn_ext_factor=1.0 if scaling == "yarn" else 0.0,
                 yarn_orig_ctx=(as_int("rope.scaling.original_context_length", orig_ctx) if orig_ctx is not None else 0),
                 rope_attn_factor=as_float("rope.scaling.attn_factor", get("rope.scaling.attn_factor", 1.0)),
-                rope_yarn_log_mul=as_float("rope.scaling.yarn_log_multiplier",
-                                           get("rope.scaling.yarn_log_multiplier", 0.0)))
+                # deepseek2's converter writes 0.1 x mscale_all_dim (llama.cpp divides it back)
+                yarn_log_mul=as_float("rope.scaling.yarn_log_multiplier", get("rope.scaling.yarn_log_multiplier", 0.0))
+                / (0.1 if arch == "deepseek2" else 1.0))
 
     if arch in ("qwen2", "qwen3", "gemma2", "gemma3", "gemma4") and meta.get("_pwri"):
         raise ModelLoadError(f"{path}: sparse (PowerInfer) inference supports llama, bamboo, falcon and opt only, "
@@ -553,6 +618,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_scale_swa=1.0 / float(factor),
                      attn_softcap=softcap("attn_logit_softcapping", 50.0),
                      final_softcap=softcap("final_logit_softcapping", 30.0))
+    elif arch == "deepseek2":
+        n_layer = as_int("block_count", get("block_count", required=True))
+        n_ff = as_int("feed_forward_length", get("feed_forward_length", required=True))   # the dense layers'
+        n_head_kv = 1            # MLA: one cached row per token for all heads
+        extra.update(_deepseek2(path, get, as_int, as_float, n_rot, n_layer, n_ff))
     elif arch == "gpt-oss":
         # llama.cpp (llama_model_openai_moe): q/k/v and output biases, one sink logit per head, NEOX rope with the
         # file's scaling (YaRN in the released files) for both kinds of layers, attention.sliding_window required and
@@ -592,9 +662,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(n_expert=as_int("expert_count", get("expert_count")),
                      n_expert_used=as_int("expert_used_count", get("expert_used_count", required=True)),
                      expert_weights_scale=as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
-        if get("expert_feed_forward_length") is not None:
+        if get("expert_feed_forward_length") is not None and arch != "deepseek2":
             n_ff_key = "expert_feed_forward_length"
-        if arch == "qwen2moe":     # a gated shared expert (its width: the file's key, else feed_forward_length) and
+        if arch == "deepseek2":
+            pass                  # its shared experts and weights: _deepseek2
+        elif arch == "qwen2moe":     # a gated shared expert (its width: the file's key, else feed_forward_length) and
             # the router's probabilities as they are (llama.cpp's norm_w false)
             extra.update(expert_raw_weights=True, n_ff_shexp=as_int(
                 "expert_shared_feed_forward_length",
@@ -737,6 +809,42 @@ def fused_adapter_views(path, tensors: dict, hp: HParams) -> dict:
     return out
 
 
+def dequantized(path, t: TensorInfo) -> np.ndarray:
+    """A file tensor dequantized to float32, numpy shape = ne reversed (ModelLoadError for a type this build cannot
+    read)."""
+    n = int(np.prod(t.ne))
+    out = np.empty(n, dtype=np.float32)
+    try:
+        check(lib.pi_dequantize_row(t.type, ffi.from_buffer(t.data), ffi.from_buffer("float[]", out), n))
+    except PowerInferError as e:
+        raise ModelLoadError(f"{path}: tensor '{t.name}': {e}") from None
+    return out.reshape(tuple(reversed(t.ne)))
+
+
+def deepseek2_views(path, tensors: dict, hp: HParams) -> tuple[dict, list]:
+    """deepseek2's tensors as the core reads them, and the arrays made for them (kept alive with the model): an older
+    file's blk.N.attn_kv_b [R, n_head (nope + v)] (each head's nope k rows, then its v rows; llama.cpp's non-MLA path)
+    becomes attn_k_b [nope, R, n_head] (head h's k rows transposed: q_nope -> the latent space, as the converter splits
+    newer files) and attn_v_b [R, v, n_head] (its v rows), dequantized to f32."""
+    out, made = dict(tensors), []
+    H, R, nope, vd = hp.n_head, hp.mla_kv_rank, hp.mla_head_k - hp.n_rot, hp.mla_head_v
+    for il in range(hp.n_layer if hp.mla_kv_b else 0):
+        p = f"blk.{il}."
+        t = out.pop(p + "attn_kv_b.weight", None)
+        if t is None:
+            raise ModelLoadError(f"{path}: missing tensor '{p}attn_kv_b.weight' (a deepseek2 file without "
+                                 "key_length_mla has attn_kv_b, not attn_k_b / attn_v_b)")
+        if tuple(t.ne) != (R, H * (nope + vd)):
+            raise ModelLoadError(f"{path}: tensor '{t.name}' has shape {list(t.ne)}, expected [{R}, {H * (nope + vd)}]")
+        kv = dequantized(path, t).reshape(H, nope + vd, R)
+        k_b = np.ascontiguousarray(kv[:, :nope, :].transpose(0, 2, 1))      # (H, R, nope): ne [nope, R, H]
+        v_b = np.ascontiguousarray(kv[:, nope:, :])                         # (H, vd, R): ne [R, vd, H]
+        made += [k_b, v_b]
+        out[p + "attn_k_b.weight"] = _ArrayTensor(p + "attn_k_b.weight", 0, (nope, R, H), k_b)
+        out[p + "attn_v_b.weight"] = _ArrayTensor(p + "attn_v_b.weight", 0, (R, vd, H), v_b)
+    return out, made
+
+
 def tensor_descs(path, tensors: dict) -> tuple:
     """A pi_tensor_desc[] over the tensors (name -> TensorInfo: views into a file's mapping) and the cffi name
     strings it points to, which the caller keeps alive as long as the core reads the descriptions."""
@@ -850,6 +958,9 @@ class Model:
             tensors = gptoss_views(tensors, hp)
         tensors, archs_flags = _archs_views(self.path, tensors, hp)
         self._archs_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
+        self._made = []              # arrays the loader makes (deepseek2's split attn_kv_b), kept with the model
+        if hp.arch == "deepseek2":
+            tensors, self._made = deepseek2_views(self.path, tensors, hp)
         if hp.arch == "gemma4":
             if not hp.n_embd_per_layer and any(n.startswith("per_layer_") for n in tensors):
                 raise ModelLoadError(f"{self.path}: per-layer embedding tensors (per_layer_token_embd, ...) without "
@@ -916,6 +1027,12 @@ class Model:
         p.layer_norm, p.parallel_block = int(hp.layer_norm), int(hp.parallel_block)
         for name, value in archs_flags.items():
             setattr(p, name, value)
+        p.mla_kv_rank, p.mla_head_k, p.mla_head_v, p.q_lora_rank = (hp.mla_kv_rank, hp.mla_head_k, hp.mla_head_v,
+                                                                    hp.q_lora_rank)
+        if hp.mla_kv_rank:
+            p.attn_scale = rope_settings.mla_attn_scale(hp)
+        p.expert_sigmoid, p.n_expert_groups = int(hp.expert_sigmoid), hp.n_expert_groups
+        p.n_group_used = hp.n_group_used
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),
@@ -951,14 +1068,7 @@ class Model:
     def tensor_f32(self, name: str) -> np.ndarray:
         """A tensor of the file dequantized to float32, numpy shape = ne reversed (KeyError where the file has none;
         ModelLoadError for a type this build cannot read)."""
-        t = self.file.tensors[name]
-        n = int(np.prod(t.ne))
-        out = np.empty(n, dtype=np.float32)
-        try:
-            check(lib.pi_dequantize_row(t.type, ffi.from_buffer(t.data), ffi.from_buffer("float[]", out), n))
-        except PowerInferError as e:
-            raise ModelLoadError(f"{self.path}: tensor '{name}': {e}") from None
-        return out.reshape(tuple(reversed(t.ne)))
+        return dequantized(self.path, self.file.tensors[name])
 
     @property
     def n_packed_ffn(self) -> int:

@@ -74,16 +74,39 @@ def apply_overrides(hp, *, rope_freq_base: float = 0.0, rope_freq_scale: float =
     return hp
 
 
-def rope_mscale(hp) -> float:
-    """The factor llama.cpp multiplies cos and sin by."""
-    if hp.yarn_ext_factor != 0.0:
-        factor = 1.0 / hp.rope_freq_scale
-        m = 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
-        if hp.rope_yarn_log_mul and factor > 1.0:   # llama.cpp: get_mscale(f, 1) / get_mscale(f, mscale_all_dim)
-            m /= 1.0 + 0.1 * hp.rope_yarn_log_mul * math.log(factor)
+def _yarn_attn_factor(hp) -> float:
+    """llama.cpp's cparams.yarn_attn_factor (llama_context's setup): with YaRN get_mscale(factor, m) /
+    get_mscale(factor, m_all) / (1 + 0.1 ln factor), m_all the file's yarn_log_mul (YaRN's mscale_all_dim) and m 1
+    (deepseek2 with m_all != 1: m_all, llama.cpp's special case), or get_mscale(factor, 1) / (1 + 0.1 ln factor)
+    without it; times rope.scaling.attn_factor."""
+    if hp.yarn_ext_factor == 0.0:
+        return hp.yarn_attn_factor * hp.rope_attn_factor
+    factor = 1.0 / hp.rope_freq_scale
+
+    def get_mscale(m: float) -> float:
+        return 1.0 if factor <= 1.0 else 1.0 + 0.1 * m * math.log(factor)
+    m_all = hp.yarn_log_mul
+    if m_all:
+        ratio = get_mscale(m_all if hp.arch == "deepseek2" and m_all != 1.0 else 1.0) / get_mscale(m_all)
     else:
-        m = hp.yarn_attn_factor
-    return m * hp.rope_attn_factor
+        ratio = get_mscale(1.0)
+    return ratio / (1.0 + 0.1 * math.log(factor)) * hp.rope_attn_factor
+
+
+def rope_mscale(hp) -> float:
+    """The factor llama.cpp multiplies cos and sin by: its yarn_attn_factor, times 1 + 0.1 ln(1 / freq_scale) in
+    ggml's rope with YaRN."""
+    if hp.yarn_ext_factor == 0.0:
+        return _yarn_attn_factor(hp)
+    return _yarn_attn_factor(hp) * (1.0 + 0.1 * math.log(1.0 / hp.rope_freq_scale))
+
+
+def mla_attn_scale(hp) -> float:
+    """deepseek2's attention scale (llama.cpp's deepseek2 graph): mscale^2 / sqrt(mla_head_k), mscale = the rope's
+    attn_factor with ggml's YaRN factor taken back out, times 1 + 0.1 yarn_log_mul ln(1 / freq_scale)."""
+    log_scale = math.log(1.0 / hp.rope_freq_scale)
+    mscale = _yarn_attn_factor(hp) * (1.0 + 0.1 * log_scale) * (1.0 + 0.1 * hp.yarn_log_mul * log_scale)
+    return mscale * mscale / math.sqrt(hp.mla_head_k)
 
 
 def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:

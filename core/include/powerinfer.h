@@ -443,6 +443,26 @@ typedef struct pi_hparams {
     int32_t parallel_block;  /* 1: attention and FFN read one norm side by side: x += attn(h) + ffn(h), h = norm(x) *
                               * attn_norm, no ffn_norm (command-r, cohere2); dense files without experts or post-norms,
                               * on the CPU */
+    /* DeepSeek-V2 / V3 multi-head latent attention (deepseek2; docs/design.md, "MLA"), in its absorbed form: */
+    int32_t mla_kv_rank;     /* > 0: MLA with this latent width R (kv_lora_rank): per token blk.N.attn_kv_a_mqa
+                              * [n_embd, R + n_rot] gives the latent (RMS-normed by attn_kv_a_norm [R]) and k_pe (roped,
+                              * one for all heads); the cache row is [latent, k_pe] (the layers' geometry: head_dim
+                              * R + n_rot, one KV head; no V rows: V is read from it), V its first R values; each
+                              * head's query is [attn_k_b[h] q_nope, rope(q_pe)], its output's first R values times
+                              * attn_v_b[h]; then attn_output [n_head mla_head_v, n_embd]. attn_k_b [nope, R,
+                              * n_head], attn_v_b [R, mla_head_v, n_head]. Scores are scaled by attn_scale. CPU only */
+    int32_t mla_head_k;      /* q's head size before absorption: nope + n_rot (attn_q [n_embd, n_head mla_head_k]) */
+    int32_t mla_head_v;      /* the value head size (attn_v_b's rows per head) */
+    int32_t q_lora_rank;     /* > 0 (with mla_kv_rank): q = attn_q_b [r, n_head mla_head_k] rms_norm(attn_q_a [n_embd,
+                              * r] x) * attn_q_a_norm [r] instead of attn_q */
+    /* DeepSeek-V3's routing (with n_expert; llama.cpp's build_moe_ffn); blk.N.exp_probs_b.bias [n_expert] f32, where a
+     * layer has it, is added to the router's probabilities p to choose the experts, not to weight them: */
+    int32_t expert_sigmoid;  /* 1: p = sigmoid(logits), not their softmax; the chosen experts weighted by their p,
+                              * renormalized (sum clamped >= 6.103515625e-5, as ggml) unless expert_raw_weights */
+    int32_t n_expert_groups; /* > 1: the experts in this many groups of n_expert / n_expert_groups (>= 2); a token
+                              * chooses among the n_group_used groups with the largest sums of their two best selection
+                              * scores */
+    int32_t n_group_used;
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head

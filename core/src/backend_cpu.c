@@ -39,7 +39,8 @@ size_t pi_cpu_scratch_bytes(const pi_scratch_need *need) {
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi_layer *L = &layers[il];
         const pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2, &L->ffn_gate,
-                                 &L->ffn_up, &L->ffn_down, &L->ple_gate, &L->ple_proj };
+                                 &L->ffn_up, &L->ffn_down, &L->ple_gate, &L->ple_proj, &L->wq_a, &L->wq_b,
+                                 &L->wkv_a, &L->wk_b, &L->wv_b };   /* MLA's stacks: per head, K = ne[0] */
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
             if (w[i]->data) mm = PI_MAX(mm, pi_mul_mat_scratch(w[i]->type, w[i]->ne[0], T));
         if (hp->sparse) {

@@ -25,7 +25,8 @@
  *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
  *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
  *   opt:    LayerNorm (+ bias) everywhere, biases on q/k/v/o and on the FFN's up and down, no rope,
- *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd.
+ *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd;
+ *   deepseek2 (hparams.mla_kv_rank): the attention is mla_attention's multi-head latent attention.
  *
  * Every op goes to a backend (backend.h) taken from the per-layer placement table ctx->lx (all CPU
  * unless pi_context_offload placed parts on a device; offload.c). There is one path for every
@@ -76,6 +77,13 @@ static int buffer_slots(pi_buffers *b, const pi_model *m, int64_t T, int64_t n_c
     const size_t P = (size_t)hp->n_embd_per_layer, L = (size_t)hp->n_layer;
     if (P) { SLOT(ple, t * L * P * f); SLOT(ple_g, 2 * t * P * f); }
     if (P && !device) { SLOT(ple_tok, t * L * P * f); SLOT(ple_x, t * L * P * f); }
+    if (hp->mla_kv_rank > 0) {   /* mla_attention's q, values, and per-head input and output */
+        const size_t R = (size_t)hp->mla_kv_rank, nope = (size_t)(hp->mla_head_k - hp->n_rot);
+        const size_t Vd = (size_t)hp->mla_head_v, H = (size_t)hp->n_head;
+        const size_t per_token = H * ((size_t)hp->mla_head_k + Vd) + PI_MAX(nope, R) + PI_MAX(R, Vd) +
+                                 (size_t)hp->q_lora_rank;
+        SLOT(mla, t * per_token * f);
+    }
     if (device) SLOT(logits, t * (size_t)hp->n_vocab * f);
 #undef SLOT
     return n;
@@ -175,6 +183,9 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.n_seq_max < 1 || p.n_seq_max > PI_MAX_SEQ)
         return pi_fail(PI_ERR_INVALID_ARG, "n_seq_max = %d must be in [1, %d]", p.n_seq_max, PI_MAX_SEQ);
+    if (model->hp.mla_kv_rank > 0 && p.type_v != p.type_k)   /* as llama.cpp */
+        return pi_fail(PI_ERR_INVALID_ARG, "deepseek2 (MLA) reads V from the K cache: the V cache type (%s) must be "
+                       "the K cache type (%s)", pi_type_name(p.type_v), pi_type_name(p.type_k));
     for (int32_t il = 0; il < model->hp.n_layer; il++) {   /* every layer's head size */
         pi_status type_st = pi_kv_type_check(p.type_k, model->geom[il].head_dim, "K");
         if (type_st == PI_OK) type_st = pi_kv_type_check(p.type_v, model->geom[il].head_dim, "V");
@@ -462,6 +473,79 @@ static pi_status attn_sparse_matmul(pi_context *ctx, pi_exec *e, const pi_sparse
               n_read, NULL);
 }
 
+/* dst [n, T] (rows dst_stride floats apart) = src [n, T] (rows src_stride floats apart) */
+static pi_status copy_rows(pi_exec *e, const float *src, int64_t src_stride, float *dst, int64_t dst_stride, int64_t n,
+                           int64_t T) {
+    pi_tensor s = f32_2d((float *)src, n, T), d = f32_2d(dst, n, T);
+    s.nb[1] = src_stride * (int64_t)sizeof(float);
+    d.nb[1] = dst_stride * (int64_t)sizeof(float);
+    return OP(e, copy_2d, &s, &d);
+}
+
+/* y [N, T] (rows y_stride floats apart) = head h's matrix [K, N] of a [K, N, n_head] stack times x [K, T] (rows
+ * x_stride floats apart); tin and tout: contiguous [K, T] and [N, T] scratch */
+static pi_status head_matmul(pi_exec *e, const pi_tensor *stack, int64_t h, const float *x, int64_t x_stride, float *y,
+                             int64_t y_stride, float *tin, float *tout, int64_t T) {
+    const int64_t K = stack->ne[0], N = stack->ne[1];
+    pi_tensor w = pi_tensor_view(stack->type, (char *)stack->data + h * stack->nb[2], 2, (int64_t[]){ K, N });
+    TRY(copy_rows(e, x, x_stride, tin, K, K, T));
+    TRY(matmul(e, &w, tin, tout, T));
+    return copy_rows(e, tout, N, y, y_stride, N, T);
+}
+
+/* DeepSeek-V2/V3's multi-head latent attention, absorbed (pi_hparams.mla_kv_rank; docs/design.md "MLA") over the normed
+ * input in B->cur, the result in B->cur: attention with one KV head of D = R + n_rot values per token (the cache row
+ * [kv_a_norm(latent), rope(k_pe)], V the same row read from the K cache), each query head [k_b[h] q_nope,
+ * rope(q_pe)]; of each head's output [D] the first R values (the latent's part) times v_b[h], then wo. */
+static pi_status mla_attention(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
+    const pi_hparams *hp = &ctx->model->hp;
+    pi_exec *e = lx->attn;
+    const pi_layer *L = lx->attn_w;
+    pi_buffers *B = &e->buf;
+    const pi_kv_cache *kv = &ctx->kv;
+    const int64_t T = b->n_tokens, H = hp->n_head, R = hp->mla_kv_rank, nr = hp->n_rot, hk = hp->mla_head_k,
+                  nope = hk - nr, Vd = hp->mla_head_v, D = R + nr;
+    float *qf = B->mla, *vo = qf + T * H * hk, *tin = vo + T * H * Vd, *tout = tin + T * PI_MAX(nope, R),
+          *qa = tout + T * PI_MAX(R, Vd);   /* qf [T][H][hk], vo [T][H][Vd], qa [T][q_lora_rank] */
+    if (hp->q_lora_rank > 0) {
+        TRY(matmul(e, &L->wq_a, B->cur, qa, T));
+        TRY(rms_norm(ctx, e, qa, &L->q_a_norm, qa, T));
+        TRY(matmul(e, &L->wq_b, qa, qf, T));
+    } else {
+        TRY(matmul(e, &L->wq, B->cur, qf, T));
+    }
+    TRY(matmul(e, &L->wkv_a, B->cur, B->k, T));   /* B->k [T][D]: [latent R, k_pe n_rot] */
+    pi_tensor lat = f32_2d(B->k, R, T);
+    lat.nb[1] = D * (int64_t)sizeof(float);
+    TRY(OP(e, rms_norm, &lat, &L->kv_a_norm, hp->norm_eps, &lat));
+    for (int64_t h = 0; h < H; h++) {   /* B->q [T][H][D]: [k_b[h] q_nope, q_pe] */
+        TRY(head_matmul(e, &L->wk_b, h, qf + h * hk, H * hk, B->q + h * D, H * D, tin, tout, T));
+        TRY(copy_rows(e, qf + h * hk + nope, H * hk, B->q + h * D + R, H * D, nr, T));
+    }
+    pi_tensor qpe = pi_tensor_view(PI_TYPE_F32, B->q + R, 3, (int64_t[]){ nr, H, T });
+    pi_tensor kpe = pi_tensor_view(PI_TYPE_F32, B->k + R, 3, (int64_t[]){ nr, 1, T });
+    qpe.nb[1] = D * (int64_t)sizeof(float);
+    qpe.nb[2] = H * D * (int64_t)sizeof(float);
+    kpe.nb[1] = kpe.nb[2] = D * (int64_t)sizeof(float);
+    const float mscale = hp->rope_mscale > 0.0f ? hp->rope_mscale : 1.0f;
+    TRY(OP(e, rope, &qpe, B->pos, (int32_t)nr, hp->rope_mode, hp->rope_freq_base, hp->rope_freq_scale, lx->rope_freqs,
+           mscale, &qpe));
+    TRY(OP(e, rope, &kpe, B->pos, (int32_t)nr, hp->rope_mode, hp->rope_freq_base, hp->rope_freq_scale, lx->rope_freqs,
+           mscale, &kpe));
+    pi_tensor kall = pi_tensor_view(kv->type_k, lx->k, 2, (int64_t[]){ D, kv->n_ctx });
+    pi_tensor k2 = f32_2d(B->k, D, T);
+    TRY(OP(e, set_rows, &kall, &k2, B->cells));
+    /* V: the cached K rows themselves (the cache stores no V for MLA: kv_cache.c); their first R values are used */
+    pi_tensor q = pi_tensor_view(PI_TYPE_F32, B->q, 3, (int64_t[]){ D, H, T });
+    pi_tensor kc = pi_tensor_view(kv->type_k, lx->k, 3, (int64_t[]){ D, 1, n_kv });
+    pi_tensor mask = f32_2d(B->mask, n_kv, T);
+    pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ D, H, T });
+    TRY(OP(e, attention, &q, &kc, &kc, &mask, hp->attn_scale, 0.0f, NULL, &att));
+    for (int64_t h = 0; h < H; h++)   /* vo [T][H][Vd] = v_b[h] (head h's output's first R values) */
+        TRY(head_matmul(e, &L->wv_b, h, B->att + h * D, H * D, vo + h * Vd, H * Vd, tin, tout, T));
+    return matmul(e, &L->wo, vo, B->cur, T);
+}
+
 /* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
  * the result in B->cur. */
 /* q [hd, n_head, T] and (own_kv) k [hd, n_head_kv, T] RMS-normed in place (qk_norm): per head (1) or over each token's
@@ -507,6 +591,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     const bool local = g->is_local, own_kv = g->kv_source == il;   /* !own_kv: q only, over kv_source's cache */
     const pi_kv_cache *kv = &ctx->kv;
     const bool qkv_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 0, T);
+    if (hp->mla_kv_rank > 0) return mla_attention(ctx, lx, il, b, n_kv);
 
     if (L->wqkv.data) {   /* falcon: one matmul, rows = all Q heads, then all K heads, then all V heads */
         const int64_t W = Eq + 2 * Ekv;

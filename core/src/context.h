@@ -26,6 +26,8 @@ typedef struct pi_buffers {
     int32_t *cells;  /* [T] KV cells of the batch's tokens */
     int32_t *ids;    /* [T] row ids (logit rows, opt positions) */
     float *ple;      /* [n_layer][T][n_pl] per-layer inputs P (hparams.n_embd_per_layer), filled per batch */
+    float *mla;      /* [T][n_head (mla_head_k + mla_head_v) + max(nope, R) + max(R, v) + q_lora_rank] MLA's parts
+                      * (hparams.mla_kv_rank: context.c's mla_attention) */
     float *ple_g;    /* [2][T][n_pl] a layer's per-layer gate and its rows of P (the output rows of the last layer) */
     float *ple_tok;  /* [T][n_layer n_pl] the CPU's: the token table's rows, then P before it is laid out by layer */
     float *ple_x;    /* [T][n_layer n_pl] the CPU's: the projection of the token embeddings */

@@ -34,6 +34,7 @@ pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, const pi_model *model, int3
     kv->layer = calloc((size_t)n_layer, sizeof *kv->layer);
     if (!kv->layer) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     uint64_t k_bytes = 0, v_bytes = 0;   /* per cell, over the layers with their own cache */
+    const bool k_only = model->hp.mla_kv_rank > 0;   /* MLA: V is read from K's rows (mla_attention), not stored */
     for (int32_t il = 0; il < n_layer; il++) {
         const pi_layer_geom *g = &model->geom[il];
         pi_kv_layer *l = &kv->layer[il];
@@ -44,7 +45,7 @@ pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, const pi_model *model, int3
         }
         l->n_embd_kv = (int64_t)g->head_dim * g->n_head_kv;
         l->k_row_bytes = pi_row_bytes(type_k, l->n_embd_kv);
-        l->v_row_bytes = pi_row_bytes(type_v, l->n_embd_kv);
+        l->v_row_bytes = k_only ? 0 : pi_row_bytes(type_v, l->n_embd_kv);
         l->k_off = (int64_t)(k_bytes * (uint64_t)n_ctx);
         l->v_off = (int64_t)(v_bytes * (uint64_t)n_ctx);
         l->own = true;
@@ -58,7 +59,7 @@ pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, const pi_model *model, int3
     }
     kv->cells = malloc((size_t)n_ctx * sizeof *kv->cells);
     kv->k = malloc((size_t)(k_bytes * (uint64_t)n_ctx));
-    kv->v = malloc((size_t)(v_bytes * (uint64_t)n_ctx));
+    kv->v = malloc((size_t)PI_MAX(v_bytes * (uint64_t)n_ctx, 1));
     if (!kv->cells || !kv->k || !kv->v) {
         pi_kv_release(kv);
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for a KV cache of %d cells (%.1f MiB)", n_ctx,

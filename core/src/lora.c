@@ -84,6 +84,9 @@ static pi_status add_tensor(pi_adapter *ad, const pi_tensor_desc *d) {
         return pi_fail(PI_ERR_UNSUPPORTED, "LoRA tensor '%s': adapters of the FFN are not supported on a %s file (its "
                        "FFN computes only the neurons it selects); the attention's and the output's are", d->name,
                        hp->sparse ? "PowerInfer (sparse)" : "gate-sparse");
+    if ((w == PI_LORA_Q || w == PI_LORA_O) && hp->mla_kv_rank > 0)   /* mla_attention applies no adapter terms */
+        return pi_fail(PI_ERR_UNSUPPORTED, "LoRA tensor '%s': adapters of the MLA attention (deepseek2) are not "
+                       "supported; the dense FFNs' and the output's are", d->name);
     pi_tensor *t = is_a ? &p->a : &p->b;
     if (t->data) return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' appears twice", d->name);
     return pi_tensor_desc_view(d, 2, NULL, t);

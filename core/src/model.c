@@ -114,6 +114,7 @@ static pi_status load_moe(const pi_model_desc *desc, const pi_hparams *hp, int32
     }
     GET_EXPS("ffn_down_exps.weight", F, E, &L->ffn_down_exps);
     GET("ffn_down_exps.scale", NE, 0, true, true, &L->ffn_down_exps_s);
+    GET("exp_probs_b.bias", NE, 0, true, true, &L->exp_probs_b);
     if (hp->moe_router_norm) GET("ffn_gate_inp.scale", E, 0, true, false, &L->ffn_gate_inp_s);
     if (hp->expert_bias) {
         GET("ffn_gate_inp.bias", NE, 0, true, false, &L->ffn_gate_inp_b);
@@ -129,6 +130,38 @@ static pi_status load_moe(const pi_model_desc *desc, const pi_hparams *hp, int32
     }
 #undef GET
 #undef GET_EXPS
+    return PI_OK;
+}
+
+/* Layer il's MLA attention weights (pi_hparams.mla_kv_rank): q (attn_q, or attn_q_a, its norm and attn_q_b),
+ * attn_kv_a_mqa and its latent's norm, the per-head attn_k_b / attn_v_b stacks; the cache's head (g->head_dim
+ * R + n_rot, one KV head). */
+static pi_status load_mla(const pi_model_desc *desc, const pi_hparams *hp, const pi_layer_geom *g, int32_t il,
+                          pi_layer *L) {
+    const int64_t E = hp->n_embd, H = hp->n_head, R = hp->mla_kv_rank, nr = hp->n_rot, hk = hp->mla_head_k;
+    if (g->head_dim != R + nr || g->n_head_kv != 1 || g->n_rot != nr || g->kv_source != il || g->is_local)
+        return pi_fail(PI_ERR_BAD_MODEL, "layer %d: MLA needs head_dim = mla_kv_rank + n_rot = %lld, one KV head, "
+                       "n_rot %d, its own global KV cache (got head_dim %d, n_head_kv %d, n_rot %d)", il,
+                       (long long)(R + nr), hp->n_rot, g->head_dim, g->n_head_kv, g->n_rot);
+    char name[96];
+    pi_status st;
+#define GET(suffix, ne0, ne1, f32, dst) do { snprintf(name, sizeof name, "blk.%d." suffix, il); \
+        if ((st = load_tensor(desc, name, ne0, ne1, f32, false, dst)) != PI_OK) return st; } while (0)
+#define GET3(suffix, ne0, ne1, dst) do { snprintf(name, sizeof name, "blk.%d." suffix, il); \
+        if ((st = load_experts(desc, name, ne0, ne1, H, dst)) != PI_OK) return st; } while (0)
+    if (hp->q_lora_rank > 0) {
+        GET("attn_q_a.weight", E, hp->q_lora_rank, false, &L->wq_a);
+        GET("attn_q_a_norm.weight", hp->q_lora_rank, 0, true, &L->q_a_norm);
+        GET("attn_q_b.weight", hp->q_lora_rank, H * hk, false, &L->wq_b);
+    } else {
+        GET("attn_q.weight", E, H * hk, false, &L->wq);
+    }
+    GET("attn_kv_a_mqa.weight", E, R + nr, false, &L->wkv_a);
+    GET("attn_kv_a_norm.weight", R, 0, true, &L->kv_a_norm);
+    GET3("attn_k_b.weight", hk - nr, R, &L->wk_b);
+    GET3("attn_v_b.weight", R, hp->mla_head_v, &L->wv_b);
+#undef GET
+#undef GET3
     return PI_OK;
 }
 
@@ -246,6 +279,17 @@ static pi_status check_hparams(const pi_hparams *hp) {
         ((hp->n_ff_shexp > 0 || hp->expert_raw_weights) && hp->n_expert == 0))
         return pi_fail(PI_ERR_BAD_MODEL, "n_ff_shexp = %d, expert_raw_weights = %d: out of range or without experts",
                        hp->n_ff_shexp, hp->expert_raw_weights);
+    if (hp->expert_sigmoid < 0 || hp->expert_sigmoid > 1 || hp->n_expert_groups < 0 ||
+        ((hp->expert_sigmoid || hp->n_expert_groups > 1) && hp->n_expert == 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "expert_sigmoid = %d, n_expert_groups = %d: out of range or without experts",
+                       hp->expert_sigmoid, hp->n_expert_groups);
+    if (hp->n_expert_groups > 1 &&
+        (hp->n_expert % hp->n_expert_groups || hp->n_expert / hp->n_expert_groups < 2 || hp->n_group_used < 1 ||
+         hp->n_group_used > hp->n_expert_groups ||
+         (int64_t)hp->n_group_used * (hp->n_expert / hp->n_expert_groups) < hp->n_expert_used))
+        return pi_fail(PI_ERR_BAD_MODEL, "n_expert_groups = %d, n_group_used = %d: the groups must split n_expert = %d "
+                       "into groups of 2 or more, and the groups used hold n_expert_used = %d", hp->n_expert_groups,
+                       hp->n_group_used, hp->n_expert, hp->n_expert_used);
     if (hp->v_norm < 0 || hp->v_norm > 1 || hp->rope_freqs_global < 0 || hp->rope_freqs_global > 1)
         return pi_fail(PI_ERR_BAD_MODEL, "v_norm = %d, rope_freqs_global = %d: must be 0 or 1", hp->v_norm,
                        hp->rope_freqs_global);
@@ -257,6 +301,17 @@ static pi_status check_hparams(const pi_hparams *hp) {
     if (hp->n_embd_per_layer > 0 && (hp->sparse || hp->gate_sparse || hp->arch == PI_ARCH_FALCON))
         return pi_fail(PI_ERR_UNSUPPORTED, "per-layer embeddings (n_embd_per_layer) run with a dense FFN only (not "
                        "sparse, gate-sparse or falcon files)");
+    if (hp->mla_kv_rank < 0 || hp->mla_kv_rank >= MAX_DIM || hp->q_lora_rank < 0 || hp->q_lora_rank >= MAX_DIM ||
+        (hp->mla_kv_rank > 0 && (hp->mla_head_k <= hp->n_rot || hp->mla_head_k >= MAX_DIM || hp->mla_head_v <= 0 ||
+                                 hp->mla_head_v >= MAX_DIM)) ||
+        (hp->q_lora_rank > 0 && hp->mla_kv_rank == 0))
+        return pi_fail(PI_ERR_BAD_MODEL, "mla_kv_rank = %d, mla_head_k = %d (> n_rot %d), mla_head_v = %d, "
+                       "q_lora_rank = %d: out of range or q_lora_rank without MLA", hp->mla_kv_rank, hp->mla_head_k,
+                       hp->n_rot, hp->mla_head_v, hp->q_lora_rank);
+    if (hp->mla_kv_rank > 0 && (hp->sparse || hp->gate_sparse || hp->qkv_bias || hp->qk_norm || hp->v_norm ||
+                                hp->attn_sinks || hp->attn_out_bias || hp->n_swa || pi_uses_layer_norm(hp)))
+        return pi_fail(PI_ERR_UNSUPPORTED, "MLA attention (mla_kv_rank) with sparse files, q/k/v biases or norms, "
+                       "sinks, an output bias or a sliding window is not supported");
     return PI_OK;
 }
 
@@ -532,7 +587,9 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst)); } while (0)
         if (!hp->post_norms_only) LAYER("attn_norm.weight", E, 0, true, false, &L->attn_norm);
         if (ln) LAYER("attn_norm.bias", E, 0, true, false, &L->attn_norm_b);
-        if (falcon) {
+        if (hp->mla_kv_rank > 0) {
+            TRY(load_mla(desc, hp, g, il, L));
+        } else if (falcon) {
             LAYER("attn_norm_2.weight", E, 0, true, true, &L->attn_norm_2);
             if (L->attn_norm_2.data) LAYER("attn_norm_2.bias", E, 0, true, false, &L->attn_norm_2_b);
             LAYER("attn_qkv.weight", E, E_q + 2 * E_kv, false, false, &L->wqkv);
@@ -543,7 +600,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
                 LAYER("attn_v.weight",  E, E_kv, false, hp->v_norm, &L->wv);   /* v_norm: V = K where absent */
             }
         }
-        LAYER("attn_output.weight", E_q, E,  false, false, &L->wo);
+        LAYER("attn_output.weight", hp->mla_kv_rank > 0 ? hp->n_head * hp->mla_head_v : E_q, E, false, false, &L->wo);
         if (opt || hp->attn_out_bias) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
         if (hp->attn_sinks) LAYER("attn_sinks.weight", hp->n_head, 0, true, false, &L->attn_sinks);
         if (!falcon && !hp->post_norms_only && !hp->parallel_block)   /* falcon, parallel_block: one norm */

@@ -44,6 +44,8 @@ typedef struct pi_layer {
     pi_tensor ffn_up_exps;     /* [n_embd, n_ff, n_expert] */
     pi_tensor ffn_down_exps;   /* [n_ff, n_embd, n_expert] */
     pi_tensor ffn_gate_inp_b;  /* [n_expert] f32, hparams.expert_bias: the router's bias */
+    pi_tensor exp_probs_b;     /* [n_expert] f32, optional: added to the router's probabilities to choose (DeepSeek-V3)
+                                */
     pi_tensor ffn_gate_exps_b; /* [n_ff, n_expert] f32, hparams.expert_bias: row e = expert e's bias */
     pi_tensor ffn_up_exps_b;   /* [n_ff, n_expert] f32 */
     pi_tensor ffn_down_exps_b; /* [n_embd, n_expert] f32 */
@@ -59,6 +61,10 @@ typedef struct pi_layer {
     pi_tensor ple_proj;    /* [n_pl, n_embd] blk.N.proj */
     pi_tensor ple_norm;    /* [n_embd] f32 blk.N.post_norm */
     pi_tensor act_params;  /* [4] f32 blk.N.ffn_act (ffn_act PI_ACT_XIELU: apertus's a_n, a_p, beta, eps) */
+    pi_tensor wq_a, q_a_norm, wq_b;   /* hparams.q_lora_rank: [n_embd, r], [r] f32, [r, n_head mla_head_k] */
+    pi_tensor wkv_a, kv_a_norm;  /* hparams.mla_kv_rank R: [n_embd, R + n_rot], [R] f32 */
+    pi_tensor wk_b;        /* [nope, R, n_head]: head h's q_nope -> latent space */
+    pi_tensor wv_b;        /* [R, mla_head_v, n_head]: head h's latent output -> its value */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
 } pi_layer;

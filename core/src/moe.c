@@ -9,7 +9,9 @@
  * with a shared expert (hparams.n_ff_shexp) y += down_s (silu(gate_s x) * (up_s x)), times sigmoid(gate_inp_s . x) where
  * the layer has that gate. gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale (moe_router_norm; x
  * the block's input, not the experts' normed input), and each expert's output is times its ffn_down_exps.scale (where
- * the file has one, any arch: llama.cpp's down_exps_s). Each expert runs once per call over the tokens routed to it
+ * the file has one, any arch: llama.cpp's down_exps_s). DeepSeek-V3's routing (route_biased): sigmoid probabilities
+ * (hparams.expert_sigmoid) or the softmax's, a selection bias (exp_probs_b) and expert groups (n_expert_groups); the
+ * chosen experts weighted by their unbiased p. Each expert runs once per call over the tokens routed to it
  * (their rows gathered), through mul_mat, so a token's row does not depend on the batch. CPU only. */
 #include "moe.h"
 
@@ -53,13 +55,85 @@ static void router_input(const float *x, const float *scale, float eps, float *r
     }
 }
 
+/* es[0..K) = the indices of the K largest s[0..n) (ties: the lower index first) */
+static void top_k(const float *s, int64_t n, int64_t K, int32_t *es) {
+    for (int64_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < n; i++) {
+            bool taken = false;
+            for (int64_t j = 0; j < k; j++) taken |= es[j] == i;
+            if (!taken && (best < 0 || s[i] > s[best])) best = i;
+        }
+        es[k] = best;
+    }
+}
+
+/* One token's experts from its router logits l [NE] by the softmax (top-K of the logits): es [K] and their weights ws
+ * [K], the softmax's probabilities renormalized over the chosen (or, expert_raw_weights, not), times the scale. */
+static void route_softmax(const pi_hparams *hp, const float *l, int32_t *es, float *ws) {
+    const int64_t NE = hp->n_expert, K = hp->n_expert_used;
+    float mx = l[0], all = 0.0f, sum = 0.0f;
+    for (int64_t i = 1; i < NE; i++) mx = fmaxf(mx, l[i]);
+    if (hp->expert_raw_weights)
+        for (int64_t i = 0; i < NE; i++) all += expf(l[i] - mx);
+    top_k(l, NE, K, es);
+    for (int64_t k = 0; k < K; k++) {
+        ws[k] = expf(l[es[k]] - mx);   /* the softmax's denominator cancels in the renormalization */
+        sum += ws[k];
+    }
+    const float scale = hp->expert_weights_scale != 0.0f ? hp->expert_weights_scale : 1.0f;
+    if (hp->expert_raw_weights) sum = all;
+    for (int64_t k = 0; k < K; k++) ws[k] = ws[k] / sum * scale;
+}
+
+/* DeepSeek-V3's routing of one token (llama.cpp's build_moe_ffn): p [NE] = sigmoid(l) (expert_sigmoid) or softmax(l);
+ * selection scores s = p + bias (bias NULL: p); with n_expert_groups groups only the n_group_used groups with the
+ * largest sums of their two best s compete; the top-K of s chosen, weighted by p, renormalized unless
+ * expert_raw_weights (the sum clamped to >= 6.103515625e-5), times the scale. p and s: [NE] scratch. */
+static void route_biased(const pi_hparams *hp, const float *bias, const float *l, float *p, float *s, int32_t *es,
+                         float *ws) {
+    const int64_t NE = hp->n_expert, K = hp->n_expert_used;
+    if (hp->expert_sigmoid) {
+        for (int64_t i = 0; i < NE; i++) p[i] = 1.0f / (1.0f + expf(-l[i]));
+    } else {
+        float mx = l[0];
+        double sum = 0.0;
+        for (int64_t i = 1; i < NE; i++) mx = fmaxf(mx, l[i]);
+        for (int64_t i = 0; i < NE; i++) sum += p[i] = expf(l[i] - mx);
+        for (int64_t i = 0; i < NE; i++) p[i] = (float)(p[i] / sum);
+    }
+    for (int64_t i = 0; i < NE; i++) s[i] = bias ? p[i] + bias[i] : p[i];
+    if (hp->n_expert_groups > 1) {   /* each group's score: its two best s; the other groups' s to -inf */
+        const int64_t G = hp->n_expert_groups, per = NE / G;
+        float score[1024];
+        int32_t keep[1024], two[2];
+        for (int64_t g = 0; g < G; g++) {
+            top_k(s + g * per, per, 2, two);
+            score[g] = s[g * per + two[0]] + s[g * per + two[1]];
+        }
+        top_k(score, G, hp->n_group_used, keep);
+        for (int64_t g = 0; g < G; g++) {
+            bool used = false;
+            for (int64_t j = 0; j < hp->n_group_used; j++) used |= keep[j] == g;
+            for (int64_t i = 0; !used && i < per; i++) s[g * per + i] = -INFINITY;
+        }
+    }
+    top_k(s, NE, K, es);
+    float sum = 0.0f;
+    for (int64_t k = 0; k < K; k++) sum += ws[k] = p[es[k]];
+    const float scale = hp->expert_weights_scale != 0.0f ? hp->expert_weights_scale : 1.0f;
+    const float div = hp->expert_raw_weights ? 1.0f : fmaxf(sum, 6.103515625e-5f);
+    for (int64_t k = 0; k < K; k++) ws[k] = ws[k] / div * scale;
+}
+
 pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float *x, float *in, float *out, int64_t T) {
     const pi_hparams *hp = &ctx->model->hp;
     if (e != &ctx->cpu) return pi_fail(PI_ERR_UNSUPPORTED, "mixture-of-experts layers run on the CPU only");
     const int64_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used, Fe = pi_n_ff_exp(hp);
     const int64_t F = Fe > hp->n_ff_shexp ? Fe : hp->n_ff_shexp;   /* g and u hold either kind */
-    /* scratch: logits [T][NE], chosen [T][K] (expert, weight), gathered x [T][E], g and u [T][F], d [T][E], acc [T][E] */
-    const int64_t need = T * NE + 2 * T * K + 3 * T * E + 2 * T * F;
+    /* scratch: logits [T][NE], chosen [T][K] (expert, weight), gathered x [T][E], g and u [T][F], d [T][E], acc [T][E],
+     * p and s [NE] (route_biased) */
+    const int64_t need = T * NE + 2 * T * K + 3 * T * E + 2 * T * F + 2 * NE;
     if (need > ctx->moe_n) {
         float *p = realloc(ctx->moe, (size_t)need * sizeof(float));
         if (!p) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for the experts of %lld tokens", (long long)T);
@@ -67,7 +141,7 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
         ctx->moe_n = need;
     }
     float *logits = ctx->moe, *wsel = logits + T * NE, *xg = wsel + 2 * T * K, *g = xg + T * E, *u = g + T * F,
-          *d = u + T * F, *acc = d + T * E;
+          *d = u + T * F, *acc = d + T * E, *p = acc + T * E, *s = p + NE;
     int32_t *esel = (int32_t *)(wsel + T * K);
     if (hp->moe_router_norm) {   /* the router's input in xg (free until the experts gather their tokens) */
         router_input(x, L->ffn_gate_inp_s.data, hp->norm_eps, xg, E, T);
@@ -80,28 +154,10 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < NE; i++) logits[t * NE + i] += b[i];
     }
-    for (int64_t t = 0; t < T; t++) {   /* top-K of the softmax, renormalized over the chosen (or not) */
-        const float *l = logits + t * NE;
-        float mx = l[0], all = 0.0f;
-        for (int64_t i = 1; i < NE; i++) mx = fmaxf(mx, l[i]);
-        if (hp->expert_raw_weights)
-            for (int64_t i = 0; i < NE; i++) all += expf(l[i] - mx);
-        int32_t *es = esel + t * K;
-        float *ws = wsel + t * K, sum = 0.0f;
-        for (int64_t k = 0; k < K; k++) {
-            int32_t best = -1;
-            for (int32_t i = 0; i < NE; i++) {
-                bool taken = false;
-                for (int64_t j = 0; j < k; j++) taken |= es[j] == i;
-                if (!taken && (best < 0 || l[i] > l[best])) best = i;
-            }
-            es[k] = best;
-            ws[k] = expf(l[best] - mx);   /* the softmax's denominator cancels in the renormalization */
-            sum += ws[k];
-        }
-        const float scale = hp->expert_weights_scale != 0.0f ? hp->expert_weights_scale : 1.0f;
-        if (hp->expert_raw_weights) sum = all;
-        for (int64_t k = 0; k < K; k++) ws[k] = ws[k] / sum * scale;
+    const bool biased = hp->expert_sigmoid || hp->n_expert_groups > 1 || L->exp_probs_b.data;
+    for (int64_t t = 0; t < T; t++) {
+        if (biased) route_biased(hp, L->exp_probs_b.data, logits + t * NE, p, s, esel + t * K, wsel + t * K);
+        else route_softmax(hp, logits + t * NE, esel + t * K, wsel + t * K);
     }
     memset(acc, 0, (size_t)(T * E) * sizeof(float));
     int32_t *rows = (int32_t *)logits;   /* the logits are read: their space holds the routed tokens now */

@@ -247,6 +247,10 @@ static pi_status check_params(const pi_context *ctx, const pi_offload_params *p,
     if (*any && (hp->parallel_block || hp->layer_norm))
         return pi_fail(PI_ERR_UNSUPPORTED, "offload: models with parallel blocks and LayerNorm (command-r, cohere2) "
                        "run on the CPU only so far (the device backend has no LayerNorm)");
+    for (int32_t il = 0; *any && hp->mla_kv_rank > 0 && il < hp->n_layer; il++)
+        if (p->layers[il].attn != PI_PLACE_CPU)   /* mla_attention's per-head products and strided views */
+            return pi_fail(PI_ERR_UNSUPPORTED, "offload: layer %d: the MLA attention of deepseek2 models runs on the "
+                           "CPU only (place its attention on the CPU, or run without -ngl)", il);
     for (int32_t il = 0; *any && il < hp->n_layer; il++) {   /* a shared KV cache lives with its layers' attention */
         const int32_t src = m->geom[il].kv_source;
         if (src != il && p->layers[il].attn != p->layers[src].attn)

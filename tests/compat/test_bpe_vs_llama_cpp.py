@@ -24,7 +24,10 @@ from powerinfer.gguf_file import open_gguf  # noqa: E402
 from test_tokenizer_bpe import CHECK, GEMMA4_CHECK, GEMMA4_SPECIAL, gguf_vocab, train_gemma4, train_hf  # noqa: E402
 
 EXTRA = ["<|endoftext|>after", "<|im_start|><|im_start|>", "🦀 crab 🦀", "1\u00002", "x" * 500,
-         "abc中文def ひらがなカタカナ,Hello", "!Abc 12345678 a—b"]
+         "abc中文def ひらがなカタカナ,Hello", "!Abc 12345678 a—b",
+         # DeepSeek's pre-tokenizers' scripts and punctuation: Greek, Cyrillic, kana, Hangul, full-width, trailing space
+         "Ελληνικά и русский текст", "ひらがなとカタカナ 한국어 문장", "全角！？（テスト）。", "“quoted” ‘x’ ok  ",
+         "a.b,c;d:e!f?g", "v1.2.3 x86_64 0xFF 10000000", "tail spaces   "]
 
 
 def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>", model="gpt2", bos_text=None,
@@ -57,7 +60,8 @@ def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>",
                                          ("default", "gpt-2"), ("gpt-4o", "gpt-2"), ("exaone4", "gpt-2"),
                                          ("tekken", "gpt-2"), ("tekken", "llama-bpe"), ("seed-coder", "qwen2"),
                                          ("hunyuan-dense", "qwen2"), ("command-r", "gpt-2"),
-                                         ("exaone", "gpt-2")])
+                                         ("exaone", "gpt-2"), ("deepseek-llm", "gpt-2"),
+                                         ("deepseek-v3", "gpt-2"), ("deepseek-coder", "gpt-2")])
 def test_bpe_ids_match_llama_cpp(tmp_path, pre, trained):
     tokens, types, merges = gguf_vocab(train_hf(trained))
     path = tmp_path / f"vocab-{pre}.gguf"

@@ -203,9 +203,9 @@ CONFIGS["gemma4"] = dict(n_vocab=320, n_embd=128, n_head=4, n_layer=7, local=(1,
 CONFIGS["phi3"] = dict(n_vocab=320, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_layer=3, head_dim=32, n_rot=24,
                        rope_base=10000.0, eps=1e-5, orig_ctx=512, attn_factor=1.2)
 
-# ---- the archs branch's architectures (archs_layer_weights, archs_keys)
-# the architectures of archs_layer_weights / archs_keys, in the order they were added
-ARCHS_BRANCH = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
+# ---- architectures on llama's blocks with flags (llama_block_layer_weights, llama_block_keys)
+# the architectures of llama_block_layer_weights / llama_block_keys, in the order they were added
+LLAMA_BLOCK_ARCHS = ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
                 "exaone", "apertus")
 # mistral3 (Ministral 3): llama with YaRN (factor 16, mscale_all_dim 1: llama.cpp's yarn_log_multiplier; betas 32 / 1)
 # over an original context of 8 positions, so that a 16-token prompt's positions 8..15 get q times 1 + 0.1 ln 2
@@ -238,8 +238,8 @@ CONFIGS["apertus"] = dict(CONFIGS["llama"], xielu_alpha_n=[0.8, 1.2, 1.6], xielu
                           xielu_beta=0.5, xielu_eps=-1e-6)
 
 
-def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
-    """Layer p's weights (w, updated) where an archs-branch architecture differs from llama's."""
+def llama_block_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> None:
+    """Layer p's weights (w, updated) where an architecture on llama's blocks differs from llama's."""
     if arch == "mistral3":
         w[p + "attn_output.bias"] = (0.5 * rng.standard_normal(c["n_embd"])).astype(np.float32)
     if arch == "seed_oss":
@@ -262,8 +262,8 @@ def archs_layer_weights(arch: str, p: str, w: dict, rng, mat, norm, c: dict) -> 
         w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(c["n_embd"]), norm(c["n_embd"])
 
 
-def archs_keys(writer, arch: str, c: dict) -> None:
-    """The keys llama.cpp's converter writes for an archs-branch architecture beyond llama's."""
+def llama_block_keys(writer, arch: str, c: dict) -> None:
+    """The keys llama.cpp's converter writes for an architecture on llama's blocks beyond llama's."""
     if arch == "mistral3":
         writer.add_rope_scaling_type(RopeScalingType.YARN)
         writer.add_rope_scaling_factor(c["yarn_factor"])
@@ -303,7 +303,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
     w = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32) * (0.05 if arch in ("gemma2", "gemma3")
                                                                                  else 1.0),
          "output_norm.weight": norm(E)}
-    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss", "glm4") + ARCHS_BRANCH and \
+    if arch in ("llama", "mistral", "qwen3", "granite", "smollm3", "olmo2", "gpt-oss", "glm4") + LLAMA_BLOCK_ARCHS and \
             not c.get("tied"):
         w["output.weight"] = mat(V, E)
     if rope_freqs:
@@ -336,7 +336,7 @@ def make_weights(arch: str, seed: int = 0, rope_freqs: bool = False) -> dict[str
             w[p + "post_attention_norm.weight"], w[p + "post_ffw_norm.weight"] = norm(E), norm(E)
         if arch == "gpt-oss":
             w.update(gptoss_layer(rng, mat, c, p, w))
-        archs_layer_weights(arch, p, w, rng, mat, norm, c)
+        llama_block_layer_weights(arch, p, w, rng, mat, norm, c)
     return w
 
 
@@ -497,7 +497,7 @@ def write_arch_model(path, arch: str, seed: int = 0, weights: dict | None = None
             writer.add_rope_scaling_orig_ctx_len(c["orig_ctx"])
             writer.add_rope_scaling_attn_factors(c["attn_factor"])
             writer.add_sliding_window(c["orig_ctx"] - 1)
-        archs_keys(writer, arch, c)
+        llama_block_keys(writer, arch, c)
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
         if chat_template is not None:
             writer.add_chat_template(chat_template)

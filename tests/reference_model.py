@@ -249,7 +249,7 @@ LAYER_NORM_ARCHS = ("falcon", "opt")            # LayerNorm with bias, and the n
 ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
          "granite",
          "granitemoe", "smollm3", "olmo2", "gpt-oss", "glm4", "deepseek2") + LAYER_NORM_ARCHS
-# the archs branch's (_archs_setup)
+# architectures on llama's blocks (_llama_block_setup)
 ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
           "exaone", "apertus")
 NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone", "apertus")
@@ -449,7 +449,7 @@ class ReferenceModel:
             self.attn_scale, self.v_norm = 1.0, True
             self.final_softcap = float(m("final_logit_softcapping", 0.0))
         self.yarn_log_mul = float(m("rope.scaling.yarn_log_multiplier", 0.0))
-        self._archs_setup(m)
+        self._llama_block_setup(m)
         if arch == "deepseek2":
             self._deepseek2_setup(m)
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
@@ -507,8 +507,8 @@ class ReferenceModel:
             setattr(self, k, v)
         assert self.n_rot <= self.head_dim and self.n_rot % 2 == 0
 
-    def _archs_setup(self, m) -> None:
-        """The archs branch's architectures (llama.cpp's src/models/<arch>.cpp), m(key, default) the file's keys."""
+    def _llama_block_setup(self, m) -> None:
+        """The architectures on llama's blocks (llama.cpp's src/models/<arch>.cpp), m(key, default) the file's keys."""
         if self.arch == "mistral3":   # llama_model_mistral3: the file's YaRN betas, Llama 4's temperature tuning
             self.yarn_betas = (float(m("rope.scaling.yarn_beta_fast", 32.0)),
                                float(m("rope.scaling.yarn_beta_slow", 1.0)))

@@ -42,14 +42,14 @@ _ARCHS = {"llama": lib.PI_ARCH_LLAMA, "mistral": lib.PI_ARCH_LLAMA, "bamboo": li
           "olmo2": lib.PI_ARCH_LLAMA, "gpt-oss": lib.PI_ARCH_QWEN2, "glm4": lib.PI_ARCH_LLAMA,
           "falcon": lib.PI_ARCH_FALCON, "opt": lib.PI_ARCH_OPT,
           "deepseek2": lib.PI_ARCH_LLAMA}   # deepseek2: llama's blocks with MLA attention and experts (_deepseek2)
-# the archs branch's architectures, each one of the families above with flags (_archs_hparams, _archs_views)
-_ARCHS_BRANCH = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
+# architectures that run llama's blocks with flags (_llama_block_hparams, _llama_block_views)
+_LLAMA_BLOCK_ARCHS = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAMA, "ernie4_5": lib.PI_ARCH_LLAMA,
                  "seed_oss": lib.PI_ARCH_LLAMA, "hunyuan-dense": lib.PI_ARCH_LLAMA, "arcee": lib.PI_ARCH_LLAMA,
                  "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA,
                  "apertus": lib.PI_ARCH_LLAMA}
-_ARCHS.update(_ARCHS_BRANCH)
-# the archs branch's architectures whose attn_output.bias llama.cpp adds where the file has one
-_ARCHS_OUT_BIAS = ("mistral3", "apertus")
+_ARCHS.update(_LLAMA_BLOCK_ARCHS)
+# those whose attn_output.bias llama.cpp adds where the file has one
+_OUT_BIAS_ARCHS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
 _SPARSE_ONLY = ("falcon", "opt")
 # architectures whose q|k|v and gate|up matrices are fused in their files (split into views: fused_views)
@@ -126,7 +126,7 @@ class HParams:
     n_ff_exp: int = 0               # gemma4: the experts' width (expert_feed_forward_length; n_ff: the dense FFNs')
     moe_router_norm: bool = False   # gemma4: the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale
     moe_dense_ffn: bool = False     # gemma4: a layer with experts runs its dense FFN beside them (post_ffw_norm_1, ...)
-    # the archs branch's fields
+    # the flags of the architectures on llama's blocks (_LLAMA_BLOCK_ARCHS)
     qk_norm_after_rope: bool = False   # hunyuan-dense: q and k normed after their rope
     ffn_act_square: bool = False    # arcee: the FFN's activation squared (ReLU^2, no gate: ffn_gate "seq")
     layer_norm: bool = False        # command-r, cohere2: LayerNorm without biases instead of RMSNorm
@@ -204,8 +204,8 @@ def _xielu_params(path, meta: dict, n_layer: int) -> tuple:
                  for an, ap, b, e in zip(*cols))
 
 
-def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_pattern, swa_rope_base, meta) -> dict:
-    """What the archs branch's architectures change from their family's defaults (pi_hparams; llama.cpp's
+def _llama_block_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_pattern, swa_rope_base, meta) -> dict:
+    """What the architectures on llama's blocks change from their family's defaults (pi_hparams; llama.cpp's
     src/models/<arch>.cpp); {} for the others. get, as_int, as_float, swa_pattern, swa_rope_base:
     _hparams_from_metadata's readers of the file's keys; meta: the file's metadata."""
     if arch == "apertus":
@@ -235,8 +235,8 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
         # architecture
         return {}
     if arch == "seed_oss":
-        # ByteDance Seed-OSS (llama_model_seed_oss): NEOX rope, q/k/v biases (where the file has them: _archs_views),
-        # blk.N.post_attention_norm the FFN's pre-norm (gptoss_views' renaming)
+        # ByteDance Seed-OSS (llama_model_seed_oss): NEOX rope, q/k/v biases (where the file has them:
+        # _llama_block_views), blk.N.post_attention_norm the FFN's pre-norm (gptoss_views' renaming)
         return dict(rope_mode="neox")
     if arch == "hunyuan-dense":
         # Hunyuan dense (llama_model_hunyuan_vl's graph): NEOX rope, then per-head q/k RMSNorm (after the rope); the
@@ -297,11 +297,11 @@ def _archs_hparams(path, arch: str, get, as_int, as_float, yarn: dict, swa_patte
     return {}
 
 
-def _archs_views(path, tensors: dict, hp: HParams) -> tuple[dict, dict]:
-    """The archs branch's tensors under the names the core reads and the flags their presence sets ({} for other
-    architectures): llama.cpp's create_tensor_qkv adds q/k/v biases wherever a file has them (qkv_bias), mistral3 an
-    attn_output.bias (attn_out_bias); seed_oss's post_attention_norm is its FFN's pre-norm."""
-    if hp.arch not in _ARCHS_BRANCH:
+def _llama_block_views(path, tensors: dict, hp: HParams) -> tuple[dict, dict]:
+    """The tensors of the architectures on llama's blocks under the names the core reads and the flags their presence
+    sets ({} for other architectures): llama.cpp's create_tensor_qkv adds q/k/v biases wherever a file has them
+    (qkv_bias), mistral3 an attn_output.bias (attn_out_bias); seed_oss's post_attention_norm is its FFN's pre-norm."""
+    if hp.arch not in _LLAMA_BLOCK_ARCHS:
         return tensors, {}
     if hp.arch == "command-r" and "blk.0.attn_q_norm.weight" in tensors:
         raise ModelLoadError(f"{path}: command-r with q/k LayerNorms (attn_q_norm: Command R+) is not supported")
@@ -315,7 +315,7 @@ def _archs_views(path, tensors: dict, hp: HParams) -> tuple[dict, dict]:
     if hp.arch == "seed_oss":
         tensors = gptoss_views(tensors, hp)
     flags = {"qkv_bias": int("blk.0.attn_q.bias" in tensors)}
-    if hp.arch in _ARCHS_OUT_BIAS:
+    if hp.arch in _OUT_BIAS_ARCHS:
         flags["attn_out_bias"] = int("blk.0.attn_output.bias" in tensors)
     return tensors, flags
 
@@ -642,7 +642,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_base_swa=swa_rope_base(),
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
-    extra.update(_archs_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base, meta))
+    extra.update(_llama_block_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base, meta))
     if "norm_eps" in extra:
         norm_eps = extra.pop("norm_eps")
     elif arch == "falcon":
@@ -956,8 +956,8 @@ class Model:
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
-        tensors, archs_flags = _archs_views(self.path, tensors, hp)
-        self._archs_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
+        tensors, view_flags = _llama_block_views(self.path, tensors, hp)
+        self._view_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
         self._made = []              # arrays the loader makes (deepseek2's split attn_kv_b), kept with the model
         if hp.arch == "deepseek2":
             tensors, self._made = deepseek2_views(self.path, tensors, hp)
@@ -1025,7 +1025,7 @@ class Model:
         p.attn_temp_scale, p.attn_temp_floor = hp.attn_temp_scale, hp.attn_temp_floor
         p.qk_norm_after_rope, p.ffn_act_square = int(hp.qk_norm_after_rope), int(hp.ffn_act_square)
         p.layer_norm, p.parallel_block = int(hp.layer_norm), int(hp.parallel_block)
-        for name, value in archs_flags.items():
+        for name, value in view_flags.items():
             setattr(p, name, value)
         p.mla_kv_rank, p.mla_head_k, p.mla_head_v, p.q_lora_rank = (hp.mla_kv_rank, hp.mla_head_k, hp.mla_head_v,
                                                                     hp.q_lora_rank)

@@ -428,7 +428,7 @@ typedef struct pi_hparams {
                               * ffn_up / ffn_down, its geometry's n_ff wide) beside them, each with its own norms:
                               * f = rms_norm(FFN(ffn_norm(x))) * post_ffw_norm_1 + rms_norm(experts(rms_norm(x) *
                               * pre_ffw_norm_2)) * post_ffw_norm_2, then post_ffw_norm's residual add (gemma4) */
-    /* archs branch (mistral3, exaone4, ...): */
+    /* architectures on llama's blocks with flags (mistral3, hunyuan-dense, arcee, command-r, ...): */
     float   attn_temp_scale; /* != 0: q of the token at position p is multiplied, after rope, by 1 + attn_temp_scale *
                               * ln(floor(p / attn_temp_floor) + 1) (Llama 4's attention temperature tuning as Mistral 3
                               * uses it: llama.cpp's f_attn_temp_scale); 0: none */

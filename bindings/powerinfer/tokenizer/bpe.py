@@ -121,7 +121,7 @@ for _name in ("qwen2", "deepseek-r1-qwen", "megrez"):
 for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de"):
     PRE_TOKENIZERS[_name] = Pre((_GPT2,))
 PRE_TOKENIZERS["gpt-4o"] = Pre((_GPT4O,))
-# the archs branch's: EXAONE 4.0 (llama.cpp: GPT-2's)
+# EXAONE 4.0 (llama.cpp: GPT-2's)
 PRE_TOKENIZERS["exaone4"] = Pre((_GPT2,))
 # Mistral's tekken (Mistral Nemo, Ministral 3, Mistral Small 3.x): GPT-4o's letter classes as llama.cpp writes them,
 # every digit a word; words in the vocabulary whole, BOS by default

@@ -1,6 +1,6 @@
-"""The archs branch's architectures (model_files.ARCHS_BRANCH: mistral3, ...) on tiny random files against the float64
-reference (tests/reference_model.py) at every ISA level, and what each new piece changes: the reference without it is
-far from ours. llama.cpp checks the same files in tests/compat/test_archs_vs_llama_cpp.py."""
+"""The architectures on llama's blocks (model_files.LLAMA_BLOCK_ARCHS: mistral3, ...) on tiny random files against the
+float64 reference (tests/reference_model.py) at every ISA level, and what each new piece changes: the reference without
+it is far from ours. llama.cpp checks the same files in tests/compat/test_llama_block_archs_vs_llama_cpp.py."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import powerinfer as pi  # noqa: E402
 from helpers import FLOAT_REL_RMS, KV_F16_REL_RMS, check_level, logits_all, rel_rms  # noqa: E402
-from model_files import ARCHS_BRANCH, CONFIGS, rewrite, write_arch_model  # noqa: E402
+from model_files import LLAMA_BLOCK_ARCHS, CONFIGS, rewrite, write_arch_model  # noqa: E402
 from powerinfer.gguf_file import ModelLoadError  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
 
@@ -26,7 +26,7 @@ LEVELS = ["scalar", "avx2", "avx512"]
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("archs")
     out = {}
-    for arch in ARCHS_BRANCH:
+    for arch in LLAMA_BLOCK_ARCHS:
         out[arch] = d / f"tiny-{arch}.gguf"
         write_arch_model(out[arch], arch, seed=3)
     return out
@@ -37,12 +37,12 @@ def ours(path, **kw):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+@pytest.mark.parametrize("arch", LLAMA_BLOCK_ARCHS)
 def test_forward_matches_reference(files, arch, level):
     check_level(files[arch], level, ReferenceModel(files[arch]).forward(PROMPT), PROMPT, FLOAT_REL_RMS)
 
 
-@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+@pytest.mark.parametrize("arch", LLAMA_BLOCK_ARCHS)
 def test_f16_cache(files, arch):
     got = logits_all(pi.Context(pi.Model(files[arch]), n_ctx=64, kv_type="f16"), PROMPT)
     assert rel_rms(got, ReferenceModel(files[arch]).forward(PROMPT)) < KV_F16_REL_RMS

@@ -1,6 +1,6 @@
-"""The tiny files of tests/test_archs.py (the archs branch's architectures) through llama.cpp (llama-cpp-python) and
-through us: f32 weights and KV cache on both sides within REL_RMS (measured in parentheses), and Q8_0 / Q4_0 files
-with llama.cpp's greedy tokens."""
+"""The tiny files of tests/test_llama_block_archs.py (architectures on llama's blocks) through llama.cpp
+(llama-cpp-python) and through us: f32 weights and KV cache on both sides within REL_RMS (measured in parentheses), and
+Q8_0 / Q4_0 files with llama.cpp's greedy tokens."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +13,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
 from helpers import QUANT_REL_RMS, greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
-from model_files import ARCHS_BRANCH, write_arch_model  # noqa: E402
+from model_files import LLAMA_BLOCK_ARCHS, write_arch_model  # noqa: E402
 from reference_model import ReferenceModel  # noqa: E402
 
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
@@ -29,7 +29,7 @@ REL_RMS = {"mistral3": 1e-5,      # (measured 2.7e-7)
            "apertus": 1e-5}          # (measured 3.4e-7)
 
 
-@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+@pytest.mark.parametrize("arch", LLAMA_BLOCK_ARCHS)
 def test_f32_agrees_with_llama_cpp(tmp_path, arch):
     path = tmp_path / f"tiny-{arch}.gguf"
     write_arch_model(path, arch, seed=3)
@@ -42,7 +42,7 @@ def test_f32_agrees_with_llama_cpp(tmp_path, arch):
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("arch", ARCHS_BRANCH)
+@pytest.mark.parametrize("arch", LLAMA_BLOCK_ARCHS)
 def test_quantized_greedy_tokens(tmp_path, arch, dtype):
     path = tmp_path / f"tiny-{arch}-{dtype}.gguf"
     write_arch_model(path, arch, seed=3, dtype=dtype)

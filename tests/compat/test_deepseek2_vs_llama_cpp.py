@@ -69,3 +69,22 @@ def test_quantized(tmp_path, variant, dtype):
     f = tmp_path / f"ds2-{variant}-{dtype}.gguf"
     write_deepseek2_model(f, dtype=dtype, **VARIANTS[variant])
     agrees_with_llama_cpp(f, QUANT_REL_RMS)
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M", "Q6_K"])
+@pytest.mark.parametrize("variant", ["mla", "kv_b", "q_lora"])
+def test_quantizer_writes_llama_quantizes_file(tmp_path, variant, ftype):
+    """powerinfer.quantize on the tiny deepseek2 files (attn_k_b / attn_v_b stacks, or an older attn_kv_b; q_lora's
+    attn_q_a / attn_q_b; experts and shared experts; mostly fallback types at n_embd 64): llama-quantize's file byte for
+    byte."""
+    import ctypes
+
+    from powerinfer.quant_rules import FTYPE, QuantOptions
+    from powerinfer.quantize import quantize_file
+    src, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    write_deepseek2_model(src, seed=3, **VARIANTS[variant])
+    quantize_file(src, ours, QuantOptions(ftype=FTYPE[ftype]))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = FTYPE[ftype], 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(theirs).encode(), ctypes.byref(p)) == 0
+    assert ours.read_bytes() == theirs.read_bytes()

@@ -498,14 +498,37 @@ static pi_status repack_output(pi_model *m, pi_threadpool *pool) {
     return st;
 }
 
+/* Replaces a stack of experts' matrices [ne0, ne1, n_expert] by an interleaved copy: its rows as one matrix [ne0, ne1
+ * n_expert], each expert's ne1 rows whole groups of the layout, so moe.c's view of expert e (e * nb[2] on) reads its
+ * own rows. Left as it is: a stack whose experts are not nb[1] * ne1 apart (gemma4's fused gate|up views) or whose
+ * ne1 is not a multiple of the layout's group. */
+static pi_status repack_experts(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
+    const pi_type_traits *tr = t->data ? pi_traits(t->type) : NULL;
+    if (!tr || !tr->repacked_type || t->n_dims != 3 || t->nb[2] != t->nb[1] * t->ne[1] ||
+        t->ne[1] % pi_group_rows(tr->repacked_type))
+        return PI_OK;
+    pi_tensor flat = pi_tensor_view(t->type, t->data, 2, (int64_t[]){ t->ne[0], t->ne[1] * t->ne[2] });
+    const int64_t bytes = pi_repack_bytes(&flat);
+    if (bytes == 0) return PI_OK;
+    void *buf = own_copy(m, bytes, "repacking experts");
+    if (!buf) return PI_ERR_OUT_OF_MEMORY;
+    pi_status st = pi_repack_on(pool, &flat, buf, bytes, &flat);
+    if (st == PI_OK) *t = pi_tensor_view(flat.type, buf, 3, t->ne);   /* [ne0, ne1, n_expert] */
+    return st;
+}
+
 /* A layer's weights only mul_mat reads (not the sparse FFN's gathered rows), and a PowerInfer layer's packing. */
 static pi_status repack_layer(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
                        m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
-                       m->hp.sparse ? NULL : &L->ffn_down, &L->ple_gate, &L->ple_proj };
+                       m->hp.sparse ? NULL : &L->ffn_down, &L->ple_gate, &L->ple_proj, &L->ffn_gate_shexp,
+                       &L->ffn_up_shexp, &L->ffn_down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a };
+    pi_tensor *experts[] = { &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps };
     pi_status st = PI_OK;
     for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
         if (w[i]) st = repack_one(m, pool, w[i]);
+    for (size_t i = 0; i < sizeof experts / sizeof experts[0] && st == PI_OK; i++)
+        st = repack_experts(m, pool, experts[i]);
     return st == PI_OK && m->hp.sparse ? pack_sparse_ffn(m, pool, L) : st;
 }
 

@@ -13,16 +13,14 @@ about 12 GB of memory and 3 minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.model_files import write_deepseek2_model  # noqa: E402
+from quantized_model import write_quantized  # noqa: E402
 
 
 def v2_lite_config(n_layer: int) -> dict:
@@ -39,15 +37,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.layers < 2:
         ap.error("--layers must be at least 2 (a dense layer, then experts)")
-    f16 = a.out if a.type == "f16" else os.path.join(tempfile.mkdtemp(dir=Path(a.out).parent), "f16.gguf")
-    write_deepseek2_model(f16, seed=0, dtype="f16", c=v2_lite_config(a.layers),
-                          meta={"context_length": 32768, "expert_weights_scale": 1.0})
-    if a.type != "f16":
-        rc = subprocess.call([sys.executable, str(ROOT / "tools" / "quantize.py"), f16, a.out, a.type.upper()])
-        os.remove(f16)
-        os.rmdir(os.path.dirname(f16))
-        if rc:
-            return rc
+    rc = write_quantized(a.out, a.type, lambda path: write_deepseek2_model(
+        path, seed=0, dtype="f16", c=v2_lite_config(a.layers), meta={"context_length": 32768}))
+    if rc:
+        return rc
     print(a.out)
     return 0
 

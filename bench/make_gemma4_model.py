@@ -13,16 +13,14 @@ About 1.6 B parameters with the per-layer token table (0.5 B in the layers); 12 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.model_files import gemma4_ple_weights, write_gemma4_model  # noqa: E402
+from quantized_model import write_quantized  # noqa: E402
 
 
 def e2b_config(n_layer: int) -> dict:
@@ -45,15 +43,10 @@ def main(argv=None) -> int:
         ap.error("--layers must be a multiple of 10")
     c = e2b_config(a.layers)
     w = gemma4_ple_weights(c, seed=0, n_pl=256)
-    f16 = a.out if a.type == "f16" else os.path.join(tempfile.mkdtemp(dir=Path(a.out).parent), "f16.gguf")
-    write_gemma4_model(f16, w, c, dtype="f16", meta={"embedding_length_per_layer_input": 256, "context_length": 32768})
-    del w
-    if a.type != "f16":
-        rc = subprocess.call([sys.executable, str(ROOT / "tools" / "quantize.py"), f16, a.out, a.type.upper()])
-        os.remove(f16)
-        os.rmdir(os.path.dirname(f16))
-        if rc:
-            return rc
+    rc = write_quantized(a.out, a.type, lambda path: write_gemma4_model(
+        path, w, c, dtype="f16", meta={"embedding_length_per_layer_input": 256, "context_length": 32768}))
+    if rc:
+        return rc
     print(a.out)
     return 0
 

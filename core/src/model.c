@@ -500,8 +500,8 @@ static pi_status repack_output(pi_model *m, pi_threadpool *pool) {
 
 /* Replaces a stack of experts' matrices [ne0, ne1, n_expert] by an interleaved copy: its rows as one matrix [ne0, ne1
  * n_expert], each expert's ne1 rows whole groups of the layout, so moe.c's view of expert e (e * nb[2] on) reads its
- * own rows. Left as it is: a stack whose experts are not nb[1] * ne1 apart (gemma4's fused gate|up views) or whose
- * ne1 is not a multiple of the layout's group. */
+ * own rows. Left as it is: a stack whose experts are not nb[1] * ne1 apart (gemma4's fused gate|up views: repacked
+ * as their whole stack by repack_layer) or whose ne1 is not a multiple of the layout's group. */
 static pi_status repack_experts(pi_model *m, pi_threadpool *pool, pi_tensor *t) {
     const pi_type_traits *tr = t->data ? pi_traits(t->type) : NULL;
     if (!tr || !tr->repacked_type || t->n_dims != 3 || t->nb[2] != t->nb[1] * t->ne[1] ||
@@ -527,8 +527,25 @@ static pi_status repack_layer(pi_model *m, pi_threadpool *pool, pi_layer *L) {
     pi_status st = PI_OK;
     for (size_t i = 0; i < sizeof w / sizeof w[0] && st == PI_OK; i++)
         if (w[i]) st = repack_one(m, pool, w[i]);
+    pi_tensor *g = &L->ffn_gate_exps, *u = &L->ffn_up_exps;
+    const int64_t F = g->ne[1];
+    if (st == PI_OK && g->data && g->n_dims == 3 && u->data == (char *)g->data + F * g->nb[1] &&
+        g->nb[2] == 2 * F * g->nb[1] && pi_traits(g->type)->repacked_type &&
+        F % pi_group_rows(pi_traits(g->type)->repacked_type) == 0) {
+        /* gemma4's fused ffn_gate_up_exps [E, 2F, NE] (load_moe's two views): the stack repacked whole, each half of
+         * an expert whole groups, then the views again */
+        pi_tensor gu = *g;
+        gu.ne[1] = 2 * F;
+        st = repack_experts(m, pool, &gu);
+        if (st == PI_OK && gu.data != g->data) {
+            *g = *u = gu;
+            g->ne[1] = u->ne[1] = F;
+            u->data = (char *)gu.data + F * gu.nb[1];
+        }
+        experts[0] = experts[1] = NULL;
+    }
     for (size_t i = 0; i < sizeof experts / sizeof experts[0] && st == PI_OK; i++)
-        st = repack_experts(m, pool, experts[i]);
+        if (experts[i]) st = repack_experts(m, pool, experts[i]);
     return st == PI_OK && m->hp.sparse ? pack_sparse_ffn(m, pool, L) : st;
 }
 

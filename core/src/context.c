@@ -23,7 +23,7 @@
  * (arcee: ReLU^2) and PI_ACT_XIELU (apertus) in dense_ffn.
  * The architectures differ only in the pi_hparams flags read here, except for
  *   falcon: LayerNorm (+ bias), fused attn_qkv, and the parallel block
- *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (falcon_layer);
+ *           x += attn(LN_2(x) or LN(x)) + FFN(LN(x)), the predictor reading x (parallel_layer);
  *   opt:    LayerNorm (+ bias) everywhere, biases on q/k/v/o and on the FFN's up and down, no rope,
  *           x = token_embd[tok] + position_embd[pos + 2], logits from token_embd;
  *   deepseek2 (hparams.mla_kv_rank): the attention is mla_attention's multi-head latent attention.
@@ -546,8 +546,6 @@ static pi_status mla_attention(pi_context *ctx, const pi_layer_exec *lx, int32_t
     return matmul(e, &L->wo, vo, B->cur, T);
 }
 
-/* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
- * the result in B->cur. */
 /* q [hd, n_head, T] and (own_kv) k [hd, n_head_kv, T] RMS-normed in place (qk_norm): per head (1) or over each token's
  * whole q and k (2: olmo2) */
 static pi_status qk_norms(pi_context *ctx, pi_exec *e, const pi_layer *L, pi_tensor *q, pi_tensor *k, bool own_kv) {
@@ -580,6 +578,8 @@ static pi_status attn_temperature(pi_context *ctx, pi_exec *e, const pi_batch *b
     return PI_OK;
 }
 
+/* Attention of one layer over the normed input in B->cur: q/k/v, rope, KV store, attention, wo (+ bias),
+ * the result in B->cur. */
 static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_t il, const pi_batch *b, int32_t n_kv) {
     const pi_hparams *hp = &ctx->model->hp;
     const pi_layer_geom *g = &ctx->model->geom[il];
@@ -753,23 +753,6 @@ static pi_status sparse_ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_
     return add_inplace(e, e->buf.x, e->buf.att, ctx->model->hp.n_embd, T);
 }
 
-/* Falcon's parallel block: x = attn(LN_2(x) or LN(x)) + FFN(LN(x); predictor on x) + x. */
-static pi_status falcon_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, const pi_batch *b,
-                              int32_t n_kv) {
-    pi_exec *e = lx->attn;
-    pi_buffers *B = &e->buf;
-    const pi_layer *L = lx->attn_w;
-    const int64_t T = b->n_tokens, E = ctx->model->hp.n_embd;
-    TRY(move_x(ctx, at, e, T));
-    TRY(norm(ctx, e, B->x, &L->attn_norm, &L->attn_norm_b, B->ln, T));
-    if (L->attn_norm_2.data) TRY(norm(ctx, e, B->x, &L->attn_norm_2, &L->attn_norm_2_b, B->cur, T));
-    else TRY(OP(e, copy, B->cur, B->ln, (size_t)(T * E) * sizeof(float)));
-    TRY(attention_core(ctx, lx, il, b, n_kv));           /* -> B->cur */
-    TRY(sparse_ffn(ctx, lx, il, T, B->ln, B->x, B->att)); /* -> B->att */
-    TRY(add_inplace(e, B->cur, B->att, E, T));            /* attn_out + FFN, then + inpL */
-    return add_inplace(e, B->x, B->cur, E, T);
-}
-
 float pi_act_histogram_edge(int32_t bin) {
     if (bin <= 0) return 0.0f;
     return exp2f((float)(bin - 1) / 16.0f - 24.0f);
@@ -909,10 +892,12 @@ static pi_status ffn_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *l
     return residual_add(ctx, e, B->cur, &L->post_ffn_norm, T);
 }
 
-/* parallel_block (command-r, cohere2): h = norm(x) * attn_norm (kept in ln), x += attn(h), then x += ffn(h); the
- * layer's attention and FFN on one backend (the CPU: offload refuses these models) */
-static pi_status parallel_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il,
-                                const pi_batch *b, int32_t n_kv) {
+/* A parallel block: h = norm(x) in ln, x += attn(LN_2(x) where falcon-40B has its own norm, else h) + FFN(h); the
+ * layer's attention and FFN on one backend. falcon: the predictor-guided sparse FFN of its PowerInfer files (the
+ * predictor reading x), attn + FFN added first, then x; command-r, cohere2 (hparams.parallel_block; offload refuses
+ * them): the dense FFN, x += attn, then x += FFN. */
+static pi_status parallel_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, const pi_batch *b,
+                                int32_t n_kv) {
     pi_exec *e = lx->attn;
     pi_buffers *B = &e->buf;
     const pi_layer *L = lx->attn_w;
@@ -920,11 +905,17 @@ static pi_status parallel_layer(pi_context *ctx, pi_exec **at, const pi_layer_ex
     const size_t bytes = (size_t)(T * E) * sizeof(float);
     TRY(move_x(ctx, at, e, T));
     TRY(norm(ctx, e, B->x, &L->attn_norm, &L->attn_norm_b, B->ln, T));
-    TRY(OP(e, copy, B->cur, B->ln, bytes));
-    TRY(attention_core(ctx, lx, il, b, n_kv));   /* -> cur */
-    TRY(add_inplace(e, B->x, B->cur, E, T));
-    TRY(OP(e, copy, B->cur, B->ln, bytes));
-    TRY(dense_ffn(ctx, e, lx->ffn_w, il, T));    /* -> cur */
+    if (L->attn_norm_2.data) TRY(norm(ctx, e, B->x, &L->attn_norm_2, &L->attn_norm_2_b, B->cur, T));
+    else TRY(OP(e, copy, B->cur, B->ln, bytes));
+    TRY(attention_core(ctx, lx, il, b, n_kv));           /* -> B->cur */
+    if (ctx->model->hp.sparse) {
+        TRY(sparse_ffn(ctx, lx, il, T, B->ln, B->x, B->att)); /* -> B->att */
+        TRY(add_inplace(e, B->cur, B->att, E, T));            /* attn_out + FFN, then + inpL */
+    } else {
+        TRY(add_inplace(e, B->x, B->cur, E, T));
+        TRY(OP(e, copy, B->cur, B->ln, bytes));
+        TRY(dense_ffn(ctx, e, lx->ffn_w, il, T));             /* -> B->cur */
+    }
     return add_inplace(e, B->x, B->cur, E, T);
 }
 
@@ -1157,8 +1148,7 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
         if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) return pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
         const pi_layer_exec *lx = &ctx->lx[il];
         if (m->hp.arch == PI_ARCH_FALCON || m->hp.parallel_block) {
-            TRY(m->hp.parallel_block ? parallel_layer(ctx, &at, lx, il, batch, n_kv)
-                                     : falcon_layer(ctx, &at, lx, il, batch, n_kv));
+            TRY(parallel_layer(ctx, &at, lx, il, batch, n_kv));
             TRY(control_vector(ctx, at, il, T));
             continue;
         }

@@ -590,8 +590,8 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     const int64_t Ekv = hd * n_head_kv, Eq = hd * hp->n_head;
     const bool local = g->is_local, own_kv = g->kv_source == il;   /* !own_kv: q only, over kv_source's cache */
     const pi_kv_cache *kv = &ctx->kv;
-    const bool qkv_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 0, T);
     if (hp->mla_kv_rank > 0) return mla_attention(ctx, lx, il, b, n_kv);
+    const bool qkv_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 0, T);
 
     if (L->wqkv.data) {   /* falcon: one matmul, rows = all Q heads, then all K heads, then all V heads */
         const int64_t W = Eq + 2 * Ekv;

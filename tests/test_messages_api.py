@@ -168,7 +168,7 @@ def test_thinking_blocks(server):
     back = HI + [{"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": ""},
                                                    {"type": "text", "text": "yes."}]},
                  {"role": "user", "content": "and?"}]
-    assert create(c, max_tokens=2, messages=back).usage.output_tokens == 2
+    assert create(c, max_tokens=2, messages=back, temperature=0).usage.output_tokens == 2
 
 
 def test_forced_tool_calls_and_round_trip(server):
@@ -233,7 +233,7 @@ def test_api_keys(server):
     sdk = client(server)       # api_key: x-api-key (the SDK before 2.x) or Authorization: Bearer
     ok = sdk if "X-Api-Key" in sdk.auth_headers else client(server, key=None, default_headers={"x-api-key": KEY})
     for c in (sdk, ok):
-        assert create(c, max_tokens=1, messages=HI).usage.output_tokens == 1
+        assert create(c, max_tokens=1, messages=HI, temperature=0).usage.output_tokens == 1
     r = raw(server, "/v1/messages", {"max_tokens": 1, "messages": HI}, headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 200
     with pytest.raises(anthropic.AuthenticationError) as e:
@@ -290,7 +290,7 @@ def test_sdk_errors_and_accepted_fields(server):
     # metadata, disable_parallel_tool_use and fields we do not know are taken (and ignored)
     m = create(c, max_tokens=2, messages=HI, metadata={"user_id": "u1"}, top_k=5, top_p=0.9,
                           extra_body={"service_tier": "auto", "some_future_field": {"x": 1}})
-    assert m.usage.output_tokens == 2
+    assert m.usage.output_tokens == 2 or m.stop_reason == "end_turn"      # sampled: the end of text may come first
     m = create(c, max_tokens=300, messages=HI, tools=TOOLS, temperature=0,
                           tool_choice={"type": "any", "disable_parallel_tool_use": True})
     assert [b.type for b in m.content] == ["tool_use"]

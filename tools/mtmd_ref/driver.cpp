@@ -2,7 +2,7 @@
 //   mtmd-ref MODEL MMPROJ IMAGE PROMPT N_PREDICT N_THREADS OUT_PREFIX [N_ENCODE]
 // PROMPT holds mtmd's default marker (<__media__>) where the image goes. Writes OUT_PREFIX.pix (the preprocessed
 // image as the vision graph reads it: float32 [3][ny][nx], planar) and OUT_PREFIX.embd (float32 [n_tokens][n_embd],
-// the projected image embeddings), then prints one JSON line: the chunks' text tokens, the image's token count, the
+// the projected image embeddings) and OUT_PREFIX.logits (the prompt's last logits), then prints one JSON line: the chunks' text tokens, the image's token count, the
 // encode times (N_ENCODE encodes, default 1) and N_PREDICT greedy tokens after the prompt (mtmd_helper_eval_chunks:
 // the image decoded non-causally where mtmd says so).
 #include "llama.h"
@@ -100,6 +100,9 @@ int main(int argc, char ** argv) {
         }
         const llama_vocab * vocab = llama_model_get_vocab(model);
         const int n_vocab = llama_vocab_n_tokens(vocab);
+        FILE * lf = fopen((out + ".logits").c_str(), "wb");   // the prompt's last logits
+        fwrite(llama_get_logits_ith(lctx, -1), sizeof(float), n_vocab, lf);
+        fclose(lf);
         for (int k = 0; k < n_predict; k++) {
             const float * lg = llama_get_logits_ith(lctx, -1);
             llama_token best = 0;

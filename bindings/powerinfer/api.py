@@ -881,6 +881,25 @@ class PowerInfer:
                                                chat_template=self.chat_template, tokenizer=self.tokenizer)
         return self._chat
 
+    projector = None   # powerinfer.vision.VisionProjector: image input (llama.cpp's --mmproj; set_projector)
+
+    def set_projector(self, path, *, n_threads: int | None = None) -> None:
+        """Load an mmproj file for image input (VisionError when it does not fit this model)."""
+        from .vision import VisionProjector
+        proj = VisionProjector(path, n_threads=n_threads)
+        proj.check_text_model(self.model)
+        self.projector = proj
+
+    def image_prompt(self, text: str, images: list) -> tuple[list[int], dict]:
+        """(tokens, {hash: embeddings}) of a rendered chat prompt with one MEDIA_MARKER per image (images: bytes);
+        RequestError for an image that does not decode."""
+        from .multimodal import chat_tokens
+        from .vision import ImageError
+        try:
+            return chat_tokens(self.tokenizer, self.projector, text, images, self.chat_formatter.bos_token)
+        except ImageError as e:
+            raise RequestError(str(e), param="messages") from None
+
     def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
         """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages;
         template_kwargs are extra template variables (chat_template_kwargs), never the template's own."""

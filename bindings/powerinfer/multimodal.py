@@ -141,3 +141,87 @@ def eval_prompt(ctx, tokens: list[int], store, *, seq_id: int = 0, n_past: int =
 def _rows(store: dict, token: int, n: int) -> np.ndarray:
     h, j = split_placeholder(token)
     return store[h][j:j + n]
+
+
+# ---------------------------------------------------------------- chat messages (the server's OpenAI / Anthropic bodies)
+
+MAX_IMAGE_BYTES = 20 << 20
+
+
+def image_bytes_of_url(url: str, where: str) -> bytes:
+    """The bytes of an OpenAI image_url: a data: URL with base64 data, or raw base64 (llama.cpp's server takes both).
+    http(s) URLs are refused: this server makes no outbound requests on a client's behalf (no fetching of arbitrary
+    addresses from inside the host's network); the client sends the image inline."""
+    import base64
+    import binascii
+
+    from .request import RequestError
+    if not isinstance(url, str) or not url:
+        raise RequestError(f"{where}: image_url.url must be a non-empty string", param="messages")
+    if url.startswith(("http://", "https://")):
+        raise RequestError(f"{where}: remote image URLs are not fetched by this server; send the image inline as a "
+                           "data: URL (data:image/png;base64,...)", param="messages", code="not_supported")
+    if url.startswith("data:"):
+        head, sep, data = url.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise RequestError(f"{where}: a data: URL must be base64-encoded (data:<type>;base64,<data>)",
+                               param="messages")
+        if not head[5:].startswith("image/"):
+            raise RequestError(f"{where}: {head[5:].split(';')[0] or 'untyped'} data is not an image",
+                               param="messages")
+    elif "://" in url:
+        raise RequestError(f"{where}: unsupported image URL scheme {url.split('://')[0]!r} (data: URLs only)",
+                           param="messages")
+    else:
+        data = url
+    if len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise RequestError(f"{where}: the image is larger than {MAX_IMAGE_BYTES >> 20} MiB", param="messages")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{where}: invalid base64 image data", param="messages") from None
+
+
+def take_images(messages, vision: bool) -> tuple[list, list[bytes]]:
+    """Chat messages with OpenAI image_url parts -> (messages whose content is text with one MEDIA_MARKER per image,
+    the images' bytes in order). A message with images becomes one string, its parts joined as llama.cpp's chat code
+    joins them (a newline between text parts, none before or after a marker). vision False (no --mmproj): a request
+    with an image is a RequestError (400)."""
+    from .request import RequestError
+    if not isinstance(messages, list):
+        return messages, []
+    out, images = [], []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                    for p in content):
+            out.append(m)
+            continue
+        if not vision:
+            raise RequestError(f"messages[{i}]: image input is not supported: the server has no multimodal projector "
+                               "(start it with --mmproj)", param="messages", code="not_supported")
+        text, last_marker = "", False
+        for j, p in enumerate(content):
+            kind = p.get("type") if isinstance(p, dict) else None
+            if kind == "image_url":
+                iu = p.get("image_url")
+                url = iu.get("url") if isinstance(iu, dict) else iu
+                images.append(image_bytes_of_url(url, f"messages[{i}].content[{j}]"))
+                text += MEDIA_MARKER
+                last_marker = True
+            elif kind == "text" and isinstance(p.get("text"), str):
+                if text and not last_marker:
+                    text += "\n"
+                text += p["text"]
+                last_marker = False
+            else:
+                raise RequestError(f"messages[{i}].content[{j}]: content part {kind!r} is not supported (text and "
+                                   "image_url only)", param="messages")
+        out.append(dict(m, content=text))
+    return out, images
+
+
+def chat_tokens(tokenizer, projector: VisionProjector, text: str, images: list[bytes], bos: str | None):
+    """(tokens, {hash: embeddings}) of a rendered chat prompt holding MEDIA_MARKERs: BOS added unless the template
+    wrote it (as the text path's chat_prompt does). ImageError for an image that does not decode."""
+    return build_prompt(tokenizer, projector, text, images, add_bos=not (bos and text.startswith(bos)))

@@ -809,7 +809,7 @@ class PowerInfer:
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
                   speculative: SpecParams | None = None, lora=None, context_shift: bool = False, n_keep: int = 0,
-                  preserved_ids=(), **sampler_options) -> Task:
+                  preserved_ids=(), images: dict | None = None, **sampler_options) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
         settings (None: the engine's; they change the speed only). lora: this request's adapter scales, llama.cpp's
@@ -817,6 +817,7 @@ class PowerInfer:
         current ones, set_lora_scales). context_shift: a full slot keeps the first n_keep tokens (-1: the whole
         prompt), drops the older half of the others and goes on (llama.cpp's --context-shift; otherwise the request
         ends, truncated). preserved_ids: control tokens the output shows (a chat reply's: chat_preserved_ids).
+        images: the embeddings of the prompt's image rows (image_prompt's second value).
         sampler_options: SamplingParams' other fields
         (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
@@ -852,6 +853,8 @@ class PowerInfer:
                     prompt_logprobs=prompt_logprobs, speculative=speculative,
                     lora=self._lora_request(lora), context_shift=context_shift,
                     n_keep=len(prompt_tokens) if n_keep == -1 else n_keep, preserved_ids=preserved_ids)
+        if images:   # powerinfer.multimodal: {hash: embeddings} of the prompt's image rows (image_prompt)
+            task.images = images
         self.engine.check(task)
         return task
 

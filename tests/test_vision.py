@@ -193,7 +193,7 @@ def test_embeddings_enter_unscaled(files):
     assert np.abs(ctx.logits() - want).max() > 1e-2
 
 
-@pytest.mark.skipif(not MTMD_REF.exists(), reason="llama.cpp's mtmd test tool is not built (sh tools/mtmd_ref/build.sh)")
+@pytest.mark.skipif(not MTMD_REF.exists(), reason="llama.cpp's mtmd test tool is not built: tools/mtmd_ref/build.sh")
 def test_live_mtmd_two_images_prompt(files):
     """Live against the built tool: a fresh image (not in the fixture), f16."""
     from vision_files import write_png

@@ -143,7 +143,7 @@ def _rows(store: dict, token: int, n: int) -> np.ndarray:
     return store[h][j:j + n]
 
 
-# ---------------------------------------------------------------- chat messages (the server's OpenAI / Anthropic bodies)
+# ---------------------------------------------------------------- chat messages (the server's OpenAI / Anthropic)
 
 MAX_IMAGE_BYTES = 20 << 20
 

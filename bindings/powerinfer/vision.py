@@ -19,8 +19,9 @@ reference.
 Gemma 3 numerics (llama.cpp's clip.cpp / siglip.cpp and mtmd.cpp, checked there):
   - preprocessing (mtmd_image_preprocessor_fixed_size): the image is resized keeping its aspect ratio to fit
     image_size (scale = min(S/w, S/h) in float32, sides ceil(side * scale) capped at S), with Pillow's bilinear
-    filter (mtmd ports Pillow's fixed-point resampler; one axis at a time, width first, as mtmd runs it), centred on a black S x S canvas (offset (S - side) // 2),
-    then x = (u8 / 255 - mean) / std per channel (the file's clip.vision.image_mean / image_std);
+    filter (mtmd ports Pillow's fixed-point resampler; one axis at a time, width first, as mtmd runs it), centred
+    on a black S x S canvas (offset (S - side) // 2), then x = (u8 / 255 - mean) / std per channel (the file's
+    clip.vision.image_mean / image_std);
   - patch embedding: the conv with stride = patch size as a matmul over unfolded patches ([c][ky][kx] order, the
     weight's own layout), + bias, + the learned position embedding;
   - blocks: x += out(attn(LN1(x))), x += down(gelu(up(LN2(x)))) (LayerNorm with bias, eps clip.vision.attention.
@@ -340,7 +341,8 @@ class VisionProjector:
             for k, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out")):
                 L[k] = self._mat(tensors, f"{p}{name}.weight", (E, E), repack)
                 L["b" + k] = self._f32(tensors, f"{p}{name}.bias", (E,))
-            L["up"], L["bup"] = self._mat(tensors, up + ".weight", (E, F), repack), self._f32(tensors, up + ".bias", (F,))
+            L["up"] = self._mat(tensors, up + ".weight", (E, F), repack)
+            L["bup"] = self._f32(tensors, up + ".bias", (F,))
             L["down"] = self._mat(tensors, down + ".weight", (F, E), repack)
             L["bdown"] = self._f32(tensors, down + ".bias", (E,))
             self.layers.append(L)
@@ -427,8 +429,8 @@ class VisionProjector:
             check(lib.pi_op_binary(self.pool, lib.PI_BINARY_ADD, xv, _view(d, (E, T)), xv), "vision residual")
         self._layer_norm(x, self.post_w, self.post_b, x)
         n = P // hp.n_merge
-        pooled = np.ascontiguousarray(
-            x.reshape(n, hp.n_merge, n, hp.n_merge, E).sum(axis=(1, 3), dtype=np.float32) / np.float32(hp.n_merge ** 2)).reshape(n * n, E)
+        pooled = x.reshape(n, hp.n_merge, n, hp.n_merge, E).sum(axis=(1, 3), dtype=np.float32)
+        pooled = np.ascontiguousarray((pooled / np.float32(hp.n_merge ** 2)).reshape(n * n, E))
         N = n * n
         pv = _view(pooled, (E, N))
         check(lib.pi_op_rms_norm(self.pool, pv, _view(self.soft_norm, (E,)), hp.eps, pv), "vision soft-embedding norm")

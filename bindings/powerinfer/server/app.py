@@ -742,8 +742,8 @@ def build_routes(state: ServerState) -> list[Route]:
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + extra_stops
         n_lp = top_logprobs if logprobs else None
         task = llm.make_task(tokens, max_tokens=max_tokens, stop=stop, stop_token_ids=stop_ids,
-                             n_probs=0 if n_lp is None else max(1, n_lp), preserved_ids=llm.chat_preserved_ids, images=store,
-                             **s)
+                             n_probs=0 if n_lp is None else max(1, n_lp), preserved_ids=llm.chat_preserved_ids,
+                             images=store, **s)
         shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer, tools=tc,
                                   reasoning=reasoning)
         return task, shaper, stream, include_usage

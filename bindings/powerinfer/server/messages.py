@@ -18,8 +18,9 @@ block, message_delta, message_stop), each as `event: <type>` + `data: <json>`.
 count_tokens takes the same body (max_tokens not needed) and answers {"input_tokens": N}: the rendered chat prompt's
 tokens, tools included (a prompt too long for a slot too: counted, not run). Errors on these routes are Anthropic's
 {"type": "error", "error": {"type", "message"}} with the HTTP status (a 401 of the API key check too). Not served (400
-naming them): document blocks (image blocks with base64 sources: with --mmproj), Anthropic's server tools (web search, code execution...),
-`n` other than 1. A trailing assistant message is a finished turn (no prefill); a tool_result's is_error is dropped.
+naming them): document blocks (image blocks with base64 sources are served with --mmproj), Anthropic's server tools
+(web search, code execution...), `n` other than 1. A trailing assistant message is a finished turn (no prefill); a
+tool_result's is_error is dropped.
 """
 from __future__ import annotations
 

@@ -311,3 +311,33 @@ def test_placeholders_carry_hash_and_row():
     s.put(2, e)
     with pytest.raises(KeyError, match="no longer held"):
         s.rows(ids[0], 1)
+
+
+def test_image_decode_with_offloaded_layers(files):
+    """-ngl on the emulated device (POWERINFER_EMULATED_GPU_MIB, tests/test_hybrid.py's): the image rows' embeddings and
+    their span mask reach the device's attention; the logits after an image prompt equal the CPU's bit for bit."""
+    import os
+    import subprocess
+    import sys
+    code = f"""
+import sys, numpy as np
+sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[1] / 'bindings')]!r}
+import powerinfer as pi
+from powerinfer.vision import VisionProjector
+from powerinfer.multimodal import build_prompt, eval_prompt
+from vision_files import image_array
+model = pi.Model({str(files['text'])!r})
+p = VisionProjector({str(files['f16'])!r}, n_threads=2)
+tokens, store = build_prompt(model.tokenizer, p, "the cat <__media__> is a", [image_array(50, 40, 1)])
+out = []
+for ngl in (0, 2, -1):
+    ctx = pi.Context(model, n_ctx=128, n_batch=64, n_gpu_layers=ngl)
+    assert ngl == 0 or ctx.offload is not None
+    eval_prompt(ctx, tokens, store)
+    out.append(ctx.logits().copy())
+assert all(np.array_equal(out[0], o) for o in out[1:]), [float(np.abs(out[0] - o).max()) for o in out[1:]]
+print("ok")
+"""
+    env = {**os.environ, "POWERINFER_EMULATED_GPU_MIB": "1024"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]

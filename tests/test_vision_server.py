@@ -244,3 +244,19 @@ def test_image_without_mmproj_is_400(servers):
     bases, _ = servers
     r = post(bases["text"], "/v1/chat/completions", {"messages": image_chat(data_url(png(1))), "max_tokens": 2})
     assert r.status_code == 400 and "--mmproj" in r.text
+
+
+def test_ollama_chat_images(servers):
+    """Ollama's /api/chat images (base64 strings) are the same image_url parts: the same reply as OpenAI's."""
+    from test_server import post
+    bases, _ = servers
+    b64 = base64.b64encode(png(3)).decode()
+    r = post(bases["vision"], "/api/chat", {"model": "x", "stream": False, "options": {"temperature": 0, "num_predict": 6},
+                                            "messages": [{"role": "user", "content": "what is it?", "images": [b64]}]})
+    assert r.status_code == 200, r.text
+    oa = post(bases["vision"], "/v1/chat/completions", {"messages": image_chat(data_url(png(3))), "max_tokens": 6,
+                                                         "temperature": 0}).json()
+    assert r.json()["message"]["content"] == oa["choices"][0]["message"]["content"]
+    r = post(bases["text"], "/api/chat", {"model": "x", "stream": False,
+                                          "messages": [{"role": "user", "content": "hi", "images": [b64]}]})
+    assert r.status_code == 400 and "--mmproj" in r.text

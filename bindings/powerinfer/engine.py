@@ -267,7 +267,7 @@ class Engine:
         self.n_drafted = self.n_draft_accepted = 0     # draft tokens proposed / kept, over the engine's life
         self.lora: tuple = ctx.lora    # the LoRA adapters of the tasks that name none (Task.lora)
         self.prompt_cache = prompt_cache if regions else None
-        self.image_store = None        # powerinfer.multimodal.ImageStore: the embeddings of the prompts' images
+        self.has_images = False        # a task with image rows came (powerinfer.multimodal): look for them
         self._lora_turn = 0            # which set of adapters the next step runs, when requests differ
         self.draft_ms = 0.0                            # time spent in the drafter
 
@@ -332,15 +332,12 @@ class Engine:
         if n_max > self.n_batch:
             raise RequestError(f"an image of {n_max} embeddings does not fit a batch of {self.n_batch} "
                                "(raise -b / --batch-size)", param="prompt")
-        if self.image_store is None:
-            from .multimodal import ImageStore
-            self.image_store = ImageStore()
-        self.image_store.update(task.images)
+        self.has_images = True
 
     def _eval_images(self, active: list) -> None:
         """Active slots whose next prompt rows are an image: decode its rows (one call, bidirectional, pi_batch.span);
         a prompt that ends there samples from the last row."""
-        from .multimodal import image_run
+        from .multimodal import image_run, split_placeholder
         for s in active:
             n = image_run(s.todo) if s.todo else 0
             if not n:
@@ -355,7 +352,8 @@ class Engine:
             t0 = time.perf_counter()
             try:
                 self.ctx.set_lora(self._lora_of(s.task))
-                self.ctx.decode_embd(self.image_store.rows(s.todo[0], n), pos=np.arange(n0, n0 + n), seq_id=s.id,
+                h, j = split_placeholder(s.todo[0])
+                self.ctx.decode_embd(s.task.images[h][j:j + n], pos=np.arange(n0, n0 + n), seq_id=s.id,
                                      span=1, logits="last" if last else "none")
             except Exception as e:
                 self._finish(s, error=e if isinstance(e, (RequestError, PowerInferError)) else
@@ -748,7 +746,7 @@ class Engine:
             active = [s for s in self.slots if s.busy]
             if not active and not (idle_fill and self.fill_pending()):
                 return False
-            if self.image_store is not None and any(s.todo and s.todo[0] < 0 for s in active):
+            if self.has_images and any(s.todo and s.todo[0] < 0 for s in active):
                 self._eval_images([s for s in active if s.fork_of is None])
                 active = [s for s in self.slots if s.busy]
                 if not active:
@@ -778,7 +776,7 @@ class Engine:
                         plan[s.id] = ([s.last] + d, True)
                     elif s.todo and budget > 0 and s.todo[0] >= 0:
                         k = min(len(s.todo), budget)
-                        if self.image_store is not None:   # text up to the next image (decoded on its own)
+                        if self.has_images:   # text up to the next image (decoded on its own)
                             from .multimodal import first_image_row
                             k = min(k, first_image_row(s.todo))
                         plan[s.id] = (s.todo[:k], k == len(s.todo))
@@ -896,8 +894,8 @@ class Engine:
         """Draft tokens to evaluate after generating slot s's last token: at most the request's n_max, the batch's
         budget, the room left in the slot's context and the tokens it may still sample; none below n_min."""
         spec = s.task.speculative or self.spec
-        if self.drafter is None or spec.n_max <= 0:
-            return []
+        if self.drafter is None or spec.n_max <= 0 or getattr(s.task, "images", None):
+            return []   # (a drafter reads the sequence as tokens: image rows are none)
         n_max = min(spec.n_max, budget, s.n_ctx - s.n_past - 1)
         if s.task.n_predict > 0:          # rows sampled = 1 + drafts <= the tokens it may still sample
             n_max = min(n_max, s.task.n_predict - s.result.n_predicted - 1)

@@ -9,7 +9,8 @@ In a token list the image's rows are placeholder ids: negative ints, one per row
 (image_hash, 48 bits of SHA-256 of the decoded pixels) and the row's index, so a cached prefix (a slot's, the RAM
 prompt cache's) matches another prompt only where the same image sits at the same place (llama.cpp's server
 compares its image chunks by the bitmap's hash the same way); a hash collision needs 2^-48 luck.
-The embeddings are looked up by hash in an ImageStore (the engine's).
+The embeddings travel with the prompt as {hash: embeddings} (a Task's `images`; eval_prompt takes such a dict or an
+ImageStore, a bounded hash -> embeddings map).
 """
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def take_images(messages, vision: bool) -> tuple[list, list[bytes]]:
             out.append(m)
             continue
         if not vision:
-            raise RequestError(f"messages[{i}]: image input is not supported: the server has no multimodal projector "
+            raise RequestError(f"messages[{i}]: images are not supported: the server has no multimodal projector "
                                "(start it with --mmproj)", param="messages", code="not_supported")
         text, last_marker = "", False
         for j, p in enumerate(content):

@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tools"), str(ROOT / "bindings")
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="encodes of each, alternated (the first of each warms up)")
     ap.add_argument("--dir", default="/tmp/vision_bench")
     ap.add_argument("--mtmd-ref", default="/tmp/mtmd_ref/mtmd-ref")
     a = ap.parse_args()
@@ -42,17 +42,18 @@ def main() -> int:
     from powerinfer.vision import VisionProjector
     p = VisionProjector(mm, n_threads=a.threads)
     pix = p.preprocess(img)
-    ours = []
-    for _ in range(a.runs + 1):
+    res = {"ours_ms": [], "llama_cpp_ms": []}
+    have_ref = Path(a.mtmd_ref).exists()
+    for _ in range(a.runs):   # alternated, one encode each, so that a busy machine weighs on both alike
         t0 = time.perf_counter()
         e = p.encode(pix)
-        ours.append((time.perf_counter() - t0) * 1e3)
-    res = {"ours_ms": ours[1:], "first_ms": ours[0]}
-    if Path(a.mtmd_ref).exists():
-        out = subprocess.run([a.mtmd_ref, str(text), str(mm), str(img), "x <__media__> y", "0", str(a.threads),
-                              str(d / "ref"), str(a.runs + 1)], capture_output=True, text=True, check=True)
-        js = json.loads(out.stdout.strip().splitlines()[-1])
-        res["llama_cpp_ms"] = js["encode_ms"][1:]
+        res["ours_ms"].append((time.perf_counter() - t0) * 1e3)
+        if have_ref:
+            out = subprocess.run([a.mtmd_ref, str(text), str(mm), str(img), "x <__media__> y", "0", str(a.threads),
+                                  str(d / "ref"), "1"], capture_output=True, text=True, check=True)
+            res["llama_cpp_ms"] += json.loads(out.stdout.strip().splitlines()[-1])["encode_ms"]
+        print(json.dumps(res), file=sys.stderr, flush=True)
+    if have_ref:
         ref = np.fromfile(d / "ref.embd", dtype=np.float32).reshape(e.shape)
         res["max_abs_diff"] = float(np.abs(ref - e).max())
         res["max_abs_ref"] = float(np.abs(ref).max())

@@ -251,7 +251,8 @@ def test_ollama_chat_images(servers):
     from test_server import post
     bases, _ = servers
     b64 = base64.b64encode(png(3)).decode()
-    r = post(bases["vision"], "/api/chat", {"model": "x", "stream": False, "options": {"temperature": 0, "num_predict": 6},
+    r = post(bases["vision"], "/api/chat", {"model": "x", "stream": False,
+                                            "options": {"temperature": 0, "num_predict": 6},
                                             "messages": [{"role": "user", "content": "what is it?", "images": [b64]}]})
     assert r.status_code == 200, r.text
     oa = post(bases["vision"], "/v1/chat/completions", {"messages": image_chat(data_url(png(3))), "max_tokens": 6,

@@ -46,8 +46,8 @@ tool_choice, chat_template_kwargs and reasoning_format (Ollama has no tool_choic
 Errors are Ollama's {"error": "message"} with the HTTP status (mid-stream: an {"error"} line). Refused (400 naming
 them): /api/generate's images (/api/chat's are served with --mmproj), template (an Ollama Go template: send raw
 prompts instead), system with raw, context with suffix, logprobs. Not served (404): pull, push, create, copy, delete,
-blobs: the server has the one model it was started with. The --api-key check applies as on every route (Ollama clients send none unless told to: their
-headers option).
+blobs: the server has the one model it was started with. The --api-key check applies as on every route (Ollama
+clients send none unless told to: their headers option).
 """
 from __future__ import annotations
 

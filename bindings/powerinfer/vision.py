@@ -40,6 +40,7 @@ import hashlib
 import io
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -251,6 +252,7 @@ class VisionProjector:
         self._pool = ffi.new("pi_threadpool **")
         check(lib.pi_threadpool_create(n_threads or 0, self._pool), "creating the vision thread pool")
         self.pool = ffi.gc(self._pool[0], lib.pi_threadpool_free)
+        self.lock = threading.Lock()   # one encode at a time on the pool (the server encodes in worker threads)
 
     # ---------------------------------------------------------------- loading
 
@@ -399,6 +401,10 @@ class VisionProjector:
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """float32 [n_image_tokens, n_embd_text]: the projected embeddings of a preprocessed image [3, S, S]."""
+        with self.lock:
+            return self._encode(pixels)
+
+    def _encode(self, pixels: np.ndarray) -> np.ndarray:
         hp = self.hp
         S, ps, P, E, H, hd = hp.image_size, hp.patch_size, hp.n_patches_side, hp.n_embd, hp.n_head, hp.head_dim
         pixels = np.asarray(pixels, dtype=np.float32)

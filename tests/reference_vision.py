@@ -19,8 +19,9 @@ def load(path) -> tuple[dict, dict]:
     return meta, {name: dequantize(data, t, ne) for name, (t, ne, data) in raw.items()}
 
 
-def gemma3_tower(meta: dict, w: dict, pixels: np.ndarray) -> np.ndarray:
-    """float64 [n_image_tokens, n_embd_text] of a preprocessed image [3, S, S]."""
+def gemma3_tower(meta: dict, w: dict, pixels: np.ndarray, kv_f16: bool = False) -> np.ndarray:
+    """float64 [n_image_tokens, n_embd_text] of a preprocessed image [3, S, S]; kv_f16: K and V rounded to f16 before
+    the attention (llama.cpp's flash-attention path, powerinfer.vision's default)."""
     E = int(meta["clip.vision.embedding_length"])
     H = int(meta["clip.vision.attention.head_count"])
     L = int(meta["clip.vision.block_count"])
@@ -35,6 +36,8 @@ def gemma3_tower(meta: dict, w: dict, pixels: np.ndarray) -> np.ndarray:
         p = f"v.blk.{il}."
         h = layer_norm(x, w[p + "ln1.weight"], w[p + "ln1.bias"], eps)
         q, kk, v = (h @ w[p + n + ".weight"].T + w[p + n + ".bias"] for n in ("attn_q", "attn_k", "attn_v"))
+        if kv_f16:
+            kk, v = (a.astype(np.float16).astype(np.float64) for a in (kk, v))
         q, kk, v = (a.reshape(-1, H, hd).transpose(1, 0, 2) for a in (q, kk, v))
         s = q @ kk.transpose(0, 2, 1) / np.sqrt(hd)
         s = np.exp(s - s.max(-1, keepdims=True))

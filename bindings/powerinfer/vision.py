@@ -25,7 +25,8 @@ Gemma 3 numerics (llama.cpp's clip.cpp / siglip.cpp and mtmd.cpp, checked there)
   - patch embedding: the conv with stride = patch size as a matmul over unfolded patches ([c][ky][kx] order, the
     weight's own layout), + bias, + the learned position embedding;
   - blocks: x += out(attn(LN1(x))), x += down(gelu(up(LN2(x)))) (LayerNorm with bias, eps clip.vision.attention.
-    layer_norm_epsilon; q/k/v/out with biases; bidirectional attention scaled by 1/sqrt(head_dim); GELU the tanh
+    layer_norm_epsilon; q/k/v/out with biases; bidirectional attention scaled by 1/sqrt(head_dim), K and V rounded to
+    f16 as llama.cpp's flash-attention path rounds them (kv_f16=False: f32); GELU the tanh
     approximation, ggml_gelu); then post_ln;
   - the patches (P x P, row-major) average-pooled n_merge x n_merge (4 unless clip.vision.projector.scale_factor
     says otherwise) to (P / n_merge)^2 tokens, RMS-normed (the same eps) times mm.soft_emb_norm.weight, projected by
@@ -227,8 +228,11 @@ class VisionProjector:
 
     n_threads: the pool the tower's ops run on (None: the physical cores)."""
 
-    def __init__(self, path, *, n_threads: int | None = None, use_mmap: bool = True, repack: bool = True):
+    def __init__(self, path, *, n_threads: int | None = None, use_mmap: bool = True, repack: bool = True,
+                 kv_f16: bool = True):
         self.path = str(path)
+        self.kv_f16 = kv_f16   # K and V rounded to f16 for the attention (llama.cpp's flash-attention path does the
+        #                        same; pi_op_attention reads f16 rows ~1.9x faster than f32 ones at 4096 patches)
         f = open_gguf(path, use_mmap=use_mmap)
         self._file = f
         meta, tensors = f.metadata, f.tensors
@@ -423,8 +427,12 @@ class VisionProjector:
             q = self._linear(L["q"], h, E, L["bq"], T)
             k = self._linear(L["k"], h, E, L["bk"], T)
             v = self._linear(L["v"], h, E, L["bv"], T)
-            check(lib.pi_op_attention(self.pool, _view(q, (hd, H, T)), _view(k, (hd, H, T)), _view(v, (hd, H, T)),
-                                      ffi.NULL, 1.0 / math.sqrt(hd), _view(att, (hd, H, T))), "vision attention")
+            kt = _F16 if self.kv_f16 else _F32
+            if self.kv_f16:
+                k, v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
+            check(lib.pi_op_attention(self.pool, _view(q, (hd, H, T)), _view(k, (hd, H, T), kt),
+                                      _view(v, (hd, H, T), kt), ffi.NULL, 1.0 / math.sqrt(hd), _view(att, (hd, H, T))),
+                  "vision attention")
             o = self._linear(L["o"], att, E, L["bo"], T)
             check(lib.pi_op_binary(self.pool, lib.PI_BINARY_ADD, xv, _view(o, (E, T)), xv), "vision residual")
             self._layer_norm(x, L["ln2_w"], L["ln2_b"], h)

@@ -154,6 +154,28 @@ def test_gemma4_arguments_are_an_object(tok):
     assert not matches(g, tok, "<|tool_call>call:todo{todos:[1]}<tool_call|>")
 
 
+def test_gemma4_optional_keys(tok):
+    """An object with optional keys: the required ones always, in the schema's order with the optional ones present or
+    not, no key twice, none unknown (the form llama.cpp's JSON-schema grammars give objects); all optional: {} too."""
+    props = {"q": {"type": "string"}, "n": {"type": "integer"}, "lang": {"type": "string"}, "safe": {"type": "boolean"}}
+    g = call_grammar("gemma4", {"find": {"type": "object", "properties": props, "required": ["q", "lang"]}}, tok)
+    s = '<|"|>x<|"|>'
+
+    def call(body):
+        return matches(g, tok, "<|tool_call>call:find{" + body + "}<tool_call|>")
+    for body in (f"q:{s},lang:{s}", f"q:{s},n:3,lang:{s}", f"q:{s},lang:{s},safe:true",
+                 f"q:{s},n:1,lang:{s},safe:false"):
+        assert call(body), body
+    for body in (f"q:{s}", f"lang:{s}", "", f"lang:{s},q:{s}", f"q:{s},q:{s},lang:{s}", f"q:{s},lang:{s},n:2",
+                 f"q:{s},lang:{s},x:1", f"q:{s},,lang:{s}", f",q:{s},lang:{s}", f"q:{s},lang:{s},"):
+        assert not call(body), body
+    g = call_grammar("gemma4", {"find": {"type": "object", "properties": props}}, tok)
+    for body in ("", "n:1", f"lang:{s},safe:true", f"q:{s},n:1,lang:{s},safe:false"):
+        assert call(body), body
+    for body in (",", "n:1,", ",n:1", "safe:true,n:1", "n:1,n:1"):
+        assert not call(body), body
+
+
 def test_named_tool_and_syntax_of_the_template(tok):
     """A named tool allows that one only; the syntax is the template's (a template without tools: the generic bare
     object, as before)."""

@@ -21,9 +21,10 @@ tool_choice "required" (any of the tools) and {"type": "function", "function": {
 call in the same syntax, as llama.cpp's chat code does for "required" (common/chat.cpp, common/parsers/):
 `call_grammar` writes an llguidance Lark grammar of the syntax's markers (the vocabulary's special tokens where they
 are ones: grammar.lark_literal), the allowed tools' names, their arguments against each tool's parameters schema
-(`%json`; Gemma 4's value syntax built from the schema), the reasoning the format lets come first
-(`<think>...</think>` where the template has it, harmony's analysis messages, Gemma 4's thought channel), and with
-parallel_tool_calls several calls where the syntax has them (hermes, mistral, gemma4). "none" leaves the tools out.
+(`%json`; Gemma 4's value syntax built from the schema, an object's keys in its order, the required ones always),
+the reasoning the format lets come first (`<think>...</think>` where the template has it, harmony's analysis
+messages, Gemma 4's thought channel), and with parallel_tool_calls several calls where the syntax has them (hermes,
+mistral, gemma4). "none" leaves the tools out.
 Templates without a call syntax ("generic") get the bare {"name", "arguments"} object by its JSON schema.
 """
 from __future__ import annotations
@@ -376,11 +377,22 @@ def _gemma4_term(r: _LarkRules, schema) -> str:
     props = schema.get("properties")
     if kind == "object" and isinstance(props, dict) and props:
         pairs = [f"{json.dumps(k + ':', ensure_ascii=False)} {_gemma4_term(r, v)}" for k, v in props.items()]
-        if set(props) <= set(schema.get("required") or []):
-            return '"{" ' + ' "," '.join(pairs) + ' "}"'
-        pair = "(" + " | ".join(pairs) + ")"
-        return f'"{{" ({pair} ("," {pair})*)? "}}"'
+        return '"{" ' + _ordered_keys(r, pairs, [k in (schema.get("required") or []) for k in props]) + ' "}"'
     return "g4_dict" if kind == "object" else "g4_value"
+
+
+def _ordered_keys(r: _LarkRules, pairs: list[str], required: list[bool]) -> str:
+    """A Lark term for the comma-separated key:value pairs of an object in the schema's order, every required one
+    present and each optional one present or not (as llama.cpp's JSON-schema grammars order properties). Two rules
+    per pair: from pair i on with nothing written yet (`first`) and after a pair (`rest`, a comma before each)."""
+    base = f"g4_obj{len(r.rules)}"
+    first, rest = "", ""                    # from past the last pair: nothing (first: no pair left to start with)
+    for i in range(len(pairs) - 1, -1, -1):
+        f, n = f"{base}_f{i}", f"{base}_n{i}"
+        r.rules[f] = f"{pairs[i]} {rest}".strip() + ("" if required[i] or not first else f" | {first}")
+        r.rules[n] = (f'"," {pairs[i]}' if required[i] else f'("," {pairs[i]})?') + f" {rest}".rstrip()
+        first, rest = f, n
+    return f"{first}?" if not any(required) else first
 
 
 def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = False, think: bool = False) -> Grammar:

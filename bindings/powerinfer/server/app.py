@@ -722,7 +722,6 @@ def build_routes(state: ServerState) -> list[Route]:
         if tc is not None:
             if s["grammar"] is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")
-            s["grammar"] = tc.grammar
         max_tokens = _cap(state, max_tokens_field(body, None) or -1)     # no max_tokens: until EOS / full slot
         logprobs = field(body, "logprobs", "bool", False)
         top_logprobs = field(body, "top_logprobs", "int", 0)
@@ -737,6 +736,9 @@ def build_routes(state: ServerState) -> list[Route]:
         store = None
         if images:   # the prompt again, with the images' rows where their markers are (powerinfer.multimodal)
             tokens, store = await run_in_threadpool(llm.image_prompt, prompt_text, images)
+        if tc is not None:
+            tc.after_prompt(prompt_text)
+            s["grammar"] = tc.grammar
         reasoning = splitter_for(field(body, "reasoning_format", "str", llm.reasoning_format), prompt_text)
         stop = s.pop("stop")
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + extra_stops

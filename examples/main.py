@@ -41,7 +41,44 @@ def parse_args(argv=None):
     g.add_argument("--prompt-cache-all", action="store_true",
                    help="with --prompt-cache: save the generated tokens too (not in interactive mode)")
     g.add_argument("--prompt-cache-ro", action="store_true", help="with --prompt-cache: read it, do not update it")
+    g = p.add_argument_group("images (llama.cpp's llama-mtmd-cli)")
+    g.add_argument("-mm", "--mmproj", metavar="FILE", default=None,
+                   help="multimodal projector file (mmproj-*.gguf, Gemma 3's) for --image")
+    g.add_argument("--image", metavar="FILE", action="append", default=[],
+                   help="an image for the prompt (repeatable; JPEG, PNG, WebP... through Pillow): where the prompt "
+                        "says <__media__>, else before the prompt, one marker per image")
     return cli.parse(p, argv, prog="main")
+
+
+def load_images(args, model):
+    """--mmproj / --image: (projector, [(hash, embeddings)]) or (None, []); CLIError for a bad file or image."""
+    if not args.image:
+        if args.mmproj:
+            log("main: note: --mmproj without --image: no image to read")
+        return None, []
+    if not args.mmproj:
+        raise CLIError("--image needs --mmproj (the model's multimodal projector file)")
+    if args.prompt_cache:
+        raise CLIError("--prompt-cache cannot save a prompt holding images")
+    from powerinfer.multimodal import encode_images
+    from powerinfer.vision import ImageError, VisionError, VisionProjector
+    try:
+        proj = VisionProjector(args.mmproj, n_threads=args.threads or None)
+        proj.check_text_model(model)
+        log(f"main: multimodal projector {args.mmproj}: {proj.hp.proj_type}, {proj.n_image_tokens} tokens per image")
+        import time
+        t0 = time.perf_counter()
+        encoded = encode_images(proj, args.image)
+        log(f"main: {len(encoded)} image(s) encoded in {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    except (VisionError, ImageError) as e:
+        raise CLIError(str(e)) from None
+    return proj, encoded
+
+
+def with_markers(text: str, n: int) -> str:
+    """mtmd-cli: a prompt without a media marker gets one per image in front of it."""
+    from powerinfer.vision import MEDIA_MARKER
+    return text if MEDIA_MARKER in text or n == 0 else MEDIA_MARKER * n + text
 
 
 def load_prompt_cache(args, model, gen: Generator, prompt_ids: list[int]) -> int:
@@ -123,6 +160,7 @@ def run(args) -> int:
         args.grammar_obj = cli.grammar_of(args)
         ctx = cli.make_context(args, model, "main")
         drafter, spec = cli.make_speculative(args, model, "main", n_ctx=ctx.n_ctx)
+        args.projector, args.encoded = load_images(args, model)
     except (CLIError, ValueError) as e:
         log(f"error: {e}")
         return 1
@@ -177,7 +215,17 @@ def completion(args, model, gen: Generator, prompt: str, out: Console, n_predict
     tok = model.tokenizer
     if args.system_prompt is not None or args.single_turn:
         log("main: note: -sys and -st apply to conversation mode (-cnv) only; ignored")
-    prompt_ids = tok.encode(prompt, add_special=True)
+    if args.encoded:
+        from powerinfer.multimodal import build_prompt
+        from powerinfer.vision import ImageError
+        try:
+            prompt_ids, gen.images = build_prompt(tok, args.projector, with_markers(prompt, len(args.encoded)),
+                                                  encoded=args.encoded)
+        except ImageError as e:
+            log(f"error: {e}")
+            return 1
+    else:
+        prompt_ids = tok.encode(prompt, add_special=True)
     if len(prompt_ids) > gen.ctx.n_ctx - 4 and not args.interactive and not args.context_shift:
         log(f"error: prompt is too long ({len(prompt_ids)} tokens, max {gen.ctx.n_ctx - 4})")
         return 1
@@ -273,8 +321,13 @@ def conversation(args, model, gen: Generator, first_message: str | None, out: Co
                     continue            # an empty line is no message (llama.cpp asks again)
             turns += 1
             first = not chat.rendered
+            images = args.encoded if turns == 1 else []
             try:
-                ids = chat.user(user)
+                ids = chat.user(with_markers(user, len(images)))
+                if images:   # the first rendering again, with the images' rows where their markers are
+                    from powerinfer.multimodal import build_prompt
+                    bos = not (fmt.bos_token and chat.rendered.startswith(fmt.bos_token))
+                    ids, gen.images = build_prompt(tok, args.projector, chat.rendered, encoded=images, add_bos=bos)
             except ChatTemplateError as e:
                 log(f"error: {e}")
                 if args.single_turn:      # the one turn asked for cannot be answered

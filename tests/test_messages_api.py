@@ -256,7 +256,7 @@ def test_api_keys(server):
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
-     "'image'"),
+     "--mmproj"),     # image blocks need a projector (tests/test_vision_server.py serves them)
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]}, "'document'"),
     ({"max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]}, "role"),

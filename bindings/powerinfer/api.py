@@ -809,7 +809,7 @@ class PowerInfer:
                   cache_prompt: bool = True, n_probs: int = 0, stop_token_ids=(), grammar: Grammar | None = None,
                   logits_processor=None, stopping_criteria=None, prompt_logprobs: bool = False,
                   speculative: SpecParams | None = None, lora=None, context_shift: bool = False, n_keep: int = 0,
-                  preserved_ids=(), **sampler_options) -> Task:
+                  preserved_ids=(), images: dict | None = None, **sampler_options) -> Task:
         """A validated engine Task (RequestError on bad arguments). max_tokens None or < 0: until
         the end of text or a full slot context; 0: evaluate the prompt only. speculative: this request's draft
         settings (None: the engine's; they change the speed only). lora: this request's adapter scales, llama.cpp's
@@ -817,6 +817,7 @@ class PowerInfer:
         current ones, set_lora_scales). context_shift: a full slot keeps the first n_keep tokens (-1: the whole
         prompt), drops the older half of the others and goes on (llama.cpp's --context-shift; otherwise the request
         ends, truncated). preserved_ids: control tokens the output shows (a chat reply's: chat_preserved_ids).
+        images: the embeddings of the prompt's image rows (image_prompt's second value).
         sampler_options: SamplingParams' other fields
         (typical_p, min_keep, top_n_sigma, xtc_*, dynatemp_*, mirostat*, dry_*, samplers)."""
         if seed is None or seed == -1:
@@ -852,6 +853,8 @@ class PowerInfer:
                     prompt_logprobs=prompt_logprobs, speculative=speculative,
                     lora=self._lora_request(lora), context_shift=context_shift,
                     n_keep=len(prompt_tokens) if n_keep == -1 else n_keep, preserved_ids=preserved_ids)
+        if images:   # powerinfer.multimodal: {hash: embeddings} of the prompt's image rows (image_prompt)
+            task.images = images
         self.engine.check(task)
         return task
 
@@ -880,6 +883,25 @@ class PowerInfer:
             self._chat = ChatFormatter.resolve(self.model.metadata, chat_format=self.chat_format,
                                                chat_template=self.chat_template, tokenizer=self.tokenizer)
         return self._chat
+
+    projector = None   # powerinfer.vision.VisionProjector: image input (llama.cpp's --mmproj; set_projector)
+
+    def set_projector(self, path, *, n_threads: int | None = None) -> None:
+        """Load an mmproj file for image input (VisionError when it does not fit this model)."""
+        from .vision import VisionProjector
+        proj = VisionProjector(path, n_threads=n_threads)
+        proj.check_text_model(self.model)
+        self.projector = proj
+
+    def image_prompt(self, text: str, images: list) -> tuple[list[int], dict]:
+        """(tokens, {hash: embeddings}) of a rendered chat prompt with one MEDIA_MARKER per image (images: bytes);
+        RequestError for an image that does not decode."""
+        from .multimodal import chat_tokens
+        from .vision import ImageError
+        try:
+            return chat_tokens(self.tokenizer, self.projector, text, images, self.chat_formatter.bos_token)
+        except ImageError as e:
+            raise RequestError(str(e), param="messages") from None
 
     def chat_prompt(self, messages, /, **template_kwargs) -> tuple[str, list[int], list[str], list[int]]:
         """(prompt text, prompt tokens, extra stop strings, stop token ids) for chat messages;

@@ -265,6 +265,57 @@ class Context:
         self._logits = rows
         self._embd = embd
 
+    @_serialised
+    def decode_embd(self, embd, pos=None, seq_id: int = 0, span: int = 0, logits: str = "none") -> None:
+        """Evaluate input vectors in place of tokens (an image's projected embeddings): embd float32 [n, n_embd],
+        entering the first layer as given (not scaled by the model's embedding scale, as llama.cpp feeds them);
+        pos: their positions (default: after seq_id's last cached position); span > 0: the rows see each other
+        bidirectionally (gemma3's image tokens, llama.cpp's non-causal image decode) and must fit one call
+        (n_batch); logits: "none" or "last". """
+        e = np.ascontiguousarray(embd, dtype=np.float32)
+        E = self.model.hparams.n_embd
+        if e.ndim != 2 or e.shape[1] != E or len(e) == 0:
+            raise ValueError(f"decode_embd: embeddings of shape {e.shape}, expected (n, {E})")
+        n = len(e)
+        if span > 0 and n > self.n_batch:
+            raise ValueError(f"decode_embd: {n} bidirectional rows do not fit one batch of {self.n_batch} "
+                             "(raise n_batch / --batch-size)")
+        if pos is None:
+            start = self.seq_pos_max(int(seq_id)) + 1
+            pos = np.arange(start, start + n, dtype=np.int32)
+        pos = _int32s(pos, "pos")
+        if len(pos) != n:
+            raise ValueError("decode_embd: pos and embeddings differ in length")
+        if logits not in ("none", "last"):
+            raise ValueError(f"decode_embd: logits must be 'none' or 'last', got {logits!r}")
+        seq = np.full(n, seq_id, dtype=np.int32)
+        spans = np.full(n, span, dtype=np.int32)
+        self._row0_pending, self._logits, self._embd = False, {}, {}
+        batch = ffi.new("pi_batch *")
+        for s in range(0, n, self.n_batch):
+            t = min(n, s + self.n_batch)
+            want = np.zeros(t - s, dtype=np.int8)
+            if logits == "last" and t == n:
+                want[-1] = 1
+            batch.n_tokens = t - s
+            batch.token = ffi.NULL
+            batch.embd = ffi.from_buffer("float[]", e[s:t])
+            batch.pos = ffi.from_buffer("int32_t[]", pos[s:t])
+            batch.seq_id = ffi.from_buffer("int32_t[]", seq[s:t])
+            batch.span = ffi.from_buffer("int32_t[]", spans[s:t]) if span > 0 else ffi.NULL
+            batch.logits = ffi.from_buffer("int8_t[]", want)
+            status = lib.pi_decode(self._ptr, batch)
+            if status != lib.PI_OK and s > 0:
+                message = ffi.string(lib.pi_last_error()).decode("utf-8", "replace")
+                lib.pi_kv_seq_rm(self._ptr, int(seq_id), int(pos[0]), int(pos[s - 1]) + 1)
+                raise PowerInferError(f"decode: {message}", status)
+            check(status, "decode")
+        if logits == "last":
+            if "logits" in self.outputs:
+                self._logits = {n - 1: self._read_logits(t - s - 1)}
+            if "embeddings" in self.outputs:
+                self._embd = {n - 1: self._read_embeddings(t - s - 1)}
+
     def _decode_one(self, token: int, seq: int, p: int | None) -> None:
         """decode([token], [p], seq_id=seq) (p None: after the sequence's last position), without numpy. Its
         logits (n_vocab floats, a 1 MB copy for Gemma 3) are copied out of the C context when logits() asks for

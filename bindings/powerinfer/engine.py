@@ -267,6 +267,7 @@ class Engine:
         self.n_drafted = self.n_draft_accepted = 0     # draft tokens proposed / kept, over the engine's life
         self.lora: tuple = ctx.lora    # the LoRA adapters of the tasks that name none (Task.lora)
         self.prompt_cache = prompt_cache if regions else None
+        self.has_images = False        # a task with image rows came (powerinfer.multimodal): look for them
         self._lora_turn = 0            # which set of adapters the next step runs, when requests differ
         self.draft_ms = 0.0                            # time spent in the drafter
 
@@ -301,7 +302,10 @@ class Engine:
                 f"the prompt has {n} tokens, but the context of a slot holds {self.n_ctx_slot} "
                 f"(n_ctx {self.ctx.n_ctx} / {self.n_slots} slots); shorten the prompt or raise -c")
         vocab = self.tokenizer.n_vocab
-        bad = next((t for t in task.prompt_tokens if not 0 <= t < vocab), None)
+        images = getattr(task, "images", None)
+        bad = next((t for t in task.prompt_tokens if not 0 <= t < vocab and not (images and t < 0)), None)
+        if images:
+            self._check_images(task)
         if bad is not None:
             raise RequestError(f"prompt token {bad} is out of range [0, {vocab})", param="prompt")
         try:
@@ -311,6 +315,58 @@ class Engine:
         bad = next((t for t in task.params.logit_bias if t >= vocab), None)
         if bad is not None:
             raise RequestError(f"logit_bias token {bad} is out of range [0, {vocab})", param="logit_bias")
+
+    def _check_images(self, task: Task) -> None:
+        """A prompt with image rows (powerinfer.multimodal placeholders; task.images: {hash: embeddings}): each image
+        must fit one decode call (its rows attend to each other) and every placeholder must have its embeddings."""
+        from .multimodal import split_placeholder
+        if task.prompt_logprobs:
+            raise RequestError("prompt logprobs are not supported with image input", param="prompt")
+        for t in task.prompt_tokens:
+            if t < 0:
+                h, j = split_placeholder(t)
+                e = task.images.get(h)
+                if e is None or j >= len(e):
+                    raise RequestError("an image placeholder without its embeddings", param="prompt")
+        n_max = max(len(e) for e in task.images.values())
+        if n_max > self.n_batch:
+            raise RequestError(f"an image of {n_max} embeddings does not fit a batch of {self.n_batch} "
+                               "(raise -b / --batch-size)", param="prompt")
+        self.has_images = True
+
+    def _eval_images(self, active: list) -> None:
+        """Active slots whose next prompt rows are an image: decode its rows (one call, bidirectional, pi_batch.span);
+        a prompt that ends there samples from the last row."""
+        from .multimodal import image_run, split_placeholder
+        for s in active:
+            n = image_run(s.todo) if s.todo else 0
+            if not n:
+                continue
+            if self.regions and any(r.hw < r.n_ctx for r in self.slots[:s.id]):
+                continue   # a lower region's free tail first (this step's fill): the rows must land in s's region
+            n0 = s.n_past
+            if n0 < s.hw:
+                self.ctx.kv_seq_rm(s.id, n0, n0 + n if self.regions else -1)
+                s.hw = s.hw if self.regions else n0
+            last = n == len(s.todo)
+            t0 = time.perf_counter()
+            try:
+                self.ctx.set_lora(self._lora_of(s.task))
+                h, j = split_placeholder(s.todo[0])
+                self.ctx.decode_embd(s.task.images[h][j:j + n], pos=np.arange(n0, n0 + n), seq_id=s.id,
+                                     span=1, logits="last" if last else "none")
+            except Exception as e:
+                self._finish(s, error=e if isinstance(e, (RequestError, PowerInferError)) else
+                             RequestError(f"image decode failed: {e}"))
+                continue
+            self._count_decode(time.perf_counter() - t0, n, 0)
+            s.cache = s.cache[:n0] + s.todo[:n]
+            s.cache_lora = self._lora_of(s.task)
+            s.n_past += n
+            s.hw = max(s.hw, s.n_past)
+            s.todo = s.todo[n:]
+            if last:
+                self._sample(s, self.ctx.logits())
 
     def submit(self, task: Task) -> Task:
         self.check(task)
@@ -600,7 +656,8 @@ class Engine:
             else:
                 slot.sampler = Sampler(task.params, eos_ids=self.tokenizer.eog_ids, tokenizer=self.tokenizer)
                 for t in task.prompt_tokens:
-                    slot.sampler.accept(t)
+                    if t >= 0:   # image rows (negative placeholders) are no tokens to penalise
+                        slot.sampler.accept(t)
             if task.grammar is not None:
                 from .grammar import GrammarMatcher
                 try:
@@ -689,6 +746,11 @@ class Engine:
             active = [s for s in self.slots if s.busy]
             if not active and not (idle_fill and self.fill_pending()):
                 return False
+            if self.has_images and any(s.todo and s.todo[0] < 0 for s in active):
+                self._eval_images([s for s in active if s.fork_of is None])
+                active = [s for s in self.slots if s.busy]
+                if not active:
+                    return True
             lora = self._step_lora(active)
             active = [s for s in active if self._lora_of(s.task) == lora]
             # --- plan, in region order. A slot may claim cells only if every region below it is
@@ -712,8 +774,11 @@ class Engine:
                             drafts[s.id] = d
                             budget -= len(d)
                         plan[s.id] = ([s.last] + d, True)
-                    elif s.todo and budget > 0:
+                    elif s.todo and budget > 0 and s.todo[0] >= 0:
                         k = min(len(s.todo), budget)
+                        if self.has_images:   # text up to the next image (decoded on its own)
+                            from .multimodal import first_image_row
+                            k = min(k, first_image_row(s.todo))
                         plan[s.id] = (s.todo[:k], k == len(s.todo))
                         budget -= k
                 if self.regions and s.id < want_top:
@@ -829,8 +894,8 @@ class Engine:
         """Draft tokens to evaluate after generating slot s's last token: at most the request's n_max, the batch's
         budget, the room left in the slot's context and the tokens it may still sample; none below n_min."""
         spec = s.task.speculative or self.spec
-        if self.drafter is None or spec.n_max <= 0:
-            return []
+        if self.drafter is None or spec.n_max <= 0 or getattr(s.task, "images", None):
+            return []   # (a drafter reads the sequence as tokens: image rows are none)
         n_max = min(spec.n_max, budget, s.n_ctx - s.n_past - 1)
         if s.task.n_predict > 0:          # rows sampled = 1 + drafts <= the tokens it may still sample
             n_max = min(n_max, s.task.n_predict - s.result.n_predicted - 1)

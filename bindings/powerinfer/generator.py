@@ -45,6 +45,7 @@ class Generator:
         self.context_full = False
         self.n_shifts = 0
         self.result: Result | None = None  # how the last generate() ended
+        self.images: dict = {}              # powerinfer.multimodal: hash -> embeddings of the image rows fed
 
     @property
     def timings(self) -> Timings:
@@ -105,7 +106,8 @@ class Generator:
         self.tokens = seq
         self._fed = True
         for t in tokens:
-            self.sampler.accept(t)
+            if t >= 0:   # not an image row (powerinfer.multimodal's placeholders)
+                self.sampler.accept(t)
 
     def generate(self, n_predict: int = -1, *, stop=(), stop_token_ids: Iterable[int] = (),
                  grammar=None) -> Iterator[int]:
@@ -121,6 +123,8 @@ class Generator:
         task = Task(self.tokens, self.sampler.params, n_predict=n_predict, stop=list(stop), hide_stop=False,
                     stop_token_ids=stop_token_ids, want_ids=True, sampler=self.sampler, grammar=grammar,
                     context_shift=self.context_shift, n_keep=self.n_keep)
+        if self.images:
+            task.images = self.images   # powerinfer.multimodal: the embeddings of the sequence's image rows
         self.result = None
         events = self.engine.events(task)
         try:

@@ -31,6 +31,8 @@ def write_state_file(path: Path, model, tokens: list[int], state: bytes) -> int:
     """Write tokens and their KV state (atomically: never a half-written file under the name); returns the bytes
     written. OSError when it cannot be written."""
     path = Path(path)
+    if any(t < 0 for t in tokens):   # powerinfer.multimodal's image rows: their embeddings are not in the file
+        raise ValueError("a sequence holding an image cannot be saved to a state file (image rows are not tokens)")
     header = json.dumps({**_model_header(model), "n_tokens": len(tokens)}).encode()
     body = MAGIC + struct.pack("<I", len(header)) + header + np.asarray(tokens, "<i4").tobytes() + state
     tmp = path.with_name(path.name + ".tmp")

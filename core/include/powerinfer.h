@@ -589,6 +589,12 @@ typedef struct pi_batch {
     const int32_t *pos;      /* [n_tokens] */
     const int32_t *seq_id;   /* [n_tokens] */
     const int8_t  *logits;   /* [n_tokens] or NULL: only the last row */
+    const float   *embd;     /* [n_tokens][n_embd] or NULL: input vectors in place of token[] (which may then be NULL):
+                              * every row enters the first layer as given, not scaled by the file's embd_scale (an
+                              * image's projected embeddings, as llama.cpp feeds them); not with per-layer embeddings */
+    const int32_t *span;     /* [n_tokens] or NULL: rows with the same span id > 0 and sequence also see each other
+                              * whatever their positions (bidirectional within an image, llama.cpp's non-causal
+                              * decode of gemma3's image tokens); a sliding window still hides pos[i] - pos >= n_swa */
 } pi_batch;
 
 PI_API pi_status    pi_decode(pi_context *ctx, const pi_batch *batch);

@@ -397,6 +397,24 @@ static pi_status residual_add(pi_context *ctx, pi_exec *e, float *y, const pi_te
     return add_inplace(e, e->buf.x, y, hp->n_embd, T);
 }
 
+/* pi_batch.span: rows t, u of one span (id > 0) and sequence see each other's cells whatever their positions; the
+ * sliding window hides pos[t] - pos[u] >= n_swa only (a later row is never hidden by it), as llama.cpp's mask does
+ * when the decode is non-causal. O(T^2) over the span's rows (256 for a gemma3 image). */
+static void span_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
+    const int32_t n_swa = ctx->model->hp.n_swa;
+    const int32_t *cells = ctx->cpu.buf.cells;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        if (b->span[t] <= 0) continue;
+        float *row = ctx->cpu.buf.mask + (size_t)t * n_kv;
+        float *row_swa = n_swa > 0 ? ctx->cpu.buf.mask_swa + (size_t)t * n_kv : NULL;
+        for (int32_t u = 0; u < b->n_tokens; u++) {
+            if (b->span[u] != b->span[t] || b->seq_id[u] != b->seq_id[t]) continue;
+            row[cells[u]] = 0.0f;
+            if (row_swa) row_swa[cells[u]] = (int64_t)b->pos[t] - b->pos[u] < n_swa ? 0.0f : -INFINITY;
+        }
+    }
+}
+
 /* mask[t][c] = 0 if cell c belongs to token t's sequence at a position <= pos[t], else -inf.
  * With a sliding window (n_swa > 0), mask_swa additionally hides cells with pos[t] - pos >= n_swa.
  * Built in the CPU's buffers; each backend that runs attention gets a copy per batch. */
@@ -412,6 +430,7 @@ static void build_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
             if (row_swa) row_swa[c] = (int64_t)b->pos[t] - cell->pos < n_swa ? row[c] : -INFINITY;
         }
     }
+    if (b->span) span_mask(ctx, b, n_kv);
 }
 
 /* The batch's positions, cells and masks on the device, when a layer's attention runs there. */
@@ -921,12 +940,16 @@ static pi_status parallel_layer(pi_context *ctx, pi_exec **at, const pi_layer_ex
 
 static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
     const pi_hparams *hp = &ctx->model->hp;
-    if (!b || !b->token || !b->pos || !b->seq_id) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: incomplete batch");
+    if (!b || (!b->token && !b->embd) || !b->pos || !b->seq_id)
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: incomplete batch");
+    if (b->embd && hp->n_embd_per_layer > 0)
+        return pi_fail(PI_ERR_UNSUPPORTED, "pi_decode: input embeddings on a model with per-layer embeddings "
+                       "(gemma3n / gemma4) are not supported");
     if (b->n_tokens < 1 || b->n_tokens > ctx->params.n_batch)
         return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: batch of %d tokens, must be 1..n_batch (%d)", b->n_tokens,
                        ctx->params.n_batch);
     for (int32_t i = 0; i < b->n_tokens; i++) {
-        if (b->token[i] < 0 || b->token[i] >= hp->n_vocab)
+        if (!b->embd && (b->token[i] < 0 || b->token[i] >= hp->n_vocab))
             return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: token %d at %d is out of range [0, %d)", b->token[i], i,
                            hp->n_vocab);
         if (b->pos[i] < 0) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: negative position %d at %d", b->pos[i], i);
@@ -946,9 +969,20 @@ static pi_status embeddings(pi_context *ctx, const pi_batch *b) {
     pi_exec *c = &ctx->cpu;
     const int64_t T = b->n_tokens, E = m->hp.n_embd;
     pi_tensor x = f32_2d(c->buf.x, E, T);
-    TRY(OP(c, get_rows, &m->token_embd, b->token, T, &x));
-    TRY(pi_lora_add_embd(ctx, c, b->token, c->buf.x, T));
-    if (m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f) TRY(OP(c, scale, &x, m->hp.embd_scale));   /* gemma */
+    if (b->embd) {   /* pi_batch.embd: the rows as given (no embd_scale, no adapter term: llama.cpp's embd input) */
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t j = 0; j < E; j++) {
+                const float v = b->embd[t * E + j];
+                if (!isfinite(v)) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: input embedding row %lld has a "
+                                                 "non-finite value at %lld", (long long)t, (long long)j);
+            }
+        }
+        memcpy(c->buf.x, b->embd, (size_t)(T * E) * sizeof(float));
+    } else {
+        TRY(OP(c, get_rows, &m->token_embd, b->token, T, &x));
+        TRY(pi_lora_add_embd(ctx, c, b->token, c->buf.x, T));
+        if (m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f) TRY(OP(c, scale, &x, m->hp.embd_scale));   /* gemma */
+    }
     if (m->pos_embd.data) {   /* opt: + position_embd[pos + 2] */
         for (int64_t t = 0; t < T; t++) c->buf.ids[t] = b->pos[t] + PI_OPT_POS_OFFSET;
         pi_tensor pe = f32_2d(c->buf.cur, E, T);

@@ -47,6 +47,7 @@ from ..reasoning import splitter_for
 from ..request import RequestError, Result, Task
 from ..sampling import EXTRA_NUMBERS, SamplingParams, parse_samplers
 from ..speculative import SpecParams
+from ..vision import MEDIA_MARKER
 from .protocol import (
     JSON,
     dumps,
@@ -310,7 +311,10 @@ def build_routes(state: ServerState) -> list[Route]:
             entry["meta"] = {"vocab_type": 1, "n_vocab": hp.n_vocab, "n_ctx_train": hp.n_ctx_train,
                              "n_embd": hp.n_embd, "n_params": llm.model.n_params, "size": llm.model.size_bytes,
                              "sparse": llm.model.sparse}
-        return JSON({"object": "list", "data": [entry]})
+        vision = llm is not None and llm.projector is not None
+        caps = ["completion", "multimodal"] if vision else ["completion"]   # llama-server's "models" entry
+        return JSON({"models": [{"name": state.model_name, "model": state.model_name, "capabilities": caps}],
+                     "object": "list", "data": [entry]})
 
     def generation_settings(llm: PowerInfer, s: dict | None = None, n_predict: int = -1, stream: bool = False,
                             n_probs: int = 0) -> dict:
@@ -345,7 +349,8 @@ def build_routes(state: ServerState) -> list[Route]:
             "model_alias": state.model_name,
             "chat_template": llm.chat_formatter.source,
             "chat_format": llm.chat_formatter.name,
-            "modalities": {"vision": False, "audio": False},
+            "modalities": {"vision": llm.projector is not None, "audio": False},
+            **({"media_marker": MEDIA_MARKER} if llm.projector is not None else {}),
             "build_info": f"powerinfer-py {__version__}",
             "sparse": {"enabled": llm.ctx.sparse, "threshold": llm.ctx.sparse_threshold},
             "engine": {"n_decode_calls": llm.engine.n_decode_calls, "max_batch_slots": llm.engine.max_batch_slots,
@@ -725,7 +730,12 @@ def build_routes(state: ServerState) -> list[Route]:
         kwargs = {**state.template_kwargs, **field(body, "chat_template_kwargs", "dict", {})}
         if tc is not None:
             messages = llm.tool_messages(messages, tc, kwargs)
+        from ..multimodal import take_images
+        messages, images = take_images(messages, llm.projector is not None)
         prompt_text, tokens, extra_stops, stop_ids = await run_in_threadpool(llm.chat_prompt, messages, **kwargs)
+        store = None
+        if images:   # the prompt again, with the images' rows where their markers are (powerinfer.multimodal)
+            tokens, store = await run_in_threadpool(llm.image_prompt, prompt_text, images)
         if tc is not None:
             tc.after_prompt(prompt_text)
             s["grammar"] = tc.grammar
@@ -734,7 +744,8 @@ def build_routes(state: ServerState) -> list[Route]:
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + extra_stops
         n_lp = top_logprobs if logprobs else None
         task = llm.make_task(tokens, max_tokens=max_tokens, stop=stop, stop_token_ids=stop_ids,
-                             n_probs=0 if n_lp is None else max(1, n_lp), preserved_ids=llm.chat_preserved_ids, **s)
+                             n_probs=0 if n_lp is None else max(1, n_lp), preserved_ids=llm.chat_preserved_ids,
+                             images=store, **s)
         shaper = CompletionShaper("chat", state.model_name, logprobs=n_lp, tokenizer=llm.tokenizer, tools=tc,
                                   reasoning=reasoning)
         return task, shaper, stream, include_usage

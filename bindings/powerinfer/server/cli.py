@@ -68,6 +68,9 @@ def make_parser(prog: str = "server.py") -> ArgumentParser:
                    help="built-in chat format (chatml, llama2, vicuna, gemma) or a Jinja template string; "
                         "default: the model's tokenizer.chat_template, else chatml")
     p.add_argument("--chat-template-file", default=None, help="read a Jinja chat template from this file")
+    p.add_argument("-mm", "--mmproj", default=None, metavar="FILE",
+                   help="multimodal projector file (llama.cpp's mmproj-*.gguf): image input in chat requests "
+                        "(OpenAI image_url parts as data: URLs, Anthropic base64 image blocks); Gemma 3's")
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help="extra variables for every chat template render, a JSON object (a request's "
                         "chat_template_kwargs override them), e.g. '{\"enable_thinking\": false}'")
@@ -259,6 +262,14 @@ def make_loader(args):
                             control_vector_layer_range=args.control_vector_layer_range, **args.rope,
                             **gpu_kwargs(args))
         log.info("model: %s", llm.model.describe())
+        if args.mmproj:
+            from ..vision import VisionError
+            try:
+                llm.set_projector(args.mmproj, n_threads=args.threads or None)
+            except VisionError as e:
+                raise ValueError(f"--mmproj: {e}") from None
+            log.info("multimodal projector: %s (%s, %d tokens per image)", args.mmproj, llm.projector.hp.proj_type,
+                     llm.projector.n_image_tokens)
         try:
             llm.engine.drafter, llm.engine.spec = make_speculative(args, llm.model, "server", n_ctx=llm.ctx.n_ctx,
                                                                    n_seq_max=args.parallel)

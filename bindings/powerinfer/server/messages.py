@@ -18,8 +18,9 @@ block, message_delta, message_stop), each as `event: <type>` + `data: <json>`.
 count_tokens takes the same body (max_tokens not needed) and answers {"input_tokens": N}: the rendered chat prompt's
 tokens, tools included (a prompt too long for a slot too: counted, not run). Errors on these routes are Anthropic's
 {"type": "error", "error": {"type", "message"}} with the HTTP status (a 401 of the API key check too). Not served (400
-naming them): image and document blocks (no vision here), Anthropic's server tools (web search, code execution...),
-`n` other than 1. A trailing assistant message is a finished turn (no prefill); a tool_result's is_error is dropped.
+naming them): document blocks (image blocks with base64 sources are served with --mmproj), Anthropic's server tools
+(web search, code execution...), `n` other than 1. A trailing assistant message is a finished turn (no prefill); a
+tool_result's is_error is dropped.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ _IGNORED = ("metadata", "service_tier", "container", "mcp_servers", "context_man
             "cache_control", "diagnostics", "anthropic_version")
 _TRANSLATED = ("messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice", "thinking",
                "output_config", "output_format")
-_UNSERVED_BLOCKS = {"image": "no vision here", "document": "no documents here", "search_result": "text only",
+_UNSERVED_BLOCKS = {"document": "no documents here", "search_result": "text only",
                     "container_upload": "no files here"}
 
 # HTTP status -> Anthropic's error type
@@ -80,6 +81,22 @@ def _turn(i: int, role: str, content, out: list) -> None:
         if kind in _UNSERVED_BLOCKS:
             raise RequestError(f"{where}: {kind!r} blocks are not supported ({_UNSERVED_BLOCKS[kind]}: text blocks, "
                                "tool_use and tool_result only)", param="messages", code="not_supported")
+        if kind == "image" and role == "user":   # an OpenAI image_url part (served with --mmproj: server/app.py)
+            src = block.get("source") if isinstance(block.get("source"), dict) else {}
+            if src.get("type") == "base64" and isinstance(src.get("data"), str):
+                url = f"data:{src.get('media_type') or 'image/png'};base64,{src['data']}"
+            elif src.get("type") == "url" and isinstance(src.get("url"), str):
+                url = src["url"]
+            else:
+                raise RequestError(f"{where}: an image block needs a source of type 'base64' (media_type, data) or "
+                                   "'url'", param="messages")
+            if msg is None:
+                msg = {"role": role, "content": ""}
+                out.append(msg)
+            if isinstance(msg["content"], str):
+                msg["content"] = [{"type": "text", "text": msg["content"]}] if msg["content"] else []
+            msg["content"].append({"type": "image_url", "image_url": {"url": url}})
+            continue
         if kind == "tool_result" and role == "user":
             use_id = block.get("tool_use_id")
             if not isinstance(use_id, str):
@@ -97,7 +114,10 @@ def _turn(i: int, role: str, content, out: list) -> None:
         if kind == "text":
             if not isinstance(block.get("text"), str):
                 raise RequestError(f"{where}.text must be a string", param="messages")
-            msg["content"] += block["text"]
+            if isinstance(msg["content"], list):   # after an image block
+                msg["content"].append({"type": "text", "text": block["text"]})
+            else:
+                msg["content"] += block["text"]
         elif kind == "tool_use":
             name, args = block.get("name"), block.get("input", {})
             if not isinstance(block.get("id"), str) or not isinstance(name, str) or not isinstance(args, dict):

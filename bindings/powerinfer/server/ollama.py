@@ -44,10 +44,10 @@ model (num_gpu, num_thread, num_batch, use_mmap...) and num_keep, penalize_newli
 tool_choice, chat_template_kwargs and reasoning_format (Ollama has no tool_choice: a client may force a call with it).
 
 Errors are Ollama's {"error": "message"} with the HTTP status (mid-stream: an {"error"} line). Refused (400 naming
-them): images (no vision here), template (an Ollama Go template: send raw prompts instead), system with raw, context
-with suffix, logprobs. Not served (404): pull, push, create, copy, delete, blobs: the server has the one model it was
-started with. The --api-key check applies as on every route (Ollama clients send none unless told to: their
-headers option).
+them): /api/generate's images (/api/chat's are served with --mmproj), template (an Ollama Go template: send raw
+prompts instead), system with raw, context with suffix, logprobs. Not served (404): pull, push, create, copy, delete,
+blobs: the server has the one model it was started with. The --api-key check applies as on every route (Ollama
+clients send none unless told to: their headers option).
 """
 from __future__ import annotations
 
@@ -116,8 +116,8 @@ def _model(body: dict, state: "ServerState") -> str:
 
 def _refuse_unserved(body: dict) -> None:
     if body.get("images"):
-        raise RequestError("'images' are not supported (no vision here: text only)", param="images",
-                           code="not_supported")
+        raise RequestError("'images' are not supported on /api/generate (/api/chat takes them with --mmproj)",
+                           param="images", code="not_supported")
     if body.get("logprobs"):
         raise RequestError("'logprobs' are not supported on Ollama's routes (/v1/chat/completions has them)",
                            param="logprobs", code="not_supported")
@@ -176,10 +176,14 @@ def chat_body(body: dict, llm) -> dict:
         if role not in ("system", "user", "assistant", "tool"):
             raise RequestError(f"messages[{i}].role must be system, user, assistant or tool, got {role!r}",
                                param="messages")
-        if m.get("images"):
-            raise RequestError(f"messages[{i}].images: images are not supported (no vision here: text only)",
-                               param="messages", code="not_supported")
         msg = {"role": role, "content": text_of(m.get("content") or "", f"messages[{i}]", "messages")}
+        if m.get("images"):   # base64 strings: image_url parts before the text (served with --mmproj, server/app.py)
+            imgs = m["images"]
+            if role != "user" or not isinstance(imgs, list) or not all(isinstance(x, str) for x in imgs):
+                raise RequestError(f"messages[{i}].images must be an array of base64 strings in a user message",
+                                   param="messages")
+            msg["content"] = [{"type": "image_url", "image_url": {"url": x}} for x in imgs] + \
+                [{"type": "text", "text": msg["content"]}]
         if role == "assistant":
             if isinstance(m.get("thinking"), str) and m["thinking"]:
                 msg["reasoning_content"] = m["thinking"]

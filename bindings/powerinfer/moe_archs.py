@@ -94,7 +94,7 @@ def moe_arch_views(path, tensors: dict, hp) -> tuple[dict, dict]:
     """A MOE_ARCHS file's tensors under the names the core reads and the flags their presence sets (tensors and {} for
     other archs): q/k/v biases where blk.0 has them (llama.cpp's create_tensor_qkv), glm4moe's per-head q/k norms
     where blk.0 has attn_q_norm and its post_attention_norm as ffn_norm; glm4moe's MTP layers (blk.N, N >= n_layer)
-    left out; a fused attn_qkv is refused by name."""
+    left out, its experts' exp_probs_b.bias required; a fused attn_qkv is refused by name."""
     if hp.arch not in MOE_ARCHS:
         return tensors, {}
     from .gguf_file import TensorInfo
@@ -107,6 +107,9 @@ def moe_arch_views(path, tensors: dict, hp) -> tuple[dict, dict]:
     flags = {"qkv_bias": int("blk.0.attn_q.bias" in out)}
     if hp.arch == "glm4moe":
         flags["qk_norm"] = int("blk.0.attn_q_norm.weight" in out)
+        for il, moe in enumerate(moe_layers(hp)):     # the selection bias: required, as llama.cpp's loader has it
+            if moe and f"blk.{il}.exp_probs_b.bias" not in out:
+                raise ModelLoadError(f"{path}: missing tensor 'blk.{il}.exp_probs_b.bias'")
         for il in range(hp.n_layer):
             old, new = f"blk.{il}.post_attention_norm.weight", f"blk.{il}.ffn_norm.weight"
             if old in out and new not in out:

@@ -775,6 +775,12 @@ MOE_ARCH_SHAPES = {
                          n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, n_dense=1, nextn=0),
     "olmoe": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=4, head_dim=16, n_rot=16, n_layer=3, n_ff=32,
                   n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=0, n_dense=0, nextn=0),
+    "dots1": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=4, head_dim=16, n_rot=16, n_layer=3, n_ff=96,
+                  n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, n_dense=1, nextn=0),
+    "bailingmoe2": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8, n_layer=3, n_ff=96,
+                        n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, n_dense=1, nextn=1),
+    "hunyuan-moe": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=16, n_layer=2, n_ff=32,
+                        n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, n_dense=0, nextn=0),
 }
 
 
@@ -796,12 +802,14 @@ def moe_arch_weights(arch: str, seed: int = 0, qk_norm: bool = False, qkv_bias: 
         w[p + "attn_norm.weight"] = norm(E)
         w[p + "attn_q.weight"], w[p + "attn_k.weight"] = mat(H * hd, E), mat(Hkv * hd, E)
         w[p + "attn_v.weight"] = mat(Hkv * hd, E)
+        if arch == "bailingmoe2":     # one fused attn_qkv: q's rows, then k's, then v's
+            w[p + "attn_qkv.weight"] = np.concatenate([w.pop(p + f"attn_{t}.weight") for t in "qkv"])
         if qkv_bias:
             w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"] = bias(H * hd), bias(Hkv * hd), \
                 bias(Hkv * hd)
         if arch == "olmoe":
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(H * hd), norm(Hkv * hd)
-        elif qk_norm:
+        elif qk_norm or arch in ("dots1", "bailingmoe2", "hunyuan-moe"):
             w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(hd), norm(hd)
         w[p + "attn_output.weight"] = mat(E, H * hd)
         w[p + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight")] = norm(E)
@@ -816,19 +824,22 @@ def moe_arch_weights(arch: str, seed: int = 0, qk_norm: bool = False, qkv_bias: 
             if Fs:
                 w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(Fs, E), mat(Fs, E)
                 w[p + "ffn_down_shexp.weight"] = mat(E, Fs)
-            if probs_b and arch != "olmoe":
+            if probs_b and arch not in ("olmoe", "hunyuan-moe"):
                 w[p + "exp_probs_b.bias"] = bias(NE) * np.float32(3.0)
-        if il >= c["n_layer"]:        # glm4moe's MTP layer
+        if il >= c["n_layer"]:        # an MTP layer (glm4moe, bailingmoe2)
             w[p + "nextn.eh_proj.weight"] = mat(E, 2 * E)
             w[p + "nextn.enorm.weight"], w[p + "nextn.hnorm.weight"] = norm(E), norm(E)
             w[p + "nextn.shared_head_norm.weight"] = norm(E)
+            if arch == "bailingmoe2":
+                w[p + "layer_output_norm.weight"] = norm(E)
     return w
 
 
 def write_moe_arch_model(path, arch: str, seed: int = 0, dtype: str = "f32", meta: dict | None = None,
                          weights: dict | None = None, c: dict | None = None, **weight_opts) -> dict[str, np.ndarray]:
-    """A tiny glm4moe / ernie4_5-moe / olmoe file (moe_arch_weights(arch, seed, **weight_opts) unless weights are given)
-    with the keys llama.cpp's converters write (conversion/glm.py, ernie.py, olmo.py); meta: {key: value} replacing or
+    """A tiny file of a MOE_ARCH_SHAPES arch (moe_arch_weights(arch, seed, **weight_opts) unless weights are given)
+    with the keys llama.cpp's converters write (conversion/glm.py, dots1.py, bailingmoe.py, ernie.py, hunyuan.py,
+    olmo.py); meta: {key: value} replacing or
     adding "<arch>." keys (None: left out; floats FLOAT32, ints UINT32, bools BOOL)."""
     c = c or MOE_ARCH_SHAPES[arch]
     w = moe_arch_weights(arch, seed, c=c, **weight_opts) if weights is None else weights
@@ -843,6 +854,16 @@ def write_moe_arch_model(path, arch: str, seed: int = 0, dtype: str = "f32", met
                      "expert_shared_count": c["n_ff_shexp"] // c["n_ff_exp"],
                      "leading_dense_block_count": c["n_dense"], "expert_gating_func": 2, "expert_weights_scale": 1.0,
                      "expert_weights_norm": True, "nextn_predict_layers": c["nextn"] or None})
+    elif arch in ("dots1", "bailingmoe2"):
+        keys.update({"expert_feed_forward_length": c["n_ff_exp"], "leading_dense_block_count": c["n_dense"],
+                     "expert_gating_func": 2, "expert_weights_scale": 1.0, "expert_weights_norm": True})
+        if arch == "dots1":
+            keys["expert_shared_count"] = c["n_ff_shexp"] // c["n_ff_exp"]
+        else:
+            keys.update({"expert_shared_count": 1, "expert_shared_feed_forward_length": c["n_ff_shexp"],
+                         "nextn_predict_layers": c["nextn"] or None})
+    elif arch == "hunyuan-moe":
+        keys.update({"expert_feed_forward_length": c["n_ff_exp"], "expert_shared_feed_forward_length": c["n_ff_shexp"]})
     elif arch == "ernie4_5-moe":
         keys.update({"expert_feed_forward_length": c["n_ff_exp"],
                      "expert_shared_feed_forward_length": c["n_ff_shexp"],

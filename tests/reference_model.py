@@ -254,8 +254,9 @@ ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee
           "exaone", "apertus")
 NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone", "apertus")
 # mixture-of-experts archs on llama's blocks (_moe_arch_setup)
-ARCHS += ("glm4moe", "ernie4_5-moe", "olmoe")
-NEOX_ARCHS += ("glm4moe", "olmoe")
+MOE_ARCHS = ("glm4moe", "dots1", "bailingmoe2", "ernie4_5-moe", "hunyuan-moe", "olmoe")
+ARCHS += MOE_ARCHS
+NEOX_ARCHS += ("glm4moe", "dots1", "bailingmoe2", "hunyuan-moe", "olmoe")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -544,20 +545,25 @@ class ReferenceModel:
                 self.rope_base *= alpha ** (self.head_dim / (self.head_dim - 2))
 
     def _moe_arch_setup(self, m) -> None:
-        """glm4moe, ernie4_5-moe, olmoe (llama.cpp's src/models/glm4-moe.cpp, ernie4-5-moe.cpp, olmoe.cpp): the experts'
-        routing and scale; glm4moe's last nextn_predict_layers layers (MTP) are not run. The layers with experts are
-        those whose file has ffn_gate_inp; the rest of each (q/k norms, biases, partial rope) follows the tensors and
-        the NEOX / normal rope of the arch."""
-        if self.arch not in ("glm4moe", "ernie4_5-moe", "olmoe"):
+        """glm4moe, dots1, bailingmoe2, ernie4_5-moe, hunyuan-moe, olmoe (llama.cpp's src/models/<arch>.cpp): the
+        experts' routing and scale; the last nextn_predict_layers layers (MTP: glm4moe, bailingmoe2) are not run;
+        hunyuan-moe norms q and k after their rope. The layers with experts are those whose file has ffn_gate_inp; the
+        rest of each (q/k norms, biases, a fused attn_qkv, partial rope) follows the tensors and the NEOX / normal rope
+        of the arch."""
+        if self.arch not in MOE_ARCHS:
             return
         self.expert_weights_scale = float(m("expert_weights_scale", 0.0)) or 1.0
         if self.arch == "olmoe":          # softmax, the chosen experts' probabilities as they are
             self.expert_gating = "softmax"
             return
+        if self.arch == "hunyuan-moe":    # softmax renormalized (the default), q/k norms after the rope
+            self.qk_norm_after_rope = True
+            return
         self.ds_route = True
         self.ds_groups = (int(m("expert_group_count", 0)), int(m("expert_group_used_count", 0)))
-        if self.arch == "glm4moe":        # sigmoid unless expert_gating_func says softmax (1)
-            self.n_layer -= int(m("nextn_predict_layers", 0))
+        if self.arch in ("glm4moe", "dots1", "bailingmoe2"):   # sigmoid unless expert_gating_func says softmax (1)
+            if self.arch != "dots1":
+                self.n_layer -= int(m("nextn_predict_layers", 0))
             self.ds_gating = "softmax" if int(m("expert_gating_func", 0)) == 1 else "sigmoid"
             self.ds_norm = bool(m("expert_weights_norm", False))
         else:                             # ernie4_5-moe: softmax, renormalized

@@ -1,17 +1,21 @@
-"""glm4moe (GLM-4.5 / 4.5-Air / 4.6 / 4.7), ernie4_5-moe (ERNIE-4.5-21B-A3B) and olmoe (OLMoE) on the tiny random files
-of model_files.MOE_ARCH_SHAPES against the float64 reference (tests/reference_model.py, _moe_arch_setup).
+"""glm4moe (GLM-4.5 / 4.5-Air / 4.6 / 4.7), dots1, bailingmoe2 (Ling / Ring 2.0), ernie4_5-moe (ERNIE-4.5-21B-A3B),
+hunyuan-moe (Hunyuan-A13B) and olmoe (OLMoE) on the tiny random files of model_files.MOE_ARCH_SHAPES against the float64
+reference (tests/reference_model.py, _moe_arch_setup).
 
 glm4moe: heads of 32 (n_head * head_dim 128 != n_embd 64) with NEOX rope over 16 dims, q/k/v biases, optional per-head
 q/k norms, post_attention_norm as the FFN's pre-norm, the first layer dense, then 8 experts (2 per token) chosen by
-sigmoid + exp_probs_b, renormalized, scaled, a shared expert; one MTP layer after the 3 (left out). ernie4_5-moe: a
-softmax router with a selection bias, renormalized, a shared expert of 64, the first layer dense (interleave step 2:
-every other layer after it). olmoe: every layer's experts weighted by their softmax probabilities as they are, the
-whole q and k normed.
+sigmoid + exp_probs_b, renormalized, scaled, a shared expert; one MTP layer after the 3 (left out). dots1: the same
+routing with per-head q/k norms and full rope. bailingmoe2: a fused attn_qkv, rope over half the head, groups, an MTP
+layer. ernie4_5-moe: a softmax router with a selection bias, renormalized, a shared expert of 64, the first layer dense
+(interleave step 2: every other layer after it). hunyuan-moe: q/k norms after the rope, a softmax router, a shared
+expert in every layer. olmoe: every layer's experts weighted by their softmax probabilities as they are, the whole q
+and k normed.
 
-Measured (seed 0): 2.1e-7 .. 3.0e-7 from the reference at every ISA level; what each piece moves the reference (printed
+Measured (seed 0): 2.1e-7 .. 3.2e-7 from the reference at every ISA level; what each piece moves the reference (printed
 by test_each_piece_matters): glm4moe's sigmoid (softmax instead) 0.66, selection bias 0.63, renormalization 0.47, scale
-0.48, groups 0.54, shared expert 0.57, q/k norms 0.18; ernie's selection bias 0.34, renormalization 0.24; olmoe's raw
-weights (renormalized instead) 0.14.
+0.48, groups 0.54, shared expert 0.57, q/k norms 0.18; dots1's q/k norms 0.18, selection bias 0.44; bailingmoe2's
+groups 0.63, shared expert 0.62; ernie's selection bias 0.34, renormalization 0.24; hunyuan-moe's norms after the rope
+(before instead) 2.6e-2, shared expert 0.62; olmoe's raw weights (renormalized instead) 0.14.
 
 Quantized files (Q8_0 / Q4_0) are checked against llama.cpp (tests/compat/test_moe_archs_vs_llama_cpp.py), not against
 the reference: with 8-bit activations a token's router scores move by ~1e-2 and the tiny random routers then choose
@@ -35,7 +39,10 @@ VARIANTS = {"glm4moe": ("glm4moe", dict(meta=GLM_SCALED)),
             "glm4moe_softmax": ("glm4moe", dict(meta={"expert_gating_func": 1, "expert_weights_norm": False})),
             "ernie4_5-moe": ("ernie4_5-moe", {}),
             "ernie4_5-moe_step2": ("ernie4_5-moe", dict(step=2, probs_b=False)),
-            "olmoe": ("olmoe", dict(qkv_bias=False))}
+            "olmoe": ("olmoe", dict(qkv_bias=False)),
+            "dots1": ("dots1", dict(qkv_bias=False)),
+            "bailingmoe2": ("bailingmoe2", dict(qkv_bias=False, meta=GLM_SCALED)),
+            "hunyuan-moe": ("hunyuan-moe", dict(qkv_bias=False))}
 
 
 def write(path, variant, **kw):
@@ -73,6 +80,12 @@ def test_hparams(tmp_path):
     assert _moe_layers(None, {}, ernie) == [False, True, False, True]
     olmoe = pi.Model(write(tmp_path / "olmoe.gguf", "olmoe")).hparams
     assert olmoe.qk_norm == 2 and olmoe.expert_raw_weights and olmoe.n_ff_shexp == 0 and olmoe.n_ff == 32
+    ling = pi.Model(write(tmp_path / "ling.gguf", "bailingmoe2")).hparams
+    assert (ling.n_layer, ling.n_rot, ling.qk_norm, ling.n_ff_shexp, ling.n_expert_groups) == (3, 8, 1, 64, 4)
+    assert _moe_layers(None, {}, ling) == [False, True, True] and ling.expert_sigmoid
+    hy = pi.Model(write(tmp_path / "hy.gguf", "hunyuan-moe")).hparams
+    assert hy.qk_norm == 1 and hy.qk_norm_after_rope and (hy.n_ff, hy.n_ff_exp, hy.n_ff_shexp) == (32, 0, 64)
+    assert not hy.expert_raw_weights and not hy.expert_sigmoid and _moe_layers(None, {}, hy) == [True, True]
 
 
 def test_mtp_layer_is_left_out(tmp_path):
@@ -92,7 +105,10 @@ def test_each_piece_matters(tmp_path):
                              scale=dict(expert_weights_scale=1.0), groups=dict(ds_groups=(0, 0)), shared="shexp"),
              "glm4moe_qk_norm": dict(qk_norm="qk_norm"),
              "ernie4_5-moe": dict(bias=dict(ds_bias=False), norm=dict(ds_norm=False)),
-             "olmoe": dict(raw_weights=dict(expert_gating="softmax_norm"))}
+             "olmoe": dict(raw_weights=dict(expert_gating="softmax_norm")),
+             "dots1": dict(qk_norm="qk_norm", bias=dict(ds_bias=False)),
+             "bailingmoe2": dict(groups=dict(ds_groups=(0, 0)), shared="shexp"),
+             "hunyuan-moe": dict(norm_after_rope=dict(qk_norm_after_rope=False), shared="shexp")}
     for variant, pieces in cases.items():
         f = write(tmp_path / f"{variant}.gguf", variant)
         ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32"), PROMPT)
@@ -143,7 +159,7 @@ print(c.offload is not None, bool(np.array_equal(got, cpu)))
 """
 
 
-@pytest.mark.parametrize("variant", ["glm4moe", "ernie4_5-moe", "olmoe"])
+@pytest.mark.parametrize("variant", ["glm4moe", "ernie4_5-moe", "olmoe", "bailingmoe2", "hunyuan-moe"])
 def test_offload_keeps_the_experts_on_the_cpu(tmp_path, variant):
     """-ngl on the emulated device: the attention offloaded, the experts (and the dense layers' FFNs) on the CPU, the
     CPU's bits."""
@@ -164,7 +180,8 @@ def _meta(arch, **kv):
 
 def test_bad_files(tmp_path):
     """Broken or unsupported files give a ModelLoadError naming what is wrong."""
-    glm, ernie, olmoe = (write(tmp_path / f"{v}.gguf", v) for v in ("glm4moe", "ernie4_5-moe", "olmoe"))
+    glm, ernie, olmoe, dots1, ling, hy = (write(tmp_path / f"{v}.gguf", v) for v in (
+        "glm4moe", "ernie4_5-moe", "olmoe", "dots1", "bailingmoe2", "hunyuan-moe"))
     u32 = lambda v: (v, VT.UINT32)  # noqa: E731
     cases = [
         (glm, dict(meta=_meta("glm4moe", expert_count=None)), "without glm4moe.expert_count"),
@@ -184,6 +201,13 @@ def test_bad_files(tmp_path):
         (ernie, dict(drop=("blk.3.ffn_gate_exps.weight",)), "blk.3.ffn_gate_exps"),
         (olmoe, dict(meta=_meta("olmoe", **{"rope.dimension_count": u32(8)})), "rope.dimension_count"),
         (olmoe, dict(replace={"blk.0.attn_q_norm.weight": (np.ones(16, np.float32), 0)}), "attn_q_norm"),
+        (dots1, dict(meta=_meta("dots1", expert_gating_func=None)), "dots1.expert_gating_func"),
+        (dots1, dict(drop=("blk.0.attn_k_norm.weight",)), "blk.0.attn_k_norm"),
+        (ling, dict(drop=("blk.1.attn_qkv.weight",)), "blk.1.attn_qkv"),
+        (ling, dict(meta=_meta("bailingmoe2", nextn_predict_layers=u32(4))), "leaves no layers"),
+        (glm, dict(extra={"blk.0.attn_qkv.weight": (np.zeros((192, 64), np.float32), 0)}), "fused"),
+        (hy, dict(meta=_meta("hunyuan-moe", expert_feed_forward_length=None)), "expert_feed_forward_length"),
+        (hy, dict(drop=("blk.1.ffn_down_shexp.weight",)), "blk.1.ffn_down_shexp"),
     ]
     for i, (src, change, match) in enumerate(cases):
         with pytest.raises(ModelLoadError, match=match):

@@ -835,14 +835,10 @@ def moe_arch_weights(arch: str, seed: int = 0, qk_norm: bool = False, qkv_bias: 
     return w
 
 
-def write_moe_arch_model(path, arch: str, seed: int = 0, dtype: str = "f32", meta: dict | None = None,
-                         weights: dict | None = None, c: dict | None = None, **weight_opts) -> dict[str, np.ndarray]:
-    """A tiny file of a MOE_ARCH_SHAPES arch (moe_arch_weights(arch, seed, **weight_opts) unless weights are given)
-    with the keys llama.cpp's converters write (conversion/glm.py, dots1.py, bailingmoe.py, ernie.py, hunyuan.py,
-    olmo.py); meta: {key: value} replacing or
-    adding "<arch>." keys (None: left out; floats FLOAT32, ints UINT32, bools BOOL)."""
-    c = c or MOE_ARCH_SHAPES[arch]
-    w = moe_arch_weights(arch, seed, c=c, **weight_opts) if weights is None else weights
+def moe_arch_keys(arch: str, c: dict, step: int = 1, meta: dict | None = None) -> dict:
+    """The "<arch>." keys (without the prefix) llama.cpp's converters write for a MOE_ARCH_SHAPES-like shape c
+    (conversion/glm.py, dots1.py, bailingmoe.py, ernie.py, hunyuan.py, olmo.py); meta: replaced or added (None: left
+    out)."""
     keys = {"context_length": 512, "embedding_length": c["n_embd"], "block_count": c["n_layer"] + c["nextn"],
             "feed_forward_length": c["n_ff"], "attention.head_count": c["n_head"],
             "attention.head_count_kv": c["n_head_kv"], "attention.layer_norm_rms_epsilon": 1e-5,
@@ -868,15 +864,29 @@ def write_moe_arch_model(path, arch: str, seed: int = 0, dtype: str = "f32", met
         keys.update({"expert_feed_forward_length": c["n_ff_exp"],
                      "expert_shared_feed_forward_length": c["n_ff_shexp"],
                      "leading_dense_block_count": c["n_dense"],
-                     "interleave_moe_layer_step": weight_opts.get("step", 1)})
+                     "interleave_moe_layer_step": step})
     keys.update(meta or {})
+    return keys
 
-    def add_keys(writer):
-        for key, value in keys.items():
-            if value is None:
-                continue
-            vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
-            writer.add_key_value(f"{arch}.{key}", value, vt)
-        add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
-    write_gguf(path, arch, w, keys=add_keys, dtype=dtype)
+
+def add_moe_arch_keys(writer, arch: str, keys: dict) -> None:
+    """keys as "<arch>." metadata (None: left out; floats FLOAT32, ints UINT32, bools BOOL) and the test vocabulary."""
+    for key, value in keys.items():
+        if value is None:
+            continue
+        vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
+        writer.add_key_value(f"{arch}.{key}", value, vt)
+    add_vocab(writer, *synthetic_vocab(int(keys["vocab_size"])))
+
+
+def write_moe_arch_model(path, arch: str, seed: int = 0, dtype: str = "f32", meta: dict | None = None,
+                         weights: dict | None = None, c: dict | None = None, **weight_opts) -> dict[str, np.ndarray]:
+    """A tiny file of a MOE_ARCH_SHAPES arch (moe_arch_weights(arch, seed, **weight_opts) unless weights are given)
+    with the keys llama.cpp's converters write (conversion/glm.py, dots1.py, bailingmoe.py, ernie.py, hunyuan.py,
+    olmo.py); meta: {key: value} replacing or
+    adding "<arch>." keys (None: left out; floats FLOAT32, ints UINT32, bools BOOL)."""
+    c = c or MOE_ARCH_SHAPES[arch]
+    w = moe_arch_weights(arch, seed, c=c, **weight_opts) if weights is None else weights
+    keys = moe_arch_keys(arch, c, weight_opts.get("step", 1), meta)
+    write_gguf(path, arch, w, keys=lambda writer: add_moe_arch_keys(writer, arch, keys), dtype=dtype)
     return w

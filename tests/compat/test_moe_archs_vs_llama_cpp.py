@@ -54,3 +54,21 @@ def test_f32(tmp_path, variant, seed):
 @pytest.mark.parametrize("variant", LOADABLE)
 def test_quantized(tmp_path, variant, dtype):
     agrees_with_llama_cpp(write(tmp_path / f"{variant}-{dtype}.gguf", variant, dtype=dtype), LLAMA_CPP_QUANT_REL_RMS)
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("variant", ["glm4moe", "bailingmoe2", "ernie4_5-moe", "hunyuan-moe", "olmoe"])
+def test_quantizer_writes_llama_quantizes_file(tmp_path, variant, ftype):
+    """powerinfer.quantize on the tiny files (experts, shared experts, selection biases, glm4moe's and bailingmoe2's MTP
+    layer, bailingmoe2's fused attn_qkv; mostly fallback types at n_embd 64): llama-quantize's file byte for byte."""
+    import ctypes
+
+    from powerinfer.quant_rules import FTYPE, QuantOptions
+    from powerinfer.quantize import quantize_file
+    src, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    write(src, variant, seed=3)
+    quantize_file(src, ours, QuantOptions(ftype=FTYPE[ftype]))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = FTYPE[ftype], 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(theirs).encode(), ctypes.byref(p)) == 0
+    assert ours.read_bytes() == theirs.read_bytes()

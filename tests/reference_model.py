@@ -552,7 +552,8 @@ class ReferenceModel:
         of the arch."""
         if self.arch not in MOE_ARCHS:
             return
-        self.expert_weights_scale = float(m("expert_weights_scale", 0.0)) or 1.0
+        if self.arch in ("glm4moe", "dots1", "bailingmoe2"):   # the others' loaders do not read the key
+            self.expert_weights_scale = float(m("expert_weights_scale", 0.0)) or 1.0
         if self.arch == "olmoe":          # softmax, the chosen experts' probabilities as they are
             self.expert_gating = "softmax"
             return

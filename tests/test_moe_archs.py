@@ -78,7 +78,8 @@ def test_hparams(tmp_path):
     ernie = pi.Model(write(tmp_path / "ernie.gguf", "ernie4_5-moe_step2")).hparams
     assert ernie.rope_mode == "normal" and not ernie.expert_sigmoid and not ernie.expert_raw_weights
     assert _moe_layers(None, {}, ernie) == [False, True, False, True]
-    olmoe = pi.Model(write(tmp_path / "olmoe.gguf", "olmoe")).hparams
+    olmoe = pi.Model(write(tmp_path / "olmoe.gguf", "olmoe", meta={"expert_weights_scale": 2.0})).hparams
+    assert olmoe.expert_weights_scale == 0.0      # llama.cpp's olmoe loader does not read the key
     assert olmoe.qk_norm == 2 and olmoe.expert_raw_weights and olmoe.n_ff_shexp == 0 and olmoe.n_ff == 32
     ling = pi.Model(write(tmp_path / "ling.gguf", "bailingmoe2")).hparams
     assert (ling.n_layer, ling.n_rot, ling.qk_norm, ling.n_ff_shexp, ling.n_expert_groups) == (3, 8, 1, 64, 4)

@@ -72,3 +72,11 @@ def test_quantizer_writes_llama_quantizes_file(tmp_path, variant, ftype):
     p.ftype, p.nthread = FTYPE[ftype], 2
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(theirs).encode(), ctypes.byref(p)) == 0
     assert ours.read_bytes() == theirs.read_bytes()
+
+
+@pytest.mark.parametrize("variant", ["olmoe", "hunyuan-moe", "ernie4_5-moe", "glm4moe_qk_norm"])
+def test_expert_weights_scale_key(tmp_path, variant):
+    """expert_weights_scale 2.0 in the file: applied where llama.cpp's loader reads it (glm4moe), not where it does not
+    (olmoe, hunyuan-moe, ernie4_5-moe; 2.9e-7 .. 4.0e-7 from llama.cpp either way)."""
+    agrees_with_llama_cpp(write(tmp_path / f"{variant}.gguf", variant, meta={"expert_weights_scale": 2.0}),
+                          LLAMA_CPP_REL_RMS)

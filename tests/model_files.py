@@ -761,3 +761,132 @@ def write_deepseek2_model(path, seed: int = 0, q_lora: int = 0, kv_b: bool = Fal
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
     write_gguf(path, "deepseek2", w, keys=add_keys, dtype=dtype, dtypes=dtypes)
     return w
+
+
+# ------------------------------------------------------------------ glm4moe, ernie4_5-moe, olmoe (moe_archs.py)
+# Whole quant blocks along every row (n_embd 64, the q / expert / FFN widths multiples of 32). glm4moe: heads of 32
+# (key_length: n_head * head_dim 128 != n_embd) roped over 16 dims, the first layer dense, one MTP layer after the 3;
+# ernie4_5-moe: heads of 16 roped whole, a shared expert of 64, the first layer dense; olmoe: every layer with
+# experts, the whole q and k normed.
+MOE_ARCH_SHAPES = {
+    "glm4moe": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_rot=16, n_layer=3, n_ff=96,
+                    n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, n_dense=1, nextn=1),
+    "ernie4_5-moe": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=16, n_layer=4, n_ff=96,
+                         n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, n_dense=1, nextn=0),
+    "olmoe": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=4, head_dim=16, n_rot=16, n_layer=3, n_ff=32,
+                  n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=0, n_dense=0, nextn=0),
+    "dots1": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=4, head_dim=16, n_rot=16, n_layer=3, n_ff=96,
+                  n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32, n_dense=1, nextn=0),
+    "bailingmoe2": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=8, n_layer=3, n_ff=96,
+                        n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, n_dense=1, nextn=1),
+    "hunyuan-moe": dict(n_vocab=320, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_rot=16, n_layer=2, n_ff=32,
+                        n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, n_dense=0, nextn=0),
+}
+
+
+def moe_arch_weights(arch: str, seed: int = 0, qk_norm: bool = False, qkv_bias: bool = True, probs_b: bool = True,
+                     step: int = 1, c: dict | None = None) -> dict[str, np.ndarray]:
+    """Random weights of a MOE_ARCH_SHAPES arch: attention (q/k/v biases with qkv_bias; glm4moe's per-head q/k norms
+    with qk_norm, olmoe's whole-projection ones always), the router (std 3), experts, the shared expert where the shape
+    has one, exp_probs_b.bias (std 0.3) with probs_b (not olmoe), dense layers where il < n_dense or (il + 1) % step
+    (ernie4_5-moe's interleaving), glm4moe's FFN pre-norm as post_attention_norm, and its nextn MTP layers (a whole
+    layer with the nextn tensors, which the loaders leave out)."""
+    c = c or MOE_ARCH_SHAPES[arch]
+    rng, mat, norm, bias = random_weights(seed)
+    E, H, Hkv, hd = c["n_embd"], c["n_head"], c["n_head_kv"], c["head_dim"]
+    NE, Fe, Fs = c["n_expert"], c["n_ff_exp"], c["n_ff_shexp"]
+    w = {"token_embd.weight": mat(c["n_vocab"], E) * np.float32(8.0), "output_norm.weight": norm(E),
+         "output.weight": mat(c["n_vocab"], E)}
+    for il in range(c["n_layer"] + c["nextn"]):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"] = norm(E)
+        w[p + "attn_q.weight"], w[p + "attn_k.weight"] = mat(H * hd, E), mat(Hkv * hd, E)
+        w[p + "attn_v.weight"] = mat(Hkv * hd, E)
+        if arch == "bailingmoe2":     # one fused attn_qkv: q's rows, then k's, then v's
+            w[p + "attn_qkv.weight"] = np.concatenate([w.pop(p + f"attn_{t}.weight") for t in "qkv"])
+        if qkv_bias:
+            w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"] = bias(H * hd), bias(Hkv * hd), \
+                bias(Hkv * hd)
+        if arch == "olmoe":
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(H * hd), norm(Hkv * hd)
+        elif qk_norm or arch in ("dots1", "bailingmoe2", "hunyuan-moe"):
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(hd), norm(hd)
+        w[p + "attn_output.weight"] = mat(E, H * hd)
+        w[p + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight")] = norm(E)
+        if il < c["n_dense"] or (il + 1) % step:
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(c["n_ff"], E), mat(c["n_ff"], E)
+            w[p + "ffn_down.weight"] = mat(E, c["n_ff"])
+        else:
+            w[p + "ffn_gate_inp.weight"] = mat(NE, E) * np.float32(3.0)
+            w[p + "ffn_gate_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+            w[p + "ffn_up_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+            w[p + "ffn_down_exps.weight"] = np.stack([mat(E, Fe) for _ in range(NE)])
+            if Fs:
+                w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(Fs, E), mat(Fs, E)
+                w[p + "ffn_down_shexp.weight"] = mat(E, Fs)
+            if probs_b and arch not in ("olmoe", "hunyuan-moe"):
+                w[p + "exp_probs_b.bias"] = bias(NE) * np.float32(3.0)
+        if il >= c["n_layer"]:        # an MTP layer (glm4moe, bailingmoe2)
+            w[p + "nextn.eh_proj.weight"] = mat(E, 2 * E)
+            w[p + "nextn.enorm.weight"], w[p + "nextn.hnorm.weight"] = norm(E), norm(E)
+            w[p + "nextn.shared_head_norm.weight"] = norm(E)
+            if arch == "bailingmoe2":
+                w[p + "layer_output_norm.weight"] = norm(E)
+    return w
+
+
+def moe_arch_keys(arch: str, c: dict, step: int = 1, meta: dict | None = None) -> dict:
+    """The "<arch>." keys (without the prefix) llama.cpp's converters write for a MOE_ARCH_SHAPES-like shape c
+    (conversion/glm.py, dots1.py, bailingmoe.py, ernie.py, hunyuan.py, olmo.py); meta: replaced or added (None: left
+    out)."""
+    keys = {"context_length": 512, "embedding_length": c["n_embd"], "block_count": c["n_layer"] + c["nextn"],
+            "feed_forward_length": c["n_ff"], "attention.head_count": c["n_head"],
+            "attention.head_count_kv": c["n_head_kv"], "attention.layer_norm_rms_epsilon": 1e-5,
+            "rope.freq_base": 10000.0, "rope.dimension_count": c["n_rot"], "expert_count": c["n_expert"],
+            "expert_used_count": c["n_expert_used"], "vocab_size": c["n_vocab"]}
+    if arch == "glm4moe":
+        keys.update({"attention.key_length": c["head_dim"], "attention.value_length": c["head_dim"],
+                     "expert_feed_forward_length": c["n_ff_exp"],
+                     "expert_shared_count": c["n_ff_shexp"] // c["n_ff_exp"],
+                     "leading_dense_block_count": c["n_dense"], "expert_gating_func": 2, "expert_weights_scale": 1.0,
+                     "expert_weights_norm": True, "nextn_predict_layers": c["nextn"] or None})
+    elif arch in ("dots1", "bailingmoe2"):
+        keys.update({"expert_feed_forward_length": c["n_ff_exp"], "leading_dense_block_count": c["n_dense"],
+                     "expert_gating_func": 2, "expert_weights_scale": 1.0, "expert_weights_norm": True})
+        if arch == "dots1":
+            keys["expert_shared_count"] = c["n_ff_shexp"] // c["n_ff_exp"]
+        else:
+            keys.update({"expert_shared_count": 1, "expert_shared_feed_forward_length": c["n_ff_shexp"],
+                         "nextn_predict_layers": c["nextn"] or None})
+    elif arch == "hunyuan-moe":
+        keys.update({"expert_feed_forward_length": c["n_ff_exp"], "expert_shared_feed_forward_length": c["n_ff_shexp"]})
+    elif arch == "ernie4_5-moe":
+        keys.update({"expert_feed_forward_length": c["n_ff_exp"],
+                     "expert_shared_feed_forward_length": c["n_ff_shexp"],
+                     "leading_dense_block_count": c["n_dense"],
+                     "interleave_moe_layer_step": step})
+    keys.update(meta or {})
+    return keys
+
+
+def add_moe_arch_keys(writer, arch: str, keys: dict) -> None:
+    """keys as "<arch>." metadata (None: left out; floats FLOAT32, ints UINT32, bools BOOL) and the test vocabulary."""
+    for key, value in keys.items():
+        if value is None:
+            continue
+        vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
+        writer.add_key_value(f"{arch}.{key}", value, vt)
+    add_vocab(writer, *synthetic_vocab(int(keys["vocab_size"])))
+
+
+def write_moe_arch_model(path, arch: str, seed: int = 0, dtype: str = "f32", meta: dict | None = None,
+                         weights: dict | None = None, c: dict | None = None, **weight_opts) -> dict[str, np.ndarray]:
+    """A tiny file of a MOE_ARCH_SHAPES arch (moe_arch_weights(arch, seed, **weight_opts) unless weights are given)
+    with the keys llama.cpp's converters write (conversion/glm.py, dots1.py, bailingmoe.py, ernie.py, hunyuan.py,
+    olmo.py); meta: {key: value} replacing or
+    adding "<arch>." keys (None: left out; floats FLOAT32, ints UINT32, bools BOOL)."""
+    c = c or MOE_ARCH_SHAPES[arch]
+    w = moe_arch_weights(arch, seed, c=c, **weight_opts) if weights is None else weights
+    keys = moe_arch_keys(arch, c, weight_opts.get("step", 1), meta)
+    write_gguf(path, arch, w, keys=lambda writer: add_moe_arch_keys(writer, arch, keys), dtype=dtype)
+    return w

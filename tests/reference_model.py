@@ -253,6 +253,10 @@ ARCHS = ("llama", "mistral", "bamboo", "qwen2", "qwen2moe", "qwen3", "qwen3moe",
 ARCHS += ("mistral3", "exaone4", "ernie4_5", "seed_oss", "hunyuan-dense", "arcee", "command-r", "cohere2",
           "exaone", "apertus")
 NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone", "apertus")
+# mixture-of-experts archs on llama's blocks (_moe_arch_setup)
+MOE_ARCHS = ("glm4moe", "dots1", "bailingmoe2", "ernie4_5-moe", "hunyuan-moe", "olmoe")
+ARCHS += MOE_ARCHS
+NEOX_ARCHS += ("glm4moe", "dots1", "bailingmoe2", "hunyuan-moe", "olmoe")
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -320,6 +324,7 @@ class ReferenceModel:
     ds_norm = False          # deepseek2: the chosen experts' weights renormalized (expert_weights_norm)
     ds_groups = (0, 0)       # deepseek2: (expert groups, groups used) (V3's 8, 4); (0, 0): none
     ds_bias = True           # deepseek2: exp_probs_b.bias shifts the choice (False: left out)
+    ds_route = False         # deepseek2_route chooses the experts (deepseek2, glm4moe, ernie4_5-moe)
     yarn_rope_mscale = True  # YaRN's cos / sin factor 1 + 0.1 ln(1 / freq_scale) (deepseek2 with yarn_log_multiplier:
                              # not applied)
     ple_drop = ()            # gemma4's per-layer embeddings: pieces left out ("tok", "proj", "proj_norm",
@@ -452,6 +457,7 @@ class ReferenceModel:
         self._llama_block_setup(m)
         if arch == "deepseek2":
             self._deepseek2_setup(m)
+        self._moe_arch_setup(m)
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -491,7 +497,7 @@ class ReferenceModel:
                             qkv[:e_q], qkv[e_q:e_q + e_kv], qkv[e_q + e_kv:]
                 if "ffn_gate" not in L:
                     L["ffn_gate"], L["ffn_up"] = L["ffn_up"][:self.n_ff], L["ffn_up"][self.n_ff:]
-            if arch in ("gpt-oss", "seed_oss"):   # llama.cpp's attn_post_norm: the FFN's pre-norm, not a post-norm
+            if arch in ("gpt-oss", "seed_oss", "glm4moe"):   # llama.cpp's attn_post_norm: the FFN's pre-norm
                 L["ffn_norm"] = L.pop("post_attention_norm")
             if self.sparse:
                 L["ffn_down"] = np.asarray(L.pop("ffn_down_t")).T      # (n_embd, n_ff); the engine adds its rows (axpy)
@@ -537,6 +543,32 @@ class ReferenceModel:
             alpha = float(m("rope.scaling.alpha", 0.0))
             if alpha > 0.0:
                 self.rope_base *= alpha ** (self.head_dim / (self.head_dim - 2))
+
+    def _moe_arch_setup(self, m) -> None:
+        """glm4moe, dots1, bailingmoe2, ernie4_5-moe, hunyuan-moe, olmoe (llama.cpp's src/models/<arch>.cpp): the
+        experts' routing and scale; the last nextn_predict_layers layers (MTP: glm4moe, bailingmoe2) are not run;
+        hunyuan-moe norms q and k after their rope. The layers with experts are those whose file has ffn_gate_inp; the
+        rest of each (q/k norms, biases, a fused attn_qkv, partial rope) follows the tensors and the NEOX / normal rope
+        of the arch."""
+        if self.arch not in MOE_ARCHS:
+            return
+        if self.arch in ("glm4moe", "dots1", "bailingmoe2"):   # the others' loaders do not read the key
+            self.expert_weights_scale = float(m("expert_weights_scale", 0.0)) or 1.0
+        if self.arch == "olmoe":          # softmax, the chosen experts' probabilities as they are
+            self.expert_gating = "softmax"
+            return
+        if self.arch == "hunyuan-moe":    # softmax renormalized (the default), q/k norms after the rope
+            self.qk_norm_after_rope = True
+            return
+        self.ds_route = True
+        self.ds_groups = (int(m("expert_group_count", 0)), int(m("expert_group_used_count", 0)))
+        if self.arch in ("glm4moe", "dots1", "bailingmoe2"):   # sigmoid unless expert_gating_func says softmax (1)
+            if self.arch != "dots1":
+                self.n_layer -= int(m("nextn_predict_layers", 0))
+            self.ds_gating = "softmax" if int(m("expert_gating_func", 0)) == 1 else "sigmoid"
+            self.ds_norm = bool(m("expert_weights_norm", False))
+        else:                             # ernie4_5-moe: softmax, renormalized
+            self.ds_gating, self.ds_norm = "softmax", True
 
     def geometry(self, li) -> dict:
         """Layer li's head_dim, n_head_kv, n_rot, local and kv_source (layer_geom's, else the one shape and the
@@ -634,7 +666,7 @@ class ReferenceModel:
         p /= p.sum(axis=1, keepdims=True)
         out = np.zeros_like(g)
         for t in range(len(g)):
-            if self.arch == "deepseek2":
+            if self.arch == "deepseek2" or self.ds_route:
                 chosen, w = self.deepseek2_route(logits[t], L)
             elif self.expert_gating == "softmax_weight":
                 chosen = np.argsort(-logits[t], kind="stable")[:self.n_expert_used]

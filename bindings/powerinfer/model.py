@@ -11,6 +11,7 @@ import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
+from .moe_archs import MOE_ARCHS, NO_WEIGHTS_SCALE, moe_arch_hparams, moe_arch_views, moe_layers
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo, open_gguf
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
@@ -48,6 +49,7 @@ _LLAMA_BLOCK_ARCHS = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAM
                  "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA,
                  "apertus": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_LLAMA_BLOCK_ARCHS)
+_ARCHS.update(MOE_ARCHS)        # glm4moe, ernie4_5-moe, olmoe: llama's blocks with experts (moe_archs.py)
 # those whose attn_output.bias llama.cpp adds where the file has one
 _OUT_BIAS_ARCHS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
@@ -146,6 +148,7 @@ class HParams:
     expert_sigmoid: bool = False    # DeepSeek-V3: the router's probabilities are sigmoids (expert_gating_func 2)
     n_expert_groups: int = 0        # > 1: expert groups, n_group_used of them compete per token (expert_group_count)
     n_group_used: int = 0
+    n_moe_layer_step: int = 0       # ernie4_5-moe: layers il >= n_layer_dense_lead, (il + 1) % step == 0 have experts
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -326,6 +329,8 @@ def _moe_layers(path, tensors: dict, hp: HParams) -> list:
     (llama.cpp's rules)."""
     if hp.arch == "deepseek2":
         return [hp.n_expert > 0 and il >= hp.n_layer_dense_lead for il in range(hp.n_layer)]
+    if hp.arch in MOE_ARCHS:
+        return moe_layers(hp)
     if not hp.layer_geom:
         return [hp.n_expert > 0] * hp.n_layer
     moe = [f"blk.{il}.ffn_gate_inp.weight" in tensors for il in range(hp.n_layer)]
@@ -643,6 +648,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
     extra.update(_llama_block_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base, meta))
+    extra.update(moe_arch_hparams(path, arch, get, as_int, as_float, head_dim, n_rot, n_head_kv))
+    if "n_ff" in extra:
+        n_ff = extra.pop("n_ff")
     if "norm_eps" in extra:
         norm_eps = extra.pop("norm_eps")
     elif arch == "falcon":
@@ -661,11 +669,12 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: a mixture-of-experts {arch} PowerInfer file is not supported")
         extra.update(n_expert=as_int("expert_count", get("expert_count")),
                      n_expert_used=as_int("expert_used_count", get("expert_used_count", required=True)),
-                     expert_weights_scale=as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
+                     expert_weights_scale=0.0 if arch in NO_WEIGHTS_SCALE else
+                     as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
         if get("expert_feed_forward_length") is not None and arch != "deepseek2":
             n_ff_key = "expert_feed_forward_length"
-        if arch == "deepseek2":
-            pass                  # its shared experts and weights: _deepseek2
+        if arch == "deepseek2" or arch in MOE_ARCHS:
+            pass                  # their shared experts and weights: _deepseek2, moe_arch_hparams
         elif arch == "qwen2moe":     # a gated shared expert (its width: the file's key, else feed_forward_length) and
             # the router's probabilities as they are (llama.cpp's norm_w false)
             extra.update(expert_raw_weights=True, n_ff_shexp=as_int(
@@ -680,7 +689,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         n_ctx_train=as_int("context_length", n_ctx_train),
         n_embd=n_embd, n_ff=n_ff if n_ff is not None else as_int(n_ff_key, get(n_ff_key, required=True)),
         n_head=n_head, n_head_kv=n_head_kv,
-        n_layer=as_int("block_count", get("block_count", required=True)),
+        n_layer=extra.pop("n_layer", None) or as_int("block_count", get("block_count", required=True)),
         n_rot=n_rot, ffn_act=extra.pop("ffn_act", act),
         ffn_gate=extra.pop("ffn_gate", None) or ("sym" if arch == "bamboo" else "seq" if arch in _SPARSE_ONLY
                                                  else "par"),
@@ -957,6 +966,8 @@ class Model:
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
         tensors, view_flags = _llama_block_views(self.path, tensors, hp)
+        tensors, moe_flags = moe_arch_views(self.path, tensors, hp)
+        view_flags = {**view_flags, **moe_flags}
         self._view_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
         self._made = []              # arrays the loader makes (deepseek2's split attn_kv_b), kept with the model
         if hp.arch == "deepseek2":

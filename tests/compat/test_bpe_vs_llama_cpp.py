@@ -1,7 +1,8 @@
 """Our byte-level BPE tokenizer against llama.cpp's (llama-cpp-python, vocab_only) on vocabularies
 trained with Hugging Face tokenizers (tests/test_tokenizer_bpe.py) and written to GGUF files as
-llama.cpp's converter writes them, for the gpt-2, llama-bpe, qwen2, gpt-4o (gpt-oss's o200k) and default
-pre-tokenizers, with and without special-token parsing. The ids must be identical. A vocabulary with gpt-oss's harmony
+llama.cpp's converter writes them, for the gpt-2, llama-bpe, qwen2, gpt-4o (gpt-oss's o200k), default and the MoE
+families' (glm4, olmo, hunyuan, bailingmoe2) pre-tokenizers, with and without special-token parsing. The ids must be
+identical. A vocabulary with gpt-oss's harmony
 tokens checks llama.cpp's o200k_harmony rules: which tokens end generation, which markers decode as text. A Gemma 4
 vocabulary (tokenizer.ggml.model "gemma4", trained in tests/test_tokenizer_bpe.py, and one of real size: Gemma 3
 270M's 262k tokens with Gemma 4's markers and merges made from the tokens' splits) checks its SentencePiece-style BPE:
@@ -61,7 +62,9 @@ def write_vocab_gguf(path, tokens, types, merges, pre, eos_text="<|endoftext|>",
                                          ("tekken", "gpt-2"), ("tekken", "llama-bpe"), ("seed-coder", "qwen2"),
                                          ("hunyuan-dense", "qwen2"), ("command-r", "gpt-2"),
                                          ("exaone", "gpt-2"), ("deepseek-llm", "gpt-2"),
-                                         ("deepseek-v3", "gpt-2"), ("deepseek-coder", "gpt-2")])
+                                         ("deepseek-v3", "gpt-2"), ("deepseek-coder", "gpt-2"),
+                                         ("glm4", "llama-bpe"), ("olmo", "gpt-2"), ("hunyuan", "qwen2"),
+                                         ("bailingmoe2", "qwen2")])
 def test_bpe_ids_match_llama_cpp(tmp_path, pre, trained):
     tokens, types, merges = gguf_vocab(train_hf(trained))
     path = tmp_path / f"vocab-{pre}.gguf"

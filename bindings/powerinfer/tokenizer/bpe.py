@@ -142,6 +142,16 @@ PRE_TOKENIZERS["hunyuan-dense"] = Pre((r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+"
 # Cohere Command-R / R7B, EXAONE 3.5: every digit split off first, then GPT-2's
 for _name in ("command-r", "exaone"):
     PRE_TOKENIZERS[_name] = Pre((r"\p{N}", _GPT2))
+# the mixture-of-experts families' (moe_archs.py): GLM-4.5 / 4.6 / 4.7 (llama.cpp's CHATGLM4: llama-3's
+# expression, words in the vocabulary whole; no BOS unless the file asks), OLMoE (GPT-2's), Hunyuan-A13B (Qwen2's),
+# Ling / Ring 2.0 (bailingmoe2: Qwen2's with the contractions after one apostrophe and single newlines)
+for _name in ("glm4", "glm5"):
+    PRE_TOKENIZERS[_name] = Pre((_LLAMA3,), ignore_merges=True)
+PRE_TOKENIZERS["olmo"] = Pre((_GPT2,))
+PRE_TOKENIZERS["hunyuan"] = Pre((_QWEN2,))
+for _name in ("bailingmoe", "bailingmoe2", "llada-moe"):
+    PRE_TOKENIZERS[_name] = Pre((r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",))
 PRE_TOKENIZERS["deepseek-llm"] = Pre(_DEEPSEEK_LLM)
 PRE_TOKENIZERS["deepseek-v3"] = Pre(_DEEPSEEK_V3)
 PRE_TOKENIZERS["deepseek-coder"] = Pre(_DEEPSEEK_CODER)

@@ -56,6 +56,16 @@ def write_moe(d, arch: str, seed: int = 3, n_ff_exp: int | None = None, dtype: s
                         f"{arch}.expert_feed_forward_length": (F, VT.UINT32), **extra})
 
 
+def test_expert_weights_scale_read_where_llama_cpp_reads_it(tmp_path):
+    """A qwen3moe / qwen2moe / Mixtral file's expert_weights_scale is not applied (llama.cpp's loaders of those archs
+    do not read it; the deepseek2 and moe_archs tests show where it is)."""
+    for arch in ("llama", "qwen3moe", "qwen2moe"):
+        f = write_moe(tmp_path, arch)
+        base = "llama" if arch == "llama" else arch
+        scaled = rewrite(f, tmp_path / f"{arch}-scaled.gguf", meta={f"{base}.expert_weights_scale": (2.0, VT.FLOAT32)})
+        assert pi.Model(str(scaled)).hparams.expert_weights_scale == 0.0, arch
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen3moe", "qwen2moe"])
 def moe_file(request, tmp_path_factory):
     return write_moe(tmp_path_factory.mktemp("moe"), request.param,

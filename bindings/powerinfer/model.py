@@ -11,7 +11,7 @@ import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
-from .moe_archs import MOE_ARCHS, NO_WEIGHTS_SCALE, moe_arch_hparams, moe_arch_views, moe_layers
+from .moe_archs import MOE_ARCHS, WEIGHTS_SCALE_ARCHS, moe_arch_hparams, moe_arch_views, moe_layers
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo, open_gguf
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
@@ -669,8 +669,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             raise ModelLoadError(f"{path}: a mixture-of-experts {arch} PowerInfer file is not supported")
         extra.update(n_expert=as_int("expert_count", get("expert_count")),
                      n_expert_used=as_int("expert_used_count", get("expert_used_count", required=True)),
-                     expert_weights_scale=0.0 if arch in NO_WEIGHTS_SCALE else
-                     as_float("expert_weights_scale", get("expert_weights_scale", 0.0)))
+                     expert_weights_scale=as_float("expert_weights_scale", get("expert_weights_scale", 0.0))
+                     if arch in WEIGHTS_SCALE_ARCHS else 0.0)
         if get("expert_feed_forward_length") is not None and arch != "deepseek2":
             n_ff_key = "expert_feed_forward_length"
         if arch == "deepseek2" or arch in MOE_ARCHS:

@@ -38,8 +38,8 @@ _V3_ROUTED = ("glm4moe", "dots1", "bailingmoe2")
 _NEXTN = ("glm4moe", "bailingmoe2")
 # archs whose per-head q/k norms are required (glm4moe's: where blk.0 has them)
 _QK_NORM = ("dots1", "bailingmoe2", "hunyuan-moe")
-# archs whose llama.cpp loader does not read expert_weights_scale (a file's key is not applied)
-NO_WEIGHTS_SCALE = ("ernie4_5-moe", "hunyuan-moe", "olmoe")
+# the archs (of all ours) whose llama.cpp loader reads expert_weights_scale: a file's key is applied there only
+WEIGHTS_SCALE_ARCHS = ("deepseek2", "glm4moe", "dots1", "bailingmoe2")
 
 
 def moe_arch_hparams(path, arch: str, get, as_int, as_float, head_dim: int, n_rot: int, n_head_kv: int) -> dict:

@@ -12,6 +12,7 @@ import numpy as np
 from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo, open_gguf
+from . import qwen35 as qwen35_arch
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
 
@@ -48,6 +49,8 @@ _LLAMA_BLOCK_ARCHS = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAM
                  "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA,
                  "apertus": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_LLAMA_BLOCK_ARCHS)
+# hybrid gated delta net + gated attention models (powerinfer.qwen35)
+_ARCHS.update({a: lib.PI_ARCH_QWEN2 for a in qwen35_arch.ARCHS})
 # those whose attn_output.bias llama.cpp adds where the file has one
 _OUT_BIAS_ARCHS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
@@ -146,6 +149,14 @@ class HParams:
     expert_sigmoid: bool = False    # DeepSeek-V3: the router's probabilities are sigmoids (expert_gating_func 2)
     n_expert_groups: int = 0        # > 1: expert groups, n_group_used of them compete per token (expert_group_count)
     n_group_used: int = 0
+    # qwen35 / qwen35moe / qwen3next (powerinfer.qwen35): gated delta net layers (LayerGeom.recurrent) and gated q
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_n_group: int = 0
+    ssm_head_interleave: bool = False
+    attn_output_gate: bool = False
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -170,6 +181,7 @@ class LayerGeom:
     n_ff: int
     is_local: bool
     kv_source: int      # the layer itself, or the earlier layer whose KV cache it reads (gemma4's shared KV layers)
+    recurrent: bool = False   # a gated delta net layer (qwen35): a recurrent state, no KV cache
 
 
 def _gemma4_moe(path, get, as_int) -> dict:
@@ -539,6 +551,10 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(rope_mode="neox", qk_norm=2, post_norms=True, post_norms_only=True, n_swa=n_swa,
                      swa_pattern=swa_pattern(4) if n_swa else 0,
                      rope_freq_base_swa=swa_rope_base(), rope_freq_scale_swa=1.0)
+    elif arch in qwen35_arch.ARCHS:
+        extra.update(qwen35_arch.hparams(path, arch, get, as_int, as_int("block_count", get("block_count", required=True)),
+                                         head_dim, n_rot, as_int("feed_forward_length", get("feed_forward_length", 0)),
+                                         n_head_kv, ModelLoadError, LayerGeom))
     elif arch == "smollm3":
         extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
     elif arch == "glm4":
@@ -671,9 +687,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             extra.update(expert_raw_weights=True, n_ff_shexp=as_int(
                 "expert_shared_feed_forward_length",
                 get("expert_shared_feed_forward_length", get("feed_forward_length", required=True))))
+        elif arch in qwen35_arch.ARCHS:
+            extra.update(qwen35_arch.moe(path, arch, get, as_int, as_int(n_ff_key, get(n_ff_key, required=True))))
         elif get("expert_shared_feed_forward_length", 0):   # granitemoe's shared variant: no gate
             extra["n_ff_shexp"] = as_int("expert_shared_feed_forward_length", get("expert_shared_feed_forward_length"))
-    elif arch in ("qwen3moe", "granitemoe", "gpt-oss", "qwen2moe"):
+    elif arch in ("qwen3moe", "granitemoe", "gpt-oss", "qwen2moe", "qwen35moe", "qwen3next"):
         raise ModelLoadError(f"{path}: {arch} without {arch}.expert_count")
     return HParams(
         arch=arch, n_vocab=len(tokens),
@@ -1033,10 +1051,14 @@ class Model:
             p.attn_scale = rope_settings.mla_attn_scale(hp)
         p.expert_sigmoid, p.n_expert_groups = int(hp.expert_sigmoid), hp.n_expert_groups
         p.n_group_used = hp.n_group_used
+        p.ssm_d_conv, p.ssm_d_inner, p.ssm_d_state = hp.ssm_d_conv, hp.ssm_d_inner, hp.ssm_d_state
+        p.ssm_dt_rank, p.ssm_n_group = hp.ssm_dt_rank, hp.ssm_n_group
+        p.ssm_head_interleave, p.attn_output_gate = int(hp.ssm_head_interleave), int(hp.attn_output_gate)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),
-                                                      g.kv_source, int(m)) for g, m in zip(hp.layer_geom, moe)])
+                                                      g.kv_source, int(m), int(g.recurrent))
+                                                     for g, m in zip(hp.layer_geom, moe)])
             desc.layers = self._geom
         desc.no_repack = 0 if self.repack else 1
         out = ffi.new("pi_model **")

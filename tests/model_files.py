@@ -855,5 +855,6 @@ def write_qwen35_model(path, arch: str = "qwen35", seed: int = 0, dtype: str = "
             vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
             writer.add_key_value(f"{arch}.{key}", value, vt)
         add_vocab(writer, *(vocab or synthetic_vocab(c["n_vocab"])))
-    write_gguf(path, arch, w, keys=add_keys, dtype=dtype, dtypes=dtypes)
+    # the conv kernel stays f32 in every file type (as the converter and llama-quantize keep it)
+    write_gguf(path, arch, w, keys=add_keys, dtype=dtype, dtypes={"ssm_conv1d": "f32", **(dtypes or {})})
     return w

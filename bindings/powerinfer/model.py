@@ -552,8 +552,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      swa_pattern=swa_pattern(4) if n_swa else 0,
                      rope_freq_base_swa=swa_rope_base(), rope_freq_scale_swa=1.0)
     elif arch in qwen35_arch.ARCHS:
-        extra.update(qwen35_arch.hparams(path, arch, get, as_int, as_int("block_count", get("block_count", required=True)),
-                                         head_dim, n_rot, as_int("feed_forward_length", get("feed_forward_length", 0)),
+        n_layer_q35 = as_int("block_count", get("block_count", required=True))
+        extra.update(qwen35_arch.hparams(path, arch, get, as_int, n_layer_q35, head_dim, n_rot,
+                                         as_int("feed_forward_length", get("feed_forward_length", 0)),
                                          n_head_kv, ModelLoadError, LayerGeom))
     elif arch == "smollm3":
         extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
@@ -1091,6 +1092,11 @@ class Model:
         """A tensor of the file dequantized to float32, numpy shape = ne reversed (KeyError where the file has none;
         ModelLoadError for a type this build cannot read)."""
         return dequantized(self.path, self.file.tensors[name])
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layers are recurrent (qwen35 / qwen35moe / qwen3next: gated delta nets)."""
+        return any(getattr(g, "recurrent", False) for g in self.hparams.layer_geom)
 
     @property
     def n_packed_ffn(self) -> int:

@@ -190,3 +190,8 @@ pi_status pi_rs_state_read(pi_rs *rs, int32_t seq, const char *src, int32_t last
     rs->pos[seq] = h.last;
     return PI_OK;
 }
+
+int32_t pi_recurrent_pos(pi_context *ctx, int32_t seq) {
+    if (!ctx || !ctx->rs || seq < 0 || seq >= ctx->rs->n_seq) return -1;
+    return ctx->rs->pos[seq];
+}

@@ -837,7 +837,7 @@ def write_qwen35_model(path, arch: str = "qwen35", seed: int = 0, dtype: str = "
             "ssm.time_step_rank": c["dt_rank"], "ssm.inner_size": c["dt_rank"] * c["d_state"],
             "full_attention_interval": c["interval"], "vocab_size": c["n_vocab"]}
     if arch != "qwen3next":
-        keys["rope.dimension_sections"] = [2, 1, 1, 0]
+        keys["rope.dimension_sections"] = c.get("sections", [2, 1, 1, 0])
     if arch != "qwen35":
         keys.update({"expert_count": c["n_expert"], "expert_used_count": c["n_expert_used"],
                      "expert_feed_forward_length": c["n_ff_exp"],

@@ -331,3 +331,33 @@ def test_offload_is_refused_with_a_message(tmp_path):
     flags, warnings = out.stdout.splitlines()[:2]
     assert flags == "True True", out.stdout
     assert "qwen35 / qwen35moe / qwen3next models run on the CPU only" in warnings, warnings
+
+
+def test_bad_arguments(tiny):
+    """The public functions of the recurrent state and the delta net's ops: NULL pointers and bad shapes are
+    PI_ERR_INVALID_ARG with a message, on and off a pool; pi_recurrent_pos of nothing is -1."""
+    buf = np.zeros(4096, np.float32)
+    f = ffi.cast("float *", ffi.from_buffer(buf))
+    n = ffi.NULL
+    assert lib.pi_op_ssm_conv(n, 1, 4, 4, f, f, f) == lib.PI_ERR_INVALID_ARG
+    assert lib.pi_op_ssm_conv(f, 0, 4, 4, f, f, f) == lib.PI_ERR_INVALID_ARG
+    assert lib.pi_op_ssm_conv(f, 1, 4, 0, f, n, f) == lib.PI_ERR_INVALID_ARG
+    assert b"pi_op_ssm_conv" in ffi.string(lib.pi_last_error())
+    assert lib.pi_op_ssm_conv(f, 2, 4, 4, f, n, f) == lib.PI_OK           # no state: zeros before x
+    pool = ffi.new("pi_threadpool **")
+    assert lib.pi_threadpool_create(2, pool) == 0
+    try:
+        for p in (ffi.NULL, pool[0]):
+            for i in range(7):
+                args = [f] * 7
+                args[i] = n
+                assert lib.pi_op_gated_delta_net(p, *args[:5], 1, 1, 2, 4, 0, *args[5:]) == lib.PI_ERR_INVALID_ARG
+            for shape in ((0, 1, 2, 4, 0), (1, 0, 2, 4, 0), (1, 2, 3, 4, 0), (1, 1, 2, 0, 0), (1, 1, 2, 4, 2)):
+                assert lib.pi_op_gated_delta_net(p, f, f, f, f, f, *shape, f, f) == lib.PI_ERR_INVALID_ARG
+            assert b"pi_op_gated_delta_net" in ffi.string(lib.pi_last_error())
+    finally:
+        lib.pi_threadpool_free(pool[0])
+    assert lib.pi_recurrent_pos(ffi.NULL, 0) == -1
+    ctx = pi.Context(pi.Model(tiny), n_ctx=16)
+    assert ctx.recurrent_pos(0) == -1 and lib.pi_recurrent_pos(ctx._ptr, 5) == -1 and lib.pi_recurrent_pos(
+        ctx._ptr, -1) == -1

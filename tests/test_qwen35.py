@@ -170,6 +170,8 @@ def test_seq_cp_copies_the_state(tiny):
         ctx.kv_seq_cp(0, 1, 0, 4)
     ctx.kv_seq_cp(0, 1)
     assert ctx.recurrent_pos(1) == len(PROMPT) - 1
+    with pytest.raises(PowerInferError, match="remove it first"):   # a destination with a state of its own
+        ctx.kv_seq_cp(1, 0)
     n = len(PROMPT)
     ctx.decode([7, 7], pos=[n, n], seq_id=[0, 1], logits="all")
     assert np.array_equal(ctx.logits(0), ctx.logits(1))

@@ -682,7 +682,8 @@ PI_API pi_status pi_kv_seq_state_positions(const void *src, size_t size, int32_t
  * ssm_d_conv - 1 conv inputs and the delta net's [S, S] matrices) has absorbed every position up to the sequence's
  * largest; it cannot drop a tail. pi_kv_seq_rm of positions that state has absorbed is PI_ERR_UNSUPPORTED (nothing
  * removed), except the whole sequence (p0 <= 0 and p1 < 0 or past its last position), which resets it; pi_kv_seq_cp
- * copies the state (a range that covers the source's whole sequence; else PI_ERR_UNSUPPORTED); pi_kv_clear resets
+ * copies the state (a range that covers the source's whole sequence, into a sequence without a state of its own; else
+ * PI_ERR_UNSUPPORTED); pi_kv_clear resets
  * every state; the sequence state (pi_kv_seq_state_*) carries it (the whole sequence only). A decode token of a
  * sequence at a position its state has absorbed is PI_ERR_INVALID_ARG. pi_recurrent_pos: the last position the state
  * of seq has absorbed (-1: none, or a model without recurrent layers). */

@@ -121,6 +121,9 @@ pi_status pi_rs_seq_rm(pi_rs *rs, int32_t seq, int32_t p0, int32_t p1) {
 
 pi_status pi_rs_seq_cp(pi_rs *rs, int32_t src, int32_t dst, int32_t p0, int32_t p1) {
     if (src == dst) return PI_OK;
+    if (rs->pos[dst] >= 0)   /* its KV cells would stay beside the copied ones, its state would not */
+        return pi_fail(PI_ERR_UNSUPPORTED, "cannot copy sequence %d into sequence %d: the destination has a recurrent "
+                       "state of its own (positions up to %d); remove it first", src, dst, rs->pos[dst]);
     const int32_t last = rs->pos[src];
     if (last >= 0 && !covers(p0, p1, last))
         return pi_fail(PI_ERR_UNSUPPORTED, "cannot copy positions [%d, %d) of sequence %d: its recurrent state holds "

@@ -117,3 +117,15 @@ def test_token_loop_reuses_only_whole_states(model):
     ctx.decode(P2)
     assert np.array_equal(b[-1], ctx.logits())
     assert a.shape == b.shape
+
+
+def test_decode_parallel_shares_the_prompt_state(model):
+    """batched.py's decode_parallel: the prompt decoded once and shared (kv_seq_cp copies the recurrent state); each
+    greedy sequence is a fresh engine's."""
+    from powerinfer.generator import decode_parallel
+    from powerinfer.sampling import Sampler
+    ctx = Context(model, n_ctx=128, kv_type="f32", n_seq_max=3)
+    samplers = [Sampler(SamplingParams(temperature=0.0)) for _ in range(3)]
+    res = decode_parallel(ctx, P1, len(P1) + 6, samplers)
+    want = fresh(model, P1, n=6)
+    assert res.tokens == [want] * 3

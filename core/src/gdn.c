@@ -39,8 +39,8 @@ pi_status pi_gdn_check_hparams(const pi_hparams *hp) {
         hp->ssm_dt_rank <= 0 || hp->ssm_dt_rank % hp->ssm_n_group || hp->ssm_dt_rank > 4096 ||
         hp->ssm_d_inner != hp->ssm_dt_rank * S)
         return pi_fail(PI_ERR_BAD_MODEL, "gated delta net: ssm_d_state %d (1..4096), ssm_d_conv %d (1..64), "
-                       "ssm_n_group %d dividing ssm_dt_rank %d, ssm_d_inner %d = ssm_dt_rank * ssm_d_state", hp->ssm_d_state,
-                       hp->ssm_d_conv, hp->ssm_n_group, hp->ssm_dt_rank, hp->ssm_d_inner);
+                       "ssm_n_group %d dividing ssm_dt_rank %d, ssm_d_inner %d = ssm_dt_rank * ssm_d_state",
+                       hp->ssm_d_state, hp->ssm_d_conv, hp->ssm_n_group, hp->ssm_dt_rank, hp->ssm_d_inner);
     if (hp->sparse || hp->gate_sparse || hp->mla_kv_rank > 0 || hp->parallel_block || hp->arch == PI_ARCH_FALCON)
         return pi_fail(PI_ERR_UNSUPPORTED, "gated delta net layers with sparse files, MLA or parallel blocks");
     return PI_OK;
@@ -115,7 +115,7 @@ pi_status pi_op_ssm_conv(const float *x, int64_t T, int64_t C, int64_t K, const 
 }
 
 typedef struct {
-    const float *q, *k, *v, *g, *beta;   /* token t's rows at t * ldq / ldk / ldv (heads S apart), g / beta [T][H_v] */
+    const float *q, *k, *v, *g, *beta;   /* token t's rows at t * ldq / ldk / ldv (heads S apart); e^g, beta [T][H_v] */
     int64_t ldq, ldk, ldv, T, H_k, H_v, S;
     int32_t interleave;
     const float *s_in;   /* [H_v][S][S] */
@@ -123,31 +123,18 @@ typedef struct {
     int64_t n_units, rows_per_unit;
 } gdn_task;
 
-/* Units of (head, block of rows): rows_per_unit rows j of head h over all T tokens. */
+/* Units of (head, block of rows): rows_per_unit rows j of head h over all T tokens (pi_cpu()->gdn_rows); g holds
+ * e^g here (exp taken once per token and head by the caller). */
 static void gdn_run(void *arg, int ith, int nth) {
     const gdn_task *a = arg;
-    const pi_vec_dot_fn dot = pi_cpu()->type[PI_TYPE_F32].vec_dot;
-    const pi_axpy_fn axpy = pi_cpu()->type[PI_TYPE_F32].axpy;
-    const int64_t S = a->S, rf = a->H_v / a->H_k;
+    const int64_t S = a->S, rf = a->H_v / a->H_k, per_head = (S + a->rows_per_unit - 1) / a->rows_per_unit;
     const float scale = 1.0f / sqrtf((float)S);
     for (int64_t u = ith; u < a->n_units; u += nth) {
-        const int64_t per_head = (S + a->rows_per_unit - 1) / a->rows_per_unit;
         const int64_t h = u / per_head, j0 = (u % per_head) * a->rows_per_unit;
-        const int64_t j1 = PI_MIN(S, j0 + a->rows_per_unit);
         const int64_t hk = a->interleave ? h / rf : h % a->H_k;
-        for (int64_t j = j0; j < j1; j++) {
-            const float *src = a->s_in + (h * S + j) * S;
-            float *row = a->s_out + (h * S + j) * S;
-            for (int64_t t = 0; t < a->T; t++) {
-                const float eg = expf(a->g[t * a->H_v + h]), beta = a->beta[t * a->H_v + h];
-                const float *k = a->k + t * a->ldk + hk * S, *q = a->q + t * a->ldq + hk * S;
-                for (int64_t i = 0; i < S; i++) row[i] = src[i] * eg;
-                src = row;
-                const float d = (a->v[t * a->ldv + h * S + j] - dot(S, row, k)) * beta;
-                axpy(S, d, k, row);
-                a->out[(t * a->H_v + h) * S + j] = dot(S, row, q) * scale;
-            }
-        }
+        pi_cpu()->gdn_rows(S, a->T, j0, PI_MIN(S, j0 + a->rows_per_unit), a->s_in + h * S * S, a->s_out + h * S * S,
+                           a->k + hk * S, a->ldk, a->q + hk * S, a->ldq, a->v + h * S, a->ldv, a->g + h, a->beta + h,
+                           a->H_v, scale, a->out + h * S, a->H_v * S);
     }
 }
 
@@ -172,10 +159,15 @@ pi_status pi_op_gated_delta_net(pi_threadpool *pool, const float *q, const float
     if (T < 1 || H_k < 1 || H_v < 1 || H_v % H_k || S < 1 || interleave < 0 || interleave > 1)
         return pi_fail(PI_ERR_INVALID_ARG, "pi_op_gated_delta_net: T %lld, H_k %lld dividing H_v %lld, S %lld must be "
                        ">= 1, interleave 0 or 1", (long long)T, (long long)H_k, (long long)H_v, (long long)S);
-    const gdn_task a = { .q = q, .k = k, .v = v, .g = g, .beta = beta, .ldq = H_k * S, .ldk = H_k * S, .ldv = H_v * S,
-                         .T = T, .H_k = H_k, .H_v = H_v, .S = S, .interleave = interleave, .s_in = state,
-                         .s_out = state, .out = out };
-    return gated_delta_net(pool, &a);
+    float *eg = malloc((size_t)(T * H_v) * sizeof(float));
+    if (!eg) return pi_fail(PI_ERR_OUT_OF_MEMORY, "pi_op_gated_delta_net: out of memory");
+    for (int64_t i = 0; i < T * H_v; i++) eg[i] = expf(g[i]);
+    const gdn_task a = { .q = q, .k = k, .v = v, .g = eg, .beta = beta, .ldq = H_k * S, .ldk = H_k * S,
+                         .ldv = H_v * S, .T = T, .H_k = H_k, .H_v = H_v, .S = S, .interleave = interleave,
+                         .s_in = state, .s_out = state, .out = out };
+    const pi_status st = gated_delta_net(pool, &a);
+    free(eg);
+    return st;
 }
 
 /* ---- the layer ---- */
@@ -248,7 +240,7 @@ pi_status pi_gdn_layer(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t i
                     av = ba[T * Hv + t * Hv + h];
                 }
                 bs[i * Hv + h] = sigmoidf_(bv);
-                gs[i * Hv + h] = softplusf_(av + dt[h]) * A[h];
+                gs[i * Hv + h] = expf(softplusf_(av + dt[h]) * A[h]);   /* the decay e^g */
             }
         }
         /* the conv, from the current state into the next copy */

@@ -67,3 +67,13 @@ def test_required_grammar(tok, reply, ours):  # noqa: F811
         assert matches(g, tok, reply) == bool(ours[parallel]), parallel
     if any(ours):
         assert parse_tool_calls(reply, "qwen3_coder", SCHEMAS)[0]
+
+
+def test_a_prompt_that_opens_the_reasoning(tok):  # noqa: F811
+    """Qwen3.5's template ends its generation prompt with <think> when thinking: the reply is read from inside the
+    reasoning, and a constrained one continues it to </think> before the call."""
+    tc = ToolCalls.of_request(TOOLS, "required", QWEN35_TEMPLATE_PART + "<think>", tokenizer=tok)
+    tc.after_prompt("<|im_start|>assistant\n<think>\n")
+    assert tc.opened
+    assert matches(tc.grammar, tok, "The weather.\n</think>\n\n" + W)
+    assert tc.message("The weather.\n</think>\n\n" + W)["reasoning_content"].strip() == "The weather."

@@ -154,6 +154,28 @@ def test_gemma4_arguments_are_an_object(tok):
     assert not matches(g, tok, "<|tool_call>call:todo{todos:[1]}<tool_call|>")
 
 
+def test_gemma4_optional_keys(tok):
+    """An object with optional keys: the required ones always, in the schema's order with the optional ones present or
+    not, no key twice, none unknown (the form llama.cpp's JSON-schema grammars give objects); all optional: {} too."""
+    props = {"q": {"type": "string"}, "n": {"type": "integer"}, "lang": {"type": "string"}, "safe": {"type": "boolean"}}
+    g = call_grammar("gemma4", {"find": {"type": "object", "properties": props, "required": ["q", "lang"]}}, tok)
+    s = '<|"|>x<|"|>'
+
+    def call(body):
+        return matches(g, tok, "<|tool_call>call:find{" + body + "}<tool_call|>")
+    for body in (f"q:{s},lang:{s}", f"q:{s},n:3,lang:{s}", f"q:{s},lang:{s},safe:true",
+                 f"q:{s},n:1,lang:{s},safe:false"):
+        assert call(body), body
+    for body in (f"q:{s}", f"lang:{s}", "", f"lang:{s},q:{s}", f"q:{s},q:{s},lang:{s}", f"q:{s},lang:{s},n:2",
+                 f"q:{s},lang:{s},x:1", f"q:{s},,lang:{s}", f",q:{s},lang:{s}", f"q:{s},lang:{s},"):
+        assert not call(body), body
+    g = call_grammar("gemma4", {"find": {"type": "object", "properties": props}}, tok)
+    for body in ("", "n:1", f"lang:{s},safe:true", f"q:{s},n:1,lang:{s},safe:false"):
+        assert call(body), body
+    for body in (",", "n:1,", ",n:1", "safe:true,n:1", "n:1,n:1"):
+        assert not call(body), body
+
+
 def test_named_tool_and_syntax_of_the_template(tok):
     """A named tool allows that one only; the syntax is the template's (a template without tools: the generic bare
     object, as before)."""
@@ -168,12 +190,32 @@ def test_named_tool_and_syntax_of_the_template(tok):
     assert msg["tool_calls"][0]["function"]["name"] == "add" and msg["content"] is None
 
 
+def test_prompt_opened_reasoning(tok):
+    """A prompt that ends inside the reasoning (hermes' <think>, Gemma 4's thought channel): a forced reply continues
+    it to its close before the call (no call straight away), and the reasoning is read as reasoning_content."""
+    for syntax, source, prompt, thought in (
+            ("hermes", "{{ tools }}<tool_call><think>", "<|im_start|>assistant\n<think>\n", "Sum it.\n</think>\n\n"),
+            ("gemma4", "{{ tools }}<|tool_call>call:", "<|turn>model\n<|channel>thought", "\nSum it.<channel|>")):
+        tc = ToolCalls.of_request(TOOLS, "required", source, tok)
+        call = f"<tool_call>{A}</tool_call>" if syntax == "hermes" else G4A
+        assert tc.syntax == syntax and matches(tc.grammar, tok, call)
+        tc.after_prompt(prompt)
+        assert tc.opened and matches(tc.grammar, tok, thought + call), syntax
+        assert not matches(tc.grammar, tok, call), syntax
+        msg = tc.message(thought + call)
+        assert msg["reasoning_content"].strip() == "Sum it." and msg["content"] is None, syntax
+        assert msg["tool_calls"][0]["function"]["name"] == "add"
+        tc.after_prompt(prompt + ("</think>\n\n" if syntax == "hermes" else "<channel|>"))    # closed: as before
+        assert not tc.opened
+
+
 # ------------------------------------------------------------------ end to end through /v1/chat/completions
 HERMES_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }} "
                    "Answer with <tool_call>...</tool_call><|im_end|>\n{% endif %}"
                    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                    "{% endfor %}<|im_start|>assistant\n"
-                   "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
+                   "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+                   "{% if open_think is defined and open_think %}<think>\n{% endif %}")   # as Qwen3-Thinking's
 ONE_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}},
     TOOLS[1]]
@@ -259,6 +301,12 @@ def test_hermes_required_and_named_end_to_end(hermes_llm, monkeypatch, stream):
         msg, finish = chat(http, {**body, "tool_choice": "required"})
         assert finish == "tool_calls" and calls_of(msg) == [("get_weather", {"city": "Paris"})]
         assert msg["reasoning_content"].strip() == "Let me see." and not msg.get("content")
+        # a prompt that opens <think> (Qwen3-Thinking's template): the reply goes on reasoning, closes it, then calls
+        reply["ids"] = llm.tokenize("Let me see.\n</think>\n\n" + text, add_bos=False)
+        for choice in ("required", "auto"):
+            msg, finish = chat(http, {**body, "tool_choice": choice, "chat_template_kwargs": {"open_think": True}})
+            assert finish == "tool_calls" and calls_of(msg) == [("get_weather", {"city": "Paris"})], choice
+            assert msg["reasoning_content"].strip() == "Let me see." and not msg.get("content"), choice
         # (and an "auto" reply alike, its reasoning streamed as it comes)
         reply["ids"] = llm.tokenize("<think>\nLet me see.\n</think>\n\nChecking." + text, add_bos=False)
         msg, finish = chat(http, {**body, "tool_choice": "auto"})

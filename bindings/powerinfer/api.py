@@ -1074,11 +1074,13 @@ class PowerInfer:
         if tc is not None:
             if g is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")
-            g = tc.grammar            # None for tool_choice "auto": read afterwards (powerinfer.tools)
         kwargs = dict(chat_template_kwargs or {})
         if tc is not None:
             messages = self.tool_messages(messages, tc, kwargs)
         prompt_text, tokens, extra_stops, stop_ids = self.chat_prompt(messages, **kwargs)
+        if tc is not None:
+            tc.after_prompt(prompt_text)
+            g = tc.grammar            # None for tool_choice "auto": read afterwards (powerinfer.tools)
         reasoning = splitter_for(reasoning_format or self.reasoning_format, prompt_text)
         n_lp = (top_logprobs or 0) if logprobs else None
         task = self.make_task(tokens, max_tokens=None if max_tokens is None or max_tokens <= 0 else max_tokens,

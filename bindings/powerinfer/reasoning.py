@@ -42,8 +42,16 @@ def splitter_for(fmt: str, prompt: str) -> "ReasoningSplitter | HarmonySplitter 
     if prompt.rstrip().endswith(HARMONY_START):
         return HarmonySplitter()
     if GEMMA4_TURN in prompt and GEMMA4_TURN_END in prompt:
-        return Gemma4Splitter(prompt.rstrip().endswith(GEMMA4_OPEN + GEMMA4_THOUGHT))
-    return ReasoningSplitter(prompt_opens_thinking(prompt))
+        return Gemma4Splitter(prompt_opens_reasoning(prompt, "gemma4"))
+    return ReasoningSplitter(prompt_opens_reasoning(prompt, "hermes"))
+
+
+def prompt_opens_reasoning(prompt: str, syntax: str) -> bool:
+    """Whether a rendered chat prompt ends inside the reasoning of a tool-call syntax (powerinfer.tools): hermes'
+    <think> (Qwen3-Thinking's template opens it), Gemma 4's thought channel."""
+    if syntax in ("hermes", "qwen3_coder"):     # (qwen3_coder: Qwen3.5's XML calls, its <think> hermes')
+        return prompt_opens_thinking(prompt)
+    return syntax == "gemma4" and prompt.rstrip().endswith(GEMMA4_OPEN + GEMMA4_THOUGHT)
 
 
 def prompt_opens_thinking(prompt: str) -> bool:

@@ -21,9 +21,10 @@ tool_choice "required" (any of the tools) and {"type": "function", "function": {
 call in the same syntax, as llama.cpp's chat code does for "required" (common/chat.cpp, common/parsers/):
 `call_grammar` writes an llguidance Lark grammar of the syntax's markers (the vocabulary's special tokens where they
 are ones: grammar.lark_literal), the allowed tools' names, their arguments against each tool's parameters schema
-(`%json`; Gemma 4's value syntax built from the schema), the reasoning the format lets come first
-(`<think>...</think>` where the template has it, harmony's analysis messages, Gemma 4's thought channel), and with
-parallel_tool_calls several calls where the syntax has them (hermes, mistral, gemma4). "none" leaves the tools out.
+(`%json`; Gemma 4's value syntax built from the schema, an object's keys in its order, the required ones always),
+the reasoning the format lets come first (`<think>...</think>` where the template has it, harmony's analysis
+messages, Gemma 4's thought channel), and with parallel_tool_calls several calls where the syntax has them (hermes,
+mistral, gemma4). "none" leaves the tools out.
 Templates without a call syntax ("generic") get the bare {"name", "arguments"} object by its JSON schema.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ import re
 import uuid
 
 from .grammar import Grammar, GrammarError, lark_json, lark_literal
-from .reasoning import Gemma4Splitter, HarmonySplitter, ReasoningSplitter
+from .reasoning import Gemma4Splitter, HarmonySplitter, ReasoningSplitter, prompt_opens_reasoning
 from .request import RequestError
 
 __all__ = ["ToolCalls", "call_grammar", "parse_tool_calls", "syntax_of", "tools_system_message"]
@@ -124,10 +125,11 @@ def _gemma4_value(text: str, i: int):
     return json.loads(m.group()), m.end()
 
 
-def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
+def parse_tool_calls(text: str, syntax: str, names, opened: bool = False) -> tuple[list[dict], str]:
     """([{"name", "arguments": dict}], the text outside the calls) of a reply in `syntax`; a call whose tool is
     not among `names` or whose JSON does not parse stays in the text. names: the tools' names, or {name: parameters
-    schema} (qwen3_coder's XML values are typed by it)."""
+    schema} (qwen3_coder's XML values are typed by it). opened: the prompt opened the reasoning (the reply begins
+    inside it: `prompt_opens_reasoning`)."""
     names_schemas = names if isinstance(names, dict) else {n: {} for n in names}
     names = set(names)
     calls: list[dict] = []
@@ -211,7 +213,7 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
         pos = b
     content += text[pos:]
     if syntax in _CHANNELS:        # the rest's answer (its reasoning: ToolCalls.plain)
-        content = _channels_split(text=content, syntax=syntax)[1]
+        content = _channels_split(content, syntax, opened)[1]
     return calls, content.strip()
 
 
@@ -219,10 +221,12 @@ def parse_tool_calls(text: str, syntax: str, names) -> tuple[list[dict], str]:
 # splitter that takes them apart
 _CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter, "hermes": ReasoningSplitter,
              "qwen3_coder": ReasoningSplitter}
+# those whose reasoning a prompt may open, the reply then beginning inside it (reasoning.prompt_opens_reasoning)
+_OPENABLE = ("hermes", "gemma4", "qwen3_coder")
 
 
-def _channels_split(text: str, syntax: str) -> tuple[str, str]:
-    s = _CHANNELS[syntax]()
+def _channels_split(text: str, syntax: str, opened: bool = False) -> tuple[str, str]:
+    s = _CHANNELS[syntax](opened) if syntax in _OPENABLE else _CHANNELS[syntax]()
     r, c = s.feed(text)
     r2, c2 = s.finish()
     return r + r2, c + c2
@@ -244,15 +248,26 @@ def _tool_name(t, i: int) -> tuple[str, dict]:
 class ToolCalls:
     """The tools of one request and the grammar of its reply."""
 
-    def __init__(self, tools: list, names: list[str], grammar: Grammar | None, syntax: str = "generic"):
+    def __init__(self, tools: list, names: list[str], grammar: Grammar | None, syntax: str = "generic",
+                 schemas: dict | None = None, tokenizer=None, parallel: bool = False):
         self.tools = tools
         self.names = names
         self.grammar = grammar          # None: tool_choice "auto" (the reply is read afterwards, in `syntax`)
         self.syntax = syntax
+        self.opened = False             # the rendered prompt opened the reasoning (`after_prompt`)
+        self._remake = (schemas, tokenizer, parallel)
 
     @property
     def auto(self) -> bool:
         return self.grammar is None
+
+    def after_prompt(self, prompt: str) -> None:
+        """Takes the rendered prompt: where it ends inside the reasoning (`prompt_opens_reasoning`) the reply is read
+        from inside it and a constrained reply continues the reasoning to its close before the call."""
+        self.opened = prompt_opens_reasoning(prompt, self.syntax)
+        schemas, tokenizer, parallel = self._remake
+        if self.opened and not self.auto:
+            self.grammar = call_grammar(self.syntax, schemas, tokenizer, parallel=parallel, opened=True)
 
     def hold_from(self, text: str) -> int:
         """Where a call may begin in a reply so far: the first marker of the syntax, or a tail that may grow into one
@@ -299,19 +314,19 @@ class ToolCalls:
             g = call_grammar(syntax, {n: schemas[n] for n in names}, tokenizer, parallel=parallel, think=think)
         except GrammarError as e:
             raise RequestError(f"a tool's parameters schema is not usable: {e}", param="tools") from None
-        return cls(tools, names, g, syntax)
+        return cls(tools, names, g, syntax, {n: schemas[n] for n in names}, tokenizer, parallel)
 
     def live_splitter(self):
         """A splitter the reasoning of a streamed "auto" reply goes through as it comes, its content then held where a
         call may begin (Gemma 4's thought channel, hermes' <think>; None: the whole reply is held from its first
         marker)."""
-        return _CHANNELS[self.syntax]() if self.syntax in ("gemma4", "hermes", "qwen3_coder") else None
+        return _CHANNELS[self.syntax](self.opened) if self.syntax in _OPENABLE else None
 
     def plain(self, text: str) -> tuple[str, str]:
         """(reasoning, content) of an "auto" reply that holds no call: harmony's / Gemma 4's channels apart, else the
         text."""
         if self.syntax in _CHANNELS:
-            r, c = _channels_split(text, self.syntax)
+            r, c = _channels_split(text, self.syntax, self.opened)
             return r, c.strip()
         return "", text.strip()
 
@@ -319,7 +334,7 @@ class ToolCalls:
         """The assistant message of a reply (None if the text holds no call: a cut-off constrained reply, or an
         "auto" reply that answers in text)."""
         schemas = {n: s for n, s in (_tool_name(t, i) for i, t in enumerate(self.tools)) if n in self.names}
-        calls, content = parse_tool_calls(text, self.syntax, schemas)
+        calls, content = parse_tool_calls(text, self.syntax, schemas, self.opened)
         if not calls:
             return None
         msg = {"role": "assistant", "content": content or None, "tool_calls": [{
@@ -385,19 +400,32 @@ def _gemma4_term(r: _LarkRules, schema) -> str:
     props = schema.get("properties")
     if kind == "object" and isinstance(props, dict) and props:
         pairs = [f"{json.dumps(k + ':', ensure_ascii=False)} {_gemma4_term(r, v)}" for k, v in props.items()]
-        if set(props) <= set(schema.get("required") or []):
-            return '"{" ' + ' "," '.join(pairs) + ' "}"'
-        pair = "(" + " | ".join(pairs) + ")"
-        return f'"{{" ({pair} ("," {pair})*)? "}}"'
+        return '"{" ' + _ordered_keys(r, pairs, [k in (schema.get("required") or []) for k in props]) + ' "}"'
     return "g4_dict" if kind == "object" else "g4_value"
 
 
-def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = False, think: bool = False) -> Grammar:
+def _ordered_keys(r: _LarkRules, pairs: list[str], required: list[bool]) -> str:
+    """A Lark term for the comma-separated key:value pairs of an object in the schema's order, every required one
+    present and each optional one present or not (as llama.cpp's JSON-schema grammars order properties). Two rules
+    per pair: from pair i on with nothing written yet (`first`) and after a pair (`rest`, a comma before each)."""
+    base = f"g4_obj{len(r.rules)}"
+    first, rest = "", ""                    # from past the last pair: nothing (first: no pair left to start with)
+    for i in range(len(pairs) - 1, -1, -1):
+        f, n = f"{base}_f{i}", f"{base}_n{i}"
+        r.rules[f] = f"{pairs[i]} {rest}".strip() + ("" if required[i] or not first else f" | {first}")
+        r.rules[n] = (f'"," {pairs[i]}' if required[i] else f'("," {pairs[i]})?') + f" {rest}".rstrip()
+        first, rest = f, n
+    return f"{first}?" if not any(required) else first
+
+
+def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = False, think: bool = False,
+                 opened: bool = False) -> Grammar:
     """The grammar of a reply that calls one of the tools {name: parameters schema} in `syntax` (the model's own
     call syntax, as llama.cpp's tool_choice "required" grammars: common/chat.cpp, common/parsers/), its markers the
     special tokens of `tokenizer`'s vocabulary where they are ones; parallel: one or more calls where the syntax has
     several (hermes, mistral, gemma4); think: a <think>...</think> may come first (hermes; harmony's analysis and
-    Gemma 4's thought channel always may)."""
+    Gemma 4's thought channel always may); opened: the prompt opened the reasoning (hermes' <think>, Gemma 4's thought
+    channel), the reply continues it to its close, then the call."""
     r = _LarkRules(tokenizer)
     many = "+" if parallel else ""
     names = list(schemas)
@@ -405,12 +433,14 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
         body = lark_json(_any_of([_call_schema(n, schemas[n]) for n in names]))
         r.rules["call"] = f"WS? {r.lit('<tool_call>')} WS? {body} WS? {r.lit('</tool_call>')}"
         start = f"call{many}"
+        if opened:
+            return r.grammar(f"{r.until('</think>')} WS? {start}")
         if think:
             r.rules["think"] = f"WS? {r.lit('<think>')} {r.until('</think>')} WS?"
             start = "think? " + start
         return r.grammar(start)
     if syntax == "qwen3_coder":
-        return _qwen3_coder_grammar(r, schemas, many, think)
+        return _qwen3_coder_grammar(r, schemas, many, think, opened)
     if syntax == "mistral":
         item = _any_of([_call_schema(n, schemas[n], id={"type": ["string", "number"]}) for n in names])
         array = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
@@ -443,7 +473,7 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
         tools = " | ".join(f"{json.dumps(n, ensure_ascii=False)} {'g4_dict' if t == 'g4_value' else t}"
                            for n, t in terms.items())
         r.rules["call"] = f'{r.lit("<|tool_call>")} "call:" ({tools}) {r.lit(GEMMA4_CALL_END)}'
-        return r.grammar(f"thought? call{many}")
+        return r.grammar(f"{r.until('<channel|>') if opened else 'thought?'} call{many}")
     # generic: the bare {"name", "arguments"} object the system message asks for
     return Grammar.from_json_schema(_any_of([_call_schema(n, schemas[n]) for n in names]))
 
@@ -492,7 +522,7 @@ def _qwen3_coder_calls(text: str, schemas: dict, calls: list, spans: list) -> No
         spans.append((m.start(), m.end()))
 
 
-def _qwen3_coder_grammar(r: "_LarkRules", schemas: dict, many: str, think: bool) -> Grammar:
+def _qwen3_coder_grammar(r: "_LarkRules", schemas: dict, many: str, think: bool, opened: bool = False) -> Grammar:
     """tool_choice required / named in the XML syntax: the required parameters in the schema's order, then any
     optional ones; a string parameter's value is any text up to its closing tag, another's JSON by its schema."""
     close = "\n</parameter>\n"
@@ -516,6 +546,8 @@ def _qwen3_coder_grammar(r: "_LarkRules", schemas: dict, many: str, think: bool)
         tools.append(f"q3c_tool_{i}")
     r.rules["call"] = f'{r.lit("<tool_call>")} "\\n" ({" | ".join(tools)}) {r.lit("</tool_call>")} WS?'
     start = f"call{many}"
+    if opened:                 # the prompt opened <think>: the reply continues it to its close, then the call
+        return r.grammar(f"{r.until('</think>')} WS? {start}")
     if think:
         r.rules["think"] = f"WS? {r.lit('<think>')} {r.until('</think>')} WS?"
         start = "think? " + start

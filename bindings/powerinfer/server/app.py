@@ -717,7 +717,6 @@ def build_routes(state: ServerState) -> list[Route]:
         if tc is not None:
             if s["grammar"] is not None:
                 raise RequestError("tools and a grammar / response_format cannot be combined", param="tools")
-            s["grammar"] = tc.grammar
         max_tokens = _cap(state, max_tokens_field(body, None) or -1)     # no max_tokens: until EOS / full slot
         logprobs = field(body, "logprobs", "bool", False)
         top_logprobs = field(body, "top_logprobs", "int", 0)
@@ -727,6 +726,9 @@ def build_routes(state: ServerState) -> list[Route]:
         if tc is not None:
             messages = llm.tool_messages(messages, tc, kwargs)
         prompt_text, tokens, extra_stops, stop_ids = await run_in_threadpool(llm.chat_prompt, messages, **kwargs)
+        if tc is not None:
+            tc.after_prompt(prompt_text)
+            s["grammar"] = tc.grammar
         reasoning = splitter_for(field(body, "reasoning_format", "str", llm.reasoning_format), prompt_text)
         stop = s.pop("stop")
         stop = ([stop] if isinstance(stop, str) else list(stop or [])) + extra_stops

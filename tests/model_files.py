@@ -889,4 +889,98 @@ def write_moe_arch_model(path, arch: str, seed: int = 0, dtype: str = "f32", met
     w = moe_arch_weights(arch, seed, c=c, **weight_opts) if weights is None else weights
     keys = moe_arch_keys(arch, c, weight_opts.get("step", 1), meta)
     write_gguf(path, arch, w, keys=lambda writer: add_moe_arch_keys(writer, arch, keys), dtype=dtype)
+# ------------------------------------------------------------------ qwen35 / qwen35moe / qwen3next (gated delta net)
+# Whole quant blocks along every row: n_embd 64, the delta net's C = 2 H_k S + H_v S = 256 and H_v S = 128 (attn_qkv's,
+# attn_gate's and ssm_out's), the gated q 2 n_head head_dim = 256, the FFN widths multiples of 32. Layers 0, 2, 4
+# recurrent, 1 and 3 full attention (full_attention_interval 2). H_v = 2 H_k: the two head maps (tiled: qwen35,
+# interleaved: qwen3next) differ.
+QWEN35 = dict(n_vocab=320, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=32, n_rot=8, n_layer=5, interval=2,
+              d_conv=4, d_state=32, n_group=2, dt_rank=4, n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64,
+              eps=1e-6, rope_base=10000000.0)
+
+
+def qwen35_weights(arch: str = "qwen35", seed: int = 0, c: dict = QWEN35) -> dict[str, np.ndarray]:
+    """Random weights in the layout llama.cpp's converter writes (conversion/qwen.py): recurrent layers attn_qkv
+    [n_embd, C], attn_gate [n_embd, H_v S], ssm_beta / ssm_alpha [n_embd, H_v] (qwen3next: one ssm_ba [n_embd, 2 H_v],
+    per key head its b then its a values), ssm_conv1d [d_conv, C], ssm_dt.bias, ssm_a (-exp(A_log)), ssm_norm [S],
+    ssm_out; full-attention layers attn_q [n_embd, 2 n_head hd] (each head's q then its gate), attn_k / attn_v,
+    attn_q_norm / attn_k_norm, attn_output; every layer attn_norm and post_attention_norm (the FFN's norm); the FFN
+    dense (qwen35) or experts with a gated shared expert (qwen35moe, qwen3next)."""
+    rng, mat, norm, bias = random_weights(seed)
+    E, S, Hk, Hv, hd, H, Hkv = c["n_embd"], c["d_state"], c["n_group"], c["dt_rank"], c["head_dim"], c["n_head"], \
+        c["n_head_kv"]
+    C = 2 * Hk * S + Hv * S
+    w = {"token_embd.weight": mat(c["n_vocab"], E) * np.float32(8.0), "output_norm.weight": norm(E),
+         "output.weight": mat(c["n_vocab"], E)}
+    for il in range(c["n_layer"]):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"], w[p + "post_attention_norm.weight"] = norm(E), norm(E)
+        if (il + 1) % c["interval"] != 0:
+            w[p + "attn_qkv.weight"], w[p + "attn_gate.weight"] = mat(C, E), mat(Hv * S, E)
+            if arch == "qwen3next":
+                w[p + "ssm_ba.weight"] = mat(2 * Hv, E) * np.float32(2.0)
+            else:
+                w[p + "ssm_beta.weight"] = mat(Hv, E) * np.float32(2.0)
+                w[p + "ssm_alpha.weight"] = mat(Hv, E) * np.float32(2.0)
+            w[p + "ssm_conv1d.weight"] = (rng.standard_normal((C, c["d_conv"])) * 0.5).astype(np.float32)
+            w[p + "ssm_dt.bias"] = bias(Hv) * np.float32(5.0)
+            w[p + "ssm_a"] = -np.exp(rng.uniform(-1.0, 1.0, Hv)).astype(np.float32)
+            w[p + "ssm_norm.weight"] = norm(S)
+            w[p + "ssm_out.weight"] = mat(E, Hv * S)
+        else:
+            w[p + "attn_q.weight"] = mat(2 * H * hd, E)
+            w[p + "attn_k.weight"], w[p + "attn_v.weight"] = mat(Hkv * hd, E), mat(Hkv * hd, E)
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(hd), norm(hd)
+            w[p + "attn_output.weight"] = mat(E, H * hd)
+        if arch == "qwen35":
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(c["n_ff"], E), mat(c["n_ff"], E)
+            w[p + "ffn_down.weight"] = mat(E, c["n_ff"])
+            continue
+        NE, Fe, Fs = c["n_expert"], c["n_ff_exp"], c["n_ff_shexp"]
+        w[p + "ffn_gate_inp.weight"] = mat(NE, E) * np.float32(3.0)
+        w[p + "ffn_gate_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_up_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_down_exps.weight"] = np.stack([mat(E, Fe) for _ in range(NE)])
+        w[p + "ffn_gate_inp_shexp.weight"] = bias(E) * np.float32(3.0)
+        w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"] = mat(Fs, E), mat(Fs, E)
+        w[p + "ffn_down_shexp.weight"] = mat(E, Fs)
+    return w
+
+
+def write_qwen35_model(path, arch: str = "qwen35", seed: int = 0, dtype: str = "f32",
+                       dtypes: dict[str, str] | None = None, meta: dict | None = None, weights: dict | None = None,
+                       c: dict = QWEN35, vocab=None) -> dict[str, np.ndarray]:
+    """A tiny qwen35 / qwen35moe / qwen3next file with the keys llama.cpp's converter writes (ssm.*,
+    full_attention_interval, rope.dimension_sections for Qwen3.5's M-RoPE, the experts' widths); meta: {key: value}
+    replacing or adding keys (None: left out; lists: arrays of INT32 or BOOL)."""
+    w = qwen35_weights(arch, seed, c) if weights is None else weights
+    keys = {"context_length": 1024, "embedding_length": c["n_embd"], "block_count": c["n_layer"],
+            "feed_forward_length": c["n_ff"], "attention.head_count": c["n_head"],
+            "attention.head_count_kv": c["n_head_kv"], "attention.key_length": c["head_dim"],
+            "attention.value_length": c["head_dim"], "attention.layer_norm_rms_epsilon": c["eps"],
+            "rope.freq_base": c["rope_base"], "rope.dimension_count": c["n_rot"],
+            "ssm.conv_kernel": c["d_conv"], "ssm.state_size": c["d_state"], "ssm.group_count": c["n_group"],
+            "ssm.time_step_rank": c["dt_rank"], "ssm.inner_size": c["dt_rank"] * c["d_state"],
+            "full_attention_interval": c["interval"], "vocab_size": c["n_vocab"]}
+    if arch != "qwen3next":
+        keys["rope.dimension_sections"] = c.get("sections", [2, 1, 1, 0])
+    if arch != "qwen35":
+        keys.update({"expert_count": c["n_expert"], "expert_used_count": c["n_expert_used"],
+                     "expert_feed_forward_length": c["n_ff_exp"],
+                     "expert_shared_feed_forward_length": c["n_ff_shexp"]})
+    keys.update(meta or {})
+
+    def add_keys(writer):
+        for key, value in keys.items():
+            if value is None:
+                continue
+            if isinstance(value, list):
+                et = VT.BOOL if value and isinstance(value[0], bool) else VT.INT32
+                writer.add_key_value(f"{arch}.{key}", value, VT.ARRAY, sub_type=et)
+                continue
+            vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
+            writer.add_key_value(f"{arch}.{key}", value, vt)
+        add_vocab(writer, *(vocab or synthetic_vocab(c["n_vocab"])))
+    # the conv kernel stays f32 in every file type (as the converter and llama-quantize keep it)
+    write_gguf(path, arch, w, keys=add_keys, dtype=dtype, dtypes={"ssm_conv1d": "f32", **(dtypes or {})})
     return w

@@ -76,6 +76,8 @@ import numpy as np
 
 from gguf import GGUFReader
 
+import reference_qwen35
+
 # ggml type ids (kept numeric on purpose: independent of gguf's enum)
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16, GGML_MXFP4 = 0, 1, 2, 8, 30, 39
 
@@ -257,6 +259,7 @@ NEOX_ARCHS += ("exaone4", "seed_oss", "hunyuan-dense", "exaone", "apertus")
 MOE_ARCHS = ("glm4moe", "dots1", "bailingmoe2", "ernie4_5-moe", "hunyuan-moe", "olmoe")
 ARCHS += MOE_ARCHS
 NEOX_ARCHS += ("glm4moe", "dots1", "bailingmoe2", "hunyuan-moe", "olmoe")
+ARCHS += reference_qwen35.ARCHS     # hybrid gated delta net + gated attention (reference_qwen35.py)
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -458,6 +461,9 @@ class ReferenceModel:
         if arch == "deepseek2":
             self._deepseek2_setup(m)
         self._moe_arch_setup(m)
+        self.ssm = None
+        if arch in reference_qwen35.ARCHS:
+            reference_qwen35.setup(self, m)
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -909,6 +915,9 @@ class ReferenceModel:
             x += self.pos_embd[pos + 2]
         ple = self.per_layer_inputs(tokens, x)                        # gemma4 E2B / E4B, else None
         for li, L in enumerate(self.layers):
+            if self.ssm is not None:                                  # qwen35 / qwen35moe / qwen3next
+                x = reference_qwen35.layer(self, L, li, x, pos, all_pos, cache, trace)
+                continue
             h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias")) if "attn_norm" in L else x   # olmo2: none
             if self.arch == "falcon" or self.parallel:                # parallel attention and FFN
                 a_in = self.norm(x, L["attn_norm_2"], L["attn_norm_2.bias"]) if "attn_norm_2" in L else h

@@ -2051,6 +2051,7 @@ COVERED = {
     "pi_act_histogram_edge", "pi_act_channel_means",
     "pi_adapter_create", "pi_adapter_free", "pi_adapter_n_pairs", "pi_context_set_adapters",
     "pi_context_set_control_vector",
+    "pi_recurrent_pos", "pi_op_ssm_conv", "pi_op_gated_delta_net",   # tests/test_qwen35.py: test_bad_arguments
 }
 
 

@@ -453,6 +453,17 @@ class Context:
         check(lib.pi_kv_seq_state_set(self._ptr, seq, ffi.from_buffer(state), len(state), c, n), "kv_seq_set_state")
 
     @property
+    def recurrent(self) -> bool:
+        """Whether the model has recurrent layers (qwen35's gated delta nets): a sequence's state cannot drop positions
+        it has absorbed (kv_seq_rm of a tail raises; re-decode the whole sequence instead)."""
+        return self.model.recurrent
+
+    @_serialised
+    def recurrent_pos(self, seq: int = 0) -> int:
+        """The last position sequence seq's recurrent state has absorbed (-1: none, or no recurrent layers)."""
+        return int(lib.pi_recurrent_pos(self._ptr, seq))
+
+    @property
     @_serialised
     def kv_used(self) -> int:
         return int(lib.pi_kv_used_cells(self._ptr))

@@ -243,6 +243,14 @@ class Engine:
         self.ctx = ctx
         self.tokenizer = tokenizer
         self.n_slots = n_slots
+        self.recurrent = ctx.recurrent      # recurrent layers (qwen35): no tail of a sequence can be removed
+        if self.recurrent and drafter is not None:
+            raise ValueError("speculative decoding is not supported for models with recurrent layers (qwen35, "
+                             "qwen3next): a rejected draft cannot be removed from the recurrent state")
+        if self.recurrent and regions:
+            # the regions' filler tokens would enter the slots' recurrent states: the slots share the context
+            log.info("recurrent model: the slots share the context (no regions)")
+            regions = False
         self.regions = regions
         self.timings = timings or Timings()
         self.n_ctx_slot = ctx.n_ctx // n_slots if regions else ctx.n_ctx
@@ -315,6 +323,9 @@ class Engine:
         bad = next((t for t in task.params.logit_bias if t >= vocab), None)
         if bad is not None:
             raise RequestError(f"logit_bias token {bad} is out of range [0, {vocab})", param="logit_bias")
+        if self.recurrent and task.speculative is not None and task.speculative.n_max > 0:
+            raise RequestError("speculative decoding is not supported for models with recurrent layers (qwen35, "
+                               "qwen3next)", param="speculative")
 
     def _check_images(self, task: Task) -> None:
         """A prompt with image rows (powerinfer.multimodal placeholders; task.images: {hash: embeddings}): each image
@@ -479,11 +490,15 @@ class Engine:
         n = len(tokens)
         with self.lock:
             s = self._idle_slot(sid)
-            if not self.regions and self.n_slots > 1:
+            shared = not self.regions and self.n_slots > 1
+            if shared and not self.recurrent:
                 raise RequestError("this engine's slots share the context: no slot restore", code=501, status=501,
                                    type="not_supported_error")
-            if not self.regions:
-                self.ctx.kv_clear()
+            if not self.regions:   # (a recurrent model's slots share the context: the slot's sequence is replaced)
+                if shared:
+                    self.ctx.kv_seq_rm(sid, 0, -1)
+                else:
+                    self.ctx.kv_clear()
                 s.hw, s.cache = 0, []
             if n > s.n_ctx:
                 raise RequestError(f"the saved slot holds {n} tokens, more than a slot's context ({s.n_ctx})")
@@ -496,14 +511,18 @@ class Engine:
             if not np.array_equal(positions, np.arange(n)):
                 raise RequestError("invalid slot file: its KV state does not hold positions 0..n-1 of its tokens")
             try:
-                self.ctx.kv_seq_set_state(sid, state, cells=range(sid * s.n_ctx, sid * s.n_ctx + n))
+                self.ctx.kv_seq_set_state(sid, state, cells=None if shared else range(sid * s.n_ctx,
+                                                                                      sid * s.n_ctx + n))
             except PowerInferError as e:
                 raise RequestError(f"invalid slot file: {e}") from None
             s.cache, s.hw = list(tokens), max(s.hw, n)
             s.cache_lora = self.lora        # saved under the adapters of the engine's requests, as far as it knows
             if keep is not None and keep < n:
                 s.cache = s.cache[:max(keep, 0)]
-                if not self.regions:        # no stale cells without regions
+                if self.recurrent:          # the state cannot drop the tail: the slot starts over
+                    self.ctx.kv_seq_rm(sid, 0, -1)
+                    s.cache, s.hw = [], 0
+                elif not self.regions:      # no stale cells without regions
                     self.ctx.kv_seq_rm(sid, len(s.cache), -1)
                     s.hw = len(s.cache)
 
@@ -529,6 +548,7 @@ class Engine:
             if len(full) > s.n_ctx:
                 raise ContextLengthExceeded(f"Requested tokens ({len(full)}) exceed context window of {s.n_ctx}")
             n = common_prefix(s.cache, prefix) if s.cache_lora == self.lora else 0
+            n = self._recurrent_reuse(s, n)
             todo, first = full[n:], len(prefix) - n       # todo[first:] are `tokens`
             self.ctx.set_lora(self.lora)
             if n < s.hw:
@@ -642,7 +662,7 @@ class Engine:
             if self.prompt_cache is not None:
                 best_n = self._through_prompt_cache(slot, task, lora, best_n)
             n_reuse = min(best_n, len(task.prompt_tokens) - 1) if task.cache_prompt else 0
-            n_reuse = max(n_reuse, 0)
+            n_reuse = self._recurrent_reuse(slot, max(n_reuse, 0))
             slot.reset_request()
             slot.task = task
             slot.n_past = n_reuse
@@ -890,6 +910,15 @@ class Engine:
         self._lora_turn += 1
         return sets[self._lora_turn % len(sets)]
 
+    def _recurrent_reuse(self, s: _Slot, n: int) -> int:
+        """How many of slot s's cached tokens a request may keep (n: the common prefix): n itself, except on a
+        model with recurrent layers, whose state holds every token the slot evaluated as one whole: there only all
+        of them (n is exactly what the state absorbed), else none (the sequence is evaluated again from the start;
+        the next decode removes it whole)."""
+        if not self.recurrent or n == 0 or n == self.ctx.recurrent_pos(s.id) + 1:
+            return n
+        return 0
+
     def _draft(self, s: _Slot, budget: int) -> list[int]:
         """Draft tokens to evaluate after generating slot s's last token: at most the request's n_max, the batch's
         budget, the room left in the slot's context and the tokens it may still sample; none below n_min."""
@@ -1030,6 +1059,8 @@ class Engine:
         tokens and `tok`; the cells after the first n_keep are dropped and the rest is evaluated again
         (the core cannot move cached keys to new positions), then generation goes on."""
         kept, n_keep = shift_tokens(s.cache[:s.n_past] + [tok], s.task.n_keep, s.n_ctx)
+        if self.recurrent:   # the recurrent state cannot drop the discarded tokens: every kept token again
+            n_keep = 0
         self.ctx.kv_seq_rm(s.id, n_keep, -1)
         s.cache = s.cache[:n_keep]
         s.n_past = s.hw = n_keep

@@ -13,6 +13,7 @@ from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
 from .moe_archs import MOE_ARCHS, WEIGHTS_SCALE_ARCHS, moe_arch_hparams, moe_arch_views, moe_layers
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo, open_gguf
+from . import qwen35 as qwen35_arch
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
 
@@ -50,6 +51,8 @@ _LLAMA_BLOCK_ARCHS = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAM
                  "apertus": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_LLAMA_BLOCK_ARCHS)
 _ARCHS.update(MOE_ARCHS)        # glm4moe, ernie4_5-moe, olmoe: llama's blocks with experts (moe_archs.py)
+# hybrid gated delta net + gated attention models (powerinfer.qwen35)
+_ARCHS.update({a: lib.PI_ARCH_QWEN2 for a in qwen35_arch.ARCHS})
 # those whose attn_output.bias llama.cpp adds where the file has one
 _OUT_BIAS_ARCHS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
@@ -149,6 +152,14 @@ class HParams:
     n_expert_groups: int = 0        # > 1: expert groups, n_group_used of them compete per token (expert_group_count)
     n_group_used: int = 0
     n_moe_layer_step: int = 0       # ernie4_5-moe: layers il >= n_layer_dense_lead, (il + 1) % step == 0 have experts
+    # qwen35 / qwen35moe / qwen3next (powerinfer.qwen35): gated delta net layers (LayerGeom.recurrent) and gated q
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_n_group: int = 0
+    ssm_head_interleave: bool = False
+    attn_output_gate: bool = False
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -173,6 +184,7 @@ class LayerGeom:
     n_ff: int
     is_local: bool
     kv_source: int      # the layer itself, or the earlier layer whose KV cache it reads (gemma4's shared KV layers)
+    recurrent: bool = False   # a gated delta net layer (qwen35): a recurrent state, no KV cache
 
 
 def _gemma4_moe(path, get, as_int) -> dict:
@@ -544,6 +556,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(rope_mode="neox", qk_norm=2, post_norms=True, post_norms_only=True, n_swa=n_swa,
                      swa_pattern=swa_pattern(4) if n_swa else 0,
                      rope_freq_base_swa=swa_rope_base(), rope_freq_scale_swa=1.0)
+    elif arch in qwen35_arch.ARCHS:
+        n_layer_q35 = as_int("block_count", get("block_count", required=True))
+        extra.update(qwen35_arch.hparams(path, arch, get, as_int, n_layer_q35, head_dim, n_rot,
+                                         as_int("feed_forward_length", get("feed_forward_length", 0)),
+                                         n_head_kv, ModelLoadError, LayerGeom))
     elif arch == "smollm3":
         extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
     elif arch == "glm4":
@@ -680,9 +697,11 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
             extra.update(expert_raw_weights=True, n_ff_shexp=as_int(
                 "expert_shared_feed_forward_length",
                 get("expert_shared_feed_forward_length", get("feed_forward_length", required=True))))
+        elif arch in qwen35_arch.ARCHS:
+            extra.update(qwen35_arch.moe(path, arch, get, as_int, as_int(n_ff_key, get(n_ff_key, required=True))))
         elif get("expert_shared_feed_forward_length", 0):   # granitemoe's shared variant: no gate
             extra["n_ff_shexp"] = as_int("expert_shared_feed_forward_length", get("expert_shared_feed_forward_length"))
-    elif arch in ("qwen3moe", "granitemoe", "gpt-oss", "qwen2moe"):
+    elif arch in ("qwen3moe", "granitemoe", "gpt-oss", "qwen2moe", "qwen35moe", "qwen3next"):
         raise ModelLoadError(f"{path}: {arch} without {arch}.expert_count")
     return HParams(
         arch=arch, n_vocab=len(tokens),
@@ -1044,10 +1063,14 @@ class Model:
             p.attn_scale = rope_settings.mla_attn_scale(hp)
         p.expert_sigmoid, p.n_expert_groups = int(hp.expert_sigmoid), hp.n_expert_groups
         p.n_group_used = hp.n_group_used
+        p.ssm_d_conv, p.ssm_d_inner, p.ssm_d_state = hp.ssm_d_conv, hp.ssm_d_inner, hp.ssm_d_state
+        p.ssm_dt_rank, p.ssm_n_group = hp.ssm_dt_rank, hp.ssm_n_group
+        p.ssm_head_interleave, p.attn_output_gate = int(hp.ssm_head_interleave), int(hp.attn_output_gate)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),
-                                                      g.kv_source, int(m)) for g, m in zip(hp.layer_geom, moe)])
+                                                      g.kv_source, int(m), int(g.recurrent))
+                                                     for g, m in zip(hp.layer_geom, moe)])
             desc.layers = self._geom
         desc.no_repack = 0 if self.repack else 1
         out = ffi.new("pi_model **")
@@ -1080,6 +1103,11 @@ class Model:
         """A tensor of the file dequantized to float32, numpy shape = ne reversed (KeyError where the file has none;
         ModelLoadError for a type this build cannot read)."""
         return dequantized(self.path, self.file.tensors[name])
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layers are recurrent (qwen35 / qwen35moe / qwen3next: gated delta nets)."""
+        return any(getattr(g, "recurrent", False) for g in self.hparams.layer_geom)
 
     @property
     def n_packed_ffn(self) -> int:

@@ -49,7 +49,7 @@ def splitter_for(fmt: str, prompt: str) -> "ReasoningSplitter | HarmonySplitter 
 def prompt_opens_reasoning(prompt: str, syntax: str) -> bool:
     """Whether a rendered chat prompt ends inside the reasoning of a tool-call syntax (powerinfer.tools): hermes'
     <think> (Qwen3-Thinking's template opens it), Gemma 4's thought channel."""
-    if syntax == "hermes":
+    if syntax in ("hermes", "qwen3_coder"):     # (qwen3_coder: Qwen3.5's XML calls, its <think> hermes')
         return prompt_opens_thinking(prompt)
     return syntax == "gemma4" and prompt.rstrip().endswith(GEMMA4_OPEN + GEMMA4_THOUGHT)
 

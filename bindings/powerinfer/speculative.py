@@ -147,6 +147,9 @@ class DraftModel(Drafter):
     def __init__(self, ctx: Context, *, p_min: float = 0.75, n_vocab: int | None = None):
         if not 0.0 <= p_min <= 1.0:
             raise ValueError(f"draft p_min must be in [0, 1], got {p_min}")
+        if ctx.recurrent:
+            raise ValueError("a draft model with recurrent layers (qwen35, qwen3next) is not supported: its state "
+                             "cannot drop the rejected drafts")
         self.ctx = ctx
         self.p_min = p_min
         self.n_vocab = n_vocab or ctx.model.n_vocab

@@ -39,10 +39,11 @@ from .request import RequestError
 
 __all__ = ["ToolCalls", "call_grammar", "parse_tool_calls", "syntax_of", "tools_system_message"]
 
-SYNTAXES = ("hermes", "mistral", "llama3", "harmony", "gemma4", "generic")
+SYNTAXES = ("hermes", "qwen3_coder", "mistral", "llama3", "harmony", "gemma4", "generic")
 # where a call may begin, per syntax: a streamed "auto" reply holds its text back from the first of these (harmony:
 # from its first marker, i.e. the whole reply, whose channels are read at its end)
-CALL_MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>", "{"),
+CALL_MARKERS = {"hermes": ("<tool_call>",), "qwen3_coder": ("<tool_call>",),
+                "mistral": ("[TOOL_CALLS]",), "llama3": ("<|python_tag|>", "{"),
                 "harmony": ("<|",), "gemma4": ("<|tool_call>",), "generic": ("{",)}
 _HARMONY_CALL = re.compile(r"to=functions\.([^\s<]+)")
 GEMMA4_CALL, GEMMA4_CALL_END, GEMMA4_QUOTE = "<|tool_call>call:", "<tool_call|>", '<|"|>'
@@ -56,6 +57,8 @@ def syntax_of(template_source: str | None) -> str:
         return "harmony"
     if GEMMA4_CALL in src:
         return "gemma4"
+    if "<tool_call>" in src and "<function=" in src and "<parameter=" in src:   # Qwen3.5, Qwen3-Coder (XML)
+        return "qwen3_coder"
     if "<tool_call>" in src:
         return "hermes"
     if "[TOOL_CALLS]" in src:
@@ -124,8 +127,10 @@ def _gemma4_value(text: str, i: int):
 
 def parse_tool_calls(text: str, syntax: str, names, opened: bool = False) -> tuple[list[dict], str]:
     """([{"name", "arguments": dict}], the text outside the calls) of a reply in `syntax`; a call whose tool is
-    not among `names` or whose JSON does not parse stays in the text. opened: the prompt opened the reasoning (the
-    reply begins inside it: `prompt_opens_reasoning`)."""
+    not among `names` or whose JSON does not parse stays in the text. names: the tools' names, or {name: parameters
+    schema} (qwen3_coder's XML values are typed by it). opened: the prompt opened the reasoning (the reply begins
+    inside it: `prompt_opens_reasoning`)."""
+    names_schemas = names if isinstance(names, dict) else {n: {} for n in names}
     names = set(names)
     calls: list[dict] = []
     spans: list[tuple[int, int]] = []
@@ -143,7 +148,9 @@ def parse_tool_calls(text: str, syntax: str, names, opened: bool = False) -> tup
                 return True
         return False
 
-    if syntax == "hermes":
+    if syntax == "qwen3_coder":
+        _qwen3_coder_calls(text, names_schemas, calls, spans)
+    elif syntax == "hermes":
         pos = 0
         while (a := text.find("<tool_call>", pos)) >= 0:
             b = text.find("</tool_call>", a)
@@ -212,9 +219,10 @@ def parse_tool_calls(text: str, syntax: str, names, opened: bool = False) -> tup
 
 # syntaxes whose replies carry their reasoning apart (channels, or Qwen3's <think>...</think> before a hermes call): the
 # splitter that takes them apart
-_CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter, "hermes": ReasoningSplitter}
+_CHANNELS = {"harmony": HarmonySplitter, "gemma4": Gemma4Splitter, "hermes": ReasoningSplitter,
+             "qwen3_coder": ReasoningSplitter}
 # those whose reasoning a prompt may open, the reply then beginning inside it (reasoning.prompt_opens_reasoning)
-_OPENABLE = ("hermes", "gemma4")
+_OPENABLE = ("hermes", "gemma4", "qwen3_coder")
 
 
 def _channels_split(text: str, syntax: str, opened: bool = False) -> tuple[str, str]:
@@ -325,7 +333,8 @@ class ToolCalls:
     def message(self, text: str) -> dict | None:
         """The assistant message of a reply (None if the text holds no call: a cut-off constrained reply, or an
         "auto" reply that answers in text)."""
-        calls, content = parse_tool_calls(text, self.syntax, self.names, self.opened)
+        schemas = {n: s for n, s in (_tool_name(t, i) for i, t in enumerate(self.tools)) if n in self.names}
+        calls, content = parse_tool_calls(text, self.syntax, schemas, self.opened)
         if not calls:
             return None
         msg = {"role": "assistant", "content": content or None, "tool_calls": [{
@@ -430,6 +439,8 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
             r.rules["think"] = f"WS? {r.lit('<think>')} {r.until('</think>')} WS?"
             start = "think? " + start
         return r.grammar(start)
+    if syntax == "qwen3_coder":
+        return _qwen3_coder_grammar(r, schemas, many, think, opened)
     if syntax == "mistral":
         item = _any_of([_call_schema(n, schemas[n], id={"type": ["string", "number"]}) for n in names])
         array = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
@@ -465,6 +476,82 @@ def call_grammar(syntax: str, schemas: dict, tokenizer=None, parallel: bool = Fa
         return r.grammar(f"{r.until('<channel|>') if opened else 'thought?'} call{many}")
     # generic: the bare {"name", "arguments"} object the system message asks for
     return Grammar.from_json_schema(_any_of([_call_schema(n, schemas[n]) for n in names]))
+
+
+# Qwen3.5 / Qwen3-Coder's XML calls (llama.cpp's common/parsers/qwen3-coder.cpp):
+#   <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+# a value is the text itself where the parameter's schema is a string, else JSON (both allowed: JSON first)
+_Q3C_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*</tool_call>", re.S)
+_Q3C_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _param_types(schema: dict) -> set:
+    t = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return set(t)
+    subs = [x for k in ("anyOf", "oneOf") for x in (schema.get(k) or [])] if isinstance(schema, dict) else []
+    return set().union(*(_param_types(x) for x in subs)) if subs else set()
+
+
+def _qwen3_coder_value(text: str, schema: dict):
+    types = _param_types(schema)
+    if types == {"string"}:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        if types and "string" not in types:
+            raise
+        return text
+
+
+def _qwen3_coder_calls(text: str, schemas: dict, calls: list, spans: list) -> None:
+    for m in _Q3C_CALL.finditer(text):
+        name = m.group(1).strip()
+        if name not in schemas:
+            continue
+        props = (schemas[name] or {}).get("properties", {}) if isinstance(schemas[name], dict) else {}
+        try:
+            args = {p.group(1).strip(): _qwen3_coder_value(p.group(2), props.get(p.group(1).strip(), {}))
+                    for p in _Q3C_PARAM.finditer(m.group(2))}
+        except ValueError:
+            continue
+        calls.append({"name": name, "arguments": args})
+        spans.append((m.start(), m.end()))
+
+
+def _qwen3_coder_grammar(r: "_LarkRules", schemas: dict, many: str, think: bool, opened: bool = False) -> Grammar:
+    """tool_choice required / named in the XML syntax: the required parameters in the schema's order, then any
+    optional ones; a string parameter's value is any text up to its closing tag, another's JSON by its schema."""
+    close = "\n</parameter>\n"
+    tools = []
+    for i, (name, schema) in enumerate(schemas.items()):
+        props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        required = [k for k in schema.get("required", []) if k in props] if isinstance(schema, dict) else []
+        parts = {}
+        for j, (key, ps) in enumerate(props.items()):
+            head = json.dumps(f"<parameter={key}>\n", ensure_ascii=False)
+            value = (r.until(close) if _param_types(ps) in ({"string"}, set()) or "string" in _param_types(ps)
+                     else f"{lark_json(ps)} {json.dumps(close)}")
+            r.rules[f"q3c_{i}_{j}"] = f"{head} {value}"
+            parts[key] = f"q3c_{i}_{j}"
+        optional = [parts[k] for k in props if k not in required]
+        seq = " ".join(parts[k] for k in required)
+        if optional:
+            seq += " (" + " | ".join(optional) + ")*"
+        opener = json.dumps(f"<function={name}>\n", ensure_ascii=False)
+        r.rules[f"q3c_tool_{i}"] = f'{opener} {seq} "</function>\\n"'
+        tools.append(f"q3c_tool_{i}")
+    r.rules["call"] = f'{r.lit("<tool_call>")} "\\n" ({" | ".join(tools)}) {r.lit("</tool_call>")} WS?'
+    start = f"call{many}"
+    if opened:                 # the prompt opened <think>: the reply continues it to its close, then the call
+        return r.grammar(f"{r.until('</think>')} WS? {start}")
+    if think:
+        r.rules["think"] = f"WS? {r.lit('<think>')} {r.until('</think>')} WS?"
+        start = "think? " + start
+    return r.grammar(start)
 
 
 def tools_system_message(tools: list, auto: bool = False) -> dict:

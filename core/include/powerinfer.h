@@ -463,6 +463,26 @@ typedef struct pi_hparams {
                               * chooses among the n_group_used groups with the largest sums of their two best selection
                               * scores */
     int32_t n_group_used;
+    /* Gated delta net layers (qwen35, qwen35moe, qwen3next; docs/design.md "Recurrent state"): the layers with
+     * pi_layer_geom.recurrent run, in place of the attention, a short causal conv and the gated delta rule over a
+     * per-sequence state (no KV cache). H_k = ssm_n_group key heads and H_v = ssm_dt_rank value heads of ssm_d_state
+     * values each (ssm_d_inner = H_v ssm_d_state); per token x (the normed input): qkv = attn_qkv [n_embd, 2 H_k S +
+     * H_v S] x, z = attn_gate [n_embd, H_v S] x, beta = sigmoid(b), g = softplus(a + ssm_dt.bias [H_v]) * ssm_a [H_v]
+     * (b, a from ssm_beta / ssm_alpha [n_embd, H_v], or qwen3next's ssm_ba [n_embd, 2 H_v]: per key head its H_v / H_k
+     * b values, then its a values); c = silu(causal conv of qkv over the last ssm_d_conv tokens with ssm_conv1d
+     * [ssm_d_conv, 2 H_k S + H_v S]); q, k = l2-normed heads of c (eps norm_eps), v its last H_v S values; per value
+     * head h with key head j (ssm_head_interleave 0: h % H_k, 1: h / (H_v / H_k)): S_h = e^g S_h, d = beta (v_h - S_h^T
+     * k_j), S_h += k_j d^T, o_h = S_h^T q_j / sqrt(S); out = ssm_out [H_v S, n_embd] (rms_norm(o_h) * ssm_norm [S] *
+     * silu(z_h)) */
+    int32_t ssm_d_conv;
+    int32_t ssm_d_inner;
+    int32_t ssm_d_state;
+    int32_t ssm_dt_rank;
+    int32_t ssm_n_group;
+    int32_t ssm_head_interleave;
+    int32_t attn_output_gate; /* 1: attn_q [n_embd, 2 n_head head_dim] gives per head its query, then a gate g; the
+                              * attention output of the head is multiplied by sigmoid(g) before attn_output (qwen35,
+                              * qwen3next's full-attention layers); CPU only */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head
@@ -480,6 +500,8 @@ typedef struct pi_layer_geom {
                           * writes no KV and attends over that layer's cache (gemma4's shared KV layers) */
     int32_t moe;         /* 1: the layer's FFN is the mixture of experts (needs n_expert > 0); 0: a dense FFN. Made
                           * from pi_hparams: n_expert > 0 (gemma4: the layers whose file has blk.N.ffn_gate_inp) */
+    int32_t recurrent;   /* 1: a gated delta net layer (pi_hparams.ssm_*): no attention and no KV cache, a recurrent
+                          * state per sequence instead (kv_source must be the layer itself) */
 } pi_layer_geom;
 
 typedef struct pi_tensor_desc {
@@ -661,6 +683,29 @@ PI_API pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *s
  * NULL) receives their count and the first min(capacity, count) are copied to dst (NULL with capacity 0: the count
  * alone). PI_ERR_INVALID_ARG for a buffer that is not a sequence state or too short for its positions. */
 PI_API pi_status pi_kv_seq_state_positions(const void *src, size_t size, int32_t *dst, int32_t capacity, int32_t *n);
+
+/* Models with recurrent layers (pi_layer_geom.recurrent): each sequence's recurrent state (per such layer the last
+ * ssm_d_conv - 1 conv inputs and the delta net's [S, S] matrices) has absorbed every position up to the sequence's
+ * largest; it cannot drop a tail. pi_kv_seq_rm of positions that state has absorbed is PI_ERR_UNSUPPORTED (nothing
+ * removed), except the whole sequence (p0 <= 0 and p1 < 0 or past its last position), which resets it; pi_kv_seq_cp
+ * copies the state (a range that covers the source's whole sequence, into a sequence without a state of its own; else
+ * PI_ERR_UNSUPPORTED); pi_kv_clear resets
+ * every state; the sequence state (pi_kv_seq_state_*) carries it (the whole sequence only). A decode token of a
+ * sequence at a position its state has absorbed is PI_ERR_INVALID_ARG. pi_recurrent_pos: the last position the state
+ * of seq has absorbed (-1: none, or a model without recurrent layers). */
+PI_API int32_t   pi_recurrent_pos(pi_context *ctx, int32_t seq);
+/* The short causal conv (ggml's ssm_conv; gated delta net layers): out[t][c] = sum_k w[c][k] x'[t + k][c] over
+ * x' = [state; x], state [K - 1][C] the previous inputs, x [T][C], w [C][K] (ssm_conv1d [K, C]); state (if not NULL)
+ * becomes the last K - 1 rows of x' afterwards. f32, contiguous; plain C (the same bits at every level). */
+PI_API pi_status pi_op_ssm_conv(const float *x, int64_t T, int64_t C, int64_t K, const float *w, float *state,
+                                float *out);
+/* The gated delta rule (ggml's gated_delta_net) over T tokens of one sequence: q, k [T][H_k][S], v [T][H_v][S],
+ * g, beta [T][H_v], state [H_v][S][S] (state[h][j][i] = S_h[i][j], i over k, j over v), in place; out [T][H_v][S].
+ * Value head h reads key head h % H_k (interleave 0) or h / (H_v / H_k) (1). Per token: S_h *= e^g, d_j = beta (v_j -
+ * sum_i S[i][j] k_i), S[i][j] += k_i d_j, out_j = sum_i S[i][j] q_i / sqrt(S). The heads run on the pool. */
+PI_API pi_status pi_op_gated_delta_net(pi_threadpool *pool, const float *q, const float *k, const float *v,
+                                       const float *g, const float *beta, int64_t T, int64_t H_k, int64_t H_v,
+                                       int64_t S, int32_t interleave, float *state, float *out);
 
 /* Sparse models: neuron evaluations per layer since the last reset. active[l] counts (neuron, token)
  * pairs computed in layer l (array of n_layer), *total the pairs a dense FFN would have computed per layer. */

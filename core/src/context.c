@@ -37,6 +37,8 @@
 #include "context.h"
 #include "lora.h"
 #include "moe.h"
+#include "gdn.h"
+#include "recurrent.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -146,6 +148,8 @@ void pi_context_free(pi_context *ctx) {
     free(ctx->attn_active);
     pi_lora_release(ctx);
     pi_moe_release(ctx);
+    pi_rs_free(ctx->rs);
+    free(ctx->gdn);
     free(ctx->cvec);
     free(ctx);
 }
@@ -206,6 +210,7 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (st == PI_OK) pi_threadpool_set_active(ctx->pool, p.n_threads);
     ctx->params = p;
     if (st == PI_OK) st = pi_kv_init(&ctx->kv, p.n_ctx, model, p.type_k, p.type_v);
+    if (st == PI_OK) st = pi_rs_create(ctx);
     const pi_scratch_need need = { .model = model, .T = p.n_batch, .n_ctx = p.n_ctx };
     if (st == PI_OK) st = pi_backend_cpu_create(ctx->pool, &need, &ctx->cpu.be);
     if (st == PI_OK) st = pi_buffers_alloc(&ctx->cpu, model, p.n_batch, p.n_ctx, false);
@@ -639,7 +644,12 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
         } else if (hp->attn_input_sparse) ctx->attn_active[il] += T * hp->n_embd;   /* every entry read */
         /* q, k, v; q alone in a shared-KV layer, q and k where there is no attn_v (v_norm: V is K's projection) */
         const int n = !own_kv ? 1 : L->wv.data ? 3 : 2;
-        TRY(matmuls(e, n, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, in, (float *[]){ B->q, B->k, B->v }, T));
+        if (hp->attn_output_gate) {   /* q and its gate from attn_q (qwen35, qwen3next), then k and v */
+            TRY(pi_gdn_gated_q(ctx, e, &L->wq, in, B->q, hd, T));
+            TRY(matmuls(e, 2, (const pi_tensor *[]){ &L->wk, &L->wv }, in, (float *[]){ B->k, B->v }, T));
+        } else
+            TRY(matmuls(e, n, (const pi_tensor *[]){ &L->wq, &L->wk, &L->wv }, in, (float *[]){ B->q, B->k, B->v },
+                        T));
     }
     if (ctx->n_lora && !L->wqkv.data) {   /* the adapters' terms read the normed input itself */
         TRY(pi_lora_add(ctx, e, il, PI_LORA_Q, B->cur, B->q, T));
@@ -688,6 +698,7 @@ static pi_status attention_core(pi_context *ctx, const pi_layer_exec *lx, int32_
     pi_tensor att = pi_tensor_view(PI_TYPE_F32, B->att, 3, (int64_t[]){ hd, hp->n_head, T });
     const float scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     TRY(OP(e, attention, &q, &kc, &vc, &mask, scale, hp->attn_softcap, L->attn_sinks.data, &att));
+    if (hp->attn_output_gate) TRY(pi_gdn_apply_gate(ctx, B->att, hd, T));
 
     if (ctx->act_hist && e == &ctx->cpu) act_histogram_of(ctx, il, 3, B->att, T * Eq);
     const bool wo_sparse = !L->wqkv.data && attn_sparse(ctx, lx, il, 1, T);
@@ -713,6 +724,18 @@ static pi_status attention_block(pi_context *ctx, pi_exec **at, const pi_layer_e
     TRY(move_x(ctx, at, e, T));
     TRY(block_input(ctx, e, e->buf.x, &lx->attn_w->attn_norm, &lx->attn_w->attn_norm_b, e->buf.cur, T));
     TRY(attention_core(ctx, lx, il, b, n_kv));
+    return residual_add(ctx, e, e->buf.cur, &lx->attn_w->post_attn_norm, T);
+}
+
+/* A gated delta net layer (pi_layer_geom.recurrent) in place of the attention block: x += gdn(rms_norm(x) *
+ * attn_norm), on the CPU (offload.c keeps these layers there). */
+static pi_status recurrent_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il,
+                                 const pi_batch *b) {
+    pi_exec *e = lx->attn;
+    const int64_t T = b->n_tokens;
+    TRY(move_x(ctx, at, e, T));
+    TRY(block_input(ctx, e, e->buf.x, &lx->attn_w->attn_norm, &lx->attn_w->attn_norm_b, e->buf.cur, T));
+    TRY(pi_gdn_layer(ctx, e, lx->attn_w, il, b));
     return residual_add(ctx, e, e->buf.cur, &lx->attn_w->post_attn_norm, T);
 }
 
@@ -1186,7 +1209,8 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
             TRY(control_vector(ctx, at, il, T));
             continue;
         }
-        TRY(attention_block(ctx, &at, lx, il, batch, n_kv));
+        if (m->geom[il].recurrent) TRY(recurrent_block(ctx, &at, lx, il, batch));
+        else TRY(attention_block(ctx, &at, lx, il, batch, n_kv));
         if (il == m->hp.n_layer - 1 && n_out < T && prune_last_ffn(ctx)) {
             if (n_out == 0) break;   /* no outputs: the cache is written, the last FFN would be for nothing */
             TRY(keep_output_rows(ctx, at, T, n_out));
@@ -1208,6 +1232,7 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
     pi_status st = check_batch(ctx, batch);
     if (st != PI_OK) return st;
     const int32_t T = batch->n_tokens;
+    if (ctx->rs && (st = pi_rs_begin(ctx->rs, batch)) != PI_OK) return st;
     st = pi_kv_claim(&ctx->kv, T, batch->pos, batch->seq_id, ctx->cpu.buf.cells);
     if (st != PI_OK) return st;
     pi_threadpool_set_active(ctx->pool, T > 1 ? ctx->params.n_threads_batch : ctx->params.n_threads);
@@ -1221,6 +1246,7 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
     ctx->input_total += (int64_t)T * ctx->model->hp.n_embd;
     ctx->attn_total += (int64_t)T * (ctx->model->hp.n_embd + pi_head_dim(&ctx->model->hp) * ctx->model->hp.n_head);
     ctx->n_batch_last = T;
+    if (ctx->rs) pi_rs_commit(ctx->rs);
     return PI_OK;
 }
 

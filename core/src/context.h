@@ -106,6 +106,9 @@ struct pi_context {
     size_t            moe_conv_bytes;
     int32_t           cvec_start, cvec_end;   /* the layers it is added after */
     size_t            lora_conv_bytes;
+    struct pi_rs     *rs;            /* recurrent layers' per-sequence state (recurrent.h), NULL without such layers */
+    float            *gdn;           /* gated delta net / gated attention scratch (gdn.c), grown to gdn_n floats */
+    int64_t           gdn_n;
 };
 
 /* Buffers of one backend: allocated (counted) with be->alloc; sizes for T tokens and n_ctx cells.

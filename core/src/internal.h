@@ -278,6 +278,12 @@ typedef struct pi_cpu_kernels {
     pi_type_kernels bf16_dp, bf16x8_dp;
     /* one Q4_0 row -> the sparse FFN's PI_TYPE_Q4_0R row (n a multiple of 256) */
     void (*q4_0r_from_q4_0)(int64_t n, const void *src, void *dst);
+    /* the gated delta rule's rows j0..j1 of one value head's transposed state over T tokens (arch/gdn_rows.c, gdn.c):
+     * row = e^g row (src's at the first token), d = (v_j - row . k) beta, row += d k, out_j = (row . q) scale; the dot
+     * and axpy pi_dot_f32's / pi_axpy_f32's (eg = e^g and beta [T] ldg apart; dst may be src) */
+    void (*gdn_rows)(int64_t S, int64_t T, int64_t j0, int64_t j1, const float *src, float *dst, const float *k,
+                     int64_t ldk, const float *q, int64_t ldq, const float *v, int64_t ldv, const float *eg,
+                     const float *beta, int64_t ldg, float scale, float *out, int64_t ldo);
 } pi_cpu_kernels;
 
 const pi_cpu_kernels *pi_cpu(void);          /* the active level's kernels (cpu.c) */

@@ -2,6 +2,7 @@
 #include "kv_cache.h"
 #include "context.h"
 #include "backend.h"
+#include "recurrent.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, const pi_model *model, int3
     for (int32_t il = 0; il < n_layer; il++) {
         const pi_layer_geom *g = &model->geom[il];
         pi_kv_layer *l = &kv->layer[il];
+        if (g->recurrent) continue;   /* no KV cache: a recurrent state (recurrent.h); own = false, no rows */
         if (g->kv_source != il) {   /* an earlier layer's (pi_model_create checked it) */
             *l = kv->layer[g->kv_source];
             l->own = false;
@@ -58,7 +60,7 @@ pi_status pi_kv_init(pi_kv_cache *kv, int32_t n_ctx, const pi_model *model, int3
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "KV cache of %d cells is too large", n_ctx);
     }
     kv->cells = malloc((size_t)n_ctx * sizeof *kv->cells);
-    kv->k = malloc((size_t)(k_bytes * (uint64_t)n_ctx));
+    kv->k = malloc((size_t)PI_MAX(k_bytes * (uint64_t)n_ctx, 1));
     kv->v = malloc((size_t)PI_MAX(v_bytes * (uint64_t)n_ctx, 1));
     if (!kv->cells || !kv->k || !kv->v) {
         pi_kv_release(kv);
@@ -113,6 +115,7 @@ pi_status pi_kv_seq_rm(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1) {
     pi_status st = check_seq(ctx, seq, true);
     if (st != PI_OK) return st;
     pi_kv_cache *kv = &ctx->kv;
+    if (ctx->rs && (st = pi_rs_seq_rm(ctx->rs, seq, p0, p1)) != PI_OK) return st;   /* the state cannot drop a tail */
     const uint64_t mask = seq < 0 ? ~(uint64_t)0 : (uint64_t)1 << seq;
     for (int32_t c = 0; c < kv->n_ctx; c++) {
         if (!(kv->cells[c].seqs & mask) || !in_range(kv->cells[c].pos, p0 < 0 ? 0 : p0, p1)) continue;
@@ -127,6 +130,7 @@ pi_status pi_kv_seq_cp(pi_context *ctx, int32_t src, int32_t dst, int32_t p0, in
     if (st == PI_OK) st = check_seq(ctx, dst, false);
     if (st != PI_OK) return st;
     pi_kv_cache *kv = &ctx->kv;
+    if (ctx->rs && (st = pi_rs_seq_cp(ctx->rs, src, dst, p0, p1)) != PI_OK) return st;
     for (int32_t c = 0; c < kv->n_ctx; c++)
         if ((kv->cells[c].seqs >> src & 1) && in_range(kv->cells[c].pos, p0 < 0 ? 0 : p0, p1))
             kv->cells[c].seqs |= (uint64_t)1 << dst;
@@ -240,7 +244,8 @@ static int32_t seq_cells(const pi_kv_cache *kv, int32_t seq, int32_t p0, int32_t
 
 size_t pi_kv_seq_state_size(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1) {
     if (check_seq(ctx, seq, false) != PI_OK) return 0;
-    return state_bytes(&ctx->kv, seq_cells(&ctx->kv, seq, p0, p1));
+    if (pi_rs_state_check(ctx->rs, seq, p0, p1) != PI_OK) return 0;
+    return state_bytes(&ctx->kv, seq_cells(&ctx->kv, seq, p0, p1)) + pi_rs_state_bytes(ctx->rs);
 }
 
 pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t p1, void *dst, size_t size,
@@ -249,8 +254,9 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
     if (st != PI_OK) return st;
     if (!dst && size) return pi_fail(PI_ERR_INVALID_ARG, "dst is NULL");
     const pi_kv_cache *kv = &ctx->kv;
+    if ((st = pi_rs_state_check(ctx->rs, seq, p0, p1)) != PI_OK) return st;
     const int32_t n = seq_cells(kv, seq, p0, p1);
-    const size_t need = state_bytes(kv, n);
+    const size_t need = state_bytes(kv, n) + pi_rs_state_bytes(ctx->rs);
     if (size < need)
         return pi_fail(PI_ERR_INVALID_ARG, "sequence %d's state takes %zu bytes, the buffer %zu", seq, need, size);
     int32_t *pc = malloc((size_t)PI_MAX(n, 1) * 2 * sizeof(int32_t));   /* (pos, cell) pairs, then the cells */
@@ -269,6 +275,7 @@ pi_status pi_kv_seq_state_get(pi_context *ctx, int32_t seq, int32_t p0, int32_t 
     for (int32_t i = 0; i < n; i++) pc[i] = pc[2 * i + 1];   /* the cells, in position order */
     st = copy_rows(ctx, pc, n, p, false);
     free(pc);
+    if (st == PI_OK && ctx->rs) pi_rs_state_write(ctx->rs, seq, (char *)dst + state_bytes(kv, n));
     if (st == PI_OK && written) *written = need;
     return st;
 }
@@ -330,9 +337,10 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
     const int32_t n = h.n;
     if (cells && n_cells != n)
         return pi_fail(PI_ERR_INVALID_ARG, "%d cells given for a state of %d tokens", n_cells, n);
-    if (size != header + body_bytes(kv, n))
+    const size_t rs_bytes = pi_rs_state_bytes(ctx->rs);
+    if (size != header + body_bytes(kv, n) + rs_bytes)
         return pi_fail(PI_ERR_INVALID_ARG, "the state of %d tokens takes %zu bytes, not %zu", n,
-                       header + body_bytes(kv, n), size);
+                       header + body_bytes(kv, n) + rs_bytes, size);
     const char *p = (const char *)src + header;
     int32_t *pos = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));
     int32_t *at = malloc((size_t)PI_MAX(n, 1) * sizeof(int32_t));   /* the tokens' cells */
@@ -366,7 +374,7 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
         if (st == PI_OK) { at[i] = c; target[c] = 1; }
     }
     if (st == PI_OK) {
-        if (!cells) pi_kv_seq_rm(ctx, seq, 0, -1);   /* the state replaces the sequence */
+        if (!cells || ctx->rs) pi_kv_seq_rm(ctx, seq, 0, -1);   /* the state replaces the sequence (recurrent: always) */
         for (int32_t c = 0; c < kv->n_ctx; c++)        /* seq's other cells at a restored position leave it */
             if (!target[c] && (kv->cells[c].seqs >> seq & 1) &&
                 bsearch(&kv->cells[c].pos, pos, (size_t)n, sizeof(int32_t), cmp_pos_cell) != NULL) {
@@ -375,6 +383,9 @@ pi_status pi_kv_seq_state_set(pi_context *ctx, int32_t seq, const void *src, siz
             }
         for (int32_t i = 0; i < n; i++) kv->cells[at[i]] = (pi_kv_cell){ pos[i], (uint64_t)1 << seq };
         st = copy_rows(ctx, at, n, (char *)p, true);
+        const char *rs_part = (const char *)src + size - rs_bytes;   /* after the rows */
+        if (st == PI_OK && ctx->rs) st = pi_rs_state_read(ctx->rs, seq, rs_part, n ? pos[n - 1] : -1);
+        if (st != PI_OK && ctx->rs) pi_kv_seq_rm(ctx, seq, 0, -1);   /* never half a recurrent sequence */
     }
     free(pos); free(at); free(target);
     return st;

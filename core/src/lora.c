@@ -87,6 +87,9 @@ static pi_status add_tensor(pi_adapter *ad, const pi_tensor_desc *d) {
     if ((w == PI_LORA_Q || w == PI_LORA_O) && hp->mla_kv_rank > 0)   /* mla_attention applies no adapter terms */
         return pi_fail(PI_ERR_UNSUPPORTED, "LoRA tensor '%s': adapters of the MLA attention (deepseek2) are not "
                        "supported; the dense FFNs' and the output's are", d->name);
+    if (w == PI_LORA_Q && hp->attn_output_gate)   /* attn_q's rows hold the queries and their gates (gdn.c) */
+        return pi_fail(PI_ERR_UNSUPPORTED, "LoRA tensor '%s': adapters of attn_q with an output gate (qwen35, "
+                       "qwen3next) are not supported; attn_k / attn_v / attn_output's and the FFNs' are", d->name);
     pi_tensor *t = is_a ? &p->a : &p->b;
     if (t->data) return pi_fail(PI_ERR_BAD_MODEL, "LoRA tensor '%s' appears twice", d->name);
     return pi_tensor_desc_view(d, 2, NULL, t);

@@ -2,6 +2,7 @@
  * every name, shape, type and size against the hparams. Weights stay in the caller's mapping, except
  * the load-time interleaved copies (repack_weights) that the matmuls read faster. */
 #include "model.h"
+#include "gdn.h"
 
 #include <float.h>
 #include <math.h>
@@ -312,7 +313,7 @@ static pi_status check_hparams(const pi_hparams *hp) {
                                 hp->attn_sinks || hp->attn_out_bias || hp->n_swa || pi_uses_layer_norm(hp)))
         return pi_fail(PI_ERR_UNSUPPORTED, "MLA attention (mla_kv_rank) with sparse files, q/k/v biases or norms, "
                        "sinks, an output bias or a sliding window is not supported");
-    return PI_OK;
+    return pi_gdn_check_hparams(hp);
 }
 
 /* The model's per-layer geometry: desc->layers checked, or every layer made from hp. */
@@ -341,6 +342,9 @@ static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
                            g->is_local);
         if (g->moe < 0 || g->moe > 1 || (g->moe && hp->n_expert == 0))
             return pi_fail(PI_ERR_BAD_MODEL, "layer %d: moe = %d (1 needs experts, n_expert > 0)", il, g->moe);
+        if (g->recurrent < 0 || g->recurrent > 1 || (g->recurrent && (hp->ssm_d_state <= 0 || g->kv_source != il)))
+            return pi_fail(PI_ERR_BAD_MODEL, "layer %d: recurrent = %d (1 needs the ssm_* hparams and no shared KV)", il,
+                           g->recurrent);
         const pi_layer_geom *src = g->kv_source >= 0 && g->kv_source < il ? &m->geom[g->kv_source] : NULL;
         if (g->kv_source != il && (!src || src->kv_source != g->kv_source || src->head_dim != g->head_dim ||
                                    src->n_head_kv != g->n_head_kv || src->is_local != g->is_local))
@@ -350,7 +354,7 @@ static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
         m->max_kv = PI_MAX(m->max_kv, (int64_t)g->head_dim * g->n_head_kv);
         m->max_ff = PI_MAX(m->max_ff, g->n_ff);
         m->uniform &= g->head_dim == pi_head_dim(hp) && g->n_head_kv == hp->n_head_kv && g->n_rot == hp->n_rot &&
-                      g->n_ff == hp->n_ff && g->kv_source == il;
+                      g->n_ff == hp->n_ff && g->kv_source == il && !g->recurrent;
     }
     if (!m->uniform && (hp->sparse || hp->gate_sparse || hp->arch == PI_ARCH_FALCON))
         return pi_fail(PI_ERR_UNSUPPORTED, "layers of different shapes or with shared KV caches: dense models only "
@@ -519,7 +523,8 @@ static pi_status repack_experts(pi_model *m, pi_threadpool *pool, pi_tensor *t) 
 
 /* A layer's weights only mul_mat reads (not the sparse FFN's gathered rows), and a PowerInfer layer's packing. */
 static pi_status repack_layer(pi_model *m, pi_threadpool *pool, pi_layer *L) {
-    pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2,
+    pi_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->fc1, &L->fc2, &L->ssm_qkv, &L->ssm_z,
+                       &L->ssm_out,
                        m->hp.sparse ? NULL : &L->ffn_gate, m->hp.sparse ? NULL : &L->ffn_up,
                        m->hp.sparse ? NULL : &L->ffn_down, &L->ple_gate, &L->ple_proj, &L->ffn_gate_shexp,
                        &L->ffn_up_shexp, &L->ffn_down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a };
@@ -627,23 +632,29 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         snprintf(name, sizeof name, "blk.%d." suffix, il); TRY(load_tensor(desc, name, ne0, ne1, f32, opt, dst)); } while (0)
         if (!hp->post_norms_only) LAYER("attn_norm.weight", E, 0, true, false, &L->attn_norm);
         if (ln) LAYER("attn_norm.bias", E, 0, true, false, &L->attn_norm_b);
-        if (hp->mla_kv_rank > 0) {
+        if (g->recurrent) {
+            TRY(pi_gdn_load(desc, hp, il, L));
+        } else if (hp->mla_kv_rank > 0) {
             TRY(load_mla(desc, hp, g, il, L));
         } else if (falcon) {
             LAYER("attn_norm_2.weight", E, 0, true, true, &L->attn_norm_2);
             if (L->attn_norm_2.data) LAYER("attn_norm_2.bias", E, 0, true, false, &L->attn_norm_2_b);
             LAYER("attn_qkv.weight", E, E_q + 2 * E_kv, false, false, &L->wqkv);
         } else {
-            LAYER("attn_q.weight",      E, E_q,  false, false, &L->wq);
+            LAYER("attn_q.weight",      E, hp->attn_output_gate ? 2 * E_q : E_q,  false, false, &L->wq);
             if (own_kv) {
                 LAYER("attn_k.weight",  E, E_kv, false, false, &L->wk);
                 LAYER("attn_v.weight",  E, E_kv, false, hp->v_norm, &L->wv);   /* v_norm: V = K where absent */
             }
         }
-        LAYER("attn_output.weight", hp->mla_kv_rank > 0 ? hp->n_head * hp->mla_head_v : E_q, E, false, false, &L->wo);
+        if (!g->recurrent)
+            LAYER("attn_output.weight", hp->mla_kv_rank > 0 ? hp->n_head * hp->mla_head_v : E_q, E, false, false,
+                  &L->wo);
         if (opt || hp->attn_out_bias) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
         if (hp->attn_sinks) LAYER("attn_sinks.weight", hp->n_head, 0, true, false, &L->attn_sinks);
-        if (!falcon && !hp->post_norms_only && !hp->parallel_block)   /* falcon, parallel_block: one norm */
+        if (hp->ssm_d_state > 0)   /* qwen35 / qwen3next: the FFN's norm is named post_attention_norm */
+            LAYER("post_attention_norm.weight", E, 0, true, false, &L->ffn_norm);
+        else if (!falcon && !hp->post_norms_only && !hp->parallel_block)   /* falcon, parallel_block: one norm */
             LAYER("ffn_norm.weight", E, 0, true, false, &L->ffn_norm);
         if (opt) LAYER("ffn_norm.bias", E, 0, true, false, &L->ffn_norm_b);
         if (hp->qkv_bias) {
@@ -651,7 +662,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
             if (own_kv) LAYER("attn_k.bias", E_kv, 0, true, false, &L->bk);
             if (own_kv) LAYER("attn_v.bias", E_kv, 0, true, false, &L->bv);
         }
-        if (hp->qk_norm) {   /* per head, or over the whole projection (olmo2) */
+        if (hp->qk_norm && !g->recurrent) {   /* per head, or over the whole projection (olmo2) */
             LAYER("attn_q_norm.weight", hp->qk_norm == 2 ? E_q : hd, 0, true, false, &L->q_norm);
             if (own_kv) LAYER("attn_k_norm.weight", hp->qk_norm == 2 ? E_kv : hd, 0, true, false, &L->k_norm);
         }

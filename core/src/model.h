@@ -67,6 +67,16 @@ typedef struct pi_layer {
     pi_tensor wv_b;        /* [R, mla_head_v, n_head]: head h's latent output -> its value */
     pi_sparse_ffn_weights act_attn[4];   /* hparams.attn_input_sparse: wq, wk, wv, wo as input-sparse matmuls (down =
                                           * the file's matrix, down_t its layout by input, made at load) */
+    /* gated delta net layers (pi_layer_geom.recurrent; gdn.c): C = 2 H_k S + H_v S conv channels */
+    pi_tensor ssm_qkv;     /* [n_embd, C] blk.N.attn_qkv */
+    pi_tensor ssm_z;       /* [n_embd, H_v S] blk.N.attn_gate */
+    pi_tensor ssm_beta, ssm_alpha;   /* [n_embd, H_v] (qwen35), or */
+    pi_tensor ssm_ba;      /* [n_embd, 2 H_v] (qwen3next): per key head its b values, then its a values */
+    pi_tensor ssm_conv1d;  /* [d_conv, C] f32 */
+    pi_tensor ssm_dt;      /* [H_v] f32 blk.N.ssm_dt.bias */
+    pi_tensor ssm_a;       /* [H_v] f32 blk.N.ssm_a (-exp(A_log)) */
+    pi_tensor ssm_norm;    /* [S] f32 */
+    pi_tensor ssm_out;     /* [H_v S, n_embd] */
 } pi_layer;
 
 struct pi_model {

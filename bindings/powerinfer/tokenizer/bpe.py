@@ -118,6 +118,11 @@ for _name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtra
     PRE_TOKENIZERS[_name] = Pre((_LLAMA3,), ignore_merges=True, add_bos=True)
 for _name in ("qwen2", "deepseek-r1-qwen", "megrez"):
     PRE_TOKENIZERS[_name] = Pre((_QWEN2,))
+# Qwen3.5: Qwen2's with combining marks (\p{M}) in letter runs and not in punctuation runs (llama.cpp's
+# LLAMA_VOCAB_PRE_TYPE_QWEN35)
+_QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS["qwen35"] = Pre((_QWEN35,))
 for _name in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de"):
     PRE_TOKENIZERS[_name] = Pre((_GPT2,))
 PRE_TOKENIZERS["gpt-4o"] = Pre((_GPT4O,))

@@ -20,6 +20,7 @@
 #include "kx16.c"
 #include "activation.c"
 #include "attention.c"
+#include "gdn_rows.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx.c"        /* Q4_0X8 */
 #include "amx_q8_0s.c"  /* Q8_0, Q5_0, Q4_1, Q5_1, Q4_0R rows, Q8_0X16, Q5_0X16 */
@@ -180,4 +181,5 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
     .softmax_exp = pi_softmax_exp,
     .swiglu_oai_row = pi_swiglu_oai_row,
     .q4_0r_from_q4_0 = pi_q4_0r_from_q4_0,
+    .gdn_rows = pi_gdn_rows,
 };

@@ -14,6 +14,7 @@ from . import act_sparsity
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo, open_gguf
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
+from . import encoder as _encoder
 
 log = logging.getLogger("powerinfer")
 
@@ -48,6 +49,7 @@ _LLAMA_BLOCK_ARCHS = {"mistral3": lib.PI_ARCH_LLAMA, "exaone4": lib.PI_ARCH_LLAM
                  "command-r": lib.PI_ARCH_LLAMA, "cohere2": lib.PI_ARCH_LLAMA, "exaone": lib.PI_ARCH_LLAMA,
                  "apertus": lib.PI_ARCH_LLAMA}
 _ARCHS.update(_LLAMA_BLOCK_ARCHS)
+_ARCHS.update(_encoder.ENCODER_ARCHS)     # bert, nomic-bert: encoders (powerinfer.encoder)
 # those whose attn_output.bias llama.cpp adds where the file has one
 _OUT_BIAS_ARCHS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
@@ -386,6 +388,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     arch = meta.get("general.architecture")
     if arch is None:
         raise ModelLoadError(f"{path}: missing general.architecture")
+    _encoder.refuse_unsupported(path, arch)
     if arch not in _ARCHS:
         raise ModelLoadError(f"{path}: unsupported architecture '{arch}' (general.architecture); this build runs "
                              f"{', '.join(_ARCHS)}")
@@ -643,6 +646,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                      rope_freq_scale_swa=1.0 / float(factor),
                      swiglu_alpha=GPT_OSS_SWIGLU_ALPHA, swiglu_limit=GPT_OSS_SWIGLU_LIMIT)
     extra.update(_llama_block_hparams(path, arch, get, as_int, as_float, yarn, swa_pattern, swa_rope_base, meta))
+    if _encoder.is_encoder(arch):
+        extra.update(_encoder.encoder_hparams(path, arch, get, as_float))
     if "norm_eps" in extra:
         norm_eps = extra.pop("norm_eps")
     elif arch == "falcon":
@@ -952,11 +957,13 @@ class Model:
         hp = self.hparams
         tensors = dict(self.file.tensors)
         # YaRN / a rope attention factor: the core's per-pair frequency divisors and attention scale (powerinfer.rope)
-        if hp.arch in FUSED_ARCHS:
+        if hp.arch in FUSED_ARCHS or hp.arch == "nomic-bert":     # nomic-bert: its attn_qkv
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
         tensors, view_flags = _llama_block_views(self.path, tensors, hp)
+        if _encoder.is_encoder(hp.arch):
+            tensors, view_flags = _encoder.encoder_views(self.path, tensors, hp)
         self._view_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
         self._made = []              # arrays the loader makes (deepseek2's split attn_kv_b), kept with the model
         if hp.arch == "deepseek2":

@@ -10,6 +10,7 @@ import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
 from .cli_args import KV_TYPES
+from .encoder import is_encoder
 from .lora import set_context_adapters
 from .model import Model
 
@@ -194,6 +195,13 @@ class Context:
         self.offload = None
         self.gpu_warnings: list[str] = []
         self.gpu_log: list[str] = []   # the placement's log lines (also logged at INFO)
+        if is_encoder(model.hparams.arch):   # embeddings only (pi_set_outputs), on the CPU (pi_context_offload)
+            self.outputs = ("embeddings",)
+            if n_gpu_layers or vram_budget:
+                msg = f"{model.hparams.arch} is an encoder model: it runs on the CPU, the GPU offload is ignored"
+                self.gpu_warnings.append(msg)
+                log.warning(msg)
+            n_gpu_layers, vram_budget = 0, None
         from .offload import place
         place(self, vram_budget=vram_budget, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
               n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, kv_type=(self.type_k, self.type_v))

@@ -1,4 +1,4 @@
-"""Encoder models (the BERT family) as llama.cpp runs them: which architectures, their hyper-parameters and tensor views.
+"""Encoder models (the BERT family) as llama.cpp runs them: the architectures, their hyper-parameters, tensor views.
 
     bert        all-MiniLM, bge-*, mxbai-embed, snowflake-arctic-embed, e5 (WordPiece vocabularies) and the rerankers
                 llama.cpp converts as bert with a classifier head (cls / cls.output, pooling rank): learned

@@ -11,7 +11,8 @@ from .wpm import WPMTokenizer
 from .vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNDEFINED, TOKEN_UNKNOWN, TOKEN_UNUSED,
                     TOKEN_USER_DEFINED, StreamDecoder, Tokenizer)
 
-__all__ = ["BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "WPMTokenizer", "StreamDecoder", "Tokenizer", "load", "TOKEN_BYTE",
+__all__ = ["BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "WPMTokenizer", "StreamDecoder", "Tokenizer", "load",
+           "TOKEN_BYTE",
            "TOKEN_CONTROL", "TOKEN_NORMAL", "TOKEN_UNDEFINED", "TOKEN_UNKNOWN", "TOKEN_UNUSED", "TOKEN_USER_DEFINED"]
 
 load = Tokenizer.from_gguf_metadata     # (both modules above have registered their model names)

@@ -131,7 +131,8 @@ class Tokenizer:
         if model not in Tokenizer._kinds:
             kind = _UNSUPPORTED_MODELS.get(model, "unknown tokenizer model")
             raise ValueError(f"tokenizer model {model!r} ({kind}) is not supported yet; "
-                             "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE), 'gemma4' and 'bert' (WordPiece)")
+                             "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE), 'gemma4' and "
+                             "'bert' (WordPiece)")
         return Tokenizer._kinds[model].from_metadata(meta)
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:

@@ -129,7 +129,8 @@ class WPMTokenizer(Tokenizer, model="bert"):
         strip = meta.get("tokenizer.ggml.normalizer.strip_accents")
         return cls(tokens, types, bos_id=special("bos", 101), sep_id=special("seperator", 102),
                    unk_id=special("unknown", 100), pad_id=special("padding", 0), eos_id=special("eos", None),
-                   lowercase=True if lower is None else bool(lower), strip_accents=None if strip is None else bool(strip),
+                   lowercase=True if lower is None else bool(lower),
+                   strip_accents=None if strip is None else bool(strip),
                    add_sep=bool(meta.get("tokenizer.ggml.add_sep_token", True)))
 
     # ------------------------------------------------------------------ encoding

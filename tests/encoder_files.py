@@ -117,4 +117,6 @@ def write_bert_model(path, arch: str = "bert", *, dtype: str = "f32", seed: int 
             wr.add_key_value("tokenizer.ggml.normalizer.lowercase", lowercase, VT.BOOL)
         if rerank:
             wr.add_classifier_output_labels(["score"])
-    return write_gguf(path, arch, weights, dtype=dtype, keys=keys), weights
+    # llama.cpp's converter keeps token_types and position_embd in f32 (its graph adds the type row as it is)
+    return write_gguf(path, arch, weights, dtype=dtype, keys=keys,
+                      dtypes={"token_types": "f32", "position_embd": "f32"}), weights

@@ -34,7 +34,7 @@ def resolve_n_ctx(model: Model, n_ctx: int | None) -> int:
     was not trained on positions that far; quality degrades)."""
     train = model.hparams.n_ctx_train
     n = min(DEFAULT_N_CTX, train) if n_ctx is None else train if n_ctx <= 0 else int(n_ctx)
-    if n > train:
+    if n > train and not is_encoder(model.hparams.arch):   # an encoder's inputs are limited one by one (Embedder)
         log.warning("warning: n_ctx = %d is larger than the model's training context (%d): expect worse output "
                     "past %d tokens", n, train, train)
     return n

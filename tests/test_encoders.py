@@ -153,6 +153,8 @@ def test_refusals(files, tmp_path):
         emb.embed_tokens([list(range(110, 110 + TINY["n_ctx_train"] + 1))])
     with pytest.raises(PowerInferError, match="no output head"):
         llm.ctx.set_outputs(logits=True)
+    with pytest.raises(ValueError, match="decoded whole"):
+        emb.ctx.decode(list(range(110, 110 + 513)), pos=list(range(513)), seq_id=0, logits="all")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "bindings"), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "main.py"), "-m", str(path), "-p", "hi", "-n", "2"],
                        capture_output=True, text=True, env=env, timeout=120)

@@ -235,6 +235,9 @@ class Context:
         pos = _int32s(pos, "pos")
         if len(pos) != n:
             raise ValueError("decode: pos and tokens differ in length")
+        if n > self.n_batch and is_encoder(self.model.hparams.arch):   # chunks would not see each other
+            raise ValueError(f"decode: {n} tokens for an encoder model, whose sequences are decoded whole: at most "
+                             f"n_batch ({self.n_batch}) per call")
         if isinstance(logits, str):
             want = np.zeros(n, dtype=np.int8)
             if logits == "all":

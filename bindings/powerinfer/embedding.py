@@ -11,8 +11,8 @@ The hidden state is the output norm's result, the output head's input (`Context.
     rank   reranker models (a classifier head cls.output.weight [n_embd, n_cls], e.g. Qwen3-Reranker as llama.cpp
            converts it): the last token's vector times the head (+ cls.output.bias), softmax for qwen3 as llama.cpp;
            score 0 is the relevance (`rerank`); not normalized. Encoders (bert rerankers, e.g. the ms-marco
-           MiniLM cross-encoders): the first ([CLS]) token's vector through the pooler cls.weight [n_embd, n_embd] + cls.bias
-           and tanh where the file has it, then cls.output (llama.cpp's build_pooling)
+           MiniLM cross-encoders): the first ([CLS]) token's vector through the pooler cls.weight [n_embd, n_embd]
+           + cls.bias and tanh where the file has it, then cls.output (llama.cpp's build_pooling)
 
 The default is the file's `<arch>.pooling_type` (llama.cpp's key), else `mean`. Normalization is
 llama.cpp's `embd_normalize`: -1 none, 0 max-absolute scaled to int16 range, 1 taxicab, 2 Euclidean

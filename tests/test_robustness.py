@@ -1277,7 +1277,7 @@ HP_CASES = [
     ("n_ctx_train", 0, ["n_ctx_train"]), ("n_ctx_train", -1, ["n_ctx_train"]),
     ("n_rot", 0, ["rope dimension"]), ("n_rot", 3, ["rope dimension"]), ("n_rot", 18, ["rope dimension"]),
     ("n_rot", -2, ["rope dimension"]),
-    ("arch", 6, ["architecture"]), ("arch", 4, ["dense falcon/opt"]), ("arch", -1, ["architecture"]),
+    ("arch", 7, ["architecture"]), ("arch", 4, ["dense falcon/opt"]), ("arch", -1, ["architecture"]),
     ("arch", INT32_MAX, ["architecture"]),
     ("ffn_act", 3, ["activation"]), ("ffn_act", -1, ["activation"]),
     ("ffn_gate", 3, ["gate"]), ("ffn_gate", -1, ["gate"]),

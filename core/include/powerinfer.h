@@ -90,7 +90,13 @@ enum {  /* model architecture families (the forward pass reads the pi_hparams fl
     PI_ARCH_GEMMA3 = 3,   /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers; gemma2:
                            * no QK norms, soft-capped attention scores and logits (attn_softcap, final_softcap) */
     PI_ARCH_FALCON = 4,   /* sparse only: LayerNorm, fused attn_qkv, NEOX rope, parallel attention + FFN */
-    PI_ARCH_OPT    = 5    /* sparse only: pre-LayerNorm, biases everywhere, learned positions (pos + 2), no rope */
+    PI_ARCH_OPT    = 5,   /* sparse only: pre-LayerNorm, biases everywhere, learned positions (pos + 2), no rope */
+    PI_ARCH_BERT   = 6    /* encoders (bert, nomic-bert; dense files): attention over each sequence of the batch alone,
+                           * in both directions; x = LayerNorm(token_embd[tok] + token_types[0] (+ position_embd[pos]))
+                           * * token_embd_norm; post-LayerNorm blocks x = LN(x + attn(x)) * attn_output_norm, x = LN(x +
+                           * FFN(x)) * layer_output_norm (weights and biases); optional biases on q/k/v/o (qkv_bias,
+                           * attn_out_bias) and on the FFN's up and down; no output norm, no output head: a context
+                           * outputs embeddings only (the last layer's x), and keeps no cells between decodes */
 };
 
 enum {  /* rotary embedding: which dims form a rotating pair */
@@ -630,7 +636,8 @@ enum {
     PI_OUTPUT_EMBD   = 2
 };
 /* outputs: PI_OUTPUT_LOGITS, PI_OUTPUT_EMBD (the output head is skipped) or both ORed; for the
- * decodes that follow (the last decode's outputs are dropped). PI_ERR_INVALID_ARG for anything else. */
+ * decodes that follow (the last decode's outputs are dropped). PI_ERR_INVALID_ARG for anything else;
+ * PI_ERR_UNSUPPORTED for logits of an encoder (PI_ARCH_BERT: its contexts start with PI_OUTPUT_EMBD). */
 PI_API pi_status    pi_set_outputs(pi_context *ctx, int32_t outputs);
 /* [n_embd] final hidden state of batch row i of the last decode; NULL (and an error) if none was
  * asked for or the context does not output embeddings. */

@@ -275,10 +275,10 @@ def _read_entries(ctx) -> dict:
 
 def collect(model, text, *, n_ctx: int = 512, chunks: int = -1, from_chunk: int = 0, process_output: bool = False,
             compute_ppl: bool = True, parse_special: bool = False, n_threads: int | None = None,
-            dataset: str = "", base: Imatrix | None = None, log=print, on_chunk=None) -> Imatrix:
+            dataset: str = "", base: Imatrix | None = None, kv_type="f16", log=print, on_chunk=None) -> Imatrix:
     """The importance matrix of `text` (a string or token ids) on `model` (a Model or a path), llama-imatrix's
     compute_imatrix. base: a matrix to add to (--in-file). on_chunk(i, imatrix): after each window (i from 1; the
-    matrix of the windows so far, for --output-frequency / --save-frequency)."""
+    matrix of the windows so far, for --output-frequency / --save-frequency). kv_type: the cache's (Context's)."""
     from ._ffi import check, lib
     from .context import Context
     from .model import Model
@@ -307,7 +307,7 @@ def collect(model, text, *, n_ctx: int = 512, chunks: int = -1, from_chunk: int 
     if model.sparse or model.gate_sparse:
         log("warning: a sparse file: only the attention matrices are collected (its FFN runs neuron-sparse "
             "kernels, not whole-row matmuls)")
-    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads, kv_type=kv_type)
     check(lib.pi_imatrix_begin(ctx._ptr, lib.PI_IMATRIX_OUTPUT if process_output else 0), "imatrix")
     base = base if base is not None else Imatrix(chunk_size=n_ctx)
     prior = {k: ImatrixEntry(v.sums.copy(), v.counts.copy()) for k, v in base.entries.items()}

@@ -16,8 +16,9 @@ matrix NAME.in_sum2 [n_cols, n_mat] and NAME.counts [1, n_mat], f32, names sorte
 (--output-format dat: per entry the mean x^2 times the number of chunks). `read_imatrix` reads both.
 
 What is collected: see core/src/imatrix.c. For PowerInfer (PWRI) and gate-sparse files only the attention matrices
-(their FFNs run neuron-sparse kernels, not whole-row matmuls, even with dense=True). Entries whose names are not tensors of the file (the split views of a
-fused tensor) are dropped with a warning. The CPU only: -ngl other than 0 is refused.
+(their FFNs run neuron-sparse kernels, not whole-row matmuls, even with dense=True). Entries whose names are not
+tensors of the file (the split views of a fused tensor) are dropped with a warning. The CPU only: -ngl other than 0
+is refused.
 """
 from __future__ import annotations
 
@@ -366,7 +367,8 @@ def collect(model, text, *, n_ctx: int = 512, chunks: int = -1, from_chunk: int 
         m = nll / count
         var = nll2 / count - m * m
         ppl = math.exp(m)
-        log(f"Final estimate: PPL = {ppl:.4f} +/- {ppl * math.sqrt(var / (count - 1)) if var > 0 else float('nan'):.5f}")
+        err = ppl * math.sqrt(var / (count - 1)) if var > 0 else float("nan")
+        log(f"Final estimate: PPL = {ppl:.4f} +/- {err:.5f}")
     for name in sorted(dropped):
         log(f"warning: {name} is not a tensor of the file (a view of a fused tensor): not stored")
     log(f"collected {len(result.entries)} entries over {n_chunk} chunks in {time.perf_counter() - t_start:.1f} s")

@@ -7,7 +7,8 @@ powerinfer.quantize writes the file).
 
 The order matters: llama.cpp's counters (i_attention_wv, i_ffn_down: the "use_more_bits" layers of Q4_K_M's attn_v and
 ffn_down) advance in the order of its weights map, which `llama_order` gives (layer, then name). The branches of the
-importance-matrix file types (IQ*, Q2_K_S) and of has_imatrix are left out: those files are refused (FTYPE_REFUSED).
+IQ file types are left out (those files are refused: FTYPE_REFUSED); Q2_K_S's and has_imatrix's (the Q4_0 / Q5_0
+ffn_down guard) are in.
 """
 from __future__ import annotations
 
@@ -75,12 +76,12 @@ QUANT_OPTIONS = [
 
 # llama_ftype_get_default_type of the file types written here
 DEFAULT_TYPE = {0: F32, 1: F16, 2: Q4_0, 3: Q4_1, 7: Q8_0, 8: Q5_0, 9: Q5_1, 10: Q2_K, 11: Q3_K, 12: Q3_K, 13: Q3_K,
-                14: Q4_K, 15: Q4_K, 16: Q5_K, 17: Q5_K, 18: Q6_K, 32: BF16}
+                14: Q4_K, 15: Q4_K, 16: Q5_K, 17: Q5_K, 18: Q6_K, 21: Q2_K, 32: BF16}
 
-_IMATRIX = "needs an importance matrix (--imatrix), which this tool does not support yet"
+_IMATRIX = "needs an importance matrix and quantizers (IQ1/IQ2/IQ3_XXS) this core does not have"
 _NO_QUANTIZER = "has no quantizer in this core (files of it are read, not written)"
 FTYPE_REFUSED = {
-    "Q2_K_S": _IMATRIX, "IQ2_XXS": _IMATRIX, "IQ2_XS": _IMATRIX, "IQ2_S": _IMATRIX, "IQ2_M": _IMATRIX,
+    "IQ2_XXS": _IMATRIX, "IQ2_XS": _IMATRIX, "IQ2_S": _IMATRIX, "IQ2_M": _IMATRIX,
     "IQ1_S": _IMATRIX, "IQ1_M": _IMATRIX, "IQ3_XXS": _IMATRIX,
     "IQ3_S": "(iq3_s) " + _NO_QUANTIZER, "IQ3_M": "(iq3_s) " + _NO_QUANTIZER, "IQ3_XS": "(iq3_s) " + _NO_QUANTIZER,
     "IQ4_NL": "(iq4_nl: this core's quantizer is the KV cache's, not llama.cpp's search) " + _NO_QUANTIZER,
@@ -162,6 +163,7 @@ class QuantOptions:
     quantize_output_tensor: bool = True
     only_copy: bool = False
     pwri: bool = False
+    has_imatrix: bool = False   # llama.cpp's qs.has_imatrix: an importance matrix is given (--imatrix)
 
 
 # categories (tensor_get_category)
@@ -318,6 +320,8 @@ class _Chooser:
         elif _is_attn_v(cat):
             if ft == F["Q2_K"]:
                 new_type = Q4_K if hp.n_gqa >= 4 else Q3_K
+            elif ft == F["Q2_K_S"] and hp.n_gqa >= 4:
+                new_type = Q4_K
             elif ft == F["Q3_K_M"]:
                 new_type = Q5_K if self.i_attention_wv < 2 else Q4_K
             elif ft == F["Q3_K_L"]:
@@ -338,6 +342,9 @@ class _Chooser:
             i_layer, n_layer = self._layer_info(self.i_ffn_down, self.n_ffn_down, name)
             if ft == F["Q2_K"]:
                 new_type = Q3_K
+            elif ft == F["Q2_K_S"]:
+                if i_layer < n_layer // 8:
+                    new_type = Q4_K
             elif ft == F["Q3_K_M"]:
                 new_type = (Q5_K if i_layer < n_layer // 16 else
                             Q4_K if not falcon or _use_more_bits(i_layer, n_layer) else Q3_K)
@@ -353,6 +360,9 @@ class _Chooser:
                 new_type = Q6_K
             elif ft == F["Q4_K_S"] and not falcon and i_layer < n_layer // 8:
                 new_type = Q5_K
+            elif ft in (F["Q4_0"], F["Q5_0"]) and self.opts.has_imatrix and i_layer < n_layer // 8:
+                # llama.cpp guards the first ffn_down layers of Q4_0 / Q5_0 when it has an imatrix
+                new_type = Q4_1 if ft == F["Q4_0"] else Q5_1
             self.i_ffn_down += 1
         elif cat == ATTN_OUTPUT:
             if not falcon:
@@ -394,6 +404,16 @@ class _Chooser:
         self.fallbacks.append(f"{name}: ncols {ncols} not divisible by {qk} (required for type {type_name(target)}) "
                               f"-> falling back to {type_name(ret)}")
         return ret
+
+
+IMATRIX_TYPES = frozenset({16, 17, 18, 19, 22, 29})   # IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ2_S, IQ1_M
+
+
+def requires_imatrix(name: str, t: int, ftype: int) -> bool:
+    """tensor_requires_imatrix: the very low-bit types (and Q2_K in a Q2_K_S file), not for token_embd / output."""
+    if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
+        return False
+    return t in IMATRIX_TYPES or (t == Q2_K and ftype == FTYPE["Q2_K_S"])
 
 
 def plan_types(tensors, hp: HParams, opts: QuantOptions) -> tuple[list[int], list[str]]:

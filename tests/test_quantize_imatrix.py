@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO / "tools"))
 from make_test_model import write_model  # noqa: E402
 
 FTYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q3_K_S", "Q3_K_L", "Q2_K", "Q2_K_S", "Q4_K_S", "Q5_K_S", "Q4_0",
-          "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+          "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS"]
 TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13,
-         "q6_K": 14}
+         "q6_K": 14, "iq4_nl": 20, "iq4_xs": 23}
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,8 @@ def llama_cpp():
     return lc
 
 
-CASES = [("llama", t) for t in FTYPES] + [("moe8", t) for t in ("Q4_K_M", "Q2_K_S", "Q3_K_M", "Q4_0")] + \
-        [("gemma3", t) for t in ("Q4_K_M", "Q6_K", "Q2_K", "Q5_0")]
+CASES = [("llama", t) for t in FTYPES] + [("moe8", t) for t in ("Q4_K_M", "Q2_K_S", "Q3_K_M", "Q4_0", "IQ4_XS")] + \
+        [("gemma3", t) for t in ("Q4_K_M", "Q6_K", "Q2_K", "Q5_0", "IQ4_XS", "IQ4_NL")]
 
 
 @pytest.mark.parametrize("model,ftype", CASES, ids=[f"{m}-{t}" for m, t in CASES])
@@ -101,6 +101,19 @@ def test_same_file_as_llama_cpp(llama_cpp, inputs, imatrices, tmp_path, model, f
     ref = ref_with_imatrix(llama_cpp, inputs[model], tmp_path / "ref.gguf", ftype, qw)
     ours = tmp_path / "ours.gguf"
     quantize_file(inputs[model], ours, opts_for(ftype), nthread=2, imatrix=qw)
+    assert_same_file(ours, ref)
+
+
+IQ4_CASES = [(m, t) for m in ("llama", "moe8", "gemma3") for t in ("IQ4_NL", "IQ4_XS")]
+
+
+@pytest.mark.parametrize("model,ftype", IQ4_CASES, ids=[f"{m}-{t}" for m, t in IQ4_CASES])
+def test_iq4_without_imatrix_as_llama_cpp(llama_cpp, inputs, tmp_path, model, ftype):
+    """IQ4_NL / IQ4_XS need no importance matrix: llama.cpp's searches (quantize_iq4_nl / _xs) and its rules without
+    one (the first eighth of ffn_down in Q5_K)."""
+    ref = ref_quantize(llama_cpp, inputs[model], tmp_path / "ref.gguf", ftype)
+    ours = tmp_path / "ours.gguf"
+    quantize_file(inputs[model], ours, opts_for(ftype), nthread=2)
     assert_same_file(ours, ref)
 
 
@@ -142,7 +155,8 @@ def _weighted_err(t, x, qw):
     return y
 
 
-@pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K"])
+@pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl",
+                                   "iq4_xs"])
 def test_weights_lower_the_weighted_error(tname):
     """Strongly uneven importance: the weighted quantizer's weighted squared error (float64) is below the reference
     quantizer's over many rows (what quantize_row_*_impl optimises; a type that ignored its weights would not)."""
@@ -167,10 +181,10 @@ def test_q8_0_ignores_the_weights():
 
 
 def test_bad_calls():
-    x = np.zeros(64, np.float32)
+    x = np.zeros(256, np.float32)
     buf = np.zeros(1024, np.uint8)
     with pytest.raises(PowerInferError, match="no quantizer with importance weights"):
-        check(lib.pi_quantize_rows_imatrix(20, ffi.from_buffer("float[]", x), ffi.from_buffer(buf), 2, 32,
+        check(lib.pi_quantize_rows_imatrix(21, ffi.from_buffer("float[]", x), ffi.from_buffer(buf), 1, 256,
                                            ffi.from_buffer("float[]", x)))
     with pytest.raises(PowerInferError, match="cannot be stored"):
         check(lib.pi_quantize_rows_imatrix(12, ffi.from_buffer("float[]", x), ffi.from_buffer(buf), 1, 64,

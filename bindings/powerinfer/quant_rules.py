@@ -24,14 +24,15 @@ GGML_TYPE_NAMES = {
 }
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+IQ4_NL, IQ4_XS = 20, 23
 # elements per block (ggml_blck_size) of the types above; 1 for the float types
 BLOCK_SIZE = {F32: 1, F16: 1, BF16: 1, Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32,
-              Q2_K: 256, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256}
-# the types this package writes: pi_quantize_row's quantizers, which are llama.cpp's reference ones bit for bit
-# (IQ4_NL's there is the KV cache's, not llama.cpp's search: it is not offered)
+              Q2_K: 256, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256, IQ4_NL: 32, IQ4_XS: 256}
+# the types this package writes: pi_quantize_rows_imatrix's quantizers, which are llama.cpp's bit for bit (its reference
+# ones without an importance matrix, quantize_row_*_impl with one; IQ4_NL / IQ4_XS: quantize_iq4_nl / _xs)
 WRITABLE = frozenset(BLOCK_SIZE)
 FLOAT_TYPES = frozenset({F32, F16, BF16})
-_BLOCK_SIZE_OTHER = {9: 32, 15: 256, 16: 256, 17: 256, 18: 256, 19: 256, 20: 32, 21: 256, 22: 256, 23: 256,
+_BLOCK_SIZE_OTHER = {9: 32, 15: 256, 16: 256, 17: 256, 18: 256, 19: 256, 21: 256, 22: 256,
                      29: 256, 34: 256, 35: 256, 39: 32, 40: 64, 41: 128, 42: 64}
 
 
@@ -76,7 +77,7 @@ QUANT_OPTIONS = [
 
 # llama_ftype_get_default_type of the file types written here
 DEFAULT_TYPE = {0: F32, 1: F16, 2: Q4_0, 3: Q4_1, 7: Q8_0, 8: Q5_0, 9: Q5_1, 10: Q2_K, 11: Q3_K, 12: Q3_K, 13: Q3_K,
-                14: Q4_K, 15: Q4_K, 16: Q5_K, 17: Q5_K, 18: Q6_K, 21: Q2_K, 32: BF16}
+                14: Q4_K, 15: Q4_K, 16: Q5_K, 17: Q5_K, 18: Q6_K, 21: Q2_K, 25: IQ4_NL, 30: IQ4_XS, 32: BF16}
 
 _IMATRIX = "needs an importance matrix and quantizers (IQ1/IQ2/IQ3_XXS) this core does not have"
 _NO_QUANTIZER = "has no quantizer in this core (files of it are read, not written)"
@@ -84,8 +85,7 @@ FTYPE_REFUSED = {
     "IQ2_XXS": _IMATRIX, "IQ2_XS": _IMATRIX, "IQ2_S": _IMATRIX, "IQ2_M": _IMATRIX,
     "IQ1_S": _IMATRIX, "IQ1_M": _IMATRIX, "IQ3_XXS": _IMATRIX,
     "IQ3_S": "(iq3_s) " + _NO_QUANTIZER, "IQ3_M": "(iq3_s) " + _NO_QUANTIZER, "IQ3_XS": "(iq3_s) " + _NO_QUANTIZER,
-    "IQ4_NL": "(iq4_nl: this core's quantizer is the KV cache's, not llama.cpp's search) " + _NO_QUANTIZER,
-    "IQ4_XS": "(iq4_xs) " + _NO_QUANTIZER, "TQ1_0": _NO_QUANTIZER, "TQ2_0": _NO_QUANTIZER,
+    "TQ1_0": _NO_QUANTIZER, "TQ2_0": _NO_QUANTIZER,
     "MXFP4_MOE": "(mxfp4) " + _NO_QUANTIZER, "Q1_0": _NO_QUANTIZER, "Q2_0": _NO_QUANTIZER,
 }
 
@@ -326,6 +326,8 @@ class _Chooser:
                 new_type = Q5_K if self.i_attention_wv < 2 else Q4_K
             elif ft == F["Q3_K_L"]:
                 new_type = Q5_K
+            elif ft in (F["IQ4_NL"], F["IQ4_XS"]) and hp.n_gqa >= 4:
+                new_type = Q5_K
             elif ft in (F["Q4_K_M"], F["Q5_K_M"]) and _use_more_bits(self.i_attention_wv, self.n_attention_wv):
                 new_type = Q6_K
             elif ft == F["Q4_K_S"] and self.i_attention_wv < 4:
@@ -356,6 +358,8 @@ class _Chooser:
                                 Q5_K if _use_more_bits(i_layer, n_layer) else Q4_K)
                 elif _use_more_bits(i_layer, n_layer):
                     new_type = Q6_K
+            elif i_layer < n_layer // 8 and ft in (F["IQ4_NL"], F["IQ4_XS"]) and not self.opts.has_imatrix:
+                new_type = Q5_K
             elif ft == F["Q5_K_M"] and _use_more_bits(i_layer, n_layer):
                 new_type = Q6_K
             elif ft == F["Q4_K_S"] and not falcon and i_layer < n_layer // 8:
@@ -367,7 +371,7 @@ class _Chooser:
         elif cat == ATTN_OUTPUT:
             if not falcon:
                 if hp.n_expert == 8:
-                    if ft in (F["Q2_K"], F["Q3_K_S"], F["Q3_K_M"], F["Q4_K_S"], F["Q4_K_M"]):
+                    if ft in (F["Q2_K"], F["Q3_K_S"], F["Q3_K_M"], F["Q4_K_S"], F["Q4_K_M"], F["IQ4_NL"], F["IQ4_XS"]):
                         new_type = Q5_K
                 elif ft == F["Q2_K"]:
                     new_type = Q3_K

@@ -1,5 +1,6 @@
 """Quantize a GGUF file: the file llama.cpp's quantizer (llama_model_quantize, llama-quantize) writes, byte for byte,
-for the file types of powerinfer.quant_rules (Q4_0 .. Q8_0, Q2_K .. Q6_K and their mixes, F16, BF16, F32, COPY).
+for the file types of powerinfer.quant_rules (Q4_0 .. Q8_0, Q2_K .. Q6_K and their mixes, Q2_K_S, IQ4_NL, IQ4_XS,
+F16, BF16, F32, COPY).
 
     quantize_file("model-f16.gguf", "model-Q4_K_M.gguf", QuantOptions(ftype=FTYPE["Q4_K_M"]), nthread=4)
 
@@ -37,7 +38,7 @@ ALIGNMENT = 32
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 # bytes per block and the offsets of its fp16 scales (ggml_validate_row_data's checks)
 _BLOCK = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 7: (24, (0, 2)), 8: (34, (0,)), 10: (84, (80, 82)),
-          11: (110, (108,)), 12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,))}
+          11: (110, (108,)), 12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,)), 20: (18, (0,)), 23: (136, (0,))}
 _CHUNK_ELEMENTS = 1 << 16     # elements per task of the thread pool
 
 
@@ -188,12 +189,10 @@ def _convert(src: np.ndarray, p: TensorPlan, pool, nthread: int) -> np.ndarray:
             check(lib.pi_dequantize_row(p.src_type, ffi.from_buffer(s), x, k))
         if p.dst_type == F32:
             ffi.memmove(ffi.from_buffer(d), x, k * 4)
-        elif p.imatrix is not None:
-            e = r0 // per_expert
-            qw = ffi.from_buffer("float[]", p.imatrix[e * n:(e + 1) * n])
-            check(lib.pi_quantize_rows_imatrix(p.dst_type, x, ffi.from_buffer(d), r1 - r0, n, qw))
         else:
-            check(lib.pi_quantize_row(p.dst_type, x, ffi.from_buffer(d), k))
+            e = r0 // per_expert
+            qw = ffi.NULL if p.imatrix is None else ffi.from_buffer("float[]", p.imatrix[e * n:(e + 1) * n])
+            check(lib.pi_quantize_rows_imatrix(p.dst_type, x, ffi.from_buffer(d), r1 - r0, n, qw))
 
     starts = range(0, nrows, step)
     if pool is None or len(starts) == 1:

@@ -4,6 +4,9 @@
  * llama.cpp's operation for operation, in float (built with -ffp-contract=off like the rest of the core), so a row
  * quantized here has its bytes.
  *
+ * IQ4_NL and IQ4_XS: llama.cpp's quantize_iq4_nl / quantize_iq4_xs, with or without weights (the files it writes
+ * come from those searches, not from its reference quantizer, which the KV cache's IQ4_NL follows).
+ *
  * Weights per element: qw_i * sqrt(sigma2 + x_i^2), sigma2 the mean of x^2 over the row (legacy types) or 2x that
  * over the super-block (Q3_K, Q4_K, Q5_K; Q2_K: 1x), except Q6_K, which takes qw as it is. */
 #include "quants_k.h"
@@ -437,7 +440,120 @@ static void q6_K_row(const float *x, void *dst, int64_t n, const float *qw) {
     }
 }
 
+/* ------------------------------------------------------------------ IQ4_NL, IQ4_XS */
+/* the grid value nearest x (ties and the ends as llama.cpp's best_index_int8) */
+static int iq4_index(float x) {
+    const int8_t *v = PI_IQ4_VALUES;
+    if (x <= v[0]) return 0;
+    if (x >= v[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < v[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - (float)v[hi - 1] < (float)v[hi] - x ? hi - 1 : hi;
+}
+
+/* One super-block of `sbs` values in sub-blocks of 32 (llama.cpp's quantize_row_iq4_nl_impl with ntry 7, what
+ * quantize_iq4_nl / _xs run with or without weights): per sub-block the scale of 15 grids with the best weighted fit
+ * (weights qw sqrt(sigma2 + x^2), or x^2 without qw); several sub-blocks: 6-bit scales of d = -max / 32. */
+static void iq4_block(int sbs, const float *x, const float *qw, uint16_t *dh, uint8_t *q4, uint16_t *scales_h,
+                      uint8_t *scales_l) {
+    const int ntry = 7, nb = sbs / 32;
+    float scales[PI_QK_K / 32], w[32];
+    uint8_t L[PI_QK_K];
+    float sigma2 = 0;
+    for (int j = 0; j < sbs; j++) sigma2 += x[j] * x[j];
+    sigma2 *= 2.0f / (float)sbs;
+    memset(q4, 0, (size_t)sbs / 2);
+    *dh = pi_f32_to_fp16(0.0f);
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < nb; ib++) {
+        const float *xb = x + 32 * ib;
+        uint8_t *Lb = L + 32 * ib;
+        for (int j = 0; j < 32; j++) w[j] = qw ? qw[32 * ib + j] * sqrtf(sigma2 + xb[j] * xb[j]) : xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(xb[j]) > amax) { amax = fabsf(xb[j]); max = xb[j]; }
+        if (amax < GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            continue;
+        }
+        float d = -max / (float)PI_IQ4_VALUES[0], id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            const int l = iq4_index(id * xb[j]);
+            Lb[j] = (uint8_t)l;
+            const float q = PI_IQ4_VALUES[l];
+            sumqx += w[j] * q * xb[j];
+            sumq2 += w[j] * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+        float best = d * sumqx;
+        for (int itry = -ntry; itry <= ntry; itry++) {
+            id = (float)(itry + PI_IQ4_VALUES[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; j++) {
+                const float q = PI_IQ4_VALUES[iq4_index(id * xb[j])];
+                sumqx += w[j] * q * xb[j];
+                sumq2 += w[j] * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        if (fabsf(d) > amax_scale) { amax_scale = fabsf(d); max_scale = d; }
+    }
+    if (nb > 1) {
+        *scales_h = 0;
+        const float d = -max_scale / 32;
+        *dh = pi_f32_to_fp16(d);
+        const float id = d != 0.0f ? 1 / d : 0.0f;
+        for (int ib = 0; ib < nb; ib++) {
+            int l = PI_MAX(-32, PI_MIN(31, pi_nearest_int(id * scales[ib])));
+            const float dl = d * (float)l, idl = dl != 0.0f ? 1 / dl : 0.0f;
+            for (int j = 0; j < 32; j++) L[32 * ib + j] = (uint8_t)iq4_index(idl * x[32 * ib + j]);
+            l += 32;
+            if (ib % 2 == 0) scales_l[ib / 2] = (uint8_t)(l & 0x0f);
+            else scales_l[ib / 2] |= (uint8_t)((l & 0x0f) << 4);
+            *scales_h |= (uint16_t)((l >> 4) << (2 * (ib % 8)));
+        }
+    } else {
+        *dh = pi_f32_to_fp16(scales[0]);
+        const float id = scales[0] != 0.0f ? 1 / scales[0] : 0.0f;
+        for (int j = 0; j < sbs; j++) L[j] = (uint8_t)iq4_index(id * x[j]);
+    }
+    for (int i = 0; i < sbs / 32; i++)
+        for (int j = 0; j < 16; j++) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+}
+
+static void iq4_nl_row(const float *x, void *dst, int64_t n, const float *qw) {
+    pi_block_iq4_nl *y = dst;
+    for (int64_t b = 0; b < n / 32; b++)
+        iq4_block(32, x + 32 * b, qw ? qw + 32 * b : NULL, &y[b].d, y[b].qs, NULL, NULL);
+}
+
+static void iq4_xs_row(const float *x, void *dst, int64_t n, const float *qw) {
+    pi_block_iq4_xs *y = dst;
+    for (int64_t b = 0; b < n / PI_QK_K; b++)
+        iq4_block(PI_QK_K, x + PI_QK_K * b, qw ? qw + PI_QK_K * b : NULL, &y[b].d, y[b].qs, &y[b].scales_h,
+                  y[b].scales_l);
+}
+
 typedef void (*row_fn)(const float *x, void *dst, int64_t n, const float *qw);
+
+/* the quantizers llama.cpp's ggml_quantize_chunk runs whether or not it has weights (their reference quantizers are
+ * other searches) */
+static row_fn searched(int32_t type) {
+    switch (type) {
+    case PI_TYPE_IQ4_NL: return iq4_nl_row;
+    case PI_TYPE_IQ4_XS: return iq4_xs_row;
+    default: return NULL;
+    }
+}
 
 static row_fn weighted(int32_t type) {
     switch (type) {
@@ -461,7 +577,8 @@ pi_status pi_quantize_rows_imatrix(int32_t type, const float *src, void *dst, in
     if (rb < 0)
         return pi_fail(PI_ERR_INVALID_ARG, "rows of %lld elements cannot be stored as type %d", (long long)n_per_row,
                        (int)type);
-    const row_fn f = quant_weights ? weighted(type) : NULL;
+    row_fn f = searched(type);
+    if (!f && quant_weights) f = weighted(type);
     if (!f) {
         if (quant_weights && type != PI_TYPE_Q8_0)   /* Q8_0: llama.cpp ignores the weights */
             return pi_fail(PI_ERR_UNSUPPORTED, "type %s: no quantizer with importance weights here", pi_type_name(type));

@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO / "tools"))
 from make_test_model import write_model  # noqa: E402
 
 FTYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q3_K_S", "Q3_K_L", "Q2_K", "Q2_K_S", "Q4_K_S", "Q5_K_S", "Q4_0",
-          "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS"]
+          "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M", "IQ3_XS"]
 TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13,
-         "q6_K": 14, "iq4_nl": 20, "iq4_xs": 23}
+         "q6_K": 14, "iq4_nl": 20, "iq4_xs": 23, "iq3_xxs": 18, "iq3_s": 21}
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,9 @@ def llama_cpp():
     return lc
 
 
-CASES = [("llama", t) for t in FTYPES] + [("moe8", t) for t in ("Q4_K_M", "Q2_K_S", "Q3_K_M", "Q4_0", "IQ4_XS")] + \
-        [("gemma3", t) for t in ("Q4_K_M", "Q6_K", "Q2_K", "Q5_0", "IQ4_XS", "IQ4_NL")]
+CASES = [("llama", t) for t in FTYPES] + \
+    [("moe8", t) for t in ("Q4_K_M", "Q2_K_S", "Q3_K_M", "Q4_0", "IQ4_XS", "IQ3_XS", "IQ3_M")] + \
+    [("gemma3", t) for t in ("Q4_K_M", "Q6_K", "Q2_K", "Q5_0", "IQ4_XS", "IQ4_NL", "IQ3_S")]
 
 
 @pytest.mark.parametrize("model,ftype", CASES, ids=[f"{m}-{t}" for m, t in CASES])
@@ -104,13 +105,13 @@ def test_same_file_as_llama_cpp(llama_cpp, inputs, imatrices, tmp_path, model, f
     assert_same_file(ours, ref)
 
 
-IQ4_CASES = [(m, t) for m in ("llama", "moe8", "gemma3") for t in ("IQ4_NL", "IQ4_XS")]
+IQ4_CASES = [(m, t) for m in ("llama", "moe8", "gemma3") for t in ("IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M")]
 
 
 @pytest.mark.parametrize("model,ftype", IQ4_CASES, ids=[f"{m}-{t}" for m, t in IQ4_CASES])
-def test_iq4_without_imatrix_as_llama_cpp(llama_cpp, inputs, tmp_path, model, ftype):
-    """IQ4_NL / IQ4_XS need no importance matrix: llama.cpp's searches (quantize_iq4_nl / _xs) and its rules without
-    one (the first eighth of ffn_down in Q5_K)."""
+def test_iq_without_imatrix_as_llama_cpp(llama_cpp, inputs, tmp_path, model, ftype):
+    """IQ4_NL / IQ4_XS / IQ3_S / IQ3_M need no importance matrix: llama.cpp's searches (quantize_iq4_nl, _iq4_xs,
+    _iq3_s) and its rules without one (IQ4: the first eighth of ffn_down in Q5_K)."""
     ref = ref_quantize(llama_cpp, inputs[model], tmp_path / "ref.gguf", ftype)
     ours = tmp_path / "ours.gguf"
     quantize_file(inputs[model], ours, opts_for(ftype), nthread=2)
@@ -142,6 +143,49 @@ def test_cli_as_llama_quantize(llama_cpp, inputs, imatrices, tmp_path):
     assert_same_file(ours, ref)
 
 
+def _ggml_base(llama_cpp):
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    try:
+        g = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
+    except OSError:
+        pytest.skip("llama-cpp-python's libggml-base.so is not loadable")
+    g.ggml_quantize_chunk.restype = ctypes.c_size_t
+    g.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                      ctypes.c_int64, ctypes.c_void_p]
+    g.ggml_quantize_init.argtypes = [ctypes.c_int]
+    return g
+
+
+ROW_TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs",
+             "iq3_xxs", "iq3_s"]
+
+
+@pytest.mark.parametrize("weights", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("tname", ROW_TYPES)
+def test_rows_as_ggml_quantize_chunk(llama_cpp, tname, weights):
+    """Row by row against ggml_quantize_chunk (llama-cpp-python's libggml-base, what llama_model_quantize calls), with
+    zero sub-blocks and a zero row (IQ3_S writes a zero sub-block's successor in its place; a zero K-quant block's
+    min is +0)."""
+    g = _ggml_base(llama_cpp)
+    t = TYPES[tname]
+    g.ggml_quantize_init(t)
+    rng = np.random.default_rng(t)
+    n, rows = 1024, 48
+    x = (rng.standard_normal((rows, n)) * rng.gamma(1.0, 1.0, (rows, 1))).astype(np.float32)
+    x[3, 32:64] = 0
+    x[5] = 0
+    x[7, 256:320] = 0
+    x[9, ::7] *= 20
+    qw = rng.gamma(0.5, 1.0, n).astype(np.float32) if weights else None
+    rb = int(lib.pi_row_bytes(t, n))
+    ref, ours = np.zeros(rows * rb, np.uint8), np.ones(rows * rb, np.uint8)
+    g.ggml_quantize_chunk(t, x.ctypes.data, ref.ctypes.data, 0, rows, n, None if qw is None else qw.ctypes.data)
+    check(lib.pi_quantize_rows_imatrix(t, ffi.from_buffer("float[]", x), ffi.from_buffer(ours), rows, n,
+                                       ffi.NULL if qw is None else ffi.from_buffer("float[]", qw)))
+    bad = np.flatnonzero(ref != ours)
+    assert bad.size == 0, f"{tname}: {bad.size} bytes differ, first in row {bad[0] // rb}"
+
+
 # ------------------------------------------------------------------ without the peer
 def _weighted_err(t, x, qw):
     """sum qw (x - dequant(quant(x)))^2 of one row quantized with weights qw (None: the reference quantizer)."""
@@ -156,7 +200,7 @@ def _weighted_err(t, x, qw):
 
 
 @pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl",
-                                   "iq4_xs"])
+                                   "iq4_xs", "iq3_xxs", "iq3_s"])
 def test_weights_lower_the_weighted_error(tname):
     """Strongly uneven importance: the weighted quantizer's weighted squared error (float64) is below the reference
     quantizer's over many rows (what quantize_row_*_impl optimises; a type that ignored its weights would not)."""
@@ -184,7 +228,7 @@ def test_bad_calls():
     x = np.zeros(256, np.float32)
     buf = np.zeros(1024, np.uint8)
     with pytest.raises(PowerInferError, match="no quantizer with importance weights"):
-        check(lib.pi_quantize_rows_imatrix(21, ffi.from_buffer("float[]", x), ffi.from_buffer(buf), 1, 256,
+        check(lib.pi_quantize_rows_imatrix(16, ffi.from_buffer("float[]", x), ffi.from_buffer(buf), 1, 256,
                                            ffi.from_buffer("float[]", x)))
     with pytest.raises(PowerInferError, match="cannot be stored"):
         check(lib.pi_quantize_rows_imatrix(12, ffi.from_buffer("float[]", x), ffi.from_buffer(buf), 1, 64,
@@ -224,3 +268,5 @@ def test_cli_refusals(inputs, tmp_path):
     assert tool.main(["--imatrix", "x", "--include-weights", "a", "--exclude-weights", "b", str(inputs["llama"]), out,
                       "Q4_K_M"]) == 1
     assert tool.main([str(inputs["llama"]), out, "IQ2_XXS"]) == 1
+    assert tool.main([str(inputs["llama"]), out, "IQ3_XXS"]) == 1    # its attn_q / attn_k are IQ2_S
+    assert tool.main([str(inputs["llama"]), out, "IQ3_XS"]) == 1     # IQ3_XXS tensors: an imatrix is required

@@ -38,7 +38,8 @@ ALIGNMENT = 32
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 # bytes per block and the offsets of its fp16 scales (ggml_validate_row_data's checks)
 _BLOCK = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 7: (24, (0, 2)), 8: (34, (0,)), 10: (84, (80, 82)),
-          11: (110, (108,)), 12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,)), 20: (18, (0,)), 23: (136, (0,))}
+          11: (110, (108,)), 12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,)), 20: (18, (0,)), 23: (136, (0,)),
+          18: (98, (0,)), 21: (110, (0,))}
 _CHUNK_ELEMENTS = 1 << 16     # elements per task of the thread pool
 
 

@@ -9,6 +9,7 @@
  *
  * Weights per element: qw_i * sqrt(sigma2 + x_i^2), sigma2 the mean of x^2 over the row (legacy types) or 2x that
  * over the super-block (Q3_K, Q4_K, Q5_K; Q2_K: 1x), except Q6_K, which takes qw as it is. */
+#include "quant_iq.h"
 #include "quants_k.h"
 
 #include <math.h>
@@ -551,6 +552,7 @@ static row_fn searched(int32_t type) {
     switch (type) {
     case PI_TYPE_IQ4_NL: return iq4_nl_row;
     case PI_TYPE_IQ4_XS: return iq4_xs_row;
+    case PI_TYPE_IQ3_S: return pi_iq3_s_row;
     default: return NULL;
     }
 }
@@ -579,6 +581,11 @@ pi_status pi_quantize_rows_imatrix(int32_t type, const float *src, void *dst, in
                        (int)type);
     row_fn f = searched(type);
     if (!f && quant_weights) f = weighted(type);
+    if (type == PI_TYPE_IQ3_XXS) {   /* llama.cpp quantizes it without weights too; its ftypes require them */
+        f = pi_iq3_xxs_row;
+    }
+    if ((type == PI_TYPE_IQ3_XXS || type == PI_TYPE_IQ3_S) && !pi_iq3_tables_ready(type))
+        return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for the %s grid tables", pi_type_name(type));
     if (!f) {
         if (quant_weights && type != PI_TYPE_Q8_0)   /* Q8_0: llama.cpp ignores the weights */
             return pi_fail(PI_ERR_UNSUPPORTED, "type %s: no quantizer with importance weights here", pi_type_name(type));

@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--f32", type=Path, default=DEFAULT_F32)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--calib-chunks", type=int, default=-1, help="windows of calibration text (-1: all)")
+    ap.add_argument("--test-windows", type=int, default=-1, help="windows of evaluation text (-1: all)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/imatrix-kld"))
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -47,19 +49,21 @@ def main() -> int:
     text = (REPO / "data/heldout.txt").read_text()
     cut = text.index("\n", int(len(text) * 0.6)) + 1
     calib, test = text[:cut], text[cut:]
-    log = print
+    def log(s):
+        print(s, flush=True)
     res: dict = {"f32": str(a.f32), "n_ctx": a.ctx, "calib_bytes": len(calib), "test_bytes": len(test)}
 
     f32 = pi.Model(a.f32)
     im_path = a.out / "imatrix.gguf"
     t0 = time.perf_counter()
-    im = collect(f32, calib, n_ctx=a.ctx, n_threads=a.threads, dataset="data/heldout.txt[:60%]", log=log)
+    im = collect(f32, calib, n_ctx=a.ctx, chunks=a.calib_chunks, n_threads=a.threads,
+                 dataset="data/heldout.txt[:60%]", log=log)
     write_imatrix(im_path, im)
     res["imatrix"] = {"chunks": im.chunk_count, "entries": len(im.entries), "seconds": time.perf_counter() - t0}
     log(f"imatrix: {im.chunk_count} chunks, {len(im.entries)} entries")
 
     base = a.out / "f32.kld"
-    r = perplexity(f32, test, n_ctx=a.ctx, n_threads=a.threads, save_kld=base)
+    r = perplexity(f32, test, n_ctx=a.ctx, chunks=a.test_windows, n_threads=a.threads, save_kld=base)
     res["f32_ppl"] = r.ppl
     log(f"f32: PPL {r.ppl:.4f} over {r.n_scored} tokens ({r.n_chunks} windows)")
     del f32
@@ -72,10 +76,11 @@ def main() -> int:
             t0 = time.perf_counter()
             cmd = [sys.executable, str(REPO / "tools/quantize.py"), "-q"] + \
                 (["--imatrix", str(im_path)] if with_im else []) + [str(a.f32), str(q), ftype, str(a.threads)]
+            print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)   # (the environment's PYTHONPATH: the same package)
             secs = time.perf_counter() - t0
             m = pi.Model(q)
-            rr = perplexity(m, test, n_ctx=a.ctx, n_threads=a.threads, kld_base=base)
+            rr = perplexity(m, None, n_ctx=a.ctx, n_threads=a.threads, kld_base=base)
             k = rr.kld
             runs[name] = {"bytes": q.stat().st_size, "quantize_s": secs, "ppl": rr.ppl, "kld_mean": k.mean,
                           "kld_stderr": k.stderr, "kld_p99": k.p99, "top1": k.top1}

@@ -21,13 +21,13 @@ import re
 import sys
 
 from powerinfer.gguf_file import ModelLoadError
-from powerinfer.quant_rules import FTYPE, FTYPE_REFUSED, QUANT_OPTIONS, QuantOptions, parse_ftype, parse_ggml_type
+from powerinfer.quant_rules import FTYPE_REFUSED, QUANT_OPTIONS, QuantOptions, parse_ftype, parse_ggml_type
 from powerinfer.quantize import QuantizeError, parse_kv_override, quantize_file
 
 
 def _types_help() -> str:
-    ok = [n for n, _ in QUANT_OPTIONS if n not in FTYPE_REFUSED]
-    return "allowed types: " + " ".join(f"{n} ({FTYPE.get(n, 0) if n != 'COPY' else 'copy'})" for n in ok)
+    ok = [(n, ft) for n, ft in QUANT_OPTIONS if n not in FTYPE_REFUSED]
+    return "allowed types: " + " ".join(f"{n} ({ft if n != 'COPY' else 'copy'})" for n, ft in ok)
 
 
 def _ggml_type(s: str, what: str) -> int:

@@ -13,6 +13,7 @@
 #include "quants_k.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #define GROUP_MAX_EPS 1e-15f
@@ -575,6 +576,9 @@ static row_fn weighted(int32_t type) {
 pi_status pi_quantize_rows_imatrix(int32_t type, const float *src, void *dst, int64_t nrows, int64_t n_per_row,
                                    const float *quant_weights) {
     if (nrows < 0 || n_per_row < 0) return pi_fail(PI_ERR_INVALID_ARG, "pi_quantize_rows_imatrix: negative size");
+    if (n_per_row > 0 && nrows > INT64_MAX / n_per_row)
+        return pi_fail(PI_ERR_INVALID_ARG, "pi_quantize_rows_imatrix: too many values (%lld rows of %lld)",
+                       (long long)nrows, (long long)n_per_row);
     const int64_t rb = pi_row_bytes(type, n_per_row);
     if (rb < 0)
         return pi_fail(PI_ERR_INVALID_ARG, "rows of %lld elements cannot be stored as type %d", (long long)n_per_row,

@@ -766,7 +766,9 @@ PI_API pi_status pi_imatrix_entry(const pi_context *ctx, int32_t i, const char *
                                   int64_t *n_mat, float **sums, int64_t **counts);
 /* nrows rows of n_per_row values quantized as llama.cpp's ggml_quantize_chunk quantizes them with the importance
  * weights quant_weights [n_per_row] (quantize_row_*_impl; NULL: pi_quantize_row's reference quantizers, as llama.cpp
- * without an imatrix). Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K and those of pi_quantize_imatrix_types. */
+ * without an imatrix; Q8_0 ignores the weights, as llama.cpp). IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S: llama.cpp's searches
+ * (quantize_iq4_nl / _iq4_xs / _iq3_xxs / _iq3_s) with or without weights. Other types: pi_quantize_row's without
+ * weights, PI_ERR_UNSUPPORTED with them. The file quantizer's one entry (powerinfer.quantize). */
 PI_API pi_status pi_quantize_rows_imatrix(int32_t type, const float *src, void *dst, int64_t nrows,
                                           int64_t n_per_row, const float *quant_weights);
 

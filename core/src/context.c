@@ -35,6 +35,7 @@
  * them there and its cold ones on the CPU (sparse_ffn).
  */
 #include "context.h"
+#include "imatrix.h"
 #include "lora.h"
 #include "moe.h"
 #include "gdn.h"
@@ -127,6 +128,7 @@ pi_status pi_buffers_alloc(pi_exec *e, const pi_model *m, int64_t T, int64_t n_c
 
 void pi_context_free(pi_context *ctx) {
     if (!ctx) return;
+    pi_imatrix_end(ctx);
     pi_offload_release(ctx);
     pi_buffers_free(&ctx->cpu);
     pi_backend_free(ctx->cpu.be);
@@ -342,6 +344,7 @@ static pi_status move_x(pi_context *ctx, pi_exec **at, pi_exec *e, int64_t T) {
 
 /* y [N, T] = W [K, N] x [K, T] */
 static pi_status matmul(pi_exec *e, const pi_tensor *w, float *x, float *y, int64_t T) {
+    if (e->imatrix) TRY(pi_imatrix_observe(e->imatrix, w, x, T));
     pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
     return OP(e, mul_mat, w, &xt, &yt);
 }
@@ -352,6 +355,8 @@ static pi_status matmuls(pi_exec *e, int n, const pi_tensor *const *w, float *x,
         for (int i = 0; i < n; i++) TRY(matmul(e, w[i], x, y[i], T));
         return PI_OK;
     }
+    if (e->imatrix)
+        for (int i = 0; i < n; i++) TRY(pi_imatrix_observe(e->imatrix, w[i], x, T));
     pi_tensor xt = f32_2d(x, w[0]->ne[0], T), yt[PI_MUL_MATS_MAX];
     pi_tensor *yp[PI_MUL_MATS_MAX];
     for (int i = 0; i < n; i++) { yt[i] = f32_2d(y[i], w[i]->ne[1], T); yp[i] = &yt[i]; }

@@ -6,7 +6,8 @@
  * the observer keeps sums[n_mat][n_cols] (float, summed in token order as llama.cpp sums them) of x_j^2 over the rows
  * x it saw, and counts[n_mat] of those rows; the experts of a 3-D tensor each have their row and count.
  *
- * What is collected: the attention matrices (attn_q/k/v/output, attn_qkv, the MLA attn_q_a/attn_q_b/attn_kv_a_mqa),
+ * What is collected: the attention matrices (attn_q/k/v/output, attn_qkv, the MLA attn_q_a/attn_q_b/attn_kv_a_mqa,
+ * a gated delta net layer's attn_qkv / attn_gate / ssm_beta / ssm_alpha / ssm_ba / ssm_out),
  * the dense FFN (ffn_gate/up/down), the router (ffn_gate_inp), the experts (ffn_{gate,up,down}_exps, per expert) and
  * the shared expert, gemma's per-layer inp_gate/proj, and output.weight with PI_IMATRIX_OUTPUT (not a tied output,
  * which is token_embd: llama-imatrix skips it too). Not: the MLA per-head attn_k_b / attn_v_b (run as views), the
@@ -82,6 +83,8 @@ static void imatrix_free(pi_imatrix *im) {
 static const struct { size_t off; const char *suffix; } ATTN[] = {
     F(wq, "attn_q"), F(wk, "attn_k"), F(wv, "attn_v"), F(wo, "attn_output"), F(wqkv, "attn_qkv"),
     F(wq_a, "attn_q_a"), F(wq_b, "attn_q_b"), F(wkv_a, "attn_kv_a_mqa"),
+    F(ssm_qkv, "attn_qkv"), F(ssm_z, "attn_gate"), F(ssm_beta, "ssm_beta"), F(ssm_alpha, "ssm_alpha"),
+    F(ssm_ba, "ssm_ba"), F(ssm_out, "ssm_out"),     /* gated delta net layers (gdn.c) */
 }, FFN[] = {
     F(ffn_gate, "ffn_gate"), F(ffn_up, "ffn_up"), F(ffn_down, "ffn_down"), F(ffn_gate_inp, "ffn_gate_inp"),
     F(ffn_gate_exps, "ffn_gate_exps"), F(ffn_up_exps, "ffn_up_exps"), F(ffn_down_exps, "ffn_down_exps"),

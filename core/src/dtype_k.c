@@ -5,6 +5,7 @@
  * scales and mins, so that a row quantized here has the values llama.cpp's `quantize`
  * would give it without an importance matrix. */
 #include "quants_k.h"
+#include "quants_k_ref.h"
 #include "iq_grids.h"
 
 #include <string.h>
@@ -599,15 +600,7 @@ void pi_q2_K_from_f32(const float *src, void *dst, int64_t n) {
         } else {
             y[b].dmin = pi_f32_to_fp16(0.0f);
         }
-        for (int j = 0; j < PI_QK_K / 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)(y[b].scales[j] & 0x0f);
-            if (d == 0.0f) continue;
-            const float dm = pi_fp16_to_f32(y[b].dmin) * (float)(y[b].scales[j] >> 4);
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int((src[16 * j + i] + dm) / d);
-                L[16 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(3, l));
-            }
-        }
+        pi_q2k_requant(src, y[b].scales, y[b].d, y[b].dmin, L);
         for (int j = 0; j < PI_QK_K; j += 128)
             for (int l = 0; l < 32; l++)
                 y[b].qs[j / 4 + l] =
@@ -629,23 +622,13 @@ void pi_q3_K_from_f32(const float *src, void *dst, int64_t n) {
         if (max_scale != 0.0f) {
             const float iscale = -32.0f / max_scale;
             for (int j = 0; j < PI_QK_K / 16; j++) {
-                int l = PI_MAX(-32, PI_MIN(31, pi_nearest_int(iscale * scales[j]))) + 32;
-                if (j < 8) y[b].scales[j] = (uint8_t)(l & 0x0f);
-                else       y[b].scales[j - 8] |= (uint8_t)((l & 0x0f) << 4);
-                y[b].scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+                pi_k3_pack_scale(j, PI_MAX(-32, PI_MIN(31, pi_nearest_int(iscale * scales[j]))) + 32, y[b].scales);
             }
             y[b].d = pi_f32_to_fp16(1.0f / iscale);
         } else {
             y[b].d = pi_f32_to_fp16(0.0f);
         }
-        for (int j = 0; j < PI_QK_K / 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)pi_k3_scale(j, y[b].scales);
-            if (d == 0.0f) continue;
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int(src[16 * j + i] / d);
-                L[16 * j + i] = (int8_t)(PI_MAX(-4, PI_MIN(3, l)) + 4);
-            }
-        }
+        pi_k3_requant(src, y[b].scales, y[b].d, L);
         memset(y[b].hmask, 0, sizeof y[b].hmask);
         for (int e = 0; e < PI_QK_K; e++) {       /* high bit of element e: bit e/32 of hmask[e%32] */
             if (L[e] > 3) {
@@ -678,32 +661,15 @@ static void quantize_k45_scales(const float *src, int nmax, float rmin, int nste
     }
     const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
     const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    memset(packed, 0, 12);
+    uint8_t ls[8], lm[8];
     for (int j = 0; j < 8; j++) {
-        const uint8_t ls = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_scale * scales[j])));
-        const uint8_t lm = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_min * mins[j])));
-        if (j < 4) {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
-            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            packed[j] |= (uint8_t)((lm >> 4) << 6);
-        }
+        ls[j] = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_scale * scales[j])));
+        lm[j] = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_min * mins[j])));
     }
+    pi_k45_pack_scales(ls, lm, packed);
     *d_out = pi_f32_to_fp16(max_scale / 63.0f);
     *dmin_out = pi_f32_to_fp16(max_min / 63.0f);
-    for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        pi_k4_scale_min(j, packed, &sc, &m);
-        const float d = pi_fp16_to_f32(*d_out) * (float)sc;
-        if (d == 0.0f) continue;
-        const float dm = pi_fp16_to_f32(*dmin_out) * (float)m;
-        for (int i = 0; i < 32; i++) {
-            const int l = pi_nearest_int((src[32 * j + i] + dm) / d);
-            L[32 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
-        }
-    }
+    pi_k45_requant(src, nmax, packed, *d_out, *dmin_out, L);
 }
 
 void pi_q4_K_from_f32(const float *src, void *dst, int64_t n) {

@@ -11,6 +11,7 @@
  * over the super-block (Q3_K, Q4_K, Q5_K; Q2_K: 1x), except Q6_K, which takes qw as it is. */
 #include "quant_iq.h"
 #include "quants_k.h"
+#include "quants_k_ref.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -281,17 +282,8 @@ static void q2_K_row(const float *x, void *dst, int64_t n, const float *qw) {
         const float dm0 = qp_quants(16, 15, scales, Ls, sw), mm0 = qp_quants(16, 15, mins, Lm, sw);
         y[b].d = pi_f32_to_fp16(dm0);
         y[b].dmin = pi_f32_to_fp16(mm0);
-        const float dm = pi_fp16_to_f32(y[b].d), mm = pi_fp16_to_f32(y[b].dmin);
         for (int j = 0; j < 16; j++) y[b].scales[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
-        for (int j = 0; j < 16; j++) {
-            const float d = dm * (float)(y[b].scales[j] & 0x0f);
-            if (d == 0.0f) continue;
-            const float m = mm * (float)(y[b].scales[j] >> 4);
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int((x[16 * j + i] + m) / d);
-                L[16 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(3, l));
-            }
-        }
+        pi_q2k_requant(x, y[b].scales, y[b].d, y[b].dmin, L);
         pack2(L, y[b].qs);
     }
 }
@@ -312,22 +304,9 @@ static void q3_K_row(const float *x, void *dst, int64_t n, const float *qw) {
         }
         memset(y[b].scales, 0, 12);
         const float d_block = qx_quants(16, 32, scales, Ls, sw);
-        for (int j = 0; j < 16; j++) {
-            int l = Ls[j];
-            if (j < 8) y[b].scales[j] = (uint8_t)(l & 0x0f);
-            else       y[b].scales[j - 8] |= (uint8_t)((l & 0x0f) << 4);
-            l >>= 4;
-            y[b].scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
-        }
+        for (int j = 0; j < 16; j++) pi_k3_pack_scale(j, Ls[j], y[b].scales);
         y[b].d = pi_f32_to_fp16(d_block);
-        for (int j = 0; j < 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)pi_k3_scale(j, y[b].scales);
-            if (d == 0.0f) continue;
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int(x[16 * j + i] / d);
-                L[16 * j + i] = (int8_t)(PI_MAX(-4, PI_MIN(3, l)) + 4);
-            }
-        }
+        pi_k3_requant(x, y[b].scales, y[b].d, L);
         memset(y[b].hmask, 0, sizeof y[b].hmask);
         for (int e = 0; e < PI_QK_K; e++)
             if (L[e] > 3) {
@@ -354,29 +333,13 @@ static void k45_row_block(const float *x, const float *qw, int nmax, uint8_t *L,
     }
     const float d_block = qp_quants(8, 63, scales, Ls, sw), m_block = qp_quants(8, 63, mins, Lm, sw);
     for (int j = 0; j < 8; j++) {
-        const uint8_t ls = (uint8_t)PI_MIN(63, Ls[j]), lm = (uint8_t)PI_MIN(63, Lm[j]);
-        if (j < 4) {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
-            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            packed[j] |= (uint8_t)((lm >> 4) << 6);
-        }
+        Ls[j] = (uint8_t)PI_MIN(63, Ls[j]);
+        Lm[j] = (uint8_t)PI_MIN(63, Lm[j]);
     }
+    pi_k45_pack_scales(Ls, Lm, packed);
     *d_out = pi_f32_to_fp16(d_block);
     *dmin_out = pi_f32_to_fp16(m_block);
-    for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        pi_k4_scale_min(j, packed, &sc, &m);
-        const float d = pi_fp16_to_f32(*d_out) * (float)sc;
-        if (d == 0.0f) continue;
-        const float dm = pi_fp16_to_f32(*dmin_out) * (float)m;
-        for (int i = 0; i < 32; i++) {
-            const int l = pi_nearest_int((x[32 * j + i] + dm) / d);
-            L[32 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
-        }
-    }
+    pi_k45_requant(x, nmax, packed, *d_out, *dmin_out, L);
 }
 
 static void q4_K_row(const float *x, void *dst, int64_t n, const float *qw) {

@@ -1,0 +1,74 @@
+/* quants_k_ref.h: the steps the K-quant quantizers share, whether their scales come from the reference search
+ * (dtype_k.c) or the importance-weighted one (quant_imatrix.c): packing the sub-block scales into a block's scale
+ * bytes, and re-quantizing each sub-block from the scales as stored (fp16 super-block scale times the packed
+ * sub-block scale), as llama.cpp does, so the quants match the stored scales exactly. */
+#ifndef PI_QUANTS_K_REF_H
+#define PI_QUANTS_K_REF_H
+
+#include "quants_k.h"
+
+/* Q4_K / Q5_K: the 8 6-bit scales ls and mins lm (0..63) into the 12 packed bytes (pi_k4_scale_min's layout). */
+static inline void pi_k45_pack_scales(const uint8_t ls[8], const uint8_t lm[8], uint8_t packed[12]) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            packed[j] = ls[j];
+            packed[j + 4] = lm[j];
+        } else {
+            packed[j + 4] = (uint8_t)((ls[j] & 0x0f) | ((lm[j] & 0x0f) << 4));
+            packed[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            packed[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+}
+
+/* Q4_K / Q5_K: the 256 levels L (0..nmax) of x from the packed scales and the fp16 d, dmin; a sub-block of scale 0
+ * keeps the levels it has. */
+static inline void pi_k45_requant(const float *x, int nmax, const uint8_t packed[12], uint16_t d16, uint16_t dmin16,
+                                  uint8_t *L) {
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        pi_k4_scale_min(j, packed, &sc, &m);
+        const float d = pi_fp16_to_f32(d16) * (float)sc;
+        if (d == 0.0f) continue;
+        const float dm = pi_fp16_to_f32(dmin16) * (float)m;
+        for (int i = 0; i < 32; i++) {
+            const int l = pi_nearest_int((x[32 * j + i] + dm) / d);
+            L[32 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
+        }
+    }
+}
+
+/* Q2_K: the 256 levels L (0..3) of x from the 16 scale bytes (scale low nibble, min high nibble) and d, dmin. */
+static inline void pi_q2k_requant(const float *x, const uint8_t scales[16], uint16_t d16, uint16_t dmin16, uint8_t *L) {
+    for (int j = 0; j < 16; j++) {
+        const float d = pi_fp16_to_f32(d16) * (float)(scales[j] & 0x0f);
+        if (d == 0.0f) continue;
+        const float dm = pi_fp16_to_f32(dmin16) * (float)(scales[j] >> 4);
+        for (int i = 0; i < 16; i++) {
+            const int l = pi_nearest_int((x[16 * j + i] + dm) / d);
+            L[16 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(3, l));
+        }
+    }
+}
+
+/* Q3_K: the 6-bit scale l (0..63, 32 for zero) of sub-block j (0..15) into the 12 scale bytes, which start zeroed
+ * (pi_k3_scale's layout). */
+static inline void pi_k3_pack_scale(int j, int l, uint8_t scales[12]) {
+    if (j < 8) scales[j] = (uint8_t)(l & 0x0f);
+    else       scales[j - 8] |= (uint8_t)((l & 0x0f) << 4);
+    scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+}
+
+/* Q3_K: the 256 levels L (0..7, the signed level + 4) of x from the packed scales and d. */
+static inline void pi_k3_requant(const float *x, const uint8_t scales[12], uint16_t d16, int8_t *L) {
+    for (int j = 0; j < 16; j++) {
+        const float d = pi_fp16_to_f32(d16) * (float)pi_k3_scale(j, scales);
+        if (d == 0.0f) continue;
+        for (int i = 0; i < 16; i++) {
+            const int l = pi_nearest_int(x[16 * j + i] / d);
+            L[16 * j + i] = (int8_t)(PI_MAX(-4, PI_MIN(3, l)) + 4);
+        }
+    }
+}
+
+#endif

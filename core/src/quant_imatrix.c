@@ -192,6 +192,14 @@ static float sum_sq(const float *x, int64_t n) {
     return s;
 }
 
+/* the importance weights q[l] sqrt(sigma2 + x[l]^2) of n elements into w; returns their sum (a sub-block's weight) */
+static float weigh(const float *x, const float *q, float sigma2, int n, float *w) {
+    float sumw = 0;
+    for (int l = 0; l < n; l++) w[l] = q[l] * sqrtf(sigma2 + x[l] * x[l]);
+    for (int l = 0; l < n; l++) sumw += w[l];
+    return sumw;
+}
+
 /* ------------------------------------------------------------------ 32-element blocks */
 static void q4_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     pi_block_q4_0 *y = dst;
@@ -200,7 +208,7 @@ static void q4_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        weigh(xb, q, sigma2, 32, w);
         y[b].d = pi_f32_to_fp16(qx_quants(32, 8, xb, L, w));
         for (int j = 0; j < 16; j++) y[b].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
     }
@@ -213,7 +221,7 @@ static void q4_1_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        weigh(xb, q, sigma2, 32, w);
         const float d = qkx3_quants(32, 15, xb, w, L, &min, Laux, -0.9f, 0.05f, 36);
         y[b].d = pi_f32_to_fp16(d);
         y[b].m = pi_f32_to_fp16(-min);
@@ -238,7 +246,7 @@ static void q5_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        weigh(xb, q, sigma2, 32, w);
         y[b].d = pi_f32_to_fp16(qx_quants(32, 16, xb, L, w));
         pack5((const uint8_t *)L, y[b].qs, y[b].qh);
     }
@@ -251,7 +259,7 @@ static void q5_1_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        weigh(xb, q, sigma2, 32, w);
         const float d = qkx3_quants(32, 31, xb, w, L, &min, Laux, -0.9f, 0.05f, 36);
         y[b].d = pi_f32_to_fp16(d);
         y[b].m = pi_f32_to_fp16(-min);
@@ -271,12 +279,10 @@ static void q2_K_row(const float *x, void *dst, int64_t n, const float *qw) {
     uint8_t L[PI_QK_K], Laux[16], Ls[16], Lm[16];
     float mins[16], scales[16], sw[16], w[16];
     for (int64_t b = 0; b < n / PI_QK_K; b++, x += PI_QK_K) {
-        memset(sw, 0, sizeof sw);
         const float sigma2 = sum_sq(x, PI_QK_K) / PI_QK_K;
         for (int j = 0; j < 16; j++) {
             const float *q = qw + PI_QK_K * b + 16 * j;
-            for (int l = 0; l < 16; l++) w[l] = q[l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
-            for (int l = 0; l < 16; l++) sw[j] += w[l];
+            sw[j] = weigh(x + 16 * j, q, sigma2, 16, w);
             scales[j] = qkx3_quants(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
         }
         const float dm0 = qp_quants(16, 15, scales, Ls, sw), mm0 = qp_quants(16, 15, mins, Lm, sw);
@@ -296,10 +302,7 @@ static void q3_K_row(const float *x, void *dst, int64_t n, const float *qw) {
         const float sigma2 = 2 * sum_sq(x, PI_QK_K) / PI_QK_K;
         for (int j = 0; j < 16; j++) {
             const float *q = qw + PI_QK_K * b + 16 * j;
-            for (int l = 0; l < 16; l++) w[l] = q[l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
-            float sumw = 0;
-            for (int l = 0; l < 16; l++) sumw += w[l];
-            sw[j] = sumw;
+            sw[j] = weigh(x + 16 * j, q, sigma2, 16, w);
             scales[j] = qx_quants(16, 4, x + 16 * j, L + 16 * j, w);
         }
         memset(y[b].scales, 0, 12);
@@ -325,10 +328,7 @@ static void k45_row_block(const float *x, const float *qw, int nmax, uint8_t *L,
     const float sigma2 = 2 * sum_sq(x, PI_QK_K) / PI_QK_K;
     for (int j = 0; j < 8; j++) {
         const float *q = qw + 32 * j;
-        for (int l = 0; l < 32; l++) w[l] = q[l] * sqrtf(sigma2 + x[32 * j + l] * x[32 * j + l]);
-        float sumw = 0;
-        for (int l = 0; l < 32; l++) sumw += w[l];
-        sw[j] = sumw;
+        sw[j] = weigh(x + 32 * j, q, sigma2, 32, w);
         scales[j] = qkx3_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
     }
     const float d_block = qp_quants(8, 63, scales, Ls, sw), m_block = qp_quants(8, 63, mins, Lm, sw);

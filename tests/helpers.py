@@ -186,3 +186,33 @@ def main_greedy(model, *extra, prompt: str = "the cat", n: int = 12):
     return subprocess.run([sys.executable, str(main), "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
                            "--ignore-eos", "-no-cnv", "-c", "64", *map(str, extra)], capture_output=True, text=True,
                           timeout=120)
+
+
+_EMULATED_OFFLOAD_SCRIPT = """
+import sys, numpy as np, powerinfer as pi
+m, prompt = pi.Model(sys.argv[1]), [int(t) for t in sys.argv[2].split(",")]
+def run(**kw):
+    c = pi.Context(m, n_ctx=64, kv_type="f32", **kw)
+    c.decode(prompt, logits="all")
+    return c, np.stack([c.logits(i) for i in range(len(prompt))])
+cpu = run()[1]
+c, got = run(n_gpu_layers=-1)
+print(c.offload is not None, bool(np.array_equal(got, cpu)))
+print("|".join(c.gpu_warnings))
+"""
+
+
+def emulated_offload(path, tokens) -> tuple[bool, bool, str]:
+    """Decodes tokens with -ngl -1 on the emulated device (POWERINFER_EMULATED_GPU_MIB=256, in a child process) and on
+    the CPU: (whether the context offloaded, whether its logits are the CPU's bits, its GPU warnings joined by |)."""
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _EMULATED_OFFLOAD_SCRIPT, str(path), ",".join(map(str, tokens))],
+                         env=dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256"), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    flags, warnings = out.stdout.splitlines()[:2]
+    offloaded, same = flags.split()
+    return offloaded == "True", same == "True", warnings
+

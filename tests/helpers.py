@@ -216,3 +216,20 @@ def emulated_offload(path, tokens) -> tuple[bool, bool, str]:
     offloaded, same = flags.split()
     return offloaded == "True", same == "True", warnings
 
+
+def agrees_with_llama_cpp(path, tokens, bound: float, *, same_argmax: bool = False, n_greedy: int = 12) -> float:
+    """The file through us (f32 KV cache, one thread, n_ctx 64) and llama.cpp (llama_cpp_eval): every position's
+    logits of tokens within relative RMS bound of llama.cpp's (printed), the same argmax at every position if
+    same_argmax, the same n_greedy greedy tokens after them; returns the difference."""
+    import powerinfer as pi
+    model = pi.Model(path)
+    ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), tokens)
+    ll, theirs = llama_cpp_eval(path, tokens)
+    err = rel_rms(ours, theirs)
+    print(f"{Path(path).name}: {err:.2e} from llama.cpp")
+    assert err < bound, err
+    if same_argmax:
+        assert np.array_equal(ours.argmax(1), theirs.argmax(1))
+    theirs_greedy, ours_greedy = greedy_both(ll, model, tokens, n_greedy)
+    assert ours_greedy == theirs_greedy
+    return err

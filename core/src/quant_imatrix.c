@@ -384,24 +384,7 @@ static void q6_K_row(const float *x, void *dst, int64_t n, const float *qw) {
         const float iscale = -128.0f / max_scale;
         y[b].d = pi_f32_to_fp16(1 / iscale);
         for (int j = 0; j < 16; j++) y[b].scales[j] = (int8_t)PI_MIN(127, pi_nearest_int(iscale * scales[j]));
-        for (int j = 0; j < 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)y[b].scales[j];
-            if (d == 0.0f) continue;
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int(x[16 * j + i] / d);
-                L[16 * j + i] = (int8_t)(PI_MAX(-32, PI_MIN(31, l)) + 32);
-            }
-        }
-        for (int h = 0; h < 2; h++) {
-            const int8_t *Lh = L + 128 * h;
-            uint8_t *ql = y[b].ql + 64 * h, *qh = y[b].qh + 32 * h;
-            for (int l = 0; l < 32; l++) {
-                const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
-                ql[l]      = (uint8_t)((q1 & 0x0f) | ((q3 & 0x0f) << 4));
-                ql[l + 32] = (uint8_t)((q2 & 0x0f) | ((q4 & 0x0f) << 4));
-                qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
-            }
-        }
+        pi_k6_requant_pack(x, y[b].scales, y[b].d, L, y[b].ql, y[b].qh);
     }
 }
 

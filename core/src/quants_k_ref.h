@@ -71,4 +71,27 @@ static inline void pi_k3_requant(const float *x, const uint8_t scales[12], uint1
     }
 }
 
+/* Q6_K: the 256 levels (0..63, the signed level + 32) of x from the 16 int8 scales and d into L, then packed: the low
+ * 4 bits into ql (64 bytes a half of 128), the high 2 into qh (32 bytes a half). */
+static inline void pi_k6_requant_pack(const float *x, const int8_t scales[16], uint16_t d16, int8_t *L, uint8_t *ql,
+                                      uint8_t *qh) {
+    for (int j = 0; j < 16; j++) {
+        const float d = pi_fp16_to_f32(d16) * (float)scales[j];
+        if (d == 0.0f) continue;
+        for (int i = 0; i < 16; i++) {
+            const int l = pi_nearest_int(x[16 * j + i] / d);
+            L[16 * j + i] = (int8_t)(PI_MAX(-32, PI_MIN(31, l)) + 32);
+        }
+    }
+    for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+        const int8_t *Lh = L + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+            ql[l]      = (uint8_t)((q1 & 0x0f) | ((q3 & 0x0f) << 4));
+            ql[l + 32] = (uint8_t)((q2 & 0x0f) | ((q4 & 0x0f) << 4));
+            qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+        }
+    }
+}
+
 #endif

@@ -10,7 +10,6 @@
 
 #include <string.h>
 
-#define GROUP_MAX_EPS 1e-15f
 
 /* ======================================================================================
  * 32-element blocks
@@ -479,57 +478,12 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
     return scale;
 }
 
-/* Symmetric scale for n values with levels -nmax..nmax-1 (stored as L + nmax), weighted by x^2:
- * the best of 19 grids around nmax / max (rmse_type 1 of llama.cpp's make_qx_quants). */
-static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
-    if (amax < GROUP_MAX_EPS) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        return 0.0f;
-    }
-    float iscale = -(float)nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        int l = pi_nearest_int(iscale * x[i]);
-        l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-        L[i] = (int8_t)(l + nmax);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * (float)l;
-        suml2 += w * (float)l * (float)l;
-    }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
-    for (int is = -9; is <= 9; is++) {
-        if (is == 0) continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; i++) {
-            int l = pi_nearest_int(iscale * x[i]);
-            l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-            const float w = x[i] * x[i];
-            sumlx += w * x[i] * (float)l;
-            suml2 += w * (float)l * (float)l;
-        }
-        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++) {
-                const int l = pi_nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + PI_MAX(-nmax, PI_MIN(nmax - 1, l)));
-            }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    return scale;
-}
-
 /* Symmetric 3-bit scale with a few rounds of coordinate descent on the levels (Q3_K). */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
     float max = 0, amax = 0;
     for (int i = 0; i < n; i++)
         if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
-    if (amax < GROUP_MAX_EPS) {
+    if (amax < PI_GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++) L[i] = 0;
         return 0.0f;
     }
@@ -705,10 +659,12 @@ void pi_q6_K_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
         float max_scale = 0, max_abs_scale = 0;
         for (int j = 0; j < PI_QK_K / 16; j++) {
-            scales[j] = make_qx_quants(16, 32, src + 16 * j, L + 16 * j);
+            float w[16];   /* weighted by x^2 (make_qx_quants' rmse_type 1) */
+            for (int i = 0; i < 16; i++) w[i] = src[16 * j + i] * src[16 * j + i];
+            scales[j] = pi_qx_quants(16, 32, src + 16 * j, L + 16 * j, w);
             if (fabsf(scales[j]) > max_abs_scale) { max_abs_scale = fabsf(scales[j]); max_scale = scales[j]; }
         }
-        if (max_abs_scale < GROUP_MAX_EPS) {
+        if (max_abs_scale < PI_GROUP_MAX_EPS) {
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }

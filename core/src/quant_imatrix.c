@@ -17,50 +17,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#define GROUP_MAX_EPS 1e-15f
-
-/* symmetric levels -nmax..nmax-1 (stored + nmax), weighted least squares over 19 grids (make_qx_quants, rmse_type
- * 1 with weights w) */
-static float qx_quants(int n, int nmax, const float *x, int8_t *L, const float *w) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
-        return 0.0f;
-    }
-    float iscale = -(float)nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        int l = pi_nearest_int(iscale * x[i]);
-        l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-        L[i] = (int8_t)(l + nmax);
-        sumlx += w[i] * x[i] * (float)l;
-        suml2 += w[i] * (float)l * (float)l;
-    }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
-    for (int is = -9; is <= 9; is++) {
-        if (is == 0) continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; i++) {
-            int l = pi_nearest_int(iscale * x[i]);
-            l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-            sumlx += w[i] * x[i] * (float)l;
-            suml2 += w[i] * (float)l * (float)l;
-        }
-        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++) {
-                const int l = pi_nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + PI_MAX(-nmax, PI_MIN(nmax - 1, l)));
-            }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    return scale;
-}
 
 /* levels 0..nmax with a min: x ~ scale L - the_min, the best weighted squared error over the min/max grid and
  * nstep + 1 others (make_qkx3_quants with weights, use_mad false) */
@@ -129,7 +85,7 @@ static float qkx3_quants(int n, int nmax, const float *x, const float *w, uint8_
 static float qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w) {
     float max = 0;
     for (int i = 0; i < n; i++) max = PI_MAX(max, x[i]);
-    if (max < GROUP_MAX_EPS) {
+    if (max < PI_GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
@@ -209,7 +165,7 @@ static void q4_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
         weigh(xb, q, sigma2, 32, w);
-        y[b].d = pi_f32_to_fp16(qx_quants(32, 8, xb, L, w));
+        y[b].d = pi_f32_to_fp16(pi_qx_quants(32, 8, xb, L, w));
         for (int j = 0; j < 16; j++) y[b].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
     }
 }
@@ -247,7 +203,7 @@ static void q5_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
         weigh(xb, q, sigma2, 32, w);
-        y[b].d = pi_f32_to_fp16(qx_quants(32, 16, xb, L, w));
+        y[b].d = pi_f32_to_fp16(pi_qx_quants(32, 16, xb, L, w));
         pack5((const uint8_t *)L, y[b].qs, y[b].qh);
     }
 }
@@ -303,10 +259,10 @@ static void q3_K_row(const float *x, void *dst, int64_t n, const float *qw) {
         for (int j = 0; j < 16; j++) {
             const float *q = qw + PI_QK_K * b + 16 * j;
             sw[j] = weigh(x + 16 * j, q, sigma2, 16, w);
-            scales[j] = qx_quants(16, 4, x + 16 * j, L + 16 * j, w);
+            scales[j] = pi_qx_quants(16, 4, x + 16 * j, L + 16 * j, w);
         }
         memset(y[b].scales, 0, 12);
-        const float d_block = qx_quants(16, 32, scales, Ls, sw);
+        const float d_block = pi_qx_quants(16, 32, scales, Ls, sw);
         for (int j = 0; j < 16; j++) pi_k3_pack_scale(j, Ls[j], y[b].scales);
         y[b].d = pi_f32_to_fp16(d_block);
         pi_k3_requant(x, y[b].scales, y[b].d, L);
@@ -374,10 +330,10 @@ static void q6_K_row(const float *x, void *dst, int64_t n, const float *qw) {
     for (int64_t b = 0; b < n / PI_QK_K; b++, x += PI_QK_K) {
         float max_scale = 0, max_abs_scale = 0;
         for (int j = 0; j < 16; j++) {
-            scales[j] = qx_quants(16, 32, x + 16 * j, L + 16 * j, qw + PI_QK_K * b + 16 * j);
+            scales[j] = pi_qx_quants(16, 32, x + 16 * j, L + 16 * j, qw + PI_QK_K * b + 16 * j);
             if (fabsf(scales[j]) > max_abs_scale) { max_abs_scale = fabsf(scales[j]); max_scale = scales[j]; }
         }
-        if (max_abs_scale < GROUP_MAX_EPS) {
+        if (max_abs_scale < PI_GROUP_MAX_EPS) {
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }
@@ -424,7 +380,7 @@ static void iq4_block(int sbs, const float *x, const float *qw, uint16_t *dh, ui
         float amax = 0, max = 0;
         for (int j = 0; j < 32; j++)
             if (fabsf(xb[j]) > amax) { amax = fabsf(xb[j]); max = xb[j]; }
-        if (amax < GROUP_MAX_EPS) {
+        if (amax < PI_GROUP_MAX_EPS) {
             scales[ib] = 0;
             continue;
         }

@@ -7,6 +7,51 @@
 
 #include "quants_k.h"
 
+#define PI_GROUP_MAX_EPS 1e-15f   /* llama.cpp's GROUP_MAX_EPS: a group this small quantizes to zeros */
+
+/* symmetric levels -nmax..nmax-1 (stored + nmax), weighted least squares over 19 grids (make_qx_quants, rmse_type
+ * 1 with weights w) */
+static inline float pi_qx_quants(int n, int nmax, const float *x, int8_t *L, const float *w) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
+    if (amax < PI_GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float iscale = -(float)nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = pi_nearest_int(iscale * x[i]);
+        l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
+        L[i] = (int8_t)(l + nmax);
+        sumlx += w[i] * x[i] * (float)l;
+        suml2 += w[i] * (float)l * (float)l;
+    }
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = pi_nearest_int(iscale * x[i]);
+            l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
+            sumlx += w[i] * x[i] * (float)l;
+            suml2 += w[i] * (float)l * (float)l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) {
+                const int l = pi_nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + PI_MAX(-nmax, PI_MIN(nmax - 1, l)));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
 /* Q4_K / Q5_K: the 8 6-bit scales ls and mins lm (0..63) into the 12 packed bytes (pi_k4_scale_min's layout). */
 static inline void pi_k45_pack_scales(const uint8_t ls[8], const uint8_t lm[8], uint8_t packed[12]) {
     for (int j = 0; j < 8; j++) {

@@ -12,7 +12,6 @@ about 12 GB of memory and 3 minutes on 2 cores.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.model_files import write_deepseek2_model  # noqa: E402
-from quantized_model import write_quantized  # noqa: E402
+from quantized_model import maker_main  # noqa: E402
 
 
 def v2_lite_config(n_layer: int) -> dict:
@@ -30,19 +29,10 @@ def v2_lite_config(n_layer: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default="/tmp/deepseek2_lite_shape.gguf")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--type", default="q4_k_m", help="a powerinfer.quantize file type (f16: no quantization)")
-    a = ap.parse_args(argv)
-    if a.layers < 2:
-        ap.error("--layers must be at least 2 (a dense layer, then experts)")
-    rc = write_quantized(a.out, a.type, lambda path: write_deepseek2_model(
-        path, seed=0, dtype="f16", c=v2_lite_config(a.layers), meta={"context_length": 32768}))
-    if rc:
-        return rc
-    print(a.out)
-    return 0
+    return maker_main(__doc__, "/tmp/deepseek2_lite_shape.gguf", 4,
+                      lambda n: None if n >= 2 else "--layers must be at least 2 (a dense layer, then experts)",
+                      lambda path, n: write_deepseek2_model(path, seed=0, dtype="f16", c=v2_lite_config(n),
+                                                            meta={"context_length": 32768}), argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ About 1.6 B parameters with the per-layer token table (0.5 B in the layers); 12 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.model_files import gemma4_ple_weights, write_gemma4_model  # noqa: E402
-from quantized_model import write_quantized  # noqa: E402
+from quantized_model import maker_main  # noqa: E402
 
 
 def e2b_config(n_layer: int) -> dict:
@@ -33,22 +32,16 @@ def e2b_config(n_layer: int) -> dict:
                 rope_base_swa=10000.0, eps=1e-6, n_swa=512, shared_kv=shared, final_softcap=30.0)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default="/tmp/gemma4_e2b_shape.gguf")
-    ap.add_argument("--layers", type=int, default=10)
-    ap.add_argument("--type", default="q4_k_m", help="a powerinfer.quantize file type (f16: no quantization)")
-    a = ap.parse_args(argv)
-    if a.layers < 10 or a.layers % 10:
-        ap.error("--layers must be a multiple of 10")
-    c = e2b_config(a.layers)
+def write_f16(path: str, n_layer: int) -> None:
+    c = e2b_config(n_layer)
     w = gemma4_ple_weights(c, seed=0, n_pl=256)
-    rc = write_quantized(a.out, a.type, lambda path: write_gemma4_model(
-        path, w, c, dtype="f16", meta={"embedding_length_per_layer_input": 256, "context_length": 32768}))
-    if rc:
-        return rc
-    print(a.out)
-    return 0
+    write_gemma4_model(path, w, c, dtype="f16", meta={"embedding_length_per_layer_input": 256, "context_length": 32768})
+
+
+def main(argv=None) -> int:
+    return maker_main(__doc__, "/tmp/gemma4_e2b_shape.gguf", 10,
+                      lambda n: None if n >= 10 and n % 10 == 0 else "--layers must be a multiple of 10", write_f16,
+                      argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ about 10 minutes on 2 cores.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFWriter  # noqa: E402
 
 from tests.model_files import add_moe_arch_keys, moe_arch_keys  # noqa: E402
-from quantized_model import write_quantized  # noqa: E402
+from quantized_model import maker_main  # noqa: E402
 
 
 def air_config(n_layer: int) -> dict:
@@ -95,18 +94,9 @@ def write_f16(path, c: dict, seed: int = 0) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default="/tmp/glm45_air_shape.gguf")
-    ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--type", default="q4_k_m", help="a powerinfer.quantize file type (f16: no quantization)")
-    a = ap.parse_args(argv)
-    if a.layers < 2:
-        ap.error("--layers must be at least 2 (a dense layer, then experts)")
-    rc = write_quantized(a.out, a.type, lambda path: write_f16(path, air_config(a.layers)))
-    if rc:
-        return rc
-    print(a.out)
-    return 0
+    return maker_main(__doc__, "/tmp/glm45_air_shape.gguf", 3,
+                      lambda n: None if n >= 2 else "--layers must be at least 2 (a dense layer, then experts)",
+                      lambda path, n: write_f16(path, air_config(n)), argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ the head).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.model_files import write_qwen35_model  # noqa: E402
-from quantized_model import write_quantized  # noqa: E402
+from quantized_model import maker_main  # noqa: E402
 
 
 def qwen35_08b_config(n_layer: int) -> dict:
@@ -30,19 +29,11 @@ def qwen35_08b_config(n_layer: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default="/tmp/qwen35_08b_shape.gguf")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--type", default="q4_k_m", help="a powerinfer.quantize file type (f16: no quantization)")
-    a = ap.parse_args(argv)
-    if a.layers < 4:
-        ap.error("--layers must be at least 4 (three gated delta nets, then a full-attention layer)")
-    rc = write_quantized(a.out, a.type, lambda path: write_qwen35_model(
-        path, "qwen35", seed=0, dtype="f16", c=qwen35_08b_config(a.layers), meta={"context_length": 262144}))
-    if rc:
-        return rc
-    print(a.out)
-    return 0
+    return maker_main(__doc__, "/tmp/qwen35_08b_shape.gguf", 4,
+                      lambda n: None if n >= 4 else
+                      "--layers must be at least 4 (three gated delta nets, then a full-attention layer)",
+                      lambda path, n: write_qwen35_model(path, "qwen35", seed=0, dtype="f16", c=qwen35_08b_config(n),
+                                                         meta={"context_length": 262144}), argv)
 
 
 if __name__ == "__main__":

@@ -186,3 +186,50 @@ def main_greedy(model, *extra, prompt: str = "the cat", n: int = 12):
     return subprocess.run([sys.executable, str(main), "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
                            "--ignore-eos", "-no-cnv", "-c", "64", *map(str, extra)], capture_output=True, text=True,
                           timeout=120)
+
+
+_EMULATED_OFFLOAD_SCRIPT = """
+import sys, numpy as np, powerinfer as pi
+m, prompt = pi.Model(sys.argv[1]), [int(t) for t in sys.argv[2].split(",")]
+def run(**kw):
+    c = pi.Context(m, n_ctx=64, kv_type="f32", **kw)
+    c.decode(prompt, logits="all")
+    return c, np.stack([c.logits(i) for i in range(len(prompt))])
+cpu = run()[1]
+c, got = run(n_gpu_layers=-1)
+print(c.offload is not None, bool(np.array_equal(got, cpu)))
+print("|".join(c.gpu_warnings))
+"""
+
+
+def emulated_offload(path, tokens) -> tuple[bool, bool, str]:
+    """Decodes tokens with -ngl -1 on the emulated device (POWERINFER_EMULATED_GPU_MIB=256, in a child process) and on
+    the CPU: (whether the context offloaded, whether its logits are the CPU's bits, its GPU warnings joined by |)."""
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _EMULATED_OFFLOAD_SCRIPT, str(path), ",".join(map(str, tokens))],
+                         env=dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256"), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    flags, warnings = out.stdout.splitlines()[:2]
+    offloaded, same = flags.split()
+    return offloaded == "True", same == "True", warnings
+
+
+def agrees_with_llama_cpp(path, tokens, bound: float, *, same_argmax: bool = False, n_greedy: int = 12) -> float:
+    """The file through us (f32 KV cache, one thread, n_ctx 64) and llama.cpp (llama_cpp_eval): every position's
+    logits of tokens within relative RMS bound of llama.cpp's (printed), the same argmax at every position if
+    same_argmax, the same n_greedy greedy tokens after them; returns the difference."""
+    import powerinfer as pi
+    model = pi.Model(path)
+    ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), tokens)
+    ll, theirs = llama_cpp_eval(path, tokens)
+    err = rel_rms(ours, theirs)
+    print(f"{Path(path).name}: {err:.2e} from llama.cpp")
+    assert err < bound, err
+    if same_argmax:
+        assert np.array_equal(ours.argmax(1), theirs.argmax(1))
+    theirs_greedy, ours_greedy = greedy_both(ll, model, tokens, n_greedy)
+    assert ours_greedy == theirs_greedy
+    return err

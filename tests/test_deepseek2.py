@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
-from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, check_level, logits_all, rel_rms
+from helpers import FLOAT_REL_RMS, QUANT_REL_RMS, check_level, emulated_offload, logits_all, rel_rms
 from model_files import DEEPSEEK2, rewrite, write_deepseek2_model
 from reference_model import ReferenceModel
 
@@ -180,34 +180,13 @@ def test_api_greedy_tokens(tmp_path):
     assert list(islice(llm.generate(PROMPT, temp=0.0), 6)) == ReferenceModel(f).greedy(PROMPT, 6)
 
 
-_OFFLOAD_SCRIPT = """
-import sys, numpy as np, powerinfer as pi
-m, prompt = pi.Model(sys.argv[1]), [int(t) for t in sys.argv[2].split(",")]
-def run(**kw):
-    c = pi.Context(m, n_ctx=64, kv_type="f32", **kw)
-    c.decode(prompt, logits="all")
-    return c, np.stack([c.logits(i) for i in range(len(prompt))])
-cpu = run()[1]
-c, got = run(n_gpu_layers=-1)
-print(c.offload is None, bool(np.array_equal(got, cpu)))
-print("|".join(c.gpu_warnings))
-"""
-
-
 def test_offload_is_refused_with_a_message(tmp_path):
     """-ngl on the emulated device: the context says the MLA attention runs on the CPU only, and runs there with the
     CPU's bits."""
-    import os
-    import subprocess
-    import sys
     f = tmp_path / "ds2.gguf"
     write_deepseek2_model(f)
-    out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(f), ",".join(map(str, PROMPT))],
-                         env=dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256"), capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    flags, warnings = out.stdout.splitlines()[:2]
-    assert flags == "True True", out.stdout
+    offloaded, same_bits, warnings = emulated_offload(f, PROMPT)
+    assert not offloaded and same_bits
     assert "the MLA attention of deepseek2 models runs on the CPU only" in warnings, warnings
 
 

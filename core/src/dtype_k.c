@@ -5,11 +5,11 @@
  * scales and mins, so that a row quantized here has the values llama.cpp's `quantize`
  * would give it without an importance matrix. */
 #include "quants_k.h"
+#include "quants_k_ref.h"
 #include "iq_grids.h"
 
 #include <string.h>
 
-#define GROUP_MAX_EPS 1e-15f
 
 /* ======================================================================================
  * 32-element blocks
@@ -478,57 +478,12 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
     return scale;
 }
 
-/* Symmetric scale for n values with levels -nmax..nmax-1 (stored as L + nmax), weighted by x^2:
- * the best of 19 grids around nmax / max (rmse_type 1 of llama.cpp's make_qx_quants). */
-static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
-    if (amax < GROUP_MAX_EPS) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        return 0.0f;
-    }
-    float iscale = -(float)nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        int l = pi_nearest_int(iscale * x[i]);
-        l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-        L[i] = (int8_t)(l + nmax);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * (float)l;
-        suml2 += w * (float)l * (float)l;
-    }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
-    for (int is = -9; is <= 9; is++) {
-        if (is == 0) continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; i++) {
-            int l = pi_nearest_int(iscale * x[i]);
-            l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-            const float w = x[i] * x[i];
-            sumlx += w * x[i] * (float)l;
-            suml2 += w * (float)l * (float)l;
-        }
-        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++) {
-                const int l = pi_nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + PI_MAX(-nmax, PI_MIN(nmax - 1, l)));
-            }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    return scale;
-}
-
 /* Symmetric 3-bit scale with a few rounds of coordinate descent on the levels (Q3_K). */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
     float max = 0, amax = 0;
     for (int i = 0; i < n; i++)
         if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
-    if (amax < GROUP_MAX_EPS) {
+    if (amax < PI_GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++) L[i] = 0;
         return 0.0f;
     }
@@ -599,15 +554,7 @@ void pi_q2_K_from_f32(const float *src, void *dst, int64_t n) {
         } else {
             y[b].dmin = pi_f32_to_fp16(0.0f);
         }
-        for (int j = 0; j < PI_QK_K / 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)(y[b].scales[j] & 0x0f);
-            if (d == 0.0f) continue;
-            const float dm = pi_fp16_to_f32(y[b].dmin) * (float)(y[b].scales[j] >> 4);
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int((src[16 * j + i] + dm) / d);
-                L[16 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(3, l));
-            }
-        }
+        pi_q2k_requant(src, y[b].scales, y[b].d, y[b].dmin, L);
         for (int j = 0; j < PI_QK_K; j += 128)
             for (int l = 0; l < 32; l++)
                 y[b].qs[j / 4 + l] =
@@ -629,23 +576,13 @@ void pi_q3_K_from_f32(const float *src, void *dst, int64_t n) {
         if (max_scale != 0.0f) {
             const float iscale = -32.0f / max_scale;
             for (int j = 0; j < PI_QK_K / 16; j++) {
-                int l = PI_MAX(-32, PI_MIN(31, pi_nearest_int(iscale * scales[j]))) + 32;
-                if (j < 8) y[b].scales[j] = (uint8_t)(l & 0x0f);
-                else       y[b].scales[j - 8] |= (uint8_t)((l & 0x0f) << 4);
-                y[b].scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+                pi_k3_pack_scale(j, PI_MAX(-32, PI_MIN(31, pi_nearest_int(iscale * scales[j]))) + 32, y[b].scales);
             }
             y[b].d = pi_f32_to_fp16(1.0f / iscale);
         } else {
             y[b].d = pi_f32_to_fp16(0.0f);
         }
-        for (int j = 0; j < PI_QK_K / 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)pi_k3_scale(j, y[b].scales);
-            if (d == 0.0f) continue;
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int(src[16 * j + i] / d);
-                L[16 * j + i] = (int8_t)(PI_MAX(-4, PI_MIN(3, l)) + 4);
-            }
-        }
+        pi_k3_requant(src, y[b].scales, y[b].d, L);
         memset(y[b].hmask, 0, sizeof y[b].hmask);
         for (int e = 0; e < PI_QK_K; e++) {       /* high bit of element e: bit e/32 of hmask[e%32] */
             if (L[e] > 3) {
@@ -678,32 +615,15 @@ static void quantize_k45_scales(const float *src, int nmax, float rmin, int nste
     }
     const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
     const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    memset(packed, 0, 12);
+    uint8_t ls[8], lm[8];
     for (int j = 0; j < 8; j++) {
-        const uint8_t ls = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_scale * scales[j])));
-        const uint8_t lm = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_min * mins[j])));
-        if (j < 4) {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
-            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            packed[j] |= (uint8_t)((lm >> 4) << 6);
-        }
+        ls[j] = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_scale * scales[j])));
+        lm[j] = (uint8_t)PI_MAX(0, PI_MIN(63, pi_nearest_int(inv_min * mins[j])));
     }
+    pi_k45_pack_scales(ls, lm, packed);
     *d_out = pi_f32_to_fp16(max_scale / 63.0f);
     *dmin_out = pi_f32_to_fp16(max_min / 63.0f);
-    for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        pi_k4_scale_min(j, packed, &sc, &m);
-        const float d = pi_fp16_to_f32(*d_out) * (float)sc;
-        if (d == 0.0f) continue;
-        const float dm = pi_fp16_to_f32(*dmin_out) * (float)m;
-        for (int i = 0; i < 32; i++) {
-            const int l = pi_nearest_int((src[32 * j + i] + dm) / d);
-            L[32 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
-        }
-    }
+    pi_k45_requant(src, nmax, packed, *d_out, *dmin_out, L);
 }
 
 void pi_q4_K_from_f32(const float *src, void *dst, int64_t n) {
@@ -739,10 +659,12 @@ void pi_q6_K_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / PI_QK_K; b++, src += PI_QK_K) {
         float max_scale = 0, max_abs_scale = 0;
         for (int j = 0; j < PI_QK_K / 16; j++) {
-            scales[j] = make_qx_quants(16, 32, src + 16 * j, L + 16 * j);
+            float w[16];   /* weighted by x^2 (make_qx_quants' rmse_type 1) */
+            for (int i = 0; i < 16; i++) w[i] = src[16 * j + i] * src[16 * j + i];
+            scales[j] = pi_qx_quants(16, 32, src + 16 * j, L + 16 * j, w);
             if (fabsf(scales[j]) > max_abs_scale) { max_abs_scale = fabsf(scales[j]); max_scale = scales[j]; }
         }
-        if (max_abs_scale < GROUP_MAX_EPS) {
+        if (max_abs_scale < PI_GROUP_MAX_EPS) {
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }
@@ -750,24 +672,7 @@ void pi_q6_K_from_f32(const float *src, void *dst, int64_t n) {
         y[b].d = pi_f32_to_fp16(1.0f / iscale);
         for (int j = 0; j < PI_QK_K / 16; j++)
             y[b].scales[j] = (int8_t)PI_MAX(-128, PI_MIN(127, pi_nearest_int(iscale * scales[j])));
-        for (int j = 0; j < PI_QK_K / 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)y[b].scales[j];
-            if (d == 0.0f) continue;
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int(src[16 * j + i] / d);
-                L[16 * j + i] = (int8_t)(PI_MAX(-32, PI_MIN(31, l)) + 32);
-            }
-        }
-        for (int h = 0; h < 2; h++) {
-            const int8_t *Lh = L + 128 * h;
-            uint8_t *ql = y[b].ql + 64 * h, *qh = y[b].qh + 32 * h;
-            for (int l = 0; l < 32; l++) {
-                const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
-                ql[l]      = (uint8_t)((q1 & 0x0f) | ((q3 & 0x0f) << 4));
-                ql[l + 32] = (uint8_t)((q2 & 0x0f) | ((q4 & 0x0f) << 4));
-                qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
-            }
-        }
+        pi_k6_requant_pack(src, y[b].scales, y[b].d, L, y[b].ql, y[b].qh);
     }
 }
 

@@ -11,55 +11,12 @@
  * over the super-block (Q3_K, Q4_K, Q5_K; Q2_K: 1x), except Q6_K, which takes qw as it is. */
 #include "quant_iq.h"
 #include "quants_k.h"
+#include "quants_k_ref.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define GROUP_MAX_EPS 1e-15f
-
-/* symmetric levels -nmax..nmax-1 (stored + nmax), weighted least squares over 19 grids (make_qx_quants, rmse_type
- * 1 with weights w) */
-static float qx_quants(int n, int nmax, const float *x, int8_t *L, const float *w) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
-        return 0.0f;
-    }
-    float iscale = -(float)nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        int l = pi_nearest_int(iscale * x[i]);
-        l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-        L[i] = (int8_t)(l + nmax);
-        sumlx += w[i] * x[i] * (float)l;
-        suml2 += w[i] * (float)l * (float)l;
-    }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
-    for (int is = -9; is <= 9; is++) {
-        if (is == 0) continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; i++) {
-            int l = pi_nearest_int(iscale * x[i]);
-            l = PI_MAX(-nmax, PI_MIN(nmax - 1, l));
-            sumlx += w[i] * x[i] * (float)l;
-            suml2 += w[i] * (float)l * (float)l;
-        }
-        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++) {
-                const int l = pi_nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + PI_MAX(-nmax, PI_MIN(nmax - 1, l)));
-            }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    return scale;
-}
 
 /* levels 0..nmax with a min: x ~ scale L - the_min, the best weighted squared error over the min/max grid and
  * nstep + 1 others (make_qkx3_quants with weights, use_mad false) */
@@ -128,7 +85,7 @@ static float qkx3_quants(int n, int nmax, const float *x, const float *w, uint8_
 static float qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w) {
     float max = 0;
     for (int i = 0; i < n; i++) max = PI_MAX(max, x[i]);
-    if (max < GROUP_MAX_EPS) {
+    if (max < PI_GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
@@ -191,6 +148,14 @@ static float sum_sq(const float *x, int64_t n) {
     return s;
 }
 
+/* the importance weights q[l] sqrt(sigma2 + x[l]^2) of n elements into w; returns their sum (a sub-block's weight) */
+static float weigh(const float *x, const float *q, float sigma2, int n, float *w) {
+    float sumw = 0;
+    for (int l = 0; l < n; l++) w[l] = q[l] * sqrtf(sigma2 + x[l] * x[l]);
+    for (int l = 0; l < n; l++) sumw += w[l];
+    return sumw;
+}
+
 /* ------------------------------------------------------------------ 32-element blocks */
 static void q4_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     pi_block_q4_0 *y = dst;
@@ -199,8 +164,8 @@ static void q4_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
-        y[b].d = pi_f32_to_fp16(qx_quants(32, 8, xb, L, w));
+        weigh(xb, q, sigma2, 32, w);
+        y[b].d = pi_f32_to_fp16(pi_qx_quants(32, 8, xb, L, w));
         for (int j = 0; j < 16; j++) y[b].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
     }
 }
@@ -212,7 +177,7 @@ static void q4_1_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        weigh(xb, q, sigma2, 32, w);
         const float d = qkx3_quants(32, 15, xb, w, L, &min, Laux, -0.9f, 0.05f, 36);
         y[b].d = pi_f32_to_fp16(d);
         y[b].m = pi_f32_to_fp16(-min);
@@ -237,8 +202,8 @@ static void q5_0_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
-        y[b].d = pi_f32_to_fp16(qx_quants(32, 16, xb, L, w));
+        weigh(xb, q, sigma2, 32, w);
+        y[b].d = pi_f32_to_fp16(pi_qx_quants(32, 16, xb, L, w));
         pack5((const uint8_t *)L, y[b].qs, y[b].qh);
     }
 }
@@ -250,7 +215,7 @@ static void q5_1_row(const float *x, void *dst, int64_t n, const float *qw) {
     const float sigma2 = sum_sq(x, n) / (float)n;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
-        for (int j = 0; j < 32; j++) w[j] = q[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        weigh(xb, q, sigma2, 32, w);
         const float d = qkx3_quants(32, 31, xb, w, L, &min, Laux, -0.9f, 0.05f, 36);
         y[b].d = pi_f32_to_fp16(d);
         y[b].m = pi_f32_to_fp16(-min);
@@ -270,28 +235,17 @@ static void q2_K_row(const float *x, void *dst, int64_t n, const float *qw) {
     uint8_t L[PI_QK_K], Laux[16], Ls[16], Lm[16];
     float mins[16], scales[16], sw[16], w[16];
     for (int64_t b = 0; b < n / PI_QK_K; b++, x += PI_QK_K) {
-        memset(sw, 0, sizeof sw);
         const float sigma2 = sum_sq(x, PI_QK_K) / PI_QK_K;
         for (int j = 0; j < 16; j++) {
             const float *q = qw + PI_QK_K * b + 16 * j;
-            for (int l = 0; l < 16; l++) w[l] = q[l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
-            for (int l = 0; l < 16; l++) sw[j] += w[l];
+            sw[j] = weigh(x + 16 * j, q, sigma2, 16, w);
             scales[j] = qkx3_quants(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
         }
         const float dm0 = qp_quants(16, 15, scales, Ls, sw), mm0 = qp_quants(16, 15, mins, Lm, sw);
         y[b].d = pi_f32_to_fp16(dm0);
         y[b].dmin = pi_f32_to_fp16(mm0);
-        const float dm = pi_fp16_to_f32(y[b].d), mm = pi_fp16_to_f32(y[b].dmin);
         for (int j = 0; j < 16; j++) y[b].scales[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
-        for (int j = 0; j < 16; j++) {
-            const float d = dm * (float)(y[b].scales[j] & 0x0f);
-            if (d == 0.0f) continue;
-            const float m = mm * (float)(y[b].scales[j] >> 4);
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int((x[16 * j + i] + m) / d);
-                L[16 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(3, l));
-            }
-        }
+        pi_q2k_requant(x, y[b].scales, y[b].d, y[b].dmin, L);
         pack2(L, y[b].qs);
     }
 }
@@ -304,30 +258,14 @@ static void q3_K_row(const float *x, void *dst, int64_t n, const float *qw) {
         const float sigma2 = 2 * sum_sq(x, PI_QK_K) / PI_QK_K;
         for (int j = 0; j < 16; j++) {
             const float *q = qw + PI_QK_K * b + 16 * j;
-            for (int l = 0; l < 16; l++) w[l] = q[l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
-            float sumw = 0;
-            for (int l = 0; l < 16; l++) sumw += w[l];
-            sw[j] = sumw;
-            scales[j] = qx_quants(16, 4, x + 16 * j, L + 16 * j, w);
+            sw[j] = weigh(x + 16 * j, q, sigma2, 16, w);
+            scales[j] = pi_qx_quants(16, 4, x + 16 * j, L + 16 * j, w);
         }
         memset(y[b].scales, 0, 12);
-        const float d_block = qx_quants(16, 32, scales, Ls, sw);
-        for (int j = 0; j < 16; j++) {
-            int l = Ls[j];
-            if (j < 8) y[b].scales[j] = (uint8_t)(l & 0x0f);
-            else       y[b].scales[j - 8] |= (uint8_t)((l & 0x0f) << 4);
-            l >>= 4;
-            y[b].scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
-        }
+        const float d_block = pi_qx_quants(16, 32, scales, Ls, sw);
+        for (int j = 0; j < 16; j++) pi_k3_pack_scale(j, Ls[j], y[b].scales);
         y[b].d = pi_f32_to_fp16(d_block);
-        for (int j = 0; j < 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)pi_k3_scale(j, y[b].scales);
-            if (d == 0.0f) continue;
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int(x[16 * j + i] / d);
-                L[16 * j + i] = (int8_t)(PI_MAX(-4, PI_MIN(3, l)) + 4);
-            }
-        }
+        pi_k3_requant(x, y[b].scales, y[b].d, L);
         memset(y[b].hmask, 0, sizeof y[b].hmask);
         for (int e = 0; e < PI_QK_K; e++)
             if (L[e] > 3) {
@@ -346,37 +284,18 @@ static void k45_row_block(const float *x, const float *qw, int nmax, uint8_t *L,
     const float sigma2 = 2 * sum_sq(x, PI_QK_K) / PI_QK_K;
     for (int j = 0; j < 8; j++) {
         const float *q = qw + 32 * j;
-        for (int l = 0; l < 32; l++) w[l] = q[l] * sqrtf(sigma2 + x[32 * j + l] * x[32 * j + l]);
-        float sumw = 0;
-        for (int l = 0; l < 32; l++) sumw += w[l];
-        sw[j] = sumw;
+        sw[j] = weigh(x + 32 * j, q, sigma2, 32, w);
         scales[j] = qkx3_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
     }
     const float d_block = qp_quants(8, 63, scales, Ls, sw), m_block = qp_quants(8, 63, mins, Lm, sw);
     for (int j = 0; j < 8; j++) {
-        const uint8_t ls = (uint8_t)PI_MIN(63, Ls[j]), lm = (uint8_t)PI_MIN(63, Lm[j]);
-        if (j < 4) {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
-            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            packed[j] |= (uint8_t)((lm >> 4) << 6);
-        }
+        Ls[j] = (uint8_t)PI_MIN(63, Ls[j]);
+        Lm[j] = (uint8_t)PI_MIN(63, Lm[j]);
     }
+    pi_k45_pack_scales(Ls, Lm, packed);
     *d_out = pi_f32_to_fp16(d_block);
     *dmin_out = pi_f32_to_fp16(m_block);
-    for (int j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        pi_k4_scale_min(j, packed, &sc, &m);
-        const float d = pi_fp16_to_f32(*d_out) * (float)sc;
-        if (d == 0.0f) continue;
-        const float dm = pi_fp16_to_f32(*dmin_out) * (float)m;
-        for (int i = 0; i < 32; i++) {
-            const int l = pi_nearest_int((x[32 * j + i] + dm) / d);
-            L[32 * j + i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
-        }
-    }
+    pi_k45_requant(x, nmax, packed, *d_out, *dmin_out, L);
 }
 
 static void q4_K_row(const float *x, void *dst, int64_t n, const float *qw) {
@@ -411,34 +330,17 @@ static void q6_K_row(const float *x, void *dst, int64_t n, const float *qw) {
     for (int64_t b = 0; b < n / PI_QK_K; b++, x += PI_QK_K) {
         float max_scale = 0, max_abs_scale = 0;
         for (int j = 0; j < 16; j++) {
-            scales[j] = qx_quants(16, 32, x + 16 * j, L + 16 * j, qw + PI_QK_K * b + 16 * j);
+            scales[j] = pi_qx_quants(16, 32, x + 16 * j, L + 16 * j, qw + PI_QK_K * b + 16 * j);
             if (fabsf(scales[j]) > max_abs_scale) { max_abs_scale = fabsf(scales[j]); max_scale = scales[j]; }
         }
-        if (max_abs_scale < GROUP_MAX_EPS) {
+        if (max_abs_scale < PI_GROUP_MAX_EPS) {
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }
         const float iscale = -128.0f / max_scale;
         y[b].d = pi_f32_to_fp16(1 / iscale);
         for (int j = 0; j < 16; j++) y[b].scales[j] = (int8_t)PI_MIN(127, pi_nearest_int(iscale * scales[j]));
-        for (int j = 0; j < 16; j++) {
-            const float d = pi_fp16_to_f32(y[b].d) * (float)y[b].scales[j];
-            if (d == 0.0f) continue;
-            for (int i = 0; i < 16; i++) {
-                const int l = pi_nearest_int(x[16 * j + i] / d);
-                L[16 * j + i] = (int8_t)(PI_MAX(-32, PI_MIN(31, l)) + 32);
-            }
-        }
-        for (int h = 0; h < 2; h++) {
-            const int8_t *Lh = L + 128 * h;
-            uint8_t *ql = y[b].ql + 64 * h, *qh = y[b].qh + 32 * h;
-            for (int l = 0; l < 32; l++) {
-                const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
-                ql[l]      = (uint8_t)((q1 & 0x0f) | ((q3 & 0x0f) << 4));
-                ql[l + 32] = (uint8_t)((q2 & 0x0f) | ((q4 & 0x0f) << 4));
-                qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
-            }
-        }
+        pi_k6_requant_pack(x, y[b].scales, y[b].d, L, y[b].ql, y[b].qh);
     }
 }
 
@@ -478,7 +380,7 @@ static void iq4_block(int sbs, const float *x, const float *qw, uint16_t *dh, ui
         float amax = 0, max = 0;
         for (int j = 0; j < 32; j++)
             if (fabsf(xb[j]) > amax) { amax = fabsf(xb[j]); max = xb[j]; }
-        if (amax < GROUP_MAX_EPS) {
+        if (amax < PI_GROUP_MAX_EPS) {
             scales[ib] = 0;
             continue;
         }

@@ -232,6 +232,9 @@ static float search32(const iq3_table *t, const float *w, const float *waux, con
     return scale;
 }
 
+/* a sub-block's 4-bit scale l (0..15) of both IQ3 types: the sub-block's scale is d (2 l + 1), s = its scale / d */
+static int scale4(float s) { return PI_MAX(0, PI_MIN(15, pi_nearest_int(0.5f * (s - 1)))); }
+
 void pi_iq3_xxs_row(const float *x, void *dst, int64_t n, const float *qw) {
     const iq3_table *t = table(0);
     pi_block_iq3_xxs *y = dst;
@@ -272,7 +275,7 @@ void pi_iq3_xxs_row(const float *x, void *dst, int64_t n, const float *qw) {
         y[b].d = pi_f32_to_fp16(d * 1.0125f);
         const float id = 1 / d;
         for (int ib = 0; ib < 8; ib++) {
-            const int l = PI_MAX(0, PI_MIN(15, pi_nearest_int(0.5f * (id * scales[ib] - 1))));
+            const int l = scale4(id * scales[ib]);
             sas[ib] |= (uint32_t)l << 28;
         }
         memcpy(q3 + PI_QK_K / 4, sas, sizeof sas);
@@ -321,8 +324,8 @@ void pi_iq3_s_row(const float *x, void *dst, int64_t n, const float *qw) {
         y[b].d = pi_f32_to_fp16(d * 1.033f);
         const float id = 1 / d;
         for (int ib = 0; ib < 8; ib += 2) {
-            const int l1 = PI_MAX(0, PI_MIN(15, pi_nearest_int(0.5f * (id * scales[ib] - 1))));
-            const int l2 = PI_MAX(0, PI_MIN(15, pi_nearest_int(0.5f * (id * scales[ib + 1] - 1))));
+            const int l1 = scale4(id * scales[ib]);
+            const int l2 = scale4(id * scales[ib + 1]);
             y[b].scales[ib / 2] = (uint8_t)(l1 | l2 << 4);
         }
     }

@@ -25,7 +25,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
-from helpers import QUANT_REL_RMS, greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
+from helpers import QUANT_REL_RMS, agrees_with_llama_cpp, llama_cpp_eval, logits_all  # noqa: E402
 from model_files import write_deepseek2_model  # noqa: E402
 
 LLAMA_CPP_REL_RMS = 1e-5   # f32 (measured 3.2e-7 .. 4.5e-7)
@@ -40,19 +40,6 @@ VARIANTS = {"mla": {}, "kv_b": dict(kv_b=True), "q_lora": dict(q_lora=32), "yarn
             "v2_groups": dict(meta={"expert_group_count": 3, "expert_group_used_count": 2})}
 
 
-def agrees_with_llama_cpp(path, bound: float) -> float:
-    """Our logits of PROMPT within bound of llama.cpp's, the same 12 greedy tokens; returns the difference."""
-    model = pi.Model(path)
-    ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
-    ll, theirs = llama_cpp_eval(path, PROMPT)
-    err = rel_rms(ours, theirs)
-    print(f"{path.name}: {err:.2e} from llama.cpp")
-    assert err < bound, err
-    theirs_greedy, ours_greedy = greedy_both(ll, model, PROMPT, 12)
-    assert ours_greedy == theirs_greedy
-    return err
-
-
 @pytest.mark.parametrize("seed", [0, 3])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_f32(tmp_path, variant, seed):
@@ -60,7 +47,7 @@ def test_f32(tmp_path, variant, seed):
     write_deepseek2_model(f, seed=seed, **VARIANTS[variant])
     ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
     assert np.array_equal(ours.argmax(1), llama_cpp_eval(f, PROMPT)[1].argmax(1))
-    agrees_with_llama_cpp(f, LLAMA_CPP_REL_RMS)
+    agrees_with_llama_cpp(f, PROMPT, LLAMA_CPP_REL_RMS)
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
@@ -68,7 +55,7 @@ def test_f32(tmp_path, variant, seed):
 def test_quantized(tmp_path, variant, dtype):
     f = tmp_path / f"ds2-{variant}-{dtype}.gguf"
     write_deepseek2_model(f, dtype=dtype, **VARIANTS[variant])
-    agrees_with_llama_cpp(f, QUANT_REL_RMS)
+    agrees_with_llama_cpp(f, PROMPT, QUANT_REL_RMS)
 
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M", "Q6_K"])

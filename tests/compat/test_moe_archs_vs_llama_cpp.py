@@ -14,14 +14,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import powerinfer as pi  # noqa: E402
-from helpers import greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
+from helpers import agrees_with_llama_cpp  # noqa: E402
 from test_moe_archs import VARIANTS, write  # noqa: E402
 
 LLAMA_CPP_REL_RMS = 1e-5       # f32 (measured 2.9e-7 .. 4.4e-7)
@@ -30,30 +28,18 @@ PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 LOADABLE = [v for v in VARIANTS if v != "ernie4_5-moe_step2"]
 
 
-def agrees_with_llama_cpp(path, bound: float) -> float:
-    """Our logits of PROMPT within bound of llama.cpp's, the same argmax everywhere and 12 greedy tokens."""
-    model = pi.Model(path)
-    ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
-    ll, theirs = llama_cpp_eval(path, PROMPT)
-    err = rel_rms(ours, theirs)
-    print(f"{path.name}: {err:.2e} from llama.cpp")
-    assert err < bound, err
-    assert np.array_equal(ours.argmax(1), theirs.argmax(1))
-    theirs_greedy, ours_greedy = greedy_both(ll, model, PROMPT, 12)
-    assert ours_greedy == theirs_greedy
-    return err
-
-
 @pytest.mark.parametrize("seed", [0, 3])
 @pytest.mark.parametrize("variant", LOADABLE)
 def test_f32(tmp_path, variant, seed):
-    agrees_with_llama_cpp(write(tmp_path / f"{variant}-{seed}.gguf", variant, seed=seed), LLAMA_CPP_REL_RMS)
+    agrees_with_llama_cpp(write(tmp_path / f"{variant}-{seed}.gguf", variant, seed=seed), PROMPT, LLAMA_CPP_REL_RMS,
+                          same_argmax=True)
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("variant", LOADABLE)
 def test_quantized(tmp_path, variant, dtype):
-    agrees_with_llama_cpp(write(tmp_path / f"{variant}-{dtype}.gguf", variant, dtype=dtype), LLAMA_CPP_QUANT_REL_RMS)
+    agrees_with_llama_cpp(write(tmp_path / f"{variant}-{dtype}.gguf", variant, dtype=dtype), PROMPT,
+                          LLAMA_CPP_QUANT_REL_RMS, same_argmax=True)
 
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
@@ -79,4 +65,4 @@ def test_expert_weights_scale_key(tmp_path, variant):
     """expert_weights_scale 2.0 in the file: applied where llama.cpp's loader reads it (glm4moe), not where it does not
     (olmoe, hunyuan-moe, ernie4_5-moe; 2.9e-7 .. 4.0e-7 from llama.cpp either way)."""
     agrees_with_llama_cpp(write(tmp_path / f"{variant}.gguf", variant, meta={"expert_weights_scale": 2.0}),
-                          LLAMA_CPP_REL_RMS)
+                          PROMPT, LLAMA_CPP_REL_RMS, same_argmax=True)

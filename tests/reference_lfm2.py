@@ -24,6 +24,7 @@ def setup(ref, m) -> None:
     ref.conv_layers = [v == 0 for v in kv]
     ref.l_cache = int(m("shortconv.l_cache"))
     ref.neox = True
+    ref.lfm2_drop = ()   # pieces left out (tests): "conv", "b", "c", "qk_norm"
     ref.layer_geom = [dict(head_dim=ref.head_dim, n_head_kv=v or ref.n_head_kv, n_rot=ref.n_rot, local=False,
                            kv_source=li) for li, v in enumerate(kv)]
 
@@ -32,10 +33,12 @@ def shortconv(ref, L, li, h, cache):
     n, E, K = len(h), ref.n_embd, ref.l_cache
     bcx = h @ L["shortconv.in_proj"].T
     b, c, x = bcx[:, :E], bcx[:, E:2 * E], bcx[:, 2 * E:]
+    drop = ref.lfm2_drop
+    b, c = (np.ones_like(b) if "b" in drop else b), (np.ones_like(c) if "c" in drop else c)
     rs = cache.rs.setdefault(li, dict(conv=np.zeros((K - 1, E))))
     xin = np.concatenate([rs["conv"], b * x], axis=0)                   # (K - 1 + n, E)
     w = L["shortconv.conv"]                                             # (E, K)
-    conv = np.stack([(xin[t:t + K] * w.T).sum(axis=0) for t in range(n)])
+    conv = np.stack([(xin[t:t + K] * w.T).sum(axis=0) for t in range(n)]) if "conv" not in drop else b * x
     rs["conv"] = xin[n:]
     return (c * conv) @ L["shortconv.out_proj"].T
 
@@ -45,6 +48,8 @@ def layer(ref, L, li, x, pos, all_pos, cache, trace=None):
     if not hasattr(cache, "rs"):
         cache.rs = {}
     h = ref.rmsnorm(x, L["attn_norm"])
+    if "qk_norm" in ref.lfm2_drop:
+        L = {k: v for k, v in L.items() if k not in ("attn_q_norm", "attn_k_norm")}
     x = x + (shortconv(ref, L, li, h, cache) if ref.conv_layers[li] else ref.attention(L, li, h, pos, all_pos, cache))
     x = x + ref.ffn(L, ref.rmsnorm(x, L["ffn_norm"]), x, trace)
     if ref.control_vector is not None:

@@ -567,8 +567,9 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
                                          as_int("feed_forward_length", get("feed_forward_length", 0)),
                                          n_head_kv, ModelLoadError, LayerGeom))
     elif arch in lfm2_arch.ARCHS:
-        extra.update(lfm2_arch.hparams(path, arch, get, as_int, as_int("block_count", get("block_count", required=True)),
-                                       head_dim, n_rot, as_int("feed_forward_length", get("feed_forward_length", 0)),
+        n_layer_lfm2 = as_int("block_count", get("block_count", required=True))
+        extra.update(lfm2_arch.hparams(path, arch, get, as_int, n_layer_lfm2, head_dim, n_rot,
+                                       as_int("feed_forward_length", get("feed_forward_length", 0)),
                                        ModelLoadError, LayerGeom))
         n_head_kv = extra.pop("n_head_kv")
     elif arch == "smollm3":

@@ -505,8 +505,9 @@ typedef struct pi_layer_geom {
                           * writes no KV and attends over that layer's cache (gemma4's shared KV layers) */
     int32_t moe;         /* 1: the layer's FFN is the mixture of experts (needs n_expert > 0); 0: a dense FFN. Made
                           * from pi_hparams: n_expert > 0 (gemma4: the layers whose file has blk.N.ffn_gate_inp) */
-    int32_t recurrent;   /* 1: a gated delta net layer (pi_hparams.ssm_*; shortconv: LFM2's short conv): no attention and no KV cache, a recurrent
-                          * state per sequence instead (kv_source must be the layer itself) */
+    int32_t recurrent;   /* 1: a gated delta net layer (pi_hparams.ssm_*; with shortconv: LFM2's short conv): no
+                          * attention and no KV cache, a recurrent state per sequence instead (kv_source must be the
+                          * layer itself) */
 } pi_layer_geom;
 
 typedef struct pi_tensor_desc {

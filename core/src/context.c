@@ -728,8 +728,8 @@ static pi_status attention_block(pi_context *ctx, pi_exec **at, const pi_layer_e
     return residual_add(ctx, e, e->buf.cur, &lx->attn_w->post_attn_norm, T);
 }
 
-/* A gated delta net or short conv layer (pi_layer_geom.recurrent) in place of the attention block: x += gdn(rms_norm(x) *
- * attn_norm), on the CPU (offload.c keeps these layers there). */
+/* A gated delta net or short conv layer (pi_layer_geom.recurrent) in place of the attention block:
+ * x += gdn(rms_norm(x) * attn_norm) or shortconv(...), on the CPU (offload.c keeps these layers there). */
 static pi_status recurrent_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il,
                                  const pi_batch *b) {
     pi_exec *e = lx->attn;

@@ -344,7 +344,8 @@ static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
                            g->is_local);
         if (g->moe < 0 || g->moe > 1 || (g->moe && hp->n_expert == 0))
             return pi_fail(PI_ERR_BAD_MODEL, "layer %d: moe = %d (1 needs experts, n_expert > 0)", il, g->moe);
-        if (g->recurrent < 0 || g->recurrent > 1 || (g->recurrent && ((hp->ssm_d_state <= 0 && !hp->shortconv) || g->kv_source != il)))
+        const bool has_state = hp->ssm_d_state > 0 || hp->shortconv;   /* a delta net's, or a short conv's */
+        if (g->recurrent < 0 || g->recurrent > 1 || (g->recurrent && (!has_state || g->kv_source != il)))
             return pi_fail(PI_ERR_BAD_MODEL, "layer %d: recurrent = %d (1 needs the ssm_* hparams and no shared KV)", il,
                            g->recurrent);
         const pi_layer_geom *src = g->kv_source >= 0 && g->kv_source < il ? &m->geom[g->kv_source] : NULL;

@@ -1043,3 +1043,33 @@ def write_lfm2_model(path, seed: int = 0, dtype: str = "f32", meta: dict | None 
     # the conv kernel stays f32 in every file type (llama-quantize keeps shortconv.conv.weight)
     write_gguf(path, "lfm2", w, keys=add_keys, dtype=dtype, dtypes={"shortconv.conv": "f32"})
     return w
+
+
+# lfm2moe: LFM2's layers, layer 0's FFN dense (leading_dense_block_count 1), the others 4 experts of 32 (2 per token)
+# routed by sigmoids with a selection bias (exp_probs_b)
+LFM2MOE = dict(LFM2, n_expert=4, n_expert_used=2, n_ff_exp=32, n_dense=1)
+
+
+def write_lfm2moe_model(path, seed: int = 0, dtype: str = "f32", meta: dict | None = None,
+                        c: dict = LFM2MOE) -> dict[str, np.ndarray]:
+    """A tiny lfm2moe file (llama.cpp's keys: leading_dense_block_count, expert_count, expert_used_count,
+    expert_feed_forward_length, expert_gating_func 2)."""
+    w = lfm2_weights(seed, c)
+    rng, mat, _, bias = random_weights(seed + 100)
+    E, NE, Fe = c["n_embd"], c["n_expert"], c["n_ff_exp"]
+    for il in range(c["n_dense"], len(c["kv"])):
+        p = f"blk.{il}."
+        for k in ("ffn_gate", "ffn_up", "ffn_down"):
+            del w[p + k + ".weight"]
+        w[p + "ffn_gate_inp.weight"] = mat(NE, E) * np.float32(3.0)
+        w[p + "ffn_gate_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_up_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_down_exps.weight"] = np.stack([mat(E, Fe) for _ in range(NE)])
+        w[p + "exp_probs_b.bias"] = bias(NE)
+    keys = {"leading_dense_block_count": c["n_dense"], "expert_count": NE, "expert_used_count": c["n_expert_used"],
+            "expert_feed_forward_length": Fe, "expert_gating_func": 2, **(meta or {})}
+    tmp = Path(path).with_suffix(".lfm2.tmp")
+    write_lfm2_model(tmp, dtype=dtype, weights=w, c=c)
+    rename_arch(tmp, path, "lfm2moe", meta={f"lfm2moe.{k}": (v, VT.UINT32) for k, v in keys.items()})
+    tmp.unlink()
+    return w

@@ -198,3 +198,22 @@ def test_offload_is_refused_with_a_message(lfm2):
     flags, warnings = out.stdout.splitlines()[:2]
     assert flags == "True True", out.stdout
     assert "lfm2 models run on the CPU only" in warnings, warnings
+
+
+def test_lfm2moe_layers_and_bad_files(tmp_path):
+    """lfm2moe: the leading dense layer's FFN and the others' experts (pi_layer_geom.moe from ffn_gate_inp), the
+    short convs as lfm2's; a gating function other than softmax / sigmoid, or no experts, refused by name (the logits
+    against llama.cpp: tests/compat/test_lfm2_vs_llama_cpp.py)."""
+    from gguf import GGUFValueType as VT
+    from model_files import write_lfm2moe_model
+    f = tmp_path / "lfm2moe.gguf"
+    write_lfm2moe_model(f)
+    m = pi.Model(f)
+    assert [g.recurrent for g in m.hparams.layer_geom] == [True, True, False, True, False]
+    assert m.hparams.n_expert == 4 and m.hparams.expert_sigmoid and m.recurrent
+    ctx = pi.Context(m, n_ctx=64, kv_type="f32")
+    assert np.isfinite(logits_all(ctx, PROMPT)).all()
+    for name, meta, msg in (("gating", {"lfm2moe.expert_gating_func": (3, VT.UINT32)}, "expert_gating_func"),
+                            ("no_experts", {"lfm2moe.expert_count": None}, "expert_count")):
+        with pytest.raises(ModelLoadError, match=msg):
+            pi.Model(rewrite(f, tmp_path / f"{name}.gguf", meta=meta))

@@ -81,3 +81,15 @@ def test_lfm2_pre_tokenizer_ids(tmp_path):
         for parse_special in (False, True):
             theirs = ll.tokenize(text.encode(), add_bos=True, special=parse_special)
             assert ours.encode(text, add_special=True, parse_special=parse_special) == theirs, (parse_special, text)
+
+
+@pytest.mark.parametrize("dtype,gating", [("f32", 2), ("f32", 1), ("q8_0", 2), ("q4_0", 2)])
+def test_lfm2moe(tmp_path, dtype, gating):
+    """lfm2moe (model_files.LFM2MOE: layer 0 dense, then 4 experts of 32, 2 per token, a selection bias): sigmoid
+    (expert_gating_func 2) and softmax (1) routing, renormalized, as llama.cpp's. Measured: f32 4.6e-7, Q8_0 6.9e-8."""
+    from model_files import write_lfm2moe_model
+    f = tmp_path / f"lfm2moe-{dtype}-{gating}.gguf"
+    write_lfm2moe_model(f, dtype=dtype, meta={"expert_gating_func": gating})
+    hp = pi.Model(f).hparams
+    assert hp.n_expert == 4 and hp.expert_sigmoid == (gating == 2) and hp.n_ff_exp == 32
+    agrees_with_llama_cpp(f, LLAMA_CPP_REL_RMS if dtype == "f32" else QUANT_REL_RMS)

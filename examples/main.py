@@ -18,6 +18,7 @@ from powerinfer.chat import ChatFormatter, ChatTemplateError, ChatTurns, preserv
 from powerinfer.cli import GREEN, YELLOW, CLIError, Console, Interrupt, log
 from powerinfer.cli_args import threads_in_use
 from powerinfer.engine import ContextFull, Timings
+from powerinfer.encoder import refuse_generation
 from powerinfer.generator import Generator
 from powerinfer.request import common_prefix
 from powerinfer.state_file import read_state_file, write_state_file
@@ -151,6 +152,7 @@ def run(args) -> int:
         prompt = cli.prompt_text(args, "" if args.interactive else "Once upon a time")
         cli.read_file_flags(args)
         model = cli.load_model(args, "main")
+        refuse_generation(model)      # an encoder has no output head (ValueError: the error below, exit 1)
         timings.load_ms = model.load_time_s * 1e3
         log(f"system_info: n_threads = {threads_in_use(args.threads)} | {pi.system_info()}")
         params = cli.sampling_params(args)

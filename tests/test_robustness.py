@@ -1277,7 +1277,7 @@ HP_CASES = [
     ("n_ctx_train", 0, ["n_ctx_train"]), ("n_ctx_train", -1, ["n_ctx_train"]),
     ("n_rot", 0, ["rope dimension"]), ("n_rot", 3, ["rope dimension"]), ("n_rot", 18, ["rope dimension"]),
     ("n_rot", -2, ["rope dimension"]),
-    ("arch", 6, ["architecture"]), ("arch", 4, ["dense falcon/opt"]), ("arch", -1, ["architecture"]),
+    ("arch", 7, ["architecture"]), ("arch", 4, ["dense falcon/opt"]), ("arch", -1, ["architecture"]),
     ("arch", INT32_MAX, ["architecture"]),
     ("ffn_act", 3, ["activation"]), ("ffn_act", -1, ["activation"]),
     ("ffn_gate", 3, ["gate"]), ("ffn_gate", -1, ["gate"]),
@@ -2024,6 +2024,36 @@ def test_control_vector_bad_args(model):
     assert lib.pi_context_set_control_vector(ctx, ffi.NULL, 0, 0, 0) == OK
 
 
+def test_imatrix_bad_arguments(model):
+    """The importance matrix (imatrix.c) and the weighted quantizers (quant_imatrix.c): NULL and out-of-range
+    arguments fail with a message."""
+    ctx = pi.Context(model, n_ctx=16, n_threads=2)._ptr
+    expect(lib.pi_imatrix_begin(ffi.NULL, 0), INVALID, "ctx is NULL")
+    expect(lib.pi_imatrix_begin(ctx, 2), INVALID, "unknown flags")
+    lib.pi_imatrix_end(ffi.NULL)
+    assert lib.pi_imatrix_n_entries(ffi.NULL) == 0 and lib.pi_imatrix_n_entries(ctx) == 0
+    n = ffi.new("int64_t *")
+    expect(lib.pi_imatrix_entry(ffi.NULL, 0, ffi.NULL, n, n, ffi.NULL, ffi.NULL), INVALID, "no importance matrix")
+    assert lib.pi_imatrix_begin(ctx, 0) == OK
+    assert lib.pi_imatrix_n_entries(ctx) > 0
+    expect(lib.pi_imatrix_entry(ctx, -1, ffi.NULL, n, n, ffi.NULL, ffi.NULL), INVALID, "no entry -1")
+    expect(lib.pi_imatrix_entry(ctx, 10**6, ffi.NULL, n, n, ffi.NULL, ffi.NULL), INVALID, "no entry")
+    assert lib.pi_imatrix_entry(ctx, 0, ffi.NULL, n, ffi.NULL, ffi.NULL, ffi.NULL) == OK and n[0] > 0
+    lib.pi_imatrix_end(ctx)
+    lib.pi_imatrix_end(ctx)                     # twice: nothing
+    x = np.ones(256, np.float32)
+    buf = np.zeros(1024, np.uint8)
+    xs, bs, w = ffi.from_buffer("float[]", x), ffi.from_buffer(buf), ffi.from_buffer("float[]", x)
+    expect(lib.pi_quantize_rows_imatrix(12, ffi.NULL, bs, 1, 256, w), INVALID, "NULL")
+    expect(lib.pi_quantize_rows_imatrix(12, xs, ffi.NULL, 1, 256, w), INVALID, "NULL")
+    expect(lib.pi_quantize_rows_imatrix(12, xs, bs, -1, 256, w), INVALID, "negative")
+    expect(lib.pi_quantize_rows_imatrix(12, xs, bs, 1, 100, w), INVALID, "cannot be stored")
+    expect(lib.pi_quantize_rows_imatrix(12, xs, bs, 2**62, 256, w), INVALID, "too many")
+    expect(lib.pi_quantize_rows_imatrix(99, xs, bs, 1, 256, w), INVALID, "cannot be stored")
+    expect(lib.pi_quantize_rows_imatrix(16, xs, bs, 1, 256, w), UNSUPPORTED, "no quantizer with importance")
+    assert lib.pi_quantize_rows_imatrix(12, xs, bs, 1, 256, ffi.NULL) == OK
+
+
 # ---- every public function is exercised above -------------------------------------------
 COVERED = {
     "pi_last_error", "pi_system_info", "pi_type_supported", "pi_type_name", "pi_type_block_size",
@@ -2052,6 +2082,7 @@ COVERED = {
     "pi_adapter_create", "pi_adapter_free", "pi_adapter_n_pairs", "pi_context_set_adapters",
     "pi_context_set_control_vector",
     "pi_recurrent_pos", "pi_op_ssm_conv", "pi_op_gated_delta_net",   # tests/test_qwen35.py: test_bad_arguments
+    "pi_imatrix_begin", "pi_imatrix_end", "pi_imatrix_n_entries", "pi_imatrix_entry", "pi_quantize_rows_imatrix",
 }
 
 

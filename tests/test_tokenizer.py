@@ -515,7 +515,8 @@ def test_metadata_errors(models):
     assert "tokenizer.ggml.model" in _meta_error(no_model)
     msg = _meta_error({**meta, "tokenizer.ggml.model": "gpt2"})   # byte-level BPE needs merges
     assert "gpt2" in msg and "merges" in msg
-    assert "bert" in _meta_error({**meta, "tokenizer.ggml.model": "bert"})
+    msg = _meta_error({**meta, "tokenizer.ggml.model": "t5"})     # UGM: refused by name (bert's WPM: test_encoders)
+    assert "t5" in msg and "UGM" in msg
     assert "empty" in _meta_error({**meta, "tokenizer.ggml.tokens": [], "tokenizer.ggml.scores": [],
                                    "tokenizer.ggml.token_type": []})
     assert "scores" in _meta_error({**meta, "tokenizer.ggml.scores": meta["tokenizer.ggml.scores"][:-1]})

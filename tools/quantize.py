@@ -4,12 +4,13 @@
     python tools/quantize.py [options] INPUT.gguf [OUTPUT.gguf] TYPE [NTHREADS]
     python tools/quantize.py model-f16.gguf model-Q4_K_M.gguf Q4_K_M 4
 
-TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M (Q3_K) Q3_K_L Q4_K_S Q4_K_M (Q4_K) Q5_K_S Q5_K_M (Q5_K) Q6_K
-F16 BF16 F32 COPY, or llama.cpp's number of one. Without OUTPUT the file is ggml-model-TYPE.gguf next to INPUT.
+TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q2_K_S Q3_K_S Q3_K_M (Q3_K) Q3_K_L Q4_K_S Q4_K_M (Q4_K) Q5_K_S Q5_K_M (Q5_K)
+Q6_K F16 BF16 F32 COPY, or llama.cpp's number of one. Without OUTPUT the file is ggml-model-TYPE.gguf next to INPUT.
 NTHREADS: threads converting each tensor (default: every CPU).
 
-The IQ types and Q2_K_S need an importance matrix (--imatrix is not supported yet) or a quantizer this core does not
-have; they are refused, as are split input files. A PowerInfer (PWRI) file is quantized as a dense one whose
+--imatrix FILE (python -m powerinfer.imatrix's or llama-imatrix's, GGUF or .dat) quantizes with llama.cpp's weighted
+quantizers, as llama-quantize does (Q2_K_S requires one). The IQ types need quantizers this core does not have; they
+are refused, as are split input files. A PowerInfer (PWRI) file is quantized as a dense one whose
 predictors (fc1, fc2) keep their type (--tensor-type can name them), and stays a PWRI file.
 """
 from __future__ import annotations
@@ -20,13 +21,13 @@ import re
 import sys
 
 from powerinfer.gguf_file import ModelLoadError
-from powerinfer.quant_rules import FTYPE, FTYPE_REFUSED, QUANT_OPTIONS, QuantOptions, parse_ftype, parse_ggml_type
+from powerinfer.quant_rules import FTYPE_REFUSED, QUANT_OPTIONS, QuantOptions, parse_ftype, parse_ggml_type
 from powerinfer.quantize import QuantizeError, parse_kv_override, quantize_file
 
 
 def _types_help() -> str:
-    ok = [n for n, _ in QUANT_OPTIONS if n not in FTYPE_REFUSED]
-    return "allowed types: " + " ".join(f"{n} ({FTYPE.get(n, 0) if n != 'COPY' else 'copy'})" for n in ok)
+    ok = [(n, ft) for n, ft in QUANT_OPTIONS if n not in FTYPE_REFUSED]
+    return "allowed types: " + " ".join(f"{n} ({ft if n != 'COPY' else 'copy'})" for n, ft in ok)
 
 
 def _ggml_type(s: str, what: str) -> int:
@@ -62,6 +63,27 @@ def _prune(s: str) -> list[int]:
     return sorted(set(out))
 
 
+def _load_imatrix(path: str, include, exclude):
+    """llama-quantize's load_imatrix + prepare_imatrix: the importance per tensor and the metadata it records
+    (quantize.imatrix.file, .dataset, .entries_count, .chunks_count: --override-kv keys after the user's). None when no
+    entry is left (then it quantizes without one, as llama-quantize)."""
+    from powerinfer.imatrix import quant_weights, read_imatrix
+    im = read_imatrix(path)
+    data = quant_weights(im, include=include, exclude=exclude)
+    print(f"quantize: loaded {len(im.entries)} importance matrix entries from {path} computed on {im.chunk_count} "
+          "chunks", file=sys.stderr)
+    if not data:
+        return None, []
+    print(f"quantize: have {len(data)} importance matrix entries", file=sys.stderr)
+    kv = [("quantize.imatrix.file", path[:127])]
+    if im.datasets:
+        kv.append(("quantize.imatrix.dataset", im.datasets[0][:127]))
+    kv.append(("quantize.imatrix.entries_count", len(data)))
+    if im.chunk_count > 0:
+        kv.append(("quantize.imatrix.chunks_count", im.chunk_count))
+    return data, kv
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=_types_help(),
                                  usage="%(prog)s [options] INPUT.gguf [OUTPUT.gguf] TYPE [NTHREADS]")
@@ -83,9 +105,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prune-layers", metavar="L0,L1,...", help="layers to leave out (the rest renumbered)")
     ap.add_argument("--dry-run", action="store_true", help="show the types and sizes without writing a file")
     ap.add_argument("--keep-split", action="store_true", help="not supported (split files are not read)")
-    ap.add_argument("--imatrix", metavar="FILE", help="not supported yet")
-    ap.add_argument("--include-weights", action="append", default=[], help="not supported (goes with --imatrix)")
-    ap.add_argument("--exclude-weights", action="append", default=[], help="not supported (goes with --imatrix)")
+    ap.add_argument("--imatrix", metavar="FILE", help="an importance matrix (llama-imatrix's GGUF or .dat file)")
+    ap.add_argument("--include-weights", action="append", default=[], metavar="NAME",
+                    help="use the importance matrix only for tensors whose names contain NAME (repeatable)")
+    ap.add_argument("--exclude-weights", action="append", default=[], metavar="NAME",
+                    help="use the importance matrix for none of the tensors whose names contain NAME (repeatable)")
     ap.add_argument("--max-buffer-size", type=int, metavar="MIB",
                     help="accepted for llama-quantize's command lines; each tensor is converted in chunks of rows")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-tensor lines")
@@ -95,9 +119,8 @@ def main(argv=None) -> int:
         print(f"quantize: error: {msg}", file=sys.stderr)
         return 1
 
-    if a.imatrix is not None or a.include_weights or a.exclude_weights:
-        return fail("--imatrix (and --include-weights / --exclude-weights) is not supported yet: quantization here "
-                    "uses no importance matrix (llama.cpp's reference quantizers)")
+    if a.include_weights and a.exclude_weights:
+        return fail("--include-weights and --exclude-weights exclude each other")
     if a.keep_split:
         return fail("--keep-split is not supported: split input files are not read (merge them first)")
     if a.max_buffer_size is not None and a.max_buffer_size <= 0:
@@ -144,6 +167,13 @@ def main(argv=None) -> int:
         overrides = [parse_kv_override(s) for s in a.override_kv]
     except QuantizeError as e:
         return fail(str(e))
+    imatrix = None
+    if a.imatrix is not None:
+        try:
+            imatrix, more = _load_imatrix(a.imatrix, a.include_weights, a.exclude_weights)
+        except (ValueError, OSError) as e:
+            return fail(f"failed to load imatrix from '{a.imatrix}': {e}")
+        overrides += more
     opts = QuantOptions(
         ftype=ftype, pure=a.pure, quantize_output_tensor=not a.leave_output_tensor, only_copy=name == "COPY",
         output_tensor_type=_ggml_type(a.output_tensor_type, "--output-tensor-type") if a.output_tensor_type else None,
@@ -161,7 +191,7 @@ def main(argv=None) -> int:
         res = quantize_file(inp, None if a.dry_run else out, opts, nthread=nthread,
                             allow_requantize=a.allow_requantize, kv_overrides=overrides,
                             prune_layers=_prune(a.prune_layers) if a.prune_layers else (), dry_run=a.dry_run,
-                            log=log)
+                            log=log, imatrix=imatrix)
     except (QuantizeError, ModelLoadError) as e:
         return fail(str(e))
     except OSError as e:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ._ffi import PowerInferError, check, ffi, lib
 from .cli_args import KV_TYPES
+from .encoder import is_encoder
 from .lora import set_context_adapters
 from .model import Model
 
@@ -33,7 +34,7 @@ def resolve_n_ctx(model: Model, n_ctx: int | None) -> int:
     was not trained on positions that far; quality degrades)."""
     train = model.hparams.n_ctx_train
     n = min(DEFAULT_N_CTX, train) if n_ctx is None else train if n_ctx <= 0 else int(n_ctx)
-    if n > train:
+    if n > train and not is_encoder(model.hparams.arch):   # an encoder's inputs are limited one by one (Embedder)
         log.warning("warning: n_ctx = %d is larger than the model's training context (%d): expect worse output "
                     "past %d tokens", n, train, train)
     return n
@@ -194,6 +195,13 @@ class Context:
         self.offload = None
         self.gpu_warnings: list[str] = []
         self.gpu_log: list[str] = []   # the placement's log lines (also logged at INFO)
+        if is_encoder(model.hparams.arch):   # embeddings only (pi_set_outputs), on the CPU (pi_context_offload)
+            self.outputs = ("embeddings",)
+            if n_gpu_layers or vram_budget:
+                msg = f"{model.hparams.arch} is an encoder model: it runs on the CPU, the GPU offload is ignored"
+                self.gpu_warnings.append(msg)
+                log.warning(msg)
+            n_gpu_layers, vram_budget = 0, None
         from .offload import place
         place(self, vram_budget=vram_budget, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
               n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, kv_type=(self.type_k, self.type_v))
@@ -227,6 +235,9 @@ class Context:
         pos = _int32s(pos, "pos")
         if len(pos) != n:
             raise ValueError("decode: pos and tokens differ in length")
+        if n > self.n_batch and is_encoder(self.model.hparams.arch):   # chunks would not see each other
+            raise ValueError(f"decode: {n} tokens for an encoder model, whose sequences are decoded whole: at most "
+                             f"n_batch ({self.n_batch}) per call")
         if isinstance(logits, str):
             want = np.zeros(n, dtype=np.int8)
             if logits == "all":

@@ -10,7 +10,9 @@ The hidden state is the output norm's result, the output head's input (`Context.
     last   the last token's vector (decoder embedding models: e5-mistral, Qwen3-Embedding, ...)
     rank   reranker models (a classifier head cls.output.weight [n_embd, n_cls], e.g. Qwen3-Reranker as llama.cpp
            converts it): the last token's vector times the head (+ cls.output.bias), softmax for qwen3 as llama.cpp;
-           score 0 is the relevance (`rerank`); not normalized
+           score 0 is the relevance (`rerank`); not normalized. Encoders (bert rerankers, e.g. the ms-marco
+           MiniLM cross-encoders): the first ([CLS]) token's vector through the pooler cls.weight [n_embd, n_embd]
+           + cls.bias and tanh where the file has it, then cls.output (llama.cpp's build_pooling)
 
 The default is the file's `<arch>.pooling_type` (llama.cpp's key), else `mean`. Normalization is
 llama.cpp's `embd_normalize`: -1 none, 0 max-absolute scaled to int16 range, 1 taxicab, 2 Euclidean
@@ -19,7 +21,9 @@ llama.cpp's `embd_normalize`: -1 none, 0 max-absolute scaled to int16 range, 1 t
 An `Embedder` owns its own Context (KV cache of n_ctx cells, CPU only), so embeddings never disturb
 the completion engine's slots and can run while it generates. Several short inputs are decoded in
 one call, one sequence each; an input longer than n_batch is decoded in chunks (causal attention
-makes that exact), up to n_ctx tokens.
+makes that exact), up to n_ctx tokens. An encoder (powerinfer.encoder: bert, nomic-bert) decodes each input whole, so
+an input longer than the batch, the context or the model's positions (n_ctx_train) is refused (`max_tokens`); its K/V
+rows are kept in f32 (they live for one decode, as llama.cpp's cache-less encoder attention).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import threading
 import numpy as np
 
 from .context import Context
+from .encoder import is_encoder
 from .model import Model
 
 __all__ = ["POOLING_TYPES", "Embedder", "default_pooling", "normalize"]
@@ -37,6 +42,12 @@ POOLING_IDS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}   # llama.c
 
 
 RANK_HEAD = "cls.output.weight"
+POOLER = "cls.weight"       # encoders' rerankers: the pooler before the classifier (or in its place)
+
+
+def has_rank_head(model: Model) -> bool:
+    names = model.file.tensors
+    return RANK_HEAD in names or (is_encoder(model.hparams.arch) and POOLER in names)
 
 
 def default_pooling(model: Model) -> str:
@@ -45,7 +56,7 @@ def default_pooling(model: Model) -> str:
     arch = model.metadata.get("general.architecture", "")
     v = model.metadata.get(f"{arch}.pooling_type")
     name = POOLING_IDS.get(int(v)) if isinstance(v, int) else None
-    if name == "rank" and RANK_HEAD not in model.file.tensors:
+    if name == "rank" and not has_rank_head(model):
         name = None
     return name if name in POOLING_TYPES else "mean"
 
@@ -53,28 +64,45 @@ def default_pooling(model: Model) -> str:
 def check_pooling(pooling: str, model: Model | None = None) -> str:
     if pooling not in POOLING_TYPES:
         raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {pooling!r}")
-    if pooling == "rank" and model is not None and RANK_HEAD not in model.file.tensors:
+    if pooling == "rank" and model is not None and not has_rank_head(model):
         raise ValueError(f"pooling 'rank' needs a reranker model: this file has no classifier head ({RANK_HEAD}; "
                          "llama.cpp's converter writes one for Qwen3-Reranker)")
     return pooling
 
 
+def _linear(model: Model, name: str, n_in: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(W [n_out, n_in], b [n_out] or None) of NAME.weight / NAME.bias in float64, (None, None) where absent."""
+    if f"{name}.weight" not in model.file.tensors:
+        return None, None
+    w = model.tensor_f32(f"{name}.weight").astype(np.float64)
+    if w.ndim != 2 or w.shape[1] != n_in:
+        raise ValueError(f"{model.path}: {name}.weight must be [{n_in}, n_out] (ne), got {w.shape[::-1]}")
+    b = model.tensor_f32(f"{name}.bias").astype(np.float64) if f"{name}.bias" in model.file.tensors else None
+    if b is not None and b.shape != (w.shape[0],):
+        raise ValueError(f"{model.path}: {name}.bias must have {w.shape[0]} values")
+    return w, b
+
+
 class RankHead:
-    """A reranker's classifier head: scores [n_cls] = W h (+ b) of the last token's final hidden state h, softmax for
-    qwen3 (llama.cpp's build_pooling). W = cls.output.weight [n_cls, n_embd], b = cls.output.bias."""
+    """A reranker's classifier head (llama.cpp's build_pooling, rank): of the pooled final hidden state h (the last
+    token's; an encoder's: its first, [CLS]), z = tanh(P h + p) where the file has the pooler P = cls.weight [n_embd,
+    n_embd] (p = cls.bias), else z = h; scores [n_cls] = W z (+ b), W = cls.output.weight [n_cls, n_embd], b =
+    cls.output.bias, where the file has it (else the scores are z); softmax for qwen3."""
 
     def __init__(self, model: Model):
-        self.w = model.tensor_f32(RANK_HEAD).astype(np.float64)                     # [n_cls, n_embd]
-        if self.w.ndim != 2 or self.w.shape[1] != model.hparams.n_embd:
-            raise ValueError(f"{model.path}: {RANK_HEAD} must be [n_embd, n_cls] (ne), got {self.w.shape[::-1]}")
-        bias = "cls.output.bias"
-        self.b = model.tensor_f32(bias).astype(np.float64) if bias in model.file.tensors else None
-        if self.b is not None and self.b.shape != (self.w.shape[0],):
-            raise ValueError(f"{model.path}: {bias} must have {self.w.shape[0]} values")
+        n_embd = model.hparams.n_embd
+        self.pool_w, self.pool_b = _linear(model, "cls", n_embd) if is_encoder(model.hparams.arch) else (None, None)
+        if self.pool_w is not None and self.pool_w.shape[0] != n_embd:
+            raise ValueError(f"{model.path}: {POOLER} must be [n_embd, n_embd]")
+        self.w, self.b = _linear(model, "cls.output", n_embd)
         self.softmax = model.metadata.get("general.architecture") == "qwen3"
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
-        z = self.w @ h.astype(np.float64) + (self.b if self.b is not None else 0.0)
+        z = h.astype(np.float64)
+        if self.pool_w is not None:
+            z = np.tanh(self.pool_w @ z + (self.pool_b if self.pool_b is not None else 0.0))
+        if self.w is not None:
+            z = self.w @ z + (self.b if self.b is not None else 0.0)
         if self.softmax:
             z = np.exp(z - z.max())
             z /= z.sum()
@@ -106,6 +134,9 @@ class Embedder:
         self.model = model
         self.pooling = check_pooling(pooling or default_pooling(model), model)
         self._rank_head: RankHead | None = None
+        self.encoder = is_encoder(model.hparams.arch)
+        if self.encoder:     # K/V live for one decode: f32, as llama.cpp's encoders attend without a cache
+            kv_type = "f32"
         # this context stays on the CPU (an offload would copy the device weights once more for it)
         self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, n_threads=n_threads,
                            kv_type=kv_type, sparse_threshold=sparse_threshold, dense=dense,
@@ -118,6 +149,13 @@ class Embedder:
     def n_ctx(self) -> int:
         return self.ctx.n_ctx
 
+    @property
+    def max_tokens(self) -> int:
+        """The longest input: n_ctx; an encoder's: also at most one batch and the model's positions (n_ctx_train)."""
+        if not self.encoder:
+            return self.ctx.n_ctx
+        return min(self.ctx.n_ctx, self.ctx.n_batch, self.model.hparams.n_ctx_train)
+
     def hidden_states(self, inputs: list[list[int]], rows: str = "all") -> list[np.ndarray]:
         """Per input, the [n, n_embd] float32 hidden states of its tokens (rows "all"), or of its
         first ("first") or last ("last") token only ([1, n_embd]). Inputs must be non-empty, within
@@ -129,6 +167,11 @@ class Embedder:
             if len(toks) > ctx.n_ctx:
                 raise ValueError(f"input {i} has {len(toks)} tokens, more than the embedding context "
                                  f"holds ({ctx.n_ctx})")
+            if len(toks) > self.max_tokens:
+                raise ValueError(f"input {i} has {len(toks)} tokens; an encoder ({self.model.hparams.arch}) reads an "
+                                 f"input in one batch, at most {self.max_tokens} tokens (the batch size "
+                                 f"{ctx.n_batch}, the model's {self.model.hparams.n_ctx_train} positions): "
+                                 "shorten it or raise the batch size")
             bad = next((t for t in toks if not 0 <= t < n_vocab), None)
             if bad is not None:
                 raise ValueError(f"input {i}: token {bad} is out of range [0, {n_vocab})")
@@ -168,7 +211,7 @@ class Embedder:
         """Per input, its pooled [n_embd] vector (pooling "none": [n_tokens, n_embd]), normalized
         per vector as `normalize(v, embd_normalize)`; pooling "rank": the classifier's [n_cls] scores, as they are."""
         pooling = check_pooling(pooling or self.pooling, self.model)
-        rows = {"cls": "first", "last": "last", "rank": "last"}.get(pooling, "all")
+        rows = {"cls": "first", "last": "last", "rank": "first" if self.encoder else "last"}.get(pooling, "all")
         states = self.hidden_states(inputs, rows)
         if pooling == "rank":
             if self._rank_head is None:
@@ -203,7 +246,7 @@ def _embed(llm, input, normalize: bool, truncate: bool, pooling: str | None):
     emb = llm.embedder
     inputs, single = _as_inputs(llm, input)
     if truncate:
-        inputs = [t[:emb.n_ctx] for t in inputs]
+        inputs = [t[:emb.max_tokens] for t in inputs]
     vecs = emb.embed_tokens(inputs, pooling=pooling, embd_normalize=2 if normalize else -1)
     return [v.tolist() for v in vecs], single, sum(len(t) for t in inputs)
 
@@ -237,13 +280,14 @@ def rerank_prompt(model: Model, query: str, document: str) -> list[int]:
     if isinstance(template, str):
         return tok.encode(template.replace("{query}", query).replace("{document}", document), add_special=False,
                           parse_special=True)
-    eos = tok.eos_id if tok.eos_id is not None else meta.get("tokenizer.ggml.seperator_token_id")
-    sep = meta.get("tokenizer.ggml.seperator_token_id")
+    sep = getattr(tok, "sep_id", None)
+    sep = sep if sep is not None else meta.get("tokenizer.ggml.seperator_token_id")
+    eos = tok.eos_id if tok.eos_id is not None else sep
     ids = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
     ids += tok.encode(query, add_special=False)
     if tok.add_eos and eos is not None:
         ids.append(eos)
-    if meta.get("tokenizer.ggml.add_sep_token") and sep is not None:
+    if getattr(tok, "add_sep", meta.get("tokenizer.ggml.add_sep_token")) and sep is not None:
         ids.append(sep)
     ids += tok.encode(document, add_special=False)
     if tok.add_eos and eos is not None:
@@ -260,8 +304,8 @@ def rerank(llm, query: str, documents: list[str], *, top_n: int | None = None) -
         raise ValueError("documents must be a non-empty array of strings")
     emb = llm.embedder
     prompts = [rerank_prompt(llm.model, query, d) for d in documents]
-    scores = emb.embed_tokens([p[:emb.n_ctx] for p in prompts], pooling="rank")
+    scores = emb.embed_tokens([p[:emb.max_tokens] for p in prompts], pooling="rank")
     ranked = sorted(({"index": i, "relevance_score": float(v[0])} for i, v in enumerate(scores)),
                     key=lambda r: -r["relevance_score"])
     n = len(ranked) if top_n is None else max(0, int(top_n))
-    return ranked[:n], sum(min(len(p), emb.n_ctx) for p in prompts)
+    return ranked[:n], sum(min(len(p), emb.max_tokens) for p in prompts)

@@ -59,6 +59,7 @@ import numpy as np
 
 from ._ffi import PowerInferError
 from .context import Context
+from .encoder import is_encoder
 from .prompt_cache import PromptCache
 from .request import ContextLengthExceeded, RequestError, Result, Task, TaskEvents, common_prefix
 from .sampling import Sampler
@@ -302,6 +303,10 @@ class Engine:
 
     def check(self, task: Task) -> None:
         """Raise RequestError for a task that cannot run (before queueing it)."""
+        if "logits" not in self.ctx.outputs and is_encoder(self.ctx.model.hparams.arch):
+            raise RequestError(f"this is an encoder model ({self.ctx.model.hparams.arch}): it has no output head and "
+                               "generates no text; use its embeddings (/v1/embeddings, /embedding) or, for a "
+                               "reranker, /rerank", code="not_supported_error", status=400)
         n = len(task.prompt_tokens)
         if n == 0:
             raise RequestError("the prompt is empty (and the model adds no BOS token)", param="prompt")

@@ -17,6 +17,7 @@ from . import lfm2 as lfm2_arch
 from . import qwen35 as qwen35_arch
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
+from . import encoder as _encoder
 
 log = logging.getLogger("powerinfer")
 
@@ -56,6 +57,7 @@ _ARCHS.update(MOE_ARCHS)        # glm4moe, ernie4_5-moe, olmoe: llama's blocks w
 _ARCHS.update({a: lib.PI_ARCH_QWEN2 for a in qwen35_arch.ARCHS})
 # attention + short conv layers (powerinfer.lfm2)
 _ARCHS.update({a: lib.PI_ARCH_QWEN2 for a in lfm2_arch.ARCHS})
+_ARCHS.update(_encoder.ENCODER_ARCHS)     # bert, nomic-bert: encoders (powerinfer.encoder)
 # those whose attn_output.bias llama.cpp adds where the file has one
 _OUT_BIAS_ARCHS = ("mistral3", "apertus")
 # architectures this build runs from PowerInfer (PWRI) files only
@@ -407,6 +409,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     arch = meta.get("general.architecture")
     if arch is None:
         raise ModelLoadError(f"{path}: missing general.architecture")
+    _encoder.refuse_unsupported(path, arch)
     if arch not in _ARCHS:
         raise ModelLoadError(f"{path}: unsupported architecture '{arch}' (general.architecture); this build runs "
                              f"{', '.join(_ARCHS)}")
@@ -679,6 +682,8 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     extra.update(moe_arch_hparams(path, arch, get, as_int, as_float, head_dim, n_rot, n_head_kv))
     if "n_ff" in extra:
         n_ff = extra.pop("n_ff")
+    if _encoder.is_encoder(arch):
+        extra.update(_encoder.encoder_hparams(path, arch, get, as_float))
     if "norm_eps" in extra:
         norm_eps = extra.pop("norm_eps")
     elif arch == "falcon":
@@ -991,7 +996,7 @@ class Model:
         hp = self.hparams
         tensors = dict(self.file.tensors)
         # YaRN / a rope attention factor: the core's per-pair frequency divisors and attention scale (powerinfer.rope)
-        if hp.arch in FUSED_ARCHS:
+        if hp.arch in FUSED_ARCHS or hp.arch == "nomic-bert":     # nomic-bert: its attn_qkv
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
@@ -1000,6 +1005,8 @@ class Model:
         tensors, view_flags = _llama_block_views(self.path, tensors, hp)
         tensors, moe_flags = moe_arch_views(self.path, tensors, hp)
         view_flags = {**view_flags, **moe_flags}
+        if _encoder.is_encoder(hp.arch):
+            tensors, view_flags = _encoder.encoder_views(self.path, tensors, hp)
         self._view_arrays = [t for t in tensors.values() if isinstance(t, _ArrayTensor)]   # kept with the model
         self._made = []              # arrays the loader makes (deepseek2's split attn_kv_b), kept with the model
         if hp.arch == "deepseek2":

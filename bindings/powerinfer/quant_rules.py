@@ -7,7 +7,8 @@ powerinfer.quantize writes the file).
 
 The order matters: llama.cpp's counters (i_attention_wv, i_ffn_down: the "use_more_bits" layers of Q4_K_M's attn_v and
 ffn_down) advance in the order of its weights map, which `llama_order` gives (layer, then name). The branches of the
-importance-matrix file types (IQ*, Q2_K_S) and of has_imatrix are left out: those files are refused (FTYPE_REFUSED).
+IQ file types are left out (those files are refused: FTYPE_REFUSED); Q2_K_S's and has_imatrix's (the Q4_0 / Q5_0
+ffn_down guard) are in.
 """
 from __future__ import annotations
 
@@ -23,14 +24,17 @@ GGML_TYPE_NAMES = {
 }
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S = 20, 23, 18, 21
 # elements per block (ggml_blck_size) of the types above; 1 for the float types
 BLOCK_SIZE = {F32: 1, F16: 1, BF16: 1, Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32,
-              Q2_K: 256, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256}
-# the types this package writes: pi_quantize_row's quantizers, which are llama.cpp's reference ones bit for bit
-# (IQ4_NL's there is the KV cache's, not llama.cpp's search: it is not offered)
+              Q2_K: 256, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256, IQ4_NL: 32, IQ4_XS: 256, IQ3_XXS: 256,
+              IQ3_S: 256}
+# the types this package writes: pi_quantize_rows_imatrix's quantizers, which are llama.cpp's bit for bit (its
+# reference ones without an importance matrix, quantize_row_*_impl with one; the IQ types: quantize_iq4_nl, _iq4_xs,
+# _iq3_xxs, _iq3_s)
 WRITABLE = frozenset(BLOCK_SIZE)
 FLOAT_TYPES = frozenset({F32, F16, BF16})
-_BLOCK_SIZE_OTHER = {9: 32, 15: 256, 16: 256, 17: 256, 18: 256, 19: 256, 20: 32, 21: 256, 22: 256, 23: 256,
+_BLOCK_SIZE_OTHER = {9: 32, 15: 256, 16: 256, 17: 256, 19: 256, 22: 256,
                      29: 256, 34: 256, 35: 256, 39: 32, 40: 64, 41: 128, 42: 64}
 
 
@@ -75,16 +79,16 @@ QUANT_OPTIONS = [
 
 # llama_ftype_get_default_type of the file types written here
 DEFAULT_TYPE = {0: F32, 1: F16, 2: Q4_0, 3: Q4_1, 7: Q8_0, 8: Q5_0, 9: Q5_1, 10: Q2_K, 11: Q3_K, 12: Q3_K, 13: Q3_K,
-                14: Q4_K, 15: Q4_K, 16: Q5_K, 17: Q5_K, 18: Q6_K, 32: BF16}
+                14: Q4_K, 15: Q4_K, 16: Q5_K, 17: Q5_K, 18: Q6_K, 21: Q2_K, 22: IQ3_S, 25: IQ4_NL, 26: IQ3_S,
+                27: IQ3_S, 30: IQ4_XS, 32: BF16}
 
-_IMATRIX = "needs an importance matrix (--imatrix), which this tool does not support yet"
+_IMATRIX = "needs an importance matrix and quantizers (IQ1 / IQ2) this core does not have"
 _NO_QUANTIZER = "has no quantizer in this core (files of it are read, not written)"
 FTYPE_REFUSED = {
-    "Q2_K_S": _IMATRIX, "IQ2_XXS": _IMATRIX, "IQ2_XS": _IMATRIX, "IQ2_S": _IMATRIX, "IQ2_M": _IMATRIX,
-    "IQ1_S": _IMATRIX, "IQ1_M": _IMATRIX, "IQ3_XXS": _IMATRIX,
-    "IQ3_S": "(iq3_s) " + _NO_QUANTIZER, "IQ3_M": "(iq3_s) " + _NO_QUANTIZER, "IQ3_XS": "(iq3_s) " + _NO_QUANTIZER,
-    "IQ4_NL": "(iq4_nl: this core's quantizer is the KV cache's, not llama.cpp's search) " + _NO_QUANTIZER,
-    "IQ4_XS": "(iq4_xs) " + _NO_QUANTIZER, "TQ1_0": _NO_QUANTIZER, "TQ2_0": _NO_QUANTIZER,
+    "IQ2_XXS": _IMATRIX, "IQ2_XS": _IMATRIX, "IQ2_S": _IMATRIX, "IQ2_M": _IMATRIX,
+    "IQ1_S": _IMATRIX, "IQ1_M": _IMATRIX,
+    "IQ3_XXS": "puts attn_q / attn_k in IQ2_S, which " + _NO_QUANTIZER,
+    "TQ1_0": _NO_QUANTIZER, "TQ2_0": _NO_QUANTIZER,
     "MXFP4_MOE": "(mxfp4) " + _NO_QUANTIZER, "Q1_0": _NO_QUANTIZER, "Q2_0": _NO_QUANTIZER,
 }
 
@@ -162,6 +166,7 @@ class QuantOptions:
     quantize_output_tensor: bool = True
     only_copy: bool = False
     pwri: bool = False
+    has_imatrix: bool = False   # llama.cpp's qs.has_imatrix: an importance matrix is given (--imatrix)
 
 
 # categories (tensor_get_category)
@@ -318,9 +323,17 @@ class _Chooser:
         elif _is_attn_v(cat):
             if ft == F["Q2_K"]:
                 new_type = Q4_K if hp.n_gqa >= 4 else Q3_K
+            elif ft == F["Q2_K_S"] and hp.n_gqa >= 4:
+                new_type = Q4_K
             elif ft == F["Q3_K_M"]:
                 new_type = Q5_K if self.i_attention_wv < 2 else Q4_K
             elif ft == F["Q3_K_L"]:
+                new_type = Q5_K
+            elif ft in (F["IQ3_XS"], F["IQ3_S"]) and hp.n_gqa >= 4:
+                new_type = Q4_K
+            elif ft == F["IQ3_M"]:
+                new_type = Q4_K
+            elif ft in (F["IQ4_NL"], F["IQ4_XS"]) and hp.n_gqa >= 4:
                 new_type = Q5_K
             elif ft in (F["Q4_K_M"], F["Q5_K_M"]) and _use_more_bits(self.i_attention_wv, self.n_attention_wv):
                 new_type = Q6_K
@@ -334,13 +347,24 @@ class _Chooser:
         elif cat == ATTN_K:
             if hp.n_expert == 8:
                 new_type = Q8_0
+            elif ft == F["IQ3_XS"]:
+                new_type = IQ3_XXS
+        elif cat == ATTN_Q:
+            if ft == F["IQ3_XS"]:
+                new_type = IQ3_XXS
         elif cat == FFN_DOWN:
             i_layer, n_layer = self._layer_info(self.i_ffn_down, self.n_ffn_down, name)
             if ft == F["Q2_K"]:
                 new_type = Q3_K
+            elif ft == F["Q2_K_S"]:
+                if i_layer < n_layer // 8:
+                    new_type = Q4_K
             elif ft == F["Q3_K_M"]:
                 new_type = (Q5_K if i_layer < n_layer // 16 else
                             Q4_K if not falcon or _use_more_bits(i_layer, n_layer) else Q3_K)
+            elif ft == F["IQ3_M"] and (i_layer < n_layer // 8
+                                       or (hp.n_expert == 8 and _use_more_bits(i_layer, n_layer))):
+                new_type = Q4_K
             elif ft == F["Q3_K_L"]:
                 new_type = Q4_K if falcon else Q5_K
             elif ft == F["Q4_K_M"]:
@@ -349,15 +373,21 @@ class _Chooser:
                                 Q5_K if _use_more_bits(i_layer, n_layer) else Q4_K)
                 elif _use_more_bits(i_layer, n_layer):
                     new_type = Q6_K
+            elif i_layer < n_layer // 8 and ft in (F["IQ4_NL"], F["IQ4_XS"]) and not self.opts.has_imatrix:
+                new_type = Q5_K
             elif ft == F["Q5_K_M"] and _use_more_bits(i_layer, n_layer):
                 new_type = Q6_K
             elif ft == F["Q4_K_S"] and not falcon and i_layer < n_layer // 8:
                 new_type = Q5_K
+            elif ft in (F["Q4_0"], F["Q5_0"]) and self.opts.has_imatrix and i_layer < n_layer // 8:
+                # llama.cpp guards the first ffn_down layers of Q4_0 / Q5_0 when it has an imatrix
+                new_type = Q4_1 if ft == F["Q4_0"] else Q5_1
             self.i_ffn_down += 1
         elif cat == ATTN_OUTPUT:
             if not falcon:
                 if hp.n_expert == 8:
-                    if ft in (F["Q2_K"], F["Q3_K_S"], F["Q3_K_M"], F["Q4_K_S"], F["Q4_K_M"]):
+                    if ft in (F["Q2_K"], F["Q3_K_S"], F["Q3_K_M"], F["Q4_K_S"], F["Q4_K_M"], F["IQ4_NL"], F["IQ4_XS"],
+                              F["IQ3_XS"], F["IQ3_S"], F["IQ3_M"]):
                         new_type = Q5_K
                 elif ft == F["Q2_K"]:
                     new_type = Q3_K
@@ -365,15 +395,21 @@ class _Chooser:
                     new_type = Q4_K
                 elif ft == F["Q3_K_L"]:
                     new_type = Q5_K
+                elif ft == F["IQ3_M"]:
+                    new_type = Q4_K
             elif ft == F["Q3_K_L"]:
                 new_type = Q4_K
         # (llama.cpp's ATTENTION_QKV branch after this one is never reached: attn_qkv is attn_v-like above)
-        elif cat == FFN_GATE:
-            self._layer_info(self.i_ffn_gate, self.n_ffn_gate, name)
-            self.i_ffn_gate += 1
-        elif cat == FFN_UP:
-            self._layer_info(self.i_ffn_up, self.n_ffn_up, name)
-            self.i_ffn_up += 1
+        elif cat in (FFN_GATE, FFN_UP):
+            gate = cat == FFN_GATE
+            i_layer, n_layer = self._layer_info(self.i_ffn_gate if gate else self.i_ffn_up,
+                                                self.n_ffn_gate if gate else self.n_ffn_up, name)
+            if ft == F["IQ3_XS"] and n_layer // 8 <= i_layer < 7 * n_layer // 8:
+                new_type = IQ3_XXS
+            if gate:
+                self.i_ffn_gate += 1
+            else:
+                self.i_ffn_up += 1
         return new_type
 
     def _fallback(self, name: str, ne, target: int) -> int:
@@ -394,6 +430,16 @@ class _Chooser:
         self.fallbacks.append(f"{name}: ncols {ncols} not divisible by {qk} (required for type {type_name(target)}) "
                               f"-> falling back to {type_name(ret)}")
         return ret
+
+
+IMATRIX_TYPES = frozenset({16, 17, 18, 19, 22, 29})   # IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ2_S, IQ1_M
+
+
+def requires_imatrix(name: str, t: int, ftype: int) -> bool:
+    """tensor_requires_imatrix: the very low-bit types (and Q2_K in a Q2_K_S file), not for token_embd / output."""
+    if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
+        return False
+    return t in IMATRIX_TYPES or (t == Q2_K and ftype == FTYPE["Q2_K_S"])
 
 
 def plan_types(tensors, hp: HParams, opts: QuantOptions) -> tuple[list[int], list[str]]:

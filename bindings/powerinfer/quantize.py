@@ -1,13 +1,15 @@
 """Quantize a GGUF file: the file llama.cpp's quantizer (llama_model_quantize, llama-quantize) writes, byte for byte,
-for the file types of powerinfer.quant_rules (Q4_0 .. Q8_0, Q2_K .. Q6_K and their mixes, F16, BF16, F32, COPY).
+for the file types of powerinfer.quant_rules (Q4_0 .. Q8_0, Q2_K .. Q6_K and their mixes, Q2_K_S, IQ4_NL, IQ4_XS,
+F16, BF16, F32, COPY).
 
     quantize_file("model-f16.gguf", "model-Q4_K_M.gguf", QuantOptions(ftype=FTYPE["Q4_K_M"]), nthread=4)
 
 The layout is llama.cpp's: the input's keys in their order without general.quantization_version, general.file_type
 and the split keys, then those two (u32) and any --override-kv keys; the tensors in its weights-map order
 (quant_rules.llama_order) with ggml_n_dims dimensions; 32-byte alignment. Each converted tensor is dequantized
-(pi_dequantize_row) and quantized (pi_quantize_row, llama.cpp's reference quantizers without an importance matrix) in
-chunks of rows on `nthread` threads (the C calls release the GIL), then checked as llama.cpp checks it
+(pi_dequantize_row) and quantized (pi_quantize_row, llama.cpp's reference quantizers without an importance matrix;
+pi_quantize_rows_imatrix, its quantize_row_*_impl with one: `imatrix=`, powerinfer.imatrix.quant_weights) in chunks of
+rows on `nthread` threads (the C calls release the GIL), then checked as llama.cpp checks it
 (ggml_validate_row_data: no NaN or infinity among the values or the blocks' scales). The file is written next to its
 name and renamed into place when complete.
 
@@ -28,7 +30,7 @@ import numpy as np
 
 from .gguf_file import _Reader, open_gguf
 from .quant_rules import (BF16, F16, F32, FLOAT_TYPES, FTYPE, WRITABLE, HParams, QuantOptions, block_size,
-                          guessed_ftype, is_quantized, llama_order, n_dims, plan_types, type_name)
+                          guessed_ftype, is_quantized, llama_order, n_dims, plan_types, requires_imatrix, type_name)
 
 GGML_QNT_VERSION = 2
 GGUF_VERSION = 3
@@ -36,7 +38,8 @@ ALIGNMENT = 32
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 # bytes per block and the offsets of its fp16 scales (ggml_validate_row_data's checks)
 _BLOCK = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 7: (24, (0, 2)), 8: (34, (0,)), 10: (84, (80, 82)),
-          11: (110, (108,)), 12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,))}
+          11: (110, (108,)), 12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,)), 20: (18, (0,)), 23: (136, (0,)),
+          18: (98, (0,)), 21: (110, (0,))}
 _CHUNK_ELEMENTS = 1 << 16     # elements per task of the thread pool
 
 
@@ -53,6 +56,7 @@ class TensorPlan:
     dst_type: int
     nbytes: int          # output bytes
     offset: int = 0      # in the output's data section
+    imatrix: np.ndarray | None = None   # float32 [n_mat * ne[0]]: the importance of each column (per expert)
 
 
 @dataclass
@@ -156,13 +160,19 @@ def _validate(t: int, out: np.ndarray) -> bool:
 
 
 def _convert(src: np.ndarray, p: TensorPlan, pool, nthread: int) -> np.ndarray:
-    """The tensor's bytes as p.dst_type: rows dequantized to f32 and quantized, chunks of rows per task."""
+    """The tensor's bytes as p.dst_type: rows dequantized to f32 and quantized, chunks of rows per task (with an
+    importance matrix: llama.cpp's weighted quantizers, each expert's rows with its slice)."""
     from ._ffi import check, ffi, lib
     n = p.ne[0]
     nrows = int(np.prod(p.ne[1:], dtype=np.int64)) if len(p.ne) > 1 else 1
     srb, drb = _row_bytes(p.src_type, n), _row_bytes(p.dst_type, n)
     out = np.empty(nrows * drb, dtype=np.uint8)
     step = max(1, -(-_CHUNK_ELEMENTS // n))
+    per_expert = p.ne[1] if len(p.ne) > 1 else 1
+    if p.imatrix is not None:
+        step = min(step, per_expert)
+        while per_expert % step:    # chunks never cross an expert's rows
+            step -= 1
 
     def work(r0: int) -> None:
         r1 = min(nrows, r0 + step)
@@ -181,7 +191,9 @@ def _convert(src: np.ndarray, p: TensorPlan, pool, nthread: int) -> np.ndarray:
         if p.dst_type == F32:
             ffi.memmove(ffi.from_buffer(d), x, k * 4)
         else:
-            check(lib.pi_quantize_row(p.dst_type, x, ffi.from_buffer(d), k))
+            e = r0 // per_expert
+            qw = ffi.NULL if p.imatrix is None else ffi.from_buffer("float[]", p.imatrix[e * n:(e + 1) * n])
+            check(lib.pi_quantize_rows_imatrix(p.dst_type, x, ffi.from_buffer(d), r1 - r0, n, qw))
 
     starts = range(0, nrows, step)
     if pool is None or len(starts) == 1:
@@ -193,16 +205,43 @@ def _convert(src: np.ndarray, p: TensorPlan, pool, nthread: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- the file
+def _imatrix_for(p: TensorPlan, imatrix: dict | None, ftype: int, log, dry_run: bool):
+    """llama.cpp's lookup of a tensor's importance (by its input name: --prune-layers renames after), its size check
+    (ne[0] x experts; a mismatch is an error but for token_embd) and the very low-bit types that need one (a
+    --dry-run only warns, as llama.cpp's)."""
+    qw = None
+    if imatrix is not None:
+        v = imatrix.get(p.src_name)
+        n_mat = p.ne[2] if len(p.ne) > 2 else 1
+        if v is None:
+            log(f"====== did not find weights for {p.src_name}")
+        elif np.asarray(v).size == p.ne[0] * n_mat:
+            qw = np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
+        elif p.src_name not in ("token_embd.weight", "per_layer_token_embd.weight") and not dry_run:
+            raise QuantizeError(f"imatrix size {np.asarray(v).size} is different from tensor size {p.ne[0] * n_mat} "
+                                f"for {p.src_name}")
+    if qw is None and requires_imatrix(p.name, p.dst_type, ftype):
+        if dry_run:
+            log(f"WARNING: completing this quantization will require an imatrix ({p.name} as {type_name(p.dst_type)})")
+            return None
+        raise QuantizeError(f"this quantization requires an importance matrix: tensor {p.name} as "
+                            f"{type_name(p.dst_type)} (--imatrix; a missing entry counts as none)")
+    return qw
+
+
 def _can_dequantize(t: int) -> bool:
     from ._ffi import lib
     return t in FLOAT_TYPES or (is_quantized(t) and bool(lib.pi_type_supported(t)))
 
 
 def quantize_file(src, dst, opts: QuantOptions, *, nthread: int = 0, allow_requantize: bool = False,
-                  kv_overrides=(), prune_layers=(), dry_run: bool = False, log=None) -> QuantizeResult:
+                  kv_overrides=(), prune_layers=(), dry_run: bool = False, log=None,
+                  imatrix: dict | None = None) -> QuantizeResult:
     """Write dst, src quantized as opts say (llama_model_quantize's parameters; kv_overrides: [(key, value)] of
     parse_kv_override). nthread <= 0: every CPU. dry_run: the plan and sizes only. log(line): progress lines as
-    llama.cpp's. QuantizeError / ModelLoadError (bad input) before anything is written."""
+    llama.cpp's. imatrix: {tensor name: float32 importance per column (experts one after the other)}, what
+    llama-quantize passes as params.imatrix (powerinfer.imatrix.quant_weights); its presence turns on llama.cpp's
+    has_imatrix rules. QuantizeError / ModelLoadError (bad input) before anything is written."""
     t0 = time.perf_counter()
     log = log or (lambda line: None)
     src, dst = Path(src), Path(dst) if dst is not None else None
@@ -216,7 +255,13 @@ def quantize_file(src, dst, opts: QuantOptions, *, nthread: int = 0, allow_requa
         hp = HParams.from_metadata(meta)
     except ValueError as e:
         raise QuantizeError(f"{src}: {e}") from None
-    opts = dataclasses.replace(opts, pwri=f.is_sparse)
+    opts = dataclasses.replace(opts, pwri=f.is_sparse, has_imatrix=imatrix is not None)
+    if imatrix is not None:
+        log(f"have importance matrix data with {len(imatrix)} entries")
+        for k, v in imatrix.items():
+            bad = ~np.isfinite(np.asarray(v, dtype=np.float32))
+            if bad.any():
+                raise QuantizeError(f"imatrix contains non-finite value {float(np.asarray(v)[bad][0])} ({k})")
 
     order = llama_order(list(f.tensors))
     renamed, n_block = _prune_names(order, prune_layers)
@@ -244,7 +289,10 @@ def quantize_file(src, dst, opts: QuantOptions, *, nthread: int = 0, allow_requa
             nbytes = _row_bytes(new, ne[0]) * (int(np.prod(ne[1:], dtype=np.int64)) if len(ne) > 1 else 1)
         else:
             nbytes = f.tensors[old].data.nbytes
-        plans.append(TensorPlan(name, old, tuple(ne), cur, new, nbytes))
+        plan = TensorPlan(name, old, tuple(ne), cur, new, nbytes)
+        if cur != new and not opts.only_copy:
+            plan.imatrix = _imatrix_for(plan, imatrix, opts.ftype, log, dry_run)
+        plans.append(plan)
 
     if opts.only_copy:
         ft = meta.get("general.file_type")

@@ -90,7 +90,13 @@ enum {  /* model architecture families (the forward pass reads the pi_hparams fl
     PI_ARCH_GEMMA3 = 3,   /* QK norms, post-norms, GELU FFN, embedding scale, local (sliding-window) layers; gemma2:
                            * no QK norms, soft-capped attention scores and logits (attn_softcap, final_softcap) */
     PI_ARCH_FALCON = 4,   /* sparse only: LayerNorm, fused attn_qkv, NEOX rope, parallel attention + FFN */
-    PI_ARCH_OPT    = 5    /* sparse only: pre-LayerNorm, biases everywhere, learned positions (pos + 2), no rope */
+    PI_ARCH_OPT    = 5,   /* sparse only: pre-LayerNorm, biases everywhere, learned positions (pos + 2), no rope */
+    PI_ARCH_BERT   = 6    /* encoders (bert, nomic-bert; dense files): attention over each sequence of the batch alone,
+                           * in both directions; x = LayerNorm(token_embd[tok] + token_types[0] (+ position_embd[pos]))
+                           * * token_embd_norm; post-LayerNorm blocks x = LN(x + attn(x)) * attn_output_norm, x = LN(x +
+                           * FFN(x)) * layer_output_norm (weights and biases); optional biases on q/k/v/o (qkv_bias,
+                           * attn_out_bias) and on the FFN's up and down; no output norm, no output head: a context
+                           * outputs embeddings only (the last layer's x), and keeps no cells between decodes */
 };
 
 enum {  /* rotary embedding: which dims form a rotating pair */
@@ -636,7 +642,8 @@ enum {
     PI_OUTPUT_EMBD   = 2
 };
 /* outputs: PI_OUTPUT_LOGITS, PI_OUTPUT_EMBD (the output head is skipped) or both ORed; for the
- * decodes that follow (the last decode's outputs are dropped). PI_ERR_INVALID_ARG for anything else. */
+ * decodes that follow (the last decode's outputs are dropped). PI_ERR_INVALID_ARG for anything else;
+ * PI_ERR_UNSUPPORTED for logits of an encoder (PI_ARCH_BERT: its contexts start with PI_OUTPUT_EMBD). */
 PI_API pi_status    pi_set_outputs(pi_context *ctx, int32_t outputs);
 /* [n_embd] final hidden state of batch row i of the last decode; NULL (and an error) if none was
  * asked for or the context does not output embeddings. */
@@ -806,6 +813,28 @@ PI_API pi_status pi_context_offload_stats(const pi_context *ctx, pi_offload_stat
 /* The hot neurons of layer il as the device holds them (its copy of the bucket, read back), into ids
  * (n_ff entries at most; NULL: only count them). Returns their number, or -1 and an error. */
 PI_API int32_t   pi_context_hot_neurons(pi_context *ctx, int32_t il, int32_t *ids);
+
+/* ---- importance matrix (imatrix.c; llama-imatrix's collection) ----
+ * pi_imatrix_begin: from now on the context's decodes sum, for each weight matrix, x_j^2 of every input row x its
+ * matmuls read (batches of 16 rows or more; every routed row for an expert) and count those rows, until
+ * pi_imatrix_end (or pi_context_free); begin again starts from zero. PI_IMATRIX_OUTPUT adds output.weight (a file's
+ * own, not a tied one). CPU contexts only (PI_ERR_UNSUPPORTED when layers are offloaded); for sparse (PowerInfer)
+ * and gate-sparse files the attention matrices only. A non-finite sum fails the decode (PI_ERR_INVALID_ARG).
+ * pi_imatrix_entry: entry i's GGUF name, columns (the matrix's ne[0]), matrices (experts; 1 for 2-D), its sums
+ * [n_mat][n_cols] and counts [n_mat] (the context's memory, valid until pi_imatrix_end). */
+enum { PI_IMATRIX_OUTPUT = 1 };
+PI_API pi_status pi_imatrix_begin(pi_context *ctx, int32_t flags);
+PI_API void      pi_imatrix_end(pi_context *ctx);
+PI_API int32_t   pi_imatrix_n_entries(const pi_context *ctx);
+PI_API pi_status pi_imatrix_entry(const pi_context *ctx, int32_t i, const char **name, int64_t *n_cols,
+                                  int64_t *n_mat, float **sums, int64_t **counts);
+/* nrows rows of n_per_row values quantized as llama.cpp's ggml_quantize_chunk quantizes them with the importance
+ * weights quant_weights [n_per_row] (quantize_row_*_impl; NULL: pi_quantize_row's reference quantizers, as llama.cpp
+ * without an imatrix; Q8_0 ignores the weights, as llama.cpp). IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S: llama.cpp's searches
+ * (quantize_iq4_nl / _iq4_xs / _iq3_xxs / _iq3_s) with or without weights. Other types: pi_quantize_row's without
+ * weights, PI_ERR_UNSUPPORTED with them. The file quantizer's one entry (powerinfer.quantize). */
+PI_API pi_status pi_quantize_rows_imatrix(int32_t type, const float *src, void *dst, int64_t nrows,
+                                          int64_t n_per_row, const float *quant_weights);
 
 /* PI_CDEF_END */
 

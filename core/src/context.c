@@ -35,6 +35,7 @@
  * them there and its cold ones on the CPU (sparse_ffn).
  */
 #include "context.h"
+#include "imatrix.h"
 #include "lora.h"
 #include "moe.h"
 #include "gdn.h"
@@ -128,6 +129,7 @@ pi_status pi_buffers_alloc(pi_exec *e, const pi_model *m, int64_t T, int64_t n_c
 
 void pi_context_free(pi_context *ctx) {
     if (!ctx) return;
+    pi_imatrix_end(ctx);
     pi_offload_release(ctx);
     pi_buffers_free(&ctx->cpu);
     pi_backend_free(ctx->cpu.be);
@@ -203,8 +205,8 @@ pi_status pi_context_create(pi_model *model, const pi_context_params *params, pi
     if (!ctx) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
     ctx->model = model;
     ctx->ostats.device = -1;
-    ctx->outputs = PI_OUTPUT_LOGITS;
     const pi_hparams *hp = &model->hp;
+    ctx->outputs = pi_is_encoder(hp) ? PI_OUTPUT_EMBD : PI_OUTPUT_LOGITS;
     if (p.n_threads <= 0) p.n_threads = pi_physical_cores();
     if (p.n_threads_batch <= 0) p.n_threads_batch = p.n_threads;
     pi_status st = pi_threadpool_create(PI_MAX(p.n_threads, p.n_threads_batch), &ctx->pool);
@@ -343,6 +345,7 @@ static pi_status move_x(pi_context *ctx, pi_exec **at, pi_exec *e, int64_t T) {
 
 /* y [N, T] = W [K, N] x [K, T] */
 static pi_status matmul(pi_exec *e, const pi_tensor *w, float *x, float *y, int64_t T) {
+    if (e->imatrix) TRY(pi_imatrix_observe(e->imatrix, w, x, T));
     pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
     return OP(e, mul_mat, w, &xt, &yt);
 }
@@ -353,6 +356,8 @@ static pi_status matmuls(pi_exec *e, int n, const pi_tensor *const *w, float *x,
         for (int i = 0; i < n; i++) TRY(matmul(e, w[i], x, y[i], T));
         return PI_OK;
     }
+    if (e->imatrix)
+        for (int i = 0; i < n; i++) TRY(pi_imatrix_observe(e->imatrix, w[i], x, T));
     pi_tensor xt = f32_2d(x, w[0]->ne[0], T), yt[PI_MUL_MATS_MAX];
     pi_tensor *yp[PI_MUL_MATS_MAX];
     for (int i = 0; i < n; i++) { yt[i] = f32_2d(y[i], w[i]->ne[1], T); yp[i] = &yt[i]; }
@@ -426,6 +431,16 @@ static void span_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
  * Built in the CPU's buffers; each backend that runs attention gets a copy per batch. */
 static void build_mask(pi_context *ctx, const pi_batch *b, int32_t n_kv) {
     const int32_t n_swa = ctx->model->hp.n_swa;
+    if (pi_is_encoder(&ctx->model->hp)) {   /* each token sees the tokens of its sequence in this batch, all of them */
+        const int32_t *cells = ctx->cpu.buf.cells;
+        for (int32_t t = 0; t < b->n_tokens; t++) {
+            float *row = ctx->cpu.buf.mask + (size_t)t * n_kv;
+            for (int32_t c = 0; c < n_kv; c++) row[c] = -INFINITY;
+            for (int32_t u = 0; u < b->n_tokens; u++)
+                if (b->seq_id[u] == b->seq_id[t]) row[cells[u]] = 0.0f;
+        }
+        return;
+    }
     for (int32_t t = 0; t < b->n_tokens; t++) {
         float *row = ctx->cpu.buf.mask + (size_t)t * n_kv;
         float *row_swa = n_swa > 0 ? ctx->cpu.buf.mask_swa + (size_t)t * n_kv : NULL;
@@ -893,6 +908,7 @@ static pi_status dense_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32
         if (hp->ffn_gate != PI_FFN_SEQ) TRY(pi_lora_add(ctx, e, il, PI_LORA_GATE, B->cur, B->gate, T));
         TRY(pi_lora_add(ctx, e, il, PI_LORA_UP, B->cur, B->up, T));
     }
+    if (L->ffn_up_b.data) TRY(add_bias(e, B->up, &L->ffn_up_b, T));   /* encoders */
     const int64_t F = ctx->model->geom[il].n_ff;
     pi_tensor g = f32_2d(B->gate, F, T), u = f32_2d(B->up, F, T);
     if (hp->gate_sparse) {   /* every channel computed */
@@ -905,7 +921,8 @@ static pi_status dense_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, int32
     else TRY(OP(e, glu, hp->ffn_act, hp->ffn_gate, hp->ffn_gate != PI_FFN_SEQ ? &g : NULL, &u));   /* h = up */
     if (hp->ffn_act_square) TRY(OP(e, binary, PI_BINARY_MUL, &u, &u, &u));   /* h = h^2 (ReLU^2: arcee) */
     TRY(matmul(e, &L->ffn_down, B->up, B->cur, T));
-    return pi_lora_add(ctx, e, il, PI_LORA_DOWN, B->up, B->cur, T);
+    TRY(pi_lora_add(ctx, e, il, PI_LORA_DOWN, B->up, B->cur, T));
+    return L->ffn_down_b.data ? add_bias(e, B->cur, &L->ffn_down_b, T) : PI_OK;
 }
 
 /* hparams.moe_dense_ffn (gemma4): B->cur (ffn_norm(x)) = rms_norm(FFN(B->cur)) * post_ffw_norm_1 +
@@ -963,6 +980,28 @@ static pi_status parallel_layer(pi_context *ctx, pi_exec **at, const pi_layer_ex
     return add_inplace(e, B->x, B->cur, E, T);
 }
 
+/* An encoder layer (bert family: post-norm blocks, the attention over each sequence in both directions):
+ * x = LN(x + attn(x)) * attn_output_norm + b, then x = LN(x + FFN(x)) * layer_output_norm + b (llama.cpp's bert graph);
+ * on the CPU. */
+static pi_status encoder_layer(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il, const pi_batch *b,
+                               int32_t n_kv) {
+    pi_exec *e = lx->attn;
+    pi_buffers *B = &e->buf;
+    const pi_layer *L = lx->attn_w;
+    const int64_t T = b->n_tokens, E = ctx->model->hp.n_embd;
+    const float eps = ctx->model->hp.norm_eps;
+    pi_tensor xt = f32_2d(B->x, E, T);
+    TRY(move_x(ctx, at, e, T));
+    TRY(OP(e, copy, B->cur, B->x, (size_t)(T * E) * sizeof(float)));
+    TRY(attention_core(ctx, lx, il, b, n_kv));            /* -> B->cur (+ bo) */
+    TRY(add_inplace(e, B->x, B->cur, E, T));
+    TRY(OP(e, layer_norm, &xt, &L->attn_out_norm, &L->attn_out_norm_b, eps, &xt));
+    TRY(OP(e, copy, B->cur, B->x, (size_t)(T * E) * sizeof(float)));
+    TRY(dense_ffn(ctx, e, lx->ffn_w, il, T));              /* -> B->cur (+ biases) */
+    TRY(add_inplace(e, B->x, B->cur, E, T));
+    return OP(e, layer_norm, &xt, &L->layer_out_norm, &L->layer_out_norm_b, eps, &xt);
+}
+
 static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
     const pi_hparams *hp = &ctx->model->hp;
     if (!b || (!b->token && !b->embd) || !b->pos || !b->seq_id)
@@ -978,9 +1017,9 @@ static pi_status check_batch(const pi_context *ctx, const pi_batch *b) {
             return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: token %d at %d is out of range [0, %d)", b->token[i], i,
                            hp->n_vocab);
         if (b->pos[i] < 0) return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: negative position %d at %d", b->pos[i], i);
-        if (ctx->model->pos_embd.data && (int64_t)b->pos[i] + PI_OPT_POS_OFFSET >= ctx->model->pos_embd.ne[1])
+        if (ctx->model->pos_embd.data && pi_pos_embd_row(hp, b->pos[i]) >= ctx->model->pos_embd.ne[1])
             return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: position %d at %d is past the %lld learned positions",
-                           b->pos[i], i, (long long)(ctx->model->pos_embd.ne[1] - PI_OPT_POS_OFFSET));
+                           b->pos[i], i, (long long)(ctx->model->pos_embd.ne[1] - pi_pos_embd_row(hp, 0)));
         if (b->seq_id[i] < 0 || b->seq_id[i] >= ctx->params.n_seq_max)
             return pi_fail(PI_ERR_INVALID_ARG, "pi_decode: sequence id %d at %d is out of range [0, %d)",
                            b->seq_id[i], i, ctx->params.n_seq_max);
@@ -1008,12 +1047,19 @@ static pi_status embeddings(pi_context *ctx, const pi_batch *b) {
         TRY(pi_lora_add_embd(ctx, c, b->token, c->buf.x, T));
         if (m->hp.embd_scale > 0.0f && m->hp.embd_scale != 1.0f) TRY(OP(c, scale, &x, m->hp.embd_scale));   /* gemma */
     }
-    if (m->pos_embd.data) {   /* opt: + position_embd[pos + 2] */
-        for (int64_t t = 0; t < T; t++) c->buf.ids[t] = b->pos[t] + PI_OPT_POS_OFFSET;
+    if (m->type_embd.data) {   /* encoders: + token_types[0] (sentence A) for every token, as llama.cpp */
+        pi_tensor te = f32_2d(c->buf.cur, E, 1);
+        c->buf.ids[0] = 0;
+        TRY(OP(c, get_rows, &m->type_embd, c->buf.ids, 1, &te));
+        TRY(add_bias(c, c->buf.x, &te, T));
+    }
+    if (m->pos_embd.data) {   /* opt: + position_embd[pos + 2]; bert: + position_embd[pos] */
+        for (int64_t t = 0; t < T; t++) c->buf.ids[t] = (int32_t)pi_pos_embd_row(&m->hp, b->pos[t]);
         pi_tensor pe = f32_2d(c->buf.cur, E, T);
         TRY(OP(c, get_rows, &m->pos_embd, c->buf.ids, T, &pe));
         TRY(add_inplace(c, c->buf.x, c->buf.cur, E, T));
     }
+    if (m->tok_norm.data) TRY(OP(c, layer_norm, &x, &m->tok_norm, &m->tok_norm_b, m->hp.norm_eps, &x));   /* encoders */
     return PI_OK;
 }
 
@@ -1119,6 +1165,10 @@ static pi_status compute_logits(pi_context *ctx, pi_exec **at, int64_t T, int32_
     if (want_embd) TRY(reserve_rows(&ctx->embd, &ctx->embd_cap, n_out, E, "embeddings"));
     TRY(move_x(ctx, at, e, T));
     if (T > n_out) TRY(gather_output_rows(ctx, e, T, n_out));   /* else x holds just the output rows */
+    if (pi_is_encoder(&m->hp)) {   /* the last layer's x as it is: no output norm, no head (pi_set_outputs) */
+        if (T == n_out) TRY(OP(e, copy, e->buf.cur, e->buf.x, (size_t)n_out * (size_t)E * sizeof(float)));
+        return transfer(c, ctx->embd, e, e->buf.cur, (size_t)n_out * (size_t)E * sizeof(float));
+    }
     TRY(norm(ctx, e, T > n_out ? e->buf.cur : e->buf.x, ctx->out_norm, ctx->out_norm_b, e->buf.cur, n_out));
     if (want_embd) TRY(transfer(c, ctx->embd, e, e->buf.cur, (size_t)n_out * (size_t)E * sizeof(float)));
     if (!want_logits) return PI_OK;
@@ -1206,6 +1256,10 @@ static pi_status forward(pi_context *ctx, const pi_batch *batch, int32_t n_kv) {
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         if (ctx->abort_cb && ctx->abort_cb(ctx->abort_data)) return pi_fail(PI_ERR_ABORTED, "decode aborted by the abort callback");
         const pi_layer_exec *lx = &ctx->lx[il];
+        if (pi_is_encoder(&m->hp)) {
+            TRY(encoder_layer(ctx, &at, lx, il, batch, n_kv));
+            continue;
+        }
         if (m->hp.arch == PI_ARCH_FALCON || m->hp.parallel_block) {
             TRY(parallel_layer(ctx, &at, lx, il, batch, n_kv));
             TRY(control_vector(ctx, at, il, T));
@@ -1239,6 +1293,8 @@ pi_status pi_decode(pi_context *ctx, const pi_batch *batch) {
     if (st != PI_OK) return st;
     pi_threadpool_set_active(ctx->pool, T > 1 ? ctx->params.n_threads_batch : ctx->params.n_threads);
     st = forward(ctx, batch, pi_kv_span(&ctx->kv));
+    if (st == PI_OK && pi_is_encoder(&ctx->model->hp))   /* an encoder's decode is whole: nothing stays cached */
+        pi_kv_unclaim(&ctx->kv, T, ctx->cpu.buf.cells);
     if (st != PI_OK) {
         if (ctx->dev.be) ctx->dev.be->i->sync(ctx->dev.be);
         pi_kv_unclaim(&ctx->kv, T, ctx->cpu.buf.cells);   /* leave the cache as it was */
@@ -1269,6 +1325,9 @@ pi_status pi_set_outputs(pi_context *ctx, int32_t outputs) {
     if (!ctx) return pi_fail(PI_ERR_INVALID_ARG, "pi_set_outputs: context is NULL");
     if (outputs < 1 || outputs > (PI_OUTPUT_LOGITS | PI_OUTPUT_EMBD))
         return pi_fail(PI_ERR_INVALID_ARG, "pi_set_outputs: %d is not PI_OUTPUT_LOGITS, PI_OUTPUT_EMBD or both", outputs);
+    if ((outputs & PI_OUTPUT_LOGITS) && pi_is_encoder(&ctx->model->hp))
+        return pi_fail(PI_ERR_UNSUPPORTED, "pi_set_outputs: an encoder model (bert family) has no output head: it "
+                       "outputs embeddings only");
     ctx->outputs = outputs;
     ctx->n_batch_last = 0;   /* the last decode's rows were made for the old outputs */
     return PI_OK;

@@ -41,6 +41,7 @@ typedef struct pi_exec {
     void      **slot[24];    /* the allocated buffers and their sizes (to free them with the same counts) */
     size_t      slot_bytes[24];
     int32_t     n_slots;
+    struct pi_imatrix *imatrix;  /* the importance-matrix observer (imatrix.c) while collecting, else NULL */
 } pi_exec;
 
 /* Where layer il runs, filled once (pi_context_create: all CPU; pi_context_offload). */

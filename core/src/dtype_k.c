@@ -579,8 +579,8 @@ void pi_q2_K_from_f32(const float *src, void *dst, int64_t n) {
         for (int j = 0; j < PI_QK_K / 16; j++) {
             for (int l = 0; l < 16; l++) weights[l] = fabsf(src[16 * j + l]);
             scales[j] = make_qkx2_quants(16, 3, src + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
-            max_scale = fmaxf(max_scale, scales[j]);
-            max_min = fmaxf(max_min, mins[j]);
+            if (scales[j] > max_scale) max_scale = scales[j];   /* (not fmaxf: a -0 min must not win over 0) */
+            if (mins[j] > max_min) max_min = mins[j];
         }
         if (max_scale > 0) {
             const float iscale = q4scale / max_scale;
@@ -673,8 +673,8 @@ static void quantize_k45_scales(const float *src, int nmax, float rmin, int nste
         for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(src[32 * j + l]);
         scales[j] = make_qkx2_quants(32, nmax, src + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep,
                                      false);
-        max_scale = fmaxf(max_scale, scales[j]);
-        max_min = fmaxf(max_min, mins[j]);
+        if (scales[j] > max_scale) max_scale = scales[j];   /* (not fmaxf: llama.cpp keeps +0 over a -0 min) */
+        if (mins[j] > max_min) max_min = mins[j];
     }
     const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
     const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;

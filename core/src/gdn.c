@@ -13,6 +13,7 @@
  * call (a row j of S_h^T evolves by itself: it is scaled by e^g, gives d_j, takes d_j k and gives o_j). exp / log are
  * libm's, the dots and axpys the f32 kernels (the same bits at every level). */
 #include "gdn.h"
+#include "imatrix.h"
 #include "recurrent.h"
 
 #include <math.h>
@@ -183,6 +184,7 @@ static float *scratch(pi_context *ctx, int64_t n) {
 }
 
 static pi_status product(pi_context *ctx, const pi_tensor *w, const float *x, float *y, int64_t T) {
+    if (ctx->cpu.imatrix) TRY(pi_imatrix_observe(ctx->cpu.imatrix, w, x, T));     /* powerinfer.imatrix collects */
     pi_tensor xt = pi_tensor_view(PI_TYPE_F32, (float *)x, 2, (int64_t[]){ w->ne[0], T });
     pi_tensor yt = pi_tensor_view(PI_TYPE_F32, y, 2, (int64_t[]){ w->ne[1], T });
     return pi_mul_mat_grow(ctx->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);

@@ -174,7 +174,7 @@ static pi_status check_hparams(const pi_hparams *hp) {
     CHECK_DIM(n_vocab); CHECK_DIM(n_embd); CHECK_DIM(n_ff); CHECK_DIM(n_head); CHECK_DIM(n_head_kv);
     CHECK_DIM(n_layer); CHECK_DIM(n_ctx_train);
 #undef CHECK_DIM
-    if (hp->arch < PI_ARCH_LLAMA || hp->arch > PI_ARCH_OPT)
+    if (hp->arch < PI_ARCH_LLAMA || hp->arch > PI_ARCH_BERT)
         return pi_fail(PI_ERR_UNSUPPORTED, "unknown architecture id %d", hp->arch);
     if (hp->sparse && (hp->arch == PI_ARCH_QWEN2 || hp->arch == PI_ARCH_GEMMA3))
         return pi_fail(PI_ERR_UNSUPPORTED,
@@ -310,6 +310,12 @@ static pi_status check_hparams(const pi_hparams *hp) {
         return pi_fail(PI_ERR_BAD_MODEL, "mla_kv_rank = %d, mla_head_k = %d (> n_rot %d), mla_head_v = %d, "
                        "q_lora_rank = %d: out of range or q_lora_rank without MLA", hp->mla_kv_rank, hp->mla_head_k,
                        hp->n_rot, hp->mla_head_v, hp->q_lora_rank);
+    if (pi_is_encoder(hp) && (hp->sparse || hp->gate_sparse || hp->n_expert || hp->mla_kv_rank || hp->n_swa ||
+                              hp->qk_norm || hp->post_norms || hp->attn_sinks || hp->n_embd_per_layer ||
+                              hp->parallel_block || hp->ffn_gate == PI_FFN_SYM || hp->ffn_act == PI_ACT_XIELU ||
+                              hp->ffn_act == PI_ACT_SWIGLU_OAI))
+        return pi_fail(PI_ERR_UNSUPPORTED, "encoders (bert family) run dense files with a GELU FFN or a gated one, "
+                       "without experts, MLA, sliding windows, q/k norms, sinks or other blocks' flags");
     if (hp->mla_kv_rank > 0 && (hp->sparse || hp->gate_sparse || hp->qkv_bias || hp->qk_norm || hp->v_norm ||
                                 hp->attn_sinks || hp->attn_out_bias || hp->n_swa || pi_uses_layer_norm(hp)))
         return pi_fail(PI_ERR_UNSUPPORTED, "MLA attention (mla_kv_rank) with sparse files, q/k/v biases or norms, "
@@ -572,6 +578,57 @@ static pi_status repack_weights(pi_model *m, bool no_repack) {
     return st;
 }
 
+/* An encoder's tensors (PI_ARCH_BERT, llama.cpp's bert graph): the embeddings' table, type table, positions (where
+ * the file has them: bert; nomic-bert ropes instead) and LayerNorm; per layer q/k/v (+ biases: qkv_bias), the output
+ * (+ bias: attn_out_bias), attn_output_norm, the FFN (a gate with PI_FFN_PAR; up and down biases where present) and
+ * layer_output_norm, each norm with weight and bias. No output norm or head. */
+static pi_status load_encoder(const pi_model_desc *desc, pi_model *m) {
+    const pi_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff, Ekv = pi_head_dim(hp) * hp->n_head_kv;
+    const int64_t Eq = pi_head_dim(hp) * hp->n_head;
+    pi_status st;
+#define GET(nm, ne0, ne1, f32, opt, dst) do { if ((st = load_tensor(desc, nm, ne0, ne1, f32, opt, dst)) != PI_OK) \
+        return st; } while (0)
+    GET("token_embd_norm.weight", E, 0, true, false, &m->tok_norm);
+    GET("token_embd_norm.bias", E, 0, true, false, &m->tok_norm_b);
+    const pi_tensor_desc *tt = find_tensor(desc, "token_types.weight");
+    if (tt) GET("token_types.weight", E, tt->n_dims == 2 ? tt->ne[1] : 1, false, false, &m->type_embd);
+    const pi_tensor_desc *pe = find_tensor(desc, "position_embd.weight");
+    if (pe) {   /* bert: one row per position the model was trained on */
+        if (pe->n_dims != 2 || pe->ne[1] < 1 || pe->ne[1] > MAX_DIM)
+            return pi_fail(PI_ERR_BAD_MODEL, "'position_embd.weight' must be 2-d [n_embd, n_pos]");
+        GET("position_embd.weight", E, pe->ne[1], false, false, &m->pos_embd);
+    }
+    char name[96];
+#define LAYER(suffix, ne0, ne1, f32, opt, dst) do { snprintf(name, sizeof name, "blk.%d." suffix, il); \
+        GET(name, ne0, ne1, f32, opt, dst); } while (0)
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        pi_layer *L = &m->layers[il];
+        LAYER("attn_q.weight", E, Eq, false, false, &L->wq);
+        LAYER("attn_k.weight", E, Ekv, false, false, &L->wk);
+        LAYER("attn_v.weight", E, Ekv, false, false, &L->wv);
+        if (hp->qkv_bias) {
+            LAYER("attn_q.bias", Eq, 0, true, false, &L->bq);
+            LAYER("attn_k.bias", Ekv, 0, true, false, &L->bk);
+            LAYER("attn_v.bias", Ekv, 0, true, false, &L->bv);
+        }
+        LAYER("attn_output.weight", Eq, E, false, false, &L->wo);
+        if (hp->attn_out_bias) LAYER("attn_output.bias", E, 0, true, false, &L->bo);
+        LAYER("attn_output_norm.weight", E, 0, true, false, &L->attn_out_norm);
+        LAYER("attn_output_norm.bias", E, 0, true, false, &L->attn_out_norm_b);
+        LAYER("ffn_gate.weight", E, F, false, hp->ffn_gate == PI_FFN_SEQ, &L->ffn_gate);
+        LAYER("ffn_up.weight", E, F, false, false, &L->ffn_up);
+        LAYER("ffn_up.bias", F, 0, true, true, &L->ffn_up_b);
+        LAYER("ffn_down.weight", F, E, false, false, &L->ffn_down);
+        LAYER("ffn_down.bias", E, 0, true, true, &L->ffn_down_b);
+        LAYER("layer_output_norm.weight", E, 0, true, false, &L->layer_out_norm);
+        LAYER("layer_output_norm.bias", E, 0, true, false, &L->layer_out_norm_b);
+    }
+#undef LAYER
+#undef GET
+    return PI_OK;
+}
+
 pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     if (!out) return pi_fail(PI_ERR_INVALID_ARG, "pi_model_create: out is NULL");
     *out = NULL;
@@ -592,6 +649,10 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     const int64_t E = hp->n_embd, V = hp->n_vocab;
     TRY(load_tensor(desc, "token_embd.weight", E, V, false, false, &m->token_embd));
     const bool falcon = hp->arch == PI_ARCH_FALCON, opt = hp->arch == PI_ARCH_OPT, ln = falcon || opt;   /* + biases */
+    if (pi_is_encoder(hp)) {
+        TRY(load_encoder(desc, m));
+        goto loaded;
+    }
     TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
     if (ln) TRY(load_tensor(desc, "output_norm.bias", E, 0, true, false, &m->output_norm_b));
     if (opt) {
@@ -710,6 +771,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         LAYER("fc2.weight", rank, F, false, false, &L->fc2);
 #undef LAYER
     }
+loaded:
     m->output_file = m->output;
     if (!(m->file_layers = malloc((size_t)hp->n_layer * sizeof *m->file_layers))) {
         st = pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");

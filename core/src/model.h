@@ -79,6 +79,11 @@ typedef struct pi_layer {
     pi_tensor ssm_out;     /* [H_v S, n_embd] */
     /* LFM2's short conv layers (hparams.shortconv; shortconv.c) hold theirs in ssm_qkv (blk.N.shortconv.in_proj
      * [n_embd, 3 n_embd]), ssm_conv1d (blk.N.shortconv.conv [d_conv, n_embd] f32) and ssm_out (shortconv.out_proj) */
+    /* encoders (PI_ARCH_BERT): the post-norms of the blocks (LayerNorm weight and bias, [n_embd] f32) and the FFN's
+     * down bias (its up bias is ffn_up_b); data NULL where absent */
+    pi_tensor attn_out_norm, attn_out_norm_b;     /* blk.N.attn_output_norm: after the attention's residual add */
+    pi_tensor layer_out_norm, layer_out_norm_b;   /* blk.N.layer_output_norm: after the FFN's residual add */
+    pi_tensor ffn_down_b;  /* [n_embd] f32 blk.N.ffn_down.bias */
 } pi_layer;
 
 struct pi_model {
@@ -105,6 +110,10 @@ struct pi_model {
     void     **repacked;     /* [n_repacked] interleaved copies this model owns (pi_repack) */
     int32_t    n_repacked;
     int32_t    n_packed_ffn; /* layers whose sparse FFN is packed (pi_sparse_pack) */
+    /* encoders (PI_ARCH_BERT): the embeddings' LayerNorm and the token type table (row 0 is added to every token, as
+     * llama.cpp: "sentence A"); pos_embd (bert) holds n_ctx_train rows read at pos, without opt's offset */
+    pi_tensor  tok_norm, tok_norm_b;   /* [n_embd] f32 token_embd_norm weight and bias */
+    pi_tensor  type_embd;              /* [n_embd, n_token_types] token_types.weight; data NULL if absent */
 };
 
 /* A view of the tensor d describes, checked: a type this build computes with, n_dims dims of shape ne (NULL: any of
@@ -112,13 +121,23 @@ struct pi_model {
  * (PI_ERR_UNSUPPORTED / PI_ERR_BAD_MODEL naming the tensor). */
 pi_status pi_tensor_desc_view(const pi_tensor_desc *d, int n_dims, const int64_t *ne, pi_tensor *out);
 
-/* LayerNorm instead of RMSNorm (falcon, opt). */
+/* LayerNorm instead of RMSNorm (falcon, opt, the encoders). */
 static inline bool pi_uses_layer_norm(const pi_hparams *hp) {
-    return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT || hp->layer_norm;
+    return hp->arch == PI_ARCH_FALCON || hp->arch == PI_ARCH_OPT || hp->arch == PI_ARCH_BERT || hp->layer_norm;
 }
 
 /* opt: position embeddings are looked up at pos + 2 (fairseq's padding offset). */
 #define PI_OPT_POS_OFFSET 2
+
+/* The row of position_embd that position pos reads (opt: pos + 2; bert: pos). */
+static inline int64_t pi_pos_embd_row(const pi_hparams *hp, int64_t pos) {
+    return pos + (hp->arch == PI_ARCH_OPT ? PI_OPT_POS_OFFSET : 0);
+}
+
+/* An encoder (bert family): bidirectional attention per sequence, post-norm blocks, embeddings only. */
+static inline bool pi_is_encoder(const pi_hparams *hp) {
+    return hp->arch == PI_ARCH_BERT;
+}
 
 /* An expert's width (mixture of experts). */
 static inline int64_t pi_n_ff_exp(const pi_hparams *hp) {

@@ -14,6 +14,7 @@
  * chosen experts weighted by their unbiased p. Each expert runs once per call over the tokens routed to it
  * (their rows gathered), through mul_mat, so a token's row does not depend on the batch. CPU only. */
 #include "moe.h"
+#include "imatrix.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ static pi_tensor expert(const pi_tensor *t, int64_t e) {
 }
 
 static pi_status product(pi_context *ctx, pi_exec *e, const pi_tensor *w, float *x, float *y, int64_t T) {
+    if (e->imatrix) TRY(pi_imatrix_observe(e->imatrix, w, x, T));
     pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
     return pi_mul_mat_grow(e->be->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);
 }
@@ -173,6 +175,10 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
         if (m == 0) continue;
         pi_tensor ge = expert(&L->ffn_gate_exps, ex), ue = expert(&L->ffn_up_exps, ex),
                   de = expert(&L->ffn_down_exps, ex);
+        if (e->imatrix) {
+            TRY(pi_imatrix_observe_expert(e->imatrix, &L->ffn_gate_exps, ex, xg, m));
+            TRY(pi_imatrix_observe_expert(e->imatrix, &L->ffn_up_exps, ex, xg, m));
+        }
         TRY(product(ctx, e, &ge, xg, g, m));
         TRY(product(ctx, e, &ue, xg, u, m));
         add_rows(&L->ffn_gate_exps_b, ex, g, Fe, m);
@@ -182,6 +188,7 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
             pi_tensor gt = f32_2d(g, Fe, m), ut = f32_2d(u, Fe, m);
             TRY(OP(e, glu, hp->ffn_act, PI_FFN_PAR, &gt, &ut));      /* u = silu(g) * u */
         }
+        if (e->imatrix) TRY(pi_imatrix_observe_expert(e->imatrix, &L->ffn_down_exps, ex, u, m));
         TRY(product(ctx, e, &de, u, d, m));
         add_rows(&L->ffn_down_exps_b, ex, d, E, m);
         const float *s = L->ffn_down_exps_s.data;   /* the expert's output scale (gemma4) */

@@ -277,6 +277,8 @@ pi_status pi_context_offload(pi_context *ctx, const pi_offload_params *p) {
     bool any;
     pi_status st = check_params(ctx, p, &any);
     if (st != PI_OK || !any) return st;
+    if (pi_is_encoder(&ctx->model->hp))
+        return pi_fail(PI_ERR_UNSUPPORTED, "offload: encoder models (bert family) run on the CPU only");
     const pi_model *m = ctx->model;
     const pi_hparams *hp = &m->hp;
     const int64_t F = hp->n_ff;

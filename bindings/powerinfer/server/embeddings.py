@@ -82,6 +82,10 @@ async def compute(state: ServerState, llm, inputs: list[list[int]], embd_normali
         if len(t) > emb.n_ctx:
             raise RequestError(f"input {i} has {len(t)} tokens, more than the embedding context of {emb.n_ctx} "
                                "(-c / -np)", code="context_length_exceeded", param="input")
+        if len(t) > emb.max_tokens:   # an encoder reads an input in one batch (llama.cpp: n_ubatch >= its tokens)
+            raise RequestError(f"input {i} has {len(t)} tokens; this encoder model reads at most {emb.max_tokens} "
+                               f"in one batch (-b / -ub, and its {llm.model.hparams.n_ctx_train} positions)",
+                               code="context_length_exceeded", param="input")
     bad = next((t for ts in inputs for t in ts if not 0 <= t < llm.model.n_vocab), None)
     if bad is not None:
         raise RequestError(f"token {bad} is out of range [0, {llm.model.n_vocab})", param="input")

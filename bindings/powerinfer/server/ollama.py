@@ -524,7 +524,7 @@ def routes(state: "ServerState", chat_task) -> list[Route]:
             raise RequestError("the server's pooling is 'none' (a vector per token): Ollama's routes answer one "
                                "vector per input (/embedding answers per token)", param=param)
         if truncate:                                 # Ollama's default: the end of a long input is cut
-            inputs = [t[:emb.n_ctx] for t in inputs]
+            inputs = [t[:emb.max_tokens] for t in inputs]
         norm = embeddings.normalize_field(body)
         vecs = await embeddings.compute(state, llm, inputs, norm)
         n_embd = llm.model.hparams.n_embd

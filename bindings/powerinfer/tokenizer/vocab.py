@@ -84,8 +84,7 @@ def merge_symbols(piece: list[str], candidate, heap: list, fresh) -> None:
 
 
 _UNSUPPORTED_MODELS = {
-    "bert": "WordPiece (BERT style)",
-    "t5": "SentencePiece unigram (T5 style)",
+    "t5": "SentencePiece unigram (UGM: T5, XLM-RoBERTa: bge-m3, bge-reranker-v2-m3, multilingual-e5)",
     "rwkv": "RWKV trie",
     "no_vocab": "no vocabulary",
 }
@@ -132,7 +131,8 @@ class Tokenizer:
         if model not in Tokenizer._kinds:
             kind = _UNSUPPORTED_MODELS.get(model, "unknown tokenizer model")
             raise ValueError(f"tokenizer model {model!r} ({kind}) is not supported yet; "
-                             "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE) and 'gemma4'")
+                             "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE), 'gemma4' and "
+                             "'bert' (WordPiece)")
         return Tokenizer._kinds[model].from_metadata(meta)
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:

@@ -984,3 +984,92 @@ def write_qwen35_model(path, arch: str = "qwen35", seed: int = 0, dtype: str = "
     # the conv kernel stays f32 in every file type (as the converter and llama-quantize keep it)
     write_gguf(path, arch, w, keys=add_keys, dtype=dtype, dtypes={"ssm_conv1d": "f32", **(dtypes or {})})
     return w
+
+
+# ------------------------------------------------------------------ lfm2 (attention + short conv layers)
+# Whole quant blocks along every row: n_embd 64 (in_proj's 3 n_embd = 192 rows), n_ff 96. Layers 0, 1, 3 short convs
+# (attention.head_count_kv 0), 2 and 4 attention (2 KV heads of 16); the conv's kernel length 3; the output tied to
+# token_embd (as the released LFM2 files), its norm named token_embd_norm (as llama.cpp's converter writes it).
+LFM2 = dict(n_vocab=320, n_embd=64, n_ff=96, n_head=4, head_dim=16, kv=[0, 0, 2, 0, 2], l_cache=3, eps=1e-5,
+            rope_base=1000000.0)
+
+
+def lfm2_weights(seed: int = 0, c: dict = LFM2) -> dict[str, np.ndarray]:
+    """Random weights in the layout llama.cpp's converter writes (conversion/lfm2.py): conv layers
+    shortconv.in_proj [n_embd, 3 n_embd], shortconv.conv [l_cache, n_embd], shortconv.out_proj; attention layers
+    attn_q / attn_k / attn_v, attn_q_norm / attn_k_norm, attn_output; every layer attn_norm (the operator norm),
+    ffn_norm and a SwiGLU FFN."""
+    rng, mat, norm, _ = random_weights(seed)
+    E, hd, H = c["n_embd"], c["head_dim"], c["n_head"]
+    w = {"token_embd.weight": mat(c["n_vocab"], E) * np.float32(8.0), "token_embd_norm.weight": norm(E)}
+    for il, kv in enumerate(c["kv"]):
+        p = f"blk.{il}."
+        w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"] = norm(E), norm(E)
+        if kv == 0:
+            w[p + "shortconv.in_proj.weight"] = mat(3 * E, E) * np.float32(2.0)
+            w[p + "shortconv.conv.weight"] = (rng.standard_normal((E, c["l_cache"])) * 0.5).astype(np.float32)
+            w[p + "shortconv.out_proj.weight"] = mat(E, E)
+        else:
+            w[p + "attn_q.weight"] = mat(H * hd, E)
+            w[p + "attn_k.weight"], w[p + "attn_v.weight"] = mat(kv * hd, E), mat(kv * hd, E)
+            w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"] = norm(hd), norm(hd)
+            w[p + "attn_output.weight"] = mat(E, H * hd)
+        w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = mat(c["n_ff"], E), mat(c["n_ff"], E)
+        w[p + "ffn_down.weight"] = mat(E, c["n_ff"])
+    return w
+
+
+def write_lfm2_model(path, seed: int = 0, dtype: str = "f32", meta: dict | None = None, weights: dict | None = None,
+                     c: dict = LFM2, vocab=None) -> dict[str, np.ndarray]:
+    """A tiny lfm2 file with the keys llama.cpp's converter writes (attention.head_count_kv per layer,
+    shortconv.l_cache); meta: {key: value} replacing or adding keys (None: left out; lists: INT32 arrays)."""
+    w = lfm2_weights(seed, c) if weights is None else weights
+    keys = {"context_length": 1024, "embedding_length": c["n_embd"], "block_count": len(c["kv"]),
+            "feed_forward_length": c["n_ff"], "attention.head_count": c["n_head"],
+            "attention.head_count_kv": list(c["kv"]), "attention.layer_norm_rms_epsilon": c["eps"],
+            "rope.freq_base": c["rope_base"], "shortconv.l_cache": c["l_cache"], "vocab_size": c["n_vocab"]}
+    keys.update(meta or {})
+
+    def add_keys(writer):
+        for key, value in keys.items():
+            if value is None:
+                continue
+            if isinstance(value, list):
+                writer.add_key_value(f"lfm2.{key}", value, VT.ARRAY, sub_type=VT.INT32)
+                continue
+            vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
+            writer.add_key_value(f"lfm2.{key}", value, vt)
+        add_vocab(writer, *(vocab or synthetic_vocab(c["n_vocab"])))
+    # the conv kernel stays f32 in every file type (llama-quantize keeps shortconv.conv.weight)
+    write_gguf(path, "lfm2", w, keys=add_keys, dtype=dtype, dtypes={"shortconv.conv": "f32"})
+    return w
+
+
+# lfm2moe: LFM2's layers, layer 0's FFN dense (leading_dense_block_count 1), the others 4 experts of 32 (2 per token)
+# routed by sigmoids with a selection bias (exp_probs_b)
+LFM2MOE = dict(LFM2, n_expert=4, n_expert_used=2, n_ff_exp=32, n_dense=1)
+
+
+def write_lfm2moe_model(path, seed: int = 0, dtype: str = "f32", meta: dict | None = None,
+                        c: dict = LFM2MOE) -> dict[str, np.ndarray]:
+    """A tiny lfm2moe file (llama.cpp's keys: leading_dense_block_count, expert_count, expert_used_count,
+    expert_feed_forward_length, expert_gating_func 2)."""
+    w = lfm2_weights(seed, c)
+    rng, mat, _, bias = random_weights(seed + 100)
+    E, NE, Fe = c["n_embd"], c["n_expert"], c["n_ff_exp"]
+    for il in range(c["n_dense"], len(c["kv"])):
+        p = f"blk.{il}."
+        for k in ("ffn_gate", "ffn_up", "ffn_down"):
+            del w[p + k + ".weight"]
+        w[p + "ffn_gate_inp.weight"] = mat(NE, E) * np.float32(3.0)
+        w[p + "ffn_gate_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_up_exps.weight"] = np.stack([mat(Fe, E) for _ in range(NE)])
+        w[p + "ffn_down_exps.weight"] = np.stack([mat(E, Fe) for _ in range(NE)])
+        w[p + "exp_probs_b.bias"] = bias(NE)
+    keys = {"leading_dense_block_count": c["n_dense"], "expert_count": NE, "expert_used_count": c["n_expert_used"],
+            "expert_feed_forward_length": Fe, "expert_gating_func": 2, **(meta or {})}
+    tmp = Path(path).with_suffix(".lfm2.tmp")
+    write_lfm2_model(tmp, dtype=dtype, weights=w, c=c)
+    rename_arch(tmp, path, "lfm2moe", meta={f"lfm2moe.{k}": (v, VT.UINT32) for k, v in keys.items()})
+    tmp.unlink()
+    return w

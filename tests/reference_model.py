@@ -76,6 +76,7 @@ import numpy as np
 
 from gguf import GGUFReader
 
+import reference_lfm2
 import reference_qwen35
 
 # ggml type ids (kept numeric on purpose: independent of gguf's enum)
@@ -260,6 +261,7 @@ MOE_ARCHS = ("glm4moe", "dots1", "bailingmoe2", "ernie4_5-moe", "hunyuan-moe", "
 ARCHS += MOE_ARCHS
 NEOX_ARCHS += ("glm4moe", "dots1", "bailingmoe2", "hunyuan-moe", "olmoe")
 ARCHS += reference_qwen35.ARCHS     # hybrid gated delta net + gated attention (reference_qwen35.py)
+ARCHS += reference_lfm2.ARCHS       # attention + short conv layers (reference_lfm2.py)
 GEMMA_ARCHS = ("gemma2", "gemma3", "gemma4")     # embedding scale sqrt(n_embd), GELU, local layers
 # Hugging Face llama/bamboo checkpoint names -> GGUF names (the rotate_half rope of HF is "neox" on the
 # unpermuted q/k weights: the reference reads the checkpoint as it is)
@@ -464,6 +466,9 @@ class ReferenceModel:
         self.ssm = None
         if arch in reference_qwen35.ARCHS:
             reference_qwen35.setup(self, m)
+        self.lfm2 = arch in reference_lfm2.ARCHS
+        if self.lfm2:
+            reference_lfm2.setup(self, m)
         # PowerInfer layout: transposed down matrix and a predictor per layer (ReLU models only)
         self.sparse = "blk.0.ffn_down_t.weight" in W
         self.sparse_threshold = float(meta.get("powerinfer.sparse_threshold", 0.0))
@@ -485,7 +490,8 @@ class ReferenceModel:
         self.tok_embd = W["token_embd.weight"]                 # (n_vocab, n_embd)
         self.n_vocab = self.tok_embd.shape[0]
         self.pos_embd = W.get("position_embd.weight")          # opt: (n_pos, n_embd)
-        self.output_norm = (W["output_norm.weight"], W.get("output_norm.bias"))
+        self.output_norm = (W["output_norm.weight"] if "output_norm.weight" in W   # lfm2: token_embd_norm
+                            else W["token_embd_norm.weight"], W.get("output_norm.bias"))
         self.output = W.get("output.weight", self.tok_embd)    # tied if absent
         self.ple_weights = {k: W[k] for k in ("per_layer_token_embd.weight", "per_layer_model_proj.weight",
                                               "per_layer_proj_norm.weight") if k in W}   # gemma4 E2B / E4B
@@ -917,6 +923,9 @@ class ReferenceModel:
         for li, L in enumerate(self.layers):
             if self.ssm is not None:                                  # qwen35 / qwen35moe / qwen3next
                 x = reference_qwen35.layer(self, L, li, x, pos, all_pos, cache, trace)
+                continue
+            if self.lfm2:
+                x = reference_lfm2.layer(self, L, li, x, pos, all_pos, cache, trace)
                 continue
             h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias")) if "attn_norm" in L else x   # olmo2: none
             if self.arch == "falcon" or self.parallel:                # parallel attention and FFN

@@ -13,6 +13,7 @@ from ._ffi import PowerInferError, check, ffi, lib
 from . import act_sparsity
 from .moe_archs import MOE_ARCHS, WEIGHTS_SCALE_ARCHS, moe_arch_hparams, moe_arch_views, moe_layers
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo, open_gguf
+from . import lfm2 as lfm2_arch
 from . import qwen35 as qwen35_arch
 from . import rope as rope_settings
 from . import tokenizer as _tokenizer
@@ -54,6 +55,8 @@ _ARCHS.update(_LLAMA_BLOCK_ARCHS)
 _ARCHS.update(MOE_ARCHS)        # glm4moe, ernie4_5-moe, olmoe: llama's blocks with experts (moe_archs.py)
 # hybrid gated delta net + gated attention models (powerinfer.qwen35)
 _ARCHS.update({a: lib.PI_ARCH_QWEN2 for a in qwen35_arch.ARCHS})
+# attention + short conv layers (powerinfer.lfm2)
+_ARCHS.update({a: lib.PI_ARCH_QWEN2 for a in lfm2_arch.ARCHS})
 _ARCHS.update(_encoder.ENCODER_ARCHS)     # bert, nomic-bert: encoders (powerinfer.encoder)
 # those whose attn_output.bias llama.cpp adds where the file has one
 _OUT_BIAS_ARCHS = ("mistral3", "apertus")
@@ -162,6 +165,7 @@ class HParams:
     ssm_n_group: int = 0
     ssm_head_interleave: bool = False
     attn_output_gate: bool = False
+    shortconv: bool = False         # lfm2 (powerinfer.lfm2): the recurrent layers are short convs (ssm_d_conv)
 
     def is_swa_layer(self, il: int) -> bool:
         if self.layer_geom:
@@ -476,6 +480,7 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
     n_embd = as_int("embedding_length", get("embedding_length", required=True))
     n_head = as_int("attention.head_count", get("attention.head_count", required=True))
     n_head_kv = (per_layer("attention.head_count_kv", n_head)[0] if arch == "gemma4"
+                 else 0 if arch in lfm2_arch.ARCHS      # a count per layer: lfm2_arch.hparams
                  else as_int("attention.head_count_kv", get("attention.head_count_kv", n_head)))
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
@@ -564,6 +569,12 @@ def _hparams_from_metadata(path, meta: dict) -> HParams:
         extra.update(qwen35_arch.hparams(path, arch, get, as_int, n_layer_q35, head_dim, n_rot,
                                          as_int("feed_forward_length", get("feed_forward_length", 0)),
                                          n_head_kv, ModelLoadError, LayerGeom))
+    elif arch in lfm2_arch.ARCHS:
+        n_layer_lfm2 = as_int("block_count", get("block_count", required=True))
+        extra.update(lfm2_arch.hparams(path, arch, get, as_int, n_layer_lfm2, head_dim, n_rot,
+                                       as_int("feed_forward_length", get("feed_forward_length", 0)),
+                                       ModelLoadError, LayerGeom))
+        n_head_kv = extra.pop("n_head_kv")
     elif arch == "smollm3":
         extra.update(n_no_rope_layer_step=4)      # llama.cpp's: layers 3, 7, 11, ... have no rope (NoPE)
     elif arch == "glm4":
@@ -989,6 +1000,8 @@ class Model:
             tensors = fused_views(self.path, tensors, hp)
         if hp.arch == "gpt-oss":
             tensors = gptoss_views(tensors, hp)
+        if hp.arch in lfm2_arch.ARCHS:
+            tensors = lfm2_arch.views(tensors)
         tensors, view_flags = _llama_block_views(self.path, tensors, hp)
         tensors, moe_flags = moe_arch_views(self.path, tensors, hp)
         view_flags = {**view_flags, **moe_flags}
@@ -1073,6 +1086,7 @@ class Model:
         p.ssm_d_conv, p.ssm_d_inner, p.ssm_d_state = hp.ssm_d_conv, hp.ssm_d_inner, hp.ssm_d_state
         p.ssm_dt_rank, p.ssm_n_group = hp.ssm_dt_rank, hp.ssm_n_group
         p.ssm_head_interleave, p.attn_output_gate = int(hp.ssm_head_interleave), int(hp.attn_output_gate)
+        p.shortconv = int(hp.shortconv)
         if hp.layer_geom:          # kept alive with the model until pi_model_create has copied it
             moe = _moe_layers(self.path, tensors, hp)
             self._geom = ffi.new("pi_layer_geom[]", [(g.head_dim, g.n_head_kv, g.n_rot, g.n_ff, int(g.is_local),

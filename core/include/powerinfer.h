@@ -489,6 +489,11 @@ typedef struct pi_hparams {
     int32_t attn_output_gate; /* 1: attn_q [n_embd, 2 n_head head_dim] gives per head its query, then a gate g; the
                               * attention output of the head is multiplied by sigmoid(g) before attn_output (qwen35,
                               * qwen3next's full-attention layers); CPU only */
+    int32_t shortconv;       /* 1: the pi_layer_geom.recurrent layers are LFM2's short convs (lfm2; shortconv.c), not
+                              * gated delta nets: bcx = shortconv.in_proj [n_embd, 3 n_embd] x split into b, c, x;
+                              * out = shortconv.out_proj [n_embd, n_embd] (c * causal conv of b * x over the last
+                              * ssm_d_conv tokens with shortconv.conv [ssm_d_conv, n_embd]); the other ssm_* are 0;
+                              * the state per sequence: the last ssm_d_conv - 1 rows of b * x, no matrix; CPU only */
 } pi_hparams;
 
 /* One layer's geometry. Models whose layers differ in shape (gemma4: local and global layers with their own head
@@ -506,8 +511,9 @@ typedef struct pi_layer_geom {
                           * writes no KV and attends over that layer's cache (gemma4's shared KV layers) */
     int32_t moe;         /* 1: the layer's FFN is the mixture of experts (needs n_expert > 0); 0: a dense FFN. Made
                           * from pi_hparams: n_expert > 0 (gemma4: the layers whose file has blk.N.ffn_gate_inp) */
-    int32_t recurrent;   /* 1: a gated delta net layer (pi_hparams.ssm_*): no attention and no KV cache, a recurrent
-                          * state per sequence instead (kv_source must be the layer itself) */
+    int32_t recurrent;   /* 1: a gated delta net layer (pi_hparams.ssm_*; with shortconv: LFM2's short conv): no
+                          * attention and no KV cache, a recurrent state per sequence instead (kv_source must be the
+                          * layer itself) */
 } pi_layer_geom;
 
 typedef struct pi_tensor_desc {

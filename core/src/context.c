@@ -39,6 +39,7 @@
 #include "lora.h"
 #include "moe.h"
 #include "gdn.h"
+#include "shortconv.h"
 #include "recurrent.h"
 
 #include <math.h>
@@ -742,15 +743,16 @@ static pi_status attention_block(pi_context *ctx, pi_exec **at, const pi_layer_e
     return residual_add(ctx, e, e->buf.cur, &lx->attn_w->post_attn_norm, T);
 }
 
-/* A gated delta net layer (pi_layer_geom.recurrent) in place of the attention block: x += gdn(rms_norm(x) *
- * attn_norm), on the CPU (offload.c keeps these layers there). */
+/* A gated delta net or short conv layer (pi_layer_geom.recurrent) in place of the attention block:
+ * x += gdn(rms_norm(x) * attn_norm) or shortconv(...), on the CPU (offload.c keeps these layers there). */
 static pi_status recurrent_block(pi_context *ctx, pi_exec **at, const pi_layer_exec *lx, int32_t il,
                                  const pi_batch *b) {
     pi_exec *e = lx->attn;
     const int64_t T = b->n_tokens;
     TRY(move_x(ctx, at, e, T));
     TRY(block_input(ctx, e, e->buf.x, &lx->attn_w->attn_norm, &lx->attn_w->attn_norm_b, e->buf.cur, T));
-    TRY(pi_gdn_layer(ctx, e, lx->attn_w, il, b));
+    TRY(ctx->model->hp.shortconv ? pi_shortconv_layer(ctx, e, lx->attn_w, il, b)
+                                 : pi_gdn_layer(ctx, e, lx->attn_w, il, b));
     return residual_add(ctx, e, e->buf.cur, &lx->attn_w->post_attn_norm, T);
 }
 

@@ -3,6 +3,7 @@
  * the load-time interleaved copies (repack_weights) that the matmuls read faster. */
 #include "model.h"
 #include "gdn.h"
+#include "shortconv.h"
 
 #include <float.h>
 #include <math.h>
@@ -319,7 +320,8 @@ static pi_status check_hparams(const pi_hparams *hp) {
                                 hp->attn_sinks || hp->attn_out_bias || hp->n_swa || pi_uses_layer_norm(hp)))
         return pi_fail(PI_ERR_UNSUPPORTED, "MLA attention (mla_kv_rank) with sparse files, q/k/v biases or norms, "
                        "sinks, an output bias or a sliding window is not supported");
-    return pi_gdn_check_hparams(hp);
+    const pi_status st = pi_shortconv_check_hparams(hp);
+    return st != PI_OK || hp->shortconv ? st : pi_gdn_check_hparams(hp);
 }
 
 /* The model's per-layer geometry: desc->layers checked, or every layer made from hp. */
@@ -348,7 +350,8 @@ static pi_status make_geom(const pi_model_desc *desc, pi_model *m) {
                            g->is_local);
         if (g->moe < 0 || g->moe > 1 || (g->moe && hp->n_expert == 0))
             return pi_fail(PI_ERR_BAD_MODEL, "layer %d: moe = %d (1 needs experts, n_expert > 0)", il, g->moe);
-        if (g->recurrent < 0 || g->recurrent > 1 || (g->recurrent && (hp->ssm_d_state <= 0 || g->kv_source != il)))
+        const bool has_state = hp->ssm_d_state > 0 || hp->shortconv;   /* a delta net's, or a short conv's */
+        if (g->recurrent < 0 || g->recurrent > 1 || (g->recurrent && (!has_state || g->kv_source != il)))
             return pi_fail(PI_ERR_BAD_MODEL, "layer %d: recurrent = %d (1 needs the ssm_* hparams and no shared KV)", il,
                            g->recurrent);
         const pi_layer_geom *src = g->kv_source >= 0 && g->kv_source < il ? &m->geom[g->kv_source] : NULL;
@@ -694,7 +697,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         if (!hp->post_norms_only) LAYER("attn_norm.weight", E, 0, true, false, &L->attn_norm);
         if (ln) LAYER("attn_norm.bias", E, 0, true, false, &L->attn_norm_b);
         if (g->recurrent) {
-            TRY(pi_gdn_load(desc, hp, il, L));
+            TRY(hp->shortconv ? pi_shortconv_load(desc, hp, il, L) : pi_gdn_load(desc, hp, il, L));
         } else if (hp->mla_kv_rank > 0) {
             TRY(load_mla(desc, hp, g, il, L));
         } else if (falcon) {

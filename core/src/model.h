@@ -77,6 +77,8 @@ typedef struct pi_layer {
     pi_tensor ssm_a;       /* [H_v] f32 blk.N.ssm_a (-exp(A_log)) */
     pi_tensor ssm_norm;    /* [S] f32 */
     pi_tensor ssm_out;     /* [H_v S, n_embd] */
+    /* LFM2's short conv layers (hparams.shortconv; shortconv.c) hold theirs in ssm_qkv (blk.N.shortconv.in_proj
+     * [n_embd, 3 n_embd]), ssm_conv1d (blk.N.shortconv.conv [d_conv, n_embd] f32) and ssm_out (shortconv.out_proj) */
     /* encoders (PI_ARCH_BERT): the post-norms of the blocks (LayerNorm weight and bias, [n_embd] f32) and the FFN's
      * down bias (its up bias is ffn_up_b); data NULL where absent */
     pi_tensor attn_out_norm, attn_out_norm_b;     /* blk.N.attn_output_norm: after the attention's residual add */

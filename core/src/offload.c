@@ -247,6 +247,9 @@ static pi_status check_params(const pi_context *ctx, const pi_offload_params *p,
     if (*any && (hp->parallel_block || hp->layer_norm))
         return pi_fail(PI_ERR_UNSUPPORTED, "offload: models with parallel blocks and LayerNorm (command-r, cohere2) "
                        "run on the CPU only so far (the device backend has no LayerNorm)");
+    if (*any && hp->shortconv)   /* shortconv.c: host scratch, no device kernels */
+        return pi_fail(PI_ERR_UNSUPPORTED, "offload: lfm2 models run on the CPU only so far (their short conv layers "
+                       "and recurrent states)");
     if (*any && (hp->ssm_d_state > 0 || hp->attn_output_gate))   /* gdn.c: host scratch, no device kernels */
         return pi_fail(PI_ERR_UNSUPPORTED, "offload: qwen35 / qwen35moe / qwen3next models run on the CPU only so far "
                        "(their gated delta net layers and recurrent states, and the gated attention)");

@@ -14,16 +14,18 @@ pi_status pi_rs_create(pi_context *ctx) {
     if (n == 0) return PI_OK;
     pi_rs *rs = calloc(1, sizeof *rs);
     if (!rs) return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory");
-    const int64_t S = hp->ssm_d_state, C = 2 * (int64_t)hp->ssm_n_group * S + (int64_t)hp->ssm_dt_rank * S;
+    /* gated delta nets: 2 H_k S + H_v S conv channels and H_v [S, S]; LFM2's short convs: n_embd and no matrix */
+    const int64_t S = hp->ssm_d_state;
+    const int64_t C = hp->shortconv ? hp->n_embd : 2 * (int64_t)hp->ssm_n_group * S + (int64_t)hp->ssm_dt_rank * S;
     rs->n_layer = n;
     rs->conv_rows = hp->ssm_d_conv - 1;
     rs->conv_cols = C;
-    rs->mat_elems = (int64_t)hp->ssm_dt_rank * S * S;
+    rs->mat_elems = hp->shortconv ? 0 : (int64_t)hp->ssm_dt_rank * S * S;
     rs->n_seq = ctx->params.n_seq_max;
     const size_t per = (size_t)n * (size_t)rs->n_seq;
     rs->index = malloc((size_t)hp->n_layer * sizeof *rs->index);
     rs->conv = calloc(2 * per * (size_t)PI_MAX(rs->conv_rows * C, 1), sizeof(float));
-    rs->mat = calloc(2 * per * (size_t)rs->mat_elems, sizeof(float));
+    rs->mat = calloc(2 * per * (size_t)PI_MAX(rs->mat_elems, 1), sizeof(float));   /* 0: a stub */
     rs->cur = calloc((size_t)rs->n_seq, 1);
     rs->pos = malloc((size_t)rs->n_seq * sizeof(int32_t));
     rs->pos_new = malloc((size_t)rs->n_seq * sizeof(int32_t));

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from model_files import write_arch_model, write_qwen35_model
+from model_files import write_arch_model, write_lfm2_model, write_qwen35_model
 from reference_model import ReferenceModel
 
 import powerinfer as pi
@@ -126,6 +126,8 @@ def files(tmp_path_factory):
     f["qwen2moe"] = write_moe(d / "q2", "qwen2moe", n_ff_exp=64)
     f["qwen35"] = d / "qwen35.gguf"              # gated delta net layers' matrices (gdn.c) too
     write_qwen35_model(f["qwen35"])
+    f["lfm2"] = d / "lfm2.gguf"                  # LFM2's short conv in_proj / out_proj (shortconv.c)
+    write_lfm2_model(f["lfm2"])
     return f
 
 
@@ -133,7 +135,7 @@ def _tokens(n, seed=0):
     return np.random.default_rng(seed).integers(3, 300, size=n).tolist()
 
 
-@pytest.mark.parametrize("model", ["llama", "gemma3", "mixtral", "qwen2moe", "qwen35"])
+@pytest.mark.parametrize("model", ["llama", "gemma3", "mixtral", "qwen2moe", "qwen35", "lfm2"])
 def test_sums_match_the_reference(files, model):
     toks = _tokens(3 * N_CTX + 5)
     m = pi.Model(files[model])

@@ -343,6 +343,12 @@ static pi_status move_x(pi_context *ctx, pi_exec **at, pi_exec *e, int64_t T) {
     return PI_OK;
 }
 
+pi_status pi_scratch_product(pi_context *ctx, pi_exec *e, const pi_tensor *w, const float *x, float *y, int64_t T) {
+    if (e->imatrix) TRY(pi_imatrix_observe(e->imatrix, w, x, T));
+    pi_tensor xt = f32_2d((float *)x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
+    return pi_mul_mat_grow(e->be->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);
+}
+
 /* y [N, T] = W [K, N] x [K, T] */
 static pi_status matmul(pi_exec *e, const pi_tensor *w, float *x, float *y, int64_t T) {
     if (e->imatrix) TRY(pi_imatrix_observe(e->imatrix, w, x, T));

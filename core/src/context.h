@@ -122,4 +122,9 @@ void      pi_offload_release(pi_context *ctx);   /* device memory freed; reads n
 const pi_tensor *pi_context_rope_freqs(const pi_context *ctx);   /* the rope factors this context uses (context.c) */
 void      pi_context_place_cpu(pi_context *ctx);   /* every layer on the CPU (context.c) */   /* back to CPU only, device memory freed (offload.c) */
 
+/* y [N, T] = W [K, N] x [K, T] on e's thread pool, outside the exec's ops (the experts, the gated delta net and short
+ * conv layers: CPU-only products), x converted in the context's scratch (moe_conv); the importance matrix observes it
+ * where it collects (context.c) */
+pi_status pi_scratch_product(pi_context *ctx, pi_exec *e, const pi_tensor *w, const float *x, float *y, int64_t T);
+
 #endif

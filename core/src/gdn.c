@@ -13,7 +13,6 @@
  * call (a row j of S_h^T evolves by itself: it is scaled by e^g, gives d_j, takes d_j k and gives o_j). exp / log are
  * libm's, the dots and axpys the f32 kernels (the same bits at every level). */
 #include "gdn.h"
-#include "imatrix.h"
 #include "recurrent.h"
 
 #include <math.h>
@@ -183,13 +182,6 @@ static float *scratch(pi_context *ctx, int64_t n) {
     return ctx->gdn;
 }
 
-static pi_status product(pi_context *ctx, const pi_tensor *w, const float *x, float *y, int64_t T) {
-    if (ctx->cpu.imatrix) TRY(pi_imatrix_observe(ctx->cpu.imatrix, w, x, T));     /* powerinfer.imatrix collects */
-    pi_tensor xt = pi_tensor_view(PI_TYPE_F32, (float *)x, 2, (int64_t[]){ w->ne[0], T });
-    pi_tensor yt = pi_tensor_view(PI_TYPE_F32, y, 2, (int64_t[]){ w->ne[1], T });
-    return pi_mul_mat_grow(ctx->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);
-}
-
 /* x [n] /= sqrt(sum x^2 + eps), as ggml's rms_norm(x, eps / n) / sqrt(n) */
 static void l2_norm(float *x, int64_t n, float eps) {
     double sum = 0.0;
@@ -211,12 +203,12 @@ pi_status pi_gdn_layer(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t i
     float *gs = cs + T * C, *bs = gs + T * Hv, *os = bs + T * Hv, *o = os + T * Vd;
     int32_t *ids = (int32_t *)(o + T * Vd);   /* [T] a sequence's batch rows (T floats' room) */
     float *x = e->buf.cur;
-    TRY(product(ctx, &L->ssm_qkv, x, qkv, T));
-    TRY(product(ctx, &L->ssm_z, x, z, T));
-    if (L->ssm_ba.data) TRY(product(ctx, &L->ssm_ba, x, ba, T));
+    TRY(pi_scratch_product(ctx, &ctx->cpu, &L->ssm_qkv, x, qkv, T));
+    TRY(pi_scratch_product(ctx, &ctx->cpu, &L->ssm_z, x, z, T));
+    if (L->ssm_ba.data) TRY(pi_scratch_product(ctx, &ctx->cpu, &L->ssm_ba, x, ba, T));
     else {
-        TRY(product(ctx, &L->ssm_beta, x, ba, T));           /* b: [T][Hv] */
-        TRY(product(ctx, &L->ssm_alpha, x, ba + T * Hv, T));  /* a: [T][Hv] */
+        TRY(pi_scratch_product(ctx, &ctx->cpu, &L->ssm_beta, x, ba, T));           /* b: [T][Hv] */
+        TRY(pi_scratch_product(ctx, &ctx->cpu, &L->ssm_alpha, x, ba + T * Hv, T));  /* a: [T][Hv] */
     }
     const float *dt = L->ssm_dt.data, *A = L->ssm_a.data, *w = L->ssm_conv1d.data;
     const int64_t rf = Hv / Hk;
@@ -263,7 +255,7 @@ pi_status pi_gdn_layer(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t i
     pi_tensor ot = pi_tensor_view(PI_TYPE_F32, o, 2, (int64_t[]){ S, Hv * T });
     TRY(e->be->i->rms_norm(e->be, &ot, &L->ssm_norm, hp->norm_eps, &ot));
     for (int64_t i = 0; i < T * Vd; i++) o[i] *= siluf_(z[i]);
-    return product(ctx, &L->ssm_out, o, e->buf.cur, T);
+    return pi_scratch_product(ctx, &ctx->cpu, &L->ssm_out, o, e->buf.cur, T);
 }
 
 /* ---- the full-attention layers' output gate ---- */
@@ -274,7 +266,7 @@ pi_status pi_gdn_gated_q(pi_context *ctx, pi_exec *e, const pi_tensor *wq, const
     const int64_t Eq2 = wq->ne[1], H = Eq2 / (2 * hd);
     float *qg = scratch(ctx, 2 * T * Eq2);
     if (!qg) return PI_ERR_OUT_OF_MEMORY;
-    TRY(product(ctx, wq, x, qg, T));
+    TRY(pi_scratch_product(ctx, &ctx->cpu, wq, x, qg, T));
     float *gate = qg + T * Eq2;   /* [T][H hd] */
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {

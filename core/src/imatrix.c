@@ -7,7 +7,8 @@
  * x it saw, and counts[n_mat] of those rows; the experts of a 3-D tensor each have their row and count.
  *
  * What is collected: the attention matrices (attn_q/k/v/output, attn_qkv, the MLA attn_q_a/attn_q_b/attn_kv_a_mqa,
- * a gated delta net layer's attn_qkv / attn_gate / ssm_beta / ssm_alpha / ssm_ba / ssm_out),
+ * a gated delta net layer's attn_qkv / attn_gate / ssm_beta / ssm_alpha / ssm_ba / ssm_out, LFM2's shortconv.in_proj /
+ * out_proj),
  * the dense FFN (ffn_gate/up/down), the router (ffn_gate_inp), the experts (ffn_{gate,up,down}_exps, per expert) and
  * the shared expert, gemma's per-layer inp_gate/proj, and output.weight with PI_IMATRIX_OUTPUT (not a tied output,
  * which is token_embd: llama-imatrix skips it too). Not: the MLA per-head attn_k_b / attn_v_b (run as views), the
@@ -90,6 +91,8 @@ static const struct { size_t off; const char *suffix; } ATTN[] = {
     F(ffn_gate_exps, "ffn_gate_exps"), F(ffn_up_exps, "ffn_up_exps"), F(ffn_down_exps, "ffn_down_exps"),
     F(ffn_gate_shexp, "ffn_gate_shexp"), F(ffn_up_shexp, "ffn_up_shexp"), F(ffn_down_shexp, "ffn_down_shexp"),
     F(ple_gate, "inp_gate"), F(ple_proj, "proj"),
+}, SHORTCONV[] = {
+    F(ssm_qkv, "shortconv.in_proj"), F(ssm_out, "shortconv.out_proj"),
 };
 #undef F
 
@@ -116,7 +119,9 @@ pi_status pi_imatrix_begin(pi_context *ctx, int32_t flags) {
     const bool dense_ffn = !m->hp.sparse && !m->hp.gate_sparse;
     pi_status st = PI_OK;
     for (int32_t il = 0; il < m->hp.n_layer && st == PI_OK; il++) {
-        st = add_layer(im, ctx->lx[il].attn_w, il, ATTN, sizeof ATTN / sizeof ATTN[0]);
+        if (m->hp.shortconv)   /* LFM2's short conv layers keep in_proj / out_proj in the gated delta net's slots */
+            st = add_layer(im, ctx->lx[il].attn_w, il, SHORTCONV, sizeof SHORTCONV / sizeof SHORTCONV[0]);
+        if (st == PI_OK) st = add_layer(im, ctx->lx[il].attn_w, il, ATTN, sizeof ATTN / sizeof ATTN[0]);
         if (st == PI_OK && dense_ffn) st = add_layer(im, ctx->lx[il].ffn_w, il, FFN, sizeof FFN / sizeof FFN[0]);
     }
     /* output.weight: only a file's own (a tied output is token_embd's data) */

@@ -32,12 +32,6 @@ static pi_tensor expert(const pi_tensor *t, int64_t e) {
     return pi_tensor_view(t->type, (char *)t->data + e * t->nb[2], 2, (int64_t[]){ t->ne[0], t->ne[1] });
 }
 
-static pi_status product(pi_context *ctx, pi_exec *e, const pi_tensor *w, float *x, float *y, int64_t T) {
-    if (e->imatrix) TRY(pi_imatrix_observe(e->imatrix, w, x, T));
-    pi_tensor xt = f32_2d(x, w->ne[0], T), yt = f32_2d(y, w->ne[1], T);
-    return pi_mul_mat_grow(e->be->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);
-}
-
 /* y [m][n] += expert ex's bias (row ex of b [n, n_expert]; b absent: nothing) */
 static void add_rows(const pi_tensor *b, int32_t ex, float *y, int64_t n, int64_t m) {
     if (!b->data) return;
@@ -147,9 +141,9 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
     int32_t *esel = (int32_t *)(wsel + T * K);
     if (hp->moe_router_norm) {   /* the router's input in xg (free until the experts gather their tokens) */
         router_input(x, L->ffn_gate_inp_s.data, hp->norm_eps, xg, E, T);
-        TRY(product(ctx, e, &L->ffn_gate_inp, xg, logits, T));
+        TRY(pi_scratch_product(ctx, e, &L->ffn_gate_inp, xg, logits, T));
     } else {
-        TRY(product(ctx, e, &L->ffn_gate_inp, in, logits, T));
+        TRY(pi_scratch_product(ctx, e, &L->ffn_gate_inp, in, logits, T));
     }
     if (L->ffn_gate_inp_b.data) {   /* the router's bias (gpt-oss) */
         const float *b = L->ffn_gate_inp_b.data;
@@ -179,8 +173,8 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
             TRY(pi_imatrix_observe_expert(e->imatrix, &L->ffn_gate_exps, ex, xg, m));
             TRY(pi_imatrix_observe_expert(e->imatrix, &L->ffn_up_exps, ex, xg, m));
         }
-        TRY(product(ctx, e, &ge, xg, g, m));
-        TRY(product(ctx, e, &ue, xg, u, m));
+        TRY(pi_scratch_product(ctx, e, &ge, xg, g, m));
+        TRY(pi_scratch_product(ctx, e, &ue, xg, u, m));
         add_rows(&L->ffn_gate_exps_b, ex, g, Fe, m);
         add_rows(&L->ffn_up_exps_b, ex, u, Fe, m);
         if (hp->ffn_act == PI_ACT_SWIGLU_OAI) pi_swiglu_oai(ctx->pool, g, u, m * Fe, hp->swiglu_alpha, hp->swiglu_limit);
@@ -189,7 +183,7 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
             TRY(OP(e, glu, hp->ffn_act, PI_FFN_PAR, &gt, &ut));      /* u = silu(g) * u */
         }
         if (e->imatrix) TRY(pi_imatrix_observe_expert(e->imatrix, &L->ffn_down_exps, ex, u, m));
-        TRY(product(ctx, e, &de, u, d, m));
+        TRY(pi_scratch_product(ctx, e, &de, u, d, m));
         add_rows(&L->ffn_down_exps_b, ex, d, E, m);
         const float *s = L->ffn_down_exps_s.data;   /* the expert's output scale (gemma4) */
         for (int64_t i = 0; i < m; i++) {
@@ -202,11 +196,11 @@ pi_status pi_moe_ffn(pi_context *ctx, pi_exec *e, const pi_layer *L, const float
     }
     if (hp->n_ff_shexp > 0) {   /* the shared expert, every token, after the routed ones */
         const int64_t Fs = hp->n_ff_shexp;
-        TRY(product(ctx, e, &L->ffn_gate_shexp, in, g, T));
-        TRY(product(ctx, e, &L->ffn_up_shexp, in, u, T));
+        TRY(pi_scratch_product(ctx, e, &L->ffn_gate_shexp, in, g, T));
+        TRY(pi_scratch_product(ctx, e, &L->ffn_up_shexp, in, u, T));
         pi_tensor gt = f32_2d(g, Fs, T), ut = f32_2d(u, Fs, T);
         TRY(OP(e, glu, PI_ACT_SILU, PI_FFN_PAR, &gt, &ut));
-        TRY(product(ctx, e, &L->ffn_down_shexp, u, d, T));
+        TRY(pi_scratch_product(ctx, e, &L->ffn_down_shexp, u, d, T));
         const float *gs = L->ffn_gate_inp_shexp.data;
         for (int64_t t = 0; t < T; t++) {
             float s = 1.0f;

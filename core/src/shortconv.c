@@ -55,12 +55,6 @@ pi_status pi_shortconv_load(const pi_model_desc *desc, const pi_hparams *hp, int
     return PI_OK;
 }
 
-static pi_status product(pi_context *ctx, const pi_tensor *w, const float *x, float *y, int64_t T) {
-    pi_tensor xt = pi_tensor_view(PI_TYPE_F32, (float *)x, 2, (int64_t[]){ w->ne[0], T });
-    pi_tensor yt = pi_tensor_view(PI_TYPE_F32, y, 2, (int64_t[]){ w->ne[1], T });
-    return pi_mul_mat_grow(ctx->pool, w, &xt, &yt, &ctx->moe_conv, &ctx->moe_conv_bytes);
-}
-
 pi_status pi_shortconv_layer(pi_context *ctx, pi_exec *e, const pi_layer *L, int32_t il, const pi_batch *b) {
     const pi_hparams *hp = &ctx->model->hp;
     pi_rs *rs = ctx->rs;
@@ -76,7 +70,7 @@ pi_status pi_shortconv_layer(pi_context *ctx, pi_exec *e, const pi_layer *L, int
     float *bcx = ctx->gdn, *xs = bcx + T * 3 * E, *cs = xs + T * E;
     int32_t *ids = (int32_t *)(cs + T * E);
     float *y = e->buf.cur;
-    TRY(product(ctx, &L->ssm_qkv, y, bcx, T));
+    TRY(pi_scratch_product(ctx, &ctx->cpu, &L->ssm_qkv, y, bcx, T));
     for (int64_t t = 0; t < T; t++) {   /* bx into the x part of bcx */
         const float *bt = bcx + t * 3 * E;
         float *xt = bcx + t * 3 * E + 2 * E;
@@ -99,5 +93,5 @@ pi_status pi_shortconv_layer(pi_context *ctx, pi_exec *e, const pi_layer *L, int
         }
     }
     for (int64_t t = 0; t < T; t++) memcpy(xs + t * E, bcx + t * 3 * E + 2 * E, (size_t)E * sizeof(float));
-    return product(ctx, &L->ssm_out, xs, y, T);
+    return pi_scratch_product(ctx, &ctx->cpu, &L->ssm_out, xs, y, T);
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import FLOAT_REL_RMS, check_level, logits_all, logits_one_by_one, rel_rms
+from helpers import FLOAT_REL_RMS, check_level, emulated_offload, logits_all, logits_one_by_one, rel_rms
 from model_files import LFM2, rewrite, write_lfm2_model
 from reference_model import ReferenceModel
 
@@ -172,31 +172,10 @@ def test_one_by_one_matches_one_call(lfm2):
     assert rel_rms(logits_one_by_one(pi.Context(pi.Model(lfm2), n_ctx=64, kv_type="f32"), PROMPT), one) < 1e-6
 
 
-_OFFLOAD_SCRIPT = """
-import sys, numpy as np, powerinfer as pi
-m, prompt = pi.Model(sys.argv[1]), [int(t) for t in sys.argv[2].split(",")]
-def run(**kw):
-    c = pi.Context(m, n_ctx=64, kv_type="f32", **kw)
-    c.decode(prompt, logits="all")
-    return c, np.stack([c.logits(i) for i in range(len(prompt))])
-cpu = run()[1]
-c, got = run(n_gpu_layers=-1)
-print(c.offload is None, bool(np.array_equal(got, cpu)))
-print("|".join(c.gpu_warnings))
-"""
-
-
 def test_offload_is_refused_with_a_message(lfm2):
     """-ngl on the emulated device: the context says lfm2 runs on the CPU only, and runs there with the CPU's bits."""
-    import os
-    import subprocess
-    import sys
-    out = subprocess.run([sys.executable, "-c", _OFFLOAD_SCRIPT, str(lfm2), ",".join(map(str, PROMPT))],
-                         env=dict(os.environ, POWERINFER_EMULATED_GPU_MIB="256"), capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    flags, warnings = out.stdout.splitlines()[:2]
-    assert flags == "True True", out.stdout
+    offloaded, same_bits, warnings = emulated_offload(lfm2, PROMPT)
+    assert not offloaded and same_bits
     assert "lfm2 models run on the CPU only" in warnings, warnings
 
 

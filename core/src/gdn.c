@@ -46,19 +46,13 @@ pi_status pi_gdn_check_hparams(const pi_hparams *hp) {
     return PI_OK;
 }
 
-static const pi_tensor_desc *find(const pi_model_desc *desc, const char *name) {
-    for (int32_t i = 0; i < desc->n_tensors; i++)
-        if (desc->tensors[i].name && strcmp(desc->tensors[i].name, name) == 0) return &desc->tensors[i];
-    return NULL;
-}
-
 /* blk.il.suffix of shape [ne0, ne1] (ne1 0: 1-d); f32: must be f32; optional: absent leaves it zero */
 static pi_status get(const pi_model_desc *desc, int32_t il, const char *suffix, int64_t ne0, int64_t ne1, bool f32,
                      bool optional, pi_tensor *out) {
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
     memset(out, 0, sizeof *out);
-    const pi_tensor_desc *d = find(desc, name);
+    const pi_tensor_desc *d = pi_find_tensor(desc, name);
     if (!d) return optional ? PI_OK : pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
     if (f32 && d->type != PI_TYPE_F32)
         return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' must be f32, got %s", name, pi_type_name(d->type));
@@ -70,7 +64,7 @@ pi_status pi_gdn_load(const pi_model_desc *desc, const pi_hparams *hp, int32_t i
     const int64_t C = 2 * Hk * S + Hv * S;
     char name[96];
     snprintf(name, sizeof name, "blk.%d.ssm_in.weight", il);
-    if (find(desc, name))
+    if (pi_find_tensor(desc, name))
         return pi_fail(PI_ERR_UNSUPPORTED, "'%s': the fused in_proj_qkvz of early qwen3next conversions is not "
                        "supported (convert the model again: attn_qkv + attn_gate)", name);
     TRY(get(desc, il, "attn_qkv.weight", E, C, false, false, &L->ssm_qkv));

@@ -25,7 +25,7 @@ static const char *ggml_type_name(int32_t type) {
     return names[type];
 }
 
-static const pi_tensor_desc *find_tensor(const pi_model_desc *desc, const char *name) {
+const pi_tensor_desc *pi_find_tensor(const pi_model_desc *desc, const char *name) {
     for (int32_t i = 0; i < desc->n_tensors; i++)
         if (desc->tensors[i].name && strcmp(desc->tensors[i].name, name) == 0) return &desc->tensors[i];
     return NULL;
@@ -72,7 +72,7 @@ pi_status pi_tensor_desc_view(const pi_tensor_desc *d, int n_dims, const int64_t
 static pi_status load_tensor(const pi_model_desc *desc, const char *name, int64_t ne0, int64_t ne1,
                              bool must_be_f32, bool optional, pi_tensor *out) {
     memset(out, 0, sizeof *out);
-    const pi_tensor_desc *d = find_tensor(desc, name);
+    const pi_tensor_desc *d = pi_find_tensor(desc, name);
     if (!d) {
         if (optional) return PI_OK;
         return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
@@ -86,7 +86,7 @@ static pi_status load_tensor(const pi_model_desc *desc, const char *name, int64_
  * the other. */
 static pi_status load_experts(const pi_model_desc *desc, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
                               pi_tensor *out) {
-    const pi_tensor_desc *d = find_tensor(desc, name);
+    const pi_tensor_desc *d = pi_find_tensor(desc, name);
     if (!d) return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
     return pi_tensor_desc_view(d, 3, (int64_t[]){ ne0, ne1, n_expert }, out);
 }
@@ -104,7 +104,7 @@ static pi_status load_moe(const pi_model_desc *desc, const pi_hparams *hp, int32
         if ((st = load_experts(desc, name, ne0, ne1, NE, dst)) != PI_OK) return st; } while (0)
     GET("ffn_gate_inp.weight", E, NE, false, false, &L->ffn_gate_inp);
     snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", il);
-    if (find_tensor(desc, name)) {   /* [E, 2F, NE]: each expert's F gate rows, then its F up rows */
+    if (pi_find_tensor(desc, name)) {   /* [E, 2F, NE]: each expert's F gate rows, then its F up rows */
         pi_tensor gu;
         GET_EXPS("ffn_gate_up_exps.weight", E, 2 * F, &gu);
         L->ffn_gate_exps = L->ffn_up_exps = gu;   /* [E, F, NE] views, an expert's matrices gu.nb[2] apart */
@@ -591,9 +591,9 @@ static pi_status load_encoder(const pi_model_desc *desc, pi_model *m) {
         return st; } while (0)
     GET("token_embd_norm.weight", E, 0, true, false, &m->tok_norm);
     GET("token_embd_norm.bias", E, 0, true, false, &m->tok_norm_b);
-    const pi_tensor_desc *tt = find_tensor(desc, "token_types.weight");
+    const pi_tensor_desc *tt = pi_find_tensor(desc, "token_types.weight");
     if (tt) GET("token_types.weight", E, tt->n_dims == 2 ? tt->ne[1] : 1, false, false, &m->type_embd);
-    const pi_tensor_desc *pe = find_tensor(desc, "position_embd.weight");
+    const pi_tensor_desc *pe = pi_find_tensor(desc, "position_embd.weight");
     if (pe) {   /* bert: one row per position the model was trained on */
         if (pe->n_dims != 2 || pe->ne[1] < 1 || pe->ne[1] > MAX_DIM)
             return pi_fail(PI_ERR_BAD_MODEL, "'position_embd.weight' must be 2-d [n_embd, n_pos]");
@@ -656,7 +656,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
     TRY(load_tensor(desc, "output_norm.weight", E, 0, true, false, &m->output_norm));
     if (ln) TRY(load_tensor(desc, "output_norm.bias", E, 0, true, false, &m->output_norm_b));
     if (opt) {
-        const pi_tensor_desc *pe = find_tensor(desc, "position_embd.weight");
+        const pi_tensor_desc *pe = pi_find_tensor(desc, "position_embd.weight");
         if (!pe) { st = pi_fail(PI_ERR_BAD_MODEL, "opt: missing tensor 'position_embd.weight'"); goto fail; }
         const int64_t n_pos = pe->n_dims == 2 ? pe->ne[1] : 0;
         if (n_pos <= PI_OPT_POS_OFFSET || n_pos > MAX_DIM) {
@@ -759,7 +759,7 @@ pi_status pi_model_create(const pi_model_desc *desc, pi_model **out) {
         LAYER("ffn_down_t.weight", E, F, false, false, &L->ffn_down_t);
         if (opt) LAYER("ffn_down_t.bias", E, 0, true, false, &L->ffn_down_t_b);
         snprintf(name, sizeof name, "blk.%d.fc1.weight", il);
-        const pi_tensor_desc *fc1 = find_tensor(desc, name);
+        const pi_tensor_desc *fc1 = pi_find_tensor(desc, name);
         if (!fc1) { st = pi_fail(PI_ERR_BAD_MODEL, "sparse model without predictor: missing tensor '%s'", name); goto fail; }
         const int64_t rank = fc1->n_dims == 2 ? fc1->ne[1] : 0;
         if (rank < 1 || rank > MAX_DIM) {

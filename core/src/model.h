@@ -116,6 +116,9 @@ struct pi_model {
     pi_tensor  type_embd;              /* [n_embd, n_token_types] token_types.weight; data NULL if absent */
 };
 
+/* the descriptor named name among desc's tensors (NULL if none) */
+const pi_tensor_desc *pi_find_tensor(const pi_model_desc *desc, const char *name);
+
 /* A view of the tensor d describes, checked: a type this build computes with, n_dims dims of shape ne (NULL: any of
  * n_dims dims, each >= 1; dims past n_dims must be 1), rows of whole blocks and the bytes the shape needs
  * (PI_ERR_UNSUPPORTED / PI_ERR_BAD_MODEL naming the tensor). */

@@ -29,18 +29,12 @@ pi_status pi_shortconv_check_hparams(const pi_hparams *hp) {
     return PI_OK;
 }
 
-static const pi_tensor_desc *find(const pi_model_desc *desc, const char *name) {
-    for (int32_t i = 0; i < desc->n_tensors; i++)
-        if (desc->tensors[i].name && strcmp(desc->tensors[i].name, name) == 0) return &desc->tensors[i];
-    return NULL;
-}
-
 static pi_status get(const pi_model_desc *desc, int32_t il, const char *suffix, int64_t ne0, int64_t ne1, bool f32,
                      pi_tensor *out) {
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
     memset(out, 0, sizeof *out);
-    const pi_tensor_desc *d = find(desc, name);
+    const pi_tensor_desc *d = pi_find_tensor(desc, name);
     if (!d) return pi_fail(PI_ERR_BAD_MODEL, "missing tensor '%s'", name);
     if (f32 && d->type != PI_TYPE_F32)
         return pi_fail(PI_ERR_BAD_MODEL, "tensor '%s' must be f32, got %s", name, pi_type_name(d->type));

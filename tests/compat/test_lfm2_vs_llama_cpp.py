@@ -17,33 +17,24 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import powerinfer as pi  # noqa: E402
-from helpers import QUANT_REL_RMS, greedy_both, llama_cpp_eval, logits_all, rel_rms  # noqa: E402
+import helpers  # noqa: E402
+from helpers import QUANT_REL_RMS  # noqa: E402
 from model_files import write_lfm2_model  # noqa: E402
 
 LLAMA_CPP_REL_RMS = 1e-5   # f32 (measured 2.7e-7 .. 4.8e-7)
 PROMPT = [1, 17, 200, 45, 3, 99, 128, 7, 300, 12, 64, 5, 250, 33, 81, 190]
 
 
-def agrees_with_llama_cpp(path, bound: float) -> float:
-    """Our logits of PROMPT within bound of llama.cpp's, the same 12 greedy tokens; returns the difference."""
-    model = pi.Model(path)
-    ours = logits_all(pi.Context(model, n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
-    ll, theirs = llama_cpp_eval(path, PROMPT)
-    err = rel_rms(ours, theirs)
-    print(f"{path.name}: {err:.2e} from llama.cpp")
-    assert err < bound, err
-    theirs_greedy, ours_greedy = greedy_both(ll, model, PROMPT, 12)
-    assert ours_greedy == theirs_greedy
-    return err
+def agrees_with_llama_cpp(path, bound: float, same_argmax: bool = False) -> float:
+    """Our logits of PROMPT within bound of llama.cpp's, the same 12 greedy tokens (helpers.agrees_with_llama_cpp)."""
+    return helpers.agrees_with_llama_cpp(path, PROMPT, bound, same_argmax=same_argmax)
 
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_f32(tmp_path, seed):
     f = tmp_path / f"lfm2-{seed}.gguf"
     write_lfm2_model(f, seed=seed)
-    ours = logits_all(pi.Context(pi.Model(f), n_ctx=64, kv_type="f32", n_threads=1), PROMPT)
-    assert np.array_equal(ours.argmax(1), llama_cpp_eval(f, PROMPT)[1].argmax(1))
-    agrees_with_llama_cpp(f, LLAMA_CPP_REL_RMS)
+    agrees_with_llama_cpp(f, LLAMA_CPP_REL_RMS, same_argmax=True)
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])

@@ -522,13 +522,7 @@ def write_gemma4_model(path, w: dict, c: dict, chat_template: str | None = None,
             "final_logit_softcapping": c["final_softcap"], **(meta or {})}
 
     def add_keys(writer):
-        for key, value in keys.items():
-            if value is None:
-                continue
-            vt = (VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
-                  if isinstance(value, float) else VT.ARRAY)
-            sub = None if vt != VT.ARRAY else VT.BOOL if isinstance(value[0], bool) else VT.UINT32
-            writer.add_key_value(f"gemma4.{key}", value, vt, sub_type=sub)
+        add_arch_keys(writer, "gemma4", keys, int_list=VT.UINT32)
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
         if chat_template is not None:
             writer.add_chat_template(chat_template)
@@ -750,14 +744,7 @@ def write_deepseek2_model(path, seed: int = 0, q_lora: int = 0, kv_b: bool = Fal
     keys.update(meta or {})
 
     def add_keys(writer):
-        for key, value in keys.items():
-            if value is None:
-                continue
-            if isinstance(value, str):
-                writer.add_key_value(f"deepseek2.{key}", value, VT.STRING)
-                continue
-            vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
-            writer.add_key_value(f"deepseek2.{key}", value, vt)
+        add_arch_keys(writer, "deepseek2", keys)
         add_vocab(writer, *synthetic_vocab(c["n_vocab"]))
     write_gguf(path, "deepseek2", w, keys=add_keys, dtype=dtype, dtypes=dtypes)
     return w
@@ -869,13 +856,24 @@ def moe_arch_keys(arch: str, c: dict, step: int = 1, meta: dict | None = None) -
     return keys
 
 
-def add_moe_arch_keys(writer, arch: str, keys: dict) -> None:
-    """keys as "<arch>." metadata (None: left out; floats FLOAT32, ints UINT32, bools BOOL) and the test vocabulary."""
+def add_arch_keys(writer, arch: str, keys: dict, int_list: VT = VT.INT32) -> None:
+    """keys as "<arch>." metadata by their Python type: None left out, str STRING, bool BOOL, int UINT32, float
+    FLOAT32, lists ARRAYs of BOOL (bool items) or else of int_list."""
     for key, value in keys.items():
         if value is None:
             continue
-        vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
+        if isinstance(value, list):
+            sub = VT.BOOL if value and isinstance(value[0], bool) else int_list
+            writer.add_key_value(f"{arch}.{key}", value, VT.ARRAY, sub_type=sub)
+            continue
+        vt = (VT.STRING if isinstance(value, str) else VT.BOOL if isinstance(value, bool) else
+              VT.UINT32 if isinstance(value, int) else VT.FLOAT32)
         writer.add_key_value(f"{arch}.{key}", value, vt)
+
+
+def add_moe_arch_keys(writer, arch: str, keys: dict) -> None:
+    """keys as "<arch>." metadata (add_arch_keys) and the test vocabulary."""
+    add_arch_keys(writer, arch, keys)
     add_vocab(writer, *synthetic_vocab(int(keys["vocab_size"])))
 
 
@@ -971,15 +969,7 @@ def write_qwen35_model(path, arch: str = "qwen35", seed: int = 0, dtype: str = "
     keys.update(meta or {})
 
     def add_keys(writer):
-        for key, value in keys.items():
-            if value is None:
-                continue
-            if isinstance(value, list):
-                et = VT.BOOL if value and isinstance(value[0], bool) else VT.INT32
-                writer.add_key_value(f"{arch}.{key}", value, VT.ARRAY, sub_type=et)
-                continue
-            vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
-            writer.add_key_value(f"{arch}.{key}", value, vt)
+        add_arch_keys(writer, arch, keys)
         add_vocab(writer, *(vocab or synthetic_vocab(c["n_vocab"])))
     # the conv kernel stays f32 in every file type (as the converter and llama-quantize keep it)
     write_gguf(path, arch, w, keys=add_keys, dtype=dtype, dtypes={"ssm_conv1d": "f32", **(dtypes or {})})
@@ -1031,14 +1021,7 @@ def write_lfm2_model(path, seed: int = 0, dtype: str = "f32", meta: dict | None 
     keys.update(meta or {})
 
     def add_keys(writer):
-        for key, value in keys.items():
-            if value is None:
-                continue
-            if isinstance(value, list):
-                writer.add_key_value(f"lfm2.{key}", value, VT.ARRAY, sub_type=VT.INT32)
-                continue
-            vt = VT.BOOL if isinstance(value, bool) else VT.UINT32 if isinstance(value, int) else VT.FLOAT32
-            writer.add_key_value(f"lfm2.{key}", value, vt)
+        add_arch_keys(writer, "lfm2", keys)
         add_vocab(writer, *(vocab or synthetic_vocab(c["n_vocab"])))
     # the conv kernel stays f32 in every file type (llama-quantize keeps shortconv.conv.weight)
     write_gguf(path, "lfm2", w, keys=add_keys, dtype=dtype, dtypes={"shortconv.conv": "f32"})

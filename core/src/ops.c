@@ -140,12 +140,44 @@ typedef struct {
     int64_t xt_stride;    /* its bytes per token tile */
 } mul_mat_args;
 
+/* Types whose own kernels decode slowly (to_batch: the IQ3 and IQ2 grids) run a prompt's rows [r, r1) BATCH_ROWS at
+ * a time: converted once into their batch_type (the same bits per (row, token), pi_to_batch_fn), then that type's
+ * 8-row kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels), or for an
+ * interleaved batch_type (Q6_K's Q6_KX16 groups, Q8_KW's Q8_KWX16, avx2 and avx512) its gemm16 per group, or where the
+ * batch type has row tile kernels (the amx level: Q6_K, Q8_KW) those over the whole token tiles. Where the batch type converts
+ * too and the prompt is long enough for it (its batch_min_t), the rows convert twice (IQ3 -> Q6_K -> Q6_KX16 at the
+ * avx2 level: the 542M IQ3_S / IQ3_M matmuls at T = 32 0.93-0.96x the time, at T = 128 0.84-0.91x; converted twice at
+ * T = 16 they took 1.12-1.25x, Zen 3, two threads; at the avx512 level, whose Q6_KX16 and Q8_KWX16 kernels are AVX-512
+ * VNNI, IQ3_S at T = 128 0.455x, IQ2_S / IQ1_M 0.43-0.47x, Zen 5). The converted rows go to a heap
+ * buffer (a row of a wide matrix in Q6_K is 9 KB at K = 11008); without one, or where a chunk cannot be converted, the
+ * rows left go to the type's own kernels. Returns the first row not done.
+ * PI_BATCH_MIN_T: 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x.
+ * A type's batch_min_t overrides it: Q6_K -> Q6_KX16 (avx2) saves only the 8-row kernel's transposes, so its copy pays
+ * from about 20 tokens on (542M Q6_K matmuls, Zen 3, two threads: T = 8 1.08x the time, 16 1.03x, 32 0.95x, 512 0.88x). */
+#ifndef PI_BATCH_MIN_T
+#define PI_BATCH_MIN_T 3
+#endif
+#define BATCH_ROWS 16
+static bool batch_pays(const pi_type_traits *tr, int64_t T) {
+    return tr->to_batch && T >= (tr->batch_min_t ? tr->batch_min_t : PI_BATCH_MIN_T);
+}
+
+/* The traits whose tile kernels a batch of T tokens of weights tr runs, or NULL: its own (tiles, tiles_rows), or, for
+ * a type whose prompts convert their rows (to_batch) once into a type with row tile kernels, those: the IQ3 rows as
+ * Q6_K, the IQ2 and IQ1 rows as Q8_KW at the amx level (mul_mat_batch_rows). */
+static const pi_type_traits *tile_traits(const pi_type_traits *tr, int64_t T) {
+    if (tr->tiles || tr->tiles_rows) return tr;
+    if (!batch_pays(tr, T)) return NULL;
+    const pi_type_traits *bt = pi_traits(tr->batch_type);
+    return bt->tiles_rows && T >= PI_TILES_MIN_T && bt->vec_dot_type == tr->vec_dot_type ? bt : NULL;
+}
+
 /* Bytes per token tile of the activations' tile table (pi_tiles_fn's xt) where a batch of T goes to tile kernels
  * that read one, else 0. */
 static int64_t tile_table_stride(const pi_type_traits *tr, int64_t K, int64_t T) {
-    const pi_type_traits *xtr = pi_traits(tr->vec_dot_type);
-    if (T < PI_TILES_MIN_T || (!tr->tiles && !tr->tiles_rows) || !pi_cpu()->tiles_begin || !xtr->tiles_prep ||
-        pi_tiles_act_type(tr) != tr->vec_dot_type)   /* mul_mat's activations are the vec_dot type */
+    const pi_type_traits *xtr = pi_traits(tr->vec_dot_type), *tt = tile_traits(tr, T);
+    if (T < PI_TILES_MIN_T || !tt || !pi_cpu()->tiles_begin || !xtr->tiles_prep ||
+        pi_tiles_act_type(tt) != tr->vec_dot_type)   /* mul_mat's activations are the vec_dot type */
         return 0;
     return K / xtr->tiles_unit * xtr->tiles_unit_bytes;
 }
@@ -198,32 +230,12 @@ static int64_t mul_mat_tiles(const mul_mat_args *a, const pi_type_traits *tr, in
     return T16;
 }
 
-/* Types whose own kernels decode slowly (to_batch: the IQ3 and IQ2 grids) run a prompt's rows [r, r1) BATCH_ROWS at
- * a time: converted once into their batch_type (the same bits per (row, token), pi_to_batch_fn), then that type's
- * 8-row kernel over the tokens, chunk at a time (its dot at the scalar level, which has no 8-row kernels), or for an
- * interleaved batch_type (Q6_K's Q6_KX16 groups, Q8_KW's Q8_KWX16, avx2 and avx512) its gemm16 per group. Where the batch type converts
- * too and the prompt is long enough for it (its batch_min_t), the rows convert twice (IQ3 -> Q6_K -> Q6_KX16 at the
- * avx2 level: the 542M IQ3_S / IQ3_M matmuls at T = 32 0.93-0.96x the time, at T = 128 0.84-0.91x; converted twice at
- * T = 16 they took 1.12-1.25x, Zen 3, two threads; at the avx512 level, whose Q6_KX16 and Q8_KWX16 kernels are AVX-512
- * VNNI, IQ3_S at T = 128 0.455x, IQ2_S / IQ1_M 0.43-0.47x, Zen 5). The converted rows go to a heap
- * buffer (a row of a wide matrix in Q6_K is 9 KB at K = 11008); without one, or where a chunk cannot be converted, the
- * rows left go to the type's own kernels. Returns the first row not done.
- * PI_BATCH_MIN_T: 542M IQ3_S ffn_up, one thread (Zen 3): 2 tokens as fast either way, 3: 0.68x the time, 16: 0.22x.
- * A type's batch_min_t overrides it: Q6_K -> Q6_KX16 (avx2) saves only the 8-row kernel's transposes, so its copy pays
- * from about 20 tokens on (542M Q6_K matmuls, Zen 3, two threads: T = 8 1.08x the time, 16 1.03x, 32 0.95x, 512 0.88x). */
-#ifndef PI_BATCH_MIN_T
-#define PI_BATCH_MIN_T 3
-#endif
-#define BATCH_ROWS 16
-static bool batch_pays(const pi_type_traits *tr, int64_t T) {
-    return tr->to_batch && T >= (tr->batch_min_t ? tr->batch_min_t : PI_BATCH_MIN_T);
-}
-
 static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_t r, int64_t r1,
                                   int64_t chunk) {
     const pi_type_traits *ct = pi_traits(tr->batch_type);   /* the first conversion's type */
     const int64_t K = a->w->ne[0], T = a->x->ne[1], crow = pi_row_bytes(tr->batch_type, K);
-    const bool twice = batch_pays(ct, T);
+    /* converted twice (to an interleaved type) where the first conversion's rows have no tile kernels to run on */
+    const bool twice = batch_pays(ct, T) && !(ct->tiles_rows && a->xt && T >= PI_TILES_MIN_T);
     const int32_t btype = twice ? ct->batch_type : tr->batch_type;   /* the type whose kernels run */
     const pi_type_traits *bt = pi_traits(btype);
     const int64_t brow = pi_row_bytes(btype, K);
@@ -235,10 +247,24 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
     char *cbuf = malloc((size_t)(BATCH_ROWS * (crow + (twice ? brow : 0))));
     if (!cbuf) return r;
     char *buf = twice ? cbuf + BATCH_ROWS * crow : cbuf;   /* rows of btype */
+    /* the converted rows on the batch type's tile kernels (amx level), 16 rows x the whole token tiles; the token tail
+     * below */
+    const int64_t T16 = !twice && bt->tiles_rows && a->xt && T >= PI_TILES_MIN_T ? T / PI_TILE_T * PI_TILE_T : 0;
+    pi_tile_session session;
+    if (T16) pi_cpu()->tiles_begin(btype, &session);
     for (; r + unit <= r1;) {
         const int n = (int)PI_MIN(BATCH_ROWS, (r1 - r) / unit * unit);
         if (!tr->to_batch(K, w + r * a->w->nb[1], a->w->nb[1], n, cbuf)) break;
         if (twice && !ct->to_batch(K, cbuf, crow, n, buf)) break;
+        const int64_t tiled = n == 16 ? T16 : 0;   /* tokens [0, tiled) of these rows done on tiles */
+        if (tiled) {
+            const void *rows[16];
+            for (int k = 0; k < 16; k++) rows[k] = buf + k * brow;
+            for (int64_t t = 0; t < tiled; t += PI_TILES_CHUNK_T)
+                bt->tiles_rows(K, rows, a->xq + t * a->xq_row_bytes, a->xq_row_bytes,
+                               (int)PI_MIN(PI_TILES_CHUNK_T, tiled - t), y0 + t * y_stride + r, y_stride,
+                               a->xt + t / PI_TILE_T * a->xt_stride, a->xt_stride);
+        }
         if (unit > 8) {   /* groups (Q6_KX16): brow bytes per row, a group's rows together */
             for (int64_t c0 = 0; c0 < T; c0 += chunk)
                 for (int g = 0; g < n; g += unit)
@@ -253,7 +279,7 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
             for (int g = 0; g < n; g += 8) {
                 const void *rows[8];
                 for (int k = 0; k < 8; k++) rows[k] = buf + (g + k) * brow;
-                for (int64_t t = c0; t < PI_MIN(T, c0 + chunk); t += PI_DOT8_MAX_T) {
+                for (int64_t t = PI_MAX(c0, tiled); t < PI_MIN(T, c0 + chunk); t += PI_DOT8_MAX_T) {
                     const int nt = (int)PI_MIN(PI_DOT8_MAX_T, PI_MIN(T, c0 + chunk) - t);
                     float *y = y0 + t * y_stride + r + g;
                     if (bt->vec_dot8)
@@ -266,6 +292,7 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
             }
         r += n;
     }
+    if (T16) pi_cpu()->tiles_end(&session);
     free(cbuf);
     return r;
 }
@@ -320,7 +347,7 @@ static void mul_mat_rows(const mul_mat_args *a, const pi_type_traits *tr, int64_
         }
         return;
     }
-    if (batch_pays(tr, T)) r = mul_mat_batch_rows(a, tr, r, r1, chunk);
+    if (batch_pays(tr, T) && !tiled) r = mul_mat_batch_rows(a, tr, r, r1, chunk);   /* tiles first where they ran */
     if (tr->vec_dot8) {
         const int64_t r8 = r + (r1 - r) / 8 * 8;
         for (int64_t c0 = 0; c0 < T; c0 += chunk)

@@ -1,4 +1,5 @@
-/* amx_k.c: AMX tile kernels of the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (the amx level only; level.c includes
+/* amx_k.c: AMX tile kernels of the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, and of IQ4_XS and Q8_KW (the IQ2 and IQ1
+ * rows of prompts) on Q6_K's (the amx level only; level.c includes
  * it where __AMX_INT8__ is set), and the tile tables of their activations Q8_KM and Q8_K. 16 rows at any addresses (the
  * file's layout), or one Q4_KX16 group (pi_tiles_q4_Kx16_q8_K) x nt tokens (a multiple of 16); bit-identical to
  * pi_vec_dot_q4_K_q8_K / _q5_K_ / _q6_K_ per (row, token).
@@ -434,6 +435,72 @@ static inline __attribute__((always_inline)) void amx_q2_K_decode(const char *co
         }
 }
 
+/* ---- IQ4_XS (activations Q8_K) through Q6_K's kernel ----
+ * w_l = (ls_j - 32) v_l, v_l the grid value (PI_IQ4_VALUES) of element l's nibble, |w| <= 32 * 127: Q6_K's two planes.
+ * Sub-block j (32 elements, qs[16 j ..]) is the kernel's 16-element units 2j (low nibbles) and 2j + 1 (high nibbles);
+ * the float step is Q6_K's, (d_x d) sumi: IQ4_XS's canonical order (kx16.c). The IQ4_XSX16 group keeps Q4_KX16's
+ * header and word layout (d[16], scales_h[16], then word (off - 4) / 4 of the rows' blocks), so amx_k4_words reads
+ * both. */
+static inline __attribute__((always_inline)) void amx_iq4_xs_decode(const char *const *p, const char *gb,
+                                                                    const int interleaved, amx_q8_K_block *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+    const __m512i grid = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)PI_IQ4_VALUES));
+    __m512i sl, sh;   /* lane r: row r's scales_l (4 bytes: nibble j = bits 4j..), scales_h (bits 2j, 2j + 1) */
+    if (interleaved) {
+        sl = _mm512_loadu_si512(gb + 64);
+        sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+        _mm512_store_ps(o->d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb)));
+    } else {
+        _Alignas(64) uint32_t l[16], h[16];
+        for (int r = 0; r < 16; r++) {
+            const pi_block_iq4_xs *b = (const pi_block_iq4_xs *)p[r];
+            memcpy(&l[r], b->scales_l, 4);
+            h[r] = b->scales_h;
+        }
+        sl = _mm512_load_si512((const __m512i *)l);
+        sh = _mm512_load_si512((const __m512i *)h);
+        _mm512_store_ps(o->d, amx_f16x16_rows(p, offsetof(pi_block_iq4_xs, d)));
+    }
+    for (int j = 0; j < PI_QK_K / PI_QK; j++) {
+        const __m512i ls = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), m15),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), m3), 4));
+        const __m512i scw = amx_scale_words(_mm512_sub_epi32(ls, _mm512_set1_epi32(32)));
+        __m512i c[4];
+        amx_k4_words(p, gb, interleaved, offsetof(pi_block_iq4_xs, qs) + 16 * j, c);
+        for (int m = 0; m < 4; m++)
+            for (int half = 0; half < 2; half++) {   /* low nibbles: unit 2j, high: 2j + 1 */
+                const __m512i q = _mm512_and_si512(half ? _mm512_srli_epi16(c[m], 4) : c[m], m4);
+                __m512i wl, wh;
+                amx_scale_split(_mm512_shuffle_epi8(grid, q), scw, &wl, &wh);
+                _mm512_store_si512((__m512i *)(o->wl[2 * j + half] + 64 * m), wl);
+                _mm512_store_si512((__m512i *)(o->wh[2 * j + half] + 64 * m), wh);
+            }
+    }
+}
+
+/* ---- Q8_KW (IQ2 and IQ1 rows converted for prompts, activations Q8_K) through Q6_K's kernel ----
+ * w_l = sc_j (u_l - 64) (|u - 64| <= 64, sc_j <= 31): Q6_K's two planes; the float step (d_x d) sumi with the row's d a
+ * float: pi_vec_dot_q8_kw_q8_K's order. */
+static inline __attribute__((always_inline)) void amx_q8_kw_decode(const char *const *p, amx_q8_K_block *o) {
+    const __m512i k64 = _mm512_set1_epi8(64);
+    __m512i s[4];
+    amx_transpose16x16(p, offsetof(pi_block_q8_kw, scales), s);
+    _Alignas(64) float d[16];
+    for (int r = 0; r < 16; r++) memcpy(&d[r], p[r] + offsetof(pi_block_q8_kw, d), sizeof(float));
+    _mm512_store_ps(o->d, _mm512_load_ps(d));
+    for (int j = 0; j < PI_QK_K / 16; j++) {   /* unit j: u[16 j ..], its scale byte j % 4 of s[j / 4], sign-extended */
+        const __m512i scw = amx_scale_words(_mm512_srai_epi32(_mm512_slli_epi32(s[j / 4], 24 - 8 * (j % 4)), 24));
+        __m512i c[4];
+        amx_transpose16x16(p, offsetof(pi_block_q8_kw, u) + 16 * j, c);
+        for (int m = 0; m < 4; m++) {
+            __m512i wl, wh;
+            amx_scale_split(_mm512_sub_epi8(c[m], k64), scw, &wl, &wh);
+            _mm512_store_si512((__m512i *)(o->wl[j] + 64 * m), wl);
+            _mm512_store_si512((__m512i *)(o->wh[j] + 64 * m), wh);
+        }
+    }
+}
+
 /* Super-block o's products for one token tile (a: its Q8_K table at the super-block) -> ct[0] = the plane's sum
  * (Q3_K: -sumi, Q2_K: sumi). */
 static inline void amx_q3_K_products(const amx_q8_K_block *o, const char *a, int32_t ct[2][16 * 16]) {
@@ -472,18 +539,22 @@ static inline void amx_q6_K_products(const amx_q8_K_block *o, const char *a, int
     __asm__ volatile("" ::: "memory");
 }
 
-/* What amx_q8_K_rows reads: Q6_K rows or groups, Q3_K rows, Q2_K rows (the K-quants with Q8_K activations) */
-enum { AMX_KQ6, AMX_KQ3, AMX_KQ2 };
+/* What amx_q8_K_rows reads: Q6_K rows or groups, Q3_K rows, Q2_K rows (the K-quants with Q8_K activations), IQ4_XS rows or
+ * IQ4_XSX16 groups, Q8_KW rows (IQ2 and IQ1 rows converted for prompts) */
+enum { AMX_KQ6, AMX_KQ3, AMX_KQ2, AMX_KIQ4_XS, AMX_KW };
 
 /* 16 rows at any addresses (rows) or one Q6_KX16 group (interleaved: group); kind (a constant): the rows' type. */
 static inline __attribute__((always_inline)) void amx_q8_K_rows(int64_t n, const void *const *rows,
-                                                                const pi_block_q6_Kx16 *group, const int interleaved,
+                                                                const char *group, const int interleaved,
                                                                 const char *x,
                                                                 int64_t x_stride, int nt, float *y, int64_t y_stride,
                                                                 const char *xtab, int64_t xt_stride, const int kind) {
     const int64_t row_block = kind == AMX_KQ3 ? (int64_t)sizeof(pi_block_q3_K)
-                            : kind == AMX_KQ2 ? (int64_t)sizeof(pi_block_q2_K) : (int64_t)sizeof(pi_block_q6_K);
-    const int one_plane = kind != AMX_KQ6;
+                            : kind == AMX_KQ2 ? (int64_t)sizeof(pi_block_q2_K)
+                            : kind == AMX_KIQ4_XS ? (int64_t)sizeof(pi_block_iq4_xs)
+                            : kind == AMX_KW ? (int64_t)sizeof(pi_block_q8_kw) : (int64_t)sizeof(pi_block_q6_K);
+    const int64_t group_block = 16 * row_block;   /* a group's super-block: Q6_KX16, IQ4_XSX16 */
+    const int one_plane = kind == AMX_KQ3 || kind == AMX_KQ2;
     const int64_t nb = n / PI_QK_K, bsz = (int64_t)sizeof(pi_block_q8_K);
     const int64_t sb_table = AMX_Q8_K_TABLE;   /* a super-block's part of a token tile's Q8_K table */
     amx_q8_K_block blk[AMX_K_KC];
@@ -499,7 +570,11 @@ static inline __attribute__((always_inline)) void amx_q8_K_rows(int64_t n, const
                     for (int r = 0; r < 16; r++) p[r] = (const char *)rows[r] + (c0 + b) * row_block;
                 if (kind == AMX_KQ3) amx_q3_K_decode(p, &blk[b]);
                 else if (kind == AMX_KQ2) amx_q2_K_decode(p, &blk[b]);
-                else amx_q6_K_decode(p, interleaved ? group + c0 + b : NULL, interleaved, &blk[b]);
+                else if (kind == AMX_KIQ4_XS)
+                    amx_iq4_xs_decode(p, interleaved ? group + (c0 + b) * group_block : NULL, interleaved, &blk[b]);
+                else if (kind == AMX_KW) amx_q8_kw_decode(p, &blk[b]);
+                else amx_q6_K_decode(p, interleaved ? (const pi_block_q6_Kx16 *)(group + (c0 + b) * group_block) : NULL,
+                                     interleaved, &blk[b]);
             }
             __asm__ volatile("" ::: "memory");   /* the tile loads below read blk */
             for (int tt = 0; tt < ntiles; tt++) {
@@ -558,6 +633,21 @@ void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, 
 void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
                            int64_t y_stride, const char *xt, int64_t xt_stride) {
     amx_q8_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
+}
+
+void pi_tiles_rows_iq4_xs_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                               int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KIQ4_XS);
+}
+
+void pi_tiles_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
+                             int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_q8_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KIQ4_XS);
+}
+
+void pi_tiles_rows_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
+                              int64_t y_stride, const char *xt, int64_t xt_stride) {
+    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KW);
 }
 
 void pi_tiles_rows_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,

@@ -121,6 +121,8 @@ static void pi_tiles_begin(int32_t type, pi_tile_session *s);
 static void pi_tiles_end(const pi_tile_session *s);
 #define PI_TILES_ARGS const char *x, int64_t x_stride, int nt, float *y, int64_t y_stride, const char *xt, int64_t xt_stride
 static void pi_tiles_q4_0x8_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_iq4_nlx8_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_mxfp4x8_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q8_0x16_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q5_0x16_q8_0s(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q4_1x16_q8_1(int64_t n, const void *group, PI_TILES_ARGS);
@@ -128,6 +130,7 @@ static void pi_tiles_q5_1x16_q8_1(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q4_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q5_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
+static void pi_tiles_iq4_xsx16_q8_K(int64_t n, const void *group, PI_TILES_ARGS);
 static void pi_tiles_rows_q8_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_0_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q4_0r_q8_0s(int64_t n, const void *const *rows, PI_TILES_ARGS);
@@ -138,6 +141,8 @@ static void pi_tiles_rows_q3_K_q8_K(int64_t n, const void *const *rows, PI_TILES
 static void pi_tiles_rows_q4_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q5_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 static void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_iq4_xs_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
+static void pi_tiles_rows_q8_kw_q8_K(int64_t n, const void *const *rows, PI_TILES_ARGS);
 #undef PI_TILES_ARGS
 /* the tile tables (pi_tiles_prep_fn) of the activation types Q8_0S, Q8_1, Q8_K, Q8_KM */
 static void pi_tiles_prep_q8_0s(int64_t n, const void *row, int r, char *tile);

@@ -22,9 +22,9 @@
 #include "attention.c"
 #include "gdn_rows.c"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
-#include "amx.c"        /* Q4_0X8 */
+#include "amx.c"        /* Q4_0X8, IQ4_NLX8, MXFP4X8 */
 #include "amx_q8_0s.c"  /* Q8_0, Q5_0, Q4_1, Q5_1, Q4_0R rows, Q8_0X16, Q5_0X16 */
-#include "amx_k.c"      /* Q2_K, Q3_K, Q4_K, Q5_K, Q6_K rows, Q4_KX16 */
+#include "amx_k.c"      /* Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_KW rows, Q4_KX16, Q5_KX16, Q6_KX16, IQ4_XSX16 */
 #define AMX(kernel) kernel
 #else
 #define AMX(kernel) NULL     /* below the amx level: no tile kernels */
@@ -37,13 +37,13 @@
 #else
 #define ROWS16(kernel) NULL
 #endif
-#if PI_HAVE_ROWS8 && !defined(__AMX_INT8__)
-#define X16_BATCH(kernel) kernel   /* prompts' rows regrouped 16 at a time (avx2, avx512; the amx level: its tiles) */
+#if PI_HAVE_ROWS8
+#define X16_BATCH(kernel) kernel   /* prompts' rows regrouped 16 at a time (the amx level: below a token tile, ops.c) */
 #else
 #define X16_BATCH(kernel) NULL
 #endif
-#if PI_HAVE_ROWS16 && !defined(__AMX_INT8__)
-#define X16_BATCH_512(kernel) kernel   /* the same at avx512 only (Q3_K: at avx2 0.94-1.01x on a Zen 5, an AVX2-only CPU not measured) */
+#if PI_HAVE_ROWS16
+#define X16_BATCH_512(kernel) kernel   /* the same from avx512 on (Q3_K: at avx2 0.94-1.01x on a Zen 5, an AVX2-only CPU not measured) */
 #else
 #define X16_BATCH_512(kernel) NULL
 #endif
@@ -119,7 +119,7 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
         [PI_TYPE_MXFP4]  = { pi_vec_dot_mxfp4_q8_0s, pi_axpy_mxfp4, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_mxfp4_q8_0s),
                              .repack = REPACK(pi_repack8_mxfp4x8) },
         [PI_TYPE_IQ4_XS] = { pi_vec_dot_iq4_xs_q8_K, pi_axpy_iq4_xs, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_iq4_xs_q8_K),
-                             .repack = REPACK(pi_repack_iq4_xsx16) },
+                             .tiles_rows = AMX(pi_tiles_rows_iq4_xs_q8_K), .repack = REPACK(pi_repack_iq4_xsx16) },
         /* no 8-row kernels: prompts convert rows to Q6_K (to_batch) and run its kernels */
         [PI_TYPE_IQ3_XXS] = { pi_vec_dot_iq3_xxs_q8_K, pi_axpy_iq3_xxs, .to_batch = pi_iq3_xxs_to_q6_K },
         [PI_TYPE_IQ3_S]   = { pi_vec_dot_iq3_s_q8_K, pi_axpy_iq3_s, .to_batch = pi_iq3_s_to_q6_K },
@@ -138,11 +138,13 @@ const pi_cpu_kernels PI_TABLE_NAME(PI_LEVEL) = {
                              .tiles_unit = PI_QK8_0, .tiles_unit_bytes = 16 * sizeof(float) },
         [PI_TYPE_Q4_0X8] = { .gemm8 = pi_gemm8_q4_0x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_q4_0x8_q8_0s),
                              .tiles = AMX(pi_tiles_q4_0x8_q8_0s) },
-        [PI_TYPE_IQ4_NLX8] = { .gemm8 = pi_gemm8_iq4_nlx8_q8_0s, .gemm16 = ROWS16(pi_gemm16_iq4_nlx8_q8_0s) },
-        [PI_TYPE_MXFP4X8] = { .gemm8 = pi_gemm8_mxfp4x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_mxfp4x8_q8_0s) },
-        [PI_TYPE_IQ4_XSX16] = { .gemm16 = pi_gemm16_iq4_xsx16_q8_K },
+        [PI_TYPE_IQ4_NLX8] = { .gemm8 = pi_gemm8_iq4_nlx8_q8_0s, .gemm16 = ROWS16(pi_gemm16_iq4_nlx8_q8_0s),
+                               .tiles = AMX(pi_tiles_iq4_nlx8_q8_0s) },
+        [PI_TYPE_MXFP4X8] = { .gemm8 = pi_gemm8_mxfp4x8_q8_0s, .gemm16 = ROWS16(pi_gemm16_mxfp4x8_q8_0s),
+                              .tiles = AMX(pi_tiles_mxfp4x8_q8_0s) },
+        [PI_TYPE_IQ4_XSX16] = { .gemm16 = pi_gemm16_iq4_xsx16_q8_K, .tiles = AMX(pi_tiles_iq4_xsx16_q8_K) },
         [PI_TYPE_Q8_KW]  = { pi_vec_dot_q8_kw_q8_K, .vec_dot8 = ROWS8_NEON(pi_vec_dot8_q8_kw_q8_K),
-                             .to_batch = X16_BATCH(pi_q8_kw_to_x16) },
+                             .to_batch = X16_BATCH(pi_q8_kw_to_x16), .tiles_rows = AMX(pi_tiles_rows_q8_kw_q8_K) },
         [PI_TYPE_Q8_KWX16] = { .gemm16 = pi_gemm16_q8_kwx16_q8_K },
         [PI_TYPE_Q2_KX16] = { .gemm16 = pi_gemm16_q2_Kx16_q8_K },
         [PI_TYPE_F16X8]  = { .gemm8 = pi_gemm8_f16x8_f32, .gemm_max_t = HALF_X8_MAX_T },

@@ -22,7 +22,11 @@ from powerinfer.gguf_copy import add_tensor_as_is, write, writer_like  # noqa: E
 
 
 def set_d(raw: np.ndarray, qtype, d: np.ndarray) -> None:
-    """Each block's fp16 d: its first two bytes, or IQ1_M's, the top nibbles of its four scale words (bytes 48..55)."""
+    """Each block's fp16 d: its first two bytes, or IQ1_M's, the top nibbles of its four scale words (bytes 48..55), or
+    MXFP4's E8M0 byte (its first: the power of two 2^(e - 128) nearest d, as ggml's half scale)."""
+    if qtype == gguf.GGMLQuantizationType.MXFP4:
+        raw[:, 0] = np.clip(np.rint(np.log2(np.maximum(d, 2.0 ** -126))) + 128, 1, 254).astype(np.uint8)
+        return
     bits = d.astype(np.float16).view(np.uint16).astype(np.int64)
     if qtype == gguf.GGMLQuantizationType.IQ1_M:
         sc = raw[:, 48:56].copy().view("<u2").astype(np.int64)

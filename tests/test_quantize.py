@@ -118,6 +118,7 @@ def inputs(tmp_path_factory):
     write_model(files["odd"], dtype="f32", n_vocab=320, n_embd=80, n_ff=160, n_head=4, n_head_kv=2, n_layer=2)
     files["phi3"] = _arch_file(d / "phi3-f16.gguf", "phi3", "f16", n_embd=256, n_ff=256, n_layer=9)
     files["moe8"] = _moe8_file(d)
+    files["gptoss"] = _arch_file(d / "gptoss-f32.gguf", "gpt-oss", "f32")
     files["falcon"] = _falcon_file(d / "falcon-f16.gguf")
     # what llama.cpp calls a 70B (80 layers, GQA): attn_v's Q3_K / Q4_K become Q5_K (here, rows of 32: Q5_1)
     files["l80"] = d / "l80-f16.gguf"
@@ -201,7 +202,8 @@ def _both(llama_cpp, tmp_path, src, name, *, tensor_types=(), kv_overrides=(), p
 
 CASES = [(m, t) for m in ("llama", "qwen2", "gemma3") for t in FTYPES] + \
         [("odd", t) for t in ("Q4_K_M", "Q4_0", "Q5_1", "Q6_K", "Q2_K")] + \
-        [("moe8", t) for t in ("Q4_K_M", "Q3_K_M", "Q2_K", "Q4_K_S", "Q8_0")] + \
+        [("moe8", t) for t in ("Q4_K_M", "Q3_K_M", "Q2_K", "Q4_K_S", "Q8_0", "MXFP4_MOE")] + \
+        [("gptoss", "MXFP4_MOE"), ("gptoss", "Q4_K_M"), ("llama", "MXFP4_MOE")] + \
         [("phi3", t) for t in ("Q4_K_M", "Q5_K_M", "Q3_K_M", "Q3_K_L", "Q2_K")] + \
         [("falcon", t) for t in ("Q4_K_M", "Q3_K_M", "Q3_K_L", "Q4_K_S")] + \
         [("l80", t) for t in ("Q3_K_M", "Q4_K_S", "Q4_K_M")]
@@ -369,6 +371,25 @@ def test_quantized_file_runs(inputs, f16_logits, tmp_path, ftype):
     assert res.size_out == sum(t.data.nbytes for t in f.tensors.values())
 
 
+def test_mxfp4_moe_file_runs(inputs, tmp_path):
+    """MXFP4_MOE (llama-quantize's file type of gpt-oss): the experts' 3-d tensors in MXFP4 (llama.cpp's reference
+    quantizer), every other matrix and the head Q8_0; the logits near the f32 file's."""
+    out = tmp_path / "mxfp4.gguf"
+    quantize_file(inputs["gptoss"], out, opts_for("MXFP4_MOE"), nthread=2)
+    f = open_gguf(out)
+    assert f.metadata["general.file_type"] == FTYPE["MXFP4_MOE"]
+    matrices = {n: t for n, t in f.tensors.items() if n.endswith(".weight") and len(t.ne) >= 2 and "gate_inp" not in n}
+    want = {n: 39 if len(t.ne) > 2 and t.ne[2] > 1 else Q8_0 for n, t in matrices.items()}   # 39: MXFP4
+    assert {n: t.type for n, t in matrices.items()} == want
+    assert sum(v == 39 for v in want.values()) == 3 * CONFIGS["gpt-oss"]["n_layer"]   # up, gate, down experts
+    q4 = tmp_path / "q4_0.gguf"   # the yardstick: the same model in Q4_0 (this tiny random model amplifies 4 bits)
+    quantize_file(inputs["gptoss"], q4, opts_for("Q4_0"), nthread=2)
+    ref = logits_all(pi.Context(pi.Model(inputs["gptoss"]), n_ctx=64, kv_type="f32"), PROMPT)
+    err = {p.name: rel_rms(logits_all(pi.Context(pi.Model(p), n_ctx=64, kv_type="f32"), PROMPT), ref)
+           for p in (out, q4)}
+    assert 1e-3 < err["mxfp4.gguf"] < err["q4_0.gguf"], err   # measured 0.40 against Q4_0's 0.47
+
+
 def test_threads_do_not_change_the_file(inputs, tmp_path):
     quantize_file(inputs["qwen2"], tmp_path / "1.gguf", opts_for("Q4_K_M"), nthread=1)
     quantize_file(inputs["qwen2"], tmp_path / "3.gguf", opts_for("Q4_K_M"), nthread=3)
@@ -428,7 +449,6 @@ BAD = {
     "unknown-type": (lambda d, f: (f, d / "o.gguf", "Q4_X"), "invalid ftype 'Q4_X'"),
     "imatrix-type": (lambda d, f: (f, d / "o.gguf", "IQ2_XXS"), "needs an importance matrix"),
     "no-quantizer": (lambda d, f: (f, d / "o.gguf", "TQ1_0"), "no quantizer in this core"),
-    "mxfp4": (lambda d, f: (f, d / "o.gguf", "MXFP4_MOE"), "no quantizer in this core"),
     "same-file": (lambda d, f: (f, f, "Q4_0"), "input and output files are the same"),
     "imatrix": (lambda d, f: ("--imatrix", d / "i.dat", f, d / "o.gguf", "Q4_K_M"), "failed to load imatrix"),
     "keep-split": (lambda d, f: ("--keep-split", f, d / "o.gguf", "Q4_K_M"), "--keep-split is not supported"),

@@ -24,14 +24,14 @@ GGML_TYPE_NAMES = {
 }
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
-IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S = 20, 23, 18, 21
+IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, MXFP4 = 20, 23, 18, 21, 39
 # elements per block (ggml_blck_size) of the types above; 1 for the float types
 BLOCK_SIZE = {F32: 1, F16: 1, BF16: 1, Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32,
               Q2_K: 256, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256, IQ4_NL: 32, IQ4_XS: 256, IQ3_XXS: 256,
-              IQ3_S: 256}
+              IQ3_S: 256, MXFP4: 32}
 # the types this package writes: pi_quantize_rows_imatrix's quantizers, which are llama.cpp's bit for bit (its
 # reference ones without an importance matrix, quantize_row_*_impl with one; the IQ types: quantize_iq4_nl, _iq4_xs,
-# _iq3_xxs, _iq3_s)
+# _iq3_xxs, _iq3_s; MXFP4 its reference quantizer, with or without one, as quantize_mxfp4)
 WRITABLE = frozenset(BLOCK_SIZE)
 FLOAT_TYPES = frozenset({F32, F16, BF16})
 _BLOCK_SIZE_OTHER = {9: 32, 15: 256, 16: 256, 17: 256, 19: 256, 22: 256,
@@ -80,7 +80,7 @@ QUANT_OPTIONS = [
 # llama_ftype_get_default_type of the file types written here
 DEFAULT_TYPE = {0: F32, 1: F16, 2: Q4_0, 3: Q4_1, 7: Q8_0, 8: Q5_0, 9: Q5_1, 10: Q2_K, 11: Q3_K, 12: Q3_K, 13: Q3_K,
                 14: Q4_K, 15: Q4_K, 16: Q5_K, 17: Q5_K, 18: Q6_K, 21: Q2_K, 22: IQ3_S, 25: IQ4_NL, 26: IQ3_S,
-                27: IQ3_S, 30: IQ4_XS, 32: BF16}
+                27: IQ3_S, 30: IQ4_XS, 32: BF16, 38: MXFP4}
 
 _IMATRIX = "needs an importance matrix and quantizers (IQ1 / IQ2) this core does not have"
 _NO_QUANTIZER = "has no quantizer in this core (files of it are read, not written)"
@@ -89,7 +89,7 @@ FTYPE_REFUSED = {
     "IQ1_S": _IMATRIX, "IQ1_M": _IMATRIX,
     "IQ3_XXS": "puts attn_q / attn_k in IQ2_S, which " + _NO_QUANTIZER,
     "TQ1_0": _NO_QUANTIZER, "TQ2_0": _NO_QUANTIZER,
-    "MXFP4_MOE": "(mxfp4) " + _NO_QUANTIZER, "Q1_0": _NO_QUANTIZER, "Q2_0": _NO_QUANTIZER,
+    "Q1_0": _NO_QUANTIZER, "Q2_0": _NO_QUANTIZER,
 }
 
 
@@ -313,10 +313,15 @@ class _Chooser:
         if cat == OUTPUT or (self.has_tied_embeddings and cat == TOKEN_EMBD):
             if self.opts.output_tensor_type is not None:
                 new_type = self.opts.output_tensor_type
-            elif falcon or ne[0] % block_size(new_type) != 0:
+            elif ft == F["MXFP4_MOE"] or falcon or ne[0] % block_size(new_type) != 0:
                 new_type = Q8_0
             elif new_type != Q8_0:
                 new_type = Q6_K
+        elif ft == F["MXFP4_MOE"]:   # the experts' tensors MXFP4 (bailingmoe3: its FFN experts only), the rest Q8_0
+            expert = len(ne) > 2 and ne[2] > 1
+            if arch == "bailingmoe3":
+                expert = expert and cat in (FFN_UP, FFN_GATE, FFN_DOWN)
+            new_type = MXFP4 if expert else Q8_0
         elif cat == TOKEN_EMBD:
             if self.opts.token_embedding_type is not None:
                 new_type = self.opts.token_embedding_type

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .gguf_file import _Reader, open_gguf
-from .quant_rules import (BF16, F16, F32, FLOAT_TYPES, FTYPE, WRITABLE, HParams, QuantOptions, block_size,
+from .quant_rules import (BF16, F16, F32, FLOAT_TYPES, FTYPE, MXFP4, WRITABLE, HParams, QuantOptions, block_size,
                           guessed_ftype, is_quantized, llama_order, n_dims, plan_types, requires_imatrix, type_name)
 
 GGML_QNT_VERSION = 2
@@ -143,13 +143,16 @@ def _prune_names(names, prune):
 
 # ---------------------------------------------------------------- data
 def _validate(t: int, out: np.ndarray) -> bool:
-    """ggml_validate_row_data: no NaN or infinity among the values (float types) or the blocks' fp16 scales."""
+    """ggml_validate_row_data: no NaN or infinity among the values (float types) or the blocks' fp16 scales (MXFP4: no
+    E8M0 scale 0xff)."""
     if t == F32:
         return bool(np.isfinite(out.view(np.float32)).all())
     if t == F16:
         return not ((out.view(np.uint16) & 0x7C00) == 0x7C00).any()
     if t == BF16:
         return not ((out.view(np.uint16) & 0x7F80) == 0x7F80).any()
+    if t == MXFP4:   # the E8M0 scale byte: 0xff is NaN
+        return not (out.reshape(-1, 17)[:, 0] == 0xFF).any()
     bb, offs = _BLOCK[t]
     blocks = out.reshape(-1, bb)
     for o in offs:

@@ -493,7 +493,7 @@ pi_status pi_quantize_rows_imatrix(int32_t type, const float *src, void *dst, in
     if ((type == PI_TYPE_IQ3_XXS || type == PI_TYPE_IQ3_S) && !pi_iq3_tables_ready(type))
         return pi_fail(PI_ERR_OUT_OF_MEMORY, "out of memory for the %s grid tables", pi_type_name(type));
     if (!f) {
-        if (quant_weights && type != PI_TYPE_Q8_0)   /* Q8_0: llama.cpp ignores the weights */
+        if (quant_weights && type != PI_TYPE_Q8_0 && type != PI_TYPE_MXFP4)   /* llama.cpp ignores their weights */
             return pi_fail(PI_ERR_UNSUPPORTED, "type %s: no quantizer with importance weights here", pi_type_name(type));
         return pi_quantize_row(type, src, dst, nrows * n_per_row);
     }

@@ -494,7 +494,8 @@ def test_dry_run_writes_nothing(inputs, tmp_path):
 
 
 def test_tensor_type_file_is_the_options(inputs, tmp_path):
-    """--tensor-type-file: the --tensor-type entries of a file (blank-separated; names lowercased, as llama-quantize)."""
+    """--tensor-type-file: the --tensor-type entries of a file (blank-separated; names lowercased, as
+    llama-quantize)."""
     (tmp_path / "types.txt").write_text("ATTN_Q=q8_0\n  ffn_up=Q5_K blk\\.3\\.=f16\n")
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     assert run_tool("-q", "--tensor-type-file", tmp_path / "types.txt", inputs["llama"], a, "Q4_K_M")[0] == 0

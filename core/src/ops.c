@@ -234,8 +234,10 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
                                   int64_t chunk) {
     const pi_type_traits *ct = pi_traits(tr->batch_type);   /* the first conversion's type */
     const int64_t K = a->w->ne[0], T = a->x->ne[1], crow = pi_row_bytes(tr->batch_type, K);
-    /* converted twice (to an interleaved type) where the first conversion's rows have no tile kernels to run on */
-    const bool twice = batch_pays(ct, T) && !(ct->tiles_rows && a->xt && T >= PI_TILES_MIN_T);
+    /* the converted rows on their tile kernels (tile_traits, with the table made for them), else converted twice (to
+     * an interleaved type) where that pays */
+    const bool on_tiles = a->xt && tile_traits(tr, T) == ct;
+    const bool twice = !on_tiles && batch_pays(ct, T);
     const int32_t btype = twice ? ct->batch_type : tr->batch_type;   /* the type whose kernels run */
     const pi_type_traits *bt = pi_traits(btype);
     const int64_t brow = pi_row_bytes(btype, K);
@@ -249,7 +251,7 @@ static int64_t mul_mat_batch_rows(const mul_mat_args *a, const pi_type_traits *t
     char *buf = twice ? cbuf + BATCH_ROWS * crow : cbuf;   /* rows of btype */
     /* the converted rows on the batch type's tile kernels (amx level), 16 rows x the whole token tiles; the token tail
      * below */
-    const int64_t T16 = !twice && bt->tiles_rows && a->xt && T >= PI_TILES_MIN_T ? T / PI_TILE_T * PI_TILE_T : 0;
+    const int64_t T16 = on_tiles ? T / PI_TILE_T * PI_TILE_T : 0;
     pi_tile_session session;
     if (T16) pi_cpu()->tiles_begin(btype, &session);
     for (; r + unit <= r1;) {

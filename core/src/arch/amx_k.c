@@ -625,37 +625,21 @@ static inline __attribute__((always_inline)) void amx_q8_K_rows(int64_t n, const
     }
 }
 
-void pi_tiles_rows_q6_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
-}
-
-void pi_tiles_q6_Kx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                           int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q8_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ6);
-}
-
-void pi_tiles_rows_iq4_xs_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                               int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KIQ4_XS);
-}
-
-void pi_tiles_iq4_xsx16_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q8_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KIQ4_XS);
-}
-
-void pi_tiles_rows_q8_kw_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                              int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KW);
-}
-
-void pi_tiles_rows_q3_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ3);
-}
-
-void pi_tiles_rows_q2_K_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt, float *y,
-                             int64_t y_stride, const char *xt, int64_t xt_stride) {
-    amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, AMX_KQ2);
-}
+/* The table's entry points over amx_q8_K_rows: rows of `name` (kind), or groups of `name` (kind) */
+#define AMX_Q8_K_ROWS(name, kind)                                                                                  \
+    void pi_tiles_rows_##name##_q8_K(int64_t n, const void *const *rows, const char *x, int64_t x_stride, int nt,  \
+                                     float *y, int64_t y_stride, const char *xt, int64_t xt_stride) {              \
+        amx_q8_K_rows(n, rows, NULL, 0, x, x_stride, nt, y, y_stride, xt, xt_stride, kind);                         \
+    }
+#define AMX_Q8_K_GROUP(name, kind)                                                                                 \
+    void pi_tiles_##name##_q8_K(int64_t n, const void *group, const char *x, int64_t x_stride, int nt, float *y,    \
+                                int64_t y_stride, const char *xt, int64_t xt_stride) {                             \
+        amx_q8_K_rows(n, NULL, group, 1, x, x_stride, nt, y, y_stride, xt, xt_stride, kind);                        \
+    }
+AMX_Q8_K_ROWS(q6_K, AMX_KQ6)
+AMX_Q8_K_GROUP(q6_Kx16, AMX_KQ6)
+AMX_Q8_K_ROWS(iq4_xs, AMX_KIQ4_XS)
+AMX_Q8_K_GROUP(iq4_xsx16, AMX_KIQ4_XS)
+AMX_Q8_K_ROWS(q8_kw, AMX_KW)
+AMX_Q8_K_ROWS(q3_K, AMX_KQ3)
+AMX_Q8_K_ROWS(q2_K, AMX_KQ2)

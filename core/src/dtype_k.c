@@ -410,74 +410,6 @@ void pi_q8_Km_to_f32(const void *src, float *dst, int64_t n) {
  * K-quants: reference quantizers
  * ====================================================================================== */
 
-/* Scale and min for n values with levels 0..nmax: x ~ scale * L - the_min. Starts from
- * the min/max grid, then tries nstep+1 other grids (nmax + rmin + rdelta*is levels over
- * the range) and keeps the weighted least-squares fit (or least absolute deviation) with
- * the smallest weighted error. */
-static float make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min,
-                              uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
-    float min = x[0], max = x[0];
-    float sum_w = weights[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        sum_w += weights[i];
-        sum_x += weights[i] * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        *the_min = -min;
-        return 0.0f;
-    }
-    float iscale = (float)nmax / (max - min);
-    float scale = 1.0f / iscale;
-    float best_err = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const int l = pi_nearest_int(iscale * (x[i] - min));
-        L[i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
-        float diff = scale * (float)L[i] + min - x[i];
-        diff = use_mad ? fabsf(diff) : diff * diff;
-        best_err += weights[i] * diff;
-    }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            int l = pi_nearest_int(iscale * (x[i] - min));
-            l = PI_MAX(0, PI_MIN(nmax, l));
-            Laux[i] = (uint8_t)l;
-            const float w = weights[i];
-            sum_l += w * (float)l;
-            sum_l2 += w * (float)l * (float)l;
-            sum_xl += w * (float)l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float err = 0;
-            for (int i = 0; i < n; i++) {
-                float diff = this_scale * (float)Laux[i] + this_min - x[i];
-                diff = use_mad ? fabsf(diff) : diff * diff;
-                err += weights[i] * diff;
-            }
-            if (err < best_err) {
-                memcpy(L, Laux, (size_t)n);
-                best_err = err;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *the_min = -min;
-    return scale;
-}
-
 /* Symmetric 3-bit scale with a few rounds of coordinate descent on the levels (Q3_K). */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
     float max = 0, amax = 0;
@@ -533,7 +465,7 @@ void pi_q2_K_from_f32(const float *src, void *dst, int64_t n) {
         float max_scale = 0, max_min = 0;
         for (int j = 0; j < PI_QK_K / 16; j++) {
             for (int l = 0; l < 16; l++) weights[l] = fabsf(src[16 * j + l]);
-            scales[j] = make_qkx2_quants(16, 3, src + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
+            scales[j] = pi_qkx_quants(16, 3, src + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
             if (scales[j] > max_scale) max_scale = scales[j];   /* (not fmaxf: a -0 min must not win over 0) */
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -608,7 +540,7 @@ static void quantize_k45_scales(const float *src, int nmax, float rmin, int nste
         for (int l = 0; l < 32; l++) sum_x2 += src[32 * j + l] * src[32 * j + l];
         const float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(src[32 * j + l]);
-        scales[j] = make_qkx2_quants(32, nmax, src + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep,
+        scales[j] = pi_qkx_quants(32, nmax, src + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep,
                                      false);
         if (scales[j] > max_scale) max_scale = scales[j];   /* (not fmaxf: llama.cpp keeps +0 over a -0 min) */
         if (mins[j] > max_min) max_min = mins[j];

@@ -18,69 +18,6 @@
 #include <string.h>
 
 
-/* levels 0..nmax with a min: x ~ scale L - the_min, the best weighted squared error over the min/max grid and
- * nstep + 1 others (make_qkx3_quants with weights, use_mad false) */
-static float qkx3_quants(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min, uint8_t *Laux,
-                         float rmin, float rdelta, int nstep) {
-    float min = x[0], max = x[0];
-    float sum_w = w[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max <= min) {
-        memset(L, 0, (size_t)n);
-        *the_min = -min;
-        return 0.0f;
-    }
-    float iscale = (float)nmax / (max - min);
-    float scale = 1 / iscale;
-    float best = 0;
-    for (int i = 0; i < n; i++) {
-        const int l = pi_nearest_int(iscale * (x[i] - min));
-        L[i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
-        const float diff = scale * (float)L[i] + min - x[i];
-        best += w[i] * (diff * diff);
-    }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            int l = pi_nearest_int(iscale * (x[i] - min));
-            l = PI_MAX(0, PI_MIN(nmax, l));
-            Laux[i] = (uint8_t)l;
-            sum_l += w[i] * (float)l;
-            sum_l2 += w[i] * (float)l * (float)l;
-            sum_xl += w[i] * (float)l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float err = 0;
-            for (int i = 0; i < n; i++) {
-                const float diff = this_scale * (float)Laux[i] + this_min - x[i];
-                err += w[i] * (diff * diff);
-            }
-            if (err < best) {
-                memcpy(L, Laux, (size_t)n);
-                best = err;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *the_min = -min;
-    return scale;
-}
-
 /* levels 0..nmax of non-negative x (the scales and mins of a super-block), weighted (make_qp_quants) */
 static float qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w) {
     float max = 0;
@@ -178,7 +115,7 @@ static void q4_1_row(const float *x, void *dst, int64_t n, const float *qw) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
         weigh(xb, q, sigma2, 32, w);
-        const float d = qkx3_quants(32, 15, xb, w, L, &min, Laux, -0.9f, 0.05f, 36);
+        const float d = pi_qkx_quants(32, 15, xb, w, L, &min, Laux, -0.9f, 0.05f, 36, false);
         y[b].d = pi_f32_to_fp16(d);
         y[b].m = pi_f32_to_fp16(-min);
         for (int j = 0; j < 16; j++) y[b].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
@@ -216,7 +153,7 @@ static void q5_1_row(const float *x, void *dst, int64_t n, const float *qw) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b, *q = qw + 32 * b;
         weigh(xb, q, sigma2, 32, w);
-        const float d = qkx3_quants(32, 31, xb, w, L, &min, Laux, -0.9f, 0.05f, 36);
+        const float d = pi_qkx_quants(32, 31, xb, w, L, &min, Laux, -0.9f, 0.05f, 36, false);
         y[b].d = pi_f32_to_fp16(d);
         y[b].m = pi_f32_to_fp16(-min);
         pack5(L, y[b].qs, y[b].qh);
@@ -239,7 +176,7 @@ static void q2_K_row(const float *x, void *dst, int64_t n, const float *qw) {
         for (int j = 0; j < 16; j++) {
             const float *q = qw + PI_QK_K * b + 16 * j;
             sw[j] = weigh(x + 16 * j, q, sigma2, 16, w);
-            scales[j] = qkx3_quants(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
+            scales[j] = pi_qkx_quants(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36, false);
         }
         const float dm0 = qp_quants(16, 15, scales, Ls, sw), mm0 = qp_quants(16, 15, mins, Lm, sw);
         y[b].d = pi_f32_to_fp16(dm0);
@@ -285,7 +222,7 @@ static void k45_row_block(const float *x, const float *qw, int nmax, uint8_t *L,
     for (int j = 0; j < 8; j++) {
         const float *q = qw + 32 * j;
         sw[j] = weigh(x + 32 * j, q, sigma2, 32, w);
-        scales[j] = qkx3_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
+        scales[j] = pi_qkx_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36, false);
     }
     const float d_block = qp_quants(8, 63, scales, Ls, sw), m_block = qp_quants(8, 63, mins, Lm, sw);
     for (int j = 0; j < 8; j++) {

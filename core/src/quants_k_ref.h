@@ -1,6 +1,6 @@
 /* quants_k_ref.h: the steps the K-quant quantizers share, whether their scales come from the reference search
- * (dtype_k.c) or the importance-weighted one (quant_imatrix.c): packing the sub-block scales into a block's scale
- * bytes, and re-quantizing each sub-block from the scales as stored (fp16 super-block scale times the packed
+ * (dtype_k.c) or the importance-weighted one (quant_imatrix.c): the scale-and-min search, packing the sub-block
+ * scales into a block's scale bytes, and re-quantizing each sub-block from the scales as stored (fp16 super-block scale times the packed
  * sub-block scale), as llama.cpp does, so the quants match the stored scales exactly. */
 #ifndef PI_QUANTS_K_REF_H
 #define PI_QUANTS_K_REF_H
@@ -8,6 +8,75 @@
 #include "quants_k.h"
 
 #define PI_GROUP_MAX_EPS 1e-15f   /* llama.cpp's GROUP_MAX_EPS: a group this small quantizes to zeros */
+
+/* Scale and min for n values with levels 0..nmax: x ~ scale * L - the_min. Starts from
+ * the min/max grid, then tries nstep+1 other grids (nmax + rmin + rdelta*is levels over
+ * the range) and keeps the weighted least-squares fit (or least absolute deviation) with
+ * the smallest weighted error: llama.cpp's make_qkx2_quants, and with use_mad false its make_qkx3_quants too (the
+ * same steps), which the importance-weighted quantizers call. */
+static inline float pi_qkx_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min,
+                                  uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
+    float min = x[0], max = x[0];
+    float sum_w = weights[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += weights[i];
+        sum_x += weights[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        *the_min = -min;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (max - min);
+    float scale = 1.0f / iscale;
+    float best_err = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int l = pi_nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)PI_MAX(0, PI_MIN(nmax, l));
+        float diff = scale * (float)L[i] + min - x[i];
+        diff = use_mad ? fabsf(diff) : diff * diff;
+        best_err += weights[i] * diff;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = pi_nearest_int(iscale * (x[i] - min));
+            l = PI_MAX(0, PI_MIN(nmax, l));
+            Laux[i] = (uint8_t)l;
+            const float w = weights[i];
+            sum_l += w * (float)l;
+            sum_l2 += w * (float)l * (float)l;
+            sum_xl += w * (float)l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * (float)Laux[i] + this_min - x[i];
+                diff = use_mad ? fabsf(diff) : diff * diff;
+                err += weights[i] * diff;
+            }
+            if (err < best_err) {
+                memcpy(L, Laux, (size_t)n);
+                best_err = err;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
 
 /* symmetric levels -nmax..nmax-1 (stored + nmax), weighted least squares over 19 grids (make_qx_quants, rmse_type
  * 1 with weights w) */

@@ -283,7 +283,7 @@ def collect(model, text, *, n_ctx: int = 512, chunks: int = -1, from_chunk: int 
     from ._ffi import check, lib
     from .context import Context
     from .model import Model
-    from .perplexity import log_softmax
+    from .perplexity import decode_window, log_softmax
     if not isinstance(model, Model):
         model = Model(model)
     n_ctx = int(n_ctx)
@@ -339,11 +339,7 @@ def collect(model, text, *, n_ctx: int = 512, chunks: int = -1, from_chunk: int 
     try:
         for i in range(n_chunk):
             t0 = time.perf_counter()
-            window = tokens[i * n_ctx:(i + 1) * n_ctx].copy()
-            if add_bos:
-                window[0] = tok.bos_id
-            ctx.kv_clear()
-            ctx.decode(window, pos=range(n_ctx), seq_id=0, logits=mask)
+            decode_window(ctx, tokens, i, n_ctx, tok.bos_id if add_bos else None, mask)
             if i == 0:
                 secs = time.perf_counter() - t0
                 log(f"compute_imatrix: {secs:.2f} seconds per pass - ETA {secs * n_chunk / 60:.2f} minutes")

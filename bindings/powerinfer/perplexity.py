@@ -132,6 +132,16 @@ def _rows_2d(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a
 
 
+def decode_window(ctx, tokens: np.ndarray, i: int, n_ctx: int, bos_id: int | None, mask: np.ndarray) -> None:
+    """Window i of the text (tokens [i n_ctx, (i + 1) n_ctx)) decoded on a cleared cache, its first token replaced by
+    BOS where bos_id is given (llama-perplexity's windows), logits where mask is set."""
+    window = tokens[i * n_ctx:(i + 1) * n_ctx].copy()
+    if bos_id is not None:
+        window[0] = bos_id
+    ctx.kv_clear()
+    ctx.decode(window, pos=range(n_ctx), seq_id=0, logits=mask)
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float64."""
     x = np.asarray(logits)
@@ -348,11 +358,7 @@ def perplexity(model_or_ctx, text: str | Sequence[int] | None, n_ctx: int = 512,
     try:
         for i in range(n_chunk):
             t0 = time.perf_counter()
-            window = tokens[i * n_ctx:(i + 1) * n_ctx].copy()
-            if add_bos:
-                window[0] = tok.bos_id
-            ctx.kv_clear()
-            ctx.decode(window, pos=range(n_ctx), seq_id=0, logits=mask)
+            decode_window(ctx, tokens, i, n_ctx, tok.bos_id if add_bos else None, mask)
             logits = np.stack([ctx.logits(r) for r in range(first, n_ctx - 1)])
             ctx.kv_clear()
             targets = tokens[i * n_ctx + first + 1:(i + 1) * n_ctx]
